@@ -1,0 +1,309 @@
+"""The small contracts the informer machinery is built from.
+
+Every piece of ``bridge`` talks to its neighbours through one of these protocols, in the spirit of
+client-go's ``tools/cache`` interfaces: the API source (:class:`ListerWatcher`), the cache
+(:class:`Store`, :class:`Indexer`), the consumers (:class:`EventHandler`,
+:class:`NotificationHandler`), and the hooks that let the bridge checkpoint only what every
+consumer has acknowledged (:class:`DeliveryObserver`).
+
+Objects travel as plain JSON: a :data:`KubeObject` is the ``dict`` that ``orjson`` decoded from the
+API server's bytes, never a typed model. This module imports nothing from the rest of the package,
+so every layer may depend on it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NewType, Protocol, runtime_checkable
+
+__all__ = [
+    "AckFunc",
+    "DeletedFinalStateUnknown",
+    "DeliveryObserver",
+    "EventHandler",
+    "IndexFunc",
+    "Indexer",
+    "KeyFunc",
+    "KubeObject",
+    "ListOptions",
+    "ListPage",
+    "ListerWatcher",
+    "ListenerOptions",
+    "Notification",
+    "NotificationHandler",
+    "NotificationKind",
+    "ObjectKey",
+    "OverflowPolicy",
+    "Store",
+    "TransformFunc",
+    "WatchEvent",
+    "WatchEventType",
+    "WatchOptions",
+    "WatchStream",
+]
+
+KubeObject = dict[str, Any]
+"""A Kubernetes object as decoded JSON: ``apiVersion``, ``kind``, ``metadata``, ``spec``, …"""
+
+ObjectKey = NewType("ObjectKey", str)
+"""``namespace/name`` for namespaced objects, ``name`` for cluster-scoped ones."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeletedFinalStateUnknown:
+    """A delete whose final state was not observed (client-go's ``DeletedFinalStateUnknown``).
+
+    Produced by ``DeltaFIFO.replace`` for keys that a relist no longer returns: the object was deleted
+    while the watch was down, ``obj`` is the last state the bridge knew, possibly stale.
+    """
+
+    key: ObjectKey
+    obj: KubeObject
+
+
+KeyFunc = Callable[[Any], ObjectKey]
+"""Computes an object's store key; must accept :class:`DeletedFinalStateUnknown` too."""
+
+IndexFunc = Callable[[KubeObject], list[str]]
+"""Computes the index values of an object for one named index (e.g. its namespace)."""
+
+TransformFunc = Callable[[KubeObject], KubeObject]
+"""Applied to every object as it is queued (never to tombstones). Must be idempotent."""
+
+
+# --------------------------------------------------------------------------------------------------
+# API source
+
+
+class WatchEventType(enum.StrEnum):
+    ADDED = "ADDED"
+    MODIFIED = "MODIFIED"
+    DELETED = "DELETED"
+    BOOKMARK = "BOOKMARK"
+    ERROR = "ERROR"
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One line of a watch stream. For ``ERROR`` the object is a ``Status``."""
+
+    type: WatchEventType
+    object: KubeObject
+
+
+@dataclass(frozen=True, slots=True)
+class ListOptions:
+    """One list request. Selectors and namespace scope belong to the ListerWatcher, not here."""
+
+    resource_version: str = ""
+    """"" = consistent read from etcd; "0" = any (watch cache); "N" = not older than N."""
+    resource_version_match: str | None = None
+    """None, "NotOlderThan" or "Exact"."""
+    limit: int | None = None
+    continue_token: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListPage:
+    items: list[KubeObject]
+    resource_version: str
+    """The list's resourceVersion (``metadata.resourceVersion`` of the List object)."""
+    continue_token: str | None = None
+    """Set when more pages follow."""
+    remaining_item_count: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WatchOptions:
+    resource_version: str = ""
+    timeout_seconds: int | None = None
+    allow_watch_bookmarks: bool = True
+    send_initial_events: bool = False
+    """WatchList: the server first sends the current state as ADDED, then the initial-events-end
+    bookmark. Requires ``resource_version_match="NotOlderThan"``."""
+    resource_version_match: str | None = None
+
+
+class WatchStream(Protocol):
+    """An open watch. Iterating yields events until the server closes the stream."""
+
+    def __aiter__(self) -> AsyncIterator[WatchEvent]: ...
+
+    async def close(self) -> None:
+        """Stops the watch and releases its connection. Idempotent."""
+
+
+class ListerWatcher(Protocol):
+    """The API source for one resource in one scope (namespace, label/field selectors bound in).
+
+    Errors are raised as :mod:`bridge.errors` exceptions so the reflector can apply its policy
+    (410 → relist, 429 → back off and retry, …) without knowing the transport.
+    """
+
+    async def list(self, options: ListOptions) -> ListPage:
+        """Lists one page. Raises ``ResourceExpiredError`` when a continue token or an exact RV
+        is no longer available, ``TooLargeResourceVersionError`` when the RV is in the future."""
+
+    async def watch(self, options: WatchOptions) -> WatchStream:
+        """Opens a watch from ``options.resource_version``. Opening errors (429, connection refused)
+        raise here; an expired RV arrives as an ``ERROR`` event carrying a 410 Status."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Cache
+
+
+class Store(Protocol):
+    """A keyed collection of objects (client-go's ``Store``). Single-threaded: asyncio only."""
+
+    def add(self, obj: KubeObject) -> None:
+        """Inserts or replaces the object under its key."""
+
+    def update(self, obj: KubeObject) -> None:
+        """Same as :meth:`add`."""
+
+    def delete(self, obj: KubeObject | DeletedFinalStateUnknown) -> None:
+        """Removes the object's key; a missing key is a no-op."""
+
+    def list(self) -> list[KubeObject]:
+        """Every object, in no particular order."""
+
+    def list_keys(self) -> list[ObjectKey]:
+        """Every key, in no particular order."""
+
+    def get(self, obj: KubeObject) -> KubeObject | None:
+        """The stored object with the same key as ``obj``, or None."""
+
+    def get_by_key(self, key: ObjectKey) -> KubeObject | None:
+        """The stored object under ``key``, or None."""
+
+    def replace(self, items: Sequence[KubeObject], resource_version: str) -> None:
+        """Swaps the whole content for ``items`` (rebuilding indices)."""
+
+    def resync(self) -> None:
+        """Meaningful for queues only; a cache does nothing."""
+
+
+class Indexer(Store, Protocol):
+    """A :class:`Store` with named secondary indices."""
+
+    def index(self, index_name: str, obj: KubeObject) -> list[KubeObject]:
+        """Objects sharing any of ``obj``'s values for the index. Unknown index → KeyError."""
+
+    def index_keys(self, index_name: str, indexed_value: str) -> list[ObjectKey]:
+        """Sorted keys of objects whose index value is ``indexed_value``. Unknown index → KeyError."""
+
+    def by_index(self, index_name: str, indexed_value: str) -> list[KubeObject]:
+        """Objects whose index value is ``indexed_value``. Unknown index → KeyError."""
+
+    def list_index_func_values(self, index_name: str) -> list[str]:
+        """Every value currently present in the index."""
+
+    def add_indexers(self, indexers: dict[str, IndexFunc]) -> None:
+        """Adds indices, backfilling them from the current content. A name in use → ValueError."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Consumers
+
+
+class EventHandler(Protocol):
+    """client-go's ``ResourceEventHandler``, async. Acknowledged when the call returns.
+
+    The cache is already updated when a method is called. An exception is logged and counted, and
+    the listener carries on with the next notification.
+    """
+
+    async def on_add(self, obj: KubeObject, is_in_initial_list: bool) -> None: ...
+
+    async def on_update(self, old: KubeObject, new: KubeObject) -> None:
+        """``old`` and ``new`` carry the same resourceVersion for a resync notification."""
+
+    async def on_delete(self, obj: KubeObject | DeletedFinalStateUnknown) -> None: ...
+
+
+class NotificationKind(enum.Enum):
+    ADD = "add"
+    UPDATE = "update"
+    DELETE = "delete"
+
+
+@dataclass(slots=True)
+class Notification:
+    """One change as the processor distributes it to listeners.
+
+    ``seq`` increases strictly in the order the informer processed the changes; it is what
+    listeners acknowledge. Notifications replayed to a handler added after start carry ``seq = -1``
+    and are not tracked.
+    """
+
+    kind: NotificationKind
+    obj: KubeObject | DeletedFinalStateUnknown
+    """The new object (add/update) or the deleted one, possibly a tombstone (delete)."""
+    old: KubeObject | None = None
+    """The previous cached object, for updates."""
+    is_in_initial_list: bool = False
+    is_resync: bool = False
+    """An update whose old and new resourceVersion are equal: a periodic resync."""
+    seq: int = -1
+    key: ObjectKey = field(default=ObjectKey(""))
+
+
+AckFunc = Callable[[], None]
+"""Called once when a notification has been durably delivered (or deliberately discarded)."""
+
+
+@runtime_checkable
+class NotificationHandler(Protocol):
+    """A consumer that acknowledges asynchronously (a sink): it is handed each notification with
+    the function to call once the notification is delivered. ``handle`` may return before that
+    (the sink keeps its own bounded in-flight window) and should block when that window is full."""
+
+    async def handle(self, notification: Notification, ack: AckFunc) -> None: ...
+
+
+class OverflowPolicy(enum.Enum):
+    """What a listener does when its bounded buffer is full."""
+
+    BLOCK = "block"
+    """Wait for room: backpressure up to the informer (and the watch)."""
+    COALESCE = "coalesce"
+    """Keep only the newest pending notification per key (add+update → add, update+update →
+    update(first old, last new), add/update+delete → delete); nothing final is lost."""
+    DROP = "drop"
+    """Discard the new notification, count it, and acknowledge it as discarded."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerOptions:
+    """Per-listener settings (one listener per handler / sink)."""
+
+    resync_period: float = 0.0
+    """Seconds; 0 = never. Clamped as client-go does (minimum 1 s, not below the informer's check
+    period once started)."""
+    buffer_capacity: int = 1024
+    overflow_policy: OverflowPolicy = OverflowPolicy.BLOCK
+    name: str = ""
+    """Used in logs and metrics; defaults to the handler's class name."""
+
+
+class DeliveryObserver(Protocol):
+    """Sees every tracked notification go out and come back, so the bridge can compute the
+    resourceVersion up to which every listener has acknowledged (the checkpoint low-watermark)."""
+
+    def dispatched(self, notification: Notification, listeners: Sequence[str]) -> None:
+        """``notification`` (with its ``seq``) was handed to these listeners, in ``seq`` order."""
+
+    def acked(self, listener: str, seq: int) -> None:
+        """``listener`` has delivered (or deliberately discarded) notification ``seq``."""
+
+    def progress(self, seq: int, resource_version: str) -> None:
+        """Every change the informer processed before ``seq`` is reflected up to
+        ``resource_version``: once all notifications with a smaller seq are acknowledged, a watch
+        may safely resume from this resourceVersion."""
+
+    def listener_removed(self, listener: str) -> None:
+        """The listener is gone; its pending acknowledgements no longer count."""
+

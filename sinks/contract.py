@@ -1,0 +1,195 @@
+"""The sink contract: what the bridge hands a sink and what a sink promises back.
+
+A sink receives :class:`ChangeEvent` values, one per object change (or snapshot marker), delivers
+them to its destination, and calls the event's acknowledgement exactly once per event when the event
+is durably delivered, dead-lettered, or deliberately filtered out. The bridge checkpoints a
+resourceVersion only when every sink has acknowledged every event up to it, so a sink that acks
+early can lose data on a crash, and one that never acks stalls the checkpoint (not the others).
+
+This module depends on nothing but the standard library: third-party sinks import it (and
+:mod:`sinks.cloudevents` for the envelope) and register under the entry-point group
+``kube_event_bridge.sinks``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "SINK_ENTRY_POINT_GROUP",
+    "AckCallback",
+    "ChangeEvent",
+    "DeliveryOutcome",
+    "EventType",
+    "ResourceRef",
+    "Sink",
+    "SinkConfigError",
+    "SinkError",
+    "SinkFactory",
+    "SinkPermanentError",
+    "SinkTransientError",
+    "SnapshotInfo",
+]
+
+SINK_ENTRY_POINT_GROUP = "kube_event_bridge.sinks"
+
+
+class SinkError(Exception):
+    """Base of the errors sinks raise."""
+
+
+class SinkConfigError(SinkError):
+    """The sink's configuration is invalid; raised at construction or start, never mid-stream."""
+
+
+class SinkTransientError(SinkError):
+    """Delivery failed but may succeed if retried (broker down, timeout, 429/5xx)."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class SinkPermanentError(SinkError):
+    """Delivery can never succeed (message too large, 4xx): the event goes to the dead letter."""
+
+
+class EventType(enum.StrEnum):
+    ADDED = "added"
+    UPDATED = "updated"
+    DELETED = "deleted"
+    SYNC = "sync"
+    """One object of a resync snapshot."""
+    SNAPSHOT_BEGIN = "snapshot.begin"
+    SNAPSHOT_END = "snapshot.end"
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceRef:
+    """The watched resource: group ("" for core), version, plural resource name, kind."""
+
+    group: str
+    version: str
+    resource: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def qualified(self) -> str:
+        """``pods``, ``deployments.apps``: the name users write."""
+        return f"{self.resource}.{self.group}" if self.group else self.resource
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotInfo:
+    """Frames a resync snapshot: markers carry it, and so does every ``sync`` event inside."""
+
+    id: str
+    resource_version: str
+    count: int | None = None
+    """Number of ``sync`` events in the snapshot; set on the end marker."""
+
+
+class DeliveryOutcome(enum.Enum):
+    DELIVERED = "delivered"
+    DEAD_LETTERED = "dead_lettered"
+    FILTERED = "filtered"
+    DROPPED = "dropped"
+
+
+AckCallback = Callable[[DeliveryOutcome], None]
+
+
+@dataclass(slots=True)
+class ChangeEvent:
+    """One change of one object, as the bridge hands it to sinks.
+
+    ``obj`` is the new state (added/updated/sync), the last known state (deleted), or None for
+    snapshot markers. ``old`` is the previous state for updates. Objects are plain decoded JSON and
+    must be treated as read-only: several sinks share them.
+    """
+
+    type: EventType
+    resource: ResourceRef
+    cluster: str
+    obj: Mapping[str, Any] | None
+    old: Mapping[str, Any] | None = None
+    time: float = 0.0
+    """Wall-clock seconds when the bridge observed the change."""
+    final_state_unknown: bool = False
+    """For deletes seen only through a relist: ``obj`` is the last state the bridge knew."""
+    snapshot: SnapshotInfo | None = None
+    extensions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        if self.obj is None:
+            return {}
+        meta = self.obj.get("metadata")
+        return meta if isinstance(meta, Mapping) else {}
+
+    @property
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace") or "")
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("name") or "")
+
+    @property
+    def uid(self) -> str:
+        return str(self.metadata.get("uid") or "")
+
+    @property
+    def resource_version(self) -> str:
+        if self.obj is None and self.snapshot is not None:
+            return self.snapshot.resource_version
+        return str(self.metadata.get("resourceVersion") or "")
+
+    @property
+    def subject(self) -> str:
+        """``namespace/name``, or ``name`` for cluster-scoped objects."""
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """A destination for change events.
+
+    Lifecycle: ``start`` → any number of ``deliver`` → ``flush`` → ``close``. All methods run on
+    the bridge's event loop; blocking client calls must run off it.
+    """
+
+    name: str
+    """Unique among the configured sinks; used in logs, metrics and checkpoints."""
+
+    async def start(self) -> None:
+        """Connects and validates the destination. Raises ``SinkConfigError`` for bad settings;
+        a destination that is merely down should not fail start (the sink retries)."""
+
+    async def deliver(self, event: ChangeEvent, ack: AckCallback) -> None:
+        """Accepts one event. May return before the event is delivered; ``ack`` is then called
+        later, exactly once, from the event loop. Blocks while the sink's bounded in-flight window
+        is full (backpressure). Events with the same subject are delivered in call order."""
+
+    async def flush(self, timeout: float) -> bool:
+        """Waits until every accepted event is acked or ``timeout`` passes; True if all were."""
+
+    async def close(self) -> None:
+        """Releases connections. Events not yet acked stay unacked (they will be re-sent after a
+        restart, since the checkpoint did not pass them). Idempotent."""
+
+    def healthy(self) -> bool:
+        """True while the destination is reachable (used for readiness)."""
+
+
+SinkFactory = Callable[[str, Mapping[str, Any]], Sink]
+"""How a registered sink kind is built: ``factory(name, options)``. Options are the sink's
+configuration mapping (validated by the sink itself, raising ``SinkConfigError``)."""
