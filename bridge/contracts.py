@@ -13,6 +13,7 @@ so every layer may depend on it.
 
 from __future__ import annotations
 
+import builtins
 import enum
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,8 +30,8 @@ __all__ = [
     "KubeObject",
     "ListOptions",
     "ListPage",
-    "ListerWatcher",
     "ListenerOptions",
+    "ListerWatcher",
     "Notification",
     "NotificationHandler",
     "NotificationKind",
@@ -170,7 +171,7 @@ class Store(Protocol):
     def list(self) -> list[KubeObject]:
         """Every object, in no particular order."""
 
-    def list_keys(self) -> list[ObjectKey]:
+    def list_keys(self) -> builtins.list[ObjectKey]:
         """Every key, in no particular order."""
 
     def get(self, obj: KubeObject) -> KubeObject | None:
@@ -189,16 +190,16 @@ class Store(Protocol):
 class Indexer(Store, Protocol):
     """A :class:`Store` with named secondary indices."""
 
-    def index(self, index_name: str, obj: KubeObject) -> list[KubeObject]:
+    def index(self, index_name: str, obj: KubeObject) -> builtins.list[KubeObject]:
         """Objects sharing any of ``obj``'s values for the index. Unknown index → KeyError."""
 
-    def index_keys(self, index_name: str, indexed_value: str) -> list[ObjectKey]:
+    def index_keys(self, index_name: str, indexed_value: str) -> builtins.list[ObjectKey]:
         """Sorted keys of objects whose index value is ``indexed_value``. Unknown index → KeyError."""
 
-    def by_index(self, index_name: str, indexed_value: str) -> list[KubeObject]:
+    def by_index(self, index_name: str, indexed_value: str) -> builtins.list[KubeObject]:
         """Objects whose index value is ``indexed_value``. Unknown index → KeyError."""
 
-    def list_index_func_values(self, index_name: str) -> list[str]:
+    def list_index_func_values(self, index_name: str) -> builtins.list[str]:
         """Every value currently present in the index."""
 
     def add_indexers(self, indexers: dict[str, IndexFunc]) -> None:

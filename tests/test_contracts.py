@@ -54,7 +54,8 @@ async def test_fake_clock_wakes_sleepers_in_deadline_order() -> None:
         await clock.sleep(seconds)
         woke.append(name)
 
-    tasks = [asyncio.create_task(sleeper(n, s), name=f"sleeper-{n}") for n, s in (("b", 2), ("a", 1), ("c", 3))]
+    plan = (("b", 2), ("a", 1), ("c", 3))
+    tasks = [asyncio.create_task(sleeper(n, s), name=f"sleeper-{n}") for n, s in plan]
     await asyncio.sleep(0)
     await clock.advance(1.5)
     assert woke == ["a"]
