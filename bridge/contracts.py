@@ -229,6 +229,9 @@ class NotificationKind(enum.Enum):
     ADD = "add"
     UPDATE = "update"
     DELETE = "delete"
+    SNAPSHOT = "snapshot"
+    """The whole cache as of this point in the change order (see ``Notification.snapshot``),
+    requested for one listener; plain ``EventHandler``s receive it as one resync update per object."""
 
 
 @dataclass(slots=True)
@@ -250,6 +253,12 @@ class Notification:
     """An update whose old and new resourceVersion are equal: a periodic resync."""
     seq: int = -1
     key: ObjectKey = field(default=ObjectKey(""))
+    snapshot: list[KubeObject] | None = None
+    """For ``SNAPSHOT``: every cached object at the moment the snapshot was taken (shared
+    references; objects are never mutated in place)."""
+    resource_version: str = ""
+    """For ``SNAPSHOT``: the resourceVersion the snapshot reflects (the informer's last progress
+    marker)."""
 
 
 AckFunc = Callable[[], None]
