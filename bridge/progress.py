@@ -1,0 +1,215 @@
+"""Acknowledgement tracking: the checkpoint low-watermark of one informer.
+
+The informer hands every tracked notification to its listeners (one per sink) and reports it to a
+:class:`~bridge.contracts.DeliveryObserver`. Sinks acknowledge asynchronously and out of order, so
+the resourceVersion the bridge may resume from after a crash is not "the last one seen" but the one
+up to which *every* listener has acknowledged *every* notification. :class:`AckTracker` computes it:
+
+* each dispatched notification waits with the set of listeners that still owe an ack;
+* once the oldest waiting notifications are fully acknowledged (the contiguous acked prefix), they are
+  applied, in ``seq`` order, to the *acked index* (key → (uid, resourceVersion); deletes remove);
+* a ``progress(seq, rv)`` marker becomes the safe resume resourceVersion once everything dispatched
+  before ``seq`` is applied.
+
+:meth:`AckTracker.checkpoint_state` is what the checkpoint writer persists. The tracker is
+single-threaded (asyncio) and its memory is bounded by the listeners' bounded buffers: a notification
+is held only while some listener has it in flight.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from bridge.contracts import (
+    DeletedFinalStateUnknown,
+    KubeObject,
+    Notification,
+    NotificationKind,
+    ObjectKey,
+)
+
+__all__ = ["AckTracker", "IndexEntry", "object_key"]
+
+log = logging.getLogger(__name__)
+
+IndexEntry = tuple[str, str]
+"""``(uid, resourceVersion)`` of one object in the acked index."""
+
+
+def object_key(obj: KubeObject | DeletedFinalStateUnknown) -> ObjectKey:
+    """``namespace/name`` or ``name`` (client-go's ``MetaNamespaceKeyFunc``); a tombstone's key."""
+    if isinstance(obj, DeletedFinalStateUnknown):
+        return obj.key
+    meta = obj.get("metadata") or {}
+    name = str(meta.get("name") or "")
+    namespace = str(meta.get("namespace") or "")
+    return ObjectKey(f"{namespace}/{name}" if namespace else name)
+
+
+def _entry_of(obj: KubeObject) -> IndexEntry:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
+
+
+@dataclass(slots=True)
+class _InFlight:
+    notification: Notification
+    waiting: set[str] = field(default_factory=set)
+
+
+class AckTracker:
+    """A :class:`~bridge.contracts.DeliveryObserver` computing the checkpoint state of one informer.
+
+    ``resource_version`` and ``index`` seed the state when the informer resumes from a checkpoint;
+    leave them empty for a fresh start (the safe resume point is then unknown, ``""``, until the
+    first progress marker is passed).
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str = "",
+        resource_version: str = "",
+        index: Mapping[str, IndexEntry] | None = None,
+    ) -> None:
+        self.name = name
+        self._resource_version = resource_version
+        self._index: dict[str, IndexEntry] = dict(index or {})
+        # seq → notification still owed by some listener, or acked but behind an unacked one.
+        self._window: collections.OrderedDict[int, _InFlight] = collections.OrderedDict()
+        # (seq, rv) markers not yet passed, in seq order.
+        self._markers: collections.deque[tuple[int, str]] = collections.deque()
+        self._outstanding = 0
+        self._last_dispatched_seq = -1
+        self._last_applied_seq = -1
+        self._generation = 0
+        self.duplicate_acks = 0
+        """Acks for a (listener, seq) that was not owed: counted, otherwise ignored."""
+
+    # ---------------------------------------------------------------------------------------------
+    # DeliveryObserver
+
+    def dispatched(self, notification: Notification, listeners: Sequence[str]) -> None:
+        seq = notification.seq
+        if seq < 0:
+            return  # replays to a late handler are not tracked
+        if seq <= self._last_dispatched_seq:
+            log.warning("%s: notification seq %d dispatched out of order (last %d); ignored",
+                        self.name, seq, self._last_dispatched_seq)
+            return
+        self._last_dispatched_seq = seq
+        entry = _InFlight(notification, set(listeners))
+        self._outstanding += 1 if entry.waiting else 0
+        self._window[seq] = entry
+        self._advance()
+
+    def acked(self, listener: str, seq: int) -> None:
+        entry = self._window.get(seq)
+        if entry is None or listener not in entry.waiting:
+            if seq >= 0:
+                self.duplicate_acks += 1
+            return
+        entry.waiting.discard(listener)
+        if not entry.waiting:
+            self._outstanding -= 1
+            self._advance()
+
+    def progress(self, seq: int, resource_version: str) -> None:
+        if self._markers and self._markers[-1][0] == seq:
+            self._markers[-1] = (seq, resource_version)  # a later marker for the same point wins
+        else:
+            self._markers.append((seq, resource_version))
+        self._advance()
+
+    def listener_removed(self, listener: str) -> None:
+        for entry in self._window.values():
+            if listener in entry.waiting:
+                entry.waiting.discard(listener)
+                if not entry.waiting:
+                    self._outstanding -= 1
+        self._advance()
+
+    # ---------------------------------------------------------------------------------------------
+    # State
+
+    def checkpoint_state(self) -> tuple[str, dict[str, IndexEntry]]:
+        """The safe resume resourceVersion and a copy of the acked index as of that point.
+
+        ``""`` means no resume point is known yet (nothing should be checkpointed)."""
+        return self._resource_version, dict(self._index)
+
+    @property
+    def resource_version(self) -> str:
+        return self._resource_version
+
+    @property
+    def pending(self) -> int:
+        """Dispatched notifications still owed an ack by at least one listener."""
+        return self._outstanding
+
+    @property
+    def lag(self) -> int:
+        """Dispatched notifications not yet reflected in the checkpoint state (pending ones plus
+        acked ones waiting behind an older pending one)."""
+        return len(self._window)
+
+    @property
+    def generation(self) -> int:
+        """Increases whenever the checkpoint state changes; lets a writer skip identical saves."""
+        return self._generation
+
+    @property
+    def last_applied_seq(self) -> int:
+        return self._last_applied_seq
+
+    def pending_by_listener(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for entry in self._window.values():
+            for listener in entry.waiting:
+                counts[listener] = counts.get(listener, 0) + 1
+        return counts
+
+    # ---------------------------------------------------------------------------------------------
+
+    def _advance(self) -> None:
+        changed = False
+        while self._window:
+            seq, entry = next(iter(self._window.items()))
+            if entry.waiting:
+                break
+            # Markers at or below this seq describe changes already applied.
+            changed |= self._pass_markers(seq)
+            del self._window[seq]
+            self._apply(entry.notification)
+            self._last_applied_seq = seq
+            changed = True
+        head = next(iter(self._window)) if self._window else None
+        changed |= self._pass_markers(head)
+        if changed:
+            self._generation += 1
+
+    def _pass_markers(self, limit: int | None) -> bool:
+        """Passes the markers whose every preceding notification is applied: all of them when the
+        window is empty (``limit`` None), else those with ``seq <= limit``."""
+        passed = False
+        while self._markers and (limit is None or self._markers[0][0] <= limit):
+            _, rv = self._markers.popleft()
+            if rv and rv != self._resource_version:
+                self._resource_version = rv
+                passed = True
+        return passed
+
+    def _apply(self, n: Notification) -> None:
+        if n.kind is NotificationKind.SNAPSHOT:
+            # The snapshot is the cache at this point of the change order: the index, restated.
+            if n.snapshot is not None:
+                self._index = {object_key(o): _entry_of(o) for o in n.snapshot}
+            return
+        key = n.key or object_key(n.obj)
+        if n.kind is NotificationKind.DELETE:
+            self._index.pop(key, None)
+        elif isinstance(n.obj, dict):
+            self._index[key] = _entry_of(n.obj)

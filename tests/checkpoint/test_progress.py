@@ -1,0 +1,138 @@
+"""AckTracker: the checkpoint low-watermark under out-of-order acks, markers and removals."""
+
+from __future__ import annotations
+
+from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind, ObjectKey
+from bridge.progress import AckTracker, object_key
+
+
+def obj(name: str, rv: str, uid: str = "", ns: str = "default") -> dict[str, object]:
+    return {"metadata": {"name": name, "namespace": ns, "uid": uid or f"uid-{name}", "resourceVersion": rv}}
+
+
+def n(kind: NotificationKind, o: dict[str, object], seq: int) -> Notification:
+    return Notification(kind=kind, obj=o, seq=seq, key=object_key(o))
+
+
+ADD, UPDATE, DELETE = NotificationKind.ADD, NotificationKind.UPDATE, NotificationKind.DELETE
+
+
+def test_in_order_acks_advance_rv_and_index() -> None:
+    t = AckTracker()
+    t.dispatched(n(ADD, obj("a", "10"), 0), ["k", "w"])
+    t.progress(1, "10")
+    assert t.checkpoint_state() == ("", {})
+    assert (t.pending, t.lag) == (1, 1)
+    t.acked("k", 0)
+    assert t.checkpoint_state() == ("", {})
+    t.acked("w", 0)
+    assert t.checkpoint_state() == ("10", {"default/a": ("uid-a", "10")})
+    assert (t.pending, t.lag) == (0, 0)
+
+
+def test_out_of_order_acks_wait_for_the_prefix() -> None:
+    t = AckTracker(resource_version="5", index={"default/z": ("uid-z", "5")})
+    t.dispatched(n(ADD, obj("a", "10"), 0), ["k"])
+    t.progress(1, "10")
+    t.dispatched(n(UPDATE, obj("a", "11"), 1), ["k"])
+    t.progress(2, "11")
+    t.dispatched(n(DELETE, obj("z", "12"), 2), ["k"])
+    t.progress(3, "12")
+    t.acked("k", 2)
+    t.acked("k", 1)
+    assert t.checkpoint_state() == ("5", {"default/z": ("uid-z", "5")})
+    assert (t.pending, t.lag) == (1, 3)
+    t.acked("k", 0)
+    assert t.checkpoint_state() == ("12", {"default/a": ("uid-a", "11")})
+    assert (t.pending, t.lag) == (0, 0)
+
+
+def test_marker_passes_only_when_everything_before_it_is_acked() -> None:
+    t = AckTracker()
+    t.dispatched(n(ADD, obj("a", "10"), 0), ["k"])
+    t.dispatched(n(ADD, obj("b", "11"), 1), ["k"])
+    t.progress(1, "10")  # a bookmark-like marker between the two
+    t.progress(2, "11")
+    t.acked("k", 0)
+    assert t.checkpoint_state() == ("10", {"default/a": ("uid-a", "10")})
+    t.acked("k", 1)
+    assert t.checkpoint_state()[0] == "11"
+    # A marker with nothing in flight (a bookmark) passes at once.
+    t.progress(2, "20")
+    assert t.checkpoint_state()[0] == "20"
+
+
+def test_listener_removal_releases_its_pending_acks() -> None:
+    t = AckTracker()
+    t.dispatched(n(ADD, obj("a", "10"), 0), ["k", "dead"])
+    t.dispatched(n(ADD, obj("b", "11"), 1), ["k", "dead"])
+    t.progress(2, "11")
+    t.acked("k", 0)
+    t.acked("k", 1)
+    assert t.pending == 2
+    assert t.pending_by_listener() == {"dead": 2}
+    t.listener_removed("dead")
+    assert t.checkpoint_state() == ("11", {"default/a": ("uid-a", "10"), "default/b": ("uid-b", "11")})
+    assert t.pending == 0
+
+
+def test_tombstone_delete_and_duplicate_acks() -> None:
+    t = AckTracker(resource_version="1", index={"default/a": ("uid-a", "1")})
+    tomb = DeletedFinalStateUnknown(key=ObjectKey("default/a"), obj=obj("a", "1"))
+    t.dispatched(Notification(kind=DELETE, obj=tomb, seq=3), ["k"])
+    t.progress(4, "9")
+    t.acked("k", 3)
+    t.acked("k", 3)
+    t.acked("k", 99)
+    t.acked("k", -1)
+    assert t.checkpoint_state() == ("9", {})
+    assert t.duplicate_acks == 2
+
+
+def test_untracked_and_listenerless_notifications() -> None:
+    t = AckTracker()
+    t.dispatched(n(ADD, obj("late", "3"), -1), ["k"])  # replay to a late handler: not tracked
+    t.dispatched(n(ADD, obj("a", "4"), 0), [])  # nobody listens: applied at once
+    t.progress(1, "4")
+    assert t.checkpoint_state() == ("4", {"default/a": ("uid-a", "4")})
+    assert t.lag == 0
+
+
+def test_snapshot_notification_restates_the_index_once_acked() -> None:
+    t = AckTracker()
+    t.dispatched(n(ADD, obj("a", "10"), 0), ["k", "w"])
+    t.dispatched(n(ADD, obj("b", "11"), 1), ["k", "w"])
+    t.progress(2, "11")
+    snap = Notification(
+        kind=NotificationKind.SNAPSHOT,
+        obj={},
+        seq=2,
+        snapshot=[obj("a", "10"), obj("b", "11"), obj("c", "7", ns="")],
+        resource_version="11",
+    )
+    t.dispatched(snap, ["w"])
+    t.progress(3, "11")
+    t.acked("k", 0)
+    t.acked("k", 1)
+    t.acked("w", 0)
+    t.acked("w", 1)
+    assert t.pending == 1
+    assert t.checkpoint_state() == ("11", {"default/a": ("uid-a", "10"), "default/b": ("uid-b", "11")})
+    gen = t.generation
+    t.acked("w", 2)
+    assert t.checkpoint_state() == (
+        "11",
+        {"default/a": ("uid-a", "10"), "default/b": ("uid-b", "11"), "c": ("uid-c", "7")},
+    )
+    assert t.generation == gen + 1
+    assert (t.pending, t.lag, t.last_applied_seq) == (0, 0, 2)
+
+
+def test_recreated_object_index_holds_the_new_uid() -> None:
+    t = AckTracker()
+    t.dispatched(n(DELETE, obj("a", "20", uid="old"), 0), ["k"])
+    t.dispatched(n(ADD, obj("a", "21", uid="new"), 1), ["k"])
+    t.progress(2, "21")
+    t.acked("k", 1)
+    t.acked("k", 0)
+    assert t.checkpoint_state() == ("21", {"default/a": ("new", "21")})
