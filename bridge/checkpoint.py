@@ -1,0 +1,253 @@
+"""Checkpoints: where an informer resumes after a restart, and the stores that keep them.
+
+A :class:`Checkpoint` holds, for one informer, the resourceVersion up to which every sink has
+acknowledged every change, and the known-object index (key → (uid, resourceVersion)) as of that
+point. On start the bridge seeds the informer with the index and resumes the watch from the
+resourceVersion; if the server answers 410 the relist is diffed against the index so only real
+differences are emitted.
+
+Stores share one small contract (:class:`CheckpointStore`) and one byte encoding
+(:func:`encode_checkpoint` / :func:`decode_checkpoint`): a header line (format version, length,
+SHA-256) followed by the JSON body, so truncation and bit rot are detected instead of trusted. A
+checkpoint that cannot be read or verified raises :class:`CheckpointCorruptError`; the bridge then
+logs a warning and does a full, correct resync — never a crash, never a silent loss.
+
+:class:`FileCheckpointStore` is the embedded default: one file per informer, written to a temporary
+file, fsynced, renamed over the old one, and the directory fsynced, so a crash leaves either the old
+or the new checkpoint, never a torn one. The ConfigMap and NATS KV stores live in their own modules.
+
+    CheckpointError
+    ├── CheckpointCorruptError   unreadable, truncated, wrong checksum/format: resync fully
+    └── CheckpointStoreError     the store could not be reached or written: retry later
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+
+from bridge.errors import BridgeError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Checkpoint",
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointStore",
+    "CheckpointStoreError",
+    "FileCheckpointStore",
+    "decode_checkpoint",
+    "encode_checkpoint",
+    "informer_id",
+]
+
+FORMAT_VERSION = 1
+_MAGIC = b"kube-event-bridge-checkpoint"
+
+
+class CheckpointError(BridgeError):
+    """Base of the checkpoint errors."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """A stored checkpoint cannot be trusted. The bridge warns and resyncs fully."""
+
+
+class CheckpointStoreError(CheckpointError):
+    """The store failed (unreachable, write refused). The previous checkpoint stays in place."""
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """Where one informer may resume from."""
+
+    informer_id: str
+    resource_version: str
+    """Every change up to this resourceVersion was acknowledged by every sink."""
+    objects: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """The known objects as of ``resource_version``: key → (uid, resourceVersion)."""
+    written_at: float = 0.0
+    """Wall-clock seconds when the checkpoint was taken."""
+    format_version: int = FORMAT_VERSION
+
+
+class CheckpointStore(Protocol):
+    """Persists one checkpoint per informer id."""
+
+    async def load(self, informer_id: str) -> Checkpoint | None:
+        """The last checkpoint saved for ``informer_id``, or None if there is none. Raises
+        :class:`CheckpointCorruptError` when one exists but cannot be read or verified, and
+        :class:`CheckpointStoreError` when the store itself cannot be reached."""
+
+    async def save(self, checkpoint: Checkpoint) -> None:
+        """Replaces the informer's checkpoint atomically: after a crash at any point a later
+        ``load`` returns either the previous or this checkpoint, whole. Raises
+        :class:`CheckpointStoreError` on failure."""
+
+    async def close(self) -> None:
+        """Releases connections. Idempotent."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Identity
+
+
+_UNSAFE = re.compile(r"[^a-z0-9.-]+")
+
+
+def _slug(text: str, limit: int) -> str:
+    return _UNSAFE.sub("-", text.lower()).strip(".-")[:limit] or "x"
+
+
+def informer_id(
+    resource: str, namespace: str = "", label_selector: str = "", field_selector: str = ""
+) -> str:
+    """A stable id for one informer scope, safe as a file name, a ConfigMap name and a NATS KV key.
+
+    Readable prefix (resource and namespace), then a hash of the exact scope so two selectors on the
+    same resource never share a checkpoint: ``pods.default.3f2a9c1d7e0b``, ``nodes._all.…``.
+    """
+    scope = "\x00".join((resource, namespace, label_selector, field_selector))
+    digest = hashlib.sha256(scope.encode()).hexdigest()[:12]
+    ns = _slug(namespace, 63) if namespace else "all"
+    return f"{_slug(resource, 100)}.{ns}.{digest}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Encoding
+
+
+def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+    """Header line (magic, format, body length, SHA-256 of the body) + ``\\n`` + JSON body."""
+    body = orjson.dumps(
+        {
+            "informer_id": checkpoint.informer_id,
+            "resource_version": checkpoint.resource_version,
+            "written_at": checkpoint.written_at,
+            "objects": {k: [v[0], v[1]] for k, v in checkpoint.objects.items()},
+        }
+    )
+    header = b"%s %d %d %s" % (_MAGIC, FORMAT_VERSION, len(body), hashlib.sha256(body).hexdigest().encode())
+    return header + b"\n" + body
+
+
+def decode_checkpoint(data: bytes, expected_id: str | None = None) -> Checkpoint:
+    """Parses and verifies :func:`encode_checkpoint` output; :class:`CheckpointCorruptError` if
+    anything does not match."""
+    head, sep, body = data.partition(b"\n")
+    parts = head.split(b" ")
+    if not sep or len(parts) != 4 or parts[0] != _MAGIC:
+        raise CheckpointCorruptError("not a kube-event-bridge checkpoint (bad header)")
+    try:
+        version, length = int(parts[1]), int(parts[2])
+    except ValueError as exc:
+        raise CheckpointCorruptError("bad checkpoint header") from exc
+    if version != FORMAT_VERSION:
+        raise CheckpointCorruptError(
+            f"checkpoint format {version} is not supported (expected {FORMAT_VERSION})"
+        )
+    if len(body) != length:
+        raise CheckpointCorruptError(f"checkpoint truncated: {len(body)} of {length} body bytes")
+    if hashlib.sha256(body).hexdigest().encode() != parts[3]:
+        raise CheckpointCorruptError("checkpoint checksum mismatch")
+    try:
+        doc: Any = orjson.loads(body)
+        objects = {str(k): (str(v[0]), str(v[1])) for k, v in doc["objects"].items()}
+        cp = Checkpoint(
+            informer_id=str(doc["informer_id"]),
+            resource_version=str(doc["resource_version"]),
+            objects=objects,
+            written_at=float(doc["written_at"]),
+            format_version=version,
+        )
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise CheckpointCorruptError(f"checkpoint body is malformed: {exc}") from exc
+    if expected_id is not None and cp.informer_id != expected_id:
+        raise CheckpointCorruptError(
+            f"checkpoint belongs to informer {cp.informer_id!r}, not {expected_id!r}"
+        )
+    if not cp.resource_version:
+        raise CheckpointCorruptError("checkpoint has an empty resourceVersion")
+    return cp
+
+
+# --------------------------------------------------------------------------------------------------
+# File store
+
+
+class FileCheckpointStore:
+    """One ``<informer_id>.ckpt`` file per informer in ``directory`` (created if missing)."""
+
+    SUFFIX = ".ckpt"
+
+    def __init__(self, *, directory: str | os.PathLike[str], fsync: bool = True) -> None:
+        self._dir = Path(directory)
+        self._fsync = fsync
+
+    @property
+    def directory(self) -> Path:
+        return self._dir
+
+    def path_for(self, informer_id: str) -> Path:
+        if not informer_id or "/" in informer_id or informer_id.startswith("."):
+            raise ValueError(f"unsafe informer id for a file name: {informer_id!r}")
+        return self._dir / f"{informer_id}{self.SUFFIX}"
+
+    async def load(self, informer_id: str) -> Checkpoint | None:
+        return await asyncio.to_thread(self._load, informer_id)
+
+    async def save(self, checkpoint: Checkpoint) -> None:
+        data = encode_checkpoint(checkpoint)
+        await asyncio.to_thread(self._save, checkpoint.informer_id, data)
+
+    async def close(self) -> None:
+        return None
+
+    def _load(self, informer_id: str) -> Checkpoint | None:
+        path = self.path_for(informer_id)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise CheckpointCorruptError(f"cannot read checkpoint {path}: {exc}") from exc
+        try:
+            return decode_checkpoint(data, informer_id)
+        except CheckpointCorruptError as exc:
+            raise CheckpointCorruptError(f"{path}: {exc}") from exc
+
+    def _save(self, informer_id: str, data: bytes) -> None:
+        path = self.path_for(informer_id)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+                if self._fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            if self._fsync:
+                dfd = os.open(self._dir, os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise CheckpointStoreError(f"cannot write checkpoint {path}: {exc}") from exc

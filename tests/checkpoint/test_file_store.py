@@ -1,0 +1,115 @@
+"""The checkpoint encoding, informer ids and the file store (atomic replace, corruption)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from bridge.checkpoint import (
+    Checkpoint,
+    CheckpointCorruptError,
+    CheckpointStoreError,
+    FileCheckpointStore,
+    decode_checkpoint,
+    encode_checkpoint,
+    informer_id,
+)
+
+CP = Checkpoint(
+    informer_id="pods.default.abc",
+    resource_version="42",
+    objects={"default/a": ("u1", "40"), "default/b": ("u2", "42")},
+    written_at=1_700_000_123.5,
+)
+
+
+def test_informer_id_is_stable_safe_and_scope_specific() -> None:
+    a = informer_id("pods", "default", "app=x", "")
+    assert a == informer_id("pods", "default", "app=x", "")
+    assert a.startswith("pods.default.")
+    assert len(a.split(".")[-1]) == 12
+    assert informer_id("pods", "default", "app=y", "") != a
+    assert informer_id("pods", "", "", "").startswith("pods.all.")
+    ident = informer_id("deployments.apps", "Kube_System/..", "", "")
+    assert ident.startswith("deployments.apps.kube-system.")
+    for ident in (a, informer_id("x/y", "../etc", "a in (b)", "c!=d")):
+        assert all(c.isalnum() or c in ".-" for c in ident)
+        assert "/" not in ident
+
+
+def test_encode_decode_roundtrip() -> None:
+    assert decode_checkpoint(encode_checkpoint(CP), "pods.default.abc") == CP
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda b: b[:-3], "truncated"),
+        (lambda b: b.replace(b'"42"', b'"43"'), "checksum mismatch"),
+        (lambda b: b"garbage", "bad header"),
+        (lambda b: b"", "bad header"),
+        (lambda b: b.replace(b"checkpoint 1 ", b"checkpoint 9 "), "format 9 is not supported"),
+    ],
+)
+def test_decode_rejects_damage(mutate: Callable[[bytes], bytes], message: str) -> None:
+    with pytest.raises(CheckpointCorruptError, match=message):
+        decode_checkpoint(mutate(encode_checkpoint(CP)))
+
+
+def test_decode_rejects_another_informers_checkpoint() -> None:
+    with pytest.raises(CheckpointCorruptError, match="belongs to informer"):
+        decode_checkpoint(encode_checkpoint(CP), "nodes.all.x")
+
+
+async def test_file_store_save_load_replace(tmp_path: Path) -> None:
+    store = FileCheckpointStore(directory=tmp_path / "ckpt")
+    assert await store.load(CP.informer_id) is None
+    await store.save(CP)
+    assert await store.load(CP.informer_id) == CP
+    newer = Checkpoint(informer_id=CP.informer_id, resource_version="50", objects={}, written_at=2.0)
+    await store.save(newer)
+    assert await store.load(CP.informer_id) == newer
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["pods.default.abc.ckpt"]
+    await store.close()
+
+
+async def test_file_store_corrupt_and_unreadable(tmp_path: Path) -> None:
+    store = FileCheckpointStore(directory=tmp_path)
+    await store.save(CP)
+    path = store.path_for(CP.informer_id)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointCorruptError, match="truncated"):
+        await store.load(CP.informer_id)
+    path.unlink()
+    path.mkdir()  # reading a directory fails with an OSError
+    with pytest.raises(CheckpointCorruptError, match="cannot read"):
+        await store.load(CP.informer_id)
+
+
+def test_file_store_refuses_unsafe_ids(tmp_path: Path) -> None:
+    store = FileCheckpointStore(directory=tmp_path)
+    for bad in ("", "../x", ".hidden", "a/b"):
+        with pytest.raises(ValueError, match="unsafe"):
+            store.path_for(bad)
+
+
+async def test_failed_write_leaves_previous_checkpoint(tmp_path: Path) -> None:
+    store = FileCheckpointStore(directory=tmp_path)
+    await store.save(CP)
+    # Block the temporary file's name with a directory: the write fails before the rename.
+    blocker = tmp_path / f".pods.default.abc.ckpt.{os.getpid()}.tmp"
+    blocker.mkdir()
+    with pytest.raises(CheckpointStoreError, match="cannot write"):
+        await store.save(Checkpoint(informer_id=CP.informer_id, resource_version="99"))
+    assert await store.load(CP.informer_id) == CP
+
+
+async def test_directory_that_is_a_file_fails_cleanly(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    store = FileCheckpointStore(directory=tmp_path / "f")
+    with pytest.raises(CheckpointStoreError, match="cannot write"):
+        await store.save(CP)
