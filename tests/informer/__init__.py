@@ -1,0 +1,1 @@
+"""Package marker for the informer-core tests."""
