@@ -1,0 +1,131 @@
+"""Configuration loading: YAML + environment, file references, one clear message per mistake."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bridge.config import MASK, load_config, masked_dump
+from bridge.errors import ConfigurationError
+
+GOOD = """
+cluster: prod
+resources:
+  - resource: pods
+  - resource: deployments.apps
+    namespace: web
+    label_selector: "app in (a,b)"
+sinks:
+  - name: audit
+    kind: kafka
+    bootstrap_servers: "kafka:9092"
+    librdkafka:
+      sasl.password: hunter2
+      sasl.username: bridge
+  - name: hook
+    kind: webhook
+    url: "https://user:s3cret@hooks.example.com/in"
+    hmac_secret: topsecret
+    hmac_secret_file: /var/run/secrets/hook/key
+checkpoint:
+  store: file
+  directory: /tmp/cp
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "config.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_good_config_loads_with_defaults(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, GOOD))
+    assert cfg.cluster == "prod"
+    assert [r.resource for r in cfg.resources] == ["pods", "deployments.apps"]
+    assert cfg.resources[1].namespace == "web"
+    assert cfg.sinks[0].options()["bootstrap_servers"] == "kafka:9092"
+    assert cfg.checkpoint.interval == 5.0
+    assert cfg.leader_election.enabled is False
+    assert cfg.server.port == 8080
+    assert cfg.shutdown_deadline == 25.0
+
+
+def test_environment_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KEB_CHECKPOINT__STORE", "configmap")
+    monkeypatch.setenv("KEB_LOGGING__LEVEL", "debug")
+    monkeypatch.setenv("KEB_CLUSTER", "staging")
+    cfg = load_config(write(tmp_path, GOOD))
+    assert cfg.checkpoint.store == "configmap"
+    assert cfg.checkpoint.directory == "/tmp/cp"  # nested keys merge, not replace
+    assert cfg.logging.level == "debug"
+    assert cfg.cluster == "staging"
+
+
+def test_config_file_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KEB_CONFIG_FILE", str(write(tmp_path, GOOD)))
+    assert load_config().cluster == "prod"
+
+
+def test_file_references_are_resolved(tmp_path: Path) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("from-a-secret\n")
+    text = GOOD.replace("hunter2", f"${{file:{secret}}}")
+    cfg = load_config(write(tmp_path, text))
+    assert cfg.sinks[0].options()["librdkafka"]["sasl.password"] == "from-a-secret"
+
+
+def test_missing_secret_file_is_a_clear_error(tmp_path: Path) -> None:
+    text = GOOD.replace("hunter2", "${file:/nonexistent/pw}")
+    with pytest.raises(ConfigurationError, match=r"sinks\.0\.librdkafka\.sasl\.password: cannot read"):
+        load_config(write(tmp_path, text))
+
+
+def test_masked_dump_hides_secrets_but_not_file_paths(tmp_path: Path) -> None:
+    dump = masked_dump(load_config(write(tmp_path, GOOD)))
+    kafka, hook = dump["sinks"]
+    assert kafka["librdkafka"]["sasl.password"] == MASK
+    assert kafka["librdkafka"]["sasl.username"] == "bridge"
+    assert hook["hmac_secret"] == MASK
+    assert hook["hmac_secret_file"] == "/var/run/secrets/hook/key"
+    assert hook["url"] == f"https://user:{MASK}@hooks.example.com/in"
+    assert "hunter2" not in repr(dump) and "s3cret" not in repr(dump) and "topsecret" not in repr(dump)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("resources: [{resource: pods}]\n", r"sinks: required field is missing"),
+        ("resources: []\nsinks: [{name: s, kind: stdout}]\n", r"resources: List should have at least 1"),
+        ("resources: [{resource: pods, namspace: x}]\nsinks: [{name: s, kind: stdout}]\n",
+         r"resources\.0\.namspace: unknown field"),
+        ("resources: [{resource: pods, label_selector: 'app=('}]\nsinks: [{name: s, kind: stdout}]\n",
+         r"resources\.0\.label_selector: unbalanced"),
+        ("resources: [{resource: pods}]\nsinks: [{name: Bad Name, kind: stdout}]\n",
+         r"sinks\.0\.name: sink name 'Bad Name' must be lowercase"),
+        ("resources: [{resource: pods}]\nsinks: [{name: a, kind: stdout}, {name: a, kind: file}]\n",
+         r"sinks: sink names must be unique; repeated: a"),
+        ("resources: [{resource: pods}, {resource: pods}]\nsinks: [{name: s, kind: stdout}]\n",
+         r"resources: resource 'pods' \(namespace ''\) is listed twice"),
+        ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\ncheckpoint: {store: redis}\n",
+         r"checkpoint\.store: Input should be 'file', 'configmap', 'nats-kv' or 'none'"),
+        ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\ncheckpoint: {interval: 0}\n",
+         r"checkpoint\.interval: Input should be greater than 0"),
+        ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\n"
+         "leader_election: {lease_duration: 5, renew_deadline: 10}\n",
+         r"leader_election: lease_duration must be greater than renew_deadline"),
+        ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\nserver: {port: 99999}\n",
+         r"server\.port: Input should be less than or equal to 65535"),
+        ("- just\n- a list\n", r"must hold a mapping at the top level, not list"),
+        ("resources: [\n", r"is not valid YAML"),
+    ],
+)
+def test_common_mistakes_give_one_clear_message(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigurationError, match=expected):
+        load_config(write(tmp_path, text))
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"cannot read config file .*nope\.yaml"):
+        load_config(tmp_path / "nope.yaml")
