@@ -89,9 +89,12 @@ def test_rbac_is_derived_from_resources(chart: Any) -> None:
         {"apiGroups": ["example.com"], "resources": ["widgets"], "verbs": ["list", "watch"]},
     ]
     (web_role,) = find(docs, "Role", "web")
-    assert web_role["rules"] == [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["list", "watch"]}]
+    assert web_role["rules"] == [
+        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["list", "watch"]},
+    ]
     # Only list/watch anywhere: no get, no write verbs on watched resources.
-    verbs = {v for d in find(docs, "ClusterRole") + find(docs, "Role") for r in d["rules"] for v in r["verbs"]}
+    roles = find(docs, "ClusterRole") + find(docs, "Role")
+    verbs = {v for d in roles for r in d["rules"] for v in r["verbs"]}
     assert verbs == {"list", "watch"}
     assert find(docs, "Role", "ops") == []  # no leases or configmaps needed
 
