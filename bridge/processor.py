@@ -1,0 +1,576 @@
+"""The fan-out half of a shared informer: client-go's ``sharedProcessor`` and ``processorListener``.
+
+An informer processes each change once and hands the resulting :class:`~bridge.contracts.Notification`
+to every listener (one per handler or sink). Each listener owns a **bounded** buffer and a worker task
+that drains it in order, so a slow handler delays only itself, never the informer or its siblings
+(client-go uses an unbounded ring; the bridge bounds it and lets each listener choose what happens
+when it is full, see :class:`~bridge.contracts.OverflowPolicy`).
+
+The processor also does the bookkeeping the checkpoint needs: it numbers every tracked notification
+with a strictly increasing ``seq``, tells the :class:`~bridge.contracts.DeliveryObserver` who got it,
+relays each listener's acknowledgement, and forwards the informer's resourceVersion progress markers.
+
+Acknowledgement rules (what the observer sees):
+
+* a plain :class:`~bridge.contracts.EventHandler` acknowledges when its method returns;
+* a :class:`~bridge.contracts.NotificationHandler` acknowledges by calling the ``ack`` it is given;
+* a handler that **raises** is logged and counted, and the notification is acknowledged anyway: a
+  broken handler must not stall every checkpoint forever (it is reported through ``handler_errors``);
+* a notification superseded by coalescing is acknowledged when it is merged (its successor carries
+  the newer state, so nothing final is lost); a dropped one is acknowledged as discarded;
+* ``SNAPSHOT`` notifications are never dropped nor coalesced: they wait for room under every policy.
+
+Timeouts given to :meth:`SharedProcessor.shutdown` are operational deadlines measured on the event
+loop's own time, not on the injected clock, so a test driving a ``FakeClock`` cannot hang in them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from bridge.clock import Clock
+from bridge.contracts import (
+    DeliveryObserver,
+    EventHandler,
+    KubeObject,
+    ListenerOptions,
+    Notification,
+    NotificationHandler,
+    NotificationKind,
+    ObjectKey,
+    OverflowPolicy,
+)
+
+__all__ = [
+    "MINIMUM_RESYNC_PERIOD",
+    "ListenerStats",
+    "ProcessorListener",
+    "SharedProcessor",
+    "determine_resync_period",
+]
+
+log = logging.getLogger(__name__)
+
+MINIMUM_RESYNC_PERIOD = 1.0
+"""Seconds; a per-listener resync period below this is raised to it (client-go's minimum)."""
+
+
+def determine_resync_period(desired: float, check_period: float) -> float:
+    """The resync period a listener really gets, given the informer's resync check period.
+
+    client-go's ``determineResyncPeriod``: 0 stays 0 (never); a zero check period disables every
+    listener's resync (the informer never checks); a period below the check period is raised to it.
+    """
+    if desired <= 0:
+        return 0.0
+    if check_period <= 0:
+        return 0.0
+    return max(desired, check_period)
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerStats:
+    """A point-in-time copy of a listener's counters."""
+
+    name: str
+    received: int
+    """Notifications handed to the listener (replayed initial adds included)."""
+    delivered: int
+    """Handler calls that returned without raising."""
+    acked: int
+    """Tracked notifications acknowledged (delivered, failed, superseded or dropped)."""
+    dropped: int
+    coalesced: int
+    handler_errors: int
+    high_water: int
+    """Largest buffer depth seen."""
+    depth: int
+    """Notifications waiting now (buffer plus remaining replay)."""
+
+
+class _Slot:
+    """A buffer cell; coalescing swaps the notification in place so the key keeps its position."""
+
+    __slots__ = ("notification",)
+
+    def __init__(self, notification: Notification) -> None:
+        self.notification = notification
+
+
+def _merge(pending: Notification, new: Notification) -> Notification | None:
+    """The single notification equivalent to ``pending`` followed by ``new`` (same key), or None.
+
+    add+update → add(new), update+update → update(first old, last new), add/update+delete → delete.
+    Anything else (a delete followed by a re-creation, …) cannot be merged without losing a step.
+    """
+    if new.kind is NotificationKind.UPDATE:
+        if pending.kind is NotificationKind.ADD:
+            return Notification(
+                kind=NotificationKind.ADD,
+                obj=new.obj,
+                is_in_initial_list=pending.is_in_initial_list,
+                seq=new.seq,
+                key=new.key,
+            )
+        if pending.kind is NotificationKind.UPDATE:
+            return Notification(
+                kind=NotificationKind.UPDATE,
+                obj=new.obj,
+                old=pending.old,
+                is_resync=pending.is_resync and new.is_resync,
+                seq=new.seq,
+                key=new.key,
+            )
+        return None
+    mergeable = (NotificationKind.ADD, NotificationKind.UPDATE)
+    if new.kind is NotificationKind.DELETE and pending.kind in mergeable:
+        return new
+    return None
+
+
+def _is_initial_add(n: Notification) -> bool:
+    return n.kind is NotificationKind.ADD and n.is_in_initial_list
+
+
+class ProcessorListener:
+    """One handler's bounded buffer and the worker task that feeds it (client-go's processorListener).
+
+    Created by the informer (``SharedIndexInformer.add_event_handler``); :meth:`add` is awaited by the
+    processor, the worker is started by :meth:`start`.
+    """
+
+    def __init__(
+        self,
+        *,
+        handler: EventHandler | NotificationHandler,
+        options: ListenerOptions,
+        clock: Clock,
+        name: str,
+        resync_period: float = 0.0,
+        observer: DeliveryObserver | None = None,
+        upstream_synced: Callable[[], bool] = lambda: True,
+        replay: Sequence[KubeObject] = (),
+    ) -> None:
+        if options.buffer_capacity < 1:
+            raise ValueError(
+                f"listener {name!r}: buffer_capacity must be >= 1, got {options.buffer_capacity}"
+            )
+        self.name = name
+        self.options = options
+        self._handler = handler
+        self._as_notification_handler = isinstance(handler, NotificationHandler)
+        self._clock = clock
+        self._observer = observer
+        self._upstream_synced = upstream_synced
+        self.requested_resync_period = options.resync_period
+        self.resync_period = resync_period
+        self.next_resync = 0.0
+        self.determine_next_resync(clock.now())
+
+        self._buffer: deque[_Slot] = deque()
+        self._pending_by_key: dict[ObjectKey, _Slot] = {}
+        self._replay: deque[KubeObject] = deque(replay)
+        self._initial_pending = len(self._replay)
+        self._has_items = asyncio.Event()
+        self._has_room = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._busy = False
+        self._closed = False
+        self._task: asyncio.Task[None] | None = None
+
+        self._received = len(self._replay)
+        self._delivered = 0
+        self._acked = 0
+        self._dropped = 0
+        self._coalesced = 0
+        self._handler_errors = 0
+        self._high_water = 0
+        if self._replay:
+            self._has_items.set()
+
+    # ---------------------------------------------------------------------------------------------
+    # resync (client-go: shouldResync / determineNextResync / setResyncPeriod)
+
+    def should_resync(self, now: float) -> bool:
+        """True when this listener's resync is due (never when its period is 0)."""
+        if self.resync_period == 0:
+            return False
+        return now >= self.next_resync
+
+    def determine_next_resync(self, now: float) -> None:
+        self.next_resync = now + self.resync_period
+
+    def set_resync_period(self, period: float) -> None:
+        self.resync_period = period
+
+    # ---------------------------------------------------------------------------------------------
+    # state
+
+    @property
+    def depth(self) -> int:
+        return len(self._buffer) + len(self._replay)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def has_synced(self) -> bool:
+        """True once the informer has synced and this listener handled every initial-list add."""
+        return self._initial_pending == 0 and self._upstream_synced()
+
+    def stats(self) -> ListenerStats:
+        return ListenerStats(
+            name=self.name,
+            received=self._received,
+            delivered=self._delivered,
+            acked=self._acked,
+            dropped=self._dropped,
+            coalesced=self._coalesced,
+            handler_errors=self._handler_errors,
+            high_water=self._high_water,
+            depth=self.depth,
+        )
+
+    # ---------------------------------------------------------------------------------------------
+    # intake
+
+    async def add(self, notification: Notification) -> None:
+        """Queues a notification, applying the overflow policy when the buffer is full.
+
+        Under BLOCK (and for SNAPSHOT, and under COALESCE when nothing pending can absorb it) this
+        waits for room. Returns without queueing once the listener is closed.
+        """
+        if self._closed:
+            return
+        self._received += 1
+        capacity = self.options.buffer_capacity
+        if len(self._buffer) >= capacity and notification.kind is not NotificationKind.SNAPSHOT:
+            policy = self.options.overflow_policy
+            if policy is OverflowPolicy.DROP:
+                self._dropped += 1
+                self._ack(notification)
+                return
+            if policy is OverflowPolicy.COALESCE and self._coalesce(notification):
+                return
+        while len(self._buffer) >= capacity:
+            self._has_room.clear()
+            await self._has_room.wait()
+            if self._closed:
+                return
+        self._push(notification)
+
+    def _push(self, notification: Notification) -> None:
+        slot = _Slot(notification)
+        self._buffer.append(slot)
+        if notification.kind is not NotificationKind.SNAPSHOT and notification.key:
+            self._pending_by_key[notification.key] = slot
+        if _is_initial_add(notification):
+            self._initial_pending += 1
+        depth = self.depth
+        self._high_water = max(self._high_water, depth)
+        self._idle.clear()
+        self._has_items.set()
+
+    def _coalesce(self, notification: Notification) -> bool:
+        slot = self._pending_by_key.get(notification.key) if notification.key else None
+        if slot is None:
+            return False
+        pending = slot.notification
+        merged = _merge(pending, notification)
+        if merged is None:
+            return False
+        slot.notification = merged
+        if _is_initial_add(pending) and not _is_initial_add(merged):
+            self._initial_pending -= 1
+        self._coalesced += 1
+        self._ack(pending)
+        return True
+
+    # ---------------------------------------------------------------------------------------------
+    # worker
+
+    def start(self, task_prefix: str = "listener") -> None:
+        """Starts the worker task (idempotent)."""
+        if self._task is None and not self._closed:
+            self._task = asyncio.create_task(self._run(), name=f"{task_prefix}:{self.name}")
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        return self._task
+
+    async def _run(self) -> None:
+        while True:
+            if self._replay:
+                obj = self._replay.popleft()
+                await self._deliver(
+                    Notification(kind=NotificationKind.ADD, obj=obj, is_in_initial_list=True, seq=-1)
+                )
+                continue
+            if not self._buffer:
+                self._has_items.clear()
+                self._idle.set()
+                await self._has_items.wait()
+                continue
+            slot = self._buffer.popleft()
+            n = slot.notification
+            if n.key and self._pending_by_key.get(n.key) is slot:
+                del self._pending_by_key[n.key]
+            self._has_room.set()
+            await self._deliver(n)
+
+    async def _deliver(self, n: Notification) -> None:
+        self._busy = True
+        done = False
+
+        def ack() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                self._ack(n)
+
+        try:
+            if self._as_notification_handler:
+                handler = self._handler
+                assert isinstance(handler, NotificationHandler)
+                await handler.handle(n, ack)
+            else:
+                await self._call_event_handler(n)
+                ack()
+            self._delivered += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self._handler_errors += 1
+            log.exception("listener %s: handler failed on %s of %r (seq %d); carrying on",
+                          self.name, n.kind.value, n.key, n.seq)
+            ack()
+        finally:
+            self._busy = False
+            if _is_initial_add(n):
+                self._initial_pending -= 1
+
+    async def _call_event_handler(self, n: Notification) -> None:
+        handler = self._handler
+        assert not isinstance(handler, NotificationHandler)
+        if n.kind is NotificationKind.ADD:
+            assert isinstance(n.obj, dict)
+            await handler.on_add(n.obj, n.is_in_initial_list)
+        elif n.kind is NotificationKind.UPDATE:
+            assert isinstance(n.obj, dict)
+            await handler.on_update(n.old if n.old is not None else n.obj, n.obj)
+        elif n.kind is NotificationKind.DELETE:
+            await handler.on_delete(n.obj)
+        else:
+            # A snapshot reaches a plain handler as one resync update per object; one object's
+            # failure does not hide the others.
+            failures = 0
+            for obj in n.snapshot or ():
+                try:
+                    await handler.on_update(obj, obj)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    failures += 1
+                    self._handler_errors += 1
+                    log.exception("listener %s: handler failed on snapshot object (seq %d)",
+                                  self.name, n.seq)
+            if failures:
+                log.warning("listener %s: %d snapshot objects failed (seq %d)", self.name, failures, n.seq)
+
+    def _ack(self, n: Notification) -> None:
+        if n.seq < 0 or self._closed:
+            return
+        self._acked += 1
+        if self._observer is not None:
+            self._observer.acked(self.name, n.seq)
+
+    # ---------------------------------------------------------------------------------------------
+    # lifecycle
+
+    async def wait_drained(self) -> None:
+        """Returns once the buffer and the replay are empty and no handler call is running."""
+        while self.depth or self._busy or (self._task is not None and not self._idle.is_set()):
+            if self._task is None or self._task.done():
+                return
+            await self._idle.wait()
+
+    def close(self) -> None:
+        """Stops intake, discards what is pending and cancels the worker (idempotent, sync)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._buffer.clear()
+        self._pending_by_key.clear()
+        self._replay.clear()
+        self._has_room.set()
+        self._has_items.set()
+        self._idle.set()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+
+class SharedProcessor:
+    """Distributes each notification to its listeners, numbering and reporting it (sharedProcessor).
+
+    All methods run on the event loop; ``distribute`` is awaited by one producer at a time (the
+    informer serialises its pop loop and its snapshot emission).
+    """
+
+    def __init__(self, *, clock: Clock, observer: DeliveryObserver | None = None, name: str = "") -> None:
+        self._clock = clock
+        self._observer = observer
+        self.name = name
+        self._listeners: dict[ProcessorListener, bool] = {}
+        """listener → is it among the listeners due for the resync in progress."""
+        self._retired: set[asyncio.Task[None]] = set()
+        self._next_seq = 0
+        self._started = False
+        self._accepting = True
+        self._stopped = asyncio.Event()
+
+    @property
+    def listeners(self) -> list[ProcessorListener]:
+        return list(self._listeners)
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def unique_name(self, wanted: str) -> str:
+        """``wanted``, or ``wanted#2``, ``wanted#3``… when a live listener already uses it."""
+        taken = {listener.name for listener in self._listeners}
+        if wanted not in taken:
+            return wanted
+        i = 2
+        while f"{wanted}#{i}" in taken:
+            i += 1
+        return f"{wanted}#{i}"
+
+    def add_listener(self, listener: ProcessorListener) -> None:
+        if listener in self._listeners:
+            return
+        self._listeners[listener] = False
+        if self._started:
+            listener.start(self._task_prefix)
+
+    def remove_listener(self, listener: ProcessorListener) -> None:
+        """Removes and closes the listener, discarding what it had pending. Idempotent."""
+        if listener not in self._listeners:
+            return
+        del self._listeners[listener]
+        listener.close()
+        if listener.task is not None:
+            self._retired.add(listener.task)
+            listener.task.add_done_callback(self._retired.discard)
+        if self._observer is not None:
+            self._observer.listener_removed(listener.name)
+
+    # ---------------------------------------------------------------------------------------------
+    # distribution
+
+    async def distribute(self, notification: Notification, sync: bool) -> None:
+        """Numbers the notification and hands it to every listener (only the due ones for a resync).
+
+        A resync notification that no listener is due for is not numbered nor reported.
+        """
+        # Who receives it is decided before the first await, so a listener added while this call
+        # waits for a full buffer does not get a change its replayed cache already contains.
+        if sync:
+            targets = [listener for listener, syncing in self._listeners.items() if syncing]
+            if not targets:
+                return
+        else:
+            targets = list(self._listeners)
+        await self.send(notification, targets)
+
+    async def send(self, notification: Notification, targets: Sequence[ProcessorListener]) -> None:
+        """Numbers the notification and hands it to exactly ``targets`` (used for snapshots)."""
+        if not self._accepting:
+            return
+        notification.seq = self._next_seq
+        self._next_seq += 1
+        if self._observer is not None:
+            self._observer.dispatched(notification, [listener.name for listener in targets])
+        for listener in targets:
+            await listener.add(notification)
+
+    def progress(self, resource_version: str) -> None:
+        """Reports that every notification numbered so far reflects changes up to this RV."""
+        if self._observer is not None:
+            self._observer.progress(self._next_seq, resource_version)
+
+    # ---------------------------------------------------------------------------------------------
+    # resync
+
+    def should_resync(self) -> bool:
+        """Marks the listeners whose resync is due (they receive the coming resync notifications)
+        and schedules their next one; True if any is due."""
+        now = self._clock.now()
+        needed = False
+        for listener in self._listeners:
+            due = listener.should_resync(now)
+            self._listeners[listener] = due
+            if due:
+                needed = True
+                listener.determine_next_resync(now)
+        return needed
+
+    def resync_check_period_changed(self, check_period: float) -> None:
+        for listener in self._listeners:
+            period = determine_resync_period(listener.requested_resync_period, check_period)
+            listener.set_resync_period(period)
+
+    # ---------------------------------------------------------------------------------------------
+    # lifecycle
+
+    @property
+    def _task_prefix(self) -> str:
+        return f"listener:{self.name}" if self.name else "listener"
+
+    def start(self) -> None:
+        """Starts every listener's worker; listeners added later start at once. Idempotent."""
+        self._started = True
+        for listener in self._listeners:
+            listener.start(self._task_prefix)
+
+    async def run(self) -> None:
+        """Starts the listeners and waits until :meth:`shutdown` (or cancellation) ends them."""
+        self.start()
+        try:
+            await self._stopped.wait()
+        finally:
+            if not self._stopped.is_set():
+                await self._cancel_all()
+
+    async def shutdown(self, timeout: float) -> None:
+        """Stops intake, lets the listeners drain for up to ``timeout`` seconds, then cancels them."""
+        self._accepting = False
+        drains = [listener.wait_drained() for listener in self._listeners]
+        if drains:
+            try:
+                async with asyncio.timeout(max(0.0, timeout)):
+                    await asyncio.gather(*drains)
+            except TimeoutError:
+                log.warning("processor %s: listeners did not drain within %.1fs; cancelling",
+                            self.name, timeout)
+        await self._cancel_all()
+        self._stopped.set()
+
+    async def _cancel_all(self) -> None:
+        tasks = [t for t in (listener.task for listener in self._listeners) if t is not None]
+        tasks.extend(self._retired)
+        for listener in self._listeners:
+            listener.close()
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._retired.clear()
