@@ -1,0 +1,701 @@
+"""DeltaFIFO: exact delta sequences for every rule of the semantics document, plus progress markers.
+
+Each table row applies a sequence of operations to a fresh queue and asserts the exact pop order:
+``"ns/name: Type(rv) …"`` per key, ``"~rv"`` for a tombstone's object, ``"@rv"`` for a marker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from bridge.contracts import DeletedFinalStateUnknown, KubeObject, ObjectKey
+from bridge.delta_fifo import (
+    Delta,
+    DeltaFIFO,
+    Deltas,
+    DeltaType,
+    FIFOClosedError,
+    ResourceVersionMarker,
+)
+from bridge.store import IndexedCache
+
+Op = tuple[Any, ...]
+
+
+def pod(name: str, rv: str, ns: str = "default") -> KubeObject:
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": ns, "resourceVersion": rv}}
+
+
+def parse(spec: str) -> KubeObject:
+    """``"a@3"`` → pod a at resourceVersion 3."""
+    name, _, rv = spec.partition("@")
+    return pod(name, rv)
+
+
+def tombstone(name: str, rv: str) -> DeletedFinalStateUnknown:
+    return DeletedFinalStateUnknown(ObjectKey(f"default/{name}"), pod(name, rv))
+
+
+def rv_of(obj: KubeObject | DeletedFinalStateUnknown) -> str:
+    if isinstance(obj, DeletedFinalStateUnknown):
+        return "~" + str(obj.obj["metadata"]["resourceVersion"])
+    return str(obj["metadata"]["resourceVersion"])
+
+
+def render(item: Deltas | ResourceVersionMarker) -> str:
+    if isinstance(item, ResourceVersionMarker):
+        return "@" + item.resource_version
+    key = ObjectKey("")
+    parts = []
+    for d in item:
+        obj = d.object
+        key = obj.key if isinstance(obj, DeletedFinalStateUnknown) else ObjectKey(
+            f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+        )
+        parts.append(f"{d.type}({rv_of(obj)})")
+    return f"{key}: " + " ".join(parts)
+
+
+async def drain(fifo: DeltaFIFO) -> list[str]:
+    """Pops everything queued (keys and markers) and renders it in pop order."""
+    out: list[str] = []
+
+    async def record(item: Deltas | ResourceVersionMarker, _initial: bool) -> None:
+        out.append(render(item))
+
+    while len(fifo) or fifo.pending_markers:
+        await fifo.pop(record)
+    return out
+
+
+def apply(fifo: DeltaFIFO, ops: Sequence[Op]) -> None:
+    for op in ops:
+        match op:
+            case ("add", spec):
+                fifo.add(parse(spec))
+            case ("update", spec):
+                fifo.update(parse(spec))
+            case ("delete", spec):
+                fifo.delete(parse(spec))
+            case ("tombstone", spec):
+                name, _, rv = spec.partition("@")
+                fifo.delete(tombstone(name, rv))
+            case ("replace", specs, rv):
+                fifo.replace([parse(s) for s in specs], rv)
+            case ("resync",):
+                fifo.resync()
+            case ("rv", rv):
+                fifo.update_resource_version(rv)
+            case _:
+                raise AssertionError(f"unknown op {op!r}")
+
+
+def cache_of(*specs: str) -> IndexedCache:
+    cache = IndexedCache()
+    for s in specs:
+        cache.add(parse(s))
+    return cache
+
+
+# (id, known objects or None, operations, expected pop order)
+SCENARIOS: list[tuple[str, tuple[str, ...] | None, list[Op], list[str]]] = [
+    (
+        "deltas append to the key's entry, which keeps its place",
+        None,
+        [("add", "a@1"), ("add", "b@1"), ("update", "a@2"), ("update", "b@2"), ("update", "a@3")],
+        ["default/a: Added(1) Updated(2) Updated(3)", "default/b: Added(1) Updated(2)"],
+    ),
+    (
+        "two trailing deletes keep the older when it is not a tombstone",
+        None,
+        [("add", "a@1"), ("delete", "a@2"), ("delete", "a@3")],
+        ["default/a: Added(1) Deleted(2)"],
+    ),
+    (
+        "a real delete followed by a tombstone keeps the real delete",
+        None,
+        [("add", "a@1"), ("delete", "a@2"), ("tombstone", "a@1")],
+        ["default/a: Added(1) Deleted(2)"],
+    ),
+    (
+        "a tombstone followed by a real delete keeps the real delete",
+        None,
+        [("add", "a@1"), ("tombstone", "a@1"), ("delete", "a@2")],
+        ["default/a: Added(1) Deleted(2)"],
+    ),
+    (
+        "two tombstones keep the newer",
+        None,
+        [("add", "a@1"), ("tombstone", "a@1"), ("tombstone", "a@5")],
+        ["default/a: Added(1) Deleted(~5)"],
+    ),
+    (
+        "deletes separated by another delta are not deduplicated",
+        None,
+        [("add", "a@1"), ("delete", "a@2"), ("add", "a@3"), ("delete", "a@4")],
+        ["default/a: Added(1) Deleted(2) Added(3) Deleted(4)"],
+    ),
+    (
+        "delete of a key neither queued nor known (no known objects) is dropped",
+        None,
+        [("delete", "a@2"), ("tombstone", "b@1")],
+        [],
+    ),
+    (
+        "delete of a key neither queued nor known (with known objects) is dropped",
+        ("x@1",),
+        [("delete", "a@2")],
+        [],
+    ),
+    (
+        "delete of a known key that is not queued is queued",
+        ("a@1",),
+        [("delete", "a@2")],
+        ["default/a: Deleted(2)"],
+    ),
+    (
+        "replace without known objects: Replaced for items, tombstones for queued keys gone",
+        None,
+        [("add", "a@1"), ("add", "b@1"), ("update", "a@2"), ("replace", ["b@3", "c@3"], "10")],
+        [
+            "default/a: Added(1) Updated(2) Deleted(~2)",
+            "default/b: Added(1) Replaced(3)",
+            "default/c: Replaced(3)",
+            "@10",
+        ],
+    ),
+    (
+        "replace: known keys gone from the list get a tombstone with the cached object",
+        ("x@1", "y@1", "z@4"),
+        [("replace", ["y@2"], "10")],
+        ["default/y: Replaced(2)", "default/x: Deleted(~1)", "default/z: Deleted(~4)", "@10"],
+    ),
+    (
+        "replace: a known key that is queued uses the newest queued object, not the cached one",
+        ("x@1",),
+        [("update", "x@2"), ("replace", [], "10")],
+        ["default/x: Updated(2) Deleted(~2)", "@10"],
+    ),
+    (
+        "replace: a queued tombstone's object is unwrapped (no nested tombstone)",
+        ("x@1",),
+        [("replace", [], "10"), ("replace", [], "11")],
+        ["default/x: Deleted(~1)", "@11"],
+    ),
+    (
+        "replace: a key whose newest delta is a real delete gets no second delete",
+        None,
+        [("add", "a@1"), ("delete", "a@2"), ("replace", [], "10")],
+        ["default/a: Added(1) Deleted(2)", "@10"],
+    ),
+    (
+        "replace: a known key present in the list gets only Replaced",
+        ("a@1",),
+        [("replace", ["a@1"], "10")],
+        ["default/a: Replaced(1)", "@10"],
+    ),
+    (
+        "replace with an empty list and nothing known queues only the marker",
+        (),
+        [("replace", [], "7")],
+        ["@7"],
+    ),
+    (
+        "resync queues Sync with the cached object only for known keys with nothing queued",
+        ("a@1", "b@1", "c@1"),
+        [("update", "b@2"), ("resync",)],
+        ["default/b: Updated(2)", "default/a: Sync(1)", "default/c: Sync(1)"],
+    ),
+    (
+        "resync without known objects does nothing",
+        None,
+        [("add", "a@1"), ("resync",)],
+        ["default/a: Added(1)"],
+    ),
+    (
+        "resync twice queues one Sync per key",
+        ("a@1",),
+        [("resync",), ("resync",)],
+        ["default/a: Sync(1)"],
+    ),
+    (
+        "consecutive markers coalesce into the newest",
+        None,
+        [("rv", "5"), ("rv", "6"), ("rv", "7")],
+        ["@7"],
+    ),
+    (
+        "markers keep their place between keys",
+        None,
+        [("add", "a@1"), ("rv", "1"), ("add", "b@2"), ("rv", "2"), ("add", "c@3")],
+        ["default/a: Added(1)", "@1", "default/b: Added(2)", "@2", "default/c: Added(3)"],
+    ),
+    (
+        "a delta appended to an earlier key does not break marker coalescing",
+        None,
+        [("add", "a@1"), ("rv", "1"), ("update", "a@2"), ("rv", "2")],
+        ["default/a: Added(1) Updated(2)", "@2"],
+    ),
+    (
+        "a new key after a marker stops the coalescing",
+        None,
+        [("rv", "1"), ("add", "a@2"), ("rv", "2"), ("rv", "3")],
+        ["@1", "default/a: Added(2)", "@3"],
+    ),
+    (
+        "the marker queued by replace coalesces with a following update_resource_version",
+        None,
+        [("replace", ["a@1"], "10"), ("rv", "11")],
+        ["default/a: Replaced(1)", "@11"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("known", "ops", "expected"),
+    [pytest.param(k, o, e, id=i) for i, k, o, e in SCENARIOS],
+)
+async def test_delta_sequences(
+    known: tuple[str, ...] | None, ops: list[Op], expected: list[str]
+) -> None:
+    cache = cache_of(*known) if known is not None else None
+    fifo = DeltaFIFO(known_objects=cache)
+    apply(fifo, ops)
+    assert await drain(fifo) == expected
+    assert len(fifo) == 0
+    assert fifo.pending_markers == 0
+
+
+def test_delete_keeps_exact_objects_and_tombstone_contents() -> None:
+    cache = cache_of("x@1")
+    fifo = DeltaFIFO(known_objects=cache)
+    cached = cache.get_by_key(ObjectKey("default/x"))
+    fifo.replace([], "9")
+    assert fifo.get_by_key(ObjectKey("default/x")) == [
+        Delta(DeltaType.DELETED, DeletedFinalStateUnknown(ObjectKey("default/x"), pod("x", "1")))
+    ]
+    deltas = fifo.get_by_key(ObjectKey("default/x"))
+    assert deltas is not None
+    tomb = deltas[0].object
+    assert isinstance(tomb, DeletedFinalStateUnknown)
+    assert tomb.obj is cached  # the cached object itself, not a copy
+
+
+def test_get_by_key_returns_a_copy_and_inspection_helpers() -> None:
+    fifo = DeltaFIFO()
+    fifo.add(pod("a", "1"))
+    fifo.update_resource_version("1")
+    fifo.add(pod("b", "2", ns=""))
+    got = fifo.get_by_key(ObjectKey("default/a"))
+    assert got == [Delta(DeltaType.ADDED, pod("a", "1"))]
+    assert got is not None
+    got.append(Delta(DeltaType.UPDATED, pod("a", "9")))
+    assert fifo.get_by_key(ObjectKey("default/a")) == [Delta(DeltaType.ADDED, pod("a", "1"))]
+    assert fifo.get_by_key(ObjectKey("default/zzz")) is None
+    assert fifo.list_keys() == ["default/a", "b"]
+    assert fifo.entries() == ["default/a", ResourceVersionMarker("1"), "b"]
+    assert len(fifo) == 2
+    assert fifo.pending_markers == 1
+
+
+def test_delta_type_values() -> None:
+    assert [t.value for t in DeltaType] == ["Added", "Updated", "Deleted", "Replaced", "Sync"]
+    assert isinstance(DeltaType.SYNC, str)
+    assert f"{DeltaType.SYNC}" == "Sync"
+
+
+# -------------------------------------------------------------------------- initial population
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, bool]] = []
+
+    async def __call__(self, item: Deltas | ResourceVersionMarker, initial: bool) -> None:
+        self.calls.append((render(item), initial))
+
+
+async def test_has_synced_and_is_in_initial_list_follow_the_first_replace() -> None:
+    fifo = DeltaFIFO(known_objects=IndexedCache())
+    rec = Recorder()
+    assert not fifo.has_synced()
+    fifo.replace([pod("a", "1"), pod("b", "1")], "5")
+    assert not fifo.has_synced()
+    fifo.add(pod("c", "6"))
+
+    await fifo.pop(rec)
+    assert not fifo.has_synced()
+    await fifo.pop(rec)
+    assert fifo.has_synced()
+    await fifo.pop(rec)  # the marker
+    await fifo.pop(rec)
+    assert rec.calls == [
+        ("default/a: Replaced(1)", True),
+        ("default/b: Replaced(1)", True),
+        ("@5", False),
+        ("default/c: Added(6)", False),
+    ]
+    assert fifo.has_synced()
+
+
+async def test_initial_population_counts_deletions_and_previously_queued_keys() -> None:
+    cache = cache_of("gone@1")
+    fifo = DeltaFIFO(known_objects=cache)
+    # Nothing populates the queue before the first replace except add/update/delete; a resync does not.
+    fifo.resync()
+    assert not fifo.has_synced()
+    fifo.replace([pod("a", "2")], "5")
+    rec = Recorder()
+    for _ in range(3):
+        await fifo.pop(rec)
+    assert rec.calls == [
+        ("default/gone: Sync(1) Deleted(~1)", True),
+        ("default/a: Replaced(2)", True),
+        ("@5", False),
+    ]
+    assert fifo.has_synced()
+
+
+async def test_a_later_replace_does_not_reset_the_initial_population() -> None:
+    fifo = DeltaFIFO()
+    fifo.replace([pod("a", "1")], "1")
+    rec = Recorder()
+    await fifo.pop(rec)
+    assert fifo.has_synced()
+    fifo.replace([pod("a", "2"), pod("b", "2")], "2")
+    assert fifo.has_synced()
+    for _ in range(4):
+        await fifo.pop(rec)
+    assert rec.calls == [("default/a: Replaced(1)", True), ("@1", False), ("default/a: Replaced(2)", False),
+                         ("default/b: Replaced(2)", False), ("@2", False)]
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        pytest.param(lambda f: f.add(pod("x", "1")), id="add"),
+        pytest.param(lambda f: f.update(pod("x", "1")), id="update"),
+        pytest.param(lambda f: f.delete(pod("x", "1")), id="delete-even-when-dropped"),
+        pytest.param(lambda f: f.mark_populated(), id="mark_populated"),
+    ],
+)
+async def test_add_update_delete_or_mark_populated_before_replace_populate_with_no_initial_items(
+    first: Any,
+) -> None:
+    fifo = DeltaFIFO()
+    first(fifo)
+    assert fifo.has_synced()
+    fifo.replace([pod("a", "1")], "5")
+    assert fifo.has_synced()
+    rec = Recorder()
+    while len(fifo) or fifo.pending_markers:
+        await fifo.pop(rec)
+    assert [initial for _, initial in rec.calls] == [False] * len(rec.calls)
+    assert ("default/a: Replaced(1)", False) in rec.calls
+
+
+def test_mark_populated_after_replace_changes_nothing() -> None:
+    fifo = DeltaFIFO()
+    fifo.replace([pod("a", "1")], "5")
+    fifo.mark_populated()
+    assert not fifo.has_synced()
+
+
+async def test_markers_never_count_as_initial_items() -> None:
+    fifo = DeltaFIFO()
+    fifo.update_resource_version("3")
+    fifo.replace([pod("a", "4")], "5")
+    rec = Recorder()
+    await fifo.pop(rec)
+    assert rec.calls == [("@3", False)]
+    assert not fifo.has_synced()
+    await fifo.pop(rec)
+    assert rec.calls[-1] == ("default/a: Replaced(4)", True)
+    assert fifo.has_synced()
+
+
+# -------------------------------------------------------------------------- transform
+
+
+class CountingTransform:
+    """Adds a marker field and counts calls; idempotent."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def __call__(self, obj: KubeObject) -> KubeObject:
+        self.seen.append(obj["metadata"]["name"] + "@" + obj["metadata"]["resourceVersion"])
+        return {**obj, "transformed": True}
+
+
+def test_transform_runs_on_add_update_delete_and_replace_items() -> None:
+    t = CountingTransform()
+    fifo = DeltaFIFO(known_objects=cache_of("k@1"), transform=t)
+    fifo.add(pod("a", "1"))
+    fifo.update(pod("a", "2"))
+    fifo.delete(pod("k", "2"))
+    fifo.replace([pod("a", "3"), pod("b", "3")], "3")  # k's tombstone collapses into its delete
+    assert t.seen == ["a@1", "a@2", "k@2", "a@3", "b@3"]
+    for key in ("default/a", "default/k", "default/b"):
+        deltas = fifo.get_by_key(ObjectKey(key))
+        assert deltas is not None
+        assert all(isinstance(d.object, dict) and d.object["transformed"] for d in deltas)
+
+
+def test_transform_never_runs_on_tombstones_or_sync() -> None:
+    t = CountingTransform()
+    cache = cache_of("x@1", "y@1")
+    fifo = DeltaFIFO(known_objects=cache, transform=t)
+    fifo.resync()
+    fifo.delete(tombstone("y", "1"))
+    fifo.replace([], "2")
+    assert t.seen == []
+    assert fifo.get_by_key(ObjectKey("default/x")) == [
+        Delta(DeltaType.SYNC, pod("x", "1")),
+        Delta(DeltaType.DELETED, DeletedFinalStateUnknown(ObjectKey("default/x"), pod("x", "1"))),
+    ]
+    assert fifo.get_by_key(ObjectKey("default/y")) == [
+        Delta(DeltaType.SYNC, pod("y", "1")),
+        Delta(DeltaType.DELETED, tombstone("y", "1")),
+    ]
+
+
+def test_replace_tombstone_carries_the_already_transformed_queued_object() -> None:
+    t = CountingTransform()
+    fifo = DeltaFIFO(transform=t)
+    fifo.add(pod("a", "1"))
+    fifo.replace([], "2")
+    assert t.seen == ["a@1"]
+    deltas = fifo.get_by_key(ObjectKey("default/a"))
+    assert deltas is not None
+    tomb = deltas[1].object
+    assert isinstance(tomb, DeletedFinalStateUnknown)
+    assert tomb.obj == {**pod("a", "1"), "transformed": True}
+
+
+def test_a_transform_error_propagates_and_queues_nothing() -> None:
+    def boom(obj: KubeObject) -> KubeObject:
+        raise RuntimeError("bad object")
+
+    fifo = DeltaFIFO(transform=boom)
+    with pytest.raises(RuntimeError, match="bad object"):
+        fifo.add(pod("a", "1"))
+    assert len(fifo) == 0
+
+
+def test_custom_key_func_is_used() -> None:
+    def by_uid(obj: Any) -> ObjectKey:
+        if isinstance(obj, DeletedFinalStateUnknown):
+            return obj.key
+        return ObjectKey(obj["metadata"]["uid"])
+
+    fifo = DeltaFIFO(key_func=by_uid)
+    fifo.add({"metadata": {"name": "a", "uid": "u1"}})
+    fifo.add({"metadata": {"name": "a", "uid": "u2"}})
+    assert fifo.list_keys() == ["u1", "u2"]
+
+
+def test_object_without_name_is_rejected_with_a_clear_message() -> None:
+    fifo = DeltaFIFO()
+    with pytest.raises(KeyError, match=r"metadata\.name"):
+        fifo.add({"kind": "Pod", "metadata": {"generateName": "web-"}})
+    assert len(fifo) == 0
+
+
+# -------------------------------------------------------------------------- pop, close
+
+
+async def test_pop_waits_for_an_item() -> None:
+    fifo = DeltaFIFO()
+    rec = Recorder()
+    task = asyncio.create_task(fifo.pop(rec), name="test-pop")
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not task.done()
+    fifo.add(pod("a", "1"))
+    await asyncio.wait_for(task, timeout=5)
+    assert rec.calls == [("default/a: Added(1)", False)]
+
+
+async def test_pop_is_woken_by_a_marker() -> None:
+    fifo = DeltaFIFO()
+    rec = Recorder()
+    task = asyncio.create_task(fifo.pop(rec), name="test-pop")
+    await asyncio.sleep(0)
+    fifo.update_resource_version("42")
+    await asyncio.wait_for(task, timeout=5)
+    assert rec.calls == [("@42", False)]
+
+
+async def test_close_wakes_a_waiting_pop_with_fifo_closed_error() -> None:
+    fifo = DeltaFIFO()
+    task = asyncio.create_task(fifo.pop(Recorder()), name="test-pop")
+    await asyncio.sleep(0)
+    assert not fifo.is_closed
+    fifo.close()
+    assert fifo.is_closed
+    with pytest.raises(FIFOClosedError):
+        await asyncio.wait_for(task, timeout=5)
+
+
+async def test_a_closed_queue_drains_before_raising() -> None:
+    fifo = DeltaFIFO()
+    fifo.add(pod("a", "1"))
+    fifo.update_resource_version("1")
+    fifo.close()
+    rec = Recorder()
+    await fifo.pop(rec)
+    await fifo.pop(rec)
+    assert rec.calls == [("default/a: Added(1)", False), ("@1", False)]
+    with pytest.raises(FIFOClosedError):
+        await fifo.pop(rec)
+
+
+async def test_an_error_in_process_propagates_and_the_key_is_not_requeued() -> None:
+    fifo = DeltaFIFO(known_objects=IndexedCache())
+    fifo.add(pod("a", "1"))
+    fifo.add(pod("b", "1"))
+
+    async def fail(item: Deltas | ResourceVersionMarker, initial: bool) -> None:
+        raise ValueError("handler broke")
+
+    with pytest.raises(ValueError, match="handler broke"):
+        await fifo.pop(fail)
+    assert fifo.list_keys() == ["default/b"]
+    # The failed key is no longer in flight: a delete for it is judged by the cache alone (dropped).
+    fifo.delete(pod("a", "2"))
+    assert fifo.list_keys() == ["default/b"]
+
+
+async def test_pop_hands_the_deltas_oldest_first_and_removes_the_key() -> None:
+    fifo = DeltaFIFO()
+    fifo.add(pod("a", "1"))
+    fifo.update(pod("a", "2"))
+    got: list[Deltas | ResourceVersionMarker] = []
+
+    async def keep(item: Deltas | ResourceVersionMarker, initial: bool) -> None:
+        got.append(item)
+        assert fifo.get_by_key(ObjectKey("default/a")) is None  # removed before process runs
+
+    await fifo.pop(keep)
+    assert got == [[Delta(DeltaType.ADDED, pod("a", "1")), Delta(DeltaType.UPDATED, pod("a", "2"))]]
+    assert len(fifo) == 0
+
+
+# -------------------------------------------------------------------------- while a key is processed
+
+
+class CacheApplier:
+    """A consumer like the informer's HandleDeltas: it pauses in the middle of a key (as a listener
+    with a full buffer would) so the test can act while the key is in flight, then applies the rest."""
+
+    def __init__(self, cache: IndexedCache) -> None:
+        self.cache = cache
+        self.paused = asyncio.Event()
+        self.resume = asyncio.Event()
+
+    async def __call__(self, item: Deltas | ResourceVersionMarker, initial: bool) -> None:
+        if isinstance(item, ResourceVersionMarker):
+            return
+        self.paused.set()
+        await self.resume.wait()
+        for d in item:
+            if d.type is DeltaType.DELETED:
+                self.cache.delete(d.object)
+            else:
+                assert isinstance(d.object, dict)
+                self.cache.update(d.object)
+
+
+async def _start_processing(fifo: DeltaFIFO, applier: CacheApplier) -> asyncio.Task[None]:
+    task = asyncio.create_task(fifo.pop(applier), name="test-pop")
+    await asyncio.wait_for(applier.paused.wait(), timeout=5)
+    return task
+
+
+async def _finish(task: asyncio.Task[None], applier: CacheApplier) -> None:
+    applier.resume.set()
+    await asyncio.wait_for(task, timeout=5)
+
+
+async def test_resync_during_processing_syncs_the_object_being_applied_not_the_stale_cache() -> None:
+    cache = cache_of("a@1")
+    fifo = DeltaFIFO(known_objects=cache)
+    fifo.update(pod("a", "2"))
+    applier = CacheApplier(cache)
+    task = await _start_processing(fifo, applier)
+    fifo.resync()
+    await _finish(task, applier)
+    assert fifo.get_by_key(ObjectKey("default/a")) == [Delta(DeltaType.SYNC, pod("a", "2"))]
+
+
+async def test_resync_during_processing_of_a_delete_queues_nothing_for_that_key() -> None:
+    cache = cache_of("a@1")
+    fifo = DeltaFIFO(known_objects=cache)
+    fifo.delete(pod("a", "2"))
+    applier = CacheApplier(cache)
+    task = await _start_processing(fifo, applier)
+    fifo.resync()
+    assert len(fifo) == 0
+    await _finish(task, applier)
+    assert cache.list_keys() == []
+
+
+async def test_replace_during_processing_of_a_delete_reports_no_second_delete() -> None:
+    cache = cache_of("a@1", "b@1")
+    fifo = DeltaFIFO(known_objects=cache)
+    fifo.delete(pod("a", "2"))
+    applier = CacheApplier(cache)
+    task = await _start_processing(fifo, applier)
+    fifo.replace([pod("b", "3")], "3")
+    await _finish(task, applier)
+    assert fifo.entries() == ["default/b", ResourceVersionMarker("3")]
+
+
+async def test_replace_during_processing_of_an_add_tombstones_the_object_being_added() -> None:
+    cache = IndexedCache()
+    fifo = DeltaFIFO(known_objects=cache)
+    fifo.add(pod("a", "1"))
+    applier = CacheApplier(cache)
+    task = await _start_processing(fifo, applier)
+    fifo.replace([], "3")
+    await _finish(task, applier)
+    assert fifo.get_by_key(ObjectKey("default/a")) == [
+        Delta(DeltaType.DELETED, DeletedFinalStateUnknown(ObjectKey("default/a"), pod("a", "1")))
+    ]
+
+
+async def test_delete_during_processing_is_judged_by_the_state_being_applied() -> None:
+    cache = IndexedCache()
+    fifo = DeltaFIFO(known_objects=cache)
+    fifo.add(pod("a", "1"))
+    fifo.add(pod("b", "1"))
+    fifo.delete(pod("b", "2"))
+    applier = CacheApplier(cache)
+    task = await _start_processing(fifo, applier)  # a: Added, not yet in the cache
+    fifo.delete(pod("a", "2"))
+    assert fifo.get_by_key(ObjectKey("default/a")) == [Delta(DeltaType.DELETED, pod("a", "2"))]
+    await _finish(task, applier)
+
+    applier2 = CacheApplier(cache)
+    task = await _start_processing(fifo, applier2)  # b: Added, Deleted
+    fifo.delete(pod("b", "3"))  # b will be gone once processed: a second delete is dropped
+    await _finish(task, applier2)
+    assert fifo.list_keys() == ["default/a"]
+
+
+async def test_add_during_processing_queues_a_new_entry_at_the_tail() -> None:
+    cache = IndexedCache()
+    fifo = DeltaFIFO(known_objects=cache)
+    fifo.add(pod("a", "1"))
+    fifo.add(pod("b", "1"))
+    applier = CacheApplier(cache)
+    task = await _start_processing(fifo, applier)
+    fifo.update(pod("a", "2"))
+    await _finish(task, applier)
+    assert fifo.list_keys() == ["default/b", "default/a"]
+    assert fifo.get_by_key(ObjectKey("default/a")) == [Delta(DeltaType.UPDATED, pod("a", "2"))]
