@@ -1,0 +1,209 @@
+"""The CloudEvents 1.0 envelope every sink sends, in structured or binary content mode.
+
+One change event becomes one CloudEvent (see docs/event-format.md for examples):
+
+- ``id``: deterministic, so consumers (and JetStream's ``Nats-Msg-Id`` window) can drop duplicates of
+  an at-least-once redelivery: the first 32 hex digits of the SHA-256 of
+  ``uid \\0 resourceVersion \\0 type \\0 snapshotId`` (snapshot markers have no uid; their snapshot id
+  and resourceVersion make them unique; ``sync`` events include the snapshot id so two resyncs of an
+  unchanged object are distinct events).
+- ``source``: ``/clusters/{cluster}/api/v1/{resource}`` for the core group,
+  ``/clusters/{cluster}/apis/{group}/{version}/{resource}`` otherwise.
+- ``type``: ``io.kube-event-bridge.{added|updated|deleted|sync|snapshot.begin|snapshot.end}``.
+- ``subject``: ``namespace/name`` (``name`` for cluster-scoped objects; absent for markers).
+- ``time``: RFC 3339 UTC of when the bridge observed the change.
+- extensions (strings): ``cluster``, ``kind``, ``apiversion``, ``namespace``, ``name``, ``uid``,
+  ``resourceversion``, ``finalstateunknown`` (only when true), ``snapshotid``, ``snapshotrv``,
+  ``snapshotcount``, plus the event's own extensions.
+
+Knative compatibility mode (``compat="knative"``) emits what Knative's ApiServerSource emits in
+``Resource`` mode, so its consumers can switch without changes: ``type``
+``dev.knative.apiserver.resource.add|update|delete`` (``sync`` maps to ``update``, as a resync does
+there), ``source`` the API server URL, ``subject``
+``/apis/{group}/{version}/namespaces/{ns}/{resource}/{name}`` (``/apis/v1/...`` for the core group),
+and the ``kind``, ``name``, ``namespace`` extensions. Snapshot
+markers have no Knative counterpart and keep their native type.
+
+Binary content mode puts every attribute but ``data`` into headers named ``{prefix}{attribute}``
+(``ce_`` for Kafka, ``ce-`` for HTTP and NATS) with ``content-type`` carrying ``datacontenttype``;
+header values are percent-encoded outside printable ASCII as the HTTP binding requires.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import re
+import time as _time
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+import orjson
+
+from sinks.contract import ChangeEvent, EventType
+
+__all__ = [
+    "BATCH_CONTENT_TYPE",
+    "CE_SPEC_VERSION",
+    "DEFAULT_KNATIVE_SOURCE",
+    "HTTP_PREFIX",
+    "KAFKA_PREFIX",
+    "NATIVE_TYPE_PREFIX",
+    "STRUCTURED_CONTENT_TYPE",
+    "Compat",
+    "decode_binary",
+    "decode_structured",
+    "encode_binary",
+    "encode_structured",
+    "event_id",
+    "event_source",
+    "event_type",
+    "rfc3339",
+    "to_cloudevent",
+]
+
+CE_SPEC_VERSION: Final = "1.0"
+STRUCTURED_CONTENT_TYPE: Final = "application/cloudevents+json"
+BATCH_CONTENT_TYPE: Final = "application/cloudevents-batch+json"
+NATIVE_TYPE_PREFIX: Final = "io.kube-event-bridge."
+KNATIVE_TYPE_PREFIX: Final = "dev.knative.apiserver.resource."
+DEFAULT_KNATIVE_SOURCE: Final = "https://kubernetes.default.svc"
+KAFKA_PREFIX: Final = "ce_"
+HTTP_PREFIX: Final = "ce-"
+
+Compat = Literal["native", "knative"]
+
+_KNATIVE_TYPES: Final = {
+    EventType.ADDED: "add",
+    EventType.UPDATED: "update",
+    EventType.SYNC: "update",
+    EventType.DELETED: "delete",
+}
+_EXT_NAME = re.compile(r"[^a-z0-9]")
+_MISSING: Any = object()
+
+
+def event_id(event: ChangeEvent) -> str:
+    """Deterministic id: 32 hex digits of SHA-256 over uid, resourceVersion, type and snapshot id."""
+    snap = event.snapshot.id if event.snapshot is not None else ""
+    raw = f"{event.uid}\0{event.resource_version}\0{event.type.value}\0{snap}".encode()
+    return hashlib.sha256(raw).hexdigest()[:32]
+
+
+def event_source(event: ChangeEvent) -> str:
+    res = event.resource
+    if res.group:
+        return f"/clusters/{event.cluster}/apis/{res.group}/{res.version}/{res.resource}"
+    return f"/clusters/{event.cluster}/api/{res.version}/{res.resource}"
+
+
+def event_type(event: ChangeEvent, compat: Compat = "native") -> str:
+    if compat == "knative" and event.type in _KNATIVE_TYPES:
+        return KNATIVE_TYPE_PREFIX + _KNATIVE_TYPES[event.type]
+    return NATIVE_TYPE_PREFIX + event.type.value
+
+
+def rfc3339(seconds: float) -> str:
+    """``2024-05-01T12:00:00.123456Z`` (microseconds kept so order within a second survives)."""
+    moment = _dt.datetime.fromtimestamp(seconds, tz=_dt.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _knative_subject(event: ChangeEvent) -> str:
+    res = event.resource
+    base = f"/apis/{res.api_version}"
+    if event.namespace:
+        return f"{base}/namespaces/{event.namespace}/{res.resource}/{event.name}"
+    return f"{base}/{res.resource}/{event.name}"
+
+
+def to_cloudevent(
+    event: ChangeEvent,
+    *,
+    data: Any = _MISSING,
+    datacontenttype: str = "application/json",
+    compat: Compat = "native",
+    knative_source: str = DEFAULT_KNATIVE_SOURCE,
+    event_id_value: str | None = None,
+) -> dict[str, Any]:
+    """The CloudEvent (as a dict ready for JSON) for ``event``; ``data`` defaults to the object."""
+    knative = compat == "knative" and event.type in _KNATIVE_TYPES
+    ce: dict[str, Any] = {
+        "specversion": CE_SPEC_VERSION,
+        "id": event_id_value or event_id(event),
+        "source": knative_source if knative else event_source(event),
+        "type": event_type(event, compat),
+    }
+    if event.obj is not None:
+        ce["subject"] = _knative_subject(event) if knative else event.subject
+    ce["time"] = rfc3339(event.time or _time.time())
+    ce["datacontenttype"] = datacontenttype
+    res = event.resource
+    ce["cluster"] = event.cluster
+    ce["kind"] = res.kind
+    ce["apiversion"] = res.api_version
+    if event.obj is not None:
+        if event.namespace:
+            ce["namespace"] = event.namespace
+        ce["name"] = event.name
+        ce["uid"] = event.uid
+        ce["resourceversion"] = event.resource_version
+    if event.final_state_unknown:
+        ce["finalstateunknown"] = "true"
+    snap = event.snapshot
+    if snap is not None:
+        ce["snapshotid"] = snap.id
+        ce["snapshotrv"] = snap.resource_version
+        if snap.count is not None:
+            ce["snapshotcount"] = str(snap.count)
+    for key, value in event.extensions.items():
+        name = _EXT_NAME.sub("", key.lower())
+        if name and name not in ce:
+            ce[name] = str(value)
+    ce["data"] = event.obj if data is _MISSING else data
+    return ce
+
+
+def encode_structured(ce: Mapping[str, Any]) -> bytes:
+    """Structured content mode: the whole event as one JSON document."""
+    return orjson.dumps(ce)
+
+
+_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '"%') + " "
+
+
+def encode_binary(ce: Mapping[str, Any], prefix: str = HTTP_PREFIX) -> tuple[dict[str, str], bytes]:
+    """Binary content mode: attributes as headers, ``data`` alone as the body."""
+    headers: dict[str, str] = {}
+    for key, value in ce.items():
+        if key == "data":
+            continue
+        text = value if isinstance(value, str) else str(value)
+        if key == "datacontenttype":
+            headers["content-type"] = text
+        else:
+            headers[prefix + key] = urllib.parse.quote(text, safe=_HEADER_SAFE)
+    return headers, orjson.dumps(ce.get("data"))
+
+
+def decode_structured(body: bytes | str) -> dict[str, Any]:
+    decoded: dict[str, Any] = orjson.loads(body)
+    return decoded
+
+
+def decode_binary(
+    headers: Mapping[str, str] | list[tuple[str, str]], body: bytes, prefix: str = HTTP_PREFIX
+) -> dict[str, Any]:
+    """Rebuilds the CloudEvent dict from binary-mode headers (names case-insensitive) and body."""
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    ce: dict[str, Any] = {}
+    lower_prefix = prefix.lower()
+    for name, value in items:
+        lname = name.lower()
+        if lname.startswith(lower_prefix):
+            ce[lname[len(lower_prefix) :]] = urllib.parse.unquote(value)
+        elif lname == "content-type":
+            ce["datacontenttype"] = value
+    ce["data"] = orjson.loads(body) if body else None
+    return ce

@@ -1,0 +1,265 @@
+"""Per-sink filters: which events a sink wants (routing) and which updates are noise (change filter).
+
+Routing matches the resource, the namespace (include / exclude), a label selector and the event
+type. The change filter looks at what an update really changed: an update whose only differences lie
+under ignored paths (``metadata.resourceVersion``, ``metadata.managedFields`` by default) is noise
+and is filtered out; with ``only_paths``, only updates touching one of those paths are kept.
+
+Sinks may not import the bridge, so the label selector here is this package's own small matcher for
+the Kubernetes selector grammar: ``a=b``, ``a==b``, ``a!=b``, ``a in (x,y)``, ``a notin (x)``, ``a``,
+``!a``, joined by commas.
+
+Paths are dotted (``spec.template.spec``); a key containing dots is quoted in brackets
+(``metadata.annotations["kubectl.kubernetes.io/last-applied-configuration"]``), and ``*`` matches
+every key of a mapping or item of a list.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sinks.contract import ChangeEvent, EventType
+
+__all__ = [
+    "WILDCARD",
+    "ChangeFilter",
+    "LabelSelector",
+    "Path",
+    "RoutingFilter",
+    "changed_paths",
+    "parse_path",
+    "resource_matches",
+]
+
+WILDCARD = "*"
+Path = tuple[str, ...]
+
+_PATH_TOKEN = re.compile(r"""\[\s*"((?:[^"\\]|\\.)*)"\s*\]|\[\s*'([^']*)'\s*\]|([^.\[\]]+)""")
+
+
+def parse_path(text: str) -> Path:
+    """``a.b["c.d"].*`` → ``("a", "b", "c.d", "*")``; raises ValueError when malformed."""
+    if not text or not text.strip():
+        raise ValueError("empty path")
+    parts: list[str] = []
+    pos = 0
+    expect_token = True
+    while pos < len(text):
+        if not expect_token:
+            if text[pos] == ".":
+                pos += 1
+                expect_token = True
+                continue
+            if text[pos] != "[":
+                raise ValueError(f"malformed path {text!r} at offset {pos}")
+        match = _PATH_TOKEN.match(text, pos)
+        if match is None:
+            raise ValueError(f"malformed path {text!r} at offset {pos}")
+        dq, sq, bare = match.groups()
+        if dq is not None:
+            parts.append(re.sub(r"\\(.)", r"\1", dq))
+        elif sq is not None:
+            parts.append(sq)
+        else:
+            parts.append(bare.strip())
+        pos = match.end()
+        expect_token = False
+    if expect_token:
+        raise ValueError(f"malformed path {text!r}: ends with '.'")
+    return tuple(parts)
+
+
+def _covers(prefix: Path, path: Path) -> bool:
+    """True if ``path`` lies at or under ``prefix`` (``*`` in the prefix matches any segment)."""
+    if len(prefix) > len(path):
+        return False
+    return all(p in (WILDCARD, s) for p, s in zip(prefix, path, strict=False))
+
+
+def _overlaps(a: Path, b: Path) -> bool:
+    """True if one path lies at or under the other."""
+    return all(WILDCARD in (x, y) or x == y for x, y in zip(a, b, strict=False))
+
+
+def changed_paths(old: Any, new: Any, base: Path = ()) -> Iterator[Path]:
+    """Yields the paths where ``old`` and ``new`` differ, descending into mappings present on both
+    sides (lists are compared whole). Lazy, so a caller can stop at the first interesting change."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        for key, value in new.items():
+            if key not in old:
+                yield (*base, str(key))
+            else:
+                other = old[key]
+                if other is value:
+                    continue
+                yield from changed_paths(other, value, (*base, str(key)))
+        for key in old:
+            if key not in new:
+                yield (*base, str(key))
+    elif old != new:
+        yield base
+
+
+class ChangeFilter:
+    """Decides whether an update is worth delivering."""
+
+    __slots__ = ("ignore", "only")
+
+    def __init__(self, *, ignore_paths: Iterable[str] = (), only_paths: Iterable[str] = ()) -> None:
+        self.ignore: tuple[Path, ...] = tuple(parse_path(p) for p in ignore_paths)
+        self.only: tuple[Path, ...] = tuple(parse_path(p) for p in only_paths)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.ignore or self.only)
+
+    def interesting(self, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
+        """True if some change between ``old`` and ``new`` is outside the ignored paths and (when
+        ``only_paths`` is set) touches one of them. Without ``old`` every update is interesting."""
+        if old is None or new is None or not self.active:
+            return True
+        for path in changed_paths(old, new):
+            if any(_covers(ign, path) for ign in self.ignore):
+                continue
+            if not self.only or any(_overlaps(only, path) for only in self.only):
+                return True
+        return False
+
+
+# ---- label selectors ---------------------------------------------------------------------------
+
+_REQ = re.compile(
+    r"""^\s*(?:
+        (?P<notexists>!\s*(?P<nkey>[^\s=!,()]+))
+      | (?P<skey>[^\s=!,()]+)\s+(?P<setop>in|notin)\s*\((?P<values>[^()]*)\)
+      | (?P<ekey>[^\s=!,()]+)\s*(?P<eop>==|=|!=)\s*(?P<evalue>[^\s=!,()]*)
+      | (?P<exists>[^\s=!,()]+)
+    )\s*$""",
+    re.VERBOSE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Requirement:
+    key: str
+    op: str  # "in", "notin", "exists", "!exists"
+    values: frozenset[str] = frozenset()
+
+    def matches(self, labels: Mapping[str, Any]) -> bool:
+        if self.op == "exists":
+            return self.key in labels
+        if self.op == "!exists":
+            return self.key not in labels
+        present = self.key in labels and str(labels[self.key]) in self.values
+        return present if self.op == "in" else not present
+
+
+def _split_top(text: str) -> list[str]:
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return parts
+
+
+class LabelSelector:
+    """A parsed Kubernetes label selector; the empty selector matches everything."""
+
+    __slots__ = ("_reqs", "text")
+
+    def __init__(self, text: str = "") -> None:
+        self.text = text
+        reqs: list[_Requirement] = []
+        if text.strip():
+            for raw in _split_top(text):
+                match = _REQ.match(raw)
+                if match is None:
+                    raise ValueError(f"invalid label selector requirement {raw.strip()!r} in {text!r}")
+                if match["notexists"]:
+                    reqs.append(_Requirement(match["nkey"], "!exists"))
+                elif match["setop"]:
+                    values = frozenset(v.strip() for v in match["values"].split(",") if v.strip())
+                    reqs.append(_Requirement(match["skey"], match["setop"], values))
+                elif match["eop"]:
+                    op = "notin" if match["eop"] == "!=" else "in"
+                    reqs.append(_Requirement(match["ekey"], op, frozenset({match["evalue"]})))
+                else:
+                    reqs.append(_Requirement(match["exists"], "exists"))
+        self._reqs = tuple(reqs)
+
+    @property
+    def empty(self) -> bool:
+        return not self._reqs
+
+    def matches(self, labels: Mapping[str, Any] | None) -> bool:
+        labels = labels or {}
+        return all(r.matches(labels) for r in self._reqs)
+
+
+# ---- routing -----------------------------------------------------------------------------------
+
+
+def resource_matches(pattern: str, group: str, resource: str) -> bool:
+    """``pods`` matches the plural name in any group; ``deployments.apps`` matches exactly; ``*``
+    matches everything. Names are case-insensitive."""
+    pattern = pattern.strip().lower()
+    if pattern == WILDCARD:
+        return True
+    name, _, pgroup = pattern.partition(".")
+    if name != resource.lower():
+        return False
+    return not pgroup or pgroup == group.lower()
+
+
+class RoutingFilter:
+    """Which events a sink accepts. Snapshot markers carry no object, so only the resource and the
+    event-type rules apply to them."""
+
+    __slots__ = ("event_types", "exclude_namespaces", "namespaces", "resources", "selector")
+
+    def __init__(
+        self,
+        *,
+        resources: Sequence[str] = (),
+        namespaces: Sequence[str] = (),
+        exclude_namespaces: Sequence[str] = (),
+        label_selector: str = "",
+        event_types: Sequence[str] = (),
+    ) -> None:
+        self.resources = tuple(r.strip().lower() for r in resources)
+        self.namespaces = frozenset(namespaces)
+        self.exclude_namespaces = frozenset(exclude_namespaces)
+        self.selector = LabelSelector(label_selector)
+        self.event_types = frozenset(EventType(t) for t in event_types)
+
+    def accepts(self, event: ChangeEvent) -> bool:
+        if self.event_types and event.type not in self.event_types:
+            return False
+        res = event.resource
+        if self.resources and not any(resource_matches(p, res.group, res.resource) for p in self.resources):
+            return False
+        if event.obj is None:
+            return True
+        if self.namespaces or self.exclude_namespaces:
+            ns = event.namespace
+            if self.namespaces and ns not in self.namespaces:
+                return False
+            if ns in self.exclude_namespaces:
+                return False
+        if not self.selector.empty:
+            labels = event.metadata.get("labels")
+            return self.selector.matches(labels if isinstance(labels, Mapping) else None)
+        return True

@@ -1,0 +1,179 @@
+"""Options common to every sink, validated once when the sink is built.
+
+Every sink kind extends :class:`SinkOptions` with its own fields (brokers, URL, auth …) and builds
+its options with :meth:`SinkOptions.from_mapping`, which turns pydantic's validation errors into one
+:class:`~sinks.contract.SinkConfigError` whose message names the sink, its kind and the bad field,
+e.g. ``sink 'audit' (kafka): destination: unknown template field 'foo' (known: …)``.
+
+Defaults live here and nowhere else. The change filter by default ignores only
+``metadata.resourceVersion`` and ``metadata.managedFields``: status-only updates *are* delivered
+(many consumers watch readiness), while updates that change nothing but bookkeeping are not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, Self
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sinks.cloudevents import DEFAULT_KNATIVE_SOURCE
+from sinks.contract import EventType, SinkConfigError
+from sinks.filters import LabelSelector, parse_path
+from sinks.payload import PayloadMode
+from sinks.templates import Template, TemplateError
+
+__all__ = [
+    "DEFAULT_IGNORE_PATHS",
+    "BufferOptions",
+    "ChangeFilterOptions",
+    "DeadLetterOptions",
+    "RedactOptions",
+    "RetryOptions",
+    "RoutingOptions",
+    "SinkOptions",
+    "format_validation_error",
+]
+
+DEFAULT_IGNORE_PATHS = ("metadata.resourceVersion", "metadata.managedFields")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_paths(paths: list[str]) -> list[str]:
+    for path in paths:
+        parse_path(path)
+    return paths
+
+
+class RoutingOptions(_Model):
+    resources: list[str] = Field(default_factory=list)
+    """Resources as users write them (``pods``, ``deployments.apps``); empty = all."""
+    namespaces: list[str] = Field(default_factory=list)
+    """Only these namespaces (cluster-scoped objects have none and are then excluded); empty = all."""
+    exclude_namespaces: list[str] = Field(default_factory=list)
+    label_selector: str = ""
+    event_types: list[EventType] = Field(default_factory=list)
+    """Empty = all types, snapshot markers included."""
+
+    @field_validator("label_selector")
+    @classmethod
+    def _selector(cls, value: str) -> str:
+        LabelSelector(value)
+        return value
+
+
+class ChangeFilterOptions(_Model):
+    ignore_paths: list[str] = Field(default_factory=lambda: list(DEFAULT_IGNORE_PATHS))
+    """Updates whose every change lies under these paths are filtered (e.g. add ``status``)."""
+    only_paths: list[str] = Field(default_factory=list)
+    """When set, only updates changing something under one of these paths are delivered."""
+
+    _v = field_validator("ignore_paths", "only_paths")(_check_paths)
+
+
+class RedactOptions(_Model):
+    paths: list[str] = Field(default_factory=list)
+    """Values replaced by ``<redacted>`` (mappings keep their keys)."""
+    drop: list[str] = Field(default_factory=list)
+    """Keys removed."""
+    secrets: bool = True
+    """Redact ``data`` and ``stringData`` of core Secrets."""
+    managed_fields: Literal["drop", "keep"] = "drop"
+
+    _v = field_validator("paths", "drop")(_check_paths)
+
+
+class BufferOptions(_Model):
+    capacity: int = Field(default=1024, ge=1)
+    policy: Literal["block", "coalesce", "drop"] = "block"
+    """When the buffer is full: backpressure, keep only the latest state per object, or drop (counted)."""
+
+
+class RetryOptions(_Model):
+    initial: float = Field(default=0.2, ge=0)
+    max: float = Field(default=30.0, ge=0)
+    factor: float = Field(default=2.0, ge=1)
+    jitter: float = Field(default=0.2, ge=0, le=1)
+    """Each delay is multiplied by a random factor in ``[1 - jitter, 1 + jitter]``."""
+    max_attempts: int = Field(default=0, ge=0)
+    """Give up (dead-letter) after this many attempts; 0 = retry transient failures forever."""
+    max_elapsed: float = Field(default=0.0, ge=0)
+    """Give up after this many seconds of retrying; 0 = no limit."""
+    max_retry_after: float = Field(default=300.0, ge=0)
+    """Upper bound on a server's Retry-After."""
+
+    @model_validator(mode="after")
+    def _order(self) -> Self:
+        if self.max < self.initial:
+            raise ValueError(f"max ({self.max}) must be >= initial ({self.initial})")
+        return self
+
+
+class DeadLetterOptions(_Model):
+    kind: Literal["none", "file", "kafka", "nats"] = "none"
+    """Where permanent failures go; ``none`` drops them (counted as ``failed``)."""
+    target: str = ""
+    """File path, Kafka topic or NATS subject."""
+
+    @model_validator(mode="after")
+    def _target(self) -> Self:
+        if self.kind != "none" and not self.target:
+            raise ValueError(f"dead_letter kind {self.kind!r} needs a target")
+        return self
+
+
+class SinkOptions(_Model):
+    """Options every sink understands."""
+
+    routing: RoutingOptions = Field(default_factory=RoutingOptions)
+    destination: str | None = None
+    """Template for the topic / subject / URL path; None = the sink kind's default."""
+    key: Literal["uid", "namespace/name"] = "uid"
+    payload: PayloadMode = PayloadMode.OBJECT
+    content_mode: Literal["structured", "binary"] = "structured"
+    compat: Literal["native", "knative"] = "native"
+    knative_source: str = DEFAULT_KNATIVE_SOURCE
+    change_filter: ChangeFilterOptions = Field(default_factory=ChangeFilterOptions)
+    redact: RedactOptions = Field(default_factory=RedactOptions)
+    buffer: BufferOptions = Field(default_factory=BufferOptions)
+    max_in_flight: int = Field(default=1000, ge=1)
+    resync_period: float = Field(default=0.0, ge=0)
+    """Seconds between resync snapshots for this sink; 0 = off."""
+    retry: RetryOptions = Field(default_factory=RetryOptions)
+    dead_letter: DeadLetterOptions = Field(default_factory=DeadLetterOptions)
+
+    @field_validator("destination")
+    @classmethod
+    def _template(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                Template(value)
+            except TemplateError as exc:
+                raise ValueError(str(exc)) from exc
+        return value
+
+    @classmethod
+    def from_mapping(cls, name: str, mapping: Mapping[str, Any] | None, *, kind: str = "") -> Self:
+        """Validates ``mapping``; raises SinkConfigError naming the sink, kind and field."""
+        try:
+            return cls.model_validate(dict(mapping or {}))
+        except pydantic.ValidationError as exc:
+            raise SinkConfigError(format_validation_error(name, kind, exc)) from exc
+
+
+def format_validation_error(name: str, kind: str, exc: pydantic.ValidationError) -> str:
+    who = f"sink {name!r}" + (f" ({kind})" if kind else "")
+    problems = []
+    for err in exc.errors(include_url=False, include_input=False):
+        loc = ".".join(str(p) for p in err["loc"]) or "options"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown option"
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        problems.append(f"{loc}: {msg}")
+    return f"{who}: " + "; ".join(problems)

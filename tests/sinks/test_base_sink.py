@@ -1,0 +1,279 @@
+"""BaseSink: filtering, ordering per object, in-flight window, retries, dead letters, barriers."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from bridge.clock import FakeClock
+from sinks.base import BaseSink, OutgoingMessage
+from sinks.contract import (
+    DeliveryOutcome,
+    EventType,
+    SinkConfigError,
+    SinkError,
+    SinkPermanentError,
+    SinkTransientError,
+    SnapshotInfo,
+)
+from sinks.options import SinkOptions
+from tests.sinks import PODS, Acks, event, marker, obj
+
+
+class RecordingSink(BaseSink[SinkOptions]):
+    """Records sent messages; a test can script failures per event id or gate sends."""
+
+    kind = "recording"
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.sent: list[OutgoingMessage] = []
+        self.attempts: list[str] = []
+        self.failures: dict[str, list[Exception]] = {}
+        self.gate: asyncio.Event | None = None
+
+    async def _send(self, msg: OutgoingMessage) -> None:
+        self.attempts.append(msg.event.name)
+        if self.gate is not None:
+            await self.gate.wait()
+        script = self.failures.get(msg.event.name)
+        if script:
+            raise script.pop(0)
+        self.sent.append(msg)
+
+
+def make(clock: FakeClock | None = None, **opts: Any) -> RecordingSink:
+    options = SinkOptions.from_mapping("rec", {"retry": {"initial": 0.01, "max": 0.05}, **opts})
+    return RecordingSink(name="rec", options=options, clock=clock, rng=lambda: 0.5)
+
+
+async def test_delivers_and_acks_each_event_with_envelope() -> None:
+    sink = make(destination="k8s.{namespace}.{resource}")
+    await sink.start()
+    acks = Acks()
+    await sink.deliver(event(EventType.ADDED, obj("a", uid="u-a")), acks.cb("a"))
+    assert await sink.flush(5)
+    assert acks.outcomes == [("a", DeliveryOutcome.DELIVERED)]
+    (msg,) = sink.sent
+    assert msg.key == b"u-a"
+    assert msg.destination == "k8s.default.pods"
+    assert msg.headers == {"content-type": "application/cloudevents+json"}
+    ce = orjson.loads(msg.body)
+    assert ce["type"] == "io.kube-event-bridge.added"
+    assert ce["subject"] == "default/a"
+    assert ce["data"]["metadata"]["uid"] == "u-a"
+    assert sink.stats.as_dict() == {
+        "accepted": 1,
+        "delivered": 1,
+        "filtered": 0,
+        "dead_lettered": 0,
+        "failed": 0,
+        "retries": 0,
+        "in_flight": 0,
+    }
+    await sink.close()
+
+
+async def test_routing_and_change_filter_ack_filtered() -> None:
+    sink = make(
+        routing={"namespaces": ["default"], "label_selector": "app in (web)"},
+        change_filter={"ignore_paths": ["metadata.resourceVersion", "status"]},
+    )
+    acks = Acks()
+    web = obj("w", labels={"app": "web"}, rv="1", status={"phase": "Pending"})
+    await sink.deliver(event(EventType.ADDED, obj("x", namespace="kube-system")), acks.cb("other-ns"))
+    await sink.deliver(event(EventType.ADDED, obj("y", labels={"app": "db"})), acks.cb("other-label"))
+    status_only = {
+        **web,
+        "metadata": {**web["metadata"], "resourceVersion": "2"},
+        "status": {"phase": "Running"},
+    }
+    await sink.deliver(event(EventType.UPDATED, status_only, old=web), acks.cb("status-only"))
+    spec_change = {**status_only, "spec": {"x": 1}}
+    await sink.deliver(event(EventType.UPDATED, spec_change, old=status_only), acks.cb("spec"))
+    assert await sink.flush(5)
+    assert acks.of(DeliveryOutcome.FILTERED) == ["other-ns", "other-label", "status-only"]
+    assert acks.of(DeliveryOutcome.DELIVERED) == ["spec"]
+    assert sink.stats.filtered == 3
+    await sink.close()
+
+
+async def test_transient_failures_retry_with_backoff_and_keep_per_object_order() -> None:
+    clock = FakeClock()
+    sink = make(clock=clock, retry={"initial": 1.0, "max": 4.0, "factor": 2.0, "jitter": 0.0})
+    sink.failures["a"] = [SinkTransientError("down"), SinkTransientError("down"), SinkTransientError("x")]
+    acks = Acks()
+    for rv in ("1", "2", "3"):
+        await sink.deliver(
+            event(EventType.UPDATED, obj("a", rv=rv), old=obj("a", rv="0", spec=rv)), acks.cb(f"a{rv}")
+        )
+    await sink.deliver(event(EventType.ADDED, obj("b")), acks.cb("b"))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    # b is not held back by a's retries; a1 waits for its backoff (1 s, then 2 s, then 4 s).
+    assert acks.outcomes == [("b", DeliveryOutcome.DELIVERED)]
+    assert clock.next_deadline() == pytest.approx(clock.now() + 1.0)
+    await clock.advance(1.0)
+    assert clock.next_deadline() == pytest.approx(clock.now() + 2.0)
+    await clock.advance(2.0)
+    assert clock.next_deadline() == pytest.approx(clock.now() + 4.0)
+    await clock.advance(4.0)
+    assert await sink.flush(5)
+    assert [label for label, _ in acks.outcomes] == ["b", "a1", "a2", "a3"]
+    assert [m.event.resource_version for m in sink.sent if m.event.name == "a"] == ["1", "2", "3"]
+    assert sink.stats.retries == 3
+    assert sink.healthy()
+    await sink.close()
+
+
+async def test_retry_after_is_honoured() -> None:
+    clock = FakeClock()
+    sink = make(clock=clock)
+    sink.failures["a"] = [SinkTransientError("429", retry_after=7.5)]
+    acks = Acks()
+    await sink.deliver(event(EventType.ADDED, obj("a")), acks.cb("a"))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not sink.healthy()
+    assert clock.next_deadline() == pytest.approx(clock.now() + 7.5)
+    await clock.advance(7.5)
+    assert await sink.flush(5)
+    assert acks.outcomes == [("a", DeliveryOutcome.DELIVERED)]
+    await sink.close()
+
+
+async def test_permanent_failure_goes_to_dead_letter_file_with_reason(tmp_path: Path) -> None:
+    dl = tmp_path / "dead" / "letters.jsonl"
+    sink = make(dead_letter={"kind": "file", "target": str(dl)})
+    await sink.start()
+    sink.failures["bad"] = [SinkPermanentError("HTTP 400: schema rejected")]
+    acks = Acks()
+    await sink.deliver(event(EventType.ADDED, obj("bad", uid="u-bad")), acks.cb("bad"))
+    await sink.deliver(event(EventType.ADDED, obj("good")), acks.cb("good"))
+    assert await sink.flush(5)
+    assert sorted(acks.outcomes) == [
+        ("bad", DeliveryOutcome.DEAD_LETTERED),
+        ("good", DeliveryOutcome.DELIVERED),
+    ]
+    (line,) = dl.read_bytes().splitlines()
+    record = orjson.loads(line)
+    assert record["reason"] == "HTTP 400: schema rejected"
+    assert record["sink"] == "rec"
+    assert record["attempts"] == 1
+    assert record["key"] == "u-bad"
+    assert record["message"]["subject"] == "default/bad"
+    assert record["message"]["data"]["metadata"]["uid"] == "u-bad"
+    assert sink.stats.dead_lettered == 1
+    await sink.close()
+
+
+async def test_giving_up_after_max_attempts_dead_letters_or_drops() -> None:
+    sink = make(retry={"initial": 0.0, "max": 0.0, "max_attempts": 3})
+    sink.failures["a"] = [SinkTransientError(f"t{i}") for i in range(5)]
+    acks = Acks()
+    await sink.deliver(event(EventType.ADDED, obj("a")), acks.cb("a"))
+    assert await sink.flush(5)
+    assert acks.outcomes == [("a", DeliveryOutcome.DROPPED)]
+    assert sink.attempts == ["a", "a", "a"]
+    assert sink.stats.failed == 1
+    await sink.close()
+
+
+async def test_in_flight_window_blocks_deliver() -> None:
+    sink = make(max_in_flight=2)
+    sink.gate = asyncio.Event()
+    acks = Acks()
+    await sink.deliver(event(EventType.ADDED, obj("a")), acks.cb("a"))
+    await sink.deliver(event(EventType.ADDED, obj("b")), acks.cb("b"))
+    third = asyncio.create_task(sink.deliver(event(EventType.ADDED, obj("c")), acks.cb("c")), name="third")
+    await asyncio.sleep(0.01)
+    assert not third.done()
+    assert sink.stats.in_flight == 2
+    assert not await sink.flush(0.01)
+    sink.gate.set()
+    await third
+    assert await sink.flush(5)
+    assert [label for label, _ in acks.outcomes] == ["a", "b", "c"]
+    await sink.close()
+
+
+async def test_close_releases_blocked_deliver_and_leaves_unacked() -> None:
+    sink = make(max_in_flight=1)
+    sink.gate = asyncio.Event()
+    acks = Acks()
+    await sink.deliver(event(EventType.ADDED, obj("a")), acks.cb("a"))
+    blocked = asyncio.create_task(
+        sink.deliver(event(EventType.ADDED, obj("b")), acks.cb("b")), name="blocked"
+    )
+    await asyncio.sleep(0.01)
+    await sink.close()
+    with pytest.raises(SinkError, match="closed"):
+        await blocked
+    assert acks.outcomes == []
+    with pytest.raises(SinkError, match="closed"):
+        await sink.deliver(event(), acks.cb("late"))
+    await sink.close()
+
+
+async def test_snapshot_markers_frame_sync_events_even_with_retries() -> None:
+    sink = make(retry={"initial": 0.0, "max": 0.0})
+    sink.failures["s1"] = [SinkTransientError("x"), SinkTransientError("x")]
+    snap = SnapshotInfo(id="snap-1", resource_version="100")
+    acks = Acks()
+    await sink.deliver(marker(EventType.SNAPSHOT_BEGIN, snap), acks.cb("begin"))
+    for n in ("s1", "s2", "s3"):
+        await sink.deliver(event(EventType.SYNC, obj(n), snapshot=snap), acks.cb(n))
+    end = SnapshotInfo(id="snap-1", resource_version="100", count=3)
+    await sink.deliver(marker(EventType.SNAPSHOT_END, end), acks.cb("end"))
+    await sink.deliver(event(EventType.ADDED, obj("after")), acks.cb("after"))
+    assert await sink.flush(5)
+    order = [m.event.name or m.event.type.value for m in sink.sent]
+    assert order[0] == "snapshot.begin"
+    assert sorted(order[1:4]) == ["s1", "s2", "s3"]
+    assert order[4:] == ["snapshot.end", "after"]
+    assert sink.sent[0].key == b"snapshot/snap-1"
+    await sink.close()
+
+
+async def test_unencodable_object_is_dead_lettered_not_crashing(tmp_path: Path) -> None:
+    sink = make(dead_letter={"kind": "file", "target": str(tmp_path / "dl.jsonl")})
+    acks = Acks()
+    bad = obj("bad", spec={1: "non-string key"})
+    await sink.deliver(event(EventType.ADDED, bad), acks.cb("bad"))
+    assert await sink.flush(5)
+    assert acks.outcomes == [("bad", DeliveryOutcome.DEAD_LETTERED)]
+    record = orjson.loads((tmp_path / "dl.jsonl").read_bytes())
+    assert record["reason"].startswith("cannot encode event")
+    assert sink.sent == []
+    await sink.close()
+
+
+def test_bad_config_messages() -> None:
+    with pytest.raises(
+        SinkConfigError, match=r"sink 'x' \(recording\): destination: unknown template field 'foo'"
+    ):
+        RecordingSink.from_options("x", {"destination": "a.{foo}"})
+    with pytest.raises(SinkConfigError, match=r"dead_letter: kind 'kafka' is not supported by this sink"):
+        RecordingSink.from_options("x", {"dead_letter": {"kind": "kafka", "target": "dlq"}})
+    with pytest.raises(SinkConfigError, match=r"routing.label_selector: invalid label selector"):
+        RecordingSink.from_options("x", {"routing": {"label_selector": "a in b"}})
+
+
+def test_wiring_properties() -> None:
+    sink = RecordingSink.from_options(
+        "x",
+        {
+            "routing": {"resources": ["Pods", "deployments.apps"]},
+            "resync_period": 30,
+            "buffer": {"capacity": 10, "policy": "coalesce"},
+        },
+    )
+    assert sink.routing_resources == frozenset({"pods", "deployments.apps"})
+    assert sink.resync_period == 30.0
+    assert sink.buffer_capacity == 10
+    assert sink.overflow_policy == "coalesce"
+    assert sink.accepts(event(resource=PODS))
