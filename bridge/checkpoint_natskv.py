@@ -1,0 +1,196 @@
+"""A checkpoint store in a NATS JetStream key-value bucket.
+
+For deployments that already run NATS: checkpoints survive the pod and its volume, and several
+replicas of the bridge (leader-elected) share them. A checkpoint of a large informer can exceed the
+server's maximum message size (1 MiB by default), so values are chunked:
+
+* ``<informer_id>.c.<generation>.<n>`` hold consecutive slices of the encoded checkpoint
+  (:func:`bridge.checkpoint.encode_checkpoint`, which carries its own length and SHA-256);
+* ``<informer_id>`` is the manifest: ``{"generation", "chunks", "size", "sha256"}``.
+
+A save writes every chunk of a fresh generation first and the manifest last, so a crash mid-save
+leaves the previous manifest pointing at the previous, complete chunks. Chunks of older generations
+(including ones orphaned by a crash) are purged after the manifest is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import uuid
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+import orjson
+from nats.aio.client import Client as NatsClient
+from nats.js.kv import KeyValue
+
+from bridge.checkpoint import (
+    Checkpoint,
+    CheckpointCorruptError,
+    CheckpointStoreError,
+    decode_checkpoint,
+    encode_checkpoint,
+)
+
+__all__ = ["NatsKvCheckpointStore"]
+
+_HEADROOM = 8 * 1024
+"""Bytes kept free in each message for the subject and headers."""
+
+
+class NatsKvCheckpointStore:
+    """Checkpoints in the KV bucket ``bucket`` (created with history 1 if missing).
+
+    Give either ``nats_url`` (the store connects and owns the connection) or an already connected
+    ``nc`` (left open on :meth:`close`). ``chunk_size`` defaults to the server's max payload less
+    some headroom.
+    """
+
+    def __init__(
+        self,
+        *,
+        nats_url: str | None = None,
+        nc: NatsClient | None = None,
+        bucket: str = "kube-event-bridge-checkpoints",
+        chunk_size: int | None = None,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        if (nats_url is None) == (nc is None):
+            raise ValueError("give exactly one of nats_url or nc")
+        self._url = nats_url
+        self._nc = nc
+        self._owns_nc = nc is None
+        self._bucket = bucket
+        self._chunk_size = chunk_size
+        self._connect_timeout = connect_timeout
+        self._kv: KeyValue | None = None
+
+    async def _bucket_kv(self) -> KeyValue:
+        if self._kv is not None:
+            return self._kv
+        try:
+            if self._nc is None:
+                assert self._url is not None
+                self._nc = await nats.connect(
+                    self._url, connect_timeout=self._connect_timeout, max_reconnect_attempts=3,
+                    reconnect_time_wait=0.5, allow_reconnect=True,
+                )
+            js = self._nc.jetstream()
+            try:
+                self._kv = await js.key_value(self._bucket)
+            except nats.js.errors.BucketNotFoundError:
+                self._kv = await js.create_key_value(bucket=self._bucket, history=1)
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            raise CheckpointStoreError(
+                f"cannot open the NATS KV bucket {self._bucket!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        return self._kv
+
+    def _chunk_limit(self) -> int:
+        if self._chunk_size is not None:
+            return self._chunk_size
+        max_payload = self._nc.max_payload if self._nc is not None else 1024 * 1024
+        return max(1024, max_payload - _HEADROOM)
+
+    async def load(self, informer_id: str) -> Checkpoint | None:
+        kv = await self._bucket_kv()
+        try:
+            try:
+                manifest_entry = await kv.get(informer_id)
+            except nats.js.errors.KeyNotFoundError:
+                return None
+            manifest = _parse_manifest(manifest_entry.value or b"", informer_id)
+            parts: list[bytes] = []
+            for n in range(manifest["chunks"]):
+                key = _chunk_key(informer_id, manifest["generation"], n)
+                try:
+                    parts.append((await kv.get(key)).value or b"")
+                except nats.js.errors.KeyNotFoundError as exc:
+                    raise CheckpointCorruptError(
+                        f"NATS KV checkpoint {informer_id!r}: chunk {n} of {manifest['chunks']} is missing"
+                    ) from exc
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            raise CheckpointStoreError(f"cannot read checkpoint {informer_id!r} from NATS KV: {exc}") from exc
+        data = b"".join(parts)
+        if len(data) != manifest["size"] or hashlib.sha256(data).hexdigest() != manifest["sha256"]:
+            raise CheckpointCorruptError(
+                f"NATS KV checkpoint {informer_id!r}: chunks do not match the manifest checksum"
+            )
+        try:
+            return decode_checkpoint(data, informer_id)
+        except CheckpointCorruptError as exc:
+            raise CheckpointCorruptError(f"NATS KV checkpoint {informer_id!r}: {exc}") from exc
+
+    async def save(self, checkpoint: Checkpoint) -> None:
+        kv = await self._bucket_kv()
+        data = encode_checkpoint(checkpoint)
+        limit = self._chunk_limit()
+        generation = uuid.uuid4().hex[:12]
+        chunks = [data[i : i + limit] for i in range(0, len(data), limit)] or [b""]
+        ident = checkpoint.informer_id
+        manifest = orjson.dumps({
+            "generation": generation,
+            "chunks": len(chunks),
+            "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        })
+        previous = await self._current_manifest(kv, ident)
+        try:
+            for n, chunk in enumerate(chunks):
+                await kv.put(_chunk_key(ident, generation, n), chunk)
+            await kv.put(ident, manifest)
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            raise CheckpointStoreError(f"cannot write checkpoint {ident!r} to NATS KV: {exc}") from exc
+        await self._purge_old_chunks(kv, ident, generation, previous)
+
+    async def _current_manifest(self, kv: KeyValue, ident: str) -> dict[str, Any] | None:
+        try:
+            return _parse_manifest((await kv.get(ident)).value or b"", ident)
+        except (nats.errors.Error, OSError, TimeoutError, CheckpointCorruptError):
+            return None
+
+    async def _purge_old_chunks(
+        self, kv: KeyValue, ident: str, keep: str, previous: dict[str, Any] | None
+    ) -> None:
+        prefix = f"{ident}.c."
+        # Best effort: a leftover chunk costs space, never correctness.
+        with contextlib.suppress(nats.errors.Error, OSError, TimeoutError):
+            if previous is not None and previous["generation"] != keep:
+                for n in range(previous["chunks"]):
+                    await kv.purge(_chunk_key(ident, previous["generation"], n))
+            # Chunks orphaned by a crash between chunk writes and the manifest write.
+            keys = await kv.keys()
+            for key in keys:
+                if key.startswith(prefix) and not key.startswith(f"{prefix}{keep}."):
+                    await kv.purge(key)
+
+    async def close(self) -> None:
+        nc, self._nc, self._kv = self._nc, None, None
+        if nc is not None and self._owns_nc and not nc.is_closed:
+            with contextlib.suppress(nats.errors.Error, OSError):
+                await nc.close()
+        if not self._owns_nc:
+            self._nc = nc
+
+
+def _chunk_key(ident: str, generation: str, n: int) -> str:
+    return f"{ident}.c.{generation}.{n}"
+
+
+def _parse_manifest(raw: bytes, ident: str) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(raw)
+        manifest: dict[str, Any] = {
+            "generation": str(doc["generation"]),
+            "chunks": int(doc["chunks"]),
+            "size": int(doc["size"]),
+            "sha256": str(doc["sha256"]),
+        }
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise CheckpointCorruptError(f"NATS KV checkpoint {ident!r}: the manifest is malformed") from exc
+    if manifest["chunks"] < 1 or not manifest["generation"].isalnum():
+        raise CheckpointCorruptError(f"NATS KV checkpoint {ident!r}: the manifest is malformed")
+    return manifest

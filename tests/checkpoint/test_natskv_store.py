@@ -1,0 +1,92 @@
+"""NatsKvCheckpointStore against a real nats-server with JetStream (started on a free port)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import nats
+import nats.js.errors
+import orjson
+import pytest
+
+from bridge.checkpoint import Checkpoint, CheckpointCorruptError, CheckpointStoreError
+from bridge.checkpoint_natskv import NatsKvCheckpointStore
+from tests.brokers import NatsServer, running_nats
+
+
+@pytest.fixture(scope="module")
+def nats_js() -> Iterator[NatsServer]:
+    with running_nats() as server:
+        yield server
+
+
+def big_checkpoint(ident: str, n: int, rv: str = "100") -> Checkpoint:
+    objects = {f"ns-{i % 7}/object-{i:06d}": (f"uid-{i:032d}", str(1000 + i)) for i in range(n)}
+    return Checkpoint(informer_id=ident, resource_version=rv, objects=objects, written_at=12.5)
+
+
+async def test_roundtrip_small_and_chunked(nats_js: NatsServer) -> None:
+    store = NatsKvCheckpointStore(nats_url=nats_js.url, bucket="ckpt-a", chunk_size=4096)
+    try:
+        assert await store.load("pods.all.x") is None
+        small = big_checkpoint("pods.all.x", 3)
+        await store.save(small)
+        assert await store.load("pods.all.x") == small
+        kv = await store._bucket_kv()
+        old = orjson.loads((await kv.get("pods.all.x")).value or b"")
+        big = big_checkpoint("pods.all.x", 2000, rv="200")  # ~130 KB → 30+ chunks
+        await store.save(big)
+        assert await store.load("pods.all.x") == big
+        new = orjson.loads((await kv.get("pods.all.x")).value or b"")
+        assert new["chunks"] > 30
+        assert new["generation"] != old["generation"]
+        # The older generation's chunks are purged.
+        with pytest.raises(nats.js.errors.KeyNotFoundError):
+            await kv.get(f"pods.all.x.c.{old['generation']}.0")
+    finally:
+        await store.close()
+
+
+async def test_default_chunking_above_the_server_max_payload(nats_js: NatsServer) -> None:
+    store = NatsKvCheckpointStore(nats_url=nats_js.url, bucket="ckpt-b")
+    try:
+        cp = big_checkpoint("pods.default.y", 25_000)  # ~1.6 MB encoded, above the 1 MiB max payload
+        await store.save(cp)
+        assert await store.load("pods.default.y") == cp
+    finally:
+        await store.close()
+
+
+async def test_missing_or_damaged_chunks_are_corrupt(nats_js: NatsServer) -> None:
+    nc = await nats.connect(nats_js.url)
+    store = NatsKvCheckpointStore(nc=nc, bucket="ckpt-c", chunk_size=2048)
+    try:
+        await store.save(big_checkpoint("svc.all.z", 200))
+        kv = await store._bucket_kv()
+        chunk = sorted(k for k in await kv.keys() if ".c." in k)[0]
+        await kv.put(chunk, b"tampered")
+        with pytest.raises(CheckpointCorruptError, match="checksum"):
+            await store.load("svc.all.z")
+        await kv.purge(chunk)
+        with pytest.raises(CheckpointCorruptError, match="is missing"):
+            await store.load("svc.all.z")
+        await kv.put("svc.all.z", b"{not json")
+        with pytest.raises(CheckpointCorruptError, match="manifest is malformed"):
+            await store.load("svc.all.z")
+        # A healthy save repairs it.
+        cp = big_checkpoint("svc.all.z", 5)
+        await store.save(cp)
+        assert await store.load("svc.all.z") == cp
+    finally:
+        await store.close()
+        assert nc.is_connected  # a connection passed in is left open
+        await nc.close()
+
+
+async def test_unreachable_server_is_a_store_error() -> None:
+    from tests.brokers import free_port
+
+    store = NatsKvCheckpointStore(nats_url=f"nats://127.0.0.1:{free_port()}", connect_timeout=0.5)
+    with pytest.raises(CheckpointStoreError, match="cannot open the NATS KV bucket"):
+        await store.load("x")
+    await store.close()
