@@ -1,0 +1,761 @@
+"""The API-server simulator: kube-apiserver's HTTP contract over :class:`~bridge.sim.store.ObjectStore`.
+
+No kube-apiserver binary can run where the bridge is built and tested, so this serves the part of the
+contract the bridge (and the official ``kubernetes`` client) use: discovery, CRUD with merge patches,
+paginated lists with consistent snapshots and resourceVersion semantics, watches as chunked JSON lines
+with bookmarks, timeouts and WatchList, 410 Expired exactly as the real server sends it, bearer-token
+auth and RBAC-like refusals, plus fault injection and an admin endpoint (``/_sim/...``) so tests can
+break things on purpose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import collections
+import contextlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import orjson
+import yaml
+from aiohttp import web
+
+from bridge.clock import Clock
+from bridge.labels import SelectorError
+from bridge.sim.faults import FaultSpec, FaultState
+from bridge.sim.resources import ResourceType
+from bridge.sim.status import (
+    BadRequest,
+    Expired,
+    Invalid,
+    NotFound,
+    SimStatusError,
+    TooLargeResourceVersion,
+)
+from bridge.sim.store import (
+    DEFAULT_HISTORY_SIZE,
+    DEFAULT_WATCHER_BUFFER,
+    Change,
+    ObjectStore,
+    Watcher,
+    WatchFilter,
+)
+
+__all__ = ["DEFAULT_WATCH_TIMEOUT", "INITIAL_EVENTS_END_ANNOTATION", "Simulator"]
+
+INITIAL_EVENTS_END_ANNOTATION = "k8s.io/initial-events-end"
+DEFAULT_WATCH_TIMEOUT = 1800.0
+"""Seconds a watch without ``timeoutSeconds`` stays open (kube-apiserver: min-request-timeout)."""
+
+_EXPIRED_CONTINUE_MESSAGE = (
+    "The provided continue parameter is too old to display a consistent list result. You can start a "
+    "new list without the continue parameter, or use the continue token in this response to retrieve "
+    "the remainder of the results. Continuing with the provided token results in an inconsistent list "
+    "- objects that were created, modified, or deleted between the time the first chunk was returned "
+    "and now may show up in the list."
+)
+_JSON = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """A parsed API path: the resource, its scope, and the object/subresource when given."""
+
+    resource: ResourceType
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+    legacy_watch: bool = False
+
+
+def _json_response(body: Any, *, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type=_JSON, headers=headers)
+
+
+def _status_response(err: SimStatusError) -> web.Response:
+    headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
+    return _json_response(err.status(), status=err.code, headers=headers)
+
+
+def _bool_param(value: str | None) -> bool:
+    return (value or "").lower() in ("1", "true", "yes")
+
+
+def _int_param(name: str, value: str | None) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise BadRequest(f"invalid value for {name}: {value!r} is not an integer") from exc
+
+
+def _encode_continue(rv: int, start: tuple[str, str]) -> str:
+    raw = orjson.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": list(start)})
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_continue(token: str) -> tuple[int, tuple[str, str]]:
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        data = orjson.loads(raw)
+        rv = int(data["rv"])
+        ns, name = data["start"]
+        return rv, (str(ns), str(name))
+    except (binascii.Error, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise BadRequest("continue key is not valid: expected a token from a previous list") from exc
+
+
+def _event_line(kind: str, obj_json: bytes) -> bytes:
+    return b'{"type":"' + kind.encode() + b'","object":' + obj_json + b"}\n"
+
+
+class Simulator:
+    """A kube-apiserver stand-in on a real socket.
+
+    ``faults`` is the initial :class:`~bridge.sim.faults.FaultSpec` (or a mapping of its fields);
+    ``crds`` are CRDs to serve from the start (``ResourceType`` or ``{group, version, plural, kind,
+    namespaced}``); ``token`` makes every API request require ``Authorization: Bearer <token>``;
+    ``forbidden`` lists ``(group, plural)`` pairs answered with 403; ``watch_list=False`` rejects
+    ``sendInitialEvents`` like a server without the WatchList feature; ``too_large_wait`` is how long a
+    request for a future resourceVersion waits before its 504.
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        history_size: int = DEFAULT_HISTORY_SIZE,
+        bookmark_interval: float = 60.0,
+        too_large_wait: float = 1.0,
+        default_watch_timeout: float = DEFAULT_WATCH_TIMEOUT,
+        faults: FaultSpec | Mapping[str, Any] | None = None,
+        watch_list: bool = True,
+        crds: Iterable[ResourceType | Mapping[str, Any]] = (),
+        token: str | None = None,
+        forbidden: Iterable[tuple[str, str]] = (),
+        watcher_buffer: int = DEFAULT_WATCHER_BUFFER,
+        clock: Clock | None = None,
+    ) -> None:
+        if bookmark_interval <= 0:
+            raise ValueError("bookmark_interval must be positive")
+        self.host = host
+        self.port = port
+        self.bookmark_interval = bookmark_interval
+        self.too_large_wait = too_large_wait
+        self.default_watch_timeout = default_watch_timeout
+        self.watch_list = watch_list
+        self.token = token
+        self.forbidden: set[tuple[str, str]] = set(forbidden)
+        self.store = ObjectStore(history_size=history_size, watcher_buffer=watcher_buffer, clock=clock)
+        self.faults = FaultState(faults)
+        self.requests: collections.Counter[str] = collections.Counter()
+        """Requests served per verb (list, watch, get, create, update, patch, delete, discovery)."""
+        for crd in crds:
+            self.register_crd(crd)
+        self._runner: web.AppRunner | None = None
+        self._stopping = asyncio.Event()
+        self._url: str | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def url(self) -> str:
+        """The base URL (``http://127.0.0.1:PORT``); only after :meth:`start`."""
+        if self._url is None:
+            raise RuntimeError("the simulator is not started")
+        return self._url
+
+    async def start(self) -> str:
+        """Binds the socket and serves; returns the base URL."""
+        if self._runner is not None:
+            return self.url
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/api", self._handle_api)
+        app.router.add_route("*", "/api/{tail:.*}", self._handle_api)
+        app.router.add_route("*", "/apis", self._handle_api)
+        app.router.add_route("*", "/apis/{tail:.*}", self._handle_api)
+        app.router.add_get("/version", self._handle_version)
+        app.router.add_get("/healthz", self._handle_health)
+        app.router.add_get("/readyz", self._handle_health)
+        app.router.add_get("/livez", self._handle_health)
+        app.router.add_get("/_sim/faults", self._admin_get_faults)
+        app.router.add_post("/_sim/faults", self._admin_set_faults)
+        app.router.add_post("/_sim/compact", self._admin_compact)
+        app.router.add_post("/_sim/crds", self._admin_crds)
+        app.router.add_post("/_sim/expire-watches", self._admin_expire_watches)
+        app.router.add_get("/_sim/state", self._admin_state)
+        self._stopping = asyncio.Event()
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        address = runner.addresses[0]
+        self.port = int(address[1])
+        host = self.host if ":" not in self.host else f"[{self.host}]"
+        self._url = f"http://{host}:{self.port}"
+        return self._url
+
+    async def stop(self) -> None:
+        """Closes every watch at once, then the server. Idempotent."""
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        self._stopping.set()
+        self.store.close_watchers("server stopping")
+        await runner.cleanup()
+
+    async def __aenter__(self) -> Simulator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ python API for tests
+
+    def register_crd(self, crd: ResourceType | Mapping[str, Any]) -> ResourceType:
+        """Serves a CRD from now on (discovery included)."""
+        rt = crd if isinstance(crd, ResourceType) else ResourceType.from_mapping(crd)
+        return self.store.register(rt)
+
+    def compact(self) -> int:
+        """Compacts the history now; returns the compaction resourceVersion."""
+        return self.store.compact()
+
+    def expire_watches(self) -> int:
+        """Sends an ERROR 410 Expired event into every open watch and closes it; returns how many."""
+        status = Expired("The resourceVersion for the provided watch is too old.").status()
+        return self.store.close_watchers("expired by fault injection", error=status)
+
+    def set_faults(self, spec: FaultSpec | Mapping[str, Any] | None = None, **changes: Any) -> FaultSpec:
+        """Replaces the fault spec (``spec``) or amends some of its fields (keywords)."""
+        if spec is not None:
+            self.faults.replace(spec)
+        return self.faults.amend(changes) if changes else self.faults.spec
+
+    def write_kubeconfig(self, path: str | Path, *, context: str = "sim", namespace: str = "default") -> Path:
+        """Writes a kubeconfig (one cluster, user and context) pointing at this simulator."""
+        user: dict[str, Any] = {"token": self.token} if self.token else {}
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": context, "cluster": {"server": self.url}}],
+            "users": [{"name": context, "user": user}],
+            "contexts": [{"name": context, "context": {"cluster": context, "user": context,
+                                                       "namespace": namespace}}],
+            "current-context": context,
+            "preferences": {},
+        }
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        out.chmod(0o600)
+        return out
+
+    def state(self) -> dict[str, Any]:
+        """What ``GET /_sim/state`` answers."""
+        store = self.store
+        return {
+            "resourceVersion": str(store.resource_version),
+            "objects": store.counts(),
+            "compacted": {rt.qualified: store.compacted_rv(rt) for rt in store.registry.all()},
+            "watchers": store.watcher_count(),
+            "requests": dict(self.requests),
+            "faults": self.faults.describe(),
+            "resources": [rt.qualified for rt in store.registry.all()],
+        }
+
+    # ------------------------------------------------------------------ admin endpoint
+
+    async def _admin_get_faults(self, request: web.Request) -> web.Response:
+        return _json_response(self.faults.describe())
+
+    async def _admin_set_faults(self, request: web.Request) -> web.Response:
+        """Body: fault fields to change; ``"reset": true`` starts from a healthy spec;
+        ``"expire_watches": true`` also sends ERROR 410 into the open watches now."""
+        try:
+            body = await self._read_optional(request) or {}
+            if not isinstance(body, dict):
+                raise BadRequest("the body must be a JSON object of fault fields")
+            changes = dict(body)
+            reset = bool(changes.pop("reset", False))
+            expire = bool(changes.pop("expire_watches", False))
+            compact = bool(changes.pop("compact", False))
+            try:
+                if reset:
+                    self.faults.replace(changes)
+                elif changes:
+                    self.faults.amend(changes)
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from exc
+            if compact:
+                self.compact()
+            expired = self.expire_watches() if expire else 0
+        except SimStatusError as err:
+            return _status_response(err)
+        return _json_response({**self.faults.describe(), "watches_expired": expired})
+
+    async def _admin_compact(self, request: web.Request) -> web.Response:
+        return _json_response({"resourceVersion": str(self.compact())})
+
+    async def _admin_expire_watches(self, request: web.Request) -> web.Response:
+        return _json_response({"watches_expired": self.expire_watches()})
+
+    async def _admin_crds(self, request: web.Request) -> web.Response:
+        """Body: one CRD ``{group, version, plural, kind, namespaced}`` or a list of them."""
+        try:
+            body = await self._read_body(request)
+            specs = body if isinstance(body, list) else [body]
+            registered: list[dict[str, Any]] = []
+            for spec in specs:
+                if not isinstance(spec, dict):
+                    raise BadRequest("a CRD must be a JSON object")
+                try:
+                    rt = self.register_crd(spec)
+                except ValueError as exc:
+                    raise BadRequest(str(exc)) from exc
+                registered.append({"group": rt.group, "version": rt.version, "plural": rt.plural,
+                                   "kind": rt.kind, "namespaced": rt.namespaced})
+        except SimStatusError as err:
+            return _status_response(err)
+        return _json_response({"registered": registered}, status=201)
+
+    async def _admin_state(self, request: web.Request) -> web.Response:
+        return _json_response(self.state())
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _check_auth(self, request: web.Request) -> None:
+        if self.token is None:
+            return
+        if request.headers.get("Authorization", "") != f"Bearer {self.token}":
+            raise SimStatusError("Unauthorized", code=401, reason="Unauthorized")
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleeps, but returns at once when the simulator stops."""
+        if seconds <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
+
+    async def _handle_version(self, request: web.Request) -> web.Response:
+        try:
+            self._check_auth(request)
+        except SimStatusError as err:
+            return _status_response(err)
+        return _json_response({"major": "1", "minor": "30", "gitVersion": "v1.30.0-kube-event-bridge-sim",
+                               "platform": "linux/amd64"})
+
+    async def _handle_health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _handle_api(self, request: web.Request) -> web.StreamResponse:
+        try:
+            self._check_auth(request)
+            parts = [p for p in request.path.split("/") if p]
+            discovery = self._discovery(parts)
+            if discovery is not None:
+                if request.method != "GET":
+                    raise SimStatusError("the server does not allow this method on the requested resource",
+                                         code=405, reason="MethodNotAllowed")
+                self.requests["discovery"] += 1
+                return _json_response(discovery)
+            target = self._parse_target(parts)
+            verb = self._verb(request, target)
+            self._check_forbidden(target, verb)
+            injected = self.faults.take_error(is_watch=verb == "watch", is_list=verb == "list")
+            await self._pause(self.faults.spec.delay)
+            if injected is not None:
+                reason = {429: "TooManyRequests", 500: "InternalError",
+                          503: "ServiceUnavailable"}[injected.code]
+                message = {429: "Too many requests, please try again later.",
+                           500: "Internal error injected by the simulator",
+                           503: "The server is currently unable to handle the request"}[injected.code]
+                raise SimStatusError(message, code=injected.code, reason=reason,
+                                     retry_after=injected.retry_after)
+            self.requests[verb] += 1
+            return await self._serve(request, target, verb)
+        except SimStatusError as err:
+            return _status_response(err)
+
+    def _discovery(self, parts: Sequence[str]) -> dict[str, Any] | None:
+        registry = self.store.registry
+        if parts == ["api"]:
+            return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
+                {"clientCIDR": "0.0.0.0/0", "serverAddress": f"{self.host}:{self.port}"}]}
+        if parts == ["apis"]:
+            return {"kind": "APIGroupList", "apiVersion": "v1",
+                    "groups": [self._api_group(g, vs) for g, vs in registry.groups().items()]}
+        if len(parts) == 2 and parts[0] == "apis":
+            versions = registry.groups().get(parts[1])
+            if versions is None:
+                raise NotFound("the server could not find the requested resource")
+            return {"kind": "APIGroup", "apiVersion": "v1", **self._api_group(parts[1], versions)}
+        if parts == ["api", "v1"]:
+            return self._resource_list("", "v1")
+        if len(parts) == 3 and parts[0] == "apis":
+            if parts[2] not in registry.groups().get(parts[1], []):
+                raise NotFound("the server could not find the requested resource")
+            return self._resource_list(parts[1], parts[2])
+        return None
+
+    @staticmethod
+    def _api_group(group: str, versions: list[str]) -> dict[str, Any]:
+        entries = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
+        return {"name": group, "versions": entries, "preferredVersion": entries[0]}
+
+    def _resource_list(self, group: str, version: str) -> dict[str, Any]:
+        resources = [e for rt in self.store.registry.in_group_version(group, version)
+                     for e in rt.discovery_entries()]
+        return {"kind": "APIResourceList", "apiVersion": "v1",
+                "groupVersion": f"{group}/{version}" if group else version, "resources": resources}
+
+    def _parse_target(self, parts: list[str]) -> _Target:
+        not_found = NotFound("the server could not find the requested resource")
+        if len(parts) < 3 or parts[0] not in ("api", "apis"):
+            raise not_found
+        if parts[0] == "api":
+            group, version, rest = "", parts[1], parts[2:]
+        else:
+            if len(parts) < 4:
+                raise not_found
+            group, version, rest = parts[1], parts[2], parts[3:]
+        legacy_watch = False
+        if rest and rest[0] == "watch":
+            legacy_watch, rest = True, rest[1:]
+        registry = self.store.registry
+        namespace: str | None = None
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            inner = registry.lookup(group, version, rest[2])
+            if inner is not None and inner.namespaced:
+                namespace, rest = rest[1], rest[2:]
+        if not rest or len(rest) > 3:
+            raise not_found
+        rt = registry.lookup(group, version, rest[0])
+        if rt is None:
+            raise not_found
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else None
+        if rt.namespaced and namespace is None and name is not None:
+            raise not_found
+        if sub is not None and (sub != "status" or not rt.has_status):
+            raise not_found
+        return _Target(rt, namespace, name, sub, legacy_watch)
+
+    @staticmethod
+    def _verb(request: web.Request, target: _Target) -> str:
+        method = request.method
+        if target.name is None:
+            if method == "GET":
+                watch = target.legacy_watch or _bool_param(request.query.get("watch"))
+                return "watch" if watch else "list"
+            if method == "POST":
+                return "create"
+        else:
+            verb = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method)
+            if verb is not None:
+                return verb
+        raise SimStatusError("the server does not allow this method on the requested resource",
+                             code=405, reason="MethodNotAllowed")
+
+    def _check_forbidden(self, target: _Target, verb: str) -> None:
+        rt = target.resource
+        if (rt.group, rt.plural) not in self.forbidden:
+            return
+        where = f' in the namespace "{target.namespace}"' if target.namespace else " at the cluster scope"
+        raise SimStatusError(
+            f'{rt.qualified} is forbidden: User "system:anonymous" cannot {verb} resource "{rt.plural}" '
+            f'in API group "{rt.group}"{where}',
+            code=403, reason="Forbidden", details={"group": rt.group, "kind": rt.plural},
+        )
+
+    async def _serve(self, request: web.Request, target: _Target, verb: str) -> web.StreamResponse:
+        rt = target.resource
+        store = self.store
+        if verb == "list":
+            return await self._list(request, target)
+        if verb == "watch":
+            return await self._watch(request, target)
+        if verb == "get":
+            assert target.name is not None
+            return _json_response(store.get_raw(rt, target.name, target.namespace))
+        body = await self._read_body(request) if verb != "delete" else await self._read_optional(request)
+        if verb == "create":
+            if not isinstance(body, dict):
+                raise BadRequest("the request body must be a JSON object")
+            if rt.namespaced and target.namespace is None:
+                raise SimStatusError("the server does not allow this method on the requested resource",
+                                     code=405, reason="MethodNotAllowed")
+            return _json_response(store.create(rt, body, namespace=target.namespace), status=201)
+        assert target.name is not None
+        if verb == "update":
+            if not isinstance(body, dict):
+                raise BadRequest("the request body must be a JSON object")
+            meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else None
+            if meta is None or meta.get("name") != target.name:
+                raise BadRequest("the name of the object does not match the name on the URL")
+            return _json_response(store.update(rt, body, namespace=target.namespace,
+                                               subresource=target.subresource))
+        if verb == "patch":
+            content_type = request.content_type
+            return _json_response(store.patch(rt, target.name, body, namespace=target.namespace,
+                                              patch_type=content_type, subresource=target.subresource))
+        # delete: DeleteOptions may carry preconditions
+        pre = body.get("preconditions") if isinstance(body, dict) else None
+        pre = pre if isinstance(pre, dict) else {}
+        return _json_response(store.delete(rt, target.name, namespace=target.namespace,
+                                           precondition_rv=pre.get("resourceVersion"),
+                                           precondition_uid=pre.get("uid")))
+
+    @staticmethod
+    async def _read_body(request: web.Request) -> Any:
+        raw = await request.read()
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
+
+    @classmethod
+    async def _read_optional(cls, request: web.Request) -> Any:
+        if not request.can_read_body:
+            return None
+        raw = await request.read()
+        if not raw.strip():
+            return None
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
+
+    @staticmethod
+    def _scope(request: web.Request, target: _Target) -> WatchFilter:
+        try:
+            return WatchFilter.parse(namespace=target.namespace,
+                                     label_selector=request.query.get("labelSelector"),
+                                     field_selector=request.query.get("fieldSelector"))
+        except SelectorError as exc:
+            raise BadRequest(f"unable to parse requirement: {exc}") from exc
+
+    async def _wait_for(self, rv: int) -> None:
+        if rv > self.store.resource_version and not await self.store.wait_for_rv(rv, self.too_large_wait):
+            raise TooLargeResourceVersion.for_rv(rv, self.store.resource_version)
+
+    # ------------------------------------------------------------------ list
+
+    async def _list(self, request: web.Request, target: _Target) -> web.Response:
+        rt = target.resource
+        store = self.store
+        query = request.query
+        scope = self._scope(request, target)
+        limit = _int_param("limit", query.get("limit"))
+        if limit is not None and limit <= 0:
+            limit = None
+        token = query.get("continue") or ""
+        rv_text = query.get("resourceVersion", "")
+        match = query.get("resourceVersionMatch") or None
+        if match not in (None, "NotOlderThan", "Exact"):
+            raise Invalid(f'resourceVersionMatch: Unsupported value: "{match}": supported values: '
+                          '"Exact", "NotOlderThan"')
+        start: tuple[str, str] | None = None
+        if token:
+            if rv_text not in ("", "0"):
+                raise BadRequest("specifying resource version is not allowed when using continue")
+            token_rv, start = _decode_continue(token)
+            if token_rv < 0:
+                items = store.snapshot(rt, scope=scope)
+                list_rv = store.resource_version
+            else:
+                try:
+                    items = store.snapshot(rt, at_rv=token_rv, scope=scope)
+                except Expired as exc:
+                    raise Expired(_EXPIRED_CONTINUE_MESSAGE,
+                                  continue_token=_encode_continue(-1, start)) from exc
+                list_rv = token_rv
+        else:
+            if match is not None and rv_text == "":
+                raise Invalid("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless "
+                              "resourceVersion is provided")
+            rv = _int_param("resourceVersion", rv_text) or 0
+            if match == "Exact" and rv == 0:
+                raise Invalid('resourceVersionMatch: Forbidden: resourceVersionMatch "exact" is forbidden '
+                              'for resourceVersion "0"')
+            await self._wait_for(rv)
+            exact = match == "Exact" or (match is None and limit is not None and rv > 0)
+            if exact and rv < store.resource_version:
+                try:
+                    items = store.snapshot(rt, at_rv=rv, scope=scope)
+                except Expired as exc:
+                    raise Expired("The resourceVersion for the provided list is too old.") from exc
+                list_rv = rv
+            else:
+                items = store.snapshot(rt, scope=scope)
+                list_rv = store.resource_version
+        if start is not None:
+            items = [(k, o) for k, o in items if k > start]
+        metadata: dict[str, Any] = {"resourceVersion": str(list_rv)}
+        if limit is not None and len(items) > limit:
+            rest = len(items) - limit
+            items = items[:limit]
+            metadata["continue"] = _encode_continue(list_rv, items[-1][0])
+            if not scope.has_selectors:
+                metadata["remainingItemCount"] = rest
+        body = {"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": metadata,
+                "items": [o for _, o in items]}
+        return _json_response(body)
+
+    # ------------------------------------------------------------------ watch
+
+    def _bookmark(self, rt: ResourceType, rv: int, *, initial_end: bool = False) -> bytes:
+        meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        if initial_end:
+            meta["annotations"] = {INITIAL_EVENTS_END_ANNOTATION: "true"}
+        return _event_line("BOOKMARK", orjson.dumps({"kind": rt.kind, "apiVersion": rt.api_version,
+                                                     "metadata": meta}))
+
+    async def _watch(self, request: web.Request, target: _Target) -> web.StreamResponse:
+        rt = target.resource
+        query = request.query
+        scope = self._scope(request, target)
+        bookmarks = _bool_param(query.get("allowWatchBookmarks"))
+        match = query.get("resourceVersionMatch") or None
+        send_initial_text = query.get("sendInitialEvents")
+        send_initial = _bool_param(send_initial_text)
+        if send_initial_text is not None:
+            if not self.watch_list:
+                raise Invalid('ListOptions.meta.k8s.io "" is invalid: sendInitialEvents: Forbidden: '
+                              "sendInitialEvents is forbidden for watch unless the WatchList feature gate "
+                              "is enabled", details={"kind": "ListOptions", "group": "meta.k8s.io"})
+            if match != "NotOlderThan":
+                raise Invalid('ListOptions.meta.k8s.io "" is invalid: resourceVersionMatch: Forbidden: '
+                              "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+                              details={"kind": "ListOptions", "group": "meta.k8s.io"})
+            if send_initial and not bookmarks:
+                raise Invalid('ListOptions.meta.k8s.io "" is invalid: allowWatchBookmarks: Forbidden: '
+                              "allowWatchBookmarks must be true when sendInitialEvents is true",
+                              details={"kind": "ListOptions", "group": "meta.k8s.io"})
+        elif match is not None:
+            raise Invalid('ListOptions.meta.k8s.io "" is invalid: resourceVersionMatch: Forbidden: '
+                          "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+                          details={"kind": "ListOptions", "group": "meta.k8s.io"})
+        rv_text = query.get("resourceVersion", "")
+        rv = _int_param("resourceVersion", rv_text) or 0
+        timeout_s = _int_param("timeoutSeconds", query.get("timeoutSeconds"))
+        timeout = float(timeout_s) if timeout_s and timeout_s > 0 else self.default_watch_timeout
+        await self._wait_for(rv)
+        from_rv = None if (send_initial or rv == 0) else rv
+        response = web.StreamResponse(status=200, headers={"Content-Type": _JSON,
+                                                           "Cache-Control": "no-cache, private"})
+        response.enable_chunked_encoding()
+        try:
+            watcher = self.store.watch(rt, from_rv=from_rv, scope=scope)
+        except Expired as exc:
+            await response.prepare(request)
+            await response.write(_event_line("ERROR", orjson.dumps(exc.status())))
+            await response.write_eof()
+            return response
+        try:
+            await response.prepare(request)
+            stream = _WatchStream(sim=self, request=request, response=response, watcher=watcher,
+                                  bookmarks=bookmarks, timeout=timeout)
+            await stream.run(send_initial_end=send_initial)
+        except (ConnectionResetError, asyncio.CancelledError):
+            watcher.close("client went away")
+            raise
+        finally:
+            watcher.close("watch ended")
+        return response
+
+
+class _WatchStream:
+    """Writes one watch's events, bookmarks and injected faults to its HTTP response."""
+
+    def __init__(self, *, sim: Simulator, request: web.Request, response: web.StreamResponse,
+                 watcher: Watcher, bookmarks: bool, timeout: float) -> None:
+        self.sim = sim
+        self.request = request
+        self.response = response
+        self.watcher = watcher
+        self.bookmarks = bookmarks
+        self.timeout = timeout
+        self.sent = 0
+        """Events written, bookmarks not counted (the fault thresholds count these)."""
+
+    async def _write_event(self, change: Change) -> bool:
+        """Writes one event unless a fault ends the stream first; False means stop."""
+        spec = self.sim.faults.spec
+        if spec.watch_expire_after is not None and self.sent >= spec.watch_expire_after:
+            status = Expired("The resourceVersion for the provided watch is too old.").status()
+            await self.response.write(_event_line("ERROR", orjson.dumps(status)))
+            return False
+        if spec.watch_close_after is not None and self.sent >= spec.watch_close_after:
+            return False
+        line = _event_line(change.type, change.encoded_object())
+        if spec.watch_cut_after is not None and self.sent >= spec.watch_cut_after:
+            await self.response.write(line[: max(1, len(line) // 2)])
+            transport = self.request.transport
+            if transport is not None:
+                transport.close()
+            raise ConnectionResetError("line cut by fault injection")
+        await self.response.write(line)
+        self.sent += 1
+        return True
+
+    async def run(self, *, send_initial_end: bool) -> None:
+        watcher = self.watcher
+        rt = watcher.resource
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        for initial in watcher.initial:
+            if watcher.closed or not await self._write_event(initial):
+                return
+        if send_initial_end:
+            await self.response.write(self.sim._bookmark(rt, watcher.start_rv, initial_end=True))
+        interval = self.sim.bookmark_interval
+        next_bookmark = loop.time() + interval
+        while True:
+            now = loop.time()
+            wake_at = min(deadline, next_bookmark) if self.bookmarks else deadline
+            change = None
+            timed_out = False
+            try:
+                async with asyncio.timeout(max(0.0, wake_at - now)):
+                    change = await watcher.get()
+            except TimeoutError:
+                timed_out = True
+            if timed_out:
+                now = loop.time()
+                if now >= deadline:
+                    if self.bookmarks and not watcher.closed:
+                        await self._send_progress_bookmark()
+                    await self.response.write_eof()
+                    return
+                if watcher.pending == 0:
+                    await self._send_progress_bookmark()
+                next_bookmark = now + interval
+                continue
+            if change is None:
+                if watcher.error is not None:
+                    await self.response.write(_event_line("ERROR", orjson.dumps(watcher.error)))
+                await self.response.write_eof()
+                return
+            if not await self._write_event(change):
+                await self.response.write_eof()
+                return
+
+    async def _send_progress_bookmark(self) -> None:
+        # With an empty buffer this watcher has been offered every change up to the store's RV.
+        await self.response.write(self.sim._bookmark(self.watcher.resource, self.sim.store.resource_version))
