@@ -1,0 +1,213 @@
+"""A checkpoint store in Kubernetes ConfigMaps.
+
+For in-cluster deployments without a volume: checkpoints live next to the bridge, in its namespace,
+and survive any pod. A Kubernetes object is limited to about 1 MiB, and the known-object index of a
+large informer exceeds that, so a checkpoint is written as:
+
+* a **manifest** ConfigMap ``<prefix>-<informer_id>`` carrying the checkpoint inline when it fits, or
+  else the ordered list of its shard ConfigMaps, their total size and SHA-256;
+* **shards** ``<prefix>-<informer_id>-s<generation>-<n>``, each holding up to ``shard_bytes`` of the
+  encoded checkpoint (:func:`bridge.checkpoint.encode_checkpoint`).
+
+A save writes the new generation's shards first and replaces the manifest last, so a crash at any
+point leaves the previous manifest pointing at the previous, complete shards. Shards not referenced by
+the manifest (older generations, or ones orphaned by a crash) are deleted afterwards, found by label.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import uuid
+from typing import Any
+
+from bridge.apiclient import ApiClient
+from bridge.checkpoint import (
+    Checkpoint,
+    CheckpointCorruptError,
+    CheckpointStoreError,
+    decode_checkpoint,
+    encode_checkpoint,
+)
+from bridge.errors import ApiError, ConflictError, NotFoundError
+
+__all__ = ["DEFAULT_SHARD_BYTES", "ConfigMapCheckpointStore"]
+
+DEFAULT_SHARD_BYTES = 900 * 1024
+"""Bytes of encoded checkpoint per ConfigMap: room for metadata below the ~1 MiB object limit."""
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+OWNER_LABEL = "kube-event-bridge.io/checkpoint"
+ROLE_LABEL = "kube-event-bridge.io/checkpoint-role"
+
+
+def _owner_value(informer_id: str) -> str:
+    # Label values are limited to 63 characters; informer ids may be longer.
+    return hashlib.sha256(informer_id.encode()).hexdigest()[:40]
+
+
+class ConfigMapCheckpointStore:
+    """Checkpoints as ConfigMaps in ``namespace``, named ``<name_prefix>-<informer_id>…``.
+
+    The ``client`` belongs to the caller and is not closed by :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        *,
+        client: ApiClient,
+        namespace: str,
+        name_prefix: str = "kube-event-bridge-ckpt",
+        shard_bytes: int = DEFAULT_SHARD_BYTES,
+    ) -> None:
+        if shard_bytes < 1024:
+            raise ValueError("shard_bytes must be at least 1024")
+        self._client = client
+        self._namespace = namespace
+        self._prefix = name_prefix
+        self._shard_bytes = shard_bytes
+        self.last_shard_count = 0
+        """Shards written by the last save (0 when the checkpoint fitted in the manifest)."""
+
+    @property
+    def _collection(self) -> str:
+        return f"/api/v1/namespaces/{self._namespace}/configmaps"
+
+    def manifest_name(self, informer_id: str) -> str:
+        return f"{self._prefix}-{informer_id}"
+
+    def _labels(self, informer_id: str, role: str) -> dict[str, str]:
+        return {
+            MANAGED_BY_LABEL: "kube-event-bridge",
+            OWNER_LABEL: _owner_value(informer_id),
+            ROLE_LABEL: role,
+        }
+
+    # ---------------------------------------------------------------------------------------------
+
+    async def load(self, informer_id: str) -> Checkpoint | None:
+        name = self.manifest_name(informer_id)
+        try:
+            try:
+                manifest = await self._client.get(f"{self._collection}/{name}", context=f"get {name}")
+            except NotFoundError:
+                return None
+            data: dict[str, Any] = manifest.get("data") or {}
+            if "checkpoint" in data:
+                encoded = str(data["checkpoint"]).encode()
+            else:
+                encoded = await self._read_shards(name, data)
+        except ApiError as exc:
+            raise CheckpointStoreError(f"cannot read checkpoint ConfigMap {name}: {exc}") from exc
+        try:
+            return decode_checkpoint(encoded, informer_id)
+        except CheckpointCorruptError as exc:
+            raise CheckpointCorruptError(f"ConfigMap {self._namespace}/{name}: {exc}") from exc
+
+    async def _read_shards(self, name: str, data: dict[str, Any]) -> bytes:
+        try:
+            shards = [s for s in str(data["shards"]).split(",") if s]
+            size, digest = int(data["size"]), str(data["sha256"])
+        except (KeyError, ValueError) as exc:
+            raise CheckpointCorruptError(f"ConfigMap {self._namespace}/{name}: malformed manifest") from exc
+        parts: list[bytes] = []
+        for n, shard in enumerate(shards):
+            try:
+                cm = await self._client.get(f"{self._collection}/{shard}", context=f"get {shard}")
+            except NotFoundError as exc:
+                raise CheckpointCorruptError(
+                    f"ConfigMap {self._namespace}/{name}: shard {n} ({shard}) of {len(shards)} is missing"
+                ) from exc
+            parts.append(str((cm.get("data") or {}).get("chunk", "")).encode())
+        encoded = b"".join(parts)
+        if len(encoded) != size or hashlib.sha256(encoded).hexdigest() != digest:
+            raise CheckpointCorruptError(
+                f"ConfigMap {self._namespace}/{name}: shards do not match the manifest checksum"
+            )
+        return encoded
+
+    async def save(self, checkpoint: Checkpoint) -> None:
+        ident = checkpoint.informer_id
+        name = self.manifest_name(ident)
+        encoded = encode_checkpoint(checkpoint)
+        text = encoded.decode()  # orjson emits UTF-8; the header is ASCII
+        data: dict[str, str]
+        shard_names: list[str] = []
+        try:
+            if len(encoded) <= self._shard_bytes:
+                data = {"format": "1", "checkpoint": text}
+            else:
+                generation = uuid.uuid4().hex[:10]
+                for n, chunk in enumerate(_utf8_chunks(encoded, self._shard_bytes)):
+                    shard = f"{name}-s{generation}-{n}"
+                    shard_names.append(shard)
+                    await self._client.create(
+                        self._collection,
+                        {
+                            "apiVersion": "v1",
+                            "kind": "ConfigMap",
+                            "metadata": {"name": shard, "labels": self._labels(ident, "shard")},
+                            "data": {"chunk": chunk},
+                        },
+                        context=f"create {shard}",
+                    )
+                data = {
+                    "format": "1",
+                    "shards": ",".join(shard_names),
+                    "size": str(len(encoded)),
+                    "sha256": hashlib.sha256(encoded).hexdigest(),
+                }
+            await self._put_manifest(name, ident, data)
+        except ApiError as exc:
+            raise CheckpointStoreError(f"cannot write checkpoint ConfigMap {name}: {exc}") from exc
+        self.last_shard_count = len(shard_names)
+        await self._delete_orphans(ident, keep=set(shard_names))
+
+    async def _put_manifest(self, name: str, ident: str, data: dict[str, str]) -> None:
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "labels": self._labels(ident, "manifest")},
+            "data": data,
+        }
+        try:
+            await self._client.create(self._collection, body, context=f"create {name}")
+            return
+        except ConflictError:
+            pass
+        current = await self._client.get(f"{self._collection}/{name}", context=f"get {name}")
+        body["metadata"]["resourceVersion"] = (current.get("metadata") or {}).get("resourceVersion")
+        await self._client.replace(f"{self._collection}/{name}", body, context=f"replace {name}")
+
+    async def _delete_orphans(self, ident: str, *, keep: set[str]) -> None:
+        selector = f"{OWNER_LABEL}={_owner_value(ident)},{ROLE_LABEL}=shard"
+        try:
+            listed = await self._client.get(
+                self._collection, params={"labelSelector": selector}, context="list checkpoint shards"
+            )
+            for item in listed.get("items") or []:
+                shard = str((item.get("metadata") or {}).get("name") or "")
+                if shard and shard not in keep:
+                    with contextlib.suppress(NotFoundError):
+                        await self._client.delete(f"{self._collection}/{shard}", context=f"delete {shard}")
+        except ApiError:
+            # Best effort: an orphan shard costs space, never correctness; the next save retries.
+            return
+
+    async def close(self) -> None:
+        return None
+
+
+def _utf8_chunks(data: bytes, limit: int) -> list[str]:
+    """Splits UTF-8 ``data`` into strings of at most ``limit`` bytes, never inside a character."""
+    out: list[str] = []
+    start = 0
+    while start < len(data):
+        end = min(start + limit, len(data))
+        # Step back over continuation bytes (10xxxxxx) so the slice ends on a character boundary.
+        while end < len(data) and end > start and (data[end] & 0xC0) == 0x80:
+            end -= 1
+        out.append(data[start:end].decode())
+        start = end
+    return out
+
