@@ -1,0 +1,596 @@
+"""The bridge's HTTP client for the Kubernetes API.
+
+The official ``kubernetes`` package is synchronous and builds typed models; the bridge needs neither on
+its hot path. This client uses aiohttp, returns raw bytes or ``orjson``-decoded dicts, and keeps only
+configuration and auth from the package (see :mod:`bridge.kubeconfig`).
+
+It is the edge where transport failures become :mod:`bridge.errors`: HTTP statuses through
+:func:`~bridge.errors.status_error`, connection errors and timeouts as
+:class:`~bridge.errors.ApiUnavailableError`, always with ``raise … from``. Like client-go's REST layer,
+it retries a 429 or 5xx answer that carries ``Retry-After`` (up to ``max_retries`` times, waiting on the
+injected clock) before the caller sees the error, and after a 401 it refreshes the credentials once.
+
+No token, key or certificate content appears in any message, log line or ``repr``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import logging
+import ssl
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Self
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+import orjson
+
+from bridge import __version__
+from bridge.clock import Clock, RealClock
+from bridge.errors import (
+    ApiStatusError,
+    ApiUnavailableError,
+    ConfigurationError,
+    status_error,
+)
+from bridge.kubeconfig import (
+    ClusterConfig,
+    LoadedConfig,
+    StaticTokenSource,
+    TokenSource,
+    in_cluster_available,
+    load_in_cluster,
+    load_kubeconfig,
+)
+
+__all__ = ["ApiClient", "ApiClientOptions", "LineStream", "Params"]
+
+_log = logging.getLogger(__name__)
+
+Params = Mapping[str, str | int | bool | None]
+"""Query parameters; ``None`` values are left out, booleans sent as ``true``/``false``."""
+
+_RETRYABLE_NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+@dataclass(frozen=True, slots=True)
+class ApiClientOptions:
+    """Tuning of the HTTP client. Defaults follow client-go where it has one."""
+
+    max_retries: int = 10
+    """429/5xx answers carrying Retry-After are retried this many times (client-go: 10)."""
+    max_retry_after: float = 60.0
+    """A longer Retry-After is waited only this long."""
+    request_timeout: float = 60.0
+    """Whole-request timeout for non-streaming requests (seconds)."""
+    connect_timeout: float = 10.0
+    stream_idle_timeout: float | None = None
+    """A watch with no byte for this long is treated as dropped. None: rely on ``timeoutSeconds``
+    (the watch read timeout is then ``timeoutSeconds`` + 30 s)."""
+    max_line_bytes: int = 64 * 1024 * 1024
+    """A watch line longer than this is discarded (and the stream ends): a protection, not a limit
+    any real object reaches (etcd caps objects at ~1.5 MiB)."""
+    connection_limit: int = 100
+    token_refresh_interval: float = 60.0
+    """In-cluster: the token file is re-read at most this often (and at once after a 401)."""
+    user_agent: str = f"kube-event-bridge/{__version__}"
+
+
+def _redact_url(url: str) -> str:
+    """The URL without user:password, for messages."""
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        if parts.port:
+            host = f"{host}:{parts.port}"
+        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    return url
+
+
+def _encode_params(params: Params | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in (params or {}).items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            out[key] = "true" if value else "false"
+        else:
+            out[key] = str(value)
+    return out
+
+
+def _parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or HTTP-date); None when absent/invalid."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(int(value)))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _status_body(body: bytes, code: int) -> dict[str, Any]:
+    """The ``Status`` object of an error answer, or a synthetic one for a non-JSON body."""
+    try:
+        decoded = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        decoded = None
+    if isinstance(decoded, dict) and (decoded.get("kind") == "Status" or "message" in decoded):
+        return decoded
+    text = body[:200].decode("utf-8", "replace").strip()
+    return {"kind": "Status", "status": "Failure", "code": code, "message": text or f"HTTP {code}"}
+
+
+class LineStream:
+    """A streaming response read as newline-terminated lines (a watch).
+
+    Iterating yields each complete line without its newline. A connection that breaks mid-stream ends
+    the iteration (``broken`` is set) rather than raising: the caller re-watches. Bytes after the last
+    newline when the stream ends are kept in ``tail`` (a half-written line, or a last line whose newline
+    never came) for the caller to judge.
+    """
+
+    def __init__(self, *, response: aiohttp.ClientResponse, context: str, max_line_bytes: int) -> None:
+        self._response = response
+        self._context = context
+        self._max_line_bytes = max_line_bytes
+        self._closed = False
+        self.tail = b""
+        self.broken: BaseException | None = None
+        """The transport error that ended the stream, if it did not end cleanly."""
+        self.oversized_lines = 0
+
+    @property
+    def status(self) -> int:
+        return self._response.status
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._lines()
+
+    async def _lines(self) -> AsyncIterator[bytes]:
+        buf = bytearray()
+        content = self._response.content
+        try:
+            while not self._closed:
+                try:
+                    chunk = await content.readany()
+                except _RETRYABLE_NETWORK_ERRORS as e:
+                    self.broken = e
+                    _log.info("%s: stream broke: %s", self._context, type(e).__name__)
+                    break
+                if not chunk:
+                    break
+                start = len(buf)
+                buf += chunk
+                pos = buf.find(b"\n", start)
+                if pos < 0:
+                    if len(buf) > self._max_line_bytes:
+                        self.oversized_lines += 1
+                        self.broken = ValueError(f"line longer than {self._max_line_bytes} bytes")
+                        _log.warning("%s: line over %d bytes; ending the stream", self._context,
+                                     self._max_line_bytes)
+                        buf.clear()
+                        break
+                    continue
+                begin = 0
+                while pos >= 0:
+                    line = bytes(buf[begin:pos])
+                    begin = pos + 1
+                    if line.strip():
+                        yield line
+                    pos = buf.find(b"\n", begin)
+                del buf[:begin]
+        finally:
+            self.tail = bytes(buf).strip()
+            self._release()
+
+    def _release(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._response.close()
+
+    async def close(self) -> None:
+        """Drops the connection. Idempotent."""
+        self._release()
+
+
+class ApiClient:
+    """An asyncio client for one Kubernetes API server.
+
+    Create it with :meth:`from_kubeconfig`, :meth:`in_cluster`, :meth:`auto`, or directly. The
+    aiohttp session is opened on first use, in the running loop; :meth:`close` releases it.
+    """
+
+    def __init__(
+        self,
+        *,
+        server: str,
+        token: str | None = None,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        verify: bool = True,
+        tls_server_name: str | None = None,
+        token_source: TokenSource | None = None,
+        options: ApiClientOptions | None = None,
+        clock: Clock | None = None,
+        source: str = "",
+    ) -> None:
+        if not server.startswith(("http://", "https://")):
+            raise ConfigurationError(f"API server URL {_redact_url(server)!r} must start with http(s)://")
+        if token is not None and token_source is not None:
+            raise ConfigurationError("give either token or token_source, not both")
+        self._server = server.rstrip("/")
+        self._display_server = _redact_url(self._server)
+        self._token_source: TokenSource | None = (
+            StaticTokenSource(token) if token is not None else token_source
+        )
+        self._options = options or ApiClientOptions()
+        self._clock: Clock = clock or RealClock()
+        self._source = source
+        self._tls_server_name = tls_server_name
+        self._ssl = self._ssl_context(
+            ca_file=ca_file, cert_file=cert_file, key_file=key_file, verify=verify
+        )
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+        self.requests_sent = 0
+        """Every HTTP request sent, retries included (for tests and metrics)."""
+        self.retries = 0
+        """Requests re-sent after a 429/5xx with Retry-After."""
+
+    def _ssl_context(
+        self, *, ca_file: str | None, cert_file: str | None, key_file: str | None, verify: bool
+    ) -> ssl.SSLContext | None:
+        if not self._server.startswith("https://"):
+            return None
+        try:
+            ctx = ssl.create_default_context(cafile=ca_file)
+            if cert_file:
+                ctx.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as e:
+            # The message names files, never their content.
+            raise ConfigurationError(
+                f"TLS configuration for {self._display_server}: cannot load "
+                f"CA {ca_file or '(system)'} / client certificate {cert_file or '(none)'}: "
+                f"{getattr(e, 'strerror', None) or type(e).__name__}"
+            ) from e
+        if not verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    # ----------------------------------------------------------------------------------------------
+    # constructors
+
+    @classmethod
+    def from_loaded(
+        cls, loaded: LoadedConfig, *, options: ApiClientOptions | None = None, clock: Clock | None = None
+    ) -> ApiClient:
+        c: ClusterConfig = loaded.cluster
+        return cls(
+            server=c.server,
+            ca_file=c.ca_file,
+            cert_file=c.cert_file,
+            key_file=c.key_file,
+            verify=c.verify,
+            tls_server_name=c.tls_server_name,
+            token_source=loaded.token_source,
+            options=options,
+            clock=clock,
+            source=c.source,
+        )
+
+    @classmethod
+    def from_kubeconfig(
+        cls,
+        path: str | None = None,
+        context: str | None = None,
+        *,
+        options: ApiClientOptions | None = None,
+        clock: Clock | None = None,
+    ) -> ApiClient:
+        """From a kubeconfig (``path`` / ``$KUBECONFIG`` / ``~/.kube/config``) and ``context``.
+
+        Blocking: may run an exec credential plugin. Raises ConfigurationError for a bad file."""
+        return cls.from_loaded(load_kubeconfig(path, context), options=options, clock=clock)
+
+    @classmethod
+    def in_cluster(
+        cls,
+        *,
+        options: ApiClientOptions | None = None,
+        clock: Clock | None = None,
+        token_file: str | None = None,
+        ca_file: str | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> ApiClient:
+        """From the Pod's service account; the token file is re-read as it rotates."""
+        opts = options or ApiClientOptions()
+        kwargs: dict[str, Any] = {}
+        if token_file is not None:
+            kwargs["token_file"] = token_file
+        if ca_file is not None:
+            kwargs["ca_file"] = ca_file
+        loaded = load_in_cluster(
+            environ=environ, refresh_interval=opts.token_refresh_interval, clock=clock, **kwargs
+        )
+        return cls.from_loaded(loaded, options=opts, clock=clock)
+
+    @classmethod
+    def auto(
+        cls,
+        *,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        options: ApiClientOptions | None = None,
+        clock: Clock | None = None,
+    ) -> ApiClient:
+        """In-cluster when running in a Pod (and no kubeconfig was named), else the kubeconfig."""
+        if kubeconfig is None and context is None and in_cluster_available():
+            return cls.in_cluster(options=options, clock=clock)
+        return cls.from_kubeconfig(kubeconfig, context, options=options, clock=clock)
+
+    # ----------------------------------------------------------------------------------------------
+
+    @property
+    def server(self) -> str:
+        return self._display_server
+
+    @property
+    def options(self) -> ApiClientOptions:
+        return self._options
+
+    def __repr__(self) -> str:
+        auth = "none" if self._token_source is None else type(self._token_source).__name__
+        return f"ApiClient(server={self._display_server!r}, auth={auth})"
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Closes the connection pool. Idempotent."""
+        self._closed = True
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise ApiUnavailableError(f"API client for {self._display_server} is closed")
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                ssl=self._ssl if self._ssl is not None else False,
+                limit=self._options.connection_limit,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                headers={"User-Agent": self._options.user_agent, "Accept": "application/json"},
+                json_serialize=lambda obj: orjson.dumps(obj).decode(),
+            )
+        return self._session
+
+    async def _headers(self, content_type: str | None, *, force_refresh: bool) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        if content_type:
+            headers["Content-Type"] = content_type
+        if self._token_source is not None:
+            value = await self._token_source.authorization(force_refresh=force_refresh)
+            if value:
+                headers["Authorization"] = value
+        return headers
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params | None,
+        data: bytes | None,
+        content_type: str | None,
+        context: str,
+        timeout: aiohttp.ClientTimeout,
+    ) -> aiohttp.ClientResponse:
+        """Sends until an answer is final; returns a 2xx response (unread) or raises.
+
+        Retries: a 429/5xx carrying Retry-After, up to ``max_retries`` times; a 401, once, with
+        refreshed credentials."""
+        session = self._get_session()
+        url = self._server + path
+        query = _encode_params(params)
+        attempt = 0
+        refreshed = False
+        force_refresh = False
+        while True:
+            headers = await self._headers(content_type, force_refresh=force_refresh)
+            force_refresh = False
+            self.requests_sent += 1
+            try:
+                response = await session.request(
+                    method,
+                    url,
+                    params=query,
+                    data=data,
+                    headers=headers,
+                    timeout=timeout,
+                    server_hostname=self._tls_server_name,
+                )
+            except aiohttp.ClientConnectorCertificateError as e:
+                raise ApiUnavailableError(
+                    f"{context}: TLS verification of {self._display_server} failed "
+                    f"({type(e.certificate_error).__name__}); check the certificate authority"
+                ) from e
+            except _RETRYABLE_NETWORK_ERRORS as e:
+                raise ApiUnavailableError(
+                    f"{context}: cannot reach the API server {self._display_server}: "
+                    f"{type(e).__name__}{': ' + str(e) if str(e) else ''}"
+                ) from e
+            if response.status < 400:
+                return response
+            try:
+                body = await response.read()
+            except _RETRYABLE_NETWORK_ERRORS as e:
+                response.close()
+                raise ApiUnavailableError(f"{context}: connection broke reading an error answer") from e
+            finally:
+                response.release()
+            code = response.status
+            retry_after = _parse_retry_after(response.headers.get("Retry-After"))
+            status = _status_body(body, code)
+            if code == 401 and not refreshed and self._token_source is not None:
+                refreshed = force_refresh = True
+                _log.info("%s: 401 from %s; refreshing credentials", context, self._display_server)
+                continue
+            if (code == 429 or code >= 500) and retry_after is not None and (
+                attempt < self._options.max_retries
+            ):
+                attempt += 1
+                self.retries += 1
+                wait = min(retry_after, self._options.max_retry_after)
+                _log.info("%s: HTTP %d, retry %d/%d in %.1fs", context, code, attempt,
+                          self._options.max_retries, wait)
+                await self._clock.sleep(wait)
+                continue
+            err = status_error(code, status, retry_after=retry_after, context=context)
+            raise err from None
+
+    def _request_timeout(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(
+            total=self._options.request_timeout, sock_connect=self._options.connect_timeout
+        )
+
+    async def request_bytes(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        context: str = "",
+    ) -> bytes:
+        """One request; returns the raw body of a 2xx answer. ``body`` is bytes or JSON-able."""
+        context = context or f"{method} {path}"
+        data: bytes | None
+        if body is None:
+            data = None
+        elif isinstance(body, bytes | bytearray):
+            data = bytes(body)
+        else:
+            data = orjson.dumps(body)
+        if data is not None and content_type is None:
+            content_type = "application/json"
+        response = await self._send(
+            method, path, params=params, data=data, content_type=content_type, context=context,
+            timeout=self._request_timeout(),
+        )
+        try:
+            return await response.read()
+        except _RETRYABLE_NETWORK_ERRORS as e:
+            raise ApiUnavailableError(f"{context}: connection broke while reading the answer") from e
+        finally:
+            response.release()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        context: str = "",
+    ) -> dict[str, Any]:
+        """One request; returns the decoded JSON object of a 2xx answer ({} for an empty body)."""
+        raw = await self.request_bytes(
+            method, path, params=params, body=body, content_type=content_type, context=context
+        )
+        if not raw.strip():
+            return {}
+        try:
+            decoded = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise ApiStatusError(
+                f"{context or method + ' ' + path}: the server answered invalid JSON", code=200
+            ) from e
+        if not isinstance(decoded, dict):
+            raise ApiStatusError(
+                f"{context or method + ' ' + path}: expected a JSON object, got {type(decoded).__name__}",
+                code=200,
+            )
+        return decoded
+
+    async def get_json(self, path: str, params: Params | None = None, *, context: str = "") -> dict[str, Any]:
+        return await self.request("GET", path, params=params, context=context)
+
+    async def get(self, path: str, *, params: Params | None = None, context: str = "") -> dict[str, Any]:
+        return await self.request("GET", path, params=params, context=context)
+
+    async def create(self, path: str, body: Any, *, context: str = "") -> dict[str, Any]:
+        """POST ``body`` to a collection path; returns the created object."""
+        return await self.request("POST", path, body=body, context=context)
+
+    async def replace(self, path: str, body: Any, *, context: str = "") -> dict[str, Any]:
+        """PUT ``body`` (with its resourceVersion: a stale one → ConflictError)."""
+        return await self.request("PUT", path, body=body, context=context)
+
+    async def patch(
+        self,
+        path: str,
+        body: Any,
+        *,
+        content_type: str = "application/merge-patch+json",
+        context: str = "",
+    ) -> dict[str, Any]:
+        return await self.request("PATCH", path, body=body, content_type=content_type, context=context)
+
+    async def delete(self, path: str, *, body: Any = None, context: str = "") -> dict[str, Any]:
+        """DELETE; returns what the server answered (the object's last state or a Status)."""
+        return await self.request("DELETE", path, body=body, context=context)
+
+    async def open_stream(
+        self,
+        path: str,
+        params: Params | None = None,
+        *,
+        context: str = "",
+        read_timeout: float | None = None,
+    ) -> LineStream:
+        """Opens a streaming GET (a watch). Errors while opening raise here (after the same retries
+        as any request); the returned stream then yields lines until the server or :meth:`LineStream.
+        close` ends it. ``read_timeout``: give up on a connection silent for that long."""
+        context = context or f"GET {path}"
+        idle = read_timeout if read_timeout is not None else self._options.stream_idle_timeout
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self._options.connect_timeout, sock_read=idle
+        )
+        response = await self._send(
+            "GET", path, params=params, data=None, content_type=None, context=context, timeout=timeout
+        )
+        return LineStream(response=response, context=context, max_line_bytes=self._options.max_line_bytes)
+
+    async def stream_lines(
+        self, path: str, params: Params | None = None, *, context: str = ""
+    ) -> AsyncIterator[bytes]:
+        """The lines of a streaming GET, as an async generator; the connection is released when the
+        generator is closed. Prefer :meth:`open_stream` when opening errors must surface first."""
+        stream = await self.open_stream(path, params, context=context)
+        try:
+            async for line in stream:
+                yield line
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.close()
