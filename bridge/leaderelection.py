@@ -142,7 +142,7 @@ class LeaderElector:
     async def run(self) -> None:
         """Campaigns until leader, runs ``on_started_leading`` while renewing, and returns when
         leadership is lost, the work returns, or :meth:`stop` is called."""
-        work: asyncio.Task[None] | None = None
+        tasks: list[asyncio.Task[None]] = []
         try:
             if not await self._acquire():
                 return
@@ -150,26 +150,28 @@ class LeaderElector:
             log.info("became leader", extra={"lease": self._name, "identity": self.identity})
             work = asyncio.create_task(self._on_started(), name=f"leader-work-{self._name}")
             renew = asyncio.create_task(self._renew_loop(), name=f"leader-renew-{self._name}")
-            stop = asyncio.create_task(self._stop.wait(), name=f"leader-stop-{self._name}")
-            done, _ = await asyncio.wait({work, renew, stop}, return_when=asyncio.FIRST_COMPLETED)
-            for t in (renew, stop):
-                t.cancel()
-            await asyncio.gather(renew, stop, return_exceptions=True)
+            stop = asyncio.create_task(self._wait_stop(), name=f"leader-stop-{self._name}")
+            tasks = [work, renew, stop]
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             if renew in done:
                 log.warning("lost leadership: could not renew the lease within the renew deadline",
                             extra={"lease": self._name, "identity": self.identity})
             if work in done and not work.cancelled() and work.exception() is not None:
                 log.error("leader work failed", exc_info=work.exception())
         finally:
-            if work is not None and not work.done():
-                work.cancel()
-                await asyncio.gather(work, return_exceptions=True)
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
             was_leading = self._leading
             self._leading = False
             if was_leading and self._release_on_cancel:
                 await self._release()
             if self._on_stopped is not None:
                 self._on_stopped()
+
+    async def _wait_stop(self) -> None:
+        await self._stop.wait()
 
     # --- internals --------------------------------------------------------------------------------
 
