@@ -256,6 +256,14 @@ class FakeControllerSource:
         self._record(WatchEventType.DELETED, key, final)
         return copy.deepcopy(final)
 
+    def advance_resource_version(self, count: int = 1) -> int:
+        """Moves the RV forward as changes to other resources in the cluster would: no event here,
+        but lists and bookmarks report the newer RV. Returns the new RV."""
+        if count < 1:
+            raise ValueError("count must be >= 1")
+        self._rv += count
+        return self._rv
+
     def _record(self, type_: WatchEventType, key: str, obj: KubeObject) -> None:
         if type_ is WatchEventType.DELETED:
             del self._state[key]
@@ -287,11 +295,16 @@ class FakeControllerSource:
             w._end()
         self._watches.clear()
 
-    def inject_bookmark(self) -> None:
-        """Sends a BOOKMARK at the current RV to every open watch that allows bookmarks."""
+    def inject_bookmark(self, resource_version: int | None = None) -> None:
+        """Sends a BOOKMARK to every open watch that allows bookmarks, at the current RV or at
+        ``resource_version`` (as a server whose RV also counts changes to objects out of this
+        watch's scope would)."""
         for w in list(self._watches):
             if w.options.allow_watch_bookmarks:
-                w._send(WatchEvent(type=WatchEventType.BOOKMARK, object=self._bookmark_object()))
+                bookmark = self._bookmark_object()
+                if resource_version is not None:
+                    bookmark["metadata"]["resourceVersion"] = str(resource_version)
+                w._send(WatchEvent(type=WatchEventType.BOOKMARK, object=bookmark))
 
     def compact(self) -> None:
         """Forgets the history up to now: older RVs and continue tokens expire (410)."""

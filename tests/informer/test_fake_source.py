@@ -233,3 +233,20 @@ async def test_watch_list_rejected_when_unsupported_or_malformed() -> None:
     with pytest.raises(BadRequestError):
         await src.watch(WatchOptions(send_initial_events=True))
     assert src.open_watches == []
+
+
+async def test_rv_moved_by_other_resources_shows_in_lists_and_bookmarks() -> None:
+    src = FakeControllerSource()
+    src.add(cm("a"))
+    w = await src.watch(WatchOptions(resource_version="1"))
+    assert src.advance_resource_version(3) == 4
+    src.inject_bookmark()
+    src.inject_bookmark(resource_version=2)
+    assert summary(await drain(w, 2)) == [("BOOKMARK", "", "4"), ("BOOKMARK", "", "2")]
+    await w.close()
+    assert (await src.list(ListOptions(resource_version="0"))).resource_version == "4"
+    # History replay skips the RVs that had no change here.
+    src.add(cm("b"))
+    w2 = await src.watch(WatchOptions(resource_version="2"))
+    assert summary(await drain(w2, 1)) == [("ADDED", "b", "5")]
+    await w2.close()

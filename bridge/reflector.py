@@ -1,0 +1,553 @@
+"""The Reflector: keeps a store in step with the API server through list + watch.
+
+A port of client-go's ``tools/cache/reflector.go`` (and the ``tools/pager`` it lists with) to asyncio.
+One :class:`Reflector` serves one resource in one scope: it lists the current state into its store
+with :meth:`ReflectorStore.replace`, then watches from the list's resourceVersion and turns every
+watch event into ``add`` / ``update`` / ``delete``; when the watch ends, fails or the resourceVersion
+expires, it re-watches or relists following client-go's rules (CLIENT-GO-SEMANTICS.md, "Reflector"):
+
+* list RV ``"0"`` before the first sync, the last synced RV afterwards, ``""`` once that RV is known
+  to be unavailable (an Expired / too-large list error, which also relists at once, without backoff);
+* paginated lists (``page_size``; later pages send only ``continue``); a continuation page that
+  expired is retried once as a full unpaginated list at the original RV;
+* watch with ``allow_watch_bookmarks`` and a random timeout in ``[min_watch_timeout, 2·min)``; each
+  event (bookmarks included) advances the last synced RV and, when the store has it, calls
+  ``store.update_resource_version(rv)``;
+* a watch that ends cleanly after at least 1 s or one event is re-opened at once from the last RV;
+  one that ends in under 1 s with no event, or an ``ERROR`` event, ends the cycle: backoff, relist;
+  connection refused or 429 when opening a watch → backoff, then the same watch again;
+* a resync timer calling ``store.resync()`` every ``resync_period`` when ``should_resync()`` agrees;
+* WatchList (``use_watch_list``): the initial state streamed as ADDED events up to the
+  ``k8s.io/initial-events-end`` bookmark, then the same stream continues as a normal watch; a server
+  that rejects it makes the reflector fall back to list + watch, and remember.
+
+Bridge extension: ``initial_resource_version`` (a checkpoint) makes the first cycle skip the list and
+watch from that RV directly; if it has expired (410), the reflector relists at once with RV ``""``.
+
+Every wait and every time measurement goes through the injected :class:`~bridge.clock.Clock`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import logging
+import random
+from collections.abc import Callable
+from typing import Protocol
+
+from bridge.backoff import Backoff
+from bridge.clock import Clock
+from bridge.contracts import (
+    KubeObject,
+    ListerWatcher,
+    ListOptions,
+    WatchEvent,
+    WatchEventType,
+    WatchOptions,
+    WatchStream,
+)
+from bridge.errors import (
+    ApiStatusError,
+    ApiUnavailableError,
+    ResourceExpiredError,
+    TooLargeResourceVersionError,
+    TooManyRequestsError,
+)
+
+__all__ = [
+    "INITIAL_EVENTS_END_ANNOTATION",
+    "Reflector",
+    "ReflectorStore",
+    "ResourceVersionUpdater",
+    "WatchErrorHandler",
+    "default_watch_error_handler",
+]
+
+log = logging.getLogger(__name__)
+
+INITIAL_EVENTS_END_ANNOTATION = "k8s.io/initial-events-end"
+"""Annotation (value ``"true"``) on the bookmark that ends a WatchList's initial state."""
+
+_SHORT_WATCH = 1.0
+"""A watch closing sooner than this with no event is treated as a failure (client-go's rule)."""
+
+
+class ReflectorStore(Protocol):
+    """What the reflector writes into (a DeltaFIFO, usually).
+
+    Methods may be plain or ``async``: the reflector awaits whatever they return when it is
+    awaitable, so a queue with backpressure can block the watch.
+    """
+
+    def add(self, obj: KubeObject) -> object:
+        """An ADDED watch event."""
+
+    def update(self, obj: KubeObject) -> object:
+        """A MODIFIED watch event."""
+
+    def delete(self, obj: KubeObject) -> object:
+        """A DELETED watch event; ``obj`` is the object's last state."""
+
+    def replace(self, items: list[KubeObject], resource_version: str) -> object:
+        """The complete state as of ``resource_version`` (after a list or a WatchList)."""
+
+    def resync(self) -> object:
+        """The resync timer fired and ``should_resync`` agreed."""
+
+
+class ResourceVersionUpdater(Protocol):
+    """Optional store capability: told the resourceVersion after every watch event and bookmark."""
+
+    def update_resource_version(self, resource_version: str) -> object: ...
+
+
+WatchErrorHandler = Callable[["Reflector", BaseException], None]
+"""Called when a ListAndWatch cycle ends with an error (list failed, watch could not be opened)."""
+
+
+def default_watch_error_handler(reflector: Reflector, err: BaseException) -> None:
+    """Logs the error: expiry at info level (routine), anything else as a warning."""
+    if isinstance(err, ResourceExpiredError):
+        log.info("reflector %s: watch closed: %s", reflector.name, err)
+    else:
+        log.warning("reflector %s: list/watch failed: %s: %s", reflector.name, type(err).__name__, err)
+
+
+class _WatchEnd(enum.Enum):
+    """Why a watch stream stopped being read."""
+
+    REWATCH = "rewatch"
+    """Clean close after >= 1 s or >= 1 event: open a new watch at the last RV."""
+    RELIST = "relist"
+    """Very short watch, or an ERROR event: end the cycle (backoff, relist)."""
+    EXPIRED = "expired"
+    """ERROR event with a 410 Status (or too-large RV): end the cycle (backoff, relist)."""
+    BACKOFF_REWATCH = "backoff_rewatch"
+    """ERROR event with a 429 Status: back off, then watch again at the same RV."""
+
+
+class _WatchListRejected(Exception):
+    """Internal: the WatchList request did not deliver its initial state."""
+
+    def __init__(self, reason: str, *, remember: bool, expired: bool = False) -> None:
+        super().__init__(reason)
+        self.remember = remember
+        self.expired = expired
+
+
+async def _call(result: object) -> None:
+    if inspect.isawaitable(result):
+        await result
+
+
+class Reflector:
+    """Lists and watches one resource into a store (client-go's ``Reflector``).
+
+    :meth:`run` is the ListAndWatch loop; :meth:`stop` (or cancelling the task running it) ends it.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        lister_watcher: ListerWatcher,
+        store: ReflectorStore,
+        clock: Clock,
+        resync_period: float = 0.0,
+        should_resync: Callable[[], bool] | None = None,
+        page_size: int = 500,
+        use_watch_list: bool = False,
+        initial_resource_version: str = "",
+        watch_error_handler: WatchErrorHandler | None = None,
+        rng: random.Random | None = None,
+        min_watch_timeout: int = 300,
+        backoff: Backoff | None = None,
+    ) -> None:
+        if resync_period < 0:
+            raise ValueError(f"reflector {name}: resync_period must be >= 0, got {resync_period}")
+        if page_size < 0:
+            raise ValueError(f"reflector {name}: page_size must be >= 0 (0 = unpaginated), got {page_size}")
+        if min_watch_timeout <= 0:
+            raise ValueError(f"reflector {name}: min_watch_timeout must be > 0, got {min_watch_timeout}")
+        self.name = name
+        self._lw = lister_watcher
+        self._store = store
+        self._clock = clock
+        self._resync_period = resync_period
+        self._should_resync = should_resync
+        self._page_size = page_size
+        self._use_watch_list = use_watch_list
+        self._watch_error_handler: WatchErrorHandler = watch_error_handler or default_watch_error_handler
+        self._rng = rng if rng is not None else random.Random()
+        self._min_watch_timeout = min_watch_timeout
+        self._backoff = backoff if backoff is not None else Backoff(clock=clock, rng=self._rng)
+
+        self._last_sync_rv = initial_resource_version
+        self._rv_unavailable = False
+        self._resume_rv = initial_resource_version
+        """Non-empty until the first cycle has started from the checkpoint."""
+        self._watch_list_rejected = False
+        self._stop_requested = False
+        self._task: asyncio.Task[None] | None = None
+        self._current_stream: WatchStream | None = None
+        self._resync_error: BaseException | None = None
+        self._last_retry_after: float | None = None
+        """retryAfterSeconds of the last 429 ERROR event."""
+        self.list_count = 0
+        """Completed lists (or WatchList initial states) so far; for metrics and tests."""
+
+    # -- public state -------------------------------------------------------------------------------
+
+    @property
+    def last_sync_resource_version(self) -> str:
+        """The resourceVersion the store reflects: the last list's, or the last watch event's."""
+        return self._last_sync_rv
+
+    @property
+    def is_last_sync_rv_unavailable(self) -> bool:
+        """True after a list failed with Expired / too-large RV, until a list succeeds."""
+        return self._rv_unavailable
+
+    @property
+    def watch_list_rejected(self) -> bool:
+        """True once the server rejected a WatchList: later cycles use list + watch."""
+        return self._watch_list_rejected
+
+    @property
+    def backoff(self) -> Backoff:
+        return self._backoff
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Runs ListAndWatch cycles, with one backoff delay after each, until :meth:`stop`.
+
+        Returns normally after :meth:`stop`; cancelling the caller cancels the loop and re-raises.
+        """
+        if self._task is not None:
+            raise RuntimeError(f"reflector {self.name}: run() called twice")
+        if self._stop_requested:
+            return
+        task = asyncio.create_task(self._loop(), name=f"reflector-{self.name}")
+        self._task = task
+        try:
+            await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if self._stop_requested and task.cancelled() and (current is None or current.cancelling() == 0):
+                log.info("reflector %s: stopped", self.name)
+                return
+            raise
+
+    def stop(self) -> None:
+        """Makes :meth:`run` return promptly (closing the open watch). Idempotent."""
+        self._stop_requested = True
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    async def _loop(self) -> None:
+        log.info("reflector %s: starting", self.name)
+        while True:
+            retry_after: float | None = None
+            try:
+                await self.list_and_watch()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if isinstance(exc, ApiStatusError):
+                    retry_after = exc.retry_after
+                try:
+                    self._watch_error_handler(self, exc)
+                except Exception:
+                    log.exception("reflector %s: watch error handler raised", self.name)
+            await self._backoff.wait(retry_after)
+
+    # -- one cycle ----------------------------------------------------------------------------------
+
+    async def list_and_watch(self) -> None:
+        """One cycle: list (or WatchList, or resume from the checkpoint), then watch until the watch
+        ends in a way that requires a relist. Raises when the cycle failed."""
+        stream: WatchStream | None = None
+        resuming = bool(self._resume_rv)
+        if resuming:
+            log.info("reflector %s: resuming watch from resourceVersion %s", self.name, self._resume_rv)
+            self._resume_rv = ""
+        elif self._use_watch_list and not self._watch_list_rejected:
+            try:
+                stream = await self._watch_list()
+            except _WatchListRejected as rejected:
+                log.warning(
+                    "reflector %s: WatchList did not deliver the initial state (%s); falling back to "
+                    "list + watch%s", self.name, rejected, " from now on" if rejected.remember else "")
+                if rejected.remember:
+                    self._watch_list_rejected = True
+                if rejected.expired:
+                    self._rv_unavailable = True
+                await self._list()
+        else:
+            await self._list()
+
+        end = await self._watch_with_resync(stream, resuming=resuming)
+        if end is _WatchEnd.EXPIRED and resuming:
+            # The checkpoint's RV is gone: a consistent relist, at once, then watch as usual.
+            log.info("reflector %s: checkpoint resourceVersion expired; relisting", self.name)
+            self._rv_unavailable = True
+            await self._list()
+            await self._watch_with_resync(None, resuming=False)
+
+    # -- list ---------------------------------------------------------------------------------------
+
+    def _relist_resource_version(self) -> str:
+        if self._rv_unavailable:
+            return ""
+        if self._last_sync_rv == "":
+            return "0"
+        return self._last_sync_rv
+
+    async def _list(self) -> None:
+        rv = self._relist_resource_version()
+        try:
+            items, list_rv = await self._paged_list(rv)
+        except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
+            log.info("reflector %s: list at resourceVersion %r failed (%s); relisting with a consistent "
+                     "read", self.name, rv, exc)
+            self._rv_unavailable = True
+            items, list_rv = await self._paged_list(self._relist_resource_version())
+        self._rv_unavailable = False
+        await _call(self._store.replace(items, list_rv))
+        self._last_sync_rv = list_rv
+        self.list_count += 1
+        log.debug("reflector %s: listed %d items at resourceVersion %s", self.name, len(items), list_rv)
+
+    async def _paged_list(self, rv: str) -> tuple[list[KubeObject], str]:
+        """client-go's ListPager: pages of ``page_size``; an expired continuation page is retried
+        once as a full list at the original RV; any other error discards the partial result."""
+        limit = self._page_size or None
+        options = ListOptions(resource_version=rv, limit=limit)
+        items: list[KubeObject] = []
+        list_rv: str | None = None
+        while True:
+            try:
+                page = await self._lw.list(options)
+            except ResourceExpiredError:
+                if options.continue_token is None:
+                    raise
+                log.info("reflector %s: list continuation expired; retrying as one full list at "
+                         "resourceVersion %r", self.name, rv)
+                full = await self._lw.list(ListOptions(resource_version=rv))
+                return list(full.items), full.resource_version
+            items.extend(page.items)
+            if list_rv is None:
+                list_rv = page.resource_version
+            if not page.continue_token:
+                return items, list_rv
+            options = ListOptions(limit=limit, continue_token=page.continue_token)
+
+    # -- watch --------------------------------------------------------------------------------------
+
+    def _watch_timeout(self) -> int:
+        return int(self._min_watch_timeout * (self._rng.random() + 1.0))
+
+    async def _watch_with_resync(self, stream: WatchStream | None, *, resuming: bool) -> _WatchEnd:
+        """Watches (re-opening the watch as the rules say) with the resync timer running; returns
+        when the cycle must end. ``stream``: an already open stream to continue (WatchList)."""
+        self._resync_error = None
+        resync_task: asyncio.Task[None] | None = None
+        if self._resync_period > 0:
+            resync_task = asyncio.create_task(self._resync_loop(), name=f"reflector-{self.name}-resync")
+        try:
+            return await self._watch(stream, resuming=resuming)
+        finally:
+            if resync_task is not None:
+                resync_task.cancel()
+                await asyncio.gather(resync_task, return_exceptions=True)
+
+    async def _watch(self, stream: WatchStream | None, *, resuming: bool) -> _WatchEnd:
+        # While resuming from a checkpoint, a 410 before any event means the checkpoint expired.
+        events_seen = 0
+        while True:
+            start = self._clock.now()
+            if stream is None:
+                options = WatchOptions(
+                    resource_version=self._last_sync_rv,
+                    timeout_seconds=self._watch_timeout(),
+                    allow_watch_bookmarks=True,
+                )
+                try:
+                    stream = await self._lw.watch(options)
+                except (ApiUnavailableError, TooManyRequestsError) as exc:
+                    retry_after = exc.retry_after if isinstance(exc, TooManyRequestsError) else None
+                    log.info("reflector %s: watch could not be opened (%s); retrying after backoff",
+                             self.name, exc)
+                    await self._backoff.wait(retry_after)
+                    continue
+                except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
+                    if resuming and events_seen == 0:
+                        log.info("reflector %s: watch from %s failed: %s", self.name, self._last_sync_rv, exc)
+                        return _WatchEnd.EXPIRED
+                    raise
+            try:
+                end, count = await self._handle_watch(stream, start)
+            finally:
+                self._current_stream = None
+                await stream.close()
+                stream = None
+            events_seen += count
+            if self._resync_error is not None:
+                raise self._resync_error
+            if end is _WatchEnd.REWATCH:
+                continue
+            if end is _WatchEnd.BACKOFF_REWATCH:
+                await self._backoff.wait(self._last_retry_after)
+                continue
+            if end is _WatchEnd.EXPIRED and not (resuming and events_seen == 0):
+                return _WatchEnd.RELIST
+            return end
+
+    async def _handle_watch(self, stream: WatchStream, start: float) -> tuple[_WatchEnd, int]:
+        self._current_stream = stream
+        count = 0
+        async for event in stream:
+            if event.type is WatchEventType.ERROR:
+                return self._error_event_end(event), count
+            await self._apply(event)
+            count += 1
+        duration = self._clock.now() - start
+        if duration < _SHORT_WATCH and count == 0:
+            log.warning("reflector %s: very short watch: watch lasted %.3f s with no items received; "
+                        "relisting after backoff", self.name, duration)
+            return _WatchEnd.RELIST, count
+        log.debug("reflector %s: watch closed after %.3f s, %d events", self.name, duration, count)
+        return _WatchEnd.REWATCH, count
+
+    def _error_event_end(self, event: WatchEvent) -> _WatchEnd:
+        status = event.object
+        code = status.get("code")
+        reason = str(status.get("reason") or "")
+        message = str(status.get("message") or "")
+        if code == 410 or reason in ("Expired", "Gone"):
+            log.info("reflector %s: watch expired: %s", self.name, message)
+            return _WatchEnd.EXPIRED
+        if "too large resource version" in message.lower():
+            log.info("reflector %s: watch from a too-large resourceVersion: %s", self.name, message)
+            return _WatchEnd.EXPIRED
+        if code == 429:
+            details = status.get("details") or {}
+            retry = details.get("retryAfterSeconds") if isinstance(details, dict) else None
+            self._last_retry_after = float(retry) if retry is not None else None
+            log.info("reflector %s: watch throttled (429): %s", self.name, message)
+            return _WatchEnd.BACKOFF_REWATCH
+        log.warning("reflector %s: watch ERROR event (code %s, reason %s): %s; relisting",
+                    self.name, code, reason, message)
+        return _WatchEnd.RELIST
+
+    async def _apply(self, event: WatchEvent) -> None:
+        obj = event.object
+        if event.type is WatchEventType.ADDED:
+            await _call(self._store.add(obj))
+        elif event.type is WatchEventType.MODIFIED:
+            await _call(self._store.update(obj))
+        elif event.type is WatchEventType.DELETED:
+            await _call(self._store.delete(obj))
+        elif event.type is not WatchEventType.BOOKMARK:
+            log.error("reflector %s: unable to understand watch event type %s", self.name, event.type)
+        rv = _resource_version(obj)
+        if rv:
+            self._last_sync_rv = rv
+            updater = getattr(self._store, "update_resource_version", None)
+            if updater is not None:
+                await _call(updater(rv))
+
+    # -- WatchList ----------------------------------------------------------------------------------
+
+    async def _watch_list(self) -> WatchStream:
+        """Opens a WatchList and consumes its initial state into ``store.replace``; returns the open
+        stream, positioned after the initial-events-end bookmark."""
+        while True:
+            rv = "" if self._rv_unavailable else self._last_sync_rv
+            options = WatchOptions(
+                resource_version=rv,
+                timeout_seconds=self._watch_timeout(),
+                allow_watch_bookmarks=True,
+                send_initial_events=True,
+                resource_version_match="NotOlderThan",
+            )
+            try:
+                stream = await self._lw.watch(options)
+            except (ApiUnavailableError, TooManyRequestsError) as exc:
+                retry_after = exc.retry_after if isinstance(exc, TooManyRequestsError) else None
+                log.info("reflector %s: WatchList could not be opened (%s); retrying after backoff",
+                         self.name, exc)
+                await self._backoff.wait(retry_after)
+                continue
+            except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
+                raise _WatchListRejected(str(exc), remember=True, expired=True) from exc
+            except Exception as exc:
+                raise _WatchListRejected(f"{type(exc).__name__}: {exc}", remember=True) from exc
+            break
+        ok = False
+        try:
+            await self._consume_initial_events(stream)
+            ok = True
+            return stream
+        finally:
+            if not ok:
+                await stream.close()
+
+    async def _consume_initial_events(self, stream: WatchStream) -> None:
+        temp: dict[str, KubeObject] = {}
+        async for event in stream:
+            obj = event.object
+            if event.type is WatchEventType.ERROR:
+                expired = self._error_event_end(event) is _WatchEnd.EXPIRED
+                raise _WatchListRejected(
+                    f"ERROR event before the initial-events-end bookmark: {obj.get('message', '')}",
+                    remember=True, expired=expired)
+            if event.type is WatchEventType.BOOKMARK:
+                annotations = (obj.get("metadata") or {}).get("annotations") or {}
+                if annotations.get(INITIAL_EVENTS_END_ANNOTATION) == "true":
+                    rv = _resource_version(obj)
+                    await _call(self._store.replace(list(temp.values()), rv))
+                    self._last_sync_rv = rv
+                    self._rv_unavailable = False
+                    self.list_count += 1
+                    log.debug("reflector %s: WatchList delivered %d items at resourceVersion %s",
+                              self.name, len(temp), rv)
+                    return
+                continue
+            if event.type is WatchEventType.DELETED:
+                temp.pop(_key(obj), None)
+            else:
+                temp[_key(obj)] = obj
+        raise _WatchListRejected("stream closed before the initial-events-end bookmark", remember=False)
+
+    # -- resync -------------------------------------------------------------------------------------
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await self._clock.sleep(self._resync_period)
+            if self._should_resync is None or self._should_resync():
+                log.debug("reflector %s: forcing resync", self.name)
+                try:
+                    await _call(self._store.resync())
+                except Exception as exc:
+                    log.error("reflector %s: resync failed: %s", self.name, exc)
+                    self._resync_error = exc
+                    stream = self._current_stream
+                    if stream is not None:
+                        await stream.close()
+                    return
+
+
+def _resource_version(obj: KubeObject) -> str:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("resourceVersion") or "")
+
+
+def _key(obj: KubeObject) -> str:
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace") or ""
+    name = meta.get("name") or ""
+    return f"{namespace}/{name}" if namespace else str(name)

@@ -1,0 +1,900 @@
+"""Reflector: the exact list/watch requests and store calls for every rule of client-go's reflector.
+
+Each test drives a :class:`Reflector` against the :class:`FakeControllerSource` with a
+:class:`FakeClock` (nothing sleeps on the wall clock) and asserts the sequence of requests the
+reflector made (RVs and options) and the sequence of calls on a recording store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from bridge.backoff import Backoff
+from bridge.clock import FakeClock
+from bridge.contracts import (
+    KubeObject,
+    ListOptions,
+    ListPage,
+    WatchEvent,
+    WatchEventType,
+    WatchOptions,
+    WatchStream,
+)
+from bridge.delta_fifo import DeltaFIFO
+from bridge.errors import (
+    ApiUnavailableError,
+    BadRequestError,
+    ResourceExpiredError,
+    ServerError,
+    TooLargeResourceVersionError,
+    TooManyRequestsError,
+)
+from bridge.reflector import INITIAL_EVENTS_END_ANNOTATION, Reflector, ReflectorStore
+from bridge.testing import FakeControllerSource, SourceCall
+
+Call = tuple[Any, ...]
+
+
+def cm(name: str, **data: str) -> KubeObject:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "ns"}, "data": dict(data)}
+
+
+def _name_rv(obj: KubeObject) -> tuple[str, str]:
+    return obj["metadata"]["name"], obj["metadata"]["resourceVersion"]
+
+
+class RecordingStore:
+    """A ReflectorStore that records every call as a compact tuple."""
+
+    def __init__(self, *, with_rv_updates: bool = True) -> None:
+        self.calls: list[Call] = []
+        if not with_rv_updates:
+            self.update_resource_version = None  # type: ignore[assignment]
+
+    def add(self, obj: KubeObject) -> None:
+        self.calls.append(("add", *_name_rv(obj)))
+
+    def update(self, obj: KubeObject) -> None:
+        self.calls.append(("update", *_name_rv(obj)))
+
+    def delete(self, obj: KubeObject) -> None:
+        self.calls.append(("delete", *_name_rv(obj)))
+
+    def replace(self, items: list[KubeObject], resource_version: str) -> None:
+        self.calls.append(("replace", [_name_rv(o) for o in items], resource_version))
+
+    def resync(self) -> None:
+        self.calls.append(("resync",))
+
+    def update_resource_version(self, resource_version: str) -> None:
+        self.calls.append(("rv", resource_version))
+
+    def take(self) -> list[Call]:
+        out, self.calls = self.calls, []
+        return out
+
+
+def requests(src: FakeControllerSource) -> list[Call]:
+    """The source's calls in a compact form; consumed (the record is emptied)."""
+    out: list[Call] = []
+    for call in src.calls:
+        o = call.options
+        if isinstance(o, ListOptions):
+            out.append(("list", o.resource_version, o.limit, "continue" if o.continue_token else None))
+        else:
+            assert isinstance(o, WatchOptions)
+            assert o.allow_watch_bookmarks is True
+            assert o.timeout_seconds is not None
+            assert 300 <= o.timeout_seconds < 600
+            if o.send_initial_events:
+                assert o.resource_version_match == "NotOlderThan"
+                out.append(("watchlist", o.resource_version))
+            else:
+                assert o.resource_version_match is None
+                out.append(("watch", o.resource_version))
+    src.calls.clear()
+    return out
+
+
+async def settle() -> None:
+    for _ in range(40):
+        await asyncio.sleep(0)
+
+
+class Harness:
+    def __init__(self, src: FakeControllerSource | Any, store: RecordingStore, clock: FakeClock,
+                 reflector: Reflector) -> None:
+        self.src = src
+        self.store = store
+        self.clock = clock
+        self.reflector = reflector
+        self.errors: list[BaseException] = []
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.task = asyncio.create_task(self.reflector.run(), name="test-reflector-run")
+        await settle()
+
+    def pending_delay(self) -> float | None:
+        deadline = self.clock.next_deadline()
+        return None if deadline is None else round(deadline - self.clock.now(), 6)
+
+    async def advance(self, seconds: float) -> None:
+        await self.clock.advance(seconds)
+        await settle()
+
+
+@pytest.fixture
+async def make() -> AsyncIterator[Callable[..., Harness]]:
+    """Builds a harness; every reflector started is stopped (and its task awaited) afterwards."""
+    made: list[Harness] = []
+
+    def factory(src: Any = None, *, store: RecordingStore | None = None, **kwargs: Any) -> Harness:
+        clock = FakeClock()
+        source = src if src is not None else FakeControllerSource()
+        rec = store if store is not None else RecordingStore()
+        errors: list[BaseException] = []
+        kwargs.setdefault("backoff", Backoff(jitter=0.0, clock=clock))
+        kwargs.setdefault("rng", random.Random(1))
+        reflector = Reflector(
+            name="test", lister_watcher=source, store=rec, clock=clock,
+            watch_error_handler=lambda _r, exc: errors.append(exc), **kwargs)
+        h = Harness(source, rec, clock, reflector)
+        h.errors = errors
+        made.append(h)
+        return h
+
+    yield factory
+    for h in made:
+        h.reflector.stop()
+        if h.task is not None:
+            await asyncio.wait_for(asyncio.gather(h.task, return_exceptions=True), 5)
+
+
+# --------------------------------------------------------------------------------------------------
+# list, then watch
+
+
+async def test_first_cycle_lists_at_rv_0_then_watches_from_the_list_rv(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.src.add(cm("a"))
+    h.src.add(cm("b"))
+    await h.start()
+    assert requests(h.src) == [("list", "0", 500, None), ("watch", "2")]
+    assert h.store.take() == [("replace", [("a", "1"), ("b", "2")], "2")]
+    assert h.reflector.last_sync_resource_version == "2"
+    assert h.reflector.is_last_sync_rv_unavailable is False
+
+
+async def test_watch_events_map_to_store_calls_and_advance_the_rv(make: Callable[..., Harness]) -> None:
+    h = make()
+    await h.start()
+    assert h.store.take() == [("replace", [], "0")]
+    h.src.add(cm("a"))
+    h.src.modify(cm("a", k="v"))
+    h.src.add(cm("b"))
+    h.src.delete(cm("a"))
+    h.src.advance_resource_version(3)
+    h.src.inject_bookmark()
+    await settle()
+    assert h.store.take() == [
+        ("add", "a", "1"), ("rv", "1"),
+        ("update", "a", "2"), ("rv", "2"),
+        ("add", "b", "3"), ("rv", "3"),
+        ("delete", "a", "4"), ("rv", "4"),
+        ("rv", "7"),
+    ]
+    assert h.reflector.last_sync_resource_version == "7"
+    assert requests(h.src) == [("list", "0", 500, None), ("watch", "0")]
+    assert h.errors == []
+
+
+async def test_store_without_update_resource_version_still_tracks_rv(make: Callable[..., Harness]) -> None:
+    h = make(store=RecordingStore(with_rv_updates=False))
+    await h.start()
+    h.src.add(cm("a"))
+    h.src.inject_bookmark(resource_version=1)
+    await settle()
+    assert h.store.take() == [("replace", [], "0"), ("add", "a", "1")]
+    assert h.reflector.last_sync_resource_version == "1"
+
+
+async def test_watch_timeouts_are_random_in_min_to_twice_min(make: Callable[..., Harness]) -> None:
+    h = make(rng=random.Random(5), min_watch_timeout=300)
+    await h.start()
+    for _ in range(3):
+        h.src.add(cm(f"o{h.src.resource_version}"))
+        await settle()
+        h.src.drop_watches()
+        await settle()
+    reference = random.Random(5)
+    expected = [int(300 * (reference.random() + 1.0)) for _ in range(4)]
+    assert [w.timeout_seconds for w in h.src.watch_calls()] == expected
+    assert all(300 <= t < 600 for t in expected)
+
+
+# --------------------------------------------------------------------------------------------------
+# pagination
+
+
+async def test_paginated_list_sends_only_continue_after_the_first_page(make: Callable[..., Harness]) -> None:
+    h = make(page_size=2)
+    for name in "abcde":
+        h.src.add(cm(name))
+    await h.start()
+    assert requests(h.src) == [
+        ("list", "0", 2, None), ("list", "", 2, "continue"), ("list", "", 2, "continue"), ("watch", "5")]
+    assert h.store.take() == [
+        ("replace", [("a", "1"), ("b", "2"), ("c", "3"), ("d", "4"), ("e", "5")], "5")]
+
+
+async def test_page_size_0_lists_unpaginated(make: Callable[..., Harness]) -> None:
+    h = make(page_size=0)
+    h.src.add(cm("a"))
+    await h.start()
+    assert requests(h.src) == [("list", "0", None, None), ("watch", "1")]
+
+
+class CompactAfterFirstPage(FakeControllerSource):
+    """Compacts (after one more change) right after serving a first page, once per arming."""
+
+    armed = True
+
+    async def list(self, options: ListOptions) -> ListPage:
+        page = await super().list(options)
+        if self.armed and options.continue_token is None and page.continue_token:
+            self.armed = False
+            self.add(cm(f"late{self.resource_version}"))
+            self.compact()
+        return page
+
+
+async def test_expired_continue_page_retries_once_as_a_full_list_at_the_original_rv(
+    make: Callable[..., Harness],
+) -> None:
+    src = CompactAfterFirstPage()
+    for name in "abc":
+        src.add(cm(name))
+    h = make(src, page_size=2)
+    await h.start()
+    # Page 1 at "0", page 2 expired, then exactly one unpaginated list at "0" — no third try.
+    assert requests(h.src) == [
+        ("list", "0", 2, None), ("list", "", 2, "continue"), ("list", "0", None, None), ("watch", "4")]
+    assert h.store.take() == [("replace", [("a", "1"), ("b", "2"), ("c", "3"), ("late3", "4")], "4")]
+    assert h.reflector.is_last_sync_rv_unavailable is False
+    assert h.errors == []
+
+    # On a relist the fallback uses the relist RV (the last synced one).
+    src.armed = True
+    await h.advance(2)
+    src.add(cm("d"))
+    await settle()
+    src.inject_error(500)
+    await settle()
+    assert h.pending_delay() == 0.8
+    await h.advance(0.8)
+    assert requests(h.src) == [
+        ("list", "5", 2, None), ("list", "", 2, "continue"), ("list", "5", None, None), ("watch", "6")]
+
+
+class FailSecondPage(FakeControllerSource):
+    fail_with: Exception | None = None
+
+    async def list(self, options: ListOptions) -> ListPage:
+        if options.continue_token and self.fail_with is not None:
+            exc, self.fail_with = self.fail_with, None
+            self.calls.append(SourceCall("list", options))
+            raise exc
+        return await super().list(options)
+
+
+async def test_other_error_on_a_continue_page_discards_the_partial_list(make: Callable[..., Harness]) -> None:
+    src = FailSecondPage()
+    for name in "abc":
+        src.add(cm(name))
+    err = ServerError("etcd timeout", code=500)
+    src.fail_with = err
+    h = make(src, page_size=2)
+    await h.start()
+    assert requests(h.src) == [("list", "0", 2, None), ("list", "", 2, "continue")]
+    assert h.store.take() == []
+    assert h.errors == [err]
+    assert h.pending_delay() == 0.8
+    await h.advance(0.8)
+    assert requests(h.src) == [
+        ("list", "0", 2, None), ("list", "", 2, "continue"), ("watch", "3")]
+    assert h.store.take() == [("replace", [("a", "1"), ("b", "2"), ("c", "3")], "3")]
+
+
+# --------------------------------------------------------------------------------------------------
+# list errors
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ResourceExpiredError("too old resource version", code=410, reason="Expired"),
+        TooLargeResourceVersionError("Too large resource version: 9, current: 3", code=504),
+    ],
+    ids=["expired", "too-large"],
+)
+async def test_unavailable_list_rv_relists_at_once_with_a_consistent_read(
+    make: Callable[..., Harness], exc: Exception,
+) -> None:
+    h = make()
+    h.src.add(cm("a"))
+    await h.start()
+    h.src.add(cm("b"))
+    await settle()
+    h.store.take()
+    requests(h.src)
+    h.src.fail_next_list(exc)
+    h.src.inject_error(500)  # end the cycle: backoff, then relist at the last RV
+    await settle()
+    await h.advance(0.8)
+    # The relist at "2" fails → marked unavailable → relisted with "" without any backoff.
+    assert requests(h.src) == [("list", "2", 500, None), ("list", "", 500, None), ("watch", "2")]
+    assert h.store.take() == [("replace", [("a", "1"), ("b", "2")], "2")]
+    assert h.reflector.is_last_sync_rv_unavailable is False
+    assert h.errors == []
+    assert h.pending_delay() is None
+
+
+async def test_first_list_expired_relists_with_empty_rv(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.src.fail_next_list(ResourceExpiredError("expired", code=410))
+    await h.start()
+    assert requests(h.src) == [("list", "0", 500, None), ("list", "", 500, None), ("watch", "0")]
+
+
+async def test_unavailable_rv_is_remembered_when_the_consistent_relist_fails(
+    make: Callable[..., Harness],
+) -> None:
+    h = make()
+    h.src.fail_next_list(ResourceExpiredError("expired", code=410))
+    down = ApiUnavailableError("connection refused")
+    h.src.fail_next_list(down)
+    await h.start()
+    assert requests(h.src) == [("list", "0", 500, None), ("list", "", 500, None)]
+    assert h.reflector.is_last_sync_rv_unavailable is True
+    assert h.errors == [down]
+    await h.advance(0.8)
+    assert requests(h.src) == [("list", "", 500, None), ("watch", "0")]
+    assert h.reflector.is_last_sync_rv_unavailable is False
+
+
+async def test_other_list_errors_back_off_with_growing_delays_and_call_the_handler(
+    make: Callable[..., Harness],
+) -> None:
+    h = make()
+    errs = [ServerError("boom 1", code=500), ApiUnavailableError("refused"), ServerError("boom 3", code=503)]
+    for e in errs:
+        h.src.fail_next_list(e)
+    await h.start()
+    delays = []
+    for _ in errs:
+        delay = h.pending_delay()
+        assert delay is not None
+        delays.append(delay)
+        await h.advance(delay)
+    assert delays == [0.8, 1.6, 3.2]
+    assert h.errors == errs
+    assert requests(h.src) == [("list", "0", 500, None)] * 4 + [("watch", "0")]
+
+
+async def test_list_429_waits_at_least_retry_after(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.src.fail_next_list(TooManyRequestsError("slow down", code=429, retry_after=7.0))
+    await h.start()
+    assert h.pending_delay() == 7.0
+    await h.advance(6.9)
+    assert requests(h.src) == [("list", "0", 500, None)]
+    await h.advance(0.1)
+    assert requests(h.src) == [("list", "0", 500, None), ("watch", "0")]
+
+
+# --------------------------------------------------------------------------------------------------
+# watch endings
+
+
+async def test_410_error_event_backs_off_then_relists_at_the_last_rv(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.src.add(cm("a"))
+    await h.start()
+    h.src.add(cm("b"))
+    await settle()
+    requests(h.src)
+    h.store.take()
+    h.src.inject_error(410)
+    await settle()
+    assert h.pending_delay() == 0.8
+    assert requests(h.src) == []
+    await h.advance(0.8)
+    # client-go keeps the last RV for this relist (not ""): a list "not older than" it is valid.
+    assert requests(h.src) == [("list", "2", 500, None), ("watch", "2")]
+    assert h.store.take() == [("replace", [("a", "1"), ("b", "2")], "2")]
+    assert h.errors == []
+
+
+async def test_410_after_compaction_relists_at_last_rv_then_with_empty_rv(
+    make: Callable[..., Harness],
+) -> None:
+    h = make()
+    h.src.add(cm("a"))
+    await h.start()
+    h.src.add(cm("b"))
+    await settle()
+    requests(h.src)
+    h.src.inject_error(410)
+    await settle()
+    h.src.add(cm("c"))  # unseen: the watch is down
+    h.src.compact()
+    await h.advance(0.8)
+    # The paginated list at "2" is an exact read: compacted → 410 → "" at once.
+    assert requests(h.src) == [("list", "2", 500, None), ("list", "", 500, None), ("watch", "3")]
+    assert h.store.take()[-1] == ("replace", [("a", "1"), ("b", "2"), ("c", "3")], "3")
+
+
+async def test_other_error_event_relists_after_backoff(make: Callable[..., Harness]) -> None:
+    h = make()
+    await h.start()
+    requests(h.src)
+    h.src.inject_error(500)
+    await settle()
+    assert h.pending_delay() == 0.8
+    await h.advance(0.8)
+    assert requests(h.src) == [("list", "0", 500, None), ("watch", "0")]
+    assert h.errors == []
+
+
+async def test_429_error_event_backs_off_and_rewatches_the_same_rv(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.src.add(cm("a"))
+    await h.start()
+    requests(h.src)
+    h.src.inject_error(429, reason="TooManyRequests")
+    await settle()
+    assert h.pending_delay() == 0.8
+    await h.advance(0.8)
+    assert requests(h.src) == [("watch", "1")]
+
+
+@pytest.mark.parametrize(
+    ("after", "changes"),
+    [(2.0, 1), (1.0, 0), (0.0, 1), (5.0, 0)],
+    ids=["2s-with-events", "1s-no-events", "instant-with-event", "5s-no-events"],
+)
+async def test_clean_close_after_1s_or_an_event_rewatches_at_once(
+    make: Callable[..., Harness], after: float, changes: int,
+) -> None:
+    h = make()
+    h.src.add(cm("a"))
+    await h.start()
+    await h.advance(after)
+    for i in range(changes):
+        h.src.add(cm(f"x{i}"))
+    await settle()
+    h.src.drop_watches()
+    await settle()
+    rv = str(h.src.resource_version)
+    assert requests(h.src) == [("list", "0", 500, None), ("watch", "1"), ("watch", rv)]
+    assert h.pending_delay() is None
+    assert [c for c in h.store.take() if c[0] == "replace"] == [("replace", [("a", "1")], "1")]
+
+
+async def test_very_short_watch_backs_off_and_relists(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.src.add(cm("a"))
+    await h.start()
+    await h.advance(0.5)
+    h.src.drop_watches()
+    await settle()
+    assert requests(h.src) == [("list", "0", 500, None), ("watch", "1")]
+    assert h.pending_delay() == 0.8
+    await h.advance(0.8)
+    assert requests(h.src) == [("list", "1", 500, None), ("watch", "1")]
+    assert h.errors == []
+    # A second short watch: the backoff grows.
+    h.src.drop_watches()
+    await settle()
+    assert h.pending_delay() == 1.6
+
+
+@pytest.mark.parametrize(
+    ("exc", "delay"),
+    [
+        (ApiUnavailableError("connection refused"), 0.8),
+        (TooManyRequestsError("slow down", code=429, retry_after=3.0), 3.0),
+        (TooManyRequestsError("slow down", code=429), 0.8),
+    ],
+    ids=["refused", "429-retry-after", "429"],
+)
+async def test_watch_open_refused_or_429_backs_off_and_rewatches_the_same_rv(
+    make: Callable[..., Harness], exc: Exception, delay: float,
+) -> None:
+    h = make()
+    h.src.add(cm("a"))
+    h.src.fail_next_watch(exc)
+    await h.start()
+    assert requests(h.src) == [("list", "0", 500, None), ("watch", "1")]
+    assert h.pending_delay() == delay
+    await h.advance(delay - 0.01)
+    assert requests(h.src) == []
+    await h.advance(0.01)
+    assert requests(h.src) == [("watch", "1")]
+    assert h.errors == []
+    assert h.store.take() == [("replace", [("a", "1")], "1")]
+
+
+async def test_other_watch_open_error_calls_the_handler_then_relists(make: Callable[..., Harness]) -> None:
+    h = make()
+    forbidden = BadRequestError("bad selector", code=400)
+    h.src.fail_next_watch(forbidden)
+    await h.start()
+    assert h.errors == [forbidden]
+    assert h.pending_delay() == 0.8
+    await h.advance(0.8)
+    assert requests(h.src) == [("list", "0", 500, None), ("watch", "0"), ("list", "0", 500, None),
+                               ("watch", "0")]
+
+
+async def test_bookmarks_advance_the_rv_used_by_the_next_watch(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.src.add(cm("a"))
+    await h.start()
+    h.src.advance_resource_version(9)
+    h.src.inject_bookmark()
+    await settle()
+    assert h.reflector.last_sync_resource_version == "10"
+    assert h.store.take() == [("replace", [("a", "1")], "1"), ("rv", "10")]
+    h.src.drop_watches()
+    await settle()
+    assert requests(h.src) == [("list", "0", 500, None), ("watch", "1"), ("watch", "10")]
+
+
+# --------------------------------------------------------------------------------------------------
+# resync
+
+
+async def test_resync_timer_calls_store_resync_when_should_resync_agrees(
+    make: Callable[..., Harness],
+) -> None:
+    due = [True]
+    h = make(resync_period=10.0, should_resync=lambda: due[0])
+    await h.start()
+    h.store.take()
+    await h.advance(9.9)
+    assert h.store.take() == []
+    await h.advance(0.1)
+    assert h.store.take() == [("resync",)]
+    due[0] = False
+    await h.advance(10.0)
+    assert h.store.take() == []
+    due[0] = True
+    # The timer survives a re-watch within the same cycle.
+    await h.advance(2.0)
+    h.src.add(cm("a"))
+    await settle()
+    h.src.drop_watches()
+    await settle()
+    await h.advance(8.0)
+    assert h.store.take() == [("add", "a", "1"), ("rv", "1"), ("resync",)]
+
+
+async def test_resync_without_should_resync_always_fires(make: Callable[..., Harness]) -> None:
+    h = make(resync_period=5.0)
+    await h.start()
+    h.store.take()
+    await h.advance(5.0)
+    await h.advance(5.0)
+    assert h.store.take() == [("resync",), ("resync",)]
+
+
+async def test_no_resync_timer_when_period_is_zero(make: Callable[..., Harness]) -> None:
+    h = make()
+    await h.start()
+    assert h.pending_delay() is None
+    await h.advance(3600)
+    assert h.store.take() == [("replace", [], "0")]
+
+
+async def test_resync_timer_stops_with_the_cycle(make: Callable[..., Harness]) -> None:
+    h = make(resync_period=1.0)
+    await h.start()
+    h.src.drop_watches()  # very short watch: the cycle ends, backoff 0.8 s
+    await settle()
+    assert h.pending_delay() == 0.8
+    await h.advance(0.8)  # relist; the timer restarts from now
+    h.store.take()
+    await h.advance(0.9)
+    assert h.store.take() == []
+    await h.advance(0.1)
+    assert h.store.take() == [("resync",)]
+
+
+# --------------------------------------------------------------------------------------------------
+# WatchList
+
+
+async def test_watch_list_replaces_at_the_end_bookmark_and_continues_on_the_stream(
+    make: Callable[..., Harness],
+) -> None:
+    src = FakeControllerSource(support_watch_list=True)
+    src.add(cm("b"))
+    src.add(cm("a"))
+    h = make(src, use_watch_list=True)
+    await h.start()
+    assert requests(h.src) == [("watchlist", "")]
+    assert h.store.take() == [("replace", [("a", "2"), ("b", "1")], "2")]
+    assert h.reflector.last_sync_resource_version == "2"
+    src.modify(cm("a", v="1"))
+    await settle()
+    assert h.store.take() == [("update", "a", "3"), ("rv", "3")]
+    # A clean close re-watches normally; a later cycle uses WatchList again from the last RV.
+    src.drop_watches()
+    await settle()
+    assert requests(h.src) == [("watch", "3")]
+    src.drop_watches()  # very short: backoff, new cycle
+    await settle()
+    await h.advance(0.8)
+    assert requests(h.src) == [("watchlist", "3")]
+    assert h.store.take() == [("replace", [("a", "3"), ("b", "1")], "3")]
+    assert h.reflector.watch_list_rejected is False
+
+
+async def test_watch_list_rejected_falls_back_to_list_and_remembers(make: Callable[..., Harness]) -> None:
+    src = FakeControllerSource(support_watch_list=False)
+    src.add(cm("a"))
+    h = make(src, use_watch_list=True)
+    await h.start()
+    assert requests(h.src) == [("watchlist", ""), ("list", "0", 500, None), ("watch", "1")]
+    assert h.store.take() == [("replace", [("a", "1")], "1")]
+    assert h.reflector.watch_list_rejected is True
+    assert h.errors == []
+    src.drop_watches()
+    await settle()
+    await h.advance(0.8)
+    assert requests(h.src) == [("list", "1", 500, None), ("watch", "1")]
+
+
+class ScriptedWatchList(FakeControllerSource):
+    """Answers WatchList requests with a fixed list of events, then ends the stream."""
+
+    script: list[WatchEvent] = []
+
+    async def watch(self, options: WatchOptions) -> Any:
+        if not options.send_initial_events:
+            return await super().watch(options)
+        self.calls.append(SourceCall("watch", options))
+        stream = ScriptedStream(list(self.script))
+        self.streams.append(stream)
+        return stream
+
+    streams: list[ScriptedStream] = []
+
+
+class ScriptedStream:
+    def __init__(self, events: list[WatchEvent]) -> None:
+        self._events = events
+        self.closed = False
+
+    def __aiter__(self) -> ScriptedStream:
+        return self
+
+    async def __anext__(self) -> WatchEvent:
+        if self.closed or not self._events:
+            raise StopAsyncIteration
+        return self._events.pop(0)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def _added(name: str, rv: str) -> WatchEvent:
+    obj = cm(name)
+    obj["metadata"]["resourceVersion"] = rv
+    return WatchEvent(WatchEventType.ADDED, obj)
+
+
+@pytest.mark.parametrize(
+    ("tail", "remember"),
+    [
+        ([WatchEvent(WatchEventType.ERROR, {"kind": "Status", "code": 500, "reason": "InternalError",
+                                            "message": "boom"})], True),
+        ([], False),
+    ],
+    ids=["error-event", "closed-early"],
+)
+async def test_watch_list_ending_before_the_end_bookmark_falls_back_in_the_same_cycle(
+    make: Callable[..., Harness], tail: list[WatchEvent], remember: bool,
+) -> None:
+    src = ScriptedWatchList(support_watch_list=True)
+    src.streams = []
+    src.add(cm("a"))
+    src.add(cm("b"))
+    src.script = [_added("a", "1"), _added("b", "2"), *tail]
+    h = make(src, use_watch_list=True)
+    await h.start()
+    assert requests(h.src) == [("watchlist", ""), ("list", "0", 500, None), ("watch", "2")]
+    # Nothing from the partial WatchList reached the store.
+    assert h.store.take() == [("replace", [("a", "1"), ("b", "2")], "2")]
+    assert h.reflector.watch_list_rejected is remember
+    assert [s.closed for s in src.streams] == [True]
+
+
+async def test_watch_list_collects_changes_before_the_end_bookmark(make: Callable[..., Harness]) -> None:
+    src = ScriptedWatchList(support_watch_list=True)
+    src.streams = []
+    end = {"kind": "ConfigMap", "metadata": {"resourceVersion": "7",
+                                             "annotations": {INITIAL_EVENTS_END_ANNOTATION: "true"}}}
+    other_bookmark = {"kind": "ConfigMap", "metadata": {"resourceVersion": "5"}}
+    deleted = cm("a")
+    deleted["metadata"]["resourceVersion"] = "6"
+    src.script = [_added("a", "1"), _added("b", "2"), WatchEvent(WatchEventType.BOOKMARK, other_bookmark),
+                  WatchEvent(WatchEventType.DELETED, deleted), _added("c", "4"),
+                  WatchEvent(WatchEventType.BOOKMARK, end), _added("d", "8")]
+    h = make(src, use_watch_list=True)
+    await h.start()
+    assert h.store.take()[:3] == [("replace", [("b", "2"), ("c", "4")], "7"), ("add", "d", "8"), ("rv", "8")]
+
+
+# --------------------------------------------------------------------------------------------------
+# resume from a checkpoint (bridge extension)
+
+
+async def test_initial_resource_version_watches_without_listing(make: Callable[..., Harness]) -> None:
+    src = FakeControllerSource()
+    src.add(cm("a"))
+    src.add(cm("b"))
+    src.modify(cm("a", v="1"))
+    h = make(src, initial_resource_version="2")
+    assert h.reflector.last_sync_resource_version == "2"
+    await h.start()
+    assert requests(h.src) == [("watch", "2")]
+    assert h.store.take() == [("update", "a", "3"), ("rv", "3")]
+    # Later cycles list normally, from the last synced RV.
+    h.src.drop_watches()
+    await settle()
+    assert requests(h.src) == [("watch", "3")]
+
+
+@pytest.mark.parametrize("how", ["error-event", "exception"])
+async def test_expired_checkpoint_relists_consistently_at_once(
+    make: Callable[..., Harness], how: str,
+) -> None:
+    src = FakeControllerSource()
+    src.add(cm("a"))
+    src.add(cm("b"))
+    src.compact()
+    if how == "exception":
+        src.fail_next_watch(ResourceExpiredError("too old resource version: 1 (2)", code=410))
+    h = make(src, initial_resource_version="1")
+    await h.start()
+    assert requests(h.src) == [("watch", "1"), ("list", "", 500, None), ("watch", "2")]
+    assert h.store.take() == [("replace", [("a", "1"), ("b", "2")], "2")]
+    assert h.errors == []
+    assert h.pending_delay() is None
+
+
+async def test_410_after_resumed_events_is_an_ordinary_410(make: Callable[..., Harness]) -> None:
+    src = FakeControllerSource()
+    src.add(cm("a"))
+    h = make(src, initial_resource_version="1")
+    await h.start()
+    src.add(cm("b"))
+    await settle()
+    src.inject_error(410)
+    await settle()
+    assert h.pending_delay() == 0.8
+    await h.advance(0.8)
+    assert requests(h.src) == [("watch", "1"), ("list", "2", 500, None), ("watch", "2")]
+
+
+# --------------------------------------------------------------------------------------------------
+# lifecycle
+
+
+async def test_stop_returns_promptly_and_closes_the_watch(make: Callable[..., Harness]) -> None:
+    h = make()
+    await h.start()
+    assert len(h.src.open_watches) == 1
+    h.reflector.stop()
+    assert h.task is not None
+    await asyncio.wait_for(h.task, 1)
+    assert h.task.result() is None
+    assert h.src.open_watches == []
+
+
+async def test_stop_during_backoff(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.src.fail_next_list(ServerError("down", code=503))
+    await h.start()
+    assert h.pending_delay() == 0.8
+    h.reflector.stop()
+    assert h.task is not None
+    await asyncio.wait_for(h.task, 1)
+    assert h.pending_delay() is None
+
+
+async def test_stop_before_run_and_run_twice(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.reflector.stop()
+    await asyncio.wait_for(h.reflector.run(), 1)
+    assert h.src.calls == []
+    h2 = make()
+    await h2.start()
+    with pytest.raises(RuntimeError, match="twice"):
+        await h2.reflector.run()
+
+
+async def test_cancelling_run_cancels_the_loop_and_closes_the_watch(make: Callable[..., Harness]) -> None:
+    h = make(resync_period=3.0)
+    await h.start()
+    assert h.task is not None
+    h.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await h.task
+    assert h.src.open_watches == []
+    assert h.pending_delay() is None
+
+
+async def test_default_error_handler_logs(caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    src = FakeControllerSource()
+    src.fail_next_list(ServerError("etcd is down", code=503))
+    r = Reflector(name="pods", lister_watcher=src, store=RecordingStore(), clock=clock)
+    task = asyncio.create_task(r.run(), name="test-reflector-default-handler")
+    await settle()
+    r.stop()
+    await task
+    assert any("pods" in m and "etcd is down" in m for m in caplog.messages)
+
+
+class FailingResyncStore(RecordingStore):
+    def resync(self) -> None:
+        raise RuntimeError("resync broke")
+
+
+async def test_resync_failure_ends_the_cycle_with_an_error(make: Callable[..., Harness]) -> None:
+    h = make(store=FailingResyncStore(), resync_period=2.0)
+    await h.start()
+    await h.advance(2.0)
+    assert [type(e) for e in h.errors] == [RuntimeError]
+    assert h.pending_delay() == 0.8
+    await h.advance(0.8)
+    assert requests(h.src) == [("list", "0", 500, None), ("watch", "0"), ("list", "0", 500, None),
+                               ("watch", "0")]
+
+
+async def test_drives_a_real_delta_fifo() -> None:
+    clock = FakeClock()
+    src = FakeControllerSource()
+    src.add(cm("a"))
+    fifo = DeltaFIFO()
+    store: ReflectorStore = fifo
+    r = Reflector(name="cm", lister_watcher=src, store=store, clock=clock)
+    task = asyncio.create_task(r.run(), name="test-reflector-fifo")
+    await settle()
+    src.add(cm("b"))
+    await settle()
+    r.stop()
+    await task
+    assert sorted(fifo.list_keys()) == ["ns/a", "ns/b"]
+
+
+def test_invalid_options_are_rejected() -> None:
+    src = FakeControllerSource()
+    for kwargs in ({"resync_period": -1.0}, {"page_size": -1}, {"min_watch_timeout": 0}):
+        with pytest.raises(ValueError, match="reflector x"):
+            Reflector(name="x", lister_watcher=src, store=RecordingStore(), clock=FakeClock(),
+                      **kwargs)
+
+
+# Keeps the WatchStream protocol honest for the scripted stream used above.
+_stream_check: Callable[[list[WatchEvent]], WatchStream] = ScriptedStream
