@@ -1,0 +1,343 @@
+"""The webhook sink: CloudEvents over HTTP POST (aiohttp), one event per request or batched.
+
+Every event goes to ``url`` (plus the rendered ``destination`` path template, if set) using the
+CloudEvents HTTP binding: structured (``application/cloudevents+json``) or binary (``ce-*`` headers,
+the data as the body). With ``batch.max_events > 1`` events waiting at the same time are posted
+together as a JSON array (``application/cloudevents-batch+json``, or ``application/json`` with
+``batch.format: array``); batching needs structured mode.
+
+Failures: connection errors, timeouts, 408, 429 and 5xx are transient (retried by the base sink with
+backoff, ``Retry-After`` honoured, seconds or HTTP date); any other non-2xx answer is permanent and
+the event goes to the dead letter with the status and the start of the response body.
+
+Order: the base sink sends one object's events one at a time (lanes), so batching never reorders an
+object's events: a batch holds at most one event per object.
+
+Security: an ``X-Signature-256: sha256=<hex>`` HMAC-SHA256 of the exact body (secret inline or from
+a file), bearer or basic auth (secrets from files allowed, read at start), custom headers, TLS with a
+custom CA or verification off, and a client certificate for mTLS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import email.utils
+import hashlib
+import hmac
+import logging
+import ssl
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Literal, Self
+
+import aiohttp
+from pydantic import Field, field_validator, model_validator
+
+from sinks.base import BaseSink, OutgoingMessage, SinkClock
+from sinks.cloudevents import BATCH_CONTENT_TYPE, HTTP_PREFIX
+from sinks.contract import SinkPermanentError, SinkTransientError
+from sinks.options import SinkOptions, _Model
+from sinks.templates import sanitize_url_segment
+
+__all__ = [
+    "SIGNATURE_HEADER",
+    "WebhookAuthOptions",
+    "WebhookBatchOptions",
+    "WebhookOptions",
+    "WebhookSink",
+    "WebhookTLSOptions",
+    "parse_retry_after",
+    "sign",
+]
+
+log = logging.getLogger(__name__)
+
+SIGNATURE_HEADER = "X-Signature-256"
+_TRANSIENT_STATUS = frozenset({408, 425, 429})
+
+
+def sign(secret: bytes, body: bytes) -> str:
+    """The signature header value: ``sha256=<hex of HMAC-SHA256(secret, body)>``."""
+    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP date); None if absent."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _read_secret(inline: str | None, path: str | None, what: str) -> str | None:
+    if inline:
+        return inline
+    if path:
+        try:
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"{what}: cannot read {path!r}: {exc.strerror}") from exc
+    return None
+
+
+class WebhookBatchOptions(_Model):
+    max_events: int = Field(default=1, ge=1)
+    """1 = one event per request."""
+    max_bytes: int = Field(default=1_048_576, ge=1)
+    linger: float = Field(default=0.005, ge=0)
+    """Seconds to wait for more events once one is ready."""
+    format: Literal["cloudevents-batch", "array"] = "cloudevents-batch"
+
+
+class WebhookAuthOptions(_Model):
+    bearer_token: str | None = None
+    bearer_token_file: str | None = None
+    username: str | None = None
+    password: str | None = None
+    password_file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Self:
+        bearer = bool(self.bearer_token or self.bearer_token_file)
+        if bearer and self.username:
+            raise ValueError("use bearer or basic auth, not both")
+        if (self.password or self.password_file) and not self.username:
+            raise ValueError("basic auth needs a username")
+        return self
+
+
+class WebhookTLSOptions(_Model):
+    ca_file: str | None = None
+    insecure_skip_verify: bool = False
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> Self:
+        if self.key_file and not self.cert_file:
+            raise ValueError("key_file needs cert_file")
+        return self
+
+
+class WebhookOptions(SinkOptions):
+    url: str
+    method: Literal["POST", "PUT"] = "POST"
+    timeout: float = Field(default=10.0, gt=0)
+    """Seconds for the whole request; a timeout is a transient failure."""
+    connections: int = Field(default=64, ge=1)
+    """Concurrent requests (and connection pool size)."""
+    headers: dict[str, str] = Field(default_factory=dict)
+    hmac_secret: str | None = None
+    hmac_secret_file: str | None = None
+    auth: WebhookAuthOptions = Field(default_factory=WebhookAuthOptions)
+    tls: WebhookTLSOptions = Field(default_factory=WebhookTLSOptions)
+    batch: WebhookBatchOptions = Field(default_factory=WebhookBatchOptions)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parts = urllib.parse.urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an absolute http:// or https:// URL, got {value!r}")
+        try:
+            _ = parts.port
+        except ValueError as exc:
+            raise ValueError(f"bad port in URL {value!r}") from exc
+        return value
+
+    @model_validator(mode="after")
+    def _batching(self) -> Self:
+        if self.batch.max_events > 1 and self.content_mode != "structured":
+            raise ValueError("batch: batching needs content_mode 'structured'")
+        return self
+
+
+class _Pending:
+    __slots__ = ("future", "msg", "url")
+
+    def __init__(self, msg: OutgoingMessage, url: str, future: asyncio.Future[None]) -> None:
+        self.msg = msg
+        self.url = url
+        self.future = future
+
+
+class WebhookSink(BaseSink[WebhookOptions]):
+    kind = "webhook"
+    options_model = WebhookOptions
+    default_destination = ""
+    header_prefix = HTTP_PREFIX
+
+    def __init__(self, *, name: str, options: WebhookOptions, clock: SinkClock | None = None) -> None:
+        super().__init__(name=name, options=options, clock=clock)
+        self._session: aiohttp.ClientSession | None = None
+        self._secret: bytes | None = None
+        self._static_headers: dict[str, str] = {}
+        self._queue: asyncio.Queue[_Pending] | None = None
+        self._batcher: asyncio.Task[None] | None = None
+        self._posts: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(options.connections)
+
+    # ---- setup ----------------------------------------------------------------------------------
+
+    def _ssl_context(self) -> ssl.SSLContext | bool:
+        tls = self.options.tls
+        if not (tls.ca_file or tls.cert_file or tls.insecure_skip_verify):
+            return True
+        try:
+            ctx = ssl.create_default_context(cafile=tls.ca_file)
+            if tls.insecure_skip_verify:
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+            if tls.cert_file:
+                ctx.load_cert_chain(tls.cert_file, tls.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise self._config_error(f"tls: {exc}") from exc
+        return ctx
+
+    def _prepare(self) -> None:
+        opts = self.options
+        try:
+            secret = _read_secret(opts.hmac_secret, opts.hmac_secret_file, "hmac_secret_file")
+            auth = opts.auth
+            headers = dict(opts.headers)
+            token = _read_secret(auth.bearer_token, auth.bearer_token_file, "auth.bearer_token_file")
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+            elif auth.username:
+                password = _read_secret(auth.password, auth.password_file, "auth.password_file") or ""
+                cred = base64.b64encode(f"{auth.username}:{password}".encode()).decode()
+                headers["Authorization"] = f"Basic {cred}"
+        except ValueError as exc:
+            raise self._config_error(str(exc)) from exc
+        self._secret = secret.encode() if secret else None
+        self._static_headers = headers
+
+    async def _start(self) -> None:
+        if self._session is not None:
+            return
+        self._prepare()
+        connector = aiohttp.TCPConnector(ssl=self._ssl_context(), limit=self.options.connections)
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=self.options.timeout)
+        )
+        if self.options.batch.max_events > 1:
+            self._queue = asyncio.Queue(maxsize=self.options.max_in_flight)
+            self._batcher = asyncio.get_running_loop().create_task(
+                self._batch_loop(), name=f"sink:{self.name}:webhook-batcher"
+            )
+
+    def _sanitize(self, value: str) -> str:
+        return sanitize_url_segment(value)
+
+    def _url(self, msg: OutgoingMessage) -> str:
+        base = self.options.url
+        if not msg.destination:
+            return base
+        return base.rstrip("/") + "/" + msg.destination.lstrip("/")
+
+    # ---- sending --------------------------------------------------------------------------------
+
+    async def _send(self, msg: OutgoingMessage) -> None:
+        if self._session is None:
+            await self.start()
+        if self._queue is None:
+            async with self._slots:
+                await self._post(self._url(msg), msg.headers, msg.body)
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Pending(msg, self._url(msg), fut))
+        await fut
+
+    async def _post(self, url: str, headers: dict[str, str], body: bytes) -> None:
+        session = self._session
+        assert session is not None
+        all_headers = {**self._static_headers, **headers}
+        if self._secret is not None:
+            all_headers[SIGNATURE_HEADER] = sign(self._secret, body)
+        try:
+            async with session.request(self.options.method, url, data=body, headers=all_headers) as resp:
+                if 200 <= resp.status < 300:
+                    await resp.read()
+                    return
+                text = (await resp.text(errors="replace"))[:200]
+                reason = f"HTTP {resp.status} from {url}: {text}".rstrip(": ")
+                if resp.status in _TRANSIENT_STATUS or resp.status >= 500:
+                    retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+                    raise SinkTransientError(reason, retry_after=retry_after)
+                raise SinkPermanentError(reason)
+        except TimeoutError as exc:
+            raise SinkTransientError(f"timed out after {self.options.timeout}s posting to {url}") from exc
+        except aiohttp.ClientError as exc:
+            raise SinkTransientError(f"posting to {url} failed: {exc!r}") from exc
+
+    async def _batch_loop(self) -> None:
+        queue = self._queue
+        assert queue is not None
+        opts = self.options.batch
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await queue.get()]
+            size = len(batch[0].msg.body)
+            deadline = loop.time() + opts.linger
+            while len(batch) < opts.max_events and size < opts.max_bytes:
+                try:
+                    item = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        break
+                    try:
+                        item = await asyncio.wait_for(queue.get(), remaining)
+                    except TimeoutError:
+                        break
+                batch.append(item)
+                size += len(item.msg.body)
+            groups: dict[str, list[_Pending]] = {}
+            for pending in batch:
+                groups.setdefault(pending.url, []).append(pending)
+            for url, items in groups.items():
+                await self._slots.acquire()
+                task = loop.create_task(self._post_batch(url, items), name=f"sink:{self.name}:webhook-post")
+                self._posts.add(task)
+                task.add_done_callback(self._posts.discard)
+
+    async def _post_batch(self, url: str, items: list[_Pending]) -> None:
+        try:
+            live = [p for p in items if not p.future.done()]
+            if not live:
+                return
+            body = b"[" + b",".join(p.msg.body for p in live) + b"]"
+            batch_format = self.options.batch.format
+            ctype = BATCH_CONTENT_TYPE if batch_format == "cloudevents-batch" else "application/json"
+            try:
+                await self._post(url, {"content-type": ctype}, body)
+            except Exception as exc:
+                for p in live:
+                    if not p.future.done():
+                        p.future.set_exception(exc)
+                return
+            for p in live:
+                if not p.future.done():
+                    p.future.set_result(None)
+        finally:
+            self._slots.release()
+
+    async def _close(self) -> None:
+        tasks = [t for t in (self._batcher, *self._posts) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._batcher = None
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()

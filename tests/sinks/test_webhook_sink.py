@@ -1,0 +1,427 @@
+"""WebhookSink against a real local aiohttp server: envelope, signature, auth, binary mode, batches,
+retries (500, timeouts, 429 + Retry-After) without loss or reordering, dead letters, isolation from a
+slow webhook, TLS with a custom CA and mTLS, bad configuration."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import ssl
+import subprocess
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+
+from sinks.contract import DeliveryOutcome, EventType, SinkConfigError
+from sinks.file import FileSink
+from sinks.redaction import REDACTED
+from sinks.webhook import WebhookSink, parse_retry_after, sign
+from tests.sinks import DEPLOYMENTS, SECRETS, T0, Acks, event, obj
+
+Handler = Callable[[web.Request, bytes], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+
+@dataclass
+class Hook:
+    """A real HTTP server; ``respond`` decides each answer, ``ok`` holds the requests answered 2xx."""
+
+    url: str = ""
+    all: list[Received] = field(default_factory=list)
+    ok: list[Received] = field(default_factory=list)
+    respond: Handler | None = None
+    active: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None
+        self.active.add(task)
+        try:
+            return await self._handle(request)
+        finally:
+            self.active.discard(task)
+
+    async def stop_handlers(self) -> None:
+        """Handlers still answering (a deliberately slow one) end with the test."""
+        for task in list(self.active):
+            task.cancel()
+        await asyncio.gather(*self.active, return_exceptions=True)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        rec = Received(request.path, dict(request.headers), body, time.monotonic())
+        self.all.append(rec)
+        resp: web.StreamResponse = web.Response(status=204)
+        if self.respond is not None:
+            resp = await self.respond(request, body)
+        if 200 <= resp.status < 300:
+            self.ok.append(rec)
+        return resp
+
+    def events(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for rec in self.ok:
+            doc = orjson.loads(rec.body)
+            out.extend(doc if isinstance(doc, list) else [doc])
+        return out
+
+
+async def _serve(hook: Hook, ssl_context: ssl.SSLContext | None = None) -> web.AppRunner:
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", hook.handle)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
+    await site.start()
+    port = runner.addresses[0][1]
+    hook.url = f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}"
+    return runner
+
+
+@pytest.fixture
+async def hook() -> AsyncIterator[Hook]:
+    h = Hook()
+    runner = await _serve(h)
+    yield h
+    await h.stop_handlers()
+    await runner.cleanup()
+
+
+def make(hook: Hook, **opts: Any) -> WebhookSink:
+    base: dict[str, Any] = {"url": f"{hook.url}/events", "retry": {"initial": 0.01, "max": 0.05}}
+    return WebhookSink.from_options("hook", {**base, **opts})
+
+
+async def test_structured_events_are_posted_signed_and_authenticated(hook: Hook, tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("tok-123\n")
+    (tmp_path / "hmac").write_text("s3cret")
+    sink = make(
+        hook,
+        destination="{resource}/{namespace}",
+        hmac_secret_file=str(tmp_path / "hmac"),
+        auth={"bearer_token_file": str(tmp_path / "token")},
+        headers={"X-Team": "platform"},
+    )
+    await sink.start()
+    acks = Acks()
+    secret = obj("db-creds", uid="u-s", rv="7", kind="Secret", data={"password": "aHVudGVyMg=="})
+    await sink.deliver(event(EventType.ADDED, secret, resource=SECRETS), acks.cb("secret"))
+    dep = obj("api", namespace="shop", uid="u-d", rv="9", kind="Deployment", api_version="apps/v1")
+    await sink.deliver(event(EventType.DELETED, dep, resource=DEPLOYMENTS), acks.cb("dep"))
+    assert await sink.flush(5)
+    assert acks.outcomes == [("secret", DeliveryOutcome.DELIVERED), ("dep", DeliveryOutcome.DELIVERED)]
+    by_path = {r.path: r for r in hook.ok}
+    assert sorted(by_path) == ["/events/deployments/shop", "/events/secrets/default"]
+    for rec in hook.ok:
+        assert hmac.compare_digest(
+            rec.headers["X-Signature-256"],
+            "sha256=" + hmac.new(b"s3cret", rec.body, hashlib.sha256).hexdigest(),
+        )
+        assert rec.headers["Authorization"] == "Bearer tok-123"
+        assert rec.headers["X-Team"] == "platform"
+        assert rec.headers["Content-Type"] == "application/cloudevents+json"
+    ce = orjson.loads(by_path["/events/secrets/default"].body)
+    assert {k: v for k, v in ce.items() if k not in ("id", "data")} == {
+        "specversion": "1.0",
+        "source": "/clusters/prod/api/v1/secrets",
+        "type": "io.kube-event-bridge.added",
+        "subject": "default/db-creds",
+        "time": "2023-11-14T22:13:20.250000Z",
+        "datacontenttype": "application/json",
+        "cluster": "prod",
+        "kind": "Secret",
+        "apiversion": "v1",
+        "namespace": "default",
+        "name": "db-creds",
+        "uid": "u-s",
+        "resourceversion": "7",
+    }
+    assert len(ce["id"]) == 32
+    assert ce["data"]["data"] == {"password": REDACTED}
+    dce = orjson.loads(by_path["/events/deployments/shop"].body)
+    assert dce["type"] == "io.kube-event-bridge.deleted"
+    assert dce["source"] == "/clusters/prod/apis/apps/v1/deployments"
+    assert dce["apiversion"] == "apps/v1"
+    await sink.close()
+
+
+async def test_binary_mode_puts_attributes_in_ce_headers(hook: Hook) -> None:
+    sink = make(hook, content_mode="binary", auth={"username": "u", "password": "p"})
+    acks = Acks()
+    o = obj("web-0", uid="u-1", rv="42", labels={"app": "wéb"})
+    await sink.deliver(event(EventType.ADDED, o), acks.cb("a"))
+    assert await sink.flush(5)
+    (rec,) = hook.ok
+    h = {k.lower(): v for k, v in rec.headers.items()}
+    assert h["content-type"] == "application/json"
+    assert h["ce-specversion"] == "1.0"
+    assert h["ce-type"] == "io.kube-event-bridge.added"
+    assert h["ce-source"] == "/clusters/prod/api/v1/pods"
+    assert h["ce-subject"] == "default/web-0"
+    assert h["ce-uid"] == "u-1"
+    assert h["ce-resourceversion"] == "42"
+    assert h["ce-time"] == "2023-11-14T22:13:20.250000Z"
+    assert h["authorization"] == "Basic dTpw"
+    assert "ce-data" not in h
+    assert orjson.loads(rec.body) == o
+    await sink.close()
+
+
+async def test_batches_post_json_arrays(hook: Hook) -> None:
+    sink = make(hook, batch={"max_events": 50, "linger": 0.05}, hmac_secret="k")
+    acks = Acks()
+    for i in range(20):
+        await sink.deliver(event(EventType.ADDED, obj(f"p{i}", rv=str(i))), acks.cb(f"p{i}"))
+    assert await sink.flush(5)
+    assert len(acks.of(DeliveryOutcome.DELIVERED)) == 20
+    assert 1 <= len(hook.ok) < 20
+    for rec in hook.ok:
+        assert rec.headers["Content-Type"] == "application/cloudevents-batch+json"
+        assert rec.headers["X-Signature-256"] == sign(b"k", rec.body)
+    assert sorted(e["name"] for e in hook.events()) == sorted(f"p{i}" for i in range(20))
+    await sink.close()
+
+
+async def test_500s_timeouts_and_429_lose_nothing_and_keep_per_object_order(hook: Hook) -> None:
+    answers = iter(["500", "slow", "429", "500", "slow", "503", "408"])
+    seen: list[tuple[str, str, float]] = []
+
+    async def respond(request: web.Request, body: bytes) -> web.StreamResponse:
+        what = next(answers, "ok")
+        seen.append((orjson.loads(body)["name"], what, time.monotonic()))
+        if what == "slow":
+            await asyncio.sleep(0.5)  # longer than the sink's timeout: the client gives up
+            return web.Response(status=500)
+        if what == "429":
+            return web.Response(status=429, headers={"Retry-After": "0.3"})
+        if what != "ok":
+            return web.Response(status=int(what), text="busy")
+        return web.Response(status=200)
+
+    hook.respond = respond
+    sink = make(hook, timeout=0.1, retry={"initial": 0.01, "max": 0.02})
+    acks = Acks()
+    names = [f"o{i}" for i in range(5)]
+    for rv in range(1, 5):
+        for n in names:
+            await sink.deliver(event(EventType.UPDATED, obj(n, rv=str(rv))), acks.cb(f"{n}@{rv}"))
+    assert await sink.flush(10)
+    assert len(acks.of(DeliveryOutcome.DELIVERED)) == 20
+    got: dict[str, list[str]] = {}
+    for ce in hook.events():
+        got.setdefault(ce["name"], []).append(ce["resourceversion"])
+    assert got == {n: ["1", "2", "3", "4"] for n in names}
+    assert sink.stats.retries == 7
+    # The retry of the event answered 429 waited for Retry-After (0.3 s), not the 10 ms backoff.
+    i = next(i for i, (_, what, _) in enumerate(seen) if what == "429")
+    name, _, at = seen[i]
+    retried_at = next(t for n, _, t in seen[i + 1 :] if n == name)
+    assert retried_at - at >= 0.29
+    assert sink.healthy()
+    await sink.close()
+
+
+async def test_400_goes_to_dead_letter_file_with_reason(hook: Hook, tmp_path: Path) -> None:
+    async def respond(request: web.Request, body: bytes) -> web.StreamResponse:
+        if orjson.loads(body)["name"] == "bad":
+            return web.Response(status=400, text="schema rejected: spec.replicas")
+        return web.Response(status=202)
+
+    hook.respond = respond
+    dl = tmp_path / "dead.jsonl"
+    sink = make(hook, dead_letter={"kind": "file", "target": str(dl)})
+    await sink.start()
+    acks = Acks()
+    await sink.deliver(event(EventType.ADDED, obj("bad", uid="u-bad")), acks.cb("bad"))
+    await sink.deliver(event(EventType.ADDED, obj("good")), acks.cb("good"))
+    assert await sink.flush(5)
+    assert dict(acks.outcomes) == {"bad": DeliveryOutcome.DEAD_LETTERED, "good": DeliveryOutcome.DELIVERED}
+    (record,) = [orjson.loads(line) for line in dl.read_bytes().splitlines()]
+    assert record["reason"] == f"HTTP 400 from {hook.url}/events: schema rejected: spec.replicas"
+    assert record["message"]["name"] == "bad"
+    assert record["key"] == "u-bad"
+    assert sink.stats.dead_lettered == 1
+    assert len(hook.all) == 2  # a permanent failure is not retried
+    await sink.close()
+
+
+async def test_a_blocked_webhook_does_not_slow_a_file_sink(hook: Hook, tmp_path: Path) -> None:
+    release = asyncio.Event()
+
+    async def respond(request: web.Request, body: bytes) -> web.StreamResponse:
+        await release.wait()
+        return web.Response(status=200)
+
+    hook.respond = respond
+    webhook = make(hook, max_in_flight=10)
+    fsink = FileSink.from_options("file", {"path": str(tmp_path / "events.jsonl")})
+    await webhook.start()
+    await fsink.start()
+    hook_acks, file_acks = Acks(), Acks()
+    events = [event(EventType.ADDED, obj(f"p{i}", rv=str(i))) for i in range(200)]
+
+    async def feed(sink: Any, acks: Acks) -> None:
+        for ev in events:
+            await sink.deliver(ev, acks.cb(ev.name))
+
+    feeders = [
+        asyncio.create_task(feed(webhook, hook_acks), name="feed-webhook"),
+        asyncio.create_task(feed(fsink, file_acks), name="feed-file"),
+    ]
+    assert await fsink.flush(5)
+    # The file sink took and acked everything while the webhook holds its window of 10.
+    assert len(file_acks.of(DeliveryOutcome.DELIVERED)) == 200
+    assert hook_acks.outcomes == []
+    assert webhook.stats.in_flight == 10
+    assert not feeders[0].done()
+    release.set()
+    await asyncio.gather(*feeders)
+    assert await webhook.flush(5)
+    assert len(hook_acks.of(DeliveryOutcome.DELIVERED)) == 200
+    lines = (tmp_path / "events.jsonl").read_bytes().splitlines()
+    assert [orjson.loads(line)["name"] for line in lines] == [f"p{i}" for i in range(200)]
+    await webhook.close()
+    await fsink.close()
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("pki")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl(
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=test-ca",
+        cwd=d,
+    )
+    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    for who in ("server", "client"):
+        _openssl("req", *ec, "-keyout", f"{who}.key", "-out", f"{who}.csr", "-subj", f"/CN={who}", cwd=d)
+        extra = ["-extfile", "server.ext"] if who == "server" else []
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{who}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{who}.crt",
+            "-days",
+            "2",
+            *extra,
+            cwd=d,
+        )
+    return d
+
+
+async def test_tls_with_custom_ca_and_client_certificate(pki: Path, tmp_path: Path) -> None:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(pki / "ca.crt"))
+    ctx.load_cert_chain(str(pki / "server.crt"), str(pki / "server.key"))
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    peers: list[str] = []
+
+    async def respond(request: web.Request, body: bytes) -> web.StreamResponse:
+        transport = request.transport
+        assert transport is not None
+        cert = transport.get_extra_info("peercert")
+        peers.append(dict(x[0] for x in cert["subject"])["commonName"])
+        return web.Response(status=200)
+
+    h = Hook(respond=respond)
+    runner = await _serve(h, ctx)
+    try:
+        tls = {
+            "ca_file": str(pki / "ca.crt"),
+            "cert_file": str(pki / "client.crt"),
+            "key_file": str(pki / "client.key"),
+        }
+        sink = make(h, tls=tls)
+        acks = Acks()
+        await sink.deliver(event(EventType.ADDED, obj("a")), acks.cb("a"))
+        assert await sink.flush(5)
+        assert acks.outcomes == [("a", DeliveryOutcome.DELIVERED)]
+        assert peers == ["client"]
+        await sink.close()
+        # Without the client certificate the handshake fails: transient, then dead-lettered here.
+        dl = tmp_path / "dl.jsonl"
+        nocert = make(
+            h,
+            tls={"ca_file": str(pki / "ca.crt")},
+            retry={"initial": 0.0, "max": 0.0, "max_attempts": 2},
+            dead_letter={"kind": "file", "target": str(dl)},
+        )
+        await nocert.deliver(event(EventType.ADDED, obj("b")), acks.cb("b"))
+        assert await nocert.flush(5)
+        assert acks.outcomes[-1] == ("b", DeliveryOutcome.DEAD_LETTERED)
+        assert orjson.loads(dl.read_bytes())["reason"].startswith("gave up after 2 attempts")
+        assert not nocert.healthy()
+        await nocert.close()
+    finally:
+        await h.stop_handlers()
+        await runner.cleanup()
+
+
+def test_bad_configuration_is_reported_clearly(tmp_path: Path) -> None:
+    with pytest.raises(SinkConfigError, match=r"sink 'hook' \(webhook\): url: must be an absolute http"):
+        WebhookSink.from_options("hook", {"url": "ftp://x/"})
+    with pytest.raises(SinkConfigError, match=r"url: Field required"):
+        WebhookSink.from_options("hook", {})
+    with pytest.raises(SinkConfigError, match=r"destination: unknown template field 'bogus'"):
+        WebhookSink.from_options("hook", {"url": "http://127.0.0.1:1/", "destination": "/{bogus}"})
+    with pytest.raises(SinkConfigError, match=r"batching needs content_mode 'structured'"):
+        WebhookSink.from_options(
+            "hook", {"url": "http://h/", "content_mode": "binary", "batch": {"max_events": 5}}
+        )
+    with pytest.raises(
+        SinkConfigError, match=r"timeout: Input should be greater than 0; headerz: unknown option"
+    ):
+        WebhookSink.from_options("hook", {"url": "http://h/", "timeout": 0, "headerz": {}})
+
+
+async def test_unreadable_secret_file_fails_start(tmp_path: Path) -> None:
+    sink = WebhookSink.from_options("hook", {"url": "http://h/", "hmac_secret_file": str(tmp_path / "nope")})
+    with pytest.raises(SinkConfigError, match=r"sink 'hook' \(webhook\): hmac_secret_file: cannot read"):
+        await sink.start()
+    await sink.close()
+
+
+def test_parse_retry_after() -> None:
+    assert parse_retry_after(None) is None
+    assert parse_retry_after("120") == 120.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412490.0) == 0.0
+    assert parse_retry_after("soon") is None
+
+
+def test_event_time_fixture_is_stable() -> None:
+    assert T0 == 1_700_000_000.25
