@@ -166,6 +166,16 @@ class TansuBroker:
             raise RuntimeError(f"topic {topic!r} not found: {None if meta is None else meta.error}")
         return len(meta.partitions)
 
+    def topic_config(self, topic: str) -> dict[str, str]:
+        """The topic's configuration as the broker describes it."""
+        from confluent_kafka.admin import AdminClient
+        from confluent_kafka.admin._config import ConfigResource
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        resource = ConfigResource("topic", topic)
+        entries = admin.describe_configs([resource])[resource].result(timeout=10)
+        return {str(name): str(entry.value) for name, entry in entries.items()}
+
     def read_all(self, topic: str, *, expect: int | None = None, timeout: float = 15.0) -> list[KafkaRecord]:
         """Every message of ``topic`` in partition order, by assigning all partitions from offset 0.
 

@@ -1,0 +1,530 @@
+"""The Kafka sink: every change event becomes one record, keyed per object, acked on its delivery report.
+
+Why it looks the way it does:
+
+- **No loss, per-object order.** The producer is idempotent with ``acks=all`` by default, so
+  librdkafka's own retries neither duplicate nor reorder records of a partition, and
+  ``message.timeout.ms`` is infinite by default: while the brokers are down librdkafka keeps the
+  records and keeps retrying, so nothing is lost and the events simply stay unacked (the checkpoint
+  waits). The record key is the event key (the object's uid by default), so one object's records land
+  in one partition; :class:`~sinks.base.BaseSink` sends an object's next event only after the previous
+  one was acknowledged, which keeps order even across a producer restart.
+- **Never block the event loop.** confluent-kafka calls are synchronous. ``produce`` only enqueues
+  (it is called on the loop); ``poll`` — which runs delivery callbacks — runs in a dedicated thread
+  driven by a named asyncio task, and callbacks hand their result back with
+  ``loop.call_soon_threadsafe``. Flushing and admin calls run in that thread too.
+- **Failures.** A record the broker (or librdkafka) can never take — too large, invalid — raises
+  :class:`~sinks.contract.SinkPermanentError` and goes to the dead letter: a Kafka topic
+  (``dead_letter: {kind: kafka, target: TOPIC}``) written by the same producer, or a file. Anything
+  else is transient and retried by the base class.
+- **Materialised view.** With ``snapshot_topic`` set, every object event is also written to a
+  compacted topic keyed per object: the latest state, and a tombstone (a record with no value) on
+  delete, so a consumer reading that topic from the start rebuilds the current state of the cluster.
+- **Readiness.** :meth:`KafkaSink.healthy` turns false when librdkafka reports that every broker is
+  down and true again on the next successful delivery or metadata answer.
+
+Security settings (TLS, SASL PLAIN / SCRAM / OAUTHBEARER) are librdkafka properties: pass them
+through ``librdkafka``; secrets are read from files with ``secret_files`` (property → path) so they
+never sit in the configuration itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Self
+
+import orjson
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+from pydantic import Field, model_validator
+
+from sinks.base import BaseSink, OutgoingMessage
+from sinks.cloudevents import KAFKA_PREFIX
+from sinks.contract import EventType, SinkConfigError, SinkPermanentError, SinkTransientError
+from sinks.deadletter import DeadLetterRecord, DeadLetterWriter, dead_letter_json
+from sinks.options import DeadLetterOptions, SinkOptions
+from sinks.templates import sanitize_kafka_topic
+
+__all__ = ["KafkaDeadLetter", "KafkaProducerClient", "KafkaSink", "KafkaSinkOptions", "is_permanent"]
+
+log = logging.getLogger(__name__)
+
+LibrdkafkaValue = str | int | float | bool
+
+_PERMANENT_CODES = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.INVALID_MSG,
+        KafkaError.INVALID_MSG_SIZE,
+        KafkaError.INVALID_RECORD,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.TOPIC_EXCEPTION,
+        KafkaError._INVALID_ARG,
+        KafkaError._MSG_TIMED_OUT,
+    }
+)
+"""Errors retrying cannot fix. ``_MSG_TIMED_OUT`` only happens when the user bounded
+``message.timeout.ms`` — an explicit request to give up, so the record is dead-lettered."""
+
+_DLQ_MARGIN = 4096
+
+
+def is_permanent(error: KafkaError) -> bool:
+    """True if a record failing with ``error`` can never be delivered by retrying it."""
+    return error.code() in _PERMANENT_CODES
+
+
+class KafkaSinkOptions(SinkOptions):
+    """Options of the ``kafka`` sink (on top of :class:`~sinks.options.SinkOptions`)."""
+
+    brokers: str = Field(min_length=1)
+    """``bootstrap.servers``: ``host:port[,host:port…]``."""
+    client_id: str = "kube-event-bridge"
+    idempotent: bool = True
+    acks: Literal["all", "1", "0"] = "all"
+    compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"
+    linger_ms: float = Field(default=5.0, ge=0)
+    batch_size: int = Field(default=1_000_000, ge=1)
+    """Maximum bytes of one record batch (``batch.size``)."""
+    batch_num_messages: int = Field(default=10_000, ge=1)
+    message_timeout_ms: int = Field(default=0, ge=0)
+    """How long librdkafka may hold a record before failing it; 0 = forever (nothing is lost while
+    the brokers are down). A bounded value dead-letters records that time out."""
+    max_message_bytes: int = Field(default=1_000_000, ge=1000)
+    """``message.max.bytes``: larger records are dead-lettered (keep it ≤ the topic's limit)."""
+    queue_max_messages: int = Field(default=100_000, ge=1)
+    """``queue.buffering.max.messages``: records held in librdkafka's local queue."""
+    librdkafka: dict[str, LibrdkafkaValue] = Field(default_factory=dict)
+    """Any librdkafka property, applied last (TLS: ``security.protocol``, ``ssl.ca.location`` …;
+    SASL: ``sasl.mechanism`` PLAIN / SCRAM-SHA-256 / SCRAM-SHA-512 / OAUTHBEARER,
+    ``sasl.username``, ``sasl.oauthbearer.*`` …)."""
+    secret_files: dict[str, str] = Field(default_factory=dict)
+    """librdkafka property → file whose content (stripped) is its value, e.g.
+    ``{"sasl.password": "/var/run/secrets/kafka/password"}``. Read at start."""
+    auto_create_topics: bool = False
+    """Create missing topics (events, snapshot, dead letter) with the settings below."""
+    topic_partitions: int = Field(default=6, ge=1)
+    topic_replication_factor: int = Field(default=-1)
+    """-1 = the broker's default."""
+    topic_config: dict[str, str] = Field(default_factory=dict)
+    snapshot_topic: str | None = None
+    """A compacted topic receiving every object's latest state keyed per object, with a tombstone
+    on delete: a materialised view of the watched resources."""
+    snapshot_topic_config: dict[str, str] = Field(default_factory=dict)
+    """Extra topic settings for the snapshot topic (``cleanup.policy=compact`` is always set)."""
+    connect_timeout: float = Field(default=5.0, gt=0)
+    """Seconds ``start`` waits for a first metadata answer (a broker that is down does not fail
+    start; it only leaves the sink unhealthy)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.idempotent and self.acks != "all":
+            raise ValueError(f"acks: an idempotent producer needs acks 'all' (got {self.acks!r}); "
+                             "set idempotent: false to use another value")
+        if self.topic_replication_factor == 0 or self.topic_replication_factor < -1:
+            raise ValueError("topic_replication_factor must be -1 (broker default) or >= 1")
+        if self.snapshot_topic is not None and not self.snapshot_topic:
+            raise ValueError("snapshot_topic must not be empty")
+        return self
+
+    def producer_config(self) -> dict[str, LibrdkafkaValue]:
+        """The librdkafka configuration (secret files not yet read)."""
+        conf: dict[str, LibrdkafkaValue] = {
+            "bootstrap.servers": self.brokers,
+            "client.id": self.client_id,
+            "enable.idempotence": self.idempotent,
+            "acks": self.acks,
+            "compression.type": self.compression,
+            "linger.ms": self.linger_ms,
+            "batch.size": self.batch_size,
+            "batch.num.messages": self.batch_num_messages,
+            "message.timeout.ms": self.message_timeout_ms,
+            "message.max.bytes": self.max_message_bytes,
+            "queue.buffering.max.messages": self.queue_max_messages,
+        }
+        conf.update(self.librdkafka)
+        return conf
+
+
+def _read_secrets(files: dict[str, str], who: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for prop, path in files.items():
+        try:
+            out[prop] = Path(path).read_text().strip()
+        except OSError as exc:
+            raise SinkConfigError(
+                f"{who}: secret_files[{prop!r}]: cannot read {path!r}: {exc.strerror}"
+            ) from exc
+    return out
+
+
+class KafkaProducerClient:
+    """A confluent-kafka ``Producer`` made awaitable without blocking the event loop.
+
+    ``send`` enqueues one record and returns a future resolved (on the loop) by its delivery
+    report. A named task keeps calling ``poll`` in a dedicated thread so delivery reports flow.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: dict[str, LibrdkafkaValue],
+        name: str,
+        on_broker_state: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.name = name
+        self._config = dict(config)
+        self._on_broker_state = on_broker_state
+        self._producer: Producer | None = None
+        self._thread = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"kafka-{name}"
+        )
+        self._poller: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    @property
+    def config(self) -> dict[str, LibrdkafkaValue]:
+        """The librdkafka configuration this client was built with (secrets included)."""
+        return dict(self._config)
+
+    @property
+    def producer(self) -> Producer:
+        if self._producer is None:
+            raise RuntimeError(f"kafka producer {self.name!r} is not started")
+        return self._producer
+
+    async def start(self) -> None:
+        if self._producer is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        conf: dict[str, Any] = dict(self._config)
+        conf["error_cb"] = self._on_error
+        try:
+            self._producer = Producer(conf)
+        except (KafkaException, ValueError, TypeError) as exc:
+            raise SinkConfigError(
+                f"kafka producer {self.name!r}: invalid librdkafka configuration: {exc}"
+            ) from exc
+        self._poller = self._loop.create_task(self._poll_loop(), name=f"kafka-poll:{self.name}")
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Runs a blocking client call in the producer's thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, functools.partial(fn, *args))
+
+    async def _poll_loop(self) -> None:
+        producer = self.producer
+        try:
+            while not self._closed:
+                await self.run(producer.poll, 0.05)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # never fail silently: delivery reports would stop
+            log.exception("kafka producer %r: poll loop failed", self.name)
+            raise
+
+    def _on_error(self, error: KafkaError) -> None:
+        """librdkafka's error callback (called from the poll thread)."""
+        code = error.code()
+        if code == KafkaError._ALL_BROKERS_DOWN:
+            log.warning("kafka producer %r: all brokers are down (%s); records are kept and retried",
+                        self.name, error.str())
+            self._broker_state(False)
+        elif error.fatal():
+            log.error("kafka producer %r: fatal error: %s", self.name, error.str())
+            self._broker_state(False)
+        else:
+            log.info("kafka producer %r: %s", self.name, error.str())
+
+    def _broker_state(self, up: bool) -> None:
+        if self._on_broker_state is None or self._loop is None or self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(self._on_broker_state, up)
+
+    def send(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, str | bytes | None]] | None = None,
+    ) -> asyncio.Future[None]:
+        """Enqueues one record. Raises SinkPermanentError if it can never be sent, BufferError when
+        librdkafka's local queue is full (the caller waits and retries)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        try:
+            self.producer.produce(
+                topic,
+                value=value,
+                key=key,
+                headers=headers,
+                on_delivery=functools.partial(self._delivered, loop, fut),
+            )
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if err is not None and is_permanent(err):
+                raise SinkPermanentError(f"kafka: {err.name()}: {err.str()}") from exc
+            raise SinkTransientError(f"kafka: cannot enqueue record for {topic!r}: {exc}") from exc
+        return fut
+
+    async def send_and_wait(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, str | bytes | None]] | None = None,
+    ) -> None:
+        """``send``, waiting for room in the local queue, then for the delivery report."""
+        while True:
+            try:
+                fut = self.send(topic, key=key, value=value, headers=headers)
+            except BufferError:
+                await asyncio.sleep(0.01)
+                continue
+            break
+        await fut
+
+    def _delivered(
+        self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None], err: KafkaError | None, _msg: Any
+    ) -> None:
+        """Delivery report (called in the poll thread): resolve the record's future on the loop."""
+        if loop.is_closed():
+            return
+        loop.call_soon_threadsafe(self._resolve, fut, err)
+
+    def _resolve(self, fut: asyncio.Future[None], err: KafkaError | None) -> None:
+        if fut.done():
+            return
+        if err is None:
+            if self._on_broker_state is not None:
+                self._on_broker_state(True)
+            fut.set_result(None)
+        elif is_permanent(err):
+            fut.set_exception(SinkPermanentError(f"kafka: {err.name()}: {err.str()}"))
+        else:
+            fut.set_exception(SinkTransientError(f"kafka: delivery failed: {err.name()}: {err.str()}"))
+
+    async def metadata_ok(self, timeout: float) -> bool:
+        """True if a broker answered a metadata request within ``timeout`` seconds."""
+        try:
+            await self.run(self.producer.list_topics, None, timeout)
+        except KafkaException as exc:
+            log.warning("kafka producer %r: no metadata answer within %.1fs: %s", self.name, timeout, exc)
+            return False
+        return True
+
+    async def flush(self, timeout: float) -> int:
+        """Waits (off the loop) for outstanding records; returns how many are still queued."""
+        return int(await self.run(self.producer.flush, timeout))
+
+    async def close(self) -> None:
+        """Stops polling and drops records not yet delivered (they stay unacked). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            def shutdown() -> None:
+                producer.purge(in_queue=True, in_flight=True, blocking=False)
+                producer.flush(0)
+
+            await self.run(shutdown)
+        self._thread.shutdown(wait=False)
+
+
+class KafkaDeadLetter:
+    """Writes dead-letter records (JSON, see :mod:`sinks.deadletter`) to a Kafka topic through the
+    sink's producer. A record too large for the topic is written without the message body."""
+
+    def __init__(self, *, sink: KafkaSink, topic: str) -> None:
+        self._sink = sink
+        self.topic = topic
+
+    async def start(self) -> None:
+        await self._sink._ensure_client()
+        try:
+            await self._sink._ensure_topic(self.topic, {})
+        except SinkTransientError as exc:  # brokers down at start: created on first use
+            log.warning("sink %r: dead-letter topic not created yet: %s", self._sink.name, exc)
+
+    async def write(self, record: DeadLetterRecord) -> None:
+        client = await self._sink._ensure_client()
+        value = dead_letter_json(record)
+        if len(value) + _DLQ_MARGIN > self._sink.options.max_message_bytes:
+            value = orjson.dumps({
+                "sink": record.sink,
+                "reason": record.reason,
+                "attempts": record.attempts,
+                "event_id": record.event_id,
+                "key": record.key.decode("utf-8", "replace"),
+                "destination": record.destination,
+                "headers": record.headers,
+                "message": None,
+                "message_bytes": len(record.body),
+                "message_omitted": "too large for the dead-letter topic",
+            })
+        headers: list[tuple[str, str | bytes | None]] = [
+            ("reason", record.reason.encode()[:1000]),
+            ("event_id", record.event_id.encode()),
+        ]
+        await client.send_and_wait(self.topic, key=record.key, value=value, headers=headers)
+
+    async def close(self) -> None:
+        """The producer belongs to the sink, which closes it."""
+
+
+class KafkaSink(BaseSink[KafkaSinkOptions]):
+    """Delivers events as Kafka records (see the module docstring)."""
+
+    kind: ClassVar[str] = "kafka"
+    options_model: ClassVar[type[SinkOptions]] = KafkaSinkOptions
+    default_destination: ClassVar[str] = "k8s.{resource}"
+    header_prefix: ClassVar[str] = KAFKA_PREFIX
+
+    def __init__(self, *, options: KafkaSinkOptions, **kwargs: Any) -> None:
+        self._client: KafkaProducerClient | None = None
+        self._client_lock: asyncio.Lock | None = None
+        self._known_topics: set[str] = set()
+        self._topic_lock = asyncio.Lock()
+        self._brokers_up = True
+        super().__init__(options=options, **kwargs)
+
+    # ---- hooks ----------------------------------------------------------------------------------
+
+    def _make_dead_letter(self, options: DeadLetterOptions) -> DeadLetterWriter | None:
+        if options.kind == "kafka":
+            return KafkaDeadLetter(sink=self, topic=options.target)
+        return super()._make_dead_letter(options)
+
+    def _sanitize(self, value: str) -> str:
+        return sanitize_kafka_topic(value)
+
+    async def _start(self) -> None:
+        client = await self._ensure_client()
+        self._brokers_up = await client.metadata_ok(self.options.connect_timeout)
+        if self.options.snapshot_topic is not None:
+            try:
+                await self._ensure_snapshot_topic()
+            except SinkTransientError as exc:  # brokers down at start: created on first use
+                log.warning("sink %r: snapshot topic not created yet: %s", self.name, exc)
+
+    async def _send(self, msg: OutgoingMessage) -> None:
+        client = await self._ensure_client()
+        headers: list[tuple[str, str | bytes | None]] = [(k, v.encode()) for k, v in msg.headers.items()]
+        await self._ensure_topic(msg.destination, {})
+        waits = [self._enqueue_record(client, msg.destination, msg.key, msg.body, headers)]
+        snapshot_topic = self.options.snapshot_topic
+        if snapshot_topic is not None and msg.event.obj is not None:
+            await self._ensure_snapshot_topic()
+            value = None if msg.event.type is EventType.DELETED else msg.body
+            waits.append(self._enqueue_record(client, snapshot_topic, msg.key, value, headers))
+        results = await asyncio.gather(*(asyncio.ensure_future(w) for w in waits), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        permanent = [e for e in errors if isinstance(e, SinkPermanentError)]
+        if permanent:
+            raise permanent[0]
+        if errors:
+            raise errors[0]
+
+    async def _on_flush(self) -> None:
+        if self._client is not None:
+            await self._client.flush(0)
+
+    async def _close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    def healthy(self) -> bool:
+        return super().healthy() and self._brokers_up
+
+    # ---- internals ------------------------------------------------------------------------------
+
+    def _enqueue_record(
+        self,
+        client: KafkaProducerClient,
+        topic: str,
+        key: bytes,
+        value: bytes | None,
+        headers: list[tuple[str, str | bytes | None]],
+    ) -> asyncio.Future[None]:
+        """Enqueues now (so records of one ``_send`` are queued in order) and returns the delivery
+        future; a full local queue is waited out asynchronously."""
+        try:
+            return client.send(topic, key=key, value=value, headers=headers)
+        except BufferError:
+            return asyncio.ensure_future(client.send_and_wait(topic, key=key, value=value, headers=headers))
+
+    def _set_brokers_up(self, up: bool) -> None:
+        self._brokers_up = up
+
+    async def _ensure_client(self) -> KafkaProducerClient:
+        if self._client is not None:
+            return self._client
+        if self._client_lock is None:
+            self._client_lock = asyncio.Lock()
+        async with self._client_lock:
+            if self._client is None:
+                conf = self.options.producer_config()
+                conf.update(_read_secrets(self.options.secret_files, f"sink {self.name!r} (kafka)"))
+                client = KafkaProducerClient(
+                    config=conf, name=self.name, on_broker_state=self._set_brokers_up
+                )
+                try:
+                    await client.start()
+                except SinkConfigError as exc:
+                    await client.close()
+                    raise self._config_error(str(exc)) from exc
+                self._client = client
+        assert self._client is not None
+        return self._client
+
+    async def _ensure_snapshot_topic(self) -> None:
+        topic = self.options.snapshot_topic
+        if topic is not None:
+            config = {**self.options.snapshot_topic_config, "cleanup.policy": "compact"}
+            await self._ensure_topic(topic, config)
+
+    async def _ensure_topic(self, topic: str, config: dict[str, str]) -> None:
+        """Creates ``topic`` once if auto-creation is on (an existing topic is fine)."""
+        if topic in self._known_topics or not self.options.auto_create_topics:
+            return
+        async with self._topic_lock:
+            if topic not in self._known_topics:
+                await self._create_topic(topic, config)
+                self._known_topics.add(topic)
+
+    async def _create_topic(self, topic: str, config: dict[str, str]) -> None:
+        client = await self._ensure_client()
+        opts = self.options
+        new = NewTopic(
+            topic,
+            num_partitions=opts.topic_partitions,
+            replication_factor=opts.topic_replication_factor,
+            config={**opts.topic_config, **config},
+        )
+
+        def create() -> None:
+            admin = AdminClient({k: v for k, v in client.config.items()})
+            futures = admin.create_topics([new], operation_timeout=10, request_timeout=15)
+            futures[topic].result(timeout=20)
+
+        try:
+            await client.run(create)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise SinkTransientError(f"kafka: cannot create topic {topic!r}: {exc}") from exc
+        log.info("sink %r: topic %r ready", self.name, topic)
