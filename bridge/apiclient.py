@@ -454,7 +454,10 @@ class ApiClient:
                 refreshed = force_refresh = True
                 _log.info("%s: 401 from %s; refreshing credentials", context, self._display_server)
                 continue
-            if (code == 429 or code >= 500) and retry_after is not None and (
+            # "Too large resource version" (504, Retry-After 1) is left to the reflector, which
+            # relists consistently at once; client-go would burn ten retries on it first.
+            too_large = "too large resource version" in str(status.get("message", "")).lower()
+            if (code == 429 or code >= 500) and retry_after is not None and not too_large and (
                 attempt < self._options.max_retries
             ):
                 attempt += 1

@@ -255,7 +255,8 @@ class Discovery:
             close = tuple(difflib.get_close_matches(base.lower(), known, n=3, cutoff=0.6))
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise UnknownResourceError(
-                f"unknown resource {name!r}: the API server at hand serves no such resource{hint}",
+                f"unknown resource {name!r}: the API server serves no such resource (check the name, "
+                f"or install its CRD){hint}",
                 name=name,
                 suggestions=close,
             )

@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from bridge.apiclient import ApiClient
+from bridge.sim import Simulator
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -139,3 +142,35 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
         client_key=d / "client.key",
         other_ca=d / "other.crt",
     )
+
+
+WIDGET_CRD = {"group": "example.com", "version": "v1", "plural": "widgets", "kind": "Widget",
+              "shortNames": ["wd"], "namespaced": True}
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[Simulator]:
+    """The API-server simulator with one CRD, on a free port; fast bookmarks and too-large waits."""
+    simulator = Simulator(crds=[WIDGET_CRD], bookmark_interval=0.2, too_large_wait=0.05,
+                          forbidden=[("", "secrets")])
+    await simulator.start()
+    yield simulator
+    await simulator.stop()
+
+
+@pytest.fixture
+async def sim_client(sim: Simulator) -> AsyncIterator[ApiClient]:
+    client = ApiClient(server=sim.url, clock=InstantClock())
+    yield client
+    await client.close()
+
+
+def make_pod(
+    name: str, namespace: str = "default", labels: dict[str, str] | None = None
+) -> dict[str, object]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+        "spec": {"containers": [{"name": "c", "image": "nginx:1.25"}]},
+    }
