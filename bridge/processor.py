@@ -437,6 +437,10 @@ class SharedProcessor:
         return list(self._listeners)
 
     @property
+    def observer(self) -> DeliveryObserver | None:
+        return self._observer
+
+    @property
     def next_seq(self) -> int:
         return self._next_seq
 
@@ -551,8 +555,12 @@ class SharedProcessor:
                 await self._cancel_all()
 
     async def shutdown(self, timeout: float) -> None:
-        """Stops intake, lets the listeners drain for up to ``timeout`` seconds, then cancels them."""
+        """Stops intake, lets the listeners drain for up to ``timeout`` seconds, then cancels them.
+
+        Idempotent; returns at once when the processor has already stopped."""
         self._accepting = False
+        if self._stopped.is_set():
+            return
         drains = [listener.wait_drained() for listener in self._listeners]
         if drains:
             try:
@@ -562,7 +570,6 @@ class SharedProcessor:
                 log.warning("processor %s: listeners did not drain within %.1fs; cancelling",
                             self.name, timeout)
         await self._cancel_all()
-        self._stopped.set()
 
     async def _cancel_all(self) -> None:
         tasks = [t for t in (listener.task for listener in self._listeners) if t is not None]
@@ -574,3 +581,5 @@ class SharedProcessor:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         self._retired.clear()
+        self._accepting = False
+        self._stopped.set()

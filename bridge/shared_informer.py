@@ -1,0 +1,537 @@
+"""One informer per watched resource, shared by every consumer: client-go's ``sharedIndexInformer``.
+
+It wires the pieces together — :class:`~bridge.reflector.Reflector` (list + watch) →
+:class:`~bridge.delta_fifo.DeltaFIFO` → *HandleDeltas* → :class:`~bridge.store.IndexedCache` →
+:class:`~bridge.processor.SharedProcessor` → one bounded listener per handler — and applies
+client-go's rules (CLIENT-GO-SEMANTICS.md, "sharedIndexInformer…"):
+
+* the cache is updated before any handler is told; Sync/Replaced/Added/Updated of a cached object is
+  an update, otherwise an add (with the FIFO's ``is_in_initial_list``); Deleted is a delete;
+* an update whose old and new resourceVersion are equal is a resync notification, delivered only to
+  the listeners whose own resync period is due;
+* per-handler resync periods are clamped as client-go does (0 = never, < 1 s → 1 s, before start a
+  smaller period lowers the informer's check period, after start it is raised to it; a zero check
+  period disables every handler's resync);
+* a handler added after start first receives the whole cache as adds with ``is_in_initial_list``
+  (untracked, ``seq = -1``) and has its own ``has_synced``;
+* ``set_transform`` / ``set_watch_error_handler`` after start raise :class:`InformerStartedError`.
+
+Bridge extensions:
+
+* ``split_uid_changes``: an object deleted and re-created under the same name while the watch was
+  down arrives as one update whose uid changed; the informer reports it as a delete of the old object
+  followed by an add of the new one, so consumers keyed by uid stay right.
+* progress markers from the FIFO are forwarded to the :class:`~bridge.contracts.DeliveryObserver`, so
+  the checkpoint knows the resourceVersion each acknowledged prefix of notifications reflects.
+* :meth:`SharedIndexInformer.resume_from` seeds the cache from a checkpoint and watches from its
+  resourceVersion without listing; if that RV has expired the relist emits only real differences
+  (unchanged objects become same-RV updates, i.e. resync notifications nobody is due for).
+* :meth:`SharedIndexInformer.request_snapshot` hands one listener (or all) the whole cache as one
+  ``SNAPSHOT`` notification, at a point consistent with the change order.
+
+Consistency: the pop loop applies each FIFO item under the informer's processing lock, and snapshot
+emission takes the same lock, so a snapshot always sits between two processed items. Handlers added
+after start are registered synchronously: the replayed cache and the notifications that follow can
+neither overlap nor leave a gap.
+
+Timeouts of :meth:`~SharedIndexInformer.shutdown` and :meth:`~SharedIndexInformer.wait_for_cache_sync`
+are operational deadlines on the event loop's time, not on the injected clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+from bridge.clock import Clock
+from bridge.contracts import (
+    DeletedFinalStateUnknown,
+    DeliveryObserver,
+    EventHandler,
+    IndexFunc,
+    KeyFunc,
+    KubeObject,
+    ListenerOptions,
+    ListerWatcher,
+    Notification,
+    NotificationHandler,
+    NotificationKind,
+    TransformFunc,
+)
+from bridge.delta_fifo import Delta, DeltaFIFO, Deltas, DeltaType, FIFOClosedError, ResourceVersionMarker
+from bridge.errors import BridgeError
+from bridge.listers import Lister
+from bridge.processor import (
+    MINIMUM_RESYNC_PERIOD,
+    ListenerStats,
+    ProcessorListener,
+    SharedProcessor,
+    determine_resync_period,
+)
+from bridge.reflector import Reflector, WatchErrorHandler
+from bridge.store import NAMESPACE_INDEX, IndexedCache, meta_namespace_index_func, meta_namespace_key_func
+from bridge.transform import drop_managed_fields
+
+__all__ = [
+    "HandlerRegistration",
+    "InformerError",
+    "InformerStartedError",
+    "SharedIndexInformer",
+]
+
+log = logging.getLogger(__name__)
+
+class InformerError(BridgeError):
+    """The informer was misused or one of its tasks failed."""
+
+
+class InformerStartedError(InformerError):
+    """An operation allowed only before :meth:`SharedIndexInformer.run` was called after it."""
+
+
+class HandlerRegistration:
+    """What :meth:`SharedIndexInformer.add_event_handler` returns: the handle of one listener."""
+
+    def __init__(self, *, listener: ProcessorListener) -> None:
+        self._listener = listener
+
+    @property
+    def name(self) -> str:
+        """The listener's unique name (as the DeliveryObserver sees it)."""
+        return self._listener.name
+
+    @property
+    def listener(self) -> ProcessorListener:
+        return self._listener
+
+    @property
+    def resync_period(self) -> float:
+        """The resync period in effect after clamping (0 = never)."""
+        return self._listener.resync_period
+
+    def has_synced(self) -> bool:
+        """True once the informer synced and this handler was given every initial-list object."""
+        return self._listener.has_synced()
+
+    def stats(self) -> ListenerStats:
+        return self._listener.stats()
+
+    def __repr__(self) -> str:
+        return f"HandlerRegistration(name={self.name!r})"
+
+
+def _meta(obj: KubeObject) -> dict[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+class SharedIndexInformer:
+    """A shared informer over one resource in one scope (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        lister_watcher: ListerWatcher,
+        clock: Clock,
+        resync_check_period: float = 0.0,
+        indexers: dict[str, IndexFunc] | None = None,
+        key_func: KeyFunc = meta_namespace_key_func,
+        transform: TransformFunc | None = drop_managed_fields,
+        observer: DeliveryObserver | None = None,
+        name: str = "",
+        page_size: int = 500,
+        use_watch_list: bool = False,
+        split_uid_changes: bool = True,
+        watch_error_handler: WatchErrorHandler | None = None,
+    ) -> None:
+        if resync_check_period < 0:
+            raise ValueError(
+                f"informer {name!r}: resync_check_period must be >= 0, got {resync_check_period}"
+            )
+        self.name = name
+        self._lister_watcher = lister_watcher
+        self._clock = clock
+        self._resync_check_period = resync_check_period
+        self._key_func = key_func
+        self._indexer = IndexedCache(
+            key_func=key_func, indexers={NAMESPACE_INDEX: meta_namespace_index_func, **(indexers or {})}
+        )
+        self._transform = transform
+        self._watch_error_handler = watch_error_handler
+        self._page_size = page_size
+        self._use_watch_list = use_watch_list
+        self._split_uid_changes = split_uid_changes
+        self._processor = SharedProcessor(clock=clock, observer=observer, name=name)
+
+        self._fifo: DeltaFIFO | None = None
+        self._reflector: Reflector | None = None
+        self._started = False
+        self._stopping = False
+        self._done = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pop_task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self._processing_initial = False
+        self._processed = asyncio.Event()
+        self._resume_rv = ""
+        self._last_progress_rv = ""
+        self._snapshot_requests: list[ProcessorListener | None] = []
+        self._snapshot_wakeup = asyncio.Event()
+        self.process_errors = 0
+        """FIFO items whose processing raised (a malformed object); logged and skipped."""
+
+    # ---------------------------------------------------------------------------------------------
+    # configuration (before start)
+
+    def set_transform(self, transform: TransformFunc | None) -> None:
+        if self._started:
+            raise InformerStartedError(f"informer {self.name!r}: set_transform after start")
+        self._transform = transform
+
+    def set_watch_error_handler(self, handler: WatchErrorHandler) -> None:
+        if self._started:
+            raise InformerStartedError(f"informer {self.name!r}: set_watch_error_handler after start")
+        self._watch_error_handler = handler
+
+    def add_indexers(self, indexers: dict[str, IndexFunc]) -> None:
+        """Adds named indices, backfilled from the current cache (allowed at any time)."""
+        self._indexer.add_indexers(indexers)
+
+    def resume_from(self, objects: Sequence[KubeObject], resource_version: str) -> None:
+        """Seeds the cache from a checkpoint (objects may be metadata-only stubs) and makes the
+        first watch start at ``resource_version`` without listing. Call before :meth:`run`.
+
+        Handlers registered before start are not told about the seeded objects (they were delivered
+        before the checkpoint); a later relist reports only what changed meanwhile.
+        """
+        if self._started:
+            raise InformerStartedError(f"informer {self.name!r}: resume_from after start")
+        if not resource_version:
+            raise ValueError(f"informer {self.name!r}: resume_from needs a resourceVersion")
+        for obj in objects:
+            self._indexer.add(obj)
+        self._resume_rv = resource_version
+        self._last_progress_rv = resource_version
+
+    # ---------------------------------------------------------------------------------------------
+    # handlers
+
+    def add_event_handler(
+        self,
+        handler: EventHandler | NotificationHandler,
+        options: ListenerOptions = ListenerOptions(),  # noqa: B008 - frozen, shared safely
+    ) -> HandlerRegistration:
+        """Registers a handler with its own bounded listener.
+
+        After start the handler first receives every cached object as an add with
+        ``is_in_initial_list=True``; its registration's ``has_synced`` turns true once those (and
+        the informer's own initial list) are handled.
+        """
+        if self._stopping:
+            raise InformerError(f"informer {self.name!r} is shutting down; cannot add a handler")
+        name = self._processor.unique_name(options.name or type(handler).__name__)
+        period = options.resync_period
+        if period > 0:
+            if period < MINIMUM_RESYNC_PERIOD:
+                log.warning("informer %s: resync period %.3fs of %s raised to the minimum %.1fs",
+                            self.name, period, name, MINIMUM_RESYNC_PERIOD)
+                period = MINIMUM_RESYNC_PERIOD
+            if period < self._resync_check_period:
+                if self._started:
+                    log.warning("informer %s: resync period %.3fs of %s raised to the informer's check "
+                                "period %.3fs (it has started)", self.name, period, name,
+                                self._resync_check_period)
+                    period = self._resync_check_period
+                else:
+                    self._resync_check_period = period
+                    self._processor.resync_check_period_changed(period)
+        options = dataclasses.replace(options, name=name, resync_period=period)
+        replay = self._indexer.list() if self._started else []
+        listener = ProcessorListener(
+            handler=handler,
+            options=options,
+            clock=self._clock,
+            name=name,
+            resync_period=determine_resync_period(period, self._resync_check_period),
+            observer=self._processor.observer,
+            upstream_synced=self.has_synced,
+            replay=replay,
+        )
+        self._processor.add_listener(listener)
+        return HandlerRegistration(listener=listener)
+
+    def remove_event_handler(self, registration: HandlerRegistration) -> None:
+        """Removes the handler; what it had pending is discarded. Idempotent."""
+        self._processor.remove_listener(registration.listener)
+
+    # ---------------------------------------------------------------------------------------------
+    # state
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    @property
+    def resync_check_period(self) -> float:
+        return self._resync_check_period
+
+    @property
+    def processor(self) -> SharedProcessor:
+        return self._processor
+
+    @property
+    def reflector(self) -> Reflector | None:
+        return self._reflector
+
+    def get_indexer(self) -> IndexedCache:
+        return self._indexer
+
+    def get_store(self) -> IndexedCache:
+        return self._indexer
+
+    def lister(self) -> Lister:
+        return Lister(indexer=self._indexer)
+
+    def has_synced(self) -> bool:
+        """True once the first list (or the checkpoint) has been fully applied to the cache and
+        handed to the listeners."""
+        fifo = self._fifo
+        return fifo is not None and fifo.has_synced() and not self._processing_initial
+
+    def last_sync_resource_version(self) -> str:
+        if self._reflector is not None:
+            return self._reflector.last_sync_resource_version
+        return self._resume_rv
+
+    async def wait_for_cache_sync(self, timeout: float) -> bool:
+        """True once :meth:`has_synced`; False if ``timeout`` seconds (loop time) pass first."""
+        try:
+            async with asyncio.timeout(timeout):
+                while not self.has_synced():
+                    # Every FIFO item (a relist always queues a progress marker) sets it.
+                    self._processed.clear()
+                    await self._processed.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    # ---------------------------------------------------------------------------------------------
+    # snapshots
+
+    def request_snapshot(self, registration: HandlerRegistration | None = None) -> None:
+        """Queues one ``SNAPSHOT`` notification (the whole cache and the last progress RV) for the
+        registration's listener, or for every listener when None; emitted between two processed
+        FIFO items once the informer runs."""
+        self._snapshot_requests.append(registration.listener if registration is not None else None)
+        self._snapshot_wakeup.set()
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await self._snapshot_wakeup.wait()
+            self._snapshot_wakeup.clear()
+            async with self._lock:
+                requests, self._snapshot_requests = self._snapshot_requests, []
+                for target in requests:
+                    current = self._processor.listeners
+                    if target is None:
+                        targets = current
+                    elif target in current:
+                        targets = [target]
+                    else:
+                        continue  # removed meanwhile
+                    if not targets:
+                        continue
+                    await self._processor.send(
+                        Notification(
+                            kind=NotificationKind.SNAPSHOT,
+                            obj={},
+                            snapshot=self._indexer.list(),
+                            resource_version=self._last_progress_rv,
+                        ),
+                        targets,
+                    )
+
+    # ---------------------------------------------------------------------------------------------
+    # HandleDeltas
+
+    async def _process(self, item: Deltas | ResourceVersionMarker, is_in_initial_list: bool) -> None:
+        try:
+            await self._process_locked(item, is_in_initial_list)
+        finally:
+            self._processed.set()
+
+    async def _process_locked(self, item: Deltas | ResourceVersionMarker, is_in_initial_list: bool) -> None:
+        async with self._lock:
+            if isinstance(item, ResourceVersionMarker):
+                self._last_progress_rv = item.resource_version
+                self._processor.progress(item.resource_version)
+                return
+            self._processing_initial = is_in_initial_list
+            try:
+                for delta in item:
+                    await self._handle_delta(delta, is_in_initial_list)
+            finally:
+                self._processing_initial = False
+
+    async def _handle_delta(self, delta: Delta, is_in_initial_list: bool) -> None:
+        obj = delta.object
+        distribute = self._processor.distribute
+        if delta.type is DeltaType.DELETED:
+            self._indexer.delete(obj)
+            await distribute(
+                Notification(kind=NotificationKind.DELETE, obj=obj, key=self._key_func(obj)), False
+            )
+            return
+        assert not isinstance(obj, DeletedFinalStateUnknown)
+        key = self._key_func(obj)
+        old = self._indexer.get_by_key(key)
+        if old is None:
+            self._indexer.add(obj)
+            await distribute(
+                Notification(kind=NotificationKind.ADD, obj=obj, is_in_initial_list=is_in_initial_list,
+                             key=key),
+                False,
+            )
+            return
+        self._indexer.update(obj)
+        old_meta, new_meta = _meta(old), _meta(obj)
+        old_uid, new_uid = old_meta.get("uid"), new_meta.get("uid")
+        if self._split_uid_changes and old_uid and new_uid and old_uid != new_uid:
+            await distribute(Notification(kind=NotificationKind.DELETE, obj=old, key=key), False)
+            await distribute(
+                Notification(kind=NotificationKind.ADD, obj=obj, is_in_initial_list=is_in_initial_list,
+                             key=key),
+                False,
+            )
+            return
+        is_resync = old_meta.get("resourceVersion") == new_meta.get("resourceVersion")
+        await distribute(
+            Notification(kind=NotificationKind.UPDATE, obj=obj, old=old, is_resync=is_resync, key=key),
+            is_resync,
+        )
+
+    async def _pop_loop(self) -> None:
+        fifo = self._fifo
+        assert fifo is not None
+        while not self._stopping:
+            try:
+                await fifo.pop(self._process)
+            except FIFOClosedError:
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.process_errors += 1
+                log.exception("informer %s: processing a queued item failed; skipping it", self.name)
+
+    # ---------------------------------------------------------------------------------------------
+    # lifecycle
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=f"informer:{self.name}:{what}")
+        self._tasks.append(task)
+        return task
+
+    async def run(self) -> None:
+        """Runs the informer until :meth:`shutdown` (then returns) or cancellation.
+
+        Raises :class:`InformerError` if one of its tasks ends unexpectedly.
+        """
+        if self._started:
+            raise InformerStartedError(f"informer {self.name!r}: run() called twice")
+        self._started = True
+        if self._stopping:
+            self._done.set()
+            return
+        fifo = DeltaFIFO(key_func=self._key_func, known_objects=self._indexer, transform=self._transform)
+        if self._resume_rv:
+            fifo.mark_populated()
+        self._fifo = fifo
+        self._processed.set()  # a resumed informer is synced already
+        self._reflector = Reflector(
+            name=self.name or "informer",
+            lister_watcher=self._lister_watcher,
+            store=fifo,
+            clock=self._clock,
+            resync_period=self._resync_check_period,
+            should_resync=self._processor.should_resync,
+            page_size=self._page_size,
+            use_watch_list=self._use_watch_list,
+            initial_resource_version=self._resume_rv,
+            watch_error_handler=self._watch_error_handler,
+        )
+        self._spawn(self._processor.run(), "processor")
+        self._pop_task = self._spawn(self._pop_loop(), "pop")
+        self._spawn(self._snapshot_loop(), "snapshots")
+        self._spawn(self._reflector.run(), "reflector")
+        try:
+            await self._supervise()
+        finally:
+            if not self._done.is_set():
+                # Cancelled, or a task failed: stop everything now.
+                self._stopping = True
+                await self._cancel_tasks()
+                self._done.set()
+
+    async def _supervise(self) -> None:
+        waiter = asyncio.create_task(self._done.wait(), name=f"informer:{self.name}:wait")
+        pending: set[asyncio.Task[Any]] = {*self._tasks, waiter}
+        try:
+            while not self._done.is_set():
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task is waiter or self._stopping:
+                        continue
+                    exc = None if task.cancelled() else task.exception()
+                    log.error("informer %s: task %s ended unexpectedly: %r", self.name,
+                              task.get_name(), exc)
+                    raise InformerError(
+                        f"informer {self.name!r}: task {task.get_name()} ended unexpectedly"
+                    ) from exc
+        finally:
+            waiter.cancel()
+            await asyncio.gather(waiter, return_exceptions=True)
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        """Stops the watch and the queue, lets the listeners drain for up to ``timeout`` seconds
+        (loop time), then cancels what is left and waits for every task. Idempotent."""
+        if self._stopping:
+            await self._done.wait()
+            return
+        self._stopping = True
+        if not self._started:
+            self._done.set()
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout)
+        if self._reflector is not None:
+            self._reflector.stop()
+        if self._fifo is not None:
+            self._fifo.close()
+        pop = self._pop_task
+        if pop is not None and not pop.done():
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await asyncio.shield(pop)
+            except TimeoutError:
+                log.warning("informer %s: the pop loop did not finish in time; cancelling", self.name)
+                pop.cancel()
+            except Exception:
+                pass  # reported by _cancel_tasks
+        await self._processor.shutdown(max(0.0, deadline - loop.time()))
+        await self._cancel_tasks()
+        self._done.set()
+
+    async def _cancel_tasks(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        results = await asyncio.gather(*self._tasks, return_exceptions=True)
+        for task, result in zip(self._tasks, results, strict=True):
+            if isinstance(result, Exception):
+                log.error("informer %s: task %s failed: %r", self.name, task.get_name(), result)
+        if self._processor.started:
+            await self._processor.shutdown(0)
+

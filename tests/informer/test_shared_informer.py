@@ -1,0 +1,526 @@
+"""SharedIndexInformer against FakeControllerSource: exact handler-call sequences for every rule."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import pytest
+
+from bridge.clock import FakeClock
+from bridge.contracts import (
+    DeletedFinalStateUnknown,
+    KubeObject,
+    ListenerOptions,
+    Notification,
+    OverflowPolicy,
+)
+from bridge.shared_informer import InformerStartedError, SharedIndexInformer
+from bridge.testing.fake_source import FakeControllerSource
+from bridge.testing.recorder import RecordingHandler
+
+
+def cm(name: str, ns: str = "ns", **data: str) -> KubeObject:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"namespace": ns, "name": name, "managedFields": [{"manager": "kubectl"}]},
+        "data": data,
+    }
+
+
+class RecordingObserver:
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+
+    def dispatched(self, notification: Notification, listeners: Sequence[str]) -> None:
+        self.events.append(("dispatched", notification.seq, notification.kind.value, tuple(listeners)))
+
+    def acked(self, listener: str, seq: int) -> None:
+        self.events.append(("acked", listener, seq))
+
+    def progress(self, seq: int, resource_version: str) -> None:
+        self.events.append(("progress", seq, resource_version))
+
+    def listener_removed(self, listener: str) -> None:
+        self.events.append(("removed", listener))
+
+    def without_acks(self) -> list[tuple[Any, ...]]:
+        return [e for e in self.events if e[0] != "acked"]
+
+    def acks(self, listener: str) -> list[int]:
+        return [e[2] for e in self.events if e[0] == "acked" and e[1] == listener]
+
+
+async def until(cond: Callable[[], bool], what: str = "condition") -> None:
+    """Lets the loop run until ``cond`` holds (no wall-clock sleeping)."""
+    for _ in range(2000):
+        if cond():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{what} never became true")
+
+
+class Env:
+    def __init__(self) -> None:
+        self.source = FakeControllerSource()
+        self.clock = FakeClock()
+        self.observer = RecordingObserver()
+        self._running: list[tuple[SharedIndexInformer, asyncio.Task[None]]] = []
+
+    def informer(self, **kwargs: Any) -> SharedIndexInformer:
+        kwargs.setdefault("observer", self.observer)
+        return SharedIndexInformer(lister_watcher=self.source, clock=self.clock, name="cm", **kwargs)
+
+    async def start(self, informer: SharedIndexInformer, sync: bool = True) -> None:
+        task = asyncio.create_task(informer.run(), name="test-informer-run")
+        self._running.append((informer, task))
+        if sync:
+            assert await informer.wait_for_cache_sync(5)
+
+    async def watch_down_then(self, changes: Callable[[], None]) -> None:
+        """Ends the watch with ERROR 410, applies ``changes`` while the reflector backs off, compacts
+        the history, and lets the reflector relist."""
+        self.source.inject_error(410)
+        await until(lambda: self.clock.next_deadline() is not None, "reflector backoff")
+        changes()
+        self.source.compact()
+        await self.clock.advance(60)
+
+    async def close(self) -> None:
+        for informer, task in self._running:
+            await informer.shutdown(2)
+            await task
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    e = Env()
+    yield e
+    await e.close()
+
+
+async def test_initial_list_then_watch_events(env: Env) -> None:
+    env.source.add(cm("a"))
+    env.source.add(cm("b"))
+    informer = env.informer()
+    rec = RecordingHandler()
+    reg = informer.add_event_handler(rec)
+    assert not reg.has_synced()
+    await env.start(informer)
+    await rec.wait_for(2)
+    await until(reg.has_synced, "registration synced")
+    env.source.modify(cm("a", k="v"))
+    env.source.delete(cm("b"))
+    env.source.add(cm("c"))
+    assert await rec.wait_for(5) == [
+        ("add", "ns/a", "1", True),
+        ("add", "ns/b", "2", True),
+        ("update", "ns/a", "1", "3"),
+        ("delete", "ns/b", "4", False),
+        ("add", "ns/c", "5", False),
+    ]
+    assert sorted(informer.get_indexer().list_keys()) == ["ns/a", "ns/c"]
+    assert informer.last_sync_resource_version() == "5"
+    assert informer.lister().get("ns", "a") is not None
+    assert informer.has_synced()
+
+
+async def test_cache_is_updated_before_handlers_are_notified(env: Env) -> None:
+    informer = env.informer()
+    seen: list[tuple[str, str | None]] = []
+
+    class Probe:
+        def _cached_rv(self, obj: KubeObject | DeletedFinalStateUnknown) -> str | None:
+            key = "ns/" + (obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj)["metadata"]["name"]
+            cached = informer.get_indexer().get_by_key(key)
+            return None if cached is None else cached["metadata"]["resourceVersion"]
+
+        async def on_add(self, obj: KubeObject, is_in_initial_list: bool) -> None:
+            seen.append(("add", self._cached_rv(obj)))
+
+        async def on_update(self, old: KubeObject, new: KubeObject) -> None:
+            seen.append(("update", self._cached_rv(new)))
+
+        async def on_delete(self, obj: KubeObject | DeletedFinalStateUnknown) -> None:
+            seen.append(("delete", self._cached_rv(obj)))
+
+    informer.add_event_handler(Probe())
+    await env.start(informer)
+    # One change at a time: a handler runs after the informer moved on, so each is awaited.
+    env.source.add(cm("a"))
+    await until(lambda: len(seen) == 1, "add")
+    env.source.modify(cm("a", k="1"))
+    await until(lambda: len(seen) == 2, "update")
+    env.source.delete(cm("a"))
+    await until(lambda: len(seen) == 3, "delete")
+    assert seen == [("add", "1"), ("update", "2"), ("delete", None)]
+
+
+async def test_relist_after_410_reports_only_differences_with_tombstones(env: Env) -> None:
+    for name in ("a", "b", "c"):
+        env.source.add(cm(name))
+    informer = env.informer()
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    await env.start(informer)
+    await rec.wait_for(3)
+    rec.clear()
+
+    def changes() -> None:
+        env.source.modify(cm("a", k="v"))  # rv 4
+        env.source.delete(cm("b"))  # rv 5
+        env.source.add(cm("d"))  # rv 6
+
+    await env.watch_down_then(changes)
+    assert await rec.wait_for(3) == [
+        ("update", "ns/a", "1", "4"),
+        ("add", "ns/d", "6", False),
+        ("delete", "ns/b", "2", True),
+    ]
+    await env.clock.advance(0)
+    assert len(rec.calls) == 3  # "c" is unchanged: a same-RV update nobody is due for
+    assert sorted(informer.get_indexer().list_keys()) == ["ns/a", "ns/c", "ns/d"]
+
+
+async def test_recreated_object_is_split_into_delete_and_add(env: Env) -> None:
+    env.source.add(cm("a"))
+    informer = env.informer()
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    await env.start(informer)
+    await rec.wait_for(1)
+
+    def recreate() -> None:
+        env.source.delete(cm("a"))  # rv 2
+        env.source.add(cm("a"))  # rv 3, new uid
+
+    await env.watch_down_then(recreate)
+    calls = await rec.wait_for(3)
+    assert calls[1:] == [("delete", "ns/a", "1", False), ("add", "ns/a", "3", False)]
+    old, new = rec.objects[1][2], rec.objects[2][2]
+    assert old["metadata"]["uid"] != new["metadata"]["uid"]
+
+
+async def test_recreated_object_is_an_update_without_split(env: Env) -> None:
+    env.source.add(cm("a"))
+    informer = env.informer(split_uid_changes=False)
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    await env.start(informer)
+    await rec.wait_for(1)
+
+    def recreate() -> None:
+        env.source.delete(cm("a"))
+        env.source.add(cm("a"))
+
+    await env.watch_down_then(recreate)
+    assert (await rec.wait_for(2))[1:] == [("update", "ns/a", "1", "3")]
+
+
+async def test_resync_only_to_due_listeners_with_per_listener_periods(env: Env) -> None:
+    env.source.add(cm("a"))
+    informer = env.informer(resync_check_period=5.0)
+    every5, every10, never = RecordingHandler(), RecordingHandler(), RecordingHandler()
+    r5 = informer.add_event_handler(every5, ListenerOptions(name="every5", resync_period=5.0))
+    r10 = informer.add_event_handler(every10, ListenerOptions(name="every10", resync_period=10.0))
+    r0 = informer.add_event_handler(never, ListenerOptions(name="never"))
+    assert (r5.resync_period, r10.resync_period, r0.resync_period) == (5.0, 10.0, 0.0)
+    await env.start(informer)
+    for h in (every5, every10, never):
+        await h.wait_for(1)
+    await env.clock.advance(5)
+    assert await every5.wait_for(2) == [("add", "ns/a", "1", True), ("update", "ns/a", "1", "1")]
+    await env.clock.advance(5)
+    assert await every5.wait_for(3) == [
+        ("add", "ns/a", "1", True), ("update", "ns/a", "1", "1"), ("update", "ns/a", "1", "1")
+    ]
+    assert await every10.wait_for(2) == [("add", "ns/a", "1", True), ("update", "ns/a", "1", "1")]
+    env.source.modify(cm("a", k="v"))  # a real update reaches everyone, then nothing more
+    await never.wait_for(2)
+    assert never.calls == [("add", "ns/a", "1", True), ("update", "ns/a", "1", "2")]
+    resyncs = [e for e in env.observer.without_acks() if e[0] == "dispatched" and e[2] == "update"]
+    assert resyncs == [
+        ("dispatched", 1, "update", ("every5",)),
+        ("dispatched", 2, "update", ("every5", "every10")),
+        ("dispatched", 3, "update", ("every5", "every10", "never")),
+    ]
+
+
+async def test_resync_period_clamping_before_and_after_start(env: Env) -> None:
+    informer = env.informer(resync_check_period=10.0)
+    fast = informer.add_event_handler(RecordingHandler(), ListenerOptions(resync_period=0.2))
+    assert fast.resync_period == 1.0  # raised to the 1 s minimum, which lowers the check period
+    assert informer.resync_check_period == 1.0
+    slow = informer.add_event_handler(RecordingHandler(), ListenerOptions(resync_period=30.0))
+    assert slow.resync_period == 30.0
+    await env.start(informer)
+    late = informer.add_event_handler(RecordingHandler(), ListenerOptions(resync_period=0.5))
+    assert late.resync_period == 1.0
+    informer2 = SharedIndexInformer(lister_watcher=env.source, clock=env.clock, name="cm2",
+                                    resync_check_period=10.0)
+    await env.start(informer2)
+    after = informer2.add_event_handler(RecordingHandler(), ListenerOptions(resync_period=3.0))
+    assert after.resync_period == 10.0  # after start: raised to the check period
+    assert informer2.resync_check_period == 10.0
+    no_check = env.informer()  # check period 0 disables every handler's resync
+    reg = no_check.add_event_handler(RecordingHandler(), ListenerOptions(resync_period=30.0))
+    assert reg.resync_period == 0.0
+    assert names_unique([fast.name, slow.name, late.name])
+
+
+def names_unique(names: list[str]) -> bool:
+    return len(set(names)) == len(names) and names[0] == "RecordingHandler"
+
+
+async def test_late_handler_gets_cache_replayed_and_its_own_has_synced(env: Env) -> None:
+    env.source.add(cm("a"))
+    env.source.add(cm("b"))
+    informer = env.informer()
+    first = RecordingHandler()
+    informer.add_event_handler(first)
+    await env.start(informer)
+    await first.wait_for(2)
+    gate = asyncio.Event()
+    late = RecordingHandler(gate=gate)
+    reg = informer.add_event_handler(late, ListenerOptions(name="late"))
+    env.source.modify(cm("a", k="v"))
+    await first.wait_for(3)
+    assert informer.has_synced()
+    assert not reg.has_synced()
+    gate.set()
+    calls = await late.wait_for(3)
+    assert sorted(calls[:2]) == [("add", "ns/a", "1", True), ("add", "ns/b", "2", True)]
+    assert calls[2] == ("update", "ns/a", "1", "3")
+    await until(reg.has_synced, "late registration synced")
+    # The replay is untracked: the observer saw seq 0,1 (initial list) and 2 (the update) only.
+    dispatched = [e for e in env.observer.events if e[0] == "dispatched"]
+    assert dispatched[-1] == ("dispatched", 2, "update", ("RecordingHandler", "late"))
+    await until(lambda: env.observer.acks("late") == [2], "late acks seq 2")
+
+
+async def test_remove_event_handler_is_idempotent(env: Env) -> None:
+    informer = env.informer()
+    kept, removed = RecordingHandler(), RecordingHandler()
+    informer.add_event_handler(kept, ListenerOptions(name="kept"))
+    reg = informer.add_event_handler(removed, ListenerOptions(name="removed"))
+    await env.start(informer)
+    env.source.add(cm("a"))
+    await removed.wait_for(1)
+    informer.remove_event_handler(reg)
+    informer.remove_event_handler(reg)
+    env.source.add(cm("b"))
+    assert await kept.wait_for(2) == [("add", "ns/a", "1", False), ("add", "ns/b", "2", False)]
+    assert removed.calls == [("add", "ns/a", "1", False)]
+    assert env.observer.events.count(("removed", "removed")) == 1
+
+
+async def test_raising_handler_does_not_stop_its_listener(env: Env) -> None:
+    informer = env.informer()
+    rec = RecordingHandler(fail_on=lambda call: call[0] == "add")
+    reg = informer.add_event_handler(rec, ListenerOptions(name="flaky"))
+    await env.start(informer)
+    env.source.add(cm("a"))
+    env.source.modify(cm("a", k="v"))
+    assert await rec.wait_for(2) == [("add", "ns/a", "1", False), ("update", "ns/a", "1", "2")]
+    await until(lambda: env.observer.acks("flaky") == [0, 1], "both acked")
+    assert reg.stats().handler_errors == 1
+    assert reg.stats().delivered == 1
+
+
+async def test_default_transform_drops_managed_fields(env: Env) -> None:
+    env.source.add(cm("a"))
+    informer = env.informer()
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    await env.start(informer)
+    await rec.wait_for(1)
+    cached = informer.get_indexer().get_by_key("ns/a")  # type: ignore[arg-type]
+    assert cached is not None
+    assert "managedFields" not in cached["metadata"]
+    assert "managedFields" not in rec.objects[0][2]["metadata"]
+    assert env.source.items()[0]["metadata"]["managedFields"] == [{"manager": "kubectl"}]
+    with pytest.raises(InformerStartedError):
+        informer.set_transform(None)
+    with pytest.raises(InformerStartedError):
+        informer.set_watch_error_handler(lambda r, e: None)
+
+
+async def test_transform_none_keeps_objects_whole(env: Env) -> None:
+    env.source.add(cm("a"))
+    informer = env.informer()
+    informer.set_transform(None)
+    await env.start(informer)
+    cached = informer.get_indexer().get_by_key("ns/a")  # type: ignore[arg-type]
+    assert cached is not None
+    assert cached["metadata"]["managedFields"] == [{"manager": "kubectl"}]
+
+
+async def test_observer_sees_seq_acks_and_progress(env: Env) -> None:
+    env.source.add(cm("a"))
+    informer = env.informer()
+    rec = RecordingHandler()
+    informer.add_event_handler(rec, ListenerOptions(name="rec"))
+    await env.start(informer)
+    env.source.add(cm("b"))
+    env.source.delete(cm("a"))
+    await rec.wait_for(3)
+    await until(lambda: env.observer.acks("rec") == [0, 1, 2], "acks")
+    await until(lambda: ("progress", 3, "3") in env.observer.events, "progress 3")
+    assert env.observer.without_acks() == [
+        ("dispatched", 0, "add", ("rec",)),
+        ("progress", 1, "1"),
+        ("dispatched", 1, "add", ("rec",)),
+        ("progress", 2, "2"),
+        ("dispatched", 2, "delete", ("rec",)),
+        ("progress", 3, "3"),
+    ]
+
+
+async def test_slow_listener_does_not_delay_another(env: Env) -> None:
+    informer = env.informer()
+    gate = asyncio.Event()
+    slow, fast = RecordingHandler(gate=gate), RecordingHandler()
+    informer.add_event_handler(slow, ListenerOptions(name="slow"))
+    informer.add_event_handler(fast, ListenerOptions(name="fast"))
+    await env.start(informer)
+    for i in range(20):
+        env.source.add(cm(f"o{i}"))
+    assert len(await fast.wait_for(20)) == 20
+    assert slow.calls == []
+    gate.set()
+    assert len(await slow.wait_for(20)) == 20
+
+
+@pytest.mark.parametrize("policy", [OverflowPolicy.DROP, OverflowPolicy.COALESCE])
+async def test_full_lossy_listener_does_not_block_the_informer(env: Env, policy: OverflowPolicy) -> None:
+    informer = env.informer()
+    gate = asyncio.Event()
+    lossy, fast = RecordingHandler(gate=gate), RecordingHandler()
+    reg = informer.add_event_handler(lossy, ListenerOptions(name="lossy", buffer_capacity=2,
+                                                            overflow_policy=policy))
+    informer.add_event_handler(fast, ListenerOptions(name="fast"))
+    await env.start(informer)
+    env.source.add(cm("a"))
+    await until(lambda: reg.stats().depth == 0 and reg.stats().received == 1, "a taken")
+    env.source.add(cm("b"))
+    env.source.add(cm("c"))
+    for i in range(5):
+        env.source.modify(cm("c", k=str(i)))
+    assert len(await fast.wait_for(8)) == 8
+    stats = reg.stats()
+    if policy is OverflowPolicy.DROP:
+        assert (stats.dropped, stats.coalesced) == (5, 0)
+    else:
+        assert (stats.dropped, stats.coalesced) == (0, 5)
+    gate.set()
+    expected = [("add", "ns/a", "1", False), ("add", "ns/b", "2", False)]
+    expected.append(("add", "ns/c", "3", False) if policy is OverflowPolicy.DROP
+                    else ("add", "ns/c", "8", False))
+    assert await lossy.wait_for(3) == expected
+    await until(lambda: sorted(env.observer.acks("lossy")) == list(range(8)), "all acked")
+
+
+async def test_snapshot_for_one_registration_and_for_all(env: Env) -> None:
+    env.source.add(cm("a"))
+    env.source.add(cm("b"))
+    informer = env.informer()
+    one, other = RecordingHandler(), RecordingHandler()
+    reg = informer.add_event_handler(one, ListenerOptions(name="one"))
+    informer.add_event_handler(other, ListenerOptions(name="other"))
+    await env.start(informer)
+    await one.wait_for(2)
+    await other.wait_for(2)
+    informer.request_snapshot(reg)
+    calls = await one.wait_for(4)
+    assert sorted(calls[2:]) == [("update", "ns/a", "1", "1"), ("update", "ns/b", "2", "2")]
+    snapshots = [e for e in env.observer.events if e[0] == "dispatched" and e[2] == "snapshot"]
+    assert snapshots == [("dispatched", 2, "snapshot", ("one",))]
+    await until(lambda: env.observer.acks("one") == [0, 1, 2], "snapshot acked")
+    assert other.calls == [("add", "ns/a", "1", True), ("add", "ns/b", "2", True)]
+    informer.request_snapshot()
+    assert len(await other.wait_for(4)) == 4
+    snapshots = [e for e in env.observer.events if e[0] == "dispatched" and e[2] == "snapshot"]
+    assert snapshots[-1] == ("dispatched", 3, "snapshot", ("one", "other"))
+
+
+async def test_snapshot_carries_cache_and_last_progress_rv(env: Env) -> None:
+    env.source.add(cm("a"))
+    informer = env.informer()
+    received: list[Notification] = []
+
+    class Sink:
+        async def handle(self, notification: Notification, ack: Callable[[], None]) -> None:
+            received.append(notification)
+            ack()
+
+    reg = informer.add_event_handler(Sink(), ListenerOptions(name="sink"))
+    await env.start(informer)
+    env.source.add(cm("b"))
+    await until(lambda: len(received) == 2, "two adds")
+    await until(lambda: ("progress", 2, "2") in env.observer.events, "progress")
+    informer.request_snapshot(reg)
+    await until(lambda: len(received) == 3, "snapshot")
+    snap = received[2]
+    assert snap.snapshot is not None
+    assert sorted(o["metadata"]["name"] for o in snap.snapshot) == ["a", "b"]
+    assert (snap.resource_version, snap.seq) == ("2", 2)
+
+
+async def test_resume_from_checkpoint_watches_without_listing(env: Env) -> None:
+    a = env.source.add(cm("a"))
+    b = env.source.add(cm("b"))
+    stubs = [{"metadata": {k: o["metadata"][k] for k in ("namespace", "name", "uid", "resourceVersion")}}
+             for o in (a, b)]
+    env.source.modify(cm("a", k="v"))  # rv 3, after the checkpoint
+    informer = env.informer()
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    informer.resume_from(stubs, "2")
+    await env.start(informer)
+    assert await rec.wait_for(1) == [("update", "ns/a", "1", "3")]
+    assert env.source.list_calls() == []
+    assert env.source.watch_calls()[0].resource_version == "2"
+    assert sorted(informer.get_indexer().list_keys()) == ["ns/a", "ns/b"]
+
+
+async def test_resume_from_expired_checkpoint_relists_only_differences(env: Env) -> None:
+    objs = [env.source.add(cm(name)) for name in ("a", "b", "c")]
+    stubs = [{"metadata": {k: o["metadata"][k] for k in ("namespace", "name", "uid", "resourceVersion")}}
+             for o in objs]
+    env.source.modify(cm("a", k="v"))  # rv 4
+    env.source.delete(cm("b"))  # rv 5
+    env.source.compact()
+    informer = env.informer()
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    informer.resume_from(stubs, "3")
+    await env.start(informer, sync=False)
+    assert await rec.wait_for(2) == [("update", "ns/a", "1", "4"), ("delete", "ns/b", "2", True)]
+    await until(lambda: informer.last_sync_resource_version() == "5", "relisted")
+    assert len(rec.calls) == 2
+    assert sorted(informer.get_indexer().list_keys()) == ["ns/a", "ns/c"]
+
+
+async def test_run_twice_and_shutdown_idempotent(env: Env) -> None:
+    informer = env.informer()
+    await env.start(informer)
+    with pytest.raises(InformerStartedError):
+        await informer.run()
+    with pytest.raises(InformerStartedError):
+        informer.resume_from([], "1")
+    await informer.shutdown(1)
+    await informer.shutdown(1)
+
+
+async def test_shutdown_before_run_and_cancellation(env: Env) -> None:
+    informer = env.informer()
+    await informer.shutdown(1)
+    await informer.run()  # returns at once
+    other = env.informer()
+    task = asyncio.create_task(other.run(), name="cancelled-informer")
+    await until(other.has_synced, "synced")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
