@@ -8,8 +8,11 @@ expires, it re-watches or relists following client-go's rules (CLIENT-GO-SEMANTI
 
 * list RV ``"0"`` before the first sync, the last synced RV afterwards, ``""`` once that RV is known
   to be unavailable (an Expired / too-large list error, which also relists at once, without backoff);
-* paginated lists (``page_size``; later pages send only ``continue``); a continuation page that
-  expired is retried once as a full unpaginated list at the original RV;
+* paginated lists (later pages send only ``continue``); a continuation page that expired is
+  retried once as a full unpaginated list at the original RV. Page size: ``page_size`` when given
+  (0 = unpaginated); otherwise client-go's choice — 500, except that a relist at a specific RV is
+  unpaginated so the API server can serve it from its watch cache, unless the first list at ``"0"``
+  came back paginated (the watch cache is off, so paging is what the server wants);
 * watch with ``allow_watch_bookmarks`` and a random timeout in ``[min_watch_timeout, 2·min)``; each
   event (bookmarks included) advances the last synced RV and, when the store has it, calls
   ``store.update_resource_version(rv)``;
@@ -69,6 +72,9 @@ log = logging.getLogger(__name__)
 
 INITIAL_EVENTS_END_ANNOTATION = "k8s.io/initial-events-end"
 """Annotation (value ``"true"``) on the bookmark that ends a WatchList's initial state."""
+
+_DEFAULT_PAGE_SIZE = 500
+"""client-go's pager default."""
 
 _SHORT_WATCH = 1.0
 """A watch closing sooner than this with no event is treated as a failure (client-go's rule)."""
@@ -157,7 +163,7 @@ class Reflector:
         clock: Clock,
         resync_period: float = 0.0,
         should_resync: Callable[[], bool] | None = None,
-        page_size: int = 500,
+        page_size: int | None = None,
         use_watch_list: bool = False,
         initial_resource_version: str = "",
         watch_error_handler: WatchErrorHandler | None = None,
@@ -167,7 +173,7 @@ class Reflector:
     ) -> None:
         if resync_period < 0:
             raise ValueError(f"reflector {name}: resync_period must be >= 0, got {resync_period}")
-        if page_size < 0:
+        if page_size is not None and page_size < 0:
             raise ValueError(f"reflector {name}: page_size must be >= 0 (0 = unpaginated), got {page_size}")
         if min_watch_timeout <= 0:
             raise ValueError(f"reflector {name}: min_watch_timeout must be > 0, got {min_watch_timeout}")
@@ -178,6 +184,8 @@ class Reflector:
         self._resync_period = resync_period
         self._should_resync = should_resync
         self._page_size = page_size
+        self._paginated_result = False
+        """The first list at RV "0" was paginated: keep paging relists (client-go's paginatedResult)."""
         self._use_watch_list = use_watch_list
         self._watch_error_handler: WatchErrorHandler = watch_error_handler or default_watch_error_handler
         self._rng = rng if rng is not None else random.Random()
@@ -308,23 +316,36 @@ class Reflector:
 
     async def _list(self) -> None:
         rv = self._relist_resource_version()
+        # As client-go's pager, the page size is chosen once from the first RV and kept for the retry.
+        limit = self._page_limit(rv)
         try:
-            items, list_rv = await self._paged_list(rv)
+            items, list_rv, paginated = await self._paged_list(rv, limit)
         except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
             log.info("reflector %s: list at resourceVersion %r failed (%s); relisting with a consistent "
                      "read", self.name, rv, exc)
             self._rv_unavailable = True
-            items, list_rv = await self._paged_list(self._relist_resource_version())
+            items, list_rv, paginated = await self._paged_list(self._relist_resource_version(), limit)
+        if rv == "0" and paginated:
+            self._paginated_result = True
         self._rv_unavailable = False
         await _call(self._store.replace(items, list_rv))
         self._last_sync_rv = list_rv
         self.list_count += 1
         log.debug("reflector %s: listed %d items at resourceVersion %s", self.name, len(items), list_rv)
 
-    async def _paged_list(self, rv: str) -> tuple[list[KubeObject], str]:
-        """client-go's ListPager: pages of ``page_size``; an expired continuation page is retried
-        once as a full list at the original RV; any other error discards the partial result."""
-        limit = self._page_size or None
+    def _page_limit(self, rv: str) -> int | None:
+        if self._page_size is not None:
+            return self._page_size or None
+        if self._paginated_result or rv in ("", "0"):
+            return _DEFAULT_PAGE_SIZE
+        # A relist "not older than" RV without a limit can be served from the watch cache; with a
+        # limit it would be an exact read from etcd (and a likely 410 after compaction).
+        return None
+
+    async def _paged_list(self, rv: str, limit: int | None) -> tuple[list[KubeObject], str, bool]:
+        """client-go's ListPager: pages of ``limit``; an expired continuation page is retried once as
+        a full list at the original RV; any other error discards the partial result. Returns the
+        items, the list's RV and whether more than one page was read."""
         options = ListOptions(resource_version=rv, limit=limit)
         items: list[KubeObject] = []
         list_rv: str | None = None
@@ -337,12 +358,12 @@ class Reflector:
                 log.info("reflector %s: list continuation expired; retrying as one full list at "
                          "resourceVersion %r", self.name, rv)
                 full = await self._lw.list(ListOptions(resource_version=rv))
-                return list(full.items), full.resource_version
+                return list(full.items), full.resource_version, True
             items.extend(page.items)
             if list_rv is None:
                 list_rv = page.resource_version
             if not page.continue_token:
-                return items, list_rv
+                return items, list_rv, options.continue_token is not None
             options = ListOptions(limit=limit, continue_token=page.continue_token)
 
     # -- watch --------------------------------------------------------------------------------------

@@ -241,6 +241,20 @@ async def test_page_size_0_lists_unpaginated(make: Callable[..., Harness]) -> No
     assert requests(h.src) == [("list", "0", None, None), ("watch", "1")]
 
 
+async def test_relists_keep_paging_when_the_first_list_came_back_paginated(
+    make: Callable[..., Harness],
+) -> None:
+    h = make()
+    for i in range(501):
+        h.src.add(cm(f"o{i:03d}"))
+    await h.start()
+    assert requests(h.src) == [("list", "0", 500, None), ("list", "", 500, "continue"), ("watch", "501")]
+    h.src.drop_watches()  # very short watch: backoff, relist at "501" — still paginated
+    await settle()
+    await h.advance(0.8)
+    assert requests(h.src) == [("list", "501", 500, None), ("list", "", 500, "continue"), ("watch", "501")]
+
+
 class CompactAfterFirstPage(FakeControllerSource):
     """Compacts (after one more change) right after serving a first page, once per arming."""
 
@@ -338,8 +352,9 @@ async def test_unavailable_list_rv_relists_at_once_with_a_consistent_read(
     h.src.inject_error(500)  # end the cycle: backoff, then relist at the last RV
     await settle()
     await h.advance(0.8)
-    # The relist at "2" fails → marked unavailable → relisted with "" without any backoff.
-    assert requests(h.src) == [("list", "2", 500, None), ("list", "", 500, None), ("watch", "2")]
+    # The relist at "2" fails → marked unavailable → relisted with "" without any backoff (the page
+    # size chosen for the relist at "2", unpaginated, is kept for the retry, as client-go's pager).
+    assert requests(h.src) == [("list", "2", None, None), ("list", "", None, None), ("watch", "2")]
     assert h.store.take() == [("replace", [("a", "1"), ("b", "2")], "2")]
     assert h.reflector.is_last_sync_rv_unavailable is False
     assert h.errors == []
@@ -416,16 +431,18 @@ async def test_410_error_event_backs_off_then_relists_at_the_last_rv(make: Calla
     assert h.pending_delay() == 0.8
     assert requests(h.src) == []
     await h.advance(0.8)
-    # client-go keeps the last RV for this relist (not ""): a list "not older than" it is valid.
-    assert requests(h.src) == [("list", "2", 500, None), ("watch", "2")]
+    # client-go keeps the last RV for this relist (not ""): a list "not older than" it is valid,
+    # unpaginated so that the watch cache can serve it.
+    assert requests(h.src) == [("list", "2", None, None), ("watch", "2")]
     assert h.store.take() == [("replace", [("a", "1"), ("b", "2")], "2")]
     assert h.errors == []
 
 
+@pytest.mark.parametrize("page_size", [None, 500])
 async def test_410_after_compaction_relists_at_last_rv_then_with_empty_rv(
-    make: Callable[..., Harness],
+    make: Callable[..., Harness], page_size: int | None,
 ) -> None:
-    h = make()
+    h = make(page_size=page_size)
     h.src.add(cm("a"))
     await h.start()
     h.src.add(cm("b"))
@@ -436,8 +453,12 @@ async def test_410_after_compaction_relists_at_last_rv_then_with_empty_rv(
     h.src.add(cm("c"))  # unseen: the watch is down
     h.src.compact()
     await h.advance(0.8)
-    # The paginated list at "2" is an exact read: compacted → 410 → "" at once.
-    assert requests(h.src) == [("list", "2", 500, None), ("list", "", 500, None), ("watch", "3")]
+    if page_size is None:
+        # Unpaginated "not older than 2": served despite the compaction.
+        assert requests(h.src) == [("list", "2", None, None), ("watch", "3")]
+    else:
+        # A paginated list at "2" is an exact read: compacted → 410 → "" at once.
+        assert requests(h.src) == [("list", "2", 500, None), ("list", "", 500, None), ("watch", "3")]
     assert h.store.take()[-1] == ("replace", [("a", "1"), ("b", "2"), ("c", "3")], "3")
 
 
@@ -498,7 +519,7 @@ async def test_very_short_watch_backs_off_and_relists(make: Callable[..., Harnes
     assert requests(h.src) == [("list", "0", 500, None), ("watch", "1")]
     assert h.pending_delay() == 0.8
     await h.advance(0.8)
-    assert requests(h.src) == [("list", "1", 500, None), ("watch", "1")]
+    assert requests(h.src) == [("list", "1", None, None), ("watch", "1")]
     assert h.errors == []
     # A second short watch: the backoff grows.
     h.src.drop_watches()
@@ -660,7 +681,7 @@ async def test_watch_list_rejected_falls_back_to_list_and_remembers(make: Callab
     src.drop_watches()
     await settle()
     await h.advance(0.8)
-    assert requests(h.src) == [("list", "1", 500, None), ("watch", "1")]
+    assert requests(h.src) == [("list", "1", None, None), ("watch", "1")]
 
 
 class ScriptedWatchList(FakeControllerSource):
@@ -793,7 +814,7 @@ async def test_410_after_resumed_events_is_an_ordinary_410(make: Callable[..., H
     await settle()
     assert h.pending_delay() == 0.8
     await h.advance(0.8)
-    assert requests(h.src) == [("watch", "1"), ("list", "2", 500, None), ("watch", "2")]
+    assert requests(h.src) == [("watch", "1"), ("list", "2", None, None), ("watch", "2")]
 
 
 # --------------------------------------------------------------------------------------------------
