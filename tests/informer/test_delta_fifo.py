@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bridge.contracts import DeletedFinalStateUnknown, KubeObject, ObjectKey
 from bridge.delta_fifo import (
@@ -699,3 +701,145 @@ async def test_add_during_processing_queues_a_new_entry_at_the_tail() -> None:
     await _finish(task, applier)
     assert fifo.list_keys() == ["default/b", "default/a"]
     assert fifo.get_by_key(ObjectKey("default/a")) == [Delta(DeltaType.UPDATED, pod("a", "2"))]
+
+
+# -------------------------------------------------------------------------- property: markers and convergence
+
+# A model API server whose changes reach the queue through a watch that may drop; a relist brings it
+# back. The consumer applies popped deltas to a cache as the informer does, and may be interrupted in
+# the middle of a key by any other operation (the reflector keeps running while a listener blocks).
+
+_NAMES = ["a", "b"]
+_op = st.one_of(
+    st.tuples(st.just("put"), st.sampled_from(_NAMES)),
+    st.tuples(st.just("remove"), st.sampled_from(_NAMES)),
+    st.tuples(st.just("drop"),),
+    st.tuples(st.just("relist"),),
+    st.tuples(st.just("resync"),),
+    st.tuples(st.just("pop"),),
+    st.tuples(st.just("drain"),),
+    st.tuples(st.just("pop-interrupted"), st.sampled_from(["put", "remove", "relist", "resync"]),
+              st.sampled_from(_NAMES), st.integers(min_value=0, max_value=2)),
+)
+
+
+class _World:
+    def __init__(self) -> None:
+        self.rv = 0
+        self.server: dict[str, KubeObject] = {}
+        self.history: dict[int, dict[str, KubeObject]] = {0: {}}
+        self.watching = False
+        self.cache = IndexedCache()
+        self.fifo = DeltaFIFO(known_objects=self.cache)
+        self.markers_seen = 0
+        self.applied_rv: dict[ObjectKey, int] = {}
+
+    def change(self, kind: str, name: str) -> None:
+        key = f"default/{name}"
+        if kind == "remove" and key not in self.server:
+            return
+        self.rv += 1
+        obj = pod(name, str(self.rv))
+        existed = key in self.server
+        if kind == "put":
+            self.server[key] = obj
+        else:
+            del self.server[key]
+        self.history[self.rv] = dict(self.server)
+        if self.watching:
+            if kind == "remove":
+                self.fifo.delete(obj)
+            elif existed:
+                self.fifo.update(obj)
+            else:
+                self.fifo.add(obj)
+            self.fifo.update_resource_version(str(self.rv))
+
+    def relist(self) -> None:
+        self.fifo.replace(list(self.server.values()), str(self.rv))
+        self.watching = True
+
+    def run(self, op: tuple[Any, ...]) -> None:
+        match op:
+            case ("put" | "remove" as kind, name):
+                self.change(kind, name)
+            case ("drop",):
+                self.watching = False
+            case ("relist",):
+                self.relist()
+            case ("resync",):
+                self.fifo.resync()
+            case ("pop",):
+                self.pop(None)
+            case ("drain",):
+                while len(self.fifo) or self.fifo.pending_markers:
+                    self.pop(None)
+            case ("pop-interrupted", kind, name, at):
+                self.pop((kind, name, at))
+
+    def pop(self, interruption: tuple[str, str, int] | None) -> None:
+        if not len(self.fifo) and not self.fifo.pending_markers:
+            return
+
+        async def process(item: Deltas | ResourceVersionMarker, _initial: bool) -> None:
+            if isinstance(item, ResourceVersionMarker):
+                self.check_marker(int(item.resource_version))
+                return
+            for i, d in enumerate(item):
+                if interruption is not None and i == min(interruption[2], len(item) - 1):
+                    kind, name, _ = interruption
+                    self.run((kind,) if kind in ("relist", "resync") else (kind, name))
+                key = ObjectKey(f"default/{name_of(d.object)}")
+                if d.type is DeltaType.DELETED:
+                    # Deletions are reported once: the key is always cached when its delete is applied.
+                    assert key in self.cache, (key, item)
+                    self.cache.delete(d.object)
+                else:
+                    assert isinstance(d.object, dict)
+                    # Never regress: a resync or relist must not re-apply an older state.
+                    rv = int(d.object["metadata"]["resourceVersion"])
+                    assert rv >= self.applied_rv.get(key, 0), (key, rv, self.applied_rv)
+                    self.applied_rv[key] = rv
+                    self.cache.update(d.object)
+
+        _run_without_suspending(self.fifo.pop(process))
+
+    def check_marker(self, marker_rv: int) -> None:
+        """Every change up to the marker is applied: each key's cached state is the server's state at
+        some resourceVersion between the marker and now (keys ahead of the marker may be newer)."""
+        self.markers_seen += 1
+        assert marker_rv <= self.rv
+        window = [self.history[rv] for rv in range(marker_rv, self.rv + 1)]
+        keys = set(self.cache.list_keys()).union(*window)
+        for key in keys:
+            cached = self.cache.get_by_key(ObjectKey(key))
+            assert any(state.get(key) == cached for state in window), (key, cached, marker_rv, self.rv)
+
+
+def name_of(obj: KubeObject | DeletedFinalStateUnknown) -> str:
+    return str((obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj)["metadata"]["name"])
+
+
+def _run_without_suspending(coro: Any) -> None:
+    """Drives a pop whose queue is non-empty and whose process never waits: it must not suspend."""
+    try:
+        coro.send(None)
+    except StopIteration:
+        return
+    coro.close()
+    raise AssertionError("pop suspended although the queue was not empty")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_op, max_size=40))
+def test_markers_never_run_ahead_and_the_cache_converges(ops: list[tuple[Any, ...]]) -> None:
+    world = _World()
+    world.relist()
+    for op in ops:
+        world.run(op)
+    world.relist()
+    while len(world.fifo) or world.fifo.pending_markers:
+        world.pop(None)
+    assert {k: world.cache.get_by_key(ObjectKey(k)) for k in world.cache.list_keys()} == world.server
+    assert world.fifo.has_synced()
+    assert world.markers_seen >= 1
