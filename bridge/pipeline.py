@@ -1,0 +1,620 @@
+"""The glue between informers and sinks: events out, acknowledgements back, checkpoints, snapshots.
+
+:class:`SinkListener` is the informer listener of one sink: it turns each
+:class:`~bridge.contracts.Notification` into :class:`~sinks.contract.ChangeEvent` values (a snapshot
+becomes a begin marker, one ``sync`` event per object and an end marker with the count and the
+resourceVersion), hands them to the sink, and acknowledges the notification once the sink has
+acknowledged every one of its events.
+
+:class:`BridgePipeline` runs the whole flow for a set of watched resources:
+
+* on :meth:`~BridgePipeline.start`, each informer's checkpoint is loaded; a valid one seeds the informer
+  with metadata-only stubs of the known objects and resumes the watch from its resourceVersion (no
+  relist unless the server answers 410, in which case the relist emits only the differences); a
+  corrupt or unreadable one is reported as a WARNING and the informer lists from scratch;
+* one listener per (informer, routed sink), with the sink's buffer capacity and overflow policy, and
+  one :class:`~bridge.progress.AckTracker` per informer computing the checkpoint low-watermark;
+* a named task writes checkpoints every ``checkpoint_interval`` seconds (only when the state moved);
+* per-sink resync periods are served as snapshots (``informer.request_snapshot``) by one timer task
+  per (informer, sink); listeners themselves get resync period 0, so the same-RV updates of a 410
+  relist (unchanged objects) are never delivered;
+* :meth:`~BridgePipeline.shutdown` stops intake, lets the listeners drain and the sinks flush, writes
+  the final checkpoint, then closes everything, all within one deadline.
+
+Every task is named, supervised (a task that dies unexpectedly is logged) and cancelled on shutdown.
+Time comes from the injected clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge.checkpoint import (
+    Checkpoint,
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointStore,
+    informer_id,
+)
+from bridge.clock import Clock, RealClock
+from bridge.contracts import (
+    AckFunc,
+    DeletedFinalStateUnknown,
+    DeliveryObserver,
+    KubeObject,
+    ListenerOptions,
+    Notification,
+    NotificationKind,
+    OverflowPolicy,
+)
+from bridge.progress import AckTracker, IndexEntry
+from bridge.shared_informer import HandlerRegistration, SharedIndexInformer
+from bridge.telemetry import InformerGauges, SinkGauges, TelemetrySnapshot
+from sinks.contract import ChangeEvent, DeliveryOutcome, EventType, ResourceRef, Sink, SnapshotInfo
+
+__all__ = [
+    "BridgePipeline",
+    "InformerBuilder",
+    "PipelineOptions",
+    "PipelineStats",
+    "SinkListener",
+    "SinkListenerStats",
+    "WatchedResource",
+    "http_informer_builder",
+    "stub_objects",
+]
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------------
+# One sink's listener
+
+
+@dataclass(slots=True)
+class SinkListenerStats:
+    """Counters of one (informer, sink) listener."""
+
+    notifications: int = 0
+    events: int = 0
+    resync_skipped: int = 0
+    """Same-resourceVersion updates (nothing changed) acknowledged without delivery."""
+    snapshots: int = 0
+    outcomes: collections.Counter[str] = field(default_factory=collections.Counter)
+    """Sink acknowledgements by :class:`~sinks.contract.DeliveryOutcome` value."""
+
+
+class SinkListener:
+    """A :class:`~bridge.contracts.NotificationHandler` feeding one sink with one resource's changes."""
+
+    def __init__(
+        self,
+        *,
+        sink: Sink,
+        resource: ResourceRef,
+        cluster: str,
+        clock: Clock,
+        snapshot_prefix: str = "",
+    ) -> None:
+        self.sink = sink
+        self.resource = resource
+        self.cluster = cluster
+        self._clock = clock
+        self._snapshot_prefix = snapshot_prefix or resource.qualified
+        self.stats = SinkListenerStats()
+
+    def _event(self, type_: EventType, obj: KubeObject | None, **kw: Any) -> ChangeEvent:
+        return ChangeEvent(type=type_, resource=self.resource, cluster=self.cluster, obj=obj,
+                           time=self._clock.wall(), **kw)
+
+    def events_for(self, n: Notification) -> list[ChangeEvent]:
+        """The change events one notification becomes (empty for a no-change resync update)."""
+        if n.kind is NotificationKind.ADD:
+            assert isinstance(n.obj, dict)
+            return [self._event(EventType.ADDED, n.obj)]
+        if n.kind is NotificationKind.UPDATE:
+            assert isinstance(n.obj, dict)
+            if n.is_resync:
+                return []
+            return [self._event(EventType.UPDATED, n.obj, old=n.old)]
+        if n.kind is NotificationKind.DELETE:
+            if isinstance(n.obj, DeletedFinalStateUnknown):
+                return [self._event(EventType.DELETED, n.obj.obj, final_state_unknown=True)]
+            return [self._event(EventType.DELETED, n.obj)]
+        objects = n.snapshot or []
+        sid = f"{self._snapshot_prefix}:{n.resource_version or '0'}:{uuid.uuid4().hex[:12]}"
+        info = SnapshotInfo(id=sid, resource_version=n.resource_version)
+        events = [self._event(EventType.SNAPSHOT_BEGIN, None, snapshot=info)]
+        events.extend(self._event(EventType.SYNC, obj, snapshot=info) for obj in objects)
+        end = SnapshotInfo(id=sid, resource_version=n.resource_version, count=len(objects))
+        events.append(self._event(EventType.SNAPSHOT_END, None, snapshot=end))
+        return events
+
+    async def handle(self, notification: Notification, ack: AckFunc) -> None:
+        self.stats.notifications += 1
+        events = self.events_for(notification)
+        if not events:
+            self.stats.resync_skipped += 1
+            ack()
+            return
+        if notification.kind is NotificationKind.SNAPSHOT:
+            self.stats.snapshots += 1
+        remaining = len(events)
+        # Guards against a sink acking one event twice: only the first ack of each event counts.
+        done = [False] * len(events)
+
+        def event_ack(i: int) -> Callable[[DeliveryOutcome], None]:
+            def _ack(outcome: DeliveryOutcome) -> None:
+                nonlocal remaining
+                if done[i]:
+                    return
+                done[i] = True
+                self.stats.outcomes[outcome.value] += 1
+                remaining -= 1
+                if remaining == 0:
+                    ack()
+
+            return _ack
+
+        for i, event in enumerate(events):
+            self.stats.events += 1
+            await self.sink.deliver(event, event_ack(i))
+
+
+# --------------------------------------------------------------------------------------------------
+# What is watched and how informers are built
+
+
+@dataclass(frozen=True, slots=True)
+class WatchedResource:
+    """One informer scope: a resource (as sinks see it), a namespace ("" = all) and selectors.
+
+    ``api_resource`` is discovery's description (``bridge.discovery.APIResource``), needed by
+    :func:`http_informer_builder`; other builders may ignore it."""
+
+    resource: ResourceRef
+    namespace: str = ""
+    label_selector: str = ""
+    field_selector: str = ""
+    api_resource: Any = None
+
+    @property
+    def informer_id(self) -> str:
+        return informer_id(self.resource.qualified, self.namespace, self.label_selector, self.field_selector)
+
+    @property
+    def names(self) -> frozenset[str]:
+        """What a user may call it in sink routing and on the snapshot endpoint."""
+        r = self.resource
+        return frozenset({r.resource, r.qualified, r.kind, r.kind.lower()})
+
+
+InformerBuilder = Callable[[WatchedResource, DeliveryObserver], SharedIndexInformer]
+"""Builds the (not yet started) informer of one scope, reporting deliveries to the observer."""
+
+
+def http_informer_builder(
+    *, client: Any, clock: Clock, page_size: int = 500, use_watch_list: bool = False
+) -> InformerBuilder:
+    """Informers over the real API (``bridge.apiclient.ApiClient`` + ``HttpListerWatcher``)."""
+    from bridge.listwatch import HttpListerWatcher
+
+    def build(watched: WatchedResource, observer: DeliveryObserver) -> SharedIndexInformer:
+        if watched.api_resource is None:
+            raise ValueError(f"{watched.resource.qualified}: an APIResource from discovery is needed")
+        lw = HttpListerWatcher(
+            client=client,
+            resource=watched.api_resource,
+            namespace=watched.namespace,
+            label_selector=watched.label_selector,
+            field_selector=watched.field_selector,
+        )
+        return SharedIndexInformer(
+            lister_watcher=lw,
+            clock=clock,
+            observer=observer,
+            name=watched.informer_id,
+            page_size=page_size,
+            use_watch_list=use_watch_list,
+        )
+
+    return build
+
+
+def stub_objects(resource: ResourceRef, index: Mapping[str, IndexEntry]) -> list[KubeObject]:
+    """Metadata-only objects rebuilt from a checkpoint index (what a resumed informer knows)."""
+    out: list[KubeObject] = []
+    for key, (uid, rv) in index.items():
+        namespace, _, name = key.rpartition("/")
+        meta: dict[str, Any] = {"name": name, "uid": uid, "resourceVersion": rv}
+        if namespace:
+            meta["namespace"] = namespace
+        out.append({"apiVersion": resource.api_version, "kind": resource.kind, "metadata": meta})
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# The pipeline
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineOptions:
+    cluster: str = "default"
+    """Named in every event's ``source``."""
+    checkpoint_interval: float = 5.0
+    """Seconds between checkpoint writes (only written when the state moved)."""
+    snapshot_on_first_start: bool = False
+    """When an informer starts without a checkpoint, send every routed sink a snapshot once the
+    cache has synced, so a new consumer can bootstrap."""
+    sync_timeout: float = 120.0
+    """How long :meth:`BridgePipeline.wait_for_sync` waits."""
+
+
+@dataclass(slots=True)
+class _Informer:
+    watched: WatchedResource
+    informer: SharedIndexInformer
+    tracker: AckTracker
+    resumed: bool = False
+    resume_rv: str = ""
+    corrupt_checkpoint: bool = False
+    registrations: dict[str, HandlerRegistration] = field(default_factory=dict)
+    listeners: dict[str, SinkListener] = field(default_factory=dict)
+    saved_generation: int = -1
+    saved_rv: str = ""
+    last_saved: float | None = None
+    checkpoint_errors: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineStats:
+    """A point-in-time view for metrics and tests."""
+
+    received: Mapping[str, Mapping[str, int]]
+    """informer id → notification kind → count."""
+    sinks: Mapping[str, Mapping[str, int]]
+    """sink name → outcome (delivered, filtered, dead_lettered, dropped) → count."""
+    queue_depth: Mapping[str, int]
+    """sink name → notifications waiting in its listeners' buffers."""
+    checkpoint_rv: Mapping[str, str]
+    checkpoint_age: Mapping[str, float | None]
+    checkpoint_lag: Mapping[str, int]
+    relists: Mapping[str, int]
+    resumed: Mapping[str, bool]
+
+
+def _resource_matches(sink: Sink, watched: WatchedResource) -> bool:
+    wanted: frozenset[str] = getattr(sink, "routing_resources", frozenset())
+    return not wanted or bool(set(wanted) & watched.names)
+
+
+def _listener_options(sink: Sink) -> ListenerOptions:
+    capacity = int(getattr(sink, "buffer_capacity", 1024))
+    policy_raw = getattr(sink, "overflow_policy", OverflowPolicy.BLOCK)
+    policy = policy_raw if isinstance(policy_raw, OverflowPolicy) else OverflowPolicy(str(policy_raw))
+    # Resync is served as snapshots by the pipeline; the listener never gets same-RV updates.
+    return ListenerOptions(resync_period=0.0, buffer_capacity=capacity, overflow_policy=policy,
+                           name=sink.name)
+
+
+class _CountingTracker(AckTracker):
+    """An AckTracker that also counts what the informer processed, by kind."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.received: collections.Counter[str] = collections.Counter()
+
+    def dispatched(self, notification: Notification, listeners: Sequence[str]) -> None:
+        if notification.seq >= 0:
+            self.received[notification.kind.value] += 1
+        super().dispatched(notification, listeners)
+
+
+class BridgePipeline:
+    """Informers → sink listeners → sinks, with checkpoints and snapshots (see the module docs)."""
+
+    def __init__(
+        self,
+        *,
+        resources: Sequence[WatchedResource],
+        sinks: Sequence[Sink],
+        store: CheckpointStore,
+        build_informer: InformerBuilder,
+        options: PipelineOptions = PipelineOptions(),
+        clock: Clock | None = None,
+        start_sinks: bool = True,
+    ) -> None:
+        ids = [w.informer_id for w in resources]
+        if len(set(ids)) != len(ids):
+            raise ValueError("the same resource scope is watched twice")
+        names = [s.name for s in sinks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sink names must be unique, got {names}")
+        self._resources = list(resources)
+        self._sinks = list(sinks)
+        self._store = store
+        self._build = build_informer
+        self._options = options
+        self._clock: Clock = clock or RealClock()
+        self._start_sinks = start_sinks
+        self._informers: dict[str, _Informer] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._started = False
+        self._stopping = False
+        self.failed_tasks: list[str] = []
+
+    # ---------------------------------------------------------------------------------------------
+    # lifecycle
+
+    async def start(self) -> None:
+        """Loads checkpoints, starts sinks and informers and the background tasks. Returns at once
+        (use :meth:`wait_for_sync` to wait for the caches)."""
+        if self._started:
+            raise RuntimeError("pipeline already started")
+        self._started = True
+        if self._start_sinks:
+            for sink in self._sinks:
+                await sink.start()
+        for watched in self._resources:
+            await self._prepare(watched)
+        for ident, inf in self._informers.items():
+            self._spawn(f"informer:{ident}", inf.informer.run())
+            for sink_name, reg in inf.registrations.items():
+                sink = inf.listeners[sink_name].sink
+                period = float(getattr(sink, "resync_period", 0.0) or 0.0)
+                if period > 0:
+                    self._spawn(f"snapshot-timer:{ident}:{sink_name}", self._snapshot_timer(inf, reg, period))
+            if self._options.snapshot_on_first_start and not inf.resumed:
+                self._spawn(f"first-snapshot:{ident}", self._first_snapshot(inf))
+        self._spawn("checkpoint-writer", self._checkpoint_loop())
+
+    async def _prepare(self, watched: WatchedResource) -> None:
+        ident = watched.informer_id
+        checkpoint: Checkpoint | None = None
+        corrupt = False
+        try:
+            checkpoint = await self._store.load(ident)
+        except CheckpointCorruptError as exc:
+            corrupt = True
+            log.warning("checkpoint of %s is corrupt or unreadable (%s); ignoring it and doing a full "
+                        "resync: consumers will see every object again", ident, exc)
+        except CheckpointError as exc:
+            corrupt = True
+            log.warning("checkpoint store failed loading %s (%s); doing a full resync", ident, exc)
+        if checkpoint is not None:
+            tracker = _CountingTracker(name=ident, resource_version=checkpoint.resource_version,
+                                       index=checkpoint.objects)
+        else:
+            tracker = _CountingTracker(name=ident)
+        informer = self._build(watched, tracker)
+        inf = _Informer(watched=watched, informer=informer, tracker=tracker, corrupt_checkpoint=corrupt)
+        if checkpoint is not None:
+            informer.resume_from(stub_objects(watched.resource, checkpoint.objects),
+                                 checkpoint.resource_version)
+            inf.resumed = True
+            inf.resume_rv = checkpoint.resource_version
+            inf.saved_rv = checkpoint.resource_version
+            inf.saved_generation = tracker.generation
+            log.info("%s: resuming from checkpoint at resourceVersion %s (%d known objects)",
+                     ident, checkpoint.resource_version, len(checkpoint.objects))
+        for sink in self._sinks:
+            if not _resource_matches(sink, watched):
+                continue
+            listener = SinkListener(sink=sink, resource=watched.resource, cluster=self._options.cluster,
+                                    clock=self._clock, snapshot_prefix=ident)
+            reg = informer.add_event_handler(listener, _listener_options(sink))
+            inf.registrations[sink.name] = reg
+            inf.listeners[sink.name] = listener
+        self._informers[ident] = inf
+
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(self._guard(name, coro), name=f"pipeline:{name}")
+        self._tasks[name] = task
+
+    async def _guard(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            if not self._stopping:
+                self.failed_tasks.append(name)
+                log.exception("pipeline task %s failed", name)
+
+    async def wait_for_sync(self, timeout: float | None = None) -> bool:
+        """True once every informer's cache has synced."""
+        limit = self._options.sync_timeout if timeout is None else timeout
+        results = await asyncio.gather(
+            *(inf.informer.wait_for_cache_sync(limit) for inf in self._informers.values())
+        )
+        return all(results)
+
+    def ready(self) -> bool:
+        """Every informer synced and every sink healthy."""
+        return (
+            self._started
+            and not self._stopping
+            and all(inf.informer.has_synced() for inf in self._informers.values())
+            and all(s.healthy() for s in self._sinks)
+        )
+
+    def not_ready_reasons(self) -> list[str]:
+        reasons = [f"informer {i} not synced" for i, inf in self._informers.items()
+                   if not inf.informer.has_synced()]
+        reasons += [f"sink {s.name} unhealthy" for s in self._sinks if not s.healthy()]
+        return reasons
+
+    async def shutdown(self, deadline: float = 30.0) -> None:
+        """Stops intake, drains the listeners, flushes the sinks, writes the final checkpoints and
+        closes everything, within ``deadline`` seconds (event-loop time). Idempotent."""
+        if self._stopping:
+            return
+        self._stopping = True
+        loop = asyncio.get_running_loop()
+        end = loop.time() + max(0.0, deadline)
+
+        def left() -> float:
+            return max(0.0, end - loop.time())
+
+        await self._cancel_tasks(lambda name: not name.startswith("informer:"))
+        for inf in self._informers.values():
+            reflector = inf.informer.reflector
+            if reflector is not None:
+                reflector.stop()
+        drains = [reg.listener.wait_drained() for inf in self._informers.values()
+                  for reg in inf.registrations.values()]
+        if drains:
+            try:
+                async with asyncio.timeout(left() * 0.5):
+                    await asyncio.gather(*drains)
+            except TimeoutError:
+                log.warning("shutdown: sink listeners did not drain in time; the unacked rest will be "
+                            "re-sent after the restart")
+        if self._sinks:
+            flushes = await asyncio.gather(*(s.flush(left() * 0.5) for s in self._sinks),
+                                           return_exceptions=True)
+            for sink, ok in zip(self._sinks, flushes, strict=True):
+                if ok is not True:
+                    log.warning("shutdown: sink %s did not flush everything (%r)", sink.name, ok)
+        await self.write_checkpoints()
+        await asyncio.gather(*(inf.informer.shutdown(left()) for inf in self._informers.values()),
+                             return_exceptions=True)
+        await self._cancel_tasks(lambda name: True)
+        if self._start_sinks:
+            for sink in self._sinks:
+                try:
+                    await sink.close()
+                except Exception:
+                    log.exception("shutdown: closing sink %s failed", sink.name)
+        with contextlib.suppress(Exception):
+            await self._store.close()
+
+    async def _cancel_tasks(self, which: Callable[[str], bool]) -> None:
+        tasks = [t for name, t in self._tasks.items() if which(name)]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks = {n: t for n, t in self._tasks.items() if not t.done()}
+
+    # ---------------------------------------------------------------------------------------------
+    # checkpoints
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await self._clock.sleep(self._options.checkpoint_interval)
+            await self.write_checkpoints()
+
+    async def write_checkpoints(self) -> int:
+        """Saves every informer whose acknowledged state moved since its last save; returns how
+        many were written. Store failures are logged and retried at the next interval."""
+        written = 0
+        for ident, inf in self._informers.items():
+            tracker = inf.tracker
+            if tracker.generation == inf.saved_generation:
+                continue
+            generation = tracker.generation
+            rv, index = tracker.checkpoint_state()
+            if not rv:
+                continue
+            cp = Checkpoint(informer_id=ident, resource_version=rv, objects=index,
+                            written_at=self._clock.wall())
+            try:
+                await self._store.save(cp)
+            except CheckpointError as exc:
+                inf.checkpoint_errors += 1
+                log.warning("writing the checkpoint of %s failed (%s); retrying at the next interval",
+                            ident, exc)
+                continue
+            inf.saved_generation = generation
+            inf.saved_rv = rv
+            inf.last_saved = self._clock.now()
+            written += 1
+        return written
+
+    # ---------------------------------------------------------------------------------------------
+    # snapshots
+
+    async def _snapshot_timer(self, inf: _Informer, reg: HandlerRegistration, period: float) -> None:
+        while True:
+            await self._clock.sleep(period)
+            inf.informer.request_snapshot(reg)
+
+    async def _first_snapshot(self, inf: _Informer) -> None:
+        while not inf.informer.has_synced():
+            await inf.informer.wait_for_cache_sync(3600.0)
+        inf.informer.request_snapshot(None)
+
+    async def snapshot_now(self, resource: str | None = None) -> list[str]:
+        """Requests a snapshot of ``resource`` (any name a user may write; None = all) for every
+        routed sink; returns the informer ids. Unknown resource → LookupError."""
+        targets = [inf for inf in self._informers.values()
+                   if resource is None or resource in inf.watched.names]
+        if not targets:
+            raise LookupError(f"no watched resource is called {resource!r}")
+        for inf in targets:
+            inf.informer.request_snapshot(None)
+        return [inf.watched.informer_id for inf in targets]
+
+    # ---------------------------------------------------------------------------------------------
+    # inspection
+
+    @property
+    def informers(self) -> dict[str, SharedIndexInformer]:
+        return {i: inf.informer for i, inf in self._informers.items()}
+
+    def tracker(self, ident: str) -> AckTracker:
+        return self._informers[ident].tracker
+
+    def listener(self, ident: str, sink_name: str) -> SinkListener:
+        return self._informers[ident].listeners[sink_name]
+
+    def resumed(self, ident: str) -> bool:
+        return self._informers[ident].resumed
+
+    def stats(self) -> PipelineStats:
+        now = self._clock.now()
+        sink_outcomes: dict[str, collections.Counter[str]] = {s.name: collections.Counter()
+                                                              for s in self._sinks}
+        depth: dict[str, int] = {s.name: 0 for s in self._sinks}
+        for inf in self._informers.values():
+            for name, listener in inf.listeners.items():
+                sink_outcomes[name].update(listener.stats.outcomes)
+                depth[name] += inf.registrations[name].listener.depth
+        return PipelineStats(
+            received={i: dict(inf.tracker.received) if isinstance(inf.tracker, _CountingTracker) else {}
+                      for i, inf in self._informers.items()},
+            sinks={n: dict(c) for n, c in sink_outcomes.items()},
+            queue_depth=depth,
+            checkpoint_rv={i: inf.saved_rv for i, inf in self._informers.items()},
+            checkpoint_age={i: (None if inf.last_saved is None else now - inf.last_saved)
+                            for i, inf in self._informers.items()},
+            checkpoint_lag={i: inf.tracker.lag for i, inf in self._informers.items()},
+            relists={i: (inf.informer.reflector.list_count if inf.informer.reflector else 0)
+                     for i, inf in self._informers.items()},
+            resumed={i: inf.resumed for i, inf in self._informers.items()},
+        )
+
+    def telemetry_snapshot(self) -> TelemetrySnapshot:
+        """The gauges :class:`bridge.telemetry.Telemetry` reads at each scrape."""
+        st = self.stats()
+        sinks = {
+            s.name: SinkGauges(queue_depth=st.queue_depth[s.name],
+                               in_flight=int(getattr(getattr(s, "stats", None), "in_flight", 0) or 0),
+                               up=s.healthy())
+            for s in self._sinks
+        }
+        informers = {
+            i: InformerGauges(relists=st.relists[i],
+                              cached_objects=len(inf.informer.get_indexer().list_keys()),
+                              checkpoint_age=st.checkpoint_age[i], checkpoint_lag=st.checkpoint_lag[i])
+            for i, inf in self._informers.items()
+        }
+        return TelemetrySnapshot(sinks=sinks, informers=informers)

@@ -1,0 +1,87 @@
+"""Test helpers for the pipeline tests: a recording sink and polling on the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from bridge.contracts import DeliveryObserver
+from bridge.pipeline import WatchedResource
+from bridge.shared_informer import SharedIndexInformer
+from bridge.testing.fake_source import FakeControllerSource
+from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType, ResourceRef
+
+CONFIGMAPS = ResourceRef(group="", version="v1", resource="configmaps", kind="ConfigMap")
+
+
+class RecordingSink:
+    """A sink that records every event; acks at once unless ``auto_ack`` is False."""
+
+    def __init__(self, name: str, *, resync_period: float = 0.0, auto_ack: bool = True,
+                 routing_resources: frozenset[str] = frozenset(), buffer_capacity: int = 1024) -> None:
+        self.name = name
+        self.resync_period = resync_period
+        self.routing_resources = routing_resources
+        self.buffer_capacity = buffer_capacity
+        self.overflow_policy = "block"
+        self.auto_ack = auto_ack
+        self.events: list[ChangeEvent] = []
+        self.unacked: list[tuple[ChangeEvent, AckCallback]] = []
+        self.started = False
+        self.closed = False
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def deliver(self, event: ChangeEvent, ack: AckCallback) -> None:
+        self.events.append(event)
+        if self.auto_ack:
+            ack(DeliveryOutcome.DELIVERED)
+        else:
+            self.unacked.append((event, ack))
+
+    def ack_all(self) -> int:
+        pending, self.unacked = self.unacked, []
+        for _, ack in pending:
+            ack(DeliveryOutcome.DELIVERED)
+        return len(pending)
+
+    async def flush(self, timeout: float) -> bool:
+        return not self.unacked
+
+    async def close(self) -> None:
+        self.closed = True
+
+    def healthy(self) -> bool:
+        return not self.closed
+
+    def changes(self) -> list[tuple[str, str, str, bool]]:
+        """(type, subject, resourceVersion, final_state_unknown) of every non-snapshot event."""
+        return [(e.type.value, e.subject, e.resource_version, e.final_state_unknown) for e in self.events
+                if e.type in (EventType.ADDED, EventType.UPDATED, EventType.DELETED)]
+
+
+def fake_builder(source: FakeControllerSource, clock: Any) -> Callable[
+    [WatchedResource, DeliveryObserver], SharedIndexInformer
+]:
+    def build(watched: WatchedResource, observer: DeliveryObserver) -> SharedIndexInformer:
+        return SharedIndexInformer(lister_watcher=source, clock=clock, observer=observer,
+                                   name=watched.informer_id)
+
+    return build
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """Polls ``predicate`` on the event loop until it holds (fails the test after ``timeout``)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not predicate():
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.002)
+
+
+def cm(name: str, ns: str = "default", **data: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns},
+            "data": dict(data)}

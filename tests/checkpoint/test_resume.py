@@ -1,0 +1,193 @@
+"""Resume from a checkpoint with the in-memory fake source: no relist while the RV is valid, only
+the differences after a 410, full resync on a corrupt checkpoint."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from bridge.checkpoint import FileCheckpointStore
+from bridge.clock import FakeClock
+from bridge.pipeline import BridgePipeline, PipelineOptions, WatchedResource
+from bridge.testing.fake_source import FakeControllerSource
+from tests.checkpoint.helpers import CONFIGMAPS, RecordingSink, cm, fake_builder, until
+
+WATCHED = WatchedResource(resource=CONFIGMAPS)
+IDENT = WATCHED.informer_id
+
+
+def make(source: FakeControllerSource, tmp_path: Path, sink: RecordingSink,
+         clock: FakeClock | None = None) -> BridgePipeline:
+    clock = clock or FakeClock()
+    return BridgePipeline(
+        resources=[WATCHED], sinks=[sink], store=FileCheckpointStore(directory=tmp_path),
+        build_informer=fake_builder(source, clock), clock=clock,
+        options=PipelineOptions(cluster="test", checkpoint_interval=3600),
+    )
+
+
+async def run_first(source: FakeControllerSource, tmp_path: Path) -> RecordingSink:
+    """A first bridge: full list, everything acked, checkpoint written on shutdown."""
+    sink = RecordingSink("k")
+    p = make(source, tmp_path, sink)
+    await p.start()
+    assert await p.wait_for_sync(10)
+    await until(lambda: p.tracker(IDENT).resource_version == str(source.resource_version), what="acks")
+    await p.shutdown(5)
+    assert sink.closed
+    return sink
+
+
+async def test_fresh_start_delivers_adds_and_checkpoints(tmp_path: Path) -> None:
+    source = FakeControllerSource()
+    for i in range(3):
+        source.add(cm(f"c{i}", v=str(i)))
+    sink = await run_first(source, tmp_path)
+    assert sink.changes() == [("added", f"default/c{i}", str(i + 1), False) for i in range(3)]
+    assert all(e.cluster == "test" and e.resource == CONFIGMAPS for e in sink.events)
+    cp = await FileCheckpointStore(directory=tmp_path).load(IDENT)
+    assert cp is not None
+    assert cp.resource_version == "3"
+    assert dict(cp.objects) == {f"default/c{i}": (source.items()[i]["metadata"]["uid"], str(i + 1))
+                                for i in range(3)}
+
+
+async def test_resume_delivers_every_change_since_without_relist(tmp_path: Path) -> None:
+    source = FakeControllerSource()
+    a = source.add(cm("a"))
+    b = source.add(cm("b"))
+    await run_first(source, tmp_path)
+    # While the bridge is down: several updates of one object (each must be delivered), a delete, an add.
+    for v in ("1", "2", "3"):
+        source.modify(cm("a", v=v))
+    source.delete(b)
+    source.add(cm("c"))
+    calls_before = len(source.list_calls())
+
+    sink = RecordingSink("k")
+    p = make(source, tmp_path, sink)
+    await p.start()
+    assert p.resumed(IDENT)
+    await until(lambda: len(sink.changes()) == 5, what="5 changes")
+    assert sink.changes() == [
+        ("updated", "default/a", "3", False),
+        ("updated", "default/a", "4", False),
+        ("updated", "default/a", "5", False),
+        ("deleted", "default/b", "6", False),
+        ("added", "default/c", "7", False),
+    ]
+    assert len(source.list_calls()) == calls_before  # no relist
+    assert source.watch_calls()[-1].resource_version == "2"
+    # The update's old state is the checkpoint's stub: metadata only.
+    assert sink.events[0].old == {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": "a", "namespace": "default", "uid": a["metadata"]["uid"], "resourceVersion": "1"}}
+    await until(lambda: p.tracker(IDENT).resource_version == "7", what="acked rv 7")
+    await p.shutdown(5)
+    cp = await FileCheckpointStore(directory=tmp_path).load(IDENT)
+    assert cp is not None
+    assert cp.resource_version == "7"
+    assert sorted(cp.objects) == ["default/a", "default/c"]
+
+
+async def test_expired_resume_point_emits_only_the_differences(tmp_path: Path) -> None:
+    source = FakeControllerSource()
+    source.add(cm("same"))
+    changed = source.add(cm("changed"))
+    gone = source.add(cm("gone"))
+    recreated = source.add(cm("recreated"))
+    await run_first(source, tmp_path)
+    source.modify(cm("changed", v="1"))
+    source.modify(cm("changed", v="2"))  # two updates: coalesced into the latest state
+    source.delete(gone)
+    source.delete(recreated)
+    new = source.add(cm("recreated", v="new"))
+    source.add(cm("fresh"))
+    source.compact()  # the checkpoint's RV (4) is now too old: 410
+
+    sink = RecordingSink("k")
+    p = make(source, tmp_path, sink)
+    await p.start()
+    await until(lambda: len(sink.changes()) == 5, what="5 changes")
+    await until(lambda: p.tracker(IDENT).resource_version == str(source.resource_version), what="acks")
+    got = sorted(sink.changes())
+    assert got == sorted([
+        ("updated", "default/changed", "6", False),
+        ("deleted", "default/gone", "3", True),
+        ("deleted", "default/recreated", "4", False),
+        ("added", "default/recreated", "9", False),
+        ("added", "default/fresh", "10", False),
+    ])
+    # The re-creation arrives as delete of the old uid, then add of the new one.
+    rec = [e for e in sink.events if e.subject == "default/recreated"]
+    assert [(e.type.value, e.uid) for e in rec] == [
+        ("deleted", recreated["metadata"]["uid"]), ("added", new["metadata"]["uid"])]
+    # The unchanged object was not re-sent; the listener saw it only as a skipped same-RV update.
+    assert not [e for e in sink.events if e.subject == "default/same"]
+    assert len(source.list_calls()) >= 2
+    tomb = next(e for e in sink.events if e.subject == "default/gone")
+    assert tomb.obj is not None
+    assert tomb.uid == gone["metadata"]["uid"]
+    assert changed["metadata"]["uid"] == next(e.uid for e in sink.events if e.subject == "default/changed")
+    await p.shutdown(5)
+    cp = await FileCheckpointStore(directory=tmp_path).load(IDENT)
+    assert cp is not None
+    assert sorted(cp.objects) == ["default/changed", "default/fresh", "default/recreated", "default/same"]
+    assert cp.objects["default/recreated"] == (new["metadata"]["uid"], "9")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+async def test_corrupt_checkpoint_warns_and_resyncs_fully(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
+    source = FakeControllerSource()
+    source.add(cm("a"))
+    source.add(cm("b"))
+    await run_first(source, tmp_path)
+    path = FileCheckpointStore(directory=tmp_path).path_for(IDENT)
+    data = path.read_bytes()
+    path.write_bytes(data[:-10] if damage == "truncate" else b"\x00garbage")
+    sink = RecordingSink("k")
+    p = make(source, tmp_path, sink)
+    with caplog.at_level(logging.WARNING, logger="bridge.pipeline"):
+        await p.start()
+    assert not p.resumed(IDENT)
+    assert any("corrupt or unreadable" in r.getMessage() and IDENT in r.getMessage()
+               for r in caplog.records if r.levelno == logging.WARNING)
+    await until(lambda: len(sink.changes()) == 2, what="full resync")
+    assert sorted(sink.changes()) == [("added", "default/a", "1", False), ("added", "default/b", "2", False)]
+    await until(lambda: p.tracker(IDENT).resource_version == "2", what="acks")
+    await p.shutdown(5)
+    cp = await FileCheckpointStore(directory=tmp_path).load(IDENT)  # repaired
+    assert cp is not None
+    assert cp.resource_version == "2"
+
+
+async def test_checkpoint_waits_for_every_sink(tmp_path: Path) -> None:
+    source = FakeControllerSource()
+    source.add(cm("a"))
+    clock = FakeClock()
+    fast, slow = RecordingSink("fast"), RecordingSink("slow", auto_ack=False)
+    p = BridgePipeline(
+        resources=[WATCHED], sinks=[fast, slow], store=FileCheckpointStore(directory=tmp_path),
+        build_informer=fake_builder(source, clock), clock=clock,
+        options=PipelineOptions(checkpoint_interval=10),
+    )
+    await p.start()
+    await until(lambda: len(slow.unacked) == 1 and len(fast.events) == 1, what="delivery")
+    await clock.advance(10)
+    assert p.tracker(IDENT).pending == 1
+    assert await FileCheckpointStore(directory=tmp_path).load(IDENT) is None  # nothing acked by all
+    slow.ack_all()
+    assert p.tracker(IDENT).resource_version == "1"
+    await clock.advance(10)  # the periodic writer saves it
+    await until(lambda: p.stats().checkpoint_rv[IDENT] == "1", what="periodic checkpoint")
+    st = p.stats()
+    assert st.sinks == {"fast": {"delivered": 1}, "slow": {"delivered": 1}}
+    assert st.received[IDENT] == {"add": 1}
+    assert st.checkpoint_age[IDENT] == 0.0
+    assert st.checkpoint_lag[IDENT] == 0
+    assert p.ready()
+    await p.shutdown(5)
+    assert not p.ready()
