@@ -1,0 +1,96 @@
+"""Redaction: Secrets by default, custom redact / drop paths, managedFields, no mutation."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from sinks.redaction import REDACTED, Redactor
+from tests.sinks import PODS, SECRETS, obj
+
+
+def _secret() -> dict[str, Any]:
+    s = obj(
+        "creds", kind="Secret", data={"user": "YWRtaW4=", "pass": "aHVudGVy"}, stringData={"token": "t0k"}
+    )
+    s["type"] = "Opaque"
+    s["metadata"]["managedFields"] = [{"manager": "kubectl"}]
+    return s
+
+
+def test_secret_values_redacted_keys_kept_and_original_untouched() -> None:
+    secret = _secret()
+    before = copy.deepcopy(secret)
+    out = Redactor().apply(secret, SECRETS)
+    assert out == {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "creds", "uid": "uid-creds", "resourceVersion": "1", "namespace": "default"},
+        "data": {"user": REDACTED, "pass": REDACTED},
+        "stringData": {"token": REDACTED},
+        "type": "Opaque",
+    }
+    assert secret == before
+
+
+def test_secret_redaction_can_be_disabled_and_only_applies_to_core_secrets() -> None:
+    secret = _secret()
+    out = Redactor(redact_secrets=False, drop_managed_fields=False).apply(secret, SECRETS)
+    assert out is secret
+    pod = obj("p", data={"x": "y"})
+    assert Redactor(drop_managed_fields=False).apply(pod, PODS) is pod
+
+
+def test_custom_redact_and_drop_paths_share_untouched_subtrees() -> None:
+    pod = obj(
+        "p",
+        spec={
+            "containers": [
+                {"name": "a", "env": [{"name": "K", "value": "v1"}]},
+                {"name": "b", "env": [{"name": "L", "value": "v2"}]},
+            ],
+            "nodeName": "n1",
+        },
+        status={"podIP": "10.0.0.1", "conditions": [{"type": "Ready"}]},
+    )
+    pod["metadata"]["annotations"] = {
+        "kubectl.kubernetes.io/last-applied-configuration": "{...}",
+        "keep": "me",
+    }
+    before = copy.deepcopy(pod)
+    r = Redactor(
+        redact_paths=["spec.containers.*.env.*.value", "status.podIP"],
+        drop_paths=[
+            'metadata.annotations["kubectl.kubernetes.io/last-applied-configuration"]',
+            "spec.nodeName",
+        ],
+    )
+    out = r.apply(pod, PODS)
+    assert out is not None
+    assert [c["env"] for c in out["spec"]["containers"]] == [
+        [{"name": "K", "value": REDACTED}],
+        [{"name": "L", "value": REDACTED}],
+    ]
+    assert "nodeName" not in out["spec"]
+    assert out["status"]["podIP"] == REDACTED
+    assert out["metadata"]["annotations"] == {"keep": "me"}
+    assert out["status"]["conditions"] is pod["status"]["conditions"]
+    assert pod == before
+
+
+def test_managed_fields_dropped_by_default_and_missing_paths_ignored() -> None:
+    pod = obj("p")
+    pod["metadata"]["managedFields"] = [{"manager": "m"}]
+    out = Redactor(redact_paths=["spec.nothing.here"], drop_paths=["status.*"]).apply(pod, PODS)
+    assert out is not None
+    assert "managedFields" not in out["metadata"]
+    assert "managedFields" in pod["metadata"]
+    assert Redactor().apply(None, PODS) is None
+
+
+def test_redacting_a_list_or_mapping_keeps_its_shape() -> None:
+    o = {"a": [1, 2, 3], "b": {"x": 1, "y": {"z": 2}}}
+    assert Redactor(redact_paths=["a", "b"], drop_managed_fields=False).apply(o, PODS) == {
+        "a": [REDACTED] * 3,
+        "b": {"x": REDACTED, "y": REDACTED},
+    }
