@@ -231,6 +231,10 @@ class DeltaFIFO:
         ``item`` is the head key's deltas, oldest first, or a :class:`ResourceVersionMarker` (always
         with ``is_in_initial_list=False``). An exception from ``process`` propagates; the key's deltas
         are not requeued. Raises :class:`FIFOClosedError` when the queue is closed and empty.
+
+        Cancelled while waiting, nothing is lost; cancelled inside ``process``, the key's remaining
+        deltas are dropped like on an exception (the informer only cancels on shutdown).
+        Meant for a single consumer loop; concurrent pops work but process keys concurrently.
         """
         while not self._queue:
             if self._closed:

@@ -141,25 +141,31 @@ class IndexedCache:
     # ------------------------------------------------------------------ Store
 
     def add(self, obj: KubeObject) -> None:
+        """Stores ``obj`` under its key, replacing any previous object, and updates every index.
+
+        An index function that raises leaves the cache unchanged.
+        """
         key = self._key_func(obj)
         old = self._items.get(key)
+        changes = self._index_changes(old, obj)
         self._items[key] = obj
-        self._update_indices(old, obj, key)
+        self._apply_index_changes(changes, key)
 
     def update(self, obj: KubeObject) -> None:
         self.add(obj)
 
     def delete(self, obj: KubeObject | DeletedFinalStateUnknown) -> None:
-        key = self._key_func(obj)
-        old = self._items.pop(key, None)
-        if old is not None:
-            self._update_indices(old, None, key)
+        """Removes the object's key (a tombstone's ``key``); a missing key is a no-op."""
+        self.delete_key(self._key_func(obj))
 
     def delete_key(self, key: ObjectKey) -> None:
         """Removes ``key`` if present (for callers that hold only the key)."""
-        old = self._items.pop(key, None)
-        if old is not None:
-            self._update_indices(old, None, key)
+        old = self._items.get(key)
+        if old is None:
+            return
+        changes = self._index_changes(old, None)
+        del self._items[key]
+        self._apply_index_changes(changes, key)
 
     def list(self) -> builtins.list[KubeObject]:
         return builtins.list(self._items.values())
@@ -179,10 +185,11 @@ class IndexedCache:
         new_items: dict[ObjectKey, KubeObject] = {}
         for obj in items:
             new_items[self._key_func(obj)] = obj
+        new_indices: dict[str, dict[str, set[ObjectKey]]] = {}
+        for name, func in self._indexers.items():
+            new_indices[name] = _build_index(func, new_items)
         self._items = new_items
-        self._indices = {name: {} for name in self._indexers}
-        for key, obj in new_items.items():
-            self._update_indices(None, obj, key)
+        self._indices = new_indices
 
     def resync(self) -> None:
         """Nothing to do for a cache (only queues resync)."""
@@ -237,13 +244,7 @@ class IndexedCache:
             )
         # Compute the new indices completely before installing them, so that an index function that
         # raises leaves the cache unchanged.
-        built: dict[str, dict[str, set[ObjectKey]]] = {}
-        for name, func in indexers.items():
-            index: dict[str, set[ObjectKey]] = {}
-            for key, obj in self._items.items():
-                for value in func(obj):
-                    index.setdefault(value, set()).add(key)
-            built[name] = index
+        built = {name: _build_index(func, self._items) for name, func in indexers.items()}
         self._indexers.update(indexers)
         self._indices.update(built)
 
@@ -258,22 +259,41 @@ class IndexedCache:
                 f"index {index_name!r} does not exist (known indices: {known}); add it with add_indexers"
             ) from None
 
-    def _update_indices(self, old: KubeObject | None, new: KubeObject | None, key: ObjectKey) -> None:
+    def _index_changes(
+        self, old: KubeObject | None, new: KubeObject | None
+    ) -> builtins.list[tuple[str, frozenset[str], frozenset[str]]]:
+        """Per index whose values differ: (name, values to drop, values to add). Computed before
+        anything changes, so that an index function that raises leaves the cache consistent."""
+        changes = []
         for name, func in self._indexers.items():
             old_values = _values(func, old)
             new_values = _values(func, new)
-            if old_values == new_values:
-                continue
+            if old_values != new_values:
+                changes.append((name, old_values - new_values, new_values - old_values))
+        return changes
+
+    def _apply_index_changes(
+        self, changes: builtins.list[tuple[str, frozenset[str], frozenset[str]]], key: ObjectKey
+    ) -> None:
+        for name, removed, added in changes:
             index = self._indices[name]
-            for value in old_values - new_values:
+            for value in removed:
                 keys = index.get(value)
                 if keys is None:
                     continue
                 keys.discard(key)
                 if not keys:
-                    del index[value]
-            for value in new_values - old_values:
+                    del index[value]  # no empty sets: list_index_func_values shows live values only
+            for value in added:
                 index.setdefault(value, set()).add(key)
+
+
+def _build_index(func: IndexFunc, items: Mapping[ObjectKey, KubeObject]) -> dict[str, set[ObjectKey]]:
+    index: dict[str, set[ObjectKey]] = {}
+    for key, obj in items.items():
+        for value in func(obj):
+            index.setdefault(value, set()).add(key)
+    return index
 
 
 def _values(func: IndexFunc, obj: KubeObject | None) -> frozenset[str]:

@@ -289,6 +289,29 @@ def test_add_indexers_whose_function_raises_changes_nothing() -> None:
     assert not cache.has_index("broken")
 
 
+def test_an_index_function_that_raises_leaves_the_cache_unchanged() -> None:
+    def strict_app(obj: KubeObject) -> list[str]:
+        app = obj["metadata"]["labels"].get("app")
+        if app == "bad":
+            raise RuntimeError("cannot index app=bad")
+        return [app] if app else []
+
+    cache = IndexedCache(indexers={NAMESPACE_INDEX: meta_namespace_index_func, "app": strict_app})
+    good = pod("a", app="web")
+    cache.add(good)
+    for action in (cache.add, cache.update):
+        with pytest.raises(RuntimeError, match="cannot index"):
+            action(pod("a", ns="default", app="bad"))
+        with pytest.raises(RuntimeError, match="cannot index"):
+            action(pod("b", ns="other", app="bad"))
+    with pytest.raises(RuntimeError, match="cannot index"):
+        cache.replace([pod("c", app="db"), pod("d", app="bad")], "2")
+    assert cache.list() == [good]
+    assert cache.list_index_func_values(NAMESPACE_INDEX) == ["default"]
+    assert cache.list_index_func_values("app") == ["web"]
+    assert cache.index_keys("app", "web") == ["default/a"]
+
+
 def test_custom_key_func() -> None:
     def by_uid(obj: Any) -> ObjectKey:
         if isinstance(obj, DeletedFinalStateUnknown):
