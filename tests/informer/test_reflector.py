@@ -255,6 +255,31 @@ async def test_relists_keep_paging_when_the_first_list_came_back_paginated(
     assert requests(h.src) == [("list", "501", 500, None), ("list", "", 500, "continue"), ("watch", "501")]
 
 
+async def test_only_a_paginated_list_at_rv_0_switches_relists_to_paging(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.src.add(cm("first"))
+    await h.start()
+    for i in range(500):
+        h.src.add(cm(f"o{i:03d}"))
+    await settle()
+    requests(h.src)
+    # Relist at "501" expires, the consistent retry fails: the next cycle lists at "" (paginated).
+    h.src.fail_next_list(ResourceExpiredError("expired", code=410))
+    h.src.fail_next_list(ApiUnavailableError("connection refused"))
+    h.src.inject_error(500)
+    await settle()
+    await h.advance(0.8)
+    await h.advance(1.6)
+    assert requests(h.src) == [
+        ("list", "501", None, None), ("list", "", None, None),
+        ("list", "", 500, None), ("list", "", 500, "continue"), ("watch", "501")]
+    # That paginated list was at "", not "0": relists at a specific RV stay unpaginated.
+    h.src.drop_watches()
+    await settle()
+    await h.advance(3.2)
+    assert requests(h.src) == [("list", "501", None, None), ("watch", "501")]
+
+
 class CompactAfterFirstPage(FakeControllerSource):
     """Compacts (after one more change) right after serving a first page, once per arming."""
 
@@ -525,6 +550,23 @@ async def test_very_short_watch_backs_off_and_relists(make: Callable[..., Harnes
     h.src.drop_watches()
     await settle()
     assert h.pending_delay() == 1.6
+
+
+async def test_backoff_resets_after_two_minutes_of_healthy_watching(make: Callable[..., Harness]) -> None:
+    h = make()
+    await h.start()
+    h.src.drop_watches()
+    await settle()
+    assert h.pending_delay() == 0.8
+    await h.advance(0.8)
+    h.src.drop_watches()
+    await settle()
+    assert h.pending_delay() == 1.6
+    await h.advance(1.6)
+    await h.advance(200.0)  # a healthy watch: > 2 min without backoff
+    h.src.inject_error(410)
+    await settle()
+    assert h.pending_delay() == 0.8
 
 
 @pytest.mark.parametrize(
