@@ -52,6 +52,7 @@ from bridge.contracts import (
     WatchStream,
 )
 from bridge.errors import (
+    ApiError,
     ApiStatusError,
     ApiUnavailableError,
     ResourceExpiredError,
@@ -430,11 +431,23 @@ class Reflector:
     async def _handle_watch(self, stream: WatchStream, start: float) -> tuple[_WatchEnd, int]:
         self._current_stream = stream
         count = 0
-        async for event in stream:
-            if event.type is WatchEventType.ERROR:
-                return self._error_event_end(event), count
-            await self._apply(event)
-            count += 1
+        try:
+            async for event in stream:
+                if event.type is WatchEventType.ERROR:
+                    return self._error_event_end(event), count
+                await self._apply(event)
+                count += 1
+        except ApiUnavailableError as exc:
+            # A connection that breaks mid-stream (reset, EOF) ends the watch like a clean close,
+            # as client-go's stream watcher treats probable-EOF errors.
+            log.info("reflector %s: watch stream broke: %s", self.name, exc)
+        except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
+            log.info("reflector %s: watch expired: %s", self.name, exc)
+            return _WatchEnd.EXPIRED, count
+        except ApiError as exc:
+            # Undecodable stream and the like: client-go turns these into an ERROR event.
+            log.warning("reflector %s: watch stream failed: %s; relisting", self.name, exc)
+            return _WatchEnd.RELIST, count
         duration = self._clock.now() - start
         if duration < _SHORT_WATCH and count == 0:
             log.warning("reflector %s: very short watch: watch lasted %.3f s with no items received; "
@@ -518,6 +531,17 @@ class Reflector:
                 await stream.close()
 
     async def _consume_initial_events(self, stream: WatchStream) -> None:
+        try:
+            await self._consume_initial_events_from(stream)
+        except ApiUnavailableError as exc:
+            raise _WatchListRejected(f"stream broke before the initial-events-end bookmark: {exc}",
+                                     remember=False) from exc
+        except ApiError as exc:
+            expired = isinstance(exc, ResourceExpiredError | TooLargeResourceVersionError)
+            raise _WatchListRejected(f"stream failed before the initial-events-end bookmark: {exc}",
+                                     remember=True, expired=expired) from exc
+
+    async def _consume_initial_events_from(self, stream: WatchStream) -> None:
         temp: dict[str, KubeObject] = {}
         async for event in stream:
             obj = event.object

@@ -45,6 +45,12 @@ def cm(name: str, **data: str) -> KubeObject:
             "metadata": {"name": name, "namespace": "ns"}, "data": dict(data)}
 
 
+def _added(name: str, rv: str) -> WatchEvent:
+    obj = cm(name)
+    obj["metadata"]["resourceVersion"] = rv
+    return WatchEvent(WatchEventType.ADDED, obj)
+
+
 def _name_rv(obj: KubeObject) -> tuple[str, str]:
     return obj["metadata"]["name"], obj["metadata"]["resourceVersion"]
 
@@ -607,6 +613,56 @@ async def test_other_watch_open_error_calls_the_handler_then_relists(make: Calla
                                ("watch", "0")]
 
 
+@pytest.mark.parametrize(
+    ("script", "rewatch"),
+    [
+        ([_added("b", "2"), ApiUnavailableError("connection reset by peer")], True),
+        ([ApiUnavailableError("connection reset by peer")], False),
+    ],
+    ids=["after-an-event", "before-any-event"],
+)
+async def test_connection_broken_mid_stream_counts_as_a_close(
+    make: Callable[..., Harness], script: list[WatchEvent | Exception], rewatch: bool,
+) -> None:
+    src = ScriptedSource()
+    src.add(cm("a"))
+    src.add(cm("b"))  # rv 2: the list returns both; the scripted watch from "2" replays b anyway
+    src.watch_scripts = [script]
+    h = make(src)
+    await h.start()
+    assert h.errors == []
+    if rewatch:
+        assert requests(h.src) == [("list", "0", 500, None), ("watch", "2"), ("watch", "2")]
+        assert h.pending_delay() is None
+    else:
+        assert requests(h.src) == [("list", "0", 500, None), ("watch", "2")]
+        assert h.pending_delay() == 0.8
+    assert [s.closed for s in src.streams] == [True]
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected_list_rv"),
+    [
+        (ServerError("unable to decode an event from the watch stream", code=500), "1"),
+        (ResourceExpiredError("too old resource version", code=410), "1"),
+    ],
+    ids=["undecodable", "expired"],
+)
+async def test_stream_errors_end_the_cycle_without_calling_the_handler(
+    make: Callable[..., Harness], exc: Exception, expected_list_rv: str,
+) -> None:
+    src = ScriptedSource()
+    src.add(cm("a"))
+    src.watch_scripts = [[exc]]
+    h = make(src)
+    await h.start()
+    assert h.errors == []
+    assert h.pending_delay() == 0.8
+    await h.advance(0.8)
+    assert requests(h.src) == [
+        ("list", "0", 500, None), ("watch", "1"), ("list", expected_list_rv, None, None), ("watch", "1")]
+
+
 async def test_bookmarks_advance_the_rv_used_by_the_next_watch(make: Callable[..., Harness]) -> None:
     h = make()
     h.src.add(cm("a"))
@@ -726,24 +782,33 @@ async def test_watch_list_rejected_falls_back_to_list_and_remembers(make: Callab
     assert requests(h.src) == [("list", "1", None, None), ("watch", "1")]
 
 
-class ScriptedWatchList(FakeControllerSource):
-    """Answers WatchList requests with a fixed list of events, then ends the stream."""
+class ScriptedSource(FakeControllerSource):
+    """Answers WatchList requests with ``watch_list_script``, and the next plain watches with the
+    queued ``watch_scripts``; everything else is the fake source's."""
 
-    script: list[WatchEvent] = []
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.watch_list_script: list[WatchEvent | Exception] = []
+        self.watch_scripts: list[list[WatchEvent | Exception]] = []
+        self.streams: list[ScriptedStream] = []
 
     async def watch(self, options: WatchOptions) -> Any:
-        if not options.send_initial_events:
+        if options.send_initial_events:
+            script = list(self.watch_list_script)
+        elif self.watch_scripts:
+            script = self.watch_scripts.pop(0)
+        else:
             return await super().watch(options)
         self.calls.append(SourceCall("watch", options))
-        stream = ScriptedStream(list(self.script))
+        stream = ScriptedStream(script)
         self.streams.append(stream)
         return stream
 
-    streams: list[ScriptedStream] = []
-
 
 class ScriptedStream:
-    def __init__(self, events: list[WatchEvent]) -> None:
+    """Yields its events (raising the exceptions among them), then ends."""
+
+    def __init__(self, events: list[WatchEvent | Exception]) -> None:
         self._events = events
         self.closed = False
 
@@ -751,18 +816,16 @@ class ScriptedStream:
         return self
 
     async def __anext__(self) -> WatchEvent:
+        await asyncio.sleep(0)
         if self.closed or not self._events:
             raise StopAsyncIteration
-        return self._events.pop(0)
+        item = self._events.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
 
     async def close(self) -> None:
         self.closed = True
-
-
-def _added(name: str, rv: str) -> WatchEvent:
-    obj = cm(name)
-    obj["metadata"]["resourceVersion"] = rv
-    return WatchEvent(WatchEventType.ADDED, obj)
 
 
 @pytest.mark.parametrize(
@@ -771,17 +834,18 @@ def _added(name: str, rv: str) -> WatchEvent:
         ([WatchEvent(WatchEventType.ERROR, {"kind": "Status", "code": 500, "reason": "InternalError",
                                             "message": "boom"})], True),
         ([], False),
+        ([ApiUnavailableError("connection reset by peer")], False),
+        ([ServerError("undecodable event", code=500)], True),
     ],
-    ids=["error-event", "closed-early"],
+    ids=["error-event", "closed-early", "connection-reset", "stream-error"],
 )
 async def test_watch_list_ending_before_the_end_bookmark_falls_back_in_the_same_cycle(
     make: Callable[..., Harness], tail: list[WatchEvent], remember: bool,
 ) -> None:
-    src = ScriptedWatchList(support_watch_list=True)
-    src.streams = []
+    src = ScriptedSource(support_watch_list=True)
     src.add(cm("a"))
     src.add(cm("b"))
-    src.script = [_added("a", "1"), _added("b", "2"), *tail]
+    src.watch_list_script = [_added("a", "1"), _added("b", "2"), *tail]
     h = make(src, use_watch_list=True)
     await h.start()
     assert requests(h.src) == [("watchlist", ""), ("list", "0", 500, None), ("watch", "2")]
@@ -792,16 +856,16 @@ async def test_watch_list_ending_before_the_end_bookmark_falls_back_in_the_same_
 
 
 async def test_watch_list_collects_changes_before_the_end_bookmark(make: Callable[..., Harness]) -> None:
-    src = ScriptedWatchList(support_watch_list=True)
-    src.streams = []
+    src = ScriptedSource(support_watch_list=True)
     end = {"kind": "ConfigMap", "metadata": {"resourceVersion": "7",
                                              "annotations": {INITIAL_EVENTS_END_ANNOTATION: "true"}}}
     other_bookmark = {"kind": "ConfigMap", "metadata": {"resourceVersion": "5"}}
     deleted = cm("a")
     deleted["metadata"]["resourceVersion"] = "6"
-    src.script = [_added("a", "1"), _added("b", "2"), WatchEvent(WatchEventType.BOOKMARK, other_bookmark),
-                  WatchEvent(WatchEventType.DELETED, deleted), _added("c", "4"),
-                  WatchEvent(WatchEventType.BOOKMARK, end), _added("d", "8")]
+    src.watch_list_script = [
+        _added("a", "1"), _added("b", "2"), WatchEvent(WatchEventType.BOOKMARK, other_bookmark),
+        WatchEvent(WatchEventType.DELETED, deleted), _added("c", "4"),
+        WatchEvent(WatchEventType.BOOKMARK, end), _added("d", "8")]
     h = make(src, use_watch_list=True)
     await h.start()
     assert h.store.take()[:3] == [("replace", [("b", "2"), ("c", "4")], "7"), ("add", "d", "8"), ("rv", "8")]
@@ -960,4 +1024,4 @@ def test_invalid_options_are_rejected() -> None:
 
 
 # Keeps the WatchStream protocol honest for the scripted stream used above.
-_stream_check: Callable[[list[WatchEvent]], WatchStream] = ScriptedStream
+_stream_check: Callable[[list[WatchEvent | Exception]], WatchStream] = ScriptedStream
