@@ -36,6 +36,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bridge.apiclient import ApiClient
 from bridge.checkpoint import (
     Checkpoint,
     CheckpointCorruptError,
@@ -54,6 +55,9 @@ from bridge.contracts import (
     NotificationKind,
     OverflowPolicy,
 )
+from bridge.discovery import APIResource
+from bridge.factory import InformerKey, SharedInformerFactory
+from bridge.listwatch import HttpListerWatcher
 from bridge.progress import AckTracker, IndexEntry
 from bridge.shared_informer import HandlerRegistration, SharedIndexInformer
 from bridge.telemetry import InformerGauges, SinkGauges, TelemetrySnapshot
@@ -62,7 +66,6 @@ from sinks.contract import ChangeEvent, DeliveryOutcome, EventType, ResourceRef,
 __all__ = [
     "BridgePipeline",
     "InformerBuilder",
-    "PipelineOptions",
     "PipelineStats",
     "SinkListener",
     "SinkListenerStats",
@@ -174,26 +177,26 @@ class SinkListener:
 
 @dataclass(frozen=True, slots=True)
 class WatchedResource:
-    """One informer scope: a resource (as sinks see it), a namespace ("" = all) and selectors.
+    """One informer scope as the service resolved it.
 
-    ``api_resource`` is discovery's description (``bridge.discovery.APIResource``), needed by
-    :func:`http_informer_builder`; other builders may ignore it."""
+    ``key`` names the resource and scope (the factory's :class:`~bridge.factory.InformerKey`),
+    ``ref`` describes the resource as sinks see it, ``api`` is discovery's
+    :class:`~bridge.discovery.APIResource` (what the HTTP ListerWatcher needs)."""
 
-    resource: ResourceRef
-    namespace: str = ""
-    label_selector: str = ""
-    field_selector: str = ""
-    api_resource: Any = None
+    key: InformerKey
+    api: APIResource
+    ref: ResourceRef
 
     @property
     def informer_id(self) -> str:
-        return informer_id(self.resource.qualified, self.namespace, self.label_selector, self.field_selector)
+        k = self.key
+        return informer_id(k.resource, k.namespace, k.label_selector, k.field_selector)
 
     @property
     def names(self) -> frozenset[str]:
         """What a user may call it in sink routing and on the snapshot endpoint."""
-        r = self.resource
-        return frozenset({r.resource, r.qualified, r.kind, r.kind.lower()})
+        r = self.ref
+        return frozenset({self.key.resource, r.resource, r.qualified, r.kind, r.kind.lower()})
 
 
 InformerBuilder = Callable[[WatchedResource, DeliveryObserver], SharedIndexInformer]
@@ -201,26 +204,23 @@ InformerBuilder = Callable[[WatchedResource, DeliveryObserver], SharedIndexInfor
 
 
 def http_informer_builder(
-    *, client: Any, clock: Clock, page_size: int = 500, use_watch_list: bool = False
+    *, client: ApiClient, clock: Clock, page_size: int = 500, use_watch_list: bool = False
 ) -> InformerBuilder:
-    """Informers over the real API (``bridge.apiclient.ApiClient`` + ``HttpListerWatcher``)."""
-    from bridge.listwatch import HttpListerWatcher
+    """Informers over the real API (``ApiClient`` + ``HttpListerWatcher``), without a factory."""
 
     def build(watched: WatchedResource, observer: DeliveryObserver) -> SharedIndexInformer:
-        if watched.api_resource is None:
-            raise ValueError(f"{watched.resource.qualified}: an APIResource from discovery is needed")
         lw = HttpListerWatcher(
             client=client,
-            resource=watched.api_resource,
-            namespace=watched.namespace,
-            label_selector=watched.label_selector,
-            field_selector=watched.field_selector,
+            resource=watched.api,
+            namespace=watched.key.namespace,
+            label_selector=watched.key.label_selector,
+            field_selector=watched.key.field_selector,
         )
         return SharedIndexInformer(
             lister_watcher=lw,
             clock=clock,
             observer=observer,
-            name=watched.informer_id,
+            name=str(watched.key),
             page_size=page_size,
             use_watch_list=use_watch_list,
         )
@@ -231,7 +231,7 @@ def http_informer_builder(
 def stub_objects(resource: ResourceRef, index: Mapping[str, IndexEntry]) -> list[KubeObject]:
     """Metadata-only objects rebuilt from a checkpoint index (what a resumed informer knows)."""
     out: list[KubeObject] = []
-    for key, (uid, rv) in index.items():
+    for key, (uid, rv) in index.items():  # key = "namespace/name" or "name"
         namespace, _, name = key.rpartition("/")
         meta: dict[str, Any] = {"name": name, "uid": uid, "resourceVersion": rv}
         if namespace:
@@ -242,19 +242,6 @@ def stub_objects(resource: ResourceRef, index: Mapping[str, IndexEntry]) -> list
 
 # --------------------------------------------------------------------------------------------------
 # The pipeline
-
-
-@dataclass(frozen=True, slots=True)
-class PipelineOptions:
-    cluster: str = "default"
-    """Named in every event's ``source``."""
-    checkpoint_interval: float = 5.0
-    """Seconds between checkpoint writes (only written when the state moved)."""
-    snapshot_on_first_start: bool = False
-    """When an informer starts without a checkpoint, send every routed sink a snapshot once the
-    cache has synced, so a new consumer can bootstrap."""
-    sync_timeout: float = 120.0
-    """How long :meth:`BridgePipeline.wait_for_sync` waits."""
 
 
 @dataclass(slots=True)
@@ -307,13 +294,22 @@ def _listener_options(sink: Sink) -> ListenerOptions:
 class _CountingTracker(AckTracker):
     """An AckTracker that also counts what the informer processed, by kind."""
 
-    def __init__(self, **kw: Any) -> None:
+    def __init__(self, *, resource: str, on_event: Callable[[str, str], None] | None,
+                 **kw: Any) -> None:
         super().__init__(**kw)
+        self.resource = resource
+        self.on_event = on_event
         self.received: collections.Counter[str] = collections.Counter()
 
     def dispatched(self, notification: Notification, listeners: Sequence[str]) -> None:
         if notification.seq >= 0:
-            self.received[notification.kind.value] += 1
+            kind = notification.kind.value
+            self.received[kind] += 1
+            if self.on_event is not None:
+                try:
+                    self.on_event(self.resource, kind)
+                except Exception:
+                    log.exception("on_event callback failed")
         super().dispatched(notification, listeners)
 
 
@@ -325,12 +321,30 @@ class BridgePipeline:
         *,
         resources: Sequence[WatchedResource],
         sinks: Sequence[Sink],
-        store: CheckpointStore,
-        build_informer: InformerBuilder,
-        options: PipelineOptions = PipelineOptions(),
+        checkpoint_store: CheckpointStore | None,
+        factory: SharedInformerFactory | None = None,
+        build_informer: InformerBuilder | None = None,
+        cluster: str = "default",
+        checkpoint_interval: float = 5.0,
+        snapshot_on_first_start: bool = False,
         clock: Clock | None = None,
+        page_size: int = 500,
+        use_watch_list: bool = False,
+        on_event: Callable[[str, str], None] | None = None,
         start_sinks: bool = True,
+        sync_timeout: float = 120.0,
     ) -> None:
+        """``factory`` (the service) or ``build_informer`` (tests, tools) makes the informers; with a
+        factory, ``page_size`` and ``use_watch_list`` are passed to each informer it creates.
+        ``checkpoint_store`` None disables checkpoints (every start lists everything).
+        ``checkpoint_interval`` is in seconds; a checkpoint is written only when the acknowledged
+        state moved. ``on_event(resource, kind)`` is called for every change an informer processed
+        (for the ``events_received`` counter). ``start_sinks`` False leaves starting and closing the
+        sinks to the caller."""
+        if (factory is None) == (build_informer is None):
+            raise ValueError("give exactly one of factory or build_informer")
+        if checkpoint_interval <= 0:
+            raise ValueError(f"checkpoint_interval must be positive, got {checkpoint_interval}")
         ids = [w.informer_id for w in resources]
         if len(set(ids)) != len(ids):
             raise ValueError("the same resource scope is watched twice")
@@ -339,16 +353,34 @@ class BridgePipeline:
             raise ValueError(f"sink names must be unique, got {names}")
         self._resources = list(resources)
         self._sinks = list(sinks)
-        self._store = store
+        self._store = checkpoint_store
+        self._factory = factory
         self._build = build_informer
-        self._options = options
+        self._cluster = cluster
+        self._checkpoint_interval = checkpoint_interval
+        self._snapshot_on_first_start = snapshot_on_first_start
         self._clock: Clock = clock or RealClock()
+        self._page_size = page_size
+        self._use_watch_list = use_watch_list
+        self._on_event = on_event
         self._start_sinks = start_sinks
+        self._sync_timeout = sync_timeout
         self._informers: dict[str, _Informer] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
         self._stopping = False
         self.failed_tasks: list[str] = []
+        """Names of background tasks that died with an exception (logged when it happened)."""
+
+    def _make_informer(self, watched: WatchedResource, observer: DeliveryObserver) -> SharedIndexInformer:
+        if self._build is not None:
+            return self._build(watched, observer)
+        assert self._factory is not None
+        if watched.key in self._factory.informers:
+            raise ValueError(f"the factory already has an informer for {watched.key}; the pipeline must "
+                             "create it to observe its deliveries")
+        return self._factory.informer_for(watched.key, observer=observer, page_size=self._page_size,
+                                          use_watch_list=self._use_watch_list)
 
     # ---------------------------------------------------------------------------------------------
     # lifecycle
@@ -364,14 +396,17 @@ class BridgePipeline:
                 await sink.start()
         for watched in self._resources:
             await self._prepare(watched)
+        if self._factory is not None:
+            self._factory.start()
         for ident, inf in self._informers.items():
-            self._spawn(f"informer:{ident}", inf.informer.run())
+            if self._factory is None:
+                self._spawn(f"informer:{ident}", inf.informer.run())
             for sink_name, reg in inf.registrations.items():
                 sink = inf.listeners[sink_name].sink
                 period = float(getattr(sink, "resync_period", 0.0) or 0.0)
                 if period > 0:
                     self._spawn(f"snapshot-timer:{ident}:{sink_name}", self._snapshot_timer(inf, reg, period))
-            if self._options.snapshot_on_first_start and not inf.resumed:
+            if self._snapshot_on_first_start and not inf.resumed:
                 self._spawn(f"first-snapshot:{ident}", self._first_snapshot(inf))
         self._spawn("checkpoint-writer", self._checkpoint_loop())
 
@@ -380,7 +415,8 @@ class BridgePipeline:
         checkpoint: Checkpoint | None = None
         corrupt = False
         try:
-            checkpoint = await self._store.load(ident)
+            if self._store is not None:
+                checkpoint = await self._store.load(ident)
         except CheckpointCorruptError as exc:
             corrupt = True
             log.warning("checkpoint of %s is corrupt or unreadable (%s); ignoring it and doing a full "
@@ -388,15 +424,17 @@ class BridgePipeline:
         except CheckpointError as exc:
             corrupt = True
             log.warning("checkpoint store failed loading %s (%s); doing a full resync", ident, exc)
-        if checkpoint is not None:
-            tracker = _CountingTracker(name=ident, resource_version=checkpoint.resource_version,
-                                       index=checkpoint.objects)
-        else:
-            tracker = _CountingTracker(name=ident)
-        informer = self._build(watched, tracker)
+        tracker = _CountingTracker(
+            name=ident,
+            resource=watched.ref.qualified,
+            on_event=self._on_event,
+            resource_version=checkpoint.resource_version if checkpoint else "",
+            index=checkpoint.objects if checkpoint else None,
+        )
+        informer = self._make_informer(watched, tracker)
         inf = _Informer(watched=watched, informer=informer, tracker=tracker, corrupt_checkpoint=corrupt)
         if checkpoint is not None:
-            informer.resume_from(stub_objects(watched.resource, checkpoint.objects),
+            informer.resume_from(stub_objects(watched.ref, checkpoint.objects),
                                  checkpoint.resource_version)
             inf.resumed = True
             inf.resume_rv = checkpoint.resource_version
@@ -407,7 +445,7 @@ class BridgePipeline:
         for sink in self._sinks:
             if not _resource_matches(sink, watched):
                 continue
-            listener = SinkListener(sink=sink, resource=watched.resource, cluster=self._options.cluster,
+            listener = SinkListener(sink=sink, resource=watched.ref, cluster=self._cluster,
                                     clock=self._clock, snapshot_prefix=ident)
             reg = informer.add_event_handler(listener, _listener_options(sink))
             inf.registrations[sink.name] = reg
@@ -430,7 +468,7 @@ class BridgePipeline:
 
     async def wait_for_sync(self, timeout: float | None = None) -> bool:
         """True once every informer's cache has synced."""
-        limit = self._options.sync_timeout if timeout is None else timeout
+        limit = self._sync_timeout if timeout is None else timeout
         results = await asyncio.gather(
             *(inf.informer.wait_for_cache_sync(limit) for inf in self._informers.values())
         )
@@ -486,6 +524,8 @@ class BridgePipeline:
         await self.write_checkpoints()
         await asyncio.gather(*(inf.informer.shutdown(left()) for inf in self._informers.values()),
                              return_exceptions=True)
+        if self._factory is not None:
+            await self._factory.shutdown(left())
         await self._cancel_tasks(lambda name: True)
         if self._start_sinks:
             for sink in self._sinks:
@@ -493,8 +533,9 @@ class BridgePipeline:
                     await sink.close()
                 except Exception:
                     log.exception("shutdown: closing sink %s failed", sink.name)
-        with contextlib.suppress(Exception):
-            await self._store.close()
+        if self._store is not None:
+            with contextlib.suppress(Exception):
+                await self._store.close()
 
     async def _cancel_tasks(self, which: Callable[[str], bool]) -> None:
         tasks = [t for name, t in self._tasks.items() if which(name)]
@@ -509,13 +550,15 @@ class BridgePipeline:
 
     async def _checkpoint_loop(self) -> None:
         while True:
-            await self._clock.sleep(self._options.checkpoint_interval)
+            await self._clock.sleep(self._checkpoint_interval)
             await self.write_checkpoints()
 
     async def write_checkpoints(self) -> int:
         """Saves every informer whose acknowledged state moved since its last save; returns how
         many were written. Store failures are logged and retried at the next interval."""
         written = 0
+        if self._store is None:
+            return 0
         for ident, inf in self._informers.items():
             tracker = inf.tracker
             if tracker.generation == inf.saved_generation:
@@ -602,6 +645,23 @@ class BridgePipeline:
             resumed={i: inf.resumed for i, inf in self._informers.items()},
         )
 
+    def queue_depths(self) -> dict[str, int]:
+        """Sink name → notifications waiting in its listeners' buffers."""
+        return dict(self.stats().queue_depth)
+
+    def informer_gauges(self) -> dict[str, InformerGauges]:
+        """Informer (its key, as text) → the gauges the telemetry reads."""
+        st = self.stats()
+        return {
+            str(inf.watched.key): InformerGauges(
+                relists=st.relists[i],
+                cached_objects=len(inf.informer.get_indexer().list_keys()),
+                checkpoint_age=st.checkpoint_age[i],
+                checkpoint_lag=st.checkpoint_lag[i],
+            )
+            for i, inf in self._informers.items()
+        }
+
     def telemetry_snapshot(self) -> TelemetrySnapshot:
         """The gauges :class:`bridge.telemetry.Telemetry` reads at each scrape."""
         st = self.stats()
@@ -611,10 +671,5 @@ class BridgePipeline:
                                up=s.healthy())
             for s in self._sinks
         }
-        informers = {
-            i: InformerGauges(relists=st.relists[i],
-                              cached_objects=len(inf.informer.get_indexer().list_keys()),
-                              checkpoint_age=st.checkpoint_age[i], checkpoint_lag=st.checkpoint_lag[i])
-            for i, inf in self._informers.items()
-        }
+        informers = self.informer_gauges()
         return TelemetrySnapshot(sinks=sinks, informers=informers)

@@ -7,12 +7,17 @@ from collections.abc import Callable
 from typing import Any
 
 from bridge.contracts import DeliveryObserver
+from bridge.discovery import APIResource
+from bridge.factory import InformerKey
 from bridge.pipeline import WatchedResource
 from bridge.shared_informer import SharedIndexInformer
 from bridge.testing.fake_source import FakeControllerSource
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType, ResourceRef
 
 CONFIGMAPS = ResourceRef(group="", version="v1", resource="configmaps", kind="ConfigMap")
+CONFIGMAPS_API = APIResource(group="", version="v1", resource="configmaps", kind="ConfigMap", namespaced=True,
+                             verbs=("list", "watch"))
+WATCHED = WatchedResource(key=InformerKey("configmaps"), api=CONFIGMAPS_API, ref=CONFIGMAPS)
 
 
 class RecordingSink:

@@ -10,11 +10,10 @@ import pytest
 
 from bridge.checkpoint import FileCheckpointStore
 from bridge.clock import FakeClock
-from bridge.pipeline import BridgePipeline, PipelineOptions, WatchedResource
+from bridge.pipeline import BridgePipeline
 from bridge.testing.fake_source import FakeControllerSource
-from tests.checkpoint.helpers import CONFIGMAPS, RecordingSink, cm, fake_builder, until
+from tests.checkpoint.helpers import CONFIGMAPS, WATCHED, RecordingSink, cm, fake_builder, until
 
-WATCHED = WatchedResource(resource=CONFIGMAPS)
 IDENT = WATCHED.informer_id
 
 
@@ -22,9 +21,9 @@ def make(source: FakeControllerSource, tmp_path: Path, sink: RecordingSink,
          clock: FakeClock | None = None) -> BridgePipeline:
     clock = clock or FakeClock()
     return BridgePipeline(
-        resources=[WATCHED], sinks=[sink], store=FileCheckpointStore(directory=tmp_path),
+        resources=[WATCHED], sinks=[sink], checkpoint_store=FileCheckpointStore(directory=tmp_path),
         build_informer=fake_builder(source, clock), clock=clock,
-        options=PipelineOptions(cluster="test", checkpoint_interval=3600),
+        cluster="test", checkpoint_interval=3600,
     )
 
 
@@ -170,9 +169,9 @@ async def test_checkpoint_waits_for_every_sink(tmp_path: Path) -> None:
     clock = FakeClock()
     fast, slow = RecordingSink("fast"), RecordingSink("slow", auto_ack=False)
     p = BridgePipeline(
-        resources=[WATCHED], sinks=[fast, slow], store=FileCheckpointStore(directory=tmp_path),
+        resources=[WATCHED], sinks=[fast, slow], checkpoint_store=FileCheckpointStore(directory=tmp_path),
         build_informer=fake_builder(source, clock), clock=clock,
-        options=PipelineOptions(checkpoint_interval=10),
+        checkpoint_interval=10,
     )
     await p.start()
     await until(lambda: len(slow.unacked) == 1 and len(fast.events) == 1, what="delivery")

@@ -10,12 +10,11 @@ import pytest
 from bridge.checkpoint import FileCheckpointStore
 from bridge.clock import FakeClock
 from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind, ObjectKey
-from bridge.pipeline import BridgePipeline, PipelineOptions, SinkListener, WatchedResource
+from bridge.pipeline import BridgePipeline, SinkListener
 from bridge.testing.fake_source import FakeControllerSource
 from sinks.contract import ChangeEvent, DeliveryOutcome, EventType
-from tests.checkpoint.helpers import CONFIGMAPS, RecordingSink, cm, fake_builder, until
+from tests.checkpoint.helpers import CONFIGMAPS, WATCHED, RecordingSink, cm, fake_builder, until
 
-WATCHED = WatchedResource(resource=CONFIGMAPS)
 IDENT = WATCHED.informer_id
 
 
@@ -64,9 +63,9 @@ async def test_per_sink_resync_periods_with_fake_clock(tmp_path: Path) -> None:
     every10, every25, never = (RecordingSink("ten", resync_period=10), RecordingSink("q", resync_period=25),
                                RecordingSink("never"))
     p = BridgePipeline(resources=[WATCHED], sinks=[every10, every25, never],
-                       store=FileCheckpointStore(directory=tmp_path),
+                       checkpoint_store=FileCheckpointStore(directory=tmp_path),
                        build_informer=fake_builder(source, clock),
-                       clock=clock, options=PipelineOptions(checkpoint_interval=1000))
+                       clock=clock, checkpoint_interval=1000)
     await p.start()
     await until(lambda: all(len(s.events) == 4 for s in (every10, every25, never)), what="initial adds")
     source.modify(cm("o1", v="changed"))
@@ -95,7 +94,8 @@ async def test_snapshot_now_and_unknown_resource(tmp_path: Path) -> None:
     source.add(cm("b", ns="other"))
     clock = FakeClock()
     s1, s2 = RecordingSink("s1"), RecordingSink("s2", routing_resources=frozenset({"pods"}))
-    p = BridgePipeline(resources=[WATCHED], sinks=[s1, s2], store=FileCheckpointStore(directory=tmp_path),
+    p = BridgePipeline(resources=[WATCHED], sinks=[s1, s2],
+                       checkpoint_store=FileCheckpointStore(directory=tmp_path),
                        build_informer=fake_builder(source, clock), clock=clock)
     await p.start()
     assert await p.wait_for_sync(5)
@@ -118,9 +118,10 @@ async def test_snapshot_on_first_start_only(tmp_path: Path) -> None:
     async def run_once() -> RecordingSink:
         clock = FakeClock()
         sink = RecordingSink("s")
-        p = BridgePipeline(resources=[WATCHED], sinks=[sink], store=FileCheckpointStore(directory=tmp_path),
+        p = BridgePipeline(resources=[WATCHED], sinks=[sink],
+                           checkpoint_store=FileCheckpointStore(directory=tmp_path),
                            build_informer=fake_builder(source, clock), clock=clock,
-                           options=PipelineOptions(snapshot_on_first_start=True))
+                           snapshot_on_first_start=True)
         await p.start()
         assert await p.wait_for_sync(5)
         await until(lambda: p.tracker(IDENT).resource_version != "", what="acks")
