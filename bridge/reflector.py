@@ -8,11 +8,11 @@ expires, it re-watches or relists following client-go's rules (CLIENT-GO-SEMANTI
 
 * list RV ``"0"`` before the first sync, the last synced RV afterwards, ``""`` once that RV is known
   to be unavailable (an Expired / too-large list error, which also relists at once, without backoff);
-* paginated lists (later pages send only ``continue``); a continuation page that expired is
-  retried once as a full unpaginated list at the original RV. Page size: ``page_size`` when given
-  (0 = unpaginated); otherwise client-go's choice — 500, except that a relist at a specific RV is
-  unpaginated so the API server can serve it from its watch cache, unless the first list at ``"0"``
-  came back paginated (the watch cache is off, so paging is what the server wants);
+* paginated lists of ``page_size`` (0 = never paginate; later pages send only ``continue``); a
+  continuation page that expired is retried once as a full unpaginated list at the original RV.
+  As in client-go, a relist at a specific RV is unpaginated, so the API server can serve it from its
+  watch cache (with a limit it would be an exact read from etcd, often 410 after compaction),
+  unless the first list at ``"0"`` came back paginated (no watch cache: paging is what it wants);
 * watch with ``allow_watch_bookmarks`` and a random timeout in ``[min_watch_timeout, 2·min)``; each
   event (bookmarks included) advances the last synced RV and, when the store has it, calls
   ``store.update_resource_version(rv)``;
@@ -73,9 +73,6 @@ log = logging.getLogger(__name__)
 
 INITIAL_EVENTS_END_ANNOTATION = "k8s.io/initial-events-end"
 """Annotation (value ``"true"``) on the bookmark that ends a WatchList's initial state."""
-
-_DEFAULT_PAGE_SIZE = 500
-"""client-go's pager default."""
 
 _SHORT_WATCH = 1.0
 """A watch closing sooner than this with no event is treated as a failure (client-go's rule)."""
@@ -164,7 +161,7 @@ class Reflector:
         clock: Clock,
         resync_period: float = 0.0,
         should_resync: Callable[[], bool] | None = None,
-        page_size: int | None = None,
+        page_size: int = 500,
         use_watch_list: bool = False,
         initial_resource_version: str = "",
         watch_error_handler: WatchErrorHandler | None = None,
@@ -174,7 +171,7 @@ class Reflector:
     ) -> None:
         if resync_period < 0:
             raise ValueError(f"reflector {name}: resync_period must be >= 0, got {resync_period}")
-        if page_size is not None and page_size < 0:
+        if page_size < 0:
             raise ValueError(f"reflector {name}: page_size must be >= 0 (0 = unpaginated), got {page_size}")
         if min_watch_timeout <= 0:
             raise ValueError(f"reflector {name}: min_watch_timeout must be > 0, got {min_watch_timeout}")
@@ -335,10 +332,10 @@ class Reflector:
         log.debug("reflector %s: listed %d items at resourceVersion %s", self.name, len(items), list_rv)
 
     def _page_limit(self, rv: str) -> int | None:
-        if self._page_size is not None:
-            return self._page_size or None
+        if self._page_size == 0:
+            return None
         if self._paginated_result or rv in ("", "0"):
-            return _DEFAULT_PAGE_SIZE
+            return self._page_size
         # A relist "not older than" RV without a limit can be served from the watch cache; with a
         # limit it would be an exact read from etcd (and a likely 410 after compaction).
         return None

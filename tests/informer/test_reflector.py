@@ -469,28 +469,31 @@ async def test_410_error_event_backs_off_then_relists_at_the_last_rv(make: Calla
     assert h.errors == []
 
 
-@pytest.mark.parametrize("page_size", [None, 500])
+@pytest.mark.parametrize("page_size", [500, 1])
 async def test_410_after_compaction_relists_at_last_rv_then_with_empty_rv(
-    make: Callable[..., Harness], page_size: int | None,
+    make: Callable[..., Harness], page_size: int,
 ) -> None:
     h = make(page_size=page_size)
     h.src.add(cm("a"))
-    await h.start()
     h.src.add(cm("b"))
+    await h.start()
+    h.src.add(cm("c"))
     await settle()
     requests(h.src)
     h.src.inject_error(410)
     await settle()
-    h.src.add(cm("c"))  # unseen: the watch is down
+    h.src.add(cm("d"))  # unseen: the watch is down
     h.src.compact()
     await h.advance(0.8)
-    if page_size is None:
-        # Unpaginated "not older than 2": served despite the compaction.
-        assert requests(h.src) == [("list", "2", None, None), ("watch", "3")]
+    if page_size == 500:
+        # Unpaginated "not older than 3": served despite the compaction.
+        assert requests(h.src) == [("list", "3", None, None), ("watch", "4")]
     else:
-        # A paginated list at "2" is an exact read: compacted → 410 → "" at once.
-        assert requests(h.src) == [("list", "2", 500, None), ("list", "", 500, None), ("watch", "3")]
-    assert h.store.take()[-1] == ("replace", [("a", "1"), ("b", "2"), ("c", "3")], "3")
+        # The first list came back paginated, so relists page too; a paginated list at "3" is an
+        # exact read: compacted → 410 → "" at once.
+        assert requests(h.src) == [("list", "3", 1, None), ("list", "", 1, None)] + [
+            ("list", "", 1, "continue")] * 3 + [("watch", "4")]
+    assert h.store.take()[-1] == ("replace", [("a", "1"), ("b", "2"), ("c", "3"), ("d", "4")], "4")
 
 
 async def test_other_error_event_relists_after_backoff(make: Callable[..., Harness]) -> None:
