@@ -16,9 +16,13 @@ expires, it re-watches or relists following client-go's rules (CLIENT-GO-SEMANTI
 * watch with ``allow_watch_bookmarks`` and a random timeout in ``[min_watch_timeout, 2·min)``; each
   event (bookmarks included) advances the last synced RV and, when the store has it, calls
   ``store.update_resource_version(rv)``;
-* a watch that ends cleanly after at least 1 s or one event is re-opened at once from the last RV;
-  one that ends in under 1 s with no event, or an ``ERROR`` event, ends the cycle: backoff, relist;
-  connection refused or 429 when opening a watch → backoff, then the same watch again;
+* a watch that ends cleanly after at least 1 s or one event is re-opened at once from the last RV
+  (a connection broken mid-stream counts as a clean end, as in client-go's stream watcher); one
+  that ends in under 1 s with no event, or an ``ERROR`` event, ends the cycle: backoff, relist at
+  the last RV; connection refused or 429 when opening a watch, or a 429 ``ERROR`` event → backoff
+  (at least the server's Retry-After), then the same watch again;
+* the watch-error handler sees only cycles that failed (list error, watch that could not be
+  opened, store error); ``ERROR`` events and closes are routine and only logged, as in client-go;
 * a resync timer calling ``store.resync()`` every ``resync_period`` when ``should_resync()`` agrees;
 * WatchList (``use_watch_list``): the initial state streamed as ADDED events up to the
   ``k8s.io/initial-events-end`` bookmark, then the same stream continues as a normal watch; a server
