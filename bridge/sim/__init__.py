@@ -6,7 +6,10 @@ its HTTP contract the bridge relies on (see ``server.py``), with a churn generat
 
 from __future__ import annotations
 
+from bridge.sim.churn import ChurnGenerator, ChurnMix, ChurnStats
+from bridge.sim.cli import sim_main
 from bridge.sim.faults import FaultSpec, FaultState, FaultTarget
+from bridge.sim.objects import make_pod
 from bridge.sim.resources import BUILTIN_RESOURCES, ResourceRegistry, ResourceType, UnknownResourceError
 from bridge.sim.server import INITIAL_EVENTS_END_ANNOTATION, Simulator
 from bridge.sim.store import ObjectStore, PatchType, Watcher, WatchFilter
@@ -14,6 +17,9 @@ from bridge.sim.store import ObjectStore, PatchType, Watcher, WatchFilter
 __all__ = [
     "BUILTIN_RESOURCES",
     "INITIAL_EVENTS_END_ANNOTATION",
+    "ChurnGenerator",
+    "ChurnMix",
+    "ChurnStats",
     "FaultSpec",
     "FaultState",
     "FaultTarget",
@@ -25,4 +31,6 @@ __all__ = [
     "UnknownResourceError",
     "WatchFilter",
     "Watcher",
+    "make_pod",
+    "sim_main",
 ]

@@ -500,7 +500,7 @@ class Simulator:
             if rt.namespaced and target.namespace is None:
                 raise SimStatusError("the server does not allow this method on the requested resource",
                                      code=405, reason="MethodNotAllowed")
-            return _json_response(store.create(rt, body, namespace=target.namespace), status=201)
+            return _json_response(store.create(rt, body, namespace=target.namespace, copy=False), status=201)
         assert target.name is not None
         if verb == "update":
             if not isinstance(body, dict):
@@ -509,17 +509,18 @@ class Simulator:
             if meta is None or meta.get("name") != target.name:
                 raise BadRequest("the name of the object does not match the name on the URL")
             return _json_response(store.update(rt, body, namespace=target.namespace,
-                                               subresource=target.subresource))
+                                               subresource=target.subresource, copy=False))
         if verb == "patch":
             content_type = request.content_type
             return _json_response(store.patch(rt, target.name, body, namespace=target.namespace,
-                                              patch_type=content_type, subresource=target.subresource))
+                                              patch_type=content_type, subresource=target.subresource,
+                                              copy=False))
         # delete: DeleteOptions may carry preconditions
         pre = body.get("preconditions") if isinstance(body, dict) else None
         pre = pre if isinstance(pre, dict) else {}
         return _json_response(store.delete(rt, target.name, namespace=target.namespace,
                                            precondition_rv=pre.get("resourceVersion"),
-                                           precondition_uid=pre.get("uid")))
+                                           precondition_uid=pre.get("uid"), copy=False))
 
     @staticmethod
     async def _read_body(request: web.Request) -> Any:

@@ -424,8 +424,12 @@ class ObjectStore:
     # ------------------------------------------------------------------ mutations
 
     def create(self, resource: str | ResourceType, obj: Mapping[str, Any], *,
-               namespace: str | None = None) -> KubeObject:
-        """Creates an object; 409 AlreadyExists when the name is taken."""
+               namespace: str | None = None, copy: bool = True) -> KubeObject:
+        """Creates an object; 409 AlreadyExists when the name is taken.
+
+        Every mutation returns a copy of the stored object; with ``copy=False`` it returns the stored
+        object itself, which the caller must not change (the HTTP layer and the churn generator do this
+        to save a copy)."""
         rt = self.resolve(resource)
         bucket = self._bucket(rt)
         new: KubeObject = _copy(obj)
@@ -469,7 +473,7 @@ class ObjectStore:
         stored: KubeObject = {"apiVersion": rt.api_version, "kind": rt.kind, "metadata": meta}
         stored.update({k: v for k, v in new.items() if k not in ("apiVersion", "kind", "metadata")})
         self._commit(bucket, "ADDED", key, stored, None)
-        return _copy_obj(stored)
+        return _copy_obj(stored) if copy else stored
 
     def _current(self, rt: ResourceType, name: str,
                  namespace: str | None) -> tuple[_Bucket, _Key, KubeObject]:
@@ -481,7 +485,7 @@ class ObjectStore:
         return bucket, key, existing
 
     def update(self, resource: str | ResourceType, obj: Mapping[str, Any], *, namespace: str | None = None,
-               subresource: str | None = None) -> KubeObject:
+               subresource: str | None = None, copy: bool = True) -> KubeObject:
         """Replaces an object (PUT). A ``metadata.resourceVersion`` in ``obj`` is a precondition
         (409 Conflict when stale). On the main resource of a type with a status subresource the status
         is kept; with ``subresource="status"`` only the status changes. An update that changes nothing
@@ -496,10 +500,14 @@ class ObjectStore:
             raise BadRequest("the namespace of the provided object does not match the namespace sent "
                              "on the request")
         bucket, key, existing = self._current(rt, name, ns if rt.namespaced else None)
-        return self._replace(bucket, key, existing, _copy(obj), subresource)
+        stored = self._replace(bucket, key, existing, _copy_obj(obj), subresource)
+        return _copy_obj(stored) if copy else stored
 
     def _replace(self, bucket: _Bucket, key: _Key, existing: KubeObject, new: KubeObject,
                  subresource: str | None) -> KubeObject:
+        """Commits ``new`` over ``existing`` and returns the stored result (or ``existing`` when
+        nothing changed). ``new`` must be the caller's own (it is kept); unchanged subtrees may be
+        shared with ``existing``, which is never mutated."""
         rt = bucket.resource
         old_meta = existing["metadata"]
         meta = new.get("metadata") if isinstance(new.get("metadata"), dict) else {}
@@ -539,20 +547,22 @@ class ObjectStore:
                 merged_meta["generation"] = int(old_meta.get("generation", 1)) + 1
         result["metadata"]["resourceVersion"] = old_meta["resourceVersion"]
         if result == existing:
-            return _copy_obj(existing)
+            return existing
         result["metadata"]["resourceVersion"] = self._next_rv()
         self._commit(bucket, "MODIFIED", key, result, existing)
-        return _copy_obj(result)
+        return result
 
     def patch(self, resource: str | ResourceType, name: str, patch: Any, *, namespace: str | None = None,
-              patch_type: str = PatchType.MERGE, subresource: str | None = None) -> KubeObject:
+              patch_type: str = PatchType.MERGE, subresource: str | None = None,
+              copy: bool = True) -> KubeObject:
         """Applies a JSON merge patch (merge and strategic-merge) or a JSON patch, then updates."""
         rt = self.resolve(resource)
         bucket, key, existing = self._current(rt, name, namespace)
         if patch_type in (PatchType.MERGE, PatchType.STRATEGIC):
             if not isinstance(patch, dict):
                 raise BadRequest("a merge patch must be a JSON object")
-            doc = json_merge_patch(_copy(existing), patch)
+            # Builds new dicts along the patched paths only; the rest is shared, never mutated.
+            doc = json_merge_patch(existing, patch)
             patch_meta = patch.get("metadata")
             preconditioned = isinstance(patch_meta, dict) and "resourceVersion" in patch_meta
         elif patch_type == PatchType.JSON:
@@ -564,17 +574,18 @@ class ObjectStore:
                                           f"media types include: {', '.join(PatchType.ALL)}")
         if not isinstance(doc, dict):
             raise BadRequest("the patched object is not a JSON object")
-        meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
-        assert isinstance(meta, dict)
+        meta = dict(doc["metadata"]) if isinstance(doc.get("metadata"), dict) else {}
         if meta.get("name") != name:
             raise BadRequest("the name of the object cannot be changed by a patch")
         if not preconditioned:
             meta["resourceVersion"] = existing["metadata"]["resourceVersion"]
         doc["metadata"] = meta
-        return self._replace(bucket, key, existing, doc, subresource)
+        stored = self._replace(bucket, key, existing, doc, subresource)
+        return _copy_obj(stored) if copy else stored
 
     def delete(self, resource: str | ResourceType, name: str, *, namespace: str | None = None,
-               precondition_rv: str | None = None, precondition_uid: str | None = None) -> KubeObject:
+               precondition_rv: str | None = None, precondition_uid: str | None = None,
+               copy: bool = True) -> KubeObject:
         """Deletes at once and returns the last state, carrying the delete's resourceVersion."""
         rt = self.resolve(resource)
         bucket, key, existing = self._current(rt, name, namespace)
@@ -588,7 +599,7 @@ class ObjectStore:
         final = dict(existing)
         final["metadata"] = {**meta, "resourceVersion": self._next_rv()}
         self._commit(bucket, "DELETED", key, final, existing)
-        return _copy_obj(final)
+        return _copy_obj(final) if copy else final
 
     def compact(self) -> int:
         """Drops every history entry now (as an etcd compaction at the current RV); returns that RV."""

@@ -1,0 +1,147 @@
+"""The simulator's command line, behind ``python -m bridge.sim`` and ``kube-event-bridge sim``.
+
+Runs in its own process when a test needs an API server that outlives the bridge (crash tests), and
+for the demo. Prints ``simulator listening on http://HOST:PORT`` once it serves, optionally writes a
+kubeconfig for it, optionally generates churn, and stops cleanly on SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from bridge.sim.churn import ChurnGenerator, ChurnMix
+from bridge.sim.faults import FaultSpec, FaultTarget
+from bridge.sim.server import Simulator
+from bridge.sim.store import DEFAULT_HISTORY_SIZE
+
+__all__ = ["build_parser", "sim_main"]
+
+
+def _crd(text: str) -> dict[str, Any]:
+    """``group/version/plural/Kind`` with an optional ``/cluster`` for cluster-scoped CRDs."""
+    parts = text.split("/")
+    if len(parts) not in (4, 5) or (len(parts) == 5 and parts[4] not in ("cluster", "namespaced")):
+        raise argparse.ArgumentTypeError(f"--crd {text!r}: expected group/version/plural/Kind[/cluster]")
+    return {"group": parts[0], "version": parts[1], "plural": parts[2], "kind": parts[3],
+            "namespaced": not (len(parts) == 5 and parts[4] == "cluster")}
+
+
+def _forbidden(text: str) -> tuple[str, str]:
+    """``plural`` (core group) or ``plural.group``."""
+    plural, _, group = text.partition(".")
+    return group, plural
+
+
+def build_parser(prog: str = "python -m bridge.sim") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Serve the kube-event-bridge API-server simulator.")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on start)")
+    p.add_argument("--kubeconfig", metavar="PATH", help="write a kubeconfig for the simulator here")
+    p.add_argument("--token", help="require this bearer token (written into the kubeconfig)")
+    p.add_argument("--forbid", action="append", default=[], type=_forbidden, metavar="RESOURCE",
+                   help="answer 403 for this resource (pods, deployments.apps); repeatable")
+    p.add_argument("--crd", action="append", default=[], type=_crd, metavar="G/V/PLURAL/KIND[/cluster]",
+                   help="serve a CRD; repeatable")
+    p.add_argument("--history-size", type=int, default=DEFAULT_HISTORY_SIZE,
+                   help="changes kept per resource for watches and continue tokens")
+    p.add_argument("--bookmark-interval", type=float, default=60.0, help="seconds between BOOKMARK events")
+    p.add_argument("--too-large-wait", type=float, default=3.0,
+                   help="seconds a request for a future resourceVersion waits before its 504")
+    p.add_argument("--no-watch-list", action="store_true", help="reject sendInitialEvents (old server)")
+    churn = p.add_argument_group("churn")
+    churn.add_argument("--churn-rate", type=float, default=0.0, help="events per second (0: no churn)")
+    churn.add_argument("--churn-objects", type=int, default=100, help="target population")
+    churn.add_argument("--churn-size", type=int, default=None, help="object size in bytes")
+    churn.add_argument("--churn-mix", default="create=1,update=3,delete=1")
+    churn.add_argument("--churn-resource", default="pods")
+    churn.add_argument("--namespaces", default="default", help="comma-separated namespaces for churn")
+    churn.add_argument("--seed", type=int, default=None)
+    faults = p.add_argument_group("faults (also settable at run time: POST /_sim/faults)")
+    faults.add_argument("--fault-watch-close-after", type=int, metavar="N")
+    faults.add_argument("--fault-watch-cut-after", type=int, metavar="N")
+    faults.add_argument("--fault-watch-expire-after", type=int, metavar="N")
+    faults.add_argument("--fault-delay", type=float, default=0.0, metavar="SECONDS")
+    faults.add_argument("--fault-error-code", type=int, choices=(429, 500, 503))
+    faults.add_argument("--fault-error-count", type=int, default=0, metavar="K")
+    faults.add_argument("--fault-error-retry-after", type=int, default=1, metavar="SECONDS")
+    faults.add_argument("--fault-error-target", choices=[t.value for t in FaultTarget], default="any")
+    return p
+
+
+def _fault_spec(args: argparse.Namespace) -> FaultSpec:
+    return FaultSpec(
+        watch_close_after=args.fault_watch_close_after,
+        watch_cut_after=args.fault_watch_cut_after,
+        watch_expire_after=args.fault_watch_expire_after,
+        delay=args.fault_delay,
+        error_code=args.fault_error_code,
+        error_count=args.fault_error_count,
+        error_retry_after=args.fault_error_retry_after,
+        error_target=FaultTarget(args.fault_error_target),
+    )
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    sim = Simulator(
+        host=args.host, port=args.port, history_size=args.history_size,
+        bookmark_interval=args.bookmark_interval, too_large_wait=args.too_large_wait,
+        faults=_fault_spec(args), watch_list=not args.no_watch_list, crds=args.crd,
+        token=args.token, forbidden=args.forbid,
+    )
+    churn: ChurnGenerator | None = None
+    if args.churn_rate > 0:
+        namespaces = [n.strip() for n in args.namespaces.split(",") if n.strip()]
+        churn = ChurnGenerator(store=sim.store, rate=args.churn_rate, mix=ChurnMix.parse(args.churn_mix),
+                               objects=args.churn_objects, object_size=args.churn_size,
+                               namespaces=namespaces, seed=args.seed, resource=args.churn_resource)
+        churn.prefill()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    handled: list[signal.Signals] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        # Only the main thread may install handlers; elsewhere the caller stops us another way.
+        with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+            handled.append(sig)
+    url = await sim.start()
+    churn_task: asyncio.Task[Any] | None = None
+    try:
+        if args.kubeconfig:
+            sim.write_kubeconfig(args.kubeconfig)
+        print(f"simulator listening on {url}", flush=True)
+        if churn is not None:
+            churn_task = asyncio.create_task(churn.run(), name="sim-churn")
+            churn_task.add_done_callback(lambda t: None if t.cancelled() or t.exception() is None
+                                         else stop.set())
+        await stop.wait()
+    finally:
+        if churn is not None and churn_task is not None:
+            churn.stop()
+            with contextlib.suppress(Exception):
+                await churn_task
+        await sim.stop()
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+    if churn_task is not None and not churn_task.cancelled() and churn_task.exception() is not None:
+        print(f"churn generator failed: {churn_task.exception()!r}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def sim_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: parses ``argv`` (default ``sys.argv[1:]``), serves until SIGINT/SIGTERM."""
+    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    try:
+        return asyncio.run(_serve(args))
+    except OSError as exc:
+        print(f"simulator: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"simulator: {exc}", file=sys.stderr)
+        return 2
