@@ -31,8 +31,8 @@ header values are percent-encoded outside printable ASCII as the HTTP binding re
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
+import math
 import re
 import time as _time
 import urllib.parse
@@ -87,7 +87,12 @@ _MISSING: Any = object()
 def event_id(event: ChangeEvent) -> str:
     """Deterministic id: 32 hex digits of SHA-256 over uid, resourceVersion, type and snapshot id."""
     snap = event.snapshot.id if event.snapshot is not None else ""
-    raw = f"{event.uid}\0{event.resource_version}\0{event.type.value}\0{snap}".encode()
+    if event.obj is None:
+        uid, rv = "", event.resource_version
+    else:
+        meta = event.metadata
+        uid, rv = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
+    raw = f"{uid}\0{rv}\0{event.type.value}\0{snap}".encode()
     return hashlib.sha256(raw).hexdigest()[:32]
 
 
@@ -106,16 +111,23 @@ def event_type(event: ChangeEvent, compat: Compat = "native") -> str:
 
 def rfc3339(seconds: float) -> str:
     """``2024-05-01T12:00:00.123456Z`` (microseconds kept so order within a second survives)."""
-    moment = _dt.datetime.fromtimestamp(seconds, tz=_dt.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    whole = math.floor(seconds)
+    micros = round((seconds - whole) * 1_000_000)
+    if micros == 1_000_000:
+        whole, micros = whole + 1, 0
+    t = _time.gmtime(whole)
+    return (
+        f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}"
+        f".{micros:06d}Z"
+    )
 
 
-def _knative_subject(event: ChangeEvent) -> str:
+def _knative_subject(event: ChangeEvent, namespace: str, name: str) -> str:
     res = event.resource
     base = f"/apis/{res.api_version}"
-    if event.namespace:
-        return f"{base}/namespaces/{event.namespace}/{res.resource}/{event.name}"
-    return f"{base}/{res.resource}/{event.name}"
+    if namespace:
+        return f"{base}/namespaces/{namespace}/{res.resource}/{name}"
+    return f"{base}/{res.resource}/{name}"
 
 
 def to_cloudevent(
@@ -135,20 +147,27 @@ def to_cloudevent(
         "source": knative_source if knative else event_source(event),
         "type": event_type(event, compat),
     }
-    if event.obj is not None:
-        ce["subject"] = _knative_subject(event) if knative else event.subject
+    has_obj = event.obj is not None
+    if has_obj:
+        meta = event.metadata
+        namespace = str(meta.get("namespace") or "")
+        name = str(meta.get("name") or "")
+        if knative:
+            ce["subject"] = _knative_subject(event, namespace, name)
+        else:
+            ce["subject"] = f"{namespace}/{name}" if namespace else name
     ce["time"] = rfc3339(event.time or _time.time())
     ce["datacontenttype"] = datacontenttype
     res = event.resource
     ce["cluster"] = event.cluster
     ce["kind"] = res.kind
     ce["apiversion"] = res.api_version
-    if event.obj is not None:
-        if event.namespace:
-            ce["namespace"] = event.namespace
-        ce["name"] = event.name
-        ce["uid"] = event.uid
-        ce["resourceversion"] = event.resource_version
+    if has_obj:
+        if namespace:
+            ce["namespace"] = namespace
+        ce["name"] = name
+        ce["uid"] = str(meta.get("uid") or "")
+        ce["resourceversion"] = str(meta.get("resourceVersion") or "")
     if event.final_state_unknown:
         ce["finalstateunknown"] = "true"
     snap = event.snapshot

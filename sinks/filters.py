@@ -30,6 +30,7 @@ __all__ = [
     "Path",
     "RoutingFilter",
     "changed_paths",
+    "is_mapping",
     "parse_path",
     "resource_matches",
 ]
@@ -72,22 +73,23 @@ def parse_path(text: str) -> Path:
     return tuple(parts)
 
 
-def _covers(prefix: Path, path: Path) -> bool:
-    """True if ``path`` lies at or under ``prefix`` (``*`` in the prefix matches any segment)."""
-    if len(prefix) > len(path):
+_SCALARS: frozenset[type] = frozenset({str, int, float, bool, type(None), list})
+
+
+def is_mapping(value: Any) -> bool:
+    """``isinstance(value, Mapping)`` without the ABC check for the JSON types seen on hot paths."""
+    kind = type(value)
+    if kind is dict:
+        return True
+    if kind in _SCALARS:
         return False
-    return all(p in (WILDCARD, s) for p, s in zip(prefix, path, strict=False))
-
-
-def _overlaps(a: Path, b: Path) -> bool:
-    """True if one path lies at or under the other."""
-    return all(WILDCARD in (x, y) or x == y for x, y in zip(a, b, strict=False))
+    return isinstance(value, Mapping)
 
 
 def changed_paths(old: Any, new: Any, base: Path = ()) -> Iterator[Path]:
     """Yields the paths where ``old`` and ``new`` differ, descending into mappings present on both
     sides (lists are compared whole). Lazy, so a caller can stop at the first interesting change."""
-    if isinstance(old, Mapping) and isinstance(new, Mapping):
+    if is_mapping(old) and is_mapping(new):
         for key, value in new.items():
             if key not in old:
                 yield (*base, str(key))
@@ -103,30 +105,120 @@ def changed_paths(old: Any, new: Any, base: Path = ()) -> Iterator[Path]:
         yield base
 
 
+# The ignored paths as a trie: key → child node; _IGNORED marks an ignored subtree.
+_Trie = dict[str, Any]
+_IGNORED: _Trie = {}
+_MISSING: Any = object()
+
+
+def _build_trie(paths: Iterable[Path]) -> _Trie | None:
+    root: _Trie = {}
+    for path in paths:
+        node = root
+        for seg in path[:-1]:
+            nxt = node.get(seg)
+            if nxt is _IGNORED:
+                break
+            if nxt is None:
+                nxt = node[seg] = {}
+            node = nxt
+        else:
+            node[path[-1]] = _IGNORED
+    return root or None
+
+
+def _child(node: _Trie | None, key: str) -> _Trie | None:
+    if node is None:
+        return None
+    found = node.get(key)
+    return found if found is not None else node.get(WILDCARD)
+
+
+def _differs(old: Any, new: Any, ignore: _Trie | None) -> bool:
+    """True if ``old`` and ``new`` differ outside the ignored subtrees."""
+    if ignore is _IGNORED or old is new:
+        return False
+    if ignore is None or not (is_mapping(old) and is_mapping(new)):
+        return bool(old != new)  # deep comparison at C speed
+    wild = ignore.get(WILDCARD)
+    for key, value in new.items():
+        child = ignore.get(key, wild)
+        if child is _IGNORED:
+            continue
+        if key not in old:
+            return True
+        before = old[key]
+        if before is value:
+            continue
+        if child is None:
+            if before != value:
+                return True
+        elif _differs(before, value, child):
+            return True
+    return any(key not in new and ignore.get(key, wild) is not _IGNORED for key in old)
+
+
+def _touches(old: Any, new: Any, path: Path, ignore: _Trie | None) -> bool:
+    """True if the values at ``path`` (``*`` expanded) differ outside the ignored subtrees."""
+    if old is new or ignore is _IGNORED:
+        return False
+    if not path:
+        return _differs(old, new, ignore)
+    head, rest = path[0], path[1:]
+    old_map, new_map = is_mapping(old), is_mapping(new)
+    if head != WILDCARD:
+        return _touches(
+            old.get(head, _MISSING) if old_map else _MISSING,
+            new.get(head, _MISSING) if new_map else _MISSING,
+            rest,
+            _child(ignore, head),
+        )
+    if old_map or new_map:
+        keys = dict.fromkeys([*(old if old_map else ()), *(new if new_map else ())])
+        return any(
+            _touches(
+                old.get(k, _MISSING) if old_map else _MISSING,
+                new.get(k, _MISSING) if new_map else _MISSING,
+                rest,
+                _child(ignore, k),
+            )
+            for k in keys
+        )
+    old_list = old if isinstance(old, list) else []
+    new_list = new if isinstance(new, list) else []
+    return any(
+        _touches(
+            old_list[i] if i < len(old_list) else _MISSING,
+            new_list[i] if i < len(new_list) else _MISSING,
+            rest,
+            ignore,
+        )
+        for i in range(max(len(old_list), len(new_list)))
+    )
+
+
 class ChangeFilter:
     """Decides whether an update is worth delivering."""
 
-    __slots__ = ("ignore", "only")
+    __slots__ = ("_trie", "ignore", "only")
 
     def __init__(self, *, ignore_paths: Iterable[str] = (), only_paths: Iterable[str] = ()) -> None:
         self.ignore: tuple[Path, ...] = tuple(parse_path(p) for p in ignore_paths)
         self.only: tuple[Path, ...] = tuple(parse_path(p) for p in only_paths)
+        self._trie = _build_trie(self.ignore)
 
     @property
     def active(self) -> bool:
         return bool(self.ignore or self.only)
 
     def interesting(self, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
-        """True if some change between ``old`` and ``new`` is outside the ignored paths and (when
-        ``only_paths`` is set) touches one of them. Without ``old`` every update is interesting."""
+        """True if something differs between ``old`` and ``new`` outside the ignored paths and (when
+        ``only_paths`` is set) under one of them. Without ``old`` every update is interesting."""
         if old is None or new is None or not self.active:
             return True
-        for path in changed_paths(old, new):
-            if any(_covers(ign, path) for ign in self.ignore):
-                continue
-            if not self.only or any(_overlaps(only, path) for only in self.only):
-                return True
-        return False
+        if not self.only:
+            return _differs(old, new, self._trie)
+        return any(_touches(old, new, path, self._trie) for path in self.only)
 
 
 # ---- label selectors ---------------------------------------------------------------------------

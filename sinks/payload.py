@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sinks.contract import EventType
+from sinks.filters import is_mapping
 
 __all__ = ["MERGE_PATCH_CONTENT_TYPE", "PayloadMode", "apply_merge_patch", "build_payload", "merge_patch"]
 
@@ -32,9 +33,9 @@ class PayloadMode(enum.StrEnum):
 
 def merge_patch(old: Any, new: Any) -> Any:
     """The RFC 7386 merge patch turning ``old`` into ``new``."""
-    if not isinstance(new, Mapping):
+    if not is_mapping(new):
         return new
-    if not isinstance(old, Mapping):
+    if not is_mapping(old):
         old = {}
     patch: dict[str, Any] = {}
     for key, value in new.items():
@@ -44,7 +45,7 @@ def merge_patch(old: Any, new: Any) -> Any:
         before = old[key]
         if before is value or before == value:
             continue
-        if isinstance(value, Mapping) and isinstance(before, Mapping):
+        if is_mapping(value) and is_mapping(before):
             patch[key] = merge_patch(before, value)
         else:
             patch[key] = value
@@ -56,9 +57,9 @@ def merge_patch(old: Any, new: Any) -> Any:
 
 def apply_merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 ``MergePatch(target, patch)``; returns a new value, never mutating ``target``."""
-    if not isinstance(patch, Mapping):
+    if not is_mapping(patch):
         return patch
-    result: dict[str, Any] = dict(target) if isinstance(target, Mapping) else {}
+    result: dict[str, Any] = dict(target) if is_mapping(target) else {}
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sinks.contract import ResourceRef
-from sinks.filters import WILDCARD, Path, parse_path
+from sinks.filters import WILDCARD, Path, is_mapping, parse_path
 
 __all__ = ["REDACTED", "Redactor"]
 
@@ -26,7 +26,7 @@ _MANAGED_FIELDS: Path = ("metadata", "managedFields")
 
 
 def _redact_value(value: Any) -> Any:
-    if isinstance(value, Mapping):
+    if is_mapping(value):
         return dict.fromkeys(value, REDACTED)
     if isinstance(value, list):
         return [REDACTED] * len(value)
@@ -38,7 +38,7 @@ def _apply(node: Any, path: Path, drop: bool) -> Any:
     if not path:
         return node
     head, rest = path[0], path[1:]
-    if isinstance(node, Mapping):
+    if is_mapping(node):
         keys = list(node) if head == WILDCARD else ([head] if head in node else [])
         if not keys:
             return node
