@@ -1,0 +1,141 @@
+"""The ``kube-event-bridge`` command.
+
+Subcommands::
+
+    run           the service: informers → sinks, checkpoints, health/metrics endpoint
+    sim           the API-server simulator (for demos, tests and benchmarks)
+    demo          simulator + churn + bridge + stdout/file sinks, the embedded default
+    check-config  validate a configuration file and print it with secrets masked
+    snapshot      ask a running bridge for a resync snapshot
+
+Exit codes: 0 success; 1 runtime failure; 2 bad usage or invalid configuration; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+import yaml
+
+from bridge import __version__
+from bridge.errors import BridgeError, ConfigurationError
+
+__all__ = ["EXIT_CONFIG", "EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_OK", "main"]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_CONFIG = 2
+EXIT_INTERRUPTED = 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kube-event-bridge",
+        description="Forward every Kubernetes object change to Kafka, NATS and webhooks as CloudEvents.",
+        epilog="Exit codes: 0 ok, 1 runtime failure, 2 bad usage or configuration, 130 interrupted.",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = sub.add_parser("run", help="run the bridge service",
+                         description="Run the bridge: watch the configured resources and forward every "
+                                     "change to the configured sinks.")
+    run.add_argument("-c", "--config", help="YAML configuration file (or $KEB_CONFIG_FILE)")
+
+    sub.add_parser("sim", help="run the API-server simulator", add_help=False,
+                   description="Run the API-server simulator; `kube-event-bridge sim --help` for options.")
+
+    demo = sub.add_parser("demo", help="simulator + churn + bridge, events to stdout and a file",
+                          description="Start the API-server simulator with churn, run the bridge against "
+                                      "it and print the events; they are also written to --output.")
+    demo.add_argument("--duration", type=float, default=15.0,
+                      help="seconds to run (0 = until interrupted; default 15)")
+    demo.add_argument("--rate", type=float, default=20.0, help="changes per second (default 20)")
+    demo.add_argument("--objects", type=int, default=30, help="pods kept alive by the churn (default 30)")
+    demo.add_argument("--output", default="demo-events.jsonl",
+                      help="JSON-lines file the events are written to (default demo-events.jsonl)")
+    demo.add_argument("--quiet", action="store_true", help="do not print events, only progress")
+    demo.add_argument("--seed", type=int, default=7)
+
+    check = sub.add_parser("check-config", help="validate a config file, print it with secrets masked",
+                           description="Validate the configuration (including every sink's options) "
+                                       "and print the effective configuration with secrets masked.")
+    check.add_argument("-c", "--config", help="YAML configuration file (or $KEB_CONFIG_FILE)")
+
+    snap = sub.add_parser("snapshot", help="ask a running bridge for a resync snapshot",
+                          description="POST /snapshot to a running bridge's HTTP endpoint.")
+    snap.add_argument("--url", default="http://127.0.0.1:8080", help="the bridge's endpoint")
+    snap.add_argument("--resource", help="only this resource (as configured, e.g. pods)")
+    return p
+
+
+def _check_config(path: str | None) -> int:
+    from bridge.config import load_config, masked_dump
+    from bridge.service import validate_sinks
+
+    cfg = load_config(path)
+    validate_sinks(cfg)
+    sys.stdout.write(yaml.safe_dump(masked_dump(cfg), sort_keys=False))
+    sys.stdout.write("# configuration is valid\n")
+    return EXIT_OK
+
+
+def _snapshot(url: str, resource: str | None) -> int:
+    import aiohttp
+
+    async def go() -> int:
+        params = {"resource": resource} if resource else {}
+        try:
+            async with aiohttp.ClientSession() as session, session.post(
+                    f"{url.rstrip('/')}/snapshot", params=params,
+                    timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                body = await resp.text()
+                if resp.status == 202:
+                    sys.stdout.write(body + "\n")
+                    return EXIT_OK
+                sys.stderr.write(f"snapshot refused ({resp.status}): {body}\n")
+                return EXIT_FAILURE
+        except aiohttp.ClientError as e:
+            sys.stderr.write(f"cannot reach the bridge at {url}: {e}\n")
+            return EXIT_FAILURE
+
+    return asyncio.run(go())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["sim"]:
+        from bridge.sim import sim_main
+
+        return sim_main(args_list[1:])
+    args = _parser().parse_args(args_list)
+    try:
+        if args.command == "run":
+            from bridge.service import run_service
+
+            return run_service(args.config)
+        if args.command == "demo":
+            from bridge.demo import run_demo
+
+            return run_demo(duration=args.duration, rate=args.rate, objects=args.objects,
+                            output=args.output, quiet=args.quiet, seed=args.seed)
+        if args.command == "check-config":
+            return _check_config(args.config)
+        if args.command == "snapshot":
+            return _snapshot(args.url, args.resource)
+    except ConfigurationError as e:
+        sys.stderr.write(f"kube-event-bridge: {e}\n")
+        return EXIT_CONFIG
+    except BridgeError as e:
+        sys.stderr.write(f"kube-event-bridge: {e}\n")
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    raise AssertionError(args.command)  # pragma: no cover
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""The composition root of ``kube-event-bridge run``: configuration in, a running bridge out.
+
+Builds, in order: logging and telemetry; the health/metrics endpoint (first, so probes answer while
+the rest starts); the API client and discovery; the sinks (each wrapped in a
+:class:`~bridge.metered.MeteredSink`); the checkpoint store; the informer factory and the pipeline.
+With leader election, the pipeline runs only while this replica holds the Lease.
+
+Shutdown (SIGTERM/SIGINT, lost leadership, or a fatal error): stop intake, flush every sink, write the
+final checkpoint, close everything, all within ``shutdown_deadline``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bridge.apiclient import ApiClient
+from bridge.checkpoint import CheckpointStore, FileCheckpointStore
+from bridge.clock import Clock, RealClock
+from bridge.config import BridgeConfig, load_config
+from bridge.discovery import APIResource, Discovery
+from bridge.errors import ApiError, BridgeError, ConfigurationError
+from bridge.factory import InformerKey, SharedInformerFactory
+from bridge.health import HealthServer, Readiness
+from bridge.leaderelection import LeaderElector
+from bridge.listwatch import HttpListerWatcher
+from bridge.logconfig import configure_logging
+from bridge.metered import MeteredSink
+from bridge.pipeline import BridgePipeline, WatchedResource
+from bridge.telemetry import InformerGauges, SinkGauges, Telemetry, TelemetrySnapshot
+from sinks.contract import ResourceRef, Sink, SinkConfigError
+from sinks.registry import create_sink
+
+__all__ = ["BridgeService", "run_service", "validate_sinks"]
+
+log = logging.getLogger(__name__)
+
+
+def validate_sinks(config: BridgeConfig) -> list[Sink]:
+    """Builds every configured sink (without connecting), so that bad sink options fail at start
+    with the sink's own message. Raises ConfigurationError."""
+    sinks: list[Sink] = []
+    for i, s in enumerate(config.sinks):
+        try:
+            sinks.append(create_sink(s.kind, s.name, s.options()))
+        except SinkConfigError as e:
+            raise ConfigurationError(f"invalid configuration: sinks.{i}: {e}") from e
+    return sinks
+
+
+def _checkpoint_store(config: BridgeConfig, client: ApiClient) -> CheckpointStore | None:
+    cp = config.checkpoint
+    if cp.store == "none":
+        return None
+    if cp.store == "file":
+        return FileCheckpointStore(directory=cp.directory)
+    if cp.store == "configmap":
+        from bridge.checkpoint_configmap import ConfigMapCheckpointStore
+
+        return ConfigMapCheckpointStore(client=client, namespace=cp.namespace, name_prefix=cp.name_prefix)
+    from bridge.checkpoint_natskv import NatsKvCheckpointStore
+
+    return NatsKvCheckpointStore(nats_url=cp.nats_url, bucket=cp.bucket)
+
+
+def _api_client(config: BridgeConfig, clock: Clock) -> ApiClient:
+    k = config.kubernetes
+    if k.in_cluster == "true":
+        return ApiClient.in_cluster(clock=clock)
+    if k.in_cluster == "false":
+        return ApiClient.from_kubeconfig(k.kubeconfig, k.context, clock=clock)
+    return ApiClient.auto(kubeconfig=k.kubeconfig, context=k.context, clock=clock)
+
+
+@dataclass
+class _State:
+    role: str = "single"
+    pipeline: BridgePipeline | None = None
+    unresolved: dict[str, str] = field(default_factory=dict)
+    sinks: list[MeteredSink] = field(default_factory=list)
+
+
+class BridgeService:
+    def __init__(self, *, config: BridgeConfig, clock: Clock | None = None,
+                 on_ready: Callable[[], None] | None = None) -> None:
+        self.config = config
+        self._clock = clock or RealClock()
+        self._on_ready = on_ready
+        self._state = _State(role="standby" if config.leader_election.enabled else "single")
+        self.telemetry = Telemetry(
+            service_name=config.telemetry.service_name,
+            otlp_endpoint=config.telemetry.otlp_endpoint,
+            trace_sample_ratio=config.telemetry.trace_sample_ratio,
+            snapshot=self._telemetry_snapshot,
+        )
+        self.health = HealthServer(
+            host=config.server.host, port=config.server.port, readiness=self.readiness,
+            metrics=self.telemetry.render_prometheus,
+        )
+        self.stop_event = asyncio.Event()
+        self.exit_code = 0
+
+    # --- probes and metrics ----------------------------------------------------------------------
+
+    def readiness(self) -> Readiness:
+        st = self._state
+        if st.role == "standby":
+            return Readiness(True, (), "standby")
+        reasons = [f"resource {name}: {why}" for name, why in st.unresolved.items()]
+        if st.pipeline is None:
+            reasons.append("starting")
+        else:
+            reasons.extend(st.pipeline.not_ready_reasons())
+        return Readiness(not reasons, tuple(reasons), st.role)
+
+    def _telemetry_snapshot(self) -> TelemetrySnapshot:
+        p = self._state.pipeline
+        sinks = {s.name: SinkGauges(queue_depth=0, in_flight=s.in_flight, up=s.healthy())
+                 for s in self._state.sinks}
+        informers: dict[str, InformerGauges] = {}
+        if p is not None:
+            for name, depth in p.queue_depths().items():
+                if name in sinks:
+                    g = sinks[name]
+                    sinks[name] = SinkGauges(queue_depth=depth, in_flight=g.in_flight, up=g.up)
+            informers = p.informer_gauges()
+        return TelemetrySnapshot(sinks=sinks, informers=informers)
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Runs until :attr:`stop_event` is set (signals set it); returns the exit code."""
+        await self.health.start()
+        client: ApiClient | None = None
+        try:
+            client = _api_client(self.config, self._clock)
+            le = self.config.leader_election
+            if le.enabled:
+                elector = LeaderElector(
+                    client=client, namespace=le.namespace, name=le.name, identity=le.identity,
+                    on_started_leading=lambda: self._lead(client),
+                    lease_duration=le.lease_duration, renew_deadline=le.renew_deadline,
+                    retry_period=le.retry_period, clock=self._clock,
+                )
+                elector_task = asyncio.create_task(elector.run(), name="leader-election")
+                stop_task = asyncio.create_task(self.stop_event.wait(), name="service-stop")
+                done, _ = await asyncio.wait({elector_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+                elector.stop()
+                stop_task.cancel()
+                await asyncio.gather(elector_task, stop_task, return_exceptions=True)
+                if elector_task in done and not self.stop_event.is_set():
+                    log.error("leadership lost; exiting so that the pod restarts as a standby")
+                    self.exit_code = 1
+            else:
+                await self._lead(client)
+        except ConfigurationError:
+            raise
+        except BridgeError as e:
+            log.error("the bridge failed: %s", e)
+            self.exit_code = 1
+        finally:
+            if client is not None:
+                await client.close()
+            await self.health.stop()
+            self.telemetry.shutdown()
+        return self.exit_code
+
+    async def _resolve(self, client: ApiClient) -> list[WatchedResource]:
+        discovery = Discovery(client=client)
+        watched: list[WatchedResource] = []
+        for r in self.config.resources:
+            try:
+                api: APIResource = await discovery.resolve(r.resource)
+            except ConfigurationError as e:
+                # One bad resource must not stop the others: report it, keep it unready.
+                log.error("cannot watch %s: %s", r.resource, e)
+                self._state.unresolved[r.resource] = str(e)
+                continue
+            except ApiError as e:
+                log.error("discovery failed for %s: %s", r.resource, e)
+                self._state.unresolved[r.resource] = str(e)
+                continue
+            key = InformerKey(resource=r.resource, namespace=r.namespace,
+                              label_selector=r.label_selector, field_selector=r.field_selector)
+            ref = ResourceRef(group=api.group, version=api.version, resource=api.resource,
+                              kind=api.kind, namespaced=api.namespaced)
+            watched.append(WatchedResource(key=key, api=api, ref=ref))
+        return watched
+
+    async def _lead(self, client: ApiClient) -> None:
+        self._state.role = "leader" if self.config.leader_election.enabled else "single"
+        cfg = self.config
+        sinks = [MeteredSink(inner=s, telemetry=self.telemetry) for s in validate_sinks(cfg)]
+        self._state.sinks = sinks
+        watched = await self._resolve(client)
+        by_key = {w.key: w for w in watched}
+
+        def lister_watcher(key: InformerKey) -> HttpListerWatcher:
+            w = by_key[key]
+            return HttpListerWatcher(client=client, resource=w.api, namespace=key.namespace,
+                                     label_selector=key.label_selector, field_selector=key.field_selector)
+
+        factory = SharedInformerFactory(lister_watcher_factory=lister_watcher, clock=self._clock)
+        store = _checkpoint_store(cfg, client)
+        pipeline = BridgePipeline(
+            factory=factory, resources=watched, sinks=list(sinks), checkpoint_store=store,
+            cluster=cfg.cluster, checkpoint_interval=cfg.checkpoint.interval,
+            snapshot_on_first_start=cfg.snapshot.on_first_start, clock=self._clock,
+            page_size=cfg.kubernetes.page_size, use_watch_list=cfg.kubernetes.watch_list,
+            on_event=lambda resource, type_: self.telemetry.events_received.add(
+                1, {"resource": resource, "type": type_}),
+        )
+        self._state.pipeline = pipeline
+        self.health.set_snapshot_handler(pipeline.snapshot_now)
+        try:
+            await pipeline.start()
+            await self.stop_event.wait()
+        finally:
+            self.health.set_snapshot_handler(None)
+            with contextlib.suppress(Exception):
+                await pipeline.shutdown(self.config.shutdown_deadline)
+            if store is not None:
+                await store.close()
+            self._state.pipeline = None
+            self._state.role = "standby" if self.config.leader_election.enabled else "single"
+
+
+def run_service(path: str | None) -> int:
+    """``kube-event-bridge run``: load and validate the configuration, then serve until a signal."""
+    config = load_config(path)
+    configure_logging(config.logging.level, config.logging.format)
+    validate_sinks(config)
+
+    async def main() -> int:
+        service = BridgeService(config=config)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, service.stop_event.set)
+        return await service.run()
+
+    return asyncio.run(main())
