@@ -162,7 +162,13 @@ class ProcessorListener:
         self.name = name
         self.options = options
         self._handler = handler
-        self._as_notification_handler = isinstance(handler, NotificationHandler)
+        # Decided once: a runtime-checkable Protocol isinstance check is far too slow per call.
+        self._notification_handler: NotificationHandler | None = None
+        self._event_handler: EventHandler | None = None
+        if isinstance(handler, NotificationHandler):
+            self._notification_handler = handler
+        else:
+            self._event_handler = handler
         self._clock = clock
         self._observer = observer
         self._upstream_synced = upstream_synced
@@ -333,10 +339,8 @@ class ProcessorListener:
                 self._ack(n)
 
         try:
-            if self._as_notification_handler:
-                handler = self._handler
-                assert isinstance(handler, NotificationHandler)
-                await handler.handle(n, ack)
+            if self._notification_handler is not None:
+                await self._notification_handler.handle(n, ack)
             else:
                 await self._call_event_handler(n)
                 ack()
@@ -354,8 +358,8 @@ class ProcessorListener:
                 self._initial_pending -= 1
 
     async def _call_event_handler(self, n: Notification) -> None:
-        handler = self._handler
-        assert not isinstance(handler, NotificationHandler)
+        handler = self._event_handler
+        assert handler is not None
         if n.kind is NotificationKind.ADD:
             assert isinstance(n.obj, dict)
             await handler.on_add(n.obj, n.is_in_initial_list)
