@@ -235,6 +235,20 @@ class WebhookSink(BaseSink[WebhookOptions]):
             self._batcher = asyncio.get_running_loop().create_task(
                 self._batch_loop(), name=f"sink:{self.name}:webhook-batcher"
             )
+            self._batcher.add_done_callback(self._batcher_done)
+
+    def _batcher_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        log.error("sink %r: webhook batcher stopped", self.name, exc_info=exc)
+        self._healthy = False
+        # Fail what is queued so lanes retry instead of waiting forever.
+        queue = self._queue
+        while queue is not None and not queue.empty():
+            pending = queue.get_nowait()
+            if not pending.future.done():
+                pending.future.set_exception(SinkTransientError(f"webhook batcher stopped: {exc!r}"))
 
     def _sanitize(self, value: str) -> str:
         return sanitize_url_segment(value)

@@ -277,3 +277,24 @@ def test_wiring_properties() -> None:
     assert sink.buffer_capacity == 10
     assert sink.overflow_policy == "coalesce"
     assert sink.accepts(event(resource=PODS))
+
+
+async def test_gives_up_after_max_elapsed_on_the_injected_clock(tmp_path: Path) -> None:
+    clock = FakeClock()
+    sink = make(
+        clock=clock,
+        retry={"initial": 4.0, "max": 4.0, "jitter": 0.0, "max_elapsed": 10.0},
+        dead_letter={"kind": "file", "target": str(tmp_path / "dl.jsonl")},
+    )
+    sink.failures["a"] = [SinkTransientError("broker down") for _ in range(10)]
+    acks = Acks()
+    await sink.deliver(event(EventType.ADDED, obj("a")), acks.cb("a"))
+    for _ in range(3):
+        while clock.pending_sleepers == 0:
+            await asyncio.sleep(0)
+        await clock.advance(4.0)
+    assert await sink.flush(5)
+    assert acks.outcomes == [("a", DeliveryOutcome.DEAD_LETTERED)]
+    reason = orjson.loads((tmp_path / "dl.jsonl").read_bytes())["reason"]
+    assert reason == "gave up after 4 attempts over 12.0s: broker down"
+    await sink.close()
