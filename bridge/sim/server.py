@@ -192,7 +192,10 @@ class Simulator:
         app.router.add_post("/_sim/expire-watches", self._admin_expire_watches)
         app.router.add_get("/_sim/state", self._admin_state)
         self._stopping = asyncio.Event()
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, handle_signals=False)
+        # handler_cancellation: a client that goes away cancels its handler, so an idle watch whose
+        # reader disconnected is unregistered at once instead of at its next write.
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, handle_signals=False,
+                               handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
         try:

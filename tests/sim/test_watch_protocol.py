@@ -326,3 +326,16 @@ async def test_stop_closes_open_watches_promptly() -> None:
         assert loop.time() - started < 1.5
         assert await asyncio.wait_for(reader, 2) == []
     assert sim.store.watcher_count() == 0
+
+
+async def test_client_disconnect_unregisters_an_idle_watch(sim: Simulator) -> None:
+    async with aiohttp.ClientSession() as http:
+        resp = await http.get(f"{sim.url}/api/v1/pods", params={"watch": "1"})
+        await asyncio.sleep(0.05)
+        assert sim.store.watcher_count() == 1
+        resp.close()
+        for _ in range(100):
+            if sim.store.watcher_count() == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert sim.store.watcher_count() == 0
