@@ -48,6 +48,7 @@ __all__ = [
     "WebhookOptions",
     "WebhookSink",
     "WebhookTLSOptions",
+    "display_url",
     "parse_retry_after",
     "sign",
 ]
@@ -77,6 +78,20 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def display_url(url: str) -> str:
+    """``url`` without user info, query or fragment, for messages (they may hold credentials)."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    netloc = f"{host}:{port}" if port else host
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _read_secret(inline: str | None, path: str | None, what: str) -> str | None:
@@ -148,11 +163,11 @@ class WebhookOptions(SinkOptions):
     def _url(cls, value: str) -> str:
         parts = urllib.parse.urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"must be an absolute http:// or https:// URL, got {value!r}")
+            raise ValueError(f"must be an absolute http:// or https:// URL, got {display_url(value)!r}")
         try:
             _ = parts.port
         except ValueError as exc:
-            raise ValueError(f"bad port in URL {value!r}") from exc
+            raise ValueError(f"bad port in URL {display_url(value)!r}") from exc
         return value
 
     @model_validator(mode="after")
@@ -278,21 +293,24 @@ class WebhookSink(BaseSink[WebhookOptions]):
         all_headers = {**self._static_headers, **headers}
         if self._secret is not None:
             all_headers[SIGNATURE_HEADER] = sign(self._secret, body)
+        shown = display_url(url)
         try:
-            async with session.request(self.options.method, url, data=body, headers=all_headers) as resp:
+            async with session.request(
+                self.options.method, url, data=body, headers=all_headers, allow_redirects=False
+            ) as resp:
                 if 200 <= resp.status < 300:
                     await resp.read()
                     return
                 text = (await resp.text(errors="replace"))[:200]
-                reason = f"HTTP {resp.status} from {url}: {text}".rstrip(": ")
+                reason = f"HTTP {resp.status} from {shown}: {text}".rstrip(": ")
                 if resp.status in _TRANSIENT_STATUS or resp.status >= 500:
                     retry_after = parse_retry_after(resp.headers.get("Retry-After"))
                     raise SinkTransientError(reason, retry_after=retry_after)
                 raise SinkPermanentError(reason)
         except TimeoutError as exc:
-            raise SinkTransientError(f"timed out after {self.options.timeout}s posting to {url}") from exc
+            raise SinkTransientError(f"timed out after {self.options.timeout}s posting to {shown}") from exc
         except aiohttp.ClientError as exc:
-            raise SinkTransientError(f"posting to {url} failed: {exc!r}") from exc
+            raise SinkTransientError(f"posting to {shown} failed: {type(exc).__name__}: {exc}") from exc
 
     async def _batch_loop(self) -> None:
         queue = self._queue

@@ -415,6 +415,33 @@ async def test_unreadable_secret_file_fails_start(tmp_path: Path) -> None:
     await sink.close()
 
 
+async def test_messages_hide_url_credentials_and_redirects_are_not_followed(
+    hook: Hook, tmp_path: Path
+) -> None:
+    async def respond(request: web.Request, body: bytes) -> web.StreamResponse:
+        if request.path == "/moved":
+            return web.Response(status=302, headers={"Location": "/elsewhere"})
+        return web.Response(status=403, text="forbidden")
+
+    hook.respond = respond
+    dl = tmp_path / "dl.jsonl"
+    url = hook.url.replace("http://", "http://user:hunter2@") + "/moved?token=abc"
+    sink = WebhookSink.from_options("hook", {"url": url, "dead_letter": {"kind": "file", "target": str(dl)}})
+    acks = Acks()
+    await sink.deliver(event(EventType.ADDED, obj("a")), acks.cb("a"))
+    assert await sink.flush(5)
+    assert acks.outcomes == [("a", DeliveryOutcome.DEAD_LETTERED)]
+    reason = orjson.loads(dl.read_bytes())["reason"]
+    assert reason == f"HTTP 302 from {hook.url}/moved"
+    assert [r.path for r in hook.all] == ["/moved"]
+    assert hook.all[0].headers["Authorization"] == "Basic dXNlcjpodW50ZXIy"
+    await sink.close()
+    with pytest.raises(SinkConfigError) as err:
+        WebhookSink.from_options("hook", {"url": "http://u:secret@host:99999/x?t=1"})
+    assert "secret" not in str(err.value)
+    assert "http://host/x" in str(err.value)
+
+
 def test_parse_retry_after() -> None:
     assert parse_retry_after(None) is None
     assert parse_retry_after("120") == 120.0
