@@ -1,0 +1,178 @@
+"""The service end to end in-process: simulator → bridge → file + webhook sinks, with the health,
+readiness and metrics endpoints read over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from bridge.config import BridgeConfig
+from bridge.service import BridgeService
+from bridge.sim import Simulator
+from bridge.sim.objects import make_pod
+
+
+async def eventually(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what or predicate}"
+        await asyncio.sleep(0.05)
+
+
+class Hook:
+    """A webhook receiver whose answers the test controls."""
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.received: list[dict[str, Any]] = []
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if self.status != 200:
+            return web.Response(status=self.status, headers={"Retry-After": "0"})
+        data = orjson.loads(body)
+        self.received.extend(data if isinstance(data, list) else [data])
+        return web.Response(status=200)
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", self.handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@pytest.fixture
+async def hook() -> AsyncIterator[Hook]:
+    h = Hook()
+    await h.start()
+    yield h
+    await h.stop()
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line]
+
+
+def config(sim: Simulator, tmp_path: Path, hook: Hook) -> BridgeConfig:
+    kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig")
+    return BridgeConfig.model_validate({
+        "cluster": "test",
+        "kubernetes": {"kubeconfig": str(kubeconfig), "in_cluster": "false"},
+        "resources": [{"resource": "pods"}, {"resource": "configmaps", "namespace": "web"}],
+        "sinks": [
+            {"name": "file", "kind": "file", "path": str(tmp_path / "events.jsonl")},
+            {"name": "hook", "kind": "webhook", "url": f"http://127.0.0.1:{hook.port}/events",
+             "retry": {"initial": 0.05, "max": 0.2}, "routing": {"resources": ["pods"]}},
+        ],
+        "checkpoint": {"store": "file", "directory": str(tmp_path / "checkpoints"), "interval": 0.2},
+        "server": {"host": "127.0.0.1", "port": 0},
+        "shutdown_deadline": 10,
+    })
+
+
+async def get(url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
+        return r.status, await r.text()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"metric {name}{labels} not exposed")
+
+
+async def test_service_delivers_and_exposes_health_readiness_and_metrics(tmp_path: Path, hook: Hook) -> None:
+    async with Simulator() as sim:
+        for i in range(3):
+            sim.store.create("pods", make_pod(f"p{i}", "default"))
+        sim.store.create("configmaps", {"metadata": {"name": "cfg", "namespace": "web"}, "data": {"a": "1"}})
+        service = BridgeService(config=config(sim, tmp_path, hook))
+        task = asyncio.create_task(service.run(), name="service-under-test")
+        try:
+            await eventually(lambda: service.readiness().ready, what="readiness")
+            base = f"http://127.0.0.1:{service.health.port}"
+            assert (await get(f"{base}/healthz"))[0] == 200
+            status, body = await get(f"{base}/readyz")
+            assert status == 200
+            assert orjson.loads(body)["ready"] is True
+
+            pod = sim.store.get("pods", "p0", namespace="default")
+            pod["metadata"]["labels"]["touched"] = "yes"
+            sim.store.update("pods", pod)
+            sim.store.delete("pods", "p1", namespace="default")
+            events = tmp_path / "events.jsonl"
+            await eventually(lambda: len(lines(events)) == 6, what="6 events in the file")
+            types = sorted(e["type"].rsplit(".", 1)[-1] for e in lines(events))
+            assert types == ["added", "added", "added", "added", "deleted", "updated"]
+            await eventually(lambda: len(hook.received) == 5, what="5 pod events at the webhook")
+            assert {e["subject"] for e in hook.received} == {"default/p0", "default/p1", "default/p2"}
+
+            _, text = await get(f"{base}/metrics")
+            assert metric(text, "keb_sink_events_total", sink="file", outcome="delivered") == 6
+            assert metric(text, "keb_sink_events_total", sink="hook", outcome="delivered") == 5
+            assert metric(text, "keb_sink_delivery_duration_seconds_count", sink="file") == 6
+            assert metric(text, "keb_informer_cached_objects") in (2.0, 1.0)
+            assert metric(text, "keb_sink_up", sink="hook") == 1
+            assert sum(metric(text, "keb_events_received_total", type=t) for t in ("add",)) >= 3
+
+            # The webhook goes down: the bridge keeps the file sink going and reports not ready.
+            hook.status = 503
+            sim.store.create("pods", make_pod("p9", "default"))
+            await eventually(lambda: not service.readiness().ready, what="readiness to drop")
+            status, body = await get(f"{base}/readyz")
+            assert status == 503
+            assert "sink hook unhealthy" in orjson.loads(body)["reasons"]
+            await eventually(lambda: len(lines(events)) == 7, what="file sink unaffected")
+            # It comes back: the held event is delivered and readiness returns.
+            hook.status = 200
+            await eventually(lambda: any(e["subject"] == "default/p9" for e in hook.received), what="retry")
+            await eventually(lambda: service.readiness().ready, what="readiness to return")
+        finally:
+            service.stop_event.set()
+            code = await task
+        assert code == 0
+        checkpoints = list((tmp_path / "checkpoints").iterdir())
+        assert len(checkpoints) == 2  # one per informer, written on shutdown at the latest
+
+
+async def test_unknown_resource_is_reported_and_others_keep_running(tmp_path: Path, hook: Hook) -> None:
+    async with Simulator() as sim:
+        sim.store.create("pods", make_pod("p0", "default"))
+        cfg = config(sim, tmp_path, hook).model_copy(update={})
+        data = cfg.model_dump()
+        data["resources"] = [{"resource": "pods"}, {"resource": "gizmos.example.com"}]
+        service = BridgeService(config=BridgeConfig.model_validate(data))
+        task = asyncio.create_task(service.run(), name="service-under-test")
+        try:
+            events = tmp_path / "events.jsonl"
+            await eventually(lambda: len(lines(events)) == 1, what="the pod event")
+            r = service.readiness()
+            assert not r.ready
+            assert any("gizmos.example.com" in reason for reason in r.reasons)
+        finally:
+            service.stop_event.set()
+            await task
