@@ -228,7 +228,11 @@ class SharedIndexInformer:
 
         After start the handler first receives every cached object as an add with
         ``is_in_initial_list=True``; its registration's ``has_synced`` turns true once those (and
-        the informer's own initial list) are handled.
+        the informer's own initial list) are handled. (On an informer resumed from a checkpoint,
+        objects not seen since the resume are still the checkpoint's metadata-only stubs; register
+        handlers before start there.)
+
+        Raises :class:`InformerError` once the informer is shutting down.
         """
         if self._stopping:
             raise InformerError(f"informer {self.name!r} is shutting down; cannot add a handler")

@@ -524,3 +524,20 @@ async def test_shutdown_before_run_and_cancellation(env: Env) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_an_item_that_fails_processing_is_skipped_and_counted(env: Env) -> None:
+    def picky_index(obj: KubeObject) -> list[str]:
+        if obj["metadata"]["name"] == "poison":
+            raise ValueError("cannot index this object")
+        return [obj["metadata"]["name"][0]]
+
+    informer = env.informer(indexers={"initial": picky_index})
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    await env.start(informer)
+    env.source.add(cm("poison"))
+    env.source.add(cm("fine"))
+    assert await rec.wait_for(1) == [("add", "ns/fine", "2", False)]
+    assert informer.process_errors == 1
+    assert informer.get_indexer().by_index("initial", "f")[0]["metadata"]["name"] == "fine"
