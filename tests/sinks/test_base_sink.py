@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 from typing import Any
 
@@ -290,7 +291,9 @@ async def test_gives_up_after_max_elapsed_on_the_injected_clock(tmp_path: Path) 
     acks = Acks()
     await sink.deliver(event(EventType.ADDED, obj("a")), acks.cb("a"))
     for _ in range(3):
-        while clock.pending_sleepers == 0:
+        for _ in range(100):  # let the lane run up to its backoff sleep
+            if clock.pending_sleepers:
+                break
             await asyncio.sleep(0)
         await clock.advance(4.0)
     assert await sink.flush(5)
@@ -298,3 +301,36 @@ async def test_gives_up_after_max_elapsed_on_the_injected_clock(tmp_path: Path) 
     reason = orjson.loads((tmp_path / "dl.jsonl").read_bytes())["reason"]
     assert reason == "gave up after 4 attempts over 12.0s: broker down"
     await sink.close()
+
+
+async def test_random_failures_ack_every_event_once_in_per_object_order() -> None:
+    rng = random.Random(7)
+    sink = make(retry={"initial": 0.0, "max": 0.0}, max_in_flight=16)
+
+    class Flaky(RecordingSink):
+        async def _send(self, msg: OutgoingMessage) -> None:
+            await asyncio.sleep(0)
+            roll = rng.random()
+            if roll < 0.3:
+                raise SinkTransientError("flaky")
+            self.sent.append(msg)
+
+    flaky = Flaky(name="flaky", options=sink.options, rng=lambda: 0.5)
+    await sink.close()
+    acks = Acks()
+    expected: dict[str, list[str]] = {}
+    for i in range(400):
+        name = f"o{rng.randrange(12)}"
+        rv = str(i)
+        expected.setdefault(name, []).append(rv)
+        await flaky.deliver(event(EventType.UPDATED, obj(name, rv=rv)), acks.cb(f"{name}@{rv}"))
+    assert await flaky.flush(10)
+    labels = [label for label, _ in acks.outcomes]
+    assert len(labels) == len(set(labels)) == 400
+    assert {o for _, o in acks.outcomes} == {DeliveryOutcome.DELIVERED}
+    got: dict[str, list[str]] = {}
+    for m in flaky.sent:
+        got.setdefault(m.event.name, []).append(m.event.resource_version)
+    assert got == expected
+    assert flaky.stats.retries > 50
+    await flaky.close()
