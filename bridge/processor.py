@@ -309,6 +309,17 @@ class ProcessorListener:
         return self._task
 
     async def _run(self) -> None:
+        try:
+            await self._drain_forever()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Handler errors are caught per call; this is a bug in the listener itself. Closing
+            # releases a producer waiting for room instead of stalling the whole informer.
+            log.exception("listener %s: worker failed; closing the listener", self.name)
+            self.close()
+
+    async def _drain_forever(self) -> None:
         while True:
             if self._replay:
                 obj = self._replay.popleft()
