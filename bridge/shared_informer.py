@@ -311,11 +311,15 @@ class SharedIndexInformer:
         return self._resume_rv
 
     async def wait_for_cache_sync(self, timeout: float) -> bool:
-        """True once :meth:`has_synced`; False if ``timeout`` seconds (loop time) pass first."""
+        """True once :meth:`has_synced`; False if ``timeout`` seconds (loop time) pass first or the
+        informer shuts down before it synced."""
         try:
             async with asyncio.timeout(timeout):
                 while not self.has_synced():
-                    # Every FIFO item (a relist always queues a progress marker) sets it.
+                    if self._stopping:
+                        return False
+                    # Every FIFO item (a relist always queues a progress marker) sets it, and so
+                    # does shutdown.
                     self._processed.clear()
                     await self._processed.wait()
         except TimeoutError:
@@ -506,6 +510,7 @@ class SharedIndexInformer:
             await self._done.wait()
             return
         self._stopping = True
+        self._processed.set()  # wakes wait_for_cache_sync
         if not self._started:
             self._done.set()
             return

@@ -16,6 +16,7 @@ from bridge.contracts import (
     Notification,
     OverflowPolicy,
 )
+from bridge.errors import ServerError
 from bridge.shared_informer import InformerStartedError, SharedIndexInformer
 from bridge.testing.fake_source import FakeControllerSource
 from bridge.testing.recorder import RecordingHandler
@@ -541,3 +542,18 @@ async def test_an_item_that_fails_processing_is_skipped_and_counted(env: Env) ->
     assert await rec.wait_for(1) == [("add", "ns/fine", "2", False)]
     assert informer.process_errors == 1
     assert informer.get_indexer().by_index("initial", "f")[0]["metadata"]["name"] == "fine"
+
+
+async def test_wait_for_cache_sync_gives_up_on_shutdown_and_timeout(env: Env) -> None:
+    env.source.fail_next_list(ServerError("boom", code=500))
+    informer = env.informer()
+    await env.start(informer, sync=False)
+    assert await informer.wait_for_cache_sync(0.01) is False  # the list failed; backing off
+    waiter = asyncio.create_task(informer.wait_for_cache_sync(30), name="sync-waiter")
+    await spin_until_pending(env.clock)
+    await informer.shutdown(1)
+    assert await waiter is False
+
+
+async def spin_until_pending(clock: FakeClock) -> None:
+    await until(lambda: clock.next_deadline() is not None, "reflector backing off")
