@@ -21,7 +21,7 @@ import email.utils
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 from urllib.parse import urlsplit, urlunsplit
@@ -587,7 +587,7 @@ class ApiClient:
 
     async def stream_lines(
         self, path: str, params: Params | None = None, *, context: str = ""
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """The lines of a streaming GET, as an async generator; the connection is released when the
         generator is closed. Prefer :meth:`open_stream` when opening errors must surface first."""
         stream = await self.open_stream(path, params, context=context)

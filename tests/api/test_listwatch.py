@@ -4,6 +4,7 @@ ERROR 410 in the stream, REST-layer retries of 429/503, and watches cut or close
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -11,7 +12,12 @@ import pytest
 from bridge.apiclient import ApiClient
 from bridge.contracts import ListOptions, WatchEvent, WatchEventType, WatchOptions
 from bridge.discovery import Discovery
-from bridge.errors import ResourceExpiredError, TooLargeResourceVersionError, UnauthorizedError
+from bridge.errors import (
+    BadRequestError,
+    ResourceExpiredError,
+    TooLargeResourceVersionError,
+    UnauthorizedError,
+)
 from bridge.listwatch import HttpListerWatcher, HttpWatchStream, lister_watcher_for
 from bridge.sim import INITIAL_EVENTS_END_ANNOTATION, Simulator
 
@@ -271,3 +277,27 @@ async def test_token_auth_via_the_simulators_kubeconfig(tmp_path: Any) -> None:
                 await Discovery(client=anonymous).resolve("pods")
             assert info.value.code == 401
             assert "sim-secret-token" not in str(info.value)
+
+
+async def test_server_without_watch_list_rejects_it_on_open() -> None:
+    async with Simulator(watch_list=False) as sim, ApiClient(server=sim.url) as client:
+        lw = await pods_lw(client)
+        with pytest.raises(BadRequestError) as info:
+            await lw.watch(WatchOptions(send_initial_events=True, resource_version_match="NotOlderThan"))
+        assert info.value.code == 422
+        assert str(info.value).startswith("watch pods in all namespaces: ")
+        # A plain watch on the same server works: the reflector's fallback.
+        stream = await lw.watch(WatchOptions(timeout_seconds=1, allow_watch_bookmarks=False))
+        assert await collect(stream) == []
+
+
+async def test_stream_lines_yields_raw_lines(sim: Simulator, sim_client: ApiClient) -> None:
+    sim.store.create("pods", make_pod("a", "ns"))
+    lines = []
+    gen = sim_client.stream_lines("/api/v1/pods", {"watch": True, "timeoutSeconds": 1})
+    async with contextlib.aclosing(gen):
+        async for raw in gen:
+            lines.append(raw)
+            break
+    assert len(lines) == 1
+    assert lines[0].startswith(b'{"type":"ADDED","object":{')
