@@ -35,6 +35,9 @@ class ResourceType:
     verbs: tuple[str, ...] = _ALL_VERBS
     has_status: bool = True
     """Whether ``<plural>/status`` exists; status changes never bump ``metadata.generation``."""
+    crd: bool = False
+    """Served from a CRD: list items keep their apiVersion/kind (built-in types' list items carry
+    neither on the wire, as kube-apiserver encodes them)."""
 
     @property
     def api_version(self) -> str:
@@ -94,6 +97,7 @@ class ResourceType:
             namespaced=bool(spec.get("namespaced", True)),
             singular=str(spec.get("singular") or ""),
             short_names=tuple(str(s) for s in short),
+            crd=True,
         )
 
 

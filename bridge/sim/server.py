@@ -15,6 +15,7 @@ import base64
 import binascii
 import collections
 import contextlib
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,7 @@ _EXPIRED_CONTINUE_MESSAGE = (
     "and now may show up in the list."
 )
 _JSON = "application/json"
+_TYPE_FIELDS = frozenset({"apiVersion", "kind"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +233,10 @@ class Simulator:
 
     def register_crd(self, crd: ResourceType | Mapping[str, Any]) -> ResourceType:
         """Serves a CRD from now on (discovery included)."""
-        rt = crd if isinstance(crd, ResourceType) else ResourceType.from_mapping(crd)
+        if isinstance(crd, ResourceType):
+            rt = dataclasses.replace(crd, crd=True)
+        else:
+            rt = ResourceType.from_mapping(crd)
         return self.store.register(rt)
 
     def compact(self) -> int:
@@ -617,8 +622,12 @@ class Simulator:
             metadata["continue"] = _encode_continue(list_rv, items[-1][0])
             if not scope.has_selectors:
                 metadata["remainingItemCount"] = rest
+        if rt.crd:
+            objects = [o for _, o in items]
+        else:
+            objects = [{k: v for k, v in o.items() if k not in _TYPE_FIELDS} for _, o in items]
         body = {"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": metadata,
-                "items": [o for _, o in items]}
+                "items": objects}
         return _json_response(body)
 
     # ------------------------------------------------------------------ watch

@@ -339,3 +339,17 @@ async def test_client_disconnect_unregisters_an_idle_watch(sim: Simulator) -> No
                 break
             await asyncio.sleep(0.01)
         assert sim.store.watcher_count() == 0
+
+
+async def test_list_items_carry_no_type_fields_except_for_crds(sim: Simulator) -> None:
+    sim.store.create("configmaps", _cm("a"), namespace="default")
+    sim.store.create("widgets.example.com", {"apiVersion": "example.com/v1", "kind": "Widget",
+                                             "metadata": {"name": "w"}}, namespace="default")
+    async with aiohttp.ClientSession() as http:
+        cms = await (await http.get(f"{sim.url}/api/v1/configmaps")).json()
+        widgets = await (await http.get(f"{sim.url}/apis/example.com/v1/widgets")).json()
+    assert (cms["kind"], cms["apiVersion"]) == ("ConfigMapList", "v1")
+    assert set(cms["items"][0]) == {"metadata", "data"}
+    assert (widgets["kind"], widgets["apiVersion"]) == ("WidgetList", "example.com/v1")
+    assert widgets["items"][0]["kind"] == "Widget"
+    assert widgets["items"][0]["apiVersion"] == "example.com/v1"
