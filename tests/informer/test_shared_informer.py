@@ -557,3 +557,17 @@ async def test_wait_for_cache_sync_gives_up_on_shutdown_and_timeout(env: Env) ->
 
 async def spin_until_pending(clock: FakeClock) -> None:
     await until(lambda: clock.next_deadline() is not None, "reflector backing off")
+
+
+def test_drop_managed_fields_is_idempotent_and_copies_only_when_needed() -> None:
+    from bridge.transform import drop_managed_fields
+
+    plain = {"metadata": {"name": "a"}, "data": {"k": "v"}}
+    assert drop_managed_fields(plain) is plain
+    full = cm("a")
+    stripped = drop_managed_fields(full)
+    assert stripped is not full
+    assert stripped["metadata"] == {"namespace": "ns", "name": "a"}
+    assert full["metadata"]["managedFields"] == [{"manager": "kubectl"}]  # input untouched
+    assert stripped["data"] is full["data"]  # the rest of the tree is shared
+    assert drop_managed_fields(stripped) is stripped
