@@ -251,6 +251,11 @@ class Reflector:
                 return
             raise
 
+    @property
+    def stopped(self) -> bool:
+        """True once :meth:`stop` was called: a ``run()`` that returns afterwards ended on purpose."""
+        return self._stop_requested
+
     def stop(self) -> None:
         """Makes :meth:`run` return promptly (closing the open watch). Idempotent."""
         self._stop_requested = True

@@ -173,6 +173,7 @@ class SharedIndexInformer:
         self._done = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._pop_task: asyncio.Task[None] | None = None
+        self._reflector_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._processing_initial = False
         self._processed = asyncio.Event()
@@ -474,7 +475,7 @@ class SharedIndexInformer:
         self._spawn(self._processor.run(), "processor")
         self._pop_task = self._spawn(self._pop_loop(), "pop")
         self._spawn(self._snapshot_loop(), "snapshots")
-        self._spawn(self._reflector.run(), "reflector")
+        self._reflector_task = self._spawn(self._reflector.run(), "reflector")
         try:
             await self._supervise()
         finally:
@@ -492,6 +493,12 @@ class SharedIndexInformer:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     if task is waiter or self._stopping:
+                        continue
+                    if (task is self._reflector_task and self._reflector is not None
+                            and self._reflector.stopped and not task.cancelled()
+                            and task.exception() is None):
+                        # The watch was stopped on purpose (intake stopped before a drain): the
+                        # rest of the informer keeps delivering what is queued.
                         continue
                     exc = None if task.cancelled() else task.exception()
                     log.error("informer %s: task %s ended unexpectedly: %r", self.name,

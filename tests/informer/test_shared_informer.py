@@ -571,3 +571,28 @@ def test_drop_managed_fields_is_idempotent_and_copies_only_when_needed() -> None
     assert full["metadata"]["managedFields"] == [{"manager": "kubectl"}]  # input untouched
     assert stripped["data"] is full["data"]  # the rest of the tree is shared
     assert drop_managed_fields(stripped) is stripped
+
+
+async def test_stopping_the_watch_keeps_the_informer_draining(env: Env) -> None:
+    """Intake stops before a drain (the service's SIGTERM path): the informer must not treat the
+    reflector's return as a failure, and queued notifications still reach the handlers."""
+    env.source.add(cm("a"))
+    informer = env.informer()
+    gate = asyncio.Event()
+    rec = RecordingHandler(gate=gate)
+    informer.add_event_handler(rec)
+    task = asyncio.create_task(informer.run(), name="test-informer-run")
+    await until(lambda: informer.reflector is not None and informer.last_sync_resource_version() == "1",
+                "initial list")
+    env.source.modify(cm("a", k="v"))
+    await until(lambda: informer.last_sync_resource_version() == "2", "watch event")
+    reflector = informer.reflector
+    assert reflector is not None
+    reflector.stop()
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert not task.done(), "the informer ended when its watch was stopped on purpose"
+    gate.set()
+    assert [c[0] for c in await rec.wait_for(2)] == ["add", "update"]
+    await informer.shutdown(2)
+    await task  # no InformerError
