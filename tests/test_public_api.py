@@ -1,0 +1,21 @@
+"""The package re-exports its public API lazily: every name resolves, and importing the package
+does not import the heavy modules."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import bridge
+
+
+def test_every_exported_name_resolves() -> None:
+    for name in bridge.__all__:
+        assert getattr(bridge, name) is not None, name
+
+
+def test_importing_the_package_is_cheap() -> None:
+    code = ("import sys, bridge; print(sorted(m for m in sys.modules"
+            " if m.startswith(('bridge.', 'kubernetes', 'aiohttp'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
