@@ -24,6 +24,7 @@ import importlib
 import json
 import logging
 import multiprocessing
+import os
 import platform
 import random
 import statistics
@@ -203,6 +204,10 @@ async def _run(quick: bool, url: str, pods: int) -> dict[str, Any]:
         ),
         "python": platform.python_version(),
         "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "note": "best of the repetitions; absolute rates depend on machine load, the ratios are the "
+                "result (both clients read the same server in the same run)",
     }
 
 

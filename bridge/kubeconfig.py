@@ -163,7 +163,14 @@ class KubeconfigTokenSource:
             self._configuration = self._reload()
         hook = getattr(self._configuration, "refresh_api_key_hook", None)
         if hook is not None:
-            hook(self._configuration)
+            try:
+                hook(self._configuration)
+            except Exception as e:  # the package raises whatever its auth provider raised
+                # Only the type: the provider's message may quote its output, credentials included.
+                raise ConfigurationError(
+                    f"kubeconfig credentials could not be refreshed ({type(e).__name__}); check the "
+                    "user's exec plugin or auth provider"
+                ) from e
         return self._header_of(self._configuration)
 
     async def authorization(self, *, force_refresh: bool = False) -> str | None:

@@ -290,3 +290,30 @@ def test_exec_plugin_failure_is_reported_without_secrets(tmp_path: Path) -> None
     assert loaded.token_source is None
     assert loaded.cluster.server == "http://127.0.0.1:1"
     assert json.dumps(loaded.cluster.source) == json.dumps(f"kubeconfig {kc} (context ctx)")
+
+
+async def test_exec_plugin_rerun_when_its_credential_expired(server: ScriptedServer, tmp_path: Path) -> None:
+    server.handler = whoami
+    url = await server.start()
+    script = tmp_path / "expiring.py"
+    counter = tmp_path / "runs"
+    script.write_text(
+        "import json, pathlib\n"
+        f"p = pathlib.Path({str(counter)!r})\n"
+        "n = int(p.read_text()) + 1 if p.exists() else 1\n"
+        "p.write_text(str(n))\n"
+        "print(json.dumps({'apiVersion': 'client.authentication.k8s.io/v1beta1', 'kind': 'ExecCredential',"
+        " 'status': {'token': f'exp-{n}', 'expirationTimestamp': '2000-01-01T00:00:00Z'}}))\n"
+    )
+    kc = write_kubeconfig(
+        tmp_path / "cfg",
+        clusters={"c": {"server": url}},
+        users={"u": {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
+                              "command": sys.executable, "args": [str(script)]}}},
+        contexts={"ctx": ("c", "u")}, current="ctx",
+    )
+    async with ApiClient.from_kubeconfig(str(kc)) as client:
+        first = await client.get_json("/api")
+        second = await client.get_json("/api")
+    # Loading ran the plugin once (exp-1); each request found that credential expired and re-ran it.
+    assert (first, second) == ({"authorization": "Bearer exp-2"}, {"authorization": "Bearer exp-3"})
