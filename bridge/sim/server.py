@@ -62,6 +62,8 @@ _EXPIRED_CONTINUE_MESSAGE = (
 )
 _JSON = "application/json"
 _TYPE_FIELDS = frozenset({"apiVersion", "kind"})
+_BATCH = 256
+"""Most watch events written as one chunk."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -694,7 +696,11 @@ class Simulator:
 
 
 class _WatchStream:
-    """Writes one watch's events, bookmarks and injected faults to its HTTP response."""
+    """Writes one watch's events, bookmarks and injected faults to its HTTP response.
+
+    Buffered changes are written in batches (one chunk per batch), so a watcher catching up on a long
+    history is not paced by one write per event; fault thresholds still count single events.
+    """
 
     def __init__(self, *, sim: Simulator, request: web.Request, response: web.StreamResponse,
                  watcher: Watcher, bookmarks: bool, timeout: float) -> None:
@@ -707,24 +713,32 @@ class _WatchStream:
         self.sent = 0
         """Events written, bookmarks not counted (the fault thresholds count these)."""
 
-    async def _write_event(self, change: Change) -> bool:
-        """Writes one event unless a fault ends the stream first; False means stop."""
+    async def _write_batch(self, changes: Sequence[Change]) -> bool:
+        """Writes the events unless a fault ends the stream first; False means stop."""
         spec = self.sim.faults.spec
-        if spec.watch_expire_after is not None and self.sent >= spec.watch_expire_after:
-            status = Expired("The resourceVersion for the provided watch is too old.").status()
-            await self.response.write(_event_line("ERROR", orjson.dumps(status)))
-            return False
-        if spec.watch_close_after is not None and self.sent >= spec.watch_close_after:
-            return False
-        line = _event_line(change.type, change.encoded_object())
-        if spec.watch_cut_after is not None and self.sent >= spec.watch_cut_after:
-            await self.response.write(line[: max(1, len(line) // 2)])
-            transport = self.request.transport
-            if transport is not None:
-                transport.close()
-            raise ConnectionResetError("line cut by fault injection")
-        await self.response.write(line)
-        self.sent += 1
+        out = bytearray()
+        for change in changes:
+            if spec.watch_expire_after is not None and self.sent >= spec.watch_expire_after:
+                status = Expired("The resourceVersion for the provided watch is too old.").status()
+                out += _event_line("ERROR", orjson.dumps(status))
+                await self.response.write(bytes(out))
+                return False
+            if spec.watch_close_after is not None and self.sent >= spec.watch_close_after:
+                if out:
+                    await self.response.write(bytes(out))
+                return False
+            line = _event_line(change.type, change.encoded_object())
+            if spec.watch_cut_after is not None and self.sent >= spec.watch_cut_after:
+                out += line[: max(1, len(line) // 2)]
+                await self.response.write(bytes(out))
+                transport = self.request.transport
+                if transport is not None:
+                    transport.close()
+                raise ConnectionResetError("line cut by fault injection")
+            out += line
+            self.sent += 1
+        if out:
+            await self.response.write(bytes(out))
         return True
 
     async def run(self, *, send_initial_end: bool) -> None:
@@ -732,42 +746,45 @@ class _WatchStream:
         rt = watcher.resource
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
-        for initial in watcher.initial:
-            if watcher.closed or not await self._write_event(initial):
+        initial = watcher.initial
+        for start in range(0, len(initial), _BATCH):
+            if watcher.closed or not await self._write_batch(initial[start:start + _BATCH]):
                 return
         if send_initial_end:
             await self.response.write(self.sim._bookmark(rt, watcher.start_rv, initial_end=True))
         interval = self.sim.bookmark_interval
         next_bookmark = loop.time() + interval
         while True:
-            now = loop.time()
-            wake_at = min(deadline, next_bookmark) if self.bookmarks else deadline
-            change = None
-            timed_out = False
-            try:
-                async with asyncio.timeout(max(0.0, wake_at - now)):
-                    change = await watcher.get()
-            except TimeoutError:
-                timed_out = True
-            if timed_out:
-                now = loop.time()
-                if now >= deadline:
-                    if self.bookmarks and not watcher.closed:
-                        await self._send_progress_bookmark()
+            batch = watcher.take(_BATCH)
+            if batch:
+                if not await self._write_batch(batch):
                     await self.response.write_eof()
                     return
-                if watcher.pending == 0:
-                    await self._send_progress_bookmark()
-                next_bookmark = now + interval
-                continue
-            if change is None:
+                if loop.time() < deadline:
+                    continue
+            elif watcher.closed:
                 if watcher.error is not None:
                     await self.response.write(_event_line("ERROR", orjson.dumps(watcher.error)))
                 await self.response.write_eof()
                 return
-            if not await self._write_event(change):
+            else:
+                wake_at = min(deadline, next_bookmark) if self.bookmarks else deadline
+                try:
+                    async with asyncio.timeout(max(0.0, wake_at - loop.time())):
+                        await watcher.wait()
+                    continue
+                except TimeoutError:
+                    pass
+            now = loop.time()
+            if now >= deadline:
+                if self.bookmarks and not watcher.closed and watcher.pending == 0:
+                    await self._send_progress_bookmark()
                 await self.response.write_eof()
                 return
+            if now >= next_bookmark:
+                if watcher.pending == 0:
+                    await self._send_progress_bookmark()
+                next_bookmark = now + interval
 
     async def _send_progress_bookmark(self) -> None:
         # With an empty buffer this watcher has been offered every change up to the store's RV.

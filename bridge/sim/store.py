@@ -209,6 +209,18 @@ class Watcher:
             self._wake.clear()
             await self._wake.wait()
 
+    def take(self, max_items: int) -> list[Change]:
+        """Up to ``max_items`` buffered changes, without waiting (empty when none are buffered)."""
+        buf = self._buf
+        count = min(max_items, len(buf))
+        return [buf.popleft() for _ in range(count)]
+
+    async def wait(self) -> None:
+        """Returns once a change is buffered or the watch is closed."""
+        while not self._buf and not self.closed:
+            self._wake.clear()
+            await self._wake.wait()
+
 
 @dataclass(slots=True)
 class _Bucket:

@@ -189,3 +189,13 @@ async def test_state_endpoint(sim: Simulator) -> None:
     assert state["requests"] == {"list": 1}
     assert state["watchers"] == 0
     assert "widgets.example.com" in state["resources"]
+
+
+async def test_close_after_counts_single_events_across_write_batches() -> None:
+    async with Simulator(faults={"watch_close_after": 300}) as sim, aiohttp.ClientSession() as http:
+        start = _fill(sim, 600)
+        resp = await http.get(f"{sim.url}/api/v1/configmaps",
+                              params={"watch": "1", "resourceVersion": str(start)})
+        events = await read_events(resp)
+    assert [int(e["object"]["metadata"]["resourceVersion"]) for e in events] == list(
+        range(start + 1, start + 301))
