@@ -14,7 +14,8 @@ from typing import Any
 
 __all__ = ["BUILTIN_RESOURCES", "ResourceRegistry", "ResourceType", "UnknownResourceError"]
 
-_ALL_VERBS: tuple[str, ...] = ("create", "delete", "get", "list", "patch", "update", "watch")
+_ALL_VERBS: tuple[str, ...] = ("create", "delete", "deletecollection", "get", "list", "patch", "update",
+                               "watch")
 
 
 class UnknownResourceError(KeyError):

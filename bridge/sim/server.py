@@ -27,6 +27,7 @@ import yaml
 from aiohttp import web
 
 from bridge.clock import Clock
+from bridge.contracts import KubeObject
 from bridge.labels import SelectorError
 from bridge.sim.faults import FaultSpec, FaultState
 from bridge.sim.resources import ResourceType
@@ -113,6 +114,13 @@ def _decode_continue(token: str) -> tuple[int, tuple[str, str]]:
         return rv, (str(ns), str(name))
     except (binascii.Error, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise BadRequest("continue key is not valid: expected a token from a previous list") from exc
+
+
+def _list_items(rt: ResourceType, objects: list[KubeObject]) -> list[KubeObject]:
+    """Items as a List carries them: built-in types without apiVersion/kind, CRD objects unchanged."""
+    if rt.crd:
+        return objects
+    return [{k: v for k, v in o.items() if k not in _TYPE_FIELDS} for o in objects]
 
 
 def _event_line(kind: str, obj_json: bytes) -> bytes:
@@ -475,6 +483,8 @@ class Simulator:
                 return "watch" if watch else "list"
             if method == "POST":
                 return "create"
+            if method == "DELETE" and target.subresource is None:
+                return "deletecollection"
         else:
             verb = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method)
             if verb is not None:
@@ -500,6 +510,8 @@ class Simulator:
             return await self._list(request, target)
         if verb == "watch":
             return await self._watch(request, target)
+        if verb == "deletecollection":
+            return self._delete_collection(request, target)
         if verb == "get":
             assert target.name is not None
             return _json_response(store.get_raw(rt, target.name, target.namespace))
@@ -565,6 +577,16 @@ class Simulator:
         if rv > self.store.resource_version and not await self.store.wait_for_rv(rv, self.too_large_wait):
             raise TooLargeResourceVersion.for_rv(rv, self.store.resource_version)
 
+    def _delete_collection(self, request: web.Request, target: _Target) -> web.Response:
+        """Deletes every matching object (selectors and namespace apply) and lists what was deleted."""
+        rt = target.resource
+        store = self.store
+        deleted = [store.delete(rt, key[1], namespace=key[0] or None, copy=False)
+                   for key, _ in store.snapshot(rt, scope=self._scope(request, target))]
+        return _json_response({"kind": f"{rt.kind}List", "apiVersion": rt.api_version,
+                               "metadata": {"resourceVersion": str(store.resource_version)},
+                               "items": _list_items(rt, deleted)})
+
     # ------------------------------------------------------------------ list
 
     async def _list(self, request: web.Request, target: _Target) -> web.Response:
@@ -624,12 +646,8 @@ class Simulator:
             metadata["continue"] = _encode_continue(list_rv, items[-1][0])
             if not scope.has_selectors:
                 metadata["remainingItemCount"] = rest
-        if rt.crd:
-            objects = [o for _, o in items]
-        else:
-            objects = [{k: v for k, v in o.items() if k not in _TYPE_FIELDS} for _, o in items]
         body = {"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": metadata,
-                "items": objects}
+                "items": _list_items(rt, [o for _, o in items])}
         return _json_response(body)
 
     # ------------------------------------------------------------------ watch

@@ -234,3 +234,13 @@ async def test_watch_stream_sees_added_modified_deleted(sim: Simulator,
         ("MODIFIED", "second", b["metadata"]["resourceVersion"]),
         ("DELETED", "second", c["metadata"]["resourceVersion"]),
     ]
+
+
+async def test_delete_collection_with_selector(sim: Simulator, api_client: Any) -> None:
+    core = kube.client.CoreV1Api(api_client)
+    for ns, name, tier in [("default", "a", "x"), ("default", "b", "y"), ("default", "c", "x"),
+                           ("kube-system", "d", "x")]:
+        sim.store.create("configmaps", {"metadata": {"name": name, "labels": {"tier": tier}}}, namespace=ns)
+    await call(core.delete_collection_namespaced_config_map, "default", label_selector="tier=x")
+    left = sorted((c["metadata"]["namespace"], c["metadata"]["name"]) for c in sim.store.list("configmaps"))
+    assert left == [("default", "b"), ("kube-system", "d")]

@@ -285,7 +285,8 @@ async def test_discovery_documents(sim: Simulator) -> None:
         assert names["namespaces"]["namespaced"] is False
         assert names["nodes"]["namespaced"] is False
         assert names["pods"] == {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod",
-                                 "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+                                 "verbs": ["create", "delete", "deletecollection", "get", "list", "patch",
+                                           "update", "watch"],
                                  "shortNames": ["po"]}
         groups = await (await http.get(f"{sim.url}/apis")).json()
         assert [g["name"] for g in groups["groups"]] == ["coordination.k8s.io", "apps", "example.com"]
