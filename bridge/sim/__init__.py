@@ -1,7 +1,23 @@
 """An in-process kube-apiserver simulator for the bridge's tests, demo and benchmarks.
 
 No kube-apiserver can be installed where the bridge is developed, so this package serves the part of
-its HTTP contract the bridge relies on (see ``server.py``), with a churn generator for load.
+its HTTP contract the bridge relies on, with a churn generator for load::
+
+    async with Simulator(bookmark_interval=0.5, crds=[{"group": "example.com", "version": "v1",
+                                                       "plural": "widgets", "kind": "Widget"}]) as sim:
+        sim.write_kubeconfig(path)                 # any client can connect
+        sim.store.create("pods", make_pod("web-1", "default"))
+        sim.set_faults(watch_close_after=3)        # or POST /_sim/faults
+        sim.expire_watches(); sim.compact()        # 410s on demand
+
+Modules: ``resources`` (served types, discovery), ``store`` (objects, the global resourceVersion,
+history, watchers), ``status`` (errors as ``Status`` objects), ``faults``, ``server`` (HTTP),
+``objects`` (realistic Pods), ``churn`` (load), ``cli`` (``python -m bridge.sim``).
+
+Admin endpoint (no auth, never delayed or failed by faults): ``GET|POST /_sim/faults`` (read, amend;
+``{"reset": true, ...}`` replaces; ``"expire_watches": true`` and ``"compact": true`` act at once),
+``POST /_sim/compact``, ``POST /_sim/expire-watches``, ``POST /_sim/crds`` (one CRD or a list),
+``GET /_sim/state`` (resourceVersion, object counts, compaction points, open watches, requests, faults).
 """
 
 from __future__ import annotations

@@ -39,7 +39,10 @@ def _forbidden(text: str) -> tuple[str, str]:
 
 
 def build_parser(prog: str = "python -m bridge.sim") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Serve the kube-event-bridge API-server simulator.")
+    p = argparse.ArgumentParser(
+        prog=prog, description="Serve the kube-event-bridge API-server simulator.",
+        epilog="At run time: GET/POST /_sim/faults, POST /_sim/compact, POST /_sim/expire-watches, "
+               "POST /_sim/crds, GET /_sim/state.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on start)")
     p.add_argument("--kubeconfig", metavar="PATH", help="write a kubeconfig for the simulator here")

@@ -11,7 +11,7 @@ import pytest
 
 from bridge.clock import FakeClock
 from bridge.sim import ChurnGenerator, ChurnMix, ObjectStore, Simulator, make_pod
-from tests.sim.test_watch_protocol import read_events
+from tests.sim.helpers import read_events
 
 
 @pytest.mark.parametrize("size", [6_000, 10_000, 65_536])

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from bridge.sim import FaultSpec, Simulator
-from tests.sim.test_watch_protocol import read_events
+from tests.sim.helpers import read_events
 
 
 def _fill(sim: Simulator, n: int) -> int:

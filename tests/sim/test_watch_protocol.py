@@ -6,31 +6,13 @@ import asyncio
 from typing import Any
 
 import aiohttp
-import orjson
 
 from bridge.sim import INITIAL_EVENTS_END_ANNOTATION, Simulator
+from tests.sim.helpers import read_events, summary
 
 
 def _cm(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
     return {"metadata": {"name": name, "labels": labels or {}}, "data": {"k": name}}
-
-
-async def read_events(resp: aiohttp.ClientResponse) -> list[dict[str, Any]]:
-    """Every event line until the server closes the stream."""
-    events = []
-    async for line in resp.content:
-        if line.strip():
-            events.append(orjson.loads(line))
-    return events
-
-
-def summary(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """(type, name or RV) per event."""
-    out = []
-    for e in events:
-        meta = e["object"].get("metadata", {})
-        out.append((e["type"], meta.get("name") or meta.get("resourceVersion", "")))
-    return out
 
 
 async def test_watch_without_rv_sends_current_state_then_live_events(sim: Simulator) -> None:
