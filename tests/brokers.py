@@ -280,6 +280,8 @@ class NatsServer:
     binary: str
     store_dir: str
     port: int = field(default_factory=free_port)
+    args: list[str] = field(default_factory=list)
+    """Extra command-line flags (auth, max payload …)."""
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -291,7 +293,7 @@ class NatsServer:
         if self.proc is not None and self.proc.poll() is None:
             return
         self.proc = subprocess.Popen(
-            [self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self.store_dir],
+            [self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self.store_dir, *self.args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -303,14 +305,21 @@ class NatsServer:
             self.proc = None
 
 
-@contextlib.contextmanager
-def running_nats() -> Iterator[NatsServer]:
-    binary = shutil.which("nats-server") if not Path(NATS_SERVER_BIN).exists() else NATS_SERVER_BIN
+def nats_binary() -> str:
+    binary = NATS_SERVER_BIN if Path(NATS_SERVER_BIN).exists() else shutil.which("nats-server")
     if binary is None:
         pytest.fail("the NATS tests need nats-server (v2.9+ with JetStream): apt-get install nats-server")
+    return binary
+
+
+@contextlib.contextmanager
+def running_nats(*args: str, start: bool = True) -> Iterator[NatsServer]:
+    """A NATS server with its own store directory; ``start=False`` leaves it to the test."""
+    binary = nats_binary()
     with tempfile.TemporaryDirectory(prefix="keb-nats-") as store:
-        server = NatsServer(binary=binary, store_dir=store)
-        server.start()
+        server = NatsServer(binary=binary, store_dir=store, args=list(args))
+        if start:
+            server.start()
         try:
             yield server
         finally:

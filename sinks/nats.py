@@ -1,0 +1,509 @@
+"""The NATS sinks: core NATS publish and JetStream publish, acked once the server has the message.
+
+Why two sinks:
+
+- :class:`NatsSink` publishes with core NATS and acks an event once a ``PING``/``PONG`` round trip
+  that followed the publish succeeded, i.e. once the server has *received* it. Core NATS is
+  at-most-once on the server side: a message nobody is subscribed to at that moment is gone, and a
+  server that dies before forwarding it loses it. Use it for live feeds; use JetStream when the
+  stream itself must not lose events.
+- :class:`JetStreamSink` publishes to a stream and acks on the stream's ``PubAck``: the message is
+  stored (replicated if the stream is). The ``Nats-Msg-Id`` header is the event's CloudEvent id, so a
+  message re-sent after a timeout or a reconnect is dropped by JetStream's duplicate window instead of
+  being stored twice.
+
+Subjects come from the destination template; each field value is sanitised into one subject token
+(dots, spaces and the ``*`` / ``>`` wildcards become ``_``), so a name with dots cannot add tokens or
+turn into a wildcard. The default subject ``k8s.{resource}.{namespace}.{name}`` is one subject per
+object, which keeps each object's events in order for consumers too.
+
+Connection handling: nats-py reconnects by itself (forever by default). While it is disconnected
+nothing is acked: a publish waits for the connection to come back (bounded by ``publish_timeout``)
+and otherwise fails as transient, so :class:`~sinks.base.BaseSink` retries it — nothing is lost, and
+JetStream deduplicates the retries. A server that is down when the sink starts does not fail start:
+a named background task keeps trying to connect and the sink reports itself unhealthy meanwhile.
+
+Authentication: user/password, token, NKEY seed file, credentials file (NKEY and creds need the
+``nkeys`` package: ``pip install nats-py[nkeys]``); TLS with a custom CA and client certificate.
+Secrets are read from files. Dead letters go to a file or to a NATS subject (``dead_letter:
+{kind: nats, target: SUBJECT}``): published through JetStream when a stream captures the subject,
+otherwise with core NATS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import ssl
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Self
+
+import nats
+import nats.errors
+import nats.js.errors
+import orjson
+from nats.aio.client import Client as NatsClient
+from nats.js.api import StorageType, StreamConfig
+from nats.js.client import JetStreamContext
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sinks.base import BaseSink, OutgoingMessage
+from sinks.cloudevents import HTTP_PREFIX
+from sinks.contract import SinkConfigError, SinkPermanentError, SinkTransientError
+from sinks.deadletter import DeadLetterRecord, DeadLetterWriter, dead_letter_json
+from sinks.options import DeadLetterOptions, SinkOptions
+from sinks.templates import sanitize_nats_token
+
+__all__ = [
+    "DEFAULT_SUBJECT",
+    "JetStreamSink",
+    "JetStreamSinkOptions",
+    "NatsConnection",
+    "NatsDeadLetter",
+    "NatsSink",
+    "NatsSinkOptions",
+    "StreamOptions",
+    "stream_subjects_for",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SUBJECT = "k8s.{resource}.{namespace}.{name}"
+MSG_ID_HEADER = "Nats-Msg-Id"
+_DLQ_MARGIN = 2048
+
+_TRANSIENT_NATS = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.ServerError,
+    OSError,
+)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StreamOptions(_Model):
+    """The JetStream stream to create when it does not exist (``create: true``)."""
+
+    name: str = Field(min_length=1, pattern=r"^[^.*>\s]+$")
+    create: bool = False
+    subjects: list[str] = Field(default_factory=list)
+    """Empty = derived from the destination template (each templated token becomes ``*``)."""
+    storage: Literal["file", "memory"] = "file"
+    replicas: int = Field(default=1, ge=1, le=5)
+    duplicate_window: float = Field(default=120.0, gt=0)
+    """Seconds during which a re-sent ``Nats-Msg-Id`` is recognised as a duplicate."""
+    max_age: float = Field(default=0.0, ge=0)
+    """Seconds; 0 = unlimited."""
+    max_bytes: int = Field(default=-1, ge=-1)
+    max_msg_size: int = Field(default=-1, ge=-1)
+
+
+class _ConnectionOptions(SinkOptions):
+    """Connection settings shared by both NATS sinks."""
+
+    servers: list[str] = Field(min_length=1)
+    """``nats://host:port`` (``tls://`` for TLS)."""
+    connection_name: str = "kube-event-bridge"
+    user: str | None = None
+    password_file: str | None = None
+    token_file: str | None = None
+    nkey_seed_file: str | None = None
+    creds_file: str | None = None
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_hostname: str | None = None
+    connect_timeout: float = Field(default=5.0, gt=0)
+    reconnect_wait: float = Field(default=1.0, gt=0)
+    max_reconnect_attempts: int = Field(default=-1, ge=-1)
+    """-1 = forever."""
+    reconnect_buffer_bytes: int = Field(default=8 * 1024 * 1024, ge=0)
+    """Bytes nats-py buffers while reconnecting; past it a publish fails (and is retried)."""
+    publish_timeout: float = Field(default=5.0, gt=0)
+    """Seconds to wait for the server's confirmation (PONG or PubAck) before retrying."""
+
+    @model_validator(mode="after")
+    def _auth(self) -> Self:
+        methods = [
+            m for m, on in (
+                ("user/password_file", self.user is not None or self.password_file is not None),
+                ("token_file", self.token_file is not None),
+                ("nkey_seed_file", self.nkey_seed_file is not None),
+                ("creds_file", self.creds_file is not None),
+            ) if on
+        ]
+        if len(methods) > 1:
+            raise ValueError(f"choose one authentication method, not {' and '.join(methods)}")
+        if (self.user is None) != (self.password_file is None):
+            raise ValueError("user and password_file go together")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        return self
+
+
+class NatsSinkOptions(_ConnectionOptions):
+    """Options of the ``nats`` sink (core publish)."""
+
+
+class JetStreamSinkOptions(_ConnectionOptions):
+    """Options of the ``jetstream`` sink."""
+
+    stream: StreamOptions | None = None
+    """The stream to publish to; when set, publishes are checked against it (``Nats-Expected-Stream``)
+    and it can be created at start."""
+
+
+def _read(path: str, what: str, who: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise SinkConfigError(f"{who}: {what}: cannot read {path!r}: {exc.strerror}") from exc
+
+
+def stream_subjects_for(template: str) -> list[str]:
+    """Subjects capturing everything a destination template can render: each token holding a
+    template field becomes ``*`` (``k8s.{resource}.{namespace}.{name}`` → ``k8s.*.*.*``)."""
+    return [".".join("*" if "{" in token else token for token in template.split("."))]
+
+
+class NatsConnection:
+    """One nats-py connection with readiness tracking and a background (re)connect at start."""
+
+    def __init__(self, *, options: _ConnectionOptions, name: str) -> None:
+        self._options = options
+        self.name = name
+        self._who = f"sink {name!r}"
+        self.client: NatsClient | None = None
+        self.connected = asyncio.Event()
+        self._connector: asyncio.Task[None] | None = None
+        self._last_error: Exception | None = None
+        self._closed = False
+
+    @property
+    def is_connected(self) -> bool:
+        return self.client is not None and self.client.is_connected
+
+    def _connect_kwargs(self) -> dict[str, Any]:
+        o = self._options
+        kwargs: dict[str, Any] = {
+            "servers": list(o.servers),
+            "name": o.connection_name,
+            "connect_timeout": o.connect_timeout,
+            "reconnect_time_wait": o.reconnect_wait,
+            "max_reconnect_attempts": o.max_reconnect_attempts,
+            "pending_size": o.reconnect_buffer_bytes,
+            "allow_reconnect": True,
+            "disconnected_cb": self._on_disconnected,
+            "reconnected_cb": self._on_reconnected,
+            "error_cb": self._on_error,
+            "closed_cb": self._on_closed,
+        }
+        if o.user is not None and o.password_file is not None:
+            kwargs["user"] = o.user
+            kwargs["password"] = _read(o.password_file, "password_file", self._who)
+        if o.token_file is not None:
+            kwargs["token"] = _read(o.token_file, "token_file", self._who)
+        if o.nkey_seed_file is not None or o.creds_file is not None:
+            if importlib.util.find_spec("nkeys") is None:
+                raise SinkConfigError(
+                    f"{self._who}: NKEY and credentials-file authentication need the 'nkeys' package "
+                    "(pip install 'nats-py[nkeys]')"
+                )
+            if o.nkey_seed_file is not None:
+                _read(o.nkey_seed_file, "nkey_seed_file", self._who)
+                kwargs["nkeys_seed"] = o.nkey_seed_file
+            if o.creds_file is not None:
+                _read(o.creds_file, "creds_file", self._who)
+                kwargs["user_credentials"] = o.creds_file
+        if o.tls_ca_file is not None or o.tls_cert_file is not None:
+            try:
+                ctx = ssl.create_default_context(cafile=o.tls_ca_file)
+                if o.tls_cert_file is not None and o.tls_key_file is not None:
+                    ctx.load_cert_chain(o.tls_cert_file, o.tls_key_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise SinkConfigError(f"{self._who}: TLS files: {exc}") from exc
+            kwargs["tls"] = ctx
+            if o.tls_hostname is not None:
+                kwargs["tls_hostname"] = o.tls_hostname
+        return kwargs
+
+    async def start(self) -> None:
+        """Connects; a server that is down leaves a background task retrying. Bad credentials or
+        settings raise SinkConfigError."""
+        kwargs = self._connect_kwargs()
+        try:
+            await self._connect_once(kwargs)
+        except (nats.errors.NoServersError, nats.errors.TimeoutError, OSError) as exc:
+            log.warning("%s: NATS not reachable at start (%r); connecting in the background", self._who, exc)
+            self._connector = asyncio.get_running_loop().create_task(
+                self._connect_forever(kwargs), name=f"nats-connect:{self.name}"
+            )
+
+    async def _connect_once(self, kwargs: dict[str, Any]) -> None:
+        # nats-py retries a failing *first* connect forever when reconnects are unlimited, even for
+        # rejected credentials: connect with reconnects off and one attempt per server, then switch
+        # the configured reconnect policy on.
+        self._last_error = None
+        try:
+            client = await nats.connect(**{**kwargs, "allow_reconnect": False, "max_reconnect_attempts": 1})
+        except (nats.errors.Error, OSError) as exc:
+            cause = self._last_error or exc
+            text = str(cause).lower()
+            if isinstance(cause, nats.errors.AuthorizationError) or "authorization" in text:
+                raise SinkConfigError(f"{self._who}: NATS rejected the credentials: {cause}") from exc
+            raise
+        client.options["allow_reconnect"] = True
+        client.options["max_reconnect_attempts"] = self._options.max_reconnect_attempts
+        self.client = client
+        self.connected.set()
+
+    async def _connect_forever(self, kwargs: dict[str, Any]) -> None:
+        delay = self._options.reconnect_wait
+        while not self._closed:
+            await asyncio.sleep(delay)
+            try:
+                await self._connect_once(kwargs)
+            except SinkConfigError:
+                log.error("%s: NATS rejected the credentials; not retrying", self._who)
+                return
+            except (nats.errors.Error, OSError) as exc:
+                log.info("%s: NATS still not reachable: %r", self._who, exc)
+                delay = min(delay * 2, 30.0)
+            else:
+                log.info("%s: connected to NATS", self._who)
+                return
+
+    async def _on_disconnected(self) -> None:
+        self.connected.clear()
+        if self._closed:
+            return
+        log.warning("%s: disconnected from NATS; unacked events wait for the reconnect", self._who)
+
+    async def _on_reconnected(self) -> None:
+        self.connected.set()
+        log.info("%s: reconnected to NATS", self._who)
+
+    async def _on_closed(self) -> None:
+        self.connected.clear()
+
+    async def _on_error(self, exc: Exception) -> None:
+        self._last_error = exc
+        log.debug("%s: NATS connection error: %r", self._who, exc)
+
+    async def ready(self, timeout: float) -> NatsClient:
+        """The connected client, waiting up to ``timeout`` for a (re)connection."""
+        if self._closed:
+            raise SinkTransientError(f"{self._who}: closed")
+        if not self.is_connected:
+            try:
+                await asyncio.wait_for(self.connected.wait(), timeout)
+            except TimeoutError as exc:
+                raise SinkTransientError(f"{self._who}: not connected to NATS") from exc
+        client = self.client
+        if client is None or not client.is_connected:
+            raise SinkTransientError(f"{self._who}: not connected to NATS")
+        return client
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._connector is not None:
+            self._connector.cancel()
+            await asyncio.gather(self._connector, return_exceptions=True)
+        client, self.client = self.client, None
+        if client is not None and not client.is_closed:
+            with contextlib.suppress(Exception):
+                await client.close()
+
+
+def _permanent_or_transient(exc: Exception, subject: str) -> Exception:
+    if isinstance(exc, nats.errors.MaxPayloadError):
+        return SinkPermanentError(f"nats: message too large for the server's max_payload ({subject}): {exc}")
+    if isinstance(exc, nats.errors.BadSubjectError):
+        return SinkPermanentError(f"nats: invalid subject {subject!r}")
+    if isinstance(exc, nats.js.errors.BadRequestError):
+        return SinkPermanentError(f"jetstream rejected the message on {subject!r}: {exc.description} "
+                                  f"(err_code {exc.err_code})")
+    if isinstance(exc, nats.js.errors.APIError) and exc.code not in (None, 503) and exc.code < 500:
+        return SinkPermanentError(f"jetstream rejected the message on {subject!r}: {exc.description} "
+                                  f"(code {exc.code})")
+    return SinkTransientError(f"nats: publish to {subject!r} not confirmed: {exc!r}")
+
+
+class _NatsSinkBase(BaseSink[Any]):
+    default_destination: ClassVar[str] = DEFAULT_SUBJECT
+    header_prefix: ClassVar[str] = HTTP_PREFIX
+
+    def __init__(self, *, options: _ConnectionOptions, **kwargs: Any) -> None:
+        self._conn = NatsConnection(options=options, name=kwargs.get("name", ""))
+        super().__init__(options=options, **kwargs)
+
+    def _make_dead_letter(self, options: DeadLetterOptions) -> DeadLetterWriter | None:
+        if options.kind == "nats":
+            if any(c in options.target for c in "*> \t") or not options.target:
+                raise self._config_error(f"dead_letter: {options.target!r} is not a valid NATS subject")
+            return NatsDeadLetter(sink=self, subject=options.target)
+        return super()._make_dead_letter(options)
+
+    def _sanitize(self, value: str) -> str:
+        return sanitize_nats_token(value)
+
+    async def _start(self) -> None:
+        await self._conn.start()
+
+    async def _close(self) -> None:
+        await self._conn.close()
+
+    def healthy(self) -> bool:
+        return super().healthy() and self._conn.is_connected
+
+    async def _publish_core(self, subject: str, body: bytes, headers: dict[str, str] | None) -> None:
+        """Publishes and waits for a PING/PONG round trip proving the server received it."""
+        timeout = self.options.publish_timeout
+        client = await self._conn.ready(timeout)
+        try:
+            await client.publish(subject, body, headers=headers)
+            await client.flush(timeout=timeout)
+        except (nats.errors.Error, OSError) as exc:
+            raise _permanent_or_transient(exc, subject) from exc
+        # nats-py's flush returns at once (unconfirmed) while it is reconnecting.
+        if not client.is_connected:
+            raise SinkTransientError(f"nats: publish to {subject!r} not confirmed: connection lost")
+
+    async def _publish_js(self, subject: str, body: bytes, headers: dict[str, str]) -> None:
+        timeout = self.options.publish_timeout
+        client = await self._conn.ready(timeout)
+        js = self._js(client)
+        try:
+            ack = await js.publish(subject, body, timeout=timeout, headers=headers)
+        except (nats.errors.Error, OSError) as exc:
+            raise _permanent_or_transient(exc, subject) from exc
+        if ack.duplicate:
+            log.debug("sink %r: %s already stored (seq %s)", self.name, headers.get(MSG_ID_HEADER), ack.seq)
+
+    def _js(self, client: NatsClient) -> JetStreamContext:
+        return client.jetstream(timeout=self.options.publish_timeout)
+
+
+class NatsSink(_NatsSinkBase):
+    """Core NATS publish; acked when the server confirmed receipt (see the module docstring)."""
+
+    kind: ClassVar[str] = "nats"
+    options_model: ClassVar[type[SinkOptions]] = NatsSinkOptions
+
+    async def _send(self, msg: OutgoingMessage) -> None:
+        await self._publish_core(msg.destination, msg.body, msg.headers)
+
+
+class JetStreamSink(_NatsSinkBase):
+    """JetStream publish; acked on the stream's PubAck, deduplicated by ``Nats-Msg-Id``."""
+
+    kind: ClassVar[str] = "jetstream"
+    options_model: ClassVar[type[SinkOptions]] = JetStreamSinkOptions
+
+    async def _start(self) -> None:
+        await super()._start()
+        stream: StreamOptions | None = self.options.stream
+        if stream is not None and stream.create:
+            client = await self._conn.ready(self.options.connect_timeout)
+            await self._ensure_stream(client, stream)
+
+    def stream_config(self) -> StreamConfig | None:
+        stream: StreamOptions | None = self.options.stream
+        if stream is None:
+            return None
+        text = self.options.destination if self.options.destination is not None else DEFAULT_SUBJECT
+        return StreamConfig(
+            name=stream.name,
+            subjects=list(stream.subjects) or stream_subjects_for(text),
+            storage=StorageType.FILE if stream.storage == "file" else StorageType.MEMORY,
+            num_replicas=stream.replicas,
+            duplicate_window=stream.duplicate_window,
+            max_age=stream.max_age or None,
+            max_bytes=stream.max_bytes,
+            max_msg_size=stream.max_msg_size,
+        )
+
+    async def _ensure_stream(self, client: NatsClient, stream: StreamOptions) -> None:
+        config = self.stream_config()
+        assert config is not None
+        js = self._js(client)
+        try:
+            info = await js.stream_info(stream.name)
+        except nats.js.errors.NotFoundError:
+            try:
+                await js.add_stream(config)
+            except nats.js.errors.APIError as exc:
+                msg = f"stream {stream.name!r}: cannot create it: {exc.description}"
+                raise self._config_error(msg) from exc
+            log.info("sink %r: created stream %r for %s", self.name, stream.name, config.subjects)
+            return
+        existing = set(info.config.subjects or [])
+        if not set(config.subjects or []) <= existing:
+            log.warning("sink %r: stream %r exists with subjects %s (wanted %s); left unchanged",
+                        self.name, stream.name, sorted(existing), config.subjects)
+
+    async def _send(self, msg: OutgoingMessage) -> None:
+        headers = dict(msg.headers)
+        headers[MSG_ID_HEADER] = msg.event_id
+        stream: StreamOptions | None = self.options.stream
+        if stream is not None:
+            headers["Nats-Expected-Stream"] = stream.name
+        await self._publish_js(msg.destination, msg.body, headers)
+
+
+class NatsDeadLetter:
+    """Publishes dead-letter records (JSON, see :mod:`sinks.deadletter`) to a NATS subject through
+    the sink's connection: JetStream first (stored and deduplicated by event id) when a stream
+    captures the subject, core NATS otherwise. A record too large for the server is sent without the
+    message body."""
+
+    def __init__(self, *, sink: _NatsSinkBase, subject: str) -> None:
+        self._sink = sink
+        self.subject = subject
+        self._jetstream: bool | None = None
+
+    async def start(self) -> None:
+        """The connection is opened by the sink's own start."""
+
+    async def write(self, record: DeadLetterRecord) -> None:
+        sink = self._sink
+        client = await sink._conn.ready(sink.options.publish_timeout)
+        value = dead_letter_json(record)
+        if len(value) + _DLQ_MARGIN > client.max_payload:
+            value = orjson.dumps({
+                "sink": record.sink, "reason": record.reason, "attempts": record.attempts,
+                "event_id": record.event_id, "key": record.key.decode("utf-8", "replace"),
+                "destination": record.destination, "headers": record.headers, "message": None,
+                "message_bytes": len(record.body),
+                "message_omitted": "too large for the dead-letter subject",
+            })
+        headers = {"reason": record.reason[:1000], MSG_ID_HEADER: f"dlq-{record.event_id}"}
+        if isinstance(sink, JetStreamSink) and self._jetstream is not False:
+            try:
+                await sink._publish_js(self.subject, value, headers)
+            except SinkTransientError as exc:
+                if self._jetstream or not isinstance(exc.__cause__, nats.js.errors.NoStreamResponseError):
+                    raise
+                log.info("sink %r: no stream captures %r; dead letters use core NATS",
+                         sink.name, self.subject)
+                self._jetstream = False
+            else:
+                self._jetstream = True
+                return
+        await sink._publish_core(self.subject, value, headers)
+
+    async def close(self) -> None:
+        """The connection belongs to the sink, which closes it."""
