@@ -16,6 +16,7 @@ import binascii
 import collections
 import contextlib
 import dataclasses
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,8 @@ from bridge.sim.store import (
 )
 
 __all__ = ["DEFAULT_WATCH_TIMEOUT", "INITIAL_EVENTS_END_ANNOTATION", "Simulator"]
+
+_log = logging.getLogger(__name__)
 
 INITIAL_EVENTS_END_ANNOTATION = "k8s.io/initial-events-end"
 DEFAULT_WATCH_TIMEOUT = 1800.0
@@ -409,6 +412,13 @@ class Simulator:
             return await self._serve(request, target, verb)
         except SimStatusError as err:
             return _status_response(err)
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            # A bug in the simulator: answer as kube-apiserver does (500 Status) and say so in the log.
+            _log.exception("simulator failed on %s %s", request.method, request.path)
+            return _status_response(SimStatusError(f"simulator internal error: {exc!r}", code=500,
+                                                   reason="InternalError"))
 
     def _discovery(self, parts: Sequence[str]) -> dict[str, Any] | None:
         registry = self.store.registry

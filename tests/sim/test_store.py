@@ -180,3 +180,16 @@ async def test_http_json_patch_status_subresource_and_unsupported_patch(sim: Sim
         assert (await resp.json())["metadata"]["name"] == "p"
         resp = await http.post(f"{sim.url}/api/v1/pods", json=_pod("q"))
         assert resp.status == 405
+
+
+async def test_an_internal_failure_is_a_500_status(sim: Simulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(sim.store, "get_raw", broken)
+    async with aiohttp.ClientSession() as http:
+        resp = await http.get(f"{sim.url}/api/v1/namespaces/default/pods/x")
+        assert resp.status == 500
+        body = await resp.json()
+    assert (body["kind"], body["reason"], body["code"]) == ("Status", "InternalError", 500)
+    assert "boom" in body["message"]
