@@ -406,7 +406,12 @@ class BaseSink(Generic[O]):
         try:
             while lane:
                 msg = lane[0]
-                outcome = await self._process(msg)
+                try:
+                    outcome = await self._process(msg)
+                except Exception:  # a bug here must not strand the lane and stall the checkpoint
+                    log.exception("sink %r: failed to process %s; dropping it", self.name, msg.event_id)
+                    self.stats.failed += 1
+                    outcome = DeliveryOutcome.DROPPED
                 lane.popleft()
                 self._complete(msg, outcome)
         finally:
