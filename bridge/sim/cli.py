@@ -57,6 +57,8 @@ def build_parser(prog: str = "python -m bridge.sim") -> argparse.ArgumentParser:
     p.add_argument("--too-large-wait", type=float, default=3.0,
                    help="seconds a request for a future resourceVersion waits before its 504")
     p.add_argument("--no-watch-list", action="store_true", help="reject sendInitialEvents (old server)")
+    p.add_argument("--no-cache-pagination", action="store_true",
+                   help='lists at resourceVersion "0" ignore limit (old watch cache)')
     churn = p.add_argument_group("churn")
     churn.add_argument("--churn-rate", type=float, default=0.0, help="events per second (0: no churn)")
     churn.add_argument("--churn-objects", type=int, default=100, help="target population")
@@ -95,6 +97,7 @@ async def _serve(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, history_size=args.history_size,
         bookmark_interval=args.bookmark_interval, too_large_wait=args.too_large_wait,
         faults=_fault_spec(args), watch_list=not args.no_watch_list, crds=args.crd,
+        cache_pagination=not args.no_cache_pagination,
         token=args.token, forbidden=args.forbid,
     )
     churn: ChurnGenerator | None = None

@@ -138,7 +138,9 @@ class Simulator:
     namespaced}``); ``token`` makes every API request require ``Authorization: Bearer <token>``;
     ``forbidden`` lists ``(group, plural)`` pairs answered with 403; ``watch_list=False`` rejects
     ``sendInitialEvents`` like a server without the WatchList feature; ``too_large_wait`` is how long a
-    request for a future resourceVersion waits before its 504.
+    request for a future resourceVersion waits before its 504; ``cache_pagination=False`` makes a list
+    at resourceVersion "0" ignore ``limit`` and answer everything in one page, as kube-apiserver's
+    watch cache did before it could paginate (client-go's reflector then stops paginating).
     """
 
     def __init__(
@@ -156,6 +158,7 @@ class Simulator:
         token: str | None = None,
         forbidden: Iterable[tuple[str, str]] = (),
         watcher_buffer: int = DEFAULT_WATCHER_BUFFER,
+        cache_pagination: bool = True,
         clock: Clock | None = None,
     ) -> None:
         if bookmark_interval <= 0:
@@ -166,6 +169,7 @@ class Simulator:
         self.too_large_wait = too_large_wait
         self.default_watch_timeout = default_watch_timeout
         self.watch_list = watch_list
+        self.cache_pagination = cache_pagination
         self.token = token
         self.forbidden: set[tuple[str, str]] = set(forbidden)
         self.store = ObjectStore(history_size=history_size, watcher_buffer=watcher_buffer, clock=clock)
@@ -647,6 +651,8 @@ class Simulator:
             else:
                 items = store.snapshot(rt, scope=scope)
                 list_rv = store.resource_version
+            if rv_text == "0" and not self.cache_pagination:
+                limit = None  # an older watch cache serves RV "0" whole, ignoring the limit
         if start is not None:
             items = [(k, o) for k, o in items if k > start]
         metadata: dict[str, Any] = {"resourceVersion": str(list_rv)}

@@ -336,3 +336,17 @@ async def test_list_items_carry_no_type_fields_except_for_crds(sim: Simulator) -
     assert (widgets["kind"], widgets["apiVersion"]) == ("WidgetList", "example.com/v1")
     assert widgets["items"][0]["kind"] == "Widget"
     assert widgets["items"][0]["apiVersion"] == "example.com/v1"
+
+
+async def test_rv_zero_lists_paginate_unless_cache_pagination_is_off() -> None:
+    for cache_pagination, expected in ((True, 2), (False, 5)):
+        async with Simulator(cache_pagination=cache_pagination) as sim, aiohttp.ClientSession() as http:
+            for i in range(5):
+                sim.store.create("configmaps", _cm(f"c{i}"), namespace="default")
+            body = await (await http.get(f"{sim.url}/api/v1/configmaps",
+                                         params={"resourceVersion": "0", "limit": "2"})).json()
+            assert len(body["items"]) == expected
+            assert ("continue" in body["metadata"]) is cache_pagination
+            # a consistent list (RV unset) always honours the limit
+            body = await (await http.get(f"{sim.url}/api/v1/configmaps", params={"limit": "2"})).json()
+            assert len(body["items"]) == 2
