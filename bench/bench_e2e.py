@@ -72,7 +72,7 @@ class E2EOptions:
     burst_rounds: int = 5
     latency_pods: int = 500
     latency_rates: tuple[int, ...] = (1000, 5000)
-    latency_seconds: float = 4.0
+    latency_seconds: float = 3.0
     sync_pods: int = 100_000
     page_size: int = 500
     timeout: float = 240.0
@@ -81,7 +81,7 @@ class E2EOptions:
     def for_mode(cls, quick: bool) -> E2EOptions:
         if quick:
             return cls(burst_pods=300, burst_rounds=4, latency_pods=200, latency_rates=(200, 1000),
-                       latency_seconds=1.5, sync_pods=5000, timeout=60.0)
+                       latency_seconds=1.0, sync_pods=5000, timeout=60.0)
         return cls()
 
 

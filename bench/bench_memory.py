@@ -173,10 +173,10 @@ def _measure(variant: str, count: int) -> dict[str, Any]:
 
 def run(quick: bool = False, results_dir: Path | None = None,
         variants: Sequence[str] = VARIANTS) -> dict[str, Any]:
-    """Bytes per cached Pod for each variant (100k Pods; quick: 5k; typed models: 10k / 1k); writes
-    ``memory.json``."""
-    count = 5000 if quick else 100_000
-    typed_count = 1000 if quick else 10_000
+    """Bytes per cached Pod for each variant (100k Pods; quick: 2k; typed models: 10k / 300);
+    writes ``memory.json``."""
+    count = 2000 if quick else 100_000
+    typed_count = 300 if quick else 10_000
     out: dict[str, Any] = {"quick": quick, "variants": {}}
     for variant in variants:
         n = typed_count if variant == "naive_typed" else count
