@@ -33,7 +33,6 @@ otherwise with core NATS.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import logging
 import ssl
@@ -324,8 +323,16 @@ class NatsConnection:
             await asyncio.gather(self._connector, return_exceptions=True)
         client, self.client = self.client, None
         if client is not None and not client.is_closed:
-            with contextlib.suppress(Exception):
+            try:
                 await client.close()
+            except asyncio.CancelledError:
+                # nats-py can surface the cancellation of its own socket close-waiter here; only a
+                # cancellation of the caller itself must propagate.
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+            except Exception as exc:
+                log.debug("%s: error closing the NATS connection: %r", self._who, exc)
 
 
 def _permanent_or_transient(exc: Exception, subject: str) -> Exception:
