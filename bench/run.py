@@ -118,7 +118,9 @@ def run_one(scenario: Scenario, *, quick: bool, results_dir: Path, sinks: Sequen
         entry["profile"] = str(path)
     if result is not None:
         entry["result"] = result
-        if not scenario.own and isinstance(result, Mapping):
+        # Other scenarios write bench/results/<name>.json themselves; elsewhere (a --results-dir)
+        # the harness keeps a copy next to its own files.
+        if not scenario.own and isinstance(result, Mapping) and results_dir.resolve() != RESULTS_DIR:
             write_result(scenario.name, result, results_dir)
     return entry
 
