@@ -57,7 +57,7 @@ from sinks.contract import (
 from sinks.deadletter import DeadLetterRecord, DeadLetterWriter, FileDeadLetter
 from sinks.filters import ChangeFilter, RoutingFilter
 from sinks.options import DeadLetterOptions, SinkOptions
-from sinks.payload import build_payload
+from sinks.payload import PayloadMode, build_payload
 from sinks.redaction import Redactor
 from sinks.templates import Template, TemplateError
 
@@ -327,8 +327,10 @@ class BaseSink(Generic[O]):
         if event.obj is None:
             snap = event.snapshot
             return f"snapshot/{snap.id if snap else event.resource.qualified}".encode()
-        if self.options.key == "uid" and event.uid:
-            return event.uid.encode()
+        meta = event.metadata
+        uid = meta.get("uid")
+        if uid and self.options.key == "uid":
+            return str(uid).encode()
         return event.subject.encode()
 
     def _build(self, event: ChangeEvent, ack: AckCallback) -> OutgoingMessage:
@@ -339,7 +341,9 @@ class BaseSink(Generic[O]):
             destination = self._template.render(event, self._sanitize)
             res = event.resource
             obj = self._redactor.apply(event.obj, res)
-            old = self._redactor.apply(event.old, res) if event.old is not None else None
+            old = None
+            if event.old is not None and opts.payload is not PayloadMode.OBJECT:
+                old = self._redactor.apply(event.old, res)
             data, content_type = build_payload(opts.payload, event.type, obj, old)
             ce = to_cloudevent(
                 event,

@@ -109,17 +109,21 @@ def event_type(event: ChangeEvent, compat: Compat = "native") -> str:
     return NATIVE_TYPE_PREFIX + event.type.value
 
 
+_second_cache: tuple[int, str] = (-1, "")
+
+
 def rfc3339(seconds: float) -> str:
     """``2024-05-01T12:00:00.123456Z`` (microseconds kept so order within a second survives)."""
+    global _second_cache
     whole = math.floor(seconds)
     micros = round((seconds - whole) * 1_000_000)
     if micros == 1_000_000:
         whole, micros = whole + 1, 0
-    t = _time.gmtime(whole)
-    return (
-        f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}"
-        f".{micros:06d}Z"
-    )
+    cached_second, prefix = _second_cache
+    if cached_second != whole:  # events come in bursts: format each second once
+        prefix = _time.strftime("%Y-%m-%dT%H:%M:%S", _time.gmtime(whole))
+        _second_cache = (whole, prefix)
+    return f"{prefix}.{micros:06d}Z"
 
 
 def _knative_subject(event: ChangeEvent, namespace: str, name: str) -> str:

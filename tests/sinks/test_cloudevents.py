@@ -146,3 +146,7 @@ def test_binary_round_trip_with_prefix_and_percent_encoding(prefix: str) -> None
 def test_rfc3339() -> None:
     assert rfc3339(0) == "1970-01-01T00:00:00.000000Z"
     assert rfc3339(T0) == "2023-11-14T22:13:20.250000Z"
+    assert rfc3339(T0 + 0.5) == "2023-11-14T22:13:20.750000Z"
+    assert rfc3339(0.9999999) == "1970-01-01T00:00:01.000000Z"
+    assert rfc3339(1_704_067_199.5) == "2023-12-31T23:59:59.500000Z"
+    assert rfc3339(1_704_067_200.0) == "2024-01-01T00:00:00.000000Z"
