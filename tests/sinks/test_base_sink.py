@@ -22,7 +22,7 @@ from sinks.contract import (
     SnapshotInfo,
 )
 from sinks.options import SinkOptions
-from tests.sinks import PODS, Acks, event, marker, obj
+from tests.sinks import PODS, SECRETS, Acks, event, marker, obj
 
 
 class RecordingSink(BaseSink[SinkOptions]):
@@ -334,3 +334,27 @@ async def test_random_failures_ack_every_event_once_in_per_object_order() -> Non
     assert got == expected
     assert flaky.stats.retries > 50
     await flaky.close()
+
+
+async def test_old_object_is_redacted_too_in_object_and_old_and_merge_patch() -> None:
+    old = obj("creds", kind="Secret", rv="1", data={"pw": "b2xk"})
+    new = obj("creds", kind="Secret", rv="2", data={"pw": "bmV3", "user": "dQ=="})
+    for mode, expected in [
+        (
+            "object_and_old",
+            {
+                "object": {**new, "data": {"pw": "<redacted>", "user": "<redacted>"}},
+                "oldObject": {**old, "data": {"pw": "<redacted>"}},
+            },
+        ),
+        ("merge_patch", {"metadata": {"resourceVersion": "2"}, "data": {"user": "<redacted>"}}),
+    ]:
+        sink = make(payload=mode)
+        acks = Acks()
+        await sink.deliver(event(EventType.UPDATED, new, old=old, resource=SECRETS), acks.cb(mode))
+        assert await sink.flush(5)
+        (msg,) = sink.sent
+        assert orjson.loads(msg.body)["data"] == expected, mode
+        assert b"bmV3" not in msg.body
+        assert b"b2xk" not in msg.body
+        await sink.close()
