@@ -59,6 +59,7 @@ from sinks.filters import ChangeFilter, RoutingFilter
 from sinks.options import DeadLetterOptions, SinkOptions
 from sinks.payload import PayloadMode, build_payload
 from sinks.redaction import Redactor
+from sinks.retry import RetryPolicy
 from sinks.templates import Template, TemplateError
 
 __all__ = ["BaseSink", "OutgoingMessage", "SinkClock", "SinkStats", "SystemClock"]
@@ -163,7 +164,7 @@ class BaseSink(Generic[O]):
         self.options: O = options
         self.stats = SinkStats()
         self._clock: SinkClock = clock or SystemClock()
-        self._rng = rng or random.random
+        self._retry = RetryPolicy(options.retry, rng or random.random)
         text = options.destination if options.destination is not None else self.default_destination
         try:
             self._template = Template(text)
@@ -429,7 +430,7 @@ class BaseSink(Generic[O]):
             await asyncio.wait((msg.after,))
         if msg.error is not None:
             return await self._to_dead_letter(msg, msg.error)
-        retry = self.options.retry
+        retry = self._retry
         started = self._clock.now()
         while True:
             msg.attempts += 1
@@ -438,17 +439,12 @@ class BaseSink(Generic[O]):
             except SinkTransientError as exc:
                 self._healthy = False
                 elapsed = self._clock.now() - started
-                if (retry.max_attempts and msg.attempts >= retry.max_attempts) or (
-                    retry.max_elapsed and elapsed >= retry.max_elapsed
-                ):
+                if retry.give_up(msg.attempts, elapsed):
                     return await self._to_dead_letter(
                         msg, f"gave up after {msg.attempts} attempts over {elapsed:.1f}s: {exc}"
                     )
                 self.stats.retries += 1
-                if exc.retry_after is not None:
-                    delay = min(max(exc.retry_after, 0.0), retry.max_retry_after)
-                else:
-                    delay = self._backoff(msg.attempts)
+                delay = retry.delay(msg.attempts, exc.retry_after)
                 log.debug("sink %r: retrying %s in %.3fs: %s", self.name, msg.event_id, delay, exc)
                 await self._clock.sleep(delay)
             except SinkPermanentError as exc:
@@ -459,11 +455,6 @@ class BaseSink(Generic[O]):
             else:
                 self._healthy = True
                 return DeliveryOutcome.DELIVERED
-
-    def _backoff(self, attempt: int) -> float:
-        retry = self.options.retry
-        base = min(retry.max, retry.initial * retry.factor ** (attempt - 1))
-        return max(0.0, base * (1.0 + retry.jitter * (2.0 * self._rng() - 1.0)))
 
     async def _to_dead_letter(self, msg: OutgoingMessage, reason: str) -> DeliveryOutcome:
         writer = self._dead_letter
@@ -490,7 +481,7 @@ class BaseSink(Generic[O]):
             except Exception as exc:
                 # Not acking keeps the checkpoint behind this event until the dead letter works.
                 log.warning("sink %r: dead letter write failed (%r); retrying", self.name, exc)
-                await self._clock.sleep(self._backoff(attempt))
+                await self._clock.sleep(self._retry.delay(attempt))
             else:
                 self.stats.dead_lettered += 1
                 return DeliveryOutcome.DEAD_LETTERED
