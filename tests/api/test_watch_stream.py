@@ -147,6 +147,7 @@ async def test_oversized_line_ends_the_stream(server: ScriptedServer) -> None:
 
 async def test_close_stops_an_open_watch(server: ScriptedServer) -> None:
     release = asyncio.Event()
+    finished = asyncio.Event()
 
     async def endless(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse()
@@ -154,6 +155,7 @@ async def test_close_stops_an_open_watch(server: ScriptedServer) -> None:
         await response.write(line("ADDED", "a", 8))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(release.wait(), 5)
+        finished.set()
         return response
 
     server.handler = endless
@@ -167,7 +169,8 @@ async def test_close_stops_an_open_watch(server: ScriptedServer) -> None:
         await stream.close()  # idempotent
         assert [e async for e in iterator] == []
     release.set()
-    await asyncio.sleep(0.02)
+    await asyncio.wait_for(finished.wait(), 5)
+    await asyncio.sleep(0.01)
 
 
 # --------------------------------------------------------------------------------------------------
