@@ -19,3 +19,13 @@ def test_importing_the_package_is_cheap() -> None:
             " if m.startswith(('bridge.', 'kubernetes', 'aiohttp'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_sinks_package_exports_the_plugin_api() -> None:
+    import sinks
+
+    for name in sinks.__all__:
+        assert getattr(sinks, name) is not None, name
+    sink = sinks.create_sink("stdout", "out", {})
+    assert isinstance(sink, sinks.BaseSink)
+    assert isinstance(sink, sinks.Sink)
