@@ -794,8 +794,6 @@ class _WatchStream:
                 if not await self._write_batch(batch):
                     await self.response.write_eof()
                     return
-                if loop.time() < deadline:
-                    continue
             elif watcher.closed:
                 if watcher.error is not None:
                     await self.response.write(_event_line("ERROR", orjson.dumps(watcher.error)))
@@ -803,21 +801,18 @@ class _WatchStream:
                 return
             else:
                 wake_at = min(deadline, next_bookmark) if self.bookmarks else deadline
-                try:
+                with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(0.0, wake_at - loop.time())):
                         await watcher.wait()
-                    continue
-                except TimeoutError:
-                    pass
             now = loop.time()
             if now >= deadline:
                 if self.bookmarks and not watcher.closed and watcher.pending == 0:
                     await self._send_progress_bookmark()
                 await self.response.write_eof()
                 return
-            if now >= next_bookmark:
-                if watcher.pending == 0:
-                    await self._send_progress_bookmark()
+            # Due bookmarks go out even while events trickle in, once the buffer is drained.
+            if self.bookmarks and now >= next_bookmark and watcher.pending == 0 and not watcher.closed:
+                await self._send_progress_bookmark()
                 next_bookmark = now + interval
 
     async def _send_progress_bookmark(self) -> None:

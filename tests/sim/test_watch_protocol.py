@@ -350,3 +350,23 @@ async def test_rv_zero_lists_paginate_unless_cache_pagination_is_off() -> None:
             # a consistent list (RV unset) always honours the limit
             body = await (await http.get(f"{sim.url}/api/v1/configmaps", params={"limit": "2"})).json()
             assert len(body["items"]) == 2
+
+
+async def test_bookmarks_are_sent_while_events_trickle_in(sim: Simulator) -> None:
+    rv = str(sim.store.resource_version)
+    async with aiohttp.ClientSession() as http:
+        resp = await http.get(f"{sim.url}/api/v1/configmaps", params={
+            "watch": "1", "resourceVersion": rv, "allowWatchBookmarks": "true", "timeoutSeconds": "1"})
+        for i in range(15):  # an event every 50 ms: never 0.2 s of silence
+            sim.store.create("configmaps", _cm(f"c{i}"), namespace="default")
+            await asyncio.sleep(0.05)
+        events = await read_events(resp)
+    types = [e["type"] for e in events]
+    assert types.count("ADDED") == 15
+    assert types.count("BOOKMARK") >= 3
+    # every bookmark reports an RV no older than the events before it
+    last = 0
+    for e in events:
+        rv_now = int(e["object"]["metadata"]["resourceVersion"])
+        assert rv_now >= last
+        last = rv_now
