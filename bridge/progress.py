@@ -11,6 +11,16 @@ up to which *every* listener has acknowledged *every* notification. :class:`AckT
 * a ``progress(seq, rv)`` marker becomes the safe resume resourceVersion once everything dispatched
   before ``seq`` is applied.
 
+The index is kept **exactly as of the resume resourceVersion**, not "everything applied so far": the
+DeltaFIFO keeps a key at its place in the queue when newer deltas arrive, so the notifications before
+a marker for RV R may include changes of some keys made after R. Were those in the index, a resumed
+watch (which replays every change after R) would meet stale events against a cache that is already
+ahead, and the informer would turn them into wrong notifications (an add for what was an update, a
+delete + add for a re-creation it had already seen). So changes newer than the current resume point
+wait per key in a small *ahead* list and are folded into the index when a marker covering them passes.
+This compares resourceVersions as integers (they are etcd revisions); a non-integer one is applied
+at once, as if it were covered.
+
 :meth:`AckTracker.checkpoint_state` is what the checkpoint writer persists. The tracker is
 single-threaded (asyncio) and its memory is bounded by the listeners' bounded buffers: a notification
 is held only while some listener has it in flight.
@@ -49,7 +59,9 @@ def object_key(obj: KubeObject | DeletedFinalStateUnknown) -> ObjectKey:
     return ObjectKey(f"{namespace}/{name}" if namespace else name)
 
 
-def _entry_of(obj: KubeObject) -> IndexEntry:
+def _entry_of(obj: KubeObject | DeletedFinalStateUnknown) -> IndexEntry:
+    if isinstance(obj, DeletedFinalStateUnknown):
+        obj = obj.obj
     meta = obj.get("metadata") or {}
     return (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
 
@@ -78,6 +90,10 @@ class AckTracker:
         self.name = name
         self._resource_version = resource_version
         self._index: dict[str, IndexEntry] = dict(index or {})
+        # key → changes applied but newer than the resume point, in application order:
+        # (resourceVersion as int, entry or None for a delete).
+        self._ahead: dict[str, list[tuple[int, IndexEntry | None]]] = {}
+        self._rv_int = _as_int(resource_version)
         # seq → notification still owed by some listener, or acked but behind an unacked one.
         self._window: collections.OrderedDict[int, _InFlight] = collections.OrderedDict()
         # (seq, rv) markers not yet passed, in seq order.
@@ -199,17 +215,63 @@ class AckTracker:
             _, rv = self._markers.popleft()
             if rv and rv != self._resource_version:
                 self._resource_version = rv
+                self._rv_int = _as_int(rv)
+                self._fold_ahead()
                 passed = True
         return passed
 
+    def _fold_ahead(self) -> None:
+        """Moves into the index, per key, the newest applied change the resume point now covers."""
+        limit = self._rv_int
+        if limit is None:
+            return
+        for key in list(self._ahead):
+            changes = self._ahead[key]
+            last = -1
+            for i, (rv, _) in enumerate(changes):
+                if rv <= limit:
+                    last = i
+            if last < 0:
+                continue
+            self._set(key, changes[last][1])
+            rest = changes[last + 1 :]
+            if rest:
+                self._ahead[key] = rest
+            else:
+                del self._ahead[key]
+
+    def _set(self, key: str, entry: IndexEntry | None) -> None:
+        if entry is None:
+            self._index.pop(key, None)
+        else:
+            self._index[key] = entry
+
     def _apply(self, n: Notification) -> None:
         if n.kind is NotificationKind.SNAPSHOT:
-            # The snapshot is the cache at this point of the change order: the index, restated.
-            if n.snapshot is not None:
-                self._index = {object_key(o): _entry_of(o) for o in n.snapshot}
-            return
+            return  # the cache restated: no change
         key = n.key or object_key(n.obj)
+        entry: IndexEntry | None
         if n.kind is NotificationKind.DELETE:
-            self._index.pop(key, None)
+            entry = None
+            # A delete seen only through a relist happened at an unknown RV no newer than the list's:
+            # any later resume point covers it.
+            rv = -1 if isinstance(n.obj, DeletedFinalStateUnknown) else _as_int(_entry_of(n.obj)[1])
         elif isinstance(n.obj, dict):
-            self._index[key] = _entry_of(n.obj)
+            entry = _entry_of(n.obj)
+            rv = _as_int(entry[1])
+        else:
+            return
+        if rv is None or (self._resource_version and self._rv_int is None):
+            self._set(key, entry)  # resourceVersions that are not integers: cannot hold back
+            return
+        if key not in self._ahead and self._rv_int is not None and rv <= self._rv_int:
+            self._set(key, entry)
+            return
+        self._ahead.setdefault(key, []).append((rv, entry))
+
+
+def _as_int(rv: str) -> int | None:
+    try:
+        return int(rv)
+    except ValueError:
+        return None

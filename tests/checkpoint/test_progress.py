@@ -98,7 +98,7 @@ def test_untracked_and_listenerless_notifications() -> None:
     assert t.lag == 0
 
 
-def test_snapshot_notification_restates_the_index_once_acked() -> None:
+def test_snapshot_notification_is_tracked_but_leaves_the_index() -> None:
     t = AckTracker()
     t.dispatched(n(ADD, obj("a", "10"), 0), ["k", "w"])
     t.dispatched(n(ADD, obj("b", "11"), 1), ["k", "w"])
@@ -118,13 +118,9 @@ def test_snapshot_notification_restates_the_index_once_acked() -> None:
     t.acked("w", 1)
     assert t.pending == 1
     assert t.checkpoint_state() == ("11", {"default/a": ("uid-a", "10"), "default/b": ("uid-b", "11")})
-    gen = t.generation
     t.acked("w", 2)
-    assert t.checkpoint_state() == (
-        "11",
-        {"default/a": ("uid-a", "10"), "default/b": ("uid-b", "11"), "c": ("uid-c", "7")},
-    )
-    assert t.generation == gen + 1
+    # The snapshot restates the cache; the index is built from changes only.
+    assert t.checkpoint_state() == ("11", {"default/a": ("uid-a", "10"), "default/b": ("uid-b", "11")})
     assert (t.pending, t.lag, t.last_applied_seq) == (0, 0, 2)
 
 
@@ -136,3 +132,42 @@ def test_recreated_object_index_holds_the_new_uid() -> None:
     t.acked("k", 1)
     t.acked("k", 0)
     assert t.checkpoint_state() == ("21", {"default/a": ("new", "21")})
+
+
+def test_changes_newer_than_the_resume_point_wait_for_their_marker() -> None:
+    # The FIFO keeps key "a" at its place: its update at RV 13 is processed before the marker for
+    # RV 12. The index must still describe RV 12 exactly, or a resume from 12 would replay 13
+    # against a cache that already has it.
+    t = AckTracker(resource_version="10", index={"default/a": ("uid-a", "10"), "default/gone": ("g", "9")})
+    t.dispatched(n(UPDATE, obj("a", "11"), 0), ["k"])
+    t.dispatched(n(UPDATE, obj("a", "13"), 1), ["k"])
+    t.dispatched(n(DELETE, obj("gone", "14"), 2), ["k"])
+    t.dispatched(n(ADD, obj("b", "12"), 3), ["k"])
+    t.progress(4, "12")
+    for seq in range(4):
+        t.acked("k", seq)
+    assert t.checkpoint_state() == (
+        "12", {"default/a": ("uid-a", "11"), "default/gone": ("g", "9"), "default/b": ("uid-b", "12")})
+    t.progress(4, "13")  # a bookmark-like marker
+    assert t.checkpoint_state() == (
+        "13", {"default/a": ("uid-a", "13"), "default/gone": ("g", "9"), "default/b": ("uid-b", "12")})
+    t.progress(4, "14")
+    assert t.checkpoint_state() == ("14", {"default/a": ("uid-a", "13"), "default/b": ("uid-b", "12")})
+
+
+def test_relist_tombstone_is_covered_by_the_next_marker() -> None:
+    t = AckTracker(resource_version="20", index={"default/a": ("uid-a", "5"), "default/b": ("uid-b", "6")})
+    tomb = DeletedFinalStateUnknown(key=ObjectKey("default/a"), obj=obj("a", "5"))
+    t.dispatched(Notification(kind=DELETE, obj=tomb, seq=0), ["k"])
+    t.dispatched(n(UPDATE, obj("b", "40"), 1), ["k"])
+    t.progress(2, "40")  # the relist's resourceVersion
+    t.acked("k", 1)
+    t.acked("k", 0)
+    assert t.checkpoint_state() == ("40", {"default/b": ("uid-b", "40")})
+
+
+def test_non_integer_resource_versions_are_applied_at_once() -> None:
+    t = AckTracker(resource_version="abc")
+    t.dispatched(n(ADD, obj("a", "xyz"), 0), ["k"])
+    t.acked("k", 0)
+    assert t.checkpoint_state() == ("abc", {"default/a": ("uid-a", "xyz")})

@@ -1,0 +1,104 @@
+"""A bridge in its own process, for the crash tests: ``python -m tests.checkpoint.bridge_proc …``.
+
+Builds the same pipeline the service builds (discovery → SharedInformerFactory over the HTTP
+ListerWatcher → BridgePipeline with a file checkpoint store) from command-line arguments, with one
+sink (Kafka, or a JSON-lines file). Prints ``synced`` once every cache synced, and
+``stopped`` after a graceful shutdown on SIGTERM; SIGKILL is what the crash test sends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+from bridge.apiclient import ApiClient
+from bridge.checkpoint import FileCheckpointStore
+from bridge.clock import RealClock
+from bridge.discovery import Discovery
+from bridge.factory import InformerKey, SharedInformerFactory
+from bridge.listwatch import HttpListerWatcher
+from bridge.pipeline import BridgePipeline, WatchedResource
+from sinks.contract import ResourceRef
+from sinks.registry import create_sink
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tests.checkpoint.bridge_proc")
+    p.add_argument("--kubeconfig", required=True)
+    p.add_argument("--resource", default="configmaps")
+    p.add_argument("--namespace", default="")
+    p.add_argument("--checkpoint-dir", required=True)
+    p.add_argument("--checkpoint-interval", type=float, default=0.1)
+    p.add_argument("--kafka", help="bootstrap servers (Kafka sink)")
+    p.add_argument("--topic", help="Kafka topic")
+    p.add_argument("--file", help="JSON-lines file (file sink) when no Kafka is given")
+    p.add_argument("--max-in-flight", type=int, default=32)
+    p.add_argument("--buffer", type=int, default=32)
+    p.add_argument("--cluster", default="crash")
+    p.add_argument("--verbose", action="store_true", help="log the checkpoint progress twice a second")
+    return p.parse_args(argv)
+
+
+async def run(args: argparse.Namespace) -> int:
+    clock = RealClock()
+    client = ApiClient.from_kubeconfig(args.kubeconfig, clock=clock)
+    api = await Discovery(client=client).resolve(args.resource)
+    key = InformerKey(resource=args.resource, namespace=args.namespace)
+    ref = ResourceRef(group=api.group, version=api.version, resource=api.resource, kind=api.kind,
+                      namespaced=api.namespaced)
+    common: dict[str, Any] = {"max_in_flight": args.max_in_flight,
+                              "buffer": {"capacity": args.buffer, "policy": "block"}}
+    if args.kafka:
+        sink = create_sink("kafka", "kafka", {"brokers": args.kafka, "destination": args.topic,
+                                              "linger_ms": 1, **common})
+    else:
+        sink = create_sink("file", "file", {"path": args.file, **common})
+
+    def lister_watcher(k: InformerKey) -> HttpListerWatcher:
+        return HttpListerWatcher(client=client, resource=api, namespace=k.namespace)
+
+    factory = SharedInformerFactory(lister_watcher_factory=lister_watcher, clock=clock)
+    pipeline = BridgePipeline(
+        factory=factory, resources=[WatchedResource(key=key, api=api, ref=ref)], sinks=[sink],
+        checkpoint_store=FileCheckpointStore(directory=args.checkpoint_dir), cluster=args.cluster,
+        checkpoint_interval=args.checkpoint_interval, clock=clock,
+    )
+    stop = asyncio.Event()
+    ident = WatchedResource(key=key, api=api, ref=ref).informer_id
+
+    async def report() -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            t = pipeline.tracker(ident)
+            logging.getLogger("bridge_proc").info(
+                "rv=%s pending=%d lag=%d by_listener=%s sink=%s depth=%s", t.resource_version, t.pending,
+                t.lag, t.pending_by_listener(), getattr(sink, "stats", None), pipeline.queue_depths())
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    try:
+        await pipeline.start()
+        reporter = asyncio.create_task(report(), name="bridge-proc-report") if args.verbose else None
+        if await pipeline.wait_for_sync(60):
+            print("synced", flush=True)
+        await stop.wait()
+        if reporter is not None:
+            reporter.cancel()
+        await pipeline.shutdown(20)
+        print("stopped", flush=True)
+    finally:
+        await client.close()
+    return 0
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(run(parse()))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,214 @@
+"""Processes and bookkeeping for the crash tests: a simulator process, bridge processes, churn, and
+the replay of what reached Kafka."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bridge.apiclient import ApiClient
+from bridge.errors import ConflictError, NotFoundError
+from tests.brokers import KafkaRecord
+
+ROOT = Path(__file__).resolve().parents[2]
+CE_PREFIX = "io.kube-event-bridge."
+CHANGE_TYPES = ("added", "updated", "deleted")
+
+
+async def _read_line(proc: asyncio.subprocess.Process, expect: str, timeout: float) -> str:
+    assert proc.stdout is not None
+    async with asyncio.timeout(timeout):
+        while True:
+            raw = await proc.stdout.readline()
+            if not raw:
+                raise RuntimeError(f"process exited (code {proc.returncode}) before printing {expect!r}")
+            line = raw.decode().strip()
+            if expect in line:
+                return line
+
+
+@contextlib.asynccontextmanager
+async def sim_process(tmp: Path, *, history_size: int = 1_000_000) -> AsyncIterator[tuple[str, Path]]:
+    """``python -m bridge.sim`` on a free port; yields (url, kubeconfig)."""
+    kubeconfig = tmp / "sim.kubeconfig"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bridge.sim", "--port", "0", "--kubeconfig", str(kubeconfig),
+        "--history-size", str(history_size), "--bookmark-interval", "1",
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        line = await _read_line(proc, "simulator listening on", 30)
+        yield line.rsplit(" ", 1)[-1], kubeconfig
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                async with asyncio.timeout(10):
+                    await proc.wait()
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+@dataclass
+class BridgeProcess:
+    """One ``tests.checkpoint.bridge_proc`` process."""
+
+    args: list[str]
+    log: Path
+    proc: asyncio.subprocess.Process | None = None
+    synced: bool = False
+    starts: int = 0
+
+    async def start(self) -> None:
+        self.synced = False
+        self.starts += 1
+        with self.log.open("ab") as err:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "tests.checkpoint.bridge_proc", *self.args,
+                cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=err,
+            )
+
+    async def wait_synced(self, timeout: float = 30) -> None:
+        """Waits for the current process to print ``synced`` (at once if it already did)."""
+        assert self.proc is not None
+        if not self.synced:
+            await _read_line(self.proc, "synced", timeout)
+            self.synced = True
+
+    async def kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+            await self.proc.wait()
+
+    async def stop(self, timeout: float = 30) -> None:
+        """SIGTERM: a graceful shutdown (final checkpoint); SIGKILL if it takes too long."""
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(timeout):
+                await self.proc.wait()
+        except TimeoutError:
+            await self.kill()
+            raise
+
+
+@dataclass
+class Churn:
+    """Creates, updates and deletes ConfigMaps over HTTP, recording every change it caused."""
+
+    client: ApiClient
+    namespace: str
+    names: int = 30
+    rate: float = 150.0
+    seed: int = 7
+    produced: list[tuple[str, str, str, str]] = field(default_factory=list)
+    """(type, subject, uid, resourceVersion) of every change, in the order the server made them."""
+    live: dict[str, str] = field(default_factory=dict)
+    """name → uid of the objects that exist."""
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def path(self) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/configmaps"
+
+    def _record(self, type_: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        subject = f"{self.namespace}/{meta['name']}"
+        self.produced.append((type_, subject, meta["uid"], meta["resourceVersion"]))
+
+    async def step(self, rng: random.Random) -> None:
+        name = f"cm-{rng.randrange(self.names)}"
+        if name not in self.live:
+            body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name},
+                    "data": {"v": str(rng.random())}}
+            obj = await self.client.create(self.path, body)
+            self.live[name] = obj["metadata"]["uid"]
+            self._record("added", obj)
+        elif rng.random() < 0.2:
+            obj = await self.client.delete(f"{self.path}/{name}")
+            del self.live[name]
+            self._record("deleted", obj)
+        else:
+            obj = await self.client.patch(f"{self.path}/{name}", {"data": {"v": str(rng.random())}})
+            self._record("updated", obj)
+
+    async def run(self) -> None:
+        rng = random.Random(self.seed)
+        loop = asyncio.get_running_loop()
+        start, done = loop.time(), 0
+        while not self._stop.is_set():
+            with contextlib.suppress(ConflictError, NotFoundError):
+                await self.step(rng)
+            done += 1
+            ahead = done / self.rate - (loop.time() - start)
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def last_rv(self) -> str:
+        return self.produced[-1][3] if self.produced else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    type: str
+    subject: str
+    uid: str
+    rv: str
+    final_state_unknown: bool
+    partition: int
+    offset: int
+
+
+def decode(records: list[KafkaRecord]) -> list[Delivered]:
+    out: list[Delivered] = []
+    for r in records:
+        assert r.value is not None
+        ce = orjson.loads(r.value)
+        out.append(Delivered(
+            type=str(ce["type"]).removeprefix(CE_PREFIX), subject=str(ce.get("subject", "")),
+            uid=str(ce.get("uid", "")), rv=str(ce.get("resourceversion", "")),
+            final_state_unknown=ce.get("finalstateunknown") == "true",
+            partition=r.partition, offset=r.offset,
+        ))
+    return out
+
+
+def replay(events: list[Delivered]) -> dict[str, tuple[str, str]]:
+    """A consumer's view: per uid (= Kafka key, one partition, in order) the last event wins.
+    Returns the live objects: uid → (subject, resourceVersion)."""
+    state: dict[str, tuple[str, str] | None] = {}
+    for e in sorted(events, key=lambda e: (e.partition, e.offset)):
+        if e.type not in CHANGE_TYPES:
+            continue
+        state[e.uid] = None if e.type == "deleted" else (e.subject, e.rv)
+    return {uid: s for uid, s in state.items() if s is not None}
+
+
+async def live_objects(client: ApiClient, namespace: str) -> dict[str, tuple[str, str]]:
+    listed = await client.get(f"/api/v1/namespaces/{namespace}/configmaps")
+    return {i["metadata"]["uid"]: (f"{namespace}/{i['metadata']['name']}", i["metadata"]["resourceVersion"])
+            for i in listed["items"]}
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
