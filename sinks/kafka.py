@@ -31,6 +31,7 @@ never sit in the configuration itself.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import functools
 import logging
@@ -186,6 +187,7 @@ class KafkaProducerClient:
             max_workers=1, thread_name_prefix=f"kafka-{name}"
         )
         self._poller: asyncio.Task[None] | None = None
+        self._reports: collections.deque[tuple[asyncio.Future[None], KafkaError | None]] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
@@ -220,10 +222,12 @@ class KafkaProducerClient:
         return await loop.run_in_executor(self._thread, functools.partial(fn, *args))
 
     async def _poll_loop(self) -> None:
-        producer = self.producer
+        # No local reference to the producer: a cancelled task's traceback would keep it (and its
+        # connections) alive after close.
         try:
-            while not self._closed:
-                await self.run(producer.poll, 0.05)
+            while not self._closed and self._producer is not None:
+                await self.run(self._producer.poll, 0.05)
+                self._drain()
         except asyncio.CancelledError:
             raise
         except Exception:  # never fail silently: delivery reports would stop
@@ -266,7 +270,7 @@ class KafkaProducerClient:
                 value=value,
                 key=key,
                 headers=headers,
-                on_delivery=functools.partial(self._delivered, loop, fut),
+                on_delivery=functools.partial(self._delivered, fut),
             )
         except KafkaException as exc:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
@@ -293,13 +297,16 @@ class KafkaProducerClient:
             break
         await fut
 
-    def _delivered(
-        self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None], err: KafkaError | None, _msg: Any
-    ) -> None:
-        """Delivery report (called in the poll thread): resolve the record's future on the loop."""
-        if loop.is_closed():
-            return
-        loop.call_soon_threadsafe(self._resolve, fut, err)
+    def _delivered(self, fut: asyncio.Future[None], err: KafkaError | None, _msg: Any) -> None:
+        """Delivery report, called in the producer's thread: queued, and resolved on the loop when the
+        thread's call returns (one hand-over per ``poll`` rather than one loop wake-up per record)."""
+        self._reports.append((fut, err))
+
+    def _drain(self) -> None:
+        reports = self._reports
+        while reports:
+            fut, err = reports.popleft()
+            self._resolve(fut, err)
 
     def _resolve(self, fut: asyncio.Future[None], err: KafkaError | None) -> None:
         if fut.done():
@@ -324,24 +331,30 @@ class KafkaProducerClient:
 
     async def flush(self, timeout: float) -> int:
         """Waits (off the loop) for outstanding records; returns how many are still queued."""
-        return int(await self.run(self.producer.flush, timeout))
+        remaining = int(await self.run(self.producer.flush, timeout))
+        self._drain()
+        return remaining
 
     async def close(self) -> None:
         """Stops polling and drops records not yet delivered (they stay unacked). Idempotent."""
         if self._closed:
             return
         self._closed = True
-        if self._poller is not None:
-            self._poller.cancel()
-            await asyncio.gather(self._poller, return_exceptions=True)
+        poller, self._poller = self._poller, None
+        if poller is not None:
+            poller.cancel()
+            await asyncio.gather(poller, return_exceptions=True)
         producer, self._producer = self._producer, None
         if producer is not None:
-            def shutdown() -> None:
-                producer.purge(in_queue=True, in_flight=True, blocking=False)
-                producer.flush(0)
-
-            await self.run(shutdown)
+            await self.run(_shutdown_producer, producer)
+            del producer  # the last reference: librdkafka's handle and connections go with it
+        self._reports.clear()
         self._thread.shutdown(wait=False)
+
+
+def _shutdown_producer(producer: Producer) -> None:
+    producer.purge(in_queue=True, in_flight=True, blocking=False)
+    producer.flush(0)
 
 
 class KafkaDeadLetter:
@@ -421,16 +434,20 @@ class KafkaSink(BaseSink[KafkaSinkOptions]):
                 log.warning("sink %r: snapshot topic not created yet: %s", self.name, exc)
 
     async def _send(self, msg: OutgoingMessage) -> None:
-        client = await self._ensure_client()
+        client = self._client or await self._ensure_client()
         headers: list[tuple[str, str | bytes | None]] = [(k, v.encode()) for k, v in msg.headers.items()]
-        await self._ensure_topic(msg.destination, {})
+        if self.options.auto_create_topics and msg.destination not in self._known_topics:
+            await self._ensure_topic(msg.destination, {})
         waits = [self._enqueue_record(client, msg.destination, msg.key, msg.body, headers)]
         snapshot_topic = self.options.snapshot_topic
         if snapshot_topic is not None and msg.event.obj is not None:
             await self._ensure_snapshot_topic()
             value = None if msg.event.type is EventType.DELETED else msg.body
             waits.append(self._enqueue_record(client, snapshot_topic, msg.key, value, headers))
-        results = await asyncio.gather(*(asyncio.ensure_future(w) for w in waits), return_exceptions=True)
+        if len(waits) == 1:
+            await waits[0]
+            return
+        results = await asyncio.gather(*waits, return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         permanent = [e for e in errors if isinstance(e, SinkPermanentError)]
         if permanent:

@@ -355,6 +355,8 @@ class _NatsSinkBase(BaseSink[Any]):
 
     def __init__(self, *, options: _ConnectionOptions, **kwargs: Any) -> None:
         self._conn = NatsConnection(options=options, name=kwargs.get("name", ""))
+        self._flush_waiters: list[asyncio.Future[None]] = []
+        self._flusher: asyncio.Task[None] | None = None
         super().__init__(options=options, **kwargs)
 
     def _make_dead_letter(self, options: DeadLetterOptions) -> DeadLetterWriter | None:
@@ -371,6 +373,9 @@ class _NatsSinkBase(BaseSink[Any]):
         await self._conn.start()
 
     async def _close(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
         await self._conn.close()
 
     def healthy(self) -> bool:
@@ -382,12 +387,42 @@ class _NatsSinkBase(BaseSink[Any]):
         client = await self._conn.ready(timeout)
         try:
             await client.publish(subject, body, headers=headers)
-            await client.flush(timeout=timeout)
         except (nats.errors.Error, OSError) as exc:
             raise _permanent_or_transient(exc, subject) from exc
-        # nats-py's flush returns at once (unconfirmed) while it is reconnecting.
-        if not client.is_connected:
-            raise SinkTransientError(f"nats: publish to {subject!r} not confirmed: connection lost")
+        await self._confirmed(client, subject)
+
+    async def _confirmed(self, client: NatsClient, subject: str) -> None:
+        """Waits for a PING/PONG round trip sent after this publish. Concurrent publishers share
+        one round trip: a round takes every waiter registered before it starts."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._flush_waiters.append(waiter)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = loop.create_task(self._flush_rounds(client), name=f"nats-flush:{self.name}")
+        try:
+            await waiter
+        except SinkTransientError as exc:
+            raise SinkTransientError(f"nats: publish to {subject!r} not confirmed: {exc}") from exc
+
+    async def _flush_rounds(self, client: NatsClient) -> None:
+        timeout = self.options.publish_timeout
+        while self._flush_waiters:
+            waiters, self._flush_waiters = self._flush_waiters, []
+            error: Exception | None = None
+            try:
+                await client.flush(timeout=timeout)
+            except (nats.errors.Error, OSError) as exc:
+                error = SinkTransientError(repr(exc))
+            # nats-py's flush returns at once (unconfirmed) while it is reconnecting.
+            if error is None and not client.is_connected:
+                error = SinkTransientError("connection lost")
+            for waiter in waiters:
+                if waiter.done():
+                    continue
+                if error is None:
+                    waiter.set_result(None)
+                else:
+                    waiter.set_exception(error)
 
     async def _publish_js(self, subject: str, body: bytes, headers: dict[str, str]) -> None:
         timeout = self.options.publish_timeout
