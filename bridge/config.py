@@ -34,6 +34,7 @@ from bridge.labels import SelectorError, parse_field_selector, parse_label_selec
 
 __all__ = [
     "BridgeConfig",
+    "CacheConfig",
     "CheckpointConfig",
     "KubernetesConfig",
     "LeaderElectionConfig",
@@ -117,6 +118,12 @@ class SinkConfig(BaseModel):
         return dict(self.model_extra or {})
 
 
+class CacheConfig(_Model):
+    compact: bool = True
+    """Keep cached objects as JSON bytes (about their wire size) instead of dict trees (several times
+    it); costs a decode when an update needs the previous state. See docs/performance.md."""
+
+
 class CheckpointConfig(_Model):
     store: Literal["file", "configmap", "nats-kv", "none"] = "file"
     directory: str = "./.kube-event-bridge/checkpoints"
@@ -187,6 +194,7 @@ class BridgeConfig(BaseSettings):
     resources: list[ResourceConfig] = Field(min_length=1)
     sinks: list[SinkConfig] = Field(min_length=1)
     checkpoint: CheckpointConfig = CheckpointConfig()
+    cache: CacheConfig = CacheConfig()
     snapshot: SnapshotConfig = SnapshotConfig()
     leader_election: LeaderElectionConfig = LeaderElectionConfig()
     server: ServerConfig = ServerConfig()

@@ -253,7 +253,7 @@ class Notification:
     """An update whose old and new resourceVersion are equal: a periodic resync."""
     seq: int = -1
     key: ObjectKey = field(default=ObjectKey(""))
-    snapshot: list[KubeObject] | None = None
+    snapshot: Sequence[KubeObject] | None = None
     """For ``SNAPSHOT``: every cached object at the moment the snapshot was taken (shared
     references; objects are never mutated in place)."""
     resource_version: str = ""

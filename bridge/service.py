@@ -204,7 +204,8 @@ class BridgeService:
             return HttpListerWatcher(client=client, resource=w.api, namespace=key.namespace,
                                      label_selector=key.label_selector, field_selector=key.field_selector)
 
-        factory = SharedInformerFactory(lister_watcher_factory=lister_watcher, clock=self._clock)
+        factory = SharedInformerFactory(lister_watcher_factory=lister_watcher, clock=self._clock,
+                                        compact_cache=cfg.cache.compact)
         store = _checkpoint_store(cfg, client)
         pipeline = BridgePipeline(
             factory=factory, resources=watched, sinks=list(sinks), checkpoint_store=store,

@@ -28,6 +28,8 @@ Bridge extensions:
   (unchanged objects become same-RV updates, i.e. resync notifications nobody is due for).
 * :meth:`SharedIndexInformer.request_snapshot` hands one listener (or all) the whole cache as one
   ``SNAPSHOT`` notification, at a point consistent with the change order.
+* ``compact_cache``: the cache keeps each object as its JSON bytes (about its wire size, instead of
+  several times that as a dict tree) and decodes on read; see :class:`~bridge.store.IndexedCache`.
 
 Consistency: the pop loop applies each FIFO item under the informer's processing lock, and snapshot
 emission takes the same lock, so a snapshot always sits between two processed items. Handlers added
@@ -145,6 +147,7 @@ class SharedIndexInformer:
         page_size: int = 500,
         use_watch_list: bool = False,
         split_uid_changes: bool = True,
+        compact_cache: bool = False,
         watch_error_handler: WatchErrorHandler | None = None,
     ) -> None:
         if resync_check_period < 0:
@@ -157,7 +160,8 @@ class SharedIndexInformer:
         self._resync_check_period = resync_check_period
         self._key_func = key_func
         self._indexer = IndexedCache(
-            key_func=key_func, indexers={NAMESPACE_INDEX: meta_namespace_index_func, **(indexers or {})}
+            key_func=key_func, indexers={NAMESPACE_INDEX: meta_namespace_index_func, **(indexers or {})},
+            compact=compact_cache,
         )
         self._transform = transform
         self._watch_error_handler = watch_error_handler
@@ -357,7 +361,7 @@ class SharedIndexInformer:
                         Notification(
                             kind=NotificationKind.SNAPSHOT,
                             obj={},
-                            snapshot=self._indexer.list(),
+                            snapshot=self._indexer.snapshot(),
                             resource_version=self._last_progress_rv,
                         ),
                         targets,

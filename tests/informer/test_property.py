@@ -104,12 +104,12 @@ async def spin(n: int = 30) -> None:
         await asyncio.sleep(0)
 
 
-async def scenario(initial: list[str], ops: list[Op]) -> None:
+async def scenario(initial: list[str], ops: list[Op], compact: bool = False) -> None:
     source = FakeControllerSource()
     clock = FakeClock()
     for name in initial:
         source.add(cm(name))
-    informer = SharedIndexInformer(lister_watcher=source, clock=clock, name="prop")
+    informer = SharedIndexInformer(lister_watcher=source, clock=clock, name="prop", compact_cache=compact)
     early = RecordingHandler()
     informer.add_event_handler(early, ListenerOptions(name="early"))
     task = asyncio.create_task(informer.run(), name="prop-informer")
@@ -160,6 +160,8 @@ async def scenario(initial: list[str], ops: list[Op]) -> None:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(initial=st.lists(st.sampled_from(KEYS), unique=True, max_size=3), ops=ops_strategy)
-def test_informer_converges_and_handlers_reproduce_source(initial: list[str], ops: list[Op]) -> None:
-    asyncio.run(scenario(initial, ops))
+@given(initial=st.lists(st.sampled_from(KEYS), unique=True, max_size=3), ops=ops_strategy,
+       compact=st.booleans())
+def test_informer_converges_and_handlers_reproduce_source(initial: list[str], ops: list[Op],
+                                                          compact: bool) -> None:
+    asyncio.run(scenario(initial, ops, compact))

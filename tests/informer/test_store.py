@@ -344,9 +344,10 @@ def _obj(name: str, ns: str, app: str | None) -> KubeObject:
 
 
 @settings(max_examples=200, deadline=None)
-@given(_ops)
-def test_indices_always_equal_a_rebuild_from_scratch(ops: list[tuple[Any, ...]]) -> None:
-    cache = IndexedCache(indexers={NAMESPACE_INDEX: meta_namespace_index_func, "app": by_app})
+@given(_ops, st.booleans())
+def test_indices_always_equal_a_rebuild_from_scratch(ops: list[tuple[Any, ...]], compact: bool) -> None:
+    cache = IndexedCache(indexers={NAMESPACE_INDEX: meta_namespace_index_func, "app": by_app},
+                         compact=compact)
     model: dict[str, KubeObject] = {}
     for op in ops:
         if op[0] == "add":
@@ -370,3 +371,44 @@ def test_indices_always_equal_a_rebuild_from_scratch(ops: list[tuple[Any, ...]])
         assert cache.list_index_func_values(name) == sorted(expected)
         for value, keys in expected.items():
             assert cache.index_keys(name, value) == sorted(keys)
+
+
+def test_compact_cache_stores_bytes_and_reads_fresh_copies() -> None:
+    cache = IndexedCache(compact=True, indexers={NAMESPACE_INDEX: meta_namespace_index_func, "app": by_app})
+    a = pod("a", app="web")
+    cache.add(a)
+    got = cache.get_by_key(K("default/a"))
+    assert got == a
+    assert got is not a
+    got["metadata"]["name"] = "changed"  # a reader's copy: the cache is unaffected
+    assert cache.get_by_key(K("default/a")) == a
+    assert cache.by_index("app", "web") == [a]
+    assert cache.index("app", pod("x", app="web")) == [a]
+    cache.add(pod("a", app="db"))
+    assert cache.by_index("app", "web") == []
+    assert cache.list_index_func_values("app") == ["db"]
+    snap = cache.snapshot()
+    cache.delete(a)
+    assert len(cache) == 0
+    assert [o["metadata"]["labels"]["app"] for o in snap] == ["db"]  # taken before the delete
+    assert snap[0] == pod("a", app="db")
+
+
+def test_compact_cache_takes_less_memory_than_dicts() -> None:
+    import tracemalloc
+
+    def footprint(compact: bool) -> int:
+        cache = IndexedCache(compact=compact)
+        cache.add(pod("warm-up"))  # first-use allocations of the encoder stay out of the figure
+        tracemalloc.start()
+        for i in range(300):
+            obj = pod(f"p{i}", ns=f"n{i % 5}", app="web")
+            obj["spec"] = {"containers": [{"name": "c", "image": "registry/app:1.0",
+                                           "args": ["--flag", str(i)], "env": [{"name": "A", "value": "b"}]}]}
+            cache.add(obj)
+        size, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert len(cache) == 301
+        return size
+
+    assert footprint(True) < footprint(False) / 2
