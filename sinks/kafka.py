@@ -43,7 +43,7 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
-from pydantic import Field, model_validator
+from pydantic import AliasChoices, Field, model_validator
 
 from sinks.base import BaseSink, OutgoingMessage
 from sinks.cloudevents import KAFKA_PREFIX
@@ -84,8 +84,8 @@ def is_permanent(error: KafkaError) -> bool:
 class KafkaSinkOptions(SinkOptions):
     """Options of the ``kafka`` sink (on top of :class:`~sinks.options.SinkOptions`)."""
 
-    brokers: str = Field(min_length=1)
-    """``bootstrap.servers``: ``host:port[,host:port…]``."""
+    brokers: str = Field(min_length=1, validation_alias=AliasChoices("brokers", "bootstrap_servers"))
+    """``bootstrap.servers``: ``host:port[,host:port…]`` (``bootstrap_servers`` is accepted too)."""
     client_id: str = "kube-event-bridge"
     idempotent: bool = True
     acks: Literal["all", "1", "0"] = "all"

@@ -278,6 +278,8 @@ def test_bad_configuration_fails_with_a_clear_message() -> None:
     assert conf["acks"] == "all"
     assert conf["message.timeout.ms"] == 0
     assert conf["linger.ms"] == 50  # passthrough wins
+    alias = KafkaSinkOptions.from_mapping("k", {"bootstrap_servers": "k:9092"}, kind="kafka")
+    assert alias.producer_config()["bootstrap.servers"] == "k:9092"
 
 
 async def test_invalid_librdkafka_setting_fails_at_start() -> None:
