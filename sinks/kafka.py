@@ -35,6 +35,8 @@ import collections
 import concurrent.futures
 import functools
 import logging
+import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
@@ -74,6 +76,10 @@ _PERMANENT_CODES = frozenset(
 ``message.timeout.ms`` — an explicit request to give up, so the record is dead-lettered."""
 
 _DLQ_MARGIN = 4096
+_TOPIC_CHARS = re.compile(r"[a-zA-Z0-9._-]*")
+_TEMPLATE_FIELD = re.compile(r"\{[^{}]*\}")
+_PROBE_INTERVAL = 5.0
+"""Seconds between metadata probes while the brokers are reported down."""
 
 
 def is_permanent(error: KafkaError) -> bool:
@@ -132,6 +138,16 @@ class KafkaSinkOptions(SinkOptions):
             raise ValueError("topic_replication_factor must be -1 (broker default) or >= 1")
         if self.snapshot_topic is not None and not self.snapshot_topic:
             raise ValueError("snapshot_topic must not be empty")
+        topics = [("destination", self.destination), ("snapshot_topic", self.snapshot_topic)]
+        if self.dead_letter.kind == "kafka":
+            topics.append(("dead_letter.target", self.dead_letter.target))
+        for what, text in topics:
+            if text is None:
+                continue
+            literal = _TEMPLATE_FIELD.sub("", text) if what == "destination" else text
+            if not text or not _TOPIC_CHARS.fullmatch(literal) or len(text) > 249:
+                raise ValueError(f"{what}: {text!r} is not a valid Kafka topic name (at most 249 of "
+                                 "a-z A-Z 0-9 . _ -)")
         return self
 
     def producer_config(self) -> dict[str, LibrdkafkaValue]:
@@ -190,6 +206,10 @@ class KafkaProducerClient:
         self._reports: collections.deque[tuple[asyncio.Future[None], KafkaError | None]] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self.fatal: KafkaError | None = None
+        """Set (from the producer's thread) when librdkafka reports a fatal error."""
+        self._broker_up = True
+        self._next_probe = 0.0
 
     @property
     def config(self) -> dict[str, LibrdkafkaValue]:
@@ -228,6 +248,11 @@ class KafkaProducerClient:
             while not self._closed and self._producer is not None:
                 await self.run(self._producer.poll, 0.05)
                 self._drain()
+                if not self._broker_up and time.monotonic() >= self._next_probe:
+                    # Readiness must come back even when no record is waiting to prove it.
+                    self._next_probe = time.monotonic() + _PROBE_INTERVAL
+                    if await self.metadata_ok(1.0):
+                        self._set_up(True)
         except asyncio.CancelledError:
             raise
         except Exception:  # never fail silently: delivery reports would stop
@@ -242,15 +267,27 @@ class KafkaProducerClient:
                         self.name, error.str())
             self._broker_state(False)
         elif error.fatal():
-            log.error("kafka producer %r: fatal error: %s", self.name, error.str())
-            self._broker_state(False)
+            # An idempotent producer in a fatal state never delivers again: the sink replaces it.
+            log.error("kafka producer %r: fatal error, the producer will be replaced: %s",
+                      self.name, error.str())
+            self.fatal = error
         else:
             log.info("kafka producer %r: %s", self.name, error.str())
 
     def _broker_state(self, up: bool) -> None:
-        if self._on_broker_state is None or self._loop is None or self._loop.is_closed():
+        """From the producer's thread."""
+        if self._loop is None or self._loop.is_closed():
             return
-        self._loop.call_soon_threadsafe(self._on_broker_state, up)
+        self._loop.call_soon_threadsafe(self._set_up, up)
+
+    def _set_up(self, up: bool) -> None:
+        if up == self._broker_up:
+            return
+        self._broker_up = up
+        if not up:
+            self._next_probe = time.monotonic() + _PROBE_INTERVAL
+        if self._on_broker_state is not None:
+            self._on_broker_state(up)
 
     def send(
         self,
@@ -312,8 +349,8 @@ class KafkaProducerClient:
         if fut.done():
             return
         if err is None:
-            if self._on_broker_state is not None:
-                self._on_broker_state(True)
+            if not self._broker_up:
+                self._set_up(True)
             fut.set_result(None)
         elif is_permanent(err):
             fut.set_exception(SinkPermanentError(f"kafka: {err.name()}: {err.str()}"))
@@ -324,9 +361,11 @@ class KafkaProducerClient:
         """True if a broker answered a metadata request within ``timeout`` seconds."""
         try:
             await self.run(self.producer.list_topics, None, timeout)
-        except KafkaException as exc:
+        except (KafkaException, RuntimeError) as exc:
             log.warning("kafka producer %r: no metadata answer within %.1fs: %s", self.name, timeout, exc)
+            self._set_up(False)
             return False
+        self._set_up(True)
         return True
 
     async def flush(self, timeout: float) -> int:
@@ -348,7 +387,7 @@ class KafkaProducerClient:
         if producer is not None:
             await self.run(_shutdown_producer, producer)
             del producer  # the last reference: librdkafka's handle and connections go with it
-        self._reports.clear()
+        self._drain()  # purged records fail as transient: whoever still waits retries elsewhere
         self._thread.shutdown(wait=False)
 
 
@@ -435,6 +474,8 @@ class KafkaSink(BaseSink[KafkaSinkOptions]):
 
     async def _send(self, msg: OutgoingMessage) -> None:
         client = self._client or await self._ensure_client()
+        if client.fatal is not None:
+            client = await self._replace_client(client)
         headers: list[tuple[str, str | bytes | None]] = [(k, v.encode()) for k, v in msg.headers.items()]
         if self.options.auto_create_topics and msg.destination not in self._known_topics:
             await self._ensure_topic(msg.destination, {})
@@ -483,6 +524,16 @@ class KafkaSink(BaseSink[KafkaSinkOptions]):
             return client.send(topic, key=key, value=value, headers=headers)
         except BufferError:
             return asyncio.ensure_future(client.send_and_wait(topic, key=key, value=value, headers=headers))
+
+    async def _replace_client(self, broken: KafkaProducerClient) -> KafkaProducerClient:
+        """Swaps a producer in a fatal state for a new one; its unconfirmed records fail as
+        transient, so their lanes re-send them through the new producer, in order."""
+        if self._client is broken:
+            self._client = None
+            log.warning("sink %r: replacing the kafka producer after a fatal error: %s",
+                        self.name, broken.fatal.str() if broken.fatal is not None else "")
+            await broken.close()
+        return await self._ensure_client()
 
     def _set_brokers_up(self, up: bool) -> None:
         self._brokers_up = up

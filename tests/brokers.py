@@ -253,8 +253,9 @@ def _tansu_binary() -> str:
 
 
 @contextlib.contextmanager
-def running_tansu() -> Iterator[TansuBroker]:
-    broker = TansuBroker(binary=_tansu_binary())
+def running_tansu(port: int | None = None) -> Iterator[TansuBroker]:
+    """A Tansu broker on ``port`` (default: a free one), stopped on exit."""
+    broker = TansuBroker(binary=_tansu_binary(), port=port or free_port())
     broker.start()
     try:
         yield broker

@@ -278,6 +278,13 @@ def test_bad_configuration_fails_with_a_clear_message() -> None:
     assert conf["acks"] == "all"
     assert conf["message.timeout.ms"] == 0
     assert conf["linger.ms"] == 50  # passthrough wins
+    with pytest.raises(SinkConfigError, match=r"destination: 'k8s events\.\{resource\}' is not a valid"):
+        KafkaSink.from_options("k", {"brokers": "x:1", "destination": "k8s events.{resource}"})
+    with pytest.raises(SinkConfigError, match=r"snapshot_topic: 'state/all' is not a valid Kafka topic"):
+        KafkaSink.from_options("k", {"brokers": "x:1", "snapshot_topic": "state/all"})
+    with pytest.raises(SinkConfigError, match=r"dead_letter\.target: 'dl q' is not a valid Kafka topic"):
+        KafkaSink.from_options("k", {"brokers": "x:1", "dead_letter": {"kind": "kafka", "target": "dl q"}})
+    assert KafkaSink.from_options("k", {"brokers": "x:1", "destination": "{resource}"}).name == "k"
     alias = KafkaSinkOptions.from_mapping("k", {"bootstrap_servers": "k:9092"}, kind="kafka")
     assert alias.producer_config()["bootstrap.servers"] == "k:9092"
 
@@ -287,6 +294,20 @@ async def test_invalid_librdkafka_setting_fails_at_start() -> None:
     with pytest.raises(SinkConfigError, match=r"sink 'k' \(kafka\): .*no.such.setting"):
         await sink.start()
     await sink.close()
+
+
+async def test_readiness_comes_back_without_traffic(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sinks.kafka._PROBE_INTERVAL", 0.3)
+    port = free_port()
+    sink = make_sink(TansuBroker(binary="", port=port), connect_timeout=0.5)
+    await sink.start()
+    assert not sink.healthy()
+    with brokers.running_tansu(port=port):
+        for _ in range(200):
+            if sink.healthy():
+                break
+            await asyncio.sleep(0.1)
+        assert sink.healthy()
 
 
 async def test_unreachable_broker_does_not_fail_start_but_is_unhealthy() -> None:
