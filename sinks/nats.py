@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import re
 import ssl
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
@@ -72,6 +73,8 @@ log = logging.getLogger(__name__)
 DEFAULT_SUBJECT = "k8s.{resource}.{namespace}.{name}"
 MSG_ID_HEADER = "Nats-Msg-Id"
 _DLQ_MARGIN = 2048
+_TEMPLATE_FIELD = re.compile(r"\{[^{}]*\}")
+_BAD_TOKEN = re.compile(r"[\s*>]")
 
 _TRANSIENT_NATS = (
     nats.errors.TimeoutError,
@@ -148,6 +151,12 @@ class _ConnectionOptions(SinkOptions):
             raise ValueError("user and password_file go together")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together")
+        if self.destination is not None:
+            # Field values are sanitised into tokens; the literal text must be a subject already.
+            shape = _TEMPLATE_FIELD.sub("x", self.destination)
+            if any(not t or _BAD_TOKEN.search(t) for t in shape.split(".")):
+                raise ValueError(f"destination: {self.destination!r} is not a NATS subject (dot-separated "
+                                 "non-empty tokens without spaces, '*' or '>')")
         return self
 
 

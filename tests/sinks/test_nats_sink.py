@@ -225,6 +225,9 @@ def test_bad_configuration_fails_with_a_clear_message() -> None:
         )
     with pytest.raises(SinkConfigError, match="unknown template field 'pod'"):
         NatsSink.from_options("n", {"servers": ["nats://x:1"], "destination": "a.{pod}"})
+    for bad in ("k8s..{name}", "k8s.*.{name}", "events >", ".{name}"):
+        with pytest.raises(SinkConfigError, match="is not a NATS subject"):
+            NatsSink.from_options("n", {"servers": ["nats://x:1"], "destination": bad})
     assert stream_subjects_for("k8s.{resource}.{namespace}.{name}") == ["k8s.*.*.*"]
     assert stream_subjects_for("audit.x-{cluster}.all") == ["audit.*.all"]
 
