@@ -244,3 +244,23 @@ async def test_delete_collection_with_selector(sim: Simulator, api_client: Any) 
     await call(core.delete_collection_namespaced_config_map, "default", label_selector="tier=x")
     left = sorted((c["metadata"]["namespace"], c["metadata"]["name"]) for c in sim.store.list("configmaps"))
     assert left == [("default", "b"), ("kube-system", "d")]
+
+
+async def test_token_from_the_written_kubeconfig_is_used(tmp_path: Any) -> None:
+    async with Simulator(token="abc123") as sim:
+        path = sim.write_kubeconfig(tmp_path / "kc")
+        api = kube.config.new_client_from_config(config_file=str(path))
+        try:
+            core = kube.client.CoreV1Api(api)
+            namespaces = await call(core.list_namespace)
+            assert [n.metadata.name for n in namespaces.items] == ["default", "kube-system"]
+        finally:
+            api.close()
+        sim.token = "rotated"
+        api = kube.config.new_client_from_config(config_file=str(path))
+        try:
+            with pytest.raises(ApiException) as denied:
+                await call(kube.client.CoreV1Api(api).list_namespace)
+            assert denied.value.status == 401
+        finally:
+            api.close()
