@@ -31,9 +31,13 @@ __all__ = [
     "KafkaRecord",
     "NatsServer",
     "TansuBroker",
+    "TlsFiles",
     "free_port",
     "kafka_broker",
+    "make_tls_files",
     "nats_server",
+    "running_nats",
+    "running_tansu",
     "unique_name",
 ]
 
@@ -332,6 +336,40 @@ def nats_server() -> Iterator[NatsServer]:
     """A NATS server per test: tests stop and restart it, so it is not shared."""
     with running_nats() as server:
         yield server
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """A throw-away CA with a server certificate for 127.0.0.1 and a client certificate."""
+
+    ca: str
+    server_cert: str
+    server_key: str
+    client_cert: str
+    client_key: str
+
+
+def make_tls_files(directory: Path) -> TlsFiles:
+    """Generates the files with the ``openssl`` command (fails clearly when it is missing)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.fail("the TLS tests need the openssl command: apt-get install openssl")
+    d = directory
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], check=True, capture_output=True, cwd=d)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=keb-test-ca")
+    for name, usage in (("server", "serverAuth"), ("client", "clientAuth")):
+        (d / f"{name}.ext").write_text(f"subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n")
+        run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN=keb-{name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext")
+    return TlsFiles(
+        ca=str(d / "ca.crt"), server_cert=str(d / "server.crt"), server_key=str(d / "server.key"),
+        client_cert=str(d / "client.crt"), client_key=str(d / "client.key"),
+    )
 
 
 def header_dict(headers: Any) -> dict[str, str]:

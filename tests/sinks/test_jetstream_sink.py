@@ -177,6 +177,25 @@ async def test_existing_stream_is_used_and_bad_stream_fails_at_start(nats_server
         await clash.start()
 
 
+async def test_mutual_tls(tmp_path: Path) -> None:
+    tls = brokers.make_tls_files(tmp_path)
+    args = ("--tlsverify", "--tlscert", tls.server_cert, "--tlskey", tls.server_key, "--tlscacert", tls.ca)
+    with brokers.running_nats(*args) as server:
+        url = f"tls://127.0.0.1:{server.port}"
+        sink = make_sink(url, tls_ca_file=tls.ca, tls_cert_file=tls.client_cert, tls_key_file=tls.client_key,
+                         stream={"name": "TLS", "create": True})
+        await sink.start()
+        acks = Acks()
+        await sink.deliver(event(EventType.ADDED, obj("secure")), acks.cb("s"))
+        assert await sink.flush(5)
+        assert acks.outcomes == [("s", DeliveryOutcome.DELIVERED)]
+        no_cert = make_sink(url, name="nocert", tls_ca_file=tls.ca, connect_timeout=1)
+        await no_cert.start()  # the handshake is refused: not a credentials error, retried in background
+        assert not no_cert.healthy()
+        with pytest.raises(SinkConfigError, match="TLS files"):
+            await make_sink(url, name="badca", tls_ca_file=str(tmp_path / "missing.crt")).start()
+
+
 def test_stream_options_are_validated() -> None:
     servers = ["nats://x:1"]
     with pytest.raises(SinkConfigError, match=r"stream\.name"):
