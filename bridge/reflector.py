@@ -146,7 +146,8 @@ class _WatchListRejected(Exception):
 
 
 async def _call(result: object) -> None:
-    if inspect.isawaitable(result):
+    # Sync stores return None: skip the (comparatively slow) awaitable check on the hot path.
+    if result is not None and inspect.isawaitable(result):
         await result
 
 
