@@ -217,10 +217,15 @@ class BridgeService:
         )
         self._state.pipeline = pipeline
         self.health.set_snapshot_handler(pipeline.snapshot_now)
+        progress: asyncio.Task[None] | None = None
         try:
             await pipeline.start()
+            progress = asyncio.create_task(self._report_initial_sync(pipeline), name="initial-sync-progress")
             await self.stop_event.wait()
         finally:
+            if progress is not None:
+                progress.cancel()
+                await asyncio.gather(progress, return_exceptions=True)
             self.health.set_snapshot_handler(None)
             with contextlib.suppress(Exception):
                 await pipeline.shutdown(self.config.shutdown_deadline)
@@ -228,6 +233,24 @@ class BridgeService:
                 await store.close()
             self._state.pipeline = None
             self._state.role = "standby" if self.config.leader_election.enabled else "single"
+
+
+    async def _report_initial_sync(self, pipeline: BridgePipeline, every: float = 5.0) -> None:
+        """Logs progress (objects listed, events delivered) until every informer has synced."""
+        started = self._clock.now()
+
+        def figures() -> dict[str, int]:
+            st = pipeline.stats()
+            return {
+                "objects_cached": sum(len(i.get_indexer()) for i in pipeline.informers.values()),
+                "events_delivered": sum(c.get("delivered", 0) for c in st.sinks.values()),
+            }
+
+        while not all(i.has_synced() for i in pipeline.informers.values()):
+            await self._clock.sleep(every)
+            log.info("initial sync in progress", extra=figures())
+        log.info("initial sync done", extra={**figures(),
+                                             "seconds": round(self._clock.now() - started, 2)})
 
 
 def run_service(path: str | None) -> int:

@@ -105,7 +105,9 @@ def metric(text: str, name: str, **labels: str) -> float:
     raise AssertionError(f"metric {name}{labels} not exposed")
 
 
-async def test_service_delivers_and_exposes_health_readiness_and_metrics(tmp_path: Path, hook: Hook) -> None:
+async def test_service_delivers_and_exposes_health_readiness_and_metrics(
+        tmp_path: Path, hook: Hook, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="bridge.service")
     async with Simulator() as sim:
         for i in range(3):
             sim.store.create("pods", make_pod(f"p{i}", "default"))
@@ -115,6 +117,10 @@ async def test_service_delivers_and_exposes_health_readiness_and_metrics(tmp_pat
         try:
             await eventually(lambda: service.readiness().ready, what="readiness")
             base = f"http://127.0.0.1:{service.health.port}"
+            await eventually(lambda: any(r.getMessage() == "initial sync done" for r in caplog.records),
+                             what="the initial sync report")
+            done = next(r for r in caplog.records if r.getMessage() == "initial sync done")
+            assert done.objects_cached == 4  # type: ignore[attr-defined]
             assert (await get(f"{base}/healthz"))[0] == 200
             status, body = await get(f"{base}/readyz")
             assert status == 200
