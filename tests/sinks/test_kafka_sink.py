@@ -289,6 +289,14 @@ def test_bad_configuration_fails_with_a_clear_message() -> None:
     assert alias.producer_config()["bootstrap.servers"] == "k:9092"
 
 
+def test_registered_kind_builds_the_kafka_sink() -> None:
+    from sinks.registry import create_sink
+
+    sink = create_sink("kafka", "audit", {"bootstrap_servers": "k:9092"})
+    assert isinstance(sink, KafkaSink)
+    assert sink.options.brokers == "k:9092"
+
+
 async def test_invalid_librdkafka_setting_fails_at_start() -> None:
     sink = KafkaSink.from_options("k", {"brokers": "127.0.0.1:1", "librdkafka": {"no.such.setting": "1"}})
     with pytest.raises(SinkConfigError, match=r"sink 'k' \(kafka\): .*no.such.setting"):

@@ -232,6 +232,14 @@ def test_bad_configuration_fails_with_a_clear_message() -> None:
     assert stream_subjects_for("audit.x-{cluster}.all") == ["audit.*.all"]
 
 
+def test_registered_kinds_build_the_nats_sinks() -> None:
+    from sinks.nats import JetStreamSink
+    from sinks.registry import create_sink
+
+    assert isinstance(create_sink("nats", "n", {"servers": ["nats://x:1"]}), NatsSink)
+    assert isinstance(create_sink("jetstream", "j", {"servers": ["nats://x:1"]}), JetStreamSink)
+
+
 async def test_missing_secret_file_fails_at_start(tmp_path: Path) -> None:
     sink = make_sink("nats://127.0.0.1:1", token_file=str(tmp_path / "missing"))
     with pytest.raises(SinkConfigError, match="token_file: cannot read"):
