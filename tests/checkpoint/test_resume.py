@@ -3,6 +3,7 @@ the differences after a 410, full resync on a corrupt checkpoint."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -190,3 +191,33 @@ async def test_checkpoint_waits_for_every_sink(tmp_path: Path) -> None:
     assert p.ready()
     await p.shutdown(5)
     assert not p.ready()
+
+
+async def test_shutdown_with_a_stuck_sink_keeps_its_deadline_and_checkpoints_only_acks(
+    tmp_path: Path,
+) -> None:
+    source = FakeControllerSource()
+    source.add(cm("a"))
+    clock = FakeClock()
+    ok, stuck = RecordingSink("ok"), RecordingSink("stuck", auto_ack=False)
+    p = BridgePipeline(
+        resources=[WATCHED], sinks=[ok, stuck], checkpoint_store=FileCheckpointStore(directory=tmp_path),
+        build_informer=fake_builder(source, clock), clock=clock, checkpoint_interval=3600,
+    )
+    await p.start()
+    await until(lambda: len(stuck.unacked) == 1, what="delivery")
+    stuck.ack_all()
+    await until(lambda: p.tracker(IDENT).resource_version == "1", what="first ack")
+    source.add(cm("b"))
+    await until(lambda: len(stuck.unacked) == 1 and len(ok.events) == 2, what="second delivery")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await p.shutdown(1.0)
+    assert loop.time() - started < 2.0
+    assert ok.closed
+    assert stuck.closed
+    cp = await FileCheckpointStore(directory=tmp_path).load(IDENT)
+    assert cp is not None
+    assert cp.resource_version == "1"  # "b" was never acked by the stuck sink: it will be re-sent
+    assert sorted(cp.objects) == ["default/a"]
+    assert p.failed_tasks == []
