@@ -1,4 +1,4 @@
-"""NKEY and credentials-file authentication of the NATS sinks against a real nats-server."""
+"""NKEY authentication of the NATS sinks against a real nats-server."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import nats
 import nkeys
 import orjson
 import pytest
+from nats.aio.msg import Msg
 
 from sinks.contract import DeliveryOutcome, EventType, SinkConfigError
 from sinks.nats import NatsSink
@@ -42,7 +43,7 @@ async def test_nkey_seed_file_authenticates_and_a_wrong_seed_is_refused(tmp_path
         reader = await nats.connect(server.url, nkeys_seed=str(reader_file))
         got: asyncio.Queue[bytes] = asyncio.Queue()
 
-        async def on_msg(msg: nats.aio.msg.Msg) -> None:
+        async def on_msg(msg: Msg) -> None:
             await got.put(msg.data)
 
         await reader.subscribe("k8s.>", cb=on_msg)
