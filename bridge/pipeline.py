@@ -105,8 +105,11 @@ class SinkListener:
         cluster: str,
         clock: Clock,
         snapshot_prefix: str = "",
+        tracker: AckTracker | None = None,
     ) -> None:
+        """``tracker`` (the informer's) tells which deletes were inferred rather than observed."""
         self.sink = sink
+        self._tracker = tracker
         self.resource = resource
         self.cluster = cluster
         self._clock = clock
@@ -130,7 +133,8 @@ class SinkListener:
         if n.kind is NotificationKind.DELETE:
             if isinstance(n.obj, DeletedFinalStateUnknown):
                 return [self._event(EventType.DELETED, n.obj.obj, final_state_unknown=True)]
-            return [self._event(EventType.DELETED, n.obj)]
+            inferred = self._tracker is not None and self._tracker.is_unobserved_delete(n.seq)
+            return [self._event(EventType.DELETED, n.obj, final_state_unknown=inferred)]
         objects = n.snapshot or []
         sid = f"{self._snapshot_prefix}:{n.resource_version or '0'}:{uuid.uuid4().hex[:12]}"
         info = SnapshotInfo(id=sid, resource_version=n.resource_version)
@@ -446,7 +450,7 @@ class BridgePipeline:
             if not _resource_matches(sink, watched):
                 continue
             listener = SinkListener(sink=sink, resource=watched.ref, cluster=self._cluster,
-                                    clock=self._clock, snapshot_prefix=ident)
+                                    clock=self._clock, snapshot_prefix=ident, tracker=tracker)
             reg = informer.add_event_handler(listener, _listener_options(sink))
             inf.registrations[sink.name] = reg
             inf.listeners[sink.name] = listener

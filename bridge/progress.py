@@ -99,6 +99,10 @@ class AckTracker:
         # (seq, rv) markers not yet passed, in seq order.
         self._markers: collections.deque[tuple[int, str]] = collections.deque()
         self._outstanding = 0
+        # key → resourceVersion of the last add/update dispatched for it (this run).
+        self._last_rv: dict[str, str] = {}
+        # seqs of deletes the informer inferred (the object it knew, unchanged, now gone).
+        self._unobserved: set[int] = set()
         self._last_dispatched_seq = -1
         self._last_applied_seq = -1
         self._generation = 0
@@ -117,6 +121,7 @@ class AckTracker:
                         self.name, seq, self._last_dispatched_seq)
             return
         self._last_dispatched_seq = seq
+        self._note_state(notification)
         entry = _InFlight(notification, set(listeners))
         self._outstanding += 1 if entry.waiting else 0
         self._window[seq] = entry
@@ -147,6 +152,32 @@ class AckTracker:
                 if not entry.waiting:
                     self._outstanding -= 1
         self._advance()
+
+    def _note_state(self, n: Notification) -> None:
+        if n.kind is NotificationKind.SNAPSHOT:
+            return
+        key = n.key or object_key(n.obj)
+        if n.kind is not NotificationKind.DELETE:
+            if isinstance(n.obj, dict):
+                self._last_rv[key] = _entry_of(n.obj)[1]
+            return
+        known = self._last_rv.pop(key, None)
+        if isinstance(n.obj, DeletedFinalStateUnknown):
+            self._unobserved.add(n.seq)
+            return
+        if known is None:
+            known = self._index.get(key, ("", ""))[1]
+        # A delete seen on the watch carries a resourceVersion of its own; one that carries exactly
+        # the state last seen was inferred by a relist (the object was re-created under a new uid).
+        rv = _entry_of(n.obj)[1]
+        if rv and rv == known:
+            self._unobserved.add(n.seq)
+
+    def is_unobserved_delete(self, seq: int) -> bool:
+        """True for a delete the bridge did not see happen (a relist tombstone, or the old object of
+        a re-creation found by a relist): its object is the last state known, not the final one.
+        Answered until every listener acknowledged the notification."""
+        return seq in self._unobserved
 
     # ---------------------------------------------------------------------------------------------
     # State
@@ -199,6 +230,7 @@ class AckTracker:
             # Markers at or below this seq describe changes already applied.
             changed |= self._pass_markers(seq)
             del self._window[seq]
+            self._unobserved.discard(seq)
             self._apply(entry.notification)
             self._last_applied_seq = seq
             changed = True

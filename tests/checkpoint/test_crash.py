@@ -192,7 +192,7 @@ async def test_long_outage_resumes_with_a_diff(tmp_path: Path, kafka_broker: Tan
         ("updated", f"{NS}/changed", uid["changed"], changed["metadata"]["resourceVersion"], False),
         ("deleted", f"{NS}/gone", uid["gone"], objs["gone"]["metadata"]["resourceVersion"], True),
         ("deleted", f"{NS}/recreated", uid["recreated"], objs["recreated"]["metadata"]["resourceVersion"],
-         False),
+         True),
         ("added", f"{NS}/recreated", recreated["metadata"]["uid"], recreated["metadata"]["resourceVersion"],
          False),
         ("added", f"{NS}/fresh", fresh["metadata"]["uid"], fresh["metadata"]["resourceVersion"], False),

@@ -171,3 +171,21 @@ def test_non_integer_resource_versions_are_applied_at_once() -> None:
     t.dispatched(n(ADD, obj("a", "xyz"), 0), ["k"])
     t.acked("k", 0)
     assert t.checkpoint_state() == ("abc", {"default/a": ("uid-a", "xyz")})
+
+
+def test_inferred_deletes_are_recognised() -> None:
+    t = AckTracker(resource_version="5", index={"default/r": ("old", "3"), "default/w": ("uid-w", "4")})
+    # A relist found "r" re-created: the informer deletes the state it knew (the checkpoint's).
+    t.dispatched(n(DELETE, obj("r", "3", uid="old"), 0), ["k"])
+    t.dispatched(n(ADD, obj("r", "9", uid="new"), 1), ["k"])
+    # A delete seen on the watch carries its own resourceVersion.
+    t.dispatched(n(DELETE, obj("w", "10"), 2), ["k"])
+    t.dispatched(n(ADD, obj("x", "11"), 3), ["k"])
+    t.dispatched(n(UPDATE, obj("x", "12"), 4), ["k"])
+    t.dispatched(n(DELETE, obj("x", "12"), 5), ["k"])  # the state last dispatched: inferred
+    tomb = DeletedFinalStateUnknown(key=ObjectKey("default/y"), obj=obj("y", "1"))
+    t.dispatched(Notification(kind=DELETE, obj=tomb, seq=6), ["k"])
+    assert [t.is_unobserved_delete(s) for s in range(7)] == [True, False, False, False, False, True, True]
+    for seq in range(7):
+        t.acked("k", seq)
+    assert not t.is_unobserved_delete(0)  # forgotten once acknowledged

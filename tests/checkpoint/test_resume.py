@@ -115,7 +115,7 @@ async def test_expired_resume_point_emits_only_the_differences(tmp_path: Path) -
     assert got == sorted([
         ("updated", "default/changed", "6", False),
         ("deleted", "default/gone", "3", True),
-        ("deleted", "default/recreated", "4", False),
+        ("deleted", "default/recreated", "4", True),
         ("added", "default/recreated", "9", False),
         ("added", "default/fresh", "10", False),
     ])

@@ -128,7 +128,7 @@ async def test_compacted_history_gives_410_and_only_the_differences(
     assert sorted(sink.changes()) == sorted([
         ("updated", f"{NS}/changed", rv(changed), False),
         ("deleted", f"{NS}/gone", rv(objs["gone"]), True),
-        ("deleted", f"{NS}/recreated", rv(objs["recreated"]), False),
+        ("deleted", f"{NS}/recreated", rv(objs["recreated"]), True),
         ("added", f"{NS}/recreated", rv(recreated), False),
         ("added", f"{NS}/fresh", rv(fresh), False),
     ])
