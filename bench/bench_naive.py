@@ -105,7 +105,7 @@ async def _bridge(sim: SimProcess, checkpoint: Any, events: int, tmp: Path, time
 
 
 async def _run(quick: bool) -> dict[str, Any]:
-    pods, rounds, timeout = (300, 4, 60.0) if quick else (2000, 4, 240.0)
+    pods, rounds, timeout = (300, 4, 60.0) if quick else (1000, 3, 240.0)
     with tempfile.TemporaryDirectory(prefix="keb-bench-") as tmp_name:
         tmp = Path(tmp_name)
         async with SimProcess() as sim:

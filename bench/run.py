@@ -206,7 +206,7 @@ def _rows(name: str, result: Mapping[str, Any]) -> list[tuple[str, str, str, str
                     continue
                 rows.append((f"{kind} @ {rate}/s p50/p99/max ms",
                              f"{e['p50_ms']:.1f} / {e['p99_ms']:.1f} / {e['max_ms']:.1f}",
-                             f"{e['count']} events", ""))
+                             f"{e['count']} events, sent at {e.get('achieved_rate', rate)}/s", ""))
     elif name == "initial_sync":
         rows.append((f"initial sync of {result['pods']:,} Pods: synced / delivered (file)",
                      f"{result['synced_seconds']} s / {result['delivered_seconds']} s",
