@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import datetime
+import gc
 import importlib
 import io
 import logging
@@ -279,6 +280,7 @@ def run_all(*, quick: bool, only: Sequence[str] | None = None, profile: bool = F
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "quick": quick,
         "machine": machine_info(),
+        "gc_threshold": list(gc.get_threshold()),
         "scenarios": {},
     }
     t0 = time.perf_counter()
@@ -313,7 +315,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plots-dir", type=Path, default=None,
                         help="where to write PNG plots (default: docs/ on a full run, none on --quick)")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--gc-threshold", default="",
+                        help="e.g. 50000,20,100: run the bridge with these gc thresholds (what-if)")
     args = parser.parse_args(argv)
+    if args.gc_threshold:
+        gc.set_threshold(*(int(v) for v in args.gc_threshold.split(",")))
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     only = [n.strip() for n in args.only.split(",") if n.strip()] or None
     sinks = [s.strip() for s in args.sinks.split(",") if s.strip()] or None
