@@ -32,8 +32,8 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar, cast
 
 from sinks.cloudevents import (
@@ -114,9 +114,10 @@ class OutgoingMessage:
     barrier: bool = False
     error: str | None = None
     """Set when the event could not be encoded: the message goes straight to the dead letter."""
-    after: asyncio.Future[None] | None = None
-    waits: list[asyncio.Future[None]] = field(default_factory=list)
-    done: asyncio.Future[None] | None = None
+    started: float = 0.0
+    """Clock time of the first attempt (the give-up deadline counts from it)."""
+    pending: bool = False
+    """An attempt (or the dead-letter write) is under way and its outcome not yet settled."""
 
 
 @dataclass(slots=True)
@@ -192,11 +193,21 @@ class BaseSink(Generic[O]):
             raise self._config_error(str(exc)) from exc
         self._dead_letter: DeadLetterWriter | None = self._make_dead_letter(options.dead_letter)
         self._lanes: dict[str, deque[OutgoingMessage]] = {}
+        """Per object: the messages not yet settled, the head being sent (or waiting to retry)."""
+        self._admitted = 0
+        """Messages admitted into lanes and not yet settled (a marker waits for zero)."""
+        self._gate: deque[OutgoingMessage] = deque()
+        """A marker waiting for (or being sent after) everything before it, then what came after."""
+        self._outcomes: deque[tuple[OutgoingMessage, BaseException | DeliveryOutcome | None]] = deque()
+        self._settling = False
+        self._ready: deque[OutgoingMessage] = deque()
+        """Messages waiting for a sender task (the default, ``_send``-based attempt)."""
+        self._workers = 0
+        self._sending = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._space = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._barrier: asyncio.Future[None] | None = None
         self._healthy = True
         self._started = False
         self._closed = False
@@ -256,6 +267,23 @@ class BaseSink(Generic[O]):
         SinkTransientError (retried) or SinkPermanentError (dead-lettered)."""
         raise NotImplementedError
 
+    def _submit(self, msg: OutgoingMessage) -> None:
+        """Starts one attempt at ``msg`` without waiting for it, and arranges for
+        :meth:`_settle` to be called with its outcome exactly once, on the event loop (it may be
+        called from inside ``_submit``). Raising here counts as the attempt's outcome.
+
+        The default hands the message to a sender task running :meth:`_send` (up to
+        ``max_in_flight`` sender tasks, each taking ready messages one after the other). Sinks whose
+        client can pipeline (a producer's delivery reports, a publish followed by a shared
+        confirmation) override this and never create a task per message."""
+        self._ready.append(msg)
+        if (
+            len(self._ready) > self._workers - self._sending
+            and self._workers < self.options.max_in_flight
+        ):
+            self._workers += 1
+            self._spawn(self._work(), "sender")
+
     async def _on_flush(self) -> None:
         """Called by ``flush`` after the in-flight window drained (e.g. fsync)."""
 
@@ -295,7 +323,7 @@ class BaseSink(Generic[O]):
             await self._space.wait()
             if self._closed:
                 raise SinkError(f"sink {self.name!r} is closed")
-        self._enqueue(msg)
+        self._accept(msg)
 
     async def flush(self, timeout: float) -> bool:
         if self.stats.in_flight:
@@ -316,6 +344,9 @@ class BaseSink(Generic[O]):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._lanes.clear()
+        self._gate.clear()
+        self._ready.clear()
+        self._outcomes.clear()
         try:
             await self._close()
         finally:
@@ -370,91 +401,166 @@ class BaseSink(Generic[O]):
             ack=ack, cloudevent=ce,
         )
 
-    def _enqueue(self, msg: OutgoingMessage) -> None:
-        loop = asyncio.get_running_loop()
-        self.stats.accepted += 1
-        self.stats.in_flight += 1
+    def _accept(self, msg: OutgoingMessage) -> None:
+        stats = self.stats
+        stats.accepted += 1
+        stats.in_flight += 1
         self._idle.clear()
+        gate = self._gate
+        if gate:  # something waits behind a marker: so does this event
+            msg.barrier = msg.event.obj is None
+            gate.append(msg)
+            return
         if msg.event.obj is None:
             # A marker: after everything accepted so far, before everything accepted later.
             msg.barrier = True
-            msg.lane = "\0barrier"
-            for lane in self._lanes.values():
-                tail = lane[-1]
-                if tail.done is None:
-                    tail.done = loop.create_future()
-                msg.waits.append(tail.done)
-            msg.done = loop.create_future()
-            if self._barrier is not None and not self._barrier.done():
-                msg.after = self._barrier
-            self._barrier = msg.done
-        else:
-            msg.lane = f"{msg.event.resource.qualified}\0{msg.event.subject}"
-            if self._barrier is not None and not self._barrier.done():
-                msg.after = self._barrier
-        existing = self._lanes.get(msg.lane)
-        if existing is not None:
-            existing.append(msg)
+            gate.append(msg)
+            if self._admitted == 0:
+                self._begin(msg)
             return
-        lane = deque((msg,))
-        self._lanes[msg.lane] = lane
-        task = loop.create_task(self._run_lane(msg.lane, lane), name=f"sink:{self.name}:lane")
-        self._tasks.add(task)
-        task.add_done_callback(self._lane_done)
+        self._admit(msg)
 
-    def _lane_done(self, task: asyncio.Task[None]) -> None:
+    def _admit(self, msg: OutgoingMessage) -> None:
+        """Into the event's lane; started at once when the lane was empty."""
+        self._admitted += 1
+        event = msg.event
+        key = msg.lane = f"{event.resource.qualified}\0{event.subject}"
+        lane = self._lanes.get(key)
+        if lane is not None:
+            lane.append(msg)
+            return
+        self._lanes[key] = deque((msg,))
+        self._begin(msg)
+
+    def _release_gate(self) -> None:
+        """After a marker completed: admits what waited behind it, up to the next marker."""
+        gate = self._gate
+        while gate:
+            head = gate[0]
+            if head.barrier:
+                if self._admitted == 0:
+                    self._begin(head)
+                return
+            gate.popleft()
+            self._admit(head)
+
+    def _begin(self, msg: OutgoingMessage) -> None:
+        """The message is at the head of its lane (or is the current marker): send it."""
+        if msg.error is not None:
+            self._spawn(self._dead_letter_then_complete(msg, msg.error), "dead-letter")
+            return
+        self._dispatch(msg)
+
+    def _dispatch(self, msg: OutgoingMessage) -> None:
+        msg.attempts += 1
+        if msg.attempts == 1:
+            msg.started = self._clock.now()
+        msg.pending = True
+        try:
+            self._submit(msg)
+        except Exception as exc:  # a synchronous failure is the attempt's outcome
+            self._settle(msg, exc)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=f"sink:{self.name}:{what}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("sink %r: lane task failed", self.name, exc_info=task.exception())
+            log.error("sink %r: background task %s failed", self.name, task.get_name(),
+                      exc_info=task.exception())
 
-    async def _run_lane(self, lane_key: str, lane: deque[OutgoingMessage]) -> None:
+    # ---- the default, task-based attempt ----------------------------------------------------------
+
+    async def _work(self) -> None:
+        """A sender: runs ``_send`` for ready messages one after the other until none is left."""
+        ready = self._ready
         try:
-            while lane:
-                msg = lane[0]
+            while ready and not self._closed:
+                msg = ready.popleft()
+                self._sending += 1
                 try:
-                    outcome = await self._process(msg)
-                except Exception:  # a bug here must not strand the lane and stall the checkpoint
-                    log.exception("sink %r: failed to process %s; dropping it", self.name, msg.event_id)
-                    self.stats.failed += 1
-                    outcome = DeliveryOutcome.DROPPED
-                lane.popleft()
-                self._complete(msg, outcome)
+                    await self._send(msg)
+                except Exception as exc:
+                    error: BaseException | None = exc
+                else:
+                    error = None
+                finally:
+                    self._sending -= 1
+                self._settle(msg, error)
         finally:
-            if self._lanes.get(lane_key) is lane and not lane:
-                del self._lanes[lane_key]
+            self._workers -= 1
 
-    async def _process(self, msg: OutgoingMessage) -> DeliveryOutcome:
-        if msg.waits:
-            await asyncio.wait(msg.waits)
-        if msg.after is not None and not msg.after.done():
-            await asyncio.wait((msg.after,))
-        if msg.error is not None:
-            return await self._to_dead_letter(msg, msg.error)
-        retry = self._retry
-        started = self._clock.now()
-        while True:
-            msg.attempts += 1
-            try:
-                await self._send(msg)
-            except SinkTransientError as exc:
-                self._healthy = False
-                elapsed = self._clock.now() - started
-                if retry.give_up(msg.attempts, elapsed):
-                    return await self._to_dead_letter(
-                        msg, f"gave up after {msg.attempts} attempts over {elapsed:.1f}s: {exc}"
-                    )
-                self.stats.retries += 1
-                delay = retry.delay(msg.attempts, exc.retry_after)
-                log.debug("sink %r: retrying %s in %.3fs: %s", self.name, msg.event_id, delay, exc)
-                await self._clock.sleep(delay)
-            except SinkPermanentError as exc:
-                return await self._to_dead_letter(msg, str(exc))
-            except Exception as exc:  # a bug in a sink must not stall the checkpoint forever
-                log.exception("sink %r: unexpected error sending %s", self.name, msg.event_id)
-                return await self._to_dead_letter(msg, f"unexpected error: {exc!r}")
-            else:
-                self._healthy = True
-                return DeliveryOutcome.DELIVERED
+    # ---- outcomes ---------------------------------------------------------------------------------
+
+    def _settle(self, msg: OutgoingMessage, result: BaseException | DeliveryOutcome | None) -> None:
+        """Reports the outcome of one attempt started by ``_submit``: None when the destination
+        confirmed the message, else the exception (a sink may also settle with a final
+        :class:`DeliveryOutcome`). Call it exactly once per attempt, on the loop; later reports of
+        the same attempt are ignored."""
+        self._outcomes.append((msg, result))
+        if self._settling:
+            return  # the running drain below picks it up: no recursion through lanes
+        self._settling = True
+        try:
+            outcomes = self._outcomes
+            while outcomes:
+                item, result = outcomes.popleft()
+                try:
+                    self._settle_one(item, result)
+                except Exception:  # a bug here must not strand the lane and stall the checkpoint
+                    log.exception("sink %r: failed to settle %s", self.name, item.event_id)
+        finally:
+            self._settling = False
+
+    def _settle_one(self, msg: OutgoingMessage, result: BaseException | DeliveryOutcome | None) -> None:
+        if self._closed or not msg.pending:
+            return  # closed (left unacked), or a duplicate report
+        if result is None:
+            msg.pending = False
+            self._healthy = True
+            self._complete(msg, DeliveryOutcome.DELIVERED)
+            return
+        if isinstance(result, DeliveryOutcome):
+            msg.pending = False
+            self._complete(msg, result)
+            return
+        msg.pending = False
+        if isinstance(result, SinkTransientError):
+            self._healthy = False
+            elapsed = self._clock.now() - msg.started
+            if self._retry.give_up(msg.attempts, elapsed):
+                reason = f"gave up after {msg.attempts} attempts over {elapsed:.1f}s: {result}"
+                self._spawn(self._dead_letter_then_complete(msg, reason), "dead-letter")
+                return
+            self.stats.retries += 1
+            delay = self._retry.delay(msg.attempts, result.retry_after)
+            log.debug("sink %r: retrying %s in %.3fs: %s", self.name, msg.event_id, delay, result)
+            self._spawn(self._retry_later(msg, delay), "retry")
+            return
+        if isinstance(result, SinkPermanentError):
+            reason = str(result)
+        else:  # a bug in a sink must not stall the checkpoint forever
+            log.error("sink %r: unexpected error sending %s", self.name, msg.event_id, exc_info=result)
+            reason = f"unexpected error: {result!r}"
+        self._spawn(self._dead_letter_then_complete(msg, reason), "dead-letter")
+
+    async def _retry_later(self, msg: OutgoingMessage, delay: float) -> None:
+        await self._clock.sleep(delay)
+        if not self._closed:
+            self._dispatch(msg)
+
+    async def _dead_letter_then_complete(self, msg: OutgoingMessage, reason: str) -> None:
+        msg.pending = True
+        try:
+            outcome = await self._to_dead_letter(msg, reason)
+        except Exception:  # a bug here must not strand the lane and stall the checkpoint
+            log.exception("sink %r: failed to process %s; dropping it", self.name, msg.event_id)
+            self.stats.failed += 1
+            outcome = DeliveryOutcome.DROPPED
+        self._settle(msg, outcome)
 
     async def _to_dead_letter(self, msg: OutgoingMessage, reason: str) -> DeliveryOutcome:
         writer = self._dead_letter
@@ -487,12 +593,26 @@ class BaseSink(Generic[O]):
                 return DeliveryOutcome.DEAD_LETTERED
 
     def _complete(self, msg: OutgoingMessage, outcome: DeliveryOutcome) -> None:
+        if msg.barrier:
+            gate = self._gate
+            if gate and gate[0] is msg:
+                gate.popleft()
+            self._release_gate()
+        else:
+            lane = self._lanes.get(msg.lane)
+            if lane is not None and lane and lane[0] is msg:
+                lane.popleft()
+                if lane:
+                    self._begin(lane[0])
+                else:
+                    del self._lanes[msg.lane]
+            self._admitted -= 1
+            if self._admitted == 0 and self._gate:
+                self._release_gate()
         stats = self.stats
         stats.in_flight -= 1
         if outcome is DeliveryOutcome.DELIVERED:
             stats.delivered += 1
-        if msg.done is not None and not msg.done.done():
-            msg.done.set_result(None)
         self._space.set()
         if stats.in_flight == 0:
             self._idle.set()

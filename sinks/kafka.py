@@ -33,13 +33,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Self
+from typing import Any, ClassVar, Literal, Self, cast
 
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -59,6 +60,8 @@ __all__ = ["KafkaDeadLetter", "KafkaProducerClient", "KafkaSink", "KafkaSinkOpti
 log = logging.getLogger(__name__)
 
 LibrdkafkaValue = str | int | float | bool
+DeliveryReport = tuple[Any, SinkPermanentError | SinkTransientError | None]
+"""``(token, error)``: a record enqueued with :meth:`KafkaProducerClient.produce` and its outcome."""
 
 _PERMANENT_CODES = frozenset(
     {
@@ -79,6 +82,9 @@ _DLQ_MARGIN = 4096
 _TOPIC_CHARS = re.compile(r"[a-zA-Z0-9._-]*")
 _TEMPLATE_FIELD = re.compile(r"\{[^{}]*\}")
 _PROBE_INTERVAL = 5.0
+_BUSY_POLL = 0.001
+"""Seconds between ``poll(0)`` calls while records wait for their delivery reports."""
+_IDLE_POLL = 0.05
 """Seconds between metadata probes while the brokers are reported down."""
 
 
@@ -204,12 +210,16 @@ class KafkaProducerClient:
         )
         self._poller: asyncio.Task[None] | None = None
         self._reports: collections.deque[tuple[asyncio.Future[None], KafkaError | None]] = collections.deque()
+        self._token_reports: collections.deque[tuple[Any, KafkaError | None]] = collections.deque()
+        self.on_reports: Callable[[list[DeliveryReport]], None] | None = None
+        """Receives, on the loop, the delivery reports of records enqueued with :meth:`produce`."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self.fatal: KafkaError | None = None
         """Set (from the producer's thread) when librdkafka reports a fatal error."""
         self._broker_up = True
         self._next_probe = 0.0
+        self._wake = asyncio.Event()
 
     @property
     def config(self) -> dict[str, LibrdkafkaValue]:
@@ -242,17 +252,30 @@ class KafkaProducerClient:
         return await loop.run_in_executor(self._thread, functools.partial(fn, *args))
 
     async def _poll_loop(self) -> None:
+        """Serves delivery reports (and error callbacks) on the loop's own thread.
+
+        ``poll(0)`` never blocks, and serving the reports where the records are produced avoids
+        handing the GIL back and forth with a polling thread for every single report (which made
+        each report wait for the interpreter's switch interval while the loop was busy encoding).
+        While records are outstanding it polls every millisecond; otherwise it sleeps until a
+        record is produced, waking at least every ``_IDLE_POLL`` seconds for error callbacks."""
         # No local reference to the producer: a cancelled task's traceback would keep it (and its
         # connections) alive after close.
         try:
             while not self._closed and self._producer is not None:
-                await self.run(self._producer.poll, 0.05)
+                self._producer.poll(0)
                 self._drain()
                 if not self._broker_up and time.monotonic() >= self._next_probe:
                     # Readiness must come back even when no record is waiting to prove it.
                     self._next_probe = time.monotonic() + _PROBE_INTERVAL
                     if await self.metadata_ok(1.0):
                         self._set_up(True)
+                if self._producer is not None and len(self._producer) > 0:
+                    await asyncio.sleep(_BUSY_POLL)
+                    continue
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), _IDLE_POLL)
         except asyncio.CancelledError:
             raise
         except Exception:  # never fail silently: delivery reports would stop
@@ -309,12 +332,39 @@ class KafkaProducerClient:
                 headers=headers,
                 on_delivery=functools.partial(self._delivered, fut),
             )
+            self._wake.set()
         except KafkaException as exc:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
             if err is not None and is_permanent(err):
                 raise SinkPermanentError(f"kafka: {err.name()}: {err.str()}") from exc
             raise SinkTransientError(f"kafka: cannot enqueue record for {topic!r}: {exc}") from exc
         return fut
+
+    def produce(
+        self,
+        topic: str,
+        token: Any,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        headers: dict[str, str | bytes | None] | list[tuple[str, str | bytes | None]] | None = None,
+    ) -> None:
+        """Enqueues one record without a future: its delivery report reaches :attr:`on_reports` as
+        ``(token, error)`` with the other reports of the same ``poll``. Raises like :meth:`send`."""
+        try:
+            self.producer.produce(
+                topic,
+                value=value,
+                key=key,
+                headers=headers,
+                on_delivery=functools.partial(self._token_delivered, token),
+            )
+            self._wake.set()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if err is not None and is_permanent(err):
+                raise SinkPermanentError(f"kafka: {err.name()}: {err.str()}") from exc
+            raise SinkTransientError(f"kafka: cannot enqueue record for {topic!r}: {exc}") from exc
 
     async def send_and_wait(
         self,
@@ -339,11 +389,30 @@ class KafkaProducerClient:
         thread's call returns (one hand-over per ``poll`` rather than one loop wake-up per record)."""
         self._reports.append((fut, err))
 
+    def _token_delivered(self, token: Any, err: KafkaError | None, _msg: Any) -> None:
+        """Delivery report of a :meth:`produce` record, in the producer's thread (see ``_delivered``)."""
+        self._token_reports.append((token, err))
+
     def _drain(self) -> None:
         reports = self._reports
         while reports:
             fut, err = reports.popleft()
             self._resolve(fut, err)
+        tokens = self._token_reports
+        if tokens:
+            batch: list[DeliveryReport] = []
+            delivered = False
+            while tokens:
+                token, err = tokens.popleft()
+                if err is None:
+                    delivered = True
+                    batch.append((token, None))
+                else:
+                    batch.append((token, _report_error(err)))
+            if delivered and not self._broker_up:
+                self._set_up(True)
+            if self.on_reports is not None:
+                self.on_reports(batch)
 
     def _resolve(self, fut: asyncio.Future[None], err: KafkaError | None) -> None:
         if fut.done():
@@ -352,10 +421,8 @@ class KafkaProducerClient:
             if not self._broker_up:
                 self._set_up(True)
             fut.set_result(None)
-        elif is_permanent(err):
-            fut.set_exception(SinkPermanentError(f"kafka: {err.name()}: {err.str()}"))
         else:
-            fut.set_exception(SinkTransientError(f"kafka: delivery failed: {err.name()}: {err.str()}"))
+            fut.set_exception(_report_error(err))
 
     async def metadata_ok(self, timeout: float) -> bool:
         """True if a broker answered a metadata request within ``timeout`` seconds."""
@@ -389,6 +456,13 @@ class KafkaProducerClient:
             del producer  # the last reference: librdkafka's handle and connections go with it
         self._drain()  # purged records fail as transient: whoever still waits retries elsewhere
         self._thread.shutdown(wait=False)
+
+
+def _report_error(err: KafkaError) -> SinkPermanentError | SinkTransientError:
+    """A failed delivery report as the sink's exception."""
+    if is_permanent(err):
+        return SinkPermanentError(f"kafka: {err.name()}: {err.str()}")
+    return SinkTransientError(f"kafka: delivery failed: {err.name()}: {err.str()}")
 
 
 def _shutdown_producer(producer: Producer) -> None:
@@ -496,6 +570,34 @@ class KafkaSink(BaseSink[KafkaSinkOptions]):
         if errors:
             raise errors[0]
 
+    def _submit(self, msg: OutgoingMessage) -> None:
+        """The common case without a task: ``produce`` now, settled by the delivery report.
+
+        Per-object order: the base sink starts an object's next event only once this one was
+        settled, so a record is never overtaken by a later one of the same object, even when it is
+        retried or the producer is replaced. Anything needing an await first (no producer yet, a
+        producer to replace, a topic to create, a second record for the snapshot topic, a full
+        local queue) takes the task-based path through :meth:`_send`."""
+        client = self._client
+        opts = self.options
+        if (
+            client is None
+            or client.fatal is not None
+            or opts.snapshot_topic is not None
+            or (opts.auto_create_topics and msg.destination not in self._known_topics)
+        ):
+            super()._submit(msg)
+            return
+        try:
+            client.produce(msg.destination, msg, key=msg.key, value=msg.body, headers=cast(Any, msg.headers))
+        except BufferError:
+            super()._submit(msg)
+
+    def _on_reports(self, reports: list[DeliveryReport]) -> None:
+        settle = self._settle
+        for msg, error in reports:
+            settle(msg, error)
+
     async def _on_flush(self) -> None:
         if self._client is not None:
             await self._client.flush(0)
@@ -550,6 +652,7 @@ class KafkaSink(BaseSink[KafkaSinkOptions]):
                 client = KafkaProducerClient(
                     config=conf, name=self.name, on_broker_state=self._set_brokers_up
                 )
+                client.on_reports = self._on_reports
                 try:
                     await client.start()
                 except SinkConfigError as exc:
