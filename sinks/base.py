@@ -69,6 +69,26 @@ log = logging.getLogger(__name__)
 O = TypeVar("O", bound=SinkOptions)  # noqa: E741
 
 
+_EMPTY: Mapping[str, Any] = {}
+
+
+def _metadata(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """``ChangeEvent.metadata`` without the abstract-class check for plain dicts (hot path)."""
+    if obj is None:
+        return _EMPTY
+    meta = obj.get("metadata")
+    if type(meta) is dict or isinstance(meta, Mapping):
+        return meta
+    return _EMPTY
+
+
+def _subject(meta: Mapping[str, Any]) -> str:
+    """``namespace/name`` (``name`` when cluster-scoped), as ``ChangeEvent.subject``."""
+    namespace = meta.get("namespace")
+    name = str(meta.get("name") or "")
+    return f"{namespace}/{name}" if namespace else name
+
+
 class SinkClock(Protocol):
     """What sinks need of a clock; ``bridge.clock.RealClock`` / ``FakeClock`` fit."""
 
@@ -355,23 +375,26 @@ class BaseSink(Generic[O]):
 
     # ---- internals ------------------------------------------------------------------------------
 
-    def _key(self, event: ChangeEvent) -> bytes:
+    def _key(self, event: ChangeEvent, meta: Mapping[str, Any] | None = None) -> bytes:
         if event.obj is None:
             snap = event.snapshot
             return f"snapshot/{snap.id if snap else event.resource.qualified}".encode()
-        meta = event.metadata
+        if meta is None:
+            meta = _metadata(event.obj)
         uid = meta.get("uid")
         if uid and self.options.key == "uid":
             return str(uid).encode()
-        return event.subject.encode()
+        return _subject(meta).encode()
 
     def _build(self, event: ChangeEvent, ack: AckCallback) -> OutgoingMessage:
         opts = self.options
-        eid = event_id(event)
-        key = self._key(event)
+        res = event.resource
+        meta = _metadata(event.obj)
+        eid = event_id(event, meta)
+        key = self._key(event, meta)
+        lane = f"{res.group}/{res.resource}\0{_subject(meta)}"
         try:
             destination = self._template.render(event, self._sanitize)
-            res = event.resource
             obj = self._redactor.apply(event.obj, res)
             old = None
             if event.old is not None and opts.payload is not PayloadMode.OBJECT:
@@ -384,6 +407,7 @@ class BaseSink(Generic[O]):
                 compat=opts.compat,
                 knative_source=opts.knative_source,
                 event_id_value=eid,
+                metadata=meta,
             )
             if opts.content_mode == "structured":
                 headers = {"content-type": STRUCTURED_CONTENT_TYPE}
@@ -394,11 +418,11 @@ class BaseSink(Generic[O]):
             log.warning("sink %r: cannot encode event %s: %r", self.name, eid, exc)
             return OutgoingMessage(
                 key=key, destination="", headers={}, body=b"", event_id=eid, event=event, ack=ack,
-                cloudevent={}, error=f"cannot encode event: {exc!r}",
+                cloudevent={}, lane=lane, error=f"cannot encode event: {exc!r}",
             )
         return OutgoingMessage(
             key=key, destination=destination, headers=headers, body=body, event_id=eid, event=event,
-            ack=ack, cloudevent=ce,
+            ack=ack, cloudevent=ce, lane=lane,
         )
 
     def _accept(self, msg: OutgoingMessage) -> None:
@@ -423,8 +447,7 @@ class BaseSink(Generic[O]):
     def _admit(self, msg: OutgoingMessage) -> None:
         """Into the event's lane; started at once when the lane was empty."""
         self._admitted += 1
-        event = msg.event
-        key = msg.lane = f"{event.resource.qualified}\0{event.subject}"
+        key = msg.lane
         lane = self._lanes.get(key)
         if lane is not None:
             lane.append(msg)

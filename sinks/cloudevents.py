@@ -84,13 +84,14 @@ _EXT_NAME = re.compile(r"[^a-z0-9]")
 _MISSING: Any = object()
 
 
-def event_id(event: ChangeEvent) -> str:
-    """Deterministic id: 32 hex digits of SHA-256 over uid, resourceVersion, type and snapshot id."""
+def event_id(event: ChangeEvent, metadata: Mapping[str, Any] | None = None) -> str:
+    """Deterministic id: 32 hex digits of SHA-256 over uid, resourceVersion, type and snapshot id.
+    ``metadata``: the object's metadata when the caller already has it (saves looking it up)."""
     snap = event.snapshot.id if event.snapshot is not None else ""
     if event.obj is None:
         uid, rv = "", event.resource_version
     else:
-        meta = event.metadata
+        meta = event.metadata if metadata is None else metadata
         uid, rv = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
     raw = f"{uid}\0{rv}\0{event.type.value}\0{snap}".encode()
     return hashlib.sha256(raw).hexdigest()[:32]
@@ -142,8 +143,10 @@ def to_cloudevent(
     compat: Compat = "native",
     knative_source: str = DEFAULT_KNATIVE_SOURCE,
     event_id_value: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The CloudEvent (as a dict ready for JSON) for ``event``; ``data`` defaults to the object."""
+    """The CloudEvent (as a dict ready for JSON) for ``event``; ``data`` defaults to the object.
+    ``metadata``: the object's metadata when the caller already has it (saves looking it up)."""
     knative = compat == "knative" and event.type in _KNATIVE_TYPES
     ce: dict[str, Any] = {
         "specversion": CE_SPEC_VERSION,
@@ -153,7 +156,7 @@ def to_cloudevent(
     }
     has_obj = event.obj is not None
     if has_obj:
-        meta = event.metadata
+        meta = event.metadata if metadata is None else metadata
         namespace = str(meta.get("namespace") or "")
         name = str(meta.get("name") or "")
         if knative:

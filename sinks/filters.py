@@ -141,20 +141,26 @@ def _differs(old: Any, new: Any, ignore: _Trie | None) -> bool:
     if ignore is None or not (is_mapping(old) and is_mapping(new)):
         return bool(old != new)  # deep comparison at C speed
     wild = ignore.get(WILDCARD)
+    shared = 0
     for key, value in new.items():
-        child = ignore.get(key, wild)
-        if child is _IGNORED:
-            continue
         if key not in old:
+            if ignore.get(key, wild) is _IGNORED:
+                continue
             return True
+        shared += 1
         before = old[key]
         if before is value:
+            continue
+        child = ignore.get(key, wild)
+        if child is _IGNORED:
             continue
         if child is None:
             if before != value:
                 return True
         elif _differs(before, value, child):
             return True
+    if shared == len(old):
+        return False  # every key of ``old`` is in ``new`` too
     return any(key not in new and ignore.get(key, wild) is not _IGNORED for key in old)
 
 
