@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.checkpoint import FileCheckpointStore
+from bridge.checkpoint import Checkpoint, CheckpointStoreError, FileCheckpointStore
 from bridge.clock import FakeClock
 from bridge.pipeline import BridgePipeline
 from bridge.testing.fake_source import FakeControllerSource
@@ -221,3 +221,54 @@ async def test_shutdown_with_a_stuck_sink_keeps_its_deadline_and_checkpoints_onl
     assert cp.resource_version == "1"  # "b" was never acked by the stuck sink: it will be re-sent
     assert sorted(cp.objects) == ["default/a"]
     assert p.failed_tasks == []
+
+
+class FlakyStore(FileCheckpointStore):
+    """A file store whose saves fail while ``failing`` is set."""
+
+    failing = True
+    attempts = 0
+
+    async def save(self, checkpoint: Checkpoint) -> None:
+        self.attempts += 1
+        if self.failing:
+            raise CheckpointStoreError("disk full (injected)")
+        await super().save(checkpoint)
+
+
+async def test_failed_checkpoint_writes_are_retried_and_metrics_are_exposed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = FakeControllerSource()
+    source.add(cm("a"))
+    clock = FakeClock()
+    sink = RecordingSink("s")
+    store = FlakyStore(directory=tmp_path)
+    seen: list[tuple[str, str]] = []
+    p = BridgePipeline(
+        resources=[WATCHED], sinks=[sink], checkpoint_store=store,
+        build_informer=fake_builder(source, clock), clock=clock, checkpoint_interval=5,
+        on_event=lambda resource, kind: seen.append((resource, kind)),
+    )
+    await p.start()
+    await until(lambda: p.tracker(IDENT).resource_version == "1", what="ack")
+    with caplog.at_level(logging.WARNING, logger="bridge.pipeline"):
+        await clock.advance(5)
+        await until(lambda: store.attempts == 1, what="first attempt")
+    assert any("retrying at the next interval" in r.getMessage() for r in caplog.records)
+    assert p.stats().checkpoint_age[IDENT] is None
+    store.failing = False
+    await clock.advance(5)
+    await until(lambda: p.stats().checkpoint_rv[IDENT] == "1", what="second attempt")
+    assert store.attempts == 2
+    assert p.failed_tasks == []
+    assert seen == [("configmaps", "add")]
+    assert p.queue_depths() == {"s": 0}
+    gauges = p.informer_gauges()
+    assert list(gauges) == ["configmaps"]
+    assert (gauges["configmaps"].cached_objects, gauges["configmaps"].checkpoint_lag) == (1, 0)
+    assert gauges["configmaps"].relists == 1
+    snap = p.telemetry_snapshot()
+    assert snap.sinks["s"].up is True
+    assert p.not_ready_reasons() == []
+    await p.shutdown(5)
