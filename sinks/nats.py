@@ -33,10 +33,12 @@ otherwise with core NATS.
 from __future__ import annotations
 
 import asyncio
+import collections
 import importlib.util
 import logging
 import re
 import ssl
+import time
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
@@ -45,6 +47,7 @@ import nats.errors
 import nats.js.errors
 import orjson
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from nats.js.api import StorageType, StreamConfig
 from nats.js.client import JetStreamContext
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -364,8 +367,12 @@ class _NatsSinkBase(BaseSink[Any]):
 
     def __init__(self, *, options: _ConnectionOptions, **kwargs: Any) -> None:
         self._conn = NatsConnection(options=options, name=kwargs.get("name", ""))
-        self._flush_waiters: list[asyncio.Future[None]] = []
+        self._flush_waiters: list[asyncio.Future[None] | OutgoingMessage] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._outbox: collections.deque[OutgoingMessage] = collections.deque()
+        """Submitted messages the publisher task has not published yet (bounded by the window)."""
+        self._outbox_ready = asyncio.Event()
+        self._publisher: asyncio.Task[None] | None = None
         super().__init__(options=options, **kwargs)
 
     def _make_dead_letter(self, options: DeadLetterOptions) -> DeadLetterWriter | None:
@@ -382,10 +389,58 @@ class _NatsSinkBase(BaseSink[Any]):
         await self._conn.start()
 
     async def _close(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
-            await asyncio.gather(self._flusher, return_exceptions=True)
+        tasks = [t for t in (self._publisher, self._flusher) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._outbox.clear()
         await self._conn.close()
+
+    # ---- pipelined publishing ---------------------------------------------------------------------
+
+    def _submit(self, msg: OutgoingMessage) -> None:
+        """Queues the message for the publisher task: no task per message, and a whole batch of
+        publishes shares one confirmation round trip."""
+        self._outbox.append(msg)
+        self._outbox_ready.set()
+        publisher = self._publisher
+        if publisher is None or publisher.done():
+            self._publisher = asyncio.get_running_loop().create_task(
+                self._publish_loop(), name=f"nats-publish:{self.name}"
+            )
+            self._publisher.add_done_callback(self._publisher_done)
+
+    def _publisher_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        log.error("sink %r: NATS publisher stopped", self.name, exc_info=exc)
+        # What it held is retried (the next submit starts a new publisher).
+        outbox, self._outbox = self._outbox, collections.deque()
+        for msg in outbox:
+            self._settle(msg, SinkTransientError(f"nats publisher stopped: {exc!r}"))
+
+    async def _publish_loop(self) -> None:
+        outbox = self._outbox
+        ready = self._outbox_ready
+        timeout = self.options.publish_timeout
+        while True:
+            if not outbox:
+                ready.clear()
+                await ready.wait()
+                continue
+            try:
+                client = await self._conn.ready(timeout)
+            except SinkTransientError as exc:
+                while outbox:  # retried with backoff by the base sink
+                    self._settle(outbox.popleft(), exc)
+                continue
+            while outbox:
+                await self._publish_one(client, outbox.popleft())
+
+    async def _publish_one(self, client: NatsClient, msg: OutgoingMessage) -> None:
+        """Publishes one message of the outbox and arranges for its confirmation."""
+        raise NotImplementedError
 
     def healthy(self) -> bool:
         return super().healthy() and self._conn.is_connected
@@ -400,14 +455,19 @@ class _NatsSinkBase(BaseSink[Any]):
             raise _permanent_or_transient(exc, subject) from exc
         await self._confirmed(client, subject)
 
+    def _confirm_later(self, client: NatsClient, waiter: asyncio.Future[None] | OutgoingMessage) -> None:
+        """Registers ``waiter`` for the next PING/PONG round trip (a message is settled by it)."""
+        self._flush_waiters.append(waiter)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(
+                self._flush_rounds(client), name=f"nats-flush:{self.name}"
+            )
+
     async def _confirmed(self, client: NatsClient, subject: str) -> None:
         """Waits for a PING/PONG round trip sent after this publish. Concurrent publishers share
         one round trip: a round takes every waiter registered before it starts."""
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        self._flush_waiters.append(waiter)
-        if self._flusher is None or self._flusher.done():
-            self._flusher = loop.create_task(self._flush_rounds(client), name=f"nats-flush:{self.name}")
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._confirm_later(client, waiter)
         try:
             await waiter
         except SinkTransientError as exc:
@@ -426,9 +486,11 @@ class _NatsSinkBase(BaseSink[Any]):
             if error is None and not client.is_connected:
                 error = SinkTransientError("connection lost")
             for waiter in waiters:
-                if waiter.done():
+                if isinstance(waiter, OutgoingMessage):
+                    self._settle(waiter, error)
+                elif waiter.done():
                     continue
-                if error is None:
+                elif error is None:
                     waiter.set_result(None)
                 else:
                     waiter.set_exception(error)
@@ -457,12 +519,30 @@ class NatsSink(_NatsSinkBase):
     async def _send(self, msg: OutgoingMessage) -> None:
         await self._publish_core(msg.destination, msg.body, msg.headers)
 
+    async def _publish_one(self, client: NatsClient, msg: OutgoingMessage) -> None:
+        try:
+            await client.publish(msg.destination, msg.body, headers=msg.headers)
+        except (nats.errors.Error, OSError) as exc:
+            self._settle(msg, _permanent_or_transient(exc, msg.destination))
+            return
+        self._confirm_later(client, msg)
+
 
 class JetStreamSink(_NatsSinkBase):
     """JetStream publish; acked on the stream's PubAck, deduplicated by ``Nats-Msg-Id``."""
 
     kind: ClassVar[str] = "jetstream"
     options_model: ClassVar[type[SinkOptions]] = JetStreamSinkOptions
+
+    def __init__(self, *, options: _ConnectionOptions, **kwargs: Any) -> None:
+        self._awaiting: dict[str, tuple[OutgoingMessage, float]] = {}
+        """Reply subject → the message published with it and its PubAck deadline (in publish
+        order, hence deadline order)."""
+        self._ack_seq = 0
+        self._inbox = ""
+        self._inbox_client: NatsClient | None = None
+        self._expirer: asyncio.Task[None] | None = None
+        super().__init__(options=options, **kwargs)
 
     async def _start(self) -> None:
         await super()._start()
@@ -506,13 +586,92 @@ class JetStreamSink(_NatsSinkBase):
             log.warning("sink %r: stream %r exists with subjects %s (wanted %s); left unchanged",
                         self.name, stream.name, sorted(existing), config.subjects)
 
-    async def _send(self, msg: OutgoingMessage) -> None:
+    def _js_headers(self, msg: OutgoingMessage) -> dict[str, str]:
         headers = dict(msg.headers)
         headers[MSG_ID_HEADER] = msg.event_id
         stream: StreamOptions | None = self.options.stream
         if stream is not None:
             headers["Nats-Expected-Stream"] = stream.name
-        await self._publish_js(msg.destination, msg.body, headers)
+        return headers
+
+    async def _send(self, msg: OutgoingMessage) -> None:
+        await self._publish_js(msg.destination, msg.body, self._js_headers(msg))
+
+    # ---- pipelined publishing: many publishes in flight, PubAcks on one inbox subscription --------
+
+    async def _publish_one(self, client: NatsClient, msg: OutgoingMessage) -> None:
+        prefix = self._inbox if self._inbox_client is client else await self._ack_inbox(client)
+        self._ack_seq += 1
+        reply = f"{prefix}.{self._ack_seq}"
+        self._awaiting[reply] = (msg, time.monotonic() + self.options.publish_timeout)
+        try:
+            await client.publish(msg.destination, msg.body, reply=reply, headers=self._js_headers(msg))
+        except (nats.errors.Error, OSError) as exc:
+            if self._awaiting.pop(reply, None) is not None:
+                self._settle(msg, _permanent_or_transient(exc, msg.destination))
+
+    async def _ack_inbox(self, client: NatsClient) -> str:
+        """Subscribes (once per connection) to the inbox the stream's PubAcks are sent to."""
+        prefix = client.new_inbox()
+        await client.subscribe(f"{prefix}.*", cb=self._on_puback)
+        self._inbox, self._inbox_client = prefix, client
+        if self._expirer is None or self._expirer.done():
+            self._expirer = asyncio.get_running_loop().create_task(
+                self._expire_loop(), name=f"jetstream-expire:{self.name}"
+            )
+        return prefix
+
+    async def _on_puback(self, reply: Msg) -> None:
+        entry = self._awaiting.pop(reply.subject, None)
+        if entry is None:
+            return  # already timed out (and retried: the stream drops the duplicate)
+        msg = entry[0]
+        subject = msg.destination
+        if reply.headers and reply.headers.get(nats.js.api.Header.STATUS) == "503":
+            self._settle(msg, SinkTransientError(f"jetstream: no stream answered for {subject!r}"))
+            return
+        try:
+            answer = orjson.loads(reply.data)
+        except orjson.JSONDecodeError as exc:
+            self._settle(msg, SinkTransientError(f"jetstream: unreadable PubAck for {subject!r}: {exc}"))
+            return
+        error = answer.get("error") if isinstance(answer, dict) else None
+        if error is not None:
+            try:
+                nats.js.errors.APIError.from_error(error)  # raises the error's own class
+            except nats.js.errors.APIError as api_error:
+                self._settle(msg, _permanent_or_transient(api_error, subject))
+            else:
+                self._settle(msg, SinkTransientError(f"jetstream: error for {subject!r}: {error!r}"))
+            return
+        if answer.get("duplicate"):
+            log.debug("sink %r: %s already stored (seq %s)", self.name, msg.event_id, answer.get("seq"))
+        self._settle(msg, None)
+
+    async def _expire_loop(self) -> None:
+        """Fails publishes whose PubAck did not come within ``publish_timeout`` (retried with the
+        same ``Nats-Msg-Id``, so a PubAck that was merely lost does not store the message twice)."""
+        awaiting = self._awaiting
+        timeout = self.options.publish_timeout
+        while True:
+            await asyncio.sleep(min(0.25, timeout / 4))
+            now = time.monotonic()
+            while awaiting:
+                reply = next(iter(awaiting))
+                msg, deadline = awaiting[reply]
+                if deadline > now:
+                    break
+                del awaiting[reply]
+                self._settle(msg, SinkTransientError(
+                    f"jetstream: no PubAck for {msg.destination!r} within {timeout}s"))
+
+    async def _close(self) -> None:
+        expirer, self._expirer = self._expirer, None
+        if expirer is not None:
+            expirer.cancel()
+            await asyncio.gather(expirer, return_exceptions=True)
+        self._awaiting.clear()
+        await super()._close()
 
 
 class NatsDeadLetter:
