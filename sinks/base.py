@@ -297,12 +297,13 @@ class BaseSink(Generic[O]):
         client can pipeline (a producer's delivery reports, a publish followed by a shared
         confirmation) override this and never create a task per message."""
         self._ready.append(msg)
-        if (
-            len(self._ready) > self._workers - self._sending
-            and self._workers < self.options.max_in_flight
-        ):
+        if len(self._ready) > self._workers - self._sending and self._workers < self._max_senders():
             self._workers += 1
             self._spawn(self._work(), "sender")
+
+    def _max_senders(self) -> int:
+        """How many ``_send`` calls may run at once (default: the whole in-flight window)."""
+        return self.options.max_in_flight
 
     async def _on_flush(self) -> None:
         """Called by ``flush`` after the in-flight window drained (e.g. fsync)."""

@@ -180,7 +180,7 @@ class WebhookOptions(SinkOptions):
 class _Pending:
     __slots__ = ("future", "msg", "url")
 
-    def __init__(self, msg: OutgoingMessage, url: str, future: asyncio.Future[None]) -> None:
+    def __init__(self, msg: OutgoingMessage, url: str, future: asyncio.Future[None] | None) -> None:
         self.msg = msg
         self.url = url
         self.future = future
@@ -262,8 +262,19 @@ class WebhookSink(BaseSink[WebhookOptions]):
         queue = self._queue
         while queue is not None and not queue.empty():
             pending = queue.get_nowait()
-            if not pending.future.done():
-                pending.future.set_exception(SinkTransientError(f"webhook batcher stopped: {exc!r}"))
+            self._resolve(pending, SinkTransientError(f"webhook batcher stopped: {exc!r}"))
+
+    def _resolve(self, pending: _Pending, error: BaseException | None) -> None:
+        """Reports one batched message's outcome (to its waiter, or to the base sink)."""
+        fut = pending.future
+        if fut is None:
+            self._settle(pending.msg, error)
+        elif fut.done():
+            return
+        elif error is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(error)
 
     def _sanitize(self, value: str) -> str:
         return sanitize_url_segment(value)
@@ -275,6 +286,22 @@ class WebhookSink(BaseSink[WebhookOptions]):
         return base.rstrip("/") + "/" + msg.destination.lstrip("/")
 
     # ---- sending --------------------------------------------------------------------------------
+
+    def _max_senders(self) -> int:
+        return self.options.connections  # more would only wait for a connection slot
+
+    def _submit(self, msg: OutgoingMessage) -> None:
+        """In batch mode, straight into the batcher's queue (no task per event); otherwise the base
+        sink's sender tasks post one event each."""
+        queue = self._queue
+        if queue is not None and self._session is not None:
+            try:
+                queue.put_nowait(_Pending(msg, self._url(msg), None))
+            except asyncio.QueueFull:
+                pass
+            else:
+                return
+        super()._submit(msg)
 
     async def _send(self, msg: OutgoingMessage) -> None:
         if self._session is None:
@@ -345,22 +372,19 @@ class WebhookSink(BaseSink[WebhookOptions]):
 
     async def _post_batch(self, url: str, items: list[_Pending]) -> None:
         try:
-            live = [p for p in items if not p.future.done()]
+            live = [p for p in items if p.future is None or not p.future.done()]
             if not live:
                 return
             body = b"[" + b",".join(p.msg.body for p in live) + b"]"
             batch_format = self.options.batch.format
             ctype = BATCH_CONTENT_TYPE if batch_format == "cloudevents-batch" else "application/json"
+            error: BaseException | None = None
             try:
                 await self._post(url, {"content-type": ctype}, body)
             except Exception as exc:
-                for p in live:
-                    if not p.future.done():
-                        p.future.set_exception(exc)
-                return
+                error = exc
             for p in live:
-                if not p.future.done():
-                    p.future.set_result(None)
+                self._resolve(p, error)
         finally:
             self._slots.release()
 

@@ -358,3 +358,140 @@ async def test_old_object_is_redacted_too_in_object_and_old_and_merge_patch() ->
         assert b"bmV3" not in msg.body
         assert b"b2xk" not in msg.body
         await sink.close()
+
+
+class PipelinedSink(BaseSink[SinkOptions]):
+    """A sink that pipelines like the Kafka and NATS sinks: ``_submit`` records the attempt and the
+    test settles it whenever it likes (the destination's confirmation)."""
+
+    kind = "pipelined"
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.submitted: list[tuple[str, int]] = []
+        self.open: dict[str, OutgoingMessage] = {}
+
+    def _submit(self, msg: OutgoingMessage) -> None:
+        label = msg.event.name or msg.event.type.value
+        label = f"{label}@{msg.event.resource_version}" if msg.event.obj is not None else label
+        self.submitted.append((label, msg.attempts))
+        self.open[label] = msg
+
+    def confirm(self, label: str, error: BaseException | None = None) -> None:
+        self._settle(self.open.pop(label), error)
+
+
+def pipelined(clock: FakeClock | None = None, **opts: Any) -> PipelinedSink:
+    options = SinkOptions.from_mapping("pipe", {"retry": {"initial": 1.0, "max": 1.0, "jitter": 0.0}, **opts})
+    return PipelinedSink(name="pipe", options=options, clock=clock, rng=lambda: 0.5)
+
+
+async def test_pipelined_submit_keeps_per_object_order_without_a_task_per_event() -> None:
+    clock = FakeClock()
+    sink = pipelined(clock)
+    acks = Acks()
+    tasks_before = len(asyncio.all_tasks())
+    for rv in ("1", "2", "3"):
+        for name in ("a", "b"):
+            await sink.deliver(event(EventType.UPDATED, obj(name, rv=rv), old=obj(name, rv="0", spec=rv)),
+                               acks.cb(f"{name}@{rv}"))
+    # One attempt in flight per object, submitted synchronously: no task was created for them.
+    assert sink.submitted == [("a@1", 1), ("b@1", 1)]
+    assert len(asyncio.all_tasks()) == tasks_before
+    assert sink.stats.in_flight == 6
+    sink.confirm("b@1")
+    assert sink.submitted[-1] == ("b@2", 1)  # the object's next event starts at once
+    sink.confirm("a@1", SinkTransientError("broker busy"))
+    assert acks.outcomes == [("b@1", DeliveryOutcome.DELIVERED)]
+    assert not sink.healthy()
+    sink.confirm("b@2")
+    sink.confirm("b@3")
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert clock.next_deadline() == pytest.approx(clock.now() + 1.0)
+    await clock.advance(1.0)
+    assert sink.submitted[-1] == ("a@1", 2)  # retried first: a@2 is still waiting behind it
+    sink.confirm("a@1")
+    sink.confirm("a@2")
+    sink.confirm("a@3")
+    assert await sink.flush(1)
+    assert [label for label, _ in acks.outcomes] == ["b@1", "b@2", "b@3", "a@1", "a@2", "a@3"]
+    assert sink.healthy()
+    assert sink.stats.retries == 1
+    await sink.close()
+
+
+async def test_pipelined_outcome_reported_twice_acks_once() -> None:
+    sink = pipelined()
+    acks = Acks()
+    await sink.deliver(event(EventType.ADDED, obj("a")), acks.cb("a"))
+    msg = sink.open["a@1"]
+    sink.confirm("a@1")
+    sink._settle(msg, None)
+    sink._settle(msg, SinkPermanentError("late report"))
+    assert acks.outcomes == [("a", DeliveryOutcome.DELIVERED)]
+    assert sink.stats.as_dict()["delivered"] == 1
+    assert sink.stats.in_flight == 0
+    await sink.close()
+
+
+async def test_pipelined_markers_wait_for_everything_before_and_hold_everything_after() -> None:
+    sink = pipelined()
+    acks = Acks()
+    snap = SnapshotInfo(id="s", resource_version="9")
+    await sink.deliver(event(EventType.ADDED, obj("a")), acks.cb("a"))
+    await sink.deliver(marker(EventType.SNAPSHOT_BEGIN, snap), acks.cb("begin"))
+    await sink.deliver(event(EventType.SYNC, obj("b"), snapshot=snap), acks.cb("b"))
+    await sink.deliver(marker(EventType.SNAPSHOT_END, snap), acks.cb("end"))
+    await sink.deliver(event(EventType.ADDED, obj("c")), acks.cb("c"))
+    assert [label for label, _ in sink.submitted] == ["a@1"]
+    sink.confirm("a@1")
+    assert [label for label, _ in sink.submitted] == ["a@1", "snapshot.begin"]
+    sink.confirm("snapshot.begin")
+    assert [label for label, _ in sink.submitted] == ["a@1", "snapshot.begin", "b@1"]
+    sink.confirm("b@1")
+    sink.confirm("snapshot.end")
+    assert [label for label, _ in sink.submitted][-1] == "c@1"
+    sink.confirm("c@1")
+    assert await sink.flush(1)
+    assert [label for label, _ in acks.outcomes] == ["a", "begin", "b", "end", "c"]
+    await sink.close()
+
+
+async def test_submit_raising_counts_as_the_attempt(tmp_path: Path) -> None:
+    class Refusing(PipelinedSink):
+        def _submit(self, msg: OutgoingMessage) -> None:
+            raise SinkPermanentError("record too large")
+
+    options = SinkOptions.from_mapping("r", {"dead_letter": {"kind": "file", "target": str(tmp_path / "dl")}})
+    sink = Refusing(name="r", options=options)
+    await sink.start()
+    acks = Acks()
+    await sink.deliver(event(EventType.ADDED, obj("a")), acks.cb("a"))
+    assert await sink.flush(5)
+    assert acks.outcomes == [("a", DeliveryOutcome.DEAD_LETTERED)]
+    assert orjson.loads((tmp_path / "dl").read_bytes())["reason"] == "record too large"
+    await sink.close()
+
+
+async def test_sender_tasks_are_capped_and_reused() -> None:
+    class TwoAtATime(RecordingSink):
+        def _max_senders(self) -> int:
+            return 2
+
+    options = SinkOptions.from_mapping("two", {"max_in_flight": 10})
+    sink = TwoAtATime(name="two", options=options)
+    sink.gate = asyncio.Event()
+    acks = Acks()
+    for name in "abcdef":
+        await sink.deliver(event(EventType.ADDED, obj(name)), acks.cb(name))
+    await asyncio.sleep(0.01)
+    assert sink.attempts == ["a", "b"]  # two senders, both waiting on the gate
+    senders = [t for t in asyncio.all_tasks() if t.get_name() == "sink:two:sender"]
+    assert len(senders) == 2
+    sink.gate.set()
+    assert await sink.flush(5)
+    assert sorted(label for label, _ in acks.outcomes) == list("abcdef")
+    assert sorted(sink.attempts) == list("abcdef")
+    assert [t for t in asyncio.all_tasks() if t.get_name() == "sink:two:sender"] == []
+    await sink.close()

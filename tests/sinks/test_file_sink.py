@@ -99,3 +99,33 @@ async def test_stdout_sink_writes_lines_and_filters() -> None:
     assert ce["finalstateunknown"] == "true"
     assert ce["subject"] == "default/a"
     await sink.close()
+
+
+async def test_each_ack_comes_after_its_line_is_in_the_file_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    sink = FileSink.from_options("f", {"path": str(path), "max_in_flight": 16})
+    await sink.start()
+    seen_at_ack: list[int] = []
+    expected: list[str] = []
+
+    def ack_for(rv: str):  # type: ignore[no-untyped-def]
+        def ack(outcome: DeliveryOutcome) -> None:
+            assert outcome is DeliveryOutcome.DELIVERED
+            versions = [orjson.loads(line)["resourceversion"] for line in path.read_bytes().splitlines()]
+            seen_at_ack.append(versions.index(rv))  # the acked line is already readable
+
+        return ack
+
+    for n in range(100):
+        rv = str(n + 1)
+        expected.append(rv)
+        o = obj(f"o{n % 7}", rv=rv)
+        await sink.deliver(event(EventType.UPDATED, o, old=obj(f"o{n % 7}", rv="0", spec=n)), ack_for(rv))
+    assert await sink.flush(5)
+    assert len(seen_at_ack) == 100
+    lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    assert len(lines) == 100
+    for name in {f"o{n % 7}" for n in range(100)}:  # each object's events in delivery order
+        mine = [int(ce["resourceversion"]) for ce in lines if ce["name"] == name]
+        assert mine == sorted(mine)
+    await sink.close()

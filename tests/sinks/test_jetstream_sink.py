@@ -202,3 +202,28 @@ def test_stream_options_are_validated() -> None:
         JetStreamSink.from_options("j", {"servers": servers, "stream": {"name": "a.b"}})
     with pytest.raises(SinkConfigError, match=r"stream\.storage"):
         JetStreamSink.from_options("j", {"servers": servers, "stream": {"name": "S", "storage": "disk"}})
+
+
+async def test_lost_puback_times_out_and_is_retried_with_the_same_msg_id(nats_server: NatsServer) -> None:
+    # A responder in place of a stream: it swallows the first publish (its PubAck is "lost") and
+    # acknowledges the retry.
+    nc = await nats.connect(nats_server.url)
+    seen: list[tuple[str, str]] = []
+
+    async def respond(msg: Any) -> None:
+        seen.append((msg.subject, msg.headers["Nats-Msg-Id"]))
+        if len(seen) > 1:
+            await msg.respond(b'{"stream":"FAKE","seq":1}')
+
+    await nc.subscribe("k8s.pods.default.*", cb=respond)
+    await nc.flush()
+    sink = make_sink(nats_server.url, publish_timeout=0.3, retry={"initial": 0.01, "max": 0.01})
+    await sink.start()
+    acks = Acks()
+    ev = event(EventType.ADDED, obj("web-0", uid="u-w"))
+    await sink.deliver(ev, acks.cb("web-0"))
+    assert await sink.flush(5)
+    await nc.close()
+    assert acks.outcomes == [("web-0", DeliveryOutcome.DELIVERED)]
+    assert seen == [("k8s.pods.default.web-0", event_id(ev))] * 2
+    assert sink.stats.retries == 1
