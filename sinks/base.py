@@ -8,14 +8,24 @@
    (structured or binary with the sink's header prefix), key and destination template;
 3. admission into a bounded in-flight window (``max_in_flight``): ``deliver`` blocks while it is full,
    which is the backpressure the bridge's per-sink buffer applies its overflow policy to;
-4. hand-off to the event's *lane*: one FIFO per object (resource + namespace/name), drained by its own
-   short-lived task, so one object's events are sent strictly in order while different objects
-   proceed concurrently, and one object stuck in retries holds back nothing but itself;
-5. ``await self._send(msg)`` (the subclass), retried with exponential backoff and jitter on
-   :class:`SinkTransientError` (honouring ``retry_after``); :class:`SinkPermanentError`, or giving up
-   after ``retry.max_attempts`` / ``retry.max_elapsed``, sends the message to the dead-letter
-   destination with the reason and acks ``DEAD_LETTERED`` (``DROPPED`` when there is none);
-6. ``ack(DELIVERED)`` once ``_send`` returned, i.e. once the destination confirmed it.
+4. hand-off to the event's *lane*: one FIFO per object (resource + namespace/name). Only a lane's
+   head is being sent; the next event of that object starts when the head is settled, so one
+   object's events are sent strictly in order while different objects proceed concurrently, and one
+   object stuck in retries holds back nothing but itself;
+5. one *attempt* per send: :meth:`BaseSink._submit` starts it without waiting and the outcome comes
+   back through :meth:`BaseSink._settle`. Sinks whose client pipelines override ``_submit`` (Kafka:
+   ``produce`` + delivery report; NATS: publish + a shared PING/PONG round; JetStream: publish +
+   PubAck on one inbox; file: lines written once per loop turn) so no task exists per event. The
+   default ``_submit`` hands the message to a small pool of sender tasks that ``await self._send(msg)``
+   (the subclass) one message after the other; the pool grows up to ``_max_senders()`` while
+   messages wait and shrinks to nothing when idle;
+6. outcomes: :class:`SinkTransientError` is retried with exponential backoff and jitter (honouring
+   ``retry_after``) by re-submitting the same message after a sleep on the injected clock;
+   :class:`SinkPermanentError`, any other exception, or giving up after ``retry.max_attempts`` /
+   ``retry.max_elapsed`` sends the message to the dead-letter destination with the reason and acks
+   ``DEAD_LETTERED`` (``DROPPED`` when there is none); success acks ``DELIVERED``, i.e. once the
+   destination confirmed it. Every event is acked exactly once: a report for a message with no
+   attempt under way (a duplicate) is ignored, and after ``close`` nothing more is acked.
 
 Snapshot markers (events without an object) are *barriers*: a ``snapshot.begin`` / ``snapshot.end``
 is sent only after every event accepted before it, and events accepted after it wait for it, so a
