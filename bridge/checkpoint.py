@@ -78,6 +78,10 @@ class Checkpoint:
     written_at: float = 0.0
     """Wall-clock seconds when the checkpoint was taken."""
     format_version: int = FORMAT_VERSION
+    ahead: Mapping[str, tuple[str, str, bool]] = field(default_factory=dict)
+    """Objects whose acknowledged changes go beyond ``resource_version``: key → (uid,
+    resourceVersion, deleted) of the newest one. A resumed watch replays them; they are applied to
+    the cache but not sent again."""
 
 
 class CheckpointStore(Protocol):
@@ -134,6 +138,7 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
             "resource_version": checkpoint.resource_version,
             "written_at": checkpoint.written_at,
             "objects": {k: [v[0], v[1]] for k, v in checkpoint.objects.items()},
+            "ahead": {k: [v[0], v[1], v[2]] for k, v in checkpoint.ahead.items()},
         }
     )
     header = b"%s %d %d %s" % (_MAGIC, FORMAT_VERSION, len(body), hashlib.sha256(body).hexdigest().encode())
@@ -162,12 +167,14 @@ def decode_checkpoint(data: bytes, expected_id: str | None = None) -> Checkpoint
     try:
         doc: Any = orjson.loads(body)
         objects = {str(k): (str(v[0]), str(v[1])) for k, v in doc["objects"].items()}
+        ahead = {str(k): (str(v[0]), str(v[1]), bool(v[2])) for k, v in (doc.get("ahead") or {}).items()}
         cp = Checkpoint(
             informer_id=str(doc["informer_id"]),
             resource_version=str(doc["resource_version"]),
             objects=objects,
             written_at=float(doc["written_at"]),
             format_version=version,
+            ahead=ahead,
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise CheckpointCorruptError(f"checkpoint body is malformed: {exc}") from exc

@@ -434,12 +434,15 @@ class BridgePipeline:
             on_event=self._on_event,
             resource_version=checkpoint.resource_version if checkpoint else "",
             index=checkpoint.objects if checkpoint else None,
+            ahead=checkpoint.ahead if checkpoint else None,
         )
         informer = self._make_informer(watched, tracker)
         inf = _Informer(watched=watched, informer=informer, tracker=tracker, corrupt_checkpoint=corrupt)
         if checkpoint is not None:
+            delivered = {key: (int(rv), deleted) for key, (_uid, rv, deleted) in checkpoint.ahead.items()
+                         if rv.isdigit()}
             informer.resume_from(stub_objects(watched.ref, checkpoint.objects),
-                                 checkpoint.resource_version)
+                                 checkpoint.resource_version, delivered)
             inf.resumed = True
             inf.resume_rv = checkpoint.resource_version
             inf.saved_rv = checkpoint.resource_version
@@ -572,7 +575,7 @@ class BridgePipeline:
             if not rv:
                 continue
             cp = Checkpoint(informer_id=ident, resource_version=rv, objects=index,
-                            written_at=self._clock.wall())
+                            written_at=self._clock.wall(), ahead=tracker.delivered_ahead())
             try:
                 await self._store.save(cp)
             except CheckpointError as exc:

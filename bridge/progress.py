@@ -41,12 +41,16 @@ from bridge.contracts import (
     ObjectKey,
 )
 
-__all__ = ["AckTracker", "IndexEntry", "object_key"]
+__all__ = ["AckTracker", "AheadEntry", "IndexEntry", "object_key"]
 
 log = logging.getLogger(__name__)
 
 IndexEntry = tuple[str, str]
 """``(uid, resourceVersion)`` of one object in the acked index."""
+
+AheadEntry = tuple[str, str, bool]
+"""``(uid, resourceVersion, deleted)``: the newest acknowledged change of an object that is newer
+than the resume point (checkpointed so a resume does not notify it again)."""
 
 
 def object_key(obj: KubeObject | DeletedFinalStateUnknown) -> ObjectKey:
@@ -86,6 +90,7 @@ class AckTracker:
         name: str = "",
         resource_version: str = "",
         index: Mapping[str, IndexEntry] | None = None,
+        ahead: Mapping[str, AheadEntry] | None = None,
     ) -> None:
         self.name = name
         self._resource_version = resource_version
@@ -93,6 +98,10 @@ class AckTracker:
         # key → changes applied but newer than the resume point, in application order:
         # (resourceVersion as int, entry or None for a delete).
         self._ahead: dict[str, list[tuple[int, IndexEntry | None]]] = {}
+        for key, (uid, rv, deleted) in (ahead or {}).items():
+            rv_int = _as_int(rv)
+            if rv_int is not None:
+                self._ahead[key] = [(rv_int, None if deleted else (uid, rv))]
         self._rv_int = _as_int(resource_version)
         # seq → notification still owed by some listener, or acked but behind an unacked one.
         self._window: collections.OrderedDict[int, _InFlight] = collections.OrderedDict()
@@ -187,6 +196,20 @@ class AckTracker:
 
         ``""`` means no resume point is known yet (nothing should be checkpointed)."""
         return self._resource_version, dict(self._index)
+
+    def delivered_ahead(self) -> dict[str, AheadEntry]:
+        """Per object, the newest acknowledged change that the resume point does not cover yet.
+
+        A watch resumed at the checkpoint's resourceVersion replays these changes; the informer
+        uses this map (:meth:`~bridge.shared_informer.SharedIndexInformer.resume_from`) to update
+        its cache with them without notifying the sinks a second time."""
+        out: dict[str, AheadEntry] = {}
+        for key, changes in self._ahead.items():
+            rv, entry = changes[-1]
+            if rv < 0:
+                continue
+            out[key] = (entry[0], str(rv), False) if entry is not None else ("", str(rv), True)
+        return out
 
     @property
     def resource_version(self) -> str:

@@ -45,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
 from bridge.clock import Clock
@@ -61,6 +61,7 @@ from bridge.contracts import (
     Notification,
     NotificationHandler,
     NotificationKind,
+    ObjectKey,
     TransformFunc,
 )
 from bridge.delta_fifo import Delta, DeltaFIFO, Deltas, DeltaType, FIFOClosedError, ResourceVersionMarker
@@ -178,6 +179,9 @@ class SharedIndexInformer:
         self._tasks: list[asyncio.Task[None]] = []
         self._pop_task: asyncio.Task[None] | None = None
         self._reflector_task: asyncio.Task[None] | None = None
+        self._delivered: dict[str, tuple[int, bool]] = {}
+        self.suppressed_replays = 0
+        """Changes replayed after a resume that had been delivered already (not notified again)."""
         self._lock = asyncio.Lock()
         self._processing_initial = False
         self._processed = asyncio.Event()
@@ -205,12 +209,23 @@ class SharedIndexInformer:
         """Adds named indices, backfilled from the current cache (allowed at any time)."""
         self._indexer.add_indexers(indexers)
 
-    def resume_from(self, objects: Sequence[KubeObject], resource_version: str) -> None:
+    def resume_from(
+        self,
+        objects: Sequence[KubeObject],
+        resource_version: str,
+        delivered: Mapping[str, tuple[int, bool]] | None = None,
+    ) -> None:
         """Seeds the cache from a checkpoint (objects may be metadata-only stubs) and makes the
         first watch start at ``resource_version`` without listing. Call before :meth:`run`.
 
         Handlers registered before start are not told about the seeded objects (they were delivered
         before the checkpoint); a later relist reports only what changed meanwhile.
+
+        ``delivered`` (key → (resourceVersion, deleted)) names objects whose changes up to a newer
+        resourceVersion than the checkpoint's were already delivered and acknowledged: the cache
+        takes those changes again as the watch replays them, but nobody is notified twice. It keeps
+        the re-sent events after a crash within what was in flight, even when the checkpoint's
+        resourceVersion lagged behind a backlog.
         """
         if self._started:
             raise InformerStartedError(f"informer {self.name!r}: resume_from after start")
@@ -220,6 +235,32 @@ class SharedIndexInformer:
             self._indexer.add(obj)
         self._resume_rv = resource_version
         self._last_progress_rv = resource_version
+        self._delivered = dict(delivered or {})
+
+    def _already_delivered(self, delta: Delta, key: ObjectKey) -> bool:
+        """True when ``delta`` only repeats a change delivered before the restart (see
+        :meth:`resume_from`); the key's entry is dropped once the changes move past it."""
+        mark = self._delivered.get(key)
+        if mark is None:
+            return False
+        delivered_rv, deleted = mark
+        obj = delta.object
+        if isinstance(obj, DeletedFinalStateUnknown):
+            del self._delivered[key]
+            return deleted  # a relist found it gone: consumers already saw the delete, or must now
+        try:
+            rv = int(_meta(obj).get("resourceVersion") or "")
+        except ValueError:
+            del self._delivered[key]
+            return False
+        if rv <= delivered_rv:
+            return True
+        del self._delivered[key]
+        if deleted and delta.type is not DeltaType.DELETED:
+            # Re-created after a delete consumers already saw: forget the stale cached state so this
+            # is reported as a plain add, not a second delete of the old object.
+            self._indexer.delete_key(key)
+        return False
 
     # ---------------------------------------------------------------------------------------------
     # handlers
@@ -392,6 +433,14 @@ class SharedIndexInformer:
     async def _handle_delta(self, delta: Delta, is_in_initial_list: bool) -> None:
         obj = delta.object
         distribute = self._processor.distribute
+        if self._delivered and self._already_delivered(delta, self._key_func(obj)):
+            if delta.type is DeltaType.DELETED:
+                self._indexer.delete(obj)
+            else:
+                assert not isinstance(obj, DeletedFinalStateUnknown)
+                self._indexer.update(obj)
+            self.suppressed_replays += 1
+            return
         if delta.type is DeltaType.DELETED:
             self._indexer.delete(obj)
             await distribute(

@@ -113,3 +113,12 @@ async def test_directory_that_is_a_file_fails_cleanly(tmp_path: Path) -> None:
     store = FileCheckpointStore(directory=tmp_path / "f")
     with pytest.raises(CheckpointStoreError, match="cannot write"):
         await store.save(CP)
+
+
+def test_roundtrip_keeps_the_delivered_ahead_map() -> None:
+    cp = Checkpoint(informer_id="pods.default.abc", resource_version="42",
+                    objects={"default/a": ("u1", "40")},
+                    ahead={"default/a": ("u1", "45", False), "default/b": ("", "44", True)})
+    back = decode_checkpoint(encode_checkpoint(cp))
+    assert back.ahead == {"default/a": ("u1", "45", False), "default/b": ("", "44", True)}
+    assert back == cp

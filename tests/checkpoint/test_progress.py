@@ -189,3 +189,26 @@ def test_inferred_deletes_are_recognised() -> None:
     for seq in range(7):
         t.acked("k", seq)
     assert not t.is_unobserved_delete(0)  # forgotten once acknowledged
+
+
+def test_delivered_ahead_names_acked_changes_beyond_the_resume_point() -> None:
+    t = AckTracker(resource_version="5", index={"default/a": ("uid-a", "5"), "default/b": ("uid-b", "4")})
+    t.dispatched(n(UPDATE, obj("a", "7"), 0), ["k"])
+    t.dispatched(n(DELETE, obj("b", "8"), 1), ["k"])
+    t.progress(2, "6")  # an older marker: the key of a is ahead of it
+    t.acked("k", 0)
+    t.acked("k", 1)
+    assert t.checkpoint_state() == ("6", {"default/a": ("uid-a", "5"), "default/b": ("uid-b", "4")})
+    assert t.delivered_ahead() == {"default/a": ("uid-a", "7", False), "default/b": ("", "8", True)}
+    t.progress(3, "8")
+    assert t.checkpoint_state() == ("8", {"default/a": ("uid-a", "7")})
+    assert t.delivered_ahead() == {}
+
+
+def test_seeded_ahead_entries_fold_in_when_a_marker_covers_them() -> None:
+    t = AckTracker(resource_version="5", index={"default/a": ("uid-a", "5")},
+                   ahead={"default/a": ("uid-a", "9", False)})
+    assert t.delivered_ahead() == {"default/a": ("uid-a", "9", False)}
+    t.progress(0, "9")
+    assert t.checkpoint_state() == ("9", {"default/a": ("uid-a", "9")})
+    assert t.delivered_ahead() == {}
