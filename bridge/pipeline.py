@@ -32,7 +32,7 @@ import collections
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,27 +135,40 @@ class SinkListener:
                 return [self._event(EventType.DELETED, n.obj.obj, final_state_unknown=True)]
             inferred = self._tracker is not None and self._tracker.is_unobserved_delete(n.seq)
             return [self._event(EventType.DELETED, n.obj, final_state_unknown=inferred)]
+        _, events = self._snapshot_events(n)
+        return list(events)
+
+    def _snapshot_events(self, n: Notification) -> tuple[int, Iterator[ChangeEvent]]:
+        """The framed snapshot as a count and a lazy stream: a snapshot of a compact cache decodes
+        each object only when its event is handed to the sink, never the whole cache at once."""
         objects = n.snapshot or []
         sid = f"{self._snapshot_prefix}:{n.resource_version or '0'}:{uuid.uuid4().hex[:12]}"
         info = SnapshotInfo(id=sid, resource_version=n.resource_version)
-        events = [self._event(EventType.SNAPSHOT_BEGIN, None, snapshot=info)]
-        events.extend(self._event(EventType.SYNC, obj, snapshot=info) for obj in objects)
         end = SnapshotInfo(id=sid, resource_version=n.resource_version, count=len(objects))
-        events.append(self._event(EventType.SNAPSHOT_END, None, snapshot=end))
-        return events
+
+        def stream() -> Iterator[ChangeEvent]:
+            yield self._event(EventType.SNAPSHOT_BEGIN, None, snapshot=info)
+            for obj in objects:
+                yield self._event(EventType.SYNC, obj, snapshot=info)
+            yield self._event(EventType.SNAPSHOT_END, None, snapshot=end)
+
+        return len(objects) + 2, stream()
 
     async def handle(self, notification: Notification, ack: AckFunc) -> None:
         self.stats.notifications += 1
-        events = self.events_for(notification)
-        if not events:
-            self.stats.resync_skipped += 1
-            ack()
-            return
+        events: Iterable[ChangeEvent]
         if notification.kind is NotificationKind.SNAPSHOT:
             self.stats.snapshots += 1
-        remaining = len(events)
+            remaining, events = self._snapshot_events(notification)
+        else:
+            listed = self.events_for(notification)
+            if not listed:
+                self.stats.resync_skipped += 1
+                ack()
+                return
+            remaining, events = len(listed), listed
         # Guards against a sink acking one event twice: only the first ack of each event counts.
-        done = [False] * len(events)
+        done = [False] * remaining
 
         def event_ack(i: int) -> Callable[[DeliveryOutcome], None]:
             def _ack(outcome: DeliveryOutcome) -> None:
