@@ -182,3 +182,33 @@ async def test_unknown_resource_is_reported_and_others_keep_running(tmp_path: Pa
         finally:
             service.stop_event.set()
             await task
+
+
+async def test_snapshot_on_demand_through_the_endpoint_and_the_cli(tmp_path: Path, hook: Hook) -> None:
+    from bridge.cli import main as cli_main
+
+    async with Simulator() as sim:
+        for i in range(3):
+            sim.store.create("pods", make_pod(f"p{i}", "default"))
+        service = BridgeService(config=config(sim, tmp_path, hook))
+        task = asyncio.create_task(service.run(), name="service-under-test")
+        events = tmp_path / "events.jsonl"
+        try:
+            await eventually(lambda: service.readiness().ready, what="readiness")
+            await eventually(lambda: len(lines(events)) == 3, what="the three adds")
+            url = f"http://127.0.0.1:{service.health.port}"
+            code = await asyncio.to_thread(cli_main, ["snapshot", "--url", url, "--resource", "pods"])
+            assert code == 0
+            await eventually(lambda: len(lines(events)) == 3 + 5, what="begin, 3 syncs, end")
+            snap = lines(events)[3:]
+            assert [e["type"].removeprefix("io.kube-event-bridge.") for e in snap] == [
+                "snapshot.begin", "sync", "sync", "sync", "snapshot.end"]
+            assert sorted(e["subject"] for e in snap[1:4]) == ["default/p0", "default/p1", "default/p2"]
+            assert snap[-1]["snapshotcount"] in (3, "3")
+            async with aiohttp.ClientSession() as s, s.post(f"{url}/snapshot",
+                                                            params={"resource": "nope"}) as r:
+                assert r.status == 404
+            assert await asyncio.to_thread(cli_main, ["snapshot", "--url", "http://127.0.0.1:1"]) == 1
+        finally:
+            service.stop_event.set()
+            await task
