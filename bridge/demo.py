@@ -64,6 +64,7 @@ async def _demo(*, duration: float, rate: float, objects: int, output: Path, qui
         async with Simulator() as sim:
             kubeconfig = sim.write_kubeconfig(Path(tmp) / "kubeconfig")
             churn = ChurnGenerator(store=sim.store, rate=rate, objects=objects, object_size=1500,
+                                   mix="create=3,update=5,delete=2",
                                    namespaces=NAMESPACES, seed=seed)
             created = churn.prefill()
             _say(f"simulator at {sim.url} with {created} pods (kubeconfig: {kubeconfig})")
