@@ -517,8 +517,14 @@ class BaseSink(Generic[O]):
                 self._sending += 1
                 try:
                     await self._send(msg)
+                except asyncio.CancelledError as exc:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise  # the sink is closing: the message stays unacked
+                    # A client cancelling its own internals must not strand the message.
+                    error: BaseException | None = SinkTransientError(f"send cancelled: {exc!r}")
                 except Exception as exc:
-                    error: BaseException | None = exc
+                    error = exc
                 else:
                     error = None
                 finally:

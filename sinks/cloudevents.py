@@ -97,17 +97,33 @@ def event_id(event: ChangeEvent, metadata: Mapping[str, Any] | None = None) -> s
     return hashlib.sha256(raw).hexdigest()[:32]
 
 
+_sources: dict[tuple[str, str, str, str], str] = {}
+_SOURCES_MAX = 4096
+"""Rendered ``source`` values by (cluster, group, version, resource): a handful in practice."""
+
+
 def event_source(event: ChangeEvent) -> str:
     res = event.resource
-    if res.group:
-        return f"/clusters/{event.cluster}/apis/{res.group}/{res.version}/{res.resource}"
-    return f"/clusters/{event.cluster}/api/{res.version}/{res.resource}"
+    key = (event.cluster, res.group, res.version, res.resource)
+    source = _sources.get(key)
+    if source is None:
+        if res.group:
+            source = f"/clusters/{event.cluster}/apis/{res.group}/{res.version}/{res.resource}"
+        else:
+            source = f"/clusters/{event.cluster}/api/{res.version}/{res.resource}"
+        if len(_sources) >= _SOURCES_MAX:
+            _sources.clear()
+        _sources[key] = source
+    return source
+
+
+_NATIVE_TYPES: Final = {t: NATIVE_TYPE_PREFIX + t.value for t in EventType}
 
 
 def event_type(event: ChangeEvent, compat: Compat = "native") -> str:
     if compat == "knative" and event.type in _KNATIVE_TYPES:
         return KNATIVE_TYPE_PREFIX + _KNATIVE_TYPES[event.type]
-    return NATIVE_TYPE_PREFIX + event.type.value
+    return _NATIVE_TYPES[event.type]
 
 
 _second_cache: tuple[int, str] = (-1, "")
@@ -168,7 +184,7 @@ def to_cloudevent(
     res = event.resource
     ce["cluster"] = event.cluster
     ce["kind"] = res.kind
-    ce["apiversion"] = res.api_version
+    ce["apiversion"] = f"{res.group}/{res.version}" if res.group else res.version
     if has_obj:
         if namespace:
             ce["namespace"] = namespace
@@ -183,10 +199,11 @@ def to_cloudevent(
         ce["snapshotrv"] = snap.resource_version
         if snap.count is not None:
             ce["snapshotcount"] = str(snap.count)
-    for key, value in event.extensions.items():
-        name = _EXT_NAME.sub("", key.lower())
-        if name and name not in ce:
-            ce[name] = str(value)
+    if event.extensions:
+        for key, value in event.extensions.items():
+            ext = _EXT_NAME.sub("", key.lower())
+            if ext and ext not in ce:
+                ce[ext] = str(value)
     ce["data"] = event.obj if data is _MISSING else data
     return ce
 

@@ -139,7 +139,7 @@ class FileSink(BaseSink[FileSinkOptions]):
         """Writes the batch (rotating where a line crosses ``rotate_bytes``), then settles it."""
         if self._closed:
             return  # left unacked, as close promises
-        error: SinkTransientError | None = None
+        error: Exception | None = None
         try:
             if self._fh is None:
                 self._fh = self._open()
@@ -165,8 +165,10 @@ class FileSink(BaseSink[FileSinkOptions]):
                     self._fh.write(b"\n".join(lines[start:]) + b"\n")
                     self._fh.flush()
                     self._size = size
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             error = SinkTransientError(f"writing {str(self.path)!r} failed: {exc}")
+        except Exception as exc:  # never strand the batch: unexpected errors are dead-lettered
+            error = exc
         settle = self._settle
         for msg in msgs:
             settle(msg, error)
@@ -206,12 +208,14 @@ class StdoutSink(BaseSink[StdoutSinkOptions]):
         if self._closed:
             return
         stream: Any = self._stream if self._stream is not None else sys.stdout.buffer
-        error: SinkTransientError | None = None
+        error: Exception | None = None
         try:
             stream.write(b"\n".join(lines) + b"\n")
             stream.flush()
         except (OSError, ValueError) as exc:
             error = SinkTransientError(f"writing to stdout failed: {exc}")
+        except Exception as exc:  # never strand the batch: unexpected errors are dead-lettered
+            error = exc
         settle = self._settle
         for msg in msgs:
             settle(msg, error)

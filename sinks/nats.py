@@ -436,7 +436,11 @@ class _NatsSinkBase(BaseSink[Any]):
                     self._settle(outbox.popleft(), exc)
                 continue
             while outbox:
-                await self._publish_one(client, outbox.popleft())
+                msg = outbox.popleft()
+                try:
+                    await self._publish_one(client, msg)
+                except Exception as exc:  # never strand a message: it is settled either way
+                    self._settle(msg, exc)
 
     async def _publish_one(self, client: NatsClient, msg: OutgoingMessage) -> None:
         """Publishes one message of the outbox and arranges for its confirmation."""
@@ -600,7 +604,14 @@ class JetStreamSink(_NatsSinkBase):
     # ---- pipelined publishing: many publishes in flight, PubAcks on one inbox subscription --------
 
     async def _publish_one(self, client: NatsClient, msg: OutgoingMessage) -> None:
-        prefix = self._inbox if self._inbox_client is client else await self._ack_inbox(client)
+        if self._inbox_client is client:
+            prefix = self._inbox
+        else:
+            try:
+                prefix = await self._ack_inbox(client)
+            except (nats.errors.Error, OSError) as exc:
+                self._settle(msg, SinkTransientError(f"jetstream: cannot subscribe to PubAcks: {exc!r}"))
+                return
         self._ack_seq += 1
         reply = f"{prefix}.{self._ack_seq}"
         self._awaiting[reply] = (msg, time.monotonic() + self.options.publish_timeout)

@@ -287,6 +287,10 @@ class WebhookSink(BaseSink[WebhookOptions]):
 
     # ---- sending --------------------------------------------------------------------------------
 
+    def _batching(self) -> bool:
+        """True while the batcher runs (if it died, events are posted one by one instead)."""
+        return self._batcher is not None and not self._batcher.done()
+
     def _max_senders(self) -> int:
         return self.options.connections  # more would only wait for a connection slot
 
@@ -294,7 +298,7 @@ class WebhookSink(BaseSink[WebhookOptions]):
         """In batch mode, straight into the batcher's queue (no task per event); otherwise the base
         sink's sender tasks post one event each."""
         queue = self._queue
-        if queue is not None and self._session is not None:
+        if queue is not None and self._session is not None and self._batching():
             try:
                 queue.put_nowait(_Pending(msg, self._url(msg), None))
             except asyncio.QueueFull:
@@ -306,7 +310,7 @@ class WebhookSink(BaseSink[WebhookOptions]):
     async def _send(self, msg: OutgoingMessage) -> None:
         if self._session is None:
             await self.start()
-        if self._queue is None:
+        if self._queue is None or not self._batching():
             async with self._slots:
                 await self._post(self._url(msg), msg.headers, msg.body)
             return
