@@ -39,7 +39,7 @@ _TYPES = {"ADDED": EventType.ADDED, "MODIFIED": EventType.UPDATED, "DELETED": Ev
 
 
 def _naive_watch(url: str, namespace: str, from_rv: int, count: int, sink: Sink,
-                 loop: asyncio.AbstractEventLoop, stop: threading.Event) -> int:
+                 loop: asyncio.AbstractEventLoop, stop: threading.Event, timeout: float) -> int:
     """The naive consumer (runs in a thread): typed watch, then one blocking hand-off per event."""
     import kubernetes as kubernetes_typed
 
@@ -56,8 +56,9 @@ def _naive_watch(url: str, namespace: str, from_rv: int, count: int, sink: Sink,
         return None
 
     try:
+        # The server ends the watch after ``timeout`` seconds, so the thread cannot outlive the run.
         for event in watch.stream(v1.list_namespaced_pod, namespace, resource_version=str(from_rv),
-                                  timeout_seconds=300):
+                                  timeout_seconds=max(1, int(timeout))):
             obj = api_client.sanitize_for_serialization(event["object"])
             change = ChangeEvent(type=_TYPES.get(event["type"], EventType.UPDATED), resource=PODS,
                                  cluster="default", obj=obj, time=time.time())
@@ -79,7 +80,7 @@ async def _naive(sim: SimProcess, rv: int, events: int, tmp: Path, timeout: floa
     try:
         t0 = time.perf_counter()
         worker = asyncio.ensure_future(asyncio.to_thread(
-            _naive_watch, sim.url, BENCH_NAMESPACE, rv, events, probe, loop, stop))
+            _naive_watch, sim.url, BENCH_NAMESPACE, rv, events, probe, loop, stop, timeout))
         try:
             done = await probe.wait_acked(events, timeout)
             seconds = time.perf_counter() - t0

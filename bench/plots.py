@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -58,10 +57,13 @@ def _latency(result: Mapping[str, Any], path: Path) -> Path | None:
     return path
 
 
-def _rate_series(timeline: Sequence[Mapping[str, float]]) -> tuple[list[float], list[float]]:
+def _rate_series(timeline: Sequence[Mapping[str, float]], window: int = 4) -> tuple[list[float], list[float]]:
+    """Acknowledgements per second over a sliding window of ``window`` sampling intervals (the raw
+    0.1 s differences are too jumpy to read)."""
     ts: list[float] = []
     rates: list[float] = []
-    for prev, cur in itertools.pairwise(timeline):
+    for i in range(1, len(timeline)):
+        prev, cur = timeline[max(0, i - window)], timeline[i]
         dt = cur["t"] - prev["t"]
         if dt > 0:
             ts.append(cur["t"])
