@@ -7,8 +7,11 @@ large cost in throughput. Optional size-based rotation keeps ``path.1`` … ``pa
 
 Lines are written in batches: every message submitted during one turn of the event loop is written
 with one ``write`` and one ``flush`` at the end of that turn, and all of them are acked after it, so
-the per-event guarantee above holds at a fraction of the system calls. Lines keep their submission
-order (and the base sink submits one object's next event only after the previous one was acked).
+the per-event guarantee above holds at a fraction of the system calls. With ``fsync: always`` one
+task fsyncs (off the loop) everything written since its previous fsync and then acks those events:
+a group commit, so the cost of an fsync is shared by every event that waited for it. Lines keep
+their submission order (and the base sink submits one object's next event only after the previous
+one was acked).
 """
 
 from __future__ import annotations
@@ -87,6 +90,10 @@ class FileSink(BaseSink[FileSinkOptions]):
         self._fh: IO[bytes] | None = None
         self._size = 0
         self._batch = _LineBatcher(self._write_batch)
+        self._unsynced: list[OutgoingMessage] = []
+        """``fsync: always``: written, waiting for the syncer task's next fsync (group commit)."""
+        self._unsynced_ready = asyncio.Event()
+        self._syncer: asyncio.Task[None] | None = None
 
     def _open(self) -> IO[bytes]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,6 +110,8 @@ class FileSink(BaseSink[FileSinkOptions]):
 
     def _rotate(self) -> None:
         if self._fh is not None:
+            if self.options.fsync == "always":
+                os.fsync(self._fh.fileno())  # what the syncer has not synced yet is in this file
             self._fh.close()
             self._fh = None
         keep = self.options.keep
@@ -113,26 +122,7 @@ class FileSink(BaseSink[FileSinkOptions]):
         os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
         self._fh = self._open()
 
-    async def _send(self, msg: OutgoingMessage) -> None:
-        try:
-            if self._fh is None:
-                self._fh = self._open()
-            fh = self._fh
-            fh.write(msg.body + b"\n")
-            fh.flush()
-            self._size += len(msg.body) + 1
-            if self.options.fsync == "always":
-                await asyncio.to_thread(os.fsync, fh.fileno())
-            limit = self.options.rotate_bytes
-            if limit and self._size >= limit:
-                self._rotate()
-        except OSError as exc:
-            raise SinkTransientError(f"writing {str(self.path)!r} failed: {exc}") from exc
-
     def _submit(self, msg: OutgoingMessage) -> None:
-        if self.options.fsync == "always" or self._closed:
-            super()._submit(msg)  # an fsync per event needs a thread: the task-based path
-            return
         self._batch.add(msg)
 
     def _write_batch(self, lines: list[bytes], msgs: list[OutgoingMessage]) -> None:
@@ -169,9 +159,39 @@ class FileSink(BaseSink[FileSinkOptions]):
             error = SinkTransientError(f"writing {str(self.path)!r} failed: {exc}")
         except Exception as exc:  # never strand the batch: unexpected errors are dead-lettered
             error = exc
+        if error is None and self.options.fsync == "always":
+            self._unsynced.extend(msgs)
+            self._unsynced_ready.set()
+            if self._syncer is None or self._syncer.done():
+                self._syncer = asyncio.get_running_loop().create_task(
+                    self._sync_loop(), name=f"sink:{self.name}:fsync"
+                )
+            return
         settle = self._settle
         for msg in msgs:
             settle(msg, error)
+
+    async def _sync_loop(self) -> None:
+        """One fsync for everything written since the previous one, then those events are acked."""
+        while True:
+            if not self._unsynced:
+                self._unsynced_ready.clear()
+                await self._unsynced_ready.wait()
+                continue
+            msgs, self._unsynced = self._unsynced, []
+            error: Exception | None = None
+            try:
+                if self._fh is not None:
+                    # A duplicate descriptor stays valid even if the file is rotated meanwhile.
+                    fd = os.dup(self._fh.fileno())
+                    try:
+                        await asyncio.to_thread(os.fsync, fd)
+                    finally:
+                        os.close(fd)
+            except OSError as exc:
+                error = SinkTransientError(f"fsync of {str(self.path)!r} failed: {exc}")
+            for msg in msgs:
+                self._settle(msg, error)
 
     async def _on_flush(self) -> None:
         if self._fh is not None:
@@ -179,6 +199,11 @@ class FileSink(BaseSink[FileSinkOptions]):
             await asyncio.to_thread(os.fsync, self._fh.fileno())
 
     async def _close(self) -> None:
+        syncer, self._syncer = self._syncer, None
+        if syncer is not None:
+            syncer.cancel()
+            await asyncio.gather(syncer, return_exceptions=True)
+        self._unsynced.clear()
         fh, self._fh = self._fh, None
         if fh is not None:
             fh.close()
@@ -219,11 +244,3 @@ class StdoutSink(BaseSink[StdoutSinkOptions]):
         settle = self._settle
         for msg in msgs:
             settle(msg, error)
-
-    async def _send(self, msg: OutgoingMessage) -> None:
-        stream: Any = self._stream if self._stream is not None else sys.stdout.buffer
-        try:
-            stream.write(msg.body + b"\n")
-            stream.flush()
-        except (OSError, ValueError) as exc:
-            raise SinkTransientError(f"writing to stdout failed: {exc}") from exc

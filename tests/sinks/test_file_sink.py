@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import orjson
@@ -128,4 +129,45 @@ async def test_each_ack_comes_after_its_line_is_in_the_file_in_order(tmp_path: P
     for name in {f"o{n % 7}" for n in range(100)}:  # each object's events in delivery order
         mine = [int(ce["resourceversion"]) for ce in lines if ce["name"] == name]
         assert mine == sorted(mine)
+    await sink.close()
+
+
+async def test_fsync_always_acks_after_a_shared_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "events.jsonl"
+    synced: set[str] = set()  # resourceVersions in a file at the time it was fsynced
+    fsyncs = 0
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        nonlocal fsyncs
+        real_fsync(fd)
+        fsyncs += 1
+        written = Path(os.readlink(f"/proc/self/fd/{fd}")).read_bytes().splitlines()
+        synced.update(orjson.loads(line)["resourceversion"] for line in written)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    sink = FileSink.from_options("f", {"path": str(path), "fsync": "always", "rotate_bytes": 40_000})
+    await sink.start()
+    acked: list[str] = []
+
+    def ack_for(rv: str):  # type: ignore[no-untyped-def]
+        def ack(outcome: DeliveryOutcome) -> None:
+            assert outcome is DeliveryOutcome.DELIVERED
+            assert rv in synced  # its line was on disk before the ack
+            acked.append(rv)
+
+        return ack
+
+    for n in range(200):
+        await sink.deliver(event(EventType.ADDED, obj(f"o{n}", rv=str(n + 1))), ack_for(str(n + 1)))
+    assert await sink.flush(10)
+    assert sorted(acked, key=int) == [str(n + 1) for n in range(200)]
+    assert fsyncs < 100  # group commits, not one fsync per event
+    files = [path.with_name(f"events.jsonl.{i}") for i in (3, 2, 1)] + [path]
+    assert files[2].exists()  # rotated while fsyncs were pending
+    lines = [line for f in files if f.exists() for line in f.read_bytes().splitlines()]
+    rvs = [orjson.loads(line)["resourceversion"] for line in lines]
+    assert rvs == [str(n + 1) for n in range(200)]
     await sink.close()
