@@ -329,3 +329,26 @@ async def test_unreachable_broker_does_not_fail_start_but_is_unhealthy() -> None
     await sink.close()
     assert acks.outcomes == []  # unacked: re-sent after a restart
 
+
+
+async def test_records_are_produced_without_a_task_per_event(kafka_broker: TansuBroker) -> None:
+    topic = unique_name("pipelined")
+    kafka_broker.create_topic(topic, partitions=2)
+    sink = make_sink(kafka_broker, destination=topic, max_in_flight=500)
+    await sink.start()
+    tasks_before = {t.get_name() for t in asyncio.all_tasks()}
+    acks = Acks()
+    for i in range(300):  # 30 objects, 10 versions each, all accepted at once
+        o = obj(f"pod-{i % 30}", uid=f"u-{i % 30}", rv=str(i + 1), spec={"v": i // 30})
+        await sink.deliver(event(EventType.ADDED, o), acks.cb(str(i)))
+    assert sink.stats.in_flight > 0
+    assert {t.get_name() for t in asyncio.all_tasks()} == tasks_before  # produce() + delivery reports
+    assert await sink.flush(30)
+    assert sorted(acks.of(DeliveryOutcome.DELIVERED), key=int) == [str(i) for i in range(300)]
+    await sink.close()
+    records = await asyncio.to_thread(read, kafka_broker, topic, 300)
+    per_key: dict[bytes, list[int]] = collections.defaultdict(list)
+    for rec in records:
+        assert rec.key is not None
+        per_key[rec.key].append(orjson.loads(rec.value or b"")["data"]["spec"]["v"])
+    assert per_key == {f"u-{i}".encode(): list(range(10)) for i in range(30)}
