@@ -22,7 +22,7 @@ import orjson
 
 from bridge.config import BridgeConfig
 from bridge.logconfig import configure_logging
-from bridge.service import BridgeService
+from bridge.service import BridgeService, configure_gc
 from bridge.sim import ChurnGenerator, Simulator
 
 __all__ = ["replay", "run_demo"]
@@ -161,6 +161,7 @@ async def _wait_caught_up(service: BridgeService, sim: Simulator, timeout: float
 def run_demo(*, duration: float = 15.0, rate: float = 20.0, objects: int = 30,
              output: str = "demo-events.jsonl", quiet: bool = False, seed: int = 7) -> int:
     configure_logging("warning", "text")
+    configure_gc()
     Path(output).unlink(missing_ok=True)
     try:
         return asyncio.run(_demo(duration=duration, rate=rate, objects=objects, output=Path(output),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from bridge.telemetry import InformerGauges, SinkGauges, Telemetry, TelemetrySna
 from sinks.contract import ResourceRef, Sink, SinkConfigError
 from sinks.registry import create_sink
 
-__all__ = ["BridgeService", "run_service", "validate_sinks"]
+__all__ = ["BridgeService", "configure_gc", "run_service", "validate_sinks"]
 
 log = logging.getLogger(__name__)
 
@@ -251,6 +252,26 @@ class BridgeService:
             log.info("initial sync in progress", extra=figures())
         log.info("initial sync done", extra={**figures(),
                                              "seconds": round(self._clock.now() - started, 2)})
+        if _gc_tuned:
+            # What the initial sync built lives as long as the process: move it out of the
+            # collected generations so later collections do not scan it again.
+            gc.collect()
+            gc.freeze()
+
+
+GC_THRESHOLDS = (50_000, 20, 100)
+_gc_tuned = False
+
+
+def configure_gc() -> None:
+    """Raises the cyclic garbage collector's thresholds for a process that holds a large, long-lived
+    cache: with the defaults (700, 10, 10) the collector keeps re-scanning the whole heap while new
+    objects are decoded (measured: the initial sync of 100k Pods 1.6-2x slower; docs/performance.md).
+    Reference counting still frees almost everything at once; only cycles wait longer. After each
+    initial sync the cache built so far is frozen out of the collected generations."""
+    global _gc_tuned
+    gc.set_threshold(*GC_THRESHOLDS)
+    _gc_tuned = True
 
 
 def run_service(path: str | None) -> int:
@@ -258,6 +279,7 @@ def run_service(path: str | None) -> int:
     config = load_config(path)
     configure_logging(config.logging.level, config.logging.format)
     validate_sinks(config)
+    configure_gc()
 
     async def main() -> int:
         service = BridgeService(config=config)
