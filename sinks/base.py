@@ -49,6 +49,8 @@ from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar, cast
 from sinks.cloudevents import (
     HTTP_PREFIX,
     STRUCTURED_CONTENT_TYPE,
+    decode_binary,
+    decode_structured,
     encode_binary,
     encode_structured,
     event_id,
@@ -137,8 +139,8 @@ class OutgoingMessage:
     event_id: str
     event: ChangeEvent
     ack: AckCallback
-    cloudevent: dict[str, Any]
-    """The envelope before encoding (shared, read-only)."""
+    header_prefix: str = HTTP_PREFIX
+    """The prefix of CloudEvent attribute headers in binary mode (``ce_`` for Kafka)."""
     lane: str = ""
     attempts: int = 0
     barrier: bool = False
@@ -148,6 +150,18 @@ class OutgoingMessage:
     """Clock time of the first attempt (the give-up deadline counts from it)."""
     pending: bool = False
     """An attempt (or the dead-letter write) is under way and its outcome not yet settled."""
+
+    @property
+    def cloudevent(self) -> dict[str, Any]:
+        """The envelope as sent, decoded from ``body`` (and ``headers`` in binary mode); empty for a
+        message that could not be encoded. Decoded on demand rather than kept from encoding: a
+        window of kept envelopes (each holding its object) is work for the garbage collector on
+        every event."""
+        if self.error is not None or not self.body:
+            return {}
+        if self.headers.get("content-type") == STRUCTURED_CONTENT_TYPE:
+            return decode_structured(self.body)
+        return decode_binary(self.headers, self.body, self.header_prefix)
 
 
 @dataclass(slots=True)
@@ -429,11 +443,11 @@ class BaseSink(Generic[O]):
             log.warning("sink %r: cannot encode event %s: %r", self.name, eid, exc)
             return OutgoingMessage(
                 key=key, destination="", headers={}, body=b"", event_id=eid, event=event, ack=ack,
-                cloudevent={}, lane=lane, error=f"cannot encode event: {exc!r}",
+                header_prefix=self.header_prefix, lane=lane, error=f"cannot encode event: {exc!r}",
             )
         return OutgoingMessage(
             key=key, destination=destination, headers=headers, body=body, event_id=eid, event=event,
-            ack=ack, cloudevent=ce, lane=lane,
+            ack=ack, header_prefix=self.header_prefix, lane=lane,
         )
 
     def _accept(self, msg: OutgoingMessage) -> None:

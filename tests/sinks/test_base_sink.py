@@ -495,3 +495,17 @@ async def test_sender_tasks_are_capped_and_reused() -> None:
     assert sorted(sink.attempts) == list("abcdef")
     assert [t for t in asyncio.all_tasks() if t.get_name() == "sink:two:sender"] == []
     await sink.close()
+
+
+async def test_message_envelope_is_the_one_sent_in_both_content_modes() -> None:
+    from sinks.cloudevents import to_cloudevent
+
+    for mode in ("structured", "binary"):
+        sink = make(content_mode=mode)
+        ev = event(EventType.UPDATED, obj("a", rv="2", labels={"team": "ö b"}), old=obj("a", rv="1"))
+        acks = Acks()
+        await sink.deliver(ev, acks.cb("a"))
+        assert await sink.flush(5)
+        (msg,) = sink.sent
+        assert msg.cloudevent == to_cloudevent(ev, data=ev.obj), mode
+        await sink.close()
