@@ -363,6 +363,7 @@ class ObjectStore:
         self.watcher_buffer = watcher_buffer
         self._clock: Clock = clock or RealClock()
         self._rv = 1
+        self._snapshot_cache: tuple[Any, list[tuple[_Key, KubeObject]]] | None = None
         self._buckets: dict[tuple[str, str, str], _Bucket] = {}
         self._changed = asyncio.Event()
         for ns in initial_namespaces:
@@ -633,12 +634,19 @@ class ObjectStore:
 
     def snapshot(self, rt: ResourceType, *, at_rv: int | None = None,
                  scope: WatchFilter | None = None) -> list[tuple[_Key, KubeObject]]:
-        """The matching objects at ``at_rv`` (None = now), sorted by key; shared, read-only objects.
+        """The matching objects at ``at_rv`` (None = now), sorted by key; shared, read-only objects
+        in a shared, read-only list (the last answer is reused while nothing changed).
 
         An older ``at_rv`` is rebuilt by undoing newer history entries; 410 Expired when the history
         no longer reaches back that far.
         """
         bucket = self._bucket(rt)
+        effective = at_rv if at_rv is not None and at_rv < self._rv else None
+        cache_key = (rt, effective, self._rv, bucket.compacted_rv, scope)
+        cached = self._snapshot_cache
+        if cached is not None and cached[0] == cache_key:
+            # Nothing changed since the last call (pages of one list): same objects, same order.
+            return cached[1]
         objects: Mapping[_Key, KubeObject] = bucket.objects
         if at_rv is not None and at_rv < self._rv:
             if at_rv < bucket.compacted_rv:
@@ -656,6 +664,7 @@ class ObjectStore:
         items = sorted(objects.items())
         if scope is not None:
             items = [(k, o) for k, o in items if scope.matches(o)]
+        self._snapshot_cache = (cache_key, items)
         return items
 
     def list(self, resource: str | ResourceType, *, namespace: str | None = None,
