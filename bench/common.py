@@ -421,6 +421,8 @@ class AckProbe:
         self.buffer_capacity: int = int(getattr(inner, "buffer_capacity", 1024))
         self.overflow_policy: str = str(getattr(inner, "overflow_policy", "block"))
         self.acked = 0
+        self.first_ack_at: float | None = None
+        """``time.perf_counter()`` of the first acknowledgement (start-up excluded from rates)."""
         self.outcomes: dict[str, int] = {}
         self.latencies: list[float] = []
         self._armed = False
@@ -444,6 +446,8 @@ class AckProbe:
         def probe_ack(outcome: DeliveryOutcome) -> None:
             if stamp is not None:
                 self.latencies.append(time.time() - float(stamp))
+            if self.first_ack_at is None:
+                self.first_ack_at = time.perf_counter()
             self.acked += 1
             self.outcomes[outcome.value] = self.outcomes.get(outcome.value, 0) + 1
             ack(outcome)

@@ -47,6 +47,8 @@ def test_quick_harness_completes_with_sane_figures(tmp_path: Path) -> None:
     file_entry = thr["sinks"]["file"]
     assert file_entry["outcomes"] == {"delivered": QUICK_BURST_EVENTS}
     assert file_entry["events_per_s"] > 0
+    assert file_entry["steady_events_per_s"] > 0
+    assert 0 < file_entry["startup_seconds"] < file_entry["seconds"]
     assert file_entry["ceiling_events_per_s"] > 0
     assert file_entry["ratio_to_ceiling"] > 0
     assert thr["simulator_replay_events_per_s"] > 0
