@@ -29,6 +29,8 @@ is held only while some listener has it in flight.
 from __future__ import annotations
 
 import collections
+import heapq
+import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -97,11 +99,15 @@ class AckTracker:
         self._index: dict[str, IndexEntry] = dict(index or {})
         # key → changes applied but newer than the resume point, in application order:
         # (resourceVersion as int, entry or None for a delete).
-        self._ahead: dict[str, list[tuple[int, IndexEntry | None]]] = {}
+        self._ahead: dict[str, collections.deque[tuple[int, IndexEntry | None]]] = {}
+        # The same changes ordered by resourceVersion, so that passing a marker folds in exactly the
+        # changes it covers (a scan of every key per marker would be quadratic under a backlog).
+        self._ahead_heap: list[tuple[int, int, str]] = []
+        self._ahead_count = itertools.count()
         for key, (uid, rv, deleted) in (ahead or {}).items():
             rv_int = _as_int(rv)
             if rv_int is not None:
-                self._ahead[key] = [(rv_int, None if deleted else (uid, rv))]
+                self._hold(key, rv_int, None if deleted else (uid, rv))
         self._rv_int = _as_int(resource_version)
         # seq → notification still owed by some listener, or acked but behind an unacked one.
         self._window: collections.OrderedDict[int, _InFlight] = collections.OrderedDict()
@@ -276,24 +282,28 @@ class AckTracker:
         return passed
 
     def _fold_ahead(self) -> None:
-        """Moves into the index, per key, the newest applied change the resume point now covers."""
+        """Moves into the index, in resourceVersion order, the applied changes the resume point now
+        covers; per key the newest of them wins."""
         limit = self._rv_int
         if limit is None:
             return
-        for key in list(self._ahead):
+        heap = self._ahead_heap
+        while heap and heap[0][0] <= limit:
+            _, _, key = heapq.heappop(heap)
             changes = self._ahead[key]
-            last = -1
-            for i, (rv, _) in enumerate(changes):
-                if rv <= limit:
-                    last = i
-            if last < 0:
-                continue
-            self._set(key, changes[last][1])
-            rest = changes[last + 1 :]
-            if rest:
-                self._ahead[key] = rest
-            else:
+            _, entry = changes.popleft()
+            self._set(key, entry)
+            if not changes:
                 del self._ahead[key]
+
+    def _hold(self, key: str, rv: int, entry: IndexEntry | None) -> None:
+        changes = self._ahead.setdefault(key, collections.deque())
+        if changes and rv < changes[-1][0]:
+            # A relist tombstone (no resourceVersion of its own) follows the key's earlier changes:
+            # it is folded with the last of them, never before.
+            rv = changes[-1][0]
+        changes.append((rv, entry))
+        heapq.heappush(self._ahead_heap, (rv, next(self._ahead_count), key))
 
     def _set(self, key: str, entry: IndexEntry | None) -> None:
         if entry is None:
@@ -322,7 +332,7 @@ class AckTracker:
         if key not in self._ahead and self._rv_int is not None and rv <= self._rv_int:
             self._set(key, entry)
             return
-        self._ahead.setdefault(key, []).append((rv, entry))
+        self._hold(key, rv, entry)
 
 
 def _as_int(rv: str) -> int | None:

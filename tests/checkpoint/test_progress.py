@@ -212,3 +212,30 @@ def test_seeded_ahead_entries_fold_in_when_a_marker_covers_them() -> None:
     t.progress(0, "9")
     assert t.checkpoint_state() == ("9", {"default/a": ("uid-a", "9")})
     assert t.delivered_ahead() == {}
+
+
+def test_a_relist_tombstone_after_changes_held_ahead_folds_after_them() -> None:
+    t = AckTracker(resource_version="5", index={"default/a": ("uid-a", "5")})
+    t.dispatched(n(UPDATE, obj("a", "9"), 0), ["k"])
+    tombstone = DeletedFinalStateUnknown(ObjectKey("default/a"), obj("a", "9"))
+    t.dispatched(Notification(kind=DELETE, obj=tombstone, seq=1, key=ObjectKey("default/a")), ["k"])
+    t.acked("k", 0)
+    t.acked("k", 1)
+    assert t.delivered_ahead() == {"default/a": ("", "9", True)}
+    t.progress(2, "9")
+    assert t.checkpoint_state() == ("9", {})
+
+
+def test_folding_many_keys_is_by_resource_version() -> None:
+    t = AckTracker(resource_version="1")
+    for i in range(200):
+        t.dispatched(n(UPDATE, obj(f"o{i}", str(100 + i)), i), ["k"])
+        t.acked("k", i)
+    t.progress(200, "149")
+    rv, index = t.checkpoint_state()
+    assert rv == "149"
+    assert sorted(index) == sorted(f"default/o{i}" for i in range(50))
+    assert len(t.delivered_ahead()) == 150
+    t.progress(201, "299")
+    assert len(t.checkpoint_state()[1]) == 200
+    assert t.delivered_ahead() == {}
