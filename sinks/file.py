@@ -135,7 +135,8 @@ class FileSink(BaseSink[FileSinkOptions]):
                 self._fh = self._open()
             limit = self.options.rotate_bytes
             if not limit:
-                data = b"\n".join(lines) + b"\n"
+                lines.append(b"")  # the join then ends with the last newline: no second copy
+                data = b"\n".join(lines)
                 self._fh.write(data)
                 self._fh.flush()
                 self._size += len(data)
@@ -235,7 +236,8 @@ class StdoutSink(BaseSink[StdoutSinkOptions]):
         stream: Any = self._stream if self._stream is not None else sys.stdout.buffer
         error: Exception | None = None
         try:
-            stream.write(b"\n".join(lines) + b"\n")
+            lines.append(b"")
+            stream.write(b"\n".join(lines))
             stream.flush()
         except (OSError, ValueError) as exc:
             error = SinkTransientError(f"writing to stdout failed: {exc}")
