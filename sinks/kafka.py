@@ -9,10 +9,12 @@ Why it looks the way it does:
   waits). The record key is the event key (the object's uid by default), so one object's records land
   in one partition; :class:`~sinks.base.BaseSink` sends an object's next event only after the previous
   one was acknowledged, which keeps order even across a producer restart.
-- **Never block the event loop.** confluent-kafka calls are synchronous. ``produce`` only enqueues
-  (it is called on the loop); ``poll`` — which runs delivery callbacks — runs in a dedicated thread
-  driven by a named asyncio task, and callbacks hand their result back with
-  ``loop.call_soon_threadsafe``. Flushing and admin calls run in that thread too.
+- **Never block the event loop, never a task per record.** confluent-kafka calls are synchronous.
+  ``produce`` only enqueues: the records submitted during one loop turn are produced together at its
+  end, each with the message itself as the token of its delivery report. A named task serves the
+  reports with a non-blocking ``poll(0)`` on the loop's own thread (every millisecond while records
+  are outstanding), so reports need no hand-over of the GIL per record, and settles them in
+  batches. Blocking calls (flush, metadata, admin) run in a dedicated thread.
 - **Failures.** A record the broker (or librdkafka) can never take — too large, invalid — raises
   :class:`~sinks.contract.SinkPermanentError` and goes to the dead letter: a Kafka topic
   (``dead_letter: {kind: kafka, target: TOPIC}``) written by the same producer, or a file. Anything
