@@ -12,6 +12,12 @@ Why two sinks:
   message re-sent after a timeout or a reconnect is dropped by JetStream's duplicate window instead of
   being stored twice.
 
+Throughput: each sink has one publisher task. Submitted messages queue for it (bounded by the
+sink's in-flight window) and it publishes them back to back: core publishes share the next PING/PONG
+round trip; JetStream publishes carry a reply subject on one inbox subscription per connection, so
+many wait for their ``PubAck`` at once (one that does not come within ``publish_timeout`` fails as
+transient and is re-sent with the same ``Nats-Msg-Id``).
+
 Subjects come from the destination template; each field value is sanitised into one subject token
 (dots, spaces and the ``*`` / ``>`` wildcards become ``_``), so a name with dots cannot add tokens or
 turn into a wildcard. The default subject ``k8s.{resource}.{namespace}.{name}`` is one subject per
