@@ -62,6 +62,11 @@ class IndexConflictError(ValueError):
 
 
 def _metadata(obj: Any) -> Mapping[str, Any]:
+    # Decoded JSON is always a dict: check that first (an ABC isinstance check costs ~10x more).
+    if type(obj) is dict:
+        meta = obj.get("metadata")
+        if type(meta) is dict:
+            return meta
     if not isinstance(obj, Mapping):
         raise ObjectKeyError(
             f"cannot compute a key for a {type(obj).__name__}: expected a Kubernetes object (a dict "

@@ -133,7 +133,8 @@ class ChangeEvent:
         if self.obj is None:
             return {}
         meta = self.obj.get("metadata")
-        return meta if isinstance(meta, Mapping) else {}
+        # Decoded JSON is a dict: test that first (an ABC isinstance check is ~10x slower).
+        return meta if type(meta) is dict or isinstance(meta, Mapping) else {}
 
     @property
     def namespace(self) -> str:
