@@ -47,6 +47,7 @@ from bench.common import (
     build_payloads,
     burst_setup,
     fetch_watch_objects,
+    freeze_after_sync,
     make_sink,
     quantile_points,
     rss_bytes,
@@ -277,6 +278,7 @@ async def _latency_one(sim: SimProcess, kind: str, rate: int, opts: E2EOptions, 
             raise TimeoutError(f"{kind}: the informer did not sync")
         if not await probe.wait_acked(opts.latency_pods, opts.timeout):
             raise TimeoutError(f"{kind}: the initial list was not delivered")
+        freeze_after_sync()
         base = probe.acked
         probe.arm()
         sampler = Sampler(probe=probe, pipeline=pipeline)

@@ -61,6 +61,7 @@ __all__ = [
     "build_payloads",
     "burst_setup",
     "fetch_watch_objects",
+    "freeze_after_sync",
     "machine_info",
     "make_sink",
     "pod_templates",
@@ -269,31 +270,6 @@ class SimProcess:
         await self.stop()
 
 
-def _cache_snapshots(store: Any) -> None:
-    """Serves every page of a paginated list from one sorted snapshot.
-
-    The simulator sorts (and filters) the whole bucket for each page it serves, so listing 100k Pods
-    in pages of 500 costs it 200 full sorts: minutes, all of it simulator time, which would be
-    charged to the bridge's initial sync. The last snapshot is reused while the store's
-    resourceVersion has not moved (same objects, same order: the answers are identical)."""
-    original = store.snapshot
-    last: list[Any] = [None, None]
-
-    def snapshot(rt: Any, *, at_rv: int | None = None, scope: Any = None) -> Any:
-        rv = store.resource_version
-        effective = rv if at_rv is None or at_rv >= rv else at_rv
-        try:
-            key = (rt.group, rt.version, rt.plural, effective, rv, scope)
-            hash(key)
-        except TypeError:
-            return original(rt, at_rv=at_rv, scope=scope)
-        if last[0] != key:
-            last[0], last[1] = key, original(rt, at_rv=at_rv, scope=scope)
-        return last[1]
-
-    store.snapshot = snapshot
-
-
 async def _sim_child(history_size: int, watcher_buffer: int) -> None:
     from bridge.sim import Simulator
 
@@ -303,7 +279,6 @@ async def _sim_child(history_size: int, watcher_buffer: int) -> None:
     sim = Simulator(history_size=history_size, watcher_buffer=watcher_buffer, bookmark_interval=3600.0,
                     default_watch_timeout=3600)
     url = await sim.start()
-    _cache_snapshots(sim.store)
     templates = pod_templates()
     names: dict[str, list[str]] = {}
     loop = asyncio.get_running_loop()
@@ -561,6 +536,14 @@ async def bridge_pipeline(url: str, sinks: Sequence[Sink], *, namespace: str,
             await pipeline.shutdown(deadline=15.0)
         finally:
             await client.close()
+
+
+def freeze_after_sync() -> None:
+    """What the service does once an informer has synced when it tuned the garbage collector
+    (``bridge.service``): move the cache built so far out of the collected generations."""
+    if gc.get_threshold() != (700, 10, 10):
+        gc.collect()
+        gc.freeze()
 
 
 class Sampler:

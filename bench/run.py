@@ -37,6 +37,22 @@ __all__ = ["SCENARIOS", "Scenario", "evaluate_targets", "main", "run_all", "tabl
 DOCS_DIR = Path(__file__).resolve().parent.parent / "docs"
 
 
+def configure_gc(mode: str) -> None:
+    """Sets the garbage collector of the bridge's process as the run asks: ``service`` does what the
+    service does at start (``bridge.service.configure_gc``), ``python`` keeps the interpreter's
+    defaults, ``G0,G1,G2`` sets those thresholds (a what-if)."""
+    if mode == "python":
+        return
+    if mode == "service":
+        try:
+            from bridge.service import configure_gc as service_gc
+        except ImportError:  # an older tree: nothing to mirror
+            return
+        service_gc()
+        return
+    gc.set_threshold(*(int(v) for v in mode.split(",")))
+
+
 @dataclass(frozen=True, slots=True)
 class Scenario:
     """A benchmark scenario: ``module.function``; ``own`` ones take ``results_dir`` (and ``sinks``
@@ -316,11 +332,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plots-dir", type=Path, default=None,
                         help="where to write PNG plots (default: docs/ on a full run, none on --quick)")
     parser.add_argument("--no-plots", action="store_true")
-    parser.add_argument("--gc-threshold", default="",
-                        help="e.g. 50000,20,100: run the bridge with these gc thresholds (what-if)")
+    parser.add_argument("--gc-threshold", default="service",
+                        help="the bridge's gc thresholds: 'service' (default: as the service configures "
+                             "them), 'python' (the interpreter's defaults) or e.g. 50000,20,100")
     args = parser.parse_args(argv)
-    if args.gc_threshold:
-        gc.set_threshold(*(int(v) for v in args.gc_threshold.split(",")))
+    configure_gc(args.gc_threshold)
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     only = [n.strip() for n in args.only.split(",") if n.strip()] or None
     sinks = [s.strip() for s in args.sinks.split(",") if s.strip()] or None
