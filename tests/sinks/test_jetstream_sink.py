@@ -227,3 +227,21 @@ async def test_lost_puback_times_out_and_is_retried_with_the_same_msg_id(nats_se
     assert acks.outcomes == [("web-0", DeliveryOutcome.DELIVERED)]
     assert seen == [("k8s.pods.default.web-0", event_id(ev))] * 2
     assert sink.stats.retries == 1
+
+
+async def test_no_stream_yet_is_retried_until_one_captures_the_subject(nats_server: NatsServer) -> None:
+    sink = make_sink(nats_server.url, destination="late.{name}", retry={"initial": 0.02, "max": 0.05})
+    await sink.start()
+    acks = Acks()
+    await sink.deliver(event(EventType.ADDED, obj("web-0", uid="u-w")), acks.cb("web-0"))
+    assert not await sink.flush(0.3)  # no stream answers: not acked, retried
+    assert acks.outcomes == []
+    assert sink.stats.retries >= 2
+    assert not sink.healthy()
+    nc = await nats.connect(nats_server.url)
+    await nc.jetstream().add_stream(StreamConfig(name="LATE", subjects=["late.>"]))
+    await nc.close()
+    assert await sink.flush(5)
+    assert acks.outcomes == [("web-0", DeliveryOutcome.DELIVERED)]
+    assert sink.healthy()
+    assert [m.subject for m in await stored(nats_server.url, "LATE")] == ["late.web-0"]
