@@ -17,6 +17,7 @@ one was acked).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -30,6 +31,8 @@ from sinks.contract import SinkTransientError
 from sinks.options import SinkOptions
 
 __all__ = ["FileSink", "FileSinkOptions", "StdoutSink", "StdoutSinkOptions"]
+
+log = logging.getLogger(__name__)
 
 
 class _JsonLinesOptions(SinkOptions):
@@ -191,6 +194,9 @@ class FileSink(BaseSink[FileSinkOptions]):
                         os.close(fd)
             except OSError as exc:
                 error = SinkTransientError(f"fsync of {str(self.path)!r} failed: {exc}")
+            except Exception as exc:  # never strand the batch: unexpected errors are dead-lettered
+                log.exception("sink %r: fsync failed unexpectedly", self.name)
+                error = exc
             for msg in msgs:
                 self._settle(msg, error)
 

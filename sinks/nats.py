@@ -679,8 +679,11 @@ class JetStreamSink(_NatsSinkBase):
                 if deadline > now:
                     break
                 del awaiting[reply]
-                self._settle(msg, SinkTransientError(
-                    f"jetstream: no PubAck for {msg.destination!r} within {timeout}s"))
+                try:
+                    self._settle(msg, SinkTransientError(
+                        f"jetstream: no PubAck for {msg.destination!r} within {timeout}s"))
+                except Exception:  # keep expiring the others
+                    log.exception("sink %r: settling an expired publish failed", self.name)
 
     async def _close(self) -> None:
         expirer, self._expirer = self._expirer, None
