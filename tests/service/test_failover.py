@@ -18,6 +18,8 @@ import orjson
 import pytest
 
 from bridge.apiclient import ApiClient
+from bridge.checkpoint import informer_id
+from bridge.checkpoint_configmap import ConfigMapCheckpointStore
 
 EXE = [sys.executable, "-m", "bridge.cli"]
 NS = "failover"
@@ -111,6 +113,17 @@ async def test_leader_killed_standby_takes_over_and_nothing_is_lost(
             return len(events(tmp_path / "a.jsonl")) >= 20
 
         await eventually(a_delivered, 20, "replica a to deliver")
+        store = ConfigMapCheckpointStore(client=client, namespace="default",
+                                         name_prefix="kube-event-bridge-checkpoint")
+        ident = informer_id("configmaps", NS, "", "")
+
+        async def a_checkpointed() -> bool:
+            # The takeover resumes from the shared checkpoint: wait until a has written one that
+            # covers what it delivered (a crash before the first checkpoint means a full relist).
+            cp = await store.load(ident)
+            return cp is not None and int(cp.resource_version) >= int(made[19][1])
+
+        await eventually(a_checkpointed, 20, "replica a to checkpoint")
         assert events(tmp_path / "b.jsonl") == []  # the standby sends nothing
         a.send_signal(signal.SIGKILL)
         killed = time.monotonic()
