@@ -12,9 +12,11 @@ resourceVersion, managedFields included as the API server sends them), then meas
 
 Variants:
 
-* ``bridge`` - the watch line decoded by the bridge's decoder (``decode_watch_event``), the default
-  transform (managedFields dropped), stored in the informer's ``IndexedCache`` (namespace index);
-* ``bridge_keep_managed`` - the same without the transform;
+* ``bridge`` - what the service ships: the watch line decoded by the bridge's decoder
+  (``decode_watch_event``), the default transform (managedFields dropped), stored in the informer's
+  compact ``IndexedCache`` (objects kept as their JSON bytes; namespace index);
+* ``bridge_dicts`` - the same with ``cache.compact: false`` (objects kept as dict trees);
+* ``bridge_keep_managed`` - dict trees without the transform;
 * ``naive_dict`` - ``json.loads`` into a plain ``{key: dict}``: what a hand-written watcher keeps;
 * ``naive_typed`` - the official client's typed ``V1Pod`` models (``ApiClient.deserialize``), as
   ``watch.Watch().stream()`` yields them; slow to build, so measured on fewer objects;
@@ -42,14 +44,14 @@ from bench.common import pod_templates, rss_bytes, vary_pod, write_result
 
 __all__ = ["VARIANTS", "run"]
 
-VARIANTS = ("bridge", "bridge_keep_managed", "naive_dict", "naive_typed", "raw_bytes")
+VARIANTS = ("bridge", "bridge_dicts", "bridge_keep_managed", "naive_dict", "naive_typed", "raw_bytes")
 _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
-_FULL_COUNTS = {"bridge": 100_000, "bridge_keep_managed": 100_000, "naive_dict": 25_000,
-                "naive_typed": 5_000, "raw_bytes": 25_000}
+_FULL_COUNTS = {"bridge": 100_000, "bridge_dicts": 100_000, "bridge_keep_managed": 25_000,
+                "naive_dict": 25_000, "naive_typed": 5_000, "raw_bytes": 25_000}
 """Objects per variant on a full run: the baselines' bytes per object do not depend on the count
 (see the curves), so they are measured on fewer objects to keep the run short."""
-_QUICK_COUNTS = {"bridge": 2000, "bridge_keep_managed": 2000, "naive_dict": 2000, "naive_typed": 300,
-                 "raw_bytes": 2000}
+_QUICK_COUNTS = {"bridge": 2000, "bridge_dicts": 2000, "bridge_keep_managed": 2000, "naive_dict": 2000,
+                 "naive_typed": 300, "raw_bytes": 2000}
 
 
 def _api_json(count: int, offset: int = 0) -> list[bytes]:
@@ -67,14 +69,15 @@ def _api_json(count: int, offset: int = 0) -> list[bytes]:
 
 def _filler(variant: str) -> tuple[Callable[[bytes], None], Callable[[], int]]:
     """(add one watch line to a new cache, how many objects it holds)."""
-    if variant in ("bridge", "bridge_keep_managed"):
+    if variant in ("bridge", "bridge_dicts", "bridge_keep_managed"):
         from bridge.listwatch import decode_watch_event
         from bridge.store import IndexedCache, meta_namespace_index_func, meta_namespace_key_func
         from bridge.transform import drop_managed_fields
 
         cache = IndexedCache(key_func=meta_namespace_key_func,
-                             indexers={"namespace": meta_namespace_index_func})
-        transform = variant == "bridge"
+                             indexers={"namespace": meta_namespace_index_func},
+                             compact=variant == "bridge")
+        transform = variant != "bridge_keep_managed"
 
         def add_bridge(line: bytes) -> None:
             obj = decode_watch_event(line).object

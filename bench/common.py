@@ -515,16 +515,19 @@ def watched_pods(namespace: str) -> WatchedResource:
 @contextlib.asynccontextmanager
 async def bridge_pipeline(url: str, sinks: Sequence[Sink], *, namespace: str,
                           checkpoint: Checkpoint | None = None,
-                          page_size: int = 500) -> AsyncIterator[BridgePipeline]:
+                          page_size: int = 500,
+                          compact_cache: bool = True) -> AsyncIterator[BridgePipeline]:
     """The real pipeline over HTTP for the Pods of ``namespace``, started; shut down on exit.
-    With ``checkpoint`` it resumes from there (watch from its resourceVersion, no list)."""
+    With ``checkpoint`` it resumes from there (watch from its resourceVersion, no list).
+    ``compact_cache`` mirrors the service's ``cache.compact`` (on by default)."""
     client = ApiClient(server=url)
     clock = RealClock()
     pipeline = BridgePipeline(
         resources=[watched_pods(namespace)],
         sinks=sinks,
         checkpoint_store=MemoryCheckpointStore(checkpoint),
-        build_informer=http_informer_builder(client=client, clock=clock, page_size=page_size),
+        build_informer=http_informer_builder(client=client, clock=clock, page_size=page_size,
+                                             compact_cache=compact_cache),
         checkpoint_interval=3600.0,
         clock=clock,
     )

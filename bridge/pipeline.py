@@ -221,7 +221,8 @@ InformerBuilder = Callable[[WatchedResource, DeliveryObserver], SharedIndexInfor
 
 
 def http_informer_builder(
-    *, client: ApiClient, clock: Clock, page_size: int = 500, use_watch_list: bool = False
+    *, client: ApiClient, clock: Clock, page_size: int = 500, use_watch_list: bool = False,
+    compact_cache: bool = False,
 ) -> InformerBuilder:
     """Informers over the real API (``ApiClient`` + ``HttpListerWatcher``), without a factory."""
 
@@ -240,6 +241,7 @@ def http_informer_builder(
             name=str(watched.key),
             page_size=page_size,
             use_watch_list=use_watch_list,
+            compact_cache=compact_cache,
         )
 
     return build
