@@ -326,20 +326,7 @@ class KafkaProducerClient:
         librdkafka's local queue is full (the caller waits and retries)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
-        try:
-            self.producer.produce(
-                topic,
-                value=value,
-                key=key,
-                headers=headers,
-                on_delivery=functools.partial(self._delivered, fut),
-            )
-            self._wake.set()
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            if err is not None and is_permanent(err):
-                raise SinkPermanentError(f"kafka: {err.name()}: {err.str()}") from exc
-            raise SinkTransientError(f"kafka: cannot enqueue record for {topic!r}: {exc}") from exc
+        self._enqueue(topic, key, value, headers, functools.partial(self._delivered, fut))
         return fut
 
     def produce(
@@ -353,14 +340,20 @@ class KafkaProducerClient:
     ) -> None:
         """Enqueues one record without a future: its delivery report reaches :attr:`on_reports` as
         ``(token, error)`` with the other reports of the same ``poll``. Raises like :meth:`send`."""
+        self._enqueue(topic, key, value, headers, functools.partial(self._token_delivered, token))
+
+    def _enqueue(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: dict[str, str | bytes | None] | list[tuple[str, str | bytes | None]] | None,
+        on_delivery: Any,
+    ) -> None:
+        """``produce`` with librdkafka's errors mapped: permanent ones (the record can never be
+        sent) to SinkPermanentError, the rest to SinkTransientError; BufferError passes through."""
         try:
-            self.producer.produce(
-                topic,
-                value=value,
-                key=key,
-                headers=headers,
-                on_delivery=functools.partial(self._token_delivered, token),
-            )
+            self.producer.produce(topic, value=value, key=key, headers=headers, on_delivery=on_delivery)
             self._wake.set()
         except KafkaException as exc:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
