@@ -674,15 +674,18 @@ class BridgePipeline:
     def informer_gauges(self) -> dict[str, InformerGauges]:
         """Informer (its key, as text) → the gauges the telemetry reads."""
         st = self.stats()
-        return {
-            str(inf.watched.key): InformerGauges(
+        gauges: dict[str, InformerGauges] = {}
+        for i, inf in self._informers.items():
+            reflector = inf.informer.reflector
+            gauges[str(inf.watched.key)] = InformerGauges(
                 relists=st.relists[i],
-                cached_objects=len(inf.informer.get_indexer().list_keys()),
+                watch_restarts=max(0, reflector.watch_count - 1) if reflector else 0,
+                expired=reflector.expired_count if reflector else 0,
+                cached_objects=len(inf.informer.get_indexer()),
                 checkpoint_age=st.checkpoint_age[i],
                 checkpoint_lag=st.checkpoint_lag[i],
             )
-            for i, inf in self._informers.items()
-        }
+        return gauges
 
     def telemetry_snapshot(self) -> TelemetrySnapshot:
         """The gauges :class:`bridge.telemetry.Telemetry` reads at each scrape."""

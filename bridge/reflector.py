@@ -207,6 +207,10 @@ class Reflector:
         self._last_retry_after: float | None = None
         """retryAfterSeconds of the last 429 ERROR event."""
         self.list_count = 0
+        self.watch_count = 0
+        """Watches opened (the first one and every re-watch)."""
+        self.expired_count = 0
+        """410 Gone / Expired (and too-large resourceVersion) answers, on lists and watches."""
         """Completed lists (or WatchList initial states) so far; for metrics and tests."""
 
     # -- public state -------------------------------------------------------------------------------
@@ -329,6 +333,7 @@ class Reflector:
         try:
             items, list_rv, paginated = await self._paged_list(rv, limit)
         except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
+            self.expired_count += 1
             log.info("reflector %s: list at resourceVersion %r failed (%s); relisting with a consistent "
                      "read", self.name, rv, exc)
             self._rv_unavailable = True
@@ -406,6 +411,7 @@ class Reflector:
                 )
                 try:
                     stream = await self._lw.watch(options)
+                    self.watch_count += 1
                 except (ApiUnavailableError, TooManyRequestsError) as exc:
                     retry_after = exc.retry_after if isinstance(exc, TooManyRequestsError) else None
                     log.info("reflector %s: watch could not be opened (%s); retrying after backoff",
@@ -413,6 +419,7 @@ class Reflector:
                     await self._backoff.wait(retry_after)
                     continue
                 except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
+                    self.expired_count += 1
                     if resuming and events_seen == 0:
                         log.info("reflector %s: watch from %s failed: %s", self.name, self._last_sync_rv, exc)
                         return _WatchEnd.EXPIRED
@@ -449,6 +456,7 @@ class Reflector:
             # as client-go's stream watcher treats probable-EOF errors.
             log.info("reflector %s: watch stream broke: %s", self.name, exc)
         except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
+            self.expired_count += 1
             log.info("reflector %s: watch expired: %s", self.name, exc)
             return _WatchEnd.EXPIRED, count
         except ApiError as exc:
@@ -469,9 +477,11 @@ class Reflector:
         reason = str(status.get("reason") or "")
         message = str(status.get("message") or "")
         if code == 410 or reason in ("Expired", "Gone"):
+            self.expired_count += 1
             log.info("reflector %s: watch expired: %s", self.name, message)
             return _WatchEnd.EXPIRED
         if "too large resource version" in message.lower():
+            self.expired_count += 1
             log.info("reflector %s: watch from a too-large resourceVersion: %s", self.name, message)
             return _WatchEnd.EXPIRED
         if code == 429:
@@ -517,6 +527,7 @@ class Reflector:
             )
             try:
                 stream = await self._lw.watch(options)
+                self.watch_count += 1
             except (ApiUnavailableError, TooManyRequestsError) as exc:
                 retry_after = exc.retry_after if isinstance(exc, TooManyRequestsError) else None
                 log.info("reflector %s: WatchList could not be opened (%s); retrying after backoff",
@@ -524,6 +535,7 @@ class Reflector:
                 await self._backoff.wait(retry_after)
                 continue
             except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
+                self.expired_count += 1
                 raise _WatchListRejected(str(exc), remember=True, expired=True) from exc
             except Exception as exc:
                 raise _WatchListRejected(f"{type(exc).__name__}: {exc}", remember=True) from exc

@@ -157,6 +157,16 @@ async def test_service_delivers_and_exposes_health_readiness_and_metrics(
             hook.status = 200
             await eventually(lambda: any(e["subject"] == "default/p9" for e in hook.received), what="retry")
             await eventually(lambda: service.readiness().ready, what="readiness to return")
+
+            # The server expires the open watches (410): counted, and the informers relist.
+            assert sim.expire_watches() == 2
+            sim.store.create("pods", make_pod("p10", "default"))
+            await eventually(lambda: len(lines(events)) == 8, what="the event after the relist")
+            _, text = await get(f"{base}/metrics")
+            pods = {"resource": "pods"}
+            assert metric(text, "keb_informer_expired_total", **pods) == 1
+            assert metric(text, "keb_informer_watch_restarts_total", **pods) >= 1
+            assert metric(text, "keb_informer_relists_total", **pods) == 2
         finally:
             service.stop_event.set()
             code = await task
