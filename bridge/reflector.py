@@ -410,20 +410,14 @@ class Reflector:
                     allow_watch_bookmarks=True,
                 )
                 try:
-                    stream = await self._lw.watch(options)
-                    self.watch_count += 1
-                except (ApiUnavailableError, TooManyRequestsError) as exc:
-                    retry_after = exc.retry_after if isinstance(exc, TooManyRequestsError) else None
-                    log.info("reflector %s: watch could not be opened (%s); retrying after backoff",
-                             self.name, exc)
-                    await self._backoff.wait(retry_after)
-                    continue
+                    stream = await self._open_watch(options, "watch")
                 except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
-                    self.expired_count += 1
                     if resuming and events_seen == 0:
                         log.info("reflector %s: watch from %s failed: %s", self.name, self._last_sync_rv, exc)
                         return _WatchEnd.EXPIRED
                     raise
+                if stream is None:
+                    continue
             try:
                 end, count = await self._handle_watch(stream, start)
             finally:
@@ -470,6 +464,24 @@ class Reflector:
             return _WatchEnd.RELIST, count
         log.debug("reflector %s: watch closed after %.3f s, %d events", self.name, duration, count)
         return _WatchEnd.REWATCH, count
+
+    async def _open_watch(self, options: WatchOptions, what: str) -> WatchStream | None:
+        """Opens a watch. Connection refused or 429: waits the backoff (at least the Retry-After) and
+        returns None, so the caller retries at the same resourceVersion. Expired or too-large
+        resourceVersion answers are counted and raised for the caller's policy."""
+        try:
+            stream = await self._lw.watch(options)
+        except (ApiUnavailableError, TooManyRequestsError) as exc:
+            retry_after = exc.retry_after if isinstance(exc, TooManyRequestsError) else None
+            log.info("reflector %s: %s could not be opened (%s); retrying after backoff",
+                     self.name, what, exc)
+            await self._backoff.wait(retry_after)
+            return None
+        except (ResourceExpiredError, TooLargeResourceVersionError):
+            self.expired_count += 1
+            raise
+        self.watch_count += 1
+        return stream
 
     def _error_event_end(self, event: WatchEvent) -> _WatchEnd:
         status = event.object
@@ -526,20 +538,13 @@ class Reflector:
                 resource_version_match="NotOlderThan",
             )
             try:
-                stream = await self._lw.watch(options)
-                self.watch_count += 1
-            except (ApiUnavailableError, TooManyRequestsError) as exc:
-                retry_after = exc.retry_after if isinstance(exc, TooManyRequestsError) else None
-                log.info("reflector %s: WatchList could not be opened (%s); retrying after backoff",
-                         self.name, exc)
-                await self._backoff.wait(retry_after)
-                continue
+                stream = await self._open_watch(options, "WatchList")
             except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
-                self.expired_count += 1
                 raise _WatchListRejected(str(exc), remember=True, expired=True) from exc
             except Exception as exc:
                 raise _WatchListRejected(f"{type(exc).__name__}: {exc}", remember=True) from exc
-            break
+            if stream is not None:
+                break
         ok = False
         try:
             await self._consume_initial_events(stream)
