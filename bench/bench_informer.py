@@ -39,6 +39,7 @@ from bridge.contracts import (
     WatchEventType,
     WatchOptions,
 )
+from bridge.rawobject import to_json
 from bridge.shared_informer import SharedIndexInformer
 from bridge.store import IndexedCache
 from bridge.transform import drop_managed_fields
@@ -262,7 +263,7 @@ def _memory(n_pods: int, transform: bool, compact: bool = False) -> dict[str, An
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     per_obj = (after - before) / n_pods
-    stored_json = sum(len(orjson.dumps(o)) for o in cache.list()) / len(cache)
+    stored_json = sum(len(to_json(o)) for o in cache.list()) / len(cache)
     return {
         "objects": n_pods,
         "raw_json_bytes": round(raw_bytes),

@@ -6,16 +6,17 @@ client-go's ``tools/cache`` interfaces: the API source (:class:`ListerWatcher`),
 :class:`NotificationHandler`), and the hooks that let the bridge checkpoint only what every
 consumer has acknowledged (:class:`DeliveryObserver`).
 
-Objects travel as plain JSON: a :data:`KubeObject` is the ``dict`` that ``orjson`` decoded from the
-API server's bytes, never a typed model. This module imports nothing from the rest of the package,
-so every layer may depend on it.
+Objects travel as JSON, never as typed models: a :data:`KubeObject` is a read-only mapping, either the
+``dict`` decoded from the API server's bytes or a :class:`bridge.rawobject.RawObject` (the bytes
+themselves, decoded on demand). This module imports nothing from the rest of the package, so every
+layer may depend on it.
 """
 
 from __future__ import annotations
 
 import builtins
 import enum
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NewType, Protocol, runtime_checkable
 
@@ -45,8 +46,9 @@ __all__ = [
     "WatchStream",
 ]
 
-KubeObject = dict[str, Any]
-"""A Kubernetes object as decoded JSON: ``apiVersion``, ``kind``, ``metadata``, ``spec``, …"""
+KubeObject = Mapping[str, Any]
+"""A Kubernetes object as JSON: ``apiVersion``, ``kind``, ``metadata``, ``spec``, … Read-only: objects
+are shared by the cache and every handler, and nobody changes one in place."""
 
 ObjectKey = NewType("ObjectKey", str)
 """``namespace/name`` for namespaced objects, ``name`` for cluster-scoped ones."""

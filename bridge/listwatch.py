@@ -22,9 +22,10 @@ import msgspec
 import orjson
 
 from bridge.apiclient import ApiClient, LineStream, Params
-from bridge.contracts import ListOptions, ListPage, WatchEvent, WatchEventType, WatchOptions
+from bridge.contracts import KubeObject, ListOptions, ListPage, WatchEvent, WatchEventType, WatchOptions
 from bridge.discovery import APIResource, Discovery, UnsupportedResourceError
 from bridge.errors import ApiStatusError, ForbiddenError, NotFoundError
+from bridge.rawobject import RawObjectError, decode_object
 
 __all__ = [
     "WATCH_EVENT_DECODERS",
@@ -37,6 +38,7 @@ __all__ = [
     "decode_watch_event_orjson",
     "decode_watch_event_raw",
     "lister_watcher_for",
+    "raw_object_decoder",
 ]
 
 _log = logging.getLogger(__name__)
@@ -67,7 +69,7 @@ _raw_event_decoder = msgspec.json.Decoder(_RawEvent)
 _any_decoder = msgspec.json.Decoder(dict[str, Any])
 
 
-def _event(type_: str, obj: dict[str, Any]) -> WatchEvent:
+def _event(type_: str, obj: KubeObject) -> WatchEvent:
     kind = _EVENT_TYPES.get(type_)
     if kind is None:
         raise WatchDecodeError(f"unknown watch event type {type_[:40]!r}")
@@ -109,10 +111,38 @@ def decode_watch_event_orjson(line: bytes) -> WatchEvent:
     return _event(type_, obj)
 
 
+def raw_object_decoder(*, drop_managed_fields: bool = False) -> WatchDecoder:
+    """Watch events whose objects stay JSON bytes (:class:`~bridge.rawobject.RawObject`): one msgspec
+    pass splits the event, a second reads the object's metadata without building the rest of it
+    (``drop_managed_fields`` cuts ``metadata.managedFields`` out of the bytes on the way). ``ERROR``
+    events (a Status) are decoded whole, as the reflector reads them."""
+
+    def decode(line: bytes) -> WatchEvent:
+        try:
+            ev = _raw_event_decoder.decode(line)
+        except msgspec.DecodeError as e:
+            raise WatchDecodeError(str(e)) from e
+        kind = _EVENT_TYPES.get(ev.type)
+        if kind is None:
+            raise WatchDecodeError(f"unknown watch event type {ev.type[:40]!r}")
+        try:
+            if kind is WatchEventType.ERROR:
+                return WatchEvent(type=kind, object=_any_decoder.decode(ev.object))
+            obj = decode_object(ev.object, drop_managed_fields=drop_managed_fields)
+            return WatchEvent(type=kind, object=obj)
+        except (msgspec.DecodeError, RawObjectError) as e:
+            raise WatchDecodeError(str(e)) from e
+
+    return decode
+
+
+decode_watch_event_objects = raw_object_decoder()
+
 WATCH_EVENT_DECODERS: dict[str, WatchDecoder] = {
     "msgspec": decode_watch_event,
     "msgspec-raw": decode_watch_event_raw,
     "orjson": decode_watch_event_orjson,
+    "raw-object": decode_watch_event_objects,
 }
 
 
@@ -127,24 +157,51 @@ class _List(msgspec.Struct):
     items: list[dict[str, Any]] | None = None
 
 
+class _RawList(msgspec.Struct):
+    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+    items: list[msgspec.Raw] | None = None
+
+
 _list_decoder = msgspec.json.Decoder(_List)
+_raw_list_decoder = msgspec.json.Decoder(_RawList)
 
 
-def decode_list(body: bytes, *, api_version: str = "", kind: str = "") -> ListPage:
+def decode_list(
+    body: bytes,
+    *,
+    api_version: str = "",
+    kind: str = "",
+    raw_objects: bool = False,
+    drop_managed_fields: bool = False,
+) -> ListPage:
     """A List answer into a :class:`ListPage`. Items of a List carry no apiVersion/kind on the wire;
-    they are filled in from the resource so that every object the bridge forwards is self-describing."""
+    they are filled in from the resource so that every object the bridge forwards is self-describing.
+
+    ``raw_objects``: items become :class:`~bridge.rawobject.RawObject` (their bytes, metadata decoded),
+    with ``metadata.managedFields`` cut out when ``drop_managed_fields``."""
+    items: list[KubeObject]
     try:
-        decoded = _list_decoder.decode(body)
-    except msgspec.DecodeError as e:
+        if raw_objects:
+            raw_list = _raw_list_decoder.decode(body)
+            meta = raw_list.metadata
+            items = [
+                decode_object(raw, api_version=api_version, kind=kind,
+                              drop_managed_fields=drop_managed_fields)
+                for raw in raw_list.items or ()
+            ]
+        else:
+            decoded = _list_decoder.decode(body)
+            meta = decoded.metadata
+            dicts = decoded.items or []
+            if api_version or kind:
+                for item in dicts:
+                    if "apiVersion" not in item:
+                        item["apiVersion"] = api_version
+                    if "kind" not in item:
+                        item["kind"] = kind
+            items = list(dicts)
+    except (msgspec.DecodeError, RawObjectError) as e:
         raise WatchDecodeError(f"not a List: {e}") from e
-    items = decoded.items or []
-    if api_version or kind:
-        for item in items:
-            if "apiVersion" not in item:
-                item["apiVersion"] = api_version
-            if "kind" not in item:
-                item["kind"] = kind
-    meta = decoded.metadata
     return ListPage(
         items=items,
         resource_version=meta.resourceVersion,
@@ -228,8 +285,13 @@ class HttpListerWatcher:
         namespace: str = "",
         label_selector: str = "",
         field_selector: str = "",
-        decoder: WatchDecoder = decode_watch_event,
+        decoder: WatchDecoder | None = None,
+        raw_objects: bool = False,
+        drop_managed_fields: bool = False,
     ) -> None:
+        """``raw_objects``: objects stay JSON bytes (:class:`~bridge.rawobject.RawObject`), with
+        ``metadata.managedFields`` cut out when ``drop_managed_fields``; otherwise they are decoded
+        into dicts (by ``decoder`` for watch events, msgspec by default)."""
         if resource.verbs and not resource.supports("list", "watch"):
             raise UnsupportedResourceError(
                 f"resource {resource.qualified} ({resource.api_version}) cannot be watched: it supports "
@@ -240,6 +302,11 @@ class HttpListerWatcher:
         self._namespace = namespace if resource.namespaced else ""
         self._label_selector = label_selector
         self._field_selector = field_selector
+        self._raw_objects = raw_objects
+        self._drop_managed_fields = drop_managed_fields
+        if decoder is None:
+            decoder = (raw_object_decoder(drop_managed_fields=drop_managed_fields) if raw_objects
+                       else decode_watch_event)
         self._decoder = decoder
         self._path = resource.path(self._namespace or None)
         scope = f"in namespace {self._namespace}" if self._namespace else (
@@ -309,7 +376,8 @@ class HttpListerWatcher:
         except (ForbiddenError, NotFoundError) as e:
             raise self._explain(e, "list") from e
         try:
-            return decode_list(body, api_version=self._resource.api_version, kind=self._resource.kind)
+            return decode_list(body, api_version=self._resource.api_version, kind=self._resource.kind,
+                               raw_objects=self._raw_objects, drop_managed_fields=self._drop_managed_fields)
         except WatchDecodeError as e:
             raise ApiStatusError(f"{context}: the server answered something that is not a List: {e}",
                                  code=200) from e

@@ -123,10 +123,10 @@ class SinkListener:
     def events_for(self, n: Notification) -> list[ChangeEvent]:
         """The change events one notification becomes (empty for a no-change resync update)."""
         if n.kind is NotificationKind.ADD:
-            assert isinstance(n.obj, dict)
+            assert not isinstance(n.obj, DeletedFinalStateUnknown)
             return [self._event(EventType.ADDED, n.obj)]
         if n.kind is NotificationKind.UPDATE:
-            assert isinstance(n.obj, dict)
+            assert not isinstance(n.obj, DeletedFinalStateUnknown)
             if n.is_resync:
                 return []
             return [self._event(EventType.UPDATED, n.obj, old=n.old)]
@@ -233,6 +233,10 @@ def http_informer_builder(
             namespace=watched.key.namespace,
             label_selector=watched.key.label_selector,
             field_selector=watched.key.field_selector,
+            # A compact cache keeps objects as bytes: they stay bytes from the wire on (the
+            # informer's default transform drops managedFields; here they are cut from the bytes).
+            raw_objects=compact_cache,
+            drop_managed_fields=compact_cache,
         )
         return SharedIndexInformer(
             lister_watcher=lw,

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from bridge.clock import Clock
 from bridge.contracts import (
+    DeletedFinalStateUnknown,
     DeliveryObserver,
     EventHandler,
     KubeObject,
@@ -372,10 +373,10 @@ class ProcessorListener:
         handler = self._event_handler
         assert handler is not None
         if n.kind is NotificationKind.ADD:
-            assert isinstance(n.obj, dict)
+            assert not isinstance(n.obj, DeletedFinalStateUnknown)
             await handler.on_add(n.obj, n.is_in_initial_list)
         elif n.kind is NotificationKind.UPDATE:
-            assert isinstance(n.obj, dict)
+            assert not isinstance(n.obj, DeletedFinalStateUnknown)
             await handler.on_update(n.old if n.old is not None else n.obj, n.obj)
         elif n.kind is NotificationKind.DELETE:
             await handler.on_delete(n.obj)

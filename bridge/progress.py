@@ -42,6 +42,7 @@ from bridge.contracts import (
     NotificationKind,
     ObjectKey,
 )
+from bridge.rawobject import object_identity
 
 __all__ = ["AckTracker", "AheadEntry", "IndexEntry", "object_key"]
 
@@ -68,8 +69,7 @@ def object_key(obj: KubeObject | DeletedFinalStateUnknown) -> ObjectKey:
 def _entry_of(obj: KubeObject | DeletedFinalStateUnknown) -> IndexEntry:
     if isinstance(obj, DeletedFinalStateUnknown):
         obj = obj.obj
-    meta = obj.get("metadata") or {}
-    return (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
+    return object_identity(obj)
 
 
 @dataclass(slots=True)
@@ -173,7 +173,7 @@ class AckTracker:
             return
         key = n.key or object_key(n.obj)
         if n.kind is not NotificationKind.DELETE:
-            if isinstance(n.obj, dict):
+            if not isinstance(n.obj, DeletedFinalStateUnknown):
                 self._last_rv[key] = _entry_of(n.obj)[1]
             return
         known = self._last_rv.pop(key, None)
@@ -321,7 +321,7 @@ class AckTracker:
             # A delete seen only through a relist happened at an unknown RV no newer than the list's:
             # any later resume point covers it.
             rv = -1 if isinstance(n.obj, DeletedFinalStateUnknown) else _as_int(_entry_of(n.obj)[1])
-        elif isinstance(n.obj, dict):
+        elif not isinstance(n.obj, DeletedFinalStateUnknown):
             entry = _entry_of(n.obj)
             rv = _as_int(entry[1])
         else:

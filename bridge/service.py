@@ -202,8 +202,10 @@ class BridgeService:
 
         def lister_watcher(key: InformerKey) -> HttpListerWatcher:
             w = by_key[key]
+            # A compact cache keeps objects as bytes from the wire on (see bridge.rawobject).
             return HttpListerWatcher(client=client, resource=w.api, namespace=key.namespace,
-                                     label_selector=key.label_selector, field_selector=key.field_selector)
+                                     label_selector=key.label_selector, field_selector=key.field_selector,
+                                     raw_objects=cfg.cache.compact, drop_managed_fields=cfg.cache.compact)
 
         factory = SharedInformerFactory(lister_watcher_factory=lister_watcher, clock=self._clock,
                                         compact_cache=cfg.cache.compact)

@@ -74,6 +74,7 @@ from bridge.processor import (
     SharedProcessor,
     determine_resync_period,
 )
+from bridge.rawobject import object_identity
 from bridge.reflector import Reflector, WatchErrorHandler
 from bridge.store import NAMESPACE_INDEX, IndexedCache, meta_namespace_index_func, meta_namespace_key_func
 from bridge.transform import drop_managed_fields
@@ -459,8 +460,8 @@ class SharedIndexInformer:
             )
             return
         self._indexer.update(obj)
-        old_meta, new_meta = _meta(old), _meta(obj)
-        old_uid, new_uid = old_meta.get("uid"), new_meta.get("uid")
+        old_uid, old_rv = object_identity(old)
+        new_uid, new_rv = object_identity(obj)
         if self._split_uid_changes and old_uid and new_uid and old_uid != new_uid:
             await distribute(Notification(kind=NotificationKind.DELETE, obj=old, key=key), False)
             await distribute(
@@ -469,7 +470,7 @@ class SharedIndexInformer:
                 False,
             )
             return
-        is_resync = old_meta.get("resourceVersion") == new_meta.get("resourceVersion")
+        is_resync = old_rv == new_rv
         await distribute(
             Notification(kind=NotificationKind.UPDATE, obj=obj, old=old, is_resync=is_resync, key=key),
             is_resync,

@@ -9,8 +9,9 @@ Everything runs on one asyncio loop, so no locking is needed: every method here 
 therefore atomic with respect to other coroutines.
 
 Objects are stored by reference, never copied: the informer replaces objects, it never mutates them in
-place, and neither may readers. In compact mode objects are stored as their JSON bytes instead, and
-every read decodes a fresh copy.
+place, and neither may readers. In compact mode objects are stored as their JSON bytes instead
+(:class:`~bridge.rawobject.RawObject`), and every read hands out a fresh RawObject over those bytes,
+decoded only as far as the reader looks into it.
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ import builtins
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
-import orjson
-
 from bridge.contracts import DeletedFinalStateUnknown, IndexFunc, KeyFunc, KubeObject, ObjectKey
+from bridge.rawobject import RawObject
 
 __all__ = [
     "NAMESPACE_INDEX",
@@ -62,8 +62,11 @@ class IndexConflictError(ValueError):
 
 
 def _metadata(obj: Any) -> Mapping[str, Any]:
-    # Decoded JSON is always a dict: check that first (an ABC isinstance check costs ~10x more).
-    if type(obj) is dict:
+    # Objects are dicts or RawObjects: check those first (an ABC isinstance check costs ~10x more).
+    kind = type(obj)
+    if kind is RawObject:
+        return obj.metadata  # type: ignore[no-any-return]
+    if kind is dict:
         meta = obj.get("metadata")
         if type(meta) is dict:
             return meta
@@ -129,11 +132,12 @@ class IndexedCache:
     a value left with no keys is dropped). Deleting a missing key is a no-op. ``replace`` swaps the
     whole content and rebuilds the indices.
 
-    ``compact=True`` keeps each object as its JSON bytes (orjson) instead of a dict tree: a Pod as a
-    Python dict costs several times its JSON size, as bytes about its JSON size. Reads decode a fresh
-    dict each time (callers may keep or change it freely); writes encode once. The index values of
-    every key are kept (interned, so objects sharing them share one tuple), so updating an index
-    never needs to decode the previous object.
+    ``compact=True`` keeps each object as its JSON bytes (a :class:`~bridge.rawobject.RawObject`
+    holding only the bytes, uid and resourceVersion) instead of a dict tree: a Pod as a Python dict
+    costs several times its JSON size, as bytes about its JSON size. A RawObject is stored as it
+    came (no encoding), a dict is encoded once; reads hand out a fresh RawObject each time, decoded
+    only as far as the reader looks. The index values of every key are kept (interned, so objects
+    sharing them share one tuple), so updating an index never needs to decode the previous object.
     """
 
     __slots__ = ("_compact", "_index_values", "_indexers", "_indices", "_intern", "_items", "_key_func")
@@ -163,12 +167,11 @@ class IndexedCache:
         return self._compact
 
     def _encode(self, obj: KubeObject) -> Any:
-        return _to_bytes(obj) if self._compact else obj
+        return _to_raw(obj) if self._compact else obj
 
     def _decode(self, stored: Any) -> KubeObject:
         if self._compact:
-            decoded: KubeObject = orjson.loads(stored)
-            return decoded
+            return stored.fresh()  # type: ignore[no-any-return]
         return stored  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ Store
@@ -202,7 +205,7 @@ class IndexedCache:
 
     def list(self) -> builtins.list[KubeObject]:
         if self._compact:
-            return [orjson.loads(v) for v in self._items.values()]
+            return [v.fresh() for v in self._items.values()]
         return builtins.list(self._items.values())
 
     def list_keys(self) -> builtins.list[ObjectKey]:
@@ -237,7 +240,7 @@ class IndexedCache:
                 for value in vals:
                     new_indices[name].setdefault(value, set()).add(key)
         if self._compact:
-            new_items = {k: _to_bytes(v) for k, v in new_items.items()}
+            new_items = {k: _to_raw(v) for k, v in new_items.items()}
         self._items = new_items
         self._index_values = new_values
         self._indices = new_indices
@@ -354,18 +357,19 @@ class IndexedCache:
 _IndexValues = tuple[frozenset[str], ...]
 
 
-def _to_bytes(obj: KubeObject) -> bytes:
-    # orjson returns its bytes inside a larger allocation (measured: ~8 KB held for a 3.7 KB Pod);
-    # copying through a memoryview keeps exactly the JSON's size, at ~25% of the encode's speed.
-    return bytes(memoryview(orjson.dumps(obj)))
+def _to_raw(obj: KubeObject) -> RawObject:
+    """What a compact cache keeps of an object: its bytes, uid and resourceVersion, nothing decoded."""
+    if type(obj) is RawObject:
+        return obj.slim()
+    return RawObject.from_dict(obj).slim()
 
 
 class _LazyObjects(Sequence[KubeObject]):
-    """A read-only sequence of JSON bytes that decodes each object when it is read."""
+    """A read-only sequence over a compact cache's stored objects, handing out fresh RawObjects."""
 
     __slots__ = ("_values",)
 
-    def __init__(self, values: builtins.list[bytes]) -> None:
+    def __init__(self, values: builtins.list[RawObject]) -> None:
         self._values = values
 
     def __len__(self) -> int:
@@ -380,12 +384,11 @@ class _LazyObjects(Sequence[KubeObject]):
     def __getitem__(self, index: int | slice) -> KubeObject | Sequence[KubeObject]:
         if isinstance(index, slice):
             return _LazyObjects(self._values[index])
-        decoded: KubeObject = orjson.loads(self._values[index])
-        return decoded
+        return self._values[index].fresh()
 
     def __iter__(self) -> Iterator[KubeObject]:
         for v in self._values:
-            yield orjson.loads(v)
+            yield v.fresh()
 
 
 def _values(func: IndexFunc, obj: KubeObject | None) -> frozenset[str]:

@@ -9,6 +9,7 @@ objects whole.
 from __future__ import annotations
 
 from bridge.contracts import KubeObject
+from bridge.rawobject import RawObject
 
 __all__ = ["drop_managed_fields"]
 
@@ -18,8 +19,11 @@ def drop_managed_fields(obj: KubeObject) -> KubeObject:
 
     Idempotent. The input is never mutated (the same dict may be held elsewhere, e.g. by a fake
     source); an object without managedFields is returned as is, otherwise a shallow copy with a copied
-    ``metadata`` is returned and the rest of the tree is shared.
+    ``metadata`` is returned and the rest of the tree is shared. A :class:`RawObject` loses the member
+    from its bytes (usually already cut when it was decoded, and then returned as is).
     """
+    if type(obj) is RawObject:
+        return obj.without_managed_fields()
     meta = obj.get("metadata")
     if not isinstance(meta, dict) or "managedFields" not in meta:
         return obj

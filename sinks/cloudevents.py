@@ -41,6 +41,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from bridge.rawobject import dumps, to_json
 from sinks.contract import ChangeEvent, EventType
 
 __all__ = [
@@ -209,8 +210,9 @@ def to_cloudevent(
 
 
 def encode_structured(ce: Mapping[str, Any]) -> bytes:
-    """Structured content mode: the whole event as one JSON document."""
-    return orjson.dumps(ce)
+    """Structured content mode: the whole event as one JSON document (an object kept as JSON bytes
+    is spliced in as it is, never decoded and re-encoded)."""
+    return dumps(ce)
 
 
 _HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '"%') + " "
@@ -227,7 +229,8 @@ def encode_binary(ce: Mapping[str, Any], prefix: str = HTTP_PREFIX) -> tuple[dic
             headers["content-type"] = text
         else:
             headers[prefix + key] = urllib.parse.quote(text, safe=_HEADER_SAFE)
-    return headers, orjson.dumps(ce.get("data"))
+    data = ce.get("data")
+    return headers, (to_json(data) if isinstance(data, Mapping) else orjson.dumps(data))
 
 
 def decode_structured(body: bytes | str) -> dict[str, Any]:

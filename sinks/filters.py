@@ -21,6 +21,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
+from bridge.rawobject import RawObject
 from sinks.contract import ChangeEvent, EventType
 
 __all__ = [
@@ -203,15 +206,40 @@ def _touches(old: Any, new: Any, path: Path, ignore: _Trie | None) -> bool:
     )
 
 
+_RV_PATH: Path = ("metadata", "resourceVersion")
+_MF_PATH: Path = ("metadata", "managedFields")
+
+
+def _raw_differs(old: RawObject, new: RawObject, rv_ignored: bool) -> bool:
+    """Two objects without managedFields, as JSON bytes: do they differ, outside the
+    resourceVersion when ``rv_ignored``? Bytes that differ in layout only (never the case for two
+    states of one object from one API server) count as a change: a redundant update, never a lost
+    one."""
+    if old.raw == new.raw:
+        return False
+    if not (rv_ignored and old.resource_version and new.resource_version):
+        return True
+    before = b'"resourceVersion":' + orjson.dumps(old.resource_version)
+    after = b'"resourceVersion":' + orjson.dumps(new.resource_version)
+    # Equal once the first resourceVersion member is swapped: exactly that member changed, and it
+    # is metadata's (any other one changing would leave metadata's resourceVersion unequal).
+    return old.raw.replace(before, after, 1) != new.raw
+
+
 class ChangeFilter:
     """Decides whether an update is worth delivering."""
 
-    __slots__ = ("_trie", "ignore", "only")
+    __slots__ = ("_bytes_compare", "_rv_ignored", "_trie", "ignore", "only")
 
     def __init__(self, *, ignore_paths: Iterable[str] = (), only_paths: Iterable[str] = ()) -> None:
         self.ignore: tuple[Path, ...] = tuple(parse_path(p) for p in ignore_paths)
         self.only: tuple[Path, ...] = tuple(parse_path(p) for p in only_paths)
         self._trie = _build_trie(self.ignore)
+        # Objects kept as bytes are compared as bytes when nothing but the resourceVersion and
+        # managedFields is ignored (the default): a decode of both objects saved per update.
+        ignored = set(self.ignore)
+        self._bytes_compare = not self.only and ignored <= {_RV_PATH, _MF_PATH}
+        self._rv_ignored = _RV_PATH in ignored
 
     @property
     def active(self) -> bool:
@@ -222,6 +250,13 @@ class ChangeFilter:
         ``only_paths`` is set) under one of them. Without ``old`` every update is interesting."""
         if old is None or new is None or not self.active:
             return True
+        if (
+            self._bytes_compare
+            and type(old) is RawObject
+            and type(new) is RawObject
+            and not (old.managed_fields or new.managed_fields)
+        ):
+            return _raw_differs(old, new, self._rv_ignored)
         if not self.only:
             return _differs(old, new, self._trie)
         return any(_touches(old, new, path, self._trie) for path in self.only)

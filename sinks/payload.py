@@ -16,6 +16,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
+from bridge.rawobject import plain
 from sinks.contract import EventType
 from sinks.filters import is_mapping
 
@@ -81,5 +82,5 @@ def build_payload(
         previous = old if event_type is EventType.UPDATED else None
         return {"object": obj, "oldObject": previous}, JSON_CONTENT_TYPE
     if event_type is EventType.UPDATED and obj is not None:
-        return merge_patch(old, obj), MERGE_PATCH_CONTENT_TYPE
+        return merge_patch(plain(old) if old is not None else None, plain(obj)), MERGE_PATCH_CONTENT_TYPE
     return obj, JSON_CONTENT_TYPE

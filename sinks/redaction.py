@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from bridge.rawobject import RawObject
 from sinks.contract import ResourceRef
 from sinks.filters import WILDCARD, Path, is_mapping, parse_path
 
@@ -61,7 +62,7 @@ def _apply(node: Any, path: Path, drop: bool) -> Any:
 class Redactor:
     """Applies the configured redactions to an object (never mutating it)."""
 
-    __slots__ = ("drop", "redact", "secrets")
+    __slots__ = ("_drop_kept_bytes", "drop", "redact", "secrets")
 
     def __init__(
         self,
@@ -76,18 +77,29 @@ class Redactor:
         if drop_managed_fields and _MANAGED_FIELDS not in drop:
             drop.append(_MANAGED_FIELDS)
         self.drop: tuple[Path, ...] = tuple(drop)
+        self._drop_kept_bytes = tuple(p for p in self.drop if p != _MANAGED_FIELDS)
         self.secrets = redact_secrets
 
     def apply(self, obj: Mapping[str, Any] | None, resource: ResourceRef) -> Mapping[str, Any] | None:
         if obj is None:
             return None
         out: Any = obj
-        if self.secrets and resource.group == "" and resource.resource == "secrets":
+        secret = self.secrets and resource.group == "" and resource.resource == "secrets"
+        drop = self.drop
+        if type(obj) is RawObject:
+            # Kept as bytes, and forwarded as its bytes unless a redaction applies. Its managedFields
+            # were cut when it was decoded (RawObject.managed_fields tells).
+            if not obj.managed_fields:
+                drop = self._drop_kept_bytes
+            if not (secret or self.redact or drop):
+                return obj
+            out = obj.to_dict()  # shared: _apply copies whatever it changes
+        if secret:
             for path in _SECRET_PATHS:
                 out = _apply(out, path, drop=False)
         for path in self.redact:
             out = _apply(out, path, drop=False)
-        for path in self.drop:
+        for path in drop:
             out = _apply(out, path, drop=True)
         result: Mapping[str, Any] = out
         return result

@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.clock import Clock, RealClock
-from bridge.contracts import KubeObject
 from bridge.sim.objects import make_pod, mutate_pod_labels, mutate_pod_spec, mutate_pod_status
 from bridge.sim.status import SimStatusError
 from bridge.sim.store import ObjectStore
+
+KubeObject = dict[str, Any]
+"""The simulator's objects: JSON dicts it owns and changes (the bridge's objects are read-only)."""
 
 __all__ = ["ChurnGenerator", "ChurnMix", "ChurnOp", "ChurnStats", "ObjectFactory"]
 

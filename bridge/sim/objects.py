@@ -17,7 +17,9 @@ from typing import Any
 
 import orjson
 
-from bridge.contracts import KubeObject
+KubeObject = dict[str, Any]
+"""The simulator's objects: JSON dicts it owns and changes (the bridge's objects are read-only)."""
+
 
 __all__ = ["PADDING_ANNOTATION", "make_pod", "mutate_pod_labels", "mutate_pod_spec", "mutate_pod_status"]
 

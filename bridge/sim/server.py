@@ -29,7 +29,6 @@ import yaml
 from aiohttp import web
 
 from bridge.clock import Clock
-from bridge.contracts import KubeObject
 from bridge.labels import SelectorError
 from bridge.sim.faults import FaultSpec, FaultState
 from bridge.sim.resources import ResourceType
@@ -49,6 +48,9 @@ from bridge.sim.store import (
     Watcher,
     WatchFilter,
 )
+
+KubeObject = dict[str, Any]
+"""The simulator's objects: JSON dicts it owns and changes (the bridge's objects are read-only)."""
 
 __all__ = ["DEFAULT_WATCH_TIMEOUT", "INITIAL_EVENTS_END_ANNOTATION", "Simulator"]
 

@@ -28,7 +28,6 @@ from typing import Any
 import orjson
 
 from bridge.clock import Clock, RealClock
-from bridge.contracts import KubeObject
 from bridge.labels import FieldSelector, LabelSelector, parse_field_selector, parse_label_selector
 from bridge.sim.resources import ResourceRegistry, ResourceType
 from bridge.sim.status import (
@@ -40,6 +39,9 @@ from bridge.sim.status import (
     NotFound,
     UnsupportedMediaType,
 )
+
+KubeObject = dict[str, Any]
+"""The simulator's objects: JSON dicts it owns and changes (the bridge's objects are read-only)."""
 
 __all__ = [
     "DEFAULT_HISTORY_SIZE",

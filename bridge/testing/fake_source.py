@@ -72,7 +72,12 @@ def object_key_of(obj: KubeObject) -> str:
     return f"{namespace}/{name}" if namespace else name
 
 
-def expired_status(message: str) -> KubeObject:
+def _own(obj: KubeObject) -> dict[str, Any]:
+    """A deep copy the fake source may change (objects handed in are shared)."""
+    return copy.deepcopy(dict(obj))
+
+
+def expired_status(message: str) -> dict[str, Any]:
     """The ``Status`` object an API server sends for 410 Gone / Expired."""
     return {
         "kind": "Status",
@@ -85,7 +90,7 @@ def expired_status(message: str) -> KubeObject:
     }
 
 
-def _status(code: int, reason: str, message: str) -> KubeObject:
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     return {
         "kind": "Status",
         "apiVersion": "v1",
@@ -219,12 +224,12 @@ class FakeControllerSource:
 
     def add(self, obj: KubeObject) -> KubeObject:
         """Creates ``obj`` (a uid is assigned if it has none). Returns the stored copy."""
-        obj = copy.deepcopy(obj)
+        obj = new = _own(obj)
         key = object_key_of(obj)
         if key in self._state:
             raise KeyError(f"fake source: {key} already exists; use modify()")
         self._rv += 1
-        meta = obj.setdefault("metadata", {})
+        meta = new.setdefault("metadata", {})
         meta.setdefault("uid", f"uid-{key.replace('/', '-')}-{self._rv}")
         meta["resourceVersion"] = str(self._rv)
         self._record(WatchEventType.ADDED, key, obj)
@@ -232,13 +237,13 @@ class FakeControllerSource:
 
     def modify(self, obj: KubeObject) -> KubeObject:
         """Replaces an existing object (keeping its uid unless ``obj`` sets one)."""
-        obj = copy.deepcopy(obj)
+        obj = new = _own(obj)
         key = object_key_of(obj)
         current = self._state.get(key)
         if current is None:
             raise KeyError(f"fake source: {key} does not exist; use add()")
         self._rv += 1
-        meta = obj.setdefault("metadata", {})
+        meta = new.setdefault("metadata", {})
         meta.setdefault("uid", current["metadata"]["uid"])
         meta["resourceVersion"] = str(self._rv)
         self._record(WatchEventType.MODIFIED, key, obj)

@@ -5,6 +5,7 @@ ERROR 410 in the stream, REST-layer retries of 429/503, and watches cut or close
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -31,7 +32,7 @@ async def pods_lw(client: ApiClient, namespace: str = "", **selectors: str) -> H
     return await lister_watcher_for(client, Discovery(client=client), "pods", namespace, **selectors)
 
 
-def names(items: list[dict[str, Any]]) -> list[str]:
+def names(items: Sequence[Mapping[str, Any]]) -> list[str]:
     return [f"{o['metadata']['namespace']}/{o['metadata']['name']}" for o in items]
 
 

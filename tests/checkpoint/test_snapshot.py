@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ def snapshots(events: list[ChangeEvent]) -> list[list[ChangeEvent]]:
     return out
 
 
-def check_snapshot(snap: list[ChangeEvent], cache: list[dict[str, object]]) -> None:
+def check_snapshot(snap: list[ChangeEvent], cache: Sequence[Mapping[str, object]]) -> None:
     begin, *syncs, end = snap
     assert begin.type is EventType.SNAPSHOT_BEGIN
     assert end.type is EventType.SNAPSHOT_END

@@ -21,7 +21,7 @@ from bridge.store import (
 )
 
 
-def pod(name: str, ns: str = "default", rv: str = "1", **labels: str) -> KubeObject:
+def pod(name: str, ns: str = "default", rv: str = "1", **labels: str) -> dict[str, Any]:
     return {
         "kind": "Pod",
         "metadata": {"name": name, "namespace": ns, "resourceVersion": rv, "labels": labels},

@@ -1,0 +1,378 @@
+"""Kubernetes objects kept as their JSON bytes and decoded only when something reads their body.
+
+Most objects the bridge handles are never looked into: it needs an object's identity (name,
+namespace, uid, resourceVersion) to key, cache and checkpoint it, and its bytes to forward it. A
+:class:`RawObject` carries exactly that: the object's JSON as the API server sent it (minus
+``metadata.managedFields`` when the informer drops them), its ``metadata`` decoded once (a small
+dict), and the rest of the tree decoded on first access and only then. It is a read-only
+``Mapping``, so code written for plain decoded dicts (``obj["spec"]["nodeName"]``,
+``obj.get("status")``, label selectors, templates, redaction) works on it unchanged.
+
+What this saves per change, against decoding every object into a dict tree: allocating the tree
+(and the garbage collector's rescans of it), encoding it again for the compact cache, decoding the
+previous state back out of the cache for every update, and encoding it a third time into the
+outgoing CloudEvent (:func:`dumps` splices the bytes in with ``orjson.Fragment``). The numbers are
+in ``docs/performance.md``.
+
+Objects are immutable by contract (informer caches share them with every handler): a RawObject has
+no setters, and the dict that :meth:`RawObject.to_dict` returns is shared by every reader of that
+instance; :meth:`RawObject.copy_dict` gives a private copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import msgspec
+import orjson
+
+__all__ = [
+    "RawObject",
+    "RawObjectError",
+    "decode_object",
+    "dumps",
+    "object_identity",
+    "plain",
+    "to_json",
+]
+
+
+class RawObjectError(ValueError):
+    """Bytes that are not a JSON object with a ``metadata`` mapping."""
+
+
+class _Head(msgspec.Struct):
+    apiVersion: str = ""
+    kind: str = ""
+    metadata: msgspec.Raw = msgspec.Raw(b"")
+
+
+class _ManagedFields(msgspec.Struct):
+    managedFields: msgspec.Raw = msgspec.Raw(b"")
+
+
+class _MetaOnly(msgspec.Struct):
+    metadata: dict[str, Any] = {}
+
+
+_head_decoder = msgspec.json.Decoder(_Head)
+_mf_decoder = msgspec.json.Decoder(_ManagedFields)
+_meta_decoder = msgspec.json.Decoder(dict[str, Any])
+_meta_only_decoder = msgspec.json.Decoder(_MetaOnly)
+_MF_KEY = b'"managedFields":'
+_META_KEY = b'"metadata":'
+
+
+class RawObject(Mapping[str, Any]):
+    """One Kubernetes object as JSON bytes plus its decoded ``metadata`` (see the module docstring).
+
+    ``raw`` is the object's JSON (``bytes``). ``uid`` and ``resource_version`` are read from the
+    metadata (``""`` when absent). ``metadata`` is decoded from ``raw`` when it was not given.
+    """
+
+    __slots__ = ("_meta", "_obj", "managed_fields", "raw", "resource_version", "uid")
+
+    raw: bytes
+    uid: str
+    resource_version: str
+    managed_fields: bool
+    """Whether ``raw`` still holds ``metadata.managedFields``."""
+
+    def __init__(
+        self,
+        raw: bytes,
+        metadata: dict[str, Any] | None = None,
+        *,
+        uid: str | None = None,
+        resource_version: str | None = None,
+        managed_fields: bool | None = None,
+    ) -> None:
+        self.raw = raw
+        self._obj: dict[str, Any] | None = None
+        self._meta = metadata
+        if uid is None or resource_version is None or managed_fields is None:
+            meta = self.metadata
+            uid = str(meta.get("uid") or "") if uid is None else uid
+            resource_version = (
+                str(meta.get("resourceVersion") or "") if resource_version is None else resource_version
+            )
+            managed_fields = "managedFields" in meta if managed_fields is None else managed_fields
+        self.uid = uid
+        self.resource_version = resource_version
+        self.managed_fields = managed_fields
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> RawObject:
+        """The RawObject of a decoded object (encodes it once)."""
+        if type(obj) is RawObject:
+            return obj
+        meta = obj.get("metadata")
+        if not isinstance(meta, Mapping):
+            raise RawObjectError("a Kubernetes object needs a metadata mapping")
+        return cls(bytes(memoryview(dumps(obj))), dict(meta))
+
+    # ---- identity and body ----------------------------------------------------------------------
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The decoded ``metadata`` (shared: do not modify)."""
+        meta = self._meta
+        if meta is None:
+            obj = self._obj
+            if obj is not None:
+                found = obj.get("metadata")
+                meta = found if isinstance(found, dict) else {}
+            else:
+                try:
+                    meta = _meta_only_decoder.decode(self.raw).metadata
+                except msgspec.DecodeError as e:
+                    raise RawObjectError(f"not a Kubernetes object: {e}") from e
+            self._meta = meta
+        return meta
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole object decoded (once per instance; shared: do not modify)."""
+        obj = self._obj
+        if obj is None:
+            obj = self._obj = self.copy_dict()
+        return obj
+
+    def copy_dict(self) -> dict[str, Any]:
+        """A freshly decoded copy of the object, the caller's to change."""
+        try:
+            decoded: dict[str, Any] = orjson.loads(self.raw)
+        except orjson.JSONDecodeError as e:
+            raise RawObjectError(f"not a Kubernetes object: {e}") from e
+        return decoded
+
+    def fresh(self) -> RawObject:
+        """Another instance over the same bytes with nothing decoded yet (what a cache hands out, so
+        that no reader's decoding stays attached to the cached object)."""
+        return RawObject(self.raw, uid=self.uid, resource_version=self.resource_version,
+                         managed_fields=self.managed_fields)
+
+    def slim(self) -> RawObject:
+        """This object without its decoded parts: what a compact cache keeps."""
+        if self._meta is None and self._obj is None:
+            return self
+        return self.fresh()
+
+    def without_managed_fields(self) -> RawObject:
+        """The object without ``metadata.managedFields`` (``self`` when it has none)."""
+        if not self.managed_fields:
+            return self
+        return _cut_managed_fields(self.raw) or RawObject.from_dict(_drop_mf(self.to_dict()))
+
+    # ---- Mapping --------------------------------------------------------------------------------
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "metadata":
+            return self.metadata
+        return self.to_dict()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key == "metadata":
+            return self.metadata
+        return self.to_dict().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        if key == "metadata":
+            return True
+        return key in self.to_dict()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is RawObject:
+            return self.raw == other.raw or self.to_dict() == other.to_dict()
+        if isinstance(other, Mapping):
+            return self.to_dict() == dict(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __copy__(self) -> RawObject:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RawObject:
+        return self  # immutable
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RawObject, (self.raw,))
+
+    def __repr__(self) -> str:
+        meta = self.metadata
+        ns = meta.get("namespace")
+        name = f"{ns}/{meta.get('name')}" if ns else meta.get("name")
+        return f"RawObject({name!r}, rv={self.resource_version!r}, {len(self.raw)} bytes)"
+
+
+def _drop_mf(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or "managedFields" not in meta:
+        return obj
+    out = dict(obj)
+    out["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+    return out
+
+
+def _metadata_span(raw: bytes, meta_raw: bytes) -> int:
+    """Where the top-level metadata value starts in ``raw`` (-1 if it cannot be located exactly)."""
+    start = 0
+    while True:
+        i = raw.find(_META_KEY, start)
+        if i < 0:
+            return -1
+        j = i + len(_META_KEY)
+        while raw[j : j + 1] in (b" ", b"\n", b"\t", b"\r"):
+            j += 1
+        if raw.startswith(meta_raw, j):
+            return j
+        start = i + 1
+
+
+def _cut_managed_fields(raw: bytes) -> RawObject | None:
+    """``raw`` without ``metadata.managedFields``, by cutting that member out of the bytes; None when
+    the bytes are not laid out as expected (the caller then decodes and re-encodes)."""
+    try:
+        head = _head_decoder.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    return _build(raw, head, drop_managed_fields=True, api_version="", kind="")
+
+
+def _build(
+    raw: bytes, head: _Head, *, drop_managed_fields: bool, api_version: str, kind: str
+) -> RawObject | None:
+    meta_raw = bytes(head.metadata)
+    if not meta_raw.startswith(b"{"):
+        return None
+    if drop_managed_fields:
+        mf = _mf_decoder.decode(meta_raw).managedFields
+        if len(mf):
+            cut = _cut_member(meta_raw, _MF_KEY, bytes(mf))
+            if cut is None:
+                return None
+            at = _metadata_span(raw, meta_raw)
+            if at < 0:
+                return None
+            raw = raw[:at] + cut + raw[at + len(meta_raw) :]
+            meta_raw = cut
+    prefix = b""
+    if api_version and not head.apiVersion:
+        prefix += b'"apiVersion":' + orjson.dumps(api_version) + b","
+    if kind and not head.kind:
+        prefix += b'"kind":' + orjson.dumps(kind) + b","
+    if prefix:
+        raw = b"{" + prefix + raw[1:]
+    meta = _meta_decoder.decode(meta_raw)
+    return RawObject(
+        raw,
+        meta,
+        uid=str(meta.get("uid") or ""),
+        resource_version=str(meta.get("resourceVersion") or ""),
+        managed_fields="managedFields" in meta,
+    )
+
+
+def _cut_member(obj_raw: bytes, key: bytes, value: bytes) -> bytes | None:
+    """``obj_raw`` (a compact JSON object) without the member ``key`` whose value is ``value``."""
+    start = 0
+    while True:
+        i = obj_raw.find(key, start)
+        if i < 0:
+            return None
+        j = i + len(key)
+        if obj_raw.startswith(value, j) and obj_raw[i - 1 : i] in (b"{", b","):
+            end = j + len(value)
+            if obj_raw[end : end + 1] == b",":
+                return obj_raw[:i] + obj_raw[end + 1 :]
+            if obj_raw[i - 1 : i] == b",":
+                return obj_raw[: i - 1] + obj_raw[end:]
+            return obj_raw[:i] + obj_raw[end:]
+        start = i + 1
+
+
+def decode_object(
+    raw: bytes | msgspec.Raw,
+    *,
+    api_version: str = "",
+    kind: str = "",
+    drop_managed_fields: bool = False,
+) -> RawObject:
+    """A :class:`RawObject` from an object's JSON as the API server sent it.
+
+    ``api_version`` / ``kind`` are filled in when the object lacks them (items of a List carry
+    neither on the wire); ``drop_managed_fields`` cuts ``metadata.managedFields`` out of the bytes.
+    Raises :class:`RawObjectError` for anything but a JSON object with a ``metadata`` mapping.
+    """
+    data = raw if type(raw) is bytes else bytes(raw)
+    try:
+        head = _head_decoder.decode(data)
+    except msgspec.DecodeError as e:
+        raise RawObjectError(f"not a Kubernetes object: {e}") from e
+    built = _build(data, head, drop_managed_fields=drop_managed_fields, api_version=api_version, kind=kind)
+    if built is not None:
+        return built
+    if not len(head.metadata):
+        raise RawObjectError("a Kubernetes object needs a metadata mapping")
+    # Laid out unlike the API server's compact JSON (whitespace, duplicate keys …): decode and
+    # re-encode once.
+    try:
+        obj: dict[str, Any] = orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise RawObjectError(f"not a Kubernetes object: {e}") from e
+    if not isinstance(obj.get("metadata"), dict):
+        raise RawObjectError("a Kubernetes object needs a metadata mapping")
+    if drop_managed_fields:
+        obj = _drop_mf(obj)
+    if api_version and "apiVersion" not in obj:
+        obj["apiVersion"] = api_version
+    if kind and "kind" not in obj:
+        obj["kind"] = kind
+    return RawObject.from_dict(obj)
+
+
+def _default(value: Any) -> Any:
+    if type(value) is RawObject:
+        return orjson.Fragment(value.raw)
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+
+
+def dumps(value: Any, option: int | None = None) -> bytes:
+    """``orjson.dumps`` that writes a :class:`RawObject` (anywhere in ``value``) as its bytes,
+    without decoding it."""
+    if option is None:
+        return orjson.dumps(value, default=_default)
+    return orjson.dumps(value, default=_default, option=option)
+
+
+def to_json(obj: Mapping[str, Any]) -> bytes:
+    """An object's JSON: a RawObject's own bytes, anything else encoded."""
+    if type(obj) is RawObject:
+        return obj.raw
+    return dumps(obj)
+
+
+def plain(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A plain-dict view of an object for code that walks the whole tree (shared: do not modify)."""
+    if type(obj) is RawObject:
+        return obj.to_dict()
+    return obj
+
+
+def object_identity(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """``(uid, resourceVersion)`` of an object, ``""`` for what it lacks."""
+    if type(obj) is RawObject:
+        return obj.uid, obj.resource_version
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return "", ""
+    return str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
