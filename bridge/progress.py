@@ -43,6 +43,7 @@ from bridge.contracts import (
     ObjectKey,
 )
 from bridge.rawobject import object_identity
+from bridge.rawobject import object_key as raw_object_key
 
 __all__ = ["AckTracker", "AheadEntry", "IndexEntry", "object_key"]
 
@@ -60,10 +61,7 @@ def object_key(obj: KubeObject | DeletedFinalStateUnknown) -> ObjectKey:
     """``namespace/name`` or ``name`` (client-go's ``MetaNamespaceKeyFunc``); a tombstone's key."""
     if isinstance(obj, DeletedFinalStateUnknown):
         return obj.key
-    meta = obj.get("metadata") or {}
-    name = str(meta.get("name") or "")
-    namespace = str(meta.get("namespace") or "")
-    return ObjectKey(f"{namespace}/{name}" if namespace else name)
+    return ObjectKey(raw_object_key(obj))
 
 
 def _entry_of(obj: KubeObject | DeletedFinalStateUnknown) -> IndexEntry:

@@ -21,6 +21,7 @@ instance; :meth:`RawObject.copy_dict` gives a private copy.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -32,7 +33,9 @@ __all__ = [
     "RawObjectError",
     "decode_object",
     "dumps",
+    "identity_metadata",
     "object_identity",
+    "object_key",
     "plain",
     "to_json",
 ]
@@ -48,7 +51,13 @@ class _Head(msgspec.Struct):
     metadata: msgspec.Raw = msgspec.Raw(b"")
 
 
-class _ManagedFields(msgspec.Struct):
+class _Ident(msgspec.Struct):
+    """What the bridge needs of every object's metadata; the rest is decoded on demand."""
+
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resourceVersion: str = ""
     managedFields: msgspec.Raw = msgspec.Raw(b"")
 
 
@@ -57,23 +66,28 @@ class _MetaOnly(msgspec.Struct):
 
 
 _head_decoder = msgspec.json.Decoder(_Head)
-_mf_decoder = msgspec.json.Decoder(_ManagedFields)
-_meta_decoder = msgspec.json.Decoder(dict[str, Any])
+_ident_decoder = msgspec.json.Decoder(_Ident)
 _meta_only_decoder = msgspec.json.Decoder(_MetaOnly)
 _MF_KEY = b'"managedFields":'
 _META_KEY = b'"metadata":'
+_intern = sys.intern
 
 
 class RawObject(Mapping[str, Any]):
-    """One Kubernetes object as JSON bytes plus its decoded ``metadata`` (see the module docstring).
+    """One Kubernetes object as JSON bytes (see the module docstring).
 
-    ``raw`` is the object's JSON (``bytes``). ``uid`` and ``resource_version`` are read from the
-    metadata (``""`` when absent). ``metadata`` is decoded from ``raw`` when it was not given.
+    ``raw`` is the object's JSON. ``name``, ``namespace``, ``uid`` and ``resource_version`` are its
+    metadata's (``""`` when absent), read when the object is decoded from the wire; ``metadata`` and
+    the rest of the tree are decoded when first read.
     """
 
-    __slots__ = ("_meta", "_obj", "managed_fields", "raw", "resource_version", "uid")
+    __slots__ = (
+        "_meta", "_obj", "managed_fields", "name", "namespace", "raw", "resource_version", "uid",
+    )
 
     raw: bytes
+    name: str
+    namespace: str
     uid: str
     resource_version: str
     managed_fields: bool
@@ -84,23 +98,20 @@ class RawObject(Mapping[str, Any]):
         raw: bytes,
         metadata: dict[str, Any] | None = None,
         *,
-        uid: str | None = None,
-        resource_version: str | None = None,
-        managed_fields: bool | None = None,
+        identity: tuple[str, str, str, str, bool] | None = None,
     ) -> None:
+        """``identity``: ``(name, namespace, uid, resourceVersion, has managedFields)`` when the caller
+        knows them; otherwise they are read from ``metadata`` (decoded from ``raw`` if not given)."""
         self.raw = raw
         self._obj: dict[str, Any] | None = None
         self._meta = metadata
-        if uid is None or resource_version is None or managed_fields is None:
+        if identity is None:
             meta = self.metadata
-            uid = str(meta.get("uid") or "") if uid is None else uid
-            resource_version = (
-                str(meta.get("resourceVersion") or "") if resource_version is None else resource_version
+            identity = (
+                str(meta.get("name") or ""), str(meta.get("namespace") or ""), str(meta.get("uid") or ""),
+                str(meta.get("resourceVersion") or ""), "managedFields" in meta,
             )
-            managed_fields = "managedFields" in meta if managed_fields is None else managed_fields
-        self.uid = uid
-        self.resource_version = resource_version
-        self.managed_fields = managed_fields
+        self.name, self.namespace, self.uid, self.resource_version, self.managed_fields = identity
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> RawObject:
@@ -112,6 +123,15 @@ class RawObject(Mapping[str, Any]):
             raise RawObjectError("a Kubernetes object needs a metadata mapping")
         return cls(bytes(memoryview(dumps(obj))), dict(meta))
 
+    @property
+    def identity(self) -> tuple[str, str, str, str, bool]:
+        return self.name, self.namespace, self.uid, self.resource_version, self.managed_fields
+
+    @property
+    def key(self) -> str:
+        """``namespace/name`` (``name`` when cluster-scoped)."""
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
     # ---- identity and body ----------------------------------------------------------------------
 
     @property
@@ -120,14 +140,14 @@ class RawObject(Mapping[str, Any]):
         meta = self._meta
         if meta is None:
             obj = self._obj
-            if obj is not None:
-                found = obj.get("metadata")
-                meta = found if isinstance(found, dict) else {}
-            else:
-                try:
+            try:
+                if obj is not None:
+                    found = obj.get("metadata")
+                    meta = found if isinstance(found, dict) else {}
+                else:
                     meta = _meta_only_decoder.decode(self.raw).metadata
-                except msgspec.DecodeError as e:
-                    raise RawObjectError(f"not a Kubernetes object: {e}") from e
+            except msgspec.DecodeError as e:
+                raise RawObjectError(f"not a Kubernetes object: {e}") from e
             self._meta = meta
         return meta
 
@@ -149,8 +169,7 @@ class RawObject(Mapping[str, Any]):
     def fresh(self) -> RawObject:
         """Another instance over the same bytes with nothing decoded yet (what a cache hands out, so
         that no reader's decoding stays attached to the cached object)."""
-        return RawObject(self.raw, uid=self.uid, resource_version=self.resource_version,
-                         managed_fields=self.managed_fields)
+        return RawObject(self.raw, identity=self.identity)
 
     def slim(self) -> RawObject:
         """This object without its decoded parts: what a compact cache keeps."""
@@ -252,17 +271,19 @@ def _build(
     meta_raw = bytes(head.metadata)
     if not meta_raw.startswith(b"{"):
         return None
-    if drop_managed_fields:
-        mf = _mf_decoder.decode(meta_raw).managedFields
-        if len(mf):
-            cut = _cut_member(meta_raw, _MF_KEY, bytes(mf))
-            if cut is None:
-                return None
-            at = _metadata_span(raw, meta_raw)
-            if at < 0:
-                return None
-            raw = raw[:at] + cut + raw[at + len(meta_raw) :]
-            meta_raw = cut
+    ident = _ident_decoder.decode(meta_raw)
+    mf = ident.managedFields
+    has_mf = len(mf) > 0
+    if drop_managed_fields and has_mf:
+        cut = _cut_member(meta_raw, _MF_KEY, bytes(mf))
+        if cut is None:
+            return None
+        at = _metadata_span(raw, meta_raw)
+        if at < 0:
+            return None
+        raw = raw[:at] + cut + raw[at + len(meta_raw) :]
+        meta_raw = cut
+        has_mf = False
     prefix = b""
     if api_version and not head.apiVersion:
         prefix += b'"apiVersion":' + orjson.dumps(api_version) + b","
@@ -270,14 +291,8 @@ def _build(
         prefix += b'"kind":' + orjson.dumps(kind) + b","
     if prefix:
         raw = b"{" + prefix + raw[1:]
-    meta = _meta_decoder.decode(meta_raw)
-    return RawObject(
-        raw,
-        meta,
-        uid=str(meta.get("uid") or ""),
-        resource_version=str(meta.get("resourceVersion") or ""),
-        managed_fields="managedFields" in meta,
-    )
+    identity = (ident.name, _intern(ident.namespace), ident.uid, ident.resourceVersion, has_mf)
+    return RawObject(raw, identity=identity)
 
 
 def _cut_member(obj_raw: bytes, key: bytes, value: bytes) -> bytes | None:
@@ -366,6 +381,26 @@ def plain(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     if type(obj) is RawObject:
         return obj.to_dict()
     return obj
+
+
+def identity_metadata(obj: RawObject) -> dict[str, str]:
+    """A metadata mapping with only the object's name, namespace, uid and resourceVersion."""
+    meta = {"name": obj.name, "uid": obj.uid, "resourceVersion": obj.resource_version}
+    if obj.namespace:
+        meta["namespace"] = obj.namespace
+    return meta
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` (``name`` when cluster-scoped); ``""`` without a name."""
+    if type(obj) is RawObject:
+        return obj.key
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return ""
+    name = str(meta.get("name") or "")
+    namespace = str(meta.get("namespace") or "")
+    return f"{namespace}/{name}" if namespace else name
 
 
 def object_identity(obj: Mapping[str, Any]) -> tuple[str, str]:

@@ -127,11 +127,6 @@ class HandlerRegistration:
         return f"HandlerRegistration(name={self.name!r})"
 
 
-def _meta(obj: KubeObject) -> dict[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, dict) else {}
-
-
 class SharedIndexInformer:
     """A shared informer over one resource in one scope (see the module docstring)."""
 
@@ -250,7 +245,7 @@ class SharedIndexInformer:
             del self._delivered[key]
             return deleted  # a relist found it gone: consumers already saw the delete, or must now
         try:
-            rv = int(_meta(obj).get("resourceVersion") or "")
+            rv = int(object_identity(obj)[1])
         except ValueError:
             del self._delivered[key]
             return False

@@ -90,7 +90,10 @@ def meta_namespace_key_func(obj: Any) -> ObjectKey:
     A :class:`DeletedFinalStateUnknown` yields its own ``key``. Raises :class:`ObjectKeyError` for an
     object without ``metadata.name``.
     """
-    if isinstance(obj, DeletedFinalStateUnknown):
+    if type(obj) is RawObject:
+        if obj.name:
+            return ObjectKey(obj.key)
+    elif isinstance(obj, DeletedFinalStateUnknown):
         return obj.key
     meta = _metadata(obj)
     name = meta.get("name")
@@ -120,6 +123,8 @@ def split_meta_namespace_key(key: str) -> tuple[str, str]:
 
 def meta_namespace_index_func(obj: KubeObject) -> list[str]:
     """The default index function: the object's namespace (``""`` for cluster-scoped objects)."""
+    if type(obj) is RawObject:
+        return [obj.namespace]
     meta = _metadata(obj)
     return [str(meta.get("namespace") or "")]
 

@@ -46,6 +46,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar, cast
 
+from bridge.rawobject import RawObject, identity_metadata
 from sinks.cloudevents import (
     HTTP_PREFIX,
     STRUCTURED_CONTENT_TYPE,
@@ -85,9 +86,12 @@ _EMPTY: Mapping[str, Any] = {}
 
 
 def _metadata(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    """``ChangeEvent.metadata`` without the abstract-class check for plain dicts (hot path)."""
+    """The object's name, namespace, uid and resourceVersion as a metadata mapping (hot path; for a
+    RawObject nothing else of its metadata)."""
     if obj is None:
         return _EMPTY
+    if type(obj) is RawObject:
+        return identity_metadata(obj)  # what sinks need, without decoding the whole metadata
     meta = obj.get("metadata")
     if type(meta) is dict or isinstance(meta, Mapping):
         return meta

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from bridge.rawobject import RawObject
+
 __all__ = [
     "SINK_ENTRY_POINT_GROUP",
     "AckCallback",
@@ -138,20 +140,32 @@ class ChangeEvent:
 
     @property
     def namespace(self) -> str:
+        obj = self.obj
+        if type(obj) is RawObject:
+            return obj.namespace
         return str(self.metadata.get("namespace") or "")
 
     @property
     def name(self) -> str:
+        obj = self.obj
+        if type(obj) is RawObject:
+            return obj.name
         return str(self.metadata.get("name") or "")
 
     @property
     def uid(self) -> str:
+        obj = self.obj
+        if type(obj) is RawObject:
+            return obj.uid
         return str(self.metadata.get("uid") or "")
 
     @property
     def resource_version(self) -> str:
-        if self.obj is None and self.snapshot is not None:
+        obj = self.obj
+        if obj is None and self.snapshot is not None:
             return self.snapshot.resource_version
+        if type(obj) is RawObject:
+            return obj.resource_version
         return str(self.metadata.get("resourceVersion") or "")
 
     @property

@@ -54,6 +54,7 @@ import nats.js.errors
 import orjson
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.aio.transport import Transport
 from nats.js.api import StorageType, StreamConfig
 from nats.js.client import JetStreamContext
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -367,14 +368,57 @@ def _permanent_or_transient(exc: Exception, subject: str) -> Exception:
     return SinkTransientError(f"nats: publish to {subject!r} not confirmed: {exc!r}")
 
 
+_PING = b"PING\r\n"
+
+
+def _write_pending(client: NatsClient) -> Transport:
+    """Hands the commands nats-py has buffered to the socket now, in order, rather than on its
+    flusher task's next turn; returns the transport. (nats-py's flusher also waits for the socket
+    to drain; the sink's in-flight window bounds what can be buffered here instead.)"""
+    transport = client._transport
+    if transport is None:
+        raise RuntimeError("no transport")
+    if client._pending:
+        transport.writelines(client._pending)
+        client._pending = []
+        client._pending_data_size = 0
+    return transport
+
+
+class _PongRound(asyncio.Future[bool]):
+    """The PONG future of one PING, queued in nats-py's ``Client._pongs``.
+
+    nats-py's read loop resolves the oldest PONG future with ``set_result`` when a PONG arrives;
+    this one settles its round's messages right there instead of a loop turn later through a
+    done-callback (under load a loop turn is several milliseconds)."""
+
+    def __init__(self, sink: _NatsSinkBase, waiters: list[asyncio.Future[None] | OutgoingMessage],
+                 deadline: float, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop=loop)
+        self.sink = sink
+        self.waiters = waiters
+        self.deadline = deadline
+        self.answered = False
+
+    def set_result(self, result: bool, /) -> None:
+        super().set_result(result)
+        try:
+            self.sink._round_answered(self)
+        except Exception:  # never break nats-py's read loop
+            log.exception("sink %r: settling a confirmed round failed", self.sink.name)
+
+
 class _NatsSinkBase(BaseSink[Any]):
     default_destination: ClassVar[str] = DEFAULT_SUBJECT
     header_prefix: ClassVar[str] = HTTP_PREFIX
 
     def __init__(self, *, options: _ConnectionOptions, **kwargs: Any) -> None:
         self._conn = NatsConnection(options=options, name=kwargs.get("name", ""))
-        self._flush_waiters: list[asyncio.Future[None] | OutgoingMessage] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._unconfirmed: list[asyncio.Future[None] | OutgoingMessage] = []
+        """Published by the current publisher pass, waiting for the PING that ends the pass."""
+        self._rounds: collections.deque[_PongRound] = collections.deque()
+        """PINGs written and not yet answered or expired, oldest first."""
+        self._round_expirer: asyncio.Task[None] | None = None
         self._outbox: collections.deque[OutgoingMessage] = collections.deque()
         """Submitted messages the publisher task has not published yet (bounded by the window)."""
         self._outbox_ready = asyncio.Event()
@@ -395,11 +439,13 @@ class _NatsSinkBase(BaseSink[Any]):
         await self._conn.start()
 
     async def _close(self) -> None:
-        tasks = [t for t in (self._publisher, self._flusher) if t is not None]
+        tasks = [t for t in (self._publisher, self._round_expirer) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._outbox.clear()
+        self._unconfirmed.clear()
+        self._rounds.clear()
         await self._conn.close()
 
     # ---- pipelined publishing ---------------------------------------------------------------------
@@ -447,10 +493,17 @@ class _NatsSinkBase(BaseSink[Any]):
                     await self._publish_one(client, msg)
                 except Exception as exc:  # never strand a message: it is settled either way
                     self._settle(msg, exc)
+            self._end_of_pass(client)
 
     async def _publish_one(self, client: NatsClient, msg: OutgoingMessage) -> None:
         """Publishes one message of the outbox and arranges for its confirmation."""
         raise NotImplementedError
+
+    def _end_of_pass(self, client: NatsClient) -> None:
+        """Called once the publisher emptied the outbox: core publishes of the pass share one PING."""
+        if self._unconfirmed:
+            waiters, self._unconfirmed = self._unconfirmed, []
+            self._ping_round(client, waiters)
 
     def healthy(self) -> bool:
         return super().healthy() and self._conn.is_connected
@@ -465,45 +518,83 @@ class _NatsSinkBase(BaseSink[Any]):
             raise _permanent_or_transient(exc, subject) from exc
         await self._confirmed(client, subject)
 
-    def _confirm_later(self, client: NatsClient, waiter: asyncio.Future[None] | OutgoingMessage) -> None:
-        """Registers ``waiter`` for the next PING/PONG round trip (a message is settled by it)."""
-        self._flush_waiters.append(waiter)
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.get_running_loop().create_task(
-                self._flush_rounds(client), name=f"nats-flush:{self.name}"
-            )
-
     async def _confirmed(self, client: NatsClient, subject: str) -> None:
-        """Waits for a PING/PONG round trip sent after this publish. Concurrent publishers share
-        one round trip: a round takes every waiter registered before it starts."""
+        """Waits for a PING/PONG round trip sent after this publish."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._confirm_later(client, waiter)
+        self._ping_round(client, [waiter])
         try:
             await waiter
         except SinkTransientError as exc:
             raise SinkTransientError(f"nats: publish to {subject!r} not confirmed: {exc}") from exc
 
-    async def _flush_rounds(self, client: NatsClient) -> None:
+    def _ping_round(self, client: NatsClient, waiters: list[asyncio.Future[None] | OutgoingMessage]) -> None:
+        """Writes what nats-py has buffered, then a PING, and settles ``waiters`` when its PONG comes.
+
+        Rounds are pipelined: a PING is written at the end of every publisher pass without waiting
+        for the previous PONG (the server answers PINGs in order, nats-py pops the oldest PONG
+        future), so a message waits for one round trip, not for the round in flight and then its
+        own. The buffered PUBs are written first, synchronously, so the PING follows them on the
+        wire and its PONG proves the server read them (``Client.flush`` writes its PING at once,
+        ahead of publishes still in nats-py's buffer)."""
+        if not client.is_connected:
+            # nats-py keeps publishes made while reconnecting in its buffer, unconfirmed.
+            self._fail_round(waiters, SinkTransientError("not connected to NATS"))
+            return
+        loop = asyncio.get_running_loop()
+        pong = _PongRound(self, waiters, time.monotonic() + self.options.publish_timeout, loop)
+        try:
+            transport = _write_pending(client)
+            transport.write(_PING)
+        except (OSError, RuntimeError) as exc:
+            self._fail_round(waiters, SinkTransientError(f"cannot write to NATS: {exc!r}"))
+            return
+        # Queued only once its PING is written (nothing runs in between): nats-py's PONG futures
+        # must stay in the order of the PINGs on the wire.
+        client._pongs.append(pong)
+        self._rounds.append(pong)
+        if self._round_expirer is None or self._round_expirer.done():
+            self._round_expirer = loop.create_task(self._expire_rounds(), name=f"nats-pong:{self.name}")
+
+    def _round_answered(self, pong: _PongRound) -> None:
+        """The PONG of ``pong`` came (called from nats-py's read loop): its messages are confirmed."""
+        if pong.answered:
+            return  # expired before its PONG came (and retried)
+        pong.answered = True
+        rounds = self._rounds
+        while rounds and rounds[0].answered:
+            rounds.popleft()
+        for waiter in pong.waiters:
+            if isinstance(waiter, OutgoingMessage):
+                self._settle(waiter, None)
+            elif not waiter.done():
+                waiter.set_result(None)
+
+    def _fail_round(self, waiters: list[asyncio.Future[None] | OutgoingMessage], error: Exception) -> None:
+        for waiter in waiters:
+            if isinstance(waiter, OutgoingMessage):
+                self._settle(waiter, error)
+            elif not waiter.done():
+                waiter.set_exception(error)
+
+    async def _expire_rounds(self) -> None:
+        """Fails rounds whose PONG did not come within ``publish_timeout`` (a connection lost after
+        the PING: nats-py forgets its PONG futures on reconnect); their messages are retried."""
+        rounds = self._rounds
         timeout = self.options.publish_timeout
-        while self._flush_waiters:
-            waiters, self._flush_waiters = self._flush_waiters, []
-            error: Exception | None = None
-            try:
-                await client.flush(timeout=timeout)
-            except (nats.errors.Error, OSError) as exc:
-                error = SinkTransientError(repr(exc))
-            # nats-py's flush returns at once (unconfirmed) while it is reconnecting.
-            if error is None and not client.is_connected:
-                error = SinkTransientError("connection lost")
-            for waiter in waiters:
-                if isinstance(waiter, OutgoingMessage):
-                    self._settle(waiter, error)
-                elif waiter.done():
-                    continue
-                elif error is None:
-                    waiter.set_result(None)
-                else:
-                    waiter.set_exception(error)
+        while True:
+            await asyncio.sleep(min(0.25, timeout / 4))
+            now = time.monotonic()
+            while rounds:
+                pong = rounds[0]
+                if not pong.answered:
+                    if pong.deadline > now:
+                        break
+                    pong.answered = True
+                    try:
+                        self._fail_round(pong.waiters, SinkTransientError(f"no PONG within {timeout}s"))
+                    except Exception:  # keep expiring the others
+                        log.exception("sink %r: failing an unconfirmed round failed", self.name)
+                rounds.popleft()
 
     async def _publish_js(self, subject: str, body: bytes, headers: dict[str, str]) -> None:
         timeout = self.options.publish_timeout
@@ -535,7 +626,7 @@ class NatsSink(_NatsSinkBase):
         except (nats.errors.Error, OSError) as exc:
             self._settle(msg, _permanent_or_transient(exc, msg.destination))
             return
-        self._confirm_later(client, msg)
+        self._unconfirmed.append(msg)
 
 
 class JetStreamSink(_NatsSinkBase):
@@ -626,6 +717,15 @@ class JetStreamSink(_NatsSinkBase):
         except (nats.errors.Error, OSError) as exc:
             if self._awaiting.pop(reply, None) is not None:
                 self._settle(msg, _permanent_or_transient(exc, msg.destination))
+
+    def _end_of_pass(self, client: NatsClient) -> None:
+        """The pass's publishes go to the socket now rather than on nats-py's flusher task's next
+        turn: their PubAcks come a loop turn sooner."""
+        if client.is_connected:
+            try:
+                _write_pending(client)
+            except (OSError, RuntimeError) as exc:  # nats-py's flusher sees (and reports) it too
+                log.debug("sink %r: writing publishes failed: %r", self.name, exc)
 
     async def _ack_inbox(self, client: NatsClient) -> str:
         """Subscribes (once per connection) to the inbox the stream's PubAcks are sent to."""
