@@ -60,6 +60,7 @@ __all__ = [
     "brokers",
     "build_payloads",
     "burst_setup",
+    "count_watch_events",
     "fetch_watch_objects",
     "freeze_after_sync",
     "machine_info",
@@ -635,6 +636,28 @@ async def fetch_watch_objects(url: str, namespace: str, from_rv: int, count: int
                     if len(objects) >= count:
                         return objects
     return objects
+
+
+async def count_watch_events(url: str, namespace: str, from_rv: int, count: int) -> float:
+    """Events/s of a bare HTTP read of the watch from ``from_rv`` that only counts lines (the
+    simulator's own pace: nothing decodes them)."""
+    import aiohttp
+
+    seen = 0
+    params = {"watch": "1", "resourceVersion": str(from_rv), "timeoutSeconds": "120"}
+    async with aiohttp.ClientSession() as session:
+        t0 = time.perf_counter()
+        async with session.get(f"{url}/api/v1/namespaces/{namespace}/pods", params=params,
+                               timeout=aiohttp.ClientTimeout(total=120)) as resp:
+            resp.raise_for_status()
+            async for chunk in resp.content.iter_any():
+                seen += chunk.count(b"\n")
+                if seen >= count:
+                    break
+        seconds = time.perf_counter() - t0
+    if seen < count:
+        raise RuntimeError(f"the watch ended after {seen} of {count} events")
+    return count / seconds
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ import builtins
 
 from bridge.contracts import Indexer, KubeObject, ObjectKey
 from bridge.labels import LabelSelector, parse_label_selector
+from bridge.rawobject import RawObject
 from bridge.store import NAMESPACE_INDEX
 
 __all__ = ["NAMESPACE_ALL", "Lister"]
@@ -29,6 +30,8 @@ def _selector(selector: LabelSelector | str | None) -> LabelSelector | None:
 
 
 def _namespace_of(obj: KubeObject) -> str:
+    if type(obj) is RawObject:
+        return obj.namespace
     meta = obj.get("metadata") or {}
     return str(meta.get("namespace") or "")
 

@@ -25,7 +25,7 @@ from bridge.apiclient import ApiClient, LineStream, Params
 from bridge.contracts import KubeObject, ListOptions, ListPage, WatchEvent, WatchEventType, WatchOptions
 from bridge.discovery import APIResource, Discovery, UnsupportedResourceError
 from bridge.errors import ApiStatusError, ForbiddenError, NotFoundError
-from bridge.rawobject import RawObjectError, decode_object
+from bridge.rawobject import RawObjectError, decode_object, decode_watch_object
 
 __all__ = [
     "WATCH_EVENT_DECODERS",
@@ -113,11 +113,17 @@ def decode_watch_event_orjson(line: bytes) -> WatchEvent:
 
 def raw_object_decoder(*, drop_managed_fields: bool = False) -> WatchDecoder:
     """Watch events whose objects stay JSON bytes (:class:`~bridge.rawobject.RawObject`): one msgspec
-    pass splits the event, a second reads the object's metadata without building the rest of it
-    (``drop_managed_fields`` cuts ``metadata.managedFields`` out of the bytes on the way). ``ERROR``
-    events (a Status) are decoded whole, as the reflector reads them."""
+    pass over a line as API servers lay it out reads the event type and the object's metadata
+    without building the rest (other layouts take two passes), and ``drop_managed_fields`` cuts
+    ``metadata.managedFields`` out of the bytes on the way. ``ERROR`` events (a Status) are decoded
+    whole, as the reflector reads them."""
 
     def decode(line: bytes) -> WatchEvent:
+        fast = decode_watch_object(line, drop_managed_fields=drop_managed_fields)
+        if fast is not None:
+            kind = _EVENT_TYPES.get(fast[0])
+            if kind is not None and kind is not WatchEventType.ERROR:
+                return WatchEvent(type=kind, object=fast[1])
         try:
             ev = _raw_event_decoder.decode(line)
         except msgspec.DecodeError as e:

@@ -32,6 +32,7 @@ __all__ = [
     "RawObject",
     "RawObjectError",
     "decode_object",
+    "decode_watch_object",
     "dumps",
     "identity_metadata",
     "object_identity",
@@ -51,6 +52,11 @@ class _Head(msgspec.Struct):
     metadata: msgspec.Raw = msgspec.Raw(b"")
 
 
+class _EventHead(msgspec.Struct, forbid_unknown_fields=True):
+    type: str
+    object: _Head
+
+
 class _Ident(msgspec.Struct):
     """What the bridge needs of every object's metadata; the rest is decoded on demand."""
 
@@ -67,6 +73,7 @@ class _MetaOnly(msgspec.Struct):
 
 _head_decoder = msgspec.json.Decoder(_Head)
 _ident_decoder = msgspec.json.Decoder(_Ident)
+_event_head_decoder = msgspec.json.Decoder(_EventHead)
 _meta_only_decoder = msgspec.json.Decoder(_MetaOnly)
 _MF_KEY = b'"managedFields":'
 _META_KEY = b'"metadata":'
@@ -351,6 +358,25 @@ def decode_object(
     if kind and "kind" not in obj:
         obj["kind"] = kind
     return RawObject.from_dict(obj)
+
+
+def decode_watch_object(line: bytes, *, drop_managed_fields: bool = False) -> tuple[str, RawObject] | None:
+    """``(type, object)`` of a watch event line laid out as API servers write them,
+    ``{"type":"…","object":{…}}``, in one pass over the line; None for anything else (another
+    layout, an object without metadata, not JSON …), which the caller then decodes the long way."""
+    try:
+        head = _event_head_decoder.decode(line)
+    except msgspec.DecodeError:
+        return None
+    body = line.rstrip()
+    prefix = b'{"type":' + orjson.dumps(head.type) + b',"object":'
+    if not (body.startswith(prefix) and body.endswith(b"}")):
+        return None
+    # The line is valid JSON with exactly the members type and object, starting with type: what
+    # lies between the prefix and the final brace is the object.
+    raw = body[len(prefix) : -1]
+    built = _build(raw, head.object, drop_managed_fields=drop_managed_fields, api_version="", kind="")
+    return None if built is None else (head.type, built)
 
 
 def _default(value: Any) -> Any:

@@ -63,6 +63,7 @@ from bridge.errors import (
     TooLargeResourceVersionError,
     TooManyRequestsError,
 )
+from bridge.rawobject import object_identity, object_key
 
 __all__ = [
     "INITIAL_EVENTS_END_ANNOTATION",
@@ -611,12 +612,7 @@ class Reflector:
 
 
 def _resource_version(obj: KubeObject) -> str:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("resourceVersion") or "")
+    return object_identity(obj)[1]
 
 
-def _key(obj: KubeObject) -> str:
-    meta = obj.get("metadata") or {}
-    namespace = meta.get("namespace") or ""
-    name = meta.get("name") or ""
-    return f"{namespace}/{name}" if namespace else str(name)
+_key = object_key
