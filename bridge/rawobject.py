@@ -47,8 +47,8 @@ class RawObjectError(ValueError):
 
 
 class _Head(msgspec.Struct):
-    apiVersion: str = ""
-    kind: str = ""
+    apiVersion: str | None = None  # None: absent (filled in for List items), "" is kept as sent
+    kind: str | None = None
     metadata: msgspec.Raw = msgspec.Raw(b"")
 
 
@@ -60,10 +60,10 @@ class _EventHead(msgspec.Struct, forbid_unknown_fields=True):
 class _Ident(msgspec.Struct):
     """What the bridge needs of every object's metadata; the rest is decoded on demand."""
 
-    name: str = ""
-    namespace: str = ""
-    uid: str = ""
-    resourceVersion: str = ""
+    name: str | None = ""
+    namespace: str | None = ""
+    uid: str | None = ""
+    resourceVersion: str | None = ""
     managedFields: msgspec.Raw = msgspec.Raw(b"")
 
 
@@ -275,30 +275,37 @@ def _cut_managed_fields(raw: bytes) -> RawObject | None:
 def _build(
     raw: bytes, head: _Head, *, drop_managed_fields: bool, api_version: str, kind: str
 ) -> RawObject | None:
+    """The RawObject of ``raw`` whose top level ``head`` decoded, working on the bytes; None when they
+    are not laid out so that this is exact (the caller then decodes and re-encodes)."""
     meta_raw = bytes(head.metadata)
-    if not meta_raw.startswith(b"{"):
+    if not (meta_raw.startswith(b"{") and raw.startswith(b"{")):
         return None
-    ident = _ident_decoder.decode(meta_raw)
+    try:
+        ident = _ident_decoder.decode(meta_raw)
+    except msgspec.DecodeError:
+        return None
     mf = ident.managedFields
     has_mf = len(mf) > 0
     if drop_managed_fields and has_mf:
         cut = _cut_member(meta_raw, _MF_KEY, bytes(mf))
-        if cut is None:
+        # Another managedFields member left (a duplicate key, or one nested deeper): not exact.
+        if cut is None or _MF_KEY in cut:
             return None
         at = _metadata_span(raw, meta_raw)
-        if at < 0:
+        # The same metadata bytes twice (e.g. nested in the spec): which one is the object's?
+        if at < 0 or raw.find(meta_raw, at + 1) >= 0:
             return None
         raw = raw[:at] + cut + raw[at + len(meta_raw) :]
-        meta_raw = cut
         has_mf = False
     prefix = b""
-    if api_version and not head.apiVersion:
+    if api_version and head.apiVersion is None:
         prefix += b'"apiVersion":' + orjson.dumps(api_version) + b","
-    if kind and not head.kind:
+    if kind and head.kind is None:
         prefix += b'"kind":' + orjson.dumps(kind) + b","
     if prefix:
         raw = b"{" + prefix + raw[1:]
-    identity = (ident.name, _intern(ident.namespace), ident.uid, ident.resourceVersion, has_mf)
+    namespace = _intern(ident.namespace or "")
+    identity = (ident.name or "", namespace, ident.uid or "", ident.resourceVersion or "", has_mf)
     return RawObject(raw, identity=identity)
 
 
@@ -310,8 +317,9 @@ def _cut_member(obj_raw: bytes, key: bytes, value: bytes) -> bytes | None:
         if i < 0:
             return None
         j = i + len(key)
-        if obj_raw.startswith(value, j) and obj_raw[i - 1 : i] in (b"{", b","):
-            end = j + len(value)
+        end = j + len(value)
+        if (obj_raw.startswith(value, j) and obj_raw[i - 1 : i] in (b"{", b",")
+                and obj_raw[end : end + 1] in (b",", b"}")):
             if obj_raw[end : end + 1] == b",":
                 return obj_raw[:i] + obj_raw[end + 1 :]
             if obj_raw[i - 1 : i] == b",":
