@@ -67,6 +67,8 @@ _EXPORTS: dict[str, str] = {
     "ObjectKey": "contracts",
     "OverflowPolicy": "contracts",
     "ProcessorListener": "processor",
+    "RawObject": "rawobject",
+    "RawObjectError": "rawobject",
     "RealClock": "clock",
     "Reflector": "reflector",
     "ResourceExpiredError": "errors",
@@ -206,6 +208,10 @@ if TYPE_CHECKING:
     from bridge.progress import (
         AckTracker,
     )
+    from bridge.rawobject import (
+        RawObject,
+        RawObjectError,
+    )
     from bridge.reflector import (
         Reflector,
     )
@@ -284,6 +290,8 @@ __all__ = [
     "ObjectKey",
     "OverflowPolicy",
     "ProcessorListener",
+    "RawObject",
+    "RawObjectError",
     "RealClock",
     "Reflector",
     "ResourceExpiredError",
