@@ -14,6 +14,7 @@ messages naming the resource and scope, and for 403 what to fix.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -39,6 +40,7 @@ __all__ = [
     "decode_watch_event_raw",
     "lister_watcher_for",
     "raw_object_decoder",
+    "split_list",
 ]
 
 _log = logging.getLogger(__name__)
@@ -158,47 +160,41 @@ class _ListMeta(msgspec.Struct):
     remainingItemCount: int | None = None
 
 
-class _List(msgspec.Struct):
-    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
-    items: list[dict[str, Any]] | None = None
-
-
 class _RawList(msgspec.Struct):
     metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
     items: list[msgspec.Raw] | None = None
 
 
-_list_decoder = msgspec.json.Decoder(_List)
+_item_decoder = msgspec.json.Decoder(dict[str, Any])
 _raw_list_decoder = msgspec.json.Decoder(_RawList)
 
 
-def decode_list(
-    body: bytes,
-    *,
-    api_version: str = "",
-    kind: str = "",
-    raw_objects: bool = False,
-    drop_managed_fields: bool = False,
-) -> ListPage:
-    """A List answer into a :class:`ListPage`. Items of a List carry no apiVersion/kind on the wire;
-    they are filled in from the resource so that every object the bridge forwards is self-describing.
+def split_list(body: bytes) -> tuple[_ListMeta, list[msgspec.Raw]]:
+    """A List answer's metadata and its items, still undecoded (one fast pass)."""
+    try:
+        raw_list = _raw_list_decoder.decode(body)
+    except msgspec.DecodeError as e:
+        raise WatchDecodeError(f"not a List: {e}") from e
+    return raw_list.metadata, raw_list.items or []
 
-    ``raw_objects``: items become :class:`~bridge.rawobject.RawObject` (their bytes, metadata decoded),
-    with ``metadata.managedFields`` cut out when ``drop_managed_fields``."""
+
+def _list_page(
+    meta: _ListMeta,
+    raws: list[msgspec.Raw],
+    *,
+    api_version: str,
+    kind: str,
+    raw_objects: bool,
+    drop_managed_fields: bool,
+) -> ListPage:
     items: list[KubeObject]
     try:
         if raw_objects:
-            raw_list = _raw_list_decoder.decode(body)
-            meta = raw_list.metadata
-            items = [
-                decode_object(raw, api_version=api_version, kind=kind,
-                              drop_managed_fields=drop_managed_fields)
-                for raw in raw_list.items or ()
-            ]
+            drop = drop_managed_fields
+            items = [decode_object(raw, api_version=api_version, kind=kind, drop_managed_fields=drop)
+                     for raw in raws]
         else:
-            decoded = _list_decoder.decode(body)
-            meta = decoded.metadata
-            dicts = decoded.items or []
+            dicts = [_item_decoder.decode(raw) for raw in raws]
             if api_version or kind:
                 for item in dicts:
                     if "apiVersion" not in item:
@@ -214,6 +210,30 @@ def decode_list(
         continue_token=meta.continue_ or None,
         remaining_item_count=meta.remainingItemCount,
     )
+
+
+def decode_list(
+    body: bytes,
+    *,
+    api_version: str = "",
+    kind: str = "",
+    raw_objects: bool = False,
+    drop_managed_fields: bool = False,
+) -> ListPage:
+    """A List answer into a :class:`ListPage`. Items of a List carry no apiVersion/kind on the wire;
+    they are filled in from the resource so that every object the bridge forwards is self-describing.
+
+    ``raw_objects``: items become :class:`~bridge.rawobject.RawObject` (their bytes, metadata decoded),
+    with ``metadata.managedFields`` cut out when ``drop_managed_fields``; otherwise dicts."""
+    meta, raws = split_list(body)
+    return _list_page(meta, raws, api_version=api_version, kind=kind, raw_objects=raw_objects,
+                      drop_managed_fields=drop_managed_fields)
+
+
+def _consume_outcome(task: asyncio.Task[bytes]) -> None:
+    """Marks a prefetch's failure as seen (it is raised again to whoever awaits the task)."""
+    if not task.cancelled():
+        task.exception()
 
 
 class HttpWatchStream:
@@ -321,6 +341,7 @@ class HttpListerWatcher:
         self._scope = scope
         self.garbage_lines = 0
         """Garbage lines over every watch this lister-watcher opened."""
+        self._prefetched: tuple[int | None, str, asyncio.Task[bytes]] | None = None
 
     @property
     def resource(self) -> APIResource:
@@ -366,6 +387,9 @@ class HttpListerWatcher:
         return e
 
     async def list(self, options: ListOptions) -> ListPage:
+        """One page. The next page of a paginated list is requested as soon as this one's answer is
+        in (before its items are decoded), so that the server prepares it while the bridge decodes:
+        a list of many pages then costs the larger of the two, not their sum."""
         params: dict[str, str | int | bool | None] = self._selectors()
         if options.limit:
             params["limit"] = options.limit
@@ -377,16 +401,57 @@ class HttpListerWatcher:
             if options.resource_version:
                 params["resourceVersionMatch"] = options.resource_version_match
         context = f"list {self._resource.qualified} {self._scope}"
+        pending = self._take_prefetched(options)
         try:
-            body = await self._client.request_bytes("GET", self._path, params=params, context=context)
+            if pending is not None:
+                body = await pending
+            else:
+                body = await self._client.request_bytes("GET", self._path, params=params, context=context)
         except (ForbiddenError, NotFoundError) as e:
             raise self._explain(e, "list") from e
         try:
-            return decode_list(body, api_version=self._resource.api_version, kind=self._resource.kind,
-                               raw_objects=self._raw_objects, drop_managed_fields=self._drop_managed_fields)
+            meta, items = split_list(body)
         except WatchDecodeError as e:
             raise ApiStatusError(f"{context}: the server answered something that is not a List: {e}",
                                  code=200) from e
+        if meta.continue_:
+            self._prefetch(options.limit, meta.continue_, context)
+        try:
+            return _list_page(meta, items, api_version=self._resource.api_version, kind=self._resource.kind,
+                              raw_objects=self._raw_objects, drop_managed_fields=self._drop_managed_fields)
+        except WatchDecodeError as e:
+            raise ApiStatusError(f"{context}: the server answered something that is not a List: {e}",
+                                 code=200) from e
+
+    def _prefetch(self, limit: int | None, continue_token: str, context: str) -> None:
+        params: dict[str, str | int | bool | None] = self._selectors()
+        if limit:
+            params["limit"] = limit
+        params["continue"] = continue_token
+        task = asyncio.get_running_loop().create_task(
+            self._client.request_bytes("GET", self._path, params=params, context=context),
+            name=f"list-prefetch:{self._resource.qualified}",
+        )
+        task.add_done_callback(_consume_outcome)
+        self._discard_prefetch()
+        self._prefetched = (limit, continue_token, task)
+
+    def _take_prefetched(self, options: ListOptions) -> asyncio.Task[bytes] | None:
+        """The prefetched answer for exactly this request, if any; any other prefetch is dropped."""
+        held = self._prefetched
+        if held is None:
+            return None
+        self._prefetched = None
+        limit, token, task = held
+        if options.continue_token == token and options.limit == limit:
+            return task
+        task.cancel()
+        return None
+
+    def _discard_prefetch(self) -> None:
+        held, self._prefetched = self._prefetched, None
+        if held is not None:
+            held[2].cancel()
 
     async def watch(self, options: WatchOptions) -> HttpWatchStream:
         params: Params = {
@@ -398,6 +463,7 @@ class HttpListerWatcher:
             "allowWatchBookmarks": True if options.allow_watch_bookmarks else None,
             "sendInitialEvents": True if options.send_initial_events else None,
         }
+        self._discard_prefetch()  # a list that stops early leaves no request behind
         context = f"watch {self._resource.qualified} {self._scope}"
         read_timeout = options.timeout_seconds + 30.0 if options.timeout_seconds else None
         try:

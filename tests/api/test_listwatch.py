@@ -4,6 +4,7 @@ ERROR 410 in the stream, REST-layer retries of 429/503, and watches cut or close
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -75,6 +76,83 @@ async def test_paginated_list_returns_every_item_once(sim: Simulator, sim_client
     # List items carry no kind on the wire; the bridge fills it in.
     assert {(o["apiVersion"], o["kind"]) for p in pages for o in p.items} == {("v1", "Pod")}
     assert sim.requests["list"] == 3
+
+
+async def _until(cond: Any, timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+async def test_next_page_is_requested_before_the_caller_asks(sim: Simulator, sim_client: ApiClient) -> None:
+    for i in range(5):
+        sim.store.create("pods", make_pod(f"p{i}", "a"))
+    lw = await pods_lw(sim_client, "a")
+    first = await lw.list(ListOptions(limit=2))
+    assert first.continue_token
+    # The second page is on its way while the caller still holds the first one.
+    await _until(lambda: sim.requests["list"] == 2)
+    second = await lw.list(ListOptions(limit=2, continue_token=first.continue_token))
+    assert names(second.items) == ["a/p2", "a/p3"]
+    assert sim.requests["list"] >= 2
+    third = await lw.list(ListOptions(limit=2, continue_token=second.continue_token))
+    assert names(third.items) == ["a/p4"]
+    assert third.continue_token is None
+    await asyncio.sleep(0.05)
+    assert sim.requests["list"] == 3  # the last page asks for nothing more
+
+
+async def test_a_prefetched_page_the_caller_does_not_want_is_dropped(
+    sim: Simulator, sim_client: ApiClient
+) -> None:
+    for i in range(5):
+        sim.store.create("pods", make_pod(f"p{i}", "a"))
+    lw = await pods_lw(sim_client, "a")
+    first = await lw.list(ListOptions(limit=2))
+    # The caller restarts with a full list instead (as the reflector does after an error) ...
+    whole = await lw.list(ListOptions())
+    assert len(whole.items) == 5
+    assert lw._prefetched is None
+    # ... and a page with another size is fetched afresh, not taken from a prefetch of size 2.
+    again = await lw.list(ListOptions(limit=2))
+    assert again.continue_token
+    other = await lw.list(ListOptions(limit=3, continue_token=again.continue_token))
+    assert names(other.items) == ["a/p2", "a/p3", "a/p4"]
+    # Opening a watch drops whatever page was still being prefetched.
+    page = await lw.list(ListOptions(limit=2))
+    assert page.continue_token
+    assert lw._prefetched is not None
+    task = lw._prefetched[2]
+    stream = await lw.watch(WatchOptions(resource_version=page.resource_version, timeout_seconds=1))
+    await stream.close()
+    assert lw._prefetched is None
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    assert task.done()
+    del first
+
+
+async def test_a_prefetched_page_fails_or_retries_as_the_request_would(
+    sim: Simulator, sim_client: ApiClient
+) -> None:
+    for i in range(5):
+        sim.store.create("pods", make_pod(f"p{i}", "a"))
+    lw = await pods_lw(sim_client, "a")
+    first = await lw.list(ListOptions(limit=2))
+    # Nothing has run since list() returned: the prefetch has not sent its request yet, and meets
+    # a 503 first, which the REST layer retries.
+    sim.set_faults(error_code=503, error_count=1, error_retry_after=0, error_target="list")
+    second = await lw.list(ListOptions(limit=2, continue_token=first.continue_token))
+    assert names(second.items) == ["a/p2", "a/p3"]
+    assert sim.faults.injected == 1
+    # An answer that is not retried reaches the caller as the request's own error.
+    sim.store.create("pods", make_pod("later", "a"))
+    sim.compact()
+    with pytest.raises(ResourceExpiredError) as info:
+        await lw.list(ListOptions(limit=2, continue_token=second.continue_token))
+    assert info.value.code == 410
 
 
 async def test_namespace_and_selectors_pass_through(sim: Simulator, sim_client: ApiClient) -> None:
