@@ -120,8 +120,10 @@ class SinkConfig(BaseModel):
 
 class CacheConfig(_Model):
     compact: bool = True
-    """Keep cached objects as JSON bytes (about their wire size) instead of dict trees (several times
-    it); costs a decode when an update needs the previous state. See docs/performance.md."""
+    """Keep objects as the API server's JSON bytes from the wire to the sinks (about their wire size in
+    the cache; only name, namespace, uid and resourceVersion decoded; the rest decoded only when a
+    filter, redaction or template reads it) instead of dict trees (several times the size, and more
+    CPU per change). See docs/performance.md."""
 
 
 class CheckpointConfig(_Model):
