@@ -373,6 +373,10 @@ def _permanent_or_transient(exc: Exception, subject: str) -> Exception:
 
 
 _PING = b"PING\r\n"
+_HAS_CLIENT_INTERNALS = all(
+    hasattr(NatsClient(), a) for a in ("_pongs", "_pending", "_pending_data_size", "_transport")
+)
+"""What pipelined confirmation uses of nats-py's client (present in every 2.x release so far)."""
 
 
 def _write_pending(client: NatsClient) -> Transport:
@@ -473,8 +477,8 @@ class _NatsSinkBase(BaseSink[Any]):
         log.error("sink %r: NATS publisher stopped", self.name, exc_info=exc)
         # What it held is retried (the next submit starts a new publisher).
         outbox, self._outbox = self._outbox, collections.deque()
-        for msg in outbox:
-            self._settle(msg, SinkTransientError(f"nats publisher stopped: {exc!r}"))
+        unconfirmed, self._unconfirmed = self._unconfirmed, []
+        self._fail_round([*unconfirmed, *outbox], SinkTransientError(f"nats publisher stopped: {exc!r}"))
 
     async def _publish_loop(self) -> None:
         outbox = self._outbox
@@ -545,6 +549,9 @@ class _NatsSinkBase(BaseSink[Any]):
             self._fail_round(waiters, SinkTransientError("not connected to NATS"))
             return
         loop = asyncio.get_running_loop()
+        if not _HAS_CLIENT_INTERNALS:
+            self._spawn(self._flush_then_settle(client, waiters), "nats-flush")
+            return
         pong = _PongRound(self, waiters, time.monotonic() + self.options.publish_timeout, loop)
         try:
             transport = _write_pending(client)
@@ -558,6 +565,27 @@ class _NatsSinkBase(BaseSink[Any]):
         self._rounds.append(pong)
         if self._round_expirer is None or self._round_expirer.done():
             self._round_expirer = loop.create_task(self._expire_rounds(), name=f"nats-pong:{self.name}")
+
+    async def _flush_then_settle(
+        self, client: NatsClient, waiters: list[asyncio.Future[None] | OutgoingMessage]
+    ) -> None:
+        """The confirmation through nats-py's public ``flush`` (a nats-py without the internals
+        ``_ping_round`` relies on): one round trip per pass, not pipelined with the others."""
+        error: Exception | None = None
+        try:
+            await client.flush(timeout=self.options.publish_timeout)
+        except (nats.errors.Error, OSError) as exc:
+            error = SinkTransientError(repr(exc))
+        if error is None and not client.is_connected:  # flush returns at once while reconnecting
+            error = SinkTransientError("connection lost")
+        if error is not None:
+            self._fail_round(waiters, error)
+            return
+        for waiter in waiters:
+            if isinstance(waiter, OutgoingMessage):
+                self._settle(waiter, None)
+            elif not waiter.done():
+                waiter.set_result(None)
 
     def _round_answered(self, pong: _PongRound) -> None:
         """The PONG of ``pong`` came (called from nats-py's read loop): its messages are confirmed."""

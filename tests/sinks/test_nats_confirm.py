@@ -11,6 +11,7 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
+import sinks.nats
 from sinks.contract import DeliveryOutcome, EventType
 from sinks.nats import NatsSink
 from tests import brokers
@@ -153,3 +154,18 @@ async def test_a_pong_that_never_comes_fails_the_round_and_it_is_retried(nats_se
         await twice.wait()
     assert {m.subject for m in got} == {"lost.x"}  # sent again: at least once
     await nc.close()
+
+
+async def test_without_the_client_internals_publishes_are_confirmed_through_flush(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sinks.nats, "_HAS_CLIENT_INTERNALS", False)
+    sink = make_sink(nats_server.url, destination="public.{name}")
+    await sink.start()
+    acks = Acks()
+    for i in range(50):
+        await sink.deliver(event(EventType.ADDED, obj(f"f{i}", uid=f"f{i}", rv="1")), acks.cb(str(i)))
+        if i % 10 == 0:
+            await asyncio.sleep(0)
+    assert await sink.flush(5)
+    assert len(acks.of(DeliveryOutcome.DELIVERED)) == 50
