@@ -175,6 +175,9 @@ class KafkaSinkOptions(SinkOptions):
             "message.timeout.ms": self.message_timeout_ms,
             "message.max.bytes": self.max_message_bytes,
             "queue.buffering.max.messages": self.queue_max_messages,
+            # TCP_NODELAY, as the Java client always sets: with Nagle's algorithm on (librdkafka's
+            # default) a small produce request can wait for the ACK of the previous one.
+            "socket.nagle.disable": True,
         }
         conf.update(self.librdkafka)
         return conf

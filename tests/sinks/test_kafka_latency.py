@@ -1,5 +1,5 @@
-"""What keeps the Kafka sink's per-event latency low: a short default linger, and delivery reports
-served whenever the sink produces, not only on the poller's timer."""
+"""What keeps the Kafka sink's per-event latency low: a short default linger, TCP_NODELAY, and
+delivery reports served whenever the sink produces, not only on the poller's timer."""
 
 from __future__ import annotations
 
@@ -28,8 +28,12 @@ async def sink(kafka_broker: TansuBroker) -> AsyncIterator[KafkaSink]:
     await s.close()
 
 
-def test_default_linger_is_one_millisecond() -> None:
-    assert KafkaSinkOptions(brokers="b:9").producer_config()["linger.ms"] == 1.0
+def test_latency_defaults() -> None:
+    conf = KafkaSinkOptions(brokers="b:9").producer_config()
+    assert conf["linger.ms"] == 1.0
+    assert conf["socket.nagle.disable"] is True
+    overridden = KafkaSinkOptions(brokers="b:9", librdkafka={"socket.nagle.disable": False})
+    assert overridden.producer_config()["socket.nagle.disable"] is False
 
 
 async def test_reports_are_served_when_the_sink_produces(
