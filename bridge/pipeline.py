@@ -315,7 +315,11 @@ def _listener_options(sink: Sink) -> ListenerOptions:
 
 
 class _CountingTracker(AckTracker):
-    """An AckTracker that also counts what the informer processed, by kind."""
+    """An AckTracker that also counts what the informer processed, by kind.
+
+    The count is a plain ``Counter`` update (a fraction of a microsecond); the telemetry reads it at
+    scrape time (:meth:`BridgePipeline.events_received`) instead of calling an SDK counter per change.
+    """
 
     def __init__(self, *, resource: str, on_event: Callable[[str, str], None] | None,
                  **kw: Any) -> None:
@@ -361,8 +365,9 @@ class BridgePipeline:
         factory, ``page_size`` and ``use_watch_list`` are passed to each informer it creates.
         ``checkpoint_store`` None disables checkpoints (every start lists everything).
         ``checkpoint_interval`` is in seconds; a checkpoint is written only when the acknowledged
-        state moved. ``on_event(resource, kind)`` is called for every change an informer processed
-        (for the ``events_received`` counter). ``start_sinks`` False leaves starting and closing the
+        state moved. ``on_event(resource, kind)``, optional, is called synchronously for every change
+        an informer processed, so it must be cheap: the service does not use it (it reads
+        :meth:`events_received` at scrape time). ``start_sinks`` False leaves starting and closing the
         sinks to the caller."""
         if (factory is None) == (build_informer is None):
             raise ValueError("give exactly one of factory or build_informer")
@@ -671,6 +676,15 @@ class BridgePipeline:
             resumed={i: inf.resumed for i, inf in self._informers.items()},
         )
 
+    def events_received(self) -> dict[str, dict[str, int]]:
+        """Resource (``pods``, ``deployments.apps``) → change kind → changes processed so far, summed
+        over the informers that watch that resource (several scopes may)."""
+        totals: dict[str, collections.Counter[str]] = {}
+        for inf in self._informers.values():
+            if isinstance(inf.tracker, _CountingTracker):
+                totals.setdefault(inf.tracker.resource, collections.Counter()).update(inf.tracker.received)
+        return {resource: dict(c) for resource, c in totals.items()}
+
     def queue_depths(self) -> dict[str, int]:
         """Sink name → notifications waiting in its listeners' buffers."""
         return dict(self.stats().queue_depth)
@@ -697,8 +711,8 @@ class BridgePipeline:
         sinks = {
             s.name: SinkGauges(queue_depth=st.queue_depth[s.name],
                                in_flight=int(getattr(getattr(s, "stats", None), "in_flight", 0) or 0),
-                               up=s.healthy())
+                               up=s.healthy(), outcomes=st.sinks[s.name])
             for s in self._sinks
         }
         informers = self.informer_gauges()
-        return TelemetrySnapshot(sinks=sinks, informers=informers)
+        return TelemetrySnapshot(sinks=sinks, informers=informers, events_received=self.events_received())

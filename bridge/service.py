@@ -119,17 +119,29 @@ class BridgeService:
         return Readiness(not reasons, tuple(reasons), st.role)
 
     def _telemetry_snapshot(self) -> TelemetrySnapshot:
+        # Counts are read here, at scrape time, from the plain counters the per-event path keeps
+        # (MeteredSink outcomes, the pipeline's received changes): nothing calls OpenTelemetry per event.
         p = self._state.pipeline
-        sinks = {s.name: SinkGauges(queue_depth=0, in_flight=s.in_flight, up=s.healthy())
+        depths = p.queue_depths() if p is not None else {}
+        sinks = {s.name: SinkGauges(queue_depth=depths.get(s.name, 0), in_flight=s.in_flight,
+                                    up=s.healthy(), outcomes=s.outcome_counts())
                  for s in self._state.sinks}
         informers: dict[str, InformerGauges] = {}
+        received: dict[str, dict[str, int]] = {}
         if p is not None:
-            for name, depth in p.queue_depths().items():
-                if name in sinks:
-                    g = sinks[name]
-                    sinks[name] = SinkGauges(queue_depth=depth, in_flight=g.in_flight, up=g.up)
             informers = p.informer_gauges()
-        return TelemetrySnapshot(sinks=sinks, informers=informers)
+            received = p.events_received()
+        return TelemetrySnapshot(sinks=sinks, informers=informers, events_received=received)
+
+    def _retire(self, pipeline: BridgePipeline, sinks: list[MeteredSink]) -> None:
+        """Carries the counts of a pipeline that has ended into the telemetry's own totals, so that
+        the exported counters never go down when leadership is lost and won again."""
+        for resource, by_type in pipeline.events_received().items():
+            for type_, count in by_type.items():
+                self.telemetry.events_received.add(count, {"resource": resource, "type": type_})
+        for sink in sinks:
+            for outcome, count in sink.outcome_counts().items():
+                self.telemetry.sink_events.add(count, {"sink": sink.name, "outcome": outcome})
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -215,8 +227,6 @@ class BridgeService:
             cluster=cfg.cluster, checkpoint_interval=cfg.checkpoint.interval,
             snapshot_on_first_start=cfg.snapshot.on_first_start, clock=self._clock,
             page_size=cfg.kubernetes.page_size, use_watch_list=cfg.kubernetes.watch_list,
-            on_event=lambda resource, type_: self.telemetry.events_received.add(
-                1, {"resource": resource, "type": type_}),
         )
         self._state.pipeline = pipeline
         self.health.set_snapshot_handler(pipeline.snapshot_now)
@@ -234,7 +244,10 @@ class BridgeService:
                 await pipeline.shutdown(self.config.shutdown_deadline)
             if store is not None:
                 await store.close()
+            # No await between these: a scrape sees the counts either live or carried, never both.
+            self._retire(pipeline, sinks)
             self._state.pipeline = None
+            self._state.sinks = []
             self._state.role = "standby" if self.config.leader_election.enabled else "single"
 
 

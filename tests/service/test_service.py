@@ -140,7 +140,9 @@ async def test_service_delivers_and_exposes_health_readiness_and_metrics(
             _, text = await get(f"{base}/metrics")
             assert metric(text, "keb_sink_events_total", sink="file", outcome="delivered") == 6
             assert metric(text, "keb_sink_events_total", sink="hook", outcome="delivered") == 5
-            assert metric(text, "keb_sink_delivery_duration_seconds_count", sink="file") == 6
+            # The latency histogram is sampled in time (at most one record per 5 ms per sink, see
+            # bridge.telemetry): it has samples, never more than the deliveries counted above.
+            assert 0 < metric(text, "keb_sink_delivery_duration_seconds_count", sink="file") <= 6
             assert metric(text, "keb_informer_cached_objects") in (2.0, 1.0)
             assert metric(text, "keb_sink_up", sink="hook") == 1
             assert sum(metric(text, "keb_events_received_total", type=t) for t in ("add",)) >= 3
