@@ -49,9 +49,9 @@ from bench.common import (
     count_watch_events,
     fetch_watch_objects,
     freeze_after_sync,
-    make_sink,
     quantile_points,
     rss_bytes,
+    service_sink,
     summarize_ms,
     write_result,
 )
@@ -208,7 +208,7 @@ async def _ceiling(kind: str, payloads: Sequence[Payload], urls: BrokerUrls, tmp
 
 async def _bridge_burst(sim: SimProcess, setup: BurstSetup, kind: str, urls: BrokerUrls, tmp: Path,
                         timeout: float) -> dict[str, Any]:
-    probe = AckProbe(make_sink(kind, urls=urls, tmp_dir=tmp))
+    probe = AckProbe(service_sink(kind, urls=urls, tmp_dir=tmp))
     t0 = time.perf_counter()
     async with bridge_pipeline(sim.url, [probe], namespace=BENCH_NAMESPACE,
                                checkpoint=setup.checkpoint) as pipeline:
@@ -277,7 +277,7 @@ def run_throughput(quick: bool = False, sinks: Sequence[str] | None = None,
 
 async def _latency_one(sim: SimProcess, kind: str, rate: int, opts: E2EOptions, urls: BrokerUrls,
                        tmp: Path) -> dict[str, Any]:
-    probe = AckProbe(make_sink(kind, urls=urls, tmp_dir=tmp))
+    probe = AckProbe(service_sink(kind, urls=urls, tmp_dir=tmp))
     async with bridge_pipeline(sim.url, [probe], namespace=BENCH_NAMESPACE) as pipeline:
         if not await pipeline.wait_for_sync(opts.timeout):
             raise TimeoutError(f"{kind}: the informer did not sync")
@@ -346,7 +346,7 @@ async def _initial_sync(opts: E2EOptions) -> dict[str, Any]:
         tmp = Path(tmp_name)
         async with SimProcess() as sim:
             pre = await sim.prefill(opts.sync_pods, "sync")
-            probe = AckProbe(make_sink("file", urls=BrokerUrls(), tmp_dir=tmp))
+            probe = AckProbe(service_sink("file", urls=BrokerUrls(), tmp_dir=tmp))
             rss0 = rss_bytes()
             t0 = time.perf_counter()
             async with bridge_pipeline(sim.url, [probe], namespace="sync",

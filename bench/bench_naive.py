@@ -29,6 +29,7 @@ from bench.common import (
     bridge_pipeline,
     burst_setup,
     make_sink,
+    service_sink,
     write_result,
 )
 from sinks.contract import ChangeEvent, DeliveryOutcome, EventType, Sink
@@ -95,7 +96,7 @@ async def _naive(sim: SimProcess, rv: int, events: int, tmp: Path, timeout: floa
 
 
 async def _bridge(sim: SimProcess, checkpoint: Any, events: int, tmp: Path, timeout: float) -> dict[str, Any]:
-    probe = AckProbe(make_sink("file", urls=BrokerUrls(), tmp_dir=tmp))
+    probe = AckProbe(service_sink("file", urls=BrokerUrls(), tmp_dir=tmp))
     t0 = time.perf_counter()
     async with bridge_pipeline(sim.url, [probe], namespace=BENCH_NAMESPACE, checkpoint=checkpoint):
         done = await probe.wait_acked(events, timeout)

@@ -68,6 +68,7 @@ __all__ = [
     "pod_templates",
     "quantile_points",
     "rss_bytes",
+    "service_sink",
     "summarize_ms",
     "vary_pod",
     "write_result",
@@ -507,6 +508,22 @@ def make_sink(kind: str, *, urls: BrokerUrls, tmp_dir: Path, tag: str = "") -> S
             "stream": {"name": f"BENCH-{tag}", "create": True, "storage": "file",
                        "subjects": [f"bench.{tag}.>"]}})
     raise ValueError(f"unknown sink kind {kind!r}")
+
+
+_telemetry: Any = None
+
+
+def service_sink(kind: str, *, urls: BrokerUrls, tmp_dir: Path, tag: str = "") -> Sink:
+    """A sink as the service runs it: wrapped in :class:`bridge.metered.MeteredSink` (outcome
+    counters, time-sampled latency histogram, spans at the default 1% ratio), one Telemetry per
+    process."""
+    global _telemetry
+    from bridge.metered import MeteredSink
+    from bridge.telemetry import Telemetry
+
+    if _telemetry is None:
+        _telemetry = Telemetry()
+    return MeteredSink(inner=make_sink(kind, urls=urls, tmp_dir=tmp_dir, tag=tag), telemetry=_telemetry)
 
 
 def watched_pods(namespace: str) -> WatchedResource:

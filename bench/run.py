@@ -8,8 +8,8 @@ and writes its hottest functions to ``<results>/<name>.profile.txt`` (the simula
 children run in other processes and are not in the profile).
 
 Scenarios written by other parts of the project (``bench_informer``, ``bench_decode``,
-``bench_sinks``, ``bench_restart``) are called through their ``run(quick)``; one that is missing or
-fails is reported as such and the harness carries on.
+``bench_sinks``, ``bench_restart``, ``bench_telemetry``) are called through their ``run(quick)``; one
+that is missing or fails is reported as such and the harness carries on.
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("decode", "bench.bench_decode", own=False),
     Scenario("sinks", "bench.bench_sinks", own=False, brokers=True),
     Scenario("restart", "bench.bench_restart", own=False),
+    Scenario("telemetry", "bench.bench_telemetry", own=False),
 )}
 
 
@@ -237,6 +238,11 @@ def _rows(name: str, result: Mapping[str, Any]) -> list[tuple[str, str, str, str
             rows.append((f"memory: {variant} bytes/Pod ({e['objects']:,} cached)",
                          f"{e['rss_bytes_per_object']:,}",
                          f"raw JSON {e['raw_json_bytes_per_object']:,}", f"{e['ratio_to_raw_json']}x"))
+    elif name == "telemetry":
+        rows.append(("service telemetry per event (MeteredSink + counters), µs",
+                     f"{result['metered_overhead_us_per_event']:.2f}",
+                     f"per-event OTel calls {result['baseline_overhead_us_per_event']:.2f}",
+                     f"{result['overhead_ratio']}x"))
     else:
         for path, value in _numeric_leaves(result)[:14]:
             rows.append((path, _fmt(value), "", ""))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-SCENARIOS = ["throughput", "naive", "initial_sync", "memory"]
+SCENARIOS = ["throughput", "naive", "initial_sync", "memory", "telemetry"]
 QUICK_BURST_EVENTS = 300 * 4  # bench_e2e / bench_naive quick sizes: 300 Pods, 4 updates each
 QUICK_SYNC_PODS = 5000
 QUICK_MEMORY_PODS = 2000
@@ -85,6 +85,13 @@ def test_quick_harness_completes_with_sane_figures(tmp_path: Path) -> None:
     trace = {name: v["tracemalloc_bytes_per_object"] for name, v in variants.items()}
     assert trace["raw_bytes"] < trace["bridge"] < trace["bridge_dicts"] < trace["bridge_keep_managed"]
     assert trace["bridge"] < trace["naive_typed"]
+
+    # Telemetry: the service's per-event metering costs a fraction of per-event OTel calls.
+    tel = scenarios["telemetry"]["result"]
+    assert tel["metered_events"] > 0
+    assert 0 < tel["metered_latency_samples"] <= tel["metered_events"]
+    assert 0 < tel["metered_overhead_us_per_event"] < tel["baseline_overhead_us_per_event"]
+    assert 0 < tel["overhead_ratio"] < 1
 
     # Targets are judged from this run's figures; size-dependent ones are not judged on --quick.
     targets = {t["target"]: t for t in summary["targets"]}
