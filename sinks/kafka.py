@@ -13,8 +13,10 @@ Why it looks the way it does:
   ``produce`` only enqueues: the records submitted during one loop turn are produced together at its
   end, each with the message itself as the token of its delivery report. A named task serves the
   reports with a non-blocking ``poll(0)`` on the loop's own thread (every millisecond while records
-  are outstanding), so reports need no hand-over of the GIL per record, and settles them in
-  batches. Blocking calls (flush, metadata, admin) run in a dedicated thread.
+  are outstanding, and after every produce batch, so a busy loop does not hold reports until its
+  timer runs), so reports need no hand-over of the GIL per record, and settles them in batches.
+  ``linger.ms`` defaults to 1 and Nagle's algorithm is off: both would otherwise add their wait to
+  every record. Blocking calls (flush, metadata, admin) run in a dedicated thread.
 - **Failures.** A record the broker (or librdkafka) can never take — too large, invalid — raises
   :class:`~sinks.contract.SinkPermanentError` and goes to the dead letter: a Kafka topic
   (``dead_letter: {kind: kafka, target: TOPIC}``) written by the same producer, or a file. Anything
