@@ -48,11 +48,17 @@ from bridge.contracts import (
 
 __all__ = [
     "MINIMUM_RESYNC_PERIOD",
+    "TIME_SLICE",
     "ListenerStats",
     "ProcessorListener",
     "SharedProcessor",
     "determine_resync_period",
 ]
+
+
+TIME_SLICE = 0.002
+"""Seconds a loop that works through a backlog (a listener's buffer, the informer's queue) may keep
+the event loop before it yields once: bounds the latency it adds to every other task."""
 
 log = logging.getLogger(__name__)
 
@@ -321,7 +327,14 @@ class ProcessorListener:
             self.close()
 
     async def _drain_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        slice_end = loop.time() + TIME_SLICE
         while True:
+            if loop.time() >= slice_end:
+                # A long buffer is delivered without ever waiting: let the other tasks in (the
+                # watch reader, the sinks' senders and acks) so that none waits for the whole drain.
+                await asyncio.sleep(0)
+                slice_end = loop.time() + TIME_SLICE
             if self._replay:
                 obj = self._replay.popleft()
                 await self._deliver(

@@ -69,6 +69,7 @@ from bridge.errors import BridgeError
 from bridge.listers import Lister
 from bridge.processor import (
     MINIMUM_RESYNC_PERIOD,
+    TIME_SLICE,
     ListenerStats,
     ProcessorListener,
     SharedProcessor,
@@ -474,7 +475,12 @@ class SharedIndexInformer:
     async def _pop_loop(self) -> None:
         fifo = self._fifo
         assert fifo is not None
+        loop = asyncio.get_running_loop()
+        slice_end = loop.time() + TIME_SLICE
         while not self._stopping:
+            if loop.time() >= slice_end:
+                await asyncio.sleep(0)  # a backlog is processed in slices (see TIME_SLICE)
+                slice_end = loop.time() + TIME_SLICE
             try:
                 await fifo.pop(self._process)
             except FIFOClosedError:
