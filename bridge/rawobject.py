@@ -292,18 +292,24 @@ def _build(
         if cut is None or _MF_KEY in cut:
             return None
         at = _metadata_span(raw, meta_raw)
-        # The same metadata bytes twice (e.g. nested in the spec): which one is the object's?
-        if at < 0 or raw.find(meta_raw, at + 1) >= 0:
+        if at < 0:
             return None
-        raw = raw[:at] + cut + raw[at + len(meta_raw) :]
+        # Only objects (no nesting) before it: it is the top-level metadata. Otherwise the same
+        # bytes could also sit nested in an earlier member: then they must occur once only.
+        if raw.find(b"{", 1, at) >= 0 and raw.find(meta_raw, at + 1) >= 0:
+            return None
+        parts = [raw[:at], cut, raw[at + len(meta_raw) :]]
         has_mf = False
+    else:
+        parts = [raw]
     prefix = b""
     if api_version and head.apiVersion is None:
         prefix += b'"apiVersion":' + orjson.dumps(api_version) + b","
     if kind and head.kind is None:
         prefix += b'"kind":' + orjson.dumps(kind) + b","
     if prefix:
-        raw = b"{" + prefix + raw[1:]
+        parts[0] = b"{" + prefix + parts[0][1:]
+    raw = parts[0] if len(parts) == 1 else b"".join(parts)
     namespace = _intern(ident.namespace or "")
     identity = (ident.name or "", namespace, ident.uid or "", ident.resourceVersion or "", has_mf)
     return RawObject(raw, identity=identity)
