@@ -15,6 +15,10 @@ Rules (see ``CLIENT-GO-SEMANTICS.md``, "DeltaFIFO"):
 - The first ``replace`` (or any ``add``/``update``/``delete`` before it) marks the queue populated;
   ``has_synced`` is true once the items queued by that first ``replace`` have all been popped, and
   ``pop`` tells the consumer whether an item belongs to that initial list.
+- The bridge's streamed relist (``replace_begin``, ``replace_page`` per list page, ``replace_end``) has
+  the outcome of one ``replace`` with every page's items, while the consumer pops the first pages as
+  the next ones arrive; items popped before ``replace_end`` of the first relist belong to the initial
+  list, and the queue is populated (``has_synced`` can become true) only at ``replace_end``.
 - ``resync`` queues ``Sync`` (with the cached object) for known keys that have no queued deltas.
 - The transform runs once per object, when it is queued; never on tombstones or ``Sync`` deltas
   (those objects were transformed when they were first queued).
@@ -132,6 +136,8 @@ class DeltaFIFO:
         """Deltas popped and handed to ``process`` that has not returned yet."""
         self._populated = False
         self._initial_population_count = 0
+        self._listing: set[ObjectKey] | None = None
+        """Keys listed so far by a streamed relist in progress."""
         self._closed = False
         self._changed = asyncio.Event()
         """Set whenever the queue gains an entry or closes; ``pop`` waits on it."""
@@ -164,11 +170,42 @@ class DeltaFIFO:
         ``Deleted(DeletedFinalStateUnknown(key, cached object))``. Then a progress marker for
         ``resource_version`` is queued. The first replace fixes the initial population.
         """
-        listed: set[ObjectKey] = set()
+        self.replace_begin()
+        self.replace_page(items)
+        self.replace_end(resource_version)
+
+    # A relist streamed page by page: the same outcome as ``replace`` with every page's items, but
+    # the consumer pops (and forwards) the first pages while the next ones are fetched, and the
+    # queue never holds the whole list at once.
+
+    def replace_begin(self) -> None:
+        """Starts a streamed relist (a new one replaces an unfinished one: see ``replace_abort``)."""
+        self._listing = set()
+
+    def replace_page(self, items: Iterable[KubeObject]) -> None:
+        """Queues one page of the relist as ``Replaced``. Until ``replace_end`` the queue is not
+        populated by it: every item popped meanwhile of a first relist belongs to the initial list."""
+        listed = self._listing
+        if listed is None:
+            raise RuntimeError("replace_page() outside replace_begin()/replace_end()")
         for obj in items:
             key = self._key_func(obj)
             listed.add(key)
             self._queue_action(DeltaType.REPLACED, obj, key=key)
+
+    def replace_abort(self) -> None:
+        """Drops an unfinished streamed relist. What it queued stays queued (each item was the
+        object's state at the list's resourceVersion); only the deletions a complete list would have
+        found are not inferred, and the next complete relist infers them."""
+        self._listing = None
+
+    def replace_end(self, resource_version: str) -> None:
+        """Completes a streamed relist: deletions of the keys no page listed, the initial population
+        (first relist), and the progress marker for ``resource_version``."""
+        listed = self._listing
+        if listed is None:
+            raise RuntimeError("replace_end() without replace_begin()")
+        self._listing = None
 
         for key in builtins.list(self._items):
             if key in listed:

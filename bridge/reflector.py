@@ -42,7 +42,7 @@ import inspect
 import logging
 import random
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from bridge.backoff import Backoff
 from bridge.clock import Clock
@@ -70,6 +70,7 @@ __all__ = [
     "Reflector",
     "ReflectorStore",
     "ResourceVersionUpdater",
+    "StreamedReplaceStore",
     "WatchErrorHandler",
     "default_watch_error_handler",
 ]
@@ -104,6 +105,60 @@ class ReflectorStore(Protocol):
 
     def resync(self) -> object:
         """The resync timer fired and ``should_resync`` agreed."""
+
+
+@runtime_checkable
+class StreamedReplaceStore(Protocol):
+    """Optional store capability: a relist page by page (``DeltaFIFO.replace_begin`` …); the same
+    outcome as one ``replace`` with every page's items."""
+
+    def replace_begin(self) -> object: ...
+
+    def replace_page(self, items: list[KubeObject]) -> object: ...
+
+    def replace_abort(self) -> object: ...
+
+    def replace_end(self, resource_version: str) -> object: ...
+
+
+class _PageSink:
+    """Where a list's pages go: streamed into a :class:`StreamedReplaceStore` as they arrive, or
+    collected for one ``replace``."""
+
+    __slots__ = ("_items", "_open", "_store", "count")
+
+    def __init__(self, store: StreamedReplaceStore | None) -> None:
+        self._store = store
+        self._items: list[KubeObject] = []
+        self._open = False
+        self.count = 0
+
+    async def restart(self) -> None:
+        """A (re)start of the list: what earlier attempts listed no longer counts as listed."""
+        self._items = []
+        self.count = 0
+        if self._store is not None:
+            await _call(self._store.replace_begin())
+            self._open = True
+
+    async def add(self, items: list[KubeObject]) -> None:
+        self.count += len(items)
+        if self._store is not None:
+            await _call(self._store.replace_page(items))
+        else:
+            self._items.extend(items)
+
+    async def abort(self) -> None:
+        if self._store is not None and self._open:
+            self._open = False
+            await _call(self._store.replace_abort())
+
+    async def complete(self, store: ReflectorStore, resource_version: str) -> None:
+        if self._store is not None:
+            self._open = False
+            await _call(self._store.replace_end(resource_version))
+        else:
+            await _call(store.replace(self._items, resource_version))
 
 
 class ResourceVersionUpdater(Protocol):
@@ -331,21 +386,29 @@ class Reflector:
         rv = self._relist_resource_version()
         # As client-go's pager, the page size is chosen once from the first RV and kept for the retry.
         limit = self._page_limit(rv)
+        store = self._store
+        # A store that takes a relist page by page (the DeltaFIFO) gets each page as it arrives, so
+        # that the informer forwards the first pages while the next ones are fetched.
+        pages = _PageSink(store if isinstance(store, StreamedReplaceStore) else None)
         try:
-            items, list_rv, paginated = await self._paged_list(rv, limit)
-        except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
-            self.expired_count += 1
-            log.info("reflector %s: list at resourceVersion %r failed (%s); relisting with a consistent "
-                     "read", self.name, rv, exc)
-            self._rv_unavailable = True
-            items, list_rv, paginated = await self._paged_list(self._relist_resource_version(), limit)
+            try:
+                list_rv, paginated = await self._paged_list(rv, limit, pages)
+            except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
+                self.expired_count += 1
+                log.info("reflector %s: list at resourceVersion %r failed (%s); relisting with a "
+                         "consistent read", self.name, rv, exc)
+                self._rv_unavailable = True
+                list_rv, paginated = await self._paged_list(self._relist_resource_version(), limit, pages)
+        except BaseException:
+            await pages.abort()
+            raise
         if rv == "0" and paginated:
             self._paginated_result = True
         self._rv_unavailable = False
-        await _call(self._store.replace(items, list_rv))
+        await pages.complete(store, list_rv)
         self._last_sync_rv = list_rv
         self.list_count += 1
-        log.debug("reflector %s: listed %d items at resourceVersion %s", self.name, len(items), list_rv)
+        log.debug("reflector %s: listed %d items at resourceVersion %s", self.name, pages.count, list_rv)
 
     def _page_limit(self, rv: str) -> int | None:
         if self._page_size == 0:
@@ -356,12 +419,12 @@ class Reflector:
         # limit it would be an exact read from etcd (and a likely 410 after compaction).
         return None
 
-    async def _paged_list(self, rv: str, limit: int | None) -> tuple[list[KubeObject], str, bool]:
+    async def _paged_list(self, rv: str, limit: int | None, pages: _PageSink) -> tuple[str, bool]:
         """client-go's ListPager: pages of ``limit``; an expired continuation page is retried once as
-        a full list at the original RV; any other error discards the partial result. Returns the
-        items, the list's RV and whether more than one page was read."""
+        a full list at the original RV; any other error discards the partial result. The items go to
+        ``pages``; returns the list's RV and whether more than one page was read."""
         options = ListOptions(resource_version=rv, limit=limit)
-        items: list[KubeObject] = []
+        await pages.restart()
         list_rv: str | None = None
         while True:
             try:
@@ -372,12 +435,14 @@ class Reflector:
                 log.info("reflector %s: list continuation expired; retrying as one full list at "
                          "resourceVersion %r", self.name, rv)
                 full = await self._lw.list(ListOptions(resource_version=rv))
-                return list(full.items), full.resource_version, True
-            items.extend(page.items)
+                await pages.restart()
+                await pages.add(full.items)
+                return full.resource_version, True
+            await pages.add(page.items)
             if list_rv is None:
                 list_rv = page.resource_version
             if not page.continue_token:
-                return items, list_rv, options.continue_token is not None
+                return list_rv, options.continue_token is not None
             options = ListOptions(limit=limit, continue_token=page.continue_token)
 
     # -- watch --------------------------------------------------------------------------------------

@@ -344,6 +344,79 @@ async def test_has_synced_and_is_in_initial_list_follow_the_first_replace() -> N
     assert fifo.has_synced()
 
 
+async def test_a_streamed_first_relist_is_initial_until_its_end_and_syncs_after_it() -> None:
+    fifo = DeltaFIFO(known_objects=IndexedCache())
+    rec = Recorder()
+    fifo.replace_begin()
+    fifo.replace_page([pod("a", "1"), pod("b", "1")])
+    await fifo.pop(rec)  # popped while the list goes on: part of the initial list
+    assert not fifo.has_synced()
+    fifo.replace_page([pod("c", "1")])
+    await fifo.pop(rec)
+    assert not fifo.has_synced()  # nothing left queued, but the list is not complete
+    fifo.replace_end("5")
+    assert not fifo.has_synced()
+    await fifo.pop(rec)
+    assert fifo.has_synced()
+    await fifo.pop(rec)
+    assert rec.calls == [
+        ("default/a: Replaced(1)", True),
+        ("default/b: Replaced(1)", True),
+        ("default/c: Replaced(1)", True),
+        ("@5", False),
+    ]
+
+
+async def test_a_streamed_relist_infers_the_deletions_of_a_whole_replace() -> None:
+    cache = cache_of("a@1", "gone@1")
+    fifo = DeltaFIFO(known_objects=cache)
+    fifo.mark_populated()
+    fifo.update(pod("queued-gone", "2"))
+    fifo.replace_begin()
+    fifo.replace_page([pod("a", "3")])
+    # The consumer applies a's new state before the list ends: still listed, not deleted.
+    applied: list[str] = []
+
+    async def apply_to_cache(item: Deltas | ResourceVersionMarker, _initial: bool) -> None:
+        applied.append(render(item))
+        if not isinstance(item, ResourceVersionMarker):
+            for d in item:
+                if not isinstance(d.object, DeletedFinalStateUnknown):
+                    cache.update(d.object)
+
+    await fifo.pop(apply_to_cache)  # queued-gone: Updated(2)
+    await fifo.pop(apply_to_cache)  # a: Replaced(3)
+    fifo.replace_page([pod("new", "3")])
+    fifo.replace_end("3")
+    assert sorted(await drain(fifo)) == sorted([
+        "default/gone: Deleted(~1)",
+        "default/queued-gone: Deleted(~2)",
+        "default/new: Replaced(3)",
+        "@3",
+    ])
+    assert applied == ["default/queued-gone: Updated(2)", "default/a: Replaced(3)"]
+
+
+async def test_an_aborted_streamed_relist_keeps_its_items_and_infers_no_deletion() -> None:
+    fifo = DeltaFIFO(known_objects=cache_of("gone@1"))
+    fifo.mark_populated()
+    fifo.replace_begin()
+    fifo.replace_page([pod("a", "2")])
+    fifo.replace_abort()
+    assert await drain(fifo) == ["default/a: Replaced(2)"]
+    # The next complete relist infers what the aborted one could not.
+    fifo.replace([pod("a", "2")], "4")
+    assert await drain(fifo) == ["default/a: Replaced(2)", "default/gone: Deleted(~1)", "@4"]
+
+
+def test_streamed_relist_calls_out_of_order_are_errors() -> None:
+    fifo = DeltaFIFO()
+    with pytest.raises(RuntimeError, match="replace_page"):
+        fifo.replace_page([pod("a", "1")])
+    with pytest.raises(RuntimeError, match="replace_end"):
+        fifo.replace_end("1")
+
+
 async def test_initial_population_counts_deletions_and_previously_queued_keys() -> None:
     cache = cache_of("gone@1")
     fifo = DeltaFIFO(known_objects=cache)
@@ -715,6 +788,7 @@ _op = st.one_of(
     st.tuples(st.just("remove"), st.sampled_from(_NAMES)),
     st.tuples(st.just("drop"),),
     st.tuples(st.just("relist"),),
+    st.tuples(st.just("streamed-relist"), st.integers(min_value=0, max_value=2)),
     st.tuples(st.just("resync"),),
     st.tuples(st.just("pop"),),
     st.tuples(st.just("drain"),),
@@ -759,6 +833,16 @@ class _World:
         self.fifo.replace(list(self.server.values()), str(self.rv))
         self.watching = True
 
+    def streamed_relist(self, pops_between_pages: int) -> None:
+        """The same relist one item per page, the consumer popping between the pages."""
+        self.fifo.replace_begin()
+        for obj in list(self.server.values()):
+            self.fifo.replace_page([obj])
+            for _ in range(pops_between_pages):
+                self.pop(None)
+        self.fifo.replace_end(str(self.rv))
+        self.watching = True
+
     def run(self, op: tuple[Any, ...]) -> None:
         match op:
             case ("put" | "remove" as kind, name):
@@ -767,6 +851,8 @@ class _World:
                 self.watching = False
             case ("relist",):
                 self.relist()
+            case ("streamed-relist", pops):
+                self.streamed_relist(pops)
             case ("resync",):
                 self.fifo.resync()
             case ("pop",):

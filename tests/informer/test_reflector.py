@@ -357,6 +357,60 @@ async def test_other_error_on_a_continue_page_discards_the_partial_list(make: Ca
     assert h.store.take() == [("replace", [("a", "1"), ("b", "2"), ("c", "3")], "3")]
 
 
+class StreamingRecordingStore(RecordingStore):
+    """A store that takes a relist page by page (as the DeltaFIFO does)."""
+
+    def replace_begin(self) -> None:
+        self.calls.append(("begin",))
+
+    def replace_page(self, items: list[KubeObject]) -> None:
+        self.calls.append(("page", [_name_rv(o) for o in items]))
+
+    def replace_abort(self) -> None:
+        self.calls.append(("abort",))
+
+    def replace_end(self, resource_version: str) -> None:
+        self.calls.append(("end", resource_version))
+
+
+async def test_a_store_that_takes_pages_gets_each_page_as_it_arrives(make: Callable[..., Harness]) -> None:
+    src = FakeControllerSource()
+    for name in "abc":
+        src.add(cm(name))
+    h = make(src, store=StreamingRecordingStore(), page_size=2)
+    await h.start()
+    assert requests(h.src) == [("list", "0", 2, None), ("list", "", 2, "continue"), ("watch", "3")]
+    assert h.store.take() == [
+        ("begin",), ("page", [("a", "1"), ("b", "2")]), ("page", [("c", "3")]), ("end", "3")]
+
+
+async def test_a_streamed_list_restarts_for_the_full_list_after_an_expired_continuation(
+    make: Callable[..., Harness],
+) -> None:
+    src = CompactAfterFirstPage()
+    for name in "abc":
+        src.add(cm(name))
+    h = make(src, store=StreamingRecordingStore(), page_size=2)
+    await h.start()
+    # What the first attempt listed no longer counts: the full list restarts the relist.
+    assert h.store.take() == [
+        ("begin",), ("page", [("a", "1"), ("b", "2")]),
+        ("begin",), ("page", [("a", "1"), ("b", "2"), ("c", "3"), ("late3", "4")]), ("end", "4")]
+
+
+async def test_a_failed_streamed_list_is_aborted_and_listed_again_whole(make: Callable[..., Harness]) -> None:
+    src = FailSecondPage()
+    for name in "abc":
+        src.add(cm(name))
+    src.fail_with = ServerError("etcd timeout", code=500)
+    h = make(src, store=StreamingRecordingStore(), page_size=2)
+    await h.start()
+    assert h.store.take() == [("begin",), ("page", [("a", "1"), ("b", "2")]), ("abort",)]
+    await h.advance(0.8)
+    assert h.store.take() == [
+        ("begin",), ("page", [("a", "1"), ("b", "2")]), ("page", [("c", "3")]), ("end", "3")]
+
+
 # --------------------------------------------------------------------------------------------------
 # list errors
 

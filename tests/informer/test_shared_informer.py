@@ -13,6 +13,8 @@ from bridge.contracts import (
     DeletedFinalStateUnknown,
     KubeObject,
     ListenerOptions,
+    ListOptions,
+    ListPage,
     Notification,
     ObjectKey,
     OverflowPolicy,
@@ -127,6 +129,36 @@ async def test_initial_list_then_watch_events(env: Env) -> None:
     assert informer.last_sync_resource_version() == "5"
     assert informer.lister().get("ns", "a") is not None
     assert informer.has_synced()
+
+
+class HoldContinuations(FakeControllerSource):
+    """Serves continuation pages only once ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def list(self, options: ListOptions) -> ListPage:
+        if options.continue_token:
+            await self.release.wait()
+        return await super().list(options)
+
+
+async def test_the_first_pages_of_a_list_reach_handlers_before_the_list_ends(env: Env) -> None:
+    env.source = HoldContinuations()
+    for name in "abc":
+        env.source.add(cm(name))
+    informer = env.informer(page_size=2)
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    await env.start(informer, sync=False)
+    # Page one is delivered, as initial-list adds, while page two is still being fetched.
+    assert await rec.wait_for(2) == [("add", "ns/a", "1", True), ("add", "ns/b", "2", True)]
+    assert not informer.has_synced()
+    env.source.release.set()
+    assert await informer.wait_for_cache_sync(5)
+    assert await rec.wait_for(3) == [
+        ("add", "ns/a", "1", True), ("add", "ns/b", "2", True), ("add", "ns/c", "3", True)]
 
 
 async def test_cache_is_updated_before_handlers_are_notified(env: Env) -> None:
