@@ -31,6 +31,13 @@ expires, it re-watches or relists following client-go's rules (CLIENT-GO-SEMANTI
 Bridge extension: ``initial_resource_version`` (a checkpoint) makes the first cycle skip the list and
 watch from that RV directly; if it has expired (410), the reflector relists at once with RV ``""``.
 
+Bridge extension: a store that offers :class:`StreamedReplaceStore` (the DeltaFIFO) receives a list
+page by page as it arrives rather than in one ``replace`` at the end, with the same outcome, so that
+consumers get the first pages while the next ones are fetched. Where client-go discards the pages
+of a list that fails, those already streamed have reached consumers; the next list then asks for a
+state not older than theirs (their RV, or a consistent read), never for RV ``"0"``, which another API
+server's older watch cache could answer with older objects.
+
 Every wait and every time measurement goes through the injected :class:`~bridge.clock.Clock`.
 """
 
@@ -125,13 +132,15 @@ class _PageSink:
     """Where a list's pages go: streamed into a :class:`StreamedReplaceStore` as they arrive, or
     collected for one ``replace``."""
 
-    __slots__ = ("_items", "_open", "_store", "count")
+    __slots__ = ("_items", "_open", "_store", "count", "streamed_rv")
 
     def __init__(self, store: StreamedReplaceStore | None) -> None:
         self._store = store
         self._items: list[KubeObject] = []
         self._open = False
         self.count = 0
+        self.streamed_rv = ""
+        """The resourceVersion of the pages streamed into the store so far ("" for none)."""
 
     async def restart(self) -> None:
         """A (re)start of the list: what earlier attempts listed no longer counts as listed."""
@@ -141,9 +150,11 @@ class _PageSink:
             await _call(self._store.replace_begin())
             self._open = True
 
-    async def add(self, items: list[KubeObject]) -> None:
+    async def add(self, items: list[KubeObject], resource_version: str) -> None:
         self.count += len(items)
         if self._store is not None:
+            if items:
+                self.streamed_rv = resource_version
             await _call(self._store.replace_page(items))
         else:
             self._items.extend(items)
@@ -253,6 +264,9 @@ class Reflector:
 
         self._last_sync_rv = initial_resource_version
         self._rv_unavailable = False
+        self._streamed_rv = ""
+        """The resourceVersion of pages an unfinished list already streamed into the store: the next
+        list must not be older (its items reached consumers), see ``_list``."""
         self._resume_rv = initial_resource_version
         """Non-empty until the first cycle has started from the checkpoint."""
         self._watch_list_rejected = False
@@ -384,6 +398,10 @@ class Reflector:
 
     async def _list(self) -> None:
         rv = self._relist_resource_version()
+        if self._streamed_rv and rv != "":
+            # Pages of an unfinished list at this RV were forwarded already: a list from an older
+            # watch cache (another API server) would take consumers back in time.
+            rv = self._streamed_rv
         # As client-go's pager, the page size is chosen once from the first RV and kept for the retry.
         limit = self._page_limit(rv)
         store = self._store
@@ -400,11 +418,14 @@ class Reflector:
                 self._rv_unavailable = True
                 list_rv, paginated = await self._paged_list(self._relist_resource_version(), limit, pages)
         except BaseException:
+            if pages.streamed_rv:
+                self._streamed_rv = pages.streamed_rv
             await pages.abort()
             raise
         if rv == "0" and paginated:
             self._paginated_result = True
         self._rv_unavailable = False
+        self._streamed_rv = ""
         await pages.complete(store, list_rv)
         self._last_sync_rv = list_rv
         self.list_count += 1
@@ -434,11 +455,12 @@ class Reflector:
                     raise
                 log.info("reflector %s: list continuation expired; retrying as one full list at "
                          "resourceVersion %r", self.name, rv)
-                full = await self._lw.list(ListOptions(resource_version=rv))
+                # Not older than pages already forwarded (see _list); client-go: the original RV.
+                full = await self._lw.list(ListOptions(resource_version=pages.streamed_rv or rv))
                 await pages.restart()
-                await pages.add(full.items)
+                await pages.add(full.items, full.resource_version)
                 return full.resource_version, True
-            await pages.add(page.items)
+            await pages.add(page.items, page.resource_version)
             if list_rv is None:
                 list_rv = page.resource_version
             if not page.continue_token:

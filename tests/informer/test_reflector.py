@@ -392,6 +392,9 @@ async def test_a_streamed_list_restarts_for_the_full_list_after_an_expired_conti
         src.add(cm(name))
     h = make(src, store=StreamingRecordingStore(), page_size=2)
     await h.start()
+    # The full list is not older than the page already forwarded (RV 3; client-go: the original "0").
+    assert requests(h.src) == [
+        ("list", "0", 2, None), ("list", "", 2, "continue"), ("list", "3", None, None), ("watch", "4")]
     # What the first attempt listed no longer counts: the full list restarts the relist.
     assert h.store.take() == [
         ("begin",), ("page", [("a", "1"), ("b", "2")]),
@@ -406,9 +409,12 @@ async def test_a_failed_streamed_list_is_aborted_and_listed_again_whole(make: Ca
     h = make(src, store=StreamingRecordingStore(), page_size=2)
     await h.start()
     assert h.store.take() == [("begin",), ("page", [("a", "1"), ("b", "2")]), ("abort",)]
+    assert requests(h.src) == [("list", "0", 2, None), ("list", "", 2, "continue")]
     await h.advance(0.8)
-    assert h.store.take() == [
-        ("begin",), ("page", [("a", "1"), ("b", "2")]), ("page", [("c", "3")]), ("end", "3")]
+    # The forwarded page came from RV 3: the retry asks for a list not older than that (client-go,
+    # which forwarded nothing, retries at "0", which another API server's older cache may serve).
+    assert requests(h.src) == [("list", "3", None, None), ("watch", "3")]
+    assert h.store.take() == [("begin",), ("page", [("a", "1"), ("b", "2"), ("c", "3")]), ("end", "3")]
 
 
 # --------------------------------------------------------------------------------------------------
