@@ -58,10 +58,12 @@ async def run(args: argparse.Namespace) -> int:
     else:
         sink = create_sink("file", "file", {"path": args.file, **common})
 
+    # As the service runs by default: objects kept as bytes (RawObject) in a compact cache.
     def lister_watcher(k: InformerKey) -> HttpListerWatcher:
-        return HttpListerWatcher(client=client, resource=api, namespace=k.namespace)
+        return HttpListerWatcher(client=client, resource=api, namespace=k.namespace, raw_objects=True,
+                                 drop_managed_fields=True)
 
-    factory = SharedInformerFactory(lister_watcher_factory=lister_watcher, clock=clock)
+    factory = SharedInformerFactory(lister_watcher_factory=lister_watcher, clock=clock, compact_cache=True)
     pipeline = BridgePipeline(
         factory=factory, resources=[WatchedResource(key=key, api=api, ref=ref)], sinks=[sink],
         checkpoint_store=FileCheckpointStore(directory=args.checkpoint_dir), cluster=args.cluster,

@@ -39,10 +39,13 @@ async def make(client: ApiClient, ckpt: Path, sink: RecordingSink) -> BridgePipe
     api = await Discovery(client=client).resolve("configmaps")
     key = InformerKey("configmaps", namespace=NS)
     ref = ResourceRef(group="", version="v1", resource="configmaps", kind="ConfigMap")
+    # As the service runs by default: objects kept as bytes (RawObject) in a compact cache.
     factory = SharedInformerFactory(
         lister_watcher_factory=lambda k: HttpListerWatcher(client=client, resource=api,
-                                                           namespace=k.namespace),
+                                                           namespace=k.namespace, raw_objects=True,
+                                                           drop_managed_fields=True),
         clock=RealClock(),
+        compact_cache=True,
     )
     return BridgePipeline(factory=factory, resources=[WatchedResource(key=key, api=api, ref=ref)],
                           sinks=[sink], checkpoint_store=FileCheckpointStore(directory=ckpt),
