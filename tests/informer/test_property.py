@@ -10,19 +10,34 @@ wall time). After the sequence the informer must converge, and then:
     (``apply_calls`` raises on the first such call; ``check_object_identity`` also compares uids).
 
 Two handlers are registered (one before start, one after the first sync) so the late-handler replay
-is covered by the same three properties.
+is covered by the same three properties. Each example runs with the dict cache, the compact cache fed
+dicts, or the compact cache fed RawObjects (as the service runs).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bridge.clock import FakeClock
-from bridge.contracts import ListenerOptions
+from bridge.contracts import (
+    KubeObject,
+    ListenerOptions,
+    ListerWatcher,
+    ListOptions,
+    ListPage,
+    WatchEvent,
+    WatchEventType,
+    WatchOptions,
+    WatchStream,
+)
+from bridge.rawobject import decode_object
 from bridge.shared_informer import SharedIndexInformer
 from bridge.testing.fake_source import FakeControllerSource
 from bridge.testing.recorder import RecordingHandler, apply_calls
@@ -104,12 +119,51 @@ async def spin(n: int = 30) -> None:
         await asyncio.sleep(0)
 
 
-async def scenario(initial: list[str], ops: list[Op], compact: bool = False) -> None:
+def _as_raw(obj: KubeObject) -> KubeObject:
+    return decode_object(orjson.dumps(obj), drop_managed_fields=True)
+
+
+class _RawStream:
+    def __init__(self, stream: WatchStream) -> None:
+        self._stream = stream
+
+    async def _events(self) -> AsyncIterator[WatchEvent]:
+        async for event in self._stream:
+            if event.type is WatchEventType.ERROR:
+                yield event
+            else:
+                yield WatchEvent(event.type, _as_raw(event.object))
+
+    def __aiter__(self) -> AsyncIterator[WatchEvent]:
+        return self._events()
+
+    async def close(self) -> None:
+        await self._stream.close()
+
+
+class RawSource:
+    """The source as the HTTP lister-watcher hands objects out with the compact cache: RawObjects."""
+
+    def __init__(self, source: FakeControllerSource) -> None:
+        self._source = source
+
+    async def list(self, options: ListOptions) -> ListPage:
+        page = await self._source.list(options)
+        return dataclasses.replace(page, items=[_as_raw(o) for o in page.items])
+
+    async def watch(self, options: WatchOptions) -> WatchStream:
+        return _RawStream(await self._source.watch(options))
+
+
+async def scenario(initial: list[str], ops: list[Op], mode: str = "dict") -> None:
+    """``mode``: "dict" (dict cache), "compact" (compact cache fed dicts), "raw" (compact cache fed
+    RawObjects, as the service runs)."""
     source = FakeControllerSource()
     clock = FakeClock()
     for name in initial:
         source.add(cm(name))
-    informer = SharedIndexInformer(lister_watcher=source, clock=clock, name="prop", compact_cache=compact)
+    lw: ListerWatcher = RawSource(source) if mode == "raw" else source
+    informer = SharedIndexInformer(lister_watcher=lw, clock=clock, name="prop", compact_cache=mode != "dict")
     early = RecordingHandler()
     informer.add_event_handler(early, ListenerOptions(name="early"))
     task = asyncio.create_task(informer.run(), name="prop-informer")
@@ -161,7 +215,7 @@ async def scenario(initial: list[str], ops: list[Op], compact: bool = False) -> 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(initial=st.lists(st.sampled_from(KEYS), unique=True, max_size=3), ops=ops_strategy,
-       compact=st.booleans())
+       mode=st.sampled_from(["dict", "compact", "raw"]))
 def test_informer_converges_and_handlers_reproduce_source(initial: list[str], ops: list[Op],
-                                                          compact: bool) -> None:
-    asyncio.run(scenario(initial, ops, compact))
+                                                          mode: str) -> None:
+    asyncio.run(scenario(initial, ops, mode))
