@@ -178,12 +178,6 @@ class RawObject(Mapping[str, Any]):
         that no reader's decoding stays attached to the cached object)."""
         return RawObject(self.raw, identity=self.identity)
 
-    def slim(self) -> RawObject:
-        """This object without its decoded parts: what a compact cache keeps."""
-        if self._meta is None and self._obj is None:
-            return self
-        return self.fresh()
-
     def without_managed_fields(self) -> RawObject:
         """The object without ``metadata.managedFields`` (``self`` when it has none)."""
         if not self.managed_fields:

@@ -363,10 +363,12 @@ _IndexValues = tuple[frozenset[str], ...]
 
 
 def _to_raw(obj: KubeObject) -> RawObject:
-    """What a compact cache keeps of an object: its bytes, uid and resourceVersion, nothing decoded."""
+    """What a compact cache keeps of an object: its bytes and identity, nothing decoded. Always an
+    instance of its own: the object handed in travels on to the handlers, and whatever they decode
+    of it must not stay attached to the cache."""
     if type(obj) is RawObject:
-        return obj.slim()
-    return RawObject.from_dict(obj).slim()
+        return obj.fresh()
+    return RawObject.from_dict(obj).fresh()
 
 
 class _LazyObjects(Sequence[KubeObject]):

@@ -435,6 +435,17 @@ def test_compact_cache_stores_slim_raw_objects_and_hands_out_fresh_ones() -> Non
     assert (stored._obj, stored._meta) == (None, None)  # a reader's decoding stays with the reader
     assert again._obj is None
 
+    # An object added undecoded and decoded afterwards by whoever holds it (a handler, a sink):
+    # the cache's copy stays undecoded.
+    as_raw_later = decode_object(orjson.dumps(cached_pod("c", mf=True)))
+    cache.add(as_raw_later)
+    as_raw_later.to_dict()
+    assert as_raw_later.metadata["name"] == "c"
+    stored_c = cache._items[K("ns/c")]
+    assert stored_c is not as_raw_later
+    assert (stored_c._obj, stored_c._meta) == (None, None)
+    cache.delete_key(K("ns/c"))
+
     b = cache.get_by_key(K("other/b"))
     assert b == as_raw
     assert b is not as_raw
