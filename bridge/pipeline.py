@@ -166,6 +166,9 @@ class SinkListener:
                 self.stats.resync_skipped += 1
                 ack()
                 return
+            if len(listed) == 1:  # the common case: one event, one ack
+                await self._deliver_one(listed[0], ack)
+                return
             remaining, events = len(listed), listed
         # Guards against a sink acking one event twice: only the first ack of each event counts.
         done = [False] * remaining
@@ -186,6 +189,21 @@ class SinkListener:
         for i, event in enumerate(events):
             self.stats.events += 1
             await self.sink.deliver(event, event_ack(i))
+
+    async def _deliver_one(self, event: ChangeEvent, ack: AckFunc) -> None:
+        stats = self.stats
+        stats.events += 1
+        done = False
+
+        def event_ack(outcome: DeliveryOutcome) -> None:
+            nonlocal done
+            if done:  # a sink acking one event twice: only the first ack counts
+                return
+            done = True
+            stats.outcomes[outcome.value] += 1
+            ack()
+
+        await self.sink.deliver(event, event_ack)
 
 
 # --------------------------------------------------------------------------------------------------

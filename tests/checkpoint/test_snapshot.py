@@ -189,3 +189,14 @@ async def test_sink_listener_acks_the_notification_after_every_event() -> None:
     await lst.handle(resync, lambda: acks.append(6))
     assert acks == [5, 6]
     assert lst.stats.resync_skipped == 1
+    # A one-event notification: acked with its event, once, however often the sink acks it.
+    upd = Notification(kind=NotificationKind.UPDATE, obj=obj("a", "3"), old=obj("a", "2"), seq=7)
+    await lst.handle(upd, lambda: acks.append(7))
+    assert acks == [5, 6]
+    (event, event_ack), = sink.unacked[4:]
+    assert event.type is EventType.UPDATED
+    event_ack(DeliveryOutcome.DELIVERED)
+    event_ack(DeliveryOutcome.DEAD_LETTERED)
+    assert acks == [5, 6, 7]
+    assert dict(lst.stats.outcomes) == {"delivered": 3, "filtered": 1, "dead_lettered": 1}
+    assert lst.stats.events == 5
