@@ -210,6 +210,7 @@ async def _bridge_burst(sim: SimProcess, setup: BurstSetup, kind: str, urls: Bro
                         timeout: float) -> dict[str, Any]:
     probe = AckProbe(service_sink(kind, urls=urls, tmp_dir=tmp))
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     async with bridge_pipeline(sim.url, [probe], namespace=BENCH_NAMESPACE,
                                checkpoint=setup.checkpoint) as pipeline:
         sampler = Sampler(probe=probe, pipeline=pipeline)
@@ -217,6 +218,7 @@ async def _bridge_burst(sim: SimProcess, setup: BurstSetup, kind: str, urls: Bro
         try:
             done = await probe.wait_acked(setup.events, timeout)
             seconds = time.perf_counter() - t0
+            cpu = time.process_time() - cpu0
         finally:
             timeline = await sampler.stop()
     if not done:
@@ -226,6 +228,9 @@ async def _bridge_burst(sim: SimProcess, setup: BurstSetup, kind: str, urls: Bro
     return {"events": setup.events, "seconds": round(seconds, 3),
             "events_per_s": round(setup.events / seconds),
             "startup_seconds": round(first - t0, 3),
+            # CPU of the bridge's process (all its threads, start-up included) per event: steadier
+            # than the rates on a shared machine, since time the process waits is not counted.
+            "cpu_us_per_event": round(cpu / setup.events * 1e6, 1),
             "steady_events_per_s": round((setup.events - 1) / steady) if steady > 0 else 0,
             "outcomes": dict(probe.outcomes), "timeline": timeline}
 

@@ -211,6 +211,8 @@ def _rows(name: str, result: Mapping[str, Any]) -> list[tuple[str, str, str, str
             rows.append((f"{kind}: end-to-end events/s (with start-up {e['events_per_s']:,})",
                          f"{e['steady_events_per_s']:,}",
                          f"raw client {e['ceiling_events_per_s']:,}/s", f"{e['ratio_to_ceiling']}x"))
+            if "cpu_us_per_event" in e:
+                rows.append((f"{kind}: bridge process CPU per event", f"{e['cpu_us_per_event']} µs", "", ""))
         if replay:
             rows.append(("simulator watch replay (bare HTTP read)", f"{replay:,}/s", "", ""))
     elif name == "naive":

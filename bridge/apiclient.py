@@ -170,8 +170,10 @@ class LineStream:
                     break
                 if not chunk:
                     break
-                if b"\n" not in chunk:
-                    buf += chunk  # a long line arriving in pieces: gathered without re-copying
+                start = len(buf)
+                buf += chunk
+                pos = buf.find(b"\n", start)
+                if pos < 0:
                     if len(buf) > self._max_line_bytes:
                         self.oversized_lines += 1
                         self.broken = ValueError(f"line longer than {self._max_line_bytes} bytes")
@@ -180,16 +182,14 @@ class LineStream:
                         buf.clear()
                         break
                     continue
-                if buf:
-                    buf += chunk
-                    chunk = bytes(buf)
-                    buf.clear()
-                # One split copies every complete line of the chunk once; the rest waits in buf.
-                lines = chunk.split(b"\n")
-                buf += lines.pop()
-                for line in lines:
-                    if line and not line.isspace():
+                begin = 0
+                while pos >= 0:
+                    line = bytes(buf[begin:pos])
+                    begin = pos + 1
+                    if line.strip():
                         yield line
+                    pos = buf.find(b"\n", begin)
+                del buf[:begin]
         finally:
             self.tail = bytes(buf).strip()
             self._release()

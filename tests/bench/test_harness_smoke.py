@@ -50,6 +50,7 @@ def test_quick_harness_completes_with_sane_figures(tmp_path: Path) -> None:
     assert file_entry["steady_events_per_s"] > 0
     assert 0 < file_entry["startup_seconds"] < file_entry["seconds"]
     assert file_entry["ceiling_events_per_s"] > 0
+    assert file_entry["cpu_us_per_event"] > 0
     assert file_entry["ratio_to_ceiling"] > 0
     assert thr["simulator_replay_events_per_s"] > 0
     assert thr["payload_bytes_mean"] > 1000  # realistic Pods, not stubs
