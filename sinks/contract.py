@@ -6,9 +6,13 @@ is durably delivered, dead-lettered, or deliberately filtered out. The bridge ch
 resourceVersion only when every sink has acknowledged every event up to it, so a sink that acks
 early can lose data on a crash, and one that never acks stalls the checkpoint (not the others).
 
-This module depends on nothing but the standard library: third-party sinks import it (and
-:mod:`sinks.cloudevents` for the envelope) and register under the entry-point group
-``kube_event_bridge.sinks``.
+Third-party sinks import this module (and :mod:`sinks.cloudevents` for the envelope) and register
+under the entry-point group ``kube_event_bridge.sinks``. An event's objects are read-only mappings:
+with the default compact cache a :class:`bridge.rawobject.RawObject` (the API server's JSON bytes,
+decoded as far as it is read), so encode them with :func:`sinks.cloudevents.encode_structured` or
+:func:`bridge.rawobject.dumps` (the standard library's ``json`` does not know them), and call
+:func:`bridge.rawobject.plain` for a dict to walk. Its only import outside the standard library is
+that small module.
 """
 
 from __future__ import annotations
