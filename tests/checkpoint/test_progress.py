@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import random
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind, ObjectKey
 from bridge.progress import AckTracker, object_key
 
@@ -239,3 +245,87 @@ def test_folding_many_keys_is_by_resource_version() -> None:
     t.progress(201, "299")
     assert len(t.checkpoint_state()[1]) == 200
     assert t.delivered_ahead() == {}
+
+
+# -------------------------------------------------------------------------- property: the resume point
+
+_KEYS = ["a", "b", "c"]
+_LISTENERS = ["k", "w"]
+_op = st.one_of(
+    st.tuples(st.just("change"), st.sampled_from(_KEYS), st.booleans()),
+    st.tuples(st.just("ack"), st.sampled_from(_LISTENERS), st.integers(min_value=0, max_value=50)),
+)
+
+
+class _AckWorld:
+    """Changes dispatched in resourceVersion order, each followed by its progress marker, acked by two
+    listeners in any order; the tracker's resume point must only ever cover acknowledged changes."""
+
+    def __init__(self) -> None:
+        self.tracker = AckTracker(name="prop")
+        self.rv = 0
+        self.state: dict[str, tuple[str, str]] = {}
+        self.history: dict[int, dict[str, tuple[str, str]]] = {0: {}}
+        self.rv_of_seq: list[int] = []
+        self.pending: dict[str, list[int]] = {name: [] for name in _LISTENERS}
+        self.generation = 0
+        self.resume = 0
+
+    def change(self, key: str, delete: bool) -> None:
+        self.rv += 1
+        rv = str(self.rv)
+        seq = len(self.rv_of_seq)
+        full = f"default/{key}"
+        if delete and full in self.state:
+            uid = self.state.pop(full)[0]
+            notification = n(DELETE, obj(key, rv, uid), seq)
+        else:
+            kind = UPDATE if full in self.state else ADD
+            uid = self.state[full][0] if full in self.state else f"uid-{key}-{rv}"
+            self.state[full] = (uid, rv)
+            notification = n(kind, obj(key, rv, uid), seq)
+        self.history[self.rv] = dict(self.state)
+        self.rv_of_seq.append(self.rv)
+        self.tracker.dispatched(notification, _LISTENERS)
+        self.tracker.progress(seq + 1, rv)
+        for name in _LISTENERS:
+            self.pending[name].append(seq)
+
+    def ack(self, listener: str, pick: int) -> None:
+        owed = self.pending[listener]
+        if owed:
+            self.tracker.acked(listener, owed.pop(pick % len(owed)))
+
+    def check(self) -> None:
+        rv_text, index = self.tracker.checkpoint_state()
+        resume = int(rv_text) if rv_text else 0
+        assert resume >= self.resume, "the resume point went back"
+        self.resume = resume
+        unacked = {seq for owed in self.pending.values() for seq in owed}
+        # Safety: a watch resumed at this point replays every change after it; every change at or
+        # before it has been acknowledged by every listener.
+        assert all(self.rv_of_seq[seq] > resume for seq in unacked), (resume, sorted(unacked))
+        # The index is exactly the world as of the resume point.
+        assert index == self.history[resume]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_op, max_size=60), st.randoms(use_true_random=False))
+def test_the_resume_point_covers_only_acknowledged_changes_and_catches_up(
+    ops: list[tuple[Any, ...]], rng: random.Random,
+) -> None:
+    world = _AckWorld()
+    for op in ops:
+        if op[0] == "change":
+            world.change(op[1], op[2])
+        else:
+            world.ack(op[1], op[2])
+        world.check()
+    # Everything acknowledged, in any order: the resume point reaches the newest change.
+    owed = [(name, seq) for name, seqs in world.pending.items() for seq in seqs]
+    rng.shuffle(owed)
+    for name, seq in owed:
+        world.pending[name].remove(seq)
+        world.tracker.acked(name, seq)
+        world.check()
+    assert world.tracker.checkpoint_state() == (str(world.rv) if world.rv else "", world.state)
