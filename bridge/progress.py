@@ -136,8 +136,12 @@ class AckTracker:
         self._last_dispatched_seq = seq
         self._note_state(notification)
         entry = _InFlight(notification, set(listeners))
-        self._outstanding += 1 if entry.waiting else 0
         self._window[seq] = entry
+        if entry.waiting:
+            # Owed by someone: it cannot be applied now, and the markers it could hold back were
+            # passed when the window last changed at its head. Nothing to advance.
+            self._outstanding += 1
+            return
         self._advance()
 
     def acked(self, listener: str, seq: int) -> None:
@@ -156,6 +160,9 @@ class AckTracker:
             self._markers[-1] = (seq, resource_version)  # a later marker for the same point wins
         else:
             self._markers.append((seq, resource_version))
+        window = self._window
+        if window and seq > next(iter(window)):
+            return  # behind a notification still owed: it passes when that one is applied
         self._advance()
 
     def listener_removed(self, listener: str) -> None:
