@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, overload
 
 import msgspec
 import orjson
@@ -33,6 +33,7 @@ __all__ = [
     "RawObjectError",
     "decode_object",
     "decode_watch_object",
+    "dict_without_managed_fields",
     "dumps",
     "identity_metadata",
     "object_identity",
@@ -182,7 +183,8 @@ class RawObject(Mapping[str, Any]):
         """The object without ``metadata.managedFields`` (``self`` when it has none)."""
         if not self.managed_fields:
             return self
-        return _cut_managed_fields(self.raw) or RawObject.from_dict(_drop_mf(self.to_dict()))
+        cut = _cut_managed_fields(self.raw)
+        return cut if cut is not None else RawObject.from_dict(dict_without_managed_fields(self.to_dict()))
 
     # ---- Mapping --------------------------------------------------------------------------------
 
@@ -232,7 +234,17 @@ class RawObject(Mapping[str, Any]):
         return f"RawObject({name!r}, rv={self.resource_version!r}, {len(self.raw)} bytes)"
 
 
-def _drop_mf(obj: dict[str, Any]) -> dict[str, Any]:
+@overload
+def dict_without_managed_fields(obj: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@overload
+def dict_without_managed_fields(obj: Mapping[str, Any]) -> Mapping[str, Any]: ...
+
+
+def dict_without_managed_fields(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A decoded object without ``metadata.managedFields``: ``obj`` itself when it has none, else a
+    shallow copy with a copied ``metadata`` (the input is never mutated)."""
     meta = obj.get("metadata")
     if not isinstance(meta, dict) or "managedFields" not in meta:
         return obj
@@ -360,7 +372,7 @@ def decode_object(
     if not isinstance(obj.get("metadata"), dict):
         raise RawObjectError("a Kubernetes object needs a metadata mapping")
     if drop_managed_fields:
-        obj = _drop_mf(obj)
+        obj = dict_without_managed_fields(obj)
     if api_version and "apiVersion" not in obj:
         obj["apiVersion"] = api_version
     if kind and "kind" not in obj:

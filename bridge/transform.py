@@ -9,7 +9,7 @@ objects whole.
 from __future__ import annotations
 
 from bridge.contracts import KubeObject
-from bridge.rawobject import RawObject
+from bridge.rawobject import RawObject, dict_without_managed_fields
 
 __all__ = ["drop_managed_fields"]
 
@@ -24,10 +24,4 @@ def drop_managed_fields(obj: KubeObject) -> KubeObject:
     """
     if type(obj) is RawObject:
         return obj.without_managed_fields()
-    meta = obj.get("metadata")
-    if not isinstance(meta, dict) or "managedFields" not in meta:
-        return obj
-    new_meta = {k: v for k, v in meta.items() if k != "managedFields"}
-    new = dict(obj)
-    new["metadata"] = new_meta
-    return new
+    return dict_without_managed_fields(obj)
