@@ -36,10 +36,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from bridge.apiclient import ApiClient
 from bridge.contracts import ListOptions, WatchOptions
-from bridge.discovery import Discovery
-from bridge.listwatch import WATCH_EVENT_DECODERS, HttpListerWatcher, lister_watcher_for
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.discovery import Discovery
+from bridge.kube.listwatch import WATCH_EVENT_DECODERS, HttpListerWatcher, lister_watcher_for
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
 

@@ -39,10 +39,10 @@ from bridge.contracts import (
     WatchEventType,
     WatchOptions,
 )
+from bridge.informer.shared_informer import SharedIndexInformer
+from bridge.informer.store import IndexedCache
+from bridge.informer.transform import drop_managed_fields
 from bridge.rawobject import to_json
-from bridge.shared_informer import SharedIndexInformer
-from bridge.store import IndexedCache
-from bridge.transform import drop_managed_fields
 
 RESULTS = Path(__file__).resolve().parent / "results" / "informer.json"
 

@@ -70,9 +70,9 @@ def _api_json(count: int, offset: int = 0) -> list[bytes]:
 def _filler(variant: str) -> tuple[Callable[[bytes], None], Callable[[], int]]:
     """(add one watch line to a new cache, how many objects it holds)."""
     if variant in ("bridge", "bridge_dicts", "bridge_keep_managed"):
-        from bridge.listwatch import decode_watch_event
-        from bridge.store import IndexedCache, meta_namespace_index_func, meta_namespace_key_func
-        from bridge.transform import drop_managed_fields
+        from bridge.informer.store import IndexedCache, meta_namespace_index_func, meta_namespace_key_func
+        from bridge.informer.transform import drop_managed_fields
+        from bridge.kube.listwatch import decode_watch_event
 
         cache = IndexedCache(key_func=meta_namespace_key_func,
                              indexers={"namespace": meta_namespace_index_func},
@@ -106,7 +106,7 @@ def _filler(variant: str) -> tuple[Callable[[bytes], None], Callable[[], int]]:
 
         return add_typed, lambda: len(typed)
     if variant == "raw_bytes":
-        from bridge.transform import drop_managed_fields
+        from bridge.informer.transform import drop_managed_fields
 
         raw: dict[str, bytes] = {}
 

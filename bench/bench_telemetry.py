@@ -39,8 +39,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import CollectorRegistry
 
 from bench.common import machine_info, write_result
-from bridge.metered import MeteredSink
-from bridge.telemetry import Telemetry
+from bridge.service.metered import MeteredSink
+from bridge.service.telemetry import Telemetry
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType, ResourceRef, Sink
 
 __all__ = ["main", "run"]

@@ -34,13 +34,13 @@ from typing import Any
 
 import orjson
 
-from bridge.apiclient import ApiClient
-from bridge.checkpoint import Checkpoint
 from bridge.clock import RealClock
-from bridge.discovery import APIResource
-from bridge.factory import InformerKey
-from bridge.pipeline import BridgePipeline, WatchedResource, http_informer_builder
-from bridge.transform import drop_managed_fields
+from bridge.delivery.checkpoint import Checkpoint
+from bridge.delivery.pipeline import BridgePipeline, WatchedResource, http_informer_builder
+from bridge.informer.factory import InformerKey
+from bridge.informer.transform import drop_managed_fields
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.discovery import APIResource
 from sinks.cloudevents import encode_structured, to_cloudevent
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType, ResourceRef, Sink
 
@@ -518,8 +518,8 @@ def service_sink(kind: str, *, urls: BrokerUrls, tmp_dir: Path, tag: str = "") -
     counters, time-sampled latency histogram, spans at the default 1% ratio), one Telemetry per
     process."""
     global _telemetry
-    from bridge.metered import MeteredSink
-    from bridge.telemetry import Telemetry
+    from bridge.service.metered import MeteredSink
+    from bridge.service.telemetry import Telemetry
 
     if _telemetry is None:
         _telemetry = Telemetry()
@@ -561,7 +561,7 @@ async def bridge_pipeline(url: str, sinks: Sequence[Sink], *, namespace: str,
 
 def freeze_after_sync() -> None:
     """What the service does once an informer has synced when it tuned the garbage collector
-    (``bridge.service``): move the cache built so far out of the collected generations."""
+    (``bridge.service.service``): move the cache built so far out of the collected generations."""
     if gc.get_threshold() != (700, 10, 10):
         gc.collect()
         gc.freeze()

@@ -45,7 +45,7 @@ def configure_gc(mode: str) -> None:
         return
     if mode == "service":
         try:
-            from bridge.service import configure_gc as service_gc
+            from bridge.service.service import configure_gc as service_gc
         except ImportError:  # an older tree: nothing to mirror
             return
         service_gc()

@@ -9,75 +9,75 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from bridge.version import __version__
 
 _EXPORTS: dict[str, str] = {
-    "APIResource": "discovery",
+    "APIResource": "kube.discovery",
     "AckFunc": "contracts",
-    "AckTracker": "progress",
-    "ApiClient": "apiclient",
+    "AckTracker": "delivery.progress",
+    "ApiClient": "kube.apiclient",
     "ApiError": "errors",
     "ApiStatusError": "errors",
     "ApiUnavailableError": "errors",
-    "Backoff": "backoff",
+    "Backoff": "informer.backoff",
     "BadRequestError": "errors",
-    "BridgeConfig": "config",
+    "BridgeConfig": "service.config",
     "BridgeError": "errors",
-    "BridgePipeline": "pipeline",
-    "BridgeService": "service",
-    "Checkpoint": "checkpoint",
-    "CheckpointStore": "checkpoint",
+    "BridgePipeline": "delivery.pipeline",
+    "BridgeService": "service.service",
+    "Checkpoint": "delivery.checkpoint",
+    "CheckpointStore": "delivery.checkpoint",
     "Clock": "clock",
     "ConfigurationError": "errors",
     "ConflictError": "errors",
     "DeletedFinalStateUnknown": "contracts",
     "DeliveryObserver": "contracts",
-    "Delta": "delta_fifo",
-    "DeltaFIFO": "delta_fifo",
-    "DeltaType": "delta_fifo",
-    "Deltas": "delta_fifo",
-    "Discovery": "discovery",
+    "Delta": "informer.delta_fifo",
+    "DeltaFIFO": "informer.delta_fifo",
+    "DeltaType": "informer.delta_fifo",
+    "Deltas": "informer.delta_fifo",
+    "Discovery": "kube.discovery",
     "EventHandler": "contracts",
-    "FIFOClosedError": "delta_fifo",
+    "FIFOClosedError": "informer.delta_fifo",
     "FakeClock": "clock",
-    "FieldSelector": "labels",
-    "FileCheckpointStore": "checkpoint",
+    "FieldSelector": "kube.labels",
+    "FileCheckpointStore": "delivery.checkpoint",
     "ForbiddenError": "errors",
-    "HandlerRegistration": "shared_informer",
-    "HttpListerWatcher": "listwatch",
+    "HandlerRegistration": "informer.shared_informer",
+    "HttpListerWatcher": "kube.listwatch",
     "IndexFunc": "contracts",
-    "IndexedCache": "store",
+    "IndexedCache": "informer.store",
     "Indexer": "contracts",
-    "InformerError": "shared_informer",
-    "InformerKey": "factory",
+    "InformerError": "informer.shared_informer",
+    "InformerKey": "informer.factory",
     "KeyFunc": "contracts",
     "KubeObject": "contracts",
-    "LabelSelector": "labels",
-    "LeaderElector": "leaderelection",
+    "LabelSelector": "kube.labels",
+    "LeaderElector": "kube.leaderelection",
     "ListOptions": "contracts",
     "ListPage": "contracts",
     "ListenerOptions": "contracts",
-    "Lister": "listers",
+    "Lister": "informer.listers",
     "ListerWatcher": "contracts",
-    "NAMESPACE_INDEX": "store",
+    "NAMESPACE_INDEX": "informer.store",
     "NotFoundError": "errors",
     "Notification": "contracts",
     "NotificationHandler": "contracts",
     "NotificationKind": "contracts",
     "ObjectKey": "contracts",
     "OverflowPolicy": "contracts",
-    "ProcessorListener": "processor",
+    "ProcessorListener": "informer.processor",
     "RawObject": "rawobject",
     "RawObjectError": "rawobject",
     "RealClock": "clock",
-    "Reflector": "reflector",
+    "Reflector": "informer.reflector",
     "ResourceExpiredError": "errors",
-    "ResourceVersionMarker": "delta_fifo",
+    "ResourceVersionMarker": "informer.delta_fifo",
     "ServerError": "errors",
-    "SharedIndexInformer": "shared_informer",
-    "SharedInformerFactory": "factory",
-    "SharedProcessor": "processor",
-    "SinkListener": "pipeline",
+    "SharedIndexInformer": "informer.shared_informer",
+    "SharedInformerFactory": "informer.factory",
+    "SharedProcessor": "informer.processor",
+    "SinkListener": "delivery.pipeline",
     "Store": "contracts",
     "TooLargeResourceVersionError": "errors",
     "TooManyRequestsError": "errors",
@@ -87,40 +87,24 @@ _EXPORTS: dict[str, str] = {
     "WatchEventType": "contracts",
     "WatchOptions": "contracts",
     "WatchStream": "contracts",
-    "WatchedResource": "pipeline",
-    "drop_managed_fields": "transform",
-    "informer_id": "checkpoint",
-    "lister_watcher_for": "listwatch",
-    "load_config": "config",
-    "meta_namespace_index_func": "store",
-    "meta_namespace_key_func": "store",
-    "parse_field_selector": "labels",
-    "parse_label_selector": "labels",
-    "split_meta_namespace_key": "store",
+    "WatchedResource": "delivery.pipeline",
+    "drop_managed_fields": "informer.transform",
+    "informer_id": "delivery.checkpoint",
+    "lister_watcher_for": "kube.listwatch",
+    "load_config": "service.config",
+    "meta_namespace_index_func": "informer.store",
+    "meta_namespace_key_func": "informer.store",
+    "parse_field_selector": "kube.labels",
+    "parse_label_selector": "kube.labels",
+    "split_meta_namespace_key": "informer.store",
     "status_error": "errors",
 }
 
 if TYPE_CHECKING:
-    from bridge.apiclient import (
-        ApiClient,
-    )
-    from bridge.backoff import (
-        Backoff,
-    )
-    from bridge.checkpoint import (
-        Checkpoint,
-        CheckpointStore,
-        FileCheckpointStore,
-        informer_id,
-    )
     from bridge.clock import (
         Clock,
         FakeClock,
         RealClock,
-    )
-    from bridge.config import (
-        BridgeConfig,
-        load_config,
     )
     from bridge.contracts import (
         AckFunc,
@@ -147,17 +131,19 @@ if TYPE_CHECKING:
         WatchOptions,
         WatchStream,
     )
-    from bridge.delta_fifo import (
-        Delta,
-        DeltaFIFO,
-        Deltas,
-        DeltaType,
-        FIFOClosedError,
-        ResourceVersionMarker,
+    from bridge.delivery.checkpoint import (
+        Checkpoint,
+        CheckpointStore,
+        FileCheckpointStore,
+        informer_id,
     )
-    from bridge.discovery import (
-        APIResource,
-        Discovery,
+    from bridge.delivery.pipeline import (
+        BridgePipeline,
+        SinkListener,
+        WatchedResource,
+    )
+    from bridge.delivery.progress import (
+        AckTracker,
     )
     from bridge.errors import (
         ApiError,
@@ -176,62 +162,76 @@ if TYPE_CHECKING:
         UnauthorizedError,
         status_error,
     )
-    from bridge.factory import (
+    from bridge.informer.backoff import (
+        Backoff,
+    )
+    from bridge.informer.delta_fifo import (
+        Delta,
+        DeltaFIFO,
+        Deltas,
+        DeltaType,
+        FIFOClosedError,
+        ResourceVersionMarker,
+    )
+    from bridge.informer.factory import (
         InformerKey,
         SharedInformerFactory,
     )
-    from bridge.labels import (
-        FieldSelector,
-        LabelSelector,
-        parse_field_selector,
-        parse_label_selector,
-    )
-    from bridge.leaderelection import (
-        LeaderElector,
-    )
-    from bridge.listers import (
+    from bridge.informer.listers import (
         Lister,
     )
-    from bridge.listwatch import (
-        HttpListerWatcher,
-        lister_watcher_for,
-    )
-    from bridge.pipeline import (
-        BridgePipeline,
-        SinkListener,
-        WatchedResource,
-    )
-    from bridge.processor import (
+    from bridge.informer.processor import (
         ProcessorListener,
         SharedProcessor,
     )
-    from bridge.progress import (
-        AckTracker,
-    )
-    from bridge.rawobject import (
-        RawObject,
-        RawObjectError,
-    )
-    from bridge.reflector import (
+    from bridge.informer.reflector import (
         Reflector,
     )
-    from bridge.service import (
-        BridgeService,
-    )
-    from bridge.shared_informer import (
+    from bridge.informer.shared_informer import (
         HandlerRegistration,
         InformerError,
         SharedIndexInformer,
     )
-    from bridge.store import (
+    from bridge.informer.store import (
         NAMESPACE_INDEX,
         IndexedCache,
         meta_namespace_index_func,
         meta_namespace_key_func,
         split_meta_namespace_key,
     )
-    from bridge.transform import (
+    from bridge.informer.transform import (
         drop_managed_fields,
+    )
+    from bridge.kube.apiclient import (
+        ApiClient,
+    )
+    from bridge.kube.discovery import (
+        APIResource,
+        Discovery,
+    )
+    from bridge.kube.labels import (
+        FieldSelector,
+        LabelSelector,
+        parse_field_selector,
+        parse_label_selector,
+    )
+    from bridge.kube.leaderelection import (
+        LeaderElector,
+    )
+    from bridge.kube.listwatch import (
+        HttpListerWatcher,
+        lister_watcher_for,
+    )
+    from bridge.rawobject import (
+        RawObject,
+        RawObjectError,
+    )
+    from bridge.service.config import (
+        BridgeConfig,
+        load_config,
+    )
+    from bridge.service.service import (
+        BridgeService,
     )
 
 __all__ = [

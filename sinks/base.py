@@ -32,7 +32,7 @@ is sent only after every event accepted before it, and events accepted after it 
 consumer sees a snapshot's ``sync`` events between its markers even when some of them were retried.
 
 Time (backoff sleeps, give-up deadlines, dead-letter timestamps) comes from an injected clock with
-the same shape as ``bridge.clock.Clock``, so tests can drive retries without sleeping.
+``bridge.clock.Clock`` (the one clock of the project), so tests can drive retries without sleeping.
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar, cast
+from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
+from bridge.clock import Clock, RealClock
 from bridge.rawobject import RawObject, identity_metadata
 from sinks.cloudevents import (
     HTTP_PREFIX,
@@ -75,7 +75,7 @@ from sinks.redaction import Redactor
 from sinks.retry import RetryPolicy
 from sinks.templates import Template, TemplateError
 
-__all__ = ["BaseSink", "OutgoingMessage", "SinkClock", "SinkStats", "SystemClock"]
+__all__ = ["BaseSink", "OutgoingMessage", "SinkStats"]
 
 log = logging.getLogger(__name__)
 
@@ -103,30 +103,6 @@ def _subject(meta: Mapping[str, Any]) -> str:
     namespace = meta.get("namespace")
     name = str(meta.get("name") or "")
     return f"{namespace}/{name}" if namespace else name
-
-
-class SinkClock(Protocol):
-    """What sinks need of a clock; ``bridge.clock.RealClock`` / ``FakeClock`` fit."""
-
-    def now(self) -> float:
-        """Monotonic seconds."""
-
-    def wall(self) -> float:
-        """Seconds since the epoch."""
-
-    async def sleep(self, seconds: float) -> None:
-        """Returns once ``seconds`` have passed on this clock."""
-
-
-class SystemClock:
-    def now(self) -> float:
-        return time.monotonic()
-
-    def wall(self) -> float:
-        return time.time()
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(max(0.0, seconds))
 
 
 @dataclass(slots=True, eq=False)
@@ -206,13 +182,13 @@ class BaseSink(Generic[O]):
         *,
         name: str,
         options: O,
-        clock: SinkClock | None = None,
+        clock: Clock | None = None,
         rng: Callable[[], float] | None = None,
     ) -> None:
         self.name = name
         self.options: O = options
         self.stats = SinkStats()
-        self._clock: SinkClock = clock or SystemClock()
+        self._clock: Clock = clock or RealClock()
         self._retry = RetryPolicy(options.retry, rng or random.random)
         text = options.destination if options.destination is not None else self.default_destination
         try:

@@ -26,7 +26,8 @@ from typing import IO, Any, Literal
 
 from pydantic import Field, model_validator
 
-from sinks.base import BaseSink, OutgoingMessage, SinkClock
+from bridge.clock import Clock
+from sinks.base import BaseSink, OutgoingMessage
 from sinks.contract import SinkTransientError
 from sinks.options import SinkOptions
 
@@ -87,7 +88,7 @@ class FileSink(BaseSink[FileSinkOptions]):
     options_model = FileSinkOptions
     default_destination = ""
 
-    def __init__(self, *, name: str, options: FileSinkOptions, clock: SinkClock | None = None) -> None:
+    def __init__(self, *, name: str, options: FileSinkOptions, clock: Clock | None = None) -> None:
         super().__init__(name=name, options=options, clock=clock)
         self.path = Path(options.path)
         self._fh: IO[bytes] | None = None
@@ -226,7 +227,7 @@ class StdoutSink(BaseSink[StdoutSinkOptions]):
         *,
         name: str,
         options: StdoutSinkOptions,
-        clock: SinkClock | None = None,
+        clock: Clock | None = None,
         stream: IO[bytes] | None = None,
     ) -> None:
         super().__init__(name=name, options=options, clock=clock)

@@ -35,7 +35,8 @@ from typing import Literal, Self
 import aiohttp
 from pydantic import Field, field_validator, model_validator
 
-from sinks.base import BaseSink, OutgoingMessage, SinkClock
+from bridge.clock import Clock
+from sinks.base import BaseSink, OutgoingMessage
 from sinks.cloudevents import BATCH_CONTENT_TYPE, HTTP_PREFIX
 from sinks.contract import SinkPermanentError, SinkTransientError
 from sinks.options import SinkOptions, _Model
@@ -192,7 +193,7 @@ class WebhookSink(BaseSink[WebhookOptions]):
     default_destination = ""
     header_prefix = HTTP_PREFIX
 
-    def __init__(self, *, name: str, options: WebhookOptions, clock: SinkClock | None = None) -> None:
+    def __init__(self, *, name: str, options: WebhookOptions, clock: Clock | None = None) -> None:
         super().__init__(name=name, options=options, clock=clock)
         self._session: aiohttp.ClientSession | None = None
         self._secret: bytes | None = None

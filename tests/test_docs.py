@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from bridge.config import load_config
 from bridge.errors import ConfigurationError
-from bridge.service import validate_sinks
-from bridge.telemetry import InformerGauges, SinkGauges, Telemetry, TelemetrySnapshot
+from bridge.service.config import load_config
+from bridge.service.service import validate_sinks
+from bridge.service.telemetry import InformerGauges, SinkGauges, Telemetry, TelemetrySnapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -114,7 +114,7 @@ def test_alert_rules_use_exposed_metrics() -> None:
 
 
 def test_documented_commands_exist() -> None:
-    from bridge.cli import _parser
+    from bridge.service.cli import _parser
 
     sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
     commands = set(sub.choices)

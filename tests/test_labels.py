@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.labels import SelectorError, parse_field_selector, parse_label_selector
+from bridge.kube.labels import SelectorError, parse_field_selector, parse_label_selector
 
 
 @pytest.mark.parametrize(

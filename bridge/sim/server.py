@@ -29,7 +29,7 @@ import yaml
 from aiohttp import web
 
 from bridge.clock import Clock
-from bridge.labels import SelectorError
+from bridge.kube.labels import SelectorError
 from bridge.sim.faults import FaultSpec, FaultState
 from bridge.sim.resources import ResourceType
 from bridge.sim.status import (

@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from bridge.clock import Clock, RealClock
-from bridge.labels import FieldSelector, LabelSelector, parse_field_selector, parse_label_selector
+from bridge.kube.labels import FieldSelector, LabelSelector, parse_field_selector, parse_label_selector
 from bridge.sim.resources import ResourceRegistry, ResourceType
 from bridge.sim.status import (
     AlreadyExists,

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bridge.contracts import DeletedFinalStateUnknown, KeyFunc, KubeObject
-from bridge.store import meta_namespace_key_func
+from bridge.informer.store import meta_namespace_key_func
 
 __all__ = ["Call", "RecordingHandler", "UnknownObjectError", "apply_calls", "resource_version_of"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from bridge.apiclient import ApiClient
+from bridge.kube.apiclient import ApiClient
 from bridge.sim import Simulator
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from bridge.apiclient import ApiClient, ApiClientOptions
 from bridge.clock import FakeClock
 from bridge.errors import (
     ApiUnavailableError,
@@ -25,7 +24,8 @@ from bridge.errors import (
     TooManyRequestsError,
     UnauthorizedError,
 )
-from bridge.kubeconfig import FileTokenSource
+from bridge.kube.apiclient import ApiClient, ApiClientOptions
+from bridge.kube.kubeconfig import FileTokenSource
 
 from .conftest import InstantClock, ScriptedServer
 

@@ -10,11 +10,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bridge.apiclient import ApiClient
 from bridge.contracts import ListOptions, WatchOptions
-from bridge.discovery import APIResource, Discovery, UnknownResourceError, UnsupportedResourceError
 from bridge.errors import ApiUnavailableError, ConfigurationError, ForbiddenError, NotFoundError, ServerError
-from bridge.listwatch import HttpListerWatcher, lister_watcher_for
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.discovery import APIResource, Discovery, UnknownResourceError, UnsupportedResourceError
+from bridge.kube.listwatch import HttpListerWatcher, lister_watcher_for
 from bridge.sim import Simulator
 
 POD = ("", "v1", "pods", "Pod", True)

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from aiohttp import web
 
-from bridge.apiclient import ApiClient, ApiClientOptions
 from bridge.clock import FakeClock
 from bridge.errors import ApiUnavailableError, ConfigurationError
-from bridge.kubeconfig import load_kubeconfig
+from bridge.kube.apiclient import ApiClient, ApiClientOptions
+from bridge.kube.kubeconfig import load_kubeconfig
 
 from .conftest import Certs, ScriptedServer
 

@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-from bridge.apiclient import ApiClient
 from bridge.contracts import ListOptions, WatchEvent, WatchEventType, WatchOptions
-from bridge.discovery import Discovery
 from bridge.errors import (
     BadRequestError,
     ResourceExpiredError,
     TooLargeResourceVersionError,
     UnauthorizedError,
 )
-from bridge.listwatch import HttpListerWatcher, HttpWatchStream, lister_watcher_for
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.discovery import Discovery
+from bridge.kube.listwatch import HttpListerWatcher, HttpWatchStream, lister_watcher_for
 from bridge.sim import INITIAL_EVENTS_END_ANNOTATION, Simulator
 
 from .conftest import InstantClock, make_pod

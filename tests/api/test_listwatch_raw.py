@@ -12,14 +12,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from bridge.apiclient import ApiClient
 from bridge.contracts import KubeObject, ListOptions, WatchEvent, WatchEventType, WatchOptions
-from bridge.discovery import APIResource, Discovery
-from bridge.listwatch import HttpListerWatcher, HttpWatchStream
+from bridge.informer.transform import drop_managed_fields
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.discovery import APIResource, Discovery
+from bridge.kube.listwatch import HttpListerWatcher, HttpWatchStream
 from bridge.rawobject import RawObject
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod as realistic_pod
-from bridge.transform import drop_managed_fields
 
 from .conftest import ScriptedServer
 

@@ -11,14 +11,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bridge.apiclient import ApiClient
-from bridge.backoff import Backoff
 from bridge.clock import RealClock
-from bridge.discovery import Discovery
-from bridge.listwatch import HttpListerWatcher, lister_watcher_for
-from bridge.reflector import Reflector
+from bridge.informer.backoff import Backoff
+from bridge.informer.reflector import Reflector
+from bridge.informer.store import IndexedCache
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.discovery import Discovery
+from bridge.kube.listwatch import HttpListerWatcher, lister_watcher_for
 from bridge.sim import Simulator
-from bridge.store import IndexedCache
 
 from .conftest import InstantClock, make_pod
 

@@ -15,10 +15,10 @@ import orjson
 import pytest
 from aiohttp import web
 
-from bridge.apiclient import ApiClient, ApiClientOptions
 from bridge.contracts import WatchEvent, WatchEventType, WatchOptions
-from bridge.discovery import APIResource
-from bridge.listwatch import (
+from bridge.kube.apiclient import ApiClient, ApiClientOptions
+from bridge.kube.discovery import APIResource
+from bridge.kube.listwatch import (
     WATCH_EVENT_DECODERS,
     HttpListerWatcher,
     HttpWatchStream,
@@ -99,13 +99,13 @@ async def test_garbage_lines_are_logged_counted_and_skipped(
         b"\n\n",  # blank lines are keep-alives, not garbage
         line("ADDED", "b", 9),
     ]
-    with caplog.at_level(logging.WARNING, logger="bridge.listwatch"):
+    with caplog.at_level(logging.WARNING, logger="bridge.kube.listwatch"):
         events, stream, lw = await watch_all(server, chunks)
     assert names(events) == [("ADDED", "a"), ("ADDED", "b")]
     assert stream.garbage_lines == 4
     assert lw.garbage_lines == 4
     assert stream.truncated_lines == 0
-    warnings = [r.getMessage() for r in caplog.records if r.name == "bridge.listwatch"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "bridge.kube.listwatch"]
     assert len(warnings) == 4
     assert all(w.startswith("watch pods in namespace ns: skipping a line that is not a watch event")
                for w in warnings)

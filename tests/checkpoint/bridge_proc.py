@@ -15,13 +15,13 @@ import signal
 import sys
 from typing import Any
 
-from bridge.apiclient import ApiClient
-from bridge.checkpoint import FileCheckpointStore
 from bridge.clock import RealClock
-from bridge.discovery import Discovery
-from bridge.factory import InformerKey, SharedInformerFactory
-from bridge.listwatch import HttpListerWatcher
-from bridge.pipeline import BridgePipeline, WatchedResource
+from bridge.delivery.checkpoint import FileCheckpointStore
+from bridge.delivery.pipeline import BridgePipeline, WatchedResource
+from bridge.informer.factory import InformerKey, SharedInformerFactory
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.discovery import Discovery
+from bridge.kube.listwatch import HttpListerWatcher
 from sinks.contract import ResourceRef
 from sinks.registry import create_sink
 

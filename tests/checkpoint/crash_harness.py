@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
-from bridge.apiclient import ApiClient
 from bridge.errors import ConflictError, NotFoundError
+from bridge.kube.apiclient import ApiClient
 from tests.brokers import KafkaRecord
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 from bridge.contracts import DeliveryObserver
-from bridge.discovery import APIResource
-from bridge.factory import InformerKey
-from bridge.pipeline import WatchedResource
-from bridge.shared_informer import SharedIndexInformer
+from bridge.delivery.pipeline import WatchedResource
+from bridge.informer.factory import InformerKey
+from bridge.informer.shared_informer import SharedIndexInformer
+from bridge.kube.discovery import APIResource
 from bridge.testing.fake_source import FakeControllerSource
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType, ResourceRef
 

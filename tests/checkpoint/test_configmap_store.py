@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bridge.apiclient import ApiClient
-from bridge.checkpoint import Checkpoint, CheckpointCorruptError, CheckpointStoreError
-from bridge.checkpoint_configmap import ConfigMapCheckpointStore, _utf8_chunks
+from bridge.delivery.checkpoint import Checkpoint, CheckpointCorruptError, CheckpointStoreError
+from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore, _utf8_chunks
+from bridge.kube.apiclient import ApiClient
 from bridge.sim import Simulator
 
 NS = "bridge-system"

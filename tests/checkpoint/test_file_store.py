@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.checkpoint import (
+from bridge.delivery.checkpoint import (
     Checkpoint,
     CheckpointCorruptError,
     CheckpointStoreError,

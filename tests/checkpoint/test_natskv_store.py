@@ -9,8 +9,8 @@ import nats.js.errors
 import orjson
 import pytest
 
-from bridge.checkpoint import Checkpoint, CheckpointCorruptError, CheckpointStoreError
-from bridge.checkpoint_natskv import NatsKvCheckpointStore
+from bridge.delivery.checkpoint import Checkpoint, CheckpointCorruptError, CheckpointStoreError
+from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
 from tests.brokers import NatsServer, running_nats
 
 

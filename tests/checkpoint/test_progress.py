@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind, ObjectKey
-from bridge.progress import AckTracker, object_key
+from bridge.delivery.progress import AckTracker, object_key
 
 
 def obj(name: str, rv: str, uid: str = "", ns: str = "default") -> dict[str, object]:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bridge.checkpoint import FileCheckpointStore
 from bridge.clock import FakeClock
 from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind, ObjectKey
-from bridge.pipeline import BridgePipeline, SinkListener
+from bridge.delivery.checkpoint import FileCheckpointStore
+from bridge.delivery.pipeline import BridgePipeline, SinkListener
 from bridge.testing.fake_source import FakeControllerSource
 from sinks.contract import ChangeEvent, DeliveryOutcome, EventType
 from tests.checkpoint.helpers import CONFIGMAPS, WATCHED, RecordingSink, cm, fake_builder, until

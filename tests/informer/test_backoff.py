@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from bridge.backoff import Backoff, BackoffOptions
 from bridge.clock import FakeClock
+from bridge.informer.backoff import Backoff, BackoffOptions
 
 
 def test_defaults_are_client_go_reflector_values() -> None:

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.contracts import DeletedFinalStateUnknown, KubeObject, ObjectKey
-from bridge.delta_fifo import (
+from bridge.informer.delta_fifo import (
     Delta,
     DeltaFIFO,
     Deltas,
@@ -23,7 +23,7 @@ from bridge.delta_fifo import (
     FIFOClosedError,
     ResourceVersionMarker,
 )
-from bridge.store import IndexedCache
+from bridge.informer.store import IndexedCache
 
 Op = tuple[Any, ...]
 

@@ -7,7 +7,7 @@ import asyncio
 from bridge.clock import FakeClock
 from bridge.contracts import ListerWatcher
 from bridge.errors import ServerError
-from bridge.factory import InformerKey, SharedInformerFactory
+from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.testing.fake_source import FakeControllerSource
 from bridge.testing.recorder import RecordingHandler
 

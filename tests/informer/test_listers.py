@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from bridge.contracts import KubeObject
-from bridge.labels import SelectorError, parse_label_selector
-from bridge.listers import NAMESPACE_ALL, Lister
-from bridge.store import NAMESPACE_INDEX, IndexedCache
+from bridge.informer.listers import NAMESPACE_ALL, Lister
+from bridge.informer.store import NAMESPACE_INDEX, IndexedCache
+from bridge.kube.labels import SelectorError, parse_label_selector
 
 
 def obj(name: str, ns: str = "", **labels: str) -> KubeObject:

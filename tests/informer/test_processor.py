@@ -18,7 +18,7 @@ from bridge.contracts import (
     ObjectKey,
     OverflowPolicy,
 )
-from bridge.processor import ProcessorListener, SharedProcessor, determine_resync_period
+from bridge.informer.processor import ProcessorListener, SharedProcessor, determine_resync_period
 from bridge.testing.recorder import RecordingHandler
 
 

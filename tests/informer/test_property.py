@@ -37,8 +37,8 @@ from bridge.contracts import (
     WatchOptions,
     WatchStream,
 )
+from bridge.informer.shared_informer import SharedIndexInformer
 from bridge.rawobject import decode_object
-from bridge.shared_informer import SharedIndexInformer
 from bridge.testing.fake_source import FakeControllerSource
 from bridge.testing.recorder import RecordingHandler, apply_calls
 

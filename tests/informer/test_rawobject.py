@@ -15,6 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.contracts import ObjectKey
+from bridge.informer.store import NAMESPACE_INDEX, IndexedCache, meta_namespace_index_func
+from bridge.informer.transform import drop_managed_fields
 from bridge.rawobject import (
     RawObject,
     RawObjectError,
@@ -26,8 +28,6 @@ from bridge.rawobject import (
     plain,
     to_json,
 )
-from bridge.store import NAMESPACE_INDEX, IndexedCache, meta_namespace_index_func
-from bridge.transform import drop_managed_fields
 
 K = ObjectKey
 

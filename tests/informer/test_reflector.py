@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from bridge.backoff import Backoff
 from bridge.clock import FakeClock
 from bridge.contracts import (
     KubeObject,
@@ -25,7 +24,6 @@ from bridge.contracts import (
     WatchOptions,
     WatchStream,
 )
-from bridge.delta_fifo import DeltaFIFO
 from bridge.errors import (
     ApiUnavailableError,
     BadRequestError,
@@ -34,7 +32,9 @@ from bridge.errors import (
     TooLargeResourceVersionError,
     TooManyRequestsError,
 )
-from bridge.reflector import INITIAL_EVENTS_END_ANNOTATION, Reflector, ReflectorStore
+from bridge.informer.backoff import Backoff
+from bridge.informer.delta_fifo import DeltaFIFO
+from bridge.informer.reflector import INITIAL_EVENTS_END_ANNOTATION, Reflector, ReflectorStore
 from bridge.testing import FakeControllerSource, SourceCall
 
 Call = tuple[Any, ...]

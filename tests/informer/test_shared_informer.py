@@ -20,7 +20,7 @@ from bridge.contracts import (
     OverflowPolicy,
 )
 from bridge.errors import ServerError
-from bridge.shared_informer import InformerStartedError, SharedIndexInformer
+from bridge.informer.shared_informer import InformerStartedError, SharedIndexInformer
 from bridge.testing.fake_source import FakeControllerSource
 from bridge.testing.recorder import RecordingHandler
 
@@ -593,7 +593,7 @@ async def spin_until_pending(clock: FakeClock) -> None:
 
 
 def test_drop_managed_fields_is_idempotent_and_copies_only_when_needed() -> None:
-    from bridge.transform import drop_managed_fields
+    from bridge.informer.transform import drop_managed_fields
 
     plain = {"metadata": {"name": "a"}, "data": {"k": "v"}}
     assert drop_managed_fields(plain) is plain

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.contracts import DeletedFinalStateUnknown, KubeObject, ObjectKey
-from bridge.store import (
+from bridge.informer.store import (
     NAMESPACE_INDEX,
     IndexConflictError,
     IndexedCache,

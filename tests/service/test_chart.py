@@ -125,7 +125,7 @@ def test_leader_election_and_configmap_store_add_their_rules(chart: Any) -> None
 
 
 def test_rendered_config_is_valid_for_the_bridge(chart: Any, tmp_path: Path) -> None:
-    from bridge.config import load_config
+    from bridge.service.config import load_config
 
     docs = render(chart, {"leaderElection": {"enabled": True}, "replicaCount": 2})
     (cm,) = find(docs, "ConfigMap")

@@ -14,9 +14,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bridge.checkpoint import decode_checkpoint
+from bridge.delivery.checkpoint import decode_checkpoint
 
-EXE = [sys.executable, "-m", "bridge.cli"]
+EXE = [sys.executable, "-m", "bridge.service.cli"]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import MASK, load_config, masked_dump
 from bridge.errors import ConfigurationError
+from bridge.service.config import MASK, load_config, masked_dump
 
 GOOD = """
 cluster: prod

@@ -17,11 +17,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bridge.apiclient import ApiClient
-from bridge.checkpoint import informer_id
-from bridge.checkpoint_configmap import ConfigMapCheckpointStore
+from bridge.delivery.checkpoint import informer_id
+from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
+from bridge.kube.apiclient import ApiClient
 
-EXE = [sys.executable, "-m", "bridge.cli"]
+EXE = [sys.executable, "-m", "bridge.service.cli"]
 NS = "failover"
 
 

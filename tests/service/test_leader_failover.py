@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 import time
 
-from bridge.apiclient import ApiClient
-from bridge.leaderelection import LeaderElector
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.leaderelection import LeaderElector
 from bridge.sim import Simulator
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/default/leases/keb"

@@ -11,7 +11,7 @@ import pytest
 
 from bridge.clock import FakeClock
 from bridge.errors import ApiUnavailableError, ConflictError, NotFoundError, status_error
-from bridge.leaderelection import LeaderElector
+from bridge.kube.leaderelection import LeaderElector
 
 PATH = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/keb"
 

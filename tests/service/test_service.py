@@ -15,8 +15,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from bridge.config import BridgeConfig
-from bridge.service import BridgeService
+from bridge.service.config import BridgeConfig
+from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
 
@@ -107,7 +107,7 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 async def test_service_delivers_and_exposes_health_readiness_and_metrics(
         tmp_path: Path, hook: Hook, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level("INFO", logger="bridge.service")
+    caplog.set_level("INFO", logger="bridge.service.service")
     async with Simulator() as sim:
         for i in range(3):
             sim.store.create("pods", make_pod(f"p{i}", "default"))
@@ -141,7 +141,7 @@ async def test_service_delivers_and_exposes_health_readiness_and_metrics(
             assert metric(text, "keb_sink_events_total", sink="file", outcome="delivered") == 6
             assert metric(text, "keb_sink_events_total", sink="hook", outcome="delivered") == 5
             # The latency histogram is sampled in time (at most one record per 5 ms per sink, see
-            # bridge.telemetry): it has samples, never more than the deliveries counted above.
+            # bridge.service.telemetry): it has samples, never more than the deliveries counted above.
             assert 0 < metric(text, "keb_sink_delivery_duration_seconds_count", sink="file") <= 6
             assert metric(text, "keb_informer_cached_objects") in (2.0, 1.0)
             assert metric(text, "keb_sink_up", sink="hook") == 1
@@ -197,7 +197,7 @@ async def test_unknown_resource_is_reported_and_others_keep_running(tmp_path: Pa
 
 
 async def test_snapshot_on_demand_through_the_endpoint_and_the_cli(tmp_path: Path, hook: Hook) -> None:
-    from bridge.cli import main as cli_main
+    from bridge.service.cli import main as cli_main
 
     async with Simulator() as sim:
         for i in range(3):

@@ -20,17 +20,17 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from bridge.config import BridgeConfig
-from bridge.metered import MeteredSink
-from bridge.service import BridgeService
-from bridge.sim import Simulator
-from bridge.sim.objects import make_pod
-from bridge.telemetry import (
+from bridge.service.config import BridgeConfig
+from bridge.service.metered import MeteredSink
+from bridge.service.service import BridgeService
+from bridge.service.telemetry import (
     LATENCY_SAMPLE_INTERVAL,
     SinkGauges,
     Telemetry,
     TelemetrySnapshot,
 )
+from bridge.sim import Simulator
+from bridge.sim.objects import make_pod
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType, ResourceRef
 
 PODS = ResourceRef(group="", version="v1", resource="pods", kind="Pod")

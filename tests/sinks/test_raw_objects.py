@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bridge.informer.transform import drop_managed_fields
 from bridge.rawobject import RawObject, decode_object
-from bridge.transform import drop_managed_fields
 from sinks.base import BaseSink, OutgoingMessage
 from sinks.cloudevents import decode_binary
 from sinks.contract import ChangeEvent, DeliveryOutcome, EventType, ResourceRef

@@ -19,20 +19,20 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bridge.apiclient import ApiClient
-from bridge.checkpoint import CheckpointStore, FileCheckpointStore
 from bridge.clock import Clock, RealClock
-from bridge.config import BridgeConfig, load_config
-from bridge.discovery import APIResource, Discovery
+from bridge.delivery.checkpoint import CheckpointStore, FileCheckpointStore
+from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.errors import ApiError, BridgeError, ConfigurationError
-from bridge.factory import InformerKey, SharedInformerFactory
-from bridge.health import HealthServer, Readiness
-from bridge.leaderelection import LeaderElector
-from bridge.listwatch import HttpListerWatcher
-from bridge.logconfig import configure_logging
-from bridge.metered import MeteredSink
-from bridge.pipeline import BridgePipeline, WatchedResource
-from bridge.telemetry import InformerGauges, SinkGauges, Telemetry, TelemetrySnapshot
+from bridge.informer.factory import InformerKey, SharedInformerFactory
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.discovery import APIResource, Discovery
+from bridge.kube.leaderelection import LeaderElector
+from bridge.kube.listwatch import HttpListerWatcher
+from bridge.service.config import BridgeConfig, load_config
+from bridge.service.health import HealthServer, Readiness
+from bridge.service.logconfig import configure_logging
+from bridge.service.metered import MeteredSink
+from bridge.service.telemetry import InformerGauges, SinkGauges, Telemetry, TelemetrySnapshot
 from sinks.contract import ResourceRef, Sink, SinkConfigError
 from sinks.registry import create_sink
 
@@ -60,10 +60,10 @@ def _checkpoint_store(config: BridgeConfig, client: ApiClient) -> CheckpointStor
     if cp.store == "file":
         return FileCheckpointStore(directory=cp.directory)
     if cp.store == "configmap":
-        from bridge.checkpoint_configmap import ConfigMapCheckpointStore
+        from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
 
         return ConfigMapCheckpointStore(client=client, namespace=cp.namespace, name_prefix=cp.name_prefix)
-    from bridge.checkpoint_natskv import NatsKvCheckpointStore
+    from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
 
     return NatsKvCheckpointStore(nats_url=cp.nats_url, bucket=cp.bucket)
 

@@ -36,14 +36,6 @@ from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.apiclient import ApiClient
-from bridge.checkpoint import (
-    Checkpoint,
-    CheckpointCorruptError,
-    CheckpointError,
-    CheckpointStore,
-    informer_id,
-)
 from bridge.clock import Clock, RealClock
 from bridge.contracts import (
     AckFunc,
@@ -55,12 +47,20 @@ from bridge.contracts import (
     NotificationKind,
     OverflowPolicy,
 )
-from bridge.discovery import APIResource
-from bridge.factory import InformerKey, SharedInformerFactory
-from bridge.listwatch import HttpListerWatcher
-from bridge.progress import AckTracker, IndexEntry
-from bridge.shared_informer import HandlerRegistration, SharedIndexInformer
-from bridge.telemetry import InformerGauges, SinkGauges, TelemetrySnapshot
+from bridge.delivery.checkpoint import (
+    Checkpoint,
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointStore,
+    informer_id,
+)
+from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
+from bridge.delivery.progress import AckTracker, IndexEntry
+from bridge.informer.factory import InformerKey, SharedInformerFactory
+from bridge.informer.shared_informer import HandlerRegistration, SharedIndexInformer
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.discovery import APIResource
+from bridge.kube.listwatch import HttpListerWatcher
 from sinks.contract import ChangeEvent, DeliveryOutcome, EventType, ResourceRef, Sink, SnapshotInfo
 
 __all__ = [

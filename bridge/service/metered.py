@@ -5,7 +5,7 @@ need no telemetry code of their own. Attributes the bridge reads from a sink (ro
 resync settings) are forwarded to the wrapped sink.
 
 It runs once per event, so it makes no OpenTelemetry SDK call unless it must (each costs 7-10 µs,
-see :mod:`bridge.telemetry`): outcomes are counted in plain integers that the service exports at
+see :mod:`bridge.service.telemetry`): outcomes are counted in plain integers that the service exports at
 scrape time; a delivery's latency is recorded only when :data:`~bridge.telemetry.LATENCY_SAMPLE_INTERVAL`
 has passed since the sink's last recorded one; and a span is started only for the events that one
 random draw at :attr:`Telemetry.trace_sample_ratio <bridge.telemetry.Telemetry.trace_sample_ratio>`
@@ -22,7 +22,7 @@ from typing import Any
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from bridge.telemetry import LATENCY_SAMPLE_INTERVAL, Telemetry
+from bridge.service.telemetry import LATENCY_SAMPLE_INTERVAL, Telemetry
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, Sink
 
 __all__ = ["MeteredSink"]

@@ -30,7 +30,7 @@ from pydantic_settings import (
 )
 
 from bridge.errors import ConfigurationError
-from bridge.labels import SelectorError, parse_field_selector, parse_label_selector
+from bridge.kube.labels import SelectorError, parse_field_selector, parse_label_selector
 
 __all__ = [
     "BridgeConfig",

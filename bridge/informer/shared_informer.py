@@ -64,10 +64,17 @@ from bridge.contracts import (
     ObjectKey,
     TransformFunc,
 )
-from bridge.delta_fifo import Delta, DeltaFIFO, Deltas, DeltaType, FIFOClosedError, ResourceVersionMarker
 from bridge.errors import BridgeError
-from bridge.listers import Lister
-from bridge.processor import (
+from bridge.informer.delta_fifo import (
+    Delta,
+    DeltaFIFO,
+    Deltas,
+    DeltaType,
+    FIFOClosedError,
+    ResourceVersionMarker,
+)
+from bridge.informer.listers import Lister
+from bridge.informer.processor import (
     MINIMUM_RESYNC_PERIOD,
     TIME_SLICE,
     ListenerStats,
@@ -75,10 +82,15 @@ from bridge.processor import (
     SharedProcessor,
     determine_resync_period,
 )
+from bridge.informer.reflector import Reflector, WatchErrorHandler
+from bridge.informer.store import (
+    NAMESPACE_INDEX,
+    IndexedCache,
+    meta_namespace_index_func,
+    meta_namespace_key_func,
+)
+from bridge.informer.transform import drop_managed_fields
 from bridge.rawobject import object_identity
-from bridge.reflector import Reflector, WatchErrorHandler
-from bridge.store import NAMESPACE_INDEX, IndexedCache, meta_namespace_index_func, meta_namespace_key_func
-from bridge.transform import drop_managed_fields
 
 __all__ = [
     "HandlerRegistration",

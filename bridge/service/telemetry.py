@@ -50,7 +50,6 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -62,7 +61,8 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry, generate_latest
 
-from bridge import __version__
+from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
+from bridge.version import __version__
 
 __all__ = [
     "LATENCY_SAMPLE_INTERVAL",
@@ -78,37 +78,6 @@ log = logging.getLogger(__name__)
 LATENCY_SAMPLE_INTERVAL = 0.005
 """Seconds that must pass after a sink's last recorded delivery latency before it records another:
 bounds ``keb_sink_delivery_duration_seconds`` to about 200 records per second per sink."""
-
-
-@dataclass(frozen=True, slots=True)
-class SinkGauges:
-    queue_depth: int = 0
-    in_flight: int = 0
-    up: bool = True
-    outcomes: Mapping[str, int] = field(default_factory=dict)
-    """Outcome (``delivered``, ``filtered``, ``dead_lettered``, ``dropped``) → events finished so
-    far; monotonic for as long as the sink lives."""
-
-
-@dataclass(frozen=True, slots=True)
-class InformerGauges:
-    relists: int = 0
-    watch_restarts: int = 0
-    expired: int = 0
-    cached_objects: int = 0
-    checkpoint_age: float | None = None
-    checkpoint_lag: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class TelemetrySnapshot:
-    """What the observable instruments read at each scrape."""
-
-    sinks: Mapping[str, SinkGauges] = field(default_factory=dict)
-    informers: Mapping[str, InformerGauges] = field(default_factory=dict)
-    events_received: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    """Resource (``pods``, ``deployments.apps``) → change type (``add``, ``update``, ``delete``,
-    ``snapshot``) → changes processed so far by the live pipeline."""
 
 
 class ScrapedCounter:

@@ -2,7 +2,7 @@
 
 The official ``kubernetes`` package is synchronous and builds typed models; the bridge needs neither on
 its hot path. This client uses aiohttp, returns raw bytes or ``orjson``-decoded dicts, and keeps only
-configuration and auth from the package (see :mod:`bridge.kubeconfig`).
+configuration and auth from the package (see :mod:`bridge.kube.kubeconfig`).
 
 It is the edge where transport failures become :mod:`bridge.errors`: HTTP statuses through
 :func:`~bridge.errors.status_error`, connection errors and timeouts as
@@ -29,7 +29,6 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import orjson
 
-from bridge import __version__
 from bridge.clock import Clock, RealClock
 from bridge.errors import (
     ApiStatusError,
@@ -37,7 +36,7 @@ from bridge.errors import (
     ConfigurationError,
     status_error,
 )
-from bridge.kubeconfig import (
+from bridge.kube.kubeconfig import (
     ClusterConfig,
     LoadedConfig,
     StaticTokenSource,
@@ -46,6 +45,7 @@ from bridge.kubeconfig import (
     load_in_cluster,
     load_kubeconfig,
 )
+from bridge.version import __version__
 
 __all__ = ["ApiClient", "ApiClientOptions", "LineStream", "Params"]
 

@@ -22,10 +22,10 @@ from typing import Any
 import msgspec
 import orjson
 
-from bridge.apiclient import ApiClient, LineStream, Params
 from bridge.contracts import KubeObject, ListOptions, ListPage, WatchEvent, WatchEventType, WatchOptions
-from bridge.discovery import APIResource, Discovery, UnsupportedResourceError
 from bridge.errors import ApiStatusError, ForbiddenError, NotFoundError
+from bridge.kube.apiclient import ApiClient, LineStream, Params
+from bridge.kube.discovery import APIResource, Discovery, UnsupportedResourceError
 from bridge.rawobject import RawObjectError, decode_object, decode_watch_object
 
 __all__ = [

@@ -51,7 +51,6 @@ import random
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from bridge.backoff import Backoff
 from bridge.clock import Clock
 from bridge.contracts import (
     KubeObject,
@@ -70,6 +69,7 @@ from bridge.errors import (
     TooLargeResourceVersionError,
     TooManyRequestsError,
 )
+from bridge.informer.backoff import Backoff
 from bridge.rawobject import object_identity, object_key
 
 __all__ = [

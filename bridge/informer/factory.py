@@ -17,7 +17,7 @@ from typing import Any
 
 from bridge.clock import Clock
 from bridge.contracts import ListerWatcher
-from bridge.shared_informer import SharedIndexInformer
+from bridge.informer.shared_informer import SharedIndexInformer
 
 __all__ = ["InformerKey", "SharedInformerFactory"]
 

@@ -27,7 +27,7 @@ import orjson
 from nats.aio.client import Client as NatsClient
 from nats.js.kv import KeyValue
 
-from bridge.checkpoint import (
+from bridge.delivery.checkpoint import (
     Checkpoint,
     CheckpointCorruptError,
     CheckpointStoreError,

@@ -20,9 +20,9 @@ from typing import Any
 
 import orjson
 
-from bridge.config import BridgeConfig
-from bridge.logconfig import configure_logging
-from bridge.service import BridgeService, configure_gc
+from bridge.service.config import BridgeConfig
+from bridge.service.logconfig import configure_logging
+from bridge.service.service import BridgeService, configure_gc
 from bridge.sim import ChurnGenerator, Simulator
 
 __all__ = ["replay", "run_demo"]

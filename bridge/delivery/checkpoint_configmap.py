@@ -21,8 +21,7 @@ import hashlib
 import uuid
 from typing import Any
 
-from bridge.apiclient import ApiClient
-from bridge.checkpoint import (
+from bridge.delivery.checkpoint import (
     Checkpoint,
     CheckpointCorruptError,
     CheckpointStoreError,
@@ -30,6 +29,7 @@ from bridge.checkpoint import (
     encode_checkpoint,
 )
 from bridge.errors import ApiError, ConflictError, NotFoundError
+from bridge.kube.apiclient import ApiClient
 
 __all__ = ["DEFAULT_SHARD_BYTES", "ConfigMapCheckpointStore"]
 

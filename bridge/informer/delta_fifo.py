@@ -57,7 +57,7 @@ from bridge.contracts import (
     ObjectKey,
     TransformFunc,
 )
-from bridge.store import meta_namespace_key_func
+from bridge.informer.store import meta_namespace_key_func
 
 __all__ = [
     "Delta",

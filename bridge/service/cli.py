@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 import yaml
 
-from bridge import __version__
 from bridge.errors import BridgeError, ConfigurationError
+from bridge.version import __version__
 
 __all__ = ["EXIT_CONFIG", "EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_OK", "main"]
 
@@ -73,8 +73,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check_config(path: str | None) -> int:
-    from bridge.config import load_config, masked_dump
-    from bridge.service import validate_sinks
+    from bridge.service.config import load_config, masked_dump
+    from bridge.service.service import validate_sinks
 
     cfg = load_config(path)
     validate_sinks(cfg)
@@ -114,11 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(args_list)
     try:
         if args.command == "run":
-            from bridge.service import run_service
+            from bridge.service.service import run_service
 
             return run_service(args.config)
         if args.command == "demo":
-            from bridge.demo import run_demo
+            from bridge.service.demo import run_demo
 
             return run_demo(duration=args.duration, rate=args.rate, objects=args.objects,
                             output=args.output, quiet=args.quiet, seed=args.seed)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import builtins
 
 from bridge.contracts import Indexer, KubeObject, ObjectKey
-from bridge.labels import LabelSelector, parse_label_selector
+from bridge.informer.store import NAMESPACE_INDEX
+from bridge.kube.labels import LabelSelector, parse_label_selector
 from bridge.rawobject import RawObject
-from bridge.store import NAMESPACE_INDEX
 
 __all__ = ["NAMESPACE_ALL", "Lister"]
 

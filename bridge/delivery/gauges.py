@@ -1,0 +1,41 @@
+"""What the delivery layer reports of itself at each metrics scrape: plain frozen snapshots of
+per-sink and per-informer state. The service's telemetry reads them; the delivery layer never
+imports the telemetry SDK, so it stays free of the service layer."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["InformerGauges", "SinkGauges", "TelemetrySnapshot"]
+
+
+@dataclass(frozen=True, slots=True)
+class SinkGauges:
+    queue_depth: int = 0
+    in_flight: int = 0
+    up: bool = True
+    outcomes: Mapping[str, int] = field(default_factory=dict)
+    """Outcome (``delivered``, ``filtered``, ``dead_lettered``, ``dropped``) → events finished so
+    far; monotonic for as long as the sink lives."""
+
+
+@dataclass(frozen=True, slots=True)
+class InformerGauges:
+    relists: int = 0
+    watch_restarts: int = 0
+    expired: int = 0
+    cached_objects: int = 0
+    checkpoint_age: float | None = None
+    checkpoint_lag: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetrySnapshot:
+    """What the observable instruments read at each scrape."""
+
+    sinks: Mapping[str, SinkGauges] = field(default_factory=dict)
+    informers: Mapping[str, InformerGauges] = field(default_factory=dict)
+    events_received: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """Resource (``pods``, ``deployments.apps``) → change type (``add``, ``update``, ``delete``,
+    ``snapshot``) → changes processed so far by the live pipeline."""

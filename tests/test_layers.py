@@ -1,0 +1,131 @@
+"""The import direction between the layers (docs/architecture.md), checked on every module's source.
+
+foundations ← kube ← informer ← delivery ← service; ``sinks`` depends only on the sink contract, its
+own helpers and the foundations; the simulator and the test helpers sit beside the layers they
+exercise. Every import counts: module level, inside functions, under ``TYPE_CHECKING``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FOUNDATIONS = ("bridge.contracts", "bridge.rawobject", "bridge.errors", "bridge.clock", "bridge.version")
+
+# layer → the prefixes of project modules it may import (besides itself)
+ALLOWED: dict[str, tuple[str, ...]] = {
+    "foundations": (),
+    "bridge.kube": FOUNDATIONS,
+    "bridge.informer": (*FOUNDATIONS, "bridge.kube"),
+    "bridge.delivery": (*FOUNDATIONS, "bridge.kube", "bridge.informer", "sinks.contract"),
+    "bridge.service": ("bridge", "sinks"),
+    "bridge.sim": (*FOUNDATIONS, "bridge.kube"),
+    "bridge.testing": (*FOUNDATIONS, "bridge.kube", "bridge.informer"),
+    "sinks": FOUNDATIONS,
+}
+
+
+def layer_of(module: str) -> str:
+    if module in FOUNDATIONS:
+        return "foundations"
+    for layer in ALLOWED:
+        if layer != "foundations" and (module == layer or module.startswith(layer + ".")):
+            return layer
+    raise AssertionError(f"{module} belongs to no layer: add it to a layer package or to FOUNDATIONS")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_imports(source: str, module: str, *, is_package: bool) -> list[tuple[int, str]]:
+    """(line, imported module) for every import of a ``bridge`` or ``sinks`` module in ``source``."""
+    found: list[tuple[int, str]] = []
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            if target in ("bridge", "sinks"):
+                # ``from bridge import x`` names a submodule or a re-export: resolve to the submodule
+                found += [(node.lineno, f"{target}.{a.name}") for a in node.names]
+            else:
+                found.append((node.lineno, target))
+    return [(line, name) for line, name in found if name.split(".")[0] in ("bridge", "sinks")]
+
+
+def violations(source: str, module: str, *, is_package: bool = False) -> list[str]:
+    if module in ("bridge", "sinks"):
+        return []  # the package roots re-export the public API of every layer
+    layer = layer_of(module)
+    allowed = ALLOWED[layer]
+    own = FOUNDATIONS if layer == "foundations" else (layer,)
+    bad = []
+    for line, target in project_imports(source, module, is_package=is_package):
+        if layer == "foundations":
+            ok = False
+        else:
+            ok = any(target == p or target.startswith(p + ".") for p in (*own, *allowed))
+        if not ok:
+            bad.append(f"{module}:{line} imports {target} (layer {layer} may import {allowed or 'nothing'})")
+    return bad
+
+
+def all_modules() -> list[Path]:
+    return sorted([*ROOT.joinpath("bridge").rglob("*.py"), *ROOT.joinpath("sinks").rglob("*.py")])
+
+
+@pytest.mark.parametrize("path", all_modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_module_imports_follow_the_layers(path: Path) -> None:
+    module = module_name(path)
+    assert violations(path.read_text(), module, is_package=path.name == "__init__.py") == []
+
+
+def test_every_layer_package_exists() -> None:
+    for layer in ("kube", "informer", "delivery", "service"):
+        assert ROOT.joinpath("bridge", layer, "__init__.py").is_file()
+
+
+@pytest.mark.parametrize(
+    ("module", "source"),
+    [
+        ("bridge.rawobject", "from bridge.kube.labels import parse_label_selector\n"),
+        ("bridge.kube.listwatch", "from bridge.informer.store import IndexedCache\n"),
+        ("bridge.informer.reflector", "def f():\n    from bridge.delivery.progress import AckTracker\n"),
+        ("bridge.informer.store", "if TYPE_CHECKING:\n    import sinks.kafka\n"),
+        ("bridge.delivery.pipeline", "from bridge.service.telemetry import Telemetry\n"),
+        ("bridge.delivery.pipeline", "from sinks.kafka import KafkaSink\n"),
+        ("sinks.kafka", "from bridge.informer.reflector import Reflector\n"),
+        ("sinks.base", "from bridge import delivery\n"),
+        ("bridge.kube.discovery", "from ..informer import store\n"),
+    ],
+)
+def test_a_forbidden_import_is_reported(module: str, source: str) -> None:
+    assert violations(source, module) != []
+
+
+@pytest.mark.parametrize(
+    ("module", "source"),
+    [
+        ("bridge.informer.reflector", "from bridge.kube.apiclient import ApiClient\nimport bridge.clock\n"),
+        ("bridge.delivery.pipeline", "from sinks.contract import ChangeEvent\n"),
+        ("sinks.kafka", "from bridge.rawobject import RawObject\nfrom sinks.base import BaseSink\n"),
+        ("bridge.service.cli", "from sinks.registry import create_sink\n"),
+        ("bridge.kube.discovery", "from .apiclient import ApiClient\n"),
+    ],
+)
+def test_an_allowed_import_passes(module: str, source: str) -> None:
+    assert violations(source, module) == []
