@@ -428,7 +428,7 @@ class ApiClient:
             if end is not None:
                 left = end - self._clock.now()
                 if left <= 0:
-                    raise ApiUnavailableError(f"{context}: the call's deadline passed before it could be sent")
+                    raise ApiUnavailableError(f"{context}: the call's deadline passed before sending")
                 total = left if timeout.total is None else min(timeout.total, left)
                 attempt_timeout = aiohttp.ClientTimeout(
                     total=total, sock_connect=timeout.sock_connect, sock_read=timeout.sock_read)
