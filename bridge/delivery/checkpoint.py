@@ -38,6 +38,7 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import logging
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -64,6 +65,8 @@ __all__ = [
     "encode_checkpoint",
     "informer_id",
 ]
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _MAGIC = b"kube-event-bridge-checkpoint"
@@ -283,6 +286,9 @@ class FileCheckpointStore:
             return
         data = encode_checkpoint(dataclasses.replace(checkpoint, writer=token))
         await asyncio.to_thread(self._save_fenced, checkpoint.informer_id, data, token)
+        log.debug("checkpoint written", extra={"informer": checkpoint.informer_id,
+                                              "resource_version": checkpoint.resource_version,
+                                              "writer": token.holder, "lease_transitions": token.transitions})
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

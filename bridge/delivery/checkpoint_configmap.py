@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import uuid
 from typing import Any
 
@@ -43,6 +44,8 @@ from bridge.delivery.checkpoint import (
 from bridge.errors import ApiError, ConflictError, NotFoundError
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.leaderelection import FenceToken
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_SHARD_BYTES", "ConfigMapCheckpointStore"]
 
@@ -222,6 +225,10 @@ class ConfigMapCheckpointStore:
         except ApiError as exc:
             raise CheckpointStoreError(f"cannot write checkpoint ConfigMap {name}: {exc}") from exc
         self.last_shard_count = len(shard_names)
+        log.debug("checkpoint written", extra={"informer": ident,
+                                              "resource_version": checkpoint.resource_version,
+                                              "writer": token.holder if token else "",
+                                              "lease_transitions": token.transitions if token else None})
         await self._delete_orphans(ident, keep=set(shard_names))
 
     async def _put_manifest(self, name: str, ident: str, data: dict[str, str],

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import uuid
 from typing import Any
 
@@ -48,6 +49,8 @@ from bridge.delivery.checkpoint import (
 from bridge.kube.leaderelection import FenceToken
 
 __all__ = ["NatsKvCheckpointStore"]
+
+log = logging.getLogger(__name__)
 
 _HEADROOM = 8 * 1024
 """Bytes kept free in each message for the subject and headers."""
@@ -191,6 +194,10 @@ class NatsKvCheckpointStore:
                 await self._put_fenced(kv, ident, manifest, token)
         except (nats.errors.Error, OSError, TimeoutError) as exc:
             raise CheckpointStoreError(f"cannot write checkpoint {ident!r} to NATS KV: {exc}") from exc
+        log.debug("checkpoint written", extra={"informer": ident,
+                                              "resource_version": checkpoint.resource_version,
+                                              "writer": token.holder if token else "",
+                                              "lease_transitions": token.transitions if token else None})
         await self._purge_old_chunks(kv, ident, generation, previous)
 
     async def _put_fenced(self, kv: KeyValue, ident: str, manifest: bytes, token: FenceToken) -> None:
