@@ -261,6 +261,7 @@ class LeaderElector:
         return task.result()
 
     async def _acquire(self) -> bool:
+        log.info("attempting to acquire the lease", extra={"lease": self._name, "identity": self.identity})
         while True:
             started = self._clock.now()
             if await self._bounded(self._try_acquire_or_renew, started + self.renew_deadline):
@@ -299,6 +300,8 @@ class LeaderElector:
             self._observed_time = self._clock.now()
         if record.holder_identity != self._reported_leader:
             self._reported_leader = record.holder_identity
+            log.info("observed a new leader", extra={"lease": self._name, "leader": record.holder_identity,
+                                                      "identity": self.identity})
             if self._on_new_leader is not None and record.holder_identity:
                 self._on_new_leader(record.holder_identity)
 
