@@ -277,7 +277,8 @@ async def test_hung_lease_requests_never_let_two_replicas_deliver_at_once(cluste
     assert c.procs["b"].wait(15) == 0
 
     from_a, from_b = c.receiver.by("a"), c.receiver.by("b")
-    assert from_a and from_b
+    assert from_a
+    assert from_b
     # (a) no instant at which both replicas handed events to their sinks
     last_a, first_b = max(x.at for x in from_a), min(x.at for x in from_b)
     assert last_a < first_b, f"a still delivering {last_a - first_b:.3f} s after b started"
@@ -298,7 +299,8 @@ async def test_hung_lease_requests_never_let_two_replicas_deliver_at_once(cluste
         await late.save(Checkpoint(informer_id=ident, resource_version="1", objects={}))
     reader = ConfigMapCheckpointStore(client=c.client, namespace="default", name_prefix=PREFIX)
     stored = await reader.load(ident)
-    assert stored is not None and stored.writer == FenceToken(transitions=1, holder="b")
+    assert stored is not None
+    assert stored.writer == FenceToken(transitions=1, holder="b")
 
 
 async def test_rolling_update_hands_over_without_resending_or_losing(cluster: Cluster) -> None:
@@ -327,7 +329,8 @@ async def test_rolling_update_hands_over_without_resending_or_losing(cluster: Cl
     got = c.receiver.changes()
     assert [m for m in churn.made if m not in got] == []  # zero lost
     assert {k: n for k, n in got.items() if n > 1} == {}  # zero re-sent
-    assert c.receiver.by("a") and c.receiver.by("b")
+    assert c.receiver.by("a")
+    assert c.receiver.by("b")
 
 
 async def test_leader_killed_standby_takes_over_within_lease_and_nothing_is_lost(cluster: Cluster) -> None:
