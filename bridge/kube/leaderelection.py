@@ -361,6 +361,13 @@ class LeaderElector:
         current = LeaderElectionRecord.from_lease(lease)
         self._observe(lease, current)
         held_by_other = current.holder_identity not in ("", self.identity)
+        if held_by_other and self._leading:
+            # Someone else holds it: this leadership is over now, not at the renew deadline.
+            self._renew_by = min(self._renew_by, self._clock.now())
+            log.warning("the lease is held by another candidate; stepping down",
+                        extra={"lease": self._name, "holder": current.holder_identity,
+                               "identity": self.identity})
+            return False
         if held_by_other and self._lease_valid():
             return False
         # 4. take it over, or renew it

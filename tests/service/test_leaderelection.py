@@ -367,3 +367,19 @@ async def test_expiry_ignores_the_holders_timestamps() -> None:
     assert b.elector.is_leader()
     assert store.spec()["leaseTransitions"] == 5
     await b.stop()
+
+
+async def test_leader_that_sees_another_holder_steps_down_at_once() -> None:
+    store, clock = FakeLeases(), FakeClock()
+    a = Candidate(store, clock, "a")
+    await settle()
+    assert a.elector.is_leader()
+    # Someone else holds the lease now (an operator's edit, or a takeover a was not told of).
+    store.rv += 1
+    store.objects[PATH]["spec"]["holderIdentity"] = "z"
+    store.objects[PATH]["metadata"]["resourceVersion"] = str(store.rv)
+    await clock.advance(2)
+    await settle()
+    assert not a.elector.is_leader()  # not 10 s later, at the renew deadline
+    assert a.events[-1] == "stopped"
+    await a.task
