@@ -183,6 +183,12 @@ class Cluster:
             assert r.status == 200, await r.text()
 
 
+async def exited(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    """Waits for the process off the event loop: the receiver must keep answering (and time-stamping)
+    the replicas' requests meanwhile."""
+    return await asyncio.to_thread(proc.wait, timeout)
+
+
 async def eventually(cond: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not await cond():
@@ -269,12 +275,11 @@ async def test_hung_lease_requests_never_let_two_replicas_deliver_at_once(cluste
 
     await eventually(b_leads, 15, "replica b to take over")
     a = c.procs["a"]
-    a.wait(15)
-    assert a.returncode == 1  # exits so that the pod restarts as a standby
+    assert await exited(a, 15) == 1  # exits so that the pod restarts as a standby
     await finish(c, churn, "b")
     await c.faults({"reset": True})
     c.procs["b"].send_signal(signal.SIGTERM)
-    assert c.procs["b"].wait(15) == 0
+    assert await exited(c.procs["b"], 15) == 0
 
     from_a, from_b = c.receiver.by("a"), c.receiver.by("b")
     assert from_a
@@ -315,11 +320,11 @@ async def test_rolling_update_hands_over_without_resending_or_losing(cluster: Cl
         return await c.holder() == "b"
 
     await eventually(b_leads, 10, "replica b to take over")
-    assert a.wait(10) == 0
+    assert await exited(a, 10) == 0
     assert time.monotonic() - sent < 6  # within shutdown_deadline (< terminationGracePeriodSeconds)
     await finish(c, churn, "b")
     c.procs["b"].send_signal(signal.SIGTERM)
-    assert c.procs["b"].wait(15) == 0
+    assert await exited(c.procs["b"], 15) == 0
 
     messages = [r.get("message", "") for r in c.log("a")]
     assert "released the lease" in messages
@@ -339,7 +344,7 @@ async def test_leader_killed_standby_takes_over_within_lease_and_nothing_is_lost
     await start_pair(c, churn)
     c.procs["a"].send_signal(signal.SIGKILL)
     killed = time.monotonic()
-    c.procs["a"].wait(10)
+    await exited(c.procs["a"], 10)
 
     async def b_leads() -> bool:
         return await c.holder() == "b"
