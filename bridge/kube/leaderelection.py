@@ -164,7 +164,8 @@ class LeaderElector:
         """Leadership ends at this instant (clock time) unless a renewal succeeds before."""
         self._transitions = 0
         self.lost = False
-        """True once leadership ended because it could not be renewed in time."""
+        """True once leadership ended without being given up: no renewal succeeded in time, or the
+        Lease was read held by another candidate."""
 
     # --- public -----------------------------------------------------------------------------------
 
