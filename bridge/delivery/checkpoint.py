@@ -16,19 +16,32 @@ logs a warning and does a full, correct resync — never a crash, never a silent
 file, fsynced, renamed over the old one, and the directory fsynced, so a crash leaves either the old
 or the new checkpoint, never a torn one. The ConfigMap and NATS KV stores live in their own modules.
 
+Fencing (leader election): a store built with a ``fence`` (a callable returning the writer's
+:class:`~bridge.kube.leaderelection.FenceToken`, or None once it no longer leads) writes nothing when
+the fence says None, stamps every checkpoint with the token (``writer``), and refuses, by the store's
+own compare-and-set, a write whose token is older than the stored one: a ConfigMap replace with the
+``resourceVersion`` read, a NATS KV update with the expected revision, a file rewritten under an
+exclusive lock. Loading claims the checkpoint for the loader's term (the stored token is replaced by
+the loader's with the same precondition), so once a new leader has loaded, a deposed one cannot
+write, whatever it believes. Loading as an older term than the stored one is refused as well.
+
     CheckpointError
     ├── CheckpointCorruptError   unreadable, truncated, wrong checksum/format: resync fully
     └── CheckpointStoreError     the store could not be reached or written: retry later
+        └── CheckpointFencedError   this writer no longer leads, or a later leader owns it
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import fcntl
 import hashlib
+import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,19 +49,24 @@ from typing import Any, Protocol
 import orjson
 
 from bridge.errors import BridgeError
+from bridge.kube.leaderelection import FenceToken
 
 __all__ = [
     "FORMAT_VERSION",
     "Checkpoint",
     "CheckpointCorruptError",
     "CheckpointError",
+    "CheckpointFencedError",
     "CheckpointStore",
     "CheckpointStoreError",
+    "FenceSource",
     "FileCheckpointStore",
     "decode_checkpoint",
     "encode_checkpoint",
     "informer_id",
 ]
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _MAGIC = b"kube-event-bridge-checkpoint"
@@ -64,6 +82,36 @@ class CheckpointCorruptError(CheckpointError):
 
 class CheckpointStoreError(CheckpointError):
     """The store failed (unreachable, write refused). The previous checkpoint stays in place."""
+
+
+class CheckpointFencedError(CheckpointStoreError):
+    """The write (or load) was refused by fencing: this replica no longer leads, or a later leader
+    owns the checkpoint. Nothing was written."""
+
+
+FenceSource = Callable[[], FenceToken | None]
+"""The writer's current token; None once it no longer leads."""
+
+
+def fence_token(fence: FenceSource | None, what: str) -> FenceToken | None:
+    """The token a fenced store writes with; raises :class:`CheckpointFencedError` when the writer
+    no longer leads. None for an unfenced store."""
+    if fence is None:
+        return None
+    token = fence()
+    if token is None:
+        raise CheckpointFencedError(f"{what}: this replica is not the leader (any more); not written")
+    return token
+
+
+def check_fence(token: FenceToken | None, stored: FenceToken | None, what: str) -> None:
+    """Raises :class:`CheckpointFencedError` when ``stored`` belongs to a later leader than
+    ``token``."""
+    if token is not None and stored is not None and not token.supersedes(stored):
+        raise CheckpointFencedError(
+            f"{what}: owned by {stored.holder!r} (lease term {stored.transitions}), a later leader than "
+            f"{token.holder!r} (term {token.transitions}); refused"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +130,8 @@ class Checkpoint:
     """Objects whose acknowledged changes go beyond ``resource_version``: key → (uid,
     resourceVersion, deleted) of the newest one. A resumed watch replays them; they are applied to
     the cache but not sent again."""
+    writer: FenceToken | None = None
+    """The leader that wrote it (fenced stores), or None."""
 
 
 class CheckpointStore(Protocol):
@@ -139,6 +189,8 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
             "written_at": checkpoint.written_at,
             "objects": {k: [v[0], v[1]] for k, v in checkpoint.objects.items()},
             "ahead": {k: [v[0], v[1], v[2]] for k, v in checkpoint.ahead.items()},
+            **({"writer": [checkpoint.writer.transitions, checkpoint.writer.holder]}
+               if checkpoint.writer is not None else {}),
         }
     )
     header = b"%s %d %d %s" % (_MAGIC, FORMAT_VERSION, len(body), hashlib.sha256(body).hexdigest().encode())
@@ -168,6 +220,9 @@ def decode_checkpoint(data: bytes, expected_id: str | None = None) -> Checkpoint
         doc: Any = orjson.loads(body)
         objects = {str(k): (str(v[0]), str(v[1])) for k, v in doc["objects"].items()}
         ahead = {str(k): (str(v[0]), str(v[1]), bool(v[2])) for k, v in (doc.get("ahead") or {}).items()}
+        writer_raw = doc.get("writer")
+        writer = (FenceToken(transitions=int(writer_raw[0]), holder=str(writer_raw[1]))
+                  if writer_raw is not None else None)
         cp = Checkpoint(
             informer_id=str(doc["informer_id"]),
             resource_version=str(doc["resource_version"]),
@@ -175,6 +230,7 @@ def decode_checkpoint(data: bytes, expected_id: str | None = None) -> Checkpoint
             written_at=float(doc["written_at"]),
             format_version=version,
             ahead=ahead,
+            writer=writer,
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise CheckpointCorruptError(f"checkpoint body is malformed: {exc}") from exc
@@ -192,13 +248,21 @@ def decode_checkpoint(data: bytes, expected_id: str | None = None) -> Checkpoint
 
 
 class FileCheckpointStore:
-    """One ``<informer_id>.ckpt`` file per informer in ``directory`` (created if missing)."""
+    """One ``<informer_id>.ckpt`` file per informer in ``directory`` (created if missing).
+
+    Meant for one replica. With a ``fence`` (leader election), the check of the stored writer and
+    the rewrite happen under an exclusive ``flock`` on ``directory/.lock``, which fences replicas
+    sharing the directory on one host; across hosts it is only as good as the shared filesystem's
+    locks, so for several replicas use the ConfigMap or NATS KV store (docs/operations.md)."""
 
     SUFFIX = ".ckpt"
+    LOCK = ".lock"
 
-    def __init__(self, *, directory: str | os.PathLike[str], fsync: bool = True) -> None:
+    def __init__(self, *, directory: str | os.PathLike[str], fsync: bool = True,
+                 fence: FenceSource | None = None) -> None:
         self._dir = Path(directory)
         self._fsync = fsync
+        self._fence = fence
 
     @property
     def directory(self) -> Path:
@@ -210,11 +274,56 @@ class FileCheckpointStore:
         return self._dir / f"{informer_id}{self.SUFFIX}"
 
     async def load(self, informer_id: str) -> Checkpoint | None:
-        return await asyncio.to_thread(self._load, informer_id)
+        token = fence_token(self._fence, f"loading checkpoint {informer_id}")
+        if token is None:
+            return await asyncio.to_thread(self._load, informer_id)
+        return await asyncio.to_thread(self._load_and_claim, informer_id, token)
 
     async def save(self, checkpoint: Checkpoint) -> None:
-        data = encode_checkpoint(checkpoint)
-        await asyncio.to_thread(self._save, checkpoint.informer_id, data)
+        token = fence_token(self._fence, f"checkpoint {checkpoint.informer_id}")
+        if token is None:
+            await asyncio.to_thread(self._save, checkpoint.informer_id, encode_checkpoint(checkpoint))
+            return
+        data = encode_checkpoint(dataclasses.replace(checkpoint, writer=token))
+        await asyncio.to_thread(self._save_fenced, checkpoint.informer_id, data, token)
+        log.debug("checkpoint written", extra={"informer": checkpoint.informer_id,
+                                              "resource_version": checkpoint.resource_version,
+                                              "writer": token.holder, "lease_transitions": token.transitions})
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        try:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self._dir / self.LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise CheckpointStoreError(f"cannot lock checkpoint directory {self._dir}: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _stored_writer(self, informer_id: str) -> FenceToken | None:
+        try:
+            current = self._load(informer_id)
+        except CheckpointCorruptError:
+            return None  # a corrupt checkpoint is replaced, never trusted
+        return current.writer if current is not None else None
+
+    def _load_and_claim(self, informer_id: str, token: FenceToken) -> Checkpoint | None:
+        with self._locked():
+            current = self._load(informer_id)
+            if current is None:
+                return None
+            check_fence(token, current.writer, f"checkpoint {informer_id}")
+            if current.writer != token:
+                self._save(informer_id, encode_checkpoint(dataclasses.replace(current, writer=token)))
+            return current
+
+    def _save_fenced(self, informer_id: str, data: bytes, token: FenceToken) -> None:
+        with self._locked():
+            check_fence(token, self._stored_writer(informer_id), f"checkpoint {informer_id}")
+            self._save(informer_id, data)
 
     async def close(self) -> None:
         return None

@@ -12,24 +12,40 @@ large informer exceeds that, so a checkpoint is written as:
 A save writes the new generation's shards first and replaces the manifest last, so a crash at any
 point leaves the previous manifest pointing at the previous, complete shards. Shards not referenced by
 the manifest (older generations, or ones orphaned by a crash) are deleted afterwards, found by label.
+
+Fencing (with a ``fence``, see :mod:`bridge.delivery.checkpoint`): the manifest carries the writer's
+lease token in two annotations (holder, leaseTransitions) and the checkpoint body carries it too. The
+manifest is only ever replaced with the ``resourceVersion`` this store last read or wrote; on a
+conflict it is read again and the write goes ahead only if the stored token is not a later leader's.
+Loading replaces the stored token with the loader's (same precondition), which claims the
+checkpoint: from then on a deposed leader's replace fails on the resourceVersion and then on the token.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
+import logging
 import uuid
 from typing import Any
 
 from bridge.delivery.checkpoint import (
     Checkpoint,
     CheckpointCorruptError,
+    CheckpointFencedError,
     CheckpointStoreError,
+    FenceSource,
+    check_fence,
     decode_checkpoint,
     encode_checkpoint,
+    fence_token,
 )
 from bridge.errors import ApiError, ConflictError, NotFoundError
 from bridge.kube.apiclient import ApiClient
+from bridge.kube.leaderelection import FenceToken
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_SHARD_BYTES", "ConfigMapCheckpointStore"]
 
@@ -39,6 +55,17 @@ DEFAULT_SHARD_BYTES = 900 * 1024
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 OWNER_LABEL = "kube-event-bridge.io/checkpoint"
 ROLE_LABEL = "kube-event-bridge.io/checkpoint-role"
+WRITER_ANNOTATION = "kube-event-bridge.io/writer"
+TERM_ANNOTATION = "kube-event-bridge.io/lease-transitions"
+_CAS_ATTEMPTS = 5
+
+
+def _stored_token(manifest: dict[str, Any]) -> FenceToken | None:
+    notes = (manifest.get("metadata") or {}).get("annotations") or {}
+    term = notes.get(TERM_ANNOTATION)
+    if term is None or not str(term).lstrip("-").isdigit():
+        return None
+    return FenceToken(transitions=int(term), holder=str(notes.get(WRITER_ANNOTATION) or ""))
 
 
 def _owner_value(informer_id: str) -> str:
@@ -59,9 +86,13 @@ class ConfigMapCheckpointStore:
         namespace: str,
         name_prefix: str = "kube-event-bridge-ckpt",
         shard_bytes: int = DEFAULT_SHARD_BYTES,
+        fence: FenceSource | None = None,
     ) -> None:
         if shard_bytes < 1024:
             raise ValueError("shard_bytes must be at least 1024")
+        self._fence = fence
+        self._manifest_rv: dict[str, str] = {}
+        """informer id → resourceVersion of the manifest as this store last read or wrote it."""
         self._client = client
         self._namespace = namespace
         self._prefix = name_prefix
@@ -87,22 +118,52 @@ class ConfigMapCheckpointStore:
 
     async def load(self, informer_id: str) -> Checkpoint | None:
         name = self.manifest_name(informer_id)
-        try:
+        token = fence_token(self._fence, f"loading checkpoint ConfigMap {name}")
+        for _ in range(_CAS_ATTEMPTS):
             try:
-                manifest = await self._client.get(f"{self._collection}/{name}", context=f"get {name}")
-            except NotFoundError:
-                return None
-            data: dict[str, Any] = manifest.get("data") or {}
-            if "checkpoint" in data:
-                encoded = str(data["checkpoint"]).encode()
-            else:
-                encoded = await self._read_shards(name, data)
-        except ApiError as exc:
-            raise CheckpointStoreError(f"cannot read checkpoint ConfigMap {name}: {exc}") from exc
-        try:
-            return decode_checkpoint(encoded, informer_id)
-        except CheckpointCorruptError as exc:
-            raise CheckpointCorruptError(f"ConfigMap {self._namespace}/{name}: {exc}") from exc
+                try:
+                    manifest = await self._client.get(f"{self._collection}/{name}", context=f"get {name}")
+                except NotFoundError:
+                    self._manifest_rv.pop(informer_id, None)
+                    return None
+                rv = str((manifest.get("metadata") or {}).get("resourceVersion") or "")
+                data: dict[str, Any] = manifest.get("data") or {}
+                if "checkpoint" in data:
+                    encoded = str(data["checkpoint"]).encode()
+                else:
+                    encoded = await self._read_shards(name, data)
+            except ApiError as exc:
+                raise CheckpointStoreError(f"cannot read checkpoint ConfigMap {name}: {exc}") from exc
+            try:
+                checkpoint = decode_checkpoint(encoded, informer_id)
+            except CheckpointCorruptError as exc:
+                raise CheckpointCorruptError(f"ConfigMap {self._namespace}/{name}: {exc}") from exc
+            what = f"checkpoint ConfigMap {self._namespace}/{name}"
+            check_fence(token, _stored_token(manifest), what)
+            check_fence(token, checkpoint.writer, what)
+            self._manifest_rv[informer_id] = rv
+            if token is None or _stored_token(manifest) == token:
+                return checkpoint
+            # Claim it for this term: from now on an older leader's write fails.
+            claimed = {**manifest, "metadata": {**(manifest.get("metadata") or {}),
+                                                "annotations": self._annotations(manifest, token)}}
+            try:
+                result = await self._client.replace(f"{self._collection}/{name}", claimed,
+                                                    context=f"claim {name}")
+            except ConflictError:
+                continue  # written meanwhile: read it again
+            except ApiError as exc:
+                raise CheckpointStoreError(f"cannot claim checkpoint ConfigMap {name}: {exc}") from exc
+            self._manifest_rv[informer_id] = str((result.get("metadata") or {}).get("resourceVersion") or "")
+            return checkpoint
+        raise CheckpointStoreError(f"cannot claim checkpoint ConfigMap {name}: it keeps changing")
+
+    @staticmethod
+    def _annotations(manifest: dict[str, Any] | None, token: FenceToken) -> dict[str, str]:
+        notes = dict(((manifest or {}).get("metadata") or {}).get("annotations") or {})
+        notes[WRITER_ANNOTATION] = token.holder
+        notes[TERM_ANNOTATION] = str(token.transitions)
+        return notes
 
     async def _read_shards(self, name: str, data: dict[str, Any]) -> bytes:
         try:
@@ -129,6 +190,9 @@ class ConfigMapCheckpointStore:
     async def save(self, checkpoint: Checkpoint) -> None:
         ident = checkpoint.informer_id
         name = self.manifest_name(ident)
+        token = fence_token(self._fence, f"checkpoint ConfigMap {name}")
+        if token is not None:
+            checkpoint = dataclasses.replace(checkpoint, writer=token)
         encoded = encode_checkpoint(checkpoint)
         text = encoded.decode()  # orjson emits UTF-8; the header is ASCII
         data: dict[str, str]
@@ -157,27 +221,59 @@ class ConfigMapCheckpointStore:
                     "size": str(len(encoded)),
                     "sha256": hashlib.sha256(encoded).hexdigest(),
                 }
-            await self._put_manifest(name, ident, data)
+            await self._put_manifest(name, ident, data, token)
         except ApiError as exc:
             raise CheckpointStoreError(f"cannot write checkpoint ConfigMap {name}: {exc}") from exc
         self.last_shard_count = len(shard_names)
+        log.debug("checkpoint written", extra={"informer": ident,
+                                              "resource_version": checkpoint.resource_version,
+                                              "writer": token.holder if token else "",
+                                              "lease_transitions": token.transitions if token else None})
         await self._delete_orphans(ident, keep=set(shard_names))
 
-    async def _put_manifest(self, name: str, ident: str, data: dict[str, str]) -> None:
+    async def _put_manifest(self, name: str, ident: str, data: dict[str, str],
+                            token: FenceToken | None) -> None:
         body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {"name": name, "labels": self._labels(ident, "manifest")},
             "data": data,
         }
-        try:
-            await self._client.create(self._collection, body, context=f"create {name}")
+        if token is None:
+            try:
+                await self._client.create(self._collection, body, context=f"create {name}")
+                return
+            except ConflictError:
+                pass
+            current = await self._client.get(f"{self._collection}/{name}", context=f"get {name}")
+            body["metadata"]["resourceVersion"] = (current.get("metadata") or {}).get("resourceVersion")
+            await self._client.replace(f"{self._collection}/{name}", body, context=f"replace {name}")
             return
-        except ConflictError:
-            pass
-        current = await self._client.get(f"{self._collection}/{name}", context=f"get {name}")
-        body["metadata"]["resourceVersion"] = (current.get("metadata") or {}).get("resourceVersion")
-        await self._client.replace(f"{self._collection}/{name}", body, context=f"replace {name}")
+        # Fenced: compare-and-set on the resourceVersion, the stored token decides after a conflict.
+        body["metadata"]["annotations"] = self._annotations(None, token)
+        rv = self._manifest_rv.get(ident)
+        what = f"checkpoint ConfigMap {self._namespace}/{name}"
+        for _ in range(_CAS_ATTEMPTS):
+            try:
+                if rv is None:
+                    result = await self._client.create(self._collection, body, context=f"create {name}")
+                else:
+                    body["metadata"]["resourceVersion"] = rv
+                    result = await self._client.replace(f"{self._collection}/{name}", body,
+                                                        context=f"replace {name}")
+            except ConflictError:
+                try:
+                    current = await self._client.get(f"{self._collection}/{name}", context=f"get {name}")
+                except NotFoundError:
+                    rv = None
+                    body["metadata"].pop("resourceVersion", None)
+                    continue
+                check_fence(token, _stored_token(current), what)
+                rv = str((current.get("metadata") or {}).get("resourceVersion") or "")
+                continue
+            self._manifest_rv[ident] = str((result.get("metadata") or {}).get("resourceVersion") or "")
+            return
+        raise CheckpointFencedError(f"{what}: kept changing under this writer; refused")
 
     async def _delete_orphans(self, ident: str, *, keep: set[str]) -> None:
         selector = f"{OWNER_LABEL}={_owner_value(ident)},{ROLE_LABEL}=shard"

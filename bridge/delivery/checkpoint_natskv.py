@@ -11,12 +11,20 @@ server's maximum message size (1 MiB by default), so values are chunked:
 A save writes every chunk of a fresh generation first and the manifest last, so a crash mid-save
 leaves the previous manifest pointing at the previous, complete chunks. Chunks of older generations
 (including ones orphaned by a crash) are purged after the manifest is written.
+
+Fencing (with a ``fence``, see :mod:`bridge.delivery.checkpoint`): the manifest carries the writer's
+lease token and is only written with the revision this store last read or wrote (a KV update with
+the expected last revision; a create when there was none). After a mismatch the manifest is read
+again and the write goes ahead only if the stored token is not a later leader's. Loading rewrites
+the token with the loader's under the same precondition, claiming the checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
+import logging
 import uuid
 from typing import Any
 
@@ -30,15 +38,23 @@ from nats.js.kv import KeyValue
 from bridge.delivery.checkpoint import (
     Checkpoint,
     CheckpointCorruptError,
+    CheckpointFencedError,
     CheckpointStoreError,
+    FenceSource,
+    check_fence,
     decode_checkpoint,
     encode_checkpoint,
+    fence_token,
 )
+from bridge.kube.leaderelection import FenceToken
 
 __all__ = ["NatsKvCheckpointStore"]
 
+log = logging.getLogger(__name__)
+
 _HEADROOM = 8 * 1024
 """Bytes kept free in each message for the subject and headers."""
+_CAS_ATTEMPTS = 5
 
 
 class NatsKvCheckpointStore:
@@ -57,9 +73,13 @@ class NatsKvCheckpointStore:
         bucket: str = "kube-event-bridge-checkpoints",
         chunk_size: int | None = None,
         connect_timeout: float = 5.0,
+        fence: FenceSource | None = None,
     ) -> None:
         if (nats_url is None) == (nc is None):
             raise ValueError("give exactly one of nats_url or nc")
+        self._fence = fence
+        self._revision: dict[str, int] = {}
+        """informer id → revision of the manifest as this store last read or wrote it."""
         self._url = nats_url
         self._nc = nc
         self._owns_nc = nc is None
@@ -96,35 +116,61 @@ class NatsKvCheckpointStore:
         return max(1024, max_payload - _HEADROOM)
 
     async def load(self, informer_id: str) -> Checkpoint | None:
+        token = fence_token(self._fence, f"loading NATS KV checkpoint {informer_id!r}")
         kv = await self._bucket_kv()
-        try:
+        for _ in range(_CAS_ATTEMPTS):
             try:
-                manifest_entry = await kv.get(informer_id)
-            except nats.js.errors.KeyNotFoundError:
-                return None
-            manifest = _parse_manifest(manifest_entry.value or b"", informer_id)
-            parts: list[bytes] = []
-            for n in range(manifest["chunks"]):
-                key = _chunk_key(informer_id, manifest["generation"], n)
                 try:
-                    parts.append((await kv.get(key)).value or b"")
-                except nats.js.errors.KeyNotFoundError as exc:
-                    raise CheckpointCorruptError(
-                        f"NATS KV checkpoint {informer_id!r}: chunk {n} of {manifest['chunks']} is missing"
-                    ) from exc
-        except (nats.errors.Error, OSError, TimeoutError) as exc:
-            raise CheckpointStoreError(f"cannot read checkpoint {informer_id!r} from NATS KV: {exc}") from exc
-        data = b"".join(parts)
-        if len(data) != manifest["size"] or hashlib.sha256(data).hexdigest() != manifest["sha256"]:
-            raise CheckpointCorruptError(
-                f"NATS KV checkpoint {informer_id!r}: chunks do not match the manifest checksum"
-            )
-        try:
-            return decode_checkpoint(data, informer_id)
-        except CheckpointCorruptError as exc:
-            raise CheckpointCorruptError(f"NATS KV checkpoint {informer_id!r}: {exc}") from exc
+                    manifest_entry = await kv.get(informer_id)
+                except nats.js.errors.KeyNotFoundError:
+                    self._revision.pop(informer_id, None)
+                    return None
+                raw_manifest = manifest_entry.value or b""
+                manifest = _parse_manifest(raw_manifest, informer_id)
+                parts: list[bytes] = []
+                for n in range(manifest["chunks"]):
+                    key = _chunk_key(informer_id, manifest["generation"], n)
+                    try:
+                        parts.append((await kv.get(key)).value or b"")
+                    except nats.js.errors.KeyNotFoundError as exc:
+                        raise CheckpointCorruptError(
+                            f"NATS KV checkpoint {informer_id!r}: chunk {n} of {manifest['chunks']} "
+                            "is missing") from exc
+            except (nats.errors.Error, OSError, TimeoutError) as exc:
+                raise CheckpointStoreError(
+                    f"cannot read checkpoint {informer_id!r} from NATS KV: {exc}") from exc
+            data = b"".join(parts)
+            if len(data) != manifest["size"] or hashlib.sha256(data).hexdigest() != manifest["sha256"]:
+                raise CheckpointCorruptError(
+                    f"NATS KV checkpoint {informer_id!r}: chunks do not match the manifest checksum"
+                )
+            try:
+                checkpoint = decode_checkpoint(data, informer_id)
+            except CheckpointCorruptError as exc:
+                raise CheckpointCorruptError(f"NATS KV checkpoint {informer_id!r}: {exc}") from exc
+            what = f"NATS KV checkpoint {informer_id!r}"
+            check_fence(token, manifest["writer"], what)
+            check_fence(token, checkpoint.writer, what)
+            self._revision[informer_id] = int(manifest_entry.revision or 0)
+            if token is None or manifest["writer"] == token:
+                return checkpoint
+            # Claim it for this term: from now on an older leader's update fails.
+            claimed = orjson.dumps({**orjson.loads(raw_manifest),
+                                    "writer": [token.transitions, token.holder]})
+            try:
+                self._revision[informer_id] = await kv.update(informer_id, claimed,
+                                                              last=self._revision[informer_id])
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
+            except (nats.errors.Error, OSError, TimeoutError) as exc:
+                raise CheckpointStoreError(f"cannot claim NATS KV checkpoint {informer_id!r}: {exc}") from exc
+            return checkpoint
+        raise CheckpointStoreError(f"cannot claim NATS KV checkpoint {informer_id!r}: it keeps changing")
 
     async def save(self, checkpoint: Checkpoint) -> None:
+        token = fence_token(self._fence, f"NATS KV checkpoint {checkpoint.informer_id!r}")
+        if token is not None:
+            checkpoint = dataclasses.replace(checkpoint, writer=token)
         kv = await self._bucket_kv()
         data = encode_checkpoint(checkpoint)
         limit = self._chunk_limit()
@@ -136,15 +182,49 @@ class NatsKvCheckpointStore:
             "chunks": len(chunks),
             "size": len(data),
             "sha256": hashlib.sha256(data).hexdigest(),
+            **({"writer": [token.transitions, token.holder]} if token is not None else {}),
         })
         previous = await self._current_manifest(kv, ident)
         try:
             for n, chunk in enumerate(chunks):
                 await kv.put(_chunk_key(ident, generation, n), chunk)
-            await kv.put(ident, manifest)
+            if token is None:
+                await kv.put(ident, manifest)
+            else:
+                await self._put_fenced(kv, ident, manifest, token)
         except (nats.errors.Error, OSError, TimeoutError) as exc:
             raise CheckpointStoreError(f"cannot write checkpoint {ident!r} to NATS KV: {exc}") from exc
+        log.debug("checkpoint written", extra={"informer": ident,
+                                              "resource_version": checkpoint.resource_version,
+                                              "writer": token.holder if token else "",
+                                              "lease_transitions": token.transitions if token else None})
         await self._purge_old_chunks(kv, ident, generation, previous)
+
+    async def _put_fenced(self, kv: KeyValue, ident: str, manifest: bytes, token: FenceToken) -> None:
+        """Writes the manifest with the expected revision; after a mismatch, again only if the
+        stored writer is not a later leader."""
+        what = f"NATS KV checkpoint {ident!r}"
+        for _ in range(_CAS_ATTEMPTS):
+            last = self._revision.get(ident)
+            try:
+                if last is None:
+                    self._revision[ident] = await kv.create(ident, manifest)
+                else:
+                    self._revision[ident] = await kv.update(ident, manifest, last=last)
+                return
+            except nats.js.errors.KeyWrongLastSequenceError:
+                try:
+                    entry = await kv.get(ident)
+                except nats.js.errors.KeyNotFoundError:
+                    self._revision.pop(ident, None)
+                    continue
+                try:
+                    stored = _parse_manifest(entry.value or b"", ident)["writer"]
+                except CheckpointCorruptError:
+                    stored = None
+                check_fence(token, stored, what)
+                self._revision[ident] = int(entry.revision or 0)
+        raise CheckpointFencedError(f"{what}: kept changing under this writer; refused")
 
     async def _current_manifest(self, kv: KeyValue, ident: str) -> dict[str, Any] | None:
         try:
@@ -188,8 +268,10 @@ def _parse_manifest(raw: bytes, ident: str) -> dict[str, Any]:
             "chunks": int(doc["chunks"]),
             "size": int(doc["size"]),
             "sha256": str(doc["sha256"]),
+            "writer": (FenceToken(transitions=int(doc["writer"][0]), holder=str(doc["writer"][1]))
+                       if doc.get("writer") is not None else None),
         }
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
         raise CheckpointCorruptError(f"NATS KV checkpoint {ident!r}: the manifest is malformed") from exc
     if manifest["chunks"] < 1 or not manifest["generation"].isalnum():
         raise CheckpointCorruptError(f"NATS KV checkpoint {ident!r}: the manifest is malformed")

@@ -586,6 +586,30 @@ class BridgePipeline:
             with contextlib.suppress(Exception):
                 await self._store.close()
 
+    async def abort(self) -> None:
+        """Stops everything at once, without draining, flushing or writing a checkpoint: leadership
+        was lost, so what is in flight is abandoned (the next leader re-sends it from the last
+        checkpoint) and nothing more reaches a sink or the store. Idempotent; may interrupt a
+        :meth:`shutdown` under way."""
+        self._stopping = True
+        for inf in self._informers.values():
+            if inf.informer.reflector is not None:
+                inf.informer.reflector.stop()
+        if self._start_sinks:
+            for sink in self._sinks:  # cancels their sends under way
+                try:
+                    await sink.close()
+                except Exception:
+                    log.exception("abort: closing sink %s failed", sink.name)
+        await asyncio.gather(*(inf.informer.shutdown(0.0) for inf in self._informers.values()),
+                             return_exceptions=True)
+        if self._factory is not None:
+            await self._factory.shutdown(0.0)
+        await self._cancel_tasks(lambda name: True)
+        if self._store is not None:
+            with contextlib.suppress(Exception):
+                await self._store.close()
+
     async def _cancel_tasks(self, which: Callable[[str], bool]) -> None:
         tasks = [t for name, t in self._tasks.items() if which(name)]
         for t in tasks:

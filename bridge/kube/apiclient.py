@@ -9,6 +9,9 @@ It is the edge where transport failures become :mod:`bridge.errors`: HTTP status
 :class:`~bridge.errors.ApiUnavailableError`, always with ``raise … from``. Like client-go's REST layer,
 it retries a 429 or 5xx answer that carries ``Retry-After`` (up to ``max_retries`` times, waiting on the
 injected clock) before the caller sees the error, and after a 401 it refreshes the credentials once.
+A call given a ``timeout`` (leader election bounds every round by its deadline, as client-go gives
+its leader-election client ``Timeout = RenewDeadline``) is bounded as a whole, retries included: no
+attempt outlives it and no Retry-After is waited that would end past it.
 
 No token, key or certificate content appears in any message, log line or ``repr``.
 """
@@ -403,12 +406,16 @@ class ApiClient:
         content_type: str | None,
         context: str,
         timeout: aiohttp.ClientTimeout,
+        budget: float | None = None,
     ) -> aiohttp.ClientResponse:
         """Sends until an answer is final; returns a 2xx response (unread) or raises.
 
         Retries: a 429/5xx carrying Retry-After, up to ``max_retries`` times; a 401, once, with
-        refreshed credentials."""
+        refreshed credentials. ``budget`` (seconds on the injected clock) bounds the whole call:
+        each attempt's total timeout is cut to what is left, and a retry whose wait would end past
+        it is not made (the server's error is raised instead)."""
         session = self._get_session()
+        end = None if budget is None else self._clock.now() + max(0.0, budget)
         url = self._server + path
         query = _encode_params(params)
         attempt = 0
@@ -417,6 +424,14 @@ class ApiClient:
         while True:
             headers = await self._headers(content_type, force_refresh=force_refresh)
             force_refresh = False
+            attempt_timeout = timeout
+            if end is not None:
+                left = end - self._clock.now()
+                if left <= 0:
+                    raise ApiUnavailableError(f"{context}: the call's deadline passed before sending")
+                total = left if timeout.total is None else min(timeout.total, left)
+                attempt_timeout = aiohttp.ClientTimeout(
+                    total=total, sock_connect=timeout.sock_connect, sock_read=timeout.sock_read)
             self.requests_sent += 1
             try:
                 response = await session.request(
@@ -425,7 +440,7 @@ class ApiClient:
                     params=query,
                     data=data,
                     headers=headers,
-                    timeout=timeout,
+                    timeout=attempt_timeout,
                     server_hostname=self._tls_server_name,
                 )
             except aiohttp.ClientConnectorCertificateError as e:
@@ -457,12 +472,13 @@ class ApiClient:
             # "Too large resource version" (504, Retry-After 1) is left to the reflector, which
             # relists consistently at once; client-go would burn ten retries on it first.
             too_large = "too large resource version" in str(status.get("message", "")).lower()
+            wait = min(retry_after or 0.0, self._options.max_retry_after)
+            in_budget = end is None or self._clock.now() + wait < end
             if (code == 429 or code >= 500) and retry_after is not None and not too_large and (
                 attempt < self._options.max_retries
-            ):
+            ) and in_budget:
                 attempt += 1
                 self.retries += 1
-                wait = min(retry_after, self._options.max_retry_after)
                 _log.info("%s: HTTP %d, retry %d/%d in %.1fs", context, code, attempt,
                           self._options.max_retries, wait)
                 await self._clock.sleep(wait)
@@ -484,8 +500,10 @@ class ApiClient:
         body: Any = None,
         content_type: str | None = None,
         context: str = "",
+        timeout: float | None = None,
     ) -> bytes:
-        """One request; returns the raw body of a 2xx answer. ``body`` is bytes or JSON-able."""
+        """One request; returns the raw body of a 2xx answer. ``body`` is bytes or JSON-able.
+        ``timeout`` bounds the whole call, retries and reading the answer included."""
         context = context or f"{method} {path}"
         data: bytes | None
         if body is None:
@@ -498,7 +516,7 @@ class ApiClient:
             content_type = "application/json"
         response = await self._send(
             method, path, params=params, data=data, content_type=content_type, context=context,
-            timeout=self._request_timeout(),
+            timeout=self._request_timeout(), budget=timeout,
         )
         try:
             return await response.read()
@@ -516,10 +534,13 @@ class ApiClient:
         body: Any = None,
         content_type: str | None = None,
         context: str = "",
+        timeout: float | None = None,
     ) -> dict[str, Any]:
-        """One request; returns the decoded JSON object of a 2xx answer ({} for an empty body)."""
+        """One request; returns the decoded JSON object of a 2xx answer ({} for an empty body).
+        ``timeout`` (seconds) bounds the whole call, retries included."""
         raw = await self.request_bytes(
-            method, path, params=params, body=body, content_type=content_type, context=context
+            method, path, params=params, body=body, content_type=content_type, context=context,
+            timeout=timeout,
         )
         if not raw.strip():
             return {}
@@ -539,16 +560,19 @@ class ApiClient:
     async def get_json(self, path: str, params: Params | None = None, *, context: str = "") -> dict[str, Any]:
         return await self.request("GET", path, params=params, context=context)
 
-    async def get(self, path: str, *, params: Params | None = None, context: str = "") -> dict[str, Any]:
-        return await self.request("GET", path, params=params, context=context)
+    async def get(self, path: str, *, params: Params | None = None, context: str = "",
+                  timeout: float | None = None) -> dict[str, Any]:
+        return await self.request("GET", path, params=params, context=context, timeout=timeout)
 
-    async def create(self, path: str, body: Any, *, context: str = "") -> dict[str, Any]:
+    async def create(self, path: str, body: Any, *, context: str = "",
+                     timeout: float | None = None) -> dict[str, Any]:
         """POST ``body`` to a collection path; returns the created object."""
-        return await self.request("POST", path, body=body, context=context)
+        return await self.request("POST", path, body=body, context=context, timeout=timeout)
 
-    async def replace(self, path: str, body: Any, *, context: str = "") -> dict[str, Any]:
+    async def replace(self, path: str, body: Any, *, context: str = "",
+                      timeout: float | None = None) -> dict[str, Any]:
         """PUT ``body`` (with its resourceVersion: a stale one → ConflictError)."""
-        return await self.request("PUT", path, body=body, context=context)
+        return await self.request("PUT", path, body=body, context=context, timeout=timeout)
 
     async def patch(
         self,

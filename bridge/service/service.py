@@ -5,8 +5,14 @@ the rest starts); the API client and discovery; the sinks (each wrapped in a
 :class:`~bridge.metered.MeteredSink`); the checkpoint store; the informer factory and the pipeline.
 With leader election, the pipeline runs only while this replica holds the Lease.
 
-Shutdown (SIGTERM/SIGINT, lost leadership, or a fatal error): stop intake, flush every sink, write the
-final checkpoint, close everything, all within ``shutdown_deadline``.
+Shutdown (SIGTERM/SIGINT or a fatal error): stop intake, drain the listeners, flush every sink, write
+the final checkpoint, close everything and only then release the Lease, all within
+``shutdown_deadline`` (so that the next leader resumes from that checkpoint and re-sends nothing).
+
+Lost leadership is not a shutdown but an abort: the sinks are fenced (:class:`~bridge.service.fencing.
+FencedSink`) the instant the renew deadline passes, the pipeline is stopped without draining,
+flushing or checkpointing (the checkpoint store refuses writes as well), and the process exits 1 so
+that the pod restarts as a standby. What was in flight is re-sent by the next leader.
 """
 
 from __future__ import annotations
@@ -24,11 +30,12 @@ from bridge.delivery.checkpoint import CheckpointStore, FileCheckpointStore
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.errors import ApiError, BridgeError, ConfigurationError
 from bridge.informer.factory import InformerKey, SharedInformerFactory
-from bridge.kube.apiclient import ApiClient
+from bridge.kube.apiclient import ApiClient, ApiClientOptions
 from bridge.kube.discovery import APIResource, Discovery
-from bridge.kube.leaderelection import LeaderElector
+from bridge.kube.leaderelection import FenceToken, LeaderElector
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.service.config import BridgeConfig, load_config
+from bridge.service.fencing import FencedSink
 from bridge.service.health import HealthServer, Readiness
 from bridge.service.logconfig import configure_logging
 from bridge.service.metered import MeteredSink
@@ -53,28 +60,48 @@ def validate_sinks(config: BridgeConfig) -> list[Sink]:
     return sinks
 
 
-def _checkpoint_store(config: BridgeConfig, client: ApiClient) -> CheckpointStore | None:
+FenceSource = Callable[[], FenceToken | None]
+
+RELEASE_TIMEOUT = 2.0
+"""At most this long (never more than the renew deadline) is kept, out of ``shutdown_deadline``, for
+releasing the Lease after the final checkpoint."""
+
+
+def _checkpoint_store(config: BridgeConfig, client: ApiClient,
+                      fence: FenceSource | None = None) -> CheckpointStore | None:
     cp = config.checkpoint
     if cp.store == "none":
         return None
     if cp.store == "file":
-        return FileCheckpointStore(directory=cp.directory)
+        return FileCheckpointStore(directory=cp.directory, fence=fence)
     if cp.store == "configmap":
         from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
 
-        return ConfigMapCheckpointStore(client=client, namespace=cp.namespace, name_prefix=cp.name_prefix)
+        return ConfigMapCheckpointStore(client=client, namespace=cp.namespace, name_prefix=cp.name_prefix,
+                                        fence=fence)
     from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
 
-    return NatsKvCheckpointStore(nats_url=cp.nats_url, bucket=cp.bucket)
+    return NatsKvCheckpointStore(nats_url=cp.nats_url, bucket=cp.bucket, fence=fence)
 
 
-def _api_client(config: BridgeConfig, clock: Clock) -> ApiClient:
+def _api_client(config: BridgeConfig, clock: Clock, options: ApiClientOptions | None = None) -> ApiClient:
     k = config.kubernetes
     if k.in_cluster == "true":
-        return ApiClient.in_cluster(clock=clock)
+        return ApiClient.in_cluster(clock=clock, options=options)
     if k.in_cluster == "false":
-        return ApiClient.from_kubeconfig(k.kubeconfig, k.context, clock=clock)
-    return ApiClient.auto(kubeconfig=k.kubeconfig, context=k.context, clock=clock)
+        return ApiClient.from_kubeconfig(k.kubeconfig, k.context, clock=clock, options=options)
+    return ApiClient.auto(kubeconfig=k.kubeconfig, context=k.context, clock=clock, options=options)
+
+
+def _lease_client_options(config: BridgeConfig) -> ApiClientOptions:
+    """Leader election has its own client, as client-go's components give theirs: every request is
+    bounded by the renew deadline, and the User-Agent names the candidate (audit logs, and the
+    simulator's per-client lease faults)."""
+    le = config.leader_election
+    base = ApiClientOptions()
+    return ApiClientOptions(request_timeout=le.renew_deadline,
+                            connect_timeout=min(base.connect_timeout, le.renew_deadline),
+                            user_agent=f"{base.user_agent} leader-election/{le.identity}")
 
 
 @dataclass
@@ -104,6 +131,8 @@ class BridgeService:
         )
         self.stop_event = asyncio.Event()
         self.exit_code = 0
+        self.elector: LeaderElector | None = None
+        self._lease_client: ApiClient | None = None
 
     # --- probes and metrics ----------------------------------------------------------------------
 
@@ -153,21 +182,7 @@ class BridgeService:
             client = _api_client(self.config, self._clock)
             le = self.config.leader_election
             if le.enabled:
-                elector = LeaderElector(
-                    client=client, namespace=le.namespace, name=le.name, identity=le.identity,
-                    on_started_leading=lambda: self._lead(client),
-                    lease_duration=le.lease_duration, renew_deadline=le.renew_deadline,
-                    retry_period=le.retry_period, clock=self._clock,
-                )
-                elector_task = asyncio.create_task(elector.run(), name="leader-election")
-                stop_task = asyncio.create_task(self.stop_event.wait(), name="service-stop")
-                done, _ = await asyncio.wait({elector_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-                elector.stop()
-                stop_task.cancel()
-                await asyncio.gather(elector_task, stop_task, return_exceptions=True)
-                if elector_task in done and not self.stop_event.is_set():
-                    log.error("leadership lost; exiting so that the pod restarts as a standby")
-                    self.exit_code = 1
+                await self._campaign(client)
             else:
                 await self._lead(client)
         except ConfigurationError:
@@ -178,9 +193,45 @@ class BridgeService:
         finally:
             if client is not None:
                 await client.close()
+            if self._lease_client is not None:
+                await self._lease_client.close()
             await self.health.stop()
             self.telemetry.shutdown()
         return self.exit_code
+
+    async def _campaign(self, client: ApiClient) -> None:
+        """Active/standby: leads while holding the Lease. SIGTERM of a leader lets its work finish
+        the graceful shutdown (final checkpoint included) before the Lease is released; a standby
+        just stops campaigning."""
+        le = self.config.leader_election
+        self._lease_client = _api_client(self.config, self._clock, _lease_client_options(self.config))
+        release_timeout = min(le.renew_deadline, RELEASE_TIMEOUT)
+        elector = LeaderElector(
+            client=self._lease_client, namespace=le.namespace, name=le.name, identity=le.identity,
+            on_started_leading=lambda: self._lead(client, elector),
+            lease_duration=le.lease_duration, renew_deadline=le.renew_deadline,
+            retry_period=le.retry_period, release_timeout=release_timeout, clock=self._clock,
+        )
+        self.elector = elector
+        elector_task = asyncio.create_task(elector.run(), name="leader-election")
+        stop_task = asyncio.create_task(self.stop_event.wait(), name="service-stop")
+        try:
+            await asyncio.wait({elector_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+            if self.stop_event.is_set() and not elector.is_leader():
+                elector.stop()  # a standby (or a candidate still acquiring) stops at once
+            # A leader's work sees the stop event itself: drain, final checkpoint, return; the
+            # elector then releases the Lease.
+            await elector_task
+        finally:
+            stop_task.cancel()
+            elector.stop()
+            await asyncio.gather(elector_task, stop_task, return_exceptions=True)
+        if elector.lost:
+            log.error("leadership lost; exiting so that the pod restarts as a standby")
+            self.exit_code = 1
+        elif not self.stop_event.is_set():
+            log.error("leader work ended unexpectedly; exiting")
+            self.exit_code = 1
 
     async def _resolve(self, client: ApiClient) -> list[WatchedResource]:
         discovery = Discovery(client=client)
@@ -204,11 +255,22 @@ class BridgeService:
             watched.append(WatchedResource(key=key, api=api, ref=ref))
         return watched
 
-    async def _lead(self, client: ApiClient) -> None:
-        self._state.role = "leader" if self.config.leader_election.enabled else "single"
+    async def _lead(self, client: ApiClient, elector: LeaderElector | None = None) -> None:
+        """Runs the pipeline until the stop event (then a graceful shutdown) or, with leader
+        election, until cancelled because leadership ended (then an abort)."""
+        if self.stop_event.is_set():
+            return
+        self._state.role = "leader" if elector is not None else "single"
         cfg = self.config
-        sinks = [MeteredSink(inner=s, telemetry=self.telemetry) for s in validate_sinks(cfg)]
-        self._state.sinks = sinks
+        metered = [MeteredSink(inner=s, telemetry=self.telemetry) for s in validate_sinks(cfg)]
+        self._state.sinks = metered
+        sinks: list[Sink] = list(metered)
+        fence: FenceSource | None = None
+        shutdown_deadline = cfg.shutdown_deadline
+        if elector is not None:
+            sinks = [FencedSink(inner=s, is_leader=elector.is_leader) for s in metered]
+            fence = elector.fence_token
+            shutdown_deadline = max(0.5, shutdown_deadline - elector.release_timeout)
         watched = await self._resolve(client)
         by_key = {w.key: w for w in watched}
 
@@ -221,9 +283,9 @@ class BridgeService:
 
         factory = SharedInformerFactory(lister_watcher_factory=lister_watcher, clock=self._clock,
                                         compact_cache=cfg.cache.compact)
-        store = _checkpoint_store(cfg, client)
+        store = _checkpoint_store(cfg, client, fence)
         pipeline = BridgePipeline(
-            factory=factory, resources=watched, sinks=list(sinks), checkpoint_store=store,
+            factory=factory, resources=watched, sinks=sinks, checkpoint_store=store,
             cluster=cfg.cluster, checkpoint_interval=cfg.checkpoint.interval,
             snapshot_on_first_start=cfg.snapshot.on_first_start, clock=self._clock,
             page_size=cfg.kubernetes.page_size, use_watch_list=cfg.kubernetes.watch_list,
@@ -231,25 +293,39 @@ class BridgeService:
         self._state.pipeline = pipeline
         self.health.set_snapshot_handler(pipeline.snapshot_now)
         progress: asyncio.Task[None] | None = None
+        finished = False
         try:
             await pipeline.start()
             progress = asyncio.create_task(self._report_initial_sync(pipeline), name="initial-sync-progress")
             await self.stop_event.wait()
+            progress.cancel()
+            await asyncio.gather(progress, return_exceptions=True)
+            self.health.set_snapshot_handler(None)
+            # Still leading: drain, flush and write the final checkpoint; the Lease is released only
+            # after this returns. Losing leadership meanwhile cancels this task (then an abort).
+            log.info("shutting down: stopping intake, draining, writing the final checkpoint",
+                     extra={"deadline": shutdown_deadline})
+            await pipeline.shutdown(shutdown_deadline)
+            finished = True
         finally:
             if progress is not None:
                 progress.cancel()
                 await asyncio.gather(progress, return_exceptions=True)
             self.health.set_snapshot_handler(None)
-            with contextlib.suppress(Exception):
-                await pipeline.shutdown(self.config.shutdown_deadline)
+            if not finished:
+                if elector is not None:
+                    log.warning("leadership ended: abandoning the work in flight without a checkpoint; "
+                                "the next leader re-sends it")
+                with contextlib.suppress(Exception):
+                    await pipeline.abort()
             if store is not None:
-                await store.close()
+                with contextlib.suppress(Exception):
+                    await store.close()
             # No await between these: a scrape sees the counts either live or carried, never both.
-            self._retire(pipeline, sinks)
+            self._retire(pipeline, metered)
             self._state.pipeline = None
             self._state.sinks = []
             self._state.role = "standby" if self.config.leader_election.enabled else "single"
-
 
     async def _report_initial_sync(self, pipeline: BridgePipeline, every: float = 5.0) -> None:
         """Logs progress (objects listed, events delivered) until every informer has synced."""

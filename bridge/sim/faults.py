@@ -44,6 +44,11 @@ class FaultSpec(BaseModel):
     error_retry_after: int = Field(default=1, ge=0)
     """``Retry-After`` seconds (and the Status's ``details.retryAfterSeconds``) of injected errors."""
     error_target: FaultTarget = FaultTarget.ANY
+    lease_delay: float = Field(default=0.0, ge=0.0, le=600.0)
+    """Seconds to hold every ``coordination.k8s.io`` Lease request before answering it (a hung or
+    slow leader election while the rest of the API answers)."""
+    lease_delay_user_agent: str = ""
+    """Only Lease requests whose ``User-Agent`` contains this text are held ("" = all of them)."""
 
     @field_validator("error_code")
     @classmethod
@@ -97,6 +102,13 @@ class FaultState:
         self.errors_remaining -= 1
         self.injected += 1
         return InjectedError(code=spec.error_code, retry_after=spec.error_retry_after)
+
+    def lease_delay_for(self, user_agent: str) -> float:
+        """Seconds a Lease request from ``user_agent`` is held."""
+        spec = self.spec
+        if spec.lease_delay <= 0 or spec.lease_delay_user_agent not in user_agent:
+            return 0.0
+        return spec.lease_delay
 
     def describe(self) -> dict[str, Any]:
         return {**self.spec.model_dump(mode="json"), "errors_remaining": self.errors_remaining,

@@ -411,6 +411,8 @@ class Simulator:
             self._check_forbidden(target, verb)
             injected = self.faults.take_error(is_watch=verb == "watch", is_list=verb == "list")
             await self._pause(self.faults.spec.delay)
+            if target.resource.group == "coordination.k8s.io" and target.resource.plural == "leases":
+                await self._pause(self.faults.lease_delay_for(request.headers.get("User-Agent", "")))
             if injected is not None:
                 reason = {429: "TooManyRequests", 500: "InternalError",
                           503: "ServiceUnavailable"}[injected.code]

@@ -312,3 +312,40 @@ async def test_a_second_401_raises_unauthorized(server: ScriptedServer, tmp_path
     assert SECRET not in repr(info.value)
     assert len(server.requests) == 2
     assert SECRET not in repr(source)
+
+
+async def test_retries_stop_at_the_call_timeout(server: ScriptedServer) -> None:
+    """A call with a timeout (a leader-election round) never waits a Retry-After that would end
+    past it: it gives up with the server's error instead of retrying ten times."""
+    async def busy(request: web.Request) -> web.StreamResponse:
+        return web.json_response(status(429, "TooManyRequests", "slow down"), status=429,
+                                 headers={"Retry-After": "2"})
+
+    server.handler = busy
+    url = await server.start()
+    clock = InstantClock()
+    async with ApiClient(server=url, clock=clock) as client:
+        with pytest.raises(TooManyRequestsError):
+            await client.get("/apis/coordination.k8s.io/v1/namespaces/ns/leases/x", timeout=5.0)
+    assert clock.sleeps == [2.0, 2.0]
+    assert len(server.requests) == 3
+
+
+async def test_a_hanging_answer_is_cut_at_the_call_timeout(server: ScriptedServer) -> None:
+    release = asyncio.Event()
+
+    async def hang(request: web.Request) -> web.StreamResponse:
+        await release.wait()
+        return web.json_response({})
+
+    server.handler = hang
+    url = await server.start()
+    async with ApiClient(server=url) as client:  # request_timeout 60 s
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(ApiUnavailableError, match="TimeoutError"):
+            await client.replace("/apis/coordination.k8s.io/v1/namespaces/ns/leases/x", {}, timeout=0.3)
+        assert loop.time() - started < 5.0
+        with pytest.raises(ApiUnavailableError, match="deadline"):
+            await client.get("/x", timeout=0.0)
+    release.set()

@@ -124,6 +124,14 @@ async def test_leader_killed_standby_takes_over_and_nothing_is_lost(
             return cp is not None and int(cp.resource_version) >= int(made[19][1])
 
         await eventually(a_checkpointed, 20, "replica a to checkpoint")
+
+        async def b_watches() -> bool:
+            # The takeover time is measured from b's last sight of a's renewals: b must be up.
+            log = tmp_path / "b.log"
+            return log.exists() and b'"message":"observed a new leader","lease":"keb","leader":"a"' in (
+                log.read_bytes())
+
+        await eventually(b_watches, 20, "replica b to observe a as the leader")
         assert events(tmp_path / "b.jsonl") == []  # the standby sends nothing
         a.send_signal(signal.SIGKILL)
         killed = time.monotonic()

@@ -199,3 +199,36 @@ async def test_close_after_counts_single_events_across_write_batches() -> None:
         events = await read_events(resp)
     assert [int(e["object"]["metadata"]["resourceVersion"]) for e in events] == list(
         range(start + 1, start + 301))
+
+
+async def test_lease_requests_hang_selectively_while_the_rest_answers() -> None:
+    """``lease_delay`` holds coordination.k8s.io Lease requests (only those whose User-Agent contains
+    ``lease_delay_user_agent``) while every other request, and other clients' lease requests, answer."""
+    lease_path = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
+    body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "l"},
+            "spec": {"holderIdentity": "a"}}
+    async with Simulator() as sim, aiohttp.ClientSession() as http:
+        async with http.post(f"{sim.url}/_sim/faults",
+                             json={"lease_delay": 30, "lease_delay_user_agent": "replica-a"}) as r:
+            assert r.status == 200
+        hung = asyncio.create_task(http.post(f"{sim.url}{lease_path}", json=body,
+                                             headers={"User-Agent": "kube-event-bridge replica-a"}))
+        await asyncio.sleep(0.3)
+        assert not hung.done()
+        async with asyncio.timeout(2):
+            async with http.get(f"{sim.url}{lease_path}",
+                                headers={"User-Agent": "kube-event-bridge replica-b"}) as r:
+                assert r.status == 200
+            async with http.get(f"{sim.url}/api/v1/namespaces/default/configmaps",
+                                headers={"User-Agent": "kube-event-bridge replica-a"}) as r:
+                assert r.status == 200
+        async with http.post(f"{sim.url}/_sim/faults", json={"reset": True}) as r:
+            assert r.status == 200
+        hung.cancel()
+        # A slow answer rather than a hang: every lease request waits, then answers.
+        sim.set_faults(lease_delay=0.3)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        async with http.get(f"{sim.url}{lease_path}") as r:
+            assert r.status == 200
+        assert loop.time() - started >= 0.3

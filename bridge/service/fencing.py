@@ -1,0 +1,51 @@
+"""The delivery side of fencing: a sink decorator that hands events on only while this replica leads.
+
+With leader election the service wraps every sink in a :class:`FencedSink`. The moment leadership
+ends (:meth:`bridge.kube.leaderelection.LeaderElector.is_leader` turns false at the renew deadline,
+before any task runs), ``deliver`` stops handing events to the sink: it holds the listener, acks
+nothing, and waits to be cancelled by the pipeline's abort, which then closes the sinks (cancelling
+their sends under way). What was not acknowledged is re-sent by the next leader: at-least-once, and
+never two replicas handing events to sinks at the same time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from sinks.contract import AckCallback, ChangeEvent, Sink
+
+__all__ = ["FencedSink"]
+
+
+class FencedSink:
+    def __init__(self, *, inner: Sink, is_leader: Callable[[], bool]) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self._is_leader = is_leader
+        self.refused = 0
+        """Events not handed on because leadership had ended."""
+
+    def __getattr__(self, item: str) -> Any:
+        # routing_resources, buffer_capacity, overflow_policy, resync_period, stats, …
+        return getattr(self.inner, item)
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def deliver(self, event: ChangeEvent, ack: AckCallback) -> None:
+        if not self._is_leader():
+            self.refused += 1
+            # Abandoned: nothing acked, nothing sent; the pipeline's abort cancels this wait.
+            await asyncio.Event().wait()
+        await self.inner.deliver(event, ack)
+
+    async def flush(self, timeout: float) -> bool:
+        return await self.inner.flush(timeout)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def healthy(self) -> bool:
+        return self.inner.healthy()

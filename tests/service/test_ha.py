@@ -1,0 +1,360 @@
+"""High availability without split brain: two real replica processes against the simulator.
+
+Each replica sends to one webhook receiver with its own ``X-Replica`` header, so the receiver's
+history says which replica handed which event to its sink, and when. The test makes the changes
+itself (churn) and is the checker: every change must arrive (nothing lost), and where the hand-over
+is clean, arrive exactly once (nothing re-sent).
+
+(a, b) the leader's Lease requests hang (the simulator holds them for 40 s while the rest of the API
+       answers): it must stop delivering before the standby starts, write no checkpoint after its
+       loss, and a late write with its lease token is refused by the store;
+(c)    rolling update: SIGTERM of the leader under churn drains, writes the final checkpoint, then
+       releases the Lease; the standby resumes from it: zero re-sent, zero lost;
+(d)    SIGKILL of the leader: the standby takes over within the lease duration and a retry period,
+       and nothing is lost.
+
+Short durations keep it fast: lease 2 s, renew deadline 1.5 s, retry period 0.3 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from bridge.delivery.checkpoint import Checkpoint, CheckpointFencedError, informer_id
+from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
+from bridge.errors import ApiError
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.leaderelection import FenceToken
+
+EXE = [sys.executable, "-m", "bridge.service.cli"]
+NS = "ha"
+LEASE = "/apis/coordination.k8s.io/v1/namespaces/default/leases/keb"
+LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 2.0, 1.5, 0.3
+PREFIX = "kube-event-bridge-checkpoint"
+
+
+@dataclass(frozen=True)
+class Arrival:
+    at: float  # wall-clock seconds, as the receiver saw the request
+    replica: str
+    change: tuple[str, str]  # (name, resourceVersion)
+
+
+class Receiver:
+    """The webhook destination of both replicas; records who sent what, and when."""
+
+    def __init__(self) -> None:
+        self.arrivals: list[Arrival] = []
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read())
+        now = time.time()
+        for event in body if isinstance(body, list) else [body]:
+            name = str(event["subject"]).rpartition("/")[2]
+            self.arrivals.append(Arrival(now, request.headers.get("X-Replica", "?"),
+                                         (name, str(event["resourceversion"]))))
+        return web.Response(status=200)
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", self.handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}/events"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def by(self, replica: str) -> list[Arrival]:
+        return [a for a in self.arrivals if a.replica == replica]
+
+    def changes(self) -> collections.Counter[tuple[str, str]]:
+        return collections.Counter(a.change for a in self.arrivals)
+
+
+class Churn:
+    """Changes ConfigMaps in NS at a steady pace and records every (name, resourceVersion) made."""
+
+    def __init__(self, client: ApiClient) -> None:
+        self.client = client
+        self.made: list[tuple[str, str]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def change(self, i: int) -> None:
+        path = f"/api/v1/namespaces/{NS}/configmaps"
+        name = f"cm-{i % 7}"
+        try:
+            obj = await self.client.create(path, {"metadata": {"name": name}, "data": {"i": str(i)}})
+        except Exception:
+            obj = await self.client.patch(f"{path}/{name}", {"data": {"i": str(i)}})
+        self.made.append((name, obj["metadata"]["resourceVersion"]))
+
+    async def _run(self) -> None:
+        i = 0
+        while True:
+            try:
+                await self.change(i)
+            except ApiError:
+                return  # the simulator stopped under a failed test
+            i += 1
+            await asyncio.sleep(0.03)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="churn")
+
+    async def stop(self) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+@dataclass
+class Cluster:
+    url: str
+    kubeconfig: Path
+    tmp: Path
+    client: ApiClient
+    receiver: Receiver
+    procs: dict[str, subprocess.Popen[bytes]]
+
+    def start(self, name: str) -> subprocess.Popen[bytes]:
+        cfg = self.tmp / f"{name}.yaml"
+        cfg.write_text(
+            f"kubernetes: {{kubeconfig: '{self.kubeconfig}', in_cluster: 'false'}}\n"
+            f"resources: [{{resource: configmaps, namespace: {NS}}}]\n"
+            f"sinks: [{{name: hook, kind: webhook, url: '{self.receiver.url}',\n"
+            f"          headers: {{X-Replica: {name}}}}}]\n"
+            "checkpoint: {store: configmap, namespace: default, interval: 0.2}\n"
+            f"leader_election: {{enabled: true, namespace: default, name: keb,\n"
+            f"                  lease_duration: {LEASE_DURATION}, renew_deadline: {RENEW_DEADLINE},\n"
+            f"                  retry_period: {RETRY_PERIOD}}}\n"
+            "shutdown_deadline: 6\n"
+            "server: {host: 127.0.0.1, port: 0}\n"
+            "logging: {level: debug, format: json}\n"
+        )
+        env = {**os.environ, "KEB_LEADER_ELECTION__IDENTITY": name}
+        log = (self.tmp / f"{name}.log").open("wb")
+        proc = subprocess.Popen([*EXE, "run", "--config", str(cfg)], stdout=log, stderr=log, env=env)
+        self.procs[name] = proc
+        return proc
+
+    def log(self, name: str) -> list[dict[str, Any]]:
+        out = []
+        for line in (self.tmp / f"{name}.log").read_bytes().splitlines():
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                out.append(record)
+        return out
+
+    async def holder(self) -> str:
+        try:
+            lease = await self.client.get(LEASE)
+        except Exception:
+            return ""
+        return str(lease["spec"].get("holderIdentity") or "")
+
+    async def faults(self, body: dict[str, Any]) -> None:
+        async with aiohttp.ClientSession() as http, http.post(f"{self.url}/_sim/faults", json=body) as r:
+            assert r.status == 200, await r.text()
+
+
+async def exited(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    """Waits for the process off the event loop: the receiver must keep answering (and time-stamping)
+    the replicas' requests meanwhile."""
+    return await asyncio.to_thread(proc.wait, timeout)
+
+
+async def eventually(cond: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await cond():
+        assert time.monotonic() < deadline, f"timed out: {what}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    kubeconfig = tmp_path / "sim.kubeconfig"
+    sim = await asyncio.create_subprocess_exec(
+        *EXE, "sim", "--port", "0", "--kubeconfig", str(kubeconfig),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert sim.stdout is not None
+    url = ""
+    while not url:
+        line = (await asyncio.wait_for(sim.stdout.readline(), 20)).decode()
+        assert line, "the simulator exited"
+        m = re.search(r"listening on (http://\S+)", line)
+        url = m.group(1) if m else ""
+    receiver = Receiver()
+    await receiver.start()
+    client = ApiClient(server=url)
+    c = Cluster(url=url, kubeconfig=kubeconfig, tmp=tmp_path, client=client, receiver=receiver, procs={})
+    try:
+        yield c
+    finally:
+        for p in c.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        await client.close()
+        await receiver.stop()
+        sim.terminate()
+        await sim.wait()
+
+
+async def start_pair(c: Cluster, churn: Churn) -> None:
+    """a leads, b is the standby, churn runs and a has delivered some of it."""
+    c.start("a")
+
+    async def a_leads() -> bool:
+        return await c.holder() == "a"
+
+    await eventually(a_leads, 20, "replica a to lead")
+    c.start("b")
+
+    async def b_watches() -> bool:
+        return any(r.get("message") == "observed a new leader" and r.get("leader") == "a"
+                   for r in c.log("b"))
+
+    await eventually(b_watches, 20, "replica b to observe a as the leader")
+    churn.start()
+
+    async def a_delivered() -> bool:
+        return len(c.receiver.by("a")) >= 20
+
+    await eventually(a_delivered, 20, "replica a to deliver")
+
+
+async def finish(c: Cluster, churn: Churn, leader: str) -> None:
+    """Lets the new leader work under churn for a moment, stops the churn, waits until everything
+    made has arrived."""
+    await asyncio.sleep(1.0)
+    await churn.stop()
+
+    async def all_arrived() -> bool:
+        got = c.receiver.changes()
+        return all(change in got for change in churn.made)
+
+    await eventually(all_arrived, 20, f"replica {leader} to deliver every change")
+
+
+async def test_hung_lease_requests_never_let_two_replicas_deliver_at_once(cluster: Cluster) -> None:
+    c = cluster
+    churn = Churn(c.client)
+    await start_pair(c, churn)
+    # Only a's Lease requests hang (its watch and checkpoint writes still work): a network fault
+    # between a and the API server's lease path, as when a node is partitioned from it.
+    await c.faults({"lease_delay": 40, "lease_delay_user_agent": "leader-election/a"})
+
+    async def b_leads() -> bool:
+        return await c.holder() == "b"
+
+    await eventually(b_leads, 15, "replica b to take over")
+    a = c.procs["a"]
+    assert await exited(a, 15) == 1  # exits so that the pod restarts as a standby
+    await finish(c, churn, "b")
+    await c.faults({"reset": True})
+    c.procs["b"].send_signal(signal.SIGTERM)
+    assert await exited(c.procs["b"], 15) == 0
+
+    from_a, from_b = c.receiver.by("a"), c.receiver.by("b")
+    assert from_a
+    assert from_b
+    # (a) no instant at which both replicas handed events to their sinks
+    last_a, first_b = max(x.at for x in from_a), min(x.at for x in from_b)
+    assert last_a < first_b, f"a still delivering {last_a - first_b:.3f} s after b started"
+    # nothing lost across the two
+    got = c.receiver.changes()
+    assert [m for m in churn.made if m not in got] == []
+
+    # (b) no checkpoint written by a after it lost the leadership ...
+    messages = [r.get("message", "") for r in c.log("a")]
+    lost = messages.index("lost leadership: could not renew the lease within the renew deadline")
+    assert "checkpoint written" in messages[:lost]
+    assert "checkpoint written" not in messages[lost:]
+    # ... and a late write with a's lease token (term 0) is refused by the store itself.
+    ident = informer_id("configmaps", NS, "", "")
+    late = ConfigMapCheckpointStore(client=c.client, namespace="default", name_prefix=PREFIX,
+                                    fence=lambda: FenceToken(transitions=0, holder="a"))
+    with pytest.raises(CheckpointFencedError):
+        await late.save(Checkpoint(informer_id=ident, resource_version="1", objects={}))
+    reader = ConfigMapCheckpointStore(client=c.client, namespace="default", name_prefix=PREFIX)
+    stored = await reader.load(ident)
+    assert stored is not None
+    assert stored.writer == FenceToken(transitions=1, holder="b")
+
+
+async def test_rolling_update_hands_over_without_resending_or_losing(cluster: Cluster) -> None:
+    c = cluster
+    churn = Churn(c.client)
+    await start_pair(c, churn)
+    a = c.procs["a"]
+    a.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+
+    async def b_leads() -> bool:
+        return await c.holder() == "b"
+
+    await eventually(b_leads, 10, "replica b to take over")
+    assert await exited(a, 10) == 0
+    assert time.monotonic() - sent < 6  # within shutdown_deadline (< terminationGracePeriodSeconds)
+    await finish(c, churn, "b")
+    c.procs["b"].send_signal(signal.SIGTERM)
+    assert await exited(c.procs["b"], 15) == 0
+
+    messages = [r.get("message", "") for r in c.log("a")]
+    assert "released the lease" in messages
+    # the final checkpoint came before the release
+    assert "checkpoint written" in messages[:messages.index("released the lease")]
+    assert not any("did not drain" in m or "did not flush" in m for m in messages)
+    got = c.receiver.changes()
+    assert [m for m in churn.made if m not in got] == []  # zero lost
+    assert {k: n for k, n in got.items() if n > 1} == {}  # zero re-sent
+    assert c.receiver.by("a")
+    assert c.receiver.by("b")
+
+
+async def test_leader_killed_standby_takes_over_within_lease_and_nothing_is_lost(cluster: Cluster) -> None:
+    c = cluster
+    churn = Churn(c.client)
+    await start_pair(c, churn)
+    c.procs["a"].send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    await exited(c.procs["a"], 10)
+
+    async def b_leads() -> bool:
+        return await c.holder() == "b"
+
+    await eventually(b_leads, 10, "replica b to take over")
+    took = time.monotonic() - killed
+    # b saw a's last renewal at most a moment before the kill; it polls every retry period (with
+    # up to 1.2 of jitter), so the lease plus one jittered retry period, plus this test's 0.05 s
+    # polling and a request's latency.
+    assert took < LEASE_DURATION + RETRY_PERIOD * 2.2 + 0.5, took
+    await finish(c, churn, "b")
+    got = c.receiver.changes()
+    assert [m for m in churn.made if m not in got] == []
