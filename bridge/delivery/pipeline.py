@@ -57,6 +57,7 @@ from bridge.delivery.checkpoint import (
 from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
 from bridge.delivery.progress import AckTracker, IndexEntry
 from bridge.informer.factory import InformerKey, SharedInformerFactory
+from bridge.informer.reflector import Reflector, WatchErrorHandler, default_watch_error_handler
 from bridge.informer.shared_informer import HandlerRegistration, SharedIndexInformer
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import APIResource
@@ -289,7 +290,7 @@ def stub_objects(resource: ResourceRef, index: Mapping[str, IndexEntry]) -> list
 class _Informer:
     watched: WatchedResource
     informer: SharedIndexInformer
-    tracker: AckTracker
+    tracker: _CountingTracker
     resumed: bool = False
     resume_rv: str = ""
     corrupt_checkpoint: bool = False
@@ -299,6 +300,10 @@ class _Informer:
     saved_rv: str = ""
     last_saved: float | None = None
     checkpoint_errors: int = 0
+    failing: str = ""
+    """Why the last list/watch cycle failed, while no progress was made since ("" = none)."""
+    failing_progress: int = -1
+    """The tracker's progress count when that failure was reported."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +350,12 @@ class _CountingTracker(AckTracker):
         self.resource = resource
         self.on_event = on_event
         self.received: collections.Counter[str] = collections.Counter()
+        self.progress_count = 0
+        """Progress markers seen: the informer listed, or its watch moved, this many times."""
+
+    def progress(self, seq: int, resource_version: str) -> None:
+        self.progress_count += 1
+        super().progress(seq, resource_version)
 
     def dispatched(self, notification: Notification, listeners: Sequence[str]) -> None:
         if notification.seq >= 0:
@@ -480,6 +491,7 @@ class BridgePipeline:
         )
         informer = self._make_informer(watched, tracker)
         inf = _Informer(watched=watched, informer=informer, tracker=tracker, corrupt_checkpoint=corrupt)
+        informer.set_watch_error_handler(self._watch_error_recorder(inf))
         if checkpoint is not None:
             delivered = {key: (int(rv), deleted) for key, (_uid, rv, deleted) in checkpoint.ahead.items()
                          if rv.isdigit()}
@@ -500,6 +512,18 @@ class BridgePipeline:
             inf.registrations[sink.name] = reg
             inf.listeners[sink.name] = listener
         self._informers[ident] = inf
+
+    @staticmethod
+    def _watch_error_recorder(inf: _Informer) -> WatchErrorHandler:
+        """The informer's watch-error handler: logs as the default one does, and keeps the reason for
+        readiness until the informer makes progress again (a list, a watch event, a bookmark)."""
+
+        def handler(reflector: Reflector, err: BaseException) -> None:
+            default_watch_error_handler(reflector, err)
+            inf.failing = f"{type(err).__name__}: {err}"
+            inf.failing_progress = inf.tracker.progress_count
+
+        return handler
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(self._guard(name, coro), name=f"pipeline:{name}")
@@ -524,17 +548,29 @@ class BridgePipeline:
         return all(results)
 
     def ready(self) -> bool:
-        """Every informer synced and every sink healthy."""
+        """Every informer synced and able to list and watch, and every sink healthy."""
         return (
             self._started
             and not self._stopping
-            and all(inf.informer.has_synced() for inf in self._informers.values())
+            and all(inf.informer.has_synced() and not self._failing(inf) for inf in self._informers.values())
             and all(s.healthy() for s in self._sinks)
         )
 
+    @staticmethod
+    def _failing(inf: _Informer) -> str:
+        """Why the informer cannot list or watch: its last list/watch cycle failed and it has made
+        no progress since ("" when it is fine)."""
+        if inf.failing and inf.tracker.progress_count == inf.failing_progress:
+            return inf.failing
+        return ""
+
     def not_ready_reasons(self) -> list[str]:
-        reasons = [f"informer {i} not synced" for i, inf in self._informers.items()
-                   if not inf.informer.has_synced()]
+        reasons = []
+        for i, inf in self._informers.items():
+            if why := self._failing(inf):
+                reasons.append(f"informer {i} cannot list or watch: {why}")
+            elif not inf.informer.has_synced():
+                reasons.append(f"informer {i} not synced")
         reasons += [f"sink {s.name} unhealthy" for s in self._sinks if not s.healthy()]
         return reasons
 

@@ -171,3 +171,25 @@ async def test_checkpoint_with_a_nonsense_resource_version_is_corrupt_and_lists_
     await until(lambda: sink.changes() == [("added", f"{NS}/a", rv(a), False)], what="a full list")
     assert p.not_ready_reasons() == []
     await p.shutdown(5)
+
+
+async def test_readiness_reports_an_informer_that_cannot_list_or_watch(
+    sim: tuple[Simulator, ApiClient], tmp_path: Path
+) -> None:
+    server, client = sim
+    await create(client, "a")
+    sink = RecordingSink("rec")
+    p = await make(client, tmp_path, sink)
+    await p.start()
+    assert await p.wait_for_sync(10)
+    assert p.ready()
+    assert p.not_ready_reasons() == []
+    # Every request fails from now on; the open watch ends, and the relist cannot succeed.
+    server.set_faults(error_code=500, error_count=1_000_000, error_retry_after=0)
+    server.expire_watches()
+    await until(lambda: not p.ready(), what="readiness to drop")
+    [reason] = p.not_ready_reasons()
+    assert reason.startswith(f"informer {informer_id('configmaps', NS)} cannot list or watch: ServerError")
+    server.set_faults({})
+    await until(p.ready, timeout=30, what="readiness to return once the server answers")
+    await p.shutdown(5)
