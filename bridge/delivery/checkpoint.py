@@ -249,6 +249,10 @@ class FileCheckpointStore:
             raise ValueError(f"unsafe informer id for a file name: {informer_id!r}")
         return self._dir / f"{informer_id}{self.SUFFIX}"
 
+    def journal_path(self, informer_id: str) -> Path:
+        """Where the informer's known-object journal lives (:mod:`bridge.delivery.journal`)."""
+        return self.path_for(informer_id).with_suffix(".journal")
+
     async def load(self, informer_id: str) -> Checkpoint | None:
         return await asyncio.to_thread(self._load, informer_id)
 
