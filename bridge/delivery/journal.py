@@ -102,6 +102,8 @@ class KnownObjectJournal:
         """The highest notification seq whose record is durable (every earlier one is too)."""
         self._committed = asyncio.Event()
         self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        """Set while the writer has nothing to do (everything noted is on disk)."""
         self._compact_to: Checkpoint | None = None
         self._compact_requested = False
         self._file: int | None = None
@@ -190,6 +192,7 @@ class KnownObjectJournal:
     def _queue(self, seq: int, record: bytes) -> None:
         self._pending.append(record)
         self._queued_seq = seq
+        self._idle.clear()
         self._wake.set()
 
     def must_wait(self, seq: int) -> bool:
@@ -204,7 +207,12 @@ class KnownObjectJournal:
     def compact(self, checkpoint: Checkpoint) -> None:
         """``checkpoint`` was written: the records it implies can go (done by the writer task)."""
         self._compact_to = checkpoint
+        self._idle.clear()
         self._wake.set()
+
+    async def idle(self) -> None:
+        """Returns once every queued record and compaction is written (for a clean shutdown)."""
+        await self._idle.wait()
 
     # ---------------------------------------------------------------------------------------------
     # the writer task
@@ -215,7 +223,9 @@ class KnownObjectJournal:
             while True:
                 if not (self._pending or self._compact_to is not None or self._compact_requested):
                     self._wake.clear()
+                    self._idle.set()
                     await self._wake.wait()
+                    continue
                 try:
                     await self._write_once()
                 except OSError as exc:

@@ -712,6 +712,14 @@ class BridgePipeline:
                 if ok is not True:
                     log.warning("shutdown: sink %s did not flush everything (%r)", sink.name, ok)
         await self.write_checkpoints()
+        journals = [inf.journal.idle() for inf in self._informers.values() if inf.journal is not None]
+        if journals:
+            try:
+                async with asyncio.timeout(left() * 0.5):
+                    await asyncio.gather(*journals)
+            except TimeoutError:
+                log.warning("shutdown: a known-object journal was not written in time; the next start "
+                            "reads the previous one")
         await asyncio.gather(*(inf.informer.shutdown(left()) for inf in self._informers.values()),
                              return_exceptions=True)
         if self._factory is not None:
