@@ -112,6 +112,8 @@ class KnownObjectJournal:
         self.records = 0
         """Records appended."""
         self.write_errors = 0
+        self.last_error = ""
+        """Why the last write failed, until a write succeeds ("" = fine): readiness reports it."""
 
     @property
     def path(self) -> Path:
@@ -230,6 +232,7 @@ class KnownObjectJournal:
                     await self._write_once()
                 except OSError as exc:
                     self.write_errors += 1
+                    self.last_error = f"{type(exc).__name__}: {exc}"
                     log.error("journal %s cannot be written (%s); new objects and deletes wait for it, "
                               "retrying in %.0f s", self._path, exc, _RETRY_DELAY)
                     await asyncio.sleep(_RETRY_DELAY)
@@ -262,6 +265,7 @@ class KnownObjectJournal:
             self._compact_requested = True
             raise
         self.commits += 1
+        self.last_error = ""
         if target > self._written_seq:
             self._written_seq = target
             committed, self._committed = self._committed, asyncio.Event()

@@ -658,6 +658,9 @@ class BridgePipeline:
             and not self._stopping
             and all(inf.informer.has_synced() and not self._failing(inf) for inf in self._informers.values())
             and all(s.healthy() for s in self._sinks)
+            and not any(inf.journal is not None and inf.journal.last_error
+                        for inf in self._informers.values())
+            and not any(name.startswith("journal:") for name in self.failed_tasks)
         )
 
     @staticmethod
@@ -675,6 +678,11 @@ class BridgePipeline:
                 reasons.append(f"informer {i} cannot list or watch: {why}")
             elif not inf.informer.has_synced():
                 reasons.append(f"informer {i} not synced")
+            if inf.journal is not None and inf.journal.last_error:
+                reasons.append(f"journal of {i} cannot be written (new objects and deletes wait): "
+                               f"{inf.journal.last_error}")
+            if f"journal:{i}" in self.failed_tasks:
+                reasons.append(f"journal writer of {i} failed (new objects and deletes wait)")
         reasons += [f"sink {s.name} unhealthy" for s in self._sinks if not s.healthy()]
         return reasons
 
