@@ -677,3 +677,139 @@ async def test_relist_after_resume_skips_what_was_delivered(env: Env) -> None:
         await asyncio.sleep(0)
     assert len(rec.calls) == 1
     assert sorted(informer.get_indexer().list_keys()) == ["ns/a", "ns/c"]
+
+
+def _unconfirmed(name: str, uid: str, rv: str) -> KubeObject:
+    return {"metadata": {"namespace": "ns", "name": name, "uid": uid, "resourceVersion": rv}}
+
+
+async def test_relist_reports_unconfirmed_objects_that_are_gone(env: Env) -> None:
+    """Objects the journal knows (sinks may have them) but the checkpoint does not: a relist that does
+    not return one under its uid reports it deleted (a tombstone); one it returns is an add."""
+    a = env.source.add(cm("a"))            # 1  in the checkpoint
+    env.source.add(cm("kept"))             # 2  delivered after the checkpoint write, still there
+    gone = env.source.add(cm("gone"))      # 3  delivered after the checkpoint write, deleted while down
+    env.source.delete(cm("gone"))          # 4
+    env.source.add(cm("other"))            # 5  delivered, then re-created under a new uid while down
+    env.source.delete(cm("other"))         # 6
+    other2 = env.source.add(cm("other"))   # 7
+    env.source.compact()
+    informer = env.informer()
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    informer.resume_from([_stub(a)], "1")
+    informer.seed_unconfirmed([_unconfirmed("kept", "uid-ns-kept-2", "2"),
+                               _unconfirmed("gone", gone["metadata"]["uid"], "3"),
+                               _unconfirmed("other", "uid-ns-other-5", "5")])
+    await env.start(informer)
+    calls = await rec.wait_for(4)
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert sorted(rec.calls) == sorted([
+        ("add", "ns/kept", "2", False),
+        ("delete", "ns/gone", "3", True),
+        ("delete", "ns/other", "5", True),
+        ("add", "ns/other", "7", False),
+    ])
+    # Per object, the old uid's delete comes before the new one's add.
+    assert calls.index(("delete", "ns/other", "5", True)) < calls.index(("add", "ns/other", "7", False))
+    assert sorted(informer.get_indexer().list_keys()) == ["ns/a", "ns/kept", "ns/other"]
+    assert informer.get_indexer().get_by_key(ObjectKey("ns/other"))["metadata"]["uid"] == (  # type: ignore[index]
+        other2["metadata"]["uid"])
+
+
+async def test_watch_replay_reports_unconfirmed_objects_as_they_happened(env: Env) -> None:
+    """The resume point did not expire: the replayed watch shows what happened to each unconfirmed
+    object, in order; none of them is mistaken for an update or a delete of another uid."""
+    a = env.source.add(cm("a"))            # 1  in the checkpoint
+    env.source.add(cm("x"))                # 2  delivered after the checkpoint write
+    env.source.delete(cm("x"))             # 3  delivered too
+    env.source.add(cm("x", k="2"))         # 4  delivered after the checkpoint write (new uid)
+    env.source.delete(cm("x"))             # 5  while down
+    informer = env.informer()
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    informer.resume_from([_stub(a)], "1")
+    informer.seed_unconfirmed([_unconfirmed("x", "uid-ns-x-2", "3"), _unconfirmed("x", "uid-ns-x-4", "4")])
+    await env.start(informer)
+    calls = await rec.wait_for(4)
+    assert calls == [("add", "ns/x", "2", False), ("delete", "ns/x", "3", False),
+                     ("add", "ns/x", "4", False), ("delete", "ns/x", "5", False)]
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert len(rec.calls) == 4
+    assert sorted(informer.get_indexer().list_keys()) == ["ns/a"]
+
+
+class _Frames:
+    """A NotificationHandler recording changes and gap edges in order, acking at once."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, ...]] = []
+
+    async def handle(self, notification: Notification, ack: Any) -> None:
+        n = notification
+        if n.gap is not None:
+            self.seen.append(("gap.end" if n.gap.end else "gap.begin", n.gap.from_resource_version,
+                              n.gap.to_resource_version))
+        else:
+            self.seen.append((n.kind.value, str(n.key)))
+        ack()
+
+
+class _CompactAfterFirstPage(FakeControllerSource):
+    """Compacts (after one more change) right after serving a first page of a paged list, once."""
+
+    armed = True
+
+    async def list(self, options: ListOptions) -> ListPage:
+        page = await super().list(options)
+        if self.armed and options.continue_token is None and page.continue_token:
+            self.armed = False
+            self.add(cm("late"))
+            self.compact()
+        return page
+
+
+async def test_an_expired_continuation_on_a_resumed_relist_is_inside_one_gap() -> None:
+    """The resume point expired (410) and, while the relist pages, its continuation expires too: one
+    gap from the checkpoint's resourceVersion to the full list's frames every event of the relist,
+    including those of the first page forwarded before the continuation expired."""
+    source = _CompactAfterFirstPage()
+    a = source.add(cm("a"))                  # 1  in the checkpoint
+    source.add(cm("b"))                      # 2
+    source.add(cm("c"))                      # 3
+    source.compact()
+    informer = SharedIndexInformer(lister_watcher=source, clock=FakeClock(), name="cm", page_size=2)
+    rec = _Frames()
+    informer.add_event_handler(rec)
+    informer.resume_from([_stub(a)], "1")
+    task = asyncio.create_task(informer.run(), name="test-informer-run")
+    try:
+        await until(lambda: bool(rec.seen) and rec.seen[-1][0] == "gap.end", "the gap's end")
+        assert rec.seen[0] == ("gap.begin", "1", "")
+        assert rec.seen[-1] == ("gap.end", "1", "4")
+        assert [s for s in rec.seen if s[0].startswith("gap")] == [rec.seen[0], rec.seen[-1]]
+        assert sorted(rec.seen[1:-1]) == [("add", "ns/b"), ("add", "ns/c"), ("add", "ns/late")]
+    finally:
+        await informer.shutdown(1)
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_relist_without_differences_still_sends_both_gap_markers(env: Env) -> None:
+    """Something may have come and gone inside the window: the markers say so even when the list
+    shows no difference. The first list of a fresh informer is no gap."""
+    env.source.add(cm("a"))                  # 1
+    informer = env.informer()
+    rec = _Frames()
+    informer.add_event_handler(rec)
+    await env.start(informer)
+    await until(lambda: rec.seen == [("add", "ns/a")], "the first list")
+
+    def come_and_go() -> None:
+        env.source.add(cm("b"))              # 2
+        env.source.delete(cm("b"))           # 3
+
+    await env.watch_down_then(come_and_go)
+    await until(lambda: len(rec.seen) == 3, "the gap")
+    assert rec.seen == [("add", "ns/a"), ("gap.begin", "1", ""), ("gap.end", "1", "3")]

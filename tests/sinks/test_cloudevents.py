@@ -16,7 +16,7 @@ from sinks.cloudevents import (
     rfc3339,
     to_cloudevent,
 )
-from sinks.contract import EventType, SnapshotInfo
+from sinks.contract import ChangeEvent, EventType, GapInfo, SnapshotInfo
 from tests.sinks import DEPLOYMENTS, NODES, T0, event, marker, obj
 
 
@@ -150,3 +150,39 @@ def test_rfc3339() -> None:
     assert rfc3339(0.9999999) == "1970-01-01T00:00:01.000000Z"
     assert rfc3339(1_704_067_199.5) == "2023-12-31T23:59:59.500000Z"
     assert rfc3339(1_704_067_200.0) == "2024-01-01T00:00:00.000000Z"
+
+
+def test_a_delete_id_depends_on_uid_and_cluster_alone() -> None:
+    """A uid is deleted once: the delete seen on the watch and one inferred by a relist (another
+    resourceVersion, final state unknown) are the same event for a consumer deduplicating by id."""
+    real = event(EventType.DELETED, obj("a", uid="u", rv="9"))
+    inferred = event(EventType.DELETED, obj("a", uid="u", rv="5"), final_state_unknown=True)
+    assert event_id(real) == event_id(inferred)
+    assert event_id(real) == hashlib.sha256(b"prod\x00u\x00deleted").hexdigest()[:32]
+    assert event_id(real) != event_id(event(EventType.DELETED, obj("a", uid="v", rv="9")))
+    other_cluster = event(EventType.DELETED, obj("a", uid="u", rv="9"))
+    other_cluster.cluster = "elsewhere"
+    assert event_id(real) != event_id(other_cluster)
+
+
+def test_gap_markers_and_the_events_inside() -> None:
+    gap = GapInfo(id="g-1", from_resource_version="100")
+    begin = to_cloudevent(ChangeEvent(type=EventType.GAP_BEGIN, resource=NODES, cluster="prod", obj=None,
+                                      time=T0, gap=gap))
+    assert begin["type"] == "io.kube-event-bridge.gap.begin"
+    assert (begin["gapid"], begin["gapfrom"]) == ("g-1", "100")
+    assert not {"subject", "uid", "gapto"} & begin.keys()
+    assert begin["data"] is None
+    end_gap = GapInfo(id="g-1", from_resource_version="100", to_resource_version="130")
+    end = to_cloudevent(ChangeEvent(type=EventType.GAP_END, resource=NODES, cluster="prod", obj=None,
+                                    time=T0, gap=end_gap))
+    assert (end["type"], end["gapid"], end["gapfrom"], end["gapto"]) == (
+        "io.kube-event-bridge.gap.end", "g-1", "100", "130")
+    other = to_cloudevent(ChangeEvent(type=EventType.GAP_BEGIN, resource=NODES, cluster="prod", obj=None,
+                                      time=T0, gap=GapInfo(id="g-2", from_resource_version="100")))
+    assert len({begin["id"], end["id"], other["id"]}) == 3
+    inside = event(EventType.UPDATED, obj("a", uid="u", rv="120"), gap=gap)
+    ce = to_cloudevent(inside)
+    assert (ce["gapid"], ce["gapfrom"]) == ("g-1", "100")
+    # The change's id does not depend on the gap: a redelivery in another gap deduplicates.
+    assert ce["id"] == event_id(event(EventType.UPDATED, obj("a", uid="u", rv="120")))
