@@ -5,6 +5,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import orjson
+
+from bridge.rawobject import RawObject, dumps
 from sinks.redaction import REDACTED, Redactor
 from tests.sinks import PODS, SECRETS, obj
 
@@ -93,4 +96,55 @@ def test_redacting_a_list_or_mapping_keeps_its_shape() -> None:
     assert Redactor(redact_paths=["a", "b"], drop_managed_fields=False).apply(o, PODS) == {
         "a": [REDACTED] * 3,
         "b": {"x": REDACTED, "y": REDACTED},
+    }
+
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def _applied_secret() -> dict[str, Any]:
+    """A Secret as ``kubectl apply`` leaves it: its values also inside the last-applied annotation."""
+    applied = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "creds", "namespace": "default", "annotations": {"team": "a"}},
+        "data": {"user": "YWRtaW4="},
+        "stringData": {"token": "plain-t0ken"},
+    }
+    s = obj("creds", kind="Secret", data={"user": "YWRtaW4="}, stringData={"token": "plain-t0ken"})
+    s["metadata"]["annotations"] = {LAST_APPLIED: orjson.dumps(applied).decode(), "team": "a"}
+    return s
+
+
+def test_last_applied_annotation_of_a_secret_is_parsed_and_redacted() -> None:
+    secret = _applied_secret()
+    before = copy.deepcopy(secret)
+    out = Redactor().apply(secret, SECRETS)
+    assert out is not None
+    annotations = out["metadata"]["annotations"]
+    assert annotations["team"] == "a"
+    applied = orjson.loads(annotations[LAST_APPLIED])
+    assert applied["data"] == {"user": REDACTED}
+    assert applied["stringData"] == {"token": REDACTED}
+    assert applied["metadata"] == {"name": "creds", "namespace": "default", "annotations": {"team": "a"}}
+    text = orjson.dumps(out)
+    assert b"YWRtaW4=" not in text
+    assert b"admin" not in text
+    assert b"plain-t0ken" not in text
+    assert secret == before
+    # The same through the compact cache's RawObject.
+    raw = Redactor().apply(RawObject.from_dict(secret), SECRETS)
+    assert raw is not None
+    assert orjson.loads(dumps(raw)) == out
+
+
+def test_an_annotation_that_is_not_json_or_holds_a_value_elsewhere_is_redacted_whole() -> None:
+    secret = _applied_secret()
+    secret["metadata"]["annotations"][LAST_APPLIED] = '{"data": {"user": "YWRtaW4="'  # cut short
+    secret["metadata"]["annotations"]["note"] = "the token is plain-t0ken"
+    secret["metadata"]["annotations"]["decoded"] = "user=admin"
+    out = Redactor().apply(secret, SECRETS)
+    assert out is not None
+    assert out["metadata"]["annotations"] == {
+        LAST_APPLIED: REDACTED, "note": REDACTED, "decoded": REDACTED, "team": "a",
     }
