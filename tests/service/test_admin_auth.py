@@ -66,7 +66,8 @@ async def test_a_token_is_required_and_reread_on_every_request(tmp_path: Path) -
         # The CLI: refused without the token, accepted with --token-file.
         admin = f"http://127.0.0.1:{server.admin_port}"
         assert await asyncio.to_thread(cli_main, ["snapshot", "--url", admin]) == 1
-        assert await asyncio.to_thread(cli_main, ["snapshot", "--url", admin, "--token-file", str(token)]) == 0
+        with_token = ["snapshot", "--url", admin, "--token-file", str(token)]
+        assert await asyncio.to_thread(cli_main, with_token) == 0
         assert calls == [None, None]
         assert await asyncio.to_thread(cli_main, ["snapshot", "--token-file", str(tmp_path / "nope")]) == 2
     finally:
