@@ -261,6 +261,9 @@ class Notification:
     resource_version: str = ""
     """For ``SNAPSHOT``: the resourceVersion the snapshot reflects (the informer's last progress
     marker)."""
+    time: float = 0.0
+    """Wall-clock seconds when the processor first distributed it (0: not yet): one value for
+    every listener, so every sink stamps a change it cannot date otherwise the same way."""
 
 
 AckFunc = Callable[[], None]

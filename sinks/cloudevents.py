@@ -11,10 +11,12 @@ One change event becomes one CloudEvent (see docs/event-format.md for examples):
   ``/clusters/{cluster}/apis/{group}/{version}/{resource}`` otherwise.
 - ``type``: ``io.kube-event-bridge.{added|updated|deleted|sync|snapshot.begin|snapshot.end}``.
 - ``subject``: ``namespace/name`` (``name`` for cluster-scoped objects; absent for markers).
-- ``time``: RFC 3339 UTC of when the bridge observed the change.
+- ``time``: RFC 3339 UTC of the event's ``time`` (see ``docs/event-format.md``: derived from the
+  object's newest managedFields entry when there is one, so identical in every sink and redelivery).
 - extensions (strings): ``cluster``, ``kind``, ``apiversion``, ``namespace``, ``name``, ``uid``,
-  ``resourceversion``, ``finalstateunknown`` (only when true), ``snapshotid``, ``snapshotrv``,
-  ``snapshotcount``, plus the event's own extensions.
+  ``resourceversion``, ``manager`` / ``operation`` / ``subresource`` (who changed it: the newest
+  managedFields entry, on added / updated / deleted events), ``finalstateunknown`` (only when
+  true), ``snapshotid``, ``snapshotrv``, ``snapshotcount``, plus the event's own extensions.
 
 Knative compatibility mode (``compat="knative"``) emits what Knative's ApiServerSource emits in
 ``Resource`` mode, so its consumers can switch without changes: ``type``
@@ -41,7 +43,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from bridge.rawobject import dumps, to_json
+from bridge.rawobject import dumps, last_change, to_json
 from sinks.contract import ChangeEvent, EventType
 
 __all__ = [
@@ -82,6 +84,7 @@ _KNATIVE_TYPES: Final = {
     EventType.DELETED: "delete",
 }
 _EXT_NAME = re.compile(r"[^a-z0-9]")
+_ATTRIBUTED: Final = frozenset({EventType.ADDED, EventType.UPDATED, EventType.DELETED})
 _MISSING: Any = object()
 
 
@@ -192,6 +195,15 @@ def to_cloudevent(
         ce["name"] = name
         ce["uid"] = str(meta.get("uid") or "")
         ce["resourceversion"] = str(meta.get("resourceVersion") or "")
+        if event.type in _ATTRIBUTED and event.obj is not None:
+            change = last_change(event.obj)
+            if change is not None:
+                if change.manager:
+                    ce["manager"] = change.manager
+                if change.operation:
+                    ce["operation"] = change.operation
+                if change.subresource:
+                    ce["subresource"] = change.subresource
     if event.final_state_unknown:
         ce["finalstateunknown"] = "true"
     snap = event.snapshot

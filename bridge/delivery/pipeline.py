@@ -34,7 +34,8 @@ import logging
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime
+from typing import Any, Final
 
 from bridge.clock import Clock, RealClock
 from bridge.contracts import (
@@ -61,6 +62,7 @@ from bridge.informer.shared_informer import HandlerRegistration, SharedIndexInfo
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import APIResource
 from bridge.kube.listwatch import HttpListerWatcher
+from bridge.rawobject import last_change
 from sinks.contract import ChangeEvent, DeliveryOutcome, EventType, ResourceRef, Sink, SnapshotInfo
 
 __all__ = [
@@ -79,6 +81,32 @@ log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------------------------------
 # One sink's listener
+
+
+_DATED: Final = frozenset({EventType.ADDED, EventType.UPDATED, EventType.SYNC})
+_parsed_times: dict[str, float] = {}
+
+
+def change_time(type_: EventType, obj: KubeObject | None, observed: float) -> float:
+    """The event ``time``, the same in every sink and on every redelivery where the API server
+    recorded it: for added / updated / sync events the ``time`` of the object's newest
+    managedFields entry (when its last write was recorded, whole seconds); otherwise (a delete, an
+    object without managedFields, a marker) ``observed``, when the informer first distributed the
+    change (one value for all sinks)."""
+    if type_ in _DATED and obj is not None:
+        change = last_change(obj)
+        if change is not None:
+            when = _parsed_times.get(change.time)
+            if when is None:
+                try:
+                    when = datetime.fromisoformat(change.time).timestamp()
+                except ValueError:
+                    return observed
+                if len(_parsed_times) >= 4096:
+                    _parsed_times.clear()
+                _parsed_times[change.time] = when
+            return when
+    return observed
 
 
 @dataclass(slots=True)
@@ -116,25 +144,25 @@ class SinkListener:
         self._snapshot_prefix = snapshot_prefix or resource.qualified
         self.stats = SinkListenerStats()
 
-    def _event(self, type_: EventType, obj: KubeObject | None, **kw: Any) -> ChangeEvent:
+    def _event(self, type_: EventType, obj: KubeObject | None, observed: float, **kw: Any) -> ChangeEvent:
         return ChangeEvent(type=type_, resource=self.resource, cluster=self.cluster, obj=obj,
-                           time=self._clock.wall(), **kw)
+                           time=change_time(type_, obj, observed or self._clock.wall()), **kw)
 
     def events_for(self, n: Notification) -> list[ChangeEvent]:
         """The change events one notification becomes (empty for a no-change resync update)."""
         if n.kind is NotificationKind.ADD:
             assert not isinstance(n.obj, DeletedFinalStateUnknown)
-            return [self._event(EventType.ADDED, n.obj)]
+            return [self._event(EventType.ADDED, n.obj, n.time)]
         if n.kind is NotificationKind.UPDATE:
             assert not isinstance(n.obj, DeletedFinalStateUnknown)
             if n.is_resync:
                 return []
-            return [self._event(EventType.UPDATED, n.obj, old=n.old)]
+            return [self._event(EventType.UPDATED, n.obj, n.time, old=n.old)]
         if n.kind is NotificationKind.DELETE:
             if isinstance(n.obj, DeletedFinalStateUnknown):
-                return [self._event(EventType.DELETED, n.obj.obj, final_state_unknown=True)]
+                return [self._event(EventType.DELETED, n.obj.obj, n.time, final_state_unknown=True)]
             inferred = self._tracker is not None and self._tracker.is_unobserved_delete(n.seq)
-            return [self._event(EventType.DELETED, n.obj, final_state_unknown=inferred)]
+            return [self._event(EventType.DELETED, n.obj, n.time, final_state_unknown=inferred)]
         _, events = self._snapshot_events(n)
         return list(events)
 
@@ -147,10 +175,11 @@ class SinkListener:
         end = SnapshotInfo(id=sid, resource_version=n.resource_version, count=len(objects))
 
         def stream() -> Iterator[ChangeEvent]:
-            yield self._event(EventType.SNAPSHOT_BEGIN, None, snapshot=info)
+            at = n.time
+            yield self._event(EventType.SNAPSHOT_BEGIN, None, at, snapshot=info)
             for obj in objects:
-                yield self._event(EventType.SYNC, obj, snapshot=info)
-            yield self._event(EventType.SNAPSHOT_END, None, snapshot=end)
+                yield self._event(EventType.SYNC, obj, at, snapshot=info)
+            yield self._event(EventType.SNAPSHOT_END, None, at, snapshot=end)
 
         return len(objects) + 2, stream()
 
