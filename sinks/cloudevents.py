@@ -27,8 +27,10 @@ and the ``kind``, ``name``, ``namespace`` extensions. Snapshot
 markers have no Knative counterpart and keep their native type.
 
 Binary content mode puts every attribute but ``data`` into headers named ``{prefix}{attribute}``
-(``ce_`` for Kafka, ``ce-`` for HTTP and NATS) with ``content-type`` carrying ``datacontenttype``;
-header values are percent-encoded outside printable ASCII as the HTTP binding requires.
+(``ce_`` for Kafka, ``ce-`` for HTTP and NATS) with ``content-type`` carrying ``datacontenttype``.
+HTTP (and NATS, whose headers follow HTTP's rules) header values are percent-encoded outside
+printable ASCII as the HTTP binding requires; Kafka header values are bytes, written as UTF-8
+without percent-encoding, as the Kafka binding says (percent-encoding is an HTTP-only rule).
 """
 
 from __future__ import annotations
@@ -231,16 +233,20 @@ _HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '"%') 
 
 
 def encode_binary(ce: Mapping[str, Any], prefix: str = HTTP_PREFIX) -> tuple[dict[str, str], bytes]:
-    """Binary content mode: attributes as headers, ``data`` alone as the body."""
+    """Binary content mode: attributes as headers, ``data`` alone as the body. Header values are
+    percent-encoded for HTTP / NATS (``ce-``), left as they are for Kafka (``ce_``)."""
     headers: dict[str, str] = {}
+    percent = prefix != KAFKA_PREFIX
     for key, value in ce.items():
         if key == "data":
             continue
         text = value if isinstance(value, str) else str(value)
         if key == "datacontenttype":
             headers["content-type"] = text
-        else:
+        elif percent:
             headers[prefix + key] = urllib.parse.quote(text, safe=_HEADER_SAFE)
+        else:
+            headers[prefix + key] = text
     data = ce.get("data")
     return headers, (to_json(data) if isinstance(data, Mapping) else orjson.dumps(data))
 
@@ -253,14 +259,16 @@ def decode_structured(body: bytes | str) -> dict[str, Any]:
 def decode_binary(
     headers: Mapping[str, str] | list[tuple[str, str]], body: bytes, prefix: str = HTTP_PREFIX
 ) -> dict[str, Any]:
-    """Rebuilds the CloudEvent dict from binary-mode headers (names case-insensitive) and body."""
+    """Rebuilds the CloudEvent dict from binary-mode headers (names case-insensitive) and body;
+    values percent-decoded unless ``prefix`` is Kafka's."""
     items = headers.items() if isinstance(headers, Mapping) else headers
     ce: dict[str, Any] = {}
     lower_prefix = prefix.lower()
+    percent = prefix != KAFKA_PREFIX
     for name, value in items:
         lname = name.lower()
         if lname.startswith(lower_prefix):
-            ce[lname[len(lower_prefix) :]] = urllib.parse.unquote(value)
+            ce[lname[len(lower_prefix) :]] = urllib.parse.unquote(value) if percent else value
         elif lname == "content-type":
             ce["datacontenttype"] = value
     ce["data"] = orjson.loads(body) if body else None

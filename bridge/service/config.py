@@ -50,6 +50,7 @@ __all__ = [
 
 ENV_PREFIX = "KEB_"
 _FILE_REF = re.compile(r"\$\{file:([^}]+)\}")
+_CLUSTER = re.compile(r"[A-Za-z0-9._~-]+")
 _SINK_NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]*[a-z0-9])?$")
 
 
@@ -215,7 +216,8 @@ class BridgeConfig(BaseSettings):
     )
 
     cluster: str = Field(default="default", min_length=1)
-    """Names the cluster in every event's CloudEvents ``source``."""
+    """Names the cluster in every event's CloudEvents ``source`` (``/clusters/{cluster}/...``), so
+    it must be a URI path segment as written: letters, digits, ``-``, ``.``, ``_``, ``~``."""
     kubernetes: KubernetesConfig = KubernetesConfig()
     resources: list[ResourceConfig] = Field(min_length=1)
     sinks: list[SinkConfig] = Field(min_length=1)
@@ -229,6 +231,18 @@ class BridgeConfig(BaseSettings):
     shutdown_deadline: float = Field(default=25.0, gt=0)
     """Seconds SIGTERM may take: flush sinks and write the final checkpoint. Keep it below the pod's
     terminationGracePeriodSeconds."""
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_in_source(cls, v: str) -> str:
+        # RFC 3986 unreserved characters: /clusters/{cluster}/... stays a valid URI-reference with
+        # no escaping, and reads the same in every binding.
+        if not _CLUSTER.fullmatch(v) or v in (".", ".."):
+            raise ValueError(
+                f"{v!r} cannot name the cluster in the CloudEvents source /clusters/{{cluster}}/...: "
+                "use letters, digits, '-', '.', '_' or '~' (no spaces, slashes, '?', '#', '%' or "
+                "non-ASCII letters)")
+        return v
 
     @field_validator("resources")
     @classmethod
