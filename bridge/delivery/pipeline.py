@@ -30,9 +30,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import uuid
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
@@ -57,6 +58,7 @@ from bridge.delivery.checkpoint import (
 )
 from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
 from bridge.delivery.progress import AckTracker, IndexEntry
+from bridge.delivery.selector_exit import LEFT_SELECTOR_EXTENSION, SelectorExits
 from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.informer.shared_informer import HandlerRegistration, SharedIndexInformer
 from bridge.kube.apiclient import ApiClient
@@ -134,10 +136,13 @@ class SinkListener:
         clock: Clock,
         snapshot_prefix: str = "",
         tracker: AckTracker | None = None,
+        exits: SelectorExits | None = None,
     ) -> None:
-        """``tracker`` (the informer's) tells which deletes were inferred rather than observed."""
+        """``tracker`` (the informer's) tells which deletes were inferred rather than observed;
+        ``exits`` (a selector-scoped informer's) which observed deletes were selector exits."""
         self.sink = sink
         self._tracker = tracker
+        self._exits = exits
         self.resource = resource
         self.cluster = cluster
         self._clock = clock
@@ -195,6 +200,8 @@ class SinkListener:
                 self.stats.resync_skipped += 1
                 ack()
                 return
+            if self._exits is not None and notification.kind is NotificationKind.DELETE:
+                await self._mark_exit(listed[0])
             if len(listed) == 1:  # the common case: one event, one ack
                 await self._deliver_one(listed[0], ack)
                 return
@@ -218,6 +225,13 @@ class SinkListener:
         for i, event in enumerate(events):
             self.stats.events += 1
             await self.sink.deliver(event, event_ack(i))
+
+    async def _mark_exit(self, event: ChangeEvent) -> None:
+        """Marks an observed delete whose object still exists: it left the informer's selector."""
+        if event.final_state_unknown or event.obj is None or self._exits is None:
+            return
+        if await self._exits.left(event.namespace, event.name, event.uid, event.resource_version):
+            event.extensions[LEFT_SELECTOR_EXTENSION] = "true"
 
     async def _deliver_one(self, event: ChangeEvent, ack: AckFunc) -> None:
         stats = self.stats
@@ -407,8 +421,12 @@ class BridgePipeline:
         on_event: Callable[[str, str], None] | None = None,
         start_sinks: bool = True,
         sync_timeout: float = 120.0,
+        fetch_object: Callable[[WatchedResource, str, str], Awaitable[Mapping[str, Any]]] | None = None,
     ) -> None:
-        """``factory`` (the service) or ``build_informer`` (tests, tools) makes the informers; with a
+        """``fetch_object(watched, namespace, name)``, when given, reads one object unfiltered from the
+        API server (raising ``NotFoundError``): selector-scoped informers use it to mark deletes that
+        were selector exits (:mod:`bridge.delivery.selector_exit`).
+        ``factory`` (the service) or ``build_informer`` (tests, tools) makes the informers; with a
         factory, ``page_size`` and ``use_watch_list`` are passed to each informer it creates.
         ``checkpoint_store`` None disables checkpoints (every start lists everything).
         ``checkpoint_interval`` is in seconds; a checkpoint is written only when the acknowledged
@@ -440,6 +458,7 @@ class BridgePipeline:
         self._on_event = on_event
         self._start_sinks = start_sinks
         self._sync_timeout = sync_timeout
+        self._fetch_object = fetch_object
         self._informers: dict[str, _Informer] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
@@ -508,6 +527,10 @@ class BridgePipeline:
             ahead=checkpoint.ahead if checkpoint else None,
         )
         informer = self._make_informer(watched, tracker)
+        exits: SelectorExits | None = None
+        fetch = self._fetch_object
+        if fetch is not None and (watched.key.label_selector or watched.key.field_selector):
+            exits = SelectorExits(fetch=functools.partial(fetch, watched))
         inf = _Informer(watched=watched, informer=informer, tracker=tracker, corrupt_checkpoint=corrupt)
         if checkpoint is not None:
             delivered = {key: (int(rv), deleted) for key, (_uid, rv, deleted) in checkpoint.ahead.items()
@@ -524,7 +547,7 @@ class BridgePipeline:
             if not _resource_matches(sink, watched):
                 continue
             listener = SinkListener(sink=sink, resource=watched.ref, cluster=self._cluster,
-                                    clock=self._clock, snapshot_prefix=ident, tracker=tracker)
+                                    clock=self._clock, snapshot_prefix=ident, tracker=tracker, exits=exits)
             reg = informer.add_event_handler(listener, _listener_options(sink))
             inf.registrations[sink.name] = reg
             inf.listeners[sink.name] = listener

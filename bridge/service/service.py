@@ -18,6 +18,7 @@ import logging
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from bridge.clock import Clock, RealClock
 from bridge.delivery.checkpoint import CheckpointStore, FileCheckpointStore
@@ -223,7 +224,12 @@ class BridgeService:
         factory = SharedInformerFactory(lister_watcher_factory=lister_watcher, clock=self._clock,
                                         compact_cache=cfg.cache.compact)
         store = _checkpoint_store(cfg, client)
+        async def fetch_object(w: WatchedResource, namespace: str, name: str) -> dict[str, Any]:
+            return await client.get(w.api.object_path(name, namespace or None),
+                                    context=f"reading {w.api.qualified} {namespace}/{name}")
+
         pipeline = BridgePipeline(
+            fetch_object=fetch_object,
             factory=factory, resources=watched, sinks=list(sinks), checkpoint_store=store,
             cluster=cfg.cluster, checkpoint_interval=cfg.checkpoint.interval,
             snapshot_on_first_start=cfg.snapshot.on_first_start, clock=self._clock,
