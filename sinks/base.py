@@ -337,7 +337,7 @@ class BaseSink(Generic[O]):
             raise SinkError(f"sink {self.name!r} is closed")
         if not self._routing.accepts(event) or (
             event.type is EventType.UPDATED and not self._change.interesting(event.old, event.obj)
-        ):
+        ) or (event.obj is None and self.options.compat == "knative"):  # Knative has no markers
             self.stats.filtered += 1
             ack(DeliveryOutcome.FILTERED)
             return
@@ -411,6 +411,7 @@ class BaseSink(Generic[O]):
                 datacontenttype=content_type,
                 compat=opts.compat,
                 knative_source=opts.knative_source,
+                knative_mode=opts.knative_mode,
                 event_id_value=eid,
                 metadata=meta,
             )

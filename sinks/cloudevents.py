@@ -18,13 +18,18 @@ One change event becomes one CloudEvent (see docs/event-format.md for examples):
   managedFields entry, on added / updated / deleted events), ``finalstateunknown`` (only when
   true), ``snapshotid``, ``snapshotrv``, ``snapshotcount``, plus the event's own extensions.
 
-Knative compatibility mode (``compat="knative"``) emits what Knative's ApiServerSource emits in
-``Resource`` mode, so its consumers can switch without changes: ``type``
-``dev.knative.apiserver.resource.add|update|delete`` (``sync`` maps to ``update``, as a resync does
-there), ``source`` the API server URL, ``subject``
-``/apis/{group}/{version}/namespaces/{ns}/{resource}/{name}`` (``/apis/v1/...`` for the core group),
-and the ``kind``, ``name``, ``namespace`` extensions. Snapshot
-markers have no Knative counterpart and keep their native type.
+Knative compatibility mode (``compat="knative"``) emits what Knative's ApiServerSource adapter
+emits (``pkg/adapter/apiserver/events``), so its consumers can switch without changes. ``Resource``
+mode (``knative_mode="resource"``): ``type`` ``dev.knative.apiserver.resource.add|update|delete``
+(``sync`` maps to ``update``), ``data`` the object. ``Reference`` mode (``"reference"``): ``type``
+``dev.knative.apiserver.ref.add|update|delete``, ``data`` the object reference ``{kind, namespace,
+name, apiVersion}`` (``namespace`` omitted when empty, as Go's ``omitempty`` does). Both: ``source``
+the API server URL, ``subject`` Knative's self link
+``/apis/{apiVersion}/namespaces/{namespace}/{guessed resource}/{name}`` — ``namespaces//`` for a
+cluster-scoped object and the resource guessed from the kind as ``meta.UnsafeGuessKindToResource``
+does, exactly as Knative writes it — and the ``kind``, ``apiversion``, ``name`` and ``namespace``
+(empty for cluster-scoped objects) extensions. Snapshot markers have no Knative counterpart: sinks
+in Knative mode do not send them (see ``sinks.base``).
 
 Binary content mode puts every attribute but ``data`` into headers named ``{prefix}{attribute}``
 (``ce_`` for Kafka, ``ce-`` for HTTP and NATS) with ``content-type`` carrying ``datacontenttype``.
@@ -57,6 +62,7 @@ __all__ = [
     "NATIVE_TYPE_PREFIX",
     "STRUCTURED_CONTENT_TYPE",
     "Compat",
+    "KnativeMode",
     "decode_binary",
     "decode_structured",
     "encode_binary",
@@ -64,6 +70,8 @@ __all__ = [
     "event_id",
     "event_source",
     "event_type",
+    "guess_resource",
+    "knative_reference",
     "rfc3339",
     "to_cloudevent",
 ]
@@ -73,11 +81,13 @@ STRUCTURED_CONTENT_TYPE: Final = "application/cloudevents+json"
 BATCH_CONTENT_TYPE: Final = "application/cloudevents-batch+json"
 NATIVE_TYPE_PREFIX: Final = "io.kube-event-bridge."
 KNATIVE_TYPE_PREFIX: Final = "dev.knative.apiserver.resource."
+KNATIVE_REF_TYPE_PREFIX: Final = "dev.knative.apiserver.ref."
 DEFAULT_KNATIVE_SOURCE: Final = "https://kubernetes.default.svc"
 KAFKA_PREFIX: Final = "ce_"
 HTTP_PREFIX: Final = "ce-"
 
 Compat = Literal["native", "knative"]
+KnativeMode = Literal["resource", "reference"]
 
 _KNATIVE_TYPES: Final = {
     EventType.ADDED: "add",
@@ -126,9 +136,10 @@ def event_source(event: ChangeEvent) -> str:
 _NATIVE_TYPES: Final = {t: NATIVE_TYPE_PREFIX + t.value for t in EventType}
 
 
-def event_type(event: ChangeEvent, compat: Compat = "native") -> str:
+def event_type(event: ChangeEvent, compat: Compat = "native", knative_mode: KnativeMode = "resource") -> str:
     if compat == "knative" and event.type in _KNATIVE_TYPES:
-        return KNATIVE_TYPE_PREFIX + _KNATIVE_TYPES[event.type]
+        prefix = KNATIVE_REF_TYPE_PREFIX if knative_mode == "reference" else KNATIVE_TYPE_PREFIX
+        return prefix + _KNATIVE_TYPES[event.type]
     return _NATIVE_TYPES[event.type]
 
 
@@ -149,12 +160,33 @@ def rfc3339(seconds: float) -> str:
     return f"{prefix}.{micros:06d}Z"
 
 
+def guess_resource(kind: str) -> str:
+    """The plural resource Knative writes in subjects: apimachinery's ``UnsafeGuessKindToResource``
+    (lowercased kind; ``…endpoints`` unchanged, ``…s`` → ``…ses``, ``…y`` → ``…ies``, else ``…s``)."""
+    singular = kind.lower()
+    if not singular or singular.endswith("endpoints"):
+        return singular
+    if singular.endswith("s"):
+        return singular + "es"
+    if singular.endswith("y"):
+        return singular[:-1] + "ies"
+    return singular + "s"
+
+
 def _knative_subject(event: ChangeEvent, namespace: str, name: str) -> str:
     res = event.resource
-    base = f"/apis/{res.api_version}"
-    if namespace:
-        return f"{base}/namespaces/{namespace}/{res.resource}/{name}"
-    return f"{base}/{res.resource}/{name}"
+    version = res.api_version
+    if "." in version and "/" not in version:  # as Knative's createSelfLink does
+        version += "/versionUnknown"
+    return f"/apis/{version}/namespaces/{namespace}/{guess_resource(res.kind)}/{name}"
+
+
+def knative_reference(event: ChangeEvent, namespace: str, name: str) -> dict[str, str]:
+    """Knative's ``Reference`` mode ``data``: a ``corev1.ObjectReference`` as Go encodes it (fields
+    in declaration order, empty ones omitted)."""
+    res = event.resource
+    ref = {"kind": res.kind, "namespace": namespace, "name": name, "apiVersion": res.api_version}
+    return {k: v for k, v in ref.items() if v}
 
 
 def to_cloudevent(
@@ -164,17 +196,19 @@ def to_cloudevent(
     datacontenttype: str = "application/json",
     compat: Compat = "native",
     knative_source: str = DEFAULT_KNATIVE_SOURCE,
+    knative_mode: KnativeMode = "resource",
     event_id_value: str | None = None,
     metadata: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The CloudEvent (as a dict ready for JSON) for ``event``; ``data`` defaults to the object.
-    ``metadata``: the object's metadata when the caller already has it (saves looking it up)."""
+    """The CloudEvent (as a dict ready for JSON) for ``event``; ``data`` defaults to the object (in
+    Knative reference mode: the object reference). ``metadata``: the object's metadata when the
+    caller already has it (saves looking it up)."""
     knative = compat == "knative" and event.type in _KNATIVE_TYPES
     ce: dict[str, Any] = {
         "specversion": CE_SPEC_VERSION,
         "id": event_id_value or event_id(event),
         "source": knative_source if knative else event_source(event),
-        "type": event_type(event, compat),
+        "type": event_type(event, compat, knative_mode),
     }
     has_obj = event.obj is not None
     if has_obj:
@@ -192,7 +226,7 @@ def to_cloudevent(
     ce["kind"] = res.kind
     ce["apiversion"] = f"{res.group}/{res.version}" if res.group else res.version
     if has_obj:
-        if namespace:
+        if namespace or knative:  # Knative always sets it, empty for cluster-scoped objects
             ce["namespace"] = namespace
         ce["name"] = name
         ce["uid"] = str(meta.get("uid") or "")
@@ -219,7 +253,10 @@ def to_cloudevent(
             ext = _EXT_NAME.sub("", key.lower())
             if ext and ext not in ce:
                 ce[ext] = str(value)
-    ce["data"] = event.obj if data is _MISSING else data
+    if knative and knative_mode == "reference":
+        ce["data"] = knative_reference(event, namespace, name)
+    else:
+        ce["data"] = event.obj if data is _MISSING else data
     return ce
 
 
