@@ -38,6 +38,7 @@ Time (backoff sleeps, give-up deadlines, dead-letter timestamps) comes from an i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 from collections import deque
@@ -399,8 +400,10 @@ class BaseSink(Generic[O]):
         key = self._key(event, meta)
         lane = f"{res.group}/{res.resource}\0{_subject(meta)}"
         try:
-            destination = self._template.render(event, self._sanitize)
             obj = self._redactor.apply(event.obj, res)
+            # A template reads labels: from the redacted object, so a redacted label stays redacted.
+            shown = event if obj is event.obj else dataclasses.replace(event, obj=obj)
+            destination = self._template.render(shown, self._sanitize)
             old = None
             if event.old is not None and opts.payload is not PayloadMode.OBJECT:
                 old = self._redactor.apply(event.old, res)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from bridge.rawobject import RawObject, dumps
+from sinks.contract import EventType
+from sinks.file import FileSink
 from sinks.redaction import REDACTED, Redactor
-from tests.sinks import PODS, SECRETS, obj
+from tests.sinks import PODS, SECRETS, event, obj
 
 
 def _secret() -> dict[str, Any]:
@@ -148,3 +151,17 @@ def test_an_annotation_that_is_not_json_or_holds_a_value_elsewhere_is_redacted_w
     assert out["metadata"]["annotations"] == {
         LAST_APPLIED: REDACTED, "note": REDACTED, "decoded": REDACTED, "team": "a",
     }
+
+
+async def test_a_destination_template_reads_the_redacted_labels(tmp_path: Path) -> None:
+    """A label quoting a Secret value is redacted, and so is what a ``{labels[...]}`` template makes of
+    it (a topic, a subject, a URL path)."""
+    secret = _applied_secret()
+    secret["metadata"]["labels"] = {"hint": "plain-t0ken", "app": "shop"}
+    sink = FileSink.from_options("f", {"path": str(tmp_path / "e.jsonl"),
+                                       "destination": "{labels[app]}/{labels[hint]}"})
+    msg = sink._build(event(EventType.ADDED, secret, resource=SECRETS), lambda _: None)
+    assert msg.destination == f"shop/{REDACTED}"
+    pod = obj("p", labels={"hint": "plain-t0ken", "app": "shop"})
+    assert sink._build(event(EventType.ADDED, pod), lambda _: None).destination == "shop/plain-t0ken"
+    await sink.close()
