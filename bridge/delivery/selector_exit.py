@@ -57,10 +57,10 @@ class SelectorExits:
                 self._answers.popitem(last=False)
             try:
                 answer.set_result(await self._ask(namespace, name, uid))
-            except BaseException:
-                self._answers.pop(key, None)
-                answer.cancel()
-                raise
+            finally:
+                if not answer.done():  # this asker was cancelled: the others read a plain delete
+                    self._answers.pop(key, None)
+                    answer.set_result(False)
         return await asyncio.shield(answer)
 
     async def _ask(self, namespace: str, name: str, uid: str) -> bool:
@@ -71,6 +71,9 @@ class SelectorExits:
             return False
         except (BridgeError, TimeoutError, OSError) as e:
             log.debug("cannot tell whether %s/%s left the selector: %s", namespace, name, e)
+            return False
+        except Exception:  # never let the question hold back or break a delivery
+            log.warning("cannot tell whether %s/%s left the selector", namespace, name, exc_info=True)
             return False
         meta = current.get("metadata")
         return isinstance(meta, Mapping) and meta.get("uid") == uid
