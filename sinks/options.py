@@ -81,7 +81,8 @@ class RedactOptions(_Model):
     drop: list[str] = Field(default_factory=list)
     """Keys removed."""
     secrets: bool = True
-    """Redact ``data`` and ``stringData`` of core Secrets."""
+    """Redact the values of core Secrets wherever they appear (``data``, ``stringData``, the
+    last-applied annotation, annotations and labels quoting them)."""
     managed_fields: Literal["drop", "keep"] = "drop"
 
     _v = field_validator("paths", "drop")(_check_paths)
