@@ -152,3 +152,44 @@ class _Clock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(0)
+
+
+async def test_a_redelivery_after_a_restart_carries_the_same_time(tmp_path: Path, hook: Hook) -> None:
+    """The webhook refuses everything during the first run (nothing acknowledged, the checkpoint stays
+    behind); the second run re-sends those changes: same ids as the file sink wrote in the first run,
+    and the same times."""
+    async with Simulator() as sim:
+        cfg = _config(sim, tmp_path, hook, compact=True).model_dump(mode="json")
+        cfg["checkpoint"] = {"store": "file", "directory": str(tmp_path / "checkpoints"), "interval": 0.1}
+        cfg["sinks"][1]["retry"] = {"initial": 0.05, "max": 0.1}
+        config = BridgeConfig.model_validate(cfg)
+        base = f"{sim.url}/api/v1/namespaces/default/pods"
+        events = tmp_path / "events.jsonl"
+        hook.status = 503
+        service = BridgeService(config=config)
+        task = asyncio.create_task(service.run(), name="first-run")
+        try:
+            await eventually(lambda: service.readiness().ready, what="readiness")
+            async with aiohttp.ClientSession() as s:
+                await _write(s, "POST", f"{base}?fieldManager=kubectl-create", POD)
+                await _write(s, "PATCH", f"{base}/web-0?fieldManager=kubectl-label",
+                             {"metadata": {"labels": {"tier": "web"}}}, "application/merge-patch+json")
+            await eventually(lambda: len(lines(events)) == 2, what="the file sink's events")
+            await asyncio.sleep(0.5)  # a few refused attempts at the webhook
+        finally:
+            service.stop_event.set()
+            await task
+        first = {e["id"]: e["time"] for e in lines(events)}
+        assert hook.received == []
+        await asyncio.sleep(1.1)  # a re-stamped time would differ
+        hook.status = 200
+        service = BridgeService(config=config)
+        task = asyncio.create_task(service.run(), name="second-run")
+        try:
+            await eventually(lambda: len(hook.received) >= 2, what="the redelivery")
+        finally:
+            service.stop_event.set()
+            await task
+    again = {e["id"]: e["time"] for e in hook.received}
+    assert set(first) <= set(again)
+    assert {i: again[i] for i in first} == first
