@@ -76,7 +76,7 @@ def _rfc3339(ts: float) -> str:
 
 
 def _record_manager(meta: dict[str, Any], previous: Any, *, manager: str, operation: str,
-                    subresource: str | None, now: str) -> None:
+                    subresource: str | None, now: str, api_version: str) -> None:
     """Records a write by ``manager`` in ``meta["managedFields"]`` as kube-apiserver does for a
     request with ``?fieldManager=``: that manager's entry (per operation and subresource) gets the
     write's time; the other entries (the request's, else ``previous``) are kept. Field sets are not
@@ -84,7 +84,7 @@ def _record_manager(meta: dict[str, Any], previous: Any, *, manager: str, operat
     entries = meta.get("managedFields")
     if not isinstance(entries, list):
         entries = previous if isinstance(previous, list) else []
-    entry: dict[str, Any] = {"manager": manager, "operation": operation, "apiVersion": "",
+    entry: dict[str, Any] = {"manager": manager, "operation": operation, "apiVersion": api_version,
                              "time": now, "fieldsType": "FieldsV1", "fieldsV1": {}}
     if subresource:
         entry["subresource"] = subresource
@@ -507,7 +507,7 @@ class ObjectStore:
         meta["creationTimestamp"] = _rfc3339(self._clock.wall())
         if field_manager:
             _record_manager(meta, None, manager=field_manager, operation="Update", subresource=None,
-                            now=meta["creationTimestamp"])
+                            now=meta["creationTimestamp"], api_version=rt.api_version)
         stored: KubeObject = {"apiVersion": rt.api_version, "kind": rt.kind, "metadata": meta}
         stored.update({k: v for k, v in new.items() if k not in ("apiVersion", "kind", "metadata")})
         self._commit(bucket, "ADDED", key, stored, None)
@@ -591,7 +591,8 @@ class ObjectStore:
         result["metadata"]["resourceVersion"] = self._next_rv()
         if field_manager:
             _record_manager(result["metadata"], old_meta.get("managedFields"), manager=field_manager,
-                            operation="Update", subresource=subresource, now=_rfc3339(self._clock.wall()))
+                            operation="Update", subresource=subresource, now=_rfc3339(self._clock.wall()),
+                            api_version=rt.api_version)
         self._commit(bucket, "MODIFIED", key, result, existing)
         return result
 

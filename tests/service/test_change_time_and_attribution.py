@@ -6,6 +6,7 @@ and the ``manager`` / ``operation`` / ``subresource`` extensions."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -193,3 +194,35 @@ async def test_a_redelivery_after_a_restart_carries_the_same_time(tmp_path: Path
     again = {e["id"]: e["time"] for e in hook.received}
     assert set(first) <= set(again)
     assert {i: again[i] for i in first} == first
+
+
+async def test_kubectl_writes_are_attributed_to_kubectl(tmp_path: Path, hook: Hook) -> None:
+    """Real kubectl against the simulator: it names itself (``kubectl-create``, ``kubectl-label``) as
+    the field manager of each write, and the events say so."""
+    manifest = tmp_path / "cm.json"
+    manifest.write_text('{"apiVersion": "v1", "kind": "ConfigMap", '
+                        '"metadata": {"name": "settings", "namespace": "default"}, "data": {"a": "1"}}')
+    async with Simulator() as sim:
+        cfg = _config(sim, tmp_path, hook, compact=True).model_dump(mode="json")
+        cfg["resources"] = [{"resource": "configmaps", "namespace": "default"}]
+        config = BridgeConfig.model_validate(cfg)
+        kubeconfig = tmp_path / "kubeconfig"
+
+        def kubectl(*args: str) -> None:
+            done = subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), *args],
+                                  capture_output=True, text=True, timeout=60, check=False)
+            assert done.returncode == 0, done.stderr
+
+        service = BridgeService(config=config)
+        task = asyncio.create_task(service.run(), name="service-under-test")
+        events = tmp_path / "events.jsonl"
+        try:
+            await eventually(lambda: service.readiness().ready, what="readiness")
+            await asyncio.to_thread(kubectl, "create", "--validate=false", "-f", str(manifest))
+            await asyncio.to_thread(kubectl, "label", "configmap", "settings", "tier=web")
+            await eventually(lambda: len(lines(events)) == 2, what="both events")
+        finally:
+            service.stop_event.set()
+            await task
+    got = [(e["type"].rsplit(".", 1)[1], e["manager"], e["operation"]) for e in lines(events)]
+    assert got == [("added", "kubectl-create", "Update"), ("updated", "kubectl-label", "Update")]
