@@ -269,9 +269,10 @@ async def test_discovery_documents(sim: Simulator) -> None:
         assert names["pods"] == {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod",
                                  "verbs": ["create", "delete", "deletecollection", "get", "list", "patch",
                                            "update", "watch"],
-                                 "shortNames": ["po"]}
+                                 "shortNames": ["po"], "categories": ["all"]}
         groups = await (await http.get(f"{sim.url}/apis")).json()
-        assert [g["name"] for g in groups["groups"]] == ["coordination.k8s.io", "apps", "example.com"]
+        assert [g["name"] for g in groups["groups"]] == ["coordination.k8s.io", "apps", "authorization.k8s.io",
+                                                         "example.com"]
         leases = await (await http.get(f"{sim.url}/apis/coordination.k8s.io/v1")).json()
         assert leases["groupVersion"] == "coordination.k8s.io/v1"
         assert leases["resources"][0]["kind"] == "Lease"
