@@ -73,8 +73,9 @@ class _Fields:
                 continue
             if key == "metadata" and isinstance(value, Mapping):
                 meta = {k: v for k, v in value.items() if k not in _META_SKIP}
-                sub, _ = self.schemas.field(self.schema, "metadata")
-                self._walk(meta, sub, None, ("f:metadata",), out)
+                if meta:  # name, namespace and the server's fields are nobody's
+                    sub, _ = self.schemas.field(self.schema, "metadata")
+                    self._walk(meta, sub, None, ("f:metadata",), out)
                 continue
             sub, _ = self.schemas.field(self.schema, key)
             prop = self._prop(self.schema, key)

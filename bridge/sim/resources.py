@@ -100,6 +100,31 @@ class ResourceType:
             })
         return entries
 
+    def aggregated_entry(self) -> dict[str, Any]:
+        """This type as an ``apidiscovery.k8s.io/v2`` APIResourceDiscovery (aggregated discovery)."""
+        entry: dict[str, Any] = {
+            "resource": self.plural,
+            "responseKind": {"group": self.group, "version": self.version, "kind": self.kind},
+            "scope": "Namespaced" if self.namespaced else "Cluster",
+            "singularResource": self.singular_name,
+            "verbs": list(self.verbs),
+        }
+        if self.short_names:
+            entry["shortNames"] = list(self.short_names)
+        if self.categories:
+            entry["categories"] = list(self.categories)
+        subresources: list[dict[str, Any]] = []
+        if self.scalable:
+            subresources.append({"subresource": "scale", "verbs": ["get", "patch", "update"],
+                                 "responseKind": {"group": "autoscaling", "version": "v1", "kind": "Scale"}})
+        if self.has_status:
+            subresources.append({"subresource": "status", "verbs": ["get", "patch", "update"],
+                                 "responseKind": {"group": self.group, "version": self.version,
+                                                  "kind": self.kind}})
+        if subresources:
+            entry["subresources"] = subresources
+        return entry
+
     @classmethod
     def from_mapping(cls, spec: Mapping[str, Any]) -> ResourceType:
         """Builds a CRD type from ``{group, version, plural, kind, namespaced?, singular?, shortNames?,

@@ -174,7 +174,7 @@ async def test_watch_future_rv_waits_then_504(sim: Simulator) -> None:
         assert resp.status == 504
         assert resp.headers["Retry-After"] == "1"
         body = await resp.json()
-        assert body["message"].startswith("Too large resource version")
+        assert body["message"] == f"Timeout: Too large resource version: {future}, current: {future - 5}"
 
 
 async def test_list_too_large_rv_waits_then_504_or_succeeds_when_reached(sim: Simulator) -> None:
