@@ -217,6 +217,8 @@ class Simulator:
     request for a future resourceVersion waits before its 504; ``cache_pagination=False`` makes a list
     at resourceVersion "0" ignore ``limit`` and answer everything in one page, as kube-apiserver's
     watch cache did before it could paginate (client-go's reflector then stops paginating).
+    ``namespaces`` exist from the start (creating in any other namespace answers 404, as a real server
+    does, until it is created).
     """
 
     def __init__(
@@ -236,6 +238,7 @@ class Simulator:
         watcher_buffer: int = DEFAULT_WATCHER_BUFFER,
         cache_pagination: bool = True,
         clock: Clock | None = None,
+        namespaces: Iterable[str] = ("default", "kube-system"),
     ) -> None:
         if bookmark_interval <= 0:
             raise ValueError("bookmark_interval must be positive")
@@ -248,7 +251,8 @@ class Simulator:
         self.cache_pagination = cache_pagination
         self.token = token
         self.forbidden: set[tuple[str, str]] = set(forbidden)
-        self.store = ObjectStore(history_size=history_size, watcher_buffer=watcher_buffer, clock=clock)
+        self.store = ObjectStore(history_size=history_size, watcher_buffer=watcher_buffer, clock=clock,
+                                 initial_namespaces=namespaces)
         self.faults = FaultState(faults)
         self.requests: collections.Counter[str] = collections.Counter()
         """Requests served per verb (list, watch, get, create, update, patch, delete, discovery)."""
