@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ spec:
         image: busybox:1.36
 """
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "deployment.yaml"
 WIDGETS = {"group": "example.com", "version": "v1", "plural": "widgets", "kind": "Widget",
            "schema": {"type": "object", "properties": {
                "spec": {"type": "object", "description": "What the widget should be.", "properties": {
@@ -347,3 +349,42 @@ async def test_validation_and_custom_resources(sim: Simulator, kubectl: Kubectl)
     assert _stored(sim, "widgets.example.com", "w")["spec"]["size"] == 5
     (await kubectl("delete", "widget", "w")).ok()
     assert sim.store.list("widgets.example.com") == []
+
+
+async def test_the_readme_session_with_the_demo(tmp_path: Path, kubectl_binary: str) -> None:
+    """The README's session: run the demo, point kubectl at it as it says, apply the example, see the
+    Deployment's events among the demo's."""
+    events = tmp_path / "events.jsonl"
+    demo = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bridge.service.cli", "demo", "--duration", "6", "--rate", "1", "--quiet",
+        "--output", str(events), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    assert demo.stderr is not None
+    said: list[str] = []
+    try:
+        while True:
+            line = (await asyncio.wait_for(demo.stderr.readline(), 60)).decode()
+            assert line, f"the demo ended before it said how to use kubectl: {said}"
+            said.append(line)
+            if "export KUBECONFIG=" in line:
+                break
+        kubeconfig = Path(line.split("export KUBECONFIG=", 1)[1].strip())
+        assert kubeconfig == tmp_path / "demo.kubeconfig"
+        home = tmp_path / "home"
+        home.mkdir()
+        kubectl = Kubectl(kubectl_binary, kubeconfig, home)
+        (await kubectl("apply", "-f", str(EXAMPLE))).ok()
+        (await kubectl("set", "image", "deployment/hello", "hello=nginx:1.28")).ok()
+        listed = (await kubectl("get", "pods", "-n", "web")).ok().out
+        assert listed.splitlines()[0].split()[:3] == ["NAME", "READY", "STATUS"]
+        rest = (await asyncio.wait_for(demo.stderr.read(), 90)).decode()
+    finally:
+        if demo.returncode is None:
+            demo.terminate()
+        code = await demo.wait()
+    assert code == 0, "".join(said) + rest
+    assert "reproduces the simulator's" in rest
+    assert not await asyncio.to_thread(kubeconfig.exists), "the kubeconfig goes away with the demo's cluster"
+    hello = [e for e in map(orjson.loads, (await asyncio.to_thread(events.read_bytes)).splitlines())
+             if e.get("kind") == "Deployment" and e.get("subject") == "default/hello"]
+    assert [e["type"].rsplit(".", 1)[-1] for e in hello] == ["added", "updated"]
+    assert hello[1]["data"]["spec"]["template"]["spec"]["containers"][0]["image"] == "nginx:1.28"

@@ -75,7 +75,8 @@ def test_patch_replace_and_delete_directives() -> None:
     two["spec"]["containers"].append({"name": "side", "image": "busybox"})
     deleted = patch("pods", two, {"spec": {"containers": [{"name": "web", "$patch": "delete"}]}})
     assert deleted["spec"]["containers"] == [{"name": "side", "image": "busybox"}]
-    whole = patch("pods", two, {"spec": {"containers": [{"name": "only", "image": "x"}, {"$patch": "replace"}]}})
+    whole = patch("pods", two, {"spec": {"containers": [{"name": "only", "image": "x"},
+                                                         {"$patch": "replace"}]}})
     assert whole["spec"]["containers"] == [{"name": "only", "image": "x"}]
     emptied = patch("pods", pod(securityContext={"runAsUser": 1}), {"spec": {"securityContext": {
         "$patch": "delete"}}})
