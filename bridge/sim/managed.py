@@ -366,8 +366,10 @@ def apply_config(schemas: Schemas, schema: Schema | None, live: Mapping[str, Any
         raise _conflict(conflicts)
     stolen = {p for paths in conflicts.values() for p in paths}
     owned_by_others = set().union(*(owned for _, owned in others)) if others else set()
-    for path in sorted(previous - applied - owned_by_others, key=len, reverse=True):
-        _remove(base, path)
+    gone = previous - applied - owned_by_others
+    for path in sorted(gone, key=len):
+        if not any(path[:i] in gone for i in range(1, len(path))):  # its parent goes whole
+            _remove(base, path)
     merged = _merge(base, dict(config), schemas, schema, None)
     assert isinstance(merged, dict)
     out: list[dict[str, Any]] = []
