@@ -1,7 +1,8 @@
 """The API-server simulator: kube-apiserver's HTTP contract over :class:`~bridge.sim.store.ObjectStore`.
 
 No kube-apiserver binary can run where the bridge is built and tested, so this serves the part of the
-contract the bridge (and the official ``kubernetes`` client) use: discovery, CRUD with merge patches,
+contract the bridge, kubectl and the official ``kubernetes`` client use: discovery (aggregated too),
+OpenAPI, CRUD with every patch type and server-side apply, dry runs, tables, scale, access reviews,
 paginated lists with consistent snapshots and resourceVersion semantics, watches as chunked JSON lines
 with bookmarks, timeouts and WatchList, 410 Expired exactly as the real server sends it, bearer-token
 auth and RBAC-like refusals, plus fault injection and an admin endpoint (``/_sim/...``) so tests can

