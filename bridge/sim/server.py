@@ -766,7 +766,7 @@ class Simulator:
         if writer.validation == "Ignore" or not patch or not isinstance(body, dict):
             return {}
         schemas = self.store.schemas
-        unknown = [p for p in schemas.unknown_fields(schemas.kind(rt), _without_directives(body))]
+        unknown = schemas.unknown_fields(schemas.kind(rt), _without_directives(body))
         if not unknown:
             return {}
         if writer.validation == "Strict":
