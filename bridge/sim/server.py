@@ -33,6 +33,7 @@ from bridge.clock import Clock
 from bridge.kube.labels import SelectorError
 from bridge.sim.faults import FaultSpec, FaultState
 from bridge.sim.managed import FieldOwner
+from bridge.sim.openapi_proto import PROTOBUF_V2, PROTOBUF_V2_CONTENT_TYPE, encode_document
 from bridge.sim.resources import ResourceType
 from bridge.sim.status import (
     BadRequest,
@@ -474,12 +475,15 @@ class Simulator:
         return [rt for rt in self.store.registry.all() if not rt.virtual]
 
     async def _handle_openapi_v2(self, request: web.Request) -> web.Response:
-        """The Swagger 2.0 document, as JSON (kubectl reads v3; v2 serves other clients)."""
+        """The Swagger 2.0 document: protobuf when asked for (kubectl), JSON otherwise."""
         try:
             self._check_auth(request)
         except SimStatusError as err:
             return _status_response(err)
-        return _json_response(self.store.schemas.v2(self._openapi_types()))
+        doc = self.store.schemas.v2(self._openapi_types())
+        if PROTOBUF_V2 in request.headers.get("Accept", ""):
+            return web.Response(body=encode_document(doc), headers={"Content-Type": PROTOBUF_V2_CONTENT_TYPE})
+        return _json_response(doc)
 
     def _openapi_v3_docs(self) -> dict[str, dict[str, Any]]:
         types = self._openapi_types()

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from bridge.sim import Simulator
+from bridge.sim.openapi_proto import PROTOBUF_V2, encode_document
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 AGGREGATED = ("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,"
@@ -250,3 +251,28 @@ async def test_field_validation_and_server_side_apply(env: tuple[Simulator, aioh
     ghost = await http.patch("/api/v1/namespaces/ghost/configmaps/x", data=body.replace("applied", "x"),
                              headers=apply, params={"fieldManager": "me"})
     assert ghost.status == 404
+
+
+async def test_openapi_v2_protobuf_encoding(env: tuple[Simulator, aiohttp.ClientSession]) -> None:
+    _, http = env
+    resp = await http.get("/openapi/v2", headers={"Accept": PROTOBUF_V2})
+    assert resp.headers["Content-Type"] == "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
+    body = await resp.read()
+    assert body.startswith(b"\x0a\x032.0")  # field 1 (swagger), length 3, "2.0"
+    assert b"io.k8s.api.core.v1.PodSpec" in body
+    assert b"x-kubernetes-patch-merge-key" in body
+    assert b"#/definitions/io.k8s.api.core.v1.Container" in body
+
+
+def test_protobuf_encoder_writes_the_fields_by_number() -> None:
+    doc = {"swagger": "2.0", "info": {"title": "T", "version": "v"}, "definitions": {
+        "d": {"type": "object", "required": ["a"], "properties": {"a": {"$ref": "x.Y"}},
+              "x-kubernetes-patch-strategy": "merge"}}}
+    encoded = encode_document(doc)
+    # swagger (1) "2.0", then info (2) = Info{title (1) "T", version (2) "v"}
+    assert encoded.startswith(b"\x0a\x032.0\x12\x06\x0a\x01T\x12\x01v")
+    assert b"\xb2\x01\x08\x0a\x06object" in encoded  # Schema.type (22) = TypeItem{value (1)}
+    assert b"\x9a\x01\x01a" in encoded  # Schema.required (19)
+    assert b"\x0a\x11#/definitions/x.Y" in encoded  # the property's Schema._ref (1)
+    # vendor_extension (31) = NamedAny{name (1), value (2) = Any{yaml (2): the value as JSON text}}
+    assert b"\x0a\x1bx-kubernetes-patch-strategy\x12\x09\x12\x07\"merge\"" in encoded

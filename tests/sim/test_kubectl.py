@@ -404,3 +404,19 @@ def test_a_missing_kubectl_is_a_failure_that_says_how_to_install_it(
     with pytest.raises(RuntimeError, match=r"v1\.19\.16") as too_old:
         find_kubectl()
     assert "kubernetes.io/docs/tasks/tools" in str(too_old.value)
+
+
+async def test_openapi_v2_in_protobuf_for_lists_and_explain(sim: Simulator, kubectl: Kubectl) -> None:
+    """A ``kind: List`` manifest is validated on the client with OpenAPI v2, which kubectl reads only in
+    protobuf; ``explain --output plaintext-openapiv2`` reads it too."""
+    (await kubectl("create", "configmap", "one", "--from-literal=x=1")).ok()
+    listed = (await kubectl("get", "configmaps", "-o", "yaml")).ok().out
+    (await kubectl("apply", "-f", "-", stdin=listed.replace('x: "1"', 'x: "2"'))).ok()
+    assert _stored(sim, "configmaps", "one")["data"] == {"x": "2"}
+    bad = await kubectl("apply", "-f", "-", stdin=listed.replace("  data:", "  dataa:"))
+    assert bad.code != 0
+    assert 'unknown field "dataa" in io.k8s.api.core.v1.ConfigMap' in bad.err
+    explained = (await kubectl("explain", "deployment.spec.replicas",
+                               "--output=plaintext-openapiv2")).ok().out
+    assert "FIELD:    replicas <integer>" in explained
+    assert "Number of desired pods" in explained
