@@ -33,6 +33,8 @@ from bridge.sim.status import Conflict
 __all__ = ["FieldOwner", "apply_config", "record_update"]
 
 Path = tuple[str, ...]
+_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+_CLIENT_SIDE_APPLY = "kubectl-client-side-apply"
 _META_SKIP = frozenset({"name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
                         "managedFields", "selfLink", "deletionTimestamp", "deletionGracePeriodSeconds"})
 
@@ -354,7 +356,12 @@ def apply_config(schemas: Schemas, schema: Schema | None, live: Mapping[str, Any
             others.append((entry, owned))
     conflicts: dict[str, list[Path]] = {}
     leaves = _leaves(applied)
+    # Moving from client-side to server-side apply is free of conflicts: the fields kubectl's
+    # client-side record says it applied are taken over (kube-apiserver's last-applied manager).
+    upgraded = _last_applied_fields(fields, base)
     for entry, owned in others:
+        if entry.get("manager") == _CLIENT_SIDE_APPLY:
+            owned.difference_update(leaves & upgraded)  # taken over, not conflicting
         clash = sorted(p for p in leaves & owned if value_at(config, p) != value_at(base, p))
         if clash:
             label = f'"{entry.get("manager", "")}"'
@@ -380,6 +387,17 @@ def apply_config(schemas: Schemas, schema: Schema | None, live: Mapping[str, Any
     out.append(_entry(owner, "Apply", applied))
     _store(merged, out)
     return merged
+
+
+def _last_applied_fields(fields: _Fields, live: Mapping[str, Any]) -> set[Path]:
+    raw = ((live.get("metadata") or {}).get("annotations") or {}).get(_LAST_APPLIED)
+    if not isinstance(raw, str):
+        return set()
+    try:
+        applied = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return set()
+    return fields.of(applied) if isinstance(applied, Mapping) else set()
 
 
 def _conflict(conflicts: Mapping[str, list[Path]]) -> Conflict:

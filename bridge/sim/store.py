@@ -58,6 +58,7 @@ __all__ = [
     "json_merge_patch",
 ]
 
+_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 DEFAULT_HISTORY_SIZE = 10_000
 DEFAULT_WATCHER_BUFFER = 10_000
 
@@ -664,6 +665,12 @@ class ObjectStore:
                                with_status=with_status)
         meta = dict(applied["metadata"])
         meta["resourceVersion"] = meta_in.get("resourceVersion") or existing["metadata"]["resourceVersion"]
+        old_annotations = existing["metadata"].get("annotations") or {}
+        if _LAST_APPLIED in old_annotations:
+            # kube-apiserver keeps kubectl's client-side record in step with what is applied server-side,
+            # so that a later client-side apply computes its patch from the right base.
+            meta["annotations"] = {**(meta.get("annotations") or {}),
+                                   _LAST_APPLIED: orjson.dumps(config).decode() + "\n"}
         applied["metadata"] = meta
         stored = self._replace(bucket, key, existing, applied, subresource, dry_run=dry_run)
         return _copy_obj(stored) if copy else stored

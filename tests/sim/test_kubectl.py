@@ -420,3 +420,18 @@ async def test_openapi_v2_in_protobuf_for_lists_and_explain(sim: Simulator, kube
                                "--output=plaintext-openapiv2")).ok().out
     assert "FIELD:    replicas <integer>" in explained
     assert "Number of desired pods" in explained
+
+
+async def test_client_side_apply_then_server_side_apply_and_back(sim: Simulator, kubectl: Kubectl) -> None:
+    """Moving a manifest from client-side to server-side apply takes its fields over without conflicts,
+    and kubectl's client-side record follows, so a later client-side apply still works."""
+    (await kubectl("apply", "-f", str(EXAMPLE))).ok()
+    scaled = EXAMPLE.read_text().replace("replicas: 2", "replicas: 3")
+    (await kubectl("apply", "--server-side", "-f", "-", stdin=scaled)).ok()
+    obj = _stored(sim, "deployments.apps", "hello")
+    assert obj["spec"]["replicas"] == 3
+    record = json.loads(obj["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"])
+    assert record["spec"]["replicas"] == 3
+    assert "f:replicas" in _managers(obj)[("kubectl", "Apply")]["f:spec"]
+    (await kubectl("apply", "-f", str(EXAMPLE))).ok()
+    assert _stored(sim, "deployments.apps", "hello")["spec"]["replicas"] == 2
