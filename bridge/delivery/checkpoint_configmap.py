@@ -12,6 +12,12 @@ large informer exceeds that, so a checkpoint is written as:
 A save writes the new generation's shards first and replaces the manifest last, so a crash at any
 point leaves the previous manifest pointing at the previous, complete shards. Shards not referenced by
 the manifest (older generations, or ones orphaned by a crash) are deleted afterwards, found by label.
+
+Shard names are new on every save (a deposed writer can never overwrite a live shard), so RBAC cannot
+list them in ``resourceNames``: reading and deleting shards needs ``get``/``delete`` on every ConfigMap
+of the namespace. With ``allow_shards=False`` the store never shards (a checkpoint larger than one
+ConfigMap fails to save, with an error saying so) and touches no ConfigMap but its manifests, which
+RBAC can name one by one.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ class ConfigMapCheckpointStore:
         namespace: str,
         name_prefix: str = "kube-event-bridge-ckpt",
         shard_bytes: int = DEFAULT_SHARD_BYTES,
+        allow_shards: bool = True,
     ) -> None:
         if shard_bytes < 1024:
             raise ValueError("shard_bytes must be at least 1024")
@@ -66,6 +73,7 @@ class ConfigMapCheckpointStore:
         self._namespace = namespace
         self._prefix = name_prefix
         self._shard_bytes = shard_bytes
+        self._allow_shards = allow_shards
         self.last_shard_count = 0
         """Shards written by the last save (0 when the checkpoint fitted in the manifest)."""
 
@@ -136,6 +144,12 @@ class ConfigMapCheckpointStore:
         try:
             if len(encoded) <= self._shard_bytes:
                 data = {"format": "1", "checkpoint": text}
+            elif not self._allow_shards:
+                raise CheckpointStoreError(
+                    f"cannot write checkpoint ConfigMap {name}: the checkpoint is {len(encoded)} bytes, "
+                    f"more than one ConfigMap holds ({self._shard_bytes}), and sharding is off "
+                    "(checkpoint.shards: false); turn it on (it needs get/delete on the namespace's "
+                    "ConfigMaps) or use the nats-kv store")
             else:
                 generation = uuid.uuid4().hex[:10]
                 for n, chunk in enumerate(_utf8_chunks(encoded, self._shard_bytes)):
@@ -161,7 +175,8 @@ class ConfigMapCheckpointStore:
         except ApiError as exc:
             raise CheckpointStoreError(f"cannot write checkpoint ConfigMap {name}: {exc}") from exc
         self.last_shard_count = len(shard_names)
-        await self._delete_orphans(ident, keep=set(shard_names))
+        if self._allow_shards:
+            await self._delete_orphans(ident, keep=set(shard_names))
 
     async def _put_manifest(self, name: str, ident: str, data: dict[str, str]) -> None:
         body: dict[str, Any] = {

@@ -31,6 +31,7 @@ from pydantic_settings import (
 
 from bridge.errors import ConfigurationError
 from bridge.kube.labels import SelectorError, parse_field_selector, parse_label_selector
+from bridge.service.resource_names import canonical_resource
 
 __all__ = [
     "BridgeConfig",
@@ -50,7 +51,10 @@ __all__ = [
 
 ENV_PREFIX = "KEB_"
 _FILE_REF = re.compile(r"\$\{file:([^}]+)\}")
-_SINK_NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]*[a-z0-9])?$")
+SINK_NAME_PATTERN = r"^[a-z0-9]([a-z0-9_.-]*[a-z0-9])?$"
+_SINK_NAME = re.compile(SINK_NAME_PATTERN)
+RESOURCE_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(/[a-z0-9]+)?$"
+"""What kubectl accepts as a resource: ``pods``, ``po``, ``Pod``, ``deployments.apps/v1``."""
 
 
 class _Model(BaseModel):
@@ -72,7 +76,7 @@ class KubernetesConfig(_Model):
 class ResourceConfig(_Model):
     """One watched resource: ``pods``, ``deployments.apps``, ``widgets.example.com/v1``."""
 
-    resource: str = Field(min_length=1)
+    resource: str = Field(min_length=1, pattern=RESOURCE_PATTERN)
     namespace: str = ""
     """"" = every namespace (or a cluster-scoped resource)."""
     label_selector: str = ""
@@ -134,6 +138,11 @@ class CheckpointConfig(_Model):
     name_prefix: str = "kube-event-bridge-checkpoint"
     nats_url: str = "nats://127.0.0.1:4222"
     bucket: str = "kube-event-bridge-checkpoints"
+    shards: bool = True
+    """ConfigMap store: split a checkpoint larger than one ConfigMap (~900 KB) over shard ConfigMaps.
+    Shard names are new on every save, so this needs ``get``/``delete`` on every ConfigMap of the
+    namespace; off, the store touches only its own manifests (RBAC names them one by one) and a
+    checkpoint too large for one ConfigMap fails to save, with an error saying so."""
     interval: float = Field(default=5.0, gt=0)
     """Seconds between checkpoint writes (and one on shutdown)."""
 
@@ -209,12 +218,19 @@ class BridgeConfig(BaseSettings):
     @field_validator("resources")
     @classmethod
     def _resources_unique(cls, v: list[ResourceConfig]) -> list[ResourceConfig]:
-        seen: set[tuple[str, str, str, str]] = set()
-        for r in v:
-            key = (r.resource, r.namespace, r.label_selector, r.field_selector)
-            if key in seen:
-                raise ValueError(f"resource {r.resource!r} (namespace {r.namespace!r}) is listed twice")
-            seen.add(key)
+        # Aliases of one resource (deploy, Deployment, deployments.apps) in one scope would start
+        # two informers for it and send every change twice.
+        seen: dict[tuple[str, str, str, str], int] = {}
+        for i, r in enumerate(v):
+            canonical = canonical_resource(r.resource)
+            key = (canonical, r.namespace, r.label_selector, r.field_selector)
+            first = seen.setdefault(key, i)
+            if first != i:
+                scope = f"namespace {r.namespace!r}" if r.namespace else "all namespaces"
+                raise ValueError(
+                    f"resources.{first} ({v[first].resource!r}) and resources.{i} ({r.resource!r}) both "
+                    f"name {canonical} in {scope} with the same selectors: every change would be sent "
+                    "twice; keep one of them")
         return v
 
     @field_validator("sinks")
