@@ -332,6 +332,10 @@ def _listener_options(sink: Sink) -> ListenerOptions:
                            name=sink.name)
 
 
+_EVENT_TYPE = {"add": "added", "update": "updated", "delete": "deleted"}
+"""Notification kind → the CloudEvents type of its events (a snapshot's objects are counted apart)."""
+
+
 class _CountingTracker(AckTracker):
     """An AckTracker that also counts what the informer processed, by kind.
 
@@ -345,11 +349,15 @@ class _CountingTracker(AckTracker):
         self.resource = resource
         self.on_event = on_event
         self.received: collections.Counter[str] = collections.Counter()
+        self.synced = 0
+        """Objects of the snapshots dispatched (each becomes one ``sync`` event per sink)."""
 
     def dispatched(self, notification: Notification, listeners: Sequence[str]) -> None:
         if notification.seq >= 0:
             kind = notification.kind.value
             self.received[kind] += 1
+            if notification.snapshot is not None:
+                self.synced += len(notification.snapshot)
             if self.on_event is not None:
                 try:
                     self.on_event(self.resource, kind)
@@ -713,7 +721,15 @@ class BridgePipeline:
         gauges: dict[str, InformerGauges] = {}
         for i, inf in self._informers.items():
             reflector = inf.informer.reflector
+            received: dict[str, int] = {}
+            if isinstance(inf.tracker, _CountingTracker):
+                received = {_EVENT_TYPE[k]: n for k, n in inf.tracker.received.items() if k in _EVENT_TYPE}
+                if inf.tracker.synced:
+                    received["sync"] = inf.tracker.synced
             gauges[str(inf.watched.key)] = InformerGauges(
+                resource=inf.watched.ref.qualified,
+                informer=i,
+                received=received,
                 relists=st.relists[i],
                 watch_restarts=max(0, reflector.watch_count - 1) if reflector else 0,
                 expired=reflector.expired_count if reflector else 0,

@@ -62,7 +62,8 @@ def _checkpoint_store(config: BridgeConfig, client: ApiClient) -> CheckpointStor
     if cp.store == "configmap":
         from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
 
-        return ConfigMapCheckpointStore(client=client, namespace=cp.namespace, name_prefix=cp.name_prefix)
+        return ConfigMapCheckpointStore(client=client, namespace=cp.namespace, name_prefix=cp.name_prefix,
+                                        allow_shards=cp.shards)
     from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
 
     return NatsKvCheckpointStore(nats_url=cp.nats_url, bucket=cp.bucket)
@@ -97,6 +98,7 @@ class BridgeService:
             otlp_endpoint=config.telemetry.otlp_endpoint,
             trace_sample_ratio=config.telemetry.trace_sample_ratio,
             snapshot=self._telemetry_snapshot,
+            leader=lambda: self._state.role in ("leader", "single"),
         )
         self.health = HealthServer(
             host=config.server.host, port=config.server.port, readiness=self.readiness,
@@ -126,19 +128,16 @@ class BridgeService:
         sinks = {s.name: SinkGauges(queue_depth=depths.get(s.name, 0), in_flight=s.in_flight,
                                     up=s.healthy(), outcomes=s.outcome_counts())
                  for s in self._state.sinks}
-        informers: dict[str, InformerGauges] = {}
-        received: dict[str, dict[str, int]] = {}
-        if p is not None:
-            informers = p.informer_gauges()
-            received = p.events_received()
-        return TelemetrySnapshot(sinks=sinks, informers=informers, events_received=received)
+        informers: dict[str, InformerGauges] = p.informer_gauges() if p is not None else {}
+        return TelemetrySnapshot(sinks=sinks, informers=informers)
 
     def _retire(self, pipeline: BridgePipeline, sinks: list[MeteredSink]) -> None:
         """Carries the counts of a pipeline that has ended into the telemetry's own totals, so that
         the exported counters never go down when leadership is lost and won again."""
-        for resource, by_type in pipeline.events_received().items():
-            for type_, count in by_type.items():
-                self.telemetry.events_received.add(count, {"resource": resource, "type": type_})
+        for key, gauges in pipeline.informer_gauges().items():
+            labels = {"resource": gauges.resource or key, "informer": gauges.informer or key}
+            for type_, count in gauges.received.items():
+                self.telemetry.events_received.add(count, {**labels, "type": type_})
         for sink in sinks:
             for outcome, count in sink.outcome_counts().items():
                 self.telemetry.sink_events.add(count, {"sink": sink.name, "outcome": outcome})
