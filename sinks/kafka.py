@@ -50,8 +50,9 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
+from sinks.addresses import check_kafka_brokers
 from sinks.base import BaseSink, OutgoingMessage
 from sinks.cloudevents import KAFKA_PREFIX
 from sinks.contract import EventType, SinkConfigError, SinkPermanentError, SinkTransientError
@@ -102,6 +103,11 @@ class KafkaSinkOptions(SinkOptions):
 
     brokers: str = Field(min_length=1, validation_alias=AliasChoices("brokers", "bootstrap_servers"))
     """``bootstrap.servers``: ``host:port[,host:port…]`` (``bootstrap_servers`` is accepted too)."""
+
+    @field_validator("brokers")
+    @classmethod
+    def _brokers(cls, value: str) -> str:
+        return check_kafka_brokers(value)
     client_id: str = "kube-event-bridge"
     idempotent: bool = True
     acks: Literal["all", "1", "0"] = "all"

@@ -61,8 +61,9 @@ from nats.aio.msg import Msg
 from nats.aio.transport import Transport
 from nats.js.api import StorageType, StreamConfig
 from nats.js.client import JetStreamContext
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sinks.addresses import check_nats_url
 from sinks.base import BaseSink, OutgoingMessage
 from sinks.cloudevents import HTTP_PREFIX
 from sinks.contract import SinkConfigError, SinkPermanentError, SinkTransientError
@@ -130,6 +131,16 @@ class _ConnectionOptions(SinkOptions):
 
     servers: list[str] = Field(min_length=1)
     """``nats://host:port`` (``tls://`` for TLS)."""
+
+    @field_validator("servers")
+    @classmethod
+    def _servers(cls, value: list[str]) -> list[str]:
+        for i, url in enumerate(value):
+            try:
+                check_nats_url(url)
+            except ValueError as exc:
+                raise ValueError(f"servers[{i}]: {exc}") from None
+        return value
     connection_name: str = "kube-event-bridge"
     user: str | None = None
     password_file: str | None = None

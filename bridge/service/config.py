@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import urllib.parse
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,6 +33,7 @@ from pydantic_settings import (
 from bridge.errors import ConfigurationError
 from bridge.kube.labels import SelectorError, parse_field_selector, parse_label_selector
 from bridge.service.resource_names import canonical_resource
+from sinks.addresses import check_nats_url
 
 __all__ = [
     "BridgeConfig",
@@ -44,6 +46,7 @@ __all__ = [
     "ServerConfig",
     "SinkConfig",
     "TelemetryConfig",
+    "check_secret_files",
     "format_validation_error",
     "load_config",
     "masked_dump",
@@ -146,6 +149,11 @@ class CheckpointConfig(_Model):
     interval: float = Field(default=5.0, gt=0)
     """Seconds between checkpoint writes (and one on shutdown)."""
 
+    @field_validator("nats_url")
+    @classmethod
+    def _nats_url(cls, v: str) -> str:
+        return check_nats_url(v)
+
 
 class LeaderElectionConfig(_Model):
     enabled: bool = False
@@ -177,6 +185,19 @@ class TelemetryConfig(_Model):
     """OTLP/HTTP endpoint for traces (needs the ``otlp`` extra); None = no trace export."""
     trace_sample_ratio: float = Field(default=0.01, ge=0.0, le=1.0)
     service_name: str = "kube-event-bridge"
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            parts = urllib.parse.urlsplit(v)
+            try:
+                _ = parts.port
+            except ValueError:
+                parts = parts._replace(netloc="")
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{v!r} is not an http:// or https:// URL")
+        return v
 
 
 class LoggingConfig(_Model):
@@ -320,6 +341,43 @@ def load_config(path: str | os.PathLike[str] | None = None, *, overrides: dict[s
         return BridgeConfig(**data)
     except ValidationError as e:
         raise ConfigurationError(format_validation_error(e, source)) from e
+
+
+def _file_options(options: Any, where: str) -> list[tuple[str, str]]:
+    """``(field path, file path)`` of every option naming a file to read: keys ending in ``_file``
+    and the values of ``secret_files`` (Kafka), at any depth."""
+    found: list[tuple[str, str]] = []
+    if isinstance(options, dict):
+        for key, value in options.items():
+            here = f"{where}.{key}"
+            if str(key).endswith("_file") and isinstance(value, str) and value:
+                found.append((here, value))
+            elif key == "secret_files" and isinstance(value, dict):
+                found.extend((f"{here}[{prop!r}]", path) for prop, path in value.items()
+                             if isinstance(path, str))
+            else:
+                found.extend(_file_options(value, here))
+    elif isinstance(options, list):
+        for i, value in enumerate(options):
+            found.extend(_file_options(value, f"{where}.{i}"))
+    return found
+
+
+def check_secret_files(config: BridgeConfig) -> None:
+    """Every file a sink option names (``hmac_secret_file``, ``token_file``, ``tls.ca_file``,
+    ``secret_files`` …) exists and is readable now, rather than failing when the sink starts.
+    Raises ConfigurationError naming each field and file."""
+    problems: list[str] = []
+    for i, sink in enumerate(config.sinks):
+        for where, path in _file_options(sink.options(), f"sinks.{i}"):
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as e:
+                problems.append(f"  {where}: cannot read {path!r} (sink {sink.name!r}): "
+                                f"{e.strerror or e} — mount the Secret there or fix the path")
+    if problems:
+        raise ConfigurationError("invalid configuration:\n" + "\n".join(problems))
 
 
 _SECRET_NAME = re.compile(

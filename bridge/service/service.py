@@ -28,7 +28,7 @@ from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import APIResource, Discovery
 from bridge.kube.leaderelection import LeaderElector
 from bridge.kube.listwatch import HttpListerWatcher
-from bridge.service.config import BridgeConfig, load_config
+from bridge.service.config import BridgeConfig, check_secret_files, load_config
 from bridge.service.health import HealthServer, Readiness
 from bridge.service.logconfig import configure_logging
 from bridge.service.metered import MeteredSink
@@ -42,8 +42,9 @@ log = logging.getLogger(__name__)
 
 
 def validate_sinks(config: BridgeConfig) -> list[Sink]:
-    """Builds every configured sink (without connecting), so that bad sink options fail at start
-    with the sink's own message. Raises ConfigurationError."""
+    """Builds every configured sink (without connecting), so that bad sink options and unreadable
+    secret files fail at start with the sink's own message. Raises ConfigurationError."""
+    check_secret_files(config)
     sinks: list[Sink] = []
     for i, s in enumerate(config.sinks):
         try:
@@ -171,6 +172,9 @@ class BridgeService:
                 await self._lead(client)
         except ConfigurationError:
             raise
+        except SinkConfigError as e:
+            # Found only when the sink starts (credentials refused, a TLS file that does not parse).
+            raise ConfigurationError(f"invalid configuration: {e}") from e
         except BridgeError as e:
             log.error("the bridge failed: %s", e)
             self.exit_code = 1
