@@ -473,11 +473,13 @@ class BridgePipeline:
                 checkpoint = await self._store.load(ident)
         except CheckpointCorruptError as exc:
             corrupt = True
-            log.warning("checkpoint of %s is corrupt or unreadable (%s); ignoring it and doing a full "
-                        "resync: consumers will see every object again", ident, exc)
+            log.warning("checkpoint is corrupt or unreadable (%s); ignoring it and doing a full "
+                        "resync: consumers will see every object again", exc,
+                        extra={"informer": ident, "resource": watched.ref.qualified})
         except CheckpointError as exc:
             corrupt = True
-            log.warning("checkpoint store failed loading %s (%s); doing a full resync", ident, exc)
+            log.warning("checkpoint store failed loading the checkpoint (%s); doing a full resync", exc,
+                        extra={"informer": ident, "resource": watched.ref.qualified})
         tracker = _CountingTracker(
             name=ident,
             resource=watched.ref.qualified,
@@ -497,8 +499,9 @@ class BridgePipeline:
             inf.resume_rv = checkpoint.resource_version
             inf.saved_rv = checkpoint.resource_version
             inf.saved_generation = tracker.generation
-            log.info("%s: resuming from checkpoint at resourceVersion %s (%d known objects)",
-                     ident, checkpoint.resource_version, len(checkpoint.objects))
+            log.info("resuming from checkpoint at resourceVersion %s (%d known objects)",
+                     checkpoint.resource_version, len(checkpoint.objects),
+                     extra={"informer": ident, "resource": watched.ref.qualified})
         for sink in self._sinks:
             if not _resource_matches(sink, watched):
                 continue
@@ -577,7 +580,8 @@ class BridgePipeline:
                                            return_exceptions=True)
             for sink, ok in zip(self._sinks, flushes, strict=True):
                 if ok is not True:
-                    log.warning("shutdown: sink %s did not flush everything (%r)", sink.name, ok)
+                    log.warning("shutdown: the sink did not flush everything (%r)", ok,
+                                extra={"sink": sink.name})
         await self.write_checkpoints()
         await asyncio.gather(*(inf.informer.shutdown(left()) for inf in self._informers.values()),
                              return_exceptions=True)
@@ -589,7 +593,7 @@ class BridgePipeline:
                 try:
                     await sink.close()
                 except Exception:
-                    log.exception("shutdown: closing sink %s failed", sink.name)
+                    log.exception("shutdown: closing the sink failed", extra={"sink": sink.name})
         if self._store is not None:
             with contextlib.suppress(Exception):
                 await self._store.close()
@@ -630,8 +634,8 @@ class BridgePipeline:
                 await self._store.save(cp)
             except CheckpointError as exc:
                 inf.checkpoint_errors += 1
-                log.warning("writing the checkpoint of %s failed (%s); retrying at the next interval",
-                            ident, exc)
+                log.warning("writing the checkpoint failed (%s); retrying at the next interval", exc,
+                            extra={"informer": ident, "resource": inf.watched.ref.qualified})
                 continue
             inf.saved_generation = generation
             inf.saved_rv = rv

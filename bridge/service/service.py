@@ -193,11 +193,11 @@ class BridgeService:
                 api: APIResource = await discovery.resolve(r.resource)
             except ConfigurationError as e:
                 # One bad resource must not stop the others: report it, keep it unready.
-                log.error("cannot watch %s: %s", r.resource, e)
+                log.error("cannot watch the resource: %s", e, extra={"resource": r.resource})
                 self._state.unresolved[r.resource] = str(e)
                 continue
             except ApiError as e:
-                log.error("discovery failed for %s: %s", r.resource, e)
+                log.error("discovery failed: %s", e, extra={"resource": r.resource})
                 self._state.unresolved[r.resource] = str(e)
                 continue
             key = InformerKey(resource=r.resource, namespace=r.namespace,
@@ -254,8 +254,11 @@ class BridgeService:
             self._state.role = "standby" if self.config.leader_election.enabled else "single"
 
 
-    async def _report_initial_sync(self, pipeline: BridgePipeline, every: float = 5.0) -> None:
-        """Logs progress (objects listed, events delivered) until every informer has synced."""
+    async def _report_initial_sync(self, pipeline: BridgePipeline, every: float = 5.0,
+                                   check: float = 0.05) -> None:
+        """Logs each informer's sync and its duration as it happens, progress (objects listed, events
+        delivered) every ``every`` seconds meanwhile, and the whole initial sync's duration, measured
+        to within ``check`` seconds."""
         started = self._clock.now()
 
         def figures() -> dict[str, int]:
@@ -265,11 +268,23 @@ class BridgeService:
                 "events_delivered": sum(c.get("delivered", 0) for c in st.sinks.values()),
             }
 
-        while not all(i.has_synced() for i in pipeline.informers.values()):
-            await self._clock.sleep(every)
-            log.info("initial sync in progress", extra=figures())
+        pending = dict(pipeline.informers)
+        next_progress = started + every
+        while True:
+            for ident, informer in list(pending.items()):
+                if informer.has_synced():
+                    del pending[ident]
+                    log.info("informer synced", extra={
+                        "informer": ident, "objects_cached": len(informer.get_indexer()),
+                        "seconds": round(self._clock.now() - started, 3)})
+            if not pending:
+                break
+            await self._clock.sleep(check)
+            if self._clock.now() >= next_progress:
+                next_progress += every
+                log.info("initial sync in progress", extra={**figures(), "informers_pending": len(pending)})
         log.info("initial sync done", extra={**figures(),
-                                             "seconds": round(self._clock.now() - started, 2)})
+                                             "seconds": round(self._clock.now() - started, 3)})
         if _gc_tuned:
             # What the initial sync built lives as long as the process: move it out of the
             # collected generations so later collections do not scan it again.
