@@ -188,7 +188,10 @@ class BridgeService:
     async def _resolve(self, client: ApiClient) -> list[WatchedResource]:
         discovery = Discovery(client=client)
         watched: list[WatchedResource] = []
-        for r in self.config.resources:
+        # The configuration rejects aliases of one built-in resource; a custom resource's aliases
+        # (widget, wdg, widgets.example.com) are known only once discovery has answered.
+        seen: dict[tuple[str, str, str, str], int] = {}
+        for i, r in enumerate(self.config.resources):
             try:
                 api: APIResource = await discovery.resolve(r.resource)
             except ConfigurationError as e:
@@ -200,6 +203,12 @@ class BridgeService:
                 log.error("discovery failed: %s", e, extra={"resource": r.resource})
                 self._state.unresolved[r.resource] = str(e)
                 continue
+            first = seen.setdefault((api.qualified, r.namespace, r.label_selector, r.field_selector), i)
+            if first != i:
+                raise ConfigurationError(
+                    f"invalid configuration: resources.{first} ({self.config.resources[first].resource!r}) "
+                    f"and resources.{i} ({r.resource!r}) both name {api.qualified} in the same scope: "
+                    "every change would be sent twice; keep one of them")
             key = InformerKey(resource=r.resource, namespace=r.namespace,
                               label_selector=r.label_selector, field_selector=r.field_selector)
             ref = ResourceRef(group=api.group, version=api.version, resource=api.resource,

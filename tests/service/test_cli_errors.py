@@ -9,7 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from bridge.errors import ConfigurationError
 from bridge.service import cli
+from bridge.service.config import BridgeConfig
+from bridge.service.service import BridgeService
+from bridge.sim import Simulator
 from tests.service.test_cli import run_cli, sim_process  # noqa: F401 - the fixture
 
 BASE = "resources: [{resource: pods}]\n"
@@ -118,3 +122,20 @@ def test_sim_help_names_the_command() -> None:
     r = run_cli("sim", "--help")
     assert r.returncode == 0
     assert r.stdout.startswith("usage: kube-event-bridge sim"), r.stdout
+
+
+async def test_aliases_of_a_custom_resource_are_found_after_discovery(tmp_path: Path) -> None:
+    widgets = {"group": "example.com", "version": "v1", "plural": "widgets", "kind": "Widget",
+               "short_names": ["wdg"]}
+    async with Simulator(crds=[widgets]) as sim:
+        config = BridgeConfig.model_validate({
+            "kubernetes": {"kubeconfig": str(sim.write_kubeconfig(tmp_path / "kc")), "in_cluster": "false"},
+            "resources": [{"resource": "wdg"}, {"resource": "widgets.example.com/v1"}],
+            "sinks": [{"name": "s", "kind": "stdout"}],
+            "checkpoint": {"store": "none"},
+            "server": {"host": "127.0.0.1", "port": 0},
+        })
+        expected = (r"resources\.0 \('wdg'\) and resources\.1 \('widgets\.example\.com/v1'\) both name "
+                    r"widgets\.example\.com")
+        with pytest.raises(ConfigurationError, match=expected):
+            await BridgeService(config=config).run()
