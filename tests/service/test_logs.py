@@ -42,7 +42,7 @@ def test_client_library_logs_are_json_lines_with_the_sink(tmp_path: Path,
         f"  - {{name: events, kind: kafka, brokers: '127.0.0.1:{kafka}', connect_timeout: 0.5}}\n"
         f"  - {{name: bus, kind: nats, servers: ['nats://127.0.0.1:{nats}'], connect_timeout: 0.5,\n"
         "     reconnect_wait: 0.2}\n"
-        f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}'}}\n"
+        f"checkpoint: {{store: nats-kv, nats_url: 'nats://127.0.0.1:{nats}'}}\n"
         "server: {host: 127.0.0.1, port: 0}\n"
         "logging: {level: info, format: json}\n"
         "shutdown_deadline: 2\n")
@@ -67,6 +67,11 @@ def test_client_library_logs_are_json_lines_with_the_sink(tmp_path: Path,
                for r in librdkafka), librdkafka
     nats_records = [r for r in records if r.get("sink") == "bus"]
     assert any("NATS" in r["message"] for r in nats_records), records
+    # nats-py's connection errors (the checkpoint store's here) as one line each, not nats-py's
+    # default error record carrying a traceback.
+    assert any(r["logger"] == "bridge.delivery.checkpoint_natskv" and "NATS connection error" in r["message"]
+               for r in records), records
+    assert not any(r["logger"].startswith("nats") for r in records), records
     # The sink is a field, not part of the text.
     assert not any("'events'" in r["message"] or "'bus'" in r["message"] for r in records)
 
