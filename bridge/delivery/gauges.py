@@ -46,5 +46,7 @@ class TelemetrySnapshot:
     sinks: Mapping[str, SinkGauges] = field(default_factory=dict)
     informers: Mapping[str, InformerGauges] = field(default_factory=dict)
     events_received: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    """Resource (``pods``, ``deployments.apps``) → change type (``add``, ``update``, ``delete``,
-    ``snapshot``) → changes processed so far by the live pipeline."""
+    """Resource (``pods``, ``deployments.apps``) → notification kind (``add``, ``update``,
+    ``delete``, ``snapshot``) → changes processed so far by the live pipeline. For callers of
+    :meth:`~bridge.delivery.pipeline.BridgePipeline.telemetry_snapshot`; the exported metrics read
+    :attr:`InformerGauges.received` (by informer, in CloudEvents types)."""
