@@ -62,11 +62,19 @@ def sink_options_models() -> dict[str, type[SinkOptions] | None]:
     return out
 
 
-def _strip(node: Any) -> Any:
-    """Drops what only decorates (``title``) and pydantic's OpenAPI ``discriminator``."""
+_NAME_MAPS = ("properties", "patternProperties", "definitions", "$defs")
+"""Keywords whose value maps names (of options, of definitions) to schemas."""
+
+
+def _strip(node: Any, *, names: bool = False) -> Any:
+    """Drops what only decorates (``title``) and pydantic's OpenAPI ``discriminator`` from every
+    schema; an option that happens to be called ``title`` is kept (``names``: ``node`` maps names
+    to schemas)."""
     if isinstance(node, dict):
-        return {k: _strip(v) for k, v in node.items()
-                if k not in ("title", "discriminator") or not isinstance(v, (str, dict))}
+        if names:
+            return {k: _strip(v) for k, v in node.items()}
+        return {k: _strip(v, names=k in _NAME_MAPS) for k, v in node.items()
+                if k not in ("title", "discriminator")}
     if isinstance(node, list):
         return [_strip(v) for v in node]
     return node
