@@ -260,7 +260,7 @@ def http_informer_builder(
             lister_watcher=lw,
             clock=clock,
             observer=observer,
-            name=str(watched.key),
+            name=watched.informer_id,
             page_size=page_size,
             use_watch_list=use_watch_list,
             compact_cache=compact_cache,
@@ -433,8 +433,9 @@ class BridgePipeline:
         if watched.key in self._factory.informers:
             raise ValueError(f"the factory already has an informer for {watched.key}; the pipeline must "
                              "create it to observe its deliveries")
+        # Named by its id, so that its logs' ``informer`` field is the metrics' ``informer`` label.
         return self._factory.informer_for(watched.key, observer=observer, page_size=self._page_size,
-                                          use_watch_list=self._use_watch_list)
+                                          use_watch_list=self._use_watch_list, name=watched.informer_id)
 
     # ---------------------------------------------------------------------------------------------
     # lifecycle

@@ -15,6 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from bridge.delivery.checkpoint import informer_id
 from bridge.service.config import BridgeConfig
 from bridge.service.logconfig import configure_logging
 from bridge.service.service import BridgeService
@@ -78,6 +79,7 @@ def test_client_library_logs_are_json_lines_with_the_sink(tmp_path: Path,
 
 async def test_initial_sync_duration_is_measured(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO", logger="bridge.service.service")
+    caplog.set_level("INFO", logger="bridge.informer.reflector")
     async with Simulator() as sim:
         for i in range(3):
             sim.store.create("pods", make_pod(f"p{i}", "default"))
@@ -105,7 +107,11 @@ async def test_initial_sync_duration_is_measured(tmp_path: Path, caplog: pytest.
     assert 0 < done.seconds <= reported_by  # type: ignore[attr-defined]
     assert synced.seconds <= done.seconds  # type: ignore[attr-defined]
     assert synced.objects_cached == 3  # type: ignore[attr-defined]
-    assert synced.informer.startswith("po.all.")  # type: ignore[attr-defined]
+    # One informer id in every record about it (and in the metrics' informer label).
+    assert synced.informer == informer_id("po")  # type: ignore[attr-defined]
+    starting = next(r for r in caplog.records
+                    if r.name == "bridge.informer.reflector" and r.getMessage() == "starting")
+    assert starting.informer == informer_id("po")  # type: ignore[attr-defined]
 
 
 def test_fields_in_json_and_text() -> None:
