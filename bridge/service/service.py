@@ -107,6 +107,8 @@ class BridgeService:
         )
         self.stop_event = asyncio.Event()
         self.exit_code = 0
+        self._config_error: ConfigurationError | None = None
+        """A configuration error found while leading (with leader election): ends the service."""
 
     # --- probes and metrics ----------------------------------------------------------------------
 
@@ -155,7 +157,7 @@ class BridgeService:
             if le.enabled:
                 elector = LeaderElector(
                     client=client, namespace=le.namespace, name=le.name, identity=le.identity,
-                    on_started_leading=lambda: self._lead(client),
+                    on_started_leading=lambda: self._lead_or_stop(client),
                     lease_duration=le.lease_duration, renew_deadline=le.renew_deadline,
                     retry_period=le.retry_period, clock=self._clock,
                 )
@@ -165,6 +167,8 @@ class BridgeService:
                 elector.stop()
                 stop_task.cancel()
                 await asyncio.gather(elector_task, stop_task, return_exceptions=True)
+                if self._config_error is not None:
+                    raise self._config_error
                 if elector_task in done and not self.stop_event.is_set():
                     log.error("leadership lost; exiting so that the pod restarts as a standby")
                     self.exit_code = 1
@@ -184,6 +188,19 @@ class BridgeService:
             await self.health.stop()
             self.telemetry.shutdown()
         return self.exit_code
+
+    async def _lead_or_stop(self, client: ApiClient) -> None:
+        """:meth:`_lead` for the leader elector, which only logs what its work raises: a configuration
+        error found while leading (aliases found by discovery, a sink refusing its options) stops
+        the service and is raised by :meth:`run`, as without leader election."""
+        try:
+            await self._lead(client)
+        except ConfigurationError as e:
+            self._config_error = e
+            self.stop_event.set()
+        except SinkConfigError as e:
+            self._config_error = ConfigurationError(f"invalid configuration: {e}")
+            self.stop_event.set()
 
     async def _resolve(self, client: ApiClient) -> list[WatchedResource]:
         discovery = Discovery(client=client)

@@ -124,7 +124,10 @@ def test_sim_help_names_the_command() -> None:
     assert r.stdout.startswith("usage: kube-event-bridge sim"), r.stdout
 
 
-async def test_aliases_of_a_custom_resource_are_found_after_discovery(tmp_path: Path) -> None:
+@pytest.mark.parametrize("leader_election", [False, True])
+async def test_aliases_of_a_custom_resource_are_found_after_discovery(tmp_path: Path,
+                                                                      leader_election: bool) -> None:
+    # With leader election too: found while leading, it ends the service as a configuration error.
     widgets = {"group": "example.com", "version": "v1", "plural": "widgets", "kind": "Widget",
                "short_names": ["wdg"]}
     async with Simulator(crds=[widgets]) as sim:
@@ -134,6 +137,8 @@ async def test_aliases_of_a_custom_resource_are_found_after_discovery(tmp_path: 
             "sinks": [{"name": "s", "kind": "stdout"}],
             "checkpoint": {"store": "none"},
             "server": {"host": "127.0.0.1", "port": 0},
+            "leader_election": {"enabled": leader_election, "retry_period": 0.2, "renew_deadline": 1,
+                                "lease_duration": 2},
         })
         expected = (r"resources\.0 \('wdg'\) and resources\.1 \('widgets\.example\.com/v1'\) both name "
                     r"widgets\.example\.com")
