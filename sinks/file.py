@@ -196,7 +196,7 @@ class FileSink(BaseSink[FileSinkOptions]):
             except OSError as exc:
                 error = SinkTransientError(f"fsync of {str(self.path)!r} failed: {exc}")
             except Exception as exc:  # never strand the batch: unexpected errors are dead-lettered
-                log.exception("sink %r: fsync failed unexpectedly", self.name)
+                log.exception("fsync failed unexpectedly", extra={"sink": self.name})
                 error = exc
             for msg in msgs:
                 self._settle(msg, error)

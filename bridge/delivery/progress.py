@@ -130,8 +130,8 @@ class AckTracker:
         if seq < 0:
             return  # replays to a late handler are not tracked
         if seq <= self._last_dispatched_seq:
-            log.warning("%s: notification seq %d dispatched out of order (last %d); ignored",
-                        self.name, seq, self._last_dispatched_seq)
+            log.warning("notification seq %d dispatched out of order (last %d); ignored",
+                        seq, self._last_dispatched_seq, extra={"informer": self.name})
             return
         self._last_dispatched_seq = seq
         self._note_state(notification)

@@ -185,9 +185,9 @@ WatchErrorHandler = Callable[["Reflector", BaseException], None]
 def default_watch_error_handler(reflector: Reflector, err: BaseException) -> None:
     """Logs the error: expiry at info level (routine), anything else as a warning."""
     if isinstance(err, ResourceExpiredError):
-        log.info("reflector %s: watch closed: %s", reflector.name, err)
+        log.info("watch closed: %s", err, extra={"informer": reflector.name})
     else:
-        log.warning("reflector %s: list/watch failed: %s: %s", reflector.name, type(err).__name__, err)
+        log.warning("list/watch failed: %s: %s", type(err).__name__, err, extra={"informer": reflector.name})
 
 
 class _WatchEnd(enum.Enum):
@@ -322,7 +322,7 @@ class Reflector:
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if self._stop_requested and task.cancelled() and (current is None or current.cancelling() == 0):
-                log.info("reflector %s: stopped", self.name)
+                log.info("stopped", extra={"informer": self.name})
                 return
             raise
 
@@ -338,7 +338,7 @@ class Reflector:
             self._task.cancel()
 
     async def _loop(self) -> None:
-        log.info("reflector %s: starting", self.name)
+        log.info("starting", extra={"informer": self.name})
         while True:
             retry_after: float | None = None
             try:
@@ -351,7 +351,7 @@ class Reflector:
                 try:
                     self._watch_error_handler(self, exc)
                 except Exception:
-                    log.exception("reflector %s: watch error handler raised", self.name)
+                    log.exception("watch error handler raised", extra={"informer": self.name})
             await self._backoff.wait(retry_after)
 
     # -- one cycle ----------------------------------------------------------------------------------
@@ -362,15 +362,16 @@ class Reflector:
         stream: WatchStream | None = None
         resuming = bool(self._resume_rv)
         if resuming:
-            log.info("reflector %s: resuming watch from resourceVersion %s", self.name, self._resume_rv)
+            log.info("resuming watch from resourceVersion %s", self._resume_rv, extra={"informer": self.name})
             self._resume_rv = ""
         elif self._use_watch_list and not self._watch_list_rejected:
             try:
                 stream = await self._watch_list()
             except _WatchListRejected as rejected:
                 log.warning(
-                    "reflector %s: WatchList did not deliver the initial state (%s); falling back to "
-                    "list + watch%s", self.name, rejected, " from now on" if rejected.remember else "")
+                    "WatchList did not deliver the initial state (%s); falling back to "
+                    "list + watch%s", rejected, " from now on" if rejected.remember else "",
+                    extra={"informer": self.name})
                 if rejected.remember:
                     self._watch_list_rejected = True
                 if rejected.expired:
@@ -382,7 +383,7 @@ class Reflector:
         end = await self._watch_with_resync(stream, resuming=resuming)
         if end is _WatchEnd.EXPIRED and resuming:
             # The checkpoint's RV is gone: a consistent relist, at once, then watch as usual.
-            log.info("reflector %s: checkpoint resourceVersion expired; relisting", self.name)
+            log.info("checkpoint resourceVersion expired; relisting", extra={"informer": self.name})
             self._rv_unavailable = True
             await self._list()
             await self._watch_with_resync(None, resuming=False)
@@ -413,8 +414,8 @@ class Reflector:
                 list_rv, paginated = await self._paged_list(rv, limit, pages)
             except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
                 self.expired_count += 1
-                log.info("reflector %s: list at resourceVersion %r failed (%s); relisting with a "
-                         "consistent read", self.name, rv, exc)
+                log.info("list at resourceVersion %r failed (%s); relisting with a "
+                         "consistent read", rv, exc, extra={"informer": self.name})
                 self._rv_unavailable = True
                 list_rv, paginated = await self._paged_list(self._relist_resource_version(), limit, pages)
         except BaseException:
@@ -429,7 +430,8 @@ class Reflector:
         await pages.complete(store, list_rv)
         self._last_sync_rv = list_rv
         self.list_count += 1
-        log.debug("reflector %s: listed %d items at resourceVersion %s", self.name, pages.count, list_rv)
+        log.debug("listed %d items at resourceVersion %s", pages.count, list_rv,
+                  extra={"informer": self.name})
 
     def _page_limit(self, rv: str) -> int | None:
         if self._page_size == 0:
@@ -453,8 +455,8 @@ class Reflector:
             except ResourceExpiredError:
                 if options.continue_token is None:
                     raise
-                log.info("reflector %s: list continuation expired; retrying as one full list at "
-                         "resourceVersion %r", self.name, rv)
+                log.info("list continuation expired; retrying as one full list at "
+                         "resourceVersion %r", rv, extra={"informer": self.name})
                 # Not older than pages already forwarded (see _list); client-go: the original RV.
                 full = await self._lw.list(ListOptions(resource_version=pages.streamed_rv or rv))
                 await pages.restart()
@@ -501,7 +503,8 @@ class Reflector:
                     stream = await self._open_watch(options, "watch")
                 except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
                     if resuming and events_seen == 0:
-                        log.info("reflector %s: watch from %s failed: %s", self.name, self._last_sync_rv, exc)
+                        log.info("watch from %s failed: %s", self._last_sync_rv, exc,
+                                 extra={"informer": self.name})
                         return _WatchEnd.EXPIRED
                     raise
                 if stream is None:
@@ -536,21 +539,21 @@ class Reflector:
         except ApiUnavailableError as exc:
             # A connection that breaks mid-stream (reset, EOF) ends the watch like a clean close,
             # as client-go's stream watcher treats probable-EOF errors.
-            log.info("reflector %s: watch stream broke: %s", self.name, exc)
+            log.info("watch stream broke: %s", exc, extra={"informer": self.name})
         except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
             self.expired_count += 1
-            log.info("reflector %s: watch expired: %s", self.name, exc)
+            log.info("watch expired: %s", exc, extra={"informer": self.name})
             return _WatchEnd.EXPIRED, count
         except ApiError as exc:
             # Undecodable stream and the like: client-go turns these into an ERROR event.
-            log.warning("reflector %s: watch stream failed: %s; relisting", self.name, exc)
+            log.warning("watch stream failed: %s; relisting", exc, extra={"informer": self.name})
             return _WatchEnd.RELIST, count
         duration = self._clock.now() - start
         if duration < _SHORT_WATCH and count == 0:
-            log.warning("reflector %s: very short watch: watch lasted %.3f s with no items received; "
-                        "relisting after backoff", self.name, duration)
+            log.warning("very short watch: watch lasted %.3f s with no items received; "
+                        "relisting after backoff", duration, extra={"informer": self.name})
             return _WatchEnd.RELIST, count
-        log.debug("reflector %s: watch closed after %.3f s, %d events", self.name, duration, count)
+        log.debug("watch closed after %.3f s, %d events", duration, count, extra={"informer": self.name})
         return _WatchEnd.REWATCH, count
 
     async def _open_watch(self, options: WatchOptions, what: str) -> WatchStream | None:
@@ -561,8 +564,8 @@ class Reflector:
             stream = await self._lw.watch(options)
         except (ApiUnavailableError, TooManyRequestsError) as exc:
             retry_after = exc.retry_after if isinstance(exc, TooManyRequestsError) else None
-            log.info("reflector %s: %s could not be opened (%s); retrying after backoff",
-                     self.name, what, exc)
+            log.info("%s could not be opened (%s); retrying after backoff",
+                     what, exc, extra={"informer": self.name})
             await self._backoff.wait(retry_after)
             return None
         except (ResourceExpiredError, TooLargeResourceVersionError):
@@ -578,20 +581,20 @@ class Reflector:
         message = str(status.get("message") or "")
         if code == 410 or reason in ("Expired", "Gone"):
             self.expired_count += 1
-            log.info("reflector %s: watch expired: %s", self.name, message)
+            log.info("watch expired: %s", message, extra={"informer": self.name})
             return _WatchEnd.EXPIRED
         if "too large resource version" in message.lower():
             self.expired_count += 1
-            log.info("reflector %s: watch from a too-large resourceVersion: %s", self.name, message)
+            log.info("watch from a too-large resourceVersion: %s", message, extra={"informer": self.name})
             return _WatchEnd.EXPIRED
         if code == 429:
             details = status.get("details") or {}
             retry = details.get("retryAfterSeconds") if isinstance(details, dict) else None
             self._last_retry_after = float(retry) if retry is not None else None
-            log.info("reflector %s: watch throttled (429): %s", self.name, message)
+            log.info("watch throttled (429): %s", message, extra={"informer": self.name})
             return _WatchEnd.BACKOFF_REWATCH
-        log.warning("reflector %s: watch ERROR event (code %s, reason %s): %s; relisting",
-                    self.name, code, reason, message)
+        log.warning("watch ERROR event (code %s, reason %s): %s; relisting",
+                    code, reason, message, extra={"informer": self.name})
         return _WatchEnd.RELIST
 
     async def _apply(self, event: WatchEvent) -> None:
@@ -603,7 +606,7 @@ class Reflector:
         elif event.type is WatchEventType.DELETED:
             await _call(self._store.delete(obj))
         elif event.type is not WatchEventType.BOOKMARK:
-            log.error("reflector %s: unable to understand watch event type %s", self.name, event.type)
+            log.error("unable to understand watch event type %s", event.type, extra={"informer": self.name})
         rv = _resource_version(obj)
         if rv:
             self._last_sync_rv = rv
@@ -670,8 +673,8 @@ class Reflector:
                     self._last_sync_rv = rv
                     self._rv_unavailable = False
                     self.list_count += 1
-                    log.debug("reflector %s: WatchList delivered %d items at resourceVersion %s",
-                              self.name, len(temp), rv)
+                    log.debug("WatchList delivered %d items at resourceVersion %s",
+                              len(temp), rv, extra={"informer": self.name})
                     return
                 continue
             if event.type is WatchEventType.DELETED:
@@ -686,11 +689,11 @@ class Reflector:
         while True:
             await self._clock.sleep(self._resync_period)
             if self._should_resync is None or self._should_resync():
-                log.debug("reflector %s: forcing resync", self.name)
+                log.debug("forcing resync", extra={"informer": self.name})
                 try:
                     await _call(self._store.resync())
                 except Exception as exc:
-                    log.error("reflector %s: resync failed: %s", self.name, exc)
+                    log.error("resync failed: %s", exc, extra={"informer": self.name})
                     self._resync_error = exc
                     stream = self._current_stream
                     if stream is not None:

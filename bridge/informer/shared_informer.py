@@ -368,14 +368,14 @@ class SharedIndexInformer:
         period = options.resync_period
         if period > 0:
             if period < MINIMUM_RESYNC_PERIOD:
-                log.warning("informer %s: resync period %.3fs of %s raised to the minimum %.1fs",
-                            self.name, period, name, MINIMUM_RESYNC_PERIOD)
+                log.warning("resync period %.3fs of %s raised to the minimum %.1fs",
+                            period, name, MINIMUM_RESYNC_PERIOD, extra={"informer": self.name})
                 period = MINIMUM_RESYNC_PERIOD
             if period < self._resync_check_period:
                 if self._started:
-                    log.warning("informer %s: resync period %.3fs of %s raised to the informer's check "
-                                "period %.3fs (it has started)", self.name, period, name,
-                                self._resync_check_period)
+                    log.warning("resync period %.3fs of %s raised to the informer's check "
+                                "period %.3fs (it has started)", period, name,
+                                self._resync_check_period, extra={"informer": self.name})
                     period = self._resync_check_period
                 else:
                     self._resync_check_period = period
@@ -611,7 +611,7 @@ class SharedIndexInformer:
                 raise
             except Exception:
                 self.process_errors += 1
-                log.exception("informer %s: processing a queued item failed; skipping it", self.name)
+                log.exception("processing a queued item failed; skipping it", extra={"informer": self.name})
 
     # ---------------------------------------------------------------------------------------------
     # lifecycle
@@ -678,8 +678,8 @@ class SharedIndexInformer:
                         # rest of the informer keeps delivering what is queued.
                         continue
                     exc = None if task.cancelled() else task.exception()
-                    log.error("informer %s: task %s ended unexpectedly: %r", self.name,
-                              task.get_name(), exc)
+                    log.error("task %s ended unexpectedly: %r", task.get_name(), exc,
+                              extra={"informer": self.name})
                     raise InformerError(
                         f"informer {self.name!r}: task {task.get_name()} ended unexpectedly"
                     ) from exc
@@ -710,7 +710,7 @@ class SharedIndexInformer:
                 async with asyncio.timeout_at(deadline):
                     await asyncio.shield(pop)
             except TimeoutError:
-                log.warning("informer %s: the pop loop did not finish in time; cancelling", self.name)
+                log.warning("the pop loop did not finish in time; cancelling", extra={"informer": self.name})
                 pop.cancel()
             except Exception:
                 pass  # reported by _cancel_tasks
@@ -724,7 +724,7 @@ class SharedIndexInformer:
         results = await asyncio.gather(*self._tasks, return_exceptions=True)
         for task, result in zip(self._tasks, results, strict=True):
             if isinstance(result, Exception):
-                log.error("informer %s: task %s failed: %r", self.name, task.get_name(), result)
+                log.error("task %s failed: %r", task.get_name(), result, extra={"informer": self.name})
         if self._processor.started:
             await self._processor.shutdown(0)
 

@@ -122,12 +122,12 @@ def _snapshot(url: str, resource: str | None, token_file: str | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] == ["sim"]:
-        from bridge.sim import sim_main
-
-        return sim_main(args_list[1:])
-    args = _parser().parse_args(args_list)
+    args = None if args_list[:1] == ["sim"] else _parser().parse_args(args_list)
     try:
+        if args is None:
+            from bridge.sim.cli import sim_main
+
+            return sim_main(args_list[1:], prog="kube-event-bridge sim")
         if args.command == "run":
             from bridge.service.service import run_service
 
@@ -149,6 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except Exception as e:  # the last line of defence: a message, never a traceback
+        sys.stderr.write(f"kube-event-bridge: unexpected error ({type(e).__name__}): {e}\n"
+                         "this is a bug; please report it with the command and configuration used\n")
+        return EXIT_FAILURE
     raise AssertionError(args.command)  # pragma: no cover
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import urllib.parse
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +32,8 @@ from pydantic_settings import (
 
 from bridge.errors import ConfigurationError
 from bridge.kube.labels import SelectorError, parse_field_selector, parse_label_selector
+from bridge.service.resource_names import canonical_resource
+from sinks.addresses import check_nats_url
 
 __all__ = [
     "BridgeConfig",
@@ -43,6 +46,7 @@ __all__ = [
     "ServerConfig",
     "SinkConfig",
     "TelemetryConfig",
+    "check_secret_files",
     "format_validation_error",
     "load_config",
     "masked_dump",
@@ -51,7 +55,10 @@ __all__ = [
 ENV_PREFIX = "KEB_"
 _FILE_REF = re.compile(r"\$\{file:([^}]+)\}")
 _CLUSTER = re.compile(r"[A-Za-z0-9._~-]+")
-_SINK_NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]*[a-z0-9])?$")
+SINK_NAME_PATTERN = r"^[a-z0-9]([a-z0-9_.-]*[a-z0-9])?$"
+_SINK_NAME = re.compile(SINK_NAME_PATTERN)
+RESOURCE_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(/[a-z0-9]+)?$"
+"""What kubectl accepts as a resource: ``pods``, ``po``, ``Pod``, ``deployments.apps/v1``."""
 
 
 class _Model(BaseModel):
@@ -73,7 +80,7 @@ class KubernetesConfig(_Model):
 class ResourceConfig(_Model):
     """One watched resource: ``pods``, ``deployments.apps``, ``widgets.example.com/v1``."""
 
-    resource: str = Field(min_length=1)
+    resource: str = Field(min_length=1, pattern=RESOURCE_PATTERN)
     namespace: str = ""
     """"" = every namespace (or a cluster-scoped resource)."""
     label_selector: str = ""
@@ -135,8 +142,18 @@ class CheckpointConfig(_Model):
     name_prefix: str = "kube-event-bridge-checkpoint"
     nats_url: str = "nats://127.0.0.1:4222"
     bucket: str = "kube-event-bridge-checkpoints"
+    shards: bool = True
+    """ConfigMap store: split a checkpoint larger than one ConfigMap (~900 KB) over shard ConfigMaps.
+    Shard names are new on every save, so this needs ``get``/``delete`` on every ConfigMap of the
+    namespace; off, the store touches only its own manifests (RBAC names them one by one) and a
+    checkpoint too large for one ConfigMap fails to save, with an error saying so."""
     interval: float = Field(default=5.0, gt=0)
     """Seconds between checkpoint writes (and one on shutdown)."""
+
+    @field_validator("nats_url")
+    @classmethod
+    def _nats_url(cls, v: str) -> str:
+        return check_nats_url(v)
 
 
 class LeaderElectionConfig(_Model):
@@ -194,6 +211,19 @@ class TelemetryConfig(_Model):
     trace_sample_ratio: float = Field(default=0.01, ge=0.0, le=1.0)
     service_name: str = "kube-event-bridge"
 
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            parts = urllib.parse.urlsplit(v)
+            try:
+                _ = parts.port
+            except ValueError:
+                parts = parts._replace(netloc="")
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{v!r} is not an http:// or https:// URL")
+        return v
+
 
 class LoggingConfig(_Model):
     level: Literal["debug", "info", "warning", "error"] = "info"
@@ -247,12 +277,19 @@ class BridgeConfig(BaseSettings):
     @field_validator("resources")
     @classmethod
     def _resources_unique(cls, v: list[ResourceConfig]) -> list[ResourceConfig]:
-        seen: set[tuple[str, str, str, str]] = set()
-        for r in v:
-            key = (r.resource, r.namespace, r.label_selector, r.field_selector)
-            if key in seen:
-                raise ValueError(f"resource {r.resource!r} (namespace {r.namespace!r}) is listed twice")
-            seen.add(key)
+        # Aliases of one resource (deploy, Deployment, deployments.apps) in one scope would start
+        # two informers for it and send every change twice.
+        seen: dict[tuple[str, str, str, str], int] = {}
+        for i, r in enumerate(v):
+            canonical = canonical_resource(r.resource)
+            key = (canonical, r.namespace, r.label_selector, r.field_selector)
+            first = seen.setdefault(key, i)
+            if first != i:
+                scope = f"namespace {r.namespace!r}" if r.namespace else "all namespaces"
+                raise ValueError(
+                    f"resources.{first} ({v[first].resource!r}) and resources.{i} ({r.resource!r}) both "
+                    f"name {canonical} in {scope} with the same selectors: every change would be sent "
+                    "twice; keep one of them")
         return v
 
     @field_validator("sinks")
@@ -342,6 +379,43 @@ def load_config(path: str | os.PathLike[str] | None = None, *, overrides: dict[s
         return BridgeConfig(**data)
     except ValidationError as e:
         raise ConfigurationError(format_validation_error(e, source)) from e
+
+
+def _file_options(options: Any, where: str) -> list[tuple[str, str]]:
+    """``(field path, file path)`` of every option naming a file to read: keys ending in ``_file``
+    and the values of ``secret_files`` (Kafka), at any depth."""
+    found: list[tuple[str, str]] = []
+    if isinstance(options, dict):
+        for key, value in options.items():
+            here = f"{where}.{key}"
+            if str(key).endswith("_file") and isinstance(value, str) and value:
+                found.append((here, value))
+            elif key == "secret_files" and isinstance(value, dict):
+                found.extend((f"{here}[{prop!r}]", path) for prop, path in value.items()
+                             if isinstance(path, str))
+            else:
+                found.extend(_file_options(value, here))
+    elif isinstance(options, list):
+        for i, value in enumerate(options):
+            found.extend(_file_options(value, f"{where}.{i}"))
+    return found
+
+
+def check_secret_files(config: BridgeConfig) -> None:
+    """Every file a sink option names (``hmac_secret_file``, ``token_file``, ``tls.ca_file``,
+    ``secret_files`` …) exists and is readable now, rather than failing when the sink starts.
+    Raises ConfigurationError naming each field and file."""
+    problems: list[str] = []
+    for i, sink in enumerate(config.sinks):
+        for where, path in _file_options(sink.options(), f"sinks.{i}"):
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as e:
+                problems.append(f"  {where}: cannot read {path!r} (sink {sink.name!r}): "
+                                f"{e.strerror or e} — mount the Secret there or fix the path")
+    if problems:
+        raise ConfigurationError("invalid configuration:\n" + "\n".join(problems))
 
 
 _SECRET_NAME = re.compile(

@@ -141,9 +141,10 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def sim_main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: parses ``argv`` (default ``sys.argv[1:]``), serves until SIGINT/SIGTERM."""
-    args = build_parser().parse_args(list(argv) if argv is not None else None)
+def sim_main(argv: Sequence[str] | None = None, *, prog: str = "python -m bridge.sim") -> int:
+    """Entry point: parses ``argv`` (default ``sys.argv[1:]``), serves until SIGINT/SIGTERM.
+    ``prog`` is the command name usage and errors show (``kube-event-bridge sim`` from the CLI)."""
+    args = build_parser(prog).parse_args(list(argv) if argv is not None else None)
     try:
         return asyncio.run(_serve(args))
     except OSError as exc:

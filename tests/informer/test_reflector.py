@@ -1043,7 +1043,9 @@ async def test_default_error_handler_logs(caplog: pytest.LogCaptureFixture) -> N
     await settle()
     r.stop()
     await task
-    assert any("pods" in m and "etcd is down" in m for m in caplog.messages)
+    # The informer is a field of the record, not part of its text.
+    assert any(getattr(r, "informer", None) == "pods" and "etcd is down" in r.getMessage()
+               for r in caplog.records)
 
 
 class FailingResyncStore(RecordingStore):

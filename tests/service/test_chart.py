@@ -80,7 +80,7 @@ def test_rbac_is_derived_from_resources(chart: Any) -> None:
             {"resource": "deployments.apps", "namespace": "web"},
             {"resource": "widgets.example.com/v1"},
         ],
-        "sinks": [{"name": "k", "kind": "kafka"}],
+        "sinks": [{"name": "k", "kind": "kafka", "brokers": "kafka:9092"}],
         "checkpoint": {"store": "file"},
     }})
     (cr,) = find(docs, "ClusterRole")

@@ -108,7 +108,15 @@ def test_masked_dump_hides_secrets_but_not_file_paths(tmp_path: Path) -> None:
         ("resources: [{resource: pods}]\nsinks: [{name: a, kind: stdout}, {name: a, kind: file}]\n",
          r"sinks: sink names must be unique; repeated: a"),
         ("resources: [{resource: pods}, {resource: pods}]\nsinks: [{name: s, kind: stdout}]\n",
-         r"resources: resource 'pods' \(namespace ''\) is listed twice"),
+         r"resources: resources\.0 \('pods'\) and resources\.1 \('pods'\) both name pods in all namespaces"),
+        ("resources: [{resource: deploy}, {resource: Deployment}, {resource: deployments.apps}]\n"
+         "sinks: [{name: s, kind: stdout}]\n",
+         r"resources: resources\.0 \('deploy'\) and resources\.1 \('Deployment'\) both name "
+         r"deployments\.apps"),
+        ("resources: [{resource: widgets.v1.example.com, namespace: a}, {resource: widgets.example.com/v1, "
+         "namespace: a}]\nsinks: [{name: s, kind: stdout}]\n",
+         r"resources\.0 \('widgets\.v1\.example\.com'\) and resources\.1 \('widgets\.example\.com/v1'\) both "
+         r"name widgets\.example\.com in namespace 'a'"),
         ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\ncheckpoint: {store: redis}\n",
          r"checkpoint\.store: Input should be 'file', 'configmap', 'nats-kv' or 'none'"),
         ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\ncheckpoint: {interval: 0}\n",

@@ -151,7 +151,7 @@ class Cluster:
             f"                  lease_duration: {LEASE_DURATION}, renew_deadline: {RENEW_DEADLINE},\n"
             f"                  retry_period: {RETRY_PERIOD}}}\n"
             "shutdown_deadline: 6\n"
-            "server: {host: 127.0.0.1, port: 0}\n"
+            "server: {host: 127.0.0.1, port: 0, admin_port: 0}\n"
             "logging: {level: debug, format: json}\n"
         )
         env = {**os.environ, "KEB_LEADER_ELECTION__IDENTITY": name}
@@ -200,7 +200,7 @@ async def eventually(cond: Any, timeout: float, what: str) -> None:
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     kubeconfig = tmp_path / "sim.kubeconfig"
     sim = await asyncio.create_subprocess_exec(
-        *EXE, "sim", "--port", "0", "--kubeconfig", str(kubeconfig),
+        *EXE, "sim", "--port", "0", "--kubeconfig", str(kubeconfig), "--namespaces", NS,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert sim.stdout is not None
     url = ""
