@@ -149,12 +149,18 @@ class LineStream:
         self.broken: BaseException | None = None
         """The transport error that ended the stream, if it did not end cleanly."""
         self.oversized_lines = 0
+        self._iterated = False
 
     @property
     def status(self) -> int:
         return self._response.status
 
     def __aiter__(self) -> AsyncIterator[bytes]:
+        """The lines, once: a second iteration would start a second reader over the same
+        connection (and lose what the first had buffered), so it raises instead."""
+        if self._iterated:
+            raise RuntimeError(f"{self._context}: a stream's lines can be iterated only once")
+        self._iterated = True
         return self._lines()
 
     async def _lines(self) -> AsyncIterator[bytes]:

@@ -18,6 +18,7 @@ contract"), reduced to what the reflector can observe:
 * watch from ``""`` / ``"0"``: synthetic ADDED for the current state, then live changes; from ``"N"``:
   the changes after N, then live ones; from a compacted N: one ``ERROR`` event (410 Expired) and the
   stream ends. Bookmarks are sent only to watches that allow them.
+* a watch stream is iterated once (a second ``async for`` raises), as the HTTP one.
 * WatchList (``send_initial_events``) when :attr:`FakeControllerSource.support_watch_list` is set:
   ADDED for the current state, the ``k8s.io/initial-events-end`` bookmark, then live changes; when it
   is not set the request is rejected with ``BadRequestError``.
@@ -31,7 +32,7 @@ import asyncio
 import base64
 import copy
 import enum
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -130,25 +131,30 @@ class FakeWatchStream:
         self._queue: asyncio.Queue[WatchEvent | _Close] = asyncio.Queue()
         self._closed = False
         self._ended = False
+        self._iterated = False
 
     @property
     def closed(self) -> bool:
         """True once the client closed the stream or it reached its end."""
         return self._closed or self._ended
 
-    def __aiter__(self) -> FakeWatchStream:
-        return self
+    def __aiter__(self) -> AsyncIterator[WatchEvent]:
+        """The events, once: as the HTTP watch stream, a second iteration raises (so a test cannot
+        pass on a client that reads one stream twice)."""
+        if self._iterated:
+            raise RuntimeError("fake source: a watch stream can be iterated only once")
+        self._iterated = True
+        return self._events()
 
-    async def __anext__(self) -> WatchEvent:
-        if self._closed or self._ended:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if item is _CLOSE:
-            self._ended = True
-            self._source._forget(self)
-            raise StopAsyncIteration
-        assert isinstance(item, WatchEvent)
-        return item
+    async def _events(self) -> AsyncIterator[WatchEvent]:
+        while not (self._closed or self._ended):
+            item = await self._queue.get()
+            if item is _CLOSE:
+                self._ended = True
+                self._source._forget(self)
+                return
+            assert isinstance(item, WatchEvent)
+            yield item
 
     async def close(self) -> None:
         if self._closed:

@@ -291,10 +291,11 @@ async def test_expire_watches_sends_error_into_open_stream(sim: Simulator, sim_c
     stream = await lw.watch(WatchOptions(resource_version=str(sim.store.resource_version),
                                          allow_watch_bookmarks=False, timeout_seconds=5))
     sim.store.create("pods", make_pod("a", "ns"))
-    first = await anext(aiter(stream))
+    events = aiter(stream)
+    first = await anext(events)
     assert (first.type, first.object["metadata"]["name"]) == (ADDED, "a")
     assert sim.expire_watches() == 1
-    rest = await collect(stream)
+    rest = [e async for e in events]
     assert [(e.type, e.object.get("code")) for e in rest] == [(ERROR, 410)]
 
 
