@@ -460,10 +460,11 @@ class ApiClient:
                 refreshed = force_refresh = True
                 _log.info("%s: 401 from %s; refreshing credentials", context, self._display_server)
                 continue
-            # "Too large resource version" (504, Retry-After 1) is left to the reflector, which
-            # relists consistently at once; client-go would burn ten retries on it first.
-            too_large = "too large resource version" in str(status.get("message", "")).lower()
-            if (code == 429 or code >= 500) and retry_after is not None and not too_large and (
+            # As client-go's REST layer, any 429/5xx carrying Retry-After is waited and sent again,
+            # "Too large resource version" (504, Retry-After 1) included: the watch cache is behind
+            # the RV asked for and usually catches up within a retry or two. Only after
+            # ``max_retries`` does the reflector see the error (and relist from a consistent read).
+            if (code == 429 or code >= 500) and retry_after is not None and (
                 attempt < self._options.max_retries
             ):
                 attempt += 1
