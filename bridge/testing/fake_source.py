@@ -317,6 +317,12 @@ class FakeControllerSource:
                     bookmark["metadata"]["resourceVersion"] = str(resource_version)
                 w._send(WatchEvent(type=WatchEventType.BOOKMARK, object=bookmark))
 
+    def send_event(self, type_: WatchEventType, obj: KubeObject) -> None:
+        """Sends ``obj`` as it is to every open watch, recording nothing: a server repeating an
+        object (an ADDED or MODIFIED at a resourceVersion the client has already seen …)."""
+        for w in list(self._watches):
+            w._send(WatchEvent(type=type_, object=copy.deepcopy(obj)))
+
     def compact(self) -> None:
         """Forgets the history up to now: older RVs and continue tokens expire (410)."""
         self._base_state = {k: copy.deepcopy(v) for k, v in self._state.items()}
