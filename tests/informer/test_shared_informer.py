@@ -301,7 +301,9 @@ async def test_an_update_at_the_same_rv_from_the_watch_reaches_every_listener(
     env.source.send_event(event_type, changed)
     for h in (due, never):
         assert await h.wait_for(2) == [("add", "ns/a", "1", True), ("update", "ns/a", "1", "1")]
-    assert informer.get_indexer().get_by_key("ns/a")["data"] == {"k": "v"}
+    cached = informer.get_indexer().get_by_key(ObjectKey("ns/a"))
+    assert cached is not None
+    assert cached["data"] == {"k": "v"}
     dispatched = [e for e in env.observer.without_acks() if e[0] == "dispatched" and e[2] == "update"]
     assert dispatched == [("dispatched", 1, "update", ("due", "never"))]
 
