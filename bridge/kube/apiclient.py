@@ -548,7 +548,9 @@ class ApiClient:
             )
         return decoded
 
-    async def get_negotiated(self, path: str, *, accept: str, context: str = "") -> tuple[dict[str, Any], str]:
+    async def get_negotiated(
+        self, path: str, *, accept: str, context: str = ""
+    ) -> tuple[dict[str, Any], str]:
         """A GET with its own ``Accept`` header (content negotiation, as discovery does); returns the
         decoded JSON object and the answer's ``Content-Type`` (with its parameters)."""
         context = context or f"GET {path}"
