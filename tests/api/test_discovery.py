@@ -57,6 +57,16 @@ async def test_resolve_names_against_the_simulator(
     assert gvr(await discovery.resolve(name)) == expected
 
 
+async def test_the_simulators_aggregated_discovery_takes_two_requests(
+    sim: Simulator, sim_client: ApiClient,
+) -> None:
+    before = sim.requests["discovery"]
+    discovery = Discovery(client=sim_client)
+    assert gvr(await discovery.resolve("deployments")) == ("apps", "v1", "deployments", "Deployment", True)
+    assert gvr(await discovery.resolve("widgets")) == ("example.com", "v1", "widgets", "Widget", True)
+    assert sim.requests["discovery"] - before == 2
+
+
 async def test_paths_and_attributes(sim_client: ApiClient) -> None:
     d = Discovery(client=sim_client)
     pods, deploy, ns, lease = [await d.resolve(n) for n in ("pods", "deploy", "ns", "leases")]
