@@ -335,6 +335,9 @@ def load_config(path: str | os.PathLike[str] | None = None, *, overrides: dict[s
         if not isinstance(loaded, dict):
             raise ConfigurationError(f"config file {path} must hold a mapping at the top level, "
                                      f"not {type(loaded).__name__}")
+        odd = [k for k in loaded if not isinstance(k, str)]
+        if odd:
+            raise ConfigurationError(f"config file {path}: top-level keys must be names, not {odd[0]!r}")
         data = loaded
     if overrides:
         data = {**data, **overrides}

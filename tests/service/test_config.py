@@ -147,3 +147,9 @@ def test_a_file_that_is_not_utf8_is_a_clear_error(tmp_path: Path) -> None:
     path.write_bytes(b"resources: [{resource: pods, namespace: caf\xe9}]\n")
     with pytest.raises(ConfigurationError, match=r"config file .*c\.yaml is not UTF-8 text \(byte 43: "):
         load_config(path)
+
+
+def test_a_top_level_key_that_is_not_a_name_is_a_clear_error(tmp_path: Path) -> None:
+    """Found by fuzzing the loader: `1: x` at the top level used to end in a TypeError."""
+    with pytest.raises(ConfigurationError, match=r"config\.yaml: top-level keys must be names, not 1$"):
+        load_config(write(tmp_path, "resources: [{resource: pods}]\n1: x\n"))
