@@ -84,3 +84,14 @@ def test_invalid_utf8_in_a_watch_line_or_an_object_is_a_decode_error() -> None:
         decode_watch_event(b'{"type":"ADDED","object":{"metadata":{"name":"a"},"\xff":1}}')
     with pytest.raises(ValueError, match="not a Kubernetes object"):
         decode_object(b'{"metadata":{"name":"a","\xff":1}}')
+
+
+def test_invalid_utf8_anywhere_in_a_watch_line_is_a_decode_error_for_every_decoder() -> None:
+    """Found by fuzzing: bytes msgspec skips (an unknown member) were not checked, so a line that
+    is not JSON was accepted by the dict decoders."""
+    from bridge.kube.listwatch import WATCH_EVENT_DECODERS
+
+    line = b'{"type":"ADDED","object":{"metadata":{"name":"a"}},"x":"\xff"}'
+    for decode in WATCH_EVENT_DECODERS.values():
+        with pytest.raises(WatchDecodeError):
+            decode(line)

@@ -98,6 +98,16 @@ _raw_event_decoder = msgspec.json.Decoder(_RawEvent)
 _any_decoder = msgspec.json.Decoder(dict[str, Any])
 
 
+def _check_utf8(data: bytes) -> None:
+    """Bytes kept as they came (RawObjects) must be valid JSON, hence UTF-8: msgspec does not check
+    the content it skips. API servers send ASCII almost always, which is checked without a copy."""
+    if not data.isascii():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise WatchDecodeError(f"not UTF-8: byte {e.start}: {e.reason}") from e
+
+
 def _event(type_: str, obj: KubeObject) -> WatchEvent:
     kind = _EVENT_TYPES.get(type_)
     if kind is None:
@@ -109,6 +119,7 @@ def decode_watch_event(line: bytes) -> WatchEvent:
     """One pass of msgspec into ``{type: str, object: dict}``: the default. On realistic Pods it
     measures level with ``orjson.loads`` of the whole line and ahead of the two-pass ``Raw`` variant
     (bench/bench_decode.py), and it checks the event's shape while decoding."""
+    _check_utf8(line)
     try:
         ev = _event_decoder.decode(line)
     except _DECODE_ERRORS as e:
@@ -118,6 +129,7 @@ def decode_watch_event(line: bytes) -> WatchEvent:
 
 def decode_watch_event_raw(line: bytes) -> WatchEvent:
     """msgspec with the object left as ``Raw``, then a second pass into a dict."""
+    _check_utf8(line)
     try:
         ev = _raw_event_decoder.decode(line)
         obj = _any_decoder.decode(ev.object)
@@ -202,16 +214,6 @@ class _RawList(msgspec.Struct):
 
 _item_decoder = msgspec.json.Decoder(dict[str, Any])
 _raw_list_decoder = msgspec.json.Decoder(_RawList)
-
-
-def _check_utf8(data: bytes) -> None:
-    """Bytes kept as they came (RawObjects) must be valid JSON, hence UTF-8: msgspec does not check
-    the content it skips. API servers send ASCII almost always, which is checked without a copy."""
-    if not data.isascii():
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise WatchDecodeError(f"not UTF-8: byte {e.start}: {e.reason}") from e
 
 
 def split_list(body: bytes) -> tuple[_ListMeta, list[msgspec.Raw]]:
