@@ -81,6 +81,7 @@ _head_decoder = msgspec.json.Decoder(_Head)
 _ident_decoder = msgspec.json.Decoder(_Ident)
 _event_head_decoder = msgspec.json.Decoder(_EventHead)
 _meta_only_decoder = msgspec.json.Decoder(_MetaOnly)
+_object_decoder = msgspec.json.Decoder(dict[str, Any])
 _MF_KEY = b'"managedFields":'
 _META_KEY = b'"metadata":'
 _intern = sys.intern
@@ -375,20 +376,23 @@ def decode_object(
     if not len(head.metadata):
         raise RawObjectError("a Kubernetes object needs a metadata mapping")
     # Laid out unlike the API server's compact JSON (whitespace, duplicate keys …): decode and
-    # re-encode once.
+    # re-encode once, with msgspec both ways: it keeps every number as it was (orjson would turn
+    # an integer beyond 64 bits into a float, and refuse to encode it back).
     try:
-        obj: dict[str, Any] = orjson.loads(data)
-    except orjson.JSONDecodeError as e:
+        obj = _object_decoder.decode(data)
+    except _DECODE_ERRORS as e:
         raise RawObjectError(f"not a Kubernetes object: {e}") from e
-    if not isinstance(obj.get("metadata"), dict):
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
         raise RawObjectError("a Kubernetes object needs a metadata mapping")
     if drop_managed_fields:
         obj = dict_without_managed_fields(obj)
+        meta = obj["metadata"]
     if api_version and "apiVersion" not in obj:
         obj["apiVersion"] = api_version
     if kind and "kind" not in obj:
         obj["kind"] = kind
-    return RawObject.from_dict(obj)
+    return RawObject(msgspec.json.encode(obj), dict(meta))
 
 
 def decode_watch_object(line: bytes, *, drop_managed_fields: bool = False) -> tuple[str, RawObject] | None:

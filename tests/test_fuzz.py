@@ -5,6 +5,7 @@ decode), List answers, checkpoints (under a valid checksum too) and configuratio
 
 from __future__ import annotations
 
+import msgspec
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from bench.fuzz_targets import SEEDS, TARGETS
 from bridge.kube.listwatch import WatchDecodeError, decode_list, decode_watch_event
-from bridge.rawobject import decode_object
+from bridge.rawobject import RawObject, decode_object
 
 _json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=8))
 _json = st.recursive(_json_scalars, lambda inner: st.one_of(
@@ -95,3 +96,22 @@ def test_invalid_utf8_anywhere_in_a_watch_line_is_a_decode_error_for_every_decod
     for decode in WATCH_EVENT_DECODERS.values():
         with pytest.raises(WatchDecodeError):
             decode(line)
+
+
+def test_an_object_re_encoded_keeps_its_numbers_and_its_identity() -> None:
+    """Found by fuzzing: an object laid out unlike the API server's compact JSON (here a duplicate
+    name) is decoded and re-encoded; orjson turned an integer beyond 64 bits into a float there, so
+    the RawObject's bytes no longer decoded to the object the server sent."""
+    from bridge.kube.listwatch import raw_object_decoder
+
+    big = 6666666666666666666666666666666666666666
+    line = (b'{"type":"ADDED","object":{"metadata":{"name": {},"managedFields":[%d],"name":"b"},'
+            b'"spec":{"n":%d}}}' % (big, big))
+    for cut in (False, True):
+        obj = raw_object_decoder(drop_managed_fields=cut)(line).object
+        assert isinstance(obj, RawObject)
+        assert obj.identity[:2] == ("b", "")
+        sent = msgspec.json.decode(obj.raw)  # the bytes forwarded to sinks
+        assert sent["spec"]["n"] == big
+        assert ("managedFields" in sent["metadata"]) is not cut
+    TARGETS["watch-line"](line)
