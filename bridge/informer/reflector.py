@@ -25,8 +25,15 @@ expires, it re-watches or relists following client-go's rules (CLIENT-GO-SEMANTI
   opened, store error); ``ERROR`` events and closes are routine and only logged, as in client-go;
 * a resync timer calling ``store.resync()`` every ``resync_period`` when ``should_resync()`` agrees;
 * WatchList (``use_watch_list``): the initial state streamed as ADDED events up to the
-  ``k8s.io/initial-events-end`` bookmark, then the same stream continues as a normal watch; a server
-  that rejects it makes the reflector fall back to list + watch, and remember.
+  ``k8s.io/initial-events-end`` bookmark, then the same stream continues as a normal watch (a stream
+  is iterated once: the watch loop takes over the WatchList's iterator); an expired or too-large
+  resourceVersion, on opening or as an ERROR event, retries the WatchList at once from ``""`` (as
+  client-go's ``watchList``); a server that rejects it makes the reflector fall back to list +
+  watch, and remember;
+* a watch that ends at a line it could not decode (an ERROR event caused by ``ClientWatchDecoding``)
+  is watched again from the last RV applied, after backoff and without a relist, so the change on
+  that line comes again; a well-formed event whose object has no ``metadata.name`` is the only thing
+  skipped (logged with its RV, which still counts).
 
 Bridge extension: ``initial_resource_version`` (a checkpoint) makes the first cycle skip the list and
 watch from that RV directly; if it has expired (410), the reflector relists at once with RV ``""``.
