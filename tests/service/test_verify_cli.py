@@ -1,0 +1,191 @@
+"""``kube-event-bridge verify`` as a user runs it: a real process against a simulator process, reading a
+file, a Kafka topic (Tansu) and a JetStream stream (nats-server) written by hand, with the exit codes
+and both output formats."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import urllib.parse
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from bridge.kube.apiclient import ApiClient
+from tests.brokers import NatsServer, TansuBroker, kafka_broker, nats_server, unique_name
+from tests.checkpoint.crash_harness import ROOT, sim_process
+
+__all__ = ["kafka_broker", "nats_server"]
+
+NS = "audit"
+PATH = f"/api/v1/namespaces/{NS}/configmaps"
+
+
+def to_ce(kind: str, o: dict[str, Any]) -> dict[str, Any]:
+    meta = o["metadata"]
+    return {
+        "specversion": "1.0", "id": f"{meta['uid']}-{meta['resourceVersion']}-{kind}",
+        "source": "/clusters/lab/api/v1/configmaps", "type": f"io.kube-event-bridge.{kind}",
+        "subject": f"{NS}/{meta['name']}", "time": "2024-05-01T12:00:00.500000Z",
+        "datacontenttype": "application/json", "cluster": "lab", "kind": "ConfigMap", "apiversion": "v1",
+        "namespace": NS, "name": meta["name"], "uid": meta["uid"], "resourceversion": meta["resourceVersion"],
+        "data": {"apiVersion": "v1", "kind": "ConfigMap", **o},
+    }
+
+
+class World:
+    """A simulator process with three ConfigMaps, and the events a faithful sink would hold."""
+
+    def __init__(self, kubeconfig: Path, client: ApiClient) -> None:
+        self.kubeconfig = kubeconfig
+        self.client = client
+        self.good: list[dict[str, Any]] = []
+        self.gone: dict[str, Any] = {}
+
+    async def populate(self) -> None:
+        a = await self.client.create(PATH, {"metadata": {"name": "a"}, "data": {"v": "1"}})
+        b = await self.client.create(PATH, {"metadata": {"name": "b"}})
+        a2 = await self.client.patch(f"{PATH}/a", {"data": {"v": "2"}})
+        gone = await self.client.create(PATH, {"metadata": {"name": "gone"}})
+        deleted = await self.client.delete(f"{PATH}/gone")
+        self.gone = gone
+        self.good = [to_ce("added", a), to_ce("added", b), to_ce("updated", a2), to_ce("added", gone),
+                     to_ce("deleted", deleted)]
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    async with sim_process(tmp_path) as (_, kubeconfig):
+        client = ApiClient.from_kubeconfig(str(kubeconfig))
+        try:
+            w = World(kubeconfig, client)
+            await w.populate()
+            yield w
+        finally:
+            await client.close()
+
+
+async def run_verify(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bridge.service.cli", "verify", *args, cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def write_lines(path: Path, ces: list[dict[str, Any]]) -> None:
+    path.write_bytes(b"".join(orjson.dumps(c) + b"\n" for c in ces))
+
+
+async def test_file_sink_consistent_then_a_lost_delete_is_a_phantom(tmp_path: Path, world: World) -> None:
+    events = tmp_path / "events.jsonl"
+    write_lines(events, world.good)
+    common = ["--kubeconfig", str(world.kubeconfig), "--resource", f"configmaps@{NS}", "--cluster", "lab"]
+    code, out, err = await run_verify(*common, "--file", str(events))
+    assert (code, err) == (0, ""), out
+    assert "verdict: the sink's state equals the cluster's" in out
+    assert "configmaps (audit)" in out
+
+    # The delete never reached the sink, and a torn line was left by a crash mid-write.
+    write_lines(events, world.good[:-1])
+    with events.open("ab") as fh:
+        fh.write(b'{"specversion": "1.0", "id": "tor')
+    code, out, err = await run_verify(*common, "--file", str(events), "--json")
+    assert code == 1, err
+    report = orjson.loads(out)
+    (r,) = report["resources"]
+    assert (r["missing"], r["phantom"], r["stale"]) == (0, 1, 0)
+    assert r["examples"]["phantom"][0]["uid"] == world.gone["metadata"]["uid"]
+    assert report["undecodable"] == 1
+
+
+async def test_kafka_topic_structured_and_binary_records(world: World, kafka_broker: TansuBroker) -> None:
+    from confluent_kafka import Producer
+
+    topic = unique_name("verify")
+    kafka_broker.create_topic(topic, partitions=2)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    for i, c in enumerate(world.good):
+        if i % 2:  # binary content mode: attributes as ce_ headers, data alone as the body
+            headers = [(f"ce_{k}", urllib.parse.quote(str(v), safe="").encode())
+                       for k, v in c.items() if k not in ("data", "datacontenttype")]
+            headers.append(("content-type", b"application/json"))
+            producer.produce(topic, key=c["uid"], value=orjson.dumps(c["data"]),
+                             headers=headers)  # type: ignore[arg-type]
+        else:
+            producer.produce(topic, key=c["uid"], value=orjson.dumps(c))
+    # An update the cluster made that never reached the topic: the first state of b is stale.
+    await world.client.patch(f"{PATH}/b", {"data": {"late": "yes"}})
+    assert producer.flush(15) == 0
+    code, out, err = await run_verify("--kubeconfig", str(world.kubeconfig), "--resource", f"configmaps@{NS}",
+                                      "--kafka", kafka_broker.bootstrap, "--topic", topic, "--json")
+    assert code == 1, err
+    (r,) = orjson.loads(out)["resources"]
+    assert orjson.loads(out)["undecodable"] == 0, out
+    assert (r["events"], r["missing"], r["phantom"], r["stale"]) == (5, 0, 0, 1)
+    assert r["examples"]["stale"][0]["object"] == f"{NS}/b"
+
+
+async def test_jetstream_stream(world: World, nats_server: NatsServer) -> None:
+    import nats
+
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="KUBE", subjects=["k8s.>"])
+        for c in world.good[:2]:  # a's update and everything about "gone" are missing
+            await js.publish(f"k8s.configmaps.{NS}.{c['name']}", orjson.dumps(c),
+                             headers={"Nats-Msg-Id": c["id"]})
+    finally:
+        await nc.close()
+    code, out, err = await run_verify("--kubeconfig", str(world.kubeconfig), "--resource", f"configmaps@{NS}",
+                                      "--jetstream", nats_server.url, "--stream", "KUBE")
+    assert code == 1, err
+    assert "1 stale (older than the cluster)" in out
+    assert "MISMATCH" in out
+
+
+BAD_USAGE = [
+    ([], "name the sink to read"),
+    (["--file", "/nonexistent/events.jsonl"], "no such file"),
+    (["--kafka", "127.0.0.1:1"], "--kafka needs at least one --topic"),
+    (["--jetstream", "nats://127.0.0.1:1"], "--jetstream needs --stream"),
+    (["--file", "x", "--topic", "t"], "--topic is only meaningful with --kafka"),
+    (["--file", "x", "--resource", "@ns"], "expected RESOURCE or RESOURCE@NAMESPACE"),
+    (["--file", "x", "--resource", "gizmos"], "gizmos"),
+    (["--kafka", "127.0.0.1:1", "--topic", "t", "--timeout", "2"], "cannot reach the Kafka brokers"),
+]
+
+
+async def test_bad_usage_is_refused_with_a_message(tmp_path: Path, world: World) -> None:
+    from bridge.errors import BridgeError
+    from bridge.service.cli import _parser
+    from bridge.service.verify_cli import UsageError, verify_from_args
+
+    (tmp_path / "x").write_text("")
+    for args, message in BAD_USAGE:
+        base = ["verify", "--kubeconfig", str(world.kubeconfig)]
+        if "--resource" not in args:
+            base += ["--resource", "configmaps"]
+        parsed = _parser().parse_args([*base, *[a if a != "x" else str(tmp_path / "x") for a in args]])
+        with pytest.raises((UsageError, BridgeError)) as caught:
+            await verify_from_args(parsed)
+        assert message in str(caught.value), args
+
+
+async def test_bad_usage_exits_2_without_a_traceback(world: World) -> None:
+    code, out, err = await run_verify("--kubeconfig", str(world.kubeconfig), "--resource", "gizmos",
+                                      "--file", "/dev/null")
+    assert (code, out) == (2, "")
+    assert "gizmos" in err
+    assert "Traceback" not in err
+
+
+async def test_nothing_to_verify_without_resources_or_config() -> None:
+    code, _, err = await run_verify("--file", "/dev/null")
+    assert code == 2
+    assert "nothing to verify" in err
