@@ -313,8 +313,9 @@ async def _checkpoint_rv(store: FileCheckpointStore, ident: str) -> int:
 
 
 async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
-                   say: Callable[[str], None] = lambda _: None) -> Outcome:
-    """One schedule: churn + faults for ``duration`` seconds, drain, verify every sink."""
+                   say: Callable[[str], None] = lambda _: None, kinds: tuple[str, ...] = FAULTS) -> Outcome:
+    """One schedule: churn + faults for ``duration`` seconds, drain, verify every sink. ``kinds``
+    narrows the faults drawn (to bisect a failure; the test suite always draws from all)."""
     rng = random.Random(seed)
     tag = f"fs{seed}x{random.Random().randrange(1 << 20):05x}"
     ns = tag
@@ -347,7 +348,7 @@ async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
         end = time.monotonic() + duration
         while time.monotonic() < end:
             await asyncio.sleep(rng.uniform(0.1, 0.6))
-            kind = rng.choice(FAULTS)
+            kind = rng.choice(kinds)
             faults.append(kind)
             say(f"seed {seed} t={duration - (end - time.monotonic()):.1f}s fault {kind}")
             if kind == "kill":
@@ -485,10 +486,12 @@ async def _main(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="keb-faults-"))
     failed: list[int] = []
     seeds = [args.seed + i for i in range(args.seeds)]
+    kinds = tuple(args.faults.split(",")) if args.faults else FAULTS
     with infrastructure(workdir) as infra:
         for seed in seeds:
             outcome = await run_seed(infra, seed, args.duration, workdir,
-                                     say=(lambda m: print(m, flush=True)) if args.verbose else lambda _: None)
+                                     say=(lambda m: print(m, flush=True)) if args.verbose else lambda _: None,
+                                     kinds=kinds)
             print(outcome.summary(), flush=True)
             if not outcome.ok:
                 failed.append(seed)
@@ -509,10 +512,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=int(time.time()) % 100000, help="first seed (default: now)")
     p.add_argument("--seeds", type=int, default=1, help="how many consecutive seeds to run (default 1)")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of churn and faults per seed")
+    p.add_argument("--faults", help="comma-separated fault kinds to draw from, to bisect a failure "
+                                    f"(default: all of {','.join(FAULTS)})")
     p.add_argument("--verbose", action="store_true", help="print each fault as it is injected")
     args = p.parse_args(argv)
     if args.duration <= 0 or args.seeds < 1:
         p.error("--duration must be positive and --seeds at least 1")
+    unknown = set(args.faults.split(",")) - set(FAULTS) if args.faults else set()
+    if unknown:
+        p.error(f"--faults: unknown kind(s) {', '.join(sorted(unknown))}; known: {', '.join(FAULTS)}")
     return asyncio.run(_main(args))
 
 
