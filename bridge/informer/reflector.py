@@ -48,7 +48,8 @@ import enum
 import inspect
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from bridge.clock import Clock
@@ -70,7 +71,7 @@ from bridge.errors import (
     TooManyRequestsError,
 )
 from bridge.informer.backoff import Backoff
-from bridge.rawobject import object_identity, object_key
+from bridge.rawobject import RawObject, object_identity, object_key
 
 __all__ = [
     "INITIAL_EVENTS_END_ANNOTATION",
@@ -86,6 +87,9 @@ log = logging.getLogger(__name__)
 
 INITIAL_EVENTS_END_ANNOTATION = "k8s.io/initial-events-end"
 """Annotation (value ``"true"``) on the bookmark that ends a WatchList's initial state."""
+
+_DECODE_ERROR_CAUSE = "ClientWatchDecoding"
+"""Cause type of the ERROR event a watch stream ends with at a line it cannot decode (client-go's)."""
 
 _SHORT_WATCH = 1.0
 """A watch closing sooner than this with no event is treated as a failure (client-go's rule)."""
@@ -200,7 +204,22 @@ class _WatchEnd(enum.Enum):
     EXPIRED = "expired"
     """ERROR event with a 410 Status (or too-large RV): end the cycle (backoff, relist)."""
     BACKOFF_REWATCH = "backoff_rewatch"
-    """ERROR event with a 429 Status: back off, then watch again at the same RV."""
+    """ERROR event with a 429 Status, or the stream could not decode a line: back off, then watch
+    again at the same RV."""
+
+
+@dataclass(slots=True)
+class _OpenWatch:
+    """An open watch and the one iterator over its events. A watch stream is iterated exactly once
+    (a second ``__aiter__`` raises): whoever continues reading it (the watch loop after a WatchList's
+    initial state) must take over this iterator, never start a new one."""
+
+    stream: WatchStream
+    events: AsyncIterator[WatchEvent]
+
+    @classmethod
+    def of(cls, stream: WatchStream) -> _OpenWatch:
+        return cls(stream, stream.__aiter__())
 
 
 class _WatchListRejected(Exception):
@@ -359,7 +378,7 @@ class Reflector:
     async def list_and_watch(self) -> None:
         """One cycle: list (or WatchList, or resume from the checkpoint), then watch until the watch
         ends in a way that requires a relist. Raises when the cycle failed."""
-        stream: WatchStream | None = None
+        stream: _OpenWatch | None = None
         resuming = bool(self._resume_rv)
         if resuming:
             log.info("reflector %s: resuming watch from resourceVersion %s", self.name, self._resume_rv)
@@ -472,7 +491,7 @@ class Reflector:
     def _watch_timeout(self) -> int:
         return int(self._min_watch_timeout * (self._rng.random() + 1.0))
 
-    async def _watch_with_resync(self, stream: WatchStream | None, *, resuming: bool) -> _WatchEnd:
+    async def _watch_with_resync(self, stream: _OpenWatch | None, *, resuming: bool) -> _WatchEnd:
         """Watches (re-opening the watch as the rules say) with the resync timer running; returns
         when the cycle must end. ``stream``: an already open stream to continue (WatchList)."""
         self._resync_error = None
@@ -486,7 +505,7 @@ class Reflector:
                 resync_task.cancel()
                 await asyncio.gather(resync_task, return_exceptions=True)
 
-    async def _watch(self, stream: WatchStream | None, *, resuming: bool) -> _WatchEnd:
+    async def _watch(self, stream: _OpenWatch | None, *, resuming: bool) -> _WatchEnd:
         # While resuming from a checkpoint, a 410 before any event means the checkpoint expired.
         events_seen = 0
         while True:
@@ -498,19 +517,20 @@ class Reflector:
                     allow_watch_bookmarks=True,
                 )
                 try:
-                    stream = await self._open_watch(options, "watch")
+                    opened = await self._open_watch(options, "watch")
                 except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
                     if resuming and events_seen == 0:
                         log.info("reflector %s: watch from %s failed: %s", self.name, self._last_sync_rv, exc)
                         return _WatchEnd.EXPIRED
                     raise
-                if stream is None:
+                if opened is None:
                     continue
+                stream = _OpenWatch.of(opened)
             try:
                 end, count = await self._handle_watch(stream, start)
             finally:
                 self._current_stream = None
-                await stream.close()
+                await stream.stream.close()
                 stream = None
             events_seen += count
             if self._resync_error is not None:
@@ -524,11 +544,11 @@ class Reflector:
                 return _WatchEnd.RELIST
             return end
 
-    async def _handle_watch(self, stream: WatchStream, start: float) -> tuple[_WatchEnd, int]:
-        self._current_stream = stream
+    async def _handle_watch(self, stream: _OpenWatch, start: float) -> tuple[_WatchEnd, int]:
+        self._current_stream = stream.stream
         count = 0
         try:
-            async for event in stream:
+            async for event in stream.events:
                 if event.type is WatchEventType.ERROR:
                     return self._error_event_end(event), count
                 await self._apply(event)
@@ -584,6 +604,14 @@ class Reflector:
             self.expired_count += 1
             log.info("reflector %s: watch from a too-large resourceVersion: %s", self.name, message)
             return _WatchEnd.EXPIRED
+        if _is_decode_error(status):
+            # client-go's stream watcher ends the watch at a line it cannot decode; re-watching from
+            # the last event applied brings the change that line carried again (skipping the line
+            # would lose it). The backoff keeps a server that keeps sending garbage from spinning us.
+            self._last_retry_after = None
+            log.warning("reflector %s: %s; watching again from resourceVersion %s", self.name, message,
+                        self._last_sync_rv)
+            return _WatchEnd.BACKOFF_REWATCH
         if code == 429:
             details = status.get("details") or {}
             retry = details.get("retryAfterSeconds") if isinstance(details, dict) else None
@@ -596,7 +624,12 @@ class Reflector:
 
     async def _apply(self, event: WatchEvent) -> None:
         obj = event.object
-        if event.type is WatchEventType.ADDED:
+        if event.type is not WatchEventType.BOOKMARK and not _has_name(obj):
+            # A well-formed event whose object cannot be keyed: nothing can be done with it but
+            # say so (client-go's store refuses it the same way); its resourceVersion still counts.
+            log.error("reflector %s: skipping a %s event whose object has no metadata.name "
+                      "(resourceVersion %r)", self.name, event.type.value, _resource_version(obj))
+        elif event.type is WatchEventType.ADDED:
             await _call(self._store.add(obj))
         elif event.type is WatchEventType.MODIFIED:
             await _call(self._store.update(obj))
@@ -613,9 +646,15 @@ class Reflector:
 
     # -- WatchList ----------------------------------------------------------------------------------
 
-    async def _watch_list(self) -> WatchStream:
+    async def _watch_list(self) -> _OpenWatch:
         """Opens a WatchList and consumes its initial state into ``store.replace``; returns the open
-        stream, positioned after the initial-events-end bookmark."""
+        stream, positioned after the initial-events-end bookmark.
+
+        As client-go's ``watchList``: a resourceVersion that expired (410) or is newer than the server
+        knows (too large), whether the answer to opening the request or an ERROR event in its stream,
+        is marked unavailable and the WatchList is retried at once from ``""`` (a consistent
+        snapshot); that says nothing about the server's support of WatchList. Only if even that
+        fails so does the cycle fall back to a list (for this cycle only)."""
         while True:
             rv = "" if self._rv_unavailable else self._last_sync_rv
             options = WatchOptions(
@@ -628,23 +667,38 @@ class Reflector:
             try:
                 stream = await self._open_watch(options, "WatchList")
             except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
-                raise _WatchListRejected(str(exc), remember=True, expired=True) from exc
+                self._watch_list_rv_unavailable(rv, str(exc))
+                continue
             except Exception as exc:
                 raise _WatchListRejected(f"{type(exc).__name__}: {exc}", remember=True) from exc
-            if stream is not None:
-                break
-        ok = False
-        try:
-            await self._consume_initial_events(stream)
-            ok = True
-            return stream
-        finally:
-            if not ok:
-                await stream.close()
+            if stream is None:
+                continue
+            opened = _OpenWatch.of(stream)
+            ok = False
+            try:
+                await self._consume_initial_events(opened.events)
+                ok = True
+                return opened
+            except _WatchListRejected as rejected:
+                if not rejected.expired:
+                    raise
+                self._watch_list_rv_unavailable(rv, str(rejected))
+            finally:
+                if not ok:
+                    await stream.close()
 
-    async def _consume_initial_events(self, stream: WatchStream) -> None:
+    def _watch_list_rv_unavailable(self, rv: str, reason: str) -> None:
+        """A WatchList at ``rv`` met an expired / too-large resourceVersion: retry from ``""``, or,
+        if that was ``""`` already, give up on WatchList for this cycle."""
+        if rv == "":
+            raise _WatchListRejected(f"{reason} (from a consistent read)", remember=False, expired=True)
+        log.info("reflector %s: WatchList from resourceVersion %s: %s; retrying from a consistent "
+                 "snapshot", self.name, rv, reason)
+        self._rv_unavailable = True
+
+    async def _consume_initial_events(self, events: AsyncIterator[WatchEvent]) -> None:
         try:
-            await self._consume_initial_events_from(stream)
+            await self._consume_initial_events_from(events)
         except ApiUnavailableError as exc:
             raise _WatchListRejected(f"stream broke before the initial-events-end bookmark: {exc}",
                                      remember=False) from exc
@@ -653,15 +707,18 @@ class Reflector:
             raise _WatchListRejected(f"stream failed before the initial-events-end bookmark: {exc}",
                                      remember=True, expired=expired) from exc
 
-    async def _consume_initial_events_from(self, stream: WatchStream) -> None:
+    async def _consume_initial_events_from(self, events: AsyncIterator[WatchEvent]) -> None:
         temp: dict[str, KubeObject] = {}
-        async for event in stream:
+        # Returning from inside this loop leaves ``events`` open: the watch loop takes it over.
+        async for event in events:
             obj = event.object
             if event.type is WatchEventType.ERROR:
-                expired = self._error_event_end(event) is _WatchEnd.EXPIRED
+                end = self._error_event_end(event)
+                # Only an error the server answers a WatchList with means it will not serve them;
+                # a 429, an expired RV or a line the client could not decode says nothing about it.
                 raise _WatchListRejected(
                     f"ERROR event before the initial-events-end bookmark: {obj.get('message', '')}",
-                    remember=True, expired=expired)
+                    remember=end is _WatchEnd.RELIST, expired=end is _WatchEnd.EXPIRED)
             if event.type is WatchEventType.BOOKMARK:
                 annotations = (obj.get("metadata") or {}).get("annotations") or {}
                 if annotations.get(INITIAL_EVENTS_END_ANNOTATION) == "true":
@@ -674,10 +731,14 @@ class Reflector:
                               self.name, len(temp), rv)
                     return
                 continue
-            if event.type is WatchEventType.DELETED:
-                temp.pop(_key(obj), None)
+            key = _key(obj)
+            if not _has_name(obj):
+                log.error("reflector %s: skipping a %s event whose object has no metadata.name "
+                          "(resourceVersion %r)", self.name, event.type.value, _resource_version(obj))
+            elif event.type is WatchEventType.DELETED:
+                temp.pop(key, None)
             else:
-                temp[_key(obj)] = obj
+                temp[key] = obj
         raise _WatchListRejected("stream closed before the initial-events-end bookmark", remember=False)
 
     # -- resync -------------------------------------------------------------------------------------
@@ -696,6 +757,22 @@ class Reflector:
                     if stream is not None:
                         await stream.close()
                     return
+
+
+def _is_decode_error(status: KubeObject) -> bool:
+    """The Status of a watch that ended at a line it could not decode (cause ``ClientWatchDecoding``)."""
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return isinstance(causes, list) and any(
+        isinstance(c, dict) and c.get("type") == _DECODE_ERROR_CAUSE for c in causes)
+
+
+def _has_name(obj: KubeObject) -> bool:
+    """Whether the object has a ``metadata.name`` (its key needs one)."""
+    if type(obj) is RawObject:
+        return bool(obj.name)
+    meta = obj.get("metadata")
+    return isinstance(meta, Mapping) and bool(meta.get("name"))
 
 
 def _resource_version(obj: KubeObject) -> str:

@@ -7,8 +7,10 @@ client-go's rules (CLIENT-GO-SEMANTICS.md, "sharedIndexInformer…"):
 
 * the cache is updated before any handler is told; Sync/Replaced/Added/Updated of a cached object is
   an update, otherwise an add (with the FIFO's ``is_in_initial_list``); Deleted is a delete;
-* an update whose old and new resourceVersion are equal is a resync notification, delivered only to
-  the listeners whose own resync period is due;
+* a Sync or Replaced delta whose old and new resourceVersion are equal is a resync notification,
+  delivered only to the listeners whose own resync period is due; an Added or Updated delta goes to
+  every listener even at an unchanged resourceVersion (client-go judges by the resourceVersion alone
+  and would drop such a change for every listener not due for a resync);
 * per-handler resync periods are clamped as client-go does (0 = never, < 1 s → 1 s, before start a
   smaller period lowers the informer's check period, after start it is raised to it; a zero check
   period disables every handler's resync);
@@ -98,6 +100,9 @@ __all__ = [
     "InformerStartedError",
     "SharedIndexInformer",
 ]
+
+_RESYNC_DELTAS = frozenset({DeltaType.SYNC, DeltaType.REPLACED})
+"""Delta types that are resync notifications when they leave the object's resourceVersion unchanged."""
 
 log = logging.getLogger(__name__)
 
@@ -478,7 +483,11 @@ class SharedIndexInformer:
                 False,
             )
             return
-        is_resync = old_rv == new_rv
+        # Only a Sync (the resync timer) or Replaced (a relist) delta that leaves the object as it
+        # was is a resync, for the listeners due for one. An Added or Updated delta is a change the
+        # server sent: every listener gets it, even at an unchanged resourceVersion (a server
+        # repeating itself, an object first known from a checkpoint), so nothing is dropped.
+        is_resync = delta.type in _RESYNC_DELTAS and old_rv == new_rv
         await distribute(
             Notification(kind=NotificationKind.UPDATE, obj=obj, old=old, is_resync=is_resync, key=key),
             is_resync,

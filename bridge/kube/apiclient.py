@@ -149,12 +149,18 @@ class LineStream:
         self.broken: BaseException | None = None
         """The transport error that ended the stream, if it did not end cleanly."""
         self.oversized_lines = 0
+        self._iterated = False
 
     @property
     def status(self) -> int:
         return self._response.status
 
     def __aiter__(self) -> AsyncIterator[bytes]:
+        """The lines, once: a second iteration would start a second reader over the same
+        connection (and lose what the first had buffered), so it raises instead."""
+        if self._iterated:
+            raise RuntimeError(f"{self._context}: a stream's lines can be iterated only once")
+        self._iterated = True
         return self._lines()
 
     async def _lines(self) -> AsyncIterator[bytes]:
@@ -454,10 +460,11 @@ class ApiClient:
                 refreshed = force_refresh = True
                 _log.info("%s: 401 from %s; refreshing credentials", context, self._display_server)
                 continue
-            # "Too large resource version" (504, Retry-After 1) is left to the reflector, which
-            # relists consistently at once; client-go would burn ten retries on it first.
-            too_large = "too large resource version" in str(status.get("message", "")).lower()
-            if (code == 429 or code >= 500) and retry_after is not None and not too_large and (
+            # As client-go's REST layer, any 429/5xx carrying Retry-After is waited and sent again,
+            # "Too large resource version" (504, Retry-After 1) included: the watch cache is behind
+            # the RV asked for and usually catches up within a retry or two. Only after
+            # ``max_retries`` does the reflector see the error (and relist from a consistent read).
+            if (code == 429 or code >= 500) and retry_after is not None and (
                 attempt < self._options.max_retries
             ):
                 attempt += 1

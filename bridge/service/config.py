@@ -22,7 +22,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -30,7 +38,13 @@ from pydantic_settings import (
 )
 
 from bridge.errors import ConfigurationError
-from bridge.kube.labels import SelectorError, parse_field_selector, parse_label_selector
+from bridge.kube.labels import (
+    SelectorError,
+    check_field_selector_fields,
+    parse_field_selector,
+    parse_label_selector,
+    supported_field_labels,
+)
 
 __all__ = [
     "BridgeConfig",
@@ -89,12 +103,34 @@ class ResourceConfig(_Model):
 
     @field_validator("field_selector")
     @classmethod
-    def _field_selector_parses(cls, v: str) -> str:
+    def _field_selector_parses(cls, v: str, info: ValidationInfo) -> str:
+        """The grammar, and for a built-in resource the fields the API server supports, with the
+        message the server would answer the list with."""
         try:
-            parse_field_selector(v)
+            selector = parse_field_selector(v)
+            group, resource = _builtin_group_resource(str(info.data.get("resource") or ""))
+            if resource:
+                check_field_selector_fields(selector, group=group, resource=resource)
         except SelectorError as e:
             raise ValueError(str(e)) from e
         return v
+
+
+_CORE_RESOURCES = frozenset({
+    "pods", "nodes", "namespaces", "secrets", "events", "replicationcontrollers", "configmaps", "services",
+    "serviceaccounts", "endpoints", "persistentvolumes", "persistentvolumeclaims", "limitranges",
+    "resourcequotas", "podtemplates",
+})
+
+
+def _builtin_group_resource(name: str) -> tuple[str, str]:
+    """``(group, resource)`` of a resource name as configured (``pods``, ``jobs.batch``,
+    ``jobs.batch/v1``), or ``("", "")`` when it is not certainly a built-in resource (a short name,
+    a custom resource: discovery and the server decide those)."""
+    plural, _, group = name.split("/", 1)[0].partition(".")
+    if not group:
+        return ("", plural) if plural in _CORE_RESOURCES else ("", "")
+    return (group, plural) if supported_field_labels(group, plural) is not None else ("", "")
 
 
 class SinkConfig(BaseModel):

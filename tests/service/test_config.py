@@ -102,7 +102,16 @@ def test_masked_dump_hides_secrets_but_not_file_paths(tmp_path: Path) -> None:
         ("resources: [{resource: pods, namspace: x}]\nsinks: [{name: s, kind: stdout}]\n",
          r"resources\.0\.namspace: unknown field"),
         ("resources: [{resource: pods, label_selector: 'app=('}]\nsinks: [{name: s, kind: stdout}]\n",
-         r"resources\.0\.label_selector: unbalanced"),
+         r"resources\.0\.label_selector: unable to parse requirement: found '\(', expected: identifier"),
+        ("resources: [{resource: pods, label_selector: 'tier in (web'}]\n"
+         "sinks: [{name: s, kind: stdout}]\n",
+         r"resources\.0\.label_selector: unable to parse requirement: found '', expected: ',' or '\)'"),
+        ("resources: [{resource: pods, field_selector: 'spec.nodname=n1'}]\n"
+         "sinks: [{name: s, kind: stdout}]\n",
+         r"resources\.0\.field_selector: field label not supported: spec\.nodname"),
+        ("resources: [{resource: jobs.batch, field_selector: 'spec.x=1'}]\n"
+         "sinks: [{name: s, kind: stdout}]\n",
+         r"resources\.0\.field_selector: field label not supported: spec\.x"),
         ("resources: [{resource: pods}]\nsinks: [{name: Bad Name, kind: stdout}]\n",
          r"sinks\.0\.name: sink name 'Bad Name' must be lowercase"),
         ("resources: [{resource: pods}]\nsinks: [{name: a, kind: stdout}, {name: a, kind: file}]\n",
