@@ -6,7 +6,8 @@ One change event becomes one CloudEvent (see docs/event-format.md for examples):
   an at-least-once redelivery: the first 32 hex digits of the SHA-256 of
   ``uid \\0 resourceVersion \\0 type \\0 snapshotId`` (snapshot markers have no uid; their snapshot id
   and resourceVersion make them unique; ``sync`` events include the snapshot id so two resyncs of an
-  unchanged object are distinct events).
+  unchanged object are distinct events). A ``deleted`` event: ``cluster \\0 uid \\0 deleted`` (one
+  delete per uid, whether seen on the watch or inferred by a relist).
 - ``source``: ``/clusters/{cluster}/api/v1/{resource}`` for the core group,
   ``/clusters/{cluster}/apis/{group}/{version}/{resource}`` otherwise.
 - ``type``: ``io.kube-event-bridge.{added|updated|deleted|sync|snapshot.begin|snapshot.end}``.
@@ -87,13 +88,19 @@ _MISSING: Any = object()
 
 def event_id(event: ChangeEvent, metadata: Mapping[str, Any] | None = None) -> str:
     """Deterministic id: 32 hex digits of SHA-256 over uid, resourceVersion, type and snapshot id.
-    ``metadata``: the object's metadata when the caller already has it (saves looking it up)."""
+    ``metadata``: the object's metadata when the caller already has it (saves looking it up).
+
+    A ``deleted`` event's id depends on the cluster and the uid alone: Kubernetes deletes a uid
+    once, so the delete seen on the watch and one inferred by a relist (final state unknown, an
+    older resourceVersion) are one event to a consumer that drops repeated ids."""
     snap = event.snapshot.id if event.snapshot is not None else ""
     if event.obj is None:
         uid, rv = "", event.resource_version
     else:
         meta = event.metadata if metadata is None else metadata
         uid, rv = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
+        if uid and event.type is EventType.DELETED:
+            return hashlib.sha256(f"{event.cluster}\0{uid}\0deleted".encode()).hexdigest()[:32]
     raw = f"{uid}\0{rv}\0{event.type.value}\0{snap}".encode()
     return hashlib.sha256(raw).hexdigest()[:32]
 

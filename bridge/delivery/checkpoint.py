@@ -10,7 +10,9 @@ Stores share one small contract (:class:`CheckpointStore`) and one byte encoding
 (:func:`encode_checkpoint` / :func:`decode_checkpoint`): a header line (format version, length,
 SHA-256) followed by the JSON body, so truncation and bit rot are detected instead of trusted. A
 checkpoint that cannot be read or verified raises :class:`CheckpointCorruptError`; the bridge then
-logs a warning and does a full, correct resync — never a crash, never a silent loss.
+logs a warning and does a full, correct resync — never a crash, never a silent loss. A valid
+checksum over nonsense (a resourceVersion that is not an integer, a known object without uid) is
+corrupt too: a watch from such a resume point would fail for ever.
 
 :class:`FileCheckpointStore` is the embedded default: one file per informer, written to a temporary
 file, fsynced, renamed over the old one, and the directory fsynced, so a crash leaves either the old
@@ -168,6 +170,7 @@ def decode_checkpoint(data: bytes, expected_id: str | None = None) -> Checkpoint
         doc: Any = orjson.loads(body)
         objects = {str(k): (str(v[0]), str(v[1])) for k, v in doc["objects"].items()}
         ahead = {str(k): (str(v[0]), str(v[1]), bool(v[2])) for k, v in (doc.get("ahead") or {}).items()}
+        _check_contents(doc)
         cp = Checkpoint(
             informer_id=str(doc["informer_id"]),
             resource_version=str(doc["resource_version"]),
@@ -182,9 +185,46 @@ def decode_checkpoint(data: bytes, expected_id: str | None = None) -> Checkpoint
         raise CheckpointCorruptError(
             f"checkpoint belongs to informer {cp.informer_id!r}, not {expected_id!r}"
         )
-    if not cp.resource_version:
-        raise CheckpointCorruptError("checkpoint has an empty resourceVersion")
     return cp
+
+
+def _is_rv(value: object) -> bool:
+    """A resourceVersion the bridge can resume from: a non-negative decimal integer (an etcd
+    revision; the bookkeeping compares them as integers, see docs/delivery-contract.md)."""
+    return isinstance(value, str) and value.isascii() and value.isdigit()
+
+
+def _check_key(where: str, key: object) -> None:
+    if not isinstance(key, str) or not key:
+        raise CheckpointCorruptError(f"checkpoint {where} has an empty key")
+    if key.count("/") > 1 or key.startswith("/") or key.endswith("/"):
+        raise CheckpointCorruptError(f"checkpoint {where} has key {key!r}, not namespace/name or name")
+
+
+def _check_contents(doc: Any) -> None:
+    """Contents that a valid checksum does not make sensible: a resume point that is not a
+    resourceVersion (a watch from it fails with 400 for ever), a known object without uid (its delete
+    could never be reported), entries of the wrong shape. Raises :class:`CheckpointCorruptError`."""
+    rv = doc["resource_version"]
+    if not _is_rv(rv):
+        raise CheckpointCorruptError(f"checkpoint resourceVersion {rv!r} is not a resourceVersion")
+    if not isinstance(doc["written_at"], int | float):
+        raise CheckpointCorruptError("checkpoint body is malformed: written_at is not a number")
+    for key, entry in doc["objects"].items():
+        _check_key("known-object index", key)
+        if len(entry) != 2 or not isinstance(entry[0], str) or not entry[0]:
+            raise CheckpointCorruptError(f"checkpoint known object {key!r} has no uid")
+        if not _is_rv(entry[1]):
+            raise CheckpointCorruptError(f"checkpoint known object {key!r} has resourceVersion {entry[1]!r}")
+    for key, entry in (doc.get("ahead") or {}).items():
+        _check_key("delivered-ahead map", key)
+        if len(entry) != 3 or not isinstance(entry[2], bool) or not isinstance(entry[0], str):
+            raise CheckpointCorruptError(f"checkpoint delivered-ahead entry {key!r} is malformed")
+        if not entry[2] and not entry[0]:
+            raise CheckpointCorruptError(f"checkpoint delivered-ahead entry {key!r} has no uid")
+        if not _is_rv(entry[1]):
+            raise CheckpointCorruptError(
+                f"checkpoint delivered-ahead entry {key!r} has resourceVersion {entry[1]!r}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -208,6 +248,10 @@ class FileCheckpointStore:
         if not informer_id or "/" in informer_id or informer_id.startswith("."):
             raise ValueError(f"unsafe informer id for a file name: {informer_id!r}")
         return self._dir / f"{informer_id}{self.SUFFIX}"
+
+    def journal_path(self, informer_id: str) -> Path:
+        """Where the informer's known-object journal lives (:mod:`bridge.delivery.journal`)."""
+        return self.path_for(informer_id).with_suffix(".journal")
 
     async def load(self, informer_id: str) -> Checkpoint | None:
         return await asyncio.to_thread(self._load, informer_id)

@@ -55,12 +55,15 @@ from bridge.delivery.checkpoint import (
     informer_id,
 )
 from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
+from bridge.delivery.journal import KnownObjectJournal, entries_by_key
 from bridge.delivery.progress import AckTracker, IndexEntry
 from bridge.informer.factory import InformerKey, SharedInformerFactory
+from bridge.informer.reflector import Reflector, WatchErrorHandler, default_watch_error_handler
 from bridge.informer.shared_informer import HandlerRegistration, SharedIndexInformer
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import APIResource
 from bridge.kube.listwatch import HttpListerWatcher
+from bridge.rawobject import object_identity
 from sinks.contract import ChangeEvent, DeliveryOutcome, EventType, ResourceRef, Sink, SnapshotInfo
 
 __all__ = [
@@ -106,10 +109,17 @@ class SinkListener:
         clock: Clock,
         snapshot_prefix: str = "",
         tracker: AckTracker | None = None,
+        journal: KnownObjectJournal | None = None,
+        resent: Mapping[str, tuple[str, bool]] | None = None,
     ) -> None:
-        """``tracker`` (the informer's) tells which deletes were inferred rather than observed."""
+        """``tracker`` (the informer's) tells which deletes were inferred rather than observed.
+        ``journal``: the informer's known-object journal; an event it has a record for is handed to
+        the sink only once the record is durable. ``resent``: uid → (resourceVersion, inferred) of
+        the deletes the journal says were sent before a restart (see :func:`delete_is_inferred`)."""
         self.sink = sink
         self._tracker = tracker
+        self._journal = journal
+        self._resent = resent or {}
         self.resource = resource
         self.cluster = cluster
         self._clock = clock
@@ -131,10 +141,9 @@ class SinkListener:
                 return []
             return [self._event(EventType.UPDATED, n.obj, old=n.old)]
         if n.kind is NotificationKind.DELETE:
-            if isinstance(n.obj, DeletedFinalStateUnknown):
-                return [self._event(EventType.DELETED, n.obj.obj, final_state_unknown=True)]
-            inferred = self._tracker is not None and self._tracker.is_unobserved_delete(n.seq)
-            return [self._event(EventType.DELETED, n.obj, final_state_unknown=inferred)]
+            obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
+            inferred = delete_is_inferred(n, self._tracker, self._resent)
+            return [self._event(EventType.DELETED, obj, final_state_unknown=inferred)]
         _, events = self._snapshot_events(n)
         return list(events)
 
@@ -156,6 +165,10 @@ class SinkListener:
 
     async def handle(self, notification: Notification, ack: AckFunc) -> None:
         self.stats.notifications += 1
+        journal = self._journal
+        if journal is not None and journal.must_wait(notification.seq):
+            # A new object or a delete: released only once the journal has it (module docs).
+            await journal.wait(notification.seq)
         events: Iterable[ChangeEvent]
         if notification.kind is NotificationKind.SNAPSHOT:
             self.stats.snapshots += 1
@@ -204,6 +217,25 @@ class SinkListener:
             ack()
 
         await self.sink.deliver(event, event_ack)
+
+
+def delete_is_inferred(n: Notification, tracker: AckTracker | None,
+                       resent: Mapping[str, tuple[str, bool]]) -> bool:
+    """Whether a delete notification goes out with ``finalstateunknown``.
+
+    A tombstone (the relist no longer returned the object) and the old object of a re-creation found
+    by a relist are inferred, except when the known-object journal says this very delete (same uid,
+    same resourceVersion) was sent before a restart: it is then sent again exactly as it was, so it
+    never appears as a second, inferred delete of a uid whose delete consumers already have."""
+    obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
+    if resent:
+        uid, rv = object_identity(obj)
+        before = resent.get(uid)
+        if before is not None and before[0] == rv:
+            return before[1]
+    if isinstance(n.obj, DeletedFinalStateUnknown):
+        return True
+    return tracker is not None and tracker.is_unobserved_delete(n.seq)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -289,7 +321,7 @@ def stub_objects(resource: ResourceRef, index: Mapping[str, IndexEntry]) -> list
 class _Informer:
     watched: WatchedResource
     informer: SharedIndexInformer
-    tracker: AckTracker
+    tracker: _CountingTracker
     resumed: bool = False
     resume_rv: str = ""
     corrupt_checkpoint: bool = False
@@ -299,6 +331,11 @@ class _Informer:
     saved_rv: str = ""
     last_saved: float | None = None
     checkpoint_errors: int = 0
+    journal: KnownObjectJournal | None = None
+    failing: str = ""
+    """Why the last list/watch cycle failed, while no progress was made since ("" = none)."""
+    failing_progress: int = -1
+    """The tracker's progress count when that failure was reported."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +382,14 @@ class _CountingTracker(AckTracker):
         self.resource = resource
         self.on_event = on_event
         self.received: collections.Counter[str] = collections.Counter()
+        self.progress_count = 0
+        """Progress markers seen: the informer listed, or its watch moved, this many times."""
+        self.journal: KnownObjectJournal | None = None
+        self.resent: Mapping[str, tuple[str, bool]] = {}
+
+    def progress(self, seq: int, resource_version: str) -> None:
+        self.progress_count += 1
+        super().progress(seq, resource_version)
 
     def dispatched(self, notification: Notification, listeners: Sequence[str]) -> None:
         if notification.seq >= 0:
@@ -356,6 +401,10 @@ class _CountingTracker(AckTracker):
                 except Exception:
                     log.exception("on_event callback failed")
         super().dispatched(notification, listeners)
+        if self.journal is not None and listeners:
+            inferred = (notification.kind is NotificationKind.DELETE
+                        and delete_is_inferred(notification, self, self.resent))
+            self.journal.note(notification, inferred=inferred)
 
 
 class BridgePipeline:
@@ -454,6 +503,9 @@ class BridgePipeline:
                     self._spawn(f"snapshot-timer:{ident}:{sink_name}", self._snapshot_timer(inf, reg, period))
             if self._snapshot_on_first_start and not inf.resumed:
                 self._spawn(f"first-snapshot:{ident}", self._first_snapshot(inf))
+        for ident, inf in self._informers.items():
+            if inf.journal is not None:
+                self._spawn(f"journal:{ident}", inf.journal.run())
         self._spawn("checkpoint-writer", self._checkpoint_loop())
 
     async def _prepare(self, watched: WatchedResource) -> None:
@@ -480,26 +532,76 @@ class BridgePipeline:
         )
         informer = self._make_informer(watched, tracker)
         inf = _Informer(watched=watched, informer=informer, tracker=tracker, corrupt_checkpoint=corrupt)
+        informer.set_watch_error_handler(self._watch_error_recorder(inf))
+        known, unconfirmed = self._known_objects(inf, checkpoint)
         if checkpoint is not None:
             delivered = {key: (int(rv), deleted) for key, (_uid, rv, deleted) in checkpoint.ahead.items()
                          if rv.isdigit()}
-            informer.resume_from(stub_objects(watched.ref, checkpoint.objects),
-                                 checkpoint.resource_version, delivered)
+            informer.resume_from(stub_objects(watched.ref, known), checkpoint.resource_version, delivered)
             inf.resumed = True
             inf.resume_rv = checkpoint.resource_version
             inf.saved_rv = checkpoint.resource_version
             inf.saved_generation = tracker.generation
             log.info("%s: resuming from checkpoint at resourceVersion %s (%d known objects)",
                      ident, checkpoint.resource_version, len(checkpoint.objects))
+        if unconfirmed:
+            informer.seed_unconfirmed(unconfirmed)
+            log.info("%s: %d objects delivered after the last checkpoint write are known from the "
+                     "journal", ident, len(unconfirmed))
         for sink in self._sinks:
             if not _resource_matches(sink, watched):
                 continue
             listener = SinkListener(sink=sink, resource=watched.ref, cluster=self._cluster,
-                                    clock=self._clock, snapshot_prefix=ident, tracker=tracker)
+                                    clock=self._clock, snapshot_prefix=ident, tracker=tracker,
+                                    journal=inf.journal, resent=tracker.resent)
             reg = informer.add_event_handler(listener, _listener_options(sink))
             inf.registrations[sink.name] = reg
             inf.listeners[sink.name] = listener
         self._informers[ident] = inf
+
+    def _known_objects(self, inf: _Informer, checkpoint: Checkpoint | None
+                       ) -> tuple[dict[str, IndexEntry], list[KubeObject]]:
+        """What the resumed informer knows: the checkpoint's objects (its index, updated by its
+        delivered-ahead map) with the journal's deletes applied, and the journal's objects the
+        checkpoint does not know (unconfirmed stubs). Opens the informer's journal when the store
+        keeps one."""
+        known: dict[str, IndexEntry] = dict(checkpoint.objects) if checkpoint is not None else {}
+        if checkpoint is not None:
+            for key, (uid, rv, deleted) in checkpoint.ahead.items():
+                if not deleted:
+                    known[key] = (uid, rv)
+        journal_path = getattr(self._store, "journal_path", None)
+        if journal_path is None:
+            return known, []
+        ident = inf.watched.informer_id
+        journal = KnownObjectJournal(path=journal_path(ident), informer_id=ident)
+        inf.journal = inf.tracker.journal = journal
+        resent: dict[str, tuple[str, bool]] = {}
+        unconfirmed: list[tuple[str, str, str]] = []
+        for key, items in entries_by_key(journal.load(checkpoint)).items():
+            for uid, entry in items:
+                if entry.deleted:
+                    resent[uid] = (entry.resource_version, entry.inferred)
+                if known.get(key, ("",))[0] == uid:
+                    if entry.deleted:  # re-sent, if at all, as the delete it was
+                        known[key] = (uid, entry.resource_version)
+                else:
+                    unconfirmed.append((key, uid, entry.resource_version))
+        inf.tracker.resent = resent
+        stubs = [stub_objects(inf.watched.ref, {key: (uid, rv)})[0] for key, uid, rv in unconfirmed]
+        return known, stubs
+
+    @staticmethod
+    def _watch_error_recorder(inf: _Informer) -> WatchErrorHandler:
+        """The informer's watch-error handler: logs as the default one does, and keeps the reason for
+        readiness until the informer makes progress again (a list, a watch event, a bookmark)."""
+
+        def handler(reflector: Reflector, err: BaseException) -> None:
+            default_watch_error_handler(reflector, err)
+            inf.failing = f"{type(err).__name__}: {err}"
+            inf.failing_progress = inf.tracker.progress_count
+
+        return handler
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(self._guard(name, coro), name=f"pipeline:{name}")
@@ -524,17 +626,29 @@ class BridgePipeline:
         return all(results)
 
     def ready(self) -> bool:
-        """Every informer synced and every sink healthy."""
+        """Every informer synced and able to list and watch, and every sink healthy."""
         return (
             self._started
             and not self._stopping
-            and all(inf.informer.has_synced() for inf in self._informers.values())
+            and all(inf.informer.has_synced() and not self._failing(inf) for inf in self._informers.values())
             and all(s.healthy() for s in self._sinks)
         )
 
+    @staticmethod
+    def _failing(inf: _Informer) -> str:
+        """Why the informer cannot list or watch: its last list/watch cycle failed and it has made
+        no progress since ("" when it is fine)."""
+        if inf.failing and inf.tracker.progress_count == inf.failing_progress:
+            return inf.failing
+        return ""
+
     def not_ready_reasons(self) -> list[str]:
-        reasons = [f"informer {i} not synced" for i, inf in self._informers.items()
-                   if not inf.informer.has_synced()]
+        reasons = []
+        for i, inf in self._informers.items():
+            if why := self._failing(inf):
+                reasons.append(f"informer {i} cannot list or watch: {why}")
+            elif not inf.informer.has_synced():
+                reasons.append(f"informer {i} not synced")
         reasons += [f"sink {s.name} unhealthy" for s in self._sinks if not s.healthy()]
         return reasons
 
@@ -550,7 +664,8 @@ class BridgePipeline:
         def left() -> float:
             return max(0.0, end - loop.time())
 
-        await self._cancel_tasks(lambda name: not name.startswith("informer:"))
+        # The journal writers stay: the listeners draining may wait for them.
+        await self._cancel_tasks(lambda name: not name.startswith(("informer:", "journal:")))
         for inf in self._informers.values():
             reflector = inf.informer.reflector
             if reflector is not None:
@@ -625,6 +740,8 @@ class BridgePipeline:
                 log.warning("writing the checkpoint of %s failed (%s); retrying at the next interval",
                             ident, exc)
                 continue
+            if inf.journal is not None:
+                inf.journal.compact(cp)
             inf.saved_generation = generation
             inf.saved_rv = rv
             inf.last_saved = self._clock.now()

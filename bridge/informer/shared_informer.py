@@ -194,6 +194,9 @@ class SharedIndexInformer:
         self._pop_task: asyncio.Task[None] | None = None
         self._reflector_task: asyncio.Task[None] | None = None
         self._delivered: dict[str, tuple[int, bool]] = {}
+        self._unconfirmed: dict[str, list[KubeObject]] = {}
+        """key → objects consumers may have received that the informer resumed without (see
+        :meth:`seed_unconfirmed`)."""
         self.suppressed_replays = 0
         """Changes replayed after a resume that had been delivered already (not notified again)."""
         self._lock = asyncio.Lock()
@@ -250,6 +253,64 @@ class SharedIndexInformer:
         self._resume_rv = resource_version
         self._last_progress_rv = resource_version
         self._delivered = dict(delivered or {})
+
+    def seed_unconfirmed(self, objects: Sequence[KubeObject]) -> None:
+        """Objects (metadata stubs) that consumers may have received as existing but that the
+        checkpoint resumed from does not know: the bridge's known-object journal. Call before
+        :meth:`run`, after :meth:`resume_from` if both are used.
+
+        Each is known to the next relist: one the list no longer returns (under its uid) is reported
+        deleted (a ``DeletedFinalStateUnknown`` of the stub); a list item or a watch event with its
+        uid reports the object as on a first start (an add), since consumers may never have had it.
+        Where the cache has nothing under the key, the newest stub also takes the key's place in the
+        cache, so that the relist's tombstones cover it.
+        """
+        if self._started:
+            raise InformerStartedError(f"informer {self.name!r}: seed_unconfirmed after start")
+        for obj in objects:
+            key = self._key_func(obj)
+            stubs = self._unconfirmed.setdefault(key, [])
+            cached = self._indexer.get_by_key(key)
+            if cached is None or object_identity(cached)[0] in {object_identity(s)[0] for s in stubs}:
+                self._indexer.add(obj)
+            stubs.append(obj)
+
+    def _settle_unconfirmed(self, delta: Delta, key: ObjectKey) -> list[Notification]:
+        """Applies a delta of a key with unconfirmed objects (see :meth:`seed_unconfirmed`): the
+        unconfirmed object the delta is about is forgotten, so the delta reports it afresh; a relist's
+        delta (a list item, or a tombstone) also reports every other one deleted. Returns those
+        deletes, to be distributed before the delta."""
+        stubs = self._unconfirmed[key]
+        obj = delta.object
+        relist = delta.type is DeltaType.REPLACED or isinstance(obj, DeletedFinalStateUnknown)
+        uid = object_identity(obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj)[0]
+        cached = self._indexer.get_by_key(key)
+        cached_uid = object_identity(cached)[0] if cached is not None else ""
+        gone: list[Notification] = []
+        keep: list[KubeObject] = []
+        for stub in stubs:
+            stub_uid = object_identity(stub)[0]
+            is_slot = stub_uid == cached_uid
+            if stub_uid == uid and not isinstance(obj, DeletedFinalStateUnknown):
+                if is_slot:
+                    self._indexer.delete_key(key)  # reported afresh: an add
+                continue
+            if not relist:
+                keep.append(stub)
+                if is_slot:
+                    self._indexer.delete_key(key)  # another object's change: not an update of it
+                continue
+            if is_slot:
+                if isinstance(obj, DeletedFinalStateUnknown):
+                    continue  # the relist's own tombstone for the key reports it
+                self._indexer.delete_key(key)
+            gone.append(Notification(kind=NotificationKind.DELETE, obj=DeletedFinalStateUnknown(key, stub),
+                                     key=key))
+        if keep:
+            self._unconfirmed[key] = keep
+        else:
+            del self._unconfirmed[key]
+        return gone
 
     def _already_delivered(self, delta: Delta, key: ObjectKey) -> bool:
         """True when ``delta`` only repeats a change delivered before the restart (see
@@ -445,6 +506,19 @@ class SharedIndexInformer:
                 self._processing_initial = False
 
     async def _handle_delta(self, delta: Delta, is_in_initial_list: bool) -> None:
+        obj = delta.object
+        distribute = self._processor.distribute
+        if self._unconfirmed and (ukey := self._key_func(obj)) in self._unconfirmed:
+            for gone in self._settle_unconfirmed(delta, ukey):
+                await distribute(gone, False)
+            await self._apply_delta(delta, is_in_initial_list)
+            stubs = self._unconfirmed.get(ukey)
+            if stubs and self._indexer.get_by_key(ukey) is None:
+                self._indexer.add(stubs[-1])  # known again to the next relist's tombstones
+            return
+        await self._apply_delta(delta, is_in_initial_list)
+
+    async def _apply_delta(self, delta: Delta, is_in_initial_list: bool) -> None:
         obj = delta.object
         distribute = self._processor.distribute
         if self._delivered and self._already_delivered(delta, self._key_func(obj)):

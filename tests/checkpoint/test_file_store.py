@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
 import pytest
 
 from bridge.delivery.checkpoint import (
@@ -122,3 +125,43 @@ def test_roundtrip_keeps_the_delivered_ahead_map() -> None:
     back = decode_checkpoint(encode_checkpoint(cp))
     assert back.ahead == {"default/a": ("u1", "45", False), "default/b": ("", "44", True)}
     assert back == cp
+
+
+def _sealed(body: dict[str, object]) -> bytes:
+    """A checkpoint whose header (length, checksum) is right for ``body``, whatever it holds."""
+    raw = orjson.dumps(body)
+    return b"kube-event-bridge-checkpoint 1 %d %s\n%s" % (
+        len(raw), hashlib.sha256(raw).hexdigest().encode(), raw)
+
+
+_GOOD: dict[str, object] = {"informer_id": "x", "resource_version": "42", "written_at": 1.0,
+                            "objects": {"ns/a": ["u-a", "40"]}, "ahead": {"ns/b": ["u-b", "43", False]}}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"resource_version": "abc"}, "resourceVersion 'abc'"),
+        ({"resource_version": "-5"}, "resourceVersion '-5'"),
+        ({"resource_version": 42}, "resourceVersion 42"),
+        ({"objects": {"ns/a": ["", "40"]}}, "'ns/a' has no uid"),
+        ({"objects": {"ns/a": [None, "40"]}}, "'ns/a' has no uid"),
+        ({"objects": {"ns/a": ["u-a", "forty"]}}, "'ns/a' has resourceVersion 'forty'"),
+        ({"objects": {"": ["u-a", "40"]}}, "empty key"),
+        ({"objects": {"a/b/c": ["u-a", "40"]}}, "key 'a/b/c'"),
+        ({"objects": ["ns/a"]}, "malformed"),
+        ({"ahead": {"ns/b": ["", "43", False]}}, "'ns/b' has no uid"),
+        ({"ahead": {"ns/b": ["u-b", "x", False]}}, "'ns/b' has resourceVersion 'x'"),
+        ({"ahead": {"ns/b": ["u-b", "43", "no"]}}, "'ns/b'"),
+        ({"written_at": "soon"}, "malformed"),
+    ],
+)
+def test_decode_rejects_nonsense_behind_a_valid_checksum(change: dict[str, object], message: str) -> None:
+    assert decode_checkpoint(_sealed(_GOOD)).resource_version == "42"  # the unchanged body is fine
+    with pytest.raises(CheckpointCorruptError, match=re.escape(message)):
+        decode_checkpoint(_sealed({**_GOOD, **change}))
+
+
+def test_a_deleted_ahead_entry_needs_no_uid() -> None:
+    cp = decode_checkpoint(_sealed({**_GOOD, "ahead": {"ns/b": ["", "43", True]}}))
+    assert cp.ahead == {"ns/b": ("", "43", True)}

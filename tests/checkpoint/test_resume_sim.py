@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from bridge.clock import RealClock
-from bridge.delivery.checkpoint import FileCheckpointStore
+from bridge.delivery.checkpoint import FileCheckpointStore, informer_id
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.kube.apiclient import ApiClient
@@ -19,6 +20,7 @@ from bridge.kube.listwatch import HttpListerWatcher
 from bridge.sim import Simulator
 from sinks.contract import ResourceRef
 from tests.checkpoint.helpers import RecordingSink, until
+from tests.checkpoint.test_file_store import _sealed
 
 NS = "resume"
 
@@ -145,3 +147,49 @@ async def test_compacted_history_gives_410_and_only_the_differences(
     await until(lambda: p.tracker(ident).resource_version == rv(fresh), what="acked")
     await p.shutdown(5)
     assert not [e for e in sink.events if e.subject == f"{NS}/same"]  # unchanged: not re-sent
+
+
+async def test_checkpoint_with_a_nonsense_resource_version_is_corrupt_and_lists_fully(
+    sim: tuple[Simulator, ApiClient], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checksum over nonsense is still nonsense: a resume point of "abc" would make every watch and
+    list fail with 400 for ever; the bridge warns and lists from scratch instead."""
+    _, client = sim
+    a = await create(client, "a")
+    sink = RecordingSink("rec")
+    p = await make(client, tmp_path, sink)
+    store = FileCheckpointStore(directory=tmp_path)
+    ident = informer_id("configmaps", NS)
+    store.path_for(ident).parent.mkdir(parents=True, exist_ok=True)
+    store.path_for(ident).write_bytes(_sealed({
+        "informer_id": ident, "resource_version": "abc", "written_at": 1.0,
+        "objects": {f"{NS}/a": [a["metadata"]["uid"], rv(a)]}, "ahead": {}}))
+    with caplog.at_level(logging.WARNING, logger="bridge.delivery.pipeline"):
+        await p.start()
+    assert not p.resumed(ident)
+    assert any("corrupt" in r.getMessage() and "'abc'" in r.getMessage() for r in caplog.records)
+    await until(lambda: sink.changes() == [("added", f"{NS}/a", rv(a), False)], what="a full list")
+    assert p.not_ready_reasons() == []
+    await p.shutdown(5)
+
+
+async def test_readiness_reports_an_informer_that_cannot_list_or_watch(
+    sim: tuple[Simulator, ApiClient], tmp_path: Path
+) -> None:
+    server, client = sim
+    await create(client, "a")
+    sink = RecordingSink("rec")
+    p = await make(client, tmp_path, sink)
+    await p.start()
+    assert await p.wait_for_sync(10)
+    assert p.ready()
+    assert p.not_ready_reasons() == []
+    # Every request fails from now on; the open watch ends, and the relist cannot succeed.
+    server.set_faults(error_code=500, error_count=1_000_000, error_retry_after=0)
+    server.expire_watches()
+    await until(lambda: not p.ready(), what="readiness to drop")
+    [reason] = p.not_ready_reasons()
+    assert reason.startswith(f"informer {informer_id('configmaps', NS)} cannot list or watch: ServerError")
+    server.set_faults({})
+    await until(p.ready, timeout=30, what="readiness to return once the server answers")
+    await p.shutdown(5)

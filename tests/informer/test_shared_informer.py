@@ -703,3 +703,65 @@ async def test_relist_after_resume_skips_what_was_delivered(env: Env) -> None:
         await asyncio.sleep(0)
     assert len(rec.calls) == 1
     assert sorted(informer.get_indexer().list_keys()) == ["ns/a", "ns/c"]
+
+
+def _unconfirmed(name: str, uid: str, rv: str) -> KubeObject:
+    return {"metadata": {"namespace": "ns", "name": name, "uid": uid, "resourceVersion": rv}}
+
+
+async def test_relist_reports_unconfirmed_objects_that_are_gone(env: Env) -> None:
+    """Objects the journal knows (sinks may have them) but the checkpoint does not: a relist that does
+    not return one under its uid reports it deleted (a tombstone); one it returns is an add."""
+    a = env.source.add(cm("a"))            # 1  in the checkpoint
+    env.source.add(cm("kept"))             # 2  delivered after the checkpoint write, still there
+    gone = env.source.add(cm("gone"))      # 3  delivered after the checkpoint write, deleted while down
+    env.source.delete(cm("gone"))          # 4
+    env.source.add(cm("other"))            # 5  delivered, then re-created under a new uid while down
+    env.source.delete(cm("other"))         # 6
+    other2 = env.source.add(cm("other"))   # 7
+    env.source.compact()
+    informer = env.informer()
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    informer.resume_from([_stub(a)], "1")
+    informer.seed_unconfirmed([_unconfirmed("kept", "uid-ns-kept-2", "2"),
+                               _unconfirmed("gone", gone["metadata"]["uid"], "3"),
+                               _unconfirmed("other", "uid-ns-other-5", "5")])
+    await env.start(informer)
+    calls = await rec.wait_for(4)
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert sorted(rec.calls) == sorted([
+        ("add", "ns/kept", "2", False),
+        ("delete", "ns/gone", "3", True),
+        ("delete", "ns/other", "5", True),
+        ("add", "ns/other", "7", False),
+    ])
+    # Per object, the old uid's delete comes before the new one's add.
+    assert calls.index(("delete", "ns/other", "5", True)) < calls.index(("add", "ns/other", "7", False))
+    assert sorted(informer.get_indexer().list_keys()) == ["ns/a", "ns/kept", "ns/other"]
+    assert informer.get_indexer().get_by_key(ObjectKey("ns/other"))["metadata"]["uid"] == (  # type: ignore[index]
+        other2["metadata"]["uid"])
+
+
+async def test_watch_replay_reports_unconfirmed_objects_as_they_happened(env: Env) -> None:
+    """The resume point did not expire: the replayed watch shows what happened to each unconfirmed
+    object, in order; none of them is mistaken for an update or a delete of another uid."""
+    a = env.source.add(cm("a"))            # 1  in the checkpoint
+    env.source.add(cm("x"))                # 2  delivered after the checkpoint write
+    env.source.delete(cm("x"))             # 3  delivered too
+    env.source.add(cm("x", k="2"))         # 4  delivered after the checkpoint write (new uid)
+    env.source.delete(cm("x"))             # 5  while down
+    informer = env.informer()
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    informer.resume_from([_stub(a)], "1")
+    informer.seed_unconfirmed([_unconfirmed("x", "uid-ns-x-2", "3"), _unconfirmed("x", "uid-ns-x-4", "4")])
+    await env.start(informer)
+    calls = await rec.wait_for(4)
+    assert calls == [("add", "ns/x", "2", False), ("delete", "ns/x", "3", False),
+                     ("add", "ns/x", "4", False), ("delete", "ns/x", "5", False)]
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert len(rec.calls) == 4
+    assert sorted(informer.get_indexer().list_keys()) == ["ns/a"]

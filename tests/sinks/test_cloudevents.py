@@ -150,3 +150,16 @@ def test_rfc3339() -> None:
     assert rfc3339(0.9999999) == "1970-01-01T00:00:01.000000Z"
     assert rfc3339(1_704_067_199.5) == "2023-12-31T23:59:59.500000Z"
     assert rfc3339(1_704_067_200.0) == "2024-01-01T00:00:00.000000Z"
+
+
+def test_a_delete_id_depends_on_uid_and_cluster_alone() -> None:
+    """A uid is deleted once: the delete seen on the watch and one inferred by a relist (another
+    resourceVersion, final state unknown) are the same event for a consumer deduplicating by id."""
+    real = event(EventType.DELETED, obj("a", uid="u", rv="9"))
+    inferred = event(EventType.DELETED, obj("a", uid="u", rv="5"), final_state_unknown=True)
+    assert event_id(real) == event_id(inferred)
+    assert event_id(real) == hashlib.sha256(b"prod\x00u\x00deleted").hexdigest()[:32]
+    assert event_id(real) != event_id(event(EventType.DELETED, obj("a", uid="v", rv="9")))
+    other_cluster = event(EventType.DELETED, obj("a", uid="u", rv="9"))
+    other_cluster.cluster = "elsewhere"
+    assert event_id(real) != event_id(other_cluster)

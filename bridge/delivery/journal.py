@@ -1,0 +1,338 @@
+"""The known-object journal: what sinks may have received, made durable before they receive it.
+
+A checkpoint (:mod:`bridge.delivery.checkpoint`) is written every ``checkpoint.interval`` and knows
+the objects as of its resourceVersion. Between two writes the bridge keeps delivering: an object
+created after the last write may reach a sink, and its delete may reach a sink too. After a crash
+the bridge resumes from the checkpoint; if the server's history has expired meanwhile (410) it
+relists, and a relist can only report deletes of objects the bridge knows. So this module keeps the
+invariant the delivery contract promises:
+
+    **Every object any sink may have received as existing is known after any crash**: it is in the
+    last checkpoint written, or in this journal. And every delete any sink may have received is
+    known the same way, with its resourceVersion and whether it was inferred.
+
+It holds because of one rule, enforced by the sink listeners (:class:`~bridge.pipeline.SinkListener`
+awaits :meth:`KnownObjectJournal.wait`): **the first event of an object the durable state does not
+know (its first add, or the first update of an object the bridge resumed without knowing), and every
+delete, is released to the sinks only once its journal record is on disk.** Records are appended by
+one writer task and made durable by one ``fsync`` per batch (group commit), so a burst of new objects
+costs one or two ``fsync``s of latency, not one each; updates of known objects never wait.
+
+What a resumed bridge does with it (:meth:`BridgePipeline._prepare`): a journalled delete of an
+object the checkpoint knows replaces that object's stub resourceVersion by the delete's, so whatever
+the restart re-sends for it carries the same resourceVersion and id as the delete already sent (never
+an older, inferred one); objects only the journal knows are handed to the informer as *unconfirmed*
+(:meth:`~bridge.shared_informer.SharedIndexInformer.seed_unconfirmed`): a relist that does not return
+one reports it deleted.
+
+After every checkpoint write the journal is compacted: records the new checkpoint already implies are
+dropped and the file is rewritten (temporary file, fsync, rename), so it holds at most what changed
+in one checkpoint interval.
+
+File format (``<informer id>.journal`` next to the checkpoint): a header line ``{"journal": 1,
+"informer_id": …}``, then one JSON array per line, ``["a", key, uid, rv]`` (known to exist) or
+``["d", key, uid, rv, inferred]`` (deleted). A torn last line (a crash mid-append: its events were
+never released) and anything after a line that does not parse are ignored with a warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind
+from bridge.delivery.checkpoint import Checkpoint
+from bridge.rawobject import object_identity
+
+__all__ = ["JournalEntry", "KnownObjectJournal"]
+
+log = logging.getLogger(__name__)
+
+_VERSION = 1
+_RETRY_DELAY = 1.0
+"""Seconds between attempts when the journal cannot be written (events wait meanwhile)."""
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """The newest durable fact about one uid."""
+
+    key: str
+    resource_version: str
+    deleted: bool = False
+    inferred: bool = False
+    """For a delete: it was inferred by a relist (sent with ``finalstateunknown``)."""
+
+
+def _checkpoint_uids(cp: Checkpoint | None) -> dict[str, str]:
+    """uid → key of the objects a checkpoint knows to exist (its index, updated by its ahead map)."""
+    if cp is None:
+        return {}
+    alive = dict(cp.objects)
+    for key, (uid, rv, deleted) in cp.ahead.items():
+        if deleted:
+            alive.pop(key, None)
+        else:
+            alive[key] = (uid, rv)
+    return {uid: key for key, (uid, _) in alive.items()}
+
+
+class KnownObjectJournal:
+    """The journal of one informer (see the module docstring)."""
+
+    def __init__(self, *, path: str | os.PathLike[str], informer_id: str, fsync: bool = True) -> None:
+        self._path = Path(path)
+        self._informer_id = informer_id
+        self._fsync = fsync
+        self._entries: dict[str, JournalEntry] = {}
+        """uid → newest fact, exactly what the file holds once the pending records are written."""
+        self._checkpoint: dict[str, str] = {}
+        """uid → key of the objects the last checkpoint written knows to exist."""
+        self._pending: list[bytes] = []
+        self._queued_seq = -1
+        """The highest notification seq whose record was queued."""
+        self._written_seq = -1
+        """The highest notification seq whose record is durable (every earlier one is too)."""
+        self._committed = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._compact_to: Checkpoint | None = None
+        self._compact_requested = False
+        self._file: int | None = None
+        self.commits = 0
+        """Group commits done (each one write + fsync)."""
+        self.records = 0
+        """Records appended."""
+        self.write_errors = 0
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    # ---------------------------------------------------------------------------------------------
+    # loading
+
+    def load(self, checkpoint: Checkpoint | None) -> dict[str, JournalEntry]:
+        """Reads the journal left by the previous run (uid → newest fact; empty when there is none)
+        and makes ``checkpoint`` (the one the informer resumes from) the compaction base. The file
+        is rewritten, compacted, by :meth:`run` before any new record is appended."""
+        self._checkpoint = _checkpoint_uids(checkpoint)
+        self._entries = self._read()
+        self._compact_requested = True
+        return dict(self._entries)
+
+    def _read(self) -> dict[str, JournalEntry]:
+        try:
+            data = self._path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            log.warning("journal %s cannot be read (%s); objects delivered after the last checkpoint "
+                        "write and deleted while the bridge was down may get no delete", self._path, exc)
+            return {}
+        lines = data.split(b"\n")
+        entries: dict[str, JournalEntry] = {}
+        try:
+            head = orjson.loads(lines[0])
+            if head.get("journal") != _VERSION or head.get("informer_id") != self._informer_id:
+                raise ValueError(f"header {lines[0][:200]!r} is not this informer's journal")
+        except (orjson.JSONDecodeError, ValueError, AttributeError) as exc:
+            log.warning("journal %s is not readable (%s); ignoring it", self._path, exc)
+            return {}
+        complete = lines[1:-1]  # the last element follows the last newline: empty, or a torn line
+        if lines[-1]:
+            log.warning("journal %s ends with a torn record (a crash while appending); ignoring it",
+                        self._path)
+        for n, line in enumerate(complete, start=2):
+            try:
+                uid, entry = _parse(line)
+            except (orjson.JSONDecodeError, ValueError, TypeError, IndexError) as exc:
+                log.warning("journal %s: line %d is corrupt (%s); ignoring it and what follows",
+                            self._path, n, exc)
+                break
+            entries[uid] = entry
+        return entries
+
+    # ---------------------------------------------------------------------------------------------
+    # recording (the informer's delivery observer calls note() for every dispatched notification)
+
+    def note(self, notification: Notification, *, inferred: bool) -> None:
+        """Queues the record a dispatched notification needs, if any: the object's first appearance
+        in what the durable state knows, or a delete. Synchronous; :meth:`wait` tells when it is
+        on disk."""
+        n = notification
+        if n.seq < 0 or n.kind is NotificationKind.SNAPSHOT:
+            return
+        obj = n.obj
+        if isinstance(obj, DeletedFinalStateUnknown):
+            obj = obj.obj
+            inferred = True
+        uid, rv = object_identity(obj)
+        if not uid:
+            return
+        key = str(n.key)
+        if n.kind is NotificationKind.DELETE:
+            self._entries[uid] = JournalEntry(key, rv, deleted=True, inferred=inferred)
+            self._queue(n.seq, orjson.dumps(["d", key, uid, rv, inferred]))
+            return
+        known = self._entries.get(uid)
+        if (known is not None and not known.deleted) or self._checkpoint.get(uid) == key:
+            return
+        self._entries[uid] = JournalEntry(key, rv)
+        self._queue(n.seq, orjson.dumps(["a", key, uid, rv]))
+
+    def _queue(self, seq: int, record: bytes) -> None:
+        self._pending.append(record)
+        self._queued_seq = seq
+        self._wake.set()
+
+    def must_wait(self, seq: int) -> bool:
+        """True while a record of a notification up to ``seq`` is not durable yet."""
+        return self._written_seq < min(seq, self._queued_seq)
+
+    async def wait(self, seq: int) -> None:
+        """Returns once every record of notifications up to ``seq`` is durable."""
+        while self._written_seq < min(seq, self._queued_seq):
+            await self._committed.wait()
+
+    def compact(self, checkpoint: Checkpoint) -> None:
+        """``checkpoint`` was written: the records it implies can go (done by the writer task)."""
+        self._compact_to = checkpoint
+        self._wake.set()
+
+    # ---------------------------------------------------------------------------------------------
+    # the writer task
+
+    async def run(self) -> None:
+        """Writes queued records (one write + fsync per batch) and compactions, until cancelled."""
+        try:
+            while True:
+                if not (self._pending or self._compact_to is not None or self._compact_requested):
+                    self._wake.clear()
+                    await self._wake.wait()
+                try:
+                    await self._write_once()
+                except OSError as exc:
+                    self.write_errors += 1
+                    log.error("journal %s cannot be written (%s); new objects and deletes wait for it, "
+                              "retrying in %.0f s", self._path, exc, _RETRY_DELAY)
+                    await asyncio.sleep(_RETRY_DELAY)
+        finally:
+            self._close_file()
+
+    async def _write_once(self) -> None:
+        target = self._queued_seq
+        batch, self._pending = self._pending, []
+        cp = self._compact_to
+        compacting = cp is not None or self._compact_requested
+        try:
+            if compacting:
+                if cp is not None:
+                    self._checkpoint = _checkpoint_uids(cp)
+                self._entries = {uid: e for uid, e in self._entries.items() if self._needed(uid, e)}
+                lines = [orjson.dumps({"journal": _VERSION, "informer_id": self._informer_id})]
+                lines.extend(_record(uid, e) for uid, e in self._entries.items())
+                # The rewrite holds every fact noted so far, the batch's records included.
+                await asyncio.to_thread(self._rewrite, b"\n".join(lines) + b"\n")
+                if self._compact_to is cp:
+                    self._compact_to = None
+                self._compact_requested = False
+            else:
+                await asyncio.to_thread(self._append, b"\n".join(batch) + b"\n")
+                self.records += len(batch)
+        except BaseException:
+            self._pending = batch + self._pending
+            # A failed append may have left a torn line: the retry rewrites the whole journal.
+            self._compact_requested = True
+            raise
+        self.commits += 1
+        if target > self._written_seq:
+            self._written_seq = target
+            committed, self._committed = self._committed, asyncio.Event()
+            committed.set()
+
+    def _needed(self, uid: str, e: JournalEntry) -> bool:
+        """A record the last checkpoint does not imply: an object it does not know to exist, or the
+        delete of one it does."""
+        known_alive = self._checkpoint.get(uid) == e.key
+        return known_alive if e.deleted else not known_alive
+
+    def _rewrite(self, data: bytes) -> None:
+        self._close_file()
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                _write_all(fd, data)
+                if self._fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self._path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise
+        if self._fsync:
+            dfd = os.open(self._path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        self._file = os.open(self._path, os.O_WRONLY | os.O_APPEND)
+
+    def _append(self, data: bytes) -> None:
+        if self._file is None:
+            raise OSError(f"journal {self._path} is not open")
+        _write_all(self._file, data)
+        if self._fsync:
+            os.fdatasync(self._file)
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._file)
+            self._file = None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _record(uid: str, e: JournalEntry) -> bytes:
+    if e.deleted:
+        return orjson.dumps(["d", e.key, uid, e.resource_version, e.inferred])
+    return orjson.dumps(["a", e.key, uid, e.resource_version])
+
+
+def _parse(line: bytes) -> tuple[str, JournalEntry]:
+    rec = orjson.loads(line)
+    op, key, uid, rv = rec[0], rec[1], rec[2], rec[3]
+    if not (isinstance(key, str) and key and isinstance(uid, str) and uid):
+        raise ValueError("a record without key or uid")
+    if not (isinstance(rv, str) and rv.isascii() and rv.isdigit()):
+        raise ValueError(f"resourceVersion {rv!r} is not a resourceVersion")
+    if op == "a" and len(rec) == 4:
+        return uid, JournalEntry(key, rv)
+    if op == "d" and len(rec) == 5 and isinstance(rec[4], bool):
+        return uid, JournalEntry(key, rv, deleted=True, inferred=rec[4])
+    raise ValueError(f"unknown record {rec!r}")
+
+
+def entries_by_key(entries: Mapping[str, JournalEntry]) -> dict[str, list[tuple[str, JournalEntry]]]:
+    """key → [(uid, entry)], oldest resourceVersion first."""
+    out: dict[str, list[tuple[str, JournalEntry]]] = {}
+    for uid, e in entries.items():
+        out.setdefault(e.key, []).append((uid, e))
+    for items in out.values():
+        items.sort(key=lambda item: int(item[1].resource_version))
+    return out

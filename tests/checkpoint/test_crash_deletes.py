@@ -1,0 +1,128 @@
+"""Deletes after a crash whose resume point expired, with real processes (simulator, bridge, file sink).
+
+The bridge is SIGKILLed right after it delivered changes that no checkpoint write has covered yet:
+
+* ``fresh`` was created after the last checkpoint write, delivered as ``added``, then deleted while the
+  bridge was down. The checkpoint's known-object index never held it: only the known-object journal
+  (written before its first event was released) lets the restarted bridge report its delete.
+* ``doomed`` was in the checkpoint and its real delete was delivered before the crash: the restart
+  must not send a second delete with an older resourceVersion, and whatever it re-sends for it has
+  the real delete's id.
+
+While it is down the history is compacted, so the resume gets 410 and relists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from bridge.delivery.checkpoint import FileCheckpointStore, informer_id
+from bridge.kube.apiclient import ApiClient
+from tests.checkpoint.crash_harness import CE_PREFIX, BridgeProcess, live_objects, sim_process
+
+NS = "phantom"
+IDENT = informer_id("configmaps", NS, "", "")
+PATH = f"/api/v1/namespaces/{NS}/configmaps"
+INTERVAL = 5.0
+"""Long enough that no checkpoint is written between the first one and the kill."""
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def changes(path: Path) -> list[tuple[str, str, str, str, bool]]:
+    return [(str(e["type"]).removeprefix(CE_PREFIX), e.get("subject", ""), e.get("uid", ""),
+             e.get("resourceversion", ""), e.get("finalstateunknown") == "true")
+            for e in read_events(path) if "subject" in e]
+
+
+async def until(predicate: Any, timeout: float, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def until_checkpoint(store: FileCheckpointStore, rv: str, timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while (current := await checkpoint_rv(store)) != rv:
+        assert loop.time() < end, f"no checkpoint at {rv} (last {current!r})"
+        await asyncio.sleep(0.02)
+
+
+async def checkpoint_rv(store: FileCheckpointStore) -> str:
+    cp = await store.load(IDENT)
+    return cp.resource_version if cp is not None else ""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_crash_with_expired_history_deletes_what_sinks_saw_and_never_an_older_delete(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "events.jsonl"
+    store = FileCheckpointStore(directory=tmp_path / "ckpt")
+    args = ["--kubeconfig", "", "--resource", "configmaps", "--namespace", NS,
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", str(INTERVAL),
+            "--file", str(out)]
+    async with sim_process(tmp_path) as (_, kubeconfig):
+        args[1] = str(kubeconfig)
+        client = ApiClient.from_kubeconfig(str(kubeconfig))
+        bridge = BridgeProcess(args, log=tmp_path / "bridge.log")
+        try:
+            old = await client.create(PATH, {"metadata": {"name": "old"}})
+            doomed = await client.create(PATH, {"metadata": {"name": "doomed"}})
+            await bridge.start()
+            await bridge.wait_synced()
+            await until(lambda: len(changes(out)) == 2, 20, "the initial adds")
+            # The first checkpoint write covers both; the next one is INTERVAL seconds away.
+            await until_checkpoint(store, doomed["metadata"]["resourceVersion"], 20)
+            fresh = await client.create(PATH, {"metadata": {"name": "fresh"}})
+            gone = await client.delete(f"{PATH}/doomed")
+            await until(lambda: len(changes(out)) == 4, 3, "fresh's add and doomed's delete")
+            await bridge.kill()
+            assert await checkpoint_rv(store) == doomed["metadata"]["resourceVersion"]  # not covered
+            # The outage: fresh is deleted, and the history is compacted.
+            await client.delete(f"{PATH}/fresh")
+            await client.request("POST", "/_sim/compact")
+            await bridge.start()
+            await bridge.wait_synced()
+            listed = await client.get(PATH)
+            await until(lambda: any(c[1] == f"{NS}/fresh" and c[0] == "deleted" for c in changes(out)), 20,
+                        "fresh's delete")
+            await bridge.stop()
+            final = await live_objects(client, NS)
+        finally:
+            await bridge.kill()
+            await client.close()
+
+    seen = changes(out)
+    uid = {n: o["metadata"]["uid"] for n, o in (("old", old), ("doomed", doomed), ("fresh", fresh))}
+    # Phantoms: fresh reached the sink as existing and is gone; it got a delete (inferred).
+    fresh_events = [c for c in seen if c[2] == uid["fresh"]]
+    assert [c[0] for c in fresh_events] == ["added", "deleted"]
+    assert fresh_events[1][4] is True  # final state unknown: the bridge did not see it happen
+    # One delete per uid: doomed's real delete was delivered; nothing older, nothing inferred follows.
+    doomed_deletes = [c for c in seen if c[2] == uid["doomed"] and c[0] == "deleted"]
+    real = ("deleted", f"{NS}/doomed", uid["doomed"], gone["metadata"]["resourceVersion"], False)
+    assert doomed_deletes[0] == real
+    assert all(c == doomed_deletes[0] for c in doomed_deletes), doomed_deletes
+    ids = {e["id"] for e in read_events(out)
+           if e.get("uid") == uid["doomed"] and e["type"].endswith("deleted")}
+    assert len(ids) == 1
+    # The consumer's state is the cluster's.
+    state: dict[str, tuple[str, str] | None] = {}
+    for t, subject, u, rv, _ in seen:
+        state[u] = None if t == "deleted" else (subject, rv)
+    assert {u: s for u, s in state.items() if s is not None} == final
+    assert listed["metadata"]["resourceVersion"]

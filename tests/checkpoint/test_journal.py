@@ -1,0 +1,121 @@
+"""The known-object journal: which notifications need a record, group commit, the gate, torn and
+corrupt files, compaction against the checkpoint written."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind, ObjectKey
+from bridge.delivery.checkpoint import Checkpoint
+from bridge.delivery.journal import JournalEntry, KnownObjectJournal
+from tests.checkpoint.helpers import until
+
+IDENT = "configmaps.ns.abc"
+
+
+def obj(name: str, uid: str, rv: str) -> dict[str, object]:
+    return {"metadata": {"namespace": "ns", "name": name, "uid": uid, "resourceVersion": rv}}
+
+
+def note(j: KnownObjectJournal, seq: int, kind: NotificationKind, name: str, uid: str, rv: str,
+         *, tombstone: bool = False, inferred: bool = False) -> None:
+    o = obj(name, uid, rv)
+    key = ObjectKey(f"ns/{name}")
+    target = DeletedFinalStateUnknown(key, o) if tombstone else o
+    j.note(Notification(kind=kind, obj=target, seq=seq, key=key), inferred=inferred)
+
+
+def records(path: Path) -> list[object]:
+    lines = path.read_bytes().splitlines()
+    assert orjson.loads(lines[0]) == {"journal": 1, "informer_id": IDENT}
+    return [orjson.loads(line) for line in lines[1:]]
+
+
+@pytest.fixture
+async def running(tmp_path: Path) -> AsyncIterator[KnownObjectJournal]:
+    checkpoint = Checkpoint(informer_id=IDENT, resource_version="10", objects={"ns/known": ("u-known", "9")})
+    j = KnownObjectJournal(path=tmp_path / f"{IDENT}.journal", informer_id=IDENT)
+    assert j.load(checkpoint) == {}
+    task = asyncio.create_task(j.run(), name="journal-under-test")
+    try:
+        yield j
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_new_objects_and_deletes_wait_for_their_record_updates_of_known_objects_do_not(
+    running: KnownObjectJournal,
+) -> None:
+    j = running
+    note(j, 0, NotificationKind.UPDATE, "known", "u-known", "11")  # the checkpoint knows it
+    assert not j.must_wait(0)
+    note(j, 1, NotificationKind.ADD, "a", "u-a", "12")
+    note(j, 2, NotificationKind.UPDATE, "a", "u-a", "13")  # known now (journalled)
+    note(j, 3, NotificationKind.DELETE, "known", "u-known", "14")
+    note(j, 4, NotificationKind.DELETE, "gone", "u-gone", "9", tombstone=True)
+    assert j.must_wait(1)
+    assert j.must_wait(4)
+    async with asyncio.timeout(5):
+        await j.wait(4)
+    assert not j.must_wait(4)
+    assert records(j.path) == [["a", "ns/a", "u-a", "12"], ["d", "ns/known", "u-known", "14", False],
+                               ["d", "ns/gone", "u-gone", "9", True]]
+
+
+async def test_a_burst_is_one_group_commit(running: KnownObjectJournal) -> None:
+    j = running
+    await until(lambda: j.commits > 0, what="the start-up rewrite")
+    commits = j.commits
+    for i in range(200):
+        note(j, i, NotificationKind.ADD, f"o{i}", f"u{i}", str(100 + i))
+    async with asyncio.timeout(5):
+        await j.wait(199)
+    assert j.commits == commits + 1
+    assert len(records(j.path)) == 200
+
+
+async def test_compaction_keeps_only_what_the_checkpoint_written_does_not_imply(
+    running: KnownObjectJournal,
+) -> None:
+    j = running
+    note(j, 1, NotificationKind.ADD, "a", "u-a", "12")
+    note(j, 2, NotificationKind.ADD, "b", "u-b", "13")
+    note(j, 3, NotificationKind.DELETE, "known", "u-known", "14")
+    note(j, 4, NotificationKind.ADD, "c", "u-c", "15")
+    note(j, 5, NotificationKind.DELETE, "c", "u-c", "16")
+    async with asyncio.timeout(5):
+        await j.wait(5)
+    # The next checkpoint knows a (index) and b (ahead), and that known and c are gone.
+    j.compact(Checkpoint(informer_id=IDENT, resource_version="13", objects={"ns/a": ("u-a", "12")},
+                         ahead={"ns/b": ("u-b", "13", False), "ns/known": ("", "14", True)}))
+    note(j, 6, NotificationKind.ADD, "d", "u-d", "17")
+    async with asyncio.timeout(5):
+        await j.wait(6)
+    await until(lambda: j._compact_to is None, what="the compaction")
+    assert sorted(map(str, records(j.path))) == sorted(map(str, [["a", "ns/d", "u-d", "17"]]))
+
+
+async def test_load_ignores_a_torn_tail_and_what_follows_a_corrupt_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    path = tmp_path / "j.journal"
+    head = orjson.dumps({"journal": 1, "informer_id": IDENT})
+    path.write_bytes(head + b'\n["a","ns/a","u-a","12"]\n["d","ns/a","u-a","13",false]\n["a","ns/b","u-')
+    j = KnownObjectJournal(path=path, informer_id=IDENT)
+    with caplog.at_level(logging.WARNING, logger="bridge.delivery.journal"):
+        assert j.load(None) == {"u-a": JournalEntry("ns/a", "13", deleted=True)}
+    assert any("torn" in r.getMessage() for r in caplog.records)
+    path.write_bytes(head + b'\n["a","ns/a","u-a","12"]\n["a","ns/b","u-b","abc"]\n["a","ns/c","u-c","14"]\n')
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="bridge.delivery.journal"):
+        assert j.load(None) == {"u-a": JournalEntry("ns/a", "12")}
+    assert any("line 3 is corrupt" in r.getMessage() for r in caplog.records)
+    path.write_bytes(orjson.dumps({"journal": 1, "informer_id": "another"}) + b"\n")
+    assert j.load(None) == {}
