@@ -18,10 +18,13 @@ Only missing, phantom and stale objects make the sink's state differ from the cl
 reported (and ``strict`` makes order violations count too).
 
 Reconstruction follows docs/event-format.md. An object is identified by its uid (a uid lives once:
-re-creating a name gives a new uid). In the sink's order, per uid, an event replaces the state held
-unless it is older (lower resourceVersion; a delete at the same resourceVersion as the state it ends
-wins): ``added``, ``updated`` and ``sync`` make the object alive at that state, ``deleted`` ends it.
-A redelivered event (same id) is therefore harmless, whatever the restart that re-sent it. Snapshot
+re-creating a name gives a new uid, and a uid is deleted once). In the sink's order, per uid:
+``added``, ``updated`` and ``sync`` make the object alive at that state unless the state held is
+newer (a higher resourceVersion); ``deleted`` ends a live object whatever its resourceVersion (a
+delete inferred by a relist, ``finalstateunknown``, carries the last state the bridge knew, which may
+be older than one it sent). A redelivered event (same id) is therefore harmless, whatever the restart
+that re-sent it. Order violations are changes older than the state held, a delete older than the
+state it ends (unless inferred), a second delete of one uid, and a new change after a delete. Snapshot
 markers are counted; a snapshot is not used to drop objects it does not contain, so a delete the sink
 never received shows as a phantom even when a later snapshot left the object out.
 
@@ -378,16 +381,28 @@ def _check(scope: ResourceScope, events: Sequence[SinkEvent],
                 f"resourceversion {rv})")
         deleting = kind == Change.DELETED
         if state is not None:
-            older = _older(rv, state.rv) or (rv == state.rv and not deleting and not state.alive)
-            after_delete = not state.alive and not deleting and not older
-            if (older or after_delete) and not repeat:
+            problem = ""
+            if deleting and not state.alive:
+                problem = "a second delete of one uid"  # a uid is deleted once: the first one ended it
+            elif deleting and _older(rv, state.rv) and ce.get("finalstateunknown") != "true":
+                problem = "a delete older than the state it ends"
+            elif not deleting and not state.alive:
+                problem = "a change after the delete of its uid"
+            elif not deleting and _older(rv, state.rv):
+                problem = "older than the state already held"
+            if problem and not repeat:
                 violations.append({"object": key, "uid": uid, "event": kind, "resourceversion": rv,
                                    "after": f"{'deleted' if not state.alive else 'state'}@{state.rv}",
-                                   "position": ev.position})
-            if older:
+                                   "problem": problem, "position": ev.position})
+            # What the event does to the state: a delete ends a live object whatever its
+            # resourceVersion (an inferred one may carry an older state); nothing is older than the
+            # state held, a second delete, or a redelivery of a change after its object's delete
+            # changes anything; a new change after a delete brings the object back, as a consumer
+            # applying it would.
+            if (deleting and not state.alive) or (not deleting and _older(rv, state.rv) and state.alive):
                 continue
-            if not state.alive and deleting:
-                continue  # a second delete of one uid: the first one ended it
+            if not deleting and not state.alive and repeat:
+                continue
         states[uid] = _State(key=key, rv=rv, alive=not deleting, obj=obj)
     report.changes = dict(changes)
     report.duplicate_ids = sum(n - 1 for n in seen_ids.values() if n > 1)

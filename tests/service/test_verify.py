@@ -95,6 +95,7 @@ def test_each_kind_of_discrepancy_is_reported() -> None:
     assert r.stale == [{"object": "default/stale", "uid": "u-s", "sink_rv": "6", "cluster_rv": "20"}]
     assert r.order_violations == [{"object": "default/ordered", "uid": "u-o", "event": "updated",
                                    "resourceversion": "8", "after": "state@9",
+                                   "problem": "older than the state already held",
                                    "position": "events.jsonl:5"}]
     assert r.duplicate_ids == 1
     assert r.duplicate_examples[0]["copies"] == 2
@@ -118,6 +119,21 @@ def test_an_older_inferred_delete_after_the_real_one_is_an_order_violation_not_a
     (r,) = report.resources
     assert r.counts["order_violations"] == 1
     assert r.order_violations[0]["after"] == "deleted@30"
+    assert r.order_violations[0]["problem"] == "a second delete of one uid"
+
+
+def test_an_inferred_delete_with_an_older_state_ends_the_object() -> None:
+    # After expired history the bridge infers the delete from the last state it recorded, which can
+    # be older than an update it sent since: the uid is gone all the same, and that is no violation.
+    sink = events(ce("added", "x", "u-x", 20), ce("updated", "x", "u-x", 25),
+                  ce("deleted", "x", "u-x", 20, fsu=True))
+    report = verify(sink="t", events=sink, cluster={PODS: []}, strict=True)
+    assert report.ok
+    # A delete seen on the watch is never older than a state of its object.
+    sink = events(ce("added", "x", "u-x", 20), ce("updated", "x", "u-x", 25), ce("deleted", "x", "u-x", 21))
+    (r,) = verify(sink="t", events=sink, cluster={PODS: []}).resources
+    assert (r.counts["phantom"], r.counts["order_violations"]) == (0, 1)
+    assert r.order_violations[0]["problem"] == "a delete older than the state it ends"
 
 
 def test_redeliveries_after_a_restart_leave_the_state_alone() -> None:
@@ -135,6 +151,15 @@ def test_a_change_after_the_delete_of_its_uid_is_a_violation_and_keeps_the_objec
     report = verify(sink="t", events=sink, cluster={PODS: []})
     (r,) = report.resources
     assert r.counts == {"missing": 0, "phantom": 1, "stale": 0, "order_violations": 1}
+    assert r.order_violations[0]["problem"] == "a change after the delete of its uid"
+
+
+def test_a_redelivered_change_after_the_delete_leaves_the_object_deleted() -> None:
+    # A restart re-sends an update the sink already had, after the (inferred, older) delete.
+    upd = ce("updated", "a", "u-a", 5)
+    sink = events(ce("added", "a", "u-a", 1), upd, ce("deleted", "a", "u-a", 1, fsu=True), dict(upd))
+    report = verify(sink="t", events=sink, cluster={PODS: []}, strict=True)
+    assert report.ok
 
 
 def test_gap_and_snapshot_markers_are_reported() -> None:
