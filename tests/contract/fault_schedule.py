@@ -231,9 +231,10 @@ class Outcome:
 class BridgeProc:
     """``kube-event-bridge run --config FILE`` in its own process."""
 
-    def __init__(self, config: Path, log: Path) -> None:
+    def __init__(self, config: Path, log: Path, health_port: int) -> None:
         self.config = config
         self.log = log
+        self.health_port = health_port
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -243,6 +244,20 @@ class BridgeProc:
             self.proc = subprocess.Popen([sys.executable, "-m", "bridge.service.cli", "run", "--config",
                                           str(self.config)], cwd=ROOT, stdout=log, stderr=log, env=env)
         self.starts += 1
+
+    async def wait_ready(self, http: aiohttp.ClientSession, timeout: float = 20.0) -> bool:
+        """Waits until ``/readyz`` answers 200 (synced or resumed, sinks up); False after ``timeout``
+        or when the process exited. A fault schedule that killed the bridge again before it resumed
+        would test start-up over and over and little else."""
+        deadline = time.monotonic() + timeout
+        url = f"http://127.0.0.1:{self.health_port}/readyz"
+        while time.monotonic() < deadline and self.alive():
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with http.get(url, timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                    if resp.status == 200:
+                        return True
+            await asyncio.sleep(0.05)
+        return False
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -325,8 +340,9 @@ async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
     await hook.start()
     infra.tansu.create_topic(tag, partitions=3)
     cfg = work / "config.yaml"
-    cfg.write_text(orjson.dumps(_config(infra, tag, ns, work, hook, free_port())).decode())
-    bridge = BridgeProc(cfg, work / "bridge.log")
+    health_port = free_port()
+    cfg.write_text(orjson.dumps(_config(infra, tag, ns, work, hook, health_port)).decode())
+    bridge = BridgeProc(cfg, work / "bridge.log", health_port)
     client = ApiClient.from_kubeconfig(str(infra.kubeconfig))
     store = FileCheckpointStore(directory=work / "checkpoints")
     ident = informer_id("configmaps", ns, "", "")
@@ -355,13 +371,15 @@ async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
                 bridge.kill()
                 await asyncio.sleep(rng.uniform(0.0, 0.8))
                 bridge.start()
-                await asyncio.sleep(rng.uniform(0.5, 1.5))  # let it resume before the next fault
+                await bridge.wait_ready(http)  # it resumes before the next fault
+                await asyncio.sleep(rng.uniform(0.0, 1.0))
             elif kind == "kill_compact":
                 bridge.kill()
                 await asyncio.sleep(rng.uniform(0.2, 1.0))
                 await _post(http, f"{infra.sim_url}/_sim/compact")
                 bridge.start()
-                await asyncio.sleep(rng.uniform(0.5, 1.5))
+                await bridge.wait_ready(http)
+                await asyncio.sleep(rng.uniform(0.0, 1.0))
             elif kind == "kafka_pause":
                 infra.tansu.pause()
                 paused = True
