@@ -446,15 +446,19 @@ async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
 
 
 def gap_windows(contents: SinkContents) -> list[tuple[int, int]]:
-    """The (from, to] resourceVersion windows the sink's gap markers announce."""
-    out: list[tuple[int, int]] = []
+    """The (from, to] resourceVersion windows the sink's gap markers announce (docs/event-format.md:
+    ``gap.begin`` / ``gap.end`` carry ``gapid``, ``gapfrom`` and, once known, ``gapto``)."""
+    bounds: dict[str, tuple[int, int]] = {}
     for ev in contents.events:
-        if event_kind(ev.ce) != "gap.begin":
+        if not event_kind(ev.ce).startswith("gap."):
             continue
-        lo, hi = ev.ce.get("gapfromrv"), ev.ce.get("gaptorv")
         with contextlib.suppress(TypeError, ValueError):
-            out.append((int(str(lo)), int(str(hi))))
-    return out
+            gid = str(ev.ce.get("gapid"))
+            lo = int(str(ev.ce.get("gapfrom")))
+            hi = int(str(ev.ce.get("gapto") or lo))
+            old = bounds.get(gid, (lo, hi))
+            bounds[gid] = (min(old[0], lo), max(old[1], hi))
+    return list(bounds.values())
 
 
 async def _verify_all(infra: Infra, tag: str, ns: str, work: Path, churn: Churn,

@@ -165,9 +165,9 @@ def test_a_redelivered_change_after_the_delete_leaves_the_object_deleted() -> No
 def test_gap_and_snapshot_markers_are_reported() -> None:
     sink = events(
         ce("added", "a", "u-a", 1),
-        marker("gap.begin", gapfromrv="1", gaptorv="9"),
+        marker("gap.begin", gapid="g1", gapfrom="1"),
         ce("updated", "a", "u-a", 9),
-        marker("gap.end", gapfromrv="1", gaptorv="9"),
+        marker("gap.end", gapid="g1", gapfrom="1", gapto="9"),
         marker("snapshot.begin", snapshotid="s1", snapshotrv="9"),
         ce("sync", "a", "u-a", 9, ident="sync-1"),
         marker("snapshot.end", snapshotid="s1", snapshotrv="9", snapshotcount="1"),
@@ -175,8 +175,8 @@ def test_gap_and_snapshot_markers_are_reported() -> None:
     report = verify(sink="t", events=sink, cluster={PODS: [obj("a", "u-a", 9)]})
     assert report.ok
     (r,) = report.resources
-    assert [(g["type"], g["gapfromrv"], g["gaptorv"]) for g in r.gap_markers] == [
-        ("gap.begin", "1", "9"), ("gap.end", "1", "9")]
+    assert [(g["type"], g["gapfrom"], g.get("gapto")) for g in r.gap_markers] == [
+        ("gap.begin", "1", None), ("gap.end", "1", "9")]
     assert r.snapshots == 1
     assert r.changes == {"added": 1, "updated": 1, "sync": 1}
     assert "2 gap marker(s)" in report.render()
