@@ -91,6 +91,8 @@ def _parser() -> argparse.ArgumentParser:
     ver.add_argument("--cluster", help="only events of this cluster name (default: the config's cluster; "
                                        "without a config, every event)")
     src = ver.add_mutually_exclusive_group()
+    src.add_argument("--sink", metavar="NAME", help="a sink of the --config file: where and how to read "
+                                                     "it (file, kafka, jetstream) comes from its options")
     src.add_argument("--file", metavar="PATH", help="a file sink's JSON-lines output")
     src.add_argument("--kafka", metavar="BROKERS", help="Kafka bootstrap servers (with --topic)")
     src.add_argument("--jetstream", metavar="SERVERS", help="NATS server URL(s) (with --stream)")

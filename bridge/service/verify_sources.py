@@ -175,15 +175,17 @@ def read_kafka(bootstrap: str, topics: Sequence[str], *, timeout: float = 30.0, 
 # JetStream
 
 
-async def read_jetstream(servers: str, stream: str, *, timeout: float = 30.0) -> SinkContents:
-    """Every message of ``stream`` from its first sequence to its last one at the start."""
+async def read_jetstream(servers: str, stream: str, *, timeout: float = 30.0,
+                         connect: Mapping[str, Any] | None = None) -> SinkContents:
+    """Every message of ``stream`` from its first sequence to its last one at the start.
+    ``connect``: more ``nats.connect`` arguments (credentials, TLS)."""
     import nats
     from nats.errors import NoServersError
     from nats.js.errors import NotFoundError
 
     try:
         nc = await nats.connect(servers=servers.split(","), connect_timeout=min(timeout, 5.0),
-                                max_reconnect_attempts=1, allow_reconnect=False)
+                                max_reconnect_attempts=1, allow_reconnect=False, **(connect or {}))
     except (NoServersError, OSError, TimeoutError) as exc:
         raise SourceError(f"cannot reach NATS at {servers}: {exc}") from exc
     out = SinkContents(description=f"jetstream {servers} stream {stream}")

@@ -158,6 +158,7 @@ BAD_USAGE = [
     (["--file", "x", "--resource", "@ns"], "expected RESOURCE or RESOURCE@NAMESPACE"),
     (["--file", "x", "--resource", "gizmos"], "gizmos"),
     (["--kafka", "127.0.0.1:1", "--topic", "t", "--timeout", "2"], "cannot reach the Kafka brokers"),
+    (["--sink", "audit"], "--sink names a sink of the bridge's configuration"),
 ]
 
 
@@ -189,3 +190,57 @@ async def test_nothing_to_verify_without_resources_or_config() -> None:
     code, _, err = await run_verify("--file", "/dev/null")
     assert code == 2
     assert "nothing to verify" in err
+
+
+async def test_sinks_named_in_the_bridge_configuration(
+        tmp_path: Path, world: World, kafka_broker: TansuBroker, nats_server: NatsServer) -> None:
+    """``--config FILE --sink NAME``: where to read and how come from the sink's own options."""
+    import nats
+    from confluent_kafka import Producer
+
+    from bridge.service.cli import _parser
+    from bridge.service.verify_cli import UsageError, verify_from_args
+
+    write_lines(tmp_path / "events.jsonl", world.good)
+    topic = f"k8s.lab.configmaps.{unique_name('t')}"
+    kafka_broker.create_topic(topic)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    for c in world.good:
+        producer.produce(topic, key=c["uid"], value=orjson.dumps(c))
+    assert producer.flush(15) == 0
+    stream = unique_name("KUBE").replace("-", "_")
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name=stream, subjects=[f"{stream}.>"])
+        for c in world.good:
+            await js.publish(f"{stream}.{c['name']}", orjson.dumps(c))
+    finally:
+        await nc.close()
+    config = tmp_path / "config.yaml"
+    config.write_text(orjson.dumps({
+        "cluster": "lab",
+        "kubernetes": {"kubeconfig": str(world.kubeconfig), "in_cluster": "false"},
+        "resources": [{"resource": "configmaps", "namespace": NS}],
+        "sinks": [
+            {"name": "file", "kind": "file", "path": str(tmp_path / "events.jsonl")},
+            {"name": "audit", "kind": "kafka", "brokers": kafka_broker.bootstrap,
+             "destination": topic.replace("lab.configmaps", "{cluster}.{resource}")},
+            {"name": "stream", "kind": "jetstream", "servers": [nats_server.url],
+             "destination": f"{stream}.{{name}}", "stream": {"name": stream}},
+            {"name": "hook", "kind": "webhook", "url": "http://127.0.0.1:9/x"},
+        ],
+    }).decode())
+
+    async def run(*args: str) -> Any:
+        return await verify_from_args(_parser().parse_args(["verify", "--config", str(config), *args]))
+
+    for sink in ("file", "audit", "stream"):
+        report = await run("--sink", sink)
+        assert report.ok, (sink, report.render())
+        (r,) = report.resources
+        assert (r.events, r.cluster_objects, r.sink_objects) == (5, 2, 2), sink
+    with pytest.raises(UsageError, match="webhook sink, which cannot be read back"):
+        await run("--sink", "hook")
+    with pytest.raises(UsageError, match="no such sink"):
+        await run("--sink", "nope")
