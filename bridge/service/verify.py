@@ -145,6 +145,11 @@ class ResourceReport:
     """Complete counts of missing, phantom, stale and order violations (the lists are cut)."""
 
     @property
+    def gaps(self) -> int:
+        """Relist windows announced (``gap.begin`` markers)."""
+        return sum(1 for g in self.gap_markers if g["type"] == "gap.begin")
+
+    @property
     def consistent(self) -> bool:
         return not (self.counts.get("missing") or self.counts.get("phantom") or self.counts.get("stale"))
 
@@ -156,7 +161,7 @@ class ResourceReport:
             "missing": self.counts.get("missing", 0), "phantom": self.counts.get("phantom", 0),
             "stale": self.counts.get("stale", 0), "duplicate_ids": self.duplicate_ids,
             "order_violations": self.counts.get("order_violations", 0),
-            "gap_markers": len(self.gap_markers), "snapshots": self.snapshots,
+            "gap_markers": len(self.gap_markers), "gaps": self.gaps, "snapshots": self.snapshots,
             "examples": {"missing": self.missing, "phantom": self.phantom, "stale": self.stale,
                          "duplicate_ids": self.duplicate_examples,
                          "order_violations": self.order_violations},
@@ -201,7 +206,7 @@ class VerifyReport:
             c = r.counts
             rows.append((r.resource, str(r.cluster_objects), str(r.sink_objects), str(r.events),
                          str(c.get("missing", 0)), str(c.get("phantom", 0)), str(c.get("stale", 0)),
-                         str(r.duplicate_ids), str(c.get("order_violations", 0)), str(len(r.gap_markers)),
+                         str(r.duplicate_ids), str(c.get("order_violations", 0)), str(r.gaps),
                          "ok" if r.consistent else "MISMATCH"))
         widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
         lines = [f"sink: {self.sink}", ""]

@@ -180,6 +180,8 @@ def test_gap_and_snapshot_markers_are_reported() -> None:
     assert r.snapshots == 1
     assert r.changes == {"added": 1, "updated": 1, "sync": 1}
     assert "2 gap marker(s)" in report.render()
+    assert r.gaps == 1
+    assert report.to_json()["resources"][0]["gaps"] == 1
 
 
 def test_a_snapshot_does_not_hide_a_missing_delete() -> None:
