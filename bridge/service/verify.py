@@ -161,11 +161,11 @@ class ResourceReport:
             "missing": self.counts.get("missing", 0), "phantom": self.counts.get("phantom", 0),
             "stale": self.counts.get("stale", 0), "duplicate_ids": self.duplicate_ids,
             "order_violations": self.counts.get("order_violations", 0),
-            "gap_markers": len(self.gap_markers), "gaps": self.gaps, "snapshots": self.snapshots,
+            "gaps": self.gaps, "snapshots": self.snapshots,
             "examples": {"missing": self.missing, "phantom": self.phantom, "stale": self.stale,
                          "duplicate_ids": self.duplicate_examples,
                          "order_violations": self.order_violations},
-            "gaps": self.gap_markers,
+            "gap_markers": self.gap_markers,
         }
 
 
