@@ -16,7 +16,10 @@ for NATS core and JetStream, a local file).
   on the same broker. The simulator's own replay rate (a bare HTTP read of the same watch) is
   reported too: no consumer can go faster than the server sends.
 * **latency** — the simulator updates Pods at a steady rate, stamping each update with its emission
-  time; latency = sink acknowledgement time - stamp (both ``time.time()`` on one machine).
+  time; latency = sink acknowledgement time - stamp (both ``time.time()`` on one machine). Then
+  ``added_events_file_sink``: new Pods created at the first rate, through the file sink, with the
+  in-memory and with the file checkpoint store: the p99 difference is the known-object journal's
+  cost for an ``added`` event (it waits for its journal record's group commit).
 * **initial_sync** — N Pods exist; time from ``start()`` to the informer's sync, and to the file
   sink's acknowledgement of the N-th ``added`` event (pages of 500).
 
@@ -314,6 +317,44 @@ async def _latency_one(sim: SimProcess, kind: str, rate: int, opts: E2EOptions, 
     }
 
 
+async def _added_latency_one(sim: SimProcess, rate: int, opts: E2EOptions, tmp: Path,
+                             checkpoint_dir: Path | None) -> dict[str, Any]:
+    """``added`` events (new Pods created at ``rate``) through the file sink: with the file
+    checkpoint store each new object's first event waits for its known-object journal record (one
+    fsync per batch); with the in-memory store nothing is written."""
+    probe = AckProbe(service_sink("file", urls=BrokerUrls(), tmp_dir=tmp))
+    async with bridge_pipeline(sim.url, [probe], namespace=BENCH_NAMESPACE,
+                               checkpoint_dir=checkpoint_dir) as pipeline:
+        if not await pipeline.wait_for_sync(opts.timeout):
+            raise TimeoutError("added latency: the informer did not sync")
+        if not await probe.wait_acked(opts.latency_pods, opts.timeout):
+            raise TimeoutError("added latency: the initial list was not delivered")
+        while True:  # the initial list (the Pods created by an earlier run too) is delivered
+            settled = probe.acked
+            await asyncio.sleep(0.3)
+            if probe.acked == settled:
+                break
+        base = probe.acked
+        probe.arm()
+        sent = await sim.steady(rate, opts.latency_seconds, create=True)
+        done = await probe.wait_acked(base + int(sent["events"]), opts.timeout)
+    if not done:
+        raise TimeoutError(f"added at {rate}/s: {probe.acked - base}/{sent['events']} acknowledged")
+    return {"rate": rate, "emitted": sent["events"], **summarize_ms(probe.latencies)}
+
+
+async def _added_latency(opts: E2EOptions, tmp: Path) -> dict[str, Any]:
+    """p50/p99 of ``added`` events with the in-memory and with the file checkpoint store (the
+    difference is what the known-object journal costs a new object)."""
+    out: dict[str, Any] = {}
+    async with SimProcess() as sim:
+        await sim.prefill(opts.latency_pods, BENCH_NAMESPACE)
+        rate = opts.latency_rates[0]
+        out["memory_store"] = await _added_latency_one(sim, rate, opts, tmp, None)
+        out["file_store"] = await _added_latency_one(sim, rate, opts, tmp, tmp / "checkpoints")
+    return out
+
+
 async def _latency(opts: E2EOptions, kinds: list[str]) -> dict[str, Any]:
     result: dict[str, Any] = {"pods": opts.latency_pods, "seconds_per_rate": opts.latency_seconds,
                               "sinks": {}}
@@ -329,6 +370,10 @@ async def _latency(opts: E2EOptions, kinds: list[str]) -> dict[str, Any]:
                     except Exception as exc:
                         per_rate[str(rate)] = {"rate": rate, "error": f"{type(exc).__name__}: {exc}"}
                 result["sinks"][kind] = per_rate
+        try:
+            result["added_events_file_sink"] = await _added_latency(opts, tmp)
+        except Exception as exc:
+            result["added_events_file_sink"] = {"error": f"{type(exc).__name__}: {exc}"}
     return result
 
 

@@ -35,7 +35,7 @@ from typing import Any
 import orjson
 
 from bridge.clock import RealClock
-from bridge.delivery.checkpoint import Checkpoint
+from bridge.delivery.checkpoint import Checkpoint, CheckpointStore, FileCheckpointStore
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource, http_informer_builder
 from bridge.informer.factory import InformerKey
 from bridge.informer.transform import drop_managed_fields
@@ -242,10 +242,12 @@ class SimProcess:
         ``rv_after`` and ``seconds``."""
         return await self.call("burst", rounds=rounds, namespace=namespace)
 
-    async def steady(self, rate: float, duration: float, namespace: str = BENCH_NAMESPACE) -> dict[str, Any]:
-        """Updates Pods of ``namespace`` at ``rate`` per second for ``duration`` seconds, each stamped
-        with its emission time; returns ``events``, ``seconds`` and ``late_ticks``."""
-        return await self.call("steady", rate=rate, duration=duration, namespace=namespace)
+    async def steady(self, rate: float, duration: float, namespace: str = BENCH_NAMESPACE, *,
+                     create: bool = False) -> dict[str, Any]:
+        """Updates Pods of ``namespace`` (or, with ``create``, creates new ones) at ``rate`` per
+        second for ``duration`` seconds, each stamped with its emission time; returns ``events``,
+        ``seconds`` and ``late_ticks``."""
+        return await self.call("steady", rate=rate, duration=duration, namespace=namespace, create=create)
 
     async def stop(self) -> None:
         proc, self._proc = self._proc, None
@@ -338,6 +340,7 @@ async def _sim_child(history_size: int, watcher_buffer: int) -> None:
                     ns = str(cmd["namespace"])
                     pool = names.get(ns, [])
                     rate, duration = float(cmd["rate"]), float(cmd["duration"])
+                    create = bool(cmd.get("create"))
                     start = loop.time()
                     emitted = 0
                     late = 0
@@ -347,9 +350,17 @@ async def _sim_child(history_size: int, watcher_buffer: int) -> None:
                         if due - emitted > max(2.0, rate * 0.005):
                             late += 1
                         while emitted < due:
-                            name = pool[emitted % len(pool)]
-                            store.patch("pods", name, {"metadata": {"annotations": {
-                                STAMP_ANNOTATION: repr(time.time())}}}, namespace=ns)
+                            if create:
+                                pod = vary_pod(templates[emitted % len(templates)],
+                                               f"new-{uuid.uuid4().hex[:12]}", ns)
+                                pod["metadata"]["annotations"] = {
+                                    **(pod["metadata"].get("annotations") or {}),
+                                    STAMP_ANNOTATION: repr(time.time())}
+                                store.create("pods", pod)
+                            else:
+                                name = pool[emitted % len(pool)]
+                                store.patch("pods", name, {"metadata": {"annotations": {
+                                    STAMP_ANNOTATION: repr(time.time())}}}, namespace=ns)
                             emitted += 1
                         await asyncio.sleep(0.001)
                     reply({"events": emitted, "seconds": loop.time() - start, "late_ticks": late,
@@ -534,19 +545,25 @@ def watched_pods(namespace: str) -> WatchedResource:
 async def bridge_pipeline(url: str, sinks: Sequence[Sink], *, namespace: str,
                           checkpoint: Checkpoint | None = None,
                           page_size: int = 500,
-                          compact_cache: bool = True) -> AsyncIterator[BridgePipeline]:
+                          compact_cache: bool = True,
+                          checkpoint_dir: Path | None = None) -> AsyncIterator[BridgePipeline]:
     """The real pipeline over HTTP for the Pods of ``namespace``, started; shut down on exit.
     With ``checkpoint`` it resumes from there (watch from its resourceVersion, no list).
-    ``compact_cache`` mirrors the service's ``cache.compact`` (on by default)."""
+    ``compact_cache`` mirrors the service's ``cache.compact`` (on by default). ``checkpoint_dir``:
+    the service's default file checkpoint store there (with its known-object journal, written before
+    a new object's first event is released), checkpointing every 5 s as the service does by
+    default; otherwise an in-memory store that never writes during the run."""
     client = ApiClient(server=url)
     clock = RealClock()
+    store: CheckpointStore = (FileCheckpointStore(directory=checkpoint_dir) if checkpoint_dir is not None
+                              else MemoryCheckpointStore(checkpoint))
     pipeline = BridgePipeline(
         resources=[watched_pods(namespace)],
         sinks=sinks,
-        checkpoint_store=MemoryCheckpointStore(checkpoint),
+        checkpoint_store=store,
         build_informer=http_informer_builder(client=client, clock=clock, page_size=page_size,
                                              compact_cache=compact_cache),
-        checkpoint_interval=3600.0,
+        checkpoint_interval=5.0 if checkpoint_dir is not None else 3600.0,
         clock=clock,
     )
     try:

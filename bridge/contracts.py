@@ -25,6 +25,7 @@ __all__ = [
     "DeletedFinalStateUnknown",
     "DeliveryObserver",
     "EventHandler",
+    "Gap",
     "IndexFunc",
     "Indexer",
     "KeyFunc",
@@ -234,6 +235,23 @@ class NotificationKind(enum.Enum):
     SNAPSHOT = "snapshot"
     """The whole cache as of this point in the change order (see ``Notification.snapshot``),
     requested for one listener; plain ``EventHandler``s receive it as one resync update per object."""
+    GAP = "gap"
+    """A relist after listeners had received changes begins or ends here (see ``Notification.gap``):
+    the changes between the two are the list's differences, and what happened between the window's
+    resourceVersions was not observed. Plain ``EventHandler``s do not receive it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """The window of a relist: changes after ``from_resource_version`` (the last one the informer
+    processed) up to ``to_resource_version`` (the list's, known at the end) were not observed one by
+    one; the relist reports only the resulting differences."""
+
+    id: str
+    from_resource_version: str
+    to_resource_version: str = ""
+    end: bool = False
+    """False on the notification that opens the gap, True on the one that closes it."""
 
 
 @dataclass(slots=True)
@@ -261,6 +279,8 @@ class Notification:
     resource_version: str = ""
     """For ``SNAPSHOT``: the resourceVersion the snapshot reflects (the informer's last progress
     marker)."""
+    gap: Gap | None = None
+    """For ``GAP``: which relist window begins or ends."""
 
 
 AckFunc = Callable[[], None]

@@ -382,6 +382,8 @@ class BaseSink(Generic[O]):
 
     def _key(self, event: ChangeEvent, meta: Mapping[str, Any] | None = None) -> bytes:
         if event.obj is None:
+            if event.gap is not None:
+                return f"gap/{event.gap.id}".encode()
             snap = event.snapshot
             return f"snapshot/{snap.id if snap else event.resource.qualified}".encode()
         if meta is None:

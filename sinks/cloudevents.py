@@ -10,12 +10,14 @@ One change event becomes one CloudEvent (see docs/event-format.md for examples):
   delete per uid, whether seen on the watch or inferred by a relist).
 - ``source``: ``/clusters/{cluster}/api/v1/{resource}`` for the core group,
   ``/clusters/{cluster}/apis/{group}/{version}/{resource}`` otherwise.
-- ``type``: ``io.kube-event-bridge.{added|updated|deleted|sync|snapshot.begin|snapshot.end}``.
+- ``type``: ``io.kube-event-bridge.{added|updated|deleted|sync|snapshot.begin|snapshot.end|``
+  ``gap.begin|gap.end}``.
 - ``subject``: ``namespace/name`` (``name`` for cluster-scoped objects; absent for markers).
 - ``time``: RFC 3339 UTC of when the bridge observed the change.
 - extensions (strings): ``cluster``, ``kind``, ``apiversion``, ``namespace``, ``name``, ``uid``,
   ``resourceversion``, ``finalstateunknown`` (only when true), ``snapshotid``, ``snapshotrv``,
-  ``snapshotcount``, plus the event's own extensions.
+  ``snapshotcount``, ``gapid`` / ``gapfrom`` / ``gapto`` (gap markers, and the events of a relist
+  between them: ``gapto`` once known), plus the event's own extensions.
 
 Knative compatibility mode (``compat="knative"``) emits what Knative's ApiServerSource emits in
 ``Resource`` mode, so its consumers can switch without changes: ``type``
@@ -94,6 +96,8 @@ def event_id(event: ChangeEvent, metadata: Mapping[str, Any] | None = None) -> s
     once, so the delete seen on the watch and one inferred by a relist (final state unknown, an
     older resourceVersion) are one event to a consumer that drops repeated ids."""
     snap = event.snapshot.id if event.snapshot is not None else ""
+    if event.obj is None and event.gap is not None:
+        snap = event.gap.id
     if event.obj is None:
         uid, rv = "", event.resource_version
     else:
@@ -201,6 +205,12 @@ def to_cloudevent(
         ce["resourceversion"] = str(meta.get("resourceVersion") or "")
     if event.final_state_unknown:
         ce["finalstateunknown"] = "true"
+    gap = event.gap
+    if gap is not None:
+        ce["gapid"] = gap.id
+        ce["gapfrom"] = gap.from_resource_version
+        if gap.to_resource_version:
+            ce["gapto"] = gap.to_resource_version
     snap = event.snapshot
     if snap is not None:
         ce["snapshotid"] = snap.id

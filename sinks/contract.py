@@ -30,6 +30,7 @@ __all__ = [
     "ChangeEvent",
     "DeliveryOutcome",
     "EventType",
+    "GapInfo",
     "ResourceRef",
     "Sink",
     "SinkConfigError",
@@ -71,6 +72,10 @@ class EventType(enum.StrEnum):
     """One object of a resync snapshot."""
     SNAPSHOT_BEGIN = "snapshot.begin"
     SNAPSHOT_END = "snapshot.end"
+    GAP_BEGIN = "gap.begin"
+    """A relist starts after the sink had received changes of the resource: until ``gap.end`` the
+    events are the list's differences, and changes in the window were not observed one by one."""
+    GAP_END = "gap.end"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +108,17 @@ class SnapshotInfo:
     """Number of ``sync`` events in the snapshot; set on the end marker."""
 
 
+@dataclass(frozen=True, slots=True)
+class GapInfo:
+    """Frames a relist's differences: the markers carry it, and so does every event between them."""
+
+    id: str
+    from_resource_version: str
+    """The last resourceVersion the bridge had processed before the relist."""
+    to_resource_version: str = ""
+    """The list's resourceVersion; set on the end marker (unknown when the relist begins)."""
+
+
 class DeliveryOutcome(enum.Enum):
     DELIVERED = "delivered"
     DEAD_LETTERED = "dead_lettered"
@@ -132,6 +148,8 @@ class ChangeEvent:
     final_state_unknown: bool = False
     """For deletes seen only through a relist: ``obj`` is the last state the bridge knew."""
     snapshot: SnapshotInfo | None = None
+    gap: GapInfo | None = None
+    """Set on gap markers and on every event a relist produced between them."""
     extensions: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -168,6 +186,8 @@ class ChangeEvent:
         obj = self.obj
         if obj is None and self.snapshot is not None:
             return self.snapshot.resource_version
+        if obj is None and self.gap is not None:
+            return self.gap.to_resource_version or self.gap.from_resource_version
         if type(obj) is RawObject:
             return obj.resource_version
         return str(self.metadata.get("resourceVersion") or "")

@@ -170,7 +170,7 @@ class KnownObjectJournal:
         in what the durable state knows, or a delete. Synchronous; :meth:`wait` tells when it is
         on disk."""
         n = notification
-        if n.seq < 0 or n.kind is NotificationKind.SNAPSHOT:
+        if n.seq < 0 or n.kind is NotificationKind.SNAPSHOT or n.kind is NotificationKind.GAP:
             return
         obj = n.obj
         if isinstance(obj, DeletedFinalStateUnknown):

@@ -41,6 +41,7 @@ from bridge.contracts import (
     AckFunc,
     DeletedFinalStateUnknown,
     DeliveryObserver,
+    Gap,
     KubeObject,
     ListenerOptions,
     Notification,
@@ -64,7 +65,15 @@ from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import APIResource
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.rawobject import object_identity
-from sinks.contract import ChangeEvent, DeliveryOutcome, EventType, ResourceRef, Sink, SnapshotInfo
+from sinks.contract import (
+    ChangeEvent,
+    DeliveryOutcome,
+    EventType,
+    GapInfo,
+    ResourceRef,
+    Sink,
+    SnapshotInfo,
+)
 
 __all__ = [
     "BridgePipeline",
@@ -124,11 +133,25 @@ class SinkListener:
         self.cluster = cluster
         self._clock = clock
         self._snapshot_prefix = snapshot_prefix or resource.qualified
+        self._gap: GapInfo | None = None
+        """The relist window this sink is inside (between gap.begin and gap.end), if any."""
         self.stats = SinkListenerStats()
 
     def _event(self, type_: EventType, obj: KubeObject | None, **kw: Any) -> ChangeEvent:
+        if self._gap is not None and "snapshot" not in kw:
+            kw.setdefault("gap", self._gap)
         return ChangeEvent(type=type_, resource=self.resource, cluster=self.cluster, obj=obj,
                            time=self._clock.wall(), **kw)
+
+    def _gap_event(self, gap: Gap) -> ChangeEvent:
+        """``gap.begin`` (the sink is inside the window until the end) or ``gap.end``."""
+        info = GapInfo(id=gap.id, from_resource_version=gap.from_resource_version,
+                       to_resource_version=gap.to_resource_version)
+        if gap.end:
+            self._gap = None
+            return self._event(EventType.GAP_END, None, gap=info)
+        self._gap = info
+        return self._event(EventType.GAP_BEGIN, None, gap=info)
 
     def events_for(self, n: Notification) -> list[ChangeEvent]:
         """The change events one notification becomes (empty for a no-change resync update)."""
@@ -144,6 +167,9 @@ class SinkListener:
             obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
             inferred = delete_is_inferred(n, self._tracker, self._resent)
             return [self._event(EventType.DELETED, obj, final_state_unknown=inferred)]
+        if n.kind is NotificationKind.GAP:
+            assert n.gap is not None
+            return [self._gap_event(n.gap)]
         _, events = self._snapshot_events(n)
         return list(events)
 

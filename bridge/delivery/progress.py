@@ -174,7 +174,7 @@ class AckTracker:
         self._advance()
 
     def _note_state(self, n: Notification) -> None:
-        if n.kind is NotificationKind.SNAPSHOT:
+        if n.kind is NotificationKind.SNAPSHOT or n.kind is NotificationKind.GAP:
             return
         key = n.key or object_key(n.obj)
         if n.kind is not NotificationKind.DELETE:
@@ -317,8 +317,8 @@ class AckTracker:
             self._index[key] = entry
 
     def _apply(self, n: Notification) -> None:
-        if n.kind is NotificationKind.SNAPSHOT:
-            return  # the cache restated: no change
+        if n.kind is NotificationKind.SNAPSHOT or n.kind is NotificationKind.GAP:
+            return  # the cache restated, or a relist's frame: no change
         key = n.key or object_key(n.obj)
         entry: IndexEntry | None
         if n.kind is NotificationKind.DELETE:

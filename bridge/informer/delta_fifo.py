@@ -97,6 +97,9 @@ class ResourceVersionMarker:
     """Progress marker: every delta queued before it is reflected in ``resource_version``."""
 
     resource_version: str
+    relist_end: bool = False
+    """Queued by a completed relist (``replace`` / ``replace_end``): every delta the relist queued
+    is before it. A following marker coalescing with it keeps the flag."""
 
 
 PopProcessFunc = Callable[[Deltas | ResourceVersionMarker, bool], Awaitable[None]]
@@ -224,7 +227,7 @@ class DeltaFIFO:
         if not self._populated:
             self._populated = True
             self._initial_population_count = len(self._items)
-        self.update_resource_version(resource_version)
+        self.update_resource_version(resource_version, relist_end=True)
 
     def resync(self) -> None:
         """Queues ``Sync(cached object)`` for every known key that has no queued deltas."""
@@ -236,12 +239,13 @@ class DeltaFIFO:
                 continue
             self._queue_action(DeltaType.SYNC, cached, key=key)
 
-    def update_resource_version(self, resource_version: str) -> None:
+    def update_resource_version(self, resource_version: str, *, relist_end: bool = False) -> None:
         """Queues a progress marker; if the tail is already a marker, only its version moves."""
-        marker = ResourceVersionMarker(resource_version)
-        if self._queue and isinstance(self._queue[-1], ResourceVersionMarker):
-            self._queue[-1] = marker
+        tail = self._queue[-1] if self._queue else None
+        if isinstance(tail, ResourceVersionMarker):
+            self._queue[-1] = ResourceVersionMarker(resource_version, relist_end or tail.relist_end)
             return
+        marker = ResourceVersionMarker(resource_version, relist_end)
         self._queue.append(marker)
         self._markers += 1
         self._changed.set()

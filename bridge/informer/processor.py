@@ -18,7 +18,8 @@ Acknowledgement rules (what the observer sees):
   broken handler must not stall every checkpoint forever (it is reported through ``handler_errors``);
 * a notification superseded by coalescing is acknowledged when it is merged (its successor carries
   the newer state, so nothing final is lost); a dropped one is acknowledged as discarded;
-* ``SNAPSHOT`` notifications are never dropped nor coalesced: they wait for room under every policy.
+* ``SNAPSHOT`` and ``GAP`` notifications are never dropped nor coalesced: they wait for room under
+  every policy; nothing coalesces across a ``GAP`` marker.
 
 Timeouts given to :meth:`SharedProcessor.shutdown` are operational deadlines measured on the event
 loop's own time, not on the injected clock, so a test driving a ``FakeClock`` cannot hang in them.
@@ -137,6 +138,10 @@ def _merge(pending: Notification, new: Notification) -> Notification | None:
     if new.kind is NotificationKind.DELETE and pending.kind in mergeable:
         return new
     return None
+
+
+_MARKERS = frozenset({NotificationKind.SNAPSHOT, NotificationKind.GAP})
+"""Notifications that are never dropped nor coalesced."""
 
 
 def _is_initial_add(n: Notification) -> bool:
@@ -261,7 +266,7 @@ class ProcessorListener:
             return
         self._received += 1
         capacity = self.options.buffer_capacity
-        if len(self._buffer) >= capacity and notification.kind is not NotificationKind.SNAPSHOT:
+        if len(self._buffer) >= capacity and notification.kind not in _MARKERS:
             policy = self.options.overflow_policy
             if policy is OverflowPolicy.DROP:
                 self._dropped += 1
@@ -279,7 +284,10 @@ class ProcessorListener:
     def _push(self, notification: Notification) -> None:
         slot = _Slot(notification)
         self._buffer.append(slot)
-        if notification.kind is not NotificationKind.SNAPSHOT and notification.key:
+        if notification.kind is NotificationKind.GAP:
+            # Nothing after a gap marker coalesces into a notification before it (or the other way).
+            self._pending_by_key.clear()
+        elif notification.kind is not NotificationKind.SNAPSHOT and notification.key:
             self._pending_by_key[notification.key] = slot
         if _is_initial_add(notification):
             self._initial_pending += 1
@@ -393,6 +401,8 @@ class ProcessorListener:
             await handler.on_update(n.old if n.old is not None else n.obj, n.obj)
         elif n.kind is NotificationKind.DELETE:
             await handler.on_delete(n.obj)
+        elif n.kind is NotificationKind.GAP:
+            return  # no counterpart in client-go's handler interface
         else:
             # A snapshot reaches a plain handler as one resync update per object; one object's
             # failure does not hide the others.

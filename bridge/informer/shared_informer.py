@@ -55,6 +55,7 @@ from bridge.contracts import (
     DeletedFinalStateUnknown,
     DeliveryObserver,
     EventHandler,
+    Gap,
     IndexFunc,
     KeyFunc,
     KubeObject,
@@ -105,6 +106,11 @@ _RESYNC_DELTAS = frozenset({DeltaType.SYNC, DeltaType.REPLACED})
 """Delta types that are resync notifications when they leave the object's resourceVersion unchanged."""
 
 log = logging.getLogger(__name__)
+
+def _from_relist(deltas: Deltas) -> bool:
+    """True for a key's deltas that include a relist's (a listed item, or a deletion it inferred)."""
+    return any(d.type is DeltaType.REPLACED or isinstance(d.object, DeletedFinalStateUnknown) for d in deltas)
+
 
 class InformerError(BridgeError):
     """The informer was misused or one of its tasks failed."""
@@ -204,6 +210,9 @@ class SharedIndexInformer:
         self._processed = asyncio.Event()
         self._resume_rv = ""
         self._last_progress_rv = ""
+        self._gap: Gap | None = None
+        """The relist window open between a relist's begin and end markers, if any."""
+        self._gap_count = 0
         self._snapshot_requests: list[ProcessorListener | None] = []
         self._snapshot_wakeup = asyncio.Event()
         self.process_errors = 0
@@ -495,15 +504,39 @@ class SharedIndexInformer:
     async def _process_locked(self, item: Deltas | ResourceVersionMarker, is_in_initial_list: bool) -> None:
         async with self._lock:
             if isinstance(item, ResourceVersionMarker):
+                if item.relist_end and self._last_progress_rv:
+                    await self._close_gap(item.resource_version)
                 self._last_progress_rv = item.resource_version
                 self._processor.progress(item.resource_version)
                 return
+            if self._gap is None and self._last_progress_rv and _from_relist(item):
+                await self._open_gap()
             self._processing_initial = is_in_initial_list
             try:
                 for delta in item:
                     await self._handle_delta(delta, is_in_initial_list)
             finally:
                 self._processing_initial = False
+
+    # Gap markers: a relist once changes were processed (the informer resumed from a checkpoint, or
+    # listed before) reports only differences. Its first item opens a gap from the last processed
+    # resourceVersion, its end marker closes it at the list's; listeners get both as GAP
+    # notifications, in change order (a relist with nothing to pop opens and closes it at its end).
+
+    async def _open_gap(self) -> None:
+        self._gap_count += 1
+        rv = self._last_progress_rv
+        gap_id = f"{self.name or 'informer'}:{rv}:{self._gap_count}"
+        gap = self._gap = Gap(id=gap_id, from_resource_version=rv)
+        await self._processor.distribute(Notification(kind=NotificationKind.GAP, obj={}, gap=gap), False)
+
+    async def _close_gap(self, list_rv: str) -> None:
+        if self._gap is None:
+            await self._open_gap()
+        gap, self._gap = self._gap, None
+        assert gap is not None
+        end = dataclasses.replace(gap, to_resource_version=list_rv, end=True)
+        await self._processor.distribute(Notification(kind=NotificationKind.GAP, obj={}, gap=end), False)
 
     async def _handle_delta(self, delta: Delta, is_in_initial_list: bool) -> None:
         obj = delta.object

@@ -49,6 +49,9 @@ def replay(path: Path) -> tuple[dict[str, str], Counter[str]]:
             if str(ev.get("type", "")).endswith(("snapshot.begin", "snapshot.end")):
                 counts["snapshot marker"] += 1
                 continue
+            if str(ev.get("type", "")).endswith(("gap.begin", "gap.end")):
+                counts["gap marker"] += 1
+                continue
             counts[kind] += 1
             subject = str(ev.get("subject", ""))
             if kind == "deleted":

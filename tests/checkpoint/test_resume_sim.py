@@ -18,7 +18,7 @@ from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.sim import Simulator
-from sinks.contract import ResourceRef
+from sinks.contract import EventType, ResourceRef
 from tests.checkpoint.helpers import RecordingSink, until
 from tests.checkpoint.test_file_store import _sealed
 
@@ -192,4 +192,73 @@ async def test_readiness_reports_an_informer_that_cannot_list_or_watch(
     assert reason.startswith(f"informer {informer_id('configmaps', NS)} cannot list or watch: ServerError")
     server.set_faults({})
     await until(p.ready, timeout=30, what="readiness to return once the server answers")
+    await p.shutdown(5)
+
+
+def framed(sink: RecordingSink) -> list[tuple[str, str, str]]:
+    """(type, subject or window, gap id) of every event: gap markers show ``from..to``."""
+    out = []
+    for e in sink.events:
+        gap = e.gap.id if e.gap is not None else ""
+        if e.type in (EventType.GAP_BEGIN, EventType.GAP_END):
+            assert e.gap is not None
+            out.append((e.type.value, f"{e.gap.from_resource_version}..{e.gap.to_resource_version}", gap))
+        else:
+            out.append((e.type.value, e.subject, gap))
+    return out
+
+
+async def test_a_relist_on_resume_is_framed_by_gap_markers(
+    sim: tuple[Simulator, ApiClient], tmp_path: Path
+) -> None:
+    server, client = sim
+    await create(client, "same")
+    gone = await create(client, "gone")
+    first, _ = await first_run(client, tmp_path)
+    assert [e.type for e in first.events] == [EventType.ADDED, EventType.ADDED]  # a first list: no gap
+    assert all(e.gap is None for e in first.events)
+    await client.delete(f"{PATH}/gone")
+    fresh = await create(client, "fresh")
+    server.compact()
+
+    sink = RecordingSink("rec")
+    p = await make(client, tmp_path, sink)
+    await p.start()
+    await until(lambda: any(e.type is EventType.GAP_END for e in sink.events), what="the gap's end")
+    [gap_id] = {e.gap.id for e in sink.events if e.gap is not None}
+    listed = rv(fresh)
+    assert framed(sink)[0] == ("gap.begin", f"{rv(gone)}..", gap_id)  # from the checkpoint's resourceVersion
+    assert framed(sink)[-1] == ("gap.end", f"{rv(gone)}..{listed}", gap_id)
+    assert sorted(framed(sink)[1:-1]) == [("added", f"{NS}/fresh", gap_id), ("deleted", f"{NS}/gone", gap_id)]
+    # A change after the relist is observed on the watch: outside any gap.
+    later = await client.patch(f"{PATH}/same", {"data": {"v": "1"}})
+    await until(lambda: sink.events[-1].resource_version == rv(later), what="the next change")
+    assert sink.events[-1].gap is None
+    await p.shutdown(5)
+
+
+async def test_a_relist_after_410_mid_watch_is_framed_by_gap_markers(
+    sim: tuple[Simulator, ApiClient], tmp_path: Path
+) -> None:
+    server, client = sim
+    a = await create(client, "a")
+    sink = RecordingSink("rec")
+    p = await make(client, tmp_path, sink)
+    await p.start()
+    assert await p.wait_for_sync(10)
+    await until(lambda: len(sink.events) == 1, what="the initial add")
+    server.set_faults({"delay": 0.3})  # the relist comes after the changes below
+    server.expire_watches()
+    await client.patch(f"{PATH}/a", {"data": {"v": "2"}})
+    b = await create(client, "b")
+    server.set_faults({})
+    await until(lambda: any(e.type is EventType.GAP_END for e in sink.events), what="the gap's end")
+    gap_ids = {e.gap.id for e in sink.events if e.gap is not None}
+    assert len(gap_ids) == 1
+    [gap_id] = gap_ids
+    got = framed(sink)
+    assert got[0] == ("added", f"{NS}/a", "")
+    assert got[1] == ("gap.begin", f"{rv(a)}..", gap_id)
+    assert sorted(got[2:-1]) == [("added", f"{NS}/b", gap_id), ("updated", f"{NS}/a", gap_id)]
+    assert got[-1] == ("gap.end", f"{rv(a)}..{rv(b)}", gap_id)
     await p.shutdown(5)

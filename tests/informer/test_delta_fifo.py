@@ -728,7 +728,7 @@ async def test_replace_during_processing_of_a_delete_reports_no_second_delete() 
     task = await _start_processing(fifo, applier)
     fifo.replace([pod("b", "3")], "3")
     await _finish(task, applier)
-    assert fifo.entries() == ["default/b", ResourceVersionMarker("3")]
+    assert fifo.entries() == ["default/b", ResourceVersionMarker("3", relist_end=True)]
 
 
 async def test_replace_during_processing_of_an_add_tombstones_the_object_being_added() -> None:

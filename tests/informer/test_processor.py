@@ -12,6 +12,7 @@ from bridge.clock import FakeClock
 from bridge.contracts import (
     AckFunc,
     DeletedFinalStateUnknown,
+    Gap,
     ListenerOptions,
     Notification,
     NotificationKind,
@@ -417,4 +418,48 @@ async def test_replayed_initial_adds_and_own_has_synced(clock: FakeClock) -> Non
         ("update", "ns/a", "1", "3"),
     ]
     assert lst.has_synced()
+    await p.shutdown(1.0)
+
+
+class _Kinds:
+    """A NotificationHandler recording (kind, key or gap edge) and acking at once."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    async def handle(self, notification: Notification, ack: Any) -> None:
+        n = notification
+        what = ("end" if n.gap.end else "begin") if n.gap is not None else str(n.key)
+        self.seen.append((n.kind.value, what))
+        ack()
+
+
+def _gap(end: bool = False) -> Notification:
+    return Notification(kind=NotificationKind.GAP, obj={}, gap=Gap(id="g", from_resource_version="1",
+                                                                    end=end))
+
+
+@pytest.mark.parametrize("policy", [OverflowPolicy.COALESCE, OverflowPolicy.DROP])
+async def test_gap_markers_are_never_dropped_nor_coalesced_across(policy: OverflowPolicy) -> None:
+    clock = FakeClock()
+    p = SharedProcessor(clock=clock)
+    rec = _Kinds()
+    lst = listener(rec, clock, "rec", buffer_capacity=2, overflow_policy=policy)
+    p.add_listener(lst)  # not started: the buffer only fills
+    await p.distribute(update("a", "1", "2"), False)
+    await p.distribute(_gap(), False)
+    # Full: under COALESCE this change does not merge into the one before the marker, it waits.
+    later = asyncio.create_task(p.distribute(update("a", "2", "3"), False), name="after-the-marker")
+    end = asyncio.create_task(p.distribute(_gap(end=True), False), name="the-end-marker")
+    await settle()
+    if policy is OverflowPolicy.COALESCE:
+        assert not later.done()
+    p.start()
+    await asyncio.gather(later, end)
+    await settle()
+    if policy is OverflowPolicy.COALESCE:
+        assert rec.seen == [("update", "ns/a"), ("gap", "begin"), ("update", "ns/a"), ("gap", "end")]
+    else:  # the second update found the buffer full and was dropped; the end marker waited
+        assert rec.seen == [("update", "ns/a"), ("gap", "begin"), ("gap", "end")]
+    assert lst.stats().coalesced == 0
     await p.shutdown(1.0)

@@ -16,7 +16,7 @@ from sinks.cloudevents import (
     rfc3339,
     to_cloudevent,
 )
-from sinks.contract import EventType, SnapshotInfo
+from sinks.contract import ChangeEvent, EventType, GapInfo, SnapshotInfo
 from tests.sinks import DEPLOYMENTS, NODES, T0, event, marker, obj
 
 
@@ -163,3 +163,26 @@ def test_a_delete_id_depends_on_uid_and_cluster_alone() -> None:
     other_cluster = event(EventType.DELETED, obj("a", uid="u", rv="9"))
     other_cluster.cluster = "elsewhere"
     assert event_id(real) != event_id(other_cluster)
+
+
+def test_gap_markers_and_the_events_inside() -> None:
+    gap = GapInfo(id="g-1", from_resource_version="100")
+    begin = to_cloudevent(ChangeEvent(type=EventType.GAP_BEGIN, resource=NODES, cluster="prod", obj=None,
+                                      time=T0, gap=gap))
+    assert begin["type"] == "io.kube-event-bridge.gap.begin"
+    assert (begin["gapid"], begin["gapfrom"]) == ("g-1", "100")
+    assert not {"subject", "uid", "gapto"} & begin.keys()
+    assert begin["data"] is None
+    end_gap = GapInfo(id="g-1", from_resource_version="100", to_resource_version="130")
+    end = to_cloudevent(ChangeEvent(type=EventType.GAP_END, resource=NODES, cluster="prod", obj=None,
+                                    time=T0, gap=end_gap))
+    assert (end["type"], end["gapid"], end["gapfrom"], end["gapto"]) == (
+        "io.kube-event-bridge.gap.end", "g-1", "100", "130")
+    other = to_cloudevent(ChangeEvent(type=EventType.GAP_BEGIN, resource=NODES, cluster="prod", obj=None,
+                                      time=T0, gap=GapInfo(id="g-2", from_resource_version="100")))
+    assert len({begin["id"], end["id"], other["id"]}) == 3
+    inside = event(EventType.UPDATED, obj("a", uid="u", rv="120"), gap=gap)
+    ce = to_cloudevent(inside)
+    assert (ce["gapid"], ce["gapfrom"]) == ("g-1", "100")
+    # The change's id does not depend on the gap: a redelivery in another gap deduplicates.
+    assert ce["id"] == event_id(event(EventType.UPDATED, obj("a", uid="u", rv="120")))

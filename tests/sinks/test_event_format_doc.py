@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from sinks.cloudevents import encode_binary, to_cloudevent
-from sinks.contract import ChangeEvent, DeliveryOutcome, EventType, ResourceRef, SnapshotInfo
+from sinks.contract import ChangeEvent, DeliveryOutcome, EventType, GapInfo, ResourceRef, SnapshotInfo
 from sinks.file import StdoutSink, StdoutSinkOptions
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "event-format.md"
@@ -38,6 +38,7 @@ def _pod(rv: str, phase: str, *, image: str = "nginx:1.25", ready: bool = False)
 
 
 SNAP = SnapshotInfo(id="pods-prod-1714564800", resource_version="1005")
+GAP = GapInfo(id="pods.all.5d1e0b7c9a42:1001:1", from_resource_version="1001")
 V1, V2 = _pod("1001", "Pending"), _pod("1002", "Running", image="nginx:1.26", ready=True)
 
 
@@ -60,6 +61,10 @@ EXAMPLES: dict[str, tuple[ChangeEvent, dict[str, Any]]] = {
         {},
     ),
     "knative-added": (_ev(EventType.ADDED, V1), {"compat": "knative"}),
+    "gap-begin": (_ev(EventType.GAP_BEGIN, None, gap=GAP), {}),
+    "updated-in-gap": (_ev(EventType.UPDATED, V2, old=V1, gap=GAP), {}),
+    "gap-end": (_ev(EventType.GAP_END, None, gap=GapInfo(id=GAP.id, from_resource_version="1001",
+                                                          to_resource_version="1090")), {}),
 }
 
 
