@@ -16,7 +16,7 @@ import pytest
 from tests.contract.fault_schedule import FAULTS, Infra, infrastructure, run_seed
 
 SEEDS = [int(os.environ["KEB_FAULT_SEED"])] if os.environ.get("KEB_FAULT_SEED") else [11, 22, 33]
-DURATION = float(os.environ.get("KEB_FAULT_DURATION", "6"))
+DURATION = float(os.environ.get("KEB_FAULT_DURATION", "4"))
 
 
 @pytest.fixture(scope="module")
