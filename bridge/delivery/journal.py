@@ -104,6 +104,8 @@ class KnownObjectJournal:
         """The highest notification seq whose record is durable (every earlier one is too)."""
         self._committed = asyncio.Event()
         self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        """Set while the writer has nothing to do (everything noted is on disk)."""
         self._compact_to: Checkpoint | None = None
         self._compact_requested = False
         self._file: int | None = None
@@ -112,6 +114,8 @@ class KnownObjectJournal:
         self.records = 0
         """Records appended."""
         self.write_errors = 0
+        self.last_error = ""
+        """Why the last write failed, until a write succeeds ("" = fine): readiness reports it."""
 
     @property
     def path(self) -> Path:
@@ -193,6 +197,7 @@ class KnownObjectJournal:
     def _queue(self, seq: int, record: bytes) -> None:
         self._pending.append(record)
         self._queued_seq = seq
+        self._idle.clear()
         self._wake.set()
 
     def must_wait(self, seq: int) -> bool:
@@ -207,7 +212,12 @@ class KnownObjectJournal:
     def compact(self, checkpoint: Checkpoint) -> None:
         """``checkpoint`` was written: the records it implies can go (done by the writer task)."""
         self._compact_to = checkpoint
+        self._idle.clear()
         self._wake.set()
+
+    async def idle(self) -> None:
+        """Returns once every queued record and compaction is written (for a clean shutdown)."""
+        await self._idle.wait()
 
     # ---------------------------------------------------------------------------------------------
     # the writer task
@@ -218,11 +228,14 @@ class KnownObjectJournal:
             while True:
                 if not (self._pending or self._compact_to is not None or self._compact_requested):
                     self._wake.clear()
+                    self._idle.set()
                     await self._wake.wait()
+                    continue
                 try:
                     await self._write_once()
                 except OSError as exc:
                     self.write_errors += 1
+                    self.last_error = f"{type(exc).__name__}: {exc}"
                     log.error("journal %s cannot be written (%s); new objects and deletes wait for it, "
                               "retrying in %.0f s", self._path, exc, _RETRY_DELAY)
                     await asyncio.sleep(_RETRY_DELAY)
@@ -256,6 +269,7 @@ class KnownObjectJournal:
             self._compact_requested = True
             raise
         self.commits += 1
+        self.last_error = ""
         if target > self._written_seq:
             self._written_seq = target
             committed, self._committed = self._committed, asyncio.Event()

@@ -658,6 +658,9 @@ class BridgePipeline:
             and not self._stopping
             and all(inf.informer.has_synced() and not self._failing(inf) for inf in self._informers.values())
             and all(s.healthy() for s in self._sinks)
+            and not any(inf.journal is not None and inf.journal.last_error
+                        for inf in self._informers.values())
+            and not any(name.startswith("journal:") for name in self.failed_tasks)
         )
 
     @staticmethod
@@ -675,6 +678,11 @@ class BridgePipeline:
                 reasons.append(f"informer {i} cannot list or watch: {why}")
             elif not inf.informer.has_synced():
                 reasons.append(f"informer {i} not synced")
+            if inf.journal is not None and inf.journal.last_error:
+                reasons.append(f"journal of {i} cannot be written (new objects and deletes wait): "
+                               f"{inf.journal.last_error}")
+            if f"journal:{i}" in self.failed_tasks:
+                reasons.append(f"journal writer of {i} failed (new objects and deletes wait)")
         reasons += [f"sink {s.name} unhealthy" for s in self._sinks if not s.healthy()]
         return reasons
 
@@ -712,6 +720,14 @@ class BridgePipeline:
                 if ok is not True:
                     log.warning("shutdown: sink %s did not flush everything (%r)", sink.name, ok)
         await self.write_checkpoints()
+        journals = [inf.journal.idle() for inf in self._informers.values() if inf.journal is not None]
+        if journals:
+            try:
+                async with asyncio.timeout(left() * 0.5):
+                    await asyncio.gather(*journals)
+            except TimeoutError:
+                log.warning("shutdown: a known-object journal was not written in time; the next start "
+                            "reads the previous one")
         await asyncio.gather(*(inf.informer.shutdown(left()) for inf in self._informers.values()),
                              return_exceptions=True)
         if self._factory is not None:

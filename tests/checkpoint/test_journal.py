@@ -130,3 +130,24 @@ async def test_load_ignores_a_torn_tail_and_what_follows_a_corrupt_line(
     assert any("line 3 is corrupt" in r.getMessage() for r in caplog.records)
     path.write_bytes(orjson.dumps({"journal": 1, "informer_id": "another"}) + b"\n")
     assert j.load(None) == {}
+
+
+async def test_a_journal_that_cannot_be_written_holds_its_events_and_recovers(tmp_path: Path) -> None:
+    path = tmp_path / f"{IDENT}.journal"
+    path.mkdir()  # in the way: the start-up rewrite cannot replace it
+    j = KnownObjectJournal(path=path, informer_id=IDENT)
+    j.load(None)
+    task = asyncio.create_task(j.run(), name="journal-under-test")
+    try:
+        note(j, 0, NotificationKind.ADD, "a", "u-a", "12")
+        await until(lambda: j.last_error != "", what="the write error")
+        assert "IsADirectoryError" in j.last_error
+        assert j.must_wait(0)  # the add is held back
+        path.rmdir()
+        async with asyncio.timeout(10):
+            await j.wait(0)  # retried after a second
+        assert j.last_error == ""
+        assert records(path) == [["a", "ns/a", "u-a", "12"]]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

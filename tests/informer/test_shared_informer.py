@@ -765,3 +765,58 @@ async def test_watch_replay_reports_unconfirmed_objects_as_they_happened(env: En
         await asyncio.sleep(0)
     assert len(rec.calls) == 4
     assert sorted(informer.get_indexer().list_keys()) == ["ns/a"]
+
+
+class _Frames:
+    """A NotificationHandler recording changes and gap edges in order, acking at once."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, ...]] = []
+
+    async def handle(self, notification: Notification, ack: Any) -> None:
+        n = notification
+        if n.gap is not None:
+            self.seen.append(("gap.end" if n.gap.end else "gap.begin", n.gap.from_resource_version,
+                              n.gap.to_resource_version))
+        else:
+            self.seen.append((n.kind.value, str(n.key)))
+        ack()
+
+
+class _CompactAfterFirstPage(FakeControllerSource):
+    """Compacts (after one more change) right after serving a first page of a paged list, once."""
+
+    armed = True
+
+    async def list(self, options: ListOptions) -> ListPage:
+        page = await super().list(options)
+        if self.armed and options.continue_token is None and page.continue_token:
+            self.armed = False
+            self.add(cm("late"))
+            self.compact()
+        return page
+
+
+async def test_an_expired_continuation_on_a_resumed_relist_is_inside_one_gap() -> None:
+    """The resume point expired (410) and, while the relist pages, its continuation expires too: one
+    gap from the checkpoint's resourceVersion to the full list's frames every event of the relist,
+    including those of the first page forwarded before the continuation expired."""
+    source = _CompactAfterFirstPage()
+    a = source.add(cm("a"))                  # 1  in the checkpoint
+    source.add(cm("b"))                      # 2
+    source.add(cm("c"))                      # 3
+    source.compact()
+    informer = SharedIndexInformer(lister_watcher=source, clock=FakeClock(), name="cm", page_size=2)
+    rec = _Frames()
+    informer.add_event_handler(rec)
+    informer.resume_from([_stub(a)], "1")
+    task = asyncio.create_task(informer.run(), name="test-informer-run")
+    try:
+        await until(lambda: bool(rec.seen) and rec.seen[-1][0] == "gap.end", "the gap's end")
+        assert rec.seen[0] == ("gap.begin", "1", "")
+        assert rec.seen[-1] == ("gap.end", "1", "4")
+        assert [s for s in rec.seen if s[0].startswith("gap")] == [rec.seen[0], rec.seen[-1]]
+        assert sorted(rec.seen[1:-1]) == [("add", "ns/b"), ("add", "ns/c"), ("add", "ns/late")]
+    finally:
+        await informer.shutdown(1)
+        await asyncio.gather(task, return_exceptions=True)

@@ -73,6 +73,11 @@ def lines(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line]
 
 
+def changes(path: Path) -> list[dict[str, Any]]:
+    """The events of object changes (no markers)."""
+    return [e for e in lines(path) if "subject" in e]
+
+
 def config(sim: Simulator, tmp_path: Path, hook: Hook) -> BridgeConfig:
     kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig")
     return BridgeConfig.model_validate({
@@ -163,7 +168,14 @@ async def test_service_delivers_and_exposes_health_readiness_and_metrics(
             # The server expires the open watches (410): counted, and the informers relist.
             assert sim.expire_watches() == 2
             sim.store.create("pods", make_pod("p10", "default"))
-            await eventually(lambda: len(lines(events)) == 8, what="the event after the relist")
+            await eventually(lambda: len(changes(events)) == 8, what="the event after the relist")
+            # Each relist (one per informer) is framed by gap markers; p10 came within the pods one.
+            await eventually(lambda: len(lines(events)) == 12, what="the gap markers")
+            kinds = [e["type"].removeprefix("io.kube-event-bridge.") for e in lines(events)[7:]]
+            assert sorted(kinds) == ["added", "gap.begin", "gap.begin", "gap.end", "gap.end"]
+            p10 = next(e for e in lines(events) if e.get("subject") == "default/p10")
+            assert p10["gapid"] == next(e["gapid"] for e in lines(events)
+                                        if e["type"].endswith("gap.begin") and e["kind"] == "Pod")
             _, text = await get(f"{base}/metrics")
             pods = {"resource": "pods"}
             assert metric(text, "keb_informer_expired_total", **pods) == 1
@@ -173,8 +185,9 @@ async def test_service_delivers_and_exposes_health_readiness_and_metrics(
             service.stop_event.set()
             code = await task
         assert code == 0
-        checkpoints = list((tmp_path / "checkpoints").iterdir())
-        assert len(checkpoints) == 2  # one per informer, written on shutdown at the latest
+        files = sorted(p.suffix for p in (tmp_path / "checkpoints").iterdir())
+        # One checkpoint per informer, written on shutdown at the latest, and its known-object journal.
+        assert files == [".ckpt", ".ckpt", ".journal", ".journal"]
 
 
 async def test_unknown_resource_is_reported_and_others_keep_running(tmp_path: Path, hook: Hook) -> None:
