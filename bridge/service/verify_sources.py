@@ -113,7 +113,10 @@ def read_kafka(bootstrap: str, topics: Sequence[str], *, timeout: float = 30.0, 
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "group.id": "kube-event-bridge-verify",
                             "enable.auto.commit": False, "enable.partition.eof": False,
                             "auto.offset.reset": "earliest", **(config or {})}
-    consumer = Consumer(conf)
+    try:
+        consumer = Consumer(conf)
+    except KafkaException as exc:
+        raise SourceError(f"cannot read Kafka at {bootstrap}: {exc}") from exc
     out = SinkContents(description=f"kafka {bootstrap} topic(s) {', '.join(topics)}")
     try:
         try:
@@ -166,6 +169,8 @@ def read_kafka(bootstrap: str, topics: Sequence[str], *, timeout: float = 30.0, 
                         by_partition.setdefault(tp, []).append(SinkEvent(ce=ce, position=where))
         for tp in sorted(by_partition):
             out.events.extend(by_partition[tp])
+    except KafkaException as exc:
+        raise SourceError(f"reading Kafka at {bootstrap} failed: {exc}") from exc
     finally:
         consumer.close()
     return out
@@ -180,13 +185,14 @@ async def read_jetstream(servers: str, stream: str, *, timeout: float = 30.0,
     """Every message of ``stream`` from its first sequence to its last one at the start.
     ``connect``: more ``nats.connect`` arguments (credentials, TLS)."""
     import nats
+    from nats.errors import Error as NatsError
     from nats.errors import NoServersError
     from nats.js.errors import NotFoundError
 
     try:
         nc = await nats.connect(servers=servers.split(","), connect_timeout=min(timeout, 5.0),
                                 max_reconnect_attempts=1, allow_reconnect=False, **(connect or {}))
-    except (NoServersError, OSError, TimeoutError) as exc:
+    except (NoServersError, NatsError, OSError, TimeoutError) as exc:
         raise SourceError(f"cannot reach NATS at {servers}: {exc}") from exc
     out = SinkContents(description=f"jetstream {servers} stream {stream}")
     try:
@@ -218,6 +224,8 @@ async def read_jetstream(servers: str, stream: str, *, timeout: float = 30.0,
                               f"({len(out.events)} of up to {info.state.messages} messages)") from exc
         finally:
             await sub.unsubscribe()
+    except NatsError as exc:
+        raise SourceError(f"reading stream {stream!r} from {servers} failed: {exc}") from exc
     finally:
         await nc.close()
     return out

@@ -198,6 +198,7 @@ async def test_sinks_named_in_the_bridge_configuration(
     import nats
     from confluent_kafka import Producer
 
+    from bridge.errors import BridgeError
     from bridge.service.cli import _parser
     from bridge.service.verify_cli import UsageError, verify_from_args
 
@@ -229,6 +230,8 @@ async def test_sinks_named_in_the_bridge_configuration(
             {"name": "stream", "kind": "jetstream", "servers": [nats_server.url],
              "destination": f"{stream}.{{name}}", "stream": {"name": stream}},
             {"name": "hook", "kind": "webhook", "url": "http://127.0.0.1:9/x"},
+            {"name": "bad", "kind": "kafka", "brokers": kafka_broker.bootstrap, "destination": topic,
+             "librdkafka": {"no.such.property": "1"}},
         ],
     }).decode())
 
@@ -244,3 +247,5 @@ async def test_sinks_named_in_the_bridge_configuration(
         await run("--sink", "hook")
     with pytest.raises(UsageError, match="no such sink"):
         await run("--sink", "nope")
+    with pytest.raises(BridgeError, match="cannot read Kafka"):
+        await run("--sink", "bad")
