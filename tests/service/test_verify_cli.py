@@ -5,9 +5,10 @@ and both output formats."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,56 +17,74 @@ import pytest
 
 from bridge.kube.apiclient import ApiClient
 from tests.brokers import NatsServer, TansuBroker, kafka_broker, nats_server, unique_name
-from tests.checkpoint.crash_harness import ROOT, sim_process
+from tests.checkpoint.crash_harness import ROOT
 
 __all__ = ["kafka_broker", "nats_server"]
 
-NS = "audit"
-PATH = f"/api/v1/namespaces/{NS}/configmaps"
 
 
 def to_ce(kind: str, o: dict[str, Any]) -> dict[str, Any]:
     meta = o["metadata"]
+    ns = meta["namespace"]
     return {
         "specversion": "1.0", "id": f"{meta['uid']}-{meta['resourceVersion']}-{kind}",
         "source": "/clusters/lab/api/v1/configmaps", "type": f"io.kube-event-bridge.{kind}",
-        "subject": f"{NS}/{meta['name']}", "time": "2024-05-01T12:00:00.500000Z",
+        "subject": f"{ns}/{meta['name']}", "time": "2024-05-01T12:00:00.500000Z",
         "datacontenttype": "application/json", "cluster": "lab", "kind": "ConfigMap", "apiversion": "v1",
-        "namespace": NS, "name": meta["name"], "uid": meta["uid"], "resourceversion": meta["resourceVersion"],
+        "namespace": ns, "name": meta["name"], "uid": meta["uid"], "resourceversion": meta["resourceVersion"],
         "data": {"apiVersion": "v1", "kind": "ConfigMap", **o},
     }
 
 
 class World:
-    """A simulator process with three ConfigMaps, and the events a faithful sink would hold."""
+    """A namespace of the simulator with two ConfigMaps (a third one was deleted), and the events a
+    faithful sink would hold."""
 
-    def __init__(self, kubeconfig: Path, client: ApiClient) -> None:
+    def __init__(self, kubeconfig: Path, client: ApiClient, ns: str) -> None:
         self.kubeconfig = kubeconfig
         self.client = client
+        self.ns = ns
+        self.path = f"/api/v1/namespaces/{ns}/configmaps"
         self.good: list[dict[str, Any]] = []
         self.gone: dict[str, Any] = {}
 
     async def populate(self) -> None:
-        a = await self.client.create(PATH, {"metadata": {"name": "a"}, "data": {"v": "1"}})
-        b = await self.client.create(PATH, {"metadata": {"name": "b"}})
-        a2 = await self.client.patch(f"{PATH}/a", {"data": {"v": "2"}})
-        gone = await self.client.create(PATH, {"metadata": {"name": "gone"}})
-        deleted = await self.client.delete(f"{PATH}/gone")
+        path = self.path
+        a = await self.client.create(path, {"metadata": {"name": "a"}, "data": {"v": "1"}})
+        b = await self.client.create(path, {"metadata": {"name": "b"}})
+        a2 = await self.client.patch(f"{path}/a", {"data": {"v": "2"}})
+        gone = await self.client.create(path, {"metadata": {"name": "gone"}})
+        deleted = await self.client.delete(f"{path}/gone")
         self.gone = gone
         self.good = [to_ce("added", a), to_ce("added", b), to_ce("updated", a2), to_ce("added", gone),
                      to_ce("deleted", deleted)]
 
 
+@pytest.fixture(scope="module")
+def sim_kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One simulator process for the module (each test has its own namespace)."""
+    kubeconfig = tmp_path_factory.mktemp("verify-sim") / "sim.kubeconfig"
+    proc = subprocess.Popen([sys.executable, "-m", "bridge.sim", "--port", "0", "--kubeconfig",
+                             str(kubeconfig)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        while b"simulator listening on" not in proc.stdout.readline():
+            assert proc.poll() is None, "the simulator exited"
+        yield kubeconfig
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 @pytest.fixture
-async def world(tmp_path: Path) -> AsyncIterator[World]:
-    async with sim_process(tmp_path) as (_, kubeconfig):
-        client = ApiClient.from_kubeconfig(str(kubeconfig))
-        try:
-            w = World(kubeconfig, client)
-            await w.populate()
-            yield w
-        finally:
-            await client.close()
+async def world(sim_kubeconfig: Path) -> AsyncIterator[World]:
+    client = ApiClient.from_kubeconfig(str(sim_kubeconfig))
+    try:
+        w = World(sim_kubeconfig, client, unique_name("audit"))
+        await w.populate()
+        yield w
+    finally:
+        await client.close()
 
 
 async def run_verify(*args: str) -> tuple[int, str, str]:
@@ -84,11 +103,12 @@ def write_lines(path: Path, ces: list[dict[str, Any]]) -> None:
 async def test_file_sink_consistent_then_a_lost_delete_is_a_phantom(tmp_path: Path, world: World) -> None:
     events = tmp_path / "events.jsonl"
     write_lines(events, world.good)
-    common = ["--kubeconfig", str(world.kubeconfig), "--resource", f"configmaps@{NS}", "--cluster", "lab"]
+    common = ["--kubeconfig", str(world.kubeconfig), "--resource", f"configmaps@{world.ns}",
+              "--cluster", "lab"]
     code, out, err = await run_verify(*common, "--file", str(events))
     assert (code, err) == (0, ""), out
     assert "verdict: the sink's state equals the cluster's" in out
-    assert "configmaps (audit)" in out
+    assert f"configmaps ({world.ns})" in out
 
     # The delete never reached the sink, and a torn line was left by a crash mid-write.
     write_lines(events, world.good[:-1])
@@ -119,15 +139,16 @@ async def test_kafka_topic_structured_and_binary_records(world: World, kafka_bro
         else:
             producer.produce(topic, key=c["uid"], value=orjson.dumps(c))
     # An update the cluster made that never reached the topic: the first state of b is stale.
-    await world.client.patch(f"{PATH}/b", {"data": {"late": "yes"}})
+    await world.client.patch(f"{world.path}/b", {"data": {"late": "yes"}})
     assert producer.flush(15) == 0
-    code, out, err = await run_verify("--kubeconfig", str(world.kubeconfig), "--resource", f"configmaps@{NS}",
+    code, out, err = await run_verify("--kubeconfig", str(world.kubeconfig),
+                                      "--resource", f"configmaps@{world.ns}",
                                       "--kafka", kafka_broker.bootstrap, "--topic", topic, "--json")
     assert code == 1, err
     (r,) = orjson.loads(out)["resources"]
     assert orjson.loads(out)["undecodable"] == 0, out
     assert (r["events"], r["missing"], r["phantom"], r["stale"]) == (5, 0, 0, 1)
-    assert r["examples"]["stale"][0]["object"] == f"{NS}/b"
+    assert r["examples"]["stale"][0]["object"] == f"{world.ns}/b"
 
 
 async def test_jetstream_stream(world: World, nats_server: NatsServer) -> None:
@@ -138,11 +159,12 @@ async def test_jetstream_stream(world: World, nats_server: NatsServer) -> None:
         js = nc.jetstream()
         await js.add_stream(name="KUBE", subjects=["k8s.>"])
         for c in world.good[:2]:  # a's update and everything about "gone" are missing
-            await js.publish(f"k8s.configmaps.{NS}.{c['name']}", orjson.dumps(c),
+            await js.publish(f"k8s.configmaps.{world.ns}.{c['name']}", orjson.dumps(c),
                              headers={"Nats-Msg-Id": c["id"]})
     finally:
         await nc.close()
-    code, out, err = await run_verify("--kubeconfig", str(world.kubeconfig), "--resource", f"configmaps@{NS}",
+    code, out, err = await run_verify("--kubeconfig", str(world.kubeconfig),
+                                      "--resource", f"configmaps@{world.ns}",
                                       "--jetstream", nats_server.url, "--stream", "KUBE")
     assert code == 1, err
     assert "1 stale (older than the cluster)" in out
@@ -222,7 +244,7 @@ async def test_sinks_named_in_the_bridge_configuration(
     config.write_text(orjson.dumps({
         "cluster": "lab",
         "kubernetes": {"kubeconfig": str(world.kubeconfig), "in_cluster": "false"},
-        "resources": [{"resource": "configmaps", "namespace": NS}],
+        "resources": [{"resource": "configmaps", "namespace": world.ns}],
         "sinks": [
             {"name": "file", "kind": "file", "path": str(tmp_path / "events.jsonl")},
             {"name": "audit", "kind": "kafka", "brokers": kafka_broker.bootstrap,
