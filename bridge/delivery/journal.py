@@ -47,6 +47,7 @@ from pathlib import Path
 
 import orjson
 
+from bridge.clock import Clock, RealClock
 from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind
 from bridge.delivery.checkpoint import Checkpoint
 from bridge.rawobject import object_identity
@@ -87,8 +88,10 @@ def _checkpoint_uids(cp: Checkpoint | None) -> dict[str, str]:
 class KnownObjectJournal:
     """The journal of one informer (see the module docstring)."""
 
-    def __init__(self, *, path: str | os.PathLike[str], informer_id: str, fsync: bool = True) -> None:
+    def __init__(self, *, path: str | os.PathLike[str], informer_id: str, fsync: bool = True,
+                 clock: Clock | None = None) -> None:
         self._path = Path(path)
+        self._clock: Clock = clock or RealClock()
         self._informer_id = informer_id
         self._fsync = fsync
         self._entries: dict[str, JournalEntry] = {}
@@ -238,7 +241,7 @@ class KnownObjectJournal:
                     self.last_error = f"{type(exc).__name__}: {exc}"
                     log.error("journal %s cannot be written (%s); new objects and deletes wait for it, "
                               "retrying in %.0f s", self._path, exc, _RETRY_DELAY)
-                    await asyncio.sleep(_RETRY_DELAY)
+                    await self._clock.sleep(_RETRY_DELAY)
         finally:
             self._close_file()
 

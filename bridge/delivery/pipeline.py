@@ -600,7 +600,7 @@ class BridgePipeline:
         if journal_path is None:
             return known, []
         ident = inf.watched.informer_id
-        journal = KnownObjectJournal(path=journal_path(ident), informer_id=ident)
+        journal = KnownObjectJournal(path=journal_path(ident), informer_id=ident, clock=self._clock)
         inf.journal = inf.tracker.journal = journal
         resent: dict[str, tuple[str, bool]] = {}
         unconfirmed: list[tuple[str, str, str]] = []

@@ -109,6 +109,9 @@ log = logging.getLogger(__name__)
 
 def _from_relist(deltas: Deltas) -> bool:
     """True for a key's deltas that include a relist's (a listed item, or a deletion it inferred)."""
+    if len(deltas) == 1:  # the common case, on every watch event: no generator
+        d = deltas[0]
+        return d.type is DeltaType.REPLACED or type(d.object) is DeletedFinalStateUnknown
     return any(d.type is DeltaType.REPLACED or isinstance(d.object, DeletedFinalStateUnknown) for d in deltas)
 
 

@@ -820,3 +820,22 @@ async def test_an_expired_continuation_on_a_resumed_relist_is_inside_one_gap() -
     finally:
         await informer.shutdown(1)
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_relist_without_differences_still_sends_both_gap_markers(env: Env) -> None:
+    """Something may have come and gone inside the window: the markers say so even when the list
+    shows no difference. The first list of a fresh informer is no gap."""
+    env.source.add(cm("a"))                  # 1
+    informer = env.informer()
+    rec = _Frames()
+    informer.add_event_handler(rec)
+    await env.start(informer)
+    await until(lambda: rec.seen == [("add", "ns/a")], "the first list")
+
+    def come_and_go() -> None:
+        env.source.add(cm("b"))              # 2
+        env.source.delete(cm("b"))           # 3
+
+    await env.watch_down_then(come_and_go)
+    await until(lambda: len(rec.seen) == 3, "the gap")
+    assert rec.seen == [("add", "ns/a"), ("gap.begin", "1", ""), ("gap.end", "1", "3")]
