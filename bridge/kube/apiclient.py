@@ -389,10 +389,14 @@ class ApiClient:
             )
         return self._session
 
-    async def _headers(self, content_type: str | None, *, force_refresh: bool) -> dict[str, str]:
+    async def _headers(
+        self, content_type: str | None, *, force_refresh: bool, accept: str | None = None
+    ) -> dict[str, str]:
         headers: dict[str, str] = {}
         if content_type:
             headers["Content-Type"] = content_type
+        if accept:
+            headers["Accept"] = accept
         if self._token_source is not None:
             value = await self._token_source.authorization(force_refresh=force_refresh)
             if value:
@@ -409,6 +413,7 @@ class ApiClient:
         content_type: str | None,
         context: str,
         timeout: aiohttp.ClientTimeout,
+        accept: str | None = None,
     ) -> aiohttp.ClientResponse:
         """Sends until an answer is final; returns a 2xx response (unread) or raises.
 
@@ -421,7 +426,7 @@ class ApiClient:
         refreshed = False
         force_refresh = False
         while True:
-            headers = await self._headers(content_type, force_refresh=force_refresh)
+            headers = await self._headers(content_type, force_refresh=force_refresh, accept=accept)
             force_refresh = False
             self.requests_sent += 1
             try:
@@ -542,6 +547,32 @@ class ApiClient:
                 code=200,
             )
         return decoded
+
+    async def get_negotiated(
+        self, path: str, *, accept: str, context: str = ""
+    ) -> tuple[dict[str, Any], str]:
+        """A GET with its own ``Accept`` header (content negotiation, as discovery does); returns the
+        decoded JSON object and the answer's ``Content-Type`` (with its parameters)."""
+        context = context or f"GET {path}"
+        response = await self._send(
+            "GET", path, params=None, data=None, content_type=None, context=context,
+            timeout=self._request_timeout(), accept=accept,
+        )
+        try:
+            raw = await response.read()
+        except _RETRYABLE_NETWORK_ERRORS as e:
+            raise ApiUnavailableError(f"{context}: connection broke while reading the answer") from e
+        finally:
+            response.release()
+        content_type = response.headers.get("Content-Type", "")
+        try:
+            decoded = orjson.loads(raw) if raw.strip() else {}
+        except orjson.JSONDecodeError as e:
+            raise ApiStatusError(f"{context}: the server answered invalid JSON", code=200) from e
+        if not isinstance(decoded, dict):
+            raise ApiStatusError(f"{context}: expected a JSON object, got {type(decoded).__name__}",
+                                 code=200)
+        return decoded, content_type
 
     async def get_json(self, path: str, params: Params | None = None, *, context: str = "") -> dict[str, Any]:
         return await self.request("GET", path, params=params, context=context)

@@ -53,6 +53,11 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 
+_DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)
+"""What msgspec raises for bytes that are not JSON: invalid UTF-8 in a key surfaces as a
+UnicodeDecodeError rather than a DecodeError (found by fuzzing)."""
+
+
 class WatchDecodeError(ValueError):
     """A line of a watch stream that is not a watch event."""
 
@@ -93,6 +98,16 @@ _raw_event_decoder = msgspec.json.Decoder(_RawEvent)
 _any_decoder = msgspec.json.Decoder(dict[str, Any])
 
 
+def _check_utf8(data: bytes) -> None:
+    """Bytes kept as they came (RawObjects) must be valid JSON, hence UTF-8: msgspec does not check
+    the content it skips. API servers send ASCII almost always, which is checked without a copy."""
+    if not data.isascii():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise WatchDecodeError(f"not UTF-8: byte {e.start}: {e.reason}") from e
+
+
 def _event(type_: str, obj: KubeObject) -> WatchEvent:
     kind = _EVENT_TYPES.get(type_)
     if kind is None:
@@ -104,19 +119,21 @@ def decode_watch_event(line: bytes) -> WatchEvent:
     """One pass of msgspec into ``{type: str, object: dict}``: the default. On realistic Pods it
     measures level with ``orjson.loads`` of the whole line and ahead of the two-pass ``Raw`` variant
     (bench/bench_decode.py), and it checks the event's shape while decoding."""
+    _check_utf8(line)
     try:
         ev = _event_decoder.decode(line)
-    except msgspec.DecodeError as e:
+    except _DECODE_ERRORS as e:
         raise WatchDecodeError(str(e)) from e
     return _event(ev.type, ev.object)
 
 
 def decode_watch_event_raw(line: bytes) -> WatchEvent:
     """msgspec with the object left as ``Raw``, then a second pass into a dict."""
+    _check_utf8(line)
     try:
         ev = _raw_event_decoder.decode(line)
         obj = _any_decoder.decode(ev.object)
-    except msgspec.DecodeError as e:
+    except _DECODE_ERRORS as e:
         raise WatchDecodeError(str(e)) from e
     return _event(ev.type, obj)
 
@@ -143,6 +160,7 @@ def raw_object_decoder(*, drop_managed_fields: bool = False) -> WatchDecoder:
     whole, as the reflector reads them."""
 
     def decode(line: bytes) -> WatchEvent:
+        _check_utf8(line)
         fast = decode_watch_object(line, drop_managed_fields=drop_managed_fields)
         if fast is not None:
             kind = _EVENT_TYPES.get(fast[0])
@@ -150,7 +168,7 @@ def raw_object_decoder(*, drop_managed_fields: bool = False) -> WatchDecoder:
                 return WatchEvent(type=kind, object=fast[1])
         try:
             ev = _raw_event_decoder.decode(line)
-        except msgspec.DecodeError as e:
+        except _DECODE_ERRORS as e:
             raise WatchDecodeError(str(e)) from e
         kind = _EVENT_TYPES.get(ev.type)
         if kind is None:
@@ -167,7 +185,7 @@ def raw_object_decoder(*, drop_managed_fields: bool = False) -> WatchDecoder:
             # A well-formed event whose object has no metadata mapping: as with the dict decoders
             # (an object without a name), the reflector logs and skips it.
             return WatchEvent(type=kind, object=RawObject(raw, {}))
-        except msgspec.DecodeError as e:
+        except _DECODE_ERRORS as e:
             raise WatchDecodeError(str(e)) from e
 
     return decode
@@ -200,9 +218,10 @@ _raw_list_decoder = msgspec.json.Decoder(_RawList)
 
 def split_list(body: bytes) -> tuple[_ListMeta, list[msgspec.Raw]]:
     """A List answer's metadata and its items, still undecoded (one fast pass)."""
+    _check_utf8(body)
     try:
         raw_list = _raw_list_decoder.decode(body)
-    except msgspec.DecodeError as e:
+    except _DECODE_ERRORS as e:
         raise WatchDecodeError(f"not a List: {e}") from e
     return raw_list.metadata, raw_list.items or []
 
@@ -231,7 +250,7 @@ def _list_page(
                     if "kind" not in item:
                         item["kind"] = kind
             items = list(dicts)
-    except (msgspec.DecodeError, RawObjectError) as e:
+    except (*_DECODE_ERRORS, RawObjectError) as e:
         raise WatchDecodeError(f"not a List: {e}") from e
     return ListPage(
         items=items,

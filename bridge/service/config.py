@@ -320,9 +320,12 @@ def load_config(path: str | os.PathLike[str] | None = None, *, overrides: dict[s
     if path is not None:
         source = str(path)
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as e:
             raise ConfigurationError(f"cannot read config file {path}: {e.strerror}") from e
+        except UnicodeDecodeError as e:
+            raise ConfigurationError(
+                f"config file {path} is not UTF-8 text (byte {e.start}: {e.reason})") from e
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as e:
@@ -332,6 +335,9 @@ def load_config(path: str | os.PathLike[str] | None = None, *, overrides: dict[s
         if not isinstance(loaded, dict):
             raise ConfigurationError(f"config file {path} must hold a mapping at the top level, "
                                      f"not {type(loaded).__name__}")
+        odd = [k for k in loaded if not isinstance(k, str)]
+        if odd:
+            raise ConfigurationError(f"config file {path}: top-level keys must be names, not {odd[0]!r}")
         data = loaded
     if overrides:
         data = {**data, **overrides}

@@ -250,3 +250,60 @@ def test_decode_list_fills_kind_and_reads_metadata() -> None:
     assert (empty.items, empty.continue_token, empty.remaining_item_count) == ([], None, None)
     with pytest.raises(WatchDecodeError):
         decode_list(b"<html>")
+
+
+async def test_a_garbled_watch_line_does_not_lose_its_change(server: ScriptedServer) -> None:
+    """The reflector over HTTP: the line carrying b@12 arrives garbled between a@11 and c@13. The
+    watch ends at that line and the reflector watches again from 11 (no relist), so b@12 and c@13
+    come again and nothing is lost."""
+    from bridge.informer.backoff import Backoff
+    from bridge.informer.reflector import Reflector
+    from bridge.informer.store import IndexedCache
+
+    from .conftest import InstantClock
+
+    hold = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") != "true":
+            item = make_pod("a", "ns")
+            item["metadata"]["resourceVersion"] = "10"  # type: ignore[index]
+            return web.json_response({"kind": "PodList", "metadata": {"resourceVersion": "10"},
+                                      "items": [item]})
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        if request.query["resourceVersion"] == "10":
+            good_b = line("ADDED", "b", 12)
+            for chunk in (line("MODIFIED", "a", 11), good_b[:30] + b"\x00garbled" + good_b[40:],
+                          line("ADDED", "c", 13)):
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+        for chunk in (line("ADDED", "b", 12), line("ADDED", "c", 13)):
+            await response.write(chunk)
+        await hold.wait()
+        return response
+
+    server.handler = handler
+    url = await server.start()
+    clock = InstantClock()
+    async with ApiClient(server=url, clock=clock) as client:
+        lw = HttpListerWatcher(client=client, resource=PODS, namespace="ns")
+        cache = IndexedCache()
+        reflector = Reflector(name="pods", lister_watcher=lw, store=cache, clock=clock,
+                              backoff=Backoff(clock=clock, jitter=0.0))
+        task = asyncio.create_task(reflector.run(), name="test-garbled-reflector")
+        try:
+            for _ in range(500):
+                if len(cache.list()) == 3:
+                    break
+                await asyncio.sleep(0.01)
+            state = {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in cache.list()}
+            assert state == {"a": "11", "b": "12", "c": "13"}
+            requests = [(r.query.get("watch"), r.query.get("resourceVersion")) for r in server.requests]
+            assert requests == [(None, "0"), ("true", "10"), ("true", "11")]
+            assert lw.garbage_lines == 1
+        finally:
+            hold.set()
+            reflector.stop()
+            await asyncio.wait_for(task, 5)

@@ -17,7 +17,7 @@ NS = "bridge-system"
 
 @pytest.fixture
 async def sim_client(tmp_path: Path) -> AsyncIterator[tuple[Simulator, ApiClient]]:
-    sim = Simulator()
+    sim = Simulator(namespaces=("default", NS))
     await sim.start()
     client = ApiClient.from_kubeconfig(str(sim.write_kubeconfig(tmp_path / "kubeconfig")))
     try:

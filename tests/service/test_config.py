@@ -139,3 +139,17 @@ def test_common_mistakes_give_one_clear_message(tmp_path: Path, text: str, expec
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match=r"cannot read config file .*nope\.yaml"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_a_file_that_is_not_utf8_is_a_clear_error(tmp_path: Path) -> None:
+    """Found by fuzzing the loader: a Latin-1 or binary file used to end in a UnicodeDecodeError."""
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"resources: [{resource: pods, namespace: caf\xe9}]\n")
+    with pytest.raises(ConfigurationError, match=r"config file .*c\.yaml is not UTF-8 text \(byte 43: "):
+        load_config(path)
+
+
+def test_a_top_level_key_that_is_not_a_name_is_a_clear_error(tmp_path: Path) -> None:
+    """Found by fuzzing the loader: `1: x` at the top level used to end in a TypeError."""
+    with pytest.raises(ConfigurationError, match=r"config\.yaml: top-level keys must be names, not 1$"):
+        load_config(write(tmp_path, "resources: [{resource: pods}]\n1: x\n"))

@@ -29,7 +29,7 @@ NS = "failover"
 async def sim(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
     kubeconfig = tmp_path / "sim.kubeconfig"
     proc = await asyncio.create_subprocess_exec(
-        *EXE, "sim", "--port", "0", "--kubeconfig", str(kubeconfig),
+        *EXE, "sim", "--port", "0", "--kubeconfig", str(kubeconfig), "--namespaces", NS,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
     url = ""
