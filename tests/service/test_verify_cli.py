@@ -49,6 +49,7 @@ class World:
         self.gone: dict[str, Any] = {}
 
     async def populate(self) -> None:
+        await self.client.create("/api/v1/namespaces", {"metadata": {"name": self.ns}})
         path = self.path
         a = await self.client.create(path, {"metadata": {"name": "a"}, "data": {"v": "1"}})
         b = await self.client.create(path, {"metadata": {"name": "b"}})
