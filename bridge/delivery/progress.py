@@ -186,7 +186,14 @@ class AckTracker:
             self._unobserved.add(n.seq)
             return
         if known is None:
-            known = self._index.get(key, ("", ""))[1]
+            # Not changed in this run: what sinks last acknowledged of it, which after a resume may
+            # be in the delivered-ahead map rather than the index.
+            pending = self._ahead.get(key)
+            if pending:
+                entry = pending[-1][1]
+                known = entry[1] if entry is not None else ""
+            else:
+                known = self._index.get(key, ("", ""))[1]
         # A delete seen on the watch carries a resourceVersion of its own; one that carries exactly
         # the state last seen was inferred by a relist (the object was re-created under a new uid).
         rv = _entry_of(n.obj)[1]

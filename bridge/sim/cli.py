@@ -71,6 +71,7 @@ def build_parser(prog: str = "python -m bridge.sim") -> argparse.ArgumentParser:
     faults = p.add_argument_group("faults (also settable at run time: POST /_sim/faults)")
     faults.add_argument("--fault-watch-close-after", type=int, metavar="N")
     faults.add_argument("--fault-watch-cut-after", type=int, metavar="N")
+    faults.add_argument("--fault-watch-garble-after", type=int, metavar="N")
     faults.add_argument("--fault-watch-expire-after", type=int, metavar="N")
     faults.add_argument("--fault-delay", type=float, default=0.0, metavar="SECONDS")
     faults.add_argument("--fault-error-code", type=int, choices=(429, 500, 503))
@@ -84,6 +85,7 @@ def _fault_spec(args: argparse.Namespace) -> FaultSpec:
     return FaultSpec(
         watch_close_after=args.fault_watch_close_after,
         watch_cut_after=args.fault_watch_cut_after,
+        watch_garble_after=args.fault_watch_garble_after,
         watch_expire_after=args.fault_watch_expire_after,
         delay=args.fault_delay,
         error_code=args.fault_error_code,

@@ -1056,6 +1056,7 @@ class _WatchStream:
         self.timeout = timeout
         self.sent = 0
         """Events written, bookmarks not counted (the fault thresholds count these)."""
+        self.garbled = False
 
     async def _write_batch(self, changes: Sequence[Change]) -> bool:
         """Writes the events unless a fault ends the stream first; False means stop."""
@@ -1072,6 +1073,13 @@ class _WatchStream:
                     await self.response.write(bytes(out))
                 return False
             line = _event_line(change.type, self._encoded(change))
+            if spec.watch_garble_after is not None and self.sent >= spec.watch_garble_after \
+                    and not self.garbled:
+                # The event's bytes with a stray byte in the middle: a complete line that no JSON
+                # decoder accepts, as a corrupting proxy or a torn buffer would leave it.
+                self.garbled = True
+                half = len(line) // 2
+                line = line[:half] + b"\x00<garbled>" + line[half:]
             if spec.watch_cut_after is not None and self.sent >= spec.watch_cut_after:
                 out += line[: max(1, len(line) // 2)]
                 await self.response.write(bytes(out))
