@@ -298,7 +298,7 @@ def _config(infra: Infra, tag: str, ns: str, work: Path, hook: Hook, health_port
             {"name": "file", "kind": "file", "path": str(work / "events.jsonl")},
         ],
         "checkpoint": {"store": "file", "directory": str(work / "checkpoints"), "interval": 0.2},
-        "server": {"host": "127.0.0.1", "port": health_port},
+        "server": {"host": "127.0.0.1", "port": health_port, "admin_port": 0},
         "logging": {"level": "info", "format": "text"},
         "shutdown_deadline": 20,
     }

@@ -101,7 +101,7 @@ def test_a_sink_refused_at_start_is_a_config_error(tmp_path: Path,
         f"kubernetes: {{kubeconfig: '{kubeconfig}', in_cluster: 'false'}}\n" + BASE
         + f"sinks: [{{name: hook, kind: webhook, url: 'https://127.0.0.1:9/x', tls: {{ca_file: '{ca}'}}}}]\n"
         f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}'}}\n"
-        "server: {host: 127.0.0.1, port: 0}\n")
+        "server: {host: 127.0.0.1, port: 0, admin_port: 0}\n")
     assert run_cli("check-config", "--config", str(cfg)).returncode == 0
     assert_config_error(run_cli("run", "--config", str(cfg)), "sink 'hook' (webhook): tls")
 
@@ -136,7 +136,7 @@ async def test_aliases_of_a_custom_resource_are_found_after_discovery(tmp_path: 
             "resources": [{"resource": "wdg"}, {"resource": "widgets.example.com/v1"}],
             "sinks": [{"name": "s", "kind": "stdout"}],
             "checkpoint": {"store": "none"},
-            "server": {"host": "127.0.0.1", "port": 0},
+            "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
             "leader_election": {"enabled": leader_election, "retry_period": 0.2, "renew_deadline": 1,
                                 "lease_duration": 2},
         })

@@ -44,7 +44,7 @@ def test_client_library_logs_are_json_lines_with_the_sink(tmp_path: Path,
         f"  - {{name: bus, kind: nats, servers: ['nats://127.0.0.1:{nats}'], connect_timeout: 0.5,\n"
         "     reconnect_wait: 0.2}\n"
         f"checkpoint: {{store: nats-kv, nats_url: 'nats://127.0.0.1:{nats}'}}\n"
-        "server: {host: 127.0.0.1, port: 0}\n"
+        "server: {host: 127.0.0.1, port: 0, admin_port: 0}\n"
         "logging: {level: info, format: json}\n"
         "shutdown_deadline: 2\n")
     proc = subprocess.Popen([*EXE, "run", "--config", str(cfg)], stdout=subprocess.PIPE,
@@ -88,7 +88,7 @@ async def test_initial_sync_duration_is_measured(tmp_path: Path, caplog: pytest.
             "resources": [{"resource": "po"}],
             "sinks": [{"name": "file", "kind": "file", "path": str(tmp_path / "events.jsonl")}],
             "checkpoint": {"store": "none"},
-            "server": {"host": "127.0.0.1", "port": 0},
+            "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
             "shutdown_deadline": 5,
         })
         service = BridgeService(config=config)

@@ -41,7 +41,7 @@ async def test_one_label_vocabulary_leader_gauge_and_process_metrics(tmp_path: P
             "resources": resources,
             "sinks": [{"name": "file", "kind": "file", "path": str(tmp_path / "events.jsonl")}],
             "checkpoint": {"store": "file", "directory": str(tmp_path / "cp"), "interval": 0.2},
-            "server": {"host": "127.0.0.1", "port": 0},
+            "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
             "shutdown_deadline": 10,
         })
         service = BridgeService(config=config)
@@ -102,7 +102,7 @@ async def test_a_standby_reports_zero_on_the_leader_gauge(tmp_path: Path) -> Non
         "resources": [{"resource": "pods"}],
         "sinks": [{"name": "s", "kind": "stdout"}],
         "leader_election": {"enabled": True},
-        "server": {"host": "127.0.0.1", "port": 0},
+        "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
     })
     service = BridgeService(config=config)
     text = service.telemetry.render_prometheus().decode()
