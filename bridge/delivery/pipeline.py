@@ -185,14 +185,31 @@ class SinkListener:
         self._gap = info
         return self._event(EventType.GAP_BEGIN, None, observed, gap=info)
 
+    def _replayed_after_delete(self, obj: KubeObject) -> bool:
+        """Whether ``obj`` is a change the watch replays after a restart although its object's delete
+        was sent before it (the journal's ``resent``): a uid is deleted once, so any change of it is
+        older than that delete and would bring the object back for consumers (and where the broker
+        drops the replayed real delete as a duplicate id, for good). The delete itself goes out again
+        as it was sent. Under a selector a delete may be an exit of an object that lives on and comes
+        back into scope later: there only changes up to the delete's resourceVersion are replays."""
+        uid, rv = object_identity(obj)
+        before = self._resent.get(uid)
+        if before is None:
+            return False
+        if self._exits is None:
+            return True
+        return rv.isdigit() and before[0].isdigit() and int(rv) <= int(before[0])
+
     def events_for(self, n: Notification) -> list[ChangeEvent]:
         """The change events one notification becomes (empty for a no-change resync update)."""
         if n.kind is NotificationKind.ADD:
             assert not isinstance(n.obj, DeletedFinalStateUnknown)
+            if self._resent and self._replayed_after_delete(n.obj):
+                return []
             return [self._event(EventType.ADDED, n.obj, n.time)]
         if n.kind is NotificationKind.UPDATE:
             assert not isinstance(n.obj, DeletedFinalStateUnknown)
-            if n.is_resync:
+            if n.is_resync or (self._resent and self._replayed_after_delete(n.obj)):
                 return []
             return [self._event(EventType.UPDATED, n.obj, n.time, old=n.old)]
         if n.kind is NotificationKind.DELETE:
