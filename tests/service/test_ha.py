@@ -353,8 +353,8 @@ async def test_leader_killed_standby_takes_over_within_lease_and_nothing_is_lost
     took = time.monotonic() - killed
     # b saw a's last renewal at most a moment before the kill; it polls every retry period (with
     # up to 1.2 of jitter), so the lease plus one jittered retry period, plus this test's 0.05 s
-    # polling and a request's latency.
-    assert took < LEASE_DURATION + RETRY_PERIOD * 2.2 + 0.5, took
+    # polling, a request's latency and the scheduling delays of a loaded 2-core CI machine.
+    assert took < LEASE_DURATION + RETRY_PERIOD * 2.2 + 1.0, took
     await finish(c, churn, "b")
     got = c.receiver.changes()
     assert [m for m in churn.made if m not in got] == []
