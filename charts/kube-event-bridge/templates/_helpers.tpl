@@ -144,15 +144,23 @@ RBAC rules for a list of configured resource strings, each resolved (see resolve
 per distinct group/plural. Output: YAML list items.
 */}}
 {{- define "kube-event-bridge.resourceRules" -}}
+{{- /* Entries of config.resources. list/watch on each resource; get as well where an entry has a
+selector: a delete of an object that left the selector is told from a real one by reading it. */ -}}
 {{- $seen := list -}}
+{{- $withGet := list -}}
 {{- range . -}}
-{{- $r := include "kube-event-bridge.resolveResource" . | fromYaml -}}
+{{- $r := include "kube-event-bridge.resolveResource" .resource | fromYaml -}}
+{{- $key := printf "%s/%s" $r.group $r.resource -}}
+{{- if or .label_selector .field_selector -}}{{- $withGet = append $withGet $key -}}{{- end -}}
+{{- end -}}
+{{- range . -}}
+{{- $r := include "kube-event-bridge.resolveResource" .resource | fromYaml -}}
 {{- $key := printf "%s/%s" $r.group $r.resource -}}
 {{- if not (has $key $seen) -}}
 {{- $seen = append $seen $key }}
 - apiGroups: [{{ $r.group | quote }}]
   resources: [{{ $r.resource | quote }}]
-  verbs: ["list", "watch"]
+  verbs: [{{ if has $key $withGet }}"get", {{ end }}"list", "watch"]
 {{- end -}}
 {{- end -}}
 {{- end -}}
