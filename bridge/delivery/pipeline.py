@@ -186,15 +186,21 @@ class SinkListener:
         return self._event(EventType.GAP_BEGIN, None, observed, gap=info)
 
     def _replayed_after_delete(self, obj: KubeObject) -> bool:
-        """Whether ``obj`` is a change the watch replays after a restart although its object's delete
-        was sent before it (the journal's ``resent``): a uid is deleted once, so any change of it is
-        older than that delete and would bring the object back for consumers (and where the broker
-        drops the replayed real delete as a duplicate id, for good). The delete itself goes out again
-        as it was sent. Under a selector a delete may be an exit of an object that lives on and comes
-        back into scope later: there only changes up to the delete's resourceVersion are replays."""
+        """Whether ``obj`` is a change the watch replays after a restart that would arrive after the
+        delete consumers already hold: the journal's ``resent`` says this uid's delete was sent as
+        *inferred* (a relist found the object gone, with its last known state), and the watch,
+        resumed from a checkpoint older than that relist, now replays the changes the relist had
+        coalesced. A uid is deleted once, so they are all older than that delete; sent, they would
+        bring the object back for consumers (for good where the broker drops the replayed real
+        delete as a duplicate id). The delete itself goes out again as it was sent.
+
+        A delete the watch showed (not inferred) is replayed in its place, after the changes before
+        it, so those go out again in order (at-least-once). Under a selector a delete may be an exit
+        of an object that lives on and comes back into scope later: there only changes up to the
+        inferred delete's resourceVersion are held back."""
         uid, rv = object_identity(obj)
         before = self._resent.get(uid)
-        if before is None:
+        if before is None or not before[1]:
             return False
         if self._exits is None:
             return True

@@ -44,9 +44,22 @@ def test_a_replayed_change_of_an_object_whose_delete_was_sent_is_not_sent_again(
     assert events(resent, other) == [("updated", "1420", False)]
 
 
+def test_changes_before_a_delete_the_watch_showed_are_replayed_in_order() -> None:
+    """The watch showed x's delete (not inferred): resumed from an older checkpoint it replays x's
+    changes and then that delete, in order — at-least-once, nothing held back (a sink may not have
+    had them before the crash)."""
+    resent = {"u-x": ("1425", False)}
+    add = Notification(kind=NotificationKind.ADD, obj=obj("x", "1410"), seq=1)
+    upd = Notification(kind=NotificationKind.UPDATE, obj=obj("x", "1419"), old=obj("x", "1410"), seq=2)
+    dele = Notification(kind=NotificationKind.DELETE, obj=obj("x", "1425"), seq=3)
+    assert events(resent, add) == [("added", "1410", False)]
+    assert events(resent, upd) == [("updated", "1419", False)]
+    assert events(resent, dele) == [("deleted", "1425", False)]
+
+
 def test_with_a_selector_an_object_back_in_scope_after_its_delete_is_sent() -> None:
     """A selector exit is a delete of an object that lives on: it may come back into scope, newer."""
-    resent = {"u-x": ("1402", False)}
+    resent = {"u-x": ("1402", True)}
     replayed = Notification(kind=NotificationKind.UPDATE, obj=obj("x", "1390"), old=obj("x", "1380"), seq=1)
     back = Notification(kind=NotificationKind.ADD, obj=obj("x", "1500"), seq=2)
     assert events(resent, replayed, selector=True) == []
