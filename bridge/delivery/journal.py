@@ -44,15 +44,17 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import orjson
 
 from bridge.clock import Clock, RealClock
 from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind
-from bridge.delivery.checkpoint import Checkpoint
+from bridge.delivery.checkpoint import Checkpoint, CheckpointStoreError
 from bridge.rawobject import object_identity
 
-__all__ = ["JournalEntry", "KnownObjectJournal"]
+__all__ = ["FileJournalBackend", "JournalBackend", "JournalEntry", "JournalStoreError",
+           "KnownObjectJournal"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,108 @@ class JournalEntry:
     """For a delete: it was inferred by a relist (sent with ``finalstateunknown``)."""
 
 
+class JournalStoreError(CheckpointStoreError):
+    """A journal backend could not read or write (the API server refused, the data is too large)."""
+
+
+class JournalBackend(Protocol):
+    """Where one informer's journal bytes live. The journal is a byte string (the file format in the
+    module docstring); a backend stores it durably, whole or appended to. Every method raises
+    :class:`OSError` or :class:`~bridge.delivery.checkpoint.CheckpointStoreError` on failure."""
+
+    @property
+    def name(self) -> str:
+        """Where the journal lives, for messages."""
+        ...
+
+    async def read(self) -> bytes | None:
+        """The stored journal, None when there is none."""
+        ...
+
+    async def rewrite(self, data: bytes) -> None:
+        """Replaces the whole journal by ``data``, durably and atomically."""
+        ...
+
+    async def append(self, data: bytes) -> None:
+        """Appends ``data`` durably (after a :meth:`rewrite` of this run). A failure may leave a torn
+        tail: the journal rewrites everything before its next append."""
+        ...
+
+    async def close(self) -> None:
+        ...
+
+
+class FileJournalBackend:
+    """The journal as a file (``<informer id>.journal`` next to a file checkpoint): appends are one
+    ``write`` + ``fdatasync``, a rewrite is a temporary file, ``fsync`` and rename."""
+
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        self._path = Path(path)
+        self._fsync = fsync
+        self._file: int | None = None
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def name(self) -> str:
+        return str(self._path)
+
+    async def read(self) -> bytes | None:
+        try:
+            return await asyncio.to_thread(self._path.read_bytes)
+        except FileNotFoundError:
+            return None
+
+    async def rewrite(self, data: bytes) -> None:
+        await asyncio.to_thread(self._rewrite, data)
+
+    async def append(self, data: bytes) -> None:
+        await asyncio.to_thread(self._append, data)
+
+    async def close(self) -> None:
+        self._close_file()
+
+    def _rewrite(self, data: bytes) -> None:
+        self._close_file()
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                _write_all(fd, data)
+                if self._fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self._path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise
+        if self._fsync:
+            dfd = os.open(self._path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        self._file = os.open(self._path, os.O_WRONLY | os.O_APPEND)
+
+    def _append(self, data: bytes) -> None:
+        if self._file is None:
+            raise OSError(f"journal {self._path} is not open")
+        _write_all(self._file, data)
+        if self._fsync:
+            os.fdatasync(self._file)
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._file)
+            self._file = None
+
+
 def _checkpoint_uids(cp: Checkpoint | None) -> dict[str, str]:
     """uid → key of the objects a checkpoint knows to exist (its index, updated by its ahead map)."""
     if cp is None:
@@ -88,12 +192,17 @@ def _checkpoint_uids(cp: Checkpoint | None) -> dict[str, str]:
 class KnownObjectJournal:
     """The journal of one informer (see the module docstring)."""
 
-    def __init__(self, *, path: str | os.PathLike[str], informer_id: str, fsync: bool = True,
+    def __init__(self, *, informer_id: str, backend: JournalBackend | None = None,
+                 path: str | os.PathLike[str] | None = None, fsync: bool = True,
                  clock: Clock | None = None) -> None:
-        self._path = Path(path)
+        """``backend`` stores the journal; ``path`` is short for a :class:`FileJournalBackend`."""
+        if backend is None:
+            if path is None:
+                raise ValueError("a journal needs a backend or a path")
+            backend = FileJournalBackend(path, fsync=fsync)
+        self._backend: JournalBackend = backend
         self._clock: Clock = clock or RealClock()
         self._informer_id = informer_id
-        self._fsync = fsync
         self._entries: dict[str, JournalEntry] = {}
         """uid → newest fact, exactly what the file holds once the pending records are written."""
         self._checkpoint: dict[str, str] = {}
@@ -111,7 +220,6 @@ class KnownObjectJournal:
         """Set while the writer has nothing to do (everything noted is on disk)."""
         self._compact_to: Checkpoint | None = None
         self._compact_requested = False
-        self._file: int | None = None
         self.commits = 0
         """Group commits done (each one write + fsync)."""
         self.records = 0
@@ -121,30 +229,38 @@ class KnownObjectJournal:
         """Why the last write failed, until a write succeeds ("" = fine): readiness reports it."""
 
     @property
+    def backend(self) -> JournalBackend:
+        return self._backend
+
+    @property
     def path(self) -> Path:
-        return self._path
+        """The file of a file-backed journal."""
+        if not isinstance(self._backend, FileJournalBackend):
+            raise AttributeError(f"journal {self._backend.name} is not a file")
+        return self._backend.path
 
     # ---------------------------------------------------------------------------------------------
     # loading
 
-    def load(self, checkpoint: Checkpoint | None) -> dict[str, JournalEntry]:
+    async def load(self, checkpoint: Checkpoint | None) -> dict[str, JournalEntry]:
         """Reads the journal left by the previous run (uid → newest fact; empty when there is none)
         and makes ``checkpoint`` (the one the informer resumes from) the compaction base. The file
         is rewritten, compacted, by :meth:`run` before any new record is appended."""
         self._checkpoint = _checkpoint_uids(checkpoint)
         self._base = checkpoint
-        self._entries = self._read()
+        self._entries = await self._read()
         self._compact_requested = True
         return dict(self._entries)
 
-    def _read(self) -> dict[str, JournalEntry]:
+    async def _read(self) -> dict[str, JournalEntry]:
         try:
-            data = self._path.read_bytes()
-        except FileNotFoundError:
-            return {}
-        except OSError as exc:
+            data = await self._backend.read()
+        except (OSError, CheckpointStoreError) as exc:
             log.warning("journal %s cannot be read (%s); objects delivered after the last checkpoint "
-                        "write and deleted while the bridge was down may get no delete", self._path, exc)
+                        "write and deleted while the bridge was down may get no delete",
+                        self._backend.name, exc)
+            return {}
+        if data is None:
             return {}
         lines = data.split(b"\n")
         entries: dict[str, JournalEntry] = {}
@@ -153,18 +269,18 @@ class KnownObjectJournal:
             if head.get("journal") != _VERSION or head.get("informer_id") != self._informer_id:
                 raise ValueError(f"header {lines[0][:200]!r} is not this informer's journal")
         except (orjson.JSONDecodeError, ValueError, AttributeError) as exc:
-            log.warning("journal %s is not readable (%s); ignoring it", self._path, exc)
+            log.warning("journal %s is not readable (%s); ignoring it", self._backend.name, exc)
             return {}
         complete = lines[1:-1]  # the last element follows the last newline: empty, or a torn line
         if lines[-1]:
             log.warning("journal %s ends with a torn record (a crash while appending); ignoring it",
-                        self._path)
+                        self._backend.name)
         for n, line in enumerate(complete, start=2):
             try:
                 uid, entry = _parse(line)
             except (orjson.JSONDecodeError, ValueError, TypeError, IndexError) as exc:
                 log.warning("journal %s: line %d is corrupt (%s); ignoring it and what follows",
-                            self._path, n, exc)
+                            self._backend.name, n, exc)
                 break
             entries[uid] = entry
         return entries
@@ -236,14 +352,14 @@ class KnownObjectJournal:
                     continue
                 try:
                     await self._write_once()
-                except OSError as exc:
+                except (OSError, CheckpointStoreError) as exc:
                     self.write_errors += 1
                     self.last_error = f"{type(exc).__name__}: {exc}"
                     log.error("journal %s cannot be written (%s); new objects and deletes wait for it, "
-                              "retrying in %.0f s", self._path, exc, _RETRY_DELAY)
+                              "retrying in %.0f s", self._backend.name, exc, _RETRY_DELAY)
                     await self._clock.sleep(_RETRY_DELAY)
         finally:
-            self._close_file()
+            await self._backend.close()
 
     async def _write_once(self) -> None:
         target = self._queued_seq
@@ -259,12 +375,12 @@ class KnownObjectJournal:
                 lines = [orjson.dumps({"journal": _VERSION, "informer_id": self._informer_id})]
                 lines.extend(_record(uid, e) for uid, e in self._entries.items())
                 # The rewrite holds every fact noted so far, the batch's records included.
-                await asyncio.to_thread(self._rewrite, b"\n".join(lines) + b"\n")
+                await self._backend.rewrite(b"\n".join(lines) + b"\n")
                 if self._compact_to is cp:
                     self._compact_to = None
                 self._compact_requested = False
             else:
-                await asyncio.to_thread(self._append, b"\n".join(batch) + b"\n")
+                await self._backend.append(b"\n".join(batch) + b"\n")
                 self.records += len(batch)
         except BaseException:
             self._pending = batch + self._pending
@@ -305,44 +421,6 @@ class KnownObjectJournal:
             return ahead is not None and ahead[2] and int(ahead[1]) >= rv
         except ValueError:
             return False
-
-    def _rewrite(self, data: bytes) -> None:
-        self._close_file()
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                _write_all(fd, data)
-                if self._fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self._path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
-            raise
-        if self._fsync:
-            dfd = os.open(self._path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        self._file = os.open(self._path, os.O_WRONLY | os.O_APPEND)
-
-    def _append(self, data: bytes) -> None:
-        if self._file is None:
-            raise OSError(f"journal {self._path} is not open")
-        _write_all(self._file, data)
-        if self._fsync:
-            os.fdatasync(self._file)
-
-    def _close_file(self) -> None:
-        if self._file is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._file)
-            self._file = None
 
 
 def _write_all(fd: int, data: bytes) -> None:
