@@ -10,12 +10,14 @@ The bridge is SIGKILLed right after it delivered changes that no checkpoint writ
   the real delete's id.
 
 While it is down the history is compacted, so the resume gets 410 and relists. It runs with the file
-store (journal file) and with the configmap store (journal ConfigMap in the simulator).
+store (journal file), the configmap store (journal ConfigMap in the simulator) and the nats-kv store
+(journal key in a real nats-server's bucket).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,9 @@ import pytest
 
 from bridge.delivery.checkpoint import CheckpointStore, FileCheckpointStore, informer_id
 from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
+from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
 from bridge.kube.apiclient import ApiClient
+from tests.brokers import running_nats
 from tests.checkpoint.crash_harness import CE_PREFIX, BridgeProcess, live_objects, sim_process
 
 NS = "phantom"
@@ -71,7 +75,7 @@ async def checkpoint_rv(store: CheckpointStore) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind", ["file", "configmap"])
+@pytest.mark.parametrize("kind", ["file", "configmap", "nats-kv"])
 async def test_crash_with_expired_history_deletes_what_sinks_saw_and_never_an_older_delete(
     tmp_path: Path, kind: str,
 ) -> None:
@@ -79,11 +83,20 @@ async def test_crash_with_expired_history_deletes_what_sinks_saw_and_never_an_ol
     args = ["--kubeconfig", "", "--resource", "configmaps", "--namespace", NS,
             "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", str(INTERVAL),
             "--checkpoint-store", kind, "--checkpoint-namespace", "default", "--file", str(out)]
-    async with sim_process(tmp_path, namespaces=(NS,)) as (_, kubeconfig):
+    async with contextlib.AsyncExitStack() as stack:
+        _, kubeconfig = await stack.enter_async_context(sim_process(tmp_path, namespaces=(NS,)))
         args[1] = str(kubeconfig)
         client = ApiClient.from_kubeconfig(str(kubeconfig))
-        store: CheckpointStore = (FileCheckpointStore(directory=tmp_path / "ckpt") if kind == "file"
-                                  else ConfigMapCheckpointStore(client=client, namespace="default"))
+        store: CheckpointStore
+        if kind == "file":
+            store = FileCheckpointStore(directory=tmp_path / "ckpt")
+        elif kind == "configmap":
+            store = ConfigMapCheckpointStore(client=client, namespace="default")
+        else:
+            nats_url = stack.enter_context(running_nats()).url
+            args += ["--checkpoint-nats", nats_url]
+            store = NatsKvCheckpointStore(nats_url=nats_url)
+            stack.push_async_callback(store.close)
         bridge = BridgeProcess(args, log=tmp_path / "bridge.log")
         try:
             old = await client.create(PATH, {"metadata": {"name": "old"}})
