@@ -378,6 +378,9 @@ class ConfigMapJournalBackend:
     async def close(self) -> None:
         return None
 
+    def room(self) -> int:
+        return max(0, self._max_bytes - len(self._content))
+
     async def _put(self, content: bytes) -> None:
         what = f"journal {self.name}"
         if len(content) > self._max_bytes:

@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 _HEADROOM = 8 * 1024
 """Bytes kept free in each message for the subject and headers."""
 _CAS_ATTEMPTS = 5
+_JOURNAL_HEAD = 256
+"""Bytes of a journal value kept for its header line (the writer's token)."""
 
 
 class NatsKvCheckpointStore:
@@ -275,8 +277,8 @@ class NatsKvCheckpointStore:
 
 
 class NatsKvJournalBackend:
-    """A known-object journal in one key of the checkpoint bucket. The value is
-    ``{"writer": [leaseTransitions, holder] | null, "journal": "<the journal's text>"}``.
+    """A known-object journal in one key of the checkpoint bucket. The value is a header line
+    ``{"writer": [leaseTransitions, holder] | null}``, then the journal's text.
 
     Every write (an append is the whole text with the new records added) is a KV update with the
     revision this backend last read or wrote (a create when there was none), so one group commit is
@@ -326,11 +328,14 @@ class NatsKvJournalBackend:
     async def close(self) -> None:
         return None
 
+    def room(self) -> int:
+        return max(0, self._limit() - _JOURNAL_HEAD - len(self._content))
+
     async def _put(self, content: bytes) -> None:
         what = f"journal {self.name}"
         token = fence_token(self._fence, what)
-        value = orjson.dumps({"writer": [token.transitions, token.holder] if token is not None else None,
-                              "journal": content.decode()})
+        head = orjson.dumps({"writer": [token.transitions, token.holder] if token is not None else None})
+        value = head + b"\n" + content
         if len(value) > self._limit():
             raise JournalStoreError(
                 f"cannot write {what}: {len(value)} bytes, more than one NATS message holds "
@@ -368,12 +373,14 @@ class NatsKvJournalBackend:
 
 def _parse_journal_value(raw: bytes, name: str) -> tuple[FenceToken | None, bytes]:
     """(stored writer, journal text) of a journal value."""
+    head, sep, text = raw.partition(b"\n")
     try:
-        doc = orjson.loads(raw)
-        writer = doc.get("writer")
+        if not sep:
+            raise ValueError("no header line")
+        writer = orjson.loads(head)["writer"]
         token = (FenceToken(transitions=int(writer[0]), holder=str(writer[1]))
                  if writer is not None else None)
-        return token, str(doc["journal"]).encode()
+        return token, text
     except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
         raise JournalStoreError(f"journal {name} is malformed") from exc
 

@@ -104,6 +104,11 @@ class JournalBackend(Protocol):
     async def close(self) -> None:
         ...
 
+    def room(self) -> int | None:
+        """Bytes an append may still add (None: no limit). Records that do not fit wait for a
+        compaction (after the next checkpoint write) to make room."""
+        ...
+
 
 class FileJournalBackend:
     """The journal as a file (``<informer id>.journal`` next to a file checkpoint): appends are one
@@ -136,6 +141,9 @@ class FileJournalBackend:
 
     async def close(self) -> None:
         self._close_file()
+
+    def room(self) -> int | None:
+        return None
 
     def _rewrite(self, data: bytes) -> None:
         self._close_file()
@@ -209,7 +217,10 @@ class KnownObjectJournal:
         """uid → key of the objects the last checkpoint written knows to exist."""
         self._base: Checkpoint | None = None
         """The last checkpoint written (or resumed from): what every sink acknowledged."""
-        self._pending: list[bytes] = []
+        self._durable: dict[str, JournalEntry] = {}
+        """uid → newest fact the stored journal holds (what a rewrite writes)."""
+        self._pending: list[tuple[int, str, JournalEntry, bytes]] = []
+        """Records not written yet: (notification seq, uid, fact, encoded record), in seq order."""
         self._queued_seq = -1
         """The highest notification seq whose record was queued."""
         self._written_seq = -1
@@ -249,6 +260,7 @@ class KnownObjectJournal:
         self._checkpoint = _checkpoint_uids(checkpoint)
         self._base = checkpoint
         self._entries = await self._read()
+        self._durable = dict(self._entries)
         self._compact_requested = True
         return dict(self._entries)
 
@@ -304,17 +316,19 @@ class KnownObjectJournal:
             return
         key = str(n.key)
         if n.kind is NotificationKind.DELETE:
-            self._entries[uid] = JournalEntry(key, rv, deleted=True, inferred=inferred)
-            self._queue(n.seq, orjson.dumps(["d", key, uid, rv, inferred]))
+            entry = JournalEntry(key, rv, deleted=True, inferred=inferred)
+            self._entries[uid] = entry
+            self._queue(n.seq, uid, entry)
             return
         known = self._entries.get(uid)
         if (known is not None and not known.deleted) or self._checkpoint.get(uid) == key:
             return
-        self._entries[uid] = JournalEntry(key, rv)
-        self._queue(n.seq, orjson.dumps(["a", key, uid, rv]))
+        entry = JournalEntry(key, rv)
+        self._entries[uid] = entry
+        self._queue(n.seq, uid, entry)
 
-    def _queue(self, seq: int, record: bytes) -> None:
-        self._pending.append(record)
+    def _queue(self, seq: int, uid: str, entry: JournalEntry) -> None:
+        self._pending.append((seq, uid, entry, _record(uid, entry)))
         self._queued_seq = seq
         self._idle.clear()
         self._wake.set()
@@ -362,34 +376,63 @@ class KnownObjectJournal:
             await self._backend.close()
 
     async def _write_once(self) -> None:
-        target = self._queued_seq
-        batch, self._pending = self._pending, []
+        """One write: a compaction (rewrites what the storage holds, less what the last checkpoint
+        written implies) or one group commit of pending records (as many as the backend has room
+        for, in order)."""
         cp = self._compact_to
-        compacting = cp is not None or self._compact_requested
-        try:
-            if compacting:
-                if cp is not None:
-                    self._checkpoint = _checkpoint_uids(cp)
-                    self._base = cp
-                self._entries = {uid: e for uid, e in self._entries.items() if self._needed(uid, e)}
-                lines = [orjson.dumps({"journal": _VERSION, "informer_id": self._informer_id})]
-                lines.extend(_record(uid, e) for uid, e in self._entries.items())
-                # The rewrite holds every fact noted so far, the batch's records included.
+        if cp is not None or self._compact_requested:
+            if cp is not None:
+                self._checkpoint = _checkpoint_uids(cp)
+                self._base = cp
+            self._entries = {uid: e for uid, e in self._entries.items() if self._needed(uid, e)}
+            durable = {uid: e for uid, e in self._durable.items() if self._needed(uid, e)}
+            lines = [orjson.dumps({"journal": _VERSION, "informer_id": self._informer_id})]
+            lines.extend(_record(uid, e) for uid, e in durable.items())
+            try:
                 await self._backend.rewrite(b"\n".join(lines) + b"\n")
-                if self._compact_to is cp:
-                    self._compact_to = None
-                self._compact_requested = False
-            else:
-                await self._backend.append(b"\n".join(batch) + b"\n")
-                self.records += len(batch)
+            except BaseException:
+                self._compact_requested = True
+                raise
+            self._durable = durable
+            if self._compact_to is cp:
+                self._compact_to = None
+            self._compact_requested = False
+            self._done(None)
+            return
+        batch = list(self._pending)
+        room = self._backend.room()
+        if room is not None:
+            take = size = 0
+            for *_, record in batch:
+                size += len(record) + 1
+                if size > room:
+                    break
+                take += 1
+            if take == 0:
+                raise JournalStoreError(
+                    f"journal {self._backend.name} is full: {len(batch)} records wait for the next "
+                    "checkpoint write to compact it (more objects were created or deleted since the "
+                    "last checkpoint write than it holds)")
+            batch = batch[:take]
+        try:
+            await self._backend.append(b"\n".join(record for *_, record in batch) + b"\n")
         except BaseException:
-            self._pending = batch + self._pending
             # A failed append may have left a torn line: the retry rewrites the whole journal.
             self._compact_requested = True
             raise
+        del self._pending[:len(batch)]  # note() only ever appends meanwhile
+        for _, uid, entry, _ in batch:
+            self._durable[uid] = entry
+        self.records += len(batch)
+        self._done(batch[-1][0])
+
+    def _done(self, last: int | None) -> None:
+        """A write succeeded; ``last`` is the seq of the last record it appended. Every notification
+        up to it (up to the last queued when nothing is pending) is released."""
         self.commits += 1
         self.last_error = ""
-        if target > self._written_seq:
+        target = self._queued_seq if not self._pending else last
+        if target is not None and target > self._written_seq:
             self._written_seq = target
             committed, self._committed = self._committed, asyncio.Event()
             committed.set()

@@ -4,6 +4,7 @@ as single writes, reading back, corrupt data, resourceVersion conflicts, fencing
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -143,20 +144,44 @@ async def test_a_deposed_leader_cannot_write_the_journal_its_successor_wrote(cli
     assert await stored(client) == [["a", "ns/b", "u-b", "13"]]
 
 
-async def test_a_journal_too_large_for_a_configmap_holds_its_events_and_says_why(client: ApiClient) -> None:
+async def test_a_full_journal_releases_what_fits_and_the_rest_after_the_next_checkpoint_write(
+    client: ApiClient,
+) -> None:
     store = ConfigMapCheckpointStore(client=client, namespace=NS, name_prefix="keb")
     b = ConfigMapJournalBackend(client=client, namespace=NS, name=store.journal_name(IDENT), labels={},
                                 max_bytes=2000)
     j = KnownObjectJournal(backend=b, informer_id=IDENT)
     task = await running(j)
     try:
-        for i in range(100):
-            note(j, i, NotificationKind.ADD, f"o{i}", f"u-{i}", str(20 + i))
-        await until(lambda: bool(j.last_error), 10, "the write error")
-        assert "more than one ConfigMap holds (2000)" in j.last_error
-        assert "checkpoint.interval" in j.last_error
-        assert j.must_wait(99)
+        await full_then_compacted(j)
     finally:
         await stop(task)
-    with pytest.raises(JournalStoreError):
+    assert len(await stored(client)) < 100  # never more than fits
+    with pytest.raises(JournalStoreError, match=r"more than one ConfigMap holds \(2000\)"):
         await b.append(b"x" * 3000)
+
+
+def more_released(j: KnownObjectJournal, n: int) -> bool:
+    return sum(not j.must_wait(i) for i in range(100)) > n
+
+
+async def full_then_compacted(j: KnownObjectJournal) -> None:
+    """100 new objects in a journal with room for fewer: the first are released at once, the rest
+    wait (the error says why) until checkpoint writes that know the released ones compact it."""
+    for i in range(100):
+        note(j, i, NotificationKind.ADD, f"o{i}", f"u-{i}", str(20 + i))
+    await until(lambda: bool(j.last_error), 10, "the journal to fill")
+    assert "is full" in j.last_error
+    assert "next checkpoint write" in j.last_error
+    assert not j.must_wait(0)
+    assert j.must_wait(99)
+    for _ in range(100):
+        if not j.must_wait(99):
+            break
+        released = [i for i in range(100) if not j.must_wait(i)]
+        j.compact(Checkpoint(informer_id=IDENT, resource_version=str(20 + released[-1]),
+                             objects={f"ns/o{i}": (f"u-{i}", str(20 + i)) for i in released}))
+        await until(functools.partial(more_released, j, len(released)), 10, "room after a compaction")
+    async with asyncio.timeout(10):
+        await j.wait(99)
+    assert j.last_error == ""

@@ -17,9 +17,9 @@ from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
 from bridge.delivery.journal import JournalEntry, JournalStoreError, KnownObjectJournal
 from bridge.kube.leaderelection import FenceToken
 from tests.brokers import NatsServer, running_nats
-from tests.checkpoint.helpers import until
 from tests.checkpoint.test_fencing import Term
 from tests.checkpoint.test_journal import IDENT, note
+from tests.checkpoint.test_journal_configmap import full_then_compacted
 
 A = FenceToken(transitions=0, holder="a")
 B = FenceToken(transitions=1, holder="b")
@@ -39,10 +39,9 @@ def store_for(nats_js: NatsServer, bucket: str, fence: Term | None = None,
 
 async def stored(store: NatsKvCheckpointStore) -> tuple[list[object], object]:
     kv = await store._bucket_kv()
-    doc = orjson.loads((await kv.get(store.journal_key(IDENT))).value or b"")
-    lines = str(doc["journal"]).encode().splitlines()
+    head, *lines = ((await kv.get(store.journal_key(IDENT))).value or b"").splitlines()
     assert orjson.loads(lines[0]) == {"journal": 1, "informer_id": IDENT}
-    return [orjson.loads(line) for line in lines[1:]], doc["writer"]
+    return [orjson.loads(line) for line in lines[1:]], orjson.loads(head)["writer"]
 
 
 async def test_records_are_written_in_group_commits_and_read_back(nats_js: NatsServer) -> None:
@@ -90,7 +89,7 @@ async def test_malformed_values_and_conflicting_writes(nats_js: NatsServer,
         b = store.journal_backend(IDENT)
         await b.rewrite(HEAD)  # not read first: the create conflicts, then it replaces the value
         await b.append(b'["a","ns/a","u-a","12"]\n')
-        await kv.put(store.journal_key(IDENT), orjson.dumps({"writer": None, "journal": "by hand\n"}))
+        await kv.put(store.journal_key(IDENT), b'{"writer": null}\nby hand\n')
         await b.append(b'["a","ns/b","u-b","13"]\n')  # stale revision: the whole journal again
         assert (await stored(store))[0] == [["a", "ns/a", "u-a", "12"], ["a", "ns/b", "u-b", "13"]]
         with pytest.raises(JournalStoreError, match="more than one NATS message holds"):
@@ -124,20 +123,19 @@ async def test_a_deposed_leader_cannot_write_the_journal_its_successor_wrote(nat
         await new_store.close()
 
 
-async def test_a_journal_too_large_holds_its_events_and_says_why(nats_js: NatsServer) -> None:
-    store = store_for(nats_js, "journal-large", chunk_size=2000)
+async def test_a_full_journal_releases_what_fits_and_the_rest_after_the_next_checkpoint_write(
+    nats_js: NatsServer,
+) -> None:
+    store = store_for(nats_js, "journal-large", chunk_size=2300)
     try:
         j = KnownObjectJournal(backend=store.journal_backend(IDENT), informer_id=IDENT)
         await j.load(None)
         task = asyncio.create_task(j.run(), name="journal-under-test")
         try:
-            for i in range(100):
-                note(j, i, NotificationKind.ADD, f"o{i}", f"u-{i}", str(20 + i))
-            await until(lambda: bool(j.last_error), 10, "the write error")
-            assert "checkpoint.interval" in j.last_error
-            assert j.must_wait(99)
+            await full_then_compacted(j)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        assert len((await stored(store))[0]) < 100
     finally:
         await store.close()
