@@ -14,9 +14,15 @@ invariant the delivery contract promises:
 It holds because of one rule, enforced by the sink listeners (:class:`~bridge.pipeline.SinkListener`
 awaits :meth:`KnownObjectJournal.wait`): **the first event of an object the durable state does not
 know (its first add, or the first update of an object the bridge resumed without knowing), and every
-delete, is released to the sinks only once its journal record is on disk.** Records are appended by
-one writer task and made durable by one ``fsync`` per batch (group commit), so a burst of new objects
-costs one or two ``fsync``s of latency, not one each; updates of known objects never wait.
+delete, is released to the sinks only once its journal record is durable.** Records are appended by
+one writer task and made durable by one write per batch (group commit), so a burst of new objects
+costs one or two writes of latency, not one each; updates of known objects never wait.
+
+Where the bytes live is a :class:`JournalBackend` of the checkpoint store (its ``journal_backend``):
+a file next to a file checkpoint (one append + ``fdatasync`` per batch), a ConfigMap next to a
+ConfigMap checkpoint, a key of a NATS KV checkpoint bucket (one compare-and-set write each, fenced
+like the checkpoint). A backend with a size limit reports its :meth:`~JournalBackend.room`: a batch
+appends the records that fit and the others wait for the compaction after the next checkpoint write.
 
 What a resumed bridge does with it (:meth:`BridgePipeline._prepare`): a journalled delete of an
 object the checkpoint knows replaces that object's stub resourceVersion by the delete's, so whatever
@@ -26,10 +32,11 @@ an older, inferred one); objects only the journal knows are handed to the inform
 one reports it deleted.
 
 After every checkpoint write the journal is compacted: records the new checkpoint already implies are
-dropped and the file is rewritten (temporary file, fsync, rename), so it holds at most what changed
-in one checkpoint interval.
+dropped and the journal is rewritten (the file: temporary file, fsync, rename), so it holds about
+what changed in one checkpoint interval.
 
-File format (``<informer id>.journal`` next to the checkpoint): a header line ``{"journal": 1,
+Format (the file ``<informer id>.journal`` next to a file checkpoint; the same text in the other
+backends): a header line ``{"journal": 1,
 "informer_id": …}``, then one JSON array per line, ``["a", key, uid, rv]`` (known to exist) or
 ``["d", key, uid, rv, inferred]`` (deleted). A torn last line (a crash mid-append: its events were
 never released) and anything after a line that does not parse are ignored with a warning.
