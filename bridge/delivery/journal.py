@@ -243,6 +243,8 @@ class KnownObjectJournal:
         self.records = 0
         """Records appended."""
         self.write_errors = 0
+        self.overflowed = 0
+        """Records dropped because the journal was full before any checkpoint (see _overflow)."""
         self.last_error = ""
         """Why the last write failed, until a write succeeds ("" = fine): readiness reports it."""
 
@@ -415,6 +417,9 @@ class KnownObjectJournal:
                 if size > room:
                     break
                 take += 1
+            if take == 0 and self._base is None:
+                self._overflow(batch)
+                return
             if take == 0:
                 raise JournalStoreError(
                     f"journal {self._backend.name} is full: {len(batch)} records wait for the next "
@@ -432,6 +437,22 @@ class KnownObjectJournal:
             self._durable[uid] = entry
         self.records += len(batch)
         self._done(batch[-1][0])
+
+    def _overflow(self, batch: list[tuple[int, str, JournalEntry, bytes]]) -> None:
+        """The journal is full and no checkpoint was ever written: the first list of a fresh start
+        larger than the journal holds. No checkpoint can be written before that list is delivered,
+        so waiting for a compaction would wait forever: the records are dropped and their events
+        released. A crash before the first checkpoint write then leaves those objects unknown (a
+        delete while the bridge is down past the history window reaches no sink for them)."""
+        if not self.overflowed:
+            log.warning("journal %s is full before the first checkpoint write (a first list larger "
+                        "than it holds): the objects beyond it are released unrecorded; until the "
+                        "first checkpoint is written, a crash may leave their deletes unsent",
+                        self._backend.name)
+        self.overflowed += len(batch)
+        del self._pending[:len(batch)]
+        self._done(batch[-1][0])
+        self.commits -= 1  # nothing was written
 
     def _done(self, last: int | None) -> None:
         """A write succeeded; ``last`` is the seq of the last record it appended. Every notification

@@ -151,7 +151,7 @@ async def test_a_full_journal_releases_what_fits_and_the_rest_after_the_next_che
     b = ConfigMapJournalBackend(client=client, namespace=NS, name=store.journal_name(IDENT), labels={},
                                 max_bytes=2000)
     j = KnownObjectJournal(backend=b, informer_id=IDENT)
-    task = await running(j)
+    task = await running(j, FIRST)
     try:
         await full_then_compacted(j)
     finally:
@@ -161,27 +161,66 @@ async def test_a_full_journal_releases_what_fits_and_the_rest_after_the_next_che
         await b.append(b"x" * 3000)
 
 
-def more_released(j: KnownObjectJournal, n: int) -> bool:
-    return sum(not j.must_wait(i) for i in range(100)) > n
+FIRST = Checkpoint(informer_id=IDENT, resource_version="10", objects={})
+"""A checkpoint written before: the journal resumes from it."""
+
+
+def more_released(j: KnownObjectJournal, seqs: range, n: int) -> bool:
+    return sum(not j.must_wait(i) for i in seqs) > n
 
 
 async def full_then_compacted(j: KnownObjectJournal) -> None:
-    """100 new objects in a journal with room for fewer: the first are released at once, the rest
-    wait (the error says why) until checkpoint writes that know the released ones compact it."""
-    for i in range(100):
+    await full_then_compacted_from(j, 0)
+
+
+async def full_then_compacted_from(j: KnownObjectJournal, first: int) -> None:
+    """100 new objects (seq ``first``…) in a journal with room for fewer: the first are released at
+    once, the rest wait (the error says why) until checkpoint writes that know the released ones
+    compact it."""
+    seqs = range(first, first + 100)
+    for i in seqs:
         note(j, i, NotificationKind.ADD, f"o{i}", f"u-{i}", str(20 + i))
     await until(lambda: bool(j.last_error), 10, "the journal to fill")
     assert "is full" in j.last_error
     assert "next checkpoint write" in j.last_error
-    assert not j.must_wait(0)
-    assert j.must_wait(99)
+    assert not j.must_wait(first)
+    assert j.must_wait(first + 99)
     for _ in range(100):
-        if not j.must_wait(99):
+        if not j.must_wait(first + 99):
             break
-        released = [i for i in range(100) if not j.must_wait(i)]
+        released = [i for i in seqs if not j.must_wait(i)]
         j.compact(Checkpoint(informer_id=IDENT, resource_version=str(20 + released[-1]),
                              objects={f"ns/o{i}": (f"u-{i}", str(20 + i)) for i in released}))
-        await until(functools.partial(more_released, j, len(released)), 10, "room after a compaction")
+        await until(functools.partial(more_released, j, seqs, len(released)), 10,
+                    "room after a compaction")
     async with asyncio.timeout(10):
-        await j.wait(99)
+        await j.wait(first + 99)
     assert j.last_error == ""
+
+
+async def test_a_first_list_larger_than_the_journal_is_released_not_held_forever(
+    client: ApiClient, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before the first checkpoint write nothing can compact the journal (a first list is written to
+    a checkpoint only once all of it is delivered): what does not fit is released unrecorded."""
+    store = ConfigMapCheckpointStore(client=client, namespace=NS, name_prefix="keb")
+    b = ConfigMapJournalBackend(client=client, namespace=NS, name=store.journal_name(IDENT), labels={},
+                                max_bytes=2000)
+    j = KnownObjectJournal(backend=b, informer_id=IDENT)
+    task = await running(j)
+    try:
+        with caplog.at_level(logging.WARNING):
+            for i in range(100):
+                note(j, i, NotificationKind.ADD, f"o{i}", f"u-{i}", str(20 + i))
+            async with asyncio.timeout(10):
+                await j.wait(99)
+        assert "full before the first checkpoint write" in caplog.text
+        assert 0 < j.overflowed < 100
+        assert len(await stored(client)) == 100 - j.overflowed  # the first ones are recorded
+        # Once a checkpoint was written, a full journal holds its records again.
+        released = list(range(100))
+        j.compact(Checkpoint(informer_id=IDENT, resource_version="119",
+                             objects={f"ns/o{i}": (f"u-{i}", str(20 + i)) for i in released}))
+        await full_then_compacted_from(j, 100)
+    finally:
+        await stop(task)

@@ -19,7 +19,7 @@ from bridge.kube.leaderelection import FenceToken
 from tests.brokers import NatsServer, running_nats
 from tests.checkpoint.test_fencing import Term
 from tests.checkpoint.test_journal import IDENT, note
-from tests.checkpoint.test_journal_configmap import full_then_compacted
+from tests.checkpoint.test_journal_configmap import FIRST, full_then_compacted
 
 A = FenceToken(transitions=0, holder="a")
 B = FenceToken(transitions=1, holder="b")
@@ -129,7 +129,7 @@ async def test_a_full_journal_releases_what_fits_and_the_rest_after_the_next_che
     store = store_for(nats_js, "journal-large", chunk_size=2300)
     try:
         j = KnownObjectJournal(backend=store.journal_backend(IDENT), informer_id=IDENT)
-        await j.load(None)
+        await j.load(FIRST)
         task = asyncio.create_task(j.run(), name="journal-under-test")
         try:
             await full_then_compacted(j)
