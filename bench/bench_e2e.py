@@ -18,8 +18,9 @@ for NATS core and JetStream, a local file).
 * **latency** — the simulator updates Pods at a steady rate, stamping each update with its emission
   time; latency = sink acknowledgement time - stamp (both ``time.time()`` on one machine). Then
   ``added_events_file_sink``: new Pods created at the first rate, through the file sink, with the
-  in-memory and with the file checkpoint store: the p99 difference is the known-object journal's
-  cost for an ``added`` event (it waits for its journal record's group commit).
+  in-memory, the file and the configmap checkpoint store: the p99 differences are the known-object
+  journal's cost for an ``added`` event (it waits for its journal record's group commit: an fsync,
+  or one ConfigMap write to the API server).
 * **initial_sync** — N Pods exist; time from ``start()`` to the informer's sync, and to the file
   sink's acknowledgement of the N-th ``added`` event (pages of 500).
 
@@ -318,13 +319,15 @@ async def _latency_one(sim: SimProcess, kind: str, rate: int, opts: E2EOptions, 
 
 
 async def _added_latency_one(sim: SimProcess, rate: int, opts: E2EOptions, tmp: Path,
-                             checkpoint_dir: Path | None) -> dict[str, Any]:
+                             checkpoint_dir: Path | None,
+                             checkpoint_namespace: str | None = None) -> dict[str, Any]:
     """``added`` events (new Pods created at ``rate``) through the file sink: with the file
     checkpoint store each new object's first event waits for its known-object journal record (one
-    fsync per batch); with the in-memory store nothing is written."""
+    fsync per batch), with the configmap store for its journal ConfigMap's write (one API write
+    per batch); with the in-memory store nothing is written."""
     probe = AckProbe(service_sink("file", urls=BrokerUrls(), tmp_dir=tmp))
-    async with bridge_pipeline(sim.url, [probe], namespace=BENCH_NAMESPACE,
-                               checkpoint_dir=checkpoint_dir) as pipeline:
+    async with bridge_pipeline(sim.url, [probe], namespace=BENCH_NAMESPACE, checkpoint_dir=checkpoint_dir,
+                               checkpoint_namespace=checkpoint_namespace) as pipeline:
         if not await pipeline.wait_for_sync(opts.timeout):
             raise TimeoutError("added latency: the informer did not sync")
         if not await probe.wait_acked(opts.latency_pods, opts.timeout):
@@ -344,14 +347,16 @@ async def _added_latency_one(sim: SimProcess, rate: int, opts: E2EOptions, tmp: 
 
 
 async def _added_latency(opts: E2EOptions, tmp: Path) -> dict[str, Any]:
-    """p50/p99 of ``added`` events with the in-memory and with the file checkpoint store (the
-    difference is what the known-object journal costs a new object)."""
+    """p50/p99 of ``added`` events with the in-memory, the file and the configmap checkpoint store
+    (the differences are what the known-object journal costs a new object in a file and in a
+    ConfigMap of the simulator)."""
     out: dict[str, Any] = {}
     async with SimProcess() as sim:
         await sim.prefill(opts.latency_pods, BENCH_NAMESPACE)
         rate = opts.latency_rates[0]
         out["memory_store"] = await _added_latency_one(sim, rate, opts, tmp, None)
         out["file_store"] = await _added_latency_one(sim, rate, opts, tmp, tmp / "checkpoints")
+        out["configmap_store"] = await _added_latency_one(sim, rate, opts, tmp, None, "default")
     return out
 
 

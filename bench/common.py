@@ -36,6 +36,7 @@ import orjson
 
 from bridge.clock import RealClock
 from bridge.delivery.checkpoint import Checkpoint, CheckpointStore, FileCheckpointStore
+from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource, http_informer_builder
 from bridge.informer.factory import InformerKey
 from bridge.informer.transform import drop_managed_fields
@@ -546,24 +547,33 @@ async def bridge_pipeline(url: str, sinks: Sequence[Sink], *, namespace: str,
                           checkpoint: Checkpoint | None = None,
                           page_size: int = 500,
                           compact_cache: bool = True,
-                          checkpoint_dir: Path | None = None) -> AsyncIterator[BridgePipeline]:
+                          checkpoint_dir: Path | None = None,
+                          checkpoint_namespace: str | None = None) -> AsyncIterator[BridgePipeline]:
     """The real pipeline over HTTP for the Pods of ``namespace``, started; shut down on exit.
     With ``checkpoint`` it resumes from there (watch from its resourceVersion, no list).
     ``compact_cache`` mirrors the service's ``cache.compact`` (on by default). ``checkpoint_dir``:
     the service's default file checkpoint store there (with its known-object journal, written before
     a new object's first event is released), checkpointing every 5 s as the service does by
-    default; otherwise an in-memory store that never writes during the run."""
+    default; ``checkpoint_namespace``: the configmap store instead, its ConfigMaps (and journal
+    ConfigMap, one API write per group commit) in that namespace of the simulator; otherwise an
+    in-memory store that never writes during the run."""
     client = ApiClient(server=url)
     clock = RealClock()
-    store: CheckpointStore = (FileCheckpointStore(directory=checkpoint_dir) if checkpoint_dir is not None
-                              else MemoryCheckpointStore(checkpoint))
+    store: CheckpointStore
+    if checkpoint_namespace is not None:
+        store = ConfigMapCheckpointStore(client=client, namespace=checkpoint_namespace)
+    elif checkpoint_dir is not None:
+        store = FileCheckpointStore(directory=checkpoint_dir)
+    else:
+        store = MemoryCheckpointStore(checkpoint)
+    persistent = checkpoint_dir is not None or checkpoint_namespace is not None
     pipeline = BridgePipeline(
         resources=[watched_pods(namespace)],
         sinks=sinks,
         checkpoint_store=store,
         build_informer=http_informer_builder(client=client, clock=clock, page_size=page_size,
                                              compact_cache=compact_cache),
-        checkpoint_interval=5.0 if checkpoint_dir is not None else 3600.0,
+        checkpoint_interval=5.0 if persistent else 3600.0,
         clock=clock,
     )
     try:

@@ -46,7 +46,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -67,6 +67,9 @@ __all__ = [
     "encode_checkpoint",
     "informer_id",
 ]
+
+if TYPE_CHECKING:
+    from bridge.delivery.journal import FileJournalBackend
 
 log = logging.getLogger(__name__)
 
@@ -316,6 +319,11 @@ class FileCheckpointStore:
     def journal_path(self, informer_id: str) -> Path:
         """Where the informer's known-object journal lives (:mod:`bridge.delivery.journal`)."""
         return self.path_for(informer_id).with_suffix(".journal")
+
+    def journal_backend(self, informer_id: str) -> FileJournalBackend:
+        """The informer's known-object journal storage: the file at :meth:`journal_path`."""
+        from bridge.delivery.journal import FileJournalBackend  # journal imports this module
+        return FileJournalBackend(self.journal_path(informer_id), fsync=self._fsync)
 
     async def load(self, informer_id: str) -> Checkpoint | None:
         token = fence_token(self._fence, f"loading checkpoint {informer_id}")

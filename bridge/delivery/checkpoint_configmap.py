@@ -47,13 +47,14 @@ from bridge.delivery.checkpoint import (
     encode_checkpoint,
     fence_token,
 )
+from bridge.delivery.journal import JournalStoreError
 from bridge.errors import ApiError, ConflictError, NotFoundError
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.leaderelection import FenceToken
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_SHARD_BYTES", "ConfigMapCheckpointStore"]
+__all__ = ["DEFAULT_SHARD_BYTES", "JOURNAL_BYTES", "ConfigMapCheckpointStore", "ConfigMapJournalBackend"]
 
 DEFAULT_SHARD_BYTES = 900 * 1024
 """Bytes of encoded checkpoint per ConfigMap: room for metadata below the ~1 MiB object limit."""
@@ -64,6 +65,8 @@ ROLE_LABEL = "kube-event-bridge.io/checkpoint-role"
 WRITER_ANNOTATION = "kube-event-bridge.io/writer"
 TERM_ANNOTATION = "kube-event-bridge.io/lease-transitions"
 _CAS_ATTEMPTS = 5
+JOURNAL_BYTES = 900 * 1024
+"""The most a journal ConfigMap holds: the records of about 9,000 new objects and deletes."""
 
 
 def _stored_token(manifest: dict[str, Any]) -> FenceToken | None:
@@ -114,6 +117,17 @@ class ConfigMapCheckpointStore:
 
     def manifest_name(self, informer_id: str) -> str:
         return f"{self._prefix}-{informer_id}"
+
+    def journal_name(self, informer_id: str) -> str:
+        """The ConfigMap holding the informer's known-object journal (:mod:`bridge.delivery.journal`)."""
+        return f"{self._prefix}-{informer_id}-journal"
+
+    def journal_backend(self, informer_id: str) -> ConfigMapJournalBackend:
+        """The informer's known-object journal storage: one ConfigMap next to its manifest, written
+        with the same fencing."""
+        return ConfigMapJournalBackend(client=self._client, namespace=self._namespace,
+                                       name=self.journal_name(informer_id),
+                                       labels=self._labels(informer_id, "journal"), fence=self._fence)
 
     def _labels(self, informer_id: str, role: str) -> dict[str, str]:
         return {
@@ -307,6 +321,111 @@ class ConfigMapCheckpointStore:
 
     async def close(self) -> None:
         return None
+
+
+class ConfigMapJournalBackend:
+    """A known-object journal in one ConfigMap (``data.journal``, the journal's text).
+
+    Every write (an append is the whole text with the new records added) replaces the ConfigMap with
+    the ``resourceVersion`` this backend last read or wrote, so one group commit is one API write and
+    is atomic: there is never a torn tail. On a conflict the ConfigMap is read again; with a ``fence``
+    the write goes ahead only if the token stored in its annotations is not a later leader's, and
+    every write stores the writer's token, so once a later leader has written the journal a deposed
+    one can never write it again. Without a fence the last writer wins (one replica).
+    """
+
+    def __init__(self, *, client: ApiClient, namespace: str, name: str, labels: dict[str, str],
+                 fence: FenceSource | None = None, max_bytes: int = JOURNAL_BYTES) -> None:
+        self._client = client
+        self._namespace = namespace
+        self._name = name
+        self._labels = labels
+        self._fence = fence
+        self._max_bytes = max_bytes
+        self._rv: str | None = None
+        """resourceVersion of the ConfigMap as last read or written; None = not known to exist."""
+        self._content = b""
+        """The journal as last written by this backend."""
+        self.writes = 0
+
+    @property
+    def name(self) -> str:
+        return f"ConfigMap {self._namespace}/{self._name}"
+
+    @property
+    def _path(self) -> str:
+        return f"/api/v1/namespaces/{self._namespace}/configmaps/{self._name}"
+
+    async def read(self) -> bytes | None:
+        token = fence_token(self._fence, f"loading journal {self.name}")
+        try:
+            cm = await self._client.get(self._path, context=f"get {self._name}")
+        except NotFoundError:
+            self._rv = None
+            return None
+        except ApiError as exc:
+            raise JournalStoreError(f"cannot read journal {self.name}: {exc}") from exc
+        check_fence(token, _stored_token(cm), f"journal {self.name}")
+        self._rv = str((cm.get("metadata") or {}).get("resourceVersion") or "") or None
+        return str((cm.get("data") or {}).get("journal", "")).encode()
+
+    async def rewrite(self, data: bytes) -> None:
+        await self._put(data)
+
+    async def append(self, data: bytes) -> None:
+        await self._put(self._content + data)
+
+    async def close(self) -> None:
+        return None
+
+    def room(self) -> int:
+        return max(0, self._max_bytes - len(self._content))
+
+    async def _put(self, content: bytes) -> None:
+        what = f"journal {self.name}"
+        if len(content) > self._max_bytes:
+            raise JournalStoreError(
+                f"cannot write {what}: {len(content)} bytes, more than one ConfigMap holds "
+                f"({self._max_bytes}); more objects were created or deleted within one checkpoint "
+                "interval than it records: shorten checkpoint.interval or use the file store")
+        token = fence_token(self._fence, what)
+        metadata: dict[str, Any] = {"name": self._name, "labels": self._labels}
+        if token is not None:
+            metadata["annotations"] = {WRITER_ANNOTATION: token.holder,
+                                       TERM_ANNOTATION: str(token.transitions)}
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
+                                "data": {"journal": content.decode()}}
+        collection = f"/api/v1/namespaces/{self._namespace}/configmaps"
+        for _ in range(_CAS_ATTEMPTS):
+            try:
+                if self._rv is None:
+                    metadata.pop("resourceVersion", None)
+                    result = await self._client.create(collection, body, context=f"create {self._name}")
+                else:
+                    metadata["resourceVersion"] = self._rv
+                    result = await self._client.replace(self._path, body, context=f"replace {self._name}")
+            except ConflictError:
+                # Written meanwhile (or created, when this backend thought it absent): by whom?
+                try:
+                    current = await self._client.get(self._path, context=f"get {self._name}")
+                except NotFoundError:
+                    self._rv = None
+                    continue
+                except ApiError as exc:
+                    raise JournalStoreError(f"cannot write {what}: {exc}") from exc
+                check_fence(token, _stored_token(current), what)
+                self._rv = str((current.get("metadata") or {}).get("resourceVersion") or "") or None
+                continue
+            except NotFoundError:
+                self._rv = None  # deleted meanwhile: create it again
+                continue
+            except ApiError as exc:
+                raise JournalStoreError(f"cannot write {what}: {exc}") from exc
+            self._rv = str((result.get("metadata") or {}).get("resourceVersion") or "") or None
+            self._content = content
+            self.writes += 1
+            return
+        raise CheckpointFencedError(f"{what}: kept changing under this writer; refused")
 
 
 def _utf8_chunks(data: bytes, limit: int) -> list[str]:

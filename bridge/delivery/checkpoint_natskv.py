@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import nats
@@ -46,15 +47,18 @@ from bridge.delivery.checkpoint import (
     encode_checkpoint,
     fence_token,
 )
+from bridge.delivery.journal import JournalStoreError
 from bridge.kube.leaderelection import FenceToken
 
-__all__ = ["NatsKvCheckpointStore"]
+__all__ = ["NatsKvCheckpointStore", "NatsKvJournalBackend"]
 
 log = logging.getLogger(__name__)
 
 _HEADROOM = 8 * 1024
 """Bytes kept free in each message for the subject and headers."""
 _CAS_ATTEMPTS = 5
+_JOURNAL_HEAD = 256
+"""Bytes of a journal value kept for its header line (the writer's token)."""
 
 
 class NatsKvCheckpointStore:
@@ -120,6 +124,16 @@ class NatsKvCheckpointStore:
             return self._chunk_size
         max_payload = self._nc.max_payload if self._nc is not None else 1024 * 1024
         return max(1024, max_payload - _HEADROOM)
+
+    def journal_key(self, informer_id: str) -> str:
+        """The key of the informer's known-object journal (:mod:`bridge.delivery.journal`)."""
+        return f"{informer_id}.journal"
+
+    def journal_backend(self, informer_id: str) -> NatsKvJournalBackend:
+        """The informer's known-object journal storage: one key of the bucket, written with the
+        same fencing as the manifest."""
+        return NatsKvJournalBackend(open_kv=self._bucket_kv, key=self.journal_key(informer_id),
+                                    bucket=self._bucket, fence=self._fence, limit=self._chunk_limit)
 
     async def load(self, informer_id: str) -> Checkpoint | None:
         token = fence_token(self._fence, f"loading NATS KV checkpoint {informer_id!r}")
@@ -260,6 +274,115 @@ class NatsKvCheckpointStore:
                 await nc.close()
         if not self._owns_nc:
             self._nc = nc
+
+
+class NatsKvJournalBackend:
+    """A known-object journal in one key of the checkpoint bucket. The value is a header line
+    ``{"writer": [leaseTransitions, holder] | null}``, then the journal's text.
+
+    Every write (an append is the whole text with the new records added) is a KV update with the
+    revision this backend last read or wrote (a create when there was none), so one group commit is
+    one acknowledged JetStream write and there is never a torn tail. After a revision mismatch the
+    value is read again; with a ``fence`` the write goes ahead only if the stored writer is not a
+    later leader, and every write stores the writer's token, so a deposed leader can never write a
+    journal its successor wrote. Without a fence the last writer wins (one replica).
+    """
+
+    def __init__(self, *, open_kv: Callable[[], Awaitable[KeyValue]], key: str, bucket: str,
+                 fence: FenceSource | None, limit: Callable[[], int]) -> None:
+        self._open_kv = open_kv
+        self._key = key
+        self._bucket = bucket
+        self._fence = fence
+        self._limit = limit
+        self._revision: int | None = None
+        """Revision of the key as last read or written; None = not known to exist."""
+        self._content = b""
+        self.writes = 0
+
+    @property
+    def name(self) -> str:
+        return f"NATS KV {self._bucket}/{self._key}"
+
+    async def read(self) -> bytes | None:
+        token = fence_token(self._fence, f"loading journal {self.name}")
+        kv = await self._open_kv()
+        try:
+            entry = await kv.get(self._key)
+        except nats.js.errors.KeyNotFoundError:
+            self._revision = None
+            return None
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            raise JournalStoreError(f"cannot read journal {self.name}: {exc}") from exc
+        self._revision = int(entry.revision or 0) or None
+        writer, text = _parse_journal_value(entry.value or b"", self.name)
+        check_fence(token, writer, f"journal {self.name}")
+        return text
+
+    async def rewrite(self, data: bytes) -> None:
+        await self._put(data)
+
+    async def append(self, data: bytes) -> None:
+        await self._put(self._content + data)
+
+    async def close(self) -> None:
+        return None
+
+    def room(self) -> int:
+        return max(0, self._limit() - _JOURNAL_HEAD - len(self._content))
+
+    async def _put(self, content: bytes) -> None:
+        what = f"journal {self.name}"
+        token = fence_token(self._fence, what)
+        head = orjson.dumps({"writer": [token.transitions, token.holder] if token is not None else None})
+        value = head + b"\n" + content
+        if len(value) > self._limit():
+            raise JournalStoreError(
+                f"cannot write {what}: {len(value)} bytes, more than one NATS message holds "
+                f"({self._limit()}); more objects were created or deleted within one checkpoint "
+                "interval than it records: shorten checkpoint.interval or raise the server's max_payload")
+        kv = await self._open_kv()
+        for _ in range(_CAS_ATTEMPTS):
+            try:
+                if self._revision is None:
+                    self._revision = await kv.create(self._key, value)
+                else:
+                    self._revision = await kv.update(self._key, value, last=self._revision)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                try:
+                    entry = await kv.get(self._key)
+                except nats.js.errors.KeyNotFoundError:
+                    self._revision = None
+                    continue
+                except (nats.errors.Error, OSError, TimeoutError) as exc:
+                    raise JournalStoreError(f"cannot write {what}: {exc}") from exc
+                try:
+                    stored, _ = _parse_journal_value(entry.value or b"", self.name)
+                except JournalStoreError:
+                    stored = None
+                check_fence(token, stored, what)
+                self._revision = int(entry.revision or 0) or None
+                continue
+            except (nats.errors.Error, OSError, TimeoutError) as exc:
+                raise JournalStoreError(f"cannot write {what}: {exc}") from exc
+            self._content = content
+            self.writes += 1
+            return
+        raise CheckpointFencedError(f"{what}: kept changing under this writer; refused")
+
+
+def _parse_journal_value(raw: bytes, name: str) -> tuple[FenceToken | None, bytes]:
+    """(stored writer, journal text) of a journal value."""
+    head, sep, text = raw.partition(b"\n")
+    try:
+        if not sep:
+            raise ValueError("no header line")
+        writer = orjson.loads(head)["writer"]
+        token = (FenceToken(transitions=int(writer[0]), holder=str(writer[1]))
+                 if writer is not None else None)
+        return token, text
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+        raise JournalStoreError(f"journal {name} is malformed") from exc
 
 
 def _chunk_key(ident: str, generation: str, n: int) -> str:

@@ -14,9 +14,15 @@ invariant the delivery contract promises:
 It holds because of one rule, enforced by the sink listeners (:class:`~bridge.pipeline.SinkListener`
 awaits :meth:`KnownObjectJournal.wait`): **the first event of an object the durable state does not
 know (its first add, or the first update of an object the bridge resumed without knowing), and every
-delete, is released to the sinks only once its journal record is on disk.** Records are appended by
-one writer task and made durable by one ``fsync`` per batch (group commit), so a burst of new objects
-costs one or two ``fsync``s of latency, not one each; updates of known objects never wait.
+delete, is released to the sinks only once its journal record is durable.** Records are appended by
+one writer task and made durable by one write per batch (group commit), so a burst of new objects
+costs one or two writes of latency, not one each; updates of known objects never wait.
+
+Where the bytes live is a :class:`JournalBackend` of the checkpoint store (its ``journal_backend``):
+a file next to a file checkpoint (one append + ``fdatasync`` per batch), a ConfigMap next to a
+ConfigMap checkpoint, a key of a NATS KV checkpoint bucket (one compare-and-set write each, fenced
+like the checkpoint). A backend with a size limit reports its :meth:`~JournalBackend.room`: a batch
+appends the records that fit and the others wait for the compaction after the next checkpoint write.
 
 What a resumed bridge does with it (:meth:`BridgePipeline._prepare`): a journalled delete of an
 object the checkpoint knows replaces that object's stub resourceVersion by the delete's, so whatever
@@ -26,10 +32,11 @@ an older, inferred one); objects only the journal knows are handed to the inform
 one reports it deleted.
 
 After every checkpoint write the journal is compacted: records the new checkpoint already implies are
-dropped and the file is rewritten (temporary file, fsync, rename), so it holds at most what changed
-in one checkpoint interval.
+dropped and the journal is rewritten (the file: temporary file, fsync, rename), so it holds about
+what changed in one checkpoint interval.
 
-File format (``<informer id>.journal`` next to the checkpoint): a header line ``{"journal": 1,
+Format (the file ``<informer id>.journal`` next to a file checkpoint; the same text in the other
+backends): a header line ``{"journal": 1,
 "informer_id": …}``, then one JSON array per line, ``["a", key, uid, rv]`` (known to exist) or
 ``["d", key, uid, rv, inferred]`` (deleted). A torn last line (a crash mid-append: its events were
 never released) and anything after a line that does not parse are ignored with a warning.
@@ -44,15 +51,17 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import orjson
 
 from bridge.clock import Clock, RealClock
 from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind
-from bridge.delivery.checkpoint import Checkpoint
+from bridge.delivery.checkpoint import Checkpoint, CheckpointStoreError
 from bridge.rawobject import object_identity
 
-__all__ = ["JournalEntry", "KnownObjectJournal"]
+__all__ = ["FileJournalBackend", "JournalBackend", "JournalEntry", "JournalStoreError",
+           "KnownObjectJournal"]
 
 log = logging.getLogger(__name__)
 
@@ -72,239 +81,76 @@ class JournalEntry:
     """For a delete: it was inferred by a relist (sent with ``finalstateunknown``)."""
 
 
-def _checkpoint_uids(cp: Checkpoint | None) -> dict[str, str]:
-    """uid → key of the objects a checkpoint knows to exist (its index, updated by its ahead map)."""
-    if cp is None:
-        return {}
-    alive = dict(cp.objects)
-    for key, (uid, rv, deleted) in cp.ahead.items():
-        if deleted:
-            alive.pop(key, None)
-        else:
-            alive[key] = (uid, rv)
-    return {uid: key for key, (uid, _) in alive.items()}
+class JournalStoreError(CheckpointStoreError):
+    """A journal backend could not read or write (the API server refused, the data is too large)."""
 
 
-class KnownObjectJournal:
-    """The journal of one informer (see the module docstring)."""
+class JournalBackend(Protocol):
+    """Where one informer's journal bytes live. The journal is a byte string (the file format in the
+    module docstring); a backend stores it durably, whole or appended to. Every method raises
+    :class:`OSError` or :class:`~bridge.delivery.checkpoint.CheckpointStoreError` on failure."""
 
-    def __init__(self, *, path: str | os.PathLike[str], informer_id: str, fsync: bool = True,
-                 clock: Clock | None = None) -> None:
+    @property
+    def name(self) -> str:
+        """Where the journal lives, for messages."""
+        ...
+
+    async def read(self) -> bytes | None:
+        """The stored journal, None when there is none."""
+        ...
+
+    async def rewrite(self, data: bytes) -> None:
+        """Replaces the whole journal by ``data``, durably and atomically."""
+        ...
+
+    async def append(self, data: bytes) -> None:
+        """Appends ``data`` durably (after a :meth:`rewrite` of this run). A failure may leave a torn
+        tail: the journal rewrites everything before its next append."""
+        ...
+
+    async def close(self) -> None:
+        ...
+
+    def room(self) -> int | None:
+        """Bytes an append may still add (None: no limit). Records that do not fit wait for a
+        compaction (after the next checkpoint write) to make room."""
+        ...
+
+
+class FileJournalBackend:
+    """The journal as a file (``<informer id>.journal`` next to a file checkpoint): appends are one
+    ``write`` + ``fdatasync``, a rewrite is a temporary file, ``fsync`` and rename."""
+
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True) -> None:
         self._path = Path(path)
-        self._clock: Clock = clock or RealClock()
-        self._informer_id = informer_id
         self._fsync = fsync
-        self._entries: dict[str, JournalEntry] = {}
-        """uid → newest fact, exactly what the file holds once the pending records are written."""
-        self._checkpoint: dict[str, str] = {}
-        """uid → key of the objects the last checkpoint written knows to exist."""
-        self._base: Checkpoint | None = None
-        """The last checkpoint written (or resumed from): what every sink acknowledged."""
-        self._pending: list[bytes] = []
-        self._queued_seq = -1
-        """The highest notification seq whose record was queued."""
-        self._written_seq = -1
-        """The highest notification seq whose record is durable (every earlier one is too)."""
-        self._committed = asyncio.Event()
-        self._wake = asyncio.Event()
-        self._idle = asyncio.Event()
-        """Set while the writer has nothing to do (everything noted is on disk)."""
-        self._compact_to: Checkpoint | None = None
-        self._compact_requested = False
         self._file: int | None = None
-        self.commits = 0
-        """Group commits done (each one write + fsync)."""
-        self.records = 0
-        """Records appended."""
-        self.write_errors = 0
-        self.last_error = ""
-        """Why the last write failed, until a write succeeds ("" = fine): readiness reports it."""
 
     @property
     def path(self) -> Path:
         return self._path
 
-    # ---------------------------------------------------------------------------------------------
-    # loading
+    @property
+    def name(self) -> str:
+        return str(self._path)
 
-    def load(self, checkpoint: Checkpoint | None) -> dict[str, JournalEntry]:
-        """Reads the journal left by the previous run (uid → newest fact; empty when there is none)
-        and makes ``checkpoint`` (the one the informer resumes from) the compaction base. The file
-        is rewritten, compacted, by :meth:`run` before any new record is appended."""
-        self._checkpoint = _checkpoint_uids(checkpoint)
-        self._base = checkpoint
-        self._entries = self._read()
-        self._compact_requested = True
-        return dict(self._entries)
-
-    def _read(self) -> dict[str, JournalEntry]:
+    async def read(self) -> bytes | None:
         try:
-            data = self._path.read_bytes()
+            return await asyncio.to_thread(self._path.read_bytes)
         except FileNotFoundError:
-            return {}
-        except OSError as exc:
-            log.warning("journal %s cannot be read (%s); objects delivered after the last checkpoint "
-                        "write and deleted while the bridge was down may get no delete", self._path, exc)
-            return {}
-        lines = data.split(b"\n")
-        entries: dict[str, JournalEntry] = {}
-        try:
-            head = orjson.loads(lines[0])
-            if head.get("journal") != _VERSION or head.get("informer_id") != self._informer_id:
-                raise ValueError(f"header {lines[0][:200]!r} is not this informer's journal")
-        except (orjson.JSONDecodeError, ValueError, AttributeError) as exc:
-            log.warning("journal %s is not readable (%s); ignoring it", self._path, exc)
-            return {}
-        complete = lines[1:-1]  # the last element follows the last newline: empty, or a torn line
-        if lines[-1]:
-            log.warning("journal %s ends with a torn record (a crash while appending); ignoring it",
-                        self._path)
-        for n, line in enumerate(complete, start=2):
-            try:
-                uid, entry = _parse(line)
-            except (orjson.JSONDecodeError, ValueError, TypeError, IndexError) as exc:
-                log.warning("journal %s: line %d is corrupt (%s); ignoring it and what follows",
-                            self._path, n, exc)
-                break
-            entries[uid] = entry
-        return entries
+            return None
 
-    # ---------------------------------------------------------------------------------------------
-    # recording (the informer's delivery observer calls note() for every dispatched notification)
+    async def rewrite(self, data: bytes) -> None:
+        await asyncio.to_thread(self._rewrite, data)
 
-    def note(self, notification: Notification, *, inferred: bool) -> None:
-        """Queues the record a dispatched notification needs, if any: the object's first appearance
-        in what the durable state knows, or a delete. Synchronous; :meth:`wait` tells when it is
-        on disk."""
-        n = notification
-        if n.seq < 0 or n.kind is NotificationKind.SNAPSHOT or n.kind is NotificationKind.GAP:
-            return
-        obj = n.obj
-        if isinstance(obj, DeletedFinalStateUnknown):
-            obj = obj.obj
-            inferred = True
-        uid, rv = object_identity(obj)
-        if not uid:
-            return
-        key = str(n.key)
-        if n.kind is NotificationKind.DELETE:
-            self._entries[uid] = JournalEntry(key, rv, deleted=True, inferred=inferred)
-            self._queue(n.seq, orjson.dumps(["d", key, uid, rv, inferred]))
-            return
-        known = self._entries.get(uid)
-        if (known is not None and not known.deleted) or self._checkpoint.get(uid) == key:
-            return
-        self._entries[uid] = JournalEntry(key, rv)
-        self._queue(n.seq, orjson.dumps(["a", key, uid, rv]))
+    async def append(self, data: bytes) -> None:
+        await asyncio.to_thread(self._append, data)
 
-    def _queue(self, seq: int, record: bytes) -> None:
-        self._pending.append(record)
-        self._queued_seq = seq
-        self._idle.clear()
-        self._wake.set()
+    async def close(self) -> None:
+        self._close_file()
 
-    def must_wait(self, seq: int) -> bool:
-        """True while a record of a notification up to ``seq`` is not durable yet."""
-        return self._written_seq < min(seq, self._queued_seq)
-
-    async def wait(self, seq: int) -> None:
-        """Returns once every record of notifications up to ``seq`` is durable."""
-        while self._written_seq < min(seq, self._queued_seq):
-            await self._committed.wait()
-
-    def compact(self, checkpoint: Checkpoint) -> None:
-        """``checkpoint`` was written: the records it implies can go (done by the writer task)."""
-        self._compact_to = checkpoint
-        self._idle.clear()
-        self._wake.set()
-
-    async def idle(self) -> None:
-        """Returns once every queued record and compaction is written (for a clean shutdown)."""
-        await self._idle.wait()
-
-    # ---------------------------------------------------------------------------------------------
-    # the writer task
-
-    async def run(self) -> None:
-        """Writes queued records (one write + fsync per batch) and compactions, until cancelled."""
-        try:
-            while True:
-                if not (self._pending or self._compact_to is not None or self._compact_requested):
-                    self._wake.clear()
-                    self._idle.set()
-                    await self._wake.wait()
-                    continue
-                try:
-                    await self._write_once()
-                except OSError as exc:
-                    self.write_errors += 1
-                    self.last_error = f"{type(exc).__name__}: {exc}"
-                    log.error("journal %s cannot be written (%s); new objects and deletes wait for it, "
-                              "retrying in %.0f s", self._path, exc, _RETRY_DELAY)
-                    await self._clock.sleep(_RETRY_DELAY)
-        finally:
-            self._close_file()
-
-    async def _write_once(self) -> None:
-        target = self._queued_seq
-        batch, self._pending = self._pending, []
-        cp = self._compact_to
-        compacting = cp is not None or self._compact_requested
-        try:
-            if compacting:
-                if cp is not None:
-                    self._checkpoint = _checkpoint_uids(cp)
-                    self._base = cp
-                self._entries = {uid: e for uid, e in self._entries.items() if self._needed(uid, e)}
-                lines = [orjson.dumps({"journal": _VERSION, "informer_id": self._informer_id})]
-                lines.extend(_record(uid, e) for uid, e in self._entries.items())
-                # The rewrite holds every fact noted so far, the batch's records included.
-                await asyncio.to_thread(self._rewrite, b"\n".join(lines) + b"\n")
-                if self._compact_to is cp:
-                    self._compact_to = None
-                self._compact_requested = False
-            else:
-                await asyncio.to_thread(self._append, b"\n".join(batch) + b"\n")
-                self.records += len(batch)
-        except BaseException:
-            self._pending = batch + self._pending
-            # A failed append may have left a torn line: the retry rewrites the whole journal.
-            self._compact_requested = True
-            raise
-        self.commits += 1
-        self.last_error = ""
-        if target > self._written_seq:
-            self._written_seq = target
-            committed, self._committed = self._committed, asyncio.Event()
-            committed.set()
-
-    def _needed(self, uid: str, e: JournalEntry) -> bool:
-        """A record the last checkpoint does not imply: an object it does not know to exist, or a
-        delete not every sink acknowledged yet.
-
-        The delete of an object the checkpoint does not know (created and deleted since it) is still
-        needed while the checkpoint does not cover it: a sink that lags may hold the object's add and
-        not its delete, and after a crash with expired history only this record makes the relist
-        report the object deleted to it."""
-        known_alive = self._checkpoint.get(uid) == e.key
-        if not e.deleted:
-            return not known_alive
-        return known_alive or not self._covered(e)
-
-    def _covered(self, e: JournalEntry) -> bool:
-        """Whether every sink acknowledged the delete ``e``: the checkpoint's resourceVersion reaches
-        it, or its delivered-ahead map has the key deleted at it or later."""
-        cp = self._base
-        if cp is None:
-            return False
-        try:
-            rv = int(e.resource_version)
-            if rv <= int(cp.resource_version):
-                return True
-            ahead = cp.ahead.get(e.key)
-            return ahead is not None and ahead[2] and int(ahead[1]) >= rv
-        except ValueError:
-            return False
+    def room(self) -> int | None:
+        return None
 
     def _rewrite(self, data: bytes) -> None:
         self._close_file()
@@ -343,6 +189,309 @@ class KnownObjectJournal:
             with contextlib.suppress(OSError):
                 os.close(self._file)
             self._file = None
+
+
+def _checkpoint_uids(cp: Checkpoint | None) -> dict[str, str]:
+    """uid → key of the objects a checkpoint knows to exist (its index, updated by its ahead map)."""
+    if cp is None:
+        return {}
+    alive = dict(cp.objects)
+    for key, (uid, rv, deleted) in cp.ahead.items():
+        if deleted:
+            alive.pop(key, None)
+        else:
+            alive[key] = (uid, rv)
+    return {uid: key for key, (uid, _) in alive.items()}
+
+
+class KnownObjectJournal:
+    """The journal of one informer (see the module docstring)."""
+
+    def __init__(self, *, informer_id: str, backend: JournalBackend | None = None,
+                 path: str | os.PathLike[str] | None = None, fsync: bool = True,
+                 clock: Clock | None = None) -> None:
+        """``backend`` stores the journal; ``path`` is short for a :class:`FileJournalBackend`."""
+        if backend is None:
+            if path is None:
+                raise ValueError("a journal needs a backend or a path")
+            backend = FileJournalBackend(path, fsync=fsync)
+        self._backend: JournalBackend = backend
+        self._clock: Clock = clock or RealClock()
+        self._informer_id = informer_id
+        self._entries: dict[str, JournalEntry] = {}
+        """uid → newest fact, exactly what the file holds once the pending records are written."""
+        self._checkpoint: dict[str, str] = {}
+        """uid → key of the objects the last checkpoint written knows to exist."""
+        self._base: Checkpoint | None = None
+        """The last checkpoint written (or resumed from): what every sink acknowledged."""
+        self._durable: dict[str, JournalEntry] = {}
+        """uid → newest fact the stored journal holds (what a rewrite writes)."""
+        self._pending: list[tuple[int, str, JournalEntry, bytes]] = []
+        """Records not written yet: (notification seq, uid, fact, encoded record), in seq order."""
+        self._queued_seq = -1
+        """The highest notification seq whose record was queued."""
+        self._written_seq = -1
+        """The highest notification seq whose record is durable (every earlier one is too)."""
+        self._committed = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        """Set while the writer has nothing to do (everything noted is on disk)."""
+        self._compact_to: Checkpoint | None = None
+        self._compact_requested = False
+        self.commits = 0
+        """Group commits done (each one write + fsync)."""
+        self.records = 0
+        """Records appended."""
+        self.write_errors = 0
+        self.overflowed = 0
+        """Records dropped because the journal was full before any checkpoint (see _overflow)."""
+        self.last_error = ""
+        """Why the last write failed, until a write succeeds ("" = fine): readiness reports it."""
+
+    @property
+    def backend(self) -> JournalBackend:
+        return self._backend
+
+    @property
+    def path(self) -> Path:
+        """The file of a file-backed journal."""
+        if not isinstance(self._backend, FileJournalBackend):
+            raise AttributeError(f"journal {self._backend.name} is not a file")
+        return self._backend.path
+
+    # ---------------------------------------------------------------------------------------------
+    # loading
+
+    async def load(self, checkpoint: Checkpoint | None) -> dict[str, JournalEntry]:
+        """Reads the journal left by the previous run (uid → newest fact; empty when there is none)
+        and makes ``checkpoint`` (the one the informer resumes from) the compaction base. The file
+        is rewritten, compacted, by :meth:`run` before any new record is appended."""
+        self._checkpoint = _checkpoint_uids(checkpoint)
+        self._base = checkpoint
+        self._entries = await self._read()
+        self._durable = dict(self._entries)
+        self._compact_requested = True
+        return dict(self._entries)
+
+    async def _read(self) -> dict[str, JournalEntry]:
+        try:
+            data = await self._backend.read()
+        except (OSError, CheckpointStoreError) as exc:
+            log.warning("journal %s cannot be read (%s); objects delivered after the last checkpoint "
+                        "write and deleted while the bridge was down may get no delete",
+                        self._backend.name, exc)
+            return {}
+        if data is None:
+            return {}
+        lines = data.split(b"\n")
+        entries: dict[str, JournalEntry] = {}
+        try:
+            head = orjson.loads(lines[0])
+            if head.get("journal") != _VERSION or head.get("informer_id") != self._informer_id:
+                raise ValueError(f"header {lines[0][:200]!r} is not this informer's journal")
+        except (orjson.JSONDecodeError, ValueError, AttributeError) as exc:
+            log.warning("journal %s is not readable (%s); ignoring it", self._backend.name, exc)
+            return {}
+        complete = lines[1:-1]  # the last element follows the last newline: empty, or a torn line
+        if lines[-1]:
+            log.warning("journal %s ends with a torn record (a crash while appending); ignoring it",
+                        self._backend.name)
+        for n, line in enumerate(complete, start=2):
+            try:
+                uid, entry = _parse(line)
+            except (orjson.JSONDecodeError, ValueError, TypeError, IndexError) as exc:
+                log.warning("journal %s: line %d is corrupt (%s); ignoring it and what follows",
+                            self._backend.name, n, exc)
+                break
+            entries[uid] = entry
+        return entries
+
+    # ---------------------------------------------------------------------------------------------
+    # recording (the informer's delivery observer calls note() for every dispatched notification)
+
+    def note(self, notification: Notification, *, inferred: bool) -> None:
+        """Queues the record a dispatched notification needs, if any: the object's first appearance
+        in what the durable state knows, or a delete. Synchronous; :meth:`wait` tells when it is
+        on disk."""
+        n = notification
+        if n.seq < 0 or n.kind is NotificationKind.SNAPSHOT or n.kind is NotificationKind.GAP:
+            return
+        obj = n.obj
+        if isinstance(obj, DeletedFinalStateUnknown):
+            obj = obj.obj
+            inferred = True
+        uid, rv = object_identity(obj)
+        if not uid:
+            return
+        key = str(n.key)
+        if n.kind is NotificationKind.DELETE:
+            entry = JournalEntry(key, rv, deleted=True, inferred=inferred)
+            self._entries[uid] = entry
+            self._queue(n.seq, uid, entry)
+            return
+        known = self._entries.get(uid)
+        if (known is not None and not known.deleted) or self._checkpoint.get(uid) == key:
+            return
+        entry = JournalEntry(key, rv)
+        self._entries[uid] = entry
+        self._queue(n.seq, uid, entry)
+
+    def _queue(self, seq: int, uid: str, entry: JournalEntry) -> None:
+        self._pending.append((seq, uid, entry, _record(uid, entry)))
+        self._queued_seq = seq
+        self._idle.clear()
+        self._wake.set()
+
+    def must_wait(self, seq: int) -> bool:
+        """True while a record of a notification up to ``seq`` is not durable yet."""
+        return self._written_seq < min(seq, self._queued_seq)
+
+    async def wait(self, seq: int) -> None:
+        """Returns once every record of notifications up to ``seq`` is durable."""
+        while self._written_seq < min(seq, self._queued_seq):
+            await self._committed.wait()
+
+    def compact(self, checkpoint: Checkpoint) -> None:
+        """``checkpoint`` was written: the records it implies can go (done by the writer task)."""
+        self._compact_to = checkpoint
+        self._idle.clear()
+        self._wake.set()
+
+    async def idle(self) -> None:
+        """Returns once every queued record and compaction is written (for a clean shutdown)."""
+        await self._idle.wait()
+
+    # ---------------------------------------------------------------------------------------------
+    # the writer task
+
+    async def run(self) -> None:
+        """Writes queued records (one write + fsync per batch) and compactions, until cancelled."""
+        try:
+            while True:
+                if not (self._pending or self._compact_to is not None or self._compact_requested):
+                    self._wake.clear()
+                    self._idle.set()
+                    await self._wake.wait()
+                    continue
+                try:
+                    await self._write_once()
+                except (OSError, CheckpointStoreError) as exc:
+                    self.write_errors += 1
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    log.error("journal %s cannot be written (%s); new objects and deletes wait for it, "
+                              "retrying in %.0f s", self._backend.name, exc, _RETRY_DELAY)
+                    await self._clock.sleep(_RETRY_DELAY)
+        finally:
+            await self._backend.close()
+
+    async def _write_once(self) -> None:
+        """One write: a compaction (rewrites what the storage holds, less what the last checkpoint
+        written implies) or one group commit of pending records (as many as the backend has room
+        for, in order)."""
+        cp = self._compact_to
+        if cp is not None or self._compact_requested:
+            if cp is not None:
+                self._checkpoint = _checkpoint_uids(cp)
+                self._base = cp
+            self._entries = {uid: e for uid, e in self._entries.items() if self._needed(uid, e)}
+            durable = {uid: e for uid, e in self._durable.items() if self._needed(uid, e)}
+            lines = [orjson.dumps({"journal": _VERSION, "informer_id": self._informer_id})]
+            lines.extend(_record(uid, e) for uid, e in durable.items())
+            try:
+                await self._backend.rewrite(b"\n".join(lines) + b"\n")
+            except BaseException:
+                self._compact_requested = True
+                raise
+            self._durable = durable
+            if self._compact_to is cp:
+                self._compact_to = None
+            self._compact_requested = False
+            self._done(None)
+            return
+        batch = list(self._pending)
+        room = self._backend.room()
+        if room is not None:
+            take = size = 0
+            for *_, record in batch:
+                size += len(record) + 1
+                if size > room:
+                    break
+                take += 1
+            if take == 0 and self._base is None:
+                self._overflow(batch)
+                return
+            if take == 0:
+                raise JournalStoreError(
+                    f"journal {self._backend.name} is full: {len(batch)} records wait for the next "
+                    "checkpoint write to compact it (more objects were created or deleted since the "
+                    "last checkpoint write than it holds)")
+            batch = batch[:take]
+        try:
+            await self._backend.append(b"\n".join(record for *_, record in batch) + b"\n")
+        except BaseException:
+            # A failed append may have left a torn line: the retry rewrites the whole journal.
+            self._compact_requested = True
+            raise
+        del self._pending[:len(batch)]  # note() only ever appends meanwhile
+        for _, uid, entry, _ in batch:
+            self._durable[uid] = entry
+        self.records += len(batch)
+        self._done(batch[-1][0])
+
+    def _overflow(self, batch: list[tuple[int, str, JournalEntry, bytes]]) -> None:
+        """The journal is full and no checkpoint was ever written: the first list of a fresh start
+        larger than the journal holds. No checkpoint can be written before that list is delivered,
+        so waiting for a compaction would wait forever: the records are dropped and their events
+        released. A crash before the first checkpoint write then leaves those objects unknown (a
+        delete while the bridge is down past the history window reaches no sink for them)."""
+        if not self.overflowed:
+            log.warning("journal %s is full before the first checkpoint write (a first list larger "
+                        "than it holds): the objects beyond it are released unrecorded; until the "
+                        "first checkpoint is written, a crash may leave their deletes unsent",
+                        self._backend.name)
+        self.overflowed += len(batch)
+        del self._pending[:len(batch)]
+        self._done(batch[-1][0])
+        self.commits -= 1  # nothing was written
+
+    def _done(self, last: int | None) -> None:
+        """A write succeeded; ``last`` is the seq of the last record it appended. Every notification
+        up to it (up to the last queued when nothing is pending) is released."""
+        self.commits += 1
+        self.last_error = ""
+        target = self._queued_seq if not self._pending else last
+        if target is not None and target > self._written_seq:
+            self._written_seq = target
+            committed, self._committed = self._committed, asyncio.Event()
+            committed.set()
+
+    def _needed(self, uid: str, e: JournalEntry) -> bool:
+        """A record the last checkpoint does not imply: an object it does not know to exist, or a
+        delete not every sink acknowledged yet.
+
+        The delete of an object the checkpoint does not know (created and deleted since it) is still
+        needed while the checkpoint does not cover it: a sink that lags may hold the object's add and
+        not its delete, and after a crash with expired history only this record makes the relist
+        report the object deleted to it."""
+        known_alive = self._checkpoint.get(uid) == e.key
+        if not e.deleted:
+            return not known_alive
+        return known_alive or not self._covered(e)
+
+    def _covered(self, e: JournalEntry) -> bool:
+        """Whether every sink acknowledged the delete ``e``: the checkpoint's resourceVersion reaches
+        it, or its delivered-ahead map has the key deleted at it or later."""
+        cp = self._base
+        if cp is None:
+            return False
+        try:
+            rv = int(e.resource_version)
+            if rv <= int(cp.resource_version):
+                return True
+            ahead = cp.ahead.get(e.key)
+            return ahead is not None and ahead[2] and int(ahead[1]) >= rv
+        except ValueError:
+            return False
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -644,7 +644,7 @@ class BridgePipeline:
             exits = SelectorExits(fetch=functools.partial(fetch, watched))
         inf = _Informer(watched=watched, informer=informer, tracker=tracker, corrupt_checkpoint=corrupt)
         informer.set_watch_error_handler(self._watch_error_recorder(inf))
-        known, unconfirmed = self._known_objects(inf, checkpoint)
+        known, unconfirmed = await self._known_objects(inf, checkpoint)
         if checkpoint is not None:
             delivered = {key: (int(rv), deleted) for key, (_uid, rv, deleted) in checkpoint.ahead.items()
                          if rv.isdigit()}
@@ -671,8 +671,8 @@ class BridgePipeline:
             inf.listeners[sink.name] = listener
         self._informers[ident] = inf
 
-    def _known_objects(self, inf: _Informer, checkpoint: Checkpoint | None
-                       ) -> tuple[dict[str, IndexEntry], list[KubeObject]]:
+    async def _known_objects(self, inf: _Informer, checkpoint: Checkpoint | None
+                             ) -> tuple[dict[str, IndexEntry], list[KubeObject]]:
         """What the resumed informer knows: the checkpoint's objects (its index, updated by its
         delivered-ahead map) with the journal's deletes applied, and the journal's objects the
         checkpoint does not know (unconfirmed stubs). Opens the informer's journal when the store
@@ -682,15 +682,15 @@ class BridgePipeline:
             for key, (uid, rv, deleted) in checkpoint.ahead.items():
                 if not deleted:
                     known[key] = (uid, rv)
-        journal_path = getattr(self._store, "journal_path", None)
-        if journal_path is None:
+        journal_backend = getattr(self._store, "journal_backend", None)
+        if journal_backend is None:
             return known, []
         ident = inf.watched.informer_id
-        journal = KnownObjectJournal(path=journal_path(ident), informer_id=ident, clock=self._clock)
+        journal = KnownObjectJournal(backend=journal_backend(ident), informer_id=ident, clock=self._clock)
         inf.journal = inf.tracker.journal = journal
         resent: dict[str, tuple[str, bool]] = {}
         unconfirmed: list[tuple[str, str, str]] = []
-        for key, items in entries_by_key(journal.load(checkpoint)).items():
+        for key, items in entries_by_key(await journal.load(checkpoint)).items():
             for uid, entry in items:
                 if entry.deleted:
                     resent[uid] = (entry.resource_version, entry.inferred)

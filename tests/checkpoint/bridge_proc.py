@@ -1,8 +1,8 @@
 """A bridge in its own process, for the crash tests: ``python -m tests.checkpoint.bridge_proc …``.
 
 Builds the same pipeline the service builds (discovery → SharedInformerFactory over the HTTP
-ListerWatcher → BridgePipeline with a file checkpoint store) from command-line arguments, with one
-sink (Kafka, or a JSON-lines file). Prints ``synced`` once every cache synced, and
+ListerWatcher → BridgePipeline with a file, configmap or nats-kv checkpoint store) from command-line
+arguments, with one sink (Kafka, or a JSON-lines file). Prints ``synced`` once every cache synced, and
 ``stopped`` after a graceful shutdown on SIGTERM; SIGKILL is what the crash test sends.
 """
 
@@ -16,7 +16,9 @@ import sys
 from typing import Any
 
 from bridge.clock import RealClock
-from bridge.delivery.checkpoint import FileCheckpointStore
+from bridge.delivery.checkpoint import CheckpointStore, FileCheckpointStore
+from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
+from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.kube.apiclient import ApiClient
@@ -32,6 +34,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resource", default="configmaps")
     p.add_argument("--namespace", default="")
     p.add_argument("--checkpoint-dir", required=True)
+    p.add_argument("--checkpoint-store", choices=("file", "configmap", "nats-kv"), default="file")
+    p.add_argument("--checkpoint-nats", help="nats-kv store: the NATS URL")
+    p.add_argument("--checkpoint-namespace", default="default", help="configmap store: its namespace")
     p.add_argument("--checkpoint-interval", type=float, default=0.1)
     p.add_argument("--kafka", help="bootstrap servers (Kafka sink)")
     p.add_argument("--topic", help="Kafka topic")
@@ -64,9 +69,16 @@ async def run(args: argparse.Namespace) -> int:
                                  drop_managed_fields=True)
 
     factory = SharedInformerFactory(lister_watcher_factory=lister_watcher, clock=clock, compact_cache=True)
+    store: CheckpointStore
+    if args.checkpoint_store == "configmap":
+        store = ConfigMapCheckpointStore(client=client, namespace=args.checkpoint_namespace)
+    elif args.checkpoint_store == "nats-kv":
+        store = NatsKvCheckpointStore(nats_url=args.checkpoint_nats)
+    else:
+        store = FileCheckpointStore(directory=args.checkpoint_dir)
     pipeline = BridgePipeline(
         factory=factory, resources=[WatchedResource(key=key, api=api, ref=ref)], sinks=[sink],
-        checkpoint_store=FileCheckpointStore(directory=args.checkpoint_dir), cluster=args.cluster,
+        checkpoint_store=store, cluster=args.cluster,
         checkpoint_interval=args.checkpoint_interval, clock=clock,
     )
     stop = asyncio.Event()

@@ -41,7 +41,7 @@ def records(path: Path) -> list[object]:
 async def running(tmp_path: Path) -> AsyncIterator[KnownObjectJournal]:
     checkpoint = Checkpoint(informer_id=IDENT, resource_version="10", objects={"ns/known": ("u-known", "9")})
     j = KnownObjectJournal(path=tmp_path / f"{IDENT}.journal", informer_id=IDENT)
-    assert j.load(checkpoint) == {}
+    assert await j.load(checkpoint) == {}
     task = asyncio.create_task(j.run(), name="journal-under-test")
     try:
         yield j
@@ -121,22 +121,22 @@ async def test_load_ignores_a_torn_tail_and_what_follows_a_corrupt_line(
     path.write_bytes(head + b'\n["a","ns/a","u-a","12"]\n["d","ns/a","u-a","13",false]\n["a","ns/b","u-')
     j = KnownObjectJournal(path=path, informer_id=IDENT)
     with caplog.at_level(logging.WARNING, logger="bridge.delivery.journal"):
-        assert j.load(None) == {"u-a": JournalEntry("ns/a", "13", deleted=True)}
+        assert await j.load(None) == {"u-a": JournalEntry("ns/a", "13", deleted=True)}
     assert any("torn" in r.getMessage() for r in caplog.records)
     path.write_bytes(head + b'\n["a","ns/a","u-a","12"]\n["a","ns/b","u-b","abc"]\n["a","ns/c","u-c","14"]\n')
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="bridge.delivery.journal"):
-        assert j.load(None) == {"u-a": JournalEntry("ns/a", "12")}
+        assert await j.load(None) == {"u-a": JournalEntry("ns/a", "12")}
     assert any("line 3 is corrupt" in r.getMessage() for r in caplog.records)
     path.write_bytes(orjson.dumps({"journal": 1, "informer_id": "another"}) + b"\n")
-    assert j.load(None) == {}
+    assert await j.load(None) == {}
 
 
 async def test_a_journal_that_cannot_be_written_holds_its_events_and_recovers(tmp_path: Path) -> None:
     path = tmp_path / f"{IDENT}.journal"
     path.mkdir()  # in the way: the start-up rewrite cannot replace it
     j = KnownObjectJournal(path=path, informer_id=IDENT)
-    j.load(None)
+    await j.load(None)
     task = asyncio.create_task(j.run(), name="journal-under-test")
     try:
         note(j, 0, NotificationKind.ADD, "a", "u-a", "12")

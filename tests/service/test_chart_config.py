@@ -202,8 +202,10 @@ def test_checkpoint_role_names_the_bridges_own_configmaps(chart: Any) -> None:
     docs = render(chart, config(resources=resources, checkpoint={"store": "configmap"}))
     (role,) = find(docs, "Role", "ops")
     cm_rules = [r for r in role["rules"] if r["resources"] == ["configmaps"]]
-    expected = [f"keb-kube-event-bridge-checkpoint-{informer_id(r['resource'], r.get('namespace', ''), r.get('label_selector', ''), r.get('field_selector', ''))}"  # noqa: E501
-                for r in resources]
+    manifests = [f"keb-kube-event-bridge-checkpoint-{informer_id(r['resource'], r.get('namespace', ''), r.get('label_selector', ''), r.get('field_selector', ''))}"  # noqa: E501
+                 for r in resources]
+    # Each manifest and its known-object journal (ConfigMapCheckpointStore.journal_name).
+    expected = [name for m in manifests for name in (m, f"{m}-journal")]
     assert cm_rules == [
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
         {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": expected,

@@ -1,0 +1,141 @@
+"""The known-object journal in a NATS KV key, against a real nats-server with JetStream: group
+commits as single writes, reading back, malformed values, revision conflicts, fencing, the size
+limit."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+
+import orjson
+import pytest
+
+from bridge.contracts import NotificationKind
+from bridge.delivery.checkpoint import CheckpointFencedError
+from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
+from bridge.delivery.journal import JournalEntry, JournalStoreError, KnownObjectJournal
+from bridge.kube.leaderelection import FenceToken
+from tests.brokers import NatsServer, running_nats
+from tests.checkpoint.test_fencing import Term
+from tests.checkpoint.test_journal import IDENT, note
+from tests.checkpoint.test_journal_configmap import FIRST, full_then_compacted
+
+A = FenceToken(transitions=0, holder="a")
+B = FenceToken(transitions=1, holder="b")
+HEAD = b'{"journal":1,"informer_id":"' + IDENT.encode() + b'"}\n'
+
+
+@pytest.fixture(scope="module")
+def nats_js() -> Iterator[NatsServer]:
+    with running_nats() as server:
+        yield server
+
+
+def store_for(nats_js: NatsServer, bucket: str, fence: Term | None = None,
+              chunk_size: int | None = None) -> NatsKvCheckpointStore:
+    return NatsKvCheckpointStore(nats_url=nats_js.url, bucket=bucket, fence=fence, chunk_size=chunk_size)
+
+
+async def stored(store: NatsKvCheckpointStore) -> tuple[list[object], object]:
+    kv = await store._bucket_kv()
+    head, *lines = ((await kv.get(store.journal_key(IDENT))).value or b"").splitlines()
+    assert orjson.loads(lines[0]) == {"journal": 1, "informer_id": IDENT}
+    return [orjson.loads(line) for line in lines[1:]], orjson.loads(head)["writer"]
+
+
+async def test_records_are_written_in_group_commits_and_read_back(nats_js: NatsServer) -> None:
+    store = store_for(nats_js, "journal-roundtrip")
+    try:
+        b = store.journal_backend(IDENT)
+        j = KnownObjectJournal(backend=b, informer_id=IDENT)
+        await j.load(None)
+        task = asyncio.create_task(j.run(), name="journal-under-test")
+        try:
+            async with asyncio.timeout(10):
+                await j.idle()
+            writes = b.writes
+            for i in range(100):
+                note(j, i, NotificationKind.ADD, f"o{i}", f"u-{i}", str(20 + i))
+            note(j, 100, NotificationKind.DELETE, "o3", "u-3", "200")
+            async with asyncio.timeout(10):
+                await j.wait(100)
+            assert b.writes - writes <= 2
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        records, writer = await stored(store)
+        assert len(records) == 101  # u-3's add, then its delete
+        assert writer is None
+        entries = await KnownObjectJournal(backend=store.journal_backend(IDENT), informer_id=IDENT).load(None)
+        assert entries["u-3"] == JournalEntry("ns/o3", "200", deleted=True)
+        assert len(entries) == 100
+        # The checkpoint's chunk purge leaves the journal alone.
+        assert store.journal_key(IDENT) in await (await store._bucket_kv()).keys()
+    finally:
+        await store.close()
+
+
+async def test_malformed_values_and_conflicting_writes(nats_js: NatsServer,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    store = store_for(nats_js, "journal-malformed")
+    try:
+        kv = await store._bucket_kv()
+        await kv.put(store.journal_key(IDENT), b"not json")
+        with caplog.at_level(logging.WARNING):
+            assert await KnownObjectJournal(backend=store.journal_backend(IDENT),
+                                            informer_id=IDENT).load(None) == {}
+        assert "malformed" in caplog.text
+        b = store.journal_backend(IDENT)
+        await b.rewrite(HEAD)  # not read first: the create conflicts, then it replaces the value
+        await b.append(b'["a","ns/a","u-a","12"]\n')
+        await kv.put(store.journal_key(IDENT), b'{"writer": null}\nby hand\n')
+        await b.append(b'["a","ns/b","u-b","13"]\n')  # stale revision: the whole journal again
+        assert (await stored(store))[0] == [["a", "ns/a", "u-a", "12"], ["a", "ns/b", "u-b", "13"]]
+        with pytest.raises(JournalStoreError, match="more than one NATS message holds"):
+            await b.append(b"x" * (2 * 1024 * 1024))
+    finally:
+        await store.close()
+
+
+async def test_a_deposed_leader_cannot_write_the_journal_its_successor_wrote(nats_js: NatsServer) -> None:
+    term_a, term_b = Term(A), Term(B)
+    old_store = store_for(nats_js, "journal-fence", fence=term_a)
+    new_store = store_for(nats_js, "journal-fence", fence=term_b)
+    try:
+        old, new = old_store.journal_backend(IDENT), new_store.journal_backend(IDENT)
+        assert await old.read() is None
+        await old.rewrite(HEAD)
+        await old.append(b'["a","ns/a","u-a","12"]\n')
+        assert await new.read() == HEAD + b'["a","ns/a","u-a","12"]\n'
+        await new.rewrite(HEAD + b'["a","ns/b","u-b","13"]\n')
+        with pytest.raises(CheckpointFencedError, match="later leader"):
+            await old.append(b'["d","ns/b","u-b","14",false]\n')
+        with pytest.raises(CheckpointFencedError, match="later leader"):
+            await old.read()
+        assert await stored(new_store) == ([["a", "ns/b", "u-b", "13"]], [1, "b"])
+        term_b.token = None
+        with pytest.raises(CheckpointFencedError):
+            await new.append(b'["a","ns/c","u-c","15"]\n')
+        assert (await stored(new_store))[0] == [["a", "ns/b", "u-b", "13"]]
+    finally:
+        await old_store.close()
+        await new_store.close()
+
+
+async def test_a_full_journal_releases_what_fits_and_the_rest_after_the_next_checkpoint_write(
+    nats_js: NatsServer,
+) -> None:
+    store = store_for(nats_js, "journal-large", chunk_size=2300)
+    try:
+        j = KnownObjectJournal(backend=store.journal_backend(IDENT), informer_id=IDENT)
+        await j.load(FIRST)
+        task = asyncio.create_task(j.run(), name="journal-under-test")
+        try:
+            await full_then_compacted(j)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert len((await stored(store))[0]) < 100
+    finally:
+        await store.close()
