@@ -277,6 +277,10 @@ class BaseSink(Generic[O]):
     def overflow_policy(self) -> str:
         return self.options.buffer.policy
 
+    @property
+    def spill_limit(self) -> int:
+        return self.options.buffer.spill_limit
+
     def accepts(self, event: ChangeEvent) -> bool:
         """The routing decision alone (no change filter)."""
         return self._routing.accepts(event)

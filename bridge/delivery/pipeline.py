@@ -30,10 +30,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hashlib
 import logging
+import os
+import shutil
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bridge.clock import Clock, RealClock
@@ -58,6 +62,7 @@ from bridge.delivery.checkpoint import (
 from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
 from bridge.delivery.journal import KnownObjectJournal, entries_by_key
 from bridge.delivery.progress import AckTracker, IndexEntry
+from bridge.delivery.spill import SegmentSpill
 from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.informer.reflector import Reflector, WatchErrorHandler, default_watch_error_handler
 from bridge.informer.shared_informer import HandlerRegistration, SharedIndexInformer
@@ -386,13 +391,29 @@ def _resource_matches(sink: Sink, watched: WatchedResource) -> bool:
     return not wanted or bool(set(wanted) & watched.names)
 
 
-def _listener_options(sink: Sink) -> ListenerOptions:
+DEFAULT_SPILL_LIMIT = 256 << 20
+"""Bytes of spill per (sink, informer) when the sink does not say (``buffer.spill_limit``)."""
+
+
+def _safe_name(name: str) -> str:
+    """A directory name for a sink or an informer id (stable, readable, no separators)."""
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return f"{cleaned[:80]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def _listener_options(sink: Sink, spill_directory: Path | None = None, informer: str = "") -> ListenerOptions:
     capacity = int(getattr(sink, "buffer_capacity", 1024))
-    policy_raw = getattr(sink, "overflow_policy", OverflowPolicy.BLOCK)
+    policy_raw = getattr(sink, "overflow_policy", OverflowPolicy.SPILL)
     policy = policy_raw if isinstance(policy_raw, OverflowPolicy) else OverflowPolicy(str(policy_raw))
+    spill: SegmentSpill | None = None
+    limit = int(getattr(sink, "spill_limit", DEFAULT_SPILL_LIMIT))
+    if spill_directory is not None and limit > 0 and policy in (OverflowPolicy.SPILL,
+                                                                 OverflowPolicy.COALESCE):
+        spill = SegmentSpill(spill_directory / _safe_name(sink.name) / _safe_name(informer),
+                             limit_bytes=limit, name=f"{sink.name}:{informer}")
     # Resync is served as snapshots by the pipeline; the listener never gets same-RV updates.
     return ListenerOptions(resync_period=0.0, buffer_capacity=capacity, overflow_policy=policy,
-                           name=sink.name)
+                           name=sink.name, spill=spill)
 
 
 class _CountingTracker(AckTracker):
@@ -453,6 +474,7 @@ class BridgePipeline:
         on_event: Callable[[str, str], None] | None = None,
         start_sinks: bool = True,
         sync_timeout: float = 120.0,
+        spill_directory: str | os.PathLike[str] | None = None,
     ) -> None:
         """``factory`` (the service) or ``build_informer`` (tests, tools) makes the informers; with a
         factory, ``page_size`` and ``use_watch_list`` are passed to each informer it creates.
@@ -461,7 +483,9 @@ class BridgePipeline:
         state moved. ``on_event(resource, kind)``, optional, is called synchronously for every change
         an informer processed, so it must be cheap: the service does not use it (it reads
         :meth:`events_received` at scrape time). ``start_sinks`` False leaves starting and closing the
-        sinks to the caller."""
+        sinks to the caller. ``spill_directory``: where each sink's backlog beyond its in-memory
+        buffer is spilled (one subdirectory per sink and informer, emptied at start; sinks no longer
+        configured have theirs removed); None = no spill (a sink that falls behind degrades)."""
         if (factory is None) == (build_informer is None):
             raise ValueError("give exactly one of factory or build_informer")
         if checkpoint_interval <= 0:
@@ -486,6 +510,7 @@ class BridgePipeline:
         self._on_event = on_event
         self._start_sinks = start_sinks
         self._sync_timeout = sync_timeout
+        self._spill_directory = Path(spill_directory) if spill_directory is not None else None
         self._informers: dict[str, _Informer] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
@@ -515,6 +540,7 @@ class BridgePipeline:
         if self._start_sinks:
             for sink in self._sinks:
                 await sink.start()
+        self._remove_stale_spills()
         for watched in self._resources:
             await self._prepare(watched)
         if self._factory is not None:
@@ -580,10 +606,22 @@ class BridgePipeline:
             listener = SinkListener(sink=sink, resource=watched.ref, cluster=self._cluster,
                                     clock=self._clock, snapshot_prefix=ident, tracker=tracker,
                                     journal=inf.journal, resent=tracker.resent)
-            reg = informer.add_event_handler(listener, _listener_options(sink))
+            reg = informer.add_event_handler(listener, _listener_options(sink, self._spill_directory,
+                                                                         ident))
             inf.registrations[sink.name] = reg
             inf.listeners[sink.name] = listener
         self._informers[ident] = inf
+
+    def _remove_stale_spills(self) -> None:
+        """Removes the spill directories of sinks no longer configured."""
+        root = self._spill_directory
+        if root is None or not root.is_dir():
+            return
+        wanted = {_safe_name(s.name) for s in self._sinks}
+        for entry in root.iterdir():
+            if entry.is_dir() and entry.name not in wanted:
+                log.info("removing the spill of a sink no longer configured: %s", entry)
+                shutil.rmtree(entry, ignore_errors=True)
 
     def _known_objects(self, inf: _Informer, checkpoint: Checkpoint | None
                        ) -> tuple[dict[str, IndexEntry], list[KubeObject]]:
