@@ -282,6 +282,9 @@ class Notification:
     marker)."""
     gap: Gap | None = None
     """For ``GAP``: which relist window begins or ends."""
+    time: float = 0.0
+    """Wall-clock seconds when the processor first distributed it (0: not yet): one value for
+    every listener, so every sink stamps a change it cannot date otherwise the same way."""
 
 
 AckFunc = Callable[[], None]

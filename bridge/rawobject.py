@@ -14,6 +14,11 @@ previous state back out of the cache for every update, and encoding it a third t
 outgoing CloudEvent (:func:`dumps` splices the bytes in with ``orjson.Fragment``). The numbers are
 in ``docs/performance.md``.
 
+Before ``managedFields`` are cut, the newest entry (by its ``time``) is read into
+:attr:`RawObject.change`, a :class:`Change`: who last wrote the object (field manager, operation,
+subresource) and when the API server recorded it. Sinks carry it as the event's attribution and the
+pipeline derives the event ``time`` from it, so it survives the cut.
+
 Objects are immutable by contract (informer caches share them with every handler): a RawObject has
 no setters, and the dict that :meth:`RawObject.to_dict` returns is shared by every reader of that
 instance; :meth:`RawObject.copy_dict` gives a private copy.
@@ -22,13 +27,14 @@ instance; :meth:`RawObject.copy_dict` gives a private copy.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping
-from typing import Any, overload
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, NamedTuple, overload
 
 import msgspec
 import orjson
 
 __all__ = [
+    "Change",
     "RawObject",
     "RawObjectError",
     "decode_object",
@@ -36,6 +42,7 @@ __all__ = [
     "dict_without_managed_fields",
     "dumps",
     "identity_metadata",
+    "last_change",
     "object_identity",
     "object_key",
     "plain",
@@ -72,10 +79,52 @@ class _MetaOnly(msgspec.Struct):
     metadata: dict[str, Any] = {}
 
 
+class _ManagedFieldsEntry(msgspec.Struct):
+    """What attribution needs of one ``metadata.managedFields`` entry (``fieldsV1`` is skipped)."""
+
+    manager: str | None = ""
+    operation: str | None = ""
+    subresource: str | None = ""
+    time: str | None = ""
+
+
+class Change(NamedTuple):
+    """The newest ``metadata.managedFields`` entry: who last wrote the object, and when.
+
+    ``time`` is the RFC 3339 timestamp the API server recorded (whole seconds, e.g.
+    ``2024-05-01T12:00:00Z``); ``subresource`` is ``""`` for the main resource."""
+
+    manager: str
+    operation: str
+    subresource: str
+    time: str
+
+
+def _newest(entries: Iterable[Any]) -> Change | None:
+    """The entry with the greatest ``time`` (the last one listed among equals); None without any
+    timed entry. RFC 3339 UTC timestamps of one precision compare as strings."""
+    best: Change | None = None
+    for e in entries:
+        if isinstance(e, _ManagedFieldsEntry):
+            manager, operation, subresource, when = e.manager, e.operation, e.subresource, e.time
+        elif isinstance(e, Mapping):
+            manager, operation = e.get("manager"), e.get("operation")
+            subresource, when = e.get("subresource"), e.get("time")
+        else:
+            continue
+        if not isinstance(when, str) or not when:
+            continue
+        if best is None or when >= best.time:
+            best = Change(_intern(str(manager or "")), _intern(str(operation or "")),
+                          _intern(str(subresource or "")), when)
+    return best
+
+
 _head_decoder = msgspec.json.Decoder(_Head)
 _ident_decoder = msgspec.json.Decoder(_Ident)
 _event_head_decoder = msgspec.json.Decoder(_EventHead)
 _meta_only_decoder = msgspec.json.Decoder(_MetaOnly)
+_managed_fields_decoder = msgspec.json.Decoder(list[_ManagedFieldsEntry])
 _MF_KEY = b'"managedFields":'
 _META_KEY = b'"metadata":'
 _intern = sys.intern
@@ -90,7 +139,7 @@ class RawObject(Mapping[str, Any]):
     """
 
     __slots__ = (
-        "_meta", "_obj", "managed_fields", "name", "namespace", "raw", "resource_version", "uid",
+        "_meta", "_obj", "change", "managed_fields", "name", "namespace", "raw", "resource_version", "uid",
     )
 
     raw: bytes
@@ -100,6 +149,8 @@ class RawObject(Mapping[str, Any]):
     resource_version: str
     managed_fields: bool
     """Whether ``raw`` still holds ``metadata.managedFields``."""
+    change: Change | None
+    """The newest managedFields entry, read before they were cut (None: the object had none)."""
 
     def __init__(
         self,
@@ -107,9 +158,11 @@ class RawObject(Mapping[str, Any]):
         metadata: dict[str, Any] | None = None,
         *,
         identity: tuple[str, str, str, str, bool] | None = None,
+        change: Change | None = None,
     ) -> None:
         """``identity``: ``(name, namespace, uid, resourceVersion, has managedFields)`` when the caller
-        knows them; otherwise they are read from ``metadata`` (decoded from ``raw`` if not given)."""
+        knows them; otherwise they are read from ``metadata`` (decoded from ``raw`` if not given),
+        and so is ``change`` when not given."""
         self.raw = raw
         self._obj: dict[str, Any] | None = None
         self._meta = metadata
@@ -119,17 +172,22 @@ class RawObject(Mapping[str, Any]):
                 str(meta.get("name") or ""), str(meta.get("namespace") or ""), str(meta.get("uid") or ""),
                 str(meta.get("resourceVersion") or ""), "managedFields" in meta,
             )
+            if change is None:
+                entries = meta.get("managedFields")
+                change = _newest(entries) if isinstance(entries, list) else None
         self.name, self.namespace, self.uid, self.resource_version, self.managed_fields = identity
+        self.change = change
 
     @classmethod
-    def from_dict(cls, obj: Mapping[str, Any]) -> RawObject:
-        """The RawObject of a decoded object (encodes it once)."""
+    def from_dict(cls, obj: Mapping[str, Any], change: Change | None = None) -> RawObject:
+        """The RawObject of a decoded object (encodes it once); ``change`` when its managedFields
+        were already dropped (else read from them)."""
         if type(obj) is RawObject:
             return obj
         meta = obj.get("metadata")
         if not isinstance(meta, Mapping):
             raise RawObjectError("a Kubernetes object needs a metadata mapping")
-        return cls(bytes(memoryview(dumps(obj))), dict(meta))
+        return cls(bytes(memoryview(dumps(obj))), dict(meta), change=change)
 
     @property
     def identity(self) -> tuple[str, str, str, str, bool]:
@@ -177,14 +235,16 @@ class RawObject(Mapping[str, Any]):
     def fresh(self) -> RawObject:
         """Another instance over the same bytes with nothing decoded yet (what a cache hands out, so
         that no reader's decoding stays attached to the cached object)."""
-        return RawObject(self.raw, identity=self.identity)
+        return RawObject(self.raw, identity=self.identity, change=self.change)
 
     def without_managed_fields(self) -> RawObject:
         """The object without ``metadata.managedFields`` (``self`` when it has none)."""
         if not self.managed_fields:
             return self
         cut = _cut_managed_fields(self.raw)
-        return cut if cut is not None else RawObject.from_dict(dict_without_managed_fields(self.to_dict()))
+        if cut is not None:
+            return cut
+        return RawObject.from_dict(dict_without_managed_fields(self.to_dict()), self.change)
 
     # ---- Mapping --------------------------------------------------------------------------------
 
@@ -225,13 +285,30 @@ class RawObject(Mapping[str, Any]):
         return self  # immutable
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (RawObject, (self.raw,))
+        return (_rebuild, (self.raw, self.change))
 
     def __repr__(self) -> str:
         meta = self.metadata
         ns = meta.get("namespace")
         name = f"{ns}/{meta.get('name')}" if ns else meta.get("name")
         return f"RawObject({name!r}, rv={self.resource_version!r}, {len(self.raw)} bytes)"
+
+
+def _rebuild(raw: bytes, change: Change | None) -> RawObject:
+    obj = RawObject(raw)
+    if change is not None:
+        obj.change = change
+    return obj
+
+
+def last_change(obj: Mapping[str, Any]) -> Change | None:
+    """The newest ``metadata.managedFields`` entry of ``obj``: a RawObject's recorded one (read
+    before its managedFields were cut), else read from the object's metadata; None without any."""
+    if type(obj) is RawObject:
+        return obj.change
+    meta = obj.get("metadata")
+    entries = meta.get("managedFields") if isinstance(meta, Mapping) else None
+    return _newest(entries) if isinstance(entries, list) else None
 
 
 @overload
@@ -292,6 +369,12 @@ def _build(
         return None
     mf = ident.managedFields
     has_mf = len(mf) > 0
+    change: Change | None = None
+    if has_mf:
+        try:
+            change = _newest(_managed_fields_decoder.decode(mf))
+        except msgspec.DecodeError:
+            change = None  # not a list of entries: no attribution, the object itself is kept
     if drop_managed_fields and has_mf:
         cut = _cut_member(meta_raw, _MF_KEY, bytes(mf))
         # Another managedFields member left (a duplicate key, or one nested deeper): not exact.
@@ -318,7 +401,7 @@ def _build(
     raw = parts[0] if len(parts) == 1 else b"".join(parts)
     namespace = _intern(ident.namespace or "")
     identity = (ident.name or "", namespace, ident.uid or "", ident.resourceVersion or "", has_mf)
-    return RawObject(raw, identity=identity)
+    return RawObject(raw, identity=identity, change=change)
 
 
 def _cut_member(obj_raw: bytes, key: bytes, value: bytes) -> bytes | None:
@@ -371,13 +454,14 @@ def decode_object(
         raise RawObjectError(f"not a Kubernetes object: {e}") from e
     if not isinstance(obj.get("metadata"), dict):
         raise RawObjectError("a Kubernetes object needs a metadata mapping")
+    change = last_change(obj)
     if drop_managed_fields:
         obj = dict_without_managed_fields(obj)
     if api_version and "apiVersion" not in obj:
         obj["apiVersion"] = api_version
     if kind and "kind" not in obj:
         obj["kind"] = kind
-    return RawObject.from_dict(obj)
+    return RawObject.from_dict(obj, change)
 
 
 def decode_watch_object(line: bytes, *, drop_managed_fields: bool = False) -> tuple[str, RawObject] | None:

@@ -38,6 +38,7 @@ Time (backoff sleeps, give-up deadlines, dead-letter timestamps) comes from an i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 from collections import deque
@@ -341,7 +342,7 @@ class BaseSink(Generic[O]):
             raise SinkError(f"sink {self.name!r} is closed")
         if not self._routing.accepts(event) or (
             event.type is EventType.UPDATED and not self._change.interesting(event.old, event.obj)
-        ):
+        ) or (event.obj is None and self.options.compat == "knative"):  # Knative has no markers
             self.stats.filtered += 1
             ack(DeliveryOutcome.FILTERED)
             return
@@ -405,8 +406,10 @@ class BaseSink(Generic[O]):
         key = self._key(event, meta)
         lane = f"{res.group}/{res.resource}\0{_subject(meta)}"
         try:
-            destination = self._template.render(event, self._sanitize)
             obj = self._redactor.apply(event.obj, res)
+            # A template reads labels: from the redacted object, so a redacted label stays redacted.
+            shown = event if obj is event.obj else dataclasses.replace(event, obj=obj)
+            destination = self._template.render(shown, self._sanitize)
             old = None
             if event.old is not None and opts.payload is not PayloadMode.OBJECT:
                 old = self._redactor.apply(event.old, res)
@@ -417,6 +420,7 @@ class BaseSink(Generic[O]):
                 datacontenttype=content_type,
                 compat=opts.compat,
                 knative_source=opts.knative_source,
+                knative_mode=opts.knative_mode,
                 event_id_value=eid,
                 metadata=meta,
             )

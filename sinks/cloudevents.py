@@ -13,23 +13,33 @@ One change event becomes one CloudEvent (see docs/event-format.md for examples):
 - ``type``: ``io.kube-event-bridge.{added|updated|deleted|sync|snapshot.begin|snapshot.end|``
   ``gap.begin|gap.end}``.
 - ``subject``: ``namespace/name`` (``name`` for cluster-scoped objects; absent for markers).
-- ``time``: RFC 3339 UTC of when the bridge observed the change.
+- ``time``: RFC 3339 UTC of the event's ``time`` (see ``docs/event-format.md``: derived from the
+  object's newest managedFields entry when there is one, so identical in every sink and redelivery).
 - extensions (strings): ``cluster``, ``kind``, ``apiversion``, ``namespace``, ``name``, ``uid``,
-  ``resourceversion``, ``finalstateunknown`` (only when true), ``snapshotid``, ``snapshotrv``,
-  ``snapshotcount``, ``gapid`` / ``gapfrom`` / ``gapto`` (gap markers, and the events of a relist
-  between them: ``gapto`` once known), plus the event's own extensions.
+  ``resourceversion``, ``manager`` / ``operation`` / ``subresource`` (who changed it: the newest
+  managedFields entry, on added / updated / deleted events), ``finalstateunknown`` (only when
+  true), ``snapshotid``, ``snapshotrv``, ``snapshotcount``, ``gapid`` / ``gapfrom`` / ``gapto`` (gap
+  markers, and the events of a relist between them: ``gapto`` once known), plus the event's own
+  extensions.
 
-Knative compatibility mode (``compat="knative"``) emits what Knative's ApiServerSource emits in
-``Resource`` mode, so its consumers can switch without changes: ``type``
-``dev.knative.apiserver.resource.add|update|delete`` (``sync`` maps to ``update``, as a resync does
-there), ``source`` the API server URL, ``subject``
-``/apis/{group}/{version}/namespaces/{ns}/{resource}/{name}`` (``/apis/v1/...`` for the core group),
-and the ``kind``, ``name``, ``namespace`` extensions. Snapshot
-markers have no Knative counterpart and keep their native type.
+Knative compatibility mode (``compat="knative"``) emits what Knative's ApiServerSource adapter
+emits (``pkg/adapter/apiserver/events``), so its consumers can switch without changes. ``Resource``
+mode (``knative_mode="resource"``): ``type`` ``dev.knative.apiserver.resource.add|update|delete``
+(``sync`` maps to ``update``), ``data`` the object. ``Reference`` mode (``"reference"``): ``type``
+``dev.knative.apiserver.ref.add|update|delete``, ``data`` the object reference ``{kind, namespace,
+name, apiVersion}`` (``namespace`` omitted when empty, as Go's ``omitempty`` does). Both: ``source``
+the API server URL, ``subject`` Knative's self link
+``/apis/{apiVersion}/namespaces/{namespace}/{guessed resource}/{name}`` — ``namespaces//`` for a
+cluster-scoped object and the resource guessed from the kind as ``meta.UnsafeGuessKindToResource``
+does, exactly as Knative writes it — and the ``kind``, ``apiversion``, ``name`` and ``namespace``
+(empty for cluster-scoped objects) extensions. Snapshot markers have no Knative counterpart: sinks
+in Knative mode do not send them (see ``sinks.base``).
 
 Binary content mode puts every attribute but ``data`` into headers named ``{prefix}{attribute}``
-(``ce_`` for Kafka, ``ce-`` for HTTP and NATS) with ``content-type`` carrying ``datacontenttype``;
-header values are percent-encoded outside printable ASCII as the HTTP binding requires.
+(``ce_`` for Kafka, ``ce-`` for HTTP and NATS) with ``content-type`` carrying ``datacontenttype``.
+HTTP (and NATS, whose headers follow HTTP's rules) header values are percent-encoded outside
+printable ASCII as the HTTP binding requires; Kafka header values are bytes, written as UTF-8
+without percent-encoding, as the Kafka binding says (percent-encoding is an HTTP-only rule).
 """
 
 from __future__ import annotations
@@ -44,7 +54,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from bridge.rawobject import dumps, to_json
+from bridge.rawobject import dumps, last_change, to_json
 from sinks.contract import ChangeEvent, EventType
 
 __all__ = [
@@ -56,6 +66,7 @@ __all__ = [
     "NATIVE_TYPE_PREFIX",
     "STRUCTURED_CONTENT_TYPE",
     "Compat",
+    "KnativeMode",
     "decode_binary",
     "decode_structured",
     "encode_binary",
@@ -63,6 +74,8 @@ __all__ = [
     "event_id",
     "event_source",
     "event_type",
+    "guess_resource",
+    "knative_reference",
     "rfc3339",
     "to_cloudevent",
 ]
@@ -72,11 +85,13 @@ STRUCTURED_CONTENT_TYPE: Final = "application/cloudevents+json"
 BATCH_CONTENT_TYPE: Final = "application/cloudevents-batch+json"
 NATIVE_TYPE_PREFIX: Final = "io.kube-event-bridge."
 KNATIVE_TYPE_PREFIX: Final = "dev.knative.apiserver.resource."
+KNATIVE_REF_TYPE_PREFIX: Final = "dev.knative.apiserver.ref."
 DEFAULT_KNATIVE_SOURCE: Final = "https://kubernetes.default.svc"
 KAFKA_PREFIX: Final = "ce_"
 HTTP_PREFIX: Final = "ce-"
 
 Compat = Literal["native", "knative"]
+KnativeMode = Literal["resource", "reference"]
 
 _KNATIVE_TYPES: Final = {
     EventType.ADDED: "add",
@@ -85,6 +100,7 @@ _KNATIVE_TYPES: Final = {
     EventType.DELETED: "delete",
 }
 _EXT_NAME = re.compile(r"[^a-z0-9]")
+_ATTRIBUTED: Final = frozenset({EventType.ADDED, EventType.UPDATED, EventType.DELETED})
 _MISSING: Any = object()
 
 
@@ -132,9 +148,10 @@ def event_source(event: ChangeEvent) -> str:
 _NATIVE_TYPES: Final = {t: NATIVE_TYPE_PREFIX + t.value for t in EventType}
 
 
-def event_type(event: ChangeEvent, compat: Compat = "native") -> str:
+def event_type(event: ChangeEvent, compat: Compat = "native", knative_mode: KnativeMode = "resource") -> str:
     if compat == "knative" and event.type in _KNATIVE_TYPES:
-        return KNATIVE_TYPE_PREFIX + _KNATIVE_TYPES[event.type]
+        prefix = KNATIVE_REF_TYPE_PREFIX if knative_mode == "reference" else KNATIVE_TYPE_PREFIX
+        return prefix + _KNATIVE_TYPES[event.type]
     return _NATIVE_TYPES[event.type]
 
 
@@ -155,12 +172,33 @@ def rfc3339(seconds: float) -> str:
     return f"{prefix}.{micros:06d}Z"
 
 
+def guess_resource(kind: str) -> str:
+    """The plural resource Knative writes in subjects: apimachinery's ``UnsafeGuessKindToResource``
+    (lowercased kind; ``…endpoints`` unchanged, ``…s`` → ``…ses``, ``…y`` → ``…ies``, else ``…s``)."""
+    singular = kind.lower()
+    if not singular or singular.endswith("endpoints"):
+        return singular
+    if singular.endswith("s"):
+        return singular + "es"
+    if singular.endswith("y"):
+        return singular[:-1] + "ies"
+    return singular + "s"
+
+
 def _knative_subject(event: ChangeEvent, namespace: str, name: str) -> str:
     res = event.resource
-    base = f"/apis/{res.api_version}"
-    if namespace:
-        return f"{base}/namespaces/{namespace}/{res.resource}/{name}"
-    return f"{base}/{res.resource}/{name}"
+    version = res.api_version
+    if "." in version and "/" not in version:  # as Knative's createSelfLink does
+        version += "/versionUnknown"
+    return f"/apis/{version}/namespaces/{namespace}/{guess_resource(res.kind)}/{name}"
+
+
+def knative_reference(event: ChangeEvent, namespace: str, name: str) -> dict[str, str]:
+    """Knative's ``Reference`` mode ``data``: a ``corev1.ObjectReference`` as Go encodes it (fields
+    in declaration order, empty ones omitted)."""
+    res = event.resource
+    ref = {"kind": res.kind, "namespace": namespace, "name": name, "apiVersion": res.api_version}
+    return {k: v for k, v in ref.items() if v}
 
 
 def to_cloudevent(
@@ -170,17 +208,19 @@ def to_cloudevent(
     datacontenttype: str = "application/json",
     compat: Compat = "native",
     knative_source: str = DEFAULT_KNATIVE_SOURCE,
+    knative_mode: KnativeMode = "resource",
     event_id_value: str | None = None,
     metadata: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The CloudEvent (as a dict ready for JSON) for ``event``; ``data`` defaults to the object.
-    ``metadata``: the object's metadata when the caller already has it (saves looking it up)."""
+    """The CloudEvent (as a dict ready for JSON) for ``event``; ``data`` defaults to the object (in
+    Knative reference mode: the object reference). ``metadata``: the object's metadata when the
+    caller already has it (saves looking it up)."""
     knative = compat == "knative" and event.type in _KNATIVE_TYPES
     ce: dict[str, Any] = {
         "specversion": CE_SPEC_VERSION,
         "id": event_id_value or event_id(event),
         "source": knative_source if knative else event_source(event),
-        "type": event_type(event, compat),
+        "type": event_type(event, compat, knative_mode),
     }
     has_obj = event.obj is not None
     if has_obj:
@@ -198,11 +238,20 @@ def to_cloudevent(
     ce["kind"] = res.kind
     ce["apiversion"] = f"{res.group}/{res.version}" if res.group else res.version
     if has_obj:
-        if namespace:
+        if namespace or knative:  # Knative always sets it, empty for cluster-scoped objects
             ce["namespace"] = namespace
         ce["name"] = name
         ce["uid"] = str(meta.get("uid") or "")
         ce["resourceversion"] = str(meta.get("resourceVersion") or "")
+        if event.type in _ATTRIBUTED and event.obj is not None:
+            change = last_change(event.obj)
+            if change is not None:
+                if change.manager:
+                    ce["manager"] = change.manager
+                if change.operation:
+                    ce["operation"] = change.operation
+                if change.subresource:
+                    ce["subresource"] = change.subresource
     if event.final_state_unknown:
         ce["finalstateunknown"] = "true"
     gap = event.gap
@@ -222,7 +271,10 @@ def to_cloudevent(
             ext = _EXT_NAME.sub("", key.lower())
             if ext and ext not in ce:
                 ce[ext] = str(value)
-    ce["data"] = event.obj if data is _MISSING else data
+    if knative and knative_mode == "reference":
+        ce["data"] = knative_reference(event, namespace, name)
+    else:
+        ce["data"] = event.obj if data is _MISSING else data
     return ce
 
 
@@ -236,16 +288,20 @@ _HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '"%') 
 
 
 def encode_binary(ce: Mapping[str, Any], prefix: str = HTTP_PREFIX) -> tuple[dict[str, str], bytes]:
-    """Binary content mode: attributes as headers, ``data`` alone as the body."""
+    """Binary content mode: attributes as headers, ``data`` alone as the body. Header values are
+    percent-encoded for HTTP / NATS (``ce-``), left as they are for Kafka (``ce_``)."""
     headers: dict[str, str] = {}
+    percent = prefix != KAFKA_PREFIX
     for key, value in ce.items():
         if key == "data":
             continue
         text = value if isinstance(value, str) else str(value)
         if key == "datacontenttype":
             headers["content-type"] = text
-        else:
+        elif percent:
             headers[prefix + key] = urllib.parse.quote(text, safe=_HEADER_SAFE)
+        else:
+            headers[prefix + key] = text
     data = ce.get("data")
     return headers, (to_json(data) if isinstance(data, Mapping) else orjson.dumps(data))
 
@@ -258,14 +314,16 @@ def decode_structured(body: bytes | str) -> dict[str, Any]:
 def decode_binary(
     headers: Mapping[str, str] | list[tuple[str, str]], body: bytes, prefix: str = HTTP_PREFIX
 ) -> dict[str, Any]:
-    """Rebuilds the CloudEvent dict from binary-mode headers (names case-insensitive) and body."""
+    """Rebuilds the CloudEvent dict from binary-mode headers (names case-insensitive) and body;
+    values percent-decoded unless ``prefix`` is Kafka's."""
     items = headers.items() if isinstance(headers, Mapping) else headers
     ce: dict[str, Any] = {}
     lower_prefix = prefix.lower()
+    percent = prefix != KAFKA_PREFIX
     for name, value in items:
         lname = name.lower()
         if lname.startswith(lower_prefix):
-            ce[lname[len(lower_prefix) :]] = urllib.parse.unquote(value)
+            ce[lname[len(lower_prefix) :]] = urllib.parse.unquote(value) if percent else value
         elif lname == "content-type":
             ce["datacontenttype"] = value
     ce["data"] = orjson.loads(body) if body else None

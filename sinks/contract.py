@@ -144,7 +144,8 @@ class ChangeEvent:
     obj: Mapping[str, Any] | None
     old: Mapping[str, Any] | None = None
     time: float = 0.0
-    """Wall-clock seconds when the bridge observed the change."""
+    """Wall-clock seconds of the change: the newest managedFields entry's time for added / updated /
+    sync events, else when the informer first distributed it (the same for every sink)."""
     final_state_unknown: bool = False
     """For deletes seen only through a relist: ``obj`` is the last state the bridge knew."""
     snapshot: SnapshotInfo | None = None

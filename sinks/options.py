@@ -81,7 +81,8 @@ class RedactOptions(_Model):
     drop: list[str] = Field(default_factory=list)
     """Keys removed."""
     secrets: bool = True
-    """Redact ``data`` and ``stringData`` of core Secrets."""
+    """Redact the values of core Secrets wherever they appear (``data``, ``stringData``, the
+    last-applied annotation, annotations and labels quoting them)."""
     managed_fields: Literal["drop", "keep"] = "drop"
 
     _v = field_validator("paths", "drop")(_check_paths)
@@ -143,6 +144,8 @@ class SinkOptions(_Model):
     content_mode: Literal["structured", "binary"] = "structured"
     compat: Literal["native", "knative"] = "native"
     knative_source: str = DEFAULT_KNATIVE_SOURCE
+    knative_mode: Literal["resource", "reference"] = "resource"
+    """Knative ApiServerSource's ``mode``: the object as ``data``, or a reference to it."""
     change_filter: ChangeFilterOptions = Field(default_factory=ChangeFilterOptions)
     redact: RedactOptions = Field(default_factory=RedactOptions)
     buffer: BufferOptions = Field(default_factory=BufferOptions)
@@ -161,6 +164,13 @@ class SinkOptions(_Model):
             except TemplateError as exc:
                 raise ValueError(str(exc)) from exc
         return value
+
+    @model_validator(mode="after")
+    def _knative_payload(self) -> Self:
+        if self.compat == "knative" and self.payload is not PayloadMode.OBJECT:
+            raise ValueError("payload: compat 'knative' sends the object (or a reference to it), as "
+                             "Knative's ApiServerSource does: use payload 'object'")
+        return self
 
     @classmethod
     def from_mapping(cls, name: str, mapping: Mapping[str, Any] | None, *, kind: str = "") -> Self:

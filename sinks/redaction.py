@@ -1,7 +1,12 @@
 """Redaction: keep secrets and bulk out of what leaves the cluster.
 
 By default a Secret's ``data`` and ``stringData`` values are replaced by :data:`REDACTED` (the keys
-stay, so consumers still see which keys changed), and ``metadata.managedFields`` is dropped (it is
+stay, so consumers still see which keys changed) wherever they appear in the object: the
+``kubectl.kubernetes.io/last-applied-configuration`` annotation (which ``kubectl apply`` fills with
+the whole applied Secret) is parsed and its ``data`` / ``stringData`` redacted the same way, and
+whole when it cannot be parsed; any other annotation or label whose value contains one of the
+Secret's values (as written in ``data``, base64-decoded, or from ``stringData``) is replaced whole.
+``metadata.managedFields`` is dropped (it is
 ~20% of a typical object and no consumer wants it). Users add paths to redact (value replaced; for a
 mapping every value replaced, keys kept; for a list every item replaced) or to drop (key removed).
 
@@ -11,19 +16,101 @@ mappings along a redacted path are copied, the rest of the tree is shared with t
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+import orjson
 
 from bridge.rawobject import RawObject
 from sinks.contract import ResourceRef
 from sinks.filters import WILDCARD, Path, is_mapping, parse_path
 
-__all__ = ["REDACTED", "Redactor"]
+__all__ = ["LAST_APPLIED", "REDACTED", "Redactor", "secret_values"]
 
 REDACTED = "<redacted>"
 
 _SECRET_PATHS: tuple[Path, ...] = (("data",), ("stringData",))
 _MANAGED_FIELDS: Path = ("metadata", "managedFields")
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def secret_values(obj: Mapping[str, Any]) -> frozenset[str]:
+    """Every non-empty value a Secret holds, as text: each ``data`` value as written (base64) and
+    decoded (when it is UTF-8), each ``stringData`` value."""
+    values: set[str] = set()
+    data = obj.get("data")
+    if isinstance(data, Mapping):
+        for value in data.values():
+            text = value if isinstance(value, str) else orjson.dumps(value).decode()
+            values.add(text)
+            with contextlib.suppress(binascii.Error, ValueError):
+                values.add(base64.b64decode(text, validate=True).decode("utf-8"))
+    string_data = obj.get("stringData")
+    if isinstance(string_data, Mapping):
+        for value in string_data.values():
+            values.add(value if isinstance(value, str) else orjson.dumps(value).decode())
+    values.discard("")
+    return frozenset(values)
+
+
+def _holds_any(text: str, values: frozenset[str]) -> bool:
+    return any(value in text for value in values)
+
+
+def _redact_applied(text: str, values: frozenset[str]) -> str:
+    """The last-applied annotation of a Secret, its values redacted; :data:`REDACTED` when it is not
+    a JSON object or still holds a value after redaction."""
+    try:
+        applied = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return REDACTED
+    if not is_mapping(applied):
+        return REDACTED
+    values = values | secret_values(applied)
+    for path in _SECRET_PATHS:
+        applied = _apply(applied, path, drop=False)
+    applied = _redact_metadata(applied, values)
+    out = orjson.dumps(applied).decode()
+    # Escaped forms too: a value with a quote or a control character is written escaped.
+    escaped = frozenset(orjson.dumps(v).decode()[1:-1] for v in values)
+    return REDACTED if _holds_any(out, values | escaped) else out
+
+
+def _redact_metadata(obj: Mapping[str, Any], values: frozenset[str]) -> Mapping[str, Any]:
+    """``obj`` with the Secret's values removed from its annotations and labels (copied on write)."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return obj
+    new_meta: dict[str, Any] | None = None
+    for field in ("annotations", "labels"):
+        entries = meta.get(field)
+        if not isinstance(entries, Mapping):
+            continue
+        changed: dict[str, Any] | None = None
+        for key, value in entries.items():
+            text = value if isinstance(value, str) else str(value)
+            if field == "annotations" and key == LAST_APPLIED:
+                redacted = _redact_applied(text, values)
+            elif _holds_any(text, values):
+                redacted = REDACTED
+            else:
+                continue
+            if redacted != value:
+                if changed is None:
+                    changed = dict(entries)
+                changed[key] = redacted
+        if changed is not None:
+            if new_meta is None:
+                new_meta = dict(meta)
+            new_meta[field] = changed
+    if new_meta is None:
+        return obj
+    out = dict(obj)
+    out["metadata"] = new_meta
+    return out
 
 
 def _redact_value(value: Any) -> Any:
@@ -95,8 +182,10 @@ class Redactor:
                 return obj
             out = obj.to_dict()  # shared: _apply copies whatever it changes
         if secret:
+            values = secret_values(out)
             for path in _SECRET_PATHS:
                 out = _apply(out, path, drop=False)
+            out = _redact_metadata(out, values)
         for path in self.redact:
             out = _apply(out, path, drop=False)
         for path in drop:

@@ -30,15 +30,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import hashlib
 import logging
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from bridge.clock import Clock, RealClock
 from bridge.contracts import (
@@ -62,6 +64,7 @@ from bridge.delivery.checkpoint import (
 from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
 from bridge.delivery.journal import KnownObjectJournal, entries_by_key
 from bridge.delivery.progress import AckTracker, IndexEntry
+from bridge.delivery.selector_exit import LEFT_SELECTOR_EXTENSION, SelectorExits
 from bridge.delivery.spill import SegmentSpill
 from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.informer.reflector import Reflector, WatchErrorHandler, default_watch_error_handler
@@ -69,7 +72,7 @@ from bridge.informer.shared_informer import HandlerRegistration, SharedIndexInfo
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import APIResource
 from bridge.kube.listwatch import HttpListerWatcher
-from bridge.rawobject import object_identity
+from bridge.rawobject import last_change, object_identity
 from sinks.contract import (
     ChangeEvent,
     DeliveryOutcome,
@@ -96,6 +99,32 @@ log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------------------------------
 # One sink's listener
+
+
+_DATED: Final = frozenset({EventType.ADDED, EventType.UPDATED, EventType.SYNC})
+_parsed_times: dict[str, float] = {}
+
+
+def change_time(type_: EventType, obj: KubeObject | None, observed: float) -> float:
+    """The event ``time``, the same in every sink and on every redelivery where the API server
+    recorded it: for added / updated / sync events the ``time`` of the object's newest
+    managedFields entry (when its last write was recorded, whole seconds); otherwise (a delete, an
+    object without managedFields, a marker) ``observed``, when the informer first distributed the
+    change (one value for all sinks)."""
+    if type_ in _DATED and obj is not None:
+        change = last_change(obj)
+        if change is not None:
+            when = _parsed_times.get(change.time)
+            if when is None:
+                try:
+                    when = datetime.fromisoformat(change.time).timestamp()
+                except ValueError:
+                    return observed
+                if len(_parsed_times) >= 4096:
+                    _parsed_times.clear()
+                _parsed_times[change.time] = when
+            return when
+    return observed
 
 
 @dataclass(slots=True)
@@ -125,15 +154,18 @@ class SinkListener:
         tracker: AckTracker | None = None,
         journal: KnownObjectJournal | None = None,
         resent: Mapping[str, tuple[str, bool]] | None = None,
+        exits: SelectorExits | None = None,
     ) -> None:
         """``tracker`` (the informer's) tells which deletes were inferred rather than observed.
         ``journal``: the informer's known-object journal; an event it has a record for is handed to
         the sink only once the record is durable. ``resent``: uid → (resourceVersion, inferred) of
-        the deletes the journal says were sent before a restart (see :func:`delete_is_inferred`)."""
+        the deletes the journal says were sent before a restart (see :func:`delete_is_inferred`).
+        ``exits`` (a selector-scoped informer's) tells which observed deletes were selector exits."""
         self.sink = sink
         self._tracker = tracker
         self._journal = journal
         self._resent = resent or {}
+        self._exits = exits
         self.resource = resource
         self.cluster = cluster
         self._clock = clock
@@ -142,39 +174,39 @@ class SinkListener:
         """The relist window this sink is inside (between gap.begin and gap.end), if any."""
         self.stats = SinkListenerStats()
 
-    def _event(self, type_: EventType, obj: KubeObject | None, **kw: Any) -> ChangeEvent:
+    def _event(self, type_: EventType, obj: KubeObject | None, observed: float, **kw: Any) -> ChangeEvent:
         if self._gap is not None and "snapshot" not in kw:
             kw.setdefault("gap", self._gap)
         return ChangeEvent(type=type_, resource=self.resource, cluster=self.cluster, obj=obj,
-                           time=self._clock.wall(), **kw)
+                           time=change_time(type_, obj, observed or self._clock.wall()), **kw)
 
-    def _gap_event(self, gap: Gap) -> ChangeEvent:
+    def _gap_event(self, gap: Gap, observed: float) -> ChangeEvent:
         """``gap.begin`` (the sink is inside the window until the end) or ``gap.end``."""
         info = GapInfo(id=gap.id, from_resource_version=gap.from_resource_version,
                        to_resource_version=gap.to_resource_version)
         if gap.end:
             self._gap = None
-            return self._event(EventType.GAP_END, None, gap=info)
+            return self._event(EventType.GAP_END, None, observed, gap=info)
         self._gap = info
-        return self._event(EventType.GAP_BEGIN, None, gap=info)
+        return self._event(EventType.GAP_BEGIN, None, observed, gap=info)
 
     def events_for(self, n: Notification) -> list[ChangeEvent]:
         """The change events one notification becomes (empty for a no-change resync update)."""
         if n.kind is NotificationKind.ADD:
             assert not isinstance(n.obj, DeletedFinalStateUnknown)
-            return [self._event(EventType.ADDED, n.obj)]
+            return [self._event(EventType.ADDED, n.obj, n.time)]
         if n.kind is NotificationKind.UPDATE:
             assert not isinstance(n.obj, DeletedFinalStateUnknown)
             if n.is_resync:
                 return []
-            return [self._event(EventType.UPDATED, n.obj, old=n.old)]
+            return [self._event(EventType.UPDATED, n.obj, n.time, old=n.old)]
         if n.kind is NotificationKind.DELETE:
             obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
             inferred = delete_is_inferred(n, self._tracker, self._resent)
-            return [self._event(EventType.DELETED, obj, final_state_unknown=inferred)]
+            return [self._event(EventType.DELETED, obj, n.time, final_state_unknown=inferred)]
         if n.kind is NotificationKind.GAP:
             assert n.gap is not None
-            return [self._gap_event(n.gap)]
+            return [self._gap_event(n.gap, n.time)]
         _, events = self._snapshot_events(n)
         return list(events)
 
@@ -187,10 +219,11 @@ class SinkListener:
         end = SnapshotInfo(id=sid, resource_version=n.resource_version, count=len(objects))
 
         def stream() -> Iterator[ChangeEvent]:
-            yield self._event(EventType.SNAPSHOT_BEGIN, None, snapshot=info)
+            at = n.time
+            yield self._event(EventType.SNAPSHOT_BEGIN, None, at, snapshot=info)
             for obj in objects:
-                yield self._event(EventType.SYNC, obj, snapshot=info)
-            yield self._event(EventType.SNAPSHOT_END, None, snapshot=end)
+                yield self._event(EventType.SYNC, obj, at, snapshot=info)
+            yield self._event(EventType.SNAPSHOT_END, None, at, snapshot=end)
 
         return len(objects) + 2, stream()
 
@@ -210,6 +243,8 @@ class SinkListener:
                 self.stats.resync_skipped += 1
                 ack()
                 return
+            if self._exits is not None and notification.kind is NotificationKind.DELETE:
+                await self._mark_exit(listed[0])
             if len(listed) == 1:  # the common case: one event, one ack
                 await self._deliver_one(listed[0], ack)
                 return
@@ -233,6 +268,13 @@ class SinkListener:
         for i, event in enumerate(events):
             self.stats.events += 1
             await self.sink.deliver(event, event_ack(i))
+
+    async def _mark_exit(self, event: ChangeEvent) -> None:
+        """Marks an observed delete whose object still exists: it left the informer's selector."""
+        if event.final_state_unknown or event.obj is None or self._exits is None:
+            return
+        if await self._exits.left(event.namespace, event.name, event.uid, event.resource_version):
+            event.extensions[LEFT_SELECTOR_EXTENSION] = "true"
 
     async def _deliver_one(self, event: ChangeEvent, ack: AckFunc) -> None:
         stats = self.stats
@@ -474,9 +516,13 @@ class BridgePipeline:
         on_event: Callable[[str, str], None] | None = None,
         start_sinks: bool = True,
         sync_timeout: float = 120.0,
+        fetch_object: Callable[[WatchedResource, str, str], Awaitable[Mapping[str, Any]]] | None = None,
         spill_directory: str | os.PathLike[str] | None = None,
     ) -> None:
-        """``factory`` (the service) or ``build_informer`` (tests, tools) makes the informers; with a
+        """``fetch_object(watched, namespace, name)``, when given, reads one object unfiltered from the
+        API server (raising ``NotFoundError``): selector-scoped informers use it to mark deletes that
+        were selector exits (:mod:`bridge.delivery.selector_exit`).
+        ``factory`` (the service) or ``build_informer`` (tests, tools) makes the informers; with a
         factory, ``page_size`` and ``use_watch_list`` are passed to each informer it creates.
         ``checkpoint_store`` None disables checkpoints (every start lists everything).
         ``checkpoint_interval`` is in seconds; a checkpoint is written only when the acknowledged
@@ -510,6 +556,7 @@ class BridgePipeline:
         self._on_event = on_event
         self._start_sinks = start_sinks
         self._sync_timeout = sync_timeout
+        self._fetch_object = fetch_object
         self._spill_directory = Path(spill_directory) if spill_directory is not None else None
         self._informers: dict[str, _Informer] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -583,6 +630,10 @@ class BridgePipeline:
             ahead=checkpoint.ahead if checkpoint else None,
         )
         informer = self._make_informer(watched, tracker)
+        exits: SelectorExits | None = None
+        fetch = self._fetch_object
+        if fetch is not None and (watched.key.label_selector or watched.key.field_selector):
+            exits = SelectorExits(fetch=functools.partial(fetch, watched))
         inf = _Informer(watched=watched, informer=informer, tracker=tracker, corrupt_checkpoint=corrupt)
         informer.set_watch_error_handler(self._watch_error_recorder(inf))
         known, unconfirmed = self._known_objects(inf, checkpoint)
@@ -605,7 +656,7 @@ class BridgePipeline:
                 continue
             listener = SinkListener(sink=sink, resource=watched.ref, cluster=self._cluster,
                                     clock=self._clock, snapshot_prefix=ident, tracker=tracker,
-                                    journal=inf.journal, resent=tracker.resent)
+                                    journal=inf.journal, resent=tracker.resent, exits=exits)
             reg = informer.add_event_handler(listener, _listener_options(sink, self._spill_directory,
                                                                          ident))
             inf.registrations[sink.name] = reg

@@ -140,6 +140,7 @@ def _merge(pending: Notification, new: Notification) -> Notification | None:
                 is_in_initial_list=pending.is_in_initial_list,
                 seq=new.seq,
                 key=new.key,
+                time=new.time,
             )
         if pending.kind is NotificationKind.UPDATE:
             return Notification(
@@ -149,6 +150,7 @@ def _merge(pending: Notification, new: Notification) -> Notification | None:
                 is_resync=pending.is_resync and new.is_resync,
                 seq=new.seq,
                 key=new.key,
+                time=new.time,
             )
         return None
     mergeable = (NotificationKind.ADD, NotificationKind.UPDATE)
@@ -724,6 +726,8 @@ class SharedProcessor:
             return
         notification.seq = self._next_seq
         self._next_seq += 1
+        if not notification.time:
+            notification.time = self._clock.wall()
         if self._observer is not None:
             self._observer.dispatched(notification, [listener.name for listener in targets])
         for listener in targets:

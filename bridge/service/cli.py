@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import yaml
 
@@ -66,9 +68,14 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("-c", "--config", help="YAML configuration file (or $KEB_CONFIG_FILE)")
 
     snap = sub.add_parser("snapshot", help="ask a running bridge for a resync snapshot",
-                          description="POST /snapshot to a running bridge's HTTP endpoint.")
-    snap.add_argument("--url", default="http://127.0.0.1:8080", help="the bridge's endpoint")
+                          description="POST /snapshot to a running bridge's admin listener "
+                                      "(127.0.0.1:8081 in the pod; from outside: kubectl port-forward "
+                                      "deploy/kube-event-bridge 8081).")
+    snap.add_argument("--url", default="http://127.0.0.1:8081",
+                      help="the bridge's admin endpoint (default http://127.0.0.1:8081)")
     snap.add_argument("--resource", help="only this resource (as configured, e.g. pods)")
+    snap.add_argument("--token-file",
+                      help="file holding the bearer token (server.admin_token_file; or $KEB_ADMIN_TOKEN)")
     return p
 
 
@@ -83,14 +90,22 @@ def _check_config(path: str | None) -> int:
     return EXIT_OK
 
 
-def _snapshot(url: str, resource: str | None) -> int:
+def _snapshot(url: str, resource: str | None, token_file: str | None) -> int:
     import aiohttp
+
+    token = os.environ.get("KEB_ADMIN_TOKEN", "")
+    if token_file:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as e:
+            raise ConfigurationError(f"--token-file: cannot read {token_file}: {e.strerror}") from e
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     async def go() -> int:
         params = {"resource": resource} if resource else {}
         try:
             async with aiohttp.ClientSession() as session, session.post(
-                    f"{url.rstrip('/')}/snapshot", params=params,
+                    f"{url.rstrip('/')}/snapshot", params=params, headers=headers,
                     timeout=aiohttp.ClientTimeout(total=30)) as resp:
                 body = await resp.text()
                 if resp.status == 202:
@@ -125,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check-config":
             return _check_config(args.config)
         if args.command == "snapshot":
-            return _snapshot(args.url, args.resource)
+            return _snapshot(args.url, args.resource, args.token_file)
     except ConfigurationError as e:
         sys.stderr.write(f"kube-event-bridge: {e}\n")
         return EXIT_CONFIG

@@ -50,6 +50,7 @@ __all__ = [
 
 ENV_PREFIX = "KEB_"
 _FILE_REF = re.compile(r"\$\{file:([^}]+)\}")
+_CLUSTER = re.compile(r"[A-Za-z0-9._~-]+")
 _SINK_NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]*[a-z0-9])?$")
 
 
@@ -161,10 +162,34 @@ class LeaderElectionConfig(_Model):
 
 
 class ServerConfig(_Model):
-    """The HTTP endpoint for /healthz, /readyz, /metrics and the admin /snapshot."""
+    """The HTTP endpoint for /healthz, /readyz, /metrics, and the admin listener for /snapshot."""
 
     host: str = "0.0.0.0"
     port: int = Field(default=8080, ge=0, le=65535)
+    admin_host: str = "127.0.0.1"
+    """The admin listener (mutating endpoints): loopback, reached with ``kubectl port-forward``."""
+    admin_port: int = Field(default=8081, ge=0, le=65535)
+    admin_token_file: str | None = None
+    """A file holding a bearer token every admin request must carry (e.g. a mounted Secret);
+    required when ``admin_host`` is not a loopback address."""
+
+    @model_validator(mode="after")
+    def _admin_protected(self) -> ServerConfig:
+        loopback = self.admin_host in ("127.0.0.1", "::1", "localhost") or self.admin_host.startswith("127.")
+        if not loopback and not self.admin_token_file:
+            raise ValueError(f"admin_host {self.admin_host!r} is reachable from other pods: set "
+                             "admin_token_file (a bearer token), or keep the default 127.0.0.1")
+        if self.admin_token_file is not None:
+            try:
+                token = Path(self.admin_token_file).read_text().strip()
+            except OSError as e:
+                raise ValueError(
+                    f"admin_token_file: cannot read {self.admin_token_file}: {e.strerror}") from e
+            if not token:
+                raise ValueError(f"admin_token_file: {self.admin_token_file} is empty")
+        if self.port and self.port == self.admin_port and self.host == self.admin_host:
+            raise ValueError("admin_port must differ from port")
+        return self
 
 
 class TelemetryConfig(_Model):
@@ -195,7 +220,8 @@ class BridgeConfig(BaseSettings):
     )
 
     cluster: str = Field(default="default", min_length=1)
-    """Names the cluster in every event's CloudEvents ``source``."""
+    """Names the cluster in every event's CloudEvents ``source`` (``/clusters/{cluster}/...``), so
+    it must be a URI path segment as written: letters, digits, ``-``, ``.``, ``_``, ``~``."""
     kubernetes: KubernetesConfig = KubernetesConfig()
     resources: list[ResourceConfig] = Field(min_length=1)
     sinks: list[SinkConfig] = Field(min_length=1)
@@ -209,6 +235,18 @@ class BridgeConfig(BaseSettings):
     shutdown_deadline: float = Field(default=25.0, gt=0)
     """Seconds SIGTERM may take: flush sinks and write the final checkpoint. Keep it below the pod's
     terminationGracePeriodSeconds."""
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_in_source(cls, v: str) -> str:
+        # RFC 3986 unreserved characters: /clusters/{cluster}/... stays a valid URI-reference with
+        # no escaping, and reads the same in every binding.
+        if not _CLUSTER.fullmatch(v) or v in (".", ".."):
+            raise ValueError(
+                f"{v!r} cannot name the cluster in the CloudEvents source /clusters/{{cluster}}/...: "
+                "use letters, digits, '-', '.', '_' or '~' (no spaces, slashes, '?', '#', '%' or "
+                "non-ASCII letters)")
+        return v
 
     @field_validator("resources")
     @classmethod

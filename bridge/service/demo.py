@@ -83,7 +83,7 @@ async def _demo(*, duration: float, rate: float, objects: int, output: Path, qui
                 sinks=sinks,  # type: ignore[arg-type]
                 checkpoint={"store": "file", "directory": str(Path(tmp) / "checkpoints"),  # type: ignore[arg-type]
                             "interval": 1.0},
-                server={"host": "127.0.0.1", "port": 0},  # type: ignore[arg-type]
+                server={"host": "127.0.0.1", "port": 0, "admin_port": 0},  # type: ignore[arg-type]
                 logging={"level": "warning", "format": "text"},  # type: ignore[arg-type]
             )
             service = BridgeService(config=config)

@@ -1,4 +1,7 @@
-"""The service's HTTP endpoint: liveness, readiness, Prometheus metrics and the admin snapshot.
+"""The service's HTTP endpoints: liveness, readiness and Prometheus metrics on the public listener,
+the mutating admin endpoint on a listener of its own.
+
+The public listener (``server.host`` / ``server.port``, what the Service and the probes reach):
 
 =================  ============================================================================
 ``GET /healthz``   200 while the event loop answers (liveness)
@@ -8,16 +11,29 @@
                    progress since); a standby replica (leader election) is ready: it serves
                    metrics and waits
 ``GET /metrics``   Prometheus text exposition (OpenTelemetry Prometheus reader)
+=================  ============================================================================
+
+The admin listener (``server.admin_host`` / ``server.admin_port``, by default ``127.0.0.1:8081``:
+reachable only from inside the pod, i.e. through ``kubectl port-forward``, never through the Service
+or another pod, with or without a service-mesh sidecar):
+
+=================  ============================================================================
 ``POST /snapshot`` asks the leader for a resync snapshot (``?resource=pods`` for one resource);
                    202 with the resources snapshotted, 409 on a standby
 =================  ============================================================================
+
+With ``server.admin_token_file`` every admin request must also carry ``Authorization: Bearer
+<token>`` (401 otherwise); the file is read on every request, so a rotated Secret takes effect
+without a restart. The public listener answers ``POST /snapshot`` with 403 and where to go instead.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import orjson
 from aiohttp import web
@@ -44,38 +60,90 @@ class HealthServer:
         readiness: Callable[[], Readiness],
         metrics: Callable[[], bytes],
         snapshot: Callable[[str | None], Awaitable[list[str]]] | None = None,
+        admin_host: str = "127.0.0.1",
+        admin_port: int = 8081,
+        admin_token_file: str | None = None,
     ) -> None:
         self._host = host
         self._port = port
         self._readiness = readiness
         self._metrics = metrics
         self._snapshot = snapshot
-        self._runner: web.AppRunner | None = None
+        self._admin_host = admin_host
+        self._admin_token_file = admin_token_file
+        self._runners: list[web.AppRunner] = []
         self.port = port
+        self.admin_port = admin_port
 
     def app(self) -> web.Application:
+        """The public listener's application."""
         app = web.Application()
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics_handler)
+        app.router.add_post("/snapshot", self._not_here)
+        return app
+
+    def admin_app(self) -> web.Application:
+        """The admin listener's application: every route behind :meth:`_authorized`."""
+        app = web.Application(middlewares=[self._authorize])
         app.router.add_post("/snapshot", self._snapshot_handler)
         return app
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
+        self.port = await self._serve(self.app(), self._host, self.port)
+        self.admin_port = await self._serve(self.admin_app(), self._admin_host, self.admin_port)
+        log.info("health endpoint listening", extra={"host": self._host, "port": self.port})
+        log.info("admin endpoint listening", extra={
+            "host": self._admin_host, "port": self.admin_port,
+            "auth": "bearer token" if self._admin_token_file else "none (loopback only)"})
+
+    async def _serve(self, app: web.Application, host: str, port: int) -> int:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        self._runners.append(runner)
+        site = web.TCPSite(runner, host, port)
         await site.start()
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []
-        if sockets:
-            self.port = int(sockets[0].getsockname()[1])
-        log.info("health endpoint listening", extra={"host": self._host, "port": self.port})
+        return int(sockets[0].getsockname()[1]) if sockets else port
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        runners, self._runners = self._runners, []
+        for runner in runners:
+            await runner.cleanup()
+
+    def _token(self) -> bytes | None:
+        """The admin token, read now (a rotated Secret applies at once); None when unreadable."""
+        if self._admin_token_file is None:
+            return None
+        try:
+            token = Path(self._admin_token_file).read_bytes().strip()
+        except OSError as e:
+            log.error("cannot read server.admin_token_file %s: %s", self._admin_token_file, e.strerror)
+            return None
+        return token or None
+
+    @web.middleware
+    async def _authorize(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if self._admin_token_file is not None:
+            expected = self._token()
+            given = request.headers.get("Authorization", "")
+            scheme, _, presented = given.partition(" ")
+            if (expected is None or scheme.lower() != "bearer"
+                    or not hmac.compare_digest(presented.strip().encode(), expected)):
+                return web.json_response({"error": "a valid 'Authorization: Bearer <token>' is required"},
+                                         status=401, headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+
+    async def _not_here(self, _: web.Request) -> web.Response:
+        return web.json_response(
+            {"error": "POST /snapshot is served on the admin listener (server.admin_host:admin_port, "
+                      "127.0.0.1:8081 by default): use kubectl port-forward and "
+                      "'kube-event-bridge snapshot'"},
+            status=403)
 
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok\n")

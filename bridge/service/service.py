@@ -24,6 +24,7 @@ import logging
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from bridge.clock import Clock, RealClock
 from bridge.delivery.checkpoint import CheckpointStore, FileCheckpointStore
@@ -127,7 +128,8 @@ class BridgeService:
         )
         self.health = HealthServer(
             host=config.server.host, port=config.server.port, readiness=self.readiness,
-            metrics=self.telemetry.render_prometheus,
+            metrics=self.telemetry.render_prometheus, admin_host=config.server.admin_host,
+            admin_port=config.server.admin_port, admin_token_file=config.server.admin_token_file,
         )
         self.stop_event = asyncio.Event()
         self.exit_code = 0
@@ -284,8 +286,13 @@ class BridgeService:
         factory = SharedInformerFactory(lister_watcher_factory=lister_watcher, clock=self._clock,
                                         compact_cache=cfg.cache.compact)
         store = _checkpoint_store(cfg, client, fence)
+        async def fetch_object(w: WatchedResource, namespace: str, name: str) -> dict[str, Any]:
+            return await client.get(w.api.object_path(name, namespace or None),
+                                    context=f"reading {w.api.qualified} {namespace}/{name}")
+
         pipeline = BridgePipeline(
-            factory=factory, resources=watched, sinks=sinks, checkpoint_store=store,
+            fetch_object=fetch_object,
+            factory=factory, resources=watched, sinks=list(sinks), checkpoint_store=store,
             cluster=cfg.cluster, checkpoint_interval=cfg.checkpoint.interval,
             snapshot_on_first_start=cfg.snapshot.on_first_start, clock=self._clock,
             page_size=cfg.kubernetes.page_size, use_watch_list=cfg.kubernetes.watch_list,

@@ -539,13 +539,16 @@ class Simulator:
             assert target.name is not None
             return _json_response(store.get_raw(rt, target.name, target.namespace))
         body = await self._read_body(request) if verb != "delete" else await self._read_optional(request)
+        # ?fieldManager= names the writer: recorded in managedFields as kube-apiserver does.
+        manager = request.query.get("fieldManager") or None
         if verb == "create":
             if not isinstance(body, dict):
                 raise BadRequest("the request body must be a JSON object")
             if rt.namespaced and target.namespace is None:
                 raise SimStatusError("the server does not allow this method on the requested resource",
                                      code=405, reason="MethodNotAllowed")
-            return _json_response(store.create(rt, body, namespace=target.namespace, copy=False), status=201)
+            return _json_response(store.create(rt, body, namespace=target.namespace, copy=False,
+                                               field_manager=manager), status=201)
         assert target.name is not None
         if verb == "update":
             if not isinstance(body, dict):
@@ -554,12 +557,13 @@ class Simulator:
             if meta is None or meta.get("name") != target.name:
                 raise BadRequest("the name of the object does not match the name on the URL")
             return _json_response(store.update(rt, body, namespace=target.namespace,
-                                               subresource=target.subresource, copy=False))
+                                               subresource=target.subresource, copy=False,
+                                               field_manager=manager))
         if verb == "patch":
             content_type = request.content_type
             return _json_response(store.patch(rt, target.name, body, namespace=target.namespace,
                                               patch_type=content_type, subresource=target.subresource,
-                                              copy=False))
+                                              copy=False, field_manager=manager))
         # delete: DeleteOptions may carry preconditions
         pre = body.get("preconditions") if isinstance(body, dict) else None
         pre = pre if isinstance(pre, dict) else {}

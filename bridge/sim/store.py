@@ -75,6 +75,25 @@ def _rfc3339(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
+def _record_manager(meta: dict[str, Any], previous: Any, *, manager: str, operation: str,
+                    subresource: str | None, now: str, api_version: str) -> None:
+    """Records a write by ``manager`` in ``meta["managedFields"]`` as kube-apiserver does for a
+    request with ``?fieldManager=``: that manager's entry (per operation and subresource) gets the
+    write's time; the other entries (the request's, else ``previous``) are kept. Field sets are not
+    tracked: ``fieldsV1`` stays empty."""
+    entries = meta.get("managedFields")
+    if not isinstance(entries, list):
+        entries = previous if isinstance(previous, list) else []
+    entry: dict[str, Any] = {"manager": manager, "operation": operation, "apiVersion": api_version,
+                             "time": now, "fieldsType": "FieldsV1", "fieldsV1": {}}
+    if subresource:
+        entry["subresource"] = subresource
+    same = (manager, operation, subresource or "")
+    kept = [e for e in entries if not (isinstance(e, dict) and (
+        e.get("manager"), e.get("operation"), e.get("subresource") or "") == same)]
+    meta["managedFields"] = [*kept, entry]
+
+
 @dataclass(slots=True)
 class Change:
     """One committed change, as the watch cache keeps it.
@@ -439,7 +458,8 @@ class ObjectStore:
     # ------------------------------------------------------------------ mutations
 
     def create(self, resource: str | ResourceType, obj: Mapping[str, Any], *,
-               namespace: str | None = None, copy: bool = True) -> KubeObject:
+               namespace: str | None = None, copy: bool = True,
+               field_manager: str | None = None) -> KubeObject:
         """Creates an object; 409 AlreadyExists when the name is taken.
 
         Every mutation returns a copy of the stored object; with ``copy=False`` it returns the stored
@@ -485,6 +505,9 @@ class ObjectStore:
         meta["resourceVersion"] = self._next_rv()
         meta["generation"] = 1
         meta["creationTimestamp"] = _rfc3339(self._clock.wall())
+        if field_manager:
+            _record_manager(meta, None, manager=field_manager, operation="Update", subresource=None,
+                            now=meta["creationTimestamp"], api_version=rt.api_version)
         stored: KubeObject = {"apiVersion": rt.api_version, "kind": rt.kind, "metadata": meta}
         stored.update({k: v for k, v in new.items() if k not in ("apiVersion", "kind", "metadata")})
         self._commit(bucket, "ADDED", key, stored, None)
@@ -500,7 +523,8 @@ class ObjectStore:
         return bucket, key, existing
 
     def update(self, resource: str | ResourceType, obj: Mapping[str, Any], *, namespace: str | None = None,
-               subresource: str | None = None, copy: bool = True) -> KubeObject:
+               subresource: str | None = None, copy: bool = True,
+               field_manager: str | None = None) -> KubeObject:
         """Replaces an object (PUT). A ``metadata.resourceVersion`` in ``obj`` is a precondition
         (409 Conflict when stale). On the main resource of a type with a status subresource the status
         is kept; with ``subresource="status"`` only the status changes. An update that changes nothing
@@ -515,11 +539,12 @@ class ObjectStore:
             raise BadRequest("the namespace of the provided object does not match the namespace sent "
                              "on the request")
         bucket, key, existing = self._current(rt, name, ns if rt.namespaced else None)
-        stored = self._replace(bucket, key, existing, _copy_obj(obj), subresource)
+        stored = self._replace(bucket, key, existing, _copy_obj(obj), subresource,
+                               field_manager=field_manager)
         return _copy_obj(stored) if copy else stored
 
     def _replace(self, bucket: _Bucket, key: _Key, existing: KubeObject, new: KubeObject,
-                 subresource: str | None) -> KubeObject:
+                 subresource: str | None, *, field_manager: str | None = None) -> KubeObject:
         """Commits ``new`` over ``existing`` and returns the stored result (or ``existing`` when
         nothing changed). ``new`` must be the caller's own (it is kept); unchanged subtrees may be
         shared with ``existing``, which is never mutated."""
@@ -564,12 +589,16 @@ class ObjectStore:
         if result == existing:
             return existing
         result["metadata"]["resourceVersion"] = self._next_rv()
+        if field_manager:
+            _record_manager(result["metadata"], old_meta.get("managedFields"), manager=field_manager,
+                            operation="Update", subresource=subresource, now=_rfc3339(self._clock.wall()),
+                            api_version=rt.api_version)
         self._commit(bucket, "MODIFIED", key, result, existing)
         return result
 
     def patch(self, resource: str | ResourceType, name: str, patch: Any, *, namespace: str | None = None,
               patch_type: str = PatchType.MERGE, subresource: str | None = None,
-              copy: bool = True) -> KubeObject:
+              copy: bool = True, field_manager: str | None = None) -> KubeObject:
         """Applies a JSON merge patch (merge and strategic-merge) or a JSON patch, then updates."""
         rt = self.resolve(resource)
         bucket, key, existing = self._current(rt, name, namespace)
@@ -595,7 +624,7 @@ class ObjectStore:
         if not preconditioned:
             meta["resourceVersion"] = existing["metadata"]["resourceVersion"]
         doc["metadata"] = meta
-        stored = self._replace(bucket, key, existing, doc, subresource)
+        stored = self._replace(bucket, key, existing, doc, subresource, field_manager=field_manager)
         return _copy_obj(stored) if copy else stored
 
     def delete(self, resource: str | ResourceType, name: str, *, namespace: str | None = None,

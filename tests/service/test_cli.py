@@ -107,7 +107,7 @@ def test_sigterm_drains_and_writes_the_final_checkpoint(tmp_path: Path,
         f"sinks: [{{name: out, kind: file, path: '{events}'}}]\n"
         # A long interval: only the shutdown can have written the checkpoint.
         f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}', interval: 3600}}\n"
-        "server: {host: 127.0.0.1, port: 0}\n"
+        "server: {host: 127.0.0.1, port: 0, admin_port: 0}\n"
         "logging: {level: info, format: json}\n"
         "shutdown_deadline: 10\n"
     )

@@ -54,7 +54,7 @@ def replica(tmp_path: Path, kubeconfig: Path, name: str) -> subprocess.Popen[byt
         "checkpoint: {store: configmap, namespace: default, interval: 0.2}\n"
         "leader_election: {enabled: true, namespace: default, name: keb, lease_duration: 2,\n"
         "                  renew_deadline: 1.5, retry_period: 0.3}\n"
-        "server: {host: 127.0.0.1, port: 0}\n"
+        "server: {host: 127.0.0.1, port: 0, admin_port: 0}\n"
         "logging: {level: info, format: json}\n"
     )
     env = {**os.environ, "KEB_LEADER_ELECTION__IDENTITY": name}

@@ -90,7 +90,7 @@ def config(sim: Simulator, tmp_path: Path, hook: Hook) -> BridgeConfig:
              "retry": {"initial": 0.05, "max": 0.2}, "routing": {"resources": ["pods"]}},
         ],
         "checkpoint": {"store": "file", "directory": str(tmp_path / "checkpoints"), "interval": 0.2},
-        "server": {"host": "127.0.0.1", "port": 0},
+        "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
         "shutdown_deadline": 10,
     })
 
@@ -221,7 +221,12 @@ async def test_snapshot_on_demand_through_the_endpoint_and_the_cli(tmp_path: Pat
         try:
             await eventually(lambda: service.readiness().ready, what="readiness")
             await eventually(lambda: len(lines(events)) == 3, what="the three adds")
-            url = f"http://127.0.0.1:{service.health.port}"
+            public = f"http://127.0.0.1:{service.health.port}"
+            url = f"http://127.0.0.1:{service.health.admin_port}"
+            # Not on the port the Service exposes.
+            async with aiohttp.ClientSession() as s, s.post(f"{public}/snapshot") as r:
+                assert r.status == 403
+                assert "admin listener" in (await r.json())["error"]
             code = await asyncio.to_thread(cli_main, ["snapshot", "--url", url, "--resource", "pods"])
             assert code == 0
             await eventually(lambda: len(lines(events)) == 3 + 5, what="begin, 3 syncs, end")

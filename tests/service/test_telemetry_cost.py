@@ -275,7 +275,7 @@ async def test_service_exports_exact_counts_after_a_burst(tmp_path: Path) -> Non
             "resources": [{"resource": "pods"}],
             "sinks": [{"name": "file", "kind": "file", "path": str(tmp_path / "events.jsonl")}],
             "checkpoint": {"store": "none"},
-            "server": {"host": "127.0.0.1", "port": 0},
+            "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
             "shutdown_deadline": 10,
         })
         service = BridgeService(config=config)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import orjson
 import pytest
@@ -16,8 +17,17 @@ from sinks.cloudevents import (
     rfc3339,
     to_cloudevent,
 )
-from sinks.contract import ChangeEvent, EventType, GapInfo, SnapshotInfo
-from tests.sinks import DEPLOYMENTS, NODES, T0, event, marker, obj
+from sinks.contract import (
+    ChangeEvent,
+    DeliveryOutcome,
+    EventType,
+    GapInfo,
+    ResourceRef,
+    SinkConfigError,
+    SnapshotInfo,
+)
+from sinks.file import FileSink
+from tests.sinks import DEPLOYMENTS, NODES, T0, Acks, event, marker, obj
 
 
 def test_added_event_has_every_attribute() -> None:
@@ -107,13 +117,52 @@ def test_knative_compat_mode() -> None:
         to_cloudevent(event(EventType.SYNC), compat="knative")["type"]
         == "dev.knative.apiserver.resource.update"
     )
+    # Cluster-scoped objects: Knative's createSelfLink always writes namespaces/{namespace}/, and its
+    # makeEvent always sets the namespace extension (empty for them).
     node = to_cloudevent(event(EventType.ADDED, obj("n1", namespace=None), resource=NODES), compat="knative")
-    assert node["subject"] == "/apis/v1/nodes/n1"
-    m = to_cloudevent(
-        marker(EventType.SNAPSHOT_BEGIN, SnapshotInfo(id="s", resource_version="1")), compat="knative"
-    )
-    assert m["type"] == "io.kube-event-bridge.snapshot.begin"
-    assert m["source"] == "/clusters/prod/api/v1/pods"
+    assert node["subject"] == "/apis/v1/namespaces//nodes/n1"
+    assert node["namespace"] == ""
+    assert (node["kind"], node["apiversion"], node["name"]) == ("Node", "v1", "n1")
+    # The resource in the subject is Knative's guess from the kind (meta.UnsafeGuessKindToResource).
+    for kind, guessed in (("Endpoints", "endpoints"), ("NetworkPolicy", "networkpolicies"),
+                          ("Ingress", "ingresses"), ("ConfigMap", "configmaps")):
+        res = ResourceRef(group="", version="v1", resource="whatever", kind=kind)
+        ce = to_cloudevent(event(EventType.ADDED, obj("x"), resource=res), compat="knative")
+        assert ce["subject"] == f"/apis/v1/namespaces/default/{guessed}/x"
+
+
+def test_knative_reference_mode() -> None:
+    ev = event(EventType.UPDATED, obj("api", namespace="shop", kind="Deployment", api_version="apps/v1"),
+               resource=DEPLOYMENTS)
+    ce = to_cloudevent(ev, compat="knative", knative_mode="reference")
+    assert ce["type"] == "dev.knative.apiserver.ref.update"
+    assert ce["subject"] == "/apis/apps/v1/namespaces/shop/deployments/api"
+    assert ce["data"] == {"kind": "Deployment", "namespace": "shop", "name": "api", "apiVersion": "apps/v1"}
+    assert to_cloudevent(event(EventType.ADDED), compat="knative", knative_mode="reference")["type"] == (
+        "dev.knative.apiserver.ref.add")
+    deleted = to_cloudevent(event(EventType.DELETED, obj("n1", namespace=None), resource=NODES),
+                            compat="knative", knative_mode="reference")
+    assert deleted["type"] == "dev.knative.apiserver.ref.delete"
+    assert deleted["data"] == {"kind": "Node", "name": "n1", "apiVersion": "v1"}  # omitempty namespace
+
+
+async def test_knative_mode_sends_no_snapshot_markers(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    sink = FileSink.from_options("f", {"path": str(path), "compat": "knative"})
+    acks = Acks()
+    snap = SnapshotInfo(id="s", resource_version="1")
+    await sink.deliver(marker(EventType.SNAPSHOT_BEGIN, snap), acks.cb("begin"))
+    await sink.deliver(event(EventType.SYNC, obj("a"), snapshot=snap), acks.cb("sync"))
+    await sink.deliver(marker(EventType.SNAPSHOT_END, SnapshotInfo(id="s", resource_version="1", count=1)),
+                       acks.cb("end"))
+    assert await sink.flush(5)
+    await sink.close()
+    assert sorted(acks.outcomes) == [("begin", DeliveryOutcome.FILTERED), ("end", DeliveryOutcome.FILTERED),
+                                     ("sync", DeliveryOutcome.DELIVERED)]
+    (line,) = path.read_bytes().splitlines()
+    assert orjson.loads(line)["type"] == "dev.knative.apiserver.resource.update"
+    with pytest.raises(SinkConfigError, match=r"payload: compat 'knative' sends the object"):
+        FileSink.from_options("f", {"path": str(path), "compat": "knative", "payload": "merge_patch"})
 
 
 def test_extensions_are_sanitised_and_never_override() -> None:
@@ -129,18 +178,28 @@ def test_structured_round_trip() -> None:
     assert decode_structured(body) == orjson.loads(orjson.dumps(ce))
 
 
-@pytest.mark.parametrize("prefix", ["ce-", "ce_"])
-def test_binary_round_trip_with_prefix_and_percent_encoding(prefix: str) -> None:
+def test_binary_round_trip_with_percent_encoding_on_http() -> None:
     o = obj("café", namespace="ns")
     ce = to_cloudevent(event(EventType.UPDATED, o, extensions={"note": 'a "quoted" 100%'}))
-    headers, body = encode_binary(ce, prefix)
+    headers, body = encode_binary(ce, "ce-")
     assert headers["content-type"] == "application/json"
-    assert headers[f"{prefix}subject"] == "ns/caf%C3%A9"
-    assert headers[f"{prefix}note"] == "a %22quoted%22 100%25"
+    assert headers["ce-subject"] == "ns/caf%C3%A9"
+    assert headers["ce-note"] == "a %22quoted%22 100%25"
     assert all(v.isascii() for v in headers.values())
     assert orjson.loads(body) == o
-    back = decode_binary({k.upper(): v for k, v in headers.items()}, body, prefix)
+    back = decode_binary({k.upper(): v for k, v in headers.items()}, body, "ce-")
     assert back == ce
+
+
+def test_kafka_binary_headers_are_utf8_without_percent_encoding() -> None:
+    """The Kafka binding carries header values as bytes: percent-encoding is an HTTP-only rule, and a
+    Kafka consumer (the SDK's binding among them) would read ``%C3%A9`` literally."""
+    o = obj("café", namespace="ns")
+    ce = to_cloudevent(event(EventType.UPDATED, o, extensions={"note": 'a "quoted" 100%'}))
+    headers, body = encode_binary(ce, "ce_")
+    assert headers["ce_subject"] == "ns/café"
+    assert headers["ce_note"] == 'a "quoted" 100%'
+    assert decode_binary({k.upper(): v for k, v in headers.items()}, body, "ce_") == ce
 
 
 def test_rfc3339() -> None:

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
+import orjson
+
+from bridge.rawobject import RawObject, dumps
+from sinks.contract import EventType
+from sinks.file import FileSink
 from sinks.redaction import REDACTED, Redactor
-from tests.sinks import PODS, SECRETS, obj
+from tests.sinks import PODS, SECRETS, event, obj
 
 
 def _secret() -> dict[str, Any]:
@@ -94,3 +100,68 @@ def test_redacting_a_list_or_mapping_keeps_its_shape() -> None:
         "a": [REDACTED] * 3,
         "b": {"x": REDACTED, "y": REDACTED},
     }
+
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def _applied_secret() -> dict[str, Any]:
+    """A Secret as ``kubectl apply`` leaves it: its values also inside the last-applied annotation."""
+    applied = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "creds", "namespace": "default", "annotations": {"team": "a"}},
+        "data": {"user": "YWRtaW4="},
+        "stringData": {"token": "plain-t0ken"},
+    }
+    s = obj("creds", kind="Secret", data={"user": "YWRtaW4="}, stringData={"token": "plain-t0ken"})
+    s["metadata"]["annotations"] = {LAST_APPLIED: orjson.dumps(applied).decode(), "team": "a"}
+    return s
+
+
+def test_last_applied_annotation_of_a_secret_is_parsed_and_redacted() -> None:
+    secret = _applied_secret()
+    before = copy.deepcopy(secret)
+    out = Redactor().apply(secret, SECRETS)
+    assert out is not None
+    annotations = out["metadata"]["annotations"]
+    assert annotations["team"] == "a"
+    applied = orjson.loads(annotations[LAST_APPLIED])
+    assert applied["data"] == {"user": REDACTED}
+    assert applied["stringData"] == {"token": REDACTED}
+    assert applied["metadata"] == {"name": "creds", "namespace": "default", "annotations": {"team": "a"}}
+    text = orjson.dumps(out)
+    assert b"YWRtaW4=" not in text
+    assert b"admin" not in text
+    assert b"plain-t0ken" not in text
+    assert secret == before
+    # The same through the compact cache's RawObject.
+    raw = Redactor().apply(RawObject.from_dict(secret), SECRETS)
+    assert raw is not None
+    assert orjson.loads(dumps(raw)) == out
+
+
+def test_an_annotation_that_is_not_json_or_holds_a_value_elsewhere_is_redacted_whole() -> None:
+    secret = _applied_secret()
+    secret["metadata"]["annotations"][LAST_APPLIED] = '{"data": {"user": "YWRtaW4="'  # cut short
+    secret["metadata"]["annotations"]["note"] = "the token is plain-t0ken"
+    secret["metadata"]["annotations"]["decoded"] = "user=admin"
+    out = Redactor().apply(secret, SECRETS)
+    assert out is not None
+    assert out["metadata"]["annotations"] == {
+        LAST_APPLIED: REDACTED, "note": REDACTED, "decoded": REDACTED, "team": "a",
+    }
+
+
+async def test_a_destination_template_reads_the_redacted_labels(tmp_path: Path) -> None:
+    """A label quoting a Secret value is redacted, and so is what a ``{labels[...]}`` template makes of
+    it (a topic, a subject, a URL path)."""
+    secret = _applied_secret()
+    secret["metadata"]["labels"] = {"hint": "plain-t0ken", "app": "shop"}
+    sink = FileSink.from_options("f", {"path": str(tmp_path / "e.jsonl"),
+                                       "destination": "{labels[app]}/{labels[hint]}"})
+    msg = sink._build(event(EventType.ADDED, secret, resource=SECRETS), lambda _: None)
+    assert msg.destination == f"shop/{REDACTED}"
+    pod = obj("p", labels={"hint": "plain-t0ken", "app": "shop"})
+    assert sink._build(event(EventType.ADDED, pod), lambda _: None).destination == "shop/plain-t0ken"
+    await sink.close()

@@ -5,6 +5,7 @@ slow webhook, TLS with a custom CA and mTLS, bad configuration."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
 import ssl
@@ -18,11 +19,12 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
+from standardwebhooks import Webhook
 
 from sinks.contract import DeliveryOutcome, EventType, SinkConfigError
 from sinks.file import FileSink
 from sinks.redaction import REDACTED
-from sinks.webhook import WebhookSink, parse_retry_after, sign
+from sinks.webhook import WebhookOptions, WebhookSink, parse_retry_after, sign
 from tests.sinks import DEPLOYMENTS, SECRETS, T0, Acks, event, obj
 
 Handler = Callable[[web.Request, bytes], Awaitable[web.StreamResponse]]
@@ -113,6 +115,7 @@ async def test_structured_events_are_posted_signed_and_authenticated(hook: Hook,
         hook,
         destination="{resource}/{namespace}",
         hmac_secret_file=str(tmp_path / "hmac"),
+        signature="hmac-sha256",
         auth={"bearer_token_file": str(tmp_path / "token")},
         headers={"X-Team": "platform"},
     )
@@ -131,6 +134,7 @@ async def test_structured_events_are_posted_signed_and_authenticated(hook: Hook,
             rec.headers["X-Signature-256"],
             "sha256=" + hmac.new(b"s3cret", rec.body, hashlib.sha256).hexdigest(),
         )
+        assert "webhook-signature" not in rec.headers
         assert rec.headers["Authorization"] == "Bearer tok-123"
         assert rec.headers["X-Team"] == "platform"
         assert rec.headers["Content-Type"] == "application/cloudevents+json"
@@ -182,7 +186,7 @@ async def test_binary_mode_puts_attributes_in_ce_headers(hook: Hook) -> None:
 
 
 async def test_batches_post_json_arrays(hook: Hook) -> None:
-    sink = make(hook, batch={"max_events": 50, "linger": 0.05}, hmac_secret="k")
+    sink = make(hook, batch={"max_events": 50, "linger": 0.05}, hmac_secret="k", signature="both")
     acks = Acks()
     for i in range(20):
         await sink.deliver(event(EventType.ADDED, obj(f"p{i}", rv=str(i))), acks.cb(f"p{i}"))
@@ -192,6 +196,7 @@ async def test_batches_post_json_arrays(hook: Hook) -> None:
     for rec in hook.ok:
         assert rec.headers["Content-Type"] == "application/cloudevents-batch+json"
         assert rec.headers["X-Signature-256"] == sign(b"k", rec.body)
+        Webhook(b"k").verify(rec.body, rec.headers)
     assert sorted(e["name"] for e in hook.events()) == sorted(f"p{i}" for i in range(20))
     await sink.close()
 
@@ -452,3 +457,83 @@ def test_parse_retry_after() -> None:
 
 def test_event_time_fixture_is_stable() -> None:
     assert T0 == 1_700_000_000.25
+
+
+# ------------------------------------------------------------------------- Standard Webhooks
+
+
+class _Behind:
+    """A wall clock ``lag`` seconds behind: requests it signs look captured and replayed later."""
+
+    def __init__(self, lag: float) -> None:
+        self.lag = lag
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time() - self.lag
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+@pytest.mark.parametrize("mode", ["structured", "binary", "batch"])
+async def test_standard_webhooks_signatures_verify_with_the_reference_library(hook: Hook, mode: str) -> None:
+    secret = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
+    answers = iter(["500"])
+
+    async def respond(request: web.Request, body: bytes) -> web.StreamResponse:
+        return web.Response(status=500 if next(answers, "ok") == "500" else 204)
+
+    hook.respond = respond
+    opts: dict[str, Any] = {"hmac_secret": secret}
+    if mode == "batch":
+        opts["batch"] = {"max_events": 10, "linger": 0.05}
+    else:
+        opts["content_mode"] = mode
+    sink = make(hook, **opts)
+    acks = Acks()
+    for i in range(3):
+        await sink.deliver(event(EventType.ADDED, obj(f"p{i}", rv=str(i))), acks.cb(f"p{i}"))
+    assert await sink.flush(10)
+    assert len(acks.of(DeliveryOutcome.DELIVERED)) == 3
+    verifier = Webhook(secret)
+    for rec in hook.all:
+        assert "X-Signature-256" not in rec.headers  # the old scheme only when asked for
+        verifier.verify(rec.body, rec.headers, json_parse=False)  # raises unless valid
+        with pytest.raises(Exception, match="No matching signature"):
+            Webhook(base64.b64encode(b"another key").decode()).verify(rec.body, rec.headers)
+        tampered = {**rec.headers, "webhook-id": "other-id"}
+        with pytest.raises(Exception, match="No matching signature"):
+            verifier.verify(rec.body, tampered)
+    # The failed first request and its retry carry the same id (a receiver dedups on it).
+    if mode != "batch":  # (a batch's events may be retried in other batches: other ids)
+        first = hook.all[0]
+        retries = [r for r in hook.all[1:] if r.body == first.body]
+        assert retries
+        assert {r.headers["webhook-id"] for r in retries} == {first.headers["webhook-id"]}
+        ids = {r.headers["webhook-id"] for r in hook.ok}
+        expected = {orjson.loads(r.body)["id"] for r in hook.ok} if mode == "structured" else {
+            r.headers["ce-id"] for r in hook.ok}
+        assert ids == expected
+    await sink.close()
+
+
+async def test_a_replayed_request_is_rejected_by_the_receiver(hook: Hook) -> None:
+    secret = "a plain secret"
+    sink = WebhookSink(name="hook", options=WebhookOptions(url=f"{hook.url}/events", hmac_secret=secret),
+                       clock=_Behind(lag=600))
+    acks = Acks()
+    await sink.deliver(event(EventType.ADDED, obj("p")), acks.cb("p"))
+    assert await sink.flush(5)
+    (rec,) = hook.ok
+    with pytest.raises(Exception, match="too old"):
+        Webhook(secret.encode()).verify(rec.body, rec.headers)
+    await sink.close()
+
+
+def test_a_whsec_secret_must_be_base64() -> None:
+    sink = WebhookSink.from_options("hook", {"url": "http://h/", "hmac_secret": "whsec_not base64!"})
+    with pytest.raises(SinkConfigError, match=r"\(webhook\): hmac_secret: a whsec_ secret must be"):
+        sink._prepare()

@@ -50,7 +50,11 @@ The effective configuration: the user's `config` with the parts the chart owns f
 */}}
 {{- define "kube-event-bridge.config" -}}
 {{- $cfg := deepCopy .Values.config -}}
-{{- $_ := set $cfg "server" (dict "host" "0.0.0.0" "port" (int .Values.metrics.port)) -}}
+{{- /* The public listener is the chart's; the admin listener (admin_*) stays the user's: loopback by default. */ -}}
+{{- $server := deepCopy (default dict $cfg.server) -}}
+{{- $_ := set $server "host" "0.0.0.0" -}}
+{{- $_ := set $server "port" (int .Values.metrics.port) -}}
+{{- $_ := set $cfg "server" $server -}}
 {{- $le := dict "enabled" .Values.leaderElection.enabled "namespace" .Release.Namespace "name" (include "kube-event-bridge.leaseName" .) "lease_duration" .Values.leaderElection.leaseDuration "renew_deadline" .Values.leaderElection.renewDeadline "retry_period" .Values.leaderElection.retryPeriod -}}
 {{- $_ := set $cfg "leader_election" $le -}}
 {{- $cp := deepCopy (default dict $cfg.checkpoint) -}}

@@ -1,0 +1,79 @@
+"""Telling a selector exit from a delete.
+
+A watch scoped by a label or field selector reports an object that stops matching the selector as
+``DELETED`` — with its previous content at the new resourceVersion, exactly like a real delete (the
+API server's watch cache does this, ``cacheWatcher.convertToWatchEvent``). The stream alone cannot
+tell them apart; the API server can: after a selector exit the object still exists (same uid), after
+a delete it does not. :class:`SelectorExits` asks it, once per change whatever the number of sinks,
+and the sink listeners mark such events with the ``leftselector`` extension while keeping the type
+``deleted`` (for the informer's view the object *is* gone: consumers that mirror the selection stay
+right, and those that care can tell).
+
+Only informers with a selector use it; the extra request is one GET per delete in that scope. When
+the question cannot be answered (the API server unreachable, a timeout), the event is sent unmarked:
+a delete is the safe reading, and nothing waits on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+
+from bridge.errors import BridgeError, NotFoundError
+
+__all__ = ["LEFT_SELECTOR_EXTENSION", "SelectorExits"]
+
+log = logging.getLogger(__name__)
+
+LEFT_SELECTOR_EXTENSION: Final = "leftselector"
+"""Set to ``"true"`` on a ``deleted`` event whose object left the selector and still exists."""
+
+Fetch = Callable[[str, str], Awaitable[Mapping[str, Any]]]
+"""``fetch(namespace, name)``: the object as the API server has it now, unfiltered; raises
+:class:`~bridge.errors.NotFoundError` when it does not exist."""
+
+
+class SelectorExits:
+    """Answers "did this deleted object leave the selector?" for one selector-scoped informer."""
+
+    def __init__(self, *, fetch: Fetch, timeout: float = 5.0, memory: int = 1024) -> None:
+        self._fetch = fetch
+        self._timeout = timeout
+        self._memory = memory
+        self._answers: OrderedDict[tuple[str, str], asyncio.Future[bool]] = OrderedDict()
+        """(uid, resourceVersion) of a delete → its answer, shared by every sink's listener."""
+
+    async def left(self, namespace: str, name: str, uid: str, resource_version: str) -> bool:
+        """True when the object ``uid`` still exists (so its delete was a selector exit)."""
+        key = (uid, resource_version)
+        answer = self._answers.get(key)
+        if answer is None:
+            answer = asyncio.get_running_loop().create_future()
+            self._answers[key] = answer
+            while len(self._answers) > self._memory:
+                self._answers.popitem(last=False)
+            try:
+                answer.set_result(await self._ask(namespace, name, uid))
+            finally:
+                if not answer.done():  # this asker was cancelled: the others read a plain delete
+                    self._answers.pop(key, None)
+                    answer.set_result(False)
+        return await asyncio.shield(answer)
+
+    async def _ask(self, namespace: str, name: str, uid: str) -> bool:
+        try:
+            async with asyncio.timeout(self._timeout):
+                current = await self._fetch(namespace, name)
+        except NotFoundError:
+            return False
+        except (BridgeError, TimeoutError, OSError) as e:
+            log.debug("cannot tell whether %s/%s left the selector: %s", namespace, name, e)
+            return False
+        except Exception:  # never let the question hold back or break a delivery
+            log.warning("cannot tell whether %s/%s left the selector", namespace, name, exc_info=True)
+            return False
+        meta = current.get("metadata")
+        return isinstance(meta, Mapping) and meta.get("uid") == uid

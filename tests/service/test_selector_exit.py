@@ -1,0 +1,90 @@
+"""An object that leaves a label selector arrives as ``deleted`` (it left the informer's view) with
+``leftselector: "true"``; a real delete has no such mark. End to end against the simulator, whose
+selector-scoped watches report an exit as the API server's watch cache does (DELETED, the previous
+content at the new resourceVersion)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bridge.service.config import BridgeConfig
+from bridge.service.service import BridgeService
+from bridge.sim import Simulator
+from tests.service.test_service import eventually, lines
+
+
+def _pod(name: str, app: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "labels": {"app": app}},
+            "spec": {"containers": [{"name": "c", "image": "nginx"}]}}
+
+
+async def test_a_selector_exit_is_a_marked_delete_and_a_real_delete_is_not(tmp_path: Path) -> None:
+    async with Simulator() as sim:
+        events = tmp_path / "events.jsonl"
+        config = BridgeConfig.model_validate({
+            "cluster": "test",
+            "kubernetes": {"kubeconfig": str(sim.write_kubeconfig(tmp_path / "kubeconfig")),
+                           "in_cluster": "false"},
+            "resources": [{"resource": "pods", "label_selector": "app=web"}],
+            "sinks": [{"name": "file", "kind": "file", "path": str(events)}],
+            "checkpoint": {"store": "none"},
+            "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
+            "shutdown_deadline": 10,
+        })
+        service = BridgeService(config=config)
+        task = asyncio.create_task(service.run(), name="service-under-test")
+        base = f"{sim.url}/api/v1/namespaces/default/pods"
+        try:
+            await eventually(lambda: service.readiness().ready, what="readiness")
+            async with aiohttp.ClientSession() as s:
+                for name in ("moves", "goes"):
+                    async with s.post(base, json=_pod(name, "web")) as r:
+                        assert r.status == 201
+                await eventually(lambda: len(lines(events)) == 2, what="the adds")
+                async with s.patch(f"{base}/moves", json={"metadata": {"labels": {"app": "other"}}},
+                                   headers={"Content-Type": "application/merge-patch+json"}) as r:
+                    assert r.status == 200
+                await eventually(lambda: len(lines(events)) == 3, what="the exit")
+                async with s.delete(f"{base}/goes") as r:
+                    assert r.status == 200
+                await eventually(lambda: len(lines(events)) == 4, what="the delete")
+        finally:
+            service.stop_event.set()
+            await task
+    got = [(e["type"].rsplit(".", 1)[1], e["name"], e.get("leftselector")) for e in lines(events)]
+    assert got == [("added", "moves", None), ("added", "goes", None),
+                   ("deleted", "moves", "true"), ("deleted", "goes", None)]
+
+
+async def test_one_question_per_change_whatever_the_number_of_sinks_and_errors_read_as_deletes() -> None:
+    from bridge.delivery.selector_exit import SelectorExits
+    from bridge.errors import ForbiddenError, NotFoundError
+
+    asked: list[str] = []
+    answers: dict[str, Any] = {
+        "exists": {"metadata": {"uid": "u1"}},
+        "recreated": {"metadata": {"uid": "another"}},
+        "gone": NotFoundError("not found", code=404),
+        "forbidden": ForbiddenError("forbidden", code=403),
+    }
+
+    async def fetch(namespace: str, name: str) -> dict[str, Any]:
+        asked.append(name)
+        await asyncio.sleep(0.01)
+        answer = answers[name]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+    exits = SelectorExits(fetch=fetch)
+    three = await asyncio.gather(*(exits.left("d", "exists", "u1", "7") for _ in range(3)))
+    assert three == [True, True, True]
+    assert asked == ["exists"]
+    assert not await exits.left("d", "recreated", "u1", "8")  # same name, another object
+    assert not await exits.left("d", "gone", "u1", "9")
+    assert not await exits.left("d", "forbidden", "u1", "10")  # unknown: a delete is the safe reading
