@@ -87,6 +87,7 @@ __all__ = [
     "BridgePipeline",
     "InformerBuilder",
     "PipelineStats",
+    "SinkBacklog",
     "SinkListener",
     "SinkListenerStats",
     "WatchedResource",
@@ -426,6 +427,22 @@ class PipelineStats:
     checkpoint_lag: Mapping[str, int]
     relists: Mapping[str, int]
     resumed: Mapping[str, bool]
+
+
+@dataclass(frozen=True, slots=True)
+class SinkBacklog:
+    """What waits for one sink (:meth:`BridgePipeline.sink_backlog`)."""
+
+    depth: int
+    """Notifications waiting: in memory, in the spill and as degraded latest states."""
+    spill_bytes: int
+    """Bytes its spills occupy on disk now."""
+    spilled: int
+    """Notifications ever written to its spills."""
+    degraded: int
+    """Notifications kept only as the latest state of their object (spill full or absent)."""
+    gaps: int
+    """Gap windows it opened because it degraded."""
 
 
 def _resource_matches(sink: Sink, watched: WatchedResource) -> bool:
@@ -974,6 +991,18 @@ class BridgePipeline:
             if isinstance(inf.tracker, _CountingTracker):
                 totals.setdefault(inf.tracker.resource, collections.Counter()).update(inf.tracker.received)
         return {resource: dict(c) for resource, c in totals.items()}
+
+    def sink_backlog(self, name: str) -> SinkBacklog:
+        """What waits for one sink, summed over its informers: in memory, on disk, degraded."""
+        totals = [0, 0, 0, 0, 0]
+        for inf in self._informers.values():
+            reg = inf.registrations.get(name)
+            if reg is None:
+                continue
+            st = reg.listener.stats()
+            for i, v in enumerate((st.depth, st.spill_bytes, st.spilled, st.degraded, st.gaps)):
+                totals[i] += v
+        return SinkBacklog(*totals)
 
     def queue_depths(self) -> dict[str, int]:
         """Sink name → notifications waiting in its listeners' buffers."""
