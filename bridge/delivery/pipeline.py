@@ -933,15 +933,22 @@ class BridgePipeline:
             await inf.informer.wait_for_cache_sync(3600.0)
         inf.informer.request_snapshot(None)
 
-    async def snapshot_now(self, resource: str | None = None) -> list[str]:
+    async def snapshot_now(self, resource: str | None = None, sink: str | None = None) -> list[str]:
         """Requests a snapshot of ``resource`` (any name a user may write; None = all) for every
-        routed sink; returns the informer ids. Unknown resource → LookupError."""
+        routed sink, or for ``sink`` alone (the others receive nothing); returns the informer ids.
+        Unknown resource or sink, or a sink not routed that resource → LookupError."""
+        if sink is not None and sink not in {s.name for s in self._sinks}:
+            raise LookupError(f"no sink is called {sink!r}")
         targets = [inf for inf in self._informers.values()
-                   if resource is None or resource in inf.watched.names]
+                   if (resource is None or resource in inf.watched.names)
+                   and (sink is None or sink in inf.registrations)]
         if not targets:
+            if sink is not None:
+                raise LookupError(f"sink {sink!r} receives no watched resource called {resource!r}"
+                                  if resource else f"sink {sink!r} receives no watched resource")
             raise LookupError(f"no watched resource is called {resource!r}")
         for inf in targets:
-            inf.informer.request_snapshot(None)
+            inf.informer.request_snapshot(inf.registrations[sink] if sink is not None else None)
         return [inf.watched.informer_id for inf in targets]
 
     # ---------------------------------------------------------------------------------------------
