@@ -429,6 +429,16 @@ class PipelineStats:
     resumed: Mapping[str, bool]
 
 
+@dataclass(slots=True)
+class _Outage:
+    since: float | None = None
+    """When the sink started failing (None while it is healthy)."""
+    last_summary: float = 0.0
+    catching_up: float | None = None
+    """When it recovered, until its backlog is empty."""
+    delivered_at: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class SinkBacklog:
     """What waits for one sink (:meth:`BridgePipeline.sink_backlog`)."""
@@ -535,6 +545,8 @@ class BridgePipeline:
         sync_timeout: float = 120.0,
         fetch_object: Callable[[WatchedResource, str, str], Awaitable[Mapping[str, Any]]] | None = None,
         spill_directory: str | os.PathLike[str] | None = None,
+        outage_check_interval: float = 1.0,
+        outage_summary_interval: float = 30.0,
     ) -> None:
         """``fetch_object(watched, namespace, name)``, when given, reads one object unfiltered from the
         API server (raising ``NotFoundError``): selector-scoped informers use it to mark deletes that
@@ -548,7 +560,10 @@ class BridgePipeline:
         :meth:`events_received` at scrape time). ``start_sinks`` False leaves starting and closing the
         sinks to the caller. ``spill_directory``: where each sink's backlog beyond its in-memory
         buffer is spilled (one subdirectory per sink and informer, emptied at start; sinks no longer
-        configured have theirs removed); None = no spill (a sink that falls behind degrades)."""
+        configured have theirs removed); None = no spill (a sink that falls behind degrades).
+        Every ``outage_check_interval`` seconds each sink's health is checked: a WARNING when it
+        starts failing, a summary every ``outage_summary_interval`` seconds while it stays down, an
+        INFO when it recovers and when it has caught up."""
         if (factory is None) == (build_informer is None):
             raise ValueError("give exactly one of factory or build_informer")
         if checkpoint_interval <= 0:
@@ -575,6 +590,9 @@ class BridgePipeline:
         self._sync_timeout = sync_timeout
         self._fetch_object = fetch_object
         self._spill_directory = Path(spill_directory) if spill_directory is not None else None
+        self._outage_check = outage_check_interval
+        self._outage_summary = outage_summary_interval
+        self._outages: dict[str, _Outage] = {}
         self._informers: dict[str, _Informer] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
@@ -623,6 +641,8 @@ class BridgePipeline:
             if inf.journal is not None:
                 self._spawn(f"journal:{ident}", inf.journal.run())
         self._spawn("checkpoint-writer", self._checkpoint_loop())
+        if self._outage_check > 0:
+            self._spawn("sink-outages", self._outage_loop())
 
     async def _prepare(self, watched: WatchedResource) -> None:
         ident = watched.informer_id
@@ -645,6 +665,7 @@ class BridgePipeline:
             resource_version=checkpoint.resource_version if checkpoint else "",
             index=checkpoint.objects if checkpoint else None,
             ahead=checkpoint.ahead if checkpoint else None,
+            now=self._clock.now,
         )
         informer = self._make_informer(watched, tracker)
         exits: SelectorExits | None = None
@@ -789,7 +810,12 @@ class BridgePipeline:
                                f"{inf.journal.last_error}")
             if f"journal:{i}" in self.failed_tasks:
                 reasons.append(f"journal writer of {i} failed (new objects and deletes wait)")
-        reasons += [f"sink {s.name} unhealthy" for s in self._sinks if not s.healthy()]
+        for s in self._sinks:
+            if not s.healthy():
+                backlog = self.sink_backlog(s.name)
+                error = getattr(s, "last_error", "") or ""
+                reasons.append(f"sink {s.name} unhealthy" + (f": {error}" if error else "")
+                               + f" ({backlog.depth} changes waiting, {backlog.spill_bytes} bytes spilled)")
         return reasons
 
     async def shutdown(self, deadline: float = 30.0) -> None:
@@ -1011,6 +1037,66 @@ class BridgePipeline:
                 totals[i] += v
         return SinkBacklog(*totals)
 
+    def sink_lag(self, name: str) -> float:
+        """Seconds since the oldest change this sink has not acknowledged was dispatched (0 if none)."""
+        oldest = [t for inf in self._informers.values() if name in inf.registrations
+                  if (t := inf.tracker.oldest_unacked(name)) is not None]
+        return max(0.0, self._clock.now() - min(oldest)) if oldest else 0.0
+
+    def _delivered(self, name: str) -> int:
+        return sum(inf.listeners[name].stats.outcomes.get("delivered", 0)
+                   for inf in self._informers.values() if name in inf.listeners)
+
+    # ---------------------------------------------------------------------------------------------
+    # outages
+
+    async def _outage_loop(self) -> None:
+        while True:
+            await self._clock.sleep(self._outage_check)
+            self.check_sinks()
+
+    def check_sinks(self) -> None:
+        """Logs sink outages (module docs of :class:`BridgePipeline`); called periodically."""
+        now = self._clock.now()
+        for sink in self._sinks:
+            name = sink.name
+            st = self._outages.setdefault(name, _Outage())
+            healthy = sink.healthy()
+            error = str(getattr(sink, "last_error", "") or "unknown error")
+            if not healthy:
+                if st.since is None:
+                    st.since = st.last_summary = now
+                    st.catching_up = None
+                    backlog = self.sink_backlog(name)
+                    log.warning("sink %s is failing: %s; its changes wait for it (%d waiting), the "
+                                "other sinks are not held back", name, error, backlog.depth,
+                                extra={"sink": name, "error": error})
+                elif now - st.last_summary >= self._outage_summary:
+                    st.last_summary = now
+                    backlog = self.sink_backlog(name)
+                    lag = self.sink_lag(name)
+                    log.warning("sink %s still failing after %.0fs: %d changes waiting, %d bytes "
+                                "spilled, oldest unacknowledged %.0fs old; last error: %s", name,
+                                now - st.since, backlog.depth, backlog.spill_bytes, lag, error,
+                                extra={"sink": name, "backlog": backlog.depth,
+                                       "spill_bytes": backlog.spill_bytes, "lag_seconds": lag})
+                continue
+            if st.since is not None:
+                down = now - st.since
+                st.since = None
+                st.catching_up = now
+                st.delivered_at = self._delivered(name)
+                backlog = self.sink_backlog(name)
+                log.info("sink %s recovered after %.1fs; %d changes to catch up", name, down,
+                         backlog.depth, extra={"sink": name, "down_seconds": down,
+                                               "backlog": backlog.depth})
+            if st.catching_up is not None and self.sink_backlog(name).depth == 0 \
+                    and self.sink_lag(name) == 0.0:
+                caught = self._delivered(name) - st.delivered_at
+                log.info("sink %s caught up: %d events in %.1fs", name, caught, now - st.catching_up,
+                         extra={"sink": name, "caught_up": caught})
+                st.catching_up = None
+
     def queue_depths(self) -> dict[str, int]:
         """Sink name → notifications waiting in its listeners' buffers."""
         return dict(self.stats().queue_depth)
@@ -1036,6 +1122,8 @@ class BridgePipeline:
         st = self.stats()
         sinks = {
             s.name: SinkGauges(queue_depth=st.queue_depth[s.name],
+                               spill_bytes=self.sink_backlog(s.name).spill_bytes,
+                               lag_seconds=self.sink_lag(s.name),
                                in_flight=int(getattr(getattr(s, "stats", None), "in_flight", 0) or 0),
                                up=s.healthy(), outcomes=st.sinks[s.name])
             for s in self._sinks

@@ -32,7 +32,7 @@ import collections
 import heapq
 import itertools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bridge.contracts import (
@@ -81,6 +81,8 @@ class _InFlight:
     """Only what applying the notification needs, never the objects: a sink that is down for long
     keeps a large window, which must cost a few dozen bytes per change, not the change's objects."""
     waiting: set[str] = field(default_factory=set)
+    time: float = 0.0
+    """When it was dispatched (the tracker's ``now``), for the age of what a sink still owes."""
 
 
 class AckTracker:
@@ -98,8 +100,12 @@ class AckTracker:
         resource_version: str = "",
         index: Mapping[str, IndexEntry] | None = None,
         ahead: Mapping[str, AheadEntry] | None = None,
+        now: Callable[[], float] | None = None,
     ) -> None:
+        """``now``: the clock dispatch times are read from (for :meth:`oldest_unacked`); without it
+        ages are unknown."""
         self.name = name
+        self._now = now
         self._resource_version = resource_version
         self._index: dict[str, IndexEntry] = dict(index or {})
         # key → changes applied but newer than the resume point, in application order:
@@ -142,7 +148,8 @@ class AckTracker:
             return
         self._last_dispatched_seq = seq
         self._note_state(notification)
-        entry = _InFlight(_effect_of(notification), set(listeners))
+        entry = _InFlight(_effect_of(notification), set(listeners),
+                          self._now() if self._now is not None else 0.0)
         self._window[seq] = entry
         if entry.waiting:
             # Owed by someone: it cannot be applied now, and the markers it could hold back were
@@ -199,6 +206,17 @@ class AckTracker:
         rv = _entry_of(n.obj)[1]
         if rv and rv == known:
             self._unobserved.add(n.seq)
+
+    def oldest_unacked(self, listener: str) -> float | None:
+        """The dispatch time of the oldest notification ``listener`` has not acknowledged (None if
+        it owes nothing, or the tracker has no clock). Scans the window from its head: for scrapes
+        and periodic checks, not for the per-change path."""
+        if self._now is None:
+            return None
+        for entry in self._window.values():
+            if listener in entry.waiting:
+                return entry.time
+        return None
 
     def is_unobserved_delete(self, seq: int) -> bool:
         """True for a delete the bridge did not see happen (a relist tombstone, or the old object of
