@@ -50,6 +50,11 @@ __all__ = [
 ]
 
 
+_DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)
+"""What msgspec raises for bytes that are not JSON: invalid UTF-8 in a key surfaces as a
+UnicodeDecodeError rather than a DecodeError (found by fuzzing)."""
+
+
 class RawObjectError(ValueError):
     """Bytes that are not a JSON object with a ``metadata`` mapping."""
 
@@ -125,6 +130,7 @@ _ident_decoder = msgspec.json.Decoder(_Ident)
 _event_head_decoder = msgspec.json.Decoder(_EventHead)
 _meta_only_decoder = msgspec.json.Decoder(_MetaOnly)
 _managed_fields_decoder = msgspec.json.Decoder(list[_ManagedFieldsEntry])
+_object_decoder = msgspec.json.Decoder(dict[str, Any])
 _MF_KEY = b'"managedFields":'
 _META_KEY = b'"metadata":'
 _intern = sys.intern
@@ -212,7 +218,7 @@ class RawObject(Mapping[str, Any]):
                     meta = found if isinstance(found, dict) else {}
                 else:
                     meta = _meta_only_decoder.decode(self.raw).metadata
-            except msgspec.DecodeError as e:
+            except _DECODE_ERRORS as e:
                 raise RawObjectError(f"not a Kubernetes object: {e}") from e
             self._meta = meta
         return meta
@@ -350,7 +356,7 @@ def _cut_managed_fields(raw: bytes) -> RawObject | None:
     the bytes are not laid out as expected (the caller then decodes and re-encodes)."""
     try:
         head = _head_decoder.decode(raw)
-    except msgspec.DecodeError:
+    except _DECODE_ERRORS:
         return None
     return _build(raw, head, drop_managed_fields=True, api_version="", kind="")
 
@@ -365,7 +371,7 @@ def _build(
         return None
     try:
         ident = _ident_decoder.decode(meta_raw)
-    except msgspec.DecodeError:
+    except _DECODE_ERRORS:
         return None
     mf = ident.managedFields
     has_mf = len(mf) > 0
@@ -437,9 +443,15 @@ def decode_object(
     Raises :class:`RawObjectError` for anything but a JSON object with a ``metadata`` mapping.
     """
     data = raw if type(raw) is bytes else bytes(raw)
+    if not data.isascii():
+        # Kept as they came, the bytes must be JSON, hence UTF-8 (msgspec skips what it does not read).
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RawObjectError(f"not a Kubernetes object: not UTF-8 (byte {e.start})") from e
     try:
         head = _head_decoder.decode(data)
-    except msgspec.DecodeError as e:
+    except _DECODE_ERRORS as e:
         raise RawObjectError(f"not a Kubernetes object: {e}") from e
     built = _build(data, head, drop_managed_fields=drop_managed_fields, api_version=api_version, kind=kind)
     if built is not None:
@@ -447,21 +459,24 @@ def decode_object(
     if not len(head.metadata):
         raise RawObjectError("a Kubernetes object needs a metadata mapping")
     # Laid out unlike the API server's compact JSON (whitespace, duplicate keys …): decode and
-    # re-encode once.
+    # re-encode once, with msgspec both ways: it keeps every number as it was (orjson would turn
+    # an integer beyond 64 bits into a float, and refuse to encode it back).
     try:
-        obj: dict[str, Any] = orjson.loads(data)
-    except orjson.JSONDecodeError as e:
+        obj = _object_decoder.decode(data)
+    except _DECODE_ERRORS as e:
         raise RawObjectError(f"not a Kubernetes object: {e}") from e
-    if not isinstance(obj.get("metadata"), dict):
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
         raise RawObjectError("a Kubernetes object needs a metadata mapping")
     change = last_change(obj)
     if drop_managed_fields:
         obj = dict_without_managed_fields(obj)
+        meta = obj["metadata"]
     if api_version and "apiVersion" not in obj:
         obj["apiVersion"] = api_version
     if kind and "kind" not in obj:
         obj["kind"] = kind
-    return RawObject.from_dict(obj, change)
+    return RawObject(msgspec.json.encode(obj), dict(meta), change=change)
 
 
 def decode_watch_object(line: bytes, *, drop_managed_fields: bool = False) -> tuple[str, RawObject] | None:
@@ -470,7 +485,7 @@ def decode_watch_object(line: bytes, *, drop_managed_fields: bool = False) -> tu
     layout, an object without metadata, not JSON …), which the caller then decodes the long way."""
     try:
         head = _event_head_decoder.decode(line)
-    except msgspec.DecodeError:
+    except _DECODE_ERRORS:
         return None
     body = line.rstrip()
     prefix = b'{"type":' + orjson.dumps(head.type) + b',"object":'

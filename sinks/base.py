@@ -432,7 +432,7 @@ class BaseSink(Generic[O]):
             else:
                 headers, body = encode_binary(ce, self.header_prefix)
         except Exception as exc:  # an object the envelope cannot encode is a permanent failure
-            log.warning("sink %r: cannot encode event %s: %r", self.name, eid, exc)
+            log.warning("cannot encode event %s: %r", eid, exc, extra={"sink": self.name})
             return OutgoingMessage(
                 key=key, destination="", headers={}, body=b"", event_id=eid, event=event, ack=ack,
                 header_prefix=self.header_prefix, lane=lane, error=f"cannot encode event: {exc!r}",
@@ -509,8 +509,8 @@ class BaseSink(Generic[O]):
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("sink %r: background task %s failed", self.name, task.get_name(),
-                      exc_info=task.exception())
+            log.error("background task %s failed", task.get_name(),
+                      exc_info=task.exception(), extra={"sink": self.name})
 
     # ---- the default, task-based attempt ----------------------------------------------------------
 
@@ -557,7 +557,7 @@ class BaseSink(Generic[O]):
                 try:
                     self._settle_one(item, result)
                 except Exception:  # a bug here must not strand the lane and stall the checkpoint
-                    log.exception("sink %r: failed to settle %s", self.name, item.event_id)
+                    log.exception("failed to settle %s", item.event_id, extra={"sink": self.name})
         finally:
             self._settling = False
 
@@ -584,13 +584,13 @@ class BaseSink(Generic[O]):
                 return
             self.stats.retries += 1
             delay = self._retry.delay(msg.attempts, result.retry_after)
-            log.debug("sink %r: retrying %s in %.3fs: %s", self.name, msg.event_id, delay, result)
+            log.debug("retrying %s in %.3fs: %s", msg.event_id, delay, result, extra={"sink": self.name})
             self._spawn(self._retry_later(msg, delay), "retry")
             return
         if isinstance(result, SinkPermanentError):
             reason = str(result)
         else:  # a bug in a sink must not stall the checkpoint forever
-            log.error("sink %r: unexpected error sending %s", self.name, msg.event_id, exc_info=result)
+            log.error("unexpected error sending %s", msg.event_id, exc_info=result, extra={"sink": self.name})
             reason = f"unexpected error: {result!r}"
         self._spawn(self._dead_letter_then_complete(msg, reason), "dead-letter")
 
@@ -604,7 +604,7 @@ class BaseSink(Generic[O]):
         try:
             outcome = await self._to_dead_letter(msg, reason)
         except Exception:  # a bug here must not strand the lane and stall the checkpoint
-            log.exception("sink %r: failed to process %s; dropping it", self.name, msg.event_id)
+            log.exception("failed to process %s; dropping it", msg.event_id, extra={"sink": self.name})
             self.stats.failed += 1
             outcome = DeliveryOutcome.DROPPED
         self._settle(msg, outcome)
@@ -612,7 +612,7 @@ class BaseSink(Generic[O]):
     async def _to_dead_letter(self, msg: OutgoingMessage, reason: str) -> DeliveryOutcome:
         writer = self._dead_letter
         if writer is None:
-            log.warning("sink %r: dropping %s (no dead letter): %s", self.name, msg.event_id, reason)
+            log.warning("dropping %s (no dead letter): %s", msg.event_id, reason, extra={"sink": self.name})
             self.stats.failed += 1
             return DeliveryOutcome.DROPPED
         record = DeadLetterRecord(
@@ -633,7 +633,7 @@ class BaseSink(Generic[O]):
                 await writer.write(record)
             except Exception as exc:
                 # Not acking keeps the checkpoint behind this event until the dead letter works.
-                log.warning("sink %r: dead letter write failed (%r); retrying", self.name, exc)
+                log.warning("dead letter write failed (%r); retrying", exc, extra={"sink": self.name})
                 await self._clock.sleep(self._retry.delay(attempt))
             else:
                 self.stats.dead_lettered += 1
@@ -666,4 +666,4 @@ class BaseSink(Generic[O]):
         try:
             msg.ack(outcome)
         except Exception:
-            log.exception("sink %r: ack callback failed for %s", self.name, msg.event_id)
+            log.exception("ack callback failed for %s", msg.event_id, extra={"sink": self.name})

@@ -104,13 +104,19 @@ _ATTRIBUTED: Final = frozenset({EventType.ADDED, EventType.UPDATED, EventType.DE
 _MISSING: Any = object()
 
 
+LEFT_SELECTOR = "leftselector"
+"""The extension the sink listeners set on a delete that is a selector exit (the object lives on)."""
+
+
 def event_id(event: ChangeEvent, metadata: Mapping[str, Any] | None = None) -> str:
     """Deterministic id: 32 hex digits of SHA-256 over uid, resourceVersion, type and snapshot id.
     ``metadata``: the object's metadata when the caller already has it (saves looking it up).
 
     A ``deleted`` event's id depends on the cluster and the uid alone: Kubernetes deletes a uid
     once, so the delete seen on the watch and one inferred by a relist (final state unknown, an
-    older resourceVersion) are one event to a consumer that drops repeated ids."""
+    older resourceVersion) are one event to a consumer that drops repeated ids. A selector exit
+    (``leftselector``) is not the uid's delete — the object lives on, and may come back and leave
+    again — so it keeps the id of a change (uid, resourceVersion, type)."""
     snap = event.snapshot.id if event.snapshot is not None else ""
     if event.obj is None and event.gap is not None:
         snap = event.gap.id
@@ -119,7 +125,7 @@ def event_id(event: ChangeEvent, metadata: Mapping[str, Any] | None = None) -> s
     else:
         meta = event.metadata if metadata is None else metadata
         uid, rv = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
-        if uid and event.type is EventType.DELETED:
+        if uid and event.type is EventType.DELETED and event.extensions.get(LEFT_SELECTOR) != "true":
             return hashlib.sha256(f"{event.cluster}\0{uid}\0deleted".encode()).hexdigest()[:32]
     raw = f"{uid}\0{rv}\0{event.type.value}\0{snap}".encode()
     return hashlib.sha256(raw).hexdigest()[:32]

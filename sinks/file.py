@@ -57,6 +57,12 @@ class StdoutSinkOptions(_JsonLinesOptions):
     pass
 
 
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) == b"\n"
+
+
 class _LineBatcher:
     """Collects the lines submitted during one loop turn and writes them with one call at its end."""
 
@@ -103,6 +109,12 @@ class FileSink(BaseSink[FileSinkOptions]):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fh = open(self.path, "ab")  # noqa: SIM115 - kept open for the sink's lifetime
         self._size = fh.tell()
+        if self._size and not _ends_with_newline(self.path):
+            # A crash mid-write left a torn last line (its event was never acknowledged and is sent
+            # again): end it, so that the next line is whole and readers can skip the torn one.
+            fh.write(b"\n")
+            fh.flush()
+            self._size += 1
         return fh
 
     async def _start(self) -> None:
@@ -196,7 +208,7 @@ class FileSink(BaseSink[FileSinkOptions]):
             except OSError as exc:
                 error = SinkTransientError(f"fsync of {str(self.path)!r} failed: {exc}")
             except Exception as exc:  # never strand the batch: unexpected errors are dead-lettered
-                log.exception("sink %r: fsync failed unexpectedly", self.name)
+                log.exception("fsync failed unexpectedly", extra={"sink": self.name})
                 error = exc
             for msg in msgs:
                 self._settle(msg, error)

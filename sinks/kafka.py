@@ -50,8 +50,9 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
+from sinks.addresses import check_kafka_brokers
 from sinks.base import BaseSink, OutgoingMessage
 from sinks.cloudevents import KAFKA_PREFIX
 from sinks.contract import EventType, SinkConfigError, SinkPermanentError, SinkTransientError
@@ -59,7 +60,14 @@ from sinks.deadletter import DeadLetterRecord, DeadLetterWriter, dead_letter_jso
 from sinks.options import DeadLetterOptions, SinkOptions
 from sinks.templates import sanitize_kafka_topic
 
-__all__ = ["KafkaDeadLetter", "KafkaProducerClient", "KafkaSink", "KafkaSinkOptions", "is_permanent"]
+__all__ = [
+    "KafkaDeadLetter",
+    "KafkaProducerClient",
+    "KafkaSink",
+    "KafkaSinkOptions",
+    "is_permanent",
+    "librdkafka_logger",
+]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +110,11 @@ class KafkaSinkOptions(SinkOptions):
 
     brokers: str = Field(min_length=1, validation_alias=AliasChoices("brokers", "bootstrap_servers"))
     """``bootstrap.servers``: ``host:port[,host:port…]`` (``bootstrap_servers`` is accepted too)."""
+
+    @field_validator("brokers")
+    @classmethod
+    def _brokers(cls, value: str) -> str:
+        return check_kafka_brokers(value)
     client_id: str = "kube-event-bridge"
     idempotent: bool = True
     acks: Literal["all", "1", "0"] = "all"
@@ -185,6 +198,13 @@ class KafkaSinkOptions(SinkOptions):
         return conf
 
 
+def librdkafka_logger(sink: str) -> logging.LoggerAdapter[logging.Logger]:
+    """Where librdkafka's own log lines go (the ``logger`` client setting): the process's logging,
+    as records of ``sinks.kafka.librdkafka`` carrying the sink's name, instead of raw
+    ``%4|…|FAIL|…`` lines written to stderr. They are served by the producer's ``poll``."""
+    return logging.LoggerAdapter(logging.getLogger("sinks.kafka.librdkafka"), {"sink": sink})
+
+
 def _read_secrets(files: dict[str, str], who: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for prop, path in files.items():
@@ -248,6 +268,7 @@ class KafkaProducerClient:
         self._loop = asyncio.get_running_loop()
         conf: dict[str, Any] = dict(self._config)
         conf["error_cb"] = self._on_error
+        conf["logger"] = librdkafka_logger(self.name)
         try:
             self._producer = Producer(conf)
         except (KafkaException, ValueError, TypeError) as exc:
@@ -289,7 +310,7 @@ class KafkaProducerClient:
         except asyncio.CancelledError:
             raise
         except Exception:  # never fail silently: delivery reports would stop
-            log.exception("kafka producer %r: poll loop failed", self.name)
+            log.exception("kafka producer: poll loop failed", extra={"sink": self.name})
             raise
 
     def serve_reports(self) -> None:
@@ -302,16 +323,16 @@ class KafkaProducerClient:
         """librdkafka's error callback (called from the poll thread)."""
         code = error.code()
         if code == KafkaError._ALL_BROKERS_DOWN:
-            log.warning("kafka producer %r: all brokers are down (%s); records are kept and retried",
-                        self.name, error.str())
+            log.warning("kafka producer: all brokers are down (%s); records are kept and retried",
+                        error.str(), extra={"sink": self.name})
             self._broker_state(False)
         elif error.fatal():
             # An idempotent producer in a fatal state never delivers again: the sink replaces it.
-            log.error("kafka producer %r: fatal error, the producer will be replaced: %s",
-                      self.name, error.str())
+            log.error("kafka producer: fatal error, the producer will be replaced: %s",
+                      error.str(), extra={"sink": self.name})
             self.fatal = error
         else:
-            log.info("kafka producer %r: %s", self.name, error.str())
+            log.info("kafka producer: %s", error.str(), extra={"sink": self.name})
 
     def _broker_state(self, up: bool) -> None:
         """From the producer's thread."""
@@ -438,7 +459,8 @@ class KafkaProducerClient:
         try:
             await self.run(self.producer.list_topics, None, timeout)
         except (KafkaException, RuntimeError) as exc:
-            log.warning("kafka producer %r: no metadata answer within %.1fs: %s", self.name, timeout, exc)
+            log.warning("kafka producer: no metadata answer within %.1fs: %s", timeout, exc,
+                        extra={"sink": self.name})
             self._set_up(False)
             return False
         self._set_up(True)
@@ -492,7 +514,7 @@ class KafkaDeadLetter:
         try:
             await self._sink._ensure_topic(self.topic, {})
         except SinkTransientError as exc:  # brokers down at start: created on first use
-            log.warning("sink %r: dead-letter topic not created yet: %s", self._sink.name, exc)
+            log.warning("dead-letter topic not created yet: %s", exc, extra={"sink": self._sink.name})
 
     async def write(self, record: DeadLetterRecord) -> None:
         client = await self._sink._ensure_client()
@@ -555,7 +577,7 @@ class KafkaSink(BaseSink[KafkaSinkOptions]):
             try:
                 await self._ensure_snapshot_topic()
             except SinkTransientError as exc:  # brokers down at start: created on first use
-                log.warning("sink %r: snapshot topic not created yet: %s", self.name, exc)
+                log.warning("snapshot topic not created yet: %s", exc, extra={"sink": self.name})
 
     async def _send(self, msg: OutgoingMessage) -> None:
         client = self._client or await self._ensure_client()
@@ -667,8 +689,8 @@ class KafkaSink(BaseSink[KafkaSinkOptions]):
         transient, so their lanes re-send them through the new producer, in order."""
         if self._client is broken:
             self._client = None
-            log.warning("sink %r: replacing the kafka producer after a fatal error: %s",
-                        self.name, broken.fatal.str() if broken.fatal is not None else "")
+            log.warning("replacing the kafka producer after a fatal error: %s",
+                        broken.fatal.str() if broken.fatal is not None else "", extra={"sink": self.name})
             await broken.close()
         return await self._ensure_client()
 
@@ -723,7 +745,8 @@ class KafkaSink(BaseSink[KafkaSinkOptions]):
         )
 
         def create() -> None:
-            admin = AdminClient({k: v for k, v in client.config.items()})
+            conf: dict[str, Any] = {**client.config, "logger": librdkafka_logger(self.name)}
+            admin = AdminClient(conf)
             futures = admin.create_topics([new], operation_timeout=10, request_timeout=15)
             futures[topic].result(timeout=20)
 
@@ -733,4 +756,4 @@ class KafkaSink(BaseSink[KafkaSinkOptions]):
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
             if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise SinkTransientError(f"kafka: cannot create topic {topic!r}: {exc}") from exc
-        log.info("sink %r: topic %r ready", self.name, topic)
+        log.info("topic %r ready", topic, extra={"sink": self.name})

@@ -61,8 +61,9 @@ from nats.aio.msg import Msg
 from nats.aio.transport import Transport
 from nats.js.api import StorageType, StreamConfig
 from nats.js.client import JetStreamContext
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sinks.addresses import check_nats_url
 from sinks.base import BaseSink, OutgoingMessage
 from sinks.cloudevents import HTTP_PREFIX
 from sinks.contract import SinkConfigError, SinkPermanentError, SinkTransientError
@@ -130,6 +131,16 @@ class _ConnectionOptions(SinkOptions):
 
     servers: list[str] = Field(min_length=1)
     """``nats://host:port`` (``tls://`` for TLS)."""
+
+    @field_validator("servers")
+    @classmethod
+    def _servers(cls, value: list[str]) -> list[str]:
+        for i, url in enumerate(value):
+            try:
+                check_nats_url(url)
+            except ValueError as exc:
+                raise ValueError(f"servers[{i}]: {exc}") from None
+        return value
     connection_name: str = "kube-event-bridge"
     user: str | None = None
     password_file: str | None = None
@@ -267,7 +278,8 @@ class NatsConnection:
         try:
             await self._connect_once(kwargs)
         except (nats.errors.NoServersError, nats.errors.TimeoutError, OSError) as exc:
-            log.warning("%s: NATS not reachable at start (%r); connecting in the background", self._who, exc)
+            log.warning("NATS not reachable at start (%r); connecting in the background", exc,
+                        extra={"sink": self.name})
             self._connector = asyncio.get_running_loop().create_task(
                 self._connect_forever(kwargs), name=f"nats-connect:{self.name}"
             )
@@ -297,31 +309,32 @@ class NatsConnection:
             try:
                 await self._connect_once(kwargs)
             except SinkConfigError:
-                log.error("%s: NATS rejected the credentials; not retrying", self._who)
+                log.error("NATS rejected the credentials; not retrying", extra={"sink": self.name})
                 return
             except (nats.errors.Error, OSError) as exc:
-                log.info("%s: NATS still not reachable: %r", self._who, exc)
+                log.info("NATS still not reachable: %r", exc, extra={"sink": self.name})
                 delay = min(delay * 2, 30.0)
             else:
-                log.info("%s: connected to NATS", self._who)
+                log.info("connected to NATS", extra={"sink": self.name})
                 return
 
     async def _on_disconnected(self) -> None:
         self.connected.clear()
         if self._closed:
             return
-        log.warning("%s: disconnected from NATS; unacked events wait for the reconnect", self._who)
+        log.warning("disconnected from NATS; unacked events wait for the reconnect",
+                    extra={"sink": self.name})
 
     async def _on_reconnected(self) -> None:
         self.connected.set()
-        log.info("%s: reconnected to NATS", self._who)
+        log.info("reconnected to NATS", extra={"sink": self.name})
 
     async def _on_closed(self) -> None:
         self.connected.clear()
 
     async def _on_error(self, exc: Exception) -> None:
         self._last_error = exc
-        log.debug("%s: NATS connection error: %r", self._who, exc)
+        log.debug("NATS connection error: %r", exc, extra={"sink": self.name})
 
     async def ready(self, timeout: float) -> NatsClient:
         """The connected client, waiting up to ``timeout`` for a (re)connection."""
@@ -355,7 +368,7 @@ class NatsConnection:
                 if task is not None and task.cancelling():
                     raise
             except Exception as exc:
-                log.debug("%s: error closing the NATS connection: %r", self._who, exc)
+                log.debug("error closing the NATS connection: %r", exc, extra={"sink": self.name})
 
 
 def _permanent_or_transient(exc: Exception, subject: str) -> Exception:
@@ -413,7 +426,7 @@ class _PongRound(asyncio.Future[bool]):
         try:
             self.sink._round_answered(self)
         except Exception:  # never break nats-py's read loop
-            log.exception("sink %r: settling a confirmed round failed", self.sink.name)
+            log.exception("settling a confirmed round failed", extra={"sink": self.sink.name})
 
 
 class _NatsSinkBase(BaseSink[Any]):
@@ -474,7 +487,7 @@ class _NatsSinkBase(BaseSink[Any]):
         if task.cancelled():
             return
         exc = task.exception()
-        log.error("sink %r: NATS publisher stopped", self.name, exc_info=exc)
+        log.error("NATS publisher stopped", exc_info=exc, extra={"sink": self.name})
         # What it held is retried (the next submit starts a new publisher).
         outbox, self._outbox = self._outbox, collections.deque()
         unconfirmed, self._unconfirmed = self._unconfirmed, []
@@ -625,7 +638,7 @@ class _NatsSinkBase(BaseSink[Any]):
                     try:
                         self._fail_round(pong.waiters, SinkTransientError(f"no PONG within {timeout}s"))
                     except Exception:  # keep expiring the others
-                        log.exception("sink %r: failing an unconfirmed round failed", self.name)
+                        log.exception("failing an unconfirmed round failed", extra={"sink": self.name})
                 rounds.popleft()
 
     async def _publish_js(self, subject: str, body: bytes, headers: dict[str, str]) -> None:
@@ -637,7 +650,8 @@ class _NatsSinkBase(BaseSink[Any]):
         except (nats.errors.Error, OSError) as exc:
             raise _permanent_or_transient(exc, subject) from exc
         if ack.duplicate:
-            log.debug("sink %r: %s already stored (seq %s)", self.name, headers.get(MSG_ID_HEADER), ack.seq)
+            log.debug("%s already stored (seq %s)", headers.get(MSG_ID_HEADER), ack.seq,
+                      extra={"sink": self.name})
 
     def _js(self, client: NatsClient) -> JetStreamContext:
         return client.jetstream(timeout=self.options.publish_timeout)
@@ -712,12 +726,12 @@ class JetStreamSink(_NatsSinkBase):
             except nats.js.errors.APIError as exc:
                 msg = f"stream {stream.name!r}: cannot create it: {exc.description}"
                 raise self._config_error(msg) from exc
-            log.info("sink %r: created stream %r for %s", self.name, stream.name, config.subjects)
+            log.info("created stream %r for %s", stream.name, config.subjects, extra={"sink": self.name})
             return
         existing = set(info.config.subjects or [])
         if not set(config.subjects or []) <= existing:
-            log.warning("sink %r: stream %r exists with subjects %s (wanted %s); left unchanged",
-                        self.name, stream.name, sorted(existing), config.subjects)
+            log.warning("stream %r exists with subjects %s (wanted %s); left unchanged",
+                        stream.name, sorted(existing), config.subjects, extra={"sink": self.name})
 
     def _js_headers(self, msg: OutgoingMessage) -> dict[str, str]:
         headers = dict(msg.headers)
@@ -757,7 +771,7 @@ class JetStreamSink(_NatsSinkBase):
             try:
                 _write_pending(client)
             except (OSError, RuntimeError) as exc:  # nats-py's flusher sees (and reports) it too
-                log.debug("sink %r: writing publishes failed: %r", self.name, exc)
+                log.debug("writing publishes failed: %r", exc, extra={"sink": self.name})
 
     async def _ack_inbox(self, client: NatsClient) -> str:
         """Subscribes (once per connection) to the inbox the stream's PubAcks are sent to."""
@@ -794,7 +808,8 @@ class JetStreamSink(_NatsSinkBase):
                 self._settle(msg, SinkTransientError(f"jetstream: error for {subject!r}: {error!r}"))
             return
         if answer.get("duplicate"):
-            log.debug("sink %r: %s already stored (seq %s)", self.name, msg.event_id, answer.get("seq"))
+            log.debug("%s already stored (seq %s)", msg.event_id, answer.get("seq"),
+                      extra={"sink": self.name})
         self._settle(msg, None)
 
     async def _expire_loop(self) -> None:
@@ -815,7 +830,7 @@ class JetStreamSink(_NatsSinkBase):
                     self._settle(msg, SinkTransientError(
                         f"jetstream: no PubAck for {msg.destination!r} within {timeout}s"))
                 except Exception:  # keep expiring the others
-                    log.exception("sink %r: settling an expired publish failed", self.name)
+                    log.exception("settling an expired publish failed", extra={"sink": self.name})
 
     async def _close(self) -> None:
         expirer, self._expirer = self._expirer, None

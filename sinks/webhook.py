@@ -310,7 +310,7 @@ class WebhookSink(BaseSink[WebhookOptions]):
         if task.cancelled():
             return
         exc = task.exception()
-        log.error("sink %r: webhook batcher stopped", self.name, exc_info=exc)
+        log.error("webhook batcher stopped", exc_info=exc, extra={"sink": self.name})
         self._healthy = False
         # Fail what is queued so lanes retry instead of waiting forever.
         queue = self._queue

@@ -100,7 +100,7 @@ def test_configuration_error_example_is_what_the_bridge_prints(tmp_path: Path) -
 def test_alert_rules_use_exposed_metrics() -> None:
     telemetry = Telemetry(snapshot=lambda: TelemetrySnapshot(
         sinks={"s": SinkGauges()}, informers={"pods": InformerGauges(checkpoint_age=1.0)}))
-    telemetry.events_received.add(1, {"resource": "pods", "type": "add"})
+    telemetry.events_received.add(1, {"resource": "pods", "informer": "pods.all.0", "type": "added"})
     telemetry.sink_events.add(1, {"sink": "s", "outcome": "delivered"})
     text = telemetry.render_prometheus().decode()
     exposed = {line.split("{")[0].split(" ")[0] for line in text.splitlines()

@@ -19,6 +19,12 @@ manifest is only ever replaced with the ``resourceVersion`` this store last read
 conflict it is read again and the write goes ahead only if the stored token is not a later leader's.
 Loading replaces the stored token with the loader's (same precondition), which claims the
 checkpoint: from then on a deposed leader's replace fails on the resourceVersion and then on the token.
+
+Shard names are new on every save (a deposed writer can never overwrite a live shard), so RBAC cannot
+list them in ``resourceNames``: reading and deleting shards needs ``get``/``delete`` on every ConfigMap
+of the namespace. With ``allow_shards=False`` the store never shards (a checkpoint larger than one
+ConfigMap fails to save, with an error saying so) and touches no ConfigMap but its manifests, which
+RBAC can name one by one.
 """
 
 from __future__ import annotations
@@ -87,6 +93,7 @@ class ConfigMapCheckpointStore:
         name_prefix: str = "kube-event-bridge-ckpt",
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         fence: FenceSource | None = None,
+        allow_shards: bool = True,
     ) -> None:
         if shard_bytes < 1024:
             raise ValueError("shard_bytes must be at least 1024")
@@ -97,6 +104,7 @@ class ConfigMapCheckpointStore:
         self._namespace = namespace
         self._prefix = name_prefix
         self._shard_bytes = shard_bytes
+        self._allow_shards = allow_shards
         self.last_shard_count = 0
         """Shards written by the last save (0 when the checkpoint fitted in the manifest)."""
 
@@ -200,6 +208,12 @@ class ConfigMapCheckpointStore:
         try:
             if len(encoded) <= self._shard_bytes:
                 data = {"format": "1", "checkpoint": text}
+            elif not self._allow_shards:
+                raise CheckpointStoreError(
+                    f"cannot write checkpoint ConfigMap {name}: the checkpoint is {len(encoded)} bytes, "
+                    f"more than one ConfigMap holds ({self._shard_bytes}), and sharding is off "
+                    "(checkpoint.shards: false); turn it on (it needs get/delete on the namespace's "
+                    "ConfigMaps) or use the nats-kv store")
             else:
                 generation = uuid.uuid4().hex[:10]
                 for n, chunk in enumerate(_utf8_chunks(encoded, self._shard_bytes)):
@@ -229,7 +243,8 @@ class ConfigMapCheckpointStore:
                                               "resource_version": checkpoint.resource_version,
                                               "writer": token.holder if token else "",
                                               "lease_transitions": token.transitions if token else None})
-        await self._delete_orphans(ident, keep=set(shard_names))
+        if self._allow_shards:
+            await self._delete_orphans(ident, keep=set(shard_names))
 
     async def _put_manifest(self, name: str, ident: str, data: dict[str, str],
                             token: FenceToken | None) -> None:

@@ -96,7 +96,7 @@ class NatsKvCheckpointStore:
                 assert self._url is not None
                 self._nc = await nats.connect(
                     self._url, connect_timeout=self._connect_timeout, max_reconnect_attempts=3,
-                    reconnect_time_wait=0.5, allow_reconnect=True,
+                    reconnect_time_wait=0.5, allow_reconnect=True, error_cb=self._on_error,
                 )
             js = self._nc.jetstream()
             try:
@@ -108,6 +108,12 @@ class NatsKvCheckpointStore:
                 f"cannot open the NATS KV bucket {self._bucket!r}: {type(exc).__name__}: {exc}"
             ) from exc
         return self._kv
+
+    async def _on_error(self, exc: Exception) -> None:
+        # nats-py's default callback logs every connection error with a full traceback; what
+        # failed is said by the error itself (and the store's caller reports the outcome).
+        log.warning("checkpoint store: NATS connection error: %s: %s", type(exc).__name__, exc,
+                    extra={"bucket": self._bucket})
 
     def _chunk_limit(self) -> int:
         if self._chunk_size is not None:

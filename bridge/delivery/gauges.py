@@ -26,6 +26,15 @@ class SinkGauges:
 
 @dataclass(frozen=True, slots=True)
 class InformerGauges:
+    resource: str = ""
+    """The watched resource as kubectl spells it, plural and group (``pods``, ``deployments.apps``),
+    whatever name the configuration used: the ``resource`` label of every metric."""
+    informer: str = ""
+    """The informer's id (resource, namespace and a hash of the selectors: ``pods.web.3f2a9c1d7e0b``,
+    the checkpoint's name): the ``informer`` label, distinct for two scopes of one resource."""
+    received: Mapping[str, int] = field(default_factory=dict)
+    """CloudEvents type (``added``, ``updated``, ``deleted``, ``sync``) → changes processed so far
+    (``sync``: objects of the snapshots taken)."""
     relists: int = 0
     watch_restarts: int = 0
     expired: int = 0
@@ -41,5 +50,7 @@ class TelemetrySnapshot:
     sinks: Mapping[str, SinkGauges] = field(default_factory=dict)
     informers: Mapping[str, InformerGauges] = field(default_factory=dict)
     events_received: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    """Resource (``pods``, ``deployments.apps``) → change type (``add``, ``update``, ``delete``,
-    ``snapshot``) → changes processed so far by the live pipeline."""
+    """Resource (``pods``, ``deployments.apps``) → notification kind (``add``, ``update``,
+    ``delete``, ``snapshot``) → changes processed so far by the live pipeline. For callers of
+    :meth:`~bridge.delivery.pipeline.BridgePipeline.telemetry_snapshot`; the exported metrics read
+    :attr:`InformerGauges.received` (by informer, in CloudEvents types)."""

@@ -98,6 +98,8 @@ class KnownObjectJournal:
         """uid → newest fact, exactly what the file holds once the pending records are written."""
         self._checkpoint: dict[str, str] = {}
         """uid → key of the objects the last checkpoint written knows to exist."""
+        self._base: Checkpoint | None = None
+        """The last checkpoint written (or resumed from): what every sink acknowledged."""
         self._pending: list[bytes] = []
         self._queued_seq = -1
         """The highest notification seq whose record was queued."""
@@ -130,6 +132,7 @@ class KnownObjectJournal:
         and makes ``checkpoint`` (the one the informer resumes from) the compaction base. The file
         is rewritten, compacted, by :meth:`run` before any new record is appended."""
         self._checkpoint = _checkpoint_uids(checkpoint)
+        self._base = checkpoint
         self._entries = self._read()
         self._compact_requested = True
         return dict(self._entries)
@@ -251,6 +254,7 @@ class KnownObjectJournal:
             if compacting:
                 if cp is not None:
                     self._checkpoint = _checkpoint_uids(cp)
+                    self._base = cp
                 self._entries = {uid: e for uid, e in self._entries.items() if self._needed(uid, e)}
                 lines = [orjson.dumps({"journal": _VERSION, "informer_id": self._informer_id})]
                 lines.extend(_record(uid, e) for uid, e in self._entries.items())
@@ -275,10 +279,32 @@ class KnownObjectJournal:
             committed.set()
 
     def _needed(self, uid: str, e: JournalEntry) -> bool:
-        """A record the last checkpoint does not imply: an object it does not know to exist, or the
-        delete of one it does."""
+        """A record the last checkpoint does not imply: an object it does not know to exist, or a
+        delete not every sink acknowledged yet.
+
+        The delete of an object the checkpoint does not know (created and deleted since it) is still
+        needed while the checkpoint does not cover it: a sink that lags may hold the object's add and
+        not its delete, and after a crash with expired history only this record makes the relist
+        report the object deleted to it."""
         known_alive = self._checkpoint.get(uid) == e.key
-        return known_alive if e.deleted else not known_alive
+        if not e.deleted:
+            return not known_alive
+        return known_alive or not self._covered(e)
+
+    def _covered(self, e: JournalEntry) -> bool:
+        """Whether every sink acknowledged the delete ``e``: the checkpoint's resourceVersion reaches
+        it, or its delivered-ahead map has the key deleted at it or later."""
+        cp = self._base
+        if cp is None:
+            return False
+        try:
+            rv = int(e.resource_version)
+            if rv <= int(cp.resource_version):
+                return True
+            ahead = cp.ahead.get(e.key)
+            return ahead is not None and ahead[2] and int(ahead[1]) >= rv
+        except ValueError:
+            return False
 
     def _rewrite(self, data: bytes) -> None:
         self._close_file()

@@ -191,14 +191,31 @@ class SinkListener:
         self._gap = info
         return self._event(EventType.GAP_BEGIN, None, observed, gap=info)
 
+    def _replayed_after_delete(self, obj: KubeObject) -> bool:
+        """Whether ``obj`` is a change the watch replays after a restart although its object's delete
+        was sent before it (the journal's ``resent``): a uid is deleted once, so any change of it is
+        older than that delete and would bring the object back for consumers (and where the broker
+        drops the replayed real delete as a duplicate id, for good). The delete itself goes out again
+        as it was sent. Under a selector a delete may be an exit of an object that lives on and comes
+        back into scope later: there only changes up to the delete's resourceVersion are replays."""
+        uid, rv = object_identity(obj)
+        before = self._resent.get(uid)
+        if before is None:
+            return False
+        if self._exits is None:
+            return True
+        return rv.isdigit() and before[0].isdigit() and int(rv) <= int(before[0])
+
     def events_for(self, n: Notification) -> list[ChangeEvent]:
         """The change events one notification becomes (empty for a no-change resync update)."""
         if n.kind is NotificationKind.ADD:
             assert not isinstance(n.obj, DeletedFinalStateUnknown)
+            if self._resent and self._replayed_after_delete(n.obj):
+                return []
             return [self._event(EventType.ADDED, n.obj, n.time)]
         if n.kind is NotificationKind.UPDATE:
             assert not isinstance(n.obj, DeletedFinalStateUnknown)
-            if n.is_resync:
+            if n.is_resync or (self._resent and self._replayed_after_delete(n.obj)):
                 return []
             return [self._event(EventType.UPDATED, n.obj, n.time, old=n.old)]
         if n.kind is NotificationKind.DELETE:
@@ -366,7 +383,7 @@ def http_informer_builder(
             lister_watcher=lw,
             clock=clock,
             observer=observer,
-            name=str(watched.key),
+            name=watched.informer_id,
             page_size=page_size,
             use_watch_list=use_watch_list,
             compact_cache=compact_cache,
@@ -485,6 +502,10 @@ def _listener_options(sink: Sink, spill_directory: Path | None = None, informer:
                            name=sink.name, spill=spill)
 
 
+_EVENT_TYPE = {"add": "added", "update": "updated", "delete": "deleted"}
+"""Notification kind → the CloudEvents type of its events (a snapshot's objects are counted apart)."""
+
+
 class _CountingTracker(AckTracker):
     """An AckTracker that also counts what the informer processed, by kind.
 
@@ -502,6 +523,8 @@ class _CountingTracker(AckTracker):
         """Progress markers seen: the informer listed, or its watch moved, this many times."""
         self.journal: KnownObjectJournal | None = None
         self.resent: Mapping[str, tuple[str, bool]] = {}
+        self.synced = 0
+        """Objects of the snapshots dispatched (each becomes one ``sync`` event per sink)."""
 
     def progress(self, seq: int, resource_version: str) -> None:
         self.progress_count += 1
@@ -511,6 +534,8 @@ class _CountingTracker(AckTracker):
         if notification.seq >= 0:
             kind = notification.kind.value
             self.received[kind] += 1
+            if notification.snapshot is not None:
+                self.synced += len(notification.snapshot)
             if self.on_event is not None:
                 try:
                     self.on_event(self.resource, kind)
@@ -607,8 +632,9 @@ class BridgePipeline:
         if watched.key in self._factory.informers:
             raise ValueError(f"the factory already has an informer for {watched.key}; the pipeline must "
                              "create it to observe its deliveries")
+        # Named by its id, so that its logs' ``informer`` field is the metrics' ``informer`` label.
         return self._factory.informer_for(watched.key, observer=observer, page_size=self._page_size,
-                                          use_watch_list=self._use_watch_list)
+                                          use_watch_list=self._use_watch_list, name=watched.informer_id)
 
     # ---------------------------------------------------------------------------------------------
     # lifecycle
@@ -653,11 +679,13 @@ class BridgePipeline:
                 checkpoint = await self._store.load(ident)
         except CheckpointCorruptError as exc:
             corrupt = True
-            log.warning("checkpoint of %s is corrupt or unreadable (%s); ignoring it and doing a full "
-                        "resync: consumers will see every object again", ident, exc)
+            log.warning("checkpoint is corrupt or unreadable (%s); ignoring it and doing a full "
+                        "resync: consumers will see every object again", exc,
+                        extra={"informer": ident, "resource": watched.ref.qualified})
         except CheckpointError as exc:
             corrupt = True
-            log.warning("checkpoint store failed loading %s (%s); doing a full resync", ident, exc)
+            log.warning("checkpoint store failed loading the checkpoint (%s); doing a full resync", exc,
+                        extra={"informer": ident, "resource": watched.ref.qualified})
         tracker = _CountingTracker(
             name=ident,
             resource=watched.ref.qualified,
@@ -683,12 +711,13 @@ class BridgePipeline:
             inf.resume_rv = checkpoint.resource_version
             inf.saved_rv = checkpoint.resource_version
             inf.saved_generation = tracker.generation
-            log.info("%s: resuming from checkpoint at resourceVersion %s (%d known objects)",
-                     ident, checkpoint.resource_version, len(checkpoint.objects))
+            log.info("resuming from checkpoint at resourceVersion %s (%d known objects)",
+                     checkpoint.resource_version, len(checkpoint.objects),
+                     extra={"informer": ident, "resource": watched.ref.qualified})
         if unconfirmed:
             informer.seed_unconfirmed(unconfirmed)
-            log.info("%s: %d objects delivered after the last checkpoint write are known from the "
-                     "journal", ident, len(unconfirmed))
+            log.info("%d objects delivered after the last checkpoint write are known from the journal",
+                     len(unconfirmed), extra={"informer": ident, "resource": watched.ref.qualified})
         for sink in self._sinks:
             if not _resource_matches(sink, watched):
                 continue
@@ -850,7 +879,8 @@ class BridgePipeline:
                                            return_exceptions=True)
             for sink, ok in zip(self._sinks, flushes, strict=True):
                 if ok is not True:
-                    log.warning("shutdown: sink %s did not flush everything (%r)", sink.name, ok)
+                    log.warning("shutdown: the sink did not flush everything (%r)", ok,
+                                extra={"sink": sink.name})
         await self.write_checkpoints()
         journals = [inf.journal.idle() for inf in self._informers.values() if inf.journal is not None]
         if journals:
@@ -870,7 +900,7 @@ class BridgePipeline:
                 try:
                     await sink.close()
                 except Exception:
-                    log.exception("shutdown: closing sink %s failed", sink.name)
+                    log.exception("shutdown: closing the sink failed", extra={"sink": sink.name})
         if self._store is not None:
             with contextlib.suppress(Exception):
                 await self._store.close()
@@ -935,8 +965,8 @@ class BridgePipeline:
                 await self._store.save(cp)
             except CheckpointError as exc:
                 inf.checkpoint_errors += 1
-                log.warning("writing the checkpoint of %s failed (%s); retrying at the next interval",
-                            ident, exc)
+                log.warning("writing the checkpoint failed (%s); retrying at the next interval", exc,
+                            extra={"informer": ident, "resource": inf.watched.ref.qualified})
                 continue
             if inf.journal is not None:
                 inf.journal.compact(cp)
@@ -1107,7 +1137,15 @@ class BridgePipeline:
         gauges: dict[str, InformerGauges] = {}
         for i, inf in self._informers.items():
             reflector = inf.informer.reflector
+            received: dict[str, int] = {}
+            if isinstance(inf.tracker, _CountingTracker):
+                received = {_EVENT_TYPE[k]: n for k, n in inf.tracker.received.items() if k in _EVENT_TYPE}
+                if inf.tracker.synced:
+                    received["sync"] = inf.tracker.synced
             gauges[str(inf.watched.key)] = InformerGauges(
+                resource=inf.watched.ref.qualified,
+                informer=i,
+                received=received,
                 relists=st.relists[i],
                 watch_restarts=max(0, reflector.watch_count - 1) if reflector else 0,
                 expired=reflector.expired_count if reflector else 0,

@@ -143,8 +143,8 @@ class AckTracker:
         if seq < 0:
             return  # replays to a late handler are not tracked
         if seq <= self._last_dispatched_seq:
-            log.warning("%s: notification seq %d dispatched out of order (last %d); ignored",
-                        self.name, seq, self._last_dispatched_seq)
+            log.warning("notification seq %d dispatched out of order (last %d); ignored",
+                        seq, self._last_dispatched_seq, extra={"informer": self.name})
             return
         self._last_dispatched_seq = seq
         self._note_state(notification)
@@ -200,7 +200,14 @@ class AckTracker:
             self._unobserved.add(n.seq)
             return
         if known is None:
-            known = self._index.get(key, ("", ""))[1]
+            # Not changed in this run: what sinks last acknowledged of it, which after a resume may
+            # be in the delivered-ahead map rather than the index.
+            pending = self._ahead.get(key)
+            if pending:
+                entry = pending[-1][1]
+                known = entry[1] if entry is not None else ""
+            else:
+                known = self._index.get(key, ("", ""))[1]
         # A delete seen on the watch carries a resourceVersion of its own; one that carries exactly
         # the state last seen was inferred by a relist (the object was re-created under a new uid).
         rv = _entry_of(n.obj)[1]

@@ -105,7 +105,7 @@ class SharedInformerFactory:
             return
         exc = task.exception()
         if exc is not None:
-            log.error("informer %s stopped with an error: %r", key, exc)
+            log.error("informer stopped with an error: %r", exc, extra={"informer": str(key)})
 
     async def wait_for_cache_sync(self, timeout: float) -> dict[InformerKey, bool]:
         """Waits (together, at most ``timeout`` seconds of loop time) for every started informer's

@@ -445,7 +445,7 @@ class ProcessorListener:
         except Exception:
             # Handler errors are caught per call; this is a bug in the listener itself. Closing
             # releases a producer waiting for room instead of stalling the whole informer.
-            log.exception("listener %s: worker failed; closing the listener", self.name)
+            log.exception("worker failed; closing the listener", extra={"listener": self.name})
             self.close()
 
     async def _drain_forever(self) -> None:
@@ -561,8 +561,8 @@ class ProcessorListener:
             raise
         except Exception:
             self._handler_errors += 1
-            log.exception("listener %s: handler failed on %s of %r (seq %d); carrying on",
-                          self.name, n.kind.value, n.key, n.seq)
+            log.exception("handler failed on %s of %r (seq %d); carrying on",
+                          n.kind.value, n.key, n.seq, extra={"listener": self.name})
             ack()
         finally:
             self._busy = False
@@ -594,10 +594,11 @@ class ProcessorListener:
                 except Exception:
                     failures += 1
                     self._handler_errors += 1
-                    log.exception("listener %s: handler failed on snapshot object (seq %d)",
-                                  self.name, n.seq)
+                    log.exception("handler failed on snapshot object (seq %d)",
+                                  n.seq, extra={"listener": self.name})
             if failures:
-                log.warning("listener %s: %d snapshot objects failed (seq %d)", self.name, failures, n.seq)
+                log.warning("%d snapshot objects failed (seq %d)", failures, n.seq,
+                            extra={"listener": self.name})
 
     def _ack(self, n: Notification) -> None:
         if n.seq < 0 or self._closed:
@@ -794,8 +795,8 @@ class SharedProcessor:
                 async with asyncio.timeout(max(0.0, timeout)):
                     await asyncio.gather(*drains)
             except TimeoutError:
-                log.warning("processor %s: listeners did not drain within %.1fs; cancelling",
-                            self.name, timeout)
+                log.warning("listeners did not drain within %.1fs; cancelling",
+                            timeout, extra={"informer": self.name})
         await self._cancel_all()
 
     async def _cancel_all(self) -> None:

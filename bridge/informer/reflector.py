@@ -25,8 +25,15 @@ expires, it re-watches or relists following client-go's rules (CLIENT-GO-SEMANTI
   opened, store error); ``ERROR`` events and closes are routine and only logged, as in client-go;
 * a resync timer calling ``store.resync()`` every ``resync_period`` when ``should_resync()`` agrees;
 * WatchList (``use_watch_list``): the initial state streamed as ADDED events up to the
-  ``k8s.io/initial-events-end`` bookmark, then the same stream continues as a normal watch; a server
-  that rejects it makes the reflector fall back to list + watch, and remember.
+  ``k8s.io/initial-events-end`` bookmark, then the same stream continues as a normal watch (a stream
+  is iterated once: the watch loop takes over the WatchList's iterator); an expired or too-large
+  resourceVersion, on opening or as an ERROR event, retries the WatchList at once from ``""`` (as
+  client-go's ``watchList``); a server that rejects it makes the reflector fall back to list +
+  watch, and remember;
+* a watch that ends at a line it could not decode (an ERROR event caused by ``ClientWatchDecoding``)
+  is watched again from the last RV applied, after backoff and without a relist, so the change on
+  that line comes again; a well-formed event whose object has no ``metadata.name`` is the only thing
+  skipped (logged with its RV, which still counts).
 
 Bridge extension: ``initial_resource_version`` (a checkpoint) makes the first cycle skip the list and
 watch from that RV directly; if it has expired (410), the reflector relists at once with RV ``""``.
@@ -48,7 +55,8 @@ import enum
 import inspect
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from bridge.clock import Clock
@@ -70,7 +78,7 @@ from bridge.errors import (
     TooManyRequestsError,
 )
 from bridge.informer.backoff import Backoff
-from bridge.rawobject import object_identity, object_key
+from bridge.rawobject import RawObject, object_identity, object_key
 
 __all__ = [
     "INITIAL_EVENTS_END_ANNOTATION",
@@ -86,6 +94,9 @@ log = logging.getLogger(__name__)
 
 INITIAL_EVENTS_END_ANNOTATION = "k8s.io/initial-events-end"
 """Annotation (value ``"true"``) on the bookmark that ends a WatchList's initial state."""
+
+_DECODE_ERROR_CAUSE = "ClientWatchDecoding"
+"""Cause type of the ERROR event a watch stream ends with at a line it cannot decode (client-go's)."""
 
 _SHORT_WATCH = 1.0
 """A watch closing sooner than this with no event is treated as a failure (client-go's rule)."""
@@ -185,9 +196,9 @@ WatchErrorHandler = Callable[["Reflector", BaseException], None]
 def default_watch_error_handler(reflector: Reflector, err: BaseException) -> None:
     """Logs the error: expiry at info level (routine), anything else as a warning."""
     if isinstance(err, ResourceExpiredError):
-        log.info("reflector %s: watch closed: %s", reflector.name, err)
+        log.info("watch closed: %s", err, extra={"informer": reflector.name})
     else:
-        log.warning("reflector %s: list/watch failed: %s: %s", reflector.name, type(err).__name__, err)
+        log.warning("list/watch failed: %s: %s", type(err).__name__, err, extra={"informer": reflector.name})
 
 
 class _WatchEnd(enum.Enum):
@@ -200,7 +211,22 @@ class _WatchEnd(enum.Enum):
     EXPIRED = "expired"
     """ERROR event with a 410 Status (or too-large RV): end the cycle (backoff, relist)."""
     BACKOFF_REWATCH = "backoff_rewatch"
-    """ERROR event with a 429 Status: back off, then watch again at the same RV."""
+    """ERROR event with a 429 Status, or the stream could not decode a line: back off, then watch
+    again at the same RV."""
+
+
+@dataclass(slots=True)
+class _OpenWatch:
+    """An open watch and the one iterator over its events. A watch stream is iterated exactly once
+    (a second ``__aiter__`` raises): whoever continues reading it (the watch loop after a WatchList's
+    initial state) must take over this iterator, never start a new one."""
+
+    stream: WatchStream
+    events: AsyncIterator[WatchEvent]
+
+    @classmethod
+    def of(cls, stream: WatchStream) -> _OpenWatch:
+        return cls(stream, stream.__aiter__())
 
 
 class _WatchListRejected(Exception):
@@ -322,7 +348,7 @@ class Reflector:
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if self._stop_requested and task.cancelled() and (current is None or current.cancelling() == 0):
-                log.info("reflector %s: stopped", self.name)
+                log.info("stopped", extra={"informer": self.name})
                 return
             raise
 
@@ -338,7 +364,7 @@ class Reflector:
             self._task.cancel()
 
     async def _loop(self) -> None:
-        log.info("reflector %s: starting", self.name)
+        log.info("starting", extra={"informer": self.name})
         while True:
             retry_after: float | None = None
             try:
@@ -351,7 +377,7 @@ class Reflector:
                 try:
                     self._watch_error_handler(self, exc)
                 except Exception:
-                    log.exception("reflector %s: watch error handler raised", self.name)
+                    log.exception("watch error handler raised", extra={"informer": self.name})
             await self._backoff.wait(retry_after)
 
     # -- one cycle ----------------------------------------------------------------------------------
@@ -359,18 +385,19 @@ class Reflector:
     async def list_and_watch(self) -> None:
         """One cycle: list (or WatchList, or resume from the checkpoint), then watch until the watch
         ends in a way that requires a relist. Raises when the cycle failed."""
-        stream: WatchStream | None = None
+        stream: _OpenWatch | None = None
         resuming = bool(self._resume_rv)
         if resuming:
-            log.info("reflector %s: resuming watch from resourceVersion %s", self.name, self._resume_rv)
+            log.info("resuming watch from resourceVersion %s", self._resume_rv, extra={"informer": self.name})
             self._resume_rv = ""
         elif self._use_watch_list and not self._watch_list_rejected:
             try:
                 stream = await self._watch_list()
             except _WatchListRejected as rejected:
                 log.warning(
-                    "reflector %s: WatchList did not deliver the initial state (%s); falling back to "
-                    "list + watch%s", self.name, rejected, " from now on" if rejected.remember else "")
+                    "WatchList did not deliver the initial state (%s); falling back to "
+                    "list + watch%s", rejected, " from now on" if rejected.remember else "",
+                    extra={"informer": self.name})
                 if rejected.remember:
                     self._watch_list_rejected = True
                 if rejected.expired:
@@ -382,7 +409,7 @@ class Reflector:
         end = await self._watch_with_resync(stream, resuming=resuming)
         if end is _WatchEnd.EXPIRED and resuming:
             # The checkpoint's RV is gone: a consistent relist, at once, then watch as usual.
-            log.info("reflector %s: checkpoint resourceVersion expired; relisting", self.name)
+            log.info("checkpoint resourceVersion expired; relisting", extra={"informer": self.name})
             self._rv_unavailable = True
             await self._list()
             await self._watch_with_resync(None, resuming=False)
@@ -413,8 +440,8 @@ class Reflector:
                 list_rv, paginated = await self._paged_list(rv, limit, pages)
             except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
                 self.expired_count += 1
-                log.info("reflector %s: list at resourceVersion %r failed (%s); relisting with a "
-                         "consistent read", self.name, rv, exc)
+                log.info("list at resourceVersion %r failed (%s); relisting with a "
+                         "consistent read", rv, exc, extra={"informer": self.name})
                 self._rv_unavailable = True
                 list_rv, paginated = await self._paged_list(self._relist_resource_version(), limit, pages)
         except BaseException:
@@ -429,7 +456,8 @@ class Reflector:
         await pages.complete(store, list_rv)
         self._last_sync_rv = list_rv
         self.list_count += 1
-        log.debug("reflector %s: listed %d items at resourceVersion %s", self.name, pages.count, list_rv)
+        log.debug("listed %d items at resourceVersion %s", pages.count, list_rv,
+                  extra={"informer": self.name})
 
     def _page_limit(self, rv: str) -> int | None:
         if self._page_size == 0:
@@ -453,8 +481,8 @@ class Reflector:
             except ResourceExpiredError:
                 if options.continue_token is None:
                     raise
-                log.info("reflector %s: list continuation expired; retrying as one full list at "
-                         "resourceVersion %r", self.name, rv)
+                log.info("list continuation expired; retrying as one full list at "
+                         "resourceVersion %r", rv, extra={"informer": self.name})
                 # Not older than pages already forwarded (see _list); client-go: the original RV.
                 full = await self._lw.list(ListOptions(resource_version=pages.streamed_rv or rv))
                 await pages.restart()
@@ -472,7 +500,7 @@ class Reflector:
     def _watch_timeout(self) -> int:
         return int(self._min_watch_timeout * (self._rng.random() + 1.0))
 
-    async def _watch_with_resync(self, stream: WatchStream | None, *, resuming: bool) -> _WatchEnd:
+    async def _watch_with_resync(self, stream: _OpenWatch | None, *, resuming: bool) -> _WatchEnd:
         """Watches (re-opening the watch as the rules say) with the resync timer running; returns
         when the cycle must end. ``stream``: an already open stream to continue (WatchList)."""
         self._resync_error = None
@@ -486,7 +514,7 @@ class Reflector:
                 resync_task.cancel()
                 await asyncio.gather(resync_task, return_exceptions=True)
 
-    async def _watch(self, stream: WatchStream | None, *, resuming: bool) -> _WatchEnd:
+    async def _watch(self, stream: _OpenWatch | None, *, resuming: bool) -> _WatchEnd:
         # While resuming from a checkpoint, a 410 before any event means the checkpoint expired.
         events_seen = 0
         while True:
@@ -498,19 +526,21 @@ class Reflector:
                     allow_watch_bookmarks=True,
                 )
                 try:
-                    stream = await self._open_watch(options, "watch")
+                    opened = await self._open_watch(options, "watch")
                 except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
                     if resuming and events_seen == 0:
-                        log.info("reflector %s: watch from %s failed: %s", self.name, self._last_sync_rv, exc)
+                        log.info("watch from %s failed: %s", self._last_sync_rv, exc,
+                                 extra={"informer": self.name})
                         return _WatchEnd.EXPIRED
                     raise
-                if stream is None:
+                if opened is None:
                     continue
+                stream = _OpenWatch.of(opened)
             try:
                 end, count = await self._handle_watch(stream, start)
             finally:
                 self._current_stream = None
-                await stream.close()
+                await stream.stream.close()
                 stream = None
             events_seen += count
             if self._resync_error is not None:
@@ -524,11 +554,11 @@ class Reflector:
                 return _WatchEnd.RELIST
             return end
 
-    async def _handle_watch(self, stream: WatchStream, start: float) -> tuple[_WatchEnd, int]:
-        self._current_stream = stream
+    async def _handle_watch(self, stream: _OpenWatch, start: float) -> tuple[_WatchEnd, int]:
+        self._current_stream = stream.stream
         count = 0
         try:
-            async for event in stream:
+            async for event in stream.events:
                 if event.type is WatchEventType.ERROR:
                     return self._error_event_end(event), count
                 await self._apply(event)
@@ -536,21 +566,21 @@ class Reflector:
         except ApiUnavailableError as exc:
             # A connection that breaks mid-stream (reset, EOF) ends the watch like a clean close,
             # as client-go's stream watcher treats probable-EOF errors.
-            log.info("reflector %s: watch stream broke: %s", self.name, exc)
+            log.info("watch stream broke: %s", exc, extra={"informer": self.name})
         except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
             self.expired_count += 1
-            log.info("reflector %s: watch expired: %s", self.name, exc)
+            log.info("watch expired: %s", exc, extra={"informer": self.name})
             return _WatchEnd.EXPIRED, count
         except ApiError as exc:
             # Undecodable stream and the like: client-go turns these into an ERROR event.
-            log.warning("reflector %s: watch stream failed: %s; relisting", self.name, exc)
+            log.warning("watch stream failed: %s; relisting", exc, extra={"informer": self.name})
             return _WatchEnd.RELIST, count
         duration = self._clock.now() - start
         if duration < _SHORT_WATCH and count == 0:
-            log.warning("reflector %s: very short watch: watch lasted %.3f s with no items received; "
-                        "relisting after backoff", self.name, duration)
+            log.warning("very short watch: watch lasted %.3f s with no items received; "
+                        "relisting after backoff", duration, extra={"informer": self.name})
             return _WatchEnd.RELIST, count
-        log.debug("reflector %s: watch closed after %.3f s, %d events", self.name, duration, count)
+        log.debug("watch closed after %.3f s, %d events", duration, count, extra={"informer": self.name})
         return _WatchEnd.REWATCH, count
 
     async def _open_watch(self, options: WatchOptions, what: str) -> WatchStream | None:
@@ -561,8 +591,8 @@ class Reflector:
             stream = await self._lw.watch(options)
         except (ApiUnavailableError, TooManyRequestsError) as exc:
             retry_after = exc.retry_after if isinstance(exc, TooManyRequestsError) else None
-            log.info("reflector %s: %s could not be opened (%s); retrying after backoff",
-                     self.name, what, exc)
+            log.info("%s could not be opened (%s); retrying after backoff",
+                     what, exc, extra={"informer": self.name})
             await self._backoff.wait(retry_after)
             return None
         except (ResourceExpiredError, TooLargeResourceVersionError):
@@ -578,32 +608,45 @@ class Reflector:
         message = str(status.get("message") or "")
         if code == 410 or reason in ("Expired", "Gone"):
             self.expired_count += 1
-            log.info("reflector %s: watch expired: %s", self.name, message)
+            log.info("watch expired: %s", message, extra={"informer": self.name})
             return _WatchEnd.EXPIRED
         if "too large resource version" in message.lower():
             self.expired_count += 1
-            log.info("reflector %s: watch from a too-large resourceVersion: %s", self.name, message)
+            log.info("watch from a too-large resourceVersion: %s", message, extra={"informer": self.name})
             return _WatchEnd.EXPIRED
+        if _is_decode_error(status):
+            # client-go's stream watcher ends the watch at a line it cannot decode; re-watching from
+            # the last event applied brings the change that line carried again (skipping the line
+            # would lose it). The backoff keeps a server that keeps sending garbage from spinning us.
+            self._last_retry_after = None
+            log.warning("reflector %s: %s; watching again from resourceVersion %s", self.name, message,
+                        self._last_sync_rv)
+            return _WatchEnd.BACKOFF_REWATCH
         if code == 429:
             details = status.get("details") or {}
             retry = details.get("retryAfterSeconds") if isinstance(details, dict) else None
             self._last_retry_after = float(retry) if retry is not None else None
-            log.info("reflector %s: watch throttled (429): %s", self.name, message)
+            log.info("watch throttled (429): %s", message, extra={"informer": self.name})
             return _WatchEnd.BACKOFF_REWATCH
-        log.warning("reflector %s: watch ERROR event (code %s, reason %s): %s; relisting",
-                    self.name, code, reason, message)
+        log.warning("watch ERROR event (code %s, reason %s): %s; relisting",
+                    code, reason, message, extra={"informer": self.name})
         return _WatchEnd.RELIST
 
     async def _apply(self, event: WatchEvent) -> None:
         obj = event.object
-        if event.type is WatchEventType.ADDED:
+        if event.type is not WatchEventType.BOOKMARK and not _has_name(obj):
+            # A well-formed event whose object cannot be keyed: nothing can be done with it but
+            # say so (client-go's store refuses it the same way); its resourceVersion still counts.
+            log.error("reflector %s: skipping a %s event whose object has no metadata.name "
+                      "(resourceVersion %r)", self.name, event.type.value, _resource_version(obj))
+        elif event.type is WatchEventType.ADDED:
             await _call(self._store.add(obj))
         elif event.type is WatchEventType.MODIFIED:
             await _call(self._store.update(obj))
         elif event.type is WatchEventType.DELETED:
             await _call(self._store.delete(obj))
         elif event.type is not WatchEventType.BOOKMARK:
-            log.error("reflector %s: unable to understand watch event type %s", self.name, event.type)
+            log.error("unable to understand watch event type %s", event.type, extra={"informer": self.name})
         rv = _resource_version(obj)
         if rv:
             self._last_sync_rv = rv
@@ -613,9 +656,15 @@ class Reflector:
 
     # -- WatchList ----------------------------------------------------------------------------------
 
-    async def _watch_list(self) -> WatchStream:
+    async def _watch_list(self) -> _OpenWatch:
         """Opens a WatchList and consumes its initial state into ``store.replace``; returns the open
-        stream, positioned after the initial-events-end bookmark."""
+        stream, positioned after the initial-events-end bookmark.
+
+        As client-go's ``watchList``: a resourceVersion that expired (410) or is newer than the server
+        knows (too large), whether the answer to opening the request or an ERROR event in its stream,
+        is marked unavailable and the WatchList is retried at once from ``""`` (a consistent
+        snapshot); that says nothing about the server's support of WatchList. Only if even that
+        fails so does the cycle fall back to a list (for this cycle only)."""
         while True:
             rv = "" if self._rv_unavailable else self._last_sync_rv
             options = WatchOptions(
@@ -628,23 +677,38 @@ class Reflector:
             try:
                 stream = await self._open_watch(options, "WatchList")
             except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
-                raise _WatchListRejected(str(exc), remember=True, expired=True) from exc
+                self._watch_list_rv_unavailable(rv, str(exc))
+                continue
             except Exception as exc:
                 raise _WatchListRejected(f"{type(exc).__name__}: {exc}", remember=True) from exc
-            if stream is not None:
-                break
-        ok = False
-        try:
-            await self._consume_initial_events(stream)
-            ok = True
-            return stream
-        finally:
-            if not ok:
-                await stream.close()
+            if stream is None:
+                continue
+            opened = _OpenWatch.of(stream)
+            ok = False
+            try:
+                await self._consume_initial_events(opened.events)
+                ok = True
+                return opened
+            except _WatchListRejected as rejected:
+                if not rejected.expired:
+                    raise
+                self._watch_list_rv_unavailable(rv, str(rejected))
+            finally:
+                if not ok:
+                    await stream.close()
 
-    async def _consume_initial_events(self, stream: WatchStream) -> None:
+    def _watch_list_rv_unavailable(self, rv: str, reason: str) -> None:
+        """A WatchList at ``rv`` met an expired / too-large resourceVersion: retry from ``""``, or,
+        if that was ``""`` already, give up on WatchList for this cycle."""
+        if rv == "":
+            raise _WatchListRejected(f"{reason} (from a consistent read)", remember=False, expired=True)
+        log.info("reflector %s: WatchList from resourceVersion %s: %s; retrying from a consistent "
+                 "snapshot", self.name, rv, reason)
+        self._rv_unavailable = True
+
+    async def _consume_initial_events(self, events: AsyncIterator[WatchEvent]) -> None:
         try:
-            await self._consume_initial_events_from(stream)
+            await self._consume_initial_events_from(events)
         except ApiUnavailableError as exc:
             raise _WatchListRejected(f"stream broke before the initial-events-end bookmark: {exc}",
                                      remember=False) from exc
@@ -653,15 +717,18 @@ class Reflector:
             raise _WatchListRejected(f"stream failed before the initial-events-end bookmark: {exc}",
                                      remember=True, expired=expired) from exc
 
-    async def _consume_initial_events_from(self, stream: WatchStream) -> None:
+    async def _consume_initial_events_from(self, events: AsyncIterator[WatchEvent]) -> None:
         temp: dict[str, KubeObject] = {}
-        async for event in stream:
+        # Returning from inside this loop leaves ``events`` open: the watch loop takes it over.
+        async for event in events:
             obj = event.object
             if event.type is WatchEventType.ERROR:
-                expired = self._error_event_end(event) is _WatchEnd.EXPIRED
+                end = self._error_event_end(event)
+                # Only an error the server answers a WatchList with means it will not serve them;
+                # a 429, an expired RV or a line the client could not decode says nothing about it.
                 raise _WatchListRejected(
                     f"ERROR event before the initial-events-end bookmark: {obj.get('message', '')}",
-                    remember=True, expired=expired)
+                    remember=end is _WatchEnd.RELIST, expired=end is _WatchEnd.EXPIRED)
             if event.type is WatchEventType.BOOKMARK:
                 annotations = (obj.get("metadata") or {}).get("annotations") or {}
                 if annotations.get(INITIAL_EVENTS_END_ANNOTATION) == "true":
@@ -670,14 +737,18 @@ class Reflector:
                     self._last_sync_rv = rv
                     self._rv_unavailable = False
                     self.list_count += 1
-                    log.debug("reflector %s: WatchList delivered %d items at resourceVersion %s",
-                              self.name, len(temp), rv)
+                    log.debug("WatchList delivered %d items at resourceVersion %s",
+                              len(temp), rv, extra={"informer": self.name})
                     return
                 continue
-            if event.type is WatchEventType.DELETED:
-                temp.pop(_key(obj), None)
+            key = _key(obj)
+            if not _has_name(obj):
+                log.error("reflector %s: skipping a %s event whose object has no metadata.name "
+                          "(resourceVersion %r)", self.name, event.type.value, _resource_version(obj))
+            elif event.type is WatchEventType.DELETED:
+                temp.pop(key, None)
             else:
-                temp[_key(obj)] = obj
+                temp[key] = obj
         raise _WatchListRejected("stream closed before the initial-events-end bookmark", remember=False)
 
     # -- resync -------------------------------------------------------------------------------------
@@ -686,16 +757,32 @@ class Reflector:
         while True:
             await self._clock.sleep(self._resync_period)
             if self._should_resync is None or self._should_resync():
-                log.debug("reflector %s: forcing resync", self.name)
+                log.debug("forcing resync", extra={"informer": self.name})
                 try:
                     await _call(self._store.resync())
                 except Exception as exc:
-                    log.error("reflector %s: resync failed: %s", self.name, exc)
+                    log.error("resync failed: %s", exc, extra={"informer": self.name})
                     self._resync_error = exc
                     stream = self._current_stream
                     if stream is not None:
                         await stream.close()
                     return
+
+
+def _is_decode_error(status: KubeObject) -> bool:
+    """The Status of a watch that ended at a line it could not decode (cause ``ClientWatchDecoding``)."""
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return isinstance(causes, list) and any(
+        isinstance(c, dict) and c.get("type") == _DECODE_ERROR_CAUSE for c in causes)
+
+
+def _has_name(obj: KubeObject) -> bool:
+    """Whether the object has a ``metadata.name`` (its key needs one)."""
+    if type(obj) is RawObject:
+        return bool(obj.name)
+    meta = obj.get("metadata")
+    return isinstance(meta, Mapping) and bool(meta.get("name"))
 
 
 def _resource_version(obj: KubeObject) -> str:

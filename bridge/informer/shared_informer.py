@@ -7,8 +7,10 @@ client-go's rules (CLIENT-GO-SEMANTICS.md, "sharedIndexInformer…"):
 
 * the cache is updated before any handler is told; Sync/Replaced/Added/Updated of a cached object is
   an update, otherwise an add (with the FIFO's ``is_in_initial_list``); Deleted is a delete;
-* an update whose old and new resourceVersion are equal is a resync notification, delivered only to
-  the listeners whose own resync period is due;
+* a Sync or Replaced delta whose old and new resourceVersion are equal is a resync notification,
+  delivered only to the listeners whose own resync period is due; an Added or Updated delta goes to
+  every listener even at an unchanged resourceVersion (client-go judges by the resourceVersion alone
+  and would drop such a change for every listener not due for a resync);
 * per-handler resync periods are clamped as client-go does (0 = never, < 1 s → 1 s, before start a
   smaller period lowers the informer's check period, after start it is raised to it; a zero check
   period disables every handler's resync);
@@ -99,6 +101,9 @@ __all__ = [
     "InformerStartedError",
     "SharedIndexInformer",
 ]
+
+_RESYNC_DELTAS = frozenset({DeltaType.SYNC, DeltaType.REPLACED})
+"""Delta types that are resync notifications when they leave the object's resourceVersion unchanged."""
 
 log = logging.getLogger(__name__)
 
@@ -368,14 +373,14 @@ class SharedIndexInformer:
         period = options.resync_period
         if period > 0:
             if period < MINIMUM_RESYNC_PERIOD:
-                log.warning("informer %s: resync period %.3fs of %s raised to the minimum %.1fs",
-                            self.name, period, name, MINIMUM_RESYNC_PERIOD)
+                log.warning("resync period %.3fs of %s raised to the minimum %.1fs",
+                            period, name, MINIMUM_RESYNC_PERIOD, extra={"informer": self.name})
                 period = MINIMUM_RESYNC_PERIOD
             if period < self._resync_check_period:
                 if self._started:
-                    log.warning("informer %s: resync period %.3fs of %s raised to the informer's check "
-                                "period %.3fs (it has started)", self.name, period, name,
-                                self._resync_check_period)
+                    log.warning("resync period %.3fs of %s raised to the informer's check "
+                                "period %.3fs (it has started)", period, name,
+                                self._resync_check_period, extra={"informer": self.name})
                     period = self._resync_check_period
                 else:
                     self._resync_check_period = period
@@ -588,7 +593,11 @@ class SharedIndexInformer:
                 False,
             )
             return
-        is_resync = old_rv == new_rv
+        # Only a Sync (the resync timer) or Replaced (a relist) delta that leaves the object as it
+        # was is a resync, for the listeners due for one. An Added or Updated delta is a change the
+        # server sent: every listener gets it, even at an unchanged resourceVersion (a server
+        # repeating itself, an object first known from a checkpoint), so nothing is dropped.
+        is_resync = delta.type in _RESYNC_DELTAS and old_rv == new_rv
         await distribute(
             Notification(kind=NotificationKind.UPDATE, obj=obj, old=old, is_resync=is_resync, key=key),
             is_resync,
@@ -611,7 +620,7 @@ class SharedIndexInformer:
                 raise
             except Exception:
                 self.process_errors += 1
-                log.exception("informer %s: processing a queued item failed; skipping it", self.name)
+                log.exception("processing a queued item failed; skipping it", extra={"informer": self.name})
 
     # ---------------------------------------------------------------------------------------------
     # lifecycle
@@ -678,8 +687,8 @@ class SharedIndexInformer:
                         # rest of the informer keeps delivering what is queued.
                         continue
                     exc = None if task.cancelled() else task.exception()
-                    log.error("informer %s: task %s ended unexpectedly: %r", self.name,
-                              task.get_name(), exc)
+                    log.error("task %s ended unexpectedly: %r", task.get_name(), exc,
+                              extra={"informer": self.name})
                     raise InformerError(
                         f"informer {self.name!r}: task {task.get_name()} ended unexpectedly"
                     ) from exc
@@ -710,7 +719,7 @@ class SharedIndexInformer:
                 async with asyncio.timeout_at(deadline):
                     await asyncio.shield(pop)
             except TimeoutError:
-                log.warning("informer %s: the pop loop did not finish in time; cancelling", self.name)
+                log.warning("the pop loop did not finish in time; cancelling", extra={"informer": self.name})
                 pop.cancel()
             except Exception:
                 pass  # reported by _cancel_tasks
@@ -724,7 +733,7 @@ class SharedIndexInformer:
         results = await asyncio.gather(*self._tasks, return_exceptions=True)
         for task, result in zip(self._tasks, results, strict=True):
             if isinstance(result, Exception):
-                log.error("informer %s: task %s failed: %r", self.name, task.get_name(), result)
+                log.error("task %s failed: %r", task.get_name(), result, extra={"informer": self.name})
         if self._processor.started:
             await self._processor.shutdown(0)
 

@@ -152,12 +152,18 @@ class LineStream:
         self.broken: BaseException | None = None
         """The transport error that ended the stream, if it did not end cleanly."""
         self.oversized_lines = 0
+        self._iterated = False
 
     @property
     def status(self) -> int:
         return self._response.status
 
     def __aiter__(self) -> AsyncIterator[bytes]:
+        """The lines, once: a second iteration would start a second reader over the same
+        connection (and lose what the first had buffered), so it raises instead."""
+        if self._iterated:
+            raise RuntimeError(f"{self._context}: a stream's lines can be iterated only once")
+        self._iterated = True
         return self._lines()
 
     async def _lines(self) -> AsyncIterator[bytes]:
@@ -386,10 +392,14 @@ class ApiClient:
             )
         return self._session
 
-    async def _headers(self, content_type: str | None, *, force_refresh: bool) -> dict[str, str]:
+    async def _headers(
+        self, content_type: str | None, *, force_refresh: bool, accept: str | None = None
+    ) -> dict[str, str]:
         headers: dict[str, str] = {}
         if content_type:
             headers["Content-Type"] = content_type
+        if accept:
+            headers["Accept"] = accept
         if self._token_source is not None:
             value = await self._token_source.authorization(force_refresh=force_refresh)
             if value:
@@ -407,6 +417,7 @@ class ApiClient:
         context: str,
         timeout: aiohttp.ClientTimeout,
         budget: float | None = None,
+        accept: str | None = None,
     ) -> aiohttp.ClientResponse:
         """Sends until an answer is final; returns a 2xx response (unread) or raises.
 
@@ -422,7 +433,7 @@ class ApiClient:
         refreshed = False
         force_refresh = False
         while True:
-            headers = await self._headers(content_type, force_refresh=force_refresh)
+            headers = await self._headers(content_type, force_refresh=force_refresh, accept=accept)
             force_refresh = False
             attempt_timeout = timeout
             if end is not None:
@@ -469,12 +480,13 @@ class ApiClient:
                 refreshed = force_refresh = True
                 _log.info("%s: 401 from %s; refreshing credentials", context, self._display_server)
                 continue
-            # "Too large resource version" (504, Retry-After 1) is left to the reflector, which
-            # relists consistently at once; client-go would burn ten retries on it first.
-            too_large = "too large resource version" in str(status.get("message", "")).lower()
+            # As client-go's REST layer, any 429/5xx carrying Retry-After is waited and sent again,
+            # "Too large resource version" (504, Retry-After 1) included: the watch cache is behind
+            # the RV asked for and usually catches up within a retry or two. Only after
+            # ``max_retries`` does the reflector see the error (and relist from a consistent read).
             wait = min(retry_after or 0.0, self._options.max_retry_after)
             in_budget = end is None or self._clock.now() + wait < end
-            if (code == 429 or code >= 500) and retry_after is not None and not too_large and (
+            if (code == 429 or code >= 500) and retry_after is not None and (
                 attempt < self._options.max_retries
             ) and in_budget:
                 attempt += 1
@@ -556,6 +568,32 @@ class ApiClient:
                 code=200,
             )
         return decoded
+
+    async def get_negotiated(
+        self, path: str, *, accept: str, context: str = ""
+    ) -> tuple[dict[str, Any], str]:
+        """A GET with its own ``Accept`` header (content negotiation, as discovery does); returns the
+        decoded JSON object and the answer's ``Content-Type`` (with its parameters)."""
+        context = context or f"GET {path}"
+        response = await self._send(
+            "GET", path, params=None, data=None, content_type=None, context=context,
+            timeout=self._request_timeout(), accept=accept,
+        )
+        try:
+            raw = await response.read()
+        except _RETRYABLE_NETWORK_ERRORS as e:
+            raise ApiUnavailableError(f"{context}: connection broke while reading the answer") from e
+        finally:
+            response.release()
+        content_type = response.headers.get("Content-Type", "")
+        try:
+            decoded = orjson.loads(raw) if raw.strip() else {}
+        except orjson.JSONDecodeError as e:
+            raise ApiStatusError(f"{context}: the server answered invalid JSON", code=200) from e
+        if not isinstance(decoded, dict):
+            raise ApiStatusError(f"{context}: expected a JSON object, got {type(decoded).__name__}",
+                                 code=200)
+        return decoded, content_type
 
     async def get_json(self, path: str, params: Params | None = None, *, context: str = "") -> dict[str, Any]:
         return await self.request("GET", path, params=params, context=context)

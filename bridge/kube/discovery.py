@@ -2,9 +2,18 @@
 
 Users configure informers with the names kubectl accepts (``pods``, ``po``, ``Pod``,
 ``deployments.apps``, ``deployments.apps/v1``, ``deployments.v1.apps``, ``widgets.example.com/v1``). The
-API server says what exists (``/api``, ``/apis``, and one resource list per group version); this module
-reads that once, caches it, and answers :meth:`Discovery.resolve` from the cache, re-reading discovery
-once when a name is not found (a CRD may have been installed since) and on :meth:`Discovery.invalidate`.
+API server says what exists; this module reads that once, caches it, and answers
+:meth:`Discovery.resolve` from the cache, re-reading discovery once when a name is not found (a CRD may
+have been installed since) and on :meth:`Discovery.invalidate`.
+
+As client-go's discovery client, it asks for *aggregated discovery* first: ``/api`` and ``/apis`` are
+requested with the ``Accept`` header client-go sends (``apidiscovery.k8s.io`` v2, then v2beta1, then
+plain JSON), and a server that supports it (Kubernetes 1.27+) answers each with an
+``APIGroupDiscoveryList`` holding every group, version and resource: two requests for the whole
+cluster. A server that answers plain JSON (``APIVersions`` / ``APIGroupList``) gets the legacy walk:
+one ``APIResourceList`` request per group version. Each of the two documents is judged on its own
+``Content-Type``, as client-go does. Group versions an aggregated answer marks ``Stale`` (an aggregated
+API server that is down) are skipped with a warning, like a group version whose legacy document fails.
 
 Errors name the resource and, for a typo, the closest names that do exist.
 """
@@ -20,13 +29,22 @@ from typing import Any, Protocol
 from bridge.errors import ApiError, ApiStatusError, ConfigurationError
 
 __all__ = [
+    "ACCEPT_DISCOVERY",
     "APIResource",
     "Discovery",
     "DiscoveryClient",
     "UnknownResourceError",
     "UnsupportedResourceError",
+    "parse_aggregated_discovery",
     "parse_resource_list",
 ]
+
+ACCEPT_DISCOVERY = (
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,"
+    "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,"
+    "application/json"
+)
+"""The ``Accept`` header of client-go's discovery requests: aggregated discovery first."""
 
 _log = logging.getLogger(__name__)
 
@@ -92,9 +110,68 @@ class APIResource:
 
 
 class DiscoveryClient(Protocol):
-    """What discovery needs from the API client (:class:`bridge.apiclient.ApiClient` fits)."""
+    """What discovery needs from the API client (:class:`bridge.apiclient.ApiClient` fits). A client
+    that also has ``get_negotiated(path, *, accept, context) -> (body, content_type)`` (as
+    ``ApiClient`` does) gets aggregated discovery; one without it, the legacy documents."""
 
     async def get_json(self, path: str, params: Any = None, *, context: str = "") -> dict[str, Any]: ...
+
+
+def _is_aggregated(content_type: str) -> bool:
+    """Whether an answer's Content-Type is an ``APIGroupDiscoveryList`` (v2 or v2beta1), whatever the
+    order of its parameters."""
+    media, *params = (p.strip() for p in content_type.split(";"))
+    if media.lower() != "application/json":
+        return False
+    found = dict(p.split("=", 1) for p in params if "=" in p)
+    return (found.get("g") == "apidiscovery.k8s.io" and found.get("as") == "APIGroupDiscoveryList"
+            and found.get("v") in ("v2", "v2beta1"))
+
+
+def parse_aggregated_discovery(
+    body: dict[str, Any],
+) -> tuple[list[tuple[str, tuple[str, ...]]], list[APIResource], list[str]]:
+    """An ``APIGroupDiscoveryList``: ``(groups with their versions in preference order, resources in
+    the same order, stale group versions)``. Subresources and resources without a
+    ``responseKind`` are left out (client-go counts the latter as failed)."""
+    groups: list[tuple[str, tuple[str, ...]]] = []
+    resources: list[APIResource] = []
+    stale: list[str] = []
+    for item in body.get("items") or []:
+        if not isinstance(item, dict):
+            continue
+        group = str((item.get("metadata") or {}).get("name") or "")
+        versions: list[str] = []
+        for v in item.get("versions") or []:
+            if not isinstance(v, dict) or not v.get("version"):
+                continue
+            version = str(v["version"])
+            gv = f"{group}/{version}" if group else version
+            if v.get("freshness") == "Stale":
+                stale.append(gv)
+                continue
+            versions.append(version)
+            for r in v.get("resources") or []:
+                if not isinstance(r, dict) or not r.get("resource") or "/" in str(r["resource"]):
+                    continue
+                kind = (r.get("responseKind") or {}).get("kind") if isinstance(r.get("responseKind"), dict) \
+                    else None
+                if not kind:
+                    _log.warning("discovery: resource %s of %s has no responseKind; skipping it",
+                                 r["resource"], gv)
+                    continue
+                resources.append(APIResource(
+                    group=group,
+                    version=version,
+                    resource=str(r["resource"]),
+                    kind=str(kind),
+                    namespaced=r.get("scope") == "Namespaced",
+                    verbs=tuple(str(x) for x in r.get("verbs") or ()),
+                    short_names=tuple(str(x) for x in r.get("shortNames") or ()),
+                    singular=str(r.get("singularResource") or ""),
+                ))
+        groups.append((group, tuple(versions)))
+    return groups, resources, stale
 
 
 def parse_resource_list(body: dict[str, Any], *, group: str, version: str) -> list[APIResource]:
@@ -176,13 +253,54 @@ class Discovery:
             return []
         return parse_resource_list(body, group=group, version=version)
 
+    async def _get(self, path: str) -> tuple[dict[str, Any], bool]:
+        """``path``'s discovery document, and whether it is an aggregated one."""
+        negotiate = getattr(self._client, "get_negotiated", None)
+        if negotiate is None:
+            return await self._client.get_json(path, context=f"discovery {path}"), False
+        body, content_type = await negotiate(path, accept=ACCEPT_DISCOVERY, context=f"discovery {path}")
+        return body, _is_aggregated(str(content_type))
+
     async def _discover(self) -> _Catalog:
-        core = await self._client.get_json("/api", context="discovery /api")
-        groups_body = await self._client.get_json("/apis", context="discovery /apis")
-        plan: list[tuple[str, str, str]] = [
-            ("", str(v), f"/api/{v}") for v in core.get("versions") or ["v1"]
-        ]
-        versions: dict[str, tuple[str, ...]] = {"": tuple(str(v) for v in core.get("versions") or ["v1"])}
+        core, core_aggregated = await self._get("/api")
+        groups_body, groups_aggregated = await self._get("/apis")
+        # In server order, core first: (group, version, the legacy document's path or None when the
+        # aggregated answer already holds its resources).
+        plan: list[tuple[str, str, str | None]] = []
+        versions: dict[str, tuple[str, ...]] = {}
+        aggregated: dict[tuple[str, str], list[APIResource]] = {}
+        for body, is_aggregated, legacy in ((core, core_aggregated, self._legacy_core),
+                                            (groups_body, groups_aggregated, self._legacy_groups)):
+            if is_aggregated:
+                groups, resources, stale = parse_aggregated_discovery(body)
+                for gv in stale:
+                    _log.warning("discovery of %s: the server marks it stale (its API server is "
+                                 "unavailable?); skipping it", gv)
+                for r in resources:
+                    aggregated.setdefault((r.group, r.version), []).append(r)
+                for group, vs in groups:
+                    versions[group] = vs
+                    plan.extend((group, v, None) for v in vs)
+            else:
+                for group, vs in legacy(body):
+                    versions[group] = vs
+                    prefix = f"/apis/{group}" if group else "/api"
+                    plan.extend((group, v, f"{prefix}/{v}") for v in vs)
+        lists = await asyncio.gather(*(
+            self._group_version(p, g, v) if p is not None else _ready(aggregated.get((g, v), []))
+            for g, v, p in plan))
+        resources_all = tuple(r for rl in lists for r in rl)
+        return _Catalog(resources=resources_all, groups=frozenset(versions), versions=versions)
+
+    @staticmethod
+    def _legacy_core(core: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
+        """An ``APIVersions`` document: the core group's versions."""
+        return [("", tuple(str(v) for v in core.get("versions") or ["v1"]))]
+
+    @staticmethod
+    def _legacy_groups(groups_body: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
+        """An ``APIGroupList``: each group's versions, the preferred one first."""
+        out: list[tuple[str, tuple[str, ...]]] = []
         for g in groups_body.get("groups") or []:
             gname = str(g.get("name") or "")
             if not gname:
@@ -190,11 +308,8 @@ class Discovery:
             listed = [str(v.get("version")) for v in g.get("versions") or [] if v.get("version")]
             preferred = str((g.get("preferredVersion") or {}).get("version") or (listed[0] if listed else ""))
             ordered = ([preferred] if preferred else []) + [v for v in listed if v != preferred]
-            versions[gname] = tuple(ordered)
-            plan.extend((gname, v, f"/apis/{gname}/{v}") for v in ordered)
-        lists = await asyncio.gather(*(self._group_version(p, g, v) for g, v, p in plan))
-        resources = tuple(r for rl in lists for r in rl)
-        return _Catalog(resources=resources, groups=frozenset(versions), versions=versions)
+            out.append((gname, tuple(ordered)))
+        return out
 
     @staticmethod
     def _match(catalog: _Catalog, name: str) -> list[APIResource]:
@@ -263,6 +378,10 @@ class Discovery:
         # Same name in several groups (events vs events.events.k8s.io): core / first listed wins,
         # as in kubectl. Within a group, versions are already in preference order.
         return found[0]
+
+
+async def _ready(resources: list[APIResource]) -> list[APIResource]:
+    return resources
 
 
 def _status_kwargs(e: ApiError) -> dict[str, Any]:

@@ -3,9 +3,15 @@
 This is the bridge's hot path from the API server: every object arrives through here. Lines of a watch
 are decoded straight from bytes into ``dict`` (msgspec, one pass; never the ``kubernetes`` package's
 typed models), and the things a long-running watch meets in practice are absorbed here rather than
-crashing the informer: a half-written last line when the connection drops (discarded), a line that is
-not a watch event (logged, counted in :attr:`HttpWatchStream.garbage_lines`, skipped), a connection
-reset mid-stream (the stream simply ends, and the reflector re-watches from its last resourceVersion).
+crashing the informer: a half-written last line when the connection drops (discarded), a connection
+reset mid-stream (the stream simply ends, and the reflector re-watches from its last resourceVersion),
+and a line that is not a watch event: as client-go's stream watcher does, the stream ends there with
+an ``ERROR`` event (a 500 Status whose cause is ``ClientWatchDecoding``), so that the reflector
+re-watches from the last resourceVersion it applied and the change that line carried comes again
+(counted in :attr:`HttpWatchStream.garbage_lines`). Skipping the line and reading on would lose it.
+
+A watch stream is iterated once: a second ``async for`` over it raises rather than silently starting
+a second reader over the same connection.
 
 Errors keep the :mod:`bridge.errors` types the reflector's policy needs (410 → ResourceExpiredError,
 "too large resource version" → TooLargeResourceVersionError, 429 → TooManyRequestsError …), with
@@ -26,9 +32,10 @@ from bridge.contracts import KubeObject, ListOptions, ListPage, WatchEvent, Watc
 from bridge.errors import ApiStatusError, ForbiddenError, NotFoundError
 from bridge.kube.apiclient import ApiClient, LineStream, Params
 from bridge.kube.discovery import APIResource, Discovery, UnsupportedResourceError
-from bridge.rawobject import RawObjectError, decode_object, decode_watch_object
+from bridge.rawobject import RawObject, RawObjectError, decode_object, decode_watch_object
 
 __all__ = [
+    "DECODE_ERROR_CAUSE",
     "WATCH_EVENT_DECODERS",
     "HttpListerWatcher",
     "HttpWatchStream",
@@ -46,8 +53,28 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 
+_DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)
+"""What msgspec raises for bytes that are not JSON: invalid UTF-8 in a key surfaces as a
+UnicodeDecodeError rather than a DecodeError (found by fuzzing)."""
+
+
 class WatchDecodeError(ValueError):
     """A line of a watch stream that is not a watch event."""
+
+
+DECODE_ERROR_CAUSE = "ClientWatchDecoding"
+"""The cause type of the ``ERROR`` event that ends a watch at an undecodable line (client-go's)."""
+
+
+def decode_error_status(message: str) -> dict[str, Any]:
+    """The Status of the ``ERROR`` event a stream ends with at a line it cannot decode: what
+    client-go's stream watcher reports (a 500 InternalError caused by ``ClientWatchDecoding``)."""
+    text = f"unable to decode an event from the watch stream: {message}"
+    return {
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": text, "reason": "InternalError", "code": 500,
+        "details": {"causes": [{"type": DECODE_ERROR_CAUSE, "message": text}]},
+    }
 
 
 WatchDecoder = Callable[[bytes], WatchEvent]
@@ -71,6 +98,16 @@ _raw_event_decoder = msgspec.json.Decoder(_RawEvent)
 _any_decoder = msgspec.json.Decoder(dict[str, Any])
 
 
+def _check_utf8(data: bytes) -> None:
+    """Bytes kept as they came (RawObjects) must be valid JSON, hence UTF-8: msgspec does not check
+    the content it skips. API servers send ASCII almost always, which is checked without a copy."""
+    if not data.isascii():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise WatchDecodeError(f"not UTF-8: byte {e.start}: {e.reason}") from e
+
+
 def _event(type_: str, obj: KubeObject) -> WatchEvent:
     kind = _EVENT_TYPES.get(type_)
     if kind is None:
@@ -82,19 +119,21 @@ def decode_watch_event(line: bytes) -> WatchEvent:
     """One pass of msgspec into ``{type: str, object: dict}``: the default. On realistic Pods it
     measures level with ``orjson.loads`` of the whole line and ahead of the two-pass ``Raw`` variant
     (bench/bench_decode.py), and it checks the event's shape while decoding."""
+    _check_utf8(line)
     try:
         ev = _event_decoder.decode(line)
-    except msgspec.DecodeError as e:
+    except _DECODE_ERRORS as e:
         raise WatchDecodeError(str(e)) from e
     return _event(ev.type, ev.object)
 
 
 def decode_watch_event_raw(line: bytes) -> WatchEvent:
     """msgspec with the object left as ``Raw``, then a second pass into a dict."""
+    _check_utf8(line)
     try:
         ev = _raw_event_decoder.decode(line)
         obj = _any_decoder.decode(ev.object)
-    except msgspec.DecodeError as e:
+    except _DECODE_ERRORS as e:
         raise WatchDecodeError(str(e)) from e
     return _event(ev.type, obj)
 
@@ -121,6 +160,7 @@ def raw_object_decoder(*, drop_managed_fields: bool = False) -> WatchDecoder:
     whole, as the reflector reads them."""
 
     def decode(line: bytes) -> WatchEvent:
+        _check_utf8(line)
         fast = decode_watch_object(line, drop_managed_fields=drop_managed_fields)
         if fast is not None:
             kind = _EVENT_TYPES.get(fast[0])
@@ -128,7 +168,7 @@ def raw_object_decoder(*, drop_managed_fields: bool = False) -> WatchDecoder:
                 return WatchEvent(type=kind, object=fast[1])
         try:
             ev = _raw_event_decoder.decode(line)
-        except msgspec.DecodeError as e:
+        except _DECODE_ERRORS as e:
             raise WatchDecodeError(str(e)) from e
         kind = _EVENT_TYPES.get(ev.type)
         if kind is None:
@@ -138,7 +178,14 @@ def raw_object_decoder(*, drop_managed_fields: bool = False) -> WatchDecoder:
                 return WatchEvent(type=kind, object=_any_decoder.decode(ev.object))
             obj = decode_object(ev.object, drop_managed_fields=drop_managed_fields)
             return WatchEvent(type=kind, object=obj)
-        except (msgspec.DecodeError, RawObjectError) as e:
+        except RawObjectError as e:
+            raw = bytes(ev.object)
+            if not raw.lstrip().startswith(b"{"):
+                raise WatchDecodeError(f"a watch event's object must be a JSON object: {e}") from e
+            # A well-formed event whose object has no metadata mapping: as with the dict decoders
+            # (an object without a name), the reflector logs and skips it.
+            return WatchEvent(type=kind, object=RawObject(raw, {}))
+        except _DECODE_ERRORS as e:
             raise WatchDecodeError(str(e)) from e
 
     return decode
@@ -171,9 +218,10 @@ _raw_list_decoder = msgspec.json.Decoder(_RawList)
 
 def split_list(body: bytes) -> tuple[_ListMeta, list[msgspec.Raw]]:
     """A List answer's metadata and its items, still undecoded (one fast pass)."""
+    _check_utf8(body)
     try:
         raw_list = _raw_list_decoder.decode(body)
-    except msgspec.DecodeError as e:
+    except _DECODE_ERRORS as e:
         raise WatchDecodeError(f"not a List: {e}") from e
     return raw_list.metadata, raw_list.items or []
 
@@ -202,7 +250,7 @@ def _list_page(
                     if "kind" not in item:
                         item["kind"] = kind
             items = list(dicts)
-    except (msgspec.DecodeError, RawObjectError) as e:
+    except (*_DECODE_ERRORS, RawObjectError) as e:
         raise WatchDecodeError(f"not a List: {e}") from e
     return ListPage(
         items=items,
@@ -254,9 +302,10 @@ class HttpWatchStream:
         self.events = 0
         """Events yielded."""
         self.garbage_lines = 0
-        """Lines that were not watch events, skipped."""
+        """Lines that were not watch events (0 or 1: the stream ends at the first)."""
         self.truncated_lines = 0
         """An unterminated, undecodable last line when the stream ended (0 or 1)."""
+        self._iterated = False
 
     @property
     def broken(self) -> BaseException | None:
@@ -264,6 +313,10 @@ class HttpWatchStream:
         return self._lines.broken
 
     def __aiter__(self) -> AsyncIterator[WatchEvent]:
+        """The events, once (a second iteration raises: see the module docstring)."""
+        if self._iterated:
+            raise RuntimeError(f"{self._context}: a watch stream can be iterated only once")
+        self._iterated = True
         return self._events()
 
     async def _events(self) -> AsyncIterator[WatchEvent]:
@@ -276,10 +329,12 @@ class HttpWatchStream:
                 if self._on_garbage is not None:
                     self._on_garbage()
                 _log.warning(
-                    "%s: skipping a line that is not a watch event (%d bytes): %s",
-                    self._context, len(line), e,
+                    "%s: a line is not a watch event (%d bytes): %s; ending the watch after %d events",
+                    self._context, len(line), e, self.events,
                 )
-                continue
+                yield WatchEvent(type=WatchEventType.ERROR, object=decode_error_status(str(e)))
+                await self._lines.close()
+                return
             self.events += 1
             yield event
         tail = self._lines.tail

@@ -7,8 +7,10 @@ Subcommands::
     demo          simulator + churn + bridge + stdout/file sinks, the embedded default
     check-config  validate a configuration file and print it with secrets masked
     snapshot      ask a running bridge for a resync snapshot
+    verify        compare what a sink holds with the cluster's current state
 
 Exit codes: 0 success; 1 runtime failure; 2 bad usage or invalid configuration; 130 interrupted.
+``verify``: 0 the sink's state equals the cluster's, 1 it differs, 2 bad usage or nothing to compare.
 """
 
 from __future__ import annotations
@@ -77,6 +79,37 @@ def _parser() -> argparse.ArgumentParser:
     snap.add_argument("--sink", help="only to this sink (by name); the other sinks receive nothing")
     snap.add_argument("--token-file",
                       help="file holding the bearer token (server.admin_token_file; or $KEB_ADMIN_TOKEN)")
+
+    ver = sub.add_parser(
+        "verify", help="compare what a sink holds with the cluster's current state",
+        description="Read everything a sink holds (a Kafka topic, a JetStream stream or a JSON-lines "
+                    "file), rebuild the state it describes, list the cluster, and report per resource "
+                    "the objects missing from the sink, phantom objects (alive in the sink, gone from "
+                    "the cluster), stale objects, duplicate event ids, per-object order violations and "
+                    "gap markers.",
+        epilog="Exit codes: 0 the sink's state equals the cluster's; 1 it differs; 2 bad usage, or the "
+               "sink or the cluster could not be read.")
+    ver.add_argument("-c", "--config", help="the bridge's configuration: Kubernetes access, resources "
+                                            "and cluster name are taken from it")
+    ver.add_argument("--kubeconfig", help="kubeconfig to list the cluster with (default: the config's, "
+                                          "else in-cluster or ~/.kube/config)")
+    ver.add_argument("--context", help="kubeconfig context")
+    ver.add_argument("--resource", action="append", default=[], metavar="RESOURCE[@NAMESPACE]",
+                     help="a resource to verify (repeatable); default: the config's resources")
+    ver.add_argument("--cluster", help="only events of this cluster name (default: the config's cluster; "
+                                       "without a config, every event)")
+    src = ver.add_mutually_exclusive_group()
+    src.add_argument("--sink", metavar="NAME", help="a sink of the --config file: where and how to read "
+                                                     "it (file, kafka, jetstream) comes from its options")
+    src.add_argument("--file", metavar="PATH", help="a file sink's JSON-lines output")
+    src.add_argument("--kafka", metavar="BROKERS", help="Kafka bootstrap servers (with --topic)")
+    src.add_argument("--jetstream", metavar="SERVERS", help="NATS server URL(s) (with --stream)")
+    ver.add_argument("--topic", action="append", default=[], help="Kafka topic (repeatable)")
+    ver.add_argument("--stream", help="JetStream stream name")
+    ver.add_argument("--json", action="store_true", help="print the report as JSON")
+    ver.add_argument("--strict", action="store_true", help="per-object order violations also fail")
+    ver.add_argument("--timeout", type=float, default=60.0,
+                     help="seconds to read the sink and list the cluster (default 60)")
     return p
 
 
@@ -125,12 +158,12 @@ def _snapshot(url: str, resource: str | None, token_file: str | None, sink: str 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] == ["sim"]:
-        from bridge.sim import sim_main
-
-        return sim_main(args_list[1:])
-    args = _parser().parse_args(args_list)
+    args = None if args_list[:1] == ["sim"] else _parser().parse_args(args_list)
     try:
+        if args is None:
+            from bridge.sim.cli import sim_main
+
+            return sim_main(args_list[1:], prog="kube-event-bridge sim")
         if args.command == "run":
             from bridge.service.service import run_service
 
@@ -144,6 +177,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _check_config(args.config)
         if args.command == "snapshot":
             return _snapshot(args.url, args.resource, args.token_file, args.sink)
+        if args.command == "verify":
+            from bridge.service.verify_cli import run_verify
+
+            return run_verify(args)
     except ConfigurationError as e:
         sys.stderr.write(f"kube-event-bridge: {e}\n")
         return EXIT_CONFIG
@@ -152,6 +189,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except Exception as e:  # the last line of defence: a message, never a traceback
+        sys.stderr.write(f"kube-event-bridge: unexpected error ({type(e).__name__}): {e}\n"
+                         "this is a bug; please report it with the command and configuration used\n")
+        return EXIT_FAILURE
     raise AssertionError(args.command)  # pragma: no cover
 
 

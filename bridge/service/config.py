@@ -18,11 +18,20 @@ from __future__ import annotations
 import os
 import re
 import socket
+import urllib.parse
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -30,7 +39,15 @@ from pydantic_settings import (
 )
 
 from bridge.errors import ConfigurationError
-from bridge.kube.labels import SelectorError, parse_field_selector, parse_label_selector
+from bridge.kube.labels import (
+    SelectorError,
+    check_field_selector_fields,
+    parse_field_selector,
+    parse_label_selector,
+    supported_field_labels,
+)
+from bridge.service.resource_names import canonical_resource
+from sinks.addresses import check_nats_url
 
 __all__ = [
     "BridgeConfig",
@@ -43,6 +60,7 @@ __all__ = [
     "ServerConfig",
     "SinkConfig",
     "TelemetryConfig",
+    "check_secret_files",
     "format_validation_error",
     "load_config",
     "masked_dump",
@@ -51,7 +69,10 @@ __all__ = [
 ENV_PREFIX = "KEB_"
 _FILE_REF = re.compile(r"\$\{file:([^}]+)\}")
 _CLUSTER = re.compile(r"[A-Za-z0-9._~-]+")
-_SINK_NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]*[a-z0-9])?$")
+SINK_NAME_PATTERN = r"^[a-z0-9]([a-z0-9_.-]*[a-z0-9])?$"
+_SINK_NAME = re.compile(SINK_NAME_PATTERN)
+RESOURCE_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(/[a-z0-9]+)?$"
+"""What kubectl accepts as a resource: ``pods``, ``po``, ``Pod``, ``deployments.apps/v1``."""
 
 
 class _Model(BaseModel):
@@ -73,7 +94,7 @@ class KubernetesConfig(_Model):
 class ResourceConfig(_Model):
     """One watched resource: ``pods``, ``deployments.apps``, ``widgets.example.com/v1``."""
 
-    resource: str = Field(min_length=1)
+    resource: str = Field(min_length=1, pattern=RESOURCE_PATTERN)
     namespace: str = ""
     """"" = every namespace (or a cluster-scoped resource)."""
     label_selector: str = ""
@@ -90,12 +111,34 @@ class ResourceConfig(_Model):
 
     @field_validator("field_selector")
     @classmethod
-    def _field_selector_parses(cls, v: str) -> str:
+    def _field_selector_parses(cls, v: str, info: ValidationInfo) -> str:
+        """The grammar, and for a built-in resource the fields the API server supports, with the
+        message the server would answer the list with."""
         try:
-            parse_field_selector(v)
+            selector = parse_field_selector(v)
+            group, resource = _builtin_group_resource(str(info.data.get("resource") or ""))
+            if resource:
+                check_field_selector_fields(selector, group=group, resource=resource)
         except SelectorError as e:
             raise ValueError(str(e)) from e
         return v
+
+
+_CORE_RESOURCES = frozenset({
+    "pods", "nodes", "namespaces", "secrets", "events", "replicationcontrollers", "configmaps", "services",
+    "serviceaccounts", "endpoints", "persistentvolumes", "persistentvolumeclaims", "limitranges",
+    "resourcequotas", "podtemplates",
+})
+
+
+def _builtin_group_resource(name: str) -> tuple[str, str]:
+    """``(group, resource)`` of a resource name as configured (``pods``, ``jobs.batch``,
+    ``jobs.batch/v1``), or ``("", "")`` when it is not certainly a built-in resource (a short name,
+    a custom resource: discovery and the server decide those)."""
+    plural, _, group = name.split("/", 1)[0].partition(".")
+    if not group:
+        return ("", plural) if plural in _CORE_RESOURCES else ("", "")
+    return (group, plural) if supported_field_labels(group, plural) is not None else ("", "")
 
 
 class SinkConfig(BaseModel):
@@ -135,12 +178,22 @@ class CheckpointConfig(_Model):
     name_prefix: str = "kube-event-bridge-checkpoint"
     nats_url: str = "nats://127.0.0.1:4222"
     bucket: str = "kube-event-bridge-checkpoints"
+    shards: bool = True
+    """ConfigMap store: split a checkpoint larger than one ConfigMap (~900 KB) over shard ConfigMaps.
+    Shard names are new on every save, so this needs ``get``/``delete`` on every ConfigMap of the
+    namespace; off, the store touches only its own manifests (RBAC names them one by one) and a
+    checkpoint too large for one ConfigMap fails to save, with an error saying so."""
     interval: float = Field(default=5.0, gt=0)
     """Seconds between checkpoint writes (and one on shutdown)."""
     spill_directory: str = "./.kube-event-bridge/spill"
     """Where each sink's spill (its backlog beyond ``buffer.capacity``) is written, one
     subdirectory per sink and informer; "" = no spill (a sink that falls behind degrades at once).
     Emptied at each start."""
+
+    @field_validator("nats_url")
+    @classmethod
+    def _nats_url(cls, v: str) -> str:
+        return check_nats_url(v)
 
 
 class LeaderElectionConfig(_Model):
@@ -198,6 +251,19 @@ class TelemetryConfig(_Model):
     trace_sample_ratio: float = Field(default=0.01, ge=0.0, le=1.0)
     service_name: str = "kube-event-bridge"
 
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            parts = urllib.parse.urlsplit(v)
+            try:
+                _ = parts.port
+            except ValueError:
+                parts = parts._replace(netloc="")
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{v!r} is not an http:// or https:// URL")
+        return v
+
 
 class LoggingConfig(_Model):
     level: Literal["debug", "info", "warning", "error"] = "info"
@@ -251,12 +317,19 @@ class BridgeConfig(BaseSettings):
     @field_validator("resources")
     @classmethod
     def _resources_unique(cls, v: list[ResourceConfig]) -> list[ResourceConfig]:
-        seen: set[tuple[str, str, str, str]] = set()
-        for r in v:
-            key = (r.resource, r.namespace, r.label_selector, r.field_selector)
-            if key in seen:
-                raise ValueError(f"resource {r.resource!r} (namespace {r.namespace!r}) is listed twice")
-            seen.add(key)
+        # Aliases of one resource (deploy, Deployment, deployments.apps) in one scope would start
+        # two informers for it and send every change twice.
+        seen: dict[tuple[str, str, str, str], int] = {}
+        for i, r in enumerate(v):
+            canonical = canonical_resource(r.resource)
+            key = (canonical, r.namespace, r.label_selector, r.field_selector)
+            first = seen.setdefault(key, i)
+            if first != i:
+                scope = f"namespace {r.namespace!r}" if r.namespace else "all namespaces"
+                raise ValueError(
+                    f"resources.{first} ({v[first].resource!r}) and resources.{i} ({r.resource!r}) both "
+                    f"name {canonical} in {scope} with the same selectors: every change would be sent "
+                    "twice; keep one of them")
         return v
 
     @field_validator("sinks")
@@ -326,9 +399,12 @@ def load_config(path: str | os.PathLike[str] | None = None, *, overrides: dict[s
     if path is not None:
         source = str(path)
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as e:
             raise ConfigurationError(f"cannot read config file {path}: {e.strerror}") from e
+        except UnicodeDecodeError as e:
+            raise ConfigurationError(
+                f"config file {path} is not UTF-8 text (byte {e.start}: {e.reason})") from e
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as e:
@@ -338,6 +414,9 @@ def load_config(path: str | os.PathLike[str] | None = None, *, overrides: dict[s
         if not isinstance(loaded, dict):
             raise ConfigurationError(f"config file {path} must hold a mapping at the top level, "
                                      f"not {type(loaded).__name__}")
+        odd = [k for k in loaded if not isinstance(k, str)]
+        if odd:
+            raise ConfigurationError(f"config file {path}: top-level keys must be names, not {odd[0]!r}")
         data = loaded
     if overrides:
         data = {**data, **overrides}
@@ -346,6 +425,43 @@ def load_config(path: str | os.PathLike[str] | None = None, *, overrides: dict[s
         return BridgeConfig(**data)
     except ValidationError as e:
         raise ConfigurationError(format_validation_error(e, source)) from e
+
+
+def _file_options(options: Any, where: str) -> list[tuple[str, str]]:
+    """``(field path, file path)`` of every option naming a file to read: keys ending in ``_file``
+    and the values of ``secret_files`` (Kafka), at any depth."""
+    found: list[tuple[str, str]] = []
+    if isinstance(options, dict):
+        for key, value in options.items():
+            here = f"{where}.{key}"
+            if str(key).endswith("_file") and isinstance(value, str) and value:
+                found.append((here, value))
+            elif key == "secret_files" and isinstance(value, dict):
+                found.extend((f"{here}[{prop!r}]", path) for prop, path in value.items()
+                             if isinstance(path, str))
+            else:
+                found.extend(_file_options(value, here))
+    elif isinstance(options, list):
+        for i, value in enumerate(options):
+            found.extend(_file_options(value, f"{where}.{i}"))
+    return found
+
+
+def check_secret_files(config: BridgeConfig) -> None:
+    """Every file a sink option names (``hmac_secret_file``, ``token_file``, ``tls.ca_file``,
+    ``secret_files`` …) exists and is readable now, rather than failing when the sink starts.
+    Raises ConfigurationError naming each field and file."""
+    problems: list[str] = []
+    for i, sink in enumerate(config.sinks):
+        for where, path in _file_options(sink.options(), f"sinks.{i}"):
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as e:
+                problems.append(f"  {where}: cannot read {path!r} (sink {sink.name!r}): "
+                                f"{e.strerror or e} — mount the Secret there or fix the path")
+    if problems:
+        raise ConfigurationError("invalid configuration:\n" + "\n".join(problems))
 
 
 _SECRET_NAME = re.compile(

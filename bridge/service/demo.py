@@ -5,6 +5,10 @@ same code path as ``run``: discovery, informers, checkpoints, health endpoint) w
 (updates as JSON merge patches, so they stay readable) and a JSON-lines file with full events — and
 reports progress on stderr. At the end it checks what a consumer would: replaying the file's events
 reproduces the simulator's final state.
+
+The simulator is a cluster kubectl can use: the demo writes ``demo.kubeconfig`` beside the events file
+for as long as it runs and prints how to point kubectl at it; Deployments are watched too, so
+``kubectl apply -f examples/deployment.yaml`` shows up among the events.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from bridge.sim import ChurnGenerator, Simulator
 __all__ = ["replay", "run_demo"]
 
 NAMESPACES = ("default", "web")
+RESOURCES = ("pods", "deployments.apps")
+"""What the demo's bridge watches: the churned Pods, and Deployments for a kubectl user to apply."""
 
 
 def _say(text: str) -> None:
@@ -37,7 +43,7 @@ def _say(text: str) -> None:
 
 def replay(path: Path) -> tuple[dict[str, str], Counter[str]]:
     """Applies the CloudEvents in a JSON-lines file in order: ``subject → resourceVersion`` of every
-    object still alive at the end, and the count of events per type."""
+    Pod still alive at the end, and the count of events per type (of every kind)."""
     state: dict[str, str] = {}
     counts: Counter[str] = Counter()
     if not path.exists():
@@ -53,6 +59,8 @@ def replay(path: Path) -> tuple[dict[str, str], Counter[str]]:
                 counts["gap marker"] += 1
                 continue
             counts[kind] += 1
+            if ev.get("kind", "Pod") != "Pod":
+                continue
             subject = str(ev.get("subject", ""))
             if kind == "deleted":
                 state.pop(subject, None)
@@ -64,13 +72,17 @@ def replay(path: Path) -> tuple[dict[str, str], Counter[str]]:
 async def _demo(*, duration: float, rate: float, objects: int, output: Path, quiet: bool,
                 seed: int) -> int:
     with tempfile.TemporaryDirectory(prefix="keb-demo-") as tmp:
-        async with Simulator() as sim:
-            kubeconfig = sim.write_kubeconfig(Path(tmp) / "kubeconfig")
+        async with Simulator(namespaces=dict.fromkeys(("default", "kube-system", *NAMESPACES)),
+                             bookmark_interval=1.0) as sim:
+            kubeconfig = sim.write_kubeconfig(output.parent / "demo.kubeconfig")
             churn = ChurnGenerator(store=sim.store, rate=rate, objects=objects, object_size=1500,
                                    mix="create=3,update=5,delete=2",
                                    namespaces=NAMESPACES, seed=seed)
             created = churn.prefill()
-            _say(f"simulator at {sim.url} with {created} pods (kubeconfig: {kubeconfig})")
+            _say(f"simulator at {sim.url} with {created} pods")
+            _say(f"point kubectl at it from another terminal:  export KUBECONFIG={kubeconfig}")
+            _say("  then e.g.  kubectl get pods -A   kubectl apply -f examples/deployment.yaml   "
+                 "kubectl get deployments")
             sinks: list[dict[str, Any]] = [
                 {"name": "file", "kind": "file", "path": str(output)},
             ]
@@ -79,7 +91,7 @@ async def _demo(*, duration: float, rate: float, objects: int, output: Path, qui
             config = BridgeConfig(
                 cluster="demo",
                 kubernetes={"kubeconfig": str(kubeconfig), "in_cluster": "false"},  # type: ignore[arg-type]
-                resources=[{"resource": "pods"}],  # type: ignore[list-item]
+                resources=[{"resource": r} for r in RESOURCES],  # type: ignore[misc]
                 sinks=sinks,  # type: ignore[arg-type]
                 checkpoint={"store": "file", "directory": str(Path(tmp) / "checkpoints"),  # type: ignore[arg-type]
                             "interval": 1.0},
@@ -117,6 +129,7 @@ async def _demo(*, duration: float, rate: float, objects: int, output: Path, qui
                 service.stop_event.set()
                 code = await service_task
             state, counts = replay(output)
+            kubeconfig.unlink(missing_ok=True)  # the cluster it points at is going away
             expected = {f"{m['namespace']}/{m['name']}": m["resourceVersion"]
                         for m in (o["metadata"] for o in sim.store.list("pods"))}
             summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
@@ -167,7 +180,7 @@ def run_demo(*, duration: float = 15.0, rate: float = 20.0, objects: int = 30,
     configure_gc()
     Path(output).unlink(missing_ok=True)
     try:
-        return asyncio.run(_demo(duration=duration, rate=rate, objects=objects, output=Path(output),
+        return asyncio.run(_demo(duration=duration, rate=rate, objects=objects, output=Path(output).resolve(),
                                  quiet=quiet, seed=seed))
     except KeyboardInterrupt:
         return 130

@@ -14,9 +14,29 @@ from typing import Any, TextIO
 
 import orjson
 
-__all__ = ["JsonFormatter", "configure_logging"]
+__all__ = ["JsonFormatter", "TextFormatter", "configure_logging"]
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The record's structured fields: what callers passed with ``extra={...}``."""
+    return {k: v for k, v in record.__dict__.items() if k not in _RESERVED and not k.startswith("_")}
+
+
+class TextFormatter(logging.Formatter):
+    """Readable lines for a terminal: the message, then the structured fields as ``key=value``."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = _fields(record)
+        if not fields:
+            return line
+        head, sep, tail = line.partition("\n")  # keep a traceback below the fields
+        return head + " " + " ".join(f"{k}={v}" for k, v in fields.items()) + sep + tail
 
 
 class JsonFormatter(logging.Formatter):
@@ -27,9 +47,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        for key, value in record.__dict__.items():
-            if key not in _RESERVED and not key.startswith("_"):
-                payload[key] = value
+        payload.update(_fields(record))
         if record.exc_info:
             payload["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(payload, default=str).decode()
@@ -42,7 +60,7 @@ def configure_logging(level: str = "info", fmt: str = "json", stream: TextIO | N
         formatter: logging.Formatter = JsonFormatter()
         formatter.converter = time.gmtime
     else:
-        formatter = logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        formatter = TextFormatter()
     handler.setFormatter(formatter)
     root = logging.getLogger()
     for h in list(root.handlers):

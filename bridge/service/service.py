@@ -35,7 +35,7 @@ from bridge.kube.apiclient import ApiClient, ApiClientOptions
 from bridge.kube.discovery import APIResource, Discovery
 from bridge.kube.leaderelection import FenceToken, LeaderElector
 from bridge.kube.listwatch import HttpListerWatcher
-from bridge.service.config import BridgeConfig, load_config
+from bridge.service.config import BridgeConfig, check_secret_files, load_config
 from bridge.service.fencing import FencedSink
 from bridge.service.health import HealthServer, Readiness
 from bridge.service.logconfig import configure_logging
@@ -50,8 +50,9 @@ log = logging.getLogger(__name__)
 
 
 def validate_sinks(config: BridgeConfig) -> list[Sink]:
-    """Builds every configured sink (without connecting), so that bad sink options fail at start
-    with the sink's own message. Raises ConfigurationError."""
+    """Builds every configured sink (without connecting), so that bad sink options and unreadable
+    secret files fail at start with the sink's own message. Raises ConfigurationError."""
+    check_secret_files(config)
     sinks: list[Sink] = []
     for i, s in enumerate(config.sinks):
         try:
@@ -79,7 +80,7 @@ def _checkpoint_store(config: BridgeConfig, client: ApiClient,
         from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
 
         return ConfigMapCheckpointStore(client=client, namespace=cp.namespace, name_prefix=cp.name_prefix,
-                                        fence=fence)
+                                        fence=fence, allow_shards=cp.shards)
     from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
 
     return NatsKvCheckpointStore(nats_url=cp.nats_url, bucket=cp.bucket, fence=fence)
@@ -125,6 +126,7 @@ class BridgeService:
             otlp_endpoint=config.telemetry.otlp_endpoint,
             trace_sample_ratio=config.telemetry.trace_sample_ratio,
             snapshot=self._telemetry_snapshot,
+            leader=lambda: self._state.role in ("leader", "single"),
         )
         self.health = HealthServer(
             host=config.server.host, port=config.server.port, readiness=self.readiness,
@@ -135,6 +137,8 @@ class BridgeService:
         self.exit_code = 0
         self.elector: LeaderElector | None = None
         self._lease_client: ApiClient | None = None
+        self._config_error: ConfigurationError | None = None
+        """A configuration error found while leading (with leader election): ends the service."""
 
     # --- probes and metrics ----------------------------------------------------------------------
 
@@ -157,19 +161,16 @@ class BridgeService:
         sinks = {s.name: SinkGauges(queue_depth=depths.get(s.name, 0), in_flight=s.in_flight,
                                     up=s.healthy(), outcomes=s.outcome_counts())
                  for s in self._state.sinks}
-        informers: dict[str, InformerGauges] = {}
-        received: dict[str, dict[str, int]] = {}
-        if p is not None:
-            informers = p.informer_gauges()
-            received = p.events_received()
-        return TelemetrySnapshot(sinks=sinks, informers=informers, events_received=received)
+        informers: dict[str, InformerGauges] = p.informer_gauges() if p is not None else {}
+        return TelemetrySnapshot(sinks=sinks, informers=informers)
 
     def _retire(self, pipeline: BridgePipeline, sinks: list[MeteredSink]) -> None:
         """Carries the counts of a pipeline that has ended into the telemetry's own totals, so that
         the exported counters never go down when leadership is lost and won again."""
-        for resource, by_type in pipeline.events_received().items():
-            for type_, count in by_type.items():
-                self.telemetry.events_received.add(count, {"resource": resource, "type": type_})
+        for key, gauges in pipeline.informer_gauges().items():
+            labels = {"resource": gauges.resource or key, "informer": gauges.informer or key}
+            for type_, count in gauges.received.items():
+                self.telemetry.events_received.add(count, {**labels, "type": type_})
         for sink in sinks:
             for outcome, count in sink.outcome_counts().items():
                 self.telemetry.sink_events.add(count, {"sink": sink.name, "outcome": outcome})
@@ -185,10 +186,15 @@ class BridgeService:
             le = self.config.leader_election
             if le.enabled:
                 await self._campaign(client)
+                if self._config_error is not None:
+                    raise self._config_error
             else:
                 await self._lead(client)
         except ConfigurationError:
             raise
+        except SinkConfigError as e:
+            # Found only when the sink starts (credentials refused, a TLS file that does not parse).
+            raise ConfigurationError(f"invalid configuration: {e}") from e
         except BridgeError as e:
             log.error("the bridge failed: %s", e)
             self.exit_code = 1
@@ -210,7 +216,7 @@ class BridgeService:
         release_timeout = min(le.renew_deadline, RELEASE_TIMEOUT)
         elector = LeaderElector(
             client=self._lease_client, namespace=le.namespace, name=le.name, identity=le.identity,
-            on_started_leading=lambda: self._lead(client, elector),
+            on_started_leading=lambda: self._lead_or_stop(client, elector),
             lease_duration=le.lease_duration, renew_deadline=le.renew_deadline,
             retry_period=le.retry_period, release_timeout=release_timeout, clock=self._clock,
         )
@@ -235,21 +241,43 @@ class BridgeService:
             log.error("leader work ended unexpectedly; exiting")
             self.exit_code = 1
 
+    async def _lead_or_stop(self, client: ApiClient, elector: LeaderElector) -> None:
+        """:meth:`_lead` for the leader elector, which only logs what its work raises: a configuration
+        error found while leading (aliases found by discovery, a sink refusing its options) stops
+        the service and is raised by :meth:`run`, as without leader election."""
+        try:
+            await self._lead(client, elector)
+        except ConfigurationError as e:
+            self._config_error = e
+            self.stop_event.set()
+        except SinkConfigError as e:
+            self._config_error = ConfigurationError(f"invalid configuration: {e}")
+            self.stop_event.set()
+
     async def _resolve(self, client: ApiClient) -> list[WatchedResource]:
         discovery = Discovery(client=client)
         watched: list[WatchedResource] = []
-        for r in self.config.resources:
+        # The configuration rejects aliases of one built-in resource; a custom resource's aliases
+        # (widget, wdg, widgets.example.com) are known only once discovery has answered.
+        seen: dict[tuple[str, str, str, str], int] = {}
+        for i, r in enumerate(self.config.resources):
             try:
                 api: APIResource = await discovery.resolve(r.resource)
             except ConfigurationError as e:
                 # One bad resource must not stop the others: report it, keep it unready.
-                log.error("cannot watch %s: %s", r.resource, e)
+                log.error("cannot watch the resource: %s", e, extra={"resource": r.resource})
                 self._state.unresolved[r.resource] = str(e)
                 continue
             except ApiError as e:
-                log.error("discovery failed for %s: %s", r.resource, e)
+                log.error("discovery failed: %s", e, extra={"resource": r.resource})
                 self._state.unresolved[r.resource] = str(e)
                 continue
+            first = seen.setdefault((api.qualified, r.namespace, r.label_selector, r.field_selector), i)
+            if first != i:
+                raise ConfigurationError(
+                    f"invalid configuration: resources.{first} ({self.config.resources[first].resource!r}) "
+                    f"and resources.{i} ({r.resource!r}) both name {api.qualified} in the same scope: "
+                    "every change would be sent twice; keep one of them")
             key = InformerKey(resource=r.resource, namespace=r.namespace,
                               label_selector=r.label_selector, field_selector=r.field_selector)
             ref = ResourceRef(group=api.group, version=api.version, resource=api.resource,
@@ -335,8 +363,11 @@ class BridgeService:
             self._state.sinks = []
             self._state.role = "standby" if self.config.leader_election.enabled else "single"
 
-    async def _report_initial_sync(self, pipeline: BridgePipeline, every: float = 5.0) -> None:
-        """Logs progress (objects listed, events delivered) until every informer has synced."""
+    async def _report_initial_sync(self, pipeline: BridgePipeline, every: float = 5.0,
+                                   check: float = 0.05) -> None:
+        """Logs each informer's sync and its duration as it happens, progress (objects listed, events
+        delivered) every ``every`` seconds meanwhile, and the whole initial sync's duration, measured
+        to within ``check`` seconds."""
         started = self._clock.now()
 
         def figures() -> dict[str, int]:
@@ -346,11 +377,23 @@ class BridgeService:
                 "events_delivered": sum(c.get("delivered", 0) for c in st.sinks.values()),
             }
 
-        while not all(i.has_synced() for i in pipeline.informers.values()):
-            await self._clock.sleep(every)
-            log.info("initial sync in progress", extra=figures())
+        pending = dict(pipeline.informers)
+        next_progress = started + every
+        while True:
+            for ident, informer in list(pending.items()):
+                if informer.has_synced():
+                    del pending[ident]
+                    log.info("informer synced", extra={
+                        "informer": ident, "objects_cached": len(informer.get_indexer()),
+                        "seconds": round(self._clock.now() - started, 3)})
+            if not pending:
+                break
+            await self._clock.sleep(check)
+            if self._clock.now() >= next_progress:
+                next_progress += every
+                log.info("initial sync in progress", extra={**figures(), "informers_pending": len(pending)})
         log.info("initial sync done", extra={**figures(),
-                                             "seconds": round(self._clock.now() - started, 2)})
+                                             "seconds": round(self._clock.now() - started, 3)})
         if _gc_tuned:
             # What the initial sync built lives as long as the process: move it out of the
             # collected generations so later collections do not scan it again.

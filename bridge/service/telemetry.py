@@ -4,10 +4,15 @@ One :class:`Telemetry` per service owns a private Prometheus registry (so tests 
 in one process never collide), a ``MeterProvider`` with the Prometheus reader, and a
 ``TracerProvider`` with, when configured, an OTLP exporter.
 
-Instruments and their Prometheus names (OpenTelemetry adds unit suffixes):
+Instruments and their Prometheus names (OpenTelemetry adds unit suffixes), with one label vocabulary:
+``resource`` is the resource as kubectl spells it (``pods``, ``deployments.apps``) whatever name the
+configuration used, ``informer`` the informer's id (``pods.web.3f2a9c1d7e0b``: resource, namespace,
+hash of the selectors; the checkpoint's name), ``type`` a CloudEvents type (``added``, ``updated``,
+``deleted``, ``sync``), ``sink`` the sink's name, ``outcome`` a delivery outcome:
 
 =====================================  =====================================================
-``keb_events_received_total``          changes an informer processed, by resource and type
+``keb_events_received_total``          changes an informer processed, by resource, informer
+                                       and type (``sync``: objects of snapshots)
 ``keb_sink_events_total``              events a sink finished, by sink and outcome
                                        (delivered, filtered, dead_lettered, dropped)
 ``keb_sink_delivery_duration_seconds`` time from hand-over to the sink until its ack, sampled
@@ -17,12 +22,16 @@ Instruments and their Prometheus names (OpenTelemetry adds unit suffixes):
 ``keb_sink_lag_seconds``               age of the oldest change a sink has not acknowledged
 ``keb_sink_in_flight``                 events handed to a sink and not yet acked
 ``keb_sink_up``                        1 while the sink's destination is reachable
-``keb_informer_relists_total``         full relists, by resource
-``keb_informer_watch_restarts_total``  watches re-opened, by resource
-``keb_informer_expired_total``         410 Gone / Expired answers, by resource
+``keb_informer_relists_total``         full relists, by resource and informer
+``keb_informer_watch_restarts_total``  watches re-opened
+``keb_informer_expired_total``         410 Gone / Expired answers
 ``keb_informer_cached_objects``        objects in the informer's cache
-``keb_checkpoint_age_seconds``         time since the last checkpoint write, by resource
+``keb_checkpoint_age_seconds``         time since the last checkpoint write
 ``keb_checkpoint_lag``                 notifications not yet acknowledged by every sink
+``keb_leader``                         1 while this replica runs the pipeline (the leader, or
+                                       the only replica without leader election), else 0
+``process_*``, ``python_*``            CPU seconds, resident memory, open file descriptors,
+                                       start time; garbage collections; interpreter version
 =====================================  =====================================================
 
 Cost per event. The OpenTelemetry Python SDK spends 7-10 µs on every synchronous ``Counter.add``,
@@ -61,7 +70,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import Tracer
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    generate_latest,
+)
 
 from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
 from bridge.version import __version__
@@ -113,17 +128,24 @@ class Telemetry:
         otlp_endpoint: str | None = None,
         trace_sample_ratio: float = 0.01,
         snapshot: Callable[[], TelemetrySnapshot] | None = None,
+        leader: Callable[[], bool] | None = None,
     ) -> None:
         """``trace_sample_ratio`` (0 to 1) is the share of deliveries that get a span; callers draw
-        against it (see the module docs). ``snapshot`` is read at each scrape."""
+        against it (see the module docs). ``snapshot`` is read at each scrape, and so is ``leader``
+        (whether this replica runs the pipeline; None = always, a single replica)."""
         if not 0.0 <= trace_sample_ratio <= 1.0:
             raise ValueError(f"trace_sample_ratio must be between 0 and 1, got {trace_sample_ratio}")
         self.trace_sample_ratio = trace_sample_ratio
         self.registry = CollectorRegistry()
+        # The process's own figures, from prometheus_client's collectors (they read /proc at scrape).
+        for collector in (PROCESS_COLLECTOR, GC_COLLECTOR, PLATFORM_COLLECTOR):
+            self.registry.register(collector)
+        self._leader = leader or (lambda: True)
         self._snapshot = snapshot or TelemetrySnapshot
         self._scrape: TelemetrySnapshot | None = None
-        self.events_received = ScrapedCounter(("resource", "type"))
-        """Changes received beyond the live snapshot's (a finished pipeline's), by resource, type."""
+        self.events_received = ScrapedCounter(("resource", "informer", "type"))
+        """Changes received beyond the live snapshot's (a finished pipeline's), by resource, informer
+        and CloudEvents type."""
         self.sink_events = ScrapedCounter(("sink", "outcome"))
         """Sink outcomes beyond the live snapshot's (finished sinks'), by sink and outcome."""
         resource = Resource.create({"service.name": service_name, "service.version": __version__})
@@ -165,6 +187,9 @@ class Telemetry:
                                       description="Seconds since the last checkpoint was written")
         meter.create_observable_gauge("keb.checkpoint.lag", [self._checkpoint_lag], unit="{event}",
                                       description="Notifications not yet acknowledged by every sink")
+        meter.create_observable_gauge("keb.leader", [self._leader_gauge],
+                                      description="1 while this replica runs the pipeline (the leader, "
+                                                  "or the only replica without leader election)")
 
         # Sampling is decided by the caller before a span exists (one random draw per event is far
         # cheaper than the SDK sampler, which runs and builds a NonRecordingSpan on every call), so a
@@ -218,12 +243,18 @@ class Telemetry:
     def _informers(self) -> Iterable[tuple[str, InformerGauges]]:
         return list(self._current().informers.items())
 
+    def _informer_labels(self) -> list[tuple[dict[str, str], InformerGauges]]:
+        out = []
+        for key, g in self._informers():
+            out.append(({"resource": g.resource or key, "informer": g.informer or key}, g))
+        return out
+
     def _received(self, _: CallbackOptions) -> Iterable[Observation]:
         totals = collections.Counter(self.events_received.totals())
-        for resource, by_type in self._current().events_received.items():
-            for type_, count in by_type.items():
-                totals[resource, type_] += count
-        return [Observation(n, {"resource": r, "type": t}) for (r, t), n in totals.items()]
+        for labels, g in self._informer_labels():
+            for type_, count in g.received.items():
+                totals[labels["resource"], labels["informer"], type_] += count
+        return [Observation(n, {"resource": r, "informer": i, "type": t}) for (r, i, t), n in totals.items()]
 
     def _sink_events(self, _: CallbackOptions) -> Iterable[Observation]:
         totals = collections.Counter(self.sink_events.totals())
@@ -248,20 +279,28 @@ class Telemetry:
         return [Observation(1 if g.up else 0, {"sink": n}) for n, g in self._sinks()]
 
     def _relists(self, _: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(g.relists, {"resource": n}) for n, g in self._informers()]
+        return [Observation(g.relists, labels) for labels, g in self._informer_labels()]
 
     def _watch_restarts(self, _: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(g.watch_restarts, {"resource": n}) for n, g in self._informers()]
+        return [Observation(g.watch_restarts, labels) for labels, g in self._informer_labels()]
 
     def _expired(self, _: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(g.expired, {"resource": n}) for n, g in self._informers()]
+        return [Observation(g.expired, labels) for labels, g in self._informer_labels()]
 
     def _cached(self, _: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(g.cached_objects, {"resource": n}) for n, g in self._informers()]
+        return [Observation(g.cached_objects, labels) for labels, g in self._informer_labels()]
 
     def _checkpoint_age(self, _: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(g.checkpoint_age, {"resource": n}) for n, g in self._informers()
+        return [Observation(g.checkpoint_age, labels) for labels, g in self._informer_labels()
                 if g.checkpoint_age is not None]
 
     def _checkpoint_lag(self, _: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(g.checkpoint_lag, {"resource": n}) for n, g in self._informers()]
+        return [Observation(g.checkpoint_lag, labels) for labels, g in self._informer_labels()]
+
+    def _leader_gauge(self, _: CallbackOptions) -> Iterable[Observation]:
+        try:
+            leading = self._leader()
+        except Exception:  # a scrape must never take the service down
+            log.exception("leader callback failed")
+            return []
+        return [Observation(1 if leading else 0)]

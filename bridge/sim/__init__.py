@@ -11,8 +11,16 @@ its HTTP contract the bridge relies on, with a churn generator for load::
         sim.expire_watches(); sim.compact()        # 410s on demand
 
 Modules: ``resources`` (served types, discovery), ``store`` (objects, the global resourceVersion,
-history, watchers), ``status`` (errors as ``Status`` objects), ``faults``, ``server`` (HTTP),
-``objects`` (realistic Pods), ``churn`` (load), ``cli`` (``python -m bridge.sim``).
+history, watchers), ``openapi`` (the kinds' schemas, OpenAPI v2/v3), ``openapi_proto`` (the v2
+document in protobuf, which kubectl reads), ``strategic`` (strategic merge patch), ``managed``
+(managedFields, server-side apply), ``tables`` (``kubectl get`` tables), ``status`` (errors as
+``Status`` objects), ``faults``, ``server`` (HTTP), ``objects`` (realistic Pods), ``churn`` (load),
+``cli`` (``python -m bridge.sim``).
+
+kubectl (1.30+) and the official client use it as a cluster: aggregated discovery with categories,
+OpenAPI for validation and ``kubectl explain``, strategic merge patch, server-side apply with field
+ownership, dry runs, Table responses, the scale subresource, SelfSubjectAccessReview (``forbidden``
+resources are denied). It runs no controllers.
 
 Admin endpoint (no auth, never delayed or failed by faults): ``GET|POST /_sim/faults`` (read, amend;
 ``{"reset": true, ...}`` replaces; ``"expire_watches": true`` and ``"compact": true`` act at once),

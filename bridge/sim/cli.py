@@ -65,11 +65,13 @@ def build_parser(prog: str = "python -m bridge.sim") -> argparse.ArgumentParser:
     churn.add_argument("--churn-size", type=int, default=None, help="object size in bytes")
     churn.add_argument("--churn-mix", default="create=1,update=3,delete=1")
     churn.add_argument("--churn-resource", default="pods")
-    churn.add_argument("--namespaces", default="default", help="comma-separated namespaces for churn")
+    churn.add_argument("--namespaces", default="default",
+                       help="comma-separated namespaces for churn (created at start)")
     churn.add_argument("--seed", type=int, default=None)
     faults = p.add_argument_group("faults (also settable at run time: POST /_sim/faults)")
     faults.add_argument("--fault-watch-close-after", type=int, metavar="N")
     faults.add_argument("--fault-watch-cut-after", type=int, metavar="N")
+    faults.add_argument("--fault-watch-garble-after", type=int, metavar="N")
     faults.add_argument("--fault-watch-expire-after", type=int, metavar="N")
     faults.add_argument("--fault-delay", type=float, default=0.0, metavar="SECONDS")
     faults.add_argument("--fault-error-code", type=int, choices=(429, 500, 503))
@@ -83,6 +85,7 @@ def _fault_spec(args: argparse.Namespace) -> FaultSpec:
     return FaultSpec(
         watch_close_after=args.fault_watch_close_after,
         watch_cut_after=args.fault_watch_cut_after,
+        watch_garble_after=args.fault_watch_garble_after,
         watch_expire_after=args.fault_watch_expire_after,
         delay=args.fault_delay,
         error_code=args.fault_error_code,
@@ -93,7 +96,8 @@ def _fault_spec(args: argparse.Namespace) -> FaultSpec:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    sim = Simulator(
+    namespaces = [n.strip() for n in args.namespaces.split(",") if n.strip()]
+    sim = Simulator(namespaces=dict.fromkeys(["default", "kube-system", *namespaces]),
         host=args.host, port=args.port, history_size=args.history_size,
         bookmark_interval=args.bookmark_interval, too_large_wait=args.too_large_wait,
         faults=_fault_spec(args), watch_list=not args.no_watch_list, crds=args.crd,
@@ -102,7 +106,6 @@ async def _serve(args: argparse.Namespace) -> int:
     )
     churn: ChurnGenerator | None = None
     if args.churn_rate > 0:
-        namespaces = [n.strip() for n in args.namespaces.split(",") if n.strip()]
         churn = ChurnGenerator(store=sim.store, rate=args.churn_rate, mix=ChurnMix.parse(args.churn_mix),
                                objects=args.churn_objects, object_size=args.churn_size,
                                namespaces=namespaces, seed=args.seed, resource=args.churn_resource)
@@ -140,9 +143,10 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def sim_main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: parses ``argv`` (default ``sys.argv[1:]``), serves until SIGINT/SIGTERM."""
-    args = build_parser().parse_args(list(argv) if argv is not None else None)
+def sim_main(argv: Sequence[str] | None = None, *, prog: str = "python -m bridge.sim") -> int:
+    """Entry point: parses ``argv`` (default ``sys.argv[1:]``), serves until SIGINT/SIGTERM.
+    ``prog`` is the command name usage and errors show (``kube-event-bridge sim`` from the CLI)."""
+    args = build_parser(prog).parse_args(list(argv) if argv is not None else None)
     try:
         return asyncio.run(_serve(args))
     except OSError as exc:

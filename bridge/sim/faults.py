@@ -34,6 +34,10 @@ class FaultSpec(BaseModel):
     """Close every watch stream cleanly after this many events (bookmarks not counted)."""
     watch_cut_after: int | None = Field(default=None, ge=0)
     """After this many complete events, write the first half of the next line, then close."""
+    watch_garble_after: int | None = Field(default=None, ge=0)
+    """After this many events, send the next event as a line that is not JSON (its change is not sent
+    again on that stream), then carry on: a corrupted line in an otherwise healthy stream. Once per
+    watch."""
     watch_expire_after: int | None = Field(default=None, ge=0)
     """After this many events, send an ERROR event with a 410 Expired Status, then close."""
     delay: float = Field(default=0.0, ge=0.0, le=600.0)

@@ -39,6 +39,18 @@ class ResourceType:
     crd: bool = False
     """Served from a CRD: list items keep their apiVersion/kind (built-in types' list items carry
     neither on the wire, as kube-apiserver encodes them)."""
+    categories: tuple[str, ...] = ()
+    """Discovery categories (``all`` is what ``kubectl get all`` lists)."""
+    scalable: bool = False
+    """Whether ``<plural>/scale`` (an ``autoscaling/v1`` Scale of ``spec.replicas``) exists."""
+    generation: bool = True
+    """Whether objects carry ``metadata.generation`` (kinds with a spec; not ConfigMaps, Secrets…)."""
+    virtual: bool = False
+    """Create-only and never stored (SelfSubjectAccessReview): the server answers it itself."""
+    schema: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
+    """A CRD's ``openAPIV3Schema`` (None: any object)."""
+    field_selectors: tuple[str, ...] = ()
+    """Field paths a field selector may use besides ``metadata.name`` and ``metadata.namespace``."""
 
     @property
     def api_version(self) -> str:
@@ -65,7 +77,19 @@ class ResourceType:
         }
         if self.short_names:
             main["shortNames"] = list(self.short_names)
+        if self.categories:
+            main["categories"] = list(self.categories)
         entries = [main]
+        if self.scalable:
+            entries.append({
+                "name": f"{self.plural}/scale",
+                "singularName": "",
+                "namespaced": self.namespaced,
+                "group": "autoscaling",
+                "version": "v1",
+                "kind": "Scale",
+                "verbs": ["get", "patch", "update"],
+            })
         if self.has_status:
             entries.append({
                 "name": f"{self.plural}/status",
@@ -76,9 +100,35 @@ class ResourceType:
             })
         return entries
 
+    def aggregated_entry(self) -> dict[str, Any]:
+        """This type as an ``apidiscovery.k8s.io/v2`` APIResourceDiscovery (aggregated discovery)."""
+        entry: dict[str, Any] = {
+            "resource": self.plural,
+            "responseKind": {"group": self.group, "version": self.version, "kind": self.kind},
+            "scope": "Namespaced" if self.namespaced else "Cluster",
+            "singularResource": self.singular_name,
+            "verbs": list(self.verbs),
+        }
+        if self.short_names:
+            entry["shortNames"] = list(self.short_names)
+        if self.categories:
+            entry["categories"] = list(self.categories)
+        subresources: list[dict[str, Any]] = []
+        if self.scalable:
+            subresources.append({"subresource": "scale", "verbs": ["get", "patch", "update"],
+                                 "responseKind": {"group": "autoscaling", "version": "v1", "kind": "Scale"}})
+        if self.has_status:
+            subresources.append({"subresource": "status", "verbs": ["get", "patch", "update"],
+                                 "responseKind": {"group": self.group, "version": self.version,
+                                                  "kind": self.kind}})
+        if subresources:
+            entry["subresources"] = subresources
+        return entry
+
     @classmethod
     def from_mapping(cls, spec: Mapping[str, Any]) -> ResourceType:
-        """Builds a CRD type from ``{group, version, plural, kind, namespaced?, singular?, shortNames?}``."""
+        """Builds a CRD type from ``{group, version, plural, kind, namespaced?, singular?, shortNames?,
+        categories?, schema?}`` (``schema``: the version's ``openAPIV3Schema``)."""
         try:
             group = str(spec["group"])
             version = str(spec["version"])
@@ -90,6 +140,10 @@ class ResourceType:
         if not group or not version or not plural or not kind:
             raise ValueError("a CRD needs non-empty group, version, plural and kind")
         short = spec.get("shortNames") or spec.get("short_names") or ()
+        schema = spec.get("schema")
+        if schema is not None and not isinstance(schema, Mapping):
+            raise ValueError("a CRD's schema must be an object (its openAPIV3Schema)")
+        categories = spec.get("categories") or ()
         return cls(
             group=group,
             version=version,
@@ -99,23 +153,43 @@ class ResourceType:
             singular=str(spec.get("singular") or ""),
             short_names=tuple(str(s) for s in short),
             crd=True,
+            categories=tuple(str(c) for c in categories),
+            schema=schema,
         )
 
 
+_POD_FIELDS = ("spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
+               "spec.hostNetwork", "status.phase", "status.podIP", "status.podIPs",
+               "status.nominatedNodeName")
+_EVENT_FIELDS = ("involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
+                 "involvedObject.uid", "involvedObject.apiVersion", "involvedObject.resourceVersion",
+                 "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type")
+
 BUILTIN_RESOURCES: tuple[ResourceType, ...] = (
-    ResourceType(group="", version="v1", plural="pods", kind="Pod", short_names=("po",)),
+    ResourceType(group="", version="v1", plural="pods", kind="Pod", short_names=("po",), categories=("all",),
+                 field_selectors=_POD_FIELDS),
     ResourceType(group="", version="v1", plural="configmaps", kind="ConfigMap", short_names=("cm",),
-                 has_status=False),
-    ResourceType(group="", version="v1", plural="secrets", kind="Secret", has_status=False),
-    ResourceType(group="", version="v1", plural="services", kind="Service", short_names=("svc",)),
+                 has_status=False, generation=False),
+    ResourceType(group="", version="v1", plural="secrets", kind="Secret", has_status=False, generation=False,
+                 field_selectors=("type",)),
+    ResourceType(group="", version="v1", plural="services", kind="Service", short_names=("svc",),
+                 categories=("all",)),
     ResourceType(group="", version="v1", plural="namespaces", kind="Namespace", namespaced=False,
-                 short_names=("ns",)),
+                 short_names=("ns",), field_selectors=("status.phase",)),
     ResourceType(group="", version="v1", plural="events", kind="Event", short_names=("ev",),
-                 has_status=False),
-    ResourceType(group="", version="v1", plural="nodes", kind="Node", namespaced=False, short_names=("no",)),
+                 has_status=False, generation=False, field_selectors=_EVENT_FIELDS),
+    ResourceType(group="", version="v1", plural="nodes", kind="Node", namespaced=False, short_names=("no",),
+                 field_selectors=("spec.unschedulable",)),
     ResourceType(group="coordination.k8s.io", version="v1", plural="leases", kind="Lease", has_status=False),
     ResourceType(group="apps", version="v1", plural="deployments", kind="Deployment",
-                 short_names=("deploy",)),
+                 short_names=("deploy",), categories=("all",), scalable=True),
+    ResourceType(group="apps", version="v1", plural="replicasets", kind="ReplicaSet", short_names=("rs",),
+                 categories=("all",), scalable=True, field_selectors=("status.replicas",)),
+    ResourceType(group="apps", version="v1", plural="statefulsets", kind="StatefulSet", short_names=("sts",),
+                 categories=("all",), scalable=True),
+    ResourceType(group="authorization.k8s.io", version="v1", plural="selfsubjectaccessreviews",
+                 kind="SelfSubjectAccessReview", namespaced=False, verbs=("create",), has_status=False,
+                 virtual=True),
 )
 
 

@@ -1,7 +1,8 @@
 """The API-server simulator: kube-apiserver's HTTP contract over :class:`~bridge.sim.store.ObjectStore`.
 
 No kube-apiserver binary can run where the bridge is built and tested, so this serves the part of the
-contract the bridge (and the official ``kubernetes`` client) use: discovery, CRUD with merge patches,
+contract the bridge, kubectl and the official ``kubernetes`` client use: discovery (aggregated too),
+OpenAPI, CRUD with every patch type and server-side apply, dry runs, tables, scale, access reviews,
 paginated lists with consistent snapshots and resourceVersion semantics, watches as chunked JSON lines
 with bookmarks, timeouts and WatchList, 410 Expired exactly as the real server sends it, bearer-token
 auth and RBAC-like refusals, plus fault injection and an admin endpoint (``/_sim/...``) so tests can
@@ -31,6 +32,8 @@ from aiohttp import web
 from bridge.clock import Clock
 from bridge.kube.labels import SelectorError
 from bridge.sim.faults import FaultSpec, FaultState
+from bridge.sim.managed import FieldOwner
+from bridge.sim.openapi_proto import PROTOBUF_V2, PROTOBUF_V2_CONTENT_TYPE, encode_document
 from bridge.sim.resources import ResourceType
 from bridge.sim.status import (
     BadRequest,
@@ -45,9 +48,14 @@ from bridge.sim.store import (
     DEFAULT_WATCHER_BUFFER,
     Change,
     ObjectStore,
+    PatchType,
     Watcher,
     WatchFilter,
+    apply_json_patch,
+    json_merge_patch,
 )
+from bridge.sim.strategic import strategic_merge_patch
+from bridge.sim.tables import accepts_table, table
 
 KubeObject = dict[str, Any]
 """The simulator's objects: JSON dicts it owns and changes (the bridge's objects are read-only)."""
@@ -73,6 +81,40 @@ _BATCH = 256
 """Most watch events written as one chunk."""
 
 
+_AGGREGATED = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+
+
+@dataclass(frozen=True, slots=True)
+class _Writer:
+    """The write options of one request: ``dryRun``, ``fieldManager``, ``force``, ``fieldValidation``."""
+
+    dry_run: bool
+    manager: str
+    force: bool
+    validation: str
+
+    @classmethod
+    def parse(cls, request: web.Request) -> _Writer:
+        query = request.query
+        dry = query.getall("dryRun", [])
+        for value in dry:
+            if value != "All":
+                raise Invalid(f'dryRun: Unsupported value: "{value}": supported values: "All"')
+        manager = query.get("fieldManager")
+        if manager is None:
+            # kube-apiserver's default: the user agent up to its first "/".
+            manager = request.headers.get("User-Agent", "").split("/", 1)[0][:128]
+        validation = query.get("fieldValidation") or "Warn"
+        if validation not in ("Ignore", "Warn", "Strict"):
+            raise BadRequest(f"fieldValidation: invalid value {validation!r}: must be one of Ignore, Warn or "
+                             "Strict")
+        return cls(dry_run=bool(dry), manager=manager, force=_bool_param(query.get("force")),
+                   validation=validation)
+
+    def owner(self, rt: ResourceType, subresource: str | None) -> FieldOwner:
+        return FieldOwner(manager=self.manager, api_version=rt.api_version, subresource=subresource)
+
+
 @dataclass(frozen=True, slots=True)
 class _Target:
     """A parsed API path: the resource, its scope, and the object/subresource when given."""
@@ -86,6 +128,12 @@ class _Target:
 
 def _json_response(body: Any, *, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
     return web.Response(body=orjson.dumps(body), status=status, content_type=_JSON, headers=headers)
+
+
+def _wants_aggregated(request: web.Request) -> bool:
+    accept = request.headers.get("Accept", "")
+    return any("as=APIGroupDiscoveryList" in part and "v=v2;" in part + ";" and "apidiscovery.k8s.io" in part
+               for part in accept.split(","))
 
 
 def _status_response(err: SimStatusError) -> web.Response:
@@ -129,6 +177,29 @@ def _list_items(rt: ResourceType, objects: list[KubeObject]) -> list[KubeObject]
     return [{k: v for k, v in o.items() if k not in _TYPE_FIELDS} for o in objects]
 
 
+def _without_directives(node: Any) -> Any:
+    """A patch without its strategic-merge directives (``$patch``, ``$setElementOrder/…``)."""
+    if isinstance(node, dict):
+        return {k: _without_directives(v) for k, v in node.items() if not k.startswith("$")}
+    if isinstance(node, list):
+        return [_without_directives(v) for v in node]
+    return node
+
+
+def _scale_view(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj["metadata"]
+    spec = obj.get("spec") or {}
+    labels = ((spec.get("selector") or {}).get("matchLabels") or {})
+    return {
+        "kind": "Scale", "apiVersion": "autoscaling/v1",
+        "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                     if k in meta},
+        "spec": {"replicas": int(spec.get("replicas", 1))},
+        "status": {"replicas": int((obj.get("status") or {}).get("replicas", 0)),
+                   "selector": ",".join(f"{k}={v}" for k, v in sorted(labels.items()))},
+    }
+
+
 def _item_key(item: tuple[tuple[str, str], Any]) -> tuple[str, str]:
     return item[0]
 
@@ -148,6 +219,8 @@ class Simulator:
     request for a future resourceVersion waits before its 504; ``cache_pagination=False`` makes a list
     at resourceVersion "0" ignore ``limit`` and answer everything in one page, as kube-apiserver's
     watch cache did before it could paginate (client-go's reflector then stops paginating).
+    ``namespaces`` exist from the start (creating in any other namespace answers 404, as a real server
+    does, until it is created).
     """
 
     def __init__(
@@ -167,6 +240,7 @@ class Simulator:
         watcher_buffer: int = DEFAULT_WATCHER_BUFFER,
         cache_pagination: bool = True,
         clock: Clock | None = None,
+        namespaces: Iterable[str] = ("default", "kube-system"),
     ) -> None:
         if bookmark_interval <= 0:
             raise ValueError("bookmark_interval must be positive")
@@ -179,13 +253,15 @@ class Simulator:
         self.cache_pagination = cache_pagination
         self.token = token
         self.forbidden: set[tuple[str, str]] = set(forbidden)
-        self.store = ObjectStore(history_size=history_size, watcher_buffer=watcher_buffer, clock=clock)
+        self.store = ObjectStore(history_size=history_size, watcher_buffer=watcher_buffer, clock=clock,
+                                 initial_namespaces=namespaces)
         self.faults = FaultState(faults)
         self.requests: collections.Counter[str] = collections.Counter()
         """Requests served per verb (list, watch, get, create, update, patch, delete, discovery)."""
         for crd in crds:
             self.register_crd(crd)
         self._runner: web.AppRunner | None = None
+        self._openapi_cache: tuple[tuple[ResourceType, ...], dict[str, dict[str, Any]]] | None = None
         self._stopping = asyncio.Event()
         self._url: str | None = None
 
@@ -208,6 +284,9 @@ class Simulator:
         app.router.add_route("*", "/apis", self._handle_api)
         app.router.add_route("*", "/apis/{tail:.*}", self._handle_api)
         app.router.add_get("/version", self._handle_version)
+        app.router.add_get("/openapi/v2", self._handle_openapi_v2)
+        app.router.add_get("/openapi/v3", self._handle_openapi_v3)
+        app.router.add_get("/openapi/v3/{tail:.*}", self._handle_openapi_v3)
         app.router.add_get("/healthz", self._handle_health)
         app.router.add_get("/readyz", self._handle_health)
         app.router.add_get("/livez", self._handle_health)
@@ -392,6 +471,52 @@ class Simulator:
         return _json_response({"major": "1", "minor": "30", "gitVersion": "v1.30.0-kube-event-bridge-sim",
                                "platform": "linux/amd64"})
 
+    def _openapi_types(self) -> list[ResourceType]:
+        return [rt for rt in self.store.registry.all() if not rt.virtual]
+
+    async def _handle_openapi_v2(self, request: web.Request) -> web.Response:
+        """The Swagger 2.0 document: protobuf when asked for (kubectl), JSON otherwise."""
+        try:
+            self._check_auth(request)
+        except SimStatusError as err:
+            return _status_response(err)
+        doc = self.store.schemas.v2(self._openapi_types())
+        if PROTOBUF_V2 in request.headers.get("Accept", ""):
+            return web.Response(body=encode_document(doc), headers={"Content-Type": PROTOBUF_V2_CONTENT_TYPE})
+        return _json_response(doc)
+
+    def _openapi_v3_docs(self) -> dict[str, dict[str, Any]]:
+        types = self._openapi_types()
+        key = tuple(types)
+        cached = self._openapi_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        by_gv: dict[str, list[ResourceType]] = {}
+        for rt in types:
+            path = f"api/{rt.version}" if not rt.group else f"apis/{rt.group}/{rt.version}"
+            by_gv.setdefault(path, []).append(rt)
+        docs = {path: self.store.schemas.v3(rts) for path, rts in by_gv.items()}
+        self._openapi_cache = (key, docs)
+        return docs
+
+    async def _handle_openapi_v3(self, request: web.Request) -> web.Response:
+        """``/openapi/v3``: the index of group-versions; ``/openapi/v3/<gv>``: one document."""
+        try:
+            self._check_auth(request)
+            docs = self._openapi_v3_docs()
+            tail = request.match_info.get("tail", "").strip("/")
+            if not tail:
+                return _json_response({"paths": {
+                    path: {"serverRelativeURL": f"/openapi/v3/{path}?hash={self.store.schemas.v3_hash(doc)}"}
+                    for path, doc in docs.items()}})
+            doc = docs.get(tail)
+            if doc is None:
+                raise NotFound("the server could not find the requested resource")
+        except SimStatusError as err:
+            return _status_response(err)
+        return _json_response(doc, headers={"Cache-Control": "public, immutable", "Etag": '"'
+                                            + self.store.schemas.v3_hash(doc) + '"'})
+
     async def _handle_health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
@@ -399,6 +524,10 @@ class Simulator:
         try:
             self._check_auth(request)
             parts = [p for p in request.path.split("/") if p]
+            if parts in (["api"], ["apis"]) and _wants_aggregated(request) and request.method == "GET":
+                self.requests["discovery"] += 1
+                return web.Response(body=orjson.dumps(self._aggregated(parts[0])),
+                                    headers={"Content-Type": _AGGREGATED, "Vary": "Accept"})
             discovery = self._discovery(parts)
             if discovery is not None:
                 if request.method != "GET":
@@ -454,6 +583,22 @@ class Simulator:
             return self._resource_list(parts[1], parts[2])
         return None
 
+    def _aggregated(self, root: str) -> dict[str, Any]:
+        """``/api`` or ``/apis`` as an ``apidiscovery.k8s.io/v2`` APIGroupDiscoveryList."""
+        registry = self.store.registry
+        groups = {"": ["v1"]} if root == "api" else registry.groups()
+        items = []
+        for group, versions in groups.items():
+            meta: dict[str, Any] = {"creationTimestamp": None}
+            if group:
+                meta["name"] = group
+            items.append({"metadata": meta, "versions": [
+                {"version": v, "freshness": "Current",
+                 "resources": [rt.aggregated_entry() for rt in registry.in_group_version(group, v)]}
+                for v in versions]})
+        return {"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2",
+                "metadata": {}, "items": items}
+
     @staticmethod
     def _api_group(group: str, versions: list[str]) -> dict[str, Any]:
         entries = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
@@ -493,7 +638,7 @@ class Simulator:
         sub = rest[2] if len(rest) > 2 else None
         if rt.namespaced and namespace is None and name is not None:
             raise not_found
-        if sub is not None and (sub != "status" or not rt.has_status):
+        if sub is not None and not ((sub == "status" and rt.has_status) or (sub == "scale" and rt.scalable)):
             raise not_found
         return _Target(rt, namespace, name, sub, legacy_watch)
 
@@ -529,26 +674,41 @@ class Simulator:
     async def _serve(self, request: web.Request, target: _Target, verb: str) -> web.StreamResponse:
         rt = target.resource
         store = self.store
+        if rt.virtual:
+            return await self._access_review(request, target, verb)
+        if target.subresource == "scale":
+            return await self._scale(request, target, verb)
         if verb == "list":
             return await self._list(request, target)
         if verb == "watch":
             return await self._watch(request, target)
+        writer = _Writer.parse(request) if verb not in ("get",) else None
         if verb == "deletecollection":
-            return self._delete_collection(request, target)
+            assert writer is not None
+            return self._delete_collection(request, target, dry_run=writer.dry_run)
         if verb == "get":
             assert target.name is not None
-            return _json_response(store.get_raw(rt, target.name, target.namespace))
-        body = await self._read_body(request) if verb != "delete" else await self._read_optional(request)
-        # ?fieldManager= names the writer: recorded in managedFields as kube-apiserver does.
-        manager = request.query.get("fieldManager") or None
+            obj = store.get_raw(rt, target.name, target.namespace)
+            if accepts_table(request.headers.get("Accept", "")):
+                return _json_response(table(rt, [obj], include_object=request.query.get("includeObject",
+                                                                                         "Metadata")))
+            return _json_response(obj)
+        assert writer is not None
+        if verb == "delete":
+            body = await self._read_optional(request)
+        else:
+            body = await self._read_body(request, yaml_ok=request.content_type == PatchType.APPLY)
         if verb == "create":
             if not isinstance(body, dict):
                 raise BadRequest("the request body must be a JSON object")
             if rt.namespaced and target.namespace is None:
                 raise SimStatusError("the server does not allow this method on the requested resource",
                                      code=405, reason="MethodNotAllowed")
-            return _json_response(store.create(rt, body, namespace=target.namespace, copy=False,
-                                               field_manager=manager), status=201)
+            self._require_namespace(rt, target.namespace)
+            warnings = self._validate(rt, body, writer)
+            created = store.create(rt, body, namespace=target.namespace, copy=False, dry_run=writer.dry_run,
+                                   owner=writer.owner(rt, None))
+            return _json_response(created, status=201, headers=warnings)
         assert target.name is not None
         if verb == "update":
             if not isinstance(body, dict):
@@ -556,27 +716,145 @@ class Simulator:
             meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else None
             if meta is None or meta.get("name") != target.name:
                 raise BadRequest("the name of the object does not match the name on the URL")
+            warnings = self._validate(rt, body, writer)
             return _json_response(store.update(rt, body, namespace=target.namespace,
                                                subresource=target.subresource, copy=False,
-                                               field_manager=manager))
+                                               dry_run=writer.dry_run,
+                                               owner=writer.owner(rt, target.subresource)), headers=warnings)
         if verb == "patch":
             content_type = request.content_type
+            warnings = self._validate(rt, body, writer, patch=content_type != PatchType.JSON)
+            if content_type == PatchType.APPLY:
+                if not request.query.get("fieldManager"):
+                    raise BadRequest('PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required '
+                                     "value: is required for apply patch")
+                existed = self._exists(target)
+                if not existed:
+                    self._require_namespace(rt, target.namespace)
+                return _json_response(self._apply(rt, target, body, writer), status=200 if existed else 201,
+                                      headers=warnings)
             return _json_response(store.patch(rt, target.name, body, namespace=target.namespace,
                                               patch_type=content_type, subresource=target.subresource,
-                                              copy=False, field_manager=manager))
+                                              copy=False, dry_run=writer.dry_run,
+                                              owner=writer.owner(rt, target.subresource)), headers=warnings)
         # delete: DeleteOptions may carry preconditions
         pre = body.get("preconditions") if isinstance(body, dict) else None
         pre = pre if isinstance(pre, dict) else {}
+        dry_run = writer.dry_run or (isinstance(body, dict) and body.get("dryRun") == ["All"])
         return _json_response(store.delete(rt, target.name, namespace=target.namespace,
                                            precondition_rv=pre.get("resourceVersion"),
-                                           precondition_uid=pre.get("uid"), copy=False))
+                                           precondition_uid=pre.get("uid"), copy=False, dry_run=dry_run))
+
+    def _exists(self, target: _Target) -> bool:
+        assert target.name is not None
+        try:
+            self.store.get_raw(target.resource, target.name, target.namespace)
+        except NotFound:
+            return False
+        return True
+
+    def _apply(self, rt: ResourceType, target: _Target, body: Any, writer: _Writer) -> KubeObject:
+        assert target.name is not None
+        if not isinstance(body, dict):
+            raise BadRequest("an apply patch must be an object")
+        return self.store.apply(rt, target.name, body, namespace=target.namespace,
+                                owner=writer.owner(rt, target.subresource), force=writer.force,
+                                subresource=target.subresource, dry_run=writer.dry_run, copy=False)
+
+    def _require_namespace(self, rt: ResourceType, namespace: str | None) -> None:
+        """A namespaced object can only be created in an existing Namespace (404 otherwise)."""
+        if rt.namespaced and namespace and not self.store.has_namespace(namespace):
+            raise NotFound.object(plural="namespaces", group="", name=namespace)
+
+    def _validate(self, rt: ResourceType, body: Any, writer: _Writer, *,
+                  patch: bool = True) -> dict[str, str]:
+        """Unknown fields per ``fieldValidation``: Strict → 400, Warn → ``Warning`` headers."""
+        if writer.validation == "Ignore" or not patch or not isinstance(body, dict):
+            return {}
+        schemas = self.store.schemas
+        unknown = schemas.unknown_fields(schemas.kind(rt), _without_directives(body))
+        if not unknown:
+            return {}
+        if writer.validation == "Strict":
+            fields = ", ".join(f'unknown field "{p}"' for p in unknown)
+            raise BadRequest(f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: '
+                             f"strict decoding error: {fields}")
+        return {"Warning": ", ".join(f'299 - "unknown field \\"{p}\\""' for p in unknown)}
+
+    async def _access_review(self, request: web.Request, target: _Target, verb: str) -> web.Response:
+        """SelfSubjectAccessReview: allowed unless the simulator forbids the resource."""
+        if verb != "create":
+            raise SimStatusError("the server does not allow this method on the requested resource",
+                                 code=405, reason="MethodNotAllowed")
+        body = await self._read_body(request)
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        spec = body.get("spec") if isinstance(body.get("spec"), dict) else {}
+        assert isinstance(spec, dict)
+        attrs = spec.get("resourceAttributes")
+        allowed = True
+        reason = "allowed by the simulator"
+        if isinstance(attrs, dict):
+            resource = str(attrs.get("resource") or "")
+            group = str(attrs.get("group") or "")
+            if (group, resource) in self.forbidden or ("*", resource) in self.forbidden:
+                allowed, reason = False, "forbidden by the simulator's --forbid"
+        review = {"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
+                  "metadata": {"creationTimestamp": None}, "spec": spec,
+                  "status": {"allowed": allowed, "reason": reason}}
+        return _json_response(review, status=201)
+
+    async def _scale(self, request: web.Request, target: _Target, verb: str) -> web.Response:
+        """The ``scale`` subresource: an ``autoscaling/v1`` Scale view of ``spec.replicas``."""
+        rt = target.resource
+        store = self.store
+        assert target.name is not None
+        obj = store.get_raw(rt, target.name, target.namespace)
+        if verb == "get":
+            return _json_response(_scale_view(obj))
+        if verb not in ("update", "patch"):
+            raise SimStatusError("the server does not allow this method on the requested resource",
+                                 code=405, reason="MethodNotAllowed")
+        writer = _Writer.parse(request)
+        body = await self._read_body(request)
+        current = _scale_view(obj)
+        if verb == "update":
+            wanted = body
+        elif request.content_type == PatchType.JSON:
+            wanted = apply_json_patch(current, body)
+        elif request.content_type == PatchType.STRATEGIC:
+            wanted = strategic_merge_patch(current, body, store.schemas, store.schemas.scale())
+        elif request.content_type == PatchType.MERGE:
+            wanted = json_merge_patch(current, body)
+        else:
+            raise SimStatusError(f"the body of the request was in an unknown format - accepted media types "
+                                 f"include: {PatchType.JSON}, {PatchType.MERGE}, {PatchType.STRATEGIC}",
+                                 code=415, reason="UnsupportedMediaType")
+        if not isinstance(wanted, dict):
+            raise BadRequest("a Scale must be an object")
+        replicas = (wanted.get("spec") or {}).get("replicas")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise Invalid(f'Scale.autoscaling "{target.name}" is invalid: spec.replicas: Invalid value: '
+                          f"{replicas!r}: must be greater than or equal to 0")
+        patch: dict[str, Any] = {"spec": {"replicas": replicas}}
+        wanted_rv = (wanted.get("metadata") or {}).get("resourceVersion") if verb == "update" else None
+        if wanted_rv:
+            patch["metadata"] = {"resourceVersion": str(wanted_rv)}
+        updated = store.patch(rt, target.name, patch, namespace=target.namespace, patch_type=PatchType.MERGE,
+                              copy=False, dry_run=writer.dry_run, owner=writer.owner(rt, "scale"))
+        return _json_response(_scale_view(updated))
 
     @staticmethod
-    async def _read_body(request: web.Request) -> Any:
+    async def _read_body(request: web.Request, *, yaml_ok: bool = False) -> Any:
         raw = await request.read()
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
+            if yaml_ok:  # an apply patch is YAML (kubectl sends JSON, which is YAML too)
+                try:
+                    return yaml.safe_load(raw)
+                except yaml.YAMLError as yaml_exc:
+                    raise BadRequest(f"the request body is not valid YAML: {yaml_exc}") from yaml_exc
             raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
 
     @classmethod
@@ -594,21 +872,31 @@ class Simulator:
     @staticmethod
     def _scope(request: web.Request, target: _Target) -> WatchFilter:
         try:
-            return WatchFilter.parse(namespace=target.namespace,
-                                     label_selector=request.query.get("labelSelector"),
-                                     field_selector=request.query.get("fieldSelector"))
+            scope = WatchFilter.parse(namespace=target.namespace,
+                                      label_selector=request.query.get("labelSelector"),
+                                      field_selector=request.query.get("fieldSelector"))
         except SelectorError as exc:
             raise BadRequest(f"unable to parse requirement: {exc}") from exc
+        rt = target.resource
+        for path, _, _ in scope.fields.requirements:
+            if path in ("metadata.name", "metadata.namespace") or path in rt.field_selectors:
+                continue
+            if rt.crd:
+                raise BadRequest(f'"{path}" is not a known field selector: only "metadata.name", '
+                                 '"metadata.namespace"')
+            raise BadRequest(f"field label not supported: {path}")
+        return scope
 
     async def _wait_for(self, rv: int) -> None:
         if rv > self.store.resource_version and not await self.store.wait_for_rv(rv, self.too_large_wait):
             raise TooLargeResourceVersion.for_rv(rv, self.store.resource_version)
 
-    def _delete_collection(self, request: web.Request, target: _Target) -> web.Response:
+    def _delete_collection(self, request: web.Request, target: _Target, *,
+                           dry_run: bool = False) -> web.Response:
         """Deletes every matching object (selectors and namespace apply) and lists what was deleted."""
         rt = target.resource
         store = self.store
-        deleted = [store.delete(rt, key[1], namespace=key[0] or None, copy=False)
+        deleted = [store.delete(rt, key[1], namespace=key[0] or None, copy=False, dry_run=dry_run)
                    for key, _ in store.snapshot(rt, scope=self._scope(request, target))]
         return _json_response({"kind": f"{rt.kind}List", "apiVersion": rt.api_version,
                                "metadata": {"resourceVersion": str(store.resource_version)},
@@ -678,6 +966,9 @@ class Simulator:
                 metadata["remainingItemCount"] = total - limit
         elif offset:
             items = items[offset:]
+        if accepts_table(request.headers.get("Accept", "")):
+            return _json_response(table(rt, [o for _, o in items], list_meta=metadata,
+                                        include_object=query.get("includeObject", "Metadata")))
         body = {"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": metadata,
                 "items": _list_items(rt, [o for _, o in items])}
         return _json_response(body)
@@ -735,7 +1026,8 @@ class Simulator:
         try:
             await response.prepare(request)
             stream = _WatchStream(sim=self, request=request, response=response, watcher=watcher,
-                                  bookmarks=bookmarks, timeout=timeout)
+                                  bookmarks=bookmarks, timeout=timeout,
+                                  as_table=accepts_table(request.headers.get("Accept", "")))
             await stream.run(send_initial_end=send_initial)
         except (ConnectionResetError, asyncio.CancelledError):
             watcher.close("client went away")
@@ -753,8 +1045,10 @@ class _WatchStream:
     """
 
     def __init__(self, *, sim: Simulator, request: web.Request, response: web.StreamResponse,
-                 watcher: Watcher, bookmarks: bool, timeout: float) -> None:
+                 watcher: Watcher, bookmarks: bool, timeout: float, as_table: bool = False) -> None:
         self.sim = sim
+        self.as_table = as_table
+        """Each event's object is a one-row Table (``kubectl get -w``)."""
         self.request = request
         self.response = response
         self.watcher = watcher
@@ -762,6 +1056,7 @@ class _WatchStream:
         self.timeout = timeout
         self.sent = 0
         """Events written, bookmarks not counted (the fault thresholds count these)."""
+        self.garbled = False
 
     async def _write_batch(self, changes: Sequence[Change]) -> bool:
         """Writes the events unless a fault ends the stream first; False means stop."""
@@ -777,7 +1072,14 @@ class _WatchStream:
                 if out:
                     await self.response.write(bytes(out))
                 return False
-            line = _event_line(change.type, change.encoded_object())
+            line = _event_line(change.type, self._encoded(change))
+            if spec.watch_garble_after is not None and self.sent >= spec.watch_garble_after \
+                    and not self.garbled:
+                # The event's bytes with a stray byte in the middle: a complete line that no JSON
+                # decoder accepts, as a corrupting proxy or a torn buffer would leave it.
+                self.garbled = True
+                half = len(line) // 2
+                line = line[:half] + b"\x00<garbled>" + line[half:]
             if spec.watch_cut_after is not None and self.sent >= spec.watch_cut_after:
                 out += line[: max(1, len(line) // 2)]
                 await self.response.write(bytes(out))
@@ -790,6 +1092,12 @@ class _WatchStream:
         if out:
             await self.response.write(bytes(out))
         return True
+
+    def _encoded(self, change: Change) -> bytes:
+        if self.as_table:
+            return orjson.dumps(table(self.watcher.resource, [change.obj],
+                                      include_object=self.request.query.get("includeObject", "Metadata")))
+        return change.encoded_object()
 
     async def run(self, *, send_initial_end: bool) -> None:
         watcher = self.watcher

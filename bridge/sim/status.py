@@ -165,7 +165,7 @@ class TooLargeResourceVersion(SimStatusError):
     @classmethod
     def for_rv(cls, requested: int, current: int) -> TooLargeResourceVersion:
         return cls(
-            f"Too large resource version: {requested}, current: {current}",
+            f"Timeout: Too large resource version: {requested}, current: {current}",
             details={"causes": [{"reason": "ResourceVersionTooLarge",
                                  "message": "Too large resource version"}]},
             retry_after=1,

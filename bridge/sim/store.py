@@ -29,6 +29,8 @@ import orjson
 
 from bridge.clock import Clock, RealClock
 from bridge.kube.labels import FieldSelector, LabelSelector, parse_field_selector, parse_label_selector
+from bridge.sim.managed import FieldOwner, apply_config, record_update
+from bridge.sim.openapi import Schemas
 from bridge.sim.resources import ResourceRegistry, ResourceType
 from bridge.sim.status import (
     AlreadyExists,
@@ -39,6 +41,7 @@ from bridge.sim.status import (
     NotFound,
     UnsupportedMediaType,
 )
+from bridge.sim.strategic import strategic_merge_patch
 
 KubeObject = dict[str, Any]
 """The simulator's objects: JSON dicts it owns and changes (the bridge's objects are read-only)."""
@@ -55,6 +58,7 @@ __all__ = [
     "json_merge_patch",
 ]
 
+_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 DEFAULT_HISTORY_SIZE = 10_000
 DEFAULT_WATCHER_BUFFER = 10_000
 
@@ -73,25 +77,6 @@ def _copy_obj(obj: Mapping[str, Any]) -> KubeObject:
 
 def _rfc3339(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-
-
-def _record_manager(meta: dict[str, Any], previous: Any, *, manager: str, operation: str,
-                    subresource: str | None, now: str, api_version: str) -> None:
-    """Records a write by ``manager`` in ``meta["managedFields"]`` as kube-apiserver does for a
-    request with ``?fieldManager=``: that manager's entry (per operation and subresource) gets the
-    write's time; the other entries (the request's, else ``previous``) are kept. Field sets are not
-    tracked: ``fieldsV1`` stays empty."""
-    entries = meta.get("managedFields")
-    if not isinstance(entries, list):
-        entries = previous if isinstance(previous, list) else []
-    entry: dict[str, Any] = {"manager": manager, "operation": operation, "apiVersion": api_version,
-                             "time": now, "fieldsType": "FieldsV1", "fieldsV1": {}}
-    if subresource:
-        entry["subresource"] = subresource
-    same = (manager, operation, subresource or "")
-    kept = [e for e in entries if not (isinstance(e, dict) and (
-        e.get("manager"), e.get("operation"), e.get("subresource") or "") == same)]
-    meta["managedFields"] = [*kept, entry]
 
 
 @dataclass(slots=True)
@@ -257,11 +242,12 @@ class PatchType:
     MERGE = "application/merge-patch+json"
     STRATEGIC = "application/strategic-merge-patch+json"
     JSON = "application/json-patch+json"
-    ALL = (MERGE, STRATEGIC, JSON)
+    APPLY = "application/apply-patch+yaml"
+    ALL = (MERGE, STRATEGIC, JSON, APPLY)
 
 
 def json_merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch (strategic merge is treated the same way)."""
+    """RFC 7386 JSON merge patch."""
     if not isinstance(patch, dict):
         return _copy(patch)
     result: dict[str, Any] = dict(target) if isinstance(target, dict) else {}
@@ -380,6 +366,8 @@ class ObjectStore:
         if watcher_buffer < 1:
             raise ValueError("watcher_buffer must be at least 1")
         self.registry = registry or ResourceRegistry.with_builtins()
+        self.schemas = Schemas(self.registry.all())
+        """The served kinds' schemas: strategic merge patch, server-side apply, OpenAPI."""
         self.history_size = history_size
         self.watcher_buffer = watcher_buffer
         self._clock: Clock = clock or RealClock()
@@ -403,6 +391,7 @@ class ObjectStore:
 
     def register(self, resource: ResourceType) -> ResourceType:
         """Serves a new resource type (a CRD) from now on."""
+        self.schemas.add(resource)
         return self.registry.register(resource)
 
     def _bucket(self, rt: ResourceType) -> _Bucket:
@@ -458,13 +447,14 @@ class ObjectStore:
     # ------------------------------------------------------------------ mutations
 
     def create(self, resource: str | ResourceType, obj: Mapping[str, Any], *,
-               namespace: str | None = None, copy: bool = True,
-               field_manager: str | None = None) -> KubeObject:
+               namespace: str | None = None, copy: bool = True, dry_run: bool = False,
+               owner: FieldOwner | None = None) -> KubeObject:
         """Creates an object; 409 AlreadyExists when the name is taken.
 
         Every mutation returns a copy of the stored object; with ``copy=False`` it returns the stored
         object itself, which the caller must not change (the HTTP layer and the churn generator do this
-        to save a copy)."""
+        to save a copy). With ``dry_run`` nothing is stored and no resourceVersion is used (the answer
+        has none, as kube-apiserver's); with ``owner`` the managedFields record the writer."""
         rt = self.resolve(resource)
         bucket = self._bucket(rt)
         new: KubeObject = _copy(obj)
@@ -502,14 +492,16 @@ class ObjectStore:
         if rt.namespaced:
             meta["namespace"] = ns
         meta["uid"] = str(uuid.uuid4())
-        meta["resourceVersion"] = self._next_rv()
-        meta["generation"] = 1
+        if rt.generation:
+            meta["generation"] = 1
         meta["creationTimestamp"] = _rfc3339(self._clock.wall())
-        if field_manager:
-            _record_manager(meta, None, manager=field_manager, operation="Update", subresource=None,
-                            now=meta["creationTimestamp"], api_version=rt.api_version)
         stored: KubeObject = {"apiVersion": rt.api_version, "kind": rt.kind, "metadata": meta}
         stored.update({k: v for k, v in new.items() if k not in ("apiVersion", "kind", "metadata")})
+        if owner is not None:
+            record_update(self.schemas, self.schemas.kind(rt), None, stored, owner, with_status=False)
+        if dry_run:
+            return stored
+        stored["metadata"]["resourceVersion"] = self._next_rv()
         self._commit(bucket, "ADDED", key, stored, None)
         return _copy_obj(stored) if copy else stored
 
@@ -523,8 +515,8 @@ class ObjectStore:
         return bucket, key, existing
 
     def update(self, resource: str | ResourceType, obj: Mapping[str, Any], *, namespace: str | None = None,
-               subresource: str | None = None, copy: bool = True,
-               field_manager: str | None = None) -> KubeObject:
+               subresource: str | None = None, copy: bool = True, dry_run: bool = False,
+               owner: FieldOwner | None = None) -> KubeObject:
         """Replaces an object (PUT). A ``metadata.resourceVersion`` in ``obj`` is a precondition
         (409 Conflict when stale). On the main resource of a type with a status subresource the status
         is kept; with ``subresource="status"`` only the status changes. An update that changes nothing
@@ -539,15 +531,16 @@ class ObjectStore:
             raise BadRequest("the namespace of the provided object does not match the namespace sent "
                              "on the request")
         bucket, key, existing = self._current(rt, name, ns if rt.namespaced else None)
-        stored = self._replace(bucket, key, existing, _copy_obj(obj), subresource,
-                               field_manager=field_manager)
+        stored = self._replace(bucket, key, existing, _copy_obj(obj), subresource, dry_run=dry_run,
+                               owner=owner)
         return _copy_obj(stored) if copy else stored
 
     def _replace(self, bucket: _Bucket, key: _Key, existing: KubeObject, new: KubeObject,
-                 subresource: str | None, *, field_manager: str | None = None) -> KubeObject:
+                 subresource: str | None, *, dry_run: bool = False,
+                 owner: FieldOwner | None = None) -> KubeObject:
         """Commits ``new`` over ``existing`` and returns the stored result (or ``existing`` when
         nothing changed). ``new`` must be the caller's own (it is kept); unchanged subtrees may be
-        shared with ``existing``, which is never mutated."""
+        shared with ``existing``, which is never mutated. ``dry_run``: the result, not committed."""
         rt = bucket.resource
         old_meta = existing["metadata"]
         meta = new.get("metadata") if isinstance(new.get("metadata"), dict) else {}
@@ -568,9 +561,12 @@ class ObjectStore:
         elif subresource:
             raise NotFound(f"the server could not find the requested resource ({subresource})")
         else:
-            merged_meta = {k: v for k, v in meta.items() if k not in ("resourceVersion",)}
+            merged_meta = {k: v for k, v in meta.items() if k not in ("resourceVersion", "generation")}
+            if "managedFields" not in meta and "managedFields" in old_meta:
+                merged_meta["managedFields"] = old_meta["managedFields"]
             for fixed in ("name", "uid", "creationTimestamp", "generation"):
-                merged_meta[fixed] = old_meta[fixed]
+                if fixed in old_meta:
+                    merged_meta[fixed] = old_meta[fixed]
             if rt.namespaced:
                 merged_meta["namespace"] = old_meta["namespace"]
             else:
@@ -583,30 +579,39 @@ class ObjectStore:
                     result["status"] = existing["status"]
             elif "status" in new:
                 result["status"] = new["status"]
-            if _spec_part(result) != _spec_part(existing):
+            if rt.generation and _spec_part(result) != _spec_part(existing):
                 merged_meta["generation"] = int(old_meta.get("generation", 1)) + 1
         result["metadata"]["resourceVersion"] = old_meta["resourceVersion"]
+        if owner is not None:
+            record_update(self.schemas, self.schemas.kind(rt), existing, result, owner,
+                          with_status=not rt.has_status)
         if result == existing:
             return existing
+        if dry_run:
+            return result
         result["metadata"]["resourceVersion"] = self._next_rv()
-        if field_manager:
-            _record_manager(result["metadata"], old_meta.get("managedFields"), manager=field_manager,
-                            operation="Update", subresource=subresource, now=_rfc3339(self._clock.wall()),
-                            api_version=rt.api_version)
         self._commit(bucket, "MODIFIED", key, result, existing)
         return result
 
     def patch(self, resource: str | ResourceType, name: str, patch: Any, *, namespace: str | None = None,
               patch_type: str = PatchType.MERGE, subresource: str | None = None,
-              copy: bool = True, field_manager: str | None = None) -> KubeObject:
-        """Applies a JSON merge patch (merge and strategic-merge) or a JSON patch, then updates."""
+              copy: bool = True, dry_run: bool = False, owner: FieldOwner | None = None) -> KubeObject:
+        """Applies a JSON merge patch, a strategic merge patch (built-in kinds) or a JSON patch, then
+        updates (server-side apply is :meth:`apply`)."""
         rt = self.resolve(resource)
         bucket, key, existing = self._current(rt, name, namespace)
+        if patch_type == PatchType.STRATEGIC and rt.crd:
+            raise UnsupportedMediaType(
+                f"the body of the request was in an unknown format - accepted media types include: "
+                f"{PatchType.JSON}, {PatchType.MERGE}, {PatchType.APPLY}")
         if patch_type in (PatchType.MERGE, PatchType.STRATEGIC):
             if not isinstance(patch, dict):
                 raise BadRequest("a merge patch must be a JSON object")
             # Builds new dicts along the patched paths only; the rest is shared, never mutated.
-            doc = json_merge_patch(existing, patch)
+            if patch_type == PatchType.STRATEGIC:
+                doc = strategic_merge_patch(existing, patch, self.schemas, self.schemas.kind(rt))
+            else:
+                doc = json_merge_patch(existing, patch)
             patch_meta = patch.get("metadata")
             preconditioned = isinstance(patch_meta, dict) and "resourceVersion" in patch_meta
         elif patch_type == PatchType.JSON:
@@ -624,13 +629,61 @@ class ObjectStore:
         if not preconditioned:
             meta["resourceVersion"] = existing["metadata"]["resourceVersion"]
         doc["metadata"] = meta
-        stored = self._replace(bucket, key, existing, doc, subresource, field_manager=field_manager)
+        stored = self._replace(bucket, key, existing, doc, subresource, dry_run=dry_run, owner=owner)
         return _copy_obj(stored) if copy else stored
+
+    def apply(self, resource: str | ResourceType, name: str, config: Mapping[str, Any], *,
+              namespace: str | None = None, owner: FieldOwner, force: bool = False,
+              subresource: str | None = None, dry_run: bool = False, copy: bool = True) -> KubeObject:
+        """Server-side apply of ``config`` by ``owner``: creates the object when missing, else merges
+        it in with field ownership (409 Conflict on another manager's field unless ``force``)."""
+        rt = self.resolve(resource)
+        if not isinstance(config, Mapping):
+            raise BadRequest("an apply patch must be an object")
+        meta_in = config.get("metadata") if isinstance(config.get("metadata"), Mapping) else {}
+        assert isinstance(meta_in, Mapping)
+        if meta_in.get("name") not in (None, name):
+            raise BadRequest("the name of the object does not match the name on the URL")
+        for field_name, expected in (("apiVersion", rt.api_version), ("kind", rt.kind)):
+            if config.get(field_name) != expected:
+                raise BadRequest(f"{field_name} must be {expected!r} in an apply patch for {rt.qualified}, "
+                                 f"not {config.get(field_name)!r}")
+        schema = self.schemas.kind(rt)
+        bucket = self._bucket(rt)
+        key = self._scope_key(rt, name, namespace)
+        existing = bucket.objects.get(key)
+        with_status = not rt.has_status or subresource == "status"
+        if existing is None:
+            if subresource:
+                raise NotFound.object(plural=rt.plural, group=rt.group, name=name)
+            applied = apply_config(self.schemas, schema, None, config, owner, force=force,
+                                   with_status=with_status)
+            applied.setdefault("metadata", {})["name"] = name
+            # The applied object carries its managedFields already: created as it is.
+            return self.create(rt, applied, namespace=namespace, copy=copy, dry_run=dry_run)
+        applied = apply_config(self.schemas, schema, existing, config, owner, force=force,
+                               with_status=with_status)
+        meta = dict(applied["metadata"])
+        meta["resourceVersion"] = meta_in.get("resourceVersion") or existing["metadata"]["resourceVersion"]
+        old_annotations = existing["metadata"].get("annotations") or {}
+        if _LAST_APPLIED in old_annotations:
+            # kube-apiserver keeps kubectl's client-side record in step with what is applied server-side,
+            # so that a later client-side apply computes its patch from the right base.
+            meta["annotations"] = {**(meta.get("annotations") or {}),
+                                   _LAST_APPLIED: orjson.dumps(config).decode() + "\n"}
+        applied["metadata"] = meta
+        stored = self._replace(bucket, key, existing, applied, subresource, dry_run=dry_run)
+        return _copy_obj(stored) if copy else stored
+
+    def has_namespace(self, namespace: str) -> bool:
+        """Whether the Namespace exists."""
+        return ("", namespace) in self._bucket(self.resolve("namespaces")).objects
 
     def delete(self, resource: str | ResourceType, name: str, *, namespace: str | None = None,
                precondition_rv: str | None = None, precondition_uid: str | None = None,
-               copy: bool = True) -> KubeObject:
-        """Deletes at once and returns the last state, carrying the delete's resourceVersion."""
+               copy: bool = True, dry_run: bool = False) -> KubeObject:
+        """Deletes at once and returns the last state, carrying the delete's resourceVersion. Deleting
+        a Namespace deletes every object in it first (what the namespace controller does)."""
         rt = self.resolve(resource)
         bucket, key, existing = self._current(rt, name, namespace)
         meta = existing["metadata"]
@@ -640,6 +693,13 @@ class ObjectStore:
         if precondition_uid and precondition_uid != meta["uid"]:
             raise Conflict(f"Precondition failed: UID in precondition: {precondition_uid}, UID in object "
                            f"meta: {meta['uid']}")
+        if dry_run:
+            return _copy_obj(existing) if copy else existing
+        if rt.group == "" and rt.plural == "namespaces":
+            for other in list(self._buckets.values()):
+                if other.resource.namespaced:
+                    for obj_key in [k for k in other.objects if k[0] == name]:
+                        self.delete(other.resource, obj_key[1], namespace=name, copy=False)
         final = dict(existing)
         final["metadata"] = {**meta, "resourceVersion": self._next_rv()}
         self._commit(bucket, "DELETED", key, final, existing)

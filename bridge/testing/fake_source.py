@@ -18,6 +18,7 @@ contract"), reduced to what the reflector can observe:
 * watch from ``""`` / ``"0"``: synthetic ADDED for the current state, then live changes; from ``"N"``:
   the changes after N, then live ones; from a compacted N: one ``ERROR`` event (410 Expired) and the
   stream ends. Bookmarks are sent only to watches that allow them.
+* a watch stream is iterated once (a second ``async for`` raises), as the HTTP one.
 * WatchList (``send_initial_events``) when :attr:`FakeControllerSource.support_watch_list` is set:
   ADDED for the current state, the ``k8s.io/initial-events-end`` bookmark, then live changes; when it
   is not set the request is rejected with ``BadRequestError``.
@@ -31,7 +32,7 @@ import asyncio
 import base64
 import copy
 import enum
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -130,25 +131,30 @@ class FakeWatchStream:
         self._queue: asyncio.Queue[WatchEvent | _Close] = asyncio.Queue()
         self._closed = False
         self._ended = False
+        self._iterated = False
 
     @property
     def closed(self) -> bool:
         """True once the client closed the stream or it reached its end."""
         return self._closed or self._ended
 
-    def __aiter__(self) -> FakeWatchStream:
-        return self
+    def __aiter__(self) -> AsyncIterator[WatchEvent]:
+        """The events, once: as the HTTP watch stream, a second iteration raises (so a test cannot
+        pass on a client that reads one stream twice)."""
+        if self._iterated:
+            raise RuntimeError("fake source: a watch stream can be iterated only once")
+        self._iterated = True
+        return self._events()
 
-    async def __anext__(self) -> WatchEvent:
-        if self._closed or self._ended:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if item is _CLOSE:
-            self._ended = True
-            self._source._forget(self)
-            raise StopAsyncIteration
-        assert isinstance(item, WatchEvent)
-        return item
+    async def _events(self) -> AsyncIterator[WatchEvent]:
+        while not (self._closed or self._ended):
+            item = await self._queue.get()
+            if item is _CLOSE:
+                self._ended = True
+                self._source._forget(self)
+                return
+            assert isinstance(item, WatchEvent)
+            yield item
 
     async def close(self) -> None:
         if self._closed:
@@ -310,6 +316,12 @@ class FakeControllerSource:
                 if resource_version is not None:
                     bookmark["metadata"]["resourceVersion"] = str(resource_version)
                 w._send(WatchEvent(type=WatchEventType.BOOKMARK, object=bookmark))
+
+    def send_event(self, type_: WatchEventType, obj: KubeObject) -> None:
+        """Sends ``obj`` as it is to every open watch, recording nothing: a server repeating an
+        object (an ADDED or MODIFIED at a resourceVersion the client has already seen …)."""
+        for w in list(self._watches):
+            w._send(WatchEvent(type=type_, object=copy.deepcopy(obj)))
 
     def compact(self) -> None:
         """Forgets the history up to now: older RVs and continue tokens expire (410)."""

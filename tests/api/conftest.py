@@ -27,6 +27,7 @@ class Recorded:
     authorization: str | None
     content_type: str | None
     body: bytes
+    accept: str | None = None
 
 
 @dataclass
@@ -49,6 +50,7 @@ class ScriptedServer:
                 authorization=request.headers.get("Authorization"),
                 content_type=request.headers.get("Content-Type"),
                 body=body,
+                accept=request.headers.get("Accept"),
             )
         )
         return await self.handler(request)

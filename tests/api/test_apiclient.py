@@ -144,6 +144,33 @@ async def test_retry_after_is_honoured_then_succeeds(server: ScriptedServer, cod
     assert clock.sleeps == [1.0, 2.0, 3.0]
 
 
+async def test_too_large_resource_version_with_retry_after_is_waited_and_retried(
+    server: ScriptedServer,
+) -> None:
+    """A list "not older than" an RV the API server's watch cache has not reached yet answers 504
+    "Too large resource version" with Retry-After 1 (after waiting ~3 s itself); as client-go's REST
+    layer, the client waits and sends the same request again: the cache usually catches up."""
+    answers = 0
+
+    async def catching_up(request: web.Request) -> web.StreamResponse:
+        nonlocal answers
+        answers += 1
+        if answers <= 2:
+            return web.json_response(status(504, "Timeout", "Too large resource version: 12, current: 11"),
+                                     status=504, headers={"Retry-After": "1"})
+        return web.json_response({"kind": "PodList", "metadata": {"resourceVersion": "12"}, "items": []})
+
+    server.handler = catching_up
+    url = await server.start()
+    clock = InstantClock()
+    async with ApiClient(server=url, clock=clock) as client:
+        body = await client.get_json("/api/v1/pods", {"resourceVersion": "12"})
+        assert body["metadata"] == {"resourceVersion": "12"}
+        assert client.retries == 2
+    assert [r.query for r in server.requests] == [{"resourceVersion": "12"}] * 3
+    assert clock.sleeps == [1.0, 1.0]
+
+
 async def test_retries_give_up_after_max_retries(server: ScriptedServer) -> None:
     async def busy(request: web.Request) -> web.StreamResponse:
         return web.json_response(status(429, "TooManyRequests", "slow down"), status=429,

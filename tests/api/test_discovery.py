@@ -8,14 +8,24 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
+from aiohttp import web
 
 from bridge.contracts import ListOptions, WatchOptions
 from bridge.errors import ApiUnavailableError, ConfigurationError, ForbiddenError, NotFoundError, ServerError
 from bridge.kube.apiclient import ApiClient
-from bridge.kube.discovery import APIResource, Discovery, UnknownResourceError, UnsupportedResourceError
+from bridge.kube.discovery import (
+    ACCEPT_DISCOVERY,
+    APIResource,
+    Discovery,
+    UnknownResourceError,
+    UnsupportedResourceError,
+)
 from bridge.kube.listwatch import HttpListerWatcher, lister_watcher_for
 from bridge.sim import Simulator
+
+from .conftest import ScriptedServer
 
 POD = ("", "v1", "pods", "Pod", True)
 DEPLOY = ("apps", "v1", "deployments", "Deployment", True)
@@ -45,6 +55,16 @@ async def test_resolve_names_against_the_simulator(
 ) -> None:
     discovery = Discovery(client=sim_client)
     assert gvr(await discovery.resolve(name)) == expected
+
+
+async def test_the_simulators_aggregated_discovery_takes_two_requests(
+    sim: Simulator, sim_client: ApiClient,
+) -> None:
+    before = sim.requests["discovery"]
+    discovery = Discovery(client=sim_client)
+    assert gvr(await discovery.resolve("deployments")) == ("apps", "v1", "deployments", "Deployment", True)
+    assert gvr(await discovery.resolve("widgets")) == ("example.com", "v1", "widgets", "Widget", True)
+    assert sim.requests["discovery"] - before == 2
 
 
 async def test_paths_and_attributes(sim_client: ApiClient) -> None:
@@ -220,3 +240,134 @@ async def test_resource_without_list_and_watch_is_refused() -> None:
         "list and watch"
     )
     assert isinstance(info.value, ConfigurationError)
+
+
+# --------------------------------------------------------------------------------------------------
+# aggregated discovery (apidiscovery.k8s.io/v2) against a real HTTP server
+
+AGGREGATED_TYPE = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+
+
+def agg_res(resource: str, kind: str, group: str, version: str, *, scope: str = "Namespaced",
+            verbs: list[str] | None = None, short: list[str] | None = None) -> dict[str, Any]:
+    """One APIResourceDiscovery as kube-apiserver 1.30 writes it (subresources included)."""
+    return {
+        "resource": resource,
+        "responseKind": {"group": group, "version": version, "kind": kind},
+        "scope": scope,
+        "singularResource": kind.lower(),
+        "verbs": verbs if verbs is not None else ALL,
+        **({"shortNames": short} if short else {}),
+        "categories": ["all"],
+        "subresources": [{"subresource": "status", "responseKind": {"group": group, "version": version,
+                                                                   "kind": kind},
+                          "verbs": ["get", "patch", "update"]}],
+    }
+
+
+AGG_API = {
+    "kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {},
+    "items": [{"metadata": {"creationTimestamp": None}, "versions": [{"version": "v1", "freshness": "Current",
+        "resources": [agg_res("pods", "Pod", "", "v1", short=["po"]),
+                      agg_res("nodes", "Node", "", "v1", scope="Cluster", short=["no"]),
+                      agg_res("bindings", "Binding", "", "v1", verbs=["create"]),
+                      agg_res("events", "Event", "", "v1", short=["ev"])]}]}],
+}
+AGG_APIS = {
+    "kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {},
+    "items": [
+        {"metadata": {"name": "apps", "creationTimestamp": None}, "versions": [
+            {"version": "v1", "freshness": "Current",
+             "resources": [agg_res("deployments", "Deployment", "apps", "v1", short=["deploy"])]}]},
+        {"metadata": {"name": "example.com", "creationTimestamp": None}, "versions": [
+            {"version": "v2", "freshness": "Current",
+             "resources": [agg_res("widgets", "Widget", "example.com", "v2")]},
+            {"version": "v1", "freshness": "Current",
+             "resources": [agg_res("widgets", "Widget", "example.com", "v1"),
+                           agg_res("oldthings", "OldThing", "example.com", "v1")]}]},
+        {"metadata": {"name": "metrics.k8s.io", "creationTimestamp": None}, "versions": [
+            {"version": "v1beta1", "freshness": "Stale"}]},
+        {"metadata": {"name": "events.k8s.io", "creationTimestamp": None}, "versions": [
+            {"version": "v1", "freshness": "Current",
+             "resources": [agg_res("events", "Event", "events.k8s.io", "v1", short=["ev"])]}]},
+    ],
+}
+
+
+def _serve(docs: dict[str, tuple[dict[str, Any], str]]) -> Any:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        doc = docs.get(request.path)
+        if doc is None:
+            return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound",
+                                      "message": "the server could not find the requested resource"},
+                                     status=404)
+        body, content_type = doc
+        return web.Response(body=orjson.dumps(body), headers={"Content-Type": content_type})
+    return handler
+
+
+async def test_aggregated_discovery_reads_the_cluster_in_two_requests(server: ScriptedServer) -> None:
+    server.handler = _serve({"/api": (AGG_API, AGGREGATED_TYPE), "/apis": (AGG_APIS, AGGREGATED_TYPE)})
+    url = await server.start()
+    async with ApiClient(server=url) as client:
+        d = Discovery(client=client)
+        resolved = {n: await d.resolve(n) for n in (
+            "po", "nodes", "deploy", "deployments.apps/v1", "widgets", "widgets.example.com/v1", "oldthings",
+            "events", "events.events.k8s.io")}
+        names = sorted(r.qualified + "/" + r.version for r in await d.resources())
+    assert [(r.method, r.path) for r in server.requests] == [("GET", "/api"), ("GET", "/apis")]
+    assert {r.accept for r in server.requests} == {ACCEPT_DISCOVERY}
+    assert ACCEPT_DISCOVERY.startswith(AGGREGATED_TYPE + ",")
+    assert {n: (r.group, r.version, r.kind, r.namespaced) for n, r in resolved.items()} == {
+        "po": ("", "v1", "Pod", True),
+        "nodes": ("", "v1", "Node", False),
+        "deploy": ("apps", "v1", "Deployment", True),
+        "deployments.apps/v1": ("apps", "v1", "Deployment", True),
+        "widgets": ("example.com", "v2", "Widget", True),  # the first version listed is preferred
+        "widgets.example.com/v1": ("example.com", "v1", "Widget", True),
+        "oldthings": ("example.com", "v1", "OldThing", True),
+        "events": ("", "v1", "Event", True),
+        "events.events.k8s.io": ("events.k8s.io", "v1", "Event", True),
+    }
+    assert resolved["po"].verbs == tuple(ALL)
+    assert resolved["po"].short_names == ("po",)
+    # Subresources are not resources; the stale metrics.k8s.io is skipped.
+    assert names == [
+        "bindings/v1", "deployments.apps/v1", "events.events.k8s.io/v1", "events/v1", "nodes/v1",
+        "oldthings.example.com/v1", "pods/v1", "widgets.example.com/v1", "widgets.example.com/v2",
+    ]
+
+
+async def test_a_server_without_aggregated_discovery_gets_the_per_group_documents(
+    server: ScriptedServer,
+) -> None:
+    legacy = {path: (doc, "application/json") for path, doc in DOCS.items() if isinstance(doc, dict)}
+    server.handler = _serve(legacy)
+    url = await server.start()
+    async with ApiClient(server=url) as client:
+        d = Discovery(client=client)
+        widgets = await d.resolve("widgets")
+        names = sorted(r.qualified + "/" + r.version for r in await d.resources())
+    assert (widgets.group, widgets.version) == ("example.com", "v2")
+    assert names == [
+        "bindings/v1", "events.events.k8s.io/v1", "events/v1", "oldthings.example.com/v1", "pods/v1",
+        "widgets.example.com/v1", "widgets.example.com/v2",
+    ]
+    paths = [r.path for r in server.requests]
+    assert paths[:2] == ["/api", "/apis"]
+    assert sorted(paths[2:]) == ["/api/v1", "/apis/events.k8s.io/v1", "/apis/example.com/v1",
+                                 "/apis/example.com/v2", "/apis/metrics.k8s.io/v1beta1"]
+
+
+async def test_mixed_answers_are_judged_document_by_document(server: ScriptedServer) -> None:
+    """A server whose /api is aggregated but whose /apis is not (or the reverse) is read each way."""
+    docs = {"/api": (AGG_API, AGGREGATED_TYPE)}
+    docs |= {p: (d, "application/json") for p, d in DOCS.items()
+             if isinstance(d, dict) and p.startswith("/apis")}
+    server.handler = _serve(docs)
+    url = await server.start()
+    async with ApiClient(server=url) as client:
+        d = Discovery(client=client)
+        assert (await d.resolve("no")).kind == "Node"
+        assert (await d.resolve("widgets")).version == "v2"
+    assert "/api/v1" not in [r.path for r in server.requests]

@@ -207,7 +207,9 @@ async def test_too_large_resource_version(sim: Simulator, sim_client: ApiClient)
     with pytest.raises(TooLargeResourceVersionError) as info:
         await lw.list(ListOptions(resource_version="1000", resource_version_match="NotOlderThan"))
     assert info.value.code == 504
-    assert sim_client.retries == 0  # left to the reflector, which relists consistently
+    # Retried with Retry-After as client-go's REST layer does (up to max_retries), then left to
+    # the reflector, which relists consistently.
+    assert sim_client.retries == sim_client.options.max_retries
 
 
 async def test_list_rv_zero_and_not_older_than(sim: Simulator, sim_client: ApiClient) -> None:
@@ -291,10 +293,11 @@ async def test_expire_watches_sends_error_into_open_stream(sim: Simulator, sim_c
     stream = await lw.watch(WatchOptions(resource_version=str(sim.store.resource_version),
                                          allow_watch_bookmarks=False, timeout_seconds=5))
     sim.store.create("pods", make_pod("a", "ns"))
-    first = await anext(aiter(stream))
+    events = aiter(stream)
+    first = await anext(events)
     assert (first.type, first.object["metadata"]["name"]) == (ADDED, "a")
     assert sim.expire_watches() == 1
-    rest = await collect(stream)
+    rest = [e async for e in events]
     assert [(e.type, e.object.get("code")) for e in rest] == [(ERROR, 410)]
 
 

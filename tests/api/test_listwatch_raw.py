@@ -17,7 +17,7 @@ from bridge.informer.transform import drop_managed_fields
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import APIResource, Discovery
 from bridge.kube.listwatch import HttpListerWatcher, HttpWatchStream
-from bridge.rawobject import RawObject
+from bridge.rawobject import RawObject, object_key
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod as realistic_pod
 
@@ -135,19 +135,16 @@ def watch_line(kind: str, obj: dict[str, Any]) -> bytes:
     return orjson.dumps({"type": kind, "object": obj}) + b"\n"
 
 
-async def test_garbage_lines_are_skipped_by_the_raw_decoder(server: ScriptedServer) -> None:
+async def test_raw_decoder_skips_nothing_but_ends_the_watch_at_garbage(server: ScriptedServer) -> None:
     a = realistic_pod("a", "ns", rng=random.Random(1)) | {"metadata": {"name": "a", "namespace": "ns",
                                                                        "resourceVersion": "8",
                                                                        "managedFields": [{"m": 1}]}}
     b = {"metadata": {"name": "b", "namespace": "ns", "resourceVersion": "9"}}
     body = b"".join([
         watch_line("ADDED", a),
-        b"this is not json\n",
-        b'{"type": "ADDED"}\n',  # no object
         b'{"type": "ADDED", "object": {"metadata": [1]}}\n',  # metadata not a mapping
         b'{"type": "ADDED", "object": {"spec": {}}}\n',  # no metadata
-        b'{"type": "ADDED", "object": [1]}\n',
-        b'{"type": "EXPLODED", "object": {"metadata": {}}}\n',
+        b"this is not json\n",
         watch_line("MODIFIED", b),
     ])
 
@@ -166,9 +163,15 @@ async def test_garbage_lines_are_skipped_by_the_raw_decoder(server: ScriptedServ
         stream = await lw.watch(WatchOptions(resource_version="7", timeout_seconds=30))
         events = [e async for e in stream]
         await stream.close()
-    assert [(e.type, e.object["metadata"]["name"]) for e in events] == [(ADDED, "a"), (MODIFIED, "b")]
-    assert all(type(e.object) is RawObject for e in events)
+    # Objects without a metadata mapping are well-formed events the reflector skips (no name);
+    # the other lines each end a watch with a decoding ERROR (one watch per line here).
+    kinds = [(e.type, e.object.get("metadata", {}).get("name")) for e in events]
+    assert kinds[:3] == [(ADDED, "a"), (ADDED, None), (ADDED, None)]
+    assert events[3].type is WatchEventType.ERROR
+    assert events[3].object["code"] == 500
+    assert len(events) == 4
+    assert all(type(e.object) is RawObject for e in events[:3])
     assert events[0].object == drop_managed_fields(a)
-    assert events[1].object == b
-    assert stream.garbage_lines == 6
-    assert lw.garbage_lines == 6
+    assert [object_key(e.object) for e in events[1:3]] == ["", ""]
+    assert stream.garbage_lines == 1
+    assert lw.garbage_lines == 1

@@ -6,6 +6,7 @@ each, the cache converges to exactly the simulator's state (same keys, same reso
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from collections.abc import AsyncIterator
 
@@ -147,3 +148,40 @@ async def test_reflector_converges_through_every_fault(
     await converged(sim, cache)
     assert reflector.last_sync_resource_version
     assert int(reflector.last_sync_resource_version) <= sim.store.resource_version
+
+
+async def test_watch_list_keeps_its_one_stream_under_churn(sim: Simulator) -> None:
+    """WatchList: the initial state and every later change come through one request; the stream
+    is never abandoned after the initial-events-end bookmark (no re-list, no second watch)."""
+    churn = Churn(sim)
+    churn.step(40)
+    client = ApiClient(server=sim.url, clock=InstantClock())
+    lw = await lister_watcher_for(client, Discovery(client=client), "pods")
+    cache = IndexedCache()
+    clock = RealClock()
+    reflector = Reflector(
+        name="pods", lister_watcher=lw, store=cache, clock=clock, use_watch_list=True,
+        min_watch_timeout=300, backoff=Backoff(clock=clock, initial=0.01, cap=0.05, jitter=0.0),
+        rng=random.Random(1),
+    )
+    before = dict(sim.requests)
+    task = asyncio.create_task(reflector.run(), name="test-reflector-watchlist")
+    try:
+        await converged(sim, cache)
+        # Churn for a while (bookmarks every 0.2 s in this simulator), converging at every step.
+        loop = asyncio.get_running_loop()
+        # KEB_WATCHLIST_SOAK_SECONDS=180 makes this the minutes-long soak (docs/performance.md).
+        deadline = loop.time() + float(os.environ.get("KEB_WATCHLIST_SOAK_SECONDS", "6"))
+        while loop.time() < deadline:
+            churn.step(15)
+            await asyncio.sleep(0.1)
+        await converged(sim, cache)
+        assert sim.requests["watch"] - before.get("watch", 0) == 1
+        assert sim.requests["list"] - before.get("list", 0) == 0
+        assert reflector.list_count == 1
+        assert reflector.watch_count == 1
+        assert reflector.watch_list_rejected is False
+    finally:
+        reflector.stop()
+        await asyncio.wait_for(task, 10)
+        await client.close()

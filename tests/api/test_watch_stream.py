@@ -19,6 +19,7 @@ from bridge.contracts import WatchEvent, WatchEventType, WatchOptions
 from bridge.kube.apiclient import ApiClient, ApiClientOptions
 from bridge.kube.discovery import APIResource
 from bridge.kube.listwatch import (
+    DECODE_ERROR_CAUSE,
     WATCH_EVENT_DECODERS,
     HttpListerWatcher,
     HttpWatchStream,
@@ -87,28 +88,56 @@ async def test_lines_split_across_chunks(server: ScriptedServer) -> None:
     assert stream.events == 3
 
 
-async def test_garbage_lines_are_logged_counted_and_skipped(
-    server: ScriptedServer, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("garbage", [
+    b"this is not json",
+    b'{"type": "ADDED"}',  # no object
+    b'{"type": "EXPLODED", "object": {}}',  # unknown type
+    b"[1, 2, 3]",
+    b'{"type": "ADDED", "object": [1]}',
+])
+async def test_an_undecodable_line_ends_the_watch_with_a_decoding_error(
+    server: ScriptedServer, caplog: pytest.LogCaptureFixture, garbage: bytes
 ) -> None:
+    """As client-go's stream watcher: the stream ends at the line with an ERROR event (500,
+    cause ClientWatchDecoding), so that the reflector re-watches from the last event it applied and
+    the change the line carried comes again; reading on past it would lose that change."""
     chunks = [
         line("ADDED", "a", 8),
-        b"this is not json\n",
-        b'{"type": "ADDED"}\n',  # no object
-        b'{"type": "EXPLODED", "object": {}}\n',  # unknown type
-        b"[1, 2, 3]\n",
         b"\n\n",  # blank lines are keep-alives, not garbage
+        garbage + b"\n",
         line("ADDED", "b", 9),
     ]
     with caplog.at_level(logging.WARNING, logger="bridge.kube.listwatch"):
         events, stream, lw = await watch_all(server, chunks)
-    assert names(events) == [("ADDED", "a"), ("ADDED", "b")]
-    assert stream.garbage_lines == 4
-    assert lw.garbage_lines == 4
+    assert names(events[:1]) == [("ADDED", "a")]
+    [error] = events[1:]
+    assert error.type is WatchEventType.ERROR
+    assert error.object["code"] == 500
+    assert error.object["reason"] == "InternalError"
+    assert error.object["message"].startswith("unable to decode an event from the watch stream: ")
+    assert [c["type"] for c in error.object["details"]["causes"]] == [DECODE_ERROR_CAUSE]
+    assert stream.garbage_lines == 1
+    assert lw.garbage_lines == 1
     assert stream.truncated_lines == 0
-    warnings = [r.getMessage() for r in caplog.records if r.name == "bridge.kube.listwatch"]
-    assert len(warnings) == 4
-    assert all(w.startswith("watch pods in namespace ns: skipping a line that is not a watch event")
-               for w in warnings)
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "bridge.kube.listwatch"]
+    assert warning.startswith("watch pods in namespace ns: a line is not a watch event")
+    assert warning.endswith("ending the watch after 1 events")
+
+
+async def test_a_watch_stream_is_iterated_once(server: ScriptedServer) -> None:
+    server.handler = streaming([line("ADDED", "a", 8), line("ADDED", "b", 9)])  # type: ignore[assignment]
+    url = await server.start()
+    async with ApiClient(server=url) as client:
+        lw = HttpListerWatcher(client=client, resource=PODS, namespace="ns")
+        stream = await lw.watch(WatchOptions(resource_version="7", timeout_seconds=300))
+        events = aiter(stream)
+        first = await anext(events)
+        with pytest.raises(RuntimeError, match="iterated only once"):
+            aiter(stream)
+        # The first reader still has everything after its first event.
+        rest = [e async for e in events]
+        await stream.close()
+    assert names([first, *rest]) == [("ADDED", "a"), ("ADDED", "b")]
 
 
 async def test_half_written_last_line_is_discarded(server: ScriptedServer) -> None:
@@ -221,3 +250,60 @@ def test_decode_list_fills_kind_and_reads_metadata() -> None:
     assert (empty.items, empty.continue_token, empty.remaining_item_count) == ([], None, None)
     with pytest.raises(WatchDecodeError):
         decode_list(b"<html>")
+
+
+async def test_a_garbled_watch_line_does_not_lose_its_change(server: ScriptedServer) -> None:
+    """The reflector over HTTP: the line carrying b@12 arrives garbled between a@11 and c@13. The
+    watch ends at that line and the reflector watches again from 11 (no relist), so b@12 and c@13
+    come again and nothing is lost."""
+    from bridge.informer.backoff import Backoff
+    from bridge.informer.reflector import Reflector
+    from bridge.informer.store import IndexedCache
+
+    from .conftest import InstantClock
+
+    hold = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") != "true":
+            item = make_pod("a", "ns")
+            item["metadata"]["resourceVersion"] = "10"  # type: ignore[index]
+            return web.json_response({"kind": "PodList", "metadata": {"resourceVersion": "10"},
+                                      "items": [item]})
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        if request.query["resourceVersion"] == "10":
+            good_b = line("ADDED", "b", 12)
+            for chunk in (line("MODIFIED", "a", 11), good_b[:30] + b"\x00garbled" + good_b[40:],
+                          line("ADDED", "c", 13)):
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+        for chunk in (line("ADDED", "b", 12), line("ADDED", "c", 13)):
+            await response.write(chunk)
+        await hold.wait()
+        return response
+
+    server.handler = handler
+    url = await server.start()
+    clock = InstantClock()
+    async with ApiClient(server=url, clock=clock) as client:
+        lw = HttpListerWatcher(client=client, resource=PODS, namespace="ns")
+        cache = IndexedCache()
+        reflector = Reflector(name="pods", lister_watcher=lw, store=cache, clock=clock,
+                              backoff=Backoff(clock=clock, jitter=0.0))
+        task = asyncio.create_task(reflector.run(), name="test-garbled-reflector")
+        try:
+            for _ in range(500):
+                if len(cache.list()) == 3:
+                    break
+                await asyncio.sleep(0.01)
+            state = {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in cache.list()}
+            assert state == {"a": "11", "b": "12", "c": "13"}
+            requests = [(r.query.get("watch"), r.query.get("resourceVersion")) for r in server.requests]
+            assert requests == [(None, "0"), ("true", "10"), ("true", "11")]
+            assert lw.garbage_lines == 1
+        finally:
+            hold.set()
+            reflector.stop()
+            await asyncio.wait_for(task, 5)

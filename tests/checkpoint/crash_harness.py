@@ -38,12 +38,14 @@ async def _read_line(proc: asyncio.subprocess.Process, expect: str, timeout: flo
 
 
 @contextlib.asynccontextmanager
-async def sim_process(tmp: Path, *, history_size: int = 1_000_000) -> AsyncIterator[tuple[str, Path]]:
-    """``python -m bridge.sim`` on a free port; yields (url, kubeconfig)."""
+async def sim_process(tmp: Path, *, history_size: int = 1_000_000,
+                      namespaces: tuple[str, ...] = ()) -> AsyncIterator[tuple[str, Path]]:
+    """``python -m bridge.sim`` on a free port, with ``namespaces`` created; yields (url, kubeconfig)."""
     kubeconfig = tmp / "sim.kubeconfig"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bridge.sim", "--port", "0", "--kubeconfig", str(kubeconfig),
         "--history-size", str(history_size), "--bookmark-interval", "1",
+        "--namespaces", ",".join(("default", *namespaces)),
         cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
     )
     try:

@@ -17,7 +17,7 @@ NS = "bridge-system"
 
 @pytest.fixture
 async def sim_client(tmp_path: Path) -> AsyncIterator[tuple[Simulator, ApiClient]]:
-    sim = Simulator()
+    sim = Simulator(namespaces=("default", NS))
     await sim.start()
     client = ApiClient.from_kubeconfig(str(sim.write_kubeconfig(tmp_path / "kubeconfig")))
     try:
@@ -135,3 +135,18 @@ def test_utf8_chunks_never_split_a_character() -> None:
     chunks = _utf8_chunks(data, 7)
     assert "".join(chunks).encode() == data
     assert all(len(c.encode()) <= 7 for c in chunks)
+
+
+async def test_without_shards_only_the_manifest_is_touched(sim_client: tuple[Simulator, ApiClient]) -> None:
+    # The chart's narrowed Role names only manifests: a checkpoint that would need shards fails to
+    # save, visibly, and leaves the previous checkpoint as it was.
+    _, client = sim_client
+    store = ConfigMapCheckpointStore(client=client, namespace=NS, name_prefix="keb", shard_bytes=8192,
+                                     allow_shards=False)
+    ident = "pods.all.0123456789ab"
+    small = big_checkpoint(ident, 2)
+    await store.save(small)
+    with pytest.raises(CheckpointStoreError, match="sharding is off"):
+        await store.save(big_checkpoint(ident, 600, rv="200"))
+    assert await configmap_names(client) == [f"keb-{ident}"]
+    assert await store.load(ident) == small

@@ -68,7 +68,7 @@ async def test_sigkill_under_churn(tmp_path: Path, kafka_broker: TansuBroker) ->
     kafka_broker.create_topic(topic, partitions=3)
     store = FileCheckpointStore(directory=tmp_path / "ckpt")
     rng = random.Random(20261121)
-    async with sim_process(tmp_path) as (_, kubeconfig):
+    async with sim_process(tmp_path, namespaces=(NS,)) as (_, kubeconfig):
         client = ApiClient.from_kubeconfig(str(kubeconfig))
         churn = Churn(client=client, namespace=NS, rate=60.0)
         bridge = BridgeProcess(bridge_args(kubeconfig, tmp_path / "ckpt", kafka_broker, topic),
@@ -157,7 +157,7 @@ async def test_long_outage_resumes_with_a_diff(tmp_path: Path, kafka_broker: Tan
     kafka_broker.create_topic(topic, partitions=2)
     store = FileCheckpointStore(directory=tmp_path / "ckpt")
     path = f"/api/v1/namespaces/{NS}/configmaps"
-    async with sim_process(tmp_path) as (url, kubeconfig):
+    async with sim_process(tmp_path, namespaces=(NS,)) as (url, kubeconfig):
         client = ApiClient.from_kubeconfig(str(kubeconfig))
         bridge = BridgeProcess(bridge_args(kubeconfig, tmp_path / "ckpt", kafka_broker, topic),
                                log=tmp_path / "bridge.log")

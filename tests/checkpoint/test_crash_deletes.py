@@ -75,7 +75,7 @@ async def test_crash_with_expired_history_deletes_what_sinks_saw_and_never_an_ol
     args = ["--kubeconfig", "", "--resource", "configmaps", "--namespace", NS,
             "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", str(INTERVAL),
             "--file", str(out)]
-    async with sim_process(tmp_path) as (_, kubeconfig):
+    async with sim_process(tmp_path, namespaces=(NS,)) as (_, kubeconfig):
         args[1] = str(kubeconfig)
         client = ApiClient.from_kubeconfig(str(kubeconfig))
         bridge = BridgeProcess(args, log=tmp_path / "bridge.log")

@@ -92,14 +92,25 @@ async def test_compaction_keeps_only_what_the_checkpoint_written_does_not_imply(
     note(j, 5, NotificationKind.DELETE, "c", "u-c", "16")
     async with asyncio.timeout(5):
         await j.wait(5)
-    # The next checkpoint knows a (index) and b (ahead), and that known and c are gone.
+    # The next checkpoint knows a (index) and b (ahead), and that known is gone; c's delete (16) is
+    # beyond what every sink acknowledged (13): a lagging sink may have c's add and not its delete.
     j.compact(Checkpoint(informer_id=IDENT, resource_version="13", objects={"ns/a": ("u-a", "12")},
                          ahead={"ns/b": ("u-b", "13", False), "ns/known": ("", "14", True)}))
     note(j, 6, NotificationKind.ADD, "d", "u-d", "17")
     async with asyncio.timeout(5):
         await j.wait(6)
     await until(lambda: j._compact_to is None, what="the compaction")
-    assert sorted(map(str, records(j.path))) == sorted(map(str, [["a", "ns/d", "u-d", "17"]]))
+    assert sorted(map(str, records(j.path))) == sorted(map(str, [["d", "ns/c", "u-c", "16", False],
+                                                                 ["a", "ns/d", "u-d", "17"]]))
+    # Once a checkpoint covers c's delete, its record goes.
+    j.compact(Checkpoint(informer_id=IDENT, resource_version="16", objects={"ns/a": ("u-a", "12"),
+                                                                            "ns/b": ("u-b", "13")}))
+    note(j, 7, NotificationKind.ADD, "e", "u-e", "18")
+    async with asyncio.timeout(5):
+        await j.wait(7)
+    await until(lambda: j._compact_to is None, what="the compaction")
+    assert sorted(map(str, records(j.path))) == sorted(map(str, [["a", "ns/d", "u-d", "17"],
+                                                                 ["a", "ns/e", "u-e", "18"]]))
 
 
 async def test_load_ignores_a_torn_tail_and_what_follows_a_corrupt_line(

@@ -27,7 +27,7 @@ NS = "resume"
 
 @pytest.fixture
 async def sim(tmp_path: Path) -> AsyncIterator[tuple[Simulator, ApiClient]]:
-    simulator = Simulator(bookmark_interval=0.5)
+    simulator = Simulator(bookmark_interval=0.5, namespaces=("default", NS))
     await simulator.start()
     client = ApiClient.from_kubeconfig(str(simulator.write_kubeconfig(tmp_path / "kc")))
     try:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import weakref
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -27,14 +29,35 @@ def summary(events: list[WatchEvent]) -> list[tuple[str, str, str]]:
             for e in events if e.type is not WatchEventType.ERROR]
 
 
+_READERS: weakref.WeakKeyDictionary[FakeWatchStream, AsyncIterator[WatchEvent]] = (
+    weakref.WeakKeyDictionary())
+
+
+def reader(stream: FakeWatchStream) -> AsyncIterator[WatchEvent]:
+    """The one iterator over ``stream`` (a watch stream is iterated once)."""
+    if stream not in _READERS:
+        _READERS[stream] = aiter(stream)
+    return _READERS[stream]
+
+
 async def drain(stream: FakeWatchStream, n: int) -> list[WatchEvent]:
     """Reads exactly ``n`` events (the fake delivers synchronously, so they are already queued)."""
-    it = aiter(stream)
+    it = reader(stream)
     return [await asyncio.wait_for(anext(it), 1.0) for _ in range(n)]
 
 
 async def read_to_end(stream: FakeWatchStream) -> list[WatchEvent]:
-    return [e async for e in stream]
+    return [e async for e in reader(stream)]
+
+
+async def test_a_watch_stream_is_iterated_once() -> None:
+    src = FakeControllerSource()
+    src.add(cm("a"))
+    stream = await src.watch(WatchOptions(resource_version="0"))
+    assert summary(await drain(stream, 1)) == [("ADDED", "a", "1")]
+    with pytest.raises(RuntimeError, match="iterated only once"):
+        aiter(stream)
+    await stream.close()
 
 
 def test_resource_version_counts_changes_and_uids_are_assigned() -> None:

@@ -76,7 +76,8 @@ def test_list_with_label_selector(cache: IndexedCache, selector: object, expecte
 
 
 def test_list_rejects_a_malformed_selector(cache: IndexedCache) -> None:
-    with pytest.raises(SelectorError, match="unbalanced"):
+    expected = r"^unable to parse requirement: found '', expected: ',' or '\)'$"
+    with pytest.raises(SelectorError, match=expected):
         Lister(indexer=cache).list("app in (web")
 
 

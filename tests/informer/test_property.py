@@ -135,6 +135,7 @@ class _RawStream:
                 yield WatchEvent(event.type, _as_raw(event.object))
 
     def __aiter__(self) -> AsyncIterator[WatchEvent]:
+        # Delegates to the fake stream, which raises on a second iteration.
         return self._events()
 
     async def close(self) -> None:

@@ -852,11 +852,15 @@ class ScriptedSource(FakeControllerSource):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.watch_list_script: list[WatchEvent | Exception] = []
+        self.watch_list_scripts: list[list[WatchEvent | Exception]] = []
+        """Scripts for the next WatchList requests, one each, before ``watch_list_script``."""
         self.watch_scripts: list[list[WatchEvent | Exception]] = []
         self.streams: list[ScriptedStream] = []
 
     async def watch(self, options: WatchOptions) -> Any:
-        if options.send_initial_events:
+        if options.send_initial_events and self.watch_list_scripts:
+            script = self.watch_list_scripts.pop(0)
+        elif options.send_initial_events and self.watch_list_script:
             script = list(self.watch_list_script)
         elif self.watch_scripts:
             script = self.watch_scripts.pop(0)
@@ -869,23 +873,29 @@ class ScriptedSource(FakeControllerSource):
 
 
 class ScriptedStream:
-    """Yields its events (raising the exceptions among them), then ends."""
+    """Yields its events (raising the exceptions among them), then ends; iterated once, as every
+    watch stream."""
 
     def __init__(self, events: list[WatchEvent | Exception]) -> None:
         self._events = events
         self.closed = False
+        self._iterated = False
 
-    def __aiter__(self) -> ScriptedStream:
-        return self
+    def __aiter__(self) -> AsyncIterator[WatchEvent]:
+        if self._iterated:
+            raise RuntimeError("a watch stream can be iterated only once")
+        self._iterated = True
+        return self._run()
 
-    async def __anext__(self) -> WatchEvent:
-        await asyncio.sleep(0)
-        if self.closed or not self._events:
-            raise StopAsyncIteration
-        item = self._events.pop(0)
-        if isinstance(item, Exception):
-            raise item
-        return item
+    async def _run(self) -> AsyncIterator[WatchEvent]:
+        while True:
+            await asyncio.sleep(0)
+            if self.closed or not self._events:
+                return
+            item = self._events.pop(0)
+            if isinstance(item, Exception):
+                raise item
+            yield item
 
     async def close(self) -> None:
         self.closed = True
@@ -1043,7 +1053,9 @@ async def test_default_error_handler_logs(caplog: pytest.LogCaptureFixture) -> N
     await settle()
     r.stop()
     await task
-    assert any("pods" in m and "etcd is down" in m for m in caplog.messages)
+    # The informer is a field of the record, not part of its text.
+    assert any(getattr(r, "informer", None) == "pods" and "etcd is down" in r.getMessage()
+               for r in caplog.records)
 
 
 class FailingResyncStore(RecordingStore):
@@ -1088,3 +1100,97 @@ def test_invalid_options_are_rejected() -> None:
 
 # Keeps the WatchStream protocol honest for the scripted stream used above.
 _stream_check: Callable[[list[WatchEvent | Exception]], WatchStream] = ScriptedStream
+
+
+def _status_event(code: int, reason: str, message: str, **extra: Any) -> WatchEvent:
+    return WatchEvent(WatchEventType.ERROR, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                             "code": code, "reason": reason, "message": message, **extra})
+
+
+@pytest.mark.parametrize("how", ["event-410", "event-too-large", "open-410", "open-too-large"])
+async def test_watch_list_at_an_unavailable_rv_retries_watch_list_from_a_consistent_read(
+    make: Callable[..., Harness], how: str,
+) -> None:
+    """client-go's watchList: an expired or too-large RV marks it unavailable and retries the
+    WatchList from "" at once; it says nothing about the server's WatchList support."""
+    src = ScriptedSource(support_watch_list=True)
+    src.add(cm("a"))
+    h = make(src, use_watch_list=True)
+    await h.start()
+    assert requests(src) == [("watchlist", "")]
+    assert h.store.take() == [("replace", [("a", "1")], "1")]
+    src.drop_watches()  # very short watch: backoff, then a new cycle from RV "1"… which fails
+    await settle()
+    src.add(cm("b"))
+    if how == "event-410":
+        src.watch_list_scripts = [[_status_event(410, "Expired", "too old resource version: 1 (2)")]]
+    elif how == "event-too-large":
+        src.watch_list_scripts = [[_status_event(504, "Timeout",
+                                                 "Too large resource version: 1, current: 0")]]
+    elif how == "open-410":
+        src.fail_next_watch(ResourceExpiredError("too old resource version: 1 (2)", code=410,
+                                                 reason="Expired"))
+    else:
+        src.fail_next_watch(TooLargeResourceVersionError("Too large resource version: 1, current: 0",
+                                                         code=504, reason="Timeout"))
+    await settle()
+    await h.advance(0.8)
+    assert requests(src) == [("watchlist", "1"), ("watchlist", "")]
+    assert h.store.take()[:1] == [("replace", [("a", "1"), ("b", "2")], "2")]
+    assert h.reflector.watch_list_rejected is False
+    assert h.reflector.is_last_sync_rv_unavailable is False
+    assert h.reflector.expired_count == 1
+    assert h.errors == []
+
+
+async def test_watch_list_expired_even_from_a_consistent_read_falls_back_for_this_cycle_only(
+    make: Callable[..., Harness],
+) -> None:
+    src = ScriptedSource(support_watch_list=True)
+    src.add(cm("a"))
+    expired = [_status_event(410, "Expired", "too old resource version")]
+    src.watch_list_scripts = [list(expired)]
+    h = make(src, use_watch_list=True)
+    await h.start()
+    assert requests(src) == [("watchlist", ""), ("list", "", 500, None), ("watch", "1")]
+    assert h.reflector.watch_list_rejected is False
+
+
+async def test_a_line_the_stream_could_not_decode_rewatches_from_the_last_applied_rv(
+    make: Callable[..., Harness],
+) -> None:
+    """client-go ends a watch at an undecodable line (ERROR 500, cause ClientWatchDecoding) and
+    watches again from the last RV it applied: the change on that line comes again."""
+    src = ScriptedSource()
+    src.add(cm("a"))
+    decode_error = _status_event(500, "InternalError", "unable to decode an event from the watch stream: x",
+                                 details={"causes": [{"type": "ClientWatchDecoding", "message": "x"}]})
+    src.watch_scripts = [[_added("b", "2"), decode_error, _added("d", "4")]]
+    src.add(cm("b"))
+    src.add(cm("c"))
+    h = make(src)
+    await h.start()
+    assert requests(src)[:2] == [("list", "0", 500, None), ("watch", "3")]
+    assert h.store.take() == [("replace", [("a", "1"), ("b", "2"), ("c", "3")], "3"), ("add", "b", "2"),
+                              ("rv", "2")]
+    assert h.pending_delay() == 0.8
+    await h.advance(0.8)
+    # No relist: the same watch again, from the last RV applied.
+    assert requests(src) == [("watch", "2")]
+    assert h.store.take() == [("add", "c", "3"), ("rv", "3")]
+    assert h.errors == []
+
+
+async def test_an_object_without_a_name_is_skipped_and_logged_with_its_rv(
+    make: Callable[..., Harness], caplog: pytest.LogCaptureFixture,
+) -> None:
+    src = ScriptedSource()
+    nameless = {"kind": "ConfigMap", "metadata": {"namespace": "ns", "resourceVersion": "5"}}
+    src.watch_scripts = [[_added("a", "4"), WatchEvent(WatchEventType.MODIFIED, nameless), _added("b", "6")]]
+    h = make(src)
+    await h.start()
+    assert h.store.take()[:6] == [("replace", [], "0"), ("add", "a", "4"), ("rv", "4"), ("rv", "5"),
+                                  ("add", "b", "6"), ("rv", "6")]
+    [message] = [r.getMessage() for r in caplog.records if "no metadata.name" in r.getMessage()]
+    assert "MODIFIED" in message
+    assert "'5'" in message

@@ -18,6 +18,7 @@ from bridge.contracts import (
     Notification,
     ObjectKey,
     OverflowPolicy,
+    WatchEventType,
 )
 from bridge.errors import ServerError
 from bridge.informer.shared_informer import InformerStartedError, SharedIndexInformer
@@ -280,6 +281,31 @@ async def test_resync_only_to_due_listeners_with_per_listener_periods(env: Env) 
         ("dispatched", 2, "update", ("every5", "every10")),
         ("dispatched", 3, "update", ("every5", "every10", "never")),
     ]
+
+
+@pytest.mark.parametrize("event_type", [WatchEventType.MODIFIED, WatchEventType.ADDED])
+async def test_an_update_at_the_same_rv_from_the_watch_reaches_every_listener(
+    env: Env, event_type: WatchEventType,
+) -> None:
+    """Only Sync and Replaced deltas are resyncs (sent to the listeners due for one); an Added or
+    Updated delta is a change the server sent, for every listener, whatever its resourceVersion."""
+    a = env.source.add(cm("a"))
+    informer = env.informer(resync_check_period=5.0)
+    due, never = RecordingHandler(), RecordingHandler()
+    informer.add_event_handler(due, ListenerOptions(name="due", resync_period=5.0))
+    informer.add_event_handler(never, ListenerOptions(name="never"))
+    await env.start(informer)
+    for h in (due, never):
+        await h.wait_for(1)
+    changed = {**a, "data": {"k": "v"}}  # same resourceVersion "1"
+    env.source.send_event(event_type, changed)
+    for h in (due, never):
+        assert await h.wait_for(2) == [("add", "ns/a", "1", True), ("update", "ns/a", "1", "1")]
+    cached = informer.get_indexer().get_by_key(ObjectKey("ns/a"))
+    assert cached is not None
+    assert cached["data"] == {"k": "v"}
+    dispatched = [e for e in env.observer.without_acks() if e[0] == "dispatched" and e[2] == "update"]
+    assert dispatched == [("dispatched", 1, "update", ("due", "never"))]
 
 
 async def test_resync_period_clamping_before_and_after_start(env: Env) -> None:

@@ -80,7 +80,7 @@ def test_rbac_is_derived_from_resources(chart: Any) -> None:
             {"resource": "deployments.apps", "namespace": "web"},
             {"resource": "widgets.example.com/v1"},
         ],
-        "sinks": [{"name": "k", "kind": "kafka"}],
+        "sinks": [{"name": "k", "kind": "kafka", "brokers": "kafka:9092"}],
         "checkpoint": {"store": "file"},
     }})
     (cr,) = find(docs, "ClusterRole")
@@ -97,6 +97,31 @@ def test_rbac_is_derived_from_resources(chart: Any) -> None:
     verbs = {v for d in roles for r in d["rules"] for v in r["verbs"]}
     assert verbs == {"list", "watch"}
     assert find(docs, "Role", "ops") == []  # no leases or configmaps needed
+
+
+def test_a_selector_adds_get_to_tell_a_selector_exit_from_a_delete(chart: Any) -> None:
+    """A delete of an object that left a label or field selector is told from a real delete by
+    reading the object (docs/event-format.md, selector exits): such resources also get ``get``."""
+    docs = render(chart, {"config": {
+        "resources": [
+            {"resource": "pods", "label_selector": "tier=gold"},
+            {"resource": "pods", "namespace": "web"},
+            {"resource": "deployments.apps", "namespace": "web", "field_selector": "metadata.name=x"},
+            {"resource": "nodes"},
+        ],
+        "sinks": [{"name": "s", "kind": "stdout"}],
+        "checkpoint": {"store": "file"},
+    }})
+    (cr,) = find(docs, "ClusterRole")
+    assert cr["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
+    ]
+    (web_role,) = find(docs, "Role", "web")
+    assert web_role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch"]},
+    ]
 
 
 def test_leader_election_and_configmap_store_add_their_rules(chart: Any) -> None:

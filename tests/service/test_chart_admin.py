@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helm_python import Chart
+from helm_python import Chart, HelmError
 
 from bridge.service.config import BridgeConfig
 from tests.service.test_chart import CHART, find, render
@@ -45,7 +45,7 @@ def test_an_admin_token_from_a_mounted_secret(chart: Any) -> None:
     token = "/var/run/secrets/kube-event-bridge/admin/token"
     docs = render(chart, {
         "config": {"resources": [{"resource": "pods"}], "sinks": [{"name": "s", "kind": "stdout"}],
-                   "server": {"admin_token_file": token, "host": "ignored", "port": 1}},
+                   "server": {"admin_token_file": token}},
         "secretMounts": [{"name": "admin", "secretName": "bridge-admin"}],
     })
     cfg = _config(docs)
@@ -55,3 +55,11 @@ def test_an_admin_token_from_a_mounted_secret(chart: Any) -> None:
     assert {"name": "secret-admin", "mountPath": "/var/run/secrets/kube-event-bridge/admin",
             "readOnly": True} in pod["containers"][0]["volumeMounts"]
     assert any(v.get("secret", {}).get("secretName") == "bridge-admin" for v in pod["volumes"])
+
+
+@pytest.mark.parametrize("key", ["host", "port"])
+def test_the_public_listener_is_the_charts_own(chart: Any, key: str) -> None:
+    with pytest.raises(HelmError, match="server"):
+        render(chart, {"config": {"resources": [{"resource": "pods"}],
+                                  "sinks": [{"name": "s", "kind": "stdout"}],
+                                  "server": {key: "0.0.0.0" if key == "host" else 1}}})

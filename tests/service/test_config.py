@@ -102,13 +102,30 @@ def test_masked_dump_hides_secrets_but_not_file_paths(tmp_path: Path) -> None:
         ("resources: [{resource: pods, namspace: x}]\nsinks: [{name: s, kind: stdout}]\n",
          r"resources\.0\.namspace: unknown field"),
         ("resources: [{resource: pods, label_selector: 'app=('}]\nsinks: [{name: s, kind: stdout}]\n",
-         r"resources\.0\.label_selector: unbalanced"),
+         r"resources\.0\.label_selector: unable to parse requirement: found '\(', expected: identifier"),
+        ("resources: [{resource: pods, label_selector: 'tier in (web'}]\n"
+         "sinks: [{name: s, kind: stdout}]\n",
+         r"resources\.0\.label_selector: unable to parse requirement: found '', expected: ',' or '\)'"),
+        ("resources: [{resource: pods, field_selector: 'spec.nodname=n1'}]\n"
+         "sinks: [{name: s, kind: stdout}]\n",
+         r"resources\.0\.field_selector: field label not supported: spec\.nodname"),
+        ("resources: [{resource: jobs.batch, field_selector: 'spec.x=1'}]\n"
+         "sinks: [{name: s, kind: stdout}]\n",
+         r"resources\.0\.field_selector: field label not supported: spec\.x"),
         ("resources: [{resource: pods}]\nsinks: [{name: Bad Name, kind: stdout}]\n",
          r"sinks\.0\.name: sink name 'Bad Name' must be lowercase"),
         ("resources: [{resource: pods}]\nsinks: [{name: a, kind: stdout}, {name: a, kind: file}]\n",
          r"sinks: sink names must be unique; repeated: a"),
         ("resources: [{resource: pods}, {resource: pods}]\nsinks: [{name: s, kind: stdout}]\n",
-         r"resources: resource 'pods' \(namespace ''\) is listed twice"),
+         r"resources: resources\.0 \('pods'\) and resources\.1 \('pods'\) both name pods in all namespaces"),
+        ("resources: [{resource: deploy}, {resource: Deployment}, {resource: deployments.apps}]\n"
+         "sinks: [{name: s, kind: stdout}]\n",
+         r"resources: resources\.0 \('deploy'\) and resources\.1 \('Deployment'\) both name "
+         r"deployments\.apps"),
+        ("resources: [{resource: widgets.v1.example.com, namespace: a}, {resource: widgets.example.com/v1, "
+         "namespace: a}]\nsinks: [{name: s, kind: stdout}]\n",
+         r"resources\.0 \('widgets\.v1\.example\.com'\) and resources\.1 \('widgets\.example\.com/v1'\) both "
+         r"name widgets\.example\.com in namespace 'a'"),
         ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\ncheckpoint: {store: redis}\n",
          r"checkpoint\.store: Input should be 'file', 'configmap', 'nats-kv' or 'none'"),
         ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\ncheckpoint: {interval: 0}\n",
@@ -130,3 +147,17 @@ def test_common_mistakes_give_one_clear_message(tmp_path: Path, text: str, expec
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match=r"cannot read config file .*nope\.yaml"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_a_file_that_is_not_utf8_is_a_clear_error(tmp_path: Path) -> None:
+    """Found by fuzzing the loader: a Latin-1 or binary file used to end in a UnicodeDecodeError."""
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"resources: [{resource: pods, namespace: caf\xe9}]\n")
+    with pytest.raises(ConfigurationError, match=r"config file .*c\.yaml is not UTF-8 text \(byte 43: "):
+        load_config(path)
+
+
+def test_a_top_level_key_that_is_not_a_name_is_a_clear_error(tmp_path: Path) -> None:
+    """Found by fuzzing the loader: `1: x` at the top level used to end in a TypeError."""
+    with pytest.raises(ConfigurationError, match=r"config\.yaml: top-level keys must be names, not 1$"):
+        load_config(write(tmp_path, "resources: [{resource: pods}]\n1: x\n"))

@@ -150,7 +150,7 @@ async def test_service_delivers_and_exposes_health_readiness_and_metrics(
             assert 0 < metric(text, "keb_sink_delivery_duration_seconds_count", sink="file") <= 6
             assert metric(text, "keb_informer_cached_objects") in (2.0, 1.0)
             assert metric(text, "keb_sink_up", sink="hook") == 1
-            assert sum(metric(text, "keb_events_received_total", type=t) for t in ("add",)) >= 3
+            assert sum(metric(text, "keb_events_received_total", type=t) for t in ("added",)) >= 3
 
             # The webhook goes down: the bridge keeps the file sink going and reports not ready.
             hook.status = 503

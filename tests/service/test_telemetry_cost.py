@@ -25,6 +25,7 @@ from bridge.service.metered import MeteredSink
 from bridge.service.service import BridgeService
 from bridge.service.telemetry import (
     LATENCY_SAMPLE_INTERVAL,
+    InformerGauges,
     SinkGauges,
     Telemetry,
     TelemetrySnapshot,
@@ -143,16 +144,20 @@ async def test_outcome_counts_are_exported_exactly_after_a_burst() -> None:
 def test_carried_totals_add_to_the_live_snapshot() -> None:
     telemetry = Telemetry(snapshot=lambda: TelemetrySnapshot(
         sinks={"s": SinkGauges(outcomes={"delivered": 2})},
-        events_received={"pods": {"add": 5}, "deployments.apps": {"update": 1}}))
+        informers={"po": InformerGauges(resource="pods", informer="pods.all.1", received={"added": 5}),
+                   "deploy": InformerGauges(resource="deployments.apps", informer="deploy.all.2",
+                                            received={"updated": 1})}))
     telemetry.sink_events.add(3, {"sink": "s", "outcome": "delivered"})
-    telemetry.events_received.add(4, {"resource": "pods", "type": "add"})
+    telemetry.events_received.add(4, {"resource": "pods", "informer": "pods.all.1", "type": "added"})
     with pytest.raises(ValueError, match="only goes up"):
         telemetry.sink_events.add(-1, {"sink": "s", "outcome": "delivered"})
     text = telemetry.render_prometheus().decode()
     telemetry.shutdown()
     assert metric(text, "keb_sink_events_total", sink="s", outcome="delivered") == 5
-    assert metric(text, "keb_events_received_total", resource="pods", type="add") == 9
-    assert metric(text, "keb_events_received_total", resource="deployments.apps", type="update") == 1
+    assert metric(text, "keb_events_received_total", resource="pods", informer="pods.all.1",
+                  type="added") == 9
+    assert metric(text, "keb_events_received_total", resource="deployments.apps", informer="deploy.all.2",
+                  type="updated") == 1
 
 
 # --- latency --------------------------------------------------------------------------------------
@@ -298,7 +303,7 @@ async def test_service_exports_exact_counts_after_a_burst(tmp_path: Path) -> Non
             assert pipeline is not None
             assert pipeline._on_event is None
             text = service.telemetry.render_prometheus().decode()
-            assert metric(text, "keb_events_received_total", resource="pods", type="add") == count
+            assert metric(text, "keb_events_received_total", resource="pods", type="added") == count
             assert metric(text, "keb_sink_events_total", sink="file", outcome="dead_lettered") == 0
             samples = metric(text, "keb_sink_delivery_duration_seconds_count", sink="file")
             assert 0 < samples <= count
@@ -309,4 +314,5 @@ async def test_service_exports_exact_counts_after_a_burst(tmp_path: Path) -> Non
         # The ended pipeline's counts are carried, so the counters would not go down if it started again.
         assert service._telemetry_snapshot() == TelemetrySnapshot()
         assert service.telemetry.sink_events.totals()[("file", "delivered")] == count
-        assert service.telemetry.events_received.totals()[("pods", "add")] == count
+        assert sum(n for (resource, _informer, type_), n in service.telemetry.events_received.totals().items()
+                   if (resource, type_) == ("pods", "added")) == count

@@ -232,3 +232,24 @@ async def test_lease_requests_hang_selectively_while_the_rest_answers() -> None:
         async with http.get(f"{sim.url}{lease_path}") as r:
             assert r.status == 200
         assert loop.time() - started >= 0.3
+
+
+async def test_garble_one_line_then_carry_on() -> None:
+    async with Simulator() as sim, aiohttp.ClientSession() as http:
+        start = _fill(sim, 3)
+        sim.set_faults(watch_garble_after=1)
+        resp = await http.get(f"{sim.url}/api/v1/configmaps", params={"watch": "1", "timeoutSeconds": "1",
+                                                                      "resourceVersion": str(start)})
+        lines = (await resp.read()).splitlines()
+        assert len(lines) == 3
+        assert orjson.loads(lines[0])["object"]["metadata"]["name"] == "cm-0"
+        with pytest.raises(orjson.JSONDecodeError):
+            orjson.loads(lines[1])
+        assert b'"name":"cm-1"' in lines[1].replace(b"\x00<garbled>", b"")
+        assert orjson.loads(lines[2])["object"]["metadata"]["name"] == "cm-2"
+        # Once per watch: a new watch garbles its own second line only.
+        resp = await http.get(f"{sim.url}/api/v1/configmaps", params={"watch": "1", "timeoutSeconds": "1",
+                                                                      "resourceVersion": str(start)})
+        lines = (await resp.read()).splitlines()
+        names = [orjson.loads(x)["object"]["metadata"]["name"] for x in (lines[0], lines[2])]
+        assert names == ["cm-0", "cm-2"]

@@ -174,7 +174,7 @@ async def test_watch_future_rv_waits_then_504(sim: Simulator) -> None:
         assert resp.status == 504
         assert resp.headers["Retry-After"] == "1"
         body = await resp.json()
-        assert body["message"].startswith("Too large resource version")
+        assert body["message"] == f"Timeout: Too large resource version: {future}, current: {future - 5}"
 
 
 async def test_list_too_large_rv_waits_then_504_or_succeeds_when_reached(sim: Simulator) -> None:
@@ -269,9 +269,10 @@ async def test_discovery_documents(sim: Simulator) -> None:
         assert names["pods"] == {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod",
                                  "verbs": ["create", "delete", "deletecollection", "get", "list", "patch",
                                            "update", "watch"],
-                                 "shortNames": ["po"]}
+                                 "shortNames": ["po"], "categories": ["all"]}
         groups = await (await http.get(f"{sim.url}/apis")).json()
-        assert [g["name"] for g in groups["groups"]] == ["coordination.k8s.io", "apps", "example.com"]
+        assert [g["name"] for g in groups["groups"]] == ["coordination.k8s.io", "apps",
+                                                         "authorization.k8s.io", "example.com"]
         leases = await (await http.get(f"{sim.url}/apis/coordination.k8s.io/v1")).json()
         assert leases["groupVersion"] == "coordination.k8s.io/v1"
         assert leases["resources"][0]["kind"] == "Lease"

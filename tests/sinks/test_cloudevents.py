@@ -224,6 +224,20 @@ def test_a_delete_id_depends_on_uid_and_cluster_alone() -> None:
     assert event_id(real) != event_id(other_cluster)
 
 
+def test_a_selector_exit_keeps_an_id_of_its_own() -> None:
+    """An object that left the selector lives on: it may come back and leave again, and each exit
+    must reach a consumer that drops repeated ids (the uid's final delete is another event still)."""
+    first = event(EventType.DELETED, obj("a", uid="u", rv="9"))
+    first.extensions["leftselector"] = "true"
+    second = event(EventType.DELETED, obj("a", uid="u", rv="15"))
+    second.extensions["leftselector"] = "true"
+    final = event(EventType.DELETED, obj("a", uid="u", rv="20"))
+    assert len({event_id(first), event_id(second), event_id(final)}) == 3
+    again = event(EventType.DELETED, obj("a", uid="u", rv="9"))
+    again.extensions["leftselector"] = "true"
+    assert event_id(again) == event_id(first)  # a redelivery keeps its id
+
+
 def test_gap_markers_and_the_events_inside() -> None:
     gap = GapInfo(id="g-1", from_resource_version="100")
     begin = to_cloudevent(ChangeEvent(type=EventType.GAP_BEGIN, resource=NODES, cluster="prod", obj=None,

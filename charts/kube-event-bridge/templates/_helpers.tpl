@@ -41,8 +41,42 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
+{{/* The container image: repository@digest when a digest is set (tag ignored), else repository:tag. */}}
+{{- define "kube-event-bridge.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "kube-event-bridge.leaseName" -}}
 {{- default (include "kube-event-bridge.fullname" .) .Values.leaderElection.leaseName -}}
+{{- end -}}
+
+{{/* The ConfigMap checkpoint store's name prefix: the configured one, else <fullname>-checkpoint. */}}
+{{- define "kube-event-bridge.checkpointPrefix" -}}
+{{- $cp := default dict .Values.config.checkpoint -}}
+{{- if $cp.name_prefix -}}
+{{- $cp.name_prefix -}}
+{{- else -}}
+{{- printf "%s-checkpoint" (include "kube-event-bridge.fullname" .) | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The checkpoint id of one configured resource entry, exactly as bridge/delivery/checkpoint.py's
+informer_id computes it: <resource slug>.<namespace slug or "all">.<12 hex of SHA-256 of the scope>.
+The ConfigMap store names its manifest <name_prefix>-<id>, so the Role can name it.
+*/}}
+{{- define "kube-event-bridge.informerId" -}}
+{{- $scope := printf "%s\x00%s\x00%s\x00%s" .resource (default "" .namespace) (default "" .label_selector) (default "" .field_selector) -}}
+{{- $res := regexReplaceAll "[^a-z0-9.-]+" (lower .resource) "-" | trimAll ".-" | trunc 100 | default "x" -}}
+{{- $ns := "all" -}}
+{{- if .namespace -}}
+{{- $ns = regexReplaceAll "[^a-z0-9.-]+" (lower .namespace) "-" | trimAll ".-" | trunc 63 | default "x" -}}
+{{- end -}}
+{{- printf "%s.%s.%s" $res $ns (sha256sum $scope | trunc 12) -}}
 {{- end -}}
 
 {{/*
@@ -62,7 +96,7 @@ The effective configuration: the user's `config` with the parts the chart owns f
 {{- $_ := set $cp "namespace" .Release.Namespace -}}
 {{- end -}}
 {{- if not (hasKey $cp "name_prefix") -}}
-{{- $_ := set $cp "name_prefix" (printf "%s-checkpoint" (include "kube-event-bridge.fullname" .) | trunc 50 | trimSuffix "-") -}}
+{{- $_ := set $cp "name_prefix" (include "kube-event-bridge.checkpointPrefix" .) -}}
 {{- end -}}
 {{- if eq (default "file" $cp.store) "file" -}}
 {{- $_ := set $cp "directory" "/var/lib/kube-event-bridge/checkpoints" -}}
@@ -72,15 +106,84 @@ The effective configuration: the user's `config` with the parts the chart owns f
 {{- end -}}
 
 {{/*
-RBAC rules for one configured resource string: "pods", "deployments.apps", "widgets.example.com/v1".
-Output: a YAML list item.
+A configured resource string resolved to its API group and plural, as YAML {group, resource}.
+RBAC rules name the plural, so every name the bridge accepts for a built-in resource (`deploy`,
+`Deployment`, `deployments`, `deployments.apps/v1`) is resolved through the generated table of
+built-in resources; a custom resource must be written `<plural>.<group>[/<version>]` (the chart
+cannot ask the cluster's discovery), and anything else is rejected.
 */}}
-{{- define "kube-event-bridge.resourceRule" -}}
-{{- $spec := index (splitList "/" .) 0 -}}
-{{- $parts := splitn "." 2 $spec -}}
-{{- $resource := $parts._0 -}}
-{{- $group := default "" $parts._1 -}}
-- apiGroups: [{{ $group | quote }}]
-  resources: [{{ $resource | quote }}]
-  verbs: ["list", "watch"]
+{{- define "kube-event-bridge.resolveResource" -}}
+{{- $t := include "kube-event-bridge.builtinResources" (dict) | fromYaml -}}
+{{- $base := index (splitList "/" .) 0 | lower -}}
+{{- $parts := splitn "." 2 $base -}}
+{{- $head := $parts._0 -}}
+{{- $rest := default "" $parts._1 -}}
+{{- if and $rest (not (has $rest $t.groups)) (contains "." $rest) -}}
+{{- $p := splitn "." 2 $rest -}}
+{{- if regexMatch "^v[0-9]+((alpha|beta)[0-9]+)?$" $p._0 -}}{{- $rest = $p._1 -}}{{- end -}}
+{{- end -}}
+{{- if not $rest -}}
+{{- $found := get $t.bare $head -}}
+{{- if not $found -}}
+{{- fail (printf "config.resources: %q is not a built-in Kubernetes resource; write a custom resource as <plural>.<group> (e.g. widgets.example.com) so that the chart can grant list/watch on it" .) -}}
+{{- end -}}
+{{- toYaml $found -}}
+{{- else if has $rest $t.groups -}}
+{{- $found := get $t.qualified (printf "%s.%s" $head $rest) -}}
+{{- if not $found -}}
+{{- fail (printf "config.resources: %q: the API group %s has no resource %q" . $rest $head) -}}
+{{- end -}}
+{{- toYaml $found -}}
+{{- else -}}
+{{- toYaml (dict "group" $rest "resource" $head) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+RBAC rules for a list of configured resource strings, each resolved (see resolveResource), one rule
+per distinct group/plural. Output: YAML list items.
+*/}}
+{{- define "kube-event-bridge.resourceRules" -}}
+{{- /* Entries of config.resources. list/watch on each resource; get as well where an entry has a
+selector: a delete of an object that left the selector is told from a real one by reading it. */ -}}
+{{- $seen := list -}}
+{{- $withGet := list -}}
+{{- range . -}}
+{{- $r := include "kube-event-bridge.resolveResource" .resource | fromYaml -}}
+{{- $key := printf "%s/%s" $r.group $r.resource -}}
+{{- if or .label_selector .field_selector -}}{{- $withGet = append $withGet $key -}}{{- end -}}
+{{- end -}}
+{{- range . -}}
+{{- $r := include "kube-event-bridge.resolveResource" .resource | fromYaml -}}
+{{- $key := printf "%s/%s" $r.group $r.resource -}}
+{{- if not (has $key $seen) -}}
+{{- $seen = append $seen $key }}
+- apiGroups: [{{ $r.group | quote }}]
+  resources: [{{ $r.resource | quote }}]
+  verbs: [{{ if has $key $withGet }}"get", {{ end }}"list", "watch"]
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Checks what the values schema cannot: values compared with each other, and two entries naming one
+resource in one scope (each change would be sent twice). Included by configmap.yaml.
+*/}}
+{{- define "kube-event-bridge.validate" -}}
+{{- $le := .Values.leaderElection -}}
+{{- if not (gt (float64 $le.leaseDuration) (float64 $le.renewDeadline)) -}}
+{{- fail (printf "leaderElection.leaseDuration (%v) must be greater than leaderElection.renewDeadline (%v)" $le.leaseDuration $le.renewDeadline) -}}
+{{- end -}}
+{{- if not (gt (float64 $le.renewDeadline) (mulf 1.2 (float64 $le.retryPeriod))) -}}
+{{- fail (printf "leaderElection.renewDeadline (%v) must be greater than 1.2 * leaderElection.retryPeriod (%v)" $le.renewDeadline $le.retryPeriod) -}}
+{{- end -}}
+{{- $seen := dict -}}
+{{- range $i, $r := .Values.config.resources -}}
+{{- $res := include "kube-event-bridge.resolveResource" $r.resource | fromYaml -}}
+{{- $key := printf "%s/%s|%s|%s|%s" $res.group $res.resource (default "" $r.namespace) (default "" $r.label_selector) (default "" $r.field_selector) -}}
+{{- if hasKey $seen $key -}}
+{{- fail (printf "config.resources.%v (%q) and config.resources.%d (%q) name the same resource in the same scope: every change would be sent twice; keep one" (get $seen $key) (index $.Values.config.resources (int (get $seen $key))).resource $i $r.resource) -}}
+{{- end -}}
+{{- $_ := set $seen $key $i -}}
+{{- end -}}
 {{- end -}}

@@ -1,0 +1,433 @@
+"""The reconciliation check behind ``kube-event-bridge verify``: what a sink holds against the cluster.
+
+An audit team that runs this after an incident (and the fault-schedule tests, which use it as their
+oracle) wants one answer: does replaying what the sink holds give the cluster's current state? The
+check takes the CloudEvents read back from a sink, in the sink's own order (file lines, a Kafka
+partition's offsets, a JetStream stream's sequence), and the objects a list of the cluster returns,
+and reports per watched resource:
+
+* **missing**: objects the cluster has that are not alive in the sink;
+* **phantom**: objects alive in the sink that the cluster no longer has (a delete never arrived);
+* **stale**: objects alive in both whose newest state in the sink is older than the cluster's;
+* **duplicate ids**: events stored more than once (expected under at-least-once after a crash);
+* **order violations**: a change of an object older than one the sink already held for it, that is
+  not a redelivery of an event it already held (per-object order is part of the contract);
+* **gap markers**: the windows in which the bridge says intermediate changes were not observed.
+
+Only missing, phantom and stale objects make the sink's state differ from the cluster's; the rest is
+reported (and ``strict`` makes order violations count too).
+
+Reconstruction follows docs/event-format.md. An object is identified by its uid (a uid lives once:
+re-creating a name gives a new uid, and a uid is deleted once). In the sink's order, per uid:
+``added``, ``updated`` and ``sync`` make the object alive at that state unless the state held is
+newer (a higher resourceVersion); ``deleted`` ends a live object whatever its resourceVersion (a
+delete inferred by a relist, ``finalstateunknown``, carries the last state the bridge knew, which may
+be older than one it sent). A redelivered event (same id) is therefore harmless, whatever the restart
+that re-sent it. Order violations are changes older than the state held, a delete older than the
+state it ends (unless inferred), a second delete of one uid, and a new change after a delete. Snapshot
+markers are counted; a snapshot is not used to drop objects it does not contain, so a delete the sink
+never received shows as a phantom even when a later snapshot left the object out.
+
+Payload modes: ``object`` (data is the object), ``object_and_old`` (data is ``{"object",
+"oldObject"}``) and ``merge_patch`` (an update's data is an RFC 7386 patch applied to the previous
+state) are rebuilt into the object; the object's uid and resourceVersion must agree with the event's
+attributes. A change event whose data is none of these is refused (:class:`UnreconstructableError`):
+the verifier cannot say what the sink's state is.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge.errors import ConfigurationError
+
+__all__ = [
+    "ClusterObject",
+    "ResourceReport",
+    "ResourceScope",
+    "SinkEvent",
+    "UnreconstructableError",
+    "VerifyReport",
+    "merge_patch",
+    "verify",
+]
+
+NATIVE_PREFIX = "io.kube-event-bridge."
+KNATIVE_PREFIX = "dev.knative.apiserver.resource."
+_KNATIVE_TYPES = {"add": "added", "update": "updated", "delete": "deleted"}
+MERGE_PATCH = "application/merge-patch+json"
+EXAMPLES = 20
+"""Objects listed per kind of discrepancy in a report (the counts are always complete)."""
+
+
+class UnreconstructableError(ConfigurationError):
+    """A sink holds events the verifier cannot rebuild the state from (unknown payload shape)."""
+
+
+class Change(enum.StrEnum):
+    ADDED = "added"
+    UPDATED = "updated"
+    DELETED = "deleted"
+    SYNC = "sync"
+
+
+@dataclass(frozen=True, slots=True)
+class SinkEvent:
+    """One CloudEvent as read back from a sink, with where it was found (for the report)."""
+
+    ce: Mapping[str, Any]
+    position: str
+    """``file:LINE``, ``topic/partition@offset``, ``stream#seq``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterObject:
+    uid: str
+    key: str
+    """``namespace/name`` or ``name``."""
+    resource_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceScope:
+    """What one verified resource covers: its events are those whose ``apiversion`` and ``kind``
+    match (and ``namespace``, when the resource is watched in one namespace)."""
+
+    name: str
+    """As written under ``resources:`` or on the command line (``pods``, ``deployments.apps``)."""
+    api_version: str
+    kind: str
+    namespace: str = ""
+
+    def label(self) -> str:
+        return f"{self.name} ({self.namespace})" if self.namespace else self.name
+
+    def matches(self, ce: Mapping[str, Any]) -> bool:
+        if ce.get("apiversion") != self.api_version or ce.get("kind") != self.kind:
+            return False
+        return not self.namespace or not _is_change(ce) or ce.get("namespace") == self.namespace
+
+
+@dataclass(slots=True)
+class _State:
+    key: str
+    rv: str
+    alive: bool
+    obj: Any
+    """The rebuilt object (None when the events carried none)."""
+    deleted_at: str = ""
+
+
+@dataclass(slots=True)
+class ResourceReport:
+    """The verdict for one resource."""
+
+    resource: str
+    cluster_objects: int = 0
+    sink_objects: int = 0
+    """Objects alive in the sink's reconstructed state."""
+    events: int = 0
+    changes: dict[str, int] = field(default_factory=dict)
+    missing: list[dict[str, str]] = field(default_factory=list)
+    phantom: list[dict[str, str]] = field(default_factory=list)
+    stale: list[dict[str, str]] = field(default_factory=list)
+    duplicate_ids: int = 0
+    """Events stored again under an id already seen (each extra copy counts once)."""
+    duplicate_examples: list[dict[str, Any]] = field(default_factory=list)
+    order_violations: list[dict[str, str]] = field(default_factory=list)
+    gap_markers: list[dict[str, Any]] = field(default_factory=list)
+    snapshots: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    """Complete counts of missing, phantom, stale and order violations (the lists are cut)."""
+
+    @property
+    def gaps(self) -> int:
+        """Relist windows announced (``gap.begin`` markers)."""
+        return sum(1 for g in self.gap_markers if g["type"] == "gap.begin")
+
+    @property
+    def consistent(self) -> bool:
+        return not (self.counts.get("missing") or self.counts.get("phantom") or self.counts.get("stale"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "resource": self.resource, "consistent": self.consistent,
+            "cluster_objects": self.cluster_objects, "sink_objects": self.sink_objects,
+            "events": self.events, "changes": self.changes,
+            "missing": self.counts.get("missing", 0), "phantom": self.counts.get("phantom", 0),
+            "stale": self.counts.get("stale", 0), "duplicate_ids": self.duplicate_ids,
+            "order_violations": self.counts.get("order_violations", 0),
+            "gaps": self.gaps, "snapshots": self.snapshots,
+            "examples": {"missing": self.missing, "phantom": self.phantom, "stale": self.stale,
+                         "duplicate_ids": self.duplicate_examples,
+                         "order_violations": self.order_violations},
+            "gap_markers": self.gap_markers,
+        }
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    """Every resource's verdict, plus what the sink held that no verified resource covers."""
+
+    sink: str
+    resources: list[ResourceReport]
+    undecodable: int = 0
+    """Records that were not a CloudEvent at all (a torn line, a foreign message)."""
+    undecodable_examples: list[str] = field(default_factory=list)
+    other_events: int = 0
+    """Events of resources (or clusters) not being verified."""
+    strict: bool = False
+
+    @property
+    def consistent(self) -> bool:
+        return all(r.consistent for r in self.resources)
+
+    @property
+    def ok(self) -> bool:
+        if not self.consistent:
+            return False
+        return not (self.strict and any(r.counts.get("order_violations") for r in self.resources))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sink": self.sink, "consistent": self.consistent, "ok": self.ok, "strict": self.strict,
+                "undecodable": self.undecodable, "undecodable_examples": self.undecodable_examples,
+                "other_events": self.other_events, "resources": [r.to_json() for r in self.resources]}
+
+    def render(self) -> str:
+        """The human-readable table."""
+        head = ("resource", "cluster", "sink", "events", "missing", "phantom", "stale", "dup ids",
+                "order", "gaps", "verdict")
+        rows = [head]
+        for r in self.resources:
+            c = r.counts
+            rows.append((r.resource, str(r.cluster_objects), str(r.sink_objects), str(r.events),
+                         str(c.get("missing", 0)), str(c.get("phantom", 0)), str(c.get("stale", 0)),
+                         str(r.duplicate_ids), str(c.get("order_violations", 0)), str(r.gaps),
+                         "ok" if r.consistent else "MISMATCH"))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+        lines = [f"sink: {self.sink}", ""]
+        for i, row in enumerate(rows):
+            lines.append("  ".join(cell.ljust(widths[j]) if j == 0 else cell.rjust(widths[j])
+                                   for j, cell in enumerate(row)).rstrip())
+            if i == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        for r in self.resources:
+            lines.extend(_details(r))
+        if self.undecodable:
+            lines.append(f"\n{self.undecodable} record(s) were not CloudEvents (torn or foreign), e.g. "
+                         + ", ".join(self.undecodable_examples[:3]))
+        if self.other_events:
+            lines.append(f"\n{self.other_events} event(s) of other resources or clusters were not checked")
+        verdict = ("the sink's state equals the cluster's" if self.consistent
+                   else "the sink's state differs from the cluster's")
+        if self.consistent and not self.ok:
+            verdict += ", but the sink broke per-object order (--strict)"
+        lines.append(f"\nverdict: {verdict}")
+        return "\n".join(lines) + "\n"
+
+
+def _details(r: ResourceReport) -> list[str]:
+    out: list[str] = []
+
+    def section(title: str, total: int, items: Sequence[Mapping[str, Any]]) -> None:
+        if not total:
+            return
+        out.append(f"\n{r.resource}: {total} {title}")
+        for item in items:
+            out.append("  " + "  ".join(f"{k}={v}" for k, v in item.items()))
+        if total > len(items):
+            out.append(f"  … and {total - len(items)} more")
+
+    section("missing from the sink", r.counts.get("missing", 0), r.missing)
+    section("phantom (alive in the sink, gone from the cluster)", r.counts.get("phantom", 0), r.phantom)
+    section("stale (older than the cluster)", r.counts.get("stale", 0), r.stale)
+    section("per-object order violation(s)", r.counts.get("order_violations", 0), r.order_violations)
+    section("event id(s) stored more than once", r.duplicate_ids, r.duplicate_examples)
+    section("gap marker(s)", len(r.gap_markers), r.gap_markers[:EXAMPLES])
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# reading one event
+
+
+def event_kind(ce: Mapping[str, Any]) -> str:
+    """``added`` … ``snapshot.begin``, ``gap.begin``: the type without its prefix (Knative types
+    mapped to the native ones); "" when the type is not the bridge's."""
+    t = str(ce.get("type") or "")
+    if t.startswith(NATIVE_PREFIX):
+        return t[len(NATIVE_PREFIX):]
+    if t.startswith(KNATIVE_PREFIX):
+        return _KNATIVE_TYPES.get(t[len(KNATIVE_PREFIX):], "")
+    return ""
+
+
+def _is_change(ce: Mapping[str, Any]) -> bool:
+    return event_kind(ce) in Change.__members__.values()
+
+
+def _rv_int(rv: str) -> int | None:
+    try:
+        return int(rv)
+    except ValueError:
+        return None
+
+
+def _older(rv: str, than: str) -> bool:
+    a, b = _rv_int(rv), _rv_int(than)
+    return a is not None and b is not None and a < b
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: a mapping patches a mapping member by member (``null`` removes), anything else
+    replaces the target."""
+    if not isinstance(patch, Mapping):
+        return patch
+    out: dict[str, Any] = dict(target) if isinstance(target, Mapping) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+def _rebuild(ce: Mapping[str, Any], kind: str, previous: Any, position: str) -> Any:
+    """The object an event carries, per payload mode."""
+    data = ce.get("data")
+    if kind == Change.UPDATED and ce.get("datacontenttype") == MERGE_PATCH:
+        if previous is None:
+            raise UnreconstructableError(
+                f"event {ce.get('id')} at {position} is a merge patch for {ce.get('subject')} but the sink "
+                "holds no earlier state of that object to apply it to (payload mode merge_patch needs "
+                "the object's added or sync event first)")
+        return merge_patch(previous, data)
+    if isinstance(data, Mapping) and set(data) == {"object", "oldObject"}:
+        data = data["object"]
+    if not isinstance(data, Mapping) or not isinstance(data.get("metadata"), Mapping):
+        raise UnreconstructableError(
+            f"event {ce.get('id')} at {position} ({kind} of {ce.get('subject')}) carries data the verifier "
+            "cannot rebuild an object from; supported payload modes: object, object_and_old, merge_patch")
+    return data
+
+
+# --------------------------------------------------------------------------------------------------
+# the check
+
+
+def verify(*, sink: str, events: Iterable[SinkEvent],
+           cluster: Mapping[ResourceScope, Sequence[ClusterObject]], cluster_name: str | None = None,
+           undecodable: Sequence[str] = (), strict: bool = False) -> VerifyReport:
+    """Compares the sink's events (in the sink's order) with the cluster's objects per resource.
+
+    ``cluster_name`` keeps only events whose ``cluster`` attribute is that name. ``undecodable`` names
+    the positions of records that were not CloudEvents. Raises :class:`UnreconstructableError` when an
+    event's payload cannot be rebuilt.
+    """
+    scopes = list(cluster)
+    per_scope: dict[ResourceScope, list[SinkEvent]] = {s: [] for s in scopes}
+    other = 0
+    for ev in events:
+        if cluster_name is not None and ev.ce.get("cluster") != cluster_name:
+            other += 1
+            continue
+        scope = next((s for s in scopes if s.matches(ev.ce)), None)
+        if scope is None:
+            other += 1
+        else:
+            per_scope[scope].append(ev)
+    reports = [_check(scope, per_scope[scope], cluster[scope]) for scope in scopes]
+    return VerifyReport(sink=sink, resources=reports, undecodable=len(undecodable),
+                        undecodable_examples=list(undecodable[:EXAMPLES]), other_events=other, strict=strict)
+
+
+def _check(scope: ResourceScope, events: Sequence[SinkEvent],
+           objects: Sequence[ClusterObject]) -> ResourceReport:
+    report = ResourceReport(resource=scope.label(), cluster_objects=len(objects), events=len(events))
+    states: dict[str, _State] = {}
+    seen_ids: collections.Counter[str] = collections.Counter()
+    changes: collections.Counter[str] = collections.Counter()
+    violations: list[dict[str, str]] = []
+    for ev in events:
+        ce = ev.ce
+        kind = event_kind(ce)
+        ident = str(ce.get("id") or "")
+        repeat = bool(ident) and seen_ids[ident] > 0
+        if ident:
+            seen_ids[ident] += 1
+        if kind.startswith("snapshot."):
+            report.snapshots += kind == "snapshot.begin"
+            continue
+        if kind.startswith("gap."):
+            report.gap_markers.append({"type": kind, "position": ev.position,
+                                       **{k: v for k, v in ce.items() if k not in _ENVELOPE}})
+            continue
+        if kind not in Change.__members__.values():
+            continue
+        changes[kind] += 1
+        uid = str(ce.get("uid") or "")
+        rv = str(ce.get("resourceversion") or "")
+        key = str(ce.get("subject") or "")
+        if not uid or not rv:
+            raise UnreconstructableError(
+                f"event {ident} at {ev.position} has no uid or resourceversion attribute; the verifier "
+                "identifies objects by them (see docs/event-format.md)")
+        state = states.get(uid)
+        obj = _rebuild(ce, kind, state.obj if state is not None else None, ev.position)
+        meta = obj.get("metadata") or {}
+        if str(meta.get("uid") or uid) != uid or str(meta.get("resourceVersion") or rv) != rv:
+            raise UnreconstructableError(
+                f"event {ident} at {ev.position}: its data (uid {meta.get('uid')}, resourceVersion "
+                f"{meta.get('resourceVersion')}) disagrees with its attributes (uid {uid}, "
+                f"resourceversion {rv})")
+        deleting = kind == Change.DELETED
+        if state is not None:
+            problem = ""
+            if deleting and not state.alive:
+                problem = "a second delete of one uid"  # a uid is deleted once: the first one ended it
+            elif deleting and _older(rv, state.rv) and ce.get("finalstateunknown") != "true":
+                problem = "a delete older than the state it ends"
+            elif not deleting and not state.alive:
+                problem = "a change after the delete of its uid"
+            elif not deleting and _older(rv, state.rv):
+                problem = "older than the state already held"
+            if problem and not repeat:
+                violations.append({"object": key, "uid": uid, "event": kind, "resourceversion": rv,
+                                   "after": f"{'deleted' if not state.alive else 'state'}@{state.rv}",
+                                   "problem": problem, "position": ev.position})
+            # What the event does to the state: a delete ends a live object whatever its
+            # resourceVersion (an inferred one may carry an older state); nothing is older than the
+            # state held, a second delete, or a redelivery of a change after its object's delete
+            # changes anything; a new change after a delete brings the object back, as a consumer
+            # applying it would.
+            if (deleting and not state.alive) or (not deleting and _older(rv, state.rv) and state.alive):
+                continue
+            if not deleting and not state.alive and repeat:
+                continue
+        states[uid] = _State(key=key, rv=rv, alive=not deleting, obj=obj)
+    report.changes = dict(changes)
+    report.duplicate_ids = sum(n - 1 for n in seen_ids.values() if n > 1)
+    report.duplicate_examples = [{"id": i, "copies": n} for i, n in seen_ids.most_common(EXAMPLES) if n > 1]
+    alive = {uid: s for uid, s in states.items() if s.alive}
+    report.sink_objects = len(alive)
+    in_cluster = {o.uid: o for o in objects}
+    missing = [{"object": o.key, "uid": o.uid, "cluster_rv": o.resource_version}
+               for o in sorted(objects, key=lambda o: o.key) if o.uid not in alive]
+    phantom = [{"object": s.key, "uid": uid, "sink_rv": s.rv}
+               for uid, s in sorted(alive.items(), key=lambda i: i[1].key) if uid not in in_cluster]
+    stale = [{"object": s.key, "uid": uid, "sink_rv": s.rv, "cluster_rv": in_cluster[uid].resource_version}
+             for uid, s in sorted(alive.items(), key=lambda i: i[1].key)
+             if uid in in_cluster and s.rv != in_cluster[uid].resource_version]
+    report.counts = {"missing": len(missing), "phantom": len(phantom), "stale": len(stale),
+                     "order_violations": len(violations)}
+    report.missing, report.phantom, report.stale = missing[:EXAMPLES], phantom[:EXAMPLES], stale[:EXAMPLES]
+    report.order_violations = violations[:EXAMPLES]
+    return report
+
+
+_ENVELOPE = frozenset({"specversion", "id", "source", "type", "time", "datacontenttype", "data",
+                       "apiversion", "kind"})

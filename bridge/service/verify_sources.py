@@ -1,0 +1,278 @@
+"""Where ``kube-event-bridge verify`` reads from: what a sink holds, and what the cluster holds.
+
+Each sink is read back with its destination's own client, from the beginning, in the order the
+destination keeps (the order a consumer would replay): a JSON-lines file line by line (rotated files
+``path.N`` … ``path.1`` first), every partition of Kafka topics from offset 0 up to the high
+watermark read at the start and then until the topic is quiet for a second (confluent-kafka,
+partitions assigned, no consumer group joined), a
+JetStream stream from its first sequence up to the last one at the start (nats-py, an ordered
+consumer). Both content modes are understood: a structured CloudEvent, or binary mode with the
+attributes in ``ce_`` (Kafka) / ``ce-`` (NATS) headers.
+
+The cluster side lists each resource through the bridge's own API access (kubeconfig or in-cluster
+service account, discovery, paginated lists), so it sees what the bridge's informers see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bridge.errors import ConfigurationError
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.discovery import Discovery
+from bridge.service.verify import ClusterObject, ResourceScope, SinkEvent
+
+__all__ = ["SinkContents", "list_cluster", "read_file", "read_jetstream", "read_kafka"]
+
+
+@dataclass(slots=True)
+class SinkContents:
+    """The events read back, in the destination's order, and the records that were not events."""
+
+    description: str
+    events: list[SinkEvent] = field(default_factory=list)
+    undecodable: list[str] = field(default_factory=list)
+
+
+class SourceError(ConfigurationError):
+    """The sink cannot be read (a missing file, an unknown topic or stream, an unreachable broker)."""
+
+
+def _decode(body: bytes | None, headers: Sequence[tuple[str, bytes]], prefix: str) -> dict[str, Any] | None:
+    """A CloudEvent from a record: structured body, or binary-mode headers + data body."""
+    if body:
+        try:
+            value = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            value = None
+        if isinstance(value, dict) and "specversion" in value:
+            return value
+    ce: dict[str, Any] = {}
+    for name, raw in headers:
+        lname = name.lower()
+        text = raw.decode("utf-8", "replace")
+        if lname.startswith(prefix):
+            ce[lname[len(prefix):]] = urllib.parse.unquote(text)
+        elif lname == "content-type":
+            ce["datacontenttype"] = text
+    if "specversion" not in ce:
+        return None
+    try:
+        ce["data"] = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        return None
+    return ce
+
+
+# --------------------------------------------------------------------------------------------------
+# file
+
+
+def read_file(path: str | Path) -> SinkContents:
+    """Every line of a file sink's output (and its rotated files, oldest first)."""
+    base = Path(path)
+    if not base.exists():
+        raise SourceError(f"--file {base}: no such file")
+    rotated = sorted((p for p in base.parent.glob(base.name + ".*") if p.suffix[1:].isdigit()),
+                     key=lambda p: -int(p.suffix[1:]))
+    out = SinkContents(description=f"file {base}")
+    for p in [*rotated, base]:
+        try:
+            data = p.read_bytes()
+        except OSError as exc:
+            raise SourceError(f"cannot read {p}: {exc.strerror}") from exc
+        for n, line in enumerate(data.split(b"\n"), start=1):
+            if not line.strip():
+                continue
+            ce = _decode(line, (), "")
+            if ce is None:
+                out.undecodable.append(f"{p.name}:{n}")
+            else:
+                out.events.append(SinkEvent(ce=ce, position=f"{p.name}:{n}"))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Kafka
+
+
+def read_kafka(bootstrap: str, topics: Sequence[str], *, timeout: float = 30.0, idle: float = 1.0,
+               config: Mapping[str, str] | None = None) -> SinkContents:
+    """Every record of ``topics``: up to each partition's high watermark at the start, then until
+    no record came for ``idle`` seconds (blocking)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "group.id": "kube-event-bridge-verify",
+                            "enable.auto.commit": False, "enable.partition.eof": False,
+                            "auto.offset.reset": "earliest", **(config or {})}
+    try:
+        consumer = Consumer(conf)
+    except KafkaException as exc:
+        raise SourceError(f"cannot read Kafka at {bootstrap}: {exc}") from exc
+    out = SinkContents(description=f"kafka {bootstrap} topic(s) {', '.join(topics)}")
+    try:
+        try:
+            md = consumer.list_topics(timeout=min(timeout, 10.0))
+        except KafkaException as exc:
+            raise SourceError(f"cannot reach the Kafka brokers {bootstrap}: {exc}") from exc
+        highs: dict[tuple[str, int], int] = {}
+        for topic in topics:
+            meta = md.topics.get(topic)
+            if meta is None or meta.error is not None:
+                raise SourceError(f"Kafka topic {topic!r} does not exist on {bootstrap}")
+            for p in meta.partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+                if high > low:
+                    highs[(topic, p)] = int(high)
+        by_partition: dict[tuple[str, int], list[SinkEvent]] = {}
+        if highs:
+            consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in highs])
+            pos = dict.fromkeys(highs, -1)
+            deadline = time.monotonic() + timeout
+            last_message = time.monotonic()
+            # Up to every high watermark read at the start, then until nothing came for ``idle``
+            # seconds: some brokers (Tansu) report a watermark that counts only the first record of
+            # the newest batch, so the watermark alone may stop short.
+            while (any(pos[tp] + 1 < highs[tp] for tp in highs)
+                   or time.monotonic() - last_message < idle):
+                if time.monotonic() > deadline:
+                    short = {f"{t}/{p}": f"{pos[(t, p)] + 1}/{highs[(t, p)]}" for t, p in highs
+                             if pos[(t, p)] + 1 < highs[(t, p)]}
+                    raise SourceError(f"reading Kafka timed out after {timeout} s (read/high: {short})")
+                for msg in consumer.consume(num_messages=1000, timeout=0.1):
+                    if msg.error() is not None:
+                        continue
+                    last_message = time.monotonic()
+                    tp = (str(msg.topic()), int(msg.partition() or 0))
+                    offset = int(msg.offset() or 0)
+                    if offset <= pos.get(tp, -1):
+                        continue
+                    pos[tp] = offset
+                    where = f"{tp[0]}/{tp[1]}@{offset}"
+                    raw_headers: list[tuple[str, Any]] = list(msg.headers() or [])  # type: ignore[arg-type]
+                    headers = [(str(k), v if isinstance(v, bytes) else str(v or "").encode())
+                               for k, v in raw_headers]
+                    raw = msg.value()
+                    body = raw.encode() if isinstance(raw, str) else raw
+                    ce = _decode(body, headers, "ce_")
+                    if ce is None:
+                        out.undecodable.append(where)
+                    else:
+                        by_partition.setdefault(tp, []).append(SinkEvent(ce=ce, position=where))
+        for tp in sorted(by_partition):
+            out.events.extend(by_partition[tp])
+    except KafkaException as exc:
+        raise SourceError(f"reading Kafka at {bootstrap} failed: {exc}") from exc
+    finally:
+        consumer.close()
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# JetStream
+
+
+async def read_jetstream(servers: str, stream: str, *, timeout: float = 30.0,
+                         connect: Mapping[str, Any] | None = None) -> SinkContents:
+    """Every message of ``stream`` from its first sequence to its last one at the start.
+    ``connect``: more ``nats.connect`` arguments (credentials, TLS)."""
+    import nats
+    from nats.errors import Error as NatsError
+    from nats.errors import NoServersError
+    from nats.js.errors import NotFoundError
+
+    try:
+        nc = await nats.connect(servers=servers.split(","), connect_timeout=min(timeout, 5.0),
+                                max_reconnect_attempts=1, allow_reconnect=False, **(connect or {}))
+    except (NoServersError, NatsError, OSError, TimeoutError) as exc:
+        raise SourceError(f"cannot reach NATS at {servers}: {exc}") from exc
+    out = SinkContents(description=f"jetstream {servers} stream {stream}")
+    try:
+        js = nc.jetstream(timeout=timeout)
+        try:
+            info = await js.stream_info(stream)
+        except NotFoundError as exc:
+            raise SourceError(f"JetStream stream {stream!r} does not exist on {servers}") from exc
+        last = int(info.state.last_seq)
+        if int(info.state.messages) == 0:
+            return out
+        sub = await js.subscribe("", stream=stream, ordered_consumer=True)
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    msg = await sub.next_msg(timeout=timeout)
+                    seq = int(msg.metadata.sequence.stream)
+                    headers = [(k, v.encode()) for k, v in (msg.headers or {}).items()]
+                    ce = _decode(msg.data, headers, "ce-")
+                    where = f"{stream}#{seq}"
+                    if ce is None:
+                        out.undecodable.append(where)
+                    else:
+                        out.events.append(SinkEvent(ce=ce, position=where))
+                    if seq >= last:
+                        break
+        except TimeoutError as exc:
+            raise SourceError(f"reading stream {stream!r} timed out after {timeout} s "
+                              f"({len(out.events)} of up to {info.state.messages} messages)") from exc
+        finally:
+            await sub.unsubscribe()
+    except NatsError as exc:
+        raise SourceError(f"reading stream {stream!r} from {servers} failed: {exc}") from exc
+    finally:
+        await nc.close()
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# the cluster
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceRequest:
+    """One resource to verify, as written under ``resources:``."""
+
+    resource: str
+    namespace: str = ""
+    label_selector: str = ""
+    field_selector: str = ""
+
+
+async def list_cluster(client: ApiClient, requests: Sequence[ResourceRequest], *, page_size: int = 500,
+                       ) -> dict[ResourceScope, list[ClusterObject]]:
+    """Lists every requested resource (all pages) through discovery and the API client."""
+    discovery = Discovery(client=client)
+    out: dict[ResourceScope, list[ClusterObject]] = {}
+    for req in requests:
+        api = await discovery.resolve(req.resource)
+        scope = ResourceScope(name=req.resource, api_version=api.api_version, kind=api.kind,
+                              namespace=req.namespace if api.namespaced else "")
+        selectors: dict[str, str | int | bool | None] = {}
+        if req.label_selector:
+            selectors["labelSelector"] = req.label_selector
+        if req.field_selector:
+            selectors["fieldSelector"] = req.field_selector
+        params: dict[str, str | int | bool | None] = {"limit": page_size, **selectors}
+        objects: list[ClusterObject] = []
+        while True:
+            page = await client.get_json(api.path(req.namespace or None), params,
+                                         context=f"verify: list {api.qualified}")
+            for item in page.get("items") or []:
+                meta = item.get("metadata") or {}
+                ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+                objects.append(ClusterObject(
+                    uid=str(meta.get("uid") or ""), key=f"{ns}/{name}" if ns else name,
+                    resource_version=str(meta.get("resourceVersion") or "")))
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                break
+            params = {"limit": page_size, "continue": token, **selectors}
+        out[scope] = objects
+    return out

@@ -1,0 +1,554 @@
+"""A randomized fault schedule against the whole bridge, checked by ``kube-event-bridge verify``.
+
+Jepsen-style: a history of operations (every change the churn made, with the resourceVersion the
+server gave it), a seeded random schedule of faults, and a checker — the verifier, reading each
+destination back with its own client — that decides what was lost. Nothing of the bridge's own
+bookkeeping is trusted.
+
+The world, all real processes on loopback:
+
+* the API-server simulator (``python -m bridge.sim``), with ConfigMaps churned over HTTP;
+* a Kafka broker (Tansu), a NATS server with JetStream (file storage), a webhook receiver (an HTTP
+  server in this process, writing what it accepted to a JSON-lines file) and a file sink;
+* the bridge as it runs in production: ``kube-event-bridge run --config FILE`` in its own process,
+  with a file checkpoint store.
+
+The faults, drawn from the seed: SIGKILL and restart of the bridge; SIGKILL, compaction of the
+server's history while the bridge is down (the resume gets 410), restart; Kafka frozen (SIGSTOP /
+SIGCONT); NATS stopped and started again; the webhook answering 5xx or 429 for a while; watch
+streams cut mid-line; 410 Expired sent into the open watches; a garbled line in every watch stream.
+
+Then the churn stops, every fault is lifted, the bridge drains (its checkpoint reaches the last
+change, which it writes only once every sink acknowledged everything before it), it is stopped with
+SIGTERM, and for every sink the verifier must find the sink's state equal to the cluster's (no
+missing, phantom or stale object), no per-object order violation, and every change the churn made
+delivered unless it falls inside a gap window the sink was told about.
+
+``python -m tests.contract.fault_schedule --seed N --duration S`` (``scripts/fault-schedule``) runs
+long schedules; the CI test (tests/contract/test_fault_schedule.py) runs a few short ones.
+``KEB_FAULT_SEED`` replays one seed there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from bridge.delivery.checkpoint import FileCheckpointStore, informer_id
+from bridge.errors import ConflictError, NotFoundError
+from bridge.kube.apiclient import ApiClient
+from bridge.service.verify import VerifyReport, event_kind, verify
+from bridge.service.verify_sources import (
+    ResourceRequest,
+    SinkContents,
+    list_cluster,
+    read_file,
+    read_jetstream,
+    read_kafka,
+)
+from tests.brokers import NatsServer, TansuBroker, free_port, running_nats, running_tansu
+
+__all__ = ["FAULTS", "Infra", "Outcome", "infrastructure", "main", "run_seed"]
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER = "faults"
+FAULTS = ("kill", "kill_compact", "kafka_pause", "nats_restart", "hook_storm", "watch_cut", "expire",
+          "garble")
+"""Every fault kind the schedule draws from (all of them, always)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# the world
+
+
+@dataclass
+class Infra:
+    """The long-lived processes: simulator, Kafka, NATS. Shared by the seeds of one run."""
+
+    sim_url: str
+    kubeconfig: Path
+    tansu: TansuBroker
+    nats: NatsServer
+
+
+@contextlib.contextmanager
+def infrastructure(workdir: Path) -> Iterator[Infra]:
+    """Starts the simulator, Tansu and nats-server; stops them (by PID) on exit."""
+    kubeconfig = workdir / "sim.kubeconfig"
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "bridge.sim", "--port", "0", "--kubeconfig", str(kubeconfig),
+         "--history-size", "1000000", "--bookmark-interval", "0.5"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert sim.stdout is not None
+        url = ""
+        deadline = time.monotonic() + 30
+        while not url:
+            line = sim.stdout.readline().decode()
+            if not line or time.monotonic() > deadline:
+                raise RuntimeError("the simulator did not start")
+            if "simulator listening on" in line:
+                url = line.strip().rsplit(" ", 1)[-1]
+        with running_tansu() as tansu, running_nats() as nats:
+            yield Infra(sim_url=url, kubeconfig=kubeconfig, tansu=tansu, nats=nats)
+    finally:
+        sim.terminate()
+        try:
+            sim.wait(10)
+        except subprocess.TimeoutExpired:
+            sim.kill()
+            sim.wait(5)
+
+
+class Hook:
+    """A webhook receiver: appends every accepted event to a JSON-lines file, in arrival order;
+    ``status`` other than 200 makes it refuse everything (a 5xx or 429 storm)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.status = 200
+        self.refused = 0
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if self.status != 200:
+            self.refused += 1
+            return web.Response(status=self.status, headers={"Retry-After": "0"})
+        data = orjson.loads(body)
+        with self.path.open("ab") as fh:
+            for ce in data if isinstance(data, list) else [data]:
+                fh.write(orjson.dumps(ce) + b"\n")
+        return web.Response(status=200)
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        self.port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@dataclass
+class Churn:
+    """Creates, updates and deletes ConfigMaps over HTTP; records every change (the history)."""
+
+    client: ApiClient
+    namespace: str
+    rng: random.Random
+    names: int = 25
+    rate: float = 80.0
+    produced: list[tuple[str, str, str, str]] = field(default_factory=list)
+    """(type, namespace/name, uid, resourceVersion), in the order the server made them."""
+    live: set[str] = field(default_factory=set)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def _record(self, kind: str, obj: dict[str, Any]) -> None:
+        m = obj["metadata"]
+        self.produced.append((kind, f"{self.namespace}/{m['name']}", m["uid"], m["resourceVersion"]))
+
+    async def run(self) -> None:
+        path = f"/api/v1/namespaces/{self.namespace}/configmaps"
+        loop = asyncio.get_running_loop()
+        start, done = loop.time(), 0
+        while not self._stop.is_set():
+            name = f"cm-{self.rng.randrange(self.names)}"
+            with contextlib.suppress(ConflictError, NotFoundError):
+                if name not in self.live:
+                    obj = await self.client.create(path, {"metadata": {"name": name},
+                                                          "data": {"v": str(done)}})
+                    self.live.add(name)
+                    self._record("added", obj)
+                elif self.rng.random() < 0.25:
+                    obj = await self.client.delete(f"{path}/{name}")
+                    self.live.discard(name)
+                    self._record("deleted", obj)
+                else:
+                    obj = await self.client.patch(f"{path}/{name}", {"data": {"v": str(done)}})
+                    self._record("updated", obj)
+            done += 1
+            ahead = done / self.rate - (loop.time() - start)
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+# --------------------------------------------------------------------------------------------------
+# one seed
+
+
+@dataclass
+class Outcome:
+    seed: int
+    faults: list[str]
+    changes: int
+    reports: dict[str, VerifyReport]
+    problems: list[str]
+    restarts: int
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        lines = [f"seed {self.seed}: {self.changes} changes, {self.restarts} bridge starts, faults: "
+                 + " ".join(self.faults)]
+        for name, r in self.reports.items():
+            (res,) = r.resources
+            lines.append(f"  {name:9} events={res.events} objects={res.sink_objects}/{res.cluster_objects} "
+                         f"missing={res.counts['missing']} phantom={res.counts['phantom']} "
+                         f"stale={res.counts['stale']} order={res.counts['order_violations']} "
+                         f"dup_ids={res.duplicate_ids} gaps={len(res.gap_markers)}")
+        lines.extend(f"  PROBLEM {p}" for p in self.problems)
+        return "\n".join(lines)
+
+
+class BridgeProc:
+    """``kube-event-bridge run --config FILE`` in its own process."""
+
+    def __init__(self, config: Path, log: Path, health_port: int) -> None:
+        self.config = config
+        self.log = log
+        self.health_port = health_port
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KEB_")}
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "bridge.service.cli", "run", "--config",
+                                          str(self.config)], cwd=ROOT, stdout=log, stderr=log, env=env)
+        self.starts += 1
+
+    async def wait_ready(self, http: aiohttp.ClientSession, timeout: float = 20.0) -> bool:
+        """Waits until ``/readyz`` answers 200 (synced or resumed, sinks up); False after ``timeout``
+        or when the process exited. A fault schedule that killed the bridge again before it resumed
+        would test start-up over and over and little else."""
+        deadline = time.monotonic() + timeout
+        url = f"http://127.0.0.1:{self.health_port}/readyz"
+        while time.monotonic() < deadline and self.alive():
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with http.get(url, timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                    if resp.status == 200:
+                        return True
+            await asyncio.sleep(0.05)
+        return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    async def stop(self, timeout: float = 30) -> int | None:
+        """SIGTERM (a graceful drain and final checkpoint); SIGKILL past ``timeout``."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(self.proc.wait, timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+
+def _config(infra: Infra, tag: str, ns: str, work: Path, hook: Hook, health_port: int) -> dict[str, Any]:
+    retry = {"initial": 0.05, "max": 0.5}
+    return {
+        "cluster": CLUSTER,
+        "kubernetes": {"kubeconfig": str(infra.kubeconfig), "in_cluster": "false"},
+        "resources": [{"resource": "configmaps", "namespace": ns}],
+        "sinks": [
+            {"name": "kafka", "kind": "kafka", "brokers": infra.tansu.bootstrap, "destination": tag,
+             "linger_ms": 1, "retry": retry},
+            {"name": "jetstream", "kind": "jetstream", "servers": [infra.nats.url],
+             "destination": f"{tag}.{{namespace}}.{{name}}", "reconnect_wait": 0.2, "publish_timeout": 2,
+             "stream": {"name": tag.upper(), "create": True}, "retry": retry},
+            {"name": "webhook", "kind": "webhook", "url": f"http://127.0.0.1:{hook.port}/events",
+             "timeout": 5, "retry": retry},
+            {"name": "file", "kind": "file", "path": str(work / "events.jsonl")},
+        ],
+        "checkpoint": {"store": "file", "directory": str(work / "checkpoints"), "interval": 0.2},
+        "server": {"host": "127.0.0.1", "port": health_port, "admin_port": 0},
+        "logging": {"level": "info", "format": "text"},
+        "shutdown_deadline": 20,
+    }
+
+
+async def _sim_faults(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> None:
+    async with http.post(f"{url}/_sim/faults", json=body) as resp:
+        resp.raise_for_status()
+
+
+async def _post(http: aiohttp.ClientSession, url: str) -> None:
+    async with http.post(url) as resp:
+        resp.raise_for_status()
+
+
+async def _checkpoint_rv(store: FileCheckpointStore, ident: str) -> int:
+    try:
+        cp = await store.load(ident)
+    except Exception:  # a torn or missing file while the bridge writes: not yet
+        return -1
+    if cp is None:
+        return -1
+    try:
+        return int(cp.resource_version)
+    except ValueError:
+        return -1
+
+
+async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
+                   say: Callable[[str], None] = lambda _: None, kinds: tuple[str, ...] = FAULTS) -> Outcome:
+    """One schedule: churn + faults for ``duration`` seconds, drain, verify every sink. ``kinds``
+    narrows the faults drawn (to bisect a failure; the test suite always draws from all)."""
+    rng = random.Random(seed)
+    tag = f"fs{seed}x{random.Random().randrange(1 << 20):05x}"
+    ns = tag
+    work = workdir / tag
+    work.mkdir(parents=True)
+    hook = Hook(work / "webhook.jsonl")
+    await hook.start()
+    infra.tansu.create_topic(tag, partitions=3)
+    cfg = work / "config.yaml"
+    health_port = free_port()
+    cfg.write_text(orjson.dumps(_config(infra, tag, ns, work, hook, health_port)).decode())
+    bridge = BridgeProc(cfg, work / "bridge.log", health_port)
+    client = ApiClient.from_kubeconfig(str(infra.kubeconfig))
+    store = FileCheckpointStore(directory=work / "checkpoints")
+    ident = informer_id("configmaps", ns, "", "")
+    churn = Churn(client=client, namespace=ns, rng=random.Random(rng.random()))
+    faults: list[str] = []
+    problems: list[str] = []
+    churn_task: asyncio.Task[None] | None = None
+    paused = False
+    http = aiohttp.ClientSession()
+    try:
+        await client.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+        bridge.start()
+        deadline = time.monotonic() + 30
+        while await _checkpoint_rv(store, ident) < 0:  # started, synced, checkpointed once
+            if not bridge.alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the bridge did not come up; see {bridge.log}")
+            await asyncio.sleep(0.05)
+        churn_task = asyncio.create_task(churn.run(), name=f"fault-churn-{seed}")
+        end = time.monotonic() + duration
+        while time.monotonic() < end:
+            await asyncio.sleep(rng.uniform(0.1, 0.6))
+            kind = rng.choice(kinds)
+            faults.append(kind)
+            say(f"seed {seed} t={duration - (end - time.monotonic()):.1f}s fault {kind}")
+            if kind == "kill":
+                bridge.kill()
+                await asyncio.sleep(rng.uniform(0.0, 0.8))
+                bridge.start()
+                await bridge.wait_ready(http)  # it resumes before the next fault
+                await asyncio.sleep(rng.uniform(0.0, 1.0))
+            elif kind == "kill_compact":
+                bridge.kill()
+                await asyncio.sleep(rng.uniform(0.2, 1.0))
+                await _post(http, f"{infra.sim_url}/_sim/compact")
+                bridge.start()
+                await bridge.wait_ready(http)
+                await asyncio.sleep(rng.uniform(0.0, 1.0))
+            elif kind == "kafka_pause":
+                infra.tansu.pause()
+                paused = True
+                await asyncio.sleep(rng.uniform(0.3, 2.0))
+                infra.tansu.resume()
+                paused = False
+            elif kind == "nats_restart":
+                infra.nats.stop()
+                await asyncio.sleep(rng.uniform(0.1, 1.0))
+                infra.nats.start()
+            elif kind == "hook_storm":
+                hook.status = rng.choice((500, 503, 429))
+                await asyncio.sleep(rng.uniform(0.3, 1.5))
+                hook.status = 200
+            elif kind == "watch_cut":
+                await _sim_faults(http, infra.sim_url, {"watch_cut_after": rng.randrange(0, 30)})
+                await asyncio.sleep(rng.uniform(0.3, 1.0))
+                await _sim_faults(http, infra.sim_url, {"reset": True})
+            elif kind == "expire":
+                await _post(http, f"{infra.sim_url}/_sim/expire-watches")
+            elif kind == "garble":
+                await _sim_faults(http, infra.sim_url, {"watch_garble_after": rng.randrange(0, 20)})
+                await asyncio.sleep(rng.uniform(0.3, 1.0))
+                await _sim_faults(http, infra.sim_url, {"reset": True})
+        churn.stop()
+        await churn_task
+        churn_task = None
+        if not bridge.alive():
+            bridge.start()
+        last = int(churn.produced[-1][3]) if churn.produced else 0
+        say(f"seed {seed}: churn stopped at rv {last} after {len(churn.produced)} changes; draining")
+        deadline = time.monotonic() + 90
+        while await _checkpoint_rv(store, ident) < last:
+            if time.monotonic() > deadline:
+                problems.append(f"drain: the checkpoint never reached rv {last} (at "
+                                f"{await _checkpoint_rv(store, ident)}); a sink never acknowledged "
+                                f"everything, see {bridge.log}")
+                break
+            if not bridge.alive():
+                code = bridge.proc.returncode if bridge.proc else None
+                problems.append(f"drain: the bridge exited with {code}; see {bridge.log}")
+                break
+            await asyncio.sleep(0.1)
+        code = await bridge.stop()
+        if code != 0:
+            problems.append(f"the bridge's graceful stop exited with {code}")
+        reports = await _verify_all(infra, tag, ns, work, churn, problems)
+    finally:
+        churn.stop()
+        if churn_task is not None:
+            await asyncio.gather(churn_task, return_exceptions=True)
+        if paused:
+            infra.tansu.resume()
+        if infra.nats.proc is None:
+            infra.nats.start()
+        bridge.kill()
+        with contextlib.suppress(Exception):
+            await _sim_faults(http, infra.sim_url, {"reset": True})
+        await http.close()
+        await hook.stop()
+        await client.close()
+    return Outcome(seed=seed, faults=faults, changes=len(churn.produced), reports=reports,
+                   problems=problems, restarts=bridge.starts)
+
+
+def gap_windows(contents: SinkContents) -> list[tuple[int, int]]:
+    """The (from, to] resourceVersion windows the sink's gap markers announce (docs/event-format.md:
+    ``gap.begin`` / ``gap.end`` carry ``gapid``, ``gapfrom`` and, once known, ``gapto``)."""
+    bounds: dict[str, tuple[int, int]] = {}
+    for ev in contents.events:
+        if not event_kind(ev.ce).startswith("gap."):
+            continue
+        with contextlib.suppress(TypeError, ValueError):
+            gid = str(ev.ce.get("gapid"))
+            lo = int(str(ev.ce.get("gapfrom")))
+            hi = int(str(ev.ce.get("gapto") or lo))
+            old = bounds.get(gid, (lo, hi))
+            bounds[gid] = (min(old[0], lo), max(old[1], hi))
+    return list(bounds.values())
+
+
+async def _verify_all(infra: Infra, tag: str, ns: str, work: Path, churn: Churn,
+                      problems: list[str]) -> dict[str, VerifyReport]:
+    """The oracle: every sink read back with its own client, checked against a list of the cluster."""
+    client = ApiClient.from_kubeconfig(str(infra.kubeconfig))
+    try:
+        cluster = await list_cluster(client, [ResourceRequest(resource="configmaps", namespace=ns)])
+    finally:
+        await client.close()
+    sinks = {
+        "kafka": await asyncio.to_thread(read_kafka, infra.tansu.bootstrap, [tag], timeout=60),
+        "jetstream": await read_jetstream(infra.nats.url, tag.upper(), timeout=60),
+        "webhook": await asyncio.to_thread(read_file, work / "webhook.jsonl"),
+        "file": await asyncio.to_thread(read_file, work / "events.jsonl"),
+    }
+    reports: dict[str, VerifyReport] = {}
+    for name, contents in sinks.items():
+        report = verify(sink=contents.description, events=contents.events, cluster=cluster,
+                        cluster_name=CLUSTER, undecodable=contents.undecodable, strict=True)
+        reports[name] = report
+        (r,) = report.resources
+        for what in ("missing", "phantom", "stale", "order_violations"):
+            if r.counts[what]:
+                examples = {"missing": r.missing, "phantom": r.phantom, "stale": r.stale,
+                            "order_violations": r.order_violations}[what]
+                problems.append(f"{name}: {r.counts[what]} {what}, e.g. {examples[:3]}")
+        # A file may keep the torn line of a crash mid-write (ended on restart, its event written
+        # again); anywhere else a record that is not a CloudEvent is a defect.
+        if contents.undecodable and name != "file":
+            problems.append(f"{name}: {len(contents.undecodable)} records that are not CloudEvents")
+        # Every change the churn made reached the sink, unless a gap marker says it was not observed.
+        delivered = {(str(e.ce.get("uid")), str(e.ce.get("resourceversion"))) for e in contents.events
+                     if event_kind(e.ce) in ("added", "updated", "deleted")}
+        windows = gap_windows(contents)
+        lost = [c for c in churn.produced if (c[2], c[3]) not in delivered
+                and not any(lo < int(c[3]) <= hi for lo, hi in windows)]
+        if lost:
+            problems.append(f"{name}: {len(lost)} changes never delivered outside any gap window, "
+                            f"e.g. {lost[:3]}")
+    return reports
+
+
+# --------------------------------------------------------------------------------------------------
+# long runs
+
+
+async def _main(args: argparse.Namespace) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="keb-faults-"))
+    failed: list[int] = []
+    seeds = [args.seed + i for i in range(args.seeds)]
+    kinds = tuple(args.faults.split(",")) if args.faults else FAULTS
+    with infrastructure(workdir) as infra:
+        for seed in seeds:
+            outcome = await run_seed(infra, seed, args.duration, workdir,
+                                     say=(lambda m: print(m, flush=True)) if args.verbose else lambda _: None,
+                                     kinds=kinds)
+            print(outcome.summary(), flush=True)
+            if not outcome.ok:
+                failed.append(seed)
+                print(f"FAILED seed {seed}: replay with KEB_FAULT_SEED={seed} or --seed {seed} --seeds 1",
+                      flush=True)
+    if failed:
+        print(f"failing seeds: {' '.join(map(str, failed))} (work files kept in {workdir})")
+        return 1
+    shutil.rmtree(workdir, ignore_errors=True)
+    print(f"{len(seeds)} passed, 0 failed")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="scripts/fault-schedule",
+                                description="Run seeded random fault schedules against the bridge and "
+                                            "check every sink with the verifier.")
+    p.add_argument("--seed", type=int, default=int(time.time()) % 100000, help="first seed (default: now)")
+    p.add_argument("--seeds", type=int, default=1, help="how many consecutive seeds to run (default 1)")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of churn and faults per seed")
+    p.add_argument("--faults", help="comma-separated fault kinds to draw from, to bisect a failure "
+                                    f"(default: all of {','.join(FAULTS)})")
+    p.add_argument("--verbose", action="store_true", help="print each fault as it is injected")
+    args = p.parse_args(argv)
+    if args.duration <= 0 or args.seeds < 1:
+        p.error("--duration must be positive and --seeds at least 1")
+    unknown = set(args.faults.split(",")) - set(FAULTS) if args.faults else set()
+    if unknown:
+        p.error(f"--faults: unknown kind(s) {', '.join(sorted(unknown))}; known: {', '.join(FAULTS)}")
+    return asyncio.run(_main(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+

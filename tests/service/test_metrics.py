@@ -1,0 +1,110 @@
+"""/metrics of a running service, read over HTTP: one label vocabulary across every metric, the
+leader gauge and the process's own metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from bridge.delivery.checkpoint import informer_id
+from bridge.service.config import BridgeConfig
+from bridge.service.service import BridgeService
+from bridge.sim import Simulator
+from bridge.sim.objects import make_pod
+from sinks.contract import EventType
+from tests.service.test_service import eventually, get, lines, metric
+
+SAMPLE = re.compile(r'^(\w+)\{([^}]*)\} (\S+)$')
+
+
+def labels_by_metric(text: str) -> dict[str, list[dict[str, str]]]:
+    out: dict[str, list[dict[str, str]]] = defaultdict(list)
+    for line in text.splitlines():
+        m = SAMPLE.match(line)
+        if m:
+            out[m.group(1)].append(dict(re.findall(r'(\w+)="([^"]*)"', m.group(2))))
+    return out
+
+
+async def test_one_label_vocabulary_leader_gauge_and_process_metrics(tmp_path: Path) -> None:
+    async with Simulator() as sim:
+        for i in range(3):
+            sim.store.create("pods", make_pod(f"p{i}", "default"))
+        sim.store.create("deployments.apps", {"metadata": {"name": "d", "namespace": "web"}, "spec": {}})
+        kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig")
+        resources = [{"resource": "po", "namespace": "default"}, {"resource": "Deployment"}]
+        config = BridgeConfig.model_validate({
+            "kubernetes": {"kubeconfig": str(kubeconfig), "in_cluster": "false"},
+            # Short name and kind: the labels must still say pods and deployments.apps.
+            "resources": resources,
+            "sinks": [{"name": "file", "kind": "file", "path": str(tmp_path / "events.jsonl")}],
+            "checkpoint": {"store": "file", "directory": str(tmp_path / "cp"), "interval": 0.2},
+            "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
+            "shutdown_deadline": 10,
+        })
+        service = BridgeService(config=config)
+        task = asyncio.create_task(service.run(), name="service-under-test")
+        try:
+            await eventually(lambda: service.readiness().ready, what="readiness")
+            pod = sim.store.get("pods", "p0", namespace="default")
+            pod["metadata"]["labels"]["touched"] = "yes"
+            sim.store.update("pods", pod)
+            sim.store.delete("pods", "p1", namespace="default")
+            events = tmp_path / "events.jsonl"
+            await eventually(lambda: len(lines(events)) == 6, what="6 events")
+            pipeline = service._state.pipeline
+            assert pipeline is not None
+            await pipeline.snapshot_now("pods")
+            # 4 added + updated + deleted + snapshot (begin, 2 sync, end)
+            await eventually(lambda: len(lines(events)) == 10, what="10 events")
+            base = f"http://127.0.0.1:{service.health.port}"
+            await eventually(lambda: all(a is not None for a in pipeline.stats().checkpoint_age.values()),
+                             what="a checkpoint of each informer")
+            status, text = await get(f"{base}/metrics")
+            assert status == 200
+        finally:
+            service.stop_event.set()
+            code = await task
+        assert code == 0
+
+    by_metric = labels_by_metric(text)
+    informers = {"pods": informer_id("po", "default"), "deployments.apps": informer_id("Deployment")}
+    resource_metrics = [name for name, samples in by_metric.items()
+                        if name.startswith("keb_") and any("resource" in s for s in samples)]
+    assert {"keb_events_received_total", "keb_informer_relists_total", "keb_informer_cached_objects",
+            "keb_checkpoint_age_seconds", "keb_checkpoint_lag"} <= set(resource_metrics)
+    for name in resource_metrics:
+        for sample in by_metric[name]:
+            # The same resource value (plural.group) and informer id for one informer, everywhere.
+            assert sample["resource"] in informers, (name, sample)
+            assert sample["informer"] == informers[sample["resource"]], (name, sample)
+    ce_types = {t.value for t in EventType}
+    types = {s["type"] for s in by_metric["keb_events_received_total"]}
+    assert types <= ce_types
+    assert metric(text, "keb_events_received_total", resource="pods", type="added") == 3
+    assert metric(text, "keb_events_received_total", resource="pods", type="updated") == 1
+    assert metric(text, "keb_events_received_total", resource="pods", type="deleted") == 1
+    assert metric(text, "keb_events_received_total", resource="pods", type="sync") == 2
+    assert metric(text, "keb_events_received_total", resource="deployments.apps", type="added") == 1
+    assert metric(text, "keb_informer_cached_objects", resource="pods") == 2
+
+    assert metric(text, "keb_leader") == 1
+    assert metric(text, "process_resident_memory_bytes") > 10_000_000
+    assert metric(text, "process_cpu_seconds_total") > 0
+    assert metric(text, "process_open_fds") > 0
+    assert "python_gc_collections_total" in by_metric
+
+
+async def test_a_standby_reports_zero_on_the_leader_gauge(tmp_path: Path) -> None:
+    config = BridgeConfig.model_validate({
+        "resources": [{"resource": "pods"}],
+        "sinks": [{"name": "s", "kind": "stdout"}],
+        "leader_election": {"enabled": True},
+        "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
+    })
+    service = BridgeService(config=config)
+    text = service.telemetry.render_prometheus().decode()
+    service.telemetry.shutdown()
+    assert metric(text, "keb_leader") == 0
