@@ -495,8 +495,12 @@ def _listener_options(sink: Sink, spill_directory: Path | None = None, informer:
     limit = int(getattr(sink, "spill_limit", DEFAULT_SPILL_LIMIT))
     if spill_directory is not None and limit > 0 and policy in (OverflowPolicy.SPILL,
                                                                  OverflowPolicy.COALESCE):
-        spill = SegmentSpill(spill_directory / _safe_name(sink.name) / _safe_name(informer),
-                             limit_bytes=limit, name=f"{sink.name}:{informer}")
+        where = spill_directory / _safe_name(sink.name) / _safe_name(informer)
+        try:
+            spill = SegmentSpill(where, limit_bytes=limit, name=f"{sink.name}:{informer}")
+        except OSError as exc:
+            log.error("sink %s: its spill directory %s cannot be used (%s); without a spill it "
+                      "degrades as soon as it falls behind its in-memory buffer", sink.name, where, exc)
     # Resync is served as snapshots by the pipeline; the listener never gets same-RV updates.
     return ListenerOptions(resync_period=0.0, buffer_capacity=capacity, overflow_policy=policy,
                            name=sink.name, spill=spill)

@@ -7,9 +7,13 @@ from typing import Any
 
 import pytest
 
+from bridge.clock import FakeClock
 from bridge.contracts import DeletedFinalStateUnknown, Gap, Notification, NotificationKind, ObjectKey
+from bridge.delivery.pipeline import BridgePipeline
 from bridge.delivery.spill import SegmentSpill, decode_notification, encode_notification
 from bridge.rawobject import RawObject
+from bridge.testing.fake_source import FakeControllerSource
+from tests.checkpoint.helpers import WATCHED, RecordingSink, cm, fake_builder, until
 
 
 def pod(name: str, rv: str, **extra: Any) -> dict[str, Any]:
@@ -128,3 +132,23 @@ def test_a_new_spill_starts_empty_and_clear_removes_its_files(tmp_path: Path) ->
     assert not d.exists()
     with pytest.raises(ValueError, match="limit_bytes"):
         SegmentSpill(d, limit_bytes=0)
+
+
+async def test_an_unusable_spill_directory_is_reported_and_the_sink_runs_without_one(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("x")
+    source = FakeControllerSource()
+    source.add(cm("a"))
+    clock = FakeClock()
+    sink = RecordingSink("s")
+    sink.overflow_policy = "spill"
+    p = BridgePipeline(resources=[WATCHED], sinks=[sink], checkpoint_store=None,
+                       build_informer=fake_builder(source, clock), clock=clock, spill_directory=blocker)
+    await p.start()
+    try:
+        await until(lambda: len(sink.events) == 1, what="delivery without a spill")
+        assert "its spill directory" in caplog.text
+        assert p.sink_backlog("s").spill_bytes == 0
+    finally:
+        await p.shutdown(5)
