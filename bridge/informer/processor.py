@@ -387,6 +387,8 @@ class ProcessorListener:
             merged = _merge(pending, n)
             if merged is not None:
                 steps[-1] = merged
+                if _is_initial_add(pending) and not _is_initial_add(merged):
+                    self._initial_pending -= 1
                 self._coalesced += 1
                 self._ack(pending)
                 return

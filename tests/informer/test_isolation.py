@@ -15,9 +15,11 @@ from bridge.contracts import (
     ListenerOptions,
     Notification,
     NotificationKind,
+    ObjectKey,
     OverflowPolicy,
 )
 from bridge.delivery.spill import SegmentSpill
+from bridge.informer.processor import ProcessorListener, SharedProcessor
 from bridge.informer.shared_informer import SharedIndexInformer
 from bridge.testing.fake_source import FakeControllerSource
 from bridge.testing.recorder import RecordingHandler
@@ -197,3 +199,25 @@ async def test_block_policy_still_backpressures_when_asked_for(source: FakeContr
         gate.set()
         await informer.shutdown(2)
         await task
+
+
+async def test_a_degraded_initial_add_merged_into_a_delete_does_not_hold_has_synced_back() -> None:
+    clock = FakeClock()
+    p = SharedProcessor(clock=clock)
+    rec = RecordingHandler()
+    lst = ProcessorListener(handler=rec, options=ListenerOptions(name="r", buffer_capacity=1),
+                            clock=clock, name="r")
+    p.add_listener(lst)  # not started: the buffer only fills
+    obj = {"metadata": {"namespace": "ns", "name": "a", "resourceVersion": "1", "uid": "u"}}
+    await p.distribute(Notification(kind=NotificationKind.ADD, obj=obj, is_in_initial_list=True,
+                                    key=ObjectKey("ns/a")), False)
+    b = {"metadata": {"namespace": "ns", "name": "b", "resourceVersion": "2", "uid": "v"}}
+    await p.distribute(Notification(kind=NotificationKind.ADD, obj=b, is_in_initial_list=True,
+                                    key=ObjectKey("ns/b")), False)  # degraded: no room, no spill
+    await p.distribute(Notification(kind=NotificationKind.DELETE, obj=b, key=ObjectKey("ns/b")), False)
+    assert lst.stats().degraded == 2
+    p.start()
+    await until(lambda: lst.depth == 0 and not lst.degraded, "drained")
+    assert lst.has_synced()
+    assert [c[:2] for c in rec.calls] == [("add", "ns/a"), ("delete", "ns/b")]
+    await p.shutdown(1)
