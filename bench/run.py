@@ -8,8 +8,8 @@ and writes its hottest functions to ``<results>/<name>.profile.txt`` (the simula
 children run in other processes and are not in the profile).
 
 Scenarios written by other parts of the project (``bench_informer``, ``bench_decode``,
-``bench_sinks``, ``bench_restart``, ``bench_telemetry``) are called through their ``run(quick)``; one
-that is missing or fails is reported as such and the harness carries on.
+``bench_sinks``, ``bench_restart``, ``bench_telemetry``, ``bench_isolation``) are called through
+their ``run(quick)``; one that is missing or fails is reported as such and the harness carries on.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("sinks", "bench.bench_sinks", own=False, brokers=True),
     Scenario("restart", "bench.bench_restart", own=False),
     Scenario("telemetry", "bench.bench_telemetry", own=False),
+    Scenario("isolation", "bench.bench_isolation", own=False),
 )}
 
 

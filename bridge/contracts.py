@@ -37,6 +37,7 @@ __all__ = [
     "Notification",
     "NotificationHandler",
     "NotificationKind",
+    "NotificationSpill",
     "ObjectKey",
     "OverflowPolicy",
     "Store",
@@ -300,15 +301,48 @@ class NotificationHandler(Protocol):
 
 
 class OverflowPolicy(enum.Enum):
-    """What a listener does when its bounded buffer is full."""
+    """What a listener does when its in-memory buffer is full.
 
+    Under every policy but ``BLOCK`` the informer never waits for the listener: one slow sink holds
+    back only itself. When a listener cannot keep a change as it is (no spill, or the spill is full,
+    or a change that cannot be merged under ``COALESCE``), it **degrades**: it keeps the latest state
+    per object in memory (bounded by the number of objects) and later delivers those states framed
+    by a gap marker (begin … end) of its own, exactly as after a relist.
+    """
+
+    SPILL = "spill"
+    """Append to the listener's durable spill on disk (every change kept, in order); degrade when
+    the spill is full or there is none. The default."""
     BLOCK = "block"
-    """Wait for room: backpressure up to the informer (and the watch)."""
+    """Wait for room: backpressure up to the informer, which then stalls for *every* listener.
+    Only for embedding the informer where that is wanted; never the bridge's default."""
     COALESCE = "coalesce"
     """Keep only the newest pending notification per key (add+update → add, update+update →
-    update(first old, last new), add/update+delete → delete); nothing final is lost."""
+    update(first old, last new), add/update+delete → delete); nothing final is lost. A change that
+    cannot merge goes to the spill, then degrades."""
     DROP = "drop"
     """Discard the new notification, count it, and acknowledge it as discarded."""
+
+
+class NotificationSpill(Protocol):
+    """A listener's overflow on disk: an ordered, bounded queue of notifications (see
+    :class:`bridge.delivery.spill.SegmentSpill`)."""
+
+    def append(self, notification: Notification) -> bool:
+        """Queues one notification at the end; False (nothing written) when the spill is full."""
+
+    def read(self, limit: int) -> list[Notification]:
+        """Takes up to ``limit`` notifications from the front, in order."""
+
+    def __len__(self) -> int:
+        """Notifications queued."""
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes the spill occupies on disk now."""
+
+    def clear(self) -> None:
+        """Discards everything queued (and its files)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,9 +353,13 @@ class ListenerOptions:
     """Seconds; 0 = never. Clamped as client-go does (minimum 1 s, not below the informer's check
     period once started)."""
     buffer_capacity: int = 1024
-    overflow_policy: OverflowPolicy = OverflowPolicy.BLOCK
+    """Notifications kept in memory (the listener's in-memory budget)."""
+    overflow_policy: OverflowPolicy = OverflowPolicy.SPILL
     name: str = ""
     """Used in logs and metrics; defaults to the handler's class name."""
+    spill: NotificationSpill | None = field(default=None, compare=False)
+    """Where the backlog beyond ``buffer_capacity`` goes (``SPILL``/``COALESCE``); None: degrade
+    in memory at once."""
 
 
 class DeliveryObserver(Protocol):

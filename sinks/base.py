@@ -234,6 +234,8 @@ class BaseSink(Generic[O]):
         self._idle = asyncio.Event()
         self._idle.set()
         self._healthy = True
+        self.last_error = ""
+        """The last transient failure, for the bridge's outage logs and readiness detail."""
         self._started = False
         self._closed = False
 
@@ -277,6 +279,10 @@ class BaseSink(Generic[O]):
     @property
     def overflow_policy(self) -> str:
         return self.options.buffer.policy
+
+    @property
+    def spill_limit(self) -> int:
+        return self.options.buffer.spill_limit
 
     def accepts(self, event: ChangeEvent) -> bool:
         """The routing decision alone (no change filter)."""
@@ -570,6 +576,7 @@ class BaseSink(Generic[O]):
         msg.pending = False
         if isinstance(result, SinkTransientError):
             self._healthy = False
+            self.last_error = f"{type(result).__name__}: {result}"
             elapsed = self._clock.now() - msg.started
             if self._retry.give_up(msg.attempts, elapsed):
                 reason = f"gave up after {msg.attempts} attempts over {elapsed:.1f}s: {result}"

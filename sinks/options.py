@@ -90,8 +90,14 @@ class RedactOptions(_Model):
 
 class BufferOptions(_Model):
     capacity: int = Field(default=1024, ge=1)
-    policy: Literal["block", "coalesce", "drop"] = "block"
-    """When the buffer is full: backpressure, keep only the latest state per object, or drop (counted)."""
+    """Notifications kept in memory for this sink in each informer (its in-memory budget)."""
+    policy: Literal["spill", "coalesce", "drop", "block"] = "spill"
+    """When the in-memory buffer is full: ``spill`` the backlog to disk in order (then degrade),
+    ``coalesce`` to the latest state per object (then spill, then degrade), ``drop`` (counted), or
+    ``block`` (backpressure that stalls the informer for every sink). See docs/sinks.md."""
+    spill_limit: int = Field(default=256 << 20, ge=0)
+    """Bytes of spill on disk this sink may use in each informer; 0 = no spill. Beyond it the sink
+    alone degrades: latest state per object, delivered inside a gap window."""
 
 
 class RetryOptions(_Model):

@@ -13,6 +13,10 @@ __all__ = ["InformerGauges", "SinkGauges", "TelemetrySnapshot"]
 @dataclass(frozen=True, slots=True)
 class SinkGauges:
     queue_depth: int = 0
+    """Changes waiting for the sink: in memory, in its spill and as degraded latest states."""
+    spill_bytes: int = 0
+    lag_seconds: float = 0.0
+    """Age of the oldest change the sink has not acknowledged."""
     in_flight: int = 0
     up: bool = True
     outcomes: Mapping[str, int] = field(default_factory=dict)

@@ -31,11 +31,15 @@ import asyncio
 import collections
 import contextlib
 import functools
+import hashlib
 import logging
+import os
+import shutil
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Final
 
 from bridge.clock import Clock, RealClock
@@ -61,6 +65,7 @@ from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
 from bridge.delivery.journal import KnownObjectJournal, entries_by_key
 from bridge.delivery.progress import AckTracker, IndexEntry
 from bridge.delivery.selector_exit import LEFT_SELECTOR_EXTENSION, SelectorExits
+from bridge.delivery.spill import SegmentSpill
 from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.informer.reflector import Reflector, WatchErrorHandler, default_watch_error_handler
 from bridge.informer.shared_informer import HandlerRegistration, SharedIndexInformer
@@ -82,6 +87,7 @@ __all__ = [
     "BridgePipeline",
     "InformerBuilder",
     "PipelineStats",
+    "SinkBacklog",
     "SinkListener",
     "SinkListenerStats",
     "WatchedResource",
@@ -446,18 +452,64 @@ class PipelineStats:
     resumed: Mapping[str, bool]
 
 
+@dataclass(slots=True)
+class _Outage:
+    since: float | None = None
+    """When the sink started failing (None while it is healthy)."""
+    last_summary: float = 0.0
+    catching_up: float | None = None
+    """When it recovered, until its backlog is empty."""
+    delivered_at: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SinkBacklog:
+    """What waits for one sink (:meth:`BridgePipeline.sink_backlog`)."""
+
+    depth: int
+    """Notifications waiting: in memory, in the spill and as degraded latest states."""
+    spill_bytes: int
+    """Bytes its spills occupy on disk now."""
+    spilled: int
+    """Notifications ever written to its spills."""
+    degraded: int
+    """Notifications kept only as the latest state of their object (spill full or absent)."""
+    gaps: int
+    """Gap windows it opened because it degraded."""
+
+
 def _resource_matches(sink: Sink, watched: WatchedResource) -> bool:
     wanted: frozenset[str] = getattr(sink, "routing_resources", frozenset())
     return not wanted or bool(set(wanted) & watched.names)
 
 
-def _listener_options(sink: Sink) -> ListenerOptions:
+DEFAULT_SPILL_LIMIT = 256 << 20
+"""Bytes of spill per (sink, informer) when the sink does not say (``buffer.spill_limit``)."""
+
+
+def _safe_name(name: str) -> str:
+    """A directory name for a sink or an informer id (stable, readable, no separators)."""
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return f"{cleaned[:80]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def _listener_options(sink: Sink, spill_directory: Path | None = None, informer: str = "") -> ListenerOptions:
     capacity = int(getattr(sink, "buffer_capacity", 1024))
-    policy_raw = getattr(sink, "overflow_policy", OverflowPolicy.BLOCK)
+    policy_raw = getattr(sink, "overflow_policy", OverflowPolicy.SPILL)
     policy = policy_raw if isinstance(policy_raw, OverflowPolicy) else OverflowPolicy(str(policy_raw))
+    spill: SegmentSpill | None = None
+    limit = int(getattr(sink, "spill_limit", DEFAULT_SPILL_LIMIT))
+    if spill_directory is not None and limit > 0 and policy in (OverflowPolicy.SPILL,
+                                                                 OverflowPolicy.COALESCE):
+        where = spill_directory / _safe_name(sink.name) / _safe_name(informer)
+        try:
+            spill = SegmentSpill(where, limit_bytes=limit, name=f"{sink.name}:{informer}")
+        except OSError as exc:
+            log.error("sink %s: its spill directory %s cannot be used (%s); without a spill it "
+                      "degrades as soon as it falls behind its in-memory buffer", sink.name, where, exc)
     # Resync is served as snapshots by the pipeline; the listener never gets same-RV updates.
     return ListenerOptions(resync_period=0.0, buffer_capacity=capacity, overflow_policy=policy,
-                           name=sink.name)
+                           name=sink.name, spill=spill)
 
 
 _EVENT_TYPE = {"add": "added", "update": "updated", "delete": "deleted"}
@@ -527,6 +579,9 @@ class BridgePipeline:
         start_sinks: bool = True,
         sync_timeout: float = 120.0,
         fetch_object: Callable[[WatchedResource, str, str], Awaitable[Mapping[str, Any]]] | None = None,
+        spill_directory: str | os.PathLike[str] | None = None,
+        outage_check_interval: float = 1.0,
+        outage_summary_interval: float = 30.0,
     ) -> None:
         """``fetch_object(watched, namespace, name)``, when given, reads one object unfiltered from the
         API server (raising ``NotFoundError``): selector-scoped informers use it to mark deletes that
@@ -538,7 +593,12 @@ class BridgePipeline:
         state moved. ``on_event(resource, kind)``, optional, is called synchronously for every change
         an informer processed, so it must be cheap: the service does not use it (it reads
         :meth:`events_received` at scrape time). ``start_sinks`` False leaves starting and closing the
-        sinks to the caller."""
+        sinks to the caller. ``spill_directory``: where each sink's backlog beyond its in-memory
+        buffer is spilled (one subdirectory per sink and informer, emptied at start; sinks no longer
+        configured have theirs removed); None = no spill (a sink that falls behind degrades).
+        Every ``outage_check_interval`` seconds each sink's health is checked: a WARNING when it
+        starts failing, a summary every ``outage_summary_interval`` seconds while it stays down, an
+        INFO when it recovers and when it has caught up."""
         if (factory is None) == (build_informer is None):
             raise ValueError("give exactly one of factory or build_informer")
         if checkpoint_interval <= 0:
@@ -564,6 +624,10 @@ class BridgePipeline:
         self._start_sinks = start_sinks
         self._sync_timeout = sync_timeout
         self._fetch_object = fetch_object
+        self._spill_directory = Path(spill_directory) if spill_directory is not None else None
+        self._outage_check = outage_check_interval
+        self._outage_summary = outage_summary_interval
+        self._outages: dict[str, _Outage] = {}
         self._informers: dict[str, _Informer] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
@@ -594,6 +658,7 @@ class BridgePipeline:
         if self._start_sinks:
             for sink in self._sinks:
                 await sink.start()
+        self._remove_stale_spills()
         for watched in self._resources:
             await self._prepare(watched)
         if self._factory is not None:
@@ -612,6 +677,8 @@ class BridgePipeline:
             if inf.journal is not None:
                 self._spawn(f"journal:{ident}", inf.journal.run())
         self._spawn("checkpoint-writer", self._checkpoint_loop())
+        if self._outage_check > 0:
+            self._spawn("sink-outages", self._outage_loop())
 
     async def _prepare(self, watched: WatchedResource) -> None:
         ident = watched.informer_id
@@ -636,6 +703,7 @@ class BridgePipeline:
             resource_version=checkpoint.resource_version if checkpoint else "",
             index=checkpoint.objects if checkpoint else None,
             ahead=checkpoint.ahead if checkpoint else None,
+            now=self._clock.now,
         )
         informer = self._make_informer(watched, tracker)
         exits: SelectorExits | None = None
@@ -666,10 +734,22 @@ class BridgePipeline:
             listener = SinkListener(sink=sink, resource=watched.ref, cluster=self._cluster,
                                     clock=self._clock, snapshot_prefix=ident, tracker=tracker,
                                     journal=inf.journal, resent=tracker.resent, exits=exits)
-            reg = informer.add_event_handler(listener, _listener_options(sink))
+            reg = informer.add_event_handler(listener, _listener_options(sink, self._spill_directory,
+                                                                         ident))
             inf.registrations[sink.name] = reg
             inf.listeners[sink.name] = listener
         self._informers[ident] = inf
+
+    def _remove_stale_spills(self) -> None:
+        """Removes the spill directories of sinks no longer configured."""
+        root = self._spill_directory
+        if root is None or not root.is_dir():
+            return
+        wanted = {_safe_name(s.name) for s in self._sinks}
+        for entry in root.iterdir():
+            if entry.is_dir() and entry.name not in wanted:
+                log.info("removing the spill of a sink no longer configured: %s", entry)
+                shutil.rmtree(entry, ignore_errors=True)
 
     async def _known_objects(self, inf: _Informer, checkpoint: Checkpoint | None
                              ) -> tuple[dict[str, IndexEntry], list[KubeObject]]:
@@ -769,7 +849,12 @@ class BridgePipeline:
                                f"{inf.journal.last_error}")
             if f"journal:{i}" in self.failed_tasks:
                 reasons.append(f"journal writer of {i} failed (new objects and deletes wait)")
-        reasons += [f"sink {s.name} unhealthy" for s in self._sinks if not s.healthy()]
+        for s in self._sinks:
+            if not s.healthy():
+                backlog = self.sink_backlog(s.name)
+                error = getattr(s, "last_error", "") or ""
+                reasons.append(f"sink {s.name} unhealthy" + (f": {error}" if error else "")
+                               + f" ({backlog.depth} changes waiting, {backlog.spill_bytes} bytes spilled)")
         return reasons
 
     async def shutdown(self, deadline: float = 30.0) -> None:
@@ -914,15 +999,22 @@ class BridgePipeline:
             await inf.informer.wait_for_cache_sync(3600.0)
         inf.informer.request_snapshot(None)
 
-    async def snapshot_now(self, resource: str | None = None) -> list[str]:
+    async def snapshot_now(self, resource: str | None = None, sink: str | None = None) -> list[str]:
         """Requests a snapshot of ``resource`` (any name a user may write; None = all) for every
-        routed sink; returns the informer ids. Unknown resource → LookupError."""
+        routed sink, or for ``sink`` alone (the others receive nothing); returns the informer ids.
+        Unknown resource or sink, or a sink not routed that resource → LookupError."""
+        if sink is not None and sink not in {s.name for s in self._sinks}:
+            raise LookupError(f"no sink is called {sink!r}")
         targets = [inf for inf in self._informers.values()
-                   if resource is None or resource in inf.watched.names]
+                   if (resource is None or resource in inf.watched.names)
+                   and (sink is None or sink in inf.registrations)]
         if not targets:
+            if sink is not None:
+                raise LookupError(f"sink {sink!r} receives no watched resource called {resource!r}"
+                                  if resource else f"sink {sink!r} receives no watched resource")
             raise LookupError(f"no watched resource is called {resource!r}")
         for inf in targets:
-            inf.informer.request_snapshot(None)
+            inf.informer.request_snapshot(inf.registrations[sink] if sink is not None else None)
         return [inf.watched.informer_id for inf in targets]
 
     # ---------------------------------------------------------------------------------------------
@@ -973,6 +1065,78 @@ class BridgePipeline:
                 totals.setdefault(inf.tracker.resource, collections.Counter()).update(inf.tracker.received)
         return {resource: dict(c) for resource, c in totals.items()}
 
+    def sink_backlog(self, name: str) -> SinkBacklog:
+        """What waits for one sink, summed over its informers: in memory, on disk, degraded."""
+        totals = [0, 0, 0, 0, 0]
+        for inf in self._informers.values():
+            reg = inf.registrations.get(name)
+            if reg is None:
+                continue
+            st = reg.listener.stats()
+            for i, v in enumerate((st.depth, st.spill_bytes, st.spilled, st.degraded, st.gaps)):
+                totals[i] += v
+        return SinkBacklog(*totals)
+
+    def sink_lag(self, name: str) -> float:
+        """Seconds since the oldest change this sink has not acknowledged was dispatched (0 if none)."""
+        oldest = [t for inf in self._informers.values() if name in inf.registrations
+                  if (t := inf.tracker.oldest_unacked(name)) is not None]
+        return max(0.0, self._clock.now() - min(oldest)) if oldest else 0.0
+
+    def _delivered(self, name: str) -> int:
+        return sum(inf.listeners[name].stats.outcomes.get("delivered", 0)
+                   for inf in self._informers.values() if name in inf.listeners)
+
+    # ---------------------------------------------------------------------------------------------
+    # outages
+
+    async def _outage_loop(self) -> None:
+        while True:
+            await self._clock.sleep(self._outage_check)
+            self.check_sinks()
+
+    def check_sinks(self) -> None:
+        """Logs sink outages (module docs of :class:`BridgePipeline`); called periodically."""
+        now = self._clock.now()
+        for sink in self._sinks:
+            name = sink.name
+            st = self._outages.setdefault(name, _Outage())
+            healthy = sink.healthy()
+            error = str(getattr(sink, "last_error", "") or "unknown error")
+            if not healthy:
+                if st.since is None:
+                    st.since = st.last_summary = now
+                    st.catching_up = None
+                    backlog = self.sink_backlog(name)
+                    log.warning("sink %s is failing: %s; its changes wait for it (%d waiting), the "
+                                "other sinks are not held back", name, error, backlog.depth,
+                                extra={"sink": name, "error": error})
+                elif now - st.last_summary >= self._outage_summary:
+                    st.last_summary = now
+                    backlog = self.sink_backlog(name)
+                    lag = self.sink_lag(name)
+                    log.warning("sink %s still failing after %.0fs: %d changes waiting, %d bytes "
+                                "spilled, oldest unacknowledged %.0fs old; last error: %s", name,
+                                now - st.since, backlog.depth, backlog.spill_bytes, lag, error,
+                                extra={"sink": name, "backlog": backlog.depth,
+                                       "spill_bytes": backlog.spill_bytes, "lag_seconds": lag})
+                continue
+            if st.since is not None:
+                down = now - st.since
+                st.since = None
+                st.catching_up = now
+                st.delivered_at = self._delivered(name)
+                backlog = self.sink_backlog(name)
+                log.info("sink %s recovered after %.1fs; %d changes to catch up", name, down,
+                         backlog.depth, extra={"sink": name, "down_seconds": down,
+                                               "backlog": backlog.depth})
+            if st.catching_up is not None and self.sink_backlog(name).depth == 0 \
+                    and self.sink_lag(name) == 0.0:
+                caught = self._delivered(name) - st.delivered_at
+                log.info("sink %s caught up: %d events in %.1fs", name, caught, now - st.catching_up,
+                         extra={"sink": name, "caught_up": caught})
+                st.catching_up = None
+
     def queue_depths(self) -> dict[str, int]:
         """Sink name → notifications waiting in its listeners' buffers."""
         return dict(self.stats().queue_depth)
@@ -1006,6 +1170,8 @@ class BridgePipeline:
         st = self.stats()
         sinks = {
             s.name: SinkGauges(queue_depth=st.queue_depth[s.name],
+                               spill_bytes=self.sink_backlog(s.name).spill_bytes,
+                               lag_seconds=self.sink_lag(s.name),
                                in_flight=int(getattr(getattr(s, "stats", None), "in_flight", 0) or 0),
                                up=s.healthy(), outcomes=st.sinks[s.name])
             for s in self._sinks

@@ -32,7 +32,7 @@ import collections
 import heapq
 import itertools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bridge.contracts import (
@@ -70,10 +70,19 @@ def _entry_of(obj: KubeObject | DeletedFinalStateUnknown) -> IndexEntry:
     return object_identity(obj)
 
 
+_Effect = tuple[str, "IndexEntry | None", "int | None"] | None
+"""What applying one notification does to the index: (key, entry or None for a delete, its
+resourceVersion as int, -1 for a relist's tombstone, None when not an integer); None = nothing."""
+
+
 @dataclass(slots=True)
 class _InFlight:
-    notification: Notification
+    effect: _Effect
+    """Only what applying the notification needs, never the objects: a sink that is down for long
+    keeps a large window, which must cost a few dozen bytes per change, not the change's objects."""
     waiting: set[str] = field(default_factory=set)
+    time: float = 0.0
+    """When it was dispatched (the tracker's ``now``), for the age of what a sink still owes."""
 
 
 class AckTracker:
@@ -91,8 +100,12 @@ class AckTracker:
         resource_version: str = "",
         index: Mapping[str, IndexEntry] | None = None,
         ahead: Mapping[str, AheadEntry] | None = None,
+        now: Callable[[], float] | None = None,
     ) -> None:
+        """``now``: the clock dispatch times are read from (for :meth:`oldest_unacked`); without it
+        ages are unknown."""
         self.name = name
+        self._now = now
         self._resource_version = resource_version
         self._index: dict[str, IndexEntry] = dict(index or {})
         # key → changes applied but newer than the resume point, in application order:
@@ -135,7 +148,8 @@ class AckTracker:
             return
         self._last_dispatched_seq = seq
         self._note_state(notification)
-        entry = _InFlight(notification, set(listeners))
+        entry = _InFlight(_effect_of(notification), set(listeners),
+                          self._now() if self._now is not None else 0.0)
         self._window[seq] = entry
         if entry.waiting:
             # Owed by someone: it cannot be applied now, and the markers it could hold back were
@@ -199,6 +213,17 @@ class AckTracker:
         rv = _entry_of(n.obj)[1]
         if rv and rv == known:
             self._unobserved.add(n.seq)
+
+    def oldest_unacked(self, listener: str) -> float | None:
+        """The dispatch time of the oldest notification ``listener`` has not acknowledged (None if
+        it owes nothing, or the tracker has no clock). Scans the window from its head: for scrapes
+        and periodic checks, not for the per-change path."""
+        if self._now is None:
+            return None
+        for entry in self._window.values():
+            if listener in entry.waiting:
+                return entry.time
+        return None
 
     def is_unobserved_delete(self, seq: int) -> bool:
         """True for a delete the bridge did not see happen (a relist tombstone, or the old object of
@@ -272,7 +297,7 @@ class AckTracker:
             changed |= self._pass_markers(seq)
             del self._window[seq]
             self._unobserved.discard(seq)
-            self._apply(entry.notification)
+            self._apply(entry.effect)
             self._last_applied_seq = seq
             changed = True
         head = next(iter(self._window)) if self._window else None
@@ -323,21 +348,10 @@ class AckTracker:
         else:
             self._index[key] = entry
 
-    def _apply(self, n: Notification) -> None:
-        if n.kind is NotificationKind.SNAPSHOT or n.kind is NotificationKind.GAP:
-            return  # the cache restated, or a relist's frame: no change
-        key = n.key or object_key(n.obj)
-        entry: IndexEntry | None
-        if n.kind is NotificationKind.DELETE:
-            entry = None
-            # A delete seen only through a relist happened at an unknown RV no newer than the list's:
-            # any later resume point covers it.
-            rv = -1 if isinstance(n.obj, DeletedFinalStateUnknown) else _as_int(_entry_of(n.obj)[1])
-        elif not isinstance(n.obj, DeletedFinalStateUnknown):
-            entry = _entry_of(n.obj)
-            rv = _as_int(entry[1])
-        else:
+    def _apply(self, effect: _Effect) -> None:
+        if effect is None:
             return
+        key, entry, rv = effect
         if rv is None or (self._resource_version and self._rv_int is None):
             self._set(key, entry)  # resourceVersions that are not integers: cannot hold back
             return
@@ -345,6 +359,22 @@ class AckTracker:
             self._set(key, entry)
             return
         self._hold(key, rv, entry)
+
+
+def _effect_of(n: Notification) -> _Effect:
+    if n.kind is NotificationKind.SNAPSHOT or n.kind is NotificationKind.GAP:
+        return None  # the cache restated, or a relist's frame: no change
+    key = n.key or object_key(n.obj)
+    entry: IndexEntry | None
+    if n.kind is NotificationKind.DELETE:
+        # A delete seen only through a relist happened at an unknown RV no newer than the list's:
+        # any later resume point covers it.
+        rv = -1 if isinstance(n.obj, DeletedFinalStateUnknown) else _as_int(_entry_of(n.obj)[1])
+        return (key, None, rv)
+    if isinstance(n.obj, DeletedFinalStateUnknown):
+        return None
+    entry = _entry_of(n.obj)
+    return (key, entry, _as_int(entry[1]))
 
 
 def _as_int(rv: str) -> int | None:

@@ -1,10 +1,14 @@
 """The fan-out half of a shared informer: client-go's ``sharedProcessor`` and ``processorListener``.
 
 An informer processes each change once and hands the resulting :class:`~bridge.contracts.Notification`
-to every listener (one per handler or sink). Each listener owns a **bounded** buffer and a worker task
-that drains it in order, so a slow handler delays only itself, never the informer or its siblings
-(client-go uses an unbounded ring; the bridge bounds it and lets each listener choose what happens
-when it is full, see :class:`~bridge.contracts.OverflowPolicy`).
+to every listener (one per handler or sink). Each listener owns a **bounded** in-memory buffer and a
+worker task that drains it in order, so a slow handler delays only itself, never the informer or its
+siblings: handing a notification to a listener never waits (except under the opt-in ``BLOCK``
+policy). What does not fit in memory goes, in order, to the listener's spill on disk
+(:class:`~bridge.contracts.NotificationSpill`); what the spill cannot take either **degrades**: the
+listener keeps the latest state per object (memory bounded by the number of objects) and delivers
+those states later between a gap marker of its own (``GAP`` begin, the states, ``GAP`` end), as a
+relist would. See :class:`~bridge.contracts.OverflowPolicy`.
 
 The processor also does the bookkeeping the checkpoint needs: it numbers every tracked notification
 with a strictly increasing ``seq``, tells the :class:`~bridge.contracts.DeliveryObserver` who got it,
@@ -18,8 +22,9 @@ Acknowledgement rules (what the observer sees):
   broken handler must not stall every checkpoint forever (it is reported through ``handler_errors``);
 * a notification superseded by coalescing is acknowledged when it is merged (its successor carries
   the newer state, so nothing final is lost); a dropped one is acknowledged as discarded;
-* ``SNAPSHOT`` and ``GAP`` notifications are never dropped nor coalesced: they wait for room under
-  every policy; nothing coalesces across a ``GAP`` marker.
+* ``SNAPSHOT`` and ``GAP`` notifications are never dropped nor coalesced (under ``BLOCK`` they wait
+  for room; otherwise they are queued past the capacity, in order); nothing coalesces across a
+  ``GAP`` marker.
 
 Timeouts given to :meth:`SharedProcessor.shutdown` are operational deadlines measured on the event
 loop's own time, not on the injected clock, so a test driving a ``FakeClock`` cannot hang in them.
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,14 +44,17 @@ from bridge.contracts import (
     DeletedFinalStateUnknown,
     DeliveryObserver,
     EventHandler,
+    Gap,
     KubeObject,
     ListenerOptions,
     Notification,
     NotificationHandler,
     NotificationKind,
+    NotificationSpill,
     ObjectKey,
     OverflowPolicy,
 )
+from bridge.rawobject import object_identity
 
 __all__ = [
     "MINIMUM_RESYNC_PERIOD",
@@ -97,7 +106,15 @@ class ListenerStats:
     high_water: int
     """Largest buffer depth seen."""
     depth: int
-    """Notifications waiting now (buffer plus remaining replay)."""
+    """Notifications waiting now (buffer, remaining replay, spill and degraded states)."""
+    spilled: int = 0
+    """Notifications written to the spill."""
+    spill_depth: int = 0
+    spill_bytes: int = 0
+    degraded: int = 0
+    """Notifications kept only as the latest state of their object (spill full or absent)."""
+    gaps: int = 0
+    """Gap windows this listener opened because it degraded."""
 
 
 class _Slot:
@@ -195,6 +212,16 @@ class ProcessorListener:
         self._pending_by_key: dict[ObjectKey, _Slot] = {}
         self._replay: deque[KubeObject] = deque(replay)
         self._initial_pending = len(self._replay)
+        self._spill: NotificationSpill | None = options.spill
+        self._spilled = 0
+        # Degraded backlog, oldest first: markers as they are, other changes as the latest state per
+        # key (a list per key holds the steps that cannot merge, e.g. a delete then a re-creation).
+        self._overflow: deque[Notification | dict[ObjectKey, list[Notification]]] = deque()
+        self._overflow_count = 0
+        self._degraded = 0
+        self._gaps = 0
+        self._in_gap: Gap | None = None
+        self._last_delivered: Notification | None = None
         self._has_items = asyncio.Event()
         self._has_room = asyncio.Event()
         self._idle = asyncio.Event()
@@ -232,7 +259,17 @@ class ProcessorListener:
 
     @property
     def depth(self) -> int:
-        return len(self._buffer) + len(self._replay)
+        spilled = len(self._spill) if self._spill is not None else 0
+        return len(self._buffer) + len(self._replay) + spilled + self._overflow_count
+
+    @property
+    def spill(self) -> NotificationSpill | None:
+        return self._spill
+
+    @property
+    def degraded(self) -> bool:
+        """True while changes wait as latest states only (they will arrive inside a gap window)."""
+        return bool(self._overflow) or self._in_gap is not None
 
     @property
     def closed(self) -> bool:
@@ -253,6 +290,11 @@ class ProcessorListener:
             handler_errors=self._handler_errors,
             high_water=self._high_water,
             depth=self.depth,
+            spilled=self._spilled,
+            spill_depth=len(self._spill) if self._spill is not None else 0,
+            spill_bytes=self._spill.size_bytes if self._spill is not None else 0,
+            degraded=self._degraded,
+            gaps=self._gaps,
         )
 
     # ---------------------------------------------------------------------------------------------
@@ -261,27 +303,99 @@ class ProcessorListener:
     async def add(self, notification: Notification) -> None:
         """Queues a notification, applying the overflow policy when the buffer is full.
 
-        Under BLOCK (and for SNAPSHOT, and under COALESCE when nothing pending can absorb it) this
-        waits for room. Returns without queueing once the listener is closed.
+        Never waits, except under BLOCK (which waits for room). Returns without queueing once the
+        listener is closed.
         """
         if self._closed:
             return
         self._received += 1
-        capacity = self.options.buffer_capacity
-        if len(self._buffer) >= capacity and notification.kind not in _MARKERS:
-            policy = self.options.overflow_policy
-            if policy is OverflowPolicy.DROP:
-                self._dropped += 1
-                self._ack(notification)
+        policy = self.options.overflow_policy
+        if policy is OverflowPolicy.BLOCK:
+            while len(self._buffer) >= self.options.buffer_capacity:
+                self._has_room.clear()
+                await self._has_room.wait()
+                if self._closed:
+                    return
+            self._push(notification)
+            return
+        self.offer(notification)
+
+    def offer(self, n: Notification) -> None:
+        """Queues a notification without ever waiting (every policy but BLOCK; see the module docs)."""
+        if self._closed:
+            return
+        if self._overflow:  # degraded: everything waits behind the states already kept
+            self._degrade(n)
+            return
+        spill = self._spill
+        if spill is not None and len(spill):  # spilling: the rest follows it, in order
+            self._to_spill(n)
+            return
+        if len(self._buffer) < self.options.buffer_capacity or n.kind in _MARKERS:
+            self._push(n)
+            return
+        policy = self.options.overflow_policy
+        if policy is OverflowPolicy.DROP:
+            self._dropped += 1
+            self._ack(n)
+            return
+        if policy is OverflowPolicy.COALESCE and self._coalesce(n):
+            return
+        self._to_spill(n)
+
+    def _to_spill(self, n: Notification) -> None:
+        spill = self._spill
+        if spill is not None:
+            try:
+                written = spill.append(n)
+            except OSError as exc:
+                log.error("listener %s: the spill cannot be written (%s); keeping the latest state "
+                          "per object instead", self.name, exc)
+                written = False
+            if written:
+                self._spilled += 1
+                if _is_initial_add(n):
+                    self._initial_pending += 1
+                self._idle.clear()
+                self._has_items.set()
                 return
-            if policy is OverflowPolicy.COALESCE and self._coalesce(notification):
+        self._degrade(n)
+
+    def _degrade(self, n: Notification) -> None:
+        """Keeps ``n`` as the latest state of its object (merged into the pending one if it can)."""
+        if not self._overflow and self._in_gap is None:
+            spill = self._spill
+            log.warning("listener %s: %s; keeping the latest state per object, to be delivered inside "
+                        "a gap window", self.name,
+                        f"the spill is full ({spill.size_bytes} bytes)" if spill is not None
+                        else "its buffer is full and it has no spill")
+        self._degraded += 1
+        self._idle.clear()
+        self._has_items.set()
+        if n.kind in _MARKERS:
+            self._overflow.append(n)
+            self._overflow_count += 1
+            return
+        last = self._overflow[-1] if self._overflow else None
+        if not isinstance(last, dict):
+            last = {}
+            self._overflow.append(last)
+        key = n.key or ObjectKey(f"\0{id(n)}")
+        steps = last.setdefault(key, [])
+        if steps:
+            pending = steps[-1]
+            merged = _merge(pending, n)
+            if merged is not None:
+                steps[-1] = merged
+                if _is_initial_add(pending) and not _is_initial_add(merged):
+                    self._initial_pending -= 1
+                self._coalesced += 1
+                self._ack(pending)
                 return
-        while len(self._buffer) >= capacity:
-            self._has_room.clear()
-            await self._has_room.wait()
-            if self._closed:
-                return
-        self._push(notification)
+        steps.append(n)
+        self._overflow_count += 1
+        if _is_initial_add(n):
+            self._initial_pending += 1
 
     def _push(self, notification: Notification) -> None:
         slot = _Slot(notification)
@@ -352,6 +466,14 @@ class ProcessorListener:
                 )
                 continue
             if not self._buffer:
+                if self._refill():
+                    continue
+                if self._overflow:
+                    await self._drain_overflow()
+                    continue
+                if self._in_gap is not None:
+                    await self._close_gap()
+                    continue
                 self._has_items.clear()
                 self._idle.set()
                 await self._has_items.wait()
@@ -363,7 +485,64 @@ class ProcessorListener:
             self._has_room.set()
             await self._deliver(n)
 
+    def _refill(self) -> bool:
+        """Moves the oldest spilled notifications into the empty buffer; True if any."""
+        spill = self._spill
+        if spill is None or not len(spill):
+            return False
+        try:
+            batch = spill.read(max(1, self.options.buffer_capacity))
+        except OSError as exc:
+            log.error("listener %s: the spill cannot be read (%s); its %d notifications are lost",
+                      self.name, exc, len(spill))
+            spill.clear()
+            return False
+        for n in batch:
+            slot = _Slot(n)
+            self._buffer.append(slot)
+            if n.kind is NotificationKind.GAP:
+                self._pending_by_key.clear()
+            elif n.kind is not NotificationKind.SNAPSHOT and n.key:
+                self._pending_by_key[n.key] = slot
+        return bool(batch)
+
+    async def _drain_overflow(self) -> None:
+        """Delivers the oldest degraded entry, opening this listener's gap window first."""
+        if self._in_gap is None:
+            self._gaps += 1
+            self._in_gap = Gap(id=f"overflow:{self.name}:{uuid.uuid4().hex[:12]}",
+                               from_resource_version=self._last_resource_version())
+            await self._deliver(Notification(kind=NotificationKind.GAP, obj={}, gap=self._in_gap))
+        entry = self._overflow.popleft()
+        if isinstance(entry, Notification):
+            self._overflow_count -= 1
+            await self._deliver(entry)
+            return
+        for steps in entry.values():
+            for n in steps:
+                self._overflow_count -= 1
+                await self._deliver(n)
+
+    async def _close_gap(self) -> None:
+        gap = self._in_gap
+        assert gap is not None
+        self._in_gap = None
+        await self._deliver(Notification(kind=NotificationKind.GAP, obj={}, gap=Gap(
+            id=gap.id, from_resource_version=gap.from_resource_version,
+            to_resource_version=self._last_resource_version(), end=True)))
+        log.info("listener %s: caught up; the gap window %s is closed", self.name, gap.id)
+
+    def _last_resource_version(self) -> str:
+        """The resourceVersion of the last change delivered ("" if none)."""
+        n = self._last_delivered
+        if n is None or n.kind in _MARKERS:
+            return ""
+        obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
+        return object_identity(obj)[1]
+
     async def _deliver(self, n: Notification) -> None:
+        if n.kind is not NotificationKind.GAP:
+            self._last_delivered = n
         self._busy = True
         done = False
 
@@ -447,6 +626,13 @@ class ProcessorListener:
         self._closed = True
         self._buffer.clear()
         self._pending_by_key.clear()
+        self._overflow.clear()
+        self._overflow_count = 0
+        if self._spill is not None:
+            try:
+                self._spill.clear()
+            except OSError:
+                log.exception("listener %s: removing its spill failed", self.name)
         self._replay.clear()
         self._has_room.set()
         self._has_items.set()

@@ -76,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     snap.add_argument("--url", default="http://127.0.0.1:8081",
                       help="the bridge's admin endpoint (default http://127.0.0.1:8081)")
     snap.add_argument("--resource", help="only this resource (as configured, e.g. pods)")
+    snap.add_argument("--sink", help="only to this sink (by name); the other sinks receive nothing")
     snap.add_argument("--token-file",
                       help="file holding the bearer token (server.admin_token_file; or $KEB_ADMIN_TOKEN)")
 
@@ -123,7 +124,7 @@ def _check_config(path: str | None) -> int:
     return EXIT_OK
 
 
-def _snapshot(url: str, resource: str | None, token_file: str | None) -> int:
+def _snapshot(url: str, resource: str | None, token_file: str | None, sink: str | None = None) -> int:
     import aiohttp
 
     token = os.environ.get("KEB_ADMIN_TOKEN", "")
@@ -136,6 +137,8 @@ def _snapshot(url: str, resource: str | None, token_file: str | None) -> int:
 
     async def go() -> int:
         params = {"resource": resource} if resource else {}
+        if sink:
+            params["sink"] = sink
         try:
             async with aiohttp.ClientSession() as session, session.post(
                     f"{url.rstrip('/')}/snapshot", params=params, headers=headers,
@@ -173,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check-config":
             return _check_config(args.config)
         if args.command == "snapshot":
-            return _snapshot(args.url, args.resource, args.token_file)
+            return _snapshot(args.url, args.resource, args.token_file, args.sink)
         if args.command == "verify":
             from bridge.service.verify_cli import run_verify
 

@@ -185,6 +185,10 @@ class CheckpointConfig(_Model):
     checkpoint too large for one ConfigMap fails to save, with an error saying so."""
     interval: float = Field(default=5.0, gt=0)
     """Seconds between checkpoint writes (and one on shutdown)."""
+    spill_directory: str = "./.kube-event-bridge/spill"
+    """Where each sink's spill (its backlog beyond ``buffer.capacity``) is written, one
+    subdirectory per sink and informer; "" = no spill (a sink that falls behind degrades at once).
+    Emptied at each start."""
 
     @field_validator("nats_url")
     @classmethod

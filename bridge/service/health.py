@@ -18,7 +18,8 @@ reachable only from inside the pod, i.e. through ``kubectl port-forward``, never
 or another pod, with or without a service-mesh sidecar):
 
 =================  ============================================================================
-``POST /snapshot`` asks the leader for a resync snapshot (``?resource=pods`` for one resource);
+``POST /snapshot`` asks the leader for a resync snapshot (``?resource=pods`` for one resource,
+                   ``?sink=NAME`` for one sink alone);
                    202 with the resources snapshotted, 409 on a standby
 =================  ============================================================================
 
@@ -59,7 +60,7 @@ class HealthServer:
         port: int,
         readiness: Callable[[], Readiness],
         metrics: Callable[[], bytes],
-        snapshot: Callable[[str | None], Awaitable[list[str]]] | None = None,
+        snapshot: Callable[..., Awaitable[list[str]]] | None = None,
         admin_host: str = "127.0.0.1",
         admin_port: int = 8081,
         admin_token_file: str | None = None,
@@ -162,11 +163,12 @@ class HealthServer:
             return web.json_response({"error": "this replica is not running the bridge (standby)"},
                                      status=409)
         resource = request.query.get("resource") or None
+        sink = request.query.get("sink") or None
         try:
-            done = await self._snapshot(resource)
+            done = await (self._snapshot(resource, sink) if sink else self._snapshot(resource))
         except LookupError as e:
             return web.json_response({"error": str(e)}, status=404)
         return web.json_response({"snapshot": "requested", "resources": done}, status=202)
 
-    def set_snapshot_handler(self, handler: Callable[[str | None], Awaitable[list[str]]] | None) -> None:
+    def set_snapshot_handler(self, handler: Callable[..., Awaitable[list[str]]] | None) -> None:
         self._snapshot = handler

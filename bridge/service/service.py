@@ -324,6 +324,7 @@ class BridgeService:
             cluster=cfg.cluster, checkpoint_interval=cfg.checkpoint.interval,
             snapshot_on_first_start=cfg.snapshot.on_first_start, clock=self._clock,
             page_size=cfg.kubernetes.page_size, use_watch_list=cfg.kubernetes.watch_list,
+            spill_directory=cfg.checkpoint.spill_directory or None,
         )
         self._state.pipeline = pipeline
         self.health.set_snapshot_handler(pipeline.snapshot_now)

@@ -17,7 +17,9 @@ hash of the selectors; the checkpoint's name), ``type`` a CloudEvents type (``ad
                                        (delivered, filtered, dead_lettered, dropped)
 ``keb_sink_delivery_duration_seconds`` time from hand-over to the sink until its ack, sampled
                                        in time (see below)
-``keb_sink_queue_depth``               notifications waiting in a sink's listener buffer
+``keb_sink_queue_depth``               changes waiting for a sink (memory, spill, degraded)
+``keb_sink_spill_bytes``               bytes of a sink's spill on disk
+``keb_sink_lag_seconds``               age of the oldest change a sink has not acknowledged
 ``keb_sink_in_flight``                 events handed to a sink and not yet acked
 ``keb_sink_up``                        1 while the sink's destination is reachable
 ``keb_informer_relists_total``         full relists, by resource and informer
@@ -163,7 +165,12 @@ class Telemetry:
                 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
         )
         meter.create_observable_gauge("keb.sink.queue.depth", [self._sink_queue], unit="{notification}",
-                                      description="Notifications waiting in a sink's listener buffer")
+                                      description="Changes waiting for a sink: in memory, in its "
+                                                  "spill and as degraded latest states")
+        meter.create_observable_gauge("keb.sink.spill", [self._sink_spill], unit="By",
+                                      description="Bytes of a sink's spill on disk")
+        meter.create_observable_gauge("keb.sink.lag", [self._sink_lag], unit="s",
+                                      description="Age of the oldest change a sink has not acknowledged")
         meter.create_observable_gauge("keb.sink.in_flight", [self._sink_in_flight], unit="{event}",
                                       description="Events handed to a sink and not yet acknowledged")
         meter.create_observable_gauge("keb.sink.up", [self._sink_up],
@@ -258,6 +265,12 @@ class Telemetry:
 
     def _sink_queue(self, _: CallbackOptions) -> Iterable[Observation]:
         return [Observation(g.queue_depth, {"sink": n}) for n, g in self._sinks()]
+
+    def _sink_spill(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(g.spill_bytes, {"sink": n}) for n, g in self._sinks()]
+
+    def _sink_lag(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(g.lag_seconds, {"sink": n}) for n, g in self._sinks()]
 
     def _sink_in_flight(self, _: CallbackOptions) -> Iterable[Observation]:
         return [Observation(g.in_flight, {"sink": n}) for n, g in self._sinks()]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from bridge.clock import FakeClock
 from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind, ObjectKey
 from bridge.delivery.checkpoint import FileCheckpointStore
 from bridge.delivery.pipeline import BridgePipeline, SinkListener
+from bridge.service.cli import main as cli_main
+from bridge.service.health import HealthServer, Readiness
 from bridge.testing.fake_source import FakeControllerSource
 from sinks.contract import ChangeEvent, DeliveryOutcome, EventType
 from tests.checkpoint.helpers import CONFIGMAPS, WATCHED, RecordingSink, cm, fake_builder, until
@@ -200,3 +203,36 @@ async def test_sink_listener_acks_the_notification_after_every_event() -> None:
     assert acks == [5, 6, 7]
     assert dict(lst.stats.outcomes) == {"delivered": 3, "filtered": 1, "dead_lettered": 1}
     assert lst.stats.events == 5
+
+
+async def test_a_snapshot_for_one_sink_through_the_admin_endpoint_and_the_cli(tmp_path: Path) -> None:
+    source = FakeControllerSource()
+    for i in range(3):
+        source.add(cm(f"o{i}", v=str(i)))
+    clock = FakeClock()
+    a, b = RecordingSink("a"), RecordingSink("b")
+    p = BridgePipeline(resources=[WATCHED], sinks=[a, b],
+                       checkpoint_store=FileCheckpointStore(directory=tmp_path),
+                       build_informer=fake_builder(source, clock), clock=clock)
+    server = HealthServer(host="127.0.0.1", port=0, readiness=lambda: Readiness(True), metrics=lambda: b"",
+                          snapshot=p.snapshot_now, admin_host="127.0.0.1", admin_port=0)
+    await p.start()
+    await server.start()
+    try:
+        await until(lambda: len(a.events) == 3 and len(b.events) == 3, what="initial adds")
+        url = f"http://127.0.0.1:{server.admin_port}"
+        assert await asyncio.to_thread(cli_main, ["snapshot", "--url", url, "--sink", "b"]) == 0
+        await until(lambda: len(snapshots(b.events)) == 1, what="b's snapshot")
+        check_snapshot(snapshots(b.events)[0], p.informers[IDENT].get_indexer().list())
+        source.modify(cm("o1", v="live"))
+        await until(lambda: len(a.events) == 4 and b.events[-1].type is EventType.UPDATED, what="live change")
+        assert [e.type for e in a.events] == [EventType.ADDED] * 3 + [EventType.UPDATED]  # no re-sends
+        assert p.tracker(IDENT).pending == 0  # a owed nothing for b's snapshot
+        assert await asyncio.to_thread(cli_main, ["snapshot", "--url", url, "--sink", "nope"]) == 1
+        with pytest.raises(LookupError, match="no sink is called 'nope'"):
+            await p.snapshot_now(sink="nope")
+        with pytest.raises(LookupError, match="receives no watched resource called 'pods'"):
+            await p.snapshot_now("pods", sink="b")
+    finally:
+        await server.stop()
+        await p.shutdown(5)

@@ -158,7 +158,9 @@ async def test_service_delivers_and_exposes_health_readiness_and_metrics(
             await eventually(lambda: not service.readiness().ready, what="readiness to drop")
             status, body = await get(f"{base}/readyz")
             assert status == 503
-            assert "sink hook unhealthy" in orjson.loads(body)["reasons"]
+            # The detail names the sink and its error.
+            assert any(r.startswith("sink hook unhealthy: ") and "HTTP 503" in r
+                       for r in orjson.loads(body)["reasons"])
             await eventually(lambda: len(lines(events)) == 7, what="file sink unaffected")
             # It comes back: the held event is delivered and readiness returns.
             hook.status = 200

@@ -1,0 +1,284 @@
+"""A listener's durable overflow: an append-only segment log of notifications on disk.
+
+When a sink falls behind by more than its in-memory budget (its listener's ``buffer_capacity``), the
+listener appends the rest of its backlog here and reads it back in order once the sink catches up
+(:class:`bridge.informer.processor.ProcessorListener`). A long outage of one sink costs disk, not
+memory, and never holds back the informer or the other sinks.
+
+Format, chosen for speed: numbered segment files (``00000000000000000001.seg`` …) of records
+``<length u32><crc32 u32><payload>``, payload a msgpack tuple. Appends go to the newest segment
+(a new one once it passes ``segment_bytes``); reads are sequential from the oldest one, which is
+deleted as soon as it has been read to its end. Writes are fsynced in groups (every ``sync_bytes``
+appended, and on :meth:`SegmentSpill.sync`), not per record.
+
+``limit_bytes`` bounds the bytes on disk: an append that would pass it is refused (``append``
+returns False) and the listener degrades in its declared way (latest state per object, framed by a
+gap marker). A record whose checksum does not match (a torn write) ends the readable part: what
+follows it is dropped with an ERROR and counted in :attr:`SegmentSpill.corrupt`.
+
+A spill is per process run: it is created empty (any files left in its directory by an earlier run
+are removed, because the checkpoint, held back by what was not acknowledged, re-sends them).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import struct
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import msgspec
+
+from bridge.contracts import (
+    DeletedFinalStateUnknown,
+    Gap,
+    KubeObject,
+    Notification,
+    NotificationKind,
+    ObjectKey,
+)
+from bridge.rawobject import RawObject
+
+__all__ = ["SegmentSpill", "decode_notification", "encode_notification"]
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("<II")
+_SUFFIX = ".seg"
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder()
+_json = msgspec.json.Encoder()
+_json_decoder = msgspec.json.Decoder()
+_KINDS = {k.value: k for k in NotificationKind}
+
+
+def _obj(obj: KubeObject | None) -> Any:
+    if obj is None:
+        return None
+    if type(obj) is RawObject:
+        return ("r", obj.raw)
+    return ("j", _json.encode(obj))
+
+
+def _unobj(value: Any) -> KubeObject:
+    tag, data = value
+    if tag == "r":
+        return RawObject(bytes(data))
+    decoded: dict[str, Any] = _json_decoder.decode(data)
+    return decoded
+
+
+def encode_notification(n: Notification) -> bytes:
+    """One notification as bytes (what a spill record holds)."""
+    if isinstance(n.obj, DeletedFinalStateUnknown):
+        obj: Any = ("t", str(n.obj.key), _obj(n.obj.obj))
+    else:
+        obj = _obj(n.obj) if n.obj else None
+    gap = None if n.gap is None else (n.gap.id, n.gap.from_resource_version,
+                                      n.gap.to_resource_version, n.gap.end)
+    snapshot = None if n.snapshot is None else [_obj(o) for o in n.snapshot]
+    return _encoder.encode((n.kind.value, obj, _obj(n.old), n.is_in_initial_list, n.is_resync,
+                            n.seq, str(n.key), snapshot, n.resource_version, gap))
+
+
+def decode_notification(data: bytes) -> Notification:
+    """The notification :func:`encode_notification` wrote."""
+    kind, obj, old, initial, resync, seq, key, snapshot, rv, gap = _decoder.decode(data)
+    value: KubeObject | DeletedFinalStateUnknown
+    if obj is None:
+        value = {}
+    elif obj[0] == "t":
+        value = DeletedFinalStateUnknown(key=ObjectKey(obj[1]), obj=_unobj(obj[2]))
+    else:
+        value = _unobj(obj)
+    return Notification(
+        kind=_KINDS[kind], obj=value, old=None if old is None else _unobj(old),
+        is_in_initial_list=initial, is_resync=resync, seq=seq, key=ObjectKey(key),
+        snapshot=None if snapshot is None else [_unobj(o) for o in snapshot],
+        resource_version=rv,
+        gap=None if gap is None else Gap(id=gap[0], from_resource_version=gap[1],
+                                         to_resource_version=gap[2], end=gap[3]),
+    )
+
+
+class SegmentSpill:
+    """A bounded, ordered queue of notifications in segment files under ``directory`` (module docs).
+
+    Implements :class:`bridge.contracts.NotificationSpill`. Single-threaded (the event loop); the file
+    operations are small sequential writes and reads, done inline."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        limit_bytes: int,
+        segment_bytes: int = 8 << 20,
+        sync_bytes: int = 1 << 20,
+        name: str = "",
+    ) -> None:
+        if limit_bytes < 1:
+            raise ValueError(f"spill limit_bytes must be >= 1, got {limit_bytes}")
+        self.directory = Path(directory)
+        self.limit_bytes = limit_bytes
+        # At least four segments fit under the limit, so reading frees room while the sink catches up.
+        self.segment_bytes = max(1, min(segment_bytes, limit_bytes // 4))
+        self.sync_bytes = sync_bytes
+        self.name = name or str(directory)
+        if self.directory.exists():
+            shutil.rmtree(self.directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._segments: list[tuple[int, Path]] = []  # oldest first; the last one is written to
+        self._sizes: dict[int, int] = {}
+        self._next_segment = 1
+        self._writer: IO[bytes] | None = None
+        self._reader: IO[bytes] | None = None
+        self._reading: int = 0
+        self._count = 0
+        self._bytes = 0
+        self._unsynced = 0
+        self.appended = 0
+        """Records written since creation."""
+        self.refused = 0
+        """Appends refused because the spill was full."""
+        self.corrupt = 0
+        """Records lost to a checksum mismatch."""
+        self.syncs = 0
+
+    # ---------------------------------------------------------------------------------------------
+    # NotificationSpill
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def append(self, notification: Notification) -> bool:
+        payload = encode_notification(notification)
+        record = _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+        if self._bytes + len(record) > self.limit_bytes:
+            self.refused += 1
+            return False
+        writer = self._writer
+        if writer is None or self._sizes[self._segments[-1][0]] >= self.segment_bytes:
+            writer = self._rotate()
+        writer.write(record)
+        number = self._segments[-1][0]
+        self._sizes[number] += len(record)
+        self._bytes += len(record)
+        self._count += 1
+        self.appended += 1
+        self._unsynced += len(record)
+        if self._unsynced >= self.sync_bytes:
+            self.sync()
+        return True
+
+    def read(self, limit: int) -> list[Notification]:
+        out: list[Notification] = []
+        while len(out) < limit and self._count:
+            reader = self._open_reader()
+            header = reader.read(_HEADER.size)
+            if len(header) < _HEADER.size:
+                if not self._finish_segment():
+                    break
+                continue
+            length, crc = _HEADER.unpack(header)
+            payload = reader.read(length)
+            if len(payload) < length or zlib.crc32(payload) != crc:
+                self._lose_rest()
+                break
+            self._count -= 1
+            out.append(decode_notification(payload))
+        if not self._count and self._segments:
+            self._empty()
+        return out
+
+    def clear(self) -> None:
+        self._empty()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _empty(self) -> None:
+        """Everything was read (or is discarded): the segments go, the next append starts anew."""
+        self._close_files()
+        for _, path in self._segments:
+            path.unlink(missing_ok=True)
+        self._segments.clear()
+        self._sizes.clear()
+        self._count = 0
+        self._bytes = 0
+        self._unsynced = 0
+
+    # ---------------------------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Makes every record appended so far durable (flush + fsync)."""
+        if self._writer is not None and self._unsynced:
+            self._writer.flush()
+            os.fsync(self._writer.fileno())
+            self.syncs += 1
+        self._unsynced = 0
+
+    def close(self) -> None:
+        """Closes the files, keeping them on disk."""
+        self.sync()
+        self._close_files()
+
+    def stats(self) -> Mapping[str, int]:
+        return {"records": self._count, "bytes": self._bytes, "appended": self.appended,
+                "refused": self.refused, "corrupt": self.corrupt, "segments": len(self._segments)}
+
+    def _rotate(self) -> IO[bytes]:
+        if self._writer is not None:
+            self.sync()
+            self._writer.close()
+            self._writer = None
+        number = self._next_segment
+        self._next_segment += 1
+        path = self.directory / f"{number:020d}{_SUFFIX}"
+        self._segments.append((number, path))
+        self._sizes[number] = 0
+        self._writer = open(path, "ab")  # noqa: SIM115 - kept open across calls
+        return self._writer
+
+    def _open_reader(self) -> IO[bytes]:
+        number, path = self._segments[0]
+        if self._writer is not None and self._segments[-1][0] == number:
+            self._writer.flush()  # the records read next may still sit in the write buffer
+        if self._reader is None or self._reading != number:
+            if self._reader is not None:
+                self._reader.close()
+            self._reader = open(path, "rb")  # noqa: SIM115 - kept open across calls
+            self._reading = number
+        return self._reader
+
+    def _finish_segment(self) -> bool:
+        """At the end of the oldest segment: deletes it unless it is still written to."""
+        number, path = self._segments[0]
+        if len(self._segments) == 1:
+            return False  # the write segment: more may come
+        assert self._reader is not None
+        self._reader.close()
+        self._reader = None
+        path.unlink(missing_ok=True)
+        self._bytes -= self._sizes.pop(number)
+        self._segments.pop(0)
+        return True
+
+    def _lose_rest(self) -> None:
+        log.error("spill %s: a damaged record in %s; the %d records after it are lost",
+                  self.name, self._segments[0][1].name, self._count)
+        self.corrupt += self._count
+        self._empty()
+
+    def _close_files(self) -> None:
+        for f in (self._reader, self._writer):
+            if f is not None:
+                f.close()
+        self._reader = None
+        self._writer = None

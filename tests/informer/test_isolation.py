@@ -1,0 +1,223 @@
+"""Issue #13: the informer never waits on a listener; a slow one spills to disk, then degrades alone."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.clock import FakeClock
+from bridge.contracts import (
+    DeletedFinalStateUnknown,
+    KubeObject,
+    ListenerOptions,
+    Notification,
+    NotificationKind,
+    ObjectKey,
+    OverflowPolicy,
+)
+from bridge.delivery.spill import SegmentSpill
+from bridge.informer.processor import ProcessorListener, SharedProcessor
+from bridge.informer.shared_informer import SharedIndexInformer
+from bridge.testing.fake_source import FakeControllerSource
+from bridge.testing.recorder import RecordingHandler
+
+
+def cm(name: str, **data: str) -> KubeObject:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": "ns", "name": name},
+            "data": data}
+
+
+async def until(cond: Any, what: str, rounds: int = 20000) -> None:
+    for _ in range(rounds):
+        if cond():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{what} never became true")
+
+
+def rv(n: Notification) -> str:
+    assert not isinstance(n.obj, DeletedFinalStateUnknown)
+    return str(n.obj["metadata"]["resourceVersion"])
+
+
+class Kinds:
+    """A NotificationHandler recording (kind, key or gap end) and acking at once."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+        self.objects: list[Notification] = []
+
+    async def handle(self, n: Notification, ack: Any) -> None:
+        what = ("end" if n.gap.end else "begin") if n.gap is not None else str(n.key)
+        self.seen.append((n.kind.value, what))
+        self.objects.append(n)
+        ack()
+
+
+@pytest.fixture
+async def source() -> FakeControllerSource:
+    return FakeControllerSource()
+
+
+async def _run(informer: SharedIndexInformer) -> asyncio.Task[None]:
+    task = asyncio.create_task(informer.run(), name="test-informer")
+    return task
+
+
+async def test_a_blocked_listener_with_2000_cached_objects_never_stalls_another(
+        source: FakeControllerSource) -> None:
+    """The reported repro: one listener blocked forever, the default options, 2,000 cached objects."""
+    for i in range(2000):
+        source.add(cm(f"o{i}"))
+    informer = SharedIndexInformer(lister_watcher=source, clock=FakeClock(), name="cm")
+    gate = asyncio.Event()  # never set: the first listener is stuck in its first call
+    stuck, other = RecordingHandler(gate=gate), RecordingHandler()
+    stuck_reg = informer.add_event_handler(stuck, ListenerOptions(name="stuck"))
+    informer.add_event_handler(other, ListenerOptions(name="other"))
+    task = await _run(informer)
+    try:
+        assert len(await asyncio.wait_for(other.wait_for(2000), 20)) == 2000
+        source.add(cm("new"))
+        calls = await asyncio.wait_for(other.wait_for(2001), 20)
+        assert calls[-1][:2] == ("add", "ns/new")
+        assert stuck_reg.stats().depth >= 2000  # everything still waits for the stuck one
+    finally:
+        gate.set()
+        await informer.shutdown(2)
+        await task
+
+
+async def test_backlog_spills_to_disk_and_arrives_complete_and_in_order(
+        source: FakeControllerSource, tmp_path: Path) -> None:
+    informer = SharedIndexInformer(lister_watcher=source, clock=FakeClock(), name="cm")
+    spill = SegmentSpill(tmp_path / "spill", limit_bytes=10 << 20)
+    gate = asyncio.Event()
+    slow, fast = RecordingHandler(gate=gate), RecordingHandler()
+    reg = informer.add_event_handler(slow, ListenerOptions(name="slow", buffer_capacity=8, spill=spill))
+    informer.add_event_handler(fast, ListenerOptions(name="fast"))
+    task = await _run(informer)
+    try:
+        assert await informer.wait_for_cache_sync(5)
+        for i in range(300):
+            if i < 50:
+                source.add(cm(f"o{i}"))
+            else:
+                source.modify(cm(f"o{i % 50}", v=str(i)))
+        # 50 adds + 250 modifies: the fast one gets all of them while the slow one is held.
+        await asyncio.wait_for(fast.wait_for(300), 20)
+        stats = reg.stats()
+        assert stats.spilled > 0
+        assert stats.spill_depth > 0
+        assert stats.spill_bytes > 0
+        assert stats.degraded == 0
+        assert list((tmp_path / "spill").iterdir())  # on disk
+        gate.set()
+        assert await asyncio.wait_for(slow.wait_for(300), 20) == fast.calls
+        await until(lambda: reg.stats().depth == 0, "spill drained")
+        assert reg.stats().spill_bytes == 0
+    finally:
+        gate.set()
+        await informer.shutdown(2)
+        await task
+
+
+async def test_a_full_spill_degrades_that_listener_alone_behind_a_gap_marker(
+        source: FakeControllerSource, tmp_path: Path) -> None:
+    informer = SharedIndexInformer(lister_watcher=source, clock=FakeClock(), name="cm")
+    spill = SegmentSpill(tmp_path / "spill", limit_bytes=4096)
+    gate = asyncio.Event()
+    slow, fast = Kinds(), Kinds()
+
+    class Held(Kinds):
+        async def handle(self, n: Notification, ack: Any) -> None:
+            await gate.wait()
+            await super().handle(n, ack)
+
+    slow = Held()
+    reg = informer.add_event_handler(slow, ListenerOptions(name="slow", buffer_capacity=4, spill=spill))
+    informer.add_event_handler(fast, ListenerOptions(name="fast"))
+    task = await _run(informer)
+    try:
+        assert await informer.wait_for_cache_sync(5)
+        for i in range(10):
+            source.add(cm(f"o{i}"))
+        for round_ in range(20):
+            for i in range(10):
+                source.modify(cm(f"o{i}", v=str(round_)))
+        await until(lambda: len(fast.seen) == 210, "fast got everything")
+        assert fast.seen.count(("gap", "begin")) == 0
+        stats = reg.stats()
+        assert stats.degraded > 0
+        assert stats.coalesced > 0
+        assert stats.spill_bytes <= 4096
+        assert reg.stats().depth < 210  # coalesced: latest state per object
+        gate.set()
+        await until(lambda: reg.stats().depth == 0 and ("gap", "end") in slow.seen, "slow caught up")
+        begin, end = slow.seen.index(("gap", "begin")), slow.seen.index(("gap", "end"))
+        assert slow.seen[:begin] == fast.seen[:begin]  # everything before the gap, exactly
+        inside = slow.objects[begin + 1:end]
+        # Inside the window: one latest state per object, each the final one.
+        latest = {str(n.key): rv(n) for n in inside}
+        final = {str(n.key): rv(n) for n in fast.objects}
+        assert latest == {k: final[k] for k in latest}
+        assert len(inside) == len(latest)
+        gap_begin, gap_end = slow.objects[begin].gap, slow.objects[end].gap
+        assert gap_begin is not None
+        assert gap_end is not None
+        assert gap_begin.id == gap_end.id
+        assert gap_end.to_resource_version == max(final.values(), key=int)
+        # Everything tracked was acknowledged: nothing waits forever for the degraded listener.
+        assert all(n.kind is not NotificationKind.GAP or n.seq == -1 for n in slow.objects)
+    finally:
+        gate.set()
+        await informer.shutdown(2)
+        await task
+
+
+async def test_block_policy_still_backpressures_when_asked_for(source: FakeControllerSource) -> None:
+    informer = SharedIndexInformer(lister_watcher=source, clock=FakeClock(), name="cm")
+    gate = asyncio.Event()
+    blocked, other = RecordingHandler(gate=gate), RecordingHandler()
+    informer.add_event_handler(blocked, ListenerOptions(name="b", buffer_capacity=2,
+                                                        overflow_policy=OverflowPolicy.BLOCK))
+    informer.add_event_handler(other, ListenerOptions(name="o"))
+    task = await _run(informer)
+    try:
+        assert await informer.wait_for_cache_sync(5)
+        for i in range(10):
+            source.add(cm(f"o{i}"))
+        await until(lambda: len(other.calls) >= 3, "some delivered")
+        for _ in range(200):
+            await asyncio.sleep(0)
+        assert len(other.calls) < 10  # the informer waits for the blocked one
+        gate.set()
+        assert len(await asyncio.wait_for(other.wait_for(10), 10)) == 10
+    finally:
+        gate.set()
+        await informer.shutdown(2)
+        await task
+
+
+async def test_a_degraded_initial_add_merged_into_a_delete_does_not_hold_has_synced_back() -> None:
+    clock = FakeClock()
+    p = SharedProcessor(clock=clock)
+    rec = RecordingHandler()
+    lst = ProcessorListener(handler=rec, options=ListenerOptions(name="r", buffer_capacity=1),
+                            clock=clock, name="r")
+    p.add_listener(lst)  # not started: the buffer only fills
+    obj = {"metadata": {"namespace": "ns", "name": "a", "resourceVersion": "1", "uid": "u"}}
+    await p.distribute(Notification(kind=NotificationKind.ADD, obj=obj, is_in_initial_list=True,
+                                    key=ObjectKey("ns/a")), False)
+    b = {"metadata": {"namespace": "ns", "name": "b", "resourceVersion": "2", "uid": "v"}}
+    await p.distribute(Notification(kind=NotificationKind.ADD, obj=b, is_in_initial_list=True,
+                                    key=ObjectKey("ns/b")), False)  # degraded: no room, no spill
+    await p.distribute(Notification(kind=NotificationKind.DELETE, obj=b, key=ObjectKey("ns/b")), False)
+    assert lst.stats().degraded == 2
+    p.start()
+    await until(lambda: lst.depth == 0 and not lst.degraded, "drained")
+    assert lst.has_synced()
+    assert [c[:2] for c in rec.calls] == [("add", "ns/a"), ("delete", "ns/b")]
+    await p.shutdown(1)
