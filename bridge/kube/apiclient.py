@@ -554,20 +554,7 @@ class ApiClient:
             method, path, params=params, body=body, content_type=content_type, context=context,
             timeout=timeout,
         )
-        if not raw.strip():
-            return {}
-        try:
-            decoded = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise ApiStatusError(
-                f"{context or method + ' ' + path}: the server answered invalid JSON", code=200
-            ) from e
-        if not isinstance(decoded, dict):
-            raise ApiStatusError(
-                f"{context or method + ' ' + path}: expected a JSON object, got {type(decoded).__name__}",
-                code=200,
-            )
-        return decoded
+        return _json_object(raw, context or f"{method} {path}")
 
     async def get_negotiated(
         self, path: str, *, accept: str, context: str = ""
@@ -585,15 +572,7 @@ class ApiClient:
             raise ApiUnavailableError(f"{context}: connection broke while reading the answer") from e
         finally:
             response.release()
-        content_type = response.headers.get("Content-Type", "")
-        try:
-            decoded = orjson.loads(raw) if raw.strip() else {}
-        except orjson.JSONDecodeError as e:
-            raise ApiStatusError(f"{context}: the server answered invalid JSON", code=200) from e
-        if not isinstance(decoded, dict):
-            raise ApiStatusError(f"{context}: expected a JSON object, got {type(decoded).__name__}",
-                                 code=200)
-        return decoded, content_type
+        return _json_object(raw, context), response.headers.get("Content-Type", "")
 
     async def get_json(self, path: str, params: Params | None = None, *, context: str = "") -> dict[str, Any]:
         return await self.request("GET", path, params=params, context=context)
@@ -659,3 +638,16 @@ class ApiClient:
         finally:
             with contextlib.suppress(Exception):
                 await stream.close()
+
+
+def _json_object(raw: bytes, context: str) -> dict[str, Any]:
+    """The JSON object of a 2xx answer's body ({} for an empty one); anything else is an error."""
+    if not raw.strip():
+        return {}
+    try:
+        decoded = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise ApiStatusError(f"{context}: the server answered invalid JSON", code=200) from e
+    if not isinstance(decoded, dict):
+        raise ApiStatusError(f"{context}: expected a JSON object, got {type(decoded).__name__}", code=200)
+    return decoded
