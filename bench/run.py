@@ -344,7 +344,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gc-threshold", default="service",
                         help="the bridge's gc thresholds: 'service' (default: as the service configures "
                              "them), 'python' (the interpreter's defaults) or e.g. 50000,20,100")
+    parser.add_argument("--compare-ref", default="", metavar="REF",
+                        help="also run the chosen scenarios on git commit REF (a temporary worktree, "
+                             "its own code) and print both figures and their ratio")
     args = parser.parse_args(argv)
+    if args.compare_ref:
+        return _compare_main(args)
     configure_gc(args.gc_threshold)
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     only = [n.strip() for n in args.only.split(",") if n.strip()] or None
@@ -355,6 +360,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                       progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(table(summary))
     print(f"\nresults: {args.results_dir / 'all.json'}  ({summary['seconds']} s)")
+    return 0
+
+
+def _compare_main(args: argparse.Namespace) -> int:
+    from bench.compare import compare, compare_table
+
+    only = [n.strip() for n in args.only.split(",") if n.strip()] or list(SCENARIOS)
+    unknown = [n for n in only if n not in SCENARIOS]
+    if unknown:
+        print(f"unknown scenarios {unknown}; choose from {sorted(SCENARIOS)}", file=sys.stderr)
+        return 2
+    sinks = [s.strip() for s in args.sinks.split(",") if s.strip()] or None
+    report = compare(args.compare_ref, only, quick=args.quick, results_dir=args.results_dir, sinks=sinks,
+                     gc_threshold=args.gc_threshold, extra=["--profile"] if args.profile else [],
+                     progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(compare_table(report))
+    print(f"\nresults: {args.results_dir}/compare-*.json")
     return 0
 
 
