@@ -414,6 +414,11 @@ class AckProbe:
         """``time.perf_counter()`` of the first acknowledgement (start-up excluded from rates)."""
         self.outcomes: dict[str, int] = {}
         self.latencies: list[float] = []
+        self.final_after: int | None = None
+        """When set: acknowledgements of events of a resourceVersion above it are counted in
+        :attr:`final_acked` (a burst's last round: the bridge may coalesce earlier versions of an
+        object when its sink falls behind, never the latest)."""
+        self.final_acked = 0
         self._armed = False
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
@@ -427,7 +432,14 @@ class AckProbe:
 
     async def deliver(self, event: ChangeEvent, ack: AckCallback) -> None:
         stamp: str | None = None
-        if self._armed and event.obj is not None:
+        final = False
+        obj = event.obj
+        if self.final_after is not None and obj is not None:
+            rv = getattr(obj, "resource_version", None)
+            if rv is None:
+                rv = event.metadata.get("resourceVersion")
+            final = int(rv or 0) > self.final_after
+        if self._armed and obj is not None:
             annotations = event.metadata.get("annotations")
             if isinstance(annotations, Mapping):
                 stamp = annotations.get(STAMP_ANNOTATION)
@@ -438,6 +450,8 @@ class AckProbe:
             if self.first_ack_at is None:
                 self.first_ack_at = time.perf_counter()
             self.acked += 1
+            if final:
+                self.final_acked += 1
             self.outcomes[outcome.value] = self.outcomes.get(outcome.value, 0) + 1
             ack(outcome)
             if self._waiters:
@@ -448,7 +462,7 @@ class AckProbe:
     def _wake(self) -> None:
         keep = []
         for target, fut in self._waiters:
-            if self.acked >= target:
+            if (self.acked if target >= 0 else self.final_acked) >= abs(target):
                 if not fut.done():
                     fut.set_result(None)
             else:
@@ -461,6 +475,20 @@ class AckProbe:
             return True
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((count, fut))
+        try:
+            async with asyncio.timeout(timeout):
+                await fut
+        except TimeoutError:
+            return False
+        return True
+
+    async def wait_final(self, count: int, timeout: float) -> bool:
+        """True once ``count`` events above :attr:`final_after` were acknowledged; False after
+        ``timeout`` seconds."""
+        if self.final_acked >= count:
+            return True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((-count, fut))
         try:
             async with asyncio.timeout(timeout):
                 await fut
@@ -640,6 +668,14 @@ class BurstSetup:
     rv_before: int
     checkpoint: Checkpoint
     seconds_to_generate: float
+    rv_after: int = 0
+    """The store's resourceVersion after the burst: the last round's events are the ``pods``
+    highest versions up to it."""
+
+    @property
+    def last_round_after(self) -> int:
+        """Events of a resourceVersion above this are the burst's last round (one per Pod)."""
+        return self.rv_after - self.pods
 
 
 async def burst_setup(sim: SimProcess, *, pods: int, rounds: int,
@@ -653,7 +689,8 @@ async def burst_setup(sim: SimProcess, *, pods: int, rounds: int,
     cp = Checkpoint(informer_id=watched.informer_id, resource_version=str(burst["rv_before"]),
                     objects=index, written_at=time.time())
     return BurstSetup(pods=pods, events=int(burst["events"]), rv_before=int(burst["rv_before"]),
-                      checkpoint=cp, seconds_to_generate=float(burst["seconds"]))
+                      checkpoint=cp, seconds_to_generate=float(burst["seconds"]),
+                      rv_after=int(burst["rv_after"]))
 
 
 async def fetch_watch_objects(url: str, namespace: str, from_rv: int, count: int) -> list[dict[str, Any]]:

@@ -2,11 +2,13 @@
 one run, side by side.
 
 REF is checked out into a temporary git worktree (``git worktree add --detach``, removed afterwards).
-Each scenario runs twice, REF first then this tree, each time in a fresh ``python -m bench.run --only
-NAME`` process of this interpreter (this virtualenv: the same third-party packages) whose working
-directory and ``PYTHONPATH`` are that tree, so ``bridge``, ``sinks`` and ``bench`` — the scenario code
-too, as each commit had it — are imported from there (the harness checks it before running and
-records the paths). Alternating per scenario keeps a change in the machine's load from favouring one
+By default this tree's ``bench/`` replaces REF's there (``--ref-harness here``), so both sides run
+literally the same scenario code and only the project's code differs; ``--ref-harness own`` keeps
+REF's own harness. Each scenario runs twice, REF first then this tree, each time in a fresh
+``python -m bench.run --only NAME`` process of this interpreter (this virtualenv: the same
+third-party packages) whose working directory and ``PYTHONPATH`` are that tree, so ``bridge``,
+``sinks`` and ``bench`` are imported from there (the harness checks it before running and records
+the paths). Alternating per scenario keeps a change in the machine's load from favouring one
 side. The headline figures of each scenario (events/s, CPU µs per event from the process's CPU time,
 ratio to the raw client loop, p99, sync times, …) are paired and their ratio (this tree / REF) printed;
 everything is written to ``<results>/compare-<ref>.json`` and the table to ``compare-<ref>.txt``.
@@ -42,13 +44,19 @@ def _git(*args: str, cwd: Path = REPO_ROOT) -> str:
 
 
 @contextlib.contextmanager
-def ref_worktree(ref: str) -> Iterator[tuple[Path, str]]:
-    """REF checked out (detached) in a temporary worktree: yields (its directory, the full commit)."""
+def ref_worktree(ref: str, *, harness: str = "here") -> Iterator[tuple[Path, str]]:
+    """REF checked out (detached) in a temporary worktree: yields (its directory, the full commit).
+    With ``harness="here"`` its ``bench/`` is replaced by this tree's (results left out)."""
     sha = _git("rev-parse", "--verify", f"{ref}^{{commit}}")
     parent = Path(tempfile.mkdtemp(prefix="keb-ref-"))
     tree = parent / "tree"
     _git("worktree", "add", "--detach", "--force", str(tree), sha)
     try:
+        if harness == "here":
+            shutil.rmtree(tree / "bench", ignore_errors=True)
+            shutil.copytree(REPO_ROOT / "bench", tree / "bench",
+                            ignore=shutil.ignore_patterns("results", "__pycache__"))
+            (tree / "bench" / "results").mkdir()
         yield tree, sha
     finally:
         with contextlib.suppress(subprocess.CalledProcessError):
@@ -119,6 +127,8 @@ def headline(name: str, result: Mapping[str, Any]) -> dict[str, Figure]:
             if "error" in e:
                 continue
             out[f"{kind}: steady events/s"] = (float(e["steady_events_per_s"]), True)
+            if "steady_messages_per_s" in e:
+                out[f"{kind}: steady messages/s"] = (float(e["steady_messages_per_s"]), True)
             out[f"{kind}: raw client events/s"] = (float(e["ceiling_events_per_s"]), True)
             out[f"{kind}: ratio to raw client"] = (float(e["ratio_to_ceiling"]), True)
             if "cpu_us_per_event" in e:
@@ -172,7 +182,7 @@ def pair(name: str, ref_entry: Mapping[str, Any], here_entry: Mapping[str, Any])
 
 
 def compare_table(report: Mapping[str, Any]) -> str:
-    ref_label = f"{report['ref']} ({report['ref_commit'][:9]})"
+    ref_label = f"{report['ref']} ({report['ref_commit'][:9]}, {report.get('ref_harness', 'own')} harness)"
     here_label = f"this tree ({report['here_commit'][:9]}{'+' if report.get('here_dirty') else ''})"
     width = (46, 16, 16, 9)
     lines = [f"compare: {ref_label} vs {here_label}; quick={report['quick']}",
@@ -198,20 +208,21 @@ def compare_table(report: Mapping[str, Any]) -> str:
 
 def compare(ref: str, scenarios: Sequence[str], *, quick: bool, results_dir: Path,
             sinks: Sequence[str] | None = None, gc_threshold: str = "service",
-            extra: Sequence[str] = (), timeout: float = 3600.0,
+            extra: Sequence[str] = (), timeout: float = 3600.0, harness: str = "here",
             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Runs ``scenarios`` on REF and on this tree, alternating; writes and returns the report."""
     say = progress or (lambda _msg: None)
     here_tree = REPO_ROOT
     report: dict[str, Any] = {
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "ref": ref, "quick": quick, "sinks": list(sinks or []), "gc_threshold": gc_threshold,
+        "ref": ref, "ref_harness": harness, "quick": quick,
+        "sinks": list(sinks or []), "gc_threshold": gc_threshold,
         "here_commit": _git("rev-parse", "HEAD"),
         "here_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
         "scenarios": {},
     }
     safe_ref = "".join(c if c.isalnum() or c in "-_." else "_" for c in ref)
-    with ref_worktree(ref) as (ref_tree, sha):
+    with ref_worktree(ref, harness=harness) as (ref_tree, sha):
         report["ref_commit"] = sha
         report["imports"] = {"ref": check_imports(ref_tree), "here": check_imports(here_tree)}
         work = results_dir / f"compare-{safe_ref}"
