@@ -66,6 +66,8 @@ class Scenario:
     own: bool = True
     takes_sinks: bool = False
     brokers: bool = False
+    default: bool = True
+    """Part of a run without ``--only`` (the long scenario is not: it runs only when named)."""
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
@@ -80,6 +82,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("restart", "bench.bench_restart", own=False),
     Scenario("telemetry", "bench.bench_telemetry", own=False),
     Scenario("isolation", "bench.bench_isolation", own=False),
+    Scenario("long", "bench.bench_long", brokers=True, default=False),
 )}
 
 
@@ -102,7 +105,7 @@ def _profile_text(profile: cProfile.Profile, top: int = 40) -> str:
 
 
 def run_one(scenario: Scenario, *, quick: bool, results_dir: Path, sinks: Sequence[str] | None,
-            profile: bool) -> dict[str, Any]:
+            profile: bool, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Runs one scenario; never raises (a failure is recorded in the returned entry)."""
     entry: dict[str, Any] = {"module": f"{scenario.module}.{scenario.function}"}
     try:
@@ -115,6 +118,7 @@ def run_one(scenario: Scenario, *, quick: bool, results_dir: Path, sinks: Sequen
         kwargs["results_dir"] = results_dir
         if scenario.takes_sinks and sinks:
             kwargs["sinks"] = list(sinks)
+        kwargs.update(params or {})
     profiler = cProfile.Profile() if profile else None
     t0 = time.perf_counter()
     try:
@@ -248,6 +252,15 @@ def _rows(name: str, result: Mapping[str, Any]) -> list[tuple[str, str, str, str
             rows.append((f"memory: {variant} bytes/Pod ({e['objects']:,} cached)",
                          f"{e['rss_bytes_per_object']:,}",
                          f"raw JSON {e['raw_json_bytes_per_object']:,}", f"{e['ratio_to_raw_json']}x"))
+    elif name == "long":
+        rows.append((f"long: {result['rate']:,.0f}/s asked for {result['seconds']:.0f} s, achieved",
+                     f"{result['achieved_rate']:,}/s", f"{result['emitted']:,} emitted", ""))
+        rows.append(("long: fell behind its watch?", "yes" if result["fell_behind"] else "no",
+                     result["verdict"][:30], ""))
+        rows.append(("long: RSS first / max MiB",
+                     f"{result['rss_first_bytes'] / 2**20:.0f} / {result['rss_max_bytes'] / 2**20:.0f}",
+                     f"CPU {result['cpu_us_per_event']} µs/event", ""))
+        rows.append(("long: worst p99 lag over 1 s windows", f"{result['lag_p99_ms_max']:.1f} ms", "", ""))
     elif name == "telemetry":
         rows.append(("service telemetry per event (MeteredSink + counters), µs",
                      f"{result['metered_overhead_us_per_event']:.2f}",
@@ -302,10 +315,12 @@ def table(summary: Mapping[str, Any]) -> str:
 
 def run_all(*, quick: bool, only: Sequence[str] | None = None, profile: bool = False,
             results_dir: Path | None = None, sinks: Sequence[str] | None = None,
-            plots_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Runs the chosen scenarios (all by default), writes ``all.json`` and returns its content."""
+            plots_dir: Path | None = None, progress: Callable[[str], None] | None = None,
+            params: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """Runs the chosen scenarios (all but the long one by default), writes ``all.json`` and returns
+    its content. ``params``: extra keyword arguments per scenario name."""
     out_dir = results_dir or RESULTS_DIR
-    names = list(only) if only else list(SCENARIOS)
+    names = list(only) if only else [n for n, s in SCENARIOS.items() if s.default]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenarios {unknown}; choose from {sorted(SCENARIOS)}")
@@ -320,7 +335,8 @@ def run_all(*, quick: bool, only: Sequence[str] | None = None, profile: bool = F
     for name in names:
         if progress is not None:
             progress(f"running {name} …")
-        entry = run_one(SCENARIOS[name], quick=quick, results_dir=out_dir, sinks=sinks, profile=profile)
+        entry = run_one(SCENARIOS[name], quick=quick, results_dir=out_dir, sinks=sinks, profile=profile,
+                        params=(params or {}).get(name))
         summary["scenarios"][name] = entry
         if progress is not None:
             progress(f"  {name}: {entry['status']} in {entry.get('seconds', 0)} s")
@@ -351,6 +367,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gc-threshold", default="service",
                         help="the bridge's gc thresholds: 'service' (default: as the service configures "
                              "them), 'python' (the interpreter's defaults) or e.g. 50000,20,100")
+    parser.add_argument("--long-rate", type=float, default=None,
+                        help="the long scenario's events/s (default 10000; 1000 with --quick)")
+    parser.add_argument("--long-seconds", type=float, default=None,
+                        help="the long scenario's duration (default 600; 20 with --quick)")
     parser.add_argument("--compare-ref", default="", metavar="REF",
                         help="also run the chosen scenarios on git commit REF (a temporary worktree, "
                              "its own code) and print both figures and their ratio")
@@ -365,12 +385,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     only = [n.strip() for n in args.only.split(",") if n.strip()] or None
     sinks = [s.strip() for s in args.sinks.split(",") if s.strip()] or None
     plots_dir = None if args.no_plots else (args.plots_dir or (None if args.quick else DOCS_DIR))
+    long_params = {k: v for k, v in (("rate", args.long_rate), ("seconds", args.long_seconds))
+                   if v is not None}
     summary = run_all(quick=args.quick, only=only, profile=args.profile, results_dir=args.results_dir,
-                      sinks=sinks, plots_dir=plots_dir,
+                      sinks=sinks, plots_dir=plots_dir, params={"long": long_params},
                       progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(table(summary))
     print(f"\nresults: {args.results_dir / 'all.json'}  ({summary['seconds']} s)")
     return 0
+
+
+def _passed_on(args: argparse.Namespace) -> list[str]:
+    """The options each side's harness process gets besides the scenario and sizes."""
+    extra = ["--profile"] if args.profile else []
+    if args.long_rate is not None:
+        extra.append(f"--long-rate={args.long_rate}")
+    if args.long_seconds is not None:
+        extra.append(f"--long-seconds={args.long_seconds}")
+    return extra
 
 
 def _compare_main(args: argparse.Namespace) -> int:
@@ -389,7 +421,7 @@ def _compare_main(args: argparse.Namespace) -> int:
     sinks = [s.strip() for s in args.sinks.split(",") if s.strip()] or None
     report = compare(args.compare_ref, only, quick=args.quick, results_dir=args.results_dir, sinks=sinks,
                      gc_threshold=args.gc_threshold, harness=args.ref_harness,
-                     extra=["--profile"] if args.profile else [],
+                     extra=_passed_on(args),
                      progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(compare_table(report))
     print(f"\nresults: {args.results_dir}/compare-*.json")

@@ -57,6 +57,7 @@ from bridge.contracts import (
 from bridge.rawobject import object_identity
 
 __all__ = [
+    "CATCH_UP_TURNS",
     "MINIMUM_RESYNC_PERIOD",
     "TIME_SLICE",
     "ListenerStats",
@@ -69,6 +70,10 @@ __all__ = [
 TIME_SLICE = 0.002
 """Seconds a loop that works through a backlog (a listener's buffer, the informer's queue) may keep
 the event loop before it yields once: bounds the latency it adds to every other task."""
+
+CATCH_UP_TURNS = 4
+"""Turns of the event loop in a row without a finished handler call after which a listener with a
+full buffer is taken to be behind (its overflow spills); see :meth:`ProcessorListener.add`."""
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +241,8 @@ class ProcessorListener:
         self._coalesced = 0
         self._handler_errors = 0
         self._high_water = 0
+        self._handled = 0
+        """Handler calls finished (whatever their outcome): the worker's progress."""
         if self._replay:
             self._has_items.set()
 
@@ -305,19 +312,41 @@ class ProcessorListener:
 
         Never waits, except under BLOCK (which waits for room). Returns without queueing once the
         listener is closed.
+
+        Under the other policies a full buffer first gets turns of the event loop, one at a time,
+        as long as the worker keeps finishing handler calls (at most :data:`CATCH_UP_TURNS` turns
+        in a row without one): a listener that is draining — a burst, a sink a little slower than
+        the watch for a moment — catches up in memory instead of writing the overflow to its spill
+        and reading it back; one whose handler is stuck or slow (a sink that is down) costs its
+        siblings those few turns once, then the overflow spills and what follows goes after it
+        without any turn.
         """
         if self._closed:
             return
         self._received += 1
         policy = self.options.overflow_policy
+        buffer = self._buffer
+        capacity = self.options.buffer_capacity
         if policy is OverflowPolicy.BLOCK:
-            while len(self._buffer) >= self.options.buffer_capacity:
+            while len(buffer) >= capacity:
                 self._has_room.clear()
                 await self._has_room.wait()
                 if self._closed:
                     return
             self._push(notification)
             return
+        if len(buffer) >= capacity and not self._overflow and self._task is not None:
+            spill = self._spill
+            idle_turns = 0
+            # One turn of the loop at a time, while the worker keeps finishing handler calls; a
+            # few turns without any and the overflow goes to the spill as it would have at once.
+            while (len(buffer) >= capacity and idle_turns < CATCH_UP_TURNS
+                   and (spill is None or not len(spill))):
+                handled = self._handled
+                await asyncio.sleep(0)
+                if self._closed:
+                    return
+                idle_turns = 0 if self._handled != handled else idle_turns + 1
         self.offer(notification)
 
     def offer(self, n: Notification) -> None:
@@ -568,6 +597,7 @@ class ProcessorListener:
             ack()
         finally:
             self._busy = False
+            self._handled += 1
             if _is_initial_add(n):
                 self._initial_pending -= 1
 

@@ -221,3 +221,84 @@ async def test_a_degraded_initial_add_merged_into_a_delete_does_not_hold_has_syn
     assert lst.has_synced()
     assert [c[:2] for c in rec.calls] == [("add", "ns/a"), ("delete", "ns/b")]
     await p.shutdown(1)
+
+
+class Yielding:
+    """A NotificationHandler that is quick but not instant: every call gives the loop one turn (as a
+    sink handing the event to its client does), then acknowledges."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    async def handle(self, n: Notification, ack: Any) -> None:
+        await asyncio.sleep(0)
+        self.keys.append(str(n.key))
+        ack()
+
+
+async def test_a_burst_to_a_draining_listener_is_caught_up_in_memory_not_spilled(tmp_path: Path) -> None:
+    """Issue #18: a burst larger than the buffer, to a listener that keeps finishing its calls,
+    never touches the spill (writing it and reading it back made the never-wait path far slower
+    than the blocking one); order and completeness hold."""
+    spill = SegmentSpill(tmp_path / "spill", limit_bytes=10 << 20)
+    handler = Yielding()
+    processor = SharedProcessor(clock=FakeClock(), name="burst")
+    listener = ProcessorListener(handler=handler, options=ListenerOptions(
+        name="draining", buffer_capacity=8, overflow_policy=OverflowPolicy.SPILL, spill=spill),
+        clock=FakeClock(), name="draining")
+    processor.add_listener(listener)
+    processor.start()
+    try:
+        for i in range(500):
+            await processor.distribute(Notification(kind=NotificationKind.ADD, obj=cm(f"o{i}"),
+                                                    key=ObjectKey(f"ns/o{i}")), False)
+        await until(lambda: len(handler.keys) == 500, "all delivered")
+        assert handler.keys == [f"ns/o{i}" for i in range(500)]
+        stats = listener.stats()
+        assert stats.spilled == 0
+        assert stats.high_water <= 8
+    finally:
+        await processor.shutdown(2)
+
+
+async def test_a_stuck_listener_still_spills_after_a_few_turns_and_never_holds_the_producer(
+        tmp_path: Path) -> None:
+    """The catch-up turns end when the worker finishes nothing: a stuck listener's overflow spills
+    (after at most CATCH_UP_TURNS turns, once), and what follows goes to the spill with no turn."""
+    from bridge.informer.processor import CATCH_UP_TURNS
+
+    spill = SegmentSpill(tmp_path / "spill", limit_bytes=10 << 20)
+    gate = asyncio.Event()
+    stuck = RecordingHandler(gate=gate)
+    processor = SharedProcessor(clock=FakeClock(), name="stuck")
+    listener = ProcessorListener(handler=stuck, options=ListenerOptions(
+        name="stuck", buffer_capacity=4, overflow_policy=OverflowPolicy.SPILL, spill=spill),
+        clock=FakeClock(), name="stuck")
+    processor.add_listener(listener)
+    processor.start()
+    loop = asyncio.get_running_loop()
+    turns = 0
+
+    def count() -> None:
+        nonlocal turns
+        turns += 1
+        if not done:
+            loop.call_soon(count)
+
+    done = False
+    try:
+        await asyncio.sleep(0)
+        loop.call_soon(count)
+        for i in range(100):
+            await processor.distribute(Notification(kind=NotificationKind.ADD, obj=cm(f"o{i}"),
+                                                    key=ObjectKey(f"ns/o{i}")), False)
+        done = True
+        stats = listener.stats()
+        assert stats.spilled >= 100 - 4 - 1
+        assert turns <= CATCH_UP_TURNS + 2
+        gate.set()
+        await until(lambda: len(stuck.calls) == 100, "all delivered")
+        assert [c[1] for c in stuck.calls] == [f"ns/o{i}" for i in range(100)]
+    finally:
+        gate.set()
+        await processor.shutdown(2)
