@@ -58,6 +58,7 @@ from bridge.contracts import (
     TransformFunc,
 )
 from bridge.informer.store import meta_namespace_key_func
+from bridge.rawobject import RawObject
 
 __all__ = [
     "Delta",
@@ -135,6 +136,10 @@ class DeltaFIFO:
         self._queue: deque[_Entry] = deque()
         """Keys (each at most once, all in ``_items``) and markers, in pop order."""
         self._markers = 0
+        self._queued = 0
+        """Deltas in ``_items`` (all keys together)."""
+        self._queued_bytes = 0
+        """Their objects' JSON bytes (an estimate for objects not kept as bytes)."""
         self._in_flight: dict[ObjectKey, Deltas] = {}
         """Deltas popped and handed to ``process`` that has not returned yet."""
         self._populated = False
@@ -293,6 +298,8 @@ class DeltaFIFO:
         if self._initial_population_count > 0:
             self._initial_population_count -= 1
         deltas = self._items.pop(entry)
+        self._queued -= len(deltas)
+        self._queued_bytes -= sum(_size(d.object) for d in deltas)
         self._in_flight[entry] = deltas
         try:
             await process(deltas, is_in_initial_list)
@@ -331,6 +338,16 @@ class DeltaFIFO:
         """The number of queued keys (markers not counted)."""
         return len(self._items)
 
+    @property
+    def queued_deltas(self) -> int:
+        """Deltas queued, all keys together: the backlog between the watch and the informer."""
+        return self._queued
+
+    @property
+    def queued_bytes(self) -> int:
+        """The JSON size of the queued deltas' objects (see :func:`_size`)."""
+        return self._queued_bytes
+
     # ------------------------------------------------------------------ internals
 
     def _queue_action(
@@ -350,13 +367,18 @@ class DeltaFIFO:
             obj = self._transform(obj)
         delta = Delta(delta_type, obj)
         deltas = self._items.get(key)
+        self._queued += 1
+        self._queued_bytes += _size(obj)
         if deltas is None:
             self._items[key] = [delta]
             self._queue.append(key)
             self._changed.set()
             return
         deltas.append(delta)
-        _dedup_trailing_deletes(deltas)
+        removed = _dedup_trailing_deletes(deltas)
+        if removed is not None:
+            self._queued -= 1
+            self._queued_bytes -= _size(removed.object)
 
     def _consumer_keys(self) -> builtins.list[ObjectKey]:
         """Keys the consumer has, or is about to have once in-flight processing finishes."""
@@ -388,12 +410,23 @@ def _unwrap(obj: KubeObject | DeletedFinalStateUnknown) -> KubeObject:
     return obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj
 
 
-def _dedup_trailing_deletes(deltas: Deltas) -> None:
-    """Collapses two trailing ``Deleted`` deltas, keeping the one that is not a tombstone."""
+_ESTIMATED_SIZE = 1024
+"""Bytes counted for an object not kept as JSON bytes (a decoded dict, a tombstone)."""
+
+
+def _size(obj: KubeObject | DeletedFinalStateUnknown) -> int:
+    """An object's JSON size when it is a RawObject (its bytes), else an estimate."""
+    return len(obj.raw) if type(obj) is RawObject else _ESTIMATED_SIZE
+
+
+def _dedup_trailing_deletes(deltas: Deltas) -> Delta | None:
+    """Collapses two trailing ``Deleted`` deltas, keeping the one that is not a tombstone; returns
+    the one removed (None when nothing was collapsed)."""
     if len(deltas) < 2:
-        return
+        return None
     newer, older = deltas[-1], deltas[-2]
     if newer.type is not DeltaType.DELETED or older.type is not DeltaType.DELETED:
-        return
-    keep = newer if isinstance(older.object, DeletedFinalStateUnknown) else older
+        return None
+    keep, removed = (newer, older) if isinstance(older.object, DeletedFinalStateUnknown) else (older, newer)
     deltas[-2:] = [keep]
+    return removed

@@ -57,6 +57,7 @@ from bridge.contracts import (
 from bridge.rawobject import object_identity
 
 __all__ = [
+    "CATCH_UP_BYTES",
     "CATCH_UP_TURNS",
     "MINIMUM_RESYNC_PERIOD",
     "TIME_SLICE",
@@ -74,6 +75,10 @@ the event loop before it yields once: bounds the latency it adds to every other 
 CATCH_UP_TURNS = 4
 """Turns of the event loop in a row without a finished handler call after which a listener with a
 full buffer is taken to be behind (its overflow spills); see :meth:`ProcessorListener.add`."""
+
+CATCH_UP_BYTES = 32 << 20
+"""The most a listener catching up lets wait upstream of it (the JSON bytes of the changes in its
+informer's queue) before its overflow spills; see :meth:`ProcessorListener.add`."""
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +194,7 @@ class ProcessorListener:
         resync_period: float = 0.0,
         observer: DeliveryObserver | None = None,
         upstream_synced: Callable[[], bool] = lambda: True,
+        upstream_backlog: Callable[[], int] = lambda: 0,
         replay: Sequence[KubeObject] = (),
     ) -> None:
         if options.buffer_capacity < 1:
@@ -208,6 +214,7 @@ class ProcessorListener:
         self._clock = clock
         self._observer = observer
         self._upstream_synced = upstream_synced
+        self._upstream_backlog = upstream_backlog
         self.requested_resync_period = options.resync_period
         self.resync_period = resync_period
         self.next_resync = 0.0
@@ -319,7 +326,9 @@ class ProcessorListener:
         the watch for a moment — catches up in memory instead of writing the overflow to its spill
         and reading it back; one whose handler is stuck or slow (a sink that is down) costs its
         siblings those few turns once, then the overflow spills and what follows goes after it
-        without any turn.
+        without any turn. The turns also end once :data:`CATCH_UP_BYTES` of changes wait upstream
+        (``upstream_backlog``: the bytes in the informer's queue, which grows meanwhile): the
+        memory a burst takes stays bounded, and the rest spills as before.
         """
         if self._closed:
             return
@@ -341,7 +350,7 @@ class ProcessorListener:
             # One turn of the loop at a time, while the worker keeps finishing handler calls; a
             # few turns without any and the overflow goes to the spill as it would have at once.
             while (len(buffer) >= capacity and idle_turns < CATCH_UP_TURNS
-                   and (spill is None or not len(spill))):
+                   and (spill is None or not len(spill)) and self._upstream_backlog() < CATCH_UP_BYTES):
                 handled = self._handled
                 await asyncio.sleep(0)
                 if self._closed:

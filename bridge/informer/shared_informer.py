@@ -395,6 +395,7 @@ class SharedIndexInformer:
             resync_period=determine_resync_period(period, self._resync_check_period),
             observer=self._processor.observer,
             upstream_synced=self.has_synced,
+            upstream_backlog=self._upstream_backlog,
             replay=replay,
         )
         self._processor.add_listener(listener)
@@ -602,6 +603,12 @@ class SharedIndexInformer:
             Notification(kind=NotificationKind.UPDATE, obj=obj, old=old, is_resync=is_resync, key=key),
             is_resync,
         )
+
+    def _upstream_backlog(self) -> int:
+        """Bytes of the changes waiting in the queue between the watch and this informer's
+        processing."""
+        fifo = self._fifo
+        return fifo.queued_bytes if fifo is not None else 0
 
     async def _pop_loop(self) -> None:
         fifo = self._fifo

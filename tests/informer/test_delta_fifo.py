@@ -929,3 +929,29 @@ def test_markers_never_run_ahead_and_the_cache_converges(ops: list[tuple[Any, ..
     assert {k: world.cache.get_by_key(ObjectKey(k)) for k in world.cache.list_keys()} == world.server
     assert world.fifo.has_synced()
     assert world.markers_seen >= 1
+
+
+async def test_queued_deltas_and_bytes_follow_adds_pops_and_collapsed_deletes() -> None:
+    """The informer's queue reports its backlog (issue #18: a listener catching up stops at a
+    bound on it): deltas and their objects' JSON bytes, RawObjects counted by their bytes."""
+    from bridge.rawobject import RawObject
+
+    fifo = DeltaFIFO()
+    a1 = RawObject.from_dict({"metadata": {"name": "a", "namespace": "ns", "resourceVersion": "1"}})
+    a2 = RawObject.from_dict({"metadata": {"name": "a", "namespace": "ns", "resourceVersion": "2",
+                                           "labels": {"x": "y"}}})
+    fifo.add(a1)
+    fifo.update(a2)
+    assert fifo.queued_deltas == 2
+    assert fifo.queued_bytes == len(a1.raw) + len(a2.raw)
+    fifo.delete(a2)
+    fifo.delete(DeletedFinalStateUnknown(key="ns/a", obj=a2))  # collapsed with the previous delete
+    assert fifo.queued_deltas == 3
+    assert fifo.queued_bytes == len(a1.raw) + 2 * len(a2.raw)
+
+    async def process(_item: object, _initial: bool) -> None:
+        return None
+
+    await fifo.pop(process)
+    assert fifo.queued_deltas == 0
+    assert fifo.queued_bytes == 0

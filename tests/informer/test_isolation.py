@@ -302,3 +302,28 @@ async def test_a_stuck_listener_still_spills_after_a_few_turns_and_never_holds_t
     finally:
         gate.set()
         await processor.shutdown(2)
+
+
+async def test_catching_up_ends_when_the_informer_queue_holds_catch_up_bytes(tmp_path: Path) -> None:
+    """The memory a burst takes stays bounded: with CATCH_UP_BYTES waiting upstream, a full buffer
+    spills at once, even for a listener that is draining."""
+    from bridge.informer.processor import CATCH_UP_BYTES
+
+    backlog = [CATCH_UP_BYTES]
+    spill = SegmentSpill(tmp_path / "spill", limit_bytes=10 << 20)
+    handler = Yielding()
+    processor = SharedProcessor(clock=FakeClock(), name="bounded")
+    listener = ProcessorListener(handler=handler, options=ListenerOptions(
+        name="bounded", buffer_capacity=8, overflow_policy=OverflowPolicy.SPILL, spill=spill),
+        clock=FakeClock(), name="bounded", upstream_backlog=lambda: backlog[0])
+    processor.add_listener(listener)
+    processor.start()
+    try:
+        for i in range(200):
+            await processor.distribute(Notification(kind=NotificationKind.ADD, obj=cm(f"o{i}"),
+                                                    key=ObjectKey(f"ns/o{i}")), False)
+        assert listener.stats().spilled > 0
+        await until(lambda: len(handler.keys) == 200, "all delivered")
+        assert handler.keys == [f"ns/o{i}" for i in range(200)]
+    finally:
+        await processor.shutdown(2)
