@@ -310,7 +310,11 @@ async def _latency_one(sim: SimProcess, kind: str, rate: int, opts: E2EOptions, 
         sampler.start()
         try:
             sent = await sim.steady(rate, opts.latency_seconds)
-            done = await probe.wait_acked(base + int(sent["events"]), opts.timeout)
+            # Done when each Pod's last update arrived (the last ``pods`` versions): a sink that
+            # fell behind may have had earlier versions coalesced, never the latest.
+            last_rv = int(sent["rv"])
+            done = await probe.wait_rvs(last_rv - min(opts.latency_pods, int(sent["events"])) + 1, last_rv,
+                                        opts.timeout)
         finally:
             timeline = await sampler.stop()
     if not done:
@@ -322,6 +326,7 @@ async def _latency_one(sim: SimProcess, kind: str, rate: int, opts: E2EOptions, 
         "emit_seconds": round(float(sent["seconds"]), 3),
         "achieved_rate": round(int(sent["events"]) / max(1e-9, float(sent["seconds"]))),
         "simulator_late_ticks": sent["late_ticks"],
+        "acknowledged": probe.acked - base,
         **summarize_ms(latencies),
         "distribution_ms": quantile_points(latencies),
         "max_queue_depth": max((s["queue_depth"] for s in timeline), default=0),

@@ -419,12 +419,15 @@ class AckProbe:
         :attr:`final_acked` (a burst's last round: the bridge may coalesce earlier versions of an
         object when its sink falls behind, never the latest)."""
         self.final_acked = 0
+        self.acked_rvs: set[int] = set()
+        """resourceVersions of the objects of the events acknowledged since :meth:`arm`."""
         self._armed = False
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     def arm(self) -> None:
         """Starts recording latencies (and forgets earlier ones)."""
         self.latencies = []
+        self.acked_rvs = set()
         self._armed = True
 
     async def start(self) -> None:
@@ -434,11 +437,13 @@ class AckProbe:
         stamp: str | None = None
         final = False
         obj = event.obj
-        if self.final_after is not None and obj is not None:
+        rv_seen = 0
+        if (self.final_after is not None or self._armed) and obj is not None:
             rv = getattr(obj, "resource_version", None)
             if rv is None:
                 rv = event.metadata.get("resourceVersion")
-            final = int(rv or 0) > self.final_after
+            rv_seen = int(rv or 0)
+            final = self.final_after is not None and rv_seen > self.final_after
         if self._armed and obj is not None:
             annotations = event.metadata.get("annotations")
             if isinstance(annotations, Mapping):
@@ -447,6 +452,8 @@ class AckProbe:
         def probe_ack(outcome: DeliveryOutcome) -> None:
             if stamp is not None:
                 self.latencies.append(time.time() - float(stamp))
+            if rv_seen and self._armed:
+                self.acked_rvs.add(rv_seen)
             if self.first_ack_at is None:
                 self.first_ack_at = time.perf_counter()
             self.acked += 1
@@ -495,6 +502,20 @@ class AckProbe:
         except TimeoutError:
             return False
         return True
+
+    async def wait_rvs(self, first: int, last: int, timeout: float) -> bool:
+        """True once events of every resourceVersion in ``first..last`` were acknowledged (since
+        :meth:`arm`); False after ``timeout`` seconds. The latest change of each object is always
+        delivered, whatever a sink that fell behind coalesced before it."""
+        deadline = time.monotonic() + timeout
+        wanted = range(first, last + 1)
+        while True:
+            rvs = self.acked_rvs
+            if all(rv in rvs for rv in wanted):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.01)
 
     async def flush(self, timeout: float) -> bool:
         return await self.inner.flush(timeout)

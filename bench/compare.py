@@ -21,6 +21,7 @@ import datetime
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -88,6 +89,18 @@ def check_imports(tree: Path) -> dict[str, str]:
     return paths
 
 
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """Terminates ``proc``'s process group (then kills what is left after 5 s)."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def _run_side(tree: Path, scenario: str, out_dir: Path, *, quick: bool, sinks: Sequence[str] | None,
               gc_threshold: str, extra: Sequence[str], timeout: float) -> dict[str, Any]:
     """One scenario in a fresh harness process of ``tree``; its ``all.json`` entry for it."""
@@ -99,13 +112,20 @@ def _run_side(tree: Path, scenario: str, out_dir: Path, *, quick: bool, sinks: S
     if sinks:
         cmd += ["--sinks", ",".join(sinks)]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=tree, env=_env(tree), capture_output=True, text=True, check=False,
-                          timeout=timeout)
+    # Its own process group: a timeout or an interrupted comparison ends the harness together with
+    # the brokers and the simulator it started.
+    proc = subprocess.Popen(cmd, cwd=tree, env=_env(tree), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        _out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        _kill_group(proc)
+        raise
     seconds = round(time.perf_counter() - t0, 1)
     summary_path = out_dir / "all.json"
     if proc.returncode != 0 or not summary_path.exists():
         return {"status": "failed", "seconds": seconds,
-                "error": f"exit {proc.returncode}: {proc.stderr[-1500:]}"}
+                "error": f"exit {proc.returncode}: {err[-1500:]}"}
     summary = json.loads(summary_path.read_text())
     entry: dict[str, Any] = summary["scenarios"].get(scenario, {"status": "missing"})
     entry["process_seconds"] = seconds

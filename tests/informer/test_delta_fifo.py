@@ -945,7 +945,7 @@ async def test_queued_deltas_and_bytes_follow_adds_pops_and_collapsed_deletes() 
     assert fifo.queued_deltas == 2
     assert fifo.queued_bytes == len(a1.raw) + len(a2.raw)
     fifo.delete(a2)
-    fifo.delete(DeletedFinalStateUnknown(key="ns/a", obj=a2))  # collapsed with the previous delete
+    fifo.delete(DeletedFinalStateUnknown(key=ObjectKey("ns/a"), obj=a2))  # collapsed with the previous delete
     assert fifo.queued_deltas == 3
     assert fifo.queued_bytes == len(a1.raw) + 2 * len(a2.raw)
 
