@@ -8,7 +8,9 @@ REF's own harness. Each scenario runs twice, REF first then this tree, each time
 ``python -m bench.run --only NAME`` process of this interpreter (this virtualenv: the same
 third-party packages) whose working directory and ``PYTHONPATH`` are that tree, so ``bridge``,
 ``sinks`` and ``bench`` are imported from there (the harness checks it before running and records
-the paths). Alternating per scenario keeps a change in the machine's load from favouring one
+the paths). This tree runs from a snapshot too (``git stash create``: HEAD plus the uncommitted
+changes of tracked files, in a second temporary worktree), so editing files while a long comparison
+runs changes neither side. Alternating per scenario keeps a change in the machine's load from favouring one
 side. The headline figures of each scenario (events/s, CPU µs per event from the process's CPU time,
 ratio to the raw client loop, p99, sync times, …) are paired and their ratio (this tree / REF) printed;
 everything is written to ``<results>/compare-<ref>.json`` and the table to ``compare-<ref>.txt``.
@@ -232,17 +234,18 @@ def compare(ref: str, scenarios: Sequence[str], *, quick: bool, results_dir: Pat
             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Runs ``scenarios`` on REF and on this tree, alternating; writes and returns the report."""
     say = progress or (lambda _msg: None)
-    here_tree = REPO_ROOT
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    here_commit = (_git("stash", "create") if dirty else "") or _git("rev-parse", "HEAD")
     report: dict[str, Any] = {
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "ref": ref, "ref_harness": harness, "quick": quick,
         "sinks": list(sinks or []), "gc_threshold": gc_threshold,
-        "here_commit": _git("rev-parse", "HEAD"),
-        "here_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "here_commit": _git("rev-parse", "HEAD"), "here_dirty": dirty, "here_snapshot": here_commit,
         "scenarios": {},
     }
     safe_ref = "".join(c if c.isalnum() or c in "-_." else "_" for c in ref)
-    with ref_worktree(ref, harness=harness) as (ref_tree, sha):
+    with ref_worktree(ref, harness=harness) as (ref_tree, sha), \
+            ref_worktree(here_commit, harness="own") as (here_tree, _):
         report["ref_commit"] = sha
         report["imports"] = {"ref": check_imports(ref_tree), "here": check_imports(here_tree)}
         work = results_dir / f"compare-{safe_ref}"
