@@ -179,6 +179,8 @@ def headline(name: str, result: Mapping[str, Any]) -> dict[str, Figure]:
         for variant, e in result.get("variants", {}).items():
             if "rss_bytes_per_object" in e:
                 out[f"{variant}: bytes/object"] = (float(e["rss_bytes_per_object"]), False)
+    elif name == "telemetry":
+        out["telemetry µs per event"] = (float(result["metered_overhead_us_per_event"]), False)
     elif name == "long":
         for key in ("cpu_us_per_event", "events_per_s"):
             if key in result:

@@ -46,6 +46,9 @@ def test_quick_harness_completes_with_sane_figures(tmp_path: Path) -> None:
     assert set(thr["sinks"]) == {"file"}
     file_entry = thr["sinks"]["file"]
     assert file_entry["outcomes"] == {"delivered": QUICK_BURST_EVENTS}
+    assert file_entry["delivered_messages"] == QUICK_BURST_EVENTS
+    assert file_entry["coalesced"] == 0
+    assert file_entry["steady_messages_per_s"] > 0
     assert file_entry["events_per_s"] > 0
     assert file_entry["steady_events_per_s"] > 0
     assert 0 < file_entry["startup_seconds"] < file_entry["seconds"]
