@@ -48,9 +48,11 @@ def test_compare_ref_runs_both_trees_and_reports_their_ratio(tmp_path: Path) -> 
 
     # The figure is paired, with its ratio, in the JSON and in the printed table.
     (row,) = block["rows"]
-    assert row["ref"] > 0 and row["here"] > 0
+    assert row["ref"] > 0
+    assert row["here"] > 0
     assert row["ratio"] == round(row["here"] / row["ref"], 3)
     assert row["figure"] in proc.stdout
     assert (tmp_path / "compare-HEAD.txt").read_text().strip() in proc.stdout
     after = _worktrees()
-    assert str(ref_root) not in after and str(here_root) not in after
+    assert str(ref_root) not in after
+    assert str(here_root) not in after
