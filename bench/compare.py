@@ -170,8 +170,15 @@ def headline(name: str, result: Mapping[str, Any]) -> dict[str, Figure]:
         for policy in ("spill", "block"):
             if policy in cost:
                 out[f"burst changes/s ({policy})"] = (float(cost[policy]["changes_per_second"]), True)
+        for policy in ("spill", "block"):
+            if "cpu_us_per_change" in cost.get(policy, {}):
+                out[f"CPU µs per change ({policy})"] = (float(cost[policy]["cpu_us_per_change"]), False)
+            if "spilled" in cost.get(policy, {}):
+                out[f"changes spilled ({policy})"] = (float(cost[policy]["spilled"]), False)
         if "spill_vs_block" in cost:
-            out["never-wait vs blocking path"] = (float(cost["spill_vs_block"]), True)
+            out["never-wait vs blocking path (rate)"] = (float(cost["spill_vs_block"]), True)
+        if "cpu_spill_vs_block" in cost:
+            out["never-wait vs blocking path (CPU)"] = (float(cost["cpu_spill_vs_block"]), False)
     elif name == "naive":
         out["bridge events/s"] = (float(result["bridge"]["events_per_s"]), True)
         out["ratio to the naive client"] = (float(result["ratio"]), True)
