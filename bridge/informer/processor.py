@@ -194,7 +194,7 @@ class ProcessorListener:
         resync_period: float = 0.0,
         observer: DeliveryObserver | None = None,
         upstream_synced: Callable[[], bool] = lambda: True,
-        upstream_backlog: Callable[[], int] = lambda: 0,
+        may_catch_up: Callable[[ProcessorListener], bool] = lambda _listener: True,
         replay: Sequence[KubeObject] = (),
     ) -> None:
         if options.buffer_capacity < 1:
@@ -214,7 +214,7 @@ class ProcessorListener:
         self._clock = clock
         self._observer = observer
         self._upstream_synced = upstream_synced
-        self._upstream_backlog = upstream_backlog
+        self._may_catch_up = may_catch_up
         self.requested_resync_period = options.resync_period
         self.resync_period = resync_period
         self.next_resync = 0.0
@@ -326,9 +326,11 @@ class ProcessorListener:
         the watch for a moment — catches up in memory instead of writing the overflow to its spill
         and reading it back; one whose handler is stuck or slow (a sink that is down) costs its
         siblings those few turns once, then the overflow spills and what follows goes after it
-        without any turn. The turns also end once :data:`CATCH_UP_BYTES` of changes wait upstream
-        (``upstream_backlog``: the bytes in the informer's queue, which grows meanwhile): the
-        memory a burst takes stays bounded, and the rest spills as before.
+        without any turn. ``may_catch_up`` (asked before every turn) lets the owner end them: the
+        informer allows them only while each of its other listeners has work of its own (holding
+        the informer then costs none of them anything: a burst that outruns every sink) and while
+        less than :data:`CATCH_UP_BYTES` of changes wait in its queue; one sink slower than the
+        others spills, and its siblings keep their pace.
         """
         if self._closed:
             return
@@ -350,7 +352,7 @@ class ProcessorListener:
             # One turn of the loop at a time, while the worker keeps finishing handler calls; a
             # few turns without any and the overflow goes to the spill as it would have at once.
             while (len(buffer) >= capacity and idle_turns < CATCH_UP_TURNS
-                   and (spill is None or not len(spill)) and self._upstream_backlog() < CATCH_UP_BYTES):
+                   and (spill is None or not len(spill)) and self._may_catch_up(self)):
                 handled = self._handled
                 await asyncio.sleep(0)
                 if self._closed:
@@ -774,6 +776,11 @@ class SharedProcessor:
             self._observer.dispatched(notification, [listener.name for listener in targets])
         for listener in targets:
             await listener.add(notification)
+
+    def others_have_work(self, listener: ProcessorListener) -> bool:
+        """True when every listener but ``listener`` has notifications waiting (none of them would
+        be kept idle by the informer waiting a loop turn for ``listener``)."""
+        return all(other is listener or other.depth for other in self._listeners)
 
     def progress(self, resource_version: str) -> None:
         """Reports that every notification numbered so far reflects changes up to this RV."""

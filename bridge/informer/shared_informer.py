@@ -78,6 +78,7 @@ from bridge.informer.delta_fifo import (
 )
 from bridge.informer.listers import Lister
 from bridge.informer.processor import (
+    CATCH_UP_BYTES,
     MINIMUM_RESYNC_PERIOD,
     TIME_SLICE,
     ListenerStats,
@@ -395,7 +396,7 @@ class SharedIndexInformer:
             resync_period=determine_resync_period(period, self._resync_check_period),
             observer=self._processor.observer,
             upstream_synced=self.has_synced,
-            upstream_backlog=self._upstream_backlog,
+            may_catch_up=self._may_catch_up,
             replay=replay,
         )
         self._processor.add_listener(listener)
@@ -604,11 +605,14 @@ class SharedIndexInformer:
             is_resync,
         )
 
-    def _upstream_backlog(self) -> int:
-        """Bytes of the changes waiting in the queue between the watch and this informer's
-        processing."""
+    def _may_catch_up(self, listener: ProcessorListener) -> bool:
+        """Whether a listener with a full buffer may hold this informer for another loop turn
+        (:meth:`ProcessorListener.add`): only while each other listener has work of its own and
+        less than ``CATCH_UP_BYTES`` of changes wait in the queue."""
         fifo = self._fifo
-        return fifo.queued_bytes if fifo is not None else 0
+        if fifo is not None and fifo.queued_bytes >= CATCH_UP_BYTES:
+            return False
+        return self._processor.others_have_work(listener)
 
     async def _pop_loop(self) -> None:
         fifo = self._fifo

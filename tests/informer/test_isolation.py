@@ -304,18 +304,21 @@ async def test_a_stuck_listener_still_spills_after_a_few_turns_and_never_holds_t
         await processor.shutdown(2)
 
 
-async def test_catching_up_ends_when_the_informer_queue_holds_catch_up_bytes(tmp_path: Path) -> None:
-    """The memory a burst takes stays bounded: with CATCH_UP_BYTES waiting upstream, a full buffer
-    spills at once, even for a listener that is draining."""
-    from bridge.informer.processor import CATCH_UP_BYTES
+async def test_catching_up_ends_when_its_owner_says_so(tmp_path: Path) -> None:
+    """``may_catch_up`` is asked before every turn: refused, a full buffer spills at once, even for
+    a listener that is draining."""
+    asked: list[str] = []
 
-    backlog = [CATCH_UP_BYTES]
+    def refuse(listener: ProcessorListener) -> bool:
+        asked.append(listener.name)
+        return False
+
     spill = SegmentSpill(tmp_path / "spill", limit_bytes=10 << 20)
     handler = Yielding()
     processor = SharedProcessor(clock=FakeClock(), name="bounded")
     listener = ProcessorListener(handler=handler, options=ListenerOptions(
         name="bounded", buffer_capacity=8, overflow_policy=OverflowPolicy.SPILL, spill=spill),
-        clock=FakeClock(), name="bounded", upstream_backlog=lambda: backlog[0])
+        clock=FakeClock(), name="bounded", may_catch_up=refuse)
     processor.add_listener(listener)
     processor.start()
     try:
@@ -323,7 +326,101 @@ async def test_catching_up_ends_when_the_informer_queue_holds_catch_up_bytes(tmp
             await processor.distribute(Notification(kind=NotificationKind.ADD, obj=cm(f"o{i}"),
                                                     key=ObjectKey(f"ns/o{i}")), False)
         assert listener.stats().spilled > 0
+        assert set(asked) == {"bounded"}
         await until(lambda: len(handler.keys) == 200, "all delivered")
         assert handler.keys == [f"ns/o{i}" for i in range(200)]
     finally:
         await processor.shutdown(2)
+
+
+class Slow:
+    """A NotificationHandler that keeps finishing its calls, but slower than its sibling: three
+    turns of the loop per call (a sink slower than the watch, not down)."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    async def handle(self, n: Notification, ack: Any) -> None:
+        for _ in range(3):
+            await asyncio.sleep(0)
+        self.keys.append(str(n.key))
+        ack()
+
+
+async def test_two_quick_listeners_take_a_burst_in_memory_and_a_slow_one_spills_alone(
+        source: FakeControllerSource, tmp_path: Path) -> None:
+    """Through a real informer: a burst that outruns two quick listeners is caught up in memory
+    (nothing spilled); a listener slower than its sibling gets no catch-up turns while the sibling
+    is idle, so the sibling keeps its pace (section 7b of the delivery contract) and the slow one's
+    overflow spills, arriving complete and in order."""
+    informer = SharedIndexInformer(lister_watcher=source, clock=FakeClock(), name="cm")
+    quick = [Yielding(), Yielding()]
+    regs = [informer.add_event_handler(h, ListenerOptions(
+        name=f"quick{i}", buffer_capacity=16,
+        spill=SegmentSpill(tmp_path / f"q{i}", limit_bytes=10 << 20))) for i, h in enumerate(quick)]
+    task = await _run(informer)
+    try:
+        assert await informer.wait_for_cache_sync(5)
+        for i in range(600):
+            if i < 50:
+                source.add(cm(f"o{i}"))
+            else:
+                source.modify(cm(f"o{i % 50}", v=str(i)))
+        await until(lambda: all(len(h.keys) == 600 for h in quick), "burst delivered", rounds=200000)
+        assert [r.stats().spilled for r in regs] == [0, 0]
+    finally:
+        await informer.shutdown(2)
+        await task
+
+    source2 = FakeControllerSource()
+    informer = SharedIndexInformer(lister_watcher=source2, clock=FakeClock(), name="cm2")
+    slow, fast = Slow(), Kinds()
+    slow_reg = informer.add_event_handler(slow, ListenerOptions(
+        name="slow", buffer_capacity=16, spill=SegmentSpill(tmp_path / "slow", limit_bytes=10 << 20)))
+    informer.add_event_handler(fast, ListenerOptions(name="fast", buffer_capacity=16))
+    task = await _run(informer)
+    try:
+        assert await informer.wait_for_cache_sync(5)
+        for i in range(300):
+            if i < 50:
+                source2.add(cm(f"s{i}"))
+            else:
+                source2.modify(cm(f"s{i % 50}", v=str(i)))
+            if i % 10 == 9:
+                await asyncio.sleep(0)
+        await until(lambda: len(fast.seen) == 300, "the quick sibling got everything", rounds=200000)
+        assert len(slow.keys) < 150  # the quick one did not wait for the slow one
+        assert slow_reg.stats().spilled > 0
+        await until(lambda: len(slow.keys) == 300, "the slow one got everything", rounds=2_000_000)
+        assert slow.keys == [k for _, k in fast.seen]
+    finally:
+        await informer.shutdown(2)
+        await task
+
+
+async def test_catching_up_stops_once_catch_up_bytes_wait_in_the_informer_queue(
+        source: FakeControllerSource, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory a burst takes stays bounded: past CATCH_UP_BYTES queued in the informer's
+    DeltaFIFO (here lowered to one ConfigMap's worth), the quick listeners' overflow spills."""
+    import bridge.informer.shared_informer as shared_informer
+
+    monkeypatch.setattr(shared_informer, "CATCH_UP_BYTES", 1)
+    informer = SharedIndexInformer(lister_watcher=source, clock=FakeClock(), name="cm")
+    quick = [Yielding(), Yielding()]
+    regs = [informer.add_event_handler(h, ListenerOptions(
+        name=f"quick{i}", buffer_capacity=16,
+        spill=SegmentSpill(tmp_path / f"q{i}", limit_bytes=10 << 20))) for i, h in enumerate(quick)]
+    task = await _run(informer)
+    try:
+        assert await informer.wait_for_cache_sync(5)
+        for i in range(600):
+            if i < 50:
+                source.add(cm(f"o{i}"))
+            else:
+                source.modify(cm(f"o{i % 50}", v=str(i)))
+        await until(lambda: all(len(h.keys) == 600 for h in quick), "burst delivered", rounds=200000)
+        assert all(r.stats().spilled > 0 for r in regs)
+        assert quick[0].keys == quick[1].keys
+    finally:
+        await informer.shutdown(2)
+        await task
