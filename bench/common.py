@@ -24,7 +24,9 @@ import json
 import os
 import platform
 import random
+import shutil
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -597,7 +599,9 @@ async def bridge_pipeline(url: str, sinks: Sequence[Sink], *, namespace: str,
                           page_size: int = 500,
                           compact_cache: bool = True,
                           checkpoint_dir: Path | None = None,
-                          checkpoint_namespace: str | None = None) -> AsyncIterator[BridgePipeline]:
+                          checkpoint_namespace: str | None = None,
+                          spill_directory: Path | None = None,
+                          spill: bool = True) -> AsyncIterator[BridgePipeline]:
     """The real pipeline over HTTP for the Pods of ``namespace``, started; shut down on exit.
     With ``checkpoint`` it resumes from there (watch from its resourceVersion, no list).
     ``compact_cache`` mirrors the service's ``cache.compact`` (on by default). ``checkpoint_dir``:
@@ -605,7 +609,9 @@ async def bridge_pipeline(url: str, sinks: Sequence[Sink], *, namespace: str,
     a new object's first event is released), checkpointing every 5 s as the service does by
     default; ``checkpoint_namespace``: the configmap store instead, its ConfigMaps (and journal
     ConfigMap, one API write per group commit) in that namespace of the simulator; otherwise an
-    in-memory store that never writes during the run."""
+    in-memory store that never writes during the run. The sinks spill beyond their buffers as the
+    service's do by default: into ``spill_directory``, or a temporary directory removed afterwards;
+    ``spill=False``: no spill (a sink that falls behind degrades at once)."""
     client = ApiClient(server=url)
     clock = RealClock()
     store: CheckpointStore
@@ -616,6 +622,10 @@ async def bridge_pipeline(url: str, sinks: Sequence[Sink], *, namespace: str,
     else:
         store = MemoryCheckpointStore(checkpoint)
     persistent = checkpoint_dir is not None or checkpoint_namespace is not None
+    temp_spill: str | None = None
+    if spill and spill_directory is None:
+        temp_spill = tempfile.mkdtemp(prefix="keb-bench-spill-")
+        spill_directory = Path(temp_spill)
     pipeline = BridgePipeline(
         resources=[watched_pods(namespace)],
         sinks=sinks,
@@ -624,6 +634,7 @@ async def bridge_pipeline(url: str, sinks: Sequence[Sink], *, namespace: str,
                                              compact_cache=compact_cache),
         checkpoint_interval=5.0 if persistent else 3600.0,
         clock=clock,
+        spill_directory=spill_directory if spill else None,
     )
     try:
         await pipeline.start()
@@ -633,6 +644,8 @@ async def bridge_pipeline(url: str, sinks: Sequence[Sink], *, namespace: str,
             await pipeline.shutdown(deadline=15.0)
         finally:
             await client.close()
+            if temp_spill is not None:
+                shutil.rmtree(temp_spill, ignore_errors=True)
 
 
 def freeze_after_sync() -> None:

@@ -320,17 +320,19 @@ class ProcessorListener:
         Never waits, except under BLOCK (which waits for room). Returns without queueing once the
         listener is closed.
 
-        Under the other policies a full buffer first gets turns of the event loop, one at a time,
-        as long as the worker keeps finishing handler calls (at most :data:`CATCH_UP_TURNS` turns
-        in a row without one): a listener that is draining — a burst, a sink a little slower than
-        the watch for a moment — catches up in memory instead of writing the overflow to its spill
-        and reading it back; one whose handler is stuck or slow (a sink that is down) costs its
-        siblings those few turns once, then the overflow spills and what follows goes after it
-        without any turn. ``may_catch_up`` (asked before every turn) lets the owner end them: the
-        informer allows them only while each of its other listeners has work of its own (holding
-        the informer then costs none of them anything: a burst that outruns every sink) and while
-        less than :data:`CATCH_UP_BYTES` of changes wait in its queue; one sink slower than the
-        others spills, and its siblings keep their pace.
+        Under the other policies a full buffer of a listener with a spill first gets turns of the
+        event loop, one at a time, as long as the worker keeps finishing handler calls (at most
+        :data:`CATCH_UP_TURNS` turns in a row without one): a listener that is draining — a burst,
+        a sink a little slower than the watch for a moment — catches up in memory instead of
+        writing the overflow to its spill and reading it back; one whose handler is stuck or slow
+        (a sink that is down) costs its siblings those few turns once, then the overflow spills and
+        what follows goes after it without any turn. ``may_catch_up`` (asked before every turn)
+        lets the owner end them: the informer allows them only while each of its other listeners
+        has work of its own (holding the informer then costs none of them anything: a burst that
+        outruns every sink) and while less than :data:`CATCH_UP_BYTES` of changes wait in its
+        queue; one sink slower than the others spills, and its siblings keep their pace. A
+        listener without a spill degrades at once, as before (holding the informer first only
+        delayed that: measured, a sustained overload then delivered less).
         """
         if self._closed:
             return
@@ -346,13 +348,13 @@ class ProcessorListener:
                     return
             self._push(notification)
             return
-        if len(buffer) >= capacity and not self._overflow and self._task is not None:
-            spill = self._spill
+        spill = self._spill
+        if len(buffer) >= capacity and spill is not None and not self._overflow and self._task is not None:
             idle_turns = 0
             # One turn of the loop at a time, while the worker keeps finishing handler calls; a
             # few turns without any and the overflow goes to the spill as it would have at once.
             while (len(buffer) >= capacity and idle_turns < CATCH_UP_TURNS
-                   and (spill is None or not len(spill)) and self._may_catch_up(self)):
+                   and not len(spill) and self._may_catch_up(self)):
                 handled = self._handled
                 await asyncio.sleep(0)
                 if self._closed:

@@ -304,6 +304,26 @@ async def test_a_stuck_listener_still_spills_after_a_few_turns_and_never_holds_t
         await processor.shutdown(2)
 
 
+async def test_without_a_spill_a_full_buffer_degrades_at_once() -> None:
+    """Catching up replaces spilling, never degrading: a listener without a spill keeps the latest
+    state per object as soon as its buffer is full, even while it is draining (holding the
+    informer first only delayed that, and a sustained overload then delivered less)."""
+    handler = Yielding()
+    processor = SharedProcessor(clock=FakeClock(), name="nospill")
+    listener = ProcessorListener(handler=handler, options=ListenerOptions(
+        name="nospill", buffer_capacity=8, overflow_policy=OverflowPolicy.SPILL),
+        clock=FakeClock(), name="nospill")
+    processor.add_listener(listener)
+    processor.start()
+    try:
+        for i in range(200):
+            await processor.distribute(Notification(kind=NotificationKind.ADD, obj=cm(f"o{i % 20}", v=str(i)),
+                                                    key=ObjectKey(f"ns/o{i % 20}")), False)
+        assert listener.stats().degraded > 0
+    finally:
+        await processor.shutdown(2)
+
+
 async def test_catching_up_ends_when_its_owner_says_so(tmp_path: Path) -> None:
     """``may_catch_up`` is asked before every turn: refused, a full buffer spills at once, even for
     a listener that is draining."""
@@ -377,7 +397,8 @@ async def test_two_quick_listeners_take_a_burst_in_memory_and_a_slow_one_spills_
     slow, fast = Slow(), Kinds()
     slow_reg = informer.add_event_handler(slow, ListenerOptions(
         name="slow", buffer_capacity=16, spill=SegmentSpill(tmp_path / "slow", limit_bytes=10 << 20)))
-    informer.add_event_handler(fast, ListenerOptions(name="fast", buffer_capacity=16))
+    informer.add_event_handler(fast, ListenerOptions(
+        name="fast", buffer_capacity=16, spill=SegmentSpill(tmp_path / "fast", limit_bytes=10 << 20)))
     task = await _run(informer)
     try:
         assert await informer.wait_for_cache_sync(5)
