@@ -106,7 +106,7 @@ def infrastructure(workdir: Path) -> Iterator[Infra]:
                 raise RuntimeError("the simulator did not start")
             if "simulator listening on" in line:
                 url = line.strip().rsplit(" ", 1)[-1]
-        with running_tansu() as tansu, running_nats() as nats:
+        with running_tansu() as tansu, running_nats("-l", str(workdir / "nats.log")) as nats:
             yield Infra(sim_url=url, kubeconfig=kubeconfig, tansu=tansu, nats=nats)
     finally:
         sim.terminate()
@@ -476,7 +476,13 @@ async def _verify_all(infra: Infra, tag: str, ns: str, work: Path, churn: Churn,
         "file": await asyncio.to_thread(read_file, work / "events.jsonl"),
     }
     reports: dict[str, VerifyReport] = {}
+    # What each sink held, as read back (kept with the work files, for a post-mortem).
+    with (work / "produced.jsonl").open("wb") as fh:
+        fh.writelines(orjson.dumps(c) + b"\n" for c in churn.produced)
     for name, contents in sinks.items():
+        with (work / f"readback-{name}.jsonl").open("wb") as fh:
+            fh.writelines(orjson.dumps({"at": e.position, "ce": e.ce}, default=str) + b"\n"
+                          for e in contents.events)
         report = verify(sink=contents.description, events=contents.events, cluster=cluster,
                         cluster_name=CLUSTER, undecodable=contents.undecodable, strict=True)
         reports[name] = report
@@ -524,7 +530,10 @@ async def _main(args: argparse.Namespace) -> int:
     if failed:
         print(f"failing seeds: {' '.join(map(str, failed))} (work files kept in {workdir})")
         return 1
-    shutil.rmtree(workdir, ignore_errors=True)
+    if args.keep:
+        print(f"work files kept in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
     print(f"{len(seeds)} passed, 0 failed")
     return 0
 
@@ -539,6 +548,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--faults", help="comma-separated fault kinds to draw from, to bisect a failure "
                                     f"(default: all of {','.join(FAULTS)})")
     p.add_argument("--verbose", action="store_true", help="print each fault as it is injected")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the work files (logs, sink contents, nats-server log) of passing seeds too")
     args = p.parse_args(argv)
     if args.duration <= 0 or args.seeds < 1:
         p.error("--duration must be positive and --seeds at least 1")
