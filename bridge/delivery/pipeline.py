@@ -724,6 +724,8 @@ class BridgePipeline:
             log.info("resuming from checkpoint at resourceVersion %s (%d known objects)",
                      checkpoint.resource_version, len(checkpoint.objects),
                      extra={"informer": ident, "resource": watched.ref.qualified})
+        if inf.journal is not None and inf.journal.unreadable:
+            self._journal_unreadable(inf, checkpoint)
         if unconfirmed:
             informer.seed_unconfirmed(unconfirmed)
             log.info("%d objects delivered after the last checkpoint write are known from the journal",
@@ -739,6 +741,30 @@ class BridgePipeline:
             inf.registrations[sink.name] = reg
             inf.listeners[sink.name] = listener
         self._informers[ident] = inf
+
+    @staticmethod
+    def _journal_unreadable(inf: _Informer, checkpoint: Checkpoint | None) -> None:
+        """The journal left by the previous run cannot be read: the objects it recorded (delivered
+        after the last checkpoint write) are unknown, so a delete of one while the bridge was down
+        may reach no sink. Resumed from a checkpoint, the watch replays every change since it
+        (those deletes included); if that history expired, the relist is framed by gap markers from
+        the checkpoint's resourceVersion anyway. Without a checkpoint, the first list is framed by
+        gap markers from resourceVersion 0 so that consumers learn it too."""
+        journal = inf.journal
+        assert journal is not None
+        ident, resource = inf.watched.informer_id, inf.watched.ref.qualified
+        if checkpoint is not None:
+            log.warning("known-object journal %s cannot be read (%s); resuming from the checkpoint: if "
+                        "the server's history since resourceVersion %s expired, the relist (framed by gap "
+                        "markers) cannot report deletes of objects delivered after that checkpoint write",
+                        journal.backend.name, journal.unreadable, checkpoint.resource_version,
+                        extra={"informer": ident, "resource": resource})
+            return
+        log.warning("known-object journal %s cannot be read (%s) and there is no checkpoint: a full list "
+                    "framed by gap markers from resourceVersion 0 (objects delivered before and deleted "
+                    "while the bridge was down get no delete)", journal.backend.name, journal.unreadable,
+                    extra={"informer": ident, "resource": resource})
+        inf.informer.frame_first_list("0")
 
     def _remove_stale_spills(self) -> None:
         """Removes the spill directories of sinks no longer configured."""

@@ -266,6 +266,18 @@ class SharedIndexInformer:
         self._last_progress_rv = resource_version
         self._delivered = dict(delivered or {})
 
+    def frame_first_list(self, gap_from: str) -> None:
+        """Frames the first list as a gap from ``gap_from`` (as a relist after a resume would be):
+        for an informer that starts without a resume point although consumers may hold state from
+        a previous run that the bridge cannot vouch for (the bridge's known-object journal was
+        unreadable), so they learn that changes — deletes included — may not have been observed.
+        Call before :meth:`run`, without :meth:`resume_from`."""
+        if self._started:
+            raise InformerStartedError(f"informer {self.name!r}: frame_first_list after start")
+        if self._resume_rv:
+            raise ValueError(f"informer {self.name!r}: a resumed informer's relists are gaps already")
+        self._last_progress_rv = gap_from
+
     def seed_unconfirmed(self, objects: Sequence[KubeObject]) -> None:
         """Objects (metadata stubs) that consumers may have received as existing but that the
         checkpoint resumed from does not know: the bridge's known-object journal. Call before

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from bridge.clock import RealClock
@@ -261,4 +262,58 @@ async def test_a_relist_after_410_mid_watch_is_framed_by_gap_markers(
     assert got[1] == ("gap.begin", f"{rv(a)}..", gap_id)
     assert sorted(got[2:-1]) == [("added", f"{NS}/b", gap_id), ("updated", f"{NS}/a", gap_id)]
     assert got[-1] == ("gap.end", f"{rv(a)}..{rv(b)}", gap_id)
+    await p.shutdown(5)
+
+
+async def test_an_unreadable_journal_without_a_checkpoint_frames_the_first_list_as_a_gap(
+    sim: tuple[Simulator, ApiClient], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The previous run crashed before its first checkpoint write and its journal is damaged: the
+    objects it had delivered are unknown, so one deleted while the bridge was down gets no delete.
+    The bridge says so — a warning naming the journal, and the full list framed by gap markers
+    from resourceVersion 0 — instead of presenting the list as a first start."""
+    _, client = sim
+    a = await create(client, "a")
+    ident = informer_id("configmaps", NS)
+    journal = FileCheckpointStore(directory=tmp_path).journal_path(ident)
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    head = orjson.dumps({"journal": 1, "informer_id": ident})
+    journal.write_bytes(head + b'\n["a","ns/gone","u-g",\x00\x01\n["a","ns/x","u-x","3"]\n')
+    sink = RecordingSink("rec")
+    p = await make(client, tmp_path, sink)
+    with caplog.at_level(logging.WARNING):
+        await p.start()
+    await until(lambda: any(e.type is EventType.GAP_END for e in sink.events), what="the gap's end")
+    assert any(str(journal) in r.getMessage() and "gap markers from resourceVersion 0" in r.getMessage()
+               for r in caplog.records)
+    [gap_id] = {e.gap.id for e in sink.events if e.gap is not None}
+    listed = (await client.get(PATH))["metadata"]["resourceVersion"]
+    assert int(listed) >= int(rv(a))
+    assert framed(sink) == [("gap.begin", "0..", gap_id), ("added", f"{NS}/a", gap_id),
+                            ("gap.end", f"0..{listed}", gap_id)]
+    await p.shutdown(5)
+
+
+async def test_an_unreadable_journal_with_a_checkpoint_resumes_and_warns(
+    sim: tuple[Simulator, ApiClient], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With a checkpoint, the watch resumed from it replays every change since (deletes of objects
+    only the journal knew included): no gap, and the warning says what a relist would lose."""
+    _, client = sim
+    await create(client, "a")
+    _, ident = await first_run(client, tmp_path)
+    journal = FileCheckpointStore(directory=tmp_path).journal_path(ident)
+    journal.write_bytes(orjson.dumps({"journal": 1, "informer_id": "someone-else"}) + b"\n")
+    fresh = await create(client, "fresh")
+    await client.delete(f"{PATH}/fresh")
+    sink = RecordingSink("rec")
+    p = await make(client, tmp_path, sink)
+    with caplog.at_level(logging.WARNING):
+        await p.start()
+    assert p.resumed(ident)
+    assert any(str(journal) in r.getMessage() and "resuming from the checkpoint" in r.getMessage()
+               for r in caplog.records)
+    await until(lambda: len(sink.events) == 2, what="fresh's add and delete, replayed")
+    assert framed(sink) == [("added", f"{NS}/fresh", ""), ("deleted", f"{NS}/fresh", "")]
+    assert sink.events[0].resource_version == rv(fresh)
     await p.shutdown(5)
