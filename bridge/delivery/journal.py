@@ -21,8 +21,11 @@ costs one or two writes of latency, not one each; updates of known objects never
 Where the bytes live is a :class:`JournalBackend` of the checkpoint store (its ``journal_backend``):
 a file next to a file checkpoint (one append + ``fdatasync`` per batch), a ConfigMap next to a
 ConfigMap checkpoint, a key of a NATS KV checkpoint bucket (one compare-and-set write each, fenced
-like the checkpoint). A backend with a size limit reports its :meth:`~JournalBackend.room`: a batch
-appends the records that fit and the others wait for the compaction after the next checkpoint write.
+like the checkpoint; beyond one value the journal spans sealed chunks, see
+:class:`ChunkedJournalBackend`, so it records any number of objects). A backend with a size limit
+(a ConfigMap journal whose store may not shard) reports its :meth:`~JournalBackend.room`: a batch
+appends the records that fit and the others wait for the compaction after the next checkpoint write
+— nothing is ever released unrecorded.
 
 What a resumed bridge does with it (:meth:`BridgePipeline._prepare`): a journalled delete of an
 object the checkpoint knows replaces that object's stub resourceVersion by the delete's, so whatever
