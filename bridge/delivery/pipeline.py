@@ -196,21 +196,27 @@ class SinkListener:
         delete consumers already hold: the journal's ``resent`` says this uid's delete was sent as
         *inferred* (a relist found the object gone, with its last known state), and the watch,
         resumed from a checkpoint older than that relist, now replays the changes the relist had
-        coalesced. A uid is deleted once, so they are all older than that delete; sent, they would
+        coalesced — those newer than the state the inferred delete carries. No sink ever had them
+        one by one (they were inside that relist's gap), and a uid is deleted once; sent, they would
         bring the object back for consumers (for good where the broker drops the replayed real
         delete as a duplicate id). The delete itself goes out again as it was sent.
 
-        A delete the watch showed (not inferred) is replayed in its place, after the changes before
-        it, so those go out again in order (at-least-once). Under a selector a delete may be an exit
-        of an object that lives on and comes back into scope later: there only changes up to the
-        inferred delete's resourceVersion are held back."""
+        The changes up to that state were observed on the watch and sent one by one before the
+        relist, but a sink that lagged (down, its backlog lost in the crash) may never have had
+        them: they go out again, in order, before the delete (at-least-once; a sink that had them
+        gets the same ids again, followed by the same delete). Likewise a delete the watch showed
+        (not inferred) is replayed in its place, after the changes before it. Under a selector a
+        delete may be an exit of an object that lives on and comes back into scope later: there
+        only changes up to the inferred delete's resourceVersion are held back."""
         uid, rv = object_identity(obj)
         before = self._resent.get(uid)
         if before is None or not before[1]:
             return False
-        if self._exits is None:
+        if not (rv.isdigit() and before[0].isdigit()):
             return True
-        return rv.isdigit() and before[0].isdigit() and int(rv) <= int(before[0])
+        if self._exits is None:
+            return int(rv) > int(before[0])
+        return int(rv) <= int(before[0])
 
     def events_for(self, n: Notification) -> list[ChangeEvent]:
         """The change events one notification becomes (empty for a no-change resync update)."""

@@ -38,7 +38,7 @@ async def sim(tmp_path: Path) -> AsyncIterator[tuple[Simulator, ApiClient]]:
         await simulator.stop()
 
 
-async def make(client: ApiClient, ckpt: Path, sink: RecordingSink) -> BridgePipeline:
+async def make(client: ApiClient, ckpt: Path, sink: RecordingSink, *more: RecordingSink) -> BridgePipeline:
     api = await Discovery(client=client).resolve("configmaps")
     key = InformerKey("configmaps", namespace=NS)
     ref = ResourceRef(group="", version="v1", resource="configmaps", kind="ConfigMap")
@@ -51,7 +51,7 @@ async def make(client: ApiClient, ckpt: Path, sink: RecordingSink) -> BridgePipe
         compact_cache=True,
     )
     return BridgePipeline(factory=factory, resources=[WatchedResource(key=key, api=api, ref=ref)],
-                          sinks=[sink], checkpoint_store=FileCheckpointStore(directory=ckpt),
+                          sinks=[sink, *more], checkpoint_store=FileCheckpointStore(directory=ckpt),
                           checkpoint_interval=0.05, cluster="sim")
 
 
@@ -317,3 +317,59 @@ async def test_an_unreadable_journal_with_a_checkpoint_resumes_and_warns(
     assert framed(sink) == [("added", f"{NS}/fresh", ""), ("deleted", f"{NS}/fresh", "")]
     assert sink.events[0].resource_version == rv(fresh)
     await p.shutdown(5)
+
+
+async def test_a_lagging_sink_gets_the_changes_it_lacked_before_an_inferred_delete_after_a_crash(
+    sim: tuple[Simulator, ApiClient], tmp_path: Path
+) -> None:
+    """One sink is down (it acknowledges nothing, so the checkpoint stays behind) while an object is
+    updated and then deleted behind a relist (a 410 mid-watch: the delete is inferred). The other
+    sink gets everything; the bridge crashes. After the restart the watch replays from the
+    checkpoint: the lagging sink must get the updates it lacked — the watch showed them one by one,
+    outside any gap — and then the delete. (Found by the fault schedule: the JetStream sink, behind
+    a NATS restart, missed such updates; the other sinks had them.) The sink that had the inferred
+    delete may get them again, but only changes up to the state that delete carries, and never one
+    the relist coalesced."""
+    server, client = sim
+    x = await create(client, "x")
+    fast, slow = RecordingSink("fast"), RecordingSink("slow")
+    p = await make(client, tmp_path, fast, slow)
+    await p.start()
+    assert await p.wait_for_sync(10)
+    ident = next(iter(p.informers))
+    tracker = p.tracker(ident)
+    await until(lambda: tracker.resource_version == rv(x) and not tracker.pending, what="x checkpointed")
+    await p.write_checkpoints()
+    slow.auto_ack = False  # down from now on
+    u1 = await client.patch(f"{PATH}/x", {"data": {"v": "1"}})
+    u2 = await client.patch(f"{PATH}/x", {"data": {"v": "2"}})
+    await until(lambda: [c[2] for c in fast.changes()][-1:] == [rv(u2)], what="the updates, to the fast sink")
+    server.set_faults({"delay": 0.3})  # the relist comes after the delete: it infers it
+    server.expire_watches()
+    gone = await client.delete(f"{PATH}/x")
+    server.set_faults({})
+    await until(lambda: any(e.type is EventType.GAP_END for e in fast.events), what="the relist's gap")
+    assert ("deleted", f"{NS}/x", rv(u2), True) in fast.changes()  # inferred: x's last known state
+    assert rv(gone) not in {c[2] for c in fast.changes()}
+    await p.abort()  # the crash: the checkpoint is still at x's creation (the slow sink holds it back)
+
+    fast2, slow2 = RecordingSink("fast"), RecordingSink("slow")
+    p2 = await make(client, tmp_path, fast2, slow2)
+    await p2.start()
+    try:
+        await _lagging_sink_after_the_restart(p2, ident, fast2, slow2, u1, u2, gone)
+    finally:
+        await p2.shutdown(5)
+
+
+async def _lagging_sink_after_the_restart(p2: BridgePipeline, ident: str, fast2: RecordingSink,
+                                          slow2: RecordingSink, u1: dict[str, Any], u2: dict[str, Any],
+                                          gone: dict[str, Any]) -> None:
+    assert p2.resumed(ident)
+    await until(lambda: any(c[0] == "deleted" for c in slow2.changes()), what="x's delete, to the slow sink")
+    assert [(c[0], c[2]) for c in slow2.changes()] == [("updated", rv(u1)), ("updated", rv(u2)),
+                                                        ("deleted", rv(gone))]
+    assert all(e.gap is None for e in slow2.events)  # observed on the watch, one by one
+    await until(lambda: any(c[0] == "deleted" for c in fast2.changes()), what="x's delete, to the fast sink")
+    assert [(c[0], c[2]) for c in fast2.changes()] == [("updated", rv(u1)), ("updated", rv(u2)),
+                                                        ("deleted", rv(gone))]
