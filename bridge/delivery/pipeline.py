@@ -173,6 +173,9 @@ class SinkListener:
         self._snapshot_prefix = snapshot_prefix or resource.qualified
         self._gap: GapInfo | None = None
         """The relist window this sink is inside (between gap.begin and gap.end), if any."""
+        self._held: set[str] = set()
+        """uids whose replayed changes were held back (see :meth:`_replayed_after_delete`): their
+        replayed delete is framed as a gap."""
         self.stats = SinkListenerStats()
 
     def _event(self, type_: EventType, obj: KubeObject | None, observed: float, **kw: Any) -> ChangeEvent:
@@ -213,10 +216,33 @@ class SinkListener:
         if before is None or not before[1]:
             return False
         if not (rv.isdigit() and before[0].isdigit()):
-            return True
-        if self._exits is None:
-            return int(rv) > int(before[0])
-        return int(rv) <= int(before[0])
+            held = True
+        elif self._exits is None:
+            held = int(rv) > int(before[0])
+        else:
+            return int(rv) <= int(before[0])
+        if held:
+            self._held.add(uid)
+        return held
+
+    def _framed_replayed_delete(self, event: ChangeEvent, uid: str, observed: float) -> list[ChangeEvent]:
+        """The replayed delete of a uid whose replayed changes were held back, framed as a gap from
+        the state the inferred delete carried to the delete: a sink that lagged across the crash
+        never received the relist that coalesced those changes (nor its gap markers), so it learns
+        here that they were not delivered one by one. A sink that had them gets an empty-handed
+        repetition of a window it already knows."""
+        before = self._resent[uid][0]
+        info = GapInfo(id=f"{self._snapshot_prefix}:replayed:{uid}:{before}", from_resource_version=before,
+                       to_resource_version=event.resource_version)
+        begin = GapInfo(id=info.id, from_resource_version=before)
+        at = observed or self._clock.wall()
+        return [
+            ChangeEvent(type=EventType.GAP_BEGIN, resource=self.resource, cluster=self.cluster, obj=None,
+                        time=change_time(EventType.GAP_BEGIN, None, at), gap=begin),
+            _with_gap(event, begin),
+            ChangeEvent(type=EventType.GAP_END, resource=self.resource, cluster=self.cluster, obj=None,
+                        time=change_time(EventType.GAP_END, None, at), gap=info),
+        ]
 
     def events_for(self, n: Notification) -> list[ChangeEvent]:
         """The change events one notification becomes (empty for a no-change resync update)."""
@@ -233,7 +259,11 @@ class SinkListener:
         if n.kind is NotificationKind.DELETE:
             obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
             inferred = delete_is_inferred(n, self._tracker, self._resent)
-            return [self._event(EventType.DELETED, obj, n.time, final_state_unknown=inferred)]
+            event = self._event(EventType.DELETED, obj, n.time, final_state_unknown=inferred)
+            if self._held and self._gap is None and (uid := object_identity(obj)[0]) in self._held:
+                self._held.discard(uid)
+                return self._framed_replayed_delete(event, uid, n.time)
+            return [event]
         if n.kind is NotificationKind.GAP:
             assert n.gap is not None
             return [self._gap_event(n.gap, n.time)]
@@ -320,6 +350,11 @@ class SinkListener:
             ack()
 
         await self.sink.deliver(event, event_ack)
+
+
+def _with_gap(event: ChangeEvent, gap: GapInfo) -> ChangeEvent:
+    event.gap = gap
+    return event
 
 
 def delete_is_inferred(n: Notification, tracker: AckTracker | None,
