@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import uuid
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
@@ -216,6 +217,9 @@ class SharedIndexInformer:
         self._gap: Gap | None = None
         """The relist window open between a relist's begin and end markers, if any."""
         self._gap_count = 0
+        self._gap_run = uuid.uuid4().hex[:8]
+        """Part of every gap id: two runs relisting from the same resourceVersion (a restart whose
+        checkpoint had not moved) send different windows, which must not share an id."""
         self._snapshot_requests: list[ProcessorListener | None] = []
         self._snapshot_wakeup = asyncio.Event()
         self.process_errors = 0
@@ -541,7 +545,7 @@ class SharedIndexInformer:
     async def _open_gap(self) -> None:
         self._gap_count += 1
         rv = self._last_progress_rv
-        gap_id = f"{self.name or 'informer'}:{rv}:{self._gap_count}"
+        gap_id = f"{self.name or 'informer'}:{rv}:{self._gap_run}-{self._gap_count}"
         gap = self._gap = Gap(id=gap_id, from_resource_version=rv)
         await self._processor.distribute(Notification(kind=NotificationKind.GAP, obj={}, gap=gap), False)
 

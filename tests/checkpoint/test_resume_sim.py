@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -373,3 +374,36 @@ async def _lagging_sink_after_the_restart(p2: BridgePipeline, ident: str, fast2:
     await until(lambda: any(c[0] == "deleted" for c in fast2.changes()), what="x's delete, to the fast sink")
     assert [(c[0], c[2]) for c in fast2.changes()] == [("updated", rv(u1)), ("updated", rv(u2)),
                                                         ("deleted", rv(gone))]
+
+
+def has_gap_end(sink: RecordingSink) -> bool:
+    return any(e.type is EventType.GAP_END for e in sink.events)
+
+
+async def test_two_restarts_relisting_from_the_same_checkpoint_send_distinct_gaps(
+    sim: tuple[Simulator, ApiClient], tmp_path: Path
+) -> None:
+    """A sink that is down holds the checkpoint back, so two restarts in a row resume from the same
+    resourceVersion and, the history being compacted each time, both relist from it. Their gaps have
+    different windows (each ends at its own list's resourceVersion) and must have different ids:
+    markers with one id are one event to a consumer that drops repeated ids — JetStream drops the
+    second run's markers as duplicates, and the window it keeps is too short (found by the fault
+    schedule: the JetStream sink then missed changes outside any gap it knew)."""
+    server, client = sim
+    await create(client, "a")
+    await first_run(client, tmp_path)
+    gaps: list[set[tuple[str, str, str]]] = []
+    for n in range(2):
+        await create(client, f"b{n}")
+        server.compact()
+        sink, down = RecordingSink("rec"), RecordingSink("down", auto_ack=False)
+        p = await make(client, tmp_path, sink, down)
+        await p.start()
+        await until(functools.partial(has_gap_end, sink), what="the gap's end")
+        gaps.append({(e.gap.id, e.gap.from_resource_version, e.gap.to_resource_version)
+                     for e in sink.events if e.type is EventType.GAP_END and e.gap is not None})
+        await p.abort()  # a crash: the checkpoint never moved (the down sink acknowledged nothing)
+    [(first_id, first_from, first_to)], [(second_id, second_from, second_to)] = gaps
+    assert first_from == second_from
+    assert first_to != second_to
+    assert first_id != second_id
