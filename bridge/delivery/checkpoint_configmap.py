@@ -67,7 +67,8 @@ WRITER_ANNOTATION = "kube-event-bridge.io/writer"
 TERM_ANNOTATION = "kube-event-bridge.io/lease-transitions"
 _CAS_ATTEMPTS = 5
 JOURNAL_BYTES = 900 * 1024
-"""The most a journal ConfigMap holds: the records of about 9,000 new objects and deletes."""
+"""The most one journal ConfigMap (the head or a sealed chunk) holds: the records of about 9,000 new
+objects and deletes."""
 
 
 def _stored_token(manifest: dict[str, Any]) -> FenceToken | None:
