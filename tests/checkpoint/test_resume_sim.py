@@ -327,10 +327,10 @@ async def test_a_lagging_sink_gets_the_changes_it_lacked_before_an_inferred_dele
     updated and then deleted behind a relist (a 410 mid-watch: the delete is inferred). The other
     sink gets everything; the bridge crashes. After the restart the watch replays from the
     checkpoint: the lagging sink must get the updates it lacked — the watch showed them one by one,
-    outside any gap — and then the delete. (Found by the fault schedule: the JetStream sink, behind
-    a NATS restart, missed such updates; the other sinks had them.) The sink that had the inferred
-    delete may get them again, but only changes up to the state that delete carries, and never one
-    the relist coalesced."""
+    outside any gap — and then the delete. (One way to the signature of a fault-schedule failure,
+    seed 4001: the JetStream sink, behind a NATS restart, missed updates outside any gap marker.)
+    The sink that had the inferred delete may get them again, but only changes up to the state that
+    delete carries, and never one the relist coalesced."""
     server, client = sim
     x = await create(client, "x")
     fast, slow = RecordingSink("fast"), RecordingSink("slow")
@@ -387,8 +387,8 @@ async def test_two_restarts_relisting_from_the_same_checkpoint_send_distinct_gap
     resourceVersion and, the history being compacted each time, both relist from it. Their gaps have
     different windows (each ends at its own list's resourceVersion) and must have different ids:
     markers with one id are one event to a consumer that drops repeated ids — JetStream drops the
-    second run's markers as duplicates, and the window it keeps is too short (found by the fault
-    schedule: the JetStream sink then missed changes outside any gap it knew)."""
+    second run's markers as duplicates, and the window it keeps is too short: the JetStream sink
+    then misses changes outside any gap it knows (the other way to the seed-4001 signature)."""
     server, client = sim
     await create(client, "a")
     await first_run(client, tmp_path)
