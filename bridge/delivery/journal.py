@@ -340,11 +340,11 @@ class ChunkedJournalBackend(abc.ABC):
         previous = self._chunks
         await self._write((), b"", data)
         stale = [c for c in previous if c not in self._chunks]
-        if not self._swept:
+        if self._chunking and not self._swept:  # without chunking there are none (nor may it list)
+            self._swept = True  # once a run (and after a failed write): orphans cost space only
             with contextlib.suppress(JournalStoreError, OSError):
                 stored = await self._stored_chunks()
                 stale.extend(c for c in stored if c not in self._chunks and c not in stale)
-                self._swept = True
         await self._delete_quietly(stale)
 
     async def append(self, data: bytes) -> None:
