@@ -59,6 +59,7 @@ from bridge.delivery.checkpoint import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointStore,
+    SinkProgress,
     informer_id,
 )
 from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
@@ -137,6 +138,8 @@ class SinkListenerStats:
     resync_skipped: int = 0
     """Same-resourceVersion updates (nothing changed) acknowledged without delivery."""
     snapshots: int = 0
+    bootstrap_skipped: int = 0
+    """Notifications acknowledged without delivery before the sink's bootstrap snapshot."""
     outcomes: collections.Counter[str] = field(default_factory=collections.Counter)
     """Sink acknowledgements by :class:`~sinks.contract.DeliveryOutcome` value."""
 
@@ -156,12 +159,16 @@ class SinkListener:
         journal: KnownObjectJournal | None = None,
         resent: Mapping[str, tuple[str, bool]] | None = None,
         exits: SelectorExits | None = None,
+        bootstrap: Callable[[], None] | None = None,
     ) -> None:
         """``tracker`` (the informer's) tells which deletes were inferred rather than observed.
         ``journal``: the informer's known-object journal; an event it has a record for is handed to
         the sink only once the record is durable. ``resent``: uid → (resourceVersion, inferred) of
         the deletes the journal says were sent before a restart (see :func:`delete_is_inferred`).
-        ``exits`` (a selector-scoped informer's) tells which observed deletes were selector exits."""
+        ``exits`` (a selector-scoped informer's) tells which observed deletes were selector exits.
+        ``bootstrap``, when given, makes this a sink with no progress of its own: it receives nothing
+        until its bootstrap snapshot (see :meth:`bootstrap_ready`), then the live stream; the
+        callback runs once the sink acknowledged the whole snapshot."""
         self.sink = sink
         self._tracker = tracker
         self._journal = journal
@@ -174,6 +181,40 @@ class SinkListener:
         self._gap: GapInfo | None = None
         """The relist window this sink is inside (between gap.begin and gap.end), if any."""
         self.stats = SinkListenerStats()
+        self._bootstrapped = bootstrap
+        self.bootstrapping = bootstrap is not None
+        """True until the bootstrap snapshot reaches this listener: every notification before it is
+        acknowledged without delivery (the snapshot will contain its effect)."""
+        self._snapshot_wanted = False
+        self._skipped_gap = ""
+        """The id of a gap window whose begin was skipped while bootstrapping: its end is skipped
+        too, so the sink never sees an end without its begin."""
+
+    def bootstrap_ready(self) -> None:
+        """The informer's cache now holds whole objects: the next snapshot this listener receives
+        is its bootstrap (earlier ones, taken from a cache that may still hold checkpoint stubs,
+        are skipped)."""
+        self._snapshot_wanted = True
+
+    def _bootstrap_skips(self, n: Notification, ack: AckFunc) -> AckFunc | None:
+        """While bootstrapping: None when ``n`` is skipped (acknowledged here), else the ack to
+        deliver the bootstrap snapshot with. Skipping is safe because the snapshot comes later and
+        holds the cache as of then, which includes the effect of everything skipped."""
+        if n.kind is NotificationKind.SNAPSHOT and self._snapshot_wanted:
+            self.bootstrapping = False
+            done = self._bootstrapped
+
+            def snapshot_ack() -> None:
+                ack()
+                if done is not None:
+                    done()
+
+            return snapshot_ack
+        if n.kind is NotificationKind.GAP and n.gap is not None and not n.gap.end:
+            self._skipped_gap = n.gap.id
+        self.stats.bootstrap_skipped += 1
+        ack()
+        return None
 
     def _event(self, type_: EventType, obj: KubeObject | None, observed: float, **kw: Any) -> ChangeEvent:
         if self._gap is not None and "snapshot" not in kw:
@@ -253,6 +294,18 @@ class SinkListener:
 
     async def handle(self, notification: Notification, ack: AckFunc) -> None:
         self.stats.notifications += 1
+        if self.bootstrapping:
+            snapshot_ack = self._bootstrap_skips(notification, ack)
+            if snapshot_ack is None:
+                return
+            ack = snapshot_ack
+        elif self._skipped_gap and notification.kind is NotificationKind.GAP:
+            gap = notification.gap
+            if gap is not None and gap.end and gap.id == self._skipped_gap:
+                self._skipped_gap = ""
+                self.stats.bootstrap_skipped += 1
+                ack()
+                return
         journal = self._journal
         if journal is not None and journal.must_wait(notification.seq):
             # A new object or a delete: released only once the journal has it (module docs).
@@ -433,6 +486,10 @@ class _Informer:
     """Why the last list/watch cycle failed, while no progress was made since ("" = none)."""
     failing_progress: int = -1
     """The tracker's progress count when that failure was reported."""
+    bootstrapping: set[str] = field(default_factory=set)
+    """Sinks with no progress of their own in the checkpoint, until they acknowledged their
+    bootstrap snapshot; the checkpoint does not cover them before that (a crash bootstraps them
+    again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -535,10 +592,18 @@ class _CountingTracker(AckTracker):
         self.resent: Mapping[str, tuple[str, bool]] = {}
         self.synced = 0
         """Objects of the snapshots dispatched (each becomes one ``sync`` event per sink)."""
+        self.bootstrap_at: int | None = None
+        """A resourceVersion the informer must reach before its cache holds no checkpoint stubs
+        (a sink's bootstrap snapshot waits for it); None = nothing waits."""
+        self.bootstrap_reached = asyncio.Event()
 
     def progress(self, seq: int, resource_version: str) -> None:
         self.progress_count += 1
         super().progress(seq, resource_version)
+        at = self.bootstrap_at
+        if at is not None and at >= 0 and resource_version.isdigit() and int(resource_version) >= at:
+            self.bootstrap_at = None
+            self.bootstrap_reached.set()
 
     def dispatched(self, notification: Notification, listeners: Sequence[str]) -> None:
         if notification.seq >= 0:
@@ -673,6 +738,8 @@ class BridgePipeline:
                     self._spawn(f"snapshot-timer:{ident}:{sink_name}", self._snapshot_timer(inf, reg, period))
             if self._snapshot_on_first_start and not inf.resumed:
                 self._spawn(f"first-snapshot:{ident}", self._first_snapshot(inf))
+            if inf.bootstrapping:
+                self._spawn(f"bootstrap:{ident}", self._bootstrap(inf))
         for ident, inf in self._informers.items():
             if inf.journal is not None:
                 self._spawn(f"journal:{ident}", inf.journal.run())
@@ -713,14 +780,27 @@ class BridgePipeline:
         inf = _Informer(watched=watched, informer=informer, tracker=tracker, corrupt_checkpoint=corrupt)
         informer.set_watch_error_handler(self._watch_error_recorder(inf))
         known, unconfirmed = await self._known_objects(inf, checkpoint)
+        routed = [sink for sink in self._sinks if _resource_matches(sink, watched)]
+        seeds = stub_objects(watched.ref, known)
+        if checkpoint is not None and checkpoint.sinks is not None:
+            inf.bootstrapping = {sink.name for sink in routed if sink.name not in checkpoint.sinks}
+            dropped = sorted(set(checkpoint.sinks) - {sink.name for sink in routed})
+            if dropped:
+                log.info("the checkpoint has progress of sinks no longer configured for this resource "
+                         "(%s); it is dropped at the next checkpoint write", ", ".join(dropped),
+                         extra={"informer": ident, "resource": watched.ref.qualified})
+        if inf.bootstrapping:
+            seeds, unconfirmed = await self._hydrate(inf, seeds, unconfirmed)
         if checkpoint is not None:
             delivered = {key: (int(rv), deleted) for key, (_uid, rv, deleted) in checkpoint.ahead.items()
                          if rv.isdigit()}
-            informer.resume_from(stub_objects(watched.ref, known), checkpoint.resource_version, delivered)
+            informer.resume_from(seeds, checkpoint.resource_version, delivered)
             inf.resumed = True
             inf.resume_rv = checkpoint.resource_version
             inf.saved_rv = checkpoint.resource_version
-            inf.saved_generation = tracker.generation
+            # A checkpoint whose sinks are not the configured ones is rewritten at the first interval.
+            same_sinks = checkpoint.sinks is None or set(checkpoint.sinks) == {s.name for s in routed}
+            inf.saved_generation = tracker.generation if same_sinks else -1
             log.info("resuming from checkpoint at resourceVersion %s (%d known objects)",
                      checkpoint.resource_version, len(checkpoint.objects),
                      extra={"informer": ident, "resource": watched.ref.qualified})
@@ -728,17 +808,84 @@ class BridgePipeline:
             informer.seed_unconfirmed(unconfirmed)
             log.info("%d objects delivered after the last checkpoint write are known from the journal",
                      len(unconfirmed), extra={"informer": ident, "resource": watched.ref.qualified})
-        for sink in self._sinks:
-            if not _resource_matches(sink, watched):
-                continue
+        for sink in routed:
+            bootstrap = (functools.partial(self._bootstrapped, inf, sink.name)
+                         if sink.name in inf.bootstrapping else None)
             listener = SinkListener(sink=sink, resource=watched.ref, cluster=self._cluster,
                                     clock=self._clock, snapshot_prefix=ident, tracker=tracker,
-                                    journal=inf.journal, resent=tracker.resent, exits=exits)
+                                    journal=inf.journal, resent=tracker.resent, exits=exits,
+                                    bootstrap=bootstrap)
             reg = informer.add_event_handler(listener, _listener_options(sink, self._spill_directory,
                                                                          ident))
             inf.registrations[sink.name] = reg
             inf.listeners[sink.name] = listener
         self._informers[ident] = inf
+
+    async def _hydrate(self, inf: _Informer, seeds: list[KubeObject], unconfirmed: list[KubeObject]
+                       ) -> tuple[list[KubeObject], list[KubeObject]]:
+        """Replaces the checkpoint's metadata-only stubs by whole objects, for a sink's bootstrap
+        snapshot: one list of the scope now; a listed object with the stub's uid and
+        resourceVersion is that very state. A stub without its listed twin changed or went after
+        the checkpoint, so the resumed watch replays it (or a 410 relist lists it) before reaching
+        the list's resourceVersion: the snapshot waits for that point
+        (:attr:`_CountingTracker.bootstrap_at`), or is taken at once when no stub is left."""
+        watched = inf.watched
+        try:
+            listed, list_rv = await inf.informer.list_current()
+        except Exception as exc:
+            # Without whole objects the snapshot waits for a relist to bring them.
+            log.warning("listing %s for the bootstrap snapshot of %s failed (%s); the snapshot waits "
+                        "for the next relist", watched.ref.qualified, ", ".join(sorted(inf.bootstrapping)),
+                        exc, extra={"informer": watched.informer_id, "resource": watched.ref.qualified})
+            inf.tracker.bootstrap_at = -1
+            return seeds, unconfirmed
+        current = {object_identity(obj): obj for obj in listed}
+        left = 0
+
+        def whole(stubs: list[KubeObject]) -> list[KubeObject]:
+            nonlocal left
+            out = []
+            for stub in stubs:
+                obj = current.get(object_identity(stub))
+                if obj is None:
+                    left += 1
+                out.append(stub if obj is None else obj)
+            return out
+
+        seeds, unconfirmed = whole(seeds), whole(unconfirmed)
+        if left:
+            inf.tracker.bootstrap_at = int(list_rv) if list_rv.isdigit() else -1
+        else:
+            inf.tracker.bootstrap_reached.set()
+        log.info("bootstrapping sinks %s with a snapshot of %d objects (%d changed since the checkpoint "
+                 "and wait for the watch to replay them)", ", ".join(sorted(inf.bootstrapping)),
+                 len(listed), left, extra={"informer": watched.informer_id,
+                                           "resource": watched.ref.qualified})
+        return seeds, unconfirmed
+
+    async def _bootstrap(self, inf: _Informer) -> None:
+        """Sends each bootstrapping sink its snapshot once the cache holds whole objects."""
+        tracker = inf.tracker
+        if tracker.bootstrap_at == -1:
+            # The list failed: whole objects come with the next relist (a 410, or the reflector's
+            # own); the snapshot waits until the informer processed past that list.
+            informer = inf.informer
+            while informer.reflector is None or informer.reflector.list_count == 0:
+                await self._clock.sleep(0.5)
+            rv = informer.reflector.last_sync_resource_version
+            tracker.bootstrap_at = int(rv) if rv.isdigit() else 0
+        await tracker.bootstrap_reached.wait()
+        for name in sorted(inf.bootstrapping):
+            inf.listeners[name].bootstrap_ready()
+            inf.informer.request_snapshot(inf.registrations[name])
+
+    def _bootstrapped(self, inf: _Informer, name: str) -> None:
+        """The sink acknowledged its whole bootstrap snapshot: from now on the checkpoint covers it."""
+        inf.bootstrapping.discard(name)
+        inf.saved_generation = -1  # written at the next interval, even if nothing else moved
+        log.info("sink %s bootstrapped: it has the snapshot and follows the live stream", name,
+                 extra={"sink": name, "informer": inf.watched.informer_id,
+                        "resource": inf.watched.ref.qualified})
 
     def _remove_stale_spills(self) -> None:
         """Removes the spill directories of sinks no longer configured."""
@@ -969,8 +1116,9 @@ class BridgePipeline:
             rv, index = tracker.checkpoint_state()
             if not rv:
                 continue
+            sinks = {name: SinkProgress() for name in inf.registrations if name not in inf.bootstrapping}
             cp = Checkpoint(informer_id=ident, resource_version=rv, objects=index,
-                            written_at=self._clock.wall(), ahead=tracker.delivered_ahead())
+                            written_at=self._clock.wall(), ahead=tracker.delivered_ahead(), sinks=sinks)
             try:
                 await self._store.save(cp)
             except CheckpointError as exc:

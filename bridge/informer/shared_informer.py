@@ -61,13 +61,14 @@ from bridge.contracts import (
     KubeObject,
     ListenerOptions,
     ListerWatcher,
+    ListOptions,
     Notification,
     NotificationHandler,
     NotificationKind,
     ObjectKey,
     TransformFunc,
 )
-from bridge.errors import BridgeError
+from bridge.errors import BridgeError, ResourceExpiredError
 from bridge.informer.delta_fifo import (
     Delta,
     DeltaFIFO,
@@ -265,6 +266,34 @@ class SharedIndexInformer:
         self._resume_rv = resource_version
         self._last_progress_rv = resource_version
         self._delivered = dict(delivered or {})
+
+    async def list_current(self) -> tuple[list[KubeObject], str]:
+        """Lists the informer's scope from the API server now (consistent read, in pages of the
+        informer's page size), each object passed through the informer's transform; touches neither
+        the cache nor the listeners. Returns the objects and the list's resourceVersion.
+
+        For a caller that needs whole objects where a resumed cache holds a checkpoint's
+        metadata-only stubs (the bridge bootstrapping a sink with a snapshot). An expired
+        continuation is retried once as one unpaginated list, as the reflector does."""
+        lw = self._lister_watcher
+        transform = self._transform
+        items: list[KubeObject] = []
+        options = ListOptions(limit=self._page_size or None)
+        list_rv = ""
+        while True:
+            try:
+                page = await lw.list(options)
+            except ResourceExpiredError:
+                if options.continue_token is None:
+                    raise
+                page = await lw.list(ListOptions())
+                items = []
+                list_rv = ""
+            items.extend(page.items if transform is None else map(transform, page.items))
+            list_rv = list_rv or page.resource_version
+            if not page.continue_token:
+                return items, list_rv
+            options = ListOptions(limit=options.limit, continue_token=page.continue_token)
 
     def seed_unconfirmed(self, objects: Sequence[KubeObject]) -> None:
         """Objects (metadata stubs) that consumers may have received as existing but that the
