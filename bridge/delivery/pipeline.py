@@ -64,7 +64,7 @@ from bridge.delivery.checkpoint import (
 )
 from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
 from bridge.delivery.journal import KnownObjectJournal, entries_by_key
-from bridge.delivery.progress import AckTracker, IndexEntry
+from bridge.delivery.progress import AckTracker, IndexEntry, Knowledge, SinkResume
 from bridge.delivery.selector_exit import LEFT_SELECTOR_EXTENSION, SelectorExits
 from bridge.delivery.spill import SegmentSpill
 from bridge.informer.factory import InformerKey, SharedInformerFactory
@@ -140,6 +140,8 @@ class SinkListenerStats:
     snapshots: int = 0
     bootstrap_skipped: int = 0
     """Notifications acknowledged without delivery before the sink's bootstrap snapshot."""
+    own_progress_skipped: int = 0
+    """Notifications acknowledged without delivery after a restart: the sink had them already."""
     outcomes: collections.Counter[str] = field(default_factory=collections.Counter)
     """Sink acknowledgements by :class:`~sinks.contract.DeliveryOutcome` value."""
 
@@ -160,6 +162,7 @@ class SinkListener:
         resent: Mapping[str, tuple[str, bool]] | None = None,
         exits: SelectorExits | None = None,
         bootstrap: Callable[[], None] | None = None,
+        own_progress: SinkResume | None = None,
     ) -> None:
         """``tracker`` (the informer's) tells which deletes were inferred rather than observed.
         ``journal``: the informer's known-object journal; an event it has a record for is handed to
@@ -168,8 +171,13 @@ class SinkListener:
         ``exits`` (a selector-scoped informer's) tells which observed deletes were selector exits.
         ``bootstrap``, when given, makes this a sink with no progress of its own: it receives nothing
         until its bootstrap snapshot (see :meth:`bootstrap_ready`), then the live stream; the
-        callback runs once the sink acknowledged the whole snapshot."""
+        callback runs once the sink acknowledged the whole snapshot. ``own_progress``: the sink's
+        own progress when it differs from the checkpoint's base; every notification passes its
+        filter (:class:`~bridge.delivery.progress.SinkResume`) until the informer has passed it
+        (:meth:`own_progress_passed`)."""
         self.sink = sink
+        self.own_progress = own_progress
+        self._own_until = -1 if own_progress is not None else None
         self._tracker = tracker
         self._journal = journal
         self._resent = resent or {}
@@ -189,6 +197,22 @@ class SinkListener:
         self._skipped_gap = ""
         """The id of a gap window whose begin was skipped while bootstrapping: its end is skipped
         too, so the sink never sees an end without its begin."""
+
+    def own_progress_passed(self, seq: int) -> None:
+        """The informer's progress reached the sink's own resume point at ``seq``: from that
+        notification on, once nothing the sink knows differs from the informer, the filter is
+        dropped."""
+        if self._own_until is not None and self._own_until < 0:
+            self._own_until = seq
+
+    def _filter_own(self, n: Notification) -> list[Notification]:
+        own = self.own_progress
+        assert own is not None
+        if not own.known and self._own_until is not None and 0 <= self._own_until <= n.seq:
+            self.own_progress = self._own_until = None  # caught up: the filter costs nothing more
+            return [n]
+        inferred = n.kind is NotificationKind.DELETE and delete_is_inferred(n, self._tracker, self._resent)
+        return own.admit(n, inferred)
 
     def bootstrap_ready(self) -> None:
         """The informer's cache now holds whole objects: the next snapshot this listener receives
@@ -306,12 +330,27 @@ class SinkListener:
                 self.stats.bootstrap_skipped += 1
                 ack()
                 return
+        admitted: list[Notification] | None = None
+        if self.own_progress is not None and notification.kind is not NotificationKind.SNAPSHOT:
+            admitted = self._filter_own(notification)
+            if len(admitted) == 1:
+                notification, admitted = admitted[0], None
+            elif not admitted:
+                self.stats.own_progress_skipped += 1
+                ack()
+                return
         journal = self._journal
         if journal is not None and journal.must_wait(notification.seq):
             # A new object or a delete: released only once the journal has it (module docs).
             await journal.wait(notification.seq)
         events: Iterable[ChangeEvent]
-        if notification.kind is NotificationKind.SNAPSHOT:
+        if admitted is not None:  # a delete of the sink's own object, then the change
+            listed = [e for a in admitted for e in self.events_for(a)]
+            if not listed:
+                ack()
+                return
+            remaining, events = len(listed), listed
+        elif notification.kind is NotificationKind.SNAPSHOT:
             self.stats.snapshots += 1
             remaining, events = self._snapshot_events(notification)
         else:
@@ -451,6 +490,17 @@ def http_informer_builder(
     return build
 
 
+def own_knowledge(checkpoint: Checkpoint, section: SinkProgress) -> tuple[int, dict[str, Knowledge]]:
+    """A sink's resume point and its knowledge where it differs from the checkpoint's base."""
+    rv = int(section.resource_version or checkpoint.resource_version)
+    own: dict[str, Knowledge] = {}
+    for key, entry in section.objects.items():
+        own[key] = ("", rv, True) if entry is None else (entry[0], int(entry[1]), False)
+    for key, (uid, ahead_rv, deleted) in section.ahead.items():
+        own[key] = (uid, int(ahead_rv), deleted)
+    return rv, own
+
+
 def stub_objects(resource: ResourceRef, index: Mapping[str, IndexEntry]) -> list[KubeObject]:
     """Metadata-only objects rebuilt from a checkpoint index (what a resumed informer knows)."""
     out: list[KubeObject] = []
@@ -486,6 +536,9 @@ class _Informer:
     """Why the last list/watch cycle failed, while no progress was made since ("" = none)."""
     failing_progress: int = -1
     """The tracker's progress count when that failure was reported."""
+    own_progress: dict[str, tuple[int, dict[str, Knowledge]]] = field(default_factory=dict)
+    """Sink → its own resume point and knowledge (where it differs from the base) when the
+    informer resumed; sinks at the base are absent."""
     bootstrapping: set[str] = field(default_factory=set)
     """Sinks with no progress of their own in the checkpoint, until they acknowledged their
     bootstrap snapshot; the checkpoint does not cover them before that (a crash bootstraps them
@@ -592,6 +645,9 @@ class _CountingTracker(AckTracker):
         self.resent: Mapping[str, tuple[str, bool]] = {}
         self.synced = 0
         """Objects of the snapshots dispatched (each becomes one ``sync`` event per sink)."""
+        self.thresholds: list[tuple[int, Callable[[int], None]]] = []
+        """(resourceVersion, callback(seq)): called once, with the marker's seq, when progress
+        reaches the resourceVersion (a sink's own resume point)."""
         self.bootstrap_at: int | None = None
         """A resourceVersion the informer must reach before its cache holds no checkpoint stubs
         (a sink's bootstrap snapshot waits for it); None = nothing waits."""
@@ -600,6 +656,11 @@ class _CountingTracker(AckTracker):
     def progress(self, seq: int, resource_version: str) -> None:
         self.progress_count += 1
         super().progress(seq, resource_version)
+        if self.thresholds and resource_version.isdigit():
+            reached = int(resource_version)
+            for threshold in [t for t in self.thresholds if t[0] <= reached]:
+                self.thresholds.remove(threshold)
+                threshold[1](seq)
         at = self.bootstrap_at
         if at is not None and at >= 0 and resource_version.isdigit() and int(resource_version) >= at:
             self.bootstrap_at = None
@@ -781,6 +842,25 @@ class BridgePipeline:
         informer.set_watch_error_handler(self._watch_error_recorder(inf))
         known, unconfirmed = await self._known_objects(inf, checkpoint)
         routed = [sink for sink in self._sinks if _resource_matches(sink, watched)]
+        diverging: set[str] = set()
+        union_only: set[str] = set()
+        """Objects the cache is seeded with that the base does not know (only some sinks do)."""
+        if checkpoint is not None and checkpoint.sinks:
+            for sink in routed:
+                section = checkpoint.sinks.get(sink.name)
+                if section is not None and not section.at_base:
+                    inf.own_progress[sink.name] = own_knowledge(checkpoint, section)
+            # The cache knows the union of what the sinks know: per object, the oldest state a sink
+            # has (so a relist notifies every newer one, and a delete reaches whoever knew it).
+            extra: dict[str, IndexEntry] = {}
+            for _, differs in inf.own_progress.values():
+                for key, (uid, rv, deleted) in differs.items():
+                    diverging.add(key)
+                    if not deleted and key not in known and (key not in extra or rv < int(extra[key][1])):
+                        extra[key] = (uid, str(rv))
+            known.update(extra)
+            union_only = set(extra)
+            tracker.seed_last_seen({key: rv for key, (_uid, rv) in extra.items()})
         seeds = stub_objects(watched.ref, known)
         if checkpoint is not None and checkpoint.sinks is not None:
             inf.bootstrapping = {sink.name for sink in routed if sink.name not in checkpoint.sinks}
@@ -794,7 +874,7 @@ class BridgePipeline:
         if checkpoint is not None:
             delivered = {key: (int(rv), deleted) for key, (_uid, rv, deleted) in checkpoint.ahead.items()
                          if rv.isdigit()}
-            informer.resume_from(seeds, checkpoint.resource_version, delivered)
+            informer.resume_from(seeds, checkpoint.resource_version, delivered, diverging)
             inf.resumed = True
             inf.resume_rv = checkpoint.resource_version
             inf.saved_rv = checkpoint.resource_version
@@ -811,10 +891,26 @@ class BridgePipeline:
         for sink in routed:
             bootstrap = (functools.partial(self._bootstrapped, inf, sink.name)
                          if sink.name in inf.bootstrapping else None)
+            own: SinkResume | None = None
+            if checkpoint is not None and union_only and sink.name not in inf.bootstrapping \
+                    and sink.name not in inf.own_progress:
+                # At the base, yet the cache holds objects only other sinks know: this one does not.
+                inf.own_progress[sink.name] = (int(checkpoint.resource_version), {})
+            if sink.name in inf.own_progress and sink.name not in inf.bootstrapping:
+                own_rv, own_known = inf.own_progress[sink.name]
+                own_known = {**{key: ("", -1, True) for key in union_only if key not in own_known},
+                             **own_known}
+                own = SinkResume(resource_version=own_rv, known=own_known,
+                                 api_version=watched.ref.api_version, kind=watched.ref.kind)
+                log.info("sink %s resumes from its own resourceVersion %d (%d objects where it differs "
+                         "from the slowest sink's)", sink.name, own_rv, len(own_known),
+                         extra={"sink": sink.name, "informer": ident, "resource": watched.ref.qualified})
             listener = SinkListener(sink=sink, resource=watched.ref, cluster=self._cluster,
                                     clock=self._clock, snapshot_prefix=ident, tracker=tracker,
                                     journal=inf.journal, resent=tracker.resent, exits=exits,
-                                    bootstrap=bootstrap)
+                                    bootstrap=bootstrap, own_progress=own)
+            if own is not None:
+                tracker.thresholds.append((own.resource_version, listener.own_progress_passed))
             reg = informer.add_event_handler(listener, _listener_options(sink, self._spill_directory,
                                                                          ident))
             inf.registrations[sink.name] = reg
@@ -1116,7 +1212,7 @@ class BridgePipeline:
             rv, index = tracker.checkpoint_state()
             if not rv:
                 continue
-            sinks = {name: SinkProgress() for name in inf.registrations if name not in inf.bootstrapping}
+            sinks = self._sink_sections(inf, rv)
             cp = Checkpoint(informer_id=ident, resource_version=rv, objects=index,
                             written_at=self._clock.wall(), ahead=tracker.delivered_ahead(), sinks=sinks)
             try:
@@ -1133,6 +1229,30 @@ class BridgePipeline:
             inf.last_saved = self._clock.now()
             written += 1
         return written
+
+    @staticmethod
+    def _sink_sections(inf: _Informer, base_rv: str) -> dict[str, SinkProgress]:
+        """The checkpoint's per-sink section: each sink covered (not bootstrapping) with its own
+        progress as differences from the base (:meth:`AckTracker.listener_state`)."""
+        base = int(base_rv) if base_rv.isdigit() else 0
+        sections: dict[str, SinkProgress] = {}
+        for name in inf.registrations:
+            if name in inf.bootstrapping:
+                continue
+            floor, own = inf.own_progress.get(name, (0, {}))
+            rv, diff = inf.tracker.listener_state(name, floor, own)
+            objects: dict[str, tuple[str, str] | None] = {}
+            ahead: dict[str, tuple[str, str, bool]] = {}
+            for key, k in diff.items():
+                if k is None:
+                    objects[key] = None
+                elif k[1] <= rv and not k[2]:
+                    objects[key] = (k[0], str(k[1]))
+                else:
+                    ahead[key] = (k[0], str(k[1]), k[2])
+            sections[name] = SinkProgress(resource_version=str(rv) if rv > base else "",
+                                          objects=objects, ahead=ahead)
+        return sections
 
     # ---------------------------------------------------------------------------------------------
     # snapshots

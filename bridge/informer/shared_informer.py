@@ -47,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
 from bridge.clock import Clock
@@ -204,6 +204,8 @@ class SharedIndexInformer:
         self._pop_task: asyncio.Task[None] | None = None
         self._reflector_task: asyncio.Task[None] | None = None
         self._delivered: dict[str, tuple[int, bool]] = {}
+        self._diverging: set[str] = set()
+        """Keys whose next same-resourceVersion relist item is notified anyway (see resume_from)."""
         self._unconfirmed: dict[str, list[KubeObject]] = {}
         """key → objects consumers may have received that the informer resumed without (see
         :meth:`seed_unconfirmed`)."""
@@ -244,6 +246,7 @@ class SharedIndexInformer:
         objects: Sequence[KubeObject],
         resource_version: str,
         delivered: Mapping[str, tuple[int, bool]] | None = None,
+        diverging: Iterable[str] = (),
     ) -> None:
         """Seeds the cache from a checkpoint (objects may be metadata-only stubs) and makes the
         first watch start at ``resource_version`` without listing. Call before :meth:`run`.
@@ -256,6 +259,11 @@ class SharedIndexInformer:
         takes those changes again as the watch replays them, but nobody is notified twice. It keeps
         the re-sent events after a crash within what was in flight, even when the checkpoint's
         resourceVersion lagged behind a backlog.
+
+        ``diverging`` names objects whose seeded state some handler does not share (the bridge's
+        sinks each have their own progress): until the informer has notified something about such
+        an object, a relist that finds it unchanged notifies it anyway (as an update that is not a
+        resync), so each handler can compare it with what it knows.
         """
         if self._started:
             raise InformerStartedError(f"informer {self.name!r}: resume_from after start")
@@ -266,6 +274,7 @@ class SharedIndexInformer:
         self._resume_rv = resource_version
         self._last_progress_rv = resource_version
         self._delivered = dict(delivered or {})
+        self._diverging = set(diverging)
 
     async def list_current(self) -> tuple[list[KubeObject], str]:
         """Lists the informer's scope from the API server now (consistent read, in pages of the
@@ -596,9 +605,10 @@ class SharedIndexInformer:
             return
         if delta.type is DeltaType.DELETED:
             self._indexer.delete(obj)
-            await distribute(
-                Notification(kind=NotificationKind.DELETE, obj=obj, key=self._key_func(obj)), False
-            )
+            key = self._key_func(obj)
+            if self._diverging:
+                self._diverging.discard(key)
+            await distribute(Notification(kind=NotificationKind.DELETE, obj=obj, key=key), False)
             return
         assert not isinstance(obj, DeletedFinalStateUnknown)
         key = self._key_func(obj)
@@ -627,6 +637,9 @@ class SharedIndexInformer:
         # server sent: every listener gets it, even at an unchanged resourceVersion (a server
         # repeating itself, an object first known from a checkpoint), so nothing is dropped.
         is_resync = delta.type in _RESYNC_DELTAS and old_rv == new_rv
+        if self._diverging and key in self._diverging:
+            self._diverging.discard(key)
+            is_resync = False
         await distribute(
             Notification(kind=NotificationKind.UPDATE, obj=obj, old=old, is_resync=is_resync, key=key),
             is_resync,
