@@ -64,7 +64,7 @@ from bridge.delivery.checkpoint import (
 )
 from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
 from bridge.delivery.journal import KnownObjectJournal, entries_by_key
-from bridge.delivery.progress import AckTracker, IndexEntry, Knowledge, SinkResume
+from bridge.delivery.progress import AckTracker, IndexEntry, Knowledge, SinkResume, object_key
 from bridge.delivery.selector_exit import LEFT_SELECTOR_EXTENSION, SelectorExits
 from bridge.delivery.spill import SegmentSpill
 from bridge.informer.factory import InformerKey, SharedInformerFactory
@@ -528,6 +528,7 @@ class _Informer:
     registrations: dict[str, HandlerRegistration] = field(default_factory=dict)
     listeners: dict[str, SinkListener] = field(default_factory=dict)
     saved_generation: int = -1
+    saved_acks: int = -1
     saved_rv: str = ""
     last_saved: float | None = None
     checkpoint_errors: int = 0
@@ -888,6 +889,7 @@ class BridgePipeline:
             informer.seed_unconfirmed(unconfirmed)
             log.info("%d objects delivered after the last checkpoint write are known from the journal",
                      len(unconfirmed), extra={"informer": ident, "resource": watched.ref.qualified})
+        journal_only = [(object_key(stub), *object_identity(stub)) for stub in unconfirmed]
         for sink in routed:
             bootstrap = (functools.partial(self._bootstrapped, inf, sink.name)
                          if sink.name in inf.bootstrapping else None)
@@ -900,6 +902,12 @@ class BridgePipeline:
                 own_rv, own_known = inf.own_progress[sink.name]
                 own_known = {**{key: ("", -1, True) for key in union_only if key not in own_known},
                              **own_known}
+                # The journal is the union of what any sink may have received since the base: what
+                # this sink's own progress covers, it knows it does not have.
+                for key, _uid, stub_rv in journal_only:
+                    if key not in known and key not in own_known and stub_rv.isdigit() \
+                            and int(stub_rv) <= own_rv:
+                        own_known[key] = ("", -1, True)
                 own = SinkResume(resource_version=own_rv, known=own_known,
                                  api_version=watched.ref.api_version, kind=watched.ref.kind)
                 log.info("sink %s resumes from its own resourceVersion %d (%d objects where it differs "
@@ -1206,9 +1214,11 @@ class BridgePipeline:
             return 0
         for ident, inf in self._informers.items():
             tracker = inf.tracker
-            if tracker.generation == inf.saved_generation:
+            # The shared state, or (while a sink is behind) a faster sink's own progress, moved.
+            if tracker.generation == inf.saved_generation and (not tracker.lag
+                                                               or tracker.acks == inf.saved_acks):
                 continue
-            generation = tracker.generation
+            generation, acks = tracker.generation, tracker.acks
             rv, index = tracker.checkpoint_state()
             if not rv:
                 continue
@@ -1225,6 +1235,7 @@ class BridgePipeline:
             if inf.journal is not None:
                 inf.journal.compact(cp)
             inf.saved_generation = generation
+            inf.saved_acks = acks
             inf.saved_rv = rv
             inf.last_saved = self._clock.now()
             written += 1

@@ -140,6 +140,9 @@ class AckTracker:
         self._generation = 0
         self.duplicate_acks = 0
         """Acks for a (listener, seq) that was not owed: counted, otherwise ignored."""
+        self.acks = 0
+        """Acks received: a sink's own progress may move while the shared state (generation)
+        waits for a slower sink."""
 
     # ---------------------------------------------------------------------------------------------
     # DeliveryObserver
@@ -165,6 +168,7 @@ class AckTracker:
         self._advance()
 
     def acked(self, listener: str, seq: int) -> None:
+        self.acks += 1
         entry = self._window.get(seq)
         if entry is None or listener not in entry.waiting:
             if seq >= 0:
