@@ -6,6 +6,13 @@ point. On start the bridge seeds the informer with the index and resumes the wat
 resourceVersion; if the server answers 410 the relist is diffed against the index so only real
 differences are emitted.
 
+Progress is also kept per sink (format 2): the fields above are the *base*, the slowest common state
+(what every sink acknowledged), and :attr:`Checkpoint.sinks` names the sinks the checkpoint covers,
+each with only its differences from the base (:class:`SinkProgress`: its own resume point, the
+known objects that differ, its own delivered-ahead changes). A configured sink it does not name is
+bootstrapped with a snapshot; a format-1 checkpoint (no section) covers every configured sink at the
+base.
+
 Stores share one small contract (:class:`CheckpointStore`) and one byte encoding
 (:func:`encode_checkpoint` / :func:`decode_checkpoint`): a header line (format version, length,
 SHA-256) followed by the JSON body, so truncation and bit rot are detected instead of trusted. A

@@ -13,7 +13,13 @@ acknowledged every one of its events.
   relist unless the server answers 410, in which case the relist emits only the differences); a
   corrupt or unreadable one is reported as a WARNING and the informer lists from scratch;
 * one listener per (informer, routed sink), with the sink's buffer capacity and overflow policy, and
-  one :class:`~bridge.progress.AckTracker` per informer computing the checkpoint low-watermark;
+  one :class:`~bridge.progress.AckTracker` per informer computing the checkpoint low-watermark (the
+  base) and, at each write, every sink's own progress (the checkpoint's per-sink section);
+* per-sink progress on resume: the watch resumes from the base, the cache is seeded with the union of
+  what the sinks know, and each sink's listener filters through its own progress
+  (:class:`~bridge.delivery.progress.SinkResume`); a sink the checkpoint does not cover is
+  bootstrapped: it receives nothing until a snapshot of whole objects (:meth:`BridgePipeline._hydrate`),
+  then the live stream;
 * a named task writes checkpoints every ``checkpoint_interval`` seconds (only when the state moved);
 * per-sink resync periods are served as snapshots (``informer.request_snapshot``) by one timer task
   per (informer, sink); listeners themselves get resync period 0, so the same-RV updates of a 410

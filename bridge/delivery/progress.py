@@ -21,7 +21,11 @@ wait per key in a small *ahead* list and are folded into the index when a marker
 This compares resourceVersions as integers (they are etcd revisions); a non-integer one is applied
 at once, as if it were covered.
 
-:meth:`AckTracker.checkpoint_state` is what the checkpoint writer persists. The tracker is
+:meth:`AckTracker.checkpoint_state` is what the checkpoint writer persists as the shared *base*;
+:meth:`AckTracker.listener_state` computes one sink's own progress (as differences from the base)
+from the same window, at checkpoint time only, so per-sink progress adds nothing per change but an
+ack counter. After a restart :class:`SinkResume` filters each sink's notifications through its own
+progress. The tracker is
 single-threaded (asyncio) and its memory is bounded by the listeners' bounded buffers: a notification
 is held only while some listener has it in flight.
 """
