@@ -555,10 +555,10 @@ class SinkResume:
         if mine is None:
             return [n]
         knows = not mine[2] and mine[0] == uid
-        if knows and rv is not None and rv <= mine[1]:
-            if rv == mine[1]:
+        if rv is not None and rv <= mine[1] and (knows or mine[2]):
+            if knows and rv == mine[1]:
                 del known[key]
-            return self._skip()
+            return self._skip()  # it has this state, or saw the object deleted after it
         if not mine[2] and rv is not None and rv < mine[1]:
             return self._skip()  # older than the other incarnation it has: replayed history
         del known[key]
