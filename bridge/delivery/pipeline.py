@@ -214,9 +214,13 @@ class SinkListener:
     def _filter_own(self, n: Notification) -> list[Notification]:
         own = self.own_progress
         assert own is not None
-        if not own.known and self._own_until is not None and 0 <= self._own_until <= n.seq:
-            self.own_progress = self._own_until = None  # caught up: the filter costs nothing more
-            return [n]
+        if self._own_until is not None and 0 <= self._own_until <= n.seq:
+            # Past the sink's own resume point: only the objects it knows differently need a look.
+            if not own.known:
+                self.own_progress = self._own_until = None  # caught up: the filter costs nothing more
+                return [n]
+            if n.key and n.key not in own.known:
+                return [n]
         inferred = n.kind is NotificationKind.DELETE and delete_is_inferred(n, self._tracker, self._resent)
         return own.admit(n, inferred)
 
