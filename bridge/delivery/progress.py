@@ -95,6 +95,18 @@ class _InFlight:
     """When it was dispatched (the tracker's ``now``), for the age of what a sink still owes."""
 
 
+@dataclass(slots=True)
+class _Scan:
+    """Where one sink's own progress stands (:meth:`AckTracker.listener_state`)."""
+
+    cursor: int
+    """The first seq not scanned yet."""
+    changes: dict[str, Knowledge]
+    """Per object, what the sink acknowledged where it may differ from the base."""
+    rv: int
+    """Its own resume resourceVersion so far."""
+
+
 class AckTracker:
     """A :class:`~bridge.contracts.DeliveryObserver` computing the checkpoint state of one informer.
 
@@ -144,6 +156,8 @@ class AckTracker:
         self._generation = 0
         self.duplicate_acks = 0
         """Acks for a (listener, seq) that was not owed: counted, otherwise ignored."""
+        self._scans: dict[str, _Scan] = {}
+        """Listener → its incremental own-progress scan (:meth:`listener_state`)."""
         self.acks = 0
         """Acks received: a sink's own progress may move while the shared state (generation)
         waits for a slower sink."""
@@ -194,6 +208,7 @@ class AckTracker:
         self._advance()
 
     def listener_removed(self, listener: str) -> None:
+        self._scans.pop(listener, None)
         for entry in self._window.values():
             if listener in entry.waiting:
                 entry.waiting.discard(listener)
@@ -327,48 +342,83 @@ class AckTracker:
         :meth:`base_knowledge` (None: the base knows the object, the sink knows it is gone).
 
         ``floor`` is the sink's own resume point when the informer resumed (its per-sink section),
-        ``own`` its knowledge then where it differed from the base. The sink's progress is that,
-        plus every notification of the window's prefix it does not owe (a sink acknowledges in any
-        order, but only the contiguous prefix is certain), plus the markers that prefix passes.
-        Per object, a change older than what the sink already knows is not applied (it skipped its
-        replay; see :class:`~bridge.delivery.pipeline.SinkListener`). Costs a scan of the window:
-        for the checkpoint writer, not the per-change path."""
-        rv = max(floor, self._rv_int if self._rv_int is not None else 0)
-        changes: dict[str, Knowledge] = dict(own)
+        ``own`` its knowledge then where it differed from the base (both read on the first call).
+        The sink's progress is that, plus every notification of the window's prefix it does not owe
+        (a sink acknowledges in any order, but only the contiguous prefix is certain), plus the
+        markers that prefix passes. Per object, a change older than what the sink already knows is
+        not applied (it skipped its replay; see :class:`SinkResume`).
+
+        Incremental: each call scans only the notifications dispatched since the previous call's
+        stopping point (what the base applied meanwhile was folded in as it was applied), so a
+        checkpoint write while a sink is far behind does not rescan that sink's whole backlog."""
+        scan = self._scans.get(listener)
+        if scan is None:
+            scan = self._scans[listener] = _Scan(cursor=self._last_applied_seq + 1, changes=dict(own),
+                                                 rv=floor)
+        base_rv = self._rv_int if self._rv_int is not None else 0
+        scan.rv = max(scan.rv, base_rv)
+        window = self._window
         limit: int | None = None
-        for seq, entry in self._window.items():
-            if listener in entry.waiting:
-                limit = seq
-                break
-            effect = entry.effect
-            if effect is None:
-                continue
-            key, known, effect_rv = effect
-            if effect_rv is None:
-                continue
-            current = changes.get(key) or self.base_knowledge(key)
-            if effect_rv != -1 and current is not None and effect_rv < current[1]:
-                continue  # older than what the sink has: it skipped this replayed change
-            if known is None:
-                changes[key] = ("" if current is None else current[0],
-                                effect_rv if effect_rv != -1 else (current[1] if current else -1), True)
-            else:
-                changes[key] = (known[0], effect_rv, False)
-        for seq, marker_rv in self._markers:
-            if limit is not None and seq > limit:
-                break
-            if marker_rv.isdigit():
-                rv = max(rv, int(marker_rv))
+        seq = max(scan.cursor, self._last_applied_seq + 1)
+        last = self._last_dispatched_seq
+        while seq <= last:
+            entry = window.get(seq)
+            if entry is not None:
+                if listener in entry.waiting:
+                    limit = seq
+                    break
+                self._scan_effect(scan, entry.effect)
+            seq += 1
+        scan.cursor = seq
+        scan.rv = max(scan.rv, self._marker_rv(limit))
+        rv = scan.rv
         out: dict[str, Knowledge | None] = {}
-        for key, mine in changes.items():
+        for key, mine in list(scan.changes.items()):
             base = self.base_knowledge(key)
             if mine[2]:
                 if base is None or base[2]:
-                    continue  # gone for both
+                    # Gone for both — forgotten once the base's resume point covers the delete (before
+                    # that, "the base does not know it" may still mean "not yet": an older change of it
+                    # may be waiting for a slower sink).
+                    if 0 <= mine[1] <= base_rv:
+                        del scan.changes[key]
+                    continue
                 out[key] = None if mine[1] <= rv else mine
             elif base is None or base[2] or base[0] != mine[0] or base[1] != mine[1]:
                 out[key] = mine
+            else:
+                del scan.changes[key]  # the base caught up with it
         return rv, out
+
+    def _marker_rv(self, limit: int | None) -> int:
+        """The newest resourceVersion among the pending markers a listener owing nothing before
+        ``limit`` (None: nothing) has passed; 0 if none. Scans from the end: a listener that keeps
+        up passes nearly all of them."""
+        markers = self._markers
+        if not markers or (limit is not None and markers[0][0] > limit):
+            return 0
+        for seq, marker_rv in reversed(markers):
+            if limit is None or seq <= limit:
+                return int(marker_rv) if marker_rv.isdigit() else 0
+        return 0
+
+    def _scan_effect(self, scan: _Scan, effect: _Effect) -> None:
+        """Applies one notification's effect to a sink's own knowledge (newest resourceVersion
+        wins; a relist's tombstone, -1, always applies)."""
+        if effect is None:
+            return
+        key, known, effect_rv = effect
+        if effect_rv is None:
+            return
+        changes = scan.changes
+        current = changes.get(key) or self.base_knowledge(key)
+        if effect_rv != -1 and current is not None and effect_rv < current[1]:
+            return  # older than what the sink has: it skipped this replayed change
+        if known is None:
+            changes[key] = ("" if current is None else current[0],
+                            effect_rv if effect_rv != -1 else (current[1] if current else -1), True)
+        else:
+            changes[key] = (known[0], effect_rv, False)
 
     # ---------------------------------------------------------------------------------------------
 
@@ -382,6 +432,11 @@ class AckTracker:
             changed |= self._pass_markers(seq)
             del self._window[seq]
             self._unobserved.discard(seq)
+            if self._scans:
+                # A sink's incremental scan that has not reached it yet takes it now, in order.
+                for scan in self._scans.values():
+                    if scan.cursor <= seq:
+                        self._scan_effect(scan, entry.effect)
             self._apply(entry.effect)
             self._last_applied_seq = seq
             changed = True
