@@ -432,12 +432,16 @@ class AckTracker:
             changed |= self._pass_markers(seq)
             del self._window[seq]
             self._unobserved.discard(seq)
-            if self._scans:
-                # A sink's incremental scan that has not reached it yet takes it now, in order.
+            effect = entry.effect
+            if self._scans and effect is not None:
+                # A sink's incremental scan that has not reached it yet takes it now, in order — if
+                # the sink knows the object differently; otherwise it agrees with the base, which
+                # takes it now. O(sinks) per change, a comparison and a lookup each.
+                key = effect[0]
                 for scan in self._scans.values():
-                    if scan.cursor <= seq:
-                        self._scan_effect(scan, entry.effect)
-            self._apply(entry.effect)
+                    if scan.cursor <= seq and key in scan.changes:
+                        self._scan_effect(scan, effect)
+            self._apply(effect)
             self._last_applied_seq = seq
             changed = True
         head = next(iter(self._window)) if self._window else None
