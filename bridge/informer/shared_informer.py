@@ -622,6 +622,9 @@ class SharedIndexInformer:
             )
             return
         self._indexer.update(obj)
+        forced = bool(self._diverging) and key in self._diverging
+        if forced:
+            self._diverging.discard(key)  # notified now, one way or another
         old_uid, old_rv = object_identity(old)
         new_uid, new_rv = object_identity(obj)
         if self._split_uid_changes and old_uid and new_uid and old_uid != new_uid:
@@ -636,10 +639,7 @@ class SharedIndexInformer:
         # was is a resync, for the listeners due for one. An Added or Updated delta is a change the
         # server sent: every listener gets it, even at an unchanged resourceVersion (a server
         # repeating itself, an object first known from a checkpoint), so nothing is dropped.
-        is_resync = delta.type in _RESYNC_DELTAS and old_rv == new_rv
-        if self._diverging and key in self._diverging:
-            self._diverging.discard(key)
-            is_resync = False
+        is_resync = delta.type in _RESYNC_DELTAS and old_rv == new_rv and not forced
         await distribute(
             Notification(kind=NotificationKind.UPDATE, obj=obj, old=old, is_resync=is_resync, key=key),
             is_resync,
