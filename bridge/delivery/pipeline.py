@@ -13,7 +13,13 @@ acknowledged every one of its events.
   relist unless the server answers 410, in which case the relist emits only the differences); a
   corrupt or unreadable one is reported as a WARNING and the informer lists from scratch;
 * one listener per (informer, routed sink), with the sink's buffer capacity and overflow policy, and
-  one :class:`~bridge.progress.AckTracker` per informer computing the checkpoint low-watermark;
+  one :class:`~bridge.progress.AckTracker` per informer computing the checkpoint low-watermark (the
+  base) and, at each write, every sink's own progress (the checkpoint's per-sink section);
+* per-sink progress on resume: the watch resumes from the base, the cache is seeded with the union of
+  what the sinks know, and each sink's listener filters through its own progress
+  (:class:`~bridge.delivery.progress.SinkResume`); a sink the checkpoint does not cover is
+  bootstrapped: it receives nothing until a snapshot of whole objects (:meth:`BridgePipeline._hydrate`),
+  then the live stream;
 * a named task writes checkpoints every ``checkpoint_interval`` seconds (only when the state moved);
 * per-sink resync periods are served as snapshots (``informer.request_snapshot``) by one timer task
   per (informer, sink); listeners themselves get resync period 0, so the same-RV updates of a 410
@@ -59,11 +65,12 @@ from bridge.delivery.checkpoint import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointStore,
+    SinkProgress,
     informer_id,
 )
 from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
 from bridge.delivery.journal import KnownObjectJournal, entries_by_key
-from bridge.delivery.progress import AckTracker, IndexEntry
+from bridge.delivery.progress import AckTracker, IndexEntry, Knowledge, SinkResume, object_key
 from bridge.delivery.selector_exit import LEFT_SELECTOR_EXTENSION, SelectorExits
 from bridge.delivery.spill import SegmentSpill
 from bridge.informer.factory import InformerKey, SharedInformerFactory
@@ -137,6 +144,10 @@ class SinkListenerStats:
     resync_skipped: int = 0
     """Same-resourceVersion updates (nothing changed) acknowledged without delivery."""
     snapshots: int = 0
+    bootstrap_skipped: int = 0
+    """Notifications acknowledged without delivery before the sink's bootstrap snapshot."""
+    own_progress_skipped: int = 0
+    """Notifications acknowledged without delivery after a restart: the sink had them already."""
     outcomes: collections.Counter[str] = field(default_factory=collections.Counter)
     """Sink acknowledgements by :class:`~sinks.contract.DeliveryOutcome` value."""
 
@@ -156,13 +167,23 @@ class SinkListener:
         journal: KnownObjectJournal | None = None,
         resent: Mapping[str, tuple[str, bool]] | None = None,
         exits: SelectorExits | None = None,
+        bootstrap: Callable[[], None] | None = None,
+        own_progress: SinkResume | None = None,
     ) -> None:
         """``tracker`` (the informer's) tells which deletes were inferred rather than observed.
         ``journal``: the informer's known-object journal; an event it has a record for is handed to
         the sink only once the record is durable. ``resent``: uid → (resourceVersion, inferred) of
         the deletes the journal says were sent before a restart (see :func:`delete_is_inferred`).
-        ``exits`` (a selector-scoped informer's) tells which observed deletes were selector exits."""
+        ``exits`` (a selector-scoped informer's) tells which observed deletes were selector exits.
+        ``bootstrap``, when given, makes this a sink with no progress of its own: it receives nothing
+        until its bootstrap snapshot (see :meth:`bootstrap_ready`), then the live stream; the
+        callback runs once the sink acknowledged the whole snapshot. ``own_progress``: the sink's
+        own progress when it differs from the checkpoint's base; every notification passes its
+        filter (:class:`~bridge.delivery.progress.SinkResume`) until the informer has passed it
+        (:meth:`own_progress_passed`)."""
         self.sink = sink
+        self.own_progress = own_progress
+        self._own_until = -1 if own_progress is not None else None
         self._tracker = tracker
         self._journal = journal
         self._resent = resent or {}
@@ -173,7 +194,64 @@ class SinkListener:
         self._snapshot_prefix = snapshot_prefix or resource.qualified
         self._gap: GapInfo | None = None
         """The relist window this sink is inside (between gap.begin and gap.end), if any."""
+        self._held: set[str] = set()
+        """uids whose replayed changes were held back (see :meth:`_replayed_after_delete`): their
+        replayed delete is framed as a gap."""
         self.stats = SinkListenerStats()
+        self._bootstrapped = bootstrap
+        self.bootstrapping = bootstrap is not None
+        """True until the bootstrap snapshot reaches this listener: every notification before it is
+        acknowledged without delivery (the snapshot will contain its effect)."""
+        self._snapshot_wanted = False
+        self._skipped_gap = ""
+        """The id of a gap window whose begin was skipped while bootstrapping: its end is skipped
+        too, so the sink never sees an end without its begin."""
+
+    def own_progress_passed(self, seq: int) -> None:
+        """The informer's progress reached the sink's own resume point at ``seq``: from that
+        notification on, once nothing the sink knows differs from the informer, the filter is
+        dropped."""
+        if self._own_until is not None and self._own_until < 0:
+            self._own_until = seq
+
+    def _filter_own(self, n: Notification) -> list[Notification]:
+        own = self.own_progress
+        assert own is not None
+        if self._own_until is not None and 0 <= self._own_until <= n.seq:
+            # Past the sink's own resume point: only the objects it knows differently need a look.
+            if not own.known:
+                self.own_progress = self._own_until = None  # caught up: the filter costs nothing more
+                return [n]
+            if n.key and n.key not in own.known:
+                return [n]
+        inferred = n.kind is NotificationKind.DELETE and delete_is_inferred(n, self._tracker, self._resent)
+        return own.admit(n, inferred)
+
+    def bootstrap_ready(self) -> None:
+        """The informer's cache now holds whole objects: the next snapshot this listener receives
+        is its bootstrap (earlier ones, taken from a cache that may still hold checkpoint stubs,
+        are skipped)."""
+        self._snapshot_wanted = True
+
+    def _bootstrap_skips(self, n: Notification, ack: AckFunc) -> AckFunc | None:
+        """While bootstrapping: None when ``n`` is skipped (acknowledged here), else the ack to
+        deliver the bootstrap snapshot with. Skipping is safe because the snapshot comes later and
+        holds the cache as of then, which includes the effect of everything skipped."""
+        if n.kind is NotificationKind.SNAPSHOT and self._snapshot_wanted:
+            self.bootstrapping = False
+            done = self._bootstrapped
+
+            def snapshot_ack() -> None:
+                ack()
+                if done is not None:
+                    done()
+
+            return snapshot_ack
+        if n.kind is NotificationKind.GAP and n.gap is not None and not n.gap.end:
+            self._skipped_gap = n.gap.id
+        self.stats.bootstrap_skipped += 1
+        ack()
+        return None
 
     def _event(self, type_: EventType, obj: KubeObject | None, observed: float, **kw: Any) -> ChangeEvent:
         if self._gap is not None and "snapshot" not in kw:
@@ -196,21 +274,50 @@ class SinkListener:
         delete consumers already hold: the journal's ``resent`` says this uid's delete was sent as
         *inferred* (a relist found the object gone, with its last known state), and the watch,
         resumed from a checkpoint older than that relist, now replays the changes the relist had
-        coalesced. A uid is deleted once, so they are all older than that delete; sent, they would
+        coalesced — those newer than the state the inferred delete carries. No sink ever had them
+        one by one (they were inside that relist's gap), and a uid is deleted once; sent, they would
         bring the object back for consumers (for good where the broker drops the replayed real
         delete as a duplicate id). The delete itself goes out again as it was sent.
 
-        A delete the watch showed (not inferred) is replayed in its place, after the changes before
-        it, so those go out again in order (at-least-once). Under a selector a delete may be an exit
-        of an object that lives on and comes back into scope later: there only changes up to the
-        inferred delete's resourceVersion are held back."""
+        The changes up to that state were observed on the watch and sent one by one before the
+        relist, but a sink that lagged (down, its backlog lost in the crash) may never have had
+        them: they go out again, in order, before the delete (at-least-once; a sink that had them
+        gets the same ids again, followed by the same delete). Likewise a delete the watch showed
+        (not inferred) is replayed in its place, after the changes before it. Under a selector a
+        delete may be an exit of an object that lives on and comes back into scope later: there
+        only changes up to the inferred delete's resourceVersion are held back."""
         uid, rv = object_identity(obj)
         before = self._resent.get(uid)
         if before is None or not before[1]:
             return False
-        if self._exits is None:
-            return True
-        return rv.isdigit() and before[0].isdigit() and int(rv) <= int(before[0])
+        if not (rv.isdigit() and before[0].isdigit()):
+            held = True
+        elif self._exits is None:
+            held = int(rv) > int(before[0])
+        else:
+            return int(rv) <= int(before[0])
+        if held:
+            self._held.add(uid)
+        return held
+
+    def _framed_replayed_delete(self, event: ChangeEvent, uid: str, observed: float) -> list[ChangeEvent]:
+        """The replayed delete of a uid whose replayed changes were held back, framed as a gap from
+        the state the inferred delete carried to the delete: a sink that lagged across the crash
+        never received the relist that coalesced those changes (nor its gap markers), so it learns
+        here that they were not delivered one by one. A sink that had them gets an empty-handed
+        repetition of a window it already knows."""
+        before = self._resent[uid][0]
+        info = GapInfo(id=f"{self._snapshot_prefix}:replayed:{uid}:{before}", from_resource_version=before,
+                       to_resource_version=event.resource_version)
+        begin = GapInfo(id=info.id, from_resource_version=before)
+        at = observed or self._clock.wall()
+        return [
+            ChangeEvent(type=EventType.GAP_BEGIN, resource=self.resource, cluster=self.cluster, obj=None,
+                        time=change_time(EventType.GAP_BEGIN, None, at), gap=begin),
+            _with_gap(event, begin),
+            ChangeEvent(type=EventType.GAP_END, resource=self.resource, cluster=self.cluster, obj=None,
+                        time=change_time(EventType.GAP_END, None, at), gap=info),
+        ]
 
     def events_for(self, n: Notification) -> list[ChangeEvent]:
         """The change events one notification becomes (empty for a no-change resync update)."""
@@ -227,7 +334,11 @@ class SinkListener:
         if n.kind is NotificationKind.DELETE:
             obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
             inferred = delete_is_inferred(n, self._tracker, self._resent)
-            return [self._event(EventType.DELETED, obj, n.time, final_state_unknown=inferred)]
+            event = self._event(EventType.DELETED, obj, n.time, final_state_unknown=inferred)
+            if self._held and self._gap is None and (uid := object_identity(obj)[0]) in self._held:
+                self._held.discard(uid)
+                return self._framed_replayed_delete(event, uid, n.time)
+            return [event]
         if n.kind is NotificationKind.GAP:
             assert n.gap is not None
             return [self._gap_event(n.gap, n.time)]
@@ -253,12 +364,39 @@ class SinkListener:
 
     async def handle(self, notification: Notification, ack: AckFunc) -> None:
         self.stats.notifications += 1
+        if self.bootstrapping:
+            snapshot_ack = self._bootstrap_skips(notification, ack)
+            if snapshot_ack is None:
+                return
+            ack = snapshot_ack
+        elif self._skipped_gap and notification.kind is NotificationKind.GAP:
+            gap = notification.gap
+            if gap is not None and gap.end and gap.id == self._skipped_gap:
+                self._skipped_gap = ""
+                self.stats.bootstrap_skipped += 1
+                ack()
+                return
+        admitted: list[Notification] | None = None
+        if self.own_progress is not None and notification.kind is not NotificationKind.SNAPSHOT:
+            admitted = self._filter_own(notification)
+            if len(admitted) == 1:
+                notification, admitted = admitted[0], None
+            elif not admitted:
+                self.stats.own_progress_skipped += 1
+                ack()
+                return
         journal = self._journal
         if journal is not None and journal.must_wait(notification.seq):
             # A new object or a delete: released only once the journal has it (module docs).
             await journal.wait(notification.seq)
         events: Iterable[ChangeEvent]
-        if notification.kind is NotificationKind.SNAPSHOT:
+        if admitted is not None:  # a delete of the sink's own object, then the change
+            listed = [e for a in admitted for e in self.events_for(a)]
+            if not listed:
+                ack()
+                return
+            remaining, events = len(listed), listed
+        elif notification.kind is NotificationKind.SNAPSHOT:
             self.stats.snapshots += 1
             remaining, events = self._snapshot_events(notification)
         else:
@@ -314,6 +452,11 @@ class SinkListener:
             ack()
 
         await self.sink.deliver(event, event_ack)
+
+
+def _with_gap(event: ChangeEvent, gap: GapInfo) -> ChangeEvent:
+    event.gap = gap
+    return event
 
 
 def delete_is_inferred(n: Notification, tracker: AckTracker | None,
@@ -398,6 +541,17 @@ def http_informer_builder(
     return build
 
 
+def own_knowledge(checkpoint: Checkpoint, section: SinkProgress) -> tuple[int, dict[str, Knowledge]]:
+    """A sink's resume point and its knowledge where it differs from the checkpoint's base."""
+    rv = int(section.resource_version or checkpoint.resource_version)
+    own: dict[str, Knowledge] = {}
+    for key, entry in section.objects.items():
+        own[key] = ("", rv, True) if entry is None else (entry[0], int(entry[1]), False)
+    for key, (uid, ahead_rv, deleted) in section.ahead.items():
+        own[key] = (uid, int(ahead_rv), deleted)
+    return rv, own
+
+
 def stub_objects(resource: ResourceRef, index: Mapping[str, IndexEntry]) -> list[KubeObject]:
     """Metadata-only objects rebuilt from a checkpoint index (what a resumed informer knows)."""
     out: list[KubeObject] = []
@@ -425,6 +579,7 @@ class _Informer:
     registrations: dict[str, HandlerRegistration] = field(default_factory=dict)
     listeners: dict[str, SinkListener] = field(default_factory=dict)
     saved_generation: int = -1
+    saved_acks: int = -1
     saved_rv: str = ""
     last_saved: float | None = None
     checkpoint_errors: int = 0
@@ -433,6 +588,13 @@ class _Informer:
     """Why the last list/watch cycle failed, while no progress was made since ("" = none)."""
     failing_progress: int = -1
     """The tracker's progress count when that failure was reported."""
+    own_progress: dict[str, tuple[int, dict[str, Knowledge]]] = field(default_factory=dict)
+    """Sink → its own resume point and knowledge (where it differs from the base) when the
+    informer resumed; sinks at the base are absent."""
+    bootstrapping: set[str] = field(default_factory=set)
+    """Sinks with no progress of their own in the checkpoint, until they acknowledged their
+    bootstrap snapshot; the checkpoint does not cover them before that (a crash bootstraps them
+    again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -535,10 +697,26 @@ class _CountingTracker(AckTracker):
         self.resent: Mapping[str, tuple[str, bool]] = {}
         self.synced = 0
         """Objects of the snapshots dispatched (each becomes one ``sync`` event per sink)."""
+        self.thresholds: list[tuple[int, Callable[[int], None]]] = []
+        """(resourceVersion, callback(seq)): called once, with the marker's seq, when progress
+        reaches the resourceVersion (a sink's own resume point)."""
+        self.bootstrap_at: int | None = None
+        """A resourceVersion the informer must reach before its cache holds no checkpoint stubs
+        (a sink's bootstrap snapshot waits for it); None = nothing waits."""
+        self.bootstrap_reached = asyncio.Event()
 
     def progress(self, seq: int, resource_version: str) -> None:
         self.progress_count += 1
         super().progress(seq, resource_version)
+        if self.thresholds and resource_version.isdigit():
+            reached = int(resource_version)
+            for threshold in [t for t in self.thresholds if t[0] <= reached]:
+                self.thresholds.remove(threshold)
+                threshold[1](seq)
+        at = self.bootstrap_at
+        if at is not None and at >= 0 and resource_version.isdigit() and int(resource_version) >= at:
+            self.bootstrap_at = None
+            self.bootstrap_reached.set()
 
     def dispatched(self, notification: Notification, listeners: Sequence[str]) -> None:
         if notification.seq >= 0:
@@ -673,6 +851,8 @@ class BridgePipeline:
                     self._spawn(f"snapshot-timer:{ident}:{sink_name}", self._snapshot_timer(inf, reg, period))
             if self._snapshot_on_first_start and not inf.resumed:
                 self._spawn(f"first-snapshot:{ident}", self._first_snapshot(inf))
+            if inf.bootstrapping:
+                self._spawn(f"bootstrap:{ident}", self._bootstrap(inf))
         for ident, inf in self._informers.items():
             if inf.journal is not None:
                 self._spawn(f"journal:{ident}", inf.journal.run())
@@ -713,32 +893,180 @@ class BridgePipeline:
         inf = _Informer(watched=watched, informer=informer, tracker=tracker, corrupt_checkpoint=corrupt)
         informer.set_watch_error_handler(self._watch_error_recorder(inf))
         known, unconfirmed = await self._known_objects(inf, checkpoint)
+        routed = [sink for sink in self._sinks if _resource_matches(sink, watched)]
+        diverging: set[str] = set()
+        union_only: set[str] = set()
+        """Objects the cache is seeded with that the base does not know (only some sinks do)."""
+        if checkpoint is not None and checkpoint.sinks:
+            for sink in routed:
+                section = checkpoint.sinks.get(sink.name)
+                if section is not None and not section.at_base:
+                    inf.own_progress[sink.name] = own_knowledge(checkpoint, section)
+            # The cache knows the union of what the sinks know: per object, the oldest state a sink
+            # has (so a relist notifies every newer one, and a delete reaches whoever knew it).
+            extra: dict[str, IndexEntry] = {}
+            for _, differs in inf.own_progress.values():
+                for key, (uid, rv, deleted) in differs.items():
+                    diverging.add(key)
+                    if not deleted and key not in known and (key not in extra or rv < int(extra[key][1])):
+                        extra[key] = (uid, str(rv))
+            known.update(extra)
+            union_only = set(extra)
+            tracker.seed_last_seen({key: rv for key, (_uid, rv) in extra.items()})
+        seeds = stub_objects(watched.ref, known)
+        if checkpoint is not None and checkpoint.sinks is not None:
+            inf.bootstrapping = {sink.name for sink in routed if sink.name not in checkpoint.sinks}
+            dropped = sorted(set(checkpoint.sinks) - {sink.name for sink in routed})
+            if dropped:
+                log.info("the checkpoint has progress of sinks no longer configured for this resource "
+                         "(%s); it is dropped at the next checkpoint write", ", ".join(dropped),
+                         extra={"informer": ident, "resource": watched.ref.qualified})
+        if inf.bootstrapping:
+            seeds, unconfirmed = await self._hydrate(inf, seeds, unconfirmed)
         if checkpoint is not None:
             delivered = {key: (int(rv), deleted) for key, (_uid, rv, deleted) in checkpoint.ahead.items()
                          if rv.isdigit()}
-            informer.resume_from(stub_objects(watched.ref, known), checkpoint.resource_version, delivered)
+            informer.resume_from(seeds, checkpoint.resource_version, delivered, diverging)
             inf.resumed = True
             inf.resume_rv = checkpoint.resource_version
             inf.saved_rv = checkpoint.resource_version
-            inf.saved_generation = tracker.generation
+            # A checkpoint whose sinks are not the configured ones is rewritten at the first interval.
+            same_sinks = checkpoint.sinks is None or set(checkpoint.sinks) == {s.name for s in routed}
+            inf.saved_generation = tracker.generation if same_sinks else -1
             log.info("resuming from checkpoint at resourceVersion %s (%d known objects)",
                      checkpoint.resource_version, len(checkpoint.objects),
                      extra={"informer": ident, "resource": watched.ref.qualified})
+        if inf.journal is not None and inf.journal.unreadable:
+            self._journal_unreadable(inf, checkpoint)
         if unconfirmed:
             informer.seed_unconfirmed(unconfirmed)
             log.info("%d objects delivered after the last checkpoint write are known from the journal",
                      len(unconfirmed), extra={"informer": ident, "resource": watched.ref.qualified})
-        for sink in self._sinks:
-            if not _resource_matches(sink, watched):
-                continue
+        journal_only = [(object_key(stub), *object_identity(stub)) for stub in unconfirmed]
+        for sink in routed:
+            bootstrap = (functools.partial(self._bootstrapped, inf, sink.name)
+                         if sink.name in inf.bootstrapping else None)
+            own: SinkResume | None = None
+            if checkpoint is not None and union_only and sink.name not in inf.bootstrapping \
+                    and sink.name not in inf.own_progress:
+                # At the base, yet the cache holds objects only other sinks know: this one does not.
+                inf.own_progress[sink.name] = (int(checkpoint.resource_version), {})
+            if sink.name in inf.own_progress and sink.name not in inf.bootstrapping:
+                own_rv, own_known = inf.own_progress[sink.name]
+                own_known = {**{key: ("", -1, True) for key in union_only if key not in own_known},
+                             **own_known}
+                # The journal is the union of what any sink may have received since the base: what
+                # this sink's own progress covers, it knows it does not have.
+                for key, _uid, stub_rv in journal_only:
+                    if key not in known and key not in own_known and stub_rv.isdigit() \
+                            and int(stub_rv) <= own_rv:
+                        own_known[key] = ("", -1, True)
+                own = SinkResume(resource_version=own_rv, known=own_known,
+                                 api_version=watched.ref.api_version, kind=watched.ref.kind)
+                log.info("sink %s resumes from its own resourceVersion %d (%d objects where it differs "
+                         "from the slowest sink's)", sink.name, own_rv, len(own_known),
+                         extra={"sink": sink.name, "informer": ident, "resource": watched.ref.qualified})
             listener = SinkListener(sink=sink, resource=watched.ref, cluster=self._cluster,
                                     clock=self._clock, snapshot_prefix=ident, tracker=tracker,
-                                    journal=inf.journal, resent=tracker.resent, exits=exits)
+                                    journal=inf.journal, resent=tracker.resent, exits=exits,
+                                    bootstrap=bootstrap, own_progress=own)
+            if own is not None:
+                tracker.thresholds.append((own.resource_version, listener.own_progress_passed))
             reg = informer.add_event_handler(listener, _listener_options(sink, self._spill_directory,
                                                                          ident))
             inf.registrations[sink.name] = reg
             inf.listeners[sink.name] = listener
         self._informers[ident] = inf
+
+    @staticmethod
+    def _journal_unreadable(inf: _Informer, checkpoint: Checkpoint | None) -> None:
+        """The journal left by the previous run cannot be read: the objects it recorded (delivered
+        after the last checkpoint write) are unknown, so a delete of one while the bridge was down
+        may reach no sink. Resumed from a checkpoint, the watch replays every change since it
+        (those deletes included); if that history expired, the relist is framed by gap markers from
+        the checkpoint's resourceVersion anyway. Without a checkpoint, the first list is framed by
+        gap markers from resourceVersion 0 so that consumers learn it too."""
+        journal = inf.journal
+        assert journal is not None
+        ident, resource = inf.watched.informer_id, inf.watched.ref.qualified
+        if checkpoint is not None:
+            log.warning("known-object journal %s cannot be read (%s); resuming from the checkpoint: if "
+                        "the server's history since resourceVersion %s expired, the relist (framed by gap "
+                        "markers) cannot report deletes of objects delivered after that checkpoint write",
+                        journal.backend.name, journal.unreadable, checkpoint.resource_version,
+                        extra={"informer": ident, "resource": resource})
+            return
+        log.warning("known-object journal %s cannot be read (%s) and there is no checkpoint: a full list "
+                    "framed by gap markers from resourceVersion 0 (objects delivered before and deleted "
+                    "while the bridge was down get no delete)", journal.backend.name, journal.unreadable,
+                    extra={"informer": ident, "resource": resource})
+        inf.informer.frame_first_list("0")
+
+    async def _hydrate(self, inf: _Informer, seeds: list[KubeObject], unconfirmed: list[KubeObject]
+                       ) -> tuple[list[KubeObject], list[KubeObject]]:
+        """Replaces the checkpoint's metadata-only stubs by whole objects, for a sink's bootstrap
+        snapshot: one list of the scope now; a listed object with the stub's uid and
+        resourceVersion is that very state. A stub without its listed twin changed or went after
+        the checkpoint, so the resumed watch replays it (or a 410 relist lists it) before reaching
+        the list's resourceVersion: the snapshot waits for that point
+        (:attr:`_CountingTracker.bootstrap_at`), or is taken at once when no stub is left."""
+        watched = inf.watched
+        try:
+            listed, list_rv = await inf.informer.list_current()
+        except Exception as exc:
+            # Without whole objects the snapshot waits for a relist to bring them.
+            log.warning("listing %s for the bootstrap snapshot of %s failed (%s); the snapshot waits "
+                        "for the next relist", watched.ref.qualified, ", ".join(sorted(inf.bootstrapping)),
+                        exc, extra={"informer": watched.informer_id, "resource": watched.ref.qualified})
+            inf.tracker.bootstrap_at = -1
+            return seeds, unconfirmed
+        current = {object_identity(obj): obj for obj in listed}
+        left = 0
+
+        def whole(stubs: list[KubeObject]) -> list[KubeObject]:
+            nonlocal left
+            out = []
+            for stub in stubs:
+                obj = current.get(object_identity(stub))
+                if obj is None:
+                    left += 1
+                out.append(stub if obj is None else obj)
+            return out
+
+        seeds, unconfirmed = whole(seeds), whole(unconfirmed)
+        if left:
+            inf.tracker.bootstrap_at = int(list_rv) if list_rv.isdigit() else -1
+        else:
+            inf.tracker.bootstrap_reached.set()
+        log.info("bootstrapping sinks %s with a snapshot of %d objects (%d changed since the checkpoint "
+                 "and wait for the watch to replay them)", ", ".join(sorted(inf.bootstrapping)),
+                 len(listed), left, extra={"informer": watched.informer_id,
+                                           "resource": watched.ref.qualified})
+        return seeds, unconfirmed
+
+    async def _bootstrap(self, inf: _Informer) -> None:
+        """Sends each bootstrapping sink its snapshot once the cache holds whole objects."""
+        tracker = inf.tracker
+        if tracker.bootstrap_at == -1:
+            # The list failed: whole objects come with the next relist (a 410, or the reflector's
+            # own); the snapshot waits until the informer processed past that list.
+            informer = inf.informer
+            while informer.reflector is None or informer.reflector.list_count == 0:
+                await self._clock.sleep(0.5)
+            rv = informer.reflector.last_sync_resource_version
+            tracker.bootstrap_at = int(rv) if rv.isdigit() else 0
+        await tracker.bootstrap_reached.wait()
+        for name in sorted(inf.bootstrapping):
+            inf.listeners[name].bootstrap_ready()
+            inf.informer.request_snapshot(inf.registrations[name])
+
+    def _bootstrapped(self, inf: _Informer, name: str) -> None:
+        """The sink acknowledged its whole bootstrap snapshot: from now on the checkpoint covers it."""
+        inf.bootstrapping.discard(name)
+        inf.saved_generation = -1  # written at the next interval, even if nothing else moved
+        log.info("sink %s bootstrapped: it has the snapshot and follows the live stream", name,
+                 extra={"sink": name, "informer": inf.watched.informer_id,
+                        "resource": inf.watched.ref.qualified})
 
     def _remove_stale_spills(self) -> None:
         """Removes the spill directories of sinks no longer configured."""
@@ -963,14 +1291,17 @@ class BridgePipeline:
             return 0
         for ident, inf in self._informers.items():
             tracker = inf.tracker
-            if tracker.generation == inf.saved_generation:
+            # The shared state, or (while a sink is behind) a faster sink's own progress, moved.
+            if tracker.generation == inf.saved_generation and (not tracker.lag
+                                                               or tracker.acks == inf.saved_acks):
                 continue
-            generation = tracker.generation
+            generation, acks = tracker.generation, tracker.acks
             rv, index = tracker.checkpoint_state()
             if not rv:
                 continue
+            sinks = self._sink_sections(inf, rv)
             cp = Checkpoint(informer_id=ident, resource_version=rv, objects=index,
-                            written_at=self._clock.wall(), ahead=tracker.delivered_ahead())
+                            written_at=self._clock.wall(), ahead=tracker.delivered_ahead(), sinks=sinks)
             try:
                 await self._store.save(cp)
             except CheckpointError as exc:
@@ -981,10 +1312,35 @@ class BridgePipeline:
             if inf.journal is not None:
                 inf.journal.compact(cp)
             inf.saved_generation = generation
+            inf.saved_acks = acks
             inf.saved_rv = rv
             inf.last_saved = self._clock.now()
             written += 1
         return written
+
+    @staticmethod
+    def _sink_sections(inf: _Informer, base_rv: str) -> dict[str, SinkProgress]:
+        """The checkpoint's per-sink section: each sink covered (not bootstrapping) with its own
+        progress as differences from the base (:meth:`AckTracker.listener_state`)."""
+        base = int(base_rv) if base_rv.isdigit() else 0
+        sections: dict[str, SinkProgress] = {}
+        for name in inf.registrations:
+            if name in inf.bootstrapping:
+                continue
+            floor, own = inf.own_progress.get(name, (0, {}))
+            rv, diff = inf.tracker.listener_state(name, floor, own)
+            objects: dict[str, tuple[str, str] | None] = {}
+            ahead: dict[str, tuple[str, str, bool]] = {}
+            for key, k in diff.items():
+                if k is None:
+                    objects[key] = None
+                elif k[1] <= rv and not k[2]:
+                    objects[key] = (k[0], str(k[1]))
+                else:
+                    ahead[key] = (k[0], str(k[1]), k[2])
+            sections[name] = SinkProgress(resource_version=str(rv) if rv > base else "",
+                                          objects=objects, ahead=ahead)
+        return sections
 
     # ---------------------------------------------------------------------------------------------
     # snapshots

@@ -47,7 +47,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Coroutine, Mapping, Sequence
+import uuid
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
 from bridge.clock import Clock
@@ -61,13 +62,14 @@ from bridge.contracts import (
     KubeObject,
     ListenerOptions,
     ListerWatcher,
+    ListOptions,
     Notification,
     NotificationHandler,
     NotificationKind,
     ObjectKey,
     TransformFunc,
 )
-from bridge.errors import BridgeError
+from bridge.errors import BridgeError, ResourceExpiredError
 from bridge.informer.delta_fifo import (
     Delta,
     DeltaFIFO,
@@ -204,6 +206,8 @@ class SharedIndexInformer:
         self._pop_task: asyncio.Task[None] | None = None
         self._reflector_task: asyncio.Task[None] | None = None
         self._delivered: dict[str, tuple[int, bool]] = {}
+        self._diverging: set[str] = set()
+        """Keys whose next same-resourceVersion relist item is notified anyway (see resume_from)."""
         self._unconfirmed: dict[str, list[KubeObject]] = {}
         """key → objects consumers may have received that the informer resumed without (see
         :meth:`seed_unconfirmed`)."""
@@ -217,6 +221,9 @@ class SharedIndexInformer:
         self._gap: Gap | None = None
         """The relist window open between a relist's begin and end markers, if any."""
         self._gap_count = 0
+        self._gap_run = uuid.uuid4().hex[:8]
+        """Part of every gap id: two runs relisting from the same resourceVersion (a restart whose
+        checkpoint had not moved) send different windows, which must not share an id."""
         self._snapshot_requests: list[ProcessorListener | None] = []
         self._snapshot_wakeup = asyncio.Event()
         self.process_errors = 0
@@ -244,6 +251,7 @@ class SharedIndexInformer:
         objects: Sequence[KubeObject],
         resource_version: str,
         delivered: Mapping[str, tuple[int, bool]] | None = None,
+        diverging: Iterable[str] = (),
     ) -> None:
         """Seeds the cache from a checkpoint (objects may be metadata-only stubs) and makes the
         first watch start at ``resource_version`` without listing. Call before :meth:`run`.
@@ -256,6 +264,11 @@ class SharedIndexInformer:
         takes those changes again as the watch replays them, but nobody is notified twice. It keeps
         the re-sent events after a crash within what was in flight, even when the checkpoint's
         resourceVersion lagged behind a backlog.
+
+        ``diverging`` names objects whose seeded state some handler does not share (the bridge's
+        sinks each have their own progress): until the informer has notified something about such
+        an object, a relist that finds it unchanged notifies it anyway (as an update that is not a
+        resync), so each handler can compare it with what it knows.
         """
         if self._started:
             raise InformerStartedError(f"informer {self.name!r}: resume_from after start")
@@ -266,6 +279,47 @@ class SharedIndexInformer:
         self._resume_rv = resource_version
         self._last_progress_rv = resource_version
         self._delivered = dict(delivered or {})
+        self._diverging = set(diverging)
+
+    async def list_current(self) -> tuple[list[KubeObject], str]:
+        """Lists the informer's scope from the API server now (consistent read, in pages of the
+        informer's page size), each object passed through the informer's transform; touches neither
+        the cache nor the listeners. Returns the objects and the list's resourceVersion.
+
+        For a caller that needs whole objects where a resumed cache holds a checkpoint's
+        metadata-only stubs (the bridge bootstrapping a sink with a snapshot). An expired
+        continuation is retried once as one unpaginated list, as the reflector does."""
+        lw = self._lister_watcher
+        transform = self._transform
+        items: list[KubeObject] = []
+        options = ListOptions(limit=self._page_size or None)
+        list_rv = ""
+        while True:
+            try:
+                page = await lw.list(options)
+            except ResourceExpiredError:
+                if options.continue_token is None:
+                    raise
+                page = await lw.list(ListOptions())
+                items = []
+                list_rv = ""
+            items.extend(page.items if transform is None else map(transform, page.items))
+            list_rv = list_rv or page.resource_version
+            if not page.continue_token:
+                return items, list_rv
+            options = ListOptions(limit=options.limit, continue_token=page.continue_token)
+
+    def frame_first_list(self, gap_from: str) -> None:
+        """Frames the first list as a gap from ``gap_from`` (as a relist after a resume would be):
+        for an informer that starts without a resume point although consumers may hold state from
+        a previous run that the bridge cannot vouch for (the bridge's known-object journal was
+        unreadable), so they learn that changes — deletes included — may not have been observed.
+        Call before :meth:`run`, without :meth:`resume_from`."""
+        if self._started:
+            raise InformerStartedError(f"informer {self.name!r}: frame_first_list after start")
+        if self._resume_rv:
+            raise ValueError(f"informer {self.name!r}: a resumed informer's relists are gaps already")
+        self._last_progress_rv = gap_from
 
     def seed_unconfirmed(self, objects: Sequence[KubeObject]) -> None:
         """Objects (metadata stubs) that consumers may have received as existing but that the
@@ -531,7 +585,7 @@ class SharedIndexInformer:
     async def _open_gap(self) -> None:
         self._gap_count += 1
         rv = self._last_progress_rv
-        gap_id = f"{self.name or 'informer'}:{rv}:{self._gap_count}"
+        gap_id = f"{self.name or 'informer'}:{rv}:{self._gap_run}-{self._gap_count}"
         gap = self._gap = Gap(id=gap_id, from_resource_version=rv)
         await self._processor.distribute(Notification(kind=NotificationKind.GAP, obj={}, gap=gap), False)
 
@@ -569,9 +623,10 @@ class SharedIndexInformer:
             return
         if delta.type is DeltaType.DELETED:
             self._indexer.delete(obj)
-            await distribute(
-                Notification(kind=NotificationKind.DELETE, obj=obj, key=self._key_func(obj)), False
-            )
+            key = self._key_func(obj)
+            if self._diverging:
+                self._diverging.discard(key)
+            await distribute(Notification(kind=NotificationKind.DELETE, obj=obj, key=key), False)
             return
         assert not isinstance(obj, DeletedFinalStateUnknown)
         key = self._key_func(obj)
@@ -585,6 +640,9 @@ class SharedIndexInformer:
             )
             return
         self._indexer.update(obj)
+        forced = bool(self._diverging) and key in self._diverging
+        if forced:
+            self._diverging.discard(key)  # notified now, one way or another
         old_uid, old_rv = object_identity(old)
         new_uid, new_rv = object_identity(obj)
         if self._split_uid_changes and old_uid and new_uid and old_uid != new_uid:
@@ -599,7 +657,7 @@ class SharedIndexInformer:
         # was is a resync, for the listeners due for one. An Added or Updated delta is a change the
         # server sent: every listener gets it, even at an unchanged resourceVersion (a server
         # repeating itself, an object first known from a checkpoint), so nothing is dropped.
-        is_resync = delta.type in _RESYNC_DELTAS and old_rv == new_rv
+        is_resync = delta.type in _RESYNC_DELTAS and old_rv == new_rv and not forced
         await distribute(
             Notification(kind=NotificationKind.UPDATE, obj=obj, old=old, is_resync=is_resync, key=key),
             is_resync,
