@@ -63,6 +63,7 @@ __all__ = [
     "CheckpointStoreError",
     "FenceSource",
     "FileCheckpointStore",
+    "ListableCheckpointStore",
     "decode_checkpoint",
     "encode_checkpoint",
     "informer_id",
@@ -154,6 +155,19 @@ class CheckpointStore(Protocol):
 
     async def close(self) -> None:
         """Releases connections. Idempotent."""
+
+
+class ListableCheckpointStore(CheckpointStore, Protocol):
+    """A store that can also enumerate and remove checkpoints: what resharding needs
+    (:mod:`bridge.delivery.sharding`). Every built-in store is one."""
+
+    async def informer_ids(self, prefix: str) -> list[str]:
+        """The ids of the stored checkpoints that start with ``prefix``, sorted. Raises
+        :class:`CheckpointStoreError` when the store cannot be read."""
+
+    async def remove(self, informer_id: str) -> None:
+        """Deletes the informer's checkpoint and its known-object journal (absent ones are fine).
+        Raises :class:`CheckpointStoreError` on failure."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -379,6 +393,36 @@ class FileCheckpointStore:
 
     async def close(self) -> None:
         return None
+
+    async def informer_ids(self, prefix: str) -> list[str]:
+        def scan() -> list[str]:
+            try:
+                names = [p.name for p in self._dir.iterdir()]
+            except FileNotFoundError:
+                return []
+            except OSError as exc:
+                raise CheckpointStoreError(f"cannot list checkpoint directory {self._dir}: {exc}") from exc
+            return sorted(n[: -len(self.SUFFIX)] for n in names
+                          if n.endswith(self.SUFFIX) and n.startswith(prefix) and not n.startswith("."))
+
+        return await asyncio.to_thread(scan)
+
+    async def remove(self, informer_id: str) -> None:
+        token = fence_token(self._fence, f"removing checkpoint {informer_id}")
+
+        def unlink() -> None:
+            try:
+                if token is not None:
+                    with self._locked():
+                        check_fence(token, self._stored_writer(informer_id), f"checkpoint {informer_id}")
+                        self.path_for(informer_id).unlink(missing_ok=True)
+                else:
+                    self.path_for(informer_id).unlink(missing_ok=True)
+                self.journal_path(informer_id).unlink(missing_ok=True)
+            except OSError as exc:
+                raise CheckpointStoreError(f"cannot remove checkpoint {informer_id}: {exc}") from exc
+
+        await asyncio.to_thread(unlink)
 
     def _load(self, informer_id: str) -> Checkpoint | None:
         path = self.path_for(informer_id)

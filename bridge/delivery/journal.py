@@ -48,7 +48,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -270,6 +270,22 @@ class KnownObjectJournal:
         self._base = checkpoint
         self._entries = await self._read()
         self._durable = dict(self._entries)
+        self._compact_requested = True
+        return dict(self._entries)
+
+    def adopt(self, entries: Mapping[str, JournalEntry],
+              keep: Callable[[str], bool] | None = None) -> dict[str, JournalEntry]:
+        """After :meth:`load`, before :meth:`run`: a shard taking objects over from other shards'
+        checkpoints (:mod:`bridge.delivery.sharding`) drops the records of uids ``keep`` refuses
+        (objects it no longer owns) and adds the other journals' records of the objects it took.
+        They are written by the compaction :meth:`run` starts with. Returns uid → newest fact."""
+        if keep is not None:
+            self._entries = {uid: e for uid, e in self._entries.items() if keep(uid)}
+            self._durable = {uid: e for uid, e in self._durable.items() if keep(uid)}
+        for uid, e in entries.items():
+            mine = self._entries.get(uid)
+            if mine is None or int(e.resource_version) > int(mine.resource_version):
+                self._entries[uid] = self._durable[uid] = e
         self._compact_requested = True
         return dict(self._entries)
 

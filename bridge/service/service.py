@@ -35,11 +35,13 @@ from bridge.kube.apiclient import ApiClient, ApiClientOptions
 from bridge.kube.discovery import APIResource, Discovery
 from bridge.kube.leaderelection import FenceToken, LeaderElector
 from bridge.kube.listwatch import HttpListerWatcher
+from bridge.service import sharding_auto
 from bridge.service.config import BridgeConfig, check_secret_files, load_config
 from bridge.service.fencing import FencedSink
 from bridge.service.health import HealthServer, Readiness
 from bridge.service.logconfig import configure_logging
 from bridge.service.metered import MeteredSink
+from bridge.service.sharding import assign
 from bridge.service.telemetry import InformerGauges, SinkGauges, Telemetry, TelemetrySnapshot
 from sinks.contract import ResourceRef, Sink, SinkConfigError
 from sinks.registry import create_sink
@@ -138,6 +140,8 @@ class BridgeService:
         self.elector: LeaderElector | None = None
         self._lease_client: ApiClient | None = None
         self._config_error: ConfigurationError | None = None
+        self.shard: tuple[int, int] | None = None
+        """(ordinal, total) once resolved, when sharding is configured."""
         """A configuration error found while leading (with leader election): ends the service."""
 
     # --- probes and metrics ----------------------------------------------------------------------
@@ -285,6 +289,22 @@ class BridgeService:
             watched.append(WatchedResource(key=key, api=api, ref=ref))
         return watched
 
+    async def _shard(self, client: ApiClient, watched: list[WatchedResource]) -> list[WatchedResource]:
+        """This replica's share of the watched resources (docs/sharding.md)."""
+        cfg = self.config
+        ordinal, total = await sharding_auto.resolve(cfg.sharding, client)
+        strategies = {
+            InformerKey(resource=r.resource, namespace=r.namespace, label_selector=r.label_selector,
+                        field_selector=r.field_selector): r.sharding or cfg.sharding.strategy
+            for r in cfg.resources
+        }
+        mine = assign(watched, ordinal=ordinal, total=total, strategies=strategies)
+        log.info("shard %d of %d: running %d of %d resources (%s)", ordinal, total, len(mine), len(watched),
+                 ", ".join(f"{w.ref.qualified} by {strategies.get(w.key)}" for w in mine) or "none",
+                 extra={"shard": ordinal, "total_shards": total})
+        self.shard = (ordinal, total)
+        return mine
+
     async def _lead(self, client: ApiClient, elector: LeaderElector | None = None) -> None:
         """Runs the pipeline until the stop event (then a graceful shutdown) or, with leader
         election, until cancelled because leadership ended (then an abort)."""
@@ -302,6 +322,8 @@ class BridgeService:
             fence = elector.fence_token
             shutdown_deadline = max(0.5, shutdown_deadline - elector.release_timeout)
         watched = await self._resolve(client)
+        if "sharding" in cfg.model_fields_set or cfg.sharding.enabled:
+            watched = await self._shard(client, watched)
         by_key = {w.key: w for w in watched}
 
         def lister_watcher(key: InformerKey) -> HttpListerWatcher:
@@ -309,7 +331,8 @@ class BridgeService:
             # A compact cache keeps objects as bytes from the wire on (see bridge.rawobject).
             return HttpListerWatcher(client=client, resource=w.api, namespace=key.namespace,
                                      label_selector=key.label_selector, field_selector=key.field_selector,
-                                     raw_objects=cfg.cache.compact, drop_managed_fields=cfg.cache.compact)
+                                     raw_objects=cfg.cache.compact, drop_managed_fields=cfg.cache.compact,
+                                     shard=w.shard)
 
         factory = SharedInformerFactory(lister_watcher_factory=lister_watcher, clock=self._clock,
                                         compact_cache=cfg.cache.compact)
