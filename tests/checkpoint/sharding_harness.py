@@ -87,7 +87,8 @@ class ShardProc:
         url = f"http://127.0.0.1:{self.port}/readyz"
         while time.monotonic() < deadline:
             if self.proc is None or self.proc.poll() is not None:
-                raise AssertionError(f"shard {self.ordinal}/{self.total} exited: {self.log.read_text()[-3000:]}")
+                raise AssertionError(f"shard {self.ordinal}/{self.total} exited: "
+                                     f"{self.log.read_text()[-3000:]}")
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 async with http.get(url, timeout=aiohttp.ClientTimeout(total=1)) as resp:
                     if resp.status == 200:

@@ -1,0 +1,293 @@
+"""Resharding, in-process against the simulator over real HTTP: shards whose checkpoints stopped at
+different resourceVersions hand their objects over to a new total with no change lost, none sent
+twice, no spurious ``added``; and the take-over as a function over checkpoints (docs/sharding.md)."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.clock import RealClock
+from bridge.delivery.checkpoint import Checkpoint, FileCheckpointStore, informer_id
+from bridge.delivery.pipeline import BridgePipeline, WatchedResource, http_informer_builder
+from bridge.delivery.sharding import (
+    filter_checkpoint,
+    merge_checkpoints,
+    parse_shard_id,
+    plan_handover,
+    shard_id,
+)
+from bridge.informer.factory import InformerKey
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.discovery import Discovery
+from bridge.kube.sharding import ShardFilter, shard_of
+from bridge.sim import Simulator
+from sinks.contract import EventType, ResourceRef
+from tests.checkpoint.helpers import RecordingSink, until
+
+NS = "reshard"
+PATH = f"/api/v1/namespaces/{NS}/configmaps"
+BASE = informer_id("configmaps", NS, "", "")
+CHANGES = (EventType.ADDED, EventType.UPDATED, EventType.DELETED)
+
+
+@pytest.fixture
+async def sim(tmp_path: Path) -> AsyncIterator[ApiClient]:
+    simulator = Simulator(bookmark_interval=0.2, namespaces=("default", NS))
+    await simulator.start()
+    client = ApiClient.from_kubeconfig(str(simulator.write_kubeconfig(tmp_path / "kc")))
+    try:
+        yield client
+    finally:
+        await client.close()
+        await simulator.stop()
+
+
+class Ledger:
+    """Every change made, as the server answered it: (type, uid, resourceVersion)."""
+
+    def __init__(self, client: ApiClient) -> None:
+        self.client = client
+        self.made: list[tuple[str, str, str]] = []
+
+    def _note(self, type_: str, obj: dict[str, Any]) -> dict[str, Any]:
+        self.made.append((type_, obj["metadata"]["uid"], obj["metadata"]["resourceVersion"]))
+        return obj
+
+    async def create(self, name: str) -> dict[str, Any]:
+        return self._note("added", await self.client.create(PATH, {"metadata": {"name": name},
+                                                                   "data": {"v": "0"}}))
+
+    async def update(self, name: str, v: str) -> dict[str, Any]:
+        return self._note("updated", await self.client.patch(f"{PATH}/{name}", {"data": {"v": v}}))
+
+    async def delete(self, name: str) -> dict[str, Any]:
+        return self._note("deleted", await self.client.delete(f"{PATH}/{name}"))
+
+    @property
+    def last_rv(self) -> int:
+        return int(self.made[-1][2])
+
+
+async def shard(client: ApiClient, ckpt: Path, ordinal: int, total: int
+                ) -> tuple[BridgePipeline, RecordingSink]:
+    api = await Discovery(client=client).resolve("configmaps")
+    ref = ResourceRef(group="", version="v1", resource="configmaps", kind="ConfigMap")
+    watched = WatchedResource(key=InformerKey("configmaps", namespace=NS), api=api, ref=ref,
+                              shard=ShardFilter(ordinal=ordinal, total=total))
+    sink = RecordingSink(f"rec-{ordinal}-of-{total}")
+    pipeline = BridgePipeline(
+        build_informer=http_informer_builder(client=client, clock=RealClock(), compact_cache=True),
+        resources=[watched], sinks=[sink], checkpoint_store=FileCheckpointStore(directory=ckpt),
+        checkpoint_interval=0.05, cluster="sim")
+    await pipeline.start()
+    assert await pipeline.wait_for_sync(10)
+    return pipeline, sink
+
+
+async def run_until(pipeline: BridgePipeline, rv: int) -> None:
+    """Until the pipeline's checkpoint reaches ``rv`` (everything before it acknowledged and saved)."""
+    (ident,) = pipeline.informers
+    await until(lambda: int(pipeline.stats().checkpoint_rv[ident] or 0) >= rv, what=f"checkpoint at {rv}")
+
+
+def changes(sink: RecordingSink) -> list[tuple[str, str, str]]:
+    return [(e.type.value, e.uid, e.resource_version) for e in sink.events if e.type in CHANGES]
+
+
+async def test_reshard_2_to_1_with_checkpoints_apart(sim: ApiClient, tmp_path: Path) -> None:
+    """Shard 1 of 2 runs on alone while shard 0 is down, so their checkpoints stop far apart; the
+    single shard that follows must resume from shard 0's older point, deliver shard 0's missed
+    changes, and skip everything shard 1 had already delivered (no spurious ``added`` of the
+    objects shard 1 created and deleted meanwhile, no second ``deleted``)."""
+    ckpt = tmp_path / "ckpt"
+    ledger = Ledger(sim)
+    for i in range(16):
+        await ledger.create(f"cm-{i}")
+    p0, s0 = await shard(sim, ckpt, 0, 2)
+    p1, s1 = await shard(sim, ckpt, 1, 2)
+    await run_until(p0, ledger.last_rv)
+    await run_until(p1, ledger.last_rv)
+    await p0.shutdown(5)
+    # Shard 0 is gone; shard 1 goes on: updates, creations, deletions of every kind of object.
+    for i in range(16):
+        await ledger.update(f"cm-{i}", "1")
+    for i in range(16, 28):
+        await ledger.create(f"cm-{i}")
+    for i in range(20, 28):
+        await ledger.delete(f"cm-{i}")
+    for i in range(0, 6):
+        await ledger.delete(f"cm-{i}")
+    await run_until(p1, ledger.last_rv)
+    await p1.shutdown(5)
+    uids = {u for _, u, _ in ledger.made}
+    assert {shard_of(u, 2) for u in uids} == {0, 1}
+    # What shard 1 delivered in its own run: its objects' changes only.
+    assert all(shard_of(u, 2) == 1 for _, u, _ in changes(s1))
+    assert all(shard_of(u, 2) == 0 for _, u, _ in changes(s0))
+
+    # Reshard to one: it must take over both checkpoints.
+    p, s = await shard(sim, ckpt, 0, 1)
+    for i in range(6, 10):
+        await ledger.update(f"cm-{i}", "2")
+    await ledger.create("late")
+    await run_until(p, ledger.last_rv)
+    await p.shutdown(5)
+
+    delivered = changes(s0) + changes(s1) + changes(s)
+    counts = collections.Counter(delivered)
+    assert {k: n for k, n in counts.items() if n > 1} == {}, "changes delivered twice"
+    assert set(delivered) == set(ledger.made)
+    # The single shard sent only what nobody had: shard 0's changes after it stopped, and the new ones.
+    assert all(shard_of(u, 2) == 0 or int(rv) > int(ledger.made[-6][2]) for _, u, rv in changes(s))
+    # Its first checkpoint past both old ones retires them: only the new shard's checkpoint is left.
+    store = FileCheckpointStore(directory=ckpt)
+    assert await store.informer_ids(BASE) == [BASE]
+
+
+async def test_list_is_shared_out_by_uid(sim: ApiClient, tmp_path: Path) -> None:
+    """Three shards listing and watching the same namespace: each object reaches exactly one of them,
+    the one its uid hashes to; the others decode nothing but its identity."""
+    ledger = Ledger(sim)
+    for i in range(30):
+        await ledger.create(f"cm-{i}")
+    shards = [await shard(sim, tmp_path / "ckpt", o, 3) for o in range(3)]
+    for i in range(0, 30, 3):
+        await ledger.update(f"cm-{i}", "1")
+    await ledger.delete("cm-1")
+    for p, _ in shards:
+        await run_until(p, ledger.last_rv)
+    per_shard = []
+    for o, (p, s) in enumerate(shards):
+        (ident,) = p.informers
+        assert ident == shard_id(BASE, o, 3)
+        cached = {obj["metadata"]["uid"] for obj in p.informers[ident].get_indexer().list()}
+        assert all(shard_of(u, 3) == o for u in cached)
+        per_shard.append({u for _, u, _ in changes(s)})
+        await p.shutdown(5)
+    assert set.union(*per_shard) == {u for _, u, _ in ledger.made}
+    assert sum(len(x) for x in per_shard) == len(set.union(*per_shard))
+    assert all(per_shard), "a shard got nothing: the hash does not spread"
+
+
+# ---------------------------------------------------------------------------------------------------
+# the take-over as a function over checkpoints
+
+
+def cp(ident: str, rv: str, objects: dict[str, tuple[str, str]], written_at: float = 1.0,
+       ahead: dict[str, tuple[str, str, bool]] | None = None) -> Checkpoint:
+    return Checkpoint(informer_id=ident, resource_version=rv, objects=objects, written_at=written_at,
+                      ahead=ahead or {})
+
+
+UIDS = [f"uid-{i:03d}" for i in range(60)]
+
+
+def test_shard_ids_round_trip() -> None:
+    assert shard_id("pods.all.x", 0, 1) == "pods.all.x"
+    assert shard_id("pods.all.x", 2, 3) == "pods.all.x.shard-2-of-3"
+    assert parse_shard_id("pods.all.x", "pods.all.x.shard-2-of-3") == (2, 3)
+    assert parse_shard_id("pods.all.x", "pods.all.x") == (0, 1)
+    assert parse_shard_id("pods.all.x", "pods.all.xy.shard-0-of-2") is None
+    assert parse_shard_id("pods.all.x", "pods.all.x.shard-3-of-3") is None
+
+
+def test_every_uid_has_one_owner_at_every_total() -> None:
+    for total in (1, 2, 3, 4, 7):
+        owners = [[o for o in range(total) if ShardFilter(ordinal=o, total=total).owns(u)] for u in UIDS]
+        assert all(len(x) == 1 for x in owners)
+    # Stable across processes and releases: a known value.
+    assert shard_of("5f1c1a52-7b9e-4c43-9a54-2d1f0b7c9e11", 1000) == shard_of(
+        "5f1c1a52-7b9e-4c43-9a54-2d1f0b7c9e11", 1000)
+    assert [shard_of(u, 4) for u in UIDS[:8]] == [shard_of(u, 4) for u in list(UIDS[:8])]
+
+
+def three_shards(rvs: tuple[str, str, str]) -> dict[str, Checkpoint]:
+    stored = {}
+    for o in range(3):
+        ident = shard_id("b", o, 3)
+        mine = {f"ns/{u}": (u, "10") for u in UIDS if shard_of(u, 3) == o}
+        stored[ident] = cp(ident, rvs[o], mine)
+    return stored
+
+
+def test_handover_3_to_4_takes_owned_objects_and_the_oldest_resume_point() -> None:
+    stored = three_shards(("100", "80", "120"))
+    seen: set[str] = set()
+    for o in range(4):
+        plan = plan_handover(base="b", shard=ShardFilter(ordinal=o, total=4), stored=stored)
+        assert plan.checkpoint is not None
+        got = {uid for uid, _ in plan.checkpoint.objects.values()}
+        assert got == {u for u in UIDS if shard_of(u, 4) == o}
+        seen |= got
+        # Resumes from the oldest checkpoint it takes objects from; floors are each source's point.
+        sources = {int(stored[s].resource_version) for s in plan.sources}
+        assert int(plan.checkpoint.resource_version) == min(sources)
+        assert set(plan.floors.values()) <= {100, 80, 120}
+        assert plan.stale == tuple(sorted(stored))
+    assert seen == set(UIDS)
+
+
+def test_a_newer_total_knows_better_than_an_older_one() -> None:
+    """4 shards took over from 3 and one object was deleted since: the 3-shard checkpoints (not
+    yet removed) still list it, the 4-shard one does not; going to 2 must not bring it back."""
+    old = three_shards(("100", "100", "100"))
+    new: dict[str, Checkpoint] = {}
+    gone = UIDS[0]
+    for o in range(4):
+        ident = shard_id("b", o, 4)
+        mine = {f"ns/{u}": (u, "150") for u in UIDS if shard_of(u, 4) == o and u != gone}
+        new[ident] = cp(ident, "150", mine, written_at=2.0)
+    for o in range(2):
+        plan = plan_handover(base="b", shard=ShardFilter(ordinal=o, total=2), stored={**old, **new})
+        assert plan.checkpoint is not None
+        got = {uid for uid, _ in plan.checkpoint.objects.values()}
+        assert got == {u for u in UIDS if shard_of(u, 2) == o and u != gone}
+        assert all(s.endswith("-of-4") for s in plan.sources)
+        assert plan.checkpoint.resource_version == "150"
+        # Changes up to 150 were delivered for every residue (max over the covering checkpoints).
+        assert set(plan.floors.values()) == {150}
+
+
+def test_a_missing_old_shard_means_a_full_list() -> None:
+    stored = three_shards(("100", "100", "100"))
+    del stored[shard_id("b", 1, 3)]
+    plans = [plan_handover(base="b", shard=ShardFilter(ordinal=o, total=2), stored=stored) for o in range(2)]
+    assert all(p.checkpoint is None and p.incomplete for p in plans)
+
+
+def test_the_same_total_resumes_from_its_own_checkpoint() -> None:
+    stored = three_shards(("100", "90", "80"))
+    plan = plan_handover(base="b", shard=ShardFilter(ordinal=1, total=3), stored=stored)
+    assert plan.checkpoint is stored[shard_id("b", 1, 3)]
+    assert plan.stale == ()
+    assert not plan.floors
+
+
+def test_filter_and_merge() -> None:
+    a = cp("a", "100", {"ns/x": ("ux", "90"), "ns/y": ("uy", "95")}, ahead={"ns/z": ("uz", "130", False),
+                                                                         "ns/w": ("", "120", True)})
+    b = cp("b", "110", {"ns/x": ("ux2", "105")})
+    kept = filter_checkpoint(a, lambda uid: uid != "uy")
+    assert dict(kept.objects) == {"ns/x": ("ux", "90")}
+    assert dict(kept.ahead) == {"ns/z": ("uz", "130", False), "ns/w": ("", "120", True)}
+    merged = merge_checkpoints("m", [kept, b])
+    assert merged is not None
+    assert merged.resource_version == "100"
+    assert dict(merged.objects) == {"ns/x": ("ux2", "105")}  # the newer one on a key both know
+
+
+async def test_file_store_lists_and_removes(tmp_path: Path) -> None:
+    store = FileCheckpointStore(directory=tmp_path)
+    for ident in ("b", "b.shard-0-of-2", "b.shard-1-of-2", "c"):
+        await store.save(cp(ident, "1", {}))
+    store.journal_path("b.shard-0-of-2").write_text("x")
+    assert await store.informer_ids("b") == ["b", "b.shard-0-of-2", "b.shard-1-of-2"]
+    await store.remove("b.shard-0-of-2")
+    assert await store.informer_ids("b") == ["b", "b.shard-1-of-2"]
+    assert not store.journal_path("b.shard-0-of-2").exists()
+    await store.remove("never-was")
