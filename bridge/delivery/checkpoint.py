@@ -169,6 +169,10 @@ class ListableCheckpointStore(CheckpointStore, Protocol):
         """Deletes the informer's checkpoint and its known-object journal (absent ones are fine).
         Raises :class:`CheckpointStoreError` on failure."""
 
+    async def peek(self, informer_id: str) -> Checkpoint | None:
+        """As :meth:`CheckpointStore.load`, without claiming the checkpoint for this writer's term
+        (fenced stores): reading another shard's checkpoint must not fence that shard out."""
+
 
 # --------------------------------------------------------------------------------------------------
 # Identity
@@ -338,6 +342,10 @@ class FileCheckpointStore:
         """The informer's known-object journal storage: the file at :meth:`journal_path`."""
         from bridge.delivery.journal import FileJournalBackend  # journal imports this module
         return FileJournalBackend(self.journal_path(informer_id), fsync=self._fsync)
+
+    async def peek(self, informer_id: str) -> Checkpoint | None:
+        """The checkpoint, read without claiming it (another shard's, during a take-over)."""
+        return await asyncio.to_thread(self._load, informer_id)
 
     async def load(self, informer_id: str) -> Checkpoint | None:
         token = fence_token(self._fence, f"loading checkpoint {informer_id}")

@@ -136,7 +136,42 @@ class NatsKvCheckpointStore:
                                     bucket=self._bucket, fence=self._fence, limit=self._chunk_limit)
 
     async def load(self, informer_id: str) -> Checkpoint | None:
-        token = fence_token(self._fence, f"loading NATS KV checkpoint {informer_id!r}")
+        return await self._load(informer_id, fence_token(self._fence,
+                                                         f"loading NATS KV checkpoint {informer_id!r}"))
+
+    async def peek(self, informer_id: str) -> Checkpoint | None:
+        """The checkpoint, read without claiming it (another shard's, during a take-over)."""
+        return await self._load(informer_id, None)
+
+    async def informer_ids(self, prefix: str) -> list[str]:
+        kv = await self._bucket_kv()
+        try:
+            keys = await kv.keys()
+        except nats.js.errors.NoKeysError:
+            return []
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            raise CheckpointStoreError(f"cannot list the NATS KV bucket {self._bucket!r}: {exc}") from exc
+        # Manifests are keyed by the informer id; chunks and journals have suffixes of their own.
+        return sorted(k for k in keys if k.startswith(prefix) and not k.endswith(".journal")
+                      and ".c." not in k[len(prefix):])
+
+    async def remove(self, informer_id: str) -> None:
+        fence_token(self._fence, f"removing NATS KV checkpoint {informer_id!r}")
+        kv = await self._bucket_kv()
+        prefix = f"{informer_id}.c."
+        try:
+            try:
+                keys = await kv.keys()
+            except nats.js.errors.NoKeysError:
+                return
+            for key in keys:
+                if key == informer_id or key.startswith(prefix) or key == self.journal_key(informer_id):
+                    await kv.purge(key)
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            raise CheckpointStoreError(f"cannot remove NATS KV checkpoint {informer_id!r}: {exc}") from exc
+        self._revision.pop(informer_id, None)
+
+    async def _load(self, informer_id: str, token: FenceToken | None) -> Checkpoint | None:
         kv = await self._bucket_kv()
         for _ in range(_CAS_ATTEMPTS):
             try:

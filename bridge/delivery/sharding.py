@@ -237,8 +237,10 @@ async def take_over(store: CheckpointStore, *, base: str, shard: ShardFilter) ->
     if own not in ids:
         ids.append(own)
     stored: dict[str, Checkpoint] = {}
+    peek = getattr(store, "peek", store.load)
     for ident in ids:
-        cp = await store.load(ident)
+        # Its own checkpoint is claimed (fencing); another shard's is only read.
+        cp = await (store.load(ident) if ident == own else peek(ident))
         if cp is not None:
             stored[ident] = cp
     plan = plan_handover(base=base, shard=shard, stored=stored)
@@ -269,15 +271,16 @@ async def stale_ready(store: CheckpointStore, *, base: str, shard: ShardFilter,
     current generation has a checkpoint at or beyond every resourceVersion they recorded
     (checkpoints, delivered-ahead entries, journal records). See the module docs."""
     high = 0
+    peek = getattr(store, "peek", store.load)
     for ident in stale:
-        cp = await store.load(ident)
+        cp = await peek(ident)
         if cp is None:
             continue
         entries = await _journal_entries(store, ident, cp)
         high = max([high, int(cp.resource_version), *(int(a[1]) for a in cp.ahead.values()),
                     *(int(e.resource_version) for e in entries.values())])
     for o in range(shard.total):
-        cp = await store.load(shard_id(base, o, shard.total))
+        cp = await peek(shard_id(base, o, shard.total))
         if cp is None or int(cp.resource_version) < high:
             return False
     return True

@@ -90,3 +90,24 @@ async def test_unreachable_server_is_a_store_error() -> None:
     with pytest.raises(CheckpointStoreError, match="cannot open the NATS KV bucket"):
         await store.load("x")
     await store.close()
+
+
+async def test_listing_and_removing_shard_checkpoints(nats_js: NatsServer) -> None:
+    """What resharding needs (bridge/delivery/sharding.py): the checkpoints of one informer's shards
+    listed by prefix (not their chunks or journals), one removed with its chunks and journal."""
+    store = NatsKvCheckpointStore(nats_url=nats_js.url, bucket="ckpt-shards", chunk_size=2048)
+    try:
+        assert await store.informer_ids("pods.all.x") == []
+        for ident in ("pods.all.x", "pods.all.x.shard-0-of-2", "pods.all.x.shard-1-of-2", "pods.all.y"):
+            await store.save(big_checkpoint(ident, 100))  # several chunks each
+        kv = await store._bucket_kv()
+        await kv.put(store.journal_key("pods.all.x.shard-0-of-2"), b"journal")
+        assert await store.informer_ids("pods.all.x") == [
+            "pods.all.x", "pods.all.x.shard-0-of-2", "pods.all.x.shard-1-of-2"]
+        assert await store.peek("pods.all.x.shard-1-of-2") == big_checkpoint("pods.all.x.shard-1-of-2", 100)
+        await store.remove("pods.all.x.shard-0-of-2")
+        assert await store.informer_ids("pods.all.x") == ["pods.all.x", "pods.all.x.shard-1-of-2"]
+        assert not [k for k in await kv.keys() if k.startswith("pods.all.x.shard-0-of-2")]
+        assert await store.load("pods.all.x.shard-1-of-2") == big_checkpoint("pods.all.x.shard-1-of-2", 100)
+    finally:
+        await store.close()
