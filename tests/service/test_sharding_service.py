@@ -1,0 +1,116 @@
+"""Sharding through the service (docs/sharding.md): two replicas, shard 0 and 1 of 2, in-process
+against the simulator. Resources sharded by resource run on one replica only (round-robin over their
+sorted informer ids); a resource sharded by object is watched by both, each delivering the objects
+whose uid hashes to it; snapshot markers say which shard of how many they cover. Bad sharding
+settings exit 2 naming the field."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.delivery.checkpoint import informer_id
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.sharding import shard_of
+from bridge.service.config import BridgeConfig
+from bridge.service.service import BridgeService
+from bridge.sim import Simulator
+from tests.service.test_cli import run_cli
+from tests.service.test_cli_errors import assert_config_error
+from tests.service.test_service import eventually, lines
+
+
+def config(sim: Simulator, tmp_path: Path, ordinal: int) -> BridgeConfig:
+    return BridgeConfig.model_validate({
+        "cluster": "test",
+        "kubernetes": {"kubeconfig": str(sim.write_kubeconfig(tmp_path / "kubeconfig")),
+                       "in_cluster": "false"},
+        "resources": [{"resource": "configmaps", "namespace": "default"},
+                      {"resource": "services", "namespace": "default"},
+                      {"resource": "secrets", "namespace": "default"},
+                      {"resource": "pods", "namespace": "default", "sharding": "object"}],
+        "sinks": [{"name": "file", "kind": "file", "path": str(tmp_path / f"events-{ordinal}.jsonl")}],
+        "checkpoint": {"store": "file", "directory": str(tmp_path / "ckpt"), "interval": 0.1,
+                       "spill_directory": ""},
+        "snapshot": {"on_first_start": True},
+        "sharding": {"shards": 2, "ordinal": ordinal, "strategy": "resource"},
+        "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
+        "shutdown_deadline": 10,
+    })
+
+
+async def test_two_replicas_share_resources_and_objects(tmp_path: Path) -> None:
+    async with Simulator() as sim:
+        services = [BridgeService(config=config(sim, tmp_path, o)) for o in range(2)]
+        tasks = [asyncio.create_task(s.run(), name=f"shard-{i}") for i, s in enumerate(services)]
+        client = ApiClient.from_kubeconfig(str(tmp_path / "kubeconfig"))
+        made: dict[str, list[dict[str, Any]]] = {"configmaps": [], "services": [], "secrets": [], "pods": []}
+        try:
+            await eventually(lambda: all(s.readiness().ready for s in services), what="readiness")
+            for i in range(12):
+                made["pods"].append(await client.create("/api/v1/namespaces/default/pods", {
+                    "metadata": {"name": f"p{i}"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}))
+            for i in range(3):
+                made["configmaps"].append(await client.create(
+                    "/api/v1/namespaces/default/configmaps", {"metadata": {"name": f"c{i}"}}))
+                made["secrets"].append(await client.create(
+                    "/api/v1/namespaces/default/secrets", {"metadata": {"name": f"s{i}"}}))
+                made["services"].append(await client.create(
+                    "/api/v1/namespaces/default/services",
+                    {"metadata": {"name": f"v{i}"}, "spec": {"ports": [{"port": 80}]}}))
+            wanted = sum(len(v) for v in made.values())
+
+            def added() -> list[dict[str, Any]]:
+                return [e for o in range(2) for e in lines(tmp_path / f"events-{o}.jsonl")
+                        if e["type"].endswith(".added")]
+
+            await eventually(lambda: len(added()) >= wanted, what="every add")
+        finally:
+            for s in services:
+                s.stop_event.set()
+            await asyncio.gather(*tasks)
+            await client.close()
+    assert [s.shard for s in services] == [(0, 2), (1, 2)]
+    events = [[e for e in lines(tmp_path / f"events-{o}.jsonl")] for o in range(2)]
+    kinds = [{e["kind"] for e in evs if e["type"].endswith(".added")} for evs in events]
+    # By resource: round-robin over the sorted informer ids of configmaps, secrets, services.
+    whole = sorted(("configmaps", "secrets", "services"), key=lambda r: informer_id(r, "default"))
+    kind = {"configmaps": "ConfigMap", "secrets": "Secret", "services": "Service"}
+    for i, resource in enumerate(whole):
+        assert kind[resource] in kinds[i % 2]
+        assert kind[resource] not in kinds[1 - i % 2]
+    # By object: both watch pods, each delivers exactly its own.
+    for o in range(2):
+        pods = {e["uid"] for e in events[o] if e["kind"] == "Pod" and e["type"].endswith(".added")}
+        assert pods == {p["metadata"]["uid"] for p in made["pods"] if shard_of(p["metadata"]["uid"], 2) == o}
+    # Snapshot markers of a sharded resource say which shard of how many; a resource watched whole
+    # by one replica is shard 0 of 1.
+    for o in range(2):
+        markers = [e for e in events[o] if e["type"].endswith(("snapshot.begin", "snapshot.end"))]
+        pod_markers = [m for m in markers if m["kind"] == "Pod"]
+        assert pod_markers
+        assert {(m["shard"], m["totalshards"]) for m in pod_markers} == {(str(o), "2")}
+        assert {(m["shard"], m["totalshards"]) for m in markers if m["kind"] != "Pod"} <= {("0", "1")}
+
+
+@pytest.mark.parametrize(("sharding", "needle"), [
+    ("{shards: 3, ordinal: 3}", "sharding: ordinal: 3 is not a shard of 3"),
+    ("{shards: 0}", "sharding.shards"),
+    ("{strategy: uid}", "sharding.strategy"),
+    ("{shards: two}", "sharding.shards"),
+])
+def test_bad_sharding_settings_exit_2_naming_the_field(tmp_path: Path, sharding: str, needle: str) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("resources: [{resource: pods}]\nsinks: [{name: f, kind: file, path: /tmp/x}]\n"
+                   f"sharding: {sharding}\n")
+    assert_config_error(run_cli("check-config", "--config", str(cfg)), needle)
+
+
+def test_a_bad_per_resource_strategy_names_the_resource(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("resources: [{resource: pods, sharding: node}]\n"
+                   "sinks: [{name: f, kind: file, path: /tmp/x}]\n")
+    assert_config_error(run_cli("check-config", "--config", str(cfg)), "resources.0.sharding")
