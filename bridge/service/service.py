@@ -189,6 +189,8 @@ class BridgeService:
             client = _api_client(self.config, self._clock)
             le = self.config.leader_election
             if le.enabled:
+                if self._sharded:
+                    await self._resolve_shard(client)
                 await self._campaign(client)
                 if self._config_error is not None:
                     raise self._config_error
@@ -218,8 +220,10 @@ class BridgeService:
         le = self.config.leader_election
         self._lease_client = _api_client(self.config, self._clock, _lease_client_options(self.config))
         release_timeout = min(le.renew_deadline, RELEASE_TIMEOUT)
+        # With sharding, each shard has its own Lease (one leader and its standbys per shard).
+        lease = le.name if self.shard is None else f"{le.name}-shard-{self.shard[0]}"
         elector = LeaderElector(
-            client=self._lease_client, namespace=le.namespace, name=le.name, identity=le.identity,
+            client=self._lease_client, namespace=le.namespace, name=lease, identity=le.identity,
             on_started_leading=lambda: self._lead_or_stop(client, elector),
             lease_duration=le.lease_duration, renew_deadline=le.renew_deadline,
             retry_period=le.retry_period, release_timeout=release_timeout, clock=self._clock,
@@ -289,10 +293,21 @@ class BridgeService:
             watched.append(WatchedResource(key=key, api=api, ref=ref))
         return watched
 
+    @property
+    def _sharded(self) -> bool:
+        """A ``sharding`` section was written (even ``shards: 1``: going back to one replica takes
+        the shards' checkpoints over), or a total or ordinal says so."""
+        return "sharding" in self.config.model_fields_set or self.config.sharding.enabled
+
+    async def _resolve_shard(self, client: ApiClient) -> tuple[int, int]:
+        if self.shard is None:
+            self.shard = await sharding_auto.resolve(self.config.sharding, client)
+        return self.shard
+
     async def _shard(self, client: ApiClient, watched: list[WatchedResource]) -> list[WatchedResource]:
         """This replica's share of the watched resources (docs/sharding.md)."""
         cfg = self.config
-        ordinal, total = await sharding_auto.resolve(cfg.sharding, client)
+        ordinal, total = await self._resolve_shard(client)
         strategies = {
             InformerKey(resource=r.resource, namespace=r.namespace, label_selector=r.label_selector,
                         field_selector=r.field_selector): r.sharding or cfg.sharding.strategy
@@ -302,7 +317,6 @@ class BridgeService:
         log.info("shard %d of %d: running %d of %d resources (%s)", ordinal, total, len(mine), len(watched),
                  ", ".join(f"{w.ref.qualified} by {strategies.get(w.key)}" for w in mine) or "none",
                  extra={"shard": ordinal, "total_shards": total})
-        self.shard = (ordinal, total)
         return mine
 
     async def _lead(self, client: ApiClient, elector: LeaderElector | None = None) -> None:
@@ -322,7 +336,7 @@ class BridgeService:
             fence = elector.fence_token
             shutdown_deadline = max(0.5, shutdown_deadline - elector.release_timeout)
         watched = await self._resolve(client)
-        if "sharding" in cfg.model_fields_set or cfg.sharding.enabled:
+        if self._sharded:
             watched = await self._shard(client, watched)
         by_key = {w.key: w for w in watched}
 

@@ -23,8 +23,9 @@ from tests.service.test_cli_errors import assert_config_error
 from tests.service.test_service import eventually, lines
 
 
-def config(sim: Simulator, tmp_path: Path, ordinal: int) -> BridgeConfig:
+def config(sim: Simulator, tmp_path: Path, ordinal: int, **extra: Any) -> BridgeConfig:
     return BridgeConfig.model_validate({
+        **extra,
         "cluster": "test",
         "kubernetes": {"kubeconfig": str(sim.write_kubeconfig(tmp_path / "kubeconfig")),
                        "in_cluster": "false"},
@@ -94,6 +95,29 @@ async def test_two_replicas_share_resources_and_objects(tmp_path: Path) -> None:
         assert pod_markers
         assert {(m["shard"], m["totalshards"]) for m in pod_markers} == {(str(o), "2")}
         assert {(m["shard"], m["totalshards"]) for m in markers if m["kind"] != "Pod"} <= {("0", "1")}
+
+
+async def test_with_leader_election_each_shard_has_its_own_lease(tmp_path: Path) -> None:
+    """One Lease per shard: shard 0 and shard 1 both lead (each would have its own standbys), and
+    neither waits for the other's Lease."""
+    le = {"leader_election": {"enabled": True, "namespace": "default", "name": "keb", "identity": "x",
+                              "lease_duration": 3, "renew_deadline": 2, "retry_period": 0.5}}
+    async with Simulator() as sim:
+        services = [BridgeService(config=config(sim, tmp_path, o, **le)) for o in range(2)]
+        tasks = [asyncio.create_task(s.run(), name=f"shard-{i}") for i, s in enumerate(services)]
+        client = ApiClient.from_kubeconfig(str(tmp_path / "kubeconfig"))
+        try:
+            await eventually(lambda: all(s.readiness().ready and s.readiness().role == "leader"
+                                         for s in services), what="both lead")
+            path = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
+            holders = [(await client.get(f"{path}/keb-shard-{o}"))["spec"]["holderIdentity"]
+                       for o in range(2)]
+        finally:
+            for s in services:
+                s.stop_event.set()
+            await asyncio.gather(*tasks)
+            await client.close()
+    assert holders == ["x", "x"]
 
 
 @pytest.mark.parametrize(("sharding", "needle"), [
