@@ -78,6 +78,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("restart", "bench.bench_restart", own=False),
     Scenario("telemetry", "bench.bench_telemetry", own=False),
     Scenario("isolation", "bench.bench_isolation", own=False),
+    Scenario("sharding", "bench.bench_sharding"),
 )}
 
 
