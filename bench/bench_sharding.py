@@ -96,7 +96,9 @@ async def _child(spec: dict[str, Any]) -> dict[str, Any]:
     pipeline = BridgePipeline(resources=[watched], sinks=[probe], checkpoint_store=store,
                               build_informer=http_informer_builder(client=client, clock=clock,
                                                                    compact_cache=True),
-                              checkpoint_interval=3600.0, clock=clock)
+                              checkpoint_interval=3600.0, clock=clock,
+                              # A sink that falls behind spills (never degrades: every change counts).
+                              spill_directory=Path(spec["tmp"]) / f"spill-{shard.total}-{shard.ordinal}")
     cpu0, t0 = time.process_time(), time.perf_counter()
     try:
         await pipeline.start()

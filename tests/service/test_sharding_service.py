@@ -46,9 +46,12 @@ def config(sim: Simulator, tmp_path: Path, ordinal: int, **extra: Any) -> Bridge
 async def test_two_replicas_share_resources_and_objects(tmp_path: Path) -> None:
     async with Simulator() as sim:
         services = [BridgeService(config=config(sim, tmp_path, o)) for o in range(2)]
-        tasks = [asyncio.create_task(s.run(), name=f"shard-{i}") for i, s in enumerate(services)]
         client = ApiClient.from_kubeconfig(str(tmp_path / "kubeconfig"))
         made: dict[str, list[dict[str, Any]]] = {"configmaps": [], "services": [], "secrets": [], "pods": []}
+        for i in range(12, 20):  # there at the first start: in the first snapshot
+            made["pods"].append(await client.create("/api/v1/namespaces/default/pods", {
+                "metadata": {"name": f"p{i}"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}))
+        tasks = [asyncio.create_task(s.run(), name=f"shard-{i}") for i, s in enumerate(services)]
         try:
             await eventually(lambda: all(s.readiness().ready for s in services), what="readiness")
             for i in range(12):
@@ -95,6 +98,12 @@ async def test_two_replicas_share_resources_and_objects(tmp_path: Path) -> None:
         assert pod_markers
         assert {(m["shard"], m["totalshards"]) for m in pod_markers} == {(str(o), "2")}
         assert {(m["shard"], m["totalshards"]) for m in markers if m["kind"] != "Pod"} <= {("0", "1")}
+        syncs = [e for e in events[o] if e["type"].endswith(".sync") and e["kind"] == "Pod"]
+        assert {(e["shard"], e["totalshards"]) for e in syncs} == {(str(o), "2")}
+        assert {e["uid"] for e in syncs} <= {p["metadata"]["uid"] for p in made["pods"]
+                                             if shard_of(p["metadata"]["uid"], 2) == o}
+    # Changes are no snapshot: they carry no shard attribute.
+    assert not [e for evs in events for e in evs if e["type"].endswith(".added") and "shard" in e]
 
 
 async def test_with_leader_election_each_shard_has_its_own_lease(tmp_path: Path) -> None:
