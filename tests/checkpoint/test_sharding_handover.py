@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from bridge.clock import RealClock
@@ -291,3 +292,34 @@ async def test_file_store_lists_and_removes(tmp_path: Path) -> None:
     assert await store.informer_ids("b") == ["b", "b.shard-1-of-2"]
     assert not store.journal_path("b.shard-0-of-2").exists()
     await store.remove("never-was")
+
+
+async def test_journal_records_move_with_their_objects(sim: ApiClient, tmp_path: Path) -> None:
+    """An object a shard delivered after its last checkpoint write is known only from that shard's
+    journal. Deleted while every shard is down, with the history compacted meanwhile (the resume
+    gets 410): the shard that owns it after the reshard must take the journal record over and
+    report the delete from its relist."""
+    ckpt = tmp_path / "ckpt"
+    ledger = Ledger(sim)
+    for i in range(6):
+        await ledger.create(f"cm-{i}")
+    for o in range(2):
+        p, _ = await shard(sim, ckpt, o, 2)
+        await run_until(p, ledger.last_rv)
+        await p.shutdown(5)
+    # An object created and delivered by its shard after that shard's last checkpoint write: the
+    # journal is what knows it (written before the event was released to the sinks).
+    late = await ledger.create("late")
+    uid, key = late["metadata"]["uid"], f"{NS}/late"
+    old = shard_id(BASE, shard_of(uid, 2), 2)
+    store = FileCheckpointStore(directory=ckpt)
+    store.journal_path(old).write_bytes(
+        orjson.dumps({"journal": 1, "informer_id": old}) + b"\n"
+        + orjson.dumps(["a", key, uid, late["metadata"]["resourceVersion"]]) + b"\n")
+    await ledger.delete("late")
+    await sim.request("POST", "/_sim/compact")
+    p, s = await shard(sim, ckpt, 0, 1)
+    await run_until(p, ledger.last_rv)
+    await p.shutdown(5)
+    deletes = [e for e in s.events if e.type is EventType.DELETED]
+    assert [(e.uid, e.final_state_unknown) for e in deletes] == [(uid, True)]
