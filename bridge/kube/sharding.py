@@ -94,6 +94,12 @@ class ShardFilter:
         """What this shard adds to an informer id: ``shard-2-of-3``."""
         return f"shard-{self.ordinal}-of-{self.total}"
 
+    @property
+    def filtering(self) -> bool:
+        """Whether anything is to be filtered: more than one shard, or floors after a take-over (a
+        shard of 1 without floors keeps everything, and the decode step skips the identity pass)."""
+        return self.total > 1 or bool(self._floor_modulus)
+
     def owns(self, uid: str) -> bool:
         """Whether this shard owns the object (an object without uid belongs to shard 0)."""
         if not uid:
@@ -127,6 +133,8 @@ class ShardFilter:
 
     def keeps_item(self, raw: bytes | msgspec.Raw) -> bool:
         """Whether a list item (its undecoded bytes) is this shard's: only its uid is read."""
+        if self.total == 1:
+            return True
         try:
             uid = _ident_obj.decode(raw).metadata.uid or ""
         except (msgspec.DecodeError, msgspec.ValidationError):
@@ -151,6 +159,8 @@ def sharded_decoder(decode: Decoder, shard: ShardFilter) -> Decoder:
     A line the identity pass cannot read goes to ``decode`` too, which reports it."""
 
     def decode_line(line: bytes) -> WatchEvent:
+        if not shard.filtering:
+            return decode(line)
         try:
             head = _ident_event.decode(line)
         except (msgspec.DecodeError, msgspec.ValidationError):

@@ -87,3 +87,23 @@ def test_list_items_are_filtered_from_their_identity_only() -> None:
     kept = [i for i in items if shard.keeps_item(i)]
     assert {orjson.loads(i)["metadata"]["uid"] for i in kept} == {u for u in UIDS[:40] if shard_of(u, 2) == 0}
     assert shard.skipped == 40 - len(kept)
+
+
+def test_one_shard_without_floors_decodes_as_without_sharding() -> None:
+    """A resource watched whole by one replica (``sharding: resource``, or ``shards: 1``) pays no
+    identity pass; a take-over's floors turn it on."""
+    calls: list[bytes] = []
+
+    def decode(raw: bytes) -> object:
+        calls.append(raw)
+        return decode_watch_event(raw)
+
+    shard = ShardFilter(ordinal=0, total=1)
+    dec = sharded_decoder(decode, shard)  # type: ignore[arg-type]
+    assert not shard.filtering
+    assert dec(line("MODIFIED", UIDS[0], "5")).type is WatchEventType.MODIFIED
+    shard.set_floors(2, {0: 9, 1: 9})
+    assert shard.filtering
+    assert dec(line("MODIFIED", UIDS[0], "5")).type is WatchEventType.BOOKMARK
+    assert dec(line("MODIFIED", UIDS[0], "10")).type is WatchEventType.MODIFIED
+    assert shard.keeps_item(orjson.dumps({"metadata": {"uid": UIDS[1]}}))
