@@ -39,6 +39,7 @@ then a restarted shard takes over again from them, with the same result.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
@@ -95,8 +96,9 @@ def filter_checkpoint(cp: Checkpoint, keep: Callable[[str], bool], *, informer_i
     that key up to its resourceVersion were delivered, which is true wherever it is kept."""
     objects = {k: v for k, v in cp.objects.items() if keep(v[0])}
     ahead = {k: v for k, v in cp.ahead.items() if not v[0] or keep(v[0])}
-    return Checkpoint(informer_id=informer_id or cp.informer_id, resource_version=cp.resource_version,
-                      objects=objects, written_at=cp.written_at, ahead=ahead, writer=cp.writer)
+    # replace(): any other section a checkpoint holds is carried (per-sink progress, when it comes,
+    # is filtered here the same way: by the uid of each entry).
+    return dataclasses.replace(cp, informer_id=informer_id or cp.informer_id, objects=objects, ahead=ahead)
 
 
 def _newer(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
