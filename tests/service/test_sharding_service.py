@@ -13,11 +13,15 @@ from typing import Any
 import pytest
 
 from bridge.delivery.checkpoint import informer_id
+from bridge.delivery.pipeline import WatchedResource
+from bridge.informer.factory import InformerKey
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.sharding import shard_of
 from bridge.service.config import BridgeConfig
 from bridge.service.service import BridgeService
+from bridge.service.sharding import assign
 from bridge.sim import Simulator
+from tests.checkpoint.helpers import CONFIGMAPS, CONFIGMAPS_API
 from tests.service.test_cli import run_cli
 from tests.service.test_cli_errors import assert_config_error
 from tests.service.test_service import eventually, lines
@@ -147,3 +151,29 @@ def test_a_bad_per_resource_strategy_names_the_resource(tmp_path: Path) -> None:
     cfg.write_text("resources: [{resource: pods, sharding: node}]\n"
                    "sinks: [{name: f, kind: file, path: /tmp/x}]\n")
     assert_config_error(run_cli("check-config", "--config", str(cfg)), "resources.0.sharding")
+
+
+def test_resources_are_dealt_round_robin_and_a_shard_may_have_none() -> None:
+    watched = [WatchedResource(key=InformerKey("configmaps", namespace=ns), api=CONFIGMAPS_API,
+                               ref=CONFIGMAPS) for ns in ("a", "b", "c")]
+    strategies = {w.key: "resource" for w in watched}
+    order = sorted(watched, key=lambda w: w.base_informer_id)
+    runs = [assign(watched, ordinal=o, total=4, strategies=strategies) for o in range(4)]
+    assert [[w.key for w in r] for r in runs] == [[order[0].key], [order[1].key], [order[2].key], []]
+    # Watched whole: shard 0 of 1, the plain informer id (it moves with its checkpoint).
+    assert all(w.shard is not None and (w.shard.ordinal, w.shard.total) == (0, 1)
+               and w.informer_id == w.base_informer_id for r in runs for w in r)
+    # By object: every shard runs every resource, each with its own checkpoint id.
+    by_object = [assign(watched, ordinal=o, total=2, strategies={}) for o in range(2)]
+    assert [len(r) for r in by_object] == [3, 3]
+    assert by_object[1][0].informer_id == f"{watched[0].base_informer_id}.shard-1-of-2"
+
+
+def test_a_sharding_section_of_one_shard_still_takes_over() -> None:
+    """Going back to one replica: ``sharding: {shards: 1}`` keeps the take-over of the shards'
+    checkpoints; without any sharding section the bridge runs as it always did."""
+    base = {"resources": [{"resource": "pods"}], "sinks": [{"name": "f", "kind": "file", "path": "/tmp/x"}]}
+    assert BridgeService(config=BridgeConfig.model_validate({**base, "sharding": {"shards": 1}}))._sharded
+    assert not BridgeService(config=BridgeConfig.model_validate(base))._sharded
+    assert BridgeService(config=BridgeConfig.model_validate({**base, "sharding": {"ordinal": "auto",
+                                                                                 "shards": "auto"}}))._sharded
