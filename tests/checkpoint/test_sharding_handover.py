@@ -13,7 +13,8 @@ import orjson
 import pytest
 
 from bridge.clock import RealClock
-from bridge.delivery.checkpoint import Checkpoint, FileCheckpointStore, informer_id
+from bridge.delivery.checkpoint import Checkpoint, CheckpointStore, FileCheckpointStore, informer_id
+from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource, http_informer_builder
 from bridge.delivery.sharding import (
     filter_checkpoint,
@@ -74,6 +75,14 @@ class Ledger:
         return int(self.made[-1][2])
 
 
+def store_for(client: ApiClient, ckpt: Path) -> CheckpointStore:
+    """The file store in ``ckpt``, or, when ``ckpt`` is named ``configmap``, the ConfigMap store in
+    the simulator (what a StatefulSet's shards share in a cluster), in a namespace not watched."""
+    if ckpt.name == "configmap":
+        return ConfigMapCheckpointStore(client=client, namespace="default", name_prefix="keb")
+    return FileCheckpointStore(directory=ckpt)
+
+
 async def shard(client: ApiClient, ckpt: Path, ordinal: int, total: int
                 ) -> tuple[BridgePipeline, RecordingSink]:
     api = await Discovery(client=client).resolve("configmaps")
@@ -83,7 +92,7 @@ async def shard(client: ApiClient, ckpt: Path, ordinal: int, total: int
     sink = RecordingSink(f"rec-{ordinal}-of-{total}")
     pipeline = BridgePipeline(
         build_informer=http_informer_builder(client=client, clock=RealClock(), compact_cache=True),
-        resources=[watched], sinks=[sink], checkpoint_store=FileCheckpointStore(directory=ckpt),
+        resources=[watched], sinks=[sink], checkpoint_store=store_for(client, ckpt),
         checkpoint_interval=0.05, cluster="sim")
     await pipeline.start()
     assert await pipeline.wait_for_sync(10)
@@ -100,12 +109,13 @@ def changes(sink: RecordingSink) -> list[tuple[str, str, str]]:
     return [(e.type.value, e.uid, e.resource_version) for e in sink.events if e.type in CHANGES]
 
 
-async def test_reshard_2_to_1_with_checkpoints_apart(sim: ApiClient, tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", ["file", "configmap"])
+async def test_reshard_2_to_1_with_checkpoints_apart(sim: ApiClient, tmp_path: Path, store: str) -> None:
     """Shard 1 of 2 runs on alone while shard 0 is down, so their checkpoints stop far apart; the
     single shard that follows must resume from shard 0's older point, deliver shard 0's missed
     changes, and skip everything shard 1 had already delivered (no spurious ``added`` of the
     objects shard 1 created and deleted meanwhile, no second ``deleted``)."""
-    ckpt = tmp_path / "ckpt"
+    ckpt = tmp_path / store
     ledger = Ledger(sim)
     for i in range(16):
         await ledger.create(f"cm-{i}")
@@ -146,8 +156,9 @@ async def test_reshard_2_to_1_with_checkpoints_apart(sim: ApiClient, tmp_path: P
     # The single shard sent only what nobody had: shard 0's changes after it stopped, and the new ones.
     assert all(shard_of(u, 2) == 0 or int(rv) > int(ledger.made[-6][2]) for _, u, rv in changes(s))
     # Its first checkpoint past both old ones retires them: only the new shard's checkpoint is left.
-    store = FileCheckpointStore(directory=ckpt)
-    assert await store.informer_ids(BASE) == [BASE]
+    left = store_for(sim, ckpt)
+    assert isinstance(left, FileCheckpointStore | ConfigMapCheckpointStore)
+    assert await left.informer_ids(BASE) == [BASE]
 
 
 async def test_list_is_shared_out_by_uid(sim: ApiClient, tmp_path: Path) -> None:
