@@ -5,6 +5,7 @@ it needs, the shard alerts, and the combinations it refuses."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -254,3 +255,29 @@ def test_notes_explain_the_shards(chart: Any) -> None:
     assert "Sharded: 3 shards (by object)" in text
     assert f"kubectl -n ops port-forward pod/{FULLNAME}-0" in text
     assert "deploy/" not in text
+
+
+def _documented_shard_alerts() -> dict[str, dict[str, Any]]:
+    text = (CHART.parents[1] / "docs" / "operations.md").read_text()
+    section = text[text.index("## Sharding across a StatefulSet"):]
+    block = re.search(r"```yaml\n(groups:.*?)```", section, re.S)
+    assert block
+    (group,) = yaml.safe_load(block.group(1))["groups"]
+    return {r["alert"]: r for r in group["rules"]}
+
+
+def test_prometheus_rule_carries_the_documented_shard_alerts(chart: Any) -> None:
+    rendered = alerts(render(chart, values(metrics={"prometheusRule": {
+        "enabled": True, "additionalLabels": {"severity": "page"}}})))
+    unsharded = alerts(render(chart, {"metrics": {"prometheusRule": {"enabled": True}}}))
+    documented = _documented_shard_alerts()
+    # The shard alerts replace KubeEventBridgeNoLeader; the others are unchanged.
+    assert rendered.keys() == (unsharded.keys() - {"KubeEventBridgeNoLeader"}) | documented.keys()
+    for name, doc in documented.items():
+        got = rendered[name]
+        expr = got["expr"].replace('{namespace="ops"}', "")
+        assert expr == doc["expr"], name
+        assert 'namespace="ops"' in got["expr"]
+        assert got.get("for") == doc.get("for"), name
+        assert got["annotations"] == doc["annotations"], name
+        assert got["labels"] == {"severity": "page"}

@@ -4,6 +4,7 @@ everything that cannot work (no ordinal, no StatefulSet, RBAC, an ordinal past t
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,3 +187,36 @@ def test_pod_ordinal() -> None:
     assert pod_ordinal("keb-") is None
     assert pod_ordinal("keb-01") is None  # a StatefulSet never pads its ordinals
     assert pod_ordinal("-3") is None
+
+
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+
+
+async def test_the_documented_messages_are_the_ones_given(sim: Simulator, api: ApiClient) -> None:
+    doc = OPERATIONS.read_text()
+    section = doc[doc.index("**Automatic sharding.**"):doc.index("**RBAC.**")]
+    documented = re.findall(r"^\| [^|]+ \| `([^`]+)`", section, re.M)
+    assert len(documented) == 5
+
+    async def message(sharding: Sharding, environ: dict[str, str], client: ApiClient = api) -> str:
+        with pytest.raises(ShardingConfigError) as info:
+            await resolve(sharding, client, environ=environ, hostname=no_hostname)
+        return str(info.value)
+
+    given = [
+        await message(Sharding(), {"POD_NAME": "keb-7d9f8-x2z", "POD_NAMESPACE": NS}),
+        await message(Sharding(), POD),
+        await message(Sharding(shards=2, ordinal=2), {}),
+    ]
+    sim.store.create("statefulsets.apps", statefulset("keb-kube-event-bridge", 2))
+    given.append(await message(Sharding(), POD))
+    async with Simulator(namespaces=("default", NS), forbidden=[("apps", "statefulsets")]) as denying:
+        client = ApiClient(server=denying.url)
+        try:
+            given.append(await message(Sharding(), POD, client))
+        finally:
+            await client.close()
+    for text in documented:
+        pattern = re.escape(text).replace("…", ".*")
+        pattern = re.sub(r"<[a-z]+>", r"\\S+?", pattern.replace(r"\<", "<").replace(r"\>", ">"))
+        assert any(re.match(pattern, g) for g in given), (text, given)
