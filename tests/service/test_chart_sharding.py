@@ -180,15 +180,19 @@ def test_prometheus_rule_alerts_on_mismatched_totals_and_missing_shards(chart: A
 
 
 def test_missing_shard_expression_counts_every_ordinal() -> None:
-    # The arithmetic of KubeEventBridgeShardMissing, on the values the shards expose.
+    # The arithmetic of KubeEventBridgeShardMissing in Prometheus' float64, in its order of
+    # evaluation: zero with every shard present, non-zero with any one missing, up to 53 shards.
     def missing(total: int, ordinals: set[int]) -> float:
-        return 2 ** total - 1 - sum(2 ** o for o in ordinals)
+        present = 0.0
+        for o in sorted(ordinals):
+            present += 2.0 ** o
+        return float(2.0 ** total - 1.0 - present)
 
-    assert missing(3, {0, 1, 2}) == 0
-    assert missing(3, {0, 2}) != 0
-    assert missing(3, {0, 1, 2, 3}) != 0  # a shard beyond the total
-    assert missing(32, set(range(32))) == 0
-    assert missing(32, set(range(31))) != 0
+    for total in range(1, 54):
+        assert missing(total, set(range(total))) == 0, total
+        for gone in range(total):
+            assert missing(total, set(range(total)) - {gone}) != 0, (total, gone)
+        assert missing(total, set(range(total + 1))) != 0, total  # a shard beyond the total
 
 
 @pytest.mark.parametrize(("extra", "message"), [
