@@ -36,7 +36,7 @@ hash of the selectors; the checkpoint's name), ``type`` a CloudEvents type (``ad
                                        start time; garbage collections; interpreter version
 =====================================  =====================================================
 
-Sharding. Once the service knows this replica's shard (:meth:`Telemetry.set_shard`, called once after
+Sharding. Once the service knows this replica's shard (:meth:`Telemetry.set_shard`, called after
 ``sharding`` is resolved), every sample the endpoint exposes carries the labels ``shard`` and
 ``total_shards``, as kube-state-metrics' shards do, and the two shard gauges appear: a dashboard can
 sum across shards or split by shard, and an alert can compare the totals the shards were started
@@ -250,12 +250,16 @@ class Telemetry:
     def set_shard(self, ordinal: int, total: int) -> None:
         """Labels everything exposed from now on with ``shard="<ordinal>"`` and
         ``total_shards="<total>"`` and exposes ``keb_shard_ordinal`` and ``keb_total_shards``.
-        Called once, when the service has resolved its shard; a second call is refused (a replica
-        changes shard by restarting)."""
+        Called when the service has resolved its shard; calling it again with the same shard (a
+        pipeline started again) changes nothing, with another one is refused: a replica changes shard
+        by restarting, so its series never switch labels mid-process."""
         if total < 1 or not 0 <= ordinal < total:
             raise ValueError(f"shard {ordinal} of {total}: need 0 <= ordinal < total")
+        if self._shard == (ordinal, total):
+            return
         if self._shard is not None:
-            raise RuntimeError(f"the shard is already set ({self._shard[0]} of {self._shard[1]})")
+            raise RuntimeError(f"the shard is already set ({self._shard[0]} of {self._shard[1]}), "
+                               f"not {ordinal} of {total}")
         self._shard = (ordinal, total)
         exposed = CollectorRegistry(auto_describe=False)
         exposed.register(_LabelledCollector(self.registry, {"shard": str(ordinal),

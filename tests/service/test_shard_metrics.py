@@ -86,7 +86,7 @@ async def test_every_sample_of_a_running_shard_carries_its_shard_labels(tmp_path
     assert metric(text, "keb_leader", shard="1") == 1
 
 
-def test_the_shard_is_set_once_and_must_exist() -> None:
+def test_the_shard_never_changes_and_must_exist() -> None:
     telemetry = Telemetry()
     try:
         with pytest.raises(ValueError, match="need 0 <= ordinal < total"):
@@ -96,8 +96,10 @@ def test_the_shard_is_set_once_and_must_exist() -> None:
         assert telemetry.shard is None
         telemetry.set_shard(0, 1)
         assert telemetry.shard == (0, 1)
-        with pytest.raises(RuntimeError, match=r"already set \(0 of 1\)"):
+        telemetry.set_shard(0, 1)  # again, the same shard (a pipeline started again): nothing changes
+        with pytest.raises(RuntimeError, match=r"already set \(0 of 1\), not 1 of 2"):
             telemetry.set_shard(1, 2)
+        assert telemetry.shard == (0, 1)
         text = telemetry.render_prometheus().decode()
         assert metric(text, "keb_total_shards", shard="0", total_shards="1") == 1
         assert metric(text, "keb_shard_ordinal", shard="0", total_shards="1") == 0
