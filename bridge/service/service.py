@@ -140,9 +140,9 @@ class BridgeService:
         self.elector: LeaderElector | None = None
         self._lease_client: ApiClient | None = None
         self._config_error: ConfigurationError | None = None
+        """A configuration error found while leading (with leader election): ends the service."""
         self.shard: tuple[int, int] | None = None
         """(ordinal, total) once resolved, when sharding is configured."""
-        """A configuration error found while leading (with leader election): ends the service."""
 
     # --- probes and metrics ----------------------------------------------------------------------
 
@@ -300,8 +300,12 @@ class BridgeService:
         return "sharding" in self.config.model_fields_set or self.config.sharding.enabled
 
     async def _resolve_shard(self, client: ApiClient) -> tuple[int, int]:
+        """This replica's (ordinal, total), resolved once (a standby resolves it before campaigning
+        for its shard's Lease); from then on every exposed sample carries the shard's labels."""
         if self.shard is None:
-            self.shard = await sharding_auto.resolve(self.config.sharding, client)
+            ordinal, total = await sharding_auto.resolve(self.config.sharding, client)
+            self.shard = (ordinal, total)
+            self.telemetry.set_shard(ordinal, total)
         return self.shard
 
     async def _shard(self, client: ApiClient, watched: list[WatchedResource]) -> list[WatchedResource]:
