@@ -142,9 +142,12 @@ class _LabelledCollector(Collector):
         return []  # nothing to check at registration: the names are the wrapped registry's
 
     def collect(self) -> Iterable[Metric]:
+        # A copy of each family: a collector may keep its families between scrapes (prometheus_client's
+        # platform collector does, and it is shared by every Telemetry of the process).
         for family in self._registry.collect():
-            family.samples = [s._replace(labels={**s.labels, **self._labels}) for s in family.samples]
-            yield family
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            labelled.samples = [s._replace(labels={**s.labels, **self._labels}) for s in family.samples]
+            yield labelled
 
 
 class Telemetry:

@@ -110,3 +110,23 @@ def test_the_shard_never_changes_and_must_exist() -> None:
                    for line in again.splitlines() if line and not line.startswith("#"))
     finally:
         telemetry.shutdown()
+
+
+def test_one_replicas_shard_labels_do_not_leak_into_another_telemetry() -> None:
+    # Several services in one process (tests, in-process shards) share prometheus_client's process,
+    # GC and platform collectors, one of which keeps its families between scrapes: labelling one
+    # replica's exposition must not change what another exposes.
+    sharded, plain, other = Telemetry(), Telemetry(), Telemetry()
+    try:
+        sharded.set_shard(1, 3)
+        other.set_shard(0, 3)
+        for _ in range(2):
+            assert all(labels.get("shard") == "1"
+                       for _, labels in samples(sharded.render_prometheus().decode()))
+            assert all("shard" not in labels and "total_shards" not in labels
+                       for _, labels in samples(plain.render_prometheus().decode()))
+            assert all(labels.get("shard") == "0"
+                       for _, labels in samples(other.render_prometheus().decode()))
+    finally:
+        for t in (sharded, plain, other):
+            t.shutdown()
