@@ -128,9 +128,12 @@ def test_rbac_reads_only_its_own_statefulset(chart: Any) -> None:
     for cluster_role in find(docs, "ClusterRole"):
         assert all("statefulsets" not in r["resources"] for r in cluster_role["rules"])
     # Checkpoints of every shard, past and present, are read and cleaned up by the shards.
+    # Exactly the verbs the ConfigMap store calls (bridge/delivery/checkpoint_configmap.py): create
+    # (manifests, journals, chunks), get (load, peek), list (the take-over's informer_ids, orphan
+    # chunks), update (replace of a manifest or journal), delete (clean-up of earlier totals); no patch.
     cm_rules = [r for r in role["rules"] if r["resources"] == ["configmaps"]]
     assert cm_rules == [{"apiGroups": [""], "resources": ["configmaps"],
-                         "verbs": ["create", "get", "list", "update", "patch", "delete"]}]
+                         "verbs": ["create", "get", "list", "update", "delete"]}]
     (binding,) = find(docs, "RoleBinding", namespace="ops")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"][0]["name"] == FULLNAME
@@ -197,7 +200,7 @@ def test_missing_shard_expression_counts_every_ordinal() -> None:
 
 @pytest.mark.parametrize(("extra", "message"), [
     ({"replicaCount": 2}, "leave replicaCount at 1"),
-    ({"leaderElection": {"enabled": True}}, "no per-shard standby"),
+    ({"leaderElection": {"enabled": True}}, r"no per-shard standby\. A StatefulSet runs one pod per ordinal"),
     ({"config": {"resources": [{"resource": "pods"}], "sinks": [{"name": "s", "kind": "stdout"}],
                  "checkpoint": {"store": "file"}}}, "needs a shared checkpoint store"),
     ({"fullnameOverride": "b" * 53}, "longer than 52 characters"),
@@ -267,3 +270,32 @@ def test_prometheus_rule_carries_the_documented_shard_alerts(chart: Any) -> None
         assert got.get("for") == doc.get("for"), name
         assert got["annotations"] == doc["annotations"], name
         assert got["labels"] == {"severity": "page"}
+
+
+FIXED_SHARD = {"resources": [{"resource": "pods", "namespace": "web"}],
+               "sinks": [{"name": "s", "kind": "stdout"}],
+               "checkpoint": {"store": "configmap"}, "sharding": {"shards": 3, "ordinal": 1}}
+
+
+def test_rbac_of_a_release_per_shard_covers_its_sharded_checkpoints(chart: Any) -> None:
+    # One release per shard (fixed numbers, a Deployment): its checkpoint ids are
+    # <informer id>.shard-<o>-of-<N> and a take-over lists and reads the other shards' (and earlier
+    # totals'): the Role cannot name them, as in the StatefulSet mode.
+    (role,) = find(render(chart, {"config": FIXED_SHARD}), "Role", namespace="ops")
+    cm_rules = [r for r in role["rules"] if r["resources"] == ["configmaps"]]
+    assert cm_rules == [{"apiGroups": [""], "resources": ["configmaps"],
+                         "verbs": ["create", "get", "list", "update", "delete"]}]
+    assert all("statefulsets" not in r["resources"] for r in role["rules"])  # no automatic sharding
+
+
+def test_leader_election_of_a_release_per_shard_names_its_shards_lease(chart: Any) -> None:
+    # Sharded, shard o campaigns for the Lease <name>-shard-<o> (bridge/service/service.py): the
+    # Role must name that one, not the unsharded Lease.
+    docs = render(chart, {"config": FIXED_SHARD, "leaderElection": {"enabled": True}})
+    (role,) = find(docs, "Role", namespace="ops")
+    lease_rules = [r for r in role["rules"] if r["resources"] == ["leases"]]
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+            "resourceNames": [f"{FULLNAME}-shard-1"], "verbs": ["get", "update"]} in lease_rules
+    (cm,) = find(docs, "ConfigMap")
+    cfg = yaml.safe_load(cm["data"]["config.yaml"])
+    assert cfg["leader_election"]["name"] == FULLNAME  # the bridge appends -shard-<o> itself

@@ -54,6 +54,28 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (include "kube-event-bridge.fullname" .) .Values.leaderElection.leaseName -}}
 {{- end -}}
 
+{{/*
+Whether the bridge runs sharded (bridge/service/service.py: a `sharding` section written at all, or
+the StatefulSet mode, which writes one): its checkpoint ids then carry the shard, and with leader
+election it campaigns for its shard's own Lease.
+*/}}
+{{- define "kube-event-bridge.sharded" -}}
+{{- if or .Values.sharding.enabled (hasKey (default dict .Values.config) "sharding") -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The Lease the bridge campaigns for: <leaseName>, or, sharded with a fixed ordinal (one release per
+shard), <leaseName>-shard-<ordinal> (the StatefulSet mode refuses leader election).
+*/}}
+{{- define "kube-event-bridge.campaignLeaseName" -}}
+{{- if include "kube-event-bridge.sharded" . -}}
+{{- $s := default dict .Values.config.sharding -}}
+{{- printf "%s-shard-%v" (include "kube-event-bridge.leaseName" .) (default 0 $s.ordinal) -}}
+{{- else -}}
+{{- include "kube-event-bridge.leaseName" . -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The ConfigMap checkpoint store's name prefix: the configured one, else <fullname>-checkpoint. */}}
 {{- define "kube-event-bridge.checkpointPrefix" -}}
 {{- $cp := default dict .Values.config.checkpoint -}}
@@ -208,7 +230,7 @@ What the StatefulSet mode (sharding.enabled) cannot work with, refused before an
 {{- fail "sharding.enabled: the StatefulSet runs sharding.shards replicas, one per shard; leave replicaCount at 1" -}}
 {{- end -}}
 {{- if .Values.leaderElection.enabled -}}
-{{- fail "sharding.enabled with leaderElection.enabled: the chart has no per-shard standby (one Lease would let a single shard run); the StatefulSet itself restarts a shard that dies, and never runs two pods of one shard. Turn leaderElection off" -}}
+{{- fail "sharding.enabled with leaderElection.enabled: the StatefulSet mode has no per-shard standby. A StatefulSet runs one pod per ordinal, so each shard's Lease (<leaseName>-shard-<o>) would have a single candidate and nothing would stand by; the StatefulSet restarts a shard that dies (and never runs two pods of one shard), which resumes from its checkpoint. Turn leaderElection off (a standby per shard needs a second set of pods per ordinal: docs/sharding.md)" -}}
 {{- end -}}
 {{- if eq (default "file" (default dict .Values.config.checkpoint).store) "file" -}}
 {{- fail "sharding.enabled needs a shared checkpoint store (config.checkpoint.store: configmap or nats-kv): when the number of shards changes, each shard takes over objects from the checkpoints of the others, which a file in another pod cannot give it" -}}
