@@ -133,6 +133,45 @@ async def test_with_leader_election_each_shard_has_its_own_lease(tmp_path: Path)
     assert holders == ["x", "x"]
 
 
+def _leader_samples(service: BridgeService) -> list[str]:
+    text = service.telemetry.render_prometheus().decode()
+    return [line for line in text.splitlines() if line.startswith("keb_leader{")]
+
+
+async def test_a_standby_per_shard_waits_for_its_shards_lease_and_is_labelled(tmp_path: Path) -> None:
+    """Two replicas of shard 1 (a standby per shard, docs/sharding.md): one leads on keb-shard-1,
+    the other stands by, and both expose their shard's labels, so that summing keb_leader by shard
+    gives 1 per shard; shard 0's leader does not wait for it."""
+    def le(identity: str) -> dict[str, Any]:
+        return {"leader_election": {"enabled": True, "namespace": "default", "name": "keb",
+                                    "identity": identity, "lease_duration": 3, "renew_deadline": 2,
+                                    "retry_period": 0.5}}
+    async with Simulator() as sim:
+        services = [BridgeService(config=config(sim, tmp_path, o, **le(who)))
+                    for o, who in ((0, "a"), (1, "b"), (1, "c"))]
+        tasks = [asyncio.create_task(s.run(), name=f"replica-{i}") for i, s in enumerate(services)]
+        client = ApiClient.from_kubeconfig(str(tmp_path / "kubeconfig"))
+        try:
+            await eventually(lambda: all(s.readiness().ready for s in services)
+                             and sorted(s.readiness().role for s in services[1:]) == ["leader", "standby"]
+                             and services[0].readiness().role == "leader", what="a leader per shard")
+            path = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
+            holder = (await client.get(f"{path}/keb-shard-1"))["spec"]["holderIdentity"]
+            leader = next(s for s in services[1:] if s.readiness().role == "leader")
+            standby = next(s for s in services[1:] if s.readiness().role == "standby")
+            samples = {id(s): _leader_samples(s) for s in services}
+        finally:
+            for s in services:
+                s.stop_event.set()
+            await asyncio.gather(*tasks)
+            await client.close()
+    assert holder == leader.config.leader_election.identity
+    assert samples[id(services[0])] == ['keb_leader{shard="0",total_shards="2"} 1.0']
+    assert samples[id(leader)] == ['keb_leader{shard="1",total_shards="2"} 1.0']
+    assert samples[id(standby)] == ['keb_leader{shard="1",total_shards="2"} 0.0']
+    assert standby.shard == (1, 2)
+
+
 @pytest.mark.parametrize(("sharding", "needle"), [
     ("{shards: 3, ordinal: 3}", "sharding: ordinal: 3 is not a shard of 3"),
     ("{shards: 0}", "sharding.shards"),
