@@ -338,8 +338,10 @@ class FileCheckpointStore:
         """Where the informer's known-object journal lives (:mod:`bridge.delivery.journal`)."""
         return self.path_for(informer_id).with_suffix(".journal")
 
-    def journal_backend(self, informer_id: str) -> FileJournalBackend:
-        """The informer's known-object journal storage: the file at :meth:`journal_path`."""
+    def journal_backend(self, informer_id: str, *, fenced: bool = True) -> FileJournalBackend:
+        """The informer's known-object journal storage: the file at :meth:`journal_path` (files are
+        not fenced: ``fenced`` is accepted for the stores' common shape)."""
+        del fenced
         from bridge.delivery.journal import FileJournalBackend  # journal imports this module
         return FileJournalBackend(self.journal_path(informer_id), fsync=self._fsync)
 

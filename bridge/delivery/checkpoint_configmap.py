@@ -34,6 +34,7 @@ import dataclasses
 import hashlib
 import logging
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from bridge.delivery.checkpoint import (
@@ -47,7 +48,7 @@ from bridge.delivery.checkpoint import (
     encode_checkpoint,
     fence_token,
 )
-from bridge.delivery.journal import JournalStoreError
+from bridge.delivery.journal import ChunkedJournalBackend, JournalConflict, JournalHead, JournalStoreError
 from bridge.errors import ApiError, ConflictError, NotFoundError
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.leaderelection import FenceToken
@@ -66,7 +67,8 @@ WRITER_ANNOTATION = "kube-event-bridge.io/writer"
 TERM_ANNOTATION = "kube-event-bridge.io/lease-transitions"
 _CAS_ATTEMPTS = 5
 JOURNAL_BYTES = 900 * 1024
-"""The most a journal ConfigMap holds: the records of about 9,000 new objects and deletes."""
+"""The most one journal ConfigMap (the head or a sealed chunk) holds: the records of about 9,000 new
+objects and deletes."""
 
 
 def _stored_token(manifest: dict[str, Any]) -> FenceToken | None:
@@ -97,7 +99,10 @@ class ConfigMapCheckpointStore:
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         fence: FenceSource | None = None,
         allow_shards: bool = True,
+        journal_bytes: int = JOURNAL_BYTES,
     ) -> None:
+        """``journal_bytes``: the most one ConfigMap of the known-object journal holds (the journal
+        spans several when shards are allowed)."""
         if shard_bytes < 1024:
             raise ValueError("shard_bytes must be at least 1024")
         self._fence = fence
@@ -108,6 +113,7 @@ class ConfigMapCheckpointStore:
         self._prefix = name_prefix
         self._shard_bytes = shard_bytes
         self._allow_shards = allow_shards
+        self._journal_bytes = journal_bytes
         self.last_shard_count = 0
         """Shards written by the last save (0 when the checkpoint fitted in the manifest)."""
 
@@ -122,12 +128,16 @@ class ConfigMapCheckpointStore:
         """The ConfigMap holding the informer's known-object journal (:mod:`bridge.delivery.journal`)."""
         return f"{self._prefix}-{informer_id}-journal"
 
-    def journal_backend(self, informer_id: str) -> ConfigMapJournalBackend:
-        """The informer's known-object journal storage: one ConfigMap next to its manifest, written
-        with the same fencing."""
+    def journal_backend(self, informer_id: str, *, fenced: bool = True) -> ConfigMapJournalBackend:
+        """The informer's known-object journal storage: a ConfigMap next to its manifest, written
+        with the same fencing, and its sealed chunks when it outgrows one (unless shards are off).
+        ``fenced=False``: another shard's journal, read during a take-over (its writer holds another
+        shard's Lease, whose term says nothing about this one's), as :meth:`peek` reads its checkpoint."""
         return ConfigMapJournalBackend(client=self._client, namespace=self._namespace,
                                        name=self.journal_name(informer_id),
-                                       labels=self._labels(informer_id, "journal"), fence=self._fence)
+                                       labels=self._labels(informer_id, "journal"),
+                                       fence=self._fence if fenced else None,
+                                       max_bytes=self._journal_bytes, chunking=self._allow_shards)
 
     def _labels(self, informer_id: str, role: str) -> dict[str, str]:
         return {
@@ -170,6 +180,7 @@ class ConfigMapCheckpointStore:
         self._manifest_rv.pop(informer_id, None)
         if self._allow_shards:
             await self._delete_orphans(informer_id, keep=set())
+            await self.journal_backend(informer_id).delete_chunks()
 
     async def _load(self, informer_id: str, token: FenceToken | None) -> Checkpoint | None:
         name = self.manifest_name(informer_id)
@@ -355,109 +366,125 @@ class ConfigMapCheckpointStore:
         return None
 
 
-class ConfigMapJournalBackend:
-    """A known-object journal in one ConfigMap (``data.journal``, the journal's text).
+class ConfigMapJournalBackend(ChunkedJournalBackend):
+    """A known-object journal in ConfigMaps (:class:`~bridge.delivery.journal.ChunkedJournalBackend`).
 
-    Every write (an append is the whole text with the new records added) replaces the ConfigMap with
-    the ``resourceVersion`` this backend last read or wrote, so one group commit is one API write and
-    is atomic: there is never a torn tail. On a conflict the ConfigMap is read again; with a ``fence``
-    the write goes ahead only if the token stored in its annotations is not a later leader's, and
-    every write stores the writer's token, so once a later leader has written the journal a deposed
-    one can never write it again. Without a fence the last writer wins (one replica).
+    The head is the ConfigMap ``name``: ``data.journal`` holds the journal's tail, ``data.chunks``
+    the comma-separated names of its sealed chunks (absent when there are none), the annotations the
+    writer's lease token. It is replaced with the ``resourceVersion`` this backend last read or
+    wrote, so one group commit is one API write and is atomic. Sealed chunks are the ConfigMaps
+    ``<name>-c<generation>-<n>`` (``data.chunk``), labelled with the store's owner label and the role
+    ``journal-chunk``; they are created once and deleted once no head lists them.
+
+    With ``chunking=False`` (the store's ``allow_shards=False``: RBAC names its ConfigMaps one by
+    one) the journal is the head alone, at most ``max_bytes``: a full journal waits for the next
+    checkpoint write's compaction.
     """
 
     def __init__(self, *, client: ApiClient, namespace: str, name: str, labels: dict[str, str],
-                 fence: FenceSource | None = None, max_bytes: int = JOURNAL_BYTES) -> None:
+                 fence: FenceSource | None = None, max_bytes: int = JOURNAL_BYTES,
+                 chunking: bool = True) -> None:
+        super().__init__(fence=fence, chunking=chunking)
         self._client = client
         self._namespace = namespace
         self._name = name
         self._labels = labels
-        self._fence = fence
         self._max_bytes = max_bytes
-        self._rv: str | None = None
-        """resourceVersion of the ConfigMap as last read or written; None = not known to exist."""
-        self._content = b""
-        """The journal as last written by this backend."""
-        self.writes = 0
 
     @property
     def name(self) -> str:
         return f"ConfigMap {self._namespace}/{self._name}"
 
     @property
-    def _path(self) -> str:
-        return f"/api/v1/namespaces/{self._namespace}/configmaps/{self._name}"
+    def _collection(self) -> str:
+        return f"/api/v1/namespaces/{self._namespace}/configmaps"
 
-    async def read(self) -> bytes | None:
-        token = fence_token(self._fence, f"loading journal {self.name}")
+    @property
+    def _path(self) -> str:
+        return f"{self._collection}/{self._name}"
+
+    def _chunk_labels(self) -> dict[str, str]:
+        return {**self._labels, ROLE_LABEL: "journal-chunk"}
+
+    async def _load_head(self) -> JournalHead | None:
         try:
             cm = await self._client.get(self._path, context=f"get {self._name}")
         except NotFoundError:
-            self._rv = None
             return None
         except ApiError as exc:
             raise JournalStoreError(f"cannot read journal {self.name}: {exc}") from exc
-        check_fence(token, _stored_token(cm), f"journal {self.name}")
-        self._rv = str((cm.get("metadata") or {}).get("resourceVersion") or "") or None
-        return str((cm.get("data") or {}).get("journal", "")).encode()
+        data = cm.get("data") or {}
+        chunks = tuple(c for c in str(data.get("chunks", "")).split(",") if c)
+        return JournalHead(version=str((cm.get("metadata") or {}).get("resourceVersion") or ""),
+                           writer=_stored_token(cm), chunks=chunks,
+                           tail=str(data.get("journal", "")).encode())
 
-    async def rewrite(self, data: bytes) -> None:
-        await self._put(data)
-
-    async def append(self, data: bytes) -> None:
-        await self._put(self._content + data)
-
-    async def close(self) -> None:
-        return None
-
-    def room(self) -> int:
-        return max(0, self._max_bytes - len(self._content))
-
-    async def _put(self, content: bytes) -> None:
-        what = f"journal {self.name}"
-        if len(content) > self._max_bytes:
-            raise JournalStoreError(
-                f"cannot write {what}: {len(content)} bytes, more than one ConfigMap holds "
-                f"({self._max_bytes}); more objects were created or deleted within one checkpoint "
-                "interval than it records: shorten checkpoint.interval or use the file store")
-        token = fence_token(self._fence, what)
+    async def _store_head(self, version: str | None, writer: FenceToken | None, chunks: Sequence[str],
+                          tail: bytes) -> str:
         metadata: dict[str, Any] = {"name": self._name, "labels": self._labels}
-        if token is not None:
-            metadata["annotations"] = {WRITER_ANNOTATION: token.holder,
-                                       TERM_ANNOTATION: str(token.transitions)}
-        body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
-                                "data": {"journal": content.decode()}}
-        collection = f"/api/v1/namespaces/{self._namespace}/configmaps"
-        for _ in range(_CAS_ATTEMPTS):
-            try:
-                if self._rv is None:
-                    metadata.pop("resourceVersion", None)
-                    result = await self._client.create(collection, body, context=f"create {self._name}")
-                else:
-                    metadata["resourceVersion"] = self._rv
-                    result = await self._client.replace(self._path, body, context=f"replace {self._name}")
-            except ConflictError:
-                # Written meanwhile (or created, when this backend thought it absent): by whom?
-                try:
-                    current = await self._client.get(self._path, context=f"get {self._name}")
-                except NotFoundError:
-                    self._rv = None
-                    continue
-                except ApiError as exc:
-                    raise JournalStoreError(f"cannot write {what}: {exc}") from exc
-                check_fence(token, _stored_token(current), what)
-                self._rv = str((current.get("metadata") or {}).get("resourceVersion") or "") or None
-                continue
-            except NotFoundError:
-                self._rv = None  # deleted meanwhile: create it again
-                continue
-            except ApiError as exc:
-                raise JournalStoreError(f"cannot write {what}: {exc}") from exc
-            self._rv = str((result.get("metadata") or {}).get("resourceVersion") or "") or None
-            self._content = content
-            self.writes += 1
+        if writer is not None:
+            metadata["annotations"] = {WRITER_ANNOTATION: writer.holder,
+                                       TERM_ANNOTATION: str(writer.transitions)}
+        data = {"journal": tail.decode()}
+        if chunks:
+            data["chunks"] = ",".join(chunks)
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
+        try:
+            if version is None:
+                result = await self._client.create(self._collection, body, context=f"create {self._name}")
+            else:
+                metadata["resourceVersion"] = version
+                result = await self._client.replace(self._path, body, context=f"replace {self._name}")
+        except (ConflictError, NotFoundError) as exc:
+            raise JournalConflict(str(exc)) from exc  # written, created or deleted meanwhile
+        except ApiError as exc:
+            raise JournalStoreError(f"cannot write journal {self.name}: {exc}") from exc
+        return str((result.get("metadata") or {}).get("resourceVersion") or "")
+
+    def _head_room(self, chunks: Sequence[str]) -> int:
+        return self._max_bytes - (len(",".join(chunks)) + 16 if chunks else 0)
+
+    def _chunk_room(self) -> int:
+        return self._max_bytes
+
+    def _chunk_name(self, generation: str, n: int) -> str:
+        return f"{self._name}-c{generation}-{n}"
+
+    async def _create_chunk(self, name: str, data: bytes) -> None:
+        body = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "labels": self._chunk_labels()}, "data": {"chunk": data.decode()}}
+        try:
+            await self._client.create(self._collection, body, context=f"create {name}")
+        except ApiError as exc:
+            raise JournalStoreError(f"cannot write a chunk of journal {self.name}: {exc}") from exc
+
+    async def _read_chunk(self, name: str) -> bytes | None:
+        try:
+            cm = await self._client.get(f"{self._collection}/{name}", context=f"get {name}")
+        except NotFoundError:
+            return None
+        except ApiError as exc:
+            raise JournalStoreError(f"cannot read a chunk of journal {self.name}: {exc}") from exc
+        return str((cm.get("data") or {}).get("chunk", "")).encode()
+
+    async def _delete_chunk(self, name: str) -> None:
+        try:
+            await self._client.delete(f"{self._collection}/{name}", context=f"delete {name}")
+        except NotFoundError:
             return
-        raise CheckpointFencedError(f"{what}: kept changing under this writer; refused")
+        except ApiError as exc:
+            raise JournalStoreError(f"cannot delete a chunk of journal {self.name}: {exc}") from exc
+
+    async def _stored_chunks(self) -> list[str]:
+        selector = ",".join(f"{k}={v}" for k, v in self._chunk_labels().items())
+        try:
+            listed = await self._client.get(self._collection, params={"labelSelector": selector},
+                                            context="list journal chunks")
+        except ApiError as exc:
+            raise JournalStoreError(f"cannot list the chunks of journal {self.name}: {exc}") from exc
+        prefix = f"{self._name}-c"
+        names = (str((item.get("metadata") or {}).get("name") or "") for item in listed.get("items") or [])
+        return [n for n in names if n.startswith(prefix)]
 
 
 def _utf8_chunks(data: bytes, limit: int) -> list[str]:

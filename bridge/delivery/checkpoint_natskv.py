@@ -26,7 +26,7 @@ import dataclasses
 import hashlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import nats
@@ -47,7 +47,7 @@ from bridge.delivery.checkpoint import (
     encode_checkpoint,
     fence_token,
 )
-from bridge.delivery.journal import JournalStoreError
+from bridge.delivery.journal import ChunkedJournalBackend, JournalConflict, JournalHead, JournalStoreError
 from bridge.kube.leaderelection import FenceToken
 
 __all__ = ["NatsKvCheckpointStore", "NatsKvJournalBackend"]
@@ -78,7 +78,10 @@ class NatsKvCheckpointStore:
         chunk_size: int | None = None,
         connect_timeout: float = 5.0,
         fence: FenceSource | None = None,
+        journal_bytes: int | None = None,
     ) -> None:
+        """``journal_bytes``: the most one value of the known-object journal holds (default: as a
+        checkpoint chunk, the server's max payload less some headroom; the journal spans several)."""
         if (nats_url is None) == (nc is None):
             raise ValueError("give exactly one of nats_url or nc")
         self._fence = fence
@@ -89,6 +92,7 @@ class NatsKvCheckpointStore:
         self._owns_nc = nc is None
         self._bucket = bucket
         self._chunk_size = chunk_size
+        self._journal_bytes = journal_bytes
         self._connect_timeout = connect_timeout
         self._kv: KeyValue | None = None
 
@@ -129,11 +133,17 @@ class NatsKvCheckpointStore:
         """The key of the informer's known-object journal (:mod:`bridge.delivery.journal`)."""
         return f"{informer_id}.journal"
 
-    def journal_backend(self, informer_id: str) -> NatsKvJournalBackend:
-        """The informer's known-object journal storage: one key of the bucket, written with the
-        same fencing as the manifest."""
+    def journal_backend(self, informer_id: str, *, fenced: bool = True) -> NatsKvJournalBackend:
+        """The informer's known-object journal storage: a key of the bucket, written with the same
+        fencing as the manifest, and its sealed chunks when it outgrows one message.
+        ``fenced=False``: another shard's journal, read during a take-over (see :meth:`peek`)."""
         return NatsKvJournalBackend(open_kv=self._bucket_kv, key=self.journal_key(informer_id),
-                                    bucket=self._bucket, fence=self._fence, limit=self._chunk_limit)
+                                    bucket=self._bucket, fence=self._fence if fenced else None,
+                                    limit=self._journal_limit)
+
+    def _journal_limit(self) -> int:
+        limit = self._chunk_limit()
+        return limit if self._journal_bytes is None else min(limit, self._journal_bytes + _JOURNAL_HEAD)
 
     async def load(self, informer_id: str) -> Checkpoint | None:
         return await self._load(informer_id, fence_token(self._fence,
@@ -158,14 +168,16 @@ class NatsKvCheckpointStore:
     async def remove(self, informer_id: str) -> None:
         fence_token(self._fence, f"removing NATS KV checkpoint {informer_id!r}")
         kv = await self._bucket_kv()
-        prefix = f"{informer_id}.c."
+        journal = self.journal_key(informer_id)
+        # The manifest, its chunks, the journal's head and the journal's sealed chunks.
+        prefixes = (f"{informer_id}.c.", f"{journal}.c.")
         try:
             try:
                 keys = await kv.keys()
             except nats.js.errors.NoKeysError:
                 return
             for key in keys:
-                if key == informer_id or key.startswith(prefix) or key == self.journal_key(informer_id):
+                if key in (informer_id, journal) or key.startswith(prefixes):
                     await kv.purge(key)
         except (nats.errors.Error, OSError, TimeoutError) as exc:
             raise CheckpointStoreError(f"cannot remove NATS KV checkpoint {informer_id!r}: {exc}") from exc
@@ -311,111 +323,131 @@ class NatsKvCheckpointStore:
             self._nc = nc
 
 
-class NatsKvJournalBackend:
-    """A known-object journal in one key of the checkpoint bucket. The value is a header line
-    ``{"writer": [leaseTransitions, holder] | null}``, then the journal's text.
+class NatsKvJournalBackend(ChunkedJournalBackend):
+    """A known-object journal in keys of the checkpoint bucket
+    (:class:`~bridge.delivery.journal.ChunkedJournalBackend`).
 
-    Every write (an append is the whole text with the new records added) is a KV update with the
-    revision this backend last read or wrote (a create when there was none), so one group commit is
-    one acknowledged JetStream write and there is never a torn tail. After a revision mismatch the
-    value is read again; with a ``fence`` the write goes ahead only if the stored writer is not a
-    later leader, and every write stores the writer's token, so a deposed leader can never write a
-    journal its successor wrote. Without a fence the last writer wins (one replica).
+    The head is the key ``key``: a header line ``{"writer": [leaseTransitions, holder] | null,
+    "chunks": [...]}`` (``chunks`` only when there are sealed chunks), then the journal's tail. It is
+    written with the revision this backend last read or wrote (a KV update with the expected last
+    revision; a create when there was none), so one group commit is one acknowledged JetStream
+    write and there is never a torn tail. Sealed chunks are the keys ``<key>.c.<generation>.<n>``,
+    each at most one message; they are written once and purged once no head lists them.
     """
 
     def __init__(self, *, open_kv: Callable[[], Awaitable[KeyValue]], key: str, bucket: str,
                  fence: FenceSource | None, limit: Callable[[], int]) -> None:
+        super().__init__(fence=fence)
         self._open_kv = open_kv
         self._key = key
         self._bucket = bucket
-        self._fence = fence
         self._limit = limit
-        self._revision: int | None = None
-        """Revision of the key as last read or written; None = not known to exist."""
-        self._content = b""
-        self.writes = 0
 
     @property
     def name(self) -> str:
         return f"NATS KV {self._bucket}/{self._key}"
 
-    async def read(self) -> bytes | None:
-        token = fence_token(self._fence, f"loading journal {self.name}")
-        kv = await self._open_kv()
+    async def _load_head(self) -> JournalHead | None:
+        kv = await self._kv()
         try:
             entry = await kv.get(self._key)
         except nats.js.errors.KeyNotFoundError:
-            self._revision = None
             return None
         except (nats.errors.Error, OSError, TimeoutError) as exc:
             raise JournalStoreError(f"cannot read journal {self.name}: {exc}") from exc
-        self._revision = int(entry.revision or 0) or None
-        writer, text = _parse_journal_value(entry.value or b"", self.name)
-        check_fence(token, writer, f"journal {self.name}")
-        return text
+        version = str(entry.revision or 0)
+        try:
+            writer, chunks, tail = _parse_journal_value(entry.value or b"", self.name)
+        except JournalStoreError as exc:
+            return JournalHead(version=version, writer=None, chunks=(), tail=b"", damage=str(exc))
+        return JournalHead(version=version, writer=writer, chunks=chunks, tail=tail)
 
-    async def rewrite(self, data: bytes) -> None:
-        await self._put(data)
+    async def _store_head(self, version: str | None, writer: FenceToken | None, chunks: Sequence[str],
+                          tail: bytes) -> str:
+        value = _journal_head(writer, chunks) + b"\n" + tail
+        kv = await self._kv()
+        try:
+            if version is None:
+                revision = await kv.create(self._key, value)
+            else:
+                revision = await kv.update(self._key, value, last=int(version))
+        except nats.js.errors.KeyWrongLastSequenceError as exc:
+            raise JournalConflict(str(exc)) from exc
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            raise JournalStoreError(f"cannot write journal {self.name}: {exc}") from exc
+        return str(revision)
 
-    async def append(self, data: bytes) -> None:
-        await self._put(self._content + data)
+    def _head_room(self, chunks: Sequence[str]) -> int:
+        return self._limit() - _JOURNAL_HEAD - len(_journal_head(None, chunks))
 
-    async def close(self) -> None:
-        return None
+    def _chunk_room(self) -> int:
+        return self._limit()
 
-    def room(self) -> int:
-        return max(0, self._limit() - _JOURNAL_HEAD - len(self._content))
+    def _chunk_name(self, generation: str, n: int) -> str:
+        return f"{self._key}.c.{generation}.{n}"
 
-    async def _put(self, content: bytes) -> None:
-        what = f"journal {self.name}"
-        token = fence_token(self._fence, what)
-        head = orjson.dumps({"writer": [token.transitions, token.holder] if token is not None else None})
-        value = head + b"\n" + content
-        if len(value) > self._limit():
-            raise JournalStoreError(
-                f"cannot write {what}: {len(value)} bytes, more than one NATS message holds "
-                f"({self._limit()}); more objects were created or deleted within one checkpoint "
-                "interval than it records: shorten checkpoint.interval or raise the server's max_payload")
-        kv = await self._open_kv()
-        for _ in range(_CAS_ATTEMPTS):
-            try:
-                if self._revision is None:
-                    self._revision = await kv.create(self._key, value)
-                else:
-                    self._revision = await kv.update(self._key, value, last=self._revision)
-            except nats.js.errors.KeyWrongLastSequenceError:
-                try:
-                    entry = await kv.get(self._key)
-                except nats.js.errors.KeyNotFoundError:
-                    self._revision = None
-                    continue
-                except (nats.errors.Error, OSError, TimeoutError) as exc:
-                    raise JournalStoreError(f"cannot write {what}: {exc}") from exc
-                try:
-                    stored, _ = _parse_journal_value(entry.value or b"", self.name)
-                except JournalStoreError:
-                    stored = None
-                check_fence(token, stored, what)
-                self._revision = int(entry.revision or 0) or None
-                continue
-            except (nats.errors.Error, OSError, TimeoutError) as exc:
-                raise JournalStoreError(f"cannot write {what}: {exc}") from exc
-            self._content = content
-            self.writes += 1
-            return
-        raise CheckpointFencedError(f"{what}: kept changing under this writer; refused")
+    async def _create_chunk(self, name: str, data: bytes) -> None:
+        kv = await self._kv()
+        try:
+            await kv.put(name, data)
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            raise JournalStoreError(f"cannot write a chunk of journal {self.name}: {exc}") from exc
+
+    async def _read_chunk(self, name: str) -> bytes | None:
+        kv = await self._kv()
+        try:
+            return (await kv.get(name)).value or b""
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            raise JournalStoreError(f"cannot read a chunk of journal {self.name}: {exc}") from exc
+
+    async def _delete_chunk(self, name: str) -> None:
+        kv = await self._kv()
+        try:
+            await kv.purge(name)
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            raise JournalStoreError(f"cannot purge a chunk of journal {self.name}: {exc}") from exc
+
+    async def _stored_chunks(self) -> list[str]:
+        kv = await self._kv()
+        prefix = f"{self._key}.c."
+        try:
+            keys = await kv.keys()
+        except nats.js.errors.NoKeysError:
+            return []
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            raise JournalStoreError(f"cannot list the chunks of journal {self.name}: {exc}") from exc
+        return [k for k in keys if k.startswith(prefix)]
+
+    async def _kv(self) -> KeyValue:
+        try:
+            return await self._open_kv()
+        except CheckpointStoreError as exc:
+            raise JournalStoreError(str(exc)) from exc
 
 
-def _parse_journal_value(raw: bytes, name: str) -> tuple[FenceToken | None, bytes]:
-    """(stored writer, journal text) of a journal value."""
+def _journal_head(writer: FenceToken | None, chunks: Sequence[str]) -> bytes:
+    head: dict[str, Any] = {"writer": [writer.transitions, writer.holder] if writer is not None else None}
+    if chunks:
+        head["chunks"] = list(chunks)
+    return orjson.dumps(head)
+
+
+def _parse_journal_value(raw: bytes, name: str) -> tuple[FenceToken | None, tuple[str, ...], bytes]:
+    """(stored writer, sealed chunks, journal tail) of a journal head value."""
     head, sep, text = raw.partition(b"\n")
     try:
         if not sep:
             raise ValueError("no header line")
-        writer = orjson.loads(head)["writer"]
+        doc = orjson.loads(head)
+        writer = doc["writer"]
         token = (FenceToken(transitions=int(writer[0]), holder=str(writer[1]))
                  if writer is not None else None)
-        return token, text
+        chunks = doc.get("chunks") or []
+        if not isinstance(chunks, list) or not all(isinstance(c, str) and c for c in chunks):
+            raise ValueError("chunks is not a list of keys")
+        return token, tuple(chunks), text
     except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
         raise JournalStoreError(f"journal {name} is malformed") from exc
 

@@ -178,6 +178,9 @@ class SinkListener:
         self._snapshot_prefix = snapshot_prefix or resource.qualified
         self._gap: GapInfo | None = None
         """The relist window this sink is inside (between gap.begin and gap.end), if any."""
+        self._held: set[str] = set()
+        """uids whose replayed changes were held back (see :meth:`_replayed_after_delete`): their
+        replayed delete is framed as a gap."""
         self.stats = SinkListenerStats()
 
     def _event(self, type_: EventType, obj: KubeObject | None, observed: float, **kw: Any) -> ChangeEvent:
@@ -201,21 +204,50 @@ class SinkListener:
         delete consumers already hold: the journal's ``resent`` says this uid's delete was sent as
         *inferred* (a relist found the object gone, with its last known state), and the watch,
         resumed from a checkpoint older than that relist, now replays the changes the relist had
-        coalesced. A uid is deleted once, so they are all older than that delete; sent, they would
+        coalesced — those newer than the state the inferred delete carries. No sink ever had them
+        one by one (they were inside that relist's gap), and a uid is deleted once; sent, they would
         bring the object back for consumers (for good where the broker drops the replayed real
         delete as a duplicate id). The delete itself goes out again as it was sent.
 
-        A delete the watch showed (not inferred) is replayed in its place, after the changes before
-        it, so those go out again in order (at-least-once). Under a selector a delete may be an exit
-        of an object that lives on and comes back into scope later: there only changes up to the
-        inferred delete's resourceVersion are held back."""
+        The changes up to that state were observed on the watch and sent one by one before the
+        relist, but a sink that lagged (down, its backlog lost in the crash) may never have had
+        them: they go out again, in order, before the delete (at-least-once; a sink that had them
+        gets the same ids again, followed by the same delete). Likewise a delete the watch showed
+        (not inferred) is replayed in its place, after the changes before it. Under a selector a
+        delete may be an exit of an object that lives on and comes back into scope later: there
+        only changes up to the inferred delete's resourceVersion are held back."""
         uid, rv = object_identity(obj)
         before = self._resent.get(uid)
         if before is None or not before[1]:
             return False
-        if self._exits is None:
-            return True
-        return rv.isdigit() and before[0].isdigit() and int(rv) <= int(before[0])
+        if not (rv.isdigit() and before[0].isdigit()):
+            held = True
+        elif self._exits is None:
+            held = int(rv) > int(before[0])
+        else:
+            return int(rv) <= int(before[0])
+        if held:
+            self._held.add(uid)
+        return held
+
+    def _framed_replayed_delete(self, event: ChangeEvent, uid: str, observed: float) -> list[ChangeEvent]:
+        """The replayed delete of a uid whose replayed changes were held back, framed as a gap from
+        the state the inferred delete carried to the delete: a sink that lagged across the crash
+        never received the relist that coalesced those changes (nor its gap markers), so it learns
+        here that they were not delivered one by one. A sink that had them gets an empty-handed
+        repetition of a window it already knows."""
+        before = self._resent[uid][0]
+        info = GapInfo(id=f"{self._snapshot_prefix}:replayed:{uid}:{before}", from_resource_version=before,
+                       to_resource_version=event.resource_version)
+        begin = GapInfo(id=info.id, from_resource_version=before)
+        at = observed or self._clock.wall()
+        return [
+            ChangeEvent(type=EventType.GAP_BEGIN, resource=self.resource, cluster=self.cluster, obj=None,
+                        time=change_time(EventType.GAP_BEGIN, None, at), gap=begin),
+            _with_gap(event, begin),
+            ChangeEvent(type=EventType.GAP_END, resource=self.resource, cluster=self.cluster, obj=None,
+                        time=change_time(EventType.GAP_END, None, at), gap=info),
+        ]
 
     def events_for(self, n: Notification) -> list[ChangeEvent]:
         """The change events one notification becomes (empty for a no-change resync update)."""
@@ -232,7 +264,11 @@ class SinkListener:
         if n.kind is NotificationKind.DELETE:
             obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
             inferred = delete_is_inferred(n, self._tracker, self._resent)
-            return [self._event(EventType.DELETED, obj, n.time, final_state_unknown=inferred)]
+            event = self._event(EventType.DELETED, obj, n.time, final_state_unknown=inferred)
+            if self._held and self._gap is None and (uid := object_identity(obj)[0]) in self._held:
+                self._held.discard(uid)
+                return self._framed_replayed_delete(event, uid, n.time)
+            return [event]
         if n.kind is NotificationKind.GAP:
             assert n.gap is not None
             return [self._gap_event(n.gap, n.time)]
@@ -321,6 +357,11 @@ class SinkListener:
             ack()
 
         await self.sink.deliver(event, event_ack)
+
+
+def _with_gap(event: ChangeEvent, gap: GapInfo) -> ChangeEvent:
+    event.gap = gap
+    return event
 
 
 def delete_is_inferred(n: Notification, tracker: AckTracker | None,
@@ -752,6 +793,8 @@ class BridgePipeline:
             log.info("resuming from checkpoint at resourceVersion %s (%d known objects)",
                      checkpoint.resource_version, len(checkpoint.objects),
                      extra={"informer": ident, "resource": watched.ref.qualified})
+        if inf.journal is not None and inf.journal.unreadable:
+            self._journal_unreadable(inf, checkpoint)
         if unconfirmed:
             informer.seed_unconfirmed(unconfirmed)
             log.info("%d objects delivered after the last checkpoint write are known from the journal",
@@ -769,6 +812,30 @@ class BridgePipeline:
             inf.registrations[sink.name] = reg
             inf.listeners[sink.name] = listener
         self._informers[ident] = inf
+
+    @staticmethod
+    def _journal_unreadable(inf: _Informer, checkpoint: Checkpoint | None) -> None:
+        """The journal left by the previous run cannot be read: the objects it recorded (delivered
+        after the last checkpoint write) are unknown, so a delete of one while the bridge was down
+        may reach no sink. Resumed from a checkpoint, the watch replays every change since it
+        (those deletes included); if that history expired, the relist is framed by gap markers from
+        the checkpoint's resourceVersion anyway. Without a checkpoint, the first list is framed by
+        gap markers from resourceVersion 0 so that consumers learn it too."""
+        journal = inf.journal
+        assert journal is not None
+        ident, resource = inf.watched.informer_id, inf.watched.ref.qualified
+        if checkpoint is not None:
+            log.warning("known-object journal %s cannot be read (%s); resuming from the checkpoint: if "
+                        "the server's history since resourceVersion %s expired, the relist (framed by gap "
+                        "markers) cannot report deletes of objects delivered after that checkpoint write",
+                        journal.backend.name, journal.unreadable, checkpoint.resource_version,
+                        extra={"informer": ident, "resource": resource})
+            return
+        log.warning("known-object journal %s cannot be read (%s) and there is no checkpoint: a full list "
+                    "framed by gap markers from resourceVersion 0 (objects delivered before and deleted "
+                    "while the bridge was down get no delete)", journal.backend.name, journal.unreadable,
+                    extra={"informer": ident, "resource": resource})
+        inf.informer.frame_first_list("0")
 
     def _remove_stale_spills(self) -> None:
         """Removes the spill directories of sinks no longer configured."""

@@ -211,7 +211,9 @@ async def _journal_entries(store: CheckpointStore, ident: str, checkpoint: Check
     backend_for = getattr(store, "journal_backend", None)
     if backend_for is None:
         return {}
-    journal = KnownObjectJournal(backend=backend_for(ident), informer_id=ident)
+    # Another shard's journal: read without fencing, as its checkpoint is peeked (its writer's token
+    # is of another shard's Lease).
+    journal = KnownObjectJournal(backend=backend_for(ident, fenced=False), informer_id=ident)
     try:
         return await journal.load(checkpoint)
     finally:

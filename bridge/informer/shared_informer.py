@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import uuid
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
@@ -216,6 +217,9 @@ class SharedIndexInformer:
         self._gap: Gap | None = None
         """The relist window open between a relist's begin and end markers, if any."""
         self._gap_count = 0
+        self._gap_run = uuid.uuid4().hex[:8]
+        """Part of every gap id: two runs relisting from the same resourceVersion (a restart whose
+        checkpoint had not moved) send different windows, which must not share an id."""
         self._snapshot_requests: list[ProcessorListener | None] = []
         self._snapshot_wakeup = asyncio.Event()
         self.process_errors = 0
@@ -265,6 +269,18 @@ class SharedIndexInformer:
         self._resume_rv = resource_version
         self._last_progress_rv = resource_version
         self._delivered = dict(delivered or {})
+
+    def frame_first_list(self, gap_from: str) -> None:
+        """Frames the first list as a gap from ``gap_from`` (as a relist after a resume would be):
+        for an informer that starts without a resume point although consumers may hold state from
+        a previous run that the bridge cannot vouch for (the bridge's known-object journal was
+        unreadable), so they learn that changes — deletes included — may not have been observed.
+        Call before :meth:`run`, without :meth:`resume_from`."""
+        if self._started:
+            raise InformerStartedError(f"informer {self.name!r}: frame_first_list after start")
+        if self._resume_rv:
+            raise ValueError(f"informer {self.name!r}: a resumed informer's relists are gaps already")
+        self._last_progress_rv = gap_from
 
     def seed_unconfirmed(self, objects: Sequence[KubeObject]) -> None:
         """Objects (metadata stubs) that consumers may have received as existing but that the
@@ -529,7 +545,7 @@ class SharedIndexInformer:
     async def _open_gap(self) -> None:
         self._gap_count += 1
         rv = self._last_progress_rv
-        gap_id = f"{self.name or 'informer'}:{rv}:{self._gap_count}"
+        gap_id = f"{self.name or 'informer'}:{rv}:{self._gap_run}-{self._gap_count}"
         gap = self._gap = Gap(id=gap_id, from_resource_version=rv)
         await self._processor.distribute(Notification(kind=NotificationKind.GAP, obj={}, gap=gap), False)
 

@@ -38,6 +38,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-nats", help="nats-kv store: the NATS URL")
     p.add_argument("--checkpoint-namespace", default="default", help="configmap store: its namespace")
     p.add_argument("--checkpoint-interval", type=float, default=0.1)
+    p.add_argument("--journal-bytes", type=int, help="configmap / nats-kv store: the most one value of the "
+                                                     "known-object journal holds (a chunk)")
     p.add_argument("--kafka", help="bootstrap servers (Kafka sink)")
     p.add_argument("--topic", help="Kafka topic")
     p.add_argument("--file", help="JSON-lines file (file sink) when no Kafka is given")
@@ -70,10 +72,11 @@ async def run(args: argparse.Namespace) -> int:
 
     factory = SharedInformerFactory(lister_watcher_factory=lister_watcher, clock=clock, compact_cache=True)
     store: CheckpointStore
+    journal: dict[str, Any] = {"journal_bytes": args.journal_bytes} if args.journal_bytes else {}
     if args.checkpoint_store == "configmap":
-        store = ConfigMapCheckpointStore(client=client, namespace=args.checkpoint_namespace)
+        store = ConfigMapCheckpointStore(client=client, namespace=args.checkpoint_namespace, **journal)
     elif args.checkpoint_store == "nats-kv":
-        store = NatsKvCheckpointStore(nats_url=args.checkpoint_nats)
+        store = NatsKvCheckpointStore(nats_url=args.checkpoint_nats, **journal)
     else:
         store = FileCheckpointStore(directory=args.checkpoint_dir)
     pipeline = BridgePipeline(

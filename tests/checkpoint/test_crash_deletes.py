@@ -145,3 +145,71 @@ async def test_crash_with_expired_history_deletes_what_sinks_saw_and_never_an_ol
         state[u] = None if t == "deleted" else (subject, rv)
     assert {u: s for u, s in state.items() if s is not None} == final
     assert listed["metadata"]["resourceVersion"]
+
+
+async def journal_chunks(kind: str, client: ApiClient, store: CheckpointStore) -> list[str]:
+    """The sealed chunks the stored journal head lists (it spans them beyond one value)."""
+    if kind == "configmap":
+        assert isinstance(store, ConfigMapCheckpointStore)
+        head = await client.get(f"/api/v1/namespaces/default/configmaps/{store.journal_name(IDENT)}")
+        return [c for c in str((head.get("data") or {}).get("chunks", "")).split(",") if c]
+    assert isinstance(store, NatsKvCheckpointStore)
+    kv = await store._bucket_kv()
+    value = (await kv.get(store.journal_key(IDENT))).value or b""
+    return list(orjson.loads(value.split(b"\n", 1)[0]).get("chunks") or [])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["configmap", "nats-kv"])
+async def test_a_first_list_larger_than_one_journal_value_gets_its_deletes_after_a_crash(
+    tmp_path: Path, kind: str,
+) -> None:
+    """A fresh start whose first list is larger than one journal value holds (here 1,200 bytes, about
+    a dozen records): the journal spans several ConfigMaps / KV keys, so every object is recorded
+    before its ``added`` is released. SIGKILL before the first checkpoint write, every object deleted
+    and the history compacted while the bridge is down: each gets its delete after the restart."""
+    out = tmp_path / "events.jsonl"
+    args = ["--kubeconfig", "", "--resource", "configmaps", "--namespace", NS,
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "30",
+            "--checkpoint-store", kind, "--checkpoint-namespace", "default", "--file", str(out),
+            "--journal-bytes", "1200"]
+    count = 60
+    async with contextlib.AsyncExitStack() as stack:
+        _, kubeconfig = await stack.enter_async_context(sim_process(tmp_path, namespaces=(NS,)))
+        args[1] = str(kubeconfig)
+        client = ApiClient.from_kubeconfig(str(kubeconfig))
+        store: CheckpointStore
+        if kind == "configmap":
+            store = ConfigMapCheckpointStore(client=client, namespace="default")
+        else:
+            nats_url = stack.enter_context(running_nats()).url
+            args += ["--checkpoint-nats", nats_url]
+            store = NatsKvCheckpointStore(nats_url=nats_url)
+            stack.push_async_callback(store.close)
+        bridge = BridgeProcess(args, log=tmp_path / "bridge.log")
+        try:
+            created = [await client.create(PATH, {"metadata": {"name": f"o{i}"}}) for i in range(count)]
+            await bridge.start()
+            await until(lambda: len(changes(out)) == count, 30, "the first list's adds")
+            await bridge.kill()
+            assert await checkpoint_rv(store) == ""  # no checkpoint yet: only the journal knows them
+            assert len(await journal_chunks(kind, client, store)) >= 3
+            for obj in created:
+                await client.delete(f"{PATH}/{obj['metadata']['name']}")
+            await client.request("POST", "/_sim/compact")
+            await bridge.start()
+            await until(lambda: sum(c[0] == "deleted" for c in changes(out)) >= count, 30, "every delete")
+            await bridge.stop()
+            final = await live_objects(client, NS)
+        finally:
+            await bridge.kill()
+            await client.close()
+
+    seen = changes(out)
+    for obj in created:
+        uid = obj["metadata"]["uid"]
+        kinds = [(c[0], c[4]) for c in seen if c[2] == uid]
+        assert kinds[0] == ("added", False), (obj["metadata"]["name"], kinds)
+        assert kinds[-1] == ("deleted", True), (obj["metadata"]["name"], kinds)
+    assert final == {}

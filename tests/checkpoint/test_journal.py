@@ -113,9 +113,12 @@ async def test_compaction_keeps_only_what_the_checkpoint_written_does_not_imply(
                                                                  ["a", "ns/e", "u-e", "18"]]))
 
 
-async def test_load_ignores_a_torn_tail_and_what_follows_a_corrupt_line(
+async def test_load_ignores_a_torn_tail_and_reports_a_damaged_journal_unreadable(
     tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """A torn last line is a crash while appending (its events were never released); a bad line
+    before the last one, a foreign header or a read error is damage: the records are unknown, and
+    ``unreadable`` says so (the pipeline then relists behind a gap marker)."""
     path = tmp_path / "j.journal"
     head = orjson.dumps({"journal": 1, "informer_id": IDENT})
     path.write_bytes(head + b'\n["a","ns/a","u-a","12"]\n["d","ns/a","u-a","13",false]\n["a","ns/b","u-')
@@ -123,13 +126,23 @@ async def test_load_ignores_a_torn_tail_and_what_follows_a_corrupt_line(
     with caplog.at_level(logging.WARNING, logger="bridge.delivery.journal"):
         assert await j.load(None) == {"u-a": JournalEntry("ns/a", "13", deleted=True)}
     assert any("torn" in r.getMessage() for r in caplog.records)
+    assert j.unreadable == ""
     path.write_bytes(head + b'\n["a","ns/a","u-a","12"]\n["a","ns/b","u-b","abc"]\n["a","ns/c","u-c","14"]\n')
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="bridge.delivery.journal"):
-        assert await j.load(None) == {"u-a": JournalEntry("ns/a", "12")}
-    assert any("line 3 is corrupt" in r.getMessage() for r in caplog.records)
+        assert await j.load(None) == {}
+    assert "line 3 is corrupt" in j.unreadable
+    assert any("line 3 is corrupt" in r.getMessage() and str(path) in r.getMessage() for r in caplog.records)
     path.write_bytes(orjson.dumps({"journal": 1, "informer_id": "another"}) + b"\n")
     assert await j.load(None) == {}
+    assert "not this informer's journal" in j.unreadable
+    path.unlink()
+    path.mkdir()
+    assert await j.load(None) == {}
+    assert "IsADirectoryError" in j.unreadable
+    path.rmdir()
+    assert await j.load(None) == {}
+    assert j.unreadable == ""  # none at all: a first start
 
 
 async def test_a_journal_that_cannot_be_written_holds_its_events_and_recovers(tmp_path: Path) -> None:

@@ -92,20 +92,29 @@ async def test_records_are_written_in_group_commits_and_read_back_by_the_next_ru
     assert len(entries) == 101
 
 
-async def test_corrupt_journal_data_keeps_what_precedes_it(client: ApiClient,
-                                                           caplog: pytest.LogCaptureFixture) -> None:
+async def test_corrupt_journal_data_makes_the_journal_unreadable(client: ApiClient,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
     header = orjson.dumps({"journal": 1, "informer_id": IDENT}).decode()
     text = "\n".join([header, '["a","ns/a","u-a","12"]', "{not json", '["a","ns/b","u-b","13"]']) + "\n"
     await client.create(f"/api/v1/namespaces/{NS}/configmaps",
                         {"metadata": {"name": NAME}, "data": {"journal": text}})
+    j = KnownObjectJournal(backend=backend(client), informer_id=IDENT)
     with caplog.at_level(logging.WARNING):
-        assert await KnownObjectJournal(backend=backend(client), informer_id=IDENT).load(None) == {
-            "u-a": JournalEntry("ns/a", "12")}
+        assert await j.load(None) == {}
     assert "line 3 is corrupt" in caplog.text
+    assert NAME in caplog.text
+    assert "line 3 is corrupt" in j.unreadable
     cm = await client.get(PATH)
     cm["data"]["journal"] = '{"journal": 1, "informer_id": "someone-else"}\n'
     await client.replace(PATH, cm)
-    assert await KnownObjectJournal(backend=backend(client), informer_id=IDENT).load(None) == {}
+    assert await j.load(None) == {}
+    assert "not this informer's journal" in j.unreadable
+    cm = await client.get(PATH)
+    cm["data"] = {"journal": header + "\n", "chunks": f"{NAME}-cgone-0"}
+    await client.replace(PATH, cm)
+    assert await j.load(None) == {}
+    assert "chunk 0" in j.unreadable
+    assert "missing" in j.unreadable
 
 
 async def test_a_write_after_a_conflicting_change_rewrites_the_whole_journal(client: ApiClient) -> None:
@@ -144,12 +153,82 @@ async def test_a_deposed_leader_cannot_write_the_journal_its_successor_wrote(cli
     assert await stored(client) == [["a", "ns/b", "u-b", "13"]]
 
 
-async def test_a_full_journal_releases_what_fits_and_the_rest_after_the_next_checkpoint_write(
-    client: ApiClient,
-) -> None:
-    store = ConfigMapCheckpointStore(client=client, namespace=NS, name_prefix="keb")
-    b = ConfigMapJournalBackend(client=client, namespace=NS, name=store.journal_name(IDENT), labels={},
-                                max_bytes=2000)
+async def test_a_journal_larger_than_one_configmap_spans_sealed_chunks(client: ApiClient) -> None:
+    """Room for about 70 records per ConfigMap: 300 new objects before any checkpoint (a first list)
+    are all recorded, in sealed chunks the head lists, and released without waiting for a
+    compaction; a next run reads them all back; a compaction seals a fresh generation and deletes
+    the chunks no head lists any more."""
+    store = ConfigMapCheckpointStore(client=client, namespace=NS, name_prefix="keb", journal_bytes=2000)
+    b = store.journal_backend(IDENT)
+    j = KnownObjectJournal(backend=b, informer_id=IDENT)
+    task = await running(j)
+    try:
+        for i in range(300):
+            note(j, i, NotificationKind.ADD, f"o{i}", f"u-{i}", str(20 + i))
+        async with asyncio.timeout(10):
+            await j.wait(299)
+        assert j.last_error == ""
+        head = await client.get(PATH)
+        chunks = str(head["data"]["chunks"]).split(",")
+        assert len(chunks) >= 4
+        assert len(head["data"]["journal"]) <= 2000
+        for chunk in chunks:
+            sealed = await client.get(f"/api/v1/namespaces/{NS}/configmaps/{chunk}")
+            assert len(sealed["data"]["chunk"]) <= 2000
+        entries = await KnownObjectJournal(backend=store.journal_backend(IDENT), informer_id=IDENT).load(None)
+        assert entries == {f"u-{i}": JournalEntry(f"ns/o{i}", str(20 + i)) for i in range(300)}
+        # The first checkpoint knows all but three: the journal shrinks to them, old chunks go.
+        j.compact(Checkpoint(informer_id=IDENT, resource_version="316",
+                             objects={f"ns/o{i}": (f"u-{i}", str(20 + i)) for i in range(297)}))
+        await until(lambda: j._compact_to is None, what="the compaction")
+        head = await client.get(PATH)
+        assert "chunks" not in head["data"]
+        assert [r[2] for r in await stored(client)] == ["u-297", "u-298", "u-299"]
+        listed = await client.get(f"/api/v1/namespaces/{NS}/configmaps")
+        names = {item["metadata"]["name"] for item in listed["items"]}
+        assert not names & set(chunks)
+    finally:
+        await stop(task)
+
+
+async def test_a_deposed_leader_cannot_commit_a_chunked_journal(client: ApiClient) -> None:
+    """The head is the commit point: a deposed leader may create chunks (orphans no head lists), never
+    the head; the successor's next run deletes them."""
+    term_a = Term(FenceToken(transitions=0, holder="a"))
+    term_b = Term(FenceToken(transitions=1, holder="b"))
+    head = b'{"journal":1,"informer_id":"' + IDENT.encode() + b'"}\n'
+    records = b"".join(b'["a","ns/o%d","u-%d","%d"]\n' % (i, i, 20 + i) for i in range(60))
+
+    def fenced(term: Term) -> ConfigMapJournalBackend:
+        return ConfigMapCheckpointStore(client=client, namespace=NS, name_prefix="keb", fence=term,
+                                        journal_bytes=1000).journal_backend(IDENT)
+
+    old, new = fenced(term_a), fenced(term_b)
+    await old.rewrite(head)
+    assert await new.read() == head
+    await new.rewrite(head + b'["a","ns/b","u-b","13"]\n')
+    with pytest.raises(CheckpointFencedError, match="later leader"):
+        await old.append(records)  # needs chunks: they are created, the head write is refused
+    assert await new.read() == head + b'["a","ns/b","u-b","13"]\n'
+    selector = "kube-event-bridge.io/checkpoint-role=journal-chunk"
+    orphans = (await client.get(f"/api/v1/namespaces/{NS}/configmaps",
+                                params={"labelSelector": selector}))["items"]
+    assert orphans
+    await new.append(records)
+    # A run's first rewrite (the compaction at start) looks for orphans and deletes them.
+    again = fenced(term_b)
+    await again.read()
+    await again.rewrite(head)
+    left = await client.get(f"/api/v1/namespaces/{NS}/configmaps", params={"labelSelector": selector})
+    assert left["items"] == []
+
+
+async def test_with_shards_off_a_full_journal_waits_for_the_next_checkpoint_write(client: ApiClient) -> None:
+    """``checkpoint.shards: false`` (RBAC names the store's ConfigMaps one by one): the journal is one
+    ConfigMap; a group commit appends what fits, the rest waits for a compaction."""
+    store = ConfigMapCheckpointStore(client=client, namespace=NS, name_prefix="keb", allow_shards=False,
+                                     journal_bytes=2000)
+    b = store.journal_backend(IDENT)
     j = KnownObjectJournal(backend=b, informer_id=IDENT)
     task = await running(j, FIRST)
     try:
@@ -157,7 +236,7 @@ async def test_a_full_journal_releases_what_fits_and_the_rest_after_the_next_che
     finally:
         await stop(task)
     assert len(await stored(client)) < 100  # never more than fits
-    with pytest.raises(JournalStoreError, match=r"more than one ConfigMap holds \(2000\)"):
+    with pytest.raises(JournalStoreError, match=r"more than one value holds \(2000\), and chunking is off"):
         await b.append(b"x" * 3000)
 
 
@@ -198,29 +277,26 @@ async def full_then_compacted_from(j: KnownObjectJournal, first: int) -> None:
     assert j.last_error == ""
 
 
-async def test_a_first_list_larger_than_the_journal_is_released_not_held_forever(
-    client: ApiClient, caplog: pytest.LogCaptureFixture,
+async def test_with_shards_off_a_first_list_larger_than_the_journal_waits_never_unrecorded(
+    client: ApiClient,
 ) -> None:
-    """Before the first checkpoint write nothing can compact the journal (a first list is written to
-    a checkpoint only once all of it is delivered): what does not fit is released unrecorded."""
-    store = ConfigMapCheckpointStore(client=client, namespace=NS, name_prefix="keb")
-    b = ConfigMapJournalBackend(client=client, namespace=NS, name=store.journal_name(IDENT), labels={},
-                                max_bytes=2000)
-    j = KnownObjectJournal(backend=b, informer_id=IDENT)
+    """Before the first checkpoint write nothing can compact a bounded journal (a first list is
+    checkpointed only once all of it is delivered): what does not fit waits — the journal fails
+    closed — and readiness says why (``last_error``). Nothing is released unrecorded."""
+    store = ConfigMapCheckpointStore(client=client, namespace=NS, name_prefix="keb", allow_shards=False,
+                                     journal_bytes=2000)
+    j = KnownObjectJournal(backend=store.journal_backend(IDENT), informer_id=IDENT)
     task = await running(j)
     try:
-        with caplog.at_level(logging.WARNING):
-            for i in range(100):
-                note(j, i, NotificationKind.ADD, f"o{i}", f"u-{i}", str(20 + i))
-            async with asyncio.timeout(10):
-                await j.wait(99)
-        assert "full before the first checkpoint write" in caplog.text
-        assert 0 < j.overflowed < 100
-        assert len(await stored(client)) == 100 - j.overflowed  # the first ones are recorded
-        # Once a checkpoint was written, a full journal holds its records again.
-        released = list(range(100))
-        j.compact(Checkpoint(informer_id=IDENT, resource_version="119",
-                             objects={f"ns/o{i}": (f"u-{i}", str(20 + i)) for i in released}))
-        await full_then_compacted_from(j, 100)
+        for i in range(100):
+            note(j, i, NotificationKind.ADD, f"o{i}", f"u-{i}", str(20 + i))
+        await until(lambda: bool(j.last_error), 10, "the journal to fill")
+        assert "is full" in j.last_error
+        released = [i for i in range(100) if not j.must_wait(i)]
+        assert 0 < len(released) < 100
+        assert [r[2] for r in await stored(client)] == [f"u-{i}" for i in released]  # all recorded
+        await asyncio.sleep(1.5)  # a retry or two: still waiting, still nothing unrecorded
+        assert j.must_wait(99)
+        assert len(await stored(client)) == len(released)
     finally:
         await stop(task)

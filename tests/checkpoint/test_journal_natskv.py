@@ -12,14 +12,14 @@ import orjson
 import pytest
 
 from bridge.contracts import NotificationKind
-from bridge.delivery.checkpoint import CheckpointFencedError
+from bridge.delivery.checkpoint import Checkpoint, CheckpointFencedError
 from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
 from bridge.delivery.journal import JournalEntry, JournalStoreError, KnownObjectJournal
 from bridge.kube.leaderelection import FenceToken
 from tests.brokers import NatsServer, running_nats
+from tests.checkpoint.helpers import until
 from tests.checkpoint.test_fencing import Term
 from tests.checkpoint.test_journal import IDENT, note
-from tests.checkpoint.test_journal_configmap import FIRST, full_then_compacted
 
 A = FenceToken(transitions=0, holder="a")
 B = FenceToken(transitions=1, holder="b")
@@ -92,7 +92,7 @@ async def test_malformed_values_and_conflicting_writes(nats_js: NatsServer,
         await kv.put(store.journal_key(IDENT), b'{"writer": null}\nby hand\n')
         await b.append(b'["a","ns/b","u-b","13"]\n')  # stale revision: the whole journal again
         assert (await stored(store))[0] == [["a", "ns/a", "u-a", "12"], ["a", "ns/b", "u-b", "13"]]
-        with pytest.raises(JournalStoreError, match="more than one NATS message holds"):
+        with pytest.raises(JournalStoreError, match="larger than one chunk"):
             await b.append(b"x" * (2 * 1024 * 1024))
     finally:
         await store.close()
@@ -123,19 +123,38 @@ async def test_a_deposed_leader_cannot_write_the_journal_its_successor_wrote(nat
         await new_store.close()
 
 
-async def test_a_full_journal_releases_what_fits_and_the_rest_after_the_next_checkpoint_write(
-    nats_js: NatsServer,
-) -> None:
-    store = store_for(nats_js, "journal-large", chunk_size=2300)
+async def test_a_journal_larger_than_one_value_spans_sealed_chunks(nats_js: NatsServer) -> None:
+    """Room for about 70 records per value: 300 new objects before any checkpoint (a first list) are
+    all recorded, in chunk keys the head lists, and released without waiting for a compaction; a
+    next run reads them all back; a compaction purges the chunks no head lists any more."""
+    store = NatsKvCheckpointStore(nats_url=nats_js.url, bucket="journal-large", journal_bytes=2000)
     try:
         j = KnownObjectJournal(backend=store.journal_backend(IDENT), informer_id=IDENT)
-        await j.load(FIRST)
+        await j.load(None)
         task = asyncio.create_task(j.run(), name="journal-under-test")
         try:
-            await full_then_compacted(j)
+            for i in range(300):
+                note(j, i, NotificationKind.ADD, f"o{i}", f"u-{i}", str(20 + i))
+            async with asyncio.timeout(10):
+                await j.wait(299)
+            assert j.last_error == ""
+            kv = await store._bucket_kv()
+            value = (await kv.get(store.journal_key(IDENT))).value or b""
+            chunks = orjson.loads(value.split(b"\n", 1)[0])["chunks"]
+            assert len(chunks) >= 4
+            assert len(value) <= 2000 + 256
+            entries = await KnownObjectJournal(backend=store.journal_backend(IDENT),
+                                               informer_id=IDENT).load(None)
+            assert entries == {f"u-{i}": JournalEntry(f"ns/o{i}", str(20 + i)) for i in range(300)}
+            j.compact(Checkpoint(informer_id=IDENT, resource_version="316",
+                                 objects={f"ns/o{i}": (f"u-{i}", str(20 + i)) for i in range(297)}))
+            await until(lambda: j._compact_to is None, what="the compaction")
+            records, _ = await stored(store)
+            assert records == [["a", f"ns/o{i}", f"u-{i}", str(20 + i)] for i in (297, 298, 299)]
+            keys = await kv.keys()
+            assert not set(keys) & set(chunks)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        assert len((await stored(store))[0]) < 100
     finally:
         await store.close()

@@ -20,13 +20,17 @@ def obj(name: str, rv: str) -> dict[str, object]:
     return {"metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}", "resourceVersion": rv}}
 
 
-def events(resent: Mapping[str, tuple[str, bool]], n: Notification, *,
-           selector: bool = False) -> list[tuple[str, str, bool]]:
+def listener(resent: Mapping[str, tuple[str, bool]], *, selector: bool = False) -> SinkListener:
     async def fetch(namespace: str, name: str) -> dict[str, Any]:
         raise AssertionError("not asked")
 
-    lst = SinkListener(sink=RecordingSink("x"), resource=CONFIGMAPS, cluster="c", clock=FakeClock(),
-                       resent=resent, exits=SelectorExits(fetch=fetch) if selector else None)
+    return SinkListener(sink=RecordingSink("x"), resource=CONFIGMAPS, cluster="c", clock=FakeClock(),
+                        resent=resent, exits=SelectorExits(fetch=fetch) if selector else None)
+
+
+def events(resent: Mapping[str, tuple[str, bool]], n: Notification, *,
+           selector: bool = False) -> list[tuple[str, str, bool]]:
+    lst = listener(resent, selector=selector)
     return [(e.type.value, e.resource_version, e.final_state_unknown) for e in lst.events_for(n)]
 
 
@@ -64,3 +68,35 @@ def test_with_a_selector_an_object_back_in_scope_after_its_delete_is_sent() -> N
     back = Notification(kind=NotificationKind.ADD, obj=obj("x", "1500"), seq=2)
     assert events(resent, replayed, selector=True) == []
     assert events(resent, back, selector=True) == [("added", "1500", False)]
+
+
+def test_replayed_changes_up_to_the_inferred_deletes_state_go_out_again() -> None:
+    """The changes up to the state an inferred delete carries were observed one by one before the
+    relist: a sink that lagged across the crash may lack them, so they are sent again (the same ids
+    for a sink that had them), before the delete; only the changes the relist coalesced are held."""
+    resent = {"u-x": ("1402", True)}
+    seen = Notification(kind=NotificationKind.UPDATE, obj=obj("x", "1390"), old=obj("x", "1380"), seq=1)
+    last = Notification(kind=NotificationKind.UPDATE, obj=obj("x", "1402"), old=obj("x", "1390"), seq=2)
+    coalesced = Notification(kind=NotificationKind.UPDATE, obj=obj("x", "1405"), old=obj("x", "1402"), seq=3)
+    assert events(resent, seen) == [("updated", "1390", False)]
+    assert events(resent, last) == [("updated", "1402", False)]
+    assert events(resent, coalesced) == []
+
+
+def test_the_replayed_delete_after_held_back_changes_is_framed_as_a_gap() -> None:
+    """A sink that lagged across the crash never got the relist (nor its gap markers) that coalesced
+    the held-back changes: the replayed delete tells it, framed from the state the inferred delete
+    carried to the delete."""
+    lst = listener({"u-x": ("1402", True)})
+    coalesced = Notification(kind=NotificationKind.UPDATE, obj=obj("x", "1405"), old=obj("x", "1402"), seq=1)
+    assert lst.events_for(coalesced) == []
+    dele = Notification(kind=NotificationKind.DELETE, obj=obj("x", "1410"), seq=2)
+    got = lst.events_for(dele)
+    assert [e.type.value for e in got] == ["gap.begin", "deleted", "gap.end"]
+    assert [(e.gap.from_resource_version, e.gap.to_resource_version) for e in got if e.gap is not None] == [
+        ("1402", ""), ("1402", ""), ("1402", "1410")]
+    assert len({e.gap.id for e in got if e.gap is not None}) == 1
+    assert got[1].resource_version == "1410"
+    # Nothing was held back for y: its delete is not framed.
+    other = Notification(kind=NotificationKind.DELETE, obj=obj("y", "1411"), seq=3)
+    assert [e.type.value for e in lst.events_for(other)] == ["deleted"]

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from bridge.clock import RealClock
@@ -37,7 +39,7 @@ async def sim(tmp_path: Path) -> AsyncIterator[tuple[Simulator, ApiClient]]:
         await simulator.stop()
 
 
-async def make(client: ApiClient, ckpt: Path, sink: RecordingSink) -> BridgePipeline:
+async def make(client: ApiClient, ckpt: Path, sink: RecordingSink, *more: RecordingSink) -> BridgePipeline:
     api = await Discovery(client=client).resolve("configmaps")
     key = InformerKey("configmaps", namespace=NS)
     ref = ResourceRef(group="", version="v1", resource="configmaps", kind="ConfigMap")
@@ -50,7 +52,7 @@ async def make(client: ApiClient, ckpt: Path, sink: RecordingSink) -> BridgePipe
         compact_cache=True,
     )
     return BridgePipeline(factory=factory, resources=[WatchedResource(key=key, api=api, ref=ref)],
-                          sinks=[sink], checkpoint_store=FileCheckpointStore(directory=ckpt),
+                          sinks=[sink, *more], checkpoint_store=FileCheckpointStore(directory=ckpt),
                           checkpoint_interval=0.05, cluster="sim")
 
 
@@ -262,3 +264,146 @@ async def test_a_relist_after_410_mid_watch_is_framed_by_gap_markers(
     assert sorted(got[2:-1]) == [("added", f"{NS}/b", gap_id), ("updated", f"{NS}/a", gap_id)]
     assert got[-1] == ("gap.end", f"{rv(a)}..{rv(b)}", gap_id)
     await p.shutdown(5)
+
+
+async def test_an_unreadable_journal_without_a_checkpoint_frames_the_first_list_as_a_gap(
+    sim: tuple[Simulator, ApiClient], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The previous run crashed before its first checkpoint write and its journal is damaged: the
+    objects it had delivered are unknown, so one deleted while the bridge was down gets no delete.
+    The bridge says so — a warning naming the journal, and the full list framed by gap markers
+    from resourceVersion 0 — instead of presenting the list as a first start."""
+    _, client = sim
+    a = await create(client, "a")
+    ident = informer_id("configmaps", NS)
+    journal = FileCheckpointStore(directory=tmp_path).journal_path(ident)
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    head = orjson.dumps({"journal": 1, "informer_id": ident})
+    journal.write_bytes(head + b'\n["a","ns/gone","u-g",\x00\x01\n["a","ns/x","u-x","3"]\n')
+    sink = RecordingSink("rec")
+    p = await make(client, tmp_path, sink)
+    with caplog.at_level(logging.WARNING):
+        await p.start()
+    await until(lambda: any(e.type is EventType.GAP_END for e in sink.events), what="the gap's end")
+    assert any(str(journal) in r.getMessage() and "gap markers from resourceVersion 0" in r.getMessage()
+               for r in caplog.records)
+    [gap_id] = {e.gap.id for e in sink.events if e.gap is not None}
+    listed = (await client.get(PATH))["metadata"]["resourceVersion"]
+    assert int(listed) >= int(rv(a))
+    assert framed(sink) == [("gap.begin", "0..", gap_id), ("added", f"{NS}/a", gap_id),
+                            ("gap.end", f"0..{listed}", gap_id)]
+    await p.shutdown(5)
+
+
+async def test_an_unreadable_journal_with_a_checkpoint_resumes_and_warns(
+    sim: tuple[Simulator, ApiClient], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With a checkpoint, the watch resumed from it replays every change since (deletes of objects
+    only the journal knew included): no gap, and the warning says what a relist would lose."""
+    _, client = sim
+    await create(client, "a")
+    _, ident = await first_run(client, tmp_path)
+    journal = FileCheckpointStore(directory=tmp_path).journal_path(ident)
+    journal.write_bytes(orjson.dumps({"journal": 1, "informer_id": "someone-else"}) + b"\n")
+    fresh = await create(client, "fresh")
+    await client.delete(f"{PATH}/fresh")
+    sink = RecordingSink("rec")
+    p = await make(client, tmp_path, sink)
+    with caplog.at_level(logging.WARNING):
+        await p.start()
+    assert p.resumed(ident)
+    assert any(str(journal) in r.getMessage() and "resuming from the checkpoint" in r.getMessage()
+               for r in caplog.records)
+    await until(lambda: len(sink.events) == 2, what="fresh's add and delete, replayed")
+    assert framed(sink) == [("added", f"{NS}/fresh", ""), ("deleted", f"{NS}/fresh", "")]
+    assert sink.events[0].resource_version == rv(fresh)
+    await p.shutdown(5)
+
+
+async def test_a_lagging_sink_gets_the_changes_it_lacked_before_an_inferred_delete_after_a_crash(
+    sim: tuple[Simulator, ApiClient], tmp_path: Path
+) -> None:
+    """One sink is down (it acknowledges nothing, so the checkpoint stays behind) while an object is
+    updated and then deleted behind a relist (a 410 mid-watch: the delete is inferred). The other
+    sink gets everything; the bridge crashes. After the restart the watch replays from the
+    checkpoint: the lagging sink must get the updates it lacked — the watch showed them one by one,
+    outside any gap — and then the delete. (One way to the signature of a fault-schedule failure,
+    seed 4001: the JetStream sink, behind a NATS restart, missed updates outside any gap marker.)
+    The sink that had the inferred delete may get them again, but only changes up to the state that
+    delete carries, and never one the relist coalesced."""
+    server, client = sim
+    x = await create(client, "x")
+    fast, slow = RecordingSink("fast"), RecordingSink("slow")
+    p = await make(client, tmp_path, fast, slow)
+    await p.start()
+    assert await p.wait_for_sync(10)
+    ident = next(iter(p.informers))
+    tracker = p.tracker(ident)
+    await until(lambda: tracker.resource_version == rv(x) and not tracker.pending, what="x checkpointed")
+    await p.write_checkpoints()
+    slow.auto_ack = False  # down from now on
+    u1 = await client.patch(f"{PATH}/x", {"data": {"v": "1"}})
+    u2 = await client.patch(f"{PATH}/x", {"data": {"v": "2"}})
+    await until(lambda: [c[2] for c in fast.changes()][-1:] == [rv(u2)], what="the updates, to the fast sink")
+    server.set_faults({"delay": 0.3})  # the relist comes after the delete: it infers it
+    server.expire_watches()
+    gone = await client.delete(f"{PATH}/x")
+    server.set_faults({})
+    await until(lambda: any(e.type is EventType.GAP_END for e in fast.events), what="the relist's gap")
+    assert ("deleted", f"{NS}/x", rv(u2), True) in fast.changes()  # inferred: x's last known state
+    assert rv(gone) not in {c[2] for c in fast.changes()}
+    await p.abort()  # the crash: the checkpoint is still at x's creation (the slow sink holds it back)
+
+    fast2, slow2 = RecordingSink("fast"), RecordingSink("slow")
+    p2 = await make(client, tmp_path, fast2, slow2)
+    await p2.start()
+    try:
+        await _lagging_sink_after_the_restart(p2, ident, fast2, slow2, u1, u2, gone)
+    finally:
+        await p2.shutdown(5)
+
+
+async def _lagging_sink_after_the_restart(p2: BridgePipeline, ident: str, fast2: RecordingSink,
+                                          slow2: RecordingSink, u1: dict[str, Any], u2: dict[str, Any],
+                                          gone: dict[str, Any]) -> None:
+    assert p2.resumed(ident)
+    await until(lambda: any(c[0] == "deleted" for c in slow2.changes()), what="x's delete, to the slow sink")
+    assert [(c[0], c[2]) for c in slow2.changes()] == [("updated", rv(u1)), ("updated", rv(u2)),
+                                                        ("deleted", rv(gone))]
+    assert all(e.gap is None for e in slow2.events)  # observed on the watch, one by one
+    await until(lambda: any(c[0] == "deleted" for c in fast2.changes()), what="x's delete, to the fast sink")
+    assert [(c[0], c[2]) for c in fast2.changes()] == [("updated", rv(u1)), ("updated", rv(u2)),
+                                                        ("deleted", rv(gone))]
+
+
+def has_gap_end(sink: RecordingSink) -> bool:
+    return any(e.type is EventType.GAP_END for e in sink.events)
+
+
+async def test_two_restarts_relisting_from_the_same_checkpoint_send_distinct_gaps(
+    sim: tuple[Simulator, ApiClient], tmp_path: Path
+) -> None:
+    """A sink that is down holds the checkpoint back, so two restarts in a row resume from the same
+    resourceVersion and, the history being compacted each time, both relist from it. Their gaps have
+    different windows (each ends at its own list's resourceVersion) and must have different ids:
+    markers with one id are one event to a consumer that drops repeated ids — JetStream drops the
+    second run's markers as duplicates, and the window it keeps is too short: the JetStream sink
+    then misses changes outside any gap it knows (the other way to the seed-4001 signature)."""
+    server, client = sim
+    await create(client, "a")
+    await first_run(client, tmp_path)
+    gaps: list[set[tuple[str, str, str]]] = []
+    for n in range(2):
+        await create(client, f"b{n}")
+        server.compact()
+        sink, down = RecordingSink("rec"), RecordingSink("down", auto_ack=False)
+        p = await make(client, tmp_path, sink, down)
+        await p.start()
+        await until(functools.partial(has_gap_end, sink), what="the gap's end")
+        gaps.append({(e.gap.id, e.gap.from_resource_version, e.gap.to_resource_version)
+                     for e in sink.events if e.type is EventType.GAP_END and e.gap is not None})
+        await p.abort()  # a crash: the checkpoint never moved (the down sink acknowledged nothing)
+    [(first_id, first_from, first_to)], [(second_id, second_from, second_to)] = gaps
+    assert first_from == second_from
+    assert first_to != second_to
+    assert first_id != second_id

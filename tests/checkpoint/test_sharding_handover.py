@@ -22,10 +22,12 @@ from bridge.delivery.sharding import (
     parse_shard_id,
     plan_handover,
     shard_id,
+    take_over,
 )
 from bridge.informer.factory import InformerKey
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import Discovery
+from bridge.kube.leaderelection import FenceToken
 from bridge.kube.sharding import ShardFilter, shard_of
 from bridge.sim import Simulator
 from sinks.contract import EventType, ResourceRef
@@ -334,3 +336,31 @@ async def test_journal_records_move_with_their_objects(sim: ApiClient, tmp_path:
     await p.shutdown(5)
     deletes = [e for e in s.events if e.type is EventType.DELETED]
     assert [(e.uid, e.final_state_unknown) for e in deletes] == [(uid, True)]
+
+
+def uid_of_shard(ordinal: int, total: int, tag: str) -> str:
+    return next(u for n in range(1000) if shard_of(u := f"{tag}-{n:04d}", total) == ordinal)
+
+
+async def test_a_fenced_take_over_reads_other_shards_journals(sim: ApiClient) -> None:
+    """With leader election, each shard's checkpoint and journal carry its own Lease's token
+    (<name>-shard-<o>), whose term says nothing about another shard's Lease: a take-over reads the
+    other shards' journals as it peeks their checkpoints, without fencing against them."""
+    late: dict[str, int] = {}
+    for o, token in enumerate((FenceToken(transitions=5, holder="keb-0"),
+                               FenceToken(transitions=7, holder="keb-1"))):
+        ident = shard_id(BASE, o, 2)
+        store = ConfigMapCheckpointStore(client=sim, namespace="default", name_prefix="keb",
+                                         fence=lambda t=token: t)  # type: ignore[misc]
+        await store.save(Checkpoint(informer_id=ident, resource_version="10", written_at=1.0 + o))
+        uid = uid_of_shard(o, 2, f"late-{o}")
+        late[uid] = 20 + o
+        await store.journal_backend(ident).rewrite(
+            orjson.dumps({"journal": 1, "informer_id": ident}) + b"\n"
+            + orjson.dumps(["a", f"{NS}/late-{o}", uid, str(20 + o)]) + b"\n")
+    # Shard 0 of the new total 1, a leader of term 0 on its own Lease.
+    new = ConfigMapCheckpointStore(client=sim, namespace="default", name_prefix="keb",
+                                   fence=lambda: FenceToken(transitions=0, holder="keb-standby-0"))
+    out = await take_over(new, base=BASE, shard=ShardFilter(ordinal=0, total=1))
+    assert out.plan.sources == (shard_id(BASE, 0, 2), shard_id(BASE, 1, 2))
+    assert {uid: int(e.resource_version) for uid, e in out.adopted.items()} == late

@@ -38,7 +38,7 @@ def _pod(rv: str, phase: str, *, image: str = "nginx:1.25", ready: bool = False)
 
 
 SNAP = SnapshotInfo(id="pods-prod-1714564800", resource_version="1005")
-GAP = GapInfo(id="pods.all.5d1e0b7c9a42:1001:1", from_resource_version="1001")
+GAP = GapInfo(id="pods.all.5d1e0b7c9a42:1001:7c1e04a9-1", from_resource_version="1001")
 V1, V2 = _pod("1001", "Pending"), _pod("1002", "Running", image="nginx:1.26", ready=True)
 
 
