@@ -199,7 +199,7 @@ def test_checkpoint_role_names_the_bridges_own_configmaps(chart: Any) -> None:
         {"resource": "Deployment", "namespace": "Web_Apps", "label_selector": "tier in (web, api)"},
         {"resource": "widgets.example.com/v1", "field_selector": "metadata.name!=x"},
     ]
-    docs = render(chart, config(resources=resources, checkpoint={"store": "configmap"}))
+    docs = render(chart, config(resources=resources, checkpoint={"store": "configmap", "shards": False}))
     (role,) = find(docs, "Role", "ops")
     cm_rules = [r for r in role["rules"] if r["resources"] == ["configmaps"]]
     manifests = [f"keb-kube-event-bridge-checkpoint-{informer_id(r['resource'], r.get('namespace', ''), r.get('label_selector', ''), r.get('field_selector', ''))}"  # noqa: E501
@@ -214,6 +214,15 @@ def test_checkpoint_role_names_the_bridges_own_configmaps(chart: Any) -> None:
     (cm,) = find(docs, "ConfigMap")
     cfg = yaml.safe_load(cm["data"]["config.yaml"])
     assert cfg["checkpoint"]["shards"] is False  # the store never needs more than those names
+
+    # Shards and journal chunks are on by default (a big cluster's first list must be recorded):
+    # their names are new on every write, hence get/list/delete on the namespace's ConfigMaps.
+    docs = render(chart, config(resources=resources, checkpoint={"store": "configmap"}))
+    (cm,) = find(docs, "ConfigMap")
+    assert yaml.safe_load(cm["data"]["config.yaml"])["checkpoint"]["shards"] is True
+    (role,) = find(docs, "Role", "ops")
+    cm_rules = [r for r in role["rules"] if r["resources"] == ["configmaps"]]
+    assert cm_rules[2] == {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "delete"]}
 
     docs = render(chart, config(resources=resources,
                                 checkpoint={"store": "configmap", "name_prefix": "cp", "shards": True}))
