@@ -6,6 +6,13 @@ point. On start the bridge seeds the informer with the index and resumes the wat
 resourceVersion; if the server answers 410 the relist is diffed against the index so only real
 differences are emitted.
 
+Progress is also kept per sink (format 2): the fields above are the *base*, the slowest common state
+(what every sink acknowledged), and :attr:`Checkpoint.sinks` names the sinks the checkpoint covers,
+each with only its differences from the base (:class:`SinkProgress`: its own resume point, the
+known objects that differ, its own delivered-ahead changes). A configured sink it does not name is
+bootstrapped with a snapshot; a format-1 checkpoint (no section) covers every configured sink at the
+base.
+
 Stores share one small contract (:class:`CheckpointStore`) and one byte encoding
 (:func:`encode_checkpoint` / :func:`decode_checkpoint`): a header line (format version, length,
 SHA-256) followed by the JSON body, so truncation and bit rot are detected instead of trusted. A
@@ -64,6 +71,7 @@ __all__ = [
     "FenceSource",
     "FileCheckpointStore",
     "ListableCheckpointStore",
+    "SinkProgress",
     "decode_checkpoint",
     "encode_checkpoint",
     "informer_id",
@@ -74,7 +82,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Written by this version. 2 added the per-sink section (``sinks``); format 1 is still read (it
+covers every configured sink, at the base)."""
+_READABLE_VERSIONS = frozenset({1, 2})
 _MAGIC = b"kube-event-bridge-checkpoint"
 
 
@@ -121,6 +132,27 @@ def check_fence(token: FenceToken | None, stored: FenceToken | None, what: str) 
 
 
 @dataclass(frozen=True, slots=True)
+class SinkProgress:
+    """One sink's progress, as its differences from the checkpoint's shared base.
+
+    Most sinks agree with the base (the slowest, lowest common state), so an empty section — the
+    sink is exactly at the base — is the common case and costs a few bytes. A sink ahead of the base
+    records only where it differs."""
+
+    resource_version: str = ""
+    """Its own resume point when it is ahead of the base ("" = the base's)."""
+    objects: Mapping[str, tuple[str, str] | None] = field(default_factory=dict)
+    """Known-object index entries that differ from the base's: key → (uid, resourceVersion), or
+    None for a key the base knows and this sink does not (it saw the delete)."""
+    ahead: Mapping[str, tuple[str, str, bool]] = field(default_factory=dict)
+    """Its own delivered-ahead map (as :attr:`Checkpoint.ahead`), beyond its own resume point."""
+
+    @property
+    def at_base(self) -> bool:
+        return not (self.resource_version or self.objects or self.ahead)
+
+
+@dataclass(frozen=True, slots=True)
 class Checkpoint:
     """Where one informer may resume from."""
 
@@ -138,6 +170,11 @@ class Checkpoint:
     the cache but not sent again."""
     writer: FenceToken | None = None
     """The leader that wrote it (fenced stores), or None."""
+    sinks: Mapping[str, SinkProgress] | None = None
+    """The sinks this checkpoint covers (sink name → its progress relative to the base). A sink
+    configured but absent has no progress of its own (new, or its progress lost): it is bootstrapped
+    with a snapshot. None for a format-1 checkpoint, written before progress was per sink: it covers
+    every configured sink, at the base."""
 
 
 class CheckpointStore(Protocol):
@@ -214,6 +251,8 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
             "ahead": {k: [v[0], v[1], v[2]] for k, v in checkpoint.ahead.items()},
             **({"writer": [checkpoint.writer.transitions, checkpoint.writer.holder]}
                if checkpoint.writer is not None else {}),
+            **({"sinks": {name: _encode_progress(p) for name, p in checkpoint.sinks.items()}}
+               if checkpoint.sinks is not None else {}),
         }
     )
     header = b"%s %d %d %s" % (_MAGIC, FORMAT_VERSION, len(body), hashlib.sha256(body).hexdigest().encode())
@@ -231,9 +270,9 @@ def decode_checkpoint(data: bytes, expected_id: str | None = None) -> Checkpoint
         version, length = int(parts[1]), int(parts[2])
     except ValueError as exc:
         raise CheckpointCorruptError("bad checkpoint header") from exc
-    if version != FORMAT_VERSION:
+    if version not in _READABLE_VERSIONS:
         raise CheckpointCorruptError(
-            f"checkpoint format {version} is not supported (expected {FORMAT_VERSION})"
+            f"checkpoint format {version} is not supported (expected {FORMAT_VERSION} or older)"
         )
     if len(body) != length:
         raise CheckpointCorruptError(f"checkpoint truncated: {len(body)} of {length} body bytes")
@@ -247,6 +286,9 @@ def decode_checkpoint(data: bytes, expected_id: str | None = None) -> Checkpoint
         writer_raw = doc.get("writer")
         writer = (FenceToken(transitions=int(writer_raw[0]), holder=str(writer_raw[1]))
                   if writer_raw is not None else None)
+        sinks_raw = doc.get("sinks") if version >= 2 else None
+        sinks = ({str(name): _decode_progress(p) for name, p in sinks_raw.items()}
+                 if sinks_raw is not None else None)
         cp = Checkpoint(
             informer_id=str(doc["informer_id"]),
             resource_version=str(doc["resource_version"]),
@@ -255,6 +297,7 @@ def decode_checkpoint(data: bytes, expected_id: str | None = None) -> Checkpoint
             format_version=version,
             ahead=ahead,
             writer=writer,
+            sinks=sinks,
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise CheckpointCorruptError(f"checkpoint body is malformed: {exc}") from exc
@@ -263,6 +306,27 @@ def decode_checkpoint(data: bytes, expected_id: str | None = None) -> Checkpoint
             f"checkpoint belongs to informer {cp.informer_id!r}, not {expected_id!r}"
         )
     return cp
+
+
+def _encode_progress(p: SinkProgress) -> dict[str, Any]:
+    """An empty object for a sink at the base; otherwise only the parts that differ."""
+    out: dict[str, Any] = {}
+    if p.resource_version:
+        out["resource_version"] = p.resource_version
+    if p.objects:
+        out["objects"] = {k: (None if v is None else [v[0], v[1]]) for k, v in p.objects.items()}
+    if p.ahead:
+        out["ahead"] = {k: [v[0], v[1], v[2]] for k, v in p.ahead.items()}
+    return out
+
+
+def _decode_progress(raw: Any) -> SinkProgress:
+    return SinkProgress(
+        resource_version=str(raw.get("resource_version", "")),
+        objects={str(k): (None if v is None else (str(v[0]), str(v[1])))
+                 for k, v in (raw.get("objects") or {}).items()},
+        ahead={str(k): (str(v[0]), str(v[1]), bool(v[2])) for k, v in (raw.get("ahead") or {}).items()},
+    )
 
 
 def _is_rv(value: object) -> bool:
@@ -281,27 +345,62 @@ def _check_key(where: str, key: object) -> None:
 def _check_contents(doc: Any) -> None:
     """Contents that a valid checksum does not make sensible: a resume point that is not a
     resourceVersion (a watch from it fails with 400 for ever), a known object without uid (its delete
-    could never be reported), entries of the wrong shape. Raises :class:`CheckpointCorruptError`."""
+    could never be reported), entries of the wrong shape — in the shared base and in every sink's
+    section. Raises :class:`CheckpointCorruptError`."""
     rv = doc["resource_version"]
     if not _is_rv(rv):
         raise CheckpointCorruptError(f"checkpoint resourceVersion {rv!r} is not a resourceVersion")
     if not isinstance(doc["written_at"], int | float):
         raise CheckpointCorruptError("checkpoint body is malformed: written_at is not a number")
-    for key, entry in doc["objects"].items():
-        _check_key("known-object index", key)
+    _check_index("", doc["objects"], allow_absent=False)
+    _check_ahead("", doc.get("ahead") or {})
+    sinks = doc.get("sinks")
+    if sinks is None:
+        return
+    if not isinstance(sinks, dict):
+        raise CheckpointCorruptError("checkpoint per-sink section is malformed")
+    for name, section in sinks.items():
+        if not name or not isinstance(section, dict):
+            raise CheckpointCorruptError(f"checkpoint per-sink section {name!r} is malformed")
+        unknown = set(section) - {"resource_version", "objects", "ahead"}
+        if unknown:
+            raise CheckpointCorruptError(
+                f"checkpoint per-sink section {name!r} has unknown fields {sorted(unknown)}")
+        where = f"sink {name!r}: "
+        if "resource_version" in section:
+            sink_rv = section["resource_version"]
+            if not _is_rv(sink_rv):
+                raise CheckpointCorruptError(
+                    f"checkpoint {where}resourceVersion {sink_rv!r} is not a resourceVersion")
+            if int(sink_rv) < int(rv):
+                raise CheckpointCorruptError(
+                    f"checkpoint {where}resourceVersion {sink_rv} is behind the base's {rv}")
+        _check_index(where, section.get("objects") or {}, allow_absent=True)
+        _check_ahead(where, section.get("ahead") or {})
+
+
+def _check_index(where: str, objects: Any, *, allow_absent: bool) -> None:
+    for key, entry in objects.items():
+        _check_key(f"{where}known-object index", key)
+        if entry is None and allow_absent:
+            continue  # a sink's difference: the base knows the key, this sink does not
         if len(entry) != 2 or not isinstance(entry[0], str) or not entry[0]:
-            raise CheckpointCorruptError(f"checkpoint known object {key!r} has no uid")
-        if not _is_rv(entry[1]):
-            raise CheckpointCorruptError(f"checkpoint known object {key!r} has resourceVersion {entry[1]!r}")
-    for key, entry in (doc.get("ahead") or {}).items():
-        _check_key("delivered-ahead map", key)
-        if len(entry) != 3 or not isinstance(entry[2], bool) or not isinstance(entry[0], str):
-            raise CheckpointCorruptError(f"checkpoint delivered-ahead entry {key!r} is malformed")
-        if not entry[2] and not entry[0]:
-            raise CheckpointCorruptError(f"checkpoint delivered-ahead entry {key!r} has no uid")
+            raise CheckpointCorruptError(f"checkpoint {where}known object {key!r} has no uid")
         if not _is_rv(entry[1]):
             raise CheckpointCorruptError(
-                f"checkpoint delivered-ahead entry {key!r} has resourceVersion {entry[1]!r}")
+                f"checkpoint {where}known object {key!r} has resourceVersion {entry[1]!r}")
+
+
+def _check_ahead(where: str, ahead: Any) -> None:
+    for key, entry in ahead.items():
+        _check_key(f"{where}delivered-ahead map", key)
+        if len(entry) != 3 or not isinstance(entry[2], bool) or not isinstance(entry[0], str):
+            raise CheckpointCorruptError(f"checkpoint {where}delivered-ahead entry {key!r} is malformed")
+        if not entry[2] and not entry[0]:
+            raise CheckpointCorruptError(f"checkpoint {where}delivered-ahead entry {key!r} has no uid")
+        if not _is_rv(entry[1]):
+            raise CheckpointCorruptError(
+                f"checkpoint {where}delivered-ahead entry {key!r} has resourceVersion {entry[1]!r}")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -13,7 +13,13 @@ acknowledged every one of its events.
   relist unless the server answers 410, in which case the relist emits only the differences); a
   corrupt or unreadable one is reported as a WARNING and the informer lists from scratch;
 * one listener per (informer, routed sink), with the sink's buffer capacity and overflow policy, and
-  one :class:`~bridge.progress.AckTracker` per informer computing the checkpoint low-watermark;
+  one :class:`~bridge.progress.AckTracker` per informer computing the checkpoint low-watermark (the
+  base) and, at each write, every sink's own progress (the checkpoint's per-sink section);
+* per-sink progress on resume: the watch resumes from the base, the cache is seeded with the union of
+  what the sinks know, and each sink's listener filters through its own progress
+  (:class:`~bridge.delivery.progress.SinkResume`); a sink the checkpoint does not cover is
+  bootstrapped: it receives nothing until a snapshot of whole objects (:meth:`BridgePipeline._hydrate`),
+  then the live stream;
 * a named task writes checkpoints every ``checkpoint_interval`` seconds (only when the state moved);
 * per-sink resync periods are served as snapshots (``informer.request_snapshot``) by one timer task
   per (informer, sink); listeners themselves get resync period 0, so the same-RV updates of a 410
@@ -59,11 +65,12 @@ from bridge.delivery.checkpoint import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointStore,
+    SinkProgress,
     informer_id,
 )
 from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
 from bridge.delivery.journal import KnownObjectJournal, entries_by_key
-from bridge.delivery.progress import AckTracker, IndexEntry
+from bridge.delivery.progress import AckTracker, IndexEntry, Knowledge, SinkResume, object_key
 from bridge.delivery.selector_exit import LEFT_SELECTOR_EXTENSION, SelectorExits
 from bridge.delivery.sharding import TakeOver, shard_id, stale_ready, take_over
 from bridge.delivery.spill import SegmentSpill
@@ -139,6 +146,10 @@ class SinkListenerStats:
     resync_skipped: int = 0
     """Same-resourceVersion updates (nothing changed) acknowledged without delivery."""
     snapshots: int = 0
+    bootstrap_skipped: int = 0
+    """Notifications acknowledged without delivery before the sink's bootstrap snapshot."""
+    own_progress_skipped: int = 0
+    """Notifications acknowledged without delivery after a restart: the sink had them already."""
     outcomes: collections.Counter[str] = field(default_factory=collections.Counter)
     """Sink acknowledgements by :class:`~sinks.contract.DeliveryOutcome` value."""
 
@@ -159,14 +170,24 @@ class SinkListener:
         resent: Mapping[str, tuple[str, bool]] | None = None,
         exits: SelectorExits | None = None,
         shard: tuple[int, int] | None = None,
+        bootstrap: Callable[[], None] | None = None,
+        own_progress: SinkResume | None = None,
     ) -> None:
         """``shard`` (ordinal, total), when sharded: snapshot markers say which shard they cover.
         ``tracker`` (the informer's) tells which deletes were inferred rather than observed.
         ``journal``: the informer's known-object journal; an event it has a record for is handed to
         the sink only once the record is durable. ``resent``: uid → (resourceVersion, inferred) of
         the deletes the journal says were sent before a restart (see :func:`delete_is_inferred`).
-        ``exits`` (a selector-scoped informer's) tells which observed deletes were selector exits."""
+        ``exits`` (a selector-scoped informer's) tells which observed deletes were selector exits.
+        ``bootstrap``, when given, makes this a sink with no progress of its own: it receives nothing
+        until its bootstrap snapshot (see :meth:`bootstrap_ready`), then the live stream; the
+        callback runs once the sink acknowledged the whole snapshot. ``own_progress``: the sink's
+        own progress when it differs from the checkpoint's base; every notification passes its
+        filter (:class:`~bridge.delivery.progress.SinkResume`) until the informer has passed it
+        (:meth:`own_progress_passed`)."""
         self.sink = sink
+        self.own_progress = own_progress
+        self._own_until = -1 if own_progress is not None else None
         self._tracker = tracker
         self._journal = journal
         self._resent = resent or {}
@@ -182,6 +203,60 @@ class SinkListener:
         """uids whose replayed changes were held back (see :meth:`_replayed_after_delete`): their
         replayed delete is framed as a gap."""
         self.stats = SinkListenerStats()
+        self._bootstrapped = bootstrap
+        self.bootstrapping = bootstrap is not None
+        """True until the bootstrap snapshot reaches this listener: every notification before it is
+        acknowledged without delivery (the snapshot will contain its effect)."""
+        self._snapshot_wanted = False
+        self._skipped_gap = ""
+        """The id of a gap window whose begin was skipped while bootstrapping: its end is skipped
+        too, so the sink never sees an end without its begin."""
+
+    def own_progress_passed(self, seq: int) -> None:
+        """The informer's progress reached the sink's own resume point at ``seq``: from that
+        notification on, once nothing the sink knows differs from the informer, the filter is
+        dropped."""
+        if self._own_until is not None and self._own_until < 0:
+            self._own_until = seq
+
+    def _filter_own(self, n: Notification) -> list[Notification]:
+        own = self.own_progress
+        assert own is not None
+        if self._own_until is not None and 0 <= self._own_until <= n.seq:
+            # Past the sink's own resume point: only the objects it knows differently need a look.
+            if not own.known:
+                self.own_progress = self._own_until = None  # caught up: the filter costs nothing more
+                return [n]
+            if n.key and n.key not in own.known:
+                return [n]
+        inferred = n.kind is NotificationKind.DELETE and delete_is_inferred(n, self._tracker, self._resent)
+        return own.admit(n, inferred)
+
+    def bootstrap_ready(self) -> None:
+        """The informer's cache now holds whole objects: the next snapshot this listener receives
+        is its bootstrap (earlier ones, taken from a cache that may still hold checkpoint stubs,
+        are skipped)."""
+        self._snapshot_wanted = True
+
+    def _bootstrap_skips(self, n: Notification, ack: AckFunc) -> AckFunc | None:
+        """While bootstrapping: None when ``n`` is skipped (acknowledged here), else the ack to
+        deliver the bootstrap snapshot with. Skipping is safe because the snapshot comes later and
+        holds the cache as of then, which includes the effect of everything skipped."""
+        if n.kind is NotificationKind.SNAPSHOT and self._snapshot_wanted:
+            self.bootstrapping = False
+            done = self._bootstrapped
+
+            def snapshot_ack() -> None:
+                ack()
+                if done is not None:
+                    done()
+
+            return snapshot_ack
+        if n.kind is NotificationKind.GAP and n.gap is not None and not n.gap.end:
+            self._skipped_gap = n.gap.id
+        self.stats.bootstrap_skipped += 1
+        ack()
+        return None
 
     def _event(self, type_: EventType, obj: KubeObject | None, observed: float, **kw: Any) -> ChangeEvent:
         if self._gap is not None and "snapshot" not in kw:
@@ -296,12 +371,39 @@ class SinkListener:
 
     async def handle(self, notification: Notification, ack: AckFunc) -> None:
         self.stats.notifications += 1
+        if self.bootstrapping:
+            snapshot_ack = self._bootstrap_skips(notification, ack)
+            if snapshot_ack is None:
+                return
+            ack = snapshot_ack
+        elif self._skipped_gap and notification.kind is NotificationKind.GAP:
+            gap = notification.gap
+            if gap is not None and gap.end and gap.id == self._skipped_gap:
+                self._skipped_gap = ""
+                self.stats.bootstrap_skipped += 1
+                ack()
+                return
+        admitted: list[Notification] | None = None
+        if self.own_progress is not None and notification.kind is not NotificationKind.SNAPSHOT:
+            admitted = self._filter_own(notification)
+            if len(admitted) == 1:
+                notification, admitted = admitted[0], None
+            elif not admitted:
+                self.stats.own_progress_skipped += 1
+                ack()
+                return
         journal = self._journal
         if journal is not None and journal.must_wait(notification.seq):
             # A new object or a delete: released only once the journal has it (module docs).
             await journal.wait(notification.seq)
         events: Iterable[ChangeEvent]
-        if notification.kind is NotificationKind.SNAPSHOT:
+        if admitted is not None:  # a delete of the sink's own object, then the change
+            listed = [e for a in admitted for e in self.events_for(a)]
+            if not listed:
+                ack()
+                return
+            remaining, events = len(listed), listed
+        elif notification.kind is NotificationKind.SNAPSHOT:
             self.stats.snapshots += 1
             remaining, events = self._snapshot_events(notification)
         else:
@@ -459,6 +561,17 @@ def http_informer_builder(
     return build
 
 
+def own_knowledge(checkpoint: Checkpoint, section: SinkProgress) -> tuple[int, dict[str, Knowledge]]:
+    """A sink's resume point and its knowledge where it differs from the checkpoint's base."""
+    rv = int(section.resource_version or checkpoint.resource_version)
+    own: dict[str, Knowledge] = {}
+    for key, entry in section.objects.items():
+        own[key] = ("", rv, True) if entry is None else (entry[0], int(entry[1]), False)
+    for key, (uid, ahead_rv, deleted) in section.ahead.items():
+        own[key] = (uid, int(ahead_rv), deleted)
+    return rv, own
+
+
 def stub_objects(resource: ResourceRef, index: Mapping[str, IndexEntry]) -> list[KubeObject]:
     """Metadata-only objects rebuilt from a checkpoint index (what a resumed informer knows)."""
     out: list[KubeObject] = []
@@ -486,6 +599,7 @@ class _Informer:
     registrations: dict[str, HandlerRegistration] = field(default_factory=dict)
     listeners: dict[str, SinkListener] = field(default_factory=dict)
     saved_generation: int = -1
+    saved_acks: int = -1
     saved_rv: str = ""
     last_saved: float | None = None
     checkpoint_errors: int = 0
@@ -496,6 +610,13 @@ class _Informer:
     """The tracker's progress count when that failure was reported."""
     stale: list[str] = field(default_factory=list)
     """Checkpoint ids of other shard totals, removed once every current shard has passed them."""
+    own_progress: dict[str, tuple[int, dict[str, Knowledge]]] = field(default_factory=dict)
+    """Sink → its own resume point and knowledge (where it differs from the base) when the
+    informer resumed; sinks at the base are absent."""
+    bootstrapping: set[str] = field(default_factory=set)
+    """Sinks with no progress of their own in the checkpoint, until they acknowledged their
+    bootstrap snapshot; the checkpoint does not cover them before that (a crash bootstraps them
+    again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -598,10 +719,26 @@ class _CountingTracker(AckTracker):
         self.resent: Mapping[str, tuple[str, bool]] = {}
         self.synced = 0
         """Objects of the snapshots dispatched (each becomes one ``sync`` event per sink)."""
+        self.thresholds: list[tuple[int, Callable[[int], None]]] = []
+        """(resourceVersion, callback(seq)): called once, with the marker's seq, when progress
+        reaches the resourceVersion (a sink's own resume point)."""
+        self.bootstrap_at: int | None = None
+        """A resourceVersion the informer must reach before its cache holds no checkpoint stubs
+        (a sink's bootstrap snapshot waits for it); None = nothing waits."""
+        self.bootstrap_reached = asyncio.Event()
 
     def progress(self, seq: int, resource_version: str) -> None:
         self.progress_count += 1
         super().progress(seq, resource_version)
+        if self.thresholds and resource_version.isdigit():
+            reached = int(resource_version)
+            for threshold in [t for t in self.thresholds if t[0] <= reached]:
+                self.thresholds.remove(threshold)
+                threshold[1](seq)
+        at = self.bootstrap_at
+        if at is not None and at >= 0 and resource_version.isdigit() and int(resource_version) >= at:
+            self.bootstrap_at = None
+            self.bootstrap_reached.set()
 
     def dispatched(self, notification: Notification, listeners: Sequence[str]) -> None:
         if notification.seq >= 0:
@@ -736,6 +873,8 @@ class BridgePipeline:
                     self._spawn(f"snapshot-timer:{ident}:{sink_name}", self._snapshot_timer(inf, reg, period))
             if self._snapshot_on_first_start and not inf.resumed:
                 self._spawn(f"first-snapshot:{ident}", self._first_snapshot(inf))
+            if inf.bootstrapping:
+                self._spawn(f"bootstrap:{ident}", self._bootstrap(inf))
         for ident, inf in self._informers.items():
             if inf.journal is not None:
                 self._spawn(f"journal:{ident}", inf.journal.run())
@@ -782,14 +921,46 @@ class BridgePipeline:
             inf.stale = list(handover.plan.stale)
         informer.set_watch_error_handler(self._watch_error_recorder(inf))
         known, unconfirmed = await self._known_objects(inf, checkpoint, handover)
+        routed = [sink for sink in self._sinks if _resource_matches(sink, watched)]
+        diverging: set[str] = set()
+        union_only: set[str] = set()
+        """Objects the cache is seeded with that the base does not know (only some sinks do)."""
+        if checkpoint is not None and checkpoint.sinks:
+            for sink in routed:
+                section = checkpoint.sinks.get(sink.name)
+                if section is not None and not section.at_base:
+                    inf.own_progress[sink.name] = own_knowledge(checkpoint, section)
+            # The cache knows the union of what the sinks know: per object, the oldest state a sink
+            # has (so a relist notifies every newer one, and a delete reaches whoever knew it).
+            extra: dict[str, IndexEntry] = {}
+            for _, differs in inf.own_progress.values():
+                for key, (uid, rv, deleted) in differs.items():
+                    diverging.add(key)
+                    if not deleted and key not in known and (key not in extra or rv < int(extra[key][1])):
+                        extra[key] = (uid, str(rv))
+            known.update(extra)
+            union_only = set(extra)
+            tracker.seed_last_seen({key: rv for key, (_uid, rv) in extra.items()})
+        seeds = stub_objects(watched.ref, known)
+        if checkpoint is not None and checkpoint.sinks is not None:
+            inf.bootstrapping = {sink.name for sink in routed if sink.name not in checkpoint.sinks}
+            dropped = sorted(set(checkpoint.sinks) - {sink.name for sink in routed})
+            if dropped:
+                log.info("the checkpoint has progress of sinks no longer configured for this resource "
+                         "(%s); it is dropped at the next checkpoint write", ", ".join(dropped),
+                         extra={"informer": ident, "resource": watched.ref.qualified})
+        if inf.bootstrapping:
+            seeds, unconfirmed = await self._hydrate(inf, seeds, unconfirmed)
         if checkpoint is not None:
             delivered = {key: (int(rv), deleted) for key, (_uid, rv, deleted) in checkpoint.ahead.items()
                          if rv.isdigit()}
-            informer.resume_from(stub_objects(watched.ref, known), checkpoint.resource_version, delivered)
+            informer.resume_from(seeds, checkpoint.resource_version, delivered, diverging)
             inf.resumed = True
             inf.resume_rv = checkpoint.resource_version
             inf.saved_rv = checkpoint.resource_version
-            inf.saved_generation = tracker.generation
+            # A checkpoint whose sinks are not the configured ones is rewritten at the first interval.
+            same_sinks = checkpoint.sinks is None or set(checkpoint.sinks) == {s.name for s in routed}
+            inf.saved_generation = tracker.generation if same_sinks else -1
             log.info("resuming from checkpoint at resourceVersion %s (%d known objects)",
                      checkpoint.resource_version, len(checkpoint.objects),
                      extra={"informer": ident, "resource": watched.ref.qualified})
@@ -799,14 +970,38 @@ class BridgePipeline:
             informer.seed_unconfirmed(unconfirmed)
             log.info("%d objects delivered after the last checkpoint write are known from the journal",
                      len(unconfirmed), extra={"informer": ident, "resource": watched.ref.qualified})
-        for sink in self._sinks:
-            if not _resource_matches(sink, watched):
-                continue
+        journal_only = [(object_key(stub), *object_identity(stub)) for stub in unconfirmed]
+        for sink in routed:
+            bootstrap = (functools.partial(self._bootstrapped, inf, sink.name)
+                         if sink.name in inf.bootstrapping else None)
+            own: SinkResume | None = None
+            if checkpoint is not None and union_only and sink.name not in inf.bootstrapping \
+                    and sink.name not in inf.own_progress:
+                # At the base, yet the cache holds objects only other sinks know: this one does not.
+                inf.own_progress[sink.name] = (int(checkpoint.resource_version), {})
+            if sink.name in inf.own_progress and sink.name not in inf.bootstrapping:
+                own_rv, own_known = inf.own_progress[sink.name]
+                own_known = {**{key: ("", -1, True) for key in union_only if key not in own_known},
+                             **own_known}
+                # The journal is the union of what any sink may have received since the base: what
+                # this sink's own progress covers, it knows it does not have.
+                for key, _uid, stub_rv in journal_only:
+                    if key not in known and key not in own_known and stub_rv.isdigit() \
+                            and int(stub_rv) <= own_rv:
+                        own_known[key] = ("", -1, True)
+                own = SinkResume(resource_version=own_rv, known=own_known,
+                                 api_version=watched.ref.api_version, kind=watched.ref.kind)
+                log.info("sink %s resumes from its own resourceVersion %d (%d objects where it differs "
+                         "from the slowest sink's)", sink.name, own_rv, len(own_known),
+                         extra={"sink": sink.name, "informer": ident, "resource": watched.ref.qualified})
             listener = SinkListener(sink=sink, resource=watched.ref, cluster=self._cluster,
                                     clock=self._clock, snapshot_prefix=ident, tracker=tracker,
                                     journal=inf.journal, resent=tracker.resent, exits=exits,
                                     shard=(None if watched.shard is None
-                                           else (watched.shard.ordinal, watched.shard.total)))
+                                           else (watched.shard.ordinal, watched.shard.total)),
+                                    bootstrap=bootstrap, own_progress=own)
+            if own is not None:
+                tracker.thresholds.append((own.resource_version, listener.own_progress_passed))
             reg = informer.add_event_handler(listener, _listener_options(sink, self._spill_directory,
                                                                          ident))
             inf.registrations[sink.name] = reg
@@ -836,6 +1031,72 @@ class BridgePipeline:
                     "while the bridge was down get no delete)", journal.backend.name, journal.unreadable,
                     extra={"informer": ident, "resource": resource})
         inf.informer.frame_first_list("0")
+
+    async def _hydrate(self, inf: _Informer, seeds: list[KubeObject], unconfirmed: list[KubeObject]
+                       ) -> tuple[list[KubeObject], list[KubeObject]]:
+        """Replaces the checkpoint's metadata-only stubs by whole objects, for a sink's bootstrap
+        snapshot: one list of the scope now; a listed object with the stub's uid and
+        resourceVersion is that very state. A stub without its listed twin changed or went after
+        the checkpoint, so the resumed watch replays it (or a 410 relist lists it) before reaching
+        the list's resourceVersion: the snapshot waits for that point
+        (:attr:`_CountingTracker.bootstrap_at`), or is taken at once when no stub is left."""
+        watched = inf.watched
+        try:
+            listed, list_rv = await inf.informer.list_current()
+        except Exception as exc:
+            # Without whole objects the snapshot waits for a relist to bring them.
+            log.warning("listing %s for the bootstrap snapshot of %s failed (%s); the snapshot waits "
+                        "for the next relist", watched.ref.qualified, ", ".join(sorted(inf.bootstrapping)),
+                        exc, extra={"informer": watched.informer_id, "resource": watched.ref.qualified})
+            inf.tracker.bootstrap_at = -1
+            return seeds, unconfirmed
+        current = {object_identity(obj): obj for obj in listed}
+        left = 0
+
+        def whole(stubs: list[KubeObject]) -> list[KubeObject]:
+            nonlocal left
+            out = []
+            for stub in stubs:
+                obj = current.get(object_identity(stub))
+                if obj is None:
+                    left += 1
+                out.append(stub if obj is None else obj)
+            return out
+
+        seeds, unconfirmed = whole(seeds), whole(unconfirmed)
+        if left:
+            inf.tracker.bootstrap_at = int(list_rv) if list_rv.isdigit() else -1
+        else:
+            inf.tracker.bootstrap_reached.set()
+        log.info("bootstrapping sinks %s with a snapshot of %d objects (%d changed since the checkpoint "
+                 "and wait for the watch to replay them)", ", ".join(sorted(inf.bootstrapping)),
+                 len(listed), left, extra={"informer": watched.informer_id,
+                                           "resource": watched.ref.qualified})
+        return seeds, unconfirmed
+
+    async def _bootstrap(self, inf: _Informer) -> None:
+        """Sends each bootstrapping sink its snapshot once the cache holds whole objects."""
+        tracker = inf.tracker
+        if tracker.bootstrap_at == -1:
+            # The list failed: whole objects come with the next relist (a 410, or the reflector's
+            # own); the snapshot waits until the informer processed past that list.
+            informer = inf.informer
+            while informer.reflector is None or informer.reflector.list_count == 0:
+                await self._clock.sleep(0.5)
+            rv = informer.reflector.last_sync_resource_version
+            tracker.bootstrap_at = int(rv) if rv.isdigit() else 0
+        await tracker.bootstrap_reached.wait()
+        for name in sorted(inf.bootstrapping):
+            inf.listeners[name].bootstrap_ready()
+            inf.informer.request_snapshot(inf.registrations[name])
+
+    def _bootstrapped(self, inf: _Informer, name: str) -> None:
+        """The sink acknowledged its whole bootstrap snapshot: from now on the checkpoint covers it."""
+        inf.bootstrapping.discard(name)
+        inf.saved_generation = -1  # written at the next interval, even if nothing else moved
+        log.info("sink %s bootstrapped: it has the snapshot and follows the live stream", name,
+                 extra={"sink": name, "informer": inf.watched.informer_id,
+                        "resource": inf.watched.ref.qualified})
 
     def _remove_stale_spills(self) -> None:
         """Removes the spill directories of sinks no longer configured."""
@@ -1064,14 +1325,17 @@ class BridgePipeline:
             return 0
         for ident, inf in self._informers.items():
             tracker = inf.tracker
-            if tracker.generation == inf.saved_generation:
+            # The shared state, or (while a sink is behind) a faster sink's own progress, moved.
+            if tracker.generation == inf.saved_generation and (not tracker.lag
+                                                               or tracker.acks == inf.saved_acks):
                 continue
-            generation = tracker.generation
+            generation, acks = tracker.generation, tracker.acks
             rv, index = tracker.checkpoint_state()
             if not rv:
                 continue
+            sinks = self._sink_sections(inf, rv)
             cp = Checkpoint(informer_id=ident, resource_version=rv, objects=index,
-                            written_at=self._clock.wall(), ahead=tracker.delivered_ahead())
+                            written_at=self._clock.wall(), ahead=tracker.delivered_ahead(), sinks=sinks)
             try:
                 await self._store.save(cp)
             except CheckpointError as exc:
@@ -1084,6 +1348,7 @@ class BridgePipeline:
             if inf.stale:
                 await self._remove_stale(inf)
             inf.saved_generation = generation
+            inf.saved_acks = acks
             inf.saved_rv = rv
             inf.last_saved = self._clock.now()
             written += 1
@@ -1111,6 +1376,30 @@ class BridgePipeline:
         log.info("removed the checkpoints of an earlier shard total: %s", ", ".join(inf.stale),
                  extra={"informer": inf.watched.informer_id})
         inf.stale = []
+
+    @staticmethod
+    def _sink_sections(inf: _Informer, base_rv: str) -> dict[str, SinkProgress]:
+        """The checkpoint's per-sink section: each sink covered (not bootstrapping) with its own
+        progress as differences from the base (:meth:`AckTracker.listener_state`)."""
+        base = int(base_rv) if base_rv.isdigit() else 0
+        sections: dict[str, SinkProgress] = {}
+        for name in inf.registrations:
+            if name in inf.bootstrapping:
+                continue
+            floor, own = inf.own_progress.get(name, (0, {}))
+            rv, diff = inf.tracker.listener_state(name, floor, own)
+            objects: dict[str, tuple[str, str] | None] = {}
+            ahead: dict[str, tuple[str, str, bool]] = {}
+            for key, k in diff.items():
+                if k is None:
+                    objects[key] = None
+                elif k[1] <= rv and not k[2]:
+                    objects[key] = (k[0], str(k[1]))
+                else:
+                    ahead[key] = (k[0], str(k[1]), k[2])
+            sections[name] = SinkProgress(resource_version=str(rv) if rv > base else "",
+                                          objects=objects, ahead=ahead)
+        return sections
 
     # ---------------------------------------------------------------------------------------------
     # snapshots

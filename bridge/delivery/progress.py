@@ -21,7 +21,11 @@ wait per key in a small *ahead* list and are folded into the index when a marker
 This compares resourceVersions as integers (they are etcd revisions); a non-integer one is applied
 at once, as if it were covered.
 
-:meth:`AckTracker.checkpoint_state` is what the checkpoint writer persists. The tracker is
+:meth:`AckTracker.checkpoint_state` is what the checkpoint writer persists as the shared *base*;
+:meth:`AckTracker.listener_state` computes one sink's own progress (as differences from the base)
+from the same window, at checkpoint time only, so per-sink progress adds nothing per change but an
+ack counter. After a restart :class:`SinkResume` filters each sink's notifications through its own
+progress. The tracker is
 single-threaded (asyncio) and its memory is bounded by the listeners' bounded buffers: a notification
 is held only while some listener has it in flight.
 """
@@ -29,6 +33,7 @@ is held only while some listener has it in flight.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import heapq
 import itertools
 import logging
@@ -45,7 +50,7 @@ from bridge.contracts import (
 from bridge.rawobject import object_identity
 from bridge.rawobject import object_key as raw_object_key
 
-__all__ = ["AckTracker", "AheadEntry", "IndexEntry", "object_key"]
+__all__ = ["AckTracker", "AheadEntry", "IndexEntry", "Knowledge", "SinkResume", "object_key"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +60,11 @@ IndexEntry = tuple[str, str]
 AheadEntry = tuple[str, str, bool]
 """``(uid, resourceVersion, deleted)``: the newest acknowledged change of an object that is newer
 than the resume point (checkpointed so a resume does not notify it again)."""
+
+
+Knowledge = tuple[str, int, bool]
+"""``(uid, resourceVersion, deleted)``: what one sink last acknowledged of one object (a deleted
+entry's resourceVersion is its delete's, or -1 when unknown — a relist found it gone)."""
 
 
 def object_key(obj: KubeObject | DeletedFinalStateUnknown) -> ObjectKey:
@@ -83,6 +93,18 @@ class _InFlight:
     waiting: set[str] = field(default_factory=set)
     time: float = 0.0
     """When it was dispatched (the tracker's ``now``), for the age of what a sink still owes."""
+
+
+@dataclass(slots=True)
+class _Scan:
+    """Where one sink's own progress stands (:meth:`AckTracker.listener_state`)."""
+
+    cursor: int
+    """The first seq not scanned yet."""
+    changes: dict[str, Knowledge]
+    """Per object, what the sink acknowledged where it may differ from the base."""
+    rv: int
+    """Its own resume resourceVersion so far."""
 
 
 class AckTracker:
@@ -134,6 +156,11 @@ class AckTracker:
         self._generation = 0
         self.duplicate_acks = 0
         """Acks for a (listener, seq) that was not owed: counted, otherwise ignored."""
+        self._scans: dict[str, _Scan] = {}
+        """Listener → its incremental own-progress scan (:meth:`listener_state`)."""
+        self.acks = 0
+        """Acks received: a sink's own progress may move while the shared state (generation)
+        waits for a slower sink."""
 
     # ---------------------------------------------------------------------------------------------
     # DeliveryObserver
@@ -159,6 +186,7 @@ class AckTracker:
         self._advance()
 
     def acked(self, listener: str, seq: int) -> None:
+        self.acks += 1
         entry = self._window.get(seq)
         if entry is None or listener not in entry.waiting:
             if seq >= 0:
@@ -180,6 +208,7 @@ class AckTracker:
         self._advance()
 
     def listener_removed(self, listener: str) -> None:
+        self._scans.pop(listener, None)
         for entry in self._window.values():
             if listener in entry.waiting:
                 entry.waiting.discard(listener)
@@ -285,6 +314,112 @@ class AckTracker:
                 counts[listener] = counts.get(listener, 0) + 1
         return counts
 
+    def seed_last_seen(self, entries: Mapping[str, str]) -> None:
+        """Objects the informer's cache was seeded with that the index does not hold (known only
+        to some sinks, see :class:`SinkResume`): key → resourceVersion. A delete of exactly that
+        state is then recognised as inferred, as for the index's objects."""
+        for key, rv in entries.items():
+            self._last_rv.setdefault(key, rv)
+
+    def base_knowledge(self, key: str) -> Knowledge | None:
+        """What every sink acknowledged of ``key``: the newest change in the delivered-ahead map,
+        else the index entry; None when the key is unknown (never seen, or deleted before the
+        resume point)."""
+        pending = self._ahead.get(key)
+        if pending:
+            rv, entry = pending[-1]
+            return (entry[0], rv, False) if entry is not None else ("", rv, True)
+        entry = self._index.get(key)
+        if entry is None:
+            return None
+        rv_int = _as_int(entry[1])
+        return (entry[0], rv_int if rv_int is not None else 0, False)
+
+    def listener_state(self, listener: str, floor: int, own: Mapping[str, Knowledge]
+                       ) -> tuple[int, dict[str, Knowledge | None]]:
+        """One sink's own progress, for the checkpoint's per-sink section: its resume
+        resourceVersion and, per object, what it acknowledged where that differs from
+        :meth:`base_knowledge` (None: the base knows the object, the sink knows it is gone).
+
+        ``floor`` is the sink's own resume point when the informer resumed (its per-sink section),
+        ``own`` its knowledge then where it differed from the base (both read on the first call).
+        The sink's progress is that, plus every notification of the window's prefix it does not owe
+        (a sink acknowledges in any order, but only the contiguous prefix is certain), plus the
+        markers that prefix passes. Per object, a change older than what the sink already knows is
+        not applied (it skipped its replay; see :class:`SinkResume`).
+
+        Incremental: each call scans only the notifications dispatched since the previous call's
+        stopping point (what the base applied meanwhile was folded in as it was applied), so a
+        checkpoint write while a sink is far behind does not rescan that sink's whole backlog."""
+        scan = self._scans.get(listener)
+        if scan is None:
+            scan = self._scans[listener] = _Scan(cursor=self._last_applied_seq + 1, changes=dict(own),
+                                                 rv=floor)
+        base_rv = self._rv_int if self._rv_int is not None else 0
+        scan.rv = max(scan.rv, base_rv)
+        window = self._window
+        limit: int | None = None
+        seq = max(scan.cursor, self._last_applied_seq + 1)
+        last = self._last_dispatched_seq
+        while seq <= last:
+            entry = window.get(seq)
+            if entry is not None:
+                if listener in entry.waiting:
+                    limit = seq
+                    break
+                self._scan_effect(scan, entry.effect)
+            seq += 1
+        scan.cursor = seq
+        scan.rv = max(scan.rv, self._marker_rv(limit))
+        rv = scan.rv
+        out: dict[str, Knowledge | None] = {}
+        for key, mine in list(scan.changes.items()):
+            base = self.base_knowledge(key)
+            if mine[2]:
+                if base is None or base[2]:
+                    # Gone for both — forgotten once the base's resume point covers the delete (before
+                    # that, "the base does not know it" may still mean "not yet": an older change of it
+                    # may be waiting for a slower sink).
+                    if 0 <= mine[1] <= base_rv:
+                        del scan.changes[key]
+                    continue
+                out[key] = None if mine[1] <= rv else mine
+            elif base is None or base[2] or base[0] != mine[0] or base[1] != mine[1]:
+                out[key] = mine
+            else:
+                del scan.changes[key]  # the base caught up with it
+        return rv, out
+
+    def _marker_rv(self, limit: int | None) -> int:
+        """The newest resourceVersion among the pending markers a listener owing nothing before
+        ``limit`` (None: nothing) has passed; 0 if none. Scans from the end: a listener that keeps
+        up passes nearly all of them."""
+        markers = self._markers
+        if not markers or (limit is not None and markers[0][0] > limit):
+            return 0
+        for seq, marker_rv in reversed(markers):
+            if limit is None or seq <= limit:
+                return int(marker_rv) if marker_rv.isdigit() else 0
+        return 0
+
+    def _scan_effect(self, scan: _Scan, effect: _Effect) -> None:
+        """Applies one notification's effect to a sink's own knowledge (newest resourceVersion
+        wins; a relist's tombstone, -1, always applies)."""
+        if effect is None:
+            return
+        key, known, effect_rv = effect
+        if effect_rv is None:
+            return
+        changes = scan.changes
+        current = changes.get(key) or self.base_knowledge(key)
+        if effect_rv != -1 and current is not None and effect_rv < current[1]:
+            return  # older than what the sink has: it skipped this replayed change
+        if known is None:
+            changes[key] = ("" if current is None else current[0],
+                            effect_rv if effect_rv != -1 else (current[1] if current else -1), True)
+        else:
+            changes[key] = (known[0], effect_rv, False)
+
     # ---------------------------------------------------------------------------------------------
 
     def _advance(self) -> None:
@@ -297,7 +432,16 @@ class AckTracker:
             changed |= self._pass_markers(seq)
             del self._window[seq]
             self._unobserved.discard(seq)
-            self._apply(entry.effect)
+            effect = entry.effect
+            if self._scans and effect is not None:
+                # A sink's incremental scan that has not reached it yet takes it now, in order — if
+                # the sink knows the object differently; otherwise it agrees with the base, which
+                # takes it now. O(sinks) per change, a comparison and a lookup each.
+                key = effect[0]
+                for scan in self._scans.values():
+                    if scan.cursor <= seq and key in scan.changes:
+                        self._scan_effect(scan, effect)
+            self._apply(effect)
             self._last_applied_seq = seq
             changed = True
         head = next(iter(self._window)) if self._window else None
@@ -382,3 +526,122 @@ def _as_int(rv: str) -> int | None:
         return int(rv)
     except ValueError:
         return None
+
+
+class SinkResume:
+    """One sink's own progress while the informer resumes from the slowest sink's point.
+
+    After a restart the informer's watch resumes from the checkpoint's shared base (the oldest
+    point any sink needs) and its cache is seeded with the union of what the sinks know (per
+    object the oldest state a sink knows, so that an object only a fast sink saw still gets its
+    delete). Each sink's listener passes every notification through its own filter:
+
+    * a change whose resourceVersion is at or below the sink's own resume point, or at or below
+      what the sink already acknowledged of that object, is skipped (acknowledged, not delivered);
+    * a delete of a uid the sink never knew, or already knows deleted, is dropped;
+    * an add of an object the sink knows becomes an update (dropped when the resourceVersion is
+      the one it has), an update of an object it never knew becomes an add — so after a 410
+      relist the sink gets the differences against *its own* index;
+    * a relist's tombstone of an object the sink knows under another uid than the informer's is
+      delivered as a delete of the sink's own object.
+
+    **Invariant** kept by :meth:`admit`: for every key in :attr:`known`, the sink's knowledge
+    differs from what the informer last notified about the key (its cache); for every key not in
+    it they agree. So a key leaves :attr:`known` as soon as the sink receives (or is found to hold)
+    the informer's state, and keys not in it pass unchanged. The filter is switched off once
+    :attr:`known` is empty and the informer has passed the sink's resume point, which makes its
+    cost a dictionary lookup and an integer comparison per change while it lasts, nothing after.
+    """
+
+    __slots__ = ("_api_version", "_kind", "known", "resource_version", "skipped")
+
+    def __init__(self, *, resource_version: int, known: Mapping[str, Knowledge],
+                 api_version: str = "", kind: str = "") -> None:
+        """``api_version`` and ``kind`` of the resource: the delete of an object known only to
+        this sink carries a metadata-only object of that kind."""
+        self._api_version = api_version
+        self._kind = kind
+        self.resource_version = resource_version
+        """Every change up to it was acknowledged by this sink."""
+        self.known: dict[str, Knowledge] = dict(known)
+        """Per object, this sink's knowledge where it differs from the informer's (see above)."""
+        self.skipped = 0
+        """Notifications acknowledged without delivery because the sink had them already."""
+
+    def admit(self, n: Notification, inferred: bool) -> list[Notification]:
+        """What the sink receives for ``n`` (empty: skip it); ``inferred`` tells whether a delete
+        was inferred by a relist rather than observed."""
+        kind = n.kind
+        if kind is NotificationKind.SNAPSHOT or kind is NotificationKind.GAP:
+            return [n]
+        key = n.key or object_key(n.obj)
+        tombstone = isinstance(n.obj, DeletedFinalStateUnknown)
+        uid, rv_text = _entry_of(n.obj)
+        rv = int(rv_text) if rv_text.isdigit() else None
+        known = self.known
+        mine = known.get(key)
+        if kind is NotificationKind.DELETE:
+            if not inferred:
+                if rv is not None and rv <= self.resource_version:
+                    if mine is not None:
+                        del known[key]  # gone for both
+                    return self._skip()
+                if mine is None:
+                    return [n]
+                if mine[2] or mine[0] != uid:
+                    if mine[2]:
+                        del known[key]
+                    return self._skip()  # a uid it never knew, or already saw deleted
+                del known[key]
+                return [n]
+            if mine is None:
+                return [n]
+            if mine[2]:
+                del known[key]
+                return self._skip()
+            if mine[0] == uid:
+                del known[key]
+                return [n]
+            if tombstone:
+                del known[key]
+                return [self._delete_own(n, key, mine)]
+            return self._skip()  # the old object of a re-creation it never had; the add follows
+        # add or update
+        if rv is not None and rv <= self.resource_version:
+            if mine is not None and mine[0] == uid and mine[1] == rv and not mine[2]:
+                del known[key]
+            return self._skip()
+        if mine is None:
+            return [n]
+        knows = not mine[2] and mine[0] == uid
+        if rv is not None and rv <= mine[1] and (knows or mine[2]):
+            if knows and rv == mine[1]:
+                del known[key]
+            return self._skip()  # it has this state, or saw the object deleted after it
+        if not mine[2] and rv is not None and rv < mine[1]:
+            return self._skip()  # older than the other incarnation it has: replayed history
+        del known[key]
+        out: list[Notification] = []
+        if not mine[2] and mine[0] != uid:
+            out.append(self._delete_own(n, key, mine))  # the incarnation it knows is gone
+        if knows and kind is NotificationKind.ADD:
+            out.append(dataclasses.replace(n, kind=NotificationKind.UPDATE, is_in_initial_list=False))
+        elif not knows and kind is NotificationKind.UPDATE:
+            out.append(dataclasses.replace(n, kind=NotificationKind.ADD, old=None, is_resync=False))
+        else:
+            out.append(n)
+        return out
+
+    def _skip(self) -> list[Notification]:
+        self.skipped += 1
+        return []
+
+    def _delete_own(self, n: Notification, key: str, mine: Knowledge) -> Notification:
+        """A relist's delete of the object this sink knows (its own uid and resourceVersion)."""
+        namespace, _, name = key.rpartition("/")
+        meta: dict[str, str] = {"name": name, "uid": mine[0], "resourceVersion": str(mine[1])}
+        if namespace:
+            meta["namespace"] = namespace
+        stub: KubeObject = {"apiVersion": self._api_version, "kind": self._kind, "metadata": meta}
+        return dataclasses.replace(n, kind=NotificationKind.DELETE,
+                                   obj=DeletedFinalStateUnknown(ObjectKey(key), stub), old=None)

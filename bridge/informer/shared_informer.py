@@ -48,7 +48,7 @@ import asyncio
 import dataclasses
 import logging
 import uuid
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
 from bridge.clock import Clock
@@ -62,13 +62,14 @@ from bridge.contracts import (
     KubeObject,
     ListenerOptions,
     ListerWatcher,
+    ListOptions,
     Notification,
     NotificationHandler,
     NotificationKind,
     ObjectKey,
     TransformFunc,
 )
-from bridge.errors import BridgeError
+from bridge.errors import BridgeError, ResourceExpiredError
 from bridge.informer.delta_fifo import (
     Delta,
     DeltaFIFO,
@@ -204,6 +205,8 @@ class SharedIndexInformer:
         self._pop_task: asyncio.Task[None] | None = None
         self._reflector_task: asyncio.Task[None] | None = None
         self._delivered: dict[str, tuple[int, bool]] = {}
+        self._diverging: set[str] = set()
+        """Keys whose next same-resourceVersion relist item is notified anyway (see resume_from)."""
         self._unconfirmed: dict[str, list[KubeObject]] = {}
         """key → objects consumers may have received that the informer resumed without (see
         :meth:`seed_unconfirmed`)."""
@@ -247,6 +250,7 @@ class SharedIndexInformer:
         objects: Sequence[KubeObject],
         resource_version: str,
         delivered: Mapping[str, tuple[int, bool]] | None = None,
+        diverging: Iterable[str] = (),
     ) -> None:
         """Seeds the cache from a checkpoint (objects may be metadata-only stubs) and makes the
         first watch start at ``resource_version`` without listing. Call before :meth:`run`.
@@ -259,6 +263,11 @@ class SharedIndexInformer:
         takes those changes again as the watch replays them, but nobody is notified twice. It keeps
         the re-sent events after a crash within what was in flight, even when the checkpoint's
         resourceVersion lagged behind a backlog.
+
+        ``diverging`` names objects whose seeded state some handler does not share (the bridge's
+        sinks each have their own progress): until the informer has notified something about such
+        an object, a relist that finds it unchanged notifies it anyway (as an update that is not a
+        resync), so each handler can compare it with what it knows.
         """
         if self._started:
             raise InformerStartedError(f"informer {self.name!r}: resume_from after start")
@@ -269,6 +278,35 @@ class SharedIndexInformer:
         self._resume_rv = resource_version
         self._last_progress_rv = resource_version
         self._delivered = dict(delivered or {})
+        self._diverging = set(diverging)
+
+    async def list_current(self) -> tuple[list[KubeObject], str]:
+        """Lists the informer's scope from the API server now (consistent read, in pages of the
+        informer's page size), each object passed through the informer's transform; touches neither
+        the cache nor the listeners. Returns the objects and the list's resourceVersion.
+
+        For a caller that needs whole objects where a resumed cache holds a checkpoint's
+        metadata-only stubs (the bridge bootstrapping a sink with a snapshot). An expired
+        continuation is retried once as one unpaginated list, as the reflector does."""
+        lw = self._lister_watcher
+        transform = self._transform
+        items: list[KubeObject] = []
+        options = ListOptions(limit=self._page_size or None)
+        list_rv = ""
+        while True:
+            try:
+                page = await lw.list(options)
+            except ResourceExpiredError:
+                if options.continue_token is None:
+                    raise
+                page = await lw.list(ListOptions())
+                items = []
+                list_rv = ""
+            items.extend(page.items if transform is None else map(transform, page.items))
+            list_rv = list_rv or page.resource_version
+            if not page.continue_token:
+                return items, list_rv
+            options = ListOptions(limit=options.limit, continue_token=page.continue_token)
 
     def frame_first_list(self, gap_from: str) -> None:
         """Frames the first list as a gap from ``gap_from`` (as a relist after a resume would be):
@@ -583,9 +621,10 @@ class SharedIndexInformer:
             return
         if delta.type is DeltaType.DELETED:
             self._indexer.delete(obj)
-            await distribute(
-                Notification(kind=NotificationKind.DELETE, obj=obj, key=self._key_func(obj)), False
-            )
+            key = self._key_func(obj)
+            if self._diverging:
+                self._diverging.discard(key)
+            await distribute(Notification(kind=NotificationKind.DELETE, obj=obj, key=key), False)
             return
         assert not isinstance(obj, DeletedFinalStateUnknown)
         key = self._key_func(obj)
@@ -599,6 +638,9 @@ class SharedIndexInformer:
             )
             return
         self._indexer.update(obj)
+        forced = bool(self._diverging) and key in self._diverging
+        if forced:
+            self._diverging.discard(key)  # notified now, one way or another
         old_uid, old_rv = object_identity(old)
         new_uid, new_rv = object_identity(obj)
         if self._split_uid_changes and old_uid and new_uid and old_uid != new_uid:
@@ -613,7 +655,7 @@ class SharedIndexInformer:
         # was is a resync, for the listeners due for one. An Added or Updated delta is a change the
         # server sent: every listener gets it, even at an unchanged resourceVersion (a server
         # repeating itself, an object first known from a checkpoint), so nothing is dropped.
-        is_resync = delta.type in _RESYNC_DELTAS and old_rv == new_rv
+        is_resync = delta.type in _RESYNC_DELTAS and old_rv == new_rv and not forced
         await distribute(
             Notification(kind=NotificationKind.UPDATE, obj=obj, old=old, is_resync=is_resync, key=key),
             is_resync,

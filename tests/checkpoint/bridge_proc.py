@@ -43,6 +43,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kafka", help="bootstrap servers (Kafka sink)")
     p.add_argument("--topic", help="Kafka topic")
     p.add_argument("--file", help="JSON-lines file (file sink) when no Kafka is given")
+    p.add_argument("--sink", action="append", default=[], metavar="NAME=KIND:TARGET",
+                   help="a named sink instead of --kafka/--file (repeatable): file:PATH or webhook:URL")
+    p.add_argument("--spill-dir", help="the sinks' spill directory (none by default)")
     p.add_argument("--max-in-flight", type=int, default=32)
     p.add_argument("--buffer", type=int, default=32)
     p.add_argument("--cluster", default="crash")
@@ -58,12 +61,26 @@ async def run(args: argparse.Namespace) -> int:
     ref = ResourceRef(group=api.group, version=api.version, resource=api.resource, kind=api.kind,
                       namespaced=api.namespaced)
     common: dict[str, Any] = {"max_in_flight": args.max_in_flight,
-                              "buffer": {"capacity": args.buffer, "policy": "block"}}
-    if args.kafka:
+                              "buffer": {"capacity": args.buffer,
+                                         "policy": "spill" if args.spill_dir else "block"}}
+    sinks = []
+    for spec in args.sink:
+        name, _, rest = spec.partition("=")
+        kind, _, target = rest.partition(":")
+        if kind == "webhook":
+            sinks.append(create_sink("webhook", name, {"url": target, **common,
+                                                        "retry": {"initial": 0.05, "max": 0.2}}))
+        else:
+            sinks.append(create_sink("file", name, {"path": target, **common}))
+    if sinks:
+        sink = sinks[0]
+    elif args.kafka:
         sink = create_sink("kafka", "kafka", {"brokers": args.kafka, "destination": args.topic,
                                               "linger_ms": 1, **common})
+        sinks = [sink]
     else:
         sink = create_sink("file", "file", {"path": args.file, **common})
+        sinks = [sink]
 
     # As the service runs by default: objects kept as bytes (RawObject) in a compact cache.
     def lister_watcher(k: InformerKey) -> HttpListerWatcher:
@@ -80,9 +97,9 @@ async def run(args: argparse.Namespace) -> int:
     else:
         store = FileCheckpointStore(directory=args.checkpoint_dir)
     pipeline = BridgePipeline(
-        factory=factory, resources=[WatchedResource(key=key, api=api, ref=ref)], sinks=[sink],
+        factory=factory, resources=[WatchedResource(key=key, api=api, ref=ref)], sinks=sinks,
         checkpoint_store=store, cluster=args.cluster,
-        checkpoint_interval=args.checkpoint_interval, clock=clock,
+        checkpoint_interval=args.checkpoint_interval, clock=clock, spill_directory=args.spill_dir,
     )
     stop = asyncio.Event()
     ident = WatchedResource(key=key, api=api, ref=ref).informer_id

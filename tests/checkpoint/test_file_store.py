@@ -16,6 +16,7 @@ from bridge.delivery.checkpoint import (
     CheckpointCorruptError,
     CheckpointStoreError,
     FileCheckpointStore,
+    SinkProgress,
     decode_checkpoint,
     encode_checkpoint,
     informer_id,
@@ -54,7 +55,7 @@ def test_encode_decode_roundtrip() -> None:
         (lambda b: b.replace(b'"42"', b'"43"'), "checksum mismatch"),
         (lambda b: b"garbage", "bad header"),
         (lambda b: b"", "bad header"),
-        (lambda b: b.replace(b"checkpoint 1 ", b"checkpoint 9 "), "format 9 is not supported"),
+        (lambda b: b.replace(b"checkpoint 2 ", b"checkpoint 9 "), "format 9 is not supported"),
     ],
 )
 def test_decode_rejects_damage(mutate: Callable[[bytes], bytes], message: str) -> None:
@@ -127,11 +128,11 @@ def test_roundtrip_keeps_the_delivered_ahead_map() -> None:
     assert back == cp
 
 
-def _sealed(body: dict[str, object]) -> bytes:
+def _sealed(body: dict[str, object], version: int = 1) -> bytes:
     """A checkpoint whose header (length, checksum) is right for ``body``, whatever it holds."""
     raw = orjson.dumps(body)
-    return b"kube-event-bridge-checkpoint 1 %d %s\n%s" % (
-        len(raw), hashlib.sha256(raw).hexdigest().encode(), raw)
+    return b"kube-event-bridge-checkpoint %d %d %s\n%s" % (
+        version, len(raw), hashlib.sha256(raw).hexdigest().encode(), raw)
 
 
 _GOOD: dict[str, object] = {"informer_id": "x", "resource_version": "42", "written_at": 1.0,
@@ -165,3 +166,51 @@ def test_decode_rejects_nonsense_behind_a_valid_checksum(change: dict[str, objec
 def test_a_deleted_ahead_entry_needs_no_uid() -> None:
     cp = decode_checkpoint(_sealed({**_GOOD, "ahead": {"ns/b": ["", "43", True]}}))
     assert cp.ahead == {"ns/b": ("", "43", True)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-sink progress (format 2)
+
+
+def test_roundtrip_keeps_the_per_sink_section_compact() -> None:
+    cp = Checkpoint(informer_id="pods.default.abc", resource_version="42",
+                    objects={"default/a": ("u1", "40"), "default/b": ("u2", "41")},
+                    sinks={"kafka": SinkProgress(),
+                           "fast": SinkProgress(resource_version="50",
+                                                objects={"default/a": ("u1", "48"), "default/b": None,
+                                                         "default/c": ("u3", "49")},
+                                                ahead={"default/d": ("u4", "51", False)})})
+    data = encode_checkpoint(cp)
+    assert b'"kafka":{}' in data  # a sink at the base costs its name
+    assert decode_checkpoint(data) == cp
+
+
+def test_a_format_1_checkpoint_loads_as_every_sink_at_the_base() -> None:
+    cp = decode_checkpoint(_sealed(_GOOD, version=1))
+    assert cp.sinks is None  # the pipeline reads it as: every configured sink, at the base
+    assert cp.format_version == 1
+    # A format-1 body never has a per-sink section, even if it held one.
+    assert decode_checkpoint(_sealed({**_GOOD, "sinks": {"x": {}}}, version=1)).sinks is None
+    assert decode_checkpoint(_sealed({**_GOOD, "sinks": {"x": {}}}, version=2)).sinks == {"x": SinkProgress()}
+
+
+@pytest.mark.parametrize(
+    ("sinks", "message"),
+    [
+        (["kafka"], "per-sink section is malformed"),
+        ({"kafka": []}, "per-sink section 'kafka' is malformed"),
+        ({"": {}}, "per-sink section '' is malformed"),
+        ({"kafka": {"rv": "1"}}, "unknown fields ['rv']"),
+        ({"kafka": {"resource_version": "x"}}, "sink 'kafka': resourceVersion 'x'"),
+        ({"kafka": {"resource_version": "41"}}, "sink 'kafka': resourceVersion 41 is behind the base's 42"),
+        ({"kafka": {"objects": {"ns/a": ["", "40"]}}}, "sink 'kafka': known object 'ns/a' has no uid"),
+        ({"kafka": {"objects": {"ns/a": ["u", "4x"]}}}, "sink 'kafka': known object 'ns/a' has resource"),
+        ({"kafka": {"objects": {"a/b/c": None}}}, "key 'a/b/c'"),
+        ({"kafka": {"ahead": {"ns/b": ["", "43", False]}}}, "delivered-ahead entry 'ns/b' has no"),
+        ({"kafka": {"ahead": {"ns/b": ["u", "43"]}}}, "sink 'kafka': delivered-ahead entry 'ns/b' is malf"),
+    ],
+)
+def test_decode_rejects_a_nonsense_per_sink_section(sinks: object, message: str) -> None:
+    assert decode_checkpoint(_sealed({**_GOOD, "sinks": {"kafka": {}}}, 2)).sinks == {"kafka": SinkProgress()}
+    with pytest.raises(CheckpointCorruptError, match=re.escape(message)):
+        decode_checkpoint(_sealed({**_GOOD, "sinks": sinks}, 2))

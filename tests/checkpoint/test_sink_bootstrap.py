@@ -1,0 +1,303 @@
+"""Issue #13: a sink added to a running deployment is bootstrapped; a sink removed loses its progress.
+
+Real processes: the simulator under churn, the bridge (``tests.checkpoint.bridge_proc``) with file
+sinks, a file checkpoint store and a spill directory.
+
+1. The bridge runs with sink ``a`` under churn, and stops (SIGTERM).
+2. Sink ``b`` is added to the configuration; churn goes on while the bridge is down and after it is
+   back. ``b``'s first record is the ``snapshot.begin`` of its bootstrap snapshot (no change of the
+   resource reaches it before), and replaying ``b`` (snapshot, then changes) gives exactly the
+   simulator's objects, whole (their data, not checkpoint stubs). ``a`` receives no re-sends: every
+   change it holds, counted from its own file, was delivered once, and it got no snapshot.
+3. ``b`` is removed: after the restart the checkpoint no longer has its progress, and its spill
+   directory is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from bridge.clock import RealClock
+from bridge.delivery.checkpoint import FileCheckpointStore, informer_id
+from bridge.delivery.pipeline import BridgePipeline, WatchedResource
+from bridge.informer.factory import InformerKey, SharedInformerFactory
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.discovery import Discovery
+from bridge.kube.listwatch import HttpListerWatcher
+from bridge.sim import Simulator
+from sinks.contract import DeliveryOutcome, EventType, ResourceRef
+from tests.checkpoint.crash_harness import CE_PREFIX, BridgeProcess, Churn, sim_process
+from tests.checkpoint.helpers import RecordingSink
+from tests.checkpoint.helpers import until as wait_until
+
+NS = "boot"
+IDENT = informer_id("configmaps", NS, "", "")
+PATH = f"/api/v1/namespaces/{NS}/configmaps"
+CHANGES = ("added", "updated", "deleted")
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def kind(event: dict[str, Any]) -> str:
+    return str(event["type"]).removeprefix(CE_PREFIX)
+
+
+def consumer_view(events: list[dict[str, Any]]) -> dict[str, tuple[str, str, Any]]:
+    """What a consumer holds after applying the events in order (a snapshot's ``sync`` objects
+    included): uid → (subject, resourceVersion, the ConfigMap's data)."""
+    state: dict[str, tuple[str, str, Any] | None] = {}
+    for e in events:
+        t = kind(e)
+        if t not in (*CHANGES, "sync"):
+            continue
+        state[e["uid"]] = None if t == "deleted" else (e["subject"], e["resourceversion"],
+                                                       (e.get("data") or {}).get("data"))
+    return {u: s for u, s in state.items() if s is not None}
+
+
+async def live(client: ApiClient) -> dict[str, tuple[str, str, Any]]:
+    listed = await client.get(PATH)
+    return {i["metadata"]["uid"]: (f"{NS}/{i['metadata']['name']}", i["metadata"]["resourceVersion"],
+                                   i.get("data")) for i in listed["items"]}
+
+
+async def covered(store: FileCheckpointStore) -> set[str] | None:
+    """The sinks the stored checkpoint covers (None: no checkpoint, or one without the section)."""
+    cp = await store.load(IDENT)
+    return None if cp is None or cp.sinks is None else set(cp.sinks)
+
+
+async def until(predicate: Any, timeout: float, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not await predicate():
+        assert loop.time() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_a_new_sink_is_bootstrapped_and_a_removed_one_forgotten(tmp_path: Path) -> None:
+    out_a, out_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    spill = tmp_path / "spill"
+    store = FileCheckpointStore(directory=tmp_path / "ckpt")
+
+    def args(*sinks: str) -> list[str]:
+        return ["--kubeconfig", str(kubeconfig), "--resource", "configmaps", "--namespace", NS,
+                "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "0.1",
+                "--spill-dir", str(spill), *(f"--sink={s}" for s in sinks)]
+
+    async def checkpoint_at(rv: str) -> bool:
+        cp = await store.load(IDENT)
+        return cp is not None and int(cp.resource_version) >= int(rv)
+
+    async with contextlib.AsyncExitStack() as stack:
+        _, kubeconfig = await stack.enter_async_context(sim_process(tmp_path, namespaces=(NS,)))
+        client = ApiClient.from_kubeconfig(str(kubeconfig))
+        stack.push_async_callback(client.close)
+        churn = Churn(client=client, namespace=NS, rate=100.0, seed=13)
+        churn_task = asyncio.create_task(churn.run(), name="bootstrap-churn")
+        stack.callback(churn.stop)
+        with_a = BridgeProcess(args(f"a=file:{out_a}"), log=tmp_path / "bridge.log")
+        stack.push_async_callback(with_a.kill)
+        await asyncio.sleep(0.5)  # objects exist before the bridge's first list
+        await with_a.start()
+        await with_a.wait_synced()
+        listed_by_a = len(churn.produced)  # the changes before were coalesced by a's first list
+        await asyncio.sleep(1.5)
+        await with_a.stop()
+        assert await covered(store) == {"a"}
+        a_before = len(read_events(out_a))
+
+        await asyncio.sleep(0.5)  # changes while the bridge is down
+        with_b = BridgeProcess(args(f"a=file:{out_a}", f"b=file:{out_b}"), log=tmp_path / "bridge.log")
+        stack.push_async_callback(with_b.kill)
+        await with_b.start()
+        await with_b.wait_synced()
+        await asyncio.sleep(1.5)
+        churn.stop()
+        await churn_task
+        await until(lambda: checkpoint_at(churn.last_rv), 30, "a checkpoint covering every change")
+
+        async def b_covered() -> bool:
+            return await covered(store) == {"a", "b"}
+
+        await until(b_covered, 10, "the checkpoint to cover b once bootstrapped")
+        await with_b.stop()
+        final = await live(client)
+        assert any(d.name.startswith("b-") for d in spill.iterdir())
+
+        # b: the snapshot first, whole objects, then the changes; together the simulator's state.
+        b = read_events(out_b)
+        assert kind(b[0]) == "snapshot.begin", [kind(e) for e in b[:3]]
+        end = next(i for i, e in enumerate(b) if kind(e) == "snapshot.end")
+        snapshot = b[1:end]
+        assert snapshot
+        assert all(kind(e) == "sync" for e in snapshot)
+        assert all((e.get("data") or {}).get("data") for e in snapshot)  # whole objects, not stubs
+        assert any(kind(e) in CHANGES for e in b[end + 1:])  # then the live stream
+        assert consumer_view(b) == final
+
+        # a: nothing re-sent by b's arrival (or by the restart), no snapshot; its own view is right.
+        a = read_events(out_a)
+        assert len(a) > a_before
+        assert not any(kind(e).startswith("snapshot") for e in a)
+        counts = collections.Counter((kind(e), e["uid"], e["resourceversion"]) for e in a
+                                     if kind(e) in CHANGES)
+        resent = {k: n for k, n in counts.items() if n > 1}
+        assert not resent, f"{len(resent)} changes sent to a more than once, e.g. {list(resent)[:5]}"
+        assert consumer_view(a) == final
+        produced = {(t, u, rv) for t, _, u, rv in churn.produced[listed_by_a:]}
+        assert produced <= set(counts)  # a missed nothing either
+
+        # b removed: its progress goes at the next checkpoint write, its spill at start.
+        only_a = BridgeProcess(args(f"a=file:{out_a}"), log=tmp_path / "bridge.log")
+        stack.push_async_callback(only_a.kill)
+        await only_a.start()
+        await only_a.wait_synced()
+
+        async def b_forgotten() -> bool:
+            return await covered(store) == {"a"}
+
+        await until(b_forgotten, 10, "the checkpoint to drop b's progress")
+        assert not any(d.name.startswith("b-") for d in spill.iterdir())
+        await only_a.stop()
+        assert len(read_events(out_a)) == len(a)  # nothing happened meanwhile, nothing re-sent
+
+
+# --------------------------------------------------------------------------------------------------
+# In-process, against the simulator over HTTP: the details of the bootstrap.
+
+
+async def _pipeline(client: ApiClient, ckpt: Path, sinks: list[RecordingSink]) -> BridgePipeline:
+    api = await Discovery(client=client).resolve("configmaps")
+    key = InformerKey("configmaps", namespace=NS)
+    ref = ResourceRef(group="", version="v1", resource="configmaps", kind="ConfigMap")
+    factory = SharedInformerFactory(
+        lister_watcher_factory=lambda k: HttpListerWatcher(client=client, resource=api,
+                                                           namespace=k.namespace, raw_objects=True,
+                                                           drop_managed_fields=True),
+        clock=RealClock(), compact_cache=True)
+    return BridgePipeline(factory=factory, resources=[WatchedResource(key=key, api=api, ref=ref)],
+                          sinks=sinks, checkpoint_store=FileCheckpointStore(directory=ckpt),
+                          checkpoint_interval=0.05, cluster="sim")
+
+
+async def _run_once(client: ApiClient, ckpt: Path, sinks: list[RecordingSink],
+                    until_done: Any) -> None:
+    p = await _pipeline(client, ckpt, sinks)
+    await p.start()
+    try:
+        assert await p.wait_for_sync(10)
+        await wait_until(until_done, what="the run's events")
+        tracker = p.tracker(IDENT)
+        await wait_until(lambda: not tracker.pending and tracker.lag == 0, what="everything acked")
+    finally:
+        await p.shutdown(5)
+
+
+async def test_unchanged_objects_are_snapshotted_whole_at_once(tmp_path: Path) -> None:
+    """Nothing changed while the bridge was down: every checkpoint stub has its listed twin, so the
+    snapshot goes out at once (no bookmark nor change is needed to move the informer), with whole
+    objects; the old sink receives nothing; a sink section is written for the new one."""
+    sim = Simulator(bookmark_interval=3600, namespaces=("default", NS))
+    await sim.start()
+    client = ApiClient.from_kubeconfig(str(sim.write_kubeconfig(tmp_path / "kc")))
+    try:
+        for i in range(5):
+            await client.create(PATH, {"metadata": {"name": f"o{i}"}, "data": {"v": str(i)}})
+        a = RecordingSink("a")
+        await _run_once(client, tmp_path / "ckpt", [a], lambda: len(a.events) == 5)
+        a2, b = RecordingSink("a"), RecordingSink("b")
+        await _run_once(client, tmp_path / "ckpt", [a2, b], lambda: len(b.events) == 7)
+        assert a2.events == []
+        assert [e.type for e in b.events] == [EventType.SNAPSHOT_BEGIN, *[EventType.SYNC] * 5,
+                                              EventType.SNAPSHOT_END]
+        assert sorted((e.name, e.obj["data"]["v"]) for e in b.events[1:-1]  # type: ignore[index]
+                      ) == [(f"o{i}", str(i)) for i in range(5)]
+        assert await covered(FileCheckpointStore(directory=tmp_path / "ckpt")) == {"a", "b"}
+        # Once covered, b is not bootstrapped again.
+        a3, b3 = RecordingSink("a"), RecordingSink("b")
+        await client.create(PATH, {"metadata": {"name": "later"}})
+        await _run_once(client, tmp_path / "ckpt", [a3, b3], lambda: len(b3.events) == 1)
+        assert [e.type for e in b3.events] == [e.type for e in a3.events] == [EventType.ADDED]
+    finally:
+        await client.close()
+        await sim.stop()
+
+
+async def test_a_sink_not_yet_bootstrapped_at_a_crash_is_bootstrapped_again(tmp_path: Path) -> None:
+    """The checkpoint covers a new sink only once it acknowledged its whole snapshot: a sink that
+    never acknowledged it (down, or the bridge crashed first) has no progress after the restart and
+    gets the snapshot again, while the old sink's progress moved on meanwhile."""
+    sim = Simulator(bookmark_interval=0.2, namespaces=("default", NS))
+    await sim.start()
+    client = ApiClient.from_kubeconfig(str(sim.write_kubeconfig(tmp_path / "kc")))
+    store = FileCheckpointStore(directory=tmp_path / "ckpt")
+    try:
+        for i in range(3):
+            await client.create(PATH, {"metadata": {"name": f"o{i}"}})
+        a = RecordingSink("a")
+        await _run_once(client, tmp_path / "ckpt", [a], lambda: len(a.events) == 3)
+        a2, b = RecordingSink("a"), RecordingSink("b", auto_ack=False)
+        p = await _pipeline(client, tmp_path / "ckpt", [a2, b])
+        await p.start()
+        try:
+            await wait_until(lambda: len(b.unacked) == 5, what="b's snapshot, unacknowledged")
+            await client.create(PATH, {"metadata": {"name": "new"}})
+            await wait_until(lambda: len(a2.events) == 1, what="a's add")
+            await wait_until(lambda: len(b.unacked) == 6, what="b's add, after its snapshot")
+            assert b.unacked[4][0].type is EventType.SNAPSHOT_END
+            for i, (_, ack) in enumerate(b.unacked):
+                if i != 4:  # all but the snapshot's end
+                    ack(DeliveryOutcome.DELIVERED)
+            await p.write_checkpoints()
+        finally:
+            await p.abort()
+        assert await covered(store) == {"a"}
+        a3, b3 = RecordingSink("a"), RecordingSink("b")
+        await _run_once(client, tmp_path / "ckpt", [a3, b3], lambda: len(b3.events) >= 6)
+        assert b3.events[0].type == EventType.SNAPSHOT_BEGIN
+        assert sorted(e.name for e in b3.events if e.type is EventType.SYNC) == ["new", "o0", "o1", "o2"]
+        assert await covered(store) == {"a", "b"}
+    finally:
+        await client.close()
+        await sim.stop()
+
+
+async def test_a_format_1_checkpoint_covers_every_configured_sink(tmp_path: Path) -> None:
+    """A checkpoint written before progress was per sink has no per-sink section: every configured
+    sink resumes at its base, none is bootstrapped (nothing re-sent to any)."""
+    sim = Simulator(bookmark_interval=0.2, namespaces=("default", NS))
+    await sim.start()
+    client = ApiClient.from_kubeconfig(str(sim.write_kubeconfig(tmp_path / "kc")))
+    store = FileCheckpointStore(directory=tmp_path / "ckpt")
+    try:
+        for i in range(3):
+            await client.create(PATH, {"metadata": {"name": f"o{i}"}})
+        a = RecordingSink("a")
+        await _run_once(client, tmp_path / "ckpt", [a], lambda: len(a.events) == 3)
+        cp = await store.load(IDENT)
+        assert cp is not None
+        await store.save(dataclasses.replace(cp, sinks=None))  # as format 1 wrote it
+        a2, b = RecordingSink("a"), RecordingSink("b")
+        await client.create(PATH, {"metadata": {"name": "later"}})
+        await _run_once(client, tmp_path / "ckpt", [a2, b], lambda: len(b.events) == 1)
+        assert [(e.type, e.name) for e in b.events] == [(e.type, e.name) for e in a2.events] \
+            == [(EventType.ADDED, "later")]
+        assert await covered(store) == {"a", "b"}
+    finally:
+        await client.close()
+        await sim.stop()
