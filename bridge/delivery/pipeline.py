@@ -975,9 +975,13 @@ class BridgePipeline:
             bootstrap = (functools.partial(self._bootstrapped, inf, sink.name)
                          if sink.name in inf.bootstrapping else None)
             own: SinkResume | None = None
-            if checkpoint is not None and union_only and sink.name not in inf.bootstrapping \
-                    and sink.name not in inf.own_progress:
-                # At the base, yet the cache holds objects only other sinks know: this one does not.
+            # After a reshard: where this sink acknowledged more of some objects (those of a
+            # checkpoint where its own point was later) than the merged resume points say.
+            floor = handover.plan.sink_floor(sink.name) if handover is not None else None
+            if checkpoint is not None and (union_only or floor is not None) \
+                    and sink.name not in inf.bootstrapping and sink.name not in inf.own_progress:
+                # At the base, yet the cache holds objects only other sinks know: this one does not
+                # (or it has floors of its own).
                 inf.own_progress[sink.name] = (int(checkpoint.resource_version), {})
             if sink.name in inf.own_progress and sink.name not in inf.bootstrapping:
                 own_rv, own_known = inf.own_progress[sink.name]
@@ -990,7 +994,10 @@ class BridgePipeline:
                             and int(stub_rv) <= own_rv:
                         own_known[key] = ("", -1, True)
                 own = SinkResume(resource_version=own_rv, known=own_known,
-                                 api_version=watched.ref.api_version, kind=watched.ref.kind)
+                                 api_version=watched.ref.api_version, kind=watched.ref.kind,
+                                 floor=floor, floor_max=max(
+                                     (handover.plan.sink_floors.get(sink.name, {}).values()
+                                      if handover is not None else ()), default=0))
                 log.info("sink %s resumes from its own resourceVersion %d (%d objects where it differs "
                          "from the slowest sink's)", sink.name, own_rv, len(own_known),
                          extra={"sink": sink.name, "informer": ident, "resource": watched.ref.qualified})
@@ -1001,7 +1008,7 @@ class BridgePipeline:
                                            else (watched.shard.ordinal, watched.shard.total)),
                                     bootstrap=bootstrap, own_progress=own)
             if own is not None:
-                tracker.thresholds.append((own.resource_version, listener.own_progress_passed))
+                tracker.thresholds.append((own.passed_at, listener.own_progress_passed))
             reg = informer.add_event_handler(listener, _listener_options(sink, self._spill_directory,
                                                                          ident))
             inf.registrations[sink.name] = reg

@@ -28,6 +28,17 @@ filtered and merged the same way:
 * If some residue this shard owns is covered by no checkpoint at all while others are (a shard of the
   old generation never wrote one), the shard cannot know what was delivered there: it lists from
   scratch, as with a corrupt checkpoint, and says so.
+* **Per-sink progress** (format 2, :attr:`~bridge.delivery.checkpoint.Checkpoint.sinks`) moves with
+  the objects: each sink's differences from the base (its known objects, the objects it knows are
+  gone, its delivered-ahead entries) are filtered by the same uid ownership, and merged across the
+  checkpoints taken from. A sink's resume point after merging is the oldest among its resume points
+  in what was taken (every change after it is replayed, none missed); what it acknowledged beyond it
+  in a checkpoint whose own point was later is kept per object (a delete it saw becomes an entry
+  "gone at that checkpoint's point"), so its filter skips the replay of what it has: it re-sends
+  nothing the floors and its own knowledge cover. A sink is covered by the merged checkpoint only if
+  every checkpoint taken from covers it (a format-1 checkpoint covers every sink, at its base); one
+  that some checkpoint does not cover (it was being bootstrapped there) is bootstrapped again: a
+  snapshot, never a gap.
 
 The clean-up rule (:func:`stale_ready`): the checkpoints (and journals) of other generations are
 removed by shard 0 of the current one once every shard of the current generation has written a
@@ -46,7 +57,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from bridge.delivery.checkpoint import Checkpoint, CheckpointStore
+from bridge.delivery.checkpoint import Checkpoint, CheckpointStore, SinkProgress
 from bridge.delivery.journal import JournalEntry, KnownObjectJournal
 from bridge.kube.sharding import ShardFilter, shard_residue
 
@@ -91,14 +102,38 @@ def parse_shard_id(base: str, ident: str) -> tuple[int, int] | None:
 
 def filter_checkpoint(cp: Checkpoint, keep: Callable[[str], bool], *, informer_id: str | None = None
                       ) -> Checkpoint:
-    """``cp`` with only the objects (and delivered-ahead entries) whose uid ``keep`` accepts. An
-    ahead entry without uid (a delete recorded by key alone) is kept: it only tells that changes of
-    that key up to its resourceVersion were delivered, which is true wherever it is kept."""
+    """``cp`` with only the objects (and delivered-ahead entries) whose uid ``keep`` accepts, in the
+    base and in every sink's section. An ahead entry without uid (a delete recorded by key alone) is
+    kept: it only tells that changes of that key up to its resourceVersion were delivered, which is
+    true wherever it is kept. A sink's "gone" entry (a key the base knows and the sink saw deleted)
+    follows the base's object of that key."""
     objects = {k: v for k, v in cp.objects.items() if keep(v[0])}
     ahead = {k: v for k, v in cp.ahead.items() if not v[0] or keep(v[0])}
-    # replace(): any other section a checkpoint holds is carried (per-sink progress, when it comes,
-    # is filtered here the same way: by the uid of each entry).
-    return dataclasses.replace(cp, informer_id=informer_id or cp.informer_id, objects=objects, ahead=ahead)
+    sinks = None
+    if cp.sinks is not None:
+        sinks = {name: _filter_progress(p, keep, cp) for name, p in cp.sinks.items()}
+    # replace(): any other field a checkpoint holds is carried.
+    return dataclasses.replace(cp, informer_id=informer_id or cp.informer_id, objects=objects,
+                               ahead=ahead, sinks=sinks)
+
+
+def _base_uid(cp: Checkpoint, key: str) -> str:
+    """The uid of what the base knows of ``key`` (its delivered-ahead change, else its index entry)."""
+    a = cp.ahead.get(key)
+    if a is not None:
+        return a[0]
+    entry = cp.objects.get(key)
+    return entry[0] if entry is not None else ""
+
+
+def _filter_progress(p: SinkProgress, keep: Callable[[str], bool], cp: Checkpoint) -> SinkProgress:
+    objects: dict[str, tuple[str, str] | None] = {}
+    for k, v in p.objects.items():
+        uid = _base_uid(cp, k) if v is None else v[0]
+        if uid and keep(uid):
+            objects[k] = v
+    ahead = {k: a for k, a in p.ahead.items() if not a[0] or keep(a[0])}
+    return SinkProgress(resource_version=p.resource_version, objects=objects, ahead=ahead)
 
 
 def _newer(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
@@ -108,7 +143,9 @@ def _newer(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
 def merge_checkpoints(informer_id: str, parts: Iterable[Checkpoint]) -> Checkpoint | None:
     """One checkpoint from several (each already filtered to disjoint objects): resumes from the
     oldest resourceVersion; objects and ahead entries united (on a key known to two of them, as an
-    object deleted and created again under the same name in two shards, the newer entry wins)."""
+    object deleted and created again under the same name in two shards, the newer entry wins). Per
+    sink likewise: its resume point the oldest of its own points in the parts, its differences
+    united (see the module docs)."""
     parts = list(parts)
     if not parts:
         return None
@@ -125,7 +162,62 @@ def merge_checkpoints(informer_id: str, parts: Iterable[Checkpoint]) -> Checkpoi
     # An ahead entry at or below the merged resume point says nothing more than the index.
     ahead = {k: a for k, a in ahead.items() if int(a[1]) > int(rv) or k not in objects}
     return Checkpoint(informer_id=informer_id, resource_version=rv, objects=objects,
-                      written_at=max(cp.written_at for cp in parts), ahead=ahead)
+                      written_at=max(cp.written_at for cp in parts), ahead=ahead,
+                      sinks=_merge_sinks(parts, int(rv)))
+
+
+def _merge_sinks(parts: list[Checkpoint], base_rv: int) -> dict[str, SinkProgress] | None:
+    """The per-sink sections of a merge (see :func:`merge_checkpoints`); None when every part is a
+    format-1 checkpoint (which covers every configured sink, at its base)."""
+    sectioned = [cp.sinks for cp in parts if cp.sinks is not None]
+    if not sectioned:
+        return None
+    # A sink is covered only where every part covers it: a part that does not (the sink was being
+    # bootstrapped there) has no progress of it, so it is bootstrapped again.
+    names = set.intersection(*(set(s) for s in sectioned))
+    merged: dict[str, SinkProgress] = {}
+    for name in sorted(names):
+        # Each part's view of the sink: its own resume point (a format-1 part: at its base).
+        views = [(int(p.resource_version or cp.resource_version), p)
+                 for cp in parts for p in [(cp.sinks or {}).get(name, SinkProgress())]]
+        merged[name] = _merge_progress(views, base_rv)
+    return merged
+
+
+def _merge_progress(views: list[tuple[int, SinkProgress]], base_rv: int) -> SinkProgress:
+    """One sink's progress from its progress in each part ((its own resume point there, its
+    section)), relative to the merged base at ``base_rv``."""
+    rv = min(own_rv for own_rv, _ in views)
+    known: dict[str, tuple[str, int, bool]] = {}
+    """Per object, the newest thing the sink acknowledged: (uid, resourceVersion, deleted)."""
+    gone: set[str] = set()
+    """Keys the base knows and the sink saw deleted, at or before its merged resume point."""
+
+    def note(key: str, entry: tuple[str, int, bool]) -> None:
+        if key not in known or entry[1] > known[key][1]:
+            known[key] = entry
+            gone.discard(key)
+
+    for own_rv, p in views:
+        for k, v in p.objects.items():
+            if v is not None:
+                note(k, (v[0], int(v[1]), False))
+            elif own_rv > rv:
+                # Seen deleted at or before this part's own point, later than the merged one: said
+                # explicitly, so that the replay of the object's older changes is skipped.
+                note(k, ("", own_rv, True))
+            elif k not in known:
+                gone.add(k)
+        for k, (uid, a_rv, deleted) in p.ahead.items():
+            note(k, (uid, int(a_rv), deleted))
+    objects: dict[str, tuple[str, str] | None] = dict.fromkeys(sorted(gone))
+    ahead: dict[str, tuple[str, str, bool]] = {}
+    for k, (uid, k_rv, deleted) in known.items():
+        if not deleted and k_rv <= rv:
+            objects[k] = (uid, str(k_rv))
+        else:
+            ahead[k] = (uid, str(k_rv), deleted)
+    return SinkProgress(resource_version=str(rv) if rv > base_rv else "", objects=objects, ahead=ahead)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +237,21 @@ class Handover:
     """Residue → the id of the authoritative checkpoint."""
     incomplete: bool = False
     """Some owned residue was covered by no checkpoint while others were: listing from scratch."""
+    sink_floors: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    """Sink → residue → resourceVersion up to which that sink acknowledged the residue's changes,
+    where it is beyond :attr:`floors` (a sink ahead of the slowest one in some checkpoint)."""
+
+    def sink_floor(self, sink: str) -> Callable[[str], int] | None:
+        """The sink's floor of an object (by uid), or None when it has none beyond :attr:`floors`."""
+        table = self.sink_floors.get(sink)
+        if not table:
+            return None
+        modulus = self.modulus
+
+        def floor(uid: str) -> int:
+            return table.get(shard_residue(uid, modulus), 0) if uid else 0
+
+        return floor
 
     def takes(self, source: str) -> Callable[[str], bool]:
         """Whether an object (by uid) of ``source`` is this shard's, from ``source``."""
@@ -202,8 +309,32 @@ def plan_handover(*, base: str, shard: ShardFilter, stored: Mapping[str, Checkpo
     sources = tuple(sorted(set(owner.values())))
     parts = [filter_checkpoint(stored[s], plan.takes(s), informer_id=own) for s in sources]
     merged = merge_checkpoints(own, parts)
+    sink_floors: dict[str, dict[int, int]] = {}
+    for name in (merged.sinks or {}) if merged is not None else ():
+        table: dict[int, int] = {}
+        for r in owner:
+            # As the floors: what the sink acknowledged in any checkpoint covering the residue (and
+            # covering the sink: a format-1 checkpoint covers every sink, at its base).
+            covering = [(t, r % t) for t in order if r % t in generations[t]]
+            own_rvs = [_sink_rv(generations[t][o], name) for t, o in covering]
+            best = max((v for v in own_rvs if v is not None), default=0)
+            if best > floors[r]:
+                table[r] = best
+        if table:
+            sink_floors[name] = table
     return Handover(checkpoint=merged, sources=sources, stale=stale, modulus=modulus, floors=floors,
-                    owner=owner)
+                    owner=owner, sink_floors=sink_floors)
+
+
+def _sink_rv(cp: Checkpoint, sink: str) -> int | None:
+    """The sink's own resume point in ``cp`` (its base when at the base or format 1); None when
+    ``cp`` does not cover the sink."""
+    if cp.sinks is None:
+        return int(cp.resource_version)
+    progress = cp.sinks.get(sink)
+    if progress is None:
+        return None
+    return int(progress.resource_version or cp.resource_version)
 
 
 async def _journal_entries(store: CheckpointStore, ident: str, checkpoint: Checkpoint
@@ -281,8 +412,11 @@ async def stale_ready(store: CheckpointStore, *, base: str, shard: ShardFilter,
         if cp is None:
             continue
         entries = await _journal_entries(store, ident, cp)
+        sinks = (cp.sinks or {}).values()
         high = max([high, int(cp.resource_version), *(int(a[1]) for a in cp.ahead.values()),
-                    *(int(e.resource_version) for e in entries.values())])
+                    *(int(e.resource_version) for e in entries.values()),
+                    *(int(p.resource_version) for p in sinks if p.resource_version),
+                    *(int(a[1]) for p in sinks for a in p.ahead.values())])
     for o in range(shard.total):
         cp = await peek(shard_id(base, o, shard.total))
         if cp is None or int(cp.resource_version) < high:

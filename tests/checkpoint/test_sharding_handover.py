@@ -5,6 +5,7 @@ twice, no spurious ``added``; and the take-over as a function over checkpoints (
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,13 @@ import orjson
 import pytest
 
 from bridge.clock import RealClock
-from bridge.delivery.checkpoint import Checkpoint, CheckpointStore, FileCheckpointStore, informer_id
+from bridge.delivery.checkpoint import (
+    Checkpoint,
+    CheckpointStore,
+    FileCheckpointStore,
+    SinkProgress,
+    informer_id,
+)
 from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource, http_informer_builder
 from bridge.delivery.sharding import (
@@ -91,7 +98,7 @@ async def shard(client: ApiClient, ckpt: Path, ordinal: int, total: int
     ref = ResourceRef(group="", version="v1", resource="configmaps", kind="ConfigMap")
     watched = WatchedResource(key=InformerKey("configmaps", namespace=NS), api=api, ref=ref,
                               shard=ShardFilter(ordinal=ordinal, total=total))
-    sink = RecordingSink(f"rec-{ordinal}-of-{total}")
+    sink = RecordingSink("rec")  # one configuration for every shard: its progress moves with them
     pipeline = BridgePipeline(
         build_informer=http_informer_builder(client=client, clock=RealClock(), compact_cache=True),
         resources=[watched], sinks=[sink], checkpoint_store=store_for(client, ckpt),
@@ -295,6 +302,63 @@ def test_filter_and_merge() -> None:
     assert dict(merged.objects) == {"ns/x": ("ux2", "105")}  # the newer one on a key both know
 
 
+def test_filter_and_merge_per_sink_sections() -> None:
+    """Each sink's differences are filtered by the uid of the object they are about (a "gone" entry by
+    the base's object of its key) and merged: the sink resumes from its oldest own point, what it
+    knew beyond it elsewhere is kept per object, and it stays covered only where every part covers
+    it."""
+    a = dataclasses.replace(
+        cp("a", "100", {"ns/x": ("ux", "90"), "ns/y": ("uy", "95"), "ns/v": ("uv", "80")}),
+        sinks={"fast": SinkProgress(resource_version="150", objects={"ns/x": ("ux", "140"), "ns/y": None,
+                                                                     "ns/v": None},
+                                    ahead={"ns/n": ("un", "160", False)}),
+               "slow": SinkProgress(), "new": SinkProgress()})
+    kept = filter_checkpoint(a, lambda uid: uid not in ("uy", "un"))
+    assert kept.sinks is not None
+    assert dict(kept.sinks["fast"].objects) == {"ns/x": ("ux", "140"), "ns/v": None}  # not y's
+    assert dict(kept.sinks["fast"].ahead) == {}
+    b = dataclasses.replace(cp("b", "110", {"ns/p": ("up", "105"), "ns/q": ("uq", "107")}),
+                            sinks={"fast": SinkProgress(resource_version="120", objects={"ns/q": None}),
+                                   "slow": SinkProgress()})
+    merged = merge_checkpoints("m", [kept, b])
+    assert merged is not None
+    assert merged.sinks is not None
+    assert set(merged.sinks) == {"fast", "slow"}  # "new" is not covered by b: bootstrapped again
+    assert merged.sinks["slow"].at_base
+    fast = merged.sinks["fast"]
+    assert fast.resource_version == "120"  # its oldest own point
+    assert dict(fast.objects) == {"ns/q": None}  # gone at b's own point, which is the merged one
+    # What it knew beyond 120 in a: x at 140, v gone at a's own point 150.
+    assert dict(fast.ahead) == {"ns/x": ("ux", "140", False), "ns/v": ("", "150", True)}
+    # Format-1 parts cover every sink at their base.
+    old = merge_checkpoints("m", [cp("c", "90", {"ns/r": ("ur", "85")}), b])
+    assert old is not None
+    assert old.sinks is not None
+    assert set(old.sinks) == {"fast", "slow"}
+    assert old.sinks["fast"].resource_version == ""  # 90, the base of the format-1 part
+    assert merge_checkpoints("m", [cp("c", "90", {}), cp("d", "95", {})]).sinks is None  # type: ignore[union-attr]
+
+
+def test_a_sink_ahead_somewhere_keeps_its_floors_per_residue() -> None:
+    """Where a sink's own point was beyond the base in the checkpoint a residue comes from, the plan
+    keeps it, per residue: the sink's listener skips the replay of what it had acknowledged there."""
+    stored = {shard_id("b", o, 2): dataclasses.replace(
+        cp(shard_id("b", o, 2), "100", {}, written_at=1.0 + o),
+        sinks={"fast": SinkProgress(resource_version=str(200 + 50 * o)), "slow": SinkProgress()})
+        for o in range(2)}
+    plan = plan_handover(base="b", shard=ShardFilter(ordinal=0, total=1), stored=stored)
+    assert plan.checkpoint is not None
+    assert plan.checkpoint.sinks is not None
+    assert plan.checkpoint.sinks["fast"].resource_version == "200"
+    assert dict(plan.sink_floors["fast"]) == {0: 200, 1: 250}
+    assert "slow" not in plan.sink_floors
+    floor = plan.sink_floor("fast")
+    assert floor is not None
+    assert {floor(u) for u in UIDS} == {200, 250}
+    assert all(floor(u) == 200 + 50 * shard_of(u, 2) for u in UIDS)
+    assert plan.sink_floor("slow") is None
+
+
 async def test_file_store_lists_and_removes(tmp_path: Path) -> None:
     store = FileCheckpointStore(directory=tmp_path)
     for ident in ("b", "b.shard-0-of-2", "b.shard-1-of-2", "c"):
@@ -364,3 +428,125 @@ async def test_a_fenced_take_over_reads_other_shards_journals(sim: ApiClient) ->
     out = await take_over(new, base=BASE, shard=ShardFilter(ordinal=0, total=1))
     assert out.plan.sources == (shard_id(BASE, 0, 2), shard_id(BASE, 1, 2))
     assert {uid: int(e.resource_version) for uid, e in out.adopted.items()} == late
+
+
+async def two_sink_shard(client: ApiClient, ckpt: Path, ordinal: int, total: int, *, interval: float
+                         ) -> tuple[BridgePipeline, RecordingSink, RecordingSink]:
+    """A shard with two sinks, ``fast`` and ``slow`` (each may hold back its acks), whose backlog
+    never holds the informer."""
+    api = await Discovery(client=client).resolve("configmaps")
+    ref = ResourceRef(group="", version="v1", resource="configmaps", kind="ConfigMap")
+    watched = WatchedResource(key=InformerKey("configmaps", namespace=NS), api=api, ref=ref,
+                              shard=ShardFilter(ordinal=ordinal, total=total))
+    fast, slow = RecordingSink("fast"), RecordingSink("slow")
+    for sink in (fast, slow):
+        sink.overflow_policy = "spill"  # memory only: no spill directory
+    pipeline = BridgePipeline(
+        build_informer=http_informer_builder(client=client, clock=RealClock(), compact_cache=True),
+        resources=[watched], sinks=[fast, slow], checkpoint_store=store_for(client, ckpt),
+        checkpoint_interval=interval, cluster="sim")
+    await pipeline.start()
+    assert await pipeline.wait_for_sync(10)
+    return pipeline, fast, slow
+
+
+async def crash_with_fast_at(p: BridgePipeline, ckpt: Path, rv: int) -> Checkpoint:
+    """Once the fast sink's own progress (what the checkpoint writer computes) is at ``rv``, writes a
+    checkpoint and crashes the shard (nothing drained, nothing flushed). Returns that checkpoint."""
+    (ident,) = p.informers
+    tracker = p.tracker(ident)
+    # A fresh shard: the fast sink had no progress of its own at start (floor 0, nothing known).
+    await until(lambda: tracker.listener_state("fast", 0, {})[0] >= rv, what=f"fast's progress at {rv}")
+    assert await p.write_checkpoints() == 1
+    await p.abort()
+    cp = await FileCheckpointStore(directory=ckpt).load(ident)
+    assert cp is not None
+    return cp
+
+
+def acked(sink: RecordingSink) -> set[tuple[str, str, str]]:
+    """The changes a sink acknowledged (received, not left unacknowledged)."""
+    held = {id(e) for e, _ in sink.unacked}
+    return {(e.type.value, e.uid, e.resource_version) for e in sink.events
+            if e.type in CHANGES and id(e) not in held}
+
+
+async def test_reshard_with_two_sinks_far_apart(sim: ApiClient, tmp_path: Path) -> None:
+    """Per-sink progress across a reshard (2 → 1). ``slow`` stops acknowledging right after the
+    initial list in both old shards; ``fast`` acknowledges everything. Shard 0 crashes after a first
+    batch of changes, shard 1 after a second one (updates, creations, deletions, an object created
+    and deleted, a base object updated then deleted), each right after a checkpoint write holding
+    fast's own progress. The shard that takes both over resumes the watch from the oldest base
+    (slow's); each sink must then receive exactly what it did not acknowledge: fast nothing it had
+    (its own progress from the older checkpoint is the merged resume point, and what it acknowledged
+    beyond it in the other one is kept per object), slow every change it missed, deletes
+    included, once."""
+    ckpt = tmp_path / "ckpt"
+    ledger = Ledger(sim)
+    for i in range(12):
+        await ledger.create(f"cm-{i}")
+    old = [await two_sink_shard(sim, ckpt, o, 2, interval=3600) for o in range(2)]
+    await until(lambda: sum(len(changes(f)) for _, f, _ in old) == 12
+                and sum(len(changes(s)) for _, _, s in old) == 12, what="the initial adds")
+    for _, _, slow in old:
+        slow.auto_ack = False  # far behind from here on
+    # Batch 1, seen by both shards.
+    for i in range(0, 8):
+        await ledger.update(f"cm-{i}", "1")
+    for i in (12, 13):
+        await ledger.create(f"cm-{i}")
+    await ledger.delete("cm-0")
+    await ledger.delete("cm-12")  # created and deleted within the batch
+    batch1_end = ledger.last_rv
+    first = await crash_with_fast_at(old[0][0], ckpt, batch1_end)
+    # Batch 2, seen by shard 1 only (shard 0 is down): its objects' changes are known to fast
+    # beyond the older checkpoint's point; shard 0's are replayed to both sinks after the reshard.
+    for i in range(1, 6):
+        await ledger.update(f"cm-{i}", "2")
+    for i in (14, 15, 16):
+        await ledger.create(f"cm-{i}")
+    await ledger.delete("cm-14")
+    await ledger.delete("cm-2")  # a base object, updated in both batches, then deleted
+    await ledger.delete("cm-13")  # created in batch 1, deleted in batch 2
+    second = await crash_with_fast_at(old[1][0], ckpt, ledger.last_rv)
+    # The checkpoints: slow at the base (the initial list), fast far ahead, the two apart.
+    assert first.sinks is not None
+    assert second.sinks is not None
+    assert first.sinks["slow"].at_base
+    assert second.sinks["slow"].at_base
+    fast_rvs = [int(cp.sinks["fast"].resource_version) for cp in (first, second) if cp.sinks]
+    assert fast_rvs[0] >= batch1_end > int(first.resource_version)
+    assert fast_rvs[1] >= ledger.last_rv > fast_rvs[0]
+    before = {name: set().union(*(acked(sinks[i]) for _, *sinks in old))
+              for i, name in enumerate(("fast", "slow"))}
+    assert before["slow"] == {c for c in ledger.made[:12]}  # the initial adds only
+    assert {c for c in ledger.made if shard_of(c[1], 2) == 1} <= before["fast"]
+    # While every shard is down: a delete of an object both sinks know.
+    await ledger.delete("cm-9")
+    down_end = len(ledger.made)
+
+    p, fast, slow = await two_sink_shard(sim, ckpt, 0, 1, interval=0.05)
+    await ledger.update("cm-10", "3")
+    await run_until(p, ledger.last_rv)
+    await p.shutdown(5)
+
+    made = set(ledger.made)
+    for name, sink in (("fast", fast), ("slow", slow)):
+        after = changes(sink)
+        counts = collections.Counter(after)
+        assert {k: n for k, n in counts.items() if n > 1} == {}, f"{name}: changes delivered twice"
+        # Nothing it had acknowledged is sent again; everything else is sent, deletes included.
+        assert set(after) & before[name] == set(), f"{name} re-sent what it had acknowledged"
+        assert set(after) == made - before[name], f"{name} missed changes"
+        deletes = [c for c in ledger.made if c[0] == "deleted"]
+        assert all((c in before[name]) != (c in set(after)) for c in deletes)
+    # Per uid, each sink's changes after the reshard come in the order they were made.
+    for sink in (fast, slow):
+        order = {c: n for n, c in enumerate(ledger.made)}
+        by_uid: dict[str, list[int]] = collections.defaultdict(list)
+        for c in changes(sink):
+            by_uid[c[1]].append(order[c])
+        assert all(v == sorted(v) for v in by_uid.values())
+    # The fast sink got only what nobody had acknowledged for it: shard 0's batch 2 and later.
+    assert {c for c in changes(fast)} == {c for c in ledger.made[:down_end] if c not in before["fast"]} \
+        | set(ledger.made[down_end:])
