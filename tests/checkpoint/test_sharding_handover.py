@@ -483,31 +483,47 @@ async def test_reshard_with_two_sinks_far_apart(sim: ApiClient, tmp_path: Path) 
     included, once."""
     ckpt = tmp_path / "ckpt"
     ledger = Ledger(sim)
-    for i in range(12):
-        await ledger.create(f"cm-{i}")
+    # Objects of both old shards (uids are the server's: as many as it takes for three of each).
+    base: dict[int, list[str]] = {0: [], 1: []}
+    while min(len(v) for v in base.values()) < 3:
+        obj = await ledger.create(f"cm-{len(ledger.made)}")
+        base[shard_of(obj["metadata"]["uid"], 2)].append(obj["metadata"]["name"])
+    initial = len(ledger.made)
     old = [await two_sink_shard(sim, ckpt, o, 2, interval=3600) for o in range(2)]
-    await until(lambda: sum(len(changes(f)) for _, f, _ in old) == 12
-                and sum(len(changes(s)) for _, _, s in old) == 12, what="the initial adds")
+    await until(lambda: sum(len(changes(f)) for _, f, _ in old) == initial
+                and sum(len(changes(s)) for _, _, s in old) == initial, what="the initial adds")
     for _, _, slow in old:
         slow.auto_ack = False  # far behind from here on
-    # Batch 1, seen by both shards.
-    for i in range(0, 8):
-        await ledger.update(f"cm-{i}", "1")
-    for i in (12, 13):
-        await ledger.create(f"cm-{i}")
-    await ledger.delete("cm-0")
-    await ledger.delete("cm-12")  # created and deleted within the batch
+
+    async def create_in(ordinal: int, name: str) -> str:
+        """Creates ``name``-0, -1, … until one belongs to old shard ``ordinal``; returns its name."""
+        n = 0
+        while True:
+            obj = await ledger.create(f"{name}-{n}")
+            if shard_of(obj["metadata"]["uid"], 2) == ordinal:
+                return str(obj["metadata"]["name"])
+            n += 1
+
+    # Batch 1, seen by both shards: updates, an object of each shard created and deleted.
+    for o in (0, 1):
+        for name in base[o]:
+            await ledger.update(name, "1")
+        await ledger.delete(await create_in(o, f"brief{o}"))
+    await ledger.delete(base[0][0])
     batch1_end = ledger.last_rv
     first = await crash_with_fast_at(old[0][0], ckpt, batch1_end)
-    # Batch 2, seen by shard 1 only (shard 0 is down): its objects' changes are known to fast
-    # beyond the older checkpoint's point; shard 0's are replayed to both sinks after the reshard.
-    for i in range(1, 6):
-        await ledger.update(f"cm-{i}", "2")
-    for i in (14, 15, 16):
-        await ledger.create(f"cm-{i}")
-    await ledger.delete("cm-14")
-    await ledger.delete("cm-2")  # a base object, updated in both batches, then deleted
-    await ledger.delete("cm-13")  # created in batch 1, deleted in batch 2
+    # Batch 2, seen by shard 1 only (shard 0 is down). Shard 1's changes are known to fast beyond
+    # the older checkpoint's point, kept per residue and per object: an object created and deleted,
+    # a base object updated then deleted, an update, a creation. Shard 0's changes are replayed to
+    # both sinks after the reshard.
+    await ledger.delete(await create_in(1, "gone1"))
+    await ledger.update(base[1][1], "2")
+    await ledger.delete(base[1][1])
+    await ledger.update(base[1][2], "2")
+    await create_in(1, "new1")
+    await ledger.update(base[0][1], "2")
+    await ledger.delete(base[0][2])
+    await create_in(0, "new0")
     second = await crash_with_fast_at(old[1][0], ckpt, ledger.last_rv)
     # The checkpoints: slow at the base (the initial list), fast far ahead, the two apart.
     assert first.sinks is not None
@@ -519,14 +535,14 @@ async def test_reshard_with_two_sinks_far_apart(sim: ApiClient, tmp_path: Path) 
     assert fast_rvs[1] >= ledger.last_rv > fast_rvs[0]
     before = {name: set().union(*(acked(sinks[i]) for _, *sinks in old))
               for i, name in enumerate(("fast", "slow"))}
-    assert before["slow"] == {c for c in ledger.made[:12]}  # the initial adds only
+    assert before["slow"] == set(ledger.made[:initial])  # the initial adds only
     assert {c for c in ledger.made if shard_of(c[1], 2) == 1} <= before["fast"]
     # While every shard is down: a delete of an object both sinks know.
-    await ledger.delete("cm-9")
+    await ledger.delete(base[1][0])
     down_end = len(ledger.made)
 
     p, fast, slow = await two_sink_shard(sim, ckpt, 0, 1, interval=0.05)
-    await ledger.update("cm-10", "3")
+    await ledger.update(base[0][1], "3")
     await run_until(p, ledger.last_rv)
     await p.shutdown(5)
 
