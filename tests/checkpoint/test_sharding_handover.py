@@ -29,6 +29,7 @@ from bridge.delivery.sharding import (
     parse_shard_id,
     plan_handover,
     shard_id,
+    stale_ready,
     take_over,
 )
 from bridge.informer.factory import InformerKey
@@ -357,6 +358,23 @@ def test_a_sink_ahead_somewhere_keeps_its_floors_per_residue() -> None:
     assert {floor(u) for u in UIDS} == {200, 250}
     assert all(floor(u) == 200 + 50 * shard_of(u, 2) for u in UIDS)
     assert plan.sink_floor("slow") is None
+
+
+async def test_earlier_totals_are_removed_only_once_past_every_sinks_progress(tmp_path: Path) -> None:
+    """The clean-up rule counts what each sink recorded in the earlier total's checkpoints too: its
+    own resume point and delivered-ahead entries, not only the base's."""
+    store = FileCheckpointStore(directory=tmp_path)
+    await store.save(dataclasses.replace(
+        cp(shard_id("b", 0, 2), "100", {}),
+        sinks={"fast": SinkProgress(resource_version="300"), "slow": SinkProgress()}))
+    await store.save(dataclasses.replace(
+        cp(shard_id("b", 1, 2), "100", {}),
+        sinks={"fast": SinkProgress(ahead={"ns/x": ("ux", "320", False)}), "slow": SinkProgress()}))
+    stale = [shard_id("b", 0, 2), shard_id("b", 1, 2)]
+    shard = ShardFilter(ordinal=0, total=1)
+    for rv, ready in (("250", False), ("319", False), ("320", True)):
+        await store.save(cp("b", rv, {}))
+        assert await stale_ready(store, base="b", shard=shard, stale=stale) is ready, rv
 
 
 async def test_file_store_lists_and_removes(tmp_path: Path) -> None:
