@@ -242,6 +242,7 @@ def test_notes_explain_the_shards(chart: Any) -> None:
     notes = chart.render(values=values(), name="keb", namespace="ops")
     text = next(v for k, v in notes.items() if k.endswith("NOTES.txt"))
     assert "Sharded: 3 shards (by object)" in text
+    assert "scale the\nStatefulSet to 0 first" in text
     assert f"kubectl -n ops port-forward pod/{FULLNAME}-0" in text
     assert "deploy/" not in text
 
