@@ -83,6 +83,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("telemetry", "bench.bench_telemetry", own=False),
     Scenario("isolation", "bench.bench_isolation", own=False),
     Scenario("long", "bench.bench_long", brokers=True, default=False),
+    Scenario("sharding", "bench.bench_sharding"),
 )}
 
 

@@ -272,6 +272,9 @@ def to_cloudevent(
         ce["snapshotrv"] = snap.resource_version
         if snap.count is not None:
             ce["snapshotcount"] = str(snap.count)
+        if snap.total_shards is not None:
+            ce["shard"] = str(snap.shard)
+            ce["totalshards"] = str(snap.total_shards)
     if event.extensions:
         for key, value in event.extensions.items():
             ext = _EXT_NAME.sub("", key.lower())

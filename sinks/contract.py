@@ -106,6 +106,10 @@ class SnapshotInfo:
     resource_version: str
     count: int | None = None
     """Number of ``sync`` events in the snapshot; set on the end marker."""
+    shard: int | None = None
+    """With sharding (docs/sharding.md): the shard whose objects the snapshot covers …"""
+    total_shards: int | None = None
+    """… of how many: a consumer reconciles per (resource, shard)."""
 
 
 @dataclass(frozen=True, slots=True)

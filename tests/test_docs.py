@@ -102,6 +102,7 @@ def test_alert_rules_use_exposed_metrics() -> None:
         sinks={"s": SinkGauges()}, informers={"pods": InformerGauges(checkpoint_age=1.0)}))
     telemetry.events_received.add(1, {"resource": "pods", "informer": "pods.all.0", "type": "added"})
     telemetry.sink_events.add(1, {"sink": "s", "outcome": "delivered"})
+    telemetry.set_shard(0, 1)  # the shard gauges the sharded alerts use exist once a replica is sharded
     text = telemetry.render_prometheus().decode()
     exposed = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
                if line and not line.startswith("#")}

@@ -70,6 +70,7 @@ __all__ = [
     "CheckpointStoreError",
     "FenceSource",
     "FileCheckpointStore",
+    "ListableCheckpointStore",
     "SinkProgress",
     "decode_checkpoint",
     "encode_checkpoint",
@@ -191,6 +192,23 @@ class CheckpointStore(Protocol):
 
     async def close(self) -> None:
         """Releases connections. Idempotent."""
+
+
+class ListableCheckpointStore(CheckpointStore, Protocol):
+    """A store that can also enumerate and remove checkpoints: what resharding needs
+    (:mod:`bridge.delivery.sharding`). Every built-in store is one."""
+
+    async def informer_ids(self, prefix: str) -> list[str]:
+        """The ids of the stored checkpoints that start with ``prefix``, sorted. Raises
+        :class:`CheckpointStoreError` when the store cannot be read."""
+
+    async def remove(self, informer_id: str) -> None:
+        """Deletes the informer's checkpoint and its known-object journal (absent ones are fine).
+        Raises :class:`CheckpointStoreError` on failure."""
+
+    async def peek(self, informer_id: str) -> Checkpoint | None:
+        """As :meth:`CheckpointStore.load`, without claiming the checkpoint for this writer's term
+        (fenced stores): reading another shard's checkpoint must not fence that shard out."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -419,10 +437,16 @@ class FileCheckpointStore:
         """Where the informer's known-object journal lives (:mod:`bridge.delivery.journal`)."""
         return self.path_for(informer_id).with_suffix(".journal")
 
-    def journal_backend(self, informer_id: str) -> FileJournalBackend:
-        """The informer's known-object journal storage: the file at :meth:`journal_path`."""
+    def journal_backend(self, informer_id: str, *, fenced: bool = True) -> FileJournalBackend:
+        """The informer's known-object journal storage: the file at :meth:`journal_path` (files are
+        not fenced: ``fenced`` is accepted for the stores' common shape)."""
+        del fenced
         from bridge.delivery.journal import FileJournalBackend  # journal imports this module
         return FileJournalBackend(self.journal_path(informer_id), fsync=self._fsync)
+
+    async def peek(self, informer_id: str) -> Checkpoint | None:
+        """The checkpoint, read without claiming it (another shard's, during a take-over)."""
+        return await asyncio.to_thread(self._load, informer_id)
 
     async def load(self, informer_id: str) -> Checkpoint | None:
         token = fence_token(self._fence, f"loading checkpoint {informer_id}")
@@ -478,6 +502,35 @@ class FileCheckpointStore:
 
     async def close(self) -> None:
         return None
+
+    async def informer_ids(self, prefix: str) -> list[str]:
+        def scan() -> list[str]:
+            try:
+                names = [p.name for p in self._dir.iterdir()]
+            except FileNotFoundError:
+                return []
+            except OSError as exc:
+                raise CheckpointStoreError(f"cannot list checkpoint directory {self._dir}: {exc}") from exc
+            return sorted(n[: -len(self.SUFFIX)] for n in names
+                          if n.endswith(self.SUFFIX) and n.startswith(prefix) and not n.startswith("."))
+
+        return await asyncio.to_thread(scan)
+
+    async def remove(self, informer_id: str) -> None:
+        token = fence_token(self._fence, f"removing checkpoint {informer_id}")
+
+        # Only shard 0 of a new total removes the checkpoints of an earlier one, written under other
+        # shards' leases: being the leader of its own shard (the fence above) is what it needs.
+        del token
+
+        def unlink() -> None:
+            try:
+                self.path_for(informer_id).unlink(missing_ok=True)
+                self.journal_path(informer_id).unlink(missing_ok=True)
+            except OSError as exc:
+                raise CheckpointStoreError(f"cannot remove checkpoint {informer_id}: {exc}") from exc
+
+        await asyncio.to_thread(unlink)
 
     def _load(self, informer_id: str) -> Checkpoint | None:
         path = self.path_for(informer_id)

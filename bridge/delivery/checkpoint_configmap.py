@@ -128,12 +128,15 @@ class ConfigMapCheckpointStore:
         """The ConfigMap holding the informer's known-object journal (:mod:`bridge.delivery.journal`)."""
         return f"{self._prefix}-{informer_id}-journal"
 
-    def journal_backend(self, informer_id: str) -> ConfigMapJournalBackend:
+    def journal_backend(self, informer_id: str, *, fenced: bool = True) -> ConfigMapJournalBackend:
         """The informer's known-object journal storage: a ConfigMap next to its manifest, written
-        with the same fencing, and its sealed chunks when it outgrows one (unless shards are off)."""
+        with the same fencing, and its sealed chunks when it outgrows one (unless shards are off).
+        ``fenced=False``: another shard's journal, read during a take-over (its writer holds another
+        shard's Lease, whose term says nothing about this one's), as :meth:`peek` reads its checkpoint."""
         return ConfigMapJournalBackend(client=self._client, namespace=self._namespace,
                                        name=self.journal_name(informer_id),
-                                       labels=self._labels(informer_id, "journal"), fence=self._fence,
+                                       labels=self._labels(informer_id, "journal"),
+                                       fence=self._fence if fenced else None,
                                        max_bytes=self._journal_bytes, chunking=self._allow_shards)
 
     def _labels(self, informer_id: str, role: str) -> dict[str, str]:
@@ -147,7 +150,40 @@ class ConfigMapCheckpointStore:
 
     async def load(self, informer_id: str) -> Checkpoint | None:
         name = self.manifest_name(informer_id)
-        token = fence_token(self._fence, f"loading checkpoint ConfigMap {name}")
+        return await self._load(informer_id, fence_token(self._fence, f"loading checkpoint ConfigMap {name}"))
+
+    async def peek(self, informer_id: str) -> Checkpoint | None:
+        """The checkpoint, read without claiming it (another shard's, during a take-over)."""
+        return await self._load(informer_id, None)
+
+    async def informer_ids(self, prefix: str) -> list[str]:
+        """Needs ``list`` on the namespace's ConfigMaps (resharding only)."""
+        selector = f"{MANAGED_BY_LABEL}=kube-event-bridge,{ROLE_LABEL}=manifest"
+        try:
+            listed = await self._client.get(self._collection, params={"labelSelector": selector},
+                                            context="list checkpoint manifests")
+        except ApiError as exc:
+            raise CheckpointStoreError(f"cannot list the checkpoint ConfigMaps: {exc}") from exc
+        start = f"{self._prefix}-"
+        names = [str((item.get("metadata") or {}).get("name") or "") for item in listed.get("items") or []]
+        return sorted(n[len(start):] for n in names if n.startswith(start + prefix))
+
+    async def remove(self, informer_id: str) -> None:
+        fence_token(self._fence, f"removing checkpoint ConfigMap {self.manifest_name(informer_id)}")
+        for name in (self.manifest_name(informer_id), self.journal_name(informer_id)):
+            try:
+                await self._client.delete(f"{self._collection}/{name}", context=f"delete {name}")
+            except NotFoundError:
+                pass
+            except ApiError as exc:
+                raise CheckpointStoreError(f"cannot remove checkpoint ConfigMap {name}: {exc}") from exc
+        self._manifest_rv.pop(informer_id, None)
+        if self._allow_shards:
+            await self._delete_orphans(informer_id, keep=set())
+            await self.journal_backend(informer_id).delete_chunks()
+
+    async def _load(self, informer_id: str, token: FenceToken | None) -> Checkpoint | None:
+        name = self.manifest_name(informer_id)
         for _ in range(_CAS_ATTEMPTS):
             try:
                 try:

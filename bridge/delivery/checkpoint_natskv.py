@@ -133,18 +133,57 @@ class NatsKvCheckpointStore:
         """The key of the informer's known-object journal (:mod:`bridge.delivery.journal`)."""
         return f"{informer_id}.journal"
 
-    def journal_backend(self, informer_id: str) -> NatsKvJournalBackend:
+    def journal_backend(self, informer_id: str, *, fenced: bool = True) -> NatsKvJournalBackend:
         """The informer's known-object journal storage: a key of the bucket, written with the same
-        fencing as the manifest, and its sealed chunks when it outgrows one message."""
+        fencing as the manifest, and its sealed chunks when it outgrows one message.
+        ``fenced=False``: another shard's journal, read during a take-over (see :meth:`peek`)."""
         return NatsKvJournalBackend(open_kv=self._bucket_kv, key=self.journal_key(informer_id),
-                                    bucket=self._bucket, fence=self._fence, limit=self._journal_limit)
+                                    bucket=self._bucket, fence=self._fence if fenced else None,
+                                    limit=self._journal_limit)
 
     def _journal_limit(self) -> int:
         limit = self._chunk_limit()
         return limit if self._journal_bytes is None else min(limit, self._journal_bytes + _JOURNAL_HEAD)
 
     async def load(self, informer_id: str) -> Checkpoint | None:
-        token = fence_token(self._fence, f"loading NATS KV checkpoint {informer_id!r}")
+        return await self._load(informer_id, fence_token(self._fence,
+                                                         f"loading NATS KV checkpoint {informer_id!r}"))
+
+    async def peek(self, informer_id: str) -> Checkpoint | None:
+        """The checkpoint, read without claiming it (another shard's, during a take-over)."""
+        return await self._load(informer_id, None)
+
+    async def informer_ids(self, prefix: str) -> list[str]:
+        kv = await self._bucket_kv()
+        try:
+            keys = await kv.keys()
+        except nats.js.errors.NoKeysError:
+            return []
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            raise CheckpointStoreError(f"cannot list the NATS KV bucket {self._bucket!r}: {exc}") from exc
+        # Manifests are keyed by the informer id; chunks and journals have suffixes of their own.
+        return sorted(k for k in keys if k.startswith(prefix) and not k.endswith(".journal")
+                      and ".c." not in k[len(prefix):])
+
+    async def remove(self, informer_id: str) -> None:
+        fence_token(self._fence, f"removing NATS KV checkpoint {informer_id!r}")
+        kv = await self._bucket_kv()
+        journal = self.journal_key(informer_id)
+        # The manifest, its chunks, the journal's head and the journal's sealed chunks.
+        prefixes = (f"{informer_id}.c.", f"{journal}.c.")
+        try:
+            try:
+                keys = await kv.keys()
+            except nats.js.errors.NoKeysError:
+                return
+            for key in keys:
+                if key in (informer_id, journal) or key.startswith(prefixes):
+                    await kv.purge(key)
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            raise CheckpointStoreError(f"cannot remove NATS KV checkpoint {informer_id!r}: {exc}") from exc
+        self._revision.pop(informer_id, None)
+
+    async def _load(self, informer_id: str, token: FenceToken | None) -> Checkpoint | None:
         kv = await self._bucket_kv()
         for _ in range(_CAS_ATTEMPTS):
             try:

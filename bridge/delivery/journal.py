@@ -53,7 +53,7 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -409,6 +409,14 @@ class ChunkedJournalBackend(abc.ABC):
             return
         raise CheckpointFencedError(f"{what}: kept changing under this writer; refused")
 
+    async def delete_chunks(self) -> None:
+        """Deletes every chunk of this journal in the store, best effort: its head is gone (a
+        checkpoint of an earlier shard total removed after a reshard), so no head lists them."""
+        if not self._chunking:
+            return  # there are none, nor may it list them
+        with contextlib.suppress(JournalStoreError, OSError):
+            await self._delete_quietly(await self._stored_chunks())
+
     async def _delete_quietly(self, chunks: Sequence[str]) -> None:
         # Best effort: an orphan chunk costs space, never correctness (no head lists it).
         for chunk in chunks:
@@ -516,6 +524,22 @@ class KnownObjectJournal:
         self._base = checkpoint
         self._entries = await self._read()
         self._durable = dict(self._entries)
+        self._compact_requested = True
+        return dict(self._entries)
+
+    def adopt(self, entries: Mapping[str, JournalEntry],
+              keep: Callable[[str], bool] | None = None) -> dict[str, JournalEntry]:
+        """After :meth:`load`, before :meth:`run`: a shard taking objects over from other shards'
+        checkpoints (:mod:`bridge.delivery.sharding`) drops the records of uids ``keep`` refuses
+        (objects it no longer owns) and adds the other journals' records of the objects it took.
+        They are written by the compaction :meth:`run` starts with. Returns uid → newest fact."""
+        if keep is not None:
+            self._entries = {uid: e for uid, e in self._entries.items() if keep(uid)}
+            self._durable = {uid: e for uid, e in self._durable.items() if keep(uid)}
+        for uid, e in entries.items():
+            mine = self._entries.get(uid)
+            if mine is None or int(e.resource_version) > int(mine.resource_version):
+                self._entries[uid] = self._durable[uid] = e
         self._compact_requested = True
         return dict(self._entries)
 

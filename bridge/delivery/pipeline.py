@@ -72,6 +72,7 @@ from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
 from bridge.delivery.journal import KnownObjectJournal, entries_by_key
 from bridge.delivery.progress import AckTracker, IndexEntry, Knowledge, SinkResume, object_key
 from bridge.delivery.selector_exit import LEFT_SELECTOR_EXTENSION, SelectorExits
+from bridge.delivery.sharding import TakeOver, shard_id, stale_ready, take_over
 from bridge.delivery.spill import SegmentSpill
 from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.informer.reflector import Reflector, WatchErrorHandler, default_watch_error_handler
@@ -79,6 +80,7 @@ from bridge.informer.shared_informer import HandlerRegistration, SharedIndexInfo
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import APIResource
 from bridge.kube.listwatch import HttpListerWatcher
+from bridge.kube.sharding import ShardFilter
 from bridge.rawobject import last_change, object_identity
 from sinks.contract import (
     ChangeEvent,
@@ -167,10 +169,12 @@ class SinkListener:
         journal: KnownObjectJournal | None = None,
         resent: Mapping[str, tuple[str, bool]] | None = None,
         exits: SelectorExits | None = None,
+        shard: tuple[int, int] | None = None,
         bootstrap: Callable[[], None] | None = None,
         own_progress: SinkResume | None = None,
     ) -> None:
-        """``tracker`` (the informer's) tells which deletes were inferred rather than observed.
+        """``shard`` (ordinal, total), when sharded: snapshot markers say which shard they cover.
+        ``tracker`` (the informer's) tells which deletes were inferred rather than observed.
         ``journal``: the informer's known-object journal; an event it has a record for is handed to
         the sink only once the record is durable. ``resent``: uid → (resourceVersion, inferred) of
         the deletes the journal says were sent before a restart (see :func:`delete_is_inferred`).
@@ -188,6 +192,7 @@ class SinkListener:
         self._journal = journal
         self._resent = resent or {}
         self._exits = exits
+        self._shard = shard
         self.resource = resource
         self.cluster = cluster
         self._clock = clock
@@ -350,8 +355,10 @@ class SinkListener:
         each object only when its event is handed to the sink, never the whole cache at once."""
         objects = n.snapshot or []
         sid = f"{self._snapshot_prefix}:{n.resource_version or '0'}:{uuid.uuid4().hex[:12]}"
-        info = SnapshotInfo(id=sid, resource_version=n.resource_version)
-        end = SnapshotInfo(id=sid, resource_version=n.resource_version, count=len(objects))
+        shard, total = self._shard or (None, None)
+        info = SnapshotInfo(id=sid, resource_version=n.resource_version, shard=shard, total_shards=total)
+        end = SnapshotInfo(id=sid, resource_version=n.resource_version, count=len(objects), shard=shard,
+                           total_shards=total)
 
         def stream() -> Iterator[ChangeEvent]:
             at = n.time
@@ -493,11 +500,23 @@ class WatchedResource:
     key: InformerKey
     api: APIResource
     ref: ResourceRef
+    shard: ShardFilter | None = None
+    """This replica's share of the resource when sharding is configured (docs/sharding.md): shard
+    ``o`` of ``t`` by object, or shard 0 of 1 for a resource watched whole by this replica. The
+    informer's list/watch keeps only its objects; its checkpoint id says which shard it is, and the
+    checkpoint is taken over from the store's other shards (:mod:`bridge.delivery.sharding`)."""
+
+    @property
+    def base_informer_id(self) -> str:
+        """The id of the scope watched whole (no shard suffix)."""
+        k = self.key
+        return informer_id(k.resource, k.namespace, k.label_selector, k.field_selector)
 
     @property
     def informer_id(self) -> str:
-        k = self.key
-        return informer_id(k.resource, k.namespace, k.label_selector, k.field_selector)
+        s = self.shard
+        base = self.base_informer_id
+        return base if s is None else shard_id(base, s.ordinal, s.total)
 
     @property
     def names(self) -> frozenset[str]:
@@ -527,6 +546,7 @@ def http_informer_builder(
             # informer's default transform drops managedFields; here they are cut from the bytes).
             raw_objects=compact_cache,
             drop_managed_fields=compact_cache,
+            shard=watched.shard,
         )
         return SharedIndexInformer(
             lister_watcher=lw,
@@ -588,6 +608,8 @@ class _Informer:
     """Why the last list/watch cycle failed, while no progress was made since ("" = none)."""
     failing_progress: int = -1
     """The tracker's progress count when that failure was reported."""
+    stale: list[str] = field(default_factory=list)
+    """Checkpoint ids of other shard totals, removed once every current shard has passed them."""
     own_progress: dict[str, tuple[int, dict[str, Knowledge]]] = field(default_factory=dict)
     """Sink → its own resume point and knowledge (where it differs from the base) when the
     informer resumed; sinks at the base are absent."""
@@ -864,8 +886,12 @@ class BridgePipeline:
         ident = watched.informer_id
         checkpoint: Checkpoint | None = None
         corrupt = False
+        handover: TakeOver | None = None
         try:
-            if self._store is not None:
+            if self._store is not None and watched.shard is not None:
+                handover = await take_over(self._store, base=watched.base_informer_id, shard=watched.shard)
+                checkpoint = handover.plan.checkpoint
+            elif self._store is not None:
                 checkpoint = await self._store.load(ident)
         except CheckpointCorruptError as exc:
             corrupt = True
@@ -891,8 +917,10 @@ class BridgePipeline:
         if fetch is not None and (watched.key.label_selector or watched.key.field_selector):
             exits = SelectorExits(fetch=functools.partial(fetch, watched))
         inf = _Informer(watched=watched, informer=informer, tracker=tracker, corrupt_checkpoint=corrupt)
+        if handover is not None:
+            inf.stale = list(handover.plan.stale)
         informer.set_watch_error_handler(self._watch_error_recorder(inf))
-        known, unconfirmed = await self._known_objects(inf, checkpoint)
+        known, unconfirmed = await self._known_objects(inf, checkpoint, handover)
         routed = [sink for sink in self._sinks if _resource_matches(sink, watched)]
         diverging: set[str] = set()
         union_only: set[str] = set()
@@ -947,9 +975,13 @@ class BridgePipeline:
             bootstrap = (functools.partial(self._bootstrapped, inf, sink.name)
                          if sink.name in inf.bootstrapping else None)
             own: SinkResume | None = None
-            if checkpoint is not None and union_only and sink.name not in inf.bootstrapping \
-                    and sink.name not in inf.own_progress:
-                # At the base, yet the cache holds objects only other sinks know: this one does not.
+            # After a reshard: where this sink acknowledged more of some objects (those of a
+            # checkpoint where its own point was later) than the merged resume points say.
+            floor = handover.plan.sink_floor(sink.name) if handover is not None else None
+            if checkpoint is not None and (union_only or floor is not None) \
+                    and sink.name not in inf.bootstrapping and sink.name not in inf.own_progress:
+                # At the base, yet the cache holds objects only other sinks know: this one does not
+                # (or it has floors of its own).
                 inf.own_progress[sink.name] = (int(checkpoint.resource_version), {})
             if sink.name in inf.own_progress and sink.name not in inf.bootstrapping:
                 own_rv, own_known = inf.own_progress[sink.name]
@@ -962,16 +994,21 @@ class BridgePipeline:
                             and int(stub_rv) <= own_rv:
                         own_known[key] = ("", -1, True)
                 own = SinkResume(resource_version=own_rv, known=own_known,
-                                 api_version=watched.ref.api_version, kind=watched.ref.kind)
+                                 api_version=watched.ref.api_version, kind=watched.ref.kind,
+                                 floor=floor, floor_max=max(
+                                     (handover.plan.sink_floors.get(sink.name, {}).values()
+                                      if handover is not None else ()), default=0))
                 log.info("sink %s resumes from its own resourceVersion %d (%d objects where it differs "
                          "from the slowest sink's)", sink.name, own_rv, len(own_known),
                          extra={"sink": sink.name, "informer": ident, "resource": watched.ref.qualified})
             listener = SinkListener(sink=sink, resource=watched.ref, cluster=self._cluster,
                                     clock=self._clock, snapshot_prefix=ident, tracker=tracker,
                                     journal=inf.journal, resent=tracker.resent, exits=exits,
+                                    shard=(None if watched.shard is None
+                                           else (watched.shard.ordinal, watched.shard.total)),
                                     bootstrap=bootstrap, own_progress=own)
             if own is not None:
-                tracker.thresholds.append((own.resource_version, listener.own_progress_passed))
+                tracker.thresholds.append((own.passed_at, listener.own_progress_passed))
             reg = informer.add_event_handler(listener, _listener_options(sink, self._spill_directory,
                                                                          ident))
             inf.registrations[sink.name] = reg
@@ -1079,7 +1116,8 @@ class BridgePipeline:
                 log.info("removing the spill of a sink no longer configured: %s", entry)
                 shutil.rmtree(entry, ignore_errors=True)
 
-    async def _known_objects(self, inf: _Informer, checkpoint: Checkpoint | None
+    async def _known_objects(self, inf: _Informer, checkpoint: Checkpoint | None,
+                             handover: TakeOver | None = None
                              ) -> tuple[dict[str, IndexEntry], list[KubeObject]]:
         """What the resumed informer knows: the checkpoint's objects (its index, updated by its
         delivered-ahead map) with the journal's deletes applied, and the journal's objects the
@@ -1098,7 +1136,10 @@ class BridgePipeline:
         inf.journal = inf.tracker.journal = journal
         resent: dict[str, tuple[str, bool]] = {}
         unconfirmed: list[tuple[str, str, str]] = []
-        for key, items in entries_by_key(await journal.load(checkpoint)).items():
+        loaded = await journal.load(checkpoint)
+        if handover is not None and (handover.adopted or handover.keep_own_journal is not None):
+            loaded = journal.adopt(handover.adopted, handover.keep_own_journal)
+        for key, items in entries_by_key(loaded).items():
             for uid, entry in items:
                 if entry.deleted:
                     resent[uid] = (entry.resource_version, entry.inferred)
@@ -1311,12 +1352,37 @@ class BridgePipeline:
                 continue
             if inf.journal is not None:
                 inf.journal.compact(cp)
+            if inf.stale:
+                await self._remove_stale(inf)
             inf.saved_generation = generation
             inf.saved_acks = acks
             inf.saved_rv = rv
             inf.last_saved = self._clock.now()
             written += 1
         return written
+
+    async def _remove_stale(self, inf: _Informer) -> None:
+        """Shard 0 removes the checkpoints of earlier shard totals once every shard of the current
+        one has passed them (:func:`bridge.delivery.sharding.stale_ready`); the others forget them."""
+        shard = inf.watched.shard
+        store = self._store
+        remove = getattr(store, "remove", None)
+        if shard is None or store is None or shard.ordinal != 0 or remove is None:
+            inf.stale = []
+            return
+        base = inf.watched.base_informer_id
+        try:
+            if not await stale_ready(store, base=base, shard=shard, stale=inf.stale):
+                return
+            for ident in inf.stale:
+                await remove(ident)
+        except CheckpointError as exc:
+            log.warning("removing the checkpoints of an earlier shard total failed (%s); retrying at "
+                        "the next write", exc, extra={"informer": inf.watched.informer_id})
+            return
+        log.info("removed the checkpoints of an earlier shard total: %s", ", ".join(inf.stale),
+                 extra={"informer": inf.watched.informer_id})
+        inf.stale = []
 
     @staticmethod
     def _sink_sections(inf: _Informer, base_rv: str) -> dict[str, SinkProgress]:

@@ -553,16 +553,22 @@ class SinkResume:
     cost a dictionary lookup and an integer comparison per change while it lasts, nothing after.
     """
 
-    __slots__ = ("_api_version", "_kind", "known", "resource_version", "skipped")
+    __slots__ = ("_api_version", "_floor", "_kind", "known", "passed_at", "resource_version", "skipped")
 
     def __init__(self, *, resource_version: int, known: Mapping[str, Knowledge],
-                 api_version: str = "", kind: str = "") -> None:
+                 api_version: str = "", kind: str = "", floor: Callable[[str], int] | None = None,
+                 floor_max: int = 0) -> None:
         """``api_version`` and ``kind`` of the resource: the delete of an object known only to
-        this sink carries a metadata-only object of that kind."""
+        this sink carries a metadata-only object of that kind. ``floor`` (by uid): a higher point
+        than ``resource_version`` up to which the sink acknowledged an object's changes (after a
+        reshard, its own point in the checkpoint the object came from; at most ``floor_max``)."""
         self._api_version = api_version
         self._kind = kind
+        self._floor = floor
         self.resource_version = resource_version
         """Every change up to it was acknowledged by this sink."""
+        self.passed_at = max(resource_version, floor_max) if floor is not None else resource_version
+        """Once the informer passed it, the filter only needs to look at :attr:`known`."""
         self.known: dict[str, Knowledge] = dict(known)
         """Per object, this sink's knowledge where it differs from the informer's (see above)."""
         self.skipped = 0
@@ -580,9 +586,12 @@ class SinkResume:
         rv = int(rv_text) if rv_text.isdigit() else None
         known = self.known
         mine = known.get(key)
+        covered = self.resource_version
+        if self._floor is not None:
+            covered = max(covered, self._floor(uid))
         if kind is NotificationKind.DELETE:
             if not inferred:
-                if rv is not None and rv <= self.resource_version:
+                if rv is not None and rv <= covered:
                     if mine is not None:
                         del known[key]  # gone for both
                     return self._skip()
@@ -607,7 +616,7 @@ class SinkResume:
                 return [self._delete_own(n, key, mine)]
             return self._skip()  # the old object of a re-creation it never had; the add follows
         # add or update
-        if rv is not None and rv <= self.resource_version:
+        if rv is not None and rv <= covered:
             if mine is not None and mine[0] == uid and mine[1] == rv and not mine[2]:
                 del known[key]
             return self._skip()

@@ -32,6 +32,7 @@ from bridge.contracts import KubeObject, ListOptions, ListPage, WatchEvent, Watc
 from bridge.errors import ApiStatusError, ForbiddenError, NotFoundError
 from bridge.kube.apiclient import ApiClient, LineStream, Params
 from bridge.kube.discovery import APIResource, Discovery, UnsupportedResourceError
+from bridge.kube.sharding import ShardFilter, sharded_decoder
 from bridge.rawobject import RawObject, RawObjectError, decode_object, decode_watch_object
 
 __all__ = [
@@ -369,10 +370,13 @@ class HttpListerWatcher:
         decoder: WatchDecoder | None = None,
         raw_objects: bool = False,
         drop_managed_fields: bool = False,
+        shard: ShardFilter | None = None,
     ) -> None:
         """``raw_objects``: objects stay JSON bytes (:class:`~bridge.rawobject.RawObject`), with
         ``metadata.managedFields`` cut out when ``drop_managed_fields``; otherwise they are decoded
-        into dicts (by ``decoder`` for watch events, msgspec by default)."""
+        into dicts (by ``decoder`` for watch events, msgspec by default). ``shard``: objects this
+        shard does not own are recognised by their uid and go no further than that (list items are
+        dropped, watch events become bookmarks; :mod:`bridge.kube.sharding`)."""
         if resource.verbs and not resource.supports("list", "watch"):
             raise UnsupportedResourceError(
                 f"resource {resource.qualified} ({resource.api_version}) cannot be watched: it supports "
@@ -388,6 +392,9 @@ class HttpListerWatcher:
         if decoder is None:
             decoder = (raw_object_decoder(drop_managed_fields=drop_managed_fields) if raw_objects
                        else decode_watch_event)
+        self._shard = shard
+        if shard is not None:
+            decoder = sharded_decoder(decoder, shard)
         self._decoder = decoder
         self._path = resource.path(self._namespace or None)
         scope = f"in namespace {self._namespace}" if self._namespace else (
@@ -471,6 +478,8 @@ class HttpListerWatcher:
                                  code=200) from e
         if meta.continue_:
             self._prefetch(options.limit, meta.continue_, context)
+        if self._shard is not None:
+            items = [raw for raw in items if self._shard.keeps_item(raw)]
         try:
             return _list_page(meta, items, api_version=self._resource.api_version, kind=self._resource.kind,
                               raw_objects=self._raw_objects, drop_managed_fields=self._drop_managed_fields)

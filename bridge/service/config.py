@@ -58,6 +58,7 @@ __all__ = [
     "LoggingConfig",
     "ResourceConfig",
     "ServerConfig",
+    "ShardingConfig",
     "SinkConfig",
     "TelemetryConfig",
     "check_secret_files",
@@ -99,6 +100,10 @@ class ResourceConfig(_Model):
     """"" = every namespace (or a cluster-scoped resource)."""
     label_selector: str = ""
     field_selector: str = ""
+    sharding: Literal["object", "resource"] | None = None
+    """How this resource is split across shards (``sharding.strategy`` when unset): ``object``
+    (every shard watches it and keeps the objects whose uid hashes to it) or ``resource`` (one shard
+    watches it whole). See docs/sharding.md."""
 
     @field_validator("label_selector")
     @classmethod
@@ -194,6 +199,47 @@ class CheckpointConfig(_Model):
     @classmethod
     def _nats_url(cls, v: str) -> str:
         return check_nats_url(v)
+
+
+class ShardingConfig(_Model):
+    """Splitting the watched resources across replicas (docs/sharding.md)."""
+
+    shards: int | Literal["auto"] = 1
+    """How many replicas share the work; ``auto``: the StatefulSet's ``spec.replicas``."""
+    ordinal: int | Literal["auto"] = 0
+    """This replica's shard, 0 … shards-1; ``auto``: the ``-<n>`` suffix of the pod name."""
+    strategy: Literal["object", "resource"] = "object"
+    """The default of every resource: ``object`` (by uid hash) or ``resource`` (whole resources)."""
+    statefulset: str = ""
+    """For ``auto``: the StatefulSet's name ("" = the pod name without its ``-<n>`` suffix)."""
+    namespace: str = ""
+    """For ``auto``: the StatefulSet's namespace ("" = the pod's own)."""
+
+    @field_validator("shards")
+    @classmethod
+    def _shards_positive(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"must be at least 1 (or \"auto\"), got {v}")
+        return v
+
+    @field_validator("ordinal")
+    @classmethod
+    def _ordinal_not_negative(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 0:
+            raise ValueError(f"must be 0 or more (or \"auto\"), got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _ordinal_below_shards(self) -> ShardingConfig:
+        if isinstance(self.shards, int) and isinstance(self.ordinal, int) and self.ordinal >= self.shards:
+            raise ValueError(f"ordinal: {self.ordinal} is not a shard of {self.shards} "
+                             f"(ordinals run from 0 to {self.shards - 1})")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """Whether this replica may be one of several (``auto``, or more than one shard)."""
+        return self.shards == "auto" or self.ordinal == "auto" or self.shards > 1
 
 
 class LeaderElectionConfig(_Model):
@@ -292,6 +338,7 @@ class BridgeConfig(BaseSettings):
     resources: list[ResourceConfig] = Field(min_length=1)
     sinks: list[SinkConfig] = Field(min_length=1)
     checkpoint: CheckpointConfig = CheckpointConfig()
+    sharding: ShardingConfig = ShardingConfig()
     cache: CacheConfig = CacheConfig()
     snapshot: SnapshotConfig = SnapshotConfig()
     leader_election: LeaderElectionConfig = LeaderElectionConfig()

@@ -35,11 +35,13 @@ from bridge.kube.apiclient import ApiClient, ApiClientOptions
 from bridge.kube.discovery import APIResource, Discovery
 from bridge.kube.leaderelection import FenceToken, LeaderElector
 from bridge.kube.listwatch import HttpListerWatcher
+from bridge.service import sharding_auto
 from bridge.service.config import BridgeConfig, check_secret_files, load_config
 from bridge.service.fencing import FencedSink
 from bridge.service.health import HealthServer, Readiness
 from bridge.service.logconfig import configure_logging
 from bridge.service.metered import MeteredSink
+from bridge.service.sharding import assign
 from bridge.service.telemetry import InformerGauges, SinkGauges, Telemetry, TelemetrySnapshot
 from sinks.contract import ResourceRef, Sink, SinkConfigError
 from sinks.registry import create_sink
@@ -139,6 +141,8 @@ class BridgeService:
         self._lease_client: ApiClient | None = None
         self._config_error: ConfigurationError | None = None
         """A configuration error found while leading (with leader election): ends the service."""
+        self.shard: tuple[int, int] | None = None
+        """(ordinal, total) once resolved, when sharding is configured."""
 
     # --- probes and metrics ----------------------------------------------------------------------
 
@@ -185,6 +189,8 @@ class BridgeService:
             client = _api_client(self.config, self._clock)
             le = self.config.leader_election
             if le.enabled:
+                if self._sharded:
+                    await self._resolve_shard(client)
                 await self._campaign(client)
                 if self._config_error is not None:
                     raise self._config_error
@@ -214,8 +220,10 @@ class BridgeService:
         le = self.config.leader_election
         self._lease_client = _api_client(self.config, self._clock, _lease_client_options(self.config))
         release_timeout = min(le.renew_deadline, RELEASE_TIMEOUT)
+        # With sharding, each shard has its own Lease (one leader and its standbys per shard).
+        lease = le.name if self.shard is None else f"{le.name}-shard-{self.shard[0]}"
         elector = LeaderElector(
-            client=self._lease_client, namespace=le.namespace, name=le.name, identity=le.identity,
+            client=self._lease_client, namespace=le.namespace, name=lease, identity=le.identity,
             on_started_leading=lambda: self._lead_or_stop(client, elector),
             lease_duration=le.lease_duration, renew_deadline=le.renew_deadline,
             retry_period=le.retry_period, release_timeout=release_timeout, clock=self._clock,
@@ -285,6 +293,36 @@ class BridgeService:
             watched.append(WatchedResource(key=key, api=api, ref=ref))
         return watched
 
+    @property
+    def _sharded(self) -> bool:
+        """A ``sharding`` section was written (even ``shards: 1``: going back to one replica takes
+        the shards' checkpoints over), or a total or ordinal says so."""
+        return "sharding" in self.config.model_fields_set or self.config.sharding.enabled
+
+    async def _resolve_shard(self, client: ApiClient) -> tuple[int, int]:
+        """This replica's (ordinal, total), resolved once (a standby resolves it before campaigning
+        for its shard's Lease); from then on every exposed sample carries the shard's labels."""
+        if self.shard is None:
+            ordinal, total = await sharding_auto.resolve(self.config.sharding, client)
+            self.shard = (ordinal, total)
+            self.telemetry.set_shard(ordinal, total)
+        return self.shard
+
+    async def _shard(self, client: ApiClient, watched: list[WatchedResource]) -> list[WatchedResource]:
+        """This replica's share of the watched resources (docs/sharding.md)."""
+        cfg = self.config
+        ordinal, total = await self._resolve_shard(client)
+        strategies = {
+            InformerKey(resource=r.resource, namespace=r.namespace, label_selector=r.label_selector,
+                        field_selector=r.field_selector): r.sharding or cfg.sharding.strategy
+            for r in cfg.resources
+        }
+        mine = assign(watched, ordinal=ordinal, total=total, strategies=strategies)
+        log.info("shard %d of %d: running %d of %d resources (%s)", ordinal, total, len(mine), len(watched),
+                 ", ".join(f"{w.ref.qualified} by {strategies.get(w.key)}" for w in mine) or "none",
+                 extra={"shard": ordinal, "total_shards": total})
+        return mine
+
     async def _lead(self, client: ApiClient, elector: LeaderElector | None = None) -> None:
         """Runs the pipeline until the stop event (then a graceful shutdown) or, with leader
         election, until cancelled because leadership ended (then an abort)."""
@@ -302,6 +340,8 @@ class BridgeService:
             fence = elector.fence_token
             shutdown_deadline = max(0.5, shutdown_deadline - elector.release_timeout)
         watched = await self._resolve(client)
+        if self._sharded:
+            watched = await self._shard(client, watched)
         by_key = {w.key: w for w in watched}
 
         def lister_watcher(key: InformerKey) -> HttpListerWatcher:
@@ -309,7 +349,8 @@ class BridgeService:
             # A compact cache keeps objects as bytes from the wire on (see bridge.rawobject).
             return HttpListerWatcher(client=client, resource=w.api, namespace=key.namespace,
                                      label_selector=key.label_selector, field_selector=key.field_selector,
-                                     raw_objects=cfg.cache.compact, drop_managed_fields=cfg.cache.compact)
+                                     raw_objects=cfg.cache.compact, drop_managed_fields=cfg.cache.compact,
+                                     shard=w.shard)
 
         factory = SharedInformerFactory(lister_watcher_factory=lister_watcher, clock=self._clock,
                                         compact_cache=cfg.cache.compact)

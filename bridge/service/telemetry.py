@@ -30,9 +30,18 @@ hash of the selectors; the checkpoint's name), ``type`` a CloudEvents type (``ad
 ``keb_checkpoint_lag``                 notifications not yet acknowledged by every sink
 ``keb_leader``                         1 while this replica runs the pipeline (the leader, or
                                        the only replica without leader election), else 0
+``keb_shard_ordinal``                  this replica's shard (0 to total - 1), once sharded
+``keb_total_shards``                   the number of shards this replica was started with
 ``process_*``, ``python_*``            CPU seconds, resident memory, open file descriptors,
                                        start time; garbage collections; interpreter version
 =====================================  =====================================================
+
+Sharding. Once the service knows this replica's shard (:meth:`Telemetry.set_shard`, called after
+``sharding`` is resolved), every sample the endpoint exposes carries the labels ``shard`` and
+``total_shards``, as kube-state-metrics' shards do, and the two shard gauges appear: a dashboard can
+sum across shards or split by shard, and an alert can compare the totals the shards were started
+with (a replica that has not restarted since the StatefulSet was scaled still has the old total).
+The labels are added to the exposition at scrape time, so nothing on the per-event path knows them.
 
 Cost per event. The OpenTelemetry Python SDK spends 7-10 µs on every synchronous ``Counter.add``,
 ``Histogram.record`` or ``Tracer.start_span`` (even for a span its sampler then drops), which was
@@ -77,6 +86,8 @@ from prometheus_client import (
     CollectorRegistry,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
 from bridge.version import __version__
@@ -120,6 +131,25 @@ class ScrapedCounter:
         return dict(self._totals)
 
 
+class _LabelledCollector(Collector):
+    """Every family of ``registry``, with ``labels`` added to each of its samples."""
+
+    def __init__(self, registry: CollectorRegistry, labels: Mapping[str, str]) -> None:
+        self._registry = registry
+        self._labels = dict(labels)
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # nothing to check at registration: the names are the wrapped registry's
+
+    def collect(self) -> Iterable[Metric]:
+        # A copy of each family: a collector may keep its families between scrapes (prometheus_client's
+        # platform collector does, and it is shared by every Telemetry of the process).
+        for family in self._registry.collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            labelled.samples = [s._replace(labels={**s.labels, **self._labels}) for s in family.samples]
+            yield labelled
+
+
 class Telemetry:
     def __init__(
         self,
@@ -143,6 +173,9 @@ class Telemetry:
         self._leader = leader or (lambda: True)
         self._snapshot = snapshot or TelemetrySnapshot
         self._scrape: TelemetrySnapshot | None = None
+        self._shard: tuple[int, int] | None = None
+        self._exposed = self.registry
+        """What :meth:`render_prometheus` exposes: the registry, or it with the shard labels."""
         self.events_received = ScrapedCounter(("resource", "informer", "type"))
         """Changes received beyond the live snapshot's (a finished pipeline's), by resource, informer
         and CloudEvents type."""
@@ -190,6 +223,10 @@ class Telemetry:
         meter.create_observable_gauge("keb.leader", [self._leader_gauge],
                                       description="1 while this replica runs the pipeline (the leader, "
                                                   "or the only replica without leader election)")
+        meter.create_observable_gauge("keb.shard.ordinal", [self._shard_ordinal],
+                                      description="This replica's shard, 0 to keb_total_shards - 1")
+        meter.create_observable_gauge("keb.total_shards", [self._total_shards],
+                                      description="The number of shards this replica was started with")
 
         # Sampling is decided by the caller before a span exists (one random draw per event is far
         # cheaper than the SDK sampler, which runs and builds a NonRecordingSpan on every call), so a
@@ -213,11 +250,35 @@ class Telemetry:
     def set_snapshot_source(self, snapshot: Callable[[], TelemetrySnapshot]) -> None:
         self._snapshot = snapshot
 
+    def set_shard(self, ordinal: int, total: int) -> None:
+        """Labels everything exposed from now on with ``shard="<ordinal>"`` and
+        ``total_shards="<total>"`` and exposes ``keb_shard_ordinal`` and ``keb_total_shards``.
+        Called when the service has resolved its shard; calling it again with the same shard (a
+        pipeline started again) changes nothing, with another one is refused: a replica changes shard
+        by restarting, so its series never switch labels mid-process."""
+        if total < 1 or not 0 <= ordinal < total:
+            raise ValueError(f"shard {ordinal} of {total}: need 0 <= ordinal < total")
+        if self._shard == (ordinal, total):
+            return
+        if self._shard is not None:
+            raise RuntimeError(f"the shard is already set ({self._shard[0]} of {self._shard[1]}), "
+                               f"not {ordinal} of {total}")
+        self._shard = (ordinal, total)
+        exposed = CollectorRegistry(auto_describe=False)
+        exposed.register(_LabelledCollector(self.registry, {"shard": str(ordinal),
+                                                            "total_shards": str(total)}))
+        self._exposed = exposed
+
+    @property
+    def shard(self) -> tuple[int, int] | None:
+        """``(ordinal, total)`` once :meth:`set_shard` was called, else None."""
+        return self._shard
+
     def render_prometheus(self) -> bytes:
         """The Prometheus text exposition of every instrument (the snapshot is taken once)."""
         self._scrape = self._take_snapshot()
         try:
-            return generate_latest(self.registry)
+            return generate_latest(self._exposed)
         finally:
             self._scrape = None
 
@@ -296,6 +357,12 @@ class Telemetry:
 
     def _checkpoint_lag(self, _: CallbackOptions) -> Iterable[Observation]:
         return [Observation(g.checkpoint_lag, labels) for labels, g in self._informer_labels()]
+
+    def _shard_ordinal(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [] if self._shard is None else [Observation(self._shard[0])]
+
+    def _total_shards(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [] if self._shard is None else [Observation(self._shard[1])]
 
     def _leader_gauge(self, _: CallbackOptions) -> Iterable[Observation]:
         try:

@@ -150,3 +150,40 @@ async def test_without_shards_only_the_manifest_is_touched(sim_client: tuple[Sim
         await store.save(big_checkpoint(ident, 600, rv="200"))
     assert await configmap_names(client) == [f"keb-{ident}"]
     assert await store.load(ident) == small
+
+
+async def test_listing_and_removing_shard_checkpoints(sim_client: tuple[Simulator, ApiClient]) -> None:
+    """What resharding needs (bridge/delivery/sharding.py): the checkpoints of one informer's shards
+    listed by prefix (manifests only), one removed with its shard ConfigMaps and journal."""
+    _, client = sim_client
+    store = ConfigMapCheckpointStore(client=client, namespace=NS, name_prefix="keb", shard_bytes=4096)
+    assert await store.informer_ids("pods.all.x") == []
+    for ident in ("pods.all.x", "pods.all.x.shard-0-of-2", "pods.all.x.shard-1-of-2", "pods.all.y"):
+        await store.save(big_checkpoint(ident, 300))  # sharded over several ConfigMaps
+    await client.create(f"/api/v1/namespaces/{NS}/configmaps",
+                        {"metadata": {"name": store.journal_name("pods.all.x.shard-0-of-2")}})
+    assert await store.informer_ids("pods.all.x") == [
+        "pods.all.x", "pods.all.x.shard-0-of-2", "pods.all.x.shard-1-of-2"]
+    assert await store.peek("pods.all.x.shard-1-of-2") == big_checkpoint("pods.all.x.shard-1-of-2", 300)
+    await store.remove("pods.all.x.shard-0-of-2")
+    assert await store.informer_ids("pods.all.x") == ["pods.all.x", "pods.all.x.shard-1-of-2"]
+    assert not [n for n in await configmap_names(client) if n.startswith("keb-pods.all.x.shard-0-of-2")]
+    assert await store.load("pods.all.x.shard-1-of-2") == big_checkpoint("pods.all.x.shard-1-of-2", 300)
+
+
+async def test_removing_a_shard_checkpoint_removes_its_journal_chunks(
+        sim_client: tuple[Simulator, ApiClient]) -> None:
+    """An earlier total's checkpoint removed by the clean-up after a reshard takes its whole journal
+    with it: the head and its sealed chunks (a journal that outgrew one ConfigMap)."""
+    _, client = sim_client
+    store = ConfigMapCheckpointStore(client=client, namespace=NS, name_prefix="keb", journal_bytes=2048)
+    ident, other = "pods.all.x.shard-0-of-2", "pods.all.x.shard-1-of-2"
+    for i in (ident, other):
+        await store.save(big_checkpoint(i, 3))
+        backend = store.journal_backend(i)
+        await backend.rewrite(b"".join(b'["a","ns/o-%d","uid-%032d","%d"]\n' % (n, n, 200 + n)
+                                       for n in range(200)))  # ~9 KB: sealed chunks
+        assert backend.chunk_writes > 0
+    await store.remove(ident)
+    assert not [n for n in await configmap_names(client) if n.startswith(f"keb-{ident}")]
+    assert len(await store.journal_backend(other).read() or b"") > 8000  # the other shard's intact

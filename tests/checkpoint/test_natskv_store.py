@@ -90,3 +90,44 @@ async def test_unreachable_server_is_a_store_error() -> None:
     with pytest.raises(CheckpointStoreError, match="cannot open the NATS KV bucket"):
         await store.load("x")
     await store.close()
+
+
+async def test_listing_and_removing_shard_checkpoints(nats_js: NatsServer) -> None:
+    """What resharding needs (bridge/delivery/sharding.py): the checkpoints of one informer's shards
+    listed by prefix (not their chunks or journals), one removed with its chunks and journal."""
+    store = NatsKvCheckpointStore(nats_url=nats_js.url, bucket="ckpt-shards", chunk_size=2048)
+    try:
+        assert await store.informer_ids("pods.all.x") == []
+        for ident in ("pods.all.x", "pods.all.x.shard-0-of-2", "pods.all.x.shard-1-of-2", "pods.all.y"):
+            await store.save(big_checkpoint(ident, 100))  # several chunks each
+        kv = await store._bucket_kv()
+        await kv.put(store.journal_key("pods.all.x.shard-0-of-2"), b"journal")
+        assert await store.informer_ids("pods.all.x") == [
+            "pods.all.x", "pods.all.x.shard-0-of-2", "pods.all.x.shard-1-of-2"]
+        assert await store.peek("pods.all.x.shard-1-of-2") == big_checkpoint("pods.all.x.shard-1-of-2", 100)
+        await store.remove("pods.all.x.shard-0-of-2")
+        assert await store.informer_ids("pods.all.x") == ["pods.all.x", "pods.all.x.shard-1-of-2"]
+        assert not [k for k in await kv.keys() if k.startswith("pods.all.x.shard-0-of-2")]
+        assert await store.load("pods.all.x.shard-1-of-2") == big_checkpoint("pods.all.x.shard-1-of-2", 100)
+    finally:
+        await store.close()
+
+
+async def test_removing_a_shard_checkpoint_removes_its_journal_chunks(nats_js: NatsServer) -> None:
+    """An earlier total's checkpoint removed by the clean-up after a reshard takes its whole journal
+    with it: the head and its sealed chunks (a journal that outgrew one value)."""
+    store = NatsKvCheckpointStore(nats_url=nats_js.url, bucket="ckpt-journal-chunks", journal_bytes=2048)
+    ident, other = "pods.all.x.shard-0-of-2", "pods.all.x.shard-1-of-2"
+    try:
+        for i in (ident, other):
+            await store.save(big_checkpoint(i, 3))
+            backend = store.journal_backend(i)
+            await backend.rewrite(b"".join(b'["a","ns/o-%d","uid-%032d","%d"]\n' % (n, n, 200 + n)
+                                           for n in range(200)))  # ~9 KB: sealed chunks
+            assert backend.chunk_writes > 0
+        await store.remove(ident)
+        kv = await store._bucket_kv()
+        assert not [k for k in await kv.keys() if k.startswith(ident)]
+        assert len(await store.journal_backend(other).read() or b"") > 8000  # the other's intact
+    finally:
+        await store.close()

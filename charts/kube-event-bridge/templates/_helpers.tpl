@@ -54,6 +54,28 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (include "kube-event-bridge.fullname" .) .Values.leaderElection.leaseName -}}
 {{- end -}}
 
+{{/*
+Whether the bridge runs sharded (bridge/service/service.py: a `sharding` section written at all, or
+the StatefulSet mode, which writes one): its checkpoint ids then carry the shard, and with leader
+election it campaigns for its shard's own Lease.
+*/}}
+{{- define "kube-event-bridge.sharded" -}}
+{{- if or .Values.sharding.enabled (hasKey (default dict .Values.config) "sharding") -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The Lease the bridge campaigns for: <leaseName>, or, sharded with a fixed ordinal (one release per
+shard), <leaseName>-shard-<ordinal> (the StatefulSet mode refuses leader election).
+*/}}
+{{- define "kube-event-bridge.campaignLeaseName" -}}
+{{- if include "kube-event-bridge.sharded" . -}}
+{{- $s := default dict .Values.config.sharding -}}
+{{- printf "%s-shard-%v" (include "kube-event-bridge.leaseName" .) (default 0 $s.ordinal) -}}
+{{- else -}}
+{{- include "kube-event-bridge.leaseName" . -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The ConfigMap checkpoint store's name prefix: the configured one, else <fullname>-checkpoint. */}}
 {{- define "kube-event-bridge.checkpointPrefix" -}}
 {{- $cp := default dict .Values.config.checkpoint -}}
@@ -102,6 +124,9 @@ The effective configuration: the user's `config` with the parts the chart owns f
 {{- $_ := set $cp "directory" "/var/lib/kube-event-bridge/checkpoints" -}}
 {{- end -}}
 {{- $_ := set $cfg "checkpoint" $cp -}}
+{{- if .Values.sharding.enabled -}}
+{{- $_ := set $cfg "sharding" (dict "shards" "auto" "ordinal" "auto" "strategy" .Values.sharding.strategy "statefulset" (include "kube-event-bridge.fullname" .) "namespace" .Release.Namespace) -}}
+{{- end -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
@@ -170,6 +195,10 @@ Checks what the values schema cannot: values compared with each other, and two e
 resource in one scope (each change would be sent twice). Included by configmap.yaml.
 */}}
 {{- define "kube-event-bridge.validate" -}}
+{{- if and .Values.config.shutdown_deadline (ge (float64 .Values.config.shutdown_deadline) (float64 .Values.terminationGracePeriodSeconds)) -}}
+{{- fail "config.shutdown_deadline must be less than terminationGracePeriodSeconds: the final checkpoint and the Lease release must happen before the pod is killed" -}}
+{{- end -}}
+{{- include "kube-event-bridge.validateSharding" . -}}
 {{- $le := .Values.leaderElection -}}
 {{- if not (gt (float64 $le.leaseDuration) (float64 $le.renewDeadline)) -}}
 {{- fail (printf "leaderElection.leaseDuration (%v) must be greater than leaderElection.renewDeadline (%v)" $le.leaseDuration $le.renewDeadline) -}}
@@ -186,4 +215,37 @@ resource in one scope (each change would be sent twice). Included by configmap.y
 {{- end -}}
 {{- $_ := set $seen $key $i -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+What the StatefulSet mode (sharding.enabled) cannot work with, refused before anything is installed.
+*/}}
+{{- define "kube-event-bridge.validateSharding" -}}
+{{- $cfgSharding := (default dict .Values.config).sharding -}}
+{{- if .Values.sharding.enabled -}}
+{{- if gt (len (include "kube-event-bridge.fullname" .)) 52 -}}
+{{- fail (printf "sharding.enabled: the StatefulSet's name %q is longer than 52 characters, too long for its pods' and revisions' names; set fullnameOverride" (include "kube-event-bridge.fullname" .)) -}}
+{{- end -}}
+{{- if gt (int .Values.replicaCount) 1 -}}
+{{- fail "sharding.enabled: the StatefulSet runs sharding.shards replicas, one per shard; leave replicaCount at 1" -}}
+{{- end -}}
+{{- if .Values.leaderElection.enabled -}}
+{{- fail "sharding.enabled with leaderElection.enabled: the StatefulSet mode has no per-shard standby. A StatefulSet runs one pod per ordinal, so each shard's Lease (<leaseName>-shard-<o>) would have a single candidate and nothing would stand by; the StatefulSet restarts a shard that dies (and never runs two pods of one shard), which resumes from its checkpoint. Turn leaderElection off (a standby per shard needs a second set of pods per ordinal: docs/sharding.md)" -}}
+{{- end -}}
+{{- if eq (default "file" (default dict .Values.config.checkpoint).store) "file" -}}
+{{- fail "sharding.enabled needs a shared checkpoint store (config.checkpoint.store: configmap or nats-kv): when the number of shards changes, each shard takes over objects from the checkpoints of the others, which a file in another pod cannot give it" -}}
+{{- end -}}
+{{- if $cfgSharding -}}
+{{- fail "config.sharding is written by the chart in its StatefulSet mode (shards and ordinal: auto); set sharding.shards and sharding.strategy instead" -}}
+{{- end -}}
+{{- else if $cfgSharding -}}
+{{- if or (eq (toString (default "" $cfgSharding.shards)) "auto") (eq (toString (default "" $cfgSharding.ordinal)) "auto") -}}
+{{- fail "config.sharding: auto takes the shard from a StatefulSet pod's name and the total from the StatefulSet; a Deployment has neither. Use sharding.enabled=true (the StatefulSet mode), or fixed numbers, one release per shard" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The StatefulSet's headless Service: <fullname>-shards, cut at 63 characters. */}}
+{{- define "kube-event-bridge.shardsServiceName" -}}
+{{- printf "%s-shards" (include "kube-event-bridge.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}

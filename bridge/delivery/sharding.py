@@ -1,0 +1,424 @@
+"""Resharding without loss: a shard takes over, from every checkpoint in the store, the objects it now
+owns (docs/sharding.md).
+
+Checkpoint ids. An informer watched whole has the id :func:`~bridge.delivery.checkpoint.informer_id`
+gives (its *base* id); shard ``o`` of ``t`` of a resource sharded by object has
+``<base>.shard-<o>-of-<t>`` (when ``t`` > 1). Checkpoints with one total form a *generation*; the
+store may hold several after a change of total (3 → 4 leaves the 3 old ones until the 4 new ones have
+passed them, see :func:`stale_ready`).
+
+The take-over is a function over :class:`~bridge.delivery.checkpoint.Checkpoint` values
+(:func:`plan_handover`), so that what a checkpoint holds may grow (per-sink sections) and be
+filtered and merged the same way:
+
+* Object hashes are compared modulo ``L``, the least common multiple of every total involved: a
+  residue ``r`` modulo ``L`` falls in one shard of every generation (``r % t``). For each residue
+  this shard owns (``r % total == ordinal``), the **authoritative** checkpoint is the one of the
+  newest generation (by its newest ``written_at``: generations follow each other, the old shards
+  stopped before the new ones started) that has a checkpoint for that residue. Its objects and
+  delivered-ahead entries of that residue are taken; the others are not (a newer generation's owner
+  knows better, including that an object is gone).
+* The watch resumes from the **oldest** resourceVersion among the authoritative checkpoints, so no
+  change of any taken object is missed; a change of an object at or below the resourceVersion of
+  *any* checkpoint that covers its residue was already acknowledged by every sink there, and the
+  shard skips it (:meth:`~bridge.kube.sharding.ShardFilter.set_floors`): no spurious ``added``, no
+  second ``deleted``.
+* The known-object journals of the authoritative checkpoints are taken the same way (their records
+  of the residues taken), so objects delivered after those checkpoints were written are known too.
+* If some residue this shard owns is covered by no checkpoint at all while others are (a shard of the
+  old generation never wrote one), the shard cannot know what was delivered there: it lists from
+  scratch, as with a corrupt checkpoint, and says so.
+* **Per-sink progress** (format 2, :attr:`~bridge.delivery.checkpoint.Checkpoint.sinks`) moves with
+  the objects: each sink's differences from the base (its known objects, the objects it knows are
+  gone, its delivered-ahead entries) are filtered by the same uid ownership, and merged across the
+  checkpoints taken from. A sink's resume point after merging is the oldest among its resume points
+  in what was taken (every change after it is replayed, none missed); what it acknowledged beyond it
+  in a checkpoint whose own point was later is kept per object (a delete it saw becomes an entry
+  "gone at that checkpoint's point"), so its filter skips the replay of what it has: it re-sends
+  nothing the floors and its own knowledge cover. A sink is covered by the merged checkpoint only if
+  every checkpoint taken from covers it (a format-1 checkpoint covers every sink, at its base); one
+  that some checkpoint does not cover (it was being bootstrapped there) is bootstrapped again: a
+  snapshot, never a gap.
+
+The clean-up rule (:func:`stale_ready`): the checkpoints (and journals) of other generations are
+removed by shard 0 of the current one once every shard of the current generation has written a
+checkpoint whose resourceVersion is at or beyond every resourceVersion the old generation recorded
+(checkpoints, delivered-ahead entries and journal records). From then on each new checkpoint alone
+implies everything the old generation knew for its residues, so nothing is lost when they go; until
+then a restarted shard takes over again from them, with the same result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from bridge.delivery.checkpoint import Checkpoint, CheckpointStore, SinkProgress
+from bridge.delivery.journal import JournalEntry, KnownObjectJournal
+from bridge.kube.sharding import ShardFilter, shard_residue
+
+__all__ = [
+    "MAX_MODULUS",
+    "Handover",
+    "filter_checkpoint",
+    "merge_checkpoints",
+    "parse_shard_id",
+    "plan_handover",
+    "shard_id",
+    "stale_ready",
+    "take_over",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_MODULUS = 1 << 16
+"""The largest least common multiple of totals a take-over reasons over (beyond it: a full list)."""
+
+_SHARD_SUFFIX = re.compile(r"\.shard-(\d+)-of-(\d+)$")
+
+
+def shard_id(base: str, ordinal: int, total: int) -> str:
+    """The checkpoint id of shard ``ordinal`` of ``total`` of the informer ``base``."""
+    return base if total <= 1 else f"{base}.shard-{ordinal}-of-{total}"
+
+
+def parse_shard_id(base: str, ident: str) -> tuple[int, int] | None:
+    """(ordinal, total) of a checkpoint id of ``base`` (the base itself is shard 0 of 1); None for
+    an id of another informer."""
+    if ident == base:
+        return 0, 1
+    if not ident.startswith(base):
+        return None
+    m = _SHARD_SUFFIX.fullmatch(ident[len(base):])
+    if m is None:
+        return None
+    ordinal, total = int(m.group(1)), int(m.group(2))
+    return (ordinal, total) if 0 <= ordinal < total and total > 1 else None
+
+
+def filter_checkpoint(cp: Checkpoint, keep: Callable[[str], bool], *, informer_id: str | None = None
+                      ) -> Checkpoint:
+    """``cp`` with only the objects (and delivered-ahead entries) whose uid ``keep`` accepts, in the
+    base and in every sink's section. An ahead entry without uid (a delete recorded by key alone) is
+    kept: it only tells that changes of that key up to its resourceVersion were delivered, which is
+    true wherever it is kept. A sink's "gone" entry (a key the base knows and the sink saw deleted)
+    follows the base's object of that key."""
+    objects = {k: v for k, v in cp.objects.items() if keep(v[0])}
+    ahead = {k: v for k, v in cp.ahead.items() if not v[0] or keep(v[0])}
+    sinks = None
+    if cp.sinks is not None:
+        sinks = {name: _filter_progress(p, keep, cp) for name, p in cp.sinks.items()}
+    # replace(): any other field a checkpoint holds is carried.
+    return dataclasses.replace(cp, informer_id=informer_id or cp.informer_id, objects=objects,
+                               ahead=ahead, sinks=sinks)
+
+
+def _base_uid(cp: Checkpoint, key: str) -> str:
+    """The uid of what the base knows of ``key`` (its delivered-ahead change, else its index entry)."""
+    a = cp.ahead.get(key)
+    if a is not None:
+        return a[0]
+    entry = cp.objects.get(key)
+    return entry[0] if entry is not None else ""
+
+
+def _filter_progress(p: SinkProgress, keep: Callable[[str], bool], cp: Checkpoint) -> SinkProgress:
+    objects: dict[str, tuple[str, str] | None] = {}
+    for k, v in p.objects.items():
+        uid = _base_uid(cp, k) if v is None else v[0]
+        if uid and keep(uid):
+            objects[k] = v
+    ahead = {k: a for k, a in p.ahead.items() if not a[0] or keep(a[0])}
+    return SinkProgress(resource_version=p.resource_version, objects=objects, ahead=ahead)
+
+
+def _newer(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    return int(a[1]) > int(b[1])
+
+
+def merge_checkpoints(informer_id: str, parts: Iterable[Checkpoint]) -> Checkpoint | None:
+    """One checkpoint from several (each already filtered to disjoint objects): resumes from the
+    oldest resourceVersion; objects and ahead entries united (on a key known to two of them, as an
+    object deleted and created again under the same name in two shards, the newer entry wins). Per
+    sink likewise: its resume point the oldest of its own points in the parts, its differences
+    united (see the module docs)."""
+    parts = list(parts)
+    if not parts:
+        return None
+    objects: dict[str, tuple[str, str]] = {}
+    ahead: dict[str, tuple[str, str, bool]] = {}
+    for cp in parts:
+        for k, v in cp.objects.items():
+            if k not in objects or _newer(v, objects[k]):
+                objects[k] = v
+        for k, a in cp.ahead.items():
+            if k not in ahead or int(a[1]) > int(ahead[k][1]):
+                ahead[k] = a
+    rv = min((cp.resource_version for cp in parts), key=int)
+    # An ahead entry at or below the merged resume point says nothing more than the index.
+    ahead = {k: a for k, a in ahead.items() if int(a[1]) > int(rv) or k not in objects}
+    return Checkpoint(informer_id=informer_id, resource_version=rv, objects=objects,
+                      written_at=max(cp.written_at for cp in parts), ahead=ahead,
+                      sinks=_merge_sinks(parts, int(rv)))
+
+
+def _merge_sinks(parts: list[Checkpoint], base_rv: int) -> dict[str, SinkProgress] | None:
+    """The per-sink sections of a merge (see :func:`merge_checkpoints`); None when every part is a
+    format-1 checkpoint (which covers every configured sink, at its base)."""
+    sectioned = [cp.sinks for cp in parts if cp.sinks is not None]
+    if not sectioned:
+        return None
+    # A sink is covered only where every part covers it: a part that does not (the sink was being
+    # bootstrapped there) has no progress of it, so it is bootstrapped again.
+    names = set.intersection(*(set(s) for s in sectioned))
+    merged: dict[str, SinkProgress] = {}
+    for name in sorted(names):
+        # Each part's view of the sink: its own resume point (a format-1 part: at its base).
+        views = [(int(p.resource_version or cp.resource_version), p)
+                 for cp in parts for p in [(cp.sinks or {}).get(name, SinkProgress())]]
+        merged[name] = _merge_progress(views, base_rv)
+    return merged
+
+
+def _merge_progress(views: list[tuple[int, SinkProgress]], base_rv: int) -> SinkProgress:
+    """One sink's progress from its progress in each part ((its own resume point there, its
+    section)), relative to the merged base at ``base_rv``."""
+    rv = min(own_rv for own_rv, _ in views)
+    known: dict[str, tuple[str, int, bool]] = {}
+    """Per object, the newest thing the sink acknowledged: (uid, resourceVersion, deleted)."""
+    gone: set[str] = set()
+    """Keys the base knows and the sink saw deleted, at or before its merged resume point."""
+
+    def note(key: str, entry: tuple[str, int, bool]) -> None:
+        if key not in known or entry[1] > known[key][1]:
+            known[key] = entry
+            gone.discard(key)
+
+    for own_rv, p in views:
+        for k, v in p.objects.items():
+            if v is not None:
+                note(k, (v[0], int(v[1]), False))
+            elif own_rv > rv:
+                # Seen deleted at or before this part's own point, later than the merged one: said
+                # explicitly, so that the replay of the object's older changes is skipped.
+                note(k, ("", own_rv, True))
+            elif k not in known:
+                gone.add(k)
+        for k, (uid, a_rv, deleted) in p.ahead.items():
+            note(k, (uid, int(a_rv), deleted))
+    objects: dict[str, tuple[str, str] | None] = dict.fromkeys(sorted(gone))
+    ahead: dict[str, tuple[str, str, bool]] = {}
+    for k, (uid, k_rv, deleted) in known.items():
+        if not deleted and k_rv <= rv:
+            objects[k] = (uid, str(k_rv))
+        else:
+            ahead[k] = (uid, str(k_rv), deleted)
+    return SinkProgress(resource_version=str(rv) if rv > base_rv else "", objects=objects, ahead=ahead)
+
+
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """What :func:`plan_handover` decided for one shard."""
+
+    checkpoint: Checkpoint | None
+    """Where to resume (None: nothing to resume from, list from scratch)."""
+    sources: tuple[str, ...] = ()
+    """The ids of the checkpoints objects were taken from (authoritative for some residue)."""
+    stale: tuple[str, ...] = ()
+    """Ids of other generations than the current one (to be removed once :func:`stale_ready`)."""
+    modulus: int = 1
+    floors: Mapping[int, int] = field(default_factory=dict)
+    """Residue (modulo ``modulus``) → resourceVersion up to which its changes were delivered."""
+    owner: Mapping[int, str] = field(default_factory=dict)
+    """Residue → the id of the authoritative checkpoint."""
+    incomplete: bool = False
+    """Some owned residue was covered by no checkpoint while others were: listing from scratch."""
+    sink_floors: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    """Sink → residue → resourceVersion up to which that sink acknowledged the residue's changes,
+    where it is beyond :attr:`floors` (a sink ahead of the slowest one in some checkpoint)."""
+
+    def sink_floor(self, sink: str) -> Callable[[str], int] | None:
+        """The sink's floor of an object (by uid), or None when it has none beyond :attr:`floors`."""
+        table = self.sink_floors.get(sink)
+        if not table:
+            return None
+        modulus = self.modulus
+
+        def floor(uid: str) -> int:
+            return table.get(shard_residue(uid, modulus), 0) if uid else 0
+
+        return floor
+
+    def takes(self, source: str) -> Callable[[str], bool]:
+        """Whether an object (by uid) of ``source`` is this shard's, from ``source``."""
+        modulus, owner = self.modulus, self.owner
+
+        def keep(uid: str) -> bool:
+            return bool(uid) and owner.get(shard_residue(uid, modulus)) == source
+
+        return keep
+
+
+def plan_handover(*, base: str, shard: ShardFilter, stored: Mapping[str, Checkpoint]) -> Handover:
+    """Decides what shard ``shard`` of informer ``base`` resumes from, given every checkpoint of
+    ``base`` in the store (id → checkpoint). See the module docs."""
+    own = shard_id(base, shard.ordinal, shard.total)
+    generations: dict[int, dict[int, Checkpoint]] = {}
+    for ident, cp in stored.items():
+        parsed = parse_shard_id(base, ident)
+        if parsed is not None:
+            generations.setdefault(parsed[1], {})[parsed[0]] = cp
+    stale = tuple(sorted(i for i in stored if (p := parse_shard_id(base, i)) is not None
+                         and p[1] != shard.total))
+    if set(generations) <= {shard.total}:
+        mine = generations.get(shard.total, {}).get(shard.ordinal)
+        return Handover(checkpoint=mine, sources=(own,) if mine is not None else (),
+                        modulus=shard.total, owner={})
+    totals = sorted(set(generations) | {shard.total})
+    modulus = math.lcm(*totals)
+    if modulus > MAX_MODULUS:
+        log.warning("checkpoints of %s from shard totals %s cannot be taken over (too many residues); "
+                    "listing from scratch", base, totals)
+        return Handover(checkpoint=None, stale=stale, incomplete=True)
+    # Newest generation first: by the newest written_at of its checkpoints.
+    order = sorted(generations, key=lambda t: max(cp.written_at for cp in generations[t].values()),
+                   reverse=True)
+    owner: dict[int, str] = {}
+    floors: dict[int, int] = {}
+    missing = 0
+    for r in range(shard.ordinal, modulus, shard.total):
+        covering = [(t, r % t) for t in order if r % t in generations[t]]
+        if not covering:
+            missing += 1
+            continue
+        t, o = covering[0]
+        owner[r] = shard_id(base, o, t)
+        floors[r] = max(int(generations[t2][o2].resource_version) for t2, o2 in covering)
+    if missing and owner:
+        log.warning("the checkpoints of %s do not cover every object this shard now owns (a shard of "
+                    "an earlier total never wrote one); listing from scratch: consumers see those "
+                    "objects again", base)
+        return Handover(checkpoint=None, stale=stale, incomplete=True)
+    if not owner:
+        return Handover(checkpoint=None, stale=stale)
+    plan = Handover(checkpoint=None, stale=stale, modulus=modulus, floors=floors, owner=owner)
+    sources = tuple(sorted(set(owner.values())))
+    parts = [filter_checkpoint(stored[s], plan.takes(s), informer_id=own) for s in sources]
+    merged = merge_checkpoints(own, parts)
+    sink_floors: dict[str, dict[int, int]] = {}
+    for name in (merged.sinks or {}) if merged is not None else ():
+        table: dict[int, int] = {}
+        for r in owner:
+            # As the floors: what the sink acknowledged in any checkpoint covering the residue (and
+            # covering the sink: a format-1 checkpoint covers every sink, at its base).
+            covering = [(t, r % t) for t in order if r % t in generations[t]]
+            own_rvs = [_sink_rv(generations[t][o], name) for t, o in covering]
+            best = max((v for v in own_rvs if v is not None), default=0)
+            if best > floors[r]:
+                table[r] = best
+        if table:
+            sink_floors[name] = table
+    return Handover(checkpoint=merged, sources=sources, stale=stale, modulus=modulus, floors=floors,
+                    owner=owner, sink_floors=sink_floors)
+
+
+def _sink_rv(cp: Checkpoint, sink: str) -> int | None:
+    """The sink's own resume point in ``cp`` (its base when at the base or format 1); None when
+    ``cp`` does not cover the sink."""
+    if cp.sinks is None:
+        return int(cp.resource_version)
+    progress = cp.sinks.get(sink)
+    if progress is None:
+        return None
+    return int(progress.resource_version or cp.resource_version)
+
+
+async def _journal_entries(store: CheckpointStore, ident: str, checkpoint: Checkpoint
+                           ) -> dict[str, JournalEntry]:
+    backend_for = getattr(store, "journal_backend", None)
+    if backend_for is None:
+        return {}
+    # Another shard's journal: read without fencing, as its checkpoint is peeked (its writer's token
+    # is of another shard's Lease).
+    journal = KnownObjectJournal(backend=backend_for(ident, fenced=False), informer_id=ident)
+    try:
+        return await journal.load(checkpoint)
+    finally:
+        await journal.backend.close()
+
+
+@dataclass(slots=True)
+class TakeOver:
+    """What :func:`take_over` read from the store for one shard."""
+
+    plan: Handover
+    adopted: dict[str, JournalEntry] = field(default_factory=dict)
+    """Journal records of other checkpoints' objects this shard now owns (uid → record)."""
+    keep_own_journal: Callable[[str], bool] | None = None
+    """Which records of the shard's own journal still hold (None: all of them)."""
+
+
+async def take_over(store: CheckpointStore, *, base: str, shard: ShardFilter) -> TakeOver:
+    """Reads every checkpoint of ``base`` from ``store``, plans the take-over, sets ``shard``'s floors
+    and reads the journals of the other checkpoints taken from. Raises the store's errors
+    (:class:`~bridge.delivery.checkpoint.CheckpointCorruptError` for an unreadable checkpoint)."""
+    own = shard_id(base, shard.ordinal, shard.total)
+    list_ids = getattr(store, "informer_ids", None)
+    ids = [i for i in await list_ids(base) if parse_shard_id(base, i) is not None] if list_ids else [own]
+    if own not in ids:
+        ids.append(own)
+    stored: dict[str, Checkpoint] = {}
+    peek = getattr(store, "peek", store.load)
+    for ident in ids:
+        # Its own checkpoint is claimed (fencing); another shard's is only read.
+        cp = await (store.load(ident) if ident == own else peek(ident))
+        if cp is not None:
+            stored[ident] = cp
+    plan = plan_handover(base=base, shard=shard, stored=stored)
+    out = TakeOver(plan=plan)
+    if not plan.owner:
+        return out
+    shard.set_floors(plan.modulus, plan.floors)
+    out.keep_own_journal = plan.takes(own)
+    for source in plan.sources:
+        if source == own:
+            continue
+        keep = plan.takes(source)
+        for uid, entry in (await _journal_entries(store, source, stored[source])).items():
+            if keep(uid):
+                before = out.adopted.get(uid)
+                if before is None or int(entry.resource_version) > int(before.resource_version):
+                    out.adopted[uid] = entry
+    log.info("shard %d of %d of %s takes over from %s (resuming at resourceVersion %s, %d known "
+             "objects, %d journal records)", shard.ordinal, shard.total, base, ", ".join(plan.sources),
+             plan.checkpoint.resource_version if plan.checkpoint else "-",
+             len(plan.checkpoint.objects) if plan.checkpoint else 0, len(out.adopted))
+    return out
+
+
+async def stale_ready(store: CheckpointStore, *, base: str, shard: ShardFilter,
+                      stale: Iterable[str]) -> bool:
+    """Whether the checkpoints ``stale`` (other generations) may be removed now: every shard of the
+    current generation has a checkpoint at or beyond every resourceVersion they recorded
+    (checkpoints, delivered-ahead entries, journal records). See the module docs."""
+    high = 0
+    peek = getattr(store, "peek", store.load)
+    for ident in stale:
+        cp = await peek(ident)
+        if cp is None:
+            continue
+        entries = await _journal_entries(store, ident, cp)
+        sinks = (cp.sinks or {}).values()
+        high = max([high, int(cp.resource_version), *(int(a[1]) for a in cp.ahead.values()),
+                    *(int(e.resource_version) for e in entries.values()),
+                    *(int(p.resource_version) for p in sinks if p.resource_version),
+                    *(int(a[1]) for p in sinks for a in p.ahead.values())])
+    for o in range(shard.total):
+        cp = await peek(shard_id(base, o, shard.total))
+        if cp is None or int(cp.resource_version) < high:
+            return False
+    return True

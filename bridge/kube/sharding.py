@@ -1,0 +1,177 @@
+"""Which shard owns an object, and keeping the others' objects out at the cheapest place: decoding.
+
+With sharding *by object* (docs/sharding.md) every shard watches the whole resource and keeps the
+objects whose uid hashes to its ordinal, as kube-state-metrics does::
+
+    shard_of(uid, total) = int.from_bytes(blake2b(uid, digest_size=8), "big") % total
+
+A stable hash (the same in every process, every Python, every restart): never Python's ``hash()``.
+
+:class:`ShardFilter` is what a :class:`~bridge.kube.listwatch.HttpListerWatcher` is given: a watch
+line of an object it does not own is recognised from its identity alone (one msgspec pass reading
+``type``, ``metadata.uid`` and ``metadata.resourceVersion``, skipping the rest unbuilt) and becomes a
+bookmark at its resourceVersion, so the reflector's resume point still moves while nothing of the
+object is cached, tracked, journalled or delivered; a list item not owned is dropped before it is
+decoded. Deletes follow the same rule (a delete carries the object's uid).
+
+*Floors* serve resharding (:mod:`bridge.delivery.sharding`): after a handover a shard resumes the
+watch from the oldest resume point of the checkpoints it took objects from, and a watch event of an
+object whose previous owner had already acknowledged it (its resourceVersion at or below that owner's
+checkpoint) is skipped like a foreign one. Floors apply to watch events only: a list is the state at
+one resourceVersion, every owned item of it counts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from bridge.contracts import WatchEvent, WatchEventType
+
+__all__ = ["ShardFilter", "shard_of", "shard_residue", "sharded_decoder"]
+
+
+def _digest(uid: str) -> int:
+    return int.from_bytes(hashlib.blake2b(uid.encode(), digest_size=8).digest(), "big")
+
+
+def shard_of(uid: str, total: int) -> int:
+    """The shard (0 … total-1) that owns the object with this uid."""
+    if total <= 1:
+        return 0
+    return _digest(uid) % total
+
+
+def shard_residue(uid: str, modulus: int) -> int:
+    """The uid's hash modulo ``modulus``. For every ``total`` dividing ``modulus``,
+    ``shard_residue(uid, modulus) % total == shard_of(uid, total)``: resharding reasons over residues
+    modulo the least common multiple of the totals involved."""
+    return _digest(uid) % modulus
+
+
+class _Meta(msgspec.Struct):
+    uid: str | None = ""
+    resourceVersion: str | None = ""
+
+
+class _Obj(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+
+
+class _IdentEvent(msgspec.Struct):
+    type: str = ""
+    object: _Obj = msgspec.field(default_factory=_Obj)
+
+
+_ident_event = msgspec.json.Decoder(_IdentEvent)
+_ident_obj = msgspec.json.Decoder(_Obj)
+_PASS_THROUGH = frozenset({"BOOKMARK", "ERROR"})
+
+
+class ShardFilter:
+    """Ownership of one shard by object: ``ordinal`` of ``total``, with optional floors."""
+
+    __slots__ = ("_floor_modulus", "_floors", "ordinal", "skipped", "total")
+
+    def __init__(self, *, ordinal: int, total: int) -> None:
+        if total < 1 or not 0 <= ordinal < total:
+            raise ValueError(f"shard {ordinal} of {total} does not exist")
+        self.ordinal = ordinal
+        self.total = total
+        self._floor_modulus = 0
+        self._floors: Sequence[int] = ()
+        self.skipped = 0
+        """Watch events and list items of objects this shard does not own (or already had)."""
+
+    def __repr__(self) -> str:
+        return f"ShardFilter(shard {self.ordinal} of {self.total})"
+
+    @property
+    def suffix(self) -> str:
+        """What this shard adds to an informer id: ``shard-2-of-3``."""
+        return f"shard-{self.ordinal}-of-{self.total}"
+
+    @property
+    def filtering(self) -> bool:
+        """Whether anything is to be filtered: more than one shard, or floors after a take-over (a
+        shard of 1 without floors keeps everything, and the decode step skips the identity pass)."""
+        return self.total > 1 or bool(self._floor_modulus)
+
+    def owns(self, uid: str) -> bool:
+        """Whether this shard owns the object (an object without uid belongs to shard 0)."""
+        if not uid:
+            return self.ordinal == 0
+        return shard_of(uid, self.total) == self.ordinal
+
+    def set_floors(self, modulus: int, floors: Mapping[int, int]) -> None:
+        """After a handover: a watch event of an owned object whose uid has residue ``r`` modulo
+        ``modulus`` and whose resourceVersion is at most ``floors[r]`` was already delivered by the
+        shard that owned it before; it is skipped. ``modulus`` must be a multiple of ``total``."""
+        if modulus % self.total:
+            raise ValueError(f"floor modulus {modulus} is not a multiple of {self.total}")
+        table = [0] * modulus
+        for r, rv in floors.items():
+            table[r] = rv
+        self._floor_modulus = modulus if any(table) else 0
+        self._floors = table
+
+    def keeps_event(self, uid: str, resource_version: str) -> bool:
+        """Whether a watch event of this object is this shard's to apply."""
+        if not uid:
+            return self.ordinal == 0
+        digest = _digest(uid)
+        if digest % self.total != self.ordinal:
+            return False
+        if self._floor_modulus:
+            floor = self._floors[digest % self._floor_modulus]
+            if floor and resource_version.isdigit() and int(resource_version) <= floor:
+                return False
+        return True
+
+    def keeps_item(self, raw: bytes | msgspec.Raw) -> bool:
+        """Whether a list item (its undecoded bytes) is this shard's: only its uid is read."""
+        if self.total == 1:
+            return True
+        try:
+            uid = _ident_obj.decode(raw).metadata.uid or ""
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return True  # let the full decoder report what is wrong with it
+        if self.owns(uid):
+            return True
+        self.skipped += 1
+        return False
+
+
+def _bookmark(resource_version: str) -> WatchEvent:
+    obj: dict[str, Any] = {"metadata": {"resourceVersion": resource_version}}
+    return WatchEvent(type=WatchEventType.BOOKMARK, object=obj)
+
+
+Decoder = Callable[[bytes], WatchEvent]
+
+
+def sharded_decoder(decode: Decoder, shard: ShardFilter) -> Decoder:
+    """Wraps a watch-line decoder: a line of an object ``shard`` does not keep becomes a bookmark at
+    its resourceVersion, decoded no further; bookmarks, errors and owned objects go to ``decode``.
+    A line the identity pass cannot read goes to ``decode`` too, which reports it."""
+
+    def decode_line(line: bytes) -> WatchEvent:
+        if not shard.filtering:
+            return decode(line)
+        try:
+            head = _ident_event.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return decode(line)
+        if head.type in _PASS_THROUGH:
+            return decode(line)
+        meta = head.object.metadata
+        rv = meta.resourceVersion or ""
+        if shard.keeps_event(meta.uid or "", rv):
+            return decode(line)
+        shard.skipped += 1
+        return _bookmark(rv)
+
+    return decode_line

@@ -1,0 +1,347 @@
+"""Sharded bridges as they run in production, resharded under churn, checked against the ground truth.
+
+The world, all real processes on loopback: the API-server simulator (``python -m bridge.sim``) with
+ConfigMaps churned over HTTP, a Kafka broker (Tansu), and N ``kube-event-bridge run --config FILE``
+processes, shard 0 … N-1 of N, sharing one file checkpoint directory. Each shard writes to the same
+Kafka topic (keys and partitions as without sharding) and to a file of its own, which tells which
+shard delivered what.
+
+A run goes through a list of shard totals (``3 → 4 → 2``): every shard of one total is started,
+runs under churn for a while, then all are stopped (SIGTERM: drain, final checkpoint) and the next
+total starts, the churn never pausing. At the end the churn stops, the last generation catches up
+(every shard's checkpoint reaches the last change) and is stopped.
+
+The checker (:func:`check`): the ground truth is the churn's record of every change, as the server
+answered each request (what a plain watch of the namespace shows). The union of what the shards
+delivered to Kafka must be exactly those changes (nothing missing, nothing invented), each uid's
+changes in the server's order; within one total no uid is delivered by two shards, and each is
+delivered by the shard its uid hashes to; ``kube-event-bridge verify`` reading the topic must be
+green; the checkpoints of the earlier totals must be gone. Re-sent events (a change delivered more
+than once) are counted and bounded by the in-flight windows of the shards stopped at each reshard.
+
+``python -m tests.checkpoint.sharding_harness --totals 3,4,2 --phase 20`` (``scripts/sharding-soak``)
+runs longer variants; tests/checkpoint/test_sharding_processes.py runs a short one in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import yaml
+
+from bridge.delivery.checkpoint import FileCheckpointStore, informer_id
+from bridge.delivery.sharding import shard_id
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.sharding import shard_of
+from tests.brokers import TansuBroker, free_port, running_tansu, unique_name
+from tests.checkpoint.crash_harness import (
+    CHANGE_TYPES,
+    ROOT,
+    Churn,
+    decode,
+    live_objects,
+    replay,
+    sim_process,
+)
+
+NS = "sharded"
+BASE_ID = informer_id("configmaps", NS, "", "")
+MAX_IN_FLIGHT = 32
+BUFFER = 64
+
+
+@dataclass
+class ShardProc:
+    """``kube-event-bridge run`` for one shard."""
+
+    ordinal: int
+    total: int
+    config: Path
+    log: Path
+    events: Path
+    port: int
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KEB_")}
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "bridge.service.cli", "run", "--config",
+                                          str(self.config)], cwd=ROOT, stdout=log, stderr=log, env=env)
+
+    async def wait_ready(self, http: aiohttp.ClientSession, timeout: float = 40.0) -> None:
+        deadline = time.monotonic() + timeout
+        url = f"http://127.0.0.1:{self.port}/readyz"
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                raise AssertionError(f"shard {self.ordinal}/{self.total} exited: "
+                                     f"{self.log.read_text()[-3000:]}")
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with http.get(url, timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                    if resp.status == 200:
+                        return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"shard {self.ordinal}/{self.total} never ready: {self.log.read_text()[-3000:]}")
+
+    async def stop(self, timeout: float = 30) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(self.proc.wait, timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def shard_config(*, work: Path, kubeconfig: Path, kafka: str, topic: str, ordinal: int, total: int,
+                 port: int) -> dict[str, Any]:
+    tag = f"{total}-{ordinal}"
+    return {
+        "cluster": "sharded",
+        "kubernetes": {"kubeconfig": str(kubeconfig), "in_cluster": "false"},
+        "resources": [{"resource": "configmaps", "namespace": NS}],
+        "sinks": [
+            {"name": "kafka", "kind": "kafka", "brokers": kafka, "destination": topic, "linger_ms": 1,
+             "max_in_flight": MAX_IN_FLIGHT, "buffer": {"capacity": BUFFER},
+             "retry": {"initial": 0.05, "max": 0.5}},
+            {"name": "file", "kind": "file", "path": str(work / f"events-{tag}.jsonl")},
+        ],
+        "checkpoint": {"store": "file", "directory": str(work / "checkpoints"), "interval": 0.2,
+                       "spill_directory": str(work / f"spill-{tag}")},
+        "sharding": {"shards": total, "ordinal": ordinal},
+        "server": {"host": "127.0.0.1", "port": port, "admin_port": 0},
+        "logging": {"level": "info", "format": "text"},
+        "shutdown_deadline": 20,
+    }
+
+
+@dataclass
+class Generation:
+    total: int
+    shards: list[ShardProc]
+    """The processes of this total."""
+    rv_at_stop: int = 0
+
+
+@dataclass
+class Result:
+    totals: list[int]
+    changes: int
+    delivered: int
+    resent: int
+    bound: int
+    problems: list[str] = field(default_factory=list)
+    verify_output: str = ""
+
+    def summary(self) -> str:
+        lines = [f"totals {'→'.join(map(str, self.totals))}: {self.changes} changes, {self.delivered} "
+                 f"change events delivered, {self.resent} re-sent (bound {self.bound})"]
+        lines.extend(f"  PROBLEM {p}" for p in self.problems)
+        return "\n".join(lines)
+
+
+async def _checkpoints_at(store: FileCheckpointStore, total: int, rv: int) -> bool:
+    for o in range(total):
+        try:
+            cp = await store.load(shard_id(BASE_ID, o, total))
+        except Exception:
+            return False
+        if cp is None or int(cp.resource_version) < rv:
+            return False
+    return True
+
+
+async def run(*, work: Path, kafka: TansuBroker, totals: list[int], phase: float, rate: float,
+              names: int = 60, seed: int = 19, kill: bool = False) -> Result:
+    """``kill``: the shards of each total but the last are stopped with SIGKILL (no drain, no final
+    checkpoint) instead of SIGTERM."""
+    topic = unique_name("sharded")
+    kafka.create_topic(topic, partitions=3)
+    store = FileCheckpointStore(directory=work / "checkpoints")
+    generations: list[Generation] = []
+    async with sim_process(work, namespaces=(NS,)) as (_, kubeconfig):
+        client = ApiClient.from_kubeconfig(str(kubeconfig))
+        churn = Churn(client=client, namespace=NS, rate=rate, names=names, seed=seed)
+        churn_task: asyncio.Task[None] | None = None
+        running: list[ShardProc] = []
+        try:
+            # Some objects before the first start, so the first list has something to share.
+            for i in range(names // 2):
+                obj = await client.create(churn.path, {"metadata": {"name": f"cm-{i}"}, "data": {"v": "0"}})
+                churn.live[f"cm-{i}"] = obj["metadata"]["uid"]
+                churn.produced.append(("added", f"{NS}/cm-{i}", obj["metadata"]["uid"],
+                                       obj["metadata"]["resourceVersion"]))
+            async with aiohttp.ClientSession() as http:
+                for n, total in enumerate(totals):
+                    gen = Generation(total=total, shards=[])
+                    for o in range(total):
+                        port = free_port()
+                        cfg = work / f"config-{total}-{o}.yaml"
+                        cfg.write_text(yaml.safe_dump(shard_config(
+                            work=work, kubeconfig=kubeconfig, kafka=kafka.bootstrap, topic=topic,
+                            ordinal=o, total=total, port=port)))
+                        gen.shards.append(ShardProc(ordinal=o, total=total, config=cfg,
+                                                    log=work / f"bridge-{total}-{o}.log",
+                                                    events=work / f"events-{total}-{o}.jsonl", port=port))
+                    generations.append(gen)
+                    running = gen.shards
+                    for s in running:
+                        s.start()
+                    for s in running:
+                        await s.wait_ready(http)
+                    if churn_task is None:
+                        churn_task = asyncio.create_task(churn.run(), name="sharded-churn")
+                    await asyncio.sleep(phase)
+                    if n < len(totals) - 1 and kill:
+                        for s in running:
+                            s.kill()
+                    elif n < len(totals) - 1:
+                        codes = await asyncio.gather(*(s.stop() for s in running))
+                        assert codes == [0] * total, f"shards of {total} exited with {codes}"
+                        gen.rv_at_stop = int(churn.last_rv or 0)
+                churn.stop()
+                assert churn_task is not None
+                await churn_task
+                churn_task = None
+                last = int(churn.last_rv)
+                deadline = time.monotonic() + 60
+                while not await _checkpoints_at(store, totals[-1], last):
+                    assert time.monotonic() < deadline, "the last shards never caught up"
+                    await asyncio.sleep(0.1)
+                # The earlier totals' checkpoints are removed once every shard passed them.
+                deadline = time.monotonic() + 20
+                while True:
+                    left = [i for i in await store.informer_ids(BASE_ID)
+                            if not i.endswith(f"-of-{totals[-1]}")]
+                    if not left or time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.1)
+                codes = await asyncio.gather(*(s.stop() for s in running))
+                assert codes == [0] * totals[-1], f"last shards exited with {codes}"
+            final = await live_objects(client, NS)
+        finally:
+            churn.stop()
+            if churn_task is not None:
+                await asyncio.gather(churn_task, return_exceptions=True)
+            for gen in generations:
+                for s in gen.shards:
+                    s.kill()
+            await client.close()
+        verify = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bridge.service.cli", "verify", "--kubeconfig", str(kubeconfig),
+            "--resource", f"configmaps@{NS}", "--kafka", kafka.bootstrap, "--topic", topic, "--strict",
+            cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await verify.communicate()
+    records = await asyncio.to_thread(kafka.read_all, topic)
+    return check(generations=generations, records=records, churn=churn, final=final,
+                 verify_code=verify.returncode, verify_output=out.decode(), left=left, totals=totals)
+
+
+def _shard_events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def check(*, generations: list[Generation], records: list[Any], churn: Churn,
+          final: dict[str, tuple[str, str]], verify_code: int | None, verify_output: str,
+          left: list[str], totals: list[int]) -> Result:
+    problems: list[str] = []
+    delivered = decode(records)
+    changes = [d for d in delivered if d.type in CHANGE_TYPES]
+    produced = {(t, s, u, rv) for t, s, u, rv in churn.produced}
+    seen = {(d.type, d.subject, d.uid, d.rv) for d in changes}
+    if replay(delivered) != final:
+        problems.append("replaying the topic does not give the cluster's final state")
+    missing = produced - seen
+    if missing:
+        problems.append(f"{len(missing)} changes never delivered, e.g. {sorted(missing)[:5]}")
+    extra = seen - produced
+    if extra:
+        problems.append(f"{len(extra)} events never made, e.g. {sorted(extra)[:5]}")
+    if any(d.final_state_unknown for d in changes):
+        problems.append("inferred deletes although no history expired")
+    order = {(t, u, rv): i for i, (t, _, u, rv) in enumerate(churn.produced)}
+    by_uid: dict[str, list[int]] = collections.defaultdict(list)
+    first: set[tuple[str, str, str]] = set()
+    for d in sorted(changes, key=lambda d: (d.partition, d.offset)):
+        k = (d.type, d.uid, d.rv)
+        if k not in first and k in order:
+            first.add(k)
+            by_uid[d.uid].append(order[k])
+    disorder = [u for u, seq in by_uid.items() if seq != sorted(seq)]
+    if disorder:
+        problems.append(f"per-object order violated for {len(disorder)} uids, e.g. {disorder[:3]}")
+    # Within one total, each uid is delivered by one shard only: the one its uid hashes to.
+    for gen in generations:
+        owners: dict[str, set[int]] = collections.defaultdict(set)
+        for s in gen.shards:
+            for ce in _shard_events(s.events):
+                uid = ce.get("uid")
+                if uid:
+                    owners[uid].add(s.ordinal)
+        twice = {u: o for u, o in owners.items() if len(o) > 1}
+        if twice:
+            problems.append(f"total {gen.total}: {len(twice)} uids delivered by two shards, e.g. "
+                            f"{list(twice.items())[:3]}")
+        wrong = {u: o for u, o in owners.items() if o != {shard_of(u, gen.total)}}
+        if wrong and not twice:
+            problems.append(f"total {gen.total}: {len(wrong)} uids delivered by a shard that does not "
+                            f"own them, e.g. {list(wrong.items())[:3]}")
+        if not owners:
+            problems.append(f"total {gen.total}: no shard delivered anything")
+    if verify_code != 0:
+        problems.append(f"kube-event-bridge verify exited {verify_code}:\n{verify_output}")
+    if left:
+        problems.append(f"checkpoints of earlier totals were not removed: {left}")
+    deliveries = collections.Counter((d.type, d.uid, d.rv) for d in changes)
+    resent = sum(n - 1 for n in deliveries.values())
+    # What a reshard may re-send: per stopped shard, what was unacknowledged when it stopped (its
+    # buffer and in-flight window); a graceful stop drains, so usually nothing.
+    bound = sum(g.total for g in generations[:-1]) * (MAX_IN_FLIGHT + BUFFER)
+    if resent > bound:
+        problems.append(f"{resent} events re-sent, more than the in-flight bound {bound}")
+    return Result(totals=totals, changes=len(churn.produced), delivered=len(changes), resent=resent,
+                  bound=bound, problems=problems, verify_output=verify_output)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.checkpoint.sharding_harness")
+    p.add_argument("--totals", default="3,4,2", help="shard totals one after the other")
+    p.add_argument("--phase", type=float, default=20.0, help="seconds each total runs under churn")
+    p.add_argument("--rate", type=float, default=100.0, help="changes per second")
+    p.add_argument("--names", type=int, default=200, help="distinct object names churned")
+    p.add_argument("--seed", type=int, default=19)
+    p.add_argument("--kill", action="store_true", help="SIGKILL the shards at each reshard")
+    args = p.parse_args()
+    totals = [int(t) for t in args.totals.split(",")]
+    with tempfile.TemporaryDirectory(prefix="keb-sharding-") as tmp, running_tansu() as kafka:
+        result = asyncio.run(run(work=Path(tmp), kafka=kafka, totals=totals, phase=args.phase,
+                                 rate=args.rate, names=args.names, seed=args.seed, kill=args.kill))
+    print(result.summary())
+    return 0 if not result.problems else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
