@@ -22,6 +22,7 @@ from typing import Any, NewType, Protocol, runtime_checkable
 
 __all__ = [
     "AckFunc",
+    "BatchedWatchStream",
     "DeletedFinalStateUnknown",
     "DeliveryObserver",
     "EventHandler",
@@ -138,6 +139,17 @@ class WatchStream(Protocol):
 
     async def close(self) -> None:
         """Stops the watch and releases its connection. Idempotent."""
+
+
+@runtime_checkable
+class BatchedWatchStream(WatchStream, Protocol):
+    """An open watch that can also hand out its events a read at a time (the HTTP watch does).
+
+    ``batches()`` replaces ``__aiter__`` (a stream is read once, one way or the other): each item
+    is every event ready now, in stream order, never empty, never held back to wait for more. The
+    reflector applies a batch in one loop; streams without it are read one event at a time."""
+
+    def batches(self) -> AsyncIterator[list[WatchEvent]]: ...
 
 
 class ListerWatcher(Protocol):

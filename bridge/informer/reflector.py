@@ -56,11 +56,12 @@ import inspect
 import logging
 import random
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from bridge.clock import Clock
 from bridge.contracts import (
+    BatchedWatchStream,
     KubeObject,
     ListerWatcher,
     ListOptions,
@@ -217,16 +218,27 @@ class _WatchEnd(enum.Enum):
 
 @dataclass(slots=True)
 class _OpenWatch:
-    """An open watch and the one iterator over its events. A watch stream is iterated exactly once
-    (a second ``__aiter__`` raises): whoever continues reading it (the watch loop after a WatchList's
-    initial state) must take over this iterator, never start a new one."""
+    """An open watch and the one iterator over its events, a batch at a time. A watch stream is
+    iterated exactly once (a second ``__aiter__`` or ``batches()`` raises): whoever continues
+    reading it (the watch loop after a WatchList's initial state) must take over this iterator,
+    never start a new one, and apply ``pending`` first (the rest of the batch that held the
+    initial-events-end bookmark)."""
 
     stream: WatchStream
-    events: AsyncIterator[WatchEvent]
+    batches: AsyncIterator[list[WatchEvent]]
+    pending: list[WatchEvent] = field(default_factory=list)
 
     @classmethod
     def of(cls, stream: WatchStream) -> _OpenWatch:
-        return cls(stream, stream.__aiter__())
+        if isinstance(stream, BatchedWatchStream):
+            return cls(stream, stream.batches())
+        return cls(stream, _one_at_a_time(stream.__aiter__()))
+
+
+async def _one_at_a_time(events: AsyncIterator[WatchEvent]) -> AsyncIterator[list[WatchEvent]]:
+    """A stream without batches, as batches of one event."""
+    async for event in events:
+        yield [event]
 
 
 class _WatchListRejected(Exception):
@@ -558,11 +570,15 @@ class Reflector:
         self._current_stream = stream.stream
         count = 0
         try:
-            async for event in stream.events:
-                if event.type is WatchEventType.ERROR:
-                    return self._error_event_end(event), count
-                await self._apply(event)
-                count += 1
+            batch, stream.pending = stream.pending, []
+            if batch:
+                end, count = await self._apply_batch(batch, count)
+                if end is not None:
+                    return end, count
+            async for batch in stream.batches:
+                end, count = await self._apply_batch(batch, count)
+                if end is not None:
+                    return end, count
         except ApiUnavailableError as exc:
             # A connection that breaks mid-stream (reset, EOF) ends the watch like a clean close,
             # as client-go's stream watcher treats probable-EOF errors.
@@ -632,27 +648,43 @@ class Reflector:
                     code, reason, message, extra={"informer": self.name})
         return _WatchEnd.RELIST
 
-    async def _apply(self, event: WatchEvent) -> None:
-        obj = event.object
-        if event.type is not WatchEventType.BOOKMARK and not _has_name(obj):
-            # A well-formed event whose object cannot be keyed: nothing can be done with it but
-            # say so (client-go's store refuses it the same way); its resourceVersion still counts.
-            log.error("reflector %s: skipping a %s event whose object has no metadata.name "
-                      "(resourceVersion %r)", self.name, event.type.value, _resource_version(obj))
-        elif event.type is WatchEventType.ADDED:
-            await _call(self._store.add(obj))
-        elif event.type is WatchEventType.MODIFIED:
-            await _call(self._store.update(obj))
-        elif event.type is WatchEventType.DELETED:
-            await _call(self._store.delete(obj))
-        elif event.type is not WatchEventType.BOOKMARK:
-            log.error("unable to understand watch event type %s", event.type, extra={"informer": self.name})
-        rv = _resource_version(obj)
-        if rv:
-            self._last_sync_rv = rv
-            updater = getattr(self._store, "update_resource_version", None)
-            if updater is not None:
-                await _call(updater(rv))
+    async def _apply_batch(self, events: list[WatchEvent], count: int) -> tuple[_WatchEnd | None, int]:
+        """Applies a batch of watch events to the store in one loop, in order, each exactly as one
+        event alone would be (its change, then its resourceVersion). Stops at an ``ERROR`` event and
+        returns how the watch ends; ``count`` goes up by the events applied. A store that answers
+        with an awaitable is awaited there and then (backpressure), a plain one never is."""
+        store = self._store
+        updater = getattr(store, "update_resource_version", None)
+        for event in events:
+            kind = event.type
+            obj = event.object
+            result: object = None
+            if kind is WatchEventType.ERROR:
+                return self._error_event_end(event), count
+            if kind is not WatchEventType.BOOKMARK and not _has_name(obj):
+                # A well-formed event whose object cannot be keyed: nothing can be done with it but
+                # say so (client-go's store refuses it the same way); its resourceVersion still counts.
+                log.error("reflector %s: skipping a %s event whose object has no metadata.name "
+                          "(resourceVersion %r)", self.name, kind.value, _resource_version(obj))
+            elif kind is WatchEventType.ADDED:
+                result = store.add(obj)
+            elif kind is WatchEventType.MODIFIED:
+                result = store.update(obj)
+            elif kind is WatchEventType.DELETED:
+                result = store.delete(obj)
+            elif kind is not WatchEventType.BOOKMARK:
+                log.error("unable to understand watch event type %s", kind, extra={"informer": self.name})
+            if result is not None and inspect.isawaitable(result):
+                await result
+            rv = _resource_version(obj)
+            if rv:
+                self._last_sync_rv = rv
+                if updater is not None:
+                    result = updater(rv)
+                    if result is not None and inspect.isawaitable(result):
+                        await result
+            count += 1
+        return None, count
 
     # -- WatchList ----------------------------------------------------------------------------------
 
@@ -686,7 +718,7 @@ class Reflector:
             opened = _OpenWatch.of(stream)
             ok = False
             try:
-                await self._consume_initial_events(opened.events)
+                await self._consume_initial_events(opened)
                 ok = True
                 return opened
             except _WatchListRejected as rejected:
@@ -706,9 +738,9 @@ class Reflector:
                  "snapshot", self.name, rv, reason)
         self._rv_unavailable = True
 
-    async def _consume_initial_events(self, events: AsyncIterator[WatchEvent]) -> None:
+    async def _consume_initial_events(self, opened: _OpenWatch) -> None:
         try:
-            await self._consume_initial_events_from(events)
+            await self._consume_initial_events_from(opened)
         except ApiUnavailableError as exc:
             raise _WatchListRejected(f"stream broke before the initial-events-end bookmark: {exc}",
                                      remember=False) from exc
@@ -717,38 +749,41 @@ class Reflector:
             raise _WatchListRejected(f"stream failed before the initial-events-end bookmark: {exc}",
                                      remember=True, expired=expired) from exc
 
-    async def _consume_initial_events_from(self, events: AsyncIterator[WatchEvent]) -> None:
+    async def _consume_initial_events_from(self, opened: _OpenWatch) -> None:
         temp: dict[str, KubeObject] = {}
-        # Returning from inside this loop leaves ``events`` open: the watch loop takes it over.
-        async for event in events:
-            obj = event.object
-            if event.type is WatchEventType.ERROR:
-                end = self._error_event_end(event)
-                # Only an error the server answers a WatchList with means it will not serve them;
-                # a 429, an expired RV or a line the client could not decode says nothing about it.
-                raise _WatchListRejected(
-                    f"ERROR event before the initial-events-end bookmark: {obj.get('message', '')}",
-                    remember=end is _WatchEnd.RELIST, expired=end is _WatchEnd.EXPIRED)
-            if event.type is WatchEventType.BOOKMARK:
-                annotations = (obj.get("metadata") or {}).get("annotations") or {}
-                if annotations.get(INITIAL_EVENTS_END_ANNOTATION) == "true":
-                    rv = _resource_version(obj)
-                    await _call(self._store.replace(list(temp.values()), rv))
-                    self._last_sync_rv = rv
-                    self._rv_unavailable = False
-                    self.list_count += 1
-                    log.debug("WatchList delivered %d items at resourceVersion %s",
-                              len(temp), rv, extra={"informer": self.name})
-                    return
-                continue
-            key = _key(obj)
-            if not _has_name(obj):
-                log.error("reflector %s: skipping a %s event whose object has no metadata.name "
-                          "(resourceVersion %r)", self.name, event.type.value, _resource_version(obj))
-            elif event.type is WatchEventType.DELETED:
-                temp.pop(key, None)
-            else:
-                temp[key] = obj
+        # Returning from inside this loop leaves the stream open: the watch loop takes it over,
+        # starting with the rest of the batch the initial-events-end bookmark came in.
+        async for batch in opened.batches:
+            for i, event in enumerate(batch):
+                obj = event.object
+                if event.type is WatchEventType.ERROR:
+                    end = self._error_event_end(event)
+                    # Only an error the server answers a WatchList with means it will not serve them;
+                    # a 429, an expired RV or a line the client could not decode says nothing about it.
+                    raise _WatchListRejected(
+                        f"ERROR event before the initial-events-end bookmark: {obj.get('message', '')}",
+                        remember=end is _WatchEnd.RELIST, expired=end is _WatchEnd.EXPIRED)
+                if event.type is WatchEventType.BOOKMARK:
+                    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+                    if annotations.get(INITIAL_EVENTS_END_ANNOTATION) == "true":
+                        rv = _resource_version(obj)
+                        await _call(self._store.replace(list(temp.values()), rv))
+                        self._last_sync_rv = rv
+                        self._rv_unavailable = False
+                        self.list_count += 1
+                        log.debug("WatchList delivered %d items at resourceVersion %s",
+                                  len(temp), rv, extra={"informer": self.name})
+                        opened.pending = batch[i + 1:]
+                        return
+                    continue
+                key = _key(obj)
+                if not _has_name(obj):
+                    log.error("reflector %s: skipping a %s event whose object has no metadata.name "
+                              "(resourceVersion %r)", self.name, event.type.value, _resource_version(obj))
+                elif event.type is WatchEventType.DELETED:
+                    temp.pop(key, None)
+                else:
+                    temp[key] = obj
         raise _WatchListRejected("stream closed before the initial-events-end bookmark", remember=False)
 
     # -- resync -------------------------------------------------------------------------------------

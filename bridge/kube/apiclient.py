@@ -161,12 +161,28 @@ class LineStream:
     def __aiter__(self) -> AsyncIterator[bytes]:
         """The lines, once: a second iteration would start a second reader over the same
         connection (and lose what the first had buffered), so it raises instead."""
+        return self._lines(self.batches())
+
+    def batches(self) -> AsyncGenerator[list[bytes], None]:
+        """The lines a read at a time: each item holds every complete line one read of the
+        connection made available (never empty), so a consumer pays its per-item cost per read, not
+        per line. Never waits for more than what is there. Like ``__aiter__``, once per stream (the
+        two share the one reader)."""
         if self._iterated:
             raise RuntimeError(f"{self._context}: a stream's lines can be iterated only once")
         self._iterated = True
-        return self._lines()
+        return self._batches()
 
-    async def _lines(self) -> AsyncIterator[bytes]:
+    @staticmethod
+    async def _lines(batches: AsyncGenerator[list[bytes], None]) -> AsyncIterator[bytes]:
+        try:
+            async for batch in batches:
+                for line in batch:
+                    yield line
+        finally:
+            await batches.aclose()
+
+    async def _batches(self) -> AsyncGenerator[list[bytes], None]:
         buf = bytearray()
         content = self._response.content
         try:
@@ -181,8 +197,7 @@ class LineStream:
                     break
                 start = len(buf)
                 buf += chunk
-                pos = buf.find(b"\n", start)
-                if pos < 0:
+                if buf.find(b"\n", start) < 0:
                     if len(buf) > self._max_line_bytes:
                         self.oversized_lines += 1
                         self.broken = ValueError(f"line longer than {self._max_line_bytes} bytes")
@@ -191,14 +206,13 @@ class LineStream:
                         buf.clear()
                         break
                     continue
-                begin = 0
-                while pos >= 0:
-                    line = bytes(buf[begin:pos])
-                    begin = pos + 1
-                    if line.strip():
-                        yield line
-                    pos = buf.find(b"\n", begin)
-                del buf[:begin]
+                end = buf.rfind(b"\n")
+                # One copy of the complete lines, split in one call; blank lines are skipped.
+                parts = bytes(memoryview(buf)[:end]).split(b"\n")
+                del buf[:end + 1]
+                lines = [line for line in parts if line and not line.isspace()]
+                if lines:
+                    yield lines
         finally:
             self.tail = bytes(buf).strip()
             self._release()

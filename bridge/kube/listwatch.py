@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import msgspec
@@ -315,29 +315,51 @@ class HttpWatchStream:
 
     def __aiter__(self) -> AsyncIterator[WatchEvent]:
         """The events, once (a second iteration raises: see the module docstring)."""
+        return self._events(self.batches())
+
+    def batches(self) -> AsyncGenerator[list[WatchEvent], None]:
+        """The events a read at a time (:class:`bridge.contracts.BatchedWatchStream`): every line
+        one read of the connection made available, decoded in one loop. A batch is never empty and
+        never waits for more lines; one that meets a line that is not a watch event ends with the
+        ``ERROR`` event, and the stream with it. Once per stream, like ``__aiter__``."""
         if self._iterated:
             raise RuntimeError(f"{self._context}: a watch stream can be iterated only once")
         self._iterated = True
-        return self._events()
+        return self._batches()
 
-    async def _events(self) -> AsyncIterator[WatchEvent]:
+    @staticmethod
+    async def _events(batches: AsyncGenerator[list[WatchEvent], None]) -> AsyncIterator[WatchEvent]:
+        try:
+            async for batch in batches:
+                for event in batch:
+                    yield event
+        finally:
+            await batches.aclose()
+
+    async def _batches(self) -> AsyncGenerator[list[WatchEvent], None]:
         decode = self._decoder
-        async for line in self._lines:
+        async for lines in self._lines.batches():
+            events: list[WatchEvent] = []
+            append = events.append
             try:
-                event = decode(line)
+                for line in lines:
+                    append(decode(line))
             except WatchDecodeError as e:
+                self.events += len(events)
                 self.garbage_lines += 1
                 if self._on_garbage is not None:
                     self._on_garbage()
+                bad = lines[len(events)]
                 _log.warning(
                     "%s: a line is not a watch event (%d bytes): %s; ending the watch after %d events",
-                    self._context, len(line), e, self.events,
+                    self._context, len(bad), e, self.events,
                 )
-                yield WatchEvent(type=WatchEventType.ERROR, object=decode_error_status(str(e)))
+                append(WatchEvent(type=WatchEventType.ERROR, object=decode_error_status(str(e))))
+                yield events
                 await self._lines.close()
                 return
-            self.events += 1
-            yield event
+            self.events += len(events)
+            yield events
         tail = self._lines.tail
         if tail:
             # The last line had no newline: a complete event whose terminator never came is still
@@ -349,7 +371,7 @@ class HttpWatchStream:
                 _log.info("%s: discarded a half-written last line (%d bytes)", self._context, len(tail))
                 return
             self.events += 1
-            yield event
+            yield [event]
 
     async def close(self) -> None:
         await self._lines.close()
