@@ -282,29 +282,61 @@ class DeltaFIFO:
         deltas are dropped like on an exception (the informer only cancels on shutdown).
         Meant for a single consumer loop; concurrent pops work but process keys concurrently.
         """
+        await self.pop_ready(process, limit=1)
+
+    async def pop_ready(
+        self,
+        process: PopProcessFunc,
+        *,
+        until: float | None = None,
+        limit: int | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> int:
+        """:meth:`pop` for every entry ready now, one after the other in one call; returns how many.
+
+        Waits only for the first entry (as :meth:`pop`), never for more: it returns when the queue
+        is empty, after ``limit`` entries, once the loop's clock reaches ``until`` or once ``stop()``
+        is true (each checked after an entry). Each entry is removed only when its turn comes, so what the
+        producer queues meanwhile (while ``process`` awaits) joins the same run, and ``delete``,
+        ``replace`` and ``resync`` judge every key exactly as between single pops. An exception from
+        ``process`` propagates after its entry was removed; the entries after it stay queued.
+        """
         while not self._queue:
             if self._closed:
                 raise FIFOClosedError("the DeltaFIFO is closed")
             self._changed.clear()
             await self._changed.wait()
 
-        entry = self._queue.popleft()
-        if isinstance(entry, ResourceVersionMarker):
-            self._markers -= 1
-            await process(entry, False)
-            return
-
-        is_in_initial_list = not self.has_synced()
-        if self._initial_population_count > 0:
-            self._initial_population_count -= 1
-        deltas = self._items.pop(entry)
-        self._queued -= len(deltas)
-        self._queued_bytes -= sum(_size(d.object) for d in deltas)
-        self._in_flight[entry] = deltas
-        try:
-            await process(deltas, is_in_initial_list)
-        finally:
-            self._in_flight.pop(entry, None)
+        clock = asyncio.get_running_loop().time if until is not None else None
+        queue = self._queue
+        items = self._items
+        in_flight = self._in_flight
+        done = 0
+        while queue:
+            entry = queue.popleft()
+            done += 1
+            if isinstance(entry, ResourceVersionMarker):
+                self._markers -= 1
+                await process(entry, False)
+            else:
+                is_in_initial_list = not self.has_synced()
+                if self._initial_population_count > 0:
+                    self._initial_population_count -= 1
+                deltas = items.pop(entry)
+                self._queued -= len(deltas)
+                self._queued_bytes -= sum(_size(d.object) for d in deltas)
+                in_flight[entry] = deltas
+                try:
+                    await process(deltas, is_in_initial_list)
+                finally:
+                    in_flight.pop(entry, None)
+            if limit is not None and done >= limit:
+                break
+            if until is not None and clock is not None and clock() >= until:
+                break
+            if stop is not None and stop():
+                break
+        return done
 
     # ------------------------------------------------------------------ inspection
 

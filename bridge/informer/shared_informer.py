@@ -672,6 +672,9 @@ class SharedIndexInformer:
             return False
         return self._processor.others_have_work(listener)
 
+    def _is_stopping(self) -> bool:
+        return self._stopping
+
     async def _pop_loop(self) -> None:
         fifo = self._fifo
         assert fifo is not None
@@ -682,7 +685,8 @@ class SharedIndexInformer:
                 await asyncio.sleep(0)  # a backlog is processed in slices (see TIME_SLICE)
                 slice_end = loop.time() + TIME_SLICE
             try:
-                await fifo.pop(self._process)
+                # Everything ready now in one call, up to the end of the slice.
+                await fifo.pop_ready(self._process, until=slice_end, stop=self._is_stopping)
             except FIFOClosedError:
                 return
             except asyncio.CancelledError:
