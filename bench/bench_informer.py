@@ -158,6 +158,10 @@ def make_pod(i: int, rv: int) -> KubeObject:
 # (a) throughput
 
 
+READ_BATCH = 16
+"""Events per batch of the canned stream: about what one 64 KiB read of a watch of ~4 KB Pods holds."""
+
+
 class _CannedStream:
     """A watch stream that yields pre-built events, then stays open until closed."""
 
@@ -172,6 +176,17 @@ class _CannedStream:
 
     def __aiter__(self) -> AsyncIterator[WatchEvent]:
         return self._iter()
+
+    async def _batches(self) -> AsyncIterator[list[WatchEvent]]:
+        events = self._events
+        for i in range(0, len(events), READ_BATCH):
+            yield events[i:i + READ_BATCH]
+        await self._closed.wait()
+
+    def batches(self) -> AsyncIterator[list[WatchEvent]]:
+        """The events as an HTTP watch hands them out: what one read of the connection holds (a
+        bridge without batched watch streams reads ``__aiter__`` instead)."""
+        return self._batches()
 
     async def close(self) -> None:
         self._closed.set()
