@@ -1,0 +1,320 @@
+"""The watch read a batch at a time (``HttpWatchStream.batches``) and the reflector applying such
+batches, against a real HTTP server writing exactly the bytes a test wants: a batch mixing objects, a
+bookmark and a garbled line; order across batch boundaries cut mid-line; and a garbled line in the
+middle of a batch ending the watch so that the reflector watches again from the last good
+resourceVersion, the change on the garbled line coming again."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import orjson
+import pytest
+from aiohttp import web
+
+from bridge.clock import RealClock
+from bridge.contracts import BatchedWatchStream, KubeObject, WatchEvent, WatchEventType, WatchOptions
+from bridge.informer.backoff import Backoff
+from bridge.informer.delta_fifo import DeltaFIFO, Deltas, DeltaType, ResourceVersionMarker
+from bridge.informer.reflector import Reflector
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.listwatch import DECODE_ERROR_CAUSE, HttpListerWatcher
+
+from .conftest import ScriptedServer
+from .test_watch_stream import PODS, line, streaming
+
+
+def bookmark(rv: int) -> bytes:
+    obj = {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": str(rv)}}
+    return orjson.dumps({"type": "BOOKMARK", "object": obj}) + b"\n"
+
+
+async def read_batches(server: ScriptedServer, chunks: list[bytes]) -> tuple[list[list[WatchEvent]], int]:
+    server.handler = streaming(chunks)  # type: ignore[assignment]
+    url = await server.start()
+    async with ApiClient(server=url) as client:
+        lw = HttpListerWatcher(client=client, resource=PODS, namespace="ns")
+        stream = await lw.watch(WatchOptions(resource_version="7", timeout_seconds=300))
+        assert isinstance(stream, BatchedWatchStream)
+        batches = [batch async for batch in stream.batches()]
+        await stream.close()
+    return batches, stream.events
+
+
+def described(events: list[WatchEvent]) -> list[tuple[str, str]]:
+    out = []
+    for e in events:
+        meta = e.object.get("metadata") or {}
+        label = meta.get("name") or meta.get("resourceVersion") or e.object.get("code")
+        out.append((e.type.value, str(label)))
+    return out
+
+
+async def test_one_read_is_one_batch_of_objects_a_bookmark_and_the_garbled_line_ending_it(
+    server: ScriptedServer,
+) -> None:
+    """Lines written at once come as one batch (not one item per line); the garbled line ends the
+    batch with the decoding ERROR and ends the stream: the line after it is never read."""
+    one_write = (line("ADDED", "a", 8) + bookmark(9) + b"\n" + line("MODIFIED", "a", 10)
+                 + b"{not json\n" + line("ADDED", "b", 11))
+    batches, events = await read_batches(server, [one_write])
+    assert all(batches)
+    assert len(batches) < 4  # 5 lines (and a blank one) did not come one per item
+    flat = [e for batch in batches for e in batch]
+    assert described(flat) == [("ADDED", "a"), ("BOOKMARK", "9"), ("MODIFIED", "a"), ("ERROR", "500")]
+    error = flat[-1].object
+    assert [c["type"] for c in error["details"]["causes"]] == [DECODE_ERROR_CAUSE]
+    assert events == 3  # the ERROR is not counted as an event
+
+
+async def test_order_across_batch_boundaries_cut_mid_line(server: ScriptedServer) -> None:
+    data = b"".join(line("MODIFIED", f"p{i % 5}", 100 + i) for i in range(60))
+    rng = random.Random(3)
+    chunks, at = [], 0
+    while at < len(data):
+        step = rng.randrange(200, 9000)
+        chunks.append(data[at:at + step])
+        at += step
+    batches, events = await read_batches(server, chunks)
+    assert len(batches) > 1
+    assert all(batches)
+    flat = [e for batch in batches for e in batch]
+    assert [int(e.object["metadata"]["resourceVersion"]) for e in flat] == list(range(100, 160))
+    assert [e.object["metadata"]["name"] for e in flat] == [f"p{i % 5}" for i in range(60)]
+    assert events == 60
+
+
+async def test_batches_and_events_share_the_one_reader(server: ScriptedServer) -> None:
+    server.handler = streaming([line("ADDED", "a", 8)])  # type: ignore[assignment]
+    url = await server.start()
+    async with ApiClient(server=url) as client:
+        lw = HttpListerWatcher(client=client, resource=PODS, namespace="ns")
+        stream = await lw.watch(WatchOptions(resource_version="7", timeout_seconds=300))
+        batches = stream.batches()
+        with pytest.raises(RuntimeError, match="iterated only once"):
+            aiter(stream)
+        assert described([e async for b in batches for e in b]) == [("ADDED", "a")]
+        await stream.close()
+
+
+class _RecordingFifo:
+    """The reflector's store side as a DeltaFIFO would see it: every call in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.changed = asyncio.Event()
+
+    def _note(self, what: str, value: str) -> None:
+        self.calls.append((what, value))
+        self.changed.set()
+
+    def add(self, obj: KubeObject) -> None:
+        self._note("add", _name_rv(obj))
+
+    def update(self, obj: KubeObject) -> None:
+        self._note("update", _name_rv(obj))
+
+    def delete(self, obj: KubeObject) -> None:
+        self._note("delete", _name_rv(obj))
+
+    def replace(self, items: list[KubeObject], resource_version: str) -> None:
+        self._note("replace", resource_version)
+
+    def resync(self) -> None:
+        pass
+
+    def update_resource_version(self, resource_version: str) -> None:
+        self._note("rv", resource_version)
+
+
+def _name_rv(obj: KubeObject) -> str:
+    meta = obj["metadata"]
+    return f"{meta['name']}@{meta['resourceVersion']}"
+
+
+async def test_a_garbled_line_mid_batch_rewatches_from_the_last_good_resource_version(
+    server: ScriptedServer,
+) -> None:
+    """The events before the garbled line of a batch are applied (each with its resourceVersion),
+    the rest of the batch is not; the watch is opened again from the last resourceVersion applied
+    (the bookmark's here) and the change the garbled line carried comes again, in order."""
+    watches: list[str] = []
+    hold = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") != "true":
+            body = {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "7"}, "items": []}
+            return web.json_response(body)
+        watches.append(request.query["resourceVersion"])
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        if len(watches) == 1:
+            await response.write(line("ADDED", "a", 8) + bookmark(9) + b'{"type": "MODIFIED", "obj\n'
+                                 + line("ADDED", "b", 11))
+        else:
+            await response.write(line("MODIFIED", "a", 10) + line("ADDED", "b", 11))
+            await hold.wait()
+        await response.write_eof()
+        return response
+
+    server.handler = handler
+    url = await server.start()
+    fifo = _RecordingFifo()
+    clock = RealClock()
+    async with ApiClient(server=url) as client:
+        lw = HttpListerWatcher(client=client, resource=PODS, namespace="ns")
+        reflector = Reflector(name="pods", lister_watcher=lw, store=fifo, clock=clock,
+                              backoff=Backoff(clock=clock, initial=0.01, cap=0.05, jitter=0.0),
+                              rng=random.Random(1))
+        task = asyncio.create_task(reflector.run())
+        try:
+            async with asyncio.timeout(10):
+                while ("add", "b@11") not in fifo.calls:
+                    fifo.changed.clear()
+                    await fifo.changed.wait()
+        finally:
+            hold.set()
+            reflector.stop()
+            await asyncio.wait_for(task, 10)
+    assert watches == ["7", "9"]
+    assert fifo.calls == [("replace", "7"), ("add", "a@8"), ("rv", "8"), ("rv", "9"),
+                          ("update", "a@10"), ("rv", "10"), ("add", "b@11"), ("rv", "11")]
+    assert reflector.last_sync_resource_version == "11"
+    assert reflector.list_count == 1
+
+
+async def test_a_batch_reaches_the_fifo_and_the_informer_in_order(server: ScriptedServer) -> None:
+    """Deltas of a batch land in the DeltaFIFO as single events would: per-key coalescing and one
+    progress marker between keys, popped in one ``pop_ready`` run in queue order."""
+    one_write = (line("ADDED", "a", 8) + line("ADDED", "b", 9) + line("MODIFIED", "a", 10)
+                 + bookmark(11) + line("DELETED", "b", 12))
+    server.handler = streaming([one_write])  # type: ignore[assignment]
+    url = await server.start()
+    fifo = DeltaFIFO()
+    async with ApiClient(server=url) as client:
+        lw = HttpListerWatcher(client=client, resource=PODS, namespace="ns")
+        stream = await lw.watch(WatchOptions(resource_version="7", timeout_seconds=300))
+        assert isinstance(stream, BatchedWatchStream)
+        for batch in [b async for b in stream.batches()]:
+            for event in batch:
+                meta = event.object["metadata"]
+                if event.type is WatchEventType.ADDED:
+                    fifo.add(event.object)
+                elif event.type is WatchEventType.MODIFIED:
+                    fifo.update(event.object)
+                elif event.type is WatchEventType.DELETED:
+                    fifo.delete(event.object)
+                fifo.update_resource_version(meta["resourceVersion"])
+        await stream.close()
+    popped: list[object] = []
+
+    async def process(item: Deltas | ResourceVersionMarker, initial: bool) -> None:
+        if isinstance(item, ResourceVersionMarker):
+            popped.append(item.resource_version)
+        else:
+            popped.append([(d.type, d.object["metadata"]["resourceVersion"]) for d in item])  # type: ignore[index]
+
+    assert await fifo.pop_ready(process) == 4
+    assert popped == [[(DeltaType.ADDED, "8"), (DeltaType.UPDATED, "10")], "8",
+                      [(DeltaType.ADDED, "9"), (DeltaType.DELETED, "12")], "12"]
+
+
+async def test_an_error_event_mid_batch_stops_the_batch_there(server: ScriptedServer) -> None:
+    """A 410 the server sends in the middle of what one read brings: nothing after it is applied,
+    and the reflector relists (from the list's resourceVersion it then watches)."""
+    lists: list[str] = []
+    watches: list[str] = []
+    hold = asyncio.Event()
+    rewatched = asyncio.Event()
+    expired = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired",
+               "code": 410, "message": "too old resource version: 7 (8)", "metadata": {}}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") != "true":
+            lists.append(request.query.get("resourceVersion", ""))
+            rv = "7" if len(lists) == 1 else "20"
+            return web.json_response({"kind": "PodList", "apiVersion": "v1",
+                                      "metadata": {"resourceVersion": rv}, "items": []})
+        watches.append(request.query["resourceVersion"])
+        if len(watches) == 2:
+            rewatched.set()
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        if len(watches) == 1:
+            await response.write(line("ADDED", "a", 8) + orjson.dumps({"type": "ERROR", "object": expired})
+                                 + b"\n" + line("ADDED", "b", 9))
+            await hold.wait()
+        else:
+            await hold.wait()
+        await response.write_eof()
+        return response
+
+    server.handler = handler
+    url = await server.start()
+    fifo = _RecordingFifo()
+    clock = RealClock()
+    async with ApiClient(server=url) as client:
+        lw = HttpListerWatcher(client=client, resource=PODS, namespace="ns")
+        reflector = Reflector(name="pods", lister_watcher=lw, store=fifo, clock=clock,
+                              backoff=Backoff(clock=clock, initial=0.01, cap=0.05, jitter=0.0),
+                              rng=random.Random(1))
+        task = asyncio.create_task(reflector.run())
+        try:
+            async with asyncio.timeout(10):
+                await rewatched.wait()
+        finally:
+            hold.set()
+            reflector.stop()
+            await asyncio.wait_for(task, 10)
+    assert watches == ["7", "20"]
+    assert fifo.calls[:4] == [("replace", "7"), ("add", "a@8"), ("rv", "8"), ("replace", "20")]
+    assert ("add", "b@9") not in fifo.calls
+    assert reflector.expired_count == 1
+
+
+async def test_events_after_the_initial_events_end_in_the_same_batch_are_applied(
+    server: ScriptedServer,
+) -> None:
+    """WatchList: the read holding the initial-events-end bookmark also holds the first changes
+    after it; the watch loop takes those over first, in order, before reading on."""
+    watches: list[str] = []
+    hold = asyncio.Event()
+    end = {"kind": "Pod", "apiVersion": "v1", "metadata": {
+        "resourceVersion": "8", "annotations": {"k8s.io/initial-events-end": "true"}}}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        watches.append(request.query.get("resourceVersion", ""))
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(line("ADDED", "a", 8) + orjson.dumps({"type": "BOOKMARK", "object": end})
+                             + b"\n" + line("MODIFIED", "a", 9) + line("ADDED", "b", 10))
+        await response.write(line("DELETED", "b", 11))
+        await hold.wait()
+        await response.write_eof()
+        return response
+
+    server.handler = handler
+    url = await server.start()
+    fifo = _RecordingFifo()
+    clock = RealClock()
+    async with ApiClient(server=url) as client:
+        lw = HttpListerWatcher(client=client, resource=PODS, namespace="ns")
+        reflector = Reflector(name="pods", lister_watcher=lw, store=fifo, clock=clock,
+                              use_watch_list=True, rng=random.Random(1))
+        task = asyncio.create_task(reflector.run())
+        try:
+            async with asyncio.timeout(10):
+                while ("delete", "b@11") not in fifo.calls:
+                    fifo.changed.clear()
+                    await fifo.changed.wait()
+        finally:
+            hold.set()
+            reflector.stop()
+            await asyncio.wait_for(task, 10)
+    assert watches == [""]
+    assert fifo.calls == [("replace", "8"), ("update", "a@9"), ("rv", "9"), ("add", "b@10"), ("rv", "10"),
+                          ("delete", "b@11"), ("rv", "11")]
