@@ -96,14 +96,22 @@ async def _bridge_watch(lw: HttpListerWatcher, count: int) -> int:
     stream = await lw.watch(WatchOptions(resource_version="0", timeout_seconds=60,
                                          allow_watch_bookmarks=False))
     seen = 0
+    batches = getattr(stream, "batches", None)
     try:
-        async for _event in stream:
-            seen += 1
-            if seen >= count:
-                break
+        if batches is not None:
+            # The reflector's way: whatever one read brings, decoded in one loop.
+            async for batch in batches():
+                seen += len(batch)
+                if seen >= count:
+                    break
+        else:
+            async for _event in stream:
+                seen += 1
+                if seen >= count:
+                    break
     finally:
         await stream.close()
-    return seen
+    return min(seen, count)
 
 
 async def _record_lines(client: ApiClient, lw: HttpListerWatcher, count: int) -> list[bytes]:
