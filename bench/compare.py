@@ -179,6 +179,14 @@ def headline(name: str, result: Mapping[str, Any]) -> dict[str, Figure]:
             out["never-wait vs blocking path (rate)"] = (float(cost["spill_vs_block"]), True)
         if "cpu_spill_vs_block" in cost:
             out["never-wait vs blocking path (CPU)"] = (float(cost["cpu_spill_vs_block"]), False)
+    elif name == "informer":
+        for variant, e in result.get("throughput", {}).items():
+            out[f"informer {variant}: deltas/s"] = (float(e["deltas_per_second"]), True)
+    elif name == "decode":
+        watch = result.get("watch", {})
+        if "bridge_events_per_s" in watch:
+            out["decode: bridge watch events/s (HTTP)"] = (float(watch["bridge_events_per_s"]), True)
+            out["decode: watch ratio to the official client"] = (float(watch["ratio"]), True)
     elif name == "naive":
         out["bridge events/s"] = (float(result["bridge"]["events_per_s"]), True)
         out["ratio to the naive client"] = (float(result["ratio"]), True)
