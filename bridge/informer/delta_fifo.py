@@ -295,11 +295,12 @@ class DeltaFIFO:
         """:meth:`pop` for every entry ready now, one after the other in one call; returns how many.
 
         Waits only for the first entry (as :meth:`pop`), never for more: it returns when the queue
-        is empty, after ``limit`` entries, once the loop's clock reaches ``until`` or once ``stop()``
-        is true (each checked after an entry). Each entry is removed only when its turn comes, so what the
-        producer queues meanwhile (while ``process`` awaits) joins the same run, and ``delete``,
-        ``replace`` and ``resync`` judge every key exactly as between single pops. An exception from
-        ``process`` propagates after its entry was removed; the entries after it stay queued.
+        is empty, after ``limit`` entries, once the loop's clock reaches ``until`` or once
+        ``stop()`` is true (each checked after an entry). Each entry is removed only when its turn
+        comes, so what the producer queues meanwhile (while ``process`` awaits) joins the same run,
+        and ``delete``, ``replace`` and ``resync`` judge every key exactly as between single pops.
+        An exception from ``process`` propagates after its entry was removed; the entries after it
+        stay queued.
         """
         while not self._queue:
             if self._closed:

@@ -955,3 +955,53 @@ async def test_queued_deltas_and_bytes_follow_adds_pops_and_collapsed_deletes() 
     await fifo.pop(process)
     assert fifo.queued_deltas == 0
     assert fifo.queued_bytes == 0
+
+
+async def test_pop_ready_takes_what_is_ready_now_and_what_processing_queues_meanwhile() -> None:
+    """One call pops every ready entry in queue order; an entry queued while ``process`` awaits
+    joins the run; with the queue empty it returns instead of waiting for more."""
+    fifo = DeltaFIFO()
+    fifo.add(pod("a", "1"))
+    fifo.update_resource_version("1")
+    fifo.add(pod("b", "2"))
+    seen: list[object] = []
+
+    async def process(item: Deltas | ResourceVersionMarker, initial: bool) -> None:
+        if isinstance(item, ResourceVersionMarker):
+            seen.append(item.resource_version)
+            return
+        seen.append([(d.type.value, d.object["metadata"]["name"]) for d in item])  # type: ignore[index]
+        if len(seen) == 1:
+            fifo.update(pod("a", "3"))  # a is in flight: queued again, at the end
+        await asyncio.sleep(0)
+
+    assert await fifo.pop_ready(process) == 4
+    assert seen == [[("Added", "a")], "1", [("Added", "b")], [("Updated", "a")]]
+    assert len(fifo) == 0
+    waiter = asyncio.create_task(fifo.pop_ready(process))
+    await asyncio.sleep(0.01)
+    assert not waiter.done()  # nothing ready: waits for the first entry only
+    fifo.add(pod("c", "4"))
+    assert await waiter == 1
+
+
+async def test_pop_ready_stops_at_its_limit_its_deadline_or_when_told() -> None:
+    fifo = DeltaFIFO()
+    for i in range(6):
+        fifo.add(pod(f"p{i}", str(i + 1)))
+    popped: list[str] = []
+
+    async def process(item: Deltas | ResourceVersionMarker, initial: bool) -> None:
+        assert not isinstance(item, ResourceVersionMarker)
+        popped.append(item[-1].object["metadata"]["name"])  # type: ignore[index]
+
+    assert await fifo.pop_ready(process, limit=2) == 2
+    loop = asyncio.get_running_loop()
+    assert await fifo.pop_ready(process, until=loop.time() - 1) == 1  # always one entry first
+    assert await fifo.pop_ready(process, stop=lambda: len(popped) >= 4) == 1
+    assert fifo.list_keys() == ["default/p4", "default/p5"]
+    assert popped == ["p0", "p1", "p2", "p3"]
+    fifo.close()
+    assert await fifo.pop_ready(process) == 2
+    with pytest.raises(FIFOClosedError):
+        await fifo.pop_ready(process)
