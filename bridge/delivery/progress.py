@@ -37,7 +37,7 @@ import dataclasses
 import heapq
 import itertools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bridge.contracts import (
@@ -335,6 +335,22 @@ class AckTracker:
         rv_int = _as_int(entry[1])
         return (entry[0], rv_int if rv_int is not None else 0, False)
 
+    def follow_listener(self, listener: str, floor: int, own: Mapping[str, Knowledge]) -> None:
+        """Starts ``listener``'s own-progress scan (:meth:`listener_state`) now: for a sink whose
+        knowledge differs from the base when the informer resumes (``floor``, ``own``: its per-sink
+        section). Call before the first notification is dispatched.
+
+        **Invariant**: a sink whose knowledge may differ from the base has its scan from the first
+        notification on, so every change applied meanwhile to an object it knows differently is
+        folded into its knowledge in order. Were the scan started at the first checkpoint write
+        instead, the changes the base applied before it would be missing from the sink's knowledge:
+        the section written would keep the sink's stale state (an object it saw deleted, although
+        it has since received its re-creation), and after the next crash its filter would drop the
+        delete of the object it holds."""
+        if listener not in self._scans:
+            self._scans[listener] = _Scan(cursor=self._last_applied_seq + 1, changes=dict(own),
+                                          rv=floor)
+
     def listener_state(self, listener: str, floor: int, own: Mapping[str, Knowledge]
                        ) -> tuple[int, dict[str, Knowledge | None]]:
         """One sink's own progress, for the checkpoint's per-sink section: its resume
@@ -342,7 +358,8 @@ class AckTracker:
         :meth:`base_knowledge` (None: the base knows the object, the sink knows it is gone).
 
         ``floor`` is the sink's own resume point when the informer resumed (its per-sink section),
-        ``own`` its knowledge then where it differed from the base (both read on the first call).
+        ``own`` its knowledge then where it differed from the base (both read on the first call,
+        unless :meth:`follow_listener` started the scan — it must, for a sink that differs).
         The sink's progress is that, plus every notification of the window's prefix it does not owe
         (a sink acknowledges in any order, but only the contiguous prefix is certain), plus the
         markers that prefix passes. Per object, a change older than what the sink already knows is
@@ -538,7 +555,9 @@ class SinkResume:
 
     * a change whose resourceVersion is at or below the sink's own resume point, or at or below
       what the sink already acknowledged of that object, is skipped (acknowledged, not delivered);
-    * a delete of a uid the sink never knew, or already knows deleted, is dropped;
+    * a delete of a uid the sink never knew, or already knows deleted, is dropped — unless the
+      uid is one the sink *may* hold (:attr:`maybe`: delivered after the checkpoint write, past the
+      sink's own resume point, as the known-object journal records), which always gets its delete;
     * an add of an object the sink knows becomes an update (dropped when the resourceVersion is
       the one it has), an update of an object it never knew becomes an add — so after a 410
       relist the sink gets the differences against *its own* index;
@@ -551,13 +570,22 @@ class SinkResume:
     the informer's state, and keys not in it pass unchanged. The filter is switched off once
     :attr:`known` is empty and the informer has passed the sink's resume point, which makes its
     cost a dictionary lookup and an integer comparison per change while it lasts, nothing after.
+
+    **Invariant** on deletes: a delete is dropped only when the sink *certainly* does not hold the
+    uid — its own resume point covers the delete, or its knowledge (certain up to the point its
+    section was written) says so and nothing of that uid may have reached it since. The known-object
+    journal names what may have reached a sink since (every object delivered to some sink after the
+    last checkpoint write that the base does not know); those uids (:attr:`maybe`) get their delete
+    whatever :attr:`known` says. A delete too many is harmless (a uid is deleted once); one too few
+    leaves the sink with an object the cluster no longer has.
     """
 
-    __slots__ = ("_api_version", "_kind", "known", "resource_version", "skipped")
+    __slots__ = ("_api_version", "_kind", "known", "maybe", "resource_version", "skipped")
 
     def __init__(self, *, resource_version: int, known: Mapping[str, Knowledge],
-                 api_version: str = "", kind: str = "") -> None:
-        """``api_version`` and ``kind`` of the resource: the delete of an object known only to
+                 maybe: Iterable[str] = (), api_version: str = "", kind: str = "") -> None:
+        """``maybe``: uids the sink may hold beyond what ``known`` says (see above).
+        ``api_version`` and ``kind`` of the resource: the delete of an object known only to
         this sink carries a metadata-only object of that kind."""
         self._api_version = api_version
         self._kind = kind
@@ -565,6 +593,8 @@ class SinkResume:
         """Every change up to it was acknowledged by this sink."""
         self.known: dict[str, Knowledge] = dict(known)
         """Per object, this sink's knowledge where it differs from the informer's (see above)."""
+        self.maybe: set[str] = set(maybe)
+        """uids the sink may hold whatever :attr:`known` says: their delete is never dropped."""
         self.skipped = 0
         """Notifications acknowledged without delivery because the sink had them already."""
 
@@ -581,6 +611,10 @@ class SinkResume:
         known = self.known
         mine = known.get(key)
         if kind is NotificationKind.DELETE:
+            if self.maybe and uid in self.maybe:
+                self.maybe.discard(uid)
+                if not (not inferred and rv is not None and rv <= self.resource_version):
+                    return self._maybe_held(n, key, mine, tombstone)
             if not inferred:
                 if rv is not None and rv <= self.resource_version:
                     if mine is not None:
@@ -631,6 +665,23 @@ class SinkResume:
         else:
             out.append(n)
         return out
+
+    def _maybe_held(self, n: Notification, key: str, mine: Knowledge | None,
+                    tombstone: bool) -> list[Notification]:
+        """The delete of a uid the sink may hold although :attr:`known` says otherwise: it goes
+        out. ``known`` is kept as for a delete the sink would otherwise not have received: a key
+        known deleted (or another uid that a relist's tombstone now reports gone) agrees with the
+        informer afterwards; another uid the informer still has to report stays."""
+        if mine is None:
+            return [n]
+        uid = _entry_of(n.obj)[0]
+        if mine[2] or mine[0] == uid:
+            del self.known[key]
+            return [n]
+        if not tombstone:
+            return [n]  # the sink's other object stays known: its delete or replacement follows
+        del self.known[key]
+        return [n, self._delete_own(n, key, mine)]
 
     def _skip(self) -> list[Notification]:
         self.skipped += 1
