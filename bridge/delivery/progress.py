@@ -46,6 +46,7 @@ from bridge.contracts import (
     Notification,
     NotificationKind,
     ObjectKey,
+    UnconfirmedGone,
 )
 from bridge.rawobject import object_identity
 from bridge.rawobject import object_key as raw_object_key
@@ -223,6 +224,9 @@ class AckTracker:
         if n.kind is not NotificationKind.DELETE:
             if not isinstance(n.obj, DeletedFinalStateUnknown):
                 self._last_rv[key] = _entry_of(n.obj)[1]
+            return
+        if isinstance(n.obj, UnconfirmedGone):
+            self._unobserved.add(n.seq)  # the key itself may live on: its last state stays
             return
         known = self._last_rv.pop(key, None)
         if isinstance(n.obj, DeletedFinalStateUnknown):
@@ -525,6 +529,10 @@ class AckTracker:
 def _effect_of(n: Notification) -> _Effect:
     if n.kind is NotificationKind.SNAPSHOT or n.kind is NotificationKind.GAP:
         return None  # the cache restated, or a relist's frame: no change
+    if isinstance(n.obj, UnconfirmedGone):
+        # A journal-only object gone: the index (what every sink acknowledged) never had it — an
+        # add of it would have settled it — and the key may live on under another uid.
+        return None
     key = n.key or object_key(n.obj)
     entry: IndexEntry | None
     if n.kind is NotificationKind.DELETE:
@@ -605,41 +613,12 @@ class SinkResume:
         if kind is NotificationKind.SNAPSHOT or kind is NotificationKind.GAP:
             return [n]
         key = n.key or object_key(n.obj)
-        tombstone = isinstance(n.obj, DeletedFinalStateUnknown)
         uid, rv_text = _entry_of(n.obj)
         rv = int(rv_text) if rv_text.isdigit() else None
         known = self.known
         mine = known.get(key)
         if kind is NotificationKind.DELETE:
-            if self.maybe and uid in self.maybe:
-                self.maybe.discard(uid)
-                if not (not inferred and rv is not None and rv <= self.resource_version):
-                    return self._maybe_held(n, key, mine, tombstone)
-            if not inferred:
-                if rv is not None and rv <= self.resource_version:
-                    if mine is not None:
-                        del known[key]  # gone for both
-                    return self._skip()
-                if mine is None:
-                    return [n]
-                if mine[2] or mine[0] != uid:
-                    if mine[2]:
-                        del known[key]
-                    return self._skip()  # a uid it never knew, or already saw deleted
-                del known[key]
-                return [n]
-            if mine is None:
-                return [n]
-            if mine[2]:
-                del known[key]
-                return self._skip()
-            if mine[0] == uid:
-                del known[key]
-                return [n]
-            if tombstone:
-                del known[key]
-                return [self._delete_own(n, key, mine)]
-            return self._skip()  # the old object of a re-creation it never had; the add follows
+            return self._admit_delete(n, key, mine, inferred=inferred, uid=uid, rv=rv)
         # add or update
         if rv is not None and rv <= self.resource_version:
             if mine is not None and mine[0] == uid and mine[1] == rv and not mine[2]:
@@ -666,22 +645,46 @@ class SinkResume:
             out.append(n)
         return out
 
-    def _maybe_held(self, n: Notification, key: str, mine: Knowledge | None,
-                    tombstone: bool) -> list[Notification]:
-        """The delete of a uid the sink may hold although :attr:`known` says otherwise: it goes
-        out. ``known`` is kept as for a delete the sink would otherwise not have received: a key
-        known deleted (or another uid that a relist's tombstone now reports gone) agrees with the
-        informer afterwards; another uid the informer still has to report stays."""
+    def _admit_delete(self, n: Notification, key: str, mine: Knowledge | None, *, inferred: bool,
+                      uid: str, rv: int | None) -> list[Notification]:
+        """What the sink receives for a delete of ``uid`` (see the class docs and invariants)."""
+        known = self.known
+        # A relist found the key gone; an UnconfirmedGone only says one journal-only object of the
+        # key is gone (the key may live on: the relist's own notification of it follows).
+        gone_only = isinstance(n.obj, UnconfirmedGone)
+        tombstone = isinstance(n.obj, DeletedFinalStateUnknown) and not gone_only
+        maybe = bool(self.maybe) and uid in self.maybe
+        if maybe:
+            self.maybe.discard(uid)
+        if not inferred and rv is not None and rv <= self.resource_version:
+            if mine is not None:
+                del known[key]  # gone for both: it acknowledged this very delete
+            return self._skip()
         if mine is None:
             return [n]
-        uid = _entry_of(n.obj)[0]
-        if mine[2] or mine[0] == uid:
-            del self.known[key]
-            return [n]
-        if not tombstone:
-            return [n]  # the sink's other object stays known: its delete or replacement follows
-        del self.known[key]
-        return [n, self._delete_own(n, key, mine)]
+        holds_it = not mine[2] and mine[0] == uid
+        if holds_it or maybe:
+            # It holds the uid, or may (the journal's word): the delete goes out.
+            if holds_it or mine[2]:
+                if gone_only:
+                    known[key] = ("", -1, True)  # it has nothing there; what the key holds is news
+                else:
+                    del known[key]
+                return [n]
+            if tombstone:
+                del known[key]
+                return [n, self._delete_own(n, key, mine)]
+            return [n]  # its other object stays known: its delete or replacement follows
+        if mine[2]:
+            if not gone_only:
+                del known[key]  # gone for both (or the add of the key's new object follows)
+            return self._skip()  # a uid it never knew, or already saw deleted
+        if tombstone and inferred:
+            del known[key]
+            return [self._delete_own(n, key, mine)]
+        # A uid it never knew while it holds another: an observed delete of a stale incarnation,
+        # the old object of a re-creation (the add follows) or a journal-only object gone.
+        return self._skip()
 
     def _skip(self) -> list[Notification]:
         self.skipped += 1

@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind, ObjectKey
+from bridge.contracts import (
+    DeletedFinalStateUnknown,
+    Notification,
+    NotificationKind,
+    ObjectKey,
+    UnconfirmedGone,
+)
 from bridge.delivery.progress import Knowledge, SinkResume
 
 ADD, UPDATE, DELETE = NotificationKind.ADD, NotificationKind.UPDATE, NotificationKind.DELETE
@@ -112,6 +118,40 @@ def test_a_delete_of_a_uid_the_sink_may_hold_goes_out(
     # Without the journal's word the same deletes were dropped (what the fault schedule found).
     if expect:
         assert n not in resume(10, mine).admit(n, inferred)
+
+
+def gone_stub(uid: str, rv: int) -> Notification:
+    """A relist's notice that a journal-only object of ns/a is gone (the key may live on)."""
+    return Notification(kind=DELETE, obj=UnconfirmedGone(ObjectKey("ns/a"), obj(uid, rv)),
+                        key=ObjectKey("ns/a"), seq=1)
+
+
+@pytest.mark.parametrize(
+    ("mine", "maybe", "expect", "known_after"),
+    [
+        # It holds another uid: the journal-only object's end says nothing about it (it stays).
+        (("u2", 14, False), False, [], ("u2", 14, False)),
+        (("u2", 14, False), True, [(DELETE, "u1", "5")], ("u2", 14, False)),
+        # It holds that very object: the delete goes out, and the key's object is news to it.
+        (("u1", 12, False), False, [(DELETE, "u1", "5")], ("", -1, True)),
+        # It saw the key deleted: nothing, unless it may hold the object.
+        (("", 12, True), False, [], ("", 12, True)),
+        (("", 12, True), True, [(DELETE, "u1", "5")], ("", -1, True)),
+        (None, False, [(DELETE, "u1", "5")], None),
+    ],
+)
+def test_a_journal_only_object_gone_is_not_the_keys_end(
+        mine: Knowledge | None, maybe: bool, expect: list[tuple[NotificationKind, str, str]],
+        known_after: Knowledge | None) -> None:
+    r = SinkResume(resource_version=10, known={} if mine is None else {"ns/a": mine},
+                   maybe={"u1"} if maybe else (), api_version="v1", kind="ConfigMap")
+    got = r.admit(gone_stub("u1", 5), True)
+    seen = []
+    for g in got:
+        o = g.obj.obj if isinstance(g.obj, DeletedFinalStateUnknown) else g.obj
+        seen.append((g.kind, o["metadata"]["uid"], o["metadata"]["resourceVersion"]))
+    assert seen == expect
+    assert r.known.get("ns/a") == known_after
 
 
 def test_own_progress_takes_the_changes_applied_before_the_first_checkpoint_write() -> None:
