@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.delivery.checkpoint import FileCheckpointStore
 from bridge.errors import ConflictError, NotFoundError
 from bridge.kube.apiclient import ApiClient
 from bridge.sim import Simulator
@@ -76,6 +77,10 @@ def ack_some(sink: RecordingSink, rng: random.Random, keen: float) -> None:
         ack(DeliveryOutcome.DELIVERED)
 
 
+def journal_text(ckpt: Path) -> str:
+    return "".join(path.read_text() for path in sorted(ckpt.glob("*.journal")))
+
+
 async def history(seed: int, client: ApiClient, ckpt: Path, story: list[tuple[str, ...]]
                   ) -> dict[str, Held]:
     rng = random.Random(seed)
@@ -103,6 +108,8 @@ async def history(seed: int, client: ApiClient, ckpt: Path, story: list[tuple[st
         if rng.random() < 0.5:
             await client.request("POST", "/_sim/compact")
     # The last run: every sink acknowledges, until the checkpoint passed the cluster's state.
+    story.append(("checkpoint", repr(await FileCheckpointStore(directory=ckpt).load(IDENT))))
+    story.append(("journal", journal_text(ckpt)))
     sinks = [RecordingSink(name) for name in SINKS]
     p = await pipeline(client, ckpt, sinks)
     await p.start()
@@ -136,6 +143,6 @@ async def test_every_sink_ends_with_the_clusters_objects(sim: tuple[Simulator, A
         stale = {k: (held[name][k], v) for k, v in cluster.items() if k in held[name]
                  and held[name][k][0] == v[0] and held[name][k] != v}
         bad = set(phantom) | set(missing) | set(stale)
-        told = [line for line in story
-                if line[0] == name and (len(line) < 3 or line[2] in bad or not line[2])]
+        told = [line for line in story if line[0] in ("checkpoint", "journal")
+                or (line[0] == name and (len(line) < 3 or line[2] in bad or not line[2]))]
         assert (phantom, missing, stale) == ({}, {}, {}), f"sink {name}, seed {seed}: {told}"
