@@ -43,6 +43,7 @@ __all__ = [
     "OverflowPolicy",
     "Store",
     "TransformFunc",
+    "UnconfirmedGone",
     "WatchEvent",
     "WatchEventType",
     "WatchOptions",
@@ -67,6 +68,14 @@ class DeletedFinalStateUnknown:
 
     key: ObjectKey
     obj: KubeObject
+
+
+@dataclass(frozen=True, slots=True)
+class UnconfirmedGone(DeletedFinalStateUnknown):
+    """An object only the bridge's known-object journal knew (an *unconfirmed* seed of a resumed
+    informer) that a relist did not return under its uid: that object is gone, but the key may live
+    on under another uid (the relist's own notification of the key follows). Unlike a plain
+    tombstone it says nothing about whatever else the key holds."""
 
 
 KeyFunc = Callable[[Any], ObjectKey]

@@ -988,12 +988,16 @@ class BridgePipeline:
                 own_known = {**{key: ("", -1, True) for key in union_only if key not in own_known},
                              **own_known}
                 # The journal is the union of what any sink may have received since the base: what
-                # this sink's own progress covers, it knows it does not have.
-                for key, _uid, stub_rv in journal_only:
-                    if key not in known and key not in own_known and stub_rv.isdigit() \
-                            and int(stub_rv) <= own_rv:
+                # this sink's own progress covers, it knows it does not have; what it does not
+                # cover, the sink may hold whatever its section says (it was delivered after the
+                # write), so the delete of it is never dropped.
+                maybe: set[str] = set()
+                for key, uid, stub_rv in journal_only:
+                    if not (stub_rv.isdigit() and int(stub_rv) <= own_rv):
+                        maybe.add(uid)
+                    elif key not in known and key not in own_known:
                         own_known[key] = ("", -1, True)
-                own = SinkResume(resource_version=own_rv, known=own_known,
+                own = SinkResume(resource_version=own_rv, known=own_known, maybe=maybe,
                                  api_version=watched.ref.api_version, kind=watched.ref.kind,
                                  floor=floor, floor_max=max(
                                      (handover.plan.sink_floors.get(sink.name, {}).values()
@@ -1009,6 +1013,10 @@ class BridgePipeline:
                                     bootstrap=bootstrap, own_progress=own)
             if own is not None:
                 tracker.thresholds.append((own.passed_at, listener.own_progress_passed))
+            if sink.name in inf.own_progress and sink.name not in inf.bootstrapping:
+                # Its knowledge differs from the base: its own progress follows every change from
+                # the first one (see AckTracker.follow_listener).
+                tracker.follow_listener(sink.name, *inf.own_progress[sink.name])
             reg = informer.add_event_handler(listener, _listener_options(sink, self._spill_directory,
                                                                          ident))
             inf.registrations[sink.name] = reg

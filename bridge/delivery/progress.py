@@ -37,7 +37,7 @@ import dataclasses
 import heapq
 import itertools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bridge.contracts import (
@@ -46,6 +46,7 @@ from bridge.contracts import (
     Notification,
     NotificationKind,
     ObjectKey,
+    UnconfirmedGone,
 )
 from bridge.rawobject import object_identity
 from bridge.rawobject import object_key as raw_object_key
@@ -224,6 +225,9 @@ class AckTracker:
             if not isinstance(n.obj, DeletedFinalStateUnknown):
                 self._last_rv[key] = _entry_of(n.obj)[1]
             return
+        if isinstance(n.obj, UnconfirmedGone):
+            self._unobserved.add(n.seq)  # the key itself may live on: its last state stays
+            return
         known = self._last_rv.pop(key, None)
         if isinstance(n.obj, DeletedFinalStateUnknown):
             self._unobserved.add(n.seq)
@@ -335,6 +339,22 @@ class AckTracker:
         rv_int = _as_int(entry[1])
         return (entry[0], rv_int if rv_int is not None else 0, False)
 
+    def follow_listener(self, listener: str, floor: int, own: Mapping[str, Knowledge]) -> None:
+        """Starts ``listener``'s own-progress scan (:meth:`listener_state`) now: for a sink whose
+        knowledge differs from the base when the informer resumes (``floor``, ``own``: its per-sink
+        section). Call before the first notification is dispatched.
+
+        **Invariant**: a sink whose knowledge may differ from the base has its scan from the first
+        notification on, so every change applied meanwhile to an object it knows differently is
+        folded into its knowledge in order. Were the scan started at the first checkpoint write
+        instead, the changes the base applied before it would be missing from the sink's knowledge:
+        the section written would keep the sink's stale state (an object it saw deleted, although
+        it has since received its re-creation), and after the next crash its filter would drop the
+        delete of the object it holds."""
+        if listener not in self._scans:
+            self._scans[listener] = _Scan(cursor=self._last_applied_seq + 1, changes=dict(own),
+                                          rv=floor)
+
     def listener_state(self, listener: str, floor: int, own: Mapping[str, Knowledge]
                        ) -> tuple[int, dict[str, Knowledge | None]]:
         """One sink's own progress, for the checkpoint's per-sink section: its resume
@@ -342,7 +362,8 @@ class AckTracker:
         :meth:`base_knowledge` (None: the base knows the object, the sink knows it is gone).
 
         ``floor`` is the sink's own resume point when the informer resumed (its per-sink section),
-        ``own`` its knowledge then where it differed from the base (both read on the first call).
+        ``own`` its knowledge then where it differed from the base (both read on the first call,
+        unless :meth:`follow_listener` started the scan — it must, for a sink that differs).
         The sink's progress is that, plus every notification of the window's prefix it does not owe
         (a sink acknowledges in any order, but only the contiguous prefix is certain), plus the
         markers that prefix passes. Per object, a change older than what the sink already knows is
@@ -508,6 +529,10 @@ class AckTracker:
 def _effect_of(n: Notification) -> _Effect:
     if n.kind is NotificationKind.SNAPSHOT or n.kind is NotificationKind.GAP:
         return None  # the cache restated, or a relist's frame: no change
+    if isinstance(n.obj, UnconfirmedGone):
+        # A journal-only object gone: the index (what every sink acknowledged) never had it — an
+        # add of it would have settled it — and the key may live on under another uid.
+        return None
     key = n.key or object_key(n.obj)
     entry: IndexEntry | None
     if n.kind is NotificationKind.DELETE:
@@ -538,7 +563,9 @@ class SinkResume:
 
     * a change whose resourceVersion is at or below the sink's own resume point, or at or below
       what the sink already acknowledged of that object, is skipped (acknowledged, not delivered);
-    * a delete of a uid the sink never knew, or already knows deleted, is dropped;
+    * a delete of a uid the sink never knew, or already knows deleted, is dropped — unless the
+      uid is one the sink *may* hold (:attr:`maybe`: delivered after the checkpoint write, past the
+      sink's own resume point, as the known-object journal records), which always gets its delete;
     * an add of an object the sink knows becomes an update (dropped when the resourceVersion is
       the one it has), an update of an object it never knew becomes an add — so after a 410
       relist the sink gets the differences against *its own* index;
@@ -551,14 +578,24 @@ class SinkResume:
     the informer's state, and keys not in it pass unchanged. The filter is switched off once
     :attr:`known` is empty and the informer has passed the sink's resume point, which makes its
     cost a dictionary lookup and an integer comparison per change while it lasts, nothing after.
+
+    **Invariant** on deletes: a delete is dropped only when the sink *certainly* does not hold the
+    uid — its own resume point covers the delete, or its knowledge (certain up to the point its
+    section was written) says so and nothing of that uid may have reached it since. The known-object
+    journal names what may have reached a sink since (every object delivered to some sink after the
+    last checkpoint write that the base does not know); those uids (:attr:`maybe`) get their delete
+    whatever :attr:`known` says. A delete too many is harmless (a uid is deleted once); one too few
+    leaves the sink with an object the cluster no longer has.
     """
 
-    __slots__ = ("_api_version", "_floor", "_kind", "known", "passed_at", "resource_version", "skipped")
+    __slots__ = ("_api_version", "_floor", "_kind", "known", "maybe", "passed_at", "resource_version",
+                 "skipped")
 
     def __init__(self, *, resource_version: int, known: Mapping[str, Knowledge],
-                 api_version: str = "", kind: str = "", floor: Callable[[str], int] | None = None,
-                 floor_max: int = 0) -> None:
-        """``api_version`` and ``kind`` of the resource: the delete of an object known only to
+                 maybe: Iterable[str] = (), api_version: str = "", kind: str = "",
+                 floor: Callable[[str], int] | None = None, floor_max: int = 0) -> None:
+        """``maybe``: uids the sink may hold beyond what ``known`` says (see above).
+        ``api_version`` and ``kind`` of the resource: the delete of an object known only to
         this sink carries a metadata-only object of that kind. ``floor`` (by uid): a higher point
         than ``resource_version`` up to which the sink acknowledged an object's changes (after a
         reshard, its own point in the checkpoint the object came from; at most ``floor_max``)."""
@@ -571,6 +608,8 @@ class SinkResume:
         """Once the informer passed it, the filter only needs to look at :attr:`known`."""
         self.known: dict[str, Knowledge] = dict(known)
         """Per object, this sink's knowledge where it differs from the informer's (see above)."""
+        self.maybe: set[str] = set(maybe)
+        """uids the sink may hold whatever :attr:`known` says: their delete is never dropped."""
         self.skipped = 0
         """Notifications acknowledged without delivery because the sink had them already."""
 
@@ -581,7 +620,6 @@ class SinkResume:
         if kind is NotificationKind.SNAPSHOT or kind is NotificationKind.GAP:
             return [n]
         key = n.key or object_key(n.obj)
-        tombstone = isinstance(n.obj, DeletedFinalStateUnknown)
         uid, rv_text = _entry_of(n.obj)
         rv = int(rv_text) if rv_text.isdigit() else None
         known = self.known
@@ -590,31 +628,7 @@ class SinkResume:
         if self._floor is not None:
             covered = max(covered, self._floor(uid))
         if kind is NotificationKind.DELETE:
-            if not inferred:
-                if rv is not None and rv <= covered:
-                    if mine is not None:
-                        del known[key]  # gone for both
-                    return self._skip()
-                if mine is None:
-                    return [n]
-                if mine[2] or mine[0] != uid:
-                    if mine[2]:
-                        del known[key]
-                    return self._skip()  # a uid it never knew, or already saw deleted
-                del known[key]
-                return [n]
-            if mine is None:
-                return [n]
-            if mine[2]:
-                del known[key]
-                return self._skip()
-            if mine[0] == uid:
-                del known[key]
-                return [n]
-            if tombstone:
-                del known[key]
-                return [self._delete_own(n, key, mine)]
-            return self._skip()  # the old object of a re-creation it never had; the add follows
+            return self._admit_delete(n, key, mine, inferred=inferred, uid=uid, rv=rv, covered=covered)
         # add or update
         if rv is not None and rv <= covered:
             if mine is not None and mine[0] == uid and mine[1] == rv and not mine[2]:
@@ -640,6 +654,47 @@ class SinkResume:
         else:
             out.append(n)
         return out
+
+    def _admit_delete(self, n: Notification, key: str, mine: Knowledge | None, *, inferred: bool,
+                      uid: str, rv: int | None, covered: int) -> list[Notification]:
+        """What the sink receives for a delete of ``uid`` (see the class docs and invariants)."""
+        known = self.known
+        # A relist found the key gone; an UnconfirmedGone only says one journal-only object of the
+        # key is gone (the key may live on: the relist's own notification of it follows).
+        gone_only = isinstance(n.obj, UnconfirmedGone)
+        tombstone = isinstance(n.obj, DeletedFinalStateUnknown) and not gone_only
+        maybe = bool(self.maybe) and uid in self.maybe
+        if maybe:
+            self.maybe.discard(uid)
+        if not inferred and rv is not None and rv <= covered:
+            if mine is not None:
+                del known[key]  # gone for both: it acknowledged this very delete
+            return self._skip()
+        if mine is None:
+            return [n]
+        holds_it = not mine[2] and mine[0] == uid
+        if holds_it or maybe:
+            # It holds the uid, or may (the journal's word): the delete goes out.
+            if holds_it or mine[2]:
+                if gone_only:
+                    known[key] = ("", -1, True)  # it has nothing there; what the key holds is news
+                else:
+                    del known[key]
+                return [n]
+            if tombstone:
+                del known[key]
+                return [n, self._delete_own(n, key, mine)]
+            return [n]  # its other object stays known: its delete or replacement follows
+        if mine[2]:
+            if not gone_only:
+                del known[key]  # gone for both (or the add of the key's new object follows)
+            return self._skip()  # a uid it never knew, or already saw deleted
+        if tombstone and inferred:
+            del known[key]
+            return [self._delete_own(n, key, mine)]
+        # A uid it never knew while it holds another: an observed delete of a stale incarnation,
+        # the old object of a re-creation (the add follows) or a journal-only object gone.
+        return self._skip()
 
     def _skip(self) -> list[Notification]:
         self.skipped += 1

@@ -40,6 +40,7 @@ from bridge.contracts import (
     Notification,
     NotificationKind,
     ObjectKey,
+    UnconfirmedGone,
 )
 from bridge.rawobject import RawObject
 
@@ -76,7 +77,7 @@ def _unobj(value: Any) -> KubeObject:
 def encode_notification(n: Notification) -> bytes:
     """One notification as bytes (what a spill record holds)."""
     if isinstance(n.obj, DeletedFinalStateUnknown):
-        obj: Any = ("t", str(n.obj.key), _obj(n.obj.obj))
+        obj: Any = ("g" if isinstance(n.obj, UnconfirmedGone) else "t", str(n.obj.key), _obj(n.obj.obj))
     else:
         obj = _obj(n.obj) if n.obj else None
     gap = None if n.gap is None else (n.gap.id, n.gap.from_resource_version,
@@ -94,6 +95,8 @@ def decode_notification(data: bytes) -> Notification:
         value = {}
     elif obj[0] == "t":
         value = DeletedFinalStateUnknown(key=ObjectKey(obj[1]), obj=_unobj(obj[2]))
+    elif obj[0] == "g":
+        value = UnconfirmedGone(key=ObjectKey(obj[1]), obj=_unobj(obj[2]))
     else:
         value = _unobj(obj)
     return Notification(

@@ -68,6 +68,7 @@ from bridge.contracts import (
     NotificationKind,
     ObjectKey,
     TransformFunc,
+    UnconfirmedGone,
 )
 from bridge.errors import BridgeError, ResourceExpiredError
 from bridge.informer.delta_fifo import (
@@ -371,8 +372,7 @@ class SharedIndexInformer:
                 if isinstance(obj, DeletedFinalStateUnknown):
                     continue  # the relist's own tombstone for the key reports it
                 self._indexer.delete_key(key)
-            gone.append(Notification(kind=NotificationKind.DELETE, obj=DeletedFinalStateUnknown(key, stub),
-                                     key=key))
+            gone.append(Notification(kind=NotificationKind.DELETE, obj=UnconfirmedGone(key, stub), key=key))
         if keep:
             self._unconfirmed[key] = keep
         else:

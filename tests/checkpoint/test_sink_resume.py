@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind, ObjectKey
+from bridge.contracts import (
+    DeletedFinalStateUnknown,
+    Notification,
+    NotificationKind,
+    ObjectKey,
+    UnconfirmedGone,
+)
 from bridge.delivery.progress import Knowledge, SinkResume
 
 ADD, UPDATE, DELETE = NotificationKind.ADD, NotificationKind.UPDATE, NotificationKind.DELETE
@@ -77,6 +83,97 @@ def test_admit(sink_rv: int, mine: Knowledge | None, n: Notification, inferred: 
     assert seen == expect
     assert ("ns/a" in r.known) is still_known
     assert r.skipped == (1 if not expect else 0)
+
+
+@pytest.mark.parametrize(
+    ("mine", "n", "inferred", "expect", "still_known"),
+    [
+        # Its section says it saw the key deleted (or never knew it), yet the journal says u1 may
+        # have reached it after the write: the delete goes out, observed or inferred.
+        (("", 10, True), note(DELETE, "u1", 0, tombstone=True), True, [(DELETE, "u1", "0")], False),
+        (("", -1, True), note(DELETE, "u1", 12), False, [(DELETE, "u1", "12")], False),
+        (("", -1, True), note(DELETE, "u1", 12), True, [(DELETE, "u1", "12")], False),
+        # It knows another uid: a relist's tombstone deletes both; otherwise its own stays known.
+        (("u2", 14, False), note(DELETE, "u1", 8, tombstone=True), True,
+         [(DELETE, "u1", "8"), (DELETE, "u2", "14")], False),
+        (("u2", 14, False), note(DELETE, "u1", 8), True, [(DELETE, "u1", "8")], True),
+        (("u2", 14, False), note(DELETE, "u1", 12), False, [(DELETE, "u1", "12")], True),
+        # Its own resume point covers the delete: it has it.
+        (("", -1, True), note(DELETE, "u1", 9), False, [], False),
+    ],
+)
+def test_a_delete_of_a_uid_the_sink_may_hold_goes_out(
+        mine: Knowledge, n: Notification, inferred: bool,
+        expect: list[tuple[NotificationKind, str, str]], still_known: bool) -> None:
+    r = SinkResume(resource_version=10, known={"ns/a": mine}, maybe={"u1"}, api_version="v1",
+                   kind="ConfigMap")
+    got = r.admit(n, inferred)
+    seen = []
+    for g in got:
+        o = g.obj.obj if isinstance(g.obj, DeletedFinalStateUnknown) else g.obj
+        seen.append((g.kind, o["metadata"]["uid"], o["metadata"]["resourceVersion"]))
+    assert seen == expect
+    assert ("ns/a" in r.known) is still_known
+    assert not r.maybe  # its delete was decided: no longer a question
+    # Without the journal's word the same deletes were dropped (what the fault schedule found).
+    if expect:
+        assert n not in resume(10, mine).admit(n, inferred)
+
+
+def gone_stub(uid: str, rv: int) -> Notification:
+    """A relist's notice that a journal-only object of ns/a is gone (the key may live on)."""
+    return Notification(kind=DELETE, obj=UnconfirmedGone(ObjectKey("ns/a"), obj(uid, rv)),
+                        key=ObjectKey("ns/a"), seq=1)
+
+
+@pytest.mark.parametrize(
+    ("mine", "maybe", "expect", "known_after"),
+    [
+        # It holds another uid: the journal-only object's end says nothing about it (it stays).
+        (("u2", 14, False), False, [], ("u2", 14, False)),
+        (("u2", 14, False), True, [(DELETE, "u1", "5")], ("u2", 14, False)),
+        # It holds that very object: the delete goes out, and the key's object is news to it.
+        (("u1", 12, False), False, [(DELETE, "u1", "5")], ("", -1, True)),
+        # It saw the key deleted: nothing, unless it may hold the object.
+        (("", 12, True), False, [], ("", 12, True)),
+        (("", 12, True), True, [(DELETE, "u1", "5")], ("", -1, True)),
+        (None, False, [(DELETE, "u1", "5")], None),
+    ],
+)
+def test_a_journal_only_object_gone_is_not_the_keys_end(
+        mine: Knowledge | None, maybe: bool, expect: list[tuple[NotificationKind, str, str]],
+        known_after: Knowledge | None) -> None:
+    r = SinkResume(resource_version=10, known={} if mine is None else {"ns/a": mine},
+                   maybe={"u1"} if maybe else (), api_version="v1", kind="ConfigMap")
+    got = r.admit(gone_stub("u1", 5), True)
+    seen = []
+    for g in got:
+        o = g.obj.obj if isinstance(g.obj, DeletedFinalStateUnknown) else g.obj
+        seen.append((g.kind, o["metadata"]["uid"], o["metadata"]["resourceVersion"]))
+    assert seen == expect
+    assert r.known.get("ns/a") == known_after
+
+
+def test_own_progress_takes_the_changes_applied_before_the_first_checkpoint_write() -> None:
+    """A resumed sink's section is computed from every change since the resume, not from the
+    first checkpoint write on: one that saw ns/a deleted and then received its re-creation agrees
+    with the base in the next write (it does not still claim to have seen ns/a deleted)."""
+    from bridge.delivery.progress import AckTracker
+
+    own: dict[str, Knowledge] = {"ns/a": ("", 10, True)}  # fast saw u1 deleted; the base has u1
+    t = AckTracker(name="x", resource_version="5", index={"ns/a": ("u1", "5")})
+    t.follow_listener("fast", 10, own)
+    for seq, change in enumerate([note(DELETE, "u1", 8), note(ADD, "u2", 12)]):
+        t.dispatched(Notification(kind=change.kind, obj=change.obj, key=change.key, seq=seq),
+                     ["fast", "slow"])
+        t.acked("fast", seq)
+        t.acked("slow", seq)
+    t.progress(2, "12")
+    assert t.checkpoint_state() == ("12", {"ns/a": ("u2", "12")})
+    assert t.listener_state("fast", 10, own) == (12, {})
+    # A scan begun only now (as before) would say fast saw ns/a deleted, although it has u2.
+    late = AckTracker(name="y", resource_version="12", index={"ns/a": ("u2", "12")})
+    assert late.listener_state("fast", 10, own) == (12, {"ns/a": None})
 
 
 def test_markers_and_snapshots_pass() -> None:

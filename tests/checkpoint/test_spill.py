@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from bridge.clock import FakeClock
-from bridge.contracts import DeletedFinalStateUnknown, Gap, Notification, NotificationKind, ObjectKey
+from bridge.contracts import (
+    DeletedFinalStateUnknown,
+    Gap,
+    Notification,
+    NotificationKind,
+    ObjectKey,
+    UnconfirmedGone,
+)
 from bridge.delivery.pipeline import BridgePipeline
 from bridge.delivery.spill import SegmentSpill, decode_notification, encode_notification
 from bridge.rawobject import RawObject
@@ -60,6 +67,13 @@ def test_every_kind_of_notification_round_trips() -> None:
     assert tomb.obj == pod("t", "4")
     snap = decode_notification(encode_notification(cases[3]))
     assert [dict(o) for o in snap.snapshot or ()] == [pod("a", "1"), pod("r", "9")]
+    # A journal-only object a relist found gone stays one (the key it names may live on).
+    gone = Notification(kind=NotificationKind.DELETE, seq=8, key=ObjectKey("ns/u"),
+                        obj=UnconfirmedGone(key=ObjectKey("ns/u"), obj=pod("u", "5")))
+    back = decode_notification(encode_notification(gone))
+    assert type(back.obj) is UnconfirmedGone
+    assert norm(back) == norm(gone)
+    assert type(tomb) is DeletedFinalStateUnknown
 
 
 def test_reads_back_in_order_across_segments_and_deletes_what_was_read(tmp_path: Path) -> None:
