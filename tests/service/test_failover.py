@@ -105,6 +105,14 @@ async def test_leader_killed_standby_takes_over_and_nothing_is_lost(
             return await holder(client) == "a"
 
         await eventually(a_leads, 20, "replica a to lead")
+
+        async def a_synced() -> bool:
+            # Every change below must be seen one by one (the test counts each resourceVersion): a
+            # change made while a still lists would be folded into the list's state.
+            log = tmp_path / "a.log"
+            return log.exists() and b'"message":"initial sync done"' in log.read_bytes()
+
+        await eventually(a_synced, 20, "replica a to sync")
         b = replica(tmp_path, kubeconfig, "b")
         for i in range(20):
             await change(i)
