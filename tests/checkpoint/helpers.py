@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from bridge.contracts import DeliveryObserver
 from bridge.delivery.pipeline import WatchedResource
 from bridge.informer.factory import InformerKey
 from bridge.informer.shared_informer import SharedIndexInformer
+from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import APIResource
+from bridge.sim import Simulator
 from bridge.testing.fake_source import FakeControllerSource
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType, ResourceRef
 
@@ -90,3 +94,18 @@ async def until(predicate: Callable[[], bool], timeout: float = 10.0, what: str 
 def cm(name: str, ns: str = "default", **data: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns},
             "data": dict(data)}
+
+
+@contextlib.asynccontextmanager
+async def simulated_cluster(tmp_path: Path, namespace: str, *, bookmark_interval: float
+                            ) -> AsyncIterator[tuple[Simulator, ApiClient]]:
+    """A simulator over real HTTP holding the namespaces ``default`` and ``namespace``, and a
+    client reaching it through the kubeconfig it writes."""
+    simulator = Simulator(bookmark_interval=bookmark_interval, namespaces=("default", namespace))
+    await simulator.start()
+    client = ApiClient.from_kubeconfig(str(simulator.write_kubeconfig(tmp_path / "kc")))
+    try:
+        yield simulator, client
+    finally:
+        await client.close()
+        await simulator.stop()

@@ -29,7 +29,7 @@ from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.sim import Simulator
 from sinks.contract import EventType, ResourceRef
-from tests.checkpoint.helpers import RecordingSink, until
+from tests.checkpoint.helpers import RecordingSink, simulated_cluster, until
 
 NS = "persink"
 IDENT = informer_id("configmaps", NS, "", "")
@@ -39,14 +39,8 @@ CHANGES = (EventType.ADDED, EventType.UPDATED, EventType.DELETED)
 
 @pytest.fixture
 async def sim(tmp_path: Path) -> AsyncIterator[tuple[Simulator, ApiClient]]:
-    simulator = Simulator(bookmark_interval=0.2, namespaces=("default", NS))
-    await simulator.start()
-    client = ApiClient.from_kubeconfig(str(simulator.write_kubeconfig(tmp_path / "kc")))
-    try:
-        yield simulator, client
-    finally:
-        await client.close()
-        await simulator.stop()
+    async with simulated_cluster(tmp_path, NS, bookmark_interval=0.2) as world:
+        yield world
 
 
 class MemoryStore:

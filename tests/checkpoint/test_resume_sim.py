@@ -22,7 +22,7 @@ from bridge.kube.listwatch import HttpListerWatcher
 from bridge.sim import Simulator
 from sinks.cloudevents import event_id
 from sinks.contract import EventType, ResourceRef
-from tests.checkpoint.helpers import RecordingSink, until
+from tests.checkpoint.helpers import RecordingSink, simulated_cluster, until
 from tests.checkpoint.test_file_store import _sealed
 
 NS = "resume"
@@ -30,14 +30,8 @@ NS = "resume"
 
 @pytest.fixture
 async def sim(tmp_path: Path) -> AsyncIterator[tuple[Simulator, ApiClient]]:
-    simulator = Simulator(bookmark_interval=0.5, namespaces=("default", NS))
-    await simulator.start()
-    client = ApiClient.from_kubeconfig(str(simulator.write_kubeconfig(tmp_path / "kc")))
-    try:
-        yield simulator, client
-    finally:
-        await client.close()
-        await simulator.stop()
+    async with simulated_cluster(tmp_path, NS, bookmark_interval=0.5) as world:
+        yield world
 
 
 async def make(client: ApiClient, ckpt: Path, sink: RecordingSink, *more: RecordingSink,

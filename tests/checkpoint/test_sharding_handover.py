@@ -37,9 +37,8 @@ from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import Discovery
 from bridge.kube.leaderelection import FenceToken
 from bridge.kube.sharding import ShardFilter, shard_of
-from bridge.sim import Simulator
 from sinks.contract import EventType, ResourceRef
-from tests.checkpoint.helpers import RecordingSink, until
+from tests.checkpoint.helpers import RecordingSink, simulated_cluster, until
 
 NS = "reshard"
 PATH = f"/api/v1/namespaces/{NS}/configmaps"
@@ -49,14 +48,8 @@ CHANGES = (EventType.ADDED, EventType.UPDATED, EventType.DELETED)
 
 @pytest.fixture
 async def sim(tmp_path: Path) -> AsyncIterator[ApiClient]:
-    simulator = Simulator(bookmark_interval=0.2, namespaces=("default", NS))
-    await simulator.start()
-    client = ApiClient.from_kubeconfig(str(simulator.write_kubeconfig(tmp_path / "kc")))
-    try:
+    async with simulated_cluster(tmp_path, NS, bookmark_interval=0.2) as (_, client):
         yield client
-    finally:
-        await client.close()
-        await simulator.stop()
 
 
 class Ledger:
