@@ -63,6 +63,8 @@ _EXPORTS: dict[str, str] = {
     "NotFoundError": "errors",
     "Notification": "contracts",
     "NotificationHandler": "contracts",
+    "BatchInterrupted": "contracts",
+    "BatchNotificationHandler": "contracts",
     "NotificationKind": "contracts",
     "ObjectKey": "contracts",
     "OverflowPolicy": "contracts",
@@ -108,6 +110,8 @@ if TYPE_CHECKING:
     )
     from bridge.contracts import (
         AckFunc,
+        BatchInterrupted,
+        BatchNotificationHandler,
         DeletedFinalStateUnknown,
         DeliveryObserver,
         EventHandler,
@@ -245,6 +249,8 @@ __all__ = [
     "ApiUnavailableError",
     "Backoff",
     "BadRequestError",
+    "BatchInterrupted",
+    "BatchNotificationHandler",
     "BridgeConfig",
     "BridgeError",
     "BridgePipeline",

@@ -22,6 +22,8 @@ from typing import Any, NewType, Protocol, runtime_checkable
 
 __all__ = [
     "AckFunc",
+    "BatchInterrupted",
+    "BatchNotificationHandler",
     "BatchedWatchStream",
     "DeletedFinalStateUnknown",
     "DeliveryObserver",
@@ -319,6 +321,31 @@ class NotificationHandler(Protocol):
     (the sink keeps its own bounded in-flight window) and should block when that window is full."""
 
     async def handle(self, notification: Notification, ack: AckFunc) -> None: ...
+
+
+@runtime_checkable
+class BatchNotificationHandler(NotificationHandler, Protocol):
+    """A :class:`NotificationHandler` that also takes several notifications in one call (a sink's
+    listener does). Its listener hands it everything ready in its buffer at once (bounded, never
+    held back to wait for more); handlers without ``handle_batch`` get one ``handle`` call each."""
+
+    async def handle_batch(self, notifications: Sequence[Notification], acks: Sequence[AckFunc]) -> None:
+        """Handles ``notifications[i]`` with ``acks[i]`` for every i, in order: what awaiting
+        ``handle(notifications[i], acks[i])`` for each i in turn does, only cheaper per notification.
+
+        When handling ``notifications[i]`` fails, it raises :class:`BatchInterrupted` with
+        ``index=i`` (the cause chained): the ones before were handled (their acks are the
+        handler's), the ones after were not begun, and the listener carries on with them as it
+        would after a failing ``handle``. Any other exception leaves the listener nothing to go
+        on: it acknowledges every notification of the batch whose ack has not been called."""
+
+
+class BatchInterrupted(Exception):
+    """``handle_batch`` failed on ``notifications[index]`` (``__cause__`` says why)."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(f"handling notification {index} of the batch failed")
+        self.index = index
 
 
 class OverflowPolicy(enum.Enum):

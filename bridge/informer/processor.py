@@ -18,8 +18,15 @@ Acknowledgement rules (what the observer sees):
 
 * a plain :class:`~bridge.contracts.EventHandler` acknowledges when its method returns;
 * a :class:`~bridge.contracts.NotificationHandler` acknowledges by calling the ``ack`` it is given;
+  one with ``handle_batch`` (:class:`~bridge.contracts.BatchNotificationHandler`) is handed
+  everything ready in the buffer at once (at most :data:`BATCH_LIMIT`, sized to a time slice), each
+  notification with its own ``ack``; coalescing, spill, gap windows and acknowledgements are exactly
+  as with one notification per call;
 * a handler that **raises** is logged and counted, and the notification is acknowledged anyway: a
   broken handler must not stall every checkpoint forever (it is reported through ``handler_errors``);
+  a batch interrupted at one notification (:class:`~bridge.contracts.BatchInterrupted`) acknowledges
+  that one and carries on with the rest; a batch failing otherwise acknowledges every notification of
+  it not yet acknowledged;
 * a notification superseded by coalescing is acknowledged when it is merged (its successor carries
   the newer state, so nothing final is lost); a dropped one is acknowledged as discarded;
 * ``SNAPSHOT`` and ``GAP`` notifications are never dropped nor coalesced (under ``BLOCK`` they wait
@@ -36,11 +43,13 @@ import asyncio
 import logging
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from bridge.clock import Clock
 from bridge.contracts import (
+    AckFunc,
+    BatchInterrupted,
     DeletedFinalStateUnknown,
     DeliveryObserver,
     EventHandler,
@@ -57,6 +66,7 @@ from bridge.contracts import (
 from bridge.rawobject import object_identity
 
 __all__ = [
+    "BATCH_LIMIT",
     "CATCH_UP_BYTES",
     "CATCH_UP_TURNS",
     "MINIMUM_RESYNC_PERIOD",
@@ -71,6 +81,15 @@ __all__ = [
 TIME_SLICE = 0.002
 """Seconds a loop that works through a backlog (a listener's buffer, the informer's queue) may keep
 the event loop before it yields once: bounds the latency it adds to every other task."""
+
+BATCH_LIMIT = 256
+"""The most notifications a listener hands a batch handler in one call. Within it the batch is sized
+so that one call takes about a :data:`TIME_SLICE` (measured on the previous batches), so the other
+tasks get their turn as often as with one notification per call."""
+
+_BATCH_FLOOR = 16
+"""The smallest batch the sizing goes down to: a call that waited for its sink's room says little
+about what one notification costs."""
 
 CATCH_UP_TURNS = 4
 """Turns of the event loop in a row without a finished handler call after which a listener with a
@@ -169,6 +188,8 @@ def _merge(pending: Notification, new: Notification) -> Notification | None:
     return None
 
 
+_BatchHandle = Callable[[Sequence[Notification], Sequence[AckFunc]], Awaitable[None]]
+
 _MARKERS = frozenset({NotificationKind.SNAPSHOT, NotificationKind.GAP})
 """Notifications that are never dropped nor coalesced."""
 
@@ -211,6 +232,12 @@ class ProcessorListener:
             self._notification_handler = handler
         else:
             self._event_handler = handler
+        # Looked up on the type: a wrapper forwarding unknown attributes to what it wraps must not
+        # have its own ``handle`` bypassed.
+        self._batch_handler: _BatchHandle | None = None
+        if self._notification_handler is not None and callable(getattr(type(handler), "handle_batch", None)):
+            self._batch_handler = handler.handle_batch  # type: ignore[union-attr]
+        self._batch_limit = _BATCH_FLOOR
         self._clock = clock
         self._observer = observer
         self._upstream_synced = upstream_synced
@@ -495,6 +522,7 @@ class ProcessorListener:
     async def _drain_forever(self) -> None:
         loop = asyncio.get_running_loop()
         slice_end = loop.time() + TIME_SLICE
+        batched = self._batch_handler is not None
         while True:
             if loop.time() >= slice_end:
                 # A long buffer is delivered without ever waiting: let the other tasks in (the
@@ -502,6 +530,13 @@ class ProcessorListener:
                 await asyncio.sleep(0)
                 slice_end = loop.time() + TIME_SLICE
             if self._replay:
+                if batched and len(self._replay) > 1:
+                    replay = self._replay
+                    await self._run_batch(loop, [
+                        Notification(kind=NotificationKind.ADD, obj=replay.popleft(), is_in_initial_list=True,
+                                     seq=-1)
+                        for _ in range(min(len(replay), self._batch_limit))])
+                    continue
                 obj = self._replay.popleft()
                 await self._deliver(
                     Notification(kind=NotificationKind.ADD, obj=obj, is_in_initial_list=True, seq=-1)
@@ -520,12 +555,38 @@ class ProcessorListener:
                 self._idle.set()
                 await self._has_items.wait()
                 continue
+            if batched and len(self._buffer) > 1:
+                await self._run_batch(loop, self._pop_batch())
+                continue
             slot = self._buffer.popleft()
             n = slot.notification
             if n.key and self._pending_by_key.get(n.key) is slot:
                 del self._pending_by_key[n.key]
             self._has_room.set()
             await self._deliver(n)
+
+    def _pop_batch(self) -> list[Notification]:
+        """Takes what the buffer holds, oldest first, up to the batch size; each leaves the
+        coalescing index as a single pop does (nothing coalesces into a notification handed out)."""
+        buffer = self._buffer
+        pending = self._pending_by_key
+        batch: list[Notification] = []
+        for _ in range(min(len(buffer), self._batch_limit)):
+            slot = buffer.popleft()
+            n = slot.notification
+            if n.key and pending.get(n.key) is slot:
+                del pending[n.key]
+            batch.append(n)
+        self._has_room.set()
+        return batch
+
+    async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[Notification]) -> None:
+        """Delivers ``batch`` and sizes the next one to take about a time slice."""
+        started = loop.time()
+        await self._deliver_batch(batch)
+        elapsed = loop.time() - started
+        fits = int(len(batch) * TIME_SLICE / elapsed) if elapsed > 0 else BATCH_LIMIT
+        self._batch_limit = min(BATCH_LIMIT, max(_BATCH_FLOOR, fits))
 
     def _refill(self) -> bool:
         """Moves the oldest spilled notifications into the empty buffer; True if any."""
@@ -613,6 +674,74 @@ class ProcessorListener:
             self._handled += 1
             if _is_initial_add(n):
                 self._initial_pending -= 1
+
+    async def _deliver_batch(self, batch: list[Notification]) -> None:
+        """Hands ``batch`` to the batch handler, each notification with an ack of its own (called
+        once at most, as :meth:`_deliver`'s); the bookkeeping is :meth:`_deliver`'s, per notification."""
+        handle_batch = self._batch_handler
+        assert handle_batch is not None
+        for n in reversed(batch):
+            if n.kind is not NotificationKind.GAP:
+                self._last_delivered = n
+                break
+        self._busy = True
+        observer = self._observer
+        name = self.name
+        done = [False] * len(batch)
+        acks: list[AckFunc] = []
+        for i, n in enumerate(batch):
+            # Defaults bind this notification's values; one closure per notification, no frame.
+            def ack(i: int = i, seq: int = n.seq) -> None:
+                if done[i]:
+                    return
+                done[i] = True
+                if seq < 0 or self._closed:
+                    return
+                self._acked += 1
+                if observer is not None:
+                    observer.acked(name, seq)
+
+            acks.append(ack)
+        start = 0
+        delivered = 0
+        try:
+            while start < len(batch):
+                try:
+                    await handle_batch(batch[start:] if start else batch, acks[start:] if start else acks)
+                    delivered += len(batch) - start
+                    break
+                except asyncio.CancelledError:
+                    raise
+                except BatchInterrupted as exc:
+                    failed = start + exc.index
+                    if not start <= failed < len(batch):
+                        raise RuntimeError(f"handle_batch reported index {exc.index} of a batch of "
+                                           f"{len(batch) - start}") from exc
+                    delivered += exc.index
+                    self._handler_errors += 1
+                    n = batch[failed]
+                    log.error("handler failed on %s of %r (seq %d); carrying on", n.kind.value, n.key,
+                              n.seq, exc_info=exc.__cause__ or exc, extra={"listener": self.name})
+                    acks[failed]()
+                    start = failed + 1
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self._handler_errors += 1
+            log.exception("handler failed on a batch of %d notifications (seq %d to %d); carrying on",
+                          len(batch) - start, batch[start].seq, batch[-1].seq,
+                          extra={"listener": self.name})
+            for left in acks[start:]:
+                left()
+        finally:
+            self._busy = False
+            self._delivered += delivered
+            self._handled += len(batch)
+            initial = 0
+            for n in batch:
+                if n.kind is NotificationKind.ADD and n.is_in_initial_list:
+                    initial += 1
+            self._initial_pending -= initial
 
     async def _call_event_handler(self, n: Notification) -> None:
         handler = self._event_handler
