@@ -175,9 +175,26 @@ class AckTracker:
                         seq, self._last_dispatched_seq, extra={"informer": self.name})
             return
         self._last_dispatched_seq = seq
-        self._note_state(notification)
-        entry = _InFlight(_effect_of(notification), set(listeners),
-                          self._now() if self._now is not None else 0.0)
+        kind = notification.kind
+        obj = notification.obj
+        effect: _Effect
+        if (kind is NotificationKind.ADD or kind is NotificationKind.UPDATE) and not isinstance(
+                obj, DeletedFinalStateUnknown):
+            # The common change, in one pass: what _note_state and _effect_of do for it, reading
+            # the object's identity once.
+            key = notification.key or object_key(obj)
+            ident = object_identity(obj)
+            rv = ident[1]
+            self._last_rv[key] = rv
+            try:
+                rv_int: int | None = int(rv)
+            except ValueError:
+                rv_int = None
+            effect = (key, ident, rv_int)
+        else:
+            self._note_state(notification)
+            effect = _effect_of(notification)
+        entry = _InFlight(effect, set(listeners), self._now() if self._now is not None else 0.0)
         self._window[seq] = entry
         if entry.waiting:
             # Owed by someone: it cannot be applied now, and the markers it could hold back were
@@ -193,9 +210,31 @@ class AckTracker:
             if seq >= 0:
                 self.duplicate_acks += 1
             return
-        entry.waiting.discard(listener)
-        if not entry.waiting:
+        waiting = entry.waiting
+        waiting.discard(listener)
+        if not waiting:
             self._outstanding -= 1
+            # Only the window's head can be applied: behind a notification still owed nothing moves
+            # (the head always has someone waiting once a call returns), and no marker either.
+            if seq == next(iter(self._window)):
+                self._advance()
+
+    def acked_many(self, listener: str, seqs: Iterable[int]) -> None:
+        """:meth:`acked` for each of ``seqs``, the window advanced once at the end."""
+        window = self._window
+        advance = False
+        for seq in seqs:
+            self.acks += 1
+            entry = window.get(seq)
+            if entry is None or listener not in entry.waiting:
+                if seq >= 0:
+                    self.duplicate_acks += 1
+                continue
+            entry.waiting.discard(listener)
+            if not entry.waiting:
+                self._outstanding -= 1
+                advance = True
+        if advance:
             self._advance()
 
     def progress(self, seq: int, resource_version: str) -> None:
@@ -445,28 +484,36 @@ class AckTracker:
 
     def _advance(self) -> None:
         changed = False
-        while self._window:
-            seq, entry = next(iter(self._window.items()))
+        window = self._window
+        markers = self._markers
+        scans = self._scans
+        unobserved = self._unobserved
+        while window:
+            seq = next(iter(window))
+            entry = window[seq]
             if entry.waiting:
                 break
             # Markers at or below this seq describe changes already applied.
-            changed |= self._pass_markers(seq)
-            del self._window[seq]
-            self._unobserved.discard(seq)
+            if markers and markers[0][0] <= seq:
+                changed |= self._pass_markers(seq)
+            del window[seq]
+            if unobserved:
+                unobserved.discard(seq)
             effect = entry.effect
-            if self._scans and effect is not None:
-                # A sink's incremental scan that has not reached it yet takes it now, in order — if
-                # the sink knows the object differently; otherwise it agrees with the base, which
-                # takes it now. O(sinks) per change, a comparison and a lookup each.
-                key = effect[0]
-                for scan in self._scans.values():
-                    if scan.cursor <= seq and key in scan.changes:
-                        self._scan_effect(scan, effect)
-            self._apply(effect)
+            if effect is not None:
+                if scans:
+                    # A sink's incremental scan that has not reached it yet takes it now, in order —
+                    # if the sink knows the object differently; otherwise it agrees with the base,
+                    # which takes it now. O(sinks) per change, a comparison and a lookup each.
+                    key = effect[0]
+                    for scan in scans.values():
+                        if scan.cursor <= seq and key in scan.changes:
+                            self._scan_effect(scan, effect)
+                self._apply(effect)
             self._last_applied_seq = seq
             changed = True
-        head = next(iter(self._window)) if self._window else None
-        changed |= self._pass_markers(head)
+        if markers:
+            changed |= self._pass_markers(next(iter(window)) if window else None)
         if changed:
             self._generation += 1
 
@@ -517,11 +564,13 @@ class AckTracker:
         if effect is None:
             return
         key, entry, rv = effect
-        if rv is None or (self._resource_version and self._rv_int is None):
-            self._set(key, entry)  # resourceVersions that are not integers: cannot hold back
-            return
-        if key not in self._ahead and self._rv_int is not None and rv <= self._rv_int:
-            self._set(key, entry)
+        rv_int = self._rv_int
+        if (rv is None or (self._resource_version and rv_int is None)  # not integers: cannot hold back
+                or (rv_int is not None and rv <= rv_int and key not in self._ahead)):
+            if entry is None:
+                self._index.pop(key, None)
+            else:
+                self._index[key] = entry
             return
         self._hold(key, rv, entry)
 
