@@ -509,7 +509,17 @@ class AckTracker:
                     for scan in scans.values():
                         if scan.cursor <= seq and key in scan.changes:
                             self._scan_effect(scan, effect)
-                self._apply(effect)
+                # What _apply does, inlined for the common change: one call less per change.
+                key, known, rv = effect
+                rv_int = self._rv_int
+                if (rv is None or (self._resource_version and rv_int is None)
+                        or (rv_int is not None and rv <= rv_int and key not in self._ahead)):
+                    if known is None:
+                        self._index.pop(key, None)
+                    else:
+                        self._index[key] = known
+                else:
+                    self._hold(key, rv, known)
             self._last_applied_seq = seq
             changed = True
         if markers:

@@ -376,6 +376,9 @@ class ProcessorListener:
             self._push(notification)
             return
         spill = self._spill
+        if len(buffer) < capacity and not self._overflow and (spill is None or not len(spill)):
+            self._push(notification)  # what offer() does when there is room
+            return
         if len(buffer) >= capacity and spill is not None and not self._overflow and self._task is not None:
             idle_turns = 0
             # One turn of the loop at a time, while the worker keeps finishing handler calls; a
@@ -474,9 +477,11 @@ class ProcessorListener:
             self._pending_by_key.clear()
         elif notification.kind is not NotificationKind.SNAPSHOT and notification.key:
             self._pending_by_key[notification.key] = slot
-        if _is_initial_add(notification):
+        if notification.kind is NotificationKind.ADD and notification.is_in_initial_list:
             self._initial_pending += 1
-        depth = self.depth
+        spill = self._spill
+        depth = (len(self._buffer) + len(self._replay) + (len(spill) if spill is not None else 0)
+                 + self._overflow_count)  # self.depth, without the property's call
         self._high_water = max(self._high_water, depth)
         self._idle.clear()
         self._has_items.set()
@@ -826,6 +831,10 @@ class SharedProcessor:
         self.name = name
         self._listeners: dict[ProcessorListener, bool] = {}
         """listener → is it among the listeners due for the resync in progress."""
+        self._everyone: list[ProcessorListener] = []
+        self._everyone_names: list[str] = []
+        """Every listener and its name, replaced (never changed in place) when one comes or goes:
+        a change goes to all of them, and a list handed out stays as it was."""
         self._retired: set[asyncio.Task[None]] = set()
         self._next_seq = 0
         self._started = False
@@ -862,6 +871,7 @@ class SharedProcessor:
         if listener in self._listeners:
             return
         self._listeners[listener] = False
+        self._everyone_changed()
         if self._started:
             listener.start(self._task_prefix)
 
@@ -870,12 +880,17 @@ class SharedProcessor:
         if listener not in self._listeners:
             return
         del self._listeners[listener]
+        self._everyone_changed()
         listener.close()
         if listener.task is not None:
             self._retired.add(listener.task)
             listener.task.add_done_callback(self._retired.discard)
         if self._observer is not None:
             self._observer.listener_removed(listener.name)
+
+    def _everyone_changed(self) -> None:
+        self._everyone = list(self._listeners)
+        self._everyone_names = [listener.name for listener in self._everyone]
 
     # ---------------------------------------------------------------------------------------------
     # distribution
@@ -892,7 +907,7 @@ class SharedProcessor:
             if not targets:
                 return
         else:
-            targets = list(self._listeners)
+            targets = self._everyone
         await self.send(notification, targets)
 
     async def send(self, notification: Notification, targets: Sequence[ProcessorListener]) -> None:
@@ -904,7 +919,9 @@ class SharedProcessor:
         if not notification.time:
             notification.time = self._clock.wall()
         if self._observer is not None:
-            self._observer.dispatched(notification, [listener.name for listener in targets])
+            names = (self._everyone_names if targets is self._everyone
+                     else [listener.name for listener in targets])
+            self._observer.dispatched(notification, names)
         for listener in targets:
             await listener.add(notification)
 
