@@ -290,3 +290,31 @@ async def test_per_object_order_and_every_ack_end_to_end_through_a_file_sink(tmp
         kind, rv = history[-1]
         assert str(rv) == last[name] or (last[name] == "deleted" and kind == "deleted"), (name, history)
     assert len(lines) == 40 * 6
+
+
+class Forwarding:
+    """A wrapper forwarding unknown attributes to its sink, with a ``deliver`` of its own and no
+    ``deliver_batch`` (as the service's fencing wrapper): its ``deliver`` must not be bypassed."""
+
+    def __init__(self, inner: BatchSink) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.passed: list[str] = []
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self.inner, item)
+
+    async def deliver(self, event: ChangeEvent, ack: AckCallback) -> None:
+        self.passed.append(event.resource_version)
+        await self.inner.deliver(event, ack)
+
+
+async def test_a_wrapper_without_deliver_batch_gets_each_event_through_its_deliver() -> None:
+    inner = BatchSink("b")
+    wrapper = Forwarding(inner)
+    lst = SinkListener(sink=wrapper, resource=CONFIGMAPS, cluster="c", clock=FakeClock())
+    acks: list[int] = []
+    await batched(lst, [add(0, "a", "1"), add(1, "b", "2"), add(2, "c", "3")], acks)
+    assert wrapper.passed == ["1", "2", "3"]
+    assert inner.calls == []  # never reached around the wrapper
+    assert acks == [0, 1, 2]
