@@ -135,7 +135,8 @@ class ListenerStats:
     high_water: int
     """Largest buffer depth seen."""
     depth: int
-    """Notifications waiting now (buffer, remaining replay, spill and degraded states)."""
+    """Notifications waiting now (buffer, remaining replay, spill and degraded states, and those of a
+    batch in the handler's call after its first)."""
     spilled: int = 0
     """Notifications written to the spill."""
     spill_depth: int = 0
@@ -265,6 +266,9 @@ class ProcessorListener:
         self._has_room = asyncio.Event()
         self._idle = asyncio.Event()
         self._busy = False
+        self._in_hand = 0
+        """Notifications of the batch in the handler's call, its first excepted: they count as
+        waiting until the call returns (as the ones after a single call's do in the buffer)."""
         self._closed = False
         self._task: asyncio.Task[None] | None = None
 
@@ -301,7 +305,7 @@ class ProcessorListener:
     @property
     def depth(self) -> int:
         spilled = len(self._spill) if self._spill is not None else 0
-        return len(self._buffer) + len(self._replay) + spilled + self._overflow_count
+        return len(self._buffer) + len(self._replay) + spilled + self._overflow_count + self._in_hand
 
     @property
     def spill(self) -> NotificationSpill | None:
@@ -481,7 +485,7 @@ class ProcessorListener:
             self._initial_pending += 1
         spill = self._spill
         depth = (len(self._buffer) + len(self._replay) + (len(spill) if spill is not None else 0)
-                 + self._overflow_count)  # self.depth, without the property's call
+                 + self._overflow_count + self._in_hand)  # self.depth, without the property's call
         self._high_water = max(self._high_water, depth)
         self._idle.clear()
         self._has_items.set()
@@ -711,6 +715,7 @@ class ProcessorListener:
         delivered = 0
         try:
             while start < len(batch):
+                self._in_hand = len(batch) - start - 1
                 try:
                     await handle_batch(batch[start:] if start else batch, acks[start:] if start else acks)
                     delivered += len(batch) - start
@@ -740,6 +745,7 @@ class ProcessorListener:
                 left()
         finally:
             self._busy = False
+            self._in_hand = 0
             self._delivered += delivered
             self._handled += len(batch)
             initial = 0

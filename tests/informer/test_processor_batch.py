@@ -310,3 +310,18 @@ async def test_markers_inside_a_batch_keep_their_place(kind: NotificationKind) -
     assert [w[1] for w in rec.seen][::2] == ["ns/a", "ns/b"]
     assert len(rec.batches) == 1
     listener.close()
+
+
+async def test_a_stuck_batch_counts_as_waiting_but_for_its_first() -> None:
+    gate = asyncio.Event()
+    rec = BatchRecorder(gate=gate)
+    listener = make(rec)
+    for i in range(40):
+        await listener.add(add(f"o{i}", "1"))
+    listener.start()
+    await asyncio.wait_for(rec.entered.wait(), 5)
+    assert listener.depth == 40 - 1  # as with one call: all but the one in the handler
+    gate.set()
+    await drained(listener)
+    assert listener.depth == 0
+    listener.close()
