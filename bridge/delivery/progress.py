@@ -219,24 +219,6 @@ class AckTracker:
             if seq == next(iter(self._window)):
                 self._advance()
 
-    def acked_many(self, listener: str, seqs: Iterable[int]) -> None:
-        """:meth:`acked` for each of ``seqs``, the window advanced once at the end."""
-        window = self._window
-        advance = False
-        for seq in seqs:
-            self.acks += 1
-            entry = window.get(seq)
-            if entry is None or listener not in entry.waiting:
-                if seq >= 0:
-                    self.duplicate_acks += 1
-                continue
-            entry.waiting.discard(listener)
-            if not entry.waiting:
-                self._outstanding -= 1
-                advance = True
-        if advance:
-            self._advance()
-
     def progress(self, seq: int, resource_version: str) -> None:
         if self._markers and self._markers[-1][0] == seq:
             self._markers[-1] = (seq, resource_version)  # a later marker for the same point wins
