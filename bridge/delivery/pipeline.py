@@ -570,7 +570,7 @@ class SinkListener:
             if done:  # a sink acking one event twice: only the first ack counts
                 return
             done = True
-            stats.outcomes[outcome.value] += 1
+            stats.outcomes[outcome._value_] += 1  # the value as a plain attribute, not the property
             ack()
 
         await self.sink.deliver(event, event_ack)
