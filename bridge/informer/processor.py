@@ -280,7 +280,8 @@ class ProcessorListener:
         self._handler_errors = 0
         self._high_water = 0
         self._handled = 0
-        """Handler calls finished (whatever their outcome): the worker's progress."""
+        """Handler calls finished (whatever their outcome) and notifications of a batch acknowledged:
+        the worker's progress."""
         if self._replay:
             self._has_items.set()
 
@@ -352,8 +353,9 @@ class ProcessorListener:
         listener is closed.
 
         Under the other policies a full buffer of a listener with a spill first gets turns of the
-        event loop, one at a time, as long as the worker keeps finishing handler calls (at most
-        :data:`CATCH_UP_TURNS` turns in a row without one): a listener that is draining — a burst,
+        event loop, one at a time, as long as the worker keeps finishing handler calls or
+        acknowledging the notifications of its batch (at most :data:`CATCH_UP_TURNS` turns in a row
+        without either): a listener that is draining — a burst,
         a sink a little slower than the watch for a moment — catches up in memory instead of
         writing the overflow to its spill and reading it back; one whose handler is stuck or slow
         (a sink that is down) costs its siblings those few turns once, then the overflow spills and
@@ -711,6 +713,8 @@ class ProcessorListener:
                 if done[i]:
                     return
                 done[i] = True
+                # Progress for the catch-up in add(): a batch may span several turns of the loop.
+                self._handled += 1
                 if seq < 0 or self._closed:
                     return
                 self._acked += 1
