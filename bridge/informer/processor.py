@@ -398,6 +398,20 @@ class ProcessorListener:
                 idle_turns = 0 if self._handled != handled else idle_turns + 1
         self.offer(notification)
 
+    def put_nowait(self, n: Notification) -> bool:
+        """What :meth:`add` does when ``n`` fits in the buffer now (nothing spilled or degraded
+        before it), without a coroutine; False when it does not: then ``add`` decides (it may
+        wait)."""
+        if self._closed:
+            return True  # add returns without queueing
+        if len(self._buffer) < self.options.buffer_capacity and not self._overflow:
+            spill = self._spill
+            if spill is None or not len(spill):
+                self._received += 1
+                self._push(n)
+                return True
+        return False
+
     def offer(self, n: Notification) -> None:
         """Queues a notification without ever waiting (every policy but BLOCK; see the module docs)."""
         if self._closed:
@@ -940,7 +954,8 @@ class SharedProcessor:
                      else [listener.name for listener in targets])
             self._observer.dispatched(notification, names)
         for listener in targets:
-            await listener.add(notification)
+            if not listener.put_nowait(notification):  # the common case: no coroutine per listener
+                await listener.add(notification)
 
     def others_have_work(self, listener: ProcessorListener) -> bool:
         """True when every listener but ``listener`` has notifications waiting (none of them would
