@@ -529,17 +529,24 @@ class AckTracker:
         if limit is None:
             return
         heap = self._ahead_heap
+        ahead = self._ahead
+        index = self._index
         while heap and heap[0][0] <= limit:
             _, _, key = heapq.heappop(heap)
-            changes = self._ahead[key]
+            changes = ahead[key]
             _, entry = changes.popleft()
-            self._set(key, entry)
+            if entry is None:  # what _set does, inlined: this runs once per change
+                index.pop(key, None)
+            else:
+                index[key] = entry
             if not changes:
-                del self._ahead[key]
+                del ahead[key]
 
     def _hold(self, key: str, rv: int, entry: IndexEntry | None) -> None:
-        changes = self._ahead.setdefault(key, collections.deque())
-        if changes and rv < changes[-1][0]:
+        changes = self._ahead.get(key)
+        if changes is None:
+            changes = self._ahead[key] = collections.deque()
+        elif changes and rv < changes[-1][0]:
             # A relist tombstone (no resourceVersion of its own) follows the key's earlier changes:
             # it is folded with the last of them, never before.
             rv = changes[-1][0]
