@@ -18,8 +18,9 @@ acknowledged every one of its events.
 * per-sink progress on resume: the watch resumes from the base, the cache is seeded with the union of
   what the sinks know, and each sink's listener filters through its own progress
   (:class:`~bridge.delivery.progress.SinkResume`); a sink the checkpoint does not cover is
-  bootstrapped: it receives nothing until a snapshot of whole objects (:meth:`BridgePipeline._hydrate`),
-  then the live stream;
+  bootstrapped: it receives nothing until a snapshot of whole objects (:meth:`BridgePipeline._hydrate`;
+  a failed start-up list is retried with backoff by :meth:`BridgePipeline._hydrate_late`), then the
+  live stream;
 * a named task writes checkpoints every ``checkpoint_interval`` seconds (only when the state moved);
 * per-sink resync periods are served as snapshots (``informer.request_snapshot``) by one timer task
   per (informer, sink); listeners themselves get resync period 0, so the same-RV updates of a 410
@@ -74,6 +75,7 @@ from bridge.delivery.progress import AckTracker, IndexEntry, Knowledge, SinkResu
 from bridge.delivery.selector_exit import LEFT_SELECTOR_EXTENSION, SelectorExits
 from bridge.delivery.sharding import TakeOver, shard_id, stale_ready, take_over
 from bridge.delivery.spill import SegmentSpill
+from bridge.informer.backoff import Backoff
 from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.informer.reflector import Reflector, WatchErrorHandler, default_watch_error_handler
 from bridge.informer.shared_informer import HandlerRegistration, SharedIndexInformer
@@ -724,7 +726,8 @@ class _CountingTracker(AckTracker):
         reaches the resourceVersion (a sink's own resume point)."""
         self.bootstrap_at: int | None = None
         """A resourceVersion the informer must reach before its cache holds no checkpoint stubs
-        (a sink's bootstrap snapshot waits for it); None = nothing waits."""
+        (a sink's bootstrap snapshot waits for it); None = nothing waits; -1 = the start-up list
+        failed and is retried (:meth:`BridgePipeline._hydrate_late`)."""
         self.bootstrap_reached = asyncio.Event()
 
     def progress(self, seq: int, resource_version: str) -> None:
@@ -1059,9 +1062,9 @@ class BridgePipeline:
         try:
             listed, list_rv = await inf.informer.list_current()
         except Exception as exc:
-            # Without whole objects the snapshot waits for a relist to bring them.
+            # Without whole objects the snapshot waits: _bootstrap lists again (see _hydrate_late).
             log.warning("listing %s for the bootstrap snapshot of %s failed (%s); the snapshot waits "
-                        "for the next relist", watched.ref.qualified, ", ".join(sorted(inf.bootstrapping)),
+                        "until a list answers", watched.ref.qualified, ", ".join(sorted(inf.bootstrapping)),
                         exc, extra={"informer": watched.informer_id, "resource": watched.ref.qualified})
             inf.tracker.bootstrap_at = -1
             return seeds, unconfirmed
@@ -1093,17 +1096,47 @@ class BridgePipeline:
         """Sends each bootstrapping sink its snapshot once the cache holds whole objects."""
         tracker = inf.tracker
         if tracker.bootstrap_at == -1:
-            # The list failed: whole objects come with the next relist (a 410, or the reflector's
-            # own); the snapshot waits until the informer processed past that list.
-            informer = inf.informer
-            while informer.reflector is None or informer.reflector.list_count == 0:
-                await self._clock.sleep(0.5)
-            rv = informer.reflector.last_sync_resource_version
-            tracker.bootstrap_at = int(rv) if rv.isdigit() else 0
+            await self._hydrate_late(inf)
         await tracker.bootstrap_reached.wait()
         for name in sorted(inf.bootstrapping):
             inf.listeners[name].bootstrap_ready()
             inf.informer.request_snapshot(inf.registrations[name])
+
+    async def _hydrate_late(self, inf: _Informer) -> None:
+        """The start-up list of :meth:`_hydrate` failed, so the running cache holds the checkpoint's
+        stubs. A healthy resumed watch never relists, so this lists again, with the reflector's
+        backoff, until a list answers; its whole objects replace the stubs of the same state
+        (:meth:`SharedIndexInformer.fill_in`) and the snapshot waits, as at start, until the
+        informer has processed up to the list's resourceVersion. Should the reflector relist on its
+        own first (a 410), that relist brings whole objects: the snapshot waits for it instead."""
+        informer, tracker, watched = inf.informer, inf.tracker, inf.watched
+        extra = {"informer": watched.informer_id, "resource": watched.ref.qualified}
+        sinks = ", ".join(sorted(inf.bootstrapping))
+        backoff = Backoff(clock=self._clock)
+        delay, failed = backoff.next_delay(), 1
+        while True:
+            await self._clock.sleep(delay)
+            reflector = informer.reflector
+            if reflector is not None and reflector.list_count > 0:
+                rv = reflector.last_sync_resource_version
+                tracker.bootstrap_at = int(rv) if rv.isdigit() else 0
+                return
+            try:
+                listed, list_rv = await informer.list_current()
+            except Exception as exc:
+                failed += 1
+                delay = backoff.next_delay()
+                log.warning("listing %s for the bootstrap snapshot of %s failed again (%s); retrying "
+                            "in %.1fs", watched.ref.qualified, sinks, exc, delay, extra=extra)
+                continue
+            processed = await informer.fill_in(listed)
+            if processed.isdigit() and list_rv.isdigit() and int(processed) >= int(list_rv):
+                tracker.bootstrap_reached.set()
+            else:
+                tracker.bootstrap_at = int(list_rv) if list_rv.isdigit() else 0
+            log.info("bootstrapping sinks %s with a snapshot of %d objects (listed after %d failed "
+                     "lists)", sinks, len(listed), failed, extra=extra)
+            return
 
     def _bootstrapped(self, inf: _Informer, name: str) -> None:
         """The sink acknowledged its whole bootstrap snapshot: from now on the checkpoint covers it."""

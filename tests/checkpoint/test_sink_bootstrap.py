@@ -211,6 +211,8 @@ async def test_a_bootstrap_whose_start_up_list_fails_is_taken_once_lists_answer(
         http = await stack.enter_async_context(aiohttp.ClientSession())
         client = ApiClient.from_kubeconfig(str(kubeconfig))
         stack.push_async_callback(client.close)
+        for i in range(3):  # never changed: only the start-up list (or its retry) has them whole
+            await client.create(PATH, {"metadata": {"name": f"still-{i}"}, "data": {"v": str(i)}})
         churn = Churn(client=client, namespace=NS, rate=60.0, seed=29)
         churn_task = asyncio.create_task(churn.run(), name="bootstrap-churn")
         stack.callback(churn.stop)
@@ -262,6 +264,7 @@ async def test_a_bootstrap_whose_start_up_list_fails_is_taken_once_lists_answer(
         assert snapshot
         assert all(kind(e) == "sync" for e in snapshot)
         assert all((e.get("data") or {}).get("data") for e in snapshot)  # whole objects, not stubs
+        assert {e["subject"] for e in snapshot} >= {f"{NS}/still-{i}" for i in range(3)}
         assert not any(kind(e).startswith("snapshot") for e in b[end + 1:])  # one snapshot
         assert any(kind(e) in CHANGES for e in b[end + 1:])  # then the live stream
         assert consumer_view(b) == final
