@@ -35,13 +35,13 @@ from bridge.clock import RealClock
 from bridge.delivery.checkpoint import FileCheckpointStore, informer_id
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.informer.factory import InformerKey, SharedInformerFactory
-from bridge.kube.apiclient import ApiClient
+from bridge.kube.apiclient import ApiClient, ApiClientOptions
 from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.sim import Simulator
 from sinks.contract import DeliveryOutcome, EventType, ResourceRef
 from tests.checkpoint.crash_harness import CE_PREFIX, BridgeProcess, Churn, sim_process
-from tests.checkpoint.helpers import RecordingSink
+from tests.checkpoint.helpers import RecordingSink, simulated_cluster
 from tests.checkpoint.helpers import until as wait_until
 
 NS = "boot"
@@ -339,6 +339,31 @@ async def test_unchanged_objects_are_snapshotted_whole_at_once(tmp_path: Path) -
     finally:
         await client.close()
         await sim.stop()
+
+
+async def test_a_failed_start_up_list_is_retried_and_a_quiet_resource_snapshotted_at_once(
+    tmp_path: Path,
+) -> None:
+    """The bootstrap's start-up list fails, and its first retry too: the next retry's list alone
+    puts whole objects in place of the stubs, so on a quiet resource (no change, no bookmark, no
+    relist) the snapshot goes out at once; the old sink receives nothing."""
+    async with simulated_cluster(tmp_path, NS, bookmark_interval=3600) as (sim, client):
+        for i in range(5):
+            await client.create(PATH, {"metadata": {"name": f"o{i}"}, "data": {"v": str(i)}})
+        a = RecordingSink("a")
+        await _run_once(client, tmp_path / "ckpt", [a], lambda: len(a.events) == 5)
+        per_list = ApiClientOptions().max_retries + 1  # one failed list: the client's own retries too
+        sim.faults.replace({"error_code": 503, "error_count": 2 * per_list, "error_target": "list",
+                            "error_retry_after": 0})
+        a2, b = RecordingSink("a"), RecordingSink("b")
+        await _run_once(client, tmp_path / "ckpt", [a2, b], lambda: len(b.events) == 7)
+        assert (sim.faults.injected, sim.faults.errors_remaining) == (2 * per_list, 0)
+        assert a2.events == []
+        assert [e.type for e in b.events] == [EventType.SNAPSHOT_BEGIN, *[EventType.SYNC] * 5,
+                                              EventType.SNAPSHOT_END]
+        assert sorted((e.name, e.obj["data"]["v"]) for e in b.events[1:-1]  # type: ignore[index]
+                      ) == [(f"o{i}", str(i)) for i in range(5)]
+        assert await covered(FileCheckpointStore(directory=tmp_path / "ckpt")) == {"a", "b"}
 
 
 async def test_a_sink_not_yet_bootstrapped_at_a_crash_is_bootstrapped_again(tmp_path: Path) -> None:
