@@ -82,6 +82,7 @@ from bridge.kube.discovery import APIResource
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.kube.sharding import ShardFilter
 from bridge.rawobject import last_change, object_identity
+from bridge.rawobject import object_key as raw_object_key
 from sinks.contract import (
     ChangeEvent,
     DeliveryOutcome,
@@ -154,6 +155,9 @@ class SinkListenerStats:
     """Sink acknowledgements by :class:`~sinks.contract.DeliveryOutcome` value."""
 
 
+_CHANGE_KINDS: Final = frozenset({NotificationKind.ADD, NotificationKind.UPDATE, NotificationKind.DELETE})
+
+
 class SinkListener:
     """A :class:`~bridge.contracts.NotificationHandler` feeding one sink with one resource's changes."""
 
@@ -202,6 +206,13 @@ class SinkListener:
         self._held: set[str] = set()
         """uids whose replayed changes were held back (see :meth:`_replayed_after_delete`): their
         replayed delete is framed as a gap."""
+        self._fate: dict[str, int | None] = {}
+        """Under a selector, the uids whose inferred delete was sent before the restart and whose
+        history the watch replays: → the resourceVersion the uid has now when it lives on, None when
+        it is gone (:meth:`SelectorExits.alive`, asked once per uid for every sink)."""
+        self._closed: set[str] = set()
+        """Under a selector, uids read as gone whose replayed delete went out: nothing more of
+        them is sent (see :meth:`_replayed_after_delete`)."""
         self.stats = SinkListenerStats()
         self._bootstrapped = bootstrap
         self.bootstrapping = bootstrap is not None
@@ -288,22 +299,54 @@ class SinkListener:
         relist, but a sink that lagged (down, its backlog lost in the crash) may never have had
         them: they go out again, in order, before the delete (at-least-once; a sink that had them
         gets the same ids again, followed by the same delete). Likewise a delete the watch showed
-        (not inferred) is replayed in its place, after the changes before it. Under a selector a
-        delete may be an exit of an object that lives on and comes back into scope later: there
-        only changes up to the inferred delete's resourceVersion are held back."""
+        (not inferred) is replayed in its place, after the changes before it.
+
+        Under a selector the inferred delete may have been a selector exit of an object that lives
+        on. The invariant kept there: **a lagging sink gets every change it lacked up to the delete
+        or exit, in order, before it, and nothing that brings a uid back is sent unless a delete
+        that a consumer dropping repeated ids keeps can follow it.** So the API server is asked
+        once per uid whether it still exists (:meth:`_ask_fate`, before any change newer than the
+        inferred delete's state, or a delete, is handled):
+
+        * gone (or the question could not be answered): as without a selector — changes up to
+          the inferred delete's state go out again, newer ones are held, the replayed delete is
+          framed as a gap; after that delete nothing more of the uid goes out (a return into scope
+          after an exit would revive it, and its closing delete has the uid's delete id, which a
+          deduplicating broker drops as the inferred delete's);
+        * alive: a uid is deleted once, so every delete the watch reported of it was a selector
+          exit (the inferred one too): nothing is held, every replayed change goes out in order (now
+          observed one by one), and the replayed deletes up to the uid's current resourceVersion
+          are marked as exits (change ids, which no broker drops as the uid's delete)."""
         uid, rv = object_identity(obj)
         before = self._resent.get(uid)
         if before is None or not before[1]:
             return False
-        if not (rv.isdigit() and before[0].isdigit()):
-            held = True
-        elif self._exits is None:
-            held = int(rv) > int(before[0])
-        else:
-            return int(rv) <= int(before[0])
+        if self._exits is not None:
+            if uid in self._closed:
+                return True
+            if self._fate.get(uid) is not None:
+                return False
+        held = not (rv.isdigit() and before[0].isdigit()) or int(rv) > int(before[0])
         if held:
             self._held.add(uid)
         return held
+
+    async def _ask_fate(self, n: Notification) -> None:
+        """Under a selector, asks once whether the uid of a replayed change lives on, when what
+        :meth:`_replayed_after_delete` sends depends on it: a change newer than the state its inferred
+        delete carried, or a delete."""
+        if self._exits is None or n.kind not in _CHANGE_KINDS:
+            return
+        obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
+        uid, rv = object_identity(obj)
+        before = self._resent.get(uid)
+        if before is None or not before[1] or uid in self._fate:
+            return
+        if (n.kind is not NotificationKind.DELETE and rv.isdigit() and before[0].isdigit()
+                and int(rv) <= int(before[0])):
+            return  # sent again whatever the answer
+        namespace, _, name = raw_object_key(obj).rpartition("/")
+        self._fate[uid] = await self._exits.alive(namespace, name, uid)
 
     def _framed_replayed_delete(self, event: ChangeEvent, uid: str, observed: float) -> list[ChangeEvent]:
         """The replayed delete of a uid whose replayed changes were held back, framed as a gap from
@@ -338,9 +381,15 @@ class SinkListener:
             return [self._event(EventType.UPDATED, n.obj, n.time, old=n.old)]
         if n.kind is NotificationKind.DELETE:
             obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
+            uid = object_identity(obj)[0]
+            if self._closed and uid in self._closed:
+                return []
             inferred = delete_is_inferred(n, self._tracker, self._resent)
             event = self._event(EventType.DELETED, obj, n.time, final_state_unknown=inferred)
-            if self._held and self._gap is None and (uid := object_identity(obj)[0]) in self._held:
+            if (self._exits is not None and self._resent and self._fate.get(uid) is None
+                    and self._resent.get(uid, ("", False))[1]):
+                self._closed.add(uid)  # read as gone: nothing of it after this delete
+            if self._held and self._gap is None and uid in self._held:
                 self._held.discard(uid)
                 return self._framed_replayed_delete(event, uid, n.time)
             return [event]
@@ -392,6 +441,9 @@ class SinkListener:
                 self.stats.own_progress_skipped += 1
                 ack()
                 return
+        if self._exits is not None and self._resent:
+            for n in admitted if admitted is not None else (notification,):
+                await self._ask_fate(n)
         journal = self._journal
         if journal is not None and journal.must_wait(notification.seq):
             # A new object or a delete: released only once the journal has it (module docs).
@@ -402,6 +454,8 @@ class SinkListener:
             if not listed:
                 ack()
                 return
+            if self._exits is not None:
+                await self._mark_exits(listed)
             remaining, events = len(listed), listed
         elif notification.kind is NotificationKind.SNAPSHOT:
             self.stats.snapshots += 1
@@ -413,7 +467,7 @@ class SinkListener:
                 ack()
                 return
             if self._exits is not None and notification.kind is NotificationKind.DELETE:
-                await self._mark_exit(listed[0])
+                await self._mark_exits(listed)
             if len(listed) == 1:  # the common case: one event, one ack
                 await self._deliver_one(listed[0], ack)
                 return
@@ -438,12 +492,24 @@ class SinkListener:
             self.stats.events += 1
             await self.sink.deliver(event, event_ack(i))
 
-    async def _mark_exit(self, event: ChangeEvent) -> None:
-        """Marks an observed delete whose object still exists: it left the informer's selector."""
-        if event.final_state_unknown or event.obj is None or self._exits is None:
-            return
-        if await self._exits.left(event.namespace, event.name, event.uid, event.resource_version):
-            event.extensions[LEFT_SELECTOR_EXTENSION] = "true"
+    async def _mark_exits(self, events: list[ChangeEvent]) -> None:
+        """Marks the deletes whose object still exists: they left the informer's selector. A delete
+        a relist inferred is asked too (the object is not listed: alive, it is out of scope). A
+        replayed delete of a uid known to live on (:meth:`_replayed_after_delete`), up to its current
+        resourceVersion, is an exit without asking again; one known gone is a delete."""
+        for event in events:
+            if event.type is not EventType.DELETED or event.obj is None or self._exits is None:
+                continue
+            uid, rv = event.uid, event.resource_version
+            if uid in self._fate:
+                alive = self._fate[uid]
+                if alive is None:
+                    continue
+                if rv.isdigit() and int(rv) <= alive:
+                    event.extensions[LEFT_SELECTOR_EXTENSION] = "true"
+                    continue
+            if await self._exits.left(event.namespace, event.name, uid, rv):
+                event.extensions[LEFT_SELECTOR_EXTENSION] = "true"
 
     async def _deliver_one(self, event: ChangeEvent, ack: AckFunc) -> None:
         stats = self.stats

@@ -138,8 +138,11 @@ async def test_a_lagging_sink_gets_the_changes_it_lacked_before_a_delete_or_exit
         u3 = await client.patch(f"{PATH}/x", {"data": {"v": "3"}})
         gone = await client.delete(f"{PATH}/x") if fate == "deleted" else await relabel(client, "other")
         await client.request("POST", "/_sim/faults", body={"reset": True})
-        inferred = ("deleted", rv(u2), True, False)
-        await until(lambda: inferred in of(file_events(out), uid), 20, "the inferred delete, to fast")
+        await until(lambda: any(c[:3] == ("deleted", rv(u2), True) for c in of(file_events(out), uid)), 20,
+                    "the inferred delete, to fast")
+        # A relist cannot tell a delete from an exit by itself; the API server can, as for a delete
+        # the watch showed: an exit the relist inferred is marked, and keeps an id of its own.
+        assert ("deleted", rv(u2), True, fate != "deleted") in of(file_events(out), uid)
         await bridge.kill()
         crashed = await store.load(IDENT)
         assert crashed is not None
