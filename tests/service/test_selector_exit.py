@@ -111,15 +111,15 @@ async def test_whether_a_uid_lives_on_is_asked_once_for_every_sink_and_retried_w
             raise NotFoundError("not found", code=404)
         if name == "recreated":
             return {"metadata": {"uid": "another", "resourceVersion": "12"}}
-        return {"metadata": {"uid": "u1", "resourceVersion": "42"}}
+        return {"metadata": {"uid": f"u-{name}", "resourceVersion": "42"}}
 
     exits = SelectorExits(fetch=fetch, attempts=3, retry_delay=0)
-    assert await asyncio.gather(*(exits.alive("d", "lives", "u1") for _ in range(3))) == [42, 42, 42]
-    assert await exits.alive("d", "lives", "u1") == 42
+    assert await asyncio.gather(*(exits.alive("d", "lives", "u-lives") for _ in range(3))) == [42, 42, 42]
+    assert await exits.alive("d", "lives", "u-lives") == 42
     assert asked == ["lives"]
     assert await exits.alive("d", "gone", "u2") is None
     assert await exits.alive("d", "recreated", "u3") is None  # the name holds another uid
-    assert await exits.alive("d", "flaky", "u1") == 42  # two 503s, then an answer
+    assert await exits.alive("d", "flaky", "u-flaky") == 42  # two 503s, then an answer
     assert await exits.alive("d", "down", "u4") is None  # no answer in three attempts: gone
     assert asked.count("flaky") == 3
     assert asked.count("down") == 3
