@@ -123,3 +123,27 @@ async def test_whether_a_uid_lives_on_is_asked_once_for_every_sink_and_retried_w
     assert await exits.alive("d", "down", "u4") is None  # no answer in three attempts: gone
     assert asked.count("flaky") == 3
     assert asked.count("down") == 3
+
+
+async def test_a_cancelled_asker_of_whether_a_uid_lives_on_leaves_the_question_to_the_others() -> None:
+    from bridge.delivery.selector_exit import SelectorExits
+
+    release = asyncio.Event()
+    asked: list[str] = []
+
+    async def fetch(namespace: str, name: str) -> dict[str, Any]:
+        asked.append(name)
+        await release.wait()
+        return {"metadata": {"uid": "u1", "resourceVersion": "7"}}
+
+    exits = SelectorExits(fetch=fetch)
+    first = asyncio.create_task(exits.alive("d", "x", "u1"), name="first-asker")
+    await asyncio.sleep(0)
+    second = asyncio.create_task(exits.alive("d", "x", "u1"), name="second-asker")
+    await asyncio.sleep(0)
+    first.cancel()
+    await asyncio.sleep(0)
+    release.set()
+    assert await second == 7
+    assert first.cancelled()
+    assert asked == ["x", "x"]  # the second asked again
