@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bridge.clock import FakeClock
-from bridge.contracts import Notification, NotificationKind
+from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind, ObjectKey
 from bridge.delivery.pipeline import SinkListener
 from bridge.delivery.selector_exit import SelectorExits
 from bridge.errors import NotFoundError
@@ -157,3 +157,18 @@ def test_the_replayed_delete_after_held_back_changes_is_framed_as_a_gap() -> Non
     # Nothing was held back for y: its delete is not framed.
     other = Notification(kind=NotificationKind.DELETE, obj=obj("y", "1411"), seq=3)
     assert [e.type.value for e in lst.events_for(other)] == ["deleted"]
+
+
+async def test_with_a_selector_a_relists_delete_is_marked_as_an_exit_while_the_object_lives_on() -> None:
+    """A delete a relist infers (the object is not listed) is asked like one the watch showed: alive,
+    it left the selector. Re-sent after a restart (the same uid, the same resourceVersion), it is asked
+    again: an exit whose object was deleted since goes out as the uid's delete."""
+    stub = obj("x", "1402")
+    tombstone = Notification(kind=NotificationKind.DELETE,
+                             obj=DeletedFinalStateUnknown(key=ObjectKey("ns/x"), obj=stub), seq=1)
+    lives = selector_listener({}, obj("x", "1600"), [])
+    assert await replay(lives, tombstone) == [("deleted", "1402", True, True)]
+    resent = {"u-x": ("1402", True)}
+    assert await replay(selector_listener(resent, obj("x", "1600"), []), tombstone) == [
+        ("deleted", "1402", True, True)]
+    assert await replay(selector_listener(resent, None, []), tombstone) == [("deleted", "1402", True, False)]
