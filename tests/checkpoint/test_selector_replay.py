@@ -132,9 +132,10 @@ async def test_a_lagging_sink_gets_the_changes_it_lacked_before_a_delete_or_exit
         await until(lambda: [c[1] for c in of(file_events(out), uid)][-1:] == [rv(u2)], 20, "u2, to fast")
         # The watch expires and the relist is held off while x changes once more and goes: the
         # relist infers x's delete, with u2 (the last state the bridge knew).
-        await client.request("POST", "/_sim/faults", body={
+        faults = await client.request("POST", "/_sim/faults", body={
             "error_code": 503, "error_count": 1000, "error_target": "list", "error_retry_after": 1,
             "expire_watches": True})
+        assert faults["watches_expired"] >= 1
         u3 = await client.patch(f"{PATH}/x", {"data": {"v": "3"}})
         gone = await client.delete(f"{PATH}/x") if fate == "deleted" else await relabel(client, "other")
         await client.request("POST", "/_sim/faults", body={"reset": True})
