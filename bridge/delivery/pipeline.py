@@ -172,6 +172,7 @@ class SinkListener:
         tracker: AckTracker | None = None,
         journal: KnownObjectJournal | None = None,
         resent: Mapping[str, tuple[str, bool]] | None = None,
+        held_after: Mapping[str, str] | None = None,
         exits: SelectorExits | None = None,
         shard: tuple[int, int] | None = None,
         bootstrap: Callable[[], None] | None = None,
@@ -181,7 +182,9 @@ class SinkListener:
         ``tracker`` (the informer's) tells which deletes were inferred rather than observed.
         ``journal``: the informer's known-object journal; an event it has a record for is handed to
         the sink only once the record is durable. ``resent``: uid → (resourceVersion, inferred) of
-        the deletes the journal says were sent before a restart (see :func:`delete_is_inferred`).
+        the deletes the journal says were sent before a restart (see :func:`delete_is_inferred`);
+        ``held_after``: uid → the journal's :attr:`~bridge.delivery.journal.JournalEntry.held_after`
+        of those deletes that have one.
         ``exits`` (a selector-scoped informer's) tells which observed deletes were selector exits.
         ``bootstrap``, when given, makes this a sink with no progress of its own: it receives nothing
         until its bootstrap snapshot (see :meth:`bootstrap_ready`), then the live stream; the
@@ -195,6 +198,7 @@ class SinkListener:
         self._tracker = tracker
         self._journal = journal
         self._resent = resent or {}
+        self._held_after = held_after or {}
         self._exits = exits
         self._shard = shard
         self.resource = resource
@@ -318,18 +322,31 @@ class SinkListener:
           observed one by one), and the replayed deletes up to the uid's current resourceVersion
           are marked as exits (change ids, which no broker drops as the uid's delete)."""
         uid, rv = object_identity(obj)
-        before = self._resent.get(uid)
-        if before is None or not before[1]:
+        after = self._hold_after(uid)
+        if after is None:
             return False
         if self._exits is not None:
             if uid in self._closed:
                 return True
             if self._fate.get(uid) is not None:
                 return False
-        held = not (rv.isdigit() and before[0].isdigit()) or int(rv) > int(before[0])
+        held = not (rv.isdigit() and after.isdigit()) or int(rv) > int(after)
         if held:
             self._held.add(uid)
         return held
+
+    def _hold_after(self, uid: str) -> str | None:
+        """The resourceVersion after which ``uid``'s replayed changes were never sent one by one:
+        the state of its inferred delete sent before the restart — also when a replay after an
+        earlier restart has sent its delete again since, held back the same changes, and the journal
+        says so (:attr:`~bridge.delivery.journal.JournalEntry.held_after`). None: nothing of it is
+        held back."""
+        before = self._resent.get(uid)
+        if before is None:
+            return None
+        if before[1]:
+            return before[0]
+        return self._held_after.get(uid) or None
 
     async def _ask_fate(self, n: Notification) -> None:
         """Under a selector, asks once whether the uid of a replayed change lives on, when what
@@ -339,11 +356,11 @@ class SinkListener:
             return
         obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
         uid, rv = object_identity(obj)
-        before = self._resent.get(uid)
-        if before is None or not before[1] or uid in self._fate:
+        after = self._hold_after(uid)
+        if after is None or uid in self._fate:
             return
-        if (n.kind is not NotificationKind.DELETE and rv.isdigit() and before[0].isdigit()
-                and int(rv) <= int(before[0])):
+        if (n.kind is not NotificationKind.DELETE and rv.isdigit() and after.isdigit()
+                and int(rv) <= int(after)):
             return  # sent again whatever the answer
         namespace, _, name = raw_object_key(obj).rpartition("/")
         self._fate[uid] = await self._exits.alive(namespace, name, uid)
@@ -354,7 +371,7 @@ class SinkListener:
         never received the relist that coalesced those changes (nor its gap markers), so it learns
         here that they were not delivered one by one. A sink that had them gets an empty-handed
         repetition of a window it already knows."""
-        before = self._resent[uid][0]
+        before = self._hold_after(uid) or ""
         info = GapInfo(id=f"{self._snapshot_prefix}:replayed:{uid}:{before}", from_resource_version=before,
                        to_resource_version=event.resource_version)
         begin = GapInfo(id=info.id, from_resource_version=before)
@@ -387,7 +404,7 @@ class SinkListener:
             inferred = delete_is_inferred(n, self._tracker, self._resent)
             event = self._event(EventType.DELETED, obj, n.time, final_state_unknown=inferred)
             if (self._exits is not None and self._resent and self._fate.get(uid) is None
-                    and self._resent.get(uid, ("", False))[1]):
+                    and self._hold_after(uid) is not None):
                 self._closed.add(uid)  # read as gone: nothing of it after this delete
             if self._held and self._gap is None and uid in self._held:
                 self._held.discard(uid)
@@ -783,6 +800,7 @@ class _CountingTracker(AckTracker):
         """Progress markers seen: the informer listed, or its watch moved, this many times."""
         self.journal: KnownObjectJournal | None = None
         self.resent: Mapping[str, tuple[str, bool]] = {}
+        self.held_after: Mapping[str, str] = {}
         self.synced = 0
         """Objects of the snapshots dispatched (each becomes one ``sync`` event per sink)."""
         self.thresholds: list[tuple[int, Callable[[int], None]]] = []
@@ -1073,7 +1091,8 @@ class BridgePipeline:
                          extra={"sink": sink.name, "informer": ident, "resource": watched.ref.qualified})
             listener = SinkListener(sink=sink, resource=watched.ref, cluster=self._cluster,
                                     clock=self._clock, snapshot_prefix=ident, tracker=tracker,
-                                    journal=inf.journal, resent=tracker.resent, exits=exits,
+                                    journal=inf.journal, resent=tracker.resent,
+                                    held_after=tracker.held_after, exits=exits,
                                     shard=(None if watched.shard is None
                                            else (watched.shard.ordinal, watched.shard.total)),
                                     bootstrap=bootstrap, own_progress=own)
@@ -1209,6 +1228,7 @@ class BridgePipeline:
         journal = KnownObjectJournal(backend=journal_backend(ident), informer_id=ident, clock=self._clock)
         inf.journal = inf.tracker.journal = journal
         resent: dict[str, tuple[str, bool]] = {}
+        held_after: dict[str, str] = {}
         unconfirmed: list[tuple[str, str, str]] = []
         loaded = await journal.load(checkpoint)
         if handover is not None and (handover.adopted or handover.keep_own_journal is not None):
@@ -1217,12 +1237,15 @@ class BridgePipeline:
             for uid, entry in items:
                 if entry.deleted:
                     resent[uid] = (entry.resource_version, entry.inferred)
+                    if entry.held_after:
+                        held_after[uid] = entry.held_after
                 if known.get(key, ("",))[0] == uid:
                     if entry.deleted:  # re-sent, if at all, as the delete it was
                         known[key] = (uid, entry.resource_version)
                 else:
                     unconfirmed.append((key, uid, entry.resource_version))
         inf.tracker.resent = resent
+        inf.tracker.held_after = held_after
         stubs = [stub_objects(inf.watched.ref, {key: (uid, rv)})[0] for key, uid, rv in unconfirmed]
         return known, stubs
 
