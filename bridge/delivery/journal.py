@@ -41,7 +41,9 @@ what changed in one checkpoint interval.
 Format (the file ``<informer id>.journal`` next to a file checkpoint; the same text in the other
 backends): a header line ``{"journal": 1,
 "informer_id": …}``, then one JSON array per line, ``["a", key, uid, rv]`` (known to exist) or
-``["d", key, uid, rv, inferred]`` (deleted). A torn last line (a crash mid-append: its events were
+``["d", key, uid, rv, inferred]`` (deleted; ``["d", key, uid, rv, inferred, held_after]`` for a
+delete sent after a replay that held back changes an earlier, inferred delete had coalesced, see
+:attr:`JournalEntry.held_after`). A torn last line (a crash mid-append: its events were
 never released) and anything after a line that does not parse are ignored with a warning.
 """
 
@@ -93,6 +95,11 @@ class JournalEntry:
     deleted: bool = False
     inferred: bool = False
     """For a delete: it was inferred by a relist (sent with ``finalstateunknown``)."""
+    held_after: str = ""
+    """For a delete a restarted bridge sent after an earlier, inferred delete of the same uid: the
+    resourceVersion of the state that inferred delete carried. The changes after it were coalesced by
+    that relist and never sent one by one, so a replay after another restart keeps holding them back
+    (:meth:`~bridge.delivery.pipeline.SinkListener._replayed_after_delete`)."""
 
 
 class JournalStoreError(CheckpointStoreError):
@@ -600,7 +607,12 @@ class KnownObjectJournal:
             return
         key = str(n.key)
         if n.kind is NotificationKind.DELETE:
-            entry = JournalEntry(key, rv, deleted=True, inferred=inferred)
+            held = ""
+            prev = self._entries.get(uid)
+            if prev is not None and prev.deleted:  # a delete replayed after a restart
+                held = prev.held_after or (prev.resource_version
+                                           if prev.inferred and prev.resource_version != rv else "")
+            entry = JournalEntry(key, rv, deleted=True, inferred=inferred, held_after=held)
             self._entries[uid] = entry
             self._queue(n.seq, uid, entry)
             return
@@ -761,6 +773,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _record(uid: str, e: JournalEntry) -> bytes:
     if e.deleted:
+        if e.held_after:
+            return orjson.dumps(["d", e.key, uid, e.resource_version, e.inferred, e.held_after])
         return orjson.dumps(["d", e.key, uid, e.resource_version, e.inferred])
     return orjson.dumps(["a", e.key, uid, e.resource_version])
 
@@ -776,6 +790,9 @@ def _parse(line: bytes) -> tuple[str, JournalEntry]:
         return uid, JournalEntry(key, rv)
     if op == "d" and len(rec) == 5 and isinstance(rec[4], bool):
         return uid, JournalEntry(key, rv, deleted=True, inferred=rec[4])
+    if (op == "d" and len(rec) == 6 and isinstance(rec[4], bool) and isinstance(rec[5], str)
+            and rec[5].isascii() and rec[5].isdigit()):
+        return uid, JournalEntry(key, rv, deleted=True, inferred=rec[4], held_after=rec[5])
     raise ValueError(f"unknown record {rec!r}")
 
 

@@ -18,8 +18,9 @@ acknowledged every one of its events.
 * per-sink progress on resume: the watch resumes from the base, the cache is seeded with the union of
   what the sinks know, and each sink's listener filters through its own progress
   (:class:`~bridge.delivery.progress.SinkResume`); a sink the checkpoint does not cover is
-  bootstrapped: it receives nothing until a snapshot of whole objects (:meth:`BridgePipeline._hydrate`),
-  then the live stream;
+  bootstrapped: it receives nothing until a snapshot of whole objects (:meth:`BridgePipeline._hydrate`;
+  a failed start-up list is retried with backoff by :meth:`BridgePipeline._hydrate_late`), then the
+  live stream;
 * a named task writes checkpoints every ``checkpoint_interval`` seconds (only when the state moved);
 * per-sink resync periods are served as snapshots (``informer.request_snapshot``) by one timer task
   per (informer, sink); listeners themselves get resync period 0, so the same-RV updates of a 410
@@ -75,6 +76,7 @@ from bridge.delivery.progress import AckTracker, IndexEntry, Knowledge, SinkResu
 from bridge.delivery.selector_exit import LEFT_SELECTOR_EXTENSION, SelectorExits
 from bridge.delivery.sharding import TakeOver, shard_id, stale_ready, take_over
 from bridge.delivery.spill import SegmentSpill
+from bridge.informer.backoff import Backoff
 from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.informer.reflector import Reflector, WatchErrorHandler, default_watch_error_handler
 from bridge.informer.shared_informer import HandlerRegistration, SharedIndexInformer
@@ -83,6 +85,7 @@ from bridge.kube.discovery import APIResource
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.kube.sharding import ShardFilter
 from bridge.rawobject import last_change, object_identity
+from bridge.rawobject import object_key as raw_object_key
 from sinks.contract import (
     AckCallback,
     ChangeEvent,
@@ -156,6 +159,9 @@ class SinkListenerStats:
     """Sink acknowledgements by :class:`~sinks.contract.DeliveryOutcome` value."""
 
 
+_CHANGE_KINDS: Final = frozenset({NotificationKind.ADD, NotificationKind.UPDATE, NotificationKind.DELETE})
+
+
 class SinkListener:
     """A :class:`~bridge.contracts.NotificationHandler` feeding one sink with one resource's changes."""
 
@@ -170,6 +176,7 @@ class SinkListener:
         tracker: AckTracker | None = None,
         journal: KnownObjectJournal | None = None,
         resent: Mapping[str, tuple[str, bool]] | None = None,
+        held_after: Mapping[str, str] | None = None,
         exits: SelectorExits | None = None,
         shard: tuple[int, int] | None = None,
         bootstrap: Callable[[], None] | None = None,
@@ -179,7 +186,9 @@ class SinkListener:
         ``tracker`` (the informer's) tells which deletes were inferred rather than observed.
         ``journal``: the informer's known-object journal; an event it has a record for is handed to
         the sink only once the record is durable. ``resent``: uid → (resourceVersion, inferred) of
-        the deletes the journal says were sent before a restart (see :func:`delete_is_inferred`).
+        the deletes the journal says were sent before a restart (see :func:`delete_is_inferred`);
+        ``held_after``: uid → the journal's :attr:`~bridge.delivery.journal.JournalEntry.held_after`
+        of those deletes that have one.
         ``exits`` (a selector-scoped informer's) tells which observed deletes were selector exits.
         ``bootstrap``, when given, makes this a sink with no progress of its own: it receives nothing
         until its bootstrap snapshot (see :meth:`bootstrap_ready`), then the live stream; the
@@ -193,6 +202,7 @@ class SinkListener:
         self._tracker = tracker
         self._journal = journal
         self._resent = resent or {}
+        self._held_after = held_after or {}
         self._exits = exits
         self._shard = shard
         self.resource = resource
@@ -204,6 +214,13 @@ class SinkListener:
         self._held: set[str] = set()
         """uids whose replayed changes were held back (see :meth:`_replayed_after_delete`): their
         replayed delete is framed as a gap."""
+        self._fate: dict[str, int | None] = {}
+        """Under a selector, the uids whose inferred delete was sent before the restart and whose
+        history the watch replays: → the resourceVersion the uid has now when it lives on, None when
+        it is gone (:meth:`SelectorExits.alive`, asked once per uid for every sink)."""
+        self._closed: set[str] = set()
+        """Under a selector, uids read as gone whose replayed delete went out: nothing more of
+        them is sent (see :meth:`_replayed_after_delete`)."""
         self.stats = SinkListenerStats()
         self._bootstrapped = bootstrap
         self.bootstrapping = bootstrap is not None
@@ -290,22 +307,67 @@ class SinkListener:
         relist, but a sink that lagged (down, its backlog lost in the crash) may never have had
         them: they go out again, in order, before the delete (at-least-once; a sink that had them
         gets the same ids again, followed by the same delete). Likewise a delete the watch showed
-        (not inferred) is replayed in its place, after the changes before it. Under a selector a
-        delete may be an exit of an object that lives on and comes back into scope later: there
-        only changes up to the inferred delete's resourceVersion are held back."""
+        (not inferred) is replayed in its place, after the changes before it.
+
+        Under a selector the inferred delete may have been a selector exit of an object that lives
+        on. The invariant kept there: **a lagging sink gets every change it lacked up to the delete
+        or exit, in order, before it, and nothing that brings a uid back is sent unless a delete
+        that a consumer dropping repeated ids keeps can follow it.** So the API server is asked
+        once per uid whether it still exists (:meth:`_ask_fate`, before any change newer than the
+        inferred delete's state, or a delete, is handled):
+
+        * gone (or the question could not be answered): as without a selector — changes up to
+          the inferred delete's state go out again, newer ones are held, the replayed delete is
+          framed as a gap; after that delete nothing more of the uid goes out (a return into scope
+          after an exit would revive it, and its closing delete has the uid's delete id, which a
+          deduplicating broker drops as the inferred delete's);
+        * alive: a uid is deleted once, so every delete the watch reported of it was a selector
+          exit (the inferred one too): nothing is held, every replayed change goes out in order (now
+          observed one by one), and the replayed deletes up to the uid's current resourceVersion
+          are marked as exits (change ids, which no broker drops as the uid's delete)."""
         uid, rv = object_identity(obj)
-        before = self._resent.get(uid)
-        if before is None or not before[1]:
+        after = self._hold_after(uid)
+        if after is None:
             return False
-        if not (rv.isdigit() and before[0].isdigit()):
-            held = True
-        elif self._exits is None:
-            held = int(rv) > int(before[0])
-        else:
-            return int(rv) <= int(before[0])
+        if self._exits is not None:
+            if uid in self._closed:
+                return True
+            if self._fate.get(uid) is not None:
+                return False
+        held = not (rv.isdigit() and after.isdigit()) or int(rv) > int(after)
         if held:
             self._held.add(uid)
         return held
+
+    def _hold_after(self, uid: str) -> str | None:
+        """The resourceVersion after which ``uid``'s replayed changes were never sent one by one:
+        the state of its inferred delete sent before the restart — also when a replay after an
+        earlier restart has sent its delete again since, held back the same changes, and the journal
+        says so (:attr:`~bridge.delivery.journal.JournalEntry.held_after`). None: nothing of it is
+        held back."""
+        before = self._resent.get(uid)
+        if before is None:
+            return None
+        if before[1]:
+            return before[0]
+        return self._held_after.get(uid) or None
+
+    async def _ask_fate(self, n: Notification) -> None:
+        """Under a selector, asks once whether the uid of a replayed change lives on, when what
+        :meth:`_replayed_after_delete` sends depends on it: a change newer than the state its inferred
+        delete carried, or a delete."""
+        if self._exits is None or n.kind not in _CHANGE_KINDS:
+            return
+        obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
+        uid, rv = object_identity(obj)
+        after = self._hold_after(uid)
+        if after is None or uid in self._fate:
+            return
+        if (n.kind is not NotificationKind.DELETE and rv.isdigit() and after.isdigit()
+                and int(rv) <= int(after)):
+            return  # sent again whatever the answer
+        namespace, _, name = raw_object_key(obj).rpartition("/")
+        self._fate[uid] = await self._exits.alive(namespace, name, uid)
 
     def _framed_replayed_delete(self, event: ChangeEvent, uid: str, observed: float) -> list[ChangeEvent]:
         """The replayed delete of a uid whose replayed changes were held back, framed as a gap from
@@ -313,7 +375,7 @@ class SinkListener:
         never received the relist that coalesced those changes (nor its gap markers), so it learns
         here that they were not delivered one by one. A sink that had them gets an empty-handed
         repetition of a window it already knows."""
-        before = self._resent[uid][0]
+        before = self._hold_after(uid) or ""
         info = GapInfo(id=f"{self._snapshot_prefix}:replayed:{uid}:{before}", from_resource_version=before,
                        to_resource_version=event.resource_version)
         begin = GapInfo(id=info.id, from_resource_version=before)
@@ -340,9 +402,15 @@ class SinkListener:
             return [self._event(EventType.UPDATED, n.obj, n.time, old=n.old)]
         if n.kind is NotificationKind.DELETE:
             obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
+            uid = object_identity(obj)[0]
+            if self._closed and uid in self._closed:
+                return []
             inferred = delete_is_inferred(n, self._tracker, self._resent)
             event = self._event(EventType.DELETED, obj, n.time, final_state_unknown=inferred)
-            if self._held and self._gap is None and (uid := object_identity(obj)[0]) in self._held:
+            if (self._exits is not None and self._resent and self._fate.get(uid) is None
+                    and self._hold_after(uid) is not None):
+                self._closed.add(uid)  # read as gone: nothing of it after this delete
+            if self._held and self._gap is None and uid in self._held:
                 self._held.discard(uid)
                 return self._framed_replayed_delete(event, uid, n.time)
             return [event]
@@ -394,6 +462,9 @@ class SinkListener:
                 self.stats.own_progress_skipped += 1
                 ack()
                 return
+        if self._exits is not None and self._resent:
+            for n in admitted if admitted is not None else (notification,):
+                await self._ask_fate(n)
         journal = self._journal
         if journal is not None and journal.must_wait(notification.seq):
             # A new object or a delete: released only once the journal has it (module docs).
@@ -404,6 +475,8 @@ class SinkListener:
             if not listed:
                 ack()
                 return
+            if self._exits is not None:
+                await self._mark_exits(listed)
             remaining, events = len(listed), listed
         elif notification.kind is NotificationKind.SNAPSHOT:
             self.stats.snapshots += 1
@@ -415,7 +488,7 @@ class SinkListener:
                 ack()
                 return
             if self._exits is not None and notification.kind is NotificationKind.DELETE:
-                await self._mark_exit(listed[0])
+                await self._mark_exits(listed)
             if len(listed) == 1:  # the common case: one event, one ack
                 await self._deliver_one(listed[0], ack)
                 return
@@ -470,8 +543,9 @@ class SinkListener:
                 ack = acks[i]
                 kind = n.kind
                 if (self.bootstrapping or self.own_progress is not None
+                        or (self._exits is not None and (self._resent or kind is delete))
                         or (kind is not add and kind is not update
-                            and (kind is not delete or self._exits is not None or self._held))):
+                            and (kind is not delete or self._held or self._closed))):
                     if events:
                         await self._hand_over(events, event_acks, owners, i - 1)
                         events, event_acks, owners, done = [], [], [], []
@@ -553,12 +627,24 @@ class SinkListener:
                 owner()
             raise BatchInterrupted(last) from exc
 
-    async def _mark_exit(self, event: ChangeEvent) -> None:
-        """Marks an observed delete whose object still exists: it left the informer's selector."""
-        if event.final_state_unknown or event.obj is None or self._exits is None:
-            return
-        if await self._exits.left(event.namespace, event.name, event.uid, event.resource_version):
-            event.extensions[LEFT_SELECTOR_EXTENSION] = "true"
+    async def _mark_exits(self, events: list[ChangeEvent]) -> None:
+        """Marks the deletes whose object still exists: they left the informer's selector. A delete
+        a relist inferred is asked too (the object is not listed: alive, it is out of scope). A
+        replayed delete of a uid known to live on (:meth:`_replayed_after_delete`), up to its current
+        resourceVersion, is an exit without asking again; one known gone is a delete."""
+        for event in events:
+            if event.type is not EventType.DELETED or event.obj is None or self._exits is None:
+                continue
+            uid, rv = event.uid, event.resource_version
+            if uid in self._fate:
+                alive = self._fate[uid]
+                if alive is None:
+                    continue
+                if rv.isdigit() and int(rv) <= alive:
+                    event.extensions[LEFT_SELECTOR_EXTENSION] = "true"
+                    continue
+            if await self._exits.left(event.namespace, event.name, uid, rv):
+                event.extensions[LEFT_SELECTOR_EXTENSION] = "true"
 
     async def _deliver_one(self, event: ChangeEvent, ack: AckFunc) -> None:
         stats = self.stats
@@ -832,6 +918,7 @@ class _CountingTracker(AckTracker):
         """Progress markers seen: the informer listed, or its watch moved, this many times."""
         self.journal: KnownObjectJournal | None = None
         self.resent: Mapping[str, tuple[str, bool]] = {}
+        self.held_after: Mapping[str, str] = {}
         self.synced = 0
         """Objects of the snapshots dispatched (each becomes one ``sync`` event per sink)."""
         self.thresholds: list[tuple[int, Callable[[int], None]]] = []
@@ -839,7 +926,8 @@ class _CountingTracker(AckTracker):
         reaches the resourceVersion (a sink's own resume point)."""
         self.bootstrap_at: int | None = None
         """A resourceVersion the informer must reach before its cache holds no checkpoint stubs
-        (a sink's bootstrap snapshot waits for it); None = nothing waits."""
+        (a sink's bootstrap snapshot waits for it); None = nothing waits; -1 = the start-up list
+        failed and is retried (:meth:`BridgePipeline._hydrate_late`)."""
         self.bootstrap_reached = asyncio.Event()
 
     def progress(self, seq: int, resource_version: str) -> None:
@@ -1122,7 +1210,8 @@ class BridgePipeline:
                          extra={"sink": sink.name, "informer": ident, "resource": watched.ref.qualified})
             listener = SinkListener(sink=sink, resource=watched.ref, cluster=self._cluster,
                                     clock=self._clock, snapshot_prefix=ident, tracker=tracker,
-                                    journal=inf.journal, resent=tracker.resent, exits=exits,
+                                    journal=inf.journal, resent=tracker.resent,
+                                    held_after=tracker.held_after, exits=exits,
                                     shard=(None if watched.shard is None
                                            else (watched.shard.ordinal, watched.shard.total)),
                                     bootstrap=bootstrap, own_progress=own)
@@ -1174,9 +1263,9 @@ class BridgePipeline:
         try:
             listed, list_rv = await inf.informer.list_current()
         except Exception as exc:
-            # Without whole objects the snapshot waits for a relist to bring them.
+            # Without whole objects the snapshot waits: _bootstrap lists again (see _hydrate_late).
             log.warning("listing %s for the bootstrap snapshot of %s failed (%s); the snapshot waits "
-                        "for the next relist", watched.ref.qualified, ", ".join(sorted(inf.bootstrapping)),
+                        "until a list answers", watched.ref.qualified, ", ".join(sorted(inf.bootstrapping)),
                         exc, extra={"informer": watched.informer_id, "resource": watched.ref.qualified})
             inf.tracker.bootstrap_at = -1
             return seeds, unconfirmed
@@ -1208,17 +1297,47 @@ class BridgePipeline:
         """Sends each bootstrapping sink its snapshot once the cache holds whole objects."""
         tracker = inf.tracker
         if tracker.bootstrap_at == -1:
-            # The list failed: whole objects come with the next relist (a 410, or the reflector's
-            # own); the snapshot waits until the informer processed past that list.
-            informer = inf.informer
-            while informer.reflector is None or informer.reflector.list_count == 0:
-                await self._clock.sleep(0.5)
-            rv = informer.reflector.last_sync_resource_version
-            tracker.bootstrap_at = int(rv) if rv.isdigit() else 0
+            await self._hydrate_late(inf)
         await tracker.bootstrap_reached.wait()
         for name in sorted(inf.bootstrapping):
             inf.listeners[name].bootstrap_ready()
             inf.informer.request_snapshot(inf.registrations[name])
+
+    async def _hydrate_late(self, inf: _Informer) -> None:
+        """The start-up list of :meth:`_hydrate` failed, so the running cache holds the checkpoint's
+        stubs. A healthy resumed watch never relists, so this lists again, with the reflector's
+        backoff, until a list answers; its whole objects replace the stubs of the same state
+        (:meth:`SharedIndexInformer.fill_in`) and the snapshot waits, as at start, until the
+        informer has processed up to the list's resourceVersion. Should the reflector relist on its
+        own first (a 410), that relist brings whole objects: the snapshot waits for it instead."""
+        informer, tracker, watched = inf.informer, inf.tracker, inf.watched
+        extra = {"informer": watched.informer_id, "resource": watched.ref.qualified}
+        sinks = ", ".join(sorted(inf.bootstrapping))
+        backoff = Backoff(clock=self._clock)
+        delay, failed = backoff.next_delay(), 1
+        while True:
+            await self._clock.sleep(delay)
+            reflector = informer.reflector
+            if reflector is not None and reflector.list_count > 0:
+                rv = reflector.last_sync_resource_version
+                tracker.bootstrap_at = int(rv) if rv.isdigit() else 0
+                return
+            try:
+                listed, list_rv = await informer.list_current()
+            except Exception as exc:
+                failed += 1
+                delay = backoff.next_delay()
+                log.warning("listing %s for the bootstrap snapshot of %s failed again (%s); retrying "
+                            "in %.1fs", watched.ref.qualified, sinks, exc, delay, extra=extra)
+                continue
+            processed = await informer.fill_in(listed)
+            if processed.isdigit() and list_rv.isdigit() and int(processed) >= int(list_rv):
+                tracker.bootstrap_reached.set()
+            else:
+                tracker.bootstrap_at = int(list_rv) if list_rv.isdigit() else 0
+            log.info("bootstrapping sinks %s with a snapshot of %d objects (listed after %d failed "
+                     "lists)", sinks, len(listed), failed, extra=extra)
+            return
 
     def _bootstrapped(self, inf: _Informer, name: str) -> None:
         """The sink acknowledged its whole bootstrap snapshot: from now on the checkpoint covers it."""
@@ -1258,6 +1377,7 @@ class BridgePipeline:
         journal = KnownObjectJournal(backend=journal_backend(ident), informer_id=ident, clock=self._clock)
         inf.journal = inf.tracker.journal = journal
         resent: dict[str, tuple[str, bool]] = {}
+        held_after: dict[str, str] = {}
         unconfirmed: list[tuple[str, str, str]] = []
         loaded = await journal.load(checkpoint)
         if handover is not None and (handover.adopted or handover.keep_own_journal is not None):
@@ -1266,12 +1386,15 @@ class BridgePipeline:
             for uid, entry in items:
                 if entry.deleted:
                     resent[uid] = (entry.resource_version, entry.inferred)
+                    if entry.held_after:
+                        held_after[uid] = entry.held_after
                 if known.get(key, ("",))[0] == uid:
                     if entry.deleted:  # re-sent, if at all, as the delete it was
                         known[key] = (uid, entry.resource_version)
                 else:
                     unconfirmed.append((key, uid, entry.resource_version))
         inf.tracker.resent = resent
+        inf.tracker.held_after = held_after
         stubs = [stub_objects(inf.watched.ref, {key: (uid, rv)})[0] for key, uid, rv in unconfirmed]
         return known, stubs
 

@@ -11,7 +11,14 @@ right, and those that care can tell).
 
 Only informers with a selector use it; the extra request is one GET per delete in that scope. When
 the question cannot be answered (the API server unreachable, a timeout), the event is sent unmarked:
-a delete is the safe reading, and nothing waits on it.
+a delete is the safe reading, and nothing waits on it. A delete a relist inferred (the object is no
+longer listed) is asked the same question: absent from the list and alive means out of scope.
+
+After a restart the watch may replay the history of an object whose inferred delete was already sent
+(see :meth:`~bridge.delivery.pipeline.SinkListener._replayed_after_delete`): what may be sent then
+depends on whether that uid still exists, which :meth:`SelectorExits.alive` asks once per uid for
+every sink. A uid is deleted once, so while it exists every delete the watch ever reported of it was
+a selector exit.
 """
 
 from __future__ import annotations
@@ -39,12 +46,69 @@ Fetch = Callable[[str, str], Awaitable[Mapping[str, Any]]]
 class SelectorExits:
     """Answers "did this deleted object leave the selector?" for one selector-scoped informer."""
 
-    def __init__(self, *, fetch: Fetch, timeout: float = 5.0, memory: int = 1024) -> None:
+    def __init__(self, *, fetch: Fetch, timeout: float = 5.0, memory: int = 1024, attempts: int = 5,
+                 retry_delay: float = 1.0) -> None:
+        """``attempts`` and ``retry_delay`` (seconds) bound how long :meth:`alive` retries a question
+        the API server cannot answer."""
         self._fetch = fetch
         self._timeout = timeout
         self._memory = memory
+        self._attempts = max(1, attempts)
+        self._retry_delay = retry_delay
         self._answers: OrderedDict[tuple[str, str], asyncio.Future[bool]] = OrderedDict()
         """(uid, resourceVersion) of a delete → its answer, shared by every sink's listener."""
+        self._alive: OrderedDict[str, asyncio.Future[int | None]] = OrderedDict()
+        """uid → :meth:`alive`'s answer, shared by every sink's listener."""
+
+    async def alive(self, namespace: str, name: str, uid: str) -> int | None:
+        """The resourceVersion ``uid`` has now when it still exists, None when it is gone (not
+        found, or the name holds another uid). Asked once per uid, whatever the number of sinks,
+        so that every sink's listener reads the replayed history of that uid alike. A question the
+        API server cannot answer is retried (``attempts`` times, ``retry_delay`` apart), then read
+        as gone, with a warning: for a replayed history that is the reading that never brings a
+        deleted uid back (what it costs is stated where it is used)."""
+        while True:
+            answer = self._alive.get(uid)
+            if answer is None:
+                answer = asyncio.get_running_loop().create_future()
+                self._alive[uid] = answer
+                while len(self._alive) > self._memory:
+                    self._alive.popitem(last=False)
+                try:
+                    answer.set_result(await self._alive_now(namespace, name, uid))
+                finally:
+                    if not answer.done():  # this asker was cancelled: the others ask again
+                        self._alive.pop(uid, None)
+                        answer.cancel()
+                return answer.result()
+            await asyncio.wait([answer])  # raises only when this asker is cancelled
+            if not answer.cancelled():
+                return answer.result()
+
+    async def _alive_now(self, namespace: str, name: str, uid: str) -> int | None:
+        for attempt in range(self._attempts):
+            if attempt:
+                await asyncio.sleep(self._retry_delay)
+            try:
+                async with asyncio.timeout(self._timeout):
+                    current = await self._fetch(namespace, name)
+            except NotFoundError:
+                return None
+            except (BridgeError, TimeoutError, OSError) as e:
+                log.debug("cannot tell whether %s/%s (uid %s) still exists: %s", namespace, name, uid, e)
+                continue
+            except Exception:
+                log.warning("cannot tell whether %s/%s (uid %s) still exists", namespace, name, uid,
+                            exc_info=True)
+                continue
+            meta = current.get("metadata")
+            if not isinstance(meta, Mapping) or meta.get("uid") != uid:
+                return None
+            rv = str(meta.get("resourceVersion") or "")
+            return int(rv) if rv.isdigit() else 0
+        log.warning("cannot tell whether %s/%s (uid %s) still exists after %d attempts: its replayed "
+                    "changes are read as those of a deleted object", namespace, name, uid, self._attempts)
+        return None
 
     async def left(self, namespace: str, name: str, uid: str, resource_version: str) -> bool:
         """True when the object ``uid`` still exists (so its delete was a selector exit)."""

@@ -310,6 +310,22 @@ class SharedIndexInformer:
                 return items, list_rv
             options = ListOptions(limit=options.limit, continue_token=page.continue_token)
 
+    async def fill_in(self, objects: Iterable[KubeObject]) -> str:
+        """Puts each of ``objects`` in the cache where the cache holds that very state (the same uid
+        at the same resourceVersion): whole objects, typically from :meth:`list_current`, in place
+        of a resumed cache's metadata-only stubs. Notifies no handler and changes no other entry;
+        taken between two processed FIFO items. Returns the resourceVersion the informer had
+        processed up to then (its last progress), so that the caller knows which changes the cache
+        already reflects."""
+        async with self._lock:
+            indexer = self._indexer
+            for obj in objects:
+                key = self._key_func(obj)
+                cached = indexer.get_by_key(key)
+                if cached is not None and object_identity(cached) == object_identity(obj):
+                    indexer.update(obj)
+            return self._last_progress_rv
+
     def frame_first_list(self, gap_from: str) -> None:
         """Frames the first list as a gap from ``gap_from`` (as a relist after a resume would be):
         for an informer that starts without a resume point although consumers may hold state from

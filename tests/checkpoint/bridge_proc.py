@@ -33,6 +33,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kubeconfig", required=True)
     p.add_argument("--resource", default="configmaps")
     p.add_argument("--namespace", default="")
+    p.add_argument("--label-selector", default="", help="scope the informer by a label selector (selector "
+                                                          "exits are told apart as the service does)")
     p.add_argument("--checkpoint-dir", required=True)
     p.add_argument("--checkpoint-store", choices=("file", "configmap", "nats-kv"), default="file")
     p.add_argument("--checkpoint-nats", help="nats-kv store: the NATS URL")
@@ -57,7 +59,7 @@ async def run(args: argparse.Namespace) -> int:
     clock = RealClock()
     client = ApiClient.from_kubeconfig(args.kubeconfig, clock=clock)
     api = await Discovery(client=client).resolve(args.resource)
-    key = InformerKey(resource=args.resource, namespace=args.namespace)
+    key = InformerKey(resource=args.resource, namespace=args.namespace, label_selector=args.label_selector)
     ref = ResourceRef(group=api.group, version=api.version, resource=api.resource, kind=api.kind,
                       namespaced=api.namespaced)
     common: dict[str, Any] = {"max_in_flight": args.max_in_flight,
@@ -84,8 +86,8 @@ async def run(args: argparse.Namespace) -> int:
 
     # As the service runs by default: objects kept as bytes (RawObject) in a compact cache.
     def lister_watcher(k: InformerKey) -> HttpListerWatcher:
-        return HttpListerWatcher(client=client, resource=api, namespace=k.namespace, raw_objects=True,
-                                 drop_managed_fields=True)
+        return HttpListerWatcher(client=client, resource=api, namespace=k.namespace,
+                                 label_selector=k.label_selector, raw_objects=True, drop_managed_fields=True)
 
     factory = SharedInformerFactory(lister_watcher_factory=lister_watcher, clock=clock, compact_cache=True)
     store: CheckpointStore
@@ -96,8 +98,14 @@ async def run(args: argparse.Namespace) -> int:
         store = NatsKvCheckpointStore(nats_url=args.checkpoint_nats, **journal)
     else:
         store = FileCheckpointStore(directory=args.checkpoint_dir)
+
+    async def fetch_object(w: WatchedResource, namespace: str, name: str) -> dict[str, Any]:
+        return await client.get(w.api.object_path(name, namespace or None),
+                                context=f"reading {w.api.qualified} {namespace}/{name}")
+
     pipeline = BridgePipeline(
         factory=factory, resources=[WatchedResource(key=key, api=api, ref=ref)], sinks=sinks,
+        fetch_object=fetch_object,
         checkpoint_store=store, cluster=args.cluster,
         checkpoint_interval=args.checkpoint_interval, clock=clock, spill_directory=args.spill_dir,
     )

@@ -33,6 +33,8 @@ from bridge.delivery.checkpoint import FileCheckpointStore
 from bridge.delivery.journal import KnownObjectJournal
 from bridge.delivery.pipeline import BridgePipeline, SinkListener
 from bridge.delivery.progress import SinkResume
+from bridge.delivery.selector_exit import SelectorExits
+from bridge.errors import NotFoundError
 from bridge.testing.fake_source import FakeControllerSource
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, SinkError
 from sinks.file import FileSink
@@ -93,7 +95,7 @@ class BatchSink(RecordingSink):
 
 def seen(sink: RecordingSink) -> list[tuple[Any, ...]]:
     return [(e.type.value, e.subject, e.resource_version, e.final_state_unknown,
-             e.gap.id if e.gap is not None else "") for e in sink.events]
+             e.gap.id if e.gap is not None else "", dict(e.extensions)) for e in sink.events]
 
 
 def make(sink: RecordingSink, **kw: Any) -> SinkListener:
@@ -123,6 +125,17 @@ def with_markers() -> list[Notification]:
             gap(4, True), upd(5, "a", "7", "10"), snap(6, obj("a", "10")), add(7, "c", "11")]
 
 
+def exits(alive: dict[str, str]) -> SelectorExits:
+    """A selector's exits answered from ``alive`` (name → resourceVersion it has now; others gone)."""
+
+    async def fetch(namespace: str, name: str) -> dict[str, object]:
+        if name not in alive:
+            raise NotFoundError(f"{name} not found", code=404)
+        return obj(name, alive[name])
+
+    return SelectorExits(fetch=fetch, attempts=1)
+
+
 SCENARIOS: dict[str, tuple[Callable[[], list[Notification]], Callable[[], dict[str, Any]]]] = {
     "plain changes, a resync update, a delete and a re-creation": (plain, dict),
     "gap window, tombstone, snapshot inside the batch": (with_markers, dict),
@@ -138,6 +151,14 @@ SCENARIOS: dict[str, tuple[Callable[[], list[Notification]], Callable[[], dict[s
     "replayed after an inferred delete: held back, the delete framed": (
         lambda: [upd(0, "a", "1", "2"), upd(1, "a", "2", "5"), dele(2, "a", "6"), add(3, "b", "7")],
         lambda: {"resent": {"u-a": ("3", True)}}),
+    "under a selector: exits asked, a replayed history of a uid that lives on": (
+        lambda: [upd(0, "a", "1", "2"), upd(1, "a", "2", "5"), dele(2, "a", "6"), add(3, "b", "7"),
+                 dele(4, "b", "8"), add(5, "c", "9"), dele(6, "c", "10")],
+        lambda: {"resent": {"u-a": ("3", True)}, "exits": exits({"a": "12", "b": "8"})}),
+    "under a selector, nothing resent: deletes asked whether they were exits": (
+        lambda: [add(0, "b", "7"), upd(1, "b", "7", "9"), dele(2, "b", "10"), add(3, "c", "11"),
+                 dele(4, "c", "12")],
+        lambda: {"exits": exits({"b": "10"})}),
 }
 
 

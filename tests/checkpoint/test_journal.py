@@ -164,3 +164,36 @@ async def test_a_journal_that_cannot_be_written_holds_its_events_and_recovers(tm
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_delete_replayed_after_an_inferred_one_keeps_where_the_held_back_changes_start(
+    tmp_path: Path,
+) -> None:
+    """A restart replays the history of an object whose inferred delete (its state at 12) was sent,
+    holding back the changes after 12, and sends the delete the watch shows (at 15). Its record keeps
+    12, through a rewrite and a load, so that the replay after another restart holds the same
+    changes back; the same delete noted again keeps it too."""
+    path = tmp_path / f"{IDENT}.journal"
+    checkpoint = Checkpoint(informer_id=IDENT, resource_version="10", objects={"ns/x": ("u-x", "9")})
+    first = KnownObjectJournal(path=path, informer_id=IDENT)
+    await first.load(checkpoint)
+    note(first, 1, NotificationKind.DELETE, "x", "u-x", "12", tombstone=True)
+    task = asyncio.create_task(first.run(), name="journal-under-test")
+    await first.wait(1)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert records(path) == [["d", "ns/x", "u-x", "12", True]]
+    for run, seq in (("second", 1), ("third", 1)):
+        j = KnownObjectJournal(path=path, informer_id=IDENT)
+        loaded = await j.load(checkpoint)
+        if run == "second":
+            assert loaded == {"u-x": JournalEntry("ns/x", "12", deleted=True, inferred=True)}
+        else:
+            assert loaded == {"u-x": JournalEntry("ns/x", "15", deleted=True, held_after="12")}
+        task = asyncio.create_task(j.run(), name="journal-under-test")
+        note(j, seq, NotificationKind.DELETE, "x", "u-x", "15")
+        await j.wait(seq)
+        await j.idle()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert records(path)[-1] == ["d", "ns/x", "u-x", "15", False, "12"]

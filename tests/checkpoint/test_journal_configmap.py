@@ -21,14 +21,18 @@ from bridge.kube.apiclient import ApiClient
 from bridge.kube.leaderelection import FenceToken
 from bridge.sim import Simulator
 from tests.checkpoint.helpers import until
+from tests.checkpoint.journal_scenarios import (
+    DEPOSED,
+    SUCCESSOR,
+    FencedJournals,
+    a_deposed_leader_cannot_write_the_journal_its_successor_wrote,
+)
 from tests.checkpoint.test_fencing import Term
 from tests.checkpoint.test_journal import IDENT, note
 
 NS = "bridge-system"
 NAME = f"keb-{IDENT}-journal"
 PATH = f"/api/v1/namespaces/{NS}/configmaps/{NAME}"
-A = FenceToken(transitions=0, holder="a")
-B = FenceToken(transitions=1, holder="b")
 
 
 @pytest.fixture
@@ -132,25 +136,15 @@ async def test_a_write_after_a_conflicting_change_rewrites_the_whole_journal(cli
 
 
 async def test_a_deposed_leader_cannot_write_the_journal_its_successor_wrote(client: ApiClient) -> None:
-    head = b'{"journal":1,"informer_id":"' + IDENT.encode() + b'"}\n'
-    term_a, term_b = Term(A), Term(B)
-    old, new = backend(client, term_a), backend(client, term_b)
-    assert await old.read() is None
-    await old.rewrite(head)
-    await old.append(b'["a","ns/a","u-a","12"]\n')
-    assert await new.read() == head + b'["a","ns/a","u-a","12"]\n'
-    await new.rewrite(head + b'["a","ns/b","u-b","13"]\n')
-    with pytest.raises(CheckpointFencedError, match="later leader"):
-        await old.append(b'["d","ns/b","u-b","14",false]\n')
-    with pytest.raises(CheckpointFencedError, match="later leader"):
-        await old.read()
-    assert await stored(client) == [["a", "ns/b", "u-b", "13"]]
-    cm = await client.get(PATH)
-    assert cm["metadata"]["annotations"]["kube-event-bridge.io/lease-transitions"] == "1"
-    term_b.token = None  # leadership lost: no write at all
-    with pytest.raises(CheckpointFencedError):
-        await new.append(b'["a","ns/c","u-c","15"]\n')
-    assert await stored(client) == [["a", "ns/b", "u-b", "13"]]
+    term_b = Term(SUCCESSOR)
+
+    async def marked_by_b() -> None:
+        cm = await client.get(PATH)
+        assert cm["metadata"]["annotations"]["kube-event-bridge.io/lease-transitions"] == "1"
+
+    await a_deposed_leader_cannot_write_the_journal_its_successor_wrote(FencedJournals(
+        old=backend(client, Term(DEPOSED)), new=backend(client, term_b), successor=term_b,
+        records=functools.partial(stored, client), check_successor_mark=marked_by_b))
 
 
 async def test_a_journal_larger_than_one_configmap_spans_sealed_chunks(client: ApiClient) -> None:

@@ -12,18 +12,20 @@ import orjson
 import pytest
 
 from bridge.contracts import NotificationKind
-from bridge.delivery.checkpoint import Checkpoint, CheckpointFencedError
+from bridge.delivery.checkpoint import Checkpoint
 from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
 from bridge.delivery.journal import JournalEntry, JournalStoreError, KnownObjectJournal
-from bridge.kube.leaderelection import FenceToken
 from tests.brokers import NatsServer, running_nats
 from tests.checkpoint.helpers import until
+from tests.checkpoint.journal_scenarios import (
+    DEPOSED,
+    HEAD,
+    SUCCESSOR,
+    FencedJournals,
+    a_deposed_leader_cannot_write_the_journal_its_successor_wrote,
+)
 from tests.checkpoint.test_fencing import Term
 from tests.checkpoint.test_journal import IDENT, note
-
-A = FenceToken(transitions=0, holder="a")
-B = FenceToken(transitions=1, holder="b")
-HEAD = b'{"journal":1,"informer_id":"' + IDENT.encode() + b'"}\n'
 
 
 @pytest.fixture(scope="module")
@@ -99,25 +101,20 @@ async def test_malformed_values_and_conflicting_writes(nats_js: NatsServer,
 
 
 async def test_a_deposed_leader_cannot_write_the_journal_its_successor_wrote(nats_js: NatsServer) -> None:
-    term_a, term_b = Term(A), Term(B)
-    old_store = store_for(nats_js, "journal-fence", fence=term_a)
+    term_b = Term(SUCCESSOR)
+    old_store = store_for(nats_js, "journal-fence", fence=Term(DEPOSED))
     new_store = store_for(nats_js, "journal-fence", fence=term_b)
+
+    async def records() -> list[object]:
+        return (await stored(new_store))[0]
+
+    async def marked_by_b() -> None:
+        assert (await stored(new_store))[1] == [1, "b"]
+
     try:
-        old, new = old_store.journal_backend(IDENT), new_store.journal_backend(IDENT)
-        assert await old.read() is None
-        await old.rewrite(HEAD)
-        await old.append(b'["a","ns/a","u-a","12"]\n')
-        assert await new.read() == HEAD + b'["a","ns/a","u-a","12"]\n'
-        await new.rewrite(HEAD + b'["a","ns/b","u-b","13"]\n')
-        with pytest.raises(CheckpointFencedError, match="later leader"):
-            await old.append(b'["d","ns/b","u-b","14",false]\n')
-        with pytest.raises(CheckpointFencedError, match="later leader"):
-            await old.read()
-        assert await stored(new_store) == ([["a", "ns/b", "u-b", "13"]], [1, "b"])
-        term_b.token = None
-        with pytest.raises(CheckpointFencedError):
-            await new.append(b'["a","ns/c","u-c","15"]\n')
-        assert (await stored(new_store))[0] == [["a", "ns/b", "u-b", "13"]]
+        await a_deposed_leader_cannot_write_the_journal_its_successor_wrote(FencedJournals(
+            old=old_store.journal_backend(IDENT), new=new_store.journal_backend(IDENT), successor=term_b,
+            records=records, check_successor_mark=marked_by_b))
     finally:
         await old_store.close()
         await new_store.close()

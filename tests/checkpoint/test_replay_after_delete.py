@@ -10,9 +10,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from bridge.clock import FakeClock
-from bridge.contracts import Notification, NotificationKind
+from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind, ObjectKey
 from bridge.delivery.pipeline import SinkListener
 from bridge.delivery.selector_exit import SelectorExits
+from bridge.errors import NotFoundError
 from tests.checkpoint.helpers import CONFIGMAPS, RecordingSink
 
 
@@ -61,13 +62,69 @@ def test_changes_before_a_delete_the_watch_showed_are_replayed_in_order() -> Non
     assert events(resent, dele) == [("deleted", "1425", False)]
 
 
-def test_with_a_selector_an_object_back_in_scope_after_its_delete_is_sent() -> None:
-    """A selector exit is a delete of an object that lives on: it may come back into scope, newer."""
-    resent = {"u-x": ("1402", True)}
-    replayed = Notification(kind=NotificationKind.UPDATE, obj=obj("x", "1390"), old=obj("x", "1380"), seq=1)
-    back = Notification(kind=NotificationKind.ADD, obj=obj("x", "1500"), seq=2)
-    assert events(resent, replayed, selector=True) == []
-    assert events(resent, back, selector=True) == [("added", "1500", False)]
+async def replay(lst: SinkListener, n: Notification) -> list[tuple[str, str, bool, bool]]:
+    """What ``n`` becomes, asked as :meth:`SinkListener.handle` asks first, with exits marked."""
+    await lst._ask_fate(n)
+    got = lst.events_for(n)
+    await lst._mark_exits(got)
+    return [(e.type.value, e.resource_version, e.final_state_unknown, "leftselector" in e.extensions)
+            for e in got]
+
+
+def selector_listener(resent: Mapping[str, tuple[str, bool]], now: dict[str, Any] | None,
+                      asked: list[str]) -> SinkListener:
+    """A selector-scoped listener whose API server has ``now`` under every name (None: nothing)."""
+    async def fetch(namespace: str, name: str) -> dict[str, Any]:
+        asked.append(name)
+        if now is None:
+            raise NotFoundError("not found", code=404)
+        return now
+
+    return SinkListener(sink=RecordingSink("x"), resource=CONFIGMAPS, cluster="c", clock=FakeClock(),
+                        resent=resent, exits=SelectorExits(fetch=fetch))
+
+
+async def test_with_a_selector_a_uid_that_lives_on_gets_its_whole_replayed_history() -> None:
+    """Under a selector the inferred delete may have been an exit. The uid still exists: every delete
+    of it was an exit, so nothing is held — the changes up to the inferred delete's state (a lagging
+    sink may lack them), those the relist coalesced (observed one by one now), the exit (marked,
+    without asking again) and the return into scope go out in order."""
+    asked: list[str] = []
+    lst = selector_listener({"u-x": ("1402", True)}, obj("x", "1600"), asked)
+    seen = Notification(kind=NotificationKind.UPDATE, obj=obj("x", "1390"), old=obj("x", "1380"), seq=1)
+    coalesced = Notification(kind=NotificationKind.UPDATE, obj=obj("x", "1405"), old=obj("x", "1390"), seq=2)
+    exit_ = Notification(kind=NotificationKind.DELETE, obj=obj("x", "1410"), seq=3)
+    back = Notification(kind=NotificationKind.ADD, obj=obj("x", "1500"), seq=4)
+    assert await replay(lst, seen) == [("updated", "1390", False, False)]
+    assert asked == []  # sent again whatever the answer
+    assert await replay(lst, coalesced) == [("updated", "1405", False, False)]
+    assert await replay(lst, exit_) == [("deleted", "1410", False, True)]
+    assert await replay(lst, back) == [("added", "1500", False, False)]
+    assert asked == ["x"]  # once per uid
+
+
+async def test_with_a_selector_a_uid_that_is_gone_keeps_the_rule_without_selector_and_ends_at_its_delete(
+) -> None:
+    """The uid is gone: the changes up to the inferred delete's state go out again, the coalesced ones
+    are held, the replayed delete is framed; after it nothing of the uid goes out (a return into scope
+    after an exit would revive it, and its closing delete has the uid's delete id, which a broker that
+    drops repeated ids drops as the inferred delete's)."""
+    asked: list[str] = []
+    lst = selector_listener({"u-x": ("1402", True)}, None, asked)
+    seen = Notification(kind=NotificationKind.UPDATE, obj=obj("x", "1390"), old=obj("x", "1380"), seq=1)
+    coalesced = Notification(kind=NotificationKind.UPDATE, obj=obj("x", "1405"), old=obj("x", "1390"), seq=2)
+    exit_ = Notification(kind=NotificationKind.DELETE, obj=obj("x", "1410"), seq=3)
+    back = Notification(kind=NotificationKind.ADD, obj=obj("x", "1500"), seq=4)
+    gone = Notification(kind=NotificationKind.DELETE, obj=obj("x", "1510"), seq=5)
+    assert await replay(lst, seen) == [("updated", "1390", False, False)]
+    assert await replay(lst, coalesced) == []
+    assert [t for t, *_ in await replay(lst, exit_)] == ["gap.begin", "deleted", "gap.end"]
+    assert await replay(lst, back) == []
+    assert await replay(lst, gone) == []
+    assert asked == ["x"]
+    # The same name holding another uid is the same answer: this uid is gone.
+    other = selector_listener({"u-x": ("1402", True)}, {"metadata": {"name": "x", "uid": "another"}}, [])
+    assert await replay(other, coalesced) == []
 
 
 def test_replayed_changes_up_to_the_inferred_deletes_state_go_out_again() -> None:
@@ -100,3 +157,18 @@ def test_the_replayed_delete_after_held_back_changes_is_framed_as_a_gap() -> Non
     # Nothing was held back for y: its delete is not framed.
     other = Notification(kind=NotificationKind.DELETE, obj=obj("y", "1411"), seq=3)
     assert [e.type.value for e in lst.events_for(other)] == ["deleted"]
+
+
+async def test_with_a_selector_a_relists_delete_is_marked_as_an_exit_while_the_object_lives_on() -> None:
+    """A delete a relist infers (the object is not listed) is asked like one the watch showed: alive,
+    it left the selector. Re-sent after a restart (the same uid, the same resourceVersion), it is asked
+    again: an exit whose object was deleted since goes out as the uid's delete."""
+    stub = obj("x", "1402")
+    tombstone = Notification(kind=NotificationKind.DELETE,
+                             obj=DeletedFinalStateUnknown(key=ObjectKey("ns/x"), obj=stub), seq=1)
+    lives = selector_listener({}, obj("x", "1600"), [])
+    assert await replay(lives, tombstone) == [("deleted", "1402", True, True)]
+    resent = {"u-x": ("1402", True)}
+    assert await replay(selector_listener(resent, obj("x", "1600"), []), tombstone) == [
+        ("deleted", "1402", True, True)]
+    assert await replay(selector_listener(resent, None, []), tombstone) == [("deleted", "1402", True, False)]

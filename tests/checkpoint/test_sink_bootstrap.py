@@ -11,6 +11,11 @@ sinks, a file checkpoint store and a spill directory.
    change it holds, counted from its own file, was delivered once, and it got no snapshot.
 3. ``b`` is removed: after the restart the checkpoint no longer has its progress, and its spill
    directory is gone.
+
+A second run adds ``b`` while the simulator fails every list request (503) for a few seconds: the
+start-up list of the bootstrap fails, the resumed watch goes on (no 410, so no relist comes), and
+``a`` keeps receiving the changes. ``b`` receives nothing until the API answers lists again; then it
+is bootstrapped as above, and the checkpoint covers it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 
@@ -29,13 +35,13 @@ from bridge.clock import RealClock
 from bridge.delivery.checkpoint import FileCheckpointStore, informer_id
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.informer.factory import InformerKey, SharedInformerFactory
-from bridge.kube.apiclient import ApiClient
+from bridge.kube.apiclient import ApiClient, ApiClientOptions
 from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.sim import Simulator
 from sinks.contract import DeliveryOutcome, EventType, ResourceRef
 from tests.checkpoint.crash_harness import CE_PREFIX, BridgeProcess, Churn, sim_process
-from tests.checkpoint.helpers import RecordingSink
+from tests.checkpoint.helpers import RecordingSink, simulated_cluster
 from tests.checkpoint.helpers import until as wait_until
 
 NS = "boot"
@@ -177,6 +183,103 @@ async def test_a_new_sink_is_bootstrapped_and_a_removed_one_forgotten(tmp_path: 
         assert len(read_events(out_a)) == len(a)  # nothing happened meanwhile, nothing re-sent
 
 
+async def sim_faults(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Sets (or, with ``{"reset": True}``, clears) the simulator's faults; returns their state."""
+    async with http.post(f"{url}/_sim/faults", json=body) as resp:
+        resp.raise_for_status()
+        state: dict[str, Any] = await resp.json()
+        return state
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+async def test_a_bootstrap_whose_start_up_list_fails_is_taken_once_lists_answer(tmp_path: Path) -> None:
+    out_a, out_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    store = FileCheckpointStore(directory=tmp_path / "ckpt")
+
+    def args(*sinks: str) -> list[str]:
+        return ["--kubeconfig", str(kubeconfig), "--resource", "configmaps", "--namespace", NS,
+                "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "0.1",
+                "--spill-dir", str(tmp_path / "spill"), *(f"--sink={s}" for s in sinks)]
+
+    async def checkpoint_at(rv: str) -> bool:
+        cp = await store.load(IDENT)
+        return cp is not None and int(cp.resource_version) >= int(rv)
+
+    async with contextlib.AsyncExitStack() as stack:
+        url, kubeconfig = await stack.enter_async_context(sim_process(tmp_path, namespaces=(NS,)))
+        http = await stack.enter_async_context(aiohttp.ClientSession())
+        client = ApiClient.from_kubeconfig(str(kubeconfig))
+        stack.push_async_callback(client.close)
+        for i in range(3):  # never changed: only the start-up list (or its retry) has them whole
+            await client.create(PATH, {"metadata": {"name": f"still-{i}"}, "data": {"v": str(i)}})
+        churn = Churn(client=client, namespace=NS, rate=60.0, seed=29)
+        churn_task = asyncio.create_task(churn.run(), name="bootstrap-churn")
+        stack.callback(churn.stop)
+        with_a = BridgeProcess(args(f"a=file:{out_a}"), log=tmp_path / "bridge.log")
+        stack.push_async_callback(with_a.kill)
+        await asyncio.sleep(0.5)  # objects exist before the bridge's first list
+        await with_a.start()
+        await with_a.wait_synced()
+        listed_by_a = len(churn.produced)  # the changes before were coalesced by a's first list
+        await asyncio.sleep(1.0)
+        await with_a.stop()
+        assert await covered(store) == {"a"}
+        a_before = len(read_events(out_a))
+
+        # Every list fails (the API client's own retries included); watches and writes go on.
+        await sim_faults(http, url, {"error_code": 503, "error_count": 1_000_000, "error_target": "list",
+                                     "error_retry_after": 0})
+        with_b = BridgeProcess(args(f"a=file:{out_a}", f"b=file:{out_b}"), log=tmp_path / "bridge.log")
+        stack.push_async_callback(with_b.kill)
+        await with_b.start()
+        await with_b.wait_synced()
+
+        async def lists_failed() -> bool:
+            async with http.get(f"{url}/_sim/faults") as resp:
+                return int((await resp.json())["errors_injected"]) > 0
+
+        await until(lists_failed, 30, "the bootstrap's start-up list to fail")
+        await asyncio.sleep(3.0)  # the API refuses lists a while; changes go on
+        assert read_events(out_b) == []  # nothing reaches b before its snapshot
+        a_during = len(read_events(out_a))
+        assert a_during > a_before  # a follows the live stream meanwhile
+        await sim_faults(http, url, {"reset": True})
+
+        async def b_covered() -> bool:
+            return await covered(store) == {"a", "b"}
+
+        await until(b_covered, 60, "the checkpoint to cover b once bootstrapped")
+        await asyncio.sleep(1.0)  # live changes after b's snapshot
+        churn.stop()
+        await churn_task
+        await until(lambda: checkpoint_at(churn.last_rv), 30, "a checkpoint covering every change")
+        await with_b.stop()
+        final = await live(client)
+
+        b = read_events(out_b)
+        assert kind(b[0]) == "snapshot.begin", [kind(e) for e in b[:3]]
+        end = next(i for i, e in enumerate(b) if kind(e) == "snapshot.end")
+        snapshot = b[1:end]
+        assert snapshot
+        assert all(kind(e) == "sync" for e in snapshot)
+        assert all((e.get("data") or {}).get("data") for e in snapshot)  # whole objects, not stubs
+        assert {e["subject"] for e in snapshot} >= {f"{NS}/still-{i}" for i in range(3)}
+        assert not any(kind(e).startswith("snapshot") for e in b[end + 1:])  # one snapshot
+        assert any(kind(e) in CHANGES for e in b[end + 1:])  # then the live stream
+        assert consumer_view(b) == final
+
+        a = read_events(out_a)
+        assert not any(kind(e).startswith(("snapshot", "gap")) for e in a)
+        counts = collections.Counter((kind(e), e["uid"], e["resourceversion"]) for e in a
+                                     if kind(e) in CHANGES)
+        resent = {k: n for k, n in counts.items() if n > 1}
+        assert not resent, f"{len(resent)} changes sent to a more than once, e.g. {list(resent)[:5]}"
+        assert consumer_view(a) == final
+        produced = {(t, u, rv) for t, _, u, rv in churn.produced[listed_by_a:]}
+        assert produced <= set(counts)  # a missed nothing, the outage included
+
+
 # --------------------------------------------------------------------------------------------------
 # In-process, against the simulator over HTTP: the details of the bootstrap.
 
@@ -236,6 +339,31 @@ async def test_unchanged_objects_are_snapshotted_whole_at_once(tmp_path: Path) -
     finally:
         await client.close()
         await sim.stop()
+
+
+async def test_a_failed_start_up_list_is_retried_and_a_quiet_resource_snapshotted_at_once(
+    tmp_path: Path,
+) -> None:
+    """The bootstrap's start-up list fails, and its first retry too: the next retry's list alone
+    puts whole objects in place of the stubs, so on a quiet resource (no change, no bookmark, no
+    relist) the snapshot goes out at once; the old sink receives nothing."""
+    async with simulated_cluster(tmp_path, NS, bookmark_interval=3600) as (sim, client):
+        for i in range(5):
+            await client.create(PATH, {"metadata": {"name": f"o{i}"}, "data": {"v": str(i)}})
+        a = RecordingSink("a")
+        await _run_once(client, tmp_path / "ckpt", [a], lambda: len(a.events) == 5)
+        per_list = ApiClientOptions().max_retries + 1  # one failed list: the client's own retries too
+        sim.faults.replace({"error_code": 503, "error_count": 2 * per_list, "error_target": "list",
+                            "error_retry_after": 0})
+        a2, b = RecordingSink("a"), RecordingSink("b")
+        await _run_once(client, tmp_path / "ckpt", [a2, b], lambda: len(b.events) == 7)
+        assert (sim.faults.injected, sim.faults.errors_remaining) == (2 * per_list, 0)
+        assert a2.events == []
+        assert [e.type for e in b.events] == [EventType.SNAPSHOT_BEGIN, *[EventType.SYNC] * 5,
+                                              EventType.SNAPSHOT_END]
+        assert sorted((e.name, e.obj["data"]["v"]) for e in b.events[1:-1]  # type: ignore[index]
+                      ) == [(f"o{i}", str(i)) for i in range(5)]
+        assert await covered(FileCheckpointStore(directory=tmp_path / "ckpt")) == {"a", "b"}
 
 
 async def test_a_sink_not_yet_bootstrapped_at_a_crash_is_bootstrapped_again(tmp_path: Path) -> None:

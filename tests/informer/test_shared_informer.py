@@ -545,6 +545,36 @@ async def test_resume_from_checkpoint_watches_without_listing(env: Env) -> None:
     assert sorted(informer.get_indexer().list_keys()) == ["ns/a", "ns/b"]
 
 
+async def test_fill_in_puts_listed_objects_in_place_of_stubs_of_the_same_state(env: Env) -> None:
+    """A list taken after a resumed start (the bridge bootstrapping a sink whose start-up list
+    failed): each listed object replaces the cached stub of that very state (uid and
+    resourceVersion), without a notification; a cached state newer or older than the listed one is
+    left alone; the caller learns how far the informer had processed."""
+    a = env.source.add(cm("a", k="1"))  # 1
+    b = env.source.add(cm("b", k="2"))  # 2
+    c = env.source.add(cm("c", k="3"))  # 3
+    informer = env.informer()
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    informer.resume_from([_stub(a), _stub(b), _stub(c)], "3")
+    await env.start(informer)
+    listed, list_rv = await informer.list_current()
+    env.source.modify(cm("b", k="4"))  # 4: newer than the list
+    env.source.modify(cm("c", k="5"))  # 5
+    await rec.wait_for(2)
+    await until(lambda: ("progress", 2, "5") in env.observer.events, "the watch processed to 5")
+    stale_c = _stub(c)  # as an older list would have it: not the state the cache holds
+    assert await informer.fill_in([*listed, stale_c]) == "5"
+    cache = {key: cached for key in ("ns/a", "ns/b", "ns/c")
+             if (cached := informer.get_indexer().get_by_key(ObjectKey(key))) is not None}
+    assert list_rv == "3"
+    assert cache["ns/a"] == {**a, "metadata": {k: v for k, v in a["metadata"].items()
+                                               if k != "managedFields"}}  # whole now
+    assert cache["ns/b"]["data"] == {"k": "4"}  # the watch's newer state stays
+    assert cache["ns/c"]["data"] == {"k": "5"}
+    assert len(rec.calls) == 2  # no notification from fill_in
+
+
 async def test_resume_from_expired_checkpoint_relists_only_differences(env: Env) -> None:
     objs = [env.source.add(cm(name)) for name in ("a", "b", "c")]
     stubs = [{"metadata": {k: o["metadata"][k] for k in ("namespace", "name", "uid", "resourceVersion")}}

@@ -88,3 +88,62 @@ async def test_one_question_per_change_whatever_the_number_of_sinks_and_errors_r
     assert not await exits.left("d", "recreated", "u1", "8")  # same name, another object
     assert not await exits.left("d", "gone", "u1", "9")
     assert not await exits.left("d", "forbidden", "u1", "10")  # unknown: a delete is the safe reading
+
+
+async def test_whether_a_uid_lives_on_is_asked_once_for_every_sink_and_retried_while_it_cannot_be_told(
+) -> None:
+    """After a restart the replayed history of a uid whose inferred delete was sent depends on whether
+    it lives on: every sink's listener must read it alike, so the question is asked once per uid.
+    An error is retried; one that lasts is read as gone."""
+    from bridge.delivery.selector_exit import SelectorExits
+    from bridge.errors import NotFoundError, ServerError
+
+    asked: list[str] = []
+    failures = {"flaky": 2, "down": 99}
+
+    async def fetch(namespace: str, name: str) -> dict[str, Any]:
+        asked.append(name)
+        await asyncio.sleep(0)
+        if failures.get(name, 0) > 0:
+            failures[name] -= 1
+            raise ServerError("unavailable", code=503)
+        if name == "gone":
+            raise NotFoundError("not found", code=404)
+        if name == "recreated":
+            return {"metadata": {"uid": "another", "resourceVersion": "12"}}
+        return {"metadata": {"uid": f"u-{name}", "resourceVersion": "42"}}
+
+    exits = SelectorExits(fetch=fetch, attempts=3, retry_delay=0)
+    assert await asyncio.gather(*(exits.alive("d", "lives", "u-lives") for _ in range(3))) == [42, 42, 42]
+    assert await exits.alive("d", "lives", "u-lives") == 42
+    assert asked == ["lives"]
+    assert await exits.alive("d", "gone", "u2") is None
+    assert await exits.alive("d", "recreated", "u3") is None  # the name holds another uid
+    assert await exits.alive("d", "flaky", "u-flaky") == 42  # two 503s, then an answer
+    assert await exits.alive("d", "down", "u4") is None  # no answer in three attempts: gone
+    assert asked.count("flaky") == 3
+    assert asked.count("down") == 3
+
+
+async def test_a_cancelled_asker_of_whether_a_uid_lives_on_leaves_the_question_to_the_others() -> None:
+    from bridge.delivery.selector_exit import SelectorExits
+
+    release = asyncio.Event()
+    asked: list[str] = []
+
+    async def fetch(namespace: str, name: str) -> dict[str, Any]:
+        asked.append(name)
+        await release.wait()
+        return {"metadata": {"uid": "u1", "resourceVersion": "7"}}
+
+    exits = SelectorExits(fetch=fetch)
+    first = asyncio.create_task(exits.alive("d", "x", "u1"), name="first-asker")
+    await asyncio.sleep(0)
+    second = asyncio.create_task(exits.alive("d", "x", "u1"), name="second-asker")
+    await asyncio.sleep(0)
+    first.cancel()
+    await asyncio.sleep(0)
+    release.set()
+    assert await second == 7
+    assert first.cancelled()
+    assert asked == ["x", "x"]  # the second asked again
