@@ -4,7 +4,8 @@
 :class:`~bridge.contracts.Notification` into :class:`~sinks.contract.ChangeEvent` values (a snapshot
 becomes a begin marker, one ``sync`` event per object and an end marker with the count and the
 resourceVersion), hands them to the sink, and acknowledges the notification once the sink has
-acknowledged every one of its events.
+acknowledged every one of its events. Its listener hands it the notifications ready at once
+(:meth:`SinkListener.handle_batch`): their events reach the sink in one ``deliver_batch`` call.
 
 :class:`BridgePipeline` runs the whole flow for a set of watched resources:
 
@@ -521,8 +522,9 @@ class SinkListener:
         The plain changes are built here in one loop. Anything else goes through :meth:`handle`, once
         the events collected before it are handed over, so the sink sees exactly the order of one
         call per notification: markers and snapshots, a delete framed as a replayed gap, a delete that
-        may be a selector exit, every notification while bootstrapping or while the sink's own
-        progress filters (:class:`~bridge.delivery.progress.SinkResume`). A notification the
+        may be a selector exit, a change of a selector-scoped informer replaying deletes sent before a
+        restart (its uid's fate is asked first), every notification while bootstrapping or while the
+        sink's own progress filters (:class:`~bridge.delivery.progress.SinkResume`). A notification the
         known-object journal holds back (``must_wait``) is awaited after handing over what came
         before it, and nothing after it is handed over before it."""
         stats = self.stats
