@@ -947,7 +947,7 @@ class _CountingTracker(AckTracker):
 
     def dispatched(self, notification: Notification, listeners: Sequence[str]) -> None:
         if notification.seq >= 0:
-            kind = notification.kind.value
+            kind = notification.kind._value_  # the value as a plain attribute, not the property
             self.received[kind] += 1
             if notification.snapshot is not None:
                 self.synced += len(notification.snapshot)
