@@ -651,9 +651,7 @@ class KafkaSink(BaseSink[KafkaSinkOptions]):
             super()._submit(msg)
 
     def _on_reports(self, reports: list[DeliveryReport]) -> None:
-        settle = self._settle
-        for msg, error in reports:
-            settle(msg, error)
+        self._settle_all(reports)
 
     async def _on_flush(self) -> None:
         if self._client is not None:

@@ -108,6 +108,11 @@ class Template:
     def fields(self) -> tuple[str, ...]:
         return tuple(p.name for p in self._parts if isinstance(p, _Field))
 
+    @property
+    def static(self) -> bool:
+        """True when the template has no field: every event renders to :attr:`text`."""
+        return self._static
+
     def render(self, event: ChangeEvent, sanitize: Sanitizer = identity) -> str:
         if self._static:
             return self.text
