@@ -27,6 +27,13 @@
    destination confirmed it. Every event is acked exactly once: a report for a message with no
    attempt under way (a duplicate) is ignored, and after ``close`` nothing more is acked.
 
+:meth:`BaseSink.deliver_batch` runs the same steps for each event of a batch in one loop (the
+:class:`~sinks.contract.BatchSink` contract: exactly ``deliver`` per event, only cheaper): what is
+the same for every event (options, filters, the destination when it has no field, the resource's
+lane prefix and ``source``, whether redaction leaves an object alone) is looked up once per batch,
+an object kept as bytes gets its envelope without a metadata mapping being built, and an event whose
+lane is busy is appended to it without a call per step.
+
 Snapshot markers (events without an object) are *barriers*: a ``snapshot.begin`` / ``snapshot.end``
 is sent only after every event accepted before it, and events accepted after it wait for it, so a
 consumer sees a snapshot's ``sync`` events between its markers even when some of them were retried.
