@@ -247,6 +247,9 @@ class BaseSink(Generic[O]):
         self._sending = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._space = asyncio.Event()
+        self._space_waiters = 0
+        """``deliver`` / ``deliver_batch`` calls waiting for room: a settled message sets ``_space``
+        only when one waits."""
         self._idle = asyncio.Event()
         self._idle.set()
         self._healthy = True
@@ -367,10 +370,7 @@ class BaseSink(Generic[O]):
         msg = self._build(event, ack)
         limit = self.options.max_in_flight
         while self.stats.in_flight >= limit:
-            self._space.clear()
-            await self._space.wait()
-            if self._closed:
-                raise SinkError(f"sink {self.name!r} is closed")
+            await self._wait_for_space()
         self._accept(msg)
 
     async def deliver_batch(self, events: Sequence[ChangeEvent], acks: Sequence[AckCallback]) -> None:
@@ -394,7 +394,6 @@ class BaseSink(Generic[O]):
         knative = opts.compat == "knative"
         build = self._batch_builder()
         limit = opts.max_in_flight
-        space = self._space
         idle = self._idle
         lanes = self._lanes
         gate = self._gate
@@ -417,10 +416,7 @@ class BaseSink(Generic[O]):
             msg = build(event, acks[i])
             if stats.in_flight >= limit:
                 while stats.in_flight >= limit:
-                    space.clear()
-                    await space.wait()
-                    if self._closed:
-                        raise SinkError(f"sink {self.name!r} is closed")
+                    await self._wait_for_space()
                 now = clock_now()
             if gate or obj is None or msg.error is not None:
                 self._accept(msg)  # behind a marker, a marker, or straight to the dead letter
@@ -443,6 +439,17 @@ class BaseSink(Generic[O]):
                 submit(msg)
             except Exception as exc:  # a synchronous failure is the attempt's outcome
                 self._settle(msg, exc)
+
+    async def _wait_for_space(self) -> None:
+        """Until a message settles (or the sink closes: SinkError)."""
+        self._space.clear()
+        self._space_waiters += 1
+        try:
+            await self._space.wait()
+        finally:
+            self._space_waiters -= 1
+        if self._closed:
+            raise SinkError(f"sink {self.name!r} is closed")
 
     async def flush(self, timeout: float) -> bool:
         if self.stats.in_flight:
@@ -717,10 +724,18 @@ class BaseSink(Generic[O]):
         try:
             outcomes = self._outcomes
             settle_one = self._settle_one
+            complete = self._complete
+            delivered = DeliveryOutcome.DELIVERED
             while outcomes:
                 item, result = outcomes.popleft()
                 try:
-                    settle_one(item, result)
+                    if result is None and item.pending and not self._closed:
+                        # _settle_one's confirmed case, inline: the common one
+                        item.pending = False
+                        self._healthy = True
+                        complete(item, delivered)
+                    else:
+                        settle_one(item, result)
                 except Exception:  # a bug here must not strand the lane and stall the checkpoint
                     log.exception("failed to settle %s", item.event_id, extra={"sink": self.name})
         finally:
@@ -825,7 +840,8 @@ class BaseSink(Generic[O]):
         stats.in_flight -= 1
         if outcome is DeliveryOutcome.DELIVERED:
             stats.delivered += 1
-        self._space.set()
+        if self._space_waiters:
+            self._space.set()
         if stats.in_flight == 0:
             self._idle.set()
         try:
