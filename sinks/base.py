@@ -342,7 +342,8 @@ class BaseSink(Generic[O]):
         """Releases the destination's connections."""
 
     def _sanitize(self, value: str) -> str:
-        """Applied to every template field value (NATS tokens, Kafka topic alphabet, URL segments)."""
+        """Applied to every template field value (NATS tokens, Kafka topic alphabet, URL segments).
+        A function of the value alone: ``deliver_batch`` keeps each value's result for the batch."""
         return value
 
     # ---- Sink protocol --------------------------------------------------------------------------
@@ -553,6 +554,7 @@ class BaseSink(Generic[O]):
         static = template.text if template.static else None
         render = template.render
         sanitize = self._sanitize
+        render_identity = None if static is not None else template.identity_renderer(sanitize)
         redactor = self._redactor
         last_res: Any = None
         last_cluster = ""
@@ -582,7 +584,12 @@ class BaseSink(Generic[O]):
             key = (uid if uid and by_uid else subject).encode()
             lane = lane_prefix + subject
             try:
-                destination = static if static is not None else render(event, sanitize)
+                if static is not None:
+                    destination = static
+                elif render_identity is not None:
+                    destination = render_identity(event, namespace, name, uid)
+                else:
+                    destination = render(event, sanitize)
                 if structured:
                     # The object's bytes spliced in as they are: what encode_structured does.
                     ce = cloudevent_of(event, eid, namespace=namespace, name=name, uid=uid,

@@ -14,11 +14,13 @@ import string
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from sinks.contract import ChangeEvent
 
 __all__ = [
     "TEMPLATE_FIELDS",
+    "IdentityRenderer",
     "Sanitizer",
     "Template",
     "TemplateError",
@@ -32,6 +34,8 @@ TEMPLATE_FIELDS = ("cluster", "group", "version", "resource", "kind", "namespace
 """Fields a template may name; ``labels`` needs a key: ``{labels[app]}``."""
 
 Sanitizer = Callable[[str], str]
+IdentityRenderer = Callable[[ChangeEvent, str, str, str], str]
+"""See :meth:`Template.identity_renderer`."""
 
 
 class TemplateError(ValueError):
@@ -112,6 +116,41 @@ class Template:
     def static(self) -> bool:
         """True when the template has no field: every event renders to :attr:`text`."""
         return self._static
+
+    def identity_renderer(self, sanitize: Sanitizer = identity) -> IdentityRenderer | None:
+        """``render(event, sanitize)`` for a caller that has the object's namespace, name and uid
+        (a RawObject's fields): ``renderer(event, namespace, name, uid)``. None when the template
+        reads labels. The renderer keeps each value's sanitised form (``sanitize`` must be a
+        function of the value alone), so it is meant to live for one batch of events."""
+        parts = self._parts
+        if any(isinstance(p, _Field) and p.name == "labels" for p in parts):
+            return None
+        memo: dict[str, str] = {}
+
+        def render(event: ChangeEvent, namespace: str, name: str, uid: str) -> str:
+            out: list[str] = []
+            for part in parts:
+                if type(part) is str:
+                    out.append(part)
+                    continue
+                field = cast(_Field, part).name
+                if field == "namespace":
+                    value = namespace
+                elif field == "name":
+                    value = name
+                elif field == "uid":
+                    value = uid
+                elif field == "cluster":
+                    value = event.cluster
+                else:  # group, version, resource, kind
+                    value = getattr(event.resource, field)
+                clean = memo.get(value)
+                if clean is None:
+                    clean = memo[value] = sanitize(value)
+                out.append(clean)
+            return "".join(out)
+
+        return render
 
     def render(self, event: ChangeEvent, sanitize: Sanitizer = identity) -> str:
         if self._static:

@@ -60,6 +60,9 @@ class ScriptedSink(BaseSink[SinkOptions]):
         ))
         self.open.append(msg)
 
+    def _sanitize(self, value: str) -> str:
+        return value.replace("-", "_").upper() or "_"
+
     def step(self) -> bool:
         """Settles the oldest open attempt by the script; False when none is open."""
         if not self.open:
@@ -206,8 +209,9 @@ def scenarios(draw: st.DrawFn) -> tuple[list[ChangeEvent], list[int], dict[str, 
         opts["key"] = "namespace/name"
     if draw(st.integers(0, 4)) == 0 and opts["payload"] == "object":
         opts["compat"] = "knative"
-    if draw(st.booleans()):
-        opts["destination"] = "k8s.{namespace}.{name}.{labels[app]}"
+    opts["destination"] = draw(st.sampled_from([
+        "k8s.{resource}", "k8s.{namespace}.{name}.{labels[app]}",
+        "{cluster}/{group}/{version}/{resource}/{kind}/{namespace}/{name}/{uid}"]))
     if draw(st.integers(0, 3)) == 0:
         opts["redact"] = {"paths": ["spec.n"]}
     if draw(st.integers(0, 3)) == 0:
