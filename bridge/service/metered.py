@@ -133,8 +133,9 @@ class MeteredSink:
         live = True  # False once the hand-over failed: in_flight was settled for the whole batch
         pending = count  # wrapped acks not called yet
 
-        def metered(ack: AckCallback) -> AckCallback:
-            def metered_ack(outcome: DeliveryOutcome) -> None:
+        wrapped: list[AckCallback] = []
+        for ack in acks:
+            def metered_ack(outcome: DeliveryOutcome, ack: AckCallback = ack) -> None:
                 nonlocal unsampled, pending
                 pending -= 1
                 if live:
@@ -150,9 +151,8 @@ class MeteredSink:
                 else:
                     counter[outcome] += 1
                 ack(outcome)
-            return metered_ack
 
-        wrapped = [metered(ack) for ack in acks]
+            wrapped.append(metered_ack)
         spans: list[Any] = []
         if self._sample_ratio:
             at = self._next_traced
