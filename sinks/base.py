@@ -100,6 +100,7 @@ O = TypeVar("O", bound=SinkOptions)  # noqa: E741
 
 
 _EMPTY: Mapping[str, Any] = {}
+_SANITIZED_MAX = 16_384
 
 
 def _metadata(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -248,6 +249,8 @@ class BaseSink(Generic[O]):
         self._tasks: set[asyncio.Task[None]] = set()
         self._space = asyncio.Event()
         self._space_waiters = 0
+        self._sanitized: dict[str, str] = {}
+        """Template field value → its ``_sanitize``d form (batches; emptied beyond _SANITIZED_MAX)."""
         """``deliver`` / ``deliver_batch`` calls waiting for room: a settled message sets ``_space``
         only when one waits."""
         self._idle = asyncio.Event()
@@ -554,7 +557,10 @@ class BaseSink(Generic[O]):
         static = template.text if template.static else None
         render = template.render
         sanitize = self._sanitize
-        render_identity = None if static is not None else template.identity_renderer(sanitize)
+        memo = self._sanitized
+        if len(memo) > _SANITIZED_MAX:
+            memo.clear()
+        render_identity = None if static is not None else template.identity_renderer(sanitize, memo)
         redactor = self._redactor
         last_res: Any = None
         last_cluster = ""

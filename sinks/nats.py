@@ -608,11 +608,14 @@ class _NatsSinkBase(BaseSink[Any]):
         rounds = self._rounds
         while rounds and rounds[0].answered:
             rounds.popleft()
+        confirmed: list[tuple[OutgoingMessage, None]] = []
         for waiter in pong.waiters:
             if isinstance(waiter, OutgoingMessage):
-                self._settle(waiter, None)
+                confirmed.append((waiter, None))
             elif not waiter.done():
                 waiter.set_result(None)
+        if confirmed:
+            self._settle_all(confirmed)
 
     def _fail_round(self, waiters: list[asyncio.Future[None] | OutgoingMessage], error: Exception) -> None:
         for waiter in waiters:

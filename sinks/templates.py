@@ -14,7 +14,6 @@ import string
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
 
 from sinks.contract import ChangeEvent
 
@@ -117,23 +116,24 @@ class Template:
         """True when the template has no field: every event renders to :attr:`text`."""
         return self._static
 
-    def identity_renderer(self, sanitize: Sanitizer = identity) -> IdentityRenderer | None:
+    def identity_renderer(self, sanitize: Sanitizer = identity,
+                          memo: dict[str, str] | None = None) -> IdentityRenderer | None:
         """``render(event, sanitize)`` for a caller that has the object's namespace, name and uid
         (a RawObject's fields): ``renderer(event, namespace, name, uid)``. None when the template
-        reads labels. The renderer keeps each value's sanitised form (``sanitize`` must be a
-        function of the value alone), so it is meant to live for one batch of events."""
-        parts = self._parts
-        if any(isinstance(p, _Field) and p.name == "labels" for p in parts):
+        reads labels. Each value's sanitised form is kept in ``memo`` (``sanitize`` must be a
+        function of the value alone; the caller bounds the memo's size)."""
+        if any(isinstance(p, _Field) and p.name == "labels" for p in self._parts):
             return None
-        memo: dict[str, str] = {}
+        # (literal, None) or ("", field name): no isinstance test per part and event.
+        parts = tuple((p, None) if isinstance(p, str) else ("", p.name) for p in self._parts)
+        known: dict[str, str] = {} if memo is None else memo
 
         def render(event: ChangeEvent, namespace: str, name: str, uid: str) -> str:
             out: list[str] = []
-            for part in parts:
-                if type(part) is str:
-                    out.append(part)
+            for literal, field in parts:
+                if field is None:
+                    out.append(literal)
                     continue
-                field = cast(_Field, part).name
                 if field == "namespace":
                     value = namespace
                 elif field == "name":
@@ -144,9 +144,9 @@ class Template:
                     value = event.cluster
                 else:  # group, version, resource, kind
                     value = getattr(event.resource, field)
-                clean = memo.get(value)
+                clean = known.get(value)
                 if clean is None:
-                    clean = memo[value] = sanitize(value)
+                    clean = known[value] = sanitize(value)
                 out.append(clean)
             return "".join(out)
 
