@@ -51,6 +51,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from time import time as wall_time
 from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
 from orjson import Fragment
@@ -69,6 +70,7 @@ from sinks.cloudevents import (
     event_id,
     event_source,
     object_event_id,
+    rfc3339,
     to_cloudevent,
 )
 from sinks.contract import (
@@ -427,7 +429,8 @@ class BaseSink(Generic[O]):
                 continue
             stats.accepted += 1
             stats.in_flight += 1
-            idle.clear()
+            if stats.in_flight == 1:  # _idle is set exactly while nothing is in flight
+                idle.clear()
             self._admitted += 1
             key = msg.lane
             lane = lanes.get(key)
@@ -564,11 +567,13 @@ class BaseSink(Generic[O]):
         redactor = self._redactor
         last_res: Any = None
         last_cluster = ""
+        last_time = -1.0
+        time_text = ""
         lane_prefix = source = ""
         untouched = False  # redaction leaves this resource's RawObjects (without managedFields) alone
 
         def build(event: ChangeEvent, ack: AckCallback) -> OutgoingMessage:
-            nonlocal last_res, last_cluster, lane_prefix, source, untouched
+            nonlocal last_res, last_cluster, lane_prefix, source, untouched, last_time, time_text
             obj = event.obj
             if type(obj) is not RawObject or obj.managed_fields:
                 return slow(event, ack)
@@ -586,6 +591,10 @@ class BaseSink(Generic[O]):
             uid = obj.uid
             rv = obj.resource_version
             subject = f"{namespace}/{name}" if namespace else name
+            seconds = event.time
+            if seconds != last_time or not seconds:  # a burst's changes often share their second
+                last_time = seconds
+                time_text = rfc3339(seconds or wall_time())
             eid = object_event_id(event, uid, rv)
             key = (uid if uid and by_uid else subject).encode()
             lane = lane_prefix + subject
@@ -600,13 +609,13 @@ class BaseSink(Generic[O]):
                     # The object's bytes spliced in as they are: what encode_structured does.
                     ce = cloudevent_of(event, eid, namespace=namespace, name=name, uid=uid,
                                        resource_version=rv, data=Fragment(obj.raw),
-                                       datacontenttype=JSON_CONTENT_TYPE, source=source)
+                                       datacontenttype=JSON_CONTENT_TYPE, source=source, time=time_text)
                     headers = {"content-type": STRUCTURED_CONTENT_TYPE}
                     body = orjson_dumps(ce)
                 else:
                     ce = cloudevent_of(event, eid, namespace=namespace, name=name, uid=uid,
                                        resource_version=rv, data=obj,
-                                       datacontenttype=JSON_CONTENT_TYPE, source=source)
+                                       datacontenttype=JSON_CONTENT_TYPE, source=source, time=time_text)
                     headers, body = encode_binary(ce, header_prefix)
             except Exception:  # the slow path logs it and makes the dead-letter message
                 return slow(event, ack)

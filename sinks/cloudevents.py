@@ -261,11 +261,13 @@ def cloudevent_of(
     knative_source: str = DEFAULT_KNATIVE_SOURCE,
     knative_mode: KnativeMode = "resource",
     source: str | None = None,
+    time: str | None = None,
 ) -> dict[str, Any]:
     """:func:`to_cloudevent` for a caller that already has the event's id and the object's identity
     (``namespace``, ``name``, ``uid``, ``resource_version``; ignored for markers), e.g. the fields of
-    a :class:`~bridge.rawobject.RawObject`: no metadata mapping is looked up or built. ``source``:
-    :func:`event_source` of the event when the caller has it."""
+    a :class:`~bridge.rawobject.RawObject`: no metadata mapping is looked up or built. ``source``
+    and ``time``: :func:`event_source` of the event and :func:`rfc3339` of its time when the caller
+    has them."""
     etype = event.type
     knative = compat == "knative" and etype in _KNATIVE_TYPES
     ce: dict[str, Any] = {
@@ -281,7 +283,7 @@ def cloudevent_of(
             ce["subject"] = _knative_subject(event, namespace, name)
         else:
             ce["subject"] = f"{namespace}/{name}" if namespace else name
-    ce["time"] = rfc3339(event.time or _time.time())
+    ce["time"] = time or rfc3339(event.time or _time.time())
     ce["datacontenttype"] = datacontenttype
     res = event.resource
     ce["cluster"] = event.cluster

@@ -194,8 +194,9 @@ def scenarios(draw: st.DrawFn) -> tuple[list[ChangeEvent], list[int], dict[str, 
         def conv(o: dict[str, Any] | None, raw: bool = raw) -> Any:
             return RawObject.from_dict(o) if raw and o is not None else o
 
+        when = draw(st.sampled_from([T0, T0, T0 + 0.5, T0 + 1.0]))
         events.append(event(type_, conv(new), old=conv(old) if type_ is EventType.UPDATED else None,
-                            resource=resource, **kw))
+                            resource=resource, time=when, **kw))
     cuts = sorted(set(draw(st.lists(st.integers(1, max(1, len(events) - 1)), max_size=6))))
     failures: dict[str, list[str]] = {}
     for ev in draw(st.lists(st.sampled_from(events), max_size=4)):
