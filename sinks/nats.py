@@ -14,7 +14,9 @@ Why two sinks:
 
 Throughput and latency: each sink has one publisher task. Submitted messages queue for it (bounded
 by the sink's in-flight window) and it publishes them back to back, then hands them to the socket at
-once (not on nats-py's flusher task's next turn). Core publishes of one pass share one PING, written
+once (not on nats-py's flusher task's next turn). Core publishes of a connected client are encoded
+by the sink (the ``HPUB`` command nats-py's ``publish`` would buffer, with its checks and
+statistics) and appended to nats-py's buffer in one loop, without a coroutine per message. Core publishes of one pass share one PING, written
 behind them, so its PONG proves the server read them; PINGs are pipelined (one per pass, without
 waiting for the previous PONG), so a message waits for one round trip, and the PONG settles its
 messages from nats-py's read loop directly. A PONG that does not come within ``publish_timeout``
@@ -390,6 +392,30 @@ _HAS_CLIENT_INTERNALS = all(
     hasattr(NatsClient(), a) for a in ("_pongs", "_pending", "_pending_data_size", "_transport")
 )
 """What pipelined confirmation uses of nats-py's client (present in every 2.x release so far)."""
+_HAS_PUBLISH_INTERNALS = _HAS_CLIENT_INTERNALS and all(
+    hasattr(NatsClient(), a) for a in ("_max_pending_size", "_max_payload", "stats")
+)
+"""What :meth:`NatsSink._publish_direct` uses besides (else every publish goes through nats-py's)."""
+_SUBJECT_INVALID = re.compile(r"[ \t\r\n]")
+"""What nats-py refuses in a published subject (empty too)."""
+_HEADER_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_NEWLINES = str.maketrans({"\r": " ", "\n": " "})
+
+
+def _header_block(headers: dict[str, str]) -> bytes:
+    """The ``NATS/1.0`` header block of a message, as nats-py's publish encodes it (keys and values
+    stripped, empty keys skipped, CR / LF in values turned into spaces); ValueError for a key
+    outside the HTTP token alphabet (nats-py's BadHeaderError)."""
+    lines = [b"NATS/1.0\r\n"]
+    for k, v in headers.items():
+        key = k.strip()
+        if not key:
+            continue
+        if not _HEADER_KEY.fullmatch(key):
+            raise ValueError(f"invalid header name {key!r}")
+        lines.append(f"{key}: {v.strip().translate(_HEADER_NEWLINES)}\r\n".encode())
+    lines.append(b"\r\n")
+    return b"".join(lines)
 
 
 def _write_pending(client: NatsClient) -> Transport:
@@ -508,6 +534,9 @@ class _NatsSinkBase(BaseSink[Any]):
                 while outbox:  # retried with backoff by the base sink
                     self._settle(outbox.popleft(), exc)
                 continue
+            if self._publish_direct(client, outbox):
+                self._end_of_pass(client)
+                continue
             while outbox:
                 msg = outbox.popleft()
                 try:
@@ -519,6 +548,11 @@ class _NatsSinkBase(BaseSink[Any]):
     async def _publish_one(self, client: NatsClient, msg: OutgoingMessage) -> None:
         """Publishes one message of the outbox and arranges for its confirmation."""
         raise NotImplementedError
+
+    def _publish_direct(self, client: NatsClient, outbox: collections.deque[OutgoingMessage]) -> bool:
+        """Publishes the whole outbox without a coroutine per message when the sink can (True), or
+        leaves it to :meth:`_publish_one` (False)."""
+        return False
 
     def _end_of_pass(self, client: NatsClient) -> None:
         """Called once the publisher emptied the outbox: core publishes of the pass share one PING."""
@@ -676,6 +710,56 @@ class NatsSink(_NatsSinkBase):
             self._settle(msg, _permanent_or_transient(exc, msg.destination))
             return
         self._unconfirmed.append(msg)
+
+    def _publish_direct(self, client: NatsClient, outbox: collections.deque[OutgoingMessage]) -> bool:
+        """The outbox's ``HPUB`` commands appended to nats-py's pending buffer in one loop, as its
+        ``publish`` would append them one coroutine after the other (same checks: a subject that is
+        empty or has whitespace, a body above the server's ``max_payload``, a bad header name are
+        permanent failures; same statistics; the buffer handed to the socket when it outgrows the
+        client's ``pending_size``). Only on a connected client: while reconnecting, nats-py's own
+        publish decides what it buffers."""
+        if not _HAS_PUBLISH_INTERNALS or not client.is_connected or client.is_draining_pubs:
+            return False
+        max_payload = client._max_payload
+        max_pending = client._max_pending_size
+        stats = client.stats
+        unconfirmed = self._unconfirmed
+        blocks: dict[str, bytes] = {}  # content type → header block: the whole block in structured mode
+        while outbox:
+            msg = outbox.popleft()
+            subject = msg.destination
+            body = msg.body
+            headers = msg.headers
+            if not subject or _SUBJECT_INVALID.search(subject):
+                self._settle(msg, _permanent_or_transient(nats.errors.BadSubjectError(), subject))
+                continue
+            if len(body) > max_payload:
+                self._settle(msg, _permanent_or_transient(nats.errors.MaxPayloadError(), subject))
+                continue
+            try:
+                if len(headers) == 1 and "content-type" in headers:
+                    ctype = headers["content-type"]
+                    block = blocks.get(ctype)
+                    if block is None:
+                        block = blocks[ctype] = _header_block(headers)
+                else:
+                    block = _header_block(headers)
+            except ValueError as exc:
+                self._settle(msg, SinkPermanentError(f"nats: {exc} for {subject!r}"))
+                continue
+            size = len(block) + len(body)
+            cmd = b"".join((f"HPUB {subject} {len(block)} {size}\r\n".encode(), block, body, b"\r\n"))
+            client._pending.append(cmd)
+            client._pending_data_size += len(cmd)
+            stats["out_msgs"] += 1
+            stats["out_bytes"] += len(body)
+            unconfirmed.append(msg)
+            if 0 < max_pending < client._pending_data_size:
+                try:
+                    _write_pending(client)
+                except (OSError, RuntimeError) as exc:  # the pass's PING round fails them: retried
+                    log.debug("writing publishes failed: %r", exc, extra={"sink": self.name})
+        return True
 
 
 class JetStreamSink(_NatsSinkBase):
