@@ -16,13 +16,14 @@ Throughput and latency: each sink has one publisher task. Submitted messages que
 by the sink's in-flight window) and it publishes them back to back, then hands them to the socket at
 once (not on nats-py's flusher task's next turn). Core publishes of a connected client are encoded
 by the sink (the ``HPUB`` command nats-py's ``publish`` would buffer, with its checks and
-statistics) and appended to nats-py's buffer in one loop, without a coroutine per message. Core publishes of one pass share one PING, written
-behind them, so its PONG proves the server read them; PINGs are pipelined (one per pass, without
-waiting for the previous PONG), so a message waits for one round trip, and the PONG settles its
-messages from nats-py's read loop directly. A PONG that does not come within ``publish_timeout``
-fails its messages as transient (retried). JetStream publishes carry a reply subject on one inbox
-subscription per connection, so many wait for their ``PubAck`` at once (one that does not come
-within ``publish_timeout`` fails as transient and is re-sent with the same ``Nats-Msg-Id``).
+statistics) and appended to nats-py's buffer in one loop, without a coroutine per message. Core
+publishes of one pass share one PING, written behind them, so its PONG proves the server read
+them; PINGs are pipelined (one per pass, without waiting for the previous PONG), so a message waits
+for one round trip, and the PONG settles its messages from nats-py's read loop directly. A PONG
+that does not come within ``publish_timeout`` fails its messages as transient (retried). JetStream
+publishes carry a reply subject on one inbox subscription per connection, so many wait for their
+``PubAck`` at once (one that does not come within ``publish_timeout`` fails as transient and is
+re-sent with the same ``Nats-Msg-Id``).
 
 Subjects come from the destination template; each field value is sanitised into one subject token
 (dots, spaces and the ``*`` / ``>`` wildcards become ``_``), so a name with dots cannot add tokens or
