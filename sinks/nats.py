@@ -16,7 +16,8 @@ Throughput and latency: each sink has one publisher task. Submitted messages que
 by the sink's in-flight window) and it publishes them back to back, then hands them to the socket at
 once (not on nats-py's flusher task's next turn). Core publishes of a connected client are encoded
 by the sink (the ``HPUB`` command nats-py's ``publish`` would buffer, with its checks and
-statistics) and appended to nats-py's buffer in one loop, without a coroutine per message. Core
+statistics) and appended to nats-py's buffer in one loop, without a coroutine per message
+(JetStream publishes too, once the connection's PubAck inbox exists). Core
 publishes of one pass share one PING, written behind them, so its PONG proves the server read
 them; PINGs are pipelined (one per pass, without waiting for the previous PONG), so a message waits
 for one round trip, and the PONG settles its messages from nats-py's read loop directly. A PONG
@@ -555,6 +556,56 @@ class _NatsSinkBase(BaseSink[Any]):
         leaves it to :meth:`_publish_one` (False)."""
         return False
 
+    @staticmethod
+    def _can_buffer(client: NatsClient) -> bool:
+        """Whether :meth:`_buffer_publish` may write into this client's buffer now."""
+        return _HAS_PUBLISH_INTERNALS and client.is_connected and not client.is_draining_pubs
+
+    def _buffer_publish(self, client: NatsClient, msg: OutgoingMessage, headers: dict[str, str],
+                        reply: str, blocks: dict[str, bytes]) -> bool:
+        """Appends the ``HPUB`` command of ``msg`` to nats-py's pending buffer, as its ``publish``
+        would (same checks: a subject that is empty or has whitespace, a body above the server's
+        ``max_payload`` and a bad header name are permanent failures, settled here (False); same
+        statistics; the buffer handed to the socket when it outgrows the client's
+        ``pending_size``). ``blocks`` keeps the header block of messages whose only header is
+        their content type (structured mode) for the caller's loop."""
+        subject = msg.destination
+        body = msg.body
+        if not subject or _SUBJECT_INVALID.search(subject) or (reply and _SUBJECT_INVALID.search(reply)):
+            self._settle(msg, _permanent_or_transient(nats.errors.BadSubjectError(), subject))
+            return False
+        if len(body) > client._max_payload:
+            self._settle(msg, _permanent_or_transient(nats.errors.MaxPayloadError(), subject))
+            return False
+        try:
+            if len(headers) == 1 and "content-type" in headers:
+                ctype = headers["content-type"]
+                block = blocks.get(ctype)
+                if block is None:
+                    block = blocks[ctype] = _header_block(headers)
+            else:
+                block = _header_block(headers)
+        except ValueError as exc:
+            self._settle(msg, SinkPermanentError(f"nats: {exc} for {subject!r}"))
+            return False
+        size = len(block) + len(body)
+        if reply:
+            line = f"HPUB {subject} {reply} {len(block)} {size}\r\n"
+        else:
+            line = f"HPUB {subject} {len(block)} {size}\r\n"
+        cmd = b"".join((line.encode(), block, body, b"\r\n"))
+        client._pending.append(cmd)
+        client._pending_data_size += len(cmd)
+        stats = client.stats
+        stats["out_msgs"] += 1
+        stats["out_bytes"] += len(body)
+        if 0 < client._max_pending_size < client._pending_data_size:
+            try:
+                _write_pending(client)
+            except (OSError, RuntimeError) as exc:  # the confirmation fails the messages: retried
+                log.debug("writing publishes failed: %r", exc, extra={"sink": self.name})
+        return True
+
     def _end_of_pass(self, client: NatsClient) -> None:
         """Called once the publisher emptied the outbox: core publishes of the pass share one PING."""
         if self._unconfirmed:
@@ -713,53 +764,18 @@ class NatsSink(_NatsSinkBase):
         self._unconfirmed.append(msg)
 
     def _publish_direct(self, client: NatsClient, outbox: collections.deque[OutgoingMessage]) -> bool:
-        """The outbox's ``HPUB`` commands appended to nats-py's pending buffer in one loop, as its
-        ``publish`` would append them one coroutine after the other (same checks: a subject that is
-        empty or has whitespace, a body above the server's ``max_payload``, a bad header name are
-        permanent failures; same statistics; the buffer handed to the socket when it outgrows the
-        client's ``pending_size``). Only on a connected client: while reconnecting, nats-py's own
-        publish decides what it buffers."""
-        if not _HAS_PUBLISH_INTERNALS or not client.is_connected or client.is_draining_pubs:
+        """The outbox's ``HPUB`` commands appended to nats-py's buffer in one loop (see
+        :meth:`_NatsSinkBase._buffer_publish`); only on a connected client: while reconnecting,
+        nats-py's own publish decides what it buffers."""
+        if not self._can_buffer(client):
             return False
-        max_payload = client._max_payload
-        max_pending = client._max_pending_size
-        stats = client.stats
+        buffer = self._buffer_publish
         unconfirmed = self._unconfirmed
-        blocks: dict[str, bytes] = {}  # content type → header block: the whole block in structured mode
+        blocks: dict[str, bytes] = {}
         while outbox:
             msg = outbox.popleft()
-            subject = msg.destination
-            body = msg.body
-            headers = msg.headers
-            if not subject or _SUBJECT_INVALID.search(subject):
-                self._settle(msg, _permanent_or_transient(nats.errors.BadSubjectError(), subject))
-                continue
-            if len(body) > max_payload:
-                self._settle(msg, _permanent_or_transient(nats.errors.MaxPayloadError(), subject))
-                continue
-            try:
-                if len(headers) == 1 and "content-type" in headers:
-                    ctype = headers["content-type"]
-                    block = blocks.get(ctype)
-                    if block is None:
-                        block = blocks[ctype] = _header_block(headers)
-                else:
-                    block = _header_block(headers)
-            except ValueError as exc:
-                self._settle(msg, SinkPermanentError(f"nats: {exc} for {subject!r}"))
-                continue
-            size = len(block) + len(body)
-            cmd = b"".join((f"HPUB {subject} {len(block)} {size}\r\n".encode(), block, body, b"\r\n"))
-            client._pending.append(cmd)
-            client._pending_data_size += len(cmd)
-            stats["out_msgs"] += 1
-            stats["out_bytes"] += len(body)
-            unconfirmed.append(msg)
-            if 0 < max_pending < client._pending_data_size:
-                try:
-                    _write_pending(client)
-                except (OSError, RuntimeError) as exc:  # the pass's PING round fails them: retried
-                    log.debug("writing publishes failed: %r", exc, extra={"sink": self.name})
+            if buffer(client, msg, msg.headers, "", blocks):
+                unconfirmed.append(msg)
         return True
 
 
@@ -851,6 +867,26 @@ class JetStreamSink(_NatsSinkBase):
         except (nats.errors.Error, OSError) as exc:
             if self._awaiting.pop(reply, None) is not None:
                 self._settle(msg, _permanent_or_transient(exc, msg.destination))
+
+    def _publish_direct(self, client: NatsClient, outbox: collections.deque[OutgoingMessage]) -> bool:
+        """The outbox's publishes (each with its PubAck reply subject) appended to nats-py's buffer
+        in one loop, once this connection's PubAck inbox exists (see
+        :meth:`_NatsSinkBase._buffer_publish`)."""
+        if self._inbox_client is not client or not self._can_buffer(client):
+            return False
+        buffer = self._buffer_publish
+        awaiting = self._awaiting
+        prefix = self._inbox
+        deadline = time.monotonic() + self.options.publish_timeout
+        blocks: dict[str, bytes] = {}
+        while outbox:
+            msg = outbox.popleft()
+            self._ack_seq += 1
+            reply = f"{prefix}.{self._ack_seq}"
+            awaiting[reply] = (msg, deadline)
+            if not buffer(client, msg, self._js_headers(msg), reply, blocks):
+                awaiting.pop(reply, None)
+        return True
 
     def _end_of_pass(self, client: NatsClient) -> None:
         """The pass's publishes go to the socket now rather than on nats-py's flusher task's next
