@@ -446,9 +446,9 @@ class AckProbe:
         ``deliver_batch``), each ack wrapped as :meth:`deliver` wraps it."""
         probe = self._probe
         wrapped = [probe(event, ack) for event, ack in zip(events, acks, strict=True)]
-        inner_batch = getattr(self.inner, "deliver_batch", None)
+        inner_batch = getattr(type(self.inner), "deliver_batch", None)  # not a forwarded attribute
         if inner_batch is not None:
-            await inner_batch(events, wrapped)
+            await inner_batch(self.inner, events, wrapped)
             return
         deliver = self.inner.deliver
         for event, probe_ack in zip(events, wrapped, strict=True):

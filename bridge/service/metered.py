@@ -58,7 +58,9 @@ class MeteredSink:
         self.delivered = 0
         """Events acknowledged as delivered (the common outcome, counted apart from the others)."""
         self._other_outcomes: collections.Counter[DeliveryOutcome] = collections.Counter()
-        self._inner_batch = getattr(inner, "deliver_batch", None)
+        # Looked up on the type: a wrapper forwarding unknown attributes to a sink that has
+        # deliver_batch would otherwise have its own deliver bypassed.
+        self._inner_batch = getattr(type(inner), "deliver_batch", None)
         self._next_traced: int | None = None
         """``deliver_batch``: events still to pass before the next traced one (drawn when needed)."""
 
@@ -167,7 +169,7 @@ class MeteredSink:
         try:
             inner_batch = self._inner_batch
             if inner_batch is not None:
-                await inner_batch(events, wrapped)
+                await inner_batch(self.inner, events, wrapped)
             else:
                 deliver = self.inner.deliver
                 for i in range(count):

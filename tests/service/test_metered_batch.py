@@ -184,3 +184,32 @@ async def test_a_failed_hand_over_settles_the_in_flight_gauge() -> None:
     assert len(spans) == 3  # the refused event's span ended too, without an outcome
     assert sorted(str(s.attributes.get("keb.outcome")) for s in spans if s.attributes is not None) == \
         ["None", "delivered", "delivered"]
+
+
+class Forwarding:
+    """A third-party wrapper: its own ``deliver``, everything else forwarded to the wrapped sink."""
+
+    def __init__(self, inner: BatchAckingSink) -> None:
+        self.inner = inner
+        self.seen: list[str] = []
+
+    def __getattr__(self, item: str) -> object:
+        return getattr(self.inner, item)
+
+    async def deliver(self, event: ChangeEvent, ack: AckCallback) -> None:
+        self.seen.append(event.name)
+        await self.inner.deliver(event, ack)
+
+
+async def test_a_forwarding_wrapper_keeps_its_own_deliver() -> None:
+    clock = FakeClock()
+    telemetry = Telemetry(trace_sample_ratio=0.0)
+    inner = BatchAckingSink(clock)
+    wrapper = Forwarding(inner)
+    m = MeteredSink(inner=wrapper, telemetry=telemetry, clock=clock)  # type: ignore[arg-type]
+    acked: list[DeliveryOutcome] = []
+    await m.deliver_batch([event(i) for i in range(3)], [acked.append] * 3)
+    telemetry.shutdown()
+    assert wrapper.seen == ["p0", "p1", "p2"]
+    assert inner.batches == []
+    assert acked == [DeliveryOutcome.DELIVERED] * 3
