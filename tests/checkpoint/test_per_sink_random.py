@@ -7,7 +7,14 @@ uids), checkpoint writes at random points, crashes (:meth:`BridgePipeline.abort`
 changes while the bridge is down and compactions of the history (the resume gets 410 and relists).
 A sink's contents are every event it was handed, in order — an event delivered but never
 acknowledged counts as landed (the worst case for a lost delete). Seeds are fixed; a short run is
-CI's, ``KEB_PER_SINK_SEEDS=N`` runs more.
+CI's, ``KEB_PER_SINK_SEEDS=N`` runs more (``KEB_PER_SINK_SEED_BASE=B``: seeds B..B+N-1).
+
+``KEB_PER_SINK_STRESS=1`` makes timing races likelier, still seeded: sinks that yield to the event
+loop a random number of times before taking an event, acknowledgements also from a task of their
+own at random moments, periodic checkpoint writes every few milliseconds (so a crash may come in the
+middle of one, or of the journal's compaction after it), now and then a slow write of the checkpoint
+file or the journal (its thread still busy when the crash comes), more runs per history and a crash
+at a random moment after the churn.
 """
 
 from __future__ import annotations
@@ -15,15 +22,17 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 from pathlib import Path
 
 import pytest
 
 from bridge.delivery.checkpoint import FileCheckpointStore
+from bridge.delivery.journal import FileJournalBackend
 from bridge.errors import ConflictError, NotFoundError
 from bridge.kube.apiclient import ApiClient
 from bridge.sim import Simulator
-from sinks.contract import DeliveryOutcome, EventType
+from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType
 from tests.checkpoint.helpers import RecordingSink, until
 from tests.checkpoint.test_per_sink_progress import IDENT, PATH, pipeline, sim
 
@@ -32,6 +41,8 @@ __all__ = ["sim"]  # the simulator fixture
 SINKS = ("a", "b", "c")
 NAMES = tuple(f"r{i}" for i in range(6))
 SEEDS = int(os.environ.get("KEB_PER_SINK_SEEDS", "4"))
+SEED_BASE = int(os.environ.get("KEB_PER_SINK_SEED_BASE", "0"))
+STRESS = os.environ.get("KEB_PER_SINK_STRESS", "") == "1"
 
 Held = dict[str, tuple[str, str]]
 """name → (uid, resourceVersion) a sink holds."""
@@ -77,6 +88,58 @@ def ack_some(sink: RecordingSink, rng: random.Random, keen: float) -> None:
         ack(DeliveryOutcome.DELIVERED)
 
 
+class JitterySink(RecordingSink):
+    """Yields to the event loop a random number of times before taking each event (stress mode)."""
+
+    def __init__(self, name: str, rng: random.Random) -> None:
+        super().__init__(name, auto_ack=False)
+        self.rng = rng
+
+    async def deliver(self, event: ChangeEvent, ack: AckCallback) -> None:
+        for _ in range(self.rng.choice((0, 0, 1, 3))):
+            await asyncio.sleep(0)
+        await super().deliver(event, ack)
+
+
+async def acker(sinks: list[RecordingSink], rng: random.Random, keen: dict[str, float]) -> None:
+    """Acknowledges at random moments, beside the churn loop's own acknowledgements (stress mode)."""
+    while True:
+        await asyncio.sleep(rng.choice((0, 0.001, 0.004)))
+        sink = rng.choice(sinks)
+        ack_some(sink, rng, keen[sink.name])
+
+
+class SlowFileJournal(FileJournalBackend):
+    """A journal file whose writes now and then take a while in their thread (stress mode)."""
+
+    def __init__(self, path: Path, rng: random.Random) -> None:
+        super().__init__(path)
+        self.rng = rng
+
+    def _rewrite(self, data: bytes) -> None:
+        time.sleep(self.rng.choice((0, 0, 0, 0.02, 0.1)))
+        super()._rewrite(data)
+
+    def _append(self, data: bytes) -> None:
+        time.sleep(self.rng.choice((0, 0, 0, 0, 0.02)))
+        super()._append(data)
+
+
+class SlowFileStore(FileCheckpointStore):
+    """The file store with slow writes now and then, its journal too (stress mode)."""
+
+    def __init__(self, directory: Path, rng: random.Random) -> None:
+        super().__init__(directory=directory)
+        self.rng = rng
+
+    def journal_backend(self, informer_id: str, *, fenced: bool = True) -> FileJournalBackend:
+        return SlowFileJournal(self.journal_path(informer_id), random.Random(self.rng.random()))
+
+    def _save(self, informer_id: str, data: bytes) -> None:
+        time.sleep(self.rng.choice((0, 0, 0, 0.02, 0.1)))
+        super()._save(informer_id, data)
+
+
 def journal_text(ckpt: Path) -> str:
     return "".join(path.read_text() for path in sorted(ckpt.glob("*.journal")))
 
@@ -85,11 +148,16 @@ async def history(seed: int, client: ApiClient, ckpt: Path, story: list[tuple[st
                   ) -> dict[str, Held]:
     rng = random.Random(seed)
     held: dict[str, Held] = {name: {} for name in SINKS}
-    for _run in range(rng.randint(3, 5)):
+    for run in range(rng.randint(6, 10) if STRESS else rng.randint(3, 5)):
         keen = {name: rng.choice((0.05, 0.3, 0.9)) for name in SINKS}
-        sinks = [RecordingSink(name, auto_ack=False) for name in SINKS]
-        p = await pipeline(client, ckpt, sinks)
+        side = random.Random(f"{seed}:{run}")
+        sinks = ([JitterySink(name, random.Random(f"{seed}:{run}:{name}")) for name in SINKS] if STRESS
+                 else [RecordingSink(name, auto_ack=False) for name in SINKS])
+        p = await pipeline(client, ckpt, sinks,
+                           checkpoint_interval=side.choice((0.002, 0.01, 0.03)) if STRESS else 3600,
+                           store=SlowFileStore(ckpt, random.Random(f"{seed}:{run}:io")) if STRESS else None)
         await p.start()
+        acking = asyncio.create_task(acker(sinks, side, keen)) if STRESS else None
         try:
             assert await p.wait_for_sync(10)
             for _ in range(rng.randint(5, 25)):
@@ -97,9 +165,13 @@ async def history(seed: int, client: ApiClient, ckpt: Path, story: list[tuple[st
                 await asyncio.sleep(rng.choice((0, 0.005, 0.02)))
                 for sink in sinks:
                     ack_some(sink, rng, keen[sink.name])
-                if rng.random() < 0.25:
+                if rng.random() < 0.25 and not STRESS:  # under stress the periodic writer does it
                     await p.write_checkpoints()
+            if STRESS:
+                await asyncio.sleep(side.choice((0, 0, 0.001, 0.003, 0.01)))
         finally:
+            if acking is not None:
+                acking.cancel()
             await p.abort()
         for sink in sinks:
             fold(held[sink.name], sink, story)
@@ -128,7 +200,7 @@ async def history(seed: int, client: ApiClient, ckpt: Path, story: list[tuple[st
     return held
 
 
-@pytest.mark.parametrize("seed", range(SEEDS))
+@pytest.mark.parametrize("seed", range(SEED_BASE, SEED_BASE + SEEDS))
 async def test_every_sink_ends_with_the_clusters_objects(sim: tuple[Simulator, ApiClient], tmp_path: Path,
                                                          seed: int) -> None:
     _, client = sim
