@@ -70,6 +70,7 @@ from bridge.delivery.checkpoint import (
     check_fence,
     fence_token,
 )
+from bridge.delivery.store_io import finish_in_thread
 from bridge.kube.leaderelection import FenceToken
 from bridge.rawobject import object_identity
 
@@ -133,7 +134,9 @@ class JournalBackend(Protocol):
 
 class FileJournalBackend:
     """The journal as a file (``<informer id>.journal`` next to a file checkpoint): appends are one
-    ``write`` + ``fdatasync``, a rewrite is a temporary file, ``fsync`` and rename."""
+    ``write`` + ``fdatasync``, a rewrite is a temporary file, ``fsync`` and rename. Both run in a
+    thread that a cancelled writer waits for (:mod:`bridge.delivery.store_io`): a rewrite landing
+    after the writer stopped would replace what the next writer of the file made durable."""
 
     def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True) -> None:
         self._path = Path(path)
@@ -155,10 +158,10 @@ class FileJournalBackend:
             return None
 
     async def rewrite(self, data: bytes) -> None:
-        await asyncio.to_thread(self._rewrite, data)
+        await finish_in_thread(self._rewrite, data)
 
     async def append(self, data: bytes) -> None:
-        await asyncio.to_thread(self._append, data)
+        await finish_in_thread(self._append, data)
 
     async def close(self) -> None:
         self._close_file()

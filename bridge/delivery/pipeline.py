@@ -1295,8 +1295,10 @@ class BridgePipeline:
     async def abort(self) -> None:
         """Stops everything at once, without draining, flushing or writing a checkpoint: leadership
         was lost, so what is in flight is abandoned (the next leader re-sends it from the last
-        checkpoint) and nothing more reaches a sink or the store. Idempotent; may interrupt a
-        :meth:`shutdown` under way."""
+        checkpoint) and nothing more reaches a sink or the store: a store write under way in a
+        thread finishes before this returns (:mod:`bridge.delivery.store_io`), so a pipeline
+        started next in this process never has its journal or checkpoint replaced by a late write
+        of this one. Idempotent; may interrupt a :meth:`shutdown` under way."""
         self._stopping = True
         for inf in self._informers.values():
             if inf.informer.reflector is not None:

@@ -151,8 +151,9 @@ async def history(seed: int, client: ApiClient, ckpt: Path, story: list[tuple[st
     for run in range(rng.randint(6, 10) if STRESS else rng.randint(3, 5)):
         keen = {name: rng.choice((0.05, 0.3, 0.9)) for name in SINKS}
         side = random.Random(f"{seed}:{run}")
-        sinks = ([JitterySink(name, random.Random(f"{seed}:{run}:{name}")) for name in SINKS] if STRESS
-                 else [RecordingSink(name, auto_ack=False) for name in SINKS])
+        sinks: list[RecordingSink] = [
+            JitterySink(name, random.Random(f"{seed}:{run}:{name}")) if STRESS
+            else RecordingSink(name, auto_ack=False) for name in SINKS]
         p = await pipeline(client, ckpt, sinks,
                            checkpoint_interval=side.choice((0.002, 0.01, 0.03)) if STRESS else 3600,
                            store=SlowFileStore(ckpt, random.Random(f"{seed}:{run}:io")) if STRESS else None)
