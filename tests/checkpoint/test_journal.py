@@ -60,7 +60,7 @@ async def test_new_objects_and_deletes_wait_for_their_record_updates_of_known_ob
     note(j, 1, NotificationKind.ADD, "a", "u-a", "12")
     note(j, 2, NotificationKind.UPDATE, "a", "u-a", "13")  # known now (journalled)
     note(j, 3, NotificationKind.DELETE, "known", "u-known", "14")
-    note(j, 4, NotificationKind.DELETE, "gone", "u-gone", "9", tombstone=True)
+    note(j, 4, NotificationKind.DELETE, "gone", "u-gone", "9", tombstone=True, inferred=True)
     assert j.must_wait(1)
     assert j.must_wait(4)
     async with asyncio.timeout(5):
@@ -68,6 +68,19 @@ async def test_new_objects_and_deletes_wait_for_their_record_updates_of_known_ob
     assert not j.must_wait(4)
     assert records(j.path) == [["a", "ns/a", "u-a", "12"], ["d", "ns/known", "u-known", "14", False],
                                ["d", "ns/gone", "u-gone", "9", True]]
+
+
+async def test_a_delete_re_sent_as_it_was_sent_keeps_its_marking(running: KnownObjectJournal) -> None:
+    """After a restart a relist may report again, as a tombstone, a delete the journal says was sent
+    observed: the sinks get it as it was sent (not ``finalstateunknown``, see the pipeline's
+    ``delete_is_inferred``), and the journal records that marking, not "inferred" because a tombstone
+    carried it — else the next restart re-sends it marked inferred (the contract: the same delete
+    again, same marking)."""
+    j = running
+    note(j, 0, NotificationKind.DELETE, "known", "u-known", "11", tombstone=True, inferred=False)
+    async with asyncio.timeout(5):
+        await j.wait(0)
+    assert records(j.path) == [["d", "ns/known", "u-known", "11", False]]
 
 
 async def test_a_burst_is_one_group_commit(running: KnownObjectJournal) -> None:
