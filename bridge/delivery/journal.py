@@ -590,14 +590,15 @@ class KnownObjectJournal:
     def note(self, notification: Notification, *, inferred: bool) -> None:
         """Queues the record a dispatched notification needs, if any: the object's first appearance
         in what the durable state knows, or a delete. Synchronous; :meth:`wait` tells when it is
-        on disk."""
+        on disk. ``inferred``: whether a delete goes out marked ``finalstateunknown``, as the sinks
+        receive it — recorded as is, so that a restart re-sending it keeps the marking (a relist's
+        tombstone of a delete already sent observed goes out observed again)."""
         n = notification
         if n.seq < 0 or n.kind is NotificationKind.SNAPSHOT or n.kind is NotificationKind.GAP:
             return
         obj = n.obj
         if isinstance(obj, DeletedFinalStateUnknown):
             obj = obj.obj
-            inferred = True
         uid, rv = object_identity(obj)
         if not uid:
             return
