@@ -396,8 +396,8 @@ class SharedIndexInformer:
             # The acknowledged delete vouches only for what the key held up to it. A cached state
             # newer than it (an object the journal or some sink's own progress knows, created after
             # that delete) is a later incarnation whose delete no consumer has seen.
-            rv = object_identity(obj.obj)[1]
-            return not (rv.isdigit() and int(rv) > delivered_rv)
+            cached_rv = object_identity(obj.obj)[1]
+            return not (cached_rv.isdigit() and int(cached_rv) > delivered_rv)
         try:
             rv = int(object_identity(obj)[1])
         except ValueError:
