@@ -191,7 +191,7 @@ async def test_a_delete_replayed_after_an_inferred_one_keeps_where_the_held_back
     checkpoint = Checkpoint(informer_id=IDENT, resource_version="10", objects={"ns/x": ("u-x", "9")})
     first = KnownObjectJournal(path=path, informer_id=IDENT)
     await first.load(checkpoint)
-    note(first, 1, NotificationKind.DELETE, "x", "u-x", "12", tombstone=True)
+    note(first, 1, NotificationKind.DELETE, "x", "u-x", "12", tombstone=True, inferred=True)
     task = asyncio.create_task(first.run(), name="journal-under-test")
     await first.wait(1)
     task.cancel()
