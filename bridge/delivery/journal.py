@@ -42,8 +42,10 @@ Format (the file ``<informer id>.journal`` next to a file checkpoint; the same t
 backends): a header line ``{"journal": 1,
 "informer_id": …}``, then one JSON array per line, ``["a", key, uid, rv]`` (known to exist) or
 ``["d", key, uid, rv, inferred]`` (deleted; ``["d", key, uid, rv, inferred, held_after]`` for a
-delete sent after a replay that held back changes an earlier, inferred delete had coalesced, see
-:attr:`JournalEntry.held_after`). A torn last line (a crash mid-append: its events were
+delete sent after a replay that held back changes an earlier, inferred delete had coalesced, or after
+a state a relist sent, see :attr:`JournalEntry.held_after`) or ``["r", key, uid, rv, from, added]``
+(known to exist, sent by a relist at ``rv``: the changes after ``from`` before it were coalesced, see
+:attr:`JournalEntry.coalesced_from`). A torn last line (a crash mid-append: its events were
 never released) and anything after a line that does not parse are ignored with a warning.
 """
 
@@ -99,7 +101,19 @@ class JournalEntry:
     """For a delete a restarted bridge sent after an earlier, inferred delete of the same uid: the
     resourceVersion of the state that inferred delete carried. The changes after it were coalesced by
     that relist and never sent one by one, so a replay after another restart keeps holding them back
-    (:meth:`~bridge.delivery.pipeline.SinkListener._replayed_after_delete`)."""
+    (:meth:`~bridge.delivery.pipeline.SinkListener._replayed_after_delete`). Also for a delete of
+    an object a relist had sent (:attr:`coalesced_from`): that relist's ``from``."""
+    coalesced_from: str = ""
+    """For an object a relist sent (an ``added`` or ``updated`` inside a gap): the gap's ``from``, the
+    last resourceVersion the informer had observed one by one. The object's changes after it and
+    before :attr:`resource_version` were coalesced by the relist and never sent; a watch that a
+    restart resumes from a checkpoint older than the relist replays them, and they must not go out
+    after the newer state sinks may hold (per-object order:
+    :meth:`~bridge.delivery.pipeline.SinkListener._replayed_coalesced`). Kept until the checkpoint
+    covers that state."""
+    coalesced_added: bool = False
+    """With :attr:`coalesced_from`: the relist sent the state as ``added`` (else ``updated``), so the
+    replay re-sends it with the same type, hence the same id."""
 
 
 class JournalStoreError(CheckpointStoreError):
@@ -498,6 +512,8 @@ class KnownObjectJournal:
         """Set while the writer has nothing to do (everything noted is on disk)."""
         self._compact_to: Checkpoint | None = None
         self._compact_requested = False
+        self._gap_from = ""
+        """Inside a relist's gap (between its begin and end notifications): the gap's ``from``."""
         self.commits = 0
         """Group commits done (each one write + fsync)."""
         self.records = 0
@@ -596,6 +612,9 @@ class KnownObjectJournal:
         in what the durable state knows, or a delete. Synchronous; :meth:`wait` tells when it is
         on disk."""
         n = notification
+        if n.kind is NotificationKind.GAP and n.gap is not None and n.seq >= 0:
+            self._gap_from = "" if n.gap.end else n.gap.from_resource_version
+            return
         if n.seq < 0 or n.kind is NotificationKind.SNAPSHOT or n.kind is NotificationKind.GAP:
             return
         obj = n.obj
@@ -612,11 +631,23 @@ class KnownObjectJournal:
             if prev is not None and prev.deleted:  # a delete replayed after a restart
                 held = prev.held_after or (prev.resource_version
                                            if prev.inferred and prev.resource_version != rv else "")
+            elif prev is not None and prev.coalesced_from:  # sinks may hold a relist's state of it
+                held = prev.coalesced_from
             entry = JournalEntry(key, rv, deleted=True, inferred=inferred, held_after=held)
             self._entries[uid] = entry
             self._queue(n.seq, uid, entry)
             return
         known = self._entries.get(uid)
+        if self._gap_from:
+            # A relist's state: recorded (and released once durable) even for a known object, so
+            # that a restart whose watch replays the changes it coalesced holds them back.
+            since = (known.coalesced_from if known is not None and known.coalesced_from
+                     and not known.deleted else self._gap_from)
+            entry = JournalEntry(key, rv, coalesced_from=since,
+                                 coalesced_added=n.kind is NotificationKind.ADD)
+            self._entries[uid] = entry
+            self._queue(n.seq, uid, entry)
+            return
         if (known is not None and not known.deleted) or self._checkpoint.get(uid) == key:
             return
         entry = JournalEntry(key, rv)
@@ -746,12 +777,13 @@ class KnownObjectJournal:
         report the object deleted to it."""
         known_alive = self._checkpoint.get(uid) == e.key
         if not e.deleted:
-            return not known_alive
-        return known_alive or not self._covered(e)
+            return not known_alive or (bool(e.coalesced_from) and not self._covered(e, uid))
+        return known_alive or not self._covered(e, uid)
 
-    def _covered(self, e: JournalEntry) -> bool:
-        """Whether every sink acknowledged the delete ``e``: the checkpoint's resourceVersion reaches
-        it, or its delivered-ahead map has the key deleted at it or later."""
+    def _covered(self, e: JournalEntry, uid: str) -> bool:
+        """Whether every sink acknowledged the delete ``e`` (or a relist's state of a live object):
+        the checkpoint's resourceVersion reaches it, or its delivered-ahead map has the key deleted
+        at it or later (for a live object: that uid at it or later)."""
         cp = self._base
         if cp is None:
             return False
@@ -760,7 +792,9 @@ class KnownObjectJournal:
             if rv <= int(cp.resource_version):
                 return True
             ahead = cp.ahead.get(e.key)
-            return ahead is not None and ahead[2] and int(ahead[1]) >= rv
+            if ahead is None or int(ahead[1]) < rv:
+                return False
+            return ahead[2] if e.deleted else ahead[0] == uid
         except ValueError:
             return False
 
@@ -772,6 +806,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _record(uid: str, e: JournalEntry) -> bytes:
+    if e.coalesced_from and not e.deleted:
+        return orjson.dumps(["r", e.key, uid, e.resource_version, e.coalesced_from, e.coalesced_added])
     if e.deleted:
         if e.held_after:
             return orjson.dumps(["d", e.key, uid, e.resource_version, e.inferred, e.held_after])
@@ -788,6 +824,9 @@ def _parse(line: bytes) -> tuple[str, JournalEntry]:
         raise ValueError(f"resourceVersion {rv!r} is not a resourceVersion")
     if op == "a" and len(rec) == 4:
         return uid, JournalEntry(key, rv)
+    if (op == "r" and len(rec) == 6 and isinstance(rec[4], str) and rec[4].isascii() and rec[4].isdigit()
+            and isinstance(rec[5], bool)):
+        return uid, JournalEntry(key, rv, coalesced_from=rec[4], coalesced_added=rec[5])
     if op == "d" and len(rec) == 5 and isinstance(rec[4], bool):
         return uid, JournalEntry(key, rv, deleted=True, inferred=rec[4])
     if (op == "d" and len(rec) == 6 and isinstance(rec[4], bool) and isinstance(rec[5], str)
