@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind, ObjectKey
+from bridge.contracts import DeletedFinalStateUnknown, Gap, Notification, NotificationKind, ObjectKey
 from bridge.delivery.checkpoint import Checkpoint
 from bridge.delivery.journal import JournalEntry, KnownObjectJournal
 from tests.checkpoint.helpers import until
@@ -197,3 +197,54 @@ async def test_a_delete_replayed_after_an_inferred_one_keeps_where_the_held_back
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         assert records(path)[-1] == ["d", "ns/x", "u-x", "15", False, "12"]
+
+
+def gap(j: KnownObjectJournal, seq: int, gap_id: str, since: str, *, end: bool = False) -> None:
+    j.note(Notification(kind=NotificationKind.GAP, obj={}, seq=seq,
+                        gap=Gap(id=gap_id, from_resource_version=since, end=end)), inferred=False)
+
+
+async def test_a_relists_states_are_recorded_with_where_its_window_starts_until_a_checkpoint_covers_them(
+    running: KnownObjectJournal, tmp_path: Path,
+) -> None:
+    """Inside a relist's gap (from 10) the states it sends are recorded, for known objects too, with
+    the window's start and whether they went out as ``added``: a restart whose watch replays the
+    changes the relist coalesced must hold them back. They wait for their record like a new object;
+    updates outside the gap do not. A later relist keeps the earlier window's start; a delete of such
+    an object keeps it as where held-back changes start. Each record goes once a checkpoint covers
+    the state it names."""
+    j = running
+    gap(j, 1, "g1", "10")
+    note(j, 2, NotificationKind.UPDATE, "known", "u-known", "14")
+    assert j.must_wait(2)
+    note(j, 3, NotificationKind.ADD, "a", "u-a", "15")
+    gap(j, 4, "g1", "10", end=True)
+    note(j, 5, NotificationKind.UPDATE, "a", "u-a", "16")  # live, after the gap: known now
+    gap(j, 6, "g2", "16")
+    note(j, 7, NotificationKind.UPDATE, "a", "u-a", "18")
+    note(j, 8, NotificationKind.ADD, "b", "u-b", "19")
+    gap(j, 9, "g2", "16", end=True)
+    note(j, 10, NotificationKind.DELETE, "b", "u-b", "20")
+    async with asyncio.timeout(5):
+        await j.wait(10)
+    assert not j.must_wait(5)
+    assert records(j.path) == [["r", "ns/known", "u-known", "14", "10", False],
+                               ["r", "ns/a", "u-a", "15", "10", True],
+                               ["r", "ns/a", "u-a", "18", "10", False],
+                               ["r", "ns/b", "u-b", "19", "16", True],
+                               ["d", "ns/b", "u-b", "20", False, "16"]]
+    reloaded = await KnownObjectJournal(path=j.path, informer_id=IDENT).load(None)
+    assert reloaded["u-a"] == JournalEntry("ns/a", "18", coalesced_from="10")
+    assert reloaded["u-known"] == JournalEntry("ns/known", "14", coalesced_from="10")
+    # The checkpoint knows every object, and its sinks all acknowledged known's relisted state (its
+    # delivered-ahead map) but not a's: a's record stays, so does b's delete.
+    j.compact(Checkpoint(informer_id=IDENT, resource_version="13",
+                         objects={"ns/known": ("u-known", "9"), "ns/a": ("u-a", "12")},
+                         ahead={"ns/known": ("u-known", "14", False), "ns/a": ("u-a", "16", False)}))
+    await j.idle()
+    assert records(j.path) == [["r", "ns/a", "u-a", "18", "10", False],
+                               ["d", "ns/b", "u-b", "20", False, "16"]]
+    j.compact(Checkpoint(informer_id=IDENT, resource_version="20",
+                         objects={"ns/known": ("u-known", "14"), "ns/a": ("u-a", "18")}))
+    await j.idle()
+    assert records(j.path) == []
