@@ -16,7 +16,10 @@ awaits :meth:`KnownObjectJournal.wait`): **the first event of an object the dura
 know (its first add, or the first update of an object the bridge resumed without knowing), and every
 delete, is released to the sinks only once its journal record is durable.** Records are appended by
 one writer task and made durable by one write per batch (group commit), so a burst of new objects
-costs one or two writes of latency, not one each; updates of known objects never wait.
+costs one or two writes of latency, not one each; updates of known objects never wait, except the
+states a relist sends inside its gap: they are recorded with the gap's ``from`` (a restart whose
+watch replays the changes that relist coalesced must not send them after those states, see
+:attr:`JournalEntry.coalesced_from`).
 
 Where the bytes live is a :class:`JournalBackend` of the checkpoint store (its ``journal_backend``):
 a file next to a file checkpoint (one append + ``fdatasync`` per batch), a ConfigMap next to a
