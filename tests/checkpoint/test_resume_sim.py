@@ -575,3 +575,56 @@ async def test_a_restart_never_sends_the_changes_a_relist_coalesced_after_the_st
             assert any(int(lo) < int(lost) <= int(hi) for lo, hi in windows), (lost, windows)
     finally:
         await p2.shutdown(5)
+
+
+async def test_an_inferred_delete_every_sink_acknowledged_still_holds_back_the_replay_after_a_crash(
+    sim: tuple[Simulator, ApiClient], tmp_path: Path
+) -> None:
+    """Behind a relist, ``x`` is updated and deleted: the relist infers the delete with x's last
+    known state, older than the checkpoint's resourceVersion. Every sink acknowledges the inferred
+    delete, but one sink not yet the relist's end: the checkpoint written then stays at the relist's
+    start, and its index no longer holds x (a relist's delete happened no later than the list). The
+    journal must keep the inferred delete all the same: after a crash the watch, resumed from that
+    checkpoint, replays x's update and real delete, and only that record makes the restart hold the
+    update back (section 6). Seen in the fault schedule of seed 3002: the update went out, as an
+    ``added``, after the delete the sink held."""
+    server, client = sim
+    x = await create(client, "x")
+    fast, slow = RecordingSink("fast"), RecordingSink("slow")
+    p = await make(client, tmp_path, fast, slow, interval=3600)
+    await p.start()
+    assert await p.wait_for_sync(10)
+    ident = next(iter(p.informers))
+    tracker = p.tracker(ident)
+    await until(lambda: tracker.resource_version == rv(x) and not tracker.pending, what="x checkpointed")
+    await p.write_checkpoints()
+    slow.auto_ack = False
+    server.set_faults({"delay": 0.3})  # the relist comes after x's update and delete: it infers it
+    server.expire_watches()
+    x1 = await client.patch(f"{PATH}/x", {"data": {"v": "1"}})
+    gone = await client.delete(f"{PATH}/x")
+    server.set_faults({})
+    await until(lambda: any(e.type is EventType.GAP_END for e in slow.events), what="the relist, to slow")
+    assert ("deleted", f"{NS}/x", rv(x), True) in slow.changes()
+    end = slow.unacked.pop()
+    assert end[0].type is EventType.GAP_END
+    slow.ack_all()  # everything but the relist's end
+    slow.unacked = [end]
+    await until(lambda: not tracker.pending_by_listener().get("fast"), what="fast acknowledging")
+    await until(lambda: tracker.pending_by_listener().get("slow") == 1, what="slow acknowledging")
+    assert await p.write_checkpoints() == 1
+    await p.abort()  # the crash
+
+    fast2, slow2 = RecordingSink("fast"), RecordingSink("slow")
+    p2 = await make(client, tmp_path, fast2, slow2, interval=3600)
+    await p2.start()
+    try:
+        assert p2.resumed(ident)
+        tracker2 = p2.tracker(ident)
+        await until(lambda: int(tracker2.resource_version or 0) >= int(rv(gone)) and tracker2.lag == 0,
+                    what="the replay, acknowledged")
+        for sink in (fast2, slow2):
+            # Nothing of x but the delete it already holds (x1 would bring x back).
+            assert rv(x1) not in {c[2] for c in sink.changes() if c[1] == f"{NS}/x"}, sink.changes()
+    finally:
+        await p2.shutdown(5)
