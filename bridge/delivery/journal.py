@@ -44,7 +44,9 @@ what changed in one checkpoint interval.
 Format (the file ``<informer id>.journal`` next to a file checkpoint; the same text in the other
 backends): a header line ``{"journal": 1,
 "informer_id": …}``, then one JSON array per line, ``["a", key, uid, rv]`` (known to exist) or
-``["d", key, uid, rv, inferred]`` (deleted; ``["d", key, uid, rv, inferred, held_after]`` for a
+``["d", key, uid, rv, inferred]`` (deleted; ``["d", key, uid, rv, inferred, held_after, sent_before]``
+once the relist that inferred it ended, see :attr:`JournalEntry.sent_before`;
+``["d", key, uid, rv, inferred, held_after]`` for a
 delete sent after a replay that held back changes an earlier, inferred delete had coalesced, or after
 a state a relist sent, see :attr:`JournalEntry.held_after`) or ``["r", key, uid, rv, from, added]``
 (known to exist, sent by a relist at ``rv``: the changes after ``from`` before it were coalesced, see
@@ -61,7 +63,7 @@ import logging
 import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -114,6 +116,14 @@ class JournalEntry:
     after the newer state sinks may hold (per-object order:
     :meth:`~bridge.delivery.pipeline.SinkListener._replayed_coalesced`). Kept until the checkpoint
     covers that state."""
+    sent_before: str = ""
+    """For a delete a relist inferred: the resourceVersion of that relist's list (its gap's end),
+    no older than the real delete. A checkpoint whose resourceVersion is older (the relist's start:
+    a sink had not acknowledged the relist's end) may no longer hold the object, and the inferred
+    delete's own resourceVersion (the stale state it carries) may be older than the checkpoint's;
+    yet a watch resumed from it replays the changes the relist coalesced, which only this record
+    holds back. So the record is kept until the checkpoint's resourceVersion reaches this one
+    (recorded once the relist's end is dispatched; until then, kept)."""
     coalesced_added: bool = False
     """With :attr:`coalesced_from`: the relist sent the state as ``added`` (else ``updated``), so the
     replay re-sends it with the same type, hence the same id."""
@@ -517,6 +527,8 @@ class KnownObjectJournal:
         self._compact_requested = False
         self._gap_from = ""
         """Inside a relist's gap (between its begin and end notifications): the gap's ``from``."""
+        self._gap_inferred: set[str] = set()
+        """uids of the deletes the relist in progress inferred (bounded at its end)."""
         self.commits = 0
         """Group commits done (each one write + fsync)."""
         self.records = 0
@@ -617,6 +629,9 @@ class KnownObjectJournal:
         n = notification
         if n.kind is NotificationKind.GAP and n.gap is not None and n.seq >= 0:
             self._gap_from = "" if n.gap.end else n.gap.from_resource_version
+            if n.gap.end:
+                self._bound_inferred(n.seq, n.gap.to_resource_version)
+            self._gap_inferred.clear()
             return
         if n.seq < 0 or n.kind is NotificationKind.SNAPSHOT or n.kind is NotificationKind.GAP:
             return
@@ -639,6 +654,8 @@ class KnownObjectJournal:
             entry = JournalEntry(key, rv, deleted=True, inferred=inferred, held_after=held)
             self._entries[uid] = entry
             self._queue(n.seq, uid, entry)
+            if inferred and self._gap_from:
+                self._gap_inferred.add(uid)
             return
         known = self._entries.get(uid)
         if self._gap_from:
@@ -656,6 +673,18 @@ class KnownObjectJournal:
         entry = JournalEntry(key, rv)
         self._entries[uid] = entry
         self._queue(n.seq, uid, entry)
+
+    def _bound_inferred(self, seq: int, list_rv: str) -> None:
+        """The relist's end: records, with each delete it inferred, the list's resourceVersion
+        (:attr:`JournalEntry.sent_before`)."""
+        if not (list_rv.isascii() and list_rv.isdigit()):
+            return
+        for uid in self._gap_inferred:
+            e = self._entries.get(uid)
+            if e is not None and e.deleted and e.inferred and not e.sent_before:
+                entry = replace(e, sent_before=list_rv)
+                self._entries[uid] = entry
+                self._queue(seq, uid, entry)
 
     def _queue(self, seq: int, uid: str, entry: JournalEntry) -> None:
         self._pending.append((seq, uid, entry, _record(uid, entry)))
@@ -790,8 +819,10 @@ class KnownObjectJournal:
         cp = self._base
         if cp is None:
             return False
+        if e.deleted and e.inferred and not e.sent_before and uid in self._gap_inferred:
+            return False  # its relist has not ended: the bound is not known yet
         try:
-            rv = int(e.resource_version)
+            rv = int(e.sent_before or e.resource_version)
             if rv <= int(cp.resource_version):
                 return True
             ahead = cp.ahead.get(e.key)
@@ -812,6 +843,9 @@ def _record(uid: str, e: JournalEntry) -> bytes:
     if e.coalesced_from and not e.deleted:
         return orjson.dumps(["r", e.key, uid, e.resource_version, e.coalesced_from, e.coalesced_added])
     if e.deleted:
+        if e.sent_before:
+            return orjson.dumps(["d", e.key, uid, e.resource_version, e.inferred, e.held_after,
+                                 e.sent_before])
         if e.held_after:
             return orjson.dumps(["d", e.key, uid, e.resource_version, e.inferred, e.held_after])
         return orjson.dumps(["d", e.key, uid, e.resource_version, e.inferred])
@@ -835,6 +869,11 @@ def _parse(line: bytes) -> tuple[str, JournalEntry]:
     if (op == "d" and len(rec) == 6 and isinstance(rec[4], bool) and isinstance(rec[5], str)
             and rec[5].isascii() and rec[5].isdigit()):
         return uid, JournalEntry(key, rv, deleted=True, inferred=rec[4], held_after=rec[5])
+    if (op == "d" and len(rec) == 7 and isinstance(rec[4], bool) and isinstance(rec[5], str)
+            and (rec[5] == "" or (rec[5].isascii() and rec[5].isdigit())) and isinstance(rec[6], str)
+            and rec[6].isascii() and rec[6].isdigit()):
+        return uid, JournalEntry(key, rv, deleted=True, inferred=rec[4], held_after=rec[5],
+                                 sent_before=rec[6])
     raise ValueError(f"unknown record {rec!r}")
 
 

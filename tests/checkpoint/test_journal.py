@@ -248,3 +248,33 @@ async def test_a_relists_states_are_recorded_with_where_its_window_starts_until_
                          objects={"ns/known": ("u-known", "14"), "ns/a": ("u-a", "18")}))
     await j.idle()
     assert records(j.path) == []
+
+
+async def test_an_inferred_delete_is_kept_until_the_checkpoint_reaches_the_list_that_inferred_it(
+    running: KnownObjectJournal,
+) -> None:
+    """A relist from 10 infers the delete of ``known`` with its last state, 9; its list is at 20. A
+    checkpoint still at 10 (a sink had not acknowledged the relist's end) whose index no longer has
+    the object keeps the record — 9 is older than 10, yet a watch resumed from 10 replays the
+    changes the relist coalesced; one at 20 drops it."""
+    j = running
+    gap(j, 1, "g", "10")
+    note(j, 2, NotificationKind.DELETE, "known", "u-known", "9", tombstone=True)
+    j.compact(Checkpoint(informer_id=IDENT, resource_version="10", objects={}))  # before the relist ends
+    await j.idle()
+    assert records(j.path) == [["d", "ns/known", "u-known", "9", True]]
+    j.note(Notification(kind=NotificationKind.GAP, obj={}, seq=3,
+                        gap=Gap(id="g", from_resource_version="10", to_resource_version="20", end=True)),
+           inferred=False)
+    assert j.must_wait(3)
+    async with asyncio.timeout(5):
+        await j.wait(3)
+    assert records(j.path)[-1] == ["d", "ns/known", "u-known", "9", True, "", "20"]
+    j.compact(Checkpoint(informer_id=IDENT, resource_version="19", objects={}))
+    await j.idle()
+    assert records(j.path) == [["d", "ns/known", "u-known", "9", True, "", "20"]]
+    reloaded = await KnownObjectJournal(path=j.path, informer_id=IDENT).load(None)
+    assert reloaded["u-known"].sent_before == "20"
+    j.compact(Checkpoint(informer_id=IDENT, resource_version="20", objects={}))
+    await j.idle()
+    assert records(j.path) == []
