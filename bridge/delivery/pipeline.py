@@ -204,9 +204,10 @@ class SinkListener:
         self._resent = resent or {}
         self._held_after = held_after or {}
         self._coalesced = coalesced or {}
-        self._held_coalesced: set[str] = set()
-        """uids whose replayed changes a relist had coalesced were held back: the state the relist
-        sent goes out framed as a gap (see :meth:`_replayed_coalesced`)."""
+        self._held_coalesced: dict[str, KubeObject | None] = {}
+        """uids whose replayed changes a relist had coalesced were held back → the object's state
+        before the first of them: the state the relist sent goes out framed as a gap, as an update
+        from that state (see :meth:`_replayed_coalesced`)."""
         self._exits = exits
         self._shard = shard
         self.resource = resource
@@ -384,13 +385,18 @@ class SinkListener:
         if not (since.isdigit() and at.isdigit()) or not int(since) < int(rv) <= int(at):
             return None
         if int(rv) < int(at):
-            self._held_coalesced.add(uid)
+            # The first held change's old state is the one before the window (what a sink that
+            # lacked the relist holds): the update that goes out in their place starts from it.
+            self._held_coalesced.setdefault(uid, n.old)
             return []
-        type_ = EventType.ADDED if added else EventType.UPDATED
-        event = self._event(type_, obj, n.time, old=None if added else n.old)
-        if uid not in self._held_coalesced or self._gap is not None:
+        held = uid in self._held_coalesced
+        old = self._held_coalesced.pop(uid, None) if held else n.old
+        if added:
+            event = self._event(EventType.ADDED, obj, n.time)
+        else:
+            event = self._event(EventType.UPDATED, obj, n.time, old=old)
+        if not held or self._gap is not None:
             return [event]
-        self._held_coalesced.discard(uid)
         return self._framed(event, f"{self._snapshot_prefix}:relisted:{uid}:{since}", since, n.time)
 
     async def _ask_fate(self, n: Notification) -> None:

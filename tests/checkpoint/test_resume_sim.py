@@ -495,6 +495,10 @@ def has_delete(sink: RecordingSink) -> bool:
     return any(c[0] == "deleted" for c in sink.changes())
 
 
+REFUSE_LISTS = {"error_code": 503, "error_count": 1000, "error_target": "list", "error_retry_after": 0}
+"""Lists answer 503 until the faults are reset: a relist comes only after the changes made meanwhile."""
+
+
 async def test_a_restart_never_sends_the_changes_a_relist_coalesced_after_the_state_it_sent(
     sim: tuple[Simulator, ApiClient], tmp_path: Path
 ) -> None:
@@ -518,7 +522,7 @@ async def test_a_restart_never_sends_the_changes_a_relist_coalesced_after_the_st
     await until(lambda: tracker.resource_version == rv(x) and not tracker.pending, what="x checkpointed")
     await p.write_checkpoints()
     slow.auto_ack = False  # down from now on: the checkpoint stays at x's creation
-    server.set_faults({"delay": 0.3})  # the relist's list comes after the changes: it coalesces them
+    server.set_faults(REFUSE_LISTS)  # the relist's list comes after the changes: it coalesces them
     server.expire_watches()
     u1 = await client.patch(f"{PATH}/x", {"data": {"v": "1"}})
     u2 = await client.patch(f"{PATH}/x", {"data": {"v": "2"}})
@@ -563,6 +567,11 @@ async def test_a_restart_never_sends_the_changes_a_relist_coalesced_after_the_st
         # them (the same ids as in the sink that had them), then what came after.
         for name, expected in (("x", [("updated", rv(u2)), ("updated", rv(u3))]), ("y", [("added", rv(y2))])):
             assert [(c[0], c[2]) for c in slow2.changes() if c[1] == f"{NS}/{name}"] == expected
+        # In place of the held changes, an update from the state before the window (what the
+        # lagging sink holds): a merge patch built from it applies to that state.
+        (resent,) = [e for e in slow2.events if e.subject == f"{NS}/x" and e.resource_version == rv(u2)]
+        assert resent.old is not None
+        assert resent.old["metadata"]["resourceVersion"] == rv(x)
         kinds = (EventType.ADDED, EventType.UPDATED, EventType.DELETED)
         first = {(e.subject, e.resource_version): event_id(e) for e in fast.events if e.type in kinds}
         again = [e for e in fast2.events if (e.subject, e.resource_version) in first]
@@ -599,7 +608,7 @@ async def test_an_inferred_delete_every_sink_acknowledged_still_holds_back_the_r
     await until(lambda: tracker.resource_version == rv(x) and not tracker.pending, what="x checkpointed")
     await p.write_checkpoints()
     slow.auto_ack = False
-    server.set_faults({"delay": 0.3})  # the relist comes after x's update and delete: it infers it
+    server.set_faults(REFUSE_LISTS)  # the relist comes after x's update and delete: it infers it
     server.expire_watches()
     x1 = await client.patch(f"{PATH}/x", {"data": {"v": "1"}})
     gone = await client.delete(f"{PATH}/x")
