@@ -397,7 +397,7 @@ class SinkListener:
             event = self._event(EventType.UPDATED, obj, n.time, old=old)
         if not held or self._gap is not None:
             return [event]
-        return self._framed(event, f"{self._snapshot_prefix}:relisted:{uid}:{since}", since, n.time)
+        return self._framed(event, f"{self._snapshot_prefix}:relisted:{uid}:{since}:{at}", since, n.time)
 
     async def _ask_fate(self, n: Notification) -> None:
         """Under a selector, asks once whether the uid of a replayed change lives on, when what
