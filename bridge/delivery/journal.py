@@ -534,6 +534,8 @@ class KnownObjectJournal:
         self.records = 0
         """Records appended."""
         self.write_errors = 0
+        self.skipped = 0
+        """Relisted states released unrecorded because the journal was full (:meth:`_optional`)."""
         self.unreadable = ""
         """Why the journal left by the previous run could not be read at :meth:`load` ("" = it
         was read, or there was none): the objects it recorded are unknown (see the pipeline)."""
@@ -759,15 +761,29 @@ class KnownObjectJournal:
             self._done(None)
             return
         batch = list(self._pending)
+        consumed = len(batch)
         room = self._backend.room()
         if room is not None:
-            take = size = 0
-            for *_, record in batch:
-                size += len(record) + 1
-                if size > room:
+            kept: list[tuple[int, str, JournalEntry, bytes]] = []
+            skipped = consumed = size = 0
+            for item in batch:
+                _, uid, entry, record = item
+                if size + len(record) + 1 <= room:
+                    size += len(record) + 1
+                    kept.append(item)
+                elif self._optional(uid, entry):
+                    self._skip(uid, entry)
+                    skipped += 1
+                else:
                     break
-                take += 1
-            if take == 0:
+                consumed += 1
+            if skipped:
+                self.skipped += skipped
+                log.warning("journal %s is full: %d states a relist sent were released unrecorded; a "
+                            "crash before the next checkpoint write may re-send, after them, changes "
+                            "that relist coalesced", self._backend.name, skipped,
+                            extra={"informer": self._informer_id})
+            if consumed == 0:
                 # Nothing is released unrecorded, not even a first list larger than the journal
                 # (which no checkpoint can compact before it is delivered: it waits, and readiness
                 # says why). Only a backend without chunking is bounded.
@@ -775,18 +791,41 @@ class KnownObjectJournal:
                     f"journal {self._backend.name} is full: {len(batch)} records wait for the next "
                     "checkpoint write to compact it (more objects were created or deleted since the "
                     "last checkpoint write than it holds)")
-            batch = batch[:take]
+            if not kept:
+                del self._pending[:consumed]
+                self._done(batch[consumed - 1][0])
+                return
+            last, batch = batch[consumed - 1][0], kept
         try:
             await self._backend.append(b"\n".join(record for *_, record in batch) + b"\n")
         except BaseException:
             # A failed append may have left a torn line: the retry rewrites the whole journal.
             self._compact_requested = True
             raise
-        del self._pending[:len(batch)]  # note() only ever appends meanwhile
+        del self._pending[:consumed]  # note() only ever appends meanwhile
         for _, uid, entry, _ in batch:
             self._durable[uid] = entry
         self.records += len(batch)
-        self._done(batch[-1][0])
+        self._done(last if room is not None else batch[-1][0])
+
+    def _optional(self, uid: str, entry: JournalEntry) -> bool:
+        """Whether a record may be left out when the journal is full: a relist's state of an object
+        the durable state knows. Without it a crash may break per-object order (section 2 of the
+        delivery contract), never lose an object or a delete; holding it would stall the relist —
+        for good when the relist is larger than the journal, as nothing compacts it meanwhile."""
+        if entry.deleted or not entry.coalesced_from:
+            return False
+        durable = self._durable.get(uid)
+        return self._checkpoint.get(uid) == entry.key or (durable is not None and not durable.deleted)
+
+    def _skip(self, uid: str, entry: JournalEntry) -> None:
+        """``entry`` is released unrecorded: the journal's view of ``uid`` is what is stored."""
+        if self._entries.get(uid) is entry:
+            durable = self._durable.get(uid)
+            if durable is None:
+                self._entries.pop(uid, None)
+            else:
+                self._entries[uid] = durable
 
     def _done(self, last: int | None) -> None:
         """A write succeeded; ``last`` is the seq of the last record it appended. Every notification

@@ -13,7 +13,7 @@ import pytest
 
 from bridge.contracts import DeletedFinalStateUnknown, Gap, Notification, NotificationKind, ObjectKey
 from bridge.delivery.checkpoint import Checkpoint
-from bridge.delivery.journal import JournalEntry, KnownObjectJournal
+from bridge.delivery.journal import FileJournalBackend, JournalEntry, KnownObjectJournal
 from tests.checkpoint.helpers import until
 
 IDENT = "configmaps.ns.abc"
@@ -278,3 +278,45 @@ async def test_an_inferred_delete_is_kept_until_the_checkpoint_reaches_the_list_
     j.compact(Checkpoint(informer_id=IDENT, resource_version="20", objects={}))
     await j.idle()
     assert records(j.path) == []
+
+
+class SmallFileBackend(FileJournalBackend):
+    """A file journal that holds ``limit`` bytes, like a ConfigMap journal without chunks."""
+
+    def __init__(self, path: Path, limit: int) -> None:
+        super().__init__(path, fsync=False)
+        self.limit = limit
+
+    def room(self) -> int | None:
+        return max(0, self.limit - (self.path.stat().st_size if self.path.exists() else 0))
+
+
+async def test_a_full_journal_releases_a_relists_states_of_known_objects_unrecorded_never_a_new_object(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A relist larger than a bounded journal must not stall for good (nothing would compact it
+    meanwhile): its states of objects the durable state knows are released unrecorded, with a
+    warning (a crash may then break per-object order, never lose anything); a new object's record
+    still waits."""
+    path = tmp_path / f"{IDENT}.journal"
+    checkpoint = Checkpoint(informer_id=IDENT, resource_version="10",
+                            objects={f"ns/k{i}": (f"u-k{i}", "9") for i in range(50)})
+    j = KnownObjectJournal(backend=SmallFileBackend(path, 200), informer_id=IDENT)
+    await j.load(checkpoint)
+    task = asyncio.create_task(j.run(), name="journal-under-test")
+    try:
+        gap(j, 1, "g", "10")
+        for i in range(50):
+            note(j, 2 + i, NotificationKind.UPDATE, f"k{i}", f"u-k{i}", str(11 + i))
+        with caplog.at_level(logging.WARNING):
+            async with asyncio.timeout(5):
+                await j.wait(51)
+        assert 0 < len(records(path)) < 50
+        assert j.skipped == 50 - len(records(path))
+        assert "released unrecorded" in caplog.text
+        note(j, 52, NotificationKind.ADD, "new", "u-new", "70")  # does not fit: it waits
+        await until(lambda: j.write_errors > 0, what="the journal refusing the new object")
+        assert j.must_wait(52)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
