@@ -12,9 +12,18 @@ already-encoded CloudEvent bodies of those events through the bare client as fas
 - nats: a plain ``publish`` loop and a final ``flush``;
 - jetstream: ``js.publish`` with ``Nats-Msg-Id``, up to ``max_in_flight`` (the sink's window) at once.
 
-The ratio sink / raw says what the sink layer costs. Brokers are started on free loopback ports
-(:mod:`tests.brokers`). Run ``python -m bench.bench_sinks [--quick]``; results go to
-``bench/results/sinks.json``.
+The ratio sink / raw says what the sink layer costs. Each sink is measured twice on the same
+events, on fresh destinations: fed one event per ``deliver`` call (``sink_*`` figures), and fed
+``batch`` events per ``deliver_batch`` call (``batch_*`` figures; a sink without ``deliver_batch``,
+e.g. an older tree under ``--compare-ref``, gets the same batches as a loop over ``deliver``). The
+events' objects are :class:`~bridge.rawobject.RawObject` values without managedFields, as the
+service's compact cache hands them to sinks. ``cpu_us_per_event`` is the process's CPU time (all
+threads, the client's included) over the timed part divided by the events; ``--profile`` runs the
+timed part under cProfile and reports the Python function calls per event (deterministic where the
+timings of this shared machine are not) and writes the hottest functions to
+``sinks-<kind>-<mode>.profile.txt``. Brokers are started on free loopback ports
+(:mod:`tests.brokers`). Run ``python -m bench.bench_sinks [--quick] [--batch N] [--profile]``;
+results go to ``bench/results/sinks.json``.
 """
 
 from __future__ import annotations
@@ -22,6 +31,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
+import io
+import pstats
 import sys
 import tempfile
 import time
@@ -30,7 +42,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import PODS, machine_info, pod_templates, vary_pod, write_result
+from bench.common import PODS, RESULTS_DIR, machine_info, pod_templates, vary_pod, write_result
+from bridge.rawobject import RawObject
 from sinks.base import BaseSink
 from sinks.cloudevents import encode_structured, event_id, to_cloudevent
 from sinks.contract import ChangeEvent, DeliveryOutcome, EventType
@@ -43,10 +56,13 @@ FULL_COUNTS = {"file": 20_000, "kafka": 20_000, "nats": 20_000, "jetstream": 8_0
 QUICK_COUNTS = {"file": 3_000, "kafka": 3_000, "nats": 3_000, "jetstream": 1_500}
 OBJECTS = 1_000
 MAX_IN_FLIGHT = 1_000
+BATCH = 256
+"""Events per ``deliver_batch`` call in the batch measurement (what a busy listener hands over)."""
 
 
-def make_events(count: int, objects: int = OBJECTS) -> list[ChangeEvent]:
-    """``count`` Pod events over ``objects`` Pods: an add each, then status updates (old and new)."""
+def make_events(count: int, objects: int = OBJECTS, *, raw: bool = False) -> list[ChangeEvent]:
+    """``count`` Pod events over ``objects`` Pods: an add each, then status updates (old and new).
+    ``raw``: the objects as RawObjects without managedFields (what the compact cache delivers)."""
     templates = pod_templates(min(objects, 200))
     current: dict[int, dict[str, Any]] = {}
     out: list[ChangeEvent] = []
@@ -66,6 +82,21 @@ def make_events(count: int, objects: int = OBJECTS) -> list[ChangeEvent]:
             out.append(ChangeEvent(type=EventType.UPDATED, resource=PODS, cluster="bench", obj=pod, old=prev,
                                    time=now))
         current[i] = pod
+    if raw:
+        converted: dict[int, RawObject] = {}
+
+        def as_raw(obj: Any) -> Any:
+            if obj is None:
+                return None
+            kept = converted.get(id(obj))
+            if kept is None:
+                meta = obj["metadata"]
+                plain = {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+                kept = converted[id(obj)] = RawObject.from_dict(plain)
+            return kept
+
+        for ev in out:
+            ev.obj, ev.old = as_raw(ev.obj), as_raw(ev.old)
     return out
 
 
@@ -79,8 +110,10 @@ def _bodies(events: Sequence[ChangeEvent]) -> list[tuple[bytes, bytes, str]]:
     return out
 
 
-async def _through_sink(sink: BaseSink[Any], events: Sequence[ChangeEvent]) -> float:
-    """Seconds to deliver every event and receive every ack."""
+async def _through_sink(sink: BaseSink[Any], events: Sequence[ChangeEvent], *, batch: int = 0,
+                        profile: cProfile.Profile | None = None) -> tuple[float, float]:
+    """Seconds (wall, process CPU) to deliver every event and receive every ack: one ``deliver``
+    call per event, or ``batch`` events per ``deliver_batch`` call when ``batch`` is set."""
     await sink.start()
     acked = 0
     failed: list[DeliveryOutcome] = []
@@ -91,22 +124,40 @@ async def _through_sink(sink: BaseSink[Any], events: Sequence[ChangeEvent]) -> f
         if outcome is not DeliveryOutcome.DELIVERED:
             failed.append(outcome)
 
+    deliver_batch = getattr(sink, "deliver_batch", None)
     try:
         # Warm up (connections, topic metadata, producer id) with the first event, untimed.
         await sink.deliver(events[0], ack)
         if not await sink.flush(60):
             raise RuntimeError(f"sink {sink.name!r} did not deliver the warm-up event")
+        rest = events[1:]
         t0 = time.perf_counter()
-        for ev in events[1:]:
-            await sink.deliver(ev, ack)
+        c0 = time.process_time()
+        if profile is not None:
+            profile.enable()
+        if not batch:
+            for ev in rest:
+                await sink.deliver(ev, ack)
+        else:
+            acks = [ack] * batch
+            for start in range(0, len(rest), batch):
+                chunk = rest[start:start + batch]
+                if deliver_batch is not None:
+                    await deliver_batch(chunk, acks[:len(chunk)])
+                else:  # a sink without deliver_batch: the loop the delivery layer falls back to
+                    for ev in chunk:
+                        await sink.deliver(ev, ack)
         if not await sink.flush(300):
             raise RuntimeError(f"sink {sink.name!r} did not deliver everything: {sink.stats.as_dict()}")
+        if profile is not None:
+            profile.disable()
         seconds = time.perf_counter() - t0
+        cpu = time.process_time() - c0
     finally:
         await sink.close()
     if acked != len(events) or failed:
         raise RuntimeError(f"sink {sink.name!r}: {acked} acks for {len(events)} events, {len(failed)} failed")
-    return seconds
+    return seconds, cpu
 
 
 # ---- raw ceilings ---------------------------------------------------------------------------------
@@ -221,66 +272,96 @@ async def _raw_jetstream(url: str, bodies: Sequence[tuple[bytes, bytes, str]], t
 # ---- the run --------------------------------------------------------------------------------------
 
 
-async def _measure(kind: str, count: int, *, kafka: str, nats_url: str, tmp: Path) -> dict[str, Any]:
+def _sink_factory(kind: str, *, kafka: str, nats_url: str, tmp: Path) -> Callable[[str], BaseSink[Any]]:
+    """``make(tag)``: a sink of ``kind`` with the bench's settings on a destination of its own."""
     from sinks.file import FileSink
     from sinks.kafka import KafkaSink
     from sinks.nats import JetStreamSink, NatsSink
 
-    events = make_events(count)
+    def make(tag: str) -> BaseSink[Any]:
+        if kind == "file":
+            return FileSink.from_options("file", {"path": str(tmp / f"sink-{tag}.jsonl"),
+                                                  "max_in_flight": MAX_IN_FLIGHT})
+        if kind == "kafka":
+            return KafkaSink.from_options("kafka", {
+                "brokers": kafka, "destination": f"bench-{tag}", "auto_create_topics": True,
+                "topic_partitions": 6, "topic_replication_factor": 1, "max_in_flight": MAX_IN_FLIGHT,
+            })
+        if kind == "nats":
+            return NatsSink.from_options("nats", {
+                "servers": [nats_url], "destination": f"bench.{tag}.{{namespace}}.{{name}}",
+                "max_in_flight": MAX_IN_FLIGHT,
+            })
+        if kind == "jetstream":
+            return JetStreamSink.from_options("jetstream", {
+                "servers": [nats_url], "destination": f"bench.{tag}.{{namespace}}.{{name}}",
+                "stream": {"name": f"BENCH-{tag}", "create": True, "subjects": [f"bench.{tag}.>"]},
+                "max_in_flight": MAX_IN_FLIGHT,
+            })
+        raise ValueError(f"unknown sink kind {kind!r}")
+
+    return make
+
+
+def _calls(profile: cProfile.Profile, path: Path | None) -> int:
+    """Python function calls recorded by ``profile`` (and its hottest functions written to ``path``)."""
+    out = io.StringIO()
+    stats = pstats.Stats(profile, stream=out)
+    if path is not None:
+        stats.sort_stats("tottime").print_stats(40)
+        path.write_text(out.getvalue())
+    return int(stats.total_calls)  # type: ignore[attr-defined]
+
+
+async def _measure(kind: str, count: int, *, kafka: str, nats_url: str, tmp: Path, batch: int = BATCH,
+                   profile: bool = False, profile_dir: Path | None = None) -> dict[str, Any]:
+    events = make_events(count, raw=True)
     bodies = _bodies(events)
     tag = uuid.uuid4().hex[:8]
-    sink: BaseSink[Any]
+    make = _sink_factory(kind, kafka=kafka, nats_url=nats_url, tmp=tmp)
     raw: Callable[[], Awaitable[float]]
     if kind == "file":
-        path = str(tmp / f"sink-{tag}.jsonl")
-        sink = FileSink.from_options("file", {"path": path, "max_in_flight": MAX_IN_FLIGHT})
-
         async def raw() -> float:
             return await asyncio.to_thread(_raw_file, tmp / f"raw-{tag}.jsonl", bodies)
     elif kind == "kafka":
-        sink = KafkaSink.from_options("kafka", {
-            "brokers": kafka, "destination": f"bench-{tag}", "auto_create_topics": True,
-            "topic_partitions": 6, "topic_replication_factor": 1, "max_in_flight": MAX_IN_FLIGHT,
-        })
         raw_topic = f"raw-{tag}"
 
         async def raw() -> float:
             await asyncio.to_thread(_create_topic, kafka, raw_topic, 6)
             return await asyncio.to_thread(_raw_kafka, kafka, raw_topic, bodies)
     elif kind == "nats":
-        sink = NatsSink.from_options("nats", {
-            "servers": [nats_url], "destination": f"bench.{tag}.{{namespace}}.{{name}}",
-            "max_in_flight": MAX_IN_FLIGHT,
-        })
-
         async def raw() -> float:
             return await _raw_nats(nats_url, bodies, tag)
     elif kind == "jetstream":
-        sink = JetStreamSink.from_options("jetstream", {
-            "servers": [nats_url], "destination": f"bench.{tag}.{{namespace}}.{{name}}",
-            "stream": {"name": f"BENCH-{tag}", "create": True, "subjects": [f"bench.{tag}.>"]},
-            "max_in_flight": MAX_IN_FLIGHT,
-        })
-
         async def raw() -> float:
             return await _raw_jetstream(nats_url, bodies, tag)
     else:
         raise ValueError(f"unknown sink kind {kind!r}")
     raw_seconds = await raw()
-    sink_seconds = await _through_sink(sink, events)
     timed = count - 1  # the first event warms up, untimed
-    sink_eps = timed / sink_seconds
     raw_eps = timed / raw_seconds
-    return {
+    row: dict[str, Any] = {
         "events": count,
         "objects": min(count, OBJECTS),
         "payload_bytes_avg": round(sum(len(b) for _, b, _ in bodies) / len(bodies)),
-        "sink_seconds": round(sink_seconds, 3),
         "raw_seconds": round(raw_seconds, 3),
-        "sink_events_per_s": round(sink_eps, 1),
         "raw_events_per_s": round(raw_eps, 1),
-        "ratio": round(sink_eps / raw_eps, 3),
+        "batch": batch,
+        "batch_api": hasattr(make(f"{tag}-probe"), "deliver_batch"),
     }
+    for mode, size in (("sink", 0), ("batch", batch)):
+        prof = cProfile.Profile() if profile else None
+        seconds, cpu = await _through_sink(make(f"{tag}-{mode}"), events, batch=size, profile=prof)
+        eps = timed / seconds
+        row[f"{mode}_seconds"] = round(seconds, 3)
+        row[f"{mode}_events_per_s"] = round(eps, 1)
+        row[f"{mode}_cpu_us_per_event"] = round(cpu / timed * 1e6, 1)
+        row[f"{mode}_ratio"] = round(eps / raw_eps, 3)
+        if prof is not None:
+            path = (profile_dir / f"sinks-{kind}-{mode}.profile.txt") if profile_dir is not None else None
+            row[f"{mode}_calls_per_event"] = round(_calls(prof, path) / timed, 1)
+    row["ratio"] = row["sink_ratio"]
+    return row
 
 
 def run(
@@ -289,6 +370,8 @@ def run(
     events: int | None = None,
     kinds: Sequence[str] = KINDS,
     results_dir: Path | None = None,
+    batch: int = BATCH,
+    profile: bool = False,
 ) -> dict[str, Any]:
     """Measures every sink in ``kinds``; ``events`` overrides the per-kind counts (smoke tests).
     Writes ``sinks.json`` to ``results_dir`` (default ``bench/results``) and returns the figures."""
@@ -296,11 +379,13 @@ def run(
 
     counts = QUICK_COUNTS if quick else FULL_COUNTS
     result: dict[str, Any] = {"scenario": "sinks", "quick": quick, "machine": machine_info(), "sinks": {}}
+    profile_dir = results_dir if results_dir is not None else RESULTS_DIR
     with brokers(kinds) as urls, tempfile.TemporaryDirectory(prefix="keb-bench-sinks-") as tmp:
         for kind in kinds:
             count = events if events is not None else counts[kind]
             result["sinks"][kind] = asyncio.run(
-                _measure(kind, count, kafka=urls.kafka, nats_url=urls.nats, tmp=Path(tmp))
+                _measure(kind, count, kafka=urls.kafka, nats_url=urls.nats, tmp=Path(tmp), batch=batch,
+                         profile=profile, profile_dir=profile_dir)
             )
     write_result("sinks", result, results_dir)
     return result
@@ -311,14 +396,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small counts (about a minute)")
     parser.add_argument("--kinds", default=",".join(KINDS),
                         help="comma-separated subset of " + ",".join(KINDS))
+    parser.add_argument("--events", type=int, default=None, help="events per sink (overrides the counts)")
+    parser.add_argument("--batch", type=int, default=BATCH,
+                        help=f"events per deliver_batch (default {BATCH})")
+    parser.add_argument("--profile", action="store_true",
+                        help="cProfile the timed part: calls per event, hottest functions to the results")
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
-    result = run(args.quick, kinds=kinds)
+    result = run(args.quick, kinds=kinds, events=args.events, batch=args.batch, profile=args.profile)
     width = max(len(k) for k in kinds)
-    print(f"{'sink':<{width}}  {'events':>7}  {'sink ev/s':>10}  {'raw ev/s':>10}  ratio")
+    calls = "  calls/ev (one, batch)" if args.profile else ""
+    print(f"{'sink':<{width}}  {'events':>7}  {'raw ev/s':>9}  {'one ev/s':>9}  {'batch ev/s':>10}  "
+          f"{'ratio':>5}  {'batch':>5}  {'CPU µs/ev (one, batch)':>22}{calls}")
     for kind, row in result["sinks"].items():
-        print(f"{kind:<{width}}  {row['events']:>7}  {row['sink_events_per_s']:>10.0f}  "
-              f"{row['raw_events_per_s']:>10.0f}  {row['ratio']:.2f}")
+        extra = ""
+        if args.profile:
+            extra = f"  {row['sink_calls_per_event']:>10} {row['batch_calls_per_event']:>10}"
+        print(f"{kind:<{width}}  {row['events']:>7}  {row['raw_events_per_s']:>9.0f}  "
+              f"{row['sink_events_per_s']:>9.0f}  {row['batch_events_per_s']:>10.0f}  "
+              f"{row['sink_ratio']:>5.2f}  {row['batch_ratio']:>5.2f}  "
+              f"{row['sink_cpu_us_per_event']:>10} {row['batch_cpu_us_per_event']:>11}{extra}")
     return 0
 
 

@@ -398,6 +398,9 @@ class MemoryCheckpointStore:
         return None
 
 
+_OUTCOME_VALUES = {o: o.value for o in DeliveryOutcome}
+
+
 class AckProbe:
     """A pass-through sink wrapper counting acknowledgements (and, once armed, latencies).
 
@@ -436,6 +439,23 @@ class AckProbe:
         await self.inner.start()
 
     async def deliver(self, event: ChangeEvent, ack: AckCallback) -> None:
+        await self.inner.deliver(event, self._probe(event, ack))
+
+    async def deliver_batch(self, events: Sequence[ChangeEvent], acks: Sequence[AckCallback]) -> None:
+        """Passes the batch through (a loop over ``deliver`` when the inner sink has no
+        ``deliver_batch``), each ack wrapped as :meth:`deliver` wraps it."""
+        probe = self._probe
+        wrapped = [probe(event, ack) for event, ack in zip(events, acks, strict=True)]
+        inner_batch = getattr(type(self.inner), "deliver_batch", None)  # not a forwarded attribute
+        if inner_batch is not None:
+            await inner_batch(self.inner, events, wrapped)
+            return
+        deliver = self.inner.deliver
+        for event, probe_ack in zip(events, wrapped, strict=True):
+            await deliver(event, probe_ack)
+
+    def _probe(self, event: ChangeEvent, ack: AckCallback) -> AckCallback:
+        """``ack`` wrapped: counts the acknowledgement (and, once armed, the latency) first."""
         stamp: str | None = None
         final = False
         obj = event.obj
@@ -450,6 +470,7 @@ class AckProbe:
             annotations = event.metadata.get("annotations")
             if isinstance(annotations, Mapping):
                 stamp = annotations.get(STAMP_ANNOTATION)
+        outcomes = self.outcomes
 
         def probe_ack(outcome: DeliveryOutcome) -> None:
             if stamp is not None:
@@ -461,12 +482,13 @@ class AckProbe:
             self.acked += 1
             if final:
                 self.final_acked += 1
-            self.outcomes[outcome.value] = self.outcomes.get(outcome.value, 0) + 1
+            value = _OUTCOME_VALUES[outcome]
+            outcomes[value] = outcomes.get(value, 0) + 1
             ack(outcome)
             if self._waiters:
                 self._wake()
 
-        await self.inner.deliver(event, probe_ack)
+        return probe_ack
 
     def _wake(self) -> None:
         keep = []

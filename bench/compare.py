@@ -194,6 +194,18 @@ def headline(name: str, result: Mapping[str, Any]) -> dict[str, Figure]:
         for variant, e in result.get("variants", {}).items():
             if "rss_bytes_per_object" in e:
                 out[f"{variant}: bytes/object"] = (float(e["rss_bytes_per_object"]), False)
+    elif name == "sinks":
+        for kind, e in result.get("sinks", {}).items():
+            for mode, label in (("sink", "one deliver per event"), ("batch", "deliver_batch")):
+                if f"{mode}_events_per_s" not in e:
+                    continue
+                where = f"{kind} alone, {label}"
+                out[f"{where}: events/s"] = (float(e[f"{mode}_events_per_s"]), True)
+                if f"{mode}_cpu_us_per_event" in e:
+                    out[f"{where}: CPU µs per event"] = (float(e[f"{mode}_cpu_us_per_event"]), False)
+                if f"{mode}_calls_per_event" in e:
+                    out[f"{where}: calls per event"] = (float(e[f"{mode}_calls_per_event"]), False)
+            out[f"{kind}: raw client events/s"] = (float(e["raw_events_per_s"]), True)
     elif name == "telemetry":
         out["telemetry µs per event"] = (float(result["metered_overhead_us_per_event"]), False)
     elif name == "long":

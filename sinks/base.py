@@ -27,6 +27,13 @@
    destination confirmed it. Every event is acked exactly once: a report for a message with no
    attempt under way (a duplicate) is ignored, and after ``close`` nothing more is acked.
 
+:meth:`BaseSink.deliver_batch` runs the same steps for each event of a batch in one loop (the
+:class:`~sinks.contract.BatchSink` contract: exactly ``deliver`` per event, only cheaper): what is
+the same for every event (options, filters, the destination when it has no field, the resource's
+lane prefix and ``source``, whether redaction leaves an object alone) is looked up once per batch,
+an object kept as bytes gets its envelope without a metadata mapping being built, and an event whose
+lane is busy is appended to it without a call per step.
+
 Snapshot markers (events without an object) are *barriers*: a ``snapshot.begin`` / ``snapshot.end``
 is sent only after every event accepted before it, and events accepted after it wait for it, so a
 consumer sees a snapshot's ``sync`` events between its markers even when some of them were retried.
@@ -42,20 +49,28 @@ import dataclasses
 import logging
 import random
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from time import time as wall_time
 from typing import Any, ClassVar, Generic, Self, TypeVar, cast
+
+from orjson import Fragment
+from orjson import dumps as orjson_dumps
 
 from bridge.clock import Clock, RealClock
 from bridge.rawobject import RawObject, identity_metadata
 from sinks.cloudevents import (
     HTTP_PREFIX,
     STRUCTURED_CONTENT_TYPE,
+    cloudevent_of,
     decode_binary,
     decode_structured,
     encode_binary,
     encode_structured,
     event_id,
+    event_source,
+    object_event_id,
+    rfc3339,
     to_cloudevent,
 )
 from sinks.contract import (
@@ -71,12 +86,15 @@ from sinks.contract import (
 from sinks.deadletter import DeadLetterRecord, DeadLetterWriter, FileDeadLetter
 from sinks.filters import ChangeFilter, RoutingFilter
 from sinks.options import DeadLetterOptions, SinkOptions
-from sinks.payload import PayloadMode, build_payload
+from sinks.payload import JSON_CONTENT_TYPE, PayloadMode, build_payload
 from sinks.redaction import Redactor
 from sinks.retry import RetryPolicy
 from sinks.templates import Template, TemplateError
 
 __all__ = ["BaseSink", "OutgoingMessage", "SinkStats"]
+
+_Outcome = BaseException | DeliveryOutcome | None
+"""What settles one attempt: None (confirmed), the exception, or a final outcome."""
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +102,7 @@ O = TypeVar("O", bound=SinkOptions)  # noqa: E741
 
 
 _EMPTY: Mapping[str, Any] = {}
+_SANITIZED_MAX = 16_384
 
 
 def _metadata(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -231,6 +250,11 @@ class BaseSink(Generic[O]):
         self._sending = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._space = asyncio.Event()
+        self._space_waiters = 0
+        self._sanitized: dict[str, str] = {}
+        """Template field value → its ``_sanitize``d form (batches; emptied beyond _SANITIZED_MAX)."""
+        """``deliver`` / ``deliver_batch`` calls waiting for room: a settled message sets ``_space``
+        only when one waits."""
         self._idle = asyncio.Event()
         self._idle.set()
         self._healthy = True
@@ -323,7 +347,8 @@ class BaseSink(Generic[O]):
         """Releases the destination's connections."""
 
     def _sanitize(self, value: str) -> str:
-        """Applied to every template field value (NATS tokens, Kafka topic alphabet, URL segments)."""
+        """Applied to every template field value (NATS tokens, Kafka topic alphabet, URL segments).
+        A function of the value alone: ``deliver_batch`` keeps each value's result for the batch."""
         return value
 
     # ---- Sink protocol --------------------------------------------------------------------------
@@ -351,11 +376,87 @@ class BaseSink(Generic[O]):
         msg = self._build(event, ack)
         limit = self.options.max_in_flight
         while self.stats.in_flight >= limit:
-            self._space.clear()
-            await self._space.wait()
-            if self._closed:
-                raise SinkError(f"sink {self.name!r} is closed")
+            await self._wait_for_space()
         self._accept(msg)
+
+    async def deliver_batch(self, events: Sequence[ChangeEvent], acks: Sequence[AckCallback]) -> None:
+        """``deliver(events[i], acks[i])`` for each i in turn (see :class:`~sinks.contract.Sink`),
+        in one loop: what is the same for every event (the options, the filters, the envelope's
+        constant parts) is looked up once per batch, and an event whose object already has a message
+        under way is appended to its lane without a call per step."""
+        count = len(events)
+        if count != len(acks):
+            raise ValueError(f"deliver_batch: {count} events but {len(acks)} acks")
+        if not count:
+            return
+        if self._closed:
+            raise SinkError(f"sink {self.name!r} is closed")
+        opts = self.options
+        stats = self.stats
+        routing = self._routing
+        accepts = None if routing.accepts_all else routing.accepts
+        change = self._change
+        interesting = change.interesting if change.active else None
+        knative = opts.compat == "knative"
+        build = self._batch_builder()
+        limit = opts.max_in_flight
+        idle = self._idle
+        lanes = self._lanes
+        gate = self._gate
+        submit = self._submit
+        clock_now = self._clock.now
+        now = clock_now()
+        updated = EventType.UPDATED
+        filtered = DeliveryOutcome.FILTERED
+        for i in range(count):
+            event = events[i]
+            obj = event.obj
+            if (
+                (accepts is not None and not accepts(event))
+                or (interesting is not None and event.type is updated and not interesting(event.old, obj))
+                or (obj is None and knative)  # Knative has no markers
+            ):
+                stats.filtered += 1
+                acks[i](filtered)
+                continue
+            msg = build(event, acks[i])
+            if stats.in_flight >= limit:
+                while stats.in_flight >= limit:
+                    await self._wait_for_space()
+                now = clock_now()
+            if gate or obj is None or msg.error is not None:
+                self._accept(msg)  # behind a marker, a marker, or straight to the dead letter
+                continue
+            stats.accepted += 1
+            stats.in_flight += 1
+            if stats.in_flight == 1:  # _idle is set exactly while nothing is in flight
+                idle.clear()
+            self._admitted += 1
+            key = msg.lane
+            lane = lanes.get(key)
+            if lane is not None:
+                lane.append(msg)
+                continue
+            lanes[key] = deque((msg,))
+            # _dispatch's first attempt, with the batch's clock reading (no await since).
+            msg.attempts = 1
+            msg.started = now
+            msg.pending = True
+            try:
+                submit(msg)
+            except Exception as exc:  # a synchronous failure is the attempt's outcome
+                self._settle(msg, exc)
+
+    async def _wait_for_space(self) -> None:
+        """Until a message settles (or the sink closes: SinkError)."""
+        self._space.clear()
+        self._space_waiters += 1
+        try:
+            await self._space.wait()
+        finally:
+            self._space_waiters -= 1
+        if self._closed:
+            raise SinkError(f"sink {self.name!r} is closed")
 
     async def flush(self, timeout: float) -> bool:
         if self.stats.in_flight:
@@ -441,6 +542,89 @@ class BaseSink(Generic[O]):
             key=key, destination=destination, headers=headers, body=body, event_id=eid, event=event,
             ack=ack, header_prefix=self.header_prefix, lane=lane,
         )
+
+    def _batch_builder(self) -> Callable[[ChangeEvent, AckCallback], OutgoingMessage]:
+        """``_build`` for the events of one batch: the same message, with what is constant (the
+        options, the destination when it has no field, the resource's lane prefix, whether redaction
+        leaves an object alone) looked up once. An object kept as bytes (RawObject) takes the short
+        path (identity fields read directly, the envelope built around its bytes); anything else
+        goes through ``_build``."""
+        opts = self.options
+        slow = self._build
+        if opts.compat != "native" or opts.payload is not PayloadMode.OBJECT:
+            return slow
+        header_prefix = self.header_prefix
+        structured = opts.content_mode == "structured"
+        by_uid = opts.key == "uid"
+        template = self._template
+        static = template.text if template.static else None
+        render = template.render
+        sanitize = self._sanitize
+        memo = self._sanitized
+        if len(memo) > _SANITIZED_MAX:
+            memo.clear()
+        render_identity = None if static is not None else template.identity_renderer(sanitize, memo)
+        redactor = self._redactor
+        last_res: Any = None
+        last_cluster = ""
+        last_time = -1.0
+        time_text = ""
+        lane_prefix = source = ""
+        untouched = False  # redaction leaves this resource's RawObjects (without managedFields) alone
+
+        def build(event: ChangeEvent, ack: AckCallback) -> OutgoingMessage:
+            nonlocal last_res, last_cluster, lane_prefix, source, untouched, last_time, time_text
+            obj = event.obj
+            if type(obj) is not RawObject or obj.managed_fields:
+                return slow(event, ack)
+            res = event.resource
+            if res is not last_res or event.cluster != last_cluster:
+                last_res = res
+                last_cluster = event.cluster
+                lane_prefix = f"{res.group}/{res.resource}\0"
+                source = event_source(event)
+                untouched = redactor.leaves_raw(res)
+            if not untouched:
+                return slow(event, ack)
+            namespace = obj.namespace
+            name = obj.name
+            uid = obj.uid
+            rv = obj.resource_version
+            subject = f"{namespace}/{name}" if namespace else name
+            seconds = event.time
+            if seconds != last_time or not seconds:  # a burst's changes often share their second
+                last_time = seconds
+                time_text = rfc3339(seconds or wall_time())
+            eid = object_event_id(event, uid, rv)
+            key = (uid if uid and by_uid else subject).encode()
+            lane = lane_prefix + subject
+            try:
+                if static is not None:
+                    destination = static
+                elif render_identity is not None:
+                    destination = render_identity(event, namespace, name, uid)
+                else:
+                    destination = render(event, sanitize)
+                if structured:
+                    # The object's bytes spliced in as they are: what encode_structured does.
+                    ce = cloudevent_of(event, eid, namespace=namespace, name=name, uid=uid,
+                                       resource_version=rv, data=Fragment(obj.raw),
+                                       datacontenttype=JSON_CONTENT_TYPE, source=source, time=time_text)
+                    headers = {"content-type": STRUCTURED_CONTENT_TYPE}
+                    body = orjson_dumps(ce)
+                else:
+                    ce = cloudevent_of(event, eid, namespace=namespace, name=name, uid=uid,
+                                       resource_version=rv, data=obj,
+                                       datacontenttype=JSON_CONTENT_TYPE, source=source, time=time_text)
+                    headers, body = encode_binary(ce, header_prefix)
+            except Exception:  # the slow path logs it and makes the dead-letter message
+                return slow(event, ack)
+            return OutgoingMessage(
+                key=key, destination=destination, headers=headers, body=body, event_id=eid, event=event,
+                ack=ack, header_prefix=header_prefix, lane=lane,
+            )
+
+        return build
 
     def _accept(self, msg: OutgoingMessage) -> None:
         stats = self.stats
@@ -547,15 +731,33 @@ class BaseSink(Generic[O]):
         :class:`DeliveryOutcome`). Call it exactly once per attempt, on the loop; later reports of
         the same attempt are ignored."""
         self._outcomes.append((msg, result))
-        if self._settling:
-            return  # the running drain below picks it up: no recursion through lanes
+        if not self._settling:  # else the running drain picks it up: no recursion through lanes
+            self._drain_outcomes()
+
+    def _settle_all(self, results: Iterable[tuple[OutgoingMessage, _Outcome]]) -> None:
+        """:meth:`_settle` for each ``(message, outcome)`` in turn, with one call (a sink whose
+        client confirms many messages at once: a written batch of lines, a poll's delivery reports)."""
+        self._outcomes.extend(results)
+        if not self._settling:
+            self._drain_outcomes()
+
+    def _drain_outcomes(self) -> None:
         self._settling = True
         try:
             outcomes = self._outcomes
+            settle_one = self._settle_one
+            complete = self._complete
+            delivered = DeliveryOutcome.DELIVERED
             while outcomes:
                 item, result = outcomes.popleft()
                 try:
-                    self._settle_one(item, result)
+                    if result is None and item.pending and not self._closed:
+                        # _settle_one's confirmed case, inline: the common one
+                        item.pending = False
+                        self._healthy = True
+                        complete(item, delivered)
+                    else:
+                        settle_one(item, result)
                 except Exception:  # a bug here must not strand the lane and stall the checkpoint
                     log.exception("failed to settle %s", item.event_id, extra={"sink": self.name})
         finally:
@@ -660,7 +862,8 @@ class BaseSink(Generic[O]):
         stats.in_flight -= 1
         if outcome is DeliveryOutcome.DELIVERED:
             stats.delivered += 1
-        self._space.set()
+        if self._space_waiters:
+            self._space.set()
         if stats.in_flight == 0:
             self._idle.set()
         try:

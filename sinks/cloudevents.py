@@ -54,7 +54,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from bridge.rawobject import dumps, last_change, to_json
+from bridge.rawobject import RawObject, dumps, last_change, to_json
 from sinks.contract import ChangeEvent, EventType
 
 __all__ = [
@@ -67,6 +67,7 @@ __all__ = [
     "STRUCTURED_CONTENT_TYPE",
     "Compat",
     "KnativeMode",
+    "cloudevent_of",
     "decode_binary",
     "decode_structured",
     "encode_binary",
@@ -76,6 +77,7 @@ __all__ = [
     "event_type",
     "guess_resource",
     "knative_reference",
+    "object_event_id",
     "rfc3339",
     "to_cloudevent",
 ]
@@ -117,18 +119,27 @@ def event_id(event: ChangeEvent, metadata: Mapping[str, Any] | None = None) -> s
     older resourceVersion) are one event to a consumer that drops repeated ids. A selector exit
     (``leftselector``) is not the uid's delete — the object lives on, and may come back and leave
     again — so it keeps the id of a change (uid, resourceVersion, type)."""
-    snap = event.snapshot.id if event.snapshot is not None else ""
-    if event.obj is None and event.gap is not None:
-        snap = event.gap.id
     if event.obj is None:
-        uid, rv = "", event.resource_version
-    else:
-        meta = event.metadata if metadata is None else metadata
-        uid, rv = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
-        if uid and event.type is EventType.DELETED and event.extensions.get(LEFT_SELECTOR) != "true":
-            return hashlib.sha256(f"{event.cluster}\0{uid}\0deleted".encode()).hexdigest()[:32]
-    raw = f"{uid}\0{rv}\0{event.type.value}\0{snap}".encode()
-    return hashlib.sha256(raw).hexdigest()[:32]
+        snap = event.snapshot.id if event.snapshot is not None else ""
+        if event.gap is not None:
+            snap = event.gap.id
+        raw = f"\0{event.resource_version}\0{event.type.value}\0{snap}".encode()
+        return hashlib.sha256(raw).hexdigest()[:32]
+    meta = event.metadata if metadata is None else metadata
+    return object_event_id(event, str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
+
+
+def object_event_id(event: ChangeEvent, uid: str, resource_version: str) -> str:
+    """:func:`event_id` of an event with an object whose uid and resourceVersion the caller has."""
+    if uid and event.type is EventType.DELETED and event.extensions.get(LEFT_SELECTOR) != "true":
+        return _sha256(f"{event.cluster}\0{uid}\0deleted".encode()).hexdigest()[:32]
+    snap = event.snapshot
+    raw = f"{uid}\0{resource_version}\0{_TYPE_VALUES[event.type]}\0{snap.id if snap is not None else ''}"
+    return _sha256(raw.encode()).hexdigest()[:32]
+
+
+_sha256 = hashlib.sha256
+_TYPE_VALUES: Final = {t: t.value for t in EventType}
 
 
 _sources: dict[tuple[str, str, str, str], str] = {}
@@ -221,36 +232,71 @@ def to_cloudevent(
     """The CloudEvent (as a dict ready for JSON) for ``event``; ``data`` defaults to the object (in
     Knative reference mode: the object reference). ``metadata``: the object's metadata when the
     caller already has it (saves looking it up)."""
-    knative = compat == "knative" and event.type in _KNATIVE_TYPES
-    ce: dict[str, Any] = {
-        "specversion": CE_SPEC_VERSION,
-        "id": event_id_value or event_id(event),
-        "source": knative_source if knative else event_source(event),
-        "type": event_type(event, compat, knative_mode),
-    }
-    has_obj = event.obj is not None
-    if has_obj:
+    if event.obj is None:
+        namespace = name = uid = rv = ""
+    else:
         meta = event.metadata if metadata is None else metadata
         namespace = str(meta.get("namespace") or "")
         name = str(meta.get("name") or "")
+        uid = str(meta.get("uid") or "")
+        rv = str(meta.get("resourceVersion") or "")
+    return cloudevent_of(
+        event, event_id_value or event_id(event), namespace=namespace, name=name, uid=uid,
+        resource_version=rv, data=data, datacontenttype=datacontenttype, compat=compat,
+        knative_source=knative_source, knative_mode=knative_mode,
+    )
+
+
+def cloudevent_of(
+    event: ChangeEvent,
+    event_id_value: str,
+    *,
+    namespace: str,
+    name: str,
+    uid: str,
+    resource_version: str,
+    data: Any = _MISSING,
+    datacontenttype: str = "application/json",
+    compat: Compat = "native",
+    knative_source: str = DEFAULT_KNATIVE_SOURCE,
+    knative_mode: KnativeMode = "resource",
+    source: str | None = None,
+    time: str | None = None,
+) -> dict[str, Any]:
+    """:func:`to_cloudevent` for a caller that already has the event's id and the object's identity
+    (``namespace``, ``name``, ``uid``, ``resource_version``; ignored for markers), e.g. the fields of
+    a :class:`~bridge.rawobject.RawObject`: no metadata mapping is looked up or built. ``source``
+    and ``time``: :func:`event_source` of the event and :func:`rfc3339` of its time when the caller
+    has them."""
+    etype = event.type
+    knative = compat == "knative" and etype in _KNATIVE_TYPES
+    ce: dict[str, Any] = {
+        "specversion": CE_SPEC_VERSION,
+        "id": event_id_value,
+        "source": knative_source if knative else (source or event_source(event)),
+        "type": event_type(event, compat, knative_mode) if knative else _NATIVE_TYPES[etype],
+    }
+    obj = event.obj
+    has_obj = obj is not None
+    if has_obj:
         if knative:
             ce["subject"] = _knative_subject(event, namespace, name)
         else:
             ce["subject"] = f"{namespace}/{name}" if namespace else name
-    ce["time"] = rfc3339(event.time or _time.time())
+    ce["time"] = time or rfc3339(event.time or _time.time())
     ce["datacontenttype"] = datacontenttype
     res = event.resource
     ce["cluster"] = event.cluster
     ce["kind"] = res.kind
     ce["apiversion"] = f"{res.group}/{res.version}" if res.group else res.version
-    if has_obj:
+    if obj is not None:
         if namespace or knative:  # Knative always sets it, empty for cluster-scoped objects
             ce["namespace"] = namespace
         ce["name"] = name
-        ce["uid"] = str(meta.get("uid") or "")
-        ce["resourceversion"] = str(meta.get("resourceVersion") or "")
-        if event.type in _ATTRIBUTED and event.obj is not None:
-            change = last_change(event.obj)
+        ce["uid"] = uid
+        ce["resourceversion"] = resource_version
+        if etype in _ATTRIBUTED:
+            change = obj.change if type(obj) is RawObject else last_change(obj)
             if change is not None:
                 if change.manager:
                     ce["manager"] = change.manager
@@ -283,7 +329,7 @@ def to_cloudevent(
     if knative and knative_mode == "reference":
         ce["data"] = knative_reference(event, namespace, name)
     else:
-        ce["data"] = event.obj if data is _MISSING else data
+        ce["data"] = obj if data is _MISSING else data
     return ce
 
 

@@ -18,7 +18,7 @@ that small module.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -27,6 +27,7 @@ from bridge.rawobject import RawObject
 __all__ = [
     "SINK_ENTRY_POINT_GROUP",
     "AckCallback",
+    "BatchSink",
     "ChangeEvent",
     "DeliveryOutcome",
     "EventType",
@@ -207,8 +208,9 @@ class ChangeEvent:
 class Sink(Protocol):
     """A destination for change events.
 
-    Lifecycle: ``start`` → any number of ``deliver`` → ``flush`` → ``close``. All methods run on
-    the bridge's event loop; blocking client calls must run off it.
+    Lifecycle: ``start`` → any number of ``deliver`` (or ``deliver_batch``, see :class:`BatchSink`)
+    → ``flush`` → ``close``. All methods run on the bridge's event loop; blocking client calls must
+    run off it.
     """
 
     name: str
@@ -232,6 +234,22 @@ class Sink(Protocol):
 
     def healthy(self) -> bool:
         """True while the destination is reachable (used for readiness)."""
+
+
+@runtime_checkable
+class BatchSink(Sink, Protocol):
+    """A sink that also takes a batch of events in one call. Optional: the bridge calls
+    ``deliver_batch`` when the sink has it (``getattr(sink, "deliver_batch", None)``) and otherwise
+    loops over ``deliver``, so a third-party sink may leave it out; every sink built on
+    :class:`sinks.base.BaseSink` has it."""
+
+    async def deliver_batch(self, events: Sequence[ChangeEvent], acks: Sequence[AckCallback]) -> None:
+        """Hands over ``events[i]`` with ``acks[i]`` for every i, in order: exactly what awaiting
+        ``deliver(events[i], acks[i])`` for each i in turn does (same filtering, same per-object
+        order, same markers-as-barriers, each ack called exactly once with the event's outcome, same
+        back-pressure: it may wait for room in the in-flight window between events, and raises
+        SinkError when the sink is closed), only cheaper per event. ``len(events) == len(acks)``;
+        an empty batch is a no-op."""
 
 
 SinkFactory = Callable[[str, Mapping[str, Any]], Sink]

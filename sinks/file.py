@@ -17,6 +17,7 @@ one was acked).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import sys
@@ -184,9 +185,7 @@ class FileSink(BaseSink[FileSinkOptions]):
                     self._sync_loop(), name=f"sink:{self.name}:fsync"
                 )
             return
-        settle = self._settle
-        for msg in msgs:
-            settle(msg, error)
+        self._settle_all(zip(msgs, itertools.repeat(error)))
 
     async def _sync_loop(self) -> None:
         """One fsync for everything written since the previous one, then those events are acked."""
@@ -210,8 +209,7 @@ class FileSink(BaseSink[FileSinkOptions]):
             except Exception as exc:  # never strand the batch: unexpected errors are dead-lettered
                 log.exception("fsync failed unexpectedly", extra={"sink": self.name})
                 error = exc
-            for msg in msgs:
-                self._settle(msg, error)
+            self._settle_all(zip(msgs, itertools.repeat(error)))
 
     async def _on_flush(self) -> None:
         if self._fh is not None:
@@ -262,6 +260,4 @@ class StdoutSink(BaseSink[StdoutSinkOptions]):
             error = SinkTransientError(f"writing to stdout failed: {exc}")
         except Exception as exc:  # never strand the batch: unexpected errors are dead-lettered
             error = exc
-        settle = self._settle
-        for msg in msgs:
-            settle(msg, error)
+        self._settle_all(zip(msgs, itertools.repeat(error)))

@@ -229,7 +229,7 @@ def _raw_differs(old: RawObject, new: RawObject, rv_ignored: bool) -> bool:
 class ChangeFilter:
     """Decides whether an update is worth delivering."""
 
-    __slots__ = ("_bytes_compare", "_rv_ignored", "_trie", "ignore", "only")
+    __slots__ = ("_active", "_bytes_compare", "_rv_ignored", "_trie", "ignore", "only")
 
     def __init__(self, *, ignore_paths: Iterable[str] = (), only_paths: Iterable[str] = ()) -> None:
         self.ignore: tuple[Path, ...] = tuple(parse_path(p) for p in ignore_paths)
@@ -240,15 +240,16 @@ class ChangeFilter:
         ignored = set(self.ignore)
         self._bytes_compare = not self.only and ignored <= {_RV_PATH, _MF_PATH}
         self._rv_ignored = _RV_PATH in ignored
+        self._active = bool(self.ignore or self.only)
 
     @property
     def active(self) -> bool:
-        return bool(self.ignore or self.only)
+        return self._active
 
     def interesting(self, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
         """True if something differs between ``old`` and ``new`` outside the ignored paths and (when
         ``only_paths`` is set) under one of them. Without ``old`` every update is interesting."""
-        if old is None or new is None or not self.active:
+        if old is None or new is None or not self._active:
             return True
         if (
             self._bytes_compare
@@ -377,6 +378,12 @@ class RoutingFilter:
         self.exclude_namespaces = frozenset(exclude_namespaces)
         self.selector = LabelSelector(label_selector)
         self.event_types = frozenset(EventType(t) for t in event_types)
+
+    @property
+    def accepts_all(self) -> bool:
+        """True when no rule is set: :meth:`accepts` is True for every event."""
+        return not (self.event_types or self.resources or self.namespaces or self.exclude_namespaces) \
+            and self.selector.empty
 
     def accepts(self, event: ChangeEvent) -> bool:
         if self.event_types and event.type not in self.event_types:

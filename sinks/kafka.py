@@ -42,7 +42,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self, cast
 
@@ -377,6 +377,26 @@ class KafkaProducerClient:
         ``(token, error)`` with the other reports of the same ``poll``. Raises like :meth:`send`."""
         self._enqueue(topic, key, value, headers, functools.partial(self._token_delivered, token))
 
+    def produce_each(self, msgs: Sequence[OutgoingMessage]) -> list[tuple[OutgoingMessage, BaseException]]:
+        """:meth:`produce` for each message in turn (its ``destination``, ``key``, ``body`` and
+        ``headers``, the message itself as the token), in one loop with the poller woken once;
+        returns the messages that were not enqueued with why (``BufferError`` when the local queue
+        is full, else the error :meth:`produce` would raise)."""
+        produce = self.producer.produce
+        delivered = self._token_delivered
+        failed: list[tuple[OutgoingMessage, BaseException]] = []
+        for msg in msgs:
+            try:
+                produce(msg.destination, value=msg.body, key=msg.key, headers=cast(Any, msg.headers),
+                        on_delivery=functools.partial(delivered, msg))
+            except BufferError as exc:
+                failed.append((msg, exc))
+            except KafkaException as exc:
+                failed.append((msg, _enqueue_error(exc, msg.destination)))
+        if len(failed) < len(msgs):
+            self._wake.set()
+        return failed
+
     def _enqueue(
         self,
         topic: str,
@@ -391,10 +411,7 @@ class KafkaProducerClient:
             self.producer.produce(topic, value=value, key=key, headers=headers, on_delivery=on_delivery)
             self._wake.set()
         except KafkaException as exc:
-            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            if err is not None and is_permanent(err):
-                raise SinkPermanentError(f"kafka: {err.name()}: {err.str()}") from exc
-            raise SinkTransientError(f"kafka: cannot enqueue record for {topic!r}: {exc}") from exc
+            raise _enqueue_error(exc, topic) from exc
 
     async def send_and_wait(
         self,
@@ -487,6 +504,18 @@ class KafkaProducerClient:
             del producer  # the last reference: librdkafka's handle and connections go with it
         self._drain()  # purged records fail as transient: whoever still waits retries elsewhere
         self._thread.shutdown(wait=False)
+
+
+def _enqueue_error(exc: KafkaException, topic: str) -> SinkPermanentError | SinkTransientError:
+    """librdkafka refusing a record: permanent when it can never be sent, else transient."""
+    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    error: SinkPermanentError | SinkTransientError
+    if err is not None and is_permanent(err):
+        error = SinkPermanentError(f"kafka: {err.name()}: {err.str()}")
+    else:
+        error = SinkTransientError(f"kafka: cannot enqueue record for {topic!r}: {exc}")
+    error.__cause__ = exc
+    return error
 
 
 def _report_error(err: KafkaError) -> SinkPermanentError | SinkTransientError:
@@ -624,11 +653,28 @@ class KafkaSink(BaseSink[KafkaSinkOptions]):
         batch, self._to_produce = self._to_produce, []
         if self._closed:
             return
-        for msg in batch:
-            try:
-                self._produce_now(msg)
-            except Exception as exc:  # the attempt's outcome, like a raise from _submit
-                self._settle(msg, exc)
+        client = self._client
+        opts = self.options
+        if client is not None and client.fatal is None and opts.snapshot_topic is None:
+            # The common case: every record straight into the producer's queue, in one loop.
+            if opts.auto_create_topics:
+                known = self._known_topics
+                later = [msg for msg in batch if msg.destination not in known]
+                if later:
+                    batch = [msg for msg in batch if msg.destination in known]
+                    for msg in later:
+                        super()._submit(msg)  # the topic is created first, by a sender task
+            for msg, error in client.produce_each(batch):
+                if isinstance(error, BufferError):
+                    super()._submit(msg)  # waits for room in the local queue
+                else:
+                    self._settle(msg, error)
+        else:
+            for msg in batch:
+                try:
+                    self._produce_now(msg)
+                except Exception as exc:  # the attempt's outcome, like a raise from _submit
+                    self._settle(msg, exc)
         if self._client is not None:
             # Serve the delivery reports that came meanwhile now: on a busy loop the poller's next
             # turn can be several milliseconds away.
@@ -651,9 +697,7 @@ class KafkaSink(BaseSink[KafkaSinkOptions]):
             super()._submit(msg)
 
     def _on_reports(self, reports: list[DeliveryReport]) -> None:
-        settle = self._settle
-        for msg, error in reports:
-            settle(msg, error)
+        self._settle_all(reports)
 
     async def _on_flush(self) -> None:
         if self._client is not None:

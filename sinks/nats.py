@@ -14,13 +14,17 @@ Why two sinks:
 
 Throughput and latency: each sink has one publisher task. Submitted messages queue for it (bounded
 by the sink's in-flight window) and it publishes them back to back, then hands them to the socket at
-once (not on nats-py's flusher task's next turn). Core publishes of one pass share one PING, written
-behind them, so its PONG proves the server read them; PINGs are pipelined (one per pass, without
-waiting for the previous PONG), so a message waits for one round trip, and the PONG settles its
-messages from nats-py's read loop directly. A PONG that does not come within ``publish_timeout``
-fails its messages as transient (retried). JetStream publishes carry a reply subject on one inbox
-subscription per connection, so many wait for their ``PubAck`` at once (one that does not come
-within ``publish_timeout`` fails as transient and is re-sent with the same ``Nats-Msg-Id``).
+once (not on nats-py's flusher task's next turn). Core publishes of a connected client are encoded
+by the sink (the ``HPUB`` command nats-py's ``publish`` would buffer, with its checks and
+statistics) and appended to nats-py's buffer in one loop, without a coroutine per message
+(JetStream publishes too, once the connection's PubAck inbox exists). Core
+publishes of one pass share one PING, written behind them, so its PONG proves the server read
+them; PINGs are pipelined (one per pass, without waiting for the previous PONG), so a message waits
+for one round trip, and the PONG settles its messages from nats-py's read loop directly. A PONG
+that does not come within ``publish_timeout`` fails its messages as transient (retried). JetStream
+publishes carry a reply subject on one inbox subscription per connection, so many wait for their
+``PubAck`` at once (one that does not come within ``publish_timeout`` fails as transient and is
+re-sent with the same ``Nats-Msg-Id``).
 
 Subjects come from the destination template; each field value is sanitised into one subject token
 (dots, spaces and the ``*`` / ``>`` wildcards become ``_``), so a name with dots cannot add tokens or
@@ -390,6 +394,30 @@ _HAS_CLIENT_INTERNALS = all(
     hasattr(NatsClient(), a) for a in ("_pongs", "_pending", "_pending_data_size", "_transport")
 )
 """What pipelined confirmation uses of nats-py's client (present in every 2.x release so far)."""
+_HAS_PUBLISH_INTERNALS = _HAS_CLIENT_INTERNALS and all(
+    hasattr(NatsClient(), a) for a in ("_max_pending_size", "_max_payload", "stats")
+)
+"""What :meth:`NatsSink._publish_direct` uses besides (else every publish goes through nats-py's)."""
+_SUBJECT_INVALID = re.compile(r"[ \t\r\n]")
+"""What nats-py refuses in a published subject (empty too)."""
+_HEADER_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_NEWLINES = str.maketrans({"\r": " ", "\n": " "})
+
+
+def _header_block(headers: dict[str, str]) -> bytes:
+    """The ``NATS/1.0`` header block of a message, as nats-py's publish encodes it (keys and values
+    stripped, empty keys skipped, CR / LF in values turned into spaces); ValueError for a key
+    outside the HTTP token alphabet (nats-py's BadHeaderError)."""
+    lines = [b"NATS/1.0\r\n"]
+    for k, v in headers.items():
+        key = k.strip()
+        if not key:
+            continue
+        if not _HEADER_KEY.fullmatch(key):
+            raise ValueError(f"invalid header name {key!r}")
+        lines.append(f"{key}: {v.strip().translate(_HEADER_NEWLINES)}\r\n".encode())
+    lines.append(b"\r\n")
+    return b"".join(lines)
 
 
 def _write_pending(client: NatsClient) -> Transport:
@@ -508,6 +536,9 @@ class _NatsSinkBase(BaseSink[Any]):
                 while outbox:  # retried with backoff by the base sink
                     self._settle(outbox.popleft(), exc)
                 continue
+            if self._publish_direct(client, outbox):
+                self._end_of_pass(client)
+                continue
             while outbox:
                 msg = outbox.popleft()
                 try:
@@ -519,6 +550,61 @@ class _NatsSinkBase(BaseSink[Any]):
     async def _publish_one(self, client: NatsClient, msg: OutgoingMessage) -> None:
         """Publishes one message of the outbox and arranges for its confirmation."""
         raise NotImplementedError
+
+    def _publish_direct(self, client: NatsClient, outbox: collections.deque[OutgoingMessage]) -> bool:
+        """Publishes the whole outbox without a coroutine per message when the sink can (True), or
+        leaves it to :meth:`_publish_one` (False)."""
+        return False
+
+    @staticmethod
+    def _can_buffer(client: NatsClient) -> bool:
+        """Whether :meth:`_buffer_publish` may write into this client's buffer now."""
+        return _HAS_PUBLISH_INTERNALS and client.is_connected and not client.is_draining_pubs
+
+    def _buffer_publish(self, client: NatsClient, msg: OutgoingMessage, headers: dict[str, str],
+                        reply: str, blocks: dict[str, bytes]) -> bool:
+        """Appends the ``HPUB`` command of ``msg`` to nats-py's pending buffer, as its ``publish``
+        would (same checks: a subject that is empty or has whitespace, a body above the server's
+        ``max_payload`` and a bad header name are permanent failures, settled here (False); same
+        statistics; the buffer handed to the socket when it outgrows the client's
+        ``pending_size``). ``blocks`` keeps the header block of messages whose only header is
+        their content type (structured mode) for the caller's loop."""
+        subject = msg.destination
+        body = msg.body
+        if not subject or _SUBJECT_INVALID.search(subject) or (reply and _SUBJECT_INVALID.search(reply)):
+            self._settle(msg, _permanent_or_transient(nats.errors.BadSubjectError(), subject))
+            return False
+        if len(body) > client._max_payload:
+            self._settle(msg, _permanent_or_transient(nats.errors.MaxPayloadError(), subject))
+            return False
+        try:
+            if len(headers) == 1 and "content-type" in headers:
+                ctype = headers["content-type"]
+                block = blocks.get(ctype)
+                if block is None:
+                    block = blocks[ctype] = _header_block(headers)
+            else:
+                block = _header_block(headers)
+        except ValueError as exc:
+            self._settle(msg, SinkPermanentError(f"nats: {exc} for {subject!r}"))
+            return False
+        size = len(block) + len(body)
+        if reply:
+            line = f"HPUB {subject} {reply} {len(block)} {size}\r\n"
+        else:
+            line = f"HPUB {subject} {len(block)} {size}\r\n"
+        cmd = b"".join((line.encode(), block, body, b"\r\n"))
+        client._pending.append(cmd)
+        client._pending_data_size += len(cmd)
+        stats = client.stats
+        stats["out_msgs"] += 1
+        stats["out_bytes"] += len(body)
+        if 0 < client._max_pending_size < client._pending_data_size:
+            try:
+                _write_pending(client)
+            except (OSError, RuntimeError) as exc:  # the confirmation fails the messages: retried
+                log.debug("writing publishes failed: %r", exc, extra={"sink": self.name})
+        return True
 
     def _end_of_pass(self, client: NatsClient) -> None:
         """Called once the publisher emptied the outbox: core publishes of the pass share one PING."""
@@ -608,11 +694,14 @@ class _NatsSinkBase(BaseSink[Any]):
         rounds = self._rounds
         while rounds and rounds[0].answered:
             rounds.popleft()
+        confirmed: list[tuple[OutgoingMessage, None]] = []
         for waiter in pong.waiters:
             if isinstance(waiter, OutgoingMessage):
-                self._settle(waiter, None)
+                confirmed.append((waiter, None))
             elif not waiter.done():
                 waiter.set_result(None)
+        if confirmed:
+            self._settle_all(confirmed)
 
     def _fail_round(self, waiters: list[asyncio.Future[None] | OutgoingMessage], error: Exception) -> None:
         for waiter in waiters:
@@ -673,6 +762,21 @@ class NatsSink(_NatsSinkBase):
             self._settle(msg, _permanent_or_transient(exc, msg.destination))
             return
         self._unconfirmed.append(msg)
+
+    def _publish_direct(self, client: NatsClient, outbox: collections.deque[OutgoingMessage]) -> bool:
+        """The outbox's ``HPUB`` commands appended to nats-py's buffer in one loop (see
+        :meth:`_NatsSinkBase._buffer_publish`); only on a connected client: while reconnecting,
+        nats-py's own publish decides what it buffers."""
+        if not self._can_buffer(client):
+            return False
+        buffer = self._buffer_publish
+        unconfirmed = self._unconfirmed
+        blocks: dict[str, bytes] = {}
+        while outbox:
+            msg = outbox.popleft()
+            if buffer(client, msg, msg.headers, "", blocks):
+                unconfirmed.append(msg)
+        return True
 
 
 class JetStreamSink(_NatsSinkBase):
@@ -763,6 +867,26 @@ class JetStreamSink(_NatsSinkBase):
         except (nats.errors.Error, OSError) as exc:
             if self._awaiting.pop(reply, None) is not None:
                 self._settle(msg, _permanent_or_transient(exc, msg.destination))
+
+    def _publish_direct(self, client: NatsClient, outbox: collections.deque[OutgoingMessage]) -> bool:
+        """The outbox's publishes (each with its PubAck reply subject) appended to nats-py's buffer
+        in one loop, once this connection's PubAck inbox exists (see
+        :meth:`_NatsSinkBase._buffer_publish`)."""
+        if self._inbox_client is not client or not self._can_buffer(client):
+            return False
+        buffer = self._buffer_publish
+        awaiting = self._awaiting
+        prefix = self._inbox
+        deadline = time.monotonic() + self.options.publish_timeout
+        blocks: dict[str, bytes] = {}
+        while outbox:
+            msg = outbox.popleft()
+            self._ack_seq += 1
+            reply = f"{prefix}.{self._ack_seq}"
+            awaiting[reply] = (msg, deadline)
+            if not buffer(client, msg, self._js_headers(msg), reply, blocks):
+                awaiting.pop(reply, None)
+        return True
 
     def _end_of_pass(self, client: NatsClient) -> None:
         """The pass's publishes go to the socket now rather than on nats-py's flusher task's next

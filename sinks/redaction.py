@@ -167,6 +167,12 @@ class Redactor:
         self._drop_kept_bytes = tuple(p for p in self.drop if p != _MANAGED_FIELDS)
         self.secrets = redact_secrets
 
+    def leaves_raw(self, resource: ResourceRef) -> bool:
+        """True when :meth:`apply` returns a RawObject of ``resource`` without managedFields as it
+        is (nothing to redact or drop in it)."""
+        secret = self.secrets and resource.group == "" and resource.resource == "secrets"
+        return not (secret or self.redact or self._drop_kept_bytes)
+
     def apply(self, obj: Mapping[str, Any] | None, resource: ResourceRef) -> Mapping[str, Any] | None:
         if obj is None:
             return None

@@ -19,6 +19,7 @@ from sinks.contract import ChangeEvent
 
 __all__ = [
     "TEMPLATE_FIELDS",
+    "IdentityRenderer",
     "Sanitizer",
     "Template",
     "TemplateError",
@@ -32,6 +33,8 @@ TEMPLATE_FIELDS = ("cluster", "group", "version", "resource", "kind", "namespace
 """Fields a template may name; ``labels`` needs a key: ``{labels[app]}``."""
 
 Sanitizer = Callable[[str], str]
+IdentityRenderer = Callable[[ChangeEvent, str, str, str], str]
+"""See :meth:`Template.identity_renderer`."""
 
 
 class TemplateError(ValueError):
@@ -107,6 +110,47 @@ class Template:
     @property
     def fields(self) -> tuple[str, ...]:
         return tuple(p.name for p in self._parts if isinstance(p, _Field))
+
+    @property
+    def static(self) -> bool:
+        """True when the template has no field: every event renders to :attr:`text`."""
+        return self._static
+
+    def identity_renderer(self, sanitize: Sanitizer = identity,
+                          memo: dict[str, str] | None = None) -> IdentityRenderer | None:
+        """``render(event, sanitize)`` for a caller that has the object's namespace, name and uid
+        (a RawObject's fields): ``renderer(event, namespace, name, uid)``. None when the template
+        reads labels. Each value's sanitised form is kept in ``memo`` (``sanitize`` must be a
+        function of the value alone; the caller bounds the memo's size)."""
+        if any(isinstance(p, _Field) and p.name == "labels" for p in self._parts):
+            return None
+        # (literal, None) or ("", field name): no isinstance test per part and event.
+        parts = tuple((p, None) if isinstance(p, str) else ("", p.name) for p in self._parts)
+        known: dict[str, str] = {} if memo is None else memo
+
+        def render(event: ChangeEvent, namespace: str, name: str, uid: str) -> str:
+            out: list[str] = []
+            for literal, field in parts:
+                if field is None:
+                    out.append(literal)
+                    continue
+                if field == "namespace":
+                    value = namespace
+                elif field == "name":
+                    value = name
+                elif field == "uid":
+                    value = uid
+                elif field == "cluster":
+                    value = event.cluster
+                else:  # group, version, resource, kind
+                    value = getattr(event.resource, field)
+                clean = known.get(value)
+                if clean is None:
+                    clean = known[value] = sanitize(value)
+                out.append(clean)
+            return "".join(out)
+
+        return render
 
     def render(self, event: ChangeEvent, sanitize: Sanitizer = identity) -> str:
         if self._static:

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from bridge.delivery.store_io import finish_in_thread
 from bridge.errors import BridgeError
 from bridge.kube.leaderelection import FenceToken
 
@@ -413,7 +414,10 @@ class FileCheckpointStore:
     Meant for one replica. With a ``fence`` (leader election), the check of the stored writer and
     the rewrite happen under an exclusive ``flock`` on ``directory/.lock``, which fences replicas
     sharing the directory on one host; across hosts it is only as good as the shared filesystem's
-    locks, so for several replicas use the ConfigMap or NATS KV store (docs/operations.md)."""
+    locks, so for several replicas use the ConfigMap or NATS KV store (docs/operations.md).
+
+    Writes run in a thread that a cancelled caller waits for (:mod:`bridge.delivery.store_io`): a
+    save cancelled mid-way has landed or failed when it returns, never later."""
 
     SUFFIX = ".ckpt"
     LOCK = ".lock"
@@ -452,15 +456,15 @@ class FileCheckpointStore:
         token = fence_token(self._fence, f"loading checkpoint {informer_id}")
         if token is None:
             return await asyncio.to_thread(self._load, informer_id)
-        return await asyncio.to_thread(self._load_and_claim, informer_id, token)
+        return await finish_in_thread(self._load_and_claim, informer_id, token)
 
     async def save(self, checkpoint: Checkpoint) -> None:
         token = fence_token(self._fence, f"checkpoint {checkpoint.informer_id}")
         if token is None:
-            await asyncio.to_thread(self._save, checkpoint.informer_id, encode_checkpoint(checkpoint))
+            await finish_in_thread(self._save, checkpoint.informer_id, encode_checkpoint(checkpoint))
             return
         data = encode_checkpoint(dataclasses.replace(checkpoint, writer=token))
-        await asyncio.to_thread(self._save_fenced, checkpoint.informer_id, data, token)
+        await finish_in_thread(self._save_fenced, checkpoint.informer_id, data, token)
         log.debug("checkpoint written", extra={"informer": checkpoint.informer_id,
                                               "resource_version": checkpoint.resource_version,
                                               "writer": token.holder, "lease_transitions": token.transitions})
@@ -530,7 +534,7 @@ class FileCheckpointStore:
             except OSError as exc:
                 raise CheckpointStoreError(f"cannot remove checkpoint {informer_id}: {exc}") from exc
 
-        await asyncio.to_thread(unlink)
+        await finish_in_thread(unlink)
 
     def _load(self, informer_id: str) -> Checkpoint | None:
         path = self.path_for(informer_id)

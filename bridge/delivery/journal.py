@@ -79,6 +79,7 @@ from bridge.delivery.checkpoint import (
     check_fence,
     fence_token,
 )
+from bridge.delivery.store_io import finish_in_thread
 from bridge.kube.leaderelection import FenceToken
 from bridge.rawobject import object_identity
 
@@ -167,7 +168,9 @@ class JournalBackend(Protocol):
 
 class FileJournalBackend:
     """The journal as a file (``<informer id>.journal`` next to a file checkpoint): appends are one
-    ``write`` + ``fdatasync``, a rewrite is a temporary file, ``fsync`` and rename."""
+    ``write`` + ``fdatasync``, a rewrite is a temporary file, ``fsync`` and rename. Both run in a
+    thread that a cancelled writer waits for (:mod:`bridge.delivery.store_io`): a rewrite landing
+    after the writer stopped would replace what the next writer of the file made durable."""
 
     def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True) -> None:
         self._path = Path(path)
@@ -189,10 +192,10 @@ class FileJournalBackend:
             return None
 
     async def rewrite(self, data: bytes) -> None:
-        await asyncio.to_thread(self._rewrite, data)
+        await finish_in_thread(self._rewrite, data)
 
     async def append(self, data: bytes) -> None:
-        await asyncio.to_thread(self._append, data)
+        await finish_in_thread(self._append, data)
 
     async def close(self) -> None:
         self._close_file()
@@ -627,7 +630,9 @@ class KnownObjectJournal:
     def note(self, notification: Notification, *, inferred: bool) -> None:
         """Queues the record a dispatched notification needs, if any: the object's first appearance
         in what the durable state knows, or a delete. Synchronous; :meth:`wait` tells when it is
-        on disk."""
+        on disk. ``inferred``: whether a delete goes out marked ``finalstateunknown``, as the sinks
+        receive it — recorded as is, so that a restart re-sending it keeps the marking (a relist's
+        tombstone of a delete already sent observed goes out observed again)."""
         n = notification
         if n.kind is NotificationKind.GAP and n.gap is not None and n.seq >= 0:
             self._gap_from = "" if n.gap.end else n.gap.from_resource_version
@@ -640,7 +645,6 @@ class KnownObjectJournal:
         obj = n.obj
         if isinstance(obj, DeletedFinalStateUnknown):
             obj = obj.obj
-            inferred = True
         uid, rv = object_identity(obj)
         if not uid:
             return

@@ -1076,12 +1076,18 @@ class BridgePipeline:
                 if section is not None and not section.at_base:
                     inf.own_progress[sink.name] = own_knowledge(checkpoint, section)
             # The cache knows the union of what the sinks know: per object, the oldest state a sink
-            # has (so a relist notifies every newer one, and a delete reaches whoever knew it).
+            # has (so a relist notifies every newer one, and a delete reaches whoever knew it). A key
+            # the base has deleted (in its delivered-ahead map) counts as unknown: its index entry is
+            # the object that delete removed, and a sink holding a later one there needs the relist's
+            # tombstone to be of that later one (the informer suppresses one of the removed object,
+            # whose delete every sink has).
+            gone = {key for key, (_uid, _rv, deleted) in checkpoint.ahead.items() if deleted}
             extra: dict[str, IndexEntry] = {}
             for _, differs in inf.own_progress.values():
                 for key, (uid, rv, deleted) in differs.items():
                     diverging.add(key)
-                    if not deleted and key not in known and (key not in extra or rv < int(extra[key][1])):
+                    if not deleted and (key not in known or key in gone) \
+                            and (key not in extra or rv < int(extra[key][1])):
                         extra[key] = (uid, str(rv))
             known.update(extra)
             union_only = set(extra)
@@ -1480,8 +1486,10 @@ class BridgePipeline:
     async def abort(self) -> None:
         """Stops everything at once, without draining, flushing or writing a checkpoint: leadership
         was lost, so what is in flight is abandoned (the next leader re-sends it from the last
-        checkpoint) and nothing more reaches a sink or the store. Idempotent; may interrupt a
-        :meth:`shutdown` under way."""
+        checkpoint) and nothing more reaches a sink or the store: a store write under way in a
+        thread finishes before this returns (:mod:`bridge.delivery.store_io`), so a pipeline
+        started next in this process never has its journal or checkpoint replaced by a late write
+        of this one. Idempotent; may interrupt a :meth:`shutdown` under way."""
         self._stopping = True
         for inf in self._informers.values():
             if inf.informer.reflector is not None:

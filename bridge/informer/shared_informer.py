@@ -264,7 +264,9 @@ class SharedIndexInformer:
         resourceVersion than the checkpoint's were already delivered and acknowledged: the cache
         takes those changes again as the watch replays them, but nobody is notified twice. It keeps
         the re-sent events after a crash within what was in flight, even when the checkpoint's
-        resourceVersion lagged behind a backlog.
+        resourceVersion lagged behind a backlog. A delivered delete vouches only for what the key
+        held up to it: when a relist finds the key gone while the cache holds a newer state (a later
+        incarnation seeded here or by :meth:`seed_unconfirmed`), that object's delete is notified.
 
         ``diverging`` names objects whose seeded state some handler does not share (the bridge's
         sinks each have their own progress): until the informer has notified something about such
@@ -405,7 +407,13 @@ class SharedIndexInformer:
         obj = delta.object
         if isinstance(obj, DeletedFinalStateUnknown):
             del self._delivered[key]
-            return deleted  # a relist found it gone: consumers already saw the delete, or must now
+            if not deleted:
+                return False  # a relist found it gone: consumers must see the delete now
+            # The acknowledged delete vouches only for what the key held up to it. A cached state
+            # newer than it (an object the journal or some sink's own progress knows, created after
+            # that delete) is a later incarnation whose delete no consumer has seen.
+            cached_rv = object_identity(obj.obj)[1]
+            return not (cached_rv.isdigit() and int(cached_rv) > delivered_rv)
         try:
             rv = int(object_identity(obj)[1])
         except ValueError:

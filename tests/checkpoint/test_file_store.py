@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import re
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from bridge.delivery.checkpoint import (
     encode_checkpoint,
     informer_id,
 )
+from tests.checkpoint.helpers import until
 
 CP = Checkpoint(
     informer_id="pods.default.abc",
@@ -214,3 +217,61 @@ def test_decode_rejects_a_nonsense_per_sink_section(sinks: object, message: str)
     assert decode_checkpoint(_sealed({**_GOOD, "sinks": {"kafka": {}}}, 2)).sinks == {"kafka": SinkProgress()}
     with pytest.raises(CheckpointCorruptError, match=re.escape(message)):
         decode_checkpoint(_sealed({**_GOOD, "sinks": sinks}, 2))
+
+
+class HeldFileStore(FileCheckpointStore):
+    """A file store whose first save waits in its thread until ``go`` is set."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory=directory)
+        self.inside, self.go, self.landed = threading.Event(), threading.Event(), threading.Event()
+
+    def _save(self, informer_id: str, data: bytes) -> None:
+        if self.landed.is_set():
+            super()._save(informer_id, data)
+            return
+        self.inside.set()
+        self.go.wait()
+        try:
+            super()._save(informer_id, data)
+        finally:
+            self.landed.set()
+
+
+class ReleasingFileStore(FileCheckpointStore):
+    """A file store that lets ``release`` go once its first save is written."""
+
+    def __init__(self, directory: Path, release: threading.Event) -> None:
+        super().__init__(directory=directory)
+        self.release = release
+
+    def _save(self, informer_id: str, data: bytes) -> None:
+        super()._save(informer_id, data)
+        self.release.set()
+
+
+async def test_a_cancelled_save_returns_only_once_its_write_landed(tmp_path: Path) -> None:
+    """A checkpoint write cancelled mid-way (the pipeline's abort stops the checkpoint writer)
+    returns only once its file is written: landing later, it would replace a newer checkpoint the
+    next pipeline in this process wrote since — one whose known-object journal was compacted
+    against the newer one, so the objects between the two would be known to neither."""
+    held = HeldFileStore(tmp_path)
+    older = Checkpoint(informer_id=CP.informer_id, resource_version="40")
+    save = asyncio.create_task(held.save(older))
+    try:
+        await until(held.inside.is_set, what="the save in its thread")
+        save.cancel()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        returned_with_its_write_in_flight = save.done()
+        if not returned_with_its_write_in_flight:
+            held.go.set()  # it waits for its write: let that finish
+        await asyncio.gather(save, return_exceptions=True)
+        # The next writer saves once the cancelled save returned; that lets a write the cancelled
+        # save left in flight land.
+        await ReleasingFileStore(tmp_path, held.go).save(CP)
+        await asyncio.to_thread(held.landed.wait, 5)
+    finally:
+        held.go.set()
+    assert await FileCheckpointStore(directory=tmp_path).load(CP.informer_id) == CP
+    assert not returned_with_its_write_in_flight

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -59,7 +60,7 @@ async def test_new_objects_and_deletes_wait_for_their_record_updates_of_known_ob
     note(j, 1, NotificationKind.ADD, "a", "u-a", "12")
     note(j, 2, NotificationKind.UPDATE, "a", "u-a", "13")  # known now (journalled)
     note(j, 3, NotificationKind.DELETE, "known", "u-known", "14")
-    note(j, 4, NotificationKind.DELETE, "gone", "u-gone", "9", tombstone=True)
+    note(j, 4, NotificationKind.DELETE, "gone", "u-gone", "9", tombstone=True, inferred=True)
     assert j.must_wait(1)
     assert j.must_wait(4)
     async with asyncio.timeout(5):
@@ -67,6 +68,19 @@ async def test_new_objects_and_deletes_wait_for_their_record_updates_of_known_ob
     assert not j.must_wait(4)
     assert records(j.path) == [["a", "ns/a", "u-a", "12"], ["d", "ns/known", "u-known", "14", False],
                                ["d", "ns/gone", "u-gone", "9", True]]
+
+
+async def test_a_delete_re_sent_as_it_was_sent_keeps_its_marking(running: KnownObjectJournal) -> None:
+    """After a restart a relist may report again, as a tombstone, a delete the journal says was sent
+    observed: the sinks get it as it was sent (not ``finalstateunknown``, see the pipeline's
+    ``delete_is_inferred``), and the journal records that marking, not "inferred" because a tombstone
+    carried it — else the next restart re-sends it marked inferred (the contract: the same delete
+    again, same marking)."""
+    j = running
+    note(j, 0, NotificationKind.DELETE, "known", "u-known", "11", tombstone=True, inferred=False)
+    async with asyncio.timeout(5):
+        await j.wait(0)
+    assert records(j.path) == [["d", "ns/known", "u-known", "11", False]]
 
 
 async def test_a_burst_is_one_group_commit(running: KnownObjectJournal) -> None:
@@ -177,7 +191,7 @@ async def test_a_delete_replayed_after_an_inferred_one_keeps_where_the_held_back
     checkpoint = Checkpoint(informer_id=IDENT, resource_version="10", objects={"ns/x": ("u-x", "9")})
     first = KnownObjectJournal(path=path, informer_id=IDENT)
     await first.load(checkpoint)
-    note(first, 1, NotificationKind.DELETE, "x", "u-x", "12", tombstone=True)
+    note(first, 1, NotificationKind.DELETE, "x", "u-x", "12", tombstone=True, inferred=True)
     task = asyncio.create_task(first.run(), name="journal-under-test")
     await first.wait(1)
     task.cancel()
@@ -197,6 +211,77 @@ async def test_a_delete_replayed_after_an_inferred_one_keeps_where_the_held_back
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         assert records(path)[-1] == ["d", "ns/x", "u-x", "15", False, "12"]
+
+
+class HeldJournalFile(FileJournalBackend):
+    """A journal file whose first rewrite waits in its thread until ``go`` is set."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.inside, self.go, self.landed = threading.Event(), threading.Event(), threading.Event()
+
+    def _rewrite(self, data: bytes) -> None:
+        if self.landed.is_set():
+            super()._rewrite(data)
+            return
+        self.inside.set()
+        self.go.wait()
+        try:
+            super()._rewrite(data)
+        finally:
+            self.landed.set()
+
+
+class ReleasingJournalFile(FileJournalBackend):
+    """A journal file that lets ``release`` go once its first append is durable."""
+
+    def __init__(self, path: Path, release: threading.Event) -> None:
+        super().__init__(path)
+        self.release = release
+
+    def _append(self, data: bytes) -> None:
+        super()._append(data)
+        self.release.set()
+
+
+async def test_a_stopped_writer_ends_only_once_its_write_in_flight_landed(tmp_path: Path) -> None:
+    """The pipeline stops a journal's writer by cancelling it (an abort: leadership lost, or the
+    random per-sink test's crashes) while a write may be in its thread. The writer's task must end
+    only once that write is done: a rewrite landing later would replace the journal that the next
+    writer of the same file (the next pipeline in this process) wrote since, and the records it
+    made durable — objects sinks then received — would be lost, their deletes with them after the
+    next crash (phantoms)."""
+    path = tmp_path / f"{IDENT}.journal"
+    held = HeldJournalFile(path)
+    old = KnownObjectJournal(backend=held, informer_id=IDENT)
+    await old.load(None)
+    task = asyncio.create_task(old.run(), name="old-journal")
+    try:
+        await until(held.inside.is_set, what="the start-up rewrite in its thread")
+        task.cancel()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        ended_with_its_write_in_flight = task.done()
+        if not ended_with_its_write_in_flight:
+            held.go.set()  # it waits for its write: let that finish
+        await asyncio.gather(task, return_exceptions=True)
+        # The next writer starts once the old one ended; its first append lets a write the old
+        # one left in flight land.
+        new = KnownObjectJournal(backend=ReleasingJournalFile(path, held.go), informer_id=IDENT)
+        await new.load(None)
+        new_task = asyncio.create_task(new.run(), name="new-journal")
+        try:
+            note(new, 0, NotificationKind.ADD, "a", "u-a", "12")
+            async with asyncio.timeout(5):
+                await new.wait(0)
+            await asyncio.to_thread(held.landed.wait, 5)
+        finally:
+            new_task.cancel()
+            await asyncio.gather(new_task, return_exceptions=True)
+    finally:
+        held.go.set()
+    assert records(path) == [["a", "ns/a", "u-a", "12"]]
+    assert not ended_with_its_write_in_flight
 
 
 def gap(j: KnownObjectJournal, seq: int, gap_id: str, since: str, *, end: bool = False) -> None:
@@ -259,7 +344,7 @@ async def test_an_inferred_delete_is_kept_until_the_checkpoint_reaches_the_list_
     changes the relist coalesced; one at 20 drops it."""
     j = running
     gap(j, 1, "g", "10")
-    note(j, 2, NotificationKind.DELETE, "known", "u-known", "9", tombstone=True)
+    note(j, 2, NotificationKind.DELETE, "known", "u-known", "9", tombstone=True, inferred=True)
     j.compact(Checkpoint(informer_id=IDENT, resource_version="10", objects={}))  # before the relist ends
     await j.idle()
     assert records(j.path) == [["d", "ns/known", "u-known", "9", True]]

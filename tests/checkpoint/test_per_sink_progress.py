@@ -64,7 +64,9 @@ def store_for(ckpt: Path | MemoryStore) -> CheckpointStore:
     return ckpt if isinstance(ckpt, MemoryStore) else FileCheckpointStore(directory=ckpt)
 
 
-async def pipeline(client: ApiClient, ckpt: Path | MemoryStore, sinks: list[RecordingSink]) -> BridgePipeline:
+async def pipeline(client: ApiClient, ckpt: Path | MemoryStore, sinks: list[RecordingSink], *,
+                   checkpoint_interval: float = 3600, store: CheckpointStore | None = None) -> BridgePipeline:
+    """``store`` replaces the one ``ckpt`` names (a test's own wrapper of the file store)."""
     api = await Discovery(client=client).resolve("configmaps")
     key = InformerKey("configmaps", namespace=NS)
     ref = ResourceRef(group="", version="v1", resource="configmaps", kind="ConfigMap")
@@ -76,8 +78,8 @@ async def pipeline(client: ApiClient, ckpt: Path | MemoryStore, sinks: list[Reco
     for sink in sinks:
         sink.overflow_policy = "spill"  # never holds the informer (no spill directory: memory only)
     return BridgePipeline(factory=factory, resources=[WatchedResource(key=key, api=api, ref=ref)],
-                          sinks=sinks, checkpoint_store=store_for(ckpt),
-                          checkpoint_interval=3600, cluster="sim")
+                          sinks=sinks, checkpoint_store=store or store_for(ckpt),
+                          checkpoint_interval=checkpoint_interval, cluster="sim")
 
 
 def changes(sink: RecordingSink) -> list[tuple[str, str, str]]:

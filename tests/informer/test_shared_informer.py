@@ -774,6 +774,38 @@ async def test_relist_reports_unconfirmed_objects_that_are_gone(env: Env) -> Non
         other2["metadata"]["uid"])
 
 
+@pytest.mark.parametrize("known_from", ["journal", "sink progress"])
+async def test_relist_reports_a_later_incarnation_gone_after_an_acknowledged_delete(env: Env,
+                                                                                    known_from: str) -> None:
+    """Every sink acknowledged the delete of b's first incarnation beyond the checkpoint's resourceVersion
+    (delivered ahead: b deleted at 3); then some sink received b's next incarnation (4) before the crash,
+    known from the journal (an unconfirmed object) or from that sink's own progress (the cache is
+    seeded with what any sink knows). It is deleted while the bridge is down, and the history expires:
+    the relist's tombstone is of the later incarnation, a delete no sink has seen — not a repeat of the
+    acknowledged one, which is all the delivered-ahead entry vouches for."""
+    a = env.source.add(cm("a"))            # 1  in the checkpoint
+    env.source.add(cm("b"))                # 2  delivered and acknowledged
+    env.source.delete(cm("b"))             # 3  acknowledged too: delivered ahead of the checkpoint (1)
+    env.source.add(cm("b", k="2"))         # 4  delivered after the checkpoint write (new uid)
+    env.source.delete(cm("b"))             # 5  while down
+    env.source.compact()
+    informer = env.informer()
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    later = _unconfirmed("b", "uid-ns-b-4", "4")
+    if known_from == "journal":
+        informer.resume_from([_stub(a)], "1", {"ns/b": (3, True)})
+        informer.seed_unconfirmed([later])
+    else:
+        informer.resume_from([_stub(a), later], "1", {"ns/b": (3, True)}, diverging={"ns/b"})
+    await env.start(informer)
+    assert await rec.wait_for(1) == [("delete", "ns/b", "4", True)]
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert len(rec.calls) == 1
+    assert informer.get_indexer().list_keys() == ["ns/a"]
+
+
 async def test_watch_replay_reports_unconfirmed_objects_as_they_happened(env: Env) -> None:
     """The resume point did not expire: the replayed watch shows what happened to each unconfirmed
     object, in order; none of them is mistaken for an update or a delete of another uid."""
