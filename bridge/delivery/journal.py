@@ -16,7 +16,10 @@ awaits :meth:`KnownObjectJournal.wait`): **the first event of an object the dura
 know (its first add, or the first update of an object the bridge resumed without knowing), and every
 delete, is released to the sinks only once its journal record is durable.** Records are appended by
 one writer task and made durable by one write per batch (group commit), so a burst of new objects
-costs one or two writes of latency, not one each; updates of known objects never wait.
+costs one or two writes of latency, not one each; updates of known objects never wait, except the
+states a relist sends inside its gap: they are recorded with the gap's ``from`` (a restart whose
+watch replays the changes that relist coalesced must not send them after those states, see
+:attr:`JournalEntry.coalesced_from`).
 
 Where the bytes live is a :class:`JournalBackend` of the checkpoint store (its ``journal_backend``):
 a file next to a file checkpoint (one append + ``fdatasync`` per batch), a ConfigMap next to a
@@ -41,9 +44,13 @@ what changed in one checkpoint interval.
 Format (the file ``<informer id>.journal`` next to a file checkpoint; the same text in the other
 backends): a header line ``{"journal": 1,
 "informer_id": …}``, then one JSON array per line, ``["a", key, uid, rv]`` (known to exist) or
-``["d", key, uid, rv, inferred]`` (deleted; ``["d", key, uid, rv, inferred, held_after]`` for a
-delete sent after a replay that held back changes an earlier, inferred delete had coalesced, see
-:attr:`JournalEntry.held_after`). A torn last line (a crash mid-append: its events were
+``["d", key, uid, rv, inferred]`` (deleted; ``["d", key, uid, rv, inferred, held_after, sent_before]``
+once the relist that inferred it ended, see :attr:`JournalEntry.sent_before`;
+``["d", key, uid, rv, inferred, held_after]`` for a
+delete sent after a replay that held back changes an earlier, inferred delete had coalesced, or after
+a state a relist sent, see :attr:`JournalEntry.held_after`) or ``["r", key, uid, rv, from, added]``
+(known to exist, sent by a relist at ``rv``: the changes after ``from`` before it were coalesced, see
+:attr:`JournalEntry.coalesced_from`). A torn last line (a crash mid-append: its events were
 never released) and anything after a line that does not parse are ignored with a warning.
 """
 
@@ -56,7 +63,7 @@ import logging
 import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -100,7 +107,27 @@ class JournalEntry:
     """For a delete a restarted bridge sent after an earlier, inferred delete of the same uid: the
     resourceVersion of the state that inferred delete carried. The changes after it were coalesced by
     that relist and never sent one by one, so a replay after another restart keeps holding them back
-    (:meth:`~bridge.delivery.pipeline.SinkListener._replayed_after_delete`)."""
+    (:meth:`~bridge.delivery.pipeline.SinkListener._replayed_after_delete`). Also for a delete of
+    an object a relist had sent (:attr:`coalesced_from`): that relist's ``from``."""
+    coalesced_from: str = ""
+    """For an object a relist sent (an ``added`` or ``updated`` inside a gap): the gap's ``from``, the
+    last resourceVersion the informer had observed one by one. The object's changes after it and
+    before :attr:`resource_version` were coalesced by the relist and never sent; a watch that a
+    restart resumes from a checkpoint older than the relist replays them, and they must not go out
+    after the newer state sinks may hold (per-object order:
+    :meth:`~bridge.delivery.pipeline.SinkListener._replayed_coalesced`). Kept until the checkpoint
+    covers that state."""
+    sent_before: str = ""
+    """For a delete a relist inferred: the resourceVersion of that relist's list (its gap's end),
+    no older than the real delete. A checkpoint whose resourceVersion is older (the relist's start:
+    a sink had not acknowledged the relist's end) may no longer hold the object, and the inferred
+    delete's own resourceVersion (the stale state it carries) may be older than the checkpoint's;
+    yet a watch resumed from it replays the changes the relist coalesced, which only this record
+    holds back. So the record is kept until the checkpoint's resourceVersion reaches this one
+    (recorded once the relist's end is dispatched; until then, kept)."""
+    coalesced_added: bool = False
+    """With :attr:`coalesced_from`: the relist sent the state as ``added`` (else ``updated``), so the
+    replay re-sends it with the same type, hence the same id."""
 
 
 class JournalStoreError(CheckpointStoreError):
@@ -501,11 +528,17 @@ class KnownObjectJournal:
         """Set while the writer has nothing to do (everything noted is on disk)."""
         self._compact_to: Checkpoint | None = None
         self._compact_requested = False
+        self._gap_from = ""
+        """Inside a relist's gap (between its begin and end notifications): the gap's ``from``."""
+        self._gap_inferred: set[str] = set()
+        """uids of the deletes the relist in progress inferred (bounded at its end)."""
         self.commits = 0
         """Group commits done (each one write + fsync)."""
         self.records = 0
         """Records appended."""
         self.write_errors = 0
+        self.skipped = 0
+        """Relisted states released unrecorded because the journal was full (:meth:`_optional`)."""
         self.unreadable = ""
         """Why the journal left by the previous run could not be read at :meth:`load` ("" = it
         was read, or there was none): the objects it recorded are unknown (see the pipeline)."""
@@ -601,6 +634,12 @@ class KnownObjectJournal:
         receive it — recorded as is, so that a restart re-sending it keeps the marking (a relist's
         tombstone of a delete already sent observed goes out observed again)."""
         n = notification
+        if n.kind is NotificationKind.GAP and n.gap is not None and n.seq >= 0:
+            self._gap_from = "" if n.gap.end else n.gap.from_resource_version
+            if n.gap.end:
+                self._bound_inferred(n.seq, n.gap.to_resource_version)
+            self._gap_inferred.clear()
+            return
         if n.seq < 0 or n.kind is NotificationKind.SNAPSHOT or n.kind is NotificationKind.GAP:
             return
         obj = n.obj
@@ -616,16 +655,42 @@ class KnownObjectJournal:
             if prev is not None and prev.deleted:  # a delete replayed after a restart
                 held = prev.held_after or (prev.resource_version
                                            if prev.inferred and prev.resource_version != rv else "")
+            elif prev is not None and prev.coalesced_from:  # sinks may hold a relist's state of it
+                held = prev.coalesced_from
             entry = JournalEntry(key, rv, deleted=True, inferred=inferred, held_after=held)
             self._entries[uid] = entry
             self._queue(n.seq, uid, entry)
+            if inferred and self._gap_from:
+                self._gap_inferred.add(uid)
             return
         known = self._entries.get(uid)
+        if self._gap_from:
+            # A relist's state: recorded (and released once durable) even for a known object, so
+            # that a restart whose watch replays the changes it coalesced holds them back.
+            since = (known.coalesced_from if known is not None and known.coalesced_from
+                     and not known.deleted else self._gap_from)
+            entry = JournalEntry(key, rv, coalesced_from=since,
+                                 coalesced_added=n.kind is NotificationKind.ADD)
+            self._entries[uid] = entry
+            self._queue(n.seq, uid, entry)
+            return
         if (known is not None and not known.deleted) or self._checkpoint.get(uid) == key:
             return
         entry = JournalEntry(key, rv)
         self._entries[uid] = entry
         self._queue(n.seq, uid, entry)
+
+    def _bound_inferred(self, seq: int, list_rv: str) -> None:
+        """The relist's end: records, with each delete it inferred, the list's resourceVersion
+        (:attr:`JournalEntry.sent_before`)."""
+        if not (list_rv.isascii() and list_rv.isdigit()):
+            return
+        for uid in self._gap_inferred:
+            e = self._entries.get(uid)
+            if e is not None and e.deleted and e.inferred and not e.sent_before:
+                entry = replace(e, sent_before=list_rv)
+                self._entries[uid] = entry
+                self._queue(seq, uid, entry)
 
     def _queue(self, seq: int, uid: str, entry: JournalEntry) -> None:
         self._pending.append((seq, uid, entry, _record(uid, entry)))
@@ -700,15 +765,29 @@ class KnownObjectJournal:
             self._done(None)
             return
         batch = list(self._pending)
+        consumed = len(batch)
         room = self._backend.room()
         if room is not None:
-            take = size = 0
-            for *_, record in batch:
-                size += len(record) + 1
-                if size > room:
+            kept: list[tuple[int, str, JournalEntry, bytes]] = []
+            skipped = consumed = size = 0
+            for item in batch:
+                _, uid, entry, record = item
+                if size + len(record) + 1 <= room:
+                    size += len(record) + 1
+                    kept.append(item)
+                elif self._optional(uid, entry):
+                    self._skip(uid, entry)
+                    skipped += 1
+                else:
                     break
-                take += 1
-            if take == 0:
+                consumed += 1
+            if skipped:
+                self.skipped += skipped
+                log.warning("journal %s is full: %d states a relist sent were released unrecorded; a "
+                            "crash before the next checkpoint write may re-send, after them, changes "
+                            "that relist coalesced", self._backend.name, skipped,
+                            extra={"informer": self._informer_id})
+            if consumed == 0:
                 # Nothing is released unrecorded, not even a first list larger than the journal
                 # (which no checkpoint can compact before it is delivered: it waits, and readiness
                 # says why). Only a backend without chunking is bounded.
@@ -716,18 +795,41 @@ class KnownObjectJournal:
                     f"journal {self._backend.name} is full: {len(batch)} records wait for the next "
                     "checkpoint write to compact it (more objects were created or deleted since the "
                     "last checkpoint write than it holds)")
-            batch = batch[:take]
+            if not kept:
+                del self._pending[:consumed]
+                self._done(batch[consumed - 1][0])
+                return
+            last, batch = batch[consumed - 1][0], kept
         try:
             await self._backend.append(b"\n".join(record for *_, record in batch) + b"\n")
         except BaseException:
             # A failed append may have left a torn line: the retry rewrites the whole journal.
             self._compact_requested = True
             raise
-        del self._pending[:len(batch)]  # note() only ever appends meanwhile
+        del self._pending[:consumed]  # note() only ever appends meanwhile
         for _, uid, entry, _ in batch:
             self._durable[uid] = entry
         self.records += len(batch)
-        self._done(batch[-1][0])
+        self._done(last if room is not None else batch[-1][0])
+
+    def _optional(self, uid: str, entry: JournalEntry) -> bool:
+        """Whether a record may be left out when the journal is full: a relist's state of an object
+        the durable state knows. Without it a crash may break per-object order (section 2 of the
+        delivery contract), never lose an object or a delete; holding it would stall the relist —
+        for good when the relist is larger than the journal, as nothing compacts it meanwhile."""
+        if entry.deleted or not entry.coalesced_from:
+            return False
+        durable = self._durable.get(uid)
+        return self._checkpoint.get(uid) == entry.key or (durable is not None and not durable.deleted)
+
+    def _skip(self, uid: str, entry: JournalEntry) -> None:
+        """``entry`` is released unrecorded: the journal's view of ``uid`` is what is stored."""
+        if self._entries.get(uid) is entry:
+            durable = self._durable.get(uid)
+            if durable is None:
+                self._entries.pop(uid, None)
+            else:
+                self._entries[uid] = durable
 
     def _done(self, last: int | None) -> None:
         """A write succeeded; ``last`` is the seq of the last record it appended. Every notification
@@ -750,21 +852,26 @@ class KnownObjectJournal:
         report the object deleted to it."""
         known_alive = self._checkpoint.get(uid) == e.key
         if not e.deleted:
-            return not known_alive
-        return known_alive or not self._covered(e)
+            return not known_alive or (bool(e.coalesced_from) and not self._covered(e, uid))
+        return known_alive or not self._covered(e, uid)
 
-    def _covered(self, e: JournalEntry) -> bool:
-        """Whether every sink acknowledged the delete ``e``: the checkpoint's resourceVersion reaches
-        it, or its delivered-ahead map has the key deleted at it or later."""
+    def _covered(self, e: JournalEntry, uid: str) -> bool:
+        """Whether every sink acknowledged the delete ``e`` (or a relist's state of a live object):
+        the checkpoint's resourceVersion reaches it, or its delivered-ahead map has the key deleted
+        at it or later (for a live object: that uid at it or later)."""
         cp = self._base
         if cp is None:
             return False
+        if e.deleted and e.inferred and not e.sent_before and uid in self._gap_inferred:
+            return False  # its relist has not ended: the bound is not known yet
         try:
-            rv = int(e.resource_version)
+            rv = int(e.sent_before or e.resource_version)
             if rv <= int(cp.resource_version):
                 return True
             ahead = cp.ahead.get(e.key)
-            return ahead is not None and ahead[2] and int(ahead[1]) >= rv
+            if ahead is None or int(ahead[1]) < rv:
+                return False
+            return ahead[2] if e.deleted else ahead[0] == uid
         except ValueError:
             return False
 
@@ -776,7 +883,12 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _record(uid: str, e: JournalEntry) -> bytes:
+    if e.coalesced_from and not e.deleted:
+        return orjson.dumps(["r", e.key, uid, e.resource_version, e.coalesced_from, e.coalesced_added])
     if e.deleted:
+        if e.sent_before:
+            return orjson.dumps(["d", e.key, uid, e.resource_version, e.inferred, e.held_after,
+                                 e.sent_before])
         if e.held_after:
             return orjson.dumps(["d", e.key, uid, e.resource_version, e.inferred, e.held_after])
         return orjson.dumps(["d", e.key, uid, e.resource_version, e.inferred])
@@ -792,11 +904,19 @@ def _parse(line: bytes) -> tuple[str, JournalEntry]:
         raise ValueError(f"resourceVersion {rv!r} is not a resourceVersion")
     if op == "a" and len(rec) == 4:
         return uid, JournalEntry(key, rv)
+    if (op == "r" and len(rec) == 6 and isinstance(rec[4], str) and rec[4].isascii() and rec[4].isdigit()
+            and isinstance(rec[5], bool)):
+        return uid, JournalEntry(key, rv, coalesced_from=rec[4], coalesced_added=rec[5])
     if op == "d" and len(rec) == 5 and isinstance(rec[4], bool):
         return uid, JournalEntry(key, rv, deleted=True, inferred=rec[4])
     if (op == "d" and len(rec) == 6 and isinstance(rec[4], bool) and isinstance(rec[5], str)
             and rec[5].isascii() and rec[5].isdigit()):
         return uid, JournalEntry(key, rv, deleted=True, inferred=rec[4], held_after=rec[5])
+    if (op == "d" and len(rec) == 7 and isinstance(rec[4], bool) and isinstance(rec[5], str)
+            and (rec[5] == "" or (rec[5].isascii() and rec[5].isdigit())) and isinstance(rec[6], str)
+            and rec[6].isascii() and rec[6].isdigit()):
+        return uid, JournalEntry(key, rv, deleted=True, inferred=rec[4], held_after=rec[5],
+                                 sent_before=rec[6])
     raise ValueError(f"unknown record {rec!r}")
 
 

@@ -178,6 +178,7 @@ class SinkListener:
         journal: KnownObjectJournal | None = None,
         resent: Mapping[str, tuple[str, bool]] | None = None,
         held_after: Mapping[str, str] | None = None,
+        coalesced: Mapping[str, tuple[str, str, bool]] | None = None,
         exits: SelectorExits | None = None,
         shard: tuple[int, int] | None = None,
         bootstrap: Callable[[], None] | None = None,
@@ -189,7 +190,8 @@ class SinkListener:
         the sink only once the record is durable. ``resent``: uid → (resourceVersion, inferred) of
         the deletes the journal says were sent before a restart (see :func:`delete_is_inferred`);
         ``held_after``: uid → the journal's :attr:`~bridge.delivery.journal.JournalEntry.held_after`
-        of those deletes that have one.
+        of those deletes that have one. ``coalesced``: uid → (from, resourceVersion, added) of the
+        objects the journal says a relist sent before a restart (see :meth:`_replayed_coalesced`).
         ``exits`` (a selector-scoped informer's) tells which observed deletes were selector exits.
         ``bootstrap``, when given, makes this a sink with no progress of its own: it receives nothing
         until its bootstrap snapshot (see :meth:`bootstrap_ready`), then the live stream; the
@@ -204,6 +206,11 @@ class SinkListener:
         self._journal = journal
         self._resent = resent or {}
         self._held_after = held_after or {}
+        self._coalesced = coalesced or {}
+        self._held_coalesced: dict[str, KubeObject | None] = {}
+        """uids whose replayed changes a relist had coalesced were held back → the object's state
+        before the first of them: the state the relist sent goes out framed as a gap, as an update
+        from that state (see :meth:`_replayed_coalesced`)."""
         self._exits = exits
         self._shard = shard
         self.resource = resource
@@ -349,9 +356,51 @@ class SinkListener:
         before = self._resent.get(uid)
         if before is None:
             return None
-        if before[1]:
-            return before[0]
-        return self._held_after.get(uid) or None
+        held = self._held_after.get(uid) or ""
+        if before[1]:  # the inferred delete's state, or an earlier relist's from when that is older
+            older = held.isdigit() and before[0].isdigit() and int(held) < int(before[0])
+            return held if older else before[0]
+        return held or None
+
+    def _replayed_coalesced(self, n: Notification) -> list[ChangeEvent] | None:
+        """What a replayed ``added`` or ``updated`` becomes when a relist sent its object before a
+        restart (the journal's :attr:`~bridge.delivery.journal.JournalEntry.coalesced_from`); None
+        when that does not apply (the change goes out as usual).
+
+        The invariant kept here, **per-object order across a crash**: a sink never receives a
+        change of an object older than a state it may hold, unless it is that same event again.
+        A relist sent the object's state ``R`` (inside its gap); the changes after the gap's
+        ``from`` and before ``R`` were coalesced, never sent. The checkpoint did not cover ``R``
+        when the bridge crashed, so the watch, resumed from it, replays them: sent, they would
+        follow ``R`` (and any later change) in every sink that had the relist. So they are held
+        back; ``R`` goes out again as the relist sent it (same type, hence the same id), framed as a
+        gap from ``from`` to ``R`` when something was held: a sink that lagged across the crash never
+        received the relist's markers, and learns there which changes it did not get one by one.
+        Changes up to ``from`` were observed and sent one by one before the relist (again, in
+        order, for a sink that lacked them); those after ``R`` go out as usual."""
+        obj = n.obj
+        assert not isinstance(obj, DeletedFinalStateUnknown)
+        uid, rv = object_identity(obj)
+        sent = self._coalesced.get(uid)
+        if sent is None or not rv.isdigit():
+            return None
+        since, at, added = sent
+        if not (since.isdigit() and at.isdigit()) or not int(since) < int(rv) <= int(at):
+            return None
+        if int(rv) < int(at):
+            # The first held change's old state is the one before the window (what a sink that
+            # lacked the relist holds): the update that goes out in their place starts from it.
+            self._held_coalesced.setdefault(uid, n.old)
+            return []
+        held = uid in self._held_coalesced
+        old = self._held_coalesced.pop(uid, None) if held else n.old
+        if added:
+            event = self._event(EventType.ADDED, obj, n.time)
+        else:
+            event = self._event(EventType.UPDATED, obj, n.time, old=old)
+        if not held or self._gap is not None:
+            return [event]
+        return self._framed(event, f"{self._snapshot_prefix}:relisted:{uid}:{since}:{at}", since, n.time)
 
     async def _ask_fate(self, n: Notification) -> None:
         """Under a selector, asks once whether the uid of a replayed change lives on, when what
@@ -377,8 +426,11 @@ class SinkListener:
         here that they were not delivered one by one. A sink that had them gets an empty-handed
         repetition of a window it already knows."""
         before = self._hold_after(uid) or ""
-        info = GapInfo(id=f"{self._snapshot_prefix}:replayed:{uid}:{before}", from_resource_version=before,
-                       to_resource_version=event.resource_version)
+        return self._framed(event, f"{self._snapshot_prefix}:replayed:{uid}:{before}", before, observed)
+
+    def _framed(self, event: ChangeEvent, gap_id: str, before: str, observed: float) -> list[ChangeEvent]:
+        """``event`` between the markers of a gap of its own, from ``before`` to its resourceVersion."""
+        info = GapInfo(id=gap_id, from_resource_version=before, to_resource_version=event.resource_version)
         begin = GapInfo(id=info.id, from_resource_version=before)
         at = observed or self._clock.wall()
         return [
@@ -395,11 +447,15 @@ class SinkListener:
             assert not isinstance(n.obj, DeletedFinalStateUnknown)
             if self._resent and self._replayed_after_delete(n.obj):
                 return []
+            if self._coalesced and (replayed := self._replayed_coalesced(n)) is not None:
+                return replayed
             return [self._event(EventType.ADDED, n.obj, n.time)]
         if n.kind is NotificationKind.UPDATE:
             assert not isinstance(n.obj, DeletedFinalStateUnknown)
             if n.is_resync or (self._resent and self._replayed_after_delete(n.obj)):
                 return []
+            if self._coalesced and (replayed := self._replayed_coalesced(n)) is not None:
+                return replayed
             return [self._event(EventType.UPDATED, n.obj, n.time, old=n.old)]
         if n.kind is NotificationKind.DELETE:
             obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
@@ -494,6 +550,11 @@ class SinkListener:
                 await self._deliver_one(listed[0], ack)
                 return
             remaining, events = len(listed), listed
+        await self._deliver_all(events, remaining, ack)
+
+    async def _deliver_all(self, events: Iterable[ChangeEvent], remaining: int, ack: AckFunc) -> None:
+        """Hands ``events`` (``remaining`` of them) to the sink one by one; ``ack`` once the sink
+        acknowledged every one."""
         # Guards against a sink acking one event twice: only the first ack of each event counts.
         done = [False] * remaining
 
@@ -517,22 +578,21 @@ class SinkListener:
     async def handle_batch(self, notifications: Sequence[Notification], acks: Sequence[AckFunc]) -> None:
         """Handles each notification with its ack, in order, as :meth:`handle` does one at a time
         (:class:`~bridge.contracts.BatchNotificationHandler`), with one ``deliver_batch`` call to the
-        sink for the run of plain changes (one event each) between the notifications that need more.
+        sink for each run of changes that become one event each.
 
-        The plain changes are built here in one loop. Anything else goes through :meth:`handle`, once
-        the events collected before it are handed over, so the sink sees exactly the order of one
-        call per notification: markers and snapshots, a delete framed as a replayed gap, a delete that
-        may be a selector exit, a change of a selector-scoped informer replaying deletes sent before a
+        A change's events come from :meth:`events_for`, as in :meth:`handle` (what it skips, holds
+        back or frames after a restart is the same); a change that becomes several events (a framed
+        replay) is handed over on its own, in its place. What needs more than that goes through
+        :meth:`handle` itself, once the events collected before it are handed over, so the sink sees
+        exactly the order of one call per notification: markers and snapshots, a delete that may be
+        a selector exit, a change of a selector-scoped informer replaying deletes sent before a
         restart (its uid's fate is asked first), every notification while bootstrapping or while the
-        sink's own progress filters (:class:`~bridge.delivery.progress.SinkResume`). A notification the
-        known-object journal holds back (``must_wait``) is awaited after handing over what came
+        sink's own progress filters (:class:`~bridge.delivery.progress.SinkResume`). A notification
+        the known-object journal holds back (``must_wait``) is awaited after handing over what came
         before it, and nothing after it is handed over before it."""
         stats = self.stats
         outcomes = stats.outcomes
         journal = self._journal
-        resource = self.resource
-        cluster = self.cluster
-        tracker = self._tracker
         add, update, delete = NotificationKind.ADD, NotificationKind.UPDATE, NotificationKind.DELETE
         events: list[ChangeEvent] = []
         event_acks: list[AckCallback] = []
@@ -546,8 +606,7 @@ class SinkListener:
                 kind = n.kind
                 if (self.bootstrapping or self.own_progress is not None
                         or (self._exits is not None and (self._resent or kind is delete))
-                        or (kind is not add and kind is not update
-                            and (kind is not delete or self._held or self._closed))):
+                        or (kind is not add and kind is not update and kind is not delete)):
                     if events:
                         await self._hand_over(events, event_acks, owners, i - 1)
                         events, event_acks, owners, done = [], [], [], []
@@ -560,25 +619,20 @@ class SinkListener:
                     # A new object or a delete: released only once the journal has it (module docs).
                     await journal.wait(n.seq)
                 stats.notifications += 1
-                obj = n.obj
-                if kind is delete:
-                    real = obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj
-                    type_ = EventType.DELETED
-                    event = ChangeEvent(type=type_, resource=resource, cluster=cluster, obj=real,
-                                        time=n.time or self._clock.wall(), gap=self._gap,
-                                        final_state_unknown=delete_is_inferred(n, tracker, self._resent))
-                else:
-                    assert not isinstance(obj, DeletedFinalStateUnknown)
-                    if ((n.is_resync and kind is update)
-                            or (self._resent and self._replayed_after_delete(obj))):
+                # What handle does for one change, through the same events_for (whatever it holds
+                # back or frames after a restart stays exactly as one call per notification has it).
+                listed = self.events_for(n)
+                if len(listed) != 1:
+                    if not listed:
                         stats.resync_skipped += 1
                         ack()
                         continue
-                    type_ = EventType.ADDED if kind is add else EventType.UPDATED
-                    event = ChangeEvent(type=type_, resource=resource, cluster=cluster, obj=obj,
-                                        old=n.old if kind is update else None,
-                                        time=change_time(type_, obj, n.time or self._clock.wall()),
-                                        gap=self._gap)
+                    if events:
+                        await self._hand_over(events, event_acks, owners, i - 1)
+                        events, event_acks, owners, done = [], [], [], []
+                    await self._deliver_all(listed, len(listed), ack)
+                    continue
+                event = listed[0]
                 # Defaults bind this event's values: one closure per event, no frame to make it.
                 def event_ack(outcome: DeliveryOutcome, j: int = len(done), ack: AckFunc = ack,
                               flags: list[bool] = done) -> None:
@@ -921,6 +975,8 @@ class _CountingTracker(AckTracker):
         self.journal: KnownObjectJournal | None = None
         self.resent: Mapping[str, tuple[str, bool]] = {}
         self.held_after: Mapping[str, str] = {}
+        self.coalesced: Mapping[str, tuple[str, str, bool]] = {}
+        """uid → (from, resourceVersion, added) of the objects the journal says a relist sent."""
         self.synced = 0
         """Objects of the snapshots dispatched (each becomes one ``sync`` event per sink)."""
         self.thresholds: list[tuple[int, Callable[[int], None]]] = []
@@ -1219,7 +1275,8 @@ class BridgePipeline:
             listener = SinkListener(sink=sink, resource=watched.ref, cluster=self._cluster,
                                     clock=self._clock, snapshot_prefix=ident, tracker=tracker,
                                     journal=inf.journal, resent=tracker.resent,
-                                    held_after=tracker.held_after, exits=exits,
+                                    held_after=tracker.held_after, coalesced=tracker.coalesced,
+                                    exits=exits,
                                     shard=(None if watched.shard is None
                                            else (watched.shard.ordinal, watched.shard.total)),
                                     bootstrap=bootstrap, own_progress=own)
@@ -1386,6 +1443,7 @@ class BridgePipeline:
         inf.journal = inf.tracker.journal = journal
         resent: dict[str, tuple[str, bool]] = {}
         held_after: dict[str, str] = {}
+        coalesced: dict[str, tuple[str, str, bool]] = {}
         unconfirmed: list[tuple[str, str, str]] = []
         loaded = await journal.load(checkpoint)
         if handover is not None and (handover.adopted or handover.keep_own_journal is not None):
@@ -1396,6 +1454,8 @@ class BridgePipeline:
                     resent[uid] = (entry.resource_version, entry.inferred)
                     if entry.held_after:
                         held_after[uid] = entry.held_after
+                elif entry.coalesced_from:
+                    coalesced[uid] = (entry.coalesced_from, entry.resource_version, entry.coalesced_added)
                 if known.get(key, ("",))[0] == uid:
                     if entry.deleted:  # re-sent, if at all, as the delete it was
                         known[key] = (uid, entry.resource_version)
@@ -1403,6 +1463,7 @@ class BridgePipeline:
                     unconfirmed.append((key, uid, entry.resource_version))
         inf.tracker.resent = resent
         inf.tracker.held_after = held_after
+        inf.tracker.coalesced = coalesced
         stubs = [stub_objects(inf.watched.ref, {key: (uid, rv)})[0] for key, uid, rv in unconfirmed]
         return known, stubs
 

@@ -151,6 +151,10 @@ SCENARIOS: dict[str, tuple[Callable[[], list[Notification]], Callable[[], dict[s
     "replayed after an inferred delete: held back, the delete framed": (
         lambda: [upd(0, "a", "1", "2"), upd(1, "a", "2", "5"), dele(2, "a", "6"), add(3, "b", "7")],
         lambda: {"resent": {"u-a": ("3", True)}}),
+    "replayed after a relist sent the object: coalesced changes held back, its state framed": (
+        lambda: [upd(0, "a", "1", "2"), upd(1, "a", "2", "3"), upd(2, "a", "3", "5"), add(3, "b", "6"),
+                 upd(4, "a", "5", "7")],
+        lambda: {"coalesced": {"u-a": ("2", "5", False)}}),
     "under a selector: exits asked, a replayed history of a uid that lives on": (
         lambda: [upd(0, "a", "1", "2"), upd(1, "a", "2", "5"), dele(2, "a", "6"), add(3, "b", "7"),
                  dele(4, "b", "8"), add(5, "c", "9"), dele(6, "c", "10")],

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind, ObjectKey
+from bridge.contracts import DeletedFinalStateUnknown, Gap, Notification, NotificationKind, ObjectKey
 from bridge.delivery.checkpoint import Checkpoint
 from bridge.delivery.journal import FileJournalBackend, JournalEntry, KnownObjectJournal
 from tests.checkpoint.helpers import until
@@ -282,3 +282,126 @@ async def test_a_stopped_writer_ends_only_once_its_write_in_flight_landed(tmp_pa
         held.go.set()
     assert records(path) == [["a", "ns/a", "u-a", "12"]]
     assert not ended_with_its_write_in_flight
+
+
+def gap(j: KnownObjectJournal, seq: int, gap_id: str, since: str, *, end: bool = False) -> None:
+    j.note(Notification(kind=NotificationKind.GAP, obj={}, seq=seq,
+                        gap=Gap(id=gap_id, from_resource_version=since, end=end)), inferred=False)
+
+
+async def test_a_relists_states_are_recorded_with_where_its_window_starts_until_a_checkpoint_covers_them(
+    running: KnownObjectJournal, tmp_path: Path,
+) -> None:
+    """Inside a relist's gap (from 10) the states it sends are recorded, for known objects too, with
+    the window's start and whether they went out as ``added``: a restart whose watch replays the
+    changes the relist coalesced must hold them back. They wait for their record like a new object;
+    updates outside the gap do not. A later relist keeps the earlier window's start; a delete of such
+    an object keeps it as where held-back changes start. Each record goes once a checkpoint covers
+    the state it names."""
+    j = running
+    gap(j, 1, "g1", "10")
+    note(j, 2, NotificationKind.UPDATE, "known", "u-known", "14")
+    assert j.must_wait(2)
+    note(j, 3, NotificationKind.ADD, "a", "u-a", "15")
+    gap(j, 4, "g1", "10", end=True)
+    note(j, 5, NotificationKind.UPDATE, "a", "u-a", "16")  # live, after the gap: known now
+    gap(j, 6, "g2", "16")
+    note(j, 7, NotificationKind.UPDATE, "a", "u-a", "18")
+    note(j, 8, NotificationKind.ADD, "b", "u-b", "19")
+    gap(j, 9, "g2", "16", end=True)
+    note(j, 10, NotificationKind.DELETE, "b", "u-b", "20")
+    async with asyncio.timeout(5):
+        await j.wait(10)
+    assert not j.must_wait(5)
+    assert records(j.path) == [["r", "ns/known", "u-known", "14", "10", False],
+                               ["r", "ns/a", "u-a", "15", "10", True],
+                               ["r", "ns/a", "u-a", "18", "10", False],
+                               ["r", "ns/b", "u-b", "19", "16", True],
+                               ["d", "ns/b", "u-b", "20", False, "16"]]
+    reloaded = await KnownObjectJournal(path=j.path, informer_id=IDENT).load(None)
+    assert reloaded["u-a"] == JournalEntry("ns/a", "18", coalesced_from="10")
+    assert reloaded["u-known"] == JournalEntry("ns/known", "14", coalesced_from="10")
+    # The checkpoint knows every object, and its sinks all acknowledged known's relisted state (its
+    # delivered-ahead map) but not a's: a's record stays, so does b's delete.
+    j.compact(Checkpoint(informer_id=IDENT, resource_version="13",
+                         objects={"ns/known": ("u-known", "9"), "ns/a": ("u-a", "12")},
+                         ahead={"ns/known": ("u-known", "14", False), "ns/a": ("u-a", "16", False)}))
+    await j.idle()
+    assert records(j.path) == [["r", "ns/a", "u-a", "18", "10", False],
+                               ["d", "ns/b", "u-b", "20", False, "16"]]
+    j.compact(Checkpoint(informer_id=IDENT, resource_version="20",
+                         objects={"ns/known": ("u-known", "14"), "ns/a": ("u-a", "18")}))
+    await j.idle()
+    assert records(j.path) == []
+
+
+async def test_an_inferred_delete_is_kept_until_the_checkpoint_reaches_the_list_that_inferred_it(
+    running: KnownObjectJournal,
+) -> None:
+    """A relist from 10 infers the delete of ``known`` with its last state, 9; its list is at 20. A
+    checkpoint still at 10 (a sink had not acknowledged the relist's end) whose index no longer has
+    the object keeps the record — 9 is older than 10, yet a watch resumed from 10 replays the
+    changes the relist coalesced; one at 20 drops it."""
+    j = running
+    gap(j, 1, "g", "10")
+    note(j, 2, NotificationKind.DELETE, "known", "u-known", "9", tombstone=True, inferred=True)
+    j.compact(Checkpoint(informer_id=IDENT, resource_version="10", objects={}))  # before the relist ends
+    await j.idle()
+    assert records(j.path) == [["d", "ns/known", "u-known", "9", True]]
+    j.note(Notification(kind=NotificationKind.GAP, obj={}, seq=3,
+                        gap=Gap(id="g", from_resource_version="10", to_resource_version="20", end=True)),
+           inferred=False)
+    assert j.must_wait(3)
+    async with asyncio.timeout(5):
+        await j.wait(3)
+    assert records(j.path)[-1] == ["d", "ns/known", "u-known", "9", True, "", "20"]
+    j.compact(Checkpoint(informer_id=IDENT, resource_version="19", objects={}))
+    await j.idle()
+    assert records(j.path) == [["d", "ns/known", "u-known", "9", True, "", "20"]]
+    reloaded = await KnownObjectJournal(path=j.path, informer_id=IDENT).load(None)
+    assert reloaded["u-known"].sent_before == "20"
+    j.compact(Checkpoint(informer_id=IDENT, resource_version="20", objects={}))
+    await j.idle()
+    assert records(j.path) == []
+
+
+class SmallFileBackend(FileJournalBackend):
+    """A file journal that holds ``limit`` bytes, like a ConfigMap journal without chunks."""
+
+    def __init__(self, path: Path, limit: int) -> None:
+        super().__init__(path, fsync=False)
+        self.limit = limit
+
+    def room(self) -> int | None:
+        return max(0, self.limit - (self.path.stat().st_size if self.path.exists() else 0))
+
+
+async def test_a_full_journal_releases_a_relists_states_of_known_objects_unrecorded_never_a_new_object(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A relist larger than a bounded journal must not stall for good (nothing would compact it
+    meanwhile): its states of objects the durable state knows are released unrecorded, with a
+    warning (a crash may then break per-object order, never lose anything); a new object's record
+    still waits."""
+    path = tmp_path / f"{IDENT}.journal"
+    checkpoint = Checkpoint(informer_id=IDENT, resource_version="10",
+                            objects={f"ns/k{i}": (f"u-k{i}", "9") for i in range(50)})
+    j = KnownObjectJournal(backend=SmallFileBackend(path, 200), informer_id=IDENT)
+    await j.load(checkpoint)
+    task = asyncio.create_task(j.run(), name="journal-under-test")
+    try:
+        gap(j, 1, "g", "10")
+        for i in range(50):
+            note(j, 2 + i, NotificationKind.UPDATE, f"k{i}", f"u-k{i}", str(11 + i))
+        with caplog.at_level(logging.WARNING):
+            async with asyncio.timeout(5):
+                await j.wait(51)
+        assert 0 < len(records(path)) < 50
+        assert j.skipped == 50 - len(records(path))
+        assert "released unrecorded" in caplog.text
+        note(j, 52, NotificationKind.ADD, "new", "u-new", "70")  # does not fit: it waits
+        await until(lambda: j.write_errors > 0, what="the journal refusing the new object")
+        assert j.must_wait(52)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -493,3 +493,147 @@ async def test_a_second_crash_during_the_replay_keeps_holding_what_the_relist_co
 
 def has_delete(sink: RecordingSink) -> bool:
     return any(c[0] == "deleted" for c in sink.changes())
+
+
+REFUSE_LISTS = {"error_code": 503, "error_count": 1000, "error_target": "list", "error_retry_after": 0}
+"""Lists answer 503 until the faults are reset: a relist comes only after the changes made meanwhile."""
+
+
+async def test_a_restart_never_sends_the_changes_a_relist_coalesced_after_the_state_it_sent(
+    sim: tuple[Simulator, ApiClient], tmp_path: Path
+) -> None:
+    """A sink that is down holds the checkpoint back. Behind a relist (a 410 mid-watch, the list
+    answered late), ``x`` is updated twice and ``y`` created and updated: the relist coalesces them,
+    the sink that is up gets ``x`` at its second update and ``y`` added at its update (inside the
+    gap), then a live update of ``x``. Crash before any checkpoint covers the relist; the watch,
+    resumed from the checkpoint (history kept), replays every change since. The signature of the
+    fault-schedule failure of seed 3002 (order violations in a sink after a kill): the replay sent
+    the coalesced changes — ``x``'s first update, ``y``'s creation — after the newer states the sink
+    held. Per-object order: no sink may get a change older than one it had, unless it is the same
+    event again (same id); the lagging sink learns of the held-back changes from a gap window."""
+    server, client = sim
+    x = await create(client, "x")
+    fast, slow = RecordingSink("fast"), RecordingSink("slow")
+    p = await make(client, tmp_path, fast, slow, interval=3600)
+    await p.start()
+    assert await p.wait_for_sync(10)
+    ident = next(iter(p.informers))
+    tracker = p.tracker(ident)
+    await until(lambda: tracker.resource_version == rv(x) and not tracker.pending, what="x checkpointed")
+    await p.write_checkpoints()
+    slow.auto_ack = False  # down from now on: the checkpoint stays at x's creation
+    server.set_faults(REFUSE_LISTS)  # the relist's list comes after the changes: it coalesces them
+    server.expire_watches()
+    u1 = await client.patch(f"{PATH}/x", {"data": {"v": "1"}})
+    u2 = await client.patch(f"{PATH}/x", {"data": {"v": "2"}})
+    y1 = await create(client, "y")
+    y2 = await client.patch(f"{PATH}/y", {"data": {"v": "2"}})
+    server.set_faults({})
+    await until(lambda: any(e.type is EventType.GAP_END for e in fast.events), what="the relist's gap")
+    assert ("updated", f"{NS}/x", rv(u2), False) in fast.changes()
+    assert ("added", f"{NS}/y", rv(y2), False) in fast.changes()
+    assert not {rv(u1), rv(y1)} & {c[2] for c in fast.changes()}  # coalesced
+    u3 = await client.patch(f"{PATH}/x", {"data": {"v": "3"}})
+    await until(lambda: fast.changes()[-1:] == [("updated", f"{NS}/x", rv(u3), False)],
+                what="x's live update")
+    await until(lambda: not tracker.pending_by_listener().get("fast"), what="fast acknowledging")
+    await p.abort()  # the crash: no checkpoint written since x's creation
+
+    fast2, slow2 = RecordingSink("fast"), RecordingSink("slow")
+    p2 = await make(client, tmp_path, fast2, slow2, interval=3600)
+    await p2.start()
+    try:
+        assert p2.resumed(ident)
+        tracker2 = p2.tracker(ident)
+        def has_u3(sink: RecordingSink) -> bool:
+            return (f"{NS}/x", rv(u3)) in {(c[1], c[2]) for c in sink.changes()}
+
+        for sink in (fast2, slow2):
+            await until(functools.partial(has_u3, sink), what=f"x's last update, to {sink.name}")
+        await until(lambda: tracker2.lag == 0, what="everything acknowledged")
+        for before, after in ((fast, fast2), (RecordingSink("none"), slow2)):
+            # What a consumer of the sink holds across the crash, in order: per object, never a
+            # change older than one it already had, unless it is that same event again.
+            held: dict[str, tuple[int, set[str]]] = {}
+            for e in [*before.events, *after.events]:
+                if e.type not in (EventType.ADDED, EventType.UPDATED, EventType.DELETED):
+                    continue
+                top, ids = held.get(e.subject, (0, set()))
+                ident_ = event_id(e)
+                assert int(e.resource_version) >= top or ident_ in ids, (
+                    f"{after.name}: {e.type.value} {e.subject}@{e.resource_version} after @{top}")
+                held[e.subject] = (max(top, int(e.resource_version)), ids | {ident_})
+        # Per object (there is no order between objects): the relist's states again, as it sent
+        # them (the same ids as in the sink that had them), then what came after.
+        for name, expected in (("x", [("updated", rv(u2)), ("updated", rv(u3))]), ("y", [("added", rv(y2))])):
+            assert [(c[0], c[2]) for c in slow2.changes() if c[1] == f"{NS}/{name}"] == expected
+        # In place of the held changes, an update from the state before the window (what the
+        # lagging sink holds): a merge patch built from it applies to that state.
+        (resent,) = [e for e in slow2.events if e.subject == f"{NS}/x" and e.resource_version == rv(u2)]
+        assert resent.old is not None
+        assert resent.old["metadata"]["resourceVersion"] == rv(x)
+        kinds = (EventType.ADDED, EventType.UPDATED, EventType.DELETED)
+        first = {(e.subject, e.resource_version): event_id(e) for e in fast.events if e.type in kinds}
+        again = [e for e in fast2.events if (e.subject, e.resource_version) in first]
+        assert again
+        assert all(first[(e.subject, e.resource_version)] == event_id(e) for e in again)
+        # The lagging sink never had the relist: gap windows tell it what it did not get one by one.
+        windows = [(e.gap.from_resource_version, e.gap.to_resource_version) for e in slow2.events
+                   if e.type is EventType.GAP_END and e.gap is not None]
+        for lost in (rv(u1), rv(y1)):
+            assert any(int(lo) < int(lost) <= int(hi) for lo, hi in windows), (lost, windows)
+    finally:
+        await p2.shutdown(5)
+
+
+async def test_an_inferred_delete_every_sink_acknowledged_still_holds_back_the_replay_after_a_crash(
+    sim: tuple[Simulator, ApiClient], tmp_path: Path
+) -> None:
+    """Behind a relist, ``x`` is updated and deleted: the relist infers the delete with x's last
+    known state, older than the checkpoint's resourceVersion. Every sink acknowledges the inferred
+    delete, but one sink not yet the relist's end: the checkpoint written then stays at the relist's
+    start, and its index no longer holds x (a relist's delete happened no later than the list). The
+    journal must keep the inferred delete all the same: after a crash the watch, resumed from that
+    checkpoint, replays x's update and real delete, and only that record makes the restart hold the
+    update back (section 6). Seen in the fault schedule of seed 3002: the update went out, as an
+    ``added``, after the delete the sink held."""
+    server, client = sim
+    x = await create(client, "x")
+    fast, slow = RecordingSink("fast"), RecordingSink("slow")
+    p = await make(client, tmp_path, fast, slow, interval=3600)
+    await p.start()
+    assert await p.wait_for_sync(10)
+    ident = next(iter(p.informers))
+    tracker = p.tracker(ident)
+    await until(lambda: tracker.resource_version == rv(x) and not tracker.pending, what="x checkpointed")
+    await p.write_checkpoints()
+    slow.auto_ack = False
+    server.set_faults(REFUSE_LISTS)  # the relist comes after x's update and delete: it infers it
+    server.expire_watches()
+    x1 = await client.patch(f"{PATH}/x", {"data": {"v": "1"}})
+    gone = await client.delete(f"{PATH}/x")
+    server.set_faults({})
+    await until(lambda: any(e.type is EventType.GAP_END for e in slow.events), what="the relist, to slow")
+    assert ("deleted", f"{NS}/x", rv(x), True) in slow.changes()
+    end = slow.unacked.pop()
+    assert end[0].type is EventType.GAP_END
+    slow.ack_all()  # everything but the relist's end
+    slow.unacked = [end]
+    await until(lambda: not tracker.pending_by_listener().get("fast"), what="fast acknowledging")
+    await until(lambda: tracker.pending_by_listener().get("slow") == 1, what="slow acknowledging")
+    assert await p.write_checkpoints() == 1
+    await p.abort()  # the crash
+
+    fast2, slow2 = RecordingSink("fast"), RecordingSink("slow")
+    p2 = await make(client, tmp_path, fast2, slow2, interval=3600)
+    await p2.start()
+    try:
+        assert p2.resumed(ident)
+        tracker2 = p2.tracker(ident)
+        await until(lambda: int(tracker2.resource_version or 0) >= int(rv(gone)) and tracker2.lag == 0,
+                    what="the replay, acknowledged")
+        for sink in (fast2, slow2):
+            # Nothing of x but the delete it already holds (x1 would bring x back).
+            assert rv(x1) not in {c[2] for c in sink.changes() if c[1] == f"{NS}/x"}, sink.changes()
+    finally:
+        await p2.shutdown(5)
