@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 LEFT_SELECTOR_EXTENSION: Final = "leftselector"
 """Set to ``"true"`` on a ``deleted`` event whose object left the selector and still exists."""
 
+_UNANSWERED: Final = -1
+"""What :meth:`SelectorExits._look` returns when the API server could not tell (a resourceVersion
+is never negative)."""
+
 Fetch = Callable[[str, str], Awaitable[Mapping[str, Any]]]
 """``fetch(namespace, name)``: the object as the API server has it now, unfiltered; raises
 :class:`~bridge.errors.NotFoundError` when it does not exist."""
@@ -89,26 +93,33 @@ class SelectorExits:
         for attempt in range(self._attempts):
             if attempt:
                 await asyncio.sleep(self._retry_delay)
-            try:
-                async with asyncio.timeout(self._timeout):
-                    current = await self._fetch(namespace, name)
-            except NotFoundError:
-                return None
-            except (BridgeError, TimeoutError, OSError) as e:
-                log.debug("cannot tell whether %s/%s (uid %s) still exists: %s", namespace, name, uid, e)
-                continue
-            except Exception:
-                log.warning("cannot tell whether %s/%s (uid %s) still exists", namespace, name, uid,
-                            exc_info=True)
-                continue
-            meta = current.get("metadata")
-            if not isinstance(meta, Mapping) or meta.get("uid") != uid:
-                return None
-            rv = str(meta.get("resourceVersion") or "")
-            return int(rv) if rv.isdigit() else 0
+            answer = await self._look(namespace, name, uid, f"(uid {uid}) still exists")
+            if answer != _UNANSWERED:
+                return answer
         log.warning("cannot tell whether %s/%s (uid %s) still exists after %d attempts: its replayed "
                     "changes are read as those of a deleted object", namespace, name, uid, self._attempts)
         return None
+
+    async def _look(self, namespace: str, name: str, uid: str, question: str) -> int | None:
+        """One GET of the object: the resourceVersion ``uid`` has now (0 when not numeric), None
+        when it is gone (not found, or the name holds another uid), :data:`_UNANSWERED` when the API
+        server could not tell (logged with ``question``)."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                current = await self._fetch(namespace, name)
+        except NotFoundError:
+            return None
+        except (BridgeError, TimeoutError, OSError) as e:
+            log.debug("cannot tell whether %s/%s %s: %s", namespace, name, question, e)
+            return _UNANSWERED
+        except Exception:  # never let the question hold back or break a delivery
+            log.warning("cannot tell whether %s/%s %s", namespace, name, question, exc_info=True)
+            return _UNANSWERED
+        meta = current.get("metadata")
+        if not isinstance(meta, Mapping) or meta.get("uid") != uid:
+            return None
+        rv = str(meta.get("resourceVersion") or "")
+        return int(rv) if rv.isdigit() else 0
 
     async def left(self, namespace: str, name: str, uid: str, resource_version: str) -> bool:
         """True when the object ``uid`` still exists (so its delete was a selector exit)."""
@@ -128,16 +139,5 @@ class SelectorExits:
         return await asyncio.shield(answer)
 
     async def _ask(self, namespace: str, name: str, uid: str) -> bool:
-        try:
-            async with asyncio.timeout(self._timeout):
-                current = await self._fetch(namespace, name)
-        except NotFoundError:
-            return False
-        except (BridgeError, TimeoutError, OSError) as e:
-            log.debug("cannot tell whether %s/%s left the selector: %s", namespace, name, e)
-            return False
-        except Exception:  # never let the question hold back or break a delivery
-            log.warning("cannot tell whether %s/%s left the selector", namespace, name, exc_info=True)
-            return False
-        meta = current.get("metadata")
-        return isinstance(meta, Mapping) and meta.get("uid") == uid
+        answer = await self._look(namespace, name, uid, "left the selector")
+        return answer is not None and answer != _UNANSWERED
