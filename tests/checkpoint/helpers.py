@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,19 @@ class RecordingSink:
         """(type, subject, resourceVersion, final_state_unknown) of every non-snapshot event."""
         return [(e.type.value, e.subject, e.resource_version, e.final_state_unknown) for e in self.events
                 if e.type in (EventType.ADDED, EventType.UPDATED, EventType.DELETED)]
+
+
+class BatchSink(RecordingSink):
+    """A recording sink with ``deliver_batch`` (each call's size kept in ``calls``)."""
+
+    def __init__(self, name: str, **kw: Any) -> None:
+        super().__init__(name, **kw)
+        self.calls: list[int] = []
+
+    async def deliver_batch(self, events: Sequence[ChangeEvent], acks: Sequence[AckCallback]) -> None:
+        self.calls.append(len(events))
+        for event, ack in zip(events, acks, strict=True):
+            await self.deliver(event, ack)
 
 
 def fake_builder(source: FakeControllerSource, clock: Any) -> Callable[

@@ -41,7 +41,7 @@ from sinks.file import FileSink
 from sinks.kafka import KafkaSink
 from tests import brokers
 from tests.brokers import TansuBroker, unique_name
-from tests.checkpoint.helpers import CONFIGMAPS, WATCHED, RecordingSink, cm, fake_builder, until
+from tests.checkpoint.helpers import CONFIGMAPS, WATCHED, BatchSink, RecordingSink, cm, fake_builder, until
 
 kafka_broker = brokers.kafka_broker
 
@@ -78,19 +78,6 @@ def gap(seq: int, end: bool) -> Notification:
 def snap(seq: int, *objects: dict[str, object]) -> Notification:
     return Notification(kind=NotificationKind.SNAPSHOT, obj={}, seq=seq, snapshot=list(objects),
                         resource_version="50", time=1000.0)
-
-
-class BatchSink(RecordingSink):
-    """A recording sink with ``deliver_batch`` (each call's size kept)."""
-
-    def __init__(self, name: str, **kw: Any) -> None:
-        super().__init__(name, **kw)
-        self.calls: list[int] = []
-
-    async def deliver_batch(self, events: Sequence[ChangeEvent], acks: Sequence[AckCallback]) -> None:
-        self.calls.append(len(events))
-        for event, ack in zip(events, acks, strict=True):
-            await self.deliver(event, ack)
 
 
 def seen(sink: RecordingSink) -> list[tuple[Any, ...]]:

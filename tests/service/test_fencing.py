@@ -3,9 +3,7 @@ abandons what is in flight and writes no checkpoint, and the fenced store refuse
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -15,8 +13,7 @@ from bridge.delivery.pipeline import BridgePipeline
 from bridge.kube.leaderelection import FenceToken
 from bridge.service.fencing import FencedSink
 from bridge.testing.fake_source import FakeControllerSource
-from sinks.contract import AckCallback, ChangeEvent
-from tests.checkpoint.helpers import WATCHED, RecordingSink, cm, fake_builder, until
+from tests.checkpoint.helpers import WATCHED, BatchSink, RecordingSink, cm, fake_builder, until
 
 IDENT = WATCHED.informer_id
 
@@ -73,19 +70,6 @@ async def test_after_the_loss_nothing_reaches_a_sink_and_no_checkpoint_is_writte
         await late.save(Checkpoint(informer_id=IDENT, resource_version="1", objects={}))
 
 
-class BatchRecordingSink(RecordingSink):
-    """A recording sink that also takes batches, counting the calls."""
-
-    def __init__(self, name: str, **kw: Any) -> None:
-        super().__init__(name, **kw)
-        self.batches: list[int] = []
-
-    async def deliver_batch(self, events: Sequence[ChangeEvent], acks: Sequence[AckCallback]) -> None:
-        self.batches.append(len(events))
-        for event, ack in zip(events, acks, strict=True):
-            await self.deliver(event, ack)
-
-
 async def test_a_fenced_sink_hands_batches_on_while_leading_and_nothing_after_the_loss(
     tmp_path: Path,
 ) -> None:
@@ -93,7 +77,7 @@ async def test_a_fenced_sink_hands_batches_on_while_leading_and_nothing_after_th
     for i in range(300):
         source.add(cm(f"cm-{i}"))
     lead = Leadership()
-    inner = BatchRecordingSink("hook")
+    inner = BatchSink("hook")
     fenced = FencedSink(inner=inner, is_leader=lead.is_leader)
     clock = FakeClock()
     pipeline = BridgePipeline(
@@ -104,9 +88,9 @@ async def test_a_fenced_sink_hands_batches_on_while_leading_and_nothing_after_th
     try:
         await until(lambda: len(inner.events) == 300, what="the listed objects handed to the sink")
         # The initial list reached the sink in batches through the fence, not one call per event.
-        assert inner.batches
-        assert max(inner.batches) > 1
-        assert sum(inner.batches) <= 300
+        assert inner.calls
+        assert max(inner.calls) > 1
+        assert sum(inner.calls) <= 300
         lead.leading = False  # the renew deadline passed
         for i in range(300, 600):
             source.add(cm(f"cm-{i}"))
