@@ -15,6 +15,7 @@ import pytest
 from bridge.clock import RealClock
 from bridge.delivery.checkpoint import FileCheckpointStore, informer_id
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
+from bridge.delivery.progress import AckTracker
 from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import Discovery
@@ -316,6 +317,26 @@ async def test_an_unreadable_journal_with_a_checkpoint_resumes_and_warns(
     await p.shutdown(5)
 
 
+async def with_a_lagging_sink(client: ApiClient, tmp_path: Path) -> tuple[
+    dict[str, Any], RecordingSink, RecordingSink, BridgePipeline, str, AckTracker
+]:
+    """The start of the crash-and-replay tests: ``x`` created; a pipeline (no periodic checkpoint
+    writes) with the sinks ``fast`` and ``slow``, started and synced; a checkpoint written once ``x``
+    is acknowledged; then ``slow`` goes down (acknowledges nothing from now on), so the checkpoint
+    stays at ``x``'s creation. Returns ``x``, both sinks, the pipeline, its informer id and tracker."""
+    x = await create(client, "x")
+    fast, slow = RecordingSink("fast"), RecordingSink("slow")
+    p = await make(client, tmp_path, fast, slow, interval=3600)
+    await p.start()
+    assert await p.wait_for_sync(10)
+    ident = next(iter(p.informers))
+    tracker = p.tracker(ident)
+    await until(lambda: tracker.resource_version == rv(x) and not tracker.pending, what="x checkpointed")
+    await p.write_checkpoints()
+    slow.auto_ack = False
+    return x, fast, slow, p, ident, tracker
+
+
 @pytest.mark.parametrize("written", [False, True],
                          ids=["no-write-after-the-relist", "written-after-the-relist"])
 async def test_a_lagging_sink_gets_the_changes_it_lacked_before_an_inferred_delete_after_a_crash(
@@ -333,16 +354,7 @@ async def test_a_lagging_sink_gets_the_changes_it_lacked_before_an_inferred_dele
     does (it acknowledged the inferred delete). Checkpoints are written only where the test says:
     whether a periodic write fell between the relist and the crash made this test flaky."""
     server, client = sim
-    x = await create(client, "x")
-    fast, slow = RecordingSink("fast"), RecordingSink("slow")
-    p = await make(client, tmp_path, fast, slow, interval=3600)
-    await p.start()
-    assert await p.wait_for_sync(10)
-    ident = next(iter(p.informers))
-    tracker = p.tracker(ident)
-    await until(lambda: tracker.resource_version == rv(x) and not tracker.pending, what="x checkpointed")
-    await p.write_checkpoints()
-    slow.auto_ack = False  # down from now on
+    _x, fast, _slow, p, ident, tracker = await with_a_lagging_sink(client, tmp_path)
     u1 = await client.patch(f"{PATH}/x", {"data": {"v": "1"}})
     u2 = await client.patch(f"{PATH}/x", {"data": {"v": "2"}})
     await until(lambda: [c[2] for c in fast.changes()][-1:] == [rv(u2)], what="the updates, to the fast sink")
@@ -440,16 +452,7 @@ async def test_a_second_crash_during_the_replay_keeps_holding_what_the_relist_co
     the object back for good for a consumer that drops repeated ids (the delete after it has the
     uid's delete id, already seen)."""
     server, client = sim
-    x = await create(client, "x")
-    fast, slow = RecordingSink("fast"), RecordingSink("slow")
-    p = await make(client, tmp_path, fast, slow, interval=3600)
-    await p.start()
-    assert await p.wait_for_sync(10)
-    ident = next(iter(p.informers))
-    tracker = p.tracker(ident)
-    await until(lambda: tracker.resource_version == rv(x) and not tracker.pending, what="x checkpointed")
-    await p.write_checkpoints()
-    slow.auto_ack = False  # down from now on
+    _x, fast, _slow, p, _ident, tracker = await with_a_lagging_sink(client, tmp_path)
     await client.patch(f"{PATH}/x", {"data": {"v": "1"}})
     u2 = await client.patch(f"{PATH}/x", {"data": {"v": "2"}})
     await until(lambda: [c[2] for c in fast.changes()][-1:] == [rv(u2)], what="the updates, to the fast sink")
@@ -512,16 +515,7 @@ async def test_a_restart_never_sends_the_changes_a_relist_coalesced_after_the_st
     held. Per-object order: no sink may get a change older than one it had, unless it is the same
     event again (same id); the lagging sink learns of the held-back changes from a gap window."""
     server, client = sim
-    x = await create(client, "x")
-    fast, slow = RecordingSink("fast"), RecordingSink("slow")
-    p = await make(client, tmp_path, fast, slow, interval=3600)
-    await p.start()
-    assert await p.wait_for_sync(10)
-    ident = next(iter(p.informers))
-    tracker = p.tracker(ident)
-    await until(lambda: tracker.resource_version == rv(x) and not tracker.pending, what="x checkpointed")
-    await p.write_checkpoints()
-    slow.auto_ack = False  # down from now on: the checkpoint stays at x's creation
+    x, fast, _slow, p, ident, tracker = await with_a_lagging_sink(client, tmp_path)
     server.set_faults(REFUSE_LISTS)  # the relist's list comes after the changes: it coalesces them
     server.expire_watches()
     u1 = await client.patch(f"{PATH}/x", {"data": {"v": "1"}})
@@ -598,16 +592,7 @@ async def test_an_inferred_delete_every_sink_acknowledged_still_holds_back_the_r
     update back (section 6). Seen in the fault schedule of seed 3002: the update went out, as an
     ``added``, after the delete the sink held."""
     server, client = sim
-    x = await create(client, "x")
-    fast, slow = RecordingSink("fast"), RecordingSink("slow")
-    p = await make(client, tmp_path, fast, slow, interval=3600)
-    await p.start()
-    assert await p.wait_for_sync(10)
-    ident = next(iter(p.informers))
-    tracker = p.tracker(ident)
-    await until(lambda: tracker.resource_version == rv(x) and not tracker.pending, what="x checkpointed")
-    await p.write_checkpoints()
-    slow.auto_ack = False
+    x, _fast, slow, p, ident, tracker = await with_a_lagging_sink(client, tmp_path)
     server.set_faults(REFUSE_LISTS)  # the relist comes after x's update and delete: it infers it
     server.expire_watches()
     x1 = await client.patch(f"{PATH}/x", {"data": {"v": "1"}})
