@@ -2,7 +2,7 @@
 
 client-go 1.36 (``tools/cache/shared_informer.go``): ``sharedProcessor.removeListener`` only closes
 the listener's ``addCh`` (line 1088); ``processorListener.pop`` then returns and closes ``nextCh``
-(line 1298, "Tell .run() to stop"), so ``run``'s ``for next := range p.nextCh`` (line 1339) ends after
+(line 1298, "Tell .run() to stop"), so ``run``'s ``for next := range p.nextCh`` (line 1338) ends after
 the handler call it is in returns: ``RemoveEventHandler`` (line 1004) returns at once, the running
 call is never interrupted, and what was pending is discarded. ``TestRemoveWhileActive``
 (``shared_informer_test.go`` line 1068) checks the last part: no event reaches a removed handler.
