@@ -15,12 +15,10 @@ the spill read back, the latest states and their gap markers) and hands it over 
 handler gets up to :data:`BATCH_LIMIT` at once; every other handler gets batches of one. A batch of
 one reaches even a batch handler through ``handle``.
 
-How a batch becomes the handler's call, and how it is acknowledged, is
-:mod:`bridge.informer.handler_call`'s. Besides those acknowledgements, a notification superseded by
-coalescing is acknowledged when it is merged (its successor carries the newer state, so nothing final
-is lost) and a dropped one is acknowledged as discarded. ``SNAPSHOT`` and ``GAP`` notifications are
-never dropped nor coalesced (under ``BLOCK`` they wait for room; otherwise they are queued past the
-capacity, in order); nothing coalesces across a ``GAP`` marker.
+How a batch becomes the handler's call and its acknowledgements: :mod:`bridge.informer.handler_call`.
+A notification superseded by coalescing is acknowledged when it is merged (its successor carries the
+newer state), a dropped one as discarded. ``SNAPSHOT`` and ``GAP`` notifications are never dropped
+nor coalesced (queued past the capacity, in order); nothing coalesces across a ``GAP`` marker.
 
 Closing a listener (its handler removed) stops intake and discards what is pending at once; a handler
 call in progress is not interrupted, as client-go's ``RemoveEventHandler`` lets it finish, and its
@@ -150,9 +148,7 @@ class ProcessorListener:
         self.name = name
         self.options = options
         self._call = HandlerCall(handler=handler, acked=self._acked_one, name=name)
-        self._batch_limit = _BATCH_FLOOR if self._call.takes_batches else 1
-        """Batches for a batch handler are sized to about a time slice; every other handler's are
-        of one notification."""
+        self._batch_limit = _BATCH_FLOOR if self._call.takes_batches else 1  # others: batches of one
         self._clock = clock
         self._observer = observer
         self._upstream_synced = upstream_synced
@@ -261,25 +257,18 @@ class ProcessorListener:
     # intake
 
     async def add(self, notification: Notification) -> None:
-        """Queues a notification, applying the overflow policy when the buffer is full.
+        """Queues a notification; never waits, except under BLOCK (for room) and while catching up.
 
-        Never waits, except under BLOCK (which waits for room). Returns without queueing once the
-        listener is closed.
-
-        Under the other policies a full buffer of a listener with a spill first gets turns of the
-        event loop, one at a time (``CATCHING_UP``), as long as the worker keeps finishing handler
-        calls or acknowledging the notifications of its batch (at most :data:`CATCH_UP_TURNS` turns
-        in a row without either): a listener that is draining — a burst, a sink a little slower than
-        the watch for a moment — catches up in memory instead of writing the overflow to its spill
-        and reading it back; one whose handler is stuck or slow (a sink that is down) costs its
-        siblings those few turns once, then the overflow spills and what follows goes after it
-        without any turn. ``may_catch_up`` (asked before every turn) lets the owner end them: the
-        informer allows them only while each of its other listeners has work of its own (holding
-        the informer then costs none of them anything: a burst that outruns every sink) and while
-        less than :data:`CATCH_UP_BYTES` of changes wait in its queue; one sink slower than the
-        others spills, and its siblings keep their pace. A listener without a spill degrades at
-        once (holding the informer first only delayed that: measured, a sustained overload then
-        delivered less).
+        A full memory of a listener with a spill first gets turns of the event loop, one at a time
+        (``CATCHING_UP``), while the worker keeps finishing calls or acknowledging its batch (at most
+        :data:`CATCH_UP_TURNS` turns in a row without either): a listener draining a burst catches
+        up in memory instead of writing to its spill and reading it back; a stuck one costs its
+        siblings those few turns once, then spills. ``may_catch_up`` (asked before every turn) lets
+        the informer end them: it allows them only while each of its other listeners has work of its
+        own and less than :data:`CATCH_UP_BYTES` of changes wait in its queue, so one sink slower
+        than the others spills alone. Without a spill, a full memory degrades at once (holding the
+        informer first only delayed that: measured, a sustained overload then delivered less).
+        Returns without queueing once the listener is closed.
         """
         if self._mode is _CLOSED:
             return

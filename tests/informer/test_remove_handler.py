@@ -114,7 +114,7 @@ async def test_removing_a_handler_lets_its_running_call_finish_and_discards_the_
     informer: Informer, kind: type[Held]
 ) -> None:
     inf, source, observer = informer
-    held = kind()
+    held: Any = kind()
     kept = RecordingHandler()
     reg = inf.add_event_handler(held, ListenerOptions(name="held"))
     inf.add_event_handler(kept, ListenerOptions(name="kept"))
@@ -146,7 +146,7 @@ async def test_removing_an_idle_handler_ends_its_worker_without_cancelling_it(
     informer: Informer, kind: type[Held]
 ) -> None:
     inf, source, _ = informer
-    held = kind()
+    held: Any = kind()
     held.release.set()
     reg = inf.add_event_handler(held, ListenerOptions(name="held"))
     await start(inf)
