@@ -2,7 +2,7 @@
 
 When a sink falls behind by more than its in-memory budget (its listener's ``buffer_capacity``), the
 listener appends the rest of its backlog here and reads it back in order once the sink catches up
-(:class:`bridge.informer.processor.ProcessorListener`). A long outage of one sink costs disk, not
+(:class:`bridge.informer.listener.ProcessorListener`). A long outage of one sink costs disk, not
 memory, and never holds back the informer or the other sinks.
 
 Format, chosen for speed: numbered segment files (``00000000000000000001.seg`` …) of records

@@ -1,0 +1,134 @@
+"""What a listener keeps per notification or per object: buffer cells, merging, the latest states.
+
+A listener's memory is a queue of :class:`Slot` s with an index by object key, so that coalescing
+(:func:`merge`) swaps a pending notification in place and the object keeps its position. When the
+listener degrades (:class:`~bridge.informer.buffer_mode.BufferMode`), its backlog becomes
+:class:`LatestStates`: the latest state of each object, bounded by the number of objects however
+long the outage, delivered later inside the listener's own gap window.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from bridge.contracts import Notification, NotificationKind, ObjectKey
+
+__all__ = ["MARKERS", "LatestStates", "Slot", "is_initial_add", "merge"]
+
+MARKERS = frozenset({NotificationKind.SNAPSHOT, NotificationKind.GAP})
+"""Notifications that are never dropped nor coalesced."""
+
+
+def is_initial_add(n: Notification) -> bool:
+    return n.kind is NotificationKind.ADD and n.is_in_initial_list
+
+
+class Slot:
+    """A buffer cell; coalescing swaps the notification in place so the key keeps its position."""
+
+    __slots__ = ("notification",)
+
+    def __init__(self, notification: Notification) -> None:
+        self.notification = notification
+
+
+def merge(pending: Notification, new: Notification) -> Notification | None:
+    """The single notification equivalent to ``pending`` followed by ``new`` (same key), or None.
+
+    add+update → add(new), update+update → update(first old, last new), add/update+delete → delete.
+    Anything else (a delete followed by a re-creation, …) cannot be merged without losing a step.
+    A merge of an initial-list add stays an initial-list add unless it becomes a delete.
+    """
+    if new.kind is NotificationKind.UPDATE:
+        if pending.kind is NotificationKind.ADD:
+            return Notification(
+                kind=NotificationKind.ADD,
+                obj=new.obj,
+                is_in_initial_list=pending.is_in_initial_list,
+                seq=new.seq,
+                key=new.key,
+                time=new.time,
+            )
+        if pending.kind is NotificationKind.UPDATE:
+            return Notification(
+                kind=NotificationKind.UPDATE,
+                obj=new.obj,
+                old=pending.old,
+                is_resync=pending.is_resync and new.is_resync,
+                seq=new.seq,
+                key=new.key,
+                time=new.time,
+            )
+        return None
+    mergeable = (NotificationKind.ADD, NotificationKind.UPDATE)
+    if new.kind is NotificationKind.DELETE and pending.kind in mergeable:
+        return new
+    return None
+
+
+class LatestStates:
+    """A degraded listener's backlog: markers as they are, other changes as the latest state per key.
+
+    Oldest first. Changes between two markers share one map (key → the steps that cannot merge, e.g.
+    a delete then a re-creation); nothing merges across a marker, nor into what :meth:`take` has
+    handed out: a map is taken whole, so changes arriving after that start a new one.
+    """
+
+    __slots__ = ("_count", "_entries", "_taken")
+
+    def __init__(self) -> None:
+        self._entries: deque[Notification | dict[ObjectKey, list[Notification]]] = deque()
+        self._taken: deque[Notification] = deque()
+        """The map being handed out, flattened, not yet in a batch."""
+        self._count = 0
+
+    def __len__(self) -> int:
+        """Notifications kept (markers and states), handed out or not, not yet taken in a batch."""
+        return self._count
+
+    def add(self, n: Notification) -> tuple[Notification, Notification] | None:
+        """Keeps ``n``; when it merges into its object's pending state, returns (the superseded
+        pending one, the merged one), else None."""
+        entries = self._entries
+        if n.kind in MARKERS:
+            entries.append(n)
+            self._count += 1
+            return None
+        last = entries[-1] if entries else None
+        if not isinstance(last, dict):
+            last = {}
+            entries.append(last)
+        steps = last.setdefault(n.key or ObjectKey(f"\0{id(n)}"), [])
+        if steps:
+            pending = steps[-1]
+            merged = merge(pending, n)
+            if merged is not None:
+                steps[-1] = merged
+                return pending, merged
+        steps.append(n)
+        self._count += 1
+        return None
+
+    def take(self, limit: int) -> list[Notification]:
+        """Up to ``limit`` notifications, oldest first, in the order they are to be delivered."""
+        out: list[Notification] = []
+        taken = self._taken
+        while len(out) < limit:
+            if taken:
+                out.append(taken.popleft())
+                continue
+            if not self._entries:
+                break
+            entry = self._entries.popleft()
+            if isinstance(entry, Notification):
+                taken.append(entry)
+            else:
+                for steps in entry.values():
+                    taken.extend(steps)
+        self._count -= len(out)
+        return out
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._taken.clear()
+        self._count = 0

@@ -1,0 +1,606 @@
+"""One handler's bounded buffer and the worker that feeds it: client-go's ``processorListener``.
+
+Each listener owns a **bounded** in-memory buffer and a worker task that drains it in order, so a
+slow handler delays only itself, never the informer or its siblings: handing a notification to a
+listener never waits (except under the opt-in ``BLOCK`` policy). What does not fit in memory goes,
+in order, to the listener's spill on disk (:class:`~bridge.contracts.NotificationSpill`); what the
+spill cannot take either **degrades**: the listener keeps the latest state per object (memory bounded
+by the number of objects) and delivers those states later inside a gap window of its own (``GAP``
+begin, the states, ``GAP`` end), as a relist would. Which of these applies is the buffer's mode, an
+explicit state machine (:mod:`bridge.informer.buffer_mode`); the policy for a full memory is
+:class:`~bridge.contracts.OverflowPolicy`.
+
+The worker has one delivery path: it takes a batch of what is ready (replayed initial adds, memory,
+the spill read back, the latest states and their gap markers) and hands it over in one call. A batch
+handler gets up to :data:`BATCH_LIMIT` at once; every other handler gets batches of one. A batch of
+one reaches even a batch handler through ``handle``.
+
+How a batch becomes the handler's call and its acknowledgements: :mod:`bridge.informer.handler_call`.
+A notification superseded by coalescing is acknowledged when it is merged (its successor carries the
+newer state), a dropped one as discarded. ``SNAPSHOT`` and ``GAP`` notifications are never dropped
+nor coalesced (queued past the capacity, in order); nothing coalesces across a ``GAP`` marker.
+
+Closing a listener (its handler removed) stops intake and discards what is pending at once; a handler
+call in progress is not interrupted, as client-go's ``RemoveEventHandler`` lets it finish, and its
+acknowledgements no longer count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from bridge.clock import Clock
+from bridge.contracts import (
+    DeletedFinalStateUnknown,
+    DeliveryObserver,
+    EventHandler,
+    Gap,
+    KubeObject,
+    ListenerOptions,
+    Notification,
+    NotificationHandler,
+    NotificationKind,
+    NotificationSpill,
+    ObjectKey,
+    OverflowPolicy,
+)
+from bridge.informer.buffer_mode import BufferEvent, BufferMode, next_mode
+from bridge.informer.handler_call import HandlerCall
+from bridge.informer.latest_states import MARKERS, LatestStates, Slot, is_initial_add, merge
+from bridge.rawobject import object_identity
+
+__all__ = [
+    "BATCH_LIMIT",
+    "CATCH_UP_BYTES",
+    "CATCH_UP_TURNS",
+    "TIME_SLICE",
+    "ListenerStats",
+    "ProcessorListener",
+]
+
+TIME_SLICE = 0.002
+"""Seconds a loop that works through a backlog (a listener's buffer, the informer's queue) may keep
+the event loop before it yields once: bounds the latency it adds to every other task."""
+
+BATCH_LIMIT = 256
+"""The most notifications a listener hands a batch handler in one call. Within it the batch is sized
+so that one call takes about a :data:`TIME_SLICE` (measured on the previous batches), so the other
+tasks get their turn as often as with one notification per call."""
+
+_BATCH_FLOOR = 16
+"""The smallest batch the sizing goes down to: a call that waited for its sink's room says little
+about what one notification costs."""
+
+CATCH_UP_TURNS = 4
+"""Turns of the event loop in a row without a finished handler call after which a listener with a
+full buffer is taken to be behind (its overflow spills); see :meth:`ProcessorListener.add`."""
+
+CATCH_UP_BYTES = 32 << 20
+"""The most a listener catching up lets wait upstream of it (the JSON bytes of the changes in its
+informer's queue) before its overflow spills; see :meth:`ProcessorListener.add`."""
+
+log = logging.getLogger(__name__)
+
+_NORMAL = BufferMode.NORMAL
+_SPILLING = BufferMode.SPILLING
+_DEGRADED = BufferMode.DEGRADED
+_DRAINING_GAP = BufferMode.DRAINING_GAP
+_CLOSED = BufferMode.CLOSED
+
+@dataclass(frozen=True, slots=True)
+class ListenerStats:
+    """A point-in-time copy of a listener's counters."""
+
+    name: str
+    received: int
+    """Notifications handed to the listener (replayed initial adds included)."""
+    delivered: int
+    """Handler calls that returned without raising."""
+    acked: int
+    """Tracked notifications acknowledged (delivered, failed, superseded or dropped)."""
+    dropped: int
+    coalesced: int
+    handler_errors: int
+    high_water: int
+    """Largest buffer depth seen."""
+    depth: int
+    """Notifications waiting now (buffer, remaining replay, spill and degraded states, and those of a
+    batch in the handler's call after its first)."""
+    spilled: int = 0
+    """Notifications written to the spill."""
+    spill_depth: int = 0
+    spill_bytes: int = 0
+    degraded: int = 0
+    """Notifications kept only as the latest state of their object (spill full or absent)."""
+    gaps: int = 0
+    """Gap windows this listener opened because it degraded."""
+
+
+class ProcessorListener:
+    """One handler's bounded buffer and the worker task that feeds it (client-go's processorListener).
+
+    Created by the informer (``SharedIndexInformer.add_event_handler``); :meth:`add` is awaited by the
+    processor (one producer at a time), the worker is started by :meth:`start`.
+    """
+
+    def __init__(
+        self,
+        *,
+        handler: EventHandler | NotificationHandler,
+        options: ListenerOptions,
+        clock: Clock,
+        name: str,
+        resync_period: float = 0.0,
+        observer: DeliveryObserver | None = None,
+        upstream_synced: Callable[[], bool] = lambda: True,
+        may_catch_up: Callable[[ProcessorListener], bool] = lambda _listener: True,
+        replay: Sequence[KubeObject] = (),
+    ) -> None:
+        if options.buffer_capacity < 1:
+            raise ValueError(
+                f"listener {name!r}: buffer_capacity must be >= 1, got {options.buffer_capacity}"
+            )
+        self.name = name
+        self.options = options
+        self._call = HandlerCall(handler=handler, acked=self._acked_one, name=name)
+        self._batch_limit = _BATCH_FLOOR if self._call.takes_batches else 1  # others: batches of one
+        self._clock = clock
+        self._observer = observer
+        self._upstream_synced = upstream_synced
+        self._may_catch_up = may_catch_up
+        self.requested_resync_period = options.resync_period
+        self.resync_period = resync_period
+        self.next_resync = 0.0
+        self.determine_next_resync(clock.now())
+
+        self._mode = _NORMAL
+        self._buffer: deque[Slot] = deque()
+        self._pending_by_key: dict[ObjectKey, Slot] = {}
+        self._replay: deque[KubeObject] = deque(replay)
+        self._initial_pending = len(self._replay)
+        self._spill: NotificationSpill | None = options.spill
+        self._latest = LatestStates()
+        self._gap: Gap | None = None
+        """The gap window open while ``DRAINING_GAP``."""
+        self._last_delivered: Notification | None = None
+        self._has_items = asyncio.Event()
+        self._has_room = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+        self._received = len(self._replay)
+        self._acked = 0
+        self._dropped = 0
+        self._coalesced = 0
+        self._high_water = 0
+        self._spilled = 0
+        self._degraded = 0
+        self._gaps = 0
+        self._handled = 0
+        """Handler calls finished (whatever their outcome) and notifications acknowledged: the
+        worker's progress, watched while catching up."""
+        if self._replay:
+            self._has_items.set()
+
+    # ---------------------------------------------------------------------------------------------
+    # resync (client-go: shouldResync / determineNextResync / setResyncPeriod)
+
+    def should_resync(self, now: float) -> bool:
+        """True when this listener's resync is due (never when its period is 0)."""
+        if self.resync_period == 0:
+            return False
+        return now >= self.next_resync
+
+    def determine_next_resync(self, now: float) -> None:
+        self.next_resync = now + self.resync_period
+
+    def set_resync_period(self, period: float) -> None:
+        self.resync_period = period
+
+    # ---------------------------------------------------------------------------------------------
+    # state
+
+    @property
+    def mode(self) -> BufferMode:
+        return self._mode
+
+    @property
+    def depth(self) -> int:
+        spilled = len(self._spill) if self._spill is not None else 0
+        return len(self._buffer) + len(self._replay) + spilled + len(self._latest) + self._call.in_hand
+
+    @property
+    def spill(self) -> NotificationSpill | None:
+        return self._spill
+
+    @property
+    def degraded(self) -> bool:
+        """True while changes wait as latest states only (they will arrive inside a gap window)."""
+        return self._mode is _DEGRADED or self._mode is _DRAINING_GAP
+
+    @property
+    def closed(self) -> bool:
+        return self._mode is _CLOSED
+
+    def has_synced(self) -> bool:
+        """True once the informer has synced and this listener handled every initial-list add."""
+        return self._initial_pending == 0 and self._upstream_synced()
+
+    def stats(self) -> ListenerStats:
+        return ListenerStats(
+            name=self.name,
+            received=self._received,
+            delivered=self._call.delivered,
+            acked=self._acked,
+            dropped=self._dropped,
+            coalesced=self._coalesced,
+            handler_errors=self._call.errors,
+            high_water=self._high_water,
+            depth=self.depth,
+            spilled=self._spilled,
+            spill_depth=len(self._spill) if self._spill is not None else 0,
+            spill_bytes=self._spill.size_bytes if self._spill is not None else 0,
+            degraded=self._degraded,
+            gaps=self._gaps,
+        )
+
+    def _to(self, event: BufferEvent) -> None:
+        """Moves to the mode ``event`` leads to (:data:`~bridge.informer.buffer_mode.TRANSITIONS`)."""
+        self._mode = next_mode(self._mode, event)
+
+    # ---------------------------------------------------------------------------------------------
+    # intake
+
+    async def add(self, notification: Notification) -> None:
+        """Queues a notification; never waits, except under BLOCK (for room) and while catching up.
+
+        A full memory of a listener with a spill first gets turns of the event loop, one at a time
+        (``CATCHING_UP``), while the worker keeps finishing calls or acknowledging its batch (at most
+        :data:`CATCH_UP_TURNS` turns in a row without either): a listener draining a burst catches
+        up in memory instead of writing to its spill and reading it back; a stuck one costs its
+        siblings those few turns once, then spills. ``may_catch_up`` (asked before every turn) lets
+        the informer end them: it allows them only while each of its other listeners has work of its
+        own and less than :data:`CATCH_UP_BYTES` of changes wait in its queue, so one sink slower
+        than the others spills alone. Without a spill, a full memory degrades at once (holding the
+        informer first only delayed that: measured, a sustained overload then delivered less).
+        Returns without queueing once the listener is closed.
+        """
+        if self._mode is _CLOSED:
+            return
+        self._received += 1
+        buffer = self._buffer
+        capacity = self.options.buffer_capacity
+        if self.options.overflow_policy is OverflowPolicy.BLOCK:
+            while len(buffer) >= capacity:
+                self._has_room.clear()
+                await self._has_room.wait()
+                if self._mode is _CLOSED:
+                    return
+            self._push(notification)
+            return
+        if self._mode is _NORMAL:
+            if len(buffer) < capacity:
+                self._push(notification)
+                return
+            if self._spill is not None and self._task is not None:
+                await self._catch_up()
+                if self._mode is _CLOSED:
+                    return
+        self.offer(notification)
+
+    async def _catch_up(self) -> None:
+        """Gives the worker turns of the loop while it keeps finishing calls (see :meth:`add`)."""
+        self._to(BufferEvent.FULL_WAIT)
+        buffer = self._buffer
+        capacity = self.options.buffer_capacity
+        idle_turns = 0
+        try:
+            while len(buffer) >= capacity and idle_turns < CATCH_UP_TURNS and self._may_catch_up(self):
+                handled = self._handled
+                await asyncio.sleep(0)
+                if self._mode is _CLOSED:
+                    return
+                idle_turns = 0 if self._handled != handled else idle_turns + 1
+        finally:
+            if self._mode is BufferMode.CATCHING_UP:
+                self._to(BufferEvent.WAIT_OVER)
+
+    def put_nowait(self, n: Notification) -> bool:
+        """What :meth:`add` does when ``n`` fits in memory now (``NORMAL`` with room), without a
+        coroutine; False when it does not: then ``add`` decides (it may wait)."""
+        if self._mode is _NORMAL and len(self._buffer) < self.options.buffer_capacity:
+            self._received += 1
+            self._push(n)
+            return True
+        return self._mode is _CLOSED  # add returns without queueing
+
+    def offer(self, n: Notification) -> None:
+        """Queues a notification without ever waiting (every policy but BLOCK; see the module docs),
+        where the buffer's mode says."""
+        mode = self._mode
+        if mode is _NORMAL:
+            if len(self._buffer) < self.options.buffer_capacity or n.kind in MARKERS:
+                self._push(n)
+                return
+            policy = self.options.overflow_policy
+            if policy is OverflowPolicy.DROP:
+                self._dropped += 1
+                self._ack(n)
+                return
+            if policy is OverflowPolicy.COALESCE and self._coalesce(n):
+                return
+            self._to_spill(n)
+        elif mode is _SPILLING:
+            self._to_spill(n)
+        elif mode is _DEGRADED or mode is _DRAINING_GAP:
+            self._degrade(n)
+        elif mode is not _CLOSED:
+            raise RuntimeError(f"listener {self.name}: offered a notification while {mode.value}; "
+                               "the processor hands a listener one notification at a time")
+
+    def _to_spill(self, n: Notification) -> None:
+        spill = self._spill
+        if spill is not None:
+            try:
+                written = spill.append(n)
+            except OSError as exc:
+                log.error("listener %s: the spill cannot be written (%s); keeping the latest state "
+                          "per object instead", self.name, exc)
+                written = False
+            if written:
+                if self._mode is not _SPILLING:
+                    self._to(BufferEvent.SPILLED)
+                self._spilled += 1
+                if is_initial_add(n):
+                    self._initial_pending += 1
+                self._idle.clear()
+                self._has_items.set()
+                return
+        self._degrade(n)
+
+    def _degrade(self, n: Notification) -> None:
+        """Keeps ``n`` as the latest state of its object (merged into the pending one if it can)."""
+        if self._mode is _NORMAL or self._mode is _SPILLING:
+            spill = self._spill
+            log.warning("listener %s: %s; keeping the latest state per object, to be delivered inside "
+                        "a gap window", self.name,
+                        f"the spill is full ({spill.size_bytes} bytes)" if spill is not None
+                        else "its buffer is full and it has no spill")
+            self._to(BufferEvent.DEGRADED)
+        self._degraded += 1
+        self._idle.clear()
+        self._has_items.set()
+        merged = self._latest.add(n)
+        if merged is None:
+            if is_initial_add(n):
+                self._initial_pending += 1
+            return
+        pending, into = merged
+        if is_initial_add(pending) and not is_initial_add(into):
+            self._initial_pending -= 1
+        self._coalesced += 1
+        self._ack(pending)
+
+    def _push(self, notification: Notification) -> None:
+        slot = Slot(notification)
+        self._buffer.append(slot)
+        if notification.kind is NotificationKind.GAP:
+            # Nothing after a gap marker coalesces into a notification before it (or the other way).
+            self._pending_by_key.clear()
+        elif notification.kind is not NotificationKind.SNAPSHOT and notification.key:
+            self._pending_by_key[notification.key] = slot
+        if notification.kind is NotificationKind.ADD and notification.is_in_initial_list:
+            self._initial_pending += 1
+        # self.depth without the property's call: memory only takes notifications while NORMAL
+        # (the mode BLOCK never leaves), so nothing waits in the spill or as a latest state.
+        depth = len(self._buffer) + len(self._replay) + self._call.in_hand
+        if depth > self._high_water:  # noqa: PLR1730 - not max(): one call less per notification
+            self._high_water = depth
+        self._idle.clear()
+        self._has_items.set()
+
+    def _coalesce(self, notification: Notification) -> bool:
+        slot = self._pending_by_key.get(notification.key) if notification.key else None
+        if slot is None:
+            return False
+        pending = slot.notification
+        merged = merge(pending, notification)
+        if merged is None:
+            return False
+        slot.notification = merged
+        if is_initial_add(pending) and not is_initial_add(merged):
+            self._initial_pending -= 1
+        self._coalesced += 1
+        self._ack(pending)
+        return True
+
+    def _ack(self, n: Notification) -> None:
+        """Acknowledges a notification that is not handed to the handler (superseded or dropped)."""
+        if n.seq < 0 or self._mode is _CLOSED:
+            return
+        self._acked += 1
+        if self._observer is not None:
+            self._observer.acked(self.name, n.seq)
+
+    # ---------------------------------------------------------------------------------------------
+    # worker: take what is ready, hand it over
+
+    def start(self, task_prefix: str = "listener") -> None:
+        """Starts the worker task (idempotent)."""
+        if self._task is None and self._mode is not _CLOSED:
+            self._task = asyncio.create_task(self._run(), name=f"{task_prefix}:{self.name}")
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        return self._task
+
+    async def _run(self) -> None:
+        try:
+            await self._drain_forever()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Handler errors are caught per call; this is a bug in the listener itself. Closing
+            # releases a producer waiting for room instead of stalling the whole informer.
+            log.exception("worker failed; closing the listener", extra={"listener": self.name})
+            self.close()
+
+    async def _drain_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        slice_end = loop.time() + TIME_SLICE
+        while True:
+            if loop.time() >= slice_end:
+                # A long backlog is delivered without ever waiting: let the other tasks in (the
+                # watch reader, the sinks' senders and acks) so that none waits for the whole drain.
+                await asyncio.sleep(0)
+                slice_end = loop.time() + TIME_SLICE
+            batch = self._take(self._batch_limit)
+            if batch:
+                started = loop.time()
+                for n in reversed(batch):
+                    if n.kind is not NotificationKind.GAP:
+                        self._last_delivered = n
+                        break
+                try:
+                    await self._call.deliver(batch)
+                finally:
+                    self._handled += len(batch)
+                    for n in batch:
+                        if n.kind is NotificationKind.ADD and n.is_in_initial_list:
+                            self._initial_pending -= 1
+                if len(batch) > 1:  # a batch handler's: size the next batch to about a time slice
+                    elapsed = loop.time() - started
+                    fits = int(len(batch) * TIME_SLICE / elapsed) if elapsed > 0 else BATCH_LIMIT
+                    self._batch_limit = min(BATCH_LIMIT, max(_BATCH_FLOOR, fits))
+                continue
+            if self._mode is _CLOSED:
+                return
+            self._has_items.clear()
+            self._idle.set()
+            await self._has_items.wait()
+
+    def _take(self, limit: int) -> list[Notification]:
+        """The next batch, oldest first: replayed initial adds, memory (refilled from the spill),
+        then — degraded — the gap window: its begin marker, the latest states, its end marker."""
+        mode = self._mode
+        if mode is _CLOSED:
+            return []
+        replay = self._replay
+        if replay:
+            return [Notification(kind=NotificationKind.ADD, obj=replay.popleft(), is_in_initial_list=True,
+                                 seq=-1) for _ in range(min(len(replay), limit))]
+        if self._buffer or self._refill():
+            return self._pop_batch(limit)
+        if mode is _DEGRADED:
+            self._gaps += 1
+            self._gap = Gap(id=f"overflow:{self.name}:{uuid.uuid4().hex[:12]}",
+                            from_resource_version=self._last_resource_version())
+            self._to(BufferEvent.GAP_OPENED)
+            begin = Notification(kind=NotificationKind.GAP, obj={}, gap=self._gap)
+            return [begin, *self._latest.take(limit - 1)]
+        if mode is _DRAINING_GAP:
+            return self._latest.take(limit) or [self._close_gap()]
+        return []
+
+    def _pop_batch(self, limit: int) -> list[Notification]:
+        """Takes what the buffer holds, oldest first, up to ``limit``; each leaves the coalescing
+        index (nothing coalesces into a notification handed out)."""
+        buffer = self._buffer
+        pending = self._pending_by_key
+        batch: list[Notification] = []
+        for _ in range(min(len(buffer), limit)):
+            slot = buffer.popleft()
+            n = slot.notification
+            if n.key and pending.get(n.key) is slot:
+                del pending[n.key]
+            batch.append(n)
+        self._has_room.set()
+        return batch
+
+    def _refill(self) -> bool:
+        """Moves the oldest spilled notifications into the empty buffer; True if any."""
+        spill = self._spill
+        if spill is None or not len(spill):
+            return False
+        try:
+            batch = spill.read(max(1, self.options.buffer_capacity))
+        except OSError as exc:
+            log.error("listener %s: the spill cannot be read (%s); its %d notifications are lost",
+                      self.name, exc, len(spill))
+            spill.clear()
+            batch = []
+        for n in batch:
+            slot = Slot(n)
+            self._buffer.append(slot)
+            if n.kind is NotificationKind.GAP:
+                self._pending_by_key.clear()
+            elif n.kind is not NotificationKind.SNAPSHOT and n.key:
+                self._pending_by_key[n.key] = slot
+        if not len(spill) and self._mode is _SPILLING:
+            self._to(BufferEvent.SPILL_EMPTIED)
+        return bool(batch)
+
+    def _close_gap(self) -> Notification:
+        """The end marker of the open gap window; the listener is ``NORMAL`` again."""
+        gap = self._gap
+        assert gap is not None
+        self._gap = None
+        self._to(BufferEvent.GAP_CLOSED)
+        log.info("listener %s: caught up; the gap window %s is closed", self.name, gap.id)
+        return Notification(kind=NotificationKind.GAP, obj={}, gap=Gap(
+            id=gap.id, from_resource_version=gap.from_resource_version,
+            to_resource_version=self._last_resource_version(), end=True))
+
+    def _last_resource_version(self) -> str:
+        """The resourceVersion of the last change delivered ("" if none)."""
+        n = self._last_delivered
+        if n is None or n.kind in MARKERS:
+            return ""
+        obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
+        return object_identity(obj)[1]
+
+    def _acked_one(self, seq: int) -> None:
+        """What the first call of a handed-out notification's ack does."""
+        self._handled += 1  # progress for the catch-up in add(): a batch may span several turns
+        if seq < 0 or self._mode is _CLOSED:
+            return
+        self._acked += 1
+        observer = self._observer
+        if observer is not None:
+            observer.acked(self.name, seq)
+
+    # ---------------------------------------------------------------------------------------------
+    # lifecycle
+
+    async def wait_drained(self) -> None:
+        """Returns once nothing waits and no handler call is running (at once once closed)."""
+        while self.depth or self._call.busy or (self._task is not None and not self._idle.is_set()):
+            if self._task is None or self._task.done() or self._mode is _CLOSED:
+                return
+            await self._idle.wait()
+
+    def close(self) -> None:
+        """Stops intake and discards what is pending (idempotent, sync). A handler call in progress
+        is not interrupted: the worker ends once it returns (client-go's ``RemoveEventHandler``);
+        the acknowledgements of a closed listener no longer count."""
+        if self._mode is _CLOSED:
+            return
+        self._to(BufferEvent.CLOSED)
+        self._buffer.clear()
+        self._pending_by_key.clear()
+        self._latest.clear()
+        self._gap = None
+        if self._spill is not None:
+            try:
+                self._spill.clear()
+            except OSError:
+                log.exception("listener %s: removing its spill failed", self.name)
+        self._replay.clear()
+        self._has_room.set()
+        self._has_items.set()
+        self._idle.set()
