@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from bridge.contracts import DeletedFinalStateUnknown, Gap, Notification, NotificationKind, ObjectKey
-from bridge.delivery.checkpoint import Checkpoint
 from bridge.delivery.blob_file import FileBlobStore
+from bridge.delivery.checkpoint import Checkpoint
 from bridge.delivery.journal import FileJournalBackend, JournalEntry, KnownObjectJournal
 from tests.checkpoint.helpers import until
 
