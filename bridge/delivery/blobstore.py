@@ -276,7 +276,10 @@ class ChunkedValue:
         return True
 
     async def append(self, data: bytes) -> None:
-        if self._appends is not None and self._version is not None and not self._chunks:
+        room = self._store.head_room(self._chunks)
+        fits = room is None or len(self._tail) + len(data) <= room
+        if self._appends is not None and self._version is not None and not self._chunks and fits:
+            fence_token(self._fence, self.name)  # the version is this writer's: no one wrote since
             try:
                 self._version = await self._appends.append(self._ident, data, self._version)
             except BlobConflict:
@@ -350,9 +353,9 @@ class ChunkedValue:
                     current = await self._store.get(self._ident)
                 except CheckpointCorruptError as exc:  # cannot tell whose it is: not overwritten
                     raise BlobStoreError(f"cannot write {self.name}: {exc}") from exc
-                self._version = None if current is None else current.version
                 if current is not None:
-                    check_fence(token, current.writer, self.name)
+                    check_fence(token, current.writer, self.name)  # before it adopts the version
+                self._version = None if current is None else current.version
                 continue
             self._chunks, self._tail = head.chunks, head.inline
             self.writes += 1
