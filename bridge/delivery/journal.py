@@ -386,25 +386,8 @@ class KnownObjectJournal:
         """One write: a compaction (rewrites what the storage holds, less what the last checkpoint
         written implies) or one group commit of pending records (as many as the backend has room
         for, in order)."""
-        cp = self._compact_to
-        if cp is not None or self._compact_requested:
-            if cp is not None:
-                self._checkpoint = _checkpoint_uids(cp)
-                self._base = cp
-            self._entries = {uid: e for uid, e in self._entries.items() if self._needed(uid, e)}
-            durable = {uid: e for uid, e in self._durable.items() if self._needed(uid, e)}
-            lines = [orjson.dumps({"journal": _VERSION, "informer_id": self._informer_id})]
-            lines.extend(_record(uid, e) for uid, e in durable.items())
-            try:
-                await self._backend.rewrite(b"\n".join(lines) + b"\n")
-            except BaseException:
-                self._compact_requested = True
-                raise
-            self._durable = durable
-            if self._compact_to is cp:
-                self._compact_to = None
-            self._compact_requested = False
-            self._done(None)
+        if self._compact_to is not None or self._compact_requested:
+            await self._compact_once()
             return
         batch = list(self._pending)
         consumed = len(batch)
@@ -453,6 +436,27 @@ class KnownObjectJournal:
             self._durable[uid] = entry
         self.records += len(batch)
         self._done(last if room is not None else batch[-1][0])
+
+    async def _compact_once(self) -> None:
+        """Rewrites what the storage holds, less what the last checkpoint written implies."""
+        cp = self._compact_to
+        if cp is not None:
+            self._checkpoint = _checkpoint_uids(cp)
+            self._base = cp
+        self._entries = {uid: e for uid, e in self._entries.items() if self._needed(uid, e)}
+        durable = {uid: e for uid, e in self._durable.items() if self._needed(uid, e)}
+        lines = [orjson.dumps({"journal": _VERSION, "informer_id": self._informer_id})]
+        lines.extend(_record(uid, e) for uid, e in durable.items())
+        try:
+            await self._backend.rewrite(b"\n".join(lines) + b"\n")
+        except BaseException:
+            self._compact_requested = True
+            raise
+        self._durable = durable
+        if self._compact_to is cp:
+            self._compact_to = None
+        self._compact_requested = False
+        self._done(None)
 
     def _optional(self, uid: str, entry: JournalEntry) -> bool:
         """Whether a record may be left out when the journal is full: a relist's state of an object
