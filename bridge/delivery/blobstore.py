@@ -23,8 +23,8 @@ and **sealed chunks** (blobs created once under a fresh name, never changed).
 * Without ``chunking`` (a ConfigMap store whose RBAC names its ConfigMaps one by one) a value is its
   head alone: a larger one is refused with an error saying so, and :meth:`ChunkedValue.room` bounds
   a journal's appends.
-* A store that appends in place (:class:`AppendableBlobStore`: a file) has a journal's group commit
-  appended to the head instead of rewriting it.
+* A store that appends in place without a limit (:class:`AppendableBlobStore`: a file) has a
+  journal's group commit appended to the head instead of rewriting it.
 
 Store capabilities are Protocols checked once, when a value is built; nothing probes a store.
 """
@@ -236,7 +236,7 @@ class ChunkedValue:
         if head.damage:
             raise CheckpointCorruptError(f"{self.name}: {head.damage}")
         check_fence(token, head.writer, self.name)
-        self._chunks, self._tail = head.chunks, head.inline
+        self._chunks, self._tail = head.chunks, self._kept(head.inline)
         return head
 
     async def assemble(self, head: Head) -> bytes:
@@ -276,18 +276,18 @@ class ChunkedValue:
         return True
 
     async def append(self, data: bytes) -> None:
-        room = self._store.head_room(self._chunks)
-        fits = room is None or len(self._tail) + len(data) <= room
-        if self._appends is not None and self._version is not None and not self._chunks and fits:
-            fence_token(self._fence, self.name)  # the version is this writer's: no one wrote since
+        if self._appends is not None and self._version is not None and self._store.head_room(()) is None:
+            # In place (a file without a limit): the head is not kept in memory, so a head replaced
+            # meanwhile fails the append, and the journal rewrites its whole durable state.
+            fence_token(self._fence, self.name)
             try:
                 self._version = await self._appends.append(self._ident, data, self._version)
-            except BlobConflict:
-                pass  # replaced meanwhile: the whole value again, as any store does
-            else:
-                self._tail += data
-                self.writes += 1
-                return
+            except BlobConflict as exc:
+                self._version = None
+                raise BlobStoreError(f"cannot append to {self.name}: it was replaced meanwhile") from exc
+            self._tail = b""
+            self.writes += 1
+            return
         await self._write(self._chunks, self._tail, data, retry=True)
 
     def room(self) -> int | None:
@@ -357,10 +357,15 @@ class ChunkedValue:
                     check_fence(token, current.writer, self.name)  # before it adopts the version
                 self._version = None if current is None else current.version
                 continue
-            self._chunks, self._tail = head.chunks, head.inline
+            self._chunks, self._tail = head.chunks, self._kept(head.inline)
             self.writes += 1
             return
         raise CheckpointFencedError(f"{self.name}: kept changing under this writer; refused")
+
+    def _kept(self, inline: bytes) -> bytes:
+        """What of a head's inline bytes an append needs: nothing when the head has no limit (it is
+        appended to in place, or rewritten whole), so a file's value is not held in memory."""
+        return inline if self._store.head_room(()) is not None else b""
 
     async def _drop(self, previous: Sequence[str]) -> None:
         """Deletes the chunks of ``previous`` the head no longer lists and, once per run (and after

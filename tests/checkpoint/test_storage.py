@@ -227,3 +227,22 @@ async def test_without_chunking_a_value_larger_than_a_blob_is_refused(blobs: Blo
     with pytest.raises(BlobStoreError, match=r"and chunking is off \(say what to do\)"):
         await v.append(text(ROOM + 1))
     assert await value(blobs).read() == b"small\n"
+
+
+async def test_a_file_appended_in_place_refuses_an_append_after_it_was_replaced(tmp_path: Path) -> None:
+    """Without a limit a file's group commits are appended in place (one write and fdatasync), its
+    bytes not kept in memory: a file replaced meanwhile fails the append, and the journal then
+    rewrites its whole durable state (as after any failed write)."""
+    files = FileBlobStore(directory=tmp_path, suffix=".journal", what="journal", fsync=False)
+    mine, other = value(files), value(files)
+    await mine.rewrite(b"head\n")
+    await mine.append(b"one\n")
+    await mine.append(b"two\n")
+    assert (tmp_path / f"{IDENT}.journal").read_bytes() == b"head\none\ntwo\n"
+    assert await other.read() == b"head\none\ntwo\n"
+    await other.rewrite(b"replaced\n")
+    with pytest.raises(BlobStoreError, match="replaced meanwhile"):
+        await mine.append(b"three\n")
+    assert await value(files).read() == b"replaced\n"
+    await mine.rewrite(b"head\none\ntwo\nthree\n")
+    assert await value(files).read() == b"head\none\ntwo\nthree\n"
