@@ -232,11 +232,11 @@ class ChunkedValue:
         if head is None:
             self._version, self._chunks, self._tail = None, (), b""
             return None
-        self._version = head.version
         if head.damage:
+            self._version = head.version  # unreadable, yet a write may replace it
             raise CheckpointCorruptError(f"{self.name}: {head.damage}")
-        check_fence(token, head.writer, self.name)
-        self._chunks, self._tail = head.chunks, self._kept(head.inline)
+        check_fence(token, head.writer, self.name)  # before it adopts the version
+        self._version, self._chunks, self._tail = head.version, head.chunks, self._kept(head.inline)
         return head
 
     async def assemble(self, head: Head) -> bytes:

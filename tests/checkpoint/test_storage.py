@@ -153,6 +153,10 @@ async def test_a_deposed_writer_is_refused_and_its_chunks_are_swept(blobs: BlobS
     with pytest.raises(CheckpointFencedError, match="later leader"):
         await old.append(b"late\n")
     with pytest.raises(CheckpointFencedError, match="later leader"):
+        await old.read()  # a stale leader does not resume from it either
+    with pytest.raises(CheckpointFencedError, match="later leader"):
+        await old.append(b"late\n")  # nor does reading teach it the version to write over
+    with pytest.raises(CheckpointFencedError, match="later leader"):
         await old.rewrite(text(3 * ROOM))  # seals chunks first: orphans, the head is refused
     assert await value(blobs).read() == b"by b\n"
     assert await blobs.chunks_of(IDENT)  # the deposed writer's orphans
