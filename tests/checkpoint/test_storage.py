@@ -5,6 +5,7 @@ fence refusing a deposed writer, and the orphan sweep after a crash between the 
 
 from __future__ import annotations
 
+import ast
 import itertools
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -14,14 +15,16 @@ import pytest
 
 from bridge.delivery.blob_file import FileBlobStore
 from bridge.delivery.blobstore import BlobConflict, BlobStore, ChunkedValue, Head
-from bridge.delivery.checkpoint_configmap import JOURNALS, ConfigMapBlobStore
-from bridge.delivery.checkpoint_natskv import NatsKvBlobStore
+from bridge.delivery.checkpoint import FileCheckpointStore, JournalStore, ListableCheckpointStore
+from bridge.delivery.checkpoint_configmap import JOURNALS, ConfigMapBlobStore, ConfigMapCheckpointStore
+from bridge.delivery.checkpoint_natskv import NatsKvBlobStore, NatsKvCheckpointStore
 from bridge.delivery.fencing import BlobStoreError, CheckpointFencedError
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.leaderelection import FenceToken
 from bridge.sim import Simulator
 from tests.brokers import NatsServer, running_nats
 from tests.checkpoint.test_fencing import Term
+from tests.checkpoint.test_per_sink_progress import MemoryStore
 
 IDENT = "pods.all.0123456789ab"
 ROOM = 1000
@@ -250,3 +253,36 @@ async def test_a_file_appended_in_place_refuses_an_append_after_it_was_replaced(
     assert await value(files).read() == b"replaced\n"
     await mine.rewrite(b"head\none\ntwo\nthree\n")
     assert await value(files).read() == b"head\none\ntwo\nthree\n"
+
+
+async def test_store_capabilities_are_protocols_every_built_in_store_has(tmp_path: Path) -> None:
+    """What the pipeline needs beyond load and save is declared (``ListableCheckpointStore``,
+    ``JournalStore``) and checked once when it is built: every built-in store has both; a store
+    written against ``CheckpointStore`` alone has neither, and nothing else is looked for."""
+    sim = Simulator()
+    await sim.start()
+    client = ApiClient(server=sim.url)
+    try:
+        stores = [FileCheckpointStore(directory=tmp_path),
+                  ConfigMapCheckpointStore(client=client, namespace="default"),
+                  NatsKvCheckpointStore(nats_url="nats://127.0.0.1:1")]
+        for store in stores:
+            assert isinstance(store, ListableCheckpointStore)
+            assert isinstance(store, JournalStore)
+        assert not isinstance(MemoryStore(), JournalStore | ListableCheckpointStore)
+    finally:
+        await client.close()
+        await sim.stop()
+
+
+def test_no_store_is_probed_for_undeclared_attributes() -> None:
+    """No ``getattr``/``hasattr`` on a store anywhere in the bridge: capabilities are Protocols."""
+    root = Path(__file__).resolve().parents[2] / "bridge"
+    probes = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr") and node.args
+                    and "store" in ast.unparse(node.args[0]).lower()):
+                probes.append(f"{path.relative_to(root.parent)}:{node.lineno}: {ast.unparse(node)}")
+    assert probes == []
