@@ -147,7 +147,7 @@ class KnownObjectJournal:
                 raise ValueError("a journal needs a backend or a path")
             backend = FileJournalBackend(path, fsync=fsync)
         self._backend: JournalBackend = backend
-        self._path = Path(path) if path is not None else None
+        self._path = backend.path if isinstance(backend, FileJournalBackend) else None
         self._clock: Clock = clock or RealClock()
         self._informer_id = informer_id
         self._entries: dict[str, JournalEntry] = {}
@@ -195,7 +195,7 @@ class KnownObjectJournal:
     def path(self) -> Path:
         """The file of a file-backed journal."""
         if self._path is None:
-            raise AttributeError(f"journal {self._backend.name} was not given as a path")
+            raise AttributeError(f"journal {self._backend.name} is not a file")
         return self._path
 
     # ---------------------------------------------------------------------------------------------
