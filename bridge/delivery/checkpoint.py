@@ -491,7 +491,7 @@ class FileCheckpointStore(BlobCheckpointStore):
     def __init__(self, *, directory: str | os.PathLike[str], fsync: bool = True,
                  fence: FenceSource | None = None, files: type[FileBlobStore] = FileBlobStore) -> None:
         self._files = files(directory=directory, suffix=self.SUFFIX, what="checkpoint", fsync=fsync,
-                            writer_of=_writer_of)
+                            writer_of=_writer_of if fence is not None else None)  # unfenced: not read
         self._journal_files = files(directory=directory, suffix=".journal", what="journal", fsync=fsync)
         super().__init__(checkpoints=self._files, journals=self._journal_files, fence=fence,
                          fenced_journals=False)
