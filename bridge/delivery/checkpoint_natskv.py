@@ -33,7 +33,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js.kv import KeyValue
 
 from bridge.delivery.blobstore import BlobConflict, ChunkedValue, Head
-from bridge.delivery.checkpoint import BlobCheckpointStore
+from bridge.delivery.checkpoint import BlobCheckpointStore, Checkpoint
 from bridge.delivery.fencing import BlobStoreError, CheckpointStoreError, FenceSource
 from bridge.kube.leaderelection import FenceToken
 
@@ -272,6 +272,10 @@ class NatsKvCheckpointStore(BlobCheckpointStore):
     def _journal_limit(self) -> int:
         limit = self._chunk_limit()
         return limit if self._journal_bytes is None else min(limit, self._journal_bytes + _JOURNAL_HEAD)
+
+    async def save(self, checkpoint: Checkpoint) -> None:
+        await self._bucket_kv()  # chunks are sized by the server's max payload: connect first
+        await super().save(checkpoint)
 
     def journal_key(self, informer_id: str) -> str:
         """The key of the informer's known-object journal (:mod:`bridge.delivery.journal`)."""
