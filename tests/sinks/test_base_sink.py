@@ -75,6 +75,7 @@ async def test_delivers_and_acks_each_event_with_envelope() -> None:
         "failed": 0,
         "retries": 0,
         "in_flight": 0,
+        "filter_errors": 0,
     }
     await sink.close()
 
