@@ -124,8 +124,9 @@ def test_a_pruned_object_evaluates_as_the_whole_one(source: str, raw: bool) -> N
         if name == "c":
             del new["metadata"]["labels"]
             new["status"].pop("startTime", None)
-        ev = event(EventType.UPDATED, RawObject.from_dict(new) if raw else new,
-                   old=RawObject.from_dict(old) if raw else old)
+        shown: Any = RawObject.from_dict(new) if raw else new
+        before: Any = RawObject.from_dict(old) if raw else old
+        ev = event(EventType.UPDATED, shown, old=before)
         expected = program.eval(data={"object": copy.deepcopy(new), "oldObject": copy.deepcopy(old)})
         verdict = flt.decide(ev)
         if expected.type() == gcel.Type.BOOL:
