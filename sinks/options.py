@@ -18,10 +18,11 @@ from typing import Any, Literal, Self
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from bridge.labels import parse_label_selector
 from sinks.cel import CelError, compile_expression
 from sinks.cloudevents import DEFAULT_KNATIVE_SOURCE
 from sinks.contract import EventType, SinkConfigError
-from sinks.filters import LabelSelector, parse_path
+from sinks.filters import parse_path
 from sinks.payload import PayloadMode
 from sinks.templates import Template, TemplateError
 
@@ -63,7 +64,7 @@ class RoutingOptions(_Model):
     @field_validator("label_selector")
     @classmethod
     def _selector(cls, value: str) -> str:
-        LabelSelector(value)
+        parse_label_selector(value)  # SelectorError (a ValueError) with the API server's message
         return value
 
 
