@@ -44,7 +44,9 @@ def test_a_bad_expression_exits_2_naming_the_sink_and_the_field(
     ("    filter: 'true'\n    filter_errors: ignore\n", ("filter_errors: Input should be 'keep' or 'drop'",)),
     ("    fields: ['status..phase']\n", ("fields", "malformed path")),
 ], ids=["not-a-string", "not-a-condition", "filter-errors", "fields"])
-def test_other_bad_options_exit_2_naming_the_field(tmp_path: Path, options: str, needles: tuple[str, ...]) -> None:
+def test_other_bad_options_exit_2_naming_the_field(
+    tmp_path: Path, options: str, needles: tuple[str, ...]
+) -> None:
     r = run_cli("check-config", "--config", str(write(tmp_path, options)))
     assert_config_error(r, "sinks.0", "sink 'failed' (file)", *needles)
 
