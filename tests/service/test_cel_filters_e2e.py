@@ -119,7 +119,7 @@ async def changes(sim: Simulator) -> None:
     store.delete("events", "e2", namespace="shop")
 
 
-def key(ce: Event) -> tuple[str, str, str, str]:
+def key(ce: Event) -> tuple[Any, ...]:
     """An event, the same in every sink (a snapshot's id is each sink's own, so not the event id)."""
     return ce["type"], ce["kind"], ce.get("subject", ""), ce.get("resourceversion", ce.get("snapshotrv", ""))
 
@@ -199,9 +199,11 @@ async def test_each_documented_example_sends_exactly_its_events_to_file_and_kafk
             await pipeline.snapshot_now("pods")
             await eventually(lambda: len(lines(everything_path)) == 22 + 7, timeout=30, what="a snapshot")
             # the file sinks have written what they will (the sizes are checked below, precisely)
+            def written(path: Path, size: int) -> Callable[[], bool]:
+                return lambda: len(lines(path)) >= size
+
             for name, size in SIZES.items():
-                path = tmp_path / f"{name}.jsonl"
-                await eventually(lambda path=path, size=size: len(lines(path)) >= size, timeout=30, what=name)
+                await eventually(written(tmp_path / f"{name}.jsonl", size), timeout=30, what=name)
             await eventually(lambda: len(lines(tmp_path / "keep.jsonl")) >= 29, timeout=30, what="keep")
             await eventually(lambda: len(lines(tmp_path / "drop.jsonl")) >= 18, timeout=30, what="drop")
             _, text = await get(f"http://127.0.0.1:{service.health.port}/metrics")
