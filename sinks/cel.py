@@ -126,8 +126,27 @@ class Reads:
     old_paths: tuple[Path, ...] | None
 
 
-def _selection(tokens: list[_Token], i: int) -> Path | None:
-    """The chain of field selections after the variable at ``tokens[i]``; None when the variable is
+_MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
+
+
+def _closing(tokens: list[_Token], j: int) -> int:
+    """The index of the ``)`` matching the ``(`` at ``tokens[j]`` (len(tokens) when unbalanced)."""
+    depth = 0
+    for k in range(j, len(tokens)):
+        text = tokens[k].text
+        if text in ("(", "[", "[?", "{"):
+            depth += 1
+        elif text in (")", "]", "}"):
+            depth -= 1
+            if depth == 0:
+                return k
+    return len(tokens)
+
+
+def _selection(tokens: list[_Token], i: int) -> list[Path] | None:
+    """The paths read through the variable at ``tokens[i]``: its chain of field selections, and when
+    the chain ends in a comprehension (``.exists(c, c.image == …)``, ``.map(c, c.image)``), the paths
+    its variable selects below every item (``spec.containers.*.image``). None when the variable is
     used otherwise than through such a chain (then the whole object is needed)."""
     path: list[str] = []
     j = i + 1
@@ -136,6 +155,8 @@ def _selection(tokens: list[_Token], i: int) -> Path | None:
         tok = tokens[j]
         if tok.text in (".", ".?") and j + 1 < n and tokens[j + 1].kind == "ident":
             if j + 2 < n and tokens[j + 2].text == "(":
+                if path and tok.text == "." and tokens[j + 1].text in _MACROS:
+                    return _comprehension(tokens, j + 2, tuple(path))
                 break  # a method call on what was selected so far
             path.append(tokens[j + 1].text)
             j += 2
@@ -148,7 +169,49 @@ def _selection(tokens: list[_Token], i: int) -> Path | None:
             j += 3
         else:
             break
-    return tuple(path) or None
+    return [tuple(path)] if path else None
+
+
+def _comprehension(tokens: list[_Token], open_at: int, base: Path) -> list[Path]:
+    """The paths a one-variable comprehension over ``base`` reads (``base`` whole when its variable
+    is used otherwise than through field selections)."""
+    n = len(tokens)
+    if not (open_at + 2 < n and tokens[open_at + 1].kind == "ident" and tokens[open_at + 2].text == ","):
+        return [base]
+    if open_at + 4 < n and tokens[open_at + 3].kind == "ident" and tokens[open_at + 4].text == ",":
+        return [base]  # the two-variable form
+    var = tokens[open_at + 1].text
+    paths: list[Path] = []
+    for m in range(open_at + 3, _closing(tokens, open_at)):
+        tok = tokens[m]
+        if tok.kind != "ident" or tok.text != var or tokens[m - 1].text in (".", ".?"):
+            continue
+        below = _selection(tokens, m)
+        if below is None:
+            return [base]
+        paths += [(*base, WILDCARD, *p) for p in below]
+    return paths or [base]
+
+
+_BOUNDARY = frozenset({"(", ")", "&&", "||", "?", ":", ",", "[", "]", "{", "}"})
+"""Tokens binding looser than ``==``: what may stand on the far side of ``x == null`` for the
+comparison to be with ``x`` itself."""
+
+
+def _null_test(tokens: list[_Token], i: int) -> bool:
+    """``x == null``, ``x != null`` (or ``null == x``) standing alone: reads whether the object
+    exists, nothing of it (the evaluator is handed an empty mapping for it unless other selections
+    read more)."""
+    n = len(tokens)
+
+    def loose(j: int) -> bool:
+        return j < 0 or j >= n or tokens[j].text in _BOUNDARY
+
+    if i + 2 < n and tokens[i + 1].text in ("==", "!=") and tokens[i + 2].text == "null":
+        return loose(i - 1) and loose(i + 3)
+    if i >= 2 and tokens[i - 1].text in ("==", "!=") and tokens[i - 2].text == "null":
+        return loose(i - 3) and loose(i + 1)
+    return False
 
 
 def _minimal(paths: Iterable[Path]) -> tuple[Path, ...]:
@@ -179,12 +242,12 @@ def read_expression(source: str) -> tuple[Reads, str]:
             renamed = renamed[: tok.start] + internal + renamed[tok.start + len(internal):]
         elif tok.text in paths:
             found = paths[tok.text]
-            if found is not None:
-                path = _selection(tokens, i)
-                if path is None:
+            if found is not None and not _null_test(tokens, i):
+                selected = _selection(tokens, i)
+                if selected is None:
                     paths[tok.text] = None
                 else:
-                    found.append(path)
+                    found += selected
     obj, old = paths["object"], paths["oldObject"]
     return Reads(
         variables=frozenset(names),
@@ -216,6 +279,16 @@ def _whole(value: Any) -> Any:
     return plain(value) if type(value) is RawObject else value
 
 
+def _merged(a: _Trie, b: _Trie) -> _Trie:
+    """The union of two subtries (a key named and ``*`` both selecting below one key)."""
+    if a is _WHOLE or b is _WHOLE:
+        return _WHOLE
+    out = dict(a)
+    for key, sub in b.items():
+        out[key] = _merged(out[key], sub) if key in out else sub
+    return out
+
+
 def _prune(node: Any, trie: _Trie) -> Any:
     """``node`` with only the subtrees ``trie`` names (``*``: every key or item). A value where the
     path expects a mapping (or, for ``*``, a list) is kept whole, so that reading it fails or
@@ -225,9 +298,13 @@ def _prune(node: Any, trie: _Trie) -> Any:
         wild = trie.get(WILDCARD)
         keys: Iterable[str] = node.keys() if wild is not None else [k for k in trie if k in node]
         for key in keys:
-            sub = trie.get(key, wild)
+            sub = trie.get(key)
             if sub is None:
-                continue
+                sub = wild
+                if sub is None:
+                    continue
+            elif wild is not None:
+                sub = _merged(sub, wild)
             value = node[key]
             out[key] = _whole(value) if sub is _WHOLE else _prune(value, sub)
         return out
@@ -366,6 +443,8 @@ class CelFilter:
         if obj is None:
             return None
         if trie is not None:
+            if type(obj) is RawObject and WILDCARD not in trie:
+                obj = obj.members(trie)  # only the members read are decoded
             obj = _prune(obj, trie)
         shown = self._redactor.apply(obj, event.resource)
         return plain(shown) if shown is not None else None

@@ -44,7 +44,7 @@ def pod(name: str, *, phase: str = "Running", image: str = "nginx:1", **labels: 
         ("object.metadata.labels['team'] == 'a' && object.metadata.labels[\"app\"] == 'b'", {"object"},
          (("metadata", "labels", "app"), ("metadata", "labels", "team")), ()),
         ("object.spec.containers.exists(c, c.image.startsWith('nginx'))", {"object"},
-         (("spec", "containers"),), ()),
+         (("spec", "containers", "*", "image"),), ()),
         ("object.metadata.name.startsWith('web') && object.metadata.name.size() > 3", {"object"},
          (("metadata", "name"),), ()),
         ("type(object) == map", {"object"}, None, ()),  # object passed whole; type() the function
@@ -108,6 +108,9 @@ EXAMPLES = [
     "object.metadata.nosuch == 'x'",
     "object.spec.containers[0].image.endsWith(':1')",
     "size(object.metadata.annotations) > 0 && object.status.phase != oldObject.status.phase",
+    "object.spec.containers.map(c, c.image) != oldObject.spec.containers.map(c, c.image)",
+    "object.spec.containers.exists(c, has(c.ports) && c.ports.exists(p, p.containerPort == 8080))",
+    "oldObject != null && object.metadata.ownerReferences.all(o, o.controller)",
 ]
 
 
@@ -315,3 +318,26 @@ async def test_fields_apply_after_redaction_and_to_the_old_object() -> None:
     assert data["object"] == {"data": {"password": "<redacted>"}, "type": "Opaque"}
     assert data["oldObject"] == {"data": {"password": "<redacted>"}, "type": "Opaque"}
     await sink.close()
+
+
+def test_a_comprehension_reads_only_what_its_variable_selects_below_each_item() -> None:
+    reads, _ = read_expression("object.spec.containers.map(c, c.image) != "
+                               "oldObject.spec.containers.map(c, c.image)")
+    assert reads.object_paths == reads.old_paths == (("spec", "containers", "*", "image"),)
+    reads, _ = read_expression("object.metadata.ownerReferences.exists(o, o.kind == 'Job' && "
+                               "has(o.controller))")
+    assert reads.object_paths == (("metadata", "ownerReferences", "*", "controller"),
+                                  ("metadata", "ownerReferences", "*", "kind"))
+    # the variable used whole, or the two-variable form: the whole range
+    whole = (("spec", "containers"),)
+    assert read_expression("object.spec.containers.exists(c, c == {})")[0].object_paths == whole
+    assert read_expression("object.spec.containers.all(i, c, c.x)")[0].object_paths == whole
+    # presence only
+    assert read_expression("oldObject == null || oldObject.status.phase != 'x'")[0].old_paths == (
+        ("status", "phase"),)
+    assert read_expression("'a' in oldObject == null")[0].old_paths is None
+
+
+def test_prune_merges_a_named_key_with_a_wildcard() -> None:
+    tree = {"a": {"x": {"p": 1, "q": 2, "r": 3}, "y": {"p": 4, "q": 5}}}
+    assert prune(tree, [("a", "*", "p"), ("a", "x", "q")]) == {"a": {"x": {"p": 1, "q": 2}, "y": {"p": 4}}}
