@@ -38,6 +38,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+import msgspec
+import orjson
 from cel_expr_python import cel as _cel
 from cel_expr_python.ext import ext_optional, ext_strings
 
@@ -314,6 +316,53 @@ def _prune(node: Any, trie: _Trie) -> Any:
     return node
 
 
+_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+class _Plan:
+    """How to decode, from JSON bytes, only what a trie keeps (the :func:`_prune` of the decoded
+    value, built without decoding the rest): at an object level whose keys the trie names, one
+    decoder locates those members as raw JSON and skips the others; a list below ``*`` is split into
+    its items' raw JSON; anything else is decoded whole and pruned."""
+
+    __slots__ = ("decoder", "items", "members", "trie")
+
+    def __init__(self, trie: _Trie) -> None:
+        self.trie = trie
+        wild = trie.get(WILDCARD)
+        self.items: _Plan | None = None
+        """For a list under ``*``: each item's plan (None: items kept whole, or not that shape)."""
+        self.members: tuple[tuple[str, str, _Plan | None], ...] = ()
+        """(field, key, plan or None for a whole member) for each key named."""
+        self.decoder: msgspec.json.Decoder[Any] | None = None
+        if wild is not None:
+            if len(trie) == 1 and wild is not _WHOLE:
+                self.items = _Plan(wild)
+            return
+        keys = sorted(trie)
+        fields = [(f"m{i}", msgspec.Raw, msgspec.field(default=msgspec.Raw(b""), name=key))
+                  for i, key in enumerate(keys)]
+        self.decoder = msgspec.json.Decoder(msgspec.defstruct("Members", fields))
+        self.members = tuple((f"m{i}", key, None if trie[key] is _WHOLE else _Plan(trie[key]))
+                             for i, key in enumerate(keys))
+
+    def decode(self, raw: bytes | memoryview) -> Any:
+        view = memoryview(raw)
+        first = view[0] if view else 0
+        if first == 0x7B and self.decoder is not None:  # "{"
+            head = self.decoder.decode(view)
+            out: dict[str, Any] = {}
+            for field, key, plan in self.members:
+                member = memoryview(getattr(head, field))
+                if member:  # else absent
+                    out[key] = orjson.loads(member) if plan is None else plan.decode(member)
+            return out
+        if first == 0x5B and self.items is not None:  # "["
+            items = self.items
+            return [items.decode(item) for item in _ITEMS.decode(view)]
+        return _prune(orjson.loads(view), self.trie)
+
+
 def prune(obj: Mapping[str, Any], paths: Iterable[Path]) -> dict[str, Any]:
     """A plain copy of ``obj`` with only the subtrees at ``paths`` (``*`` matches every key or item)."""
     result: dict[str, Any] = _prune(obj, _trie(paths))
@@ -416,7 +465,8 @@ _ERROR_TYPE = _cel.Type.ERROR
 class CelFilter:
     """One compiled filter as the sinks sharing it (same expression, same redaction) apply it."""
 
-    __slots__ = ("_last", "_last_verdict", "_needs_type", "_obj_trie", "_old_trie", "_program",
+    __slots__ = ("_last", "_last_verdict", "_needs_type", "_obj_plan", "_obj_trie", "_old_plan", "_old_trie",
+                 "_program",
                  "_redactor", "_wants", "expression", "last_error", "logged")
 
     def __init__(self, *, expression: CompiledExpression, redactor: Redactor) -> None:
@@ -428,6 +478,8 @@ class CelFilter:
         self._needs_type = "type" in reads.variables
         self._obj_trie = None if reads.object_paths is None else _trie(reads.object_paths)
         self._old_trie = None if reads.old_paths is None else _trie(reads.old_paths)
+        self._obj_plan = None if self._obj_trie is None else _Plan(self._obj_trie)
+        self._old_plan = None if self._old_trie is None else _Plan(self._old_trie)
         self._last: ChangeEvent | None = None
         self._last_verdict = PASS
         self.last_error = ""
@@ -439,13 +491,11 @@ class CelFilter:
     def source(self) -> str:
         return self.expression.source
 
-    def _view(self, obj: Mapping[str, Any] | None, trie: _Trie | None, event: ChangeEvent) -> Any:
+    def _view(self, obj: Mapping[str, Any] | None, plan: _Plan | None, event: ChangeEvent) -> Any:
         if obj is None:
             return None
-        if trie is not None:
-            if type(obj) is RawObject and WILDCARD not in trie:
-                obj = obj.members(trie)  # only the members read are decoded
-            obj = _prune(obj, trie)
+        if plan is not None:
+            obj = plan.decode(obj.raw) if type(obj) is RawObject else _prune(obj, plan.trie)
         shown = self._redactor.apply(obj, event.resource)
         return plain(shown) if shown is not None else None
 
@@ -467,9 +517,9 @@ class CelFilter:
         data: dict[str, Any] = {}
         try:
             if "object" in wants:
-                data["object"] = self._view(obj, self._obj_trie, event)
+                data["object"] = self._view(obj, self._obj_plan, event)
             if "oldObject" in wants:
-                data["oldObject"] = self._view(event.old, self._old_trie, event)
+                data["oldObject"] = self._view(event.old, self._old_plan, event)
             if "type" in wants:
                 data["_typ"] = event.type.value
             if "resource" in wants:

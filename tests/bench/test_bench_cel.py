@@ -12,7 +12,8 @@ def test_the_filter_benchmark_reports_each_example(tmp_path: Path) -> None:
     summary = bench_cel.run(quick=True, out=tmp_path)
     assert set(summary["examples"]) == set(bench_cel.EXAMPLES)
     for name, e in summary["examples"].items():
-        assert e["filter_us"] > 0 and e["whole_us"] > 0, name
+        assert e["filter_us"] > 0, name
+        assert e["whole_us"] > 0, name
         assert 0 < e["passed"] < e["events"], name  # some objects match, some do not
         assert e["bytes_projected"] < e["bytes_whole"], name
     assert summary["examples"]["failed"]["reads"] == ["status.phase"]
