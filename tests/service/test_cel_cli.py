@@ -56,3 +56,12 @@ def test_a_good_filter_and_fields_pass_check_config(tmp_path: Path) -> None:
                           "    filter_errors: drop\n    fields: [metadata.name, status]\n")
     r = run_cli("check-config", "--config", str(cfg))
     assert r.returncode == 0, r.stderr
+
+
+def test_the_documented_error_is_what_check_config_prints(tmp_path: Path) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "filters.md").read_text()
+    block = doc.split("$ kube-event-bridge check-config --config bridge.yaml\n", 1)[1].split("```", 1)[0]
+    cfg = write(tmp_path, "    filter: type == 3\n")
+    r = run_cli("check-config", "--config", str(cfg))
+    assert r.returncode == 2
+    assert r.stderr == block
