@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -316,51 +316,69 @@ def _prune(node: Any, trie: _Trie) -> Any:
     return node
 
 
-_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+def _loads(raw: msgspec.Raw) -> Any:
+    return orjson.loads(memoryview(raw))
+
+
+def _shape(trie: _Trie) -> tuple[Any, Callable[[Any], Any]]:
+    """The msgspec type that decodes just what ``trie`` keeps, and the function turning what it
+    decoded into plain values. An object level is a struct of the members named (the others are
+    skipped by the decoder, never built), a list under ``*`` a list of its items' shape; a level
+    the trie reads whole, or cannot describe (``*`` over an object's keys), stays raw JSON."""
+    wild = trie.get(WILDCARD)
+    if wild is not None:
+        if len(trie) == 1 and wild is not _WHOLE:
+            item_type, item = _shape(wild)
+            return list[item_type], lambda value: [item(v) for v in value]  # type: ignore[valid-type]
+        return msgspec.Raw, lambda value: _prune(_loads(value), trie)
+    fields: list[tuple[str, Any, Any]] = []
+    members: list[tuple[str, str, Callable[[Any], Any] | None]] = []
+    for i, key in enumerate(sorted(trie)):
+        sub = trie[key]
+        name = f"m{i}"
+        if sub is _WHOLE:
+            fields.append((name, msgspec.Raw, msgspec.field(default=msgspec.Raw(b""), name=key)))
+            members.append((name, key, None))
+        else:
+            sub_type, convert = _shape(sub)
+            fields.append((name, sub_type | msgspec.UnsetType,
+                           msgspec.field(default=msgspec.UNSET, name=key)))
+            members.append((name, key, convert))
+    unset = msgspec.UNSET
+
+    def build(value: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, key, convert in members:
+            member = getattr(value, name)
+            if convert is None:
+                if member:  # an empty Raw: absent
+                    out[key] = orjson.loads(memoryview(member))
+            elif member is not unset:
+                out[key] = convert(member)
+        return out
+
+    return msgspec.defstruct("Members", fields), build
 
 
 class _Plan:
     """How to decode, from JSON bytes, only what a trie keeps (the :func:`_prune` of the decoded
-    value, built without decoding the rest): at an object level whose keys the trie names, one
-    decoder locates those members as raw JSON and skips the others; a list below ``*`` is split into
-    its items' raw JSON; anything else is decoded whole and pruned."""
+    value) in one pass of msgspec over the bytes, building nothing else (:func:`_shape`). Where the
+    object's shape differs from the trie's (a null or a string where the path expects an object),
+    the bytes are decoded whole and pruned: the same result, the slow way."""
 
-    __slots__ = ("decoder", "items", "members", "trie")
+    __slots__ = ("_build", "_decoder", "trie")
 
     def __init__(self, trie: _Trie) -> None:
         self.trie = trie
-        wild = trie.get(WILDCARD)
-        self.items: _Plan | None = None
-        """For a list under ``*``: each item's plan (None: items kept whole, or not that shape)."""
-        self.members: tuple[tuple[str, str, _Plan | None], ...] = ()
-        """(field, key, plan or None for a whole member) for each key named."""
-        self.decoder: msgspec.json.Decoder[Any] | None = None
-        if wild is not None:
-            if len(trie) == 1 and wild is not _WHOLE:
-                self.items = _Plan(wild)
-            return
-        keys = sorted(trie)
-        fields = [(f"m{i}", msgspec.Raw, msgspec.field(default=msgspec.Raw(b""), name=key))
-                  for i, key in enumerate(keys)]
-        self.decoder = msgspec.json.Decoder(msgspec.defstruct("Members", fields))
-        self.members = tuple((f"m{i}", key, None if trie[key] is _WHOLE else _Plan(trie[key]))
-                             for i, key in enumerate(keys))
+        shape, self._build = _shape(trie)
+        self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(shape)
 
-    def decode(self, raw: bytes | memoryview) -> Any:
-        view = memoryview(raw)
-        first = view[0] if view else 0
-        if first == 0x7B and self.decoder is not None:  # "{"
-            head = self.decoder.decode(view)
-            out: dict[str, Any] = {}
-            for field, key, plan in self.members:
-                member = memoryview(getattr(head, field))
-                if member:  # else absent
-                    out[key] = orjson.loads(member) if plan is None else plan.decode(member)
-            return out
-        if first == 0x5B and self.items is not None:  # "["
-            items = self.items
-            return [items.decode(item) for item in _ITEMS.decode(view)]
-        return _prune(orjson.loads(view), self.trie)
+    def decode(self, raw: bytes) -> Any:
+        try:
+            decoded = self._decoder.decode(raw)
+        except msgspec.ValidationError:
+            return _prune(orjson.loads(raw), self.trie)
+        return self._build(decoded)
 
 
 def prune(obj: Mapping[str, Any], paths: Iterable[Path]) -> dict[str, Any]:

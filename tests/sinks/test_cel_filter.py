@@ -13,7 +13,17 @@ from cel_expr_python import cel as gcel
 
 from bridge.rawobject import RawObject
 from bridge.sim.objects import make_pod
-from sinks.cel import ERROR, FAIL, PASS, CelError, compile_expression, prune, read_expression
+from sinks.cel import (
+    ERROR,
+    FAIL,
+    PASS,
+    CelError,
+    _Plan,
+    _trie,
+    compile_expression,
+    prune,
+    read_expression,
+)
 from sinks.contract import DeliveryOutcome, EventType, SinkConfigError, SnapshotInfo
 from sinks.filters import parse_path
 from tests.sinks import SECRETS, Acks, event, marker, obj
@@ -341,3 +351,19 @@ def test_a_comprehension_reads_only_what_its_variable_selects_below_each_item() 
 def test_prune_merges_a_named_key_with_a_wildcard() -> None:
     tree = {"a": {"x": {"p": 1, "q": 2, "r": 3}, "y": {"p": 4, "q": 5}}}
     assert prune(tree, [("a", "*", "p"), ("a", "x", "q")]) == {"a": {"x": {"p": 1, "q": 2}, "y": {"p": 4}}}
+
+
+@pytest.mark.parametrize("paths", [
+    [("status", "phase")],
+    [("metadata", "labels", "team"), ("spec", "containers", "*", "image")],
+    [("spec", "containers", "*", "ports", "*", "containerPort")],
+    [("metadata", "labels", "*")],  # every key of a mapping
+    [("nope", "x")],  # absent
+    [("metadata", "name", "x")],  # a string where an object is expected
+    [("spec", "containers", "x")],  # a list where an object is expected
+    [("status", "nothing", "x"), ("status", "nothing")],  # null
+])
+def test_decoding_only_what_is_read_gives_the_pruned_object(paths: list[tuple[str, ...]]) -> None:
+    p = pod("a")
+    p["status"]["nothing"] = None
+    assert _Plan(_trie(paths)).decode(orjson.dumps(p)) == prune(p, paths)
