@@ -390,17 +390,21 @@ def prune(obj: Mapping[str, Any], paths: Iterable[Path]) -> dict[str, Any]:
 class Projection:
     """A sink's ``fields``: the object reduced to the configured paths."""
 
-    __slots__ = ("_trie", "attribute", "paths")
+    __slots__ = ("_plan", "_trie", "attribute", "paths")
 
     def __init__(self, *, paths: Iterable[Path], texts: Iterable[str]) -> None:
         self.paths = tuple(paths)
         self._trie = _trie(self.paths)
+        self._plan = _Plan(self._trie)
         self.attribute = ",".join(texts)
         """The ``fields`` extension attribute of a projected event: the paths as configured."""
 
     def apply(self, obj: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
         if obj is None:
             return None
+        if type(obj) is RawObject:  # kept as bytes: decode only what is sent
+            projected: dict[str, Any] = self._plan.decode(obj.raw)
+            return projected
         result: dict[str, Any] = _prune(obj, self._trie)
         return result
 
