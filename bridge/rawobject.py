@@ -130,17 +130,6 @@ _ident_decoder = msgspec.json.Decoder(_Ident)
 _event_head_decoder = msgspec.json.Decoder(_EventHead)
 _meta_only_decoder = msgspec.json.Decoder(_MetaOnly)
 _managed_fields_decoder = msgspec.json.Decoder(list[_ManagedFieldsEntry])
-_members_decoders: dict[tuple[str, ...], msgspec.json.Decoder[Any]] = {}
-
-
-def _members_decoder(keys: tuple[str, ...]) -> msgspec.json.Decoder[Any]:
-    """A decoder keeping the members ``keys`` of an object as raw JSON and skipping the rest."""
-    decoder = _members_decoders.get(keys)
-    if decoder is None:
-        fields = [(f"m{i}", msgspec.Raw, msgspec.field(default=msgspec.Raw(b""), name=key))
-                  for i, key in enumerate(keys)]
-        decoder = _members_decoders[keys] = msgspec.json.Decoder(msgspec.defstruct("_Members", fields))
-    return decoder
 _object_decoder = msgspec.json.Decoder(dict[str, Any])
 _MF_KEY = b'"managedFields":'
 _META_KEY = b'"metadata":'
@@ -240,31 +229,6 @@ class RawObject(Mapping[str, Any]):
         if obj is None:
             obj = self._obj = self.copy_dict()
         return obj
-
-    def members(self, keys: Iterable[str]) -> dict[str, Any]:
-        """The top-level members named by ``keys`` that the object has, decoded (shared: do not
-        modify). When the object is not decoded yet, only those members are built (``metadata``
-        from the decoded metadata): a reader of ``status.phase`` does not pay for the whole tree."""
-        obj = self._obj
-        if obj is not None:
-            return {k: obj[k] for k in keys if k in obj}
-        wanted = tuple(sorted(set(keys)))
-        out: dict[str, Any] = {}
-        if "metadata" in wanted:
-            out["metadata"] = self.metadata
-        rest = tuple(k for k in wanted if k != "metadata")
-        if not rest:
-            return out
-        decoder = _members_decoder(rest)
-        try:
-            head = decoder.decode(self.raw)
-        except _DECODE_ERRORS as e:
-            raise RawObjectError(f"not a Kubernetes object: {e}") from e
-        for i, key in enumerate(rest):
-            raw = getattr(head, f"m{i}")
-            if raw:
-                out[key] = orjson.loads(bytes(raw))
-        return out
 
     def copy_dict(self) -> dict[str, Any]:
         """A freshly decoded copy of the object, the caller's to change."""
