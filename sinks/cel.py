@@ -13,9 +13,13 @@ more than evaluating a comparison on it, so the expression's tokens are read onc
 configuration loads, for the paths it selects from ``object`` and ``oldObject`` (``object.status.phase``,
 ``object.metadata.labels["team"]``): each event hands the evaluator a copy of the object pruned to
 those subtrees, which evaluates exactly as the whole object would (a key present in the object is
-present in the copy, with the same value; a missing one is missing in both). A selection that is not
-a plain chain of field names and string-literal indexes (``object[k]``, ``(object).a``, ``object``
-passed whole) makes the evaluator get the whole object. The same reading tells which variables the
+present in the copy, with the same value; a missing one is missing in both). Below a comprehension
+(``containers.exists(c, c.image …)``) the paths its variable selects count for every item
+(``containers.*.image``); ``oldObject == null`` reads only whether there is one. A selection that is
+not a plain chain of field names and string-literal indexes (``object[k]``, ``(object).a``,
+``object`` passed whole) makes the evaluator get the whole object. An object kept as bytes
+(:class:`~bridge.rawobject.RawObject`) is decoded in one msgspec pass that builds only those
+subtrees (:class:`_Plan`). The same reading tells which variables the
 expression names: a snapshot or gap marker (no object) passes every filter that does not name
 ``type``, and is evaluated by one that does.
 
