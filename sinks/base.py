@@ -482,11 +482,11 @@ class BaseSink(Generic[O]):
             flt.logged = True
             subject = f"{event.resource.qualified} {event.namespace}/{event.name}" if event.obj is not None \
                 else f"{event.resource.qualified} {event.type.value} marker"
-            log.warning("filter %r failed on %s: %s; the event is %s (%s); further failures of this "
-                        "expression are counted (keb_sink_filter_errors_total), not logged",
+            log.warning("filter %r failed on %s: %s; the event is %s as filter_errors says; further "
+                        "failures of this expression are counted (keb_sink_filter_errors_total), not logged",
                         flt.source, subject, flt.last_error,
                         "dropped" if self.options.filter_errors == "drop" else "kept",
-                        "filter_errors", extra={"sink": self.name})
+                        extra={"sink": self.name})
         return self.options.filter_errors == "drop"
 
     async def _wait_for_space(self) -> None:
