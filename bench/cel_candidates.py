@@ -11,7 +11,7 @@ a small mapping and on the whole Pod, handed whole, as each library takes its in
 Only ``cel-expr-python`` is a dependency of the project: install the others into a scratch virtual
 environment to run this (``pip install cel-expr-python common-expression-language cel-python
 orjson``), with a Pod written by ``python -c "from bridge.sim.objects import make_pod; …"`` or any
-Pod's JSON, e.g. ``python bench/cel_candidates.py --pod pod.json``.
+Pod's JSON, e.g. ``python -m bench.cel_candidates --pod pod.json`` from the repository's root.
 """
 
 from __future__ import annotations
