@@ -24,9 +24,9 @@ from sinks.cel import (
     prune,
     read_expression,
 )
-from sinks.contract import DeliveryOutcome, EventType, SinkConfigError, SnapshotInfo
+from sinks.contract import ChangeEvent, DeliveryOutcome, EventType, GapInfo, SinkConfigError, SnapshotInfo
 from sinks.filters import parse_path
-from tests.sinks import SECRETS, Acks, event, marker, obj
+from tests.sinks import PODS, SECRETS, Acks, event, marker, obj
 from tests.sinks.test_base_sink import make
 
 SNAP = SnapshotInfo(id="s1", resource_version="10")
@@ -367,3 +367,39 @@ def test_decoding_only_what_is_read_gives_the_pruned_object(paths: list[tuple[st
     p = pod("a")
     p["status"]["nothing"] = None
     assert _Plan(_trie(paths)).decode(orjson.dumps(p)) == prune(p, paths)
+
+
+async def test_gap_markers_pass_a_filter_not_naming_type_and_meet_one_that_does() -> None:
+    gap = GapInfo(id="g1", from_resource_version="7")
+    begin = ChangeEvent(type=EventType.GAP_BEGIN, resource=PODS, cluster="prod", obj=None, gap=gap)
+    end = ChangeEvent(type=EventType.GAP_END, resource=PODS, cluster="prod", obj=None,
+                      gap=GapInfo(id="g1", from_resource_version="7", to_resource_version="9"))
+    plain_filter = make(filter="object.status.phase == 'Failed'")
+    by_type = make(filter="type != 'gap.begin'")
+    for sink, delivered in ((plain_filter, ["begin", "end"]), (by_type, ["end"])):
+        await sink.start()
+        acks = Acks()
+        await sink.deliver_batch([begin, end], [acks.cb("begin"), acks.cb("end")])
+        assert await sink.flush(5)
+        assert acks.of(DeliveryOutcome.DELIVERED) == delivered
+        assert sink.stats.filter_errors == 0
+        await sink.close()
+
+
+async def test_manager_is_read_from_an_object_kept_as_bytes() -> None:
+    p = pod("a")
+    p["metadata"]["managedFields"] = [{"manager": "helm", "operation": "Update", "apiVersion": "v1",
+                                       "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
+                                       "fieldsV1": {}}]
+    raw = RawObject.from_dict(p).without_managed_fields()
+    assert not raw.managed_fields
+    sink = make(filter="manager == 'helm'")
+    await sink.start()
+    acks = Acks()
+    shown: Any = raw
+    await sink.deliver(event(EventType.UPDATED, shown, old=pod("a", phase="Pending")), acks.cb("helm"))
+    await sink.deliver(event(EventType.UPDATED, pod("b"), old=pod("b", phase="Pending")), acks.cb("other"))
+    assert await sink.flush(5)
+    assert acks.of(DeliveryOutcome.DELIVERED) == ["helm"]
+    assert acks.of(DeliveryOutcome.FILTERED) == ["other"]  # its manager: the simulator's own
+    await sink.close()
