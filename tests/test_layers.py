@@ -14,7 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-FOUNDATIONS = ("bridge.contracts", "bridge.rawobject", "bridge.errors", "bridge.clock", "bridge.version")
+FOUNDATIONS = ("bridge.contracts", "bridge.rawobject", "bridge.errors", "bridge.clock", "bridge.version",
+               "bridge.labels")
 
 # layer → the prefixes of project modules it may import (besides itself)
 ALLOWED: dict[str, tuple[str, ...]] = {
@@ -123,6 +124,7 @@ def test_a_forbidden_import_is_reported(module: str, source: str) -> None:
         ("bridge.informer.reflector", "from bridge.kube.apiclient import ApiClient\nimport bridge.clock\n"),
         ("bridge.delivery.pipeline", "from sinks.contract import ChangeEvent\n"),
         ("sinks.kafka", "from bridge.rawobject import RawObject\nfrom sinks.base import BaseSink\n"),
+        ("sinks.filters", "from bridge.labels import parse_label_selector\n"),
         ("bridge.service.cli", "from sinks.registry import create_sink\n"),
         ("bridge.kube.discovery", "from .apiclient import ApiClient\n"),
     ],
