@@ -211,6 +211,35 @@ async def test_store_without_update_resource_version_still_tracks_rv(make: Calla
     assert h.reflector.last_sync_resource_version == "1"
 
 
+@pytest.mark.parametrize(("min_watch_timeout", "low"), [
+    # reflector_test.go TestWatchTimeout, "no timeout": five minutes to ten.
+    pytest.param(None, 300, id="default"),
+    pytest.param(300, 300, id="the-floor"),
+    # TestWatchTimeout, "30m timeout": a longer minimum raises the floor (reflector.go
+    # NewReflectorWithOptions: "if options.MinWatchTimeout > defaultMinWatchTimeout").
+    pytest.param(1800, 1800, id="raised"),
+])
+async def test_the_watch_timeout_is_five_minutes_to_ten_unless_raised(
+    make: Callable[..., Harness], min_watch_timeout: int | None, low: int,
+) -> None:
+    kwargs = {} if min_watch_timeout is None else {"min_watch_timeout": min_watch_timeout}
+    h = make(**kwargs)
+    h.src.add(cm("a"))
+    await h.start()
+    timeouts = [w.timeout_seconds for w in h.src.watch_calls()]
+    assert len(timeouts) == 1
+    assert timeouts[0] is not None and low <= timeouts[0] < 2 * low
+
+
+@pytest.mark.parametrize("below", [1, 2, 299])
+def test_a_minimum_watch_timeout_below_five_minutes_is_rejected_naming_the_option(below: int) -> None:
+    """reflector_test.go TestWatchTimeout, "small timeout not honored": client-go silently keeps five
+    minutes; the bridge refuses the value, naming it, rather than pretend to honour it."""
+    with pytest.raises(ValueError, match=rf"min_watch_timeout .*{below}.* 300"):
+        Reflector(name="x", lister_watcher=FakeControllerSource(), store=RecordingStore(),
+                  clock=FakeClock(), min_watch_timeout=below)
+
+
 async def test_watch_timeouts_are_random_in_min_to_twice_min(make: Callable[..., Harness]) -> None:
     h = make(rng=random.Random(5), min_watch_timeout=300)
     await h.start()
@@ -284,6 +313,38 @@ async def test_only_a_paginated_list_at_rv_0_switches_relists_to_paging(make: Ca
     await settle()
     await h.advance(3.2)
     assert requests(h.src) == [("list", "501", None, None), ("watch", "501")]
+
+
+@pytest.mark.parametrize(("page_size", "first", "relist"), [
+    # reflector_test.go TestReflectorNotPaginatingNotConsistentReads: without a page size, a relist
+    # at a specific RV is unpaginated (reflector.go list(): "pager.PageSize = 0"), so the watch cache
+    # answers it; the first list at "0" uses the pager's default of 500.
+    pytest.param(None, [("list", "0", 500, None), ("watch", "3")], [("list", "3", None, None), ("watch", "3")],
+                 id="unset"),
+    # reflector_test.go TestReflectorWatchListPageSize (relist at RV "10" in pages of 4); reflector.go
+    # list(): "case r.WatchListPageSize != 0: pager.PageSize = r.WatchListPageSize" comes first, so a
+    # configured size is used at a specific RV too, even though the first list was one page.
+    pytest.param(5, [("list", "0", 5, None), ("watch", "3")], [("list", "3", 5, None), ("watch", "3")],
+                 id="set-first-list-one-page"),
+    pytest.param(2, [("list", "0", 2, None), ("list", "", 2, "continue"), ("watch", "3")],
+                 [("list", "3", 2, None), ("list", "", 2, "continue"), ("watch", "3")], id="set-paginated"),
+    # bridge: 0 never paginates.
+    pytest.param(0, [("list", "0", None, None), ("watch", "3")], [("list", "3", None, None), ("watch", "3")],
+                 id="zero"),
+])
+async def test_a_configured_page_size_is_used_by_every_list_and_relist(
+    make: Callable[..., Harness], page_size: int | None, first: list[Call], relist: list[Call],
+) -> None:
+    h = make() if page_size is None else make(page_size=page_size)
+    for name in "abc":
+        h.src.add(cm(name))
+    await h.start()
+    assert requests(h.src) == first
+    h.src.drop_watches()  # very short watch: backoff, relist at "3"
+    await settle()
+    await h.advance(0.8)
+    assert requests(h.src) == relist
+    assert h.store.take()[-1] == ("replace", [("a", "1"), ("b", "2"), ("c", "3")], "3")
 
 
 class CompactAfterFirstPage(FakeControllerSource):
@@ -1063,11 +1124,17 @@ class FailingResyncStore(RecordingStore):
         raise RuntimeError("resync broke")
 
 
-async def test_resync_failure_ends_the_cycle_with_an_error(make: Callable[..., Harness]) -> None:
+async def test_a_resync_error_is_logged_and_ends_the_cycle_without_an_error(
+    make: Callable[..., Harness], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """reflector_test.go TestReflectorResync: "error from Resync is not propaged up to here"
+    (ListAndWatch returns nil); reflector.go watch() logs it ("watch ended with error") and the next
+    cycle relists after the backoff. The watch-error handler is not called."""
     h = make(store=FailingResyncStore(), resync_period=2.0)
     await h.start()
     await h.advance(2.0)
-    assert [type(e) for e in h.errors] == [RuntimeError]
+    assert h.errors == []
+    assert any("resync broke" in r.getMessage() for r in caplog.records)
     assert h.pending_delay() == 0.8
     await h.advance(0.8)
     assert requests(h.src) == [("list", "0", 500, None), ("watch", "0"), ("list", "0", 500, None),
@@ -1143,17 +1210,32 @@ async def test_watch_list_at_an_unavailable_rv_retries_watch_list_from_a_consist
     assert h.errors == []
 
 
-async def test_watch_list_expired_even_from_a_consistent_read_falls_back_for_this_cycle_only(
-    make: Callable[..., Harness],
+@pytest.mark.parametrize("error", [
+    pytest.param(_status_event(504, "Timeout", "Too large resource version: 0, current: 0",
+                               details={"causes": [{"reason": "ResourceVersionTooLarge",
+                                                    "message": "Too large resource version"}]}),
+                 id="too-large-504"),
+    pytest.param(_status_event(410, "Expired", "too old resource version"), id="expired-410"),
+])
+async def test_watch_list_unavailable_even_from_a_consistent_read_retries_the_watch_list(
+    make: Callable[..., Harness], error: WatchEvent,
 ) -> None:
+    """reflector.go watchList(): an expired or too-large resourceVersion, at any RV, is "retriable
+    with side effects" (RV marked unavailable, ``continue``): the WatchList is asked again, never a
+    paginated list. The bridge waits the backoff before asking again from "" (client-go asks at once)."""
     src = ScriptedSource(support_watch_list=True)
     src.add(cm("a"))
-    expired = [_status_event(410, "Expired", "too old resource version")]
-    src.watch_list_scripts = [list(expired)]
+    src.watch_list_scripts = [[error]]
     h = make(src, use_watch_list=True)
     await h.start()
-    assert requests(src) == [("watchlist", ""), ("list", "", 500, None), ("watch", "1")]
+    assert requests(src) == [("watchlist", "")]
+    assert h.pending_delay() == 0.8
+    await h.advance(0.8)
+    assert requests(src) == [("watchlist", "")]
+    assert h.store.take() == [("replace", [("a", "1")], "1")]
     assert h.reflector.watch_list_rejected is False
+    assert h.reflector.is_last_sync_rv_unavailable is False
+    assert h.errors == []
 
 
 async def test_a_line_the_stream_could_not_decode_rewatches_from_the_last_applied_rv(

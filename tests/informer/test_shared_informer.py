@@ -209,10 +209,12 @@ async def test_relist_after_410_reports_only_differences_with_tombstones(env: En
         env.source.add(cm("d"))  # rv 6
 
     await env.watch_down_then(changes)
+    # client-go 1.36 (controller_test.go TestReplaceEvents, "Create, update, delete"; the_real_fifo.go
+    # reconcileReplacement): the relist's inferred deletes first, then its items in list order.
     assert await rec.wait_for(3) == [
+        ("delete", "ns/b", "2", True),
         ("update", "ns/a", "1", "4"),
         ("add", "ns/d", "6", False),
-        ("delete", "ns/b", "2", True),
     ]
     await env.clock.advance(0)
     assert len(rec.calls) == 3  # "c" is unchanged: a same-RV update nobody is due for
