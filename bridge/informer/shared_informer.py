@@ -1,10 +1,13 @@
 """One informer per watched resource, shared by every consumer: client-go's ``sharedIndexInformer``.
 
 It wires the pieces together — :class:`~bridge.reflector.Reflector` (list + watch) →
-:class:`~bridge.delta_fifo.DeltaFIFO` → *HandleDeltas* → :class:`~bridge.store.IndexedCache` →
+:class:`~bridge.real_fifo.RealFIFO` (in order) → *HandleDeltas* → :class:`~bridge.store.IndexedCache` →
 :class:`~bridge.processor.SharedProcessor` → one bounded listener per handler — and applies
-client-go's rules (CLIENT-GO-SEMANTICS.md, "sharedIndexInformer…"):
+client-go 1.36's rules (docs/client-go-semantics.md):
 
+* deltas are applied one at a time in the order they arrived, so every listener is told about the
+  changes of the resource in the order the API server made them, across objects; a relist's inferred
+  deletes come before its items;
 * the cache is updated before any handler is told; Sync/Replaced/Added/Updated of a cached object is
   an update, otherwise an add (with the FIFO's ``is_in_initial_list``); Deleted is a delete;
 * a Sync or Replaced delta whose old and new resourceVersion are equal is a resync notification,
@@ -73,8 +76,6 @@ from bridge.contracts import (
 from bridge.errors import BridgeError, ResourceExpiredError
 from bridge.informer.delta_fifo import (
     Delta,
-    DeltaFIFO,
-    Deltas,
     DeltaType,
     FIFOClosedError,
     ResourceVersionMarker,
@@ -89,7 +90,8 @@ from bridge.informer.processor import (
     SharedProcessor,
     determine_resync_period,
 )
-from bridge.informer.reflector import Reflector, WatchErrorHandler
+from bridge.informer.real_fifo import RealFIFO
+from bridge.informer.reflector import DEFAULT_PAGE_SIZE, Reflector, WatchErrorHandler
 from bridge.informer.store import (
     NAMESPACE_INDEX,
     IndexedCache,
@@ -111,12 +113,9 @@ _RESYNC_DELTAS = frozenset({DeltaType.SYNC, DeltaType.REPLACED})
 
 log = logging.getLogger(__name__)
 
-def _from_relist(deltas: Deltas) -> bool:
-    """True for a key's deltas that include a relist's (a listed item, or a deletion it inferred)."""
-    if len(deltas) == 1:  # the common case, on every watch event: no generator
-        d = deltas[0]
-        return d.type is DeltaType.REPLACED or type(d.object) is DeletedFinalStateUnknown
-    return any(d.type is DeltaType.REPLACED or isinstance(d.object, DeletedFinalStateUnknown) for d in deltas)
+def _from_relist(delta: Delta) -> bool:
+    """True for a relist's delta (a listed item, or a deletion it inferred)."""
+    return delta.type is DeltaType.REPLACED or type(delta.object) is DeletedFinalStateUnknown
 
 
 class InformerError(BridgeError):
@@ -172,7 +171,7 @@ class SharedIndexInformer:
         transform: TransformFunc | None = drop_managed_fields,
         observer: DeliveryObserver | None = None,
         name: str = "",
-        page_size: int = 500,
+        page_size: int | None = None,
         use_watch_list: bool = False,
         split_uid_changes: bool = True,
         compact_cache: bool = False,
@@ -198,7 +197,7 @@ class SharedIndexInformer:
         self._split_uid_changes = split_uid_changes
         self._processor = SharedProcessor(clock=clock, observer=observer, name=name)
 
-        self._fifo: DeltaFIFO | None = None
+        self._fifo: RealFIFO | None = None
         self._reflector: Reflector | None = None
         self._started = False
         self._stopping = False
@@ -295,7 +294,8 @@ class SharedIndexInformer:
         lw = self._lister_watcher
         transform = self._transform
         items: list[KubeObject] = []
-        options = ListOptions(limit=self._page_size or None)
+        page_size = DEFAULT_PAGE_SIZE if self._page_size is None else self._page_size
+        options = ListOptions(limit=page_size or None)
         list_rv = ""
         while True:
             try:
@@ -578,13 +578,13 @@ class SharedIndexInformer:
     # ---------------------------------------------------------------------------------------------
     # HandleDeltas
 
-    async def _process(self, item: Deltas | ResourceVersionMarker, is_in_initial_list: bool) -> None:
+    async def _process(self, item: Delta | ResourceVersionMarker, is_in_initial_list: bool) -> None:
         try:
             await self._process_locked(item, is_in_initial_list)
         finally:
             self._processed.set()
 
-    async def _process_locked(self, item: Deltas | ResourceVersionMarker, is_in_initial_list: bool) -> None:
+    async def _process_locked(self, item: Delta | ResourceVersionMarker, is_in_initial_list: bool) -> None:
         async with self._lock:
             if isinstance(item, ResourceVersionMarker):
                 if item.relist_end and self._last_progress_rv:
@@ -596,8 +596,7 @@ class SharedIndexInformer:
                 await self._open_gap()
             self._processing_initial = is_in_initial_list
             try:
-                for delta in item:
-                    await self._handle_delta(delta, is_in_initial_list)
+                await self._handle_delta(item, is_in_initial_list)
             finally:
                 self._processing_initial = False
 
@@ -738,7 +737,7 @@ class SharedIndexInformer:
         if self._stopping:
             self._done.set()
             return
-        fifo = DeltaFIFO(key_func=self._key_func, known_objects=self._indexer, transform=self._transform)
+        fifo = RealFIFO(key_func=self._key_func, known_objects=self._indexer, transform=self._transform)
         if self._resume_rv:
             fifo.mark_populated()
         self._fifo = fifo

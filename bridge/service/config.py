@@ -88,6 +88,9 @@ class KubernetesConfig(_Model):
     context: str | None = None
     in_cluster: Literal["auto", "true", "false"] = "auto"
     page_size: int = Field(default=500, ge=1, le=100_000)
+    """Items per list page. Set explicitly, every list and relist is paginated at it (client-go's
+    ``WatchListPageSize``); left unset, lists of the latest state use 500 and a relist at a known
+    resourceVersion is unpaginated, so that the API server's watch cache can answer it."""
     watch_list: bool = False
     """Use WatchList streaming (sendInitialEvents) when the server supports it."""
 

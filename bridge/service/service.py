@@ -364,7 +364,9 @@ class BridgeService:
             factory=factory, resources=watched, sinks=list(sinks), checkpoint_store=store,
             cluster=cfg.cluster, checkpoint_interval=cfg.checkpoint.interval,
             snapshot_on_first_start=cfg.snapshot.on_first_start, clock=self._clock,
-            page_size=cfg.kubernetes.page_size, use_watch_list=cfg.kubernetes.watch_list,
+            # Only a page size the configuration sets pages every relist (client-go's WatchListPageSize).
+            page_size=cfg.kubernetes.page_size if "page_size" in cfg.kubernetes.model_fields_set else None,
+            use_watch_list=cfg.kubernetes.watch_list,
             spill_directory=cfg.checkpoint.spill_directory or None,
         )
         self._state.pipeline = pipeline

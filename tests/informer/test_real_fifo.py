@@ -445,8 +445,8 @@ async def test_a_streamed_relist_holds_its_items_until_its_deletions_are_known()
     fifo.replace_page([pod("new", "3")])
     fifo.replace_end("3")
     assert await drain(fifo) == [
-        "default/queued-gone: Deleted(~2)",
         "default/gone: Deleted(~1)",
+        "default/queued-gone: Deleted(~2)",  # applied meanwhile: known, in the cache's order
         "default/a: Replaced(3)",
         "default/new: Replaced(3)",
         "@3",
@@ -630,7 +630,8 @@ def test_custom_key_func_is_used() -> None:
     fifo.add({"metadata": {"name": "a", "uid": "u1"}})
     fifo.add({"metadata": {"name": "a", "uid": "u2"}})
     assert fifo.list_keys() == ["u1", "u2"]
-    assert fifo.get_by_key(ObjectKey("u2")) == [Delta(DeltaType.ADDED, {"metadata": {"name": "a", "uid": "u2"}})]
+    u2 = {"metadata": {"name": "a", "uid": "u2"}}
+    assert fifo.get_by_key(ObjectKey("u2")) == [Delta(DeltaType.ADDED, u2)]
 
 
 def test_object_without_name_is_rejected_with_a_clear_message() -> None:

@@ -33,7 +33,7 @@ from bridge.errors import (
     TooManyRequestsError,
 )
 from bridge.informer.backoff import Backoff
-from bridge.informer.delta_fifo import DeltaFIFO
+from bridge.informer.real_fifo import RealFIFO
 from bridge.informer.reflector import INITIAL_EVENTS_END_ANNOTATION, Reflector, ReflectorStore
 from bridge.testing import FakeControllerSource, SourceCall
 
@@ -228,7 +228,8 @@ async def test_the_watch_timeout_is_five_minutes_to_ten_unless_raised(
     await h.start()
     timeouts = [w.timeout_seconds for w in h.src.watch_calls()]
     assert len(timeouts) == 1
-    assert timeouts[0] is not None and low <= timeouts[0] < 2 * low
+    assert timeouts[0] is not None
+    assert low <= timeouts[0] < 2 * low
 
 
 @pytest.mark.parametrize("below", [1, 2, 299])
@@ -319,8 +320,8 @@ async def test_only_a_paginated_list_at_rv_0_switches_relists_to_paging(make: Ca
     # reflector_test.go TestReflectorNotPaginatingNotConsistentReads: without a page size, a relist
     # at a specific RV is unpaginated (reflector.go list(): "pager.PageSize = 0"), so the watch cache
     # answers it; the first list at "0" uses the pager's default of 500.
-    pytest.param(None, [("list", "0", 500, None), ("watch", "3")], [("list", "3", None, None), ("watch", "3")],
-                 id="unset"),
+    pytest.param(None, [("list", "0", 500, None), ("watch", "3")],
+                 [("list", "3", None, None), ("watch", "3")], id="unset"),
     # reflector_test.go TestReflectorWatchListPageSize (relist at RV "10" in pages of 4); reflector.go
     # list(): "case r.WatchListPageSize != 0: pager.PageSize = r.WatchListPageSize" comes first, so a
     # configured size is used at a specific RV too, even though the first list was one page.
@@ -419,7 +420,7 @@ async def test_other_error_on_a_continue_page_discards_the_partial_list(make: Ca
 
 
 class StreamingRecordingStore(RecordingStore):
-    """A store that takes a relist page by page (as the DeltaFIFO does)."""
+    """A store that takes a relist page by page (as the RealFIFO does)."""
 
     def replace_begin(self) -> None:
         self.calls.append(("begin",))
@@ -473,9 +474,11 @@ async def test_a_failed_streamed_list_is_aborted_and_listed_again_whole(make: Ca
     assert requests(h.src) == [("list", "0", 2, None), ("list", "", 2, "continue")]
     await h.advance(0.8)
     # The forwarded page came from RV 3: the retry asks for a list not older than that (client-go,
-    # which forwarded nothing, retries at "0", which another API server's older cache may serve).
-    assert requests(h.src) == [("list", "3", None, None), ("watch", "3")]
-    assert h.store.take() == [("begin",), ("page", [("a", "1"), ("b", "2"), ("c", "3")]), ("end", "3")]
+    # which forwarded nothing, retries at "0", which another API server's older cache may serve),
+    # in pages of the configured size.
+    assert requests(h.src) == [("list", "3", 2, None), ("list", "", 2, "continue"), ("watch", "3")]
+    assert h.store.take() == [("begin",), ("page", [("a", "1"), ("b", "2")]), ("page", [("c", "3")]),
+                              ("end", "3")]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -590,9 +593,9 @@ async def test_410_error_event_backs_off_then_relists_at_the_last_rv(make: Calla
     assert h.errors == []
 
 
-@pytest.mark.parametrize("page_size", [500, 1])
+@pytest.mark.parametrize("page_size", [None, 1])
 async def test_410_after_compaction_relists_at_last_rv_then_with_empty_rv(
-    make: Callable[..., Harness], page_size: int,
+    make: Callable[..., Harness], page_size: int | None,
 ) -> None:
     h = make(page_size=page_size)
     h.src.add(cm("a"))
@@ -606,12 +609,12 @@ async def test_410_after_compaction_relists_at_last_rv_then_with_empty_rv(
     h.src.add(cm("d"))  # unseen: the watch is down
     h.src.compact()
     await h.advance(0.8)
-    if page_size == 500:
+    if page_size is None:
         # Unpaginated "not older than 3": served despite the compaction.
         assert requests(h.src) == [("list", "3", None, None), ("watch", "4")]
     else:
-        # The first list came back paginated, so relists page too; a paginated list at "3" is an
-        # exact read: compacted → 410 → "" at once.
+        # A configured page size pages every relist; a paginated list at "3" is an exact read:
+        # compacted → 410 → "" at once.
         assert requests(h.src) == [("list", "3", 1, None), ("list", "", 1, None)] + [
             ("list", "", 1, "continue")] * 3 + [("watch", "4")]
     assert h.store.take()[-1] == ("replace", [("a", "1"), ("b", "2"), ("c", "3"), ("d", "4")], "4")
@@ -1141,11 +1144,11 @@ async def test_a_resync_error_is_logged_and_ends_the_cycle_without_an_error(
                                ("watch", "0")]
 
 
-async def test_drives_a_real_delta_fifo() -> None:
+async def test_drives_a_real_fifo() -> None:
     clock = FakeClock()
     src = FakeControllerSource()
     src.add(cm("a"))
-    fifo = DeltaFIFO()
+    fifo = RealFIFO()
     store: ReflectorStore = fifo
     r = Reflector(name="cm", lister_watcher=src, store=store, clock=clock)
     task = asyncio.create_task(r.run(), name="test-reflector-fifo")
