@@ -43,12 +43,12 @@ expires, it re-watches or relists following client-go 1.36's rules (docs/client-
 Bridge extension: ``initial_resource_version`` (a checkpoint) makes the first cycle skip the list and
 watch from that RV directly; if it has expired (410), the reflector relists at once with RV ``""``.
 
-Bridge extension: a store that offers :class:`StreamedReplaceStore` (the DeltaFIFO) receives a list
+Bridge extension: a store that offers :class:`StreamedReplaceStore` (the RealFIFO) receives a list
 page by page as it arrives rather than in one ``replace`` at the end, with the same outcome, so that
-consumers get the first pages while the next ones are fetched. Where client-go discards the pages
-of a list that fails, those already streamed have reached consumers; the next list then asks for a
-state not older than theirs (their RV, or a consistent read), never for RV ``"0"``, which another API
-server's older watch cache could answer with older objects.
+consumers of a first list get the first pages while the next ones are fetched. Where client-go
+discards the pages of a list that fails, those already streamed may have reached consumers; the next
+list then asks for a state not older than theirs (their RV, or a consistent read), never for RV
+``"0"``, which another API server's older watch cache could answer with older objects.
 
 Every wait and every time measurement goes through the injected :class:`~bridge.clock.Clock`.
 """
@@ -113,12 +113,15 @@ MIN_WATCH_TIMEOUT = 300
 """Seconds: the least ``min_watch_timeout`` (client-go's ``defaultMinWatchTimeout``); watches last
 a random time in ``[min, 2·min)``."""
 
+_TOO_LARGE_CAUSE = "ResourceVersionTooLarge"
+"""Cause reason of the 504 a server answers a resourceVersion newer than it knows with."""
+
 _SHORT_WATCH = 1.0
 """A watch closing sooner than this with no event is treated as a failure (client-go's rule)."""
 
 
 class ReflectorStore(Protocol):
-    """What the reflector writes into (a DeltaFIFO, usually).
+    """What the reflector writes into (a RealFIFO, usually).
 
     Methods may be plain or ``async``: the reflector awaits whatever they return when it is
     awaitable, so a queue with backpressure can block the watch.
@@ -142,7 +145,7 @@ class ReflectorStore(Protocol):
 
 @runtime_checkable
 class StreamedReplaceStore(Protocol):
-    """Optional store capability: a relist page by page (``DeltaFIFO.replace_begin`` …); the same
+    """Optional store capability: a relist page by page (``RealFIFO.replace_begin`` …); the same
     outcome as one ``replace`` with every page's items."""
 
     def replace_begin(self) -> object: ...
@@ -458,8 +461,8 @@ class Reflector:
         # As client-go's pager, the page size is chosen once from the first RV and kept for the retry.
         limit = self._page_limit(rv)
         store = self._store
-        # A store that takes a relist page by page (the DeltaFIFO) gets each page as it arrives, so
-        # that the informer forwards the first pages while the next ones are fetched.
+        # A store that takes a relist page by page (the RealFIFO) gets each page as it arrives, so
+        # that the informer can forward the first pages while the next ones are fetched.
         pages = _PageSink(store if isinstance(store, StreamedReplaceStore) else None)
         try:
             try:
@@ -645,7 +648,7 @@ class Reflector:
             self.expired_count += 1
             log.info("watch expired: %s", message, extra={"informer": self.name})
             return _WatchEnd.EXPIRED
-        if "too large resource version" in message.lower():
+        if "too large resource version" in message.lower() or _has_cause(status, _TOO_LARGE_CAUSE):
             self.expired_count += 1
             log.info("watch from a too-large resourceVersion: %s", message, extra={"informer": self.name})
             return _WatchEnd.EXPIRED
@@ -834,6 +837,13 @@ def _is_decode_error(status: KubeObject) -> bool:
     causes = details.get("causes") if isinstance(details, dict) else None
     return isinstance(causes, list) and any(
         isinstance(c, dict) and c.get("type") == _DECODE_ERROR_CAUSE for c in causes)
+
+
+def _has_cause(status: KubeObject, reason: str) -> bool:
+    """Whether the Status lists a cause with this reason (client-go's ``HasStatusCause``)."""
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return isinstance(causes, list) and any(isinstance(c, dict) and c.get("reason") == reason for c in causes)
 
 
 def _has_name(obj: KubeObject) -> bool:

@@ -1218,6 +1218,11 @@ async def test_watch_list_at_an_unavailable_rv_retries_watch_list_from_a_consist
                                details={"causes": [{"reason": "ResourceVersionTooLarge",
                                                     "message": "Too large resource version"}]}),
                  id="too-large-504"),
+    # reflector.go isTooLargeResourceVersionError: "apierrors.HasStatusCause(err,
+    # metav1.CauseTypeResourceVersionTooLarge)" whatever the message says.
+    pytest.param(_status_event(504, "Timeout", "Timeout: request did not complete",
+                               details={"causes": [{"reason": "ResourceVersionTooLarge"}]}),
+                 id="too-large-by-its-cause"),
     pytest.param(_status_event(410, "Expired", "too old resource version"), id="expired-410"),
 ])
 async def test_watch_list_unavailable_even_from_a_consistent_read_retries_the_watch_list(
