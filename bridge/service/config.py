@@ -94,6 +94,12 @@ class KubernetesConfig(_Model):
     watch_list: bool = False
     """Use WatchList streaming (sendInitialEvents) when the server supports it."""
 
+    @property
+    def configured_page_size(self) -> int | None:
+        """``page_size`` if the configuration sets it (the informers then page every relist at it),
+        else None (the informers' default: see ``page_size``)."""
+        return self.page_size if "page_size" in self.model_fields_set else None
+
 
 class ResourceConfig(_Model):
     """One watched resource: ``pods``, ``deployments.apps``, ``widgets.example.com/v1``."""
