@@ -404,10 +404,12 @@ class RealFIFO:
         self._changed.set()
 
     def _room_to_wait(self) -> asyncio.Future[None]:
+        """A future done once the queue is down to half; each caller gets its own view of it, so a
+        producer cancelled while it waits (a reflector stopped) leaves the others waiting."""
         room = self._room
         if room is None:
             room = self._room = asyncio.get_running_loop().create_future()
-        return room
+        return asyncio.shield(room)
 
     def _release_room(self) -> None:
         room, self._room = self._room, None

@@ -33,6 +33,7 @@ from bridge.errors import (
     TooManyRequestsError,
 )
 from bridge.informer.backoff import Backoff
+from bridge.informer.delta_fifo import ResourceVersionMarker
 from bridge.informer.real_fifo import RealFIFO
 from bridge.informer.reflector import INITIAL_EVENTS_END_ANNOTATION, Reflector, ReflectorStore
 from bridge.testing import FakeControllerSource, SourceCall
@@ -1158,6 +1159,35 @@ async def test_drives_a_real_fifo() -> None:
     r.stop()
     await task
     assert sorted(fifo.list_keys()) == ["ns/a", "ns/b"]
+
+
+async def test_a_full_fifo_holds_the_watch_back_and_nothing_is_lost() -> None:
+    """The reflector awaits what a full RealFIFO hands it: it reads no further event until the
+    consumer has worked the queue down, then goes on from where it stopped, in order."""
+    clock = FakeClock()
+    src = FakeControllerSource()
+    fifo = RealFIFO(max_queued_bytes=2 * 1024)  # dict objects count 1 KiB each
+    r = Reflector(name="cm", lister_watcher=src, store=fifo, clock=clock)
+    task = asyncio.create_task(r.run(), name="test-reflector-full-fifo")
+    await settle()
+    for i in range(8):
+        src.add(cm(f"o{i}"))
+    await settle()
+    assert fifo.queued_deltas == 3  # the third went past the bound: the watch waits
+    popped: list[str] = []
+
+    async def consume(item: object, _initial: bool) -> None:
+        if not isinstance(item, ResourceVersionMarker):
+            popped.append(item.object["metadata"]["name"])  # type: ignore[attr-defined]
+
+    while len(popped) < 8:
+        await fifo.pop_ready(consume)
+        await settle()
+        assert fifo.queued_deltas <= 3
+    assert popped == [f"o{i}" for i in range(8)]
+    assert r.last_sync_resource_version == "8"
+    r.stop()
+    await task
 
 
 def test_invalid_options_are_rejected() -> None:
