@@ -158,7 +158,7 @@ class RealFIFO:
         self.replace_end(resource_version)
 
     def replace_begin(self) -> None:
-        """Starts a streamed relist (a new one replaces an unfinished one: see ``replace_abort``).
+        """Starts a streamed relist (a new one replaces an unfinished one, as ``replace_abort``).
 
         Its pages are poppable at once only if no delete can be inferred (nothing known, nothing
         queued nor in flight); otherwise they wait for ``replace_end``."""
@@ -190,13 +190,15 @@ class RealFIFO:
         return None
 
     def replace_abort(self) -> None:
-        """Drops an unfinished streamed relist. What it listed is queued (each item was the object's
-        state at the list's resourceVersion); only the deletions a complete list would have found are
-        not inferred, and the next complete relist infers them."""
+        """Drops an unfinished streamed relist. Pages it queued for popping stay queued (each item was
+        the object's state at the list's resourceVersion, and may have reached consumers); pages it
+        held back are dropped, as client-go drops a list that failed: nobody saw them, and the next
+        complete relist lists them again and infers the deletions this one could not."""
         held, self._held = self._held, None
         self._listing = None
-        for key, delta in held or ():
-            self._enqueue(key, delta)
+        if held:
+            self._queued -= len(held)
+            self._queued_bytes -= sum(_size(d.object) for _, d in held)
 
     def replace_end(self, resource_version: str) -> None:
         """Completes a streamed relist: the deletions of the keys no page listed, then the held

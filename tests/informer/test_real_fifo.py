@@ -453,16 +453,33 @@ async def test_a_streamed_relist_holds_its_items_until_its_deletions_are_known()
     ]
 
 
-async def test_an_aborted_streamed_relist_keeps_its_items_and_infers_no_deletion() -> None:
+async def test_an_aborted_first_list_keeps_what_it_queued_and_infers_no_deletion() -> None:
+    fifo = RealFIFO(known_objects=IndexedCache())
+    fifo.replace_begin()
+    fifo.replace_page([pod("a", "2")])
+    fifo.replace_abort()
+    assert await drain(fifo) == ["default/a: Replaced(2)"]  # poppable at once: may have been seen
+
+
+async def test_an_aborted_held_relist_is_dropped_and_the_next_one_infers_its_deletions() -> None:
+    """reflector.go list(): a list that fails is dropped whole (nothing reaches the store); so are
+    the pages a relist held back, which nobody saw."""
     fifo = RealFIFO(known_objects=cache_of("gone@1"))
     fifo.mark_populated()
     fifo.replace_begin()
     fifo.replace_page([pod("a", "2")])
     assert len(fifo) == 0  # held: "gone" may be deleted by this list
+    assert fifo.queued_deltas == 1
     fifo.replace_abort()
-    assert await drain(fifo) == ["default/a: Replaced(2)"]
-    # The next complete relist infers what the aborted one could not.
-    fifo.replace([pod("a", "2")], "4")
+    assert fifo.queued_deltas == 0
+    assert fifo.queued_bytes == 0
+    assert await drain(fifo) == []
+    # A restarted list (replace_begin again) drops the held pages of the attempt before it.
+    fifo.replace_begin()
+    fifo.replace_page([pod("b", "3")])
+    fifo.replace_begin()
+    fifo.replace_page([pod("a", "2")])
+    fifo.replace_end("4")
     assert await drain(fifo) == ["default/gone: Deleted(~1)", "default/a: Replaced(2)", "@4"]
 
 
