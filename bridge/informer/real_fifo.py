@@ -77,8 +77,6 @@ DEFAULT_MAX_QUEUED_BYTES = 64 << 20
 """Queued objects' JSON bytes beyond which the producer waits (twice what a listener catching up lets
 wait upstream of it, :data:`bridge.informer.processor.CATCH_UP_BYTES`)."""
 
-_Entry = tuple[ObjectKey, Delta] | ResourceVersionMarker
-
 
 class RealFIFO:
     """An in-order queue of deltas feeding one informer (client-go's ``RealFIFO``).
@@ -101,8 +99,11 @@ class RealFIFO:
         self._known = known_objects
         self._transform = transform
         self._max_bytes = max_queued_bytes
-        self._queue: deque[_Entry] = deque()
-        """Deltas (with their key) and markers, in pop order."""
+        self._queue: deque[Delta | ResourceVersionMarker] = deque()
+        """Deltas and markers, in pop order."""
+        self._keys: deque[ObjectKey] = deque()
+        """The key of every delta in ``_queue``, in the same order (a parallel queue: no tuple per
+        delta)."""
         self._newest: dict[ObjectKey, Delta] = {}
         """The newest queued delta of every key that has one (the key's state once the queue is
         applied); the entry goes when that very delta is popped."""
@@ -280,6 +281,15 @@ class RealFIFO:
         """
         await self.pop_ready(process, limit=1)
 
+    async def wait_ready(self) -> None:
+        """Returns once an entry is queued; raises :class:`FIFOClosedError` when the queue is closed
+        and empty. (``pop_ready`` right after it, without an await in between, does not wait.)"""
+        while not self._queue:
+            if self._closed:
+                raise FIFOClosedError("the queue is closed")
+            self._changed.clear()
+            await self._changed.wait()
+
     async def pop_ready(
         self,
         process: PopProcessFunc,
@@ -298,32 +308,33 @@ class RealFIFO:
         An exception from ``process`` propagates after its entry was removed; the entries after it
         stay queued.
         """
-        while not self._queue:
-            if self._closed:
-                raise FIFOClosedError("the queue is closed")
-            self._changed.clear()
-            await self._changed.wait()
+        if not self._queue:
+            await self.wait_ready()
 
         clock = asyncio.get_running_loop().time if until is not None else None
         queue = self._queue
+        keys = self._keys
         newest = self._newest
         in_flight = self._in_flight
         done = 0
         while queue:
-            entry = queue.popleft()
+            delta = queue.popleft()
             done += 1
-            if isinstance(entry, ResourceVersionMarker):
+            if isinstance(delta, ResourceVersionMarker):
                 self._markers -= 1
-                await process(entry, False)
+                await process(delta, False)
             else:
-                key, delta = entry
-                is_in_initial_list = not self.has_synced()
+                key = keys.popleft()
                 if self._initial_population_count > 0:
                     self._initial_population_count -= 1
+                    is_in_initial_list = True
+                else:
+                    is_in_initial_list = not self._populated
                 if newest.get(key) is delta:
                     del newest[key]
                 self._queued -= 1
-                self._queued_bytes -= _size(delta.object)
+                obj = delta.object
+                self._queued_bytes -= len(obj.raw) if type(obj) is RawObject else _ESTIMATED_SIZE
                 if self._room is not None and self._queued_bytes <= self._max_bytes // 2:
                     self._release_room()
                 in_flight[key] = delta
@@ -356,21 +367,23 @@ class RealFIFO:
 
     def list_keys(self) -> builtins.list[ObjectKey]:
         """The key of every queued delta, in pop order (a key once per delta)."""
-        return [e[0] for e in self._queue if not isinstance(e, ResourceVersionMarker)]
+        return builtins.list(self._keys)
 
     def entries(self) -> builtins.list[ObjectKey | ResourceVersionMarker]:
         """Queued deltas' keys and markers, in pop order (for tests and debugging)."""
-        return [e if isinstance(e, ResourceVersionMarker) else e[0] for e in self._queue]
+        keys = iter(self._keys)
+        return [e if isinstance(e, ResourceVersionMarker) else next(keys) for e in self._queue]
 
     def get_by_key(self, key: ObjectKey) -> Deltas | None:
         """The key's queued deltas, oldest first (a new list), or None if none is queued."""
         if key not in self._newest:
             return None
-        return [e[1] for e in self._queue if not isinstance(e, ResourceVersionMarker) and e[0] == key]
+        deltas = [e for e in self._queue if not isinstance(e, ResourceVersionMarker)]
+        return [d for d, k in zip(deltas, self._keys, strict=True) if k == key]
 
     def __len__(self) -> int:
         """The number of poppable deltas (markers and held-back relist items not counted)."""
-        return len(self._queue) - self._markers
+        return len(self._keys)
 
     @property
     def queued_deltas(self) -> int:
@@ -401,7 +414,8 @@ class RealFIFO:
         self._enqueue(key, self._delta(delta_type, obj))
 
     def _enqueue(self, key: ObjectKey, delta: Delta) -> None:
-        self._queue.append((key, delta))
+        self._queue.append(delta)
+        self._keys.append(key)
         self._newest[key] = delta
         self._changed.set()
 

@@ -36,8 +36,8 @@ Bridge extensions:
 * ``compact_cache``: the cache keeps each object as its JSON bytes (about its wire size, instead of
   several times that as a dict tree) and decodes on read; see :class:`~bridge.store.IndexedCache`.
 
-Consistency: the pop loop applies each FIFO item under the informer's processing lock, and snapshot
-emission takes the same lock, so a snapshot always sits between two processed items. Handlers added
+Consistency: the pop loop applies each run of FIFO items under the informer's processing lock, and
+snapshot emission takes the same lock, so a snapshot always sits between two processed items. Handlers added
 after start are registered synchronously: the replayed cache and the notifications that follow can
 neither overlap nor leave a gap.
 
@@ -531,8 +531,8 @@ class SharedIndexInformer:
                 while not self.has_synced():
                     if self._stopping:
                         return False
-                    # Every FIFO item (a relist always queues a progress marker) sets it, and so
-                    # does shutdown.
+                    # Every run of FIFO items (a relist always queues a progress marker) sets it,
+                    # and so does shutdown.
                     self._processed.clear()
                     await self._processed.wait()
         except TimeoutError:
@@ -578,27 +578,24 @@ class SharedIndexInformer:
     # ---------------------------------------------------------------------------------------------
     # HandleDeltas
 
-    async def _process(self, item: Delta | ResourceVersionMarker, is_in_initial_list: bool) -> None:
-        try:
-            await self._process_locked(item, is_in_initial_list)
-        finally:
-            self._processed.set()
-
     async def _process_locked(self, item: Delta | ResourceVersionMarker, is_in_initial_list: bool) -> None:
-        async with self._lock:
-            if isinstance(item, ResourceVersionMarker):
-                if item.relist_end and self._last_progress_rv:
-                    await self._close_gap(item.resource_version)
-                self._last_progress_rv = item.resource_version
-                self._processor.progress(item.resource_version)
-                return
-            if self._gap is None and self._last_progress_rv and _from_relist(item):
-                await self._open_gap()
-            self._processing_initial = is_in_initial_list
-            try:
+        """Applies one queue entry; the pop loop holds the processing lock around a run of them."""
+        if isinstance(item, ResourceVersionMarker):
+            if item.relist_end and self._last_progress_rv:
+                await self._close_gap(item.resource_version)
+            self._last_progress_rv = item.resource_version
+            self._processor.progress(item.resource_version)
+            return
+        if self._gap is None and self._last_progress_rv and _from_relist(item):
+            await self._open_gap()
+        self._processing_initial = is_in_initial_list
+        try:
+            if self._unconfirmed:
                 await self._handle_delta(item, is_in_initial_list)
-            finally:
-                self._processing_initial = False
+            else:
+                await self._apply_delta(item, is_in_initial_list)
+        finally:
+            self._processing_initial = False
 
     # Gap markers: a relist once changes were processed (the informer resumed from a checkpoint, or
     # listed before) reports only differences. Its first item opens a gap from the last processed
@@ -708,8 +705,11 @@ class SharedIndexInformer:
                 await asyncio.sleep(0)  # a backlog is processed in slices (see TIME_SLICE)
                 slice_end = loop.time() + TIME_SLICE
             try:
-                # Everything ready now in one call, up to the end of the slice.
-                await fifo.pop_ready(self._process, until=slice_end, stop=self._is_stopping)
+                await fifo.wait_ready()
+                # Everything ready now in one call, up to the end of the slice, under the processing
+                # lock (a snapshot or a fill-in sits between two runs, so between two items).
+                async with self._lock:
+                    await fifo.pop_ready(self._process_locked, until=slice_end, stop=self._is_stopping)
             except FIFOClosedError:
                 return
             except asyncio.CancelledError:
@@ -717,6 +717,8 @@ class SharedIndexInformer:
             except Exception:
                 self.process_errors += 1
                 log.exception("processing a queued item failed; skipping it", extra={"informer": self.name})
+            finally:
+                self._processed.set()
 
     # ---------------------------------------------------------------------------------------------
     # lifecycle
