@@ -132,6 +132,27 @@ async def test_initial_list_then_watch_events(env: Env) -> None:
     assert informer.has_synced()
 
 
+async def test_a_backlog_reaches_handlers_in_the_order_of_the_changes_across_objects(env: Env) -> None:
+    """client-go 1.36 (the_real_fifo.go: "every notification from the Reflector is passed in order";
+    TestRealFIFO_detectLineJumpers): changes that wait in the queue together are not grouped by
+    object; the per-key DeltaFIFO handed over a's two updates, then b's add."""
+    env.source.add(cm("a"))
+    informer = env.informer()
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    await env.start(informer)
+    await rec.wait_for(1)
+    env.source.modify(cm("a", k="1"))  # the three reach the queue before the informer pops
+    env.source.add(cm("b"))
+    env.source.modify(cm("a", k="2"))
+    assert await rec.wait_for(4) == [
+        ("add", "ns/a", "1", True),
+        ("update", "ns/a", "1", "2"),
+        ("add", "ns/b", "3", False),
+        ("update", "ns/a", "2", "4"),
+    ]
+
+
 class HoldContinuations(FakeControllerSource):
     """Serves continuation pages only once ``release`` is set."""
 
