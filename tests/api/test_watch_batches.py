@@ -320,3 +320,62 @@ async def test_events_after_the_initial_events_end_in_the_same_batch_are_applied
     assert watches == [""]
     assert fifo.calls == [("replace", "8"), ("update", "a@9"), ("rv", "9"), ("add", "b@10"), ("rv", "10"),
                           ("delete", "b@11"), ("rv", "11")]
+
+
+async def test_a_watch_list_answered_too_large_from_a_consistent_read_is_asked_again(
+    server: ScriptedServer,
+) -> None:
+    """reflector.go watchList(): an in-stream ERROR 504 "Too large resource version" (a watch cache
+    not yet as fresh as etcd) while the WatchList was already from "" marks the RV unavailable and
+    asks for the WatchList again (after the bridge's backoff); no list is made for that cycle."""
+    requests: list[tuple[str, str]] = []
+    hold = asyncio.Event()
+    too_large = {"type": "ERROR", "object": {
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 504, "reason": "Timeout",
+        "message": "Timeout: Too large resource version: 12, current: 11",
+        "details": {"causes": [{"reason": "ResourceVersionTooLarge",
+                                "message": "Too large resource version"}], "retryAfterSeconds": 1}}}
+    end = {"type": "BOOKMARK", "object": {"kind": "Pod", "apiVersion": "v1", "metadata": {
+        "resourceVersion": "12", "annotations": {"k8s.io/initial-events-end": "true"}}}}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        kind = "watchlist" if request.query.get("sendInitialEvents") == "true" else (
+            "watch" if request.query.get("watch") == "true" else "list")
+        requests.append((kind, request.query.get("resourceVersion", "")))
+        if kind == "list":
+            body = {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "7"}, "items": []}
+            return web.json_response(body)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        if len(requests) == 1:
+            await response.write(orjson.dumps(too_large) + b"\n")
+        else:
+            await response.write(line("ADDED", "a", 12) + orjson.dumps(end) + b"\n")
+            await hold.wait()
+        await response.write_eof()
+        return response
+
+    server.handler = handler
+    url = await server.start()
+    fifo = _RecordingFifo()
+    clock = RealClock()
+    async with ApiClient(server=url) as client:
+        lw = HttpListerWatcher(client=client, resource=PODS, namespace="ns")
+        reflector = Reflector(name="pods", lister_watcher=lw, store=fifo, clock=clock, use_watch_list=True,
+                              backoff=Backoff(clock=clock, initial=0.01, cap=0.05, jitter=0.0),
+                              rng=random.Random(1))
+        task = asyncio.create_task(reflector.run())
+        try:
+            async with asyncio.timeout(10):
+                while ("replace", "12") not in fifo.calls:
+                    fifo.changed.clear()
+                    await fifo.changed.wait()
+        finally:
+            hold.set()
+            reflector.stop()
+            await asyncio.wait_for(task, 10)
+    assert requests[:2] == [("watchlist", ""), ("watchlist", "")]
+    assert fifo.calls[0] == ("replace", "12")
+    assert reflector.watch_list_rejected is False
+    assert reflector.expired_count == 1
