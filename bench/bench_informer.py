@@ -2,7 +2,7 @@
 
 Two numbers the design treats as product metrics:
 
-(a) **deltas/s** through the informer's hot path — reflector → DeltaFIFO → HandleDeltas → indexer →
+(a) **deltas/s** through the informer's hot path — reflector → RealFIFO → HandleDeltas → indexer →
     one no-op listener — for realistic Pods (~4 KB of JSON each, managedFields included), fed by an
     in-memory watch stream of already-decoded objects so that JSON decoding is not measured;
 (b) **bytes per cached Pod** (tracemalloc) against its raw JSON size, with and without the default
@@ -313,7 +313,7 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 
 def _table(results: dict[str, Any]) -> str:
-    lines = ["(a) reflector → DeltaFIFO → indexer → 1 no-op listener, realistic Pods",
+    lines = ["(a) reflector → RealFIFO → indexer → 1 no-op listener, realistic Pods",
              f"{'transform':<20}{'deltas':>10}{'seconds':>10}{'deltas/s':>12}"]
     for label, r in results["throughput"].items():
         lines.append(f"{label:<20}{r['deltas']:>10}{r['seconds']:>10.3f}{r['deltas_per_second']:>12}")

@@ -33,7 +33,6 @@ _EXPORTS: dict[str, str] = {
     "DeletedFinalStateUnknown": "contracts",
     "DeliveryObserver": "contracts",
     "Delta": "informer.delta_fifo",
-    "DeltaFIFO": "informer.delta_fifo",
     "DeltaType": "informer.delta_fifo",
     "Deltas": "informer.delta_fifo",
     "Discovery": "kube.discovery",
@@ -72,6 +71,7 @@ _EXPORTS: dict[str, str] = {
     "RawObject": "rawobject",
     "RawObjectError": "rawobject",
     "RealClock": "clock",
+    "RealFIFO": "informer.real_fifo",
     "Reflector": "informer.reflector",
     "ResourceExpiredError": "errors",
     "ResourceVersionMarker": "informer.delta_fifo",
@@ -171,7 +171,6 @@ if TYPE_CHECKING:
     )
     from bridge.informer.delta_fifo import (
         Delta,
-        DeltaFIFO,
         Deltas,
         DeltaType,
         FIFOClosedError,
@@ -187,6 +186,9 @@ if TYPE_CHECKING:
     from bridge.informer.processor import (
         ProcessorListener,
         SharedProcessor,
+    )
+    from bridge.informer.real_fifo import (
+        RealFIFO,
     )
     from bridge.informer.reflector import (
         Reflector,
@@ -263,7 +265,6 @@ __all__ = [
     "DeletedFinalStateUnknown",
     "DeliveryObserver",
     "Delta",
-    "DeltaFIFO",
     "DeltaType",
     "Deltas",
     "Discovery",
@@ -299,6 +300,7 @@ __all__ = [
     "RawObject",
     "RawObjectError",
     "RealClock",
+    "RealFIFO",
     "Reflector",
     "ResourceExpiredError",
     "ResourceVersionMarker",

@@ -64,7 +64,7 @@ ObjectKey = NewType("ObjectKey", str)
 class DeletedFinalStateUnknown:
     """A delete whose final state was not observed (client-go's ``DeletedFinalStateUnknown``).
 
-    Produced by ``DeltaFIFO.replace`` for keys that a relist no longer returns: the object was deleted
+    Produced by ``RealFIFO.replace`` for keys that a relist no longer returns: the object was deleted
     while the watch was down, ``obj`` is the last state the bridge knew, possibly stale.
     """
 

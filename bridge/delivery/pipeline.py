@@ -789,7 +789,7 @@ InformerBuilder = Callable[[WatchedResource, DeliveryObserver], SharedIndexInfor
 
 
 def http_informer_builder(
-    *, client: ApiClient, clock: Clock, page_size: int = 500, use_watch_list: bool = False,
+    *, client: ApiClient, clock: Clock, page_size: int | None = None, use_watch_list: bool = False,
     compact_cache: bool = False,
 ) -> InformerBuilder:
     """Informers over the real API (``ApiClient`` + ``HttpListerWatcher``), without a factory."""
@@ -1036,7 +1036,7 @@ class BridgePipeline:
         checkpoint_interval: float = 5.0,
         snapshot_on_first_start: bool = False,
         clock: Clock | None = None,
-        page_size: int = 500,
+        page_size: int | None = None,
         use_watch_list: bool = False,
         on_event: Callable[[str, str], None] | None = None,
         start_sinks: bool = True,

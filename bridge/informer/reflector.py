@@ -4,16 +4,20 @@ A port of client-go's ``tools/cache/reflector.go`` (and the ``tools/pager`` it l
 One :class:`Reflector` serves one resource in one scope: it lists the current state into its store
 with :meth:`ReflectorStore.replace`, then watches from the list's resourceVersion and turns every
 watch event into ``add`` / ``update`` / ``delete``; when the watch ends, fails or the resourceVersion
-expires, it re-watches or relists following client-go's rules (CLIENT-GO-SEMANTICS.md, "Reflector"):
+expires, it re-watches or relists following client-go 1.36's rules (docs/client-go-semantics.md):
 
 * list RV ``"0"`` before the first sync, the last synced RV afterwards, ``""`` once that RV is known
   to be unavailable (an Expired / too-large list error, which also relists at once, without backoff);
-* paginated lists of ``page_size`` (0 = never paginate; later pages send only ``continue``); a
-  continuation page that expired is retried once as a full unpaginated list at the original RV.
-  As in client-go, a relist at a specific RV is unpaginated, so the API server can serve it from its
-  watch cache (with a limit it would be an exact read from etcd, often 410 after compaction),
-  unless the first list at ``"0"`` came back paginated (no watch cache: paging is what it wants);
-* watch with ``allow_watch_bookmarks`` and a random timeout in ``[min_watch_timeout, 2·min)``; each
+* paginated lists (later pages send only ``continue``); a continuation page that expired is retried
+  once as a full unpaginated list at the original RV. A configured ``page_size`` is used by every
+  list and relist, whatever its RV (client-go's ``WatchListPageSize``; 0 = never paginate). Left
+  unset, lists at ``"0"`` or ``""`` use pages of 500 and a relist at a specific RV is unpaginated, so
+  the API server can serve it from its watch cache (with a limit it would be an exact read from
+  etcd, often 410 after compaction), unless the first list at ``"0"`` came back paginated (no watch
+  cache: paging is what it wants);
+* watch with ``allow_watch_bookmarks`` and a random timeout in ``[min_watch_timeout, 2·min)``, where
+  ``min_watch_timeout`` is five minutes or more (client-go's ``MinWatchTimeout`` can only raise that
+  floor; a smaller value is refused, naming it); each
   event (bookmarks included) advances the last synced RV and, when the store has it, calls
   ``store.update_resource_version(rv)``;
 * a watch that ends cleanly after at least 1 s or one event is re-opened at once from the last RV
@@ -24,12 +28,13 @@ expires, it re-watches or relists following client-go's rules (CLIENT-GO-SEMANTI
 * the watch-error handler sees only cycles that failed (list error, watch that could not be
   opened, store error); ``ERROR`` events and closes are routine and only logged, as in client-go;
 * a resync timer calling ``store.resync()`` every ``resync_period`` when ``should_resync()`` agrees;
+  a resync that raises is logged and ends the cycle without error (backoff, relist), as in client-go;
 * WatchList (``use_watch_list``): the initial state streamed as ADDED events up to the
   ``k8s.io/initial-events-end`` bookmark, then the same stream continues as a normal watch (a stream
   is iterated once: the watch loop takes over the WatchList's iterator); an expired or too-large
-  resourceVersion, on opening or as an ERROR event, retries the WatchList at once from ``""`` (as
-  client-go's ``watchList``); a server that rejects it makes the reflector fall back to list +
-  watch, and remember;
+  resourceVersion, on opening or as an ERROR event, retries the WatchList from ``""`` (as client-go's
+  ``watchList``): at once, or after the backoff when it was from ``""`` already (client-go asks again
+  at once); a server that rejects it makes the reflector fall back to list + watch, and remember;
 * a watch that ends at a line it could not decode (an ERROR event caused by ``ClientWatchDecoding``)
   is watched again from the last RV applied, after backoff and without a relist, so the change on
   that line comes again; a well-formed event whose object has no ``metadata.name`` is the only thing
@@ -38,12 +43,12 @@ expires, it re-watches or relists following client-go's rules (CLIENT-GO-SEMANTI
 Bridge extension: ``initial_resource_version`` (a checkpoint) makes the first cycle skip the list and
 watch from that RV directly; if it has expired (410), the reflector relists at once with RV ``""``.
 
-Bridge extension: a store that offers :class:`StreamedReplaceStore` (the DeltaFIFO) receives a list
+Bridge extension: a store that offers :class:`StreamedReplaceStore` (the RealFIFO) receives a list
 page by page as it arrives rather than in one ``replace`` at the end, with the same outcome, so that
-consumers get the first pages while the next ones are fetched. Where client-go discards the pages
-of a list that fails, those already streamed have reached consumers; the next list then asks for a
-state not older than theirs (their RV, or a consistent read), never for RV ``"0"``, which another API
-server's older watch cache could answer with older objects.
+consumers of a first list get the first pages while the next ones are fetched. Where client-go
+discards the pages of a list that fails, those already streamed may have reached consumers; the next
+list then asks for a state not older than theirs (their RV, or a consistent read), never for RV
+``"0"``, which another API server's older watch cache could answer with older objects.
 
 Every wait and every time measurement goes through the injected :class:`~bridge.clock.Clock`.
 """
@@ -82,7 +87,9 @@ from bridge.informer.backoff import Backoff
 from bridge.rawobject import RawObject, object_identity, object_key
 
 __all__ = [
+    "DEFAULT_PAGE_SIZE",
     "INITIAL_EVENTS_END_ANNOTATION",
+    "MIN_WATCH_TIMEOUT",
     "Reflector",
     "ReflectorStore",
     "ResourceVersionUpdater",
@@ -99,12 +106,22 @@ INITIAL_EVENTS_END_ANNOTATION = "k8s.io/initial-events-end"
 _DECODE_ERROR_CAUSE = "ClientWatchDecoding"
 """Cause type of the ERROR event a watch stream ends with at a line it cannot decode (client-go's)."""
 
+DEFAULT_PAGE_SIZE = 500
+"""Items per page of a list at ``"0"`` or ``""`` when no page size is configured (client-go's pager)."""
+
+MIN_WATCH_TIMEOUT = 300
+"""Seconds: the least ``min_watch_timeout`` (client-go's ``defaultMinWatchTimeout``); watches last
+a random time in ``[min, 2·min)``."""
+
+_TOO_LARGE_CAUSE = "ResourceVersionTooLarge"
+"""Cause reason of the 504 a server answers a resourceVersion newer than it knows with."""
+
 _SHORT_WATCH = 1.0
 """A watch closing sooner than this with no event is treated as a failure (client-go's rule)."""
 
 
 class ReflectorStore(Protocol):
-    """What the reflector writes into (a DeltaFIFO, usually).
+    """What the reflector writes into (a RealFIFO, usually).
 
     Methods may be plain or ``async``: the reflector awaits whatever they return when it is
     awaitable, so a queue with backpressure can block the watch.
@@ -128,7 +145,7 @@ class ReflectorStore(Protocol):
 
 @runtime_checkable
 class StreamedReplaceStore(Protocol):
-    """Optional store capability: a relist page by page (``DeltaFIFO.replace_begin`` …); the same
+    """Optional store capability: a relist page by page (``RealFIFO.replace_begin`` …); the same
     outcome as one ``replace`` with every page's items."""
 
     def replace_begin(self) -> object: ...
@@ -272,20 +289,22 @@ class Reflector:
         clock: Clock,
         resync_period: float = 0.0,
         should_resync: Callable[[], bool] | None = None,
-        page_size: int = 500,
+        page_size: int | None = None,
         use_watch_list: bool = False,
         initial_resource_version: str = "",
         watch_error_handler: WatchErrorHandler | None = None,
         rng: random.Random | None = None,
-        min_watch_timeout: int = 300,
+        min_watch_timeout: int = MIN_WATCH_TIMEOUT,
         backoff: Backoff | None = None,
     ) -> None:
         if resync_period < 0:
             raise ValueError(f"reflector {name}: resync_period must be >= 0, got {resync_period}")
-        if page_size < 0:
+        if page_size is not None and page_size < 0:
             raise ValueError(f"reflector {name}: page_size must be >= 0 (0 = unpaginated), got {page_size}")
-        if min_watch_timeout <= 0:
-            raise ValueError(f"reflector {name}: min_watch_timeout must be > 0, got {min_watch_timeout}")
+        if min_watch_timeout < MIN_WATCH_TIMEOUT:
+            raise ValueError(
+                f"reflector {name}: min_watch_timeout {min_watch_timeout} s is below the floor of "
+                f"{MIN_WATCH_TIMEOUT} s (it can only raise client-go's five-minute minimum)")
         self.name = name
         self._lw = lister_watcher
         self._store = store
@@ -415,8 +434,6 @@ class Reflector:
                     extra={"informer": self.name})
                 if rejected.remember:
                     self._watch_list_rejected = True
-                if rejected.expired:
-                    self._rv_unavailable = True
                 await self._list()
         else:
             await self._list()
@@ -447,8 +464,8 @@ class Reflector:
         # As client-go's pager, the page size is chosen once from the first RV and kept for the retry.
         limit = self._page_limit(rv)
         store = self._store
-        # A store that takes a relist page by page (the DeltaFIFO) gets each page as it arrives, so
-        # that the informer forwards the first pages while the next ones are fetched.
+        # A store that takes a relist page by page (the RealFIFO) gets each page as it arrives, so
+        # that the informer can forward the first pages while the next ones are fetched.
         pages = _PageSink(store if isinstance(store, StreamedReplaceStore) else None)
         try:
             try:
@@ -475,10 +492,11 @@ class Reflector:
                   extra={"informer": self.name})
 
     def _page_limit(self, rv: str) -> int | None:
-        if self._page_size == 0:
-            return None
+        if self._page_size is not None:
+            # Configured: every list pages at it (client-go's WatchListPageSize); 0 never pages.
+            return self._page_size or None
         if self._paginated_result or rv in ("", "0"):
-            return self._page_size
+            return DEFAULT_PAGE_SIZE
         # A relist "not older than" RV without a limit can be served from the watch cache; with a
         # limit it would be an exact read from etcd (and a likely 410 after compaction).
         return None
@@ -559,7 +577,11 @@ class Reflector:
                 stream = None
             events_seen += count
             if self._resync_error is not None:
-                raise self._resync_error
+                # client-go's watch() logs it ("watch ended with error") and ends the cycle without
+                # an error: the next one relists after the backoff.
+                log.warning("watch ended: the resync failed (%s); relisting", self._resync_error,
+                            extra={"informer": self.name})
+                return _WatchEnd.RELIST
             if end is _WatchEnd.REWATCH:
                 continue
             if end is _WatchEnd.BACKOFF_REWATCH:
@@ -629,7 +651,7 @@ class Reflector:
             self.expired_count += 1
             log.info("watch expired: %s", message, extra={"informer": self.name})
             return _WatchEnd.EXPIRED
-        if "too large resource version" in message.lower():
+        if "too large resource version" in message.lower() or _has_cause(status, _TOO_LARGE_CAUSE):
             self.expired_count += 1
             log.info("watch from a too-large resourceVersion: %s", message, extra={"informer": self.name})
             return _WatchEnd.EXPIRED
@@ -697,9 +719,9 @@ class Reflector:
 
         As client-go's ``watchList``: a resourceVersion that expired (410) or is newer than the server
         knows (too large), whether the answer to opening the request or an ERROR event in its stream,
-        is marked unavailable and the WatchList is retried at once from ``""`` (a consistent
-        snapshot); that says nothing about the server's support of WatchList. Only if even that
-        fails so does the cycle fall back to a list (for this cycle only)."""
+        is marked unavailable and the WatchList is retried from ``""`` (a consistent snapshot), at
+        once, or after the backoff when it was from ``""`` already; that says nothing about the
+        server's support of WatchList, and never makes the cycle fall back to a list."""
         while True:
             rv = "" if self._rv_unavailable else self._last_sync_rv
             options = WatchOptions(
@@ -712,7 +734,7 @@ class Reflector:
             try:
                 stream = await self._open_watch(options, "WatchList")
             except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
-                self._watch_list_rv_unavailable(rv, str(exc))
+                await self._watch_list_rv_unavailable(rv, str(exc))
                 continue
             except Exception as exc:
                 raise _WatchListRejected(f"{type(exc).__name__}: {exc}", remember=True) from exc
@@ -727,16 +749,21 @@ class Reflector:
             except _WatchListRejected as rejected:
                 if not rejected.expired:
                     raise
-                self._watch_list_rv_unavailable(rv, str(rejected))
+                await self._watch_list_rv_unavailable(rv, str(rejected))
             finally:
                 if not ok:
                     await stream.close()
 
-    def _watch_list_rv_unavailable(self, rv: str, reason: str) -> None:
-        """A WatchList at ``rv`` met an expired / too-large resourceVersion: retry from ``""``, or,
-        if that was ``""`` already, give up on WatchList for this cycle."""
+    async def _watch_list_rv_unavailable(self, rv: str, reason: str) -> None:
+        """A WatchList at ``rv`` met an expired / too-large resourceVersion: it is retried from
+        ``""``; if it was from ``""`` already (a server whose watch cache is not yet as fresh as
+        etcd answers 504), after the backoff, so a server that keeps answering so is not asked in a
+        tight loop (client-go's watchList asks again at once)."""
         if rv == "":
-            raise _WatchListRejected(f"{reason} (from a consistent read)", remember=False, expired=True)
+            log.info("reflector %s: WatchList from a consistent snapshot: %s; retrying after backoff",
+                     self.name, reason)
+            await self._backoff.wait(None)
+            return
         log.info("reflector %s: WatchList from resourceVersion %s: %s; retrying from a consistent "
                  "snapshot", self.name, rv, reason)
         self._rv_unavailable = True
@@ -813,6 +840,13 @@ def _is_decode_error(status: KubeObject) -> bool:
     causes = details.get("causes") if isinstance(details, dict) else None
     return isinstance(causes, list) and any(
         isinstance(c, dict) and c.get("type") == _DECODE_ERROR_CAUSE for c in causes)
+
+
+def _has_cause(status: KubeObject, reason: str) -> bool:
+    """Whether the Status lists a cause with this reason (client-go's ``HasStatusCause``)."""
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return isinstance(causes, list) and any(isinstance(c, dict) and c.get("reason") == reason for c in causes)
 
 
 def _has_name(obj: KubeObject) -> bool:

@@ -1,10 +1,13 @@
 """One informer per watched resource, shared by every consumer: client-go's ``sharedIndexInformer``.
 
 It wires the pieces together — :class:`~bridge.reflector.Reflector` (list + watch) →
-:class:`~bridge.delta_fifo.DeltaFIFO` → *HandleDeltas* → :class:`~bridge.store.IndexedCache` →
+:class:`~bridge.real_fifo.RealFIFO` (in order) → *HandleDeltas* → :class:`~bridge.store.IndexedCache` →
 :class:`~bridge.processor.SharedProcessor` → one bounded listener per handler — and applies
-client-go's rules (CLIENT-GO-SEMANTICS.md, "sharedIndexInformer…"):
+client-go 1.36's rules (docs/client-go-semantics.md):
 
+* deltas are applied one at a time in the order they arrived, so every listener is told about the
+  changes of the resource in the order the API server made them, across objects; a relist's inferred
+  deletes come before its items;
 * the cache is updated before any handler is told; Sync/Replaced/Added/Updated of a cached object is
   an update, otherwise an add (with the FIFO's ``is_in_initial_list``); Deleted is a delete;
 * a Sync or Replaced delta whose old and new resourceVersion are equal is a resync notification,
@@ -33,8 +36,8 @@ Bridge extensions:
 * ``compact_cache``: the cache keeps each object as its JSON bytes (about its wire size, instead of
   several times that as a dict tree) and decodes on read; see :class:`~bridge.store.IndexedCache`.
 
-Consistency: the pop loop applies each FIFO item under the informer's processing lock, and snapshot
-emission takes the same lock, so a snapshot always sits between two processed items. Handlers added
+Consistency: the pop loop applies each run of FIFO items under the informer's processing lock, and
+snapshot emission takes the same lock, so a snapshot always sits between two processed items. Handlers added
 after start are registered synchronously: the replayed cache and the notifications that follow can
 neither overlap nor leave a gap.
 
@@ -73,8 +76,6 @@ from bridge.contracts import (
 from bridge.errors import BridgeError, ResourceExpiredError
 from bridge.informer.delta_fifo import (
     Delta,
-    DeltaFIFO,
-    Deltas,
     DeltaType,
     FIFOClosedError,
     ResourceVersionMarker,
@@ -89,7 +90,8 @@ from bridge.informer.processor import (
     SharedProcessor,
     determine_resync_period,
 )
-from bridge.informer.reflector import Reflector, WatchErrorHandler
+from bridge.informer.real_fifo import RealFIFO
+from bridge.informer.reflector import DEFAULT_PAGE_SIZE, Reflector, WatchErrorHandler
 from bridge.informer.store import (
     NAMESPACE_INDEX,
     IndexedCache,
@@ -111,12 +113,9 @@ _RESYNC_DELTAS = frozenset({DeltaType.SYNC, DeltaType.REPLACED})
 
 log = logging.getLogger(__name__)
 
-def _from_relist(deltas: Deltas) -> bool:
-    """True for a key's deltas that include a relist's (a listed item, or a deletion it inferred)."""
-    if len(deltas) == 1:  # the common case, on every watch event: no generator
-        d = deltas[0]
-        return d.type is DeltaType.REPLACED or type(d.object) is DeletedFinalStateUnknown
-    return any(d.type is DeltaType.REPLACED or isinstance(d.object, DeletedFinalStateUnknown) for d in deltas)
+def _from_relist(delta: Delta) -> bool:
+    """True for a relist's delta (a listed item, or a deletion it inferred)."""
+    return delta.type is DeltaType.REPLACED or type(delta.object) is DeletedFinalStateUnknown
 
 
 class InformerError(BridgeError):
@@ -172,7 +171,7 @@ class SharedIndexInformer:
         transform: TransformFunc | None = drop_managed_fields,
         observer: DeliveryObserver | None = None,
         name: str = "",
-        page_size: int = 500,
+        page_size: int | None = None,
         use_watch_list: bool = False,
         split_uid_changes: bool = True,
         compact_cache: bool = False,
@@ -198,7 +197,7 @@ class SharedIndexInformer:
         self._split_uid_changes = split_uid_changes
         self._processor = SharedProcessor(clock=clock, observer=observer, name=name)
 
-        self._fifo: DeltaFIFO | None = None
+        self._fifo: RealFIFO | None = None
         self._reflector: Reflector | None = None
         self._started = False
         self._stopping = False
@@ -295,7 +294,8 @@ class SharedIndexInformer:
         lw = self._lister_watcher
         transform = self._transform
         items: list[KubeObject] = []
-        options = ListOptions(limit=self._page_size or None)
+        page_size = DEFAULT_PAGE_SIZE if self._page_size is None else self._page_size
+        options = ListOptions(limit=page_size or None)
         list_rv = ""
         while True:
             try:
@@ -531,8 +531,8 @@ class SharedIndexInformer:
                 while not self.has_synced():
                     if self._stopping:
                         return False
-                    # Every FIFO item (a relist always queues a progress marker) sets it, and so
-                    # does shutdown.
+                    # Every run of FIFO items (a relist always queues a progress marker) sets it,
+                    # and so does shutdown.
                     self._processed.clear()
                     await self._processed.wait()
         except TimeoutError:
@@ -578,28 +578,24 @@ class SharedIndexInformer:
     # ---------------------------------------------------------------------------------------------
     # HandleDeltas
 
-    async def _process(self, item: Deltas | ResourceVersionMarker, is_in_initial_list: bool) -> None:
+    async def _process_locked(self, item: Delta | ResourceVersionMarker, is_in_initial_list: bool) -> None:
+        """Applies one queue entry; the pop loop holds the processing lock around a run of them."""
+        if isinstance(item, ResourceVersionMarker):
+            if item.relist_end and self._last_progress_rv:
+                await self._close_gap(item.resource_version)
+            self._last_progress_rv = item.resource_version
+            self._processor.progress(item.resource_version)
+            return
+        if self._gap is None and self._last_progress_rv and _from_relist(item):
+            await self._open_gap()
+        self._processing_initial = is_in_initial_list
         try:
-            await self._process_locked(item, is_in_initial_list)
+            if self._unconfirmed:
+                await self._handle_delta(item, is_in_initial_list)
+            else:
+                await self._apply_delta(item, is_in_initial_list)
         finally:
-            self._processed.set()
-
-    async def _process_locked(self, item: Deltas | ResourceVersionMarker, is_in_initial_list: bool) -> None:
-        async with self._lock:
-            if isinstance(item, ResourceVersionMarker):
-                if item.relist_end and self._last_progress_rv:
-                    await self._close_gap(item.resource_version)
-                self._last_progress_rv = item.resource_version
-                self._processor.progress(item.resource_version)
-                return
-            if self._gap is None and self._last_progress_rv and _from_relist(item):
-                await self._open_gap()
-            self._processing_initial = is_in_initial_list
-            try:
-                for delta in item:
-                    await self._handle_delta(delta, is_in_initial_list)
-            finally:
-                self._processing_initial = False
+            self._processing_initial = False
 
     # Gap markers: a relist once changes were processed (the informer resumed from a checkpoint, or
     # listed before) reports only differences. Its first item opens a gap from the last processed
@@ -709,8 +705,11 @@ class SharedIndexInformer:
                 await asyncio.sleep(0)  # a backlog is processed in slices (see TIME_SLICE)
                 slice_end = loop.time() + TIME_SLICE
             try:
-                # Everything ready now in one call, up to the end of the slice.
-                await fifo.pop_ready(self._process, until=slice_end, stop=self._is_stopping)
+                await fifo.wait_ready()
+                # Everything ready now in one call, up to the end of the slice, under the processing
+                # lock (a snapshot or a fill-in sits between two runs, so between two items).
+                async with self._lock:
+                    await fifo.pop_ready(self._process_locked, until=slice_end, stop=self._is_stopping)
             except FIFOClosedError:
                 return
             except asyncio.CancelledError:
@@ -718,6 +717,8 @@ class SharedIndexInformer:
             except Exception:
                 self.process_errors += 1
                 log.exception("processing a queued item failed; skipping it", extra={"informer": self.name})
+            finally:
+                self._processed.set()
 
     # ---------------------------------------------------------------------------------------------
     # lifecycle
@@ -738,7 +739,7 @@ class SharedIndexInformer:
         if self._stopping:
             self._done.set()
             return
-        fifo = DeltaFIFO(key_func=self._key_func, known_objects=self._indexer, transform=self._transform)
+        fifo = RealFIFO(key_func=self._key_func, known_objects=self._indexer, transform=self._transform)
         if self._resume_rv:
             fifo.mark_populated()
         self._fifo = fifo

@@ -1,7 +1,7 @@
 """The informer's local cache: a keyed store with named secondary indices.
 
 This is the bridge's version of client-go's ``store.go`` + ``thread_safe_store.go`` + ``index.go``.
-The informer writes to it (always before notifying anyone), the DeltaFIFO consults it as its
+The informer writes to it (always before notifying anyone), the RealFIFO consults it as its
 ``known_objects`` to detect deletions missed while the watch was down, and the listers read it so the
 bridge and its users query local state instead of the API server.
 
@@ -231,7 +231,7 @@ class IndexedCache:
 
     def replace(self, items: Sequence[KubeObject], resource_version: str = "") -> None:
         """Swaps the whole content for ``items``; later duplicates of a key win."""
-        del resource_version  # a cache has no use for it; the DeltaFIFO does
+        del resource_version  # a cache has no use for it; the RealFIFO does
         new_items: dict[ObjectKey, Any] = {}
         new_values: dict[ObjectKey, _IndexValues] = {}
         for obj in items:

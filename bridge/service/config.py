@@ -88,8 +88,17 @@ class KubernetesConfig(_Model):
     context: str | None = None
     in_cluster: Literal["auto", "true", "false"] = "auto"
     page_size: int = Field(default=500, ge=1, le=100_000)
+    """Items per list page. Set explicitly, every list and relist is paginated at it (client-go's
+    ``WatchListPageSize``); left unset, lists of the latest state use 500 and a relist at a known
+    resourceVersion is unpaginated, so that the API server's watch cache can answer it."""
     watch_list: bool = False
     """Use WatchList streaming (sendInitialEvents) when the server supports it."""
+
+    @property
+    def configured_page_size(self) -> int | None:
+        """``page_size`` if the configuration sets it (the informers then page every relist at it),
+        else None (the informers' default: see ``page_size``)."""
+        return self.page_size if "page_size" in self.model_fields_set else None
 
 
 class ResourceConfig(_Model):

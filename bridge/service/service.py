@@ -380,7 +380,8 @@ class BridgeService:
             factory=factory, resources=watched, sinks=list(sinks), checkpoint_store=store,
             cluster=cfg.cluster, checkpoint_interval=cfg.checkpoint.interval,
             snapshot_on_first_start=cfg.snapshot.on_first_start, clock=self._clock,
-            page_size=cfg.kubernetes.page_size, use_watch_list=cfg.kubernetes.watch_list,
+            page_size=cfg.kubernetes.configured_page_size,
+            use_watch_list=cfg.kubernetes.watch_list,
             spill_directory=cfg.checkpoint.spill_directory or None,
         )
         self._state.pipeline = pipeline

@@ -77,7 +77,7 @@ async def running(sim: Simulator) -> AsyncIterator[tuple[Reflector, IndexedCache
     cache = IndexedCache()
     clock = RealClock()
     reflector = Reflector(
-        name="pods", lister_watcher=lw, store=cache, clock=clock, page_size=7, min_watch_timeout=2,
+        name="pods", lister_watcher=lw, store=cache, clock=clock, page_size=7,
         backoff=Backoff(clock=clock, initial=0.01, cap=0.05, jitter=0.0), rng=random.Random(1),
     )
     task = asyncio.create_task(reflector.run(), name="test-reflector")

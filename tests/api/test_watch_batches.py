@@ -16,7 +16,8 @@ from aiohttp import web
 from bridge.clock import RealClock
 from bridge.contracts import BatchedWatchStream, KubeObject, WatchEvent, WatchEventType, WatchOptions
 from bridge.informer.backoff import Backoff
-from bridge.informer.delta_fifo import DeltaFIFO, Deltas, DeltaType, ResourceVersionMarker
+from bridge.informer.delta_fifo import Delta, DeltaType, ResourceVersionMarker
+from bridge.informer.real_fifo import RealFIFO
 from bridge.informer.reflector import Reflector
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.listwatch import DECODE_ERROR_CAUSE, HttpListerWatcher
@@ -99,7 +100,7 @@ async def test_batches_and_events_share_the_one_reader(server: ScriptedServer) -
 
 
 class _RecordingFifo:
-    """The reflector's store side as a DeltaFIFO would see it: every call in order."""
+    """The reflector's store side as the RealFIFO would see it: every call in order."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
@@ -186,13 +187,13 @@ async def test_a_garbled_line_mid_batch_rewatches_from_the_last_good_resource_ve
 
 
 async def test_a_batch_reaches_the_fifo_and_the_informer_in_order(server: ScriptedServer) -> None:
-    """Deltas of a batch land in the DeltaFIFO as single events would: per-key coalescing and one
-    progress marker between keys, popped in one ``pop_ready`` run in queue order."""
+    """Deltas of a batch land in the RealFIFO as single events would: each in arrival order with a
+    progress marker after it, popped in one ``pop_ready`` run in queue order."""
     one_write = (line("ADDED", "a", 8) + line("ADDED", "b", 9) + line("MODIFIED", "a", 10)
                  + bookmark(11) + line("DELETED", "b", 12))
     server.handler = streaming([one_write])  # type: ignore[assignment]
     url = await server.start()
-    fifo = DeltaFIFO()
+    fifo = RealFIFO()
     async with ApiClient(server=url) as client:
         lw = HttpListerWatcher(client=client, resource=PODS, namespace="ns")
         stream = await lw.watch(WatchOptions(resource_version="7", timeout_seconds=300))
@@ -210,15 +211,16 @@ async def test_a_batch_reaches_the_fifo_and_the_informer_in_order(server: Script
         await stream.close()
     popped: list[object] = []
 
-    async def process(item: Deltas | ResourceVersionMarker, initial: bool) -> None:
+    async def process(item: Delta | ResourceVersionMarker, initial: bool) -> None:
         if isinstance(item, ResourceVersionMarker):
             popped.append(item.resource_version)
         else:
-            popped.append([(d.type, d.object["metadata"]["resourceVersion"]) for d in item])  # type: ignore[index]
+            popped.append((item.type, item.object["metadata"]["resourceVersion"]))  # type: ignore[index]
 
-    assert await fifo.pop_ready(process) == 4
-    assert popped == [[(DeltaType.ADDED, "8"), (DeltaType.UPDATED, "10")], "8",
-                      [(DeltaType.ADDED, "9"), (DeltaType.DELETED, "12")], "12"]
+    assert await fifo.pop_ready(process) == 8
+    # The bookmark's marker (11) coalesces with the one before it (10).
+    assert popped == [(DeltaType.ADDED, "8"), "8", (DeltaType.ADDED, "9"), "9", (DeltaType.UPDATED, "10"),
+                      "11", (DeltaType.DELETED, "12"), "12"]
 
 
 async def test_an_error_event_mid_batch_stops_the_batch_there(server: ScriptedServer) -> None:
@@ -318,3 +320,62 @@ async def test_events_after_the_initial_events_end_in_the_same_batch_are_applied
     assert watches == [""]
     assert fifo.calls == [("replace", "8"), ("update", "a@9"), ("rv", "9"), ("add", "b@10"), ("rv", "10"),
                           ("delete", "b@11"), ("rv", "11")]
+
+
+async def test_a_watch_list_answered_too_large_from_a_consistent_read_is_asked_again(
+    server: ScriptedServer,
+) -> None:
+    """reflector.go watchList(): an in-stream ERROR 504 "Too large resource version" (a watch cache
+    not yet as fresh as etcd) while the WatchList was already from "" marks the RV unavailable and
+    asks for the WatchList again (after the bridge's backoff); no list is made for that cycle."""
+    requests: list[tuple[str, str]] = []
+    hold = asyncio.Event()
+    too_large = {"type": "ERROR", "object": {
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 504, "reason": "Timeout",
+        "message": "Timeout: Too large resource version: 12, current: 11",
+        "details": {"causes": [{"reason": "ResourceVersionTooLarge",
+                                "message": "Too large resource version"}], "retryAfterSeconds": 1}}}
+    end = {"type": "BOOKMARK", "object": {"kind": "Pod", "apiVersion": "v1", "metadata": {
+        "resourceVersion": "12", "annotations": {"k8s.io/initial-events-end": "true"}}}}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        kind = "watchlist" if request.query.get("sendInitialEvents") == "true" else (
+            "watch" if request.query.get("watch") == "true" else "list")
+        requests.append((kind, request.query.get("resourceVersion", "")))
+        if kind == "list":
+            body = {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "7"}, "items": []}
+            return web.json_response(body)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        if len(requests) == 1:
+            await response.write(orjson.dumps(too_large) + b"\n")
+        else:
+            await response.write(line("ADDED", "a", 12) + orjson.dumps(end) + b"\n")
+            await hold.wait()
+        await response.write_eof()
+        return response
+
+    server.handler = handler
+    url = await server.start()
+    fifo = _RecordingFifo()
+    clock = RealClock()
+    async with ApiClient(server=url) as client:
+        lw = HttpListerWatcher(client=client, resource=PODS, namespace="ns")
+        reflector = Reflector(name="pods", lister_watcher=lw, store=fifo, clock=clock, use_watch_list=True,
+                              backoff=Backoff(clock=clock, initial=0.01, cap=0.05, jitter=0.0),
+                              rng=random.Random(1))
+        task = asyncio.create_task(reflector.run())
+        try:
+            async with asyncio.timeout(10):
+                while ("replace", "12") not in fifo.calls:
+                    fifo.changed.clear()
+                    await fifo.changed.wait()
+        finally:
+            hold.set()
+            reflector.stop()
+            await asyncio.wait_for(task, 10)
+    assert requests[:2] == [("watchlist", ""), ("watchlist", "")]
+    assert fifo.calls[0] == ("replace", "12")
+    assert reflector.watch_list_rejected is False
+    assert reflector.expired_count == 1

@@ -33,7 +33,8 @@ from bridge.errors import (
     TooManyRequestsError,
 )
 from bridge.informer.backoff import Backoff
-from bridge.informer.delta_fifo import DeltaFIFO
+from bridge.informer.delta_fifo import ResourceVersionMarker
+from bridge.informer.real_fifo import RealFIFO
 from bridge.informer.reflector import INITIAL_EVENTS_END_ANNOTATION, Reflector, ReflectorStore
 from bridge.testing import FakeControllerSource, SourceCall
 
@@ -211,6 +212,36 @@ async def test_store_without_update_resource_version_still_tracks_rv(make: Calla
     assert h.reflector.last_sync_resource_version == "1"
 
 
+@pytest.mark.parametrize(("min_watch_timeout", "low"), [
+    # reflector_test.go TestWatchTimeout, "no timeout": five minutes to ten.
+    pytest.param(None, 300, id="default"),
+    pytest.param(300, 300, id="the-floor"),
+    # TestWatchTimeout, "30m timeout": a longer minimum raises the floor (reflector.go
+    # NewReflectorWithOptions: "if options.MinWatchTimeout > defaultMinWatchTimeout").
+    pytest.param(1800, 1800, id="raised"),
+])
+async def test_the_watch_timeout_is_five_minutes_to_ten_unless_raised(
+    make: Callable[..., Harness], min_watch_timeout: int | None, low: int,
+) -> None:
+    kwargs = {} if min_watch_timeout is None else {"min_watch_timeout": min_watch_timeout}
+    h = make(**kwargs)
+    h.src.add(cm("a"))
+    await h.start()
+    timeouts = [w.timeout_seconds for w in h.src.watch_calls()]
+    assert len(timeouts) == 1
+    assert timeouts[0] is not None
+    assert low <= timeouts[0] < 2 * low
+
+
+@pytest.mark.parametrize("below", [1, 2, 299])
+def test_a_minimum_watch_timeout_below_five_minutes_is_rejected_naming_the_option(below: int) -> None:
+    """reflector_test.go TestWatchTimeout, "small timeout not honored": client-go silently keeps five
+    minutes; the bridge refuses the value, naming it, rather than pretend to honour it."""
+    with pytest.raises(ValueError, match=rf"min_watch_timeout .*{below}.* 300"):
+        Reflector(name="x", lister_watcher=FakeControllerSource(), store=RecordingStore(),
+                  clock=FakeClock(), min_watch_timeout=below)
+
+
 async def test_watch_timeouts_are_random_in_min_to_twice_min(make: Callable[..., Harness]) -> None:
     h = make(rng=random.Random(5), min_watch_timeout=300)
     await h.start()
@@ -286,6 +317,38 @@ async def test_only_a_paginated_list_at_rv_0_switches_relists_to_paging(make: Ca
     assert requests(h.src) == [("list", "501", None, None), ("watch", "501")]
 
 
+@pytest.mark.parametrize(("page_size", "first", "relist"), [
+    # reflector_test.go TestReflectorNotPaginatingNotConsistentReads: without a page size, a relist
+    # at a specific RV is unpaginated (reflector.go list(): "pager.PageSize = 0"), so the watch cache
+    # answers it; the first list at "0" uses the pager's default of 500.
+    pytest.param(None, [("list", "0", 500, None), ("watch", "3")],
+                 [("list", "3", None, None), ("watch", "3")], id="unset"),
+    # reflector_test.go TestReflectorWatchListPageSize (relist at RV "10" in pages of 4); reflector.go
+    # list(): "case r.WatchListPageSize != 0: pager.PageSize = r.WatchListPageSize" comes first, so a
+    # configured size is used at a specific RV too, even though the first list was one page.
+    pytest.param(5, [("list", "0", 5, None), ("watch", "3")], [("list", "3", 5, None), ("watch", "3")],
+                 id="set-first-list-one-page"),
+    pytest.param(2, [("list", "0", 2, None), ("list", "", 2, "continue"), ("watch", "3")],
+                 [("list", "3", 2, None), ("list", "", 2, "continue"), ("watch", "3")], id="set-paginated"),
+    # bridge: 0 never paginates.
+    pytest.param(0, [("list", "0", None, None), ("watch", "3")], [("list", "3", None, None), ("watch", "3")],
+                 id="zero"),
+])
+async def test_a_configured_page_size_is_used_by_every_list_and_relist(
+    make: Callable[..., Harness], page_size: int | None, first: list[Call], relist: list[Call],
+) -> None:
+    h = make() if page_size is None else make(page_size=page_size)
+    for name in "abc":
+        h.src.add(cm(name))
+    await h.start()
+    assert requests(h.src) == first
+    h.src.drop_watches()  # very short watch: backoff, relist at "3"
+    await settle()
+    await h.advance(0.8)
+    assert requests(h.src) == relist
+    assert h.store.take()[-1] == ("replace", [("a", "1"), ("b", "2"), ("c", "3")], "3")
+
+
 class CompactAfterFirstPage(FakeControllerSource):
     """Compacts (after one more change) right after serving a first page, once per arming."""
 
@@ -358,7 +421,7 @@ async def test_other_error_on_a_continue_page_discards_the_partial_list(make: Ca
 
 
 class StreamingRecordingStore(RecordingStore):
-    """A store that takes a relist page by page (as the DeltaFIFO does)."""
+    """A store that takes a relist page by page (as the RealFIFO does)."""
 
     def replace_begin(self) -> None:
         self.calls.append(("begin",))
@@ -412,9 +475,11 @@ async def test_a_failed_streamed_list_is_aborted_and_listed_again_whole(make: Ca
     assert requests(h.src) == [("list", "0", 2, None), ("list", "", 2, "continue")]
     await h.advance(0.8)
     # The forwarded page came from RV 3: the retry asks for a list not older than that (client-go,
-    # which forwarded nothing, retries at "0", which another API server's older cache may serve).
-    assert requests(h.src) == [("list", "3", None, None), ("watch", "3")]
-    assert h.store.take() == [("begin",), ("page", [("a", "1"), ("b", "2"), ("c", "3")]), ("end", "3")]
+    # which forwarded nothing, retries at "0", which another API server's older cache may serve),
+    # in pages of the configured size.
+    assert requests(h.src) == [("list", "3", 2, None), ("list", "", 2, "continue"), ("watch", "3")]
+    assert h.store.take() == [("begin",), ("page", [("a", "1"), ("b", "2")]), ("page", [("c", "3")]),
+                              ("end", "3")]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -529,9 +594,9 @@ async def test_410_error_event_backs_off_then_relists_at_the_last_rv(make: Calla
     assert h.errors == []
 
 
-@pytest.mark.parametrize("page_size", [500, 1])
+@pytest.mark.parametrize("page_size", [None, 1])
 async def test_410_after_compaction_relists_at_last_rv_then_with_empty_rv(
-    make: Callable[..., Harness], page_size: int,
+    make: Callable[..., Harness], page_size: int | None,
 ) -> None:
     h = make(page_size=page_size)
     h.src.add(cm("a"))
@@ -545,12 +610,12 @@ async def test_410_after_compaction_relists_at_last_rv_then_with_empty_rv(
     h.src.add(cm("d"))  # unseen: the watch is down
     h.src.compact()
     await h.advance(0.8)
-    if page_size == 500:
+    if page_size is None:
         # Unpaginated "not older than 3": served despite the compaction.
         assert requests(h.src) == [("list", "3", None, None), ("watch", "4")]
     else:
-        # The first list came back paginated, so relists page too; a paginated list at "3" is an
-        # exact read: compacted → 410 → "" at once.
+        # A configured page size pages every relist; a paginated list at "3" is an exact read:
+        # compacted → 410 → "" at once.
         assert requests(h.src) == [("list", "3", 1, None), ("list", "", 1, None)] + [
             ("list", "", 1, "continue")] * 3 + [("watch", "4")]
     assert h.store.take()[-1] == ("replace", [("a", "1"), ("b", "2"), ("c", "3"), ("d", "4")], "4")
@@ -1063,22 +1128,28 @@ class FailingResyncStore(RecordingStore):
         raise RuntimeError("resync broke")
 
 
-async def test_resync_failure_ends_the_cycle_with_an_error(make: Callable[..., Harness]) -> None:
+async def test_a_resync_error_is_logged_and_ends_the_cycle_without_an_error(
+    make: Callable[..., Harness], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """reflector_test.go TestReflectorResync: "error from Resync is not propaged up to here"
+    (ListAndWatch returns nil); reflector.go watch() logs it ("watch ended with error") and the next
+    cycle relists after the backoff. The watch-error handler is not called."""
     h = make(store=FailingResyncStore(), resync_period=2.0)
     await h.start()
     await h.advance(2.0)
-    assert [type(e) for e in h.errors] == [RuntimeError]
+    assert h.errors == []
+    assert any("resync broke" in r.getMessage() for r in caplog.records)
     assert h.pending_delay() == 0.8
     await h.advance(0.8)
     assert requests(h.src) == [("list", "0", 500, None), ("watch", "0"), ("list", "0", 500, None),
                                ("watch", "0")]
 
 
-async def test_drives_a_real_delta_fifo() -> None:
+async def test_drives_a_real_fifo() -> None:
     clock = FakeClock()
     src = FakeControllerSource()
     src.add(cm("a"))
-    fifo = DeltaFIFO()
+    fifo = RealFIFO()
     store: ReflectorStore = fifo
     r = Reflector(name="cm", lister_watcher=src, store=store, clock=clock)
     task = asyncio.create_task(r.run(), name="test-reflector-fifo")
@@ -1088,6 +1159,35 @@ async def test_drives_a_real_delta_fifo() -> None:
     r.stop()
     await task
     assert sorted(fifo.list_keys()) == ["ns/a", "ns/b"]
+
+
+async def test_a_full_fifo_holds_the_watch_back_and_nothing_is_lost() -> None:
+    """The reflector awaits what a full RealFIFO hands it: it reads no further event until the
+    consumer has worked the queue down, then goes on from where it stopped, in order."""
+    clock = FakeClock()
+    src = FakeControllerSource()
+    fifo = RealFIFO(max_queued_bytes=2 * 1024)  # dict objects count 1 KiB each
+    r = Reflector(name="cm", lister_watcher=src, store=fifo, clock=clock)
+    task = asyncio.create_task(r.run(), name="test-reflector-full-fifo")
+    await settle()
+    for i in range(8):
+        src.add(cm(f"o{i}"))
+    await settle()
+    assert fifo.queued_deltas == 3  # the third went past the bound: the watch waits
+    popped: list[str] = []
+
+    async def consume(item: object, _initial: bool) -> None:
+        if not isinstance(item, ResourceVersionMarker):
+            popped.append(item.object["metadata"]["name"])  # type: ignore[attr-defined]
+
+    while len(popped) < 8:
+        await fifo.pop_ready(consume)
+        await settle()
+        assert fifo.queued_deltas <= 3
+    assert popped == [f"o{i}" for i in range(8)]
+    assert r.last_sync_resource_version == "8"
+    r.stop()
+    await task
 
 
 def test_invalid_options_are_rejected() -> None:
@@ -1143,17 +1243,37 @@ async def test_watch_list_at_an_unavailable_rv_retries_watch_list_from_a_consist
     assert h.errors == []
 
 
-async def test_watch_list_expired_even_from_a_consistent_read_falls_back_for_this_cycle_only(
-    make: Callable[..., Harness],
+@pytest.mark.parametrize("error", [
+    pytest.param(_status_event(504, "Timeout", "Too large resource version: 0, current: 0",
+                               details={"causes": [{"reason": "ResourceVersionTooLarge",
+                                                    "message": "Too large resource version"}]}),
+                 id="too-large-504"),
+    # reflector.go isTooLargeResourceVersionError: "apierrors.HasStatusCause(err,
+    # metav1.CauseTypeResourceVersionTooLarge)" whatever the message says.
+    pytest.param(_status_event(504, "Timeout", "Timeout: request did not complete",
+                               details={"causes": [{"reason": "ResourceVersionTooLarge"}]}),
+                 id="too-large-by-its-cause"),
+    pytest.param(_status_event(410, "Expired", "too old resource version"), id="expired-410"),
+])
+async def test_watch_list_unavailable_even_from_a_consistent_read_retries_the_watch_list(
+    make: Callable[..., Harness], error: WatchEvent,
 ) -> None:
+    """reflector.go watchList(): an expired or too-large resourceVersion, at any RV, is "retriable
+    with side effects" (RV marked unavailable, ``continue``): the WatchList is asked again, never a
+    paginated list. The bridge waits the backoff before asking again from "" (client-go asks at once)."""
     src = ScriptedSource(support_watch_list=True)
     src.add(cm("a"))
-    expired = [_status_event(410, "Expired", "too old resource version")]
-    src.watch_list_scripts = [list(expired)]
+    src.watch_list_scripts = [[error]]
     h = make(src, use_watch_list=True)
     await h.start()
-    assert requests(src) == [("watchlist", ""), ("list", "", 500, None), ("watch", "1")]
+    assert requests(src) == [("watchlist", "")]
+    assert h.pending_delay() == 0.8
+    await h.advance(0.8)
+    assert requests(src) == [("watchlist", "")]
+    assert h.store.take() == [("replace", [("a", "1")], "1")]
     assert h.reflector.watch_list_rejected is False
+    assert h.reflector.is_last_sync_rv_unavailable is False
+    assert h.errors == []
 
 
 async def test_a_line_the_stream_could_not_decode_rewatches_from_the_last_applied_rv(

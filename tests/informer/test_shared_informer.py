@@ -132,6 +132,27 @@ async def test_initial_list_then_watch_events(env: Env) -> None:
     assert informer.has_synced()
 
 
+async def test_a_backlog_reaches_handlers_in_the_order_of_the_changes_across_objects(env: Env) -> None:
+    """client-go 1.36 (the_real_fifo.go: "every notification from the Reflector is passed in order";
+    TestRealFIFO_detectLineJumpers): changes that wait in the queue together are not grouped by
+    object; the per-key DeltaFIFO handed over a's two updates, then b's add."""
+    env.source.add(cm("a"))
+    informer = env.informer()
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    await env.start(informer)
+    await rec.wait_for(1)
+    env.source.modify(cm("a", k="1"))  # the three reach the queue before the informer pops
+    env.source.add(cm("b"))
+    env.source.modify(cm("a", k="2"))
+    assert await rec.wait_for(4) == [
+        ("add", "ns/a", "1", True),
+        ("update", "ns/a", "1", "2"),
+        ("add", "ns/b", "3", False),
+        ("update", "ns/a", "2", "4"),
+    ]
+
+
 class HoldContinuations(FakeControllerSource):
     """Serves continuation pages only once ``release`` is set."""
 
@@ -209,10 +230,12 @@ async def test_relist_after_410_reports_only_differences_with_tombstones(env: En
         env.source.add(cm("d"))  # rv 6
 
     await env.watch_down_then(changes)
+    # client-go 1.36 (controller_test.go TestReplaceEvents, "Create, update, delete"; the_real_fifo.go
+    # reconcileReplacement): the relist's inferred deletes first, then its items in list order.
     assert await rec.wait_for(3) == [
+        ("delete", "ns/b", "2", True),
         ("update", "ns/a", "1", "4"),
         ("add", "ns/d", "6", False),
-        ("delete", "ns/b", "2", True),
     ]
     await env.clock.advance(0)
     assert len(rec.calls) == 3  # "c" is unchanged: a same-RV update nobody is due for
@@ -587,7 +610,8 @@ async def test_resume_from_expired_checkpoint_relists_only_differences(env: Env)
     informer.add_event_handler(rec)
     informer.resume_from(stubs, "3")
     await env.start(informer, sync=False)
-    assert await rec.wait_for(2) == [("update", "ns/a", "1", "4"), ("delete", "ns/b", "2", True)]
+    # Deletes first (controller_test.go TestReplaceEvents), then the items that changed.
+    assert await rec.wait_for(2) == [("delete", "ns/b", "2", True), ("update", "ns/a", "1", "4")]
     await until(lambda: informer.last_sync_resource_version() == "5", "relisted")
     assert len(rec.calls) == 2
     assert sorted(informer.get_indexer().list_keys()) == ["ns/a", "ns/c"]

@@ -63,6 +63,20 @@ def test_environment_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert cfg.cluster == "staging"
 
 
+def test_only_a_page_size_the_configuration_sets_is_handed_to_the_informers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 25 (client-go's WatchListPageSize pages every relist once set): left out, the informers
+    get None, so relists at a known resourceVersion stay unpaginated for the watch cache."""
+    cfg = load_config(write(tmp_path, GOOD))
+    assert cfg.kubernetes.page_size == 500
+    assert cfg.kubernetes.configured_page_size is None
+    cfg = load_config(write(tmp_path, GOOD + "kubernetes:\n  page_size: 500\n"))
+    assert cfg.kubernetes.configured_page_size == 500
+    monkeypatch.setenv("KEB_KUBERNETES__PAGE_SIZE", "200")
+    assert load_config(write(tmp_path, GOOD)).kubernetes.configured_page_size == 200
+
+
 def test_config_file_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KEB_CONFIG_FILE", str(write(tmp_path, GOOD)))
     assert load_config().cluster == "prod"
