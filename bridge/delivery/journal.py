@@ -84,7 +84,7 @@ from bridge.kube.leaderelection import FenceToken
 from bridge.rawobject import object_identity
 
 __all__ = ["ChunkedJournalBackend", "FileJournalBackend", "JournalBackend", "JournalConflict",
-           "JournalEntry", "JournalHead", "JournalStoreError", "KnownObjectJournal"]
+           "JournalEntry", "JournalHead", "JournalStoreError", "KnownObjectJournal", "ListStart"]
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,17 @@ class JournalEntry:
     coalesced_added: bool = False
     """With :attr:`coalesced_from`: the relist sent the state as ``added`` (else ``updated``), so the
     replay re-sends it with the same type, hence the same id."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListStart:
+    """The first list of an informer that started without a checkpoint: its resourceVersion, and
+    whether every sink has acknowledged everything up to a resume point (:attr:`resource_version`,
+    then the first one the acknowledgements reached). Kept until a checkpoint is written; a crash
+    before that resumes from it (the resume plan, :mod:`bridge.delivery.resume_plan`)."""
+
+    resource_version: str
+    acknowledged: bool = False
 
 
 class JournalStoreError(CheckpointStoreError):
@@ -516,7 +527,7 @@ class KnownObjectJournal:
         """The last checkpoint written (or resumed from): what every sink acknowledged."""
         self._durable: dict[str, JournalEntry] = {}
         """uid → newest fact the stored journal holds (what a rewrite writes)."""
-        self._pending: list[tuple[int, str, JournalEntry, bytes]] = []
+        self._pending: list[tuple[int, str, JournalEntry | ListStart, bytes]] = []
         """Records not written yet: (notification seq, uid, fact, encoded record), in seq order."""
         self._queued_seq = -1
         """The highest notification seq whose record was queued."""
@@ -528,6 +539,9 @@ class KnownObjectJournal:
         """Set while the writer has nothing to do (everything noted is on disk)."""
         self._compact_to: Checkpoint | None = None
         self._compact_requested = False
+        self._start: ListStart | None = None
+        """The first list's record while no checkpoint was written (see :class:`ListStart`)."""
+        self._durable_start: ListStart | None = None
         self._gap_from = ""
         """Inside a relist's gap (between its begin and end notifications): the gap's ``from``."""
         self._gap_inferred: set[str] = set()
@@ -567,6 +581,9 @@ class KnownObjectJournal:
         self._base = checkpoint
         self._entries = await self._read()
         self._durable = dict(self._entries)
+        if checkpoint is not None:
+            self._start = None
+        self._durable_start = self._start
         self._compact_requested = True
         return dict(self._entries)
 
@@ -596,6 +613,7 @@ class KnownObjectJournal:
             return {}
         lines = data.split(b"\n")
         entries: dict[str, JournalEntry] = {}
+        self._start = None
         try:
             head = orjson.loads(lines[0])
             if head.get("journal") != _VERSION or head.get("informer_id") != self._informer_id:
@@ -608,6 +626,9 @@ class KnownObjectJournal:
                         self._backend.name)
         for n, line in enumerate(complete, start=2):
             try:
+                if line.startswith(b'["l"'):
+                    self._start = _parse_start(line)
+                    continue
                 uid, entry = _parse(line)
             except (orjson.JSONDecodeError, ValueError, TypeError, IndexError) as exc:
                 # Only the last line can be torn (appends are whole lines, and a failed append is
@@ -664,6 +685,11 @@ class KnownObjectJournal:
                 self._gap_inferred.add(uid)
             return
         known = self._entries.get(uid)
+        if known is not None and known.deleted and _not_newer(rv, known.sent_before
+                                                              or known.resource_version):
+            # History replayed from before a delete already sent (up to the list that inferred it,
+            # when a relist did): that record stays the fact, or a later replay would send it again.
+            return
         if self._gap_from:
             # A relist's state: recorded (and released once durable) even for a known object, so
             # that a restart whose watch replays the changes it coalesced holds them back.
@@ -692,8 +718,33 @@ class KnownObjectJournal:
                 self._entries[uid] = entry
                 self._queue(seq, uid, entry)
 
-    def _queue(self, seq: int, uid: str, entry: JournalEntry) -> None:
-        self._pending.append((seq, uid, entry, _record(uid, entry)))
+    def listed(self, seq: int, resource_version: str) -> None:
+        """The informer of a start without a checkpoint has dispatched its first list, at
+        ``resource_version``, before the notification ``seq``: recorded before anything after the
+        list is released (:class:`ListStart`)."""
+        if self._base is not None or self._start is not None:
+            return
+        self._start = ListStart(resource_version)
+        self._queue(seq, "", self._start)
+
+    def acknowledged(self, resource_version: str) -> None:
+        """Every sink has acknowledged everything up to ``resource_version`` (the first resume point
+        of a start without a checkpoint): recorded without holding anything back."""
+        if self._base is not None or self._start is None or self._start.acknowledged:
+            return
+        self._start = ListStart(resource_version, acknowledged=True)
+        self._pending.append((self._queued_seq, "", self._start, _start_record(self._start)))
+        self._idle.clear()
+        self._wake.set()
+
+    @property
+    def start(self) -> ListStart | None:
+        """After :meth:`load`: the first list's record of a run that wrote no checkpoint."""
+        return self._start
+
+    def _queue(self, seq: int, uid: str, entry: JournalEntry | ListStart) -> None:
+        record = _start_record(entry) if isinstance(entry, ListStart) else _record(uid, entry)
+        self._pending.append((seq, uid, entry, record))
         self._queued_seq = seq
         self._idle.clear()
         self._wake.set()
@@ -749,9 +800,12 @@ class KnownObjectJournal:
             if cp is not None:
                 self._checkpoint = _checkpoint_uids(cp)
                 self._base = cp
+                self._start = self._durable_start = None
             self._entries = {uid: e for uid, e in self._entries.items() if self._needed(uid, e)}
             durable = {uid: e for uid, e in self._durable.items() if self._needed(uid, e)}
             lines = [orjson.dumps({"journal": _VERSION, "informer_id": self._informer_id})]
+            if self._durable_start is not None:
+                lines.append(_start_record(self._durable_start))
             lines.extend(_record(uid, e) for uid, e in durable.items())
             try:
                 await self._backend.rewrite(b"\n".join(lines) + b"\n")
@@ -768,14 +822,14 @@ class KnownObjectJournal:
         consumed = len(batch)
         room = self._backend.room()
         if room is not None:
-            kept: list[tuple[int, str, JournalEntry, bytes]] = []
+            kept: list[tuple[int, str, JournalEntry | ListStart, bytes]] = []
             skipped = consumed = size = 0
             for item in batch:
                 _, uid, entry, record = item
                 if size + len(record) + 1 <= room:
                     size += len(record) + 1
                     kept.append(item)
-                elif self._optional(uid, entry):
+                elif isinstance(entry, JournalEntry) and self._optional(uid, entry):
                     self._skip(uid, entry)
                     skipped += 1
                 else:
@@ -808,7 +862,11 @@ class KnownObjectJournal:
             raise
         del self._pending[:consumed]  # note() only ever appends meanwhile
         for _, uid, entry, _ in batch:
-            self._durable[uid] = entry
+            if isinstance(entry, ListStart):
+                if self._base is None:
+                    self._durable_start = entry
+            else:
+                self._durable[uid] = entry
         self.records += len(batch)
         self._done(last if room is not None else batch[-1][0])
 
@@ -893,6 +951,23 @@ def _record(uid: str, e: JournalEntry) -> bytes:
             return orjson.dumps(["d", e.key, uid, e.resource_version, e.inferred, e.held_after])
         return orjson.dumps(["d", e.key, uid, e.resource_version, e.inferred])
     return orjson.dumps(["a", e.key, uid, e.resource_version])
+
+
+def _start_record(start: ListStart) -> bytes:
+    return orjson.dumps(["l", start.resource_version, start.acknowledged])
+
+
+def _parse_start(line: bytes) -> ListStart:
+    rec = orjson.loads(line)
+    if not (len(rec) == 3 and isinstance(rec[1], str) and rec[1].isascii() and rec[1].isdigit()
+            and isinstance(rec[2], bool)):
+        raise ValueError(f"unknown record {rec!r}")
+    return ListStart(rec[1], acknowledged=rec[2])
+
+
+def _not_newer(rv: str, than: str) -> bool:
+    """``rv`` is no newer than ``than`` (both resourceVersions; False when either is not one)."""
+    return rv.isdigit() and than.isdigit() and int(rv) <= int(than)
 
 
 def _parse(line: bytes) -> tuple[str, JournalEntry]:

@@ -72,7 +72,7 @@ from bridge.delivery.checkpoint import (
     informer_id,
 )
 from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
-from bridge.delivery.journal import KnownObjectJournal, entries_by_key
+from bridge.delivery.journal import JournalEntry, KnownObjectJournal, entries_by_key
 from bridge.delivery.progress import AckTracker, IndexEntry, Knowledge, SinkResume, object_key
 from bridge.delivery.selector_exit import LEFT_SELECTOR_EXTENSION, SelectorExits
 from bridge.delivery.sharding import TakeOver, shard_id, stale_ready, take_over
@@ -966,7 +966,7 @@ class _CountingTracker(AckTracker):
 
     def __init__(self, *, resource: str, on_event: Callable[[str, str], None] | None,
                  **kw: Any) -> None:
-        super().__init__(**kw)
+        super().__init__(on_first_resume_point=self._first_resume_point, **kw)
         self.resource = resource
         self.on_event = on_event
         self.received: collections.Counter[str] = collections.Counter()
@@ -988,8 +988,14 @@ class _CountingTracker(AckTracker):
         failed and is retried (:meth:`BridgePipeline._hydrate_late`)."""
         self.bootstrap_reached = asyncio.Event()
 
+    def _first_resume_point(self, resource_version: str) -> None:
+        if self.journal is not None:
+            self.journal.acknowledged(resource_version)
+
     def progress(self, seq: int, resource_version: str) -> None:
         self.progress_count += 1
+        if self.progress_count == 1 and self.journal is not None and not self.resource_version:
+            self.journal.listed(seq, resource_version)  # the first list of a start without checkpoint
         super().progress(seq, resource_version)
         if self.thresholds and resource_version.isdigit():
             reached = int(resource_version)
@@ -1163,6 +1169,19 @@ class BridgePipeline:
             corrupt = True
             log.warning("checkpoint store failed loading the checkpoint (%s); doing a full resync", exc,
                         extra={"informer": ident, "resource": watched.ref.qualified})
+        journal, loaded = await self._open_journal(ident, checkpoint, handover)
+        start = journal.start if journal is not None else None
+        list_start = ""
+        if checkpoint is None and start is not None:
+            if start.acknowledged:
+                # Killed before its first checkpoint write, once every sink had acknowledged the
+                # first list: the journal's objects up to there are what that checkpoint would hold.
+                checkpoint = Checkpoint(
+                    informer_id=ident, resource_version=start.resource_version,
+                    objects={e.key: (uid, e.resource_version) for uid, e in loaded.items()
+                             if not e.deleted and int(e.resource_version) <= int(start.resource_version)})
+            else:
+                list_start = start.resource_version
         tracker = _CountingTracker(
             name=ident,
             resource=watched.ref.qualified,
@@ -1181,7 +1200,10 @@ class BridgePipeline:
         if handover is not None:
             inf.stale = list(handover.plan.stale)
         informer.set_watch_error_handler(self._watch_error_recorder(inf))
-        known, unconfirmed = await self._known_objects(inf, checkpoint, handover)
+        if list_start:
+            # Killed before every sink acknowledged the first list: the relist is framed from it.
+            informer.frame_first_list(list_start)
+        known, unconfirmed = self._known_objects(inf, checkpoint, journal, loaded)
         routed = [sink for sink in self._sinks if _resource_matches(sink, watched)]
         diverging: set[str] = set()
         union_only: set[str] = set()
@@ -1423,31 +1445,36 @@ class BridgePipeline:
                 log.info("removing the spill of a sink no longer configured: %s", entry)
                 shutil.rmtree(entry, ignore_errors=True)
 
-    async def _known_objects(self, inf: _Informer, checkpoint: Checkpoint | None,
-                             handover: TakeOver | None = None
-                             ) -> tuple[dict[str, IndexEntry], list[KubeObject]]:
+    async def _open_journal(self, ident: str, checkpoint: Checkpoint | None, handover: TakeOver | None
+                            ) -> tuple[KnownObjectJournal | None, dict[str, JournalEntry]]:
+        """The informer's journal when the store keeps one, and what it holds (uid → newest fact)."""
+        journal_backend = getattr(self._store, "journal_backend", None)
+        if journal_backend is None:
+            return None, {}
+        journal = KnownObjectJournal(backend=journal_backend(ident), informer_id=ident, clock=self._clock)
+        loaded = await journal.load(checkpoint)
+        if handover is not None and (handover.adopted or handover.keep_own_journal is not None):
+            loaded = journal.adopt(handover.adopted, handover.keep_own_journal)
+        return journal, loaded
+
+    def _known_objects(self, inf: _Informer, checkpoint: Checkpoint | None,
+                       journal: KnownObjectJournal | None, loaded: Mapping[str, JournalEntry]
+                       ) -> tuple[dict[str, IndexEntry], list[KubeObject]]:
         """What the resumed informer knows: the checkpoint's objects (its index, updated by its
         delivered-ahead map) with the journal's deletes applied, and the journal's objects the
-        checkpoint does not know (unconfirmed stubs). Opens the informer's journal when the store
-        keeps one."""
+        checkpoint does not know (unconfirmed stubs)."""
         known: dict[str, IndexEntry] = dict(checkpoint.objects) if checkpoint is not None else {}
         if checkpoint is not None:
             for key, (uid, rv, deleted) in checkpoint.ahead.items():
                 if not deleted:
                     known[key] = (uid, rv)
-        journal_backend = getattr(self._store, "journal_backend", None)
-        if journal_backend is None:
+        if journal is None:
             return known, []
-        ident = inf.watched.informer_id
-        journal = KnownObjectJournal(backend=journal_backend(ident), informer_id=ident, clock=self._clock)
         inf.journal = inf.tracker.journal = journal
         resent: dict[str, tuple[str, bool]] = {}
         held_after: dict[str, str] = {}
         coalesced: dict[str, tuple[str, str, bool]] = {}
         unconfirmed: list[tuple[str, str, str]] = []
-        loaded = await journal.load(checkpoint)
-        if handover is not None and (handover.adopted or handover.keep_own_journal is not None):
-            loaded = journal.adopt(handover.adopted, handover.keep_own_journal)
         for key, items in entries_by_key(loaded).items():
             for uid, entry in items:
                 if entry.deleted:

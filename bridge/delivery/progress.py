@@ -124,10 +124,13 @@ class AckTracker:
         index: Mapping[str, IndexEntry] | None = None,
         ahead: Mapping[str, AheadEntry] | None = None,
         now: Callable[[], float] | None = None,
+        on_first_resume_point: Callable[[str], None] | None = None,
     ) -> None:
         """``now``: the clock dispatch times are read from (for :meth:`oldest_unacked`); without it
-        ages are unknown."""
+        ages are unknown. ``on_first_resume_point(rv)`` is called once, when a tracker started
+        without a resume point first gets one (every listener acknowledged everything up to it)."""
         self.name = name
+        self._on_first_resume_point = on_first_resume_point
         self._now = now
         self._resource_version = resource_version
         self._index: dict[str, IndexEntry] = dict(index or {})
@@ -513,6 +516,7 @@ class AckTracker:
         """Passes the markers whose every preceding notification is applied: all of them when the
         window is empty (``limit`` None), else those with ``seq <= limit``."""
         passed = False
+        first = not self._resource_version
         while self._markers and (limit is None or self._markers[0][0] <= limit):
             _, rv = self._markers.popleft()
             if rv and rv != self._resource_version:
@@ -520,6 +524,8 @@ class AckTracker:
                 self._rv_int = _as_int(rv)
                 self._fold_ahead()
                 passed = True
+        if passed and first and self._on_first_resume_point is not None:
+            self._on_first_resume_point(self._resource_version)
         return passed
 
     def _fold_ahead(self) -> None:

@@ -168,3 +168,36 @@ async def test_a_crash_before_the_first_checkpoint_write_delivers_every_change_m
     finally:
         await p2.shutdown(5)
 
+
+
+async def test_a_crash_before_every_sink_acknowledged_the_first_list_frames_the_relist_from_it(
+    sim: tuple[Simulator, ApiClient], tmp_path: Path
+) -> None:
+    """One sink acknowledges nothing of the first list, the other gets it and a live change; the
+    bridge is killed. Nobody acknowledged a resume point, so the restart lists again — and frames
+    that list as a gap from the first list's resourceVersion, since sinks hold state from then."""
+    _, client = sim
+    a = await create(client, "a", v="0")
+    fast, down = RecordingSink("fast"), RecordingSink("down", auto_ack=False)
+    p = await make(client, tmp_path, fast, down, interval=3600)
+    await p.start()
+    assert await p.wait_for_sync(10)
+    live = await client.patch(f"{PATH}/a", {"data": {"v": "live"}})
+    await until(lambda: ("updated", f"{NS}/a", rv(live), False) in fast.changes(), what="a live update")
+    await p.abort()
+    later = await client.patch(f"{PATH}/a", {"data": {"v": "later"}})
+
+    fast2, down2 = RecordingSink("fast"), RecordingSink("down")
+    p2 = await make(client, tmp_path, fast2, down2, interval=3600)
+    await p2.start()
+    try:
+        await until(lambda: any(e.type is EventType.GAP_END for e in fast2.events), what="the gap's end")
+        ends = [e.gap for e in fast2.events if e.type is EventType.GAP_END and e.gap is not None]
+        assert [g.from_resource_version for g in ends] == [rv(a)]  # the first list's resourceVersion
+        # a's latest state, inside the window (as an add: the journal cannot say who had a).
+        (state,) = [e for e in fast2.events if e.subject == f"{NS}/a"]
+        assert (state.type, state.resource_version) == (EventType.ADDED, rv(later))
+        assert state.gap is not None
+        assert state.gap.id == ends[0].id
+    finally:
+        await p2.shutdown(5)
