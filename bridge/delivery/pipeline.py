@@ -43,20 +43,14 @@ import hashlib
 import logging
 import os
 import shutil
-import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from bridge.clock import Clock, RealClock
 from bridge.contracts import (
-    AckFunc,
-    BatchInterrupted,
-    DeletedFinalStateUnknown,
     DeliveryObserver,
-    Gap,
     KubeObject,
     ListenerOptions,
     Notification,
@@ -72,10 +66,20 @@ from bridge.delivery.checkpoint import (
     informer_id,
 )
 from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
-from bridge.delivery.journal import JournalEntry, KnownObjectJournal, entries_by_key
-from bridge.delivery.progress import AckTracker, IndexEntry, Knowledge, SinkResume, object_key
-from bridge.delivery.selector_exit import LEFT_SELECTOR_EXTENSION, SelectorExits
+from bridge.delivery.journal import JournalEntry, KnownObjectJournal
+from bridge.delivery.progress import AckTracker
+from bridge.delivery.replay import ReplayStage, SinkResume, delete_is_inferred
+from bridge.delivery.resume_plan import (
+    Floors,
+    ResumePlan,
+    SentDelete,
+    SinkStartKind,
+    build_plan,
+    stub_objects,
+)
+from bridge.delivery.selector_exit import SelectorExits
 from bridge.delivery.sharding import TakeOver, shard_id, stale_ready, take_over
+from bridge.delivery.sink_listener import SinkListener, SinkListenerStats
 from bridge.delivery.spill import SegmentSpill
 from bridge.informer.backoff import Backoff
 from bridge.informer.factory import InformerKey, SharedInformerFactory
@@ -85,17 +89,10 @@ from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import APIResource
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.kube.sharding import ShardFilter
-from bridge.rawobject import last_change, object_identity
-from bridge.rawobject import object_key as raw_object_key
+from bridge.rawobject import object_identity
 from sinks.contract import (
-    AckCallback,
-    ChangeEvent,
-    DeliveryOutcome,
-    EventType,
-    GapInfo,
     ResourceRef,
     Sink,
-    SnapshotInfo,
 )
 
 __all__ = [
@@ -111,635 +108,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-# --------------------------------------------------------------------------------------------------
-# One sink's listener
-
-
-_DATED: Final = frozenset({EventType.ADDED, EventType.UPDATED, EventType.SYNC})
-_parsed_times: dict[str, float] = {}
-
-
-def change_time(type_: EventType, obj: KubeObject | None, observed: float) -> float:
-    """The event ``time``, the same in every sink and on every redelivery where the API server
-    recorded it: for added / updated / sync events the ``time`` of the object's newest
-    managedFields entry (when its last write was recorded, whole seconds); otherwise (a delete, an
-    object without managedFields, a marker) ``observed``, when the informer first distributed the
-    change (one value for all sinks)."""
-    if type_ in _DATED and obj is not None:
-        change = last_change(obj)
-        if change is not None:
-            when = _parsed_times.get(change.time)
-            if when is None:
-                try:
-                    when = datetime.fromisoformat(change.time).timestamp()
-                except ValueError:
-                    return observed
-                if len(_parsed_times) >= 4096:
-                    _parsed_times.clear()
-                _parsed_times[change.time] = when
-            return when
-    return observed
-
-
-@dataclass(slots=True)
-class SinkListenerStats:
-    """Counters of one (informer, sink) listener."""
-
-    notifications: int = 0
-    events: int = 0
-    resync_skipped: int = 0
-    """Same-resourceVersion updates (nothing changed) acknowledged without delivery."""
-    snapshots: int = 0
-    bootstrap_skipped: int = 0
-    """Notifications acknowledged without delivery before the sink's bootstrap snapshot."""
-    own_progress_skipped: int = 0
-    """Notifications acknowledged without delivery after a restart: the sink had them already."""
-    outcomes: collections.Counter[str] = field(default_factory=collections.Counter)
-    """Sink acknowledgements by :class:`~sinks.contract.DeliveryOutcome` value."""
-
-
-_CHANGE_KINDS: Final = frozenset({NotificationKind.ADD, NotificationKind.UPDATE, NotificationKind.DELETE})
-
-
-class SinkListener:
-    """A :class:`~bridge.contracts.NotificationHandler` feeding one sink with one resource's changes."""
-
-    def __init__(
-        self,
-        *,
-        sink: Sink,
-        resource: ResourceRef,
-        cluster: str,
-        clock: Clock,
-        snapshot_prefix: str = "",
-        tracker: AckTracker | None = None,
-        journal: KnownObjectJournal | None = None,
-        resent: Mapping[str, tuple[str, bool]] | None = None,
-        held_after: Mapping[str, str] | None = None,
-        coalesced: Mapping[str, tuple[str, str, bool]] | None = None,
-        exits: SelectorExits | None = None,
-        shard: tuple[int, int] | None = None,
-        bootstrap: Callable[[], None] | None = None,
-        own_progress: SinkResume | None = None,
-    ) -> None:
-        """``shard`` (ordinal, total), when sharded: snapshot markers say which shard they cover.
-        ``tracker`` (the informer's) tells which deletes were inferred rather than observed.
-        ``journal``: the informer's known-object journal; an event it has a record for is handed to
-        the sink only once the record is durable. ``resent``: uid → (resourceVersion, inferred) of
-        the deletes the journal says were sent before a restart (see :func:`delete_is_inferred`);
-        ``held_after``: uid → the journal's :attr:`~bridge.delivery.journal.JournalEntry.held_after`
-        of those deletes that have one. ``coalesced``: uid → (from, resourceVersion, added) of the
-        objects the journal says a relist sent before a restart (see :meth:`_replayed_coalesced`).
-        ``exits`` (a selector-scoped informer's) tells which observed deletes were selector exits.
-        ``bootstrap``, when given, makes this a sink with no progress of its own: it receives nothing
-        until its bootstrap snapshot (see :meth:`bootstrap_ready`), then the live stream; the
-        callback runs once the sink acknowledged the whole snapshot. ``own_progress``: the sink's
-        own progress when it differs from the checkpoint's base; every notification passes its
-        filter (:class:`~bridge.delivery.progress.SinkResume`) until the informer has passed it
-        (:meth:`own_progress_passed`)."""
-        self.sink = sink
-        self.own_progress = own_progress
-        self._own_until = -1 if own_progress is not None else None
-        self._tracker = tracker
-        self._journal = journal
-        self._resent = resent or {}
-        self._held_after = held_after or {}
-        self._coalesced = coalesced or {}
-        self._held_coalesced: dict[str, KubeObject | None] = {}
-        """uids whose replayed changes a relist had coalesced were held back → the object's state
-        before the first of them: the state the relist sent goes out framed as a gap, as an update
-        from that state (see :meth:`_replayed_coalesced`)."""
-        self._exits = exits
-        self._shard = shard
-        self.resource = resource
-        self.cluster = cluster
-        self._clock = clock
-        self._snapshot_prefix = snapshot_prefix or resource.qualified
-        self._gap: GapInfo | None = None
-        """The relist window this sink is inside (between gap.begin and gap.end), if any."""
-        self._held: set[str] = set()
-        """uids whose replayed changes were held back (see :meth:`_replayed_after_delete`): their
-        replayed delete is framed as a gap."""
-        self._fate: dict[str, int | None] = {}
-        """Under a selector, the uids whose inferred delete was sent before the restart and whose
-        history the watch replays: → the resourceVersion the uid has now when it lives on, None when
-        it is gone (:meth:`SelectorExits.alive`, asked once per uid for every sink)."""
-        self._closed: set[str] = set()
-        """Under a selector, uids read as gone whose replayed delete went out: nothing more of
-        them is sent (see :meth:`_replayed_after_delete`)."""
-        self.stats = SinkListenerStats()
-        self._bootstrapped = bootstrap
-        self.bootstrapping = bootstrap is not None
-        """True until the bootstrap snapshot reaches this listener: every notification before it is
-        acknowledged without delivery (the snapshot will contain its effect)."""
-        self._snapshot_wanted = False
-        self._skipped_gap = ""
-        """The id of a gap window whose begin was skipped while bootstrapping: its end is skipped
-        too, so the sink never sees an end without its begin."""
-
-    def own_progress_passed(self, seq: int) -> None:
-        """The informer's progress reached the sink's own resume point at ``seq``: from that
-        notification on, once nothing the sink knows differs from the informer, the filter is
-        dropped."""
-        if self._own_until is not None and self._own_until < 0:
-            self._own_until = seq
-
-    def _filter_own(self, n: Notification) -> list[Notification]:
-        own = self.own_progress
-        assert own is not None
-        if self._own_until is not None and 0 <= self._own_until <= n.seq:
-            # Past the sink's own resume point: only the objects it knows differently need a look.
-            if not own.known:
-                self.own_progress = self._own_until = None  # caught up: the filter costs nothing more
-                return [n]
-            if n.key and n.key not in own.known:
-                return [n]
-        inferred = n.kind is NotificationKind.DELETE and delete_is_inferred(n, self._tracker, self._resent)
-        return own.admit(n, inferred)
-
-    def bootstrap_ready(self) -> None:
-        """The informer's cache now holds whole objects: the next snapshot this listener receives
-        is its bootstrap (earlier ones, taken from a cache that may still hold checkpoint stubs,
-        are skipped)."""
-        self._snapshot_wanted = True
-
-    def _bootstrap_skips(self, n: Notification, ack: AckFunc) -> AckFunc | None:
-        """While bootstrapping: None when ``n`` is skipped (acknowledged here), else the ack to
-        deliver the bootstrap snapshot with. Skipping is safe because the snapshot comes later and
-        holds the cache as of then, which includes the effect of everything skipped."""
-        if n.kind is NotificationKind.SNAPSHOT and self._snapshot_wanted:
-            self.bootstrapping = False
-            done = self._bootstrapped
-
-            def snapshot_ack() -> None:
-                ack()
-                if done is not None:
-                    done()
-
-            return snapshot_ack
-        if n.kind is NotificationKind.GAP and n.gap is not None and not n.gap.end:
-            self._skipped_gap = n.gap.id
-        self.stats.bootstrap_skipped += 1
-        ack()
-        return None
-
-    def _event(self, type_: EventType, obj: KubeObject | None, observed: float, **kw: Any) -> ChangeEvent:
-        if self._gap is not None and "snapshot" not in kw:
-            kw.setdefault("gap", self._gap)
-        return ChangeEvent(type=type_, resource=self.resource, cluster=self.cluster, obj=obj,
-                           time=change_time(type_, obj, observed or self._clock.wall()), **kw)
-
-    def _gap_event(self, gap: Gap, observed: float) -> ChangeEvent:
-        """``gap.begin`` (the sink is inside the window until the end) or ``gap.end``."""
-        info = GapInfo(id=gap.id, from_resource_version=gap.from_resource_version,
-                       to_resource_version=gap.to_resource_version)
-        if gap.end:
-            self._gap = None
-            return self._event(EventType.GAP_END, None, observed, gap=info)
-        self._gap = info
-        return self._event(EventType.GAP_BEGIN, None, observed, gap=info)
-
-    def _replayed_after_delete(self, obj: KubeObject) -> bool:
-        """Whether ``obj`` is a change the watch replays after a restart that would arrive after the
-        delete consumers already hold: the journal's ``resent`` says this uid's delete was sent as
-        *inferred* (a relist found the object gone, with its last known state), and the watch,
-        resumed from a checkpoint older than that relist, now replays the changes the relist had
-        coalesced — those newer than the state the inferred delete carries. No sink ever had them
-        one by one (they were inside that relist's gap), and a uid is deleted once; sent, they would
-        bring the object back for consumers (for good where the broker drops the replayed real
-        delete as a duplicate id). The delete itself goes out again as it was sent.
-
-        The changes up to that state were observed on the watch and sent one by one before the
-        relist, but a sink that lagged (down, its backlog lost in the crash) may never have had
-        them: they go out again, in order, before the delete (at-least-once; a sink that had them
-        gets the same ids again, followed by the same delete). Likewise a delete the watch showed
-        (not inferred) is replayed in its place, after the changes before it.
-
-        Under a selector the inferred delete may have been a selector exit of an object that lives
-        on. The invariant kept there: **a lagging sink gets every change it lacked up to the delete
-        or exit, in order, before it, and nothing that brings a uid back is sent unless a delete
-        that a consumer dropping repeated ids keeps can follow it.** So the API server is asked
-        once per uid whether it still exists (:meth:`_ask_fate`, before any change newer than the
-        inferred delete's state, or a delete, is handled):
-
-        * gone (or the question could not be answered): as without a selector — changes up to
-          the inferred delete's state go out again, newer ones are held, the replayed delete is
-          framed as a gap; after that delete nothing more of the uid goes out (a return into scope
-          after an exit would revive it, and its closing delete has the uid's delete id, which a
-          deduplicating broker drops as the inferred delete's);
-        * alive: a uid is deleted once, so every delete the watch reported of it was a selector
-          exit (the inferred one too): nothing is held, every replayed change goes out in order (now
-          observed one by one), and the replayed deletes up to the uid's current resourceVersion
-          are marked as exits (change ids, which no broker drops as the uid's delete)."""
-        uid, rv = object_identity(obj)
-        after = self._hold_after(uid)
-        if after is None:
-            return False
-        if self._exits is not None:
-            if uid in self._closed:
-                return True
-            if self._fate.get(uid) is not None:
-                return False
-        held = not (rv.isdigit() and after.isdigit()) or int(rv) > int(after)
-        if held:
-            self._held.add(uid)
-        return held
-
-    def _hold_after(self, uid: str) -> str | None:
-        """The resourceVersion after which ``uid``'s replayed changes were never sent one by one:
-        the state of its inferred delete sent before the restart — also when a replay after an
-        earlier restart has sent its delete again since, held back the same changes, and the journal
-        says so (:attr:`~bridge.delivery.journal.JournalEntry.held_after`). None: nothing of it is
-        held back."""
-        before = self._resent.get(uid)
-        if before is None:
-            return None
-        held = self._held_after.get(uid) or ""
-        if before[1]:  # the inferred delete's state, or an earlier relist's from when that is older
-            older = held.isdigit() and before[0].isdigit() and int(held) < int(before[0])
-            return held if older else before[0]
-        return held or None
-
-    def _replayed_coalesced(self, n: Notification) -> list[ChangeEvent] | None:
-        """What a replayed ``added`` or ``updated`` becomes when a relist sent its object before a
-        restart (the journal's :attr:`~bridge.delivery.journal.JournalEntry.coalesced_from`); None
-        when that does not apply (the change goes out as usual).
-
-        The invariant kept here, **per-object order across a crash**: a sink never receives a
-        change of an object older than a state it may hold, unless it is that same event again.
-        A relist sent the object's state ``R`` (inside its gap); the changes after the gap's
-        ``from`` and before ``R`` were coalesced, never sent. The checkpoint did not cover ``R``
-        when the bridge crashed, so the watch, resumed from it, replays them: sent, they would
-        follow ``R`` (and any later change) in every sink that had the relist. So they are held
-        back; ``R`` goes out again as the relist sent it (same type, hence the same id), framed as a
-        gap from ``from`` to ``R`` when something was held: a sink that lagged across the crash never
-        received the relist's markers, and learns there which changes it did not get one by one.
-        Changes up to ``from`` were observed and sent one by one before the relist (again, in
-        order, for a sink that lacked them); those after ``R`` go out as usual."""
-        obj = n.obj
-        assert not isinstance(obj, DeletedFinalStateUnknown)
-        uid, rv = object_identity(obj)
-        sent = self._coalesced.get(uid)
-        if sent is None or not rv.isdigit():
-            return None
-        since, at, added = sent
-        if not (since.isdigit() and at.isdigit()) or not int(since) < int(rv) <= int(at):
-            return None
-        if int(rv) < int(at):
-            # The first held change's old state is the one before the window (what a sink that
-            # lacked the relist holds): the update that goes out in their place starts from it.
-            self._held_coalesced.setdefault(uid, n.old)
-            return []
-        held = uid in self._held_coalesced
-        old = self._held_coalesced.pop(uid, None) if held else n.old
-        if added:
-            event = self._event(EventType.ADDED, obj, n.time)
-        else:
-            event = self._event(EventType.UPDATED, obj, n.time, old=old)
-        if not held or self._gap is not None:
-            return [event]
-        return self._framed(event, f"{self._snapshot_prefix}:relisted:{uid}:{since}:{at}", since, n.time)
-
-    async def _ask_fate(self, n: Notification) -> None:
-        """Under a selector, asks once whether the uid of a replayed change lives on, when what
-        :meth:`_replayed_after_delete` sends depends on it: a change newer than the state its inferred
-        delete carried, or a delete."""
-        if self._exits is None or n.kind not in _CHANGE_KINDS:
-            return
-        obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
-        uid, rv = object_identity(obj)
-        after = self._hold_after(uid)
-        if after is None or uid in self._fate:
-            return
-        if (n.kind is not NotificationKind.DELETE and rv.isdigit() and after.isdigit()
-                and int(rv) <= int(after)):
-            return  # sent again whatever the answer
-        namespace, _, name = raw_object_key(obj).rpartition("/")
-        self._fate[uid] = await self._exits.alive(namespace, name, uid)
-
-    def _framed_replayed_delete(self, event: ChangeEvent, uid: str, observed: float) -> list[ChangeEvent]:
-        """The replayed delete of a uid whose replayed changes were held back, framed as a gap from
-        the state the inferred delete carried to the delete: a sink that lagged across the crash
-        never received the relist that coalesced those changes (nor its gap markers), so it learns
-        here that they were not delivered one by one. A sink that had them gets an empty-handed
-        repetition of a window it already knows."""
-        before = self._hold_after(uid) or ""
-        return self._framed(event, f"{self._snapshot_prefix}:replayed:{uid}:{before}", before, observed)
-
-    def _framed(self, event: ChangeEvent, gap_id: str, before: str, observed: float) -> list[ChangeEvent]:
-        """``event`` between the markers of a gap of its own, from ``before`` to its resourceVersion."""
-        info = GapInfo(id=gap_id, from_resource_version=before, to_resource_version=event.resource_version)
-        begin = GapInfo(id=info.id, from_resource_version=before)
-        at = observed or self._clock.wall()
-        return [
-            ChangeEvent(type=EventType.GAP_BEGIN, resource=self.resource, cluster=self.cluster, obj=None,
-                        time=change_time(EventType.GAP_BEGIN, None, at), gap=begin),
-            _with_gap(event, begin),
-            ChangeEvent(type=EventType.GAP_END, resource=self.resource, cluster=self.cluster, obj=None,
-                        time=change_time(EventType.GAP_END, None, at), gap=info),
-        ]
-
-    def events_for(self, n: Notification) -> list[ChangeEvent]:
-        """The change events one notification becomes (empty for a no-change resync update)."""
-        if n.kind is NotificationKind.ADD:
-            assert not isinstance(n.obj, DeletedFinalStateUnknown)
-            if self._resent and self._replayed_after_delete(n.obj):
-                return []
-            if self._coalesced and (replayed := self._replayed_coalesced(n)) is not None:
-                return replayed
-            return [self._event(EventType.ADDED, n.obj, n.time)]
-        if n.kind is NotificationKind.UPDATE:
-            assert not isinstance(n.obj, DeletedFinalStateUnknown)
-            if n.is_resync or (self._resent and self._replayed_after_delete(n.obj)):
-                return []
-            if self._coalesced and (replayed := self._replayed_coalesced(n)) is not None:
-                return replayed
-            return [self._event(EventType.UPDATED, n.obj, n.time, old=n.old)]
-        if n.kind is NotificationKind.DELETE:
-            obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
-            uid = object_identity(obj)[0]
-            if self._closed and uid in self._closed:
-                return []
-            inferred = delete_is_inferred(n, self._tracker, self._resent)
-            event = self._event(EventType.DELETED, obj, n.time, final_state_unknown=inferred)
-            if (self._exits is not None and self._resent and self._fate.get(uid) is None
-                    and self._hold_after(uid) is not None):
-                self._closed.add(uid)  # read as gone: nothing of it after this delete
-            if self._held and self._gap is None and uid in self._held:
-                self._held.discard(uid)
-                return self._framed_replayed_delete(event, uid, n.time)
-            return [event]
-        if n.kind is NotificationKind.GAP:
-            assert n.gap is not None
-            return [self._gap_event(n.gap, n.time)]
-        _, events = self._snapshot_events(n)
-        return list(events)
-
-    def _snapshot_events(self, n: Notification) -> tuple[int, Iterator[ChangeEvent]]:
-        """The framed snapshot as a count and a lazy stream: a snapshot of a compact cache decodes
-        each object only when its event is handed to the sink, never the whole cache at once."""
-        objects = n.snapshot or []
-        sid = f"{self._snapshot_prefix}:{n.resource_version or '0'}:{uuid.uuid4().hex[:12]}"
-        shard, total = self._shard or (None, None)
-        info = SnapshotInfo(id=sid, resource_version=n.resource_version, shard=shard, total_shards=total)
-        end = SnapshotInfo(id=sid, resource_version=n.resource_version, count=len(objects), shard=shard,
-                           total_shards=total)
-
-        def stream() -> Iterator[ChangeEvent]:
-            at = n.time
-            yield self._event(EventType.SNAPSHOT_BEGIN, None, at, snapshot=info)
-            for obj in objects:
-                yield self._event(EventType.SYNC, obj, at, snapshot=info)
-            yield self._event(EventType.SNAPSHOT_END, None, at, snapshot=end)
-
-        return len(objects) + 2, stream()
-
-    async def handle(self, notification: Notification, ack: AckFunc) -> None:
-        self.stats.notifications += 1
-        if self.bootstrapping:
-            snapshot_ack = self._bootstrap_skips(notification, ack)
-            if snapshot_ack is None:
-                return
-            ack = snapshot_ack
-        elif self._skipped_gap and notification.kind is NotificationKind.GAP:
-            gap = notification.gap
-            if gap is not None and gap.end and gap.id == self._skipped_gap:
-                self._skipped_gap = ""
-                self.stats.bootstrap_skipped += 1
-                ack()
-                return
-        admitted: list[Notification] | None = None
-        if self.own_progress is not None and notification.kind is not NotificationKind.SNAPSHOT:
-            admitted = self._filter_own(notification)
-            if len(admitted) == 1:
-                notification, admitted = admitted[0], None
-            elif not admitted:
-                self.stats.own_progress_skipped += 1
-                ack()
-                return
-        if self._exits is not None and self._resent:
-            for n in admitted if admitted is not None else (notification,):
-                await self._ask_fate(n)
-        journal = self._journal
-        if journal is not None and journal.must_wait(notification.seq):
-            # A new object or a delete: released only once the journal has it (module docs).
-            await journal.wait(notification.seq)
-        events: Iterable[ChangeEvent]
-        if admitted is not None:  # a delete of the sink's own object, then the change
-            listed = [e for a in admitted for e in self.events_for(a)]
-            if not listed:
-                ack()
-                return
-            if self._exits is not None:
-                await self._mark_exits(listed)
-            remaining, events = len(listed), listed
-        elif notification.kind is NotificationKind.SNAPSHOT:
-            self.stats.snapshots += 1
-            remaining, events = self._snapshot_events(notification)
-        else:
-            listed = self.events_for(notification)
-            if not listed:
-                self.stats.resync_skipped += 1
-                ack()
-                return
-            if self._exits is not None and notification.kind is NotificationKind.DELETE:
-                await self._mark_exits(listed)
-            if len(listed) == 1:  # the common case: one event, one ack
-                await self._deliver_one(listed[0], ack)
-                return
-            remaining, events = len(listed), listed
-        await self._deliver_all(events, remaining, ack)
-
-    async def _deliver_all(self, events: Iterable[ChangeEvent], remaining: int, ack: AckFunc) -> None:
-        """Hands ``events`` (``remaining`` of them) to the sink one by one; ``ack`` once the sink
-        acknowledged every one."""
-        # Guards against a sink acking one event twice: only the first ack of each event counts.
-        done = [False] * remaining
-
-        def event_ack(i: int) -> Callable[[DeliveryOutcome], None]:
-            def _ack(outcome: DeliveryOutcome) -> None:
-                nonlocal remaining
-                if done[i]:
-                    return
-                done[i] = True
-                self.stats.outcomes[outcome.value] += 1
-                remaining -= 1
-                if remaining == 0:
-                    ack()
-
-            return _ack
-
-        for i, event in enumerate(events):
-            self.stats.events += 1
-            await self.sink.deliver(event, event_ack(i))
-
-    async def handle_batch(self, notifications: Sequence[Notification], acks: Sequence[AckFunc]) -> None:
-        """Handles each notification with its ack, in order, as :meth:`handle` does one at a time
-        (:class:`~bridge.contracts.BatchNotificationHandler`), with one ``deliver_batch`` call to the
-        sink for each run of changes that become one event each.
-
-        A change's events come from :meth:`events_for`, as in :meth:`handle` (what it skips, holds
-        back or frames after a restart is the same); a change that becomes several events (a framed
-        replay) is handed over on its own, in its place. What needs more than that goes through
-        :meth:`handle` itself, once the events collected before it are handed over, so the sink sees
-        exactly the order of one call per notification: markers and snapshots, a delete that may be
-        a selector exit, a change of a selector-scoped informer replaying deletes sent before a
-        restart (its uid's fate is asked first), every notification while bootstrapping or while the
-        sink's own progress filters (:class:`~bridge.delivery.progress.SinkResume`). A notification
-        the known-object journal holds back (``must_wait``) is awaited after handing over what came
-        before it, and nothing after it is handed over before it."""
-        stats = self.stats
-        outcomes = stats.outcomes
-        journal = self._journal
-        add, update, delete = NotificationKind.ADD, NotificationKind.UPDATE, NotificationKind.DELETE
-        events: list[ChangeEvent] = []
-        event_acks: list[AckCallback] = []
-        owners: list[AckFunc] = []
-        """The notification ack of each collected event (one event per notification here)."""
-        done: list[bool] = []
-        i = 0
-        try:
-            for i, n in enumerate(notifications):
-                ack = acks[i]
-                kind = n.kind
-                if (self.bootstrapping or self.own_progress is not None
-                        or (self._exits is not None and (self._resent or kind is delete))
-                        or (kind is not add and kind is not update and kind is not delete)):
-                    if events:
-                        await self._hand_over(events, event_acks, owners, i - 1)
-                        events, event_acks, owners, done = [], [], [], []
-                    await self.handle(n, ack)
-                    continue
-                if journal is not None and journal.must_wait(n.seq):
-                    if events:
-                        await self._hand_over(events, event_acks, owners, i - 1)
-                        events, event_acks, owners, done = [], [], [], []
-                    # A new object or a delete: released only once the journal has it (module docs).
-                    await journal.wait(n.seq)
-                stats.notifications += 1
-                # What handle does for one change, through the same events_for (whatever it holds
-                # back or frames after a restart stays exactly as one call per notification has it).
-                listed = self.events_for(n)
-                if len(listed) != 1:
-                    if not listed:
-                        stats.resync_skipped += 1
-                        ack()
-                        continue
-                    if events:
-                        await self._hand_over(events, event_acks, owners, i - 1)
-                        events, event_acks, owners, done = [], [], [], []
-                    await self._deliver_all(listed, len(listed), ack)
-                    continue
-                event = listed[0]
-                # Defaults bind this event's values: one closure per event, no frame to make it.
-                def event_ack(outcome: DeliveryOutcome, j: int = len(done), ack: AckFunc = ack,
-                              flags: list[bool] = done) -> None:
-                    if flags[j]:  # a sink acking one event twice: only the first ack counts
-                        return
-                    flags[j] = True
-                    # ``_value_`` is the member's value as a plain attribute (``.value`` is a property).
-                    outcomes[outcome._value_] += 1
-                    ack()
-
-                done.append(False)
-                events.append(event)
-                event_acks.append(event_ack)
-                owners.append(ack)
-            if events:
-                await self._hand_over(events, event_acks, owners, len(notifications) - 1)
-        except BatchInterrupted:
-            raise
-        except Exception as exc:
-            # Notification i failed (building its event, waiting for the journal, or in handle):
-            # what was collected before it is handed over as it would have been, then i is reported.
-            if events:
-                await self._hand_over(events, event_acks, owners, i - 1)
-            raise BatchInterrupted(i) from exc
-
-    async def _hand_over(self, events: list[ChangeEvent], acks: list[AckCallback], owners: list[AckFunc],
-                         last: int) -> None:
-        """Hands ``events`` to the sink in one call (a loop over ``deliver`` for a sink without
-        ``deliver_batch``); ``owners`` are their notifications' acks, ``last`` the batch index of the
-        last notification looked at. When the sink raises, which events it took is unknown: every
-        owner is acknowledged (as if each had failed on its own: what a closed sink does to one call
-        per notification) and the failure is reported at ``last``, after which the batch goes on."""
-        sink = self.sink
-        self.stats.events += len(events)
-        try:
-            # Looked up on the type: a wrapper forwarding unknown attributes (a third-party one
-            # without ``deliver_batch``) must not have its own ``deliver`` bypassed.
-            deliver_batch = getattr(type(sink), "deliver_batch", None)
-            if deliver_batch is not None:
-                await deliver_batch(sink, events, acks)
-            else:
-                for event, event_ack in zip(events, acks, strict=True):
-                    await sink.deliver(event, event_ack)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            for owner in owners:
-                owner()
-            raise BatchInterrupted(last) from exc
-
-    async def _mark_exits(self, events: list[ChangeEvent]) -> None:
-        """Marks the deletes whose object still exists: they left the informer's selector. A delete
-        a relist inferred is asked too (the object is not listed: alive, it is out of scope). A
-        replayed delete of a uid known to live on (:meth:`_replayed_after_delete`), up to its current
-        resourceVersion, is an exit without asking again; one known gone is a delete."""
-        for event in events:
-            if event.type is not EventType.DELETED or event.obj is None or self._exits is None:
-                continue
-            uid, rv = event.uid, event.resource_version
-            if uid in self._fate:
-                alive = self._fate[uid]
-                if alive is None:
-                    continue
-                if rv.isdigit() and int(rv) <= alive:
-                    event.extensions[LEFT_SELECTOR_EXTENSION] = "true"
-                    continue
-            if await self._exits.left(event.namespace, event.name, uid, rv):
-                event.extensions[LEFT_SELECTOR_EXTENSION] = "true"
-
-    async def _deliver_one(self, event: ChangeEvent, ack: AckFunc) -> None:
-        stats = self.stats
-        stats.events += 1
-        done = False
-
-        def event_ack(outcome: DeliveryOutcome) -> None:
-            nonlocal done
-            if done:  # a sink acking one event twice: only the first ack counts
-                return
-            done = True
-            stats.outcomes[outcome._value_] += 1  # the value as a plain attribute, not the property
-            ack()
-
-        await self.sink.deliver(event, event_ack)
-
-
-def _with_gap(event: ChangeEvent, gap: GapInfo) -> ChangeEvent:
-    event.gap = gap
-    return event
-
-
-def delete_is_inferred(n: Notification, tracker: AckTracker | None,
-                       resent: Mapping[str, tuple[str, bool]]) -> bool:
-    """Whether a delete notification goes out with ``finalstateunknown``.
-
-    A tombstone (the relist no longer returned the object) and the old object of a re-creation found
-    by a relist are inferred, except when the known-object journal says this very delete (same uid,
-    same resourceVersion) was sent before a restart: it is then sent again exactly as it was, so it
-    never appears as a second, inferred delete of a uid whose delete consumers already have."""
-    obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
-    if resent:
-        uid, rv = object_identity(obj)
-        before = resent.get(uid)
-        if before is not None and before[0] == rv:
-            return before[1]
-    if isinstance(n.obj, DeletedFinalStateUnknown):
-        return True
-    return tracker is not None and tracker.is_unobserved_delete(n.seq)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -818,29 +186,6 @@ def http_informer_builder(
     return build
 
 
-def own_knowledge(checkpoint: Checkpoint, section: SinkProgress) -> tuple[int, dict[str, Knowledge]]:
-    """A sink's resume point and its knowledge where it differs from the checkpoint's base."""
-    rv = int(section.resource_version or checkpoint.resource_version)
-    own: dict[str, Knowledge] = {}
-    for key, entry in section.objects.items():
-        own[key] = ("", rv, True) if entry is None else (entry[0], int(entry[1]), False)
-    for key, (uid, ahead_rv, deleted) in section.ahead.items():
-        own[key] = (uid, int(ahead_rv), deleted)
-    return rv, own
-
-
-def stub_objects(resource: ResourceRef, index: Mapping[str, IndexEntry]) -> list[KubeObject]:
-    """Metadata-only objects rebuilt from a checkpoint index (what a resumed informer knows)."""
-    out: list[KubeObject] = []
-    for key, (uid, rv) in index.items():  # key = "namespace/name" or "name"
-        namespace, _, name = key.rpartition("/")
-        meta: dict[str, Any] = {"name": name, "uid": uid, "resourceVersion": rv}
-        if namespace:
-            meta["namespace"] = namespace
-        out.append({"apiVersion": resource.api_version, "kind": resource.kind, "metadata": meta})
-    return out
-
-
 # --------------------------------------------------------------------------------------------------
 # The pipeline
 
@@ -867,9 +212,8 @@ class _Informer:
     """The tracker's progress count when that failure was reported."""
     stale: list[str] = field(default_factory=list)
     """Checkpoint ids of other shard totals, removed once every current shard has passed them."""
-    own_progress: dict[str, tuple[int, dict[str, Knowledge]]] = field(default_factory=dict)
-    """Sink → its own resume point and knowledge (where it differs from the base) when the
-    informer resumed; sinks at the base are absent."""
+    plan: ResumePlan | None = None
+    """What its start did (:mod:`bridge.delivery.resume_plan`)."""
     bootstrapping: set[str] = field(default_factory=set)
     """Sinks with no progress of their own in the checkpoint, until they acknowledged their
     bootstrap snapshot; the checkpoint does not cover them before that (a crash bootstraps them
@@ -973,10 +317,8 @@ class _CountingTracker(AckTracker):
         self.progress_count = 0
         """Progress markers seen: the informer listed, or its watch moved, this many times."""
         self.journal: KnownObjectJournal | None = None
-        self.resent: Mapping[str, tuple[str, bool]] = {}
-        self.held_after: Mapping[str, str] = {}
-        self.coalesced: Mapping[str, tuple[str, str, bool]] = {}
-        """uid → (from, resourceVersion, added) of the objects the journal says a relist sent."""
+        self.sent: Mapping[str, SentDelete] = {}
+        """The deletes the resume plan says sinks may hold (re-sent with their marking)."""
         self.synced = 0
         """Objects of the snapshots dispatched (each becomes one ``sync`` event per sink)."""
         self.thresholds: list[tuple[int, Callable[[int], None]]] = []
@@ -1021,7 +363,7 @@ class _CountingTracker(AckTracker):
         super().dispatched(notification, listeners)
         if self.journal is not None and listeners:
             inferred = (notification.kind is NotificationKind.DELETE
-                        and delete_is_inferred(notification, self, self.resent))
+                        and delete_is_inferred(notification, self, self.sent))
             self.journal.note(notification, inferred=inferred)
 
 
@@ -1170,149 +512,101 @@ class BridgePipeline:
             log.warning("checkpoint store failed loading the checkpoint (%s); doing a full resync", exc,
                         extra={"informer": ident, "resource": watched.ref.qualified})
         journal, loaded = await self._open_journal(ident, checkpoint, handover)
-        start = journal.start if journal is not None else None
-        list_start = ""
-        if checkpoint is None and start is not None:
-            if start.acknowledged:
-                # Killed before its first checkpoint write, once every sink had acknowledged the
-                # first list: the journal's objects up to there are what that checkpoint would hold.
-                checkpoint = Checkpoint(
-                    informer_id=ident, resource_version=start.resource_version,
-                    objects={e.key: (uid, e.resource_version) for uid, e in loaded.items()
-                             if not e.deleted and int(e.resource_version) <= int(start.resource_version)})
-            else:
-                list_start = start.resource_version
+        routed = [sink for sink in self._sinks if _resource_matches(sink, watched)]
+        floors = None
+        if handover is not None:
+            table = handover.plan
+            floors = Floors(of=table.sink_floor,
+                            highest=lambda name: max(table.sink_floors.get(name, {}).values(), default=0))
+        plan = build_plan(informer_id=ident, ref=watched.ref, checkpoint=checkpoint, journal=loaded,
+                          start=journal.start if journal is not None else None,
+                          routed=[sink.name for sink in routed], floors=floors,
+                          journal_unreadable=journal is not None and bool(journal.unreadable))
+        cp = plan.checkpoint
         tracker = _CountingTracker(
-            name=ident,
-            resource=watched.ref.qualified,
-            on_event=self._on_event,
-            resource_version=checkpoint.resource_version if checkpoint else "",
-            index=checkpoint.objects if checkpoint else None,
-            ahead=checkpoint.ahead if checkpoint else None,
-            now=self._clock.now,
+            name=ident, resource=watched.ref.qualified, on_event=self._on_event,
+            resource_version=cp.resource_version if cp else "", index=cp.objects if cp else None,
+            ahead=cp.ahead if cp else None, now=self._clock.now,
         )
+        tracker.journal, tracker.sent = journal, plan.sent_deletes
+        tracker.seed_last_seen(plan.last_seen)
         informer = self._make_informer(watched, tracker)
+        inf = _Informer(watched=watched, informer=informer, tracker=tracker, corrupt_checkpoint=corrupt,
+                        journal=journal, plan=plan, bootstrapping=set(plan.bootstrapping))
+        if handover is not None:
+            inf.stale = list(handover.plan.stale)
+        informer.set_watch_error_handler(self._watch_error_recorder(inf))
+        seeds, unconfirmed = list(plan.seeds), list(plan.unconfirmed)
+        if inf.bootstrapping:
+            seeds, unconfirmed = await self._hydrate(inf, seeds, unconfirmed)
+        self._seed(inf, seeds, unconfirmed)
         exits: SelectorExits | None = None
         fetch = self._fetch_object
         if fetch is not None and (watched.key.label_selector or watched.key.field_selector):
             exits = SelectorExits(fetch=functools.partial(fetch, watched))
-        inf = _Informer(watched=watched, informer=informer, tracker=tracker, corrupt_checkpoint=corrupt)
-        if handover is not None:
-            inf.stale = list(handover.plan.stale)
-        informer.set_watch_error_handler(self._watch_error_recorder(inf))
-        if list_start:
-            # Killed before every sink acknowledged the first list: the relist is framed from it.
-            informer.frame_first_list(list_start)
-        known, unconfirmed = self._known_objects(inf, checkpoint, journal, loaded)
-        routed = [sink for sink in self._sinks if _resource_matches(sink, watched)]
-        diverging: set[str] = set()
-        union_only: set[str] = set()
-        """Objects the cache is seeded with that the base does not know (only some sinks do)."""
-        if checkpoint is not None and checkpoint.sinks:
-            for sink in routed:
-                section = checkpoint.sinks.get(sink.name)
-                if section is not None and not section.at_base:
-                    inf.own_progress[sink.name] = own_knowledge(checkpoint, section)
-            # The cache knows the union of what the sinks know: per object, the oldest state a sink
-            # has (so a relist notifies every newer one, and a delete reaches whoever knew it). A key
-            # the base has deleted (in its delivered-ahead map) counts as unknown: its index entry is
-            # the object that delete removed, and a sink holding a later one there needs the relist's
-            # tombstone to be of that later one (the informer suppresses one of the removed object,
-            # whose delete every sink has).
-            gone = {key for key, (_uid, _rv, deleted) in checkpoint.ahead.items() if deleted}
-            extra: dict[str, IndexEntry] = {}
-            for _, differs in inf.own_progress.values():
-                for key, (uid, rv, deleted) in differs.items():
-                    diverging.add(key)
-                    if not deleted and (key not in known or key in gone) \
-                            and (key not in extra or rv < int(extra[key][1])):
-                        extra[key] = (uid, str(rv))
-            known.update(extra)
-            union_only = set(extra)
-            tracker.seed_last_seen({key: rv for key, (_uid, rv) in extra.items()})
-        seeds = stub_objects(watched.ref, known)
-        if checkpoint is not None and checkpoint.sinks is not None:
-            inf.bootstrapping = {sink.name for sink in routed if sink.name not in checkpoint.sinks}
-            dropped = sorted(set(checkpoint.sinks) - {sink.name for sink in routed})
-            if dropped:
-                log.info("the checkpoint has progress of sinks no longer configured for this resource "
-                         "(%s); it is dropped at the next checkpoint write", ", ".join(dropped),
-                         extra={"informer": ident, "resource": watched.ref.qualified})
-        if inf.bootstrapping:
-            seeds, unconfirmed = await self._hydrate(inf, seeds, unconfirmed)
-        if checkpoint is not None:
-            delivered = {key: (int(rv), deleted) for key, (_uid, rv, deleted) in checkpoint.ahead.items()
-                         if rv.isdigit()}
-            informer.resume_from(seeds, checkpoint.resource_version, delivered, diverging)
+        for sink in routed:
+            self._attach(inf, sink, exits)
+        self._informers[ident] = inf
+
+    def _seed(self, inf: _Informer, seeds: list[KubeObject], unconfirmed: list[KubeObject]) -> None:
+        """Seeds the informer from the plan: its cache and resume point, the keys whose replayed
+        changes are suppressed, the objects only the journal knows, the window of a framed list."""
+        plan, informer, watched = inf.plan, inf.informer, inf.watched
+        assert plan is not None
+        extra = {"informer": watched.informer_id, "resource": watched.ref.qualified}
+        if plan.dropped_sinks:
+            log.info("the checkpoint has progress of sinks no longer configured for this resource "
+                     "(%s); it is dropped at the next checkpoint write", ", ".join(plan.dropped_sinks),
+                     extra=extra)
+        cp = plan.checkpoint
+        if cp is not None:
+            informer.resume_from(seeds, cp.resource_version, plan.delivered, plan.diverging)
             inf.resumed = True
-            inf.resume_rv = checkpoint.resource_version
-            inf.saved_rv = checkpoint.resource_version
-            # A checkpoint whose sinks are not the configured ones is rewritten at the first interval.
-            same_sinks = checkpoint.sinks is None or set(checkpoint.sinks) == {s.name for s in routed}
-            inf.saved_generation = tracker.generation if same_sinks else -1
-            log.info("resuming from checkpoint at resourceVersion %s (%d known objects)",
-                     checkpoint.resource_version, len(checkpoint.objects),
-                     extra={"informer": ident, "resource": watched.ref.qualified})
+            inf.resume_rv = inf.saved_rv = cp.resource_version
+            inf.saved_generation = -1 if plan.rewrite else inf.tracker.generation
+            log.info("resuming from %s at resourceVersion %s (%d known objects)",
+                     "the journal's first list" if cp.sinks is None and plan.rewrite else "checkpoint",
+                     cp.resource_version, len(cp.objects), extra=extra)
+        elif plan.frame_from:
+            informer.frame_first_list(plan.frame_from)
         if inf.journal is not None and inf.journal.unreadable:
-            self._journal_unreadable(inf, checkpoint)
+            self._journal_unreadable(inf, cp)
         if unconfirmed:
             informer.seed_unconfirmed(unconfirmed)
             log.info("%d objects delivered after the last checkpoint write are known from the journal",
-                     len(unconfirmed), extra={"informer": ident, "resource": watched.ref.qualified})
-        journal_only = [(object_key(stub), *object_identity(stub)) for stub in unconfirmed]
-        for sink in routed:
-            bootstrap = (functools.partial(self._bootstrapped, inf, sink.name)
-                         if sink.name in inf.bootstrapping else None)
-            own: SinkResume | None = None
-            # After a reshard: where this sink acknowledged more of some objects (those of a
-            # checkpoint where its own point was later) than the merged resume points say.
-            floor = handover.plan.sink_floor(sink.name) if handover is not None else None
-            if checkpoint is not None and (union_only or floor is not None) \
-                    and sink.name not in inf.bootstrapping and sink.name not in inf.own_progress:
-                # At the base, yet the cache holds objects only other sinks know: this one does not
-                # (or it has floors of its own).
-                inf.own_progress[sink.name] = (int(checkpoint.resource_version), {})
-            if sink.name in inf.own_progress and sink.name not in inf.bootstrapping:
-                own_rv, own_known = inf.own_progress[sink.name]
-                own_known = {**{key: ("", -1, True) for key in union_only if key not in own_known},
-                             **own_known}
-                # The journal is the union of what any sink may have received since the base: what
-                # this sink's own progress covers, it knows it does not have; what it does not
-                # cover, the sink may hold whatever its section says (it was delivered after the
-                # write), so the delete of it is never dropped.
-                maybe: set[str] = set()
-                for key, uid, stub_rv in journal_only:
-                    if not (stub_rv.isdigit() and int(stub_rv) <= own_rv):
-                        maybe.add(uid)
-                    elif key not in known and key not in own_known:
-                        own_known[key] = ("", -1, True)
-                own = SinkResume(resource_version=own_rv, known=own_known, maybe=maybe,
-                                 api_version=watched.ref.api_version, kind=watched.ref.kind,
-                                 floor=floor, floor_max=max(
-                                     (handover.plan.sink_floors.get(sink.name, {}).values()
-                                      if handover is not None else ()), default=0))
-                log.info("sink %s resumes from its own resourceVersion %d (%d objects where it differs "
-                         "from the slowest sink's)", sink.name, own_rv, len(own_known),
-                         extra={"sink": sink.name, "informer": ident, "resource": watched.ref.qualified})
-            listener = SinkListener(sink=sink, resource=watched.ref, cluster=self._cluster,
-                                    clock=self._clock, snapshot_prefix=ident, tracker=tracker,
-                                    journal=inf.journal, resent=tracker.resent,
-                                    held_after=tracker.held_after, coalesced=tracker.coalesced,
-                                    exits=exits,
-                                    shard=(None if watched.shard is None
-                                           else (watched.shard.ordinal, watched.shard.total)),
-                                    bootstrap=bootstrap, own_progress=own)
-            if own is not None:
-                tracker.thresholds.append((own.passed_at, listener.own_progress_passed))
-            if sink.name in inf.own_progress and sink.name not in inf.bootstrapping:
-                # Its knowledge differs from the base: its own progress follows every change from
-                # the first one (see AckTracker.follow_listener).
-                tracker.follow_listener(sink.name, *inf.own_progress[sink.name])
-            reg = informer.add_event_handler(listener, _listener_options(sink, self._spill_directory,
-                                                                         ident))
-            inf.registrations[sink.name] = reg
-            inf.listeners[sink.name] = listener
-        self._informers[ident] = inf
+                     len(unconfirmed), extra=extra)
+
+    def _attach(self, inf: _Informer, sink: Sink, exits: SelectorExits | None) -> None:
+        """One sink's listener, with its part of the plan."""
+        plan, tracker, watched = inf.plan, inf.tracker, inf.watched
+        assert plan is not None
+        name = sink.name
+        start = plan.sinks[name]
+        bootstrap = (functools.partial(self._bootstrapped, inf, name)
+                     if start.kind is SinkStartKind.BOOTSTRAP else None)
+        replay: ReplayStage | None = None
+        if start.kind is SinkStartKind.OWN_PROGRESS or plan.sent_deletes or plan.relisted:
+            own = SinkResume.of(start, api_version=watched.ref.api_version, kind=watched.ref.kind)
+            replay = ReplayStage(own=own, sent=plan.sent_deletes, relisted=plan.relisted, tracker=tracker,
+                                 exits=exits)
+        listener = SinkListener(sink=sink, resource=watched.ref, cluster=self._cluster, clock=self._clock,
+                                snapshot_prefix=watched.informer_id, tracker=tracker, journal=inf.journal,
+                                exits=exits, shard=(None if watched.shard is None
+                                                    else (watched.shard.ordinal, watched.shard.total)),
+                                bootstrap=bootstrap, replay=replay)
+        if replay is not None and replay.own is not None:
+            tracker.thresholds.append((replay.own.passed_at, listener.own_progress_passed))
+            # Its knowledge differs from the base: its own progress follows every change from the
+            # first one (see AckTracker.follow_listener).
+            tracker.follow_listener(name, start.resource_version, start.section)
+            log.info("sink %s resumes from its own resourceVersion %d (%d objects where it differs "
+                     "from the slowest sink's)", name, start.resource_version, len(start.known),
+                     extra={"sink": name, "informer": watched.informer_id,
+                            "resource": watched.ref.qualified})
+        reg = inf.informer.add_event_handler(listener, _listener_options(sink, self._spill_directory,
+                                                                         watched.informer_id))
+        inf.registrations[name] = reg
+        inf.listeners[name] = listener
 
     @staticmethod
     def _journal_unreadable(inf: _Informer, checkpoint: Checkpoint | None) -> None:
@@ -1336,7 +630,6 @@ class BridgePipeline:
                     "framed by gap markers from resourceVersion 0 (objects delivered before and deleted "
                     "while the bridge was down get no delete)", journal.backend.name, journal.unreadable,
                     extra={"informer": ident, "resource": resource})
-        inf.informer.frame_first_list("0")
 
     async def _hydrate(self, inf: _Informer, seeds: list[KubeObject], unconfirmed: list[KubeObject]
                        ) -> tuple[list[KubeObject], list[KubeObject]]:
@@ -1456,43 +749,6 @@ class BridgePipeline:
         if handover is not None and (handover.adopted or handover.keep_own_journal is not None):
             loaded = journal.adopt(handover.adopted, handover.keep_own_journal)
         return journal, loaded
-
-    def _known_objects(self, inf: _Informer, checkpoint: Checkpoint | None,
-                       journal: KnownObjectJournal | None, loaded: Mapping[str, JournalEntry]
-                       ) -> tuple[dict[str, IndexEntry], list[KubeObject]]:
-        """What the resumed informer knows: the checkpoint's objects (its index, updated by its
-        delivered-ahead map) with the journal's deletes applied, and the journal's objects the
-        checkpoint does not know (unconfirmed stubs)."""
-        known: dict[str, IndexEntry] = dict(checkpoint.objects) if checkpoint is not None else {}
-        if checkpoint is not None:
-            for key, (uid, rv, deleted) in checkpoint.ahead.items():
-                if not deleted:
-                    known[key] = (uid, rv)
-        if journal is None:
-            return known, []
-        inf.journal = inf.tracker.journal = journal
-        resent: dict[str, tuple[str, bool]] = {}
-        held_after: dict[str, str] = {}
-        coalesced: dict[str, tuple[str, str, bool]] = {}
-        unconfirmed: list[tuple[str, str, str]] = []
-        for key, items in entries_by_key(loaded).items():
-            for uid, entry in items:
-                if entry.deleted:
-                    resent[uid] = (entry.resource_version, entry.inferred)
-                    if entry.held_after:
-                        held_after[uid] = entry.held_after
-                elif entry.coalesced_from:
-                    coalesced[uid] = (entry.coalesced_from, entry.resource_version, entry.coalesced_added)
-                if known.get(key, ("",))[0] == uid:
-                    if entry.deleted:  # re-sent, if at all, as the delete it was
-                        known[key] = (uid, entry.resource_version)
-                else:
-                    unconfirmed.append((key, uid, entry.resource_version))
-        inf.tracker.resent = resent
-        inf.tracker.held_after = held_after
-        inf.tracker.coalesced = coalesced
-        stubs = [stub_objects(inf.watched.ref, {key: (uid, rv)})[0] for key, uid, rv in unconfirmed]
-        return known, stubs
 
     @staticmethod
     def _watch_error_recorder(inf: _Informer) -> WatchErrorHandler:
@@ -1737,7 +993,9 @@ class BridgePipeline:
         for name in inf.registrations:
             if name in inf.bootstrapping:
                 continue
-            floor, own = inf.own_progress.get(name, (0, {}))
+            start = inf.plan.sinks.get(name) if inf.plan is not None else None
+            floor, own = ((start.resource_version, start.section)
+                          if start is not None and start.kind is SinkStartKind.OWN_PROGRESS else (0, {}))
             rv, diff = inf.tracker.listener_state(name, floor, own)
             objects: dict[str, tuple[str, str] | None] = {}
             ahead: dict[str, tuple[str, str, bool]] = {}
