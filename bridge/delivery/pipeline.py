@@ -1,31 +1,24 @@
-"""The glue between informers and sinks: events out, acknowledgements back, checkpoints, snapshots.
+"""The supervisor of the delivery layer: informers → sink listeners → sinks, started and stopped.
 
-:class:`SinkListener` is the informer listener of one sink: it turns each
-:class:`~bridge.contracts.Notification` into :class:`~sinks.contract.ChangeEvent` values (a snapshot
-becomes a begin marker, one ``sync`` event per object and an end marker with the count and the
-resourceVersion), hands them to the sink, and acknowledges the notification once the sink has
-acknowledged every one of its events. Its listener hands it the notifications ready at once
-(:meth:`SinkListener.handle_batch`): their events reach the sink in one ``deliver_batch`` call.
+:class:`BridgePipeline` runs the whole flow for a set of watched resources. Each part of its
+lifecycle lives in a module of its own:
 
-:class:`BridgePipeline` runs the whole flow for a set of watched resources:
-
-* on :meth:`~BridgePipeline.start`, each informer's checkpoint is loaded; a valid one seeds the informer
-  with metadata-only stubs of the known objects and resumes the watch from its resourceVersion (no
-  relist unless the server answers 410, in which case the relist emits only the differences); a
-  corrupt or unreadable one is reported as a WARNING and the informer lists from scratch;
-* one listener per (informer, routed sink), with the sink's buffer capacity and overflow policy, and
-  one :class:`~bridge.progress.AckTracker` per informer computing the checkpoint low-watermark (the
-  base) and, at each write, every sink's own progress (the checkpoint's per-sink section);
-* per-sink progress on resume: the watch resumes from the base, the cache is seeded with the union of
-  what the sinks know, and each sink's listener filters through its own progress
-  (:class:`~bridge.delivery.progress.SinkResume`); a sink the checkpoint does not cover is
-  bootstrapped: it receives nothing until a snapshot of whole objects (:meth:`BridgePipeline._hydrate`;
-  a failed start-up list is retried with backoff by :meth:`BridgePipeline._hydrate_late`), then the
-  live stream;
-* a named task writes checkpoints every ``checkpoint_interval`` seconds (only when the state moved);
-* per-sink resync periods are served as snapshots (``informer.request_snapshot``) by one timer task
-  per (informer, sink); listeners themselves get resync period 0, so the same-RV updates of a 410
-  relist (unchanged objects) are never delivered;
+* **assembly** (:mod:`bridge.delivery.assembly`): what is watched, how its informer is built, which
+  sinks it is routed to and how each listener is buffered and spilled;
+* **the start** (:mod:`bridge.delivery.restart`, :mod:`bridge.delivery.resume_plan`): per informer,
+  the checkpoint and the journal are read and one immutable resume plan is built; the informer is
+  seeded from it and each sink's listener gets its part (:mod:`bridge.delivery.replay`);
+* **the listeners** (:mod:`bridge.delivery.sink_listener`), one per (informer, routed sink), and one
+  :class:`~bridge.delivery.progress.AckTracker` per informer (:mod:`bridge.delivery.informer_run`);
+* **bootstrap** (:mod:`bridge.delivery.bootstrap`): a sink the checkpoint does not cover receives
+  nothing until a snapshot of whole objects;
+* **the checkpoint writer** (:mod:`bridge.delivery.checkpoint_writer`), every
+  ``checkpoint_interval`` seconds when the state moved;
+* **outage reporting** (:mod:`bridge.delivery.outages`);
+* per-sink resync periods are served as snapshots by one timer task per (informer, sink); listeners
+  themselves get resync period 0, so the same-RV updates of a 410 relist are never delivered;
+* **readiness**: every informer synced and able to list and watch, every sink healthy, every
+  journal writable;
 * :meth:`~BridgePipeline.shutdown` stops intake, lets the listeners drain and the sinks flush, writes
   the final checkpoint, then closes everything, all within one deadline.
 
@@ -36,64 +29,40 @@ Time comes from the injected clock.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
-import hashlib
 import logging
 import os
-import shutil
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bridge.clock import Clock, RealClock
-from bridge.contracts import (
-    DeliveryObserver,
-    KubeObject,
-    ListenerOptions,
-    Notification,
-    NotificationKind,
-    OverflowPolicy,
+from bridge.contracts import DeliveryObserver, KubeObject
+from bridge.delivery.assembly import (
+    InformerBuilder,
+    WatchedResource,
+    http_informer_builder,
+    listener_options,
+    remove_stale_spills,
+    routed,
 )
-from bridge.delivery.checkpoint import (
-    Checkpoint,
-    CheckpointCorruptError,
-    CheckpointError,
-    CheckpointStore,
-    SinkProgress,
-    informer_id,
-)
-from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
-from bridge.delivery.journal import JournalEntry, KnownObjectJournal
+from bridge.delivery.bootstrap import Bootstrap
+from bridge.delivery.checkpoint import Checkpoint, CheckpointStore
+from bridge.delivery.checkpoint_writer import CheckpointWriter
+from bridge.delivery.informer_run import InformerCounts, InformerObserver, InformerRun
+from bridge.delivery.inspection import PipelineInspection, PipelineStats
+from bridge.delivery.outages import OutageReporter, SinkBacklog, last_error
 from bridge.delivery.progress import AckTracker
-from bridge.delivery.replay import ReplayStage, SinkResume, delete_is_inferred
-from bridge.delivery.resume_plan import (
-    Floors,
-    ResumePlan,
-    SentDelete,
-    SinkStartKind,
-    build_plan,
-    stub_objects,
-)
+from bridge.delivery.replay import ReplayStage, SinkResume
+from bridge.delivery.restart import load_start
+from bridge.delivery.resume_plan import SinkStartKind, stub_objects
 from bridge.delivery.selector_exit import SelectorExits
-from bridge.delivery.sharding import TakeOver, shard_id, stale_ready, take_over
 from bridge.delivery.sink_listener import SinkListener, SinkListenerStats
-from bridge.delivery.spill import SegmentSpill
-from bridge.informer.backoff import Backoff
-from bridge.informer.factory import InformerKey, SharedInformerFactory
+from bridge.informer.factory import SharedInformerFactory
 from bridge.informer.reflector import Reflector, WatchErrorHandler, default_watch_error_handler
 from bridge.informer.shared_informer import HandlerRegistration, SharedIndexInformer
-from bridge.kube.apiclient import ApiClient
-from bridge.kube.discovery import APIResource
-from bridge.kube.listwatch import HttpListerWatcher
-from bridge.kube.sharding import ShardFilter
-from bridge.rawobject import object_identity
-from sinks.contract import (
-    ResourceRef,
-    Sink,
-)
+from sinks.contract import Sink
 
 __all__ = [
     "BridgePipeline",
@@ -109,265 +78,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-
-# --------------------------------------------------------------------------------------------------
-# What is watched and how informers are built
-
-
-@dataclass(frozen=True, slots=True)
-class WatchedResource:
-    """One informer scope as the service resolved it.
-
-    ``key`` names the resource and scope (the factory's :class:`~bridge.factory.InformerKey`),
-    ``ref`` describes the resource as sinks see it, ``api`` is discovery's
-    :class:`~bridge.discovery.APIResource` (what the HTTP ListerWatcher needs)."""
-
-    key: InformerKey
-    api: APIResource
-    ref: ResourceRef
-    shard: ShardFilter | None = None
-    """This replica's share of the resource when sharding is configured (docs/sharding.md): shard
-    ``o`` of ``t`` by object, or shard 0 of 1 for a resource watched whole by this replica. The
-    informer's list/watch keeps only its objects; its checkpoint id says which shard it is, and the
-    checkpoint is taken over from the store's other shards (:mod:`bridge.delivery.sharding`)."""
-
-    @property
-    def base_informer_id(self) -> str:
-        """The id of the scope watched whole (no shard suffix)."""
-        k = self.key
-        return informer_id(k.resource, k.namespace, k.label_selector, k.field_selector)
-
-    @property
-    def informer_id(self) -> str:
-        s = self.shard
-        base = self.base_informer_id
-        return base if s is None else shard_id(base, s.ordinal, s.total)
-
-    @property
-    def names(self) -> frozenset[str]:
-        """What a user may call it in sink routing and on the snapshot endpoint."""
-        r = self.ref
-        return frozenset({self.key.resource, r.resource, r.qualified, r.kind, r.kind.lower()})
-
-
-InformerBuilder = Callable[[WatchedResource, DeliveryObserver], SharedIndexInformer]
-"""Builds the (not yet started) informer of one scope, reporting deliveries to the observer."""
-
-
-def http_informer_builder(
-    *, client: ApiClient, clock: Clock, page_size: int = 500, use_watch_list: bool = False,
-    compact_cache: bool = False,
-) -> InformerBuilder:
-    """Informers over the real API (``ApiClient`` + ``HttpListerWatcher``), without a factory."""
-
-    def build(watched: WatchedResource, observer: DeliveryObserver) -> SharedIndexInformer:
-        lw = HttpListerWatcher(
-            client=client,
-            resource=watched.api,
-            namespace=watched.key.namespace,
-            label_selector=watched.key.label_selector,
-            field_selector=watched.key.field_selector,
-            # A compact cache keeps objects as bytes: they stay bytes from the wire on (the
-            # informer's default transform drops managedFields; here they are cut from the bytes).
-            raw_objects=compact_cache,
-            drop_managed_fields=compact_cache,
-            shard=watched.shard,
-        )
-        return SharedIndexInformer(
-            lister_watcher=lw,
-            clock=clock,
-            observer=observer,
-            name=watched.informer_id,
-            page_size=page_size,
-            use_watch_list=use_watch_list,
-            compact_cache=compact_cache,
-        )
-
-    return build
-
-
-# --------------------------------------------------------------------------------------------------
-# The pipeline
-
-
-@dataclass(slots=True)
-class _Informer:
-    watched: WatchedResource
-    informer: SharedIndexInformer
-    tracker: _CountingTracker
-    resumed: bool = False
-    resume_rv: str = ""
-    corrupt_checkpoint: bool = False
-    registrations: dict[str, HandlerRegistration] = field(default_factory=dict)
-    listeners: dict[str, SinkListener] = field(default_factory=dict)
-    saved_generation: int = -1
-    saved_acks: int = -1
-    saved_rv: str = ""
-    last_saved: float | None = None
-    checkpoint_errors: int = 0
-    journal: KnownObjectJournal | None = None
-    failing: str = ""
-    """Why the last list/watch cycle failed, while no progress was made since ("" = none)."""
-    failing_progress: int = -1
-    """The tracker's progress count when that failure was reported."""
-    stale: list[str] = field(default_factory=list)
-    """Checkpoint ids of other shard totals, removed once every current shard has passed them."""
-    plan: ResumePlan | None = None
-    """What its start did (:mod:`bridge.delivery.resume_plan`)."""
-    bootstrapping: set[str] = field(default_factory=set)
-    """Sinks with no progress of their own in the checkpoint, until they acknowledged their
-    bootstrap snapshot; the checkpoint does not cover them before that (a crash bootstraps them
-    again)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PipelineStats:
-    """A point-in-time view for metrics and tests."""
-
-    received: Mapping[str, Mapping[str, int]]
-    """informer id → notification kind → count."""
-    sinks: Mapping[str, Mapping[str, int]]
-    """sink name → outcome (delivered, filtered, dead_lettered, dropped) → count."""
-    queue_depth: Mapping[str, int]
-    """sink name → notifications waiting in its listeners' buffers."""
-    checkpoint_rv: Mapping[str, str]
-    checkpoint_age: Mapping[str, float | None]
-    checkpoint_lag: Mapping[str, int]
-    relists: Mapping[str, int]
-    resumed: Mapping[str, bool]
-
-
-@dataclass(slots=True)
-class _Outage:
-    since: float | None = None
-    """When the sink started failing (None while it is healthy)."""
-    last_summary: float = 0.0
-    catching_up: float | None = None
-    """When it recovered, until its backlog is empty."""
-    delivered_at: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class SinkBacklog:
-    """What waits for one sink (:meth:`BridgePipeline.sink_backlog`)."""
-
-    depth: int
-    """Notifications waiting: in memory, in the spill and as degraded latest states."""
-    spill_bytes: int
-    """Bytes its spills occupy on disk now."""
-    spilled: int
-    """Notifications ever written to its spills."""
-    degraded: int
-    """Notifications kept only as the latest state of their object (spill full or absent)."""
-    gaps: int
-    """Gap windows it opened because it degraded."""
-
-
-def _resource_matches(sink: Sink, watched: WatchedResource) -> bool:
-    wanted: frozenset[str] = getattr(sink, "routing_resources", frozenset())
-    return not wanted or bool(set(wanted) & watched.names)
-
-
-DEFAULT_SPILL_LIMIT = 256 << 20
-"""Bytes of spill per (sink, informer) when the sink does not say (``buffer.spill_limit``)."""
-
-
-def _safe_name(name: str) -> str:
-    """A directory name for a sink or an informer id (stable, readable, no separators)."""
-    cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-    return f"{cleaned[:80]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
-
-
-def _listener_options(sink: Sink, spill_directory: Path | None = None, informer: str = "") -> ListenerOptions:
-    capacity = int(getattr(sink, "buffer_capacity", 1024))
-    policy_raw = getattr(sink, "overflow_policy", OverflowPolicy.SPILL)
-    policy = policy_raw if isinstance(policy_raw, OverflowPolicy) else OverflowPolicy(str(policy_raw))
-    spill: SegmentSpill | None = None
-    limit = int(getattr(sink, "spill_limit", DEFAULT_SPILL_LIMIT))
-    if spill_directory is not None and limit > 0 and policy in (OverflowPolicy.SPILL,
-                                                                 OverflowPolicy.COALESCE):
-        where = spill_directory / _safe_name(sink.name) / _safe_name(informer)
-        try:
-            spill = SegmentSpill(where, limit_bytes=limit, name=f"{sink.name}:{informer}")
-        except OSError as exc:
-            log.error("sink %s: its spill directory %s cannot be used (%s); without a spill it "
-                      "degrades as soon as it falls behind its in-memory buffer", sink.name, where, exc)
-    # Resync is served as snapshots by the pipeline; the listener never gets same-RV updates.
-    return ListenerOptions(resync_period=0.0, buffer_capacity=capacity, overflow_policy=policy,
-                           name=sink.name, spill=spill)
-
-
 _EVENT_TYPE = {"add": "added", "update": "updated", "delete": "deleted"}
 """Notification kind → the CloudEvents type of its events (a snapshot's objects are counted apart)."""
 
 
-class _CountingTracker(AckTracker):
-    """An AckTracker that also counts what the informer processed, by kind.
-
-    The count is a plain ``Counter`` update (a fraction of a microsecond); the telemetry reads it at
-    scrape time (:meth:`BridgePipeline.events_received`) instead of calling an SDK counter per change.
-    """
-
-    def __init__(self, *, resource: str, on_event: Callable[[str, str], None] | None,
-                 **kw: Any) -> None:
-        super().__init__(on_first_resume_point=self._first_resume_point, **kw)
-        self.resource = resource
-        self.on_event = on_event
-        self.received: collections.Counter[str] = collections.Counter()
-        self.progress_count = 0
-        """Progress markers seen: the informer listed, or its watch moved, this many times."""
-        self.journal: KnownObjectJournal | None = None
-        self.sent: Mapping[str, SentDelete] = {}
-        """The deletes the resume plan says sinks may hold (re-sent with their marking)."""
-        self.synced = 0
-        """Objects of the snapshots dispatched (each becomes one ``sync`` event per sink)."""
-        self.thresholds: list[tuple[int, Callable[[int], None]]] = []
-        """(resourceVersion, callback(seq)): called once, with the marker's seq, when progress
-        reaches the resourceVersion (a sink's own resume point)."""
-        self.bootstrap_at: int | None = None
-        """A resourceVersion the informer must reach before its cache holds no checkpoint stubs
-        (a sink's bootstrap snapshot waits for it); None = nothing waits; -1 = the start-up list
-        failed and is retried (:meth:`BridgePipeline._hydrate_late`)."""
-        self.bootstrap_reached = asyncio.Event()
-
-    def _first_resume_point(self, resource_version: str) -> None:
-        if self.journal is not None:
-            self.journal.acknowledged(resource_version)
-
-    def progress(self, seq: int, resource_version: str) -> None:
-        self.progress_count += 1
-        if self.progress_count == 1 and self.journal is not None and not self.resource_version:
-            self.journal.listed(seq, resource_version)  # the first list of a start without checkpoint
-        super().progress(seq, resource_version)
-        if self.thresholds and resource_version.isdigit():
-            reached = int(resource_version)
-            for threshold in [t for t in self.thresholds if t[0] <= reached]:
-                self.thresholds.remove(threshold)
-                threshold[1](seq)
-        at = self.bootstrap_at
-        if at is not None and at >= 0 and resource_version.isdigit() and int(resource_version) >= at:
-            self.bootstrap_at = None
-            self.bootstrap_reached.set()
-
-    def dispatched(self, notification: Notification, listeners: Sequence[str]) -> None:
-        if notification.seq >= 0:
-            kind = notification.kind._value_  # the value as a plain attribute, not the property
-            self.received[kind] += 1
-            if notification.snapshot is not None:
-                self.synced += len(notification.snapshot)
-            if self.on_event is not None:
-                try:
-                    self.on_event(self.resource, kind)
-                except Exception:
-                    log.exception("on_event callback failed")
-        super().dispatched(notification, listeners)
-        if self.journal is not None and listeners:
-            inferred = (notification.kind is NotificationKind.DELETE
-                        and delete_is_inferred(notification, self, self.sent))
-            self.journal.note(notification, inferred=inferred)
-
-
-class BridgePipeline:
+class BridgePipeline(PipelineInspection):
     """Informers → sink listeners → sinks, with checkpoints and snapshots (see the module docs)."""
 
     def __init__(
@@ -392,32 +107,16 @@ class BridgePipeline:
         outage_check_interval: float = 1.0,
         outage_summary_interval: float = 30.0,
     ) -> None:
-        """``fetch_object(watched, namespace, name)``, when given, reads one object unfiltered from the
-        API server (raising ``NotFoundError``): selector-scoped informers use it to mark deletes that
-        were selector exits (:mod:`bridge.delivery.selector_exit`).
-        ``factory`` (the service) or ``build_informer`` (tests, tools) makes the informers; with a
-        factory, ``page_size`` and ``use_watch_list`` are passed to each informer it creates.
-        ``checkpoint_store`` None disables checkpoints (every start lists everything).
-        ``checkpoint_interval`` is in seconds; a checkpoint is written only when the acknowledged
-        state moved. ``on_event(resource, kind)``, optional, is called synchronously for every change
-        an informer processed, so it must be cheap: the service does not use it (it reads
-        :meth:`events_received` at scrape time). ``start_sinks`` False leaves starting and closing the
-        sinks to the caller. ``spill_directory``: where each sink's backlog beyond its in-memory
-        buffer is spilled (one subdirectory per sink and informer, emptied at start; sinks no longer
-        configured have theirs removed); None = no spill (a sink that falls behind degrades).
-        Every ``outage_check_interval`` seconds each sink's health is checked: a WARNING when it
-        starts failing, a summary every ``outage_summary_interval`` seconds while it stays down, an
-        INFO when it recovers and when it has caught up."""
-        if (factory is None) == (build_informer is None):
-            raise ValueError("give exactly one of factory or build_informer")
-        if checkpoint_interval <= 0:
-            raise ValueError(f"checkpoint_interval must be positive, got {checkpoint_interval}")
-        ids = [w.informer_id for w in resources]
-        if len(set(ids)) != len(ids):
-            raise ValueError("the same resource scope is watched twice")
-        names = [s.name for s in sinks]
-        if len(set(names)) != len(names):
-            raise ValueError(f"sink names must be unique, got {names}")
+        """``factory`` (the service) or ``build_informer`` (tests, tools) makes the informers; with a
+        factory, ``page_size`` and ``use_watch_list`` are passed to each. ``checkpoint_store`` None
+        disables checkpoints. ``checkpoint_interval`` in seconds. ``on_event(resource, kind)``, if
+        given, is called for every change an informer processed (it must be cheap). ``start_sinks``
+        False leaves starting and closing the sinks to the caller. ``fetch_object(watched,
+        namespace, name)`` reads one object unfiltered (selector exits,
+        :mod:`bridge.delivery.selector_exit`). ``spill_directory``: where sinks' backlogs spill
+        (None: a sink that falls behind degrades). Sinks' health is checked every
+        ``outage_check_interval`` seconds (:mod:`bridge.delivery.outages`)."""
+        _check(resources, sinks, factory, build_informer, checkpoint_interval)
         self._resources = list(resources)
         self._sinks = list(sinks)
         self._store = checkpoint_store
@@ -435,9 +134,9 @@ class BridgePipeline:
         self._fetch_object = fetch_object
         self._spill_directory = Path(spill_directory) if spill_directory is not None else None
         self._outage_check = outage_check_interval
-        self._outage_summary = outage_summary_interval
-        self._outages: dict[str, _Outage] = {}
-        self._informers: dict[str, _Informer] = {}
+        self._informers: dict[str, InformerRun] = {}
+        self._writer = CheckpointWriter(store=checkpoint_store, clock=self._clock, runs=self._informers)
+        self._outages = OutageReporter(sinks=self._sinks, view=self, summary_interval=outage_summary_interval)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
         self._stopping = False
@@ -467,7 +166,7 @@ class BridgePipeline:
         if self._start_sinks:
             for sink in self._sinks:
                 await sink.start()
-        self._remove_stale_spills()
+        remove_stale_spills(self._spill_directory, self._sinks)
         for watched in self._resources:
             await self._prepare(watched)
         if self._factory is not None:
@@ -482,77 +181,57 @@ class BridgePipeline:
                     self._spawn(f"snapshot-timer:{ident}:{sink_name}", self._snapshot_timer(inf, reg, period))
             if self._snapshot_on_first_start and not inf.resumed:
                 self._spawn(f"first-snapshot:{ident}", self._first_snapshot(inf))
-            if inf.bootstrapping:
-                self._spawn(f"bootstrap:{ident}", self._bootstrap(inf))
+            if inf.bootstrap is not None:
+                self._spawn(f"bootstrap:{ident}", inf.bootstrap.run(inf.listeners, inf.registrations))
         for ident, inf in self._informers.items():
             if inf.journal is not None:
                 self._spawn(f"journal:{ident}", inf.journal.run())
-        self._spawn("checkpoint-writer", self._checkpoint_loop())
+        self._spawn("checkpoint-writer", self._writer.run(self._checkpoint_interval))
         if self._outage_check > 0:
             self._spawn("sink-outages", self._outage_loop())
 
     async def _prepare(self, watched: WatchedResource) -> None:
+        """One informer, from its resume plan (:mod:`bridge.delivery.restart`), with its listeners."""
         ident = watched.informer_id
-        checkpoint: Checkpoint | None = None
-        corrupt = False
-        handover: TakeOver | None = None
-        try:
-            if self._store is not None and watched.shard is not None:
-                handover = await take_over(self._store, base=watched.base_informer_id, shard=watched.shard)
-                checkpoint = handover.plan.checkpoint
-            elif self._store is not None:
-                checkpoint = await self._store.load(ident)
-        except CheckpointCorruptError as exc:
-            corrupt = True
-            log.warning("checkpoint is corrupt or unreadable (%s); ignoring it and doing a full "
-                        "resync: consumers will see every object again", exc,
-                        extra={"informer": ident, "resource": watched.ref.qualified})
-        except CheckpointError as exc:
-            corrupt = True
-            log.warning("checkpoint store failed loading the checkpoint (%s); doing a full resync", exc,
-                        extra={"informer": ident, "resource": watched.ref.qualified})
-        journal, loaded = await self._open_journal(ident, checkpoint, handover)
-        routed = [sink for sink in self._sinks if _resource_matches(sink, watched)]
-        floors = None
-        if handover is not None:
-            table = handover.plan
-            floors = Floors(of=table.sink_floor,
-                            highest=lambda name: max(table.sink_floors.get(name, {}).values(), default=0))
-        plan = build_plan(informer_id=ident, ref=watched.ref, checkpoint=checkpoint, journal=loaded,
-                          start=journal.start if journal is not None else None,
-                          routed=[sink.name for sink in routed], floors=floors,
-                          journal_unreadable=journal is not None and bool(journal.unreadable))
+        sinks = [sink for sink in self._sinks if routed(sink, watched)]
+        start = await load_start(store=self._store, watched=watched, routed=[s.name for s in sinks],
+                                 clock=self._clock)
+        plan, journal = start.plan, start.journal
         cp = plan.checkpoint
-        tracker = _CountingTracker(
-            name=ident, resource=watched.ref.qualified, on_event=self._on_event,
-            resource_version=cp.resource_version if cp else "", index=cp.objects if cp else None,
-            ahead=cp.ahead if cp else None, now=self._clock.now,
-        )
-        tracker.journal, tracker.sent = journal, plan.sent_deletes
+        tracker = AckTracker(name=ident, resource_version=cp.resource_version if cp else "",
+                             index=cp.objects if cp else None, ahead=cp.ahead if cp else None,
+                             now=self._clock.now,
+                             on_first_resume_point=journal.acknowledged if journal is not None else None)
         tracker.seed_last_seen(plan.last_seen)
-        informer = self._make_informer(watched, tracker)
-        inf = _Informer(watched=watched, informer=informer, tracker=tracker, corrupt_checkpoint=corrupt,
-                        journal=journal, plan=plan, bootstrapping=set(plan.bootstrapping))
-        if handover is not None:
-            inf.stale = list(handover.plan.stale)
+        counts = InformerCounts(resource=watched.ref.qualified, on_event=self._on_event)
+        observer = InformerObserver(tracker=tracker, journal=journal, sent=plan.sent_deletes, counts=counts)
+        informer = self._make_informer(watched, observer)
+        inf = InformerRun(watched=watched, informer=informer, observer=observer, plan=plan,
+                          corrupt_checkpoint=start.corrupt_checkpoint, stale=list(start.stale))
         informer.set_watch_error_handler(self._watch_error_recorder(inf))
         seeds, unconfirmed = list(plan.seeds), list(plan.unconfirmed)
-        if inf.bootstrapping:
-            seeds, unconfirmed = await self._hydrate(inf, seeds, unconfirmed)
+        if plan.bootstrapping:
+            inf.bootstrap = Bootstrap(informer=informer, thresholds=observer.thresholds, watched=watched,
+                                      sinks=plan.bootstrapping, clock=self._clock,
+                                      covered=functools.partial(self._covered, inf))
+            seeds, unconfirmed = await inf.bootstrap.hydrate(seeds, unconfirmed)
         self._seed(inf, seeds, unconfirmed)
         exits: SelectorExits | None = None
         fetch = self._fetch_object
         if fetch is not None and (watched.key.label_selector or watched.key.field_selector):
             exits = SelectorExits(fetch=functools.partial(fetch, watched))
-        for sink in routed:
+        for sink in sinks:
             self._attach(inf, sink, exits)
         self._informers[ident] = inf
 
-    def _seed(self, inf: _Informer, seeds: list[KubeObject], unconfirmed: list[KubeObject]) -> None:
+    @staticmethod
+    def _covered(inf: InformerRun) -> None:
+        inf.saved_generation = -1  # a sink bootstrapped: written at the next interval
+
+    def _seed(self, inf: InformerRun, seeds: list[KubeObject], unconfirmed: list[KubeObject]) -> None:
         """Seeds the informer from the plan: its cache and resume point, the keys whose replayed
         changes are suppressed, the objects only the journal knows, the window of a framed list."""
         plan, informer, watched = inf.plan, inf.informer, inf.watched
-        assert plan is not None
         extra = {"informer": watched.informer_id, "resource": watched.ref.qualified}
         if plan.dropped_sinks:
             log.info("the checkpoint has progress of sinks no longer configured for this resource "
@@ -561,8 +240,7 @@ class BridgePipeline:
         cp = plan.checkpoint
         if cp is not None:
             informer.resume_from(seeds, cp.resource_version, plan.delivered, plan.diverging)
-            inf.resumed = True
-            inf.resume_rv = inf.saved_rv = cp.resource_version
+            inf.saved_rv = cp.resource_version
             inf.saved_generation = -1 if plan.rewrite else inf.tracker.generation
             log.info("resuming from %s at resourceVersion %s (%d known objects)",
                      "the journal's first list" if cp.sinks is None and plan.rewrite else "checkpoint",
@@ -576,14 +254,13 @@ class BridgePipeline:
             log.info("%d objects delivered after the last checkpoint write are known from the journal",
                      len(unconfirmed), extra=extra)
 
-    def _attach(self, inf: _Informer, sink: Sink, exits: SelectorExits | None) -> None:
+    def _attach(self, inf: InformerRun, sink: Sink, exits: SelectorExits | None) -> None:
         """One sink's listener, with its part of the plan."""
         plan, tracker, watched = inf.plan, inf.tracker, inf.watched
-        assert plan is not None
         name = sink.name
         start = plan.sinks[name]
-        bootstrap = (functools.partial(self._bootstrapped, inf, name)
-                     if start.kind is SinkStartKind.BOOTSTRAP else None)
+        bootstrap = (functools.partial(inf.bootstrap.done, name)
+                     if inf.bootstrap is not None and start.kind is SinkStartKind.BOOTSTRAP else None)
         replay: ReplayStage | None = None
         if start.kind is SinkStartKind.OWN_PROGRESS or plan.sent_deletes or plan.relisted:
             own = SinkResume.of(start, api_version=watched.ref.api_version, kind=watched.ref.kind)
@@ -595,7 +272,7 @@ class BridgePipeline:
                                                     else (watched.shard.ordinal, watched.shard.total)),
                                 bootstrap=bootstrap, replay=replay)
         if replay is not None and replay.own is not None:
-            tracker.thresholds.append((replay.own.passed_at, listener.own_progress_passed))
+            inf.observer.thresholds.add(replay.own.passed_at, listener.own_progress_passed)
             # Its knowledge differs from the base: its own progress follows every change from the
             # first one (see AckTracker.follow_listener).
             tracker.follow_listener(name, start.resource_version, start.section)
@@ -603,13 +280,13 @@ class BridgePipeline:
                      "from the slowest sink's)", name, start.resource_version, len(start.known),
                      extra={"sink": name, "informer": watched.informer_id,
                             "resource": watched.ref.qualified})
-        reg = inf.informer.add_event_handler(listener, _listener_options(sink, self._spill_directory,
-                                                                         watched.informer_id))
+        reg = inf.informer.add_event_handler(listener, listener_options(sink, self._spill_directory,
+                                                                        watched.informer_id))
         inf.registrations[name] = reg
         inf.listeners[name] = listener
 
     @staticmethod
-    def _journal_unreadable(inf: _Informer, checkpoint: Checkpoint | None) -> None:
+    def _journal_unreadable(inf: InformerRun, checkpoint: Checkpoint | None) -> None:
         """The journal left by the previous run cannot be read: the objects it recorded (delivered
         after the last checkpoint write) are unknown, so a delete of one while the bridge was down
         may reach no sink. Resumed from a checkpoint, the watch replays every change since it
@@ -631,134 +308,15 @@ class BridgePipeline:
                     "while the bridge was down get no delete)", journal.backend.name, journal.unreadable,
                     extra={"informer": ident, "resource": resource})
 
-    async def _hydrate(self, inf: _Informer, seeds: list[KubeObject], unconfirmed: list[KubeObject]
-                       ) -> tuple[list[KubeObject], list[KubeObject]]:
-        """Replaces the checkpoint's metadata-only stubs by whole objects, for a sink's bootstrap
-        snapshot: one list of the scope now; a listed object with the stub's uid and
-        resourceVersion is that very state. A stub without its listed twin changed or went after
-        the checkpoint, so the resumed watch replays it (or a 410 relist lists it) before reaching
-        the list's resourceVersion: the snapshot waits for that point
-        (:attr:`_CountingTracker.bootstrap_at`), or is taken at once when no stub is left."""
-        watched = inf.watched
-        try:
-            listed, list_rv = await inf.informer.list_current()
-        except Exception as exc:
-            # Without whole objects the snapshot waits: _bootstrap lists again (see _hydrate_late).
-            log.warning("listing %s for the bootstrap snapshot of %s failed (%s); the snapshot waits "
-                        "until a list answers", watched.ref.qualified, ", ".join(sorted(inf.bootstrapping)),
-                        exc, extra={"informer": watched.informer_id, "resource": watched.ref.qualified})
-            inf.tracker.bootstrap_at = -1
-            return seeds, unconfirmed
-        current = {object_identity(obj): obj for obj in listed}
-        left = 0
-
-        def whole(stubs: list[KubeObject]) -> list[KubeObject]:
-            nonlocal left
-            out = []
-            for stub in stubs:
-                obj = current.get(object_identity(stub))
-                if obj is None:
-                    left += 1
-                out.append(stub if obj is None else obj)
-            return out
-
-        seeds, unconfirmed = whole(seeds), whole(unconfirmed)
-        if left:
-            inf.tracker.bootstrap_at = int(list_rv) if list_rv.isdigit() else -1
-        else:
-            inf.tracker.bootstrap_reached.set()
-        log.info("bootstrapping sinks %s with a snapshot of %d objects (%d changed since the checkpoint "
-                 "and wait for the watch to replay them)", ", ".join(sorted(inf.bootstrapping)),
-                 len(listed), left, extra={"informer": watched.informer_id,
-                                           "resource": watched.ref.qualified})
-        return seeds, unconfirmed
-
-    async def _bootstrap(self, inf: _Informer) -> None:
-        """Sends each bootstrapping sink its snapshot once the cache holds whole objects."""
-        tracker = inf.tracker
-        if tracker.bootstrap_at == -1:
-            await self._hydrate_late(inf)
-        await tracker.bootstrap_reached.wait()
-        for name in sorted(inf.bootstrapping):
-            inf.listeners[name].bootstrap_ready()
-            inf.informer.request_snapshot(inf.registrations[name])
-
-    async def _hydrate_late(self, inf: _Informer) -> None:
-        """The start-up list of :meth:`_hydrate` failed, so the running cache holds the checkpoint's
-        stubs. A healthy resumed watch never relists, so this lists again, with the reflector's
-        backoff, until a list answers; its whole objects replace the stubs of the same state
-        (:meth:`SharedIndexInformer.fill_in`) and the snapshot waits, as at start, until the
-        informer has processed up to the list's resourceVersion. Should the reflector relist on its
-        own first (a 410), that relist brings whole objects: the snapshot waits for it instead."""
-        informer, tracker, watched = inf.informer, inf.tracker, inf.watched
-        extra = {"informer": watched.informer_id, "resource": watched.ref.qualified}
-        sinks = ", ".join(sorted(inf.bootstrapping))
-        backoff = Backoff(clock=self._clock)
-        delay, failed = backoff.next_delay(), 1
-        while True:
-            await self._clock.sleep(delay)
-            reflector = informer.reflector
-            if reflector is not None and reflector.list_count > 0:
-                rv = reflector.last_sync_resource_version
-                tracker.bootstrap_at = int(rv) if rv.isdigit() else 0
-                return
-            try:
-                listed, list_rv = await informer.list_current()
-            except Exception as exc:
-                failed += 1
-                delay = backoff.next_delay()
-                log.warning("listing %s for the bootstrap snapshot of %s failed again (%s); retrying "
-                            "in %.1fs", watched.ref.qualified, sinks, exc, delay, extra=extra)
-                continue
-            processed = await informer.fill_in(listed)
-            if processed.isdigit() and list_rv.isdigit() and int(processed) >= int(list_rv):
-                tracker.bootstrap_reached.set()
-            else:
-                tracker.bootstrap_at = int(list_rv) if list_rv.isdigit() else 0
-            log.info("bootstrapping sinks %s with a snapshot of %d objects (listed after %d failed "
-                     "lists)", sinks, len(listed), failed, extra=extra)
-            return
-
-    def _bootstrapped(self, inf: _Informer, name: str) -> None:
-        """The sink acknowledged its whole bootstrap snapshot: from now on the checkpoint covers it."""
-        inf.bootstrapping.discard(name)
-        inf.saved_generation = -1  # written at the next interval, even if nothing else moved
-        log.info("sink %s bootstrapped: it has the snapshot and follows the live stream", name,
-                 extra={"sink": name, "informer": inf.watched.informer_id,
-                        "resource": inf.watched.ref.qualified})
-
-    def _remove_stale_spills(self) -> None:
-        """Removes the spill directories of sinks no longer configured."""
-        root = self._spill_directory
-        if root is None or not root.is_dir():
-            return
-        wanted = {_safe_name(s.name) for s in self._sinks}
-        for entry in root.iterdir():
-            if entry.is_dir() and entry.name not in wanted:
-                log.info("removing the spill of a sink no longer configured: %s", entry)
-                shutil.rmtree(entry, ignore_errors=True)
-
-    async def _open_journal(self, ident: str, checkpoint: Checkpoint | None, handover: TakeOver | None
-                            ) -> tuple[KnownObjectJournal | None, dict[str, JournalEntry]]:
-        """The informer's journal when the store keeps one, and what it holds (uid → newest fact)."""
-        journal_backend = getattr(self._store, "journal_backend", None)
-        if journal_backend is None:
-            return None, {}
-        journal = KnownObjectJournal(backend=journal_backend(ident), informer_id=ident, clock=self._clock)
-        loaded = await journal.load(checkpoint)
-        if handover is not None and (handover.adopted or handover.keep_own_journal is not None):
-            loaded = journal.adopt(handover.adopted, handover.keep_own_journal)
-        return journal, loaded
-
     @staticmethod
-    def _watch_error_recorder(inf: _Informer) -> WatchErrorHandler:
+    def _watch_error_recorder(inf: InformerRun) -> WatchErrorHandler:
         """The informer's watch-error handler: logs as the default one does, and keeps the reason for
         readiness until the informer makes progress again (a list, a watch event, a bookmark)."""
 
         def handler(reflector: Reflector, err: BaseException) -> None:
             default_watch_error_handler(reflector, err)
             inf.failing = f"{type(err).__name__}: {err}"
-            inf.failing_progress = inf.tracker.progress_count
+            inf.failing_progress = inf.counts.progress
 
         return handler
 
@@ -789,25 +347,17 @@ class BridgePipeline:
         return (
             self._started
             and not self._stopping
-            and all(inf.informer.has_synced() and not self._failing(inf) for inf in self._informers.values())
+            and all(inf.informer.has_synced() and not inf.failing_now() for inf in self._informers.values())
             and all(s.healthy() for s in self._sinks)
             and not any(inf.journal is not None and inf.journal.last_error
                         for inf in self._informers.values())
             and not any(name.startswith("journal:") for name in self.failed_tasks)
         )
 
-    @staticmethod
-    def _failing(inf: _Informer) -> str:
-        """Why the informer cannot list or watch: its last list/watch cycle failed and it has made
-        no progress since ("" when it is fine)."""
-        if inf.failing and inf.tracker.progress_count == inf.failing_progress:
-            return inf.failing
-        return ""
-
     def not_ready_reasons(self) -> list[str]:
         reasons = []
         for i, inf in self._informers.items():
-            if why := self._failing(inf):
+            if why := inf.failing_now():
                 reasons.append(f"informer {i} cannot list or watch: {why}")
             elif not inf.informer.has_synced():
                 reasons.append(f"informer {i} not synced")
@@ -819,7 +369,7 @@ class BridgePipeline:
         for s in self._sinks:
             if not s.healthy():
                 backlog = self.sink_backlog(s.name)
-                error = getattr(s, "last_error", "") or ""
+                error = last_error(s)
                 reasons.append(f"sink {s.name} unhealthy" + (f": {error}" if error else "")
                                + f" ({backlog.depth} changes waiting, {backlog.spill_bytes} bytes spilled)")
         return reasons
@@ -858,7 +408,7 @@ class BridgePipeline:
                 if ok is not True:
                     log.warning("shutdown: the sink did not flush everything (%r)", ok,
                                 extra={"sink": sink.name})
-        await self.write_checkpoints()
+        await self._writer.write()
         journals = [inf.journal.idle() for inf in self._informers.values() if inf.journal is not None]
         if journals:
             try:
@@ -919,106 +469,20 @@ class BridgePipeline:
     # ---------------------------------------------------------------------------------------------
     # checkpoints
 
-    async def _checkpoint_loop(self) -> None:
-        while True:
-            await self._clock.sleep(self._checkpoint_interval)
-            await self.write_checkpoints()
-
     async def write_checkpoints(self) -> int:
         """Saves every informer whose acknowledged state moved since its last save; returns how
-        many were written. Store failures are logged and retried at the next interval."""
-        written = 0
-        if self._store is None:
-            return 0
-        for ident, inf in self._informers.items():
-            tracker = inf.tracker
-            # The shared state, or (while a sink is behind) a faster sink's own progress, moved.
-            if tracker.generation == inf.saved_generation and (not tracker.lag
-                                                               or tracker.acks == inf.saved_acks):
-                continue
-            generation, acks = tracker.generation, tracker.acks
-            rv, index = tracker.checkpoint_state()
-            if not rv:
-                continue
-            sinks = self._sink_sections(inf, rv)
-            cp = Checkpoint(informer_id=ident, resource_version=rv, objects=index,
-                            written_at=self._clock.wall(), ahead=tracker.delivered_ahead(), sinks=sinks)
-            try:
-                await self._store.save(cp)
-            except CheckpointError as exc:
-                inf.checkpoint_errors += 1
-                log.warning("writing the checkpoint failed (%s); retrying at the next interval", exc,
-                            extra={"informer": ident, "resource": inf.watched.ref.qualified})
-                continue
-            if inf.journal is not None:
-                inf.journal.compact(cp)
-            if inf.stale:
-                await self._remove_stale(inf)
-            inf.saved_generation = generation
-            inf.saved_acks = acks
-            inf.saved_rv = rv
-            inf.last_saved = self._clock.now()
-            written += 1
-        return written
-
-    async def _remove_stale(self, inf: _Informer) -> None:
-        """Shard 0 removes the checkpoints of earlier shard totals once every shard of the current
-        one has passed them (:func:`bridge.delivery.sharding.stale_ready`); the others forget them."""
-        shard = inf.watched.shard
-        store = self._store
-        remove = getattr(store, "remove", None)
-        if shard is None or store is None or shard.ordinal != 0 or remove is None:
-            inf.stale = []
-            return
-        base = inf.watched.base_informer_id
-        try:
-            if not await stale_ready(store, base=base, shard=shard, stale=inf.stale):
-                return
-            for ident in inf.stale:
-                await remove(ident)
-        except CheckpointError as exc:
-            log.warning("removing the checkpoints of an earlier shard total failed (%s); retrying at "
-                        "the next write", exc, extra={"informer": inf.watched.informer_id})
-            return
-        log.info("removed the checkpoints of an earlier shard total: %s", ", ".join(inf.stale),
-                 extra={"informer": inf.watched.informer_id})
-        inf.stale = []
-
-    @staticmethod
-    def _sink_sections(inf: _Informer, base_rv: str) -> dict[str, SinkProgress]:
-        """The checkpoint's per-sink section: each sink covered (not bootstrapping) with its own
-        progress as differences from the base (:meth:`AckTracker.listener_state`)."""
-        base = int(base_rv) if base_rv.isdigit() else 0
-        sections: dict[str, SinkProgress] = {}
-        for name in inf.registrations:
-            if name in inf.bootstrapping:
-                continue
-            start = inf.plan.sinks.get(name) if inf.plan is not None else None
-            floor, own = ((start.resource_version, start.section)
-                          if start is not None and start.kind is SinkStartKind.OWN_PROGRESS else (0, {}))
-            rv, diff = inf.tracker.listener_state(name, floor, own)
-            objects: dict[str, tuple[str, str] | None] = {}
-            ahead: dict[str, tuple[str, str, bool]] = {}
-            for key, k in diff.items():
-                if k is None:
-                    objects[key] = None
-                elif k[1] <= rv and not k[2]:
-                    objects[key] = (k[0], str(k[1]))
-                else:
-                    ahead[key] = (k[0], str(k[1]), k[2])
-            sections[name] = SinkProgress(resource_version=str(rv) if rv > base else "",
-                                          objects=objects, ahead=ahead)
-        return sections
+        many were written (:class:`~bridge.delivery.checkpoint_writer.CheckpointWriter`)."""
+        return await self._writer.write()
 
     # ---------------------------------------------------------------------------------------------
     # snapshots
 
-    async def _snapshot_timer(self, inf: _Informer, reg: HandlerRegistration, period: float) -> None:
+    async def _snapshot_timer(self, inf: InformerRun, reg: HandlerRegistration, period: float) -> None:
         while True:
             await self._clock.sleep(period)
             inf.informer.request_snapshot(reg)
 
-    async def _first_snapshot(self, inf: _Informer) -> None:
+    async def _first_snapshot(self, inf: InformerRun) -> None:
         while not inf.informer.has_synced():
             await inf.informer.wait_for_cache_sync(3600.0)
         inf.informer.request_snapshot(None)
@@ -1042,76 +506,6 @@ class BridgePipeline:
         return [inf.watched.informer_id for inf in targets]
 
     # ---------------------------------------------------------------------------------------------
-    # inspection
-
-    @property
-    def informers(self) -> dict[str, SharedIndexInformer]:
-        return {i: inf.informer for i, inf in self._informers.items()}
-
-    def tracker(self, ident: str) -> AckTracker:
-        return self._informers[ident].tracker
-
-    def listener(self, ident: str, sink_name: str) -> SinkListener:
-        return self._informers[ident].listeners[sink_name]
-
-    def resumed(self, ident: str) -> bool:
-        return self._informers[ident].resumed
-
-    def stats(self) -> PipelineStats:
-        now = self._clock.now()
-        sink_outcomes: dict[str, collections.Counter[str]] = {s.name: collections.Counter()
-                                                              for s in self._sinks}
-        depth: dict[str, int] = {s.name: 0 for s in self._sinks}
-        for inf in self._informers.values():
-            for name, listener in inf.listeners.items():
-                sink_outcomes[name].update(listener.stats.outcomes)
-                depth[name] += inf.registrations[name].listener.depth
-        return PipelineStats(
-            received={i: dict(inf.tracker.received) if isinstance(inf.tracker, _CountingTracker) else {}
-                      for i, inf in self._informers.items()},
-            sinks={n: dict(c) for n, c in sink_outcomes.items()},
-            queue_depth=depth,
-            checkpoint_rv={i: inf.saved_rv for i, inf in self._informers.items()},
-            checkpoint_age={i: (None if inf.last_saved is None else now - inf.last_saved)
-                            for i, inf in self._informers.items()},
-            checkpoint_lag={i: inf.tracker.lag for i, inf in self._informers.items()},
-            relists={i: (inf.informer.reflector.list_count if inf.informer.reflector else 0)
-                     for i, inf in self._informers.items()},
-            resumed={i: inf.resumed for i, inf in self._informers.items()},
-        )
-
-    def events_received(self) -> dict[str, dict[str, int]]:
-        """Resource (``pods``, ``deployments.apps``) → change kind → changes processed so far, summed
-        over the informers that watch that resource (several scopes may)."""
-        totals: dict[str, collections.Counter[str]] = {}
-        for inf in self._informers.values():
-            if isinstance(inf.tracker, _CountingTracker):
-                totals.setdefault(inf.tracker.resource, collections.Counter()).update(inf.tracker.received)
-        return {resource: dict(c) for resource, c in totals.items()}
-
-    def sink_backlog(self, name: str) -> SinkBacklog:
-        """What waits for one sink, summed over its informers: in memory, on disk, degraded."""
-        totals = [0, 0, 0, 0, 0]
-        for inf in self._informers.values():
-            reg = inf.registrations.get(name)
-            if reg is None:
-                continue
-            st = reg.listener.stats()
-            for i, v in enumerate((st.depth, st.spill_bytes, st.spilled, st.degraded, st.gaps)):
-                totals[i] += v
-        return SinkBacklog(*totals)
-
-    def sink_lag(self, name: str) -> float:
-        """Seconds since the oldest change this sink has not acknowledged was dispatched (0 if none)."""
-        oldest = [t for inf in self._informers.values() if name in inf.registrations
-                  if (t := inf.tracker.oldest_unacked(name)) is not None]
-        return max(0.0, self._clock.now() - min(oldest)) if oldest else 0.0
-
-    def _delivered(self, name: str) -> int:
-        return sum(inf.listeners[name].stats.outcomes.get("delivered", 0)
-                   for inf in self._informers.values() if name in inf.listeners)
-
-    # ---------------------------------------------------------------------------------------------
     # outages
 
     async def _outage_loop(self) -> None:
@@ -1120,85 +514,23 @@ class BridgePipeline:
             self.check_sinks()
 
     def check_sinks(self) -> None:
-        """Logs sink outages (module docs of :class:`BridgePipeline`); called periodically."""
-        now = self._clock.now()
-        for sink in self._sinks:
-            name = sink.name
-            st = self._outages.setdefault(name, _Outage())
-            healthy = sink.healthy()
-            error = str(getattr(sink, "last_error", "") or "unknown error")
-            if not healthy:
-                if st.since is None:
-                    st.since = st.last_summary = now
-                    st.catching_up = None
-                    backlog = self.sink_backlog(name)
-                    log.warning("sink %s is failing: %s; its changes wait for it (%d waiting), the "
-                                "other sinks are not held back", name, error, backlog.depth,
-                                extra={"sink": name, "error": error})
-                elif now - st.last_summary >= self._outage_summary:
-                    st.last_summary = now
-                    backlog = self.sink_backlog(name)
-                    lag = self.sink_lag(name)
-                    log.warning("sink %s still failing after %.0fs: %d changes waiting, %d bytes "
-                                "spilled, oldest unacknowledged %.0fs old; last error: %s", name,
-                                now - st.since, backlog.depth, backlog.spill_bytes, lag, error,
-                                extra={"sink": name, "backlog": backlog.depth,
-                                       "spill_bytes": backlog.spill_bytes, "lag_seconds": lag})
-                continue
-            if st.since is not None:
-                down = now - st.since
-                st.since = None
-                st.catching_up = now
-                st.delivered_at = self._delivered(name)
-                backlog = self.sink_backlog(name)
-                log.info("sink %s recovered after %.1fs; %d changes to catch up", name, down,
-                         backlog.depth, extra={"sink": name, "down_seconds": down,
-                                               "backlog": backlog.depth})
-            if st.catching_up is not None and self.sink_backlog(name).depth == 0 \
-                    and self.sink_lag(name) == 0.0:
-                caught = self._delivered(name) - st.delivered_at
-                log.info("sink %s caught up: %d events in %.1fs", name, caught, now - st.catching_up,
-                         extra={"sink": name, "caught_up": caught})
-                st.catching_up = None
+        """Logs sink outages (:mod:`bridge.delivery.outages`); called periodically."""
+        self._outages.check(self._clock.now())
 
-    def queue_depths(self) -> dict[str, int]:
-        """Sink name → notifications waiting in its listeners' buffers."""
-        return dict(self.stats().queue_depth)
 
-    def informer_gauges(self) -> dict[str, InformerGauges]:
-        """Informer (its key, as text) → the gauges the telemetry reads."""
-        st = self.stats()
-        gauges: dict[str, InformerGauges] = {}
-        for i, inf in self._informers.items():
-            reflector = inf.informer.reflector
-            received: dict[str, int] = {}
-            if isinstance(inf.tracker, _CountingTracker):
-                received = {_EVENT_TYPE[k]: n for k, n in inf.tracker.received.items() if k in _EVENT_TYPE}
-                if inf.tracker.synced:
-                    received["sync"] = inf.tracker.synced
-            gauges[str(inf.watched.key)] = InformerGauges(
-                resource=inf.watched.ref.qualified,
-                informer=i,
-                received=received,
-                relists=st.relists[i],
-                watch_restarts=max(0, reflector.watch_count - 1) if reflector else 0,
-                expired=reflector.expired_count if reflector else 0,
-                cached_objects=len(inf.informer.get_indexer()),
-                checkpoint_age=st.checkpoint_age[i],
-                checkpoint_lag=st.checkpoint_lag[i],
-            )
-        return gauges
 
-    def telemetry_snapshot(self) -> TelemetrySnapshot:
-        """The gauges :class:`bridge.telemetry.Telemetry` reads at each scrape."""
-        st = self.stats()
-        sinks = {
-            s.name: SinkGauges(queue_depth=st.queue_depth[s.name],
-                               spill_bytes=self.sink_backlog(s.name).spill_bytes,
-                               lag_seconds=self.sink_lag(s.name),
-                               in_flight=int(getattr(getattr(s, "stats", None), "in_flight", 0) or 0),
-                               up=s.healthy(), outcomes=st.sinks[s.name])
-            for s in self._sinks
-        }
-        informers = self.informer_gauges()
-        return TelemetrySnapshot(sinks=sinks, informers=informers, events_received=self.events_received())
+
+def _check(resources: Sequence[WatchedResource], sinks: Sequence[Sink],
+           factory: SharedInformerFactory | None, build_informer: InformerBuilder | None,
+           checkpoint_interval: float) -> None:
+    """The pipeline's configuration errors, each as a ValueError naming what is wrong."""
+    if (factory is None) == (build_informer is None):
+        raise ValueError("give exactly one of factory or build_informer")
+    if checkpoint_interval <= 0:
+        raise ValueError(f"checkpoint_interval must be positive, got {checkpoint_interval}")
+    ids = [w.informer_id for w in resources]
+    if len(set(ids)) != len(ids):
+        raise ValueError("the same resource scope is watched twice")
+    names = [s.name for s in sinks]
+    if len(set(names)) != len(names):
+        raise ValueError(f"sink names must be unique, got {names}")

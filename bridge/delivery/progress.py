@@ -506,7 +506,7 @@ class AckTracker:
                     for scan in scans.values():
                         if scan.cursor <= seq and key in scan.changes:
                             self._scan_effect(scan, effect)
-                # What _apply does, inlined for the common change: one call less per change.
+                # Applied to the index, or held while newer than the resume point.
                 key, known, rv = effect
                 rv_int = self._rv_int
                 if (rv is None or (self._resource_version and rv_int is None)
@@ -553,7 +553,7 @@ class AckTracker:
             _, _, key = heapq.heappop(heap)
             changes = ahead[key]
             _, entry = changes.popleft()
-            if entry is None:  # what _set does, inlined: this runs once per change
+            if entry is None:  # a delete removes the key
                 index.pop(key, None)
             else:
                 index[key] = entry
@@ -570,26 +570,6 @@ class AckTracker:
             rv = changes[-1][0]
         changes.append((rv, entry))
         heapq.heappush(self._ahead_heap, (rv, next(self._ahead_count), key))
-
-    def _set(self, key: str, entry: IndexEntry | None) -> None:
-        if entry is None:
-            self._index.pop(key, None)
-        else:
-            self._index[key] = entry
-
-    def _apply(self, effect: _Effect) -> None:
-        if effect is None:
-            return
-        key, entry, rv = effect
-        rv_int = self._rv_int
-        if (rv is None or (self._resource_version and rv_int is None)  # not integers: cannot hold back
-                or (rv_int is not None and rv <= rv_int and key not in self._ahead)):
-            if entry is None:
-                self._index.pop(key, None)
-            else:
-                self._index[key] = entry
-            return
-        self._hold(key, rv, entry)
 
 
 def _effect_of(n: Notification) -> _Effect:
