@@ -34,7 +34,7 @@ What a resumed bridge does with it (:meth:`BridgePipeline._prepare`): a journall
 object the checkpoint knows replaces that object's stub resourceVersion by the delete's, so whatever
 the restart re-sends for it carries the same resourceVersion and id as the delete already sent (never
 an older, inferred one); objects only the journal knows are handed to the informer as *unconfirmed*
-(:meth:`~bridge.shared_informer.SharedIndexInformer.seed_unconfirmed`): a relist that does not return
+(:attr:`~bridge.informer.shared_informer.CacheSeed.unconfirmed`): a relist that does not return
 one reports it deleted.
 
 After every checkpoint write the journal is compacted: records the new checkpoint already implies are

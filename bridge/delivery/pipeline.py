@@ -61,7 +61,7 @@ from bridge.delivery.selector_exit import SelectorExits
 from bridge.delivery.sink_listener import SinkListener, SinkListenerStats
 from bridge.informer.factory import SharedInformerFactory
 from bridge.informer.reflector import Reflector, WatchErrorHandler, default_watch_error_handler
-from bridge.informer.shared_informer import HandlerRegistration, SharedIndexInformer
+from bridge.informer.shared_informer import CacheSeed, HandlerRegistration, SharedIndexInformer
 from sinks.contract import Sink
 
 __all__ = [
@@ -238,19 +238,19 @@ class BridgePipeline(PipelineInspection):
                      "(%s); it is dropped at the next checkpoint write", ", ".join(plan.dropped_sinks),
                      extra=extra)
         cp = plan.checkpoint
+        informer.seed(CacheSeed(objects=seeds if cp else (),
+                                resource_version=cp.resource_version if cp else "",
+                                suppress=plan.delivered, diverging=plan.diverging,
+                                unconfirmed=unconfirmed, gap_from=plan.frame_from))
         if cp is not None:
-            informer.resume_from(seeds, cp.resource_version, plan.delivered, plan.diverging)
             inf.saved_rv = cp.resource_version
             inf.saved_generation = -1 if plan.rewrite else inf.tracker.generation
             log.info("resuming from %s at resourceVersion %s (%d known objects)",
                      "the journal's first list" if cp.sinks is None and plan.rewrite else "checkpoint",
                      cp.resource_version, len(cp.objects), extra=extra)
-        elif plan.frame_from:
-            informer.frame_first_list(plan.frame_from)
         if inf.journal is not None and inf.journal.unreadable:
             self._journal_unreadable(inf, cp)
         if unconfirmed:
-            informer.seed_unconfirmed(unconfirmed)
             log.info("%d objects delivered after the last checkpoint write are known from the journal",
                      len(unconfirmed), extra=extra)
 

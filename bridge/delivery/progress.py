@@ -310,7 +310,7 @@ class AckTracker:
         """Per object, the newest acknowledged change that the resume point does not cover yet.
 
         A watch resumed at the checkpoint's resourceVersion replays these changes; the informer
-        uses this map (:meth:`~bridge.shared_informer.SharedIndexInformer.resume_from`) to update
+        uses this map (:attr:`~bridge.informer.shared_informer.CacheSeed.suppress`) to update
         its cache with them without notifying the sinks a second time."""
         out: dict[str, AheadEntry] = {}
         for key, changes in self._ahead.items():
