@@ -11,8 +11,8 @@ invariant the delivery contract promises:
     last checkpoint written, or in this journal. And every delete any sink may have received is
     known the same way, with its resourceVersion and whether it was inferred.
 
-It holds because of one rule, enforced by the sink listeners (:class:`~bridge.pipeline.SinkListener`
-awaits :meth:`KnownObjectJournal.wait`): **the first event of an object the durable state does not
+It holds because of one rule, enforced by the sink listeners
+(:class:`~bridge.delivery.sink_listener.SinkListener` awaits :meth:`KnownObjectJournal.wait`): **the first event of an object the durable state does not
 know (its first add, or the first update of an object the bridge resumed without knowing), and every
 delete, is released to the sinks only once its journal record is durable.** Records are appended by
 one writer task and made durable by one write per batch (group commit), so a burst of new objects
@@ -30,12 +30,14 @@ like the checkpoint; beyond one value the journal spans sealed chunks, see
 appends the records that fit and the others wait for the compaction after the next checkpoint write
 — nothing is ever released unrecorded.
 
-What a resumed bridge does with it (:meth:`BridgePipeline._prepare`): a journalled delete of an
-object the checkpoint knows replaces that object's stub resourceVersion by the delete's, so whatever
-the restart re-sends for it carries the same resourceVersion and id as the delete already sent (never
-an older, inferred one); objects only the journal knows are handed to the informer as *unconfirmed*
-(:attr:`~bridge.informer.shared_informer.CacheSeed.unconfirmed`): a relist that does not return
-one reports it deleted.
+What a resumed bridge does with it is its resume plan's business (:mod:`bridge.delivery.resume_plan`):
+a journalled delete of an object the checkpoint knows replaces that object's stub resourceVersion by
+the delete's, so whatever the restart re-sends for it carries the same resourceVersion and id as the
+delete already sent; objects only the journal knows are handed to the informer as *unconfirmed*
+(:attr:`~bridge.informer.shared_informer.CacheSeed.unconfirmed`): a relist that does not return one
+reports it deleted. A delete already sent stays the uid's record against the history a replay sends
+again. Before the first checkpoint write, the first list's resourceVersion is recorded
+(:class:`ListStart`): a crash then resumes from it.
 
 After every checkpoint write the journal is compacted: records the new checkpoint already implies are
 dropped and the journal is rewritten (the file: temporary file, fsync, rename), so it holds about
@@ -50,7 +52,8 @@ once the relist that inferred it ended, see :attr:`JournalEntry.sent_before`;
 delete sent after a replay that held back changes an earlier, inferred delete had coalesced, or after
 a state a relist sent, see :attr:`JournalEntry.held_after`) or ``["r", key, uid, rv, from, added]``
 (known to exist, sent by a relist at ``rv``: the changes after ``from`` before it were coalesced, see
-:attr:`JournalEntry.coalesced_from`). A torn last line (a crash mid-append: its events were
+:attr:`JournalEntry.coalesced_from`), and before the first checkpoint write ``["l", rv, acknowledged]``
+(:class:`ListStart`). A torn last line (a crash mid-append: its events were
 never released) and anything after a line that does not parse are ignored with a warning.
 """
 
@@ -107,7 +110,7 @@ class JournalEntry:
     """For a delete a restarted bridge sent after an earlier, inferred delete of the same uid: the
     resourceVersion of the state that inferred delete carried. The changes after it were coalesced by
     that relist and never sent one by one, so a replay after another restart keeps holding them back
-    (:meth:`~bridge.delivery.pipeline.SinkListener._replayed_after_delete`). Also for a delete of
+    (:meth:`~bridge.delivery.replay.ReplayStage.held_back`). Also for a delete of
     an object a relist had sent (:attr:`coalesced_from`): that relist's ``from``."""
     coalesced_from: str = ""
     """For an object a relist sent (an ``added`` or ``updated`` inside a gap): the gap's ``from``, the
@@ -115,7 +118,7 @@ class JournalEntry:
     before :attr:`resource_version` were coalesced by the relist and never sent; a watch that a
     restart resumes from a checkpoint older than the relist replays them, and they must not go out
     after the newer state sinks may hold (per-object order:
-    :meth:`~bridge.delivery.pipeline.SinkListener._replayed_coalesced`). Kept until the checkpoint
+    :meth:`~bridge.delivery.replay.ReplayStage.relisted`). Kept until the checkpoint
     covers that state."""
     sent_before: str = ""
     """For a delete a relist inferred: the resourceVersion of that relist's list (its gap's end),

@@ -15,7 +15,7 @@ a delete is the safe reading, and nothing waits on it. A delete a relist inferre
 longer listed) is asked the same question: absent from the list and alive means out of scope.
 
 After a restart the watch may replay the history of an object whose inferred delete was already sent
-(see :meth:`~bridge.delivery.pipeline.SinkListener._replayed_after_delete`): what may be sent then
+(see :meth:`~bridge.delivery.replay.ReplayStage.held_back`): what may be sent then
 depends on whether that uid still exists, which :meth:`SelectorExits.alive` asks once per uid for
 every sink. A uid is deleted once, so while it exists every delete the watch ever reported of it was
 a selector exit.
