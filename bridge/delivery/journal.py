@@ -12,9 +12,10 @@ invariant the delivery contract promises:
     known the same way, with its resourceVersion and whether it was inferred.
 
 It holds because of one rule, enforced by the sink listeners
-(:class:`~bridge.delivery.sink_listener.SinkListener` awaits :meth:`KnownObjectJournal.wait`): **the
-first event of an object the durable state does not know (its first add, or the first update of an object the bridge resumed without knowing), and every
-delete, is released to the sinks only once its journal record is durable.** Records are appended by
+(:class:`~bridge.delivery.sink_listener.SinkListener` awaits :meth:`KnownObjectJournal.wait`):
+**the first event of an object the durable state does not know (its first add, or the first update
+of an object the bridge resumed without knowing), and every delete, is released to the sinks only
+once its journal record is durable.** Records are appended by
 one writer task and made durable by one write per batch (group commit), so a burst of new objects
 costs one or two writes of latency, not one each; updates of known objects never wait, except the
 states a relist sends inside its gap: they are recorded with the gap's ``from`` (a restart whose
