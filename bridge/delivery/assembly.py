@@ -31,7 +31,7 @@ from bridge.kube.listwatch import HttpListerWatcher
 from bridge.kube.sharding import ShardFilter
 from sinks.contract import ResourceRef, Sink
 
-__all__ = ["DEFAULT_SPILL_LIMIT", "InformerBuilder", "WatchedResource", "http_informer_builder",
+__all__ = ["InformerBuilder", "WatchedResource", "http_informer_builder",
            "listener_options", "remove_stale_spills", "routed", "safe_name"]
 
 log = logging.getLogger(__name__)
@@ -111,12 +111,9 @@ def http_informer_builder(
 
 
 def routed(sink: Sink, watched: WatchedResource) -> bool:
-    wanted: frozenset[str] = getattr(sink, "routing_resources", frozenset())
-    return not wanted or bool(set(wanted) & watched.names)
-
-
-DEFAULT_SPILL_LIMIT = 256 << 20
-"""Bytes of spill per (sink, informer) when the sink does not say (``buffer.spill_limit``)."""
+    """Whether ``sink`` receives ``watched`` (its routing names it, or names nothing)."""
+    wanted = sink.delivery.routing
+    return not wanted or bool(wanted & watched.names)
 
 
 def safe_name(name: str) -> str:
@@ -126,11 +123,11 @@ def safe_name(name: str) -> str:
 
 
 def listener_options(sink: Sink, spill_directory: Path | None = None, informer: str = "") -> ListenerOptions:
-    capacity = int(getattr(sink, "buffer_capacity", 1024))
-    policy_raw = getattr(sink, "overflow_policy", OverflowPolicy.SPILL)
-    policy = policy_raw if isinstance(policy_raw, OverflowPolicy) else OverflowPolicy(str(policy_raw))
+    """The listener of ``sink`` in ``informer``: its buffer and overflow policy, and its spill (in
+    its own directory) when it has one."""
+    options = sink.delivery
+    policy, limit = options.overflow_policy, options.spill_limit
     spill: SegmentSpill | None = None
-    limit = int(getattr(sink, "spill_limit", DEFAULT_SPILL_LIMIT))
     if spill_directory is not None and limit > 0 and policy in (OverflowPolicy.SPILL,
                                                                  OverflowPolicy.COALESCE):
         where = spill_directory / safe_name(sink.name) / safe_name(informer)
@@ -140,8 +137,8 @@ def listener_options(sink: Sink, spill_directory: Path | None = None, informer: 
             log.error("sink %s: its spill directory %s cannot be used (%s); without a spill it "
                       "degrades as soon as it falls behind its in-memory buffer", sink.name, where, exc)
     # Resync is served as snapshots by the pipeline; the listener never gets same-RV updates.
-    return ListenerOptions(resync_period=0.0, buffer_capacity=capacity, overflow_policy=policy,
-                           name=sink.name, spill=spill)
+    return ListenerOptions(resync_period=0.0, buffer_capacity=options.buffer_capacity,
+                           overflow_policy=policy, name=sink.name, spill=spill)
 
 
 def remove_stale_spills(root: Path | None, sinks: Iterable[Sink]) -> None:

@@ -151,7 +151,7 @@ class PipelineInspection:
             s.name: SinkGauges(queue_depth=st.queue_depth[s.name],
                                spill_bytes=self.sink_backlog(s.name).spill_bytes,
                                lag_seconds=self.sink_lag(s.name),
-                               in_flight=int(getattr(getattr(s, "stats", None), "in_flight", 0) or 0),
+                               in_flight=s.in_flight,
                                up=s.healthy(), outcomes=st.sinks[s.name])
             for s in self._sinks
         }

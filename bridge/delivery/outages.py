@@ -16,7 +16,7 @@ from typing import Protocol
 
 from sinks.contract import Sink
 
-__all__ = ["OutageReporter", "SinkBacklog", "SinkView", "last_error"]
+__all__ = ["OutageReporter", "SinkBacklog", "SinkView"]
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +53,6 @@ class SinkView(Protocol):
         ...
 
 
-def last_error(sink: Sink) -> str:
-    """The sink's last error as it reports it ("" when it has none, or reports none)."""
-    return str(getattr(sink, "last_error", "") or "")
-
-
 @dataclass(slots=True)
 class _Outage:
     since: float | None = None
@@ -83,7 +78,7 @@ class OutageReporter:
             name = sink.name
             st = self._outages.setdefault(name, _Outage())
             healthy = sink.healthy()
-            error = last_error(sink) or "unknown error"
+            error = sink.last_error or "unknown error"
             if not healthy:
                 if st.since is None:
                     st.since = st.last_summary = now

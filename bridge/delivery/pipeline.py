@@ -52,7 +52,7 @@ from bridge.delivery.checkpoint import Checkpoint, CheckpointStore
 from bridge.delivery.checkpoint_writer import CheckpointWriter
 from bridge.delivery.informer_run import InformerCounts, InformerObserver, InformerRun
 from bridge.delivery.inspection import PipelineInspection, PipelineStats
-from bridge.delivery.outages import OutageReporter, SinkBacklog, last_error
+from bridge.delivery.outages import OutageReporter, SinkBacklog
 from bridge.delivery.progress import AckTracker
 from bridge.delivery.replay import ReplayStage, SinkResume
 from bridge.delivery.restart import load_start
@@ -176,7 +176,7 @@ class BridgePipeline(PipelineInspection):
                 self._spawn(f"informer:{ident}", inf.informer.run())
             for sink_name, reg in inf.registrations.items():
                 sink = inf.listeners[sink_name].sink
-                period = float(getattr(sink, "resync_period", 0.0) or 0.0)
+                period = sink.delivery.resync_period
                 if period > 0:
                     self._spawn(f"snapshot-timer:{ident}:{sink_name}", self._snapshot_timer(inf, reg, period))
             if self._snapshot_on_first_start and not inf.resumed:
@@ -369,7 +369,7 @@ class BridgePipeline(PipelineInspection):
         for s in self._sinks:
             if not s.healthy():
                 backlog = self.sink_backlog(s.name)
-                error = last_error(s)
+                error = s.last_error
                 reasons.append(f"sink {s.name} unhealthy" + (f": {error}" if error else "")
                                + f" ({backlog.depth} changes waiting, {backlog.spill_bytes} bytes spilled)")
         return reasons
