@@ -42,7 +42,7 @@ from typing import Any, NewType
 
 from bridge.contracts import KubeObject
 from bridge.delivery.checkpoint import Checkpoint, SinkProgress
-from bridge.delivery.journal import JournalEntry, ListStart, entries_by_key
+from bridge.delivery.journal import Deleted, JournalEntry, ListStart, Relisted, entries_by_key
 from bridge.delivery.progress import HOLDS_NOTHING, Known
 from sinks.contract import ResourceRef
 
@@ -200,7 +200,7 @@ def build_plan(*, informer_id: str, ref: ResourceRef, checkpoint: Checkpoint | N
         if start.acknowledged:
             checkpoint = Checkpoint(informer_id=informer_id, resource_version=start.resource_version,
                                     objects={e.key: (uid, e.resource_version) for uid, e in journal.items()
-                                             if not e.deleted
+                                             if not isinstance(e, Deleted)
                                              and rv_at_most(e.resource_version, start.resource_version)})
             from_journal = True
         else:
@@ -257,13 +257,12 @@ def _journal_facts(checkpoint: Checkpoint | None, journal: Mapping[str, JournalE
     journal_only: list[tuple[str, str, str]] = []
     for key, items in entries_by_key(journal).items():
         for uid, entry in items:
-            if entry.deleted:
+            if isinstance(entry, Deleted):
                 sent[uid] = SentDelete(key, entry.resource_version, entry.inferred, entry.held_after)
-            elif entry.coalesced_from:
-                relisted[uid] = RelistedState(entry.coalesced_from, entry.resource_version,
-                                              entry.coalesced_added)
+            elif isinstance(entry, Relisted):
+                relisted[uid] = RelistedState(entry.since, entry.resource_version, entry.added)
             if known.get(key, ("",))[0] == uid:
-                if entry.deleted:
+                if isinstance(entry, Deleted):
                     known[key] = (uid, entry.resource_version)
             else:
                 journal_only.append((key, uid, entry.resource_version))

@@ -4,7 +4,7 @@ function that builds it: what a restart does is decided there, from the checkpoi
 from __future__ import annotations
 
 from bridge.delivery.checkpoint import Checkpoint, SinkProgress
-from bridge.delivery.journal import JournalEntry, ListStart
+from bridge.delivery.journal import Deleted, Exists, JournalEntry, ListStart
 from bridge.delivery.progress import HOLDS_NOTHING, Known
 from bridge.delivery.resume_plan import (
     ResumePlan,
@@ -48,8 +48,8 @@ def test_1_the_resume_point_is_the_checkpoint_else_the_acknowledged_first_list_e
     cp = Checkpoint(informer_id="cm", resource_version="20", objects={"ns/x": ("u-x", "15")})
     assert plan(cp).checkpoint is cp
     assert plan(cp).frame_from == ""
-    journal = {"u-x": JournalEntry("ns/x", "12"), "u-y": JournalEntry("ns/y", "25"),
-               "u-z": JournalEntry("ns/z", "8", deleted=True)}
+    journal = {"u-x": Exists("ns/x", "12"), "u-y": Exists("ns/y", "25"),
+               "u-z": Deleted("ns/z", "8")}
     acked = plan(None, journal, start=ListStart("20", acknowledged=True))
     assert acked.checkpoint is not None
     assert acked.checkpoint.resource_version == "20"
@@ -69,7 +69,7 @@ def test_2_every_object_a_sink_may_hold_is_seeded_or_unconfirmed() -> None:
         ahead={"ns/w": ("u-w", "22", False)},
         sinks={"a": SinkProgress(), "b": SinkProgress(resource_version="24",
                                                       ahead={"ns/v": ("u-v", "23", False)})})
-    p = plan(cp, {"u-y": JournalEntry("ns/y", "30")})
+    p = plan(cp, {"u-y": Exists("ns/y", "30")})
     assert seeded(p) == {"ns/x": ("u-x", "15"), "ns/w": ("u-w", "22"), "ns/v": ("u-v", "23")}
     assert unconfirmed(p) == {"u-y"}
     assert p.last_seen == {"ns/v": "23"}  # only b knows it
@@ -78,8 +78,8 @@ def test_2_every_object_a_sink_may_hold_is_seeded_or_unconfirmed() -> None:
 
 def test_3_a_delete_already_sent_is_seeded_at_its_own_resource_version_and_recorded_as_sent() -> None:
     cp = Checkpoint(informer_id="cm", resource_version="20", objects={"ns/x": ("u-x", "15")})
-    p = plan(cp, {"u-x": JournalEntry("ns/x", "15", deleted=True, inferred=True),
-                  "u-q": JournalEntry("ns/q", "26", deleted=True, held_after="21")})
+    p = plan(cp, {"u-x": Deleted("ns/x", "15", inferred=True),
+                  "u-q": Deleted("ns/q", "26", held_after="21")})
     assert seeded(p)["ns/x"] == ("u-x", "15")
     assert p.sent_deletes["u-x"] == SentDelete("ns/x", "15", inferred=True)
     assert p.sent_deletes["u-x"].hold_after() == "15"  # an inferred delete: after its state
@@ -94,7 +94,7 @@ def test_4_a_sink_ahead_of_the_base_resumes_from_its_own_progress() -> None:
         informer_id="cm", resource_version="20", objects={"ns/x": ("u-x", "15")},
         sinks={"a": SinkProgress(), "b": SinkProgress(resource_version="24", objects={"ns/x": None},
                                                       ahead={"ns/v": ("u-v", "23", False)})})
-    p = plan(cp, {"u-y": JournalEntry("ns/y", "30"), "u-o": JournalEntry("ns/o", "22")})
+    p = plan(cp, {"u-y": Exists("ns/y", "30"), "u-o": Exists("ns/o", "22")})
     a, b = p.sinks["a"], p.sinks["b"]
     assert b.kind is SinkStartKind.OWN_PROGRESS
     assert b.resource_version == 24
