@@ -83,6 +83,7 @@ from bridge.delivery.checkpoint import (
     check_fence,
     fence_token,
 )
+from bridge.delivery.resource_version import is_rv, rv_at_most
 from bridge.delivery.store_io import finish_in_thread
 from bridge.kube.leaderelection import FenceToken
 from bridge.rawobject import object_identity
@@ -716,7 +717,7 @@ class KnownObjectJournal:
                 self._gap_inferred.add(uid)
             return
         known = self._entries.get(uid)
-        if isinstance(known, Deleted) and _not_newer(rv, known.sent_before or known.resource_version):
+        if isinstance(known, Deleted) and rv_at_most(rv, known.sent_before or known.resource_version):
             # History replayed from before a delete already sent (up to the list that inferred it,
             # when a relist did): that record stays the fact, or a later replay would send it again.
             return
@@ -737,7 +738,7 @@ class KnownObjectJournal:
     def _bound_inferred(self, seq: int, list_rv: str) -> None:
         """The relist's end: records, with each delete it inferred, the list's resourceVersion
         (:attr:`Deleted.sent_before`)."""
-        if not (list_rv.isascii() and list_rv.isdigit()):
+        if not is_rv(list_rv):
             return
         for uid in self._gap_inferred:
             e = self._entries.get(uid)
@@ -983,15 +984,9 @@ def _start_record(start: ListStart) -> bytes:
 
 def _parse_start(line: bytes) -> ListStart:
     rec = orjson.loads(line)
-    if not (len(rec) == 3 and isinstance(rec[1], str) and rec[1].isascii() and rec[1].isdigit()
-            and isinstance(rec[2], bool)):
+    if not (len(rec) == 3 and is_rv(rec[1]) and isinstance(rec[2], bool)):
         raise ValueError(f"unknown record {rec!r}")
     return ListStart(rec[1], acknowledged=rec[2])
-
-
-def _not_newer(rv: str, than: str) -> bool:
-    """``rv`` is no newer than ``than`` (both resourceVersions; False when either is not one)."""
-    return rv.isdigit() and than.isdigit() and int(rv) <= int(than)
 
 
 def _parse(line: bytes) -> tuple[str, JournalEntry]:
@@ -999,21 +994,18 @@ def _parse(line: bytes) -> tuple[str, JournalEntry]:
     op, key, uid, rv = rec[0], rec[1], rec[2], rec[3]
     if not (isinstance(key, str) and key and isinstance(uid, str) and uid):
         raise ValueError("a record without key or uid")
-    if not (isinstance(rv, str) and rv.isascii() and rv.isdigit()):
+    if not is_rv(rv):
         raise ValueError(f"resourceVersion {rv!r} is not a resourceVersion")
     if op == "a" and len(rec) == 4:
         return uid, Exists(key, rv)
-    if (op == "r" and len(rec) == 6 and isinstance(rec[4], str) and rec[4].isascii() and rec[4].isdigit()
-            and isinstance(rec[5], bool)):
+    if op == "r" and len(rec) == 6 and is_rv(rec[4]) and isinstance(rec[5], bool):
         return uid, Relisted(key, rv, rec[4], added=rec[5])
     if op == "d" and len(rec) == 5 and isinstance(rec[4], bool):
         return uid, Deleted(key, rv, inferred=rec[4])
-    if (op == "d" and len(rec) == 6 and isinstance(rec[4], bool) and isinstance(rec[5], str)
-            and rec[5].isascii() and rec[5].isdigit()):
+    if op == "d" and len(rec) == 6 and isinstance(rec[4], bool) and is_rv(rec[5]):
         return uid, Deleted(key, rv, inferred=rec[4], held_after=rec[5])
-    if (op == "d" and len(rec) == 7 and isinstance(rec[4], bool) and isinstance(rec[5], str)
-            and (rec[5] == "" or (rec[5].isascii() and rec[5].isdigit())) and isinstance(rec[6], str)
-            and rec[6].isascii() and rec[6].isdigit()):
+    if (op == "d" and len(rec) == 7 and isinstance(rec[4], bool) and (rec[5] == "" or is_rv(rec[5]))
+            and is_rv(rec[6])):
         return uid, Deleted(key, rv, inferred=rec[4], held_after=rec[5], sent_before=rec[6])
     raise ValueError(f"unknown record {rec!r}")
 

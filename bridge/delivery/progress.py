@@ -48,6 +48,7 @@ from bridge.contracts import (
     ObjectKey,
     UnconfirmedGone,
 )
+from bridge.delivery.resource_version import parse_rv
 from bridge.rawobject import object_identity
 from bridge.rawobject import object_key as raw_object_key
 
@@ -456,7 +457,7 @@ class AckTracker:
             return 0
         for seq, marker_rv in reversed(markers):
             if limit is None or seq <= limit:
-                return int(marker_rv) if marker_rv.isdigit() else 0
+                return parse_rv(marker_rv) or 0
         return 0
 
     def _scan_effect(self, scan: _Scan, effect: _Effect) -> None:
@@ -593,7 +594,4 @@ def _effect_of(n: Notification) -> _Effect:
 
 
 def _as_int(rv: str) -> int | None:
-    try:
-        return int(rv)
-    except ValueError:
-        return None
+    return parse_rv(rv)

@@ -38,32 +38,17 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NewType
+from typing import Any
 
 from bridge.contracts import KubeObject
 from bridge.delivery.checkpoint import Checkpoint, SinkProgress
 from bridge.delivery.journal import Deleted, JournalEntry, ListStart, Relisted, entries_by_key
 from bridge.delivery.progress import HOLDS_NOTHING, Known
+from bridge.delivery.resource_version import ResourceVersion, parse_rv, rv_at_most
 from sinks.contract import ResourceRef
 
 __all__ = ["HOLDS_NOTHING", "Known", "RelistedState", "ResourceVersion", "ResumePlan", "SentDelete",
            "SinkStart", "SinkStartKind", "build_plan", "parse_rv", "rv_at_most", "stub_objects"]
-
-ResourceVersion = NewType("ResourceVersion", int)
-"""A resourceVersion as the bridge compares them: an etcd revision."""
-
-
-def parse_rv(text: str) -> ResourceVersion | None:
-    """``text`` as a :data:`ResourceVersion`; None when it is not one (it then compares as
-    unknown: never older, never newer)."""
-    return ResourceVersion(int(text)) if text.isascii() and text.isdigit() else None
-
-
-def rv_at_most(rv: str, limit: str) -> bool:
-    """Whether ``rv`` is no newer than ``limit`` (False when either is not a resourceVersion)."""
-    a, b = parse_rv(rv), parse_rv(limit)
-    return a is not None and b is not None and a <= b
-
 
 @dataclass(frozen=True, slots=True)
 class SentDelete:

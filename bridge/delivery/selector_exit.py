@@ -29,6 +29,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
+from bridge.delivery.resource_version import parse_rv
 from bridge.errors import BridgeError, NotFoundError
 
 __all__ = ["LEFT_SELECTOR_EXTENSION", "SelectorExits"]
@@ -119,7 +120,7 @@ class SelectorExits:
         if not isinstance(meta, Mapping) or meta.get("uid") != uid:
             return None
         rv = str(meta.get("resourceVersion") or "")
-        return int(rv) if rv.isdigit() else 0
+        return parse_rv(rv) or 0
 
     async def left(self, namespace: str, name: str, uid: str, resource_version: str) -> bool:
         """True when the object ``uid`` still exists (so its delete was a selector exit)."""
