@@ -14,16 +14,20 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
-from bridge.delivery.checkpoint import FileCheckpointStore
+from bridge.delivery.checkpoint import FileCheckpointStore, informer_id
 from bridge.kube.apiclient import ApiClient
 from bridge.sim import Simulator
 from sinks.cloudevents import event_id
 from sinks.contract import ChangeEvent, EventType
+from tests.checkpoint.crash_harness import BridgeProcess, sim_process
 from tests.checkpoint.helpers import RecordingSink, simulated_cluster, until
 from tests.checkpoint.test_resume_sim import NS, PATH, REFUSE_LISTS, create, make, rv
 
@@ -201,3 +205,66 @@ async def test_a_crash_before_every_sink_acknowledged_the_first_list_frames_the_
         assert state.gap.id == ends[0].id
     finally:
         await p2.shutdown(5)
+
+
+@pytest.mark.timeout(120)
+async def test_a_bridge_process_killed_before_its_first_checkpoint_write_resumes_from_its_first_list(
+    tmp_path: Path,
+) -> None:
+    """The same crash with real processes: the bridge (``tests.checkpoint.bridge_proc``, a file sink,
+    checkpoints every hour) is SIGKILLed about a second after it delivered its first list and a live
+    change; changes are made while it is down (the simulator keeps the history); the restarted
+    process delivers each of them, one by one, outside any gap. (Killed before the acknowledgement
+    of its first list is durable, it would frame the relist instead, as the third test shows.)"""
+    out = tmp_path / "out.jsonl"
+    store = FileCheckpointStore(directory=tmp_path / "ckpt")
+    ident = informer_id("configmaps", NS, "", "")
+    async with sim_process(tmp_path, namespaces=(NS,)) as (_, kubeconfig):
+        client = ApiClient.from_kubeconfig(str(kubeconfig))
+        args = ["--kubeconfig", str(kubeconfig), "--resource", "configmaps", "--namespace", NS,
+                "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "3600",
+                "--file", str(out)]
+        bridge = BridgeProcess(args, log=tmp_path / "bridge.log")
+        try:
+            for name in ("a", "b"):
+                await create(client, name, v="0")
+            await bridge.start()
+            await bridge.wait_synced()
+            live = await client.patch(f"{PATH}/a", {"data": {"v": "live"}})
+            await until_file(out, lambda seen: ("updated", f"{NS}/a", rv(live)) in seen, "the live change")
+            await asyncio.sleep(1.0)  # killed about a second after start, as in the report
+            await bridge.kill()
+            assert await store.load(ident) is None  # no checkpoint was written
+            made = [("updated", f"{NS}/a", rv(await client.patch(f"{PATH}/a", {"data": {"v": "1"}}))),
+                    ("deleted", f"{NS}/b", rv(await client.delete(f"{PATH}/b"))),
+                    ("added", f"{NS}/c", rv(await create(client, "c")))]
+            before = len(file_lines(out))
+            await bridge.start()
+            await bridge.wait_synced()
+            await until_file(out, lambda seen: set(made) <= set(seen), "every change made while down")
+            after = file_lines(out)[before:]
+            assert not [e for e in after if str(e["type"]).endswith(("gap.begin", "gap.end"))]
+        finally:
+            await bridge.kill()
+            await client.close()
+
+
+def file_lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def changes_in(path: Path) -> list[tuple[str, str, str]]:
+    """(type, subject, resourceVersion) of every change event in the file sink's output."""
+    out = []
+    for e in file_lines(path):
+        kind = str(e["type"]).rsplit(".", 1)[-1]
+        if kind in ("added", "updated", "deleted"):
+            out.append((kind, str(e["subject"]), str(e["resourceversion"])))
+    return out
+
+
+async def until_file(path: Path, predicate: Callable[[list[tuple[str, str, str]]], bool],
+                     what: str) -> None:
+    await until(lambda: predicate(changes_in(path)), 30, what=what)
