@@ -363,6 +363,12 @@ class SinkListener:
                     continue
                 listed = self.events_for(admitted[0]) if len(admitted) == 1 else [
                     e for a in admitted for e in self.events_for(a)]
+                if len(listed) == 1 and self._exits is None and n.kind is not NotificationKind.GAP:
+                    # The common change, collected here: one coroutine less per notification.
+                    collected.events.append(listed[0])
+                    collected.acks.append(ack_once(stats.outcomes, ack))
+                    collected.owners.append(ack)
+                    continue
                 await self._route(listed, n, ack, collected, i)
             await self._hand_over(collected, len(notifications) - 1)
         except BatchInterrupted:
