@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import tempfile
 import time
 from collections import Counter
@@ -49,10 +50,7 @@ class Recorder:
     def __init__(self, inner: Sink) -> None:
         self.inner = inner
         self.name = inner.name
-        self.routing_resources: frozenset[str] = getattr(inner, "routing_resources", frozenset())
-        self.resync_period = 0.0
-        self.buffer_capacity: int = int(getattr(inner, "buffer_capacity", 1024))
-        self.overflow_policy: str = str(getattr(inner, "overflow_policy", "block"))
+        self.delivery = dataclasses.replace(inner.delivery, resync_period=0.0)
         self.seen: Counter[tuple[str, str, str]] = Counter()
 
     async def start(self) -> None:
@@ -71,6 +69,14 @@ class Recorder:
 
     def healthy(self) -> bool:
         return self.inner.healthy()
+
+    @property
+    def last_error(self) -> str:
+        return self.inner.last_error
+
+    @property
+    def in_flight(self) -> int:
+        return self.inner.in_flight
 
 
 async def _run_one(sim: SimProcess, *, namespace: str, pods: int, rounds: int, resume: bool,

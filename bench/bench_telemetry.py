@@ -41,7 +41,15 @@ from prometheus_client import CollectorRegistry
 from bench.common import machine_info, write_result
 from bridge.service.metered import MeteredSink
 from bridge.service.telemetry import Telemetry
-from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType, ResourceRef, Sink
+from sinks.contract import (
+    AckCallback,
+    ChangeEvent,
+    DeliveryOptions,
+    DeliveryOutcome,
+    EventType,
+    ResourceRef,
+    Sink,
+)
 
 __all__ = ["main", "run"]
 
@@ -57,6 +65,9 @@ class PassThroughSink:
     """Acknowledges every event as delivered, at once: what is left to measure is the wrapper."""
 
     name = "bench"
+    delivery = DeliveryOptions()
+    last_error = ""
+    in_flight = 0
 
     async def start(self) -> None:
         pass

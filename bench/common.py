@@ -410,10 +410,7 @@ class AckProbe:
     def __init__(self, inner: Sink) -> None:
         self.inner = inner
         self.name = inner.name
-        self.routing_resources: frozenset[str] = getattr(inner, "routing_resources", frozenset())
-        self.resync_period: float = float(getattr(inner, "resync_period", 0.0) or 0.0)
-        self.buffer_capacity: int = int(getattr(inner, "buffer_capacity", 1024))
-        self.overflow_policy: str = str(getattr(inner, "overflow_policy", "block"))
+        self.delivery = inner.delivery
         self.acked = 0
         self.first_ack_at: float | None = None
         """``time.perf_counter()`` of the first acknowledgement (start-up excluded from rates)."""
@@ -549,6 +546,14 @@ class AckProbe:
 
     def healthy(self) -> bool:
         return self.inner.healthy()
+
+    @property
+    def last_error(self) -> str:
+        return self.inner.last_error
+
+    @property
+    def in_flight(self) -> int:
+        return self.inner.in_flight
 
 
 @dataclass(frozen=True, slots=True)

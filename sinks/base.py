@@ -61,6 +61,7 @@ from orjson import Fragment
 from orjson import dumps as orjson_dumps
 
 from bridge.clock import Clock, RealClock
+from bridge.contracts import OverflowPolicy
 from bridge.rawobject import RawObject, identity_metadata
 from sinks.cel import FAIL, PASS, CelError, CelFilter, Projection, shared_filter
 from sinks.cloudevents import (
@@ -80,6 +81,7 @@ from sinks.cloudevents import (
 from sinks.contract import (
     AckCallback,
     ChangeEvent,
+    DeliveryOptions,
     DeliveryOutcome,
     EventType,
     SinkConfigError,
@@ -305,25 +307,17 @@ class BaseSink(Generic[O]):
     # ---- what the bridge reads when wiring the sink ---------------------------------------------
 
     @property
-    def routing_resources(self) -> frozenset[str]:
-        """Resources this sink wants, as written by the user (empty = all)."""
-        return frozenset(self._routing.resources)
+    def delivery(self) -> DeliveryOptions:
+        """Its ``routing``, ``buffer`` and ``resync_period`` options, for the bridge."""
+        opts = self.options
+        return DeliveryOptions(routing=frozenset(self._routing.resources),
+                               buffer_capacity=opts.buffer.capacity,
+                               overflow_policy=OverflowPolicy(opts.buffer.policy),
+                               spill_limit=opts.buffer.spill_limit, resync_period=opts.resync_period)
 
     @property
-    def resync_period(self) -> float:
-        return self.options.resync_period
-
-    @property
-    def buffer_capacity(self) -> int:
-        return self.options.buffer.capacity
-
-    @property
-    def overflow_policy(self) -> str:
-        return self.options.buffer.policy
-
-    @property
-    def spill_limit(self) -> int:
-        return self.options.buffer.spill_limit
+    def in_flight(self) -> int:
+        return self.stats.in_flight
 
     def accepts(self, event: ChangeEvent) -> bool:
         """The routing decision alone (no change filter)."""

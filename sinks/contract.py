@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from bridge.contracts import OverflowPolicy
 from bridge.rawobject import RawObject
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "AckCallback",
     "BatchSink",
     "ChangeEvent",
+    "DeliveryOptions",
     "DeliveryOutcome",
     "EventType",
     "GapInfo",
@@ -204,6 +206,27 @@ class ChangeEvent:
         return f"{self.namespace}/{self.name}" if self.namespace else self.name
 
 
+@dataclass(frozen=True, slots=True)
+class DeliveryOptions:
+    """What the bridge does for a sink before its ``deliver``: which resources it receives, how many
+    changes wait in memory for it in each informer, what happens beyond that, when it gets periodic
+    snapshots. The sink's configuration produces them (:func:`sinks.options.delivery_options` reads
+    the ``routing``, ``buffer`` and ``resync_period`` keys every sink's options may have) and the
+    sink carries them (:attr:`Sink.delivery`), so a sink of any kind gets the same routing, buffering
+    and spill."""
+
+    routing: frozenset[str] = frozenset()
+    """Resources it receives, as the user wrote them (``pods``, ``deployments.apps``); empty = all."""
+    buffer_capacity: int = 1024
+    """Notifications kept in memory for it in each informer."""
+    overflow_policy: OverflowPolicy = OverflowPolicy.SPILL
+    """What its listener does when that buffer is full (see :class:`~bridge.contracts.OverflowPolicy`)."""
+    spill_limit: int = 256 << 20
+    """Bytes of spill on disk it may use in each informer; 0 = no spill."""
+    resync_period: float = 0.0
+    """Seconds between the snapshots it receives; 0 = none."""
+
+
 @runtime_checkable
 class Sink(Protocol):
     """A destination for change events.
@@ -234,6 +257,20 @@ class Sink(Protocol):
 
     def healthy(self) -> bool:
         """True while the destination is reachable (used for readiness)."""
+
+    @property
+    def delivery(self) -> DeliveryOptions:
+        """The bridge-side delivery options its configuration gave it (routing, buffer, spill,
+        resync); read once, when the pipeline is assembled."""
+
+    @property
+    def last_error(self) -> str:
+        """Why the last attempt to deliver failed ("" before any failure, or once one succeeded):
+        outage logs and readiness quote it."""
+
+    @property
+    def in_flight(self) -> int:
+        """Events accepted and not acknowledged yet (a gauge)."""
 
 
 @runtime_checkable

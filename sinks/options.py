@@ -18,10 +18,11 @@ from typing import Any, Literal, Self
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from bridge.contracts import OverflowPolicy
 from bridge.labels import parse_label_selector
 from sinks.cel import CelError, compile_expression
 from sinks.cloudevents import DEFAULT_KNATIVE_SOURCE
-from sinks.contract import EventType, SinkConfigError
+from sinks.contract import DeliveryOptions, EventType, SinkConfigError
 from sinks.filters import parse_path
 from sinks.payload import PayloadMode
 from sinks.templates import Template, TemplateError
@@ -35,6 +36,7 @@ __all__ = [
     "RetryOptions",
     "RoutingOptions",
     "SinkOptions",
+    "delivery_options",
     "format_validation_error",
 ]
 
@@ -214,3 +216,28 @@ def format_validation_error(name: str, kind: str, exc: pydantic.ValidationError)
             msg = msg[len("Value error, ") :]
         problems.append(f"{loc}: {msg}")
     return f"{who}: " + "; ".join(problems)
+
+
+class _DeliveryKeys(BaseModel):
+    """The keys of a sink's options the bridge reads for its delivery (the others are the sink's)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    routing: RoutingOptions = Field(default_factory=RoutingOptions)
+    buffer: BufferOptions = Field(default_factory=BufferOptions)
+    resync_period: float = Field(default=0.0, ge=0)
+
+
+def delivery_options(options: Mapping[str, Any]) -> DeliveryOptions:
+    """The bridge-side delivery options of a sink configured with ``options`` (its ``routing``,
+    ``buffer`` and ``resync_period`` keys, whatever its kind); a bad value raises SinkConfigError
+    naming the field."""
+    try:
+        keys = _DeliveryKeys.model_validate(dict(options))
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise SinkConfigError(f"{where}: {first['msg']}") from exc
+    routing = frozenset(r.strip().lower() for r in keys.routing.resources)  # as the sink's routing filter
+    return DeliveryOptions(routing=routing, buffer_capacity=keys.buffer.capacity,
+                           overflow_policy=OverflowPolicy(keys.buffer.policy),
+                           spill_limit=keys.buffer.spill_limit, resync_period=keys.resync_period)

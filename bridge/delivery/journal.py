@@ -11,15 +11,16 @@ invariant the delivery contract promises:
     last checkpoint written, or in this journal. And every delete any sink may have received is
     known the same way, with its resourceVersion and whether it was inferred.
 
-It holds because of one rule, enforced by the sink listeners (:class:`~bridge.pipeline.SinkListener`
-awaits :meth:`KnownObjectJournal.wait`): **the first event of an object the durable state does not
-know (its first add, or the first update of an object the bridge resumed without knowing), and every
-delete, is released to the sinks only once its journal record is durable.** Records are appended by
+It holds because of one rule, enforced by the sink listeners
+(:class:`~bridge.delivery.sink_listener.SinkListener` awaits :meth:`KnownObjectJournal.wait`):
+**the first event of an object the durable state does not know (its first add, or the first update
+of an object the bridge resumed without knowing), and every delete, is released to the sinks only
+once its journal record is durable.** Records are appended by
 one writer task and made durable by one write per batch (group commit), so a burst of new objects
 costs one or two writes of latency, not one each; updates of known objects never wait, except the
 states a relist sends inside its gap: they are recorded with the gap's ``from`` (a restart whose
 watch replays the changes that relist coalesced must not send them after those states, see
-:attr:`JournalEntry.coalesced_from`).
+:attr:`Relisted.since`).
 
 Where the bytes live is a :class:`JournalBackend` of the checkpoint store (its ``journal_backend``):
 a file next to a file checkpoint (one append + ``fdatasync`` per batch), a ConfigMap next to a
@@ -30,12 +31,14 @@ number of objects). A backend with a size limit (a ConfigMap journal whose store
 reports its :meth:`~JournalBackend.room`: a batch appends the records that fit and the others wait
 for the compaction after the next checkpoint write — nothing is ever released unrecorded.
 
-What a resumed bridge does with it (:meth:`BridgePipeline._prepare`): a journalled delete of an
-object the checkpoint knows replaces that object's stub resourceVersion by the delete's, so whatever
-the restart re-sends for it carries the same resourceVersion and id as the delete already sent (never
-an older, inferred one); objects only the journal knows are handed to the informer as *unconfirmed*
-(:meth:`~bridge.shared_informer.SharedIndexInformer.seed_unconfirmed`): a relist that does not return
-one reports it deleted.
+What a resumed bridge does with it is its resume plan's business (:mod:`bridge.delivery.resume_plan`):
+a journalled delete of an object the checkpoint knows replaces that object's stub resourceVersion by
+the delete's, so whatever the restart re-sends for it carries the same resourceVersion and id as the
+delete already sent; objects only the journal knows are handed to the informer as *unconfirmed*
+(:attr:`~bridge.informer.shared_informer.CacheSeed.unconfirmed`): a relist that does not return one
+reports it deleted. A delete already sent stays the uid's record against the history a replay sends
+again. Before the first checkpoint write, the first list's resourceVersion is recorded
+(:class:`ListStart`): a crash then resumes from it.
 
 After every checkpoint write the journal is compacted: records the new checkpoint already implies are
 dropped and the journal is rewritten (the file: temporary file, fsync, rename), so it holds about
@@ -45,12 +48,13 @@ Format (the file ``<informer id>.journal`` next to a file checkpoint; the same t
 backends): a header line ``{"journal": 1,
 "informer_id": …}``, then one JSON array per line, ``["a", key, uid, rv]`` (known to exist) or
 ``["d", key, uid, rv, inferred]`` (deleted; ``["d", key, uid, rv, inferred, held_after, sent_before]``
-once the relist that inferred it ended, see :attr:`JournalEntry.sent_before`;
+once the relist that inferred it ended, see :attr:`Deleted.sent_before`;
 ``["d", key, uid, rv, inferred, held_after]`` for a
 delete sent after a replay that held back changes an earlier, inferred delete had coalesced, or after
-a state a relist sent, see :attr:`JournalEntry.held_after`) or ``["r", key, uid, rv, from, added]``
+a state a relist sent, see :attr:`Deleted.held_after`) or ``["r", key, uid, rv, from, added]``
 (known to exist, sent by a relist at ``rv``: the changes after ``from`` before it were coalesced, see
-:attr:`JournalEntry.coalesced_from`). A torn last line (a crash mid-append: its events were
+:attr:`Relisted.since`), and before the first checkpoint write ``["l", rv, acknowledged]``
+(:class:`ListStart`). A torn last line (a crash mid-append: its events were
 never released) and anything after a line that does not parse are ignored with a warning.
 """
 
@@ -71,9 +75,20 @@ from bridge.delivery.blob_file import FileJournalBackend
 from bridge.delivery.blobstore import JournalBackend
 from bridge.delivery.checkpoint import Checkpoint
 from bridge.delivery.fencing import BlobStoreError, CheckpointError, CheckpointStoreError
+from bridge.delivery.resource_version import is_rv, rv_at_most
 from bridge.rawobject import object_identity
 
-__all__ = ["FileJournalBackend", "JournalBackend", "JournalEntry", "JournalStoreError", "KnownObjectJournal"]
+__all__ = [
+    "Deleted",
+    "Exists",
+    "FileJournalBackend",
+    "JournalBackend",
+    "JournalEntry",
+    "JournalStoreError",
+    "KnownObjectJournal",
+    "ListStart",
+    "Relisted",
+]
 
 log = logging.getLogger(__name__)
 
@@ -83,39 +98,65 @@ _RETRY_DELAY = 1.0
 
 
 @dataclass(frozen=True, slots=True)
-class JournalEntry:
-    """The newest durable fact about one uid."""
+class Exists:
+    """Sinks may hold the object (``["a", key, uid, rv]``): its first event went out after the last
+    checkpoint write (or the object was known only to the journal)."""
 
     key: str
     resource_version: str
-    deleted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Relisted:
+    """A relist sent the object's state inside its gap (``["r", key, uid, rv, since, added]``)."""
+
+    key: str
+    resource_version: str
+    since: str
+    """The gap's ``from``, the last resourceVersion observed one by one. The changes after it and
+    before :attr:`resource_version` were coalesced and never sent; a watch a restart resumes from a
+    checkpoint older than the relist replays them, and they must not go out after the newer state
+    sinks may hold (:meth:`~bridge.delivery.replay.ReplayStage.relisted`). Kept until the checkpoint
+    covers that state."""
+    added: bool
+    """The relist sent it as ``added`` (else ``updated``): re-sent with the same type, the same id."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deleted:
+    """Sinks may hold the uid's delete (``["d", key, uid, rv, inferred(, held_after(, sent_before))]``)."""
+
+    key: str
+    resource_version: str
     inferred: bool = False
-    """For a delete: it was inferred by a relist (sent with ``finalstateunknown``)."""
+    """A relist inferred it (sent with ``finalstateunknown``)."""
     held_after: str = ""
     """For a delete a restarted bridge sent after an earlier, inferred delete of the same uid: the
-    resourceVersion of the state that inferred delete carried. The changes after it were coalesced by
-    that relist and never sent one by one, so a replay after another restart keeps holding them back
-    (:meth:`~bridge.delivery.pipeline.SinkListener._replayed_after_delete`). Also for a delete of
-    an object a relist had sent (:attr:`coalesced_from`): that relist's ``from``."""
-    coalesced_from: str = ""
-    """For an object a relist sent (an ``added`` or ``updated`` inside a gap): the gap's ``from``, the
-    last resourceVersion the informer had observed one by one. The object's changes after it and
-    before :attr:`resource_version` were coalesced by the relist and never sent; a watch that a
-    restart resumes from a checkpoint older than the relist replays them, and they must not go out
-    after the newer state sinks may hold (per-object order:
-    :meth:`~bridge.delivery.pipeline.SinkListener._replayed_coalesced`). Kept until the checkpoint
-    covers that state."""
+    state that inferred delete carried, after which the uid's changes were never sent one by one, so
+    a replay after another restart keeps holding them back
+    (:meth:`~bridge.delivery.replay.ReplayStage.held_back`); for a delete of an object a relist had
+    sent: that relist's ``from``."""
     sent_before: str = ""
-    """For a delete a relist inferred: the resourceVersion of that relist's list (its gap's end),
-    no older than the real delete. A checkpoint whose resourceVersion is older (the relist's start:
-    a sink had not acknowledged the relist's end) may no longer hold the object, and the inferred
-    delete's own resourceVersion (the stale state it carries) may be older than the checkpoint's;
-    yet a watch resumed from it replays the changes the relist coalesced, which only this record
-    holds back. So the record is kept until the checkpoint's resourceVersion reaches this one
-    (recorded once the relist's end is dispatched; until then, kept)."""
-    coalesced_added: bool = False
-    """With :attr:`coalesced_from`: the relist sent the state as ``added`` (else ``updated``), so the
-    replay re-sends it with the same type, hence the same id."""
+    """For a delete a relist inferred: that relist's list resourceVersion (its gap's end), no older
+    than the real delete. A checkpoint older than it may no longer hold the object, yet a watch
+    resumed from it replays the changes the relist coalesced, which only this record holds back: the
+    record is kept until the checkpoint reaches this point (recorded once the relist's end is
+    dispatched; until then, kept)."""
+
+
+JournalEntry = Exists | Relisted | Deleted
+"""The newest durable fact about one uid."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListStart:
+    """The first list of an informer that started without a checkpoint: its resourceVersion, and
+    whether every sink has acknowledged everything up to a resume point (:attr:`resource_version`,
+    then the first one the acknowledgements reached). Kept until a checkpoint is written; a crash
+    before that resumes from it (the resume plan, :mod:`bridge.delivery.resume_plan`)."""
+
+    resource_version: str
+    acknowledged: bool = False
 
 
 JournalStoreError = BlobStoreError
@@ -158,7 +199,7 @@ class KnownObjectJournal:
         """The last checkpoint written (or resumed from): what every sink acknowledged."""
         self._durable: dict[str, JournalEntry] = {}
         """uid → newest fact the stored journal holds (what a rewrite writes)."""
-        self._pending: list[tuple[int, str, JournalEntry, bytes]] = []
+        self._pending: list[tuple[int, str, JournalEntry | ListStart, bytes]] = []
         """Records not written yet: (notification seq, uid, fact, encoded record), in seq order."""
         self._queued_seq = -1
         """The highest notification seq whose record was queued."""
@@ -170,6 +211,9 @@ class KnownObjectJournal:
         """Set while the writer has nothing to do (everything noted is on disk)."""
         self._compact_to: Checkpoint | None = None
         self._compact_requested = False
+        self._start: ListStart | None = None
+        """The first list's record while no checkpoint was written (see :class:`ListStart`)."""
+        self._durable_start: ListStart | None = None
         self._gap_from = ""
         """Inside a relist's gap (between its begin and end notifications): the gap's ``from``."""
         self._gap_inferred: set[str] = set()
@@ -209,6 +253,9 @@ class KnownObjectJournal:
         self._base = checkpoint
         self._entries = await self._read()
         self._durable = dict(self._entries)
+        if checkpoint is not None:
+            self._start = None
+        self._durable_start = self._start
         self._compact_requested = True
         return dict(self._entries)
 
@@ -238,6 +285,7 @@ class KnownObjectJournal:
             return {}
         lines = data.split(b"\n")
         entries: dict[str, JournalEntry] = {}
+        self._start = None
         try:
             head = orjson.loads(lines[0])
             if head.get("journal") != _VERSION or head.get("informer_id") != self._informer_id:
@@ -250,6 +298,9 @@ class KnownObjectJournal:
                         self._backend.name)
         for n, line in enumerate(complete, start=2):
             try:
+                if line.startswith(b'["l"'):
+                    self._start = _parse_start(line)
+                    continue
                 uid, entry = _parse(line)
             except (orjson.JSONDecodeError, ValueError, TypeError, IndexError) as exc:
                 # Only the last line can be torn (appends are whole lines, and a failed append is
@@ -294,48 +345,75 @@ class KnownObjectJournal:
         if n.kind is NotificationKind.DELETE:
             held = ""
             prev = self._entries.get(uid)
-            if prev is not None and prev.deleted:  # a delete replayed after a restart
+            if isinstance(prev, Deleted):  # a delete replayed after a restart
                 held = prev.held_after or (prev.resource_version
                                            if prev.inferred and prev.resource_version != rv else "")
-            elif prev is not None and prev.coalesced_from:  # sinks may hold a relist's state of it
-                held = prev.coalesced_from
-            entry = JournalEntry(key, rv, deleted=True, inferred=inferred, held_after=held)
+            elif isinstance(prev, Relisted):  # sinks may hold a relist's state of it
+                held = prev.since
+            entry: JournalEntry = Deleted(key, rv, inferred=inferred, held_after=held)
             self._entries[uid] = entry
             self._queue(n.seq, uid, entry)
             if inferred and self._gap_from:
                 self._gap_inferred.add(uid)
             return
         known = self._entries.get(uid)
+        if isinstance(known, Deleted) and rv_at_most(rv, known.sent_before or known.resource_version):
+            # History replayed from before a delete already sent (up to the list that inferred it,
+            # when a relist did): that record stays the fact, or a later replay would send it again.
+            return
         if self._gap_from:
             # A relist's state: recorded (and released once durable) even for a known object, so
             # that a restart whose watch replays the changes it coalesced holds them back.
-            since = (known.coalesced_from if known is not None and known.coalesced_from
-                     and not known.deleted else self._gap_from)
-            entry = JournalEntry(key, rv, coalesced_from=since,
-                                 coalesced_added=n.kind is NotificationKind.ADD)
+            since = known.since if isinstance(known, Relisted) else self._gap_from
+            entry = Relisted(key, rv, since, added=n.kind is NotificationKind.ADD)
             self._entries[uid] = entry
             self._queue(n.seq, uid, entry)
             return
-        if (known is not None and not known.deleted) or self._checkpoint.get(uid) == key:
+        if isinstance(known, (Exists, Relisted)) or self._checkpoint.get(uid) == key:
             return
-        entry = JournalEntry(key, rv)
+        entry = Exists(key, rv)
         self._entries[uid] = entry
         self._queue(n.seq, uid, entry)
 
     def _bound_inferred(self, seq: int, list_rv: str) -> None:
         """The relist's end: records, with each delete it inferred, the list's resourceVersion
-        (:attr:`JournalEntry.sent_before`)."""
-        if not (list_rv.isascii() and list_rv.isdigit()):
+        (:attr:`Deleted.sent_before`)."""
+        if not is_rv(list_rv):
             return
         for uid in self._gap_inferred:
             e = self._entries.get(uid)
-            if e is not None and e.deleted and e.inferred and not e.sent_before:
+            if isinstance(e, Deleted) and e.inferred and not e.sent_before:
                 entry = replace(e, sent_before=list_rv)
                 self._entries[uid] = entry
                 self._queue(seq, uid, entry)
 
-    def _queue(self, seq: int, uid: str, entry: JournalEntry) -> None:
-        self._pending.append((seq, uid, entry, _record(uid, entry)))
+    def listed(self, seq: int, resource_version: str) -> None:
+        """The informer of a start without a checkpoint has dispatched its first list, at
+        ``resource_version``, before the notification ``seq``: recorded before anything after the
+        list is released (:class:`ListStart`)."""
+        if self._base is not None or self._start is not None:
+            return
+        self._start = ListStart(resource_version)
+        self._queue(seq, "", self._start)
+
+    def acknowledged(self, resource_version: str) -> None:
+        """Every sink has acknowledged everything up to ``resource_version`` (the first resume point
+        of a start without a checkpoint): recorded without holding anything back."""
+        if self._base is not None or self._start is None or self._start.acknowledged:
+            return
+        self._start = ListStart(resource_version, acknowledged=True)
+        self._pending.append((self._queued_seq, "", self._start, _start_record(self._start)))
+        self._idle.clear()
+        self._wake.set()
+
+    @property
+    def start(self) -> ListStart | None:
+        """After :meth:`load`: the first list's record of a run that wrote no checkpoint."""
+        return self._start
+
+    def _queue(self, seq: int, uid: str, entry: JournalEntry | ListStart) -> None:
+        record = _start_record(entry) if isinstance(entry, ListStart) else _record(uid, entry)
+        self._pending.append((seq, uid, entry, record))
         self._queued_seq = seq
         self._idle.clear()
         self._wake.set()
@@ -393,14 +471,14 @@ class KnownObjectJournal:
         consumed = len(batch)
         room = self._backend.room()
         if room is not None:
-            kept: list[tuple[int, str, JournalEntry, bytes]] = []
+            kept: list[tuple[int, str, JournalEntry | ListStart, bytes]] = []
             skipped = consumed = size = 0
             for item in batch:
                 _, uid, entry, record = item
                 if size + len(record) + 1 <= room:
                     size += len(record) + 1
                     kept.append(item)
-                elif self._optional(uid, entry):
+                elif isinstance(entry, Relisted) and self._optional(uid, entry):
                     self._skip(uid, entry)
                     skipped += 1
                 else:
@@ -433,7 +511,11 @@ class KnownObjectJournal:
             raise
         del self._pending[:consumed]  # note() only ever appends meanwhile
         for _, uid, entry, _ in batch:
-            self._durable[uid] = entry
+            if isinstance(entry, ListStart):
+                if self._base is None:
+                    self._durable_start = entry
+            else:
+                self._durable[uid] = entry
         self.records += len(batch)
         self._done(last if room is not None else batch[-1][0])
 
@@ -443,9 +525,12 @@ class KnownObjectJournal:
         if cp is not None:
             self._checkpoint = _checkpoint_uids(cp)
             self._base = cp
+            self._start = self._durable_start = None
         self._entries = {uid: e for uid, e in self._entries.items() if self._needed(uid, e)}
         durable = {uid: e for uid, e in self._durable.items() if self._needed(uid, e)}
         lines = [orjson.dumps({"journal": _VERSION, "informer_id": self._informer_id})]
+        if self._durable_start is not None:
+            lines.append(_start_record(self._durable_start))
         lines.extend(_record(uid, e) for uid, e in durable.items())
         try:
             await self._backend.rewrite(b"\n".join(lines) + b"\n")
@@ -458,15 +543,13 @@ class KnownObjectJournal:
         self._compact_requested = False
         self._done(None)
 
-    def _optional(self, uid: str, entry: JournalEntry) -> bool:
+    def _optional(self, uid: str, entry: Relisted) -> bool:
         """Whether a record may be left out when the journal is full: a relist's state of an object
         the durable state knows. Without it a crash may break per-object order (section 2 of the
         delivery contract), never lose an object or a delete; holding it would stall the relist —
         for good when the relist is larger than the journal, as nothing compacts it meanwhile."""
-        if entry.deleted or not entry.coalesced_from:
-            return False
         durable = self._durable.get(uid)
-        return self._checkpoint.get(uid) == entry.key or (durable is not None and not durable.deleted)
+        return self._checkpoint.get(uid) == entry.key or isinstance(durable, (Exists, Relisted))
 
     def _skip(self, uid: str, entry: JournalEntry) -> None:
         """``entry`` is released unrecorded: the journal's view of ``uid`` is what is stored."""
@@ -497,8 +580,8 @@ class KnownObjectJournal:
         not its delete, and after a crash with expired history only this record makes the relist
         report the object deleted to it."""
         known_alive = self._checkpoint.get(uid) == e.key
-        if not e.deleted:
-            return not known_alive or (bool(e.coalesced_from) and not self._covered(e, uid))
+        if not isinstance(e, Deleted):
+            return not known_alive or (isinstance(e, Relisted) and not self._covered(e, uid))
         return known_alive or not self._covered(e, uid)
 
     def _covered(self, e: JournalEntry, uid: str) -> bool:
@@ -508,31 +591,40 @@ class KnownObjectJournal:
         cp = self._base
         if cp is None:
             return False
-        if e.deleted and e.inferred and not e.sent_before and uid in self._gap_inferred:
+        deleted = isinstance(e, Deleted)
+        bound = e.sent_before if isinstance(e, Deleted) else ""
+        if isinstance(e, Deleted) and e.inferred and not bound and uid in self._gap_inferred:
             return False  # its relist has not ended: the bound is not known yet
         try:
-            rv = int(e.sent_before or e.resource_version)
+            rv = int(bound or e.resource_version)
             if rv <= int(cp.resource_version):
                 return True
             ahead = cp.ahead.get(e.key)
             if ahead is None or int(ahead[1]) < rv:
                 return False
-            return ahead[2] if e.deleted else ahead[0] == uid
+            return ahead[2] if deleted else ahead[0] == uid
         except ValueError:
             return False
 
 
 def _record(uid: str, e: JournalEntry) -> bytes:
-    if e.coalesced_from and not e.deleted:
-        return orjson.dumps(["r", e.key, uid, e.resource_version, e.coalesced_from, e.coalesced_added])
-    if e.deleted:
-        if e.sent_before:
-            return orjson.dumps(["d", e.key, uid, e.resource_version, e.inferred, e.held_after,
-                                 e.sent_before])
-        if e.held_after:
-            return orjson.dumps(["d", e.key, uid, e.resource_version, e.inferred, e.held_after])
-        return orjson.dumps(["d", e.key, uid, e.resource_version, e.inferred])
+    if isinstance(e, Relisted):
+        return orjson.dumps(["r", e.key, uid, e.resource_version, e.since, e.added])
+    if isinstance(e, Deleted):
+        tail = [e.held_after, e.sent_before] if e.sent_before else [e.held_after] if e.held_after else []
+        return orjson.dumps(["d", e.key, uid, e.resource_version, e.inferred, *tail])
     return orjson.dumps(["a", e.key, uid, e.resource_version])
+
+
+def _start_record(start: ListStart) -> bytes:
+    return orjson.dumps(["l", start.resource_version, start.acknowledged])
+
+
+def _parse_start(line: bytes) -> ListStart:
+    rec = orjson.loads(line)
+    if not (len(rec) == 3 and is_rv(rec[1]) and isinstance(rec[2], bool)):
+        raise ValueError(f"unknown record {rec!r}")
+    return ListStart(rec[1], acknowledged=rec[2])
 
 
 def _parse(line: bytes) -> tuple[str, JournalEntry]:
@@ -540,23 +632,19 @@ def _parse(line: bytes) -> tuple[str, JournalEntry]:
     op, key, uid, rv = rec[0], rec[1], rec[2], rec[3]
     if not (isinstance(key, str) and key and isinstance(uid, str) and uid):
         raise ValueError("a record without key or uid")
-    if not (isinstance(rv, str) and rv.isascii() and rv.isdigit()):
+    if not is_rv(rv):
         raise ValueError(f"resourceVersion {rv!r} is not a resourceVersion")
     if op == "a" and len(rec) == 4:
-        return uid, JournalEntry(key, rv)
-    if (op == "r" and len(rec) == 6 and isinstance(rec[4], str) and rec[4].isascii() and rec[4].isdigit()
-            and isinstance(rec[5], bool)):
-        return uid, JournalEntry(key, rv, coalesced_from=rec[4], coalesced_added=rec[5])
+        return uid, Exists(key, rv)
+    if op == "r" and len(rec) == 6 and is_rv(rec[4]) and isinstance(rec[5], bool):
+        return uid, Relisted(key, rv, rec[4], added=rec[5])
     if op == "d" and len(rec) == 5 and isinstance(rec[4], bool):
-        return uid, JournalEntry(key, rv, deleted=True, inferred=rec[4])
-    if (op == "d" and len(rec) == 6 and isinstance(rec[4], bool) and isinstance(rec[5], str)
-            and rec[5].isascii() and rec[5].isdigit()):
-        return uid, JournalEntry(key, rv, deleted=True, inferred=rec[4], held_after=rec[5])
-    if (op == "d" and len(rec) == 7 and isinstance(rec[4], bool) and isinstance(rec[5], str)
-            and (rec[5] == "" or (rec[5].isascii() and rec[5].isdigit())) and isinstance(rec[6], str)
-            and rec[6].isascii() and rec[6].isdigit()):
-        return uid, JournalEntry(key, rv, deleted=True, inferred=rec[4], held_after=rec[5],
-                                 sent_before=rec[6])
+        return uid, Deleted(key, rv, inferred=rec[4])
+    if op == "d" and len(rec) == 6 and isinstance(rec[4], bool) and is_rv(rec[5]):
+        return uid, Deleted(key, rv, inferred=rec[4], held_after=rec[5])
+    if (op == "d" and len(rec) == 7 and isinstance(rec[4], bool) and (rec[5] == "" or is_rv(rec[5]))
+            and is_rv(rec[6])):
+        return uid, Deleted(key, rv, inferred=rec[4], held_after=rec[5], sent_before=rec[6])
     raise ValueError(f"unknown record {rec!r}")
 
 

@@ -24,21 +24,21 @@ at once, as if it were covered.
 :meth:`AckTracker.checkpoint_state` is what the checkpoint writer persists as the shared *base*;
 :meth:`AckTracker.listener_state` computes one sink's own progress (as differences from the base)
 from the same window, at checkpoint time only, so per-sink progress adds nothing per change but an
-ack counter. After a restart :class:`SinkResume` filters each sink's notifications through its own
-progress. The tracker is
-single-threaded (asyncio) and its memory is bounded by the listeners' bounded buffers: a notification
-is held only while some listener has it in flight.
+ack counter. After a restart the replay stage (:mod:`bridge.delivery.replay`) filters each sink's
+notifications through its own progress. The tracker is single-threaded (asyncio) and its memory is
+bounded by the listeners' bounded buffers: a notification is held only while some listener has it
+in flight.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import heapq
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final, NamedTuple
 
 from bridge.contracts import (
     DeletedFinalStateUnknown,
@@ -48,10 +48,11 @@ from bridge.contracts import (
     ObjectKey,
     UnconfirmedGone,
 )
+from bridge.delivery.resource_version import parse_rv
 from bridge.rawobject import object_identity
 from bridge.rawobject import object_key as raw_object_key
 
-__all__ = ["AckTracker", "AheadEntry", "IndexEntry", "Knowledge", "SinkResume", "object_key"]
+__all__ = ["HOLDS_NOTHING", "AckTracker", "AheadEntry", "IndexEntry", "Known", "object_key"]
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +64,18 @@ AheadEntry = tuple[str, str, bool]
 than the resume point (checkpointed so a resume does not notify it again)."""
 
 
-Knowledge = tuple[str, int, bool]
-"""``(uid, resourceVersion, deleted)``: what one sink last acknowledged of one object (a deleted
-entry's resourceVersion is its delete's, or -1 when unknown — a relist found it gone)."""
+class Known(NamedTuple):
+    """What one sink last acknowledged of one object."""
+
+    uid: str
+    resource_version: int
+    """Its resourceVersion; for a delete, the delete's (-1: unknown, a relist found it gone)."""
+    deleted: bool
+
+
+HOLDS_NOTHING: Final = Known("", -1, True)
+"""A sink holds nothing under the key, whatever the cache has there (an object only other sinks
+saw, or one the journal names that this sink's own progress says it never received)."""
 
 
 def object_key(obj: KubeObject | DeletedFinalStateUnknown) -> ObjectKey:
@@ -102,7 +112,7 @@ class _Scan:
 
     cursor: int
     """The first seq not scanned yet."""
-    changes: dict[str, Knowledge]
+    changes: dict[str, Known]
     """Per object, what the sink acknowledged where it may differ from the base."""
     rv: int
     """Its own resume resourceVersion so far."""
@@ -124,10 +134,13 @@ class AckTracker:
         index: Mapping[str, IndexEntry] | None = None,
         ahead: Mapping[str, AheadEntry] | None = None,
         now: Callable[[], float] | None = None,
+        on_first_resume_point: Callable[[str], None] | None = None,
     ) -> None:
         """``now``: the clock dispatch times are read from (for :meth:`oldest_unacked`); without it
-        ages are unknown."""
+        ages are unknown. ``on_first_resume_point(rv)`` is called once, when a tracker started
+        without a resume point first gets one (every listener acknowledged everything up to it)."""
         self.name = name
+        self._on_first_resume_point = on_first_resume_point
         self._now = now
         self._resource_version = resource_version
         self._index: dict[str, IndexEntry] = dict(index or {})
@@ -298,7 +311,7 @@ class AckTracker:
         """Per object, the newest acknowledged change that the resume point does not cover yet.
 
         A watch resumed at the checkpoint's resourceVersion replays these changes; the informer
-        uses this map (:meth:`~bridge.shared_informer.SharedIndexInformer.resume_from`) to update
+        uses this map (:attr:`~bridge.informer.shared_informer.CacheSeed.suppress`) to update
         its cache with them without notifying the sinks a second time."""
         out: dict[str, AheadEntry] = {}
         for key, changes in self._ahead.items():
@@ -341,26 +354,26 @@ class AckTracker:
 
     def seed_last_seen(self, entries: Mapping[str, str]) -> None:
         """Objects the informer's cache was seeded with that the index does not hold (known only
-        to some sinks, see :class:`SinkResume`): key → resourceVersion. A delete of exactly that
+        to some sinks, see the replay stage): key → resourceVersion. A delete of exactly that
         state is then recognised as inferred, as for the index's objects."""
         for key, rv in entries.items():
             self._last_rv.setdefault(key, rv)
 
-    def base_knowledge(self, key: str) -> Knowledge | None:
+    def base_knowledge(self, key: str) -> Known | None:
         """What every sink acknowledged of ``key``: the newest change in the delivered-ahead map,
         else the index entry; None when the key is unknown (never seen, or deleted before the
         resume point)."""
         pending = self._ahead.get(key)
         if pending:
             rv, entry = pending[-1]
-            return (entry[0], rv, False) if entry is not None else ("", rv, True)
+            return Known(entry[0], rv, False) if entry is not None else Known("", rv, True)
         entry = self._index.get(key)
         if entry is None:
             return None
         rv_int = _as_int(entry[1])
-        return (entry[0], rv_int if rv_int is not None else 0, False)
+        return Known(entry[0], rv_int if rv_int is not None else 0, False)
 
-    def follow_listener(self, listener: str, floor: int, own: Mapping[str, Knowledge]) -> None:
+    def follow_listener(self, listener: str, floor: int, own: Mapping[str, Known]) -> None:
         """Starts ``listener``'s own-progress scan (:meth:`listener_state`) now: for a sink whose
         knowledge differs from the base when the informer resumes (``floor``, ``own``: its per-sink
         section). Call before the first notification is dispatched.
@@ -373,11 +386,14 @@ class AckTracker:
         it has since received its re-creation), and after the next crash its filter would drop the
         delete of the object it holds."""
         if listener not in self._scans:
-            self._scans[listener] = _Scan(cursor=self._last_applied_seq + 1, changes=dict(own),
-                                          rv=floor)
+            self._scans[listener] = self._new_scan(floor, own)
 
-    def listener_state(self, listener: str, floor: int, own: Mapping[str, Knowledge]
-                       ) -> tuple[int, dict[str, Knowledge | None]]:
+    def _new_scan(self, floor: int, own: Mapping[str, Known]) -> _Scan:
+        changes = {key: Known(*k) for key, k in own.items()}
+        return _Scan(cursor=self._last_applied_seq + 1, changes=changes, rv=floor)
+
+    def listener_state(self, listener: str, floor: int, own: Mapping[str, Known]
+                       ) -> tuple[int, dict[str, Known | None]]:
         """One sink's own progress, for the checkpoint's per-sink section: its resume
         resourceVersion and, per object, what it acknowledged where that differs from
         :meth:`base_knowledge` (None: the base knows the object, the sink knows it is gone).
@@ -388,15 +404,14 @@ class AckTracker:
         The sink's progress is that, plus every notification of the window's prefix it does not owe
         (a sink acknowledges in any order, but only the contiguous prefix is certain), plus the
         markers that prefix passes. Per object, a change older than what the sink already knows is
-        not applied (it skipped its replay; see :class:`SinkResume`).
+        not applied (it skipped its replay; see the replay stage).
 
         Incremental: each call scans only the notifications dispatched since the previous call's
         stopping point (what the base applied meanwhile was folded in as it was applied), so a
         checkpoint write while a sink is far behind does not rescan that sink's whole backlog."""
         scan = self._scans.get(listener)
         if scan is None:
-            scan = self._scans[listener] = _Scan(cursor=self._last_applied_seq + 1, changes=dict(own),
-                                                 rv=floor)
+            scan = self._scans[listener] = self._new_scan(floor, own)
         base_rv = self._rv_int if self._rv_int is not None else 0
         scan.rv = max(scan.rv, base_rv)
         window = self._window
@@ -414,19 +429,20 @@ class AckTracker:
         scan.cursor = seq
         scan.rv = max(scan.rv, self._marker_rv(limit))
         rv = scan.rv
-        out: dict[str, Knowledge | None] = {}
+        out: dict[str, Known | None] = {}
         for key, mine in list(scan.changes.items()):
             base = self.base_knowledge(key)
-            if mine[2]:
-                if base is None or base[2]:
+            if mine.deleted:
+                if base is None or base.deleted:
                     # Gone for both — forgotten once the base's resume point covers the delete (before
                     # that, "the base does not know it" may still mean "not yet": an older change of it
                     # may be waiting for a slower sink).
-                    if 0 <= mine[1] <= base_rv:
+                    if 0 <= mine.resource_version <= base_rv:
                         del scan.changes[key]
                     continue
-                out[key] = None if mine[1] <= rv else mine
-            elif base is None or base[2] or base[0] != mine[0] or base[1] != mine[1]:
+                out[key] = None if mine.resource_version <= rv else mine
+            elif base is None or base.deleted or base.uid != mine.uid \
+                    or base.resource_version != mine.resource_version:
                 out[key] = mine
             else:
                 del scan.changes[key]  # the base caught up with it
@@ -441,7 +457,7 @@ class AckTracker:
             return 0
         for seq, marker_rv in reversed(markers):
             if limit is None or seq <= limit:
-                return int(marker_rv) if marker_rv.isdigit() else 0
+                return parse_rv(marker_rv) or 0
         return 0
 
     def _scan_effect(self, scan: _Scan, effect: _Effect) -> None:
@@ -454,13 +470,13 @@ class AckTracker:
             return
         changes = scan.changes
         current = changes.get(key) or self.base_knowledge(key)
-        if effect_rv != -1 and current is not None and effect_rv < current[1]:
+        if effect_rv != -1 and current is not None and effect_rv < current.resource_version:
             return  # older than what the sink has: it skipped this replayed change
         if known is None:
-            changes[key] = ("" if current is None else current[0],
-                            effect_rv if effect_rv != -1 else (current[1] if current else -1), True)
+            at = effect_rv if effect_rv != -1 else (current.resource_version if current else -1)
+            changes[key] = Known("" if current is None else current.uid, at, True)
         else:
-            changes[key] = (known[0], effect_rv, False)
+            changes[key] = Known(known[0], effect_rv, False)
 
     # ---------------------------------------------------------------------------------------------
 
@@ -491,7 +507,7 @@ class AckTracker:
                     for scan in scans.values():
                         if scan.cursor <= seq and key in scan.changes:
                             self._scan_effect(scan, effect)
-                # What _apply does, inlined for the common change: one call less per change.
+                # Applied to the index, or held while newer than the resume point.
                 key, known, rv = effect
                 rv_int = self._rv_int
                 if (rv is None or (self._resource_version and rv_int is None)
@@ -513,6 +529,7 @@ class AckTracker:
         """Passes the markers whose every preceding notification is applied: all of them when the
         window is empty (``limit`` None), else those with ``seq <= limit``."""
         passed = False
+        first = not self._resource_version
         while self._markers and (limit is None or self._markers[0][0] <= limit):
             _, rv = self._markers.popleft()
             if rv and rv != self._resource_version:
@@ -520,6 +537,8 @@ class AckTracker:
                 self._rv_int = _as_int(rv)
                 self._fold_ahead()
                 passed = True
+        if passed and first and self._on_first_resume_point is not None:
+            self._on_first_resume_point(self._resource_version)
         return passed
 
     def _fold_ahead(self) -> None:
@@ -535,7 +554,7 @@ class AckTracker:
             _, _, key = heapq.heappop(heap)
             changes = ahead[key]
             _, entry = changes.popleft()
-            if entry is None:  # what _set does, inlined: this runs once per change
+            if entry is None:  # a delete removes the key
                 index.pop(key, None)
             else:
                 index[key] = entry
@@ -552,26 +571,6 @@ class AckTracker:
             rv = changes[-1][0]
         changes.append((rv, entry))
         heapq.heappush(self._ahead_heap, (rv, next(self._ahead_count), key))
-
-    def _set(self, key: str, entry: IndexEntry | None) -> None:
-        if entry is None:
-            self._index.pop(key, None)
-        else:
-            self._index[key] = entry
-
-    def _apply(self, effect: _Effect) -> None:
-        if effect is None:
-            return
-        key, entry, rv = effect
-        rv_int = self._rv_int
-        if (rv is None or (self._resource_version and rv_int is None)  # not integers: cannot hold back
-                or (rv_int is not None and rv <= rv_int and key not in self._ahead)):
-            if entry is None:
-                self._index.pop(key, None)
-            else:
-                self._index[key] = entry
-            return
-        self._hold(key, rv, entry)
 
 
 def _effect_of(n: Notification) -> _Effect:
@@ -595,165 +594,4 @@ def _effect_of(n: Notification) -> _Effect:
 
 
 def _as_int(rv: str) -> int | None:
-    try:
-        return int(rv)
-    except ValueError:
-        return None
-
-
-class SinkResume:
-    """One sink's own progress while the informer resumes from the slowest sink's point.
-
-    After a restart the informer's watch resumes from the checkpoint's shared base (the oldest
-    point any sink needs) and its cache is seeded with the union of what the sinks know (per
-    object the oldest state a sink knows, so that an object only a fast sink saw still gets its
-    delete). Each sink's listener passes every notification through its own filter:
-
-    * a change whose resourceVersion is at or below the sink's own resume point, or at or below
-      what the sink already acknowledged of that object, is skipped (acknowledged, not delivered);
-    * a delete of a uid the sink never knew, or already knows deleted, is dropped — unless the
-      uid is one the sink *may* hold (:attr:`maybe`: delivered after the checkpoint write, past the
-      sink's own resume point, as the known-object journal records), which always gets its delete;
-    * an add of an object the sink knows becomes an update (dropped when the resourceVersion is
-      the one it has), an update of an object it never knew becomes an add — so after a 410
-      relist the sink gets the differences against *its own* index;
-    * a relist's tombstone of an object the sink knows under another uid than the informer's is
-      delivered as a delete of the sink's own object.
-
-    **Invariant** kept by :meth:`admit`: for every key in :attr:`known`, the sink's knowledge
-    differs from what the informer last notified about the key (its cache); for every key not in
-    it they agree. So a key leaves :attr:`known` as soon as the sink receives (or is found to hold)
-    the informer's state, and keys not in it pass unchanged. The filter is switched off once
-    :attr:`known` is empty and the informer has passed the sink's resume point, which makes its
-    cost a dictionary lookup and an integer comparison per change while it lasts, nothing after.
-
-    **Invariant** on deletes: a delete is dropped only when the sink *certainly* does not hold the
-    uid — its own resume point covers the delete, or its knowledge (certain up to the point its
-    section was written) says so and nothing of that uid may have reached it since. The known-object
-    journal names what may have reached a sink since (every object delivered to some sink after the
-    last checkpoint write that the base does not know); those uids (:attr:`maybe`) get their delete
-    whatever :attr:`known` says. A delete too many is harmless (a uid is deleted once); one too few
-    leaves the sink with an object the cluster no longer has.
-    """
-
-    __slots__ = ("_api_version", "_floor", "_kind", "known", "maybe", "passed_at", "resource_version",
-                 "skipped")
-
-    def __init__(self, *, resource_version: int, known: Mapping[str, Knowledge],
-                 maybe: Iterable[str] = (), api_version: str = "", kind: str = "",
-                 floor: Callable[[str], int] | None = None, floor_max: int = 0) -> None:
-        """``maybe``: uids the sink may hold beyond what ``known`` says (see above).
-        ``api_version`` and ``kind`` of the resource: the delete of an object known only to
-        this sink carries a metadata-only object of that kind. ``floor`` (by uid): a higher point
-        than ``resource_version`` up to which the sink acknowledged an object's changes (after a
-        reshard, its own point in the checkpoint the object came from; at most ``floor_max``)."""
-        self._api_version = api_version
-        self._kind = kind
-        self._floor = floor
-        self.resource_version = resource_version
-        """Every change up to it was acknowledged by this sink."""
-        self.passed_at = max(resource_version, floor_max) if floor is not None else resource_version
-        """Once the informer passed it, the filter only needs to look at :attr:`known`."""
-        self.known: dict[str, Knowledge] = dict(known)
-        """Per object, this sink's knowledge where it differs from the informer's (see above)."""
-        self.maybe: set[str] = set(maybe)
-        """uids the sink may hold whatever :attr:`known` says: their delete is never dropped."""
-        self.skipped = 0
-        """Notifications acknowledged without delivery because the sink had them already."""
-
-    def admit(self, n: Notification, inferred: bool) -> list[Notification]:
-        """What the sink receives for ``n`` (empty: skip it); ``inferred`` tells whether a delete
-        was inferred by a relist rather than observed."""
-        kind = n.kind
-        if kind is NotificationKind.SNAPSHOT or kind is NotificationKind.GAP:
-            return [n]
-        key = n.key or object_key(n.obj)
-        uid, rv_text = _entry_of(n.obj)
-        rv = int(rv_text) if rv_text.isdigit() else None
-        known = self.known
-        mine = known.get(key)
-        covered = self.resource_version
-        if self._floor is not None:
-            covered = max(covered, self._floor(uid))
-        if kind is NotificationKind.DELETE:
-            return self._admit_delete(n, key, mine, inferred=inferred, uid=uid, rv=rv, covered=covered)
-        # add or update
-        if rv is not None and rv <= covered:
-            if mine is not None and mine[0] == uid and mine[1] == rv and not mine[2]:
-                del known[key]
-            return self._skip()
-        if mine is None:
-            return [n]
-        knows = not mine[2] and mine[0] == uid
-        if rv is not None and rv <= mine[1] and (knows or mine[2]):
-            if knows and rv == mine[1]:
-                del known[key]
-            return self._skip()  # it has this state, or saw the object deleted after it
-        if not mine[2] and rv is not None and rv < mine[1]:
-            return self._skip()  # older than the other incarnation it has: replayed history
-        del known[key]
-        out: list[Notification] = []
-        if not mine[2] and mine[0] != uid:
-            out.append(self._delete_own(n, key, mine))  # the incarnation it knows is gone
-        if knows and kind is NotificationKind.ADD:
-            out.append(dataclasses.replace(n, kind=NotificationKind.UPDATE, is_in_initial_list=False))
-        elif not knows and kind is NotificationKind.UPDATE:
-            out.append(dataclasses.replace(n, kind=NotificationKind.ADD, old=None, is_resync=False))
-        else:
-            out.append(n)
-        return out
-
-    def _admit_delete(self, n: Notification, key: str, mine: Knowledge | None, *, inferred: bool,
-                      uid: str, rv: int | None, covered: int) -> list[Notification]:
-        """What the sink receives for a delete of ``uid`` (see the class docs and invariants)."""
-        known = self.known
-        # A relist found the key gone; an UnconfirmedGone only says one journal-only object of the
-        # key is gone (the key may live on: the relist's own notification of it follows).
-        gone_only = isinstance(n.obj, UnconfirmedGone)
-        tombstone = isinstance(n.obj, DeletedFinalStateUnknown) and not gone_only
-        maybe = bool(self.maybe) and uid in self.maybe
-        if maybe:
-            self.maybe.discard(uid)
-        if not inferred and rv is not None and rv <= covered:
-            if mine is not None:
-                del known[key]  # gone for both: it acknowledged this very delete
-            return self._skip()
-        if mine is None:
-            return [n]
-        holds_it = not mine[2] and mine[0] == uid
-        if holds_it or maybe:
-            # It holds the uid, or may (the journal's word): the delete goes out.
-            if holds_it or mine[2]:
-                if gone_only:
-                    known[key] = ("", -1, True)  # it has nothing there; what the key holds is news
-                else:
-                    del known[key]
-                return [n]
-            if tombstone:
-                del known[key]
-                return [n, self._delete_own(n, key, mine)]
-            return [n]  # its other object stays known: its delete or replacement follows
-        if mine[2]:
-            if not gone_only:
-                del known[key]  # gone for both (or the add of the key's new object follows)
-            return self._skip()  # a uid it never knew, or already saw deleted
-        if tombstone and inferred:
-            del known[key]
-            return [self._delete_own(n, key, mine)]
-        # A uid it never knew while it holds another: an observed delete of a stale incarnation,
-        # the old object of a re-creation (the add follows) or a journal-only object gone.
-        return self._skip()
-
-    def _skip(self) -> list[Notification]:
-        self.skipped += 1
-        return []
-
-    def _delete_own(self, n: Notification, key: str, mine: Knowledge) -> Notification:
-        """A relist's delete of the object this sink knows (its own uid and resourceVersion)."""
-        namespace, _, name = key.rpartition("/")
-        meta: dict[str, str] = {"name": name, "uid": mine[0], "resourceVersion": str(mine[1])}
-        if namespace:
-            meta["namespace"] = namespace
-        stub: KubeObject = {"apiVersion": self._api_version, "kind": self._kind, "metadata": meta}
-        return dataclasses.replace(n, kind=NotificationKind.DELETE,
-                                   obj=DeletedFinalStateUnknown(ObjectKey(key), stub), old=None)
+    return parse_rv(rv)

@@ -15,7 +15,7 @@ a delete is the safe reading, and nothing waits on it. A delete a relist inferre
 longer listed) is asked the same question: absent from the list and alive means out of scope.
 
 After a restart the watch may replay the history of an object whose inferred delete was already sent
-(see :meth:`~bridge.delivery.pipeline.SinkListener._replayed_after_delete`): what may be sent then
+(see :meth:`~bridge.delivery.replay.ReplayStage.held_back`): what may be sent then
 depends on whether that uid still exists, which :meth:`SelectorExits.alive` asks once per uid for
 every sink. A uid is deleted once, so while it exists every delete the watch ever reported of it was
 a selector exit.
@@ -29,6 +29,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
+from bridge.delivery.resource_version import parse_rv
 from bridge.errors import BridgeError, NotFoundError
 
 __all__ = ["LEFT_SELECTOR_EXTENSION", "SelectorExits"]
@@ -119,7 +120,7 @@ class SelectorExits:
         if not isinstance(meta, Mapping) or meta.get("uid") != uid:
             return None
         rv = str(meta.get("resourceVersion") or "")
-        return int(rv) if rv.isdigit() else 0
+        return parse_rv(rv) or 0
 
     async def left(self, namespace: str, name: str, uid: str, resource_version: str) -> bool:
         """True when the object ``uid`` still exists (so its delete was a selector exit)."""

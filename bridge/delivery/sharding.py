@@ -315,12 +315,21 @@ def plan_handover(*, base: str, shard: ShardFilter, stored: Mapping[str, Checkpo
     sources = tuple(sorted(set(owner.values())))
     parts = [filter_checkpoint(stored[s], plan.takes(s), informer_id=own) for s in sources]
     merged = merge_checkpoints(own, parts)
+    sink_floors = _sink_floors(merged, owner, order, generations, floors)
+    return Handover(checkpoint=merged, sources=sources, stale=stale, modulus=modulus, floors=floors,
+                    owner=owner, sink_floors=sink_floors)
+
+
+def _sink_floors(merged: Checkpoint | None, owner: Mapping[int, str], order: list[int],
+                 generations: Mapping[int, Mapping[int, Checkpoint]], floors: Mapping[int, int]
+                 ) -> dict[str, dict[int, int]]:
+    """Per sink and residue, as the floors: what the sink acknowledged in any checkpoint covering
+    the residue (and covering the sink: a format-1 checkpoint covers every sink, at its base), where
+    that is later than the residue's floor."""
     sink_floors: dict[str, dict[int, int]] = {}
     for name in (merged.sinks or {}) if merged is not None else ():
         table: dict[int, int] = {}
         for r in owner:
-            # As the floors: what the sink acknowledged in any checkpoint covering the residue (and
-            # covering the sink: a format-1 checkpoint covers every sink, at its base).
             covering = [(t, r % t) for t in order if r % t in generations[t]]
             own_rvs = [_sink_rv(generations[t][o], name) for t, o in covering]
             best = max((v for v in own_rvs if v is not None), default=0)
@@ -328,8 +337,7 @@ def plan_handover(*, base: str, shard: ShardFilter, stored: Mapping[str, Checkpo
                 table[r] = best
         if table:
             sink_floors[name] = table
-    return Handover(checkpoint=merged, sources=sources, stale=stale, modulus=modulus, floors=floors,
-                    owner=owner, sink_floors=sink_floors)
+    return sink_floors
 
 
 def _sink_rv(cp: Checkpoint, sink: str) -> int | None:

@@ -28,9 +28,10 @@ Bridge extensions:
   followed by an add of the new one, so consumers keyed by uid stay right.
 * progress markers from the FIFO are forwarded to the :class:`~bridge.contracts.DeliveryObserver`, so
   the checkpoint knows the resourceVersion each acknowledged prefix of notifications reflects.
-* :meth:`SharedIndexInformer.resume_from` seeds the cache from a checkpoint and watches from its
-  resourceVersion without listing; if that RV has expired the relist emits only real differences
-  (unchanged objects become same-RV updates, i.e. resync notifications nobody is due for).
+* :meth:`SharedIndexInformer.seed` is the one restart hook (:class:`CacheSeed`): it seeds the cache
+  and watches from a resourceVersion without listing (if that RV has expired the relist emits only
+  real differences), suppresses the replayed changes of given keys, names the objects consumers may
+  hold that the cache does not vouch for, or frames the first list as a gap.
 * :meth:`SharedIndexInformer.request_snapshot` hands one listener (or all) the whole cache as one
   ``SNAPSHOT`` notification, at a point consistent with the change order.
 * ``compact_cache``: the cache keeps each object as its JSON bytes (about its wire size, instead of
@@ -52,6 +53,7 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.clock import Clock
@@ -102,6 +104,7 @@ from bridge.informer.transform import drop_managed_fields
 from bridge.rawobject import object_identity
 
 __all__ = [
+    "CacheSeed",
     "HandlerRegistration",
     "InformerError",
     "InformerStartedError",
@@ -112,6 +115,33 @@ _RESYNC_DELTAS = frozenset({DeltaType.SYNC, DeltaType.REPLACED})
 """Delta types that are resync notifications when they leave the object's resourceVersion unchanged."""
 
 log = logging.getLogger(__name__)
+
+@dataclass(frozen=True, slots=True)
+class CacheSeed:
+    """What an informer starts from instead of an empty cache (:meth:`SharedIndexInformer.seed`)."""
+
+    objects: Sequence[KubeObject] = ()
+    """The cache (metadata-only stubs will do): objects consumers already have."""
+    resource_version: str = ""
+    """The first watch starts here, without a list ("" = the informer lists as on a first start)."""
+    suppress: Mapping[str, tuple[int, bool]] = field(default_factory=dict)
+    """key → (resourceVersion, deleted): the object's changes up to it were delivered already; the
+    cache takes them again as the watch replays them, nobody is notified twice. A delivered delete
+    vouches only for what the key held up to it: a relist finding the key gone while the cache holds
+    a newer state (a later incarnation) notifies that object's delete."""
+    diverging: Iterable[str] = ()
+    """Keys whose seeded state some handler does not share: until something is notified about such
+    an object, a relist that finds it unchanged notifies it anyway (an update that is not a resync),
+    so each handler can compare it with what it knows."""
+    unconfirmed: Sequence[KubeObject] = ()
+    """Objects (stubs) consumers may have received that the seed does not vouch for: a relist that
+    no longer returns one (under its uid) reports it deleted; a list item or watch event of its uid
+    reports it as on a first start (an add). Where the cache has nothing under the key, the newest
+    takes the key's place, so that the relist's tombstones cover it."""
+    gap_from: str = ""
+    """Without a resourceVersion: the first list is framed as a gap from here, for consumers who
+    may hold state from a previous run that the bridge cannot vouch for."""
+
 
 def _from_relist(delta: Delta) -> bool:
     """True for a relist's delta (a listed item, or a deletion it inferred)."""
@@ -205,12 +235,12 @@ class SharedIndexInformer:
         self._tasks: list[asyncio.Task[None]] = []
         self._pop_task: asyncio.Task[None] | None = None
         self._reflector_task: asyncio.Task[None] | None = None
-        self._delivered: dict[str, tuple[int, bool]] = {}
+        self._suppress: dict[str, tuple[int, bool]] = {}
         self._diverging: set[str] = set()
-        """Keys whose next same-resourceVersion relist item is notified anyway (see resume_from)."""
+        """Keys whose next same-resourceVersion relist item is notified anyway (see CacheSeed)."""
         self._unconfirmed: dict[str, list[KubeObject]] = {}
         """key → objects consumers may have received that the informer resumed without (see
-        :meth:`seed_unconfirmed`)."""
+        :attr:`CacheSeed.unconfirmed`)."""
         self.suppressed_replays = 0
         """Changes replayed after a resume that had been delivered already (not notified again)."""
         self._lock = asyncio.Lock()
@@ -246,42 +276,32 @@ class SharedIndexInformer:
         """Adds named indices, backfilled from the current cache (allowed at any time)."""
         self._indexer.add_indexers(indexers)
 
-    def resume_from(
-        self,
-        objects: Sequence[KubeObject],
-        resource_version: str,
-        delivered: Mapping[str, tuple[int, bool]] | None = None,
-        diverging: Iterable[str] = (),
-    ) -> None:
-        """Seeds the cache from a checkpoint (objects may be metadata-only stubs) and makes the
-        first watch start at ``resource_version`` without listing. Call before :meth:`run`.
+    def seed(self, seed: CacheSeed) -> None:
+        """Starts the informer from ``seed`` instead of an empty cache (a restart: see
+        :class:`CacheSeed`). Call once, before :meth:`run`.
 
         Handlers registered before start are not told about the seeded objects (they were delivered
-        before the checkpoint); a later relist reports only what changed meanwhile.
-
-        ``delivered`` (key → (resourceVersion, deleted)) names objects whose changes up to a newer
-        resourceVersion than the checkpoint's were already delivered and acknowledged: the cache
-        takes those changes again as the watch replays them, but nobody is notified twice. It keeps
-        the re-sent events after a crash within what was in flight, even when the checkpoint's
-        resourceVersion lagged behind a backlog. A delivered delete vouches only for what the key
-        held up to it: when a relist finds the key gone while the cache holds a newer state (a later
-        incarnation seeded here or by :meth:`seed_unconfirmed`), that object's delete is notified.
-
-        ``diverging`` names objects whose seeded state some handler does not share (the bridge's
-        sinks each have their own progress): until the informer has notified something about such
-        an object, a relist that finds it unchanged notifies it anyway (as an update that is not a
-        resync), so each handler can compare it with what it knows.
-        """
+        before the restart); a later relist reports only what changed meanwhile."""
         if self._started:
-            raise InformerStartedError(f"informer {self.name!r}: resume_from after start")
-        if not resource_version:
-            raise ValueError(f"informer {self.name!r}: resume_from needs a resourceVersion")
-        for obj in objects:
-            self._indexer.add(obj)
-        self._resume_rv = resource_version
-        self._last_progress_rv = resource_version
-        self._delivered = dict(delivered or {})
-        self._diverging = set(diverging)
+            raise InformerStartedError(f"informer {self.name!r}: seed after start")
+        if seed.resource_version:
+            for obj in seed.objects:
+                self._indexer.add(obj)
+            self._resume_rv = seed.resource_version
+            self._last_progress_rv = seed.resource_version
+            self._suppress = dict(seed.suppress)
+            self._diverging = set(seed.diverging)
+        elif seed.objects or seed.suppress:
+            raise ValueError(f"informer {self.name!r}: a seeded cache needs a resourceVersion")
+        elif seed.gap_from:
+            self._last_progress_rv = seed.gap_from
+        for obj in seed.unconfirmed:
+            key = self._key_func(obj)
+            stubs = self._unconfirmed.setdefault(key, [])
+            cached = self._indexer.get_by_key(key)
+            if cached is None or object_identity(cached)[0] in {object_identity(s)[0] for s in stubs}:
+                self._indexer.add(obj)
+            stubs.append(obj)
 
     async def list_current(self) -> tuple[list[KubeObject], str]:
         """Lists the informer's scope from the API server now (consistent read, in pages of the
@@ -328,41 +348,8 @@ class SharedIndexInformer:
                     indexer.update(obj)
             return self._last_progress_rv
 
-    def frame_first_list(self, gap_from: str) -> None:
-        """Frames the first list as a gap from ``gap_from`` (as a relist after a resume would be):
-        for an informer that starts without a resume point although consumers may hold state from
-        a previous run that the bridge cannot vouch for (the bridge's known-object journal was
-        unreadable), so they learn that changes — deletes included — may not have been observed.
-        Call before :meth:`run`, without :meth:`resume_from`."""
-        if self._started:
-            raise InformerStartedError(f"informer {self.name!r}: frame_first_list after start")
-        if self._resume_rv:
-            raise ValueError(f"informer {self.name!r}: a resumed informer's relists are gaps already")
-        self._last_progress_rv = gap_from
-
-    def seed_unconfirmed(self, objects: Sequence[KubeObject]) -> None:
-        """Objects (metadata stubs) that consumers may have received as existing but that the
-        checkpoint resumed from does not know: the bridge's known-object journal. Call before
-        :meth:`run`, after :meth:`resume_from` if both are used.
-
-        Each is known to the next relist: one the list no longer returns (under its uid) is reported
-        deleted (a ``DeletedFinalStateUnknown`` of the stub); a list item or a watch event with its
-        uid reports the object as on a first start (an add), since consumers may never have had it.
-        Where the cache has nothing under the key, the newest stub also takes the key's place in the
-        cache, so that the relist's tombstones cover it.
-        """
-        if self._started:
-            raise InformerStartedError(f"informer {self.name!r}: seed_unconfirmed after start")
-        for obj in objects:
-            key = self._key_func(obj)
-            stubs = self._unconfirmed.setdefault(key, [])
-            cached = self._indexer.get_by_key(key)
-            if cached is None or object_identity(cached)[0] in {object_identity(s)[0] for s in stubs}:
-                self._indexer.add(obj)
-            stubs.append(obj)
-
     def _settle_unconfirmed(self, delta: Delta, key: ObjectKey) -> list[Notification]:
-        """Applies a delta of a key with unconfirmed objects (see :meth:`seed_unconfirmed`): the
+        """Applies a delta of a key with unconfirmed objects (see :attr:`CacheSeed.unconfirmed`): the
         unconfirmed object the delta is about is forgotten, so the delta reports it afresh; a relist's
         delta (a list item, or a tombstone) also reports every other one deleted. Returns those
         deletes, to be distributed before the delta."""
@@ -397,16 +384,16 @@ class SharedIndexInformer:
             del self._unconfirmed[key]
         return gone
 
-    def _already_delivered(self, delta: Delta, key: ObjectKey) -> bool:
+    def _suppressed(self, delta: Delta, key: ObjectKey) -> bool:
         """True when ``delta`` only repeats a change delivered before the restart (see
-        :meth:`resume_from`); the key's entry is dropped once the changes move past it."""
-        mark = self._delivered.get(key)
+        :attr:`CacheSeed.suppress`); the key's entry is dropped once the changes move past it."""
+        mark = self._suppress.get(key)
         if mark is None:
             return False
         delivered_rv, deleted = mark
         obj = delta.object
         if isinstance(obj, DeletedFinalStateUnknown):
-            del self._delivered[key]
+            del self._suppress[key]
             if not deleted:
                 return False  # a relist found it gone: consumers must see the delete now
             # The acknowledged delete vouches only for what the key held up to it. A cached state
@@ -417,11 +404,11 @@ class SharedIndexInformer:
         try:
             rv = int(object_identity(obj)[1])
         except ValueError:
-            del self._delivered[key]
+            del self._suppress[key]
             return False
         if rv <= delivered_rv:
             return True
-        del self._delivered[key]
+        del self._suppress[key]
         if deleted and delta.type is not DeltaType.DELETED:
             # Re-created after a delete consumers already saw: forget the stale cached state so this
             # is reported as a plain add, not a second delete of the old object.
@@ -633,7 +620,7 @@ class SharedIndexInformer:
     async def _apply_delta(self, delta: Delta, is_in_initial_list: bool) -> None:
         obj = delta.object
         distribute = self._processor.distribute
-        if self._delivered and self._already_delivered(delta, self._key_func(obj)):
+        if self._suppress and self._suppressed(delta, self._key_func(obj)):
             if delta.type is DeltaType.DELETED:
                 self._indexer.delete(obj)
             else:

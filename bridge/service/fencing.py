@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sinks.contract import AckCallback, ChangeEvent, Sink
+from sinks.contract import AckCallback, ChangeEvent, DeliveryOptions, Sink
 
 __all__ = ["FencedSink"]
 
@@ -33,8 +33,20 @@ class FencedSink:
         """Events not handed on because leadership had ended."""
 
     def __getattr__(self, item: str) -> Any:
-        # routing_resources, buffer_capacity, overflow_policy, resync_period, stats, …
+        # Whatever else the wrapped sink has (its stats, …), for tools and tests.
         return getattr(self.inner, item)
+
+    @property
+    def delivery(self) -> DeliveryOptions:
+        return self.inner.delivery
+
+    @property
+    def last_error(self) -> str:
+        return self.inner.last_error
+
+    @property
+    def in_flight(self) -> int:
+        return self.inner.in_flight
 
     async def start(self) -> None:
         await self.inner.start()

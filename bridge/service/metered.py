@@ -31,7 +31,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from bridge.service.telemetry import LATENCY_SAMPLE_INTERVAL, Telemetry
-from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, Sink
+from sinks.contract import AckCallback, ChangeEvent, DeliveryOptions, DeliveryOutcome, Sink
 
 __all__ = ["MeteredSink"]
 
@@ -65,9 +65,16 @@ class MeteredSink:
         """``deliver_batch``: events still to pass before the next traced one (drawn when needed)."""
 
     def __getattr__(self, item: str) -> Any:
-        # Only called for attributes this wrapper does not define: routing_resources,
-        # buffer_capacity, overflow_policy, resync_period, stats, …
+        # Only called for attributes this wrapper does not define (the wrapped sink's stats, …).
         return getattr(self.inner, item)
+
+    @property
+    def delivery(self) -> DeliveryOptions:
+        return self.inner.delivery
+
+    @property
+    def last_error(self) -> str:
+        return self.inner.last_error
 
     def outcome_counts(self) -> dict[str, int]:
         """Outcome value → events finished through this wrapper, every outcome present (zero too, so

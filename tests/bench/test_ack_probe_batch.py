@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 
 from bench.common import STAMP_ANNOTATION, AckProbe
-from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType
+from sinks.contract import AckCallback, ChangeEvent, DeliveryOptions, DeliveryOutcome, EventType
 from tests.sinks import event, obj
 
 
@@ -33,6 +33,10 @@ class Recorder:
 
     def healthy(self) -> bool:
         return True
+
+    delivery = DeliveryOptions()
+    last_error = ""
+    in_flight = 0
 
 
 class BatchRecorder(Recorder):

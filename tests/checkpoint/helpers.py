@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bridge.contracts import DeliveryObserver
+from bridge.contracts import DeliveryObserver, OverflowPolicy
 from bridge.delivery.pipeline import WatchedResource
 from bridge.informer.factory import InformerKey
 from bridge.informer.shared_informer import SharedIndexInformer
@@ -16,7 +16,7 @@ from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import APIResource
 from bridge.sim import Simulator
 from bridge.testing.fake_source import FakeControllerSource
-from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType, ResourceRef
+from sinks.contract import AckCallback, ChangeEvent, DeliveryOptions, DeliveryOutcome, EventType, ResourceRef
 
 CONFIGMAPS = ResourceRef(group="", version="v1", resource="configmaps", kind="ConfigMap")
 CONFIGMAPS_API = APIResource(group="", version="v1", resource="configmaps", kind="ConfigMap", namespaced=True,
@@ -64,6 +64,21 @@ class RecordingSink:
 
     def healthy(self) -> bool:
         return not self.closed
+
+    @property
+    def delivery(self) -> DeliveryOptions:
+        """What its attributes say (tests change ``overflow_policy`` and others after construction)."""
+        return DeliveryOptions(routing=self.routing_resources, buffer_capacity=self.buffer_capacity,
+                               overflow_policy=OverflowPolicy(self.overflow_policy),
+                               resync_period=self.resync_period)
+
+    @property
+    def last_error(self) -> str:
+        return "closed" if self.closed else ""
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.unacked)
 
     def changes(self) -> list[tuple[str, str, str, bool]]:
         """(type, subject, resourceVersion, final_state_unknown) of every non-snapshot event."""

@@ -32,7 +32,8 @@ from bridge.contracts import (
 from bridge.delivery.checkpoint import FileCheckpointStore
 from bridge.delivery.journal import KnownObjectJournal
 from bridge.delivery.pipeline import BridgePipeline, SinkListener
-from bridge.delivery.progress import SinkResume
+from bridge.delivery.replay import ReplayStage, SinkResume
+from bridge.delivery.resume_plan import RelistedState, SentDelete
 from bridge.delivery.selector_exit import SelectorExits
 from bridge.errors import NotFoundError
 from bridge.testing.fake_source import FakeControllerSource
@@ -133,19 +134,20 @@ SCENARIOS: dict[str, tuple[Callable[[], list[Notification]], Callable[[], dict[s
     "own progress: what the sink had is skipped, the rest delivered": (
         lambda: [upd(0, "a", "3", "4"), upd(1, "a", "4", "6"), add(2, "b", "7"), dele(3, "x", "8"),
                  upd(4, "b", "7", "9")],
-        lambda: {"own_progress": SinkResume(resource_version=2, known={"ns/a": ("u-a", 5, False),
-                                                                      "ns/x": ("u-x", 1, True)})}),
+        lambda: {"replay": ReplayStage(own=SinkResume(
+            resource_version=2, known={"ns/a": ("u-a", 5, False), "ns/x": ("u-x", 1, True)}))}),
     "replayed after an inferred delete: held back, the delete framed": (
         lambda: [upd(0, "a", "1", "2"), upd(1, "a", "2", "5"), dele(2, "a", "6"), add(3, "b", "7")],
-        lambda: {"resent": {"u-a": ("3", True)}}),
+        lambda: {"replay": ReplayStage(sent={"u-a": SentDelete("ns/a", "3", inferred=True)})}),
     "replayed after a relist sent the object: coalesced changes held back, its state framed": (
         lambda: [upd(0, "a", "1", "2"), upd(1, "a", "2", "3"), upd(2, "a", "3", "5"), add(3, "b", "6"),
                  upd(4, "a", "5", "7")],
-        lambda: {"coalesced": {"u-a": ("2", "5", False)}}),
+        lambda: {"replay": ReplayStage(relisted={"u-a": RelistedState("2", "5", added=False)})}),
     "under a selector: exits asked, a replayed history of a uid that lives on": (
         lambda: [upd(0, "a", "1", "2"), upd(1, "a", "2", "5"), dele(2, "a", "6"), add(3, "b", "7"),
                  dele(4, "b", "8"), add(5, "c", "9"), dele(6, "c", "10")],
-        lambda: {"resent": {"u-a": ("3", True)}, "exits": exits({"a": "12", "b": "8"})}),
+        lambda: {"replay": ReplayStage(sent={"u-a": SentDelete("ns/a", "3", inferred=True)},
+                                       exits=(e := exits({"a": "12", "b": "8"}))), "exits": e}),
     "under a selector, nothing resent: deletes asked whether they were exits": (
         lambda: [add(0, "b", "7"), upd(1, "b", "7", "9"), dele(2, "b", "10"), add(3, "c", "11"),
                  dele(4, "c", "12")],

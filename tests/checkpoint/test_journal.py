@@ -15,7 +15,7 @@ import pytest
 from bridge.contracts import DeletedFinalStateUnknown, Gap, Notification, NotificationKind, ObjectKey
 from bridge.delivery.blob_file import FileBlobStore
 from bridge.delivery.checkpoint import Checkpoint
-from bridge.delivery.journal import FileJournalBackend, JournalEntry, KnownObjectJournal
+from bridge.delivery.journal import Deleted, FileJournalBackend, KnownObjectJournal, Relisted
 from tests.checkpoint.helpers import until
 
 IDENT = "configmaps.ns.abc"
@@ -139,7 +139,7 @@ async def test_load_ignores_a_torn_tail_and_reports_a_damaged_journal_unreadable
     path.write_bytes(head + b'\n["a","ns/a","u-a","12"]\n["d","ns/a","u-a","13",false]\n["a","ns/b","u-')
     j = KnownObjectJournal(path=path, informer_id=IDENT)
     with caplog.at_level(logging.WARNING, logger="bridge.delivery.journal"):
-        assert await j.load(None) == {"u-a": JournalEntry("ns/a", "13", deleted=True)}
+        assert await j.load(None) == {"u-a": Deleted("ns/a", "13")}
     assert any("torn" in r.getMessage() for r in caplog.records)
     assert j.unreadable == ""
     path.write_bytes(head + b'\n["a","ns/a","u-a","12"]\n["a","ns/b","u-b","abc"]\n["a","ns/c","u-c","14"]\n')
@@ -202,9 +202,9 @@ async def test_a_delete_replayed_after_an_inferred_one_keeps_where_the_held_back
         j = KnownObjectJournal(path=path, informer_id=IDENT)
         loaded = await j.load(checkpoint)
         if run == "second":
-            assert loaded == {"u-x": JournalEntry("ns/x", "12", deleted=True, inferred=True)}
+            assert loaded == {"u-x": Deleted("ns/x", "12", inferred=True)}
         else:
-            assert loaded == {"u-x": JournalEntry("ns/x", "15", deleted=True, held_after="12")}
+            assert loaded == {"u-x": Deleted("ns/x", "15", held_after="12")}
         task = asyncio.create_task(j.run(), name="journal-under-test")
         note(j, seq, NotificationKind.DELETE, "x", "u-x", "15")
         await j.wait(seq)
@@ -323,8 +323,8 @@ async def test_a_relists_states_are_recorded_with_where_its_window_starts_until_
                                ["r", "ns/b", "u-b", "19", "16", True],
                                ["d", "ns/b", "u-b", "20", False, "16"]]
     reloaded = await KnownObjectJournal(path=j.path, informer_id=IDENT).load(None)
-    assert reloaded["u-a"] == JournalEntry("ns/a", "18", coalesced_from="10")
-    assert reloaded["u-known"] == JournalEntry("ns/known", "14", coalesced_from="10")
+    assert reloaded["u-a"] == Relisted("ns/a", "18", "10", added=False)
+    assert reloaded["u-known"] == Relisted("ns/known", "14", "10", added=False)
     # The checkpoint knows every object, and its sinks all acknowledged known's relisted state (its
     # delivered-ahead map) but not a's: a's record stays, so does b's delete.
     j.compact(Checkpoint(informer_id=IDENT, resource_version="13",
@@ -363,7 +363,9 @@ async def test_an_inferred_delete_is_kept_until_the_checkpoint_reaches_the_list_
     await j.idle()
     assert records(j.path) == [["d", "ns/known", "u-known", "9", True, "", "20"]]
     reloaded = await KnownObjectJournal(path=j.path, informer_id=IDENT).load(None)
-    assert reloaded["u-known"].sent_before == "20"
+    entry = reloaded["u-known"]
+    assert isinstance(entry, Deleted)
+    assert entry.sent_before == "20"
     j.compact(Checkpoint(informer_id=IDENT, resource_version="20", objects={}))
     await j.idle()
     assert records(j.path) == []

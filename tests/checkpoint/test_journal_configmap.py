@@ -16,7 +16,7 @@ import pytest
 from bridge.contracts import NotificationKind
 from bridge.delivery.checkpoint import Checkpoint, CheckpointFencedError
 from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore, ConfigMapJournalBackend
-from bridge.delivery.journal import JournalEntry, JournalStoreError, KnownObjectJournal
+from bridge.delivery.journal import Deleted, Exists, JournalStoreError, KnownObjectJournal
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.leaderelection import FenceToken
 from bridge.sim import Simulator
@@ -91,8 +91,8 @@ async def test_records_are_written_in_group_commits_and_read_back_by_the_next_ru
         await stop(task)
     again = KnownObjectJournal(backend=backend(client), informer_id=IDENT)
     entries = await again.load(None)
-    assert entries["u-known"] == JournalEntry("ns/known", "200", deleted=True)
-    assert entries["u-7"] == JournalEntry("ns/o7", "27")
+    assert entries["u-known"] == Deleted("ns/known", "200")
+    assert entries["u-7"] == Exists("ns/o7", "27")
     assert len(entries) == 101
 
 
@@ -170,7 +170,7 @@ async def test_a_journal_larger_than_one_configmap_spans_sealed_chunks(client: A
             sealed = await client.get(f"/api/v1/namespaces/{NS}/configmaps/{chunk}")
             assert len(sealed["data"]["chunk"]) <= 2000
         entries = await KnownObjectJournal(backend=store.journal_backend(IDENT), informer_id=IDENT).load(None)
-        assert entries == {f"u-{i}": JournalEntry(f"ns/o{i}", str(20 + i)) for i in range(300)}
+        assert entries == {f"u-{i}": Exists(f"ns/o{i}", str(20 + i)) for i in range(300)}
         # The first checkpoint knows all but three: the journal shrinks to them, old chunks go.
         j.compact(Checkpoint(informer_id=IDENT, resource_version="316",
                              objects={f"ns/o{i}": (f"u-{i}", str(20 + i)) for i in range(297)}))

@@ -14,7 +14,7 @@ import pytest
 from bridge.contracts import NotificationKind
 from bridge.delivery.checkpoint import Checkpoint
 from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
-from bridge.delivery.journal import JournalEntry, KnownObjectJournal
+from bridge.delivery.journal import Deleted, Exists, KnownObjectJournal
 from tests.brokers import NatsServer, running_nats
 from tests.checkpoint.helpers import until
 from tests.checkpoint.journal_scenarios import (
@@ -70,7 +70,7 @@ async def test_records_are_written_in_group_commits_and_read_back(nats_js: NatsS
         assert len(records) == 101  # u-3's add, then its delete
         assert writer is None
         entries = await KnownObjectJournal(backend=store.journal_backend(IDENT), informer_id=IDENT).load(None)
-        assert entries["u-3"] == JournalEntry("ns/o3", "200", deleted=True)
+        assert entries["u-3"] == Deleted("ns/o3", "200")
         assert len(entries) == 100
         # The checkpoint's chunk purge leaves the journal alone.
         assert store.journal_key(IDENT) in await (await store._bucket_kv()).keys()
@@ -147,7 +147,7 @@ async def test_a_journal_larger_than_one_value_spans_sealed_chunks(nats_js: Nats
             assert len(value) <= 2000 + 256
             entries = await KnownObjectJournal(backend=store.journal_backend(IDENT),
                                                informer_id=IDENT).load(None)
-            assert entries == {f"u-{i}": JournalEntry(f"ns/o{i}", str(20 + i)) for i in range(300)}
+            assert entries == {f"u-{i}": Exists(f"ns/o{i}", str(20 + i)) for i in range(300)}
             j.compact(Checkpoint(informer_id=IDENT, resource_version="316",
                                  objects={f"ns/o{i}": (f"u-{i}", str(20 + i)) for i in range(297)}))
             await until(lambda: j._compact_to is None, what="the compaction")

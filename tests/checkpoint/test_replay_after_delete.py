@@ -12,6 +12,8 @@ from typing import Any
 from bridge.clock import FakeClock
 from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind, ObjectKey
 from bridge.delivery.pipeline import SinkListener
+from bridge.delivery.replay import ReplayStage
+from bridge.delivery.resume_plan import SentDelete
 from bridge.delivery.selector_exit import SelectorExits
 from bridge.errors import NotFoundError
 from tests.checkpoint.helpers import CONFIGMAPS, RecordingSink
@@ -25,8 +27,14 @@ def listener(resent: Mapping[str, tuple[str, bool]], *, selector: bool = False) 
     async def fetch(namespace: str, name: str) -> dict[str, Any]:
         raise AssertionError("not asked")
 
+    exits = SelectorExits(fetch=fetch) if selector else None
     return SinkListener(sink=RecordingSink("x"), resource=CONFIGMAPS, cluster="c", clock=FakeClock(),
-                        resent=resent, exits=SelectorExits(fetch=fetch) if selector else None)
+                        replay=ReplayStage(sent=sent_deletes(resent), exits=exits), exits=exits)
+
+
+def sent_deletes(resent: Mapping[str, tuple[str, bool]]) -> dict[str, SentDelete]:
+    """uid → (resourceVersion, inferred) as the plan's records (the key plays no part here)."""
+    return {uid: SentDelete("", rv, inferred) for uid, (rv, inferred) in resent.items()}
 
 
 def events(resent: Mapping[str, tuple[str, bool]], n: Notification, *,
@@ -64,7 +72,8 @@ def test_changes_before_a_delete_the_watch_showed_are_replayed_in_order() -> Non
 
 async def replay(lst: SinkListener, n: Notification) -> list[tuple[str, str, bool, bool]]:
     """What ``n`` becomes, asked as :meth:`SinkListener.handle` asks first, with exits marked."""
-    await lst._ask_fate(n)
+    assert lst.replay is not None
+    await lst.replay.ask_fate(n)
     got = lst.events_for(n)
     await lst._mark_exits(got)
     return [(e.type.value, e.resource_version, e.final_state_unknown, "leftselector" in e.extensions)
@@ -80,8 +89,9 @@ def selector_listener(resent: Mapping[str, tuple[str, bool]], now: dict[str, Any
             raise NotFoundError("not found", code=404)
         return now
 
+    exits = SelectorExits(fetch=fetch)
     return SinkListener(sink=RecordingSink("x"), resource=CONFIGMAPS, cluster="c", clock=FakeClock(),
-                        resent=resent, exits=SelectorExits(fetch=fetch))
+                        replay=ReplayStage(sent=sent_deletes(resent), exits=exits), exits=exits)
 
 
 async def test_with_a_selector_a_uid_that_lives_on_gets_its_whole_replayed_history() -> None:

@@ -150,7 +150,7 @@ async def test_corrupt_checkpoint_warns_and_resyncs_fully(
     path.write_bytes(data[:-10] if damage == "truncate" else b"\x00garbage")
     sink = RecordingSink("k")
     p = make(source, tmp_path, sink)
-    with caplog.at_level(logging.WARNING, logger="bridge.delivery.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="bridge.delivery"):
         await p.start()
     assert not p.resumed(IDENT)
     assert any("corrupt or unreadable" in r.getMessage() and r.informer == IDENT  # type: ignore[attr-defined]
@@ -252,7 +252,7 @@ async def test_failed_checkpoint_writes_are_retried_and_metrics_are_exposed(
     )
     await p.start()
     await until(lambda: p.tracker(IDENT).resource_version == "1", what="ack")
-    with caplog.at_level(logging.WARNING, logger="bridge.delivery.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="bridge.delivery"):
         await clock.advance(5)
         await until(lambda: store.attempts == 1, what="first attempt")
     assert any("retrying at the next interval" in r.getMessage() for r in caplog.records)

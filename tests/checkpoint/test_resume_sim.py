@@ -163,7 +163,7 @@ async def test_checkpoint_with_a_nonsense_resource_version_is_corrupt_and_lists_
     store.path_for(ident).write_bytes(_sealed({
         "informer_id": ident, "resource_version": "abc", "written_at": 1.0,
         "objects": {f"{NS}/a": [a["metadata"]["uid"], rv(a)]}, "ahead": {}}))
-    with caplog.at_level(logging.WARNING, logger="bridge.delivery.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="bridge.delivery"):
         await p.start()
     assert not p.resumed(ident)
     assert any("corrupt" in r.getMessage() and "'abc'" in r.getMessage() for r in caplog.records)

@@ -47,7 +47,7 @@ async def test_a_webhook_outage_is_logged_measured_and_named(tmp_path: Path,
                        build_informer=fake_builder(source, clock), clock=clock,
                        spill_directory=tmp_path / "spill", outage_check_interval=0.05,
                        outage_summary_interval=0.3)
-    caplog.set_level(logging.INFO, logger="bridge.delivery.pipeline")
+    caplog.set_level(logging.INFO, logger="bridge.delivery")
     await p.start()
     try:
         for i in range(30):

@@ -1,4 +1,4 @@
-"""The per-sink filter after a restart (:class:`bridge.delivery.progress.SinkResume`): table tests of
+"""The per-sink filter after a restart (:class:`bridge.delivery.replay.SinkResume`): table tests of
 what one sink receives for each notification, given its own resume point and knowledge, and of the
 invariant it keeps (a key leaves ``known`` once the sink and the informer agree on it)."""
 
@@ -15,7 +15,8 @@ from bridge.contracts import (
     ObjectKey,
     UnconfirmedGone,
 )
-from bridge.delivery.progress import Knowledge, SinkResume
+from bridge.delivery.progress import Known
+from bridge.delivery.replay import SinkResume
 
 ADD, UPDATE, DELETE = NotificationKind.ADD, NotificationKind.UPDATE, NotificationKind.DELETE
 
@@ -31,7 +32,7 @@ def note(kind: NotificationKind, uid: str, rv: int, *, tombstone: bool = False) 
     return Notification(kind=kind, obj=target, key=ObjectKey("ns/a"), seq=1)
 
 
-def resume(rv: int, mine: Knowledge | None) -> SinkResume:
+def resume(rv: int, mine: Known | None) -> SinkResume:
     return SinkResume(resource_version=rv, known={} if mine is None else {"ns/a": mine},
                       api_version="v1", kind="ConfigMap")
 
@@ -70,7 +71,7 @@ def resume(rv: int, mine: Knowledge | None) -> SinkResume:
         (10, ("u1", 12, False), note(DELETE, "u1", 0, tombstone=True), True, [(DELETE, "u1", "0")], False),
     ],
 )
-def test_admit(sink_rv: int, mine: Knowledge | None, n: Notification, inferred: bool,
+def test_admit(sink_rv: int, mine: Known | None, n: Notification, inferred: bool,
                expect: list[tuple[NotificationKind, str, str]], still_known: bool) -> None:
     r = resume(sink_rv, mine)
     got = r.admit(n, inferred)
@@ -103,7 +104,7 @@ def test_admit(sink_rv: int, mine: Knowledge | None, n: Notification, inferred: 
     ],
 )
 def test_a_delete_of_a_uid_the_sink_may_hold_goes_out(
-        mine: Knowledge, n: Notification, inferred: bool,
+        mine: Known, n: Notification, inferred: bool,
         expect: list[tuple[NotificationKind, str, str]], still_known: bool) -> None:
     r = SinkResume(resource_version=10, known={"ns/a": mine}, maybe={"u1"}, api_version="v1",
                    kind="ConfigMap")
@@ -141,8 +142,8 @@ def gone_stub(uid: str, rv: int) -> Notification:
     ],
 )
 def test_a_journal_only_object_gone_is_not_the_keys_end(
-        mine: Knowledge | None, maybe: bool, expect: list[tuple[NotificationKind, str, str]],
-        known_after: Knowledge | None) -> None:
+        mine: Known | None, maybe: bool, expect: list[tuple[NotificationKind, str, str]],
+        known_after: Known | None) -> None:
     r = SinkResume(resource_version=10, known={} if mine is None else {"ns/a": mine},
                    maybe={"u1"} if maybe else (), api_version="v1", kind="ConfigMap")
     got = r.admit(gone_stub("u1", 5), True)
@@ -160,7 +161,7 @@ def test_own_progress_takes_the_changes_applied_before_the_first_checkpoint_writ
     with the base in the next write (it does not still claim to have seen ns/a deleted)."""
     from bridge.delivery.progress import AckTracker
 
-    own: dict[str, Knowledge] = {"ns/a": ("", 10, True)}  # fast saw u1 deleted; the base has u1
+    own: dict[str, Known] = {"ns/a": Known("", 10, True)}  # fast saw u1 deleted; the base has u1
     t = AckTracker(name="x", resource_version="5", index={"ns/a": ("u1", "5")})
     t.follow_listener("fast", 10, own)
     for seq, change in enumerate([note(DELETE, "u1", 8), note(ADD, "u2", 12)]):
@@ -177,7 +178,7 @@ def test_own_progress_takes_the_changes_applied_before_the_first_checkpoint_writ
 
 
 def test_markers_and_snapshots_pass() -> None:
-    r = resume(10, ("", -1, True))
+    r = resume(10, Known("", -1, True))
     snap = Notification(kind=NotificationKind.SNAPSHOT, obj={}, snapshot=[], seq=3)
     assert r.admit(snap, False) == [snap]
     assert r.known  # untouched

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from bridge.clock import RealClock
+from bridge.contracts import OverflowPolicy
 from bridge.delivery.pipeline import BridgePipeline
 from bridge.testing.fake_source import FakeControllerSource
-from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType
+from sinks.contract import AckCallback, ChangeEvent, DeliveryOptions, DeliveryOutcome, EventType
 from tests.checkpoint.helpers import WATCHED, fake_builder, until
 
 PAYLOAD = "x" * 4096
@@ -29,11 +30,10 @@ class CountingSink:
     def __init__(self, name: str, *, down: bool = False, spill_limit: int = 1 << 30,
                  buffer_capacity: int = 256) -> None:
         self.name = name
-        self.resync_period = 0.0
-        self.routing_resources: frozenset[str] = frozenset()
-        self.buffer_capacity = buffer_capacity
-        self.overflow_policy = "spill"
-        self.spill_limit = spill_limit
+        self.delivery = DeliveryOptions(buffer_capacity=buffer_capacity, overflow_policy=OverflowPolicy.SPILL,
+                                        spill_limit=spill_limit)
+        self.last_error = ""
+        self.in_flight = 0
         self.down = asyncio.Event() if down else None
         self.count = 0
         self.types: list[str] = []

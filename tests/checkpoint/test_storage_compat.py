@@ -17,7 +17,7 @@ import pytest
 from bridge.delivery.checkpoint import Checkpoint, CheckpointFencedError, CheckpointStore, FileCheckpointStore
 from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
 from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
-from bridge.delivery.journal import JournalEntry, KnownObjectJournal
+from bridge.delivery.journal import Deleted, Exists, KnownObjectJournal
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.leaderelection import FenceToken
 from bridge.sim import Simulator
@@ -32,8 +32,8 @@ WANT = Checkpoint(informer_id=IDENT, resource_version="2000", objects=OBJECTS, w
                   ahead={"ns/late": ("uid-late", "2005", False)}, writer=A)
 RECORDS = [["a", f"ns/new-{i}", f"uid-new-{i}", str(2001 + i)] for i in range(30)] + [
     ["d", "ns/objet-é-0001", "uid-0001", "2040", False]]
-ENTRIES = {**{f"uid-new-{i}": JournalEntry(f"ns/new-{i}", str(2001 + i)) for i in range(30)},
-           "uid-0001": JournalEntry("ns/objet-é-0001", "2040", deleted=True)}
+ENTRIES = {**{f"uid-new-{i}": Exists(f"ns/new-{i}", str(2001 + i)) for i in range(30)},
+           "uid-0001": Deleted("ns/objet-é-0001", "2040")}
 
 
 def old_checkpoint_bytes() -> bytes:

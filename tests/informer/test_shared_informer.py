@@ -21,7 +21,7 @@ from bridge.contracts import (
     WatchEventType,
 )
 from bridge.errors import ServerError
-from bridge.informer.shared_informer import InformerStartedError, SharedIndexInformer
+from bridge.informer.shared_informer import CacheSeed, InformerStartedError, SharedIndexInformer
 from bridge.testing.fake_source import FakeControllerSource
 from bridge.testing.recorder import RecordingHandler
 
@@ -560,7 +560,7 @@ async def test_resume_from_checkpoint_watches_without_listing(env: Env) -> None:
     informer = env.informer()
     rec = RecordingHandler()
     informer.add_event_handler(rec)
-    informer.resume_from(stubs, "2")
+    informer.seed(CacheSeed(objects=stubs, resource_version="2"))
     await env.start(informer)
     assert await rec.wait_for(1) == [("update", "ns/a", "1", "3")]
     assert env.source.list_calls() == []
@@ -579,7 +579,7 @@ async def test_fill_in_puts_listed_objects_in_place_of_stubs_of_the_same_state(e
     informer = env.informer()
     rec = RecordingHandler()
     informer.add_event_handler(rec)
-    informer.resume_from([_stub(a), _stub(b), _stub(c)], "3")
+    informer.seed(CacheSeed(objects=[_stub(a), _stub(b), _stub(c)], resource_version="3"))
     await env.start(informer)
     listed, list_rv = await informer.list_current()
     env.source.modify(cm("b", k="4"))  # 4: newer than the list
@@ -608,7 +608,7 @@ async def test_resume_from_expired_checkpoint_relists_only_differences(env: Env)
     informer = env.informer()
     rec = RecordingHandler()
     informer.add_event_handler(rec)
-    informer.resume_from(stubs, "3")
+    informer.seed(CacheSeed(objects=stubs, resource_version="3"))
     await env.start(informer, sync=False)
     # Deletes first (controller_test.go TestReplaceEvents), then the items that changed.
     assert await rec.wait_for(2) == [("delete", "ns/b", "2", True), ("update", "ns/a", "1", "4")]
@@ -623,7 +623,7 @@ async def test_run_twice_and_shutdown_idempotent(env: Env) -> None:
     with pytest.raises(InformerStartedError):
         await informer.run()
     with pytest.raises(InformerStartedError):
-        informer.resume_from([], "1")
+        informer.seed(CacheSeed(resource_version="1"))
     await informer.shutdown(1)
     await informer.shutdown(1)
 
@@ -728,7 +728,8 @@ async def test_resume_does_not_notify_changes_delivered_beyond_the_checkpoint(en
     informer = env.informer()
     rec = RecordingHandler()
     informer.add_event_handler(rec)
-    informer.resume_from([_stub(a), _stub(b)], "2", {"ns/a": (4, False), "ns/b": (5, True)})
+    informer.seed(CacheSeed(objects=[_stub(a), _stub(b)], resource_version="2",
+                            suppress={"ns/a": (4, False), "ns/b": (5, True)}))
     await env.start(informer)
     calls = await rec.wait_for(2)
     assert calls == [("update", "ns/a", "4", "6"), ("add", "ns/b", "7", False)]
@@ -750,7 +751,8 @@ async def test_relist_after_resume_skips_what_was_delivered(env: Env) -> None:
     informer = env.informer()
     rec = RecordingHandler()
     informer.add_event_handler(rec)
-    informer.resume_from([_stub(a), _stub(b), _stub(c)], "3", {"ns/a": (4, False), "ns/b": (5, True)})
+    informer.seed(CacheSeed(objects=[_stub(a), _stub(b), _stub(c)], resource_version="3",
+                            suppress={"ns/a": (4, False), "ns/b": (5, True)}))
     await env.start(informer)
     assert await rec.wait_for(1) == [("update", "ns/c", "3", "6")]
     for _ in range(50):
@@ -777,10 +779,10 @@ async def test_relist_reports_unconfirmed_objects_that_are_gone(env: Env) -> Non
     informer = env.informer()
     rec = RecordingHandler()
     informer.add_event_handler(rec)
-    informer.resume_from([_stub(a)], "1")
-    informer.seed_unconfirmed([_unconfirmed("kept", "uid-ns-kept-2", "2"),
-                               _unconfirmed("gone", gone["metadata"]["uid"], "3"),
-                               _unconfirmed("other", "uid-ns-other-5", "5")])
+    informer.seed(CacheSeed(objects=[_stub(a)], resource_version="1",
+                            unconfirmed=[_unconfirmed("kept", "uid-ns-kept-2", "2"),
+                                         _unconfirmed("gone", gone["metadata"]["uid"], "3"),
+                                         _unconfirmed("other", "uid-ns-other-5", "5")]))
     await env.start(informer)
     calls = await rec.wait_for(4)
     for _ in range(50):
@@ -818,10 +820,11 @@ async def test_relist_reports_a_later_incarnation_gone_after_an_acknowledged_del
     informer.add_event_handler(rec)
     later = _unconfirmed("b", "uid-ns-b-4", "4")
     if known_from == "journal":
-        informer.resume_from([_stub(a)], "1", {"ns/b": (3, True)})
-        informer.seed_unconfirmed([later])
+        informer.seed(CacheSeed(objects=[_stub(a)], resource_version="1", suppress={"ns/b": (3, True)},
+                                unconfirmed=[later]))
     else:
-        informer.resume_from([_stub(a), later], "1", {"ns/b": (3, True)}, diverging={"ns/b"})
+        informer.seed(CacheSeed(objects=[_stub(a), later], resource_version="1", suppress={"ns/b": (3, True)},
+                                diverging={"ns/b"}))
     await env.start(informer)
     assert await rec.wait_for(1) == [("delete", "ns/b", "4", True)]
     for _ in range(50):
@@ -841,8 +844,9 @@ async def test_watch_replay_reports_unconfirmed_objects_as_they_happened(env: En
     informer = env.informer()
     rec = RecordingHandler()
     informer.add_event_handler(rec)
-    informer.resume_from([_stub(a)], "1")
-    informer.seed_unconfirmed([_unconfirmed("x", "uid-ns-x-2", "3"), _unconfirmed("x", "uid-ns-x-4", "4")])
+    informer.seed(CacheSeed(objects=[_stub(a)], resource_version="1",
+                            unconfirmed=[_unconfirmed("x", "uid-ns-x-2", "3"),
+                                         _unconfirmed("x", "uid-ns-x-4", "4")]))
     await env.start(informer)
     calls = await rec.wait_for(4)
     assert calls == [("add", "ns/x", "2", False), ("delete", "ns/x", "3", False),
@@ -895,7 +899,7 @@ async def test_an_expired_continuation_on_a_resumed_relist_is_inside_one_gap() -
     informer = SharedIndexInformer(lister_watcher=source, clock=FakeClock(), name="cm", page_size=2)
     rec = _Frames()
     informer.add_event_handler(rec)
-    informer.resume_from([_stub(a)], "1")
+    informer.seed(CacheSeed(objects=[_stub(a)], resource_version="1"))
     task = asyncio.create_task(informer.run(), name="test-informer-run")
     try:
         await until(lambda: bool(rec.seen) and rec.seen[-1][0] == "gap.end", "the gap's end")

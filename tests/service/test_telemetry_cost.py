@@ -32,7 +32,7 @@ from bridge.service.telemetry import (
 )
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
-from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType, ResourceRef
+from sinks.contract import AckCallback, ChangeEvent, DeliveryOptions, DeliveryOutcome, EventType, ResourceRef
 
 PODS = ResourceRef(group="", version="v1", resource="pods", kind="Pod")
 
@@ -54,6 +54,9 @@ class AckingSink:
     def __init__(self, clock: FakeClock, *, latency: float = 0.0,
                  outcomes: Sequence[DeliveryOutcome] = ()) -> None:
         self.name = "s"
+        self.delivery = DeliveryOptions()
+        self.last_error = ""
+        self.in_flight = 0
         self.clock = clock
         self.latency = latency
         self._outcomes: Iterator[DeliveryOutcome] = iter(outcomes)

@@ -11,8 +11,10 @@ import orjson
 import pytest
 
 from bridge.clock import FakeClock
+from bridge.contracts import OverflowPolicy
 from sinks.base import BaseSink, OutgoingMessage
 from sinks.contract import (
+    DeliveryOptions,
     DeliveryOutcome,
     EventType,
     SinkConfigError,
@@ -21,7 +23,7 @@ from sinks.contract import (
     SinkTransientError,
     SnapshotInfo,
 )
-from sinks.options import SinkOptions
+from sinks.options import SinkOptions, delivery_options
 from tests.sinks import PODS, SECRETS, Acks, event, marker, obj
 
 
@@ -266,18 +268,16 @@ def test_bad_config_messages() -> None:
 
 
 def test_wiring_properties() -> None:
-    sink = RecordingSink.from_options(
-        "x",
-        {
-            "routing": {"resources": ["Pods", "deployments.apps"]},
-            "resync_period": 30,
-            "buffer": {"capacity": 10, "policy": "coalesce"},
-        },
-    )
-    assert sink.routing_resources == frozenset({"pods", "deployments.apps"})
-    assert sink.resync_period == 30.0
-    assert sink.buffer_capacity == 10
-    assert sink.overflow_policy == "coalesce"
+    options = {
+        "routing": {"resources": ["Pods", "deployments.apps"]},
+        "resync_period": 30,
+        "buffer": {"capacity": 10, "policy": "coalesce"},
+    }
+    sink = RecordingSink.from_options("x", options)
+    assert sink.delivery == DeliveryOptions(routing=frozenset({"pods", "deployments.apps"}),
+                                            resync_period=30.0, buffer_capacity=10,
+                                            overflow_policy=OverflowPolicy.COALESCE)
+    assert delivery_options(options) == sink.delivery  # the same options, whatever the sink's kind
     assert sink.accepts(event(resource=PODS))
 
 

@@ -1,0 +1,159 @@
+"""The read-only views of a running pipeline: what it received, what waits for each sink, the
+gauges the telemetry reads at each scrape.
+
+:class:`PipelineInspection` is the part of :class:`~bridge.delivery.pipeline.BridgePipeline` that
+only reads: its informers' runs, its sinks and its clock.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from bridge.clock import Clock
+from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
+from bridge.delivery.informer_run import InformerRun
+from bridge.delivery.outages import SinkBacklog
+from bridge.delivery.progress import AckTracker
+from bridge.delivery.sink_listener import SinkListener
+from bridge.informer.shared_informer import SharedIndexInformer
+from sinks.contract import Sink
+
+__all__ = ["PipelineInspection", "PipelineStats"]
+
+_EVENT_TYPE = {"add": "added", "update": "updated", "delete": "deleted"}
+"""Notification kind → the CloudEvents type of its events (a snapshot's objects are counted apart)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineStats:
+    """A point-in-time view for metrics and tests."""
+
+    received: Mapping[str, Mapping[str, int]]
+    """informer id → notification kind → count."""
+    sinks: Mapping[str, Mapping[str, int]]
+    """sink name → outcome (delivered, filtered, dead_lettered, dropped) → count."""
+    queue_depth: Mapping[str, int]
+    """sink name → notifications waiting in its listeners' buffers."""
+    checkpoint_rv: Mapping[str, str]
+    checkpoint_age: Mapping[str, float | None]
+    checkpoint_lag: Mapping[str, int]
+    relists: Mapping[str, int]
+    resumed: Mapping[str, bool]
+
+
+class PipelineInspection:
+    """Read-only views of a pipeline (module docs)."""
+
+    _informers: dict[str, InformerRun]
+    _sinks: Sequence[Sink]
+    _clock: Clock
+
+
+    @property
+    def informers(self) -> dict[str, SharedIndexInformer]:
+        return {i: inf.informer for i, inf in self._informers.items()}
+
+    def tracker(self, ident: str) -> AckTracker:
+        return self._informers[ident].tracker
+
+    def listener(self, ident: str, sink_name: str) -> SinkListener:
+        return self._informers[ident].listeners[sink_name]
+
+    def resumed(self, ident: str) -> bool:
+        return self._informers[ident].resumed
+
+    def stats(self) -> PipelineStats:
+        now = self._clock.now()
+        sink_outcomes: dict[str, collections.Counter[str]] = {s.name: collections.Counter()
+                                                              for s in self._sinks}
+        depth: dict[str, int] = {s.name: 0 for s in self._sinks}
+        for inf in self._informers.values():
+            for name, listener in inf.listeners.items():
+                sink_outcomes[name].update(listener.stats.outcomes)
+                depth[name] += inf.registrations[name].listener.depth
+        return PipelineStats(
+            received={i: dict(inf.counts.received) for i, inf in self._informers.items()},
+            sinks={n: dict(c) for n, c in sink_outcomes.items()},
+            queue_depth=depth,
+            checkpoint_rv={i: inf.saved_rv for i, inf in self._informers.items()},
+            checkpoint_age={i: (None if inf.last_saved is None else now - inf.last_saved)
+                            for i, inf in self._informers.items()},
+            checkpoint_lag={i: inf.tracker.lag for i, inf in self._informers.items()},
+            relists={i: (inf.informer.reflector.list_count if inf.informer.reflector else 0)
+                     for i, inf in self._informers.items()},
+            resumed={i: inf.resumed for i, inf in self._informers.items()},
+        )
+
+    def events_received(self) -> dict[str, dict[str, int]]:
+        """Resource (``pods``, ``deployments.apps``) → change kind → changes processed so far, summed
+        over the informers that watch that resource (several scopes may)."""
+        totals: dict[str, collections.Counter[str]] = {}
+        for inf in self._informers.values():
+            totals.setdefault(inf.counts.resource, collections.Counter()).update(inf.counts.received)
+        return {resource: dict(c) for resource, c in totals.items()}
+
+    def sink_backlog(self, name: str) -> SinkBacklog:
+        """What waits for one sink, summed over its informers: in memory, on disk, degraded."""
+        totals = [0, 0, 0, 0, 0]
+        for inf in self._informers.values():
+            reg = inf.registrations.get(name)
+            if reg is None:
+                continue
+            st = reg.listener.stats()
+            for i, v in enumerate((st.depth, st.spill_bytes, st.spilled, st.degraded, st.gaps)):
+                totals[i] += v
+        return SinkBacklog(*totals)
+
+    def sink_lag(self, name: str) -> float:
+        """Seconds since the oldest change this sink has not acknowledged was dispatched (0 if none)."""
+        oldest = [t for inf in self._informers.values() if name in inf.registrations
+                  if (t := inf.tracker.oldest_unacked(name)) is not None]
+        return max(0.0, self._clock.now() - min(oldest)) if oldest else 0.0
+
+    def delivered(self, name: str) -> int:
+        """Events ``name`` acknowledged as delivered so far."""
+        return sum(inf.listeners[name].stats.outcomes.get("delivered", 0)
+                   for inf in self._informers.values() if name in inf.listeners)
+
+    def queue_depths(self) -> dict[str, int]:
+        """Sink name → notifications waiting in its listeners' buffers."""
+        return dict(self.stats().queue_depth)
+
+    def informer_gauges(self) -> dict[str, InformerGauges]:
+        """Informer (its key, as text) → the gauges the telemetry reads."""
+        st = self.stats()
+        gauges: dict[str, InformerGauges] = {}
+        for i, inf in self._informers.items():
+            reflector = inf.informer.reflector
+            counts = inf.counts
+            received = {_EVENT_TYPE[k]: n for k, n in counts.received.items() if k in _EVENT_TYPE}
+            if counts.synced:
+                received["sync"] = counts.synced
+            gauges[str(inf.watched.key)] = InformerGauges(
+                resource=inf.watched.ref.qualified,
+                informer=i,
+                received=received,
+                relists=st.relists[i],
+                watch_restarts=max(0, reflector.watch_count - 1) if reflector else 0,
+                expired=reflector.expired_count if reflector else 0,
+                cached_objects=len(inf.informer.get_indexer()),
+                checkpoint_age=st.checkpoint_age[i],
+                checkpoint_lag=st.checkpoint_lag[i],
+            )
+        return gauges
+
+    def telemetry_snapshot(self) -> TelemetrySnapshot:
+        """The gauges :class:`bridge.telemetry.Telemetry` reads at each scrape."""
+        st = self.stats()
+        sinks = {
+            s.name: SinkGauges(queue_depth=st.queue_depth[s.name],
+                               spill_bytes=self.sink_backlog(s.name).spill_bytes,
+                               lag_seconds=self.sink_lag(s.name),
+                               in_flight=s.in_flight,
+                               up=s.healthy(), outcomes=st.sinks[s.name])
+            for s in self._sinks
+        }
+        informers = self.informer_gauges()
+        return TelemetrySnapshot(sinks=sinks, informers=informers, events_received=self.events_received())

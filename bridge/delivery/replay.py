@@ -1,0 +1,410 @@
+"""One sink's replay after a restart: every notification held back, re-sent or dropped, decided here.
+
+A restart resumes the watch from the checkpoint's base (the slowest sink's point), so the informer
+replays changes some sinks already have. The resume plan (:mod:`bridge.delivery.resume_plan`) says
+what the previous runs sent; :class:`ReplayStage` applies it to one sink's notifications:
+
+* **own progress** (:class:`SinkResume`): what the sink had already is acknowledged without
+  delivery; the differences against its own knowledge go out;
+* **a delete already sent** (:class:`~bridge.delivery.resume_plan.SentDelete`): it goes out again as
+  it was (same resourceVersion and marking, hence the same id); the changes after the state an
+  inferred delete carried were coalesced by that relist and are held back — sent, they would follow
+  the delete consumers hold and bring the uid back; the replayed delete is then framed as a gap;
+* **a state a relist sent** (:class:`~bridge.delivery.resume_plan.RelistedState`): the changes it
+  coalesced are held back, the state goes out again as it was, framed as a gap when something was
+  held (:meth:`ReplayStage.relisted`);
+* under a selector, whether a uid whose inferred delete was sent lives on decides what goes out
+  (:meth:`ReplayStage.ask_fate`).
+
+The invariant kept here, **per-object order across a crash**: a sink never receives a change of an
+object older than a state it may hold, unless it is that same event again; and nothing that brings a
+uid back is sent unless a delete that a consumer dropping repeated ids keeps can follow it.
+
+A listener whose sink has nothing to replay gets no stage at all: the live path costs nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+from bridge.contracts import (
+    DeletedFinalStateUnknown,
+    KubeObject,
+    Notification,
+    NotificationKind,
+    ObjectKey,
+    UnconfirmedGone,
+)
+from bridge.delivery.progress import HOLDS_NOTHING, AckTracker, Known, object_key
+from bridge.delivery.resume_plan import (
+    RelistedState,
+    SentDelete,
+    SinkStart,
+    SinkStartKind,
+    parse_rv,
+    rv_at_most,
+)
+from bridge.delivery.selector_exit import SelectorExits
+from bridge.rawobject import object_identity
+from bridge.rawobject import object_key as raw_object_key
+from sinks.contract import ChangeEvent, EventType
+
+__all__ = ["Framing", "ReplayStage", "SinkResume", "delete_is_inferred"]
+
+_CHANGE_KINDS = frozenset({NotificationKind.ADD, NotificationKind.UPDATE, NotificationKind.DELETE})
+
+
+class Framing(Protocol):
+    """What the replay stage needs of its listener to build events."""
+
+    @property
+    def in_gap(self) -> bool:
+        """Whether the sink is inside a relist's window now."""
+        ...
+
+    def event(self, type_: EventType, obj: KubeObject | None, observed: float, **kw: Any) -> ChangeEvent:
+        """One change event of the listener's resource."""
+        ...
+
+    def framed(self, event: ChangeEvent, gap_id: str, before: str, observed: float) -> list[ChangeEvent]:
+        """``event`` between the markers of a gap of its own, from ``before`` to its resourceVersion."""
+        ...
+
+    @property
+    def gap_prefix(self) -> str:
+        """Prefix of the ids of the gaps the replay frames (the listener's informer)."""
+        ...
+
+
+def _uid_rv(n: Notification) -> tuple[str, str]:
+    obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
+    return object_identity(obj)
+
+
+def delete_is_inferred(n: Notification, tracker: AckTracker | None,
+                       sent: Mapping[str, SentDelete]) -> bool:
+    """Whether a delete notification goes out with ``finalstateunknown``.
+
+    A tombstone (the relist no longer returned the object) and the old object of a re-creation found
+    by a relist are inferred, except when the plan says this very delete (same uid, same
+    resourceVersion) was sent before a restart: it is then sent again exactly as it was, so it never
+    appears as a second, inferred delete of a uid whose delete consumers already have."""
+    if sent:
+        uid, rv = _uid_rv(n)
+        before = sent.get(uid)
+        if before is not None and before.resource_version == rv:
+            return before.inferred
+    if isinstance(n.obj, DeletedFinalStateUnknown):
+        return True
+    return tracker is not None and tracker.is_unobserved_delete(n.seq)
+
+
+class ReplayStage:
+    """One sink's replay of a restart (module docs). Built from the sink's part of the plan."""
+
+    def __init__(self, *, own: SinkResume | None = None, sent: Mapping[str, SentDelete] | None = None,
+                 relisted: Mapping[str, RelistedState] | None = None, tracker: AckTracker | None = None,
+                 exits: SelectorExits | None = None) -> None:
+        """``own``: the sink's own-progress filter (:meth:`SinkResume.of`); ``sent`` and ``relisted``:
+        the plan's deletes already sent and states a relist sent; ``tracker`` tells which deletes
+        were inferred; ``exits``: a selector-scoped informer's."""
+        self.own = own
+        """The sink's own-progress filter, until it is no longer needed."""
+        self._own_until: int | None = -1 if self.own is not None else None
+        self.sent: Mapping[str, SentDelete] = sent or {}
+        self._relisted = relisted or {}
+        self._tracker = tracker
+        self._exits = exits
+        self._held: set[str] = set()
+        """uids whose replayed changes were held back: their replayed delete is framed as a gap."""
+        self._held_relisted: dict[str, KubeObject | None] = {}
+        """uids whose relisted state's coalesced changes were held → the state before the first."""
+        self._fate: dict[str, int | None] = {}
+        """Under a selector, uids whose inferred delete was sent and whose history is replayed → the
+        resourceVersion the uid has now when it lives on, None when it is gone."""
+        self._closed: set[str] = set()
+        """Under a selector, uids read as gone whose replayed delete went out: nothing more of them."""
+
+    @property
+    def one_by_one(self) -> bool:
+        """Whether notifications must go through :meth:`admit` and :meth:`ask_fate` one at a time."""
+        return self.own is not None or (self._exits is not None and bool(self.sent))
+
+    # ---- own progress ------------------------------------------------------------------------------
+
+    def own_progress_passed(self, seq: int) -> None:
+        """The informer reached the sink's own resume point at ``seq``: from there on, once nothing the
+        sink knows differs from the informer, the filter is dropped."""
+        if self._own_until is not None and self._own_until < 0:
+            self._own_until = seq
+
+    def admit(self, n: Notification) -> list[Notification]:
+        """What the sink receives for ``n`` after its own-progress filter ([n] without one)."""
+        own = self.own
+        if own is None or n.kind is NotificationKind.SNAPSHOT:
+            return [n]
+        if self._own_until is not None and 0 <= self._own_until <= n.seq:
+            if not own.known:
+                self.own = self._own_until = None  # caught up: the filter costs nothing more
+                return [n]
+            if n.key and n.key not in own.known:
+                return [n]
+        inferred = n.kind is NotificationKind.DELETE and delete_is_inferred(n, self._tracker, self.sent)
+        return own.admit(n, inferred)
+
+    # ---- deletes already sent ------------------------------------------------------------------------
+
+    def _hold_after(self, uid: str) -> str | None:
+        sent = self.sent.get(uid)
+        return None if sent is None else sent.hold_after()
+
+    def held_back(self, obj: KubeObject) -> bool:
+        """Whether a replayed add or update of ``obj`` is held back: it is newer than the state after
+        which its uid's changes were never sent one by one, before a delete sinks may hold. Under a
+        selector, a uid that lives on holds nothing back (its deletes were exits), one read as gone
+        whose delete went out sends nothing more."""
+        if not self.sent:
+            return False
+        uid, rv = object_identity(obj)
+        after = self._hold_after(uid)
+        if after is None:
+            return False
+        if self._exits is not None:
+            if uid in self._closed:
+                return True
+            if self._fate.get(uid) is not None:
+                return False
+        held = not rv_at_most(rv, after)
+        if held:
+            self._held.add(uid)
+        return held
+
+    def delete(self, n: Notification, framing: Framing) -> list[ChangeEvent]:
+        """The events of a delete notification: marked inferred as it was sent, framed as a gap when
+        its uid's replayed changes were held back; nothing after a selector-scoped uid closed."""
+        obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
+        uid = object_identity(obj)[0]
+        if self._closed and uid in self._closed:
+            return []
+        inferred = delete_is_inferred(n, self._tracker, self.sent)
+        event = framing.event(EventType.DELETED, obj, n.time, final_state_unknown=inferred)
+        if self._exits is not None and self._fate.get(uid) is None and self._hold_after(uid) is not None:
+            self._closed.add(uid)  # read as gone: nothing of it after this delete
+        if self._held and not framing.in_gap and uid in self._held:
+            self._held.discard(uid)
+            before = self._hold_after(uid) or ""
+            return framing.framed(event, f"{framing.gap_prefix}:replayed:{uid}:{before}", before, n.time)
+        return [event]
+
+    async def ask_fate(self, n: Notification) -> None:
+        """Under a selector, asks once whether the uid of a replayed change lives on, when what
+        :meth:`held_back` decides depends on it: a change newer than its inferred delete's state, or
+        a delete."""
+        if self._exits is None or not self.sent or n.kind not in _CHANGE_KINDS:
+            return
+        obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
+        uid, rv = object_identity(obj)
+        after = self._hold_after(uid)
+        if after is None or uid in self._fate:
+            return
+        if n.kind is not NotificationKind.DELETE and rv_at_most(rv, after):
+            return  # sent again whatever the answer
+        namespace, _, name = raw_object_key(obj).rpartition("/")
+        self._fate[uid] = await self._exits.alive(namespace, name, uid)
+
+    def replayed_exit(self, uid: str, rv: str) -> bool | None:
+        """Under a selector, for a delete of a uid whose fate was asked: True when it is an exit (the
+        uid lives on at a later resourceVersion), False when it is a delete (the uid is gone); None
+        when the question is the usual one (:meth:`SelectorExits.left`)."""
+        if uid not in self._fate:
+            return None
+        alive = self._fate[uid]
+        if alive is None:
+            return False
+        at = parse_rv(rv)
+        return True if at is not None and at <= alive else None
+
+    # ---- states a relist sent ------------------------------------------------------------------------
+
+    def relisted(self, n: Notification, framing: Framing) -> list[ChangeEvent] | None:
+        """What a replayed add or update becomes when a relist sent its object before a restart; None
+        when that does not apply. The changes after the relist's ``from`` and before the state it
+        sent were coalesced, never sent: held back; the state goes out again as the relist sent it
+        (same type, same id), framed as a gap when something was held — a sink that lagged across
+        the crash never received that relist's markers."""
+        if not self._relisted:
+            return None
+        obj = n.obj
+        assert not isinstance(obj, DeletedFinalStateUnknown)
+        uid, rv = object_identity(obj)
+        sent = self._relisted.get(uid)
+        if sent is None:
+            return None
+        at, since, until = parse_rv(rv), parse_rv(sent.since), parse_rv(sent.at)
+        if at is None or since is None or until is None or not since < at <= until:
+            return None
+        if at < until:
+            # The first held change's old state is the one before the window (what a sink that
+            # lacked the relist holds): the update that goes out in their place starts from it.
+            self._held_relisted.setdefault(uid, n.old)
+            return []
+        held = uid in self._held_relisted
+        old = self._held_relisted.pop(uid, None) if held else n.old
+        if sent.added:
+            event = framing.event(EventType.ADDED, obj, n.time)
+        else:
+            event = framing.event(EventType.UPDATED, obj, n.time, old=old)
+        if not held or framing.in_gap:
+            return [event]
+        gap_id = f"{framing.gap_prefix}:relisted:{uid}:{sent.since}:{sent.at}"
+        return framing.framed(event, gap_id, sent.since, n.time)
+
+
+class SinkResume:
+    """One sink's own progress while the informer resumes from the slowest sink's point.
+
+    The cache is seeded with the union of what the sinks know (per object the oldest state a sink
+    knows); each sink's notifications pass this filter:
+
+    * a change at or below the sink's own resume point, or at or below what it acknowledged of that
+      object, is skipped (acknowledged, not delivered);
+    * a delete of a uid the sink never knew, or already knows deleted, is dropped — unless the uid
+      is one it *may* hold (:attr:`maybe`, the journal's), which always gets its delete;
+    * an add of an object the sink knows becomes an update (dropped at the resourceVersion it has),
+      an update of one it never knew becomes an add;
+    * a relist's tombstone of an object it knows under another uid goes out as a delete of its own.
+
+    **Invariant**: for every key in :attr:`known` the sink's knowledge differs from what the informer
+    last notified about the key; for every other key they agree. A key leaves :attr:`known` once the
+    sink receives (or is found to hold) the informer's state; the filter is dropped once it is empty
+    and the informer passed the sink's point.
+
+    **Invariant** on deletes: a delete is dropped only when the sink *certainly* does not hold the
+    uid. A delete too many is harmless (a uid is deleted once); one too few leaves a phantom.
+    """
+
+    __slots__ = ("_api_version", "_floor", "_kind", "known", "maybe", "passed_at", "resource_version",
+                 "skipped")
+
+    def __init__(self, *, resource_version: int, known: Mapping[str, Known | tuple[str, int, bool]],
+                 maybe: Iterable[str] = (), api_version: str = "", kind: str = "",
+                 floor: Callable[[str], int] | None = None, floor_max: int = 0) -> None:
+        """``maybe``: uids the sink may hold beyond what ``known`` says. ``api_version`` and ``kind``:
+        the delete of an object known only to this sink carries a stub of that kind. ``floor`` (by
+        uid): a later point up to which it acknowledged an object (after a reshard; at most
+        ``floor_max``)."""
+        self._api_version = api_version
+        self._kind = kind
+        self._floor = floor
+        self.resource_version = resource_version
+        """Every change up to it was acknowledged by this sink."""
+        self.passed_at = max(resource_version, floor_max) if floor is not None else resource_version
+        """Once the informer passed it, the filter only needs to look at :attr:`known`."""
+        self.known: dict[str, Known] = {key: Known(*k) for key, k in known.items()}
+        self.maybe: set[str] = set(maybe)
+        self.skipped = 0
+        """Notifications acknowledged without delivery because the sink had them already."""
+
+    @classmethod
+    def of(cls, start: SinkStart, *, api_version: str, kind: str) -> SinkResume | None:
+        """The filter of a sink's part of the plan (None unless it resumes from its own progress)."""
+        if start.kind is not SinkStartKind.OWN_PROGRESS:
+            return None
+        return cls(resource_version=start.resource_version, known=start.known, maybe=start.maybe,
+                   api_version=api_version, kind=kind, floor=start.floor, floor_max=start.floor_max)
+
+    def admit(self, n: Notification, inferred: bool) -> list[Notification]:
+        """What the sink receives for ``n`` (empty: skip it); ``inferred``: a delete a relist inferred."""
+        kind = n.kind
+        if kind is NotificationKind.SNAPSHOT or kind is NotificationKind.GAP:
+            return [n]
+        key = n.key or object_key(n.obj)
+        uid, rv_text = _uid_rv(n)
+        rv = parse_rv(rv_text)
+        known = self.known
+        mine = known.get(key)
+        covered = self.resource_version
+        if self._floor is not None:
+            covered = max(covered, self._floor(uid))
+        if kind is NotificationKind.DELETE:
+            return self._admit_delete(n, key, mine, inferred=inferred, uid=uid, rv=rv, covered=covered)
+        if rv is not None and rv <= covered:
+            if mine is not None and mine == (uid, rv, False):
+                del known[key]
+            return self._skip()
+        if mine is None:
+            return [n]
+        knows = not mine.deleted and mine.uid == uid
+        if rv is not None and rv <= mine.resource_version and (knows or mine.deleted):
+            if knows and rv == mine.resource_version:
+                del known[key]
+            return self._skip()  # it has this state, or saw the object deleted after it
+        if not mine.deleted and rv is not None and rv < mine.resource_version:
+            return self._skip()  # older than the other incarnation it has: replayed history
+        del known[key]
+        out: list[Notification] = []
+        if not mine.deleted and mine.uid != uid:
+            out.append(self._delete_own(n, key, mine))  # the incarnation it knows is gone
+        if knows and kind is NotificationKind.ADD:
+            out.append(dataclasses.replace(n, kind=NotificationKind.UPDATE, is_in_initial_list=False))
+        elif not knows and kind is NotificationKind.UPDATE:
+            out.append(dataclasses.replace(n, kind=NotificationKind.ADD, old=None, is_resync=False))
+        else:
+            out.append(n)
+        return out
+
+    def _admit_delete(self, n: Notification, key: str, mine: Known | None, *, inferred: bool,
+                      uid: str, rv: int | None, covered: int) -> list[Notification]:
+        """What the sink receives for a delete of ``uid`` (see the class docs and invariants)."""
+        known = self.known
+        # A relist found the key gone; an UnconfirmedGone only says one journal-only object of the
+        # key is gone (the key may live on: the relist's own notification of it follows).
+        gone_only = isinstance(n.obj, UnconfirmedGone)
+        tombstone = isinstance(n.obj, DeletedFinalStateUnknown) and not gone_only
+        maybe = bool(self.maybe) and uid in self.maybe
+        if maybe:
+            self.maybe.discard(uid)
+        if not inferred and rv is not None and rv <= covered:
+            if mine is not None:
+                del known[key]  # gone for both: it acknowledged this very delete
+            return self._skip()
+        if mine is None:
+            return [n]
+        holds_it = not mine.deleted and mine.uid == uid
+        if holds_it or maybe:
+            if holds_it or mine.deleted:
+                if gone_only:
+                    known[key] = HOLDS_NOTHING  # it has nothing there; what the key holds is news
+                else:
+                    del known[key]
+                return [n]
+            if tombstone:
+                del known[key]
+                return [n, self._delete_own(n, key, mine)]
+            return [n]  # its other object stays known: its delete or replacement follows
+        if mine.deleted:
+            if not gone_only:
+                del known[key]  # gone for both (or the add of the key's new object follows)
+            return self._skip()  # a uid it never knew, or already saw deleted
+        if tombstone and inferred:
+            del known[key]
+            return [self._delete_own(n, key, mine)]
+        # A uid it never knew while it holds another: an observed delete of a stale incarnation,
+        # the old object of a re-creation (the add follows) or a journal-only object gone.
+        return self._skip()
+
+    def _skip(self) -> list[Notification]:
+        self.skipped += 1
+        return []
+
+    def _delete_own(self, n: Notification, key: str, mine: Known) -> Notification:
+        """A relist's delete of the object this sink knows (its own uid and resourceVersion)."""
+        namespace, _, name = key.rpartition("/")
+        meta: dict[str, str] = {"name": name, "uid": mine.uid, "resourceVersion": str(mine.resource_version)}
+        if namespace:
+            meta["namespace"] = namespace
+        stub: KubeObject = {"apiVersion": self._api_version, "kind": self._kind, "metadata": meta}
+        return dataclasses.replace(n, kind=NotificationKind.DELETE,
+                                   obj=DeletedFinalStateUnknown(ObjectKey(key), stub), old=None)

@@ -1,0 +1,299 @@
+"""The resume plan: what a restart does, decided once, from what the previous runs left behind.
+
+At start the pipeline reads, per informer, the checkpoint (or, after a reshard, the checkpoints it
+takes over), the known-object journal and its first-list record, and :func:`build_plan` turns them
+into one immutable :class:`ResumePlan`. Nothing else decides how a restart behaves: the informer is
+seeded from the plan (its cache, the keys whose replayed changes are suppressed, the objects only
+the journal knows, the window a first list is framed from), the tracker starts from its checkpoint,
+and each sink's listener gets its part of the plan (:class:`SinkStart`, the deletes already sent,
+the states a relist sent), which its replay stage (:mod:`bridge.delivery.replay`) applies.
+
+The plan's records are typed: :class:`SentDelete` (a delete sinks may hold), :class:`RelistedState`
+(a state a relist sent inside its gap), :class:`Known` (what one sink knows of one object).
+resourceVersions are compared in one way only (:func:`parse_rv`): as etcd revisions, integers; a
+text that is not one compares as unknown.
+
+**Invariants** (each pinned by a test of ``tests/checkpoint/test_resume_plan.py``):
+
+1. *Resume point.* The watch resumes from the checkpoint's resourceVersion; without a checkpoint,
+   from the first list of the previous run once every sink acknowledged a resume point (the
+   journal's :class:`~bridge.delivery.journal.ListStart`), with the journal's objects up to it as
+   the checkpoint they would have written. Without either, the informer lists; the list is framed
+   as a gap from the previous run's first list when sinks may hold state from it.
+2. *Nothing any sink may hold is unknown.* Every object of the checkpoint, of any sink's own
+   progress and of the journal is in the cache seed or the unconfirmed objects, so a relist reports
+   each one that is gone as deleted.
+3. *A delete already sent is re-sent as it was.* A journalled delete of an object the checkpoint
+   knows replaces the seed's resourceVersion by the delete's, and the delete goes out again with
+   the same resourceVersion and ``finalstateunknown`` marking, hence the same id.
+4. *Own progress.* A sink whose progress differs from the base gets a :class:`SinkStart` with its
+   own resume point and, per object, what it knows where that differs from the cache (objects only
+   other sinks know are :data:`HOLDS_NOTHING` for it); the journal's objects its own point does not
+   cover are ``maybe`` (their delete is never dropped).
+5. *Bootstrap.* A sink the checkpoint does not cover receives nothing before its bootstrap snapshot.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge.contracts import KubeObject
+from bridge.delivery.checkpoint import Checkpoint, SinkProgress
+from bridge.delivery.journal import Deleted, JournalEntry, ListStart, Relisted, entries_by_key
+from bridge.delivery.progress import HOLDS_NOTHING, Known
+from bridge.delivery.resource_version import ResourceVersion, parse_rv, rv_at_most
+from sinks.contract import ResourceRef
+
+__all__ = ["HOLDS_NOTHING", "Known", "RelistedState", "ResourceVersion", "ResumePlan", "SentDelete",
+           "SinkStart", "SinkStartKind", "build_plan", "parse_rv", "rv_at_most", "stub_objects"]
+
+@dataclass(frozen=True, slots=True)
+class SentDelete:
+    """A delete sinks may hold (the journal's record): a restart re-sends it, if at all, as it was."""
+
+    key: str
+    resource_version: str
+    inferred: bool
+    """It went out with ``finalstateunknown`` (a relist inferred it)."""
+    held_after: str = ""
+    """The state after which the uid's replayed changes were never sent one by one (see
+    :meth:`hold_after`)."""
+
+    def hold_after(self) -> str | None:
+        """The resourceVersion after which the uid's replayed changes are held back: an inferred
+        delete's state (or an earlier relist's ``from`` when older), else the window an earlier
+        replay held; None: nothing of it is held back."""
+        held = self.held_after
+        if self.inferred:
+            older = held != self.resource_version and rv_at_most(held, self.resource_version)
+            return held if older else self.resource_version
+        return held or None
+
+
+@dataclass(frozen=True, slots=True)
+class RelistedState:
+    """A state a relist sent inside its gap: the uid's changes after ``since`` and before ``at`` were
+    coalesced, never sent one by one."""
+
+    since: str
+    at: str
+    added: bool
+    """Sent as ``added`` (else ``updated``): re-sent with the same type, hence the same id."""
+
+
+class SinkStartKind(enum.Enum):
+    AT_BASE = "at-base"
+    """Its progress is the checkpoint's base: its listener filters nothing."""
+    OWN_PROGRESS = "own-progress"
+    """It resumes from its own progress (:class:`~bridge.delivery.replay.SinkResume`)."""
+    BOOTSTRAP = "bootstrap"
+    """The checkpoint does not cover it: nothing until its bootstrap snapshot."""
+
+
+@dataclass(frozen=True, slots=True)
+class SinkStart:
+    """One sink's part of the plan."""
+
+    kind: SinkStartKind
+    resource_version: int = 0
+    """Its own resume point (OWN_PROGRESS)."""
+    section: Mapping[str, Known] = field(default_factory=dict)
+    """Its checkpoint section's knowledge where it differs from the base (what its own-progress scan
+    starts from, :meth:`~bridge.delivery.progress.AckTracker.follow_listener`)."""
+    known: Mapping[str, Known] = field(default_factory=dict)
+    """What its filter starts from: :attr:`section` plus what it does not hold of the cache."""
+    maybe: frozenset[str] = frozenset()
+    """uids it may hold whatever :attr:`known` says (the journal's, past its own point)."""
+    floor: Callable[[str], int] | None = None
+    """After a reshard: per uid, a later point up to which it acknowledged that object."""
+    floor_max: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePlan:
+    """What one informer's restart does (see the module docs and their invariants)."""
+
+    informer_id: str
+    checkpoint: Checkpoint | None
+    """What the tracker starts from: the checkpoint, or the one the journal's first list implies."""
+    frame_from: str = ""
+    """Without a checkpoint: the first list is framed as a gap from here ("" = not framed)."""
+    seeds: tuple[KubeObject, ...] = ()
+    """The cache's stubs (a resumed informer)."""
+    unconfirmed: tuple[KubeObject, ...] = ()
+    """Objects only the journal knows: a relist that does not return one reports it deleted."""
+    delivered: Mapping[str, tuple[int, bool]] = field(default_factory=dict)
+    """key → (resourceVersion, deleted): replayed changes up to it are suppressed for every sink."""
+    diverging: frozenset[str] = frozenset()
+    """Keys some sink knows differently from the cache."""
+    last_seen: Mapping[str, str] = field(default_factory=dict)
+    """Seeded objects the base does not know (only some sinks do): key → resourceVersion."""
+    sent_deletes: Mapping[str, SentDelete] = field(default_factory=dict)
+    """uid → the delete sinks may hold."""
+    relisted: Mapping[str, RelistedState] = field(default_factory=dict)
+    """uid → the state a relist sent."""
+    sinks: Mapping[str, SinkStart] = field(default_factory=dict)
+    dropped_sinks: tuple[str, ...] = ()
+    """Sinks the checkpoint has progress of that are no longer routed this resource."""
+    rewrite: bool = False
+    """The checkpoint is written at the first interval: its sinks are not the routed ones, or it
+    is the one the journal's first list implies (the store has none)."""
+
+    @property
+    def resumed(self) -> bool:
+        return self.checkpoint is not None
+
+    @property
+    def bootstrapping(self) -> frozenset[str]:
+        return frozenset(n for n, s in self.sinks.items() if s.kind is SinkStartKind.BOOTSTRAP)
+
+
+def stub_objects(resource: ResourceRef, index: Mapping[str, tuple[str, str]]) -> list[KubeObject]:
+    """Metadata-only objects rebuilt from a checkpoint index (what a resumed informer knows)."""
+    out: list[KubeObject] = []
+    for key, (uid, rv) in index.items():  # key = "namespace/name" or "name"
+        namespace, _, name = key.rpartition("/")
+        meta: dict[str, Any] = {"name": name, "uid": uid, "resourceVersion": rv}
+        if namespace:
+            meta["namespace"] = namespace
+        out.append({"apiVersion": resource.api_version, "kind": resource.kind, "metadata": meta})
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Floors:
+    """After a reshard, per sink, where it acknowledged more of some objects (see
+    :meth:`bridge.delivery.sharding.Handover.sink_floor`)."""
+
+    of: Callable[[str], Callable[[str], int] | None]
+    highest: Callable[[str], int]
+
+
+def build_plan(*, informer_id: str, ref: ResourceRef, checkpoint: Checkpoint | None,
+               journal: Mapping[str, JournalEntry], start: ListStart | None, routed: Sequence[str],
+               floors: Floors | None = None, journal_unreadable: bool = False) -> ResumePlan:
+    """The plan of one informer (module docs). ``journal``: the journal's facts (uid → newest),
+    ``start`` its first-list record, ``routed`` the sinks routed this resource. A journal that
+    could not be read, without a checkpoint, frames the first list from resourceVersion 0 (what
+    sinks hold from the previous run is unknown)."""
+    frame_from = "0" if journal_unreadable else ""
+    from_journal = False
+    if checkpoint is None and start is not None:
+        if start.acknowledged:
+            checkpoint = Checkpoint(informer_id=informer_id, resource_version=start.resource_version,
+                                    objects={e.key: (uid, e.resource_version) for uid, e in journal.items()
+                                             if not isinstance(e, Deleted)
+                                             and rv_at_most(e.resource_version, start.resource_version)})
+            from_journal = True
+        else:
+            frame_from = start.resource_version
+    known, sent, relisted, journal_only = _journal_facts(checkpoint, journal)
+    stubs = tuple(stub_objects(ref, {key: (uid, rv)})[0] for key, uid, rv in journal_only)
+    if checkpoint is None:
+        return ResumePlan(informer_id=informer_id, checkpoint=None, frame_from=frame_from, unconfirmed=stubs,
+                          sent_deletes=sent, relisted=relisted,
+                          sinks={name: SinkStart(SinkStartKind.AT_BASE) for name in routed})
+    sections = {name: _own_section(checkpoint, s) for name in routed
+                if checkpoint.sinks and (s := checkpoint.sinks.get(name)) is not None and not s.at_base}
+    extra, diverging = _union(checkpoint, known, sections)
+    known.update(extra)
+    sinks: dict[str, SinkStart] = {}
+    for name in routed:
+        if checkpoint.sinks is not None and name not in checkpoint.sinks:
+            sinks[name] = SinkStart(SinkStartKind.BOOTSTRAP)
+            continue
+        floor = floors.of(name) if floors is not None else None
+        section = sections.get(name)
+        if section is None and not (extra or floor is not None):
+            sinks[name] = SinkStart(SinkStartKind.AT_BASE)
+            continue
+        rv, differs = section if section is not None else (int(checkpoint.resource_version), {})
+        sinks[name] = _own_start(rv, differs, extra, known, journal_only, floor=floor,
+                                 floor_max=floors.highest(name) if floors is not None else 0)
+    delivered = {key: (int(rv), deleted) for key, (_uid, rv, deleted) in checkpoint.ahead.items()
+                 if parse_rv(rv) is not None}
+    routed_set = set(routed)
+    return ResumePlan(
+        informer_id=informer_id, checkpoint=checkpoint, seeds=tuple(stub_objects(ref, known)),
+        unconfirmed=stubs, delivered=delivered, diverging=frozenset(diverging),
+        last_seen={key: rv for key, (_uid, rv) in extra.items()}, sent_deletes=sent, relisted=relisted,
+        sinks=sinks,
+        dropped_sinks=tuple(sorted(set(checkpoint.sinks or ()) - routed_set)),
+        rewrite=from_journal or (checkpoint.sinks is not None and set(checkpoint.sinks) != routed_set),
+    )
+
+
+def _journal_facts(checkpoint: Checkpoint | None, journal: Mapping[str, JournalEntry]) -> tuple[
+    dict[str, tuple[str, str]], dict[str, SentDelete], dict[str, RelistedState], list[tuple[str, str, str]]
+]:
+    """The cache seed (the checkpoint's objects, updated by its delivered-ahead map, a journalled
+    delete's resourceVersion in place of the stub's: invariant 3), the deletes and relisted states
+    the journal holds, and the objects only it knows (key, uid, resourceVersion)."""
+    known: dict[str, tuple[str, str]] = dict(checkpoint.objects) if checkpoint is not None else {}
+    if checkpoint is not None:
+        for key, (uid, rv, deleted) in checkpoint.ahead.items():
+            if not deleted:
+                known[key] = (uid, rv)
+    sent: dict[str, SentDelete] = {}
+    relisted: dict[str, RelistedState] = {}
+    journal_only: list[tuple[str, str, str]] = []
+    for key, items in entries_by_key(journal).items():
+        for uid, entry in items:
+            if isinstance(entry, Deleted):
+                sent[uid] = SentDelete(key, entry.resource_version, entry.inferred, entry.held_after)
+            elif isinstance(entry, Relisted):
+                relisted[uid] = RelistedState(entry.since, entry.resource_version, entry.added)
+            if known.get(key, ("",))[0] == uid:
+                if isinstance(entry, Deleted):
+                    known[key] = (uid, entry.resource_version)
+            else:
+                journal_only.append((key, uid, entry.resource_version))
+    return known, sent, relisted, journal_only
+
+
+def _own_section(checkpoint: Checkpoint, section: SinkProgress) -> tuple[int, dict[str, Known]]:
+    """A sink's resume point and its knowledge where it differs from the checkpoint's base."""
+    rv = int(section.resource_version or checkpoint.resource_version)
+    own: dict[str, Known] = {}
+    for key, entry in section.objects.items():
+        own[key] = Known("", rv, True) if entry is None else Known(entry[0], int(entry[1]), False)
+    for key, (uid, ahead_rv, deleted) in section.ahead.items():
+        own[key] = Known(uid, int(ahead_rv), deleted)
+    return rv, own
+
+
+def _union(checkpoint: Checkpoint, known: Mapping[str, tuple[str, str]],
+           sections: Mapping[str, tuple[int, Mapping[str, Known]]]
+           ) -> tuple[dict[str, tuple[str, str]], set[str]]:
+    """The objects the cache adds for sinks whose knowledge differs (per object the oldest state a
+    sink has), and the keys some sink knows differently. A key the base has deleted counts as
+    unknown: a sink holding a later object there needs the relist's tombstone to be of it."""
+    gone = {key for key, (_uid, _rv, deleted) in checkpoint.ahead.items() if deleted}
+    extra: dict[str, tuple[str, str]] = {}
+    diverging: set[str] = set()
+    for _, differs in sections.values():
+        for key, k in differs.items():
+            diverging.add(key)
+            if not k.deleted and (key not in known or key in gone) \
+                    and (key not in extra or k.resource_version < int(extra[key][1])):
+                extra[key] = (k.uid, str(k.resource_version))
+    return extra, diverging
+
+
+def _own_start(rv: int, differs: Mapping[str, Known], extra: Mapping[str, tuple[str, str]],
+               known: Mapping[str, tuple[str, str]], journal_only: Sequence[tuple[str, str, str]],
+               *, floor: Callable[[str], int] | None, floor_max: int) -> SinkStart:
+    """A sink resuming from its own progress (invariant 4)."""
+    mine = {**{key: HOLDS_NOTHING for key in extra if key not in differs}, **differs}
+    maybe: set[str] = set()
+    for key, uid, stub_rv in journal_only:
+        at = parse_rv(stub_rv)
+        if at is None or at > rv:
+            maybe.add(uid)  # delivered after its section was written: it may hold it
+        elif key not in known and key not in mine:
+            mine[key] = HOLDS_NOTHING
+    return SinkStart(SinkStartKind.OWN_PROGRESS, resource_version=rv, section=dict(differs), known=mine,
+                     maybe=frozenset(maybe), floor=floor, floor_max=floor_max)

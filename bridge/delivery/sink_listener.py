@@ -1,0 +1,451 @@
+"""One sink's listener: notifications in, change events to the sink, acknowledgements back.
+
+:class:`SinkListener` turns each :class:`~bridge.contracts.Notification` into
+:class:`~sinks.contract.ChangeEvent` values (a snapshot becomes a begin marker, one ``sync`` event per
+object and an end marker with the count and the resourceVersion), hands them to the sink, and
+acknowledges the notification once the sink has acknowledged every one of its events.
+
+There is one path: :meth:`SinkListener.handle_batch` (a single notification is a batch of one). The
+changes ready at once reach the sink in one ``deliver_batch`` call; markers and snapshots, and a
+notification that becomes several events, go through ``deliver`` on their own, in order, between
+the calls; one the known-object journal holds back waits for its record after handing over what
+came before it.
+
+Before its events are built, a notification passes the gates of the sink's start: a sink being
+bootstrapped receives nothing before its snapshot, and after a restart the sink's replay stage
+(:mod:`bridge.delivery.replay`) decides what is held back, re-sent or dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final
+
+from bridge.clock import Clock
+from bridge.contracts import (
+    AckFunc,
+    BatchInterrupted,
+    DeletedFinalStateUnknown,
+    Gap,
+    KubeObject,
+    Notification,
+    NotificationKind,
+)
+from bridge.delivery.journal import KnownObjectJournal
+from bridge.delivery.progress import AckTracker
+from bridge.delivery.replay import ReplayStage, SinkResume, delete_is_inferred
+from bridge.delivery.selector_exit import LEFT_SELECTOR_EXTENSION, SelectorExits
+from bridge.rawobject import last_change
+from sinks.contract import (
+    AckCallback,
+    ChangeEvent,
+    DeliveryOutcome,
+    EventType,
+    GapInfo,
+    ResourceRef,
+    Sink,
+    SnapshotInfo,
+)
+
+__all__ = ["SinkListener", "SinkListenerStats", "ack_once", "change_time"]
+
+_DATED: Final = frozenset({EventType.ADDED, EventType.UPDATED, EventType.SYNC})
+_parsed_times: dict[str, float] = {}
+
+
+def change_time(type_: EventType, obj: KubeObject | None, observed: float) -> float:
+    """The event ``time``, the same in every sink and on every redelivery where the API server
+    recorded it: for added / updated / sync events the ``time`` of the object's newest
+    managedFields entry (when its last write was recorded, whole seconds); otherwise (a delete, an
+    object without managedFields, a marker) ``observed``, when the informer first distributed the
+    change (one value for all sinks)."""
+    if type_ in _DATED and obj is not None:
+        change = last_change(obj)
+        if change is not None:
+            when = _parsed_times.get(change.time)
+            if when is None:
+                try:
+                    when = datetime.fromisoformat(change.time).timestamp()
+                except ValueError:
+                    return observed
+                if len(_parsed_times) >= 4096:
+                    _parsed_times.clear()
+                _parsed_times[change.time] = when
+            return when
+    return observed
+
+
+def ack_once(outcomes: collections.Counter[str], done: Callable[[], None]) -> AckCallback:
+    """An event's ack: counts the outcome and calls ``done``, on the first call only (a sink that
+    acknowledges one event twice is not counted twice)."""
+    acked = False
+
+    def event_ack(outcome: DeliveryOutcome) -> None:
+        nonlocal acked
+        if acked:
+            return
+        acked = True
+        outcomes[outcome._value_] += 1  # the value as a plain attribute, not the property
+        done()
+
+    return event_ack
+
+
+def _countdown(count: int, ack: AckFunc) -> Callable[[], None]:
+    """Calls ``ack`` once it was itself called ``count`` times (every event of a notification)."""
+    left = count
+
+    def one() -> None:
+        nonlocal left
+        left -= 1
+        if left == 0:
+            ack()
+
+    return one
+
+
+@dataclass(slots=True)
+class SinkListenerStats:
+    """Counters of one (informer, sink) listener."""
+
+    notifications: int = 0
+    events: int = 0
+    resync_skipped: int = 0
+    """Same-resourceVersion updates (nothing changed) acknowledged without delivery."""
+    snapshots: int = 0
+    bootstrap_skipped: int = 0
+    """Notifications acknowledged without delivery before the sink's bootstrap snapshot."""
+    own_progress_skipped: int = 0
+    """Notifications acknowledged without delivery after a restart: the sink had them already."""
+    outcomes: collections.Counter[str] = field(default_factory=collections.Counter)
+    """Sink acknowledgements by :class:`~sinks.contract.DeliveryOutcome` value."""
+
+
+@dataclass(slots=True)
+class _Collected:
+    """Events waiting to be handed to the sink in one call, with their acks and owners."""
+
+    events: list[ChangeEvent] = field(default_factory=list)
+    acks: list[AckCallback] = field(default_factory=list)
+    owners: list[AckFunc] = field(default_factory=list)
+    """The notification ack of each event (one event per notification here)."""
+
+
+class SinkListener:
+    """A :class:`~bridge.contracts.NotificationHandler` feeding one sink with one resource's changes."""
+
+    def __init__(self, *, sink: Sink, resource: ResourceRef, cluster: str, clock: Clock,
+                 snapshot_prefix: str = "", tracker: AckTracker | None = None,
+                 journal: KnownObjectJournal | None = None, exits: SelectorExits | None = None,
+                 shard: tuple[int, int] | None = None, bootstrap: Callable[[], None] | None = None,
+                 replay: ReplayStage | None = None) -> None:
+        """``shard`` (ordinal, total), when sharded: snapshot markers say which shard they cover.
+        ``tracker`` (the informer's) tells which deletes were inferred rather than observed.
+        ``journal``: the informer's known-object journal; an event it has a record for is handed to
+        the sink only once the record is durable. ``exits`` (a selector-scoped informer's) tells
+        which observed deletes were selector exits. ``bootstrap``, when given, makes this a sink
+        with no progress of its own: it receives nothing until its bootstrap snapshot (see
+        :meth:`bootstrap_ready`), then the live stream; the callback runs once the sink acknowledged
+        the whole snapshot. ``replay``: the sink's part of a restart (:mod:`bridge.delivery.replay`)."""
+        self.sink = sink
+        self.resource = resource
+        self.cluster = cluster
+        self.replay = replay
+        self._tracker = tracker
+        self._journal = journal
+        self._exits = exits
+        self._shard = shard
+        self._clock = clock
+        self._snapshot_prefix = snapshot_prefix or resource.qualified
+        self._gap: GapInfo | None = None
+        """The relist window this sink is inside (between gap.begin and gap.end), if any."""
+        self.stats = SinkListenerStats()
+        self._bootstrapped = bootstrap
+        self.bootstrapping = bootstrap is not None
+        """True until the bootstrap snapshot reaches this listener: every notification before it is
+        acknowledged without delivery (the snapshot will contain its effect)."""
+        self._snapshot_wanted = False
+        self._skipped_gap = ""
+        """The id of a gap window whose begin was skipped while bootstrapping: its end is skipped
+        too, so the sink never sees an end without its begin."""
+
+    @property
+    def own_progress(self) -> SinkResume | None:
+        """The sink's own-progress filter while it is needed (None: it follows the informer)."""
+        return self.replay.own if self.replay is not None else None
+
+    def own_progress_passed(self, seq: int) -> None:
+        if self.replay is not None:
+            self.replay.own_progress_passed(seq)
+
+    def bootstrap_ready(self) -> None:
+        """The informer's cache now holds whole objects: the next snapshot this listener receives
+        is its bootstrap (earlier ones, taken from a cache that may still hold checkpoint stubs,
+        are skipped)."""
+        self._snapshot_wanted = True
+
+    # ---- Framing (for the replay stage) -----------------------------------------------------------
+
+    @property
+    def in_gap(self) -> bool:
+        return self._gap is not None
+
+    @property
+    def gap_prefix(self) -> str:
+        return self._snapshot_prefix
+
+    def event(self, type_: EventType, obj: KubeObject | None, observed: float, **kw: Any) -> ChangeEvent:
+        if self._gap is not None and "snapshot" not in kw:
+            kw.setdefault("gap", self._gap)
+        return ChangeEvent(type=type_, resource=self.resource, cluster=self.cluster, obj=obj,
+                           time=change_time(type_, obj, observed or self._clock.wall()), **kw)
+
+    def framed(self, event: ChangeEvent, gap_id: str, before: str, observed: float) -> list[ChangeEvent]:
+        """``event`` between the markers of a gap of its own, from ``before`` to its resourceVersion."""
+        info = GapInfo(id=gap_id, from_resource_version=before, to_resource_version=event.resource_version)
+        begin = GapInfo(id=info.id, from_resource_version=before)
+        at = observed or self._clock.wall()
+        event.gap = begin
+        return [
+            ChangeEvent(type=EventType.GAP_BEGIN, resource=self.resource, cluster=self.cluster, obj=None,
+                        time=change_time(EventType.GAP_BEGIN, None, at), gap=begin),
+            event,
+            ChangeEvent(type=EventType.GAP_END, resource=self.resource, cluster=self.cluster, obj=None,
+                        time=change_time(EventType.GAP_END, None, at), gap=info),
+        ]
+
+    # ---- events ----------------------------------------------------------------------------------
+
+    def _gap_event(self, gap: Gap, observed: float) -> ChangeEvent:
+        """``gap.begin`` (the sink is inside the window until the end) or ``gap.end``."""
+        info = GapInfo(id=gap.id, from_resource_version=gap.from_resource_version,
+                       to_resource_version=gap.to_resource_version)
+        if gap.end:
+            self._gap = None
+            return self.event(EventType.GAP_END, None, observed, gap=info)
+        self._gap = info
+        return self.event(EventType.GAP_BEGIN, None, observed, gap=info)
+
+    def events_for(self, n: Notification) -> list[ChangeEvent]:
+        """The change events one notification becomes (empty for a no-change resync update, or a
+        change the replay stage holds back)."""
+        kind, replay = n.kind, self.replay
+        if kind is NotificationKind.ADD or kind is NotificationKind.UPDATE:
+            obj = n.obj
+            assert not isinstance(obj, DeletedFinalStateUnknown)
+            if n.is_resync:
+                return []
+            if replay is not None:
+                if replay.held_back(obj):
+                    return []
+                if (replayed := replay.relisted(n, self)) is not None:
+                    return replayed
+            if kind is NotificationKind.ADD:
+                return [self.event(EventType.ADDED, obj, n.time)]
+            return [self.event(EventType.UPDATED, obj, n.time, old=n.old)]
+        if kind is NotificationKind.DELETE:
+            if replay is not None:
+                return replay.delete(n, self)
+            obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
+            inferred = delete_is_inferred(n, self._tracker, {})
+            return [self.event(EventType.DELETED, obj, n.time, final_state_unknown=inferred)]
+        if kind is NotificationKind.GAP:
+            assert n.gap is not None
+            return [self._gap_event(n.gap, n.time)]
+        _, events = self._snapshot_events(n)
+        return list(events)
+
+    def _snapshot_events(self, n: Notification) -> tuple[int, Iterator[ChangeEvent]]:
+        """The framed snapshot as a count and a lazy stream: a snapshot of a compact cache decodes
+        each object only when its event is handed to the sink, never the whole cache at once."""
+        objects = n.snapshot or []
+        sid = f"{self._snapshot_prefix}:{n.resource_version or '0'}:{uuid.uuid4().hex[:12]}"
+        shard, total = self._shard or (None, None)
+        info = SnapshotInfo(id=sid, resource_version=n.resource_version, shard=shard, total_shards=total)
+        end = SnapshotInfo(id=sid, resource_version=n.resource_version, count=len(objects), shard=shard,
+                           total_shards=total)
+
+        def stream() -> Iterator[ChangeEvent]:
+            at = n.time
+            yield self.event(EventType.SNAPSHOT_BEGIN, None, at, snapshot=info)
+            for obj in objects:
+                yield self.event(EventType.SYNC, obj, at, snapshot=info)
+            yield self.event(EventType.SNAPSHOT_END, None, at, snapshot=end)
+
+        return len(objects) + 2, stream()
+
+    # ---- gates ------------------------------------------------------------------------------------
+
+    def _gate(self, n: Notification, ack: AckFunc) -> AckFunc | None:
+        """The bootstrap gate: None when ``n`` is skipped (acknowledged here), else the ack to
+        deliver it with. Skipping is safe because the bootstrap snapshot comes later and holds the
+        cache as of then, which includes the effect of everything skipped."""
+        if self.bootstrapping:
+            if n.kind is NotificationKind.SNAPSHOT and self._snapshot_wanted:
+                self.bootstrapping = False
+                done = self._bootstrapped
+
+                def snapshot_ack() -> None:
+                    ack()
+                    if done is not None:
+                        done()
+
+                return snapshot_ack
+            if n.kind is NotificationKind.GAP and n.gap is not None and not n.gap.end:
+                self._skipped_gap = n.gap.id
+        elif not (n.kind is NotificationKind.GAP and n.gap is not None and n.gap.end
+                  and n.gap.id == self._skipped_gap):
+            return ack
+        else:
+            self._skipped_gap = ""
+        self.stats.bootstrap_skipped += 1
+        ack()
+        return None
+
+    async def _admit(self, n: Notification) -> list[Notification]:
+        """The notifications ``n`` becomes after the replay stage's own-progress filter, each one's
+        selector fate asked when it matters."""
+        replay = self.replay
+        if replay is None:
+            return [n]
+        admitted = replay.admit(n)
+        if self._exits is not None:
+            for a in admitted:
+                await replay.ask_fate(a)
+        return admitted
+
+    # ---- the one path -------------------------------------------------------------------------------
+
+    async def handle(self, notification: Notification, ack: AckFunc) -> None:
+        """A batch of one (:meth:`handle_batch`); a failure is raised as itself."""
+        try:
+            await self.handle_batch((notification,), (ack,))
+        except BatchInterrupted as exc:
+            raise (exc.__cause__ or exc) from None
+
+    async def handle_batch(self, notifications: Sequence[Notification], acks: Sequence[AckFunc]) -> None:
+        """Handles each notification with its ack, in order (:class:`~bridge.contracts.
+        BatchNotificationHandler`); the events of consecutive single-event notifications reach the
+        sink in one ``deliver_batch`` call (module docs). A notification the journal holds back
+        (``must_wait``) is awaited after handing over what came before it."""
+        stats = self.stats
+        journal = self._journal
+        collected = _Collected()
+        i = 0
+        try:
+            for i, n in enumerate(notifications):
+                stats.notifications += 1
+                ack = acks[i]
+                if self.bootstrapping or self._skipped_gap:
+                    gated = self._gate(n, ack)
+                    if gated is None:
+                        continue
+                    ack = gated
+                admitted = await self._admit(n) if self.replay is not None else (n,)
+                if not admitted:
+                    stats.own_progress_skipped += 1
+                    ack()
+                    continue
+                if journal is not None and journal.must_wait(n.seq):
+                    # A new object or a delete: released only once the journal has it (module docs).
+                    await self._hand_over(collected, i - 1)
+                    await journal.wait(n.seq)
+                if n.kind is NotificationKind.SNAPSHOT:
+                    await self._hand_over(collected, i - 1)
+                    stats.snapshots += 1
+                    count, stream = self._snapshot_events(n)
+                    await self._deliver_all(stream, count, ack)
+                    continue
+                listed = self.events_for(admitted[0]) if len(admitted) == 1 else [
+                    e for a in admitted for e in self.events_for(a)]
+                if len(listed) == 1 and self._exits is None and n.kind is not NotificationKind.GAP:
+                    # The common change, collected here: one coroutine less per notification.
+                    collected.events.append(listed[0])
+                    collected.acks.append(ack_once(stats.outcomes, ack))
+                    collected.owners.append(ack)
+                    continue
+                await self._route(listed, n, ack, collected, i)
+            await self._hand_over(collected, len(notifications) - 1)
+        except BatchInterrupted:
+            raise
+        except Exception as exc:
+            # Notification i failed (building its events, waiting for the journal): what was
+            # collected before it is handed over as it would have been, then i is reported.
+            await self._hand_over(collected, i - 1)
+            raise BatchInterrupted(i) from exc
+
+    async def _route(self, listed: list[ChangeEvent], n: Notification, ack: AckFunc,
+                     collected: _Collected, i: int) -> None:
+        """Where one notification's events go: nothing (acknowledged), the collected call (one
+        change), or handed over on their own, in order (a marker, several events)."""
+        if not listed:
+            self.stats.resync_skipped += 1
+            ack()
+            return
+        if self._exits is not None and any(e.type is EventType.DELETED for e in listed):
+            await self._hand_over(collected, i - 1)
+            await self._mark_exits(listed)
+        if len(listed) == 1 and n.kind is not NotificationKind.GAP:
+            collected.events.append(listed[0])
+            collected.acks.append(ack_once(self.stats.outcomes, ack))
+            collected.owners.append(ack)
+            return
+        await self._hand_over(collected, i - 1)
+        await self._deliver_all(listed, len(listed), ack)
+
+    async def _deliver_all(self, events: Iterable[ChangeEvent], count: int, ack: AckFunc) -> None:
+        """Hands ``events`` (``count`` of them) to the sink one by one; ``ack`` once the sink
+        acknowledged every one."""
+        one = _countdown(count, ack)
+        outcomes = self.stats.outcomes
+        for event in events:
+            self.stats.events += 1
+            await self.sink.deliver(event, ack_once(outcomes, one))
+
+    async def _hand_over(self, collected: _Collected, last: int) -> None:
+        """Hands the collected events to the sink in one call (a loop over ``deliver`` for a sink
+        without ``deliver_batch``); ``last`` is the batch index of the last notification looked at.
+        When the sink raises, which events it took is unknown: every owner is acknowledged (as if
+        each had failed on its own) and the failure is reported at ``last``."""
+        if not collected.events:
+            return
+        events, acks, owners = collected.events, collected.acks, collected.owners
+        collected.events, collected.acks, collected.owners = [], [], []
+        sink = self.sink
+        self.stats.events += len(events)
+        try:
+            # Looked up on the type: a wrapper forwarding unknown attributes (a third-party one
+            # without ``deliver_batch``) must not have its own ``deliver`` bypassed.
+            deliver_batch = getattr(type(sink), "deliver_batch", None)
+            if deliver_batch is not None:
+                await deliver_batch(sink, events, acks)
+            else:
+                for event, event_ack in zip(events, acks, strict=True):
+                    await sink.deliver(event, event_ack)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            for owner in owners:
+                owner()
+            raise BatchInterrupted(last) from exc
+
+    async def _mark_exits(self, events: list[ChangeEvent]) -> None:
+        """Marks the deletes whose object still exists: they left the informer's selector. A delete
+        a relist inferred is asked too (the object is not listed: alive, it is out of scope). The
+        replay stage answers for a replayed uid whose fate it asked."""
+        exits = self._exits
+        assert exits is not None
+        for event in events:
+            if event.type is not EventType.DELETED or event.obj is None:
+                continue
+            uid, rv = event.uid, event.resource_version
+            decided = self.replay.replayed_exit(uid, rv) if self.replay is not None else None
+            if decided is None:
+                decided = await exits.left(event.namespace, event.name, uid, rv)
+            if decided:
+                event.extensions[LEFT_SELECTOR_EXTENSION] = "true"

@@ -1,0 +1,122 @@
+"""The resume plan's invariants (:mod:`bridge.delivery.resume_plan`), one test each, on the pure
+function that builds it: what a restart does is decided there, from the checkpoint and the journal."""
+
+from __future__ import annotations
+
+from bridge.delivery.checkpoint import Checkpoint, SinkProgress
+from bridge.delivery.journal import Deleted, Exists, JournalEntry, ListStart
+from bridge.delivery.progress import HOLDS_NOTHING, Known
+from bridge.delivery.resume_plan import (
+    ResumePlan,
+    SentDelete,
+    SinkStartKind,
+    build_plan,
+    parse_rv,
+    rv_at_most,
+)
+from tests.checkpoint.helpers import CONFIGMAPS
+
+
+def plan(checkpoint: Checkpoint | None, journal: dict[str, JournalEntry] | None = None, *,
+         start: ListStart | None = None, routed: tuple[str, ...] = ("a", "b"),
+         unreadable: bool = False) -> ResumePlan:
+    return build_plan(informer_id="cm", ref=CONFIGMAPS, checkpoint=checkpoint, journal=journal or {},
+                      start=start, routed=routed, journal_unreadable=unreadable)
+
+
+def seeded(p: ResumePlan) -> dict[str, tuple[str, str]]:
+    return {f"{o['metadata']['namespace']}/{o['metadata']['name']}":
+            (o["metadata"]["uid"], o["metadata"]["resourceVersion"]) for o in p.seeds}
+
+
+def unconfirmed(p: ResumePlan) -> set[str]:
+    return {o["metadata"]["uid"] for o in p.unconfirmed}
+
+
+def test_resource_versions_compare_as_revisions_and_text_that_is_not_one_never_compares() -> None:
+    assert parse_rv("42") == 42
+    assert parse_rv("") is None
+    assert parse_rv("4a") is None
+    assert parse_rv("٣") is None  # a digit, but not an etcd revision
+    assert rv_at_most("9", "10")  # as integers, not as text
+    assert not rv_at_most("11", "10")
+    assert not rv_at_most("x", "10")
+    assert not rv_at_most("10", "")
+
+
+def test_1_the_resume_point_is_the_checkpoint_else_the_acknowledged_first_list_else_a_framed_list() -> None:
+    cp = Checkpoint(informer_id="cm", resource_version="20", objects={"ns/x": ("u-x", "15")})
+    assert plan(cp).checkpoint is cp
+    assert plan(cp).frame_from == ""
+    journal: dict[str, JournalEntry] = {"u-x": Exists("ns/x", "12"), "u-y": Exists("ns/y", "25"),
+                                        "u-z": Deleted("ns/z", "8")}
+    acked = plan(None, journal, start=ListStart("20", acknowledged=True))
+    assert acked.checkpoint is not None
+    assert acked.checkpoint.resource_version == "20"
+    assert acked.checkpoint.objects == {"ns/x": ("u-x", "12")}  # what a checkpoint would have held
+    assert acked.rewrite  # written at the first interval: the store has none
+    assert unconfirmed(acked) == {"u-y", "u-z"}  # after the point: the journal's word only
+    framed = plan(None, journal, start=ListStart("20"))
+    assert (framed.checkpoint, framed.frame_from) == (None, "20")
+    assert plan(None, {}, unreadable=True).frame_from == "0"
+    fresh = plan(None)
+    assert (fresh.checkpoint, fresh.frame_from, fresh.seeds, fresh.unconfirmed) == (None, "", (), ())
+
+
+def test_2_every_object_a_sink_may_hold_is_seeded_or_unconfirmed() -> None:
+    cp = Checkpoint(
+        informer_id="cm", resource_version="20", objects={"ns/x": ("u-x", "15")},
+        ahead={"ns/w": ("u-w", "22", False)},
+        sinks={"a": SinkProgress(), "b": SinkProgress(resource_version="24",
+                                                      ahead={"ns/v": ("u-v", "23", False)})})
+    p = plan(cp, {"u-y": Exists("ns/y", "30")})
+    assert seeded(p) == {"ns/x": ("u-x", "15"), "ns/w": ("u-w", "22"), "ns/v": ("u-v", "23")}
+    assert unconfirmed(p) == {"u-y"}
+    assert p.last_seen == {"ns/v": "23"}  # only b knows it
+    assert "ns/v" in p.diverging
+
+
+def test_3_a_delete_already_sent_is_seeded_at_its_own_resource_version_and_recorded_as_sent() -> None:
+    cp = Checkpoint(informer_id="cm", resource_version="20", objects={"ns/x": ("u-x", "15")})
+    p = plan(cp, {"u-x": Deleted("ns/x", "15", inferred=True),
+                  "u-q": Deleted("ns/q", "26", held_after="21")})
+    assert seeded(p)["ns/x"] == ("u-x", "15")
+    assert p.sent_deletes["u-x"] == SentDelete("ns/x", "15", inferred=True)
+    assert p.sent_deletes["u-x"].hold_after() == "15"  # an inferred delete: after its state
+    assert p.sent_deletes["u-q"].hold_after() == "21"  # a replay held the window before
+    assert SentDelete("ns/r", "30", inferred=False).hold_after() is None  # observed: nothing held
+    held_earlier = SentDelete("ns/s", "18", inferred=True, held_after="12")
+    assert held_earlier.hold_after() == "12"  # the older of the two windows
+
+
+def test_4_a_sink_ahead_of_the_base_resumes_from_its_own_progress() -> None:
+    cp = Checkpoint(
+        informer_id="cm", resource_version="20", objects={"ns/x": ("u-x", "15")},
+        sinks={"a": SinkProgress(), "b": SinkProgress(resource_version="24", objects={"ns/x": None},
+                                                      ahead={"ns/v": ("u-v", "23", False)})})
+    p = plan(cp, {"u-y": Exists("ns/y", "30"), "u-o": Exists("ns/o", "22")})
+    a, b = p.sinks["a"], p.sinks["b"]
+    assert b.kind is SinkStartKind.OWN_PROGRESS
+    assert b.resource_version == 24
+    assert b.section == {"ns/x": Known("", 24, True), "ns/v": Known("u-v", 23, False)}
+    assert b.maybe == frozenset({"u-y"})  # past its own point: it may hold it
+    assert b.known["ns/o"] == HOLDS_NOTHING  # covered by its point and absent from its knowledge
+    # a is at the base, yet the cache holds ns/v, which only b knows: a holds nothing there.
+    assert a.kind is SinkStartKind.OWN_PROGRESS
+    assert a.resource_version == 20
+    assert a.known["ns/v"] == HOLDS_NOTHING
+    same = plan(Checkpoint(informer_id="cm", resource_version="20", sinks={"a": SinkProgress(),
+                                                                         "b": SinkProgress()}))
+    assert {s.kind for s in same.sinks.values()} == {SinkStartKind.AT_BASE}
+
+
+def test_5_a_sink_the_checkpoint_does_not_cover_is_bootstrapped() -> None:
+    cp = Checkpoint(informer_id="cm", resource_version="20", sinks={"a": SinkProgress(),
+                                                                    "gone": SinkProgress()})
+    p = plan(cp)
+    assert p.sinks["b"].kind is SinkStartKind.BOOTSTRAP
+    assert p.bootstrapping == {"b"}
+    assert p.dropped_sinks == ("gone",)
+    assert p.rewrite
+    legacy = plan(Checkpoint(informer_id="cm", resource_version="20"))  # format 1: covers every sink
+    assert legacy.bootstrapping == frozenset()
