@@ -21,6 +21,7 @@ from sinks.nats import (
     CLIENT_INTERNALS,
     NATS_PY_TESTED,
     PUBLISH_INTERNALS,
+    NatsSink,
     _header_block,
     _hpub,
     _write_pending,
@@ -65,6 +66,7 @@ async def test_the_private_fields_the_sinks_use_have_the_expected_shape(nats_ser
         assert nc._max_payload == nc.max_payload == 1024 * 1024  # the server's INFO max_payload
         assert isinstance(nc._pongs, list)
         assert nc._pongs == []
+        assert nc._transport is not None
         assert callable(nc._transport.write)
         assert callable(nc._transport.writelines)
         assert type(nc.stats["out_msgs"]) is int
@@ -136,3 +138,20 @@ async def test_nats_py_resolves_pong_futures_in_ping_order_with_set_result(nats_
     finally:
         await nc.close()
         await sub.close()
+
+
+async def test_a_sink_started_with_an_untested_nats_py_says_so(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = NatsSink.from_options("nats", {"servers": [nats_server.url]})
+    await sink.start()
+    await sink.close()
+    assert not [r for r in caplog.records if "outside the releases" in r.getMessage()]
+    monkeypatch.setattr(sinks.nats, "NATS_PY_TESTED", ((2, 99), (3, 0)))
+    sink = NatsSink.from_options("nats", {"servers": [nats_server.url]})
+    await sink.start()
+    await sink.close()
+    major, minor = nats_py_version()
+    warned = [r.getMessage() for r in caplog.records if "outside the releases" in r.getMessage()]
+    assert warned == [f"nats-py {major}.{minor} is outside the releases this sink is tested with "
+                      "(>=2.99,<3.0): it relies on the client's private internals (docs/sinks.md)"]
