@@ -26,6 +26,11 @@ publishes carry a reply subject on one inbox subscription per connection, so man
 ``PubAck`` at once (one that does not come within ``publish_timeout`` fails as transient and is
 re-sent with the same ``Nats-Msg-Id``).
 
+Those internals are private to nats-py, so the sinks accept only the nats-py releases they were
+tested with (:data:`NATS_PY_TESTED`, the range ``pyproject.toml`` asks for), and
+``tests/sinks/test_nats_client_internals.py`` checks each internal used against a real server;
+through the public API alone the core sink costs about 1.3 times the CPU per event (docs/performance.md).
+
 Subjects come from the destination template; each field value is sanitised into one subject token
 (dots, spaces and the ``*`` / ``>`` wildcards become ``_``), so a name with dots cannot add tokens or
 turn into a wildcard. The default subject ``k8s.{resource}.{namespace}.{name}`` is one subject per
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import importlib.metadata
 import importlib.util
 import logging
 import re
@@ -389,15 +395,31 @@ def _permanent_or_transient(exc: Exception, subject: str) -> Exception:
     return SinkTransientError(f"nats: publish to {subject!r} not confirmed: {exc!r}")
 
 
-_PING = b"PING\r\n"
-_HAS_CLIENT_INTERNALS = all(
-    hasattr(NatsClient(), a) for a in ("_pongs", "_pending", "_pending_data_size", "_transport")
-)
-"""What pipelined confirmation uses of nats-py's client (present in every 2.x release so far)."""
-_HAS_PUBLISH_INTERNALS = _HAS_CLIENT_INTERNALS and all(
-    hasattr(NatsClient(), a) for a in ("_max_pending_size", "_max_payload", "stats")
-)
+NATS_PY_TESTED = ((2, 16), (2, 17))
+"""The nats-py releases the sinks are tested with: ``[lower, upper)`` by (major, minor). The sinks
+use private parts of nats-py's client (below) for their speed, so ``pyproject.toml`` accepts exactly
+this range and ``tests/sinks/test_nats_client_internals.py`` fails on any other release; widening
+it is done by running that file and the NATS sink tests against the new release (docs/sinks.md)."""
+CLIENT_INTERNALS = ("_pongs", "_pending", "_pending_data_size", "_transport")
+"""What pipelined confirmation uses of nats-py's client: its PONG futures (resolved in order by its
+read loop), its buffer of commands not yet written, and the socket's transport."""
+PUBLISH_INTERNALS = ("_max_pending_size", "_max_payload", "stats")
 """What :meth:`NatsSink._publish_direct` uses besides (else every publish goes through nats-py's)."""
+_PING = b"PING\r\n"
+_HAS_CLIENT_INTERNALS = all(hasattr(NatsClient(), a) for a in CLIENT_INTERNALS)
+_HAS_PUBLISH_INTERNALS = _HAS_CLIENT_INTERNALS and all(hasattr(NatsClient(), a) for a in PUBLISH_INTERNALS)
+
+
+def nats_py_version() -> tuple[int, int]:
+    """The installed nats-py's (major, minor)."""
+    match = re.match(r"(\d+)\.(\d+)", importlib.metadata.version("nats-py"))
+    return (int(match[1]), int(match[2])) if match is not None else (0, 0)
+
+
+def nats_py_tested() -> bool:
+    """Whether the installed nats-py is one the sinks are tested with (:data:`NATS_PY_TESTED`)."""
+    lower, upper = NATS_PY_TESTED
+    return lower <= nats_py_version() < upper
 _SUBJECT_INVALID = re.compile(r"[ \t\r\n]")
 """What nats-py refuses in a published subject (empty too)."""
 _HEADER_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -418,6 +440,13 @@ def _header_block(headers: dict[str, str]) -> bytes:
         lines.append(f"{key}: {v.strip().translate(_HEADER_NEWLINES)}\r\n".encode())
     lines.append(b"\r\n")
     return b"".join(lines)
+
+
+def _hpub(subject: str, reply: str, block: bytes, body: bytes) -> bytes:
+    """The ``HPUB`` command of one message, byte for byte what nats-py's ``publish`` buffers (an
+    empty reply leaves two spaces, as nats-py writes it)."""
+    line = f"HPUB {subject} {reply} {len(block)} {len(block) + len(body)}\r\n"
+    return b"".join((line.encode(), block, body, b"\r\n"))
 
 
 def _write_pending(client: NatsClient) -> Transport:
@@ -485,6 +514,11 @@ class _NatsSinkBase(BaseSink[Any]):
         return sanitize_nats_token(value)
 
     async def _start(self) -> None:
+        if not nats_py_tested():
+            (lower, upper), found = NATS_PY_TESTED, nats_py_version()
+            log.warning("nats-py %d.%d is outside the releases this sink is tested with (>=%d.%d,<%d.%d): "
+                        "it relies on the client's private internals (docs/sinks.md)",
+                        *found, *lower, *upper, extra={"sink": self.name})
         await self._conn.start()
 
     async def _close(self) -> None:
@@ -588,12 +622,7 @@ class _NatsSinkBase(BaseSink[Any]):
         except ValueError as exc:
             self._settle(msg, SinkPermanentError(f"nats: {exc} for {subject!r}"))
             return False
-        size = len(block) + len(body)
-        if reply:
-            line = f"HPUB {subject} {reply} {len(block)} {size}\r\n"
-        else:
-            line = f"HPUB {subject} {len(block)} {size}\r\n"
-        cmd = b"".join((line.encode(), block, body, b"\r\n"))
+        cmd = _hpub(subject, reply, block, body)
         client._pending.append(cmd)
         client._pending_data_size += len(cmd)
         stats = client.stats
@@ -669,7 +698,10 @@ class _NatsSinkBase(BaseSink[Any]):
         self, client: NatsClient, waiters: list[asyncio.Future[None] | OutgoingMessage]
     ) -> None:
         """The confirmation through nats-py's public ``flush`` (a nats-py without the internals
-        ``_ping_round`` relies on): one round trip per pass, not pipelined with the others."""
+        ``_ping_round`` relies on, hence outside :data:`NATS_PY_TESTED`): one round trip per pass.
+        Weaker than ``_ping_round``'s: nats-py 2.16's ``flush`` writes its PING straight to the
+        socket, possibly ahead of publishes still in nats-py's buffer, so its PONG does not prove
+        the server read them."""
         error: Exception | None = None
         try:
             await client.flush(timeout=self.options.publish_timeout)
