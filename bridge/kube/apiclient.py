@@ -13,6 +13,11 @@ A call given a ``timeout`` (leader election bounds every round by its deadline, 
 its leader-election client ``Timeout = RenewDeadline``) is bounded as a whole, retries included: no
 attempt outlives it and no Retry-After is waited that would end past it.
 
+Every request goes through the client's token bucket (:mod:`bridge.kube.ratelimit`; ``qps`` and
+``burst`` in :class:`ApiClientOptions`), retries included, except the first attempt to open a watch,
+as in client-go. The wait for a token is not part of ``request_timeout`` (client-go throttles before
+it starts the request's timeout); it is part of a call's ``timeout``.
+
 No token, key or certificate content appears in any message, log line or ``repr``.
 """
 
@@ -48,6 +53,7 @@ from bridge.kube.kubeconfig import (
     load_in_cluster,
     load_kubeconfig,
 )
+from bridge.kube.ratelimit import DEFAULT_BURST, DEFAULT_QPS, TokenBucket
 from bridge.version import __version__
 
 __all__ = ["ApiClient", "ApiClientOptions", "LineStream", "Params"]
@@ -81,6 +87,10 @@ class ApiClientOptions:
     token_refresh_interval: float = 60.0
     """In-cluster: the token file is re-read at most this often (and at once after a 401)."""
     user_agent: str = f"kube-event-bridge/{__version__}"
+    qps: float = DEFAULT_QPS
+    """Client-side rate limit, requests a second (client-go's ``QPS``); negative: no limit."""
+    burst: int = DEFAULT_BURST
+    """Requests the rate limit lets through at once (client-go's ``Burst``)."""
 
 
 def _redact_url(url: str) -> str:
@@ -267,6 +277,11 @@ class ApiClient:
         )
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
+        try:
+            self.rate_limiter = TokenBucket(qps=self._options.qps, burst=self._options.burst,
+                                            clock=self._clock)
+        except ValueError as e:
+            raise ConfigurationError(f"API client for {self._display_server}: {e}") from e
         self.requests_sent = 0
         """Every HTTP request sent, retries included (for tests and metrics)."""
         self.retries = 0
@@ -432,13 +447,15 @@ class ApiClient:
         timeout: aiohttp.ClientTimeout,
         budget: float | None = None,
         accept: str | None = None,
+        watch: bool = False,
     ) -> aiohttp.ClientResponse:
         """Sends until an answer is final; returns a 2xx response (unread) or raises.
 
         Retries: a 429/5xx carrying Retry-After, up to ``max_retries`` times; a 401, once, with
         refreshed credentials. ``budget`` (seconds on the injected clock) bounds the whole call:
         each attempt's total timeout is cut to what is left, and a retry whose wait would end past
-        it is not made (the server's error is raised instead)."""
+        it is not made (the server's error is raised instead). Each attempt takes a token of the
+        rate limiter first, but for the first attempt of a ``watch``."""
         session = self._get_session()
         end = None if budget is None else self._clock.now() + max(0.0, budget)
         url = self._server + path
@@ -449,6 +466,8 @@ class ApiClient:
         while True:
             headers = await self._headers(content_type, force_refresh=force_refresh, accept=accept)
             force_refresh = False
+            if attempt or refreshed or not watch:
+                await self.rate_limiter.acquire(deadline=end, context=context)
             attempt_timeout = timeout
             if end is not None:
                 left = end - self._clock.now()
@@ -636,7 +655,8 @@ class ApiClient:
             total=None, sock_connect=self._options.connect_timeout, sock_read=idle
         )
         response = await self._send(
-            "GET", path, params=params, data=None, content_type=None, context=context, timeout=timeout
+            "GET", path, params=params, data=None, content_type=None, context=context, timeout=timeout,
+            watch=True,
         )
         return LineStream(response=response, context=context, max_line_bytes=self._options.max_line_bytes)
 

@@ -90,6 +90,26 @@ class KubernetesConfig(_Model):
     page_size: int = Field(default=500, ge=1, le=100_000)
     watch_list: bool = False
     """Use WatchList streaming (sendInitialEvents) when the server supports it."""
+    qps: float = 50.0
+    """Client-side rate limit of the API client, requests a second over time (client-go's ``QPS``);
+    a negative value turns it off. Lists, relists, discovery and the bridge's GETs are metered; the
+    opening of a watch is not (as in client-go). See docs/configuration.md."""
+    burst: int = 100
+    """Requests the rate limit lets through at once (client-go's ``Burst``)."""
+
+    @field_validator("qps")
+    @classmethod
+    def _qps_not_zero(cls, v: float) -> float:
+        if v == 0:
+            raise ValueError("0 would never send a request: give a positive rate (requests a second), "
+                             "or a negative one (-1) to turn the client-side rate limit off")
+        return v
+
+    @model_validator(mode="after")
+    def _burst_with_qps(self) -> KubernetesConfig:
+        if self.qps > 0 and self.burst < 1:
+            raise ValueError(f"burst: must be at least 1 while qps is positive (got {self.burst})")
+        return self
 
 
 class ResourceConfig(_Model):

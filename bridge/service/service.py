@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import signal
@@ -90,6 +91,7 @@ def _checkpoint_store(config: BridgeConfig, client: ApiClient,
 
 def _api_client(config: BridgeConfig, clock: Clock, options: ApiClientOptions | None = None) -> ApiClient:
     k = config.kubernetes
+    options = dataclasses.replace(options or ApiClientOptions(), qps=k.qps, burst=k.burst)
     if k.in_cluster == "true":
         return ApiClient.in_cluster(clock=clock, options=options)
     if k.in_cluster == "false":
@@ -187,6 +189,7 @@ class BridgeService:
         client: ApiClient | None = None
         try:
             client = _api_client(self.config, self._clock)
+            self.telemetry.set_rate_limiter(client.rate_limiter)
             le = self.config.leader_election
             if le.enabled:
                 if self._sharded:

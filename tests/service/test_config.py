@@ -50,13 +50,17 @@ def test_good_config_loads_with_defaults(tmp_path: Path) -> None:
     assert cfg.leader_election.enabled is False
     assert cfg.server.port == 8080
     assert cfg.shutdown_deadline == 25.0
+    assert (cfg.kubernetes.qps, cfg.kubernetes.burst) == (50.0, 100)
 
 
 def test_environment_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KEB_CHECKPOINT__STORE", "configmap")
     monkeypatch.setenv("KEB_LOGGING__LEVEL", "debug")
     monkeypatch.setenv("KEB_CLUSTER", "staging")
+    monkeypatch.setenv("KEB_KUBERNETES__QPS", "-1")
+    monkeypatch.setenv("KEB_KUBERNETES__BURST", "7")
     cfg = load_config(write(tmp_path, GOOD))
+    assert (cfg.kubernetes.qps, cfg.kubernetes.burst) == (-1.0, 7)
     assert cfg.checkpoint.store == "configmap"
     assert cfg.checkpoint.directory == "/tmp/cp"  # nested keys merge, not replace
     assert cfg.logging.level == "debug"
@@ -135,6 +139,10 @@ def test_masked_dump_hides_secrets_but_not_file_paths(tmp_path: Path) -> None:
          r"leader_election: lease_duration must be greater than renew_deadline"),
         ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\nserver: {port: 99999}\n",
          r"server\.port: Input should be less than or equal to 65535"),
+        ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\nkubernetes: {qps: 0}\n",
+         r"kubernetes\.qps: 0 would never send a request"),
+        ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\nkubernetes: {qps: 5, burst: 0}\n",
+         r"kubernetes: burst: must be at least 1 while qps is positive"),
         ("- just\n- a list\n", r"must hold a mapping at the top level, not list"),
         ("resources: [\n", r"is not valid YAML"),
     ],
