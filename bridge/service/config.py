@@ -221,6 +221,12 @@ class CheckpointConfig(_Model):
         return check_nats_url(v)
 
 
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+NODE_NAME_ENV = "NODE_NAME"
+"""Where the ``node`` strategy reads its node by default: the chart's DaemonSet sets it from the
+downward API (``fieldRef: spec.nodeName``)."""
+
+
 class ShardingConfig(_Model):
     """Splitting the watched resources across replicas (docs/sharding.md)."""
 
@@ -228,12 +234,27 @@ class ShardingConfig(_Model):
     """How many replicas share the work; ``auto``: the StatefulSet's ``spec.replicas``."""
     ordinal: int | Literal["auto"] = 0
     """This replica's shard, 0 … shards-1; ``auto``: the ``-<n>`` suffix of the pod name."""
-    strategy: Literal["object", "resource"] = "object"
-    """The default of every resource: ``object`` (by uid hash) or ``resource`` (whole resources)."""
+    strategy: Literal["object", "resource", "node"] = "object"
+    """The default of every resource: ``object`` (by uid hash) or ``resource`` (whole resources);
+    ``node``: one replica per node watches the Pods bound to its node (a DaemonSet), and one
+    designated replica (``unscheduled``) the Pods bound to none and every other resource."""
     statefulset: str = ""
     """For ``auto``: the StatefulSet's name ("" = the pod name without its ``-<n>`` suffix)."""
     namespace: str = ""
     """For ``auto``: the StatefulSet's namespace ("" = the pod's own)."""
+    node_name: str = ""
+    """``node`` strategy: the node whose Pods this replica watches ("" = ``$NODE_NAME``)."""
+    unscheduled: bool = False
+    """``node`` strategy: this replica is the designated one, watching the Pods no node is bound to
+    (``spec.nodeName=""``) and the resources that are not Pods."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _node_from_environment(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("strategy") == "node" and not data.get("node_name") \
+                and not data.get("unscheduled"):
+            data = {**data, "node_name": os.environ.get(NODE_NAME_ENV, "")}
+        return data
 
     @field_validator("shards")
     @classmethod
@@ -256,10 +277,42 @@ class ShardingConfig(_Model):
                              f"(ordinals run from 0 to {self.shards - 1})")
         return self
 
+    @model_validator(mode="after")
+    def _node_strategy(self) -> ShardingConfig:
+        if self.strategy != "node":
+            if self.node_name or self.unscheduled:
+                field = "node_name" if self.node_name else "unscheduled"
+                raise ValueError(f"{field}: only for strategy: node (got strategy: {self.strategy})")
+            return self
+        counted = {"shards", "ordinal", "statefulset", "namespace"} & self.model_fields_set
+        if counted:
+            raise ValueError(f"{sorted(counted)[0]}: strategy: node has one replica per node and "
+                             "counts no shards; remove it")
+        if self.unscheduled and self.node_name:
+            raise ValueError("node_name: the replica with unscheduled: true watches the Pods bound to "
+                             "no node; give it no node_name")
+        if not self.unscheduled:
+            if not self.node_name:
+                raise ValueError(f"node_name: empty and ${NODE_NAME_ENV} is not set: set it from the "
+                                 "downward API (fieldRef: spec.nodeName), or give unscheduled: true "
+                                 "to the one replica that owns the Pods bound to no node")
+            if not _NODE_NAME.fullmatch(self.node_name):
+                raise ValueError(f"node_name: {self.node_name!r} is not a node name (lowercase letters, "
+                                 "digits, '-' and '.')")
+        return self
+
     @property
     def enabled(self) -> bool:
-        """Whether this replica may be one of several (``auto``, or more than one shard)."""
+        """Whether this replica may be one of several shards counted by ordinal (``auto``, or more
+        than one shard); the ``node`` strategy counts none."""
+        if self.strategy == "node":
+            return False
         return self.shards == "auto" or self.ordinal == "auto" or self.shards > 1
+
+    @property
+    def node_field_selector(self) -> str:
+        """``node`` strategy: the field selector that scopes this replica's Pods."""
+        return f"spec.nodeName={'' if self.unscheduled else self.node_name}"
 
 
 class LeaderElectionConfig(_Model):
@@ -398,6 +451,20 @@ class BridgeConfig(BaseSettings):
                     f"name {canonical} in {scope} with the same selectors: every change would be sent "
                     "twice; keep one of them")
         return v
+
+    @model_validator(mode="after")
+    def _resources_under_node_strategy(self) -> BridgeConfig:
+        if self.sharding.strategy != "node":
+            return self
+        for i, r in enumerate(self.resources):
+            if r.sharding is not None:
+                raise ValueError(f"resources.{i}.sharding: strategy: node decides where every resource "
+                                 "runs (Pods per node, the rest on the unscheduled: true replica); "
+                                 "remove it")
+            if canonical_resource(r.resource) == "pods" and "spec.nodeName" in r.field_selector:
+                raise ValueError(f"resources.{i}.field_selector: strategy: node sets spec.nodeName "
+                                 "itself; remove it from the resource's field_selector")
+        return self
 
     @field_validator("sinks")
     @classmethod

@@ -192,7 +192,7 @@ class BridgeService:
             self.telemetry.set_rate_limiter(client.rate_limiter)
             le = self.config.leader_election
             if le.enabled:
-                if self._sharded:
+                if self._sharded and not self._by_node:
                     await self._resolve_shard(client)
                 await self._campaign(client)
                 if self._config_error is not None:
@@ -223,8 +223,12 @@ class BridgeService:
         le = self.config.leader_election
         self._lease_client = _api_client(self.config, self._clock, _lease_client_options(self.config))
         release_timeout = min(le.renew_deadline, RELEASE_TIMEOUT)
-        # With sharding, each shard has its own Lease (one leader and its standbys per shard).
+        # With sharding, each shard has its own Lease (one leader and its standbys per shard); by
+        # node, each node's replica and the unscheduled owner have theirs.
         lease = le.name if self.shard is None else f"{le.name}-shard-{self.shard[0]}"
+        if self._by_node:
+            sh = self.config.sharding
+            lease = f"{le.name}-unscheduled" if sh.unscheduled else f"{le.name}-node-{sh.node_name}"
         elector = LeaderElector(
             client=self._lease_client, namespace=le.namespace, name=lease, identity=le.identity,
             on_started_leading=lambda: self._lead_or_stop(client, elector),
@@ -302,6 +306,31 @@ class BridgeService:
         the shards' checkpoints over), or a total or ordinal says so."""
         return "sharding" in self.config.model_fields_set or self.config.sharding.enabled
 
+    @property
+    def _by_node(self) -> bool:
+        return self.config.sharding.strategy == "node"
+
+    def _node_share(self, watched: list[WatchedResource]) -> list[WatchedResource]:
+        """``strategy: node`` (docs/sharding.md, "By node"): the Pods bound to this replica's node,
+        or, on the ``unscheduled`` replica, the Pods bound to none and every other resource. The
+        node's field selector joins the resource's own, so the informer id, and with it the
+        checkpoint, is the node's."""
+        sh = self.config.sharding
+        node_selector = sh.node_field_selector
+        mine: list[WatchedResource] = []
+        for w in watched:
+            if w.api.group == "" and w.api.resource == "pods":
+                selector = ",".join(s for s in (w.key.field_selector, node_selector) if s)
+                mine.append(dataclasses.replace(
+                    w, key=dataclasses.replace(w.key, field_selector=selector)))
+            elif sh.unscheduled:
+                mine.append(w)
+        who = "the Pods bound to no node" if sh.unscheduled else f"node {sh.node_name}"
+        log.info("sharded by node: running %d of %d resources for %s (%s)", len(mine), len(watched), who,
+                 ", ".join(f"{w.ref.qualified} {w.key.field_selector}".strip() for w in mine) or "none",
+                 extra={"node": sh.node_name or ""})
+        return mine
+
     async def _resolve_shard(self, client: ApiClient) -> tuple[int, int]:
         """This replica's (ordinal, total), resolved once (a standby resolves it before campaigning
         for its shard's Lease); from then on every exposed sample carries the shard's labels."""
@@ -343,7 +372,9 @@ class BridgeService:
             fence = elector.fence_token
             shutdown_deadline = max(0.5, shutdown_deadline - elector.release_timeout)
         watched = await self._resolve(client)
-        if self._sharded:
+        if self._by_node:
+            watched = self._node_share(watched)
+        elif self._sharded:
             watched = await self._shard(client, watched)
         by_key = {w.key: w for w in watched}
 

@@ -67,6 +67,19 @@ def test_environment_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert cfg.cluster == "staging"
 
 
+def test_the_node_strategy_reads_its_node_from_the_downward_api(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "worker-3.example")
+    text = "resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\nsharding: {strategy: node}\n"
+    cfg = load_config(write(tmp_path, text))
+    assert cfg.sharding.node_name == "worker-3.example"
+    assert cfg.sharding.node_field_selector == "spec.nodeName=worker-3.example"
+    assert not cfg.sharding.enabled
+    owner = load_config(write(tmp_path, text.replace("{strategy: node}",
+                                                     "{strategy: node, unscheduled: true}")))
+    assert (owner.sharding.node_name, owner.sharding.node_field_selector) == ("", "spec.nodeName=")
+
+
 def test_config_file_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KEB_CONFIG_FILE", str(write(tmp_path, GOOD)))
     assert load_config().cluster == "prod"
@@ -143,6 +156,25 @@ def test_masked_dump_hides_secrets_but_not_file_paths(tmp_path: Path) -> None:
          r"kubernetes\.qps: 0 would never send a request"),
         ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\nkubernetes: {qps: 5, burst: 0}\n",
          r"kubernetes: burst: must be at least 1 while qps is positive"),
+        ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\nsharding: {strategy: node}\n",
+         r"sharding: node_name: empty and \$NODE_NAME is not set"),
+        ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\n"
+         "sharding: {strategy: node, node_name: n1, shards: 3}\n",
+         r"sharding: shards: strategy: node has one replica per node"),
+        ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\n"
+         "sharding: {strategy: node, node_name: n1, unscheduled: true}\n",
+         r"sharding: node_name: the replica with unscheduled: true"),
+        ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\n"
+         "sharding: {strategy: node, node_name: 'Node 1'}\n",
+         r"sharding: node_name: 'Node 1' is not a node name"),
+        ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\nsharding: {node_name: n1}\n",
+         r"sharding: node_name: only for strategy: node"),
+        ("resources: [{resource: po, field_selector: spec.nodeName=x}]\nsinks: [{name: s, kind: stdout}]\n"
+         "sharding: {strategy: node, node_name: n1}\n",
+         r"resources\.0\.field_selector: strategy: node sets spec\.nodeName itself"),
+        ("resources: [{resource: pods, sharding: resource}]\nsinks: [{name: s, kind: stdout}]\n"
+         "sharding: {strategy: node, unscheduled: true}\n",
+         r"resources\.0\.sharding: strategy: node decides where every resource runs"),
         ("- just\n- a list\n", r"must hold a mapping at the top level, not list"),
         ("resources: [\n", r"is not valid YAML"),
     ],
