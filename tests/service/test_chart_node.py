@@ -100,20 +100,21 @@ def test_node_pods_get_least_privilege_rbac(chart: Any) -> None:
     # The unscheduled owner reads Pods through spec.nodeName= (get for its exits) and names its
     # checkpoint, whose id carries that selector.
     owner_cluster = named(docs, "ClusterRole", FULLNAME)
-    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]} in owner_cluster["rules"]
-    owner_role = [d for d in find(docs, "Role", "ops") if d["metadata"]["name"] == FULLNAME][0]
+    pods_rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    assert pods_rule in owner_cluster["rules"]
+    owner_role = next(d for d in find(docs, "Role", "ops") if d["metadata"]["name"] == FULLNAME)
     names = [n for rule in owner_role["rules"] for n in rule.get("resourceNames", [])]
     assert f"{FULLNAME}-checkpoint-{informer_id('pods', '', '', 'spec.nodeName=')}" in names
     # Namespaced Pods: a Role in that namespace instead of a ClusterRole.
     docs = render(chart, values(config={**CONFIG, "resources": [{"resource": "po", "namespace": "apps"}]}))
     assert [d for d in find(docs, "ClusterRole") if d["metadata"]["name"] == f"{FULLNAME}-node"] == []
     (apps_role,) = [d for d in find(docs, "Role", "apps") if d["metadata"]["name"] == f"{FULLNAME}-node"]
-    assert apps_role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    assert apps_role["rules"] == [pods_rule]
 
 
 def test_leader_election_gives_the_unscheduled_owner_its_own_lease(chart: Any) -> None:
     docs = render(chart, values(replicaCount=2, leaderElection={"enabled": True}))
-    role = [d for d in find(docs, "Role", "ops") if d["metadata"]["name"] == FULLNAME][0]
+    role = next(d for d in find(docs, "Role", "ops") if d["metadata"]["name"] == FULLNAME)
     leases = [r for r in role["rules"] if r.get("resourceNames") and r["resources"] == ["leases"]]
     assert leases[0]["resourceNames"] == [f"{FULLNAME}-unscheduled"]
     node_cfg = yaml.safe_load(named(docs, "ConfigMap", f"{FULLNAME}-node")["data"]["config.yaml"])
