@@ -84,6 +84,10 @@ class ApiClientOptions:
     """A watch line longer than this is discarded (and the stream ends): a protection, not a limit
     any real object reaches (etcd caps objects at ~1.5 MiB)."""
     connection_limit: int = 100
+    """Connections for requests (lists, GETs, writes). Watches are not counted: each holds its own
+    connection for as long as it streams, as many as there are informers (client-go's transport
+    does not bound connections per host either); sharing one bounded pool, a bridge with more
+    informers than this limit had every connection held by a watch and its lists timed out."""
     token_refresh_interval: float = 60.0
     """In-cluster: the token file is re-read at most this often (and at once after a 401)."""
     user_agent: str = f"kube-event-bridge/{__version__}"
@@ -276,6 +280,7 @@ class ApiClient:
             ca_file=ca_file, cert_file=cert_file, key_file=key_file, verify=verify
         )
         self._session: aiohttp.ClientSession | None = None
+        self._stream_session: aiohttp.ClientSession | None = None
         self._closed = False
         try:
             self.rate_limiter = TokenBucket(qps=self._options.qps, burst=self._options.burst,
@@ -402,23 +407,31 @@ class ApiClient:
     async def close(self) -> None:
         """Closes the connection pool. Idempotent."""
         self._closed = True
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
+        for attr in ("_session", "_stream_session"):
+            session = getattr(self, attr)
+            if session is not None:
+                setattr(self, attr, None)
+                await session.close()
 
-    def _get_session(self) -> aiohttp.ClientSession:
+    def _new_session(self, limit: int) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False, limit=limit)
+        return aiohttp.ClientSession(
+            connector=connector,
+            headers={"User-Agent": self._options.user_agent, "Accept": "application/json"},
+            json_serialize=lambda obj: orjson.dumps(obj).decode(),
+        )
+
+    def _get_session(self, *, stream: bool = False) -> aiohttp.ClientSession:
+        """The session for requests (a pool of ``connection_limit`` connections), or with
+        ``stream`` the one for watches (one connection each, unbounded: see ``connection_limit``)."""
         if self._closed:
             raise ApiUnavailableError(f"API client for {self._display_server} is closed")
+        if stream:
+            if self._stream_session is None:
+                self._stream_session = self._new_session(0)
+            return self._stream_session
         if self._session is None:
-            connector = aiohttp.TCPConnector(
-                ssl=self._ssl if self._ssl is not None else False,
-                limit=self._options.connection_limit,
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                headers={"User-Agent": self._options.user_agent, "Accept": "application/json"},
-                json_serialize=lambda obj: orjson.dumps(obj).decode(),
-            )
+            self._session = self._new_session(self._options.connection_limit)
         return self._session
 
     async def _headers(
@@ -456,7 +469,7 @@ class ApiClient:
         each attempt's total timeout is cut to what is left, and a retry whose wait would end past
         it is not made (the server's error is raised instead). Each attempt takes a token of the
         rate limiter first, but for the first attempt of a ``watch``."""
-        session = self._get_session()
+        session = self._get_session(stream=watch)
         end = None if budget is None else self._clock.now() + max(0.0, budget)
         url = self._server + path
         query = _encode_params(params)
