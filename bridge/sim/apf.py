@@ -9,7 +9,9 @@ tested against what it exists for. :class:`FlowControl` is the smallest model th
   bridges with different tokens are two flows, as two service accounts are);
 * each flow may have ``concurrency`` requests executing at once; a request beyond that waits up to
   ``queue_wait`` seconds for a seat, in order, then is answered 429 with ``Retry-After:
-  retry_after`` and the message kube-apiserver sends;
+  retry_after`` and the message kube-apiserver sends; when ``queue_length`` requests of the flow
+  already wait, it is answered 429 at once (a flow's queues are full: in kube-apiserver's default
+  ``workload-low`` level a flow is dealt 6 queues of 50);
 * long-running requests (watches) are not counted once they stream: kube-apiserver's APF holds a
   watch's seat only while its initial events are computed, which the simulator serves at once.
 
@@ -54,12 +56,16 @@ class _Flow:
 class FlowControl:
     """Per-flow concurrency with a short queue (see the module docs)."""
 
-    def __init__(self, *, concurrency: int, queue_wait: float = 0.0, retry_after: int = 1) -> None:
+    def __init__(self, *, concurrency: int, queue_wait: float = 0.0, retry_after: int = 1,
+                 queue_length: int | None = None) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         if queue_wait < 0 or retry_after < 0:
             raise ValueError("queue_wait and retry_after must not be negative")
+        if queue_length is not None and queue_length < 0:
+            raise ValueError(f"queue_length must not be negative, got {queue_length}")
         self.concurrency = concurrency
+        self.queue_length = queue_length
         self.queue_wait = queue_wait
         self.retry_after = retry_after
         self._flows: dict[str, _Flow] = collections.defaultdict(_Flow)
@@ -81,7 +87,8 @@ class FlowControl:
             self._release(f)
 
     async def _wait_in_queue(self, f: _Flow) -> None:
-        if self.queue_wait <= 0:
+        queued = sum(not w.done() for w in f.queue)
+        if self.queue_wait <= 0 or (self.queue_length is not None and queued >= self.queue_length):
             self._reject(f)
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         f.queue.append(waiter)
@@ -122,6 +129,7 @@ class FlowControl:
     def describe(self) -> dict[str, Any]:
         return {
             "concurrency": self.concurrency, "queue_wait": self.queue_wait,
+            "queue_length": self.queue_length,
             "retry_after": self.retry_after, "rejected": self.rejected,
             "flows": {name: {"executing": f.executing, "peak": f.peak, "admitted": f.admitted,
                              "rejected": f.rejected, "queued": sum(not w.done() for w in f.queue)}

@@ -66,6 +66,8 @@ def build_parser(prog: str = "python -m bridge.sim") -> argparse.ArgumentParser:
                           "once; watches are not counted (default: no limit)")
     apf.add_argument("--apf-queue-wait", type=float, default=0.0, metavar="SECONDS",
                      help="how long a request beyond the limit waits for a seat before its 429")
+    apf.add_argument("--apf-queue-length", type=int, default=None, metavar="N",
+                     help="requests of one client that may wait at once; beyond, 429 at once")
     apf.add_argument("--apf-retry-after", type=int, default=1, metavar="SECONDS",
                      help="the 429's Retry-After")
     churn = p.add_argument_group("churn")
@@ -114,7 +116,7 @@ async def _serve(args: argparse.Namespace) -> int:
         token=args.token, forbidden=args.forbid,
         flow_control=None if args.apf_concurrency is None else FlowControl(
             concurrency=args.apf_concurrency, queue_wait=args.apf_queue_wait,
-            retry_after=args.apf_retry_after),
+            retry_after=args.apf_retry_after, queue_length=args.apf_queue_length),
     )
     churn: ChurnGenerator | None = None
     if args.churn_rate > 0:

@@ -68,6 +68,19 @@ async def test_a_request_waits_in_the_queue_for_a_seat_before_it_is_refused() ->
         assert codes.count(429) == 8 - codes.count(200)
 
 
+async def test_a_request_beyond_the_queue_length_is_refused_at_once() -> None:
+    async with Simulator(flow_control=FlowControl(concurrency=1, queue_wait=10.0, queue_length=2),
+                         faults={"delay": 0.3}) as sim, aiohttp.ClientSession() as session:
+        url = f"{sim.url}/api/v1/namespaces/default/pods"
+        started = asyncio.get_running_loop().time()
+        answers = await asyncio.gather(*(_get(session, url, "q/1") for _ in range(6)))
+        codes = sorted(code for code, _, _ in answers)
+        # One executes, two wait their turn, three find the queues full.
+        assert codes == [200, 200, 200, 429, 429, 429]
+        assert asyncio.get_running_loop().time() - started < 5.0
+        assert sim.state()["flow_control"]["queue_length"] == 2
+
+
 async def test_the_rate_limit_keeps_the_bridge_out_of_a_429_storm() -> None:
     """The same 40 lists against a flow of 4 seats (each list takes 0.2 s): sent at once, the
     unlimited client meets a wall of 429s (no retries, to count them); paced at 10 a second, the
@@ -96,8 +109,9 @@ def test_the_command_line_sets_the_flow_control() -> None:
     from bridge.sim.cli import build_parser
 
     args = build_parser().parse_args(["--apf-concurrency", "3", "--apf-queue-wait", "0.5",
-                                      "--apf-retry-after", "2"])
-    assert (args.apf_concurrency, args.apf_queue_wait, args.apf_retry_after) == (3, 0.5, 2)
+                                      "--apf-retry-after", "2", "--apf-queue-length", "300"])
+    assert (args.apf_concurrency, args.apf_queue_wait, args.apf_retry_after, args.apf_queue_length) == (
+        3, 0.5, 2, 300)
     r = subprocess.run([sys.executable, "-m", "bridge.sim", "--apf-concurrency", "0"],
                        capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2
