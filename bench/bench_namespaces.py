@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -44,8 +45,9 @@ import aiohttp
 import yaml
 
 from bench.common import RESULTS_DIR, machine_info, write_result
+from bridge.kube.ratelimit import DEFAULT_BURST, DEFAULT_QPS
 
-__all__ = ["RESOURCES", "main", "measure", "run"]
+__all__ = ["RESOURCES", "Apf", "main", "measure", "run"]
 
 ROOT = Path(__file__).resolve().parents[1]
 RESOURCES = ("configmaps", "secrets", "services", "deployments.apps", "pods")
@@ -82,9 +84,9 @@ from bridge.sim import Simulator
 from bridge.sim.apf import FlowControl
 from bench.bench_namespaces import RESOURCES, _objects
 
-async def main(namespaces, per_namespace, concurrency, queue_wait, queue_length):
+async def main(namespaces, per_namespace, concurrency, queue_wait, queue_length, latency):
     names = [f"ns-{i:04d}" for i in range(namespaces)]
-    sim = Simulator(namespaces=["default", *names], bookmark_interval=30.0,
+    sim = Simulator(namespaces=["default", *names], bookmark_interval=30.0, faults={"delay": latency},
                     flow_control=FlowControl(concurrency=concurrency, queue_wait=queue_wait,
                                              queue_length=queue_length))
     for ns in names:
@@ -97,15 +99,26 @@ async def main(namespaces, per_namespace, concurrency, queue_wait, queue_length)
     await sim.stop()
 
 asyncio.run(main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]),
-                 int(sys.argv[5])))
+                 int(sys.argv[5]), float(sys.argv[6])))
 """
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Apf:
+    """The simulator's flow control for the bridge's flow."""
+
+    concurrency: int = APF_CONCURRENCY
+    queue_wait: float = APF_QUEUE_WAIT
+    queue_length: int = APF_QUEUE_LENGTH
+    latency: float = 0.0
+    """Seconds the simulator takes over each request besides its own work (its fault delay)."""
+
+
 @contextlib.contextmanager
-def _sim(namespaces: int, per_namespace: int) -> Any:
+def _sim(namespaces: int, per_namespace: int, apf: Apf) -> Any:
     proc = subprocess.Popen(
-        [sys.executable, "-c", _SIM_CHILD, str(namespaces), str(per_namespace), str(APF_CONCURRENCY),
-         str(APF_QUEUE_WAIT), str(APF_QUEUE_LENGTH)],
+        [sys.executable, "-c", _SIM_CHILD, str(namespaces), str(per_namespace), str(apf.concurrency),
+         str(apf.queue_wait), str(apf.queue_length), str(apf.latency)],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -124,7 +137,8 @@ def _sim(namespaces: int, per_namespace: int) -> Any:
             proc.wait(10)
 
 
-def _config(work: Path, url: str, namespaces: int, port: int, limited: bool) -> dict[str, Any]:
+def _config(work: Path, url: str, namespaces: int, port: int, limit: tuple[float, int] | None,
+            ) -> dict[str, Any]:
     kubeconfig = work / "kubeconfig"
     kubeconfig.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "sim",
@@ -132,8 +146,10 @@ def _config(work: Path, url: str, namespaces: int, port: int, limited: bool) -> 
         "contexts": [{"name": "sim", "context": {"cluster": "sim", "user": "sim"}}],
         "users": [{"name": "sim", "user": {}}]}))
     kubernetes: dict[str, Any] = {"kubeconfig": str(kubeconfig), "in_cluster": "false"}
-    if not limited:
+    if limit is None:
         kubernetes["qps"] = -1
+    else:
+        kubernetes["qps"], kubernetes["burst"] = limit
     return {
         "cluster": "bench",
         "kubernetes": kubernetes,
@@ -165,10 +181,11 @@ async def _sample(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
     return state
 
 
-async def _run_mode(work: Path, url: str, namespaces: int, limited: bool, timeout: float) -> dict[str, Any]:
+async def _run_mode(work: Path, url: str, namespaces: int, limit: tuple[float, int] | None,
+                    timeout: float) -> dict[str, Any]:
     port = _free_port()
     cfg = work / "config.yaml"
-    cfg.write_text(yaml.safe_dump(_config(work, url, namespaces, port, limited)))
+    cfg.write_text(yaml.safe_dump(_config(work, url, namespaces, port, limit)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("KEB_")}
     log = (work / "bridge.log").open("wb")
     async with aiohttp.ClientSession() as http:
@@ -229,18 +246,22 @@ async def _run_mode(work: Path, url: str, namespaces: int, limited: bool, timeou
 
 
 def measure(*, namespaces: int, per_namespace: int = 2, modes: tuple[str, ...] = ("limited", "unlimited"),
-            timeout: float = 1800.0) -> dict[str, Any]:
-    """Runs each mode against a fresh simulator; returns the figures by mode."""
+            timeout: float = 1800.0, apf: Apf | None = None,
+            limit: tuple[float, int] = (DEFAULT_QPS, DEFAULT_BURST)) -> dict[str, Any]:
+    """Runs each mode against a fresh simulator; returns the figures by mode. ``limit``: the
+    ``limited`` mode's (qps, burst)."""
+    apf = apf or Apf()
     out: dict[str, Any] = {"namespaces": namespaces, "resources": list(RESOURCES),
                            "informers": namespaces * len(RESOURCES), "per_namespace": per_namespace,
-                           "apf_concurrency": APF_CONCURRENCY, "apf_queue_wait_s": APF_QUEUE_WAIT,
-                           "apf_queue_length": APF_QUEUE_LENGTH,
+                           "apf_concurrency": apf.concurrency, "apf_queue_wait_s": apf.queue_wait,
+                           "apf_queue_length": apf.queue_length, "latency_s": apf.latency,
+                           "qps": limit[0], "burst": limit[1],
                            "modes": {}}
     for mode in modes:
         with tempfile.TemporaryDirectory(prefix=f"keb-bench-ns-{mode}-") as tmp, \
-                _sim(namespaces, per_namespace) as url:
-            out["modes"][mode] = asyncio.run(_run_mode(Path(tmp), url, namespaces, mode == "limited",
-                                                       timeout))
+                _sim(namespaces, per_namespace, apf) as url:
+            out["modes"][mode] = asyncio.run(_run_mode(Path(tmp), url, namespaces,
+                                                       limit if mode == "limited" else None, timeout))
     return out
 
 
