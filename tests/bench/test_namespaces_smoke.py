@@ -1,8 +1,9 @@
 """Smoke test of the many-namespaces start (bench/bench_namespaces.py) at a CI size: 12 namespaces x
 5 resources, the bridge and the simulator as processes, a simulated API server with one seat and a
-queue of 2 for the bridge's flow, each request taking 50 ms. Sent at once, the 60 lists meet 429s; paced by the client-side
-limit (5 a second after a burst of 2), none does, and both starts sync every informer. Sizes and
-times are the CI's; docs/performance.md has the figures at 1,000 namespaces."""
+queue of 2 for the bridge's flow, each request taking 50 ms. Sent at once, the 60 lists meet 429s;
+paced by the client-side limit (5 a second after a burst of 2), none does, and both starts sync
+every informer. Sizes and times are the CI's; docs/performance.md has the figures at 1,000
+namespaces."""
 
 from __future__ import annotations
 
