@@ -767,7 +767,8 @@ class WatchedResource:
     def base_informer_id(self) -> str:
         """The id of the scope watched whole (no shard suffix)."""
         k = self.key
-        return informer_id(k.resource, k.namespace, k.label_selector, k.field_selector)
+        return informer_id(k.resource, k.namespace, k.label_selector, k.field_selector,
+                           k.namespace_selector)
 
     @property
     def informer_id(self) -> str:
@@ -1175,7 +1176,8 @@ class BridgePipeline:
         informer = self._make_informer(watched, tracker)
         exits: SelectorExits | None = None
         fetch = self._fetch_object
-        if fetch is not None and (watched.key.label_selector or watched.key.field_selector):
+        if fetch is not None and (watched.key.label_selector or watched.key.field_selector
+                                  or watched.key.namespace_selector):
             exits = SelectorExits(fetch=functools.partial(fetch, watched))
         inf = _Informer(watched=watched, informer=informer, tracker=tracker, corrupt_checkpoint=corrupt)
         if handover is not None:

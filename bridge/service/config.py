@@ -120,6 +120,10 @@ class ResourceConfig(_Model):
     """"" = every namespace (or a cluster-scoped resource)."""
     label_selector: str = ""
     field_selector: str = ""
+    namespace_selector: str = ""
+    """A label selector on namespaces: the resource is watched once, cluster-wide, and only the
+    objects of namespaces whose labels match are kept; a namespace that starts or stops matching
+    makes its objects enter or leave (docs/configuration.md, "Namespace selector")."""
     sharding: Literal["object", "resource"] | None = None
     """How this resource is split across shards (``sharding.strategy`` when unset): ``object``
     (every shard watches it and keeps the objects whose uid hashes to it) or ``resource`` (one shard
@@ -132,6 +136,19 @@ class ResourceConfig(_Model):
             parse_label_selector(v)
         except SelectorError as e:
             raise ValueError(str(e)) from e
+        return v
+
+    @field_validator("namespace_selector")
+    @classmethod
+    def _namespace_selector_parses(cls, v: str, info: ValidationInfo) -> str:
+        try:
+            parse_label_selector(v)
+        except SelectorError as e:
+            raise ValueError(str(e)) from e
+        if v and info.data.get("namespace"):
+            raise ValueError(f"with namespace {info.data['namespace']!r} the resource is watched in "
+                             "one namespace; a namespace_selector picks namespaces of a cluster-wide "
+                             "watch: give one or the other")
         return v
 
     @field_validator("field_selector")
@@ -439,10 +456,10 @@ class BridgeConfig(BaseSettings):
     def _resources_unique(cls, v: list[ResourceConfig]) -> list[ResourceConfig]:
         # Aliases of one resource (deploy, Deployment, deployments.apps) in one scope would start
         # two informers for it and send every change twice.
-        seen: dict[tuple[str, str, str, str], int] = {}
+        seen: dict[tuple[str, str, str, str, str], int] = {}
         for i, r in enumerate(v):
             canonical = canonical_resource(r.resource)
-            key = (canonical, r.namespace, r.label_selector, r.field_selector)
+            key = (canonical, r.namespace, r.label_selector, r.field_selector, r.namespace_selector)
             first = seen.setdefault(key, i)
             if first != i:
                 scope = f"namespace {r.namespace!r}" if r.namespace else "all namespaces"

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.clock import Clock, RealClock
+from bridge.contracts import ListerWatcher
 from bridge.delivery.checkpoint import CheckpointStore, FileCheckpointStore
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.errors import ApiError, BridgeError, ConfigurationError
@@ -36,6 +37,7 @@ from bridge.kube.apiclient import ApiClient, ApiClientOptions
 from bridge.kube.discovery import APIResource, Discovery
 from bridge.kube.leaderelection import FenceToken, LeaderElector
 from bridge.kube.listwatch import HttpListerWatcher
+from bridge.kube.namespaces import NamespaceFilteredListerWatcher, NamespaceLabels, NamespaceScope
 from bridge.service import sharding_auto
 from bridge.service.config import BridgeConfig, check_secret_files, load_config
 from bridge.service.fencing import FencedSink
@@ -274,7 +276,7 @@ class BridgeService:
         watched: list[WatchedResource] = []
         # The configuration rejects aliases of one built-in resource; a custom resource's aliases
         # (widget, wdg, widgets.example.com) are known only once discovery has answered.
-        seen: dict[tuple[str, str, str, str], int] = {}
+        seen: dict[tuple[str, str, str, str, str], int] = {}
         for i, r in enumerate(self.config.resources):
             try:
                 api: APIResource = await discovery.resolve(r.resource)
@@ -287,14 +289,20 @@ class BridgeService:
                 log.error("discovery failed: %s", e, extra={"resource": r.resource})
                 self._state.unresolved[r.resource] = str(e)
                 continue
-            first = seen.setdefault((api.qualified, r.namespace, r.label_selector, r.field_selector), i)
+            if r.namespace_selector and not api.namespaced:
+                raise ConfigurationError(
+                    f"invalid configuration: resources.{i}.namespace_selector: {api.qualified} is "
+                    "cluster-scoped: its objects belong to no namespace")
+            first = seen.setdefault((api.qualified, r.namespace, r.label_selector, r.field_selector,
+                                     r.namespace_selector), i)
             if first != i:
                 raise ConfigurationError(
                     f"invalid configuration: resources.{first} ({self.config.resources[first].resource!r}) "
                     f"and resources.{i} ({r.resource!r}) both name {api.qualified} in the same scope: "
                     "every change would be sent twice; keep one of them")
             key = InformerKey(resource=r.resource, namespace=r.namespace,
-                              label_selector=r.label_selector, field_selector=r.field_selector)
+                              label_selector=r.label_selector, field_selector=r.field_selector,
+                              namespace_selector=r.namespace_selector)
             ref = ResourceRef(group=api.group, version=api.version, resource=api.resource,
                               kind=api.kind, namespaced=api.namespaced)
             watched.append(WatchedResource(key=key, api=api, ref=ref))
@@ -305,6 +313,23 @@ class BridgeService:
         """A ``sharding`` section was written (even ``shards: 1``: going back to one replica takes
         the shards' checkpoints over), or a total or ordinal says so."""
         return "sharding" in self.config.model_fields_set or self.config.sharding.enabled
+
+    async def _namespace_labels(self, client: ApiClient,
+                                watched: list[WatchedResource]) -> NamespaceLabels | None:
+        """The one Namespace watch of the resources with a ``namespace_selector``, synced (their
+        first list is filtered by the real set of namespaces); None when no resource has one."""
+        if not any(w.key.namespace_selector for w in watched):
+            return None
+        api = await Discovery(client=client).resolve("namespaces")
+        labels = NamespaceLabels(
+            lister_watcher=HttpListerWatcher(client=client, resource=api, drop_managed_fields=True),
+            clock=self._clock)
+        try:
+            await labels.start()
+        except BaseException:
+            await labels.stop()
+            raise
+        return labels
 
     @property
     def _by_node(self) -> bool:
@@ -346,7 +371,8 @@ class BridgeService:
         ordinal, total = await self._resolve_shard(client)
         strategies = {
             InformerKey(resource=r.resource, namespace=r.namespace, label_selector=r.label_selector,
-                        field_selector=r.field_selector): r.sharding or cfg.sharding.strategy
+                        field_selector=r.field_selector, namespace_selector=r.namespace_selector):
+                r.sharding or cfg.sharding.strategy
             for r in cfg.resources
         }
         mine = assign(watched, ordinal=ordinal, total=total, strategies=strategies)
@@ -377,14 +403,23 @@ class BridgeService:
         elif self._sharded:
             watched = await self._shard(client, watched)
         by_key = {w.key: w for w in watched}
+        namespace_labels = await self._namespace_labels(client, watched)
+        scopes: dict[str, NamespaceScope] = {}
 
-        def lister_watcher(key: InformerKey) -> HttpListerWatcher:
+        def lister_watcher(key: InformerKey) -> ListerWatcher:
             w = by_key[key]
             # A compact cache keeps objects as bytes from the wire on (see bridge.rawobject).
-            return HttpListerWatcher(client=client, resource=w.api, namespace=key.namespace,
-                                     label_selector=key.label_selector, field_selector=key.field_selector,
-                                     raw_objects=cfg.cache.compact, drop_managed_fields=cfg.cache.compact,
-                                     shard=w.shard)
+            lw = HttpListerWatcher(client=client, resource=w.api, namespace=key.namespace,
+                                   label_selector=key.label_selector, field_selector=key.field_selector,
+                                   raw_objects=cfg.cache.compact, drop_managed_fields=cfg.cache.compact,
+                                   shard=w.shard)
+            if not key.namespace_selector or namespace_labels is None:
+                return lw
+            scope = scopes.get(key.namespace_selector)
+            if scope is None:
+                scope = scopes[key.namespace_selector] = NamespaceScope(
+                    selector=key.namespace_selector, labels=namespace_labels)
+            return NamespaceFilteredListerWatcher(inner=lw, scope=scope)
 
         factory = SharedInformerFactory(lister_watcher_factory=lister_watcher, clock=self._clock,
                                         compact_cache=cfg.cache.compact)
@@ -432,6 +467,8 @@ class BridgeService:
             if store is not None:
                 with contextlib.suppress(Exception):
                     await store.close()
+            if namespace_labels is not None:
+                await namespace_labels.stop()
             # No await between these: a scrape sees the counts either live or carried, never both.
             self._retire(pipeline, metered)
             self._state.pipeline = None
