@@ -279,14 +279,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--namespaces", type=int, default=1000)
     p.add_argument("--per-namespace", type=int, default=2, help="objects of each resource per namespace")
     p.add_argument("--modes", default="limited,unlimited")
+    p.add_argument("--latency", type=float, default=0.0,
+                   help="seconds the simulator takes over each request besides its own work")
     p.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = p.parse_args(argv)
     result = measure(namespaces=args.namespaces, per_namespace=args.per_namespace,
-                     modes=tuple(m for m in args.modes.split(",") if m))
+                     modes=tuple(m for m in args.modes.split(",") if m), apf=Apf(latency=args.latency))
     result["machine"] = machine_info()
     write_result("namespaces", result, args.results_dir)
     print(f"{args.namespaces} namespaces x {len(RESOURCES)} resources ({result['informers']} informers), "
-          f"APF {APF_CONCURRENCY} seats, {APF_QUEUE_LENGTH} queued at most for {APF_QUEUE_WAIT:g} s")
+          f"APF {APF_CONCURRENCY} seats, {APF_QUEUE_LENGTH} queued at most for {APF_QUEUE_WAIT:g} s, "
+          f"{args.latency * 1000:g} ms per request")
     print(f"{'mode':<10} {'synced s':>9} {'req':>7} {'req/s':>7} {'peak':>7} {'MB/s':>6} {'429s':>7} "
           f"{'throttled s':>12}")
     for mode, r in result["modes"].items():
