@@ -151,3 +151,23 @@ def test_lint_is_clean_in_daemonset_mode() -> None:
     report = lint(str(CHART), values(), strict=False)
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_a_namespace_selector_gets_the_namespace_watch_and_its_checkpoint_named(chart: Any) -> None:
+    cfg = {**CONFIG, "checkpoint": {"store": "configmap", "shards": False},
+           "resources": [{"resource": "configmaps", "namespace_selector": "team=pay"}]}
+    docs = render(chart, {"config": cfg})
+    (cluster_role,) = find(docs, "ClusterRole")
+    assert {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]} in (
+        cluster_role["rules"])
+    namespaces_rule = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}
+    assert namespaces_rule in cluster_role["rules"]
+    role = next(d for d in find(docs, "Role", "ops") if d["metadata"]["name"] == FULLNAME)
+    names = [n for rule in role["rules"] for n in rule.get("resourceNames", [])]
+    ident = informer_id("configmaps", "", "", "", "team=pay")
+    assert f"{FULLNAME}-checkpoint-{ident}" in names
+    # By node, the DaemonSet's pods watch the namespaces too when their Pods entry has a selector.
+    docs = render(chart, values(config={**CONFIG, "resources": [{"resource": "pods",
+                                                                  "namespace_selector": "team=pay"}]}))
+    node_role = next(d for d in find(docs, "ClusterRole") if d["metadata"]["name"] == f"{FULLNAME}-node")
+    assert namespaces_rule in node_role["rules"]

@@ -95,6 +95,7 @@ The ConfigMap store names its manifest <name_prefix>-<id>, so the Role can name 
 */}}
 {{- define "kube-event-bridge.informerId" -}}
 {{- $scope := printf "%s\x00%s\x00%s\x00%s" .resource (default "" .namespace) (default "" .label_selector) (default "" .field_selector) -}}
+{{- if .namespace_selector -}}{{- $scope = printf "%s\x00%s" $scope .namespace_selector -}}{{- end -}}
 {{- $res := regexReplaceAll "[^a-z0-9.-]+" (lower .resource) "-" | trimAll ".-" | trunc 100 | default "x" -}}
 {{- $ns := "all" -}}
 {{- if .namespace -}}
@@ -233,7 +234,7 @@ selector: a delete of an object that left the selector is told from a real one b
 {{- range . -}}
 {{- $r := include "kube-event-bridge.resolveResource" .resource | fromYaml -}}
 {{- $key := printf "%s/%s" $r.group $r.resource -}}
-{{- if or .label_selector .field_selector -}}{{- $withGet = append $withGet $key -}}{{- end -}}
+{{- if or .label_selector .field_selector .namespace_selector -}}{{- $withGet = append $withGet $key -}}{{- end -}}
 {{- end -}}
 {{- range . -}}
 {{- $r := include "kube-event-bridge.resolveResource" .resource | fromYaml -}}
