@@ -147,6 +147,14 @@ def test_values_schema_checks_the_node_sharding_values(chart: Any) -> None:
     assert cfg["kubernetes"] == {"qps": 20, "burst": 40}
 
 
+def test_the_leader_alert_counts_the_designated_replica_only(chart: Any) -> None:
+    docs = render(chart, values(metrics={"prometheusRule": {"enabled": True}}))
+    (rule,) = find(docs, "PrometheusRule")
+    (no_leader,) = [r for r in rule["spec"]["groups"][0]["rules"] if r["alert"] == "KubeEventBridgeNoLeader"]
+    assert no_leader["expr"] == (f'(sum(keb_leader{{namespace="ops",pod!~"{FULLNAME}-node-.*"}}) '
+                                 "or vector(0)) != 1")
+
+
 def test_lint_is_clean_in_daemonset_mode() -> None:
     report = lint(str(CHART), values(), strict=False)
     assert report["errors"] == []
