@@ -114,3 +114,40 @@ async def test_a_cluster_scoped_resource_cannot_have_a_namespace_selector(tmp_pa
         with pytest.raises(ConfigurationError,
                            match=r"resources\.0\.namespace_selector: nodes is cluster-scoped"):
             await BridgeService(config=config).run()
+
+
+async def test_a_namespace_relabelled_while_the_bridge_was_down_is_caught_up_at_start(
+        tmp_path: Path) -> None:
+    """The bridge resumes from its checkpoint; the namespaces' labels changed meanwhile: its first
+    watch ends at once and the resource is relisted, so the objects of the namespace that left
+    leave (marked) and those of the one that entered enter."""
+    async with Simulator(namespaces=("default", "a", "b")) as sim:
+        client = ApiClient(server=sim.url)
+        for ns, team in (("a", "pay"), ("b", "other")):
+            await _label(client, ns, team)
+            await client.create(f"/api/v1/namespaces/{ns}/configmaps", {"metadata": {"name": "cm"}})
+        events = tmp_path / "events.jsonl"
+        config = _config(sim, tmp_path, events, namespace_selector="team=pay")
+        config = config.model_copy(update={"checkpoint": config.checkpoint.model_copy(update={
+            "store": "file", "directory": str(tmp_path / "checkpoints"), "interval": 0.1})})
+        try:
+            for step in range(2):
+                service = BridgeService(config=config)
+                task = asyncio.create_task(service.run(), name=f"service-{step}")
+                try:
+                    await eventually(lambda: service.readiness().ready, what="readiness")
+                    if step == 0:
+                        await eventually(lambda: _seen(events) == [("added", "a/cm", None)],
+                                         what="a's object")
+                        await asyncio.sleep(0.5)  # a checkpoint written
+                    else:
+                        await eventually(lambda: len(_seen(events)) == 3, what="the catch-up")
+                finally:
+                    service.stop_event.set()
+                    await task
+                if step == 0:
+                    await _label(client, "a", "none")
+                    await _label(client, "b", "pay")
+        finally:
+            await client.close()
+    assert sorted(_seen(events)[1:]) == [("added", "b/cm", None), ("deleted", "a/cm", "true")]
