@@ -135,7 +135,7 @@ async def test_a_namespace_relabelled_while_the_bridge_was_down_is_caught_up_at_
                 service = BridgeService(config=config)
                 task = asyncio.create_task(service.run(), name=f"service-{step}")
                 try:
-                    await eventually(lambda: service.readiness().ready, what="readiness")
+                    await eventually(lambda s=service: s.readiness().ready, what="readiness")
                     if step == 0:
                         await eventually(lambda: _seen(events) == [("added", "a/cm", None)],
                                          what="a's object")
