@@ -9,6 +9,7 @@ marked; a new matching namespace is followed; one informer serves every namespac
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,10 @@ def _config(sim: Simulator, tmp_path: Path, events: Path, **resource: Any) -> Br
 
 async def _label(client: ApiClient, namespace: str, team: str) -> None:
     await client.patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": {"team": team}}})
+
+
+def _ready(service: BridgeService) -> bool:
+    return service.readiness().ready
 
 
 def _seen(events: Path) -> list[tuple[str, str, str | None]]:
@@ -135,7 +140,7 @@ async def test_a_namespace_relabelled_while_the_bridge_was_down_is_caught_up_at_
                 service = BridgeService(config=config)
                 task = asyncio.create_task(service.run(), name=f"service-{step}")
                 try:
-                    await eventually(lambda s=service: s.readiness().ready, what="readiness")
+                    await eventually(functools.partial(_ready, service), what="readiness")
                     if step == 0:
                         await eventually(lambda: _seen(events) == [("added", "a/cm", None)],
                                          what="a's object")
