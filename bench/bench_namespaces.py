@@ -51,6 +51,8 @@ __all__ = ["RESOURCES", "Apf", "main", "measure", "run"]
 
 ROOT = Path(__file__).resolve().parents[1]
 RESOURCES = ("configmaps", "secrets", "services", "deployments.apps", "pods")
+CLIENT_GO_DEFAULTS = (5.0, 10)
+"""client-go's ``DefaultQPS`` and ``DefaultBurst`` (rest/config.go), the ``client-go-defaults`` mode."""
 APF_CONCURRENCY = 10
 """Seats of the bridge's flow in the simulator: a modest share of an API server."""
 APF_QUEUE_WAIT = 15.0
@@ -257,11 +259,14 @@ def measure(*, namespaces: int, per_namespace: int = 2, modes: tuple[str, ...] =
                            "apf_queue_length": apf.queue_length, "latency_s": apf.latency,
                            "qps": limit[0], "burst": limit[1],
                            "modes": {}}
+    limits: dict[str, tuple[float, int] | None] = {"limited": limit, "unlimited": None,
+                                                   "client-go-defaults": CLIENT_GO_DEFAULTS}
     for mode in modes:
+        if mode not in limits:
+            raise ValueError(f"unknown mode {mode!r}: one of {', '.join(limits)}")
         with tempfile.TemporaryDirectory(prefix=f"keb-bench-ns-{mode}-") as tmp, \
                 _sim(namespaces, per_namespace, apf) as url:
-            out["modes"][mode] = asyncio.run(_run_mode(Path(tmp), url, namespaces,
-                                                       limit if mode == "limited" else None, timeout))
+            out["modes"][mode] = asyncio.run(_run_mode(Path(tmp), url, namespaces, limits[mode], timeout))
     return out
 
 
@@ -278,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--namespaces", type=int, default=1000)
     p.add_argument("--per-namespace", type=int, default=2, help="objects of each resource per namespace")
-    p.add_argument("--modes", default="limited,unlimited")
+    p.add_argument("--modes", default="limited,unlimited",
+                   help="limited (kubernetes.qps/burst defaults), unlimited (qps: -1), client-go-defaults (5/10)")
     p.add_argument("--latency", type=float, default=0.0,
                    help="seconds the simulator takes over each request besides its own work")
     p.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
@@ -290,10 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.namespaces} namespaces x {len(RESOURCES)} resources ({result['informers']} informers), "
           f"APF {APF_CONCURRENCY} seats, {APF_QUEUE_LENGTH} queued at most for {APF_QUEUE_WAIT:g} s, "
           f"{args.latency * 1000:g} ms per request")
-    print(f"{'mode':<10} {'synced s':>9} {'req':>7} {'req/s':>7} {'peak':>7} {'MB/s':>6} {'429s':>7} "
+    print(f"{'mode':<18} {'synced s':>9} {'req':>7} {'req/s':>7} {'peak':>7} {'MB/s':>6} {'429s':>7} "
           f"{'throttled s':>12}")
     for mode, r in result["modes"].items():
-        print(f"{mode:<10} {r['time_to_synced_s']:>9.1f} {r['requests']:>7} {r['requests_per_s_mean']:>7.1f} "
+        print(f"{mode:<18} {r['time_to_synced_s']:>9.1f} {r['requests']:>7} {r['requests_per_s_mean']:>7.1f} "
               f"{r['requests_per_s_peak']:>7.1f} {r['bytes_per_s_mean'] / 1e6:>6.2f} {r['rejected_429']:>7} "
               f"{r['throttled_s']:>12.1f}")
     print(json.dumps(result["modes"], indent=2))
