@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--namespaces", type=int, default=1000)
     p.add_argument("--per-namespace", type=int, default=2, help="objects of each resource per namespace")
     p.add_argument("--modes", default="limited,unlimited",
-                   help="limited (kubernetes.qps/burst defaults), unlimited (qps: -1), client-go-defaults (5/10)")
+                   help="limited (kubernetes.qps/burst defaults), unlimited (qps: -1), "
+                        "client-go-defaults (5/10)")
     p.add_argument("--latency", type=float, default=0.0,
                    help="seconds the simulator takes over each request besides its own work")
     p.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
