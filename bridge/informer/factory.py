@@ -36,7 +36,7 @@ class InformerKey:
     field_selector: str = ""
     namespace_selector: str = ""
     """A label selector on the namespaces whose objects a cluster-wide informer keeps
-    (:mod:`bridge.kube.namespaces`)."""
+    (:mod:`bridge.informer.namespaces`)."""
 
     def __str__(self) -> str:
         parts = [self.resource]

@@ -33,11 +33,11 @@ from bridge.delivery.checkpoint import CheckpointStore, FileCheckpointStore
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.errors import ApiError, BridgeError, ConfigurationError
 from bridge.informer.factory import InformerKey, SharedInformerFactory
+from bridge.informer.namespaces import NamespaceFilteredListerWatcher, NamespaceLabels, NamespaceScope
 from bridge.kube.apiclient import ApiClient, ApiClientOptions
 from bridge.kube.discovery import APIResource, Discovery
 from bridge.kube.leaderelection import FenceToken, LeaderElector
 from bridge.kube.listwatch import HttpListerWatcher
-from bridge.kube.namespaces import NamespaceFilteredListerWatcher, NamespaceLabels, NamespaceScope
 from bridge.service import sharding_auto
 from bridge.service.config import BridgeConfig, check_secret_files, load_config
 from bridge.service.fencing import FencedSink
