@@ -38,6 +38,7 @@ from bridge.sim.openapi_proto import PROTOBUF_V2, PROTOBUF_V2_CONTENT_TYPE, enco
 from bridge.sim.resources import ResourceType
 from bridge.sim.status import (
     BadRequest,
+    Conflict,
     Expired,
     Invalid,
     NotFound,
@@ -667,7 +668,9 @@ class Simulator:
         sub = rest[2] if len(rest) > 2 else None
         if rt.namespaced and namespace is None and name is not None:
             raise not_found
-        if sub is not None and not ((sub == "status" and rt.has_status) or (sub == "scale" and rt.scalable)):
+        binding = sub == "binding" and rt.group == "" and rt.plural == "pods"
+        if sub is not None and not ((sub == "status" and rt.has_status) or (sub == "scale" and rt.scalable)
+                                    or binding):
             raise not_found
         return _Target(rt, namespace, name, sub, legacy_watch)
 
@@ -682,6 +685,9 @@ class Simulator:
                 return "create"
             if method == "DELETE" and target.subresource is None:
                 return "deletecollection"
+        elif target.subresource == "binding":
+            if method == "POST":
+                return "create"
         else:
             verb = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method)
             if verb is not None:
@@ -707,6 +713,8 @@ class Simulator:
             return await self._access_review(request, target, verb)
         if target.subresource == "scale":
             return await self._scale(request, target, verb)
+        if target.subresource == "binding":
+            return await self._bind(request, target)
         if verb == "list":
             return await self._list(request, target)
         if verb == "watch":
@@ -773,6 +781,27 @@ class Simulator:
         return _json_response(store.delete(rt, target.name, namespace=target.namespace,
                                            precondition_rv=pre.get("resourceVersion"),
                                            precondition_uid=pre.get("uid"), copy=False, dry_run=dry_run))
+
+    async def _bind(self, request: web.Request, target: _Target) -> web.Response:
+        """``POST pods/<name>/binding``, as the scheduler binds a Pod: sets ``spec.nodeName`` once
+        (a Pod already bound answers 409, as kube-apiserver does); answers a ``Status`` 201."""
+        assert target.name is not None
+        body = await self._read_body(request)
+        node = body.get("target", {}).get("name") if isinstance(body, dict) else None
+        if not isinstance(node, str) or not node:
+            raise Invalid(f'Binding.core "{target.name}" is invalid: target.name: Required value')
+        pod = self.store.get_raw(target.resource, target.name, target.namespace)
+        bound = (pod.get("spec") or {}).get("nodeName")
+        if bound:
+            raise Conflict(f'Operation cannot be fulfilled on pods/binding "{target.name}": pod '
+                           f'{target.name} is already assigned to node "{bound}"',
+                           details={"name": target.name, "kind": "pods/binding"})
+        writer = _Writer.parse(request)
+        self.store.patch(target.resource, target.name, {"spec": {"nodeName": node}},
+                         namespace=target.namespace, dry_run=writer.dry_run,
+                         owner=writer.owner(target.resource, "binding"))
+        return _json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                               "code": 201}, status=201)
 
     def _exists(self, target: _Target) -> bool:
         assert target.name is not None

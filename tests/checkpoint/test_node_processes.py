@@ -2,7 +2,8 @@
 replica that owns the Pods bound to no node, against the simulator under churn (real processes,
 file sinks read back).
 
-Pods are created unscheduled and bound to a node later (``spec.nodeName`` set), updated and deleted,
+Pods are created unscheduled and bound to a node later (``pods/binding``, as the scheduler does),
+updated and deleted,
 some before they are bound. From the sinks alone: the union of what the replicas delivered equals
 the cluster (every change the churn made, and the live Pods at the end); each Pod's changes come in
 order; each binding is a hand-over between two replicas, marked: the unscheduled owner sends a
@@ -159,9 +160,12 @@ class PodChurn:
             self._record("deleted", obj)
         elif roll < 0.5 and uid not in self.node_of:
             node = rng.choice(NODES)
-            obj = await self.client.patch(f"{self.path}/{name}", {"spec": {"nodeName": node}})
+            # As the scheduler binds a Pod: the binding subresource sets spec.nodeName.
+            await self.client.create(f"{self.path}/{name}/binding", {
+                "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+                "target": {"kind": "Node", "name": node}})
             self.node_of[uid] = node
-            self._record("bound", obj)
+            self._record("bound", await self.client.get(f"{self.path}/{name}"))
         else:
             obj = await self.client.patch(f"{self.path}/{name}",
                                           {"metadata": {"labels": {"v": str(rng.random())}}})
