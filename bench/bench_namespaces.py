@@ -288,14 +288,17 @@ def main(argv: list[str] | None = None) -> int:
                         "client-go-defaults (5/10)")
     p.add_argument("--latency", type=float, default=0.0,
                    help="seconds the simulator takes over each request besides its own work")
+    p.add_argument("--queue-length", type=int, default=APF_QUEUE_LENGTH,
+                   help="requests of the bridge's flow that may wait for a seat; beyond, 429 at once")
     p.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = p.parse_args(argv)
     result = measure(namespaces=args.namespaces, per_namespace=args.per_namespace,
-                     modes=tuple(m for m in args.modes.split(",") if m), apf=Apf(latency=args.latency))
+                     modes=tuple(m for m in args.modes.split(",") if m),
+                     apf=Apf(latency=args.latency, queue_length=args.queue_length))
     result["machine"] = machine_info()
     write_result("namespaces", result, args.results_dir)
     print(f"{args.namespaces} namespaces x {len(RESOURCES)} resources ({result['informers']} informers), "
-          f"APF {APF_CONCURRENCY} seats, {APF_QUEUE_LENGTH} queued at most for {APF_QUEUE_WAIT:g} s, "
+          f"APF {APF_CONCURRENCY} seats, {args.queue_length} queued at most for {APF_QUEUE_WAIT:g} s, "
           f"{args.latency * 1000:g} ms per request")
     print(f"{'mode':<18} {'synced s':>9} {'req':>7} {'req/s':>7} {'peak':>7} {'MB/s':>6} {'429s':>7} "
           f"{'throttled s':>12}")
