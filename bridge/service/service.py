@@ -316,20 +316,15 @@ class BridgeService:
 
     async def _namespace_labels(self, client: ApiClient,
                                 watched: list[WatchedResource]) -> NamespaceLabels | None:
-        """The one Namespace watch of the resources with a ``namespace_selector``, synced (their
-        first list is filtered by the real set of namespaces); None when no resource has one."""
+        """The one Namespace watch of the resources with a ``namespace_selector`` (not started: the
+        pipeline's start waits for its sync, so that their first list is filtered by the real set of
+        namespaces); None when no resource has one."""
         if not any(w.key.namespace_selector for w in watched):
             return None
         api = await Discovery(client=client).resolve("namespaces")
-        labels = NamespaceLabels(
+        return NamespaceLabels(
             lister_watcher=HttpListerWatcher(client=client, resource=api, drop_managed_fields=True),
             clock=self._clock)
-        try:
-            await labels.start()
-        except BaseException:
-            await labels.stop()
-            raise
-        return labels
 
     @property
     def _by_node(self) -> bool:
@@ -441,6 +436,8 @@ class BridgeService:
         progress: asyncio.Task[None] | None = None
         finished = False
         try:
+            if namespace_labels is not None:
+                await namespace_labels.start()
             await pipeline.start()
             progress = asyncio.create_task(self._report_initial_sync(pipeline), name="initial-sync-progress")
             await self.stop_event.wait()
