@@ -174,6 +174,12 @@ def test_a_namespace_selector_gets_the_namespace_watch_and_its_checkpoint_named(
     names = [n for rule in role["rules"] for n in rule.get("resourceNames", [])]
     ident = informer_id("configmaps", "", "", "", "team=pay")
     assert f"{FULLNAME}-checkpoint-{ident}" in names
+    # Two namespace selectors on one resource are two scopes, not a duplicate.
+    two = {**cfg, "resources": [{"resource": "configmaps", "namespace_selector": "team=pay"},
+                                {"resource": "configmaps", "namespace_selector": "team=web"}]}
+    assert find(render(chart, {"config": two}), "ConfigMap")
+    with pytest.raises(HelmError, match="name the same resource in the same scope"):
+        render(chart, {"config": {**two, "resources": [two["resources"][0], two["resources"][0]]}})
     # By node, the DaemonSet's pods watch the namespaces too when their Pods entry has a selector.
     docs = render(chart, values(config={**CONFIG, "resources": [{"resource": "pods",
                                                                   "namespace_selector": "team=pay"}]}))

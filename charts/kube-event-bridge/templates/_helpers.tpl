@@ -267,7 +267,7 @@ resource in one scope (each change would be sent twice). Included by configmap.y
 {{- $seen := dict -}}
 {{- range $i, $r := .Values.config.resources -}}
 {{- $res := include "kube-event-bridge.resolveResource" $r.resource | fromYaml -}}
-{{- $key := printf "%s/%s|%s|%s|%s" $res.group $res.resource (default "" $r.namespace) (default "" $r.label_selector) (default "" $r.field_selector) -}}
+{{- $key := printf "%s/%s|%s|%s|%s|%s" $res.group $res.resource (default "" $r.namespace) (default "" $r.label_selector) (default "" $r.field_selector) (default "" $r.namespace_selector) -}}
 {{- if hasKey $seen $key -}}
 {{- fail (printf "config.resources.%v (%q) and config.resources.%d (%q) name the same resource in the same scope: every change would be sent twice; keep one" (get $seen $key) (index $.Values.config.resources (int (get $seen $key))).resource $i $r.resource) -}}
 {{- end -}}
