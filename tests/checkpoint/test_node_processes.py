@@ -242,10 +242,10 @@ def check(churn: PodChurn, sinks: dict[str, list[dict[str, Any]]],
     # The union, replayed per uid in resourceVersion order (an exit before the node's add at the
     # same resourceVersion), is the cluster.
     final: dict[str, int] = {}
-    for uid, events in per_uid.items():
+    for uid, delivered in per_uid.items():
         state: int | None = None
-        for rv, _, type_, _left in sorted(events, key=lambda e: (e[0], not e[3])):
-            state = None if type_ == "deleted" else rv
+        for v, _, kind, _left in sorted(delivered, key=lambda e: (e[0], not e[3])):
+            state = None if kind == "deleted" else v
         if state is not None:
             final[uid] = state
     if final != live:

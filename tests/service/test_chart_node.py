@@ -133,7 +133,9 @@ def test_refuses_what_cannot_work(chart: Any, extra: dict[str, Any], message: st
 
 
 def test_values_schema_checks_the_node_sharding_values(chart: Any) -> None:
-    for bad in ({"enabled": "yes"}, {"maxUnavailable": 0}, {"tolerations": {}}, {"nodes": 3}):
+    bads: list[dict[str, Any]] = [{"enabled": "yes"}, {"maxUnavailable": 0}, {"tolerations": {}},
+                                  {"nodes": 3}]
+    for bad in bads:
         with pytest.raises(HelmError, match="nodeSharding"):
             render(chart, {"config": CONFIG, "nodeSharding": {"enabled": True, **bad}})
     # The bridge's own options, in config: the node strategy and its fields are known to the schema.
