@@ -59,7 +59,8 @@ class WatchedResource:
     def base_informer_id(self) -> str:
         """The id of the scope watched whole (no shard suffix)."""
         k = self.key
-        return informer_id(k.resource, k.namespace, k.label_selector, k.field_selector)
+        return informer_id(k.resource, k.namespace, k.label_selector, k.field_selector,
+                           k.namespace_selector)
 
     @property
     def informer_id(self) -> str:

@@ -203,14 +203,18 @@ def _slug(text: str, limit: int) -> str:
 
 
 def informer_id(
-    resource: str, namespace: str = "", label_selector: str = "", field_selector: str = ""
+    resource: str, namespace: str = "", label_selector: str = "", field_selector: str = "",
+    namespace_selector: str = "",
 ) -> str:
     """A stable id for one informer scope, safe as a file name, a ConfigMap name and a NATS KV key.
 
     Readable prefix (resource and namespace), then a hash of the exact scope so two selectors on the
-    same resource never share a checkpoint: ``pods.default.3f2a9c1d7e0b``, ``nodes._all.…``.
+    same resource never share a checkpoint: ``pods.default.3f2a9c1d7e0b``, ``nodes._all.…``. A
+    ``namespace_selector`` joins the hashed scope only when set (the ids of other scopes stay as
+    they were).
     """
-    scope = "\x00".join((resource, namespace, label_selector, field_selector))
+    parts = (resource, namespace, label_selector, field_selector)
+    scope = "\x00".join((*parts, namespace_selector) if namespace_selector else parts)
     digest = hashlib.sha256(scope.encode()).hexdigest()[:12]
     ns = _slug(namespace, 63) if namespace else "all"
     return f"{_slug(resource, 100)}.{ns}.{digest}"

@@ -218,7 +218,8 @@ class BridgePipeline(PipelineInspection):
         self._seed(inf, seeds, unconfirmed)
         exits: SelectorExits | None = None
         fetch = self._fetch_object
-        if fetch is not None and (watched.key.label_selector or watched.key.field_selector):
+        if fetch is not None and (watched.key.label_selector or watched.key.field_selector
+                                  or watched.key.namespace_selector):
             exits = SelectorExits(fetch=functools.partial(fetch, watched))
         for sink in sinks:
             self._attach(inf, sink, exits)

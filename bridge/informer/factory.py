@@ -34,6 +34,9 @@ class InformerKey:
     """"" = all namespaces (or a cluster-scoped resource)."""
     label_selector: str = ""
     field_selector: str = ""
+    namespace_selector: str = ""
+    """A label selector on the namespaces whose objects a cluster-wide informer keeps
+    (:mod:`bridge.informer.namespaces`)."""
 
     def __str__(self) -> str:
         parts = [self.resource]
@@ -43,6 +46,8 @@ class InformerKey:
             parts.append(f"labels={self.label_selector}")
         if self.field_selector:
             parts.append(f"fields={self.field_selector}")
+        if self.namespace_selector:
+            parts.append(f"namespaces={self.namespace_selector}")
         return ",".join(parts)
 
 

@@ -13,6 +13,11 @@ A call given a ``timeout`` (leader election bounds every round by its deadline, 
 its leader-election client ``Timeout = RenewDeadline``) is bounded as a whole, retries included: no
 attempt outlives it and no Retry-After is waited that would end past it.
 
+Every request goes through the client's token bucket (:mod:`bridge.kube.ratelimit`; ``qps`` and
+``burst`` in :class:`ApiClientOptions`), retries included, except the first attempt to open a watch,
+as in client-go. The wait for a token is not part of ``request_timeout`` (client-go throttles before
+it starts the request's timeout); it is part of a call's ``timeout``.
+
 No token, key or certificate content appears in any message, log line or ``repr``.
 """
 
@@ -48,6 +53,7 @@ from bridge.kube.kubeconfig import (
     load_in_cluster,
     load_kubeconfig,
 )
+from bridge.kube.ratelimit import DEFAULT_BURST, DEFAULT_QPS, TokenBucket
 from bridge.version import __version__
 
 __all__ = ["ApiClient", "ApiClientOptions", "LineStream", "Params"]
@@ -78,9 +84,17 @@ class ApiClientOptions:
     """A watch line longer than this is discarded (and the stream ends): a protection, not a limit
     any real object reaches (etcd caps objects at ~1.5 MiB)."""
     connection_limit: int = 100
+    """Connections for requests (lists, GETs, writes). Watches are not counted: each holds its own
+    connection for as long as it streams, as many as there are informers (client-go's transport
+    does not bound connections per host either); sharing one bounded pool, a bridge with more
+    informers than this limit had every connection held by a watch and its lists timed out."""
     token_refresh_interval: float = 60.0
     """In-cluster: the token file is re-read at most this often (and at once after a 401)."""
     user_agent: str = f"kube-event-bridge/{__version__}"
+    qps: float = DEFAULT_QPS
+    """Client-side rate limit, requests a second (client-go's ``QPS``); negative: no limit."""
+    burst: int = DEFAULT_BURST
+    """Requests the rate limit lets through at once (client-go's ``Burst``)."""
 
 
 def _redact_url(url: str) -> str:
@@ -266,7 +280,13 @@ class ApiClient:
             ca_file=ca_file, cert_file=cert_file, key_file=key_file, verify=verify
         )
         self._session: aiohttp.ClientSession | None = None
+        self._stream_session: aiohttp.ClientSession | None = None
         self._closed = False
+        try:
+            self.rate_limiter = TokenBucket(qps=self._options.qps, burst=self._options.burst,
+                                            clock=self._clock)
+        except ValueError as e:
+            raise ConfigurationError(f"API client for {self._display_server}: {e}") from e
         self.requests_sent = 0
         """Every HTTP request sent, retries included (for tests and metrics)."""
         self.retries = 0
@@ -387,23 +407,31 @@ class ApiClient:
     async def close(self) -> None:
         """Closes the connection pool. Idempotent."""
         self._closed = True
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
+        for attr in ("_session", "_stream_session"):
+            session = getattr(self, attr)
+            if session is not None:
+                setattr(self, attr, None)
+                await session.close()
 
-    def _get_session(self) -> aiohttp.ClientSession:
+    def _new_session(self, limit: int) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False, limit=limit)
+        return aiohttp.ClientSession(
+            connector=connector,
+            headers={"User-Agent": self._options.user_agent, "Accept": "application/json"},
+            json_serialize=lambda obj: orjson.dumps(obj).decode(),
+        )
+
+    def _get_session(self, *, stream: bool = False) -> aiohttp.ClientSession:
+        """The session for requests (a pool of ``connection_limit`` connections), or with
+        ``stream`` the one for watches (one connection each, unbounded: see ``connection_limit``)."""
         if self._closed:
             raise ApiUnavailableError(f"API client for {self._display_server} is closed")
+        if stream:
+            if self._stream_session is None:
+                self._stream_session = self._new_session(0)
+            return self._stream_session
         if self._session is None:
-            connector = aiohttp.TCPConnector(
-                ssl=self._ssl if self._ssl is not None else False,
-                limit=self._options.connection_limit,
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                headers={"User-Agent": self._options.user_agent, "Accept": "application/json"},
-                json_serialize=lambda obj: orjson.dumps(obj).decode(),
-            )
+            self._session = self._new_session(self._options.connection_limit)
         return self._session
 
     async def _headers(
@@ -432,14 +460,16 @@ class ApiClient:
         timeout: aiohttp.ClientTimeout,
         budget: float | None = None,
         accept: str | None = None,
+        watch: bool = False,
     ) -> aiohttp.ClientResponse:
         """Sends until an answer is final; returns a 2xx response (unread) or raises.
 
         Retries: a 429/5xx carrying Retry-After, up to ``max_retries`` times; a 401, once, with
         refreshed credentials. ``budget`` (seconds on the injected clock) bounds the whole call:
         each attempt's total timeout is cut to what is left, and a retry whose wait would end past
-        it is not made (the server's error is raised instead)."""
-        session = self._get_session()
+        it is not made (the server's error is raised instead). Each attempt takes a token of the
+        rate limiter first, but for the first attempt of a ``watch``."""
+        session = self._get_session(stream=watch)
         end = None if budget is None else self._clock.now() + max(0.0, budget)
         url = self._server + path
         query = _encode_params(params)
@@ -449,6 +479,8 @@ class ApiClient:
         while True:
             headers = await self._headers(content_type, force_refresh=force_refresh, accept=accept)
             force_refresh = False
+            if attempt or refreshed or not watch:
+                await self.rate_limiter.acquire(deadline=end, context=context)
             attempt_timeout = timeout
             if end is not None:
                 left = end - self._clock.now()
@@ -636,7 +668,8 @@ class ApiClient:
             total=None, sock_connect=self._options.connect_timeout, sock_read=idle
         )
         response = await self._send(
-            "GET", path, params=params, data=None, content_type=None, context=context, timeout=timeout
+            "GET", path, params=params, data=None, content_type=None, context=context, timeout=timeout,
+            watch=True,
         )
         return LineStream(response=response, context=context, max_line_bytes=self._options.max_line_bytes)
 

@@ -93,6 +93,26 @@ class KubernetesConfig(_Model):
     resourceVersion is unpaginated, so that the API server's watch cache can answer it."""
     watch_list: bool = False
     """Use WatchList streaming (sendInitialEvents) when the server supports it."""
+    qps: float = 50.0
+    """Client-side rate limit of the API client, requests a second over time (client-go's ``QPS``);
+    a negative value turns it off. Lists, relists, discovery and the bridge's GETs are metered; the
+    opening of a watch is not (as in client-go). See docs/configuration.md."""
+    burst: int = 100
+    """Requests the rate limit lets through at once (client-go's ``Burst``)."""
+
+    @field_validator("qps")
+    @classmethod
+    def _qps_not_zero(cls, v: float) -> float:
+        if v == 0:
+            raise ValueError("0 would never send a request: give a positive rate (requests a second), "
+                             "or a negative one (-1) to turn the client-side rate limit off")
+        return v
+
+    @model_validator(mode="after")
+    def _burst_with_qps(self) -> KubernetesConfig:
+        if self.qps > 0 and self.burst < 1:
+            raise ValueError(f"burst: must be at least 1 while qps is positive (got {self.burst})")
+        return self
 
     @property
     def configured_page_size(self) -> int | None:
@@ -109,6 +129,10 @@ class ResourceConfig(_Model):
     """"" = every namespace (or a cluster-scoped resource)."""
     label_selector: str = ""
     field_selector: str = ""
+    namespace_selector: str = ""
+    """A label selector on namespaces: the resource is watched once, cluster-wide, and only the
+    objects of namespaces whose labels match are kept; a namespace that starts or stops matching
+    makes its objects enter or leave (docs/configuration.md, "Namespace selector")."""
     sharding: Literal["object", "resource"] | None = None
     """How this resource is split across shards (``sharding.strategy`` when unset): ``object``
     (every shard watches it and keeps the objects whose uid hashes to it) or ``resource`` (one shard
@@ -121,6 +145,19 @@ class ResourceConfig(_Model):
             parse_label_selector(v)
         except SelectorError as e:
             raise ValueError(str(e)) from e
+        return v
+
+    @field_validator("namespace_selector")
+    @classmethod
+    def _namespace_selector_parses(cls, v: str, info: ValidationInfo) -> str:
+        try:
+            parse_label_selector(v)
+        except SelectorError as e:
+            raise ValueError(str(e)) from e
+        if v and info.data.get("namespace"):
+            raise ValueError(f"with namespace {info.data['namespace']!r} the resource is watched in "
+                             "one namespace; a namespace_selector picks namespaces of a cluster-wide "
+                             "watch: give one or the other")
         return v
 
     @field_validator("field_selector")
@@ -210,6 +247,12 @@ class CheckpointConfig(_Model):
         return check_nats_url(v)
 
 
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+NODE_NAME_ENV = "NODE_NAME"
+"""Where the ``node`` strategy reads its node by default: the chart's DaemonSet sets it from the
+downward API (``fieldRef: spec.nodeName``)."""
+
+
 class ShardingConfig(_Model):
     """Splitting the watched resources across replicas (docs/sharding.md)."""
 
@@ -217,12 +260,27 @@ class ShardingConfig(_Model):
     """How many replicas share the work; ``auto``: the StatefulSet's ``spec.replicas``."""
     ordinal: int | Literal["auto"] = 0
     """This replica's shard, 0 … shards-1; ``auto``: the ``-<n>`` suffix of the pod name."""
-    strategy: Literal["object", "resource"] = "object"
-    """The default of every resource: ``object`` (by uid hash) or ``resource`` (whole resources)."""
+    strategy: Literal["object", "resource", "node"] = "object"
+    """The default of every resource: ``object`` (by uid hash) or ``resource`` (whole resources);
+    ``node``: one replica per node watches the Pods bound to its node (a DaemonSet), and one
+    designated replica (``unscheduled``) the Pods bound to none and every other resource."""
     statefulset: str = ""
     """For ``auto``: the StatefulSet's name ("" = the pod name without its ``-<n>`` suffix)."""
     namespace: str = ""
     """For ``auto``: the StatefulSet's namespace ("" = the pod's own)."""
+    node_name: str = ""
+    """``node`` strategy: the node whose Pods this replica watches ("" = ``$NODE_NAME``)."""
+    unscheduled: bool = False
+    """``node`` strategy: this replica is the designated one, watching the Pods no node is bound to
+    (``spec.nodeName=""``) and the resources that are not Pods."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _node_from_environment(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("strategy") == "node" and not data.get("node_name") \
+                and not data.get("unscheduled"):
+            data = {**data, "node_name": os.environ.get(NODE_NAME_ENV, "")}
+        return data
 
     @field_validator("shards")
     @classmethod
@@ -245,10 +303,42 @@ class ShardingConfig(_Model):
                              f"(ordinals run from 0 to {self.shards - 1})")
         return self
 
+    @model_validator(mode="after")
+    def _node_strategy(self) -> ShardingConfig:
+        if self.strategy != "node":
+            if self.node_name or self.unscheduled:
+                field = "node_name" if self.node_name else "unscheduled"
+                raise ValueError(f"{field}: only for strategy: node (got strategy: {self.strategy})")
+            return self
+        counted = {"shards", "ordinal", "statefulset", "namespace"} & self.model_fields_set
+        if counted:
+            raise ValueError(f"{sorted(counted)[0]}: strategy: node has one replica per node and "
+                             "counts no shards; remove it")
+        if self.unscheduled and self.node_name:
+            raise ValueError("node_name: the replica with unscheduled: true watches the Pods bound to "
+                             "no node; give it no node_name")
+        if not self.unscheduled:
+            if not self.node_name:
+                raise ValueError(f"node_name: empty and ${NODE_NAME_ENV} is not set: set it from the "
+                                 "downward API (fieldRef: spec.nodeName), or give unscheduled: true "
+                                 "to the one replica that owns the Pods bound to no node")
+            if not _NODE_NAME.fullmatch(self.node_name):
+                raise ValueError(f"node_name: {self.node_name!r} is not a node name (lowercase letters, "
+                                 "digits, '-' and '.')")
+        return self
+
     @property
     def enabled(self) -> bool:
-        """Whether this replica may be one of several (``auto``, or more than one shard)."""
+        """Whether this replica may be one of several shards counted by ordinal (``auto``, or more
+        than one shard); the ``node`` strategy counts none."""
+        if self.strategy == "node":
+            return False
         return self.shards == "auto" or self.ordinal == "auto" or self.shards > 1
+
+    @property
+    def node_field_selector(self) -> str:
+        """``node`` strategy: the field selector that scopes this replica's Pods."""
+        return f"spec.nodeName={'' if self.unscheduled else self.node_name}"
 
 
 class LeaderElectionConfig(_Model):
@@ -375,10 +465,10 @@ class BridgeConfig(BaseSettings):
     def _resources_unique(cls, v: list[ResourceConfig]) -> list[ResourceConfig]:
         # Aliases of one resource (deploy, Deployment, deployments.apps) in one scope would start
         # two informers for it and send every change twice.
-        seen: dict[tuple[str, str, str, str], int] = {}
+        seen: dict[tuple[str, str, str, str, str], int] = {}
         for i, r in enumerate(v):
             canonical = canonical_resource(r.resource)
-            key = (canonical, r.namespace, r.label_selector, r.field_selector)
+            key = (canonical, r.namespace, r.label_selector, r.field_selector, r.namespace_selector)
             first = seen.setdefault(key, i)
             if first != i:
                 scope = f"namespace {r.namespace!r}" if r.namespace else "all namespaces"
@@ -387,6 +477,20 @@ class BridgeConfig(BaseSettings):
                     f"name {canonical} in {scope} with the same selectors: every change would be sent "
                     "twice; keep one of them")
         return v
+
+    @model_validator(mode="after")
+    def _resources_under_node_strategy(self) -> BridgeConfig:
+        if self.sharding.strategy != "node":
+            return self
+        for i, r in enumerate(self.resources):
+            if r.sharding is not None:
+                raise ValueError(f"resources.{i}.sharding: strategy: node decides where every resource "
+                                 "runs (Pods per node, the rest on the unscheduled: true replica); "
+                                 "remove it")
+            if canonical_resource(r.resource) == "pods" and "spec.nodeName" in r.field_selector:
+                raise ValueError(f"resources.{i}.field_selector: strategy: node sets spec.nodeName "
+                                 "itself; remove it from the resource's field_selector")
+        return self
 
     @field_validator("sinks")
     @classmethod

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import signal
@@ -27,10 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.clock import Clock, RealClock
+from bridge.contracts import ListerWatcher
 from bridge.delivery.checkpoint import CheckpointStore, FileCheckpointStore
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.errors import ApiError, BridgeError, ConfigurationError
 from bridge.informer.factory import InformerKey, SharedInformerFactory
+from bridge.informer.namespaces import NamespaceFilteredListerWatcher, NamespaceLabels, NamespaceScope
 from bridge.kube.apiclient import ApiClient, ApiClientOptions
 from bridge.kube.discovery import APIResource, Discovery
 from bridge.kube.leaderelection import FenceToken, LeaderElector
@@ -98,6 +101,7 @@ def _checkpoint_store(config: BridgeConfig, client: ApiClient,
 
 def _api_client(config: BridgeConfig, clock: Clock, options: ApiClientOptions | None = None) -> ApiClient:
     k = config.kubernetes
+    options = dataclasses.replace(options or ApiClientOptions(), qps=k.qps, burst=k.burst)
     if k.in_cluster == "true":
         return ApiClient.in_cluster(clock=clock, options=options)
     if k.in_cluster == "false":
@@ -203,9 +207,10 @@ class BridgeService:
         client: ApiClient | None = None
         try:
             client = _api_client(self.config, self._clock)
+            self.telemetry.set_rate_limiter(client.rate_limiter)
             le = self.config.leader_election
             if le.enabled:
-                if self._sharded:
+                if self._sharded and not self._by_node:
                     await self._resolve_shard(client)
                 await self._campaign(client)
                 if self._config_error is not None:
@@ -236,8 +241,12 @@ class BridgeService:
         le = self.config.leader_election
         self._lease_client = _api_client(self.config, self._clock, _lease_client_options(self.config))
         release_timeout = min(le.renew_deadline, RELEASE_TIMEOUT)
-        # With sharding, each shard has its own Lease (one leader and its standbys per shard).
+        # With sharding, each shard has its own Lease (one leader and its standbys per shard); by
+        # node, each node's replica and the unscheduled owner have theirs.
         lease = le.name if self.shard is None else f"{le.name}-shard-{self.shard[0]}"
+        if self._by_node:
+            sh = self.config.sharding
+            lease = f"{le.name}-unscheduled" if sh.unscheduled else f"{le.name}-node-{sh.node_name}"
         elector = LeaderElector(
             client=self._lease_client, namespace=le.namespace, name=lease, identity=le.identity,
             on_started_leading=lambda: self._lead_or_stop(client, elector),
@@ -283,7 +292,7 @@ class BridgeService:
         watched: list[WatchedResource] = []
         # The configuration rejects aliases of one built-in resource; a custom resource's aliases
         # (widget, wdg, widgets.example.com) are known only once discovery has answered.
-        seen: dict[tuple[str, str, str, str], int] = {}
+        seen: dict[tuple[str, str, str, str, str], int] = {}
         for i, r in enumerate(self.config.resources):
             try:
                 api: APIResource = await discovery.resolve(r.resource)
@@ -296,14 +305,20 @@ class BridgeService:
                 log.error("discovery failed: %s", e, extra={"resource": r.resource})
                 self._state.unresolved[r.resource] = str(e)
                 continue
-            first = seen.setdefault((api.qualified, r.namespace, r.label_selector, r.field_selector), i)
+            if r.namespace_selector and not api.namespaced:
+                raise ConfigurationError(
+                    f"invalid configuration: resources.{i}.namespace_selector: {api.qualified} is "
+                    "cluster-scoped: its objects belong to no namespace")
+            first = seen.setdefault((api.qualified, r.namespace, r.label_selector, r.field_selector,
+                                     r.namespace_selector), i)
             if first != i:
                 raise ConfigurationError(
                     f"invalid configuration: resources.{first} ({self.config.resources[first].resource!r}) "
                     f"and resources.{i} ({r.resource!r}) both name {api.qualified} in the same scope: "
                     "every change would be sent twice; keep one of them")
             key = InformerKey(resource=r.resource, namespace=r.namespace,
-                              label_selector=r.label_selector, field_selector=r.field_selector)
+                              label_selector=r.label_selector, field_selector=r.field_selector,
+                              namespace_selector=r.namespace_selector)
             ref = ResourceRef(group=api.group, version=api.version, resource=api.resource,
                               kind=api.kind, namespaced=api.namespaced)
             watched.append(WatchedResource(key=key, api=api, ref=ref))
@@ -314,6 +329,43 @@ class BridgeService:
         """A ``sharding`` section was written (even ``shards: 1``: going back to one replica takes
         the shards' checkpoints over), or a total or ordinal says so."""
         return "sharding" in self.config.model_fields_set or self.config.sharding.enabled
+
+    async def _namespace_labels(self, client: ApiClient,
+                                watched: list[WatchedResource]) -> NamespaceLabels | None:
+        """The one Namespace watch of the resources with a ``namespace_selector`` (not started: the
+        pipeline's start waits for its sync, so that their first list is filtered by the real set of
+        namespaces); None when no resource has one."""
+        if not any(w.key.namespace_selector for w in watched):
+            return None
+        api = await Discovery(client=client).resolve("namespaces")
+        return NamespaceLabels(
+            lister_watcher=HttpListerWatcher(client=client, resource=api, drop_managed_fields=True),
+            clock=self._clock)
+
+    @property
+    def _by_node(self) -> bool:
+        return self.config.sharding.strategy == "node"
+
+    def _node_share(self, watched: list[WatchedResource]) -> list[WatchedResource]:
+        """``strategy: node`` (docs/sharding.md, "By node"): the Pods bound to this replica's node,
+        or, on the ``unscheduled`` replica, the Pods bound to none and every other resource. The
+        node's field selector joins the resource's own, so the informer id, and with it the
+        checkpoint, is the node's."""
+        sh = self.config.sharding
+        node_selector = sh.node_field_selector
+        mine: list[WatchedResource] = []
+        for w in watched:
+            if w.api.group == "" and w.api.resource == "pods":
+                selector = ",".join(s for s in (w.key.field_selector, node_selector) if s)
+                mine.append(dataclasses.replace(
+                    w, key=dataclasses.replace(w.key, field_selector=selector)))
+            elif sh.unscheduled:
+                mine.append(w)
+        who = "the Pods bound to no node" if sh.unscheduled else f"node {sh.node_name}"
+        log.info("sharded by node: running %d of %d resources for %s (%s)", len(mine), len(watched), who,
+                 ", ".join(f"{w.ref.qualified} {w.key.field_selector}".strip() for w in mine) or "none",
+                 extra={"node": sh.node_name or ""})
+        return mine
 
     async def _resolve_shard(self, client: ApiClient) -> tuple[int, int]:
         """This replica's (ordinal, total), resolved once (a standby resolves it before campaigning
@@ -330,7 +382,8 @@ class BridgeService:
         ordinal, total = await self._resolve_shard(client)
         strategies = {
             InformerKey(resource=r.resource, namespace=r.namespace, label_selector=r.label_selector,
-                        field_selector=r.field_selector): r.sharding or cfg.sharding.strategy
+                        field_selector=r.field_selector, namespace_selector=r.namespace_selector):
+                r.sharding or cfg.sharding.strategy
             for r in cfg.resources
         }
         mine = assign(watched, ordinal=ordinal, total=total, strategies=strategies)
@@ -356,17 +409,28 @@ class BridgeService:
             fence = elector.fence_token
             shutdown_deadline = max(0.5, shutdown_deadline - elector.release_timeout)
         watched = await self._resolve(client)
-        if self._sharded:
+        if self._by_node:
+            watched = self._node_share(watched)
+        elif self._sharded:
             watched = await self._shard(client, watched)
         by_key = {w.key: w for w in watched}
+        namespace_labels = await self._namespace_labels(client, watched)
+        scopes: dict[str, NamespaceScope] = {}
 
-        def lister_watcher(key: InformerKey) -> HttpListerWatcher:
+        def lister_watcher(key: InformerKey) -> ListerWatcher:
             w = by_key[key]
             # A compact cache keeps objects as bytes from the wire on (see bridge.rawobject).
-            return HttpListerWatcher(client=client, resource=w.api, namespace=key.namespace,
-                                     label_selector=key.label_selector, field_selector=key.field_selector,
-                                     raw_objects=cfg.cache.compact, drop_managed_fields=cfg.cache.compact,
-                                     shard=w.shard)
+            lw = HttpListerWatcher(client=client, resource=w.api, namespace=key.namespace,
+                                   label_selector=key.label_selector, field_selector=key.field_selector,
+                                   raw_objects=cfg.cache.compact, drop_managed_fields=cfg.cache.compact,
+                                   shard=w.shard)
+            if not key.namespace_selector or namespace_labels is None:
+                return lw
+            scope = scopes.get(key.namespace_selector)
+            if scope is None:
+                scope = scopes[key.namespace_selector] = NamespaceScope(
+                    selector=key.namespace_selector, labels=namespace_labels)
+            return NamespaceFilteredListerWatcher(inner=lw, scope=scope)
 
         factory = SharedInformerFactory(lister_watcher_factory=lister_watcher, clock=self._clock,
                                         compact_cache=cfg.cache.compact)
@@ -389,6 +453,8 @@ class BridgeService:
         progress: asyncio.Task[None] | None = None
         finished = False
         try:
+            if namespace_labels is not None:
+                await namespace_labels.start()
             await pipeline.start()
             progress = asyncio.create_task(self._report_initial_sync(pipeline), name="initial-sync-progress")
             await self.stop_event.wait()
@@ -415,6 +481,8 @@ class BridgeService:
             if store is not None:
                 with contextlib.suppress(Exception):
                     await store.close()
+            if namespace_labels is not None:
+                await namespace_labels.stop()
             # No await between these: a scrape sees the counts either live or carried, never both.
             self._retire(pipeline, metered)
             self._state.pipeline = None

@@ -34,6 +34,11 @@ hash of the selectors; the checkpoint's name), ``type`` a CloudEvents type (``ad
                                        the only replica without leader election), else 0
 ``keb_shard_ordinal``                  this replica's shard (0 to total - 1), once sharded
 ``keb_total_shards``                   the number of shards this replica was started with
+``keb_api_client_throttled_seconds``   seconds requests waited for the API client's client-side
+``_total``                             rate limit (``kubernetes.qps``/``burst``)
+``keb_api_client_throttled_requests``  requests that waited for it
+``_total``
+``keb_api_client_waiting_requests``    requests waiting for it now
 ``process_*``, ``python_*``            CPU seconds, resident memory, open file descriptors,
                                        start time; garbage collections; interpreter version
 =====================================  =====================================================
@@ -92,6 +97,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
+from bridge.kube.ratelimit import TokenBucket
 from bridge.version import __version__
 
 __all__ = [
@@ -176,6 +182,7 @@ class Telemetry:
         self._snapshot = snapshot or TelemetrySnapshot
         self._scrape: TelemetrySnapshot | None = None
         self._shard: tuple[int, int] | None = None
+        self._limiter: TokenBucket | None = None
         self._exposed = self.registry
         """What :meth:`render_prometheus` exposes: the registry, or it with the shard labels."""
         self.events_received = ScrapedCounter(("resource", "informer", "type"))
@@ -235,6 +242,16 @@ class Telemetry:
         meter.create_observable_gauge("keb.total_shards", [self._total_shards],
                                       description="The number of shards this replica was started with")
 
+        meter.create_observable_counter(
+            "keb.api_client.throttled", [self._throttled_seconds], unit="s",
+            description="Seconds requests waited for the API client's client-side rate limit")
+        meter.create_observable_counter(
+            "keb.api_client.throttled_requests", [self._throttled_requests], unit="{request}",
+            description="Requests that waited for the API client's client-side rate limit")
+        meter.create_observable_gauge(
+            "keb.api_client.waiting_requests", [self._waiting_requests], unit="{request}",
+            description="Requests waiting for the API client's client-side rate limit now")
+
         # Sampling is decided by the caller before a span exists (one random draw per event is far
         # cheaper than the SDK sampler, which runs and builds a NonRecordingSpan on every call), so a
         # span that is started is always recorded.
@@ -279,6 +296,10 @@ class Telemetry:
         exposed.register(_LabelledCollector(self.registry, {"shard": str(ordinal),
                                                             "total_shards": str(total)}))
         self._exposed = exposed
+
+    def set_rate_limiter(self, limiter: TokenBucket) -> None:
+        """The API client's rate limiter, whose waits the ``keb_api_client_*`` series report."""
+        self._limiter = limiter
 
     @property
     def shard(self) -> tuple[int, int] | None:
@@ -382,6 +403,15 @@ class Telemetry:
 
     def _total_shards(self, _: CallbackOptions) -> Iterable[Observation]:
         return [] if self._shard is None else [Observation(self._shard[1])]
+
+    def _throttled_seconds(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [] if self._limiter is None else [Observation(self._limiter.throttled_seconds)]
+
+    def _throttled_requests(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [] if self._limiter is None else [Observation(self._limiter.throttled_requests)]
+
+    def _waiting_requests(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [] if self._limiter is None else [Observation(self._limiter.waiting)]
 
     def _leader_gauge(self, _: CallbackOptions) -> Iterable[Observation]:
         try:

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from bridge.sim.apf import FlowControl
 from bridge.sim.churn import ChurnGenerator, ChurnMix
 from bridge.sim.faults import FaultSpec, FaultTarget
 from bridge.sim.server import Simulator
@@ -59,6 +60,16 @@ def build_parser(prog: str = "python -m bridge.sim") -> argparse.ArgumentParser:
     p.add_argument("--no-watch-list", action="store_true", help="reject sendInitialEvents (old server)")
     p.add_argument("--no-cache-pagination", action="store_true",
                    help='lists at resourceVersion "0" ignore limit (old watch cache)')
+    apf = p.add_argument_group("priority and fairness (429 with Retry-After beyond a client's concurrency)")
+    apf.add_argument("--apf-concurrency", type=int, default=None, metavar="N",
+                     help="requests one client (bearer token, else User-Agent) may have executing at "
+                          "once; watches are not counted (default: no limit)")
+    apf.add_argument("--apf-queue-wait", type=float, default=0.0, metavar="SECONDS",
+                     help="how long a request beyond the limit waits for a seat before its 429")
+    apf.add_argument("--apf-queue-length", type=int, default=None, metavar="N",
+                     help="requests of one client that may wait at once; beyond, 429 at once")
+    apf.add_argument("--apf-retry-after", type=int, default=1, metavar="SECONDS",
+                     help="the 429's Retry-After")
     churn = p.add_argument_group("churn")
     churn.add_argument("--churn-rate", type=float, default=0.0, help="events per second (0: no churn)")
     churn.add_argument("--churn-objects", type=int, default=100, help="target population")
@@ -103,6 +114,9 @@ async def _serve(args: argparse.Namespace) -> int:
         faults=_fault_spec(args), watch_list=not args.no_watch_list, crds=args.crd,
         cache_pagination=not args.no_cache_pagination,
         token=args.token, forbidden=args.forbid,
+        flow_control=None if args.apf_concurrency is None else FlowControl(
+            concurrency=args.apf_concurrency, queue_wait=args.apf_queue_wait,
+            retry_after=args.apf_retry_after, queue_length=args.apf_queue_length),
     )
     churn: ChurnGenerator | None = None
     if args.churn_rate > 0:

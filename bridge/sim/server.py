@@ -31,12 +31,14 @@ from aiohttp import web
 
 from bridge.clock import Clock
 from bridge.kube.labels import SelectorError
+from bridge.sim.apf import FlowControl, flow_of
 from bridge.sim.faults import FaultSpec, FaultState
 from bridge.sim.managed import FieldOwner
 from bridge.sim.openapi_proto import PROTOBUF_V2, PROTOBUF_V2_CONTENT_TYPE, encode_document
 from bridge.sim.resources import ResourceType
 from bridge.sim.status import (
     BadRequest,
+    Conflict,
     Expired,
     Invalid,
     NotFound,
@@ -220,7 +222,9 @@ class Simulator:
     at resourceVersion "0" ignore ``limit`` and answer everything in one page, as kube-apiserver's
     watch cache did before it could paginate (client-go's reflector then stops paginating).
     ``namespaces`` exist from the start (creating in any other namespace answers 404, as a real server
-    does, until it is created).
+    does, until it is created). ``flow_control`` answers a client that has more requests executing
+    than it allows with 429 and ``Retry-After``, as API Priority and Fairness does
+    (:mod:`bridge.sim.apf`).
     """
 
     def __init__(
@@ -241,6 +245,7 @@ class Simulator:
         cache_pagination: bool = True,
         clock: Clock | None = None,
         namespaces: Iterable[str] = ("default", "kube-system"),
+        flow_control: FlowControl | None = None,
     ) -> None:
         if bookmark_interval <= 0:
             raise ValueError("bookmark_interval must be positive")
@@ -258,6 +263,11 @@ class Simulator:
         self.faults = FaultState(faults)
         self.requests: collections.Counter[str] = collections.Counter()
         """Requests served per verb (list, watch, get, create, update, patch, delete, discovery)."""
+        self.flow_control = flow_control
+        self.bytes_sent = 0
+        """Bytes of the API's answers (bodies and watch streams), for the harness."""
+        self.requests_received = 0
+        """Every API request, answered or refused (429s included)."""
         for crd in crds:
             self.register_crd(crd)
         self._runner: web.AppRunner | None = None
@@ -385,6 +395,9 @@ class Simulator:
             "compacted": {rt.qualified: store.compacted_rv(rt) for rt in store.registry.all()},
             "watchers": store.watcher_count(),
             "requests": dict(self.requests),
+            "requests_received": self.requests_received,
+            "bytes_sent": self.bytes_sent,
+            "flow_control": None if self.flow_control is None else self.flow_control.describe(),
             "faults": self.faults.describe(),
             "resources": [rt.qualified for rt in store.registry.all()],
         }
@@ -521,6 +534,23 @@ class Simulator:
         return web.Response(text="ok")
 
     async def _handle_api(self, request: web.Request) -> web.StreamResponse:
+        self.requests_received += 1
+        response: web.StreamResponse
+        watch = request.query.get("watch") in ("true", "1")
+        if self.flow_control is None or watch:
+            # A watch holds no seat once it streams (module docs of bridge.sim.apf).
+            response = await self._handle_api_request(request)
+        else:
+            try:
+                async with self.flow_control.seat(flow_of(request.headers)):
+                    response = await self._handle_api_request(request)
+            except SimStatusError as err:
+                response = _status_response(err)
+        if isinstance(response, web.Response) and isinstance(response.body, bytes | bytearray):
+            self.bytes_sent += len(response.body)
+        return response
+
+    async def _handle_api_request(self, request: web.Request) -> web.StreamResponse:
         try:
             self._check_auth(request)
             parts = [p for p in request.path.split("/") if p]
@@ -638,7 +668,9 @@ class Simulator:
         sub = rest[2] if len(rest) > 2 else None
         if rt.namespaced and namespace is None and name is not None:
             raise not_found
-        if sub is not None and not ((sub == "status" and rt.has_status) or (sub == "scale" and rt.scalable)):
+        binding = sub == "binding" and rt.group == "" and rt.plural == "pods"
+        if sub is not None and not ((sub == "status" and rt.has_status) or (sub == "scale" and rt.scalable)
+                                    or binding):
             raise not_found
         return _Target(rt, namespace, name, sub, legacy_watch)
 
@@ -653,6 +685,9 @@ class Simulator:
                 return "create"
             if method == "DELETE" and target.subresource is None:
                 return "deletecollection"
+        elif target.subresource == "binding":
+            if method == "POST":
+                return "create"
         else:
             verb = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method)
             if verb is not None:
@@ -678,6 +713,8 @@ class Simulator:
             return await self._access_review(request, target, verb)
         if target.subresource == "scale":
             return await self._scale(request, target, verb)
+        if target.subresource == "binding":
+            return await self._bind(request, target)
         if verb == "list":
             return await self._list(request, target)
         if verb == "watch":
@@ -744,6 +781,27 @@ class Simulator:
         return _json_response(store.delete(rt, target.name, namespace=target.namespace,
                                            precondition_rv=pre.get("resourceVersion"),
                                            precondition_uid=pre.get("uid"), copy=False, dry_run=dry_run))
+
+    async def _bind(self, request: web.Request, target: _Target) -> web.Response:
+        """``POST pods/<name>/binding``, as the scheduler binds a Pod: sets ``spec.nodeName`` once
+        (a Pod already bound answers 409, as kube-apiserver does); answers a ``Status`` 201."""
+        assert target.name is not None
+        body = await self._read_body(request)
+        node = body.get("target", {}).get("name") if isinstance(body, dict) else None
+        if not isinstance(node, str) or not node:
+            raise Invalid(f'Binding.core "{target.name}" is invalid: target.name: Required value')
+        pod = self.store.get_raw(target.resource, target.name, target.namespace)
+        bound = (pod.get("spec") or {}).get("nodeName")
+        if bound:
+            raise Conflict(f'Operation cannot be fulfilled on pods/binding "{target.name}": pod '
+                           f'{target.name} is already assigned to node "{bound}"',
+                           details={"name": target.name, "kind": "pods/binding"})
+        writer = _Writer.parse(request)
+        self.store.patch(target.resource, target.name, {"spec": {"nodeName": node}},
+                         namespace=target.namespace, dry_run=writer.dry_run,
+                         owner=writer.owner(target.resource, "binding"))
+        return _json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                               "code": 201}, status=201)
 
     def _exists(self, target: _Target) -> bool:
         assert target.name is not None
@@ -1058,6 +1116,10 @@ class _WatchStream:
         """Events written, bookmarks not counted (the fault thresholds count these)."""
         self.garbled = False
 
+    async def _write(self, data: bytes) -> None:
+        self.sim.bytes_sent += len(data)
+        await self.response.write(data)
+
     async def _write_batch(self, changes: Sequence[Change]) -> bool:
         """Writes the events unless a fault ends the stream first; False means stop."""
         spec = self.sim.faults.spec
@@ -1066,11 +1128,11 @@ class _WatchStream:
             if spec.watch_expire_after is not None and self.sent >= spec.watch_expire_after:
                 status = Expired("The resourceVersion for the provided watch is too old.").status()
                 out += _event_line("ERROR", orjson.dumps(status))
-                await self.response.write(bytes(out))
+                await self._write(bytes(out))
                 return False
             if spec.watch_close_after is not None and self.sent >= spec.watch_close_after:
                 if out:
-                    await self.response.write(bytes(out))
+                    await self._write(bytes(out))
                 return False
             line = _event_line(change.type, self._encoded(change))
             if spec.watch_garble_after is not None and self.sent >= spec.watch_garble_after \
@@ -1082,7 +1144,7 @@ class _WatchStream:
                 line = line[:half] + b"\x00<garbled>" + line[half:]
             if spec.watch_cut_after is not None and self.sent >= spec.watch_cut_after:
                 out += line[: max(1, len(line) // 2)]
-                await self.response.write(bytes(out))
+                await self._write(bytes(out))
                 transport = self.request.transport
                 if transport is not None:
                     transport.close()
@@ -1090,7 +1152,7 @@ class _WatchStream:
             out += line
             self.sent += 1
         if out:
-            await self.response.write(bytes(out))
+            await self._write(bytes(out))
         return True
 
     def _encoded(self, change: Change) -> bytes:
@@ -1109,7 +1171,7 @@ class _WatchStream:
             if watcher.closed or not await self._write_batch(initial[start:start + _BATCH]):
                 return
         if send_initial_end:
-            await self.response.write(self.sim._bookmark(rt, watcher.start_rv, initial_end=True))
+            await self._write(self.sim._bookmark(rt, watcher.start_rv, initial_end=True))
         interval = self.sim.bookmark_interval
         next_bookmark = loop.time() + interval
         while True:
@@ -1120,7 +1182,7 @@ class _WatchStream:
                     return
             elif watcher.closed:
                 if watcher.error is not None:
-                    await self.response.write(_event_line("ERROR", orjson.dumps(watcher.error)))
+                    await self._write(_event_line("ERROR", orjson.dumps(watcher.error)))
                 await self.response.write_eof()
                 return
             else:
@@ -1141,4 +1203,4 @@ class _WatchStream:
 
     async def _send_progress_bookmark(self) -> None:
         # With an empty buffer this watcher has been offered every change up to the store's RV.
-        await self.response.write(self.sim._bookmark(self.watcher.resource, self.sim.store.resource_version))
+        await self._write(self.sim._bookmark(self.watcher.resource, self.sim.store.resource_version))

@@ -144,3 +144,13 @@ async def test_aliases_of_a_custom_resource_are_found_after_discovery(tmp_path: 
                     r"widgets\.example\.com")
         with pytest.raises(ConfigurationError, match=expected):
             await BridgeService(config=config).run()
+
+
+def test_the_node_strategy_without_a_node_and_a_zero_qps_exit_2_naming_the_field(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(BASE + "sinks: [{name: s, kind: stdout}]\nsharding: {strategy: node}\n")
+    for command in ("check-config", "run"):
+        r = run_cli(command, "--config", str(cfg), env={"NODE_NAME": ""})
+        assert_config_error(r, "sharding: node_name: empty and $NODE_NAME is not set")
+    cfg.write_text(BASE + "sinks: [{name: s, kind: stdout}]\nkubernetes: {qps: 0}\n")
+    assert_config_error(run_cli("run", "--config", str(cfg)), "kubernetes.qps: 0 would never send a request")

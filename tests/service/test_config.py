@@ -50,13 +50,17 @@ def test_good_config_loads_with_defaults(tmp_path: Path) -> None:
     assert cfg.leader_election.enabled is False
     assert cfg.server.port == 8080
     assert cfg.shutdown_deadline == 25.0
+    assert (cfg.kubernetes.qps, cfg.kubernetes.burst) == (50.0, 100)
 
 
 def test_environment_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KEB_CHECKPOINT__STORE", "configmap")
     monkeypatch.setenv("KEB_LOGGING__LEVEL", "debug")
     monkeypatch.setenv("KEB_CLUSTER", "staging")
+    monkeypatch.setenv("KEB_KUBERNETES__QPS", "-1")
+    monkeypatch.setenv("KEB_KUBERNETES__BURST", "7")
     cfg = load_config(write(tmp_path, GOOD))
+    assert (cfg.kubernetes.qps, cfg.kubernetes.burst) == (-1.0, 7)
     assert cfg.checkpoint.store == "configmap"
     assert cfg.checkpoint.directory == "/tmp/cp"  # nested keys merge, not replace
     assert cfg.logging.level == "debug"
@@ -75,6 +79,19 @@ def test_only_a_page_size_the_configuration_sets_is_handed_to_the_informers(
     assert cfg.kubernetes.configured_page_size == 500
     monkeypatch.setenv("KEB_KUBERNETES__PAGE_SIZE", "200")
     assert load_config(write(tmp_path, GOOD)).kubernetes.configured_page_size == 200
+
+
+def test_the_node_strategy_reads_its_node_from_the_downward_api(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "worker-3.example")
+    text = "resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\nsharding: {strategy: node}\n"
+    cfg = load_config(write(tmp_path, text))
+    assert cfg.sharding.node_name == "worker-3.example"
+    assert cfg.sharding.node_field_selector == "spec.nodeName=worker-3.example"
+    assert not cfg.sharding.enabled
+    owner = load_config(write(tmp_path, text.replace("{strategy: node}",
+                                                     "{strategy: node, unscheduled: true}")))
+    assert (owner.sharding.node_name, owner.sharding.node_field_selector) == ("", "spec.nodeName=")
 
 
 def test_config_file_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,6 +166,29 @@ def test_masked_dump_hides_secrets_but_not_file_paths(tmp_path: Path) -> None:
          r"leader_election: lease_duration must be greater than renew_deadline"),
         ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\nserver: {port: 99999}\n",
          r"server\.port: Input should be less than or equal to 65535"),
+        ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\nkubernetes: {qps: 0}\n",
+         r"kubernetes\.qps: 0 would never send a request"),
+        ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\nkubernetes: {qps: 5, burst: 0}\n",
+         r"kubernetes: burst: must be at least 1 while qps is positive"),
+        ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\nsharding: {strategy: node}\n",
+         r"sharding: node_name: empty and \$NODE_NAME is not set"),
+        ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\n"
+         "sharding: {strategy: node, node_name: n1, shards: 3}\n",
+         r"sharding: shards: strategy: node has one replica per node"),
+        ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\n"
+         "sharding: {strategy: node, node_name: n1, unscheduled: true}\n",
+         r"sharding: node_name: the replica with unscheduled: true"),
+        ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\n"
+         "sharding: {strategy: node, node_name: 'Node 1'}\n",
+         r"sharding: node_name: 'Node 1' is not a node name"),
+        ("resources: [{resource: pods}]\nsinks: [{name: s, kind: stdout}]\nsharding: {node_name: n1}\n",
+         r"sharding: node_name: only for strategy: node"),
+        ("resources: [{resource: po, field_selector: spec.nodeName=x}]\nsinks: [{name: s, kind: stdout}]\n"
+         "sharding: {strategy: node, node_name: n1}\n",
+         r"resources\.0\.field_selector: strategy: node sets spec\.nodeName itself"),
+        ("resources: [{resource: pods, sharding: resource}]\nsinks: [{name: s, kind: stdout}]\n"
+         "sharding: {strategy: node, unscheduled: true}\n",
+         r"resources\.0\.sharding: strategy: node decides where every resource runs"),
         ("- just\n- a list\n", r"must hold a mapping at the top level, not list"),
         ("resources: [\n", r"is not valid YAML"),
     ],

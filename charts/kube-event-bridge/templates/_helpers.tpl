@@ -68,7 +68,9 @@ The Lease the bridge campaigns for: <leaseName>, or, sharded with a fixed ordina
 shard), <leaseName>-shard-<ordinal> (the StatefulSet mode refuses leader election).
 */}}
 {{- define "kube-event-bridge.campaignLeaseName" -}}
-{{- if include "kube-event-bridge.sharded" . -}}
+{{- if .Values.nodeSharding.enabled -}}
+{{- printf "%s-unscheduled" (include "kube-event-bridge.leaseName" .) -}}
+{{- else if include "kube-event-bridge.sharded" . -}}
 {{- $s := default dict .Values.config.sharding -}}
 {{- printf "%s-shard-%v" (include "kube-event-bridge.leaseName" .) (default 0 $s.ordinal) -}}
 {{- else -}}
@@ -93,6 +95,7 @@ The ConfigMap store names its manifest <name_prefix>-<id>, so the Role can name 
 */}}
 {{- define "kube-event-bridge.informerId" -}}
 {{- $scope := printf "%s\x00%s\x00%s\x00%s" .resource (default "" .namespace) (default "" .label_selector) (default "" .field_selector) -}}
+{{- if .namespace_selector -}}{{- $scope = printf "%s\x00%s" $scope .namespace_selector -}}{{- end -}}
 {{- $res := regexReplaceAll "[^a-z0-9.-]+" (lower .resource) "-" | trimAll ".-" | trunc 100 | default "x" -}}
 {{- $ns := "all" -}}
 {{- if .namespace -}}
@@ -124,10 +127,65 @@ The effective configuration: the user's `config` with the parts the chart owns f
 {{- $_ := set $cp "directory" "/var/lib/kube-event-bridge/checkpoints" -}}
 {{- end -}}
 {{- $_ := set $cfg "checkpoint" $cp -}}
+{{- if .Values.nodeSharding.enabled -}}
+{{- $_ := set $cfg "sharding" (dict "strategy" "node" "unscheduled" true) -}}
+{{- end -}}
 {{- if .Values.sharding.enabled -}}
 {{- $_ := set $cfg "sharding" (dict "shards" "auto" "ordinal" "auto" "strategy" .Values.sharding.strategy "statefulset" (include "kube-event-bridge.fullname" .) "namespace" .Release.Namespace) -}}
 {{- end -}}
 {{- toYaml $cfg -}}
+{{- end -}}
+
+{{/*
+The configuration of the DaemonSet's pods (nodeSharding.enabled): the Deployment's, with only the
+Pods entries, `sharding: {strategy: node}` (the node from $NODE_NAME) and no leader election (one pod
+per node, nothing to stand by).
+*/}}
+{{- define "kube-event-bridge.nodeConfig" -}}
+{{- $cfg := include "kube-event-bridge.config" . | fromYaml -}}
+{{- $pods := list -}}
+{{- range .Values.config.resources -}}
+{{- if include "kube-event-bridge.isPods" .resource -}}{{- $pods = append $pods . -}}{{- end -}}
+{{- end -}}
+{{- $_ := set $cfg "resources" $pods -}}
+{{- $_ := set $cfg "sharding" (dict "strategy" "node") -}}
+{{- $le := deepCopy $cfg.leader_election -}}
+{{- $_ := set $le "enabled" false -}}
+{{- $_ := set $cfg "leader_election" $le -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* "true" when a configured resource string names the core Pods. */}}
+{{- define "kube-event-bridge.isPods" -}}
+{{- $r := include "kube-event-bridge.resolveResource" . | fromYaml -}}
+{{- if and (eq $r.group "") (eq $r.resource "pods") -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The resource entries as the bridge scopes them, as YAML {items: [...]}: by node
+(nodeSharding.enabled), a Pods entry of the Deployment (the unscheduled owner) carries
+spec.nodeName= after its own field selector, exactly as bridge/service/service.py joins them, so
+that RBAC grants `get` for its selector exits and names its checkpoint.
+*/}}
+{{- define "kube-event-bridge.effectiveResources" -}}
+{{- $out := list -}}
+{{- range .Values.config.resources -}}
+{{- $e := deepCopy . -}}
+{{- if and $.Values.nodeSharding.enabled (include "kube-event-bridge.isPods" .resource) -}}
+{{- $fs := default "" .field_selector -}}
+{{- $_ := set $e "field_selector" (ternary (printf "%s,spec.nodeName=" $fs) "spec.nodeName=" (ne $fs "")) -}}
+{{- end -}}
+{{- $out = append $out $e -}}
+{{- end -}}
+{{- toYaml (dict "items" $out) -}}
+{{- end -}}
+
+{{/* The DaemonSet's (nodeSharding.enabled) name and ServiceAccount. */}}
+{{- define "kube-event-bridge.nodeName" -}}
+{{- printf "%s-node" (include "kube-event-bridge.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- define "kube-event-bridge.nodeServiceAccountName" -}}
+{{- printf "%s-node" (include "kube-event-bridge.serviceAccountName" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{/*
@@ -176,7 +234,7 @@ selector: a delete of an object that left the selector is told from a real one b
 {{- range . -}}
 {{- $r := include "kube-event-bridge.resolveResource" .resource | fromYaml -}}
 {{- $key := printf "%s/%s" $r.group $r.resource -}}
-{{- if or .label_selector .field_selector -}}{{- $withGet = append $withGet $key -}}{{- end -}}
+{{- if or .label_selector .field_selector .namespace_selector -}}{{- $withGet = append $withGet $key -}}{{- end -}}
 {{- end -}}
 {{- range . -}}
 {{- $r := include "kube-event-bridge.resolveResource" .resource | fromYaml -}}
@@ -209,7 +267,7 @@ resource in one scope (each change would be sent twice). Included by configmap.y
 {{- $seen := dict -}}
 {{- range $i, $r := .Values.config.resources -}}
 {{- $res := include "kube-event-bridge.resolveResource" $r.resource | fromYaml -}}
-{{- $key := printf "%s/%s|%s|%s|%s" $res.group $res.resource (default "" $r.namespace) (default "" $r.label_selector) (default "" $r.field_selector) -}}
+{{- $key := printf "%s/%s|%s|%s|%s|%s" $res.group $res.resource (default "" $r.namespace) (default "" $r.label_selector) (default "" $r.field_selector) (default "" $r.namespace_selector) -}}
 {{- if hasKey $seen $key -}}
 {{- fail (printf "config.resources.%v (%q) and config.resources.%d (%q) name the same resource in the same scope: every change would be sent twice; keep one" (get $seen $key) (index $.Values.config.resources (int (get $seen $key))).resource $i $r.resource) -}}
 {{- end -}}
@@ -222,6 +280,22 @@ What the StatefulSet mode (sharding.enabled) cannot work with, refused before an
 */}}
 {{- define "kube-event-bridge.validateSharding" -}}
 {{- $cfgSharding := (default dict .Values.config).sharding -}}
+{{- if .Values.nodeSharding.enabled -}}
+{{- if .Values.sharding.enabled -}}
+{{- fail "nodeSharding.enabled with sharding.enabled: choose one way to split the work (per node: a DaemonSet; by uid or resource: a StatefulSet)" -}}
+{{- end -}}
+{{- if $cfgSharding -}}
+{{- fail "config.sharding is written by the chart in its DaemonSet mode (strategy: node); leave it out" -}}
+{{- end -}}
+{{- if eq (default "file" (default dict .Values.config.checkpoint).store) "file" -}}
+{{- fail "nodeSharding.enabled needs a checkpoint store that outlives a pod (config.checkpoint.store: configmap or nats-kv): a node's bridge resumes from its node's checkpoint, and a node that goes away leaves its checkpoint for the replica that catches up on it (docs/sharding.md)" -}}
+{{- end -}}
+{{- $pods := false -}}
+{{- range .Values.config.resources -}}{{- if include "kube-event-bridge.isPods" .resource -}}{{- $pods = true -}}{{- end -}}{{- end -}}
+{{- if not $pods -}}
+{{- fail "nodeSharding.enabled: config.resources has no Pods entry; the DaemonSet would watch nothing" -}}
+{{- end -}}
+{{- end -}}
 {{- if .Values.sharding.enabled -}}
 {{- if gt (len (include "kube-event-bridge.fullname" .)) 52 -}}
 {{- fail (printf "sharding.enabled: the StatefulSet's name %q is longer than 52 characters, too long for its pods' and revisions' names; set fullnameOverride" (include "kube-event-bridge.fullname" .)) -}}

@@ -3,12 +3,19 @@ The pod template of the Deployment and of the StatefulSet (sharding.enabled), at
 `spec.template` in both.
 */}}
 {{- define "kube-event-bridge.podTemplate" -}}
+{{- /* .nodeDaemon: the DaemonSet's pods (nodeSharding.enabled), with their own ConfigMap and
+ServiceAccount, $NODE_NAME from the downward API, and no spreading (one pod per node already). */ -}}
+{{- $daemon := hasKey . "nodeDaemon" -}}
 {{- $sharded := .Values.sharding.enabled -}}
 {{- $ha := gt (int .Values.replicaCount) 1 -}}
-{{- $spread := or $ha (and $sharded (gt (int .Values.sharding.shards) 1)) }}
+{{- $spread := and (not $daemon) (or $ha (and $sharded (gt (int .Values.sharding.shards) 1))) }}
     metadata:
       annotations:
+        {{- if $daemon }}
+        checksum/config: {{ include (print $.Template.BasePath "/configmap-node.yaml") . | sha256sum }}
+        {{- else }}
         checksum/config: {{ include (print $.Template.BasePath "/configmap.yaml") . | sha256sum }}
+        {{- end }}
         {{- if $sharded }}
         # The number of shards is read from the StatefulSet (shards: auto) when a pod starts: a
         # change of sharding.shards changes the pod template, so that every shard restarts with the
@@ -20,11 +27,14 @@ The pod template of the Deployment and of the StatefulSet (sharding.enabled), at
         {{- end }}
       labels:
         {{- include "kube-event-bridge.selectorLabels" . | nindent 8 }}
+        {{- if $daemon }}
+        app.kubernetes.io/component: node
+        {{- end }}
         {{- with .Values.podLabels }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
     spec:
-      serviceAccountName: {{ include "kube-event-bridge.serviceAccountName" . }}
+      serviceAccountName: {{ if $daemon }}{{ include "kube-event-bridge.nodeServiceAccountName" . }}{{ else }}{{ include "kube-event-bridge.serviceAccountName" . }}{{ end }}
       automountServiceAccountToken: true
       terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}
       {{- with .Values.imagePullSecrets }}
@@ -56,6 +66,13 @@ The pod template of the Deployment and of the StatefulSet (sharding.enabled), at
               valueFrom:
                 fieldRef:
                   fieldPath: metadata.namespace
+            {{- if $daemon }}
+            # sharding.strategy: node watches the Pods bound to this node.
+            - name: NODE_NAME
+              valueFrom:
+                fieldRef:
+                  fieldPath: spec.nodeName
+            {{- end }}
             {{- with .Values.env }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
@@ -87,7 +104,7 @@ The pod template of the Deployment and of the StatefulSet (sharding.enabled), at
             periodSeconds: 2
             failureThreshold: 30
           resources:
-            {{- toYaml .Values.resources | nindent 12 }}
+            {{- toYaml (ternary (default .Values.resources .Values.nodeSharding.resources) .Values.resources $daemon) | nindent 12 }}
           securityContext:
             {{- toYaml .Values.securityContext | nindent 12 }}
           volumeMounts:
@@ -109,7 +126,7 @@ The pod template of the Deployment and of the StatefulSet (sharding.enabled), at
       volumes:
         - name: config
           configMap:
-            name: {{ include "kube-event-bridge.fullname" . }}
+            name: {{ if $daemon }}{{ include "kube-event-bridge.nodeName" . }}{{ else }}{{ include "kube-event-bridge.fullname" . }}{{ end }}
         {{- if not (and $sharded .Values.sharding.persistence.enabled) }}
         - name: state
           emptyDir: {}
@@ -124,11 +141,11 @@ The pod template of the Deployment and of the StatefulSet (sharding.enabled), at
         {{- with .Values.extraVolumes }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
-      {{- with .Values.nodeSelector }}
+      {{- with (ternary .Values.nodeSharding.nodeSelector .Values.nodeSelector $daemon) }}
       nodeSelector:
         {{- toYaml . | nindent 8 }}
       {{- end }}
-      {{- if .Values.affinity }}
+      {{- if and .Values.affinity (not $daemon) }}
       affinity:
         {{- toYaml .Values.affinity | nindent 8 }}
       {{- else if $spread }}
@@ -160,7 +177,7 @@ The pod template of the Deployment and of the StatefulSet (sharding.enabled), at
             matchLabels:
               {{- include "kube-event-bridge.selectorLabels" . | nindent 14 }}
       {{- end }}
-      {{- with .Values.tolerations }}
+      {{- with (ternary .Values.nodeSharding.tolerations .Values.tolerations $daemon) }}
       tolerations:
         {{- toYaml . | nindent 8 }}
       {{- end }}
