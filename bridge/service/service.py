@@ -36,6 +36,7 @@ from bridge.kube.discovery import APIResource, Discovery
 from bridge.kube.leaderelection import FenceToken, LeaderElector
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.service import sharding_auto
+from bridge.service.api_waits import AheadOfServer
 from bridge.service.config import BridgeConfig, check_secret_files, load_config
 from bridge.service.fencing import FencedSink
 from bridge.service.health import HealthServer, Readiness
@@ -143,6 +144,8 @@ class BridgeService:
         """A configuration error found while leading (with leader election): ends the service."""
         self.shard: tuple[int, int] | None = None
         """(ordinal, total) once resolved, when sharding is configured."""
+        self.ahead_of_server = AheadOfServer(clock=self._clock)
+        """Requests waiting on a resourceVersion the API server has not reached (readiness, logs)."""
 
     # --- probes and metrics ----------------------------------------------------------------------
 
@@ -151,6 +154,7 @@ class BridgeService:
         if st.role == "standby":
             return Readiness(True, (), "standby")
         reasons = [f"resource {name}: {why}" for name, why in st.unresolved.items()]
+        reasons.extend(self.ahead_of_server.reasons())
         if st.pipeline is None:
             reasons.append("starting")
         else:
@@ -187,6 +191,7 @@ class BridgeService:
         client: ApiClient | None = None
         try:
             client = _api_client(self.config, self._clock)
+            client.retry_observer = self.ahead_of_server
             le = self.config.leader_election
             if le.enabled:
                 if self._sharded:
