@@ -20,7 +20,8 @@
    (the subclass) one message after the other; the pool grows up to ``_max_senders()`` while
    messages wait and shrinks to nothing when idle;
 6. outcomes: :class:`SinkTransientError` is retried with exponential backoff and jitter (honouring
-   ``retry_after``) by re-submitting the same message after a sleep on the injected clock;
+   ``retry_after``) by re-submitting the same message after a sleep on the injected clock, until the
+   circuit breaker opens (below);
    :class:`SinkPermanentError`, any other exception, or giving up after ``retry.max_attempts`` /
    ``retry.max_elapsed`` sends the message to the dead-letter destination with the reason and acks
    ``DEAD_LETTERED`` (``DROPPED`` when there is none); success acks ``DELIVERED``, i.e. once the
@@ -33,6 +34,19 @@ the same for every event (options, filters, the destination when it has no field
 lane prefix and ``source``, whether redaction leaves an object alone) is looked up once per batch,
 an object kept as bytes gets its envelope without a metadata mapping being built, and an event whose
 lane is busy is appended to it without a call per step.
+
+The circuit breaker (``breaker``, on by default): per-event timers are right for a failure of one
+message, wrong for an outage of the destination, where each event's timer grows towards
+``retry.max`` and, once the destination is back, the backlog trickles in for as long as the longest
+timer. After ``breaker.failures`` consecutive transient failures (no success between them) the
+breaker *opens*: every event whose attempt fails, whose retry timer fires or that reaches the head
+of its lane *waits* (no attempt, no timer of its own) in the order it came; one *probe* at a time
+re-sends the oldest waiting event, the probes backing off from ``retry.initial`` up to
+``breaker.probe_interval`` (a server's Retry-After is honoured instead). The first success closes
+the breaker, and everything that waited is submitted at once in that order: the backlog goes at
+the sink's full rate (the in-flight window, the sink's own pipelining), each object's events still
+one after the other in their lane. While open, only probes count attempts (``retry.max_attempts``);
+``retry.max_elapsed`` still applies to every waiting event, checked after each failed probe.
 
 Snapshot markers (events without an object) are *barriers*: a ``snapshot.begin`` / ``snapshot.end``
 is sent only after every event accepted before it, and events accepted after it wait for it, so a
@@ -257,6 +271,14 @@ class BaseSink(Generic[O]):
         only when one waits."""
         self._idle = asyncio.Event()
         self._idle.set()
+        self._breaker_failures = 0
+        """Consecutive transient failures since the last success (the breaker opens at its limit)."""
+        self._breaker_open = False
+        """The breaker is open: failed and new attempts wait in ``_parked``, one probe at a time."""
+        self._breaker_waiting: deque[OutgoingMessage] = deque()
+        self._breaker_probe: OutgoingMessage | None = None
+        self._breaker_probes = 0
+        self._breaker_opened_at = 0.0
         self._healthy = True
         self.last_error = ""
         """The last transient failure, for the bridge's outage logs and readiness detail."""
@@ -424,8 +446,9 @@ class BaseSink(Generic[O]):
                 while stats.in_flight >= limit:
                     await self._wait_for_space()
                 now = clock_now()
-            if gate or obj is None or msg.error is not None:
-                self._accept(msg)  # behind a marker, a marker, or straight to the dead letter
+            if gate or obj is None or msg.error is not None or self._breaker_open:
+                # behind a marker, a marker, straight to the dead letter, or waiting for the breaker
+                self._accept(msg)
                 continue
             stats.accepted += 1
             stats.in_flight += 1
@@ -479,6 +502,7 @@ class BaseSink(Generic[O]):
         self._lanes.clear()
         self._gate.clear()
         self._ready.clear()
+        self._breaker_waiting.clear()
         self._outcomes.clear()
         try:
             await self._close()
@@ -676,6 +700,10 @@ class BaseSink(Generic[O]):
         self._dispatch(msg)
 
     def _dispatch(self, msg: OutgoingMessage) -> None:
+        if self._breaker_open and msg is not self._breaker_probe:
+            msg.pending = False
+            self._breaker_waiting.append(msg)  # waits for the breaker to close (or to be the probe)
+            return
         msg.attempts += 1
         if msg.attempts == 1:
             msg.started = self._clock.now()
@@ -755,6 +783,8 @@ class BaseSink(Generic[O]):
                         # _settle_one's confirmed case, inline: the common one
                         item.pending = False
                         self._healthy = True
+                        if self._breaker_failures:
+                            self._recovered()
                         complete(item, delivered)
                     else:
                         settle_one(item, result)
@@ -769,6 +799,8 @@ class BaseSink(Generic[O]):
         if result is None:
             msg.pending = False
             self._healthy = True
+            if self._breaker_failures:
+                self._recovered()
             self._complete(msg, DeliveryOutcome.DELIVERED)
             return
         if isinstance(result, DeliveryOutcome):
@@ -783,6 +815,10 @@ class BaseSink(Generic[O]):
             if self._retry.give_up(msg.attempts, elapsed):
                 reason = f"gave up after {msg.attempts} attempts over {elapsed:.1f}s: {result}"
                 self._spawn(self._dead_letter_then_complete(msg, reason), "dead-letter")
+                if msg is self._breaker_probe:
+                    self._probe_failed(None)
+                return
+            if self._breaker_takes(msg, result):
                 return
             self.stats.retries += 1
             delay = self._retry.delay(msg.attempts, result.retry_after)
@@ -795,6 +831,92 @@ class BaseSink(Generic[O]):
             log.error("unexpected error sending %s", msg.event_id, exc_info=result, extra={"sink": self.name})
             reason = f"unexpected error: {result!r}"
         self._spawn(self._dead_letter_then_complete(msg, reason), "dead-letter")
+
+    # ---- the circuit breaker -------------------------------------------------------------------
+
+    def _breaker_takes(self, msg: OutgoingMessage, error: SinkTransientError) -> bool:
+        """After a transient failure: True when the breaker keeps ``msg`` (waiting, or as the
+        failed probe), False to retry it on its own timer (the breaker is closed and stays so)."""
+        breaker = self.options.breaker
+        if not breaker.enabled:
+            return False
+        self._breaker_failures += 1
+        if not self._breaker_open and self._breaker_failures < breaker.failures:
+            return False
+        self.stats.retries += 1  # sent again: as a probe, or once the breaker closes
+        if msg is self._breaker_probe:
+            self._breaker_waiting.appendleft(msg)  # the oldest waiting event: the next probe again
+            self._probe_failed(error.retry_after)
+            return True
+        self._breaker_waiting.append(msg)
+        if self._breaker_open:  # an attempt sent before the breaker opened
+            return True
+        self._breaker_open = True
+        self._healthy = False
+        self._breaker_opened_at = self._clock.now()
+        self._breaker_probes = 0
+        log.warning("%d consecutive failures (last: %s): the breaker opens; one probe at a time "
+                    "until the destination answers, then the waiting events at full rate",
+                    self._breaker_failures, error, extra={"sink": self.name})
+        self._schedule_probe(error.retry_after)
+        return True
+
+    def _probe_failed(self, retry_after: float | None) -> None:
+        self._breaker_probe = None
+        self._breaker_probes += 1
+        if self.options.retry.max_elapsed:
+            self._expire_parked()
+        self._schedule_probe(retry_after)
+
+    def _expire_parked(self) -> None:
+        """Waiting events past ``retry.max_elapsed`` go to the dead letter."""
+        now = self._clock.now()
+        keep: deque[OutgoingMessage] = deque()
+        for waiting in self._breaker_waiting:
+            elapsed = now - waiting.started
+            if self._retry.give_up(0, elapsed):
+                reason = f"gave up after {elapsed:.1f}s waiting for the destination: {self.last_error}"
+                self._spawn(self._dead_letter_then_complete(waiting, reason), "dead-letter")
+            else:
+                keep.append(waiting)
+        self._breaker_waiting = keep
+
+    def _schedule_probe(self, retry_after: float | None) -> None:
+        retry = self.options.retry
+        if retry_after is not None:
+            delay = min(max(retry_after, 0.0), retry.max_retry_after)
+        else:
+            delay = min(self.options.breaker.probe_interval, self._retry.delay(self._breaker_probes + 1))
+        self._spawn(self._probe_later(delay), "probe")
+
+    async def _probe_later(self, delay: float) -> None:
+        await self._clock.sleep(delay)
+        if self._closed or not self._breaker_open or self._breaker_probe is not None:
+            return
+        if not self._breaker_waiting:  # nothing waits (all gave up): the next event is the probe
+            self._close_breaker()
+            return
+        probe = self._breaker_waiting.popleft()
+        self._breaker_probe = probe
+        self._dispatch(probe)
+
+    def _recovered(self) -> None:
+        """A success: the failures in a row end; an open breaker closes."""
+        self._breaker_failures = 0
+        if self._breaker_open:
+            self._close_breaker()
+
+    def _close_breaker(self) -> None:
+        self._breaker_open = False
+        self._breaker_probe = None
+        self._breaker_failures = 0
+        waiting, self._breaker_waiting = self._breaker_waiting, deque()
+        log.info("the destination answers again after %.1fs: the breaker closes; sending the %d "
+                 "waiting events", self._clock.now() - self._breaker_opened_at, len(waiting),
+                 extra={"sink": self.name})
+        for msg in waiting:
+            if not self._closed:
+                self._dispatch(msg)
 
     async def _retry_later(self, msg: OutgoingMessage, delay: float) -> None:
         await self._clock.sleep(delay)

@@ -26,6 +26,7 @@ from sinks.templates import Template, TemplateError
 
 __all__ = [
     "DEFAULT_IGNORE_PATHS",
+    "BreakerOptions",
     "BufferOptions",
     "ChangeFilterOptions",
     "DeadLetterOptions",
@@ -120,6 +121,19 @@ class RetryOptions(_Model):
         return self
 
 
+class BreakerOptions(_Model):
+    """The sink-level circuit breaker (see ``sinks.base``): after ``failures`` consecutive transient
+    failures the events stop retrying on their own timers; one probe at a time asks the
+    destination, and its success sends everything that waited, at once, in order."""
+
+    enabled: bool = True
+    failures: int = Field(default=5, ge=1)
+    """Consecutive transient failures (no success between them) that open the breaker."""
+    probe_interval: float = Field(default=1.0, gt=0)
+    """Longest wait between two probes: they back off from ``retry.initial`` up to this. A server's
+    Retry-After is honoured instead (up to ``retry.max_retry_after``)."""
+
+
 class DeadLetterOptions(_Model):
     kind: Literal["none", "file", "kafka", "nats"] = "none"
     """Where permanent failures go; ``none`` drops them (counted as ``failed``)."""
@@ -153,6 +167,7 @@ class SinkOptions(_Model):
     resync_period: float = Field(default=0.0, ge=0)
     """Seconds between resync snapshots for this sink; 0 = off."""
     retry: RetryOptions = Field(default_factory=RetryOptions)
+    breaker: BreakerOptions = Field(default_factory=BreakerOptions)
     dead_letter: DeadLetterOptions = Field(default_factory=DeadLetterOptions)
 
     @field_validator("destination")
