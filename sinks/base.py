@@ -94,6 +94,7 @@ from sinks.contract import (
     EventType,
     SinkConfigError,
     SinkError,
+    SinkMessageTooLargeError,
     SinkPermanentError,
     SinkTransientError,
 )
@@ -164,6 +165,8 @@ class OutgoingMessage:
     """Clock time of the first attempt (the give-up deadline counts from it)."""
     pending: bool = False
     """An attempt (or the dead-letter write) is under way and its outcome not yet settled."""
+    cut: bool = False
+    """The body is the ``oversize`` policy's cut event (the whole one went to the dead letter)."""
 
     @property
     def cloudevent(self) -> dict[str, Any]:
@@ -357,6 +360,11 @@ class BaseSink(Generic[O]):
         if len(self._ready) > self._workers - self._sending and self._workers < self._max_senders():
             self._workers += 1
             self._spawn(self._work(), "sender")
+
+    def _size_limit(self) -> int | None:
+        """The largest message the destination takes, when the sink knows it (the ``oversize``
+        policy's cut event must fit it); None: unknown."""
+        return None
 
     def _max_senders(self) -> int:
         """How many ``_send`` calls may run at once (default: the whole in-flight window)."""
@@ -825,12 +833,98 @@ class BaseSink(Generic[O]):
             log.debug("retrying %s in %.3fs: %s", msg.event_id, delay, result, extra={"sink": self.name})
             self._spawn(self._retry_later(msg, delay), "retry")
             return
+        if (isinstance(result, SinkMessageTooLargeError) and self.options.oversize != "dead_letter"
+                and msg.event.obj is not None and not msg.cut):
+            self._spawn(self._cut_then_send(msg, result), "oversize")
+            return
         if isinstance(result, SinkPermanentError):
             reason = str(result)
         else:  # a bug in a sink must not stall the checkpoint forever
             log.error("unexpected error sending %s", msg.event_id, exc_info=result, extra={"sink": self.name})
             reason = f"unexpected error: {result!r}"
         self._spawn(self._dead_letter_then_complete(msg, reason), "dead-letter")
+
+    # ---- oversized events -----------------------------------------------------------------------
+
+    def _dead_letter_address(self) -> str:
+        """Where the dead letter keeps whole events: ``kafka:<topic>``, ``nats:<subject>``,
+        ``file:<path>``; empty without a dead letter."""
+        dl = self.options.dead_letter
+        return "" if dl.kind == "none" else f"{dl.kind}:{dl.target}"
+
+    async def _cut_then_send(self, msg: OutgoingMessage, error: SinkMessageTooLargeError) -> None:
+        """The ``oversize`` policy: the whole event to the dead letter, then the cut event (the
+        object's identity and resourceVersion, and what was cut) in its place on the stream."""
+        msg.pending = True
+        policy = self.options.oversize
+        size = len(msg.body)
+        try:
+            if self._dead_letter is not None:
+                await self._to_dead_letter(msg, f"{error}; the stream got a {policy} event instead")
+            limit = error.limit if error.limit is not None else self._size_limit()
+            headers, body = self._cut(msg, policy, limit, size)
+        except Exception:  # a bug here must not strand the lane and stall the checkpoint
+            log.exception("cannot cut oversized event %s", msg.event_id, extra={"sink": self.name})
+            self._settle(msg, DeliveryOutcome.DROPPED)
+            return
+        log.warning("event %s of %s is %d bytes, more than the destination takes (%s): sending a %s "
+                    "event in its place%s", msg.event_id, msg.event.subject, size, error, policy,
+                    f", the whole event is in {self._dead_letter_address()}" if self._dead_letter else
+                    " (no dead letter configured: the whole event is not kept)", extra={"sink": self.name})
+        msg.headers, msg.body, msg.cut = headers, body, True
+        msg.pending = False
+        if not self._closed:
+            self._dispatch(msg)
+
+    def _cut(self, msg: OutgoingMessage, policy: str, limit: int | None,
+             size: int) -> tuple[dict[str, str], bytes]:
+        """The cut event's headers and body: the envelope of ``msg`` with its data replaced (see
+        docs/event-format.md, *Oversized objects*)."""
+        ce = dict(msg.cloudevent)
+        data = ce.get("data")
+        res = msg.event.resource
+        meta = _metadata(msg.event.obj)
+        identity_meta = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if meta.get(k)}
+        identity: dict[str, Any] = {"apiVersion": f"{res.group}/{res.version}" if res.group else res.version,
+                                    "kind": res.kind, "metadata": identity_meta}
+        ce["datacontenttype"] = JSON_CONTENT_TYPE
+        ce["oversize"] = policy
+        ce["oversizebytes"] = str(size)
+        address = self._dead_letter_address()
+        if address:
+            ce["oversizeref"] = address
+
+        def encode(candidate: Mapping[str, Any]) -> tuple[dict[str, str], bytes]:
+            if self.options.content_mode == "structured":
+                return {"content-type": STRUCTURED_CONTENT_TYPE}, encode_structured(candidate)
+            return encode_binary(dict(candidate), self.header_prefix)
+
+        def fits(candidate: Mapping[str, Any]) -> bool:
+            headers, body = encode(candidate)
+            overhead = sum(len(k) + len(v) + 4 for k, v in headers.items()) + len(msg.key) + 512
+            return limit is not None and len(body) + overhead <= limit
+
+        kept: dict[str, Any] = identity
+        if policy == "truncate" and isinstance(data, Mapping) and isinstance(data.get("metadata"), Mapping):
+            # The object's top-level fields in order, each kept when the event still fits.
+            dropped: list[str] = []
+            full_meta = {k: v for k, v in data["metadata"].items() if k != "managedFields"}
+            trial = {**identity, "metadata": full_meta}
+            if fits({**ce, "data": trial}):
+                kept = trial
+            else:
+                dropped.append("metadata")
+            for key, value in data.items():
+                if key in ("apiVersion", "kind", "metadata"):
+                    continue
+                trial = {**kept, key: value}
+                if fits({**ce, "data": trial}):
+                    kept = trial
+                else:
+                    dropped.append(key)
+            ce["oversizedropped"] = ",".join(dropped)
+        ce["data"] = kept
+        return encode(ce)
 
     # ---- the circuit breaker -------------------------------------------------------------------
 

@@ -168,6 +168,11 @@ class SinkOptions(_Model):
     """Seconds between resync snapshots for this sink; 0 = off."""
     retry: RetryOptions = Field(default_factory=RetryOptions)
     breaker: BreakerOptions = Field(default_factory=BreakerOptions)
+    oversize: Literal["reference", "truncate", "dead_letter"] = "reference"
+    """An event too large for the destination (after compression, where the sink compresses):
+    ``reference`` sends an event carrying the object's identity and where the whole event is (the
+    dead letter), ``truncate`` the object with the top-level fields that do not fit left out;
+    both write the whole event to the dead letter. ``dead_letter`` sends nothing to the stream."""
     dead_letter: DeadLetterOptions = Field(default_factory=DeadLetterOptions)
 
     @field_validator("destination")
