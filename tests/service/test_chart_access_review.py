@@ -25,16 +25,17 @@ def test_the_access_review_rule_is_rendered_when_asked(chart: Any) -> None:
     docs = render(chart, {**values, "rbac": {"accessReview": True}})
     (role,) = find(docs, "ClusterRole")
     assert role["metadata"]["name"] == "keb-kube-event-bridge-access-review"
-    assert role["rules"] == [{"apiGroups": ["authorization.k8s.io"], "resources": ["selfsubjectaccessreviews"],
-                              "verbs": ["create"]}]
+    assert role["rules"] == [{"apiGroups": ["authorization.k8s.io"],
+                              "resources": ["selfsubjectaccessreviews"], "verbs": ["create"]}]
     (binding,) = find(docs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "keb-kube-event-bridge",
                                     "namespace": "ops"}]
     # rbac.create off: no rule at all.
-    assert find(render(chart, {**values, "rbac": {"create": False, "accessReview": True}}), "ClusterRole") == []
+    off = render(chart, {**values, "rbac": {"create": False, "accessReview": True}})
+    assert find(off, "ClusterRole") == []
 
 
 def test_the_schema_rejects_a_misspelt_value(chart: Any) -> None:
-    with pytest.raises(HelmError, match="accessReview|additional"):
+    with pytest.raises(HelmError, match=r"accessReview|additional"):
         render(chart, {"rbac": {"accessReviews": True}})
