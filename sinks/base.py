@@ -48,6 +48,13 @@ the sink's full rate (the in-flight window, the sink's own pipelining), each obj
 one after the other in their lane. While open, only probes count attempts (``retry.max_attempts``);
 ``retry.max_elapsed`` still applies to every waiting event, checked after each failed probe.
 
+Oversized events: a sink whose destination refuses a message for its size raises
+:class:`SinkMessageTooLargeError` (Kafka above ``max_message_bytes`` once compressed, NATS above
+``max_payload``, a webhook's 413). Unless ``oversize`` is ``dead_letter``, the whole event is written
+to the dead letter and the same message is sent again with a cut body in its place (``reference``:
+the object's identity; ``truncate``: the object's top-level fields that fit), carrying the
+``oversize*`` extension attributes (docs/event-format.md), so that the stream never loses the object.
+
 Snapshot markers (events without an object) are *barriers*: a ``snapshot.begin`` / ``snapshot.end``
 is sent only after every event accepted before it, and events accepted after it wait for it, so a
 consumer sees a snapshot's ``sync`` events between its markers even when some of them were retried.
@@ -277,7 +284,7 @@ class BaseSink(Generic[O]):
         self._breaker_failures = 0
         """Consecutive transient failures since the last success (the breaker opens at its limit)."""
         self._breaker_open = False
-        """The breaker is open: failed and new attempts wait in ``_parked``, one probe at a time."""
+        """The breaker is open: failed and new attempts wait in ``_breaker_waiting``, one probe at a time."""
         self._breaker_waiting: deque[OutgoingMessage] = deque()
         self._breaker_probe: OutgoingMessage | None = None
         self._breaker_probes = 0
