@@ -22,15 +22,11 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import yaml
 
 from bridge.errors import BridgeError, ConfigurationError
 from bridge.version import __version__
-
-if TYPE_CHECKING:
-    from bridge.service.config import BridgeConfig
 
 __all__ = ["EXIT_CONFIG", "EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_OK", "main"]
 
@@ -125,8 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check_config(path: str | None, *, cluster: bool = False, kubeconfig: str | None = None,
-                  context: str | None = None) -> int:
+def _check_config(path: str | None) -> int:
     from bridge.service.config import load_config, masked_dump
     from bridge.service.service import validate_sinks
 
@@ -134,15 +129,17 @@ def _check_config(path: str | None, *, cluster: bool = False, kubeconfig: str | 
     validate_sinks(cfg)
     sys.stdout.write(yaml.safe_dump(masked_dump(cfg), sort_keys=False))
     sys.stdout.write("# configuration is valid\n")
-    if not cluster:
-        return EXIT_OK
-    return _check_cluster(cfg, kubeconfig, context)
+    return EXIT_OK
 
 
-def _check_cluster(cfg: BridgeConfig, kubeconfig: str | None, context: str | None) -> int:
+def _check_cluster(path: str | None, kubeconfig: str | None, context: str | None) -> int:
+    """``check-config --cluster``'s second half: the cluster's answers (see cluster_check)."""
     from bridge.kube.apiclient import ApiClient
     from bridge.service.cluster_check import check_cluster
+    from bridge.service.config import load_config
     from bridge.service.service import _api_client
+
+    cfg = load_config(path)
 
     async def go() -> int:
         if kubeconfig is not None or context is not None:
@@ -215,8 +212,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_demo(duration=args.duration, rate=args.rate, objects=args.objects,
                             output=args.output, quiet=args.quiet, seed=args.seed)
         if args.command == "check-config":
-            return _check_config(args.config, cluster=args.cluster, kubeconfig=args.kubeconfig,
-                                 context=args.context)
+            code = _check_config(args.config)
+            if code != EXIT_OK or not args.cluster:
+                return code
+            return _check_cluster(args.config, args.kubeconfig, args.context)
         if args.command == "snapshot":
             return _snapshot(args.url, args.resource, args.token_file, args.sink)
         if args.command == "verify":
