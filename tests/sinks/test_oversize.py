@@ -20,12 +20,13 @@ from sinks.base import BaseSink
 from sinks.cloudevents import event_id
 from sinks.contract import ChangeEvent, DeliveryOutcome, EventType
 from sinks.kafka import KafkaSink
-from sinks.nats import JetStreamSink
+from sinks.nats import JetStreamSink, NatsSink
 from sinks.webhook import WebhookSink
 from tests import brokers
 from tests.brokers import NatsServer, TansuBroker, unique_name
 from tests.sinks import Acks, event, obj
 from tests.sinks.test_jetstream_sink import stored
+from tests.sinks.test_nats_sink import Collector
 
 kafka_broker = brokers.kafka_broker
 nats_server = brokers.nats_server
@@ -43,7 +44,8 @@ async def close_sinks() -> AsyncIterator[None]:
 def big_object(*, compressible: bool = False) -> dict[str, Any]:
     """A 1.5 MB ConfigMap-like object: random (incompressible) or repetitive data."""
     blob = "a" * BIG if compressible else base64.b64encode(os.urandom(BIG * 3 // 4)).decode()
-    return obj("huge", uid="u-huge", rv="41", labels={"app": "big"}, spec={"replicas": 2}, data={"blob": blob})
+    return obj("huge", uid="u-huge", rv="41", labels={"app": "big"}, spec={"replicas": 2},
+               data={"blob": blob})
 
 
 def the_events() -> list[ChangeEvent]:
@@ -118,7 +120,8 @@ async def test_kafka_each_policy(kafka_broker: TansuBroker, policy: str) -> None
     assert sorted(acks.outcomes) == [("0", DeliveryOutcome.DELIVERED), ("1", expected),
                                      ("2", DeliveryOutcome.DELIVERED)]
     await sink.close()
-    records = await asyncio.to_thread(kafka_broker.read_all, topic, expect=2 if policy == "dead_letter" else 3)
+    expect = 2 if policy == "dead_letter" else 3
+    records = await asyncio.to_thread(kafka_broker.read_all, topic, expect=expect)
     # Different objects are sent concurrently: order holds per object only.
     subjects = sorted(orjson.loads(r.value or b"")["subject"] for r in records)
     if policy == "dead_letter":
@@ -198,6 +201,29 @@ async def test_jetstream_each_policy(nats_server: NatsServer, tmp_path: Path, po
     whole_in(orjson.loads(line))
 
 
+async def test_core_nats_reference_in_binary_mode(nats_server: NatsServer, tmp_path: Path) -> None:
+    collector = Collector()
+    await collector.start(nats_server.url, "ev.>")
+    try:
+        sink = NatsSink.from_options("nats", {"servers": [nats_server.url], "destination": "ev.{name}",
+                                              "content_mode": "binary",
+                                              "dead_letter": {"kind": "file", "target": str(tmp_path / "d")}})
+        _open.append(sink)
+        await sink.start()
+        acks = await deliver_all(sink, the_events())
+        assert sorted(acks.of(DeliveryOutcome.DELIVERED)) == ["0", "1", "2"]
+        msgs = await collector.wait_for(3)
+        huge = next(m for m in msgs if m.subject == "ev.huge")
+        assert huge.headers is not None
+        assert huge.headers["ce-oversize"] == "reference"
+        assert huge.headers["ce-resourceversion"] == "41"
+        assert huge.headers["ce-oversizeref"].startswith("file")
+        assert orjson.loads(huge.data)["metadata"]["uid"] == "u-huge"
+        assert len(huge.data) + sum(len(k) + len(v) for k, v in huge.headers.items()) < 1_048_576
+    finally:
+        await collector.close()
+
+
 # ---- webhook ------------------------------------------------------------------------------------
 
 
@@ -220,16 +246,18 @@ async def test_a_webhook_gets_whole_objects_and_a_cut_event_only_after_a_413(tmp
     await site.start()
     try:
         url = f"http://127.0.0.1:{runner.addresses[0][1]}/events"
-        sink = WebhookSink.from_options("hook", {"url": url,
-                                                 "dead_letter": {"kind": "file", "target": str(tmp_path / "d")}})
+        dead_letter = {"kind": "file", "target": str(tmp_path / "d")}
+        sink = WebhookSink.from_options("hook", {"url": url, "dead_letter": dead_letter})
         _open.append(sink)
         await sink.start()
-        assert sorted((await deliver_all(sink, the_events())).of(DeliveryOutcome.DELIVERED)) == ["0", "1", "2"]
+        acks = await deliver_all(sink, the_events())
+        assert sorted(acks.of(DeliveryOutcome.DELIVERED)) == ["0", "1", "2"]
         huge = next(ce for ce in received if ce["subject"] == "default/huge")
         assert len(huge["data"]["data"]["blob"]) == BIG  # no limit of its own: whole
         received.clear()
         limit["bytes"] = 1_000_000  # the receiver refuses large bodies
-        assert sorted((await deliver_all(sink, the_events())).of(DeliveryOutcome.DELIVERED)) == ["0", "1", "2"]
+        acks = await deliver_all(sink, the_events())
+        assert sorted(acks.of(DeliveryOutcome.DELIVERED)) == ["0", "1", "2"]
         check_cut(next(ce for ce in received if ce["subject"] == "default/huge"), "reference",
                   f"file:{tmp_path / 'd'}")
     finally:
