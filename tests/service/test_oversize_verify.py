@@ -12,6 +12,7 @@ import base64
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -31,13 +32,15 @@ def configmap(name: str, blob: str) -> dict[str, object]:
     return {"metadata": {"name": name, "namespace": "default"}, "data": {"blob": blob}}
 
 
-async def verify(cfg: Path, sink: str) -> tuple[int, dict[str, object]]:
+async def verify(cfg: Path, sink: str) -> tuple[int, dict[str, Any]]:
+    """``verify --json`` of one sink: its exit code and the report of its one resource."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bridge.service.cli", "verify", "--config", str(cfg), "--sink", sink, "--json",
         "--timeout", "60", cwd=str(ROOT), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await proc.communicate()
     assert proc.returncode in (0, 1), err.decode()
-    return proc.returncode, orjson.loads(out)
+    (resource,) = orjson.loads(out)["resources"]
+    return proc.returncode, resource
 
 
 async def test_verify_finds_no_missing_object_under_the_default_policy(
@@ -70,18 +73,17 @@ async def test_verify_finds_no_missing_object_under_the_default_policy(
         service = BridgeService(config=load_config(str(cfg)))
         task = asyncio.create_task(service.run())
         try:
-            for dead in ("ref-dead.jsonl", "dl-dead.jsonl", "js-dead.jsonl"):
-                await eventually(lambda d=dead: len(lines(tmp_path / d)) == 1, timeout=60, what=dead)
+            deads = [tmp_path / d for d in ("ref-dead.jsonl", "dl-dead.jsonl", "js-dead.jsonl")]
+            await eventually(lambda: all(len(lines(d)) == 1 for d in deads), timeout=60,
+                             what="the three dead letters")
             await eventually(lambda: service.readiness().ready, timeout=30, what="readiness")
             for sink in ("ref", "js"):
-                code, report = await verify(cfg, sink)
-                (resource,) = report["resources"]  # type: ignore[misc]
+                code, resource = await verify(cfg, sink)
                 assert resource["missing"] == 0, (sink, resource)
                 assert resource["stale"] == 0, (sink, resource)
                 assert resource["sink_objects"] == 6, (sink, resource)
-                assert code == 0, (sink, report)
-            code, report = await verify(cfg, "dl")
-            (resource,) = report["resources"]  # type: ignore[misc]
+                assert code == 0, (sink, resource)
+            code, resource = await verify(cfg, "dl")
             assert code == 1
             assert resource["missing"] == 1
             assert [m["object"] for m in resource["examples"]["missing"]] == ["default/huge"]
