@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -30,6 +31,7 @@ class Storm:
         self.requests = 0
         self.failed_requests = 0
         self.accepted: list[tuple[float, dict[str, Any]]] = []
+        self.refused_at: list[float] = []
         self.url = ""
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -38,6 +40,7 @@ class Storm:
         now = time.monotonic()
         if now < self.ends:
             self.failed_requests += 1
+            self.refused_at.append(now)
             if self.requests % 3 == 0:
                 return web.Response(status=429, headers={"Retry-After": "1"})
             return web.Response(status=503)
@@ -90,5 +93,50 @@ async def test_the_backlog_is_delivered_within_2s_of_a_storms_end_in_order(storm
         # One probe at a time while open: the failed requests are far fewer than the failures
         # each event's own timer would have made.
         assert storm.failed_requests < sent
+        # Once open, one probe at a time, at most a second apart (Retry-After: 1 included).
+        late = [t for t in storm.refused_at if t > storm.ends - 5]
+        assert 3 <= len(late) <= 12, late
+        assert sink.healthy()
+    finally:
+        await sink.close()
+
+
+async def test_waiting_events_give_up_after_max_elapsed(storm: Storm, tmp_path: Path) -> None:
+    """A destination that never recovers: the events waiting behind the open breaker still go to
+    the dead letter once ``retry.max_elapsed`` has passed (checked after each failed probe)."""
+    storm.ends = float("inf")
+    dead = tmp_path / "dead.jsonl"
+    sink = WebhookSink.from_options("hook", {"url": storm.url, "retry": {"max_elapsed": 1.5},
+                                             "dead_letter": {"kind": "file", "target": str(dead)}})
+    await sink.start()
+    acks = Acks()
+    try:
+        for i in range(30):
+            ev = event(EventType.UPDATED, obj(f"pod-{i}", uid=f"u-{i}", rv="1"))
+            await sink.deliver(ev, acks.cb(str(i)))
+        assert await sink.flush(15)
+        assert sorted(acks.of(DeliveryOutcome.DEAD_LETTERED), key=int) == [str(i) for i in range(30)]
+        assert len(dead.read_bytes().splitlines()) == 30
+        assert not sink.healthy()
+        # Each event's first attempt (sent together, before the breaker opened), then probes only.
+        assert storm.failed_requests <= 30 + 8
+    finally:
+        await sink.close()
+
+
+async def test_without_the_breaker_each_event_keeps_its_own_timer(storm: Storm) -> None:
+    storm.ends = time.monotonic() + 2.0
+    sink = WebhookSink.from_options("hook", {"url": storm.url, "breaker": {"enabled": False},
+                                             "retry": {"initial": 0.05, "max": 0.1}})
+    await sink.start()
+    acks = Acks()
+    try:
+        for i in range(20):
+            ev = event(EventType.UPDATED, obj(f"pod-{i}", uid=f"u-{i}", rv="1"))
+            await sink.deliver(ev, acks.cb(str(i)))
+        assert await sink.flush(15)
+        assert len(acks.of(DeliveryOutcome.DELIVERED)) == 20
+        # Every event retried on its own, about every 0.1 s: many more refusals than events.
+        assert storm.failed_requests > 100
     finally:
         await sink.close()
