@@ -10,8 +10,8 @@ and writes its hottest functions to ``<results>/<name>.profile.txt`` (the simula
 children run in other processes and are not in the profile).
 
 Scenarios written by other parts of the project (``bench_informer``, ``bench_decode``,
-``bench_sinks``, ``bench_restart``, ``bench_telemetry``, ``bench_isolation``) are called through
-their ``run(quick)``; one that is missing or fails is reported as such and the harness carries on.
+``bench_sinks``, ``bench_restart``, ``bench_telemetry``, ``bench_isolation``, ``bench_cel``) are called
+through their ``run(quick)``; one that is missing or fails is reported as such and the harness carries on.
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("restart", "bench.bench_restart", own=False),
     Scenario("telemetry", "bench.bench_telemetry", own=False),
     Scenario("isolation", "bench.bench_isolation", own=False),
+    Scenario("cel", "bench.bench_cel", own=False),
     Scenario("long", "bench.bench_long", brokers=True, default=False),
     Scenario("sharding", "bench.bench_sharding"),
 )}
@@ -267,6 +268,15 @@ def _rows(name: str, result: Mapping[str, Any]) -> list[tuple[str, str, str, str
                      f"{result['metered_overhead_us_per_event']:.2f}",
                      f"per-event OTel calls {result['baseline_overhead_us_per_event']:.2f}",
                      f"{result['overhead_ratio']}x"))
+    elif name == "cel":
+        for example, e in result.get("examples", {}).items():
+            rows.append((f"filter '{example}' per event on whole objects, µs (decoded / whole object)",
+                         f"{e['filter_us']:.1f}", f"{e['filter_decoded_us']:.1f} / {e['whole_us']:.1f}",
+                         "ok" if e["meets_target"] else f"> {result['target_us']:.0f} µs"))
+            rows.append((f"fields of '{example}': CloudEvent bytes", f"{e['bytes_projected']:,}",
+                         f"whole {e['bytes_whole']:,}", f"-{e['bytes_saved_pct']}%"))
+        rows.append(("filter step of a sink without a filter, ns per event",
+                     f"{result['no_filter_step_ns']}", "", ""))
     else:
         for path, value in _numeric_leaves(result)[:14]:
             rows.append((path, _fmt(value), "", ""))

@@ -3,8 +3,11 @@
 :class:`BaseSink` implements the :class:`~sinks.contract.Sink` protocol. For each event,
 :meth:`BaseSink.deliver` runs, in order:
 
-1. routing (resource, namespace, labels, event type) and the change filter → ``ack(FILTERED)``;
-2. redaction, payload (object / object and old / merge patch), CloudEvent envelope, encoding
+1. routing (resource, namespace, labels, event type), the change filter and the CEL ``filter``
+   (:mod:`sinks.cel`; an event it fails on is counted in ``filter_errors`` and kept or dropped as
+   ``filter_errors`` says) → ``ack(FILTERED)``;
+2. redaction, the ``fields`` projection (:class:`~sinks.cel.Projection`), payload (object / object
+   and old / merge patch), CloudEvent envelope, encoding
    (structured or binary with the sink's header prefix), key and destination template;
 3. admission into a bounded in-flight window (``max_in_flight``): ``deliver`` blocks while it is full,
    which is the backpressure the bridge's per-sink buffer applies its overflow policy to;
@@ -80,6 +83,7 @@ from orjson import dumps as orjson_dumps
 
 from bridge.clock import Clock, RealClock
 from bridge.rawobject import RawObject, identity_metadata
+from sinks.cel import FAIL, PASS, CelError, CelFilter, Projection, shared_filter
 from sinks.cloudevents import (
     HTTP_PREFIX,
     STRUCTURED_CONTENT_TYPE,
@@ -106,7 +110,7 @@ from sinks.contract import (
     SinkTransientError,
 )
 from sinks.deadletter import DeadLetterRecord, DeadLetterWriter, FileDeadLetter
-from sinks.filters import ChangeFilter, RoutingFilter
+from sinks.filters import ChangeFilter, RoutingFilter, parse_path
 from sinks.options import DeadLetterOptions, SinkOptions
 from sinks.payload import JSON_CONTENT_TYPE, PayloadMode, build_payload
 from sinks.redaction import Redactor
@@ -200,6 +204,8 @@ class SinkStats:
     """Permanent failures with no dead-letter destination (acked ``DROPPED``)."""
     retries: int = 0
     in_flight: int = 0
+    filter_errors: int = 0
+    """Events the CEL filter failed on (then kept or dropped as ``filter_errors`` says)."""
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -210,6 +216,7 @@ class SinkStats:
             "failed": self.failed,
             "retries": self.retries,
             "in_flight": self.in_flight,
+            "filter_errors": self.filter_errors,
         }
 
 
@@ -259,6 +266,16 @@ class BaseSink(Generic[O]):
             )
         except ValueError as exc:
             raise self._config_error(str(exc)) from exc
+        self._filter: CelFilter | None = None
+        if options.filter is not None:
+            try:
+                self._filter = shared_filter(options.filter, redactor=self._redactor,
+                                             redaction_key=rd.model_dump_json())
+            except CelError as exc:
+                raise self._config_error(f"filter: {exc}") from exc
+        self._projection: Projection | None = None
+        if options.fields:
+            self._projection = Projection(paths=[parse_path(p) for p in options.fields], texts=options.fields)
         self._dead_letter: DeadLetterWriter | None = self._make_dead_letter(options.dead_letter)
         self._lanes: dict[str, deque[OutgoingMessage]] = {}
         """Per object: the messages not yet settled, the head being sent (or waiting to retry)."""
@@ -406,7 +423,9 @@ class BaseSink(Generic[O]):
             raise SinkError(f"sink {self.name!r} is closed")
         if not self._routing.accepts(event) or (
             event.type is EventType.UPDATED and not self._change.interesting(event.old, event.obj)
-        ) or (event.obj is None and self.options.compat == "knative"):  # Knative has no markers
+        ) or (event.obj is None and self.options.compat == "knative") or (  # Knative has no markers
+            self._filter is not None and self._rejects(event)
+        ):
             self.stats.filtered += 1
             ack(DeliveryOutcome.FILTERED)
             return
@@ -435,6 +454,7 @@ class BaseSink(Generic[O]):
         change = self._change
         interesting = change.interesting if change.active else None
         knative = opts.compat == "knative"
+        rejects = None if self._filter is None else self._rejects
         build = self._batch_builder()
         limit = opts.max_in_flight
         idle = self._idle
@@ -452,6 +472,7 @@ class BaseSink(Generic[O]):
                 (accepts is not None and not accepts(event))
                 or (interesting is not None and event.type is updated and not interesting(event.old, obj))
                 or (obj is None and knative)  # Knative has no markers
+                or (rejects is not None and rejects(event))
             ):
                 stats.filtered += 1
                 acks[i](filtered)
@@ -484,6 +505,27 @@ class BaseSink(Generic[O]):
                 submit(msg)
             except Exception as exc:  # a synchronous failure is the attempt's outcome
                 self._settle(msg, exc)
+
+    def _rejects(self, event: ChangeEvent) -> bool:
+        """The CEL filter's decision: True when the event is not for this sink."""
+        flt = self._filter
+        assert flt is not None
+        verdict = flt.decide(event)
+        if verdict == PASS:
+            return False
+        if verdict == FAIL:
+            return True
+        self.stats.filter_errors += 1
+        if not flt.logged:
+            flt.logged = True
+            subject = f"{event.resource.qualified} {event.namespace}/{event.name}" if event.obj is not None \
+                else f"{event.resource.qualified} {event.type.value} marker"
+            log.warning("filter %r failed on %s: %s; the event is %s as filter_errors says; further "
+                        "failures of this expression are counted (keb_sink_filter_errors_total), not logged",
+                        flt.source, subject, flt.last_error,
+                        "dropped" if self.options.filter_errors == "drop" else "kept",
+                        extra={"sink": self.name})
+        return self.options.filter_errors == "drop"
 
     async def _wait_for_space(self) -> None:
         """Until a message settles (or the sink closes: SinkError)."""
@@ -552,9 +594,14 @@ class BaseSink(Generic[O]):
             # A template reads labels: from the redacted object, so a redacted label stays redacted.
             shown = event if obj is event.obj else dataclasses.replace(event, obj=obj)
             destination = self._template.render(shown, self._sanitize)
+            projection = self._projection
+            if projection is not None:  # after the template: the envelope and the destination stay whole
+                obj = projection.apply(obj)
             old = None
             if event.old is not None and opts.payload is not PayloadMode.OBJECT:
                 old = self._redactor.apply(event.old, res)
+                if projection is not None:
+                    old = projection.apply(old)
             data, content_type = build_payload(opts.payload, event.type, obj, old)
             ce = to_cloudevent(
                 event,
@@ -566,6 +613,8 @@ class BaseSink(Generic[O]):
                 event_id_value=eid,
                 metadata=meta,
             )
+            if projection is not None and obj is not None:
+                ce["fields"] = projection.attribute  # so a consumer never takes it for the whole object
             if opts.content_mode == "structured":
                 headers = {"content-type": STRUCTURED_CONTENT_TYPE}
                 body = encode_structured(ce)
@@ -590,7 +639,7 @@ class BaseSink(Generic[O]):
         goes through ``_build``."""
         opts = self.options
         slow = self._build
-        if opts.compat != "native" or opts.payload is not PayloadMode.OBJECT:
+        if opts.compat != "native" or opts.payload is not PayloadMode.OBJECT or self._projection is not None:
             return slow
         header_prefix = self.header_prefix
         structured = opts.content_mode == "structured"

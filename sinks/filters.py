@@ -5,9 +5,9 @@ type. The change filter looks at what an update really changed: an update whose 
 under ignored paths (``metadata.resourceVersion``, ``metadata.managedFields`` by default) is noise
 and is filtered out; with ``only_paths``, only updates touching one of those paths are kept.
 
-Sinks may not import the bridge, so the label selector here is this package's own small matcher for
-the Kubernetes selector grammar: ``a=b``, ``a==b``, ``a!=b``, ``a in (x,y)``, ``a notin (x)``, ``a``,
-``!a``, joined by commas.
+The label selector is the project's one implementation, :mod:`bridge.labels` (apimachinery's
+grammar, validation and messages, in the foundations the sinks may use): a selector the bridge
+accepts for a sink is one the API server would accept, and matches the same objects.
 
 Paths are dotted (``spec.template.spec``); a key containing dots is quoted in brackets
 (``metadata.annotations["kubectl.kubernetes.io/last-applied-configuration"]``), and ``*`` matches
@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from bridge.labels import parse_label_selector
 from bridge.rawobject import RawObject
 from sinks.contract import ChangeEvent, EventType
 
 __all__ = [
     "WILDCARD",
     "ChangeFilter",
-    "LabelSelector",
     "Path",
     "RoutingFilter",
     "changed_paths",
@@ -263,86 +262,6 @@ class ChangeFilter:
         return any(_touches(old, new, path, self._trie) for path in self.only)
 
 
-# ---- label selectors ---------------------------------------------------------------------------
-
-_REQ = re.compile(
-    r"""^\s*(?:
-        (?P<notexists>!\s*(?P<nkey>[^\s=!,()]+))
-      | (?P<skey>[^\s=!,()]+)\s+(?P<setop>in|notin)\s*\((?P<values>[^()]*)\)
-      | (?P<ekey>[^\s=!,()]+)\s*(?P<eop>==|=|!=)\s*(?P<evalue>[^\s=!,()]*)
-      | (?P<exists>[^\s=!,()]+)
-    )\s*$""",
-    re.VERBOSE,
-)
-
-
-@dataclass(frozen=True, slots=True)
-class _Requirement:
-    key: str
-    op: str  # "in", "notin", "exists", "!exists"
-    values: frozenset[str] = frozenset()
-
-    def matches(self, labels: Mapping[str, Any]) -> bool:
-        if self.op == "exists":
-            return self.key in labels
-        if self.op == "!exists":
-            return self.key not in labels
-        present = self.key in labels and str(labels[self.key]) in self.values
-        return present if self.op == "in" else not present
-
-
-def _split_top(text: str) -> list[str]:
-    parts: list[str] = []
-    cur: list[str] = []
-    depth = 0
-    for ch in text:
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return parts
-
-
-class LabelSelector:
-    """A parsed Kubernetes label selector; the empty selector matches everything."""
-
-    __slots__ = ("_reqs", "text")
-
-    def __init__(self, text: str = "") -> None:
-        self.text = text
-        reqs: list[_Requirement] = []
-        if text.strip():
-            for raw in _split_top(text):
-                match = _REQ.match(raw)
-                if match is None:
-                    raise ValueError(f"invalid label selector requirement {raw.strip()!r} in {text!r}")
-                if match["notexists"]:
-                    reqs.append(_Requirement(match["nkey"], "!exists"))
-                elif match["setop"]:
-                    values = frozenset(v.strip() for v in match["values"].split(",") if v.strip())
-                    reqs.append(_Requirement(match["skey"], match["setop"], values))
-                elif match["eop"]:
-                    op = "notin" if match["eop"] == "!=" else "in"
-                    reqs.append(_Requirement(match["ekey"], op, frozenset({match["evalue"]})))
-                else:
-                    reqs.append(_Requirement(match["exists"], "exists"))
-        self._reqs = tuple(reqs)
-
-    @property
-    def empty(self) -> bool:
-        return not self._reqs
-
-    def matches(self, labels: Mapping[str, Any] | None) -> bool:
-        labels = labels or {}
-        return all(r.matches(labels) for r in self._reqs)
-
-
 # ---- routing -----------------------------------------------------------------------------------
 
 
@@ -376,7 +295,7 @@ class RoutingFilter:
         self.resources = tuple(r.strip().lower() for r in resources)
         self.namespaces = frozenset(namespaces)
         self.exclude_namespaces = frozenset(exclude_namespaces)
-        self.selector = LabelSelector(label_selector)
+        self.selector = parse_label_selector(label_selector)
         self.event_types = frozenset(EventType(t) for t in event_types)
 
     @property

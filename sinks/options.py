@@ -18,9 +18,11 @@ from typing import Any, Literal, Self
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from bridge.labels import parse_label_selector
+from sinks.cel import CelError, compile_expression
 from sinks.cloudevents import DEFAULT_KNATIVE_SOURCE
 from sinks.contract import EventType, SinkConfigError
-from sinks.filters import LabelSelector, parse_path
+from sinks.filters import parse_path
 from sinks.payload import PayloadMode
 from sinks.templates import Template, TemplateError
 
@@ -63,7 +65,7 @@ class RoutingOptions(_Model):
     @field_validator("label_selector")
     @classmethod
     def _selector(cls, value: str) -> str:
-        LabelSelector(value)
+        parse_label_selector(value)  # SelectorError (a ValueError) with the API server's message
         return value
 
 
@@ -174,6 +176,25 @@ class SinkOptions(_Model):
     dead letter), ``truncate`` the object with the top-level fields that do not fit left out;
     both write the whole event to the dead letter. ``dead_letter`` sends nothing to the stream."""
     dead_letter: DeadLetterOptions = Field(default_factory=DeadLetterOptions)
+    filter: str | None = None
+    """A CEL expression (docs/filters.md): only events for which it is true go to this sink."""
+    filter_errors: Literal["keep", "drop"] = "keep"
+    """An event the filter fails on (a missing key read without ``has()``) is sent (``keep``) or
+    filtered (``drop``); either way it is counted."""
+    fields: list[str] = Field(default_factory=list)
+    """Only these paths of the object are sent (after redaction); empty = the whole object."""
+
+    _fields = field_validator("fields")(_check_paths)
+
+    @field_validator("filter")
+    @classmethod
+    def _filter(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                compile_expression(value)
+            except CelError as exc:
+                raise ValueError(str(exc)) from exc
+        return value
 
     @field_validator("destination")
     @classmethod

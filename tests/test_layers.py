@@ -14,7 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-FOUNDATIONS = ("bridge.contracts", "bridge.rawobject", "bridge.errors", "bridge.clock", "bridge.version")
+FOUNDATIONS = ("bridge.contracts", "bridge.rawobject", "bridge.errors", "bridge.clock", "bridge.version",
+               "bridge.labels")
 
 # layer → the prefixes of project modules it may import (besides itself)
 ALLOWED: dict[str, tuple[str, ...]] = {
@@ -123,9 +124,91 @@ def test_a_forbidden_import_is_reported(module: str, source: str) -> None:
         ("bridge.informer.reflector", "from bridge.kube.apiclient import ApiClient\nimport bridge.clock\n"),
         ("bridge.delivery.pipeline", "from sinks.contract import ChangeEvent\n"),
         ("sinks.kafka", "from bridge.rawobject import RawObject\nfrom sinks.base import BaseSink\n"),
+        ("sinks.filters", "from bridge.labels import parse_label_selector\n"),
         ("bridge.service.cli", "from sinks.registry import create_sink\n"),
         ("bridge.kube.discovery", "from .apiclient import ApiClient\n"),
     ],
 )
 def test_an_allowed_import_passes(module: str, source: str) -> None:
     assert violations(source, module) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# No import cycles
+
+
+def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """module → the project modules it imports (every import: module level, inside functions,
+    under ``TYPE_CHECKING``), for ``sources`` (module → (source, is_package)). ``from pkg import
+    name`` counts as an import of ``pkg.name`` when that is a module."""
+    graph: dict[str, set[str]] = {}
+    for module, (source, is_package) in sources.items():
+        edges: set[str] = set()
+        tree = ast.parse(source)
+        names_of = {node.lineno: [a.name for a in node.names] for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom)}
+        for line, target in project_imports(source, module, is_package=is_package):
+            subs = [f"{target}.{n}" for n in names_of.get(line, []) if f"{target}.{n}" in sources]
+            edges.update(subs or [target])
+        graph[module] = {t for t in edges if t in sources and t != module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (each a cycle or several), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component: list[str] = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def project_sources() -> dict[str, tuple[str, bool]]:
+    roots = ("bridge", "sinks")  # the package roots re-export every layer by name, lazily
+    return {module_name(p): (p.read_text(), p.name == "__init__.py") for p in all_modules()
+            if module_name(p) not in roots}
+
+
+def test_no_module_takes_part_in_an_import_cycle() -> None:
+    """A cycle, even through an import inside a function (the usual way to dodge one at run time),
+    means two modules that cannot be understood, tested or changed apart: move what both need down."""
+    assert cycles(import_graph(project_sources())) == []
+
+
+def test_a_cycle_through_a_function_level_import_is_reported() -> None:
+    sources = {
+        "bridge.delivery.a": ("from bridge.delivery.b import B\n", False),
+        "bridge.delivery.b": ("def f():\n    from bridge.delivery.a import A\n", False),
+        "bridge.delivery.c": ("from bridge.delivery import a\n", False),
+        "bridge.delivery.d": ("if TYPE_CHECKING:\n    from bridge.delivery.c import C\n", False),
+    }
+    assert cycles(import_graph(sources)) == [["bridge.delivery.a", "bridge.delivery.b"]]
+    sources["bridge.delivery.a"] = ("from bridge.delivery.d import D\n", False)
+    sources["bridge.delivery.b"] = ("", False)
+    assert cycles(import_graph(sources)) == [["bridge.delivery.a", "bridge.delivery.c", "bridge.delivery.d"]]

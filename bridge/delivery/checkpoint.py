@@ -21,18 +21,21 @@ logs a warning and does a full, correct resync — never a crash, never a silent
 checksum over nonsense (a resourceVersion that is not an integer, a known object without uid) is
 corrupt too: a watch from such a resume point would fail for ever.
 
-:class:`FileCheckpointStore` is the embedded default: one file per informer, written to a temporary
-file, fsynced, renamed over the old one, and the directory fsynced, so a crash leaves either the old
-or the new checkpoint, never a torn one. The ConfigMap and NATS KV stores live in their own modules.
+:class:`BlobCheckpointStore` keeps checkpoints and their known-object journals in a
+:class:`~bridge.delivery.blobstore.BlobStore`, written by the one chunked writer
+(:class:`~bridge.delivery.blobstore.ChunkedValue`): :class:`FileCheckpointStore` (the embedded
+default, one file per informer, :mod:`bridge.delivery.blob_file`) here, the ConfigMap and NATS KV
+stores in their own modules.
 
-Fencing (leader election): a store built with a ``fence`` (a callable returning the writer's
-:class:`~bridge.kube.leaderelection.FenceToken`, or None once it no longer leads) writes nothing when
-the fence says None, stamps every checkpoint with the token (``writer``), and refuses, by the store's
-own compare-and-set, a write whose token is older than the stored one: a ConfigMap replace with the
-``resourceVersion`` read, a NATS KV update with the expected revision, a file rewritten under an
-exclusive lock. Loading claims the checkpoint for the loader's term (the stored token is replaced by
-the loader's with the same precondition), so once a new leader has loaded, a deposed one cannot
-write, whatever it believes. Loading as an older term than the stored one is refused as well.
+Fencing (leader election, :mod:`bridge.delivery.fencing`): a store built with a ``fence`` writes
+nothing when the fence says None, stamps every checkpoint with the token (``writer``), and refuses,
+by the store's own compare-and-set, a write whose token is older than the stored one. Loading claims
+the checkpoint for the loader's term (it is written again, stamped with the loader's token, under
+the same precondition), so once a new leader has loaded, a deposed one cannot write, whatever it
+believes. Loading as an older term than the stored one is refused as well.
+
+Store capabilities beyond :class:`CheckpointStore` are Protocols (:class:`ListableCheckpointStore`,
+:class:`JournalStore`) that the pipeline checks once, when it is built.
 
     CheckpointError
     ├── CheckpointCorruptError   unreadable, truncated, wrong checksum/format: resync fully
@@ -42,27 +45,34 @@ write, whatever it believes. Loading as an older term than the stored one is ref
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import logging
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
-from bridge.delivery.store_io import finish_in_thread
-from bridge.errors import BridgeError
+from bridge.delivery.blob_file import FileBlobStore
+from bridge.delivery.blobstore import CAS_ATTEMPTS, BlobStore, ChunkedValue, JournalBackend
+from bridge.delivery.fencing import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointFencedError,
+    CheckpointStoreError,
+    FenceSource,
+    check_fence,
+    fence_token,
+)
 from bridge.kube.leaderelection import FenceToken
 
 __all__ = [
     "FORMAT_VERSION",
+    "BlobCheckpointStore",
     "Checkpoint",
     "CheckpointCorruptError",
     "CheckpointError",
@@ -71,15 +81,13 @@ __all__ = [
     "CheckpointStoreError",
     "FenceSource",
     "FileCheckpointStore",
+    "JournalStore",
     "ListableCheckpointStore",
     "SinkProgress",
     "decode_checkpoint",
     "encode_checkpoint",
     "informer_id",
 ]
-
-if TYPE_CHECKING:
-    from bridge.delivery.journal import FileJournalBackend
 
 log = logging.getLogger(__name__)
 
@@ -88,48 +96,6 @@ FORMAT_VERSION = 2
 covers every configured sink, at the base)."""
 _READABLE_VERSIONS = frozenset({1, 2})
 _MAGIC = b"kube-event-bridge-checkpoint"
-
-
-class CheckpointError(BridgeError):
-    """Base of the checkpoint errors."""
-
-
-class CheckpointCorruptError(CheckpointError):
-    """A stored checkpoint cannot be trusted. The bridge warns and resyncs fully."""
-
-
-class CheckpointStoreError(CheckpointError):
-    """The store failed (unreachable, write refused). The previous checkpoint stays in place."""
-
-
-class CheckpointFencedError(CheckpointStoreError):
-    """The write (or load) was refused by fencing: this replica no longer leads, or a later leader
-    owns the checkpoint. Nothing was written."""
-
-
-FenceSource = Callable[[], FenceToken | None]
-"""The writer's current token; None once it no longer leads."""
-
-
-def fence_token(fence: FenceSource | None, what: str) -> FenceToken | None:
-    """The token a fenced store writes with; raises :class:`CheckpointFencedError` when the writer
-    no longer leads. None for an unfenced store."""
-    if fence is None:
-        return None
-    token = fence()
-    if token is None:
-        raise CheckpointFencedError(f"{what}: this replica is not the leader (any more); not written")
-    return token
-
-
-def check_fence(token: FenceToken | None, stored: FenceToken | None, what: str) -> None:
-    """Raises :class:`CheckpointFencedError` when ``stored`` belongs to a later leader than
-    ``token``."""
-    if token is not None and stored is not None and not token.supersedes(stored):
-        raise CheckpointFencedError(
-            f"{what}: owned by {stored.holder!r} (lease term {stored.transitions}), a later leader than "
-            f"{token.holder!r} (term {token.transitions}); refused"
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +161,7 @@ class CheckpointStore(Protocol):
         """Releases connections. Idempotent."""
 
 
+@runtime_checkable
 class ListableCheckpointStore(CheckpointStore, Protocol):
     """A store that can also enumerate and remove checkpoints: what resharding needs
     (:mod:`bridge.delivery.sharding`). Every built-in store is one."""
@@ -210,6 +177,18 @@ class ListableCheckpointStore(CheckpointStore, Protocol):
     async def peek(self, informer_id: str) -> Checkpoint | None:
         """As :meth:`CheckpointStore.load`, without claiming the checkpoint for this writer's term
         (fenced stores): reading another shard's checkpoint must not fence that shard out."""
+
+
+@runtime_checkable
+class JournalStore(CheckpointStore, Protocol):
+    """A store that also keeps each informer's known-object journal (:mod:`bridge.delivery.journal`).
+    Every built-in store is one; without it a restart rests on the checkpoint alone."""
+
+    def journal_backend(self, informer_id: str, *, fenced: bool = True) -> JournalBackend:
+        """The informer's journal storage, fenced like the checkpoint. ``fenced=False``: another
+        shard's journal, read during a take-over (its writer holds another shard's Lease, whose term
+        says nothing about this one's), as :meth:`ListableCheckpointStore.peek` reads its checkpoint."""
+        ...
 
 
 # --------------------------------------------------------------------------------------------------
@@ -405,173 +384,133 @@ def _check_ahead(where: str, ahead: Any) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# File store
+# Stores
 
 
-class FileCheckpointStore:
-    """One ``<informer_id>.ckpt`` file per informer in ``directory`` (created if missing).
+class BlobCheckpointStore:
+    """Checkpoints (values of ``checkpoints``) and known-object journals (values of ``journals``),
+    each written by a :class:`~bridge.delivery.blobstore.ChunkedValue`: a
+    :class:`ListableCheckpointStore` and a :class:`JournalStore`. A backend builds it with its blob
+    stores; ``chunking=False`` keeps every value in one blob (``too_large`` says what to do when one
+    does not fit)."""
 
-    Meant for one replica. With a ``fence`` (leader election), the check of the stored writer and
-    the rewrite happen under an exclusive ``flock`` on ``directory/.lock``, which fences replicas
-    sharing the directory on one host; across hosts it is only as good as the shared filesystem's
-    locks, so for several replicas use the ConfigMap or NATS KV store (docs/operations.md).
-
-    Writes run in a thread that a cancelled caller waits for (:mod:`bridge.delivery.store_io`): a
-    save cancelled mid-way has landed or failed when it returns, never later."""
-
-    SUFFIX = ".ckpt"
-    LOCK = ".lock"
-
-    def __init__(self, *, directory: str | os.PathLike[str], fsync: bool = True,
-                 fence: FenceSource | None = None) -> None:
-        self._dir = Path(directory)
-        self._fsync = fsync
+    def __init__(self, *, checkpoints: BlobStore, journals: BlobStore, fence: FenceSource | None,
+                 chunking: bool = True, too_large: str = "", fenced_journals: bool = True) -> None:
+        self._checkpoints = checkpoints
+        self._journals = journals
         self._fence = fence
+        self._chunking = chunking
+        self._too_large = too_large
+        self._fenced_journals = fenced_journals
+        self._values: dict[str, ChunkedValue] = {}
+        """informer id → its checkpoint as this store last read or wrote it."""
+        self.last_chunk_count = 0
+        """Chunks written by the last save (0 when the checkpoint fitted in its head)."""
 
-    @property
-    def directory(self) -> Path:
-        return self._dir
+    def _value(self, informer_id: str, *, fenced: bool = True) -> ChunkedValue:
+        if not fenced:
+            return ChunkedValue(store=self._checkpoints, ident=informer_id, fence=None, digest=True,
+                                chunking=self._chunking, too_large=self._too_large, what="checkpoint")
+        value = self._values.get(informer_id)
+        if value is None:
+            value = self._values[informer_id] = ChunkedValue(
+                store=self._checkpoints, ident=informer_id, fence=self._fence, digest=True,
+                chunking=self._chunking, too_large=self._too_large, what="checkpoint")
+        return value
 
-    def path_for(self, informer_id: str) -> Path:
-        if not informer_id or "/" in informer_id or informer_id.startswith("."):
-            raise ValueError(f"unsafe informer id for a file name: {informer_id!r}")
-        return self._dir / f"{informer_id}{self.SUFFIX}"
+    def journal_backend(self, informer_id: str, *, fenced: bool = True) -> ChunkedValue:
+        fence = self._fence if fenced and self._fenced_journals else None
+        return ChunkedValue(store=self._journals, ident=informer_id, fence=fence, chunking=self._chunking,
+                            too_large=self._too_large)
 
-    def journal_path(self, informer_id: str) -> Path:
-        """Where the informer's known-object journal lives (:mod:`bridge.delivery.journal`)."""
-        return self.path_for(informer_id).with_suffix(".journal")
-
-    def journal_backend(self, informer_id: str, *, fenced: bool = True) -> FileJournalBackend:
-        """The informer's known-object journal storage: the file at :meth:`journal_path` (files are
-        not fenced: ``fenced`` is accepted for the stores' common shape)."""
-        del fenced
-        from bridge.delivery.journal import FileJournalBackend  # journal imports this module
-        return FileJournalBackend(self.journal_path(informer_id), fsync=self._fsync)
+    async def load(self, informer_id: str) -> Checkpoint | None:
+        value = self._value(informer_id)
+        return await self._load(value, informer_id, fence_token(self._fence, f"loading {value.name}"))
 
     async def peek(self, informer_id: str) -> Checkpoint | None:
         """The checkpoint, read without claiming it (another shard's, during a take-over)."""
-        return await asyncio.to_thread(self._load, informer_id)
+        return await self._load(self._value(informer_id, fenced=False), informer_id, None)
 
-    async def load(self, informer_id: str) -> Checkpoint | None:
-        token = fence_token(self._fence, f"loading checkpoint {informer_id}")
-        if token is None:
-            return await asyncio.to_thread(self._load, informer_id)
-        return await finish_in_thread(self._load_and_claim, informer_id, token)
+    async def _load(self, value: ChunkedValue, informer_id: str,
+                    token: FenceToken | None) -> Checkpoint | None:
+        for _ in range(CAS_ATTEMPTS):
+            head = await value.fetch(token)
+            if head is None:
+                return None
+            try:
+                checkpoint = decode_checkpoint(await value.assemble(head), informer_id)
+            except CheckpointCorruptError as exc:
+                raise CheckpointCorruptError(f"{value.name}: {exc}") from exc
+            check_fence(token, checkpoint.writer, value.name)
+            if token is None or head.writer == token:
+                return checkpoint
+            # Claim it for this term: from now on an older leader's write fails.
+            if await value.claim(head, encode_checkpoint(dataclasses.replace(checkpoint, writer=token))):
+                return checkpoint
+        raise CheckpointStoreError(f"cannot claim {value.name}: it keeps changing")
 
     async def save(self, checkpoint: Checkpoint) -> None:
-        token = fence_token(self._fence, f"checkpoint {checkpoint.informer_id}")
-        if token is None:
-            await finish_in_thread(self._save, checkpoint.informer_id, encode_checkpoint(checkpoint))
-            return
-        data = encode_checkpoint(dataclasses.replace(checkpoint, writer=token))
-        await finish_in_thread(self._save_fenced, checkpoint.informer_id, data, token)
+        value = self._value(checkpoint.informer_id)
+        token = fence_token(self._fence, value.name)
+        if token is not None:
+            checkpoint = dataclasses.replace(checkpoint, writer=token)
+        await value.rewrite(encode_checkpoint(checkpoint))
+        self.last_chunk_count = len(value.chunks)
         log.debug("checkpoint written", extra={"informer": checkpoint.informer_id,
                                               "resource_version": checkpoint.resource_version,
-                                              "writer": token.holder, "lease_transitions": token.transitions})
+                                              "writer": token.holder if token else "",
+                                              "lease_transitions": token.transitions if token else None})
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        try:
-            self._dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self._dir / self.LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise CheckpointStoreError(f"cannot lock checkpoint directory {self._dir}: {exc}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
+    async def informer_ids(self, prefix: str) -> list[str]:
+        return await self._checkpoints.list_heads(prefix)
 
-    def _stored_writer(self, informer_id: str) -> FenceToken | None:
-        try:
-            current = self._load(informer_id)
-        except CheckpointCorruptError:
-            return None  # a corrupt checkpoint is replaced, never trusted
-        return current.writer if current is not None else None
-
-    def _load_and_claim(self, informer_id: str, token: FenceToken) -> Checkpoint | None:
-        with self._locked():
-            current = self._load(informer_id)
-            if current is None:
-                return None
-            check_fence(token, current.writer, f"checkpoint {informer_id}")
-            if current.writer != token:
-                self._save(informer_id, encode_checkpoint(dataclasses.replace(current, writer=token)))
-            return current
-
-    def _save_fenced(self, informer_id: str, data: bytes, token: FenceToken) -> None:
-        with self._locked():
-            check_fence(token, self._stored_writer(informer_id), f"checkpoint {informer_id}")
-            self._save(informer_id, data)
+    async def remove(self, informer_id: str) -> None:
+        # Only shard 0 of a new total removes the checkpoints of an earlier one, written under other
+        # shards' leases: being the leader of its own shard is what it needs.
+        fence_token(self._fence, f"removing checkpoint {self._checkpoints.describe(informer_id)}")
+        await self._value(informer_id, fenced=False).remove()
+        await self.journal_backend(informer_id, fenced=False).remove()
+        self._values.pop(informer_id, None)
 
     async def close(self) -> None:
         return None
 
-    async def informer_ids(self, prefix: str) -> list[str]:
-        def scan() -> list[str]:
-            try:
-                names = [p.name for p in self._dir.iterdir()]
-            except FileNotFoundError:
-                return []
-            except OSError as exc:
-                raise CheckpointStoreError(f"cannot list checkpoint directory {self._dir}: {exc}") from exc
-            return sorted(n[: -len(self.SUFFIX)] for n in names
-                          if n.endswith(self.SUFFIX) and n.startswith(prefix) and not n.startswith("."))
 
-        return await asyncio.to_thread(scan)
+class FileCheckpointStore(BlobCheckpointStore):
+    """One ``<informer_id>.ckpt`` file per informer in ``directory`` (created if missing), its
+    journal ``<informer_id>.journal`` next to it (:mod:`bridge.delivery.blob_file`).
 
-    async def remove(self, informer_id: str) -> None:
-        token = fence_token(self._fence, f"removing checkpoint {informer_id}")
+    Meant for one replica. With a ``fence`` (leader election) the check of the stored writer and the
+    rewrite happen under an exclusive ``flock`` on ``directory/.lock``; across hosts it is only as
+    good as the shared filesystem's locks, so for several replicas use the ConfigMap or NATS KV store
+    (docs/operations.md). Journal files are not fenced. ``files``: the class of its files (a test's
+    holds a write)."""
 
-        # Only shard 0 of a new total removes the checkpoints of an earlier one, written under other
-        # shards' leases: being the leader of its own shard (the fence above) is what it needs.
-        del token
+    SUFFIX = ".ckpt"
 
-        def unlink() -> None:
-            try:
-                self.path_for(informer_id).unlink(missing_ok=True)
-                self.journal_path(informer_id).unlink(missing_ok=True)
-            except OSError as exc:
-                raise CheckpointStoreError(f"cannot remove checkpoint {informer_id}: {exc}") from exc
+    def __init__(self, *, directory: str | os.PathLike[str], fsync: bool = True,
+                 fence: FenceSource | None = None, files: type[FileBlobStore] = FileBlobStore) -> None:
+        self._files = files(directory=directory, suffix=self.SUFFIX, what="checkpoint", fsync=fsync,
+                            writer_of=_writer_of if fence is not None else None)  # unfenced: not read
+        self._journal_files = files(directory=directory, suffix=".journal", what="journal", fsync=fsync)
+        super().__init__(checkpoints=self._files, journals=self._journal_files, fence=fence,
+                         fenced_journals=False)
 
-        await finish_in_thread(unlink)
+    @property
+    def directory(self) -> Path:
+        return self._files.directory
 
-    def _load(self, informer_id: str) -> Checkpoint | None:
-        path = self.path_for(informer_id)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise CheckpointCorruptError(f"cannot read checkpoint {path}: {exc}") from exc
-        try:
-            return decode_checkpoint(data, informer_id)
-        except CheckpointCorruptError as exc:
-            raise CheckpointCorruptError(f"{path}: {exc}") from exc
+    def path_for(self, informer_id: str) -> Path:
+        return self._files.path_for(informer_id)
 
-    def _save(self, informer_id: str, data: bytes) -> None:
-        path = self.path_for(informer_id)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            self._dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                view = memoryview(data)
-                while view:
-                    written = os.write(fd, view)
-                    view = view[written:]
-                if self._fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-            if self._fsync:
-                dfd = os.open(self._dir, os.O_RDONLY)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
-            raise CheckpointStoreError(f"cannot write checkpoint {path}: {exc}") from exc
+    def journal_path(self, informer_id: str) -> Path:
+        """Where the informer's known-object journal lives (:mod:`bridge.delivery.journal`)."""
+        return self._journal_files.path_for(informer_id)
+
+
+def _writer_of(data: bytes) -> FenceToken | None:
+    """The writer's token a checkpoint file carries (None: none, or unreadable)."""
+    try:
+        return decode_checkpoint(data).writer
+    except CheckpointCorruptError:
+        return None

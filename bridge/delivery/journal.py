@@ -24,11 +24,11 @@ watch replays the changes that relist coalesced must not send them after those s
 Where the bytes live is a :class:`JournalBackend` of the checkpoint store (its ``journal_backend``):
 a file next to a file checkpoint (one append + ``fdatasync`` per batch), a ConfigMap next to a
 ConfigMap checkpoint, a key of a NATS KV checkpoint bucket (one compare-and-set write each, fenced
-like the checkpoint; beyond one value the journal spans sealed chunks, see
-:class:`ChunkedJournalBackend`, so it records any number of objects). A backend with a size limit
-(a ConfigMap journal whose store may not shard) reports its :meth:`~JournalBackend.room`: a batch
-appends the records that fit and the others wait for the compaction after the next checkpoint write
-— nothing is ever released unrecorded.
+like the checkpoint; beyond one value the journal spans sealed chunks written by the storage
+layer's one chunked writer, :class:`~bridge.delivery.blobstore.ChunkedValue`, so it records any
+number of objects). A backend with a size limit (a ConfigMap journal whose store may not shard)
+reports its :meth:`~JournalBackend.room`: a batch appends the records that fit and the others wait
+for the compaction after the next checkpoint write — nothing is ever released unrecorded.
 
 What a resumed bridge does with it (:meth:`BridgePipeline._prepare`): a journalled delete of an
 object the checkpoint knows replaces that object's stub resourceVersion by the delete's, so whatever
@@ -56,42 +56,30 @@ never released) and anything after a line that does not parse are ignored with a
 
 from __future__ import annotations
 
-import abc
 import asyncio
-import contextlib
 import logging
 import os
-import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
 
 import orjson
 
 from bridge.clock import Clock, RealClock
 from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind
-from bridge.delivery.checkpoint import (
-    Checkpoint,
-    CheckpointFencedError,
-    CheckpointStoreError,
-    FenceSource,
-    check_fence,
-    fence_token,
-)
-from bridge.delivery.store_io import finish_in_thread
-from bridge.kube.leaderelection import FenceToken
+from bridge.delivery.blob_file import FileJournalBackend
+from bridge.delivery.blobstore import JournalBackend
+from bridge.delivery.checkpoint import Checkpoint
+from bridge.delivery.fencing import BlobStoreError, CheckpointError, CheckpointStoreError
 from bridge.rawobject import object_identity
 
-__all__ = ["ChunkedJournalBackend", "FileJournalBackend", "JournalBackend", "JournalConflict",
-           "JournalEntry", "JournalHead", "JournalStoreError", "KnownObjectJournal"]
+__all__ = ["FileJournalBackend", "JournalBackend", "JournalEntry", "JournalStoreError", "KnownObjectJournal"]
 
 log = logging.getLogger(__name__)
 
 _VERSION = 1
 _RETRY_DELAY = 1.0
 """Seconds between attempts when the journal cannot be written (events wait meanwhile)."""
-_CAS_ATTEMPTS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,355 +118,8 @@ class JournalEntry:
     replay re-sends it with the same type, hence the same id."""
 
 
-class JournalStoreError(CheckpointStoreError):
-    """A journal backend could not read or write (the API server refused, the data is too large)."""
-
-
-class JournalBackend(Protocol):
-    """Where one informer's journal bytes live. The journal is a byte string (the file format in the
-    module docstring); a backend stores it durably, whole or appended to. Every method raises
-    :class:`OSError` or :class:`~bridge.delivery.checkpoint.CheckpointStoreError` on failure."""
-
-    @property
-    def name(self) -> str:
-        """Where the journal lives, for messages."""
-        ...
-
-    async def read(self) -> bytes | None:
-        """The stored journal, None when there is none."""
-        ...
-
-    async def rewrite(self, data: bytes) -> None:
-        """Replaces the whole journal by ``data``, durably and atomically."""
-        ...
-
-    async def append(self, data: bytes) -> None:
-        """Appends ``data`` durably (after a :meth:`rewrite` of this run). A failure may leave a torn
-        tail: the journal rewrites everything before its next append."""
-        ...
-
-    async def close(self) -> None:
-        ...
-
-    def room(self) -> int | None:
-        """Bytes an append may still add (None: no limit). Records that do not fit wait for a
-        compaction (after the next checkpoint write) to make room."""
-        ...
-
-
-class FileJournalBackend:
-    """The journal as a file (``<informer id>.journal`` next to a file checkpoint): appends are one
-    ``write`` + ``fdatasync``, a rewrite is a temporary file, ``fsync`` and rename. Both run in a
-    thread that a cancelled writer waits for (:mod:`bridge.delivery.store_io`): a rewrite landing
-    after the writer stopped would replace what the next writer of the file made durable."""
-
-    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True) -> None:
-        self._path = Path(path)
-        self._fsync = fsync
-        self._file: int | None = None
-
-    @property
-    def path(self) -> Path:
-        return self._path
-
-    @property
-    def name(self) -> str:
-        return str(self._path)
-
-    async def read(self) -> bytes | None:
-        try:
-            return await asyncio.to_thread(self._path.read_bytes)
-        except FileNotFoundError:
-            return None
-
-    async def rewrite(self, data: bytes) -> None:
-        await finish_in_thread(self._rewrite, data)
-
-    async def append(self, data: bytes) -> None:
-        await finish_in_thread(self._append, data)
-
-    async def close(self) -> None:
-        self._close_file()
-
-    def room(self) -> int | None:
-        return None
-
-    def _rewrite(self, data: bytes) -> None:
-        self._close_file()
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                _write_all(fd, data)
-                if self._fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self._path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
-            raise
-        if self._fsync:
-            dfd = os.open(self._path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        self._file = os.open(self._path, os.O_WRONLY | os.O_APPEND)
-
-    def _append(self, data: bytes) -> None:
-        if self._file is None:
-            raise OSError(f"journal {self._path} is not open")
-        _write_all(self._file, data)
-        if self._fsync:
-            os.fdatasync(self._file)
-
-    def _close_file(self) -> None:
-        if self._file is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._file)
-            self._file = None
-
-
-@dataclass(frozen=True, slots=True)
-class JournalHead:
-    """The head of a chunked journal as stored: the commit point of every write."""
-
-    version: str
-    """The store's version of the head (a ConfigMap's resourceVersion, a KV revision)."""
-    writer: FenceToken | None
-    """The lease token of the replica that wrote it (None without leader election)."""
-    chunks: tuple[str, ...]
-    """The sealed chunks holding the journal's beginning, in order."""
-    tail: bytes
-    """The journal's end, after the chunks' text."""
-    damage: str = ""
-    """Why the stored head could not be parsed ("" = it could): it is unreadable, but a write may
-    still replace it (its version is known)."""
-
-
-class JournalConflict(Exception):
-    """The head changed since it was last read or written (its version does not match), or it was
-    created or deleted meanwhile: read it again."""
-
-
-class ChunkedJournalBackend(abc.ABC):
-    """A journal in a store of size-limited values with compare-and-set (a ConfigMap, a NATS KV
-    key): any size, fenced like the checkpoint. The shape shared by the ``configmap`` and ``nats-kv``
-    backends; a subclass supplies the store's primitives.
-
-    * The **head** (one value) is the commit point of every write: the writer's lease token, the
-      names of the sealed chunks, and the journal's tail. It is only ever written with the version
-      last read or written (compare-and-set); after a conflict it is read again and the write goes
-      ahead only if the stored token is not a later leader's. So one group commit that fits in the
-      head is one write, atomic, never torn, exactly as a journal of one value.
-    * **Sealed chunks** hold the journal's beginning. A chunk is created once under a fresh name
-      (``<generation>-<n>``) and never changed, so it needs no fencing: a chunk no head lists is an
-      orphan (a write that failed, a deposed writer's, a crash's) and is deleted. When an append
-      does not fit in the head, the head's tail and the new records are sealed into new chunks first
-      and the head is written last, listing them; a rewrite (compaction) seals a fresh generation
-      and deletes the chunks the previous head listed once the new head is written. A crash at any
-      point leaves the last head written pointing at complete chunks, and the records of an append
-      that did not reach the head were never released.
-    * With ``chunking`` off (a ConfigMap store whose RBAC names its ConfigMaps one by one), the
-      journal is the head alone: :meth:`room` bounds an append and the journal waits for the
-      compaction after the next checkpoint write when it is full (nothing is released unrecorded).
-    """
-
-    def __init__(self, *, fence: FenceSource | None, chunking: bool = True) -> None:
-        self._fence = fence
-        self._chunking = chunking
-        self._version: str | None = None
-        """Version of the head as last read or written; None = not known to exist."""
-        self._chunks: tuple[str, ...] = ()
-        """The chunks the head lists, as last read or written."""
-        self._tail = b""
-        """The head's tail as last written by this backend."""
-        self._swept = False
-        """Whether orphan chunks (of a crash) were looked for in this run."""
-        self.writes = 0
-        """Head writes (one per group commit or rewrite)."""
-        self.chunk_writes = 0
-        """Chunks created."""
-
-    # ---- the store's primitives --------------------------------------------------------------------
-
-    @property
-    @abc.abstractmethod
-    def name(self) -> str:
-        """Where the journal lives, for messages."""
-
-    @abc.abstractmethod
-    async def _load_head(self) -> JournalHead | None:
-        """The stored head, None when there is none; one that cannot be parsed has its ``damage``
-        set. Raises :class:`JournalStoreError` when it cannot be read."""
-
-    @abc.abstractmethod
-    async def _store_head(self, version: str | None, writer: FenceToken | None, chunks: Sequence[str],
-                          tail: bytes) -> str:
-        """Writes the head if its stored version is ``version`` (None: creates it, it must not
-        exist); returns the new version. Raises :class:`JournalConflict` when the version does not
-        match (or it exists, or it is gone), :class:`JournalStoreError` on other failures."""
-
-    @abc.abstractmethod
-    def _head_room(self, chunks: Sequence[str]) -> int:
-        """Bytes of tail a head listing ``chunks`` holds."""
-
-    @abc.abstractmethod
-    def _chunk_room(self) -> int:
-        """Bytes of journal text one chunk holds."""
-
-    @abc.abstractmethod
-    def _chunk_name(self, generation: str, n: int) -> str:
-        """The name of chunk ``n`` of a generation (unique: the generation is random)."""
-
-    @abc.abstractmethod
-    async def _create_chunk(self, name: str, data: bytes) -> None:
-        """Creates a chunk (it never exists). Raises :class:`JournalStoreError` on failure."""
-
-    @abc.abstractmethod
-    async def _read_chunk(self, name: str) -> bytes | None:
-        """A chunk's text, None when it does not exist. Raises :class:`JournalStoreError`."""
-
-    @abc.abstractmethod
-    async def _delete_chunk(self, name: str) -> None:
-        """Deletes a chunk (absent: nothing to do). Raises :class:`JournalStoreError`."""
-
-    @abc.abstractmethod
-    async def _stored_chunks(self) -> list[str]:
-        """The names of every chunk of this journal in the store (listed or all ones named alike),
-        to find orphans."""
-
-    # ---- JournalBackend ----------------------------------------------------------------------------
-
-    async def read(self) -> bytes | None:
-        token = fence_token(self._fence, f"loading journal {self.name}")
-        head = await self._load_head()
-        if head is None:
-            self._version, self._chunks, self._tail = None, (), b""
-            return None
-        self._version = head.version
-        if head.damage:
-            raise JournalStoreError(f"journal {self.name} is malformed: {head.damage}")
-        check_fence(token, head.writer, f"journal {self.name}")
-        parts: list[bytes] = []
-        for n, chunk in enumerate(head.chunks):
-            data = await self._read_chunk(chunk)
-            if data is None:
-                raise JournalStoreError(f"journal {self.name}: chunk {n} ({chunk}) of {len(head.chunks)} "
-                                        "is missing")
-            parts.append(data)
-        parts.append(head.tail)
-        return b"".join(parts)
-
-    async def rewrite(self, data: bytes) -> None:
-        previous = self._chunks
-        await self._write((), b"", data)
-        stale = [c for c in previous if c not in self._chunks]
-        if self._chunking and not self._swept:  # without chunking there are none (nor may it list)
-            self._swept = True  # once a run (and after a failed write): orphans cost space only
-            with contextlib.suppress(JournalStoreError, OSError):
-                stored = await self._stored_chunks()
-                stale.extend(c for c in stored if c not in self._chunks and c not in stale)
-        await self._delete_quietly(stale)
-
-    async def append(self, data: bytes) -> None:
-        await self._write(self._chunks, self._tail, data)
-
-    async def close(self) -> None:
-        return None
-
-    def room(self) -> int | None:
-        if self._chunking:
-            return None
-        return max(0, self._head_room(()) - len(self._tail))
-
-    # ---------------------------------------------------------------------------------------------
-
-    async def _write(self, chunks: tuple[str, ...], tail: bytes, data: bytes) -> None:
-        """Writes a journal whose text is ``chunks`` + ``tail`` + ``data``: in the head when the tail
-        fits, else the tail and data sealed into new chunks first."""
-        what = f"journal {self.name}"
-        content = tail + data
-        if len(content) > self._head_room(chunks):
-            if not self._chunking:
-                raise JournalStoreError(
-                    f"cannot write {what}: {len(content)} bytes, more than one value holds "
-                    f"({self._head_room(chunks)}), and chunking is off")
-            pieces = _line_chunks(content, self._chunk_room(), what)
-            generation = uuid.uuid4().hex[:10]
-            names = [self._chunk_name(generation, n) for n in range(len(pieces))]
-            # The last piece stays in the head when it fits there.
-            keep_tail = len(pieces[-1]) <= self._head_room((*chunks, *names[:-1]))
-            sealed = pieces[:-1] if keep_tail else pieces
-            created = names[:len(sealed)]
-            try:
-                for name, piece in zip(created, sealed, strict=True):
-                    await self._create_chunk(name, piece)
-                    self.chunk_writes += 1
-                await self._put_head((*chunks, *created), pieces[-1] if keep_tail else b"")
-            except BaseException:
-                # Not deleted here: a head write that failed may still have been applied. The
-                # journal's next write after a failure is a rewrite, which looks for orphans.
-                self._swept = False
-                raise
-            return
-        await self._put_head(chunks, content)
-
-    async def _put_head(self, chunks: tuple[str, ...], tail: bytes) -> None:
-        what = f"journal {self.name}"
-        token = fence_token(self._fence, what)
-        for _ in range(_CAS_ATTEMPTS):
-            try:
-                self._version = await self._store_head(self._version, token, chunks, tail)
-            except JournalConflict:
-                current = await self._load_head()
-                if current is None:
-                    self._version = None
-                    continue
-                check_fence(token, current.writer, what)
-                self._version = current.version
-                continue
-            self._chunks, self._tail = chunks, tail
-            self.writes += 1
-            return
-        raise CheckpointFencedError(f"{what}: kept changing under this writer; refused")
-
-    async def delete_chunks(self) -> None:
-        """Deletes every chunk of this journal in the store, best effort: its head is gone (a
-        checkpoint of an earlier shard total removed after a reshard), so no head lists them."""
-        if not self._chunking:
-            return  # there are none, nor may it list them
-        with contextlib.suppress(JournalStoreError, OSError):
-            await self._delete_quietly(await self._stored_chunks())
-
-    async def _delete_quietly(self, chunks: Sequence[str]) -> None:
-        # Best effort: an orphan chunk costs space, never correctness (no head lists it).
-        for chunk in chunks:
-            try:
-                await self._delete_chunk(chunk)
-            except (JournalStoreError, OSError) as exc:
-                log.debug("journal %s: cannot delete chunk %s: %s", self.name, chunk, exc)
-
-
-def _line_chunks(data: bytes, limit: int, what: str) -> list[bytes]:
-    """Splits journal text into pieces of at most ``limit`` bytes, each made of whole lines."""
-    pieces: list[bytes] = []
-    current: list[bytes] = []
-    size = 0
-    for line in data.splitlines(keepends=True):
-        if len(line) > limit:
-            raise JournalStoreError(f"cannot write {what}: a record of {len(line)} bytes is larger than "
-                                    f"one chunk ({limit})")
-        if size + len(line) > limit:
-            pieces.append(b"".join(current))
-            current, size = [], 0
-        current.append(line)
-        size += len(line)
-    pieces.append(b"".join(current))
-    return pieces
+JournalStoreError = BlobStoreError
+"""A journal's store could not read or write (the API server refused, the data is too large)."""
 
 
 def _checkpoint_uids(cp: Checkpoint | None) -> dict[str, str]:
@@ -506,6 +147,7 @@ class KnownObjectJournal:
                 raise ValueError("a journal needs a backend or a path")
             backend = FileJournalBackend(path, fsync=fsync)
         self._backend: JournalBackend = backend
+        self._path = backend.path if isinstance(backend, FileJournalBackend) else None
         self._clock: Clock = clock or RealClock()
         self._informer_id = informer_id
         self._entries: dict[str, JournalEntry] = {}
@@ -552,9 +194,9 @@ class KnownObjectJournal:
     @property
     def path(self) -> Path:
         """The file of a file-backed journal."""
-        if not isinstance(self._backend, FileJournalBackend):
+        if self._path is None:
             raise AttributeError(f"journal {self._backend.name} is not a file")
-        return self._backend.path
+        return self._path
 
     # ---------------------------------------------------------------------------------------------
     # loading
@@ -590,7 +232,7 @@ class KnownObjectJournal:
         self.unreadable = ""
         try:
             data = await self._backend.read()
-        except (OSError, CheckpointStoreError) as exc:
+        except (OSError, CheckpointError) as exc:
             return self._unreadable(f"{type(exc).__name__}: {exc}")
         if data is None:
             return {}
@@ -744,25 +386,8 @@ class KnownObjectJournal:
         """One write: a compaction (rewrites what the storage holds, less what the last checkpoint
         written implies) or one group commit of pending records (as many as the backend has room
         for, in order)."""
-        cp = self._compact_to
-        if cp is not None or self._compact_requested:
-            if cp is not None:
-                self._checkpoint = _checkpoint_uids(cp)
-                self._base = cp
-            self._entries = {uid: e for uid, e in self._entries.items() if self._needed(uid, e)}
-            durable = {uid: e for uid, e in self._durable.items() if self._needed(uid, e)}
-            lines = [orjson.dumps({"journal": _VERSION, "informer_id": self._informer_id})]
-            lines.extend(_record(uid, e) for uid, e in durable.items())
-            try:
-                await self._backend.rewrite(b"\n".join(lines) + b"\n")
-            except BaseException:
-                self._compact_requested = True
-                raise
-            self._durable = durable
-            if self._compact_to is cp:
-                self._compact_to = None
-            self._compact_requested = False
-            self._done(None)
+        if self._compact_to is not None or self._compact_requested:
+            await self._compact_once()
             return
         batch = list(self._pending)
         consumed = len(batch)
@@ -811,6 +436,27 @@ class KnownObjectJournal:
             self._durable[uid] = entry
         self.records += len(batch)
         self._done(last if room is not None else batch[-1][0])
+
+    async def _compact_once(self) -> None:
+        """Rewrites what the storage holds, less what the last checkpoint written implies."""
+        cp = self._compact_to
+        if cp is not None:
+            self._checkpoint = _checkpoint_uids(cp)
+            self._base = cp
+        self._entries = {uid: e for uid, e in self._entries.items() if self._needed(uid, e)}
+        durable = {uid: e for uid, e in self._durable.items() if self._needed(uid, e)}
+        lines = [orjson.dumps({"journal": _VERSION, "informer_id": self._informer_id})]
+        lines.extend(_record(uid, e) for uid, e in durable.items())
+        try:
+            await self._backend.rewrite(b"\n".join(lines) + b"\n")
+        except BaseException:
+            self._compact_requested = True
+            raise
+        self._durable = durable
+        if self._compact_to is cp:
+            self._compact_to = None
+        self._compact_requested = False
+        self._done(None)
 
     def _optional(self, uid: str, entry: JournalEntry) -> bool:
         """Whether a record may be left out when the journal is full: a relist's state of an object
@@ -874,12 +520,6 @@ class KnownObjectJournal:
             return ahead[2] if e.deleted else ahead[0] == uid
         except ValueError:
             return False
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _record(uid: str, e: JournalEntry) -> bytes:

@@ -68,6 +68,8 @@ from bridge.delivery.checkpoint import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointStore,
+    JournalStore,
+    ListableCheckpointStore,
     SinkProgress,
     informer_id,
 )
@@ -1073,6 +1075,9 @@ class BridgePipeline:
         self._resources = list(resources)
         self._sinks = list(sinks)
         self._store = checkpoint_store
+        # The store's capabilities, checked once: a journal, and listing/removal (resharding).
+        self._journals = checkpoint_store if isinstance(checkpoint_store, JournalStore) else None
+        self._listable = checkpoint_store if isinstance(checkpoint_store, ListableCheckpointStore) else None
         self._factory = factory
         self._build = build_informer
         self._cluster = cluster
@@ -1435,11 +1440,11 @@ class BridgePipeline:
             for key, (uid, rv, deleted) in checkpoint.ahead.items():
                 if not deleted:
                     known[key] = (uid, rv)
-        journal_backend = getattr(self._store, "journal_backend", None)
-        if journal_backend is None:
+        if self._journals is None:
             return known, []
         ident = inf.watched.informer_id
-        journal = KnownObjectJournal(backend=journal_backend(ident), informer_id=ident, clock=self._clock)
+        journal = KnownObjectJournal(backend=self._journals.journal_backend(ident), informer_id=ident,
+                                     clock=self._clock)
         inf.journal = inf.tracker.journal = journal
         resent: dict[str, tuple[str, bool]] = {}
         held_after: dict[str, str] = {}
@@ -1682,9 +1687,8 @@ class BridgePipeline:
         """Shard 0 removes the checkpoints of earlier shard totals once every shard of the current
         one has passed them (:func:`bridge.delivery.sharding.stale_ready`); the others forget them."""
         shard = inf.watched.shard
-        store = self._store
-        remove = getattr(store, "remove", None)
-        if shard is None or store is None or shard.ordinal != 0 or remove is None:
+        store = self._listable
+        if shard is None or store is None or shard.ordinal != 0:
             inf.stale = []
             return
         base = inf.watched.base_informer_id
@@ -1692,7 +1696,7 @@ class BridgePipeline:
             if not await stale_ready(store, base=base, shard=shard, stale=inf.stale):
                 return
             for ident in inf.stale:
-                await remove(ident)
+                await store.remove(ident)
         except CheckpointError as exc:
             log.warning("removing the checkpoints of an earlier shard total failed (%s); retrying at "
                         "the next write", exc, extra={"informer": inf.watched.informer_id})

@@ -57,7 +57,13 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from bridge.delivery.checkpoint import Checkpoint, CheckpointStore, SinkProgress
+from bridge.delivery.checkpoint import (
+    Checkpoint,
+    CheckpointStore,
+    JournalStore,
+    ListableCheckpointStore,
+    SinkProgress,
+)
 from bridge.delivery.journal import JournalEntry, KnownObjectJournal
 from bridge.kube.sharding import ShardFilter, shard_residue
 
@@ -339,12 +345,11 @@ def _sink_rv(cp: Checkpoint, sink: str) -> int | None:
 
 async def _journal_entries(store: CheckpointStore, ident: str, checkpoint: Checkpoint
                            ) -> dict[str, JournalEntry]:
-    backend_for = getattr(store, "journal_backend", None)
-    if backend_for is None:
+    if not isinstance(store, JournalStore):
         return {}
     # Another shard's journal: read without fencing, as its checkpoint is peeked (its writer's token
     # is of another shard's Lease).
-    journal = KnownObjectJournal(backend=backend_for(ident, fenced=False), informer_id=ident)
+    journal = KnownObjectJournal(backend=store.journal_backend(ident, fenced=False), informer_id=ident)
     try:
         return await journal.load(checkpoint)
     finally:
@@ -367,12 +372,13 @@ async def take_over(store: CheckpointStore, *, base: str, shard: ShardFilter) ->
     and reads the journals of the other checkpoints taken from. Raises the store's errors
     (:class:`~bridge.delivery.checkpoint.CheckpointCorruptError` for an unreadable checkpoint)."""
     own = shard_id(base, shard.ordinal, shard.total)
-    list_ids = getattr(store, "informer_ids", None)
-    ids = [i for i in await list_ids(base) if parse_shard_id(base, i) is not None] if list_ids else [own]
+    listable = store if isinstance(store, ListableCheckpointStore) else None
+    ids = ([i for i in await listable.informer_ids(base) if parse_shard_id(base, i) is not None]
+           if listable is not None else [own])
     if own not in ids:
         ids.append(own)
     stored: dict[str, Checkpoint] = {}
-    peek = getattr(store, "peek", store.load)
+    peek = listable.peek if listable is not None else store.load
     for ident in ids:
         # Its own checkpoint is claimed (fencing); another shard's is only read.
         cp = await (store.load(ident) if ident == own else peek(ident))
@@ -400,15 +406,14 @@ async def take_over(store: CheckpointStore, *, base: str, shard: ShardFilter) ->
     return out
 
 
-async def stale_ready(store: CheckpointStore, *, base: str, shard: ShardFilter,
+async def stale_ready(store: ListableCheckpointStore, *, base: str, shard: ShardFilter,
                       stale: Iterable[str]) -> bool:
     """Whether the checkpoints ``stale`` (other generations) may be removed now: every shard of the
     current generation has a checkpoint at or beyond every resourceVersion they recorded
     (checkpoints, delivered-ahead entries, journal records). See the module docs."""
     high = 0
-    peek = getattr(store, "peek", store.load)
     for ident in stale:
-        cp = await peek(ident)
+        cp = await store.peek(ident)
         if cp is None:
             continue
         entries = await _journal_entries(store, ident, cp)
@@ -418,7 +423,7 @@ async def stale_ready(store: CheckpointStore, *, base: str, shard: ShardFilter,
                     *(int(p.resource_version) for p in sinks if p.resource_version),
                     *(int(a[1]) for p in sinks for a in p.ahead.values())])
     for o in range(shard.total):
-        cp = await peek(shard_id(base, o, shard.total))
+        cp = await store.peek(shard_id(base, o, shard.total))
         if cp is None or int(cp.resource_version) < high:
             return False
     return True

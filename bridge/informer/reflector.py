@@ -184,6 +184,7 @@ class _PageSink:
             await _call(store.replace(self._items, resource_version))
 
 
+@runtime_checkable
 class ResourceVersionUpdater(Protocol):
     """Optional store capability: told the resourceVersion after every watch event and bookmark."""
 
@@ -288,6 +289,8 @@ class Reflector:
         self.name = name
         self._lw = lister_watcher
         self._store = store
+        self._updater = store if isinstance(store, ResourceVersionUpdater) else None
+        """The store's optional capability, checked once."""
         self._clock = clock
         self._resync_period = resync_period
         self._should_resync = should_resync
@@ -654,7 +657,7 @@ class Reflector:
         returns how the watch ends; ``count`` goes up by the events applied. A store that answers
         with an awaitable is awaited there and then (backpressure), a plain one never is."""
         store = self._store
-        updater = getattr(store, "update_resource_version", None)
+        updater = self._updater.update_resource_version if self._updater is not None else None
         for event in events:
             kind = event.type
             obj = event.object

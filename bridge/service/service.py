@@ -65,6 +65,14 @@ def validate_sinks(config: BridgeConfig) -> list[Sink]:
     return sinks
 
 
+def _filter_errors_of(sink: MeteredSink) -> int | None:
+    """The sink's filter evaluation errors; None for a sink without a CEL filter."""
+    inner = sink.inner
+    if getattr(getattr(inner, "options", None), "filter", None) is None:
+        return None
+    return int(getattr(getattr(inner, "stats", None), "filter_errors", 0))
+
+
 FenceSource = Callable[[], FenceToken | None]
 
 RELEASE_TIMEOUT = 2.0
@@ -131,6 +139,7 @@ class BridgeService:
             snapshot=self._telemetry_snapshot,
             leader=lambda: self._state.role in ("leader", "single"),
         )
+        self.telemetry.set_filter_errors_source(self._filter_errors)
         self.health = HealthServer(
             host=config.server.host, port=config.server.port, readiness=self.readiness,
             metrics=self.telemetry.render_prometheus, admin_host=config.server.admin_host,
@@ -172,6 +181,10 @@ class BridgeService:
         informers: dict[str, InformerGauges] = p.informer_gauges() if p is not None else {}
         return TelemetrySnapshot(sinks=sinks, informers=informers)
 
+    def _filter_errors(self) -> dict[str, int]:
+        """Each live sink's filter evaluation errors (sinks with a ``filter``), by name."""
+        return {s.name: count for s in self._state.sinks if (count := _filter_errors_of(s)) is not None}
+
     def _retire(self, pipeline: BridgePipeline, sinks: list[MeteredSink]) -> None:
         """Carries the counts of a pipeline that has ended into the telemetry's own totals, so that
         the exported counters never go down when leadership is lost and won again."""
@@ -182,6 +195,9 @@ class BridgeService:
         for sink in sinks:
             for outcome, count in sink.outcome_counts().items():
                 self.telemetry.sink_events.add(count, {"sink": sink.name, "outcome": outcome})
+            errors = _filter_errors_of(sink)
+            if errors:
+                self.telemetry.filter_errors.add(errors, {"sink": sink.name})
 
     # --- lifecycle -------------------------------------------------------------------------------
 

@@ -17,6 +17,8 @@ hash of the selectors; the checkpoint's name), ``type`` a CloudEvents type (``ad
                                        (delivered, filtered, dead_lettered, dropped)
 ``keb_sink_delivery_duration_seconds`` time from hand-over to the sink until its ack, sampled
                                        in time (see below)
+``keb_sink_filter_errors_total``       events a sink's CEL ``filter`` failed on (then kept or
+                                       dropped as its ``filter_errors`` says), by sink
 ``keb_sink_queue_depth``               changes waiting for a sink (memory, spill, degraded)
 ``keb_sink_spill_bytes``               bytes of a sink's spill on disk
 ``keb_sink_lag_seconds``               age of the oldest change a sink has not acknowledged
@@ -181,6 +183,9 @@ class Telemetry:
         and CloudEvents type."""
         self.sink_events = ScrapedCounter(("sink", "outcome"))
         """Sink outcomes beyond the live snapshot's (finished sinks'), by sink and outcome."""
+        self.filter_errors = ScrapedCounter(("sink",))
+        """Filter evaluation errors beyond the live sinks' (finished sinks'), by sink."""
+        self._filter_errors_source: Callable[[], Mapping[str, int]] = dict
         resource = Resource.create({"service.name": service_name, "service.version": __version__})
         self._reader = PrometheusMetricReader(registry=self.registry, scope_info_enabled=False)
         self.meter_provider = MeterProvider(metric_readers=[self._reader], resource=resource)
@@ -197,6 +202,8 @@ class Telemetry:
             explicit_bucket_boundaries_advisory=[
                 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
         )
+        meter.create_observable_counter("keb.sink.filter_errors", [self._sink_filter_errors], unit="{event}",
+                                        description="Events a sink's CEL filter failed on, by sink")
         meter.create_observable_gauge("keb.sink.queue.depth", [self._sink_queue], unit="{notification}",
                                       description="Changes waiting for a sink: in memory, in its "
                                                   "spill and as degraded latest states")
@@ -249,6 +256,10 @@ class Telemetry:
 
     def set_snapshot_source(self, snapshot: Callable[[], TelemetrySnapshot]) -> None:
         self._snapshot = snapshot
+
+    def set_filter_errors_source(self, source: Callable[[], Mapping[str, int]]) -> None:
+        """``source`` gives, at each scrape, the live sinks' filter evaluation errors by sink name."""
+        self._filter_errors_source = source
 
     def set_shard(self, ordinal: int, total: int) -> None:
         """Labels everything exposed from now on with ``shard="<ordinal>"`` and
@@ -323,6 +334,14 @@ class Telemetry:
             for outcome, count in gauges.outcomes.items():
                 totals[sink, outcome] += count
         return [Observation(n, {"sink": s, "outcome": o}) for (s, o), n in totals.items()]
+
+    def _sink_filter_errors(self, _: CallbackOptions) -> Iterable[Observation]:
+        totals = collections.Counter({sink: n for (sink,), n in self.filter_errors.totals().items()})
+        try:
+            totals.update(self._filter_errors_source())
+        except Exception:  # a scrape must never take the service down
+            log.exception("reading the sinks' filter errors failed")
+        return [Observation(n, {"sink": s}) for s, n in totals.items()]
 
     def _sink_queue(self, _: CallbackOptions) -> Iterable[Observation]:
         return [Observation(g.queue_depth, {"sink": n}) for n, g in self._sinks()]

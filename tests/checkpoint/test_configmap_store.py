@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from bridge.delivery.blobstore import utf8_pieces
 from bridge.delivery.checkpoint import Checkpoint, CheckpointCorruptError, CheckpointStoreError
-from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore, _utf8_chunks
+from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
 from bridge.kube.apiclient import ApiClient
 from bridge.sim import Simulator
 
@@ -86,7 +87,7 @@ async def test_orphan_shards_from_a_crashed_save_are_cleaned(sim_client: tuple[S
     await store.save(cp)
     # A crash after writing shards but before the manifest: shards of an unreferenced generation.
     orphan = {"apiVersion": "v1", "kind": "ConfigMap",
-              "metadata": {"name": f"keb-{ident}-sdead-0", "labels": store._labels(ident, "shard")},
+              "metadata": {"name": f"keb-{ident}-sdead-0", "labels": store.manifests.labels(ident, "shard")},
               "data": {"chunk": "partial"}}
     await client.create(f"/api/v1/namespaces/{NS}/configmaps", orphan)
     assert await store.load(ident) == cp  # the manifest still points at the complete shards
@@ -132,7 +133,7 @@ async def test_api_down_is_a_store_error(tmp_path: Path) -> None:
 
 def test_utf8_chunks_never_split_a_character() -> None:
     data = ("aé" * 1000).encode()
-    chunks = _utf8_chunks(data, 7)
+    chunks = [c.decode() for c in utf8_pieces(data, 7)]
     assert "".join(chunks).encode() == data
     assert all(len(c.encode()) <= 7 for c in chunks)
 

@@ -174,7 +174,7 @@ async def test_a_first_list_larger_than_one_journal_value_gets_its_deletes_after
             "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "30",
             "--checkpoint-store", kind, "--checkpoint-namespace", "default", "--file", str(out),
             "--journal-bytes", "1200"]
-    count = 60
+    count = 90  # ~6 KB of records: at least three full chunks, however the group commits fall
     async with contextlib.AsyncExitStack() as stack:
         _, kubeconfig = await stack.enter_async_context(sim_process(tmp_path, namespaces=(NS,)))
         args[1] = str(kubeconfig)

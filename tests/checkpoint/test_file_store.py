@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from bridge.delivery.blob_file import FileBlobStore
 from bridge.delivery.checkpoint import (
     Checkpoint,
     CheckpointCorruptError,
@@ -223,31 +224,34 @@ class HeldFileStore(FileCheckpointStore):
     """A file store whose first save waits in its thread until ``go`` is set."""
 
     def __init__(self, directory: Path) -> None:
-        super().__init__(directory=directory)
         self.inside, self.go, self.landed = threading.Event(), threading.Event(), threading.Event()
+        store = self
 
-    def _save(self, informer_id: str, data: bytes) -> None:
-        if self.landed.is_set():
-            super()._save(informer_id, data)
-            return
-        self.inside.set()
-        self.go.wait()
-        try:
-            super()._save(informer_id, data)
-        finally:
-            self.landed.set()
+        class Held(FileBlobStore):
+            def _replace(self, path: Path, data: bytes) -> None:
+                if store.landed.is_set():
+                    super()._replace(path, data)
+                    return
+                store.inside.set()
+                store.go.wait()
+                try:
+                    super()._replace(path, data)
+                finally:
+                    store.landed.set()
+
+        super().__init__(directory=directory, files=Held)
 
 
 class ReleasingFileStore(FileCheckpointStore):
     """A file store that lets ``release`` go once its first save is written."""
 
     def __init__(self, directory: Path, release: threading.Event) -> None:
-        super().__init__(directory=directory)
-        self.release = release
+        class Releasing(FileBlobStore):
+            def _replace(self, path: Path, data: bytes) -> None:
+                super()._replace(path, data)
+                release.set()
 
-    def _save(self, informer_id: str, data: bytes) -> None:
-        super()._save(informer_id, data)
-        self.release.set()
+        super().__init__(directory=directory, files=Releasing)
 
 
 async def test_a_cancelled_save_returns_only_once_its_write_landed(tmp_path: Path) -> None:

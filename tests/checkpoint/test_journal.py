@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from bridge.contracts import DeletedFinalStateUnknown, Gap, Notification, NotificationKind, ObjectKey
+from bridge.delivery.blob_file import FileBlobStore
 from bridge.delivery.checkpoint import Checkpoint
 from bridge.delivery.journal import FileJournalBackend, JournalEntry, KnownObjectJournal
 from tests.checkpoint.helpers import until
@@ -217,31 +218,34 @@ class HeldJournalFile(FileJournalBackend):
     """A journal file whose first rewrite waits in its thread until ``go`` is set."""
 
     def __init__(self, path: Path) -> None:
-        super().__init__(path)
         self.inside, self.go, self.landed = threading.Event(), threading.Event(), threading.Event()
+        journal = self
 
-    def _rewrite(self, data: bytes) -> None:
-        if self.landed.is_set():
-            super()._rewrite(data)
-            return
-        self.inside.set()
-        self.go.wait()
-        try:
-            super()._rewrite(data)
-        finally:
-            self.landed.set()
+        class Held(FileBlobStore):
+            def _replace(self, path: Path, data: bytes) -> None:
+                if journal.landed.is_set():
+                    super()._replace(path, data)
+                    return
+                journal.inside.set()
+                journal.go.wait()
+                try:
+                    super()._replace(path, data)
+                finally:
+                    journal.landed.set()
+
+        super().__init__(path, files=Held)
 
 
 class ReleasingJournalFile(FileJournalBackend):
     """A journal file that lets ``release`` go once its first append is durable."""
 
     def __init__(self, path: Path, release: threading.Event) -> None:
-        super().__init__(path)
-        self.release = release
+        class Releasing(FileBlobStore):
+            def _append(self, fd: int, data: bytes) -> None:
+                super()._append(fd, data)
+                release.set()
 
-    def _append(self, data: bytes) -> None:
-        super()._append(data)
-        self.release.set()
+        super().__init__(path, files=Releasing)
 
 
 async def test_a_stopped_writer_ends_only_once_its_write_in_flight_landed(tmp_path: Path) -> None:

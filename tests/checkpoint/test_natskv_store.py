@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import nats
 import nats.js.errors
@@ -131,3 +132,21 @@ async def test_removing_a_shard_checkpoint_removes_its_journal_chunks(nats_js: N
         assert len(await store.journal_backend(other).read() or b"") > 8000  # the other's intact
     finally:
         await store.close()
+
+
+async def test_a_first_save_sizes_its_chunks_by_the_servers_max_payload(tmp_path: Path) -> None:
+    """A store that saves before it ever read learns the server's max payload first: with a server
+    limited to 64 KiB a 200 KB checkpoint is written in chunks that fit, not in 1 MiB ones."""
+    config = tmp_path / "nats.conf"
+    config.write_text("max_payload: 65536\n")
+    with running_nats("-c", str(config)) as server:
+        store = NatsKvCheckpointStore(nats_url=server.url, bucket="small-payload")
+        reader = NatsKvCheckpointStore(nats_url=server.url, bucket="small-payload")
+        try:
+            cp = big_checkpoint("pods.all.z", 3000)  # ~200 KB encoded
+            await store.save(cp)
+            assert store.last_chunk_count >= 4
+            assert await reader.load("pods.all.z") == cp
+        finally:
+            await store.close()
+            await reader.close()

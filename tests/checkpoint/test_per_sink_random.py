@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from bridge.delivery.blob_file import FileBlobStore
 from bridge.delivery.checkpoint import FileCheckpointStore
-from bridge.delivery.journal import FileJournalBackend
 from bridge.errors import ConflictError, NotFoundError
 from bridge.kube.apiclient import ApiClient
 from bridge.sim import Simulator
@@ -113,35 +113,20 @@ async def acker(sinks: list[RecordingSink], rng: random.Random, keen: dict[str, 
         ack_some(sink, rng, keen[sink.name])
 
 
-class SlowFileJournal(FileJournalBackend):
-    """A journal file whose writes now and then take a while in their thread (stress mode)."""
-
-    def __init__(self, path: Path, rng: random.Random) -> None:
-        super().__init__(path)
-        self.rng = rng
-
-    def _rewrite(self, data: bytes) -> None:
-        time.sleep(self.rng.choice((0, 0, 0, 0.05, 0.3)))
-        super()._rewrite(data)
-
-    def _append(self, data: bytes) -> None:
-        time.sleep(self.rng.choice((0, 0, 0, 0, 0.05)))
-        super()._append(data)
-
-
 class SlowFileStore(FileCheckpointStore):
     """The file store with slow writes now and then, its journal too (stress mode)."""
 
     def __init__(self, directory: Path, rng: random.Random) -> None:
-        super().__init__(directory=directory)
-        self.rng = rng
+        class Slow(FileBlobStore):
+            def _replace(self, path: Path, data: bytes) -> None:
+                time.sleep(rng.choice((0, 0, 0, 0.05, 0.3)))
+                super()._replace(path, data)
 
-    def journal_backend(self, informer_id: str, *, fenced: bool = True) -> FileJournalBackend:
-        return SlowFileJournal(self.journal_path(informer_id), random.Random(self.rng.random()))
+            def _append(self, fd: int, data: bytes) -> None:
+                time.sleep(rng.choice((0, 0, 0, 0, 0.05)))
+                super()._append(fd, data)
 
-    def _save(self, informer_id: str, data: bytes) -> None:
-        time.sleep(self.rng.choice((0, 0, 0, 0.05, 0.3)))
-        super()._save(informer_id, data)
+        super().__init__(directory=directory, files=Slow)
 
 
 def journal_text(ckpt: Path) -> str:
@@ -257,20 +242,17 @@ class HeldStore(FileCheckpointStore):
     until ``go`` is set."""
 
     def __init__(self, directory: Path) -> None:
-        super().__init__(directory=directory)
         self.inside, self.go = threading.Event(), threading.Event()
-
-    def journal_backend(self, informer_id: str, *, fenced: bool = True) -> FileJournalBackend:
         store = self
 
-        class Held(FileJournalBackend):
-            def _rewrite(self, data: bytes) -> None:
-                if not store.go.is_set():
+        class Held(FileBlobStore):
+            def _replace(self, path: Path, data: bytes) -> None:
+                if path.suffix == ".journal" and not store.go.is_set():
                     store.inside.set()
                     store.go.wait()
-                super()._rewrite(data)
+                super()._replace(path, data)
 
-        return Held(self.journal_path(informer_id))
+        super().__init__(directory=directory, files=Held)
 
 
 async def test_a_crash_leaves_no_store_write_in_flight(sim: tuple[Simulator, ApiClient],

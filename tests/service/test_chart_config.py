@@ -80,6 +80,14 @@ BAD_FOR_SCHEMA = [
     pytest.param(config(sinks=[{"name": "n", "kind": "nats", "servers": []}]), "servers",
                  id="nats-no-servers"),
     pytest.param(config(checkpoint={"store": "configmap", "interval": 0}), "interval", id="interval-zero"),
+    pytest.param(config(sinks=[{"name": "f", "kind": "file", "path": "/x", "filter": 3}]), "filter",
+                 id="non-string-filter"),
+    pytest.param(config(sinks=[{"name": "f", "kind": "file", "path": "/x", "filter": ["a", "b"]}]), "filter",
+                 id="list-filter"),
+    pytest.param(config(sinks=[{"name": "f", "kind": "file", "path": "/x", "filter_errors": "ignore"}]),
+                 "filter_errors", id="bad-filter-errors"),
+    pytest.param(config(sinks=[{"name": "f", "kind": "file", "path": "/x", "fields": "metadata"}]), "fields",
+                 id="fields-not-a-list"),
     pytest.param(config(leader_election={"enabled": True}), "'leader_election' not allowed",
                  id="chart-owned-key"),
     pytest.param({"image": {"digest": "latest"}}, "digest", id="bad-digest"),
@@ -132,10 +140,13 @@ def test_valid_sinks_of_every_kind_pass(chart: Any) -> None:
          "hmac_secret_file": "/var/run/secrets/kube-event-bridge/hook/secret", "batch": {"max_events": 10}},
         {"name": "f", "kind": "file", "path": "/var/lib/kube-event-bridge/events.jsonl"},
         {"name": "o", "kind": "stdout", "routing": {"event_types": ["added", "deleted"]}},
+        {"name": "w", "kind": "stdout", "filter": "object.type == 'Warning'", "filter_errors": "drop",
+         "fields": ["metadata.name", "reason", "message"]},
     ]))
     (cm,) = find(docs, "ConfigMap")
-    assert [s["name"] for s in yaml.safe_load(cm["data"]["config.yaml"])["sinks"]] == \
-        ["k", "k2", "n", "j", "h", "f", "o"]
+    sinks = yaml.safe_load(cm["data"]["config.yaml"])["sinks"]
+    assert [s["name"] for s in sinks] == ["k", "k2", "n", "j", "h", "f", "o", "w"]
+    assert sinks[-1]["filter"] == "object.type == 'Warning'"
 
 
 # --- resource names ----------------------------------------------------------------------------------

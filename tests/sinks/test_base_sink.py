@@ -75,6 +75,7 @@ async def test_delivers_and_acks_each_event_with_envelope() -> None:
         "failed": 0,
         "retries": 0,
         "in_flight": 0,
+        "filter_errors": 0,
     }
     await sink.close()
 
@@ -260,7 +261,7 @@ def test_bad_config_messages() -> None:
         RecordingSink.from_options("x", {"destination": "a.{foo}"})
     with pytest.raises(SinkConfigError, match=r"dead_letter: kind 'kafka' is not supported by this sink"):
         RecordingSink.from_options("x", {"dead_letter": {"kind": "kafka", "target": "dlq"}})
-    with pytest.raises(SinkConfigError, match=r"routing.label_selector: invalid label selector"):
+    with pytest.raises(SinkConfigError, match=r"routing.label_selector: unable to parse requirement"):
         RecordingSink.from_options("x", {"routing": {"label_selector": "a in b"}})
 
 

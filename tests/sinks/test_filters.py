@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
+from bridge.labels import parse_label_selector
 from sinks.contract import EventType, SnapshotInfo
-from sinks.filters import ChangeFilter, LabelSelector, RoutingFilter, changed_paths, parse_path
+from sinks.filters import ChangeFilter, RoutingFilter, changed_paths, parse_path
 from tests.sinks import DEPLOYMENTS, NODES, PODS, event, marker, obj
 
 
@@ -46,13 +47,23 @@ def test_parse_path() -> None:
     ],
 )
 def test_label_selector(selector: str, labels: dict[str, str], expected: bool) -> None:
-    assert LabelSelector(selector).matches(labels) is expected
+    assert parse_label_selector(selector).matches(labels) is expected
 
 
 @pytest.mark.parametrize("bad", ["app in web", "a=b=c", "=x", "app in (a", ","])
 def test_label_selector_errors(bad: str) -> None:
-    with pytest.raises(ValueError, match="invalid label selector"):
-        LabelSelector(bad)
+    with pytest.raises(ValueError, match="found "):
+        parse_label_selector(bad)
+
+
+def test_routing_matches_labels_as_the_api_server_does() -> None:
+    """The sinks' routing uses the project's one label-selector implementation (bridge.labels):
+    apimachinery's operators, key validation and messages."""
+    f = RoutingFilter(label_selector="tier in (web),generation>2")
+    assert f.accepts(event(EventType.ADDED, obj("a", labels={"tier": "web", "generation": "3"})))
+    assert not f.accepts(event(EventType.ADDED, obj("b", labels={"tier": "web", "generation": "2"})))
+    with pytest.raises(ValueError, match=r"name part must consist of alphanumeric characters"):
+        RoutingFilter(label_selector="-team=payments")
 
 
 def test_routing_resources_namespaces_types() -> None:

@@ -1,0 +1,267 @@
+"""The file backend of the storage layer: values as files in one directory.
+
+A value's head is the file ``<ident><suffix>`` (``pods.all.3f2a9c1d7e0b.ckpt``, ``….journal``) and
+holds the value's bytes as they are, so a checkpoint file is exactly an encoded checkpoint and a
+journal file exactly the journal's text (docs/architecture.md). A file has no size limit, so values
+are never chunked unless a ``limit`` is given (the storage layer's tests run the chunked writer on
+every backend): a head then starts with a line naming its writer and chunks, the files
+``<ident><suffix>.c.<generation>.<n>``.
+
+Compare-and-set: a head's version is its file's (inode, size, mtime); a fenced replace compares it
+and writes under an exclusive ``flock`` on ``directory/.lock``, which fences replicas sharing the
+directory on one host (across hosts only as good as the shared filesystem's locks: several replicas
+should use the ConfigMap or NATS KV store, docs/operations.md). A replace is a temporary file,
+``fsync``, rename and a directory ``fsync``, so a crash leaves the old or the new file, never a torn
+one; an append (a journal's group commit) is one ``write`` and ``fdatasync``. The writer's lease
+token lives inside the value (a checkpoint carries it), read back by ``writer_of``; without it the
+values are unfenced (journal files: one replica).
+
+Writes run in a thread that a cancelled caller waits for (:mod:`bridge.delivery.store_io`): a write
+cancelled mid-way has landed or failed when it returns, never later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import orjson
+
+from bridge.delivery.blobstore import BlobConflict, ChunkedValue, Head
+from bridge.delivery.fencing import BlobStoreError, CheckpointCorruptError
+from bridge.delivery.store_io import finish_in_thread
+from bridge.kube.leaderelection import FenceToken
+
+__all__ = ["FileBlobStore", "FileJournalBackend"]
+
+LOCK = ".lock"
+
+
+class FileBlobStore:
+    """Values as files in ``directory`` (created when first written); a
+    :class:`~bridge.delivery.blobstore.AppendableBlobStore`.
+
+    ``what`` names the kind in messages; ``writer_of`` reads the writer's token out of a value (None:
+    the values carry none, they are not fenced); ``limit``: bytes per file (None: no limit)."""
+
+    def __init__(self, *, directory: str | os.PathLike[str], suffix: str, what: str, fsync: bool = True,
+                 writer_of: Callable[[bytes], FenceToken | None] | None = None,
+                 limit: int | None = None) -> None:
+        self._dir = Path(directory)
+        self._suffix = suffix
+        self._what = what
+        self._fsync = fsync
+        self._writer_of = writer_of
+        self._limit = limit
+
+    @property
+    def directory(self) -> Path:
+        return self._dir
+
+    def path_for(self, ident: str) -> Path:
+        if not ident or "/" in ident or ident.startswith("."):
+            raise ValueError(f"unsafe informer id for a file name: {ident!r}")
+        return self._dir / f"{ident}{self._suffix}"
+
+    # ---- BlobStore ---------------------------------------------------------------------------------
+
+    def describe(self, ident: str) -> str:
+        return str(self.path_for(ident))
+
+    def head_room(self, chunks: Sequence[str]) -> int | None:
+        return self._limit
+
+    def chunk_room(self) -> int:
+        return self._limit or 1 << 30
+
+    def chunk_name(self, ident: str, generation: str, n: int) -> str:
+        return f"{self.path_for(ident).name}.c.{generation}.{n}"
+
+    async def get(self, ident: str) -> Head | None:
+        return await asyncio.to_thread(self._get, ident)
+
+    async def compare_and_set(self, ident: str, head: Head, version: str | None) -> str:
+        return await finish_in_thread(self._compare_and_set, ident, head, version)
+
+    async def append(self, ident: str, data: bytes, version: str) -> str:
+        return await finish_in_thread(self._append_if, ident, data, version)
+
+    async def delete(self, ident: str) -> None:
+        await finish_in_thread(self._unlink, self.path_for(ident))
+
+    async def list_heads(self, prefix: str) -> list[str]:
+        names = await asyncio.to_thread(self._names)
+        return sorted(n[: -len(self._suffix)] for n in names
+                      if n.endswith(self._suffix) and n.startswith(prefix) and not n.startswith("."))
+
+    async def put_chunk(self, name: str, data: bytes) -> None:
+        await finish_in_thread(self._replace, self._chunk_path(name), data)
+
+    async def get_chunk(self, name: str) -> bytes | None:
+        try:
+            return await asyncio.to_thread(self._chunk_path(name).read_bytes)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise BlobStoreError(f"cannot read {self._what} chunk {name}: {exc}") from exc
+
+    async def delete_chunk(self, name: str) -> None:
+        await finish_in_thread(self._unlink, self._chunk_path(name))
+
+    async def chunks_of(self, ident: str) -> list[str]:
+        prefix = f"{self.path_for(ident).name}.c."
+        return [n for n in await asyncio.to_thread(self._names) if n.startswith(prefix)]
+
+    # ---- in a thread -------------------------------------------------------------------------------
+
+    def _chunk_path(self, name: str) -> Path:
+        if "/" in name or name.startswith("."):
+            raise ValueError(f"unsafe chunk name: {name!r}")
+        return self._dir / name
+
+    def _names(self) -> list[str]:
+        try:
+            return [p.name for p in self._dir.iterdir()]
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise BlobStoreError(f"cannot list directory {self._dir}: {exc}") from exc
+
+    def _get(self, ident: str) -> Head | None:
+        path = self.path_for(ident)
+        try:
+            with path.open("rb") as f:
+                version = _version(os.fstat(f.fileno()))
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:  # a file that cannot be read cannot be trusted either
+            raise CheckpointCorruptError(
+                f"cannot read {self._what} {path}: {type(exc).__name__}: {exc}") from exc
+        if self._limit is not None:
+            return _unframe(data, version)
+        writer = self._writer_of(data) if self._writer_of is not None else None
+        return Head(writer=writer, inline=data, version=version)
+
+    def _compare_and_set(self, ident: str, head: Head, version: str | None) -> str:
+        path = self.path_for(ident)
+        data = head.inline if self._limit is None else _frame(head)
+        # Fenced writes compare and replace under the directory's lock (unfenced ones: one replica).
+        with self._locked() if head.writer is not None else contextlib.nullcontext():
+            try:
+                current: str | None = _version(path.stat())
+            except FileNotFoundError:
+                current = None
+            except OSError as exc:
+                raise BlobStoreError(f"cannot write {self._what} {path}: {exc}") from exc
+            if current != version:
+                raise BlobConflict(f"{path}: version {current}, not {version}")
+            self._replace(path, data)
+            return _version(path.stat())
+
+    def _append_if(self, ident: str, data: bytes, version: str) -> str:
+        path = self.path_for(ident)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        except FileNotFoundError as exc:
+            raise BlobConflict(f"{path} is gone") from exc
+        try:
+            if _version(os.fstat(fd)) != version:
+                raise BlobConflict(f"{path} was replaced")
+            self._append(fd, data)
+            return _version(os.fstat(fd))
+        finally:
+            os.close(fd)
+
+    def _append(self, fd: int, data: bytes) -> None:
+        """Appends ``data`` durably to the open file ``fd`` (a test may hold it)."""
+        _write_all(fd, data)
+        if self._fsync:
+            os.fdatasync(fd)
+
+    def _replace(self, path: Path, data: bytes) -> None:
+        """Replaces ``path`` by ``data`` atomically and durably (a test may hold it)."""
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                _write_all(fd, data)
+                if self._fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            if self._fsync:
+                dfd = os.open(self._dir, os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise BlobStoreError(f"cannot write {self._what} {path}: {exc}") from exc
+
+    def _unlink(self, path: Path) -> None:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise BlobStoreError(f"cannot remove {self._what} {path}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        try:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self._dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise BlobStoreError(f"cannot lock directory {self._dir}: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+
+class FileJournalBackend(ChunkedValue):
+    """The known-object journal as the file ``path`` (unfenced: files are meant for one replica).
+    ``files``: the class of its file store (a test's holds a write)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True,
+                 files: type[FileBlobStore] = FileBlobStore) -> None:
+        self.path = Path(path)
+        suffix = self.path.suffix
+        super().__init__(store=files(directory=self.path.parent, suffix=suffix, what="journal", fsync=fsync),
+                         ident=self.path.name[: len(self.path.name) - len(suffix)], fence=None)
+
+
+def _frame(head: Head) -> bytes:
+    """A head of a store with a limit: a header line (writer, chunks), then the inline bytes."""
+    writer = [head.writer.transitions, head.writer.holder] if head.writer is not None else None
+    return orjson.dumps({"writer": writer, "chunks": list(head.chunks)}) + b"\n" + head.inline
+
+
+def _unframe(data: bytes, version: str) -> Head:
+    line, _, inline = data.partition(b"\n")
+    try:
+        doc = orjson.loads(line)
+        writer = doc["writer"]
+        token = FenceToken(transitions=int(writer[0]), holder=str(writer[1])) if writer else None
+        return Head(writer=token, chunks=tuple(str(c) for c in doc["chunks"]), inline=inline,
+                    version=version)
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
+        return Head(version=version, damage=f"the head is malformed ({exc})")
+
+
+def _version(st: os.stat_result) -> str:
+    return f"{st.st_ino}.{st.st_size}.{st.st_mtime_ns}"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
