@@ -17,7 +17,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from sinks.contract import DeliveryOutcome, EventType
+from sinks.contract import ChangeEvent, DeliveryOutcome, EventType
 from sinks.webhook import WebhookSink
 from tests.sinks import Acks, event, obj
 
@@ -38,6 +38,8 @@ class Storm:
         body = await request.read()
         self.requests += 1
         now = time.monotonic()
+        if now >= self.ends and b'"subject":"default/bad' in body:
+            return web.Response(status=400, text="refused")
         if now < self.ends:
             self.failed_requests += 1
             self.refused_at.append(now)
@@ -138,5 +140,33 @@ async def test_without_the_breaker_each_event_keeps_its_own_timer(storm: Storm) 
         assert len(acks.of(DeliveryOutcome.DELIVERED)) == 20
         # Every event retried on its own, about every 0.1 s: many more refusals than events.
         assert storm.failed_requests > 100
+    finally:
+        await sink.close()
+
+
+async def test_a_probe_refused_for_good_closes_the_breaker(storm: Storm) -> None:
+    """A refusal (400) is an answer: the destination is back, the event alone is bad. The probe that
+    gets it goes to the dead letter and the waiting events are sent; nothing waits for a probe that
+    will never come."""
+    sink = WebhookSink.from_options("hook", {"url": storm.url})
+    await sink.start()
+    acks = Acks()
+    storm.ends = time.monotonic() + 1.5
+    try:
+        # Four failures retry on their own timers; the fifth opens the breaker and is the oldest
+        # waiting event, hence the first probe: one the server will refuse.
+        def pod(i: int) -> ChangeEvent:
+            return event(EventType.UPDATED, obj(f"pod-{i}", uid=f"u-{i}", rv="1"))
+
+        for i in range(4):
+            await sink.deliver(pod(i), acks.cb(str(i)))
+            await asyncio.sleep(0.02)
+        await sink.deliver(event(EventType.UPDATED, obj("bad-0", uid="u-bad", rv="1")), acks.cb("bad"))
+        await asyncio.sleep(0.02)
+        for i in range(4, 10):
+            await sink.deliver(pod(i), acks.cb(str(i)))
+        assert await sink.flush(15), sink.stats.as_dict()
+        assert acks.of(DeliveryOutcome.DROPPED) == ["bad"]
+        assert sorted(acks.of(DeliveryOutcome.DELIVERED), key=int) == [str(i) for i in range(10)]
     finally:
         await sink.close()
