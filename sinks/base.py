@@ -860,6 +860,10 @@ class BaseSink(Generic[O]):
     def _settle_one(self, msg: OutgoingMessage, result: BaseException | DeliveryOutcome | None) -> None:
         if self._closed or not msg.pending:
             return  # closed (left unacked), or a duplicate report
+        if msg is self._breaker_probe and not isinstance(result, SinkTransientError):
+            # The destination answered (a refusal is an answer: the event alone is bad), so the
+            # waiting events go; the probe itself takes its own outcome below.
+            self._recovered()
         if result is None:
             msg.pending = False
             self._healthy = True
