@@ -45,10 +45,11 @@ timer. After ``breaker.failures`` consecutive transient failures (no success bet
 breaker *opens*: every event whose attempt fails, whose retry timer fires or that reaches the head
 of its lane *waits* (no attempt, no timer of its own) in the order it came; one *probe* at a time
 re-sends the oldest waiting event, the probes backing off from ``retry.initial`` up to
-``breaker.probe_interval`` (a server's Retry-After is honoured instead). The first success closes
-the breaker, and everything that waited is submitted at once in that order: the backlog goes at
-the sink's full rate (the in-flight window, the sink's own pipelining), each object's events still
-one after the other in their lane. While open, only probes count attempts (``retry.max_attempts``);
+``breaker.probe_interval`` (a server's Retry-After is honoured instead). The first success (or any
+answer to the probe but a transient failure: a refusal is that event's problem) closes the breaker,
+and everything that waited is submitted at once in that order: the backlog goes at the sink's full
+rate (the in-flight window, the sink's own pipelining), each object's events still one after the
+other in their lane. While open, only probes count attempts (``retry.max_attempts``);
 ``retry.max_elapsed`` still applies to every waiting event, checked after each failed probe.
 
 Oversized events: a sink whose destination refuses a message for its size raises
