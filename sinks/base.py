@@ -23,7 +23,8 @@
    (the subclass) one message after the other; the pool grows up to ``_max_senders()`` while
    messages wait and shrinks to nothing when idle;
 6. outcomes: :class:`SinkTransientError` is retried with exponential backoff and jitter (honouring
-   ``retry_after``) by re-submitting the same message after a sleep on the injected clock;
+   ``retry_after``) by re-submitting the same message after a sleep on the injected clock, until the
+   circuit breaker opens (below);
    :class:`SinkPermanentError`, any other exception, or giving up after ``retry.max_attempts`` /
    ``retry.max_elapsed`` sends the message to the dead-letter destination with the reason and acks
    ``DEAD_LETTERED`` (``DROPPED`` when there is none); success acks ``DELIVERED``, i.e. once the
@@ -36,6 +37,27 @@ the same for every event (options, filters, the destination when it has no field
 lane prefix and ``source``, whether redaction leaves an object alone) is looked up once per batch,
 an object kept as bytes gets its envelope without a metadata mapping being built, and an event whose
 lane is busy is appended to it without a call per step.
+
+The circuit breaker (``breaker``, on by default): per-event timers are right for a failure of one
+message, wrong for an outage of the destination, where each event's timer grows towards
+``retry.max`` and, once the destination is back, the backlog trickles in for as long as the longest
+timer. After ``breaker.failures`` consecutive transient failures (no success between them) the
+breaker *opens*: every event whose attempt fails, whose retry timer fires or that reaches the head
+of its lane *waits* (no attempt, no timer of its own) in the order it came; one *probe* at a time
+re-sends the oldest waiting event, the probes backing off from ``retry.initial`` up to
+``breaker.probe_interval`` (a server's Retry-After is honoured instead). The first success (or any
+answer to the probe but a transient failure: a refusal is that event's problem) closes the breaker,
+and everything that waited is submitted at once in that order: the backlog goes at the sink's full
+rate (the in-flight window, the sink's own pipelining), each object's events still one after the
+other in their lane. While open, only probes count attempts (``retry.max_attempts``);
+``retry.max_elapsed`` still applies to every waiting event, checked after each failed probe.
+
+Oversized events: a sink whose destination refuses a message for its size raises
+:class:`SinkMessageTooLargeError` (Kafka above ``max_message_bytes`` once compressed, NATS above
+``max_payload``, a webhook's 413). Unless ``oversize`` is ``dead_letter``, the whole event is written
+to the dead letter and the same message is sent again with a cut body in its place (``reference``:
+the object's identity; ``truncate``: the object's top-level fields that fit), carrying the
+``oversize*`` extension attributes (docs/event-format.md), so that the stream never loses the object.
 
 Snapshot markers (events without an object) are *barriers*: a ``snapshot.begin`` / ``snapshot.end``
 is sent only after every event accepted before it, and events accepted after it wait for it, so a
@@ -86,6 +108,7 @@ from sinks.contract import (
     EventType,
     SinkConfigError,
     SinkError,
+    SinkMessageTooLargeError,
     SinkPermanentError,
     SinkTransientError,
 )
@@ -156,6 +179,8 @@ class OutgoingMessage:
     """Clock time of the first attempt (the give-up deadline counts from it)."""
     pending: bool = False
     """An attempt (or the dead-letter write) is under way and its outcome not yet settled."""
+    cut: bool = False
+    """The body is the ``oversize`` policy's cut event (the whole one went to the dead letter)."""
 
     @property
     def cloudevent(self) -> dict[str, Any]:
@@ -276,6 +301,14 @@ class BaseSink(Generic[O]):
         only when one waits."""
         self._idle = asyncio.Event()
         self._idle.set()
+        self._breaker_failures = 0
+        """Consecutive transient failures since the last success (the breaker opens at its limit)."""
+        self._breaker_open = False
+        """The breaker is open: failed and new attempts wait in ``_breaker_waiting``, one probe at a time."""
+        self._breaker_waiting: deque[OutgoingMessage] = deque()
+        self._breaker_probe: OutgoingMessage | None = None
+        self._breaker_probes = 0
+        self._breaker_opened_at = 0.0
         self._healthy = True
         self.last_error = ""
         """The last transient failure, for the bridge's outage logs and readiness detail."""
@@ -346,6 +379,11 @@ class BaseSink(Generic[O]):
         if len(self._ready) > self._workers - self._sending and self._workers < self._max_senders():
             self._workers += 1
             self._spawn(self._work(), "sender")
+
+    def _size_limit(self) -> int | None:
+        """The largest message the destination takes, when the sink knows it (the ``oversize``
+        policy's cut event must fit it); None: unknown."""
+        return None
 
     def _max_senders(self) -> int:
         """How many ``_send`` calls may run at once (default: the whole in-flight window)."""
@@ -439,8 +477,9 @@ class BaseSink(Generic[O]):
                 while stats.in_flight >= limit:
                     await self._wait_for_space()
                 now = clock_now()
-            if gate or obj is None or msg.error is not None:
-                self._accept(msg)  # behind a marker, a marker, or straight to the dead letter
+            if gate or obj is None or msg.error is not None or self._breaker_open:
+                # behind a marker, a marker, straight to the dead letter, or waiting for the breaker
+                self._accept(msg)
                 continue
             stats.accepted += 1
             stats.in_flight += 1
@@ -515,6 +554,7 @@ class BaseSink(Generic[O]):
         self._lanes.clear()
         self._gate.clear()
         self._ready.clear()
+        self._breaker_waiting.clear()
         self._outcomes.clear()
         try:
             await self._close()
@@ -719,6 +759,10 @@ class BaseSink(Generic[O]):
         self._dispatch(msg)
 
     def _dispatch(self, msg: OutgoingMessage) -> None:
+        if self._breaker_open and msg is not self._breaker_probe:
+            msg.pending = False
+            self._breaker_waiting.append(msg)  # waits for the breaker to close (or to be the probe)
+            return
         msg.attempts += 1
         if msg.attempts == 1:
             msg.started = self._clock.now()
@@ -798,6 +842,8 @@ class BaseSink(Generic[O]):
                         # _settle_one's confirmed case, inline: the common one
                         item.pending = False
                         self._healthy = True
+                        if self._breaker_failures:
+                            self._recovered()
                         complete(item, delivered)
                     else:
                         settle_one(item, result)
@@ -809,9 +855,15 @@ class BaseSink(Generic[O]):
     def _settle_one(self, msg: OutgoingMessage, result: BaseException | DeliveryOutcome | None) -> None:
         if self._closed or not msg.pending:
             return  # closed (left unacked), or a duplicate report
+        if msg is self._breaker_probe and not isinstance(result, SinkTransientError):
+            # The destination answered (a refusal is an answer: the event alone is bad), so the
+            # waiting events go; the probe itself takes its own outcome below.
+            self._recovered()
         if result is None:
             msg.pending = False
             self._healthy = True
+            if self._breaker_failures:
+                self._recovered()
             self._complete(msg, DeliveryOutcome.DELIVERED)
             return
         if isinstance(result, DeliveryOutcome):
@@ -826,11 +878,19 @@ class BaseSink(Generic[O]):
             if self._retry.give_up(msg.attempts, elapsed):
                 reason = f"gave up after {msg.attempts} attempts over {elapsed:.1f}s: {result}"
                 self._spawn(self._dead_letter_then_complete(msg, reason), "dead-letter")
+                if msg is self._breaker_probe:
+                    self._probe_failed(None)
+                return
+            if self._breaker_takes(msg, result):
                 return
             self.stats.retries += 1
             delay = self._retry.delay(msg.attempts, result.retry_after)
             log.debug("retrying %s in %.3fs: %s", msg.event_id, delay, result, extra={"sink": self.name})
             self._spawn(self._retry_later(msg, delay), "retry")
+            return
+        if (isinstance(result, SinkMessageTooLargeError) and self.options.oversize != "dead_letter"
+                and msg.event.obj is not None and not msg.cut):
+            self._spawn(self._cut_then_send(msg, result), "oversize")
             return
         if isinstance(result, SinkPermanentError):
             reason = str(result)
@@ -838,6 +898,174 @@ class BaseSink(Generic[O]):
             log.error("unexpected error sending %s", msg.event_id, exc_info=result, extra={"sink": self.name})
             reason = f"unexpected error: {result!r}"
         self._spawn(self._dead_letter_then_complete(msg, reason), "dead-letter")
+
+    # ---- oversized events -----------------------------------------------------------------------
+
+    def _dead_letter_address(self) -> str:
+        """Where the dead letter keeps whole events: ``kafka:<topic>``, ``nats:<subject>``,
+        ``file:<path>``; empty without a dead letter."""
+        dl = self.options.dead_letter
+        return "" if dl.kind == "none" else f"{dl.kind}:{dl.target}"
+
+    async def _cut_then_send(self, msg: OutgoingMessage, error: SinkMessageTooLargeError) -> None:
+        """The ``oversize`` policy: the whole event to the dead letter, then the cut event (the
+        object's identity and resourceVersion, and what was cut) in its place on the stream."""
+        msg.pending = True
+        policy = self.options.oversize
+        size = len(msg.body)
+        try:
+            if self._dead_letter is not None:
+                await self._to_dead_letter(msg, f"{error}; the stream got a {policy} event instead")
+            limit = error.limit if error.limit is not None else self._size_limit()
+            headers, body = self._cut(msg, policy, limit, size)
+        except Exception:  # a bug here must not strand the lane and stall the checkpoint
+            log.exception("cannot cut oversized event %s", msg.event_id, extra={"sink": self.name})
+            self._settle(msg, DeliveryOutcome.DROPPED)
+            return
+        log.warning("event %s of %s is %d bytes, more than the destination takes (%s): sending a %s "
+                    "event in its place%s", msg.event_id, msg.event.subject, size, error, policy,
+                    f", the whole event is in {self._dead_letter_address()}" if self._dead_letter else
+                    " (no dead letter configured: the whole event is not kept)", extra={"sink": self.name})
+        msg.headers, msg.body, msg.cut = headers, body, True
+        msg.pending = False
+        if not self._closed:
+            self._dispatch(msg)
+
+    def _cut(self, msg: OutgoingMessage, policy: str, limit: int | None,
+             size: int) -> tuple[dict[str, str], bytes]:
+        """The cut event's headers and body: the envelope of ``msg`` with its data replaced (see
+        docs/event-format.md, *Oversized objects*)."""
+        ce = dict(msg.cloudevent)
+        data = ce.get("data")
+        res = msg.event.resource
+        meta = _metadata(msg.event.obj)
+        identity_meta = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if meta.get(k)}
+        identity: dict[str, Any] = {"apiVersion": f"{res.group}/{res.version}" if res.group else res.version,
+                                    "kind": res.kind, "metadata": identity_meta}
+        ce["datacontenttype"] = JSON_CONTENT_TYPE
+        ce["oversize"] = policy
+        ce["oversizebytes"] = str(size)
+        address = self._dead_letter_address()
+        if address:
+            ce["oversizeref"] = address
+
+        def encode(candidate: Mapping[str, Any]) -> tuple[dict[str, str], bytes]:
+            if self.options.content_mode == "structured":
+                return {"content-type": STRUCTURED_CONTENT_TYPE}, encode_structured(candidate)
+            return encode_binary(dict(candidate), self.header_prefix)
+
+        def fits(candidate: Mapping[str, Any]) -> bool:
+            headers, body = encode(candidate)
+            overhead = sum(len(k) + len(v) + 4 for k, v in headers.items()) + len(msg.key) + 512
+            return limit is not None and len(body) + overhead <= limit
+
+        kept: dict[str, Any] = identity
+        if policy == "truncate" and isinstance(data, Mapping) and isinstance(data.get("metadata"), Mapping):
+            # The object's top-level fields in order, each kept when the event still fits.
+            dropped: list[str] = []
+            full_meta = {k: v for k, v in data["metadata"].items() if k != "managedFields"}
+            trial = {**identity, "metadata": full_meta}
+            if fits({**ce, "data": trial}):
+                kept = trial
+            else:
+                dropped.append("metadata")
+            for key, value in data.items():
+                if key in ("apiVersion", "kind", "metadata"):
+                    continue
+                trial = {**kept, key: value}
+                if fits({**ce, "data": trial}):
+                    kept = trial
+                else:
+                    dropped.append(key)
+            ce["oversizedropped"] = ",".join(dropped)
+        ce["data"] = kept
+        return encode(ce)
+
+    # ---- the circuit breaker -------------------------------------------------------------------
+
+    def _breaker_takes(self, msg: OutgoingMessage, error: SinkTransientError) -> bool:
+        """After a transient failure: True when the breaker keeps ``msg`` (waiting, or as the
+        failed probe), False to retry it on its own timer (the breaker is closed and stays so)."""
+        breaker = self.options.breaker
+        if not breaker.enabled:
+            return False
+        self._breaker_failures += 1
+        if not self._breaker_open and self._breaker_failures < breaker.failures:
+            return False
+        self.stats.retries += 1  # sent again: as a probe, or once the breaker closes
+        if msg is self._breaker_probe:
+            self._breaker_waiting.appendleft(msg)  # the oldest waiting event: the next probe again
+            self._probe_failed(error.retry_after)
+            return True
+        self._breaker_waiting.append(msg)
+        if self._breaker_open:  # an attempt sent before the breaker opened
+            return True
+        self._breaker_open = True
+        self._healthy = False
+        self._breaker_opened_at = self._clock.now()
+        self._breaker_probes = 0
+        log.warning("%d consecutive failures (last: %s): the breaker opens; one probe at a time "
+                    "until the destination answers, then the waiting events at full rate",
+                    self._breaker_failures, error, extra={"sink": self.name})
+        self._schedule_probe(error.retry_after)
+        return True
+
+    def _probe_failed(self, retry_after: float | None) -> None:
+        self._breaker_probe = None
+        self._breaker_probes += 1
+        if self.options.retry.max_elapsed:
+            self._expire_parked()
+        self._schedule_probe(retry_after)
+
+    def _expire_parked(self) -> None:
+        """Waiting events past ``retry.max_elapsed`` go to the dead letter."""
+        now = self._clock.now()
+        keep: deque[OutgoingMessage] = deque()
+        for waiting in self._breaker_waiting:
+            elapsed = now - waiting.started
+            if self._retry.give_up(0, elapsed):
+                reason = f"gave up after {elapsed:.1f}s waiting for the destination: {self.last_error}"
+                self._spawn(self._dead_letter_then_complete(waiting, reason), "dead-letter")
+            else:
+                keep.append(waiting)
+        self._breaker_waiting = keep
+
+    def _schedule_probe(self, retry_after: float | None) -> None:
+        retry = self.options.retry
+        if retry_after is not None:
+            delay = min(max(retry_after, 0.0), retry.max_retry_after)
+        else:
+            delay = min(self.options.breaker.probe_interval, self._retry.delay(self._breaker_probes + 1))
+        self._spawn(self._probe_later(delay), "probe")
+
+    async def _probe_later(self, delay: float) -> None:
+        await self._clock.sleep(delay)
+        if self._closed or not self._breaker_open or self._breaker_probe is not None:
+            return
+        if not self._breaker_waiting:  # nothing waits (all gave up): the next event is the probe
+            self._close_breaker()
+            return
+        probe = self._breaker_waiting.popleft()
+        self._breaker_probe = probe
+        self._dispatch(probe)
+
+    def _recovered(self) -> None:
+        """A success: the failures in a row end; an open breaker closes."""
+        self._breaker_failures = 0
+        if self._breaker_open:
+            self._close_breaker()
+
+    def _close_breaker(self) -> None:
+        self._breaker_open = False
+        self._breaker_probe = None
+        self._breaker_failures = 0
+        waiting, self._breaker_waiting = self._breaker_waiting, deque()
+        log.info("the destination answers again after %.1fs: the breaker closes; sending the %d "
+                 "waiting events", self._clock.now() - self._breaker_opened_at, len(waiting),
+                 extra={"sink": self.name})
+        for msg in waiting:
+            if not self._closed:
+                self._dispatch(msg)
 
     async def _retry_later(self, msg: OutgoingMessage, delay: float) -> None:
         await self._clock.sleep(delay)

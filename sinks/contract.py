@@ -39,6 +39,7 @@ __all__ = [
     "SinkConfigError",
     "SinkError",
     "SinkFactory",
+    "SinkMessageTooLargeError",
     "SinkPermanentError",
     "SinkTransientError",
     "SnapshotInfo",
@@ -65,6 +66,16 @@ class SinkTransientError(SinkError):
 
 class SinkPermanentError(SinkError):
     """Delivery can never succeed (message too large, 4xx): the event goes to the dead letter."""
+
+
+class SinkMessageTooLargeError(SinkPermanentError):
+    """The destination cannot take a message this large (after compression, where the sink
+    compresses): the sink's ``oversize`` policy decides what the stream gets instead."""
+
+    def __init__(self, message: str, *, limit: int | None = None) -> None:
+        super().__init__(message)
+        self.limit = limit
+        """The largest message the destination takes, in bytes, when known."""
 
 
 class EventType(enum.StrEnum):

@@ -17,6 +17,14 @@ Why it looks the way it does:
   timer runs), so reports need no hand-over of the GIL per record, and settles them in batches.
   ``linger.ms`` defaults to 1 and Nagle's algorithm is off: both would otherwise add their wait to
   every record. Blocking calls (flush, metadata, admin) run in a dedicated thread.
+- **Oversized records.** ``max_message_bytes`` is the topic's limit on a record *as the broker
+  stores it*, i.e. compressed. A record above it is compressed here with the producer's codec (lz4,
+  gzip; zstd and snappy are judged uncompressed) and sent whole when that fits: librdkafka's own
+  ``message.max.bytes`` is then raised to :data:`UNCOMPRESSED_CEILING` so that it does not refuse it
+  uncompressed. One that does not fit (or that the broker refuses, ``MSG_SIZE_TOO_LARGE``) fails with
+  :class:`~sinks.contract.SinkMessageTooLargeError` and the sink's ``oversize`` policy sends a
+  reference or a truncated event in its place (:mod:`sinks.base`). ``dead_letter_max_message_bytes``
+  creates the dead-letter topic with a larger limit, so that it can hold the whole event.
 - **Failures.** A record the broker (or librdkafka) can never take — too large, invalid — raises
   :class:`~sinks.contract.SinkPermanentError` and goes to the dead letter: a Kafka topic
   (``dead_letter: {kind: kafka, target: TOPIC}``) written by the same producer, or a file. Anything
@@ -42,10 +50,12 @@ import functools
 import logging
 import re
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self, cast
 
+import lz4.frame
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
@@ -55,7 +65,13 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from sinks.addresses import check_kafka_brokers
 from sinks.base import BaseSink, OutgoingMessage
 from sinks.cloudevents import KAFKA_PREFIX
-from sinks.contract import EventType, SinkConfigError, SinkPermanentError, SinkTransientError
+from sinks.contract import (
+    EventType,
+    SinkConfigError,
+    SinkMessageTooLargeError,
+    SinkPermanentError,
+    SinkTransientError,
+)
 from sinks.deadletter import DeadLetterRecord, DeadLetterWriter, dead_letter_json
 from sinks.options import DeadLetterOptions, SinkOptions
 from sinks.templates import sanitize_kafka_topic
@@ -91,6 +107,14 @@ _PERMANENT_CODES = frozenset(
 ``message.timeout.ms`` — an explicit request to give up, so the record is dead-lettered."""
 
 _DLQ_MARGIN = 4096
+_RECORD_OVERHEAD = 512
+"""Bytes of a record's framing counted on top of its value, key and headers."""
+_TOO_LARGE_CODES = frozenset(
+    {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.RECORD_LIST_TOO_LARGE}
+)
+UNCOMPRESSED_CEILING = 64 << 20
+"""librdkafka's ``message.max.bytes`` when records are compressed: a record is judged by its
+compressed size (``max_message_bytes``) here, not refused by librdkafka for its uncompressed one."""
 _TOPIC_CHARS = re.compile(r"[a-zA-Z0-9._-]*")
 _TEMPLATE_FIELD = re.compile(r"\{[^{}]*\}")
 _PROBE_INTERVAL = 5.0
@@ -130,7 +154,11 @@ class KafkaSinkOptions(SinkOptions):
     """How long librdkafka may hold a record before failing it; 0 = forever (nothing is lost while
     the brokers are down). A bounded value dead-letters records that time out."""
     max_message_bytes: int = Field(default=1_000_000, ge=1000)
-    """``message.max.bytes``: larger records are dead-lettered (keep it ≤ the topic's limit)."""
+    """The topic's ``max.message.bytes``: a record larger once compressed takes the ``oversize``
+    policy (keep it ≤ the topic's limit)."""
+    dead_letter_max_message_bytes: int | None = Field(default=None, ge=1000)
+    """Creates the dead-letter topic with this ``max.message.bytes``, and dead-letter records up
+    to it keep the whole event (None: ``max_message_bytes``; larger records keep the reason only)."""
     queue_max_messages: int = Field(default=100_000, ge=1)
     """``queue.buffering.max.messages``: records held in librdkafka's local queue."""
     librdkafka: dict[str, LibrdkafkaValue] = Field(default_factory=dict)
@@ -188,7 +216,8 @@ class KafkaSinkOptions(SinkOptions):
             "batch.size": self.batch_size,
             "batch.num.messages": self.batch_num_messages,
             "message.timeout.ms": self.message_timeout_ms,
-            "message.max.bytes": self.max_message_bytes,
+            "message.max.bytes": self.max_message_bytes if self.compression == "none" else max(
+                self.max_message_bytes, self.dead_letter_max_message_bytes or 0, UNCOMPRESSED_CEILING),
             "queue.buffering.max.messages": self.queue_max_messages,
             # TCP_NODELAY, as the Java client always sets: with Nagle's algorithm on (librdkafka's
             # default) a small produce request can wait for the ACK of the previous one.
@@ -510,7 +539,9 @@ def _enqueue_error(exc: KafkaException, topic: str) -> SinkPermanentError | Sink
     """librdkafka refusing a record: permanent when it can never be sent, else transient."""
     err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
     error: SinkPermanentError | SinkTransientError
-    if err is not None and is_permanent(err):
+    if err is not None and err.code() in _TOO_LARGE_CODES:
+        error = SinkMessageTooLargeError(f"kafka: {err.name()}: {err.str()}")
+    elif err is not None and is_permanent(err):
         error = SinkPermanentError(f"kafka: {err.name()}: {err.str()}")
     else:
         error = SinkTransientError(f"kafka: cannot enqueue record for {topic!r}: {exc}")
@@ -520,6 +551,8 @@ def _enqueue_error(exc: KafkaException, topic: str) -> SinkPermanentError | Sink
 
 def _report_error(err: KafkaError) -> SinkPermanentError | SinkTransientError:
     """A failed delivery report as the sink's exception."""
+    if err.code() in _TOO_LARGE_CODES:
+        return SinkMessageTooLargeError(f"kafka: {err.name()}: {err.str()}")
     if is_permanent(err):
         return SinkPermanentError(f"kafka: {err.name()}: {err.str()}")
     return SinkTransientError(f"kafka: delivery failed: {err.name()}: {err.str()}")
@@ -528,6 +561,16 @@ def _report_error(err: KafkaError) -> SinkPermanentError | SinkTransientError:
 def _shutdown_producer(producer: Producer) -> None:
     producer.purge(in_queue=True, in_flight=True, blocking=False)
     producer.flush(0)
+
+
+def compressed_size(value: bytes, codec: str) -> int:
+    """The size of ``value`` once the producer compresses it with ``codec`` (lz4: LZ4 frames as
+    librdkafka writes them; gzip: deflate); the size itself for codecs judged uncompressed."""
+    if codec == "lz4":
+        return len(lz4.frame.compress(value))
+    if codec == "gzip":
+        return len(zlib.compress(value, 6))
+    return len(value)
 
 
 class KafkaDeadLetter:
@@ -540,15 +583,18 @@ class KafkaDeadLetter:
 
     async def start(self) -> None:
         await self._sink._ensure_client()
+        limit = self._sink.options.dead_letter_max_message_bytes
         try:
-            await self._sink._ensure_topic(self.topic, {})
+            await self._sink._ensure_topic(self.topic, {"max.message.bytes": str(limit)} if limit else {})
         except SinkTransientError as exc:  # brokers down at start: created on first use
             log.warning("dead-letter topic not created yet: %s", exc, extra={"sink": self._sink.name})
 
     async def write(self, record: DeadLetterRecord) -> None:
         client = await self._sink._ensure_client()
         value = dead_letter_json(record)
-        if len(value) + _DLQ_MARGIN > self._sink.options.max_message_bytes:
+        opts = self._sink.options
+        limit = opts.dead_letter_max_message_bytes or opts.max_message_bytes
+        if compressed_size(value, opts.compression) + _DLQ_MARGIN > limit:
             value = orjson.dumps({
                 "sink": record.sink,
                 "reason": record.reason,
@@ -641,6 +687,16 @@ class KafkaSink(BaseSink[KafkaSinkOptions]):
         retried or the producer is replaced. Anything needing an await first (no producer yet, a
         producer to replace, a topic to create, a second record for the snapshot topic, a full
         local queue) takes the task-based path through :meth:`_send`."""
+        opts = self.options
+        if len(msg.body) + _RECORD_OVERHEAD > opts.max_message_bytes:
+            size = compressed_size(msg.body, opts.compression)
+            overhead = _RECORD_OVERHEAD + len(msg.key) + sum(len(k) + len(v) for k, v in msg.headers.items())
+            if size + overhead > opts.max_message_bytes:
+                codec = "" if opts.compression == "none" else f", {size} compressed with {opts.compression}"
+                self._settle(msg, SinkMessageTooLargeError(
+                    f"kafka: MSG_SIZE_TOO_LARGE: a record of {len(msg.body)} bytes{codec}, more than "
+                    f"max_message_bytes ({opts.max_message_bytes})", limit=opts.max_message_bytes))
+                return
         self._to_produce.append(msg)
         if not self._produce_scheduled:
             self._produce_scheduled = True

@@ -76,7 +76,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from sinks.addresses import check_nats_url
 from sinks.base import BaseSink, OutgoingMessage
 from sinks.cloudevents import HTTP_PREFIX
-from sinks.contract import SinkConfigError, SinkPermanentError, SinkTransientError
+from sinks.contract import SinkConfigError, SinkMessageTooLargeError, SinkPermanentError, SinkTransientError
 from sinks.deadletter import DeadLetterRecord, DeadLetterWriter, dead_letter_json
 from sinks.options import DeadLetterOptions, SinkOptions
 from sinks.templates import sanitize_nats_token
@@ -381,9 +381,10 @@ class NatsConnection:
                 log.debug("error closing the NATS connection: %r", exc, extra={"sink": self.name})
 
 
-def _permanent_or_transient(exc: Exception, subject: str) -> Exception:
+def _permanent_or_transient(exc: Exception, subject: str, max_payload: int | None = None) -> Exception:
     if isinstance(exc, nats.errors.MaxPayloadError):
-        return SinkPermanentError(f"nats: message too large for the server's max_payload ({subject}): {exc}")
+        return SinkMessageTooLargeError(
+            f"nats: message too large for the server's max_payload ({subject}): {exc}", limit=max_payload)
     if isinstance(exc, nats.errors.BadSubjectError):
         return SinkPermanentError(f"nats: invalid subject {subject!r}")
     if isinstance(exc, nats.js.errors.BadRequestError):
@@ -609,7 +610,8 @@ class _NatsSinkBase(BaseSink[Any]):
             self._settle(msg, _permanent_or_transient(nats.errors.BadSubjectError(), subject))
             return False
         if len(body) > client._max_payload:
-            self._settle(msg, _permanent_or_transient(nats.errors.MaxPayloadError(), subject))
+            self._settle(msg, _permanent_or_transient(nats.errors.MaxPayloadError(), subject,
+                                                      client._max_payload))
             return False
         try:
             if len(headers) == 1 and "content-type" in headers:
@@ -643,6 +645,11 @@ class _NatsSinkBase(BaseSink[Any]):
 
     def healthy(self) -> bool:
         return super().healthy() and self._conn.is_connected
+
+    def _size_limit(self) -> int | None:
+        """The server's ``max_payload`` (headers and body), once connected."""
+        client = self._conn.client
+        return None if client is None else int(client.max_payload)
 
     async def _publish_core(self, subject: str, body: bytes, headers: dict[str, str] | None) -> None:
         """Publishes and waits for a PING/PONG round trip proving the server received it."""

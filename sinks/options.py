@@ -29,6 +29,7 @@ from sinks.templates import Template, TemplateError
 
 __all__ = [
     "DEFAULT_IGNORE_PATHS",
+    "BreakerOptions",
     "BufferOptions",
     "ChangeFilterOptions",
     "DeadLetterOptions",
@@ -124,6 +125,19 @@ class RetryOptions(_Model):
         return self
 
 
+class BreakerOptions(_Model):
+    """The sink-level circuit breaker (see ``sinks.base``): after ``failures`` consecutive transient
+    failures the events stop retrying on their own timers; one probe at a time asks the
+    destination, and its success sends everything that waited, at once, in order."""
+
+    enabled: bool = True
+    failures: int = Field(default=5, ge=1)
+    """Consecutive transient failures (no success between them) that open the breaker."""
+    probe_interval: float = Field(default=1.0, gt=0)
+    """Longest wait between two probes: they back off from ``retry.initial`` up to this. A server's
+    Retry-After is honoured instead (up to ``retry.max_retry_after``)."""
+
+
 class DeadLetterOptions(_Model):
     kind: Literal["none", "file", "kafka", "nats"] = "none"
     """Where permanent failures go; ``none`` drops them (counted as ``failed``)."""
@@ -157,6 +171,12 @@ class SinkOptions(_Model):
     resync_period: float = Field(default=0.0, ge=0)
     """Seconds between resync snapshots for this sink; 0 = off."""
     retry: RetryOptions = Field(default_factory=RetryOptions)
+    breaker: BreakerOptions = Field(default_factory=BreakerOptions)
+    oversize: Literal["reference", "truncate", "dead_letter"] = "reference"
+    """An event too large for the destination (after compression, where the sink compresses):
+    ``reference`` sends an event carrying the object's identity and where the whole event is (the
+    dead letter), ``truncate`` the object with the top-level fields that do not fit left out;
+    both write the whole event to the dead letter. ``dead_letter`` sends nothing to the stream."""
     dead_letter: DeadLetterOptions = Field(default_factory=DeadLetterOptions)
     filter: str | None = None
     """A CEL expression (docs/filters.md): only events for which it is true go to this sink."""

@@ -7,8 +7,10 @@ together as a JSON array (``application/cloudevents-batch+json``, or ``applicati
 ``batch.format: array``); batching needs structured mode.
 
 Failures: connection errors, timeouts, 408, 429 and 5xx are transient (retried by the base sink with
-backoff, ``Retry-After`` honoured, seconds or HTTP date); any other non-2xx answer is permanent and
-the event goes to the dead letter with the status and the start of the response body.
+backoff, ``Retry-After`` honoured, seconds or HTTP date); 413 (Content Too Large) takes the sink's
+``oversize`` policy (the webhook has no size limit of its own: it gets whole objects unless its
+server refuses them); any other non-2xx answer is permanent and the event goes to the dead letter
+with the status and the start of the response body.
 
 Order: the base sink sends one object's events one at a time (lanes), so batching never reorders an
 object's events: a batch holds at most one event per object.
@@ -50,7 +52,7 @@ from pydantic import Field, field_validator, model_validator
 from bridge.clock import Clock
 from sinks.base import BaseSink, OutgoingMessage
 from sinks.cloudevents import BATCH_CONTENT_TYPE, HTTP_PREFIX
-from sinks.contract import SinkPermanentError, SinkTransientError
+from sinks.contract import SinkMessageTooLargeError, SinkPermanentError, SinkTransientError
 from sinks.options import SinkOptions, _Model
 from sinks.templates import sanitize_url_segment
 
@@ -391,6 +393,8 @@ class WebhookSink(BaseSink[WebhookOptions]):
                     return
                 text = (await resp.text(errors="replace"))[:200]
                 reason = f"HTTP {resp.status} from {shown}: {text}".rstrip(": ")
+                if resp.status == 413:  # Content Too Large: the oversize policy decides
+                    raise SinkMessageTooLargeError(reason)
                 if resp.status in _TRANSIENT_STATUS or resp.status >= 500:
                     retry_after = parse_retry_after(resp.headers.get("Retry-After"))
                     raise SinkTransientError(reason, retry_after=retry_after)

@@ -31,7 +31,7 @@ import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Protocol, Self
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -56,7 +56,7 @@ from bridge.kube.kubeconfig import (
 from bridge.kube.ratelimit import DEFAULT_BURST, DEFAULT_QPS, TokenBucket
 from bridge.version import __version__
 
-__all__ = ["ApiClient", "ApiClientOptions", "LineStream", "Params"]
+__all__ = ["ApiClient", "ApiClientOptions", "LineStream", "Params", "RetryObserver"]
 
 _log = logging.getLogger(__name__)
 
@@ -64,6 +64,20 @@ Params = Mapping[str, str | int | bool | None]
 """Query parameters; ``None`` values are left out, booleans sent as ``true``/``false``."""
 
 _RETRYABLE_NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+class RetryObserver(Protocol):
+    """Told about the answers :meth:`ApiClient._send` waits out and sends again (429/5xx with
+    Retry-After), so that a caller can report a wait nobody would otherwise see (a resourceVersion
+    ahead of the server: ten retries of ~4 s before the reflector sees the 504)."""
+
+    def retrying(self, context: str, code: int, message: str, *, attempt: int, max_retries: int,
+                 wait: float, attempt_seconds: float) -> None:
+        """Answer ``code`` (its Status ``message``) took ``attempt_seconds``; retry ``attempt`` of
+        ``max_retries`` follows after ``wait`` seconds. Must not raise or block."""
+
+    def settled(self, context: str, error: BaseException | None) -> None:
+        """A call that was retried at least once ended: a 2xx answer (None) or ``error``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +305,8 @@ class ApiClient:
         """Every HTTP request sent, retries included (for tests and metrics)."""
         self.retries = 0
         """Requests re-sent after a 429/5xx with Retry-After."""
+        self.retry_observer: RetryObserver | None = None
+        """Told of every retried answer and of how each retried call ended (see RetryObserver)."""
 
     def _ssl_context(
         self, *, ca_file: str | None, cert_file: str | None, key_file: str | None, verify: bool
@@ -473,10 +489,28 @@ class ApiClient:
         end = None if budget is None else self._clock.now() + max(0.0, budget)
         url = self._server + path
         query = _encode_params(params)
+        told: list[int] = []  # the retries told to the observer: then the call's end is told too
+        try:
+            response = await self._send_loop(method, url, query=query, data=data, content_type=content_type,
+                                             context=context, timeout=timeout, end=end, accept=accept,
+                                             session=session, watch=watch, told=told)
+        except BaseException as e:
+            if told and self.retry_observer is not None:
+                self.retry_observer.settled(context, e)
+            raise
+        if told and self.retry_observer is not None:
+            self.retry_observer.settled(context, None)
+        return response
+
+    async def _send_loop(self, method: str, url: str, *, query: Any, data: bytes | None,
+                         content_type: str | None, context: str, timeout: aiohttp.ClientTimeout,
+                         end: float | None, accept: str | None, session: aiohttp.ClientSession,
+                         watch: bool, told: list[int]) -> aiohttp.ClientResponse:
         attempt = 0
         refreshed = False
         force_refresh = False
         while True:
+            sent = self._clock.now()
             headers = await self._headers(content_type, force_refresh=force_refresh, accept=accept)
             force_refresh = False
             if attempt or refreshed or not watch:
@@ -539,6 +573,12 @@ class ApiClient:
                 self.retries += 1
                 _log.info("%s: HTTP %d, retry %d/%d in %.1fs", context, code, attempt,
                           self._options.max_retries, wait)
+                observer = self.retry_observer
+                if observer is not None:
+                    told.append(attempt)
+                    observer.retrying(context, code, str(status.get("message") or ""), attempt=attempt,
+                                      max_retries=self._options.max_retries, wait=wait,
+                                      attempt_seconds=self._clock.now() - sent)
                 await self._clock.sleep(wait)
                 continue
             err = status_error(code, status, retry_after=retry_after, context=context)

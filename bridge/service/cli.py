@@ -5,7 +5,8 @@ Subcommands::
     run           the service: informers → sinks, checkpoints, health/metrics endpoint
     sim           the API-server simulator (for demos, tests and benchmarks)
     demo          simulator + churn + bridge + stdout/file sinks, the embedded default
-    check-config  validate a configuration file and print it with secrets masked
+    check-config  validate a configuration file and print it with secrets masked; with
+                  ``--cluster``, also resolve every resource and check RBAC against the cluster
     snapshot      ask a running bridge for a resync snapshot
     verify        compare what a sink holds with the cluster's current state
 
@@ -68,6 +69,13 @@ def _parser() -> argparse.ArgumentParser:
                            description="Validate the configuration (including every sink's options) "
                                        "and print the effective configuration with secrets masked.")
     check.add_argument("-c", "--config", help="YAML configuration file (or $KEB_CONFIG_FILE)")
+    check.add_argument("--cluster", action="store_true",
+                       help="also ask the cluster: resolve every resource through discovery and check "
+                            "with SelfSubjectAccessReview that the credentials may list and watch it "
+                            "(and get it when a selector is set); exit 2 naming each problem")
+    check.add_argument("--kubeconfig", help="with --cluster: the kubeconfig to use (default: the "
+                                            "config's kubernetes section, else in-cluster or ~/.kube/config)")
+    check.add_argument("--context", help="with --cluster: the kubeconfig context")
 
     snap = sub.add_parser("snapshot", help="ask a running bridge for a resync snapshot",
                           description="POST /snapshot to a running bridge's admin listener "
@@ -124,6 +132,36 @@ def _check_config(path: str | None) -> int:
     return EXIT_OK
 
 
+def _check_cluster(path: str | None, kubeconfig: str | None, context: str | None) -> int:
+    """``check-config --cluster``'s second half: the cluster's answers (see cluster_check)."""
+    from bridge.kube.apiclient import ApiClient
+    from bridge.service.cluster_check import check_cluster
+    from bridge.service.config import load_config
+    from bridge.service.service import _api_client
+
+    cfg = load_config(path)
+
+    async def go() -> int:
+        if kubeconfig is not None or context is not None:
+            client = ApiClient.from_kubeconfig(kubeconfig, context)
+        else:
+            from bridge.clock import RealClock
+
+            client = _api_client(cfg, RealClock())
+        async with client:
+            problems = await check_cluster(cfg, client)
+            where = client.server
+        if problems:
+            for problem in problems:
+                sys.stderr.write(f"kube-event-bridge: {problem}\n")
+            sys.stderr.write(f"kube-event-bridge: {len(problems)} problem(s) with the cluster at {where}\n")
+            return EXIT_CONFIG
+        sys.stdout.write(f"# every resource is served by {where} and the credentials may watch it\n")
+        return EXIT_OK
+
+    return asyncio.run(go())
+
+
 def _snapshot(url: str, resource: str | None, token_file: str | None, sink: str | None = None) -> int:
     import aiohttp
 
@@ -174,7 +212,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_demo(duration=args.duration, rate=args.rate, objects=args.objects,
                             output=args.output, quiet=args.quiet, seed=args.seed)
         if args.command == "check-config":
-            return _check_config(args.config)
+            code = _check_config(args.config)
+            if code != EXIT_OK or not args.cluster:
+                return code
+            return _check_cluster(args.config, args.kubeconfig, args.context)
         if args.command == "snapshot":
             return _snapshot(args.url, args.resource, args.token_file, args.sink)
         if args.command == "verify":

@@ -39,6 +39,7 @@ from bridge.kube.discovery import APIResource, Discovery
 from bridge.kube.leaderelection import FenceToken, LeaderElector
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.service import sharding_auto
+from bridge.service.api_waits import AheadOfServer
 from bridge.service.config import BridgeConfig, check_secret_files, load_config
 from bridge.service.fencing import FencedSink
 from bridge.service.health import HealthServer, Readiness
@@ -156,6 +157,8 @@ class BridgeService:
         """A configuration error found while leading (with leader election): ends the service."""
         self.shard: tuple[int, int] | None = None
         """(ordinal, total) once resolved, when sharding is configured."""
+        self.ahead_of_server = AheadOfServer(clock=self._clock)
+        """Requests waiting on a resourceVersion the API server has not reached (readiness, logs)."""
 
     # --- probes and metrics ----------------------------------------------------------------------
 
@@ -164,6 +167,7 @@ class BridgeService:
         if st.role == "standby":
             return Readiness(True, (), "standby")
         reasons = [f"resource {name}: {why}" for name, why in st.unresolved.items()]
+        reasons.extend(self.ahead_of_server.reasons())
         if st.pipeline is None:
             reasons.append("starting")
         else:
@@ -208,6 +212,7 @@ class BridgeService:
         try:
             client = _api_client(self.config, self._clock)
             self.telemetry.set_rate_limiter(client.rate_limiter)
+            client.retry_observer = self.ahead_of_server
             le = self.config.leader_election
             if le.enabled:
                 if self._sharded and not self._by_node:

@@ -39,6 +39,15 @@ def _forbidden(text: str) -> tuple[str, str]:
     return group, plural
 
 
+def _denied(text: str) -> tuple[str, str, str]:
+    """``verb:plural`` or ``verb:plural.group``."""
+    verb, sep, resource = text.partition(":")
+    if not sep or not verb or not resource:
+        raise argparse.ArgumentTypeError(f"--deny {text!r}: expected VERB:RESOURCE (watch:pods)")
+    group, plural = _forbidden(resource)
+    return verb, group, plural
+
+
 def build_parser(prog: str = "python -m bridge.sim") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog, description="Serve the kube-event-bridge API-server simulator.",
@@ -50,6 +59,8 @@ def build_parser(prog: str = "python -m bridge.sim") -> argparse.ArgumentParser:
     p.add_argument("--token", help="require this bearer token (written into the kubeconfig)")
     p.add_argument("--forbid", action="append", default=[], type=_forbidden, metavar="RESOURCE",
                    help="answer 403 for this resource (pods, deployments.apps); repeatable")
+    p.add_argument("--deny", action="append", default=[], type=_denied, metavar="VERB:RESOURCE",
+                   help="answer 403 for this verb on this resource only (watch:pods); repeatable")
     p.add_argument("--crd", action="append", default=[], type=_crd, metavar="G/V/PLURAL/KIND[/cluster]",
                    help="serve a CRD; repeatable")
     p.add_argument("--history-size", type=int, default=DEFAULT_HISTORY_SIZE,
@@ -113,7 +124,7 @@ async def _serve(args: argparse.Namespace) -> int:
         bookmark_interval=args.bookmark_interval, too_large_wait=args.too_large_wait,
         faults=_fault_spec(args), watch_list=not args.no_watch_list, crds=args.crd,
         cache_pagination=not args.no_cache_pagination,
-        token=args.token, forbidden=args.forbid,
+        token=args.token, forbidden=args.forbid, denied=args.deny,
         flow_control=None if args.apf_concurrency is None else FlowControl(
             concurrency=args.apf_concurrency, queue_wait=args.apf_queue_wait,
             retry_after=args.apf_retry_after, queue_length=args.apf_queue_length),

@@ -216,7 +216,9 @@ class Simulator:
     ``faults`` is the initial :class:`~bridge.sim.faults.FaultSpec` (or a mapping of its fields);
     ``crds`` are CRDs to serve from the start (``ResourceType`` or ``{group, version, plural, kind,
     namespaced}``); ``token`` makes every API request require ``Authorization: Bearer <token>``;
-    ``forbidden`` lists ``(group, plural)`` pairs answered with 403; ``watch_list=False`` rejects
+    ``forbidden`` lists ``(group, plural)`` pairs answered with 403 (every verb) and ``denied``
+    ``(verb, group, plural)`` triples (that verb only: a missing RBAC rule); SelfSubjectAccessReviews
+    answer both; ``watch_list=False`` rejects
     ``sendInitialEvents`` like a server without the WatchList feature; ``too_large_wait`` is how long a
     request for a future resourceVersion waits before its 504; ``cache_pagination=False`` makes a list
     at resourceVersion "0" ignore ``limit`` and answer everything in one page, as kube-apiserver's
@@ -241,6 +243,7 @@ class Simulator:
         crds: Iterable[ResourceType | Mapping[str, Any]] = (),
         token: str | None = None,
         forbidden: Iterable[tuple[str, str]] = (),
+        denied: Iterable[tuple[str, str, str]] = (),
         watcher_buffer: int = DEFAULT_WATCHER_BUFFER,
         cache_pagination: bool = True,
         clock: Clock | None = None,
@@ -258,6 +261,7 @@ class Simulator:
         self.cache_pagination = cache_pagination
         self.token = token
         self.forbidden: set[tuple[str, str]] = set(forbidden)
+        self.denied: set[tuple[str, str, str]] = set(denied)
         self.store = ObjectStore(history_size=history_size, watcher_buffer=watcher_buffer, clock=clock,
                                  initial_namespaces=namespaces)
         self.faults = FaultState(faults)
@@ -697,7 +701,7 @@ class Simulator:
 
     def _check_forbidden(self, target: _Target, verb: str) -> None:
         rt = target.resource
-        if (rt.group, rt.plural) not in self.forbidden:
+        if (rt.group, rt.plural) not in self.forbidden and (verb, rt.group, rt.plural) not in self.denied:
             return
         where = f' in the namespace "{target.namespace}"' if target.namespace else " at the cluster scope"
         raise SimStatusError(
@@ -855,8 +859,11 @@ class Simulator:
         if isinstance(attrs, dict):
             resource = str(attrs.get("resource") or "")
             group = str(attrs.get("group") or "")
+            verb_asked = str(attrs.get("verb") or "")
             if (group, resource) in self.forbidden or ("*", resource) in self.forbidden:
                 allowed, reason = False, "forbidden by the simulator's --forbid"
+            elif (verb_asked, group, resource) in self.denied:
+                allowed, reason = False, "denied by the simulator's --deny"
         review = {"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
                   "metadata": {"creationTimestamp": None}, "spec": spec,
                   "status": {"allowed": allowed, "reason": reason}}

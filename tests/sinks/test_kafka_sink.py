@@ -192,7 +192,9 @@ async def test_message_too_large_goes_to_the_dead_letter_topic(kafka_broker: Tan
     topic, dlq = unique_name("big"), unique_name("dlq")
     kafka_broker.create_topic(topic)
     kafka_broker.create_topic(dlq)
-    sink = make_sink(kafka_broker, destination=topic, dead_letter={"kind": "kafka", "target": dlq})
+    # Uncompressed, and the policy that sends nothing in its place (see tests/sinks/test_oversize.py).
+    sink = make_sink(kafka_broker, destination=topic, dead_letter={"kind": "kafka", "target": dlq},
+                     compression="none", oversize="dead_letter")
     await sink.start()
     huge = obj("huge", uid="u-huge", rv="9", metadata_blob="x" * 1_200_000)
     small = obj("small", uid="u-small", rv="10")
@@ -220,8 +222,8 @@ async def test_message_too_large_goes_to_a_dead_letter_file(
     topic = unique_name("bigfile")
     kafka_broker.create_topic(topic)
     dlq = tmp_path / "dead.jsonl"
-    sink = make_sink(kafka_broker, destination=topic, max_message_bytes=5000,
-                     dead_letter={"kind": "file", "target": str(dlq)})
+    sink = make_sink(kafka_broker, destination=topic, max_message_bytes=5000, compression="none",
+                     oversize="dead_letter", dead_letter={"kind": "file", "target": str(dlq)})
     await sink.start()
     big = obj("big", uid="u-big", rv="3", blob="y" * 6000)
     acks = await deliver_all(sink, [event(EventType.ADDED, big)])

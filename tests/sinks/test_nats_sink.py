@@ -145,7 +145,7 @@ async def test_too_large_for_max_payload_goes_to_the_dead_letter_subject(
     nats_server: NatsServer, collector: Collector
 ) -> None:
     dlq = {"kind": "nats", "target": "dlq.pods"}
-    sink = make_sink(nats_server.url, destination="ev.{name}", dead_letter=dlq)
+    sink = make_sink(nats_server.url, destination="ev.{name}", dead_letter=dlq, oversize="dead_letter")
     await sink.start()
     huge = obj("huge", uid="u-h", rv="1", blob="z" * 1_100_000)
     acks = Acks()

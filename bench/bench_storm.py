@@ -1,0 +1,253 @@
+"""A webhook's catch-up after a storm of 503/429: real bridge processes, the simulator, a real HTTP server.
+
+The scenario an operator meets when a webhook receiver is redeployed or overloaded: the simulator
+(its own process) churns Pods at ``--rate`` changes per second; a ``kube-event-bridge run`` process
+watches them and posts each change to a local HTTP server. After ``--warmup`` seconds the server
+answers 503 (every third request 429 with ``Retry-After: 1``) for ``--storm`` seconds, then 2xx again.
+
+Reported per bridge source tree (``--source``, repeatable: e.g. an export of main and this tree, run
+one after the other in one invocation):
+
+* ``catch_up_s``: from the storm's end to the receipt of the last change made before it (the
+  backlog delivered): the figure the breaker is for;
+* ``first_after_s``: from the storm's end to the first accepted request;
+* ``late_over_5s``: changes received more than 5 s after they were made, counted from the storm's end;
+* ``failed_requests``: requests answered 503/429 (each event's own retries, or the probes).
+
+A change's time is read from the simulator's resourceVersion: the bench polls it every 0.1 s, and an
+event's change time is the first poll that saw its ``resourceversion`` (at most 0.1 s late).
+
+    python -m bench.bench_storm --source /tmp/main-src --source . --storm 20 --rate 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import os
+import re
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from bench.common import machine_info, write_result
+
+__all__ = ["run_one"]
+
+_LAUNCH = ("import sys, bridge; sys.stderr.write('bridge from ' + bridge.__file__ + '\\n'); "
+           "from bridge.service.cli import main; sys.exit(main())")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Receiver:
+    def __init__(self) -> None:
+        self.storm_from = float("inf")
+        self.storm_until = float("inf")
+        self.requests = 0
+        self.failed = 0
+        self.gaps = 0
+        self.received: list[tuple[float, int]] = []
+        """(received, resourceVersion) per accepted event."""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        now = time.time()
+        self.requests += 1
+        if self.storm_from <= now < self.storm_until:
+            self.failed += 1
+            if self.requests % 3 == 0:
+                return web.Response(status=429, headers={"Retry-After": "1"})
+            return web.Response(status=503)
+        doc = orjson.loads(body)
+        for ce in doc if isinstance(doc, list) else [doc]:
+            if "subject" in ce:
+                self.received.append((now, int(ce["resourceversion"])))
+            elif str(ce.get("type", "")).endswith("gap.begin"):
+                self.gaps += 1
+        return web.Response(status=204)
+
+
+async def _start_sim(source: Path, rate: float, objects: int,
+                     workdir: Path) -> tuple[asyncio.subprocess.Process, Path, str]:
+    kubeconfig = workdir / "sim.kubeconfig"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bridge.sim", "--port", "0", "--kubeconfig", str(kubeconfig),
+        "--churn-rate", str(rate), "--churn-objects", str(objects), "--seed", "5",
+        cwd=str(source), env={**os.environ, "PYTHONPATH": str(source)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    assert proc.stdout is not None
+    while True:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        if not line:
+            raise RuntimeError("the simulator exited")
+        found = re.search(r"listening on (http://\S+)", line)
+        if found:
+            url = found.group(1)
+            break
+    # Keep reading its output so that the pipe never fills.
+    async def drain() -> None:
+        assert proc.stdout is not None
+        while await proc.stdout.readline():
+            pass
+    asyncio.get_running_loop().create_task(drain())
+    return proc, kubeconfig, url
+
+
+class _RvClock:
+    """The simulator's resourceVersion over time: (wall time, resourceVersion) every 0.1 s."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.samples: list[tuple[float, int]] = []
+
+    async def run(self) -> None:
+        async with aiohttp.ClientSession() as http:
+            while True:
+                async with http.get(f"{self.url}/api/v1/namespaces/default/configmaps",
+                                    params={"limit": "1"}) as resp:
+                    rv = int((await resp.json())["metadata"]["resourceVersion"])
+                self.samples.append((time.time(), rv))
+                await asyncio.sleep(0.1)
+
+    def rv_at(self, when: float) -> int:
+        """The resourceVersion the server had reached at ``when``."""
+        i = bisect.bisect_right([t for t, _ in self.samples], when)
+        return self.samples[max(0, i - 1)][1]
+
+    def time_of(self, rv: int) -> float:
+        """When the server first showed ``rv`` (or a later one)."""
+        rvs = [r for _, r in self.samples]
+        i = bisect.bisect_left(rvs, rv)
+        return self.samples[min(i, len(self.samples) - 1)][0]
+
+
+async def run_one(source: Path, *, rate: float, storm: float, warmup: float, tail: float,
+                  objects: int, batch: int = 1) -> dict[str, Any]:
+    """One bridge (from ``source``) through one storm; the figures of the module docstring."""
+    workdir = Path(tempfile.mkdtemp(prefix="keb-storm-"))
+    receiver = _Receiver()
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", receiver.handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    sim, kubeconfig, sim_url = await _start_sim(source, rate, objects, workdir)
+    clock = _RvClock(sim_url)
+    clock_task = asyncio.get_running_loop().create_task(clock.run())
+    cfg = workdir / "bridge.yaml"
+    cfg.write_text(
+        f"kubernetes: {{kubeconfig: '{kubeconfig}', in_cluster: 'false'}}\n"
+        "resources: [{resource: pods}]\n"
+        f"sinks: [{{name: hook, kind: webhook, url: 'http://127.0.0.1:{port}/events',\n"
+        f"         batch: {{max_events: {batch}}}}}]\n"
+        f"checkpoint: {{store: file, directory: '{workdir / 'cp'}', interval: 5}}\n"
+        f"server: {{host: 127.0.0.1, port: {_free_port()}, admin_port: 0}}\n"
+        "logging: {level: warning, format: json}\n")
+    bridge = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _LAUNCH, "run", "--config", str(cfg),
+        cwd=str(source), env={**os.environ, "PYTHONPATH": str(source)},
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    assert bridge.stderr is not None
+    origin = (await bridge.stderr.readline()).decode().strip()
+    log_lines: list[str] = []
+
+    async def keep_log() -> None:
+        assert bridge.stderr is not None
+        while line := await bridge.stderr.readline():
+            log_lines.append(line.decode())
+    log_task = asyncio.get_running_loop().create_task(keep_log())
+    try:
+        await asyncio.sleep(warmup)
+        receiver.storm_from = time.time()
+        receiver.storm_until = receiver.storm_from + storm
+        await asyncio.sleep(storm)
+        await asyncio.sleep(0.2)
+        rv_end = clock.rv_at(receiver.storm_until)
+        # Until every change made before the storm's end is in (or the tail runs out).
+        deadline = time.monotonic() + tail
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            backlog_times = [r for r, rv in receiver.received if rv <= rv_end]
+            newer = any(rv > rv_end + 10 * rate for _, rv in receiver.received)
+            if newer and backlog_times and time.time() - max(backlog_times) > 5:
+                # 10 s of newer changes are in and nothing older came for 5 s: caught up.
+                break
+    finally:
+        clock_task.cancel()
+        bridge.terminate()
+        await bridge.wait()
+        log_task.cancel()
+        sim.terminate()
+        await sim.wait()
+        await runner.cleanup()
+        shutil.rmtree(workdir, ignore_errors=True)
+    end = receiver.storm_until
+    start = receiver.storm_from
+    rv_start, rv_end = clock.rv_at(start), clock.rv_at(end)
+    backlog = [r for r, rv in receiver.received if rv <= rv_end and r >= start]
+    after = [r for r, _ in receiver.received if r >= end]
+    before = sorted(r - clock.time_of(rv) for r, rv in receiver.received if start - 3 <= r < start)
+    late = [r for r, rv in receiver.received if r >= end and r - clock.time_of(rv) > 5.0]
+    return {
+        "source": str(source),
+        "bridge": origin,
+        "rate": rate,
+        "batch": batch,
+        "storm_s": storm,
+        "backlog_events": len(backlog),
+        "catch_up_s": round(max(backlog) - end, 2) if backlog else None,
+        "first_after_s": round(min(after) - end, 2) if after else None,
+        "late_over_5s": len(late),
+        "changes_during_storm": rv_end - rv_start,
+        "storm_changes_received": len({rv for _, rv in receiver.received if rv_start < rv <= rv_end}),
+        "gap_markers": receiver.gaps,
+        "failed_requests": receiver.failed,
+        "lag_before_storm_p50_s": round(before[len(before) // 2], 2) if before else None,
+        "rate_before_storm": round(len(before) / 3, 1),
+        "rate_after_storm_10s": round(sum(1 for r in after if r < end + 10) / 10, 1),
+        "delivered": len(receiver.received),
+        "breaker_log": [ln.strip()[:200] for ln in log_lines if "breaker" in ln][:4],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--source", action="append", required=True, help="a source tree of the bridge")
+    p.add_argument("--rate", type=float, default=200.0)
+    p.add_argument("--storm", type=float, default=20.0)
+    p.add_argument("--warmup", type=float, default=8.0)
+    p.add_argument("--tail", type=float, default=90.0)
+    p.add_argument("--objects", type=int, default=200)
+    p.add_argument("--batch", type=int, default=1, help="the webhook's batch.max_events (1: one event per "
+                                                         "request, the default)")
+    args = p.parse_args()
+    results = []
+    for source in args.source:
+        result = asyncio.run(run_one(Path(source).resolve(), rate=args.rate, storm=args.storm,
+                                     warmup=args.warmup, tail=args.tail, objects=args.objects,
+                                     batch=args.batch))
+        print(orjson.dumps(result).decode(), flush=True)
+        results.append(result)
+    load = os.getloadavg()
+    write_result("storm", {"machine": machine_info(), "load_average": load, "runs": results})
+    print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""The sink-level circuit breaker, against a real HTTP server that answers 503 and 429 for a while.
+
+Without a breaker every event waits out its own exponential retry timer (up to ``retry.max``, 30 s),
+so after the destination recovers the backlog trickles in for as long as the longest timer: seconds
+to tens of seconds. With it, consecutive failures open the breaker, one probe at a time asks the
+destination, and the first success sends everything that waited at once, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+
+from sinks.contract import ChangeEvent, DeliveryOutcome, EventType
+from sinks.webhook import WebhookSink
+from tests.sinks import Acks, event, obj
+
+
+class Storm:
+    """A webhook answering 503 (and 429 with Retry-After: 1, every third request) until ``ends``,
+    then 204; it records when each event was accepted."""
+
+    def __init__(self) -> None:
+        self.ends = float("inf")
+        self.requests = 0
+        self.failed_requests = 0
+        self.accepted: list[tuple[float, dict[str, Any]]] = []
+        self.refused_at: list[float] = []
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        self.requests += 1
+        now = time.monotonic()
+        if now >= self.ends and b'"subject":"default/bad' in body:
+            return web.Response(status=400, text="refused")
+        if now < self.ends:
+            self.failed_requests += 1
+            self.refused_at.append(now)
+            if self.requests % 3 == 0:
+                return web.Response(status=429, headers={"Retry-After": "1"})
+            return web.Response(status=503)
+        self.accepted.append((now, orjson.loads(body)))
+        return web.Response(status=204)
+
+
+@pytest.fixture
+async def storm() -> AsyncIterator[Storm]:
+    s = Storm()
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", s.handle)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    s.url = f"http://127.0.0.1:{runner.addresses[0][1]}/events"
+    yield s
+    await runner.cleanup()
+
+
+async def test_the_backlog_is_delivered_within_2s_of_a_storms_end_in_order(storm: Storm) -> None:
+    # The sink's default retry policy (0.2 s doubling up to 30 s): the one the bridge runs with.
+    sink = WebhookSink.from_options("hook", {"url": storm.url})
+    await sink.start()
+    acks = Acks()
+    rate, objects, duration = 100, 40, 8.0
+    start = time.monotonic()
+    storm.ends = start + duration
+    sent = 0
+    try:
+        # Changes arrive at `rate` per second during the whole storm, each object updated in turn.
+        while time.monotonic() < storm.ends:
+            i = sent % objects
+            o = obj(f"pod-{i}", uid=f"u-{i}", rv=str(sent + 1))
+            await sink.deliver(event(EventType.UPDATED, o), acks.cb(str(sent)))
+            sent += 1
+            await asyncio.sleep(max(0.0, start + sent / rate - time.monotonic()))
+        assert await sink.flush(60), "the backlog was not delivered within 60 s"
+        assert len(acks.of(DeliveryOutcome.DELIVERED)) == sent
+        last = max(at for at, _ in storm.accepted)
+        catch_up = last - storm.ends
+        assert catch_up <= 2.0, f"the backlog took {catch_up:.1f} s after the storm's end"
+        # In order per object, each change exactly once.
+        seen: dict[str, list[int]] = {}
+        for _, ce in storm.accepted:
+            seen.setdefault(ce["subject"], []).append(int(ce["resourceversion"]))
+        assert sum(len(v) for v in seen.values()) == sent
+        assert all(v == sorted(v) for v in seen.values())
+        # One probe at a time while open: the failed requests are far fewer than the failures
+        # each event's own timer would have made.
+        assert storm.failed_requests < sent
+        # Once open, one probe at a time, at most a second apart (Retry-After: 1 included).
+        late = [t for t in storm.refused_at if t > storm.ends - 5]
+        assert 3 <= len(late) <= 12, late
+        assert sink.healthy()
+    finally:
+        await sink.close()
+
+
+async def test_waiting_events_give_up_after_max_elapsed(storm: Storm, tmp_path: Path) -> None:
+    """A destination that never recovers: the events waiting behind the open breaker still go to
+    the dead letter once ``retry.max_elapsed`` has passed (checked after each failed probe)."""
+    storm.ends = float("inf")
+    dead = tmp_path / "dead.jsonl"
+    sink = WebhookSink.from_options("hook", {"url": storm.url, "retry": {"max_elapsed": 1.5},
+                                             "dead_letter": {"kind": "file", "target": str(dead)}})
+    await sink.start()
+    acks = Acks()
+    try:
+        for i in range(30):
+            ev = event(EventType.UPDATED, obj(f"pod-{i}", uid=f"u-{i}", rv="1"))
+            await sink.deliver(ev, acks.cb(str(i)))
+        assert await sink.flush(15)
+        assert sorted(acks.of(DeliveryOutcome.DEAD_LETTERED), key=int) == [str(i) for i in range(30)]
+        assert len(dead.read_bytes().splitlines()) == 30
+        assert not sink.healthy()
+        # Each event's first attempt (sent together, before the breaker opened), then probes only.
+        assert storm.failed_requests <= 30 + 8
+    finally:
+        await sink.close()
+
+
+async def test_without_the_breaker_each_event_keeps_its_own_timer(storm: Storm) -> None:
+    storm.ends = time.monotonic() + 2.0
+    sink = WebhookSink.from_options("hook", {"url": storm.url, "breaker": {"enabled": False},
+                                             "retry": {"initial": 0.05, "max": 0.1}})
+    await sink.start()
+    acks = Acks()
+    try:
+        for i in range(20):
+            ev = event(EventType.UPDATED, obj(f"pod-{i}", uid=f"u-{i}", rv="1"))
+            await sink.deliver(ev, acks.cb(str(i)))
+        assert await sink.flush(15)
+        assert len(acks.of(DeliveryOutcome.DELIVERED)) == 20
+        # Every event retried on its own, about every 0.1 s: many more refusals than events.
+        assert storm.failed_requests > 100
+    finally:
+        await sink.close()
+
+
+async def test_a_probe_refused_for_good_closes_the_breaker(storm: Storm) -> None:
+    """A refusal (400) is an answer: the destination is back, the event alone is bad. The probe that
+    gets it goes to the dead letter and the waiting events are sent; nothing waits for a probe that
+    will never come."""
+    sink = WebhookSink.from_options("hook", {"url": storm.url})
+    await sink.start()
+    acks = Acks()
+    storm.ends = time.monotonic() + 1.5
+    try:
+        # Four failures retry on their own timers; the fifth opens the breaker and is the oldest
+        # waiting event, hence the first probe: one the server will refuse.
+        def pod(i: int) -> ChangeEvent:
+            return event(EventType.UPDATED, obj(f"pod-{i}", uid=f"u-{i}", rv="1"))
+
+        for i in range(4):
+            await sink.deliver(pod(i), acks.cb(str(i)))
+            await asyncio.sleep(0.02)
+        await sink.deliver(event(EventType.UPDATED, obj("bad-0", uid="u-bad", rv="1")), acks.cb("bad"))
+        await asyncio.sleep(0.02)
+        for i in range(4, 10):
+            await sink.deliver(pod(i), acks.cb(str(i)))
+        assert await sink.flush(15), sink.stats.as_dict()
+        assert acks.of(DeliveryOutcome.DROPPED) == ["bad"]
+        assert sorted(acks.of(DeliveryOutcome.DELIVERED), key=int) == [str(i) for i in range(10)]
+    finally:
+        await sink.close()
