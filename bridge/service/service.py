@@ -37,6 +37,7 @@ from bridge.kube.leaderelection import FenceToken, LeaderElector
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.service import sharding_auto
 from bridge.service.config import BridgeConfig, check_secret_files, load_config
+from bridge.service.events.wiring import EventsSink, events_profile_for
 from bridge.service.fencing import FencedSink
 from bridge.service.health import HealthServer, Readiness
 from bridge.service.logconfig import configure_logging
@@ -330,7 +331,17 @@ class BridgeService:
             return
         self._state.role = "leader" if elector is not None else "single"
         cfg = self.config
-        metered = [MeteredSink(inner=s, telemetry=self.telemetry) for s in validate_sinks(cfg)]
+        watched = await self._resolve(client)
+        if self._sharded:
+            watched = await self._shard(client, watched)
+        events_profile = events_profile_for(cfg, watched, client=client, clock=self._clock,
+                                            telemetry=self.telemetry)
+        built = validate_sinks(cfg)
+        if events_profile is not None:
+            window, pending = cfg.events.coalesce_window, cfg.events.coalesce_max_pending
+            built = [EventsSink(inner=s, profile=events_profile, coalesce_window=window, max_pending=pending,
+                                clock=self._clock) for s in built]
+        metered = [MeteredSink(inner=s, telemetry=self.telemetry) for s in built]
         self._state.sinks = metered
         sinks: list[Sink] = list(metered)
         fence: FenceSource | None = None
@@ -339,9 +350,6 @@ class BridgeService:
             sinks = [FencedSink(inner=s, is_leader=elector.is_leader) for s in metered]
             fence = elector.fence_token
             shutdown_deadline = max(0.5, shutdown_deadline - elector.release_timeout)
-        watched = await self._resolve(client)
-        if self._sharded:
-            watched = await self._shard(client, watched)
         by_key = {w.key: w for w in watched}
 
         def lister_watcher(key: InformerKey) -> HttpListerWatcher:
@@ -398,6 +406,9 @@ class BridgeService:
             if store is not None:
                 with contextlib.suppress(Exception):
                     await store.close()
+            if events_profile is not None:
+                with contextlib.suppress(Exception):
+                    await events_profile.close()
             # No await between these: a scrape sees the counts either live or carried, never both.
             self._retire(pipeline, metered)
             self._state.pipeline = None

@@ -178,6 +178,8 @@ BUILTIN_RESOURCES: tuple[ResourceType, ...] = (
                  short_names=("ns",), field_selectors=("status.phase",)),
     ResourceType(group="", version="v1", plural="events", kind="Event", short_names=("ev",),
                  has_status=False, generation=False, field_selectors=_EVENT_FIELDS),
+    ResourceType(group="events.k8s.io", version="v1", plural="events", kind="Event", has_status=False,
+                 generation=False),
     ResourceType(group="", version="v1", plural="nodes", kind="Node", namespaced=False, short_names=("no",),
                  field_selectors=("spec.unschedulable",)),
     ResourceType(group="coordination.k8s.io", version="v1", plural="leases", kind="Lease", has_status=False),

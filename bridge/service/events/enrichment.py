@@ -1,0 +1,409 @@
+"""Enrichment of Kubernetes Events: the involved object's labels, annotations and owner chain.
+
+An Event names its object (``involvedObject`` / ``regarding``: kind, namespace, name, uid) but not
+what consumers route and aggregate by: the object's labels (team, app), some of its annotations, and
+the controller behind it (the Deployment behind a Pod, through its ReplicaSet). The bridge reads
+them from its own caches, never with a request per Event:
+
+- one **metadata-only informer** per involved kind (``PartialObjectMetadata``: the API server
+  answers lists and watches with each object's ``metadata`` alone, see
+  :data:`bridge.kube.listwatch.METADATA_ACCEPT`), run by the project's :class:`~bridge.informer.
+  reflector.Reflector` into a :class:`MetadataStore`;
+- **started lazily**: a kind's informer starts when the first Event about that kind (or an owner
+  reference to it) needs it, and only for the kinds configured (``events.enrichment.kinds``: what
+  the chart's RBAC grants); an Event about another kind is answered ``skipped``;
+- **bounded**: an entry keeps the uid, the labels, the configured annotations and the controller
+  reference, nothing else (about 300 bytes for a Pod with five labels, measured in
+  ``docs/performance.md``); at ``max_objects`` entries per kind, further objects are not cached
+  (their Events answer ``unknown``, counted in :attr:`MetadataStore.overflow`);
+- **objects already gone**: a deleted object's entry moves to a bounded memory of the last
+  ``max_gone`` deletions (by uid), so an Event arriving after its Pod was deleted (``Killing``,
+  ``FailedKillPod``, or any Event of a burst the bridge is catching up with) still gets the
+  labels the object had, with ``enrichment: gone``. A uid the bridge never saw answers
+  ``unknown``: deleted before the bridge started or before its cache listed it, or beyond the
+  memory of deletions. An object re-created under the same name is another uid: an Event about the
+  old one is ``gone`` (or ``unknown``), never given the new object's labels.
+
+An Event can be watched before its object: the Event informer and the object's informer are two
+watches. An ``added`` Event whose object is not in the cache yet waits (at most
+``events.enrichment.wait`` seconds) while that cache is behind the Event's resourceVersion, then
+answers with what it has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from bridge.clock import Clock
+from bridge.contracts import KubeObject
+from bridge.informer.reflector import Reflector
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.discovery import APIResource, Discovery
+from bridge.kube.listwatch import METADATA_ACCEPT, HttpListerWatcher
+from sinks.eventfacts import InvolvedObject
+
+__all__ = ["Enricher", "Enrichment", "EnrichmentStatus", "MetaEntry", "MetadataStore", "Owner"]
+
+log = logging.getLogger(__name__)
+
+
+class EnrichmentStatus:
+    """The values of the ``enrichment`` attribute."""
+
+    OK: Final = "ok"
+    """The object is in the cache: its labels, annotations and owners are current."""
+    GONE: Final = "gone"
+    """The object was deleted: its last known labels, annotations and owners."""
+    UNKNOWN: Final = "unknown"
+    """The bridge has no record of this uid (see the module docstring)."""
+    SKIPPED: Final = "skipped"
+    """The involved kind is not among ``events.enrichment.kinds`` (or not served)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    kind: str
+    name: str
+    uid: str
+
+
+class MetaEntry:
+    """What the cache keeps of one object."""
+
+    __slots__ = ("annotations", "controller", "labels", "uid")
+
+    def __init__(self, uid: str, labels: dict[str, str], annotations: dict[str, str],
+                 controller: tuple[str, str, str, str] | None) -> None:
+        self.uid = uid
+        self.labels = labels
+        self.annotations = annotations
+        self.controller = controller
+        """(kind, apiVersion, name, uid) of the controlling owner reference, if any."""
+
+
+_EMPTY: dict[str, str] = {}
+
+
+def _entry(obj: Mapping[str, Any], annotation_keys: frozenset[str]) -> tuple[str, MetaEntry] | None:
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return None
+    name = str(meta.get("name") or "")
+    ns = str(meta.get("namespace") or "")
+    labels = meta.get("labels")
+    labels = {sys.intern(str(k)): sys.intern(str(v)) for k, v in labels.items()} \
+        if isinstance(labels, Mapping) and labels else _EMPTY
+    annotations: dict[str, str] = _EMPTY
+    raw_ann = meta.get("annotations")
+    if annotation_keys and isinstance(raw_ann, Mapping):
+        annotations = {k: str(raw_ann[k]) for k in annotation_keys if k in raw_ann} or _EMPTY
+    controller = None
+    for ref in meta.get("ownerReferences") or ():
+        if isinstance(ref, Mapping) and ref.get("controller"):
+            controller = (sys.intern(str(ref.get("kind") or "")),
+                          sys.intern(str(ref.get("apiVersion") or "")),
+                          str(ref.get("name") or ""), str(ref.get("uid") or ""))
+            break
+    return f"{ns}/{name}", MetaEntry(str(meta.get("uid") or ""), labels, annotations, controller)
+
+
+class MetadataStore:
+    """The reflector's store for one kind: entries by ``namespace/name``, plus the last deletions
+    by uid. Bounded: ``max_objects`` live entries, ``max_gone`` remembered deletions."""
+
+    def __init__(self, *, annotation_keys: Sequence[str], max_objects: int, max_gone: int) -> None:
+        self._annotation_keys = frozenset(annotation_keys)
+        self._max_objects = max_objects
+        self._max_gone = max_gone
+        self.live: dict[str, MetaEntry] = {}
+        self.gone: collections.OrderedDict[str, MetaEntry] = collections.OrderedDict()
+        self.overflow = 0
+        """Objects not cached because ``max_objects`` was reached."""
+        self.synced = asyncio.Event()
+        self.changed = asyncio.Event()
+        """Set on every change and cleared by whoever waits for the next."""
+        self.resource_version = ""
+
+    def _put(self, obj: KubeObject) -> None:
+        found = _entry(obj, self._annotation_keys)
+        if found is None:
+            return
+        key, entry = found
+        old = self.live.get(key)
+        if old is not None and old.uid != entry.uid:
+            self._forget(old)
+        if old is None and len(self.live) >= self._max_objects:
+            self.overflow += 1
+            return
+        self.live[key] = entry
+        self._note(obj)
+
+    def _forget(self, entry: MetaEntry) -> None:
+        if not entry.uid or not self._max_gone:
+            return
+        self.gone[entry.uid] = entry
+        self.gone.move_to_end(entry.uid)
+        while len(self.gone) > self._max_gone:
+            self.gone.popitem(last=False)
+
+    def _note(self, obj: KubeObject) -> None:
+        meta = obj.get("metadata")
+        if isinstance(meta, Mapping) and meta.get("resourceVersion"):
+            self.resource_version = str(meta["resourceVersion"])
+        self.changed.set()
+
+    def add(self, obj: KubeObject) -> None:
+        self._put(obj)
+
+    def update(self, obj: KubeObject) -> None:
+        self._put(obj)
+
+    def delete(self, obj: KubeObject) -> None:
+        found = _entry(obj, self._annotation_keys)
+        if found is None:
+            return
+        key, entry = found
+        old = self.live.pop(key, None)
+        self._forget(old if old is not None and old.uid == entry.uid else entry)
+        self._note(obj)
+
+    def replace(self, items: list[KubeObject], resource_version: str) -> None:
+        before = self.live
+        self.live = {}
+        for obj in items:
+            self._put(obj)
+        for key, entry in before.items():
+            now = self.live.get(key)
+            if now is None or now.uid != entry.uid:
+                self._forget(entry)
+        self.resource_version = resource_version
+        self.synced.set()
+        self.changed.set()
+
+    def resync(self) -> None:
+        """Nothing to do: a cache, not a queue."""
+
+    def find(self, namespace: str, name: str, uid: str) -> tuple[str, MetaEntry | None]:
+        """(status, entry) for the object ``namespace/name`` with ``uid`` ("" = any uid)."""
+        entry = self.live.get(f"{namespace}/{name}")
+        if entry is not None and (not uid or entry.uid == uid):
+            return EnrichmentStatus.OK, entry
+        if uid:
+            gone = self.gone.get(uid)
+            if gone is not None:
+                return EnrichmentStatus.GONE, gone
+        return EnrichmentStatus.UNKNOWN, None
+
+
+@dataclass(frozen=True, slots=True)
+class Enrichment:
+    status: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    owners: tuple[Owner, ...]
+    """From the direct controller up to the top one (the Deployment behind a Pod's ReplicaSet)."""
+
+
+_SKIPPED = Enrichment(EnrichmentStatus.SKIPPED, _EMPTY, _EMPTY, ())
+_UNKNOWN = Enrichment(EnrichmentStatus.UNKNOWN, _EMPTY, _EMPTY, ())
+
+
+class _KindCache:
+    def __init__(self, *, api: APIResource, store: MetadataStore, reflector: Reflector) -> None:
+        self.api = api
+        self.store = store
+        self.reflector = reflector
+        self.task: asyncio.Task[None] | None = None
+
+
+def _rv_int(rv: str) -> int | None:
+    return int(rv) if rv.isdigit() else None
+
+
+class Enricher:
+    """Answers :meth:`lookup` from metadata caches of the configured kinds, started on first use."""
+
+    def __init__(self, *, client: ApiClient, discovery: Discovery, clock: Clock, kinds: Sequence[str],
+                 annotations: Sequence[str] = (), max_objects: int = 200_000, max_gone: int = 10_000,
+                 wait: float = 1.0, sync_timeout: float = 10.0, max_owner_depth: int = 4,
+                 page_size: int = 500) -> None:
+        self._client = client
+        self._discovery = discovery
+        self._clock = clock
+        self._kinds = tuple(kinds)
+        self._annotations = tuple(annotations)
+        self._max_objects = max_objects
+        self._max_gone = max_gone
+        self._wait = wait
+        self._sync_timeout = sync_timeout
+        self._max_depth = max_owner_depth
+        self._page_size = page_size
+        self._allowed: dict[tuple[str, str], APIResource] | None = None
+        """(group, Kind) → resource, for the configured kinds (resolved on first use)."""
+        self._caches: dict[tuple[str, str], _KindCache] = {}
+        self._resolving: asyncio.Lock | None = None
+        self._closed = False
+
+    @property
+    def caches(self) -> dict[tuple[str, str], MetadataStore]:
+        """(group, Kind) → the store of every informer started so far."""
+        return {k: c.store for k, c in self._caches.items()}
+
+    async def _resolve_kinds(self) -> dict[tuple[str, str], APIResource]:
+        if self._allowed is not None:
+            return self._allowed
+        if self._resolving is None:
+            self._resolving = asyncio.Lock()
+        async with self._resolving:
+            if self._allowed is None:
+                allowed: dict[tuple[str, str], APIResource] = {}
+                for name in self._kinds:
+                    try:
+                        api = await self._discovery.resolve(name)
+                    except Exception as e:  # a kind this cluster does not serve: its Events are skipped
+                        log.warning("events enrichment: %s is not served (%s); its Events are not enriched",
+                                    name, e)
+                        continue
+                    allowed[(api.group, api.kind)] = api
+                self._allowed = allowed
+        return self._allowed
+
+    def _cache_now(self, group: str, kind: str) -> _KindCache | None:
+        return self._caches.get((group, kind))
+
+    async def _cache(self, group: str, kind: str) -> _KindCache | None:
+        """The kind's cache, its informer started (and waited for, up to ``sync_timeout``) on first
+        use; None when the kind is not configured."""
+        found = self._caches.get((group, kind))
+        if found is None:
+            if self._closed:
+                return None
+            allowed = await self._resolve_kinds()
+            api = allowed.get((group, kind))
+            if api is None:
+                return None
+            found = self._caches.get((group, kind))
+            if found is None:
+                store = MetadataStore(annotation_keys=self._annotations, max_objects=self._max_objects,
+                                      max_gone=self._max_gone)
+                lw = HttpListerWatcher(client=self._client, resource=api, accept=METADATA_ACCEPT)
+                reflector = Reflector(name=f"metadata:{api.qualified}", lister_watcher=lw, store=store,
+                                      clock=self._clock, page_size=self._page_size)
+                found = _KindCache(api=api, store=store, reflector=reflector)
+                found.task = asyncio.create_task(reflector.run(), name=f"events-metadata-{api.qualified}")
+                self._caches[(group, kind)] = found
+                log.info("events enrichment: watching the metadata of %s", api.qualified)
+        if not found.store.synced.is_set():
+            try:
+                async with asyncio.timeout(self._sync_timeout):
+                    await found.store.synced.wait()
+            except TimeoutError:
+                log.warning("events enrichment: the metadata of %s did not sync within %.0f s",
+                            found.api.qualified, self._sync_timeout)
+        return found
+
+    async def lookup(self, involved: InvolvedObject, *, event_rv: str = "", wait: bool = False) -> Enrichment:
+        """The enrichment of ``involved``. ``wait``: an object not (yet) in the cache is waited for
+        while the cache is behind ``event_rv`` (up to ``wait`` seconds, see the module docstring)."""
+        if not involved.kind or not involved.name:
+            return _UNKNOWN
+        cache = await self._cache(involved.group, involved.kind)
+        if cache is None:
+            return _SKIPPED
+        store = cache.store
+        status, entry = store.find(involved.namespace, involved.name, involved.uid)
+        if entry is None and wait and self._wait > 0:
+            status, entry = await self._wait_for(store, involved, event_rv)
+        if entry is None:
+            return _UNKNOWN
+        owners = await self._owners(entry, involved.namespace)
+        return Enrichment(status, entry.labels, entry.annotations, owners)
+
+    def lookup_now(self, involved: InvolvedObject) -> Enrichment | None:
+        """:meth:`lookup` without waiting, when it can answer at once (the kind's cache and every
+        owner's are running and synced, and the object is cached or its deletion remembered); else
+        None."""
+        cache = self._cache_now(involved.group, involved.kind)
+        if cache is None or not cache.store.synced.is_set():
+            if self._allowed is not None and (involved.group, involved.kind) not in self._allowed:
+                return _SKIPPED
+            return None
+        status, entry = cache.store.find(involved.namespace, involved.name, involved.uid)
+        if entry is None:
+            return None
+        owners: list[Owner] = []
+        current = entry
+        for _ in range(self._max_depth):
+            ref = current.controller
+            if ref is None:
+                break
+            kind, api_version, name, uid = ref
+            owners.append(Owner(kind, name, uid))
+            owner_cache = self._cache_now(api_version.rpartition("/")[0], kind)
+            if owner_cache is None:
+                if self._allowed is not None and (api_version.rpartition("/")[0], kind) not in self._allowed:
+                    break
+                return None
+            if not owner_cache.store.synced.is_set():
+                return None
+            ns = involved.namespace if owner_cache.api.namespaced else ""
+            _, found = owner_cache.store.find(ns, name, uid)
+            if found is None:
+                break
+            current = found
+        return Enrichment(status, entry.labels, entry.annotations, tuple(owners))
+
+    async def _wait_for(self, store: MetadataStore, involved: InvolvedObject,
+                        event_rv: str) -> tuple[str, MetaEntry | None]:
+        target = _rv_int(event_rv)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._wait
+        status, entry = store.find(involved.namespace, involved.name, involved.uid)
+        while entry is None:
+            have = _rv_int(store.resource_version)
+            if target is not None and have is not None and have >= target:
+                break  # the cache has seen everything up to the Event: the object is not coming
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            store.changed.clear()
+            try:
+                async with asyncio.timeout(min(left, 0.05)):
+                    await store.changed.wait()
+            except TimeoutError:
+                pass
+            status, entry = store.find(involved.namespace, involved.name, involved.uid)
+        return status, entry
+
+    async def _owners(self, entry: MetaEntry, namespace: str) -> tuple[Owner, ...]:
+        owners: list[Owner] = []
+        current = entry
+        for _ in range(self._max_depth):
+            ref = current.controller
+            if ref is None:
+                break
+            kind, api_version, name, uid = ref
+            owners.append(Owner(kind, name, uid))
+            cache = await self._cache(api_version.rpartition("/")[0], kind)
+            if cache is None:
+                break
+            _, found = cache.store.find(namespace if cache.api.namespaced else "", name, uid)
+            if found is None:
+                break
+            current = found
+        return tuple(owners)
+
+    async def close(self) -> None:
+        self._closed = True
+        for cache in self._caches.values():
+            cache.reflector.stop()
+        tasks = [c.task for c in self._caches.values() if c.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
