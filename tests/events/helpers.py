@@ -27,8 +27,9 @@ def core_event(name: str = "web-0.1", *, rv: str = "", count: int = 1, reason: s
         "source": {"component": "kubelet"}})
 
 
-def new_event(name: str = "web-0.2", *, rv: str = "20", series: int | None = None, reason: str = "Unhealthy",
-              type_: str = "Warning", note: str = "Readiness probe failed", uid: str = "ev-2") -> dict[str, Any]:
+def new_event(name: str = "web-0.2", *, rv: str = "20", series: int | None = None,
+              reason: str = "Unhealthy", type_: str = "Warning", note: str = "Readiness probe failed",
+              uid: str = "ev-2") -> dict[str, Any]:
     obj: dict[str, Any] = {
         "apiVersion": "events.k8s.io/v1", "kind": "Event",
         "metadata": {"name": name, "namespace": "shop", "uid": uid, "resourceVersion": rv},
