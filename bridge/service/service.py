@@ -37,7 +37,7 @@ from bridge.kube.leaderelection import FenceToken, LeaderElector
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.service import sharding_auto
 from bridge.service.config import BridgeConfig, check_secret_files, load_config
-from bridge.service.events.wiring import EventsSink, events_profile_for
+from bridge.service.events.wiring import EventsSink, events_profile_for, set_replay_point
 from bridge.service.fencing import FencedSink
 from bridge.service.health import HealthServer, Readiness
 from bridge.service.logconfig import configure_logging
@@ -363,6 +363,8 @@ class BridgeService:
         factory = SharedInformerFactory(lister_watcher_factory=lister_watcher, clock=self._clock,
                                         compact_cache=cfg.cache.compact)
         store = _checkpoint_store(cfg, client, fence)
+        if events_profile is not None:
+            await set_replay_point(events_profile, store, watched)
         async def fetch_object(w: WatchedResource, namespace: str, name: str) -> dict[str, Any]:
             return await client.get(w.api.object_path(name, namespace or None),
                                     context=f"reading {w.api.qualified} {namespace}/{name}")

@@ -81,6 +81,10 @@ def build_parser(prog: str = "python -m bridge.sim") -> argparse.ArgumentParser:
                         help="seconds between bursts (0: none)")
     events.add_argument("--events-burst-factor", type=float, default=5.0)
     events.add_argument("--events-burst-length", type=float, default=1.0)
+    events.add_argument("--events-duration", type=float, default=0.0,
+                        help="seconds of Event generation (0: until stopped)")
+    events.add_argument("--events-wait-signal", action="store_true",
+                        help="start generating on SIGUSR1 (a test starts its bridge first)")
     events.add_argument("--events-ledger", metavar="PATH",
                         help="append every new Event (uid, involved object, whether it existed) "
                              "as JSON lines")
@@ -109,6 +113,14 @@ def _fault_spec(args: argparse.Namespace) -> FaultSpec:
         error_retry_after=args.fault_error_retry_after,
         error_target=FaultTarget(args.fault_error_target),
     )
+
+
+async def _run_events(events: EventGenerator, duration: float | None, go: asyncio.Event | None) -> None:
+    if go is not None:
+        await go.wait()
+    stats = await events.run(duration)
+    print(f"events done: {stats.changes} changes ({stats.created} created, {stats.bumped} repeated, "
+          f"{stats.expired} expired)", flush=True)
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -153,8 +165,14 @@ async def _serve(args: argparse.Namespace) -> int:
             churn_task.add_done_callback(lambda t: None if t.cancelled() or t.exception() is None
                                          else stop.set())
         events_task = None
+        go: asyncio.Event | None = None
+        if events is not None and args.events_wait_signal:
+            go = asyncio.Event()
+            loop.add_signal_handler(signal.SIGUSR1, go.set)
+            handled.append(signal.SIGUSR1)
         if events is not None:
-            events_task = asyncio.create_task(events.run(), name="sim-events")
+            events_task = asyncio.create_task(
+                _run_events(events, args.events_duration or None, go), name="sim-events")
             events_task.add_done_callback(lambda t: None if t.cancelled() or t.exception() is None
                                           else stop.set())
         await stop.wait()

@@ -17,7 +17,8 @@ TTL). :class:`EventGenerator` produces that, against :class:`~bridge.sim.store.O
 
 Every new Event is written to :attr:`EventGenerator.ledger` (and to ``ledger_path`` as JSON lines):
 its uid, API, the involved object's uid and whether that object existed when the Event was created,
-with its labels then — what a test needs to judge enrichment.
+with its labels then — what a test needs to judge enrichment; and so is every Pod deletion, with
+its wall time (:attr:`EventGenerator.deleted`).
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ class EventGenerator:
         self.burst_length = burst_length
         self.stats = EventStats()
         self.ledger: list[LedgerEntry] = []
+        self.deleted: list[tuple[str, float]] = []
+        """(uid, wall time) of every Pod deleted (also in the ledger file, as ``{"deleted_pod", "at"}``)."""
         self._rng = random.Random(seed)
         self._clock: Clock = clock or RealClock()
         self._ledger_file: IO[bytes] | None = open(ledger_path, "ab") if ledger_path else None  # noqa: SIM115
@@ -121,9 +124,13 @@ class EventGenerator:
         self._controllers: list[tuple[str, str, str, str]] = []
         """(kind, apiVersion, namespace, name) of the ReplicaSets and Deployments."""
         self._gone: list[tuple[str, str, str]] = []
-        """(namespace, name, uid) of Pods deleted (the last 1000)."""
+        """(namespace, name, uid) of Pods deleted (the last 1000), for Events about gone objects."""
         self._events: list[tuple[str, str, str]] = []
         """(resource, namespace, name) of the live Events, oldest first."""
+        self._event_about: dict[tuple[str, str, str], str] = {}
+        """Live Event → the uid of the object it is about."""
+        self._gone_uids: set[str] = set()
+        """Uids of every Pod deleted."""
         self._serial = 0
         self._stopped = False
         for ns in self.namespaces:
@@ -217,6 +224,7 @@ class EventGenerator:
             }
         created = self.store.create(resource, body, namespace=ns, copy=False)
         self._events.append((resource, ns, ev_name))
+        self._event_about[(resource, ns, ev_name)] = uid
         self.stats.created += 1
         labels: dict[str, str] = {}
         top = ""
@@ -254,6 +262,7 @@ class EventGenerator:
 
     def _expire(self) -> None:
         resource, ns, name = self._events.pop(0)
+        self._event_about.pop((resource, ns, name), None)
         try:
             self.store.delete(resource, name, namespace=ns, copy=False)
             self.stats.expired += 1
@@ -261,8 +270,16 @@ class EventGenerator:
             pass
 
     def _bump(self) -> None:
-        idx = min(len(self._events) - 1, int(len(self._events) * (1 - self._rng.random() ** 3)))
-        resource, ns, name = self._events[idx]  # recent Events repeat most
+        # Recent Events repeat most; an Event about an object that is gone no longer repeats (the
+        # condition it reports ended with the object).
+        for _ in range(8):
+            idx = min(len(self._events) - 1, int(len(self._events) * (1 - self._rng.random() ** 3)))
+            resource, ns, name = self._events[idx]
+            if self._event_about.get((resource, ns, name)) not in self._gone_uids:
+                break
+        else:
+            self._about_pod()
+            return
         try:
             current = self.store.get_raw(self.store.resolve(resource), name, ns)
         except SimStatusError:
@@ -309,7 +326,11 @@ class EventGenerator:
                         warning=False)
         self.store.delete("pods", name, namespace=ns, copy=False)
         self.stats.pods_deleted += 1
+        self.deleted.append((uid, self._clock.wall()))
+        if self._ledger_file is not None:
+            self._ledger_file.write(orjson.dumps({"deleted_pod": uid, "at": self._clock.wall()}) + b"\n")
         self._gone.append((ns, name, uid))
+        self._gone_uids.add(uid)
         if len(self._gone) > 1000:
             self._gone.pop(0)
         rs_name, rs_uid, app = self._pod_template.pop(key)

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from bridge.clock import Clock
-from bridge.contracts import KubeObject
+from bridge.contracts import KubeObject, WatchEventType, WatchOptions
+from bridge.errors import ApiStatusError
 from bridge.informer.reflector import Reflector
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import APIResource, Discovery
@@ -173,6 +174,17 @@ class MetadataStore:
         self._forget(old if old is not None and old.uid == entry.uid else entry)
         self._note(obj)
 
+    def remember_deleted(self, obj: KubeObject) -> None:
+        """A deletion read from the watch history (see :meth:`Enricher.replay_deletions_since`):
+        remembered unless the object is live (a uid deleted is never live again, but be safe)."""
+        found = _entry(obj, self._annotation_keys)
+        if found is None:
+            return
+        key, entry = found
+        live = self.live.get(key)
+        if live is None or live.uid != entry.uid:
+            self._forget(entry)
+
     def replace(self, items: list[KubeObject], resource_version: str) -> None:
         before = self.live
         self.live = {}
@@ -215,11 +227,19 @@ _UNKNOWN = Enrichment(EnrichmentStatus.UNKNOWN, _EMPTY, _EMPTY, ())
 
 
 class _KindCache:
-    def __init__(self, *, api: APIResource, store: MetadataStore, reflector: Reflector) -> None:
+    def __init__(self, *, api: APIResource, store: MetadataStore, reflector: Reflector,
+                 lister_watcher: HttpListerWatcher) -> None:
         self.api = api
         self.store = store
         self.reflector = reflector
+        self.lister_watcher = lister_watcher
         self.task: asyncio.Task[None] | None = None
+        self.ready = asyncio.Event()
+        """Set once the cache synced and the deletions since the replay point were read."""
+
+
+_REPLAY_IDLE = 1.0
+"""Seconds without a watch event after which the replayed history is taken as complete."""
 
 
 def _rv_int(rv: str) -> int | None:
@@ -249,6 +269,10 @@ class Enricher:
         self._caches: dict[tuple[str, str], _KindCache] = {}
         self._resolving: asyncio.Lock | None = None
         self._closed = False
+        self.replay_since = ""
+        """A resourceVersion to read deletions from when a kind's cache starts (the checkpoint's of
+        the Event informers: see :meth:`_replay`); "" = none."""
+        self.replayed_deletions = 0
 
     @property
     def caches(self) -> dict[tuple[str, str], MetadataStore]:
@@ -295,18 +319,69 @@ class Enricher:
                 lw = HttpListerWatcher(client=self._client, resource=api, accept=METADATA_ACCEPT)
                 reflector = Reflector(name=f"metadata:{api.qualified}", lister_watcher=lw, store=store,
                                       clock=self._clock, page_size=self._page_size)
-                found = _KindCache(api=api, store=store, reflector=reflector)
-                found.task = asyncio.create_task(reflector.run(), name=f"events-metadata-{api.qualified}")
+                found = _KindCache(api=api, store=store, reflector=reflector, lister_watcher=lw)
+                found.task = asyncio.create_task(self._start(found), name=f"events-metadata-{api.qualified}")
                 self._caches[(group, kind)] = found
                 log.info("events enrichment: watching the metadata of %s", api.qualified)
-        if not found.store.synced.is_set():
+        if not found.ready.is_set():
             try:
                 async with asyncio.timeout(self._sync_timeout):
-                    await found.store.synced.wait()
+                    await found.ready.wait()
             except TimeoutError:
                 log.warning("events enrichment: the metadata of %s did not sync within %.0f s",
                             found.api.qualified, self._sync_timeout)
         return found
+
+    async def _start(self, cache: _KindCache) -> None:
+        name = f"events-metadata-reflector-{cache.api.qualified}"
+        run = asyncio.create_task(cache.reflector.run(), name=name)
+        try:
+            await cache.store.synced.wait()
+            if self.replay_since:
+                try:
+                    await self._replay(cache)
+                except Exception as e:  # a history the server no longer has: deletions unknown
+                    log.warning("events enrichment: deletions of %s since resourceVersion %s could not be "
+                                "read (%s); Events about objects deleted meanwhile answer 'unknown'",
+                                cache.api.qualified, self.replay_since, e)
+            cache.ready.set()
+            await run
+        finally:
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+
+    async def _replay(self, cache: _KindCache) -> None:
+        """Reads the deletions between :attr:`replay_since` and the cache's list from the watch
+        history into the store's memory of deletions: a bridge restarted from a checkpoint re-sends
+        Events changed since then, and the objects they name may have been deleted while it was
+        down; their last labels are in that history (as long as the API server keeps it)."""
+        until = _rv_int(cache.store.resource_version)
+        since = _rv_int(self.replay_since)
+        if until is None or since is None or since >= until:
+            return
+        stream = await cache.lister_watcher.watch(WatchOptions(resource_version=self.replay_since,
+                                                               timeout_seconds=30))
+        events = aiter(stream)
+        try:
+            while True:
+                try:
+                    # The history arrives at once; a pause means it is over (the newest changes
+                    # of this kind may be older than the list, whose resourceVersion is global).
+                    event = await asyncio.wait_for(anext(events), _REPLAY_IDLE)
+                except (TimeoutError, StopAsyncIteration):
+                    break
+                if event.type is WatchEventType.ERROR:
+                    code = int(event.object.get("code") or 500)
+                    raise ApiStatusError(str(event.object.get("message") or "watch error"), code=code)
+                meta = event.object.get("metadata")
+                rv = _rv_int(str(meta.get("resourceVersion") or "")) if isinstance(meta, Mapping) else None
+                if event.type is WatchEventType.DELETED:
+                    cache.store.remember_deleted(event.object)
+                    self.replayed_deletions += 1
+                if rv is not None and rv >= until:
+                    break
+        finally:
+            await stream.close()
 
     async def lookup(self, involved: InvolvedObject, *, event_rv: str = "", wait: bool = False) -> Enrichment:
         """The enrichment of ``involved``. ``wait``: an object not (yet) in the cache is waited for
@@ -330,7 +405,7 @@ class Enricher:
         owner's are running and synced, and the object is cached or its deletion remembered); else
         None."""
         cache = self._cache_now(involved.group, involved.kind)
-        if cache is None or not cache.store.synced.is_set():
+        if cache is None or not cache.ready.is_set():
             if self._allowed is not None and (involved.group, involved.kind) not in self._allowed:
                 return _SKIPPED
             return None
@@ -350,7 +425,7 @@ class Enricher:
                 if self._allowed is not None and (api_version.rpartition("/")[0], kind) not in self._allowed:
                     break
                 return None
-            if not owner_cache.store.synced.is_set():
+            if not owner_cache.ready.is_set():
                 return None
             ns = involved.namespace if owner_cache.api.namespaced else ""
             _, found = owner_cache.store.find(ns, name, uid)
@@ -403,6 +478,7 @@ class Enricher:
         self._closed = True
         for cache in self._caches.values():
             cache.reflector.stop()
+            cache.ready.set()
         tasks = [c.task for c in self._caches.values() if c.task is not None]
         for task in tasks:
             task.cancel()

@@ -93,6 +93,10 @@ class EventsProfile:
         self.annotated = 0
         """Changes annotated (each once, whatever the number of sinks)."""
 
+    def profiles(self, ref: ResourceRef) -> bool:
+        """Whether the changes of ``ref`` go through the profile."""
+        return is_event_resource(ref.group, ref.resource) and self._profiled(ref)
+
     def profiled(self, event: ChangeEvent) -> bool:
         res = event.resource
         return event.obj is not None and is_event_resource(res.group, res.resource) and self._profiled(res)

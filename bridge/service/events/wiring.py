@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from bridge.clock import Clock
+from bridge.delivery.checkpoint import CheckpointStore
 from bridge.delivery.pipeline import WatchedResource
 from bridge.informer.factory import InformerKey
 from bridge.kube.apiclient import ApiClient
@@ -16,7 +18,9 @@ from bridge.service.events.profile import EventsProfile, EventsSink
 from bridge.service.telemetry import Telemetry
 from sinks.contract import ResourceRef
 
-__all__ = ["EventsSink", "events_profile_for"]
+__all__ = ["EventsSink", "events_profile_for", "set_replay_point"]
+
+log = logging.getLogger(__name__)
 
 
 def events_profile_for(config: BridgeConfig, watched: Sequence[WatchedResource], *, client: ApiClient,
@@ -43,3 +47,26 @@ def events_profile_for(config: BridgeConfig, watched: Sequence[WatchedResource],
         return (ref.group, ref.resource) in refs
 
     return EventsProfile(profiled=profiled, enricher=enricher, counter=counter)
+
+
+async def set_replay_point(profile: EventsProfile, store: CheckpointStore | None,
+                           watched: Sequence[WatchedResource]) -> None:
+    """Points the enrichment's replay of deletions at the oldest checkpoint of the profiled Event
+    informers: what a restarted bridge sends again starts there (see
+    :meth:`~bridge.service.events.enrichment.Enricher._replay`)."""
+    enricher = profile.enricher
+    if enricher is None or store is None:
+        return
+    points: list[int] = []
+    for w in watched:
+        if not profile.profiles(w.ref):
+            continue
+        try:
+            checkpoint = await store.load(w.informer_id)
+        except Exception as e:  # the pipeline reports the store's failures; enrichment just goes without
+            log.warning("events enrichment: no replay point from the checkpoint of %s: %s", w.informer_id, e)
+            continue
+        if checkpoint is not None and checkpoint.resource_version.isdigit():
+            points.append(int(checkpoint.resource_version))
+    if points:
+        enricher.replay_since = str(min(points))
