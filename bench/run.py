@@ -84,6 +84,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("isolation", "bench.bench_isolation", own=False),
     Scenario("long", "bench.bench_long", brokers=True, default=False),
     Scenario("sharding", "bench.bench_sharding"),
+    Scenario("events", "bench.bench_events", default=False),
 )}
 
 

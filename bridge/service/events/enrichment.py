@@ -24,6 +24,11 @@ them from its own caches, never with a request per Event:
   memory of deletions. An object re-created under the same name is another uid: an Event about the
   old one is ``gone`` (or ``unknown``), never given the new object's labels.
 
+A kind's cache starts when it is first needed, and a bridge restarts: deletions that happened
+before its list are not in it. So a starting cache also reads the deletions since the oldest Event
+looked up so far (and since the checkpoint, :attr:`Enricher.replay_since`) from the API server's
+watch history, as long as the server keeps it (:meth:`Enricher._replay`).
+
 An Event can be watched before its object: the Event informer and the object's informer are two
 watches. An ``added`` Event whose object is not in the cache yet waits (at most
 ``events.enrichment.wait`` seconds) while that cache is behind the Event's resourceVersion, then
@@ -273,6 +278,9 @@ class Enricher:
         """A resourceVersion to read deletions from when a kind's cache starts (the checkpoint's of
         the Event informers: see :meth:`_replay`); "" = none."""
         self.replayed_deletions = 0
+        self._earliest_rv: int | None = None
+        """The oldest resourceVersion of an Event looked up so far: a kind's cache started for it
+        replays the deletions since then too (the first start has no checkpoint)."""
 
     @property
     def caches(self) -> dict[tuple[str, str], MetadataStore]:
@@ -337,18 +345,25 @@ class Enricher:
         run = asyncio.create_task(cache.reflector.run(), name=name)
         try:
             await cache.store.synced.wait()
-            if self.replay_since:
+            if self._replay_point() is not None:
                 try:
                     await self._replay(cache)
                 except Exception as e:  # a history the server no longer has: deletions unknown
                     log.warning("events enrichment: deletions of %s since resourceVersion %s could not be "
                                 "read (%s); Events about objects deleted meanwhile answer 'unknown'",
-                                cache.api.qualified, self.replay_since, e)
+                                cache.api.qualified, self._replay_point(), e)
             cache.ready.set()
             await run
         finally:
             run.cancel()
             await asyncio.gather(run, return_exceptions=True)
+
+    def _replay_point(self) -> int | None:
+        """Where a starting cache reads deletions from: the checkpoint's resourceVersion (a restart
+        re-sends from there) or just before the oldest Event looked up so far, whichever is older."""
+        points = [p for p in (_rv_int(self.replay_since),
+                              None if self._earliest_rv is None else self._earliest_rv - 1) if p is not None]
+        return min(points) if points else None
 
     async def _replay(self, cache: _KindCache) -> None:
         """Reads the deletions between :attr:`replay_since` and the cache's list from the watch
@@ -356,10 +371,10 @@ class Enricher:
         Events changed since then, and the objects they name may have been deleted while it was
         down; their last labels are in that history (as long as the API server keeps it)."""
         until = _rv_int(cache.store.resource_version)
-        since = _rv_int(self.replay_since)
+        since = self._replay_point()
         if until is None or since is None or since >= until:
             return
-        stream = await cache.lister_watcher.watch(WatchOptions(resource_version=self.replay_since,
+        stream = await cache.lister_watcher.watch(WatchOptions(resource_version=str(since),
                                                                timeout_seconds=30))
         events = aiter(stream)
         try:
@@ -388,6 +403,9 @@ class Enricher:
         while the cache is behind ``event_rv`` (up to ``wait`` seconds, see the module docstring)."""
         if not involved.kind or not involved.name:
             return _UNKNOWN
+        rv = _rv_int(event_rv)
+        if rv is not None and (self._earliest_rv is None or rv < self._earliest_rv):
+            self._earliest_rv = rv
         cache = await self._cache(involved.group, involved.kind)
         if cache is None:
             return _SKIPPED
