@@ -176,6 +176,10 @@ async def final_events(kubeconfig: Path) -> dict[str, tuple[int, dict[str, Any]]
         await client.close()
 
 
+def as_bytes(value: str | bytes | None) -> bytes:
+    return value.encode() if isinstance(value, str) else (value or b"")
+
+
 def read_kafka(kafka: TansuBroker, topic: str, partitions: int = 3) -> list[dict[str, Any]]:
     """Every record of ``topic``, parsed with the SDK's Kafka binding; ``_ts`` is the record's
     timestamp (the producer's, when the bridge handed the event to librdkafka)."""
@@ -194,9 +198,11 @@ def read_kafka(kafka: TansuBroker, topic: str, partitions: int = 3) -> list[dict
             for msg in consumer.consume(num_messages=5000, timeout=0.5):
                 if msg.error() is not None:
                     continue
-                headers = {str(k): bytes(v or b"") for k, v in msg.headers() or []}
-                key = msg.key()
-                message = ce_kafka.KafkaMessage(headers=headers, key=key, value=msg.value() or b"")
+                found = msg.headers() or []
+                pairs = found.items() if isinstance(found, dict) else found
+                headers = {str(k): as_bytes(v) for k, v in pairs}
+                message = ce_kafka.KafkaMessage(headers=headers, key=as_bytes(msg.key()),
+                                                value=as_bytes(msg.value()))
                 attrs = attributes(ce_kafka.from_kafka(message, FMT))
                 attrs.pop("partitionkey", None)
                 attrs["_ts"] = msg.timestamp()[1] / 1000.0

@@ -126,10 +126,10 @@ async def test_events_are_annotated_enriched_routed_and_counted(tmp_path: Path) 
         assert all(ce["enrichment"] == "gone" and "involvedlabels" in ce for ce in gone)
 
         warnings = lines(tmp_path / "warnings.jsonl")
-        def text(ce: dict[str, Any]) -> str:
+        def message_of(ce: dict[str, Any]) -> str:
             return str(ce["data"].get("message", ce["data"].get("note", "")))
 
         expected = [ce["id"] for ce in got if ce["eventtype"] == "Warning" and ce["reason"] != "BackOff"
-                    and not text(ce).startswith("Unhealthy: pod")]
+                    and not message_of(ce).startswith("Unhealthy: pod")]
         assert sorted(ce["id"] for ce in warnings) == sorted(expected)
         assert expected
