@@ -310,7 +310,12 @@ async def test_a_burst_of_events_survives_a_sigkill_enriched_coalesced_and_route
         if r["enrichment"] == "unknown" and at is not None and blind_from <= at <= blind_to:
             unknown_allowed[r["uid"]] += 1
             continue
-        assert r["enrichment"] in ("ok", "gone"), (r, entry)
+        if r["enrichment"] not in ("ok", "gone"):
+            notes = [line for line in log.read_text().splitlines() if "enrichment" in line][-20:]
+            pytest.fail(f"{r['type']} of Event {r['uid']} about {entry['involved_kind']} "
+                        f"{entry['involved_uid']} (existed; deleted at {at}, killed at {killed_at}, "
+                        f"ready again at {restarted_at}, sent at {r['_ts']}): enrichment {r['enrichment']}; "
+                        f"the bridge's log says: {notes}")
         assert orjson.loads(r["involvedlabels"]) == entry["labels"]
         if entry["involved_kind"] == "Pod":
             assert f"{r['ownerkind']}/{r['ownername']}" == entry["owner_top"]

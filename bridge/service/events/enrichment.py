@@ -31,8 +31,10 @@ watch history, as long as the server keeps it (:meth:`Enricher._replay`).
 
 An Event can be watched before its object: the Event informer and the object's informer are two
 watches. An ``added`` Event whose object is not in the cache yet waits (at most
-``events.enrichment.wait`` seconds) while that cache is behind the Event's resourceVersion, then
-answers with what it has.
+``events.enrichment.wait`` seconds) while that cache is behind the Event's resourceVersion; if the
+object is still missing, its metadata is read once from the API server (a watch lagging under load;
+one request per such miss, counted in :attr:`Enricher.reads`), and an object not there is
+``unknown``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from typing import Any, Final
 
 from bridge.clock import Clock
 from bridge.contracts import KubeObject, WatchEventType, WatchOptions
-from bridge.errors import ApiStatusError
+from bridge.errors import ApiError, ApiStatusError, NotFoundError
 from bridge.informer.reflector import Reflector
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import APIResource, Discovery
@@ -124,7 +126,7 @@ class MetadataStore:
     by uid. Bounded: ``max_objects`` live entries, ``max_gone`` remembered deletions."""
 
     def __init__(self, *, annotation_keys: Sequence[str], max_objects: int, max_gone: int) -> None:
-        self._annotation_keys = frozenset(annotation_keys)
+        self.annotation_keys = frozenset(annotation_keys)
         self._max_objects = max_objects
         self._max_gone = max_gone
         self.live: dict[str, MetaEntry] = {}
@@ -137,7 +139,7 @@ class MetadataStore:
         self.resource_version = ""
 
     def _put(self, obj: KubeObject) -> None:
-        found = _entry(obj, self._annotation_keys)
+        found = _entry(obj, self.annotation_keys)
         if found is None:
             return
         key, entry = found
@@ -171,7 +173,7 @@ class MetadataStore:
         self._put(obj)
 
     def delete(self, obj: KubeObject) -> None:
-        found = _entry(obj, self._annotation_keys)
+        found = _entry(obj, self.annotation_keys)
         if found is None:
             return
         key, entry = found
@@ -182,7 +184,7 @@ class MetadataStore:
     def remember_deleted(self, obj: KubeObject) -> None:
         """A deletion read from the watch history (see :meth:`Enricher.replay_deletions_since`):
         remembered unless the object is live (a uid deleted is never live again, but be safe)."""
-        found = _entry(obj, self._annotation_keys)
+        found = _entry(obj, self.annotation_keys)
         if found is None:
             return
         key, entry = found
@@ -243,7 +245,7 @@ class _KindCache:
         """Set once the cache synced and the deletions since the replay point were read."""
 
 
-_REPLAY_IDLE = 1.0
+_REPLAY_IDLE = 2.0
 """Seconds without a watch event after which the replayed history is taken as complete."""
 
 
@@ -278,6 +280,8 @@ class Enricher:
         """A resourceVersion to read deletions from when a kind's cache starts (the checkpoint's of
         the Event informers: see :meth:`_replay`); "" = none."""
         self.replayed_deletions = 0
+        self.reads = 0
+        """Objects read from the API server because the cache lagged (see :meth:`_read`)."""
         self._earliest_rv: int | None = None
         """The oldest resourceVersion of an Event looked up so far: a kind's cache started for it
         replays the deletions since then too (the first start has no checkpoint)."""
@@ -411,8 +415,14 @@ class Enricher:
             return _SKIPPED
         store = cache.store
         status, entry = store.find(involved.namespace, involved.name, involved.uid)
-        if entry is None and wait and self._wait > 0:
+        if entry is None and not cache.ready.is_set():
+            status, entry = await self._read(cache, involved)  # the cache is still being filled
+        elif entry is None and wait and self._wait > 0:
             status, entry = await self._wait_for(store, involved, event_rv)
+            have, target = _rv_int(store.resource_version), _rv_int(event_rv)
+            caught_up = have is not None and target is not None and have >= target
+            if entry is None and not caught_up:
+                status, entry = await self._read(cache, involved)
         if entry is None:
             return _UNKNOWN
         owners = await self._owners(entry, involved.namespace)
@@ -451,6 +461,28 @@ class Enricher:
                 break
             current = found
         return Enrichment(status, entry.labels, entry.annotations, tuple(owners))
+
+    async def _read(self, cache: _KindCache, involved: InvolvedObject) -> tuple[str, MetaEntry | None]:
+        """The object's metadata read from the API server: the last resort for a new Event whose
+        object the cache still lacks after the wait (a watch lagging behind under load). Not put in
+        the cache, whose order is the watch's; an object that is not there (or has another uid) is
+        ``unknown``."""
+        api = cache.api
+        path = api.object_path(involved.name, involved.namespace if api.namespaced else None)
+        try:
+            obj, _ = await self._client.get_negotiated(path, accept=METADATA_ACCEPT[1],
+                                                       context=f"reading the metadata of {api.qualified} "
+                                                               f"{involved.namespace}/{involved.name}")
+        except NotFoundError:
+            return EnrichmentStatus.UNKNOWN, None
+        except ApiError as e:
+            log.debug("events enrichment: %s", e)
+            return EnrichmentStatus.UNKNOWN, None
+        self.reads += 1
+        found = _entry(obj, cache.store.annotation_keys)
+        if found is None or (involved.uid and found[1].uid != involved.uid):
+            return EnrichmentStatus.UNKNOWN, None
+        return EnrichmentStatus.OK, found[1]
 
     async def _wait_for(self, store: MetadataStore, involved: InvolvedObject,
                         event_rv: str) -> tuple[str, MetaEntry | None]:
