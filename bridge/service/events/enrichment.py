@@ -47,6 +47,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import orjson
+
 from bridge.clock import Clock
 from bridge.contracts import KubeObject, WatchEventType, WatchOptions
 from bridge.errors import ApiError, ApiStatusError, NotFoundError
@@ -84,7 +86,7 @@ class Owner:
 class MetaEntry:
     """What the cache keeps of one object."""
 
-    __slots__ = ("annotations", "controller", "labels", "uid")
+    __slots__ = ("_json", "annotations", "controller", "labels", "uid")
 
     def __init__(self, uid: str, labels: dict[str, str], annotations: dict[str, str],
                  controller: tuple[str, str, str, str] | None) -> None:
@@ -93,6 +95,16 @@ class MetaEntry:
         self.annotations = annotations
         self.controller = controller
         """(kind, apiVersion, name, uid) of the controlling owner reference, if any."""
+        self._json: tuple[str, str] | None = None
+
+    def json(self) -> tuple[str, str]:
+        """The labels and the annotations as the attributes carry them (sorted JSON objects, "" when
+        empty), encoded once per entry rather than once per Event."""
+        if self._json is None:
+            def enc(m: dict[str, str]) -> str:
+                return orjson.dumps(m, option=orjson.OPT_SORT_KEYS).decode() if m else ""
+            self._json = (enc(self.labels), enc(self.annotations))
+        return self._json
 
 
 _EMPTY: dict[str, str] = {}
@@ -227,6 +239,8 @@ class Enrichment:
     annotations: Mapping[str, str]
     owners: tuple[Owner, ...]
     """From the direct controller up to the top one (the Deployment behind a Pod's ReplicaSet)."""
+    labels_json: str = ""
+    annotations_json: str = ""
 
 
 _SKIPPED = Enrichment(EnrichmentStatus.SKIPPED, _EMPTY, _EMPTY, ())
@@ -426,7 +440,7 @@ class Enricher:
         if entry is None:
             return _UNKNOWN
         owners = await self._owners(entry, involved.namespace)
-        return Enrichment(status, entry.labels, entry.annotations, owners)
+        return Enrichment(status, entry.labels, entry.annotations, owners, *entry.json())
 
     def lookup_now(self, involved: InvolvedObject) -> Enrichment | None:
         """:meth:`lookup` without waiting, when it can answer at once (the kind's cache and every
@@ -460,7 +474,7 @@ class Enricher:
             if found is None:
                 break
             current = found
-        return Enrichment(status, entry.labels, entry.annotations, tuple(owners))
+        return Enrichment(status, entry.labels, entry.annotations, tuple(owners), *entry.json())
 
     async def _read(self, cache: _KindCache, involved: InvolvedObject) -> tuple[str, MetaEntry | None]:
         """The object's metadata read from the API server: the last resort for a new Event whose

@@ -13,11 +13,11 @@ each of its changes annotated before any sink encodes it:
   empty), ``ownerkind`` / ``ownername`` (the top controller) and ``ownerchain``
   (``ReplicaSet/web-5d8f,Deployment/web``, from the direct owner up);
 - the **Events counter** (:mod:`bridge.service.events.metrics`) counts each new Event and each
-  repetition once, however many sinks receive it.
+  repetition once, however many sinks receive it (in the first sink that receives the resource).
 
 The pipeline hands each sink its own :class:`~sinks.contract.ChangeEvent`, so the annotation of one
 change (one Event uid at one resourceVersion) is computed once and remembered for the next sinks
-(the last ``_REMEMBERED`` changes): every sink carries the same attributes for one change.
+(the last ``_REMEMBERED`` changes): sinks at the same pace carry the same attributes for one change.
 
 **Coalescing** (``events.coalesce_window`` > 0) is per sink, in :class:`EventsSink`, the decorator
 the service puts around every sink: an ``updated`` Event (a repetition: ``count`` / ``series``
@@ -52,7 +52,9 @@ __all__ = ["EventsProfile", "EventsSink", "event_extensions"]
 
 log = logging.getLogger(__name__)
 
-_REMEMBERED = 65_536
+_REMEMBERED = 4096
+"""Annotations kept for the next sinks: one change reaches every sink within a few thousand
+changes unless a sink is far behind (then its annotation is computed again, from the caches)."""
 
 
 def event_extensions(facts: EventFacts, enrichment: Enrichment | None) -> dict[str, str]:
@@ -68,10 +70,11 @@ def event_extensions(facts: EventFacts, enrichment: Enrichment | None) -> dict[s
     if enrichment is not None:
         ext["enrichment"] = enrichment.status
         if enrichment.labels:
-            ext["involvedlabels"] = orjson.dumps(enrichment.labels, option=orjson.OPT_SORT_KEYS).decode()
+            ext["involvedlabels"] = enrichment.labels_json or orjson.dumps(
+                enrichment.labels, option=orjson.OPT_SORT_KEYS).decode()
         if enrichment.annotations:
-            ext["involvedannotations"] = orjson.dumps(enrichment.annotations,
-                                                      option=orjson.OPT_SORT_KEYS).decode()
+            ext["involvedannotations"] = enrichment.annotations_json or orjson.dumps(
+                enrichment.annotations, option=orjson.OPT_SORT_KEYS).decode()
         if enrichment.owners:
             top = enrichment.owners[-1]
             ext["ownerkind"] = top.kind
@@ -90,6 +93,8 @@ class EventsProfile:
         self._counter = counter
         self._done: collections.OrderedDict[tuple[str, str, str], dict[str, str]] = collections.OrderedDict()
         self._running: dict[tuple[str, str, str], asyncio.Future[dict[str, str]]] = {}
+        self._counting: dict[tuple[str, str], str] = {}
+        """(group, resource) → the sink whose deliveries the counter counts."""
         self.annotated = 0
         """Changes annotated (each once, whatever the number of sinks)."""
 
@@ -106,14 +111,21 @@ class EventsProfile:
         deleted = "d" if event.type is EventType.DELETED else ""
         return (event.uid, event.resource_version, deleted)
 
-    def _remember(self, key: tuple[str, str, str], ext: dict[str, str], event: ChangeEvent,
-                  facts: EventFacts) -> None:
+    def _remember(self, key: tuple[str, str, str], ext: dict[str, str]) -> None:
         self._done[key] = ext
         if len(self._done) > _REMEMBERED:
             self._done.popitem(last=False)
         self.annotated += 1
-        if self._counter is not None and event.type in (EventType.ADDED, EventType.UPDATED):
-            self._counter.count(facts)
+
+    def count(self, event: ChangeEvent, sink: str) -> None:
+        """Counts a new Event or a repetition once: in the first sink that receives the resource
+        (every sink sees each change of a resource it is routed to)."""
+        if self._counter is None or event.type not in (EventType.ADDED, EventType.UPDATED):
+            return
+        res = event.resource
+        owner = self._counting.setdefault((res.group, res.resource), sink)
+        if owner == sink and event.obj is not None:
+            self._counter.count(event_facts(event.obj))
 
     def annotate_now(self, event: ChangeEvent) -> bool:
         """Annotates ``event`` if that needs no waiting; False when :meth:`annotate` must be awaited."""
@@ -130,7 +142,7 @@ class EventsProfile:
                 if enrichment is None:
                     return False
             ext = event_extensions(facts, enrichment)
-            self._remember(key, ext, event, facts)
+            self._remember(key, ext)
         event.extensions.update(ext)
         return True
 
@@ -150,7 +162,7 @@ class EventsProfile:
                     enrichment = await self.enricher.lookup(
                         facts.involved, event_rv=event.resource_version, wait=event.type is EventType.ADDED)
                 ext = event_extensions(facts, enrichment)
-                self._remember(key, ext, event, facts)
+                self._remember(key, ext)
                 running.set_result(ext)
             except BaseException as e:
                 running.set_exception(e)
@@ -224,6 +236,7 @@ class EventsSink:
                 elif profile.profiled(event):
                     if not profile.annotate_now(event):
                         await profile.annotate(event)
+                    profile.count(event, self.name)
                     if self._window > 0 and self._hold(event, ack, out_events, out_acks):
                         continue
                 out_events.append(event)
