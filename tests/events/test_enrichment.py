@@ -153,3 +153,46 @@ def test_the_counter_bounds_its_labels() -> None:
     assert totals == {("A", "Warning", "shop", "Pod"): 1, ("B", "Warning", "shop", "Pod"): 1,
                       ("other", "Warning", "shop", "Pod"): 1, ("other", "other", "other", "other"): 1}
     assert c.series == 3
+
+
+async def test_a_starting_cache_reads_the_deletions_the_server_still_has(tmp_path: Path) -> None:
+    # A short history: a watch from resourceVersion 1 is refused (410) naming the oldest version
+    # kept; deletions older than the history are lost to a starting cache, newer ones are known.
+    async with Simulator(history_size=40) as sim:
+        early = sim.store.create("pods", make_pod("early", "default"))
+        sim.store.delete("pods", "early", namespace="default")
+        for i in range(30):  # 60 changes of Pods: "early" leaves the history of 40
+            sim.store.create("pods", make_pod(f"filler-{i}", "default"))
+            sim.store.delete("pods", f"filler-{i}", namespace="default")
+        checkpoint_rv = sim.store.resource_version
+        late = sim.store.create("pods", make_pod("late", "default"))
+        sim.store.delete("pods", "late", namespace="default")
+        client = ApiClient.from_kubeconfig(str(sim.write_kubeconfig(tmp_path / "kc")), clock=RealClock())
+        enricher = Enricher(client=client, discovery=Discovery(client=client), clock=RealClock(),
+                            kinds=["pods"])
+        enricher.replay_since = str(checkpoint_rv)
+        try:
+            def pod(obj: dict[str, object]) -> InvolvedObject:
+                meta = obj["metadata"]
+                assert isinstance(meta, dict)
+                return InvolvedObject(kind="Pod", api_version="v1", namespace="default", name=meta["name"],
+                                      uid=meta["uid"])
+
+            got = await enricher.lookup(pod(late))
+            assert got.status == "gone"
+            assert got.labels == late["metadata"]["labels"]
+            assert (await enricher.lookup(pod(early))).status == "unknown"  # before the history kept
+            # Replayed from the oldest version the server keeps (named in its 410, as kube-apiserver
+            # does): the last fillers' deletions and "late"'s.
+            assert 1 < enricher.replayed_deletions <= 21
+        finally:
+            await enricher.close()
+            await client.close()
+
+
+def test_kube_apiservers_oldest_kept_version_is_read_from_its_410() -> None:
+    from bridge.service.events.enrichment import _OLDEST
+
+    found = _OLDEST.search("too old resource version: 1 (3345612)")
+    assert found is not None
+    assert found.group(1) == "3345612"

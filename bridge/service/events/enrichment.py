@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -260,6 +261,8 @@ class _KindCache:
 
 
 _REPLAY_IDLE = 2.0
+_OLDEST = re.compile(r"too old resource version: \d+ \((\d+)\)")
+"""kube-apiserver's 410 for a watch older than its history names the oldest resourceVersion kept."""
 """Seconds without a watch event after which the replayed history is taken as complete."""
 
 
@@ -363,13 +366,12 @@ class Enricher:
         run = asyncio.create_task(cache.reflector.run(), name=name)
         try:
             await cache.store.synced.wait()
-            if self._replay_point() is not None:
-                try:
-                    await self._replay(cache)
-                except Exception as e:  # a history the server no longer has: deletions unknown
-                    log.warning("events enrichment: deletions of %s since resourceVersion %s could not be "
-                                "read (%s); Events about objects deleted meanwhile answer 'unknown'",
-                                cache.api.qualified, self._replay_point(), e)
+            try:
+                await self._replay(cache)
+            except Exception as e:  # a history the server no longer has: deletions unknown
+                log.warning("events enrichment: the deletions of %s before its list could not be read "
+                            "(%s); Events about objects deleted then answer 'unknown'",
+                            cache.api.qualified, e)
             cache.ready.set()
             await run
         finally:
@@ -384,13 +386,29 @@ class Enricher:
         return min(points) if points else None
 
     async def _replay(self, cache: _KindCache) -> None:
-        """Reads the deletions between :attr:`replay_since` and the cache's list from the watch
-        history into the store's memory of deletions: a bridge restarted from a checkpoint re-sends
+        """Reads the deletions the API server still has in its watch history, up to the cache's
+        list, into the store's memory of deletions: a bridge restarted from a checkpoint re-sends
         Events changed since then, and the objects they name may have been deleted while it was
-        down; their last labels are in that history (as long as the API server keeps it)."""
+        down, or before (an Event that expires after the restart about a Pod deleted earlier).
+
+        It asks for the history from resourceVersion 1: a server that keeps it all (the simulator
+        with a long history) answers it; kube-apiserver answers 410 ``too old resource version: 1
+        (OLDEST)``, and the replay starts at OLDEST, the oldest it keeps (a few minutes). Without
+        that number it starts at :meth:`_replay_point` (the checkpoint, or the oldest Event looked
+        up), which the history must still hold."""
+        try:
+            await self._replay_from(cache, 1)
+        except ApiStatusError as e:
+            if e.code != 410:
+                raise
+            oldest = _OLDEST.search(str(e))
+            point = int(oldest.group(1)) if oldest else self._replay_point()
+            if point is not None:
+                await self._replay_from(cache, point)
+
+    async def _replay_from(self, cache: _KindCache, since: int) -> None:
         until = _rv_int(cache.store.resource_version)
-        since = self._replay_point()
-        if until is None or since is None or since >= until:
+        if until is None or since >= until:
             return
         stream = await cache.lister_watcher.watch(WatchOptions(resource_version=str(since),
                                                                timeout_seconds=30))
