@@ -62,10 +62,20 @@ class EventRuleOptions(_Model):
     message: str | None = None
     """A regular expression searched in the Event's message (core) or note (events.k8s.io)."""
     min_count: int = Field(default=0, ge=0)
+    involved_labels: str = ""
+    """A label selector on the involved object's labels (the events profile's enrichment)."""
+
+    @field_validator("involved_labels")
+    @classmethod
+    def _selector(cls, value: str) -> str:
+        LabelSelector(value)
+        return value
 
     def rule(self) -> EventRule:
+        selector = LabelSelector(self.involved_labels) if self.involved_labels.strip() else None
         return EventRule.build(reasons=self.reasons, types=self.types, involved_kinds=self.involved_kinds,
-                               namespaces=self.namespaces, message=self.message, min_count=self.min_count)
+                               namespaces=self.namespaces, message=self.message, min_count=self.min_count,
+                               involved_labels=selector.matches if selector is not None else None)
 
     @model_validator(mode="after")
     def _compiles(self) -> Self:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sinks.contract import EventType, SinkConfigError
+from sinks.contract import ChangeEvent, EventType, SinkConfigError
 from sinks.eventfacts import event_facts
 from sinks.file import FileSink
 from tests.events.helpers import NEW_EVENTS, PODS, change, core_event, new_event
@@ -57,3 +57,23 @@ def test_a_bad_pattern_fails_at_start_naming_the_field(tmp_path: Path) -> None:
         sink(tmp_path, {"drop": [{"message": "(unclosed"}]})
     with pytest.raises(SinkConfigError, match=r"routing\.events\.match\.0\.reason: unknown option"):
         sink(tmp_path, {"match": [{"reason": "typo"}]})
+
+
+def test_a_rule_on_the_involved_objects_labels_reads_the_enrichment(tmp_path: Path) -> None:
+    s = sink(tmp_path, {"match": [{"involved_labels": "team=shop,tier!=debug"}]})
+
+    def enriched(labels: str | None) -> ChangeEvent:
+        event = change(core_event(message="m"))
+        event.extensions["enrichment"] = "ok" if labels is not None else "unknown"
+        if labels:
+            event.extensions["involvedlabels"] = labels
+        return event
+
+    assert s.accepts(enriched('{"team":"shop","tier":"front"}'))
+    assert not s.accepts(enriched('{"team":"shop","tier":"debug"}'))
+    assert not s.accepts(enriched('{"team":"search"}'))
+    assert not s.accepts(enriched(""))       # enriched, no labels
+    assert not s.accepts(enriched(None))     # not enriched: unknown labels never match
+    assert not s.accepts(change(core_event(message="m")))  # no profile at all
+    with pytest.raises(SinkConfigError, match=r"involved_labels"):
+        sink(tmp_path, {"match": [{"involved_labels": "team in (a"}]})
