@@ -13,7 +13,7 @@ them from its own caches, never with a request per Event:
   reference to it) needs it, and only for the kinds configured (``events.enrichment.kinds``: what
   the chart's RBAC grants); an Event about another kind is answered ``skipped``;
 - **bounded**: an entry keeps the uid, the labels, the configured annotations and the controller
-  reference, nothing else (about 300 bytes for a Pod with five labels, measured in
+  reference, nothing else (about 430 bytes for a Pod with three labels, measured in
   ``docs/performance.md``); at ``max_objects`` entries per kind, further objects are not cached
   (their Events answer ``unknown``, counted in :attr:`MetadataStore.overflow`);
 - **objects already gone**: a deleted object's entry moves to a bounded memory of the last
