@@ -86,6 +86,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("long", "bench.bench_long", brokers=True, default=False),
     Scenario("sharding", "bench.bench_sharding"),
     Scenario("namespaces", "bench.bench_namespaces", default=False),
+    Scenario("events", "bench.bench_events", default=False),
 )}
 
 

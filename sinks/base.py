@@ -257,6 +257,7 @@ class BaseSink(Generic[O]):
                 exclude_namespaces=r.exclude_namespaces,
                 label_selector=r.label_selector,
                 event_types=r.event_types,
+                events=r.events.route(),
             )
             cf = options.change_filter
             self._change = ChangeFilter(ignore_paths=cf.ignore_paths, only_paths=cf.only_paths)

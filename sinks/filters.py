@@ -25,6 +25,7 @@ import orjson
 from bridge.labels import parse_label_selector
 from bridge.rawobject import RawObject
 from sinks.contract import ChangeEvent, EventType
+from sinks.event_routing import EventRoute
 
 __all__ = [
     "WILDCARD",
@@ -281,7 +282,7 @@ class RoutingFilter:
     """Which events a sink accepts. Snapshot markers carry no object, so only the resource and the
     event-type rules apply to them."""
 
-    __slots__ = ("event_types", "exclude_namespaces", "namespaces", "resources", "selector")
+    __slots__ = ("event_types", "events", "exclude_namespaces", "namespaces", "resources", "selector")
 
     def __init__(
         self,
@@ -291,7 +292,10 @@ class RoutingFilter:
         exclude_namespaces: Sequence[str] = (),
         label_selector: str = "",
         event_types: Sequence[str] = (),
+        events: EventRoute | None = None,
     ) -> None:
+        """``events``: rules on what Kubernetes Events say (:mod:`sinks.event_routing`)."""
+        self.events = events if events is not None and not events.empty else None
         self.resources = tuple(r.strip().lower() for r in resources)
         self.namespaces = frozenset(namespaces)
         self.exclude_namespaces = frozenset(exclude_namespaces)
@@ -301,8 +305,8 @@ class RoutingFilter:
     @property
     def accepts_all(self) -> bool:
         """True when no rule is set: :meth:`accepts` is True for every event."""
-        return not (self.event_types or self.resources or self.namespaces or self.exclude_namespaces) \
-            and self.selector.empty
+        return not (self.event_types or self.resources or self.namespaces or self.exclude_namespaces
+                    or self.events) and self.selector.empty
 
     def accepts(self, event: ChangeEvent) -> bool:
         if self.event_types and event.type not in self.event_types:
@@ -320,5 +324,6 @@ class RoutingFilter:
                 return False
         if not self.selector.empty:
             labels = event.metadata.get("labels")
-            return self.selector.matches(labels if isinstance(labels, Mapping) else None)
-        return True
+            if not self.selector.matches(labels if isinstance(labels, Mapping) else None):
+                return False
+        return self.events is None or self.events.accepts(event)

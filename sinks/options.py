@@ -23,6 +23,7 @@ from bridge.labels import parse_label_selector
 from sinks.cel import CelError, compile_expression
 from sinks.cloudevents import DEFAULT_KNATIVE_SOURCE
 from sinks.contract import DeliveryOptions, EventType, SinkConfigError
+from sinks.event_routing import EventRoute, EventRule
 from sinks.filters import parse_path
 from sinks.payload import PayloadMode
 from sinks.templates import Template, TemplateError
@@ -33,6 +34,8 @@ __all__ = [
     "BufferOptions",
     "ChangeFilterOptions",
     "DeadLetterOptions",
+    "EventRoutingOptions",
+    "EventRuleOptions",
     "RedactOptions",
     "RetryOptions",
     "RoutingOptions",
@@ -54,6 +57,49 @@ def _check_paths(paths: list[str]) -> list[str]:
     return paths
 
 
+class EventRuleOptions(_Model):
+    """One rule of ``routing.events`` (see :mod:`sinks.event_routing`): every condition set must hold."""
+
+    reasons: list[str] = Field(default_factory=list)
+    types: list[str] = Field(default_factory=list)
+    involved_kinds: list[str] = Field(default_factory=list)
+    namespaces: list[str] = Field(default_factory=list)
+    message: str | None = None
+    """A regular expression searched in the Event's message (core) or note (events.k8s.io)."""
+    min_count: int = Field(default=0, ge=0)
+    involved_labels: str = ""
+    """A label selector on the involved object's labels (the events profile's enrichment)."""
+
+    @field_validator("involved_labels")
+    @classmethod
+    def _selector(cls, value: str) -> str:
+        parse_label_selector(value)  # SelectorError (a ValueError) with the API server's message
+        return value
+
+    def rule(self) -> EventRule:
+        selector = parse_label_selector(self.involved_labels) if self.involved_labels.strip() else None
+        return EventRule.build(reasons=self.reasons, types=self.types, involved_kinds=self.involved_kinds,
+                               namespaces=self.namespaces, message=self.message, min_count=self.min_count,
+                               involved_labels=selector.matches if selector is not None else None)
+
+    @model_validator(mode="after")
+    def _compiles(self) -> Self:
+        self.rule()
+        return self
+
+
+class EventRoutingOptions(_Model):
+    """``routing.events``: Events accepted when a ``match`` rule (if any) and no ``drop`` rule matches."""
+
+    match: list[EventRuleOptions] = Field(default_factory=list)
+    drop: list[EventRuleOptions] = Field(default_factory=list)
+
+    def route(self) -> EventRoute | None:
+        if not (self.match or self.drop):
+            return None
+        return EventRoute(match=[r.rule() for r in self.match], drop=[r.rule() for r in self.drop])
+
+
 class RoutingOptions(_Model):
     resources: list[str] = Field(default_factory=list)
     """Resources as users write them (``pods``, ``deployments.apps``); empty = all."""
@@ -63,6 +109,9 @@ class RoutingOptions(_Model):
     label_selector: str = ""
     event_types: list[EventType] = Field(default_factory=list)
     """Empty = all types, snapshot markers included."""
+    events: EventRoutingOptions = Field(default_factory=EventRoutingOptions)
+    """Rules on what Kubernetes Events say (reason, type, involved kind, message); other resources
+    pass them untouched."""
 
     @field_validator("label_selector")
     @classmethod

@@ -599,9 +599,11 @@ class ApiClient:
         content_type: str | None = None,
         context: str = "",
         timeout: float | None = None,
+        accept: str | None = None,
     ) -> bytes:
         """One request; returns the raw body of a 2xx answer. ``body`` is bytes or JSON-able.
-        ``timeout`` bounds the whole call, retries and reading the answer included."""
+        ``timeout`` bounds the whole call, retries and reading the answer included. ``accept``: an
+        ``Accept`` header of the caller's (content negotiation, e.g. metadata-only lists)."""
         context = context or f"{method} {path}"
         data: bytes | None
         if body is None:
@@ -614,7 +616,7 @@ class ApiClient:
             content_type = "application/json"
         response = await self._send(
             method, path, params=params, data=data, content_type=content_type, context=context,
-            timeout=self._request_timeout(), budget=timeout,
+            timeout=self._request_timeout(), budget=timeout, accept=accept,
         )
         try:
             return await response.read()
@@ -698,10 +700,12 @@ class ApiClient:
         *,
         context: str = "",
         read_timeout: float | None = None,
+        accept: str | None = None,
     ) -> LineStream:
         """Opens a streaming GET (a watch). Errors while opening raise here (after the same retries
         as any request); the returned stream then yields lines until the server or :meth:`LineStream.
-        close` ends it. ``read_timeout``: give up on a connection silent for that long."""
+        close` ends it. ``read_timeout``: give up on a connection silent for that long. ``accept``:
+        an ``Accept`` header of the caller's (e.g. a metadata-only watch)."""
         context = context or f"GET {path}"
         idle = read_timeout if read_timeout is not None else self._options.stream_idle_timeout
         timeout = aiohttp.ClientTimeout(
@@ -710,6 +714,7 @@ class ApiClient:
         response = await self._send(
             "GET", path, params=params, data=None, content_type=None, context=context, timeout=timeout,
             watch=True,
+            accept=accept,
         )
         return LineStream(response=response, context=context, max_line_bytes=self._options.max_line_bytes)
 

@@ -37,6 +37,7 @@ from bridge.rawobject import RawObject, RawObjectError, decode_object, decode_wa
 
 __all__ = [
     "DECODE_ERROR_CAUSE",
+    "METADATA_ACCEPT",
     "WATCH_EVENT_DECODERS",
     "HttpListerWatcher",
     "HttpWatchStream",
@@ -377,6 +378,15 @@ class HttpWatchStream:
         await self._lines.close()
 
 
+METADATA_ACCEPT: tuple[str, str] = (
+    "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json",
+    "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json",
+)
+"""The ``Accept`` headers of a metadata-only list and watch (client-go's metadata informer): the
+API server answers ``PartialObjectMetadataList`` / ``PartialObjectMetadata`` objects, each only
+``metadata`` (a plain answer when it cannot, which the caller reads the same way)."""
+
+
 class HttpListerWatcher:
     """Lists and watches ``resource`` in ``namespace`` ("" = all namespaces / cluster-scoped), with
     the selectors passed through to the server."""
@@ -393,8 +403,12 @@ class HttpListerWatcher:
         raw_objects: bool = False,
         drop_managed_fields: bool = False,
         shard: ShardFilter | None = None,
+        accept: tuple[str, str] | None = None,
     ) -> None:
-        """``raw_objects``: objects stay JSON bytes (:class:`~bridge.rawobject.RawObject`), with
+        """``accept``: the ``Accept`` headers of lists and of watches when the caller negotiates
+        another representation (:data:`METADATA_ACCEPT`: metadata only).
+
+        ``raw_objects``: objects stay JSON bytes (:class:`~bridge.rawobject.RawObject`), with
         ``metadata.managedFields`` cut out when ``drop_managed_fields``; otherwise they are decoded
         into dicts (by ``decoder`` for watch events, msgspec by default). ``shard``: objects this
         shard does not own are recognised by their uid and go no further than that (list items are
@@ -426,6 +440,7 @@ class HttpListerWatcher:
         self.garbage_lines = 0
         """Garbage lines over every watch this lister-watcher opened."""
         self._prefetched: tuple[int | None, str, asyncio.Task[bytes]] | None = None
+        self._accept = accept
 
     @property
     def resource(self) -> APIResource:
@@ -490,7 +505,8 @@ class HttpListerWatcher:
             if pending is not None:
                 body = await pending
             else:
-                body = await self._client.request_bytes("GET", self._path, params=params, context=context)
+                body = await self._client.request_bytes("GET", self._path, params=params, context=context,
+                                                        accept=self._accept[0] if self._accept else None)
         except (ForbiddenError, NotFoundError) as e:
             raise self._explain(e, "list") from e
         try:
@@ -515,7 +531,8 @@ class HttpListerWatcher:
             params["limit"] = limit
         params["continue"] = continue_token
         task = asyncio.get_running_loop().create_task(
-            self._client.request_bytes("GET", self._path, params=params, context=context),
+            self._client.request_bytes("GET", self._path, params=params, context=context,
+                                       accept=self._accept[0] if self._accept else None),
             name=f"list-prefetch:{self._resource.qualified}",
         )
         task.add_done_callback(_consume_outcome)
@@ -554,7 +571,8 @@ class HttpListerWatcher:
         read_timeout = options.timeout_seconds + 30.0 if options.timeout_seconds else None
         try:
             lines = await self._client.open_stream(
-                self._path, params, context=context, read_timeout=read_timeout
+                self._path, params, context=context, read_timeout=read_timeout,
+                accept=self._accept[1] if self._accept else None,
             )
         except (ForbiddenError, NotFoundError) as e:
             raise self._explain(e, "watch") from e

@@ -46,6 +46,7 @@ from bridge.kube.labels import (
     parse_label_selector,
     supported_field_labels,
 )
+from bridge.service.events.config import EventsConfig
 from bridge.service.resource_names import canonical_resource
 from sinks.addresses import check_nats_url
 
@@ -137,6 +138,19 @@ class ResourceConfig(_Model):
     """How this resource is split across shards (``sharding.strategy`` when unset): ``object``
     (every shard watches it and keeps the objects whose uid hashes to it) or ``resource`` (one shard
     watches it whole). See docs/sharding.md."""
+    profile: Literal["events"] | None = None
+    """``events``: Kubernetes Events treated as such (docs/events.md): routing attributes,
+    enrichment, coalescing, the Events counter. Only for core ``events`` or ``events.events.k8s.io``."""
+
+    @field_validator("profile")
+    @classmethod
+    def _profile_fits(cls, v: str | None, info: ValidationInfo) -> str | None:
+        name = str(info.data.get("resource") or "")
+        plural = name.split("/", 1)[0].split(".", 1)[0].lower()
+        if v == "events" and plural not in ("events", "event", "ev"):
+            raise ValueError(f"profile 'events' applies to Kubernetes Events (events, "
+                             f"events.events.k8s.io), not to {name!r}")
+        return v
 
     @field_validator("label_selector")
     @classmethod
@@ -444,6 +458,8 @@ class BridgeConfig(BaseSettings):
     server: ServerConfig = ServerConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     logging: LoggingConfig = LoggingConfig()
+    events: EventsConfig = EventsConfig()
+    """How resources with ``profile: events`` are treated (docs/events.md)."""
     shutdown_deadline: float = Field(default=25.0, gt=0)
     """Seconds SIGTERM may take: flush sinks and write the final checkpoint. Keep it below the pod's
     terminationGracePeriodSeconds."""

@@ -41,6 +41,7 @@ from bridge.kube.listwatch import HttpListerWatcher
 from bridge.service import sharding_auto
 from bridge.service.api_waits import AheadOfServer
 from bridge.service.config import BridgeConfig, check_secret_files, load_config
+from bridge.service.events.wiring import EventsSink, events_profile_for, set_replay_point
 from bridge.service.fencing import FencedSink
 from bridge.service.health import HealthServer, Readiness
 from bridge.service.logconfig import configure_logging
@@ -404,7 +405,19 @@ class BridgeService:
             return
         self._state.role = "leader" if elector is not None else "single"
         cfg = self.config
-        metered = [MeteredSink(inner=s, telemetry=self.telemetry) for s in validate_sinks(cfg)]
+        watched = await self._resolve(client)
+        if self._by_node:
+            watched = self._node_share(watched)
+        elif self._sharded:
+            watched = await self._shard(client, watched)
+        events_profile = events_profile_for(cfg, watched, client=client, clock=self._clock,
+                                            telemetry=self.telemetry)
+        built = validate_sinks(cfg)
+        if events_profile is not None:
+            window, pending = cfg.events.coalesce_window, cfg.events.coalesce_max_pending
+            built = [EventsSink(inner=s, profile=events_profile, coalesce_window=window, max_pending=pending,
+                                clock=self._clock) for s in built]
+        metered = [MeteredSink(inner=s, telemetry=self.telemetry) for s in built]
         self._state.sinks = metered
         sinks: list[Sink] = list(metered)
         fence: FenceSource | None = None
@@ -413,11 +426,6 @@ class BridgeService:
             sinks = [FencedSink(inner=s, is_leader=elector.is_leader) for s in metered]
             fence = elector.fence_token
             shutdown_deadline = max(0.5, shutdown_deadline - elector.release_timeout)
-        watched = await self._resolve(client)
-        if self._by_node:
-            watched = self._node_share(watched)
-        elif self._sharded:
-            watched = await self._shard(client, watched)
         by_key = {w.key: w for w in watched}
         namespace_labels = await self._namespace_labels(client, watched)
         scopes: dict[str, NamespaceScope] = {}
@@ -440,6 +448,8 @@ class BridgeService:
         factory = SharedInformerFactory(lister_watcher_factory=lister_watcher, clock=self._clock,
                                         compact_cache=cfg.cache.compact)
         store = _checkpoint_store(cfg, client, fence)
+        if events_profile is not None:
+            await set_replay_point(events_profile, store, watched)
         async def fetch_object(w: WatchedResource, namespace: str, name: str) -> dict[str, Any]:
             return await client.get(w.api.object_path(name, namespace or None),
                                     context=f"reading {w.api.qualified} {namespace}/{name}")
@@ -488,6 +498,9 @@ class BridgeService:
                     await store.close()
             if namespace_labels is not None:
                 await namespace_labels.stop()
+            if events_profile is not None:
+                with contextlib.suppress(Exception):
+                    await events_profile.close()
             # No await between these: a scrape sees the counts either live or carried, never both.
             self._retire(pipeline, metered)
             self._state.pipeline = None

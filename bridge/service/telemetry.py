@@ -15,6 +15,9 @@ hash of the selectors; the checkpoint's name), ``type`` a CloudEvents type (``ad
                                        and type (``sync``: objects of snapshots)
 ``keb_sink_events_total``              events a sink finished, by sink and outcome
                                        (delivered, filtered, dead_lettered, dropped)
+``keb_kubernetes_events_total``        Kubernetes Events seen by the events profile, by
+                                       reason, type, namespace and involved kind (bounded:
+                                       docs/events.md)
 ``keb_sink_delivery_duration_seconds`` time from hand-over to the sink until its ack, sampled
                                        in time (see below)
 ``keb_sink_filter_errors_total``       events a sink's CEL ``filter`` failed on (then kept or
@@ -193,6 +196,10 @@ class Telemetry:
         self.filter_errors = ScrapedCounter(("sink",))
         """Filter evaluation errors beyond the live sinks' (finished sinks'), by sink."""
         self._filter_errors_source: Callable[[], Mapping[str, int]] = dict
+
+        self.kube_events = ScrapedCounter(("reason", "type", "namespace", "involved_kind"))
+        """Kubernetes Events seen by the events profile (:mod:`bridge.service.events.metrics`), by
+        reason, type, namespace and involved kind, label values already bounded by the caller."""
         resource = Resource.create({"service.name": service_name, "service.version": __version__})
         self._reader = PrometheusMetricReader(registry=self.registry, scope_info_enabled=False)
         self.meter_provider = MeterProvider(metric_readers=[self._reader], resource=resource)
@@ -202,6 +209,10 @@ class Telemetry:
                                         description="Changes processed by an informer, by resource and type")
         meter.create_observable_counter("keb.sink.events", [self._sink_events], unit="{event}",
                                         description="Events a sink finished, by sink and outcome")
+        meter.create_observable_counter("keb.kubernetes.events", [self._kube_events], unit="{event}",
+                                        description="Kubernetes Events (new ones and repetitions) seen by "
+                                                    "the events profile, by reason, type, namespace and "
+                                                    "involved kind; rare values counted as 'other'")
         self.delivery_duration = meter.create_histogram(
             "keb.sink.delivery.duration", unit="s",
             description="Time from handing an event to a sink until the sink acknowledged it, "
@@ -363,6 +374,11 @@ class Telemetry:
         except Exception:  # a scrape must never take the service down
             log.exception("reading the sinks' filter errors failed")
         return [Observation(n, {"sink": s}) for s, n in totals.items()]
+
+    def _kube_events(self, _: CallbackOptions) -> Iterable[Observation]:
+        labels = self.kube_events.labels
+        return [Observation(n, dict(zip(labels, values, strict=True)))
+                for values, n in self.kube_events.totals().items()]
 
     def _sink_queue(self, _: CallbackOptions) -> Iterable[Observation]:
         return [Observation(g.queue_depth, {"sink": n}) for n, g in self._sinks()]

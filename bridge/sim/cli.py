@@ -17,6 +17,7 @@ from typing import Any
 
 from bridge.sim.apf import FlowControl
 from bridge.sim.churn import ChurnGenerator, ChurnMix
+from bridge.sim.events import EventGenerator
 from bridge.sim.faults import FaultSpec, FaultTarget
 from bridge.sim.server import Simulator
 from bridge.sim.store import DEFAULT_HISTORY_SIZE
@@ -90,6 +91,25 @@ def build_parser(prog: str = "python -m bridge.sim") -> argparse.ArgumentParser:
     churn.add_argument("--namespaces", default="default",
                        help="comma-separated namespaces for churn (created at start)")
     churn.add_argument("--seed", type=int, default=None)
+    events = p.add_argument_group("Kubernetes Events (bridge.sim.events: series, both APIs, bursts)")
+    events.add_argument("--events-rate", type=float, default=0.0,
+                        help="Event changes per second: new Events, repetitions, expiries (0: none)")
+    events.add_argument("--events-deployments", type=int, default=10, help="Deployments (involved objects)")
+    events.add_argument("--events-pods", type=int, default=5, help="Pods per Deployment")
+    events.add_argument("--events-max", type=int, default=5000, help="live Events before the oldest expire")
+    events.add_argument("--events-new-api-share", type=float, default=0.5,
+                        help="share of new Events written through events.k8s.io/v1")
+    events.add_argument("--events-burst-every", type=float, default=0.0,
+                        help="seconds between bursts (0: none)")
+    events.add_argument("--events-burst-factor", type=float, default=5.0)
+    events.add_argument("--events-burst-length", type=float, default=1.0)
+    events.add_argument("--events-duration", type=float, default=0.0,
+                        help="seconds of Event generation (0: until stopped)")
+    events.add_argument("--events-wait-signal", action="store_true",
+                        help="start generating on SIGUSR1 (a test starts its bridge first)")
+    events.add_argument("--events-ledger", metavar="PATH",
+                        help="append every new Event (uid, involved object, whether it existed) "
+                             "as JSON lines")
     faults = p.add_argument_group("faults (also settable at run time: POST /_sim/faults)")
     faults.add_argument("--fault-watch-close-after", type=int, metavar="N")
     faults.add_argument("--fault-watch-cut-after", type=int, metavar="N")
@@ -117,6 +137,14 @@ def _fault_spec(args: argparse.Namespace) -> FaultSpec:
     )
 
 
+async def _run_events(events: EventGenerator, duration: float | None, go: asyncio.Event | None) -> None:
+    if go is not None:
+        await go.wait()
+    stats = await events.run(duration)
+    print(f"events done: {stats.changes} changes ({stats.created} created, {stats.bumped} repeated, "
+          f"{stats.expired} expired)", flush=True)
+
+
 async def _serve(args: argparse.Namespace) -> int:
     namespaces = [n.strip() for n in args.namespaces.split(",") if n.strip()]
     sim = Simulator(namespaces=dict.fromkeys(["default", "kube-system", *namespaces]),
@@ -135,6 +163,14 @@ async def _serve(args: argparse.Namespace) -> int:
                                objects=args.churn_objects, object_size=args.churn_size,
                                namespaces=namespaces, seed=args.seed, resource=args.churn_resource)
         churn.prefill()
+    events: EventGenerator | None = None
+    if args.events_rate > 0:
+        events = EventGenerator(store=sim.store, rate=args.events_rate, namespaces=namespaces,
+                                deployments=args.events_deployments, pods_per_deployment=args.events_pods,
+                                max_events=args.events_max, new_api_share=args.events_new_api_share,
+                                burst_every=args.events_burst_every, burst_factor=args.events_burst_factor,
+                                burst_length=args.events_burst_length, seed=args.seed,
+                                ledger_path=args.events_ledger)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     handled: list[signal.Signals] = []
@@ -153,7 +189,23 @@ async def _serve(args: argparse.Namespace) -> int:
             churn_task = asyncio.create_task(churn.run(), name="sim-churn")
             churn_task.add_done_callback(lambda t: None if t.cancelled() or t.exception() is None
                                          else stop.set())
+        events_task = None
+        go: asyncio.Event | None = None
+        if events is not None and args.events_wait_signal:
+            go = asyncio.Event()
+            loop.add_signal_handler(signal.SIGUSR1, go.set)
+            handled.append(signal.SIGUSR1)
+        if events is not None:
+            events_task = asyncio.create_task(
+                _run_events(events, args.events_duration or None, go), name="sim-events")
+            events_task.add_done_callback(lambda t: None if t.cancelled() or t.exception() is None
+                                          else stop.set())
         await stop.wait()
+        if events is not None and events_task is not None:
+            events.stop()
+            with contextlib.suppress(Exception):
+                await events_task
+            events.close()
     finally:
         if churn is not None and churn_task is not None:
             churn.stop()

@@ -187,6 +187,8 @@ BUILTIN_RESOURCES: tuple[ResourceType, ...] = (
                  categories=("all",), scalable=True, field_selectors=("status.replicas",)),
     ResourceType(group="apps", version="v1", plural="statefulsets", kind="StatefulSet", short_names=("sts",),
                  categories=("all",), scalable=True),
+    ResourceType(group="events.k8s.io", version="v1", plural="events", kind="Event", has_status=False,
+                 generation=False),
     ResourceType(group="authorization.k8s.io", version="v1", plural="selfsubjectaccessreviews",
                  kind="SelfSubjectAccessReview", namespaced=False, verbs=("create",), has_status=False,
                  virtual=True),

@@ -34,6 +34,7 @@ from bridge.kube.labels import SelectorError
 from bridge.sim.apf import FlowControl, flow_of
 from bridge.sim.faults import FaultSpec, FaultState
 from bridge.sim.managed import FieldOwner
+from bridge.sim.metadata_view import accepts_partial, partial, partial_list
 from bridge.sim.openapi_proto import PROTOBUF_V2, PROTOBUF_V2_CONTENT_TYPE, encode_document
 from bridge.sim.resources import ResourceType
 from bridge.sim.status import (
@@ -733,6 +734,8 @@ class Simulator:
             if accepts_table(request.headers.get("Accept", "")):
                 return _json_response(table(rt, [obj], include_object=request.query.get("includeObject",
                                                                                          "Metadata")))
+            if accepts_partial(request.headers.get("Accept", ""), list_=False):
+                return _json_response(partial(obj))
             return _json_response(obj)
         assert writer is not None
         if verb == "delete":
@@ -1034,6 +1037,8 @@ class Simulator:
         if accepts_table(request.headers.get("Accept", "")):
             return _json_response(table(rt, [o for _, o in items], list_meta=metadata,
                                         include_object=query.get("includeObject", "Metadata")))
+        if accepts_partial(request.headers.get("Accept", ""), list_=True):
+            return _json_response(partial_list([o for _, o in items], metadata))
         body = {"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": metadata,
                 "items": _list_items(rt, [o for _, o in items])}
         return _json_response(body)
@@ -1092,7 +1097,8 @@ class Simulator:
             await response.prepare(request)
             stream = _WatchStream(sim=self, request=request, response=response, watcher=watcher,
                                   bookmarks=bookmarks, timeout=timeout,
-                                  as_table=accepts_table(request.headers.get("Accept", "")))
+                                  as_table=accepts_table(request.headers.get("Accept", "")),
+                                  as_partial=accepts_partial(request.headers.get("Accept", ""), list_=False))
             await stream.run(send_initial_end=send_initial)
         except (ConnectionResetError, asyncio.CancelledError):
             watcher.close("client went away")
@@ -1110,9 +1116,12 @@ class _WatchStream:
     """
 
     def __init__(self, *, sim: Simulator, request: web.Request, response: web.StreamResponse,
-                 watcher: Watcher, bookmarks: bool, timeout: float, as_table: bool = False) -> None:
+                 watcher: Watcher, bookmarks: bool, timeout: float, as_table: bool = False,
+                 as_partial: bool = False) -> None:
         self.sim = sim
         self.as_table = as_table
+        self.as_partial = as_partial
+        """Each event's object is a PartialObjectMetadata (a metadata-only watch)."""
         """Each event's object is a one-row Table (``kubectl get -w``)."""
         self.request = request
         self.response = response
@@ -1166,6 +1175,8 @@ class _WatchStream:
         if self.as_table:
             return orjson.dumps(table(self.watcher.resource, [change.obj],
                                       include_object=self.request.query.get("includeObject", "Metadata")))
+        if self.as_partial:
+            return orjson.dumps(partial(change.obj))
         return change.encoded_object()
 
     async def run(self, *, send_initial_end: bool) -> None:

@@ -271,7 +271,7 @@ async def test_discovery_documents(sim: Simulator) -> None:
                                            "update", "watch"],
                                  "shortNames": ["po"], "categories": ["all"]}
         groups = await (await http.get(f"{sim.url}/apis")).json()
-        assert [g["name"] for g in groups["groups"]] == ["coordination.k8s.io", "apps",
+        assert [g["name"] for g in groups["groups"]] == ["coordination.k8s.io", "apps", "events.k8s.io",
                                                          "authorization.k8s.io", "example.com"]
         leases = await (await http.get(f"{sim.url}/apis/coordination.k8s.io/v1")).json()
         assert leases["groupVersion"] == "coordination.k8s.io/v1"

@@ -323,3 +323,29 @@ What the StatefulSet mode (sharding.enabled) cannot work with, refused before an
 {{- define "kube-event-bridge.shardsServiceName" -}}
 {{- printf "%s-shards" (include "kube-event-bridge.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
+
+{{/*
+The resources the events profile's enrichment reads (metadata list/watch), as a YAML list: none
+unless a resource has `profile: events` and enrichment is on; config.events.enrichment.kinds, else
+the bridge's default (DEFAULT_ENRICHMENT_KINDS in bridge/service/events/config.py; a test keeps the
+two equal).
+*/}}
+{{- define "kube-event-bridge.enrichmentKinds" -}}
+{{- $profiled := false -}}
+{{- range .Values.config.resources -}}
+{{- if eq (toString .profile) "events" -}}{{- $profiled = true -}}{{- end -}}
+{{- end -}}
+{{- $events := .Values.config.events | default dict -}}
+{{- $enrichment := $events.enrichment | default dict -}}
+{{- $enabled := true -}}
+{{- if hasKey $enrichment "enabled" -}}{{- $enabled = $enrichment.enabled -}}{{- end -}}
+{{- if and $profiled $enabled -}}
+{{- if hasKey $enrichment "kinds" -}}
+{{- toYaml $enrichment.kinds -}}
+{{- else -}}
+{{- toYaml (list "pods" "replicasets.apps" "deployments.apps" "statefulsets.apps" "daemonsets.apps" "jobs.batch" "cronjobs.batch" "nodes") -}}
+{{- end -}}
+{{- else -}}
+[]
+{{- end -}}
+{{- end -}}
