@@ -49,7 +49,7 @@ from bridge.delivery.assembly import (
 )
 from bridge.delivery.bootstrap import Bootstrap
 from bridge.delivery.checkpoint import Checkpoint, CheckpointStore
-from bridge.delivery.checkpoint_writer import CheckpointWriter
+from bridge.delivery.checkpoint_writer import CheckpointWriter, GroupCommit
 from bridge.delivery.informer_run import InformerCounts, InformerObserver, InformerRun
 from bridge.delivery.inspection import PipelineInspection, PipelineStats
 from bridge.delivery.outages import OutageReporter, SinkBacklog
@@ -106,6 +106,7 @@ class BridgePipeline(PipelineInspection):
         spill_directory: str | os.PathLike[str] | None = None,
         outage_check_interval: float = 1.0,
         outage_summary_interval: float = 30.0,
+        group_commit: GroupCommit | None = None,
     ) -> None:
         """``factory`` (the service) or ``build_informer`` (tests, tools) makes the informers; with a
         factory, ``page_size`` and ``use_watch_list`` are passed to each. ``checkpoint_store`` None
@@ -115,7 +116,8 @@ class BridgePipeline(PipelineInspection):
         namespace, name)`` reads one object unfiltered (selector exits,
         :mod:`bridge.delivery.selector_exit`). ``spill_directory``: where sinks' backlogs spill
         (None: a sink that falls behind degrades). Sinks' health is checked every
-        ``outage_check_interval`` seconds (:mod:`bridge.delivery.outages`)."""
+        ``outage_check_interval`` seconds (:mod:`bridge.delivery.outages`). ``group_commit``: the
+        checkpoint also follows the acknowledgements (:mod:`bridge.delivery.checkpoint_writer`)."""
         _check(resources, sinks, factory, build_informer, checkpoint_interval)
         self._resources = list(resources)
         self._sinks = list(sinks)
@@ -124,6 +126,7 @@ class BridgePipeline(PipelineInspection):
         self._build = build_informer
         self._cluster = cluster
         self._checkpoint_interval = checkpoint_interval
+        self._group_commit = group_commit
         self._snapshot_on_first_start = snapshot_on_first_start
         self._clock: Clock = clock or RealClock()
         self._page_size = page_size
@@ -187,6 +190,8 @@ class BridgePipeline(PipelineInspection):
             if inf.journal is not None:
                 self._spawn(f"journal:{ident}", inf.journal.run())
         self._spawn("checkpoint-writer", self._writer.run(self._checkpoint_interval))
+        if self._group_commit is not None and self._store is not None:
+            self._spawn("checkpoint-group-commit", self._writer.run_group_commit(self._group_commit))
         if self._outage_check > 0:
             self._spawn("sink-outages", self._outage_loop())
 

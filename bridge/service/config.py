@@ -250,6 +250,14 @@ class CheckpointConfig(_Model):
     checkpoint too large for one ConfigMap fails to save, with an error saying so."""
     interval: float = Field(default=5.0, gt=0)
     """Seconds between checkpoint writes (and one on shutdown)."""
+    commit_events: int = Field(default=1000, ge=0)
+    """Group commit: the checkpoint follows the acknowledgements, written at once when the sinks
+    acknowledged this many changes since the last write (0 = off: every ``interval`` only). What a
+    SIGKILL makes the next start send again, per sink, is bounded by what it had in flight plus
+    this (docs/delivery-contract.md)."""
+    commit_delay: float = Field(default=0.2, gt=0)
+    """Group commit: seconds an acknowledgement may stay unsaved (written then, whichever of
+    ``commit_events`` and this comes first)."""
     spill_directory: str = "./.kube-event-bridge/spill"
     """Where each sink's spill (its backlog beyond ``buffer.capacity``) is written, one
     subdirectory per sink and informer; "" = no spill (a sink that falls behind degrades at once).

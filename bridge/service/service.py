@@ -30,6 +30,7 @@ from typing import Any
 from bridge.clock import Clock, RealClock
 from bridge.contracts import ListerWatcher
 from bridge.delivery.checkpoint import CheckpointStore, FileCheckpointStore
+from bridge.delivery.checkpoint_writer import GroupCommit
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.errors import ApiError, BridgeError, ConfigurationError
 from bridge.informer.factory import InformerKey, SharedInformerFactory
@@ -458,6 +459,8 @@ class BridgeService:
             fetch_object=fetch_object,
             factory=factory, resources=watched, sinks=list(sinks), checkpoint_store=store,
             cluster=cfg.cluster, checkpoint_interval=cfg.checkpoint.interval,
+            group_commit=(GroupCommit(events=cfg.checkpoint.commit_events, delay=cfg.checkpoint.commit_delay)
+                          if cfg.checkpoint.commit_events else None),
             snapshot_on_first_start=cfg.snapshot.on_first_start, clock=self._clock,
             page_size=cfg.kubernetes.configured_page_size,
             use_watch_list=cfg.kubernetes.watch_list,
