@@ -7,7 +7,7 @@ is ``COMMIT_DELAY`` seconds old). The bridge is SIGKILLed ten times and restarte
 kill, the changes the sink holds again after the restart that it already held before the kill are
 counted from the file itself: each count stays within the contract's bound (what the sink had in
 flight, plus ``COMMIT_EVENTS``, plus what is acknowledged during one check and one store write,
-docs/delivery-contract.md), where the interval alone re-sends up to 5 s of changes (about 1,000).
+docs/delivery-contract.md), where the interval alone re-sends up to 5 s of changes.
 """
 
 from __future__ import annotations
