@@ -59,6 +59,7 @@ from bridge.delivery.restart import load_start
 from bridge.delivery.resume_plan import SinkStartKind, stub_objects
 from bridge.delivery.selector_exit import SelectorExits
 from bridge.delivery.sink_listener import SinkListener, SinkListenerStats
+from bridge.delivery.stall import StallCheck, StallDetector
 from bridge.informer.factory import SharedInformerFactory
 from bridge.informer.reflector import Reflector, WatchErrorHandler, default_watch_error_handler
 from bridge.informer.shared_informer import CacheSeed, HandlerRegistration, SharedIndexInformer
@@ -107,6 +108,7 @@ class BridgePipeline(PipelineInspection):
         outage_check_interval: float = 1.0,
         outage_summary_interval: float = 30.0,
         group_commit: GroupCommit | None = None,
+        stall_check: StallCheck | None = None,
     ) -> None:
         """``factory`` (the service) or ``build_informer`` (tests, tools) makes the informers; with a
         factory, ``page_size`` and ``use_watch_list`` are passed to each. ``checkpoint_store`` None
@@ -117,7 +119,8 @@ class BridgePipeline(PipelineInspection):
         :mod:`bridge.delivery.selector_exit`). ``spill_directory``: where sinks' backlogs spill
         (None: a sink that falls behind degrades). Sinks' health is checked every
         ``outage_check_interval`` seconds (:mod:`bridge.delivery.outages`). ``group_commit``: the
-        checkpoint also follows the acknowledgements (:mod:`bridge.delivery.checkpoint_writer`)."""
+        checkpoint also follows the acknowledgements (:mod:`bridge.delivery.checkpoint_writer`).
+        ``stall_check``: silent watches are checked against the server (:mod:`bridge.delivery.stall`)."""
         _check(resources, sinks, factory, build_informer, checkpoint_interval)
         self._resources = list(resources)
         self._sinks = list(sinks)
@@ -139,6 +142,8 @@ class BridgePipeline(PipelineInspection):
         self._outage_check = outage_check_interval
         self._informers: dict[str, InformerRun] = {}
         self._writer = CheckpointWriter(store=checkpoint_store, clock=self._clock, runs=self._informers)
+        self._stalls = (StallDetector(check=stall_check, clock=self._clock, runs=self._informers)
+                        if stall_check is not None else None)
         self._outages = OutageReporter(sinks=self._sinks, view=self, summary_interval=outage_summary_interval)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
@@ -192,6 +197,8 @@ class BridgePipeline(PipelineInspection):
         self._spawn("checkpoint-writer", self._writer.run(self._checkpoint_interval))
         if self._group_commit is not None and self._store is not None:
             self._spawn("checkpoint-group-commit", self._writer.run_group_commit(self._group_commit))
+        if self._stalls is not None:
+            self._spawn("stalled-watches", self._stalls.run())
         if self._outage_check > 0:
             self._spawn("sink-outages", self._outage_loop())
 
@@ -358,6 +365,7 @@ class BridgePipeline(PipelineInspection):
             and not any(inf.journal is not None and inf.journal.last_error
                         for inf in self._informers.values())
             and not any(name.startswith("journal:") for name in self.failed_tasks)
+            and not self.stalled()
         )
 
     def not_ready_reasons(self) -> list[str]:
@@ -372,6 +380,7 @@ class BridgePipeline(PipelineInspection):
                                f"{inf.journal.last_error}")
             if f"journal:{i}" in self.failed_tasks:
                 reasons.append(f"journal writer of {i} failed (new objects and deletes wait)")
+        reasons.extend(self.stalled())
         for s in self._sinks:
             if not s.healthy():
                 backlog = self.sink_backlog(s.name)
@@ -474,6 +483,10 @@ class BridgePipeline(PipelineInspection):
 
     # ---------------------------------------------------------------------------------------------
     # checkpoints
+
+    def stalled(self) -> list[str]:
+        """One line per informer whose watch stalled (:mod:`bridge.delivery.stall`)."""
+        return self._stalls.reasons() if self._stalls is not None else []
 
     async def write_checkpoints(self) -> int:
         """Saves every informer whose acknowledged state moved since its last save; returns how

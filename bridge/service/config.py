@@ -100,6 +100,11 @@ class KubernetesConfig(_Model):
     opening of a watch is not (as in client-go). See docs/configuration.md."""
     burst: int = 100
     """Requests the rate limit lets through at once (client-go's ``Burst``)."""
+    stall_after: float = Field(default=300.0, ge=0)
+    """Seconds an informer's watch may deliver nothing (no event, no bookmark) before the server is
+    asked, with a ``limit=1`` list, whether the resource moved meanwhile; if it did, the watch is
+    reported stalled (a WARNING, ``/readyz``, ``keb_informer_stalled``) until it delivers again. Keep
+    it above the server's bookmark period (about a minute). 0 = off."""
 
     @field_validator("qps")
     @classmethod

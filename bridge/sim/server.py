@@ -82,6 +82,8 @@ _JSON = "application/json"
 _TYPE_FIELDS = frozenset({"apiVersion", "kind"})
 _BATCH = 256
 """Most watch events written as one chunk."""
+_STALL_POLL = 0.05
+"""Seconds between looks at the ``watch_stall`` fault while a watch is held silent."""
 
 
 _AGGREGATED = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
@@ -1193,6 +1195,12 @@ class _WatchStream:
         interval = self.sim.bookmark_interval
         next_bookmark = loop.time() + interval
         while True:
+            if self.sim.faults.spec.watch_stall and not watcher.closed:
+                if loop.time() >= deadline:
+                    await self.response.write_eof()
+                    return
+                await asyncio.sleep(_STALL_POLL)
+                continue
             batch = watcher.take(_BATCH)
             if batch:
                 if not await self._write_batch(batch):
