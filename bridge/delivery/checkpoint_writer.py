@@ -30,10 +30,11 @@ from bridge.delivery.checkpoint import (
     SinkProgress,
 )
 from bridge.delivery.informer_run import InformerRun
+from bridge.delivery.progress import Known
 from bridge.delivery.resume_plan import SinkStartKind, parse_rv
 from bridge.delivery.sharding import stale_ready
 
-__all__ = ["CheckpointWriter", "GroupCommit"]
+__all__ = ["CheckpointWriter", "GroupCommit", "sink_state"]
 
 log = logging.getLogger(__name__)
 
@@ -175,10 +176,7 @@ class CheckpointWriter:
         for name in inf.registrations:
             if name in inf.bootstrapping:
                 continue
-            start = inf.plan.sinks.get(name)
-            floor, own = ((start.resource_version, start.section)
-                          if start is not None and start.kind is SinkStartKind.OWN_PROGRESS else (0, {}))
-            rv, diff = inf.tracker.listener_state(name, floor, own)
+            rv, diff = sink_state(inf, name)
             objects: dict[str, tuple[str, str] | None] = {}
             ahead: dict[str, tuple[str, str, bool]] = {}
             for key, k in diff.items():
@@ -191,3 +189,12 @@ class CheckpointWriter:
             sections[name] = SinkProgress(resource_version=str(rv) if rv > base else "",
                                           objects=objects, ahead=ahead)
         return sections
+
+
+def sink_state(inf: InformerRun, name: str) -> tuple[int, dict[str, Known | None]]:
+    """One sink's own acknowledged resourceVersion and, per object, where its knowledge differs from
+    the base (:meth:`AckTracker.listener_state`, scanned from where its start put it)."""
+    start = inf.plan.sinks.get(name)
+    floor, own = ((start.resource_version, start.section)
+                  if start is not None and start.kind is SinkStartKind.OWN_PROGRESS else (0, {}))
+    return inf.tracker.listener_state(name, floor, own)

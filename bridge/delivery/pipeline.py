@@ -50,6 +50,7 @@ from bridge.delivery.assembly import (
 from bridge.delivery.bootstrap import Bootstrap
 from bridge.delivery.checkpoint import Checkpoint, CheckpointStore
 from bridge.delivery.checkpoint_writer import CheckpointWriter, GroupCommit
+from bridge.delivery.heartbeat import Heartbeats
 from bridge.delivery.informer_run import InformerCounts, InformerObserver, InformerRun
 from bridge.delivery.inspection import PipelineInspection, PipelineStats
 from bridge.delivery.outages import OutageReporter, SinkBacklog
@@ -187,6 +188,10 @@ class BridgePipeline(PipelineInspection):
                 period = sink.delivery.resync_period
                 if period > 0:
                     self._spawn(f"snapshot-timer:{ident}:{sink_name}", self._snapshot_timer(inf, reg, period))
+                if (beat := sink.delivery.heartbeat_interval) > 0:
+                    heartbeats = Heartbeats(inf=inf, sink=sink, cluster=self._cluster, clock=self._clock,
+                                            interval=beat)
+                    self._spawn(f"heartbeat:{ident}:{sink_name}", heartbeats.run())
             if self._snapshot_on_first_start and not inf.resumed:
                 self._spawn(f"first-snapshot:{ident}", self._first_snapshot(inf))
             if inf.bootstrap is not None:
