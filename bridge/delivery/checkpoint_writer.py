@@ -63,13 +63,15 @@ class GroupCommit:
 class CheckpointWriter:
     """Writes the checkpoints of a pipeline's informers (module docs)."""
 
-    def __init__(self, *, store: CheckpointStore | None, clock: Clock,
-                 runs: Mapping[str, InformerRun]) -> None:
+    def __init__(self, *, store: CheckpointStore | None, clock: Clock, runs: Mapping[str, InformerRun],
+                 group_commit: GroupCommit | None = None) -> None:
         self._store = store
         # Listing and removal (resharding's clean-up), checked once.
         self._listable = store if isinstance(store, ListableCheckpointStore) else None
         self._clock = clock
         self._runs = runs
+        self.group_commit = group_commit
+        """When acknowledgements force a write (None: every interval only)."""
         self._lock = asyncio.Lock()  # one write at a time: the interval's and the group commit's
         self._acked_since: dict[str, float] = {}
         """Informer id → when acknowledgements not yet saved were first seen."""
@@ -82,8 +84,10 @@ class CheckpointWriter:
             await self._clock.sleep(interval)
             await self.write()
 
-    async def run_group_commit(self, commit: GroupCommit) -> None:
+    async def run_group_commit(self) -> None:
         """Writes the informers whose acknowledgements are due (module docs), until cancelled."""
+        commit = self.group_commit
+        assert commit is not None
         while True:
             await self._clock.sleep(commit.tick)
             now = self._clock.now()

@@ -13,7 +13,11 @@ lifecycle lives in a module of its own:
 * **bootstrap** (:mod:`bridge.delivery.bootstrap`): a sink the checkpoint does not cover receives
   nothing until a snapshot of whole objects;
 * **the checkpoint writer** (:mod:`bridge.delivery.checkpoint_writer`), every
-  ``checkpoint_interval`` seconds when the state moved;
+  ``checkpoint_interval`` seconds when the state moved, and with ``group_commit`` as soon as the
+  acknowledgements are due;
+* **stalled watches** (:mod:`bridge.delivery.stall`, with ``stall_check``): a silent watch checked
+  against the server;
+* **heartbeats** (:mod:`bridge.delivery.heartbeat`), per (informer, sink) whose options ask for them;
 * **outage reporting** (:mod:`bridge.delivery.outages`);
 * per-sink resync periods are served as snapshots by one timer task per (informer, sink); listeners
   themselves get resync period 0, so the same-RV updates of a 410 relist are never delivered;
@@ -108,8 +112,7 @@ class BridgePipeline(PipelineInspection):
         spill_directory: str | os.PathLike[str] | None = None,
         outage_check_interval: float = 1.0,
         outage_summary_interval: float = 30.0,
-        group_commit: GroupCommit | None = None,
-        stall_check: StallCheck | None = None,
+        group_commit: GroupCommit | None = None, stall_check: StallCheck | None = None,
     ) -> None:
         """``factory`` (the service) or ``build_informer`` (tests, tools) makes the informers; with a
         factory, ``page_size`` and ``use_watch_list`` are passed to each. ``checkpoint_store`` None
@@ -119,9 +122,7 @@ class BridgePipeline(PipelineInspection):
         namespace, name)`` reads one object unfiltered (selector exits,
         :mod:`bridge.delivery.selector_exit`). ``spill_directory``: where sinks' backlogs spill
         (None: a sink that falls behind degrades). Sinks' health is checked every
-        ``outage_check_interval`` seconds (:mod:`bridge.delivery.outages`). ``group_commit``: the
-        checkpoint also follows the acknowledgements (:mod:`bridge.delivery.checkpoint_writer`).
-        ``stall_check``: silent watches are checked against the server (:mod:`bridge.delivery.stall`)."""
+        ``outage_check_interval`` seconds (:mod:`bridge.delivery.outages`)."""
         _check(resources, sinks, factory, build_informer, checkpoint_interval)
         self._resources = list(resources)
         self._sinks = list(sinks)
@@ -130,7 +131,6 @@ class BridgePipeline(PipelineInspection):
         self._build = build_informer
         self._cluster = cluster
         self._checkpoint_interval = checkpoint_interval
-        self._group_commit = group_commit
         self._snapshot_on_first_start = snapshot_on_first_start
         self._clock: Clock = clock or RealClock()
         self._page_size = page_size
@@ -142,9 +142,9 @@ class BridgePipeline(PipelineInspection):
         self._spill_directory = Path(spill_directory) if spill_directory is not None else None
         self._outage_check = outage_check_interval
         self._informers: dict[str, InformerRun] = {}
-        self._writer = CheckpointWriter(store=checkpoint_store, clock=self._clock, runs=self._informers)
-        self._stalls = (StallDetector(check=stall_check, clock=self._clock, runs=self._informers)
-                        if stall_check is not None else None)
+        runs, clock, store = self._informers, self._clock, checkpoint_store
+        self._writer = CheckpointWriter(store=store, clock=clock, runs=runs, group_commit=group_commit)
+        self._stalls = StallDetector(check=stall_check, clock=clock, runs=runs) if stall_check else None
         self._outages = OutageReporter(sinks=self._sinks, view=self, summary_interval=outage_summary_interval)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
@@ -200,8 +200,8 @@ class BridgePipeline(PipelineInspection):
             if inf.journal is not None:
                 self._spawn(f"journal:{ident}", inf.journal.run())
         self._spawn("checkpoint-writer", self._writer.run(self._checkpoint_interval))
-        if self._group_commit is not None and self._store is not None:
-            self._spawn("checkpoint-group-commit", self._writer.run_group_commit(self._group_commit))
+        if self._writer.group_commit is not None and self._store is not None:
+            self._spawn("checkpoint-group-commit", self._writer.run_group_commit())
         if self._stalls is not None:
             self._spawn("stalled-watches", self._stalls.run())
         if self._outage_check > 0:
