@@ -25,9 +25,12 @@ from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import HttpListerWatcher
+from bridge.service.config import BridgeConfig
+from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from sinks.contract import ResourceRef
 from tests.checkpoint.helpers import RecordingSink, simulated_cluster, until
+from tests.service.test_service import eventually, get, lines, metric
 
 NS = "stall"
 PATH = f"/api/v1/namespaces/{NS}/configmaps"
@@ -138,3 +141,44 @@ async def test_a_watch_stalled_from_its_last_delivery_is_reported_within_the_con
         await until(lambda: len(sink.events) == 1 and not p.stalled(), timeout=10, what="delivery again")
     finally:
         await p.shutdown(5)
+
+
+@pytest.mark.timeout(60)
+async def test_the_service_reports_a_stalled_watch_on_readyz_and_metrics(tmp_path: Path) -> None:
+    async with Simulator(bookmark_interval=0.5, namespaces=("default", NS)) as simulator:
+        kubeconfig = simulator.write_kubeconfig(tmp_path / "kubeconfig")
+        config = BridgeConfig.model_validate({
+            "kubernetes": {"kubeconfig": str(kubeconfig), "in_cluster": "false", "stall_after": AFTER},
+            "resources": [{"resource": "configmaps", "namespace": NS}],
+            "sinks": [{"name": "file", "kind": "file", "path": str(tmp_path / "events.jsonl")}],
+            "checkpoint": {"store": "file", "directory": str(tmp_path / "cp")},
+            "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
+            "shutdown_deadline": 10,
+        })
+        service = BridgeService(config=config)
+        task = asyncio.create_task(service.run(), name="service-under-test")
+        try:
+            # /readyz may answer 200 before the pipeline prepared its informers: wait for their sync.
+            await eventually(lambda: service._state.pipeline is not None
+                             and bool(service._state.pipeline.informers), what="the pipeline's informer")
+            assert service._state.pipeline is not None
+            assert await service._state.pipeline.wait_for_sync(10)
+            await eventually(lambda: service.readiness().ready, what="readiness")
+            base = f"http://127.0.0.1:{service.health.port}"
+            simulator.set_faults(watch_stall=True)
+            simulator.store.create("configmaps", {"metadata": {"name": "held", "namespace": NS}, "data": {}})
+            await eventually(lambda: not service.readiness().ready, timeout=AFTER + 4 * PERIOD + 2,
+                             what="the stalled watch on readiness")
+            status, text = await get(f"{base}/readyz")
+            assert status == 503
+            assert "stalled: its watch delivered nothing" in text, text
+            status, text = await get(f"{base}/metrics")
+            assert metric(text, "keb_informer_stalled", resource="configmaps") == 1
+            simulator.set_faults(watch_stall=False)
+            await eventually(lambda: service.readiness().ready, timeout=10, what="ready again")
+            status, text = await get(f"{base}/metrics")
+            assert metric(text, "keb_informer_stalled", resource="configmaps") == 0
+            assert [e["subject"] for e in lines(tmp_path / "events.jsonl")] == [f"{NS}/held"]
+        finally:
+            service.stop_event.set()
+            assert await task == 0
