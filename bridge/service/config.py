@@ -260,9 +260,17 @@ class CheckpointConfig(_Model):
     acknowledged this many changes since the last write (0 = off: every ``interval`` only). What a
     SIGKILL makes the next start send again, per sink, is bounded by what it had in flight plus
     this (docs/delivery-contract.md)."""
-    commit_delay: float = Field(default=0.2, gt=0)
+    commit_delay: float | None = Field(default=None, gt=0)
     """Group commit: seconds an acknowledgement may stay unsaved (written then, whichever of
-    ``commit_events`` and this comes first)."""
+    ``commit_events`` and this comes first). Unset: 0.2, or 1 with the ConfigMap store (each write is
+    API requests, within ``kubernetes.qps``)."""
+
+    @property
+    def group_commit_delay(self) -> float:
+        """``commit_delay``, or its default for the store."""
+        if self.commit_delay is not None:
+            return self.commit_delay
+        return 1.0 if self.store == "configmap" else 0.2
     spill_directory: str = "./.kube-event-bridge/spill"
     """Where each sink's spill (its backlog beyond ``buffer.capacity``) is written, one
     subdirectory per sink and informer; "" = no spill (a sink that falls behind degrades at once).

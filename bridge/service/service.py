@@ -472,7 +472,8 @@ class BridgeService:
             stall_check=(StallCheck(after=cfg.kubernetes.stall_after,
                                     server_resource_version=functools.partial(_server_rv, client))
                          if cfg.kubernetes.stall_after else None),
-            group_commit=(GroupCommit(events=cfg.checkpoint.commit_events, delay=cfg.checkpoint.commit_delay)
+            group_commit=(GroupCommit(events=cfg.checkpoint.commit_events,
+                                      delay=cfg.checkpoint.group_commit_delay)
                           if cfg.checkpoint.commit_events else None),
             snapshot_on_first_start=cfg.snapshot.on_first_start, clock=self._clock,
             page_size=cfg.kubernetes.configured_page_size,
