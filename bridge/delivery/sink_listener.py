@@ -50,6 +50,7 @@ from sinks.contract import (
     ResourceRef,
     Sink,
     SnapshotInfo,
+    takes_batches,
 )
 
 __all__ = ["SinkListener", "SinkListenerStats", "ack_once", "change_time"]
@@ -153,6 +154,7 @@ class SinkListener:
         :meth:`bootstrap_ready`), then the live stream; the callback runs once the sink acknowledged
         the whole snapshot. ``replay``: the sink's part of a restart (:mod:`bridge.delivery.replay`)."""
         self.sink = sink
+        self._batch_sink = sink if takes_batches(sink) else None
         self.resource = resource
         self.cluster = cluster
         self.replay = replay
@@ -416,17 +418,13 @@ class SinkListener:
             return
         events, acks, owners = collected.events, collected.acks, collected.owners
         collected.events, collected.acks, collected.owners = [], [], []
-        sink = self.sink
         self.stats.events += len(events)
         try:
-            # Looked up on the type: a wrapper forwarding unknown attributes (a third-party one
-            # without ``deliver_batch``) must not have its own ``deliver`` bypassed.
-            deliver_batch = getattr(type(sink), "deliver_batch", None)
-            if deliver_batch is not None:
-                await deliver_batch(sink, events, acks)
+            if self._batch_sink is not None:
+                await self._batch_sink.deliver_batch(events, acks)
             else:
                 for event, event_ack in zip(events, acks, strict=True):
-                    await sink.deliver(event, event_ack)
+                    await self.sink.deliver(event, event_ack)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
