@@ -32,15 +32,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.delivery.blobstore import BlobConflict, ChunkedValue, Head
+from bridge.delivery.blobstore import BlobConflict, Head
 from bridge.delivery.checkpoint import BlobCheckpointStore
 from bridge.delivery.fencing import BlobStoreError, FenceSource
 from bridge.errors import ApiError, ConflictError, NotFoundError
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.leaderelection import FenceToken
 
-__all__ = ["DEFAULT_SHARD_BYTES", "JOURNAL_BYTES", "ConfigMapBlobStore", "ConfigMapCheckpointStore",
-           "ConfigMapJournalBackend"]
+__all__ = ["DEFAULT_SHARD_BYTES", "JOURNAL_BYTES", "ConfigMapBlobStore", "ConfigMapCheckpointStore"]
 
 DEFAULT_SHARD_BYTES = 900 * 1024
 """Bytes of encoded checkpoint per ConfigMap: room for metadata below the ~1 MiB object limit."""
@@ -53,9 +52,6 @@ OWNER_LABEL = "kube-event-bridge.io/checkpoint"
 ROLE_LABEL = "kube-event-bridge.io/checkpoint-role"
 WRITER_ANNOTATION = "kube-event-bridge.io/writer"
 TERM_ANNOTATION = "kube-event-bridge.io/lease-transitions"
-
-ConfigMapJournalBackend = ChunkedValue
-"""A known-object journal in ConfigMaps (what :meth:`ConfigMapCheckpointStore.journal_backend` returns)."""
 
 
 @dataclass(frozen=True, slots=True)

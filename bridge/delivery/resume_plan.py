@@ -42,7 +42,7 @@ from typing import Any
 
 from bridge.contracts import KubeObject
 from bridge.delivery.checkpoint import Checkpoint, SinkProgress
-from bridge.delivery.journal import Deleted, JournalEntry, ListStart, Relisted, entries_by_key
+from bridge.delivery.journal_records import Deleted, JournalEntry, ListStart, Relisted, entries_by_key
 from bridge.delivery.progress import HOLDS_NOTHING, Known
 from bridge.delivery.resource_version import ResourceVersion, parse_rv, rv_at_most
 from sinks.contract import ResourceRef
