@@ -269,9 +269,6 @@ class ConfigMapCheckpointStore(BlobCheckpointStore):
         """Shards written by the last save (0 when the checkpoint fitted in the manifest)."""
         return self.last_chunk_count
 
-    def manifest_name(self, informer_id: str) -> str:
-        return self._manifests.name_of(informer_id)
-
     def journal_name(self, informer_id: str) -> str:
         """The ConfigMap holding the informer's known-object journal (:mod:`bridge.delivery.journal`)."""
         return self._journal_maps.name_of(informer_id)

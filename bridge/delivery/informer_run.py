@@ -111,7 +111,6 @@ class InformerRun:
     saved_acks: int = -1
     saved_rv: str = ""
     last_saved: float | None = None
-    checkpoint_errors: int = 0
     failing: str = ""
     """Why the last list/watch cycle failed, while no progress was made since ("" = none)."""
     failing_progress: int = -1
