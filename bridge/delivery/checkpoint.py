@@ -445,13 +445,9 @@ class BlobCheckpointStore:
 
 class FileCheckpointStore(BlobCheckpointStore):
     """One ``<informer_id>.ckpt`` file per informer in ``directory`` (created if missing), its
-    journal ``<informer_id>.journal`` next to it (:mod:`bridge.delivery.blob_file`).
-
-    Meant for one replica. With a ``fence`` (leader election) the check of the stored writer and the
-    rewrite happen under an exclusive ``flock`` on ``directory/.lock``; across hosts it is only as
-    good as the shared filesystem's locks, so for several replicas use the ConfigMap or NATS KV store
-    (docs/operations.md). Journal files are not fenced. ``files``: the class of its files (a test's
-    holds a write)."""
+    journal ``<informer_id>.journal`` next to it; meant for one replica (fencing across hosts is
+    only as good as the shared filesystem's locks: :mod:`bridge.delivery.blob_file`). ``files``: the
+    class of its files (a test's holds a write)."""
 
     SUFFIX = ".ckpt"
 

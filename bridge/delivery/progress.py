@@ -180,8 +180,7 @@ class AckTracker:
         effect: _Effect
         if (kind is NotificationKind.ADD or kind is NotificationKind.UPDATE) and not isinstance(
                 obj, DeletedFinalStateUnknown):
-            # The common change, in one pass: what _note_state and _effect_of do for it, reading
-            # the object's identity once.
+            # The common change, in one pass, reading the object's identity once.
             key = notification.key or object_key(obj)
             ident = object_identity(obj)
             rv = ident[1]
@@ -239,13 +238,10 @@ class AckTracker:
         self._advance()
 
     def _note_state(self, n: Notification) -> None:
-        if n.kind is NotificationKind.SNAPSHOT or n.kind is NotificationKind.GAP:
+        """What a delete tells of the key's last state (:meth:`dispatched` notes adds and updates)."""
+        if n.kind is not NotificationKind.DELETE:
             return
         key = n.key or object_key(n.obj)
-        if n.kind is not NotificationKind.DELETE:
-            if not isinstance(n.obj, DeletedFinalStateUnknown):
-                self._last_rv[key] = _entry_of(n.obj)[1]
-            return
         if isinstance(n.obj, UnconfirmedGone):
             self._unobserved.add(n.seq)  # the key itself may live on: its last state stays
             return
@@ -561,20 +557,16 @@ class AckTracker:
 
 
 def _effect_of(n: Notification) -> _Effect:
-    if n.kind is NotificationKind.SNAPSHOT or n.kind is NotificationKind.GAP:
-        return None  # the cache restated, or a relist's frame: no change
+    """The effect of a notification other than an add or update of an object (:meth:`AckTracker.dispatched`
+    computes those): a snapshot (the cache restated), a relist's frame and an add or update of a
+    tombstone change nothing."""
+    if n.kind is not NotificationKind.DELETE:
+        return None
     if isinstance(n.obj, UnconfirmedGone):
         # A journal-only object gone: the index (what every sink acknowledged) never had it — an
         # add of it would have settled it — and the key may live on under another uid.
         return None
-    key = n.key or object_key(n.obj)
-    entry: IndexEntry | None
-    if n.kind is NotificationKind.DELETE:
-        # A delete seen only through a relist happened at an unknown RV no newer than the list's:
-        # any later resume point covers it.
-        rv = -1 if isinstance(n.obj, DeletedFinalStateUnknown) else parse_rv(_entry_of(n.obj)[1])
-        return (key, None, rv)
-    if isinstance(n.obj, DeletedFinalStateUnknown):
-        return None
-    entry = _entry_of(n.obj)
-    return (key, entry, parse_rv(entry[1]))
+    # A delete seen only through a relist happened at an unknown RV no newer than the list's: any
+    # later resume point covers it.
+    rv = -1 if isinstance(n.obj, DeletedFinalStateUnknown) else parse_rv(_entry_of(n.obj)[1])
+    return (n.key or object_key(n.obj), None, rv)

@@ -17,8 +17,8 @@ text that is not one compares as unknown.
 
 1. *Resume point.* The watch resumes from the checkpoint's resourceVersion; without a checkpoint,
    from the first list of the previous run once every sink acknowledged a resume point (the
-   journal's :class:`~bridge.delivery.journal.ListStart`), with the journal's objects up to it as
-   the checkpoint they would have written. Without either, the informer lists; the list is framed
+   journal's :class:`~bridge.delivery.journal_records.ListStart`), with the journal's objects up to
+   it as the checkpoint they would have written. Without either, the informer lists; the list is framed
    as a gap from the previous run's first list when sinks may hold state from it.
 2. *Nothing any sink may hold is unknown.* Every object of the checkpoint, of any sink's own
    progress and of the journal is in the cache seed or the unconfirmed objects, so a relist reports

@@ -136,6 +136,11 @@ class _Collected:
     owners: list[AckFunc] = field(default_factory=list)
     """The notification ack of each event (one event per notification here)."""
 
+    def add(self, event: ChangeEvent, ack: AckFunc, outcomes: collections.Counter[str]) -> None:
+        self.events.append(event)
+        self.acks.append(ack_once(outcomes, ack))
+        self.owners.append(ack)
+
 
 class SinkListener:
     """A :class:`~bridge.contracts.NotificationHandler` feeding one sink with one resource's changes."""
@@ -213,13 +218,8 @@ class SinkListener:
         begin = GapInfo(id=info.id, from_resource_version=before)
         at = observed or self._clock.wall()
         event.gap = begin
-        return [
-            ChangeEvent(type=EventType.GAP_BEGIN, resource=self.resource, cluster=self.cluster, obj=None,
-                        time=change_time(EventType.GAP_BEGIN, None, at), gap=begin),
-            event,
-            ChangeEvent(type=EventType.GAP_END, resource=self.resource, cluster=self.cluster, obj=None,
-                        time=change_time(EventType.GAP_END, None, at), gap=info),
-        ]
+        return [self.event(EventType.GAP_BEGIN, None, at, gap=begin), event,
+                self.event(EventType.GAP_END, None, at, gap=info)]
 
     # ---- events ----------------------------------------------------------------------------------
 
@@ -367,9 +367,7 @@ class SinkListener:
                     e for a in admitted for e in self.events_for(a)]
                 if len(listed) == 1 and self._exits is None and n.kind is not NotificationKind.GAP:
                     # The common change, collected here: one coroutine less per notification.
-                    collected.events.append(listed[0])
-                    collected.acks.append(ack_once(stats.outcomes, ack))
-                    collected.owners.append(ack)
+                    collected.add(listed[0], ack, stats.outcomes)
                     continue
                 await self._route(listed, n, ack, collected, i)
             await self._hand_over(collected, len(notifications) - 1)
@@ -393,9 +391,7 @@ class SinkListener:
             await self._hand_over(collected, i - 1)
             await self._mark_exits(listed)
         if len(listed) == 1 and n.kind is not NotificationKind.GAP:
-            collected.events.append(listed[0])
-            collected.acks.append(ack_once(self.stats.outcomes, ack))
-            collected.owners.append(ack)
+            collected.add(listed[0], ack, self.stats.outcomes)
             return
         await self._hand_over(collected, i - 1)
         await self._deliver_all(listed, len(listed), ack)
