@@ -123,14 +123,19 @@ class ConfigMapBlobStore:
     def chunk_name(self, ident: str, generation: str, n: int) -> str:
         return f"{self.name_of(ident)}{self._kind.chunk_infix}{generation}-{n}"
 
-    async def get(self, ident: str) -> Head | None:
-        name = self.name_of(ident)
+    async def _read(self, name: str, what: str) -> dict[str, Any] | None:
         try:
-            cm = await self._client.get(f"{self._collection}/{name}", context=f"get {name}")
+            cm: dict[str, Any] = await self._client.get(f"{self._collection}/{name}", context=f"get {name}")
         except NotFoundError:
             return None
         except ApiError as exc:
-            raise BlobStoreError(f"cannot read {self._kind.what} {self.describe(ident)}: {exc}") from exc
+            raise BlobStoreError(f"cannot read {self._kind.what} {what}: {exc}") from exc
+        return cm
+
+    async def get(self, ident: str) -> Head | None:
+        cm = await self._read(self.name_of(ident), self.describe(ident))
+        if cm is None:
+            return None
         data: dict[str, Any] = cm.get("data") or {}
         head = Head(writer=_stored_token(cm), version=_version(cm))
         if self._kind is JOURNALS:
@@ -201,13 +206,8 @@ class ConfigMapBlobStore:
         return self.labels(ident, self._kind.chunk_role)
 
     async def get_chunk(self, name: str) -> bytes | None:
-        try:
-            cm = await self._client.get(f"{self._collection}/{name}", context=f"get {name}")
-        except NotFoundError:
-            return None
-        except ApiError as exc:
-            raise BlobStoreError(f"cannot read {self._kind.what} ConfigMap {name}: {exc}") from exc
-        return str((cm.get("data") or {}).get("chunk", "")).encode()
+        cm = await self._read(name, f"ConfigMap {name}")
+        return None if cm is None else str((cm.get("data") or {}).get("chunk", "")).encode()
 
     async def delete_chunk(self, name: str) -> None:
         try:

@@ -64,10 +64,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_EVENT_TYPE = {"add": "added", "update": "updated", "delete": "deleted"}
-"""Notification kind → the CloudEvents type of its events (a snapshot's objects are counted apart)."""
-
-
 class BridgePipeline(PipelineInspection):
     """Informers → sink listeners → sinks, with checkpoints and snapshots (see the module docs)."""
 
@@ -375,15 +371,10 @@ class BridgePipeline(PipelineInspection):
         # The journal writers stay: the listeners draining may wait for them.
         await self._cancel_tasks(lambda name: not name.startswith(("informer:", "journal:")))
         self._stop_reflectors()
-        drains = [reg.listener.wait_drained() for inf in self._informers.values()
-                  for reg in inf.registrations.values()]
-        if drains:
-            try:
-                async with asyncio.timeout(left() * 0.5):
-                    await asyncio.gather(*drains)
-            except TimeoutError:
-                log.warning("shutdown: sink listeners did not drain in time; the unacked rest will be "
-                            "re-sent after the restart")
+        await _within(left() * 0.5, [reg.listener.wait_drained() for inf in self._informers.values()
+                                     for reg in inf.registrations.values()],
+                      "shutdown: sink listeners did not drain in time; the unacked rest will be re-sent "
+                      "after the restart")
         if self._sinks:
             flushes = await asyncio.gather(*(s.flush(left() * 0.5) for s in self._sinks),
                                            return_exceptions=True)
@@ -392,14 +383,10 @@ class BridgePipeline(PipelineInspection):
                     log.warning("shutdown: the sink did not flush everything (%r)", ok,
                                 extra={"sink": sink.name})
         await self._writer.write()
-        journals = [inf.journal.idle() for inf in self._informers.values() if inf.journal is not None]
-        if journals:
-            try:
-                async with asyncio.timeout(left() * 0.5):
-                    await asyncio.gather(*journals)
-            except TimeoutError:
-                log.warning("shutdown: a known-object journal was not written in time; the next start "
-                            "reads the previous one")
+        await _within(left() * 0.5, [inf.journal.idle() for inf in self._informers.values()
+                                     if inf.journal is not None],
+                      "shutdown: a known-object journal was not written in time; the next start reads "
+                      "the previous one")
         await self._stop_informers(left)
         if self._start_sinks:
             for sink in self._sinks:
@@ -504,6 +491,17 @@ class BridgePipeline(PipelineInspection):
     def check_sinks(self) -> None:
         """Logs sink outages (:mod:`bridge.delivery.outages`); called periodically."""
         self._outages.check(self._clock.now())
+
+
+async def _within(seconds: float, waits: list[Awaitable[None]], late: str) -> None:
+    """Awaits ``waits`` for at most ``seconds``; logs ``late`` as a warning when they take longer."""
+    if not waits:
+        return
+    try:
+        async with asyncio.timeout(seconds):
+            await asyncio.gather(*waits)
+    except TimeoutError:
+        log.warning(late)
 
 
 def _check(resources: Sequence[WatchedResource], sinks: Sequence[Sink],
