@@ -276,3 +276,19 @@ def test_a_new_getattr_on_a_sink_is_reported() -> None:
     source = 'def f(sink):\n    return getattr(type(sink), "deliver_batch", None)\n'
     assert getattr_calls(source) == [(2, "type(sink)", '"deliver_batch"')]
     assert ("bridge.delivery.sink_listener", "type(sink)", '"deliver_batch"') not in GETATTR_ALLOWED
+
+
+def test_delivery_modules_and_functions_stay_small() -> None:
+    """The delivery layer is read by people changing the recovery model: no module of it over 600
+    lines, no function over 60 (split by concept instead)."""
+    too_long = []
+    for path in sorted(ROOT.joinpath("bridge", "delivery").glob("*.py")):
+        source = path.read_text()
+        if source.count("\n") > 600:
+            too_long.append(f"{path.name}: {source.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > 60:
+                    too_long.append(f"{path.name}: {node.name} is {length} lines")
+    assert too_long == []
