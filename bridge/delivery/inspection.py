@@ -50,7 +50,6 @@ class PipelineInspection:
     _sinks: Sequence[Sink]
     _clock: Clock
 
-
     @property
     def informers(self) -> dict[str, SharedIndexInformer]:
         return {i: inf.informer for i, inf in self._informers.items()}

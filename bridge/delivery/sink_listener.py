@@ -50,6 +50,7 @@ from sinks.contract import (
     ResourceRef,
     Sink,
     SnapshotInfo,
+    takes_batches,
 )
 
 __all__ = ["SinkListener", "SinkListenerStats", "ack_once", "change_time"]
@@ -135,6 +136,11 @@ class _Collected:
     owners: list[AckFunc] = field(default_factory=list)
     """The notification ack of each event (one event per notification here)."""
 
+    def add(self, event: ChangeEvent, ack: AckFunc, outcomes: collections.Counter[str]) -> None:
+        self.events.append(event)
+        self.acks.append(ack_once(outcomes, ack))
+        self.owners.append(ack)
+
 
 class SinkListener:
     """A :class:`~bridge.contracts.NotificationHandler` feeding one sink with one resource's changes."""
@@ -153,6 +159,7 @@ class SinkListener:
         :meth:`bootstrap_ready`), then the live stream; the callback runs once the sink acknowledged
         the whole snapshot. ``replay``: the sink's part of a restart (:mod:`bridge.delivery.replay`)."""
         self.sink = sink
+        self._batch_sink = sink if takes_batches(sink) else None
         self.resource = resource
         self.cluster = cluster
         self.replay = replay
@@ -211,13 +218,8 @@ class SinkListener:
         begin = GapInfo(id=info.id, from_resource_version=before)
         at = observed or self._clock.wall()
         event.gap = begin
-        return [
-            ChangeEvent(type=EventType.GAP_BEGIN, resource=self.resource, cluster=self.cluster, obj=None,
-                        time=change_time(EventType.GAP_BEGIN, None, at), gap=begin),
-            event,
-            ChangeEvent(type=EventType.GAP_END, resource=self.resource, cluster=self.cluster, obj=None,
-                        time=change_time(EventType.GAP_END, None, at), gap=info),
-        ]
+        return [self.event(EventType.GAP_BEGIN, None, at, gap=begin), event,
+                self.event(EventType.GAP_END, None, at, gap=info)]
 
     # ---- events ----------------------------------------------------------------------------------
 
@@ -365,9 +367,7 @@ class SinkListener:
                     e for a in admitted for e in self.events_for(a)]
                 if len(listed) == 1 and self._exits is None and n.kind is not NotificationKind.GAP:
                     # The common change, collected here: one coroutine less per notification.
-                    collected.events.append(listed[0])
-                    collected.acks.append(ack_once(stats.outcomes, ack))
-                    collected.owners.append(ack)
+                    collected.add(listed[0], ack, stats.outcomes)
                     continue
                 await self._route(listed, n, ack, collected, i)
             await self._hand_over(collected, len(notifications) - 1)
@@ -391,9 +391,7 @@ class SinkListener:
             await self._hand_over(collected, i - 1)
             await self._mark_exits(listed)
         if len(listed) == 1 and n.kind is not NotificationKind.GAP:
-            collected.events.append(listed[0])
-            collected.acks.append(ack_once(self.stats.outcomes, ack))
-            collected.owners.append(ack)
+            collected.add(listed[0], ack, self.stats.outcomes)
             return
         await self._hand_over(collected, i - 1)
         await self._deliver_all(listed, len(listed), ack)
@@ -416,17 +414,13 @@ class SinkListener:
             return
         events, acks, owners = collected.events, collected.acks, collected.owners
         collected.events, collected.acks, collected.owners = [], [], []
-        sink = self.sink
         self.stats.events += len(events)
         try:
-            # Looked up on the type: a wrapper forwarding unknown attributes (a third-party one
-            # without ``deliver_batch``) must not have its own ``deliver`` bypassed.
-            deliver_batch = getattr(type(sink), "deliver_batch", None)
-            if deliver_batch is not None:
-                await deliver_batch(sink, events, acks)
+            if self._batch_sink is not None:
+                await self._batch_sink.deliver_batch(events, acks)
             else:
                 for event, event_ack in zip(events, acks, strict=True):
-                    await sink.deliver(event, event_ack)
+                    await self.sink.deliver(event, event_ack)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -48,6 +48,7 @@ from bridge.service.logconfig import configure_logging
 from bridge.service.metered import MeteredSink
 from bridge.service.sharding import assign
 from bridge.service.telemetry import InformerGauges, SinkGauges, Telemetry, TelemetrySnapshot
+from sinks.base import BaseSink
 from sinks.contract import ResourceRef, Sink, SinkConfigError
 from sinks.registry import create_sink
 
@@ -72,9 +73,9 @@ def validate_sinks(config: BridgeConfig) -> list[Sink]:
 def _filter_errors_of(sink: MeteredSink) -> int | None:
     """The sink's filter evaluation errors; None for a sink without a CEL filter."""
     inner = sink.inner
-    if getattr(getattr(inner, "options", None), "filter", None) is None:
-        return None
-    return int(getattr(getattr(inner, "stats", None), "filter_errors", 0))
+    if not isinstance(inner, BaseSink) or inner.options.filter is None:
+        return None  # the CEL filter is a BaseSink option: a sink of its own has none
+    return inner.stats.filter_errors
 
 
 FenceSource = Callable[[], FenceToken | None]
