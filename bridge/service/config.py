@@ -354,9 +354,20 @@ class BridgeConfig(BaseSettings):
     server: ServerConfig = ServerConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     logging: LoggingConfig = LoggingConfig()
+    workers: int | Literal["auto"] = 1
+    """Worker processes of this replica, each an object shard of its share (docs/sharding.md,
+    "Workers"); ``auto``: the container's CPU limit rounded down (at least 1). 1 is one process, as
+    without workers."""
     shutdown_deadline: float = Field(default=25.0, gt=0)
     """Seconds SIGTERM may take: flush sinks and write the final checkpoint. Keep it below the pod's
     terminationGracePeriodSeconds."""
+
+    @field_validator("workers")
+    @classmethod
+    def _workers_positive(cls, v: int | str) -> int | str:
+        if isinstance(v, bool) or (isinstance(v, int) and v < 1):
+            raise ValueError(f"must be at least 1 (or \"auto\": the CPU limit), got {v}")
+        return v
 
     @field_validator("cluster")
     @classmethod
