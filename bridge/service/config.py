@@ -20,7 +20,7 @@ import re
 import socket
 import urllib.parse
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -29,6 +29,7 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -354,7 +355,7 @@ class BridgeConfig(BaseSettings):
     server: ServerConfig = ServerConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     logging: LoggingConfig = LoggingConfig()
-    workers: int | Literal["auto"] = 1
+    workers: Annotated[int, WithJsonSchema({"type": "integer", "minimum": 1})] | Literal["auto"] = 1
     """Worker processes of this replica, each an object shard of its share (docs/sharding.md,
     "Workers"); ``auto``: the container's CPU limit rounded down (at least 1). 1 is one process, as
     without workers."""
