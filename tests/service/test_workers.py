@@ -84,9 +84,9 @@ def test_worker_position_and_its_shard() -> None:
 
 
 def test_each_worker_writes_a_file_sink_of_its_own() -> None:
-    config = BridgeConfig(resources=[{"resource": "pods"}], sinks=[  # type: ignore[list-item]
+    config = BridgeConfig.model_validate({"resources": [{"resource": "pods"}], "sinks": [
         {"name": "out", "kind": "file", "path": "/data/events.jsonl", "fsync": "batch"},
-        {"name": "hook", "kind": "webhook", "url": "http://h.example.com/"}])
+        {"name": "hook", "kind": "webhook", "url": "http://h.example.com/"}]})
     mine = for_worker(config, WorkerPosition(index=1, count=2))
     assert mine.sinks[0].options() == {"path": "/data/events.worker-1.jsonl", "fsync": "batch"}
     assert mine.sinks[1] == config.sinks[1]
