@@ -85,6 +85,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("cel", "bench.bench_cel", own=False),
     Scenario("long", "bench.bench_long", brokers=True, default=False),
     Scenario("sharding", "bench.bench_sharding"),
+    Scenario("workers", "bench.bench_workers"),
 )}
 
 
