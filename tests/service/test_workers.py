@@ -5,8 +5,17 @@ worker SIGKILLed and the count changed, is tests/checkpoint/test_workers_process
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -24,7 +33,7 @@ from bridge.service.workers import (
     worker_position,
 )
 from tests.brokers import free_port
-from tests.service.test_cli import run_cli
+from tests.service.test_cli import run_cli, sim_process  # noqa: F401 - the fixture
 from tests.service.test_cli_errors import assert_config_error
 
 BASE = "resources: [{resource: pods}]\nsinks: [{name: out, kind: file, path: /tmp/keb-w/events.jsonl}]\n"
@@ -176,3 +185,71 @@ async def test_a_worker_that_exits_is_restarted_alone_and_the_pod_is_unready_mea
         assert await asyncio.wait_for(task, 30) in (0, 1)
         assert sup._workers[0].proc is not None
         assert sup._workers[0].proc.returncode == 0  # worker 0 was asked to stop, and did
+
+
+def test_one_pod_two_workers_one_set_of_endpoints(
+        tmp_path: Path, sim_process: tuple[str, Path]) -> None:  # noqa: F811
+    """``kube-event-bridge run`` with ``workers: 2`` against the simulator: the pod's one /readyz,
+    /metrics and admin listener (token checked by the supervisor) answer for both workers, and a
+    snapshot asked of the pod is made by each worker for its own objects, in its own file."""
+    _, kubeconfig = sim_process
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    port, admin = free_port(), free_port()
+    cfg = tmp_path / "bridge.yaml"
+    cfg.write_text(
+        f"kubernetes: {{kubeconfig: '{kubeconfig}', in_cluster: 'false'}}\n"
+        "resources: [{resource: pods}]\n"
+        f"sinks: [{{name: out, kind: file, path: '{tmp_path / 'events.jsonl'}'}}]\n"
+        f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}', interval: 1}}\n"
+        f"server: {{host: 127.0.0.1, port: {port}, admin_port: {admin}, admin_token_file: '{token}'}}\n"
+        "workers: 2\nshutdown_deadline: 10\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEB_")}
+    proc = subprocess.Popen([sys.executable, "-m", "bridge.service.cli", "run", "--config", str(cfg)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        body: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            with contextlib.suppress(OSError, ValueError), \
+                    urllib.request.urlopen(f"{base}/readyz", timeout=2) as r:
+                body = json.loads(r.read())
+                break
+            time.sleep(0.2)
+        assert body.get("ready") is True, body
+        assert [w["worker"] for w in body["workers"]] == [0, 1]
+        assert all(w["pid"] and w["pid"] != proc.pid for w in body["workers"])
+        with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
+            families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+        shards = {(s.labels["worker"], s.value) for s in families["keb_shard_ordinal"].samples}
+        assert shards == {("0", 0.0), ("1", 1.0)}
+        assert {s.value for s in families["keb_total_shards"].samples} == {2.0}
+        # The admin listener: the supervisor checks the token, then asks both workers.
+        url = f"http://127.0.0.1:{admin}/snapshot?resource=pods"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=10)
+        assert refused.value.code == 401
+        req = urllib.request.Request(url, method="POST", headers={"Authorization": "Bearer s3cret"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 202
+            # Each worker names the checkpoint id of the shard it snapshotted.
+            done = json.loads(r.read())["resources"]
+        assert [d.rsplit(".", 1)[1] for d in done] == ["shard-0-of-2", "shard-1-of-2"]
+        for w in (0, 1):
+            path = tmp_path / f"events.worker-{w}.jsonl"
+            deadline = time.monotonic() + 30
+            ends: list[dict[str, Any]] = []
+            while not ends and time.monotonic() < deadline:
+                time.sleep(0.2)
+                ends = [e for e in map(json.loads, path.read_bytes().splitlines())
+                        if e["type"].endswith("snapshot.end")]
+            assert ends, w
+            assert (ends[0]["shard"], ends[0]["totalshards"]) == (str(w), "2")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
