@@ -253,3 +253,37 @@ def test_one_pod_two_workers_one_set_of_endpoints(
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+async def test_workers_of_a_replica_are_its_nested_shards_each_with_its_own_lease(tmp_path: Path) -> None:
+    """Replica 1 of 2 with two workers (in-process, as the supervisor would start them): the workers
+    are shards 2 and 3 of 4, and with leader election each campaigns for its own Lease (whose term
+    fences that shard's checkpoint writes, as for any shard; docs/sharding.md, "Workers")."""
+    from bridge.kube.apiclient import ApiClient
+    from bridge.service.service import BridgeService
+    from bridge.sim import Simulator
+    from tests.service.test_service import eventually
+    from tests.service.test_sharding_service import config as sharded_config
+
+    le = {"leader_election": {"enabled": True, "namespace": "default", "name": "keb", "identity": "x",
+                              "lease_duration": 3, "renew_deadline": 2, "retry_period": 0.5}}
+    async with Simulator() as sim:
+        services = [BridgeService(config=sharded_config(sim, tmp_path, 1, **le),
+                                  worker=WorkerPosition(index=w, count=2)) for w in range(2)]
+        tasks = [asyncio.create_task(s.run(), name=f"worker-{w}") for w, s in enumerate(services)]
+        client = ApiClient.from_kubeconfig(str(tmp_path / "kubeconfig"))
+        try:
+            await eventually(lambda: all(s.readiness().ready and s.readiness().role == "leader"
+                                         for s in services), what="both workers lead")
+            path = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
+            held = {o: (await client.get(f"{path}/keb-shard-{o}"))["spec"]["holderIdentity"]
+                    for o in (2, 3)}
+            leases = {item["metadata"]["name"] for item in (await client.get(path))["items"]}
+        finally:
+            for s in services:
+                s.stop_event.set()
+            await asyncio.gather(*tasks)
+            await client.close()
+    assert [s.shard for s in services] == [(2, 4), (3, 4)]
+    assert held == {2: "x", 3: "x"}
+    assert leases == {"keb-shard-2", "keb-shard-3"}
