@@ -88,3 +88,13 @@ def test_refuses_bad_workers(chart: Any) -> None:
     with pytest.raises(HelmError, match=r"config\.workers: auto cannot be used with leaderElection"):
         render(chart, {"config": {**CFG, "workers": "auto"}, "leaderElection": {"enabled": True},
                        "replicaCount": 2})
+
+
+def test_no_leader_alert_counts_per_worker_shard(chart: Any) -> None:
+    # Every worker runs a pipeline (keb_leader 1 on each, with its shard label): the alert sums per
+    # shard, and an empty scrape (nothing at all) still counts as none.
+    docs = render(chart, {**limits("4"), "metrics": {"prometheusRule": {"enabled": True}}})
+    (rule,) = find(docs, "PrometheusRule")
+    (alert,) = [r for g in rule["spec"]["groups"] for r in g["rules"]
+                if r["alert"] == "KubeEventBridgeNoLeader"]
+    assert alert["expr"] == '(sum by (shard) (keb_leader{namespace="ops"}) or on() vector(0)) != 1'
