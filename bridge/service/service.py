@@ -46,6 +46,7 @@ from bridge.service.telemetry import InformerGauges, SinkGauges, Telemetry, Tele
 from bridge.service.workers import (
     WorkerPosition,
     for_worker,
+    label_logs,
     resolve_workers,
     run_supervisor,
     watch_parent,
@@ -500,6 +501,7 @@ def run_service(path: str | None) -> int:
             validate_sinks(config)
             return run_supervisor(config, path, workers)
     else:
+        label_logs(worker)
         config = for_worker(config, worker)
     validate_sinks(config)
     configure_gc()

@@ -52,6 +52,7 @@ __all__ = [
     "WorkerPosition",
     "cpu_limit",
     "for_worker",
+    "label_logs",
     "merge_metrics",
     "resolve_workers",
     "worker_position",
@@ -126,6 +127,25 @@ def worker_position(environ: Mapping[str, str] | None = None) -> WorkerPosition 
         raise ConfigurationError(f"{WORKER_ENV}: expected w/N with 0 <= w < N (set by the supervisor), "
                                  f"got {raw!r}")
     return WorkerPosition(index=int(m.group(1)), count=int(m.group(2)))
+
+
+class _WorkerLabel(logging.Filter):
+    """Adds ``worker`` to every record of a worker's log, so the pod's interleaved log says whose."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self._index = index
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "worker"):
+            record.worker = self._index
+        return True
+
+
+def label_logs(position: WorkerPosition) -> None:
+    """Labels every log record of this worker process with its index (on the root's handlers)."""
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_WorkerLabel(position.index))
 
 
 def _worker_path(path: str, index: int) -> str:

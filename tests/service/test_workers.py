@@ -205,14 +205,16 @@ def test_one_pod_two_workers_one_set_of_endpoints(
         f"server: {{host: 127.0.0.1, port: {port}, admin_port: {admin}, admin_token_file: '{token}'}}\n"
         "workers: 2\nshutdown_deadline: 10\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("KEB_")}
-    proc = subprocess.Popen([sys.executable, "-m", "bridge.service.cli", "run", "--config", str(cfg)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    log = tmp_path / "bridge.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "bridge.service.cli", "run", "--config", str(cfg)],
+                                stdout=fh, stderr=fh, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         body: dict[str, Any] = {}
         while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert proc.poll() is None, log.read_text()[-3000:]
             with contextlib.suppress(OSError, ValueError), \
                     urllib.request.urlopen(f"{base}/readyz", timeout=2) as r:
                 body = json.loads(r.read())
@@ -249,6 +251,10 @@ def test_one_pod_two_workers_one_set_of_endpoints(
             assert (ends[0]["shard"], ends[0]["totalshards"]) == (str(w), "2")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+        # One log for the pod; each worker's records say whose they are.
+        records = [json.loads(line) for line in log.read_bytes().splitlines() if line.startswith(b"{")]
+        assert {r.get("worker") for r in records if r["logger"] == "bridge.service.service"} == {0, 1}
+        assert any("supervising 2 workers" in r["message"] for r in records if "worker" not in r)
     finally:
         if proc.poll() is None:
             proc.kill()
