@@ -240,6 +240,15 @@ GETATTR_ALLOWED: dict[tuple[str, str, str], str] = {
     ("bridge.service.metered", "self.inner", "item"):
         "__getattr__ forwarding to the wrapped sink for tools and tests; the bridge reads only "
         "declared members, which the wrapper defines itself",
+    ("bridge.service.events.profile", "self.inner", "item"):
+        "__getattr__ forwarding to the wrapped sink for tools and tests; the bridge reads only "
+        "declared members, which the wrapper defines itself",
+    ("bridge.informer.namespaces", "self._inner", '"batches"'):
+        "a lister-watcher's watch stream's optional batch read (not a sink or a store)",
+    ("bridge.informer.namespaces", "self._inner", "name"):
+        "__getattr__ forwarding to the wrapped lister-watcher's own counters and settings",
+    ("bridge.informer.namespaces", "source", '"aclose"'): "an async iterator's optional aclose",
+    ("bridge.kube.apiclient", "self", "attr"): "the client's own two session attributes, by name",
     ("bridge.service.health", "site", '"_server"'): "aiohttp's listening socket, for the bound port",
     ("bridge.service.health", "server", '"sockets"'): "aiohttp's listening socket, for the bound port",
     ("bridge.service.verify_cli", "args", '"kafka_config"'): "an argparse namespace",
