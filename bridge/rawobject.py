@@ -108,21 +108,25 @@ class Change(NamedTuple):
 def _newest(entries: Iterable[Any]) -> Change | None:
     """The entry with the greatest ``time`` (the last one listed among equals); None without any
     timed entry. RFC 3339 UTC timestamps of one precision compare as strings."""
-    best: Change | None = None
+    best: tuple[Any, Any, Any, str] | None = None
     for e in entries:
-        if isinstance(e, _ManagedFieldsEntry):
+        if type(e) is _ManagedFieldsEntry:
             manager, operation, subresource, when = e.manager, e.operation, e.subresource, e.time
         elif isinstance(e, Mapping):
             manager, operation = e.get("manager"), e.get("operation")
             subresource, when = e.get("subresource"), e.get("time")
         else:
             continue
-        if not isinstance(when, str) or not when:
+        if type(when) is not str and not isinstance(when, str):
             continue
-        if best is None or when >= best.time:
-            best = Change(_intern(str(manager or "")), _intern(str(operation or "")),
-                          _intern(str(subresource or "")), when)
-    return best
+        if when and (best is None or when >= best[3]):
+            best = (manager, operation, subresource, when)
+    if best is None:
+        return None
+    # Only the winner's strings are interned (one entry per object, not one per managedFields entry).
+    manager, operation, subresource, when = best
+    return Change(_intern(str(manager or "")), _intern(str(operation or "")), _intern(str(subresource or "")),
+                  when)
 
 
 _head_decoder = msgspec.json.Decoder(_Head)
@@ -134,6 +138,7 @@ _object_decoder = msgspec.json.Decoder(dict[str, Any])
 _MF_KEY = b'"managedFields":'
 _META_KEY = b'"metadata":'
 _intern = sys.intern
+_new_raw_object = object.__new__
 
 
 class RawObject(Mapping[str, Any]):
@@ -145,7 +150,8 @@ class RawObject(Mapping[str, Any]):
     """
 
     __slots__ = (
-        "_meta", "_obj", "change", "managed_fields", "name", "namespace", "raw", "resource_version", "uid",
+        "_meta", "_obj", "change", "key", "managed_fields", "name", "namespace", "raw", "resource_version",
+        "uid",
     )
 
     raw: bytes
@@ -157,6 +163,10 @@ class RawObject(Mapping[str, Any]):
     """Whether ``raw`` still holds ``metadata.managedFields``."""
     change: Change | None
     """The newest managedFields entry, read before they were cut (None: the object had none)."""
+    key: str
+    """``namespace/name`` (``name`` when cluster-scoped), derived once when the object is built: the
+    queue, the cache, the tracker and the sinks all read it (docs/performance.md, "Facts derived
+    once")."""
 
     def __init__(
         self,
@@ -181,7 +191,10 @@ class RawObject(Mapping[str, Any]):
             if change is None:
                 entries = meta.get("managedFields")
                 change = _newest(entries) if isinstance(entries, list) else None
-        self.name, self.namespace, self.uid, self.resource_version, self.managed_fields = identity
+        name, namespace, self.uid, self.resource_version, self.managed_fields = identity
+        self.name = name
+        self.namespace = namespace
+        self.key = f"{namespace}/{name}" if namespace else name
         self.change = change
 
     @classmethod
@@ -198,11 +211,6 @@ class RawObject(Mapping[str, Any]):
     @property
     def identity(self) -> tuple[str, str, str, str, bool]:
         return self.name, self.namespace, self.uid, self.resource_version, self.managed_fields
-
-    @property
-    def key(self) -> str:
-        """``namespace/name`` (``name`` when cluster-scoped)."""
-        return f"{self.namespace}/{self.name}" if self.namespace else self.name
 
     # ---- identity and body ----------------------------------------------------------------------
 
@@ -240,8 +248,20 @@ class RawObject(Mapping[str, Any]):
 
     def fresh(self) -> RawObject:
         """Another instance over the same bytes with nothing decoded yet (what a cache hands out, so
-        that no reader's decoding stays attached to the cached object)."""
-        return RawObject(self.raw, identity=self.identity, change=self.change)
+        that no reader's decoding stays attached to the cached object). Copies the derived facts
+        as they are: nothing is derived again."""
+        new = _new_raw_object(RawObject)
+        new.raw = self.raw
+        new._obj = None
+        new._meta = None
+        new.name = self.name
+        new.namespace = self.namespace
+        new.uid = self.uid
+        new.resource_version = self.resource_version
+        new.managed_fields = self.managed_fields
+        new.key = self.key
+        new.change = self.change
+        return new
 
     def without_managed_fields(self) -> RawObject:
         """The object without ``metadata.managedFields`` (``self`` when it has none)."""

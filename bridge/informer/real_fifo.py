@@ -96,6 +96,7 @@ class RealFIFO:
         if max_queued_bytes <= 0:
             raise ValueError(f"max_queued_bytes must be > 0, got {max_queued_bytes}")
         self._key_func = key_func
+        self._default_key = key_func is meta_namespace_key_func
         self._known = known_objects
         self._transform = transform
         self._max_bytes = max_queued_bytes
@@ -131,13 +132,17 @@ class RealFIFO:
     def add(self, obj: KubeObject) -> asyncio.Future[None] | None:
         """Queues ``Added``. Returns a future to wait on when the queue is full (see the module)."""
         self._populated = True
-        self._queue_action(DeltaType.ADDED, obj, self._key_func(obj))
+        # A named RawObject's key was derived once, at the decode (the default key function's).
+        key = obj.key if type(obj) is RawObject and obj.name and self._default_key else self._key_func(obj)
+        self._queue_action(DeltaType.ADDED, obj, key)  # type: ignore[arg-type]
         return self._room_to_wait() if self._queued_bytes > self._max_bytes else None
 
     def update(self, obj: KubeObject) -> asyncio.Future[None] | None:
         """Queues ``Updated``. Returns a future to wait on when the queue is full."""
         self._populated = True
-        self._queue_action(DeltaType.UPDATED, obj, self._key_func(obj))
+        # A named RawObject's key was derived once, at the decode (the default key function's).
+        key = obj.key if type(obj) is RawObject and obj.name and self._default_key else self._key_func(obj)
+        self._queue_action(DeltaType.UPDATED, obj, key)  # type: ignore[arg-type]
         return self._room_to_wait() if self._queued_bytes > self._max_bytes else None
 
     def delete(self, obj: KubeObject | DeletedFinalStateUnknown) -> asyncio.Future[None] | None:
@@ -396,6 +401,7 @@ class RealFIFO:
         return self._queued_bytes
 
     # ------------------------------------------------------------------ internals
+
 
     def _delta(self, delta_type: DeltaType, obj: KubeObject | DeletedFinalStateUnknown) -> Delta:
         if (

@@ -101,7 +101,7 @@ from bridge.informer.store import (
     meta_namespace_key_func,
 )
 from bridge.informer.transform import drop_managed_fields
-from bridge.rawobject import object_identity
+from bridge.rawobject import RawObject, object_identity
 
 __all__ = [
     "CacheSeed",
@@ -216,6 +216,7 @@ class SharedIndexInformer:
         self._clock = clock
         self._resync_check_period = resync_check_period
         self._key_func = key_func
+        self._default_key = key_func is meta_namespace_key_func
         self._indexer = IndexedCache(
             key_func=key_func, indexers={NAMESPACE_INDEX: meta_namespace_index_func, **(indexers or {})},
             compact=compact_cache,
@@ -636,22 +637,30 @@ class SharedIndexInformer:
             await distribute(Notification(kind=NotificationKind.DELETE, obj=obj, key=key), False)
             return
         assert not isinstance(obj, DeletedFinalStateUnknown)
-        key = self._key_func(obj)
-        old = self._indexer.get_by_key(key)
+        raw = type(obj) is RawObject
+        # A RawObject's key was derived once, at the decode; the queue checked it with the key
+        # function (an object without a name never gets this far).
+        key = obj.key if raw and self._default_key else self._key_func(obj)  # type: ignore[attr-defined]
+        indexer = self._indexer
+        old = indexer.get_by_key(key)
         if old is None:
-            self._indexer.add(obj)
+            indexer.store(key, obj)
             await distribute(
                 Notification(kind=NotificationKind.ADD, obj=obj, is_in_initial_list=is_in_initial_list,
                              key=key),
                 False,
             )
             return
-        self._indexer.update(obj)
+        indexer.store(key, obj)
         forced = bool(self._diverging) and key in self._diverging
         if forced:
             self._diverging.discard(key)  # notified now, one way or another
-        old_uid, old_rv = object_identity(old)
-        new_uid, new_rv = object_identity(obj)
+        if raw and type(old) is RawObject:
+            old_uid, old_rv = old.uid, old.resource_version
+            new_uid, new_rv = obj.uid, obj.resource_version  # type: ignore[attr-defined]
+        else:
+            old_uid, old_rv = object_identity(old)
+            new_uid, new_rv = object_identity(obj)
         if self._split_uid_changes and old_uid and new_uid and old_uid != new_uid:
             await distribute(Notification(kind=NotificationKind.DELETE, obj=old, key=key), False)
             await distribute(
