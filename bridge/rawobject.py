@@ -123,10 +123,27 @@ def _newest(entries: Iterable[Any]) -> Change | None:
             best = (manager, operation, subresource, when)
     if best is None:
         return None
-    # Only the winner's strings are interned (one entry per object, not one per managedFields entry).
     manager, operation, subresource, when = best
-    return Change(_intern(str(manager or "")), _intern(str(operation or "")), _intern(str(subresource or "")),
-                  when)
+    # The winner's writer, interned once per distinct writer (few in a cluster): a look-up per
+    # object instead of three interns.
+    try:
+        who = _writers.get((manager, operation, subresource))
+    except TypeError:  # a decoded entry with an unhashable value
+        who = None
+    if who is None:
+        who = (_intern(str(manager or "")), _intern(str(operation or "")), _intern(str(subresource or "")))
+        try:
+            if len(_writers) >= _MAX_WRITERS:
+                _writers.clear()
+            _writers[(manager, operation, subresource)] = who
+        except TypeError:
+            pass
+    return Change(who[0], who[1], who[2], when)
+
+
+_writers: dict[tuple[Any, Any, Any], tuple[str, str, str]] = {}
+"""Interned (manager, operation, subresource) of the writers seen, by their decoded values."""
+_MAX_WRITERS = 4096
 
 
 _head_decoder = msgspec.json.Decoder(_Head)

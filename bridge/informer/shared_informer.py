@@ -143,11 +143,6 @@ class CacheSeed:
     may hold state from a previous run that the bridge cannot vouch for."""
 
 
-def _from_relist(delta: Delta) -> bool:
-    """True for a relist's delta (a listed item, or a deletion it inferred)."""
-    return delta.type is DeltaType.REPLACED or type(delta.object) is DeletedFinalStateUnknown
-
-
 class InformerError(BridgeError):
     """The informer was misused or one of its tasks failed."""
 
@@ -568,14 +563,16 @@ class SharedIndexInformer:
 
     async def _process_locked(self, item: Delta | ResourceVersionMarker, is_in_initial_list: bool) -> None:
         """Applies one queue entry; the pop loop holds the processing lock around a run of them."""
-        if isinstance(item, ResourceVersionMarker):
+        if type(item) is ResourceVersionMarker:
             if item.relist_end and self._last_progress_rv:
                 await self._close_gap(item.resource_version)
             self._last_progress_rv = item.resource_version
             self._processor.progress(item.resource_version)
             return
-        if self._gap is None and self._last_progress_rv and _from_relist(item):
-            await self._open_gap()
+        assert type(item) is Delta
+        if self._gap is None and self._last_progress_rv and (
+                item.type is DeltaType.REPLACED or type(item.object) is DeletedFinalStateUnknown):
+            await self._open_gap()  # a relist's delta: a listed item, or a deletion it inferred
         self._processing_initial = is_in_initial_list
         try:
             if self._unconfirmed:
