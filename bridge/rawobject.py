@@ -442,9 +442,19 @@ def _build(
     if prefix:
         parts[0] = b"{" + prefix + parts[0][1:]
     raw = parts[0] if len(parts) == 1 else b"".join(parts)
-    namespace = _intern(ident.namespace or "")
-    identity = (ident.name or "", namespace, ident.uid or "", ident.resourceVersion or "", has_mf)
-    return RawObject(raw, identity=identity, change=change)
+    # RawObject(raw, identity=…, change=…) without the call: every watch event comes this way.
+    obj = _new_raw_object(RawObject)
+    obj.raw = raw
+    obj._obj = None
+    obj._meta = None
+    obj.name = name = ident.name or ""
+    obj.namespace = namespace = _intern(ident.namespace or "")
+    obj.uid = ident.uid or ""
+    obj.resource_version = ident.resourceVersion or ""
+    obj.managed_fields = has_mf
+    obj.key = f"{namespace}/{name}" if namespace else name
+    obj.change = change
+    return obj
 
 
 def _cut_member(obj_raw: bytes, key: bytes, value: bytes) -> bytes | None:

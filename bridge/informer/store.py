@@ -248,7 +248,9 @@ class IndexedCache:
 
     def get_by_key(self, key: ObjectKey) -> KubeObject | None:
         stored = self._items.get(key)
-        return None if stored is None else self._decode(stored)
+        if stored is None or not self._compact:
+            return stored
+        return stored.fresh()  # type: ignore[no-any-return]
 
     def snapshot(self) -> Sequence[KubeObject]:
         """Every object as of now, decoded lazily: holding the snapshot costs what the cache does
