@@ -635,9 +635,10 @@ class SharedIndexInformer:
             return
         assert not isinstance(obj, DeletedFinalStateUnknown)
         raw = type(obj) is RawObject
-        # A RawObject's key was derived once, at the decode; the queue checked it with the key
-        # function (an object without a name never gets this far).
-        key = obj.key if raw and self._default_key else self._key_func(obj)  # type: ignore[attr-defined]
+        # A named RawObject's key was derived once, at the decode (what the default key function
+        # returns for it); anything else goes through the key function, which refuses no name.
+        key = (obj.key if raw and self._default_key and obj.name  # type: ignore[attr-defined]
+               else self._key_func(obj))
         indexer = self._indexer
         old = indexer.get_by_key(key)
         if old is None:
