@@ -109,6 +109,7 @@ def _newest(entries: Iterable[Any]) -> Change | None:
     """The entry with the greatest ``time`` (the last one listed among equals); None without any
     timed entry. RFC 3339 UTC timestamps of one precision compare as strings."""
     best: tuple[Any, Any, Any, str] | None = None
+    typed = False
     for e in entries:
         if type(e) is _ManagedFieldsEntry:
             manager, operation, subresource, when = e.manager, e.operation, e.subresource, e.time
@@ -121,29 +122,27 @@ def _newest(entries: Iterable[Any]) -> Change | None:
             continue
         if when and (best is None or when >= best[3]):
             best = (manager, operation, subresource, when)
+            typed = type(e) is _ManagedFieldsEntry
     if best is None:
         return None
-    manager, operation, subresource, when = best
-    # The winner's writer, interned once per distinct writer (few in a cluster): a look-up per
-    # object instead of three interns.
-    try:
-        who = _writers.get((manager, operation, subresource))
-    except TypeError:  # a decoded entry with an unhashable value
-        who = None
-    if who is None:
-        who = (_intern(str(manager or "")), _intern(str(operation or "")), _intern(str(subresource or "")))
-        try:
-            if len(_writers) >= _MAX_WRITERS:
-                _writers.clear()
-            _writers[(manager, operation, subresource)] = who
-        except TypeError:
-            pass
-    return Change(who[0], who[1], who[2], when)
+    # One Change per distinct (writer, second), shared by the objects it wrote then (a look-up per
+    # object instead of three interns and a tuple; a busy writer writes many objects a second).
+    # Only for decoded entries, whose values are str or None (a plain mapping's could be anything).
+    change = _changes.get(best) if typed else None
+    if change is None:
+        manager, operation, subresource, when = best
+        change = Change(_intern(str(manager or "")), _intern(str(operation or "")),
+                        _intern(str(subresource or "")), when)
+        if typed:
+            if len(_changes) >= _MAX_CHANGES:
+                _changes.clear()
+            _changes[best] = change
+    return change
 
 
-_writers: dict[tuple[Any, Any, Any], tuple[str, str, str]] = {}
-"""Interned (manager, operation, subresource) of the writers seen, by their decoded values."""
-_MAX_WRITERS = 4096
+_changes: dict[tuple[Any, Any, Any, str], Change] = {}
+"""The Change of each (manager, operation, subresource, time) decoded lately."""
+_MAX_CHANGES = 4096
 
 
 _head_decoder = msgspec.json.Decoder(_Head)
@@ -411,7 +410,7 @@ def _build(
     except _DECODE_ERRORS:
         return None
     mf = ident.managedFields
-    has_mf = len(mf) > 0
+    has_mf = bool(mf)
     change: Change | None = None
     if has_mf:
         try:

@@ -238,7 +238,7 @@ class SinkListener:
         kind, replay = n.kind, self.replay
         if kind is NotificationKind.ADD or kind is NotificationKind.UPDATE:
             obj = n.obj
-            assert not isinstance(obj, DeletedFinalStateUnknown)
+            assert type(obj) is RawObject or not isinstance(obj, DeletedFinalStateUnknown)
             if n.is_resync:
                 return []
             if replay is not None:
