@@ -40,7 +40,7 @@ from bridge.delivery.journal import KnownObjectJournal
 from bridge.delivery.progress import AckTracker
 from bridge.delivery.replay import ReplayStage, SinkResume, delete_is_inferred
 from bridge.delivery.selector_exit import LEFT_SELECTOR_EXTENSION, SelectorExits
-from bridge.rawobject import last_change
+from bridge.rawobject import RawObject, last_change
 from sinks.contract import (
     AckCallback,
     ChangeEvent,
@@ -66,7 +66,8 @@ def change_time(type_: EventType, obj: KubeObject | None, observed: float) -> fl
     object without managedFields, a marker) ``observed``, when the informer first distributed the
     change (one value for all sinks)."""
     if type_ in _DATED and obj is not None:
-        change = last_change(obj)
+        # A RawObject's change was read at the decode (last_change, without the call).
+        change = obj.change if type(obj) is RawObject else last_change(obj)
         if change is not None:
             when = _parsed_times.get(change.time)
             if when is None:
@@ -239,7 +240,7 @@ class SinkListener:
         kind, replay = n.kind, self.replay
         if kind is NotificationKind.ADD or kind is NotificationKind.UPDATE:
             obj = n.obj
-            assert not isinstance(obj, DeletedFinalStateUnknown)
+            assert type(obj) is RawObject or not isinstance(obj, DeletedFinalStateUnknown)
             if n.is_resync:
                 return []
             if replay is not None:
@@ -247,9 +248,15 @@ class SinkListener:
                     return []
                 if (replayed := replay.relisted(n, self)) is not None:
                     return replayed
-            if kind is NotificationKind.ADD:
-                return [self.event(EventType.ADDED, obj, n.time)]
-            return [self.event(EventType.UPDATED, obj, n.time, old=n.old)]
+            if self._gap is not None:
+                if kind is NotificationKind.ADD:
+                    return [self.event(EventType.ADDED, obj, n.time)]
+                return [self.event(EventType.UPDATED, obj, n.time, old=n.old)]
+            # self.event() without its call, for the common change (no gap to mark it with).
+            type_ = EventType.ADDED if kind is NotificationKind.ADD else EventType.UPDATED
+            return [ChangeEvent(type=type_, resource=self.resource, cluster=self.cluster, obj=obj,
+                                old=n.old if kind is NotificationKind.UPDATE else None,
+                                time=change_time(type_, obj, n.time or self._clock.wall()))]
         if kind is NotificationKind.DELETE:
             if replay is not None:
                 return replay.delete(n, self)
@@ -348,11 +355,13 @@ class SinkListener:
                     if gated is None:
                         continue
                     ack = gated
-                admitted = await self._admit(n) if self.replay is not None else (n,)
-                if not admitted:
-                    stats.own_progress_skipped += 1
-                    ack()
-                    continue
+                admitted: Sequence[Notification] | None = None  # None: n alone (no replay stage)
+                if self.replay is not None:
+                    admitted = await self._admit(n)
+                    if not admitted:
+                        stats.own_progress_skipped += 1
+                        ack()
+                        continue
                 if journal is not None and journal.must_wait(n.seq):
                     # A new object or a delete: released only once the journal has it (module docs).
                     await self._hand_over(collected, i - 1)
@@ -363,8 +372,12 @@ class SinkListener:
                     count, stream = self._snapshot_events(n)
                     await self._deliver_all(stream, count, ack)
                     continue
-                listed = self.events_for(admitted[0]) if len(admitted) == 1 else [
-                    e for a in admitted for e in self.events_for(a)]
+                if admitted is None:
+                    listed = self.events_for(n)
+                elif len(admitted) == 1:
+                    listed = self.events_for(admitted[0])
+                else:
+                    listed = [e for a in admitted for e in self.events_for(a)]
                 if len(listed) == 1 and self._exits is None and n.kind is not NotificationKind.GAP:
                     # The common change, collected here: one coroutine less per notification.
                     collected.add(listed[0], ack, stats.outcomes)
