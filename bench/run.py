@@ -87,6 +87,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("sharding", "bench.bench_sharding"),
     Scenario("namespaces", "bench.bench_namespaces", default=False),
     Scenario("events", "bench.bench_events", default=False),
+    Scenario("workers", "bench.bench_workers"),
 )}
 
 

@@ -108,21 +108,41 @@ class Change(NamedTuple):
 def _newest(entries: Iterable[Any]) -> Change | None:
     """The entry with the greatest ``time`` (the last one listed among equals); None without any
     timed entry. RFC 3339 UTC timestamps of one precision compare as strings."""
-    best: Change | None = None
+    best: tuple[Any, Any, Any, str] | None = None
+    typed = False
     for e in entries:
-        if isinstance(e, _ManagedFieldsEntry):
+        if type(e) is _ManagedFieldsEntry:
             manager, operation, subresource, when = e.manager, e.operation, e.subresource, e.time
         elif isinstance(e, Mapping):
             manager, operation = e.get("manager"), e.get("operation")
             subresource, when = e.get("subresource"), e.get("time")
         else:
             continue
-        if not isinstance(when, str) or not when:
+        if type(when) is not str and not isinstance(when, str):
             continue
-        if best is None or when >= best.time:
-            best = Change(_intern(str(manager or "")), _intern(str(operation or "")),
-                          _intern(str(subresource or "")), when)
-    return best
+        if when and (best is None or when >= best[3]):
+            best = (manager, operation, subresource, when)
+            typed = type(e) is _ManagedFieldsEntry
+    if best is None:
+        return None
+    # One Change per distinct (writer, second), shared by the objects it wrote then (a look-up per
+    # object instead of three interns and a tuple; a busy writer writes many objects a second).
+    # Only for decoded entries, whose values are str or None (a plain mapping's could be anything).
+    change = _changes.get(best) if typed else None
+    if change is None:
+        manager, operation, subresource, when = best
+        change = Change(_intern(str(manager or "")), _intern(str(operation or "")),
+                        _intern(str(subresource or "")), when)
+        if typed:
+            if len(_changes) >= _MAX_CHANGES:
+                _changes.clear()
+            _changes[best] = change
+    return change
+
+
+_changes: dict[tuple[Any, Any, Any, str], Change] = {}
+"""The Change of each (manager, operation, subresource, time) decoded lately."""
+_MAX_CHANGES = 4096
 
 
 _head_decoder = msgspec.json.Decoder(_Head)
@@ -134,6 +154,7 @@ _object_decoder = msgspec.json.Decoder(dict[str, Any])
 _MF_KEY = b'"managedFields":'
 _META_KEY = b'"metadata":'
 _intern = sys.intern
+_new_raw_object = object.__new__
 
 
 class RawObject(Mapping[str, Any]):
@@ -145,7 +166,8 @@ class RawObject(Mapping[str, Any]):
     """
 
     __slots__ = (
-        "_meta", "_obj", "change", "managed_fields", "name", "namespace", "raw", "resource_version", "uid",
+        "_meta", "_obj", "change", "key", "managed_fields", "name", "namespace", "raw", "resource_version",
+        "uid",
     )
 
     raw: bytes
@@ -157,6 +179,10 @@ class RawObject(Mapping[str, Any]):
     """Whether ``raw`` still holds ``metadata.managedFields``."""
     change: Change | None
     """The newest managedFields entry, read before they were cut (None: the object had none)."""
+    key: str
+    """``namespace/name`` (``name`` when cluster-scoped), derived once when the object is built: the
+    queue, the cache, the tracker and the sinks all read it (docs/performance.md, "Facts derived
+    once")."""
 
     def __init__(
         self,
@@ -181,7 +207,10 @@ class RawObject(Mapping[str, Any]):
             if change is None:
                 entries = meta.get("managedFields")
                 change = _newest(entries) if isinstance(entries, list) else None
-        self.name, self.namespace, self.uid, self.resource_version, self.managed_fields = identity
+        name, namespace, self.uid, self.resource_version, self.managed_fields = identity
+        self.name = name
+        self.namespace = namespace
+        self.key = f"{namespace}/{name}" if namespace else name
         self.change = change
 
     @classmethod
@@ -198,11 +227,6 @@ class RawObject(Mapping[str, Any]):
     @property
     def identity(self) -> tuple[str, str, str, str, bool]:
         return self.name, self.namespace, self.uid, self.resource_version, self.managed_fields
-
-    @property
-    def key(self) -> str:
-        """``namespace/name`` (``name`` when cluster-scoped)."""
-        return f"{self.namespace}/{self.name}" if self.namespace else self.name
 
     # ---- identity and body ----------------------------------------------------------------------
 
@@ -240,8 +264,20 @@ class RawObject(Mapping[str, Any]):
 
     def fresh(self) -> RawObject:
         """Another instance over the same bytes with nothing decoded yet (what a cache hands out, so
-        that no reader's decoding stays attached to the cached object)."""
-        return RawObject(self.raw, identity=self.identity, change=self.change)
+        that no reader's decoding stays attached to the cached object). Copies the derived facts
+        as they are: nothing is derived again."""
+        new = _new_raw_object(RawObject)
+        new.raw = self.raw
+        new._obj = None
+        new._meta = None
+        new.name = self.name
+        new.namespace = self.namespace
+        new.uid = self.uid
+        new.resource_version = self.resource_version
+        new.managed_fields = self.managed_fields
+        new.key = self.key
+        new.change = self.change
+        return new
 
     def without_managed_fields(self) -> RawObject:
         """The object without ``metadata.managedFields`` (``self`` when it has none)."""
@@ -374,7 +410,7 @@ def _build(
     except _DECODE_ERRORS:
         return None
     mf = ident.managedFields
-    has_mf = len(mf) > 0
+    has_mf = bool(mf)
     change: Change | None = None
     if has_mf:
         try:
@@ -405,9 +441,19 @@ def _build(
     if prefix:
         parts[0] = b"{" + prefix + parts[0][1:]
     raw = parts[0] if len(parts) == 1 else b"".join(parts)
-    namespace = _intern(ident.namespace or "")
-    identity = (ident.name or "", namespace, ident.uid or "", ident.resourceVersion or "", has_mf)
-    return RawObject(raw, identity=identity, change=change)
+    # RawObject(raw, identity=…, change=…) without the call: every watch event comes this way.
+    obj = _new_raw_object(RawObject)
+    obj.raw = raw
+    obj._obj = None
+    obj._meta = None
+    obj.name = name = ident.name or ""
+    obj.namespace = namespace = _intern(ident.namespace or "")
+    obj.uid = ident.uid or ""
+    obj.resource_version = ident.resourceVersion or ""
+    obj.managed_fields = has_mf
+    obj.key = f"{namespace}/{name}" if namespace else name
+    obj.change = change
+    return obj
 
 
 def _cut_member(obj_raw: bytes, key: bytes, value: bytes) -> bytes | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 from bridge.contracts import OverflowPolicy
 from bridge.rawobject import RawObject
@@ -29,6 +29,7 @@ __all__ = [
     "SINK_ENTRY_POINT_GROUP",
     "AckCallback",
     "BatchSink",
+    "Batched",
     "ChangeEvent",
     "DeliveryOptions",
     "DeliveryOutcome",
@@ -43,6 +44,7 @@ __all__ = [
     "SinkPermanentError",
     "SinkTransientError",
     "SnapshotInfo",
+    "takes_batches",
 ]
 
 SINK_ENTRY_POINT_GROUP = "kube_event_bridge.sinks"
@@ -290,11 +292,9 @@ class Sink(Protocol):
 
 
 @runtime_checkable
-class BatchSink(Sink, Protocol):
-    """A sink that also takes a batch of events in one call. Optional: the bridge calls
-    ``deliver_batch`` when the sink has it (``getattr(sink, "deliver_batch", None)``) and otherwise
-    loops over ``deliver``, so a third-party sink may leave it out; every sink built on
-    :class:`sinks.base.BaseSink` has it."""
+class Batched(Protocol):
+    """What :class:`BatchSink` adds to a sink (a Protocol of its own so that it can be checked on a
+    class, see :func:`takes_batches`)."""
 
     async def deliver_batch(self, events: Sequence[ChangeEvent], acks: Sequence[AckCallback]) -> None:
         """Hands over ``events[i]`` with ``acks[i]`` for every i, in order: exactly what awaiting
@@ -303,6 +303,21 @@ class BatchSink(Sink, Protocol):
         back-pressure: it may wait for room in the in-flight window between events, and raises
         SinkError when the sink is closed), only cheaper per event. ``len(events) == len(acks)``;
         an empty batch is a no-op."""
+
+
+@runtime_checkable
+class BatchSink(Sink, Batched, Protocol):
+    """A sink that also takes a batch of events in one call. Optional: the bridge calls
+    ``deliver_batch`` when :func:`takes_batches` says the sink has it and otherwise loops over
+    ``deliver``, so a third-party sink may leave it out; every sink built on
+    :class:`sinks.base.BaseSink` has it."""
+
+
+def takes_batches(sink: Sink) -> TypeGuard[BatchSink]:
+    """Whether ``sink``'s class declares :meth:`Batched.deliver_batch`. Checked on the class, not the
+    instance: a wrapper that forwards unknown attributes to another sink (``__getattr__``) and has
+    only a ``deliver`` of its own is not a batch sink, so its ``deliver`` is never bypassed."""
+    return issubclass(type(sink), Batched)
 
 
 SinkFactory = Callable[[str, Mapping[str, Any]], Sink]

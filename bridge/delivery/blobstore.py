@@ -1,32 +1,17 @@
 """One storage layer: a small fenced blob-store interface and the one chunked writer over it.
 
-Checkpoints and known-object journals are values of any size kept in stores whose values are not:
-a ConfigMap holds about 1 MiB, a NATS message the server's max payload. Both kinds are written by
-:class:`ChunkedValue`, the only place that knows chunking, compare-and-set, fencing and the orphan
-sweep; a backend (:mod:`~bridge.delivery.blob_file`, :mod:`~bridge.delivery.checkpoint_configmap`,
+Checkpoints and known-object journals are values of any size kept in stores whose values are not (a
+ConfigMap holds about 1 MiB, a NATS message the server's max payload). :class:`ChunkedValue` is the
+only place that knows chunking, compare-and-set, fencing and the orphan sweep; a backend
+(:mod:`~bridge.delivery.blob_file`, :mod:`~bridge.delivery.checkpoint_configmap`,
 :mod:`~bridge.delivery.checkpoint_natskv`) implements only :class:`BlobStore`, its primitives.
 
-A value is a **head** (one stored blob, the commit point of every write: the writer's lease token,
-the names of its sealed chunks, an inline tail, optionally the whole value's size and SHA-256)
-and **sealed chunks** (blobs created once under a fresh name, never changed).
-
-* The head is only ever written with the version last read or written (compare-and-set); after a
-  conflict it is read again and the write goes ahead only if the stored token is not a later
-  leader's (:func:`~bridge.delivery.fencing.check_fence`). A write that fits in the head is one
-  store write, atomic, never torn.
-* A value larger than the head's room is sealed into chunks of a fresh generation first and the head
-  is written last, listing them; a crash at any point leaves the last head written pointing at
-  complete chunks. A chunk no head lists is an orphan (a failed write's, a deposed writer's, a
-  crash's): the first rewrite of a run, after a read and after a failure lists the value's chunks
-  and deletes the orphans; a rewrite deletes the chunks the previous head listed once the new head
-  is written. Orphans cost space, never correctness.
-* Without ``chunking`` (a ConfigMap store whose RBAC names its ConfigMaps one by one) a value is its
-  head alone: a larger one is refused with an error saying so, and :meth:`ChunkedValue.room` bounds
-  a journal's appends.
-* A store that appends in place without a limit (:class:`AppendableBlobStore`: a file) has a
-  journal's group commit appended to the head instead of rewriting it.
-
-Store capabilities are Protocols checked once, when a value is built; nothing probes a store.
+A value is a **head** (one stored blob, the commit point of every write, written only by
+compare-and-set) and **sealed chunks** (blobs created once under a fresh name, never changed). A
+value larger than the head's room is sealed into chunks of a fresh generation first and the head is
+written last, so a crash at any point leaves the last head written pointing at complete chunks; a
+chunk no head lists is an orphan, which costs space, never correctness. Store capabilities are
+Protocols checked once, when a value is built; nothing probes a store.
 """
 
 from __future__ import annotations

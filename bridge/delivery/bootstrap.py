@@ -26,16 +26,36 @@ from collections.abc import Callable, Iterable, Mapping
 from bridge.clock import Clock
 from bridge.contracts import KubeObject
 from bridge.delivery.assembly import WatchedResource
-from bridge.delivery.informer_run import ProgressThresholds
 from bridge.delivery.resume_plan import parse_rv
 from bridge.delivery.sink_listener import SinkListener
 from bridge.informer.backoff import Backoff
 from bridge.informer.shared_informer import HandlerRegistration, SharedIndexInformer
 from bridge.rawobject import object_identity
 
-__all__ = ["Bootstrap", "BootstrapState"]
+__all__ = ["Bootstrap", "BootstrapState", "ProgressThresholds"]
 
 log = logging.getLogger(__name__)
+
+
+class ProgressThresholds:
+    """Callbacks run once, with the marker's seq, when the informer's progress reaches a
+    resourceVersion."""
+
+    def __init__(self) -> None:
+        self._waiting: list[tuple[int, Callable[[int], None]]] = []
+
+    def add(self, resource_version: int, callback: Callable[[int], None]) -> None:
+        self._waiting.append((resource_version, callback))
+
+    def reached(self, seq: int, resource_version: str) -> None:
+        if not self._waiting:
+            return
+        at = parse_rv(resource_version)
+        if at is None:
+            return
+        for threshold in [t for t in self._waiting if t[0] <= at]:
+            self._waiting.remove(threshold)
+            threshold[1](seq)
 
 
 class BootstrapState(enum.Enum):

@@ -1,46 +1,18 @@
 """Checkpoints: where an informer resumes after a restart, and the stores that keep them.
 
-A :class:`Checkpoint` holds, for one informer, the resourceVersion up to which every sink has
-acknowledged every change, and the known-object index (key → (uid, resourceVersion)) as of that
-point. On start the bridge seeds the informer with the index and resumes the watch from the
-resourceVersion; if the server answers 410 the relist is diffed against the index so only real
-differences are emitted.
+A :class:`Checkpoint` holds, for one informer, the *base*: the resourceVersion up to which every
+sink acknowledged every change and the known objects as of that point (so a relist after a 410 is
+diffed against them); and per sink (format 2) only its differences from the base
+(:class:`SinkProgress`). Every store writes one byte encoding (:func:`encode_checkpoint`): a header
+with format, length and SHA-256, then the JSON body, so that damage, and nonsense behind a valid
+checksum, is detected rather than trusted (docs/delivery-contract.md, section 8).
 
-Progress is also kept per sink (format 2): the fields above are the *base*, the slowest common state
-(what every sink acknowledged), and :attr:`Checkpoint.sinks` names the sinks the checkpoint covers,
-each with only its differences from the base (:class:`SinkProgress`: its own resume point, the
-known objects that differ, its own delivered-ahead changes). A configured sink it does not name is
-bootstrapped with a snapshot; a format-1 checkpoint (no section) covers every configured sink at the
-base.
-
-Stores share one small contract (:class:`CheckpointStore`) and one byte encoding
-(:func:`encode_checkpoint` / :func:`decode_checkpoint`): a header line (format version, length,
-SHA-256) followed by the JSON body, so truncation and bit rot are detected instead of trusted. A
-checkpoint that cannot be read or verified raises :class:`CheckpointCorruptError`; the bridge then
-logs a warning and does a full, correct resync — never a crash, never a silent loss. A valid
-checksum over nonsense (a resourceVersion that is not an integer, a known object without uid) is
-corrupt too: a watch from such a resume point would fail for ever.
-
-:class:`BlobCheckpointStore` keeps checkpoints and their known-object journals in a
-:class:`~bridge.delivery.blobstore.BlobStore`, written by the one chunked writer
-(:class:`~bridge.delivery.blobstore.ChunkedValue`): :class:`FileCheckpointStore` (the embedded
-default, one file per informer, :mod:`bridge.delivery.blob_file`) here, the ConfigMap and NATS KV
-stores in their own modules.
-
-Fencing (leader election, :mod:`bridge.delivery.fencing`): a store built with a ``fence`` writes
-nothing when the fence says None, stamps every checkpoint with the token (``writer``), and refuses,
-by the store's own compare-and-set, a write whose token is older than the stored one. Loading claims
-the checkpoint for the loader's term (it is written again, stamped with the loader's token, under
-the same precondition), so once a new leader has loaded, a deposed one cannot write, whatever it
-believes. Loading as an older term than the stored one is refused as well.
-
-Store capabilities beyond :class:`CheckpointStore` are Protocols (:class:`ListableCheckpointStore`,
-:class:`JournalStore`) that the pipeline checks once, when it is built.
-
-    CheckpointError
-    ├── CheckpointCorruptError   unreadable, truncated, wrong checksum/format: resync fully
-    └── CheckpointStoreError     the store could not be reached or written: retry later
-        └── CheckpointFencedError   this writer no longer leads, or a later leader owns it
+:class:`BlobCheckpointStore` keeps checkpoints and journals in a
+:class:`~bridge.delivery.blobstore.BlobStore` through the one chunked writer, fenced by
+:mod:`bridge.delivery.fencing` (loading claims a checkpoint for the loader's term, so a deposed leader
+cannot write once a new one has loaded). Capabilities beyond :class:`CheckpointStore` are Protocols
+(:class:`ListableCheckpointStore`, :class:`JournalStore`) checked once, when the pipeline is built.
+The errors, re-exported here, are those of :mod:`bridge.delivery.fencing`.
 """
 
 from __future__ import annotations
@@ -68,6 +40,7 @@ from bridge.delivery.fencing import (
     check_fence,
     fence_token,
 )
+from bridge.delivery.resource_version import is_rv
 from bridge.kube.leaderelection import FenceToken
 
 __all__ = [
@@ -313,12 +286,6 @@ def _decode_progress(raw: Any) -> SinkProgress:
     )
 
 
-def _is_rv(value: object) -> bool:
-    """A resourceVersion the bridge can resume from: a non-negative decimal integer (an etcd
-    revision; the bookkeeping compares them as integers, see docs/delivery-contract.md)."""
-    return isinstance(value, str) and value.isascii() and value.isdigit()
-
-
 def _check_key(where: str, key: object) -> None:
     if not isinstance(key, str) or not key:
         raise CheckpointCorruptError(f"checkpoint {where} has an empty key")
@@ -332,7 +299,7 @@ def _check_contents(doc: Any) -> None:
     could never be reported), entries of the wrong shape — in the shared base and in every sink's
     section. Raises :class:`CheckpointCorruptError`."""
     rv = doc["resource_version"]
-    if not _is_rv(rv):
+    if not is_rv(rv):
         raise CheckpointCorruptError(f"checkpoint resourceVersion {rv!r} is not a resourceVersion")
     if not isinstance(doc["written_at"], int | float):
         raise CheckpointCorruptError("checkpoint body is malformed: written_at is not a number")
@@ -353,7 +320,7 @@ def _check_contents(doc: Any) -> None:
         where = f"sink {name!r}: "
         if "resource_version" in section:
             sink_rv = section["resource_version"]
-            if not _is_rv(sink_rv):
+            if not is_rv(sink_rv):
                 raise CheckpointCorruptError(
                     f"checkpoint {where}resourceVersion {sink_rv!r} is not a resourceVersion")
             if int(sink_rv) < int(rv):
@@ -370,7 +337,7 @@ def _check_index(where: str, objects: Any, *, allow_absent: bool) -> None:
             continue  # a sink's difference: the base knows the key, this sink does not
         if len(entry) != 2 or not isinstance(entry[0], str) or not entry[0]:
             raise CheckpointCorruptError(f"checkpoint {where}known object {key!r} has no uid")
-        if not _is_rv(entry[1]):
+        if not is_rv(entry[1]):
             raise CheckpointCorruptError(
                 f"checkpoint {where}known object {key!r} has resourceVersion {entry[1]!r}")
 
@@ -382,7 +349,7 @@ def _check_ahead(where: str, ahead: Any) -> None:
             raise CheckpointCorruptError(f"checkpoint {where}delivered-ahead entry {key!r} is malformed")
         if not entry[2] and not entry[0]:
             raise CheckpointCorruptError(f"checkpoint {where}delivered-ahead entry {key!r} has no uid")
-        if not _is_rv(entry[1]):
+        if not is_rv(entry[1]):
             raise CheckpointCorruptError(
                 f"checkpoint {where}delivered-ahead entry {key!r} has resourceVersion {entry[1]!r}")
 
@@ -482,13 +449,9 @@ class BlobCheckpointStore:
 
 class FileCheckpointStore(BlobCheckpointStore):
     """One ``<informer_id>.ckpt`` file per informer in ``directory`` (created if missing), its
-    journal ``<informer_id>.journal`` next to it (:mod:`bridge.delivery.blob_file`).
-
-    Meant for one replica. With a ``fence`` (leader election) the check of the stored writer and the
-    rewrite happen under an exclusive ``flock`` on ``directory/.lock``; across hosts it is only as
-    good as the shared filesystem's locks, so for several replicas use the ConfigMap or NATS KV store
-    (docs/operations.md). Journal files are not fenced. ``files``: the class of its files (a test's
-    holds a write)."""
+    journal ``<informer_id>.journal`` next to it; meant for one replica (fencing across hosts is
+    only as good as the shared filesystem's locks: :mod:`bridge.delivery.blob_file`). ``files``: the
+    class of its files (a test's holds a write)."""
 
     SUFFIX = ".ckpt"
 

@@ -32,15 +32,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.delivery.blobstore import BlobConflict, ChunkedValue, Head
+from bridge.delivery.blobstore import BlobConflict, Head
 from bridge.delivery.checkpoint import BlobCheckpointStore
 from bridge.delivery.fencing import BlobStoreError, FenceSource
 from bridge.errors import ApiError, ConflictError, NotFoundError
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.leaderelection import FenceToken
 
-__all__ = ["DEFAULT_SHARD_BYTES", "JOURNAL_BYTES", "ConfigMapBlobStore", "ConfigMapCheckpointStore",
-           "ConfigMapJournalBackend"]
+__all__ = ["DEFAULT_SHARD_BYTES", "JOURNAL_BYTES", "ConfigMapBlobStore", "ConfigMapCheckpointStore"]
 
 DEFAULT_SHARD_BYTES = 900 * 1024
 """Bytes of encoded checkpoint per ConfigMap: room for metadata below the ~1 MiB object limit."""
@@ -53,9 +52,6 @@ OWNER_LABEL = "kube-event-bridge.io/checkpoint"
 ROLE_LABEL = "kube-event-bridge.io/checkpoint-role"
 WRITER_ANNOTATION = "kube-event-bridge.io/writer"
 TERM_ANNOTATION = "kube-event-bridge.io/lease-transitions"
-
-ConfigMapJournalBackend = ChunkedValue
-"""A known-object journal in ConfigMaps (what :meth:`ConfigMapCheckpointStore.journal_backend` returns)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,14 +123,19 @@ class ConfigMapBlobStore:
     def chunk_name(self, ident: str, generation: str, n: int) -> str:
         return f"{self.name_of(ident)}{self._kind.chunk_infix}{generation}-{n}"
 
-    async def get(self, ident: str) -> Head | None:
-        name = self.name_of(ident)
+    async def _read(self, name: str, what: str) -> dict[str, Any] | None:
         try:
-            cm = await self._client.get(f"{self._collection}/{name}", context=f"get {name}")
+            cm: dict[str, Any] = await self._client.get(f"{self._collection}/{name}", context=f"get {name}")
         except NotFoundError:
             return None
         except ApiError as exc:
-            raise BlobStoreError(f"cannot read {self._kind.what} {self.describe(ident)}: {exc}") from exc
+            raise BlobStoreError(f"cannot read {self._kind.what} {what}: {exc}") from exc
+        return cm
+
+    async def get(self, ident: str) -> Head | None:
+        cm = await self._read(self.name_of(ident), self.describe(ident))
+        if cm is None:
+            return None
         data: dict[str, Any] = cm.get("data") or {}
         head = Head(writer=_stored_token(cm), version=_version(cm))
         if self._kind is JOURNALS:
@@ -205,13 +206,8 @@ class ConfigMapBlobStore:
         return self.labels(ident, self._kind.chunk_role)
 
     async def get_chunk(self, name: str) -> bytes | None:
-        try:
-            cm = await self._client.get(f"{self._collection}/{name}", context=f"get {name}")
-        except NotFoundError:
-            return None
-        except ApiError as exc:
-            raise BlobStoreError(f"cannot read {self._kind.what} ConfigMap {name}: {exc}") from exc
-        return str((cm.get("data") or {}).get("chunk", "")).encode()
+        cm = await self._read(name, f"ConfigMap {name}")
+        return None if cm is None else str((cm.get("data") or {}).get("chunk", "")).encode()
 
     async def delete_chunk(self, name: str) -> None:
         try:
@@ -272,9 +268,6 @@ class ConfigMapCheckpointStore(BlobCheckpointStore):
     def last_shard_count(self) -> int:
         """Shards written by the last save (0 when the checkpoint fitted in the manifest)."""
         return self.last_chunk_count
-
-    def manifest_name(self, informer_id: str) -> str:
-        return self._manifests.name_of(informer_id)
 
     def journal_name(self, informer_id: str) -> str:
         """The ConfigMap holding the informer's known-object journal (:mod:`bridge.delivery.journal`)."""

@@ -32,12 +32,12 @@ import orjson
 from nats.aio.client import Client as NatsClient
 from nats.js.kv import KeyValue
 
-from bridge.delivery.blobstore import BlobConflict, ChunkedValue, Head
+from bridge.delivery.blobstore import BlobConflict, Head
 from bridge.delivery.checkpoint import BlobCheckpointStore, Checkpoint
 from bridge.delivery.fencing import BlobStoreError, CheckpointStoreError, FenceSource
 from bridge.kube.leaderelection import FenceToken
 
-__all__ = ["NatsKvBlobStore", "NatsKvCheckpointStore", "NatsKvJournalBackend"]
+__all__ = ["NatsKvBlobStore", "NatsKvCheckpointStore"]
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +46,6 @@ _HEADROOM = 8 * 1024
 _JOURNAL_HEAD = 256
 """Bytes of a journal value kept for its header line (the writer's token)."""
 _FAILURES = (nats.errors.Error, OSError, TimeoutError)
-
-NatsKvJournalBackend = ChunkedValue
-"""A known-object journal in the bucket (what :meth:`NatsKvCheckpointStore.journal_backend` returns)."""
 
 
 class NatsKvBlobStore:

@@ -133,7 +133,6 @@ class CheckpointWriter:
             try:
                 await store.save(cp)
             except CheckpointError as exc:
-                inf.checkpoint_errors += 1
                 log.warning("writing the checkpoint failed (%s); retrying at the next interval", exc,
                             extra={"informer": ident, "resource": inf.watched.ref.qualified})
                 continue

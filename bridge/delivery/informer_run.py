@@ -11,8 +11,9 @@ observer and hands each report to the part whose job it is, each one job:
   time);
 * the known-object journal (a record before the sinks may receive a new object or a delete; the
   first list of a start without a checkpoint);
-* :class:`ProgressThresholds` (callbacks once the informer's progress reaches a resourceVersion: a
-  sink's own resume point, the point a bootstrap snapshot waits for).
+* the :class:`~bridge.delivery.bootstrap.ProgressThresholds` (callbacks once the informer's
+  progress reaches a resourceVersion: a sink's own resume point, the point a bootstrap snapshot
+  waits for).
 """
 
 from __future__ import annotations
@@ -21,21 +22,18 @@ import collections
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from bridge.contracts import Notification, NotificationKind
 from bridge.delivery.assembly import WatchedResource
+from bridge.delivery.bootstrap import Bootstrap, ProgressThresholds
 from bridge.delivery.journal import KnownObjectJournal
 from bridge.delivery.progress import AckTracker
 from bridge.delivery.replay import delete_is_inferred
-from bridge.delivery.resume_plan import ResumePlan, SentDelete, parse_rv
+from bridge.delivery.resume_plan import ResumePlan, SentDelete
 from bridge.delivery.sink_listener import SinkListener
 from bridge.informer.shared_informer import HandlerRegistration, SharedIndexInformer
 
-if TYPE_CHECKING:
-    from bridge.delivery.bootstrap import Bootstrap
-
-__all__ = ["InformerCounts", "InformerObserver", "InformerRun", "ProgressThresholds"]
+__all__ = ["InformerCounts", "InformerObserver", "InformerRun"]
 
 log = logging.getLogger(__name__)
 
@@ -53,27 +51,6 @@ class InformerCounts:
     """Objects of the snapshots dispatched (each becomes one ``sync`` event per sink)."""
     progress: int = 0
     """Progress markers seen: the informer listed, or its watch moved, this many times."""
-
-
-class ProgressThresholds:
-    """Callbacks run once, with the marker's seq, when the informer's progress reaches a
-    resourceVersion."""
-
-    def __init__(self) -> None:
-        self._waiting: list[tuple[int, Callable[[int], None]]] = []
-
-    def add(self, resource_version: int, callback: Callable[[int], None]) -> None:
-        self._waiting.append((resource_version, callback))
-
-    def reached(self, seq: int, resource_version: str) -> None:
-        if not self._waiting:
-            return
-        at = parse_rv(resource_version)
-        if at is None:
-            return
-        for threshold in [t for t in self._waiting if t[0] <= at]:
-            self._waiting.remove(threshold)
-            threshold[1](seq)
 
 
 class InformerObserver:
@@ -134,7 +111,6 @@ class InformerRun:
     saved_acks: int = -1
     saved_rv: str = ""
     last_saved: float | None = None
-    checkpoint_errors: int = 0
     failing: str = ""
     """Why the last list/watch cycle failed, while no progress was made since ("" = none)."""
     failing_progress: int = -1

@@ -56,7 +56,6 @@ class PipelineInspection:
         """Whether the informer's watch stalled (:mod:`bridge.delivery.stall`)."""
         return self._stalls is not None and bool(self._stalls.stalled(ident))
 
-
     @property
     def informers(self) -> dict[str, SharedIndexInformer]:
         return {i: inf.informer for i, inf in self._informers.items()}

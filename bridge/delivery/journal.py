@@ -1,61 +1,21 @@
 """The known-object journal: what sinks may have received, made durable before they receive it.
 
-A checkpoint (:mod:`bridge.delivery.checkpoint`) is written every ``checkpoint.interval`` and knows
-the objects as of its resourceVersion. Between two writes the bridge keeps delivering: an object
-created after the last write may reach a sink, and its delete may reach a sink too. After a crash
-the bridge resumes from the checkpoint; if the server's history has expired meanwhile (410) it
-relists, and a relist can only report deletes of objects the bridge knows. So this module keeps the
-invariant the delivery contract promises:
+A checkpoint is written every ``checkpoint.interval``; between two writes the bridge keeps
+delivering, so after a crash a relist could not report the delete of an object created since. The
+journal keeps the contract's invariant (docs/delivery-contract.md, section 9):
 
     **Every object any sink may have received as existing is known after any crash**: it is in the
     last checkpoint written, or in this journal. And every delete any sink may have received is
     known the same way, with its resourceVersion and whether it was inferred.
 
-It holds because of one rule, enforced by the sink listeners
-(:class:`~bridge.delivery.sink_listener.SinkListener` awaits :meth:`KnownObjectJournal.wait`):
-**the first event of an object the durable state does not know (its first add, or the first update
-of an object the bridge resumed without knowing), and every delete, is released to the sinks only
-once its journal record is durable.** Records are appended by
-one writer task and made durable by one write per batch (group commit), so a burst of new objects
-costs one or two writes of latency, not one each; updates of known objects never wait, except the
-states a relist sends inside its gap: they are recorded with the gap's ``from`` (a restart whose
-watch replays the changes that relist coalesced must not send them after those states, see
-:attr:`Relisted.since`).
-
-Where the bytes live is a :class:`JournalBackend` of the checkpoint store (its ``journal_backend``):
-a file next to a file checkpoint (one append + ``fdatasync`` per batch), a ConfigMap next to a
-ConfigMap checkpoint, a key of a NATS KV checkpoint bucket (one compare-and-set write each, fenced
-like the checkpoint; beyond one value the journal spans sealed chunks written by the storage
-layer's one chunked writer, :class:`~bridge.delivery.blobstore.ChunkedValue`, so it records any
-number of objects). A backend with a size limit (a ConfigMap journal whose store may not shard)
-reports its :meth:`~JournalBackend.room`: a batch appends the records that fit and the others wait
-for the compaction after the next checkpoint write — nothing is ever released unrecorded.
-
-What a resumed bridge does with it is its resume plan's business (:mod:`bridge.delivery.resume_plan`):
-a journalled delete of an object the checkpoint knows replaces that object's stub resourceVersion by
-the delete's, so whatever the restart re-sends for it carries the same resourceVersion and id as the
-delete already sent; objects only the journal knows are handed to the informer as *unconfirmed*
-(:attr:`~bridge.informer.shared_informer.CacheSeed.unconfirmed`): a relist that does not return one
-reports it deleted. A delete already sent stays the uid's record against the history a replay sends
-again. Before the first checkpoint write, the first list's resourceVersion is recorded
-(:class:`ListStart`): a crash then resumes from it.
-
-After every checkpoint write the journal is compacted: records the new checkpoint already implies are
-dropped and the journal is rewritten (the file: temporary file, fsync, rename), so it holds about
-what changed in one checkpoint interval.
-
-Format (the file ``<informer id>.journal`` next to a file checkpoint; the same text in the other
-backends): a header line ``{"journal": 1,
-"informer_id": …}``, then one JSON array per line, ``["a", key, uid, rv]`` (known to exist) or
-``["d", key, uid, rv, inferred]`` (deleted; ``["d", key, uid, rv, inferred, held_after, sent_before]``
-once the relist that inferred it ended, see :attr:`Deleted.sent_before`;
-``["d", key, uid, rv, inferred, held_after]`` for a
-delete sent after a replay that held back changes an earlier, inferred delete had coalesced, or after
-a state a relist sent, see :attr:`Deleted.held_after`) or ``["r", key, uid, rv, from, added]``
-(known to exist, sent by a relist at ``rv``: the changes after ``from`` before it were coalesced, see
-:attr:`Relisted.since`), and before the first checkpoint write ``["l", rv, acknowledged]``
-(:class:`ListStart`). A torn last line (a crash mid-append: its events were
-never released) and anything after a line that does not parse are ignored with a warning.
+The rule that keeps it, enforced by the sink listeners (they await :meth:`KnownObjectJournal.wait`):
+the first event of an object the durable state does not know, every delete, and every state a relist
+sends inside its gap (with the gap's ``from``, :attr:`Relisted.since`) is released only once its
+record is durable. One writer task makes the pending records durable in one write per batch (group
+commit); a backend with a size limit reports its :meth:`~JournalBackend.room` and the records that
+do not fit wait for the compaction after the next checkpoint write, which drops what that checkpoint
+implies. The records and their text: :mod:`bridge.delivery.journal_records`; what a restart does
+with them: :mod:`bridge.delivery.resume_plan`.
 """
 
 from __future__ import annotations
@@ -64,10 +24,8 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-
-import orjson
 
 from bridge.clock import Clock, RealClock
 from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind
@@ -75,6 +33,18 @@ from bridge.delivery.blob_file import FileJournalBackend
 from bridge.delivery.blobstore import JournalBackend
 from bridge.delivery.checkpoint import Checkpoint
 from bridge.delivery.fencing import BlobStoreError, CheckpointError, CheckpointStoreError
+from bridge.delivery.journal_records import (
+    Deleted,
+    Exists,
+    JournalEntry,
+    ListStart,
+    Relisted,
+    check_header,
+    decode_line,
+    encode_header,
+    encode_record,
+    encode_start,
+)
 from bridge.delivery.resource_version import is_rv, rv_at_most
 from bridge.rawobject import object_identity
 
@@ -84,7 +54,6 @@ __all__ = [
     "FileJournalBackend",
     "JournalBackend",
     "JournalEntry",
-    "JournalStoreError",
     "KnownObjectJournal",
     "ListStart",
     "Relisted",
@@ -92,75 +61,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_VERSION = 1
 _RETRY_DELAY = 1.0
 """Seconds between attempts when the journal cannot be written (events wait meanwhile)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Exists:
-    """Sinks may hold the object (``["a", key, uid, rv]``): its first event went out after the last
-    checkpoint write (or the object was known only to the journal)."""
-
-    key: str
-    resource_version: str
-
-
-@dataclass(frozen=True, slots=True)
-class Relisted:
-    """A relist sent the object's state inside its gap (``["r", key, uid, rv, since, added]``)."""
-
-    key: str
-    resource_version: str
-    since: str
-    """The gap's ``from``, the last resourceVersion observed one by one. The changes after it and
-    before :attr:`resource_version` were coalesced and never sent; a watch a restart resumes from a
-    checkpoint older than the relist replays them, and they must not go out after the newer state
-    sinks may hold (:meth:`~bridge.delivery.replay.ReplayStage.relisted`). Kept until the checkpoint
-    covers that state."""
-    added: bool
-    """The relist sent it as ``added`` (else ``updated``): re-sent with the same type, the same id."""
-
-
-@dataclass(frozen=True, slots=True)
-class Deleted:
-    """Sinks may hold the uid's delete (``["d", key, uid, rv, inferred(, held_after(, sent_before))]``)."""
-
-    key: str
-    resource_version: str
-    inferred: bool = False
-    """A relist inferred it (sent with ``finalstateunknown``)."""
-    held_after: str = ""
-    """For a delete a restarted bridge sent after an earlier, inferred delete of the same uid: the
-    state that inferred delete carried, after which the uid's changes were never sent one by one, so
-    a replay after another restart keeps holding them back
-    (:meth:`~bridge.delivery.replay.ReplayStage.held_back`); for a delete of an object a relist had
-    sent: that relist's ``from``."""
-    sent_before: str = ""
-    """For a delete a relist inferred: that relist's list resourceVersion (its gap's end), no older
-    than the real delete. A checkpoint older than it may no longer hold the object, yet a watch
-    resumed from it replays the changes the relist coalesced, which only this record holds back: the
-    record is kept until the checkpoint reaches this point (recorded once the relist's end is
-    dispatched; until then, kept)."""
-
-
-JournalEntry = Exists | Relisted | Deleted
-"""The newest durable fact about one uid."""
-
-
-@dataclass(frozen=True, slots=True)
-class ListStart:
-    """The first list of an informer that started without a checkpoint: its resourceVersion, and
-    whether every sink has acknowledged everything up to a resume point (:attr:`resource_version`,
-    then the first one the acknowledgements reached). Kept until a checkpoint is written; a crash
-    before that resumes from it (the resume plan, :mod:`bridge.delivery.resume_plan`)."""
-
-    resource_version: str
-    acknowledged: bool = False
-
-
-JournalStoreError = BlobStoreError
-"""A journal's store could not read or write (the API server refused, the data is too large)."""
 
 
 def _checkpoint_uids(cp: Checkpoint | None) -> dict[str, str]:
@@ -287,10 +189,8 @@ class KnownObjectJournal:
         entries: dict[str, JournalEntry] = {}
         self._start = None
         try:
-            head = orjson.loads(lines[0])
-            if head.get("journal") != _VERSION or head.get("informer_id") != self._informer_id:
-                raise ValueError(f"header {lines[0][:200]!r} is not this informer's journal")
-        except (orjson.JSONDecodeError, ValueError, AttributeError) as exc:
+            check_header(lines[0], self._informer_id)
+        except ValueError as exc:
             return self._unreadable(str(exc))
         complete = lines[1:-1]  # the last element follows the last newline: empty, or a torn line
         if lines[-1]:
@@ -298,16 +198,16 @@ class KnownObjectJournal:
                         self._backend.name)
         for n, line in enumerate(complete, start=2):
             try:
-                if line.startswith(b'["l"'):
-                    self._start = _parse_start(line)
-                    continue
-                uid, entry = _parse(line)
-            except (orjson.JSONDecodeError, ValueError, TypeError, IndexError) as exc:
+                record = decode_line(line)
+            except (ValueError, TypeError, IndexError) as exc:
                 # Only the last line can be torn (appends are whole lines, and a failed append is
                 # followed by a rewrite): a bad line before it is damage, and the records after it
                 # are lost.
                 return self._unreadable(f"line {n} is corrupt ({exc})")
-            entries[uid] = entry
+            if isinstance(record, ListStart):
+                self._start = record
+            else:
+                entries[record[0]] = record[1]
         return entries
 
     def _unreadable(self, reason: str) -> dict[str, JournalEntry]:
@@ -402,7 +302,7 @@ class KnownObjectJournal:
         if self._base is not None or self._start is None or self._start.acknowledged:
             return
         self._start = ListStart(resource_version, acknowledged=True)
-        self._pending.append((self._queued_seq, "", self._start, _start_record(self._start)))
+        self._pending.append((self._queued_seq, "", self._start, encode_start(self._start)))
         self._idle.clear()
         self._wake.set()
 
@@ -412,7 +312,7 @@ class KnownObjectJournal:
         return self._start
 
     def _queue(self, seq: int, uid: str, entry: JournalEntry | ListStart) -> None:
-        record = _start_record(entry) if isinstance(entry, ListStart) else _record(uid, entry)
+        record = encode_start(entry) if isinstance(entry, ListStart) else encode_record(uid, entry)
         self._pending.append((seq, uid, entry, record))
         self._queued_seq = seq
         self._idle.clear()
@@ -494,7 +394,7 @@ class KnownObjectJournal:
                 # Nothing is released unrecorded, not even a first list larger than the journal
                 # (which no checkpoint can compact before it is delivered: it waits, and readiness
                 # says why). Only a backend without chunking is bounded.
-                raise JournalStoreError(
+                raise BlobStoreError(
                     f"journal {self._backend.name} is full: {len(batch)} records wait for the next "
                     "checkpoint write to compact it (more objects were created or deleted since the "
                     "last checkpoint write than it holds)")
@@ -528,10 +428,10 @@ class KnownObjectJournal:
             self._start = self._durable_start = None
         self._entries = {uid: e for uid, e in self._entries.items() if self._needed(uid, e)}
         durable = {uid: e for uid, e in self._durable.items() if self._needed(uid, e)}
-        lines = [orjson.dumps({"journal": _VERSION, "informer_id": self._informer_id})]
+        lines = [encode_header(self._informer_id)]
         if self._durable_start is not None:
-            lines.append(_start_record(self._durable_start))
-        lines.extend(_record(uid, e) for uid, e in durable.items())
+            lines.append(encode_start(self._durable_start))
+        lines.extend(encode_record(uid, e) for uid, e in durable.items())
         try:
             await self._backend.rewrite(b"\n".join(lines) + b"\n")
         except BaseException:
@@ -607,52 +507,3 @@ class KnownObjectJournal:
             return False
 
 
-def _record(uid: str, e: JournalEntry) -> bytes:
-    if isinstance(e, Relisted):
-        return orjson.dumps(["r", e.key, uid, e.resource_version, e.since, e.added])
-    if isinstance(e, Deleted):
-        tail = [e.held_after, e.sent_before] if e.sent_before else [e.held_after] if e.held_after else []
-        return orjson.dumps(["d", e.key, uid, e.resource_version, e.inferred, *tail])
-    return orjson.dumps(["a", e.key, uid, e.resource_version])
-
-
-def _start_record(start: ListStart) -> bytes:
-    return orjson.dumps(["l", start.resource_version, start.acknowledged])
-
-
-def _parse_start(line: bytes) -> ListStart:
-    rec = orjson.loads(line)
-    if not (len(rec) == 3 and is_rv(rec[1]) and isinstance(rec[2], bool)):
-        raise ValueError(f"unknown record {rec!r}")
-    return ListStart(rec[1], acknowledged=rec[2])
-
-
-def _parse(line: bytes) -> tuple[str, JournalEntry]:
-    rec = orjson.loads(line)
-    op, key, uid, rv = rec[0], rec[1], rec[2], rec[3]
-    if not (isinstance(key, str) and key and isinstance(uid, str) and uid):
-        raise ValueError("a record without key or uid")
-    if not is_rv(rv):
-        raise ValueError(f"resourceVersion {rv!r} is not a resourceVersion")
-    if op == "a" and len(rec) == 4:
-        return uid, Exists(key, rv)
-    if op == "r" and len(rec) == 6 and is_rv(rec[4]) and isinstance(rec[5], bool):
-        return uid, Relisted(key, rv, rec[4], added=rec[5])
-    if op == "d" and len(rec) == 5 and isinstance(rec[4], bool):
-        return uid, Deleted(key, rv, inferred=rec[4])
-    if op == "d" and len(rec) == 6 and isinstance(rec[4], bool) and is_rv(rec[5]):
-        return uid, Deleted(key, rv, inferred=rec[4], held_after=rec[5])
-    if (op == "d" and len(rec) == 7 and isinstance(rec[4], bool) and (rec[5] == "" or is_rv(rec[5]))
-            and is_rv(rec[6])):
-        return uid, Deleted(key, rv, inferred=rec[4], held_after=rec[5], sent_before=rec[6])
-    raise ValueError(f"unknown record {rec!r}")
-
-
-def entries_by_key(entries: Mapping[str, JournalEntry]) -> dict[str, list[tuple[str, JournalEntry]]]:
-    """key → [(uid, entry)], oldest resourceVersion first."""
-    out: dict[str, list[tuple[str, JournalEntry]]] = {}
-    for uid, e in entries.items():
-        out.setdefault(e.key, []).append((uid, e))
-    for items in out.values():
-        items.sort(key=lambda item: int(item[1].resource_version))
-    return out

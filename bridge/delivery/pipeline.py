@@ -1,33 +1,17 @@
 """The supervisor of the delivery layer: informers → sink listeners → sinks, started and stopped.
 
-:class:`BridgePipeline` runs the whole flow for a set of watched resources. Each part of its
-lifecycle lives in a module of its own:
-
-* **assembly** (:mod:`bridge.delivery.assembly`): what is watched, how its informer is built, which
-  sinks it is routed to and how each listener is buffered and spilled;
-* **the start** (:mod:`bridge.delivery.restart`, :mod:`bridge.delivery.resume_plan`): per informer,
-  the checkpoint and the journal are read and one immutable resume plan is built; the informer is
-  seeded from it and each sink's listener gets its part (:mod:`bridge.delivery.replay`);
-* **the listeners** (:mod:`bridge.delivery.sink_listener`), one per (informer, routed sink), and one
-  :class:`~bridge.delivery.progress.AckTracker` per informer (:mod:`bridge.delivery.informer_run`);
-* **bootstrap** (:mod:`bridge.delivery.bootstrap`): a sink the checkpoint does not cover receives
-  nothing until a snapshot of whole objects;
-* **the checkpoint writer** (:mod:`bridge.delivery.checkpoint_writer`), every
-  ``checkpoint_interval`` seconds when the state moved, and with ``group_commit`` as soon as the
-  acknowledgements are due;
-* **stalled watches** (:mod:`bridge.delivery.stall`, with ``stall_check``): a silent watch checked
-  against the server;
-* **heartbeats** (:mod:`bridge.delivery.heartbeat`), per (informer, sink) whose options ask for them;
-* **outage reporting** (:mod:`bridge.delivery.outages`);
-* per-sink resync periods are served as snapshots by one timer task per (informer, sink); listeners
-  themselves get resync period 0, so the same-RV updates of a 410 relist are never delivered;
-* **readiness**: every informer synced and able to list and watch, every sink healthy, every
-  journal writable;
-* :meth:`~BridgePipeline.shutdown` stops intake, lets the listeners drain and the sinks flush, writes
-  the final checkpoint, then closes everything, all within one deadline.
-
-Every task is named, supervised (a task that dies unexpectedly is logged) and cancelled on shutdown.
-Time comes from the injected clock.
+Each part of the lifecycle lives in a module of its own (docs/architecture.md, "Data flow"):
+assembly, the start (:mod:`~bridge.delivery.restart` builds one resume plan per informer, each
+sink's listener gets its part as a :mod:`~bridge.delivery.replay` stage), the listeners and one
+:class:`~bridge.delivery.progress.AckTracker` per informer, bootstrap, the checkpoint writer
+(with ``group_commit``, also as soon as the acknowledgements are due), stalled watches
+(:mod:`~bridge.delivery.stall`), heartbeats (:mod:`~bridge.delivery.heartbeat`) and outage
+reporting. What remains here: the per-sink resync timers (listeners themselves get resync period 0,
+so the same-RV updates of a 410 relist are never delivered), readiness, and
+:meth:`~BridgePipeline.shutdown`, which stops intake, lets the listeners drain and the sinks flush,
+writes the final checkpoint and closes everything within one deadline. Every task is named,
+supervised (one that dies unexpectedly is logged) and cancelled on shutdown; time comes from the
+injected clock.
 """
 
 from __future__ import annotations
@@ -83,10 +67,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_EVENT_TYPE = {"add": "added", "update": "updated", "delete": "deleted"}
-"""Notification kind → the CloudEvents type of its events (a snapshot's objects are counted apart)."""
-
 
 class BridgePipeline(PipelineInspection):
     """Informers → sink listeners → sinks, with checkpoints and snapshots (see the module docs)."""
@@ -408,19 +388,11 @@ class BridgePipeline(PipelineInspection):
 
         # The journal writers stay: the listeners draining may wait for them.
         await self._cancel_tasks(lambda name: not name.startswith(("informer:", "journal:")))
-        for inf in self._informers.values():
-            reflector = inf.informer.reflector
-            if reflector is not None:
-                reflector.stop()
-        drains = [reg.listener.wait_drained() for inf in self._informers.values()
-                  for reg in inf.registrations.values()]
-        if drains:
-            try:
-                async with asyncio.timeout(left() * 0.5):
-                    await asyncio.gather(*drains)
-            except TimeoutError:
-                log.warning("shutdown: sink listeners did not drain in time; the unacked rest will be "
-                            "re-sent after the restart")
+        self._stop_reflectors()
+        await _within(left() * 0.5, [reg.listener.wait_drained() for inf in self._informers.values()
+                                     for reg in inf.registrations.values()],
+                      "shutdown: sink listeners did not drain in time; the unacked rest will be re-sent "
+                      "after the restart")
         if self._sinks:
             flushes = await asyncio.gather(*(s.flush(left() * 0.5) for s in self._sinks),
                                            return_exceptions=True)
@@ -429,28 +401,18 @@ class BridgePipeline(PipelineInspection):
                     log.warning("shutdown: the sink did not flush everything (%r)", ok,
                                 extra={"sink": sink.name})
         await self._writer.write()
-        journals = [inf.journal.idle() for inf in self._informers.values() if inf.journal is not None]
-        if journals:
-            try:
-                async with asyncio.timeout(left() * 0.5):
-                    await asyncio.gather(*journals)
-            except TimeoutError:
-                log.warning("shutdown: a known-object journal was not written in time; the next start "
-                            "reads the previous one")
-        await asyncio.gather(*(inf.informer.shutdown(left()) for inf in self._informers.values()),
-                             return_exceptions=True)
-        if self._factory is not None:
-            await self._factory.shutdown(left())
-        await self._cancel_tasks(lambda name: True)
+        await _within(left() * 0.5, [inf.journal.idle() for inf in self._informers.values()
+                                     if inf.journal is not None],
+                      "shutdown: a known-object journal was not written in time; the next start reads "
+                      "the previous one")
+        await self._stop_informers(left)
         if self._start_sinks:
             for sink in self._sinks:
                 try:
                     await sink.close()
                 except Exception:
                     log.exception("shutdown: closing the sink failed", extra={"sink": sink.name})
-        if self._store is not None:
-            with contextlib.suppress(Exception):
-                await self._store.close()
+        await self._close_store()
 
     async def abort(self) -> None:
         """Stops everything at once, without draining, flushing or writing a checkpoint: leadership
@@ -460,20 +422,31 @@ class BridgePipeline(PipelineInspection):
         started next in this process never has its journal or checkpoint replaced by a late write
         of this one. Idempotent; may interrupt a :meth:`shutdown` under way."""
         self._stopping = True
-        for inf in self._informers.values():
-            if inf.informer.reflector is not None:
-                inf.informer.reflector.stop()
+        self._stop_reflectors()
         if self._start_sinks:
             for sink in self._sinks:  # cancels their sends under way
                 try:
                     await sink.close()
                 except Exception:
                     log.exception("abort: closing sink %s failed", sink.name)
-        await asyncio.gather(*(inf.informer.shutdown(0.0) for inf in self._informers.values()),
+        await self._stop_informers(lambda: 0.0)
+        await self._close_store()
+
+    def _stop_reflectors(self) -> None:
+        for inf in self._informers.values():
+            if inf.informer.reflector is not None:
+                inf.informer.reflector.stop()
+
+    async def _stop_informers(self, left: Callable[[], float]) -> None:
+        """Shuts the informers and the factory down (``left()``: seconds each may take), then
+        cancels every task."""
+        await asyncio.gather(*(inf.informer.shutdown(left()) for inf in self._informers.values()),
                              return_exceptions=True)
         if self._factory is not None:
-            await self._factory.shutdown(0.0)
+            await self._factory.shutdown(left())
         await self._cancel_tasks(lambda name: True)
+
+    async def _close_store(self) -> None:
         if self._store is not None:
             with contextlib.suppress(Exception):
                 await self._store.close()
@@ -542,6 +515,15 @@ class BridgePipeline(PipelineInspection):
         self._outages.check(self._clock.now())
 
 
+async def _within(seconds: float, waits: list[Awaitable[None]], late: str) -> None:
+    """Awaits ``waits`` for at most ``seconds``; logs ``late`` as a warning when they take longer."""
+    if not waits:
+        return
+    try:
+        async with asyncio.timeout(seconds):
+            await asyncio.gather(*waits)
+    except TimeoutError:
+        log.warning(late)
 
 
 def _check(resources: Sequence[WatchedResource], sinks: Sequence[Sink],

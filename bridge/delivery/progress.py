@@ -1,33 +1,20 @@
 """Acknowledgement tracking: the checkpoint low-watermark of one informer.
 
-The informer hands every tracked notification to its listeners (one per sink) and reports it to a
-:class:`~bridge.contracts.DeliveryObserver`. Sinks acknowledge asynchronously and out of order, so
-the resourceVersion the bridge may resume from after a crash is not "the last one seen" but the one
-up to which *every* listener has acknowledged *every* notification. :class:`AckTracker` computes it:
+Sinks acknowledge asynchronously and out of order, so the resourceVersion the bridge may resume from
+is the one up to which *every* listener acknowledged *every* notification. :class:`AckTracker` (the
+informer's :class:`~bridge.contracts.DeliveryObserver`) keeps the notifications some listener still
+owes in a window; the window's fully acknowledged prefix is applied, in ``seq`` order, to the *acked
+index* (key → (uid, resourceVersion)), and a progress marker becomes the resume point once
+everything dispatched before it is applied.
 
-* each dispatched notification waits with the set of listeners that still owe an ack;
-* once the oldest waiting notifications are fully acknowledged (the contiguous acked prefix), they are
-  applied, in ``seq`` order, to the *acked index* (key → (uid, resourceVersion); deletes remove);
-* a ``progress(seq, rv)`` marker becomes the safe resume resourceVersion once everything dispatched
-  before ``seq`` is applied.
+The index is kept **exactly as of the resume point**: the notifications before a marker for RV R may
+include changes made after R, and a watch resumed from R replays those, so they would meet a cache
+already ahead of them (an add for an update, a delete + add for a re-creation). Changes newer than
+the resume point therefore wait per key in an *ahead* list until a marker covers them.
 
-The index is kept **exactly as of the resume resourceVersion**, not "everything applied so far": the
-DeltaFIFO keeps a key at its place in the queue when newer deltas arrive, so the notifications before
-a marker for RV R may include changes of some keys made after R. Were those in the index, a resumed
-watch (which replays every change after R) would meet stale events against a cache that is already
-ahead, and the informer would turn them into wrong notifications (an add for what was an update, a
-delete + add for a re-creation it had already seen). So changes newer than the current resume point
-wait per key in a small *ahead* list and are folded into the index when a marker covering them passes.
-This compares resourceVersions as integers (they are etcd revisions); a non-integer one is applied
-at once, as if it were covered.
-
-:meth:`AckTracker.checkpoint_state` is what the checkpoint writer persists as the shared *base*;
-:meth:`AckTracker.listener_state` computes one sink's own progress (as differences from the base)
-from the same window, at checkpoint time only, so per-sink progress adds nothing per change but an
-ack counter. After a restart the replay stage (:mod:`bridge.delivery.replay`) filters each sink's
-notifications through its own progress. The tracker is single-threaded (asyncio) and its memory is
-bounded by the listeners' bounded buffers: a notification is held only while some listener has it
-in flight.
+:meth:`AckTracker.checkpoint_state` is the checkpoint's base; :meth:`AckTracker.listener_state`
+computes one sink's own progress from the same window, at checkpoint time only. Memory is bounded by
+the listeners' bounded buffers: a notification is held only while some listener has it in flight.
 """
 
 from __future__ import annotations
@@ -152,10 +139,10 @@ class AckTracker:
         self._ahead_heap: list[tuple[int, int, str]] = []
         self._ahead_count = itertools.count()
         for key, (uid, rv, deleted) in (ahead or {}).items():
-            rv_int = _as_int(rv)
+            rv_int = parse_rv(rv)
             if rv_int is not None:
                 self._hold(key, rv_int, None if deleted else (uid, rv))
-        self._rv_int = _as_int(resource_version)
+        self._rv_int = parse_rv(resource_version)
         # seq → notification still owed by some listener, or acked but behind an unacked one.
         self._window: collections.OrderedDict[int, _InFlight] = collections.OrderedDict()
         # (seq, rv) markers not yet passed, in seq order.
@@ -193,8 +180,7 @@ class AckTracker:
         effect: _Effect
         if (kind is NotificationKind.ADD or kind is NotificationKind.UPDATE) and not isinstance(
                 obj, DeletedFinalStateUnknown):
-            # The common change, in one pass: what _note_state and _effect_of do for it, reading
-            # the object's identity once.
+            # The common change, in one pass, reading the object's identity once.
             key = notification.key or object_key(obj)
             ident = object_identity(obj)
             rv = ident[1]
@@ -252,13 +238,10 @@ class AckTracker:
         self._advance()
 
     def _note_state(self, n: Notification) -> None:
-        if n.kind is NotificationKind.SNAPSHOT or n.kind is NotificationKind.GAP:
+        """What a delete tells of the key's last state (:meth:`dispatched` notes adds and updates)."""
+        if n.kind is not NotificationKind.DELETE:
             return
         key = n.key or object_key(n.obj)
-        if n.kind is not NotificationKind.DELETE:
-            if not isinstance(n.obj, DeletedFinalStateUnknown):
-                self._last_rv[key] = _entry_of(n.obj)[1]
-            return
         if isinstance(n.obj, UnconfirmedGone):
             self._unobserved.add(n.seq)  # the key itself may live on: its last state stays
             return
@@ -370,7 +353,7 @@ class AckTracker:
         entry = self._index.get(key)
         if entry is None:
             return None
-        rv_int = _as_int(entry[1])
+        rv_int = parse_rv(entry[1])
         return Known(entry[0], rv_int if rv_int is not None else 0, False)
 
     def follow_listener(self, listener: str, floor: int, own: Mapping[str, Known]) -> None:
@@ -534,7 +517,7 @@ class AckTracker:
             _, rv = self._markers.popleft()
             if rv and rv != self._resource_version:
                 self._resource_version = rv
-                self._rv_int = _as_int(rv)
+                self._rv_int = parse_rv(rv)
                 self._fold_ahead()
                 passed = True
         if passed and first and self._on_first_resume_point is not None:
@@ -574,24 +557,16 @@ class AckTracker:
 
 
 def _effect_of(n: Notification) -> _Effect:
-    if n.kind is NotificationKind.SNAPSHOT or n.kind is NotificationKind.GAP:
-        return None  # the cache restated, or a relist's frame: no change
+    """The effect of a notification other than an add or update of an object (:meth:`AckTracker.dispatched`
+    computes those): a snapshot (the cache restated), a relist's frame and an add or update of a
+    tombstone change nothing."""
+    if n.kind is not NotificationKind.DELETE:
+        return None
     if isinstance(n.obj, UnconfirmedGone):
         # A journal-only object gone: the index (what every sink acknowledged) never had it — an
         # add of it would have settled it — and the key may live on under another uid.
         return None
-    key = n.key or object_key(n.obj)
-    entry: IndexEntry | None
-    if n.kind is NotificationKind.DELETE:
-        # A delete seen only through a relist happened at an unknown RV no newer than the list's:
-        # any later resume point covers it.
-        rv = -1 if isinstance(n.obj, DeletedFinalStateUnknown) else _as_int(_entry_of(n.obj)[1])
-        return (key, None, rv)
-    if isinstance(n.obj, DeletedFinalStateUnknown):
-        return None
-    entry = _entry_of(n.obj)
-    return (key, entry, _as_int(entry[1]))
-
-
-def _as_int(rv: str) -> int | None:
-    return parse_rv(rv)
+    # A delete seen only through a relist happened at an unknown RV no newer than the list's: any
+    # later resume point covers it.
+    rv = -1 if isinstance(n.obj, DeletedFinalStateUnknown) else parse_rv(_entry_of(n.obj)[1])
+    return (n.key or object_key(n.obj), None, rv)

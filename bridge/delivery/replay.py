@@ -1,20 +1,10 @@
 """One sink's replay after a restart: every notification held back, re-sent or dropped, decided here.
 
 A restart resumes the watch from the checkpoint's base (the slowest sink's point), so the informer
-replays changes some sinks already have. The resume plan (:mod:`bridge.delivery.resume_plan`) says
-what the previous runs sent; :class:`ReplayStage` applies it to one sink's notifications:
-
-* **own progress** (:class:`SinkResume`): what the sink had already is acknowledged without
-  delivery; the differences against its own knowledge go out;
-* **a delete already sent** (:class:`~bridge.delivery.resume_plan.SentDelete`): it goes out again as
-  it was (same resourceVersion and marking, hence the same id); the changes after the state an
-  inferred delete carried were coalesced by that relist and are held back — sent, they would follow
-  the delete consumers hold and bring the uid back; the replayed delete is then framed as a gap;
-* **a state a relist sent** (:class:`~bridge.delivery.resume_plan.RelistedState`): the changes it
-  coalesced are held back, the state goes out again as it was, framed as a gap when something was
-  held (:meth:`ReplayStage.relisted`);
-* under a selector, whether a uid whose inferred delete was sent lives on decides what goes out
-  (:meth:`ReplayStage.ask_fate`).
+replays changes some sinks already have. :class:`ReplayStage` applies the sink's part of the resume
+plan (:mod:`bridge.delivery.resume_plan`) to its notifications, in the order of the contract's
+section 4a: its own progress (:class:`SinkResume`), the deletes already sent, the states a relist
+sent, and under a selector the fate of a uid whose inferred delete was sent (:meth:`ReplayStage.ask_fate`).
 
 The invariant kept here, **per-object order across a crash**: a sink never receives a change of an
 object older than a state it may hold, unless it is that same event again; and nothing that brings a

@@ -17,8 +17,8 @@ text that is not one compares as unknown.
 
 1. *Resume point.* The watch resumes from the checkpoint's resourceVersion; without a checkpoint,
    from the first list of the previous run once every sink acknowledged a resume point (the
-   journal's :class:`~bridge.delivery.journal.ListStart`), with the journal's objects up to it as
-   the checkpoint they would have written. Without either, the informer lists; the list is framed
+   journal's :class:`~bridge.delivery.journal_records.ListStart`), with the journal's objects up to
+   it as the checkpoint they would have written. Without either, the informer lists; the list is framed
    as a gap from the previous run's first list when sinks may hold state from it.
 2. *Nothing any sink may hold is unknown.* Every object of the checkpoint, of any sink's own
    progress and of the journal is in the cache seed or the unconfirmed objects, so a relist reports
@@ -42,7 +42,7 @@ from typing import Any
 
 from bridge.contracts import KubeObject
 from bridge.delivery.checkpoint import Checkpoint, SinkProgress
-from bridge.delivery.journal import Deleted, JournalEntry, ListStart, Relisted, entries_by_key
+from bridge.delivery.journal_records import Deleted, JournalEntry, ListStart, Relisted, entries_by_key
 from bridge.delivery.progress import HOLDS_NOTHING, Known
 from bridge.delivery.resource_version import ResourceVersion, parse_rv, rv_at_most
 from sinks.contract import ResourceRef

@@ -1,24 +1,12 @@
-"""Telling a selector exit from a delete.
+"""Telling a selector exit from a delete (docs/event-format.md, "Selector exits").
 
-A watch scoped by a label or field selector reports an object that stops matching the selector as
-``DELETED`` — with its previous content at the new resourceVersion, exactly like a real delete (the
-API server's watch cache does this, ``cacheWatcher.convertToWatchEvent``). The stream alone cannot
-tell them apart; the API server can: after a selector exit the object still exists (same uid), after
-a delete it does not. :class:`SelectorExits` asks it, once per change whatever the number of sinks,
-and the sink listeners mark such events with the ``leftselector`` extension while keeping the type
-``deleted`` (for the informer's view the object *is* gone: consumers that mirror the selection stay
-right, and those that care can tell).
-
-Only informers with a selector use it; the extra request is one GET per delete in that scope. When
-the question cannot be answered (the API server unreachable, a timeout), the event is sent unmarked:
-a delete is the safe reading, and nothing waits on it. A delete a relist inferred (the object is no
-longer listed) is asked the same question: absent from the list and alive means out of scope.
-
-After a restart the watch may replay the history of an object whose inferred delete was already sent
-(see :meth:`~bridge.delivery.replay.ReplayStage.held_back`): what may be sent then
-depends on whether that uid still exists, which :meth:`SelectorExits.alive` asks once per uid for
-every sink. A uid is deleted once, so while it exists every delete the watch ever reported of it was
-a selector exit.
+A watch scoped by a label or field selector reports an object that stops matching as ``DELETED``,
+exactly like a real delete; only the API server can tell them apart (after an exit the uid still
+exists). :class:`SelectorExits` asks it once per change, whatever the number of sinks, and the sink
+listeners mark exits with the ``leftselector`` extension. An unanswered question sends a plain
+delete: the safe reading, and nothing waits on it. After a restart, what a replay of a uid whose
+inferred delete was sent may send depends on whether the uid lives on, which :meth:`SelectorExits.alive`
+asks once per uid (docs/delivery-contract.md, section 6).
 """
 
 from __future__ import annotations

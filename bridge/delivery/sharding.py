@@ -1,51 +1,14 @@
 """Resharding without loss: a shard takes over, from every checkpoint in the store, the objects it now
-owns (docs/sharding.md).
+owns. The rules (authoritative checkpoint per residue, the oldest resume point, floors, per-sink
+progress moving with the objects, the clean-up rule) are stated in docs/sharding.md, "Resharding
+without loss"; this module implements them.
 
-Checkpoint ids. An informer watched whole has the id :func:`~bridge.delivery.checkpoint.informer_id`
-gives (its *base* id); shard ``o`` of ``t`` of a resource sharded by object has
-``<base>.shard-<o>-of-<t>`` (when ``t`` > 1). Checkpoints with one total form a *generation*; the
-store may hold several after a change of total (3 → 4 leaves the 3 old ones until the 4 new ones have
-passed them, see :func:`stale_ready`).
-
-The take-over is a function over :class:`~bridge.delivery.checkpoint.Checkpoint` values
-(:func:`plan_handover`), so that what a checkpoint holds may grow (per-sink sections) and be
-filtered and merged the same way:
-
-* Object hashes are compared modulo ``L``, the least common multiple of every total involved: a
-  residue ``r`` modulo ``L`` falls in one shard of every generation (``r % t``). For each residue
-  this shard owns (``r % total == ordinal``), the **authoritative** checkpoint is the one of the
-  newest generation (by its newest ``written_at``: generations follow each other, the old shards
-  stopped before the new ones started) that has a checkpoint for that residue. Its objects and
-  delivered-ahead entries of that residue are taken; the others are not (a newer generation's owner
-  knows better, including that an object is gone).
-* The watch resumes from the **oldest** resourceVersion among the authoritative checkpoints, so no
-  change of any taken object is missed; a change of an object at or below the resourceVersion of
-  *any* checkpoint that covers its residue was already acknowledged by every sink there, and the
-  shard skips it (:meth:`~bridge.kube.sharding.ShardFilter.set_floors`): no spurious ``added``, no
-  second ``deleted``.
-* The known-object journals of the authoritative checkpoints are taken the same way (their records
-  of the residues taken), so objects delivered after those checkpoints were written are known too.
-* If some residue this shard owns is covered by no checkpoint at all while others are (a shard of the
-  old generation never wrote one), the shard cannot know what was delivered there: it lists from
-  scratch, as with a corrupt checkpoint, and says so.
-* **Per-sink progress** (format 2, :attr:`~bridge.delivery.checkpoint.Checkpoint.sinks`) moves with
-  the objects: each sink's differences from the base (its known objects, the objects it knows are
-  gone, its delivered-ahead entries) are filtered by the same uid ownership, and merged across the
-  checkpoints taken from. A sink's resume point after merging is the oldest among its resume points
-  in what was taken (every change after it is replayed, none missed); what it acknowledged beyond it
-  in a checkpoint whose own point was later is kept per object (a delete it saw becomes an entry
-  "gone at that checkpoint's point"), so its filter skips the replay of what it has: it re-sends
-  nothing the floors and its own knowledge cover. A sink is covered by the merged checkpoint only if
-  every checkpoint taken from covers it (a format-1 checkpoint covers every sink, at its base); one
-  that some checkpoint does not cover (it was being bootstrapped there) is bootstrapped again: a
-  snapshot, never a gap.
-
-The clean-up rule (:func:`stale_ready`): the checkpoints (and journals) of other generations are
-removed by shard 0 of the current one once every shard of the current generation has written a
-checkpoint whose resourceVersion is at or beyond every resourceVersion the old generation recorded
-(checkpoints, delivered-ahead entries and journal records). From then on each new checkpoint alone
-implies everything the old generation knew for its residues, so nothing is lost when they go; until
-then a restarted shard takes over again from them, with the same result.
+Shard ``o`` of ``t`` of an informer has the checkpoint id ``<base>.shard-<o>-of-<t>`` (the base id,
+:func:`~bridge.delivery.checkpoint.informer_id`, when ``t`` is 1); the checkpoints of one total form a
+*generation*. Object hashes are compared modulo the least common multiple of every total involved, so
+that a residue falls in one shard of every generation. The take-over is a pure function over
+:class:`~bridge.delivery.checkpoint.Checkpoint` values (:func:`plan_handover`), so that whatever a
+checkpoint holds is filtered and merged the same way; :func:`take_over` reads the store for it.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from bridge.delivery.journal import KnownObjectJournal
 from bridge.delivery.progress import AckTracker
 from bridge.delivery.replay import ReplayStage, SinkResume, delete_is_inferred
 from bridge.delivery.selector_exit import LEFT_SELECTOR_EXTENSION, SelectorExits
-from bridge.rawobject import last_change
+from bridge.rawobject import RawObject, last_change
 from sinks.contract import (
     AckCallback,
     ChangeEvent,
@@ -50,6 +50,7 @@ from sinks.contract import (
     ResourceRef,
     Sink,
     SnapshotInfo,
+    takes_batches,
 )
 
 __all__ = ["SinkListener", "SinkListenerStats", "ack_once", "change_time"]
@@ -65,7 +66,8 @@ def change_time(type_: EventType, obj: KubeObject | None, observed: float) -> fl
     object without managedFields, a marker) ``observed``, when the informer first distributed the
     change (one value for all sinks)."""
     if type_ in _DATED and obj is not None:
-        change = last_change(obj)
+        # A RawObject's change was read at the decode (last_change, without the call).
+        change = obj.change if type(obj) is RawObject else last_change(obj)
         if change is not None:
             when = _parsed_times.get(change.time)
             if when is None:
@@ -135,6 +137,11 @@ class _Collected:
     owners: list[AckFunc] = field(default_factory=list)
     """The notification ack of each event (one event per notification here)."""
 
+    def add(self, event: ChangeEvent, ack: AckFunc, outcomes: collections.Counter[str]) -> None:
+        self.events.append(event)
+        self.acks.append(ack_once(outcomes, ack))
+        self.owners.append(ack)
+
 
 class SinkListener:
     """A :class:`~bridge.contracts.NotificationHandler` feeding one sink with one resource's changes."""
@@ -153,6 +160,7 @@ class SinkListener:
         :meth:`bootstrap_ready`), then the live stream; the callback runs once the sink acknowledged
         the whole snapshot. ``replay``: the sink's part of a restart (:mod:`bridge.delivery.replay`)."""
         self.sink = sink
+        self._batch_sink = sink if takes_batches(sink) else None
         self.resource = resource
         self.cluster = cluster
         self.replay = replay
@@ -211,13 +219,8 @@ class SinkListener:
         begin = GapInfo(id=info.id, from_resource_version=before)
         at = observed or self._clock.wall()
         event.gap = begin
-        return [
-            ChangeEvent(type=EventType.GAP_BEGIN, resource=self.resource, cluster=self.cluster, obj=None,
-                        time=change_time(EventType.GAP_BEGIN, None, at), gap=begin),
-            event,
-            ChangeEvent(type=EventType.GAP_END, resource=self.resource, cluster=self.cluster, obj=None,
-                        time=change_time(EventType.GAP_END, None, at), gap=info),
-        ]
+        return [self.event(EventType.GAP_BEGIN, None, at, gap=begin), event,
+                self.event(EventType.GAP_END, None, at, gap=info)]
 
     # ---- events ----------------------------------------------------------------------------------
 
@@ -237,7 +240,7 @@ class SinkListener:
         kind, replay = n.kind, self.replay
         if kind is NotificationKind.ADD or kind is NotificationKind.UPDATE:
             obj = n.obj
-            assert not isinstance(obj, DeletedFinalStateUnknown)
+            assert type(obj) is RawObject or not isinstance(obj, DeletedFinalStateUnknown)
             if n.is_resync:
                 return []
             if replay is not None:
@@ -245,9 +248,15 @@ class SinkListener:
                     return []
                 if (replayed := replay.relisted(n, self)) is not None:
                     return replayed
-            if kind is NotificationKind.ADD:
-                return [self.event(EventType.ADDED, obj, n.time)]
-            return [self.event(EventType.UPDATED, obj, n.time, old=n.old)]
+            if self._gap is not None:
+                if kind is NotificationKind.ADD:
+                    return [self.event(EventType.ADDED, obj, n.time)]
+                return [self.event(EventType.UPDATED, obj, n.time, old=n.old)]
+            # self.event() without its call, for the common change (no gap to mark it with).
+            type_ = EventType.ADDED if kind is NotificationKind.ADD else EventType.UPDATED
+            return [ChangeEvent(type=type_, resource=self.resource, cluster=self.cluster, obj=obj,
+                                old=n.old if kind is NotificationKind.UPDATE else None,
+                                time=change_time(type_, obj, n.time or self._clock.wall()))]
         if kind is NotificationKind.DELETE:
             if replay is not None:
                 return replay.delete(n, self)
@@ -346,11 +355,13 @@ class SinkListener:
                     if gated is None:
                         continue
                     ack = gated
-                admitted = await self._admit(n) if self.replay is not None else (n,)
-                if not admitted:
-                    stats.own_progress_skipped += 1
-                    ack()
-                    continue
+                admitted: Sequence[Notification] | None = None  # None: n alone (no replay stage)
+                if self.replay is not None:
+                    admitted = await self._admit(n)
+                    if not admitted:
+                        stats.own_progress_skipped += 1
+                        ack()
+                        continue
                 if journal is not None and journal.must_wait(n.seq):
                     # A new object or a delete: released only once the journal has it (module docs).
                     await self._hand_over(collected, i - 1)
@@ -361,13 +372,15 @@ class SinkListener:
                     count, stream = self._snapshot_events(n)
                     await self._deliver_all(stream, count, ack)
                     continue
-                listed = self.events_for(admitted[0]) if len(admitted) == 1 else [
-                    e for a in admitted for e in self.events_for(a)]
+                if admitted is None:
+                    listed = self.events_for(n)
+                elif len(admitted) == 1:
+                    listed = self.events_for(admitted[0])
+                else:
+                    listed = [e for a in admitted for e in self.events_for(a)]
                 if len(listed) == 1 and self._exits is None and n.kind is not NotificationKind.GAP:
                     # The common change, collected here: one coroutine less per notification.
-                    collected.events.append(listed[0])
-                    collected.acks.append(ack_once(stats.outcomes, ack))
-                    collected.owners.append(ack)
+                    collected.add(listed[0], ack, stats.outcomes)
                     continue
                 await self._route(listed, n, ack, collected, i)
             await self._hand_over(collected, len(notifications) - 1)
@@ -391,9 +404,7 @@ class SinkListener:
             await self._hand_over(collected, i - 1)
             await self._mark_exits(listed)
         if len(listed) == 1 and n.kind is not NotificationKind.GAP:
-            collected.events.append(listed[0])
-            collected.acks.append(ack_once(self.stats.outcomes, ack))
-            collected.owners.append(ack)
+            collected.add(listed[0], ack, self.stats.outcomes)
             return
         await self._hand_over(collected, i - 1)
         await self._deliver_all(listed, len(listed), ack)
@@ -416,17 +427,13 @@ class SinkListener:
             return
         events, acks, owners = collected.events, collected.acks, collected.owners
         collected.events, collected.acks, collected.owners = [], [], []
-        sink = self.sink
         self.stats.events += len(events)
         try:
-            # Looked up on the type: a wrapper forwarding unknown attributes (a third-party one
-            # without ``deliver_batch``) must not have its own ``deliver`` bypassed.
-            deliver_batch = getattr(type(sink), "deliver_batch", None)
-            if deliver_batch is not None:
-                await deliver_batch(sink, events, acks)
+            if self._batch_sink is not None:
+                await self._batch_sink.deliver_batch(events, acks)
             else:
                 for event, event_ack in zip(events, acks, strict=True):
-                    await sink.deliver(event, event_ack)
+                    await self.sink.deliver(event, event_ack)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

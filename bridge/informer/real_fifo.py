@@ -96,6 +96,7 @@ class RealFIFO:
         if max_queued_bytes <= 0:
             raise ValueError(f"max_queued_bytes must be > 0, got {max_queued_bytes}")
         self._key_func = key_func
+        self._default_key = key_func is meta_namespace_key_func
         self._known = known_objects
         self._transform = transform
         self._max_bytes = max_queued_bytes
@@ -124,20 +125,28 @@ class RealFIFO:
         """What producers wait on while the queue is over ``max_queued_bytes``."""
         self._closed = False
         self._changed = asyncio.Event()
-        """Set whenever the queue gains an entry or closes; ``pop`` waits on it."""
+        """Set when the queue gains an entry while the consumer waits for one, or closes; ``pop``
+        waits on it."""
+        self._waiting = 0
+        """How many consumers wait on ``_changed`` (none: no wake-up to give, one call less per
+        queued entry)."""
 
     # ------------------------------------------------------------------ producers (the reflector)
 
     def add(self, obj: KubeObject) -> asyncio.Future[None] | None:
         """Queues ``Added``. Returns a future to wait on when the queue is full (see the module)."""
         self._populated = True
-        self._queue_action(DeltaType.ADDED, obj, self._key_func(obj))
+        # A named RawObject's key was derived once, at the decode (the default key function's).
+        key = obj.key if type(obj) is RawObject and obj.name and self._default_key else self._key_func(obj)
+        self._queue_action(DeltaType.ADDED, obj, key)  # type: ignore[arg-type]
         return self._room_to_wait() if self._queued_bytes > self._max_bytes else None
 
     def update(self, obj: KubeObject) -> asyncio.Future[None] | None:
         """Queues ``Updated``. Returns a future to wait on when the queue is full."""
         self._populated = True
-        self._queue_action(DeltaType.UPDATED, obj, self._key_func(obj))
+        # A named RawObject's key was derived once, at the decode (the default key function's).
+        key = obj.key if type(obj) is RawObject and obj.name and self._default_key else self._key_func(obj)
+        self._queue_action(DeltaType.UPDATED, obj, key)  # type: ignore[arg-type]
         return self._room_to_wait() if self._queued_bytes > self._max_bytes else None
 
     def delete(self, obj: KubeObject | DeletedFinalStateUnknown) -> asyncio.Future[None] | None:
@@ -243,13 +252,15 @@ class RealFIFO:
 
     def update_resource_version(self, resource_version: str, *, relist_end: bool = False) -> None:
         """Queues a progress marker; if the tail is already a marker, only its version moves."""
-        tail = self._queue[-1] if self._queue else None
-        if isinstance(tail, ResourceVersionMarker):
-            self._queue[-1] = ResourceVersionMarker(resource_version, relist_end or tail.relist_end)
+        queue = self._queue
+        tail = queue[-1] if queue else None
+        if type(tail) is ResourceVersionMarker:
+            queue[-1] = ResourceVersionMarker(resource_version, relist_end or tail.relist_end)
             return
-        self._queue.append(ResourceVersionMarker(resource_version, relist_end))
+        queue.append(ResourceVersionMarker(resource_version, relist_end))
         self._markers += 1
-        self._changed.set()
+        if self._waiting:
+            self._changed.set()
 
     def mark_populated(self) -> None:
         """Declares the queue populated with an empty initial list (resuming from a checkpoint).
@@ -288,7 +299,11 @@ class RealFIFO:
             if self._closed:
                 raise FIFOClosedError("the queue is closed")
             self._changed.clear()
-            await self._changed.wait()
+            self._waiting += 1
+            try:
+                await self._changed.wait()
+            finally:
+                self._waiting -= 1
 
     async def pop_ready(
         self,
@@ -301,8 +316,9 @@ class RealFIFO:
         """:meth:`pop` for every entry ready now, one after the other in one call; returns how many.
 
         Waits only for the first entry (as :meth:`pop`), never for more: it returns when the queue
-        is empty, after ``limit`` entries, once the loop's clock reaches ``until`` or once
-        ``stop()`` is true (each checked after an entry). Each entry is removed only when its turn
+        is empty, after ``limit`` entries (checked after each entry), once the loop's clock reaches
+        ``until`` or once ``stop()`` is true (both checked after each delta: a progress marker is
+        cheap to process, and one follows nearly every delta). Each entry is removed only when its turn
         comes, so what the producer queues meanwhile (while ``process`` awaits) joins the same run,
         and ``delete``, ``replace`` and ``resync`` judge every key exactly as between single pops.
         An exception from ``process`` propagates after its entry was removed; the entries after it
@@ -320,28 +336,32 @@ class RealFIFO:
         while queue:
             delta = queue.popleft()
             done += 1
-            if isinstance(delta, ResourceVersionMarker):
+            if type(delta) is ResourceVersionMarker:
                 self._markers -= 1
                 await process(delta, False)
+                # A marker is cheap to process: the clock and ``stop`` are looked at after deltas.
+                if limit is not None and done >= limit:
+                    break
+                continue
+            assert type(delta) is Delta
+            key = keys.popleft()
+            if self._initial_population_count > 0:
+                self._initial_population_count -= 1
+                is_in_initial_list = True
             else:
-                key = keys.popleft()
-                if self._initial_population_count > 0:
-                    self._initial_population_count -= 1
-                    is_in_initial_list = True
-                else:
-                    is_in_initial_list = not self._populated
-                if newest.get(key) is delta:
-                    del newest[key]
-                self._queued -= 1
-                obj = delta.object
-                self._queued_bytes -= len(obj.raw) if type(obj) is RawObject else _ESTIMATED_SIZE
-                if self._room is not None and self._queued_bytes <= self._max_bytes // 2:
-                    self._release_room()
-                in_flight[key] = delta
-                try:
-                    await process(delta, is_in_initial_list)
-                finally:
-                    in_flight.pop(key, None)
+                is_in_initial_list = not self._populated
+            if newest.get(key) is delta:
+                del newest[key]
+            self._queued -= 1
+            obj = delta.object
+            self._queued_bytes -= len(obj.raw) if type(obj) is RawObject else _ESTIMATED_SIZE
+            if self._room is not None and self._queued_bytes <= self._max_bytes // 2:
+                self._release_room()
+            in_flight[key] = delta
+            try:
+                await process(delta, is_in_initial_list)
+            finally:
+                in_flight.pop(key, None)
             if limit is not None and done >= limit:
                 break
             if until is not None and clock is not None and clock() >= until:
@@ -397,6 +417,7 @@ class RealFIFO:
 
     # ------------------------------------------------------------------ internals
 
+
     def _delta(self, delta_type: DeltaType, obj: KubeObject | DeletedFinalStateUnknown) -> Delta:
         if (
             self._transform is not None
@@ -411,13 +432,29 @@ class RealFIFO:
     def _queue_action(
         self, delta_type: DeltaType, obj: KubeObject | DeletedFinalStateUnknown, key: ObjectKey,
     ) -> None:
-        self._enqueue(key, self._delta(delta_type, obj))
+        # _delta and _enqueue in one (the path of every watch event).
+        if type(obj) is RawObject:
+            transform = self._transform
+            if transform is not None and delta_type is not DeltaType.SYNC:
+                obj = transform(obj)
+            size = len(obj.raw) if type(obj) is RawObject else _ESTIMATED_SIZE
+            delta = Delta(delta_type, obj)
+            self._queued += 1
+            self._queued_bytes += size
+        else:
+            delta = self._delta(delta_type, obj)
+        self._queue.append(delta)
+        self._keys.append(key)
+        self._newest[key] = delta
+        if self._waiting:
+            self._changed.set()
 
     def _enqueue(self, key: ObjectKey, delta: Delta) -> None:
         self._queue.append(delta)
         self._keys.append(key)
         self._newest[key] = delta
-        self._changed.set()
+        if self._waiting:
+            self._changed.set()
 
     def _room_to_wait(self) -> asyncio.Future[None]:
         """A future done once the queue is down to half; each caller gets its own view of it, so a

@@ -858,6 +858,8 @@ def _has_name(obj: KubeObject) -> bool:
 
 
 def _resource_version(obj: KubeObject) -> str:
+    if type(obj) is RawObject:
+        return obj.resource_version  # read at the decode
     return object_identity(obj)[1]
 
 

@@ -101,7 +101,7 @@ from bridge.informer.store import (
     meta_namespace_key_func,
 )
 from bridge.informer.transform import drop_managed_fields
-from bridge.rawobject import object_identity
+from bridge.rawobject import RawObject, object_identity
 
 __all__ = [
     "CacheSeed",
@@ -141,11 +141,6 @@ class CacheSeed:
     gap_from: str = ""
     """Without a resourceVersion: the first list is framed as a gap from here, for consumers who
     may hold state from a previous run that the bridge cannot vouch for."""
-
-
-def _from_relist(delta: Delta) -> bool:
-    """True for a relist's delta (a listed item, or a deletion it inferred)."""
-    return delta.type is DeltaType.REPLACED or type(delta.object) is DeletedFinalStateUnknown
 
 
 class InformerError(BridgeError):
@@ -216,6 +211,7 @@ class SharedIndexInformer:
         self._clock = clock
         self._resync_check_period = resync_check_period
         self._key_func = key_func
+        self._default_key = key_func is meta_namespace_key_func
         self._indexer = IndexedCache(
             key_func=key_func, indexers={NAMESPACE_INDEX: meta_namespace_index_func, **(indexers or {})},
             compact=compact_cache,
@@ -567,14 +563,16 @@ class SharedIndexInformer:
 
     async def _process_locked(self, item: Delta | ResourceVersionMarker, is_in_initial_list: bool) -> None:
         """Applies one queue entry; the pop loop holds the processing lock around a run of them."""
-        if isinstance(item, ResourceVersionMarker):
+        if type(item) is ResourceVersionMarker:
             if item.relist_end and self._last_progress_rv:
                 await self._close_gap(item.resource_version)
             self._last_progress_rv = item.resource_version
             self._processor.progress(item.resource_version)
             return
-        if self._gap is None and self._last_progress_rv and _from_relist(item):
-            await self._open_gap()
+        assert type(item) is Delta
+        if self._gap is None and self._last_progress_rv and (
+                item.type is DeltaType.REPLACED or type(item.object) is DeletedFinalStateUnknown):
+            await self._open_gap()  # a relist's delta: a listed item, or a deletion it inferred
         self._processing_initial = is_in_initial_list
         try:
             if self._unconfirmed:
@@ -636,22 +634,31 @@ class SharedIndexInformer:
             await distribute(Notification(kind=NotificationKind.DELETE, obj=obj, key=key), False)
             return
         assert not isinstance(obj, DeletedFinalStateUnknown)
-        key = self._key_func(obj)
-        old = self._indexer.get_by_key(key)
+        raw = type(obj) is RawObject
+        # A named RawObject's key was derived once, at the decode (what the default key function
+        # returns for it); anything else goes through the key function, which refuses no name.
+        key = (obj.key if raw and self._default_key and obj.name  # type: ignore[attr-defined]
+               else self._key_func(obj))
+        indexer = self._indexer
+        old = indexer.get_by_key(key)
         if old is None:
-            self._indexer.add(obj)
+            indexer.store(key, obj)
             await distribute(
                 Notification(kind=NotificationKind.ADD, obj=obj, is_in_initial_list=is_in_initial_list,
                              key=key),
                 False,
             )
             return
-        self._indexer.update(obj)
+        indexer.store(key, obj)
         forced = bool(self._diverging) and key in self._diverging
         if forced:
             self._diverging.discard(key)  # notified now, one way or another
-        old_uid, old_rv = object_identity(old)
-        new_uid, new_rv = object_identity(obj)
+        if raw and type(old) is RawObject:
+            old_uid, old_rv = old.uid, old.resource_version
+            new_uid, new_rv = obj.uid, obj.resource_version  # type: ignore[attr-defined]
+        else:
+            old_uid, old_rv = object_identity(old)
+            new_uid, new_rv = object_identity(obj)
         if self._split_uid_changes and old_uid and new_uid and old_uid != new_uid:
             await distribute(Notification(kind=NotificationKind.DELETE, obj=old, key=key), False)
             await distribute(

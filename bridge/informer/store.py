@@ -145,7 +145,10 @@ class IndexedCache:
     sharing them share one tuple), so updating an index never needs to decode the previous object.
     """
 
-    __slots__ = ("_compact", "_index_values", "_indexers", "_indices", "_intern", "_items", "_key_func")
+    __slots__ = (
+        "_by_namespace", "_compact", "_default_key", "_index_values", "_indexers", "_indices", "_intern",
+        "_items", "_key_func",
+    )
 
     def __init__(
         self,
@@ -166,6 +169,16 @@ class IndexedCache:
         # key -> the object's values for every index, in self._indexers order.
         self._index_values: dict[ObjectKey, _IndexValues] = {}
         self._intern: dict[_IndexValues, _IndexValues] = {}
+        self._default_key = key_func is meta_namespace_key_func
+        """Whether a RawObject's key is its own ``key`` (derived once when it was decoded)."""
+        self._by_namespace: dict[str, _IndexValues] | None = None
+        self._namespace_only_index()
+
+    def _namespace_only_index(self) -> None:
+        """With the default index alone, a RawObject's index values follow from its namespace: they
+        are looked up per namespace (``_by_namespace``) instead of calling the index function."""
+        only = len(self._indexers) == 1 and self._indexers.get(NAMESPACE_INDEX) is meta_namespace_index_func
+        self._by_namespace = {} if only else None
 
     @property
     def compact(self) -> bool:
@@ -186,11 +199,25 @@ class IndexedCache:
 
         An index function that raises leaves the cache unchanged.
         """
-        key = self._key_func(obj)
-        new_values = self._values_of(obj)
-        stored = self._encode(obj)
+        if type(obj) is RawObject and self._default_key and obj.name:
+            self.store(obj.key, obj)  # type: ignore[arg-type]
+        else:
+            self.store(self._key_func(obj), obj)
+
+    def store(self, key: ObjectKey, obj: KubeObject) -> None:
+        """:meth:`add` with the object's key already derived (by the caller, from the same key
+        function): the informer's cache update does not derive it again."""
+        by_namespace = self._by_namespace
+        if by_namespace is not None and type(obj) is RawObject:
+            new_values = by_namespace.get(obj.namespace)
+            if new_values is None:
+                new_values = by_namespace[obj.namespace] = self._values_of(obj)
+            stored: Any = obj.fresh() if self._compact else obj
+        else:
+            new_values = self._values_of(obj)
+            stored = self._encode(obj)
         old_values = self._index_values.get(key)
-        if old_values != new_values:
+        if old_values is not new_values and old_values != new_values:
             self._move(key, old_values, new_values)
         self._items[key] = stored
 
@@ -221,7 +248,9 @@ class IndexedCache:
 
     def get_by_key(self, key: ObjectKey) -> KubeObject | None:
         stored = self._items.get(key)
-        return None if stored is None else self._decode(stored)
+        if stored is None or not self._compact:
+            return stored
+        return stored.fresh()  # type: ignore[no-any-return]
 
     def snapshot(self) -> Sequence[KubeObject]:
         """Every object as of now, decoded lazily: holding the snapshot costs what the cache does
@@ -317,6 +346,7 @@ class IndexedCache:
         self._indexers.update(indexers)
         self._indices.update(built)
         self._index_values = added
+        self._namespace_only_index()
 
     # ------------------------------------------------------------------ internals
 

@@ -20,7 +20,7 @@ import re
 import socket
 import urllib.parse
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -29,6 +29,7 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -481,9 +482,20 @@ class BridgeConfig(BaseSettings):
     logging: LoggingConfig = LoggingConfig()
     events: EventsConfig = EventsConfig()
     """How resources with ``profile: events`` are treated (docs/events.md)."""
+    workers: Annotated[int, WithJsonSchema({"type": "integer", "minimum": 1})] | Literal["auto"] = 1
+    """Worker processes of this replica, each an object shard of its share (docs/sharding.md,
+    "Workers"); ``auto``: the container's CPU limit rounded down (at least 1). 1 is one process, as
+    without workers."""
     shutdown_deadline: float = Field(default=25.0, gt=0)
     """Seconds SIGTERM may take: flush sinks and write the final checkpoint. Keep it below the pod's
     terminationGracePeriodSeconds."""
+
+    @field_validator("workers")
+    @classmethod
+    def _workers_positive(cls, v: int | str) -> int | str:
+        if isinstance(v, bool) or (isinstance(v, int) and v < 1):
+            raise ValueError(f"must be at least 1 (or \"auto\": the CPU limit), got {v}")
+        return v
 
     @field_validator("cluster")
     @classmethod

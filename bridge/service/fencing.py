@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sinks.contract import AckCallback, ChangeEvent, DeliveryOptions, Sink
+from sinks.contract import AckCallback, ChangeEvent, DeliveryOptions, Sink, takes_batches
 
 __all__ = ["FencedSink"]
 
@@ -29,6 +29,7 @@ class FencedSink:
         self.inner = inner
         self.name = inner.name
         self._is_leader = is_leader
+        self._inner_batch = inner if takes_batches(inner) else None
         self.refused = 0
         """Events not handed on because leadership had ended."""
 
@@ -62,15 +63,14 @@ class FencedSink:
         if not self._is_leader():
             self.refused += len(events)
             await asyncio.Event().wait()  # abandoned, as in deliver
-        # Looked up on the wrapped sink's type: a forwarding wrapper's own deliver is not bypassed.
-        if getattr(type(self.inner), "deliver_batch", None) is None:
-            for event, ack in zip(events, acks, strict=True):
-                if not self._is_leader():
-                    self.refused += 1
-                    await asyncio.Event().wait()
-                await self.inner.deliver(event, ack)
+        if self._inner_batch is not None:
+            await self._inner_batch.deliver_batch(events, acks)
             return
-        await self.inner.deliver_batch(events, acks)  # type: ignore[attr-defined]
+        for event, ack in zip(events, acks, strict=True):
+            if not self._is_leader():
+                self.refused += 1
+                await asyncio.Event().wait()
+            await self.inner.deliver(event, ack)
 
     async def flush(self, timeout: float) -> bool:
         return await self.inner.flush(timeout)

@@ -1,8 +1,9 @@
 """A sink decorator that measures delivery: outcome counts, ack latency and sampled trace spans.
 
 The service wraps every configured sink in a :class:`MeteredSink`, so sinks (built-in or third-party)
-need no telemetry code of their own. Attributes the bridge reads from a sink (routing, buffer and
-resync settings) are forwarded to the wrapped sink.
+need no telemetry code of their own. It forwards the sink's declared status (``delivery``,
+``last_error``); other attributes reach the wrapped sink through ``__getattr__``, for tools and tests
+only (the bridge reads nothing undeclared).
 
 It runs once per event, so it makes no OpenTelemetry SDK call unless it must (each costs 7-10 µs,
 see :mod:`bridge.service.telemetry`): outcomes are counted in plain integers that the service exports at
@@ -31,7 +32,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from bridge.service.telemetry import LATENCY_SAMPLE_INTERVAL, Telemetry
-from sinks.contract import AckCallback, ChangeEvent, DeliveryOptions, DeliveryOutcome, Sink
+from sinks.contract import AckCallback, ChangeEvent, DeliveryOptions, DeliveryOutcome, Sink, takes_batches
 
 __all__ = ["MeteredSink"]
 
@@ -58,9 +59,7 @@ class MeteredSink:
         self.delivered = 0
         """Events acknowledged as delivered (the common outcome, counted apart from the others)."""
         self._other_outcomes: collections.Counter[DeliveryOutcome] = collections.Counter()
-        # Looked up on the type: a wrapper forwarding unknown attributes to a sink that has
-        # deliver_batch would otherwise have its own deliver bypassed.
-        self._inner_batch = getattr(type(inner), "deliver_batch", None)
+        self._inner_batch = inner if takes_batches(inner) else None
         self._next_traced: int | None = None
         """``deliver_batch``: events still to pass before the next traced one (drawn when needed)."""
 
@@ -176,7 +175,7 @@ class MeteredSink:
         try:
             inner_batch = self._inner_batch
             if inner_batch is not None:
-                await inner_batch(self.inner, events, wrapped)
+                await inner_batch.deliver_batch(events, wrapped)
             else:
                 deliver = self.inner.deliver
                 for i in range(count):

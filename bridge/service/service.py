@@ -51,6 +51,16 @@ from bridge.service.logconfig import configure_logging
 from bridge.service.metered import MeteredSink
 from bridge.service.sharding import assign
 from bridge.service.telemetry import InformerGauges, SinkGauges, Telemetry, TelemetrySnapshot
+from bridge.service.workers import (
+    WorkerPosition,
+    for_worker,
+    label_logs,
+    resolve_workers,
+    run_supervisor,
+    watch_parent,
+    worker_position,
+)
+from sinks.base import BaseSink
 from sinks.contract import ResourceRef, Sink, SinkConfigError
 from sinks.registry import create_sink
 
@@ -75,9 +85,9 @@ def validate_sinks(config: BridgeConfig) -> list[Sink]:
 def _filter_errors_of(sink: MeteredSink) -> int | None:
     """The sink's filter evaluation errors; None for a sink without a CEL filter."""
     inner = sink.inner
-    if getattr(getattr(inner, "options", None), "filter", None) is None:
-        return None
-    return int(getattr(getattr(inner, "stats", None), "filter_errors", 0))
+    if not isinstance(inner, BaseSink) or inner.options.filter is None:
+        return None  # the CEL filter is a BaseSink option: a sink of its own has none
+    return inner.stats.filter_errors
 
 
 FenceSource = Callable[[], FenceToken | None]
@@ -143,8 +153,10 @@ class _State:
 
 class BridgeService:
     def __init__(self, *, config: BridgeConfig, clock: Clock | None = None,
-                 on_ready: Callable[[], None] | None = None) -> None:
+                 on_ready: Callable[[], None] | None = None, worker: WorkerPosition | None = None) -> None:
         self.config = config
+        self.worker = worker
+        """This process's position under a supervisor (``workers`` above 1), else None."""
         self._clock = clock or RealClock()
         self._on_ready = on_ready
         self._state = _State(role="standby" if config.leader_election.enabled else "single")
@@ -344,8 +356,10 @@ class BridgeService:
     @property
     def _sharded(self) -> bool:
         """A ``sharding`` section was written (even ``shards: 1``: going back to one replica takes
-        the shards' checkpoints over), or a total or ordinal says so."""
-        return "sharding" in self.config.model_fields_set or self.config.sharding.enabled
+        the shards' checkpoints over), or a total or ordinal says so; or ``workers`` was written
+        (each worker is a shard; ``workers: 1`` written takes the workers' checkpoints over)."""
+        return ("sharding" in self.config.model_fields_set or self.config.sharding.enabled
+                or "workers" in self.config.model_fields_set or self.worker is not None)
 
     async def _namespace_labels(self, client: ApiClient,
                                 watched: list[WatchedResource]) -> NamespaceLabels | None:
@@ -389,6 +403,9 @@ class BridgeService:
         for its shard's Lease); from then on every exposed sample carries the shard's labels."""
         if self.shard is None:
             ordinal, total = await sharding_auto.resolve(self.config.sharding, client)
+            if self.worker is not None:
+                # Worker w of N of replica r of R is shard r*N + w of R*N (docs/sharding.md).
+                ordinal, total = self.worker.shard(ordinal, total)
             self.shard = (ordinal, total)
             self.telemetry.set_shard(ordinal, total)
         return self.shard
@@ -581,14 +598,28 @@ def run_service(path: str | None) -> int:
     """``kube-event-bridge run``: load and validate the configuration, then serve until a signal."""
     config = load_config(path)
     configure_logging(config.logging.level, config.logging.format)
+    worker = worker_position()
+    if worker is None:
+        workers = resolve_workers(config)
+        if workers > 1:
+            validate_sinks(config)
+            return run_supervisor(config, path, workers)
+    else:
+        label_logs(worker)
+        config = for_worker(config, worker)
     validate_sinks(config)
     configure_gc()
 
     async def main() -> int:
-        service = BridgeService(config=config)
+        service = BridgeService(config=config, worker=worker)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, service.stop_event.set)
-        return await service.run()
+        watcher = watch_parent(service.stop_event) if worker is not None else None
+        try:
+            return await service.run()
+        finally:
+            if watcher is not None:
+                watcher.cancel()
 
     return asyncio.run(main())

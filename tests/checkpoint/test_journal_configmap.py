@@ -14,9 +14,11 @@ import orjson
 import pytest
 
 from bridge.contracts import NotificationKind
+from bridge.delivery.blobstore import ChunkedValue
 from bridge.delivery.checkpoint import Checkpoint, CheckpointFencedError
-from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore, ConfigMapJournalBackend
-from bridge.delivery.journal import Deleted, Exists, JournalStoreError, KnownObjectJournal
+from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
+from bridge.delivery.fencing import BlobStoreError
+from bridge.delivery.journal import Deleted, Exists, KnownObjectJournal
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.leaderelection import FenceToken
 from bridge.sim import Simulator
@@ -47,7 +49,7 @@ async def client(tmp_path: Path) -> AsyncIterator[ApiClient]:
         await sim.stop()
 
 
-def backend(client: ApiClient, fence: Term | None = None) -> ConfigMapJournalBackend:
+def backend(client: ApiClient, fence: Term | None = None) -> ChunkedValue:
     store = ConfigMapCheckpointStore(client=client, namespace=NS, name_prefix="keb", fence=fence)
     assert store.journal_name(IDENT) == NAME
     return store.journal_backend(IDENT)
@@ -193,7 +195,7 @@ async def test_a_deposed_leader_cannot_commit_a_chunked_journal(client: ApiClien
     head = b'{"journal":1,"informer_id":"' + IDENT.encode() + b'"}\n'
     records = b"".join(b'["a","ns/o%d","u-%d","%d"]\n' % (i, i, 20 + i) for i in range(60))
 
-    def fenced(term: Term) -> ConfigMapJournalBackend:
+    def fenced(term: Term) -> ChunkedValue:
         return ConfigMapCheckpointStore(client=client, namespace=NS, name_prefix="keb", fence=term,
                                         journal_bytes=1000).journal_backend(IDENT)
 
@@ -230,7 +232,7 @@ async def test_with_shards_off_a_full_journal_waits_for_the_next_checkpoint_writ
     finally:
         await stop(task)
     assert len(await stored(client)) < 100  # never more than fits
-    with pytest.raises(JournalStoreError, match=r"more than one value holds \(2000\), and chunking is off"):
+    with pytest.raises(BlobStoreError, match=r"more than one value holds \(2000\), and chunking is off"):
         await b.append(b"x" * 3000)
 
 

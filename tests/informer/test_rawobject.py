@@ -545,3 +545,26 @@ def test_null_identity_members_decode_like_the_dict_decoder() -> None:
     got = decode_object(wire)
     assert got == orjson.loads(wire)
     assert got.namespace == ""
+
+
+def test_the_writer_of_one_second_is_one_change_shared_by_its_objects() -> None:
+    """The newest managedFields entry is read once per (writer, second) and shared: equal for each
+    object, and a plain mapping's entries (values of any type) are never mixed up through it."""
+    from bridge.rawobject import Change, decode_object, last_change
+
+    def line(name: str, when: str, manager: str) -> bytes:
+        mf = [{"manager": "old", "operation": "Update", "time": "2024-01-01T00:00:00Z"},
+              {"manager": manager, "operation": "Apply", "time": when}]
+        return orjson.dumps({"metadata": {"name": name, "managedFields": mf}})
+
+    a = decode_object(line("a", "2024-05-01T12:00:00Z", "kubelet"), drop_managed_fields=True)
+    b = decode_object(line("b", "2024-05-01T12:00:00Z", "kubelet"), drop_managed_fields=True)
+    c = decode_object(line("c", "2024-05-01T12:00:01Z", "kubelet"), drop_managed_fields=True)
+    assert a.change == Change("kubelet", "Apply", "", "2024-05-01T12:00:00Z")
+    assert b.change is a.change
+    assert c.change == Change("kubelet", "Apply", "", "2024-05-01T12:00:01Z")
+    t = "2024-05-01T12:00:00Z"
+    one = {"metadata": {"managedFields": [{"manager": 1, "operation": "Update", "time": t}]}}
+    true = {"metadata": {"managedFields": [{"manager": True, "operation": "Update", "time": t}]}}
+    assert last_change(one) == Change("1", "Update", "", "2024-05-01T12:00:00Z")
+    assert last_change(true) == Change("True", "Update", "", "2024-05-01T12:00:00Z")

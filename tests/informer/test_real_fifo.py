@@ -1087,6 +1087,36 @@ async def test_pop_ready_stops_at_its_limit_its_deadline_or_when_told() -> None:
         await fifo.pop_ready(process)
 
 
+async def test_pop_ready_looks_at_its_deadline_and_stop_after_deltas_only() -> None:
+    """A progress marker follows nearly every watch event: the clock and ``stop`` are read after a
+    delta, never after a marker (the marker that follows a delta is taken in the same run), while
+    ``limit`` counts every entry."""
+    fifo = RealFIFO()
+    for i in range(3):
+        fifo.add(pod(f"p{i}", str(i + 1)))
+        fifo.update_resource_version(str(i + 1))
+    seen: list[str] = []
+    stops = 0
+
+    async def process(item: Delta | ResourceVersionMarker, initial: bool) -> None:
+        if isinstance(item, ResourceVersionMarker):
+            seen.append(f"rv{item.resource_version}")
+        else:
+            seen.append(item.object["metadata"]["name"])  # type: ignore[index]
+
+    def stop() -> bool:
+        nonlocal stops
+        stops += 1
+        return True
+
+    loop = asyncio.get_running_loop()
+    assert await fifo.pop_ready(process, until=loop.time() - 1) == 1
+    assert await fifo.pop_ready(process, stop=stop) == 2  # the marker, then a delta
+    assert stops == 1
+    assert await fifo.pop_ready(process, limit=1) == 1  # a marker counts for the limit
+    assert seen == ["p0", "rv1", "p1", "rv2"]
+
+
 async def test_a_full_queue_makes_the_watch_wait_until_half_of_it_is_worked_off() -> None:
     """Backpressure where client-go's queue would grow without bound: once more than
     ``max_queued_bytes`` are queued, ``add``/``update``/``delete`` hand the producer (the reflector

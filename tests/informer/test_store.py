@@ -412,3 +412,37 @@ def test_compact_cache_takes_less_memory_than_dicts() -> None:
         return size
 
     assert footprint(True) < footprint(False) / 2
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_raw_objects_with_the_default_index_keep_the_index_exact(compact: bool) -> None:
+    """RawObjects under the default namespace index alone take their index values from their
+    namespace (no index function call): the index must stay what the function would give, also for
+    an object moving namespace under a custom key, and once another index is added."""
+    from bridge.rawobject import RawObject
+
+    cache = IndexedCache(compact=compact, key_func=lambda o: ObjectKey(o["metadata"]["name"]))
+    cache.add(RawObject.from_dict(pod("a", ns="n1", app="web")))
+    cache.add(RawObject.from_dict(pod("b", ns="n1")))
+    cache.store(ObjectKey("a"), RawObject.from_dict(pod("a", ns="n2", app="web")))
+    assert cache.index_keys(NAMESPACE_INDEX, "n1") == ["b"]
+    assert cache.index_keys(NAMESPACE_INDEX, "n2") == ["a"]
+    cache.add_indexers({"app": by_app})
+    cache.add(RawObject.from_dict(pod("b", ns="n2", app="db")))
+    assert cache.list_index_func_values(NAMESPACE_INDEX) == ["n2"]
+    assert cache.index_keys("app", "db") == ["b"]
+    assert cache.index_keys("app", "web") == ["a"]
+    got = cache.get_by_key(ObjectKey("b"))
+    assert got is not None
+    assert got["metadata"]["namespace"] == "n2"
+
+
+def test_a_raw_object_key_is_derived_once_and_kept_by_fresh_copies() -> None:
+    from bridge.rawobject import RawObject, decode_object
+
+    obj = decode_object(b'{"metadata":{"name":"a","namespace":"ns","uid":"u","resourceVersion":"7"}}')
+    assert obj.key == meta_namespace_key_func(obj) == "ns/a"
+    copy = obj.fresh()
+    assert (copy.key, copy.uid, copy.resource_version, copy.raw) == ("ns/a", "u", "7", obj.raw)
+    cluster = RawObject.from_dict({"metadata": {"name": "n"}})
+    assert cluster.key == meta_namespace_key_func(cluster) == "n"

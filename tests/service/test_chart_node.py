@@ -153,8 +153,8 @@ def test_the_leader_alert_counts_the_designated_replica_only(chart: Any) -> None
     docs = render(chart, values(metrics={"prometheusRule": {"enabled": True}}))
     (rule,) = find(docs, "PrometheusRule")
     (no_leader,) = [r for r in rule["spec"]["groups"][0]["rules"] if r["alert"] == "KubeEventBridgeNoLeader"]
-    assert no_leader["expr"] == (f'(sum(keb_leader{{namespace="ops",pod!~"{FULLNAME}-node-.*"}}) '
-                                 "or vector(0)) != 1")
+    assert no_leader["expr"] == (f'(sum by (shard) (keb_leader{{namespace="ops",pod!~"{FULLNAME}-node-.*"}}) '
+                                 "or on() vector(0)) != 1")
 
 
 def test_lint_is_clean_in_daemonset_mode() -> None:

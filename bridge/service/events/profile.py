@@ -45,7 +45,16 @@ import orjson
 from bridge.clock import Clock, RealClock
 from bridge.service.events.enrichment import Enricher, Enrichment
 from bridge.service.events.metrics import EventCounter
-from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType, ResourceRef, Sink
+from sinks.contract import (
+    AckCallback,
+    BatchSink,
+    ChangeEvent,
+    DeliveryOutcome,
+    EventType,
+    ResourceRef,
+    Sink,
+    takes_batches,
+)
 from sinks.eventfacts import EventFacts, event_facts, is_event_resource
 
 __all__ = ["EventsProfile", "EventsSink", "event_extensions"]
@@ -194,6 +203,8 @@ class EventsSink:
                  max_pending: int = 100_000, clock: Clock | None = None) -> None:
         self.inner = inner
         self.name = inner.name
+        # Checked once, against the Protocol: the inner sink's batch entry point, if it declares one.
+        self._inner_batch: BatchSink | None = inner if takes_batches(inner) else None
         self._profile = profile
         self._window = coalesce_window
         self._max_pending = max_pending
@@ -282,12 +293,11 @@ class EventsSink:
     async def _hand_on(self, events: list[ChangeEvent], acks: list[AckCallback]) -> None:
         if not events:
             return
-        batch = getattr(type(self.inner), "deliver_batch", None)
-        if batch is None:
+        if self._inner_batch is not None:
+            await self._inner_batch.deliver_batch(events, acks)
+        else:
             for event, ack in zip(events, acks, strict=True):
                 await self.inner.deliver(event, ack)
-        else:
-            await self.inner.deliver_batch(events, acks)  # type: ignore[attr-defined]
 
     async def _run_timer(self) -> None:
         while not self._closed:

@@ -60,7 +60,8 @@ the StatefulSet mode, which writes one): its checkpoint ids then carry the shard
 election it campaigns for its shard's own Lease.
 */}}
 {{- define "kube-event-bridge.sharded" -}}
-{{- if or .Values.sharding.enabled (hasKey (default dict .Values.config) "sharding") -}}true{{- end -}}
+{{- $cfg := default dict .Values.config -}}
+{{- if or .Values.sharding.enabled (hasKey $cfg "sharding") (hasKey $cfg "workers") (dig "limits" "cpu" "" (default dict .Values.resources)) -}}true{{- end -}}
 {{- end -}}
 
 {{/*
@@ -72,7 +73,12 @@ shard), <leaseName>-shard-<ordinal> (the StatefulSet mode refuses leader electio
 {{- printf "%s-unscheduled" (include "kube-event-bridge.leaseName" .) -}}
 {{- else if include "kube-event-bridge.sharded" . -}}
 {{- $s := default dict .Values.config.sharding -}}
-{{- printf "%s-shard-%v" (include "kube-event-bridge.leaseName" .) (default 0 $s.ordinal) -}}
+{{- $n := include "kube-event-bridge.workers" . | int -}}
+{{- $names := list -}}
+{{- range $w := until $n -}}
+{{- $names = append $names (printf "%s-shard-%d" (include "kube-event-bridge.leaseName" $) (add (mul (default 0 $s.ordinal | int) $n) $w)) -}}
+{{- end -}}
+{{- join "," $names -}}
 {{- else -}}
 {{- include "kube-event-bridge.leaseName" . -}}
 {{- end -}}
@@ -129,6 +135,9 @@ The effective configuration: the user's `config` with the parts the chart owns f
 {{- $_ := set $cfg "checkpoint" $cp -}}
 {{- if .Values.nodeSharding.enabled -}}
 {{- $_ := set $cfg "sharding" (dict "strategy" "node" "unscheduled" true) -}}
+{{- end -}}
+{{- if and (not (hasKey $cfg "workers")) (dig "limits" "cpu" "" (default dict .Values.resources)) -}}
+{{- $_ := set $cfg "workers" (include "kube-event-bridge.workers" . | int) -}}
 {{- end -}}
 {{- if .Values.sharding.enabled -}}
 {{- $_ := set $cfg "sharding" (dict "shards" "auto" "ordinal" "auto" "strategy" .Values.sharding.strategy "statefulset" (include "kube-event-bridge.fullname" .) "namespace" .Release.Namespace) -}}
@@ -347,5 +356,33 @@ two equal).
 {{- end -}}
 {{- else -}}
 []
+{{- end -}}
+{{- end -}}
+
+{{/*
+Worker processes per pod when config.workers is not set: resources.limits.cpu rounded down, at
+least 1 ("2" → 2, 1.5 → 1, "2500m" → 2, "500m" → 1); without a CPU limit, 1 (docs/sharding.md,
+"Workers").
+*/}}
+{{- define "kube-event-bridge.workers" -}}
+{{- $cfg := default dict .Values.config -}}
+{{- if hasKey $cfg "workers" -}}
+{{- if eq (toString $cfg.workers) "auto" -}}
+{{- if .Values.leaderElection.enabled -}}
+{{- fail "config.workers: auto cannot be used with leaderElection: each worker campaigns for a Lease of its own, which the chart's Role names one by one; set config.workers to a number (or leave it unset: resources.limits.cpu)" -}}
+{{- end -}}
+1
+{{- else -}}
+{{- $cfg.workers | int -}}
+{{- end -}}
+{{- else -}}
+{{- $cpu := toString (dig "limits" "cpu" "" (default dict .Values.resources)) -}}
+{{- $n := 1 -}}
+{{- if hasSuffix "m" $cpu -}}
+{{- $n = div (trimSuffix "m" $cpu | atoi) 1000 -}}
+{{- else if $cpu -}}
+{{- $n = floor (float64 $cpu) | int -}}
+{{- end -}}
+{{- max 1 $n -}}
 {{- end -}}
 {{- end -}}

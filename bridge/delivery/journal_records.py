@@ -1,0 +1,164 @@
+"""The known-object journal's records and their encoding (the journal itself: :mod:`bridge.delivery.journal`).
+
+Each record is the newest durable fact about one uid (:data:`JournalEntry`), or the first list of a
+start without a checkpoint (:class:`ListStart`). The text, the same in every backend: a header line
+``{"journal": 1, "informer_id": …}``, then one JSON array per line:
+
+* ``["a", key, uid, rv]``: :class:`Exists`;
+* ``["r", key, uid, rv, since, added]``: :class:`Relisted`;
+* ``["d", key, uid, rv, inferred]``, ``["d", key, uid, rv, inferred, held_after]`` and
+  ``["d", key, uid, rv, inferred, held_after, sent_before]``: :class:`Deleted` (the optional fields
+  written only when set);
+* ``["l", rv, acknowledged]``: :class:`ListStart`, before the first checkpoint write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import orjson
+
+from bridge.delivery.resource_version import is_rv
+
+__all__ = [
+    "Deleted",
+    "Exists",
+    "JournalEntry",
+    "ListStart",
+    "Relisted",
+    "check_header",
+    "decode_line",
+    "encode_header",
+    "encode_record",
+    "encode_start",
+    "entries_by_key",
+]
+
+VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Exists:
+    """Sinks may hold the object (``["a", key, uid, rv]``): its first event went out after the last
+    checkpoint write (or the object was known only to the journal)."""
+
+    key: str
+    resource_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class Relisted:
+    """A relist sent the object's state inside its gap (``["r", key, uid, rv, since, added]``)."""
+
+    key: str
+    resource_version: str
+    since: str
+    """The gap's ``from``, the last resourceVersion observed one by one. The changes after it and
+    before :attr:`resource_version` were coalesced and never sent; a watch a restart resumes from a
+    checkpoint older than the relist replays them, and they must not go out after the newer state
+    sinks may hold (:meth:`~bridge.delivery.replay.ReplayStage.relisted`). Kept until the checkpoint
+    covers that state."""
+    added: bool
+    """The relist sent it as ``added`` (else ``updated``): re-sent with the same type, the same id."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deleted:
+    """Sinks may hold the uid's delete (``["d", key, uid, rv, inferred(, held_after(, sent_before))]``)."""
+
+    key: str
+    resource_version: str
+    inferred: bool = False
+    """A relist inferred it (sent with ``finalstateunknown``)."""
+    held_after: str = ""
+    """For a delete a restarted bridge sent after an earlier, inferred delete of the same uid: the
+    state that inferred delete carried, after which the uid's changes were never sent one by one, so
+    a replay after another restart keeps holding them back
+    (:meth:`~bridge.delivery.replay.ReplayStage.held_back`); for a delete of an object a relist had
+    sent: that relist's ``from``."""
+    sent_before: str = ""
+    """For a delete a relist inferred: that relist's list resourceVersion (its gap's end), no older
+    than the real delete. A checkpoint older than it may no longer hold the object, yet a watch
+    resumed from it replays the changes the relist coalesced, which only this record holds back: the
+    record is kept until the checkpoint reaches this point (recorded once the relist's end is
+    dispatched; until then, kept)."""
+
+
+JournalEntry = Exists | Relisted | Deleted
+"""The newest durable fact about one uid."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListStart:
+    """The first list of an informer that started without a checkpoint: its resourceVersion, and
+    whether every sink has acknowledged everything up to a resume point (:attr:`resource_version`,
+    then the first one the acknowledgements reached). Kept until a checkpoint is written; a crash
+    before that resumes from it (the resume plan, :mod:`bridge.delivery.resume_plan`)."""
+
+    resource_version: str
+    acknowledged: bool = False
+
+
+def encode_header(informer_id: str) -> bytes:
+    return orjson.dumps({"journal": VERSION, "informer_id": informer_id})
+
+
+def check_header(line: bytes, informer_id: str) -> None:
+    """Raises ValueError unless ``line`` is the header of ``informer_id``'s journal."""
+    head = orjson.loads(line)
+    try:
+        if head.get("journal") != VERSION or head.get("informer_id") != informer_id:
+            raise ValueError(f"header {line[:200]!r} is not this informer's journal")
+    except AttributeError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def encode_record(uid: str, e: JournalEntry) -> bytes:
+    if isinstance(e, Relisted):
+        return orjson.dumps(["r", e.key, uid, e.resource_version, e.since, e.added])
+    if isinstance(e, Deleted):
+        tail = [e.held_after, e.sent_before] if e.sent_before else [e.held_after] if e.held_after else []
+        return orjson.dumps(["d", e.key, uid, e.resource_version, e.inferred, *tail])
+    return orjson.dumps(["a", e.key, uid, e.resource_version])
+
+
+def encode_start(start: ListStart) -> bytes:
+    return orjson.dumps(["l", start.resource_version, start.acknowledged])
+
+
+def decode_line(line: bytes) -> tuple[str, JournalEntry] | ListStart:
+    """One record line: (uid, fact), or the first list's record. Raises ValueError, TypeError or
+    IndexError for a line that is not a record."""
+    rec = orjson.loads(line)
+    if line.startswith(b'["l"'):
+        if not (len(rec) == 3 and is_rv(rec[1]) and isinstance(rec[2], bool)):
+            raise ValueError(f"unknown record {rec!r}")
+        return ListStart(rec[1], acknowledged=rec[2])
+    op, key, uid, rv = rec[0], rec[1], rec[2], rec[3]
+    if not (isinstance(key, str) and key and isinstance(uid, str) and uid):
+        raise ValueError("a record without key or uid")
+    if not is_rv(rv):
+        raise ValueError(f"resourceVersion {rv!r} is not a resourceVersion")
+    if op == "a" and len(rec) == 4:
+        return uid, Exists(key, rv)
+    if op == "r" and len(rec) == 6 and is_rv(rec[4]) and isinstance(rec[5], bool):
+        return uid, Relisted(key, rv, rec[4], added=rec[5])
+    if op == "d" and len(rec) == 5 and isinstance(rec[4], bool):
+        return uid, Deleted(key, rv, inferred=rec[4])
+    if op == "d" and len(rec) == 6 and isinstance(rec[4], bool) and is_rv(rec[5]):
+        return uid, Deleted(key, rv, inferred=rec[4], held_after=rec[5])
+    if (op == "d" and len(rec) == 7 and isinstance(rec[4], bool) and (rec[5] == "" or is_rv(rec[5]))
+            and is_rv(rec[6])):
+        return uid, Deleted(key, rv, inferred=rec[4], held_after=rec[5], sent_before=rec[6])
+    raise ValueError(f"unknown record {rec!r}")
+
+
+def entries_by_key(entries: Mapping[str, JournalEntry]) -> dict[str, list[tuple[str, JournalEntry]]]:
+    """key → [(uid, entry)], oldest resourceVersion first."""
+    out: dict[str, list[tuple[str, JournalEntry]]] = {}
+    for uid, e in entries.items():
+        out.setdefault(e.key, []).append((uid, e))
+    for items in out.values():
+        items.sort(key=lambda item: int(item[1].resource_version))
+    return out

@@ -1,0 +1,295 @@
+"""Workers (bridge/service/workers.py): how many, which shard each is, the pod's merged metrics, and
+the supervisor's handling of real worker processes that exit. The whole thing under churn, with a
+worker SIGKILLed and the count changed, is tests/checkpoint/test_workers_processes.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bridge.errors import ConfigurationError
+from bridge.service.config import BridgeConfig, load_config
+from bridge.service.workers import (
+    Supervisor,
+    WorkerPosition,
+    cpu_limit,
+    for_worker,
+    merge_metrics,
+    resolve_workers,
+    worker_position,
+)
+from tests.brokers import free_port
+from tests.service.test_cli import run_cli, sim_process  # noqa: F401 - the fixture
+from tests.service.test_cli_errors import assert_config_error
+
+BASE = "resources: [{resource: pods}]\nsinks: [{name: out, kind: file, path: /tmp/keb-w/events.jsonl}]\n"
+
+
+def _cgroup(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize(("files", "cpus", "expected"), [
+    ({"cpu.max": "250000 100000\n"}, 8, 2),         # v2: 2.5 CPUs → 2
+    ({"cpu.max": "50000 100000\n"}, 8, 1),          # half a CPU → at least 1
+    ({"cpu.max": "max 100000\n"}, 6, 6),            # no limit → the CPUs it may run on
+    ({"cpu.max": "1600000 100000\n"}, 4, 4),        # a limit above the CPUs → the CPUs
+    ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 8, 3),  # v1
+    ({"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, 5, 5),
+    ({}, 3, 3),                                     # no cgroup files at all
+])
+def test_cpu_limit_from_cgroup_or_affinity(tmp_path: Path, files: dict[str, str], cpus: int,
+                                           expected: int) -> None:
+    assert cpu_limit(cgroup=_cgroup(tmp_path, files), affinity=lambda: cpus) == expected
+
+
+def test_workers_setting_auto_and_numbers(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(BASE + "workers: auto\n")
+    assert resolve_workers(load_config(cfg), cpus=lambda: 4) == 4
+    cfg.write_text(BASE + "workers: 3\n")
+    assert resolve_workers(load_config(cfg), cpus=lambda: 4) == 3
+    cfg.write_text(BASE)
+    assert resolve_workers(load_config(cfg), cpus=lambda: 4) == 1  # unset: one process, as before
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "many", "1.5"])
+def test_bad_workers_exit_2_naming_the_field(tmp_path: Path, value: str) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(BASE + f"workers: {value}\n")
+    for command in ("check-config", "run"):
+        assert_config_error(run_cli(command, "--config", str(cfg)), "workers")
+
+
+def test_worker_position_and_its_shard() -> None:
+    assert worker_position({}) is None
+    pos = worker_position({"KUBE_EVENT_BRIDGE_WORKER": "2/3"})
+    assert pos == WorkerPosition(index=2, count=3)
+    # Replica 1 of 4, worker 2 of 3: shard 1*3 + 2 of 12.
+    assert pos.shard(1, 4) == (5, 12)
+    # The workers of all replicas cover every shard of the total exactly once.
+    assert sorted(WorkerPosition(index=w, count=3).shard(r, 4) for r in range(4) for w in range(3)) == [
+        (s, 12) for s in range(12)]
+    for bad in ("3/3", "x", "1/0"):
+        with pytest.raises(ConfigurationError, match="KUBE_EVENT_BRIDGE_WORKER"):
+            worker_position({"KUBE_EVENT_BRIDGE_WORKER": bad})
+
+
+def test_each_worker_writes_a_file_sink_of_its_own() -> None:
+    config = BridgeConfig.model_validate({"resources": [{"resource": "pods"}], "sinks": [
+        {"name": "out", "kind": "file", "path": "/data/events.jsonl", "fsync": "batch"},
+        {"name": "hook", "kind": "webhook", "url": "http://h.example.com/"}]})
+    mine = for_worker(config, WorkerPosition(index=1, count=2))
+    assert mine.sinks[0].options() == {"path": "/data/events.worker-1.jsonl", "fsync": "batch"}
+    assert mine.sinks[1] == config.sinks[1]
+    assert for_worker(config, WorkerPosition(index=0, count=1)) is config
+
+
+W0 = """# HELP keb_events_total Events delivered.
+# TYPE keb_events_total counter
+keb_events_total{sink="a",shard="0"} 5.0
+# HELP keb_lag_seconds Lag.
+# TYPE keb_lag_seconds histogram
+keb_lag_seconds_bucket{le="1.0",shard="0"} 1.0
+keb_lag_seconds_bucket{le="+Inf",shard="0"} 2.0
+keb_lag_seconds_sum{shard="0"} 3.0
+keb_lag_seconds_count{shard="0"} 2.0
+# HELP python_gc_objects_collected_total Objects collected during gc
+# TYPE python_gc_objects_collected_total counter
+python_gc_objects_collected_total 7.0
+"""
+
+
+def test_merged_metrics_are_one_valid_exposition_with_a_worker_label() -> None:
+    w1 = W0.replace('shard="0"', 'shard="1"').replace("5.0", "9.0")
+    merged = merge_metrics({0: W0, 1: w1})
+    families = {f.name: f for f in text_string_to_metric_families(merged)}
+    events = families["keb_events"]
+    assert sorted((s.labels["worker"], s.labels["shard"], s.value) for s in events.samples) == [
+        ("0", "0", 5.0), ("1", "1", 9.0)]
+    lag = families["keb_lag_seconds"]
+    assert {s.labels["worker"] for s in lag.samples if s.name == "keb_lag_seconds_count"} == {"0", "1"}
+    # Series without labels of their own (the runtime's) stay apart per worker.
+    gc = families["python_gc_objects_collected"]
+    assert sorted(s.labels["worker"] for s in gc.samples) == ["0", "1"]
+    assert merged.count("# TYPE keb_lag_seconds histogram") == 1
+
+
+def _config(tmp_path: Path) -> BridgeConfig:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(BASE + f"server: {{host: 127.0.0.1, port: {free_port()}, admin_port: {free_port()}}}\n"
+                   "shutdown_deadline: 3\n")
+    return load_config(cfg)
+
+
+async def test_a_worker_exiting_with_a_configuration_error_stops_the_supervisor_with_2(
+        tmp_path: Path) -> None:
+    sup = Supervisor(config=_config(tmp_path), workers=2,
+                     command=[sys.executable, "-c", "raise SystemExit(2)"])
+    assert await asyncio.wait_for(sup.run(), 30) == 2
+
+
+async def test_a_worker_that_exits_is_restarted_alone_and_the_pod_is_unready_meanwhile(
+        tmp_path: Path) -> None:
+    # Worker 1 exits at once every time; worker 0 runs until told to stop.
+    script = ("import os, signal, sys, time\n"
+              "if os.environ['KUBE_EVENT_BRIDGE_WORKER'].startswith('1/'): sys.exit(1)\n"
+              "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+              "time.sleep(60)\n")
+    config = _config(tmp_path)
+    sup = Supervisor(config=config, workers=2, command=[sys.executable, "-c", script])
+    task = asyncio.create_task(sup.run())
+    try:
+        async with aiohttp.ClientSession() as http:
+            deadline = asyncio.get_running_loop().time() + 30
+            restarts: dict[str, int] = {}
+            while asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.2)
+                try:
+                    async with http.get(f"http://127.0.0.1:{config.server.port}/metrics") as r:
+                        text = await r.text()
+                except aiohttp.ClientError:
+                    continue
+                restarts = {s.labels["worker"]: int(s.value)
+                            for f in text_string_to_metric_families(text)
+                            for s in f.samples if s.name == "keb_worker_restarts_total"}
+                if restarts.get("1", 0) >= 2:
+                    break
+            assert restarts.get("1", 0) >= 2, restarts
+            assert restarts["0"] == 0, restarts
+            async with http.get(f"http://127.0.0.1:{config.server.port}/readyz") as r:
+                body = await r.json()
+                assert r.status == 503
+                assert any(reason.startswith("worker 1:") for reason in body["reasons"]), body
+                assert body["workers"][0]["pid"] is not None
+    finally:
+        sup.stop_event.set()
+        # 0, or 1 when the failing worker 1 had just been started again and exited by itself.
+        assert await asyncio.wait_for(task, 30) in (0, 1)
+        assert sup._workers[0].proc is not None
+        assert sup._workers[0].proc.returncode == 0  # worker 0 was asked to stop, and did
+
+
+def test_one_pod_two_workers_one_set_of_endpoints(
+        tmp_path: Path, sim_process: tuple[str, Path]) -> None:  # noqa: F811
+    """``kube-event-bridge run`` with ``workers: 2`` against the simulator: the pod's one /readyz,
+    /metrics and admin listener (token checked by the supervisor) answer for both workers, and a
+    snapshot asked of the pod is made by each worker for its own objects, in its own file."""
+    _, kubeconfig = sim_process
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    port, admin = free_port(), free_port()
+    cfg = tmp_path / "bridge.yaml"
+    cfg.write_text(
+        f"kubernetes: {{kubeconfig: '{kubeconfig}', in_cluster: 'false'}}\n"
+        "resources: [{resource: pods}]\n"
+        f"sinks: [{{name: out, kind: file, path: '{tmp_path / 'events.jsonl'}'}}]\n"
+        f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}', interval: 1}}\n"
+        f"server: {{host: 127.0.0.1, port: {port}, admin_port: {admin}, admin_token_file: '{token}'}}\n"
+        "workers: 2\nshutdown_deadline: 10\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEB_")}
+    log = tmp_path / "bridge.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "bridge.service.cli", "run", "--config", str(cfg)],
+                                stdout=fh, stderr=fh, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        body: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            with contextlib.suppress(OSError, ValueError), \
+                    urllib.request.urlopen(f"{base}/readyz", timeout=2) as r:
+                body = json.loads(r.read())
+                break
+            time.sleep(0.2)
+        assert body.get("ready") is True, body
+        assert [w["worker"] for w in body["workers"]] == [0, 1]
+        assert all(w["pid"] and w["pid"] != proc.pid for w in body["workers"])
+        with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
+            families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+        shards = {(s.labels["worker"], s.value) for s in families["keb_shard_ordinal"].samples}
+        assert shards == {("0", 0.0), ("1", 1.0)}
+        assert {s.value for s in families["keb_total_shards"].samples} == {2.0}
+        # The admin listener: the supervisor checks the token, then asks both workers.
+        url = f"http://127.0.0.1:{admin}/snapshot?resource=pods"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=10)
+        assert refused.value.code == 401
+        req = urllib.request.Request(url, method="POST", headers={"Authorization": "Bearer s3cret"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 202
+            # Each worker names the checkpoint id of the shard it snapshotted.
+            done = json.loads(r.read())["resources"]
+        assert [d.rsplit(".", 1)[1] for d in done] == ["shard-0-of-2", "shard-1-of-2"]
+        for w in (0, 1):
+            path = tmp_path / f"events.worker-{w}.jsonl"
+            deadline = time.monotonic() + 30
+            ends: list[dict[str, Any]] = []
+            while not ends and time.monotonic() < deadline:
+                time.sleep(0.2)
+                ends = [e for e in map(json.loads, path.read_bytes().splitlines())
+                        if e["type"].endswith("snapshot.end")]
+            assert ends, w
+            assert (ends[0]["shard"], ends[0]["totalshards"]) == (str(w), "2")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        # One log for the pod; each worker's records say whose they are.
+        records = [json.loads(line) for line in log.read_bytes().splitlines() if line.startswith(b"{")]
+        assert {r.get("worker") for r in records if r["logger"] == "bridge.service.service"} == {0, 1}
+        assert any("supervising 2 workers" in r["message"] for r in records if "worker" not in r)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+async def test_workers_of_a_replica_are_its_nested_shards_each_with_its_own_lease(tmp_path: Path) -> None:
+    """Replica 1 of 2 with two workers (in-process, as the supervisor would start them): the workers
+    are shards 2 and 3 of 4, and with leader election each campaigns for its own Lease (whose term
+    fences that shard's checkpoint writes, as for any shard; docs/sharding.md, "Workers")."""
+    from bridge.kube.apiclient import ApiClient
+    from bridge.service.service import BridgeService
+    from bridge.sim import Simulator
+    from tests.service.test_service import eventually
+    from tests.service.test_sharding_service import config as sharded_config
+
+    le = {"leader_election": {"enabled": True, "namespace": "default", "name": "keb", "identity": "x",
+                              "lease_duration": 3, "renew_deadline": 2, "retry_period": 0.5}}
+    async with Simulator() as sim:
+        services = [BridgeService(config=sharded_config(sim, tmp_path, 1, **le),
+                                  worker=WorkerPosition(index=w, count=2)) for w in range(2)]
+        tasks = [asyncio.create_task(s.run(), name=f"worker-{w}") for w, s in enumerate(services)]
+        client = ApiClient.from_kubeconfig(str(tmp_path / "kubeconfig"))
+        try:
+            await eventually(lambda: all(s.readiness().ready and s.readiness().role == "leader"
+                                         for s in services), what="both workers lead")
+            path = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
+            held = {o: (await client.get(f"{path}/keb-shard-{o}"))["spec"]["holderIdentity"]
+                    for o in (2, 3)}
+            leases = {item["metadata"]["name"] for item in (await client.get(path))["items"]}
+        finally:
+            for s in services:
+                s.stop_event.set()
+            await asyncio.gather(*tasks)
+            await client.close()
+    assert [s.shard for s in services] == [(2, 4), (3, 4)]
+    assert held == {2: "x", 3: "x"}
+    assert leases == {"keb-shard-2", "keb-shard-3"}
