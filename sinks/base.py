@@ -342,12 +342,14 @@ class BaseSink(Generic[O]):
 
     @property
     def delivery(self) -> DeliveryOptions:
-        """Its ``routing``, ``buffer`` and ``resync_period`` options, for the bridge."""
+        """Its ``routing``, ``buffer``, ``resync_period`` and ``heartbeat`` options, for the bridge."""
         opts = self.options
         return DeliveryOptions(routing=frozenset(self._routing.resources),
                                buffer_capacity=opts.buffer.capacity,
                                overflow_policy=OverflowPolicy(opts.buffer.policy),
-                               spill_limit=opts.buffer.spill_limit, resync_period=opts.resync_period)
+                               spill_limit=opts.buffer.spill_limit, resync_period=opts.resync_period,
+                               heartbeat_interval=(opts.heartbeat.interval if opts.heartbeat is not None
+                                                   else 0.0))
 
     @property
     def in_flight(self) -> int:

@@ -119,6 +119,10 @@ def event_id(event: ChangeEvent, metadata: Mapping[str, Any] | None = None) -> s
     older resourceVersion) are one event to a consumer that drops repeated ids. A selector exit
     (``leftselector``) is not the uid's delete — the object lives on, and may come back and leave
     again — so it keeps the id of a change (uid, resourceVersion, type)."""
+    if event.type is EventType.HEARTBEAT:
+        # Unique per heartbeat: its resource and time (one heartbeat per resource at a time).
+        raw = f"{event.cluster}\0{event.resource.qualified}\0heartbeat\0{event.time!r}".encode()
+        return hashlib.sha256(raw).hexdigest()[:32]
     if event.obj is None:
         snap = event.snapshot.id if event.snapshot is not None else ""
         if event.gap is not None:

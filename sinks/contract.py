@@ -92,6 +92,9 @@ class EventType(enum.StrEnum):
     """A relist starts after the sink had received changes of the resource: until ``gap.end`` the
     events are the list's differences, and changes in the window were not observed one by one."""
     GAP_END = "gap.end"
+    HEARTBEAT = "heartbeat"
+    """A sink's periodic sign of life for one resource (no object): the resource's current
+    resourceVersion and what this sink acknowledged (docs/event-format.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +241,8 @@ class DeliveryOptions:
     """Bytes of spill on disk it may use in each informer; 0 = no spill."""
     resync_period: float = 0.0
     """Seconds between the snapshots it receives; 0 = none."""
+    heartbeat_interval: float = 0.0
+    """Seconds between its heartbeat events, per resource; 0 = none."""
 
 
 @runtime_checkable

@@ -154,6 +154,24 @@ class BufferOptions(_Model):
     alone degrades: latest state per object, delivered inside a gap window."""
 
 
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+class HeartbeatOptions(_Model):
+    interval: float = Field(gt=0)
+    """Seconds between two heartbeat events of one resource (a number, or ``30s``, ``5m``, ``1h``)."""
+
+    @field_validator("interval", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        if isinstance(value, str) and value[-1:] in _DURATION_UNITS:
+            try:
+                return float(value[:-1]) * _DURATION_UNITS[value[-1]]
+            except ValueError:
+                raise ValueError(f"not a duration: {value!r} (seconds, or 30s, 5m, 1h)") from None
+        return value
+
+
 class RetryOptions(_Model):
     initial: float = Field(default=0.2, ge=0)
     max: float = Field(default=30.0, ge=0)
@@ -219,6 +237,10 @@ class SinkOptions(_Model):
     max_in_flight: int = Field(default=1000, ge=1)
     resync_period: float = Field(default=0.0, ge=0)
     """Seconds between resync snapshots for this sink; 0 = off."""
+    heartbeat: HeartbeatOptions | None = None
+    """Heartbeat events (``io.kube-event-bridge.heartbeat``), one per resource every ``interval``,
+    carrying the resource's current resourceVersion and what this sink acknowledged
+    (docs/event-format.md); off unless set. Not in Knative mode."""
     retry: RetryOptions = Field(default_factory=RetryOptions)
     breaker: BreakerOptions = Field(default_factory=BreakerOptions)
     oversize: Literal["reference", "truncate", "dead_letter"] = "reference"
@@ -262,6 +284,9 @@ class SinkOptions(_Model):
         if self.compat == "knative" and self.payload is not PayloadMode.OBJECT:
             raise ValueError("payload: compat 'knative' sends the object (or a reference to it), as "
                              "Knative's ApiServerSource does: use payload 'object'")
+        if self.compat == "knative" and self.heartbeat is not None:
+            raise ValueError("heartbeat: compat 'knative' sends only events of objects, as Knative's "
+                             "ApiServerSource does: remove heartbeat or use compat 'native'")
         return self
 
     @classmethod
@@ -294,6 +319,7 @@ class _DeliveryKeys(BaseModel):
     routing: RoutingOptions = Field(default_factory=RoutingOptions)
     buffer: BufferOptions = Field(default_factory=BufferOptions)
     resync_period: float = Field(default=0.0, ge=0)
+    heartbeat: HeartbeatOptions | None = None
 
 
 def delivery_options(options: Mapping[str, Any]) -> DeliveryOptions:
@@ -309,4 +335,5 @@ def delivery_options(options: Mapping[str, Any]) -> DeliveryOptions:
     routing = frozenset(r.strip().lower() for r in keys.routing.resources)  # as the sink's routing filter
     return DeliveryOptions(routing=routing, buffer_capacity=keys.buffer.capacity,
                            overflow_policy=OverflowPolicy(keys.buffer.policy),
-                           spill_limit=keys.buffer.spill_limit, resync_period=keys.resync_period)
+                           spill_limit=keys.buffer.spill_limit, resync_period=keys.resync_period,
+                           heartbeat_interval=keys.heartbeat.interval if keys.heartbeat is not None else 0.0)

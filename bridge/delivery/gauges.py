@@ -41,6 +41,8 @@ class InformerGauges:
     cached_objects: int = 0
     checkpoint_age: float | None = None
     checkpoint_lag: int = 0
+    stalled: bool = False
+    """Its watch delivers nothing while the server's resourceVersion moved (:mod:`bridge.delivery.stall`)."""
 
 
 @dataclass(frozen=True, slots=True)

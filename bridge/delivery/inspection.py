@@ -17,6 +17,7 @@ from bridge.delivery.informer_run import InformerRun
 from bridge.delivery.outages import SinkBacklog
 from bridge.delivery.progress import AckTracker
 from bridge.delivery.sink_listener import SinkListener
+from bridge.delivery.stall import StallDetector
 from bridge.informer.shared_informer import SharedIndexInformer
 from sinks.contract import Sink
 
@@ -49,6 +50,11 @@ class PipelineInspection:
     _informers: dict[str, InformerRun]
     _sinks: Sequence[Sink]
     _clock: Clock
+    _stalls: StallDetector | None
+
+    def watch_stalled(self, ident: str) -> bool:
+        """Whether the informer's watch stalled (:mod:`bridge.delivery.stall`)."""
+        return self._stalls is not None and bool(self._stalls.stalled(ident))
 
     @property
     def informers(self) -> dict[str, SharedIndexInformer]:
@@ -140,6 +146,7 @@ class PipelineInspection:
                 cached_objects=len(inf.informer.get_indexer()),
                 checkpoint_age=st.checkpoint_age[i],
                 checkpoint_lag=st.checkpoint_lag[i],
+                stalled=self.watch_stalled(i),
             )
         return gauges
 

@@ -3,9 +3,11 @@
 Each part of the lifecycle lives in a module of its own (docs/architecture.md, "Data flow"):
 assembly, the start (:mod:`~bridge.delivery.restart` builds one resume plan per informer, each
 sink's listener gets its part as a :mod:`~bridge.delivery.replay` stage), the listeners and one
-:class:`~bridge.delivery.progress.AckTracker` per informer, bootstrap, the checkpoint writer and
-outage reporting. What remains here: the per-sink resync timers (listeners themselves get resync
-period 0, so the same-RV updates of a 410 relist are never delivered), readiness, and
+:class:`~bridge.delivery.progress.AckTracker` per informer, bootstrap, the checkpoint writer
+(with ``group_commit``, also as soon as the acknowledgements are due), stalled watches
+(:mod:`~bridge.delivery.stall`), heartbeats (:mod:`~bridge.delivery.heartbeat`) and outage
+reporting. What remains here: the per-sink resync timers (listeners themselves get resync period 0,
+so the same-RV updates of a 410 relist are never delivered), readiness, and
 :meth:`~BridgePipeline.shutdown`, which stops intake, lets the listeners drain and the sinks flush,
 writes the final checkpoint and closes everything within one deadline. Every task is named,
 supervised (one that dies unexpectedly is logged) and cancelled on shutdown; time comes from the
@@ -35,7 +37,8 @@ from bridge.delivery.assembly import (
 )
 from bridge.delivery.bootstrap import Bootstrap
 from bridge.delivery.checkpoint import Checkpoint, CheckpointStore
-from bridge.delivery.checkpoint_writer import CheckpointWriter
+from bridge.delivery.checkpoint_writer import CheckpointWriter, GroupCommit
+from bridge.delivery.heartbeat import Heartbeats
 from bridge.delivery.informer_run import InformerCounts, InformerObserver, InformerRun
 from bridge.delivery.inspection import PipelineInspection, PipelineStats
 from bridge.delivery.outages import OutageReporter, SinkBacklog
@@ -45,6 +48,7 @@ from bridge.delivery.restart import load_start
 from bridge.delivery.resume_plan import SinkStartKind, stub_objects
 from bridge.delivery.selector_exit import SelectorExits
 from bridge.delivery.sink_listener import SinkListener, SinkListenerStats
+from bridge.delivery.stall import StallCheck, StallDetector
 from bridge.informer.factory import SharedInformerFactory
 from bridge.informer.reflector import Reflector, WatchErrorHandler, default_watch_error_handler
 from bridge.informer.shared_informer import CacheSeed, HandlerRegistration, SharedIndexInformer
@@ -88,6 +92,7 @@ class BridgePipeline(PipelineInspection):
         spill_directory: str | os.PathLike[str] | None = None,
         outage_check_interval: float = 1.0,
         outage_summary_interval: float = 30.0,
+        group_commit: GroupCommit | None = None, stall_check: StallCheck | None = None,
     ) -> None:
         """``factory`` (the service) or ``build_informer`` (tests, tools) makes the informers; with a
         factory, ``page_size`` and ``use_watch_list`` are passed to each. ``checkpoint_store`` None
@@ -117,7 +122,9 @@ class BridgePipeline(PipelineInspection):
         self._spill_directory = Path(spill_directory) if spill_directory is not None else None
         self._outage_check = outage_check_interval
         self._informers: dict[str, InformerRun] = {}
-        self._writer = CheckpointWriter(store=checkpoint_store, clock=self._clock, runs=self._informers)
+        runs, clock, store = self._informers, self._clock, checkpoint_store
+        self._writer = CheckpointWriter(store=store, clock=clock, runs=runs, group_commit=group_commit)
+        self._stalls = StallDetector(check=stall_check, clock=clock, runs=runs) if stall_check else None
         self._outages = OutageReporter(sinks=self._sinks, view=self, summary_interval=outage_summary_interval)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
@@ -161,6 +168,10 @@ class BridgePipeline(PipelineInspection):
                 period = sink.delivery.resync_period
                 if period > 0:
                     self._spawn(f"snapshot-timer:{ident}:{sink_name}", self._snapshot_timer(inf, reg, period))
+                if (beat := sink.delivery.heartbeat_interval) > 0:
+                    heartbeats = Heartbeats(inf=inf, sink=sink, cluster=self._cluster, clock=self._clock,
+                                            interval=beat)
+                    self._spawn(f"heartbeat:{ident}:{sink_name}", heartbeats.run())
             if self._snapshot_on_first_start and not inf.resumed:
                 self._spawn(f"first-snapshot:{ident}", self._first_snapshot(inf))
             if inf.bootstrap is not None:
@@ -169,6 +180,10 @@ class BridgePipeline(PipelineInspection):
             if inf.journal is not None:
                 self._spawn(f"journal:{ident}", inf.journal.run())
         self._spawn("checkpoint-writer", self._writer.run(self._checkpoint_interval))
+        if self._writer.group_commit is not None and self._store is not None:
+            self._spawn("checkpoint-group-commit", self._writer.run_group_commit())
+        if self._stalls is not None:
+            self._spawn("stalled-watches", self._stalls.run())
         if self._outage_check > 0:
             self._spawn("sink-outages", self._outage_loop())
 
@@ -335,6 +350,7 @@ class BridgePipeline(PipelineInspection):
             and not any(inf.journal is not None and inf.journal.last_error
                         for inf in self._informers.values())
             and not any(name.startswith("journal:") for name in self.failed_tasks)
+            and not self.stalled()
         )
 
     def not_ready_reasons(self) -> list[str]:
@@ -349,6 +365,7 @@ class BridgePipeline(PipelineInspection):
                                f"{inf.journal.last_error}")
             if f"journal:{i}" in self.failed_tasks:
                 reasons.append(f"journal writer of {i} failed (new objects and deletes wait)")
+        reasons.extend(self.stalled())
         for s in self._sinks:
             if not s.healthy():
                 backlog = self.sink_backlog(s.name)
@@ -444,6 +461,10 @@ class BridgePipeline(PipelineInspection):
 
     # ---------------------------------------------------------------------------------------------
     # checkpoints
+
+    def stalled(self) -> list[str]:
+        """One line per informer whose watch stalled (:mod:`bridge.delivery.stall`)."""
+        return self._stalls.reasons() if self._stalls is not None else []
 
     async def write_checkpoints(self) -> int:
         """Saves every informer whose acknowledged state moved since its last save; returns how

@@ -101,6 +101,11 @@ class KubernetesConfig(_Model):
     opening of a watch is not (as in client-go). See docs/configuration.md."""
     burst: int = 100
     """Requests the rate limit lets through at once (client-go's ``Burst``)."""
+    stall_after: float = Field(default=300.0, ge=0)
+    """Seconds an informer's watch may deliver nothing (no event, no bookmark) before the server is
+    asked, with a ``limit=1`` list, whether the resource moved meanwhile; if it did, the watch is
+    reported stalled (a WARNING, ``/readyz``, ``keb_informer_stalled``) until it delivers again. Keep
+    it above the server's bookmark period (about a minute). 0 = off."""
 
     @field_validator("qps")
     @classmethod
@@ -251,6 +256,22 @@ class CheckpointConfig(_Model):
     checkpoint too large for one ConfigMap fails to save, with an error saying so."""
     interval: float = Field(default=5.0, gt=0)
     """Seconds between checkpoint writes (and one on shutdown)."""
+    commit_events: int = Field(default=1000, ge=0)
+    """Group commit: the checkpoint follows the acknowledgements, written at once when the sinks
+    acknowledged this many changes since the last write (0 = off: every ``interval`` only). What a
+    SIGKILL makes the next start send again, per sink, is bounded by what it had in flight plus
+    this (docs/delivery-contract.md)."""
+    commit_delay: float | None = Field(default=None, gt=0)
+    """Group commit: seconds an acknowledgement may stay unsaved (written then, whichever of
+    ``commit_events`` and this comes first). Unset: 0.2, or 1 with the ConfigMap store (each write is
+    API requests, within ``kubernetes.qps``)."""
+
+    @property
+    def group_commit_delay(self) -> float:
+        """``commit_delay``, or its default for the store."""
+        if self.commit_delay is not None:
+            return self.commit_delay
+        return 1.0 if self.store == "configmap" else 0.2
     spill_directory: str = "./.kube-event-bridge/spill"
     """Where each sink's spill (its backlog beyond ``buffer.capacity``) is written, one
     subdirectory per sink and informer; "" = no spill (a sink that falls behind degrades at once).

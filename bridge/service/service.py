@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import gc
 import logging
 import signal
@@ -30,7 +31,9 @@ from typing import Any
 from bridge.clock import Clock, RealClock
 from bridge.contracts import ListerWatcher
 from bridge.delivery.checkpoint import CheckpointStore, FileCheckpointStore
+from bridge.delivery.checkpoint_writer import GroupCommit
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
+from bridge.delivery.stall import StallCheck
 from bridge.errors import ApiError, BridgeError, ConfigurationError
 from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.informer.namespaces import NamespaceFilteredListerWatcher, NamespaceLabels, NamespaceScope
@@ -109,6 +112,14 @@ def _checkpoint_store(config: BridgeConfig, client: ApiClient,
     from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
 
     return NatsKvCheckpointStore(nats_url=cp.nats_url, bucket=cp.bucket, fence=fence)
+
+
+async def _server_rv(client: ApiClient, watched: WatchedResource) -> str:
+    """The server's current resourceVersion for a watched resource: a ``limit=1`` list (metered by
+    the client's rate limiter), for the stalled-watch check (:mod:`bridge.delivery.stall`)."""
+    listed = await client.get(watched.api.path(watched.key.namespace or None), params={"limit": 1},
+                              context=f"checking whether {watched.api.qualified} moved")
+    return str(listed.get("metadata", {}).get("resourceVersion", ""))
 
 
 def _api_client(config: BridgeConfig, clock: Clock, options: ApiClientOptions | None = None) -> ApiClient:
@@ -475,6 +486,12 @@ class BridgeService:
             fetch_object=fetch_object,
             factory=factory, resources=watched, sinks=list(sinks), checkpoint_store=store,
             cluster=cfg.cluster, checkpoint_interval=cfg.checkpoint.interval,
+            stall_check=(StallCheck(after=cfg.kubernetes.stall_after,
+                                    server_resource_version=functools.partial(_server_rv, client))
+                         if cfg.kubernetes.stall_after else None),
+            group_commit=(GroupCommit(events=cfg.checkpoint.commit_events,
+                                      delay=cfg.checkpoint.group_commit_delay)
+                          if cfg.checkpoint.commit_events else None),
             snapshot_on_first_start=cfg.snapshot.on_first_start, clock=self._clock,
             page_size=cfg.kubernetes.configured_page_size,
             use_watch_list=cfg.kubernetes.watch_list,

@@ -31,6 +31,8 @@ hash of the selectors; the checkpoint's name), ``type`` a CloudEvents type (``ad
 ``keb_informer_watch_restarts_total``  watches re-opened
 ``keb_informer_expired_total``         410 Gone / Expired answers
 ``keb_informer_cached_objects``        objects in the informer's cache
+``keb_informer_stalled``               1 while the informer's watch delivers nothing though the
+                                       server's resourceVersion moved (``kubernetes.stall_after``)
 ``keb_checkpoint_age_seconds``         time since the last checkpoint write
 ``keb_checkpoint_lag``                 notifications not yet acknowledged by every sink
 ``keb_leader``                         1 while this replica runs the pipeline (the leader, or
@@ -241,6 +243,9 @@ class Telemetry:
                                         description="410 Gone / Expired answers, by resource")
         meter.create_observable_gauge("keb.informer.cached_objects", [self._cached], unit="{object}",
                                       description="Objects in the informer's cache")
+        meter.create_observable_gauge("keb.informer.stalled", [self._stalled],
+                                      description="1 while the informer's watch delivers nothing though "
+                                                  "the server's resourceVersion moved")
         meter.create_observable_gauge("keb.checkpoint.age", [self._checkpoint_age], unit="s",
                                       description="Seconds since the last checkpoint was written")
         meter.create_observable_gauge("keb.checkpoint.lag", [self._checkpoint_lag], unit="{event}",
@@ -410,6 +415,9 @@ class Telemetry:
     def _checkpoint_age(self, _: CallbackOptions) -> Iterable[Observation]:
         return [Observation(g.checkpoint_age, labels) for labels, g in self._informer_labels()
                 if g.checkpoint_age is not None]
+
+    def _stalled(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(int(g.stalled), labels) for labels, g in self._informer_labels()]
 
     def _checkpoint_lag(self, _: CallbackOptions) -> Iterable[Observation]:
         return [Observation(g.checkpoint_lag, labels) for labels, g in self._informer_labels()]

@@ -40,6 +40,10 @@ class FaultSpec(BaseModel):
     watch."""
     watch_expire_after: int | None = Field(default=None, ge=0)
     """After this many events, send an ERROR event with a 410 Expired Status, then close."""
+    watch_stall: bool = False
+    """Hold every watch stream open and send nothing on it (no event, no bookmark) while set: a watch
+    that looks connected but has stopped delivering. The changes made meanwhile go out once it is
+    cleared (or on the next watch, after the stream's timeout)."""
     delay: float = Field(default=0.0, ge=0.0, le=600.0)
     """Seconds to wait before answering every API request (admin endpoints excepted)."""
     error_code: int | None = None

@@ -82,6 +82,8 @@ _JSON = "application/json"
 _TYPE_FIELDS = frozenset({"apiVersion", "kind"})
 _BATCH = 256
 """Most watch events written as one chunk."""
+_STALL_POLL = 0.05
+"""Seconds between looks at the ``watch_stall`` fault while a watch is held silent."""
 
 
 _AGGREGATED = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
@@ -1185,6 +1187,8 @@ class _WatchStream:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         initial = watcher.initial
+        if not await self._held(deadline):
+            return
         for start in range(0, len(initial), _BATCH):
             if watcher.closed or not await self._write_batch(initial[start:start + _BATCH]):
                 return
@@ -1193,6 +1197,8 @@ class _WatchStream:
         interval = self.sim.bookmark_interval
         next_bookmark = loop.time() + interval
         while True:
+            if not await self._held(deadline):
+                return
             batch = watcher.take(_BATCH)
             if batch:
                 if not await self._write_batch(batch):
@@ -1218,6 +1224,17 @@ class _WatchStream:
             if self.bookmarks and now >= next_bookmark and watcher.pending == 0 and not watcher.closed:
                 await self._send_progress_bookmark()
                 next_bookmark = now + interval
+
+    async def _held(self, deadline: float) -> bool:
+        """Sends nothing while the ``watch_stall`` fault is set; False when the stream's timeout came
+        meanwhile (the stream is then ended)."""
+        loop = asyncio.get_running_loop()
+        while self.sim.faults.spec.watch_stall and not self.watcher.closed:
+            if loop.time() >= deadline:
+                await self.response.write_eof()
+                return False
+            await asyncio.sleep(_STALL_POLL)
+        return True
 
     async def _send_progress_bookmark(self) -> None:
         # With an empty buffer this watcher has been offered every change up to the store's RV.

@@ -19,6 +19,7 @@ from bridge.clock import RealClock
 from bridge.delivery.checkpoint import CheckpointStore, FileCheckpointStore
 from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
 from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
+from bridge.delivery.checkpoint_writer import GroupCommit
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.kube.apiclient import ApiClient
@@ -40,6 +41,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-nats", help="nats-kv store: the NATS URL")
     p.add_argument("--checkpoint-namespace", default="default", help="configmap store: its namespace")
     p.add_argument("--checkpoint-interval", type=float, default=0.1)
+    p.add_argument("--commit-events", type=int, default=0, help="group commit: acknowledgements that force a "
+                                                                  "checkpoint write (0 = off)")
+    p.add_argument("--commit-delay", type=float, default=0.2, help="group commit: seconds an "
+                                                                   "acknowledgement may stay unsaved")
     p.add_argument("--journal-bytes", type=int, help="configmap / nats-kv store: the most one value of the "
                                                      "known-object journal holds (a chunk)")
     p.add_argument("--kafka", help="bootstrap servers (Kafka sink)")
@@ -108,6 +113,8 @@ async def run(args: argparse.Namespace) -> int:
         fetch_object=fetch_object,
         checkpoint_store=store, cluster=args.cluster,
         checkpoint_interval=args.checkpoint_interval, clock=clock, spill_directory=args.spill_dir,
+        group_commit=(GroupCommit(events=args.commit_events, delay=args.commit_delay)
+                      if args.commit_events else None),
     )
     stop = asyncio.Event()
     ident = WatchedResource(key=key, api=api, ref=ref).informer_id

@@ -215,3 +215,19 @@ def test_a_top_level_key_that_is_not_a_name_is_a_clear_error(tmp_path: Path) -> 
     """Found by fuzzing the loader: `1: x` at the top level used to end in a TypeError."""
     with pytest.raises(ConfigurationError, match=r"config\.yaml: top-level keys must be names, not 1$"):
         load_config(write(tmp_path, "resources: [{resource: pods}]\n1: x\n"))
+
+
+@pytest.mark.parametrize(("checkpoint", "events", "delay"), [
+    ({}, 1000, 0.2),
+    ({"store": "configmap"}, 1000, 1.0),
+    ({"store": "configmap", "commit_delay": 0.5}, 1000, 0.5),
+    ({"store": "nats-kv", "commit_events": 50}, 50, 0.2),
+])
+def test_group_commit_defaults_follow_the_store(checkpoint: dict[str, object], events: int,
+                                                 delay: float) -> None:
+    from bridge.service.config import BridgeConfig
+
+    cfg = BridgeConfig.model_validate({"resources": [{"resource": "pods"}], "checkpoint": checkpoint,
+                                       "sinks": [{"name": "out", "kind": "stdout"}]})
+    assert (cfg.checkpoint.commit_events, cfg.checkpoint.group_commit_delay) == (events, delay)
+    assert cfg.kubernetes.stall_after == 300.0

@@ -234,3 +234,20 @@ def test_knative_types_are_understood() -> None:
     added["type"] = "dev.knative.apiserver.resource.add"
     report = verify(sink="t", events=events(added), cluster={PODS: [obj("a", "u-a", 1)]})
     assert report.ok
+
+
+def test_heartbeats_are_neither_changes_nor_markers() -> None:
+    def heartbeat(n: int) -> dict[str, Any]:  # docs/event-format.md, "Heartbeats"
+        return {**marker("heartbeat", resourceversion="12", ackedresourceversion="12"),
+                "id": hashlib.sha256(f"beat-{n}".encode()).hexdigest()[:32],
+                "time": f"2024-05-01T12:00:0{n}.000000Z"}
+
+    sink = events(heartbeat(0), ce("added", "a", "u-a", 10), heartbeat(1), ce("updated", "a", "u-a", 12),
+                  heartbeat(2))
+    report = verify(sink="t", events=sink, cluster={PODS: [obj("a", "u-a", 12)]})
+    assert report.ok
+    assert report.consistent
+    (r,) = report.resources
+    assert r.changes == {"added": 1, "updated": 1}
+    assert (r.sink_objects, r.events, r.snapshots, r.gap_markers) == (1, 5, 0, [])
+    assert r.counts == {"missing": 0, "phantom": 0, "stale": 0, "order_violations": 0}

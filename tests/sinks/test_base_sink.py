@@ -281,6 +281,26 @@ def test_wiring_properties() -> None:
     assert sink.accepts(event(resource=PODS))
 
 
+@pytest.mark.parametrize(("interval", "seconds"), [(30, 30.0), ("30s", 30.0), ("2m", 120.0), ("1h", 3600.0),
+                                                 (0.5, 0.5)])
+def test_heartbeat_interval(interval: object, seconds: float) -> None:
+    options = {"heartbeat": {"interval": interval}}
+    assert RecordingSink.from_options("x", options).delivery.heartbeat_interval == seconds
+    assert delivery_options(options).heartbeat_interval == seconds
+    assert RecordingSink.from_options("x", {}).delivery.heartbeat_interval == 0.0  # off by default
+
+
+def test_bad_heartbeat_options_are_refused_naming_the_field() -> None:
+    with pytest.raises(SinkConfigError, match=r"heartbeat.interval: .*not a duration: 'soons'"):
+        RecordingSink.from_options("x", {"heartbeat": {"interval": "soons"}})
+    with pytest.raises(SinkConfigError, match=r"heartbeat.interval: Input should be greater than 0"):
+        RecordingSink.from_options("x", {"heartbeat": {"interval": "0s"}})
+    with pytest.raises(SinkConfigError, match=r"heartbeat.interval: Field required"):
+        RecordingSink.from_options("x", {"heartbeat": {}})
+    with pytest.raises(SinkConfigError, match=r"heartbeat: compat 'knative' sends only events of objects"):
+        RecordingSink.from_options("x", {"compat": "knative", "heartbeat": {"interval": "30s"}})
+
+
 async def test_gives_up_after_max_elapsed_on_the_injected_clock(tmp_path: Path) -> None:
     clock = FakeClock()
     sink = make(

@@ -65,6 +65,8 @@ EXAMPLES: dict[str, tuple[ChangeEvent, dict[str, Any]]] = {
     "updated-in-gap": (_ev(EventType.UPDATED, V2, old=V1, gap=GAP), {}),
     "gap-end": (_ev(EventType.GAP_END, None, gap=GapInfo(id=GAP.id, from_resource_version="1001",
                                                           to_resource_version="1090")), {}),
+    "heartbeat": (_ev(EventType.HEARTBEAT, None,
+                      extensions={"resourceversion": "1090", "ackedresourceversion": "1085"}), {}),
 }
 
 
