@@ -120,7 +120,11 @@ async def test_nats_py_resolves_pong_futures_in_ping_order_with_set_result(nats_
     sub = await nats.connect(nats_server.url)
     try:
         got = await sub.subscribe("guard.>")
-        await sub.flush()
+        # nats-py's flush() writes its PING ahead of commands still buffered (the SUB among them),
+        # so its PONG does not prove the subscription is registered: a message of the subscriber's
+        # own, buffered after the SUB, does once it comes back.
+        await sub.publish("guard.ready", b"")
+        assert (await got.next_msg(timeout=5)).subject == "guard.ready"
         order: list[str] = []
         futures = [_Recorded(order, f"pong{i}") for i in range(3)]
         for i, future in enumerate(futures):
