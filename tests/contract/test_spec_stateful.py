@@ -1,0 +1,220 @@
+"""The real delivery layer driven through random schedules, judged by the contract's executable
+specification (:mod:`bridge.testing.spec`).
+
+A Hypothesis ``RuleBasedStateMachine`` plays the cluster (creates, updates, deletes, names re-used
+by new uids), the faults (crashes — :meth:`BridgePipeline.abort`, then a new pipeline from the same
+store —, compactions of the server's history, 410s sent into the open watch) and three sinks that
+acknowledge at their own pace (one may stall for a long while and recover, acknowledging in any
+order), with checkpoint writes at random points. In-process: the fake source, a fake clock, the file
+checkpoint store and its journal in a temporary directory (:mod:`tests.contract.spec_driver`). At
+the end every sink acknowledges everything until the bridge has passed a marker object, and the
+model judges each sink's log: lost changes, invented states, per-object order, needless gaps, repeats
+of durably acknowledged events, and what a consumer that drops repeated ids ends with.
+
+Modes (environment):
+
+* CI (default): ``KEB_SPEC_EXAMPLES`` schedules (default 300) of up to ``KEB_SPEC_STEPS`` steps
+  (default 30), from one seed: ``KEB_SPEC_SEED`` when set, else a fresh one printed with the test's
+  output, so every failure is replayed with ``KEB_SPEC_SEED=<seed>``.
+* long: ``KEB_SPEC_LONG=1`` (``scripts/spec-soak``): 5,000 schedules of up to 60 steps per seed.
+* ``KEB_SPEC_ALLOW=kind,kind``: findings of those kinds are reported but do not fail a schedule (the
+  lead sees the state with and without a defect's finding, e.g. ``KEB_SPEC_ALLOW=order,phantom``).
+
+Hypothesis's example database is off (a replay is a seed, not a file), and so is shrinking's
+deadline: each step runs the bridge's event loop until it settles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, Phase, seed, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+
+from bridge.testing.spec import Received, by_kind, check_sink
+from tests.contract.spec_driver import Bridge
+
+SINKS = ("a", "b", "c")
+NAMES = ("n0", "n1", "n2", "n3")
+LONG = os.environ.get("KEB_SPEC_LONG", "") == "1"
+EXAMPLES = int(os.environ.get("KEB_SPEC_EXAMPLES", "5000" if LONG else "300"))
+STEPS = int(os.environ.get("KEB_SPEC_STEPS", "60" if LONG else "30"))
+SEED = int(os.environ.get("KEB_SPEC_SEED") or random.SystemRandom().randrange(2**32))
+ALLOWED = frozenset(k for k in os.environ.get("KEB_SPEC_ALLOW", "").split(",") if k)
+TURNS = st.sampled_from((0, 3, 30))
+"""Turns of the event loop the bridge gets after a step (0: the next step comes at once)."""
+RUNS: list[int] = []
+"""One entry per schedule run (the count is reported)."""
+
+
+class DeliverySpec(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.tmp = Path(tempfile.mkdtemp(prefix="keb-spec-"))
+        self.bridge = Bridge(self.tmp / "ckpt", SINKS)
+        self.rng = random.Random(0)
+        self.steps: list[str] = []
+        for name in NAMES[:2]:
+            self.bridge.create(name)
+        self.run(self.bridge.start())
+        RUNS.append(1)
+
+    def run(self, coro: object) -> None:
+        self.loop.run_until_complete(coro)  # type: ignore[arg-type]
+
+    @property
+    def up(self) -> bool:
+        return self.bridge.pipeline is not None
+
+    def settle(self) -> None:
+        self.run(self.bridge.settle())
+
+    def nudge(self, turns: int) -> None:
+        if self.up:
+            self.run(self.bridge.nudge(turns))
+
+    # -- the cluster --------------------------------------------------------------------------------
+
+    @rule(name=st.sampled_from(NAMES), turns=TURNS)
+    def create(self, name: str, turns: int) -> None:
+        self.bridge.create(name)
+        self.nudge(turns)
+
+    @rule(name=st.sampled_from(NAMES), value=st.integers(0, 9), turns=TURNS)
+    def update(self, name: str, value: int, turns: int) -> None:
+        self.bridge.update(name, value)
+        self.nudge(turns)
+
+    @rule(name=st.sampled_from(NAMES), turns=TURNS)
+    def delete(self, name: str, turns: int) -> None:
+        self.bridge.delete(name)
+        self.nudge(turns)
+
+    @rule(name=st.sampled_from(NAMES), turns=TURNS)
+    def recreate(self, name: str, turns: int) -> None:
+        """The name deleted and created again at once: a new uid under it."""
+        self.bridge.delete(name)
+        self.bridge.create(name)
+        self.nudge(turns)
+
+    @precondition(lambda self: self.up)
+    @rule()
+    def settle_down(self) -> None:
+        """The bridge runs until nothing moves (every change handed to every sink that takes it)."""
+        self.settle()
+
+    # -- the faults ---------------------------------------------------------------------------------
+
+    @precondition(lambda self: self.up)
+    @rule()
+    def crash(self) -> None:
+        self.run(self.bridge.crash())
+
+    @precondition(lambda self: not self.up)
+    @rule()
+    def restart(self) -> None:
+        self.run(self.bridge.start())
+
+    @rule()
+    def compact(self) -> None:
+        self.bridge.compact()
+
+    @precondition(lambda self: self.up)
+    @rule(turns=TURNS)
+    def expire_watch(self, turns: int) -> None:
+        self.bridge.expire_watch()
+        self.nudge(turns)
+
+    @precondition(lambda self: self.up)
+    @rule()
+    def checkpoint(self) -> None:
+        self.run(self.bridge.checkpoint())
+
+    # -- the sinks ----------------------------------------------------------------------------------
+
+    @precondition(lambda self: self.up)
+    @rule(sink=st.sampled_from(SINKS), share=st.sampled_from((0.3, 0.7, 1.0)), order=st.integers(0, 99))
+    def acknowledge(self, sink: str, share: float, order: int) -> None:
+        self.bridge.sinks[sink].ack_some(random.Random(order), share)
+
+    @precondition(lambda self: self.up)
+    @rule(sink=st.sampled_from(SINKS), keen=st.booleans())
+    def pace(self, sink: str, keen: bool) -> None:
+        """A sink keeps up (acknowledges at once) or stalls (acknowledges only when told)."""
+        self.bridge.sinks[sink].keen = keen
+        if keen:
+            self.bridge.sinks[sink].ack_some(self.rng, 1.0)
+
+    # -- the verdict --------------------------------------------------------------------------------
+
+    @invariant()
+    def nothing_invented_or_out_of_order_so_far(self) -> None:
+        """Checked after every step on what the sinks hold so far (no end state yet)."""
+        everything = [e for log in self.bridge.logs.values() for e in log.received()
+                      if e.kind.startswith("gap.")]
+        for log in self.bridge.logs.values():
+            found = [f for f in check_sink(self.bridge.history, log, all_windows=everything,
+                                           check_end_state=False)
+                     if f.kind in ("invented", "order", "excess_repeat") and f.kind not in ALLOWED]
+            assert not found, self.explain(found)
+
+    def teardown(self) -> None:
+        try:
+            drained = True
+            try:
+                drained = self.loop.run_until_complete(self.bridge.drain())
+            finally:
+                self.loop.run_until_complete(self.bridge.close())
+            assert drained, "the bridge never acknowledged past the final marker"
+            everything = [e for log in self.bridge.logs.values() for e in log.received()
+                          if e.kind.startswith("gap.")]
+            found = [f for log in self.bridge.logs.values()
+                     for f in check_sink(self.bridge.history, log, all_windows=everything)]
+            failing = [f for f in found if f.kind not in ALLOWED]
+            assert not failing, self.explain(failing)
+        finally:
+            self.loop.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def explain(self, found: list) -> str:  # type: ignore[type-arg]
+        lines = [f"seed {SEED} (replay: KEB_SPEC_SEED={SEED} pytest tests/contract/test_spec_stateful.py)",
+                 f"findings {dict(by_kind(found))}:", *map(str, found[:30]), "history:",
+                 f"  origin {self.bridge.history.origin}",
+                 *(f"  {c.rv} {c.kind.value} {c.key} {c.uid}" for c in self.bridge.history.changes),
+                 f"  relist causes {self.bridge.history.relist_causes}"]
+        for name, log in self.bridge.logs.items():
+            lines.append(f"sink {name}:")
+            lines += [f"  {_show(e)}" for e in log.entries]
+        return "\n".join(lines)
+
+
+def _show(entry: object) -> str:
+    if isinstance(entry, Received):
+        if entry.is_change:
+            return (f"{entry.kind} {entry.key} {entry.uid} @{entry.rv}" + (" fsu" if entry.inferred else "")
+                    + (f" [{entry.gap_id}]" if entry.gap_id else ""))
+        return f"{entry.kind} {entry.gap_id} ({entry.gap_from}, {entry.gap_to}]"
+    return type(entry).__name__
+
+
+def test_the_delivery_layer_keeps_the_contract_under_random_schedules() -> None:
+    print(f"KEB_SPEC_SEED={SEED} examples={EXAMPLES} steps={STEPS}")
+    RUNS.clear()
+    machine = seed(SEED)(DeliverySpec)
+    logging.disable(logging.WARNING)  # every crash logs its cancellations; thousands of them
+    try:
+        run_state_machine_as_test(machine, settings=settings(
+            max_examples=EXAMPLES, stateful_step_count=STEPS, database=None, deadline=None,
+            phases=(Phase.generate, Phase.shrink) if not LONG else (Phase.generate,),
+            suppress_health_check=list(HealthCheck), print_blob=False))
+    finally:
+        logging.disable(logging.NOTSET)
+        print(f"KEB_SPEC_SEED={SEED}: {len(RUNS)} schedules run")
