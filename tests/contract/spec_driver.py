@@ -94,6 +94,17 @@ class LoggedSink(RecordingSink):
         for index, ack in done:
             self._ack(index, ack)
 
+    def ack_through(self, rv: int) -> None:
+        """Acknowledges what is pending up to the first event past ``rv`` (in the order received)."""
+        events = self.log.received()
+        keep = []
+        for index, ack in sorted(self.pending):
+            if keep or (events[index].is_change and events[index].rv > rv):
+                keep.append((index, ack))
+            else:
+                self._ack(index, ack)
+        self.pending = keep
+
     async def flush(self, timeout: float) -> bool:
         return not self.pending
 
@@ -187,19 +198,25 @@ class Bridge:
             for log in self.logs.values():
                 log.entries.append(Checkpointed())
 
-    async def settle(self, rounds: int = 400) -> None:
-        """Lets the bridge work until nothing moves: no sink is handed anything new and the
-        listeners' queues are empty for a few rounds (time advances a little each round, so timers
-        the bridge waits on fire; a round yields to the loop only, so the store's writes in their
-        threads are waited for by the quiet rounds' count, not by sleeping)."""
+    async def settle(self, rounds: int = 2000) -> None:
+        """Lets the bridge work until nothing moves: no sink is handed anything new, the listeners'
+        queues are empty and nothing waits on the clock for less than a minute (a reflector's
+        backoff before a relist, a journal retry) for a few rounds in a row. The fake clock jumps
+        to each such deadline; the store's writes in their threads are waited for by the quiet
+        rounds' count (each yields to the loop), not by sleeping."""
         if self.pipeline is None:
             return
         quiet, last = 0, -1
         for _ in range(rounds):
-            await self.clock.advance(0.05)
+            due = self.clock.next_deadline()
+            soon = due is not None and due - self.clock.now() <= 60
+            if soon:
+                await self.clock.step()
+            else:
+                await self.clock.advance(0.01)
             count = sum(len(log.entries) for log in self.logs.values())
             busy = sum(self.pipeline.queue_depths().values())
-            if count == last and not busy:
+            if count == last and not busy and not soon:
                 quiet += 1
                 if quiet >= 6:
                     return

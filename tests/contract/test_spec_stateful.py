@@ -134,6 +134,19 @@ class DeliverySpec(RuleBasedStateMachine):
         self.nudge(turns)
 
     @precondition(lambda self: self.up)
+    @rule(name=st.sampled_from(NAMES), changes=st.integers(1, 3), gone=st.booleans())
+    def expire_watch_amid_changes(self, name: str, changes: int, gone: bool) -> None:
+        """A 410 into the watch, then changes of one object before the relist lists: the relist
+        coalesces them (its state of the object is newer than the watch's last), and a later crash
+        replays them from an older checkpoint — the held-back window of docs/delivery-contract.md,
+        section 2."""
+        self.bridge.expire_watch()
+        for i in range(changes):
+            self.bridge.update(name, 100 + i)
+        if gone:
+            self.bridge.delete(name)
+
+    @precondition(lambda self: self.up)
     @rule()
     def checkpoint(self) -> None:
         self.run(self.bridge.checkpoint())
