@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,7 @@ class LoggedSink(RecordingSink):
     def ack_through(self, rv: int) -> None:
         """Acknowledges what is pending up to the first event past ``rv`` (in the order received)."""
         events = self.log.received()
-        keep = []
+        keep: list[tuple[int, AckCallback]] = []
         for index, ack in sorted(self.pending):
             if keep or (events[index].is_change and events[index].rv > rv):
                 keep.append((index, ack))
@@ -144,7 +145,7 @@ class Bridge:
         obj = self.source.delete(cm(name))
         self._record(ChangeKind.DELETED, obj)
 
-    def _record(self, kind: ChangeKind, obj: dict[str, Any]) -> None:
+    def _record(self, kind: ChangeKind, obj: Mapping[str, Any]) -> None:
         meta = obj["metadata"]
         name, uid, rv = meta["name"], meta["uid"], int(meta["resourceVersion"])
         if kind is ChangeKind.DELETED:

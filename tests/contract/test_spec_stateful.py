@@ -36,7 +36,13 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from bridge.testing.spec import Received, by_kind, check_sink
 from tests.contract.spec_driver import Bridge

@@ -80,7 +80,8 @@ def test_each_kind_of_discrepancy_is_reported() -> None:
         ce("added", "phantom", "u-p", 5),          # deleted in the cluster, no delete in the sink
         ce("added", "stale", "u-s", 6),            # updated in the cluster, the update never came
         ce("added", "ordered", "u-o", 7), ce("updated", "ordered", "u-o", 9),
-        ce("updated", "ordered", "u-o", 8),        # older than what the sink already had: out of order
+        ce("updated", "ordered", "u-o", 8),        # older than what the sink already had: out of order,
+                                                   # and the consumer that applies it ends stale
         ce("added", "dup", "u-d", 10), ce("added", "dup", "u-d", 10),  # a redelivery: same id
     )
     cluster = {PODS: [obj("stale", "u-s", 20), obj("ordered", "u-o", 9), obj("dup", "u-d", 10),
@@ -89,10 +90,11 @@ def test_each_kind_of_discrepancy_is_reported() -> None:
     assert not report.consistent
     assert not report.ok
     (r,) = report.resources
-    assert r.counts == {"missing": 1, "phantom": 1, "stale": 1, "order_violations": 1}
+    assert r.counts == {"missing": 1, "phantom": 1, "stale": 2, "order_violations": 1}
     assert r.missing == [{"object": "default/missing", "uid": "u-m", "cluster_rv": "15"}]
     assert r.phantom == [{"object": "default/phantom", "uid": "u-p", "sink_rv": "5"}]
-    assert r.stale == [{"object": "default/stale", "uid": "u-s", "sink_rv": "6", "cluster_rv": "20"}]
+    assert r.stale == [{"object": "default/ordered", "uid": "u-o", "sink_rv": "8", "cluster_rv": "9"},
+                       {"object": "default/stale", "uid": "u-s", "sink_rv": "6", "cluster_rv": "20"}]
     assert r.order_violations == [{"object": "default/ordered", "uid": "u-o", "event": "updated",
                                    "resourceversion": "8", "after": "state@9",
                                    "problem": "older than the state already held",
@@ -100,7 +102,7 @@ def test_each_kind_of_discrepancy_is_reported() -> None:
     assert r.duplicate_ids == 1
     assert r.duplicate_examples[0]["copies"] == 2
     text = report.render()
-    for needle in ("1 missing from the sink", "1 phantom", "1 stale", "1 per-object order violation",
+    for needle in ("1 missing from the sink", "1 phantom", "2 stale", "1 per-object order violation",
                    "1 event id(s) stored more than once", "MISMATCH", "differs from the cluster's"):
         assert needle in text
     as_json = report.to_json()
