@@ -13,8 +13,8 @@ of durably acknowledged events, and what a consumer that drops repeated ids ends
 
 Modes (environment):
 
-* CI (default): ``KEB_SPEC_EXAMPLES`` schedules (default 300) of up to ``KEB_SPEC_STEPS`` steps
-  (default 30), from one seed: ``KEB_SPEC_SEED`` when set, else a fresh one printed with the test's
+* CI (default): ``KEB_SPEC_EXAMPLES`` schedules (default 200) of up to ``KEB_SPEC_STEPS`` steps
+  (default 25), from one seed: ``KEB_SPEC_SEED`` when set, else a fresh one printed with the test's
   output, so every failure is replayed with ``KEB_SPEC_SEED=<seed>``.
 * long: ``KEB_SPEC_LONG=1`` (``scripts/spec-soak``): 5,000 schedules of up to 60 steps per seed.
 * ``KEB_SPEC_ALLOW=kind,kind``: findings of those kinds are reported but do not fail a schedule (the
@@ -50,8 +50,8 @@ from tests.contract.spec_driver import Bridge
 SINKS = ("a", "b", "c")
 NAMES = ("n0", "n1", "n2", "n3")
 LONG = os.environ.get("KEB_SPEC_LONG", "") == "1"
-EXAMPLES = int(os.environ.get("KEB_SPEC_EXAMPLES", "5000" if LONG else "300"))
-STEPS = int(os.environ.get("KEB_SPEC_STEPS", "60" if LONG else "30"))
+EXAMPLES = int(os.environ.get("KEB_SPEC_EXAMPLES", "5000" if LONG else "200"))
+STEPS = int(os.environ.get("KEB_SPEC_STEPS", "60" if LONG else "25"))
 SEED = int(os.environ.get("KEB_SPEC_SEED") or random.SystemRandom().randrange(2**32))
 ALLOWED = frozenset(k for k in os.environ.get("KEB_SPEC_ALLOW", "").split(",") if k)
 TURNS = st.sampled_from((0, 3, 30))
