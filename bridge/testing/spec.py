@@ -371,9 +371,12 @@ def _check_lost(history: History, sink: str, events: Sequence[Received], windows
 def _check_repeats(sink: str, entries: Sequence[Entry], findings: list[Finding]) -> None:
     """A repeat after a crash of an event whose acknowledgement a checkpoint made durable. Events
     inside a gap window are exempt: a restart re-frames a relist's states for every sink (section
-    2), and a relist's differences are computed again."""
+    2), and a relist's differences are computed again. An event framed by a window of its own
+    (a restart's per-object window) is one delivery with its markers: its acknowledgement counts
+    once the window's end is acknowledged too."""
     log: list[Received] = []
     acked: set[tuple[str, ...]] = set()
+    ends: set[str] = set()
     durable: set[tuple[str, ...]] = set()
     since_crash: set[tuple[str, ...]] = set()
     crashed = False
@@ -386,13 +389,18 @@ def _check_repeats(sink: str, entries: Sequence[Entry], findings: list[Finding])
                                         f"@{entry.rv} again after a crash, acknowledged before a checkpoint"))
             since_crash.add(entry.ident)
         elif isinstance(entry, Acked):
-            acked.add(log[entry.index].ident)
+            event = log[entry.index]
+            if event.kind == Marker.GAP_END:
+                ends.add(event.gap_id)
+            acked.add(event.ident)
         elif isinstance(entry, Checkpointed):
-            durable |= acked
+            framed = {e.ident: e.gap_id for e in log if e.is_change and e.gap_id}
+            durable |= {i for i in acked if i not in framed or framed[i] in ends}
         else:
             crashed = True
             since_crash = set()
             acked = set()
+            ends = set()
 
 
 def _check_end_state(history: History, sink: str, events: Sequence[Received],
