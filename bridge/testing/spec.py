@@ -50,6 +50,7 @@ __all__ = [
     "by_kind",
     "check_sink",
     "dedup_consume",
+    "scope_of",
 ]
 
 
@@ -153,6 +154,15 @@ class Received:
         return (self.kind, self.gap_id)
 
 
+def scope_of(gap_id: str) -> str:
+    """The uid a gap id frames alone (docs/event-format.md: ``<informer>:relisted:<uid>:…`` and
+    ``<informer>:replayed:<uid>:…``), "" for a relist's window over every object."""
+    for tag in (":relisted:", ":replayed:"):
+        if tag in gap_id:
+            return gap_id.split(tag, 1)[1].split(":", 1)[0]
+    return ""
+
+
 @dataclass(frozen=True, slots=True)
 class Acked:
     """The sink acknowledged the event at ``index`` of its log (the index of a :class:`Received`)."""
@@ -249,23 +259,22 @@ class _Window:
 
 
 def _windows(sink: str, events: Sequence[Received], findings: list[Finding]) -> list[_Window]:
-    """The gap windows the sink was told of: a ``gap.begin`` and its ``gap.end``. An event of the
-    window's object beyond its end is covered too when the window is a per-object one whose end is
-    the state it frames."""
-    begun: dict[str, Received] = {}
-    out: list[_Window] = []
+    """The gap windows the sink was told of: a ``gap.begin`` and the ``gap.end`` of the same id,
+    paired by id rather than position (a Kafka topic read back partition by partition may hold a
+    window's end before its begin)."""
+    begun: set[str] = set()
+    ended: dict[str, Received] = {}
     for e in events:
         if e.kind == Marker.GAP_BEGIN:
-            begun[e.gap_id] = e
+            begun.add(e.gap_id)
         elif e.kind == Marker.GAP_END:
-            start = begun.pop(e.gap_id, None)
-            if start is None:
-                findings.append(Finding("unclosed_gap", sink, f"gap.end {e.gap_id} without its begin"))
-                continue
-            out.append(_Window(begin=e.gap_from, end=e.gap_to, uid=e.scope_uid))
-    for gap_id in begun:
+            ended.setdefault(e.gap_id, e)
+    for gap_id in sorted(set(ended) - begun):
+        findings.append(Finding("unclosed_gap", sink, f"gap.end {gap_id} without its begin"))
+    for gap_id in sorted(begun - set(ended)):
         findings.append(Finding("unclosed_gap", sink, f"gap.begin {gap_id} never ended"))
-    return out
+    return [_Window(begin=e.gap_from, end=e.gap_to, uid=e.scope_uid)
+            for gap_id, e in ended.items() if gap_id in begun]
 
 
 def _justified(windows: Sequence[_Window], causes: Sequence[int]) -> tuple[set[_Window], list[_Window]]:

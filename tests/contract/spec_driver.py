@@ -33,6 +33,7 @@ from bridge.testing.spec import (
     History,
     Received,
     SinkLog,
+    scope_of,
 )
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType
 from tests.checkpoint.helpers import WATCHED, RecordingSink, cm, fake_builder
@@ -48,10 +49,7 @@ def received(event: ChangeEvent) -> Received | None:
         return None
     gap = event.gap
     gap_id = gap.id if gap is not None else ""
-    scope = ""
-    for tag in (":relisted:", ":replayed:"):
-        if tag in gap_id:
-            scope = gap_id.split(tag, 1)[1].split(":", 1)[0]
+    scope = scope_of(gap_id)
     if event.obj is None:
         assert gap is not None
         return Received(kind, gap_id=gap_id, gap_from=int(gap.from_resource_version or 0),
