@@ -34,6 +34,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -224,6 +225,7 @@ def _show(entry: object) -> str:
     return type(entry).__name__
 
 
+@pytest.mark.timeout(86400 if LONG else 120)
 def test_the_delivery_layer_keeps_the_contract_under_random_schedules() -> None:
     print(f"KEB_SPEC_SEED={SEED} examples={EXAMPLES} steps={STEPS}")
     RUNS.clear()
