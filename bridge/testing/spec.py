@@ -203,7 +203,8 @@ FINDING_KINDS = {
                     "410 inside it)",
     "excess_repeat": "an event repeated after a crash although the sink's acknowledgement of it was "
                      "durable (a checkpoint written after the acknowledgement)",
-    "unclosed_gap": "a gap.begin without its gap.end, or a gap.end without its begin",
+    "unclosed_gap": "a gap.begin without its gap.end (and no crash after it), or a gap.end without its "
+                    "begin",
     "missing": "the deduplicating consumer lacks an object the cluster has",
     "phantom": "the deduplicating consumer holds an object the cluster no longer has",
     "stale": "the deduplicating consumer holds an object at an older state than the cluster's",
@@ -258,10 +259,13 @@ class _Window:
         return self.begin < change.rv <= self.end and (not self.uid or self.uid == change.uid)
 
 
-def _windows(sink: str, events: Sequence[Received], findings: list[Finding]) -> list[_Window]:
+def _windows(sink: str, events: Sequence[Received], findings: list[Finding],
+             crashed_after: frozenset[str] = frozenset()) -> list[_Window]:
     """The gap windows the sink was told of: a ``gap.begin`` and the ``gap.end`` of the same id,
     paired by id rather than position (a Kafka topic read back partition by partition may hold a
-    window's end before its begin)."""
+    window's end before its begin). A begin whose end never came is a finding unless the bridge
+    crashed after it (``crashed_after``: the ids of such begins; the restart frames its own
+    window)."""
     begun: set[str] = set()
     ended: dict[str, Received] = {}
     for e in events:
@@ -271,10 +275,23 @@ def _windows(sink: str, events: Sequence[Received], findings: list[Finding]) -> 
             ended.setdefault(e.gap_id, e)
     for gap_id in sorted(set(ended) - begun):
         findings.append(Finding("unclosed_gap", sink, f"gap.end {gap_id} without its begin"))
-    for gap_id in sorted(begun - set(ended)):
+    for gap_id in sorted(begun - set(ended) - crashed_after):
         findings.append(Finding("unclosed_gap", sink, f"gap.begin {gap_id} never ended"))
     return [_Window(begin=e.gap_from, end=e.gap_to, uid=e.scope_uid)
             for gap_id, e in ended.items() if gap_id in begun]
+
+
+def _begun_before_a_crash(entries: Sequence[Entry]) -> frozenset[str]:
+    """The ids of the gap.begin markers a crash followed."""
+    out: set[str] = set()
+    pending: set[str] = set()
+    for e in entries:
+        if isinstance(e, Received) and e.kind == Marker.GAP_BEGIN:
+            pending.add(e.gap_id)
+        elif isinstance(e, Crashed):
+            out |= pending
+            pending = set()
+    return frozenset(out)
 
 
 def _justified(windows: Sequence[_Window], causes: Sequence[int]) -> tuple[set[_Window], list[_Window]]:
@@ -302,7 +319,7 @@ def check_sink(history: History, log: SinkLog, *, all_windows: Sequence[Received
     sink = log.name
     findings: list[Finding] = []
     events = log.received()
-    windows = _windows(sink, events, findings)
+    windows = _windows(sink, events, findings, _begun_before_a_crash(log.entries))
     _check_content(history, sink, events, findings)
     _check_order(sink, events, findings)
     _check_lost(history, sink, events, windows, findings)

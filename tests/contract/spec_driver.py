@@ -9,7 +9,10 @@ acknowledgement, every checkpoint write and every crash.
 
 The cluster is :class:`~bridge.testing.fake_source.FakeControllerSource` (in process, its
 resourceVersion the count of changes), time a :class:`~bridge.clock.FakeClock`, the checkpoint
-store the file store in a temporary directory (its known-object journal included) without fsync.
+store :class:`MemoryStore`: checkpoints encoded and decoded as every store does, and a known-object
+journal (:class:`MemoryJournal`) kept as the bytes a file journal holds. Both write on the event
+loop, not in a thread, so one seed is one schedule: nothing depends on when a thread finishes.
+(The file store's threads are covered by tests/checkpoint/test_per_sink_random.py.)
 """
 
 from __future__ import annotations
@@ -17,11 +20,10 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from bridge.clock import FakeClock
-from bridge.delivery.checkpoint import FileCheckpointStore
+from bridge.delivery.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 from bridge.delivery.pipeline import BridgePipeline
 from bridge.testing.fake_source import FakeControllerSource
 from bridge.testing.spec import (
@@ -56,6 +58,59 @@ def received(event: ChangeEvent) -> Received | None:
                         gap_to=int(gap.to_resource_version or 0), scope_uid=scope)
     return Received(kind, key=f"{event.namespace}/{event.name}", uid=event.uid,
                     rv=int(event.resource_version), inferred=event.final_state_unknown, gap_id=gap_id)
+
+
+class MemoryJournal:
+    """A :class:`~bridge.delivery.journal.JournalBackend` keeping the journal's bytes in memory
+    (in the :class:`MemoryStore`'s dict, so they outlive a crash)."""
+
+    def __init__(self, files: dict[str, bytes], informer_id: str) -> None:
+        self._files = files
+        self._key = f"{informer_id}.journal"
+
+    @property
+    def name(self) -> str:
+        return f"memory:{self._key}"
+
+    async def read(self) -> bytes | None:
+        return self._files.get(self._key)
+
+    async def rewrite(self, data: bytes) -> None:
+        await asyncio.sleep(0)
+        self._files[self._key] = bytes(data)
+
+    async def append(self, data: bytes) -> None:
+        await asyncio.sleep(0)
+        self._files[self._key] = self._files.get(self._key, b"") + data
+
+    async def close(self) -> None:
+        return None
+
+    def room(self) -> int | None:
+        return None
+
+
+class MemoryStore:
+    """A checkpoint store in memory with a known-object journal: checkpoints stored encoded
+    (:func:`~bridge.delivery.checkpoint.encode_checkpoint`), as durable as the test needs."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+
+    async def load(self, informer_id: str) -> Checkpoint | None:
+        data = self.files.get(f"{informer_id}.ckpt")
+        return decode_checkpoint(data, informer_id) if data is not None else None
+
+    async def save(self, checkpoint: Checkpoint) -> None:
+        await asyncio.sleep(0)
+        self.files[f"{checkpoint.informer_id}.ckpt"] = encode_checkpoint(checkpoint)
+
+    async def close(self) -> None:
+        return None
+
+    def journal_backend(self, informer_id: str, *, fenced: bool = True) -> MemoryJournal:
+        del fenced
+        return MemoryJournal(self.files, informer_id)
 
 
 class LoggedSink(RecordingSink):
@@ -111,10 +166,10 @@ class LoggedSink(RecordingSink):
 class Bridge:
     """The cluster, the bridge (restarted after each crash from the same store) and the sinks' logs."""
 
-    def __init__(self, directory: Path, sinks: tuple[str, ...]) -> None:
+    def __init__(self, sinks: tuple[str, ...]) -> None:
         self.source = FakeControllerSource()
         self.clock = FakeClock()
-        self.directory = directory
+        self.store = MemoryStore()
         self.history = History()
         self.logs = {name: SinkLog(name) for name in sinks}
         self.sinks: dict[str, LoggedSink] = {}
@@ -176,7 +231,7 @@ class Bridge:
         self.sinks = {name: LoggedSink(name, log) for name, log in self.logs.items()}
         self.pipeline = BridgePipeline(
             resources=[WATCHED], sinks=list(self.sinks.values()),
-            checkpoint_store=FileCheckpointStore(directory=self.directory, fsync=False),
+            checkpoint_store=self.store,
             build_informer=fake_builder(self.source, self.clock), clock=self.clock, cluster="spec",
             checkpoint_interval=3600, outage_check_interval=0)
         await self.pipeline.start()

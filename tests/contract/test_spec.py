@@ -171,3 +171,10 @@ def test_a_consumer_missing_an_object_and_an_unclosed_gap() -> None:
 def test_the_deduplicating_consumer_keeps_what_a_repeated_delete_cannot_end() -> None:
     events = [add("p", "p1", 1), dele("p", "p1", 3), upd("p", "p1", 2), dele("p", "p1", 3)]
     assert dedup_consume(events).objects == {"p1": ("p", 2)}
+
+
+def test_a_window_cut_by_a_crash_is_not_unclosed() -> None:
+    h = story()
+    h.relist_causes = [3]
+    entries: list[Entry] = [*EVERYTHING[:2], begin("g", 2), Crashed(), *EVERYTHING[2:]]
+    assert kinds(h, entries) == {}

@@ -15,7 +15,9 @@ Modes (environment):
 
 * CI (default): ``KEB_SPEC_EXAMPLES`` schedules (default 200) of up to ``KEB_SPEC_STEPS`` steps
   (default 25), from one seed: ``KEB_SPEC_SEED`` when set, else a fresh one printed with the test's
-  output, so every failure is replayed with ``KEB_SPEC_SEED=<seed>``.
+  output, so every failure is replayed with ``KEB_SPEC_SEED=<seed>`` (and the run's
+  ``PYTHONHASHSEED``: the bridge iterates sets of uids, so string hashing is part of a schedule;
+  the failure message says how).
 * long: ``KEB_SPEC_LONG=1`` (``scripts/spec-soak``): 5,000 schedules of up to 60 steps per seed.
 * ``KEB_SPEC_ALLOW=kind,kind``: findings of those kinds are reported but do not fail a schedule (the
   lead sees the state with and without a defect's finding, e.g. ``KEB_SPEC_ALLOW=order,phantom``).
@@ -30,9 +32,6 @@ import asyncio
 import logging
 import os
 import random
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, seed, settings
@@ -57,6 +56,12 @@ SEED = int(os.environ.get("KEB_SPEC_SEED") or random.SystemRandom().randrange(2*
 ALLOWED = frozenset(k for k in os.environ.get("KEB_SPEC_ALLOW", "").split(",") if k)
 TURNS = st.sampled_from((0, 3, 30))
 """Turns of the event loop the bridge gets after a step (0: the next step comes at once)."""
+HASH_SEED = os.environ.get("PYTHONHASHSEED", "")
+REPLAY = (f"PYTHONHASHSEED={HASH_SEED or 0} KEB_SPEC_SEED={SEED} pytest tests/contract/test_spec_stateful.py"
+          + ("" if HASH_SEED else "; this run's string hashing was random (the bridge iterates sets of uids): "
+             "if the replay passes, run the seed under a few PYTHONHASHSEED values"))
+"""How to replay this run: the seed, and the string-hash seed the bridge's set iteration order
+depends on (``scripts/spec-soak`` sets ``PYTHONHASHSEED=0``)."""
 RUNS: list[int] = []
 """One entry per schedule run (the count is reported)."""
 
@@ -65,8 +70,7 @@ class DeliverySpec(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
-        self.tmp = Path(tempfile.mkdtemp(prefix="keb-spec-"))
-        self.bridge = Bridge(self.tmp / "ckpt", SINKS)
+        self.bridge = Bridge(SINKS)
         self.rng = random.Random(0)
         self.steps: list[str] = []
         for name in NAMES[:2]:
@@ -202,10 +206,9 @@ class DeliverySpec(RuleBasedStateMachine):
             assert not failing, self.explain(failing)
         finally:
             self.loop.close()
-            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def explain(self, found: list) -> str:  # type: ignore[type-arg]
-        lines = [f"seed {SEED} (replay: KEB_SPEC_SEED={SEED} pytest tests/contract/test_spec_stateful.py)",
+        lines = [f"seed {SEED} (replay: {REPLAY})",
                  f"findings {dict(by_kind(found))}:", *map(str, found[:30]), "history:",
                  f"  origin {self.bridge.history.origin}",
                  *(f"  {c.rv} {c.kind.value} {c.key} {c.uid}" for c in self.bridge.history.changes),
@@ -227,7 +230,7 @@ def _show(entry: object) -> str:
 
 @pytest.mark.timeout(86400 if LONG else 120)
 def test_the_delivery_layer_keeps_the_contract_under_random_schedules() -> None:
-    print(f"KEB_SPEC_SEED={SEED} examples={EXAMPLES} steps={STEPS}")
+    print(f"KEB_SPEC_SEED={SEED} PYTHONHASHSEED={HASH_SEED or 'random'} examples={EXAMPLES} steps={STEPS}")
     RUNS.clear()
     machine = seed(SEED)(DeliverySpec)
     logging.disable(logging.WARNING)  # every crash logs its cancellations; thousands of them
