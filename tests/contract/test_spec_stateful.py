@@ -58,8 +58,8 @@ TURNS = st.sampled_from((0, 3, 30))
 """Turns of the event loop the bridge gets after a step (0: the next step comes at once)."""
 HASH_SEED = os.environ.get("PYTHONHASHSEED", "")
 REPLAY = (f"PYTHONHASHSEED={HASH_SEED or 0} KEB_SPEC_SEED={SEED} pytest tests/contract/test_spec_stateful.py"
-          + ("" if HASH_SEED else "; this run's string hashing was random (the bridge iterates sets of uids): "
-             "if the replay passes, run the seed under a few PYTHONHASHSEED values"))
+          + ("" if HASH_SEED else "; this run's string hashing was random (the bridge iterates sets "
+             "of uids): if the replay passes, run the seed under a few PYTHONHASHSEED values"))
 """How to replay this run: the seed, and the string-hash seed the bridge's set iteration order
 depends on (``scripts/spec-soak`` sets ``PYTHONHASHSEED=0``)."""
 RUNS: list[int] = []
