@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from bridge.clock import FakeClock
@@ -147,6 +147,16 @@ class LoggedSink(RecordingSink):
         done, self.pending = self.pending[:cut], self.pending[cut:]
         for index, ack in done:
             self._ack(index, ack)
+
+    def ack_where(self, which: Callable[[int], bool]) -> None:
+        """Acknowledges the pending events whose index in the log ``which`` selects."""
+        keep: list[tuple[int, AckCallback]] = []
+        for index, ack in sorted(self.pending):
+            if which(index):
+                self._ack(index, ack)
+            else:
+                keep.append((index, ack))
+        self.pending = keep
 
     def ack_through(self, rv: int) -> None:
         """Acknowledges what is pending up to the first event past ``rv`` (in the order received)."""

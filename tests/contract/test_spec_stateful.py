@@ -134,6 +134,14 @@ class DeliverySpec(RuleBasedStateMachine):
     def restart(self) -> None:
         self.run(self.bridge.start())
 
+    @precondition(lambda self: self.up)
+    @rule()
+    def crash_and_restart(self) -> None:
+        """A crash and an immediate restart that runs until it settles (restarts in a row replay
+        the same history again: what one restart held back, the next must too)."""
+        self.run(self.bridge.crash())
+        self.run(self.bridge.start())
+
     @rule()
     def compact(self) -> None:
         self.bridge.compact()
