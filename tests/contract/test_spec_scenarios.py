@@ -97,3 +97,32 @@ async def test_what_a_sink_acknowledged_beyond_its_resume_point_is_not_sent_agai
     finally:
         await bridge.close()
     assert verdict(bridge) == ""
+
+
+async def test_a_crash_before_the_first_checkpoint_loses_no_change_unannounced() -> None:
+    """Issue 24's second defect: the bridge crashes before its first checkpoint write, the cluster
+    changes while it is down (the server still has the whole history), and the restarted bridge
+    finds no checkpoint. Every change since the sinks' first list must reach them one by one
+    (docs/delivery-contract.md, section 4: the history was available), or at the least inside a
+    gap window that tells them they did not (section 9)."""
+    rng = random.Random(0)
+    bridge = Bridge(("a", "b"))
+    bridge.create("x")
+    bridge.create("y")
+    await bridge.start()
+    try:
+        bridge.update("x", 1)
+        await bridge.settle()
+        bridge.sinks["a"].ack_some(rng, 1.0)
+        await bridge.crash()
+        bridge.update("x", 2)
+        bridge.update("x", 3)
+        bridge.delete("y")
+        bridge.create("y")
+        bridge.create("z")
+        bridge.delete("z")
+        await bridge.start()
+        assert await bridge.drain()
+    finally:
+        await bridge.close()
+    assert verdict(bridge) == ""
