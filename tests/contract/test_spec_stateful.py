@@ -5,9 +5,10 @@ A Hypothesis ``RuleBasedStateMachine`` plays the cluster (creates, updates, dele
 by new uids), the faults (crashes — :meth:`BridgePipeline.abort`, then a new pipeline from the same
 store —, compactions of the server's history, 410s sent into the open watch) and three sinks that
 acknowledge at their own pace (one may stall for a long while and recover, acknowledging in any
-order), with checkpoint writes at random points. In-process: the fake source, a fake clock, the file
-checkpoint store and its journal in a temporary directory (:mod:`tests.contract.spec_driver`). At
-the end every sink acknowledges everything until the bridge has passed a marker object, and the
+order), with checkpoint writes at random points; a schedule starts with a first checkpoint or without
+one. In-process: the fake source, a fake clock, the checkpoint store and its known-object journal in
+memory, written on the event loop so that a seed is one schedule (:mod:`tests.contract.spec_driver`,
+over the pipeline's public entry points only). At the end every sink acknowledges everything until the bridge has passed a marker object, and the
 model judges each sink's log: lost changes, invented states, per-object order, needless gaps, repeats
 of durably acknowledged events, and what a consumer that drops repeated ids ends with.
 
@@ -19,8 +20,10 @@ Modes (environment):
   ``PYTHONHASHSEED``: the bridge iterates sets of uids, so string hashing is part of a schedule;
   the failure message says how).
 * long: ``KEB_SPEC_LONG=1`` (``scripts/spec-soak``): 5,000 schedules of up to 60 steps per seed.
-* ``KEB_SPEC_ALLOW=kind,kind``: findings of those kinds are reported but do not fail a schedule (the
-  lead sees the state with and without a defect's finding, e.g. ``KEB_SPEC_ALLOW=order,phantom``).
+* ``KEB_SPEC_ALLOW=kind,kind``: findings of those kinds (:data:`bridge.testing.spec.FINDING_KINDS`)
+  do not fail a schedule, to see the state with and without a known defect's findings, e.g.
+  ``KEB_SPEC_ALLOW=lost,order,phantom,excess_repeat`` while the defects of
+  tests/contract/test_spec_scenarios.py are open.
 
 Hypothesis's example database is off (a replay is a seed, not a file), and so is shrinking's
 deadline: each step runs the bridge's event loop until it settles.
