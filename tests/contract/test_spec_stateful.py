@@ -5,12 +5,13 @@ A Hypothesis ``RuleBasedStateMachine`` plays the cluster (creates, updates, dele
 by new uids), the faults (crashes — :meth:`BridgePipeline.abort`, then a new pipeline from the same
 store —, compactions of the server's history, 410s sent into the open watch) and three sinks that
 acknowledge at their own pace (one may stall for a long while and recover, acknowledging in any
-order), with checkpoint writes at random points; a schedule starts with a first checkpoint or without
-one. In-process: the fake source, a fake clock, the checkpoint store and its known-object journal in
-memory, written on the event loop so that a seed is one schedule (:mod:`tests.contract.spec_driver`,
-over the pipeline's public entry points only). At the end every sink acknowledges everything until the bridge has passed a marker object, and the
-model judges each sink's log: lost changes, invented states, per-object order, needless gaps, repeats
-of durably acknowledged events, and what a consumer that drops repeated ids ends with.
+order), with checkpoint writes at random points; a schedule starts with a first checkpoint or
+without one. In-process: the fake source, a fake clock, the checkpoint store and its known-object
+journal in memory, written on the event loop so that a seed is one schedule
+(:mod:`tests.contract.spec_driver`, over the pipeline's public entry points only). At the end every
+sink acknowledges everything until the bridge has passed a marker object, and the model judges each
+sink's log: lost changes, invented states, per-object order, needless gaps, repeats of durably
+acknowledged events, and what a consumer that drops repeated ids ends with.
 
 Modes (environment):
 
