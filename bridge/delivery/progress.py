@@ -172,6 +172,9 @@ class AckTracker:
         """Acks for a (listener, seq) that was not owed: counted, otherwise ignored."""
         self._scans: dict[str, _Scan] = {}
         """Listener → its incremental own-progress scan (:meth:`listener_state`)."""
+        self._max_acked: dict[str, int] = {}
+        """Listener → the highest seq it acknowledged (how far :meth:`listener_state` looks past
+        its contiguous prefix for what it acknowledged out of order)."""
         self.acks = 0
         """Acks received: a sink's own progress may move while the shared state (generation)
         waits for a slower sink."""
@@ -225,6 +228,8 @@ class AckTracker:
             return
         waiting = entry.waiting
         waiting.discard(listener)
+        if seq > self._max_acked.get(listener, -1):
+            self._max_acked[listener] = seq
         if not waiting:
             self._outstanding -= 1
             # Only the window's head can be applied: behind a notification still owed nothing moves
@@ -244,6 +249,7 @@ class AckTracker:
 
     def listener_removed(self, listener: str) -> None:
         self._scans.pop(listener, None)
+        self._max_acked.pop(listener, None)
         for entry in self._window.values():
             if listener in entry.waiting:
                 entry.waiting.discard(listener)
@@ -430,7 +436,17 @@ class AckTracker:
         scan.rv = max(scan.rv, self._marker_rv(limit))
         rv = scan.rv
         out: dict[str, Known | None] = {}
+        beyond = self._acked_beyond(listener, limit, scan) if limit is not None else {}
+        for key, mine in beyond.items():
+            base = self.base_knowledge(key)
+            if mine.deleted:
+                out[key] = None if mine.resource_version <= rv else mine
+            elif base is None or base.deleted or base.uid != mine.uid \
+                    or base.resource_version != mine.resource_version:
+                out[key] = mine
         for key, mine in list(scan.changes.items()):
+            if key in beyond:
+                continue
             base = self.base_knowledge(key)
             if mine.deleted:
                 if base is None or base.deleted:
@@ -447,6 +463,38 @@ class AckTracker:
             else:
                 del scan.changes[key]  # the base caught up with it
         return rv, out
+
+    def _acked_beyond(self, listener: str, limit: int, scan: _Scan) -> dict[str, Known]:
+        """Per object, what ``listener`` acknowledged past its contiguous prefix (from ``limit``,
+        the first notification it owes) where it owes nothing earlier of that object: docs/
+        delivery-contract.md, section 3 — after a crash its filter skips a change at or below what
+        it acknowledged of that object. An object it owes a change of, or whose change in the window
+        has no resourceVersion to compare (a relist's tombstone), is left to its prefix. Recomputed
+        at each call (it is not part of the incremental scan: an acknowledgement may still fill the
+        prefix), up to the highest seq the sink acknowledged: nothing for a sink acknowledging in
+        order."""
+        last = self._max_acked.get(listener, -1)
+        out: dict[str, Known] = {}
+        if last <= limit:
+            return out
+        blocked: set[str] = set()
+        window = self._window
+        for seq in range(limit, last + 1):
+            entry = window.get(seq)
+            if entry is None or entry.effect is None:
+                continue
+            key, known, effect_rv = entry.effect
+            if key in blocked:
+                continue
+            if listener in entry.waiting or effect_rv is None or effect_rv == -1:
+                blocked.add(key)
+                continue
+            current = out.get(key) or scan.changes.get(key) or self.base_knowledge(key)
+            if current is not None and effect_rv < current.resource_version:
+                continue
+            out[key] = (Known(known[0], effect_rv, False) if known is not None
+                        else Known("" if current is None else current.uid, effect_rv, True))
+        return out
 
     def _marker_rv(self, limit: int | None) -> int:
         """The newest resourceVersion among the pending markers a listener owing nothing before

@@ -177,6 +177,28 @@ def test_own_progress_takes_the_changes_applied_before_the_first_checkpoint_writ
     assert late.listener_state("fast", 10, own) == (12, {"ns/a": None})
 
 
+def test_own_progress_keeps_what_a_sink_acknowledged_past_its_prefix() -> None:
+    """docs/delivery-contract.md, section 3: a sink that acknowledged ns/b's update but not ns/a's
+    earlier one keeps its resume point (the prefix stops at ns/a) and records ns/b's update as
+    delivered ahead, so its filter skips it after a crash; ns/c, whose earlier change it still owes,
+    is not recorded past that change."""
+    from bridge.delivery.progress import AckTracker
+
+    t = AckTracker(name="x", resource_version="5",
+                   index={"ns/a": ("ua", "3"), "ns/b": ("ub", "4"), "ns/c": ("uc", "5")})
+    changes = [("a", "ua", 6), ("b", "ub", 7), ("c", "uc", 8), ("c", "uc", 9)]
+    for seq, (name, uid, rv) in enumerate(changes):
+        t.dispatched(Notification(kind=UPDATE, obj=obj(uid, rv, name), key=ObjectKey(f"ns/{name}"), seq=seq),
+                     ["fast", "slow"])
+        t.progress(seq + 1, str(rv))
+    for seq in (1, 3):
+        t.acked("fast", seq)
+    assert t.listener_state("fast", 0, {}) == (5, {"ns/b": Known("ub", 7, False)})
+    t.acked("fast", 0)  # the prefix now reaches ns/b's update and stops at ns/c's first one
+    assert t.listener_state("fast", 0, {}) == (7, {"ns/a": Known("ua", 6, False),
+                                                   "ns/b": Known("ub", 7, False)})
+
+
 def test_markers_and_snapshots_pass() -> None:
     r = resume(10, Known("", -1, True))
     snap = Notification(kind=NotificationKind.SNAPSHOT, obj={}, snapshot=[], seq=3)
