@@ -18,8 +18,8 @@ text that is not one compares as unknown.
 1. *Resume point.* The watch resumes from the checkpoint's resourceVersion; without a checkpoint,
    from the first list of the previous run once every sink acknowledged a resume point (the
    journal's :class:`~bridge.delivery.journal.ListStart`), with the journal's objects up to it as
-   the checkpoint they would have written. Without either, the informer lists; the list is framed
-   as a gap from the previous run's first list when sinks may hold state from it.
+   the checkpoint they would have written. Without either, the informer lists (a list framed as a
+   gap from resourceVersion 0 when the journal could not be read).
 2. *Nothing any sink may hold is unknown.* Every object of the checkpoint, of any sink's own
    progress and of the journal is in the cache seed or the unconfirmed objects, so a relist reports
    each one that is gone as deleted.
@@ -31,6 +31,14 @@ text that is not one compares as unknown.
    other sinks know are :data:`HOLDS_NOTHING` for it); the journal's objects its own point does not
    cover are ``maybe`` (their delete is never dropped).
 5. *Bootstrap.* A sink the checkpoint does not cover receives nothing before its bootstrap snapshot.
+6. *A first list not yet acknowledged is listed again, exactly.* Without a checkpoint, when the
+   journal's first list (:class:`~bridge.delivery.journal.ListStart`) is not acknowledged by every
+   sink, the informer lists at exactly its resourceVersion (:attr:`ResumePlan.list_at`: the same
+   states, so the same events, as an id-deduplicating consumer needs) and watches from it, so every
+   change since comes one by one; the journal's objects become unconfirmed once that list ended
+   (those it did not return — created later, or gone — are reported deleted by any later relist).
+   Only when the server no longer has that resourceVersion (410) is the list a consistent one,
+   framed as a gap from it, against those same unconfirmed objects.
 """
 
 from __future__ import annotations
@@ -121,6 +129,9 @@ class ResumePlan:
     """What the tracker starts from: the checkpoint, or the one the journal's first list implies."""
     frame_from: str = ""
     """Without a checkpoint: the first list is framed as a gap from here ("" = not framed)."""
+    list_at: str = ""
+    """Without a checkpoint: the first list is at exactly this resourceVersion, then the watch from
+    it (invariant 6; "" = a list as on a first start)."""
     seeds: tuple[KubeObject, ...] = ()
     """The cache's stubs (a resumed informer)."""
     unconfirmed: tuple[KubeObject, ...] = ()
@@ -180,6 +191,7 @@ def build_plan(*, informer_id: str, ref: ResourceRef, checkpoint: Checkpoint | N
     could not be read, without a checkpoint, frames the first list from resourceVersion 0 (what
     sinks hold from the previous run is unknown)."""
     frame_from = "0" if journal_unreadable else ""
+    list_at = ""
     from_journal = False
     if checkpoint is None and start is not None:
         if start.acknowledged:
@@ -189,11 +201,12 @@ def build_plan(*, informer_id: str, ref: ResourceRef, checkpoint: Checkpoint | N
                                              and rv_at_most(e.resource_version, start.resource_version)})
             from_journal = True
         else:
-            frame_from = start.resource_version
+            list_at = start.resource_version
     known, sent, relisted, journal_only = _journal_facts(checkpoint, journal)
     stubs = tuple(stub_objects(ref, {key: (uid, rv)})[0] for key, uid, rv in journal_only)
     if checkpoint is None:
-        return ResumePlan(informer_id=informer_id, checkpoint=None, frame_from=frame_from, unconfirmed=stubs,
+        return ResumePlan(informer_id=informer_id, checkpoint=None, frame_from=frame_from, list_at=list_at,
+                          unconfirmed=stubs,
                           sent_deletes=sent, relisted=relisted,
                           sinks={name: SinkStart(SinkStartKind.AT_BASE) for name in routed})
     sections = {name: _own_section(checkpoint, s) for name in routed

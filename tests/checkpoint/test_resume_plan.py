@@ -56,8 +56,8 @@ def test_1_the_resume_point_is_the_checkpoint_else_the_acknowledged_first_list_e
     assert acked.checkpoint.objects == {"ns/x": ("u-x", "12")}  # what a checkpoint would have held
     assert acked.rewrite  # written at the first interval: the store has none
     assert unconfirmed(acked) == {"u-y", "u-z"}  # after the point: the journal's word only
-    framed = plan(None, journal, start=ListStart("20"))
-    assert (framed.checkpoint, framed.frame_from) == (None, "20")
+    again = plan(None, journal, start=ListStart("20"))
+    assert (again.checkpoint, again.frame_from, again.list_at) == (None, "", "20")  # invariant 6
     assert plan(None, {}, unreadable=True).frame_from == "0"
     fresh = plan(None)
     assert (fresh.checkpoint, fresh.frame_from, fresh.seeds, fresh.unconfirmed) == (None, "", (), ())
@@ -120,3 +120,21 @@ def test_5_a_sink_the_checkpoint_does_not_cover_is_bootstrapped() -> None:
     assert p.rewrite
     legacy = plan(Checkpoint(informer_id="cm", resource_version="20"))  # format 1: covers every sink
     assert legacy.bootstrapping == frozenset()
+
+
+def test_6_a_first_list_not_yet_acknowledged_is_listed_again_exactly_with_the_journal_unconfirmed() -> None:
+    """Without a checkpoint and with the first list not acknowledged by every sink, the informer
+    lists at exactly that list's resourceVersion and watches from it (no gap): every change since
+    is replayed one by one. Every object of the journal is unconfirmed — the first list's (the
+    exact list returns them: vouched for), those created later (replayed by the watch) and the
+    deletes already sent (re-sent as they were, invariant 3) — so that a relist after a 410 reports
+    each one that is gone."""
+    journal: dict[str, JournalEntry] = {"u-x": Exists("ns/x", "12"), "u-y": Exists("ns/y", "25"),
+                                        "u-z": Deleted("ns/z", "30", inferred=True)}
+    p = plan(None, journal, start=ListStart("20"))
+    assert (p.checkpoint, p.list_at, p.frame_from, p.seeds) == (None, "20", "", ())
+    assert unconfirmed(p) == {"u-x", "u-y", "u-z"}
+    assert p.sent_deletes["u-z"] == SentDelete("ns/z", "30", True)
+    assert all(s.kind is SinkStartKind.AT_BASE for s in p.sinks.values())
+    assert plan(None, journal, start=ListStart("20", acknowledged=True)).list_at == ""
+    assert plan(None, journal).list_at == ""
