@@ -104,6 +104,9 @@ class _InFlight:
     waiting: set[str] = field(default_factory=set)
     time: float = 0.0
     """When it was dispatched (the tracker's ``now``), for the age of what a sink still owes."""
+    deleted_uid: str = ""
+    """For a delete, the uid it deletes (the effect has none): which object a sink's
+    acknowledgement past its prefix is of (:meth:`AckTracker._acked_beyond`)."""
 
 
 @dataclass(slots=True)
@@ -211,6 +214,8 @@ class AckTracker:
             self._note_state(notification)
             effect = _effect_of(notification)
         entry = _InFlight(effect, set(listeners), self._now() if self._now is not None else 0.0)
+        if effect is not None and effect[1] is None:
+            entry.deleted_uid = _entry_of(obj)[0]
         self._window[seq] = entry
         if entry.waiting:
             # Owed by someone: it cannot be applied now, and the markers it could hold back were
@@ -465,19 +470,22 @@ class AckTracker:
         return rv, out
 
     def _acked_beyond(self, listener: str, limit: int, scan: _Scan) -> dict[str, Known]:
-        """Per object, what ``listener`` acknowledged past its contiguous prefix (from ``limit``,
-        the first notification it owes) where it owes nothing earlier of that object: docs/
-        delivery-contract.md, section 3 — after a crash its filter skips a change at or below what
-        it acknowledged of that object. An object it owes a change of, or whose change in the window
-        has no resourceVersion to compare (a relist's tombstone), is left to its prefix. Recomputed
-        at each call (it is not part of the incremental scan: an acknowledgement may still fill the
-        prefix), up to the highest seq the sink acknowledged: nothing for a sink acknowledging in
-        order."""
+        """Per object, the newest change ``listener`` acknowledged past its contiguous prefix (from
+        ``limit``, the first notification it owes): docs/delivery-contract.md, section 3 — after a
+        crash its filter skips a change at or below what it acknowledged of that object, and a
+        change of that object it still owes is then older than what its destination has. A key
+        is left to its prefix from a change of another object after one it owes (a re-creation
+        whose earlier uid's delete it owes: its filter keeps one object per key, and would drop
+        that delete) or from a change without a resourceVersion to compare (a relist's
+        tombstone). Recomputed at each
+        call (an acknowledgement may still fill the prefix), up to the highest seq the sink
+        acknowledged: nothing for a sink acknowledging in order."""
         last = self._max_acked.get(listener, -1)
         out: dict[str, Known] = {}
         if last <= limit:
             return out
         blocked: set[str] = set()
+        owed: dict[str, str] = {}  # key → the uid the sink owes a change of
         window = self._window
         for seq in range(limit, last + 1):
             entry = window.get(seq)
@@ -486,14 +494,17 @@ class AckTracker:
             key, known, effect_rv = entry.effect
             if key in blocked:
                 continue
-            if listener in entry.waiting or effect_rv is None or effect_rv == -1:
+            uid = known[0] if known is not None else entry.deleted_uid
+            if effect_rv is None or effect_rv == -1 or not uid or owed.get(key, uid) != uid:
                 blocked.add(key)
+                continue
+            if listener in entry.waiting:
+                owed[key] = uid
                 continue
             current = out.get(key) or scan.changes.get(key) or self.base_knowledge(key)
             if current is not None and effect_rv < current.resource_version:
                 continue
-            out[key] = (Known(known[0], effect_rv, False) if known is not None
-                        else Known("" if current is None else current.uid, effect_rv, True))
+            out[key] = Known(uid, effect_rv, known is None)
         return out
 
     def _marker_rv(self, limit: int | None) -> int:

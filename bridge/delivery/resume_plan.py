@@ -29,7 +29,8 @@ text that is not one compares as unknown.
 4. *Own progress.* A sink whose progress differs from the base gets a :class:`SinkStart` with its
    own resume point and, per object, what it knows where that differs from the cache (objects only
    other sinks know are :data:`HOLDS_NOTHING` for it); the journal's objects its own point does not
-   cover are ``maybe`` (their delete is never dropped).
+   cover are ``maybe`` (their delete is never dropped), unless its progress says it acknowledged
+   that object's journalled state or a later one (a change past its own point, section 3).
 5. *Bootstrap.* A sink the checkpoint does not cover receives nothing before its bootstrap snapshot.
 6. *A first list not yet acknowledged is listed again, exactly.* Without a checkpoint, when the
    journal's first list (:class:`~bridge.delivery.journal.ListStart`) is not acknowledged by every
@@ -304,6 +305,9 @@ def _own_start(rv: int, differs: Mapping[str, Known], extra: Mapping[str, tuple[
     maybe: set[str] = set()
     for key, uid, stub_rv in journal_only:
         at = parse_rv(stub_rv)
+        own = differs.get(key)
+        if at is not None and own is not None and own.uid == uid and own.resource_version >= at:
+            continue  # it acknowledged that state of it, or later (its section says which)
         if at is None or at > rv:
             maybe.add(uid)  # delivered after its section was written: it may hold it
         elif key not in known and key not in mine:

@@ -180,23 +180,26 @@ def test_own_progress_takes_the_changes_applied_before_the_first_checkpoint_writ
 def test_own_progress_keeps_what_a_sink_acknowledged_past_its_prefix() -> None:
     """docs/delivery-contract.md, section 3: a sink that acknowledged ns/b's update but not ns/a's
     earlier one keeps its resume point (the prefix stops at ns/a) and records ns/b's update as
-    delivered ahead, so its filter skips it after a crash; ns/c, whose earlier change it still owes,
-    is not recorded past that change."""
+    delivered ahead, so its filter skips it after a crash; of ns/c it acknowledged the later update
+    only: that one is recorded (the earlier one is older than what its destination has). Of ns/d it
+    owes the delete of the first uid and acknowledged the re-creation: left to its prefix (its
+    filter keeps one object per key and would drop the delete it owes)."""
     from bridge.delivery.progress import AckTracker
 
     t = AckTracker(name="x", resource_version="5",
-                   index={"ns/a": ("ua", "3"), "ns/b": ("ub", "4"), "ns/c": ("uc", "5")})
-    changes = [("a", "ua", 6), ("b", "ub", 7), ("c", "uc", 8), ("c", "uc", 9)]
-    for seq, (name, uid, rv) in enumerate(changes):
-        t.dispatched(Notification(kind=UPDATE, obj=obj(uid, rv, name), key=ObjectKey(f"ns/{name}"), seq=seq),
+                   index={"ns/a": ("ua", "3"), "ns/b": ("ub", "4"), "ns/c": ("uc", "5"), "ns/d": ("ud", "1")})
+    changes = [(UPDATE, "a", "ua", 6), (UPDATE, "b", "ub", 7), (UPDATE, "c", "uc", 8), (UPDATE, "c", "uc", 9),
+               (DELETE, "d", "ud", 10), (ADD, "d", "ud2", 11)]
+    for seq, (kind, name, uid, rv) in enumerate(changes):
+        t.dispatched(Notification(kind=kind, obj=obj(uid, rv, name), key=ObjectKey(f"ns/{name}"), seq=seq),
                      ["fast", "slow"])
         t.progress(seq + 1, str(rv))
-    for seq in (1, 3):
+    for seq in (1, 3, 5):
         t.acked("fast", seq)
-    assert t.listener_state("fast", 0, {}) == (5, {"ns/b": Known("ub", 7, False)})
+    b, c = Known("ub", 7, False), Known("uc", 9, False)
+    assert t.listener_state("fast", 0, {}) == (5, {"ns/b": b, "ns/c": c})
     t.acked("fast", 0)  # the prefix now reaches ns/b's update and stops at ns/c's first one
-    assert t.listener_state("fast", 0, {}) == (7, {"ns/a": Known("ua", 6, False),
-                                                   "ns/b": Known("ub", 7, False)})
+    assert t.listener_state("fast", 0, {}) == (7, {"ns/a": Known("ua", 6, False), "ns/b": b, "ns/c": c})
 
 
 def test_markers_and_snapshots_pass() -> None:
