@@ -136,8 +136,10 @@ class CacheSeed:
     unconfirmed: Sequence[KubeObject] = ()
     """Objects (stubs) consumers may have received that the seed does not vouch for: a relist that
     no longer returns one (under its uid) reports it deleted; a list item or watch event of its uid
-    reports it as on a first start (an add). Where the cache has nothing under the key, the newest
-    takes the key's place, so that the relist's tombstones cover it."""
+    reports it as on a first start (an add) — but a watch's update of it, an update of the stub
+    (the object existed before the watch started: consumers had its earlier state, and the update
+    goes out as the update it was, with the same event id). Where the cache has nothing under the
+    key, the newest takes the key's place, so that the relist's tombstones cover it."""
     gap_from: str = ""
     """Without a resourceVersion: the first list is framed as a gap from here, for consumers who
     may hold state from a previous run that the bridge cannot vouch for."""
@@ -400,9 +402,9 @@ class SharedIndexInformer:
             stub_uid = object_identity(stub)[0]
             is_slot = stub_uid == cached_uid
             if stub_uid == uid and not isinstance(obj, DeletedFinalStateUnknown):
-                if is_slot:
+                if is_slot and delta.type is not DeltaType.UPDATED:
                     self._indexer.delete_key(key)  # reported afresh: an add
-                continue
+                continue  # a watch's update: an update of the stub (it existed before the watch)
             if not relist:
                 keep.append(stub)
                 if is_slot:

@@ -857,6 +857,23 @@ async def test_watch_replay_reports_unconfirmed_objects_as_they_happened(env: En
     assert sorted(informer.get_indexer().list_keys()) == ["ns/a"]
 
 
+async def test_a_replayed_update_of_an_unconfirmed_object_is_an_update(env: Env) -> None:
+    """An unconfirmed object (only the journal knows it) whose first replayed change is an update:
+    it existed before the watch's start, consumers had its earlier state, so the update goes out as
+    the update it was (the same event) — an add would be a new event, possibly after its delete."""
+    a = env.source.add(cm("a"))            # 1  in the checkpoint
+    env.source.add(cm("x"))                # 2  delivered, the journal's only fact of it later its delete
+    env.source.modify(cm("x", k="1"))      # 3
+    env.source.delete(cm("x"))             # 4
+    informer = env.informer()
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    informer.seed(CacheSeed(objects=[_stub(a)], resource_version="2",
+                            unconfirmed=[_unconfirmed("x", "uid-ns-x-2", "4")]))
+    await env.start(informer)
+    assert await rec.wait_for(2) == [("update", "ns/x", "4", "3"), ("delete", "ns/x", "4", False)]
+
+
 async def test_a_list_at_an_exact_resource_version_then_the_watch_from_it(env: Env) -> None:
     """CacheSeed.list_at: the first list is at exactly that resourceVersion (the states a previous
     run listed, notified as on a first start) and the watch resumes from it, replaying every change
