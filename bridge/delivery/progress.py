@@ -175,6 +175,8 @@ class AckTracker:
         """Acks for a (listener, seq) that was not owed: counted, otherwise ignored."""
         self._scans: dict[str, _Scan] = {}
         """Listener → its incremental own-progress scan (:meth:`listener_state`)."""
+        self._owes: dict[str, dict[str, tuple[str, int]]] = {}
+        """Listener → :meth:`owed_deletes` as of its last :meth:`listener_state`."""
         self._max_acked: dict[str, int] = {}
         """Listener → the highest seq it acknowledged (how far :meth:`listener_state` looks past
         its contiguous prefix for what it acknowledged out of order)."""
@@ -255,6 +257,7 @@ class AckTracker:
     def listener_removed(self, listener: str) -> None:
         self._scans.pop(listener, None)
         self._max_acked.pop(listener, None)
+        self._owes.pop(listener, None)
         for entry in self._window.values():
             if listener in entry.waiting:
                 entry.waiting.discard(listener)
@@ -441,7 +444,8 @@ class AckTracker:
         scan.rv = max(scan.rv, self._marker_rv(limit))
         rv = scan.rv
         out: dict[str, Known | None] = {}
-        beyond = self._acked_beyond(listener, limit, scan) if limit is not None else {}
+        beyond, owes = self._acked_beyond(listener, limit, scan) if limit is not None else ({}, {})
+        self._owes[listener] = owes
         for key, mine in beyond.items():
             base = self.base_knowledge(key)
             if mine.deleted:
@@ -469,23 +473,26 @@ class AckTracker:
                 del scan.changes[key]  # the base caught up with it
         return rv, out
 
-    def _acked_beyond(self, listener: str, limit: int, scan: _Scan) -> dict[str, Known]:
+    def _acked_beyond(self, listener: str, limit: int, scan: _Scan
+                      ) -> tuple[dict[str, Known], dict[str, tuple[str, int]]]:
         """Per object, the newest change ``listener`` acknowledged past its contiguous prefix (from
         ``limit``, the first notification it owes): docs/delivery-contract.md, section 3 — after a
         crash its filter skips a change at or below what it acknowledged of that object, and a
-        change of that object it still owes is then older than what its destination has. A key
-        is left to its prefix from a change of another object after one it owes (a re-creation
-        whose earlier uid's delete it owes: its filter keeps one object per key, and would drop
-        that delete) or from a change without a resourceVersion to compare (a relist's
-        tombstone). Recomputed at each
-        call (an acknowledgement may still fill the prefix), up to the highest seq the sink
-        acknowledged: nothing for a sink acknowledging in order."""
+        change of that object it still owes is then older than what its destination has. Also, per
+        key, the uid (and the delete's resourceVersion) of an earlier object whose delete it owes
+        while it acknowledged a later object of that name (a re-creation): its filter then knows the
+        later object and still sends that delete (:meth:`owed_deletes`). A key is left to its prefix
+        from a change of another object after any other change it owes, or from a change without a
+        resourceVersion to compare (a relist's tombstone). Recomputed at each call (an
+        acknowledgement may still fill the prefix), up to the highest seq the sink acknowledged:
+        nothing for a sink acknowledging in order."""
         last = self._max_acked.get(listener, -1)
         out: dict[str, Known] = {}
+        owes: dict[str, tuple[str, int]] = {}
         if last <= limit:
-            return out
+            return out, owes
         blocked: set[str] = set()
-        owed: dict[str, str] = {}  # key → the uid the sink owes a change of
+        owed: dict[str, tuple[str, bool, int]] = {}  # key → (uid, a delete, rv) of the first change owed
         window = self._window
         for seq in range(limit, last + 1):
             entry = window.get(seq)
@@ -495,17 +502,31 @@ class AckTracker:
             if key in blocked:
                 continue
             uid = known[0] if known is not None else entry.deleted_uid
-            if effect_rv is None or effect_rv == -1 or not uid or owed.get(key, uid) != uid:
+            if effect_rv is None or effect_rv == -1 or not uid:
                 blocked.add(key)
                 continue
+            first = owed.get(key)
             if listener in entry.waiting:
-                owed[key] = uid
+                if first is None:
+                    owed[key] = (uid, known is None, effect_rv)
+                elif first[0] != uid or key in owes:
+                    blocked.add(key)
                 continue
+            if first is not None and first[0] != uid:
+                if not first[1]:
+                    blocked.add(key)
+                    continue
+                owes[key] = (first[0], first[2])
             current = out.get(key) or scan.changes.get(key) or self.base_knowledge(key)
             if current is not None and effect_rv < current.resource_version:
                 continue
             out[key] = Known(uid, effect_rv, known is None)
-        return out
+        return out, {key: owe for key, owe in owes.items() if key in out}
+
+    def owed_deletes(self, listener: str) -> dict[str, tuple[str, int]]:
+        """As of the last :meth:`listener_state` of ``listener``: key → (uid, resourceVersion) of an
+        earlier object's delete it owes while its state of the key is a later object's."""
+        return dict(self._owes.get(listener, {}))
 
     def _marker_rv(self, limit: int | None) -> int:
         """The newest resourceVersion among the pending markers a listener owing nothing before

@@ -30,7 +30,8 @@ text that is not one compares as unknown.
    own resume point and, per object, what it knows where that differs from the cache (objects only
    other sinks know are :data:`HOLDS_NOTHING` for it); the journal's objects its own point does not
    cover are ``maybe`` (their delete is never dropped), unless its progress says it acknowledged
-   that object's journalled state or a later one (a change past its own point, section 3).
+   that object's journalled state or a later one (a change past its own point, section 3); so are
+   the uids whose delete its progress says it owes while it knows a later object of the name.
 5. *Bootstrap.* A sink the checkpoint does not cover receives nothing before its bootstrap snapshot.
 6. *A first list not yet acknowledged is listed again, exactly.* Without a checkpoint, when the
    journal's first list (:class:`~bridge.delivery.journal.ListStart`) is not acknowledged by every
@@ -225,8 +226,10 @@ def build_plan(*, informer_id: str, ref: ResourceRef, checkpoint: Checkpoint | N
             sinks[name] = SinkStart(SinkStartKind.AT_BASE)
             continue
         rv, differs = section if section is not None else (int(checkpoint.resource_version), {})
+        progress = checkpoint.sinks.get(name) if checkpoint.sinks else None
+        owed = progress.owed_deletes() if progress is not None else frozenset()
         sinks[name] = _own_start(rv, differs, extra, known, journal_only, floor=floor,
-                                 floor_max=floors.highest(name) if floors is not None else 0)
+                                 floor_max=floors.highest(name) if floors is not None else 0, owed=owed)
     delivered = {key: (int(rv), deleted) for key, (_uid, rv, deleted) in checkpoint.ahead.items()
                  if parse_rv(rv) is not None}
     routed_set = set(routed)
@@ -299,10 +302,12 @@ def _union(checkpoint: Checkpoint, known: Mapping[str, tuple[str, str]],
 
 def _own_start(rv: int, differs: Mapping[str, Known], extra: Mapping[str, tuple[str, str]],
                known: Mapping[str, tuple[str, str]], journal_only: Sequence[tuple[str, str, str]],
-               *, floor: Callable[[str], int] | None, floor_max: int) -> SinkStart:
-    """A sink resuming from its own progress (invariant 4)."""
+               *, floor: Callable[[str], int] | None, floor_max: int,
+               owed: frozenset[str] = frozenset()) -> SinkStart:
+    """A sink resuming from its own progress (invariant 4); ``owed``: uids whose delete its section
+    says it owes (:meth:`~bridge.delivery.checkpoint.SinkProgress.owed_deletes`)."""
     mine = {**{key: HOLDS_NOTHING for key in extra if key not in differs}, **differs}
-    maybe: set[str] = set()
+    maybe: set[str] = set(owed)
     for key, uid, stub_rv in journal_only:
         at = parse_rv(stub_rv)
         own = differs.get(key)

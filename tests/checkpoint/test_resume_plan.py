@@ -110,6 +110,26 @@ def test_4_a_sink_ahead_of_the_base_resumes_from_its_own_progress() -> None:
     assert {s.kind for s in same.sinks.values()} == {SinkStartKind.AT_BASE}
 
 
+def test_4_what_a_sink_acknowledged_past_its_point_is_known_and_what_it_owes_is_maybe() -> None:
+    """A sink's acknowledgements past its own point (section 3): ns/o's delete it acknowledged is
+    its knowledge (the journal's record of it is not ``maybe`` for it: its delete is not re-sent);
+    of ns/d it acknowledged the re-creation (u-d2) and owes the first uid's delete (a key in both
+    maps under different uids): it knows u-d2, and u-d is ``maybe`` (that delete is sent again)."""
+    cp = Checkpoint(
+        informer_id="cm", resource_version="20", objects={"ns/d": ("u-d", "15")},
+        sinks={"a": SinkProgress(ahead={"ns/o": ("u-o", "23", True), "ns/d": ("u-d2", "25", False)},
+                                 objects={"ns/d": ("u-d", "24")}),
+               "b": SinkProgress()})
+    p = plan(cp, {"u-o": Deleted("ns/o", "23"), "u-d": Deleted("ns/d", "24"), "u-d2": Exists("ns/d", "25")})
+    a = p.sinks["a"]
+    assert a.known["ns/o"] == Known("u-o", 23, True)
+    assert a.known["ns/d"] == Known("u-d2", 25, False)
+    assert a.maybe == frozenset({"u-d"})
+    assert cp.sinks is not None
+    assert cp.sinks["a"].owed_deletes() == frozenset({"u-d"})
+    assert cp.sinks["b"].owed_deletes() == frozenset()
+
+
 def test_5_a_sink_the_checkpoint_does_not_cover_is_bootstrapped() -> None:
     cp = Checkpoint(informer_id="cm", resource_version="20", sinks={"a": SinkProgress(),
                                                                     "gone": SinkProgress()})

@@ -182,8 +182,8 @@ def test_own_progress_keeps_what_a_sink_acknowledged_past_its_prefix() -> None:
     earlier one keeps its resume point (the prefix stops at ns/a) and records ns/b's update as
     delivered ahead, so its filter skips it after a crash; of ns/c it acknowledged the later update
     only: that one is recorded (the earlier one is older than what its destination has). Of ns/d it
-    owes the delete of the first uid and acknowledged the re-creation: left to its prefix (its
-    filter keeps one object per key and would drop the delete it owes)."""
+    owes the delete of the first uid and acknowledged the re-creation: the re-creation is recorded,
+    and the delete it owes is named (:meth:`AckTracker.owed_deletes`), so that a restart sends it."""
     from bridge.delivery.progress import AckTracker
 
     t = AckTracker(name="x", resource_version="5",
@@ -196,10 +196,17 @@ def test_own_progress_keeps_what_a_sink_acknowledged_past_its_prefix() -> None:
         t.progress(seq + 1, str(rv))
     for seq in (1, 3, 5):
         t.acked("fast", seq)
-    b, c = Known("ub", 7, False), Known("uc", 9, False)
-    assert t.listener_state("fast", 0, {}) == (5, {"ns/b": b, "ns/c": c})
+    b, c, d = Known("ub", 7, False), Known("uc", 9, False), Known("ud2", 11, False)
+    assert t.listener_state("fast", 0, {}) == (5, {"ns/b": b, "ns/c": c, "ns/d": d})
+    assert t.owed_deletes("fast") == {"ns/d": ("ud", 10)}
     t.acked("fast", 0)  # the prefix now reaches ns/b's update and stops at ns/c's first one
-    assert t.listener_state("fast", 0, {}) == (7, {"ns/a": Known("ua", 6, False), "ns/b": b, "ns/c": c})
+    assert t.listener_state("fast", 0, {}) == (7, {"ns/a": Known("ua", 6, False), "ns/b": b, "ns/c": c,
+                                                   "ns/d": d})
+    t.acked("fast", 2)
+    t.acked("fast", 4)  # the delete it owed: nothing owed any more
+    assert t.listener_state("fast", 0, {}) == (11, {"ns/a": Known("ua", 6, False), "ns/b": b, "ns/c": c,
+                                                    "ns/d": d})
+    assert t.owed_deletes("fast") == {}
 
 
 def test_markers_and_snapshots_pass() -> None:

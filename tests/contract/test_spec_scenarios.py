@@ -129,6 +129,37 @@ async def test_a_delete_acknowledged_before_the_objects_add_is_not_sent_again() 
     assert not [e for e in after if isinstance(e, Received) and e.key == "default/o"]
 
 
+async def test_a_re_creation_acknowledged_before_the_earlier_objects_delete_is_not_sent_again() -> None:
+    """Found by the random schedules (seed 2631919706, PYTHONHASHSEED=98): ``n0`` is deleted and
+    created again under a new uid; ``a`` acknowledges the new object's add, not the old one's
+    delete; a checkpoint is written after that. After a crash ``a`` gets the delete it owes again
+    (unacknowledged), and not the add it acknowledged (section 3, per object)."""
+    rng = random.Random(0)
+    bridge = Bridge(("a", "b"))
+    bridge.create("n0")
+    await bridge.start()
+    try:
+        for sink in bridge.sinks.values():
+            sink.ack_some(rng, 1.0)
+        await bridge.checkpoint()
+        bridge.delete("n0")
+        bridge.create("n0")
+        await bridge.settle()
+        a = bridge.sinks["a"]
+        events = a.log.received()
+        a.ack_where(lambda i: events[i].kind == "added")
+        await bridge.checkpoint()
+        await bridge.crash()
+        await bridge.start()
+        assert await bridge.drain()
+    finally:
+        await bridge.close()
+    assert verdict(bridge) == ""
+    log = bridge.logs["a"].entries
+    after = [e for e in log[log.index(Crashed()):] if isinstance(e, Received) and e.key == "default/n0"]
+    assert [e.kind for e in after] == ["deleted"]
+
+
 async def test_a_crash_before_the_first_checkpoint_loses_no_change_unannounced() -> None:
     """Issue 24's second defect: the bridge crashes before its first checkpoint write, the cluster
     changes while it is down (the server still has the whole history), and the restarted bridge
