@@ -492,7 +492,8 @@ class AckTracker:
         if last <= limit:
             return out, owes
         blocked: set[str] = set()
-        owed: dict[str, tuple[str, bool, int]] = {}  # key → (uid, a delete, rv) of the first change owed
+        # key → uid → (only its delete is owed, that delete's resourceVersion), of the changes owed
+        owed: dict[str, dict[str, tuple[bool, int]]] = {}
         window = self._window
         for seq in range(limit, last + 1):
             entry = window.get(seq)
@@ -505,18 +506,16 @@ class AckTracker:
             if effect_rv is None or effect_rv == -1 or not uid:
                 blocked.add(key)
                 continue
-            first = owed.get(key)
+            mine = owed.setdefault(key, {})
             if listener in entry.waiting:
-                if first is None:
-                    owed[key] = (uid, known is None, effect_rv)
-                elif first[0] != uid or key in owes:
-                    blocked.add(key)
+                mine[uid] = (known is None and uid not in mine, effect_rv)
                 continue
-            if first is not None and first[0] != uid:
-                if not first[1]:
-                    blocked.add(key)
-                    continue
-                owes[key] = (first[0], first[2])
+            others = [(other, rv) for other, (_, rv) in mine.items() if other != uid]
+            if len(others) > 1 or any(not mine[other][0] for other, _ in others):
+                blocked.add(key)  # it owes another object's change that is not its delete
+                continue
+            if others:
+                owes[key] = others[0]
             current = out.get(key) or scan.changes.get(key) or self.base_knowledge(key)
             if current is not None and effect_rv < current.resource_version:
                 continue

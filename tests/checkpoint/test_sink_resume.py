@@ -209,6 +209,20 @@ def test_own_progress_keeps_what_a_sink_acknowledged_past_its_prefix() -> None:
     assert t.owed_deletes("fast") == {}
 
 
+def test_an_owed_delete_of_an_earlier_object_keeps_what_it_knows_of_a_later_one() -> None:
+    """The sink owes u1's delete (``maybe``) and saw u3, a later object of the key, deleted at 4: u1's
+    delete goes out, and u3's replayed add and delete, which it acknowledged, are still skipped."""
+    r = SinkResume(resource_version=1, known={"ns/a": Known("u3", 4, True)}, maybe={"u1"},
+                   api_version="v1", kind="ConfigMap")
+    first = note(DELETE, "u1", 2)
+    assert r.admit(first, False) == [first]
+    assert r.known == {"ns/a": Known("u3", 4, True)}
+    assert r.admit(note(ADD, "u3", 3), False) == []
+    assert r.admit(note(DELETE, "u3", 4), False) == []
+    later = note(ADD, "u5", 5)
+    assert r.admit(later, False) == [later]
+
+
 def test_markers_and_snapshots_pass() -> None:
     r = resume(10, Known("", -1, True))
     snap = Notification(kind=NotificationKind.SNAPSHOT, obj={}, snapshot=[], seq=3)
