@@ -510,7 +510,8 @@ class AckTracker:
             if listener in entry.waiting:
                 mine[uid] = (known is None and uid not in mine, effect_rv)
                 continue
-            others = [(other, rv) for other, (_, rv) in mine.items() if other != uid]
+            mine.pop(uid, None)  # what it owes of this object is older than this change
+            others = [(other, rv) for other, (_, rv) in mine.items()]
             if len(others) > 1 or any(not mine[other][0] for other, _ in others):
                 blocked.add(key)  # it owes another object's change that is not its delete
                 continue

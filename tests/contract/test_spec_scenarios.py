@@ -251,3 +251,35 @@ async def test_a_delete_acknowledged_between_two_re_creations_is_not_sent_again(
     log = bridge.logs["a"].entries
     after = [e for e in log[log.index(Crashed()):] if isinstance(e, Received) and e.key == "default/n0"]
     assert [(e.kind, e.uid) for e in after] == [("deleted", events[-4].uid), ("added", events[-1].uid)]
+
+
+async def test_a_re_creation_acknowledged_after_the_earlier_objects_delete_is_not_sent_again() -> None:
+    """Found by the random schedules (seed 4111857356): a 410 while ``n0`` is updated (the relist
+    sends the update inside its gap), then ``n0`` re-created. ``a`` acknowledges the old object's
+    delete and the new one's add but not the relist's update before them; a checkpoint is written.
+    After a crash ``a`` must not get the new object's add again: what it owes of the old object is
+    older than the delete it acknowledged (section 3, per object)."""
+    rng = random.Random(0)
+    bridge = Bridge(("a", "b"))
+    bridge.create("n0")
+    await bridge.start()
+    try:
+        for sink in bridge.sinks.values():
+            sink.ack_some(rng, 1.0)
+        await bridge.checkpoint()
+        bridge.expire_watch()
+        bridge.update("n0", 100)
+        await bridge.settle()
+        bridge.delete("n0")
+        bridge.create("n0")
+        await bridge.settle()
+        a = bridge.sinks["a"]
+        events = a.log.received()
+        a.ack_where(lambda i: events[i].kind != "updated")
+        await bridge.checkpoint()
+        await bridge.crash()
+        await bridge.start()
+        assert await bridge.drain()
+    finally:
+        await bridge.close()
+    assert verdict(bridge) == ""
