@@ -483,7 +483,7 @@ class AckTracker:
         while it acknowledged a later object of that name (a re-creation): its filter then knows the
         later object and still sends that delete (:meth:`owed_deletes`). A key is left to its prefix
         from a change of another object after any other change it owes, or from a change without a
-        resourceVersion to compare (a relist's tombstone). Recomputed at each call (an
+        resourceVersion to compare (a relist's tombstone it acknowledged). Recomputed at each call (an
         acknowledgement may still fill the prefix), up to the highest seq the sink acknowledged:
         nothing for a sink acknowledging in order."""
         last = self._max_acked.get(listener, -1)
@@ -503,10 +503,15 @@ class AckTracker:
             if key in blocked:
                 continue
             uid = known[0] if known is not None else entry.deleted_uid
-            if effect_rv is None or effect_rv == -1 or not uid:
+            if effect_rv is None or not uid or (effect_rv == -1 and listener not in entry.waiting):
                 blocked.add(key)
                 continue
             mine = owed.setdefault(key, {})
+            if effect_rv == -1:  # a relist's tombstone it owes: a delete at the state it knew
+                current = out.get(key) or scan.changes.get(key) or self.base_knowledge(key)
+                at = current.resource_version if current is not None and current.uid == uid else 0
+                mine[uid] = (uid not in mine, max(at, 0))
+                continue
             if listener in entry.waiting:
                 mine[uid] = (known is None and uid not in mine, effect_rv)
                 continue
