@@ -85,7 +85,15 @@ class SinkProgress:
     """Known-object index entries that differ from the base's: key → (uid, resourceVersion), or
     None for a key the base knows and this sink does not (it saw the delete)."""
     ahead: Mapping[str, tuple[str, str, bool]] = field(default_factory=dict)
-    """Its own delivered-ahead map (as :attr:`Checkpoint.ahead`), beyond its own resume point."""
+    """Its own delivered-ahead map (as :attr:`Checkpoint.ahead`), beyond its own resume point. A
+    key in both maps under different uids: the sink acknowledged the later object (``ahead``) and
+    still owes the delete of the earlier one (``objects``: its uid, the delete's resourceVersion),
+    which a restart sends it again (a reader that knows only one object per key takes ``ahead``)."""
+
+    def owed_deletes(self) -> frozenset[str]:
+        """The uids whose delete the sink owes (a key in both maps under different uids)."""
+        return frozenset(entry[0] for key, (uid, _rv, _deleted) in self.ahead.items()
+                         if (entry := self.objects.get(key)) is not None and entry[0] != uid)
 
     @property
     def at_base(self) -> bool:

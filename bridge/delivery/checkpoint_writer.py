@@ -189,6 +189,12 @@ class CheckpointWriter:
                     objects[key] = (k.uid, str(k.resource_version))
                 else:
                     ahead[key] = (k.uid, str(k.resource_version), k.deleted)
+            for key, (uid, owed_rv) in inf.tracker.owed_deletes(name).items():
+                k = diff.get(key)
+                if k is not None and k.uid != uid:  # both maps: see SinkProgress
+                    objects.pop(key, None)
+                    ahead[key] = (k.uid, str(k.resource_version), k.deleted)
+                    objects[key] = (uid, str(owed_rv))
             sections[name] = SinkProgress(resource_version=str(rv) if rv > base else "",
                                           objects=objects, ahead=ahead)
         return sections

@@ -239,7 +239,7 @@ class BridgePipeline(PipelineInspection):
         informer.seed(CacheSeed(objects=seeds if cp else (),
                                 resource_version=cp.resource_version if cp else "",
                                 suppress=plan.delivered, diverging=plan.diverging,
-                                unconfirmed=unconfirmed, gap_from=plan.frame_from))
+                                unconfirmed=unconfirmed, gap_from=plan.frame_from, list_at=plan.list_at))
         if cp is not None:
             inf.saved_rv = cp.resource_version
             inf.saved_generation = -1 if plan.rewrite else inf.tracker.generation

@@ -91,6 +91,9 @@ class _InFlight:
     waiting: set[str] = field(default_factory=set)
     time: float = 0.0
     """When it was dispatched (the tracker's ``now``), for the age of what a sink still owes."""
+    deleted_uid: str = ""
+    """For a delete, the uid it deletes (the effect has none): which object a sink's
+    acknowledgement past its prefix is of (:meth:`AckTracker._acked_beyond`)."""
 
 
 @dataclass(slots=True)
@@ -159,6 +162,11 @@ class AckTracker:
         """Acks for a (listener, seq) that was not owed: counted, otherwise ignored."""
         self._scans: dict[str, _Scan] = {}
         """Listener → its incremental own-progress scan (:meth:`listener_state`)."""
+        self._owes: dict[str, dict[str, tuple[str, int]]] = {}
+        """Listener → :meth:`owed_deletes` as of its last :meth:`listener_state`."""
+        self._max_acked: dict[str, int] = {}
+        """Listener → the highest seq it acknowledged (how far :meth:`listener_state` looks past
+        its contiguous prefix for what it acknowledged out of order)."""
         self.acks = 0
         """Acks received: a sink's own progress may move while the shared state (generation)
         waits for a slower sink."""
@@ -194,6 +202,8 @@ class AckTracker:
             self._note_state(notification)
             effect = _effect_of(notification)
         entry = _InFlight(effect, set(listeners), self._now() if self._now is not None else 0.0)
+        if effect is not None and effect[1] is None:
+            entry.deleted_uid = _entry_of(obj)[0]
         self._window[seq] = entry
         if entry.waiting:
             # Owed by someone: it cannot be applied now, and the markers it could hold back were
@@ -211,6 +221,8 @@ class AckTracker:
             return
         waiting = entry.waiting
         waiting.discard(listener)
+        if seq > self._max_acked.get(listener, -1):
+            self._max_acked[listener] = seq
         if not waiting:
             self._outstanding -= 1
             # Only the window's head can be applied: behind a notification still owed nothing moves
@@ -230,6 +242,8 @@ class AckTracker:
 
     def listener_removed(self, listener: str) -> None:
         self._scans.pop(listener, None)
+        self._max_acked.pop(listener, None)
+        self._owes.pop(listener, None)
         for entry in self._window.values():
             if listener in entry.waiting:
                 entry.waiting.discard(listener)
@@ -413,7 +427,18 @@ class AckTracker:
         scan.rv = max(scan.rv, self._marker_rv(limit))
         rv = scan.rv
         out: dict[str, Known | None] = {}
+        beyond, owes = self._acked_beyond(listener, limit, scan) if limit is not None else ({}, {})
+        self._owes[listener] = owes
+        for key, mine in beyond.items():
+            base = self.base_knowledge(key)
+            if mine.deleted:
+                out[key] = None if mine.resource_version <= rv else mine
+            elif base is None or base.deleted or base.uid != mine.uid \
+                    or base.resource_version != mine.resource_version:
+                out[key] = mine
         for key, mine in list(scan.changes.items()):
+            if key in beyond:
+                continue
             base = self.base_knowledge(key)
             if mine.deleted:
                 if base is None or base.deleted:
@@ -430,6 +455,66 @@ class AckTracker:
             else:
                 del scan.changes[key]  # the base caught up with it
         return rv, out
+
+    def _acked_beyond(self, listener: str, limit: int, scan: _Scan
+                      ) -> tuple[dict[str, Known], dict[str, tuple[str, int]]]:
+        """Per object, the newest change ``listener`` acknowledged past its contiguous prefix (from
+        ``limit``, the first notification it owes): docs/delivery-contract.md, section 3 — after a
+        crash its filter skips a change at or below what it acknowledged of that object, and a
+        change of that object it still owes is then older than what its destination has. Also, per
+        key, the uid (and the delete's resourceVersion) of an earlier object whose delete it owes
+        while it acknowledged a later object of that name (a re-creation): its filter then knows the
+        later object and still sends that delete (:meth:`owed_deletes`). A key is left to its prefix
+        from a change of another object after any other change it owes, or from a change without a
+        resourceVersion to compare (a relist's tombstone it acknowledged). Recomputed at each call (an
+        acknowledgement may still fill the prefix), up to the highest seq the sink acknowledged:
+        nothing for a sink acknowledging in order."""
+        last = self._max_acked.get(listener, -1)
+        out: dict[str, Known] = {}
+        owes: dict[str, tuple[str, int]] = {}
+        if last <= limit:
+            return out, owes
+        blocked: set[str] = set()
+        # key → uid → (only its delete is owed, that delete's resourceVersion), of the changes owed
+        owed: dict[str, dict[str, tuple[bool, int]]] = {}
+        window = self._window
+        for seq in range(limit, last + 1):
+            entry = window.get(seq)
+            if entry is None or entry.effect is None:
+                continue
+            key, known, effect_rv = entry.effect
+            if key in blocked:
+                continue
+            uid = known[0] if known is not None else entry.deleted_uid
+            if effect_rv is None or not uid or (effect_rv == -1 and listener not in entry.waiting):
+                blocked.add(key)
+                continue
+            mine = owed.setdefault(key, {})
+            if effect_rv == -1:  # a relist's tombstone it owes: a delete at the state it knew
+                current = out.get(key) or scan.changes.get(key) or self.base_knowledge(key)
+                at = current.resource_version if current is not None and current.uid == uid else 0
+                mine[uid] = (uid not in mine, max(at, 0))
+                continue
+            if listener in entry.waiting:
+                mine[uid] = (known is None and uid not in mine, effect_rv)
+                continue
+            mine.pop(uid, None)  # what it owes of this object is older than this change
+            others = [(other, rv) for other, (_, rv) in mine.items()]
+            if len(others) > 1 or any(not mine[other][0] for other, _ in others):
+                blocked.add(key)  # it owes another object's change that is not its delete
+                continue
+            if others:
+                owes[key] = others[0]
+            current = out.get(key) or scan.changes.get(key) or self.base_knowledge(key)
+            if current is not None and effect_rv < current.resource_version:
+                continue
+            out[key] = Known(uid, effect_rv, known is None)
+        return out, {key: owe for key, owe in owes.items() if key in out}
+
+    def owed_deletes(self, listener: str) -> dict[str, tuple[str, int]]:
+        """As of the last :meth:`listener_state` of ``listener``: key → (uid, resourceVersion) of an
+        earlier object's delete it owes while its state of the key is a later object's."""
+        return dict(self._owes.get(listener, {}))
 
     def _marker_rv(self, limit: int | None) -> int:
         """The newest resourceVersion among the pending markers a listener owing nothing before

@@ -364,12 +364,14 @@ class SinkResume:
             return [n]
         holds_it = not mine.deleted and mine.uid == uid
         if holds_it or maybe:
-            if holds_it or mine.deleted:
+            if holds_it or (mine.deleted and mine.uid in ("", uid)):
                 if gone_only:
                     known[key] = HOLDS_NOTHING  # it has nothing there; what the key holds is news
                 else:
                     del known[key]
                 return [n]
+            if mine.deleted:
+                return [n]  # it saw another object of the key deleted: that stays known
             if tombstone:
                 del known[key]
                 return [n, self._delete_own(n, key, mine)]

@@ -17,9 +17,9 @@ text that is not one compares as unknown.
 
 1. *Resume point.* The watch resumes from the checkpoint's resourceVersion; without a checkpoint,
    from the first list of the previous run once every sink acknowledged a resume point (the
-   journal's :class:`~bridge.delivery.journal_records.ListStart`), with the journal's objects up to
-   it as the checkpoint they would have written. Without either, the informer lists; the list is framed
-   as a gap from the previous run's first list when sinks may hold state from it.
+   journal's :class:`~bridge.delivery.journal_records.ListStart`), with the journal's objects up to it as
+   the checkpoint they would have written. Without either, the informer lists (a list framed as a
+   gap from resourceVersion 0 when the journal could not be read).
 2. *Nothing any sink may hold is unknown.* Every object of the checkpoint, of any sink's own
    progress and of the journal is in the cache seed or the unconfirmed objects, so a relist reports
    each one that is gone as deleted.
@@ -29,8 +29,18 @@ text that is not one compares as unknown.
 4. *Own progress.* A sink whose progress differs from the base gets a :class:`SinkStart` with its
    own resume point and, per object, what it knows where that differs from the cache (objects only
    other sinks know are :data:`HOLDS_NOTHING` for it); the journal's objects its own point does not
-   cover are ``maybe`` (their delete is never dropped).
+   cover are ``maybe`` (their delete is never dropped), unless its progress says it acknowledged
+   that object's journalled state or a later one (a change past its own point, section 3); so are
+   the uids whose delete its progress says it owes while it knows a later object of the name.
 5. *Bootstrap.* A sink the checkpoint does not cover receives nothing before its bootstrap snapshot.
+6. *A first list not yet acknowledged is listed again, exactly.* Without a checkpoint, when the
+   journal's first list (:class:`~bridge.delivery.journal.ListStart`) is not acknowledged by every
+   sink, the informer lists at exactly its resourceVersion (:attr:`ResumePlan.list_at`: the same
+   states, so the same events, as an id-deduplicating consumer needs) and watches from it, so every
+   change since comes one by one; the journal's objects become unconfirmed once that list ended
+   (those it did not return — created later, or gone — are reported deleted by any later relist).
+   Only when the server no longer has that resourceVersion (410) is the list a consistent one,
+   framed as a gap from it, against those same unconfirmed objects.
 """
 
 from __future__ import annotations
@@ -121,6 +131,9 @@ class ResumePlan:
     """What the tracker starts from: the checkpoint, or the one the journal's first list implies."""
     frame_from: str = ""
     """Without a checkpoint: the first list is framed as a gap from here ("" = not framed)."""
+    list_at: str = ""
+    """Without a checkpoint: the first list is at exactly this resourceVersion, then the watch from
+    it (invariant 6; "" = a list as on a first start)."""
     seeds: tuple[KubeObject, ...] = ()
     """The cache's stubs (a resumed informer)."""
     unconfirmed: tuple[KubeObject, ...] = ()
@@ -180,6 +193,7 @@ def build_plan(*, informer_id: str, ref: ResourceRef, checkpoint: Checkpoint | N
     could not be read, without a checkpoint, frames the first list from resourceVersion 0 (what
     sinks hold from the previous run is unknown)."""
     frame_from = "0" if journal_unreadable else ""
+    list_at = ""
     from_journal = False
     if checkpoint is None and start is not None:
         if start.acknowledged:
@@ -189,11 +203,12 @@ def build_plan(*, informer_id: str, ref: ResourceRef, checkpoint: Checkpoint | N
                                              and rv_at_most(e.resource_version, start.resource_version)})
             from_journal = True
         else:
-            frame_from = start.resource_version
+            list_at = start.resource_version
     known, sent, relisted, journal_only = _journal_facts(checkpoint, journal)
     stubs = tuple(stub_objects(ref, {key: (uid, rv)})[0] for key, uid, rv in journal_only)
     if checkpoint is None:
-        return ResumePlan(informer_id=informer_id, checkpoint=None, frame_from=frame_from, unconfirmed=stubs,
+        return ResumePlan(informer_id=informer_id, checkpoint=None, frame_from=frame_from, list_at=list_at,
+                          unconfirmed=stubs,
                           sent_deletes=sent, relisted=relisted,
                           sinks={name: SinkStart(SinkStartKind.AT_BASE) for name in routed})
     sections = {name: _own_section(checkpoint, s) for name in routed
@@ -211,8 +226,10 @@ def build_plan(*, informer_id: str, ref: ResourceRef, checkpoint: Checkpoint | N
             sinks[name] = SinkStart(SinkStartKind.AT_BASE)
             continue
         rv, differs = section if section is not None else (int(checkpoint.resource_version), {})
+        progress = checkpoint.sinks.get(name) if checkpoint.sinks else None
+        owed = progress.owed_deletes() if progress is not None else frozenset()
         sinks[name] = _own_start(rv, differs, extra, known, journal_only, floor=floor,
-                                 floor_max=floors.highest(name) if floors is not None else 0)
+                                 floor_max=floors.highest(name) if floors is not None else 0, owed=owed)
     delivered = {key: (int(rv), deleted) for key, (_uid, rv, deleted) in checkpoint.ahead.items()
                  if parse_rv(rv) is not None}
     routed_set = set(routed)
@@ -285,12 +302,17 @@ def _union(checkpoint: Checkpoint, known: Mapping[str, tuple[str, str]],
 
 def _own_start(rv: int, differs: Mapping[str, Known], extra: Mapping[str, tuple[str, str]],
                known: Mapping[str, tuple[str, str]], journal_only: Sequence[tuple[str, str, str]],
-               *, floor: Callable[[str], int] | None, floor_max: int) -> SinkStart:
-    """A sink resuming from its own progress (invariant 4)."""
+               *, floor: Callable[[str], int] | None, floor_max: int,
+               owed: frozenset[str] = frozenset()) -> SinkStart:
+    """A sink resuming from its own progress (invariant 4); ``owed``: uids whose delete its section
+    says it owes (:meth:`~bridge.delivery.checkpoint.SinkProgress.owed_deletes`)."""
     mine = {**{key: HOLDS_NOTHING for key in extra if key not in differs}, **differs}
-    maybe: set[str] = set()
+    maybe: set[str] = set(owed)
     for key, uid, stub_rv in journal_only:
         at = parse_rv(stub_rv)
+        own = differs.get(key)
+        if at is not None and own is not None and own.uid == uid and own.resource_version >= at:
+            continue  # it acknowledged that state of it, or later (its section says which)
         if at is None or at > rv:
             maybe.add(uid)  # delivered after its section was written: it may hold it
         elif key not in known and key not in mine:

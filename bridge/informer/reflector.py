@@ -292,6 +292,8 @@ class Reflector:
         page_size: int | None = None,
         use_watch_list: bool = False,
         initial_resource_version: str = "",
+        exact_list: str = "",
+        on_exact_list_expired: Callable[[str], None] | None = None,
         watch_error_handler: WatchErrorHandler | None = None,
         rng: random.Random | None = None,
         min_watch_timeout: int = MIN_WATCH_TIMEOUT,
@@ -329,6 +331,12 @@ class Reflector:
         list must not be older (its items reached consumers), see ``_list``."""
         self._resume_rv = initial_resource_version
         """Non-empty until the first cycle has started from the checkpoint."""
+        self._exact_rv = "" if initial_resource_version else exact_list
+        """Non-empty until the first list, at exactly this resourceVersion
+        (``resourceVersionMatch=Exact``), succeeded or met an expired resourceVersion; the watch
+        then starts from it. ``on_exact_list_expired(rv)`` is called before the consistent list
+        that replaces an expired one."""
+        self._on_exact_expired = on_exact_list_expired
         self._watch_list_rejected = False
         self._stop_requested = False
         self._task: asyncio.Task[None] | None = None
@@ -424,6 +432,10 @@ class Reflector:
         if resuming:
             log.info("resuming watch from resourceVersion %s", self._resume_rv, extra={"informer": self.name})
             self._resume_rv = ""
+        elif self._exact_rv:
+            log.info("listing at exactly resourceVersion %s, then watching from it", self._exact_rv,
+                     extra={"informer": self.name})
+            await self._list(exact=self._exact_rv)
         elif self._use_watch_list and not self._watch_list_rejected:
             try:
                 stream = await self._watch_list()
@@ -455,9 +467,12 @@ class Reflector:
             return "0"
         return self._last_sync_rv
 
-    async def _list(self) -> None:
-        rv = self._relist_resource_version()
-        if self._streamed_rv and rv != "":
+    async def _list(self, *, exact: str = "") -> None:
+        """A list (a relist), or with ``exact`` the list at exactly that resourceVersion; one whose
+        resourceVersion expired is replaced by a consistent list (``exact``: after telling
+        ``on_exact_list_expired``)."""
+        rv = exact or self._relist_resource_version()
+        if self._streamed_rv and rv != "" and not exact:
             # Pages of an unfinished list at this RV were forwarded already: a list from an older
             # watch cache (another API server) would take consumers back in time.
             rv = self._streamed_rv
@@ -469,12 +484,16 @@ class Reflector:
         pages = _PageSink(store if isinstance(store, StreamedReplaceStore) else None)
         try:
             try:
-                list_rv, paginated = await self._paged_list(rv, limit, pages)
+                list_rv, paginated = await self._paged_list(rv, limit, pages, exact=bool(exact))
             except (ResourceExpiredError, TooLargeResourceVersionError) as exc:
                 self.expired_count += 1
                 log.info("list at resourceVersion %r failed (%s); relisting with a "
                          "consistent read", rv, exc, extra={"informer": self.name})
                 self._rv_unavailable = True
+                if exact:
+                    self._exact_rv = ""
+                    if self._on_exact_expired is not None:
+                        self._on_exact_expired(exact)
                 list_rv, paginated = await self._paged_list(self._relist_resource_version(), limit, pages)
         except BaseException:
             if pages.streamed_rv:
@@ -483,6 +502,7 @@ class Reflector:
             raise
         if rv == "0" and paginated:
             self._paginated_result = True
+        self._exact_rv = ""
         self._rv_unavailable = False
         self._streamed_rv = ""
         await pages.complete(store, list_rv)
@@ -501,11 +521,14 @@ class Reflector:
         # limit it would be an exact read from etcd (and a likely 410 after compaction).
         return None
 
-    async def _paged_list(self, rv: str, limit: int | None, pages: _PageSink) -> tuple[str, bool]:
+    async def _paged_list(self, rv: str, limit: int | None, pages: _PageSink, *,
+                          exact: bool = False) -> tuple[str, bool]:
         """client-go's ListPager: pages of ``limit``; an expired continuation page is retried once as
         a full list at the original RV; any other error discards the partial result. The items go to
-        ``pages``; returns the list's RV and whether more than one page was read."""
-        options = ListOptions(resource_version=rv, limit=limit)
+        ``pages``; returns the list's RV and whether more than one page was read. ``exact``: at
+        exactly ``rv`` (``resourceVersionMatch=Exact``)."""
+        match = "Exact" if exact else None
+        options = ListOptions(resource_version=rv, limit=limit, resource_version_match=match)
         await pages.restart()
         list_rv: str | None = None
         while True:
@@ -517,7 +540,8 @@ class Reflector:
                 log.info("list continuation expired; retrying as one full list at "
                          "resourceVersion %r", rv, extra={"informer": self.name})
                 # Not older than pages already forwarded (see _list); client-go: the original RV.
-                full = await self._lw.list(ListOptions(resource_version=pages.streamed_rv or rv))
+                full = await self._lw.list(ListOptions(resource_version=pages.streamed_rv or rv,
+                                                       resource_version_match=match))
                 await pages.restart()
                 await pages.add(full.items, full.resource_version)
                 return full.resource_version, True

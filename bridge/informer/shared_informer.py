@@ -136,11 +136,21 @@ class CacheSeed:
     unconfirmed: Sequence[KubeObject] = ()
     """Objects (stubs) consumers may have received that the seed does not vouch for: a relist that
     no longer returns one (under its uid) reports it deleted; a list item or watch event of its uid
-    reports it as on a first start (an add). Where the cache has nothing under the key, the newest
-    takes the key's place, so that the relist's tombstones cover it."""
+    reports it as on a first start (an add) — but a watch's update of it, an update of the stub
+    (the object existed before the watch started: consumers had its earlier state, and the update
+    goes out as the update it was, with the same event id). Where the cache has nothing under the
+    key, the newest takes the key's place, so that the relist's tombstones cover it."""
     gap_from: str = ""
     """Without a resourceVersion: the first list is framed as a gap from here, for consumers who
     may hold state from a previous run that the bridge cannot vouch for."""
+    list_at: str = ""
+    """Without a resourceVersion: the first list is at exactly this resourceVersion
+    (``resourceVersionMatch=Exact``), the first list of a run that ended before consumers
+    acknowledged it. Its states are notified as on a first start (the same states, so the same
+    events), and the watch then resumes from it: every change after it comes one by one. The
+    :attr:`unconfirmed` objects are taken in when that list ends (those it returned are vouched
+    for); when the server no longer has the resourceVersion (410), before the consistent list that
+    replaces it, which is framed as a gap from it."""
 
 
 class InformerError(BridgeError):
@@ -243,6 +253,10 @@ class SharedIndexInformer:
         self._processing_initial = False
         self._processed = asyncio.Event()
         self._resume_rv = ""
+        self._list_at = ""
+        """:attr:`CacheSeed.list_at` until that list ended (or expired)."""
+        self._held_unconfirmed: list[KubeObject] = []
+        """The unconfirmed objects taken in once that list ended."""
         self._last_progress_rv = ""
         self._gap: Gap | None = None
         """The relist window open between a relist's begin and end markers, if any."""
@@ -291,13 +305,36 @@ class SharedIndexInformer:
             raise ValueError(f"informer {self.name!r}: a seeded cache needs a resourceVersion")
         elif seed.gap_from:
             self._last_progress_rv = seed.gap_from
-        for obj in seed.unconfirmed:
+        if seed.list_at and not seed.resource_version:
+            self._list_at = seed.list_at
+            self._held_unconfirmed = list(seed.unconfirmed)
+            return
+        self._take_unconfirmed(seed.unconfirmed, listed=False)
+
+    def _take_unconfirmed(self, objects: Iterable[KubeObject], *, listed: bool) -> None:
+        """Makes ``objects`` the unconfirmed ones (:attr:`CacheSeed.unconfirmed`); ``listed``: after
+        the list at :attr:`CacheSeed.list_at`, whose objects (the same uid under the key) it
+        vouches for."""
+        for obj in objects:
             key = self._key_func(obj)
-            stubs = self._unconfirmed.setdefault(key, [])
             cached = self._indexer.get_by_key(key)
+            if listed and cached is not None and object_identity(cached)[0] == object_identity(obj)[0]:
+                continue
+            stubs = self._unconfirmed.setdefault(key, [])
             if cached is None or object_identity(cached)[0] in {object_identity(s)[0] for s in stubs}:
                 self._indexer.add(obj)
             stubs.append(obj)
+
+    def _exact_list_expired(self, resource_version: str) -> None:
+        """The reflector's list at :attr:`CacheSeed.list_at` met an expired resourceVersion: the
+        consistent list that replaces it is framed as a gap from it, against the unconfirmed
+        objects (nothing of that list is queued yet)."""
+        if not self._list_at:
+            return
+        self._list_at = ""
+        self._last_progress_rv = resource_version
+        held, self._held_unconfirmed = self._held_unconfirmed, []
+        self._take_unconfirmed(held, listed=False)
 
     async def list_current(self) -> tuple[list[KubeObject], str]:
         """Lists the informer's scope from the API server now (consistent read, in pages of the
@@ -361,9 +398,9 @@ class SharedIndexInformer:
             stub_uid = object_identity(stub)[0]
             is_slot = stub_uid == cached_uid
             if stub_uid == uid and not isinstance(obj, DeletedFinalStateUnknown):
-                if is_slot:
+                if is_slot and delta.type is not DeltaType.UPDATED:
                     self._indexer.delete_key(key)  # reported afresh: an add
-                continue
+                continue  # a watch's update: an update of the stub (it existed before the watch)
             if not relist:
                 keep.append(stub)
                 if is_slot:
@@ -564,6 +601,10 @@ class SharedIndexInformer:
     async def _process_locked(self, item: Delta | ResourceVersionMarker, is_in_initial_list: bool) -> None:
         """Applies one queue entry; the pop loop holds the processing lock around a run of them."""
         if type(item) is ResourceVersionMarker:
+            if item.relist_end and self._list_at:
+                self._list_at = ""
+                held, self._held_unconfirmed = self._held_unconfirmed, []
+                self._take_unconfirmed(held, listed=True)
             if item.relist_end and self._last_progress_rv:
                 await self._close_gap(item.resource_version)
             self._last_progress_rv = item.resource_version
@@ -748,6 +789,8 @@ class SharedIndexInformer:
             page_size=self._page_size,
             use_watch_list=self._use_watch_list,
             initial_resource_version=self._resume_rv,
+            exact_list=self._list_at,
+            on_exact_list_expired=self._exact_list_expired,
             watch_error_handler=self._watch_error_handler,
         )
         self._spawn(self._processor.run(), "processor")

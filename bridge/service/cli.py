@@ -115,7 +115,10 @@ def _parser() -> argparse.ArgumentParser:
     ver.add_argument("--topic", action="append", default=[], help="Kafka topic (repeatable)")
     ver.add_argument("--stream", help="JetStream stream name")
     ver.add_argument("--json", action="store_true", help="print the report as JSON")
-    ver.add_argument("--strict", action="store_true", help="per-object order violations also fail")
+    ver.add_argument("--strict", action="store_true",
+                     help="per-object order violations fail the check (the default; kept for scripts)")
+    ver.add_argument("--allow-order-violations", action="store_true",
+                     help="report per-object order violations without failing the check")
     ver.add_argument("--timeout", type=float, default=60.0,
                      help="seconds to read the sink and list the cluster (default 60)")
     return p

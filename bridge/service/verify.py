@@ -14,17 +14,20 @@ and reports per watched resource:
   not a redelivery of an event it already held (per-object order is part of the contract);
 * **gap markers**: the windows in which the bridge says intermediate changes were not observed.
 
-Only missing, phantom and stale objects make the sink's state differ from the cluster's; the rest is
-reported (and ``strict`` makes order violations count too).
+Missing, phantom and stale objects make the sink's state differ from the cluster's; order violations
+fail the check too (``strict``, the default), duplicates and gaps are reported.
 
-Reconstruction follows docs/event-format.md. An object is identified by its uid (a uid lives once:
-re-creating a name gives a new uid, and a uid is deleted once). In the sink's order, per uid:
-``added``, ``updated`` and ``sync`` make the object alive at that state unless the state held is
-newer (a higher resourceVersion); ``deleted`` ends a live object whatever its resourceVersion (a
-delete inferred by a relist, ``finalstateunknown``, carries the last state the bridge knew, which may
-be older than one it sent). A redelivered event (same id) is therefore harmless, whatever the restart
-that re-sent it. Order violations are changes older than the state held, a delete older than the
-state it ends (unless inferred), a second delete of one uid, and a new change after a delete. Snapshot
+The state is the one a consumer ends with that follows docs/delivery-contract.md's advice: it drops
+an event whose id it has already seen and applies every other as it comes, comparing no
+resourceVersions. An object is identified by its uid (a uid lives once: re-creating a name gives a
+new uid, and a uid is deleted once). In the sink's order, per uid, an event not seen before:
+``added``, ``updated`` and ``sync`` make the object alive at that state (an older state too: the
+consumer then ends stale); ``deleted`` ends it whatever its resourceVersion (a delete inferred by a
+relist, ``finalstateunknown``, carries the last state the bridge knew). A redelivered event (same id)
+is therefore harmless, and a change sent after its object's delete, followed by that delete again
+(same id, dropped), leaves the consumer with a phantom. Order violations are changes older than the
+state held, a delete older than the state it ends (unless inferred), a second delete of one uid, and
+a new change after a delete. Snapshot
 markers are counted; a snapshot is not used to drop objects it does not contain, so a delete the sink
 never received shows as a phantom even when a later snapshot left the object out.
 
@@ -180,7 +183,8 @@ class VerifyReport:
     undecodable_examples: list[str] = field(default_factory=list)
     other_events: int = 0
     """Events of resources (or clusters) not being verified."""
-    strict: bool = False
+    strict: bool = True
+    """Per-object order violations fail the check (the default)."""
 
     @property
     def consistent(self) -> bool:
@@ -225,7 +229,7 @@ class VerifyReport:
         verdict = ("the sink's state equals the cluster's" if self.consistent
                    else "the sink's state differs from the cluster's")
         if self.consistent and not self.ok:
-            verdict += ", but the sink broke per-object order (--strict)"
+            verdict += ", but the sink broke per-object order"
         lines.append(f"\nverdict: {verdict}")
         return "\n".join(lines) + "\n"
 
@@ -321,12 +325,13 @@ def _rebuild(ce: Mapping[str, Any], kind: str, previous: Any, position: str) -> 
 
 def verify(*, sink: str, events: Iterable[SinkEvent],
            cluster: Mapping[ResourceScope, Sequence[ClusterObject]], cluster_name: str | None = None,
-           undecodable: Sequence[str] = (), strict: bool = False) -> VerifyReport:
+           undecodable: Sequence[str] = (), strict: bool = True) -> VerifyReport:
     """Compares the sink's events (in the sink's order) with the cluster's objects per resource.
 
     ``cluster_name`` keeps only events whose ``cluster`` attribute is that name. ``undecodable`` names
     the positions of records that were not CloudEvents. Raises :class:`UnreconstructableError` when an
-    event's payload cannot be rebuilt.
+    event's payload cannot be rebuilt. ``strict`` False reports per-object order violations
+    without failing the check on them.
     """
     scopes = list(cluster)
     per_scope: dict[ResourceScope, list[SinkEvent]] = {s: [] for s in scopes}
@@ -399,15 +404,12 @@ def _check(scope: ResourceScope, events: Sequence[SinkEvent],
                 violations.append({"object": key, "uid": uid, "event": kind, "resourceversion": rv,
                                    "after": f"{'deleted' if not state.alive else 'state'}@{state.rv}",
                                    "problem": problem, "position": ev.position})
-            # What the event does to the state: a delete ends a live object whatever its
-            # resourceVersion (an inferred one may carry an older state); nothing is older than the
-            # state held, a second delete, or a redelivery of a change after its object's delete
-            # changes anything; a new change after a delete brings the object back, as a consumer
-            # applying it would.
-            if (deleting and not state.alive) or (not deleting and _older(rv, state.rv) and state.alive):
-                continue
-            if not deleting and not state.alive and repeat:
-                continue
+        # The consumer the docs recommend drops an event whose id it has seen and applies any other
+        # as it comes, comparing no resourceVersions: a change brings the object to its state (an
+        # older one too, or one after the uid's delete), a delete ends it. What it ends with is
+        # what the sink's state is judged by.
+        if repeat:
+            continue
         states[uid] = _State(key=key, rv=rv, alive=not deleting, obj=obj)
     report.changes = dict(changes)
     report.duplicate_ids = sum(n - 1 for n in seen_ids.values() if n > 1)

@@ -196,7 +196,8 @@ async def verify_from_args(args: argparse.Namespace) -> VerifyReport:
     finally:
         await client.close()
     return verify(sink=contents.description, events=contents.events, cluster=objects, cluster_name=cluster,
-                  undecodable=contents.undecodable, strict=args.strict)
+                  undecodable=contents.undecodable,
+                  strict=not args.allow_order_violations)
 
 
 def run_verify(args: argparse.Namespace) -> int:

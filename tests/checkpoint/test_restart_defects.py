@@ -10,6 +10,8 @@
   delivered changes, and was killed before its first checkpoint write. Restarted while the server
   still holds the history, it must deliver every change made meanwhile, one by one (or, had the
   history expired, frame the relist as a gap) — not list from scratch as if sinks held nothing.
+  Before every sink acknowledged the first list, it lists again at exactly that list's
+  resourceVersion and watches from it; only when that resourceVersion expired is the list framed.
 """
 
 from __future__ import annotations
@@ -174,12 +176,14 @@ async def test_a_crash_before_the_first_checkpoint_write_delivers_every_change_m
 
 
 
-async def test_a_crash_before_every_sink_acknowledged_the_first_list_frames_the_relist_from_it(
+async def test_a_crash_before_every_sink_acknowledged_the_first_list_lists_it_again_exactly(
     sim: tuple[Simulator, ApiClient], tmp_path: Path
 ) -> None:
     """One sink acknowledges nothing of the first list, the other gets it and a live change; the
-    bridge is killed. Nobody acknowledged a resume point, so the restart lists again — and frames
-    that list as a gap from the first list's resourceVersion, since sinks hold state from then."""
+    bridge is killed and ``a`` changes while it is down. Nobody acknowledged a resume point, so the
+    restart lists at exactly the first list's resourceVersion — the same states, the same event ids
+    (an id-deduplicating consumer drops them) — and watches from there: the live change and the
+    later one come one by one, no gap (resume plan, invariant 6)."""
     _, client = sim
     a = await create(client, "a", v="0")
     fast, down = RecordingSink("fast"), RecordingSink("down", auto_ack=False)
@@ -188,8 +192,47 @@ async def test_a_crash_before_every_sink_acknowledged_the_first_list_frames_the_
     assert await p.wait_for_sync(10)
     live = await client.patch(f"{PATH}/a", {"data": {"v": "live"}})
     await until(lambda: ("updated", f"{NS}/a", rv(live), False) in fast.changes(), what="a live update")
+    first = [e for e in fast.events if e.subject == f"{NS}/a" and e.type is EventType.ADDED]
     await p.abort()
     later = await client.patch(f"{PATH}/a", {"data": {"v": "later"}})
+
+    fast2, down2 = RecordingSink("fast"), RecordingSink("down")
+    p2 = await make(client, tmp_path, fast2, down2, interval=3600)
+    await p2.start()
+    try:
+        wanted = ("updated", f"{NS}/a", rv(later), False)
+        await until(lambda: wanted in fast2.changes() and wanted in down2.changes(),
+                    what="the change made while down")
+        for sink in (fast2, down2):
+            assert sink.changes() == [("added", f"{NS}/a", rv(a), False),
+                                      ("updated", f"{NS}/a", rv(live), False),
+                                      ("updated", f"{NS}/a", rv(later), False)]
+            assert not [e for e in sink.events if e.type in (EventType.GAP_BEGIN, EventType.GAP_END)]
+        again = [e for e in fast2.events if e.type is EventType.ADDED]
+        assert [event_id(e) for e in again] == [event_id(e) for e in first]  # the same ids
+    finally:
+        await p2.shutdown(5)
+
+
+async def test_a_crash_before_every_sink_acknowledged_the_first_list_frames_the_relist_once_it_expired(
+    sim: tuple[Simulator, ApiClient], tmp_path: Path
+) -> None:
+    """The same crash, and the server compacts its history while the bridge is down: the first
+    list's resourceVersion is gone (410), so the restart lists the current state and frames it as a
+    gap from that resourceVersion, since sinks hold state from then; ``b``, created and deleted
+    while the first run ran (only the journal knows it), gets its delete inside that window."""
+    _, client = sim
+    a = await create(client, "a", v="0")
+    fast, down = RecordingSink("fast"), RecordingSink("down", auto_ack=False)
+    p = await make(client, tmp_path, fast, down, interval=3600)
+    await p.start()
+    assert await p.wait_for_sync(10)
+    b = await create(client, "b", v="0")
+    await until(lambda: ("added", f"{NS}/b", rv(b), False) in fast.changes(), what="b's add")
+    await p.abort()
+    await client.delete(f"{PATH}/b")
+    later = await client.patch(f"{PATH}/a", {"data": {"v": "later"}})
+    await client.request("POST", "/_sim/compact")
 
     fast2, down2 = RecordingSink("fast"), RecordingSink("down")
     p2 = await make(client, tmp_path, fast2, down2, interval=3600)
@@ -203,6 +246,10 @@ async def test_a_crash_before_every_sink_acknowledged_the_first_list_frames_the_
         assert (state.type, state.resource_version) == (EventType.ADDED, rv(later))
         assert state.gap is not None
         assert state.gap.id == ends[0].id
+        (gone,) = [e for e in fast2.events if e.subject == f"{NS}/b"]
+        assert gone.type is EventType.DELETED
+        assert gone.gap is not None
+        assert gone.gap.id == ends[0].id
     finally:
         await p2.shutdown(5)
 
@@ -215,7 +262,8 @@ async def test_a_bridge_process_killed_before_its_first_checkpoint_write_resumes
     checkpoints every hour) is SIGKILLed about a second after it delivered its first list and a live
     change; changes are made while it is down (the simulator keeps the history); the restarted
     process delivers each of them, one by one, outside any gap. (Killed before the acknowledgement
-    of its first list is durable, it would frame the relist instead, as the third test shows.)"""
+    of its first list is durable, it lists again at exactly the first list's resourceVersion and
+    watches from there, as the third test shows.)"""
     out = tmp_path / "out.jsonl"
     store = FileCheckpointStore(directory=tmp_path / "ckpt")
     ident = informer_id("configmaps", NS, "", "")

@@ -56,8 +56,8 @@ def test_1_the_resume_point_is_the_checkpoint_else_the_acknowledged_first_list_e
     assert acked.checkpoint.objects == {"ns/x": ("u-x", "12")}  # what a checkpoint would have held
     assert acked.rewrite  # written at the first interval: the store has none
     assert unconfirmed(acked) == {"u-y", "u-z"}  # after the point: the journal's word only
-    framed = plan(None, journal, start=ListStart("20"))
-    assert (framed.checkpoint, framed.frame_from) == (None, "20")
+    again = plan(None, journal, start=ListStart("20"))
+    assert (again.checkpoint, again.frame_from, again.list_at) == (None, "", "20")  # invariant 6
     assert plan(None, {}, unreadable=True).frame_from == "0"
     fresh = plan(None)
     assert (fresh.checkpoint, fresh.frame_from, fresh.seeds, fresh.unconfirmed) == (None, "", (), ())
@@ -110,6 +110,26 @@ def test_4_a_sink_ahead_of_the_base_resumes_from_its_own_progress() -> None:
     assert {s.kind for s in same.sinks.values()} == {SinkStartKind.AT_BASE}
 
 
+def test_4_what_a_sink_acknowledged_past_its_point_is_known_and_what_it_owes_is_maybe() -> None:
+    """A sink's acknowledgements past its own point (section 3): ns/o's delete it acknowledged is
+    its knowledge (the journal's record of it is not ``maybe`` for it: its delete is not re-sent);
+    of ns/d it acknowledged the re-creation (u-d2) and owes the first uid's delete (a key in both
+    maps under different uids): it knows u-d2, and u-d is ``maybe`` (that delete is sent again)."""
+    cp = Checkpoint(
+        informer_id="cm", resource_version="20", objects={"ns/d": ("u-d", "15")},
+        sinks={"a": SinkProgress(ahead={"ns/o": ("u-o", "23", True), "ns/d": ("u-d2", "25", False)},
+                                 objects={"ns/d": ("u-d", "24")}),
+               "b": SinkProgress()})
+    p = plan(cp, {"u-o": Deleted("ns/o", "23"), "u-d": Deleted("ns/d", "24"), "u-d2": Exists("ns/d", "25")})
+    a = p.sinks["a"]
+    assert a.known["ns/o"] == Known("u-o", 23, True)
+    assert a.known["ns/d"] == Known("u-d2", 25, False)
+    assert a.maybe == frozenset({"u-d"})
+    assert cp.sinks is not None
+    assert cp.sinks["a"].owed_deletes() == frozenset({"u-d"})
+    assert cp.sinks["b"].owed_deletes() == frozenset()
+
+
 def test_5_a_sink_the_checkpoint_does_not_cover_is_bootstrapped() -> None:
     cp = Checkpoint(informer_id="cm", resource_version="20", sinks={"a": SinkProgress(),
                                                                     "gone": SinkProgress()})
@@ -120,3 +140,21 @@ def test_5_a_sink_the_checkpoint_does_not_cover_is_bootstrapped() -> None:
     assert p.rewrite
     legacy = plan(Checkpoint(informer_id="cm", resource_version="20"))  # format 1: covers every sink
     assert legacy.bootstrapping == frozenset()
+
+
+def test_6_a_first_list_not_yet_acknowledged_is_listed_again_exactly_with_the_journal_unconfirmed() -> None:
+    """Without a checkpoint and with the first list not acknowledged by every sink, the informer
+    lists at exactly that list's resourceVersion and watches from it (no gap): every change since
+    is replayed one by one. Every object of the journal is unconfirmed — the first list's (the
+    exact list returns them: vouched for), those created later (replayed by the watch) and the
+    deletes already sent (re-sent as they were, invariant 3) — so that a relist after a 410 reports
+    each one that is gone."""
+    journal: dict[str, JournalEntry] = {"u-x": Exists("ns/x", "12"), "u-y": Exists("ns/y", "25"),
+                                        "u-z": Deleted("ns/z", "30", inferred=True)}
+    p = plan(None, journal, start=ListStart("20"))
+    assert (p.checkpoint, p.list_at, p.frame_from, p.seeds) == (None, "20", "", ())
+    assert unconfirmed(p) == {"u-x", "u-y", "u-z"}
+    assert p.sent_deletes["u-z"] == SentDelete("ns/z", "30", True)
+    assert all(s.kind is SinkStartKind.AT_BASE for s in p.sinks.values())
+    assert plan(None, journal, start=ListStart("20", acknowledged=True)).list_at == ""
+    assert plan(None, journal).list_at == ""

@@ -177,6 +177,52 @@ def test_own_progress_takes_the_changes_applied_before_the_first_checkpoint_writ
     assert late.listener_state("fast", 10, own) == (12, {"ns/a": None})
 
 
+def test_own_progress_keeps_what_a_sink_acknowledged_past_its_prefix() -> None:
+    """docs/delivery-contract.md, section 3: a sink that acknowledged ns/b's update but not ns/a's
+    earlier one keeps its resume point (the prefix stops at ns/a) and records ns/b's update as
+    delivered ahead, so its filter skips it after a crash; of ns/c it acknowledged the later update
+    only: that one is recorded (the earlier one is older than what its destination has). Of ns/d it
+    owes the delete of the first uid and acknowledged the re-creation: the re-creation is recorded,
+    and the delete it owes is named (:meth:`AckTracker.owed_deletes`), so that a restart sends it."""
+    from bridge.delivery.progress import AckTracker
+
+    t = AckTracker(name="x", resource_version="5",
+                   index={"ns/a": ("ua", "3"), "ns/b": ("ub", "4"), "ns/c": ("uc", "5"), "ns/d": ("ud", "1")})
+    changes = [(UPDATE, "a", "ua", 6), (UPDATE, "b", "ub", 7), (UPDATE, "c", "uc", 8), (UPDATE, "c", "uc", 9),
+               (DELETE, "d", "ud", 10), (ADD, "d", "ud2", 11)]
+    for seq, (kind, name, uid, rv) in enumerate(changes):
+        t.dispatched(Notification(kind=kind, obj=obj(uid, rv, name), key=ObjectKey(f"ns/{name}"), seq=seq),
+                     ["fast", "slow"])
+        t.progress(seq + 1, str(rv))
+    for seq in (1, 3, 5):
+        t.acked("fast", seq)
+    b, c, d = Known("ub", 7, False), Known("uc", 9, False), Known("ud2", 11, False)
+    assert t.listener_state("fast", 0, {}) == (5, {"ns/b": b, "ns/c": c, "ns/d": d})
+    assert t.owed_deletes("fast") == {"ns/d": ("ud", 10)}
+    t.acked("fast", 0)  # the prefix now reaches ns/b's update and stops at ns/c's first one
+    assert t.listener_state("fast", 0, {}) == (7, {"ns/a": Known("ua", 6, False), "ns/b": b, "ns/c": c,
+                                                   "ns/d": d})
+    t.acked("fast", 2)
+    t.acked("fast", 4)  # the delete it owed: nothing owed any more
+    assert t.listener_state("fast", 0, {}) == (11, {"ns/a": Known("ua", 6, False), "ns/b": b, "ns/c": c,
+                                                    "ns/d": d})
+    assert t.owed_deletes("fast") == {}
+
+
+def test_an_owed_delete_of_an_earlier_object_keeps_what_it_knows_of_a_later_one() -> None:
+    """The sink owes u1's delete (``maybe``) and saw u3, a later object of the key, deleted at 4: u1's
+    delete goes out, and u3's replayed add and delete, which it acknowledged, are still skipped."""
+    r = SinkResume(resource_version=1, known={"ns/a": Known("u3", 4, True)}, maybe={"u1"},
+                   api_version="v1", kind="ConfigMap")
+    first = note(DELETE, "u1", 2)
+    assert r.admit(first, False) == [first]
+    assert r.known == {"ns/a": Known("u3", 4, True)}
+    assert r.admit(note(ADD, "u3", 3), False) == []
+    assert r.admit(note(DELETE, "u3", 4), False) == []
+    later = note(ADD, "u5", 5)
+    assert r.admit(later, False) == [later]
+
+
 def test_markers_and_snapshots_pass() -> None:
     r = resume(10, Known("", -1, True))
     snap = Notification(kind=NotificationKind.SNAPSHOT, obj={}, snapshot=[], seq=3)

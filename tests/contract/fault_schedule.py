@@ -63,15 +63,19 @@ from bridge.service.verify_sources import (
     read_jetstream,
     read_kafka,
 )
+from bridge.testing.spec import Change, ChangeKind, History, Received, SinkLog, check_sink, scope_of
 from tests.brokers import NatsServer, TansuBroker, free_port, running_nats, running_tansu
 
-__all__ = ["FAULTS", "Infra", "Outcome", "infrastructure", "main", "run_seed"]
+__all__ = ["FAULTS", "PROFILES", "Infra", "Outcome", "infrastructure", "main", "run_seed"]
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = "faults"
 FAULTS = ("kill", "kill_compact", "kafka_pause", "nats_restart", "hook_storm", "watch_cut", "expire",
           "garble")
 """Every fault kind the schedule draws from (all of them, always)."""
+PROFILES = ("random", "combined")
+"""``random``: faults drawn one after another from :data:`FAULTS`; ``combined``: every sink's outage
+at once with 410 storms and several SIGKILLs (:func:`_combined_faults`)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -327,10 +331,152 @@ async def _checkpoint_rv(store: FileCheckpointStore, ident: str) -> int:
         return -1
 
 
+@dataclass
+class _World:
+    """What a fault schedule acts on."""
+
+    infra: Infra
+    bridge: BridgeProc
+    hook: Hook
+    http: aiohttp.ClientSession
+    rng: random.Random
+    faults: list[str]
+    say: Callable[[str], None]
+
+
+async def _random_faults(w: _World, duration: float, kinds: tuple[str, ...]) -> None:
+    """Faults drawn one after another from ``kinds`` for ``duration`` seconds."""
+    infra, bridge, hook, http, rng, faults = w.infra, w.bridge, w.hook, w.http, w.rng, w.faults
+    end = time.monotonic() + duration
+    while time.monotonic() < end:
+        await asyncio.sleep(rng.uniform(0.1, 0.6))
+        kind = rng.choice(kinds)
+        faults.append(kind)
+        w.say(f"t={duration - (end - time.monotonic()):.1f}s fault {kind}")
+        if kind == "kill":
+            bridge.kill()
+            await asyncio.sleep(rng.uniform(0.0, 0.8))
+            bridge.start()
+            await bridge.wait_ready(http)  # it resumes before the next fault
+            await asyncio.sleep(rng.uniform(0.0, 1.0))
+        elif kind == "kill_compact":
+            bridge.kill()
+            await asyncio.sleep(rng.uniform(0.2, 1.0))
+            await _post(http, f"{infra.sim_url}/_sim/compact")
+            bridge.start()
+            await bridge.wait_ready(http)
+            await asyncio.sleep(rng.uniform(0.0, 1.0))
+        elif kind == "kafka_pause":
+            infra.tansu.pause()
+            try:
+                await asyncio.sleep(rng.uniform(0.3, 2.0))
+            finally:
+                infra.tansu.resume()
+        elif kind == "nats_restart":
+            proc = infra.nats.proc
+            infra.nats.stop()  # SIGTERM: nats-server flushes its file store; SIGKILL after 5 s
+            if proc is not None and proc.returncode == -signal.SIGKILL:
+                # What the server acknowledged in its last moments may be gone: the broker's
+                # loss, not the bridge's. Named in the outcome so a JetStream finding is read so.
+                faults[-1] = "nats_restart:sigkilled"
+            await asyncio.sleep(rng.uniform(0.1, 1.0))
+            infra.nats.start()
+        elif kind == "hook_storm":
+            hook.status = rng.choice((500, 503, 429))
+            await asyncio.sleep(rng.uniform(0.3, 1.5))
+            hook.status = 200
+        elif kind == "watch_cut":
+            await _sim_faults(http, infra.sim_url, {"watch_cut_after": rng.randrange(0, 30)})
+            await asyncio.sleep(rng.uniform(0.3, 1.0))
+            await _sim_faults(http, infra.sim_url, {"reset": True})
+        elif kind == "expire":
+            await _post(http, f"{infra.sim_url}/_sim/expire-watches")
+        elif kind == "garble":
+            await _sim_faults(http, infra.sim_url, {"watch_garble_after": rng.randrange(0, 20)})
+            await asyncio.sleep(rng.uniform(0.3, 1.0))
+            await _sim_faults(http, infra.sim_url, {"reset": True})
+
+
+async def _kill_and_restart(w: _World, label: str, down: float) -> None:
+    w.faults.append(label)
+    w.say(f"fault {label}")
+    w.bridge.kill()
+    await asyncio.sleep(down)
+    w.bridge.start()
+    await w.bridge.wait_ready(w.http)
+
+
+async def _expire_storm(w: _World, label: str) -> None:
+    """Three 410 Expired sent into the open watches in quick succession."""
+    w.faults.append(label)
+    w.say(f"fault {label}")
+    for _ in range(3):
+        await _post(w.http, f"{w.infra.sim_url}/_sim/expire-watches")
+        await asyncio.sleep(w.rng.uniform(0.05, 0.3))
+
+
+async def _combined_faults(w: _World, scale: float) -> None:
+    """Every fault at once, as an incident brings them (issue 24's reproduction): a SIGKILL before
+    the outages; then Kafka frozen (SIGSTOP) for ``30 * scale`` s, NATS stopped for ``20 * scale``
+    s and the webhook answering 503, then 429, for ``20 * scale`` s, all overlapping, with three
+    410 storms, a watch cut and a SIGKILL inside them; then, as the outages end one by one, a
+    SIGKILL while Kafka drains its long backlog and another once the backlogs drained."""
+    infra, hook, rng = w.infra, w.hook, w.rng
+    kafka, nats, webhook = 30 * scale, 20 * scale, 20 * scale
+    await asyncio.sleep(rng.uniform(0.3, 1.0))
+    await _kill_and_restart(w, "kill:before", rng.uniform(0.1, 0.5))
+    await asyncio.sleep(rng.uniform(0.5, 1.5))
+    w.faults.append("outages:kafka+nats+webhook")
+    w.say("fault outages begin")
+    start = time.monotonic()
+    infra.tansu.pause()
+    try:
+        infra.nats.stop()
+        hook.status = 503
+        storms = sorted(rng.uniform(0.1, 0.9) * nats for _ in range(3))
+        kill_at = rng.uniform(0.3, 0.7) * nats
+        cut_at = rng.uniform(0.1, 0.9) * nats
+        plan = sorted([(t, f"expire-storm:{i}") for i, t in enumerate(storms)]
+                      + [(kill_at, "kill:during"), (cut_at, "watch_cut"), (webhook / 2, "webhook:429"),
+                         (webhook, "webhook:up"), (nats, "nats:up")])
+        for at, what in plan:
+            await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+            if what.startswith("expire-storm"):
+                await _expire_storm(w, what)
+            elif what == "kill:during":
+                await _kill_and_restart(w, what, rng.uniform(0.1, 1.0))
+            elif what == "watch_cut":
+                w.faults.append(what)
+                await _sim_faults(w.http, infra.sim_url, {"watch_cut_after": rng.randrange(0, 30)})
+                await asyncio.sleep(0.5)
+                await _sim_faults(w.http, infra.sim_url, {"reset": True})
+            elif what == "webhook:429":
+                hook.status = 429
+            elif what == "webhook:up":
+                hook.status = 200
+            elif what == "nats:up":
+                infra.nats.start()
+        await asyncio.sleep(max(0.0, start + kafka - time.monotonic()))
+    finally:
+        hook.status = 200
+        if infra.nats.proc is None:
+            infra.nats.start()
+        infra.tansu.resume()
+    w.say("fault outages end: Kafka drains its backlog")
+    await asyncio.sleep(rng.uniform(0.2, 0.8))
+    await _kill_and_restart(w, "kill:draining", rng.uniform(0.1, 0.5))
+    await asyncio.sleep(rng.uniform(1.0, 2.0))
+    await _kill_and_restart(w, "kill:after", rng.uniform(0.1, 0.5))
+    await asyncio.sleep(rng.uniform(0.5, 1.0))
+
+
 async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
-                   say: Callable[[str], None] = lambda _: None, kinds: tuple[str, ...] = FAULTS) -> Outcome:
-    """One schedule: churn + faults for ``duration`` seconds, drain, verify every sink. ``kinds``
-    narrows the faults drawn (to bisect a failure; the test suite always draws from all)."""
+                   say: Callable[[str], None] = lambda _: None, kinds: tuple[str, ...] = FAULTS,
+                   profile: str = "random", scale: float = 1.0) -> Outcome:
+    """One schedule: churn + faults for ``duration`` seconds (profile ``random``) or the combined
+    profile at ``scale`` (1.0: Kafka frozen 30 s, NATS down 20 s, the webhook refusing for 20 s),
+    drain, verify every sink. ``kinds`` narrows the random faults drawn (to bisect a failure; the
+    test suite always draws from all)."""
     rng = random.Random(seed)
     tag = f"fs{seed}x{random.Random().randrange(1 << 20):05x}"
     ns = tag
@@ -350,7 +496,6 @@ async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
     faults: list[str] = []
     problems: list[str] = []
     churn_task: asyncio.Task[None] | None = None
-    paused = False
     http = aiohttp.ClientSession()
     try:
         await client.create("/api/v1/namespaces", {"metadata": {"name": ns}})
@@ -361,54 +506,12 @@ async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
                 raise RuntimeError(f"the bridge did not come up; see {bridge.log}")
             await asyncio.sleep(0.05)
         churn_task = asyncio.create_task(churn.run(), name=f"fault-churn-{seed}")
-        end = time.monotonic() + duration
-        while time.monotonic() < end:
-            await asyncio.sleep(rng.uniform(0.1, 0.6))
-            kind = rng.choice(kinds)
-            faults.append(kind)
-            say(f"seed {seed} t={duration - (end - time.monotonic()):.1f}s fault {kind}")
-            if kind == "kill":
-                bridge.kill()
-                await asyncio.sleep(rng.uniform(0.0, 0.8))
-                bridge.start()
-                await bridge.wait_ready(http)  # it resumes before the next fault
-                await asyncio.sleep(rng.uniform(0.0, 1.0))
-            elif kind == "kill_compact":
-                bridge.kill()
-                await asyncio.sleep(rng.uniform(0.2, 1.0))
-                await _post(http, f"{infra.sim_url}/_sim/compact")
-                bridge.start()
-                await bridge.wait_ready(http)
-                await asyncio.sleep(rng.uniform(0.0, 1.0))
-            elif kind == "kafka_pause":
-                infra.tansu.pause()
-                paused = True
-                await asyncio.sleep(rng.uniform(0.3, 2.0))
-                infra.tansu.resume()
-                paused = False
-            elif kind == "nats_restart":
-                proc = infra.nats.proc
-                infra.nats.stop()  # SIGTERM: nats-server flushes its file store; SIGKILL after 5 s
-                if proc is not None and proc.returncode == -signal.SIGKILL:
-                    # What the server acknowledged in its last moments may be gone: the broker's
-                    # loss, not the bridge's. Named in the outcome so a JetStream finding is read so.
-                    faults[-1] = "nats_restart:sigkilled"
-                await asyncio.sleep(rng.uniform(0.1, 1.0))
-                infra.nats.start()
-            elif kind == "hook_storm":
-                hook.status = rng.choice((500, 503, 429))
-                await asyncio.sleep(rng.uniform(0.3, 1.5))
-                hook.status = 200
-            elif kind == "watch_cut":
-                await _sim_faults(http, infra.sim_url, {"watch_cut_after": rng.randrange(0, 30)})
-                await asyncio.sleep(rng.uniform(0.3, 1.0))
-                await _sim_faults(http, infra.sim_url, {"reset": True})
-            elif kind == "expire":
-                await _post(http, f"{infra.sim_url}/_sim/expire-watches")
-            elif kind == "garble":
-                await _sim_faults(http, infra.sim_url, {"watch_garble_after": rng.randrange(0, 20)})
-                await asyncio.sleep(rng.uniform(0.3, 1.0))
-                await _sim_faults(http, infra.sim_url, {"reset": True})
+        world = _World(infra=infra, bridge=bridge, hook=hook, http=http, rng=rng, faults=faults,
+                       say=lambda m: say(f"seed {seed} {m}"))
+        if profile == "combined":
+            await _combined_faults(world, scale)
+        else:
+            await _random_faults(world, duration, kinds)
         churn.stop()
         await churn_task
         churn_task = None
@@ -436,8 +539,8 @@ async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
         churn.stop()
         if churn_task is not None:
             await asyncio.gather(churn_task, return_exceptions=True)
-        if paused:
-            infra.tansu.resume()
+        with contextlib.suppress(Exception):
+            infra.tansu.resume()  # a schedule cut short may have left it frozen
         if infra.nats.proc is None:
             infra.nats.start()
         bridge.kill()
@@ -519,7 +622,44 @@ async def _verify_all(infra: Infra, tag: str, ns: str, work: Path, churn: Churn,
         if lost:
             problems.append(f"{name}: {len(lost)} changes never delivered outside any gap window, "
                             f"e.g. {lost[:3]}")
+        problems.extend(consumer_findings(name, contents, churn.produced))
     return reports
+
+
+_CHANGE_KINDS = {"added": ChangeKind.CREATED, "updated": ChangeKind.UPDATED, "deleted": ChangeKind.DELETED}
+
+
+def received_of(ce: dict[str, Any]) -> Received | None:
+    """A CloudEvent read back, as the contract's specification reads it (None for other types)."""
+    kind = event_kind(ce)
+    gap_id = str(ce.get("gapid") or "")
+    if kind in ("gap.begin", "gap.end"):
+        return Received(kind, gap_id=gap_id, gap_from=int(str(ce.get("gapfrom") or 0)),
+                        gap_to=int(str(ce.get("gapto") or 0)), scope_uid=scope_of(gap_id))
+    if kind not in _CHANGE_KINDS:
+        return None
+    return Received(kind, key=str(ce.get("subject") or ""), uid=str(ce.get("uid") or ""),
+                    rv=int(str(ce.get("resourceversion") or 0)),
+                    inferred=ce.get("finalstateunknown") == "true", gap_id=gap_id)
+
+
+def consumer_findings(name: str, contents: SinkContents,
+                      produced: list[tuple[str, str, str, str]]) -> list[str]:
+    """The contract's specification (:mod:`bridge.testing.spec`) on what the sink holds: what a
+    consumer that drops repeated ids ends with (missing, phantom, stale), per-object order, states
+    and deletes the churn never made. (Lost changes are checked above, against the windows the
+    sink's own markers announce; a window a SIGKILL cut may lack its end.)"""
+    history = History(changes=[Change(int(rv), _CHANGE_KINDS[kind], key, uid)
+                               for kind, key, uid, rv in produced])
+    events = [r for e in contents.events if (r := received_of(dict(e.ce))) is not None]
+    found = [f for f in check_sink(history, SinkLog(name, list(events)))
+             if f.kind in ("missing", "phantom", "stale", "order", "invented")]
+    if not found:
+        return []
+    counts: dict[str, int] = {}
+    for f in found:
+        counts[f.kind] = counts.get(f.kind, 0) + 1
+    return [f"{name}: a consumer dropping repeated ids: {counts}, e.g. {[str(f) for f in found[:3]]}"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -535,7 +675,7 @@ async def _main(args: argparse.Namespace) -> int:
         for seed in seeds:
             outcome = await run_seed(infra, seed, args.duration, workdir,
                                      say=(lambda m: print(m, flush=True)) if args.verbose else lambda _: None,
-                                     kinds=kinds)
+                                     kinds=kinds, profile=args.profile, scale=args.scale)
             print(outcome.summary(), flush=True)
             if not outcome.ok:
                 failed.append(seed)
@@ -561,12 +701,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=60.0, help="seconds of churn and faults per seed")
     p.add_argument("--faults", help="comma-separated fault kinds to draw from, to bisect a failure "
                                     f"(default: all of {','.join(FAULTS)})")
+    p.add_argument("--profile", choices=PROFILES, default="random",
+                   help="random: faults drawn one after another (default); combined: every sink's outage "
+                        "at once with 410 storms and several SIGKILLs")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="combined profile: outage lengths times this "
+                        "(1.0: Kafka 30 s, NATS and webhook 20 s)")
     p.add_argument("--verbose", action="store_true", help="print each fault as it is injected")
     p.add_argument("--keep", action="store_true",
                    help="keep the work files (logs, sink contents, nats-server log) of passing seeds too")
     args = p.parse_args(argv)
-    if args.duration <= 0 or args.seeds < 1:
-        p.error("--duration must be positive and --seeds at least 1")
+    if args.duration <= 0 or args.seeds < 1 or args.scale <= 0:
+        p.error("--duration and --scale must be positive and --seeds at least 1")
     unknown = set(args.faults.split(",")) - set(FAULTS) if args.faults else set()
     if unknown:
         p.error(f"--faults: unknown kind(s) {', '.join(sorted(unknown))}; known: {', '.join(FAULTS)}")

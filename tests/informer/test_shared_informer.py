@@ -857,6 +857,70 @@ async def test_watch_replay_reports_unconfirmed_objects_as_they_happened(env: En
     assert sorted(informer.get_indexer().list_keys()) == ["ns/a"]
 
 
+async def test_a_replayed_update_of_an_unconfirmed_object_is_an_update(env: Env) -> None:
+    """An unconfirmed object (only the journal knows it) whose first replayed change is an update:
+    it existed before the watch's start, consumers had its earlier state, so the update goes out as
+    the update it was (the same event) — an add would be a new event, possibly after its delete."""
+    a = env.source.add(cm("a"))            # 1  in the checkpoint
+    env.source.add(cm("x"))                # 2  delivered, the journal's only fact of it later its delete
+    env.source.modify(cm("x", k="1"))      # 3
+    env.source.delete(cm("x"))             # 4
+    informer = env.informer()
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    informer.seed(CacheSeed(objects=[_stub(a)], resource_version="2",
+                            unconfirmed=[_unconfirmed("x", "uid-ns-x-2", "4")]))
+    await env.start(informer)
+    assert await rec.wait_for(2) == [("update", "ns/x", "4", "3"), ("delete", "ns/x", "4", False)]
+
+
+async def test_a_list_at_an_exact_resource_version_then_the_watch_from_it(env: Env) -> None:
+    """CacheSeed.list_at: the first list is at exactly that resourceVersion (the states a previous
+    run listed, notified as on a first start) and the watch resumes from it, replaying every change
+    since one by one; the unconfirmed objects are taken in when that list ended, so one created
+    later is not reported gone by it (the watch replays its add, then its delete)."""
+    env.source.add(cm("a"))                # 1
+    env.source.add(cm("b"))                # 2  the previous run's first list
+    env.source.modify(cm("a", k="1"))      # 3
+    env.source.add(cm("c"))                # 4  delivered by the previous run (journalled)
+    env.source.delete(cm("c"))             # 5  while down
+    env.source.delete(cm("b"))             # 6  while down
+    informer = env.informer()
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    informer.seed(CacheSeed(list_at="2", unconfirmed=[_unconfirmed("a", "uid-ns-a-1", "1"),
+                                                      _unconfirmed("c", "uid-ns-c-4", "4")]))
+    await env.start(informer)
+    calls = await rec.wait_for(6)
+    assert calls == [("add", "ns/a", "1", True), ("add", "ns/b", "2", True), ("update", "ns/a", "1", "3"),
+                     ("add", "ns/c", "4", False), ("delete", "ns/c", "5", False),
+                     ("delete", "ns/b", "6", False)]
+    lists = [c.options for c in env.source.calls if c.kind == "list"]
+    assert [(o.resource_version, o.resource_version_match) for o in lists] == [("2", "Exact")]
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert len(rec.calls) == 6
+    assert informer.get_indexer().list_keys() == ["ns/a"]
+
+
+async def test_a_list_at_an_expired_resource_version_is_a_list_framed_from_it(env: Env) -> None:
+    """CacheSeed.list_at when the server no longer has that resourceVersion (410): a consistent
+    list, framed as a gap from it, reporting the unconfirmed objects it does not return deleted."""
+    env.source.add(cm("a"))                # 1
+    env.source.add(cm("b"))                # 2  the previous run's first list
+    env.source.add(cm("c"))                # 3  delivered by the previous run (journalled)
+    env.source.delete(cm("c"))             # 4  while down
+    env.source.compact()
+    informer = env.informer()
+    frames = _Frames()
+    informer.add_event_handler(frames)
+    informer.seed(CacheSeed(list_at="2", unconfirmed=[_unconfirmed("c", "uid-ns-c-3", "3")]))
+    await env.start(informer)
+    await until(lambda: ("gap.end", "2", "4") in frames.seen, "the gap's end")
+    assert (frames.seen[0], frames.seen[-1]) == (("gap.begin", "2", ""), ("gap.end", "2", "4"))
+    assert sorted(frames.seen[1:-1]) == [("add", "ns/a"), ("add", "ns/b"), ("delete", "ns/c")]
+
+
 class _Frames:
     """A NotificationHandler recording changes and gap edges in order, acking at once."""
 

@@ -80,7 +80,8 @@ def test_each_kind_of_discrepancy_is_reported() -> None:
         ce("added", "phantom", "u-p", 5),          # deleted in the cluster, no delete in the sink
         ce("added", "stale", "u-s", 6),            # updated in the cluster, the update never came
         ce("added", "ordered", "u-o", 7), ce("updated", "ordered", "u-o", 9),
-        ce("updated", "ordered", "u-o", 8),        # older than what the sink already had: out of order
+        ce("updated", "ordered", "u-o", 8),        # older than what the sink already had: out of order,
+                                                   # and the consumer that applies it ends stale
         ce("added", "dup", "u-d", 10), ce("added", "dup", "u-d", 10),  # a redelivery: same id
     )
     cluster = {PODS: [obj("stale", "u-s", 20), obj("ordered", "u-o", 9), obj("dup", "u-d", 10),
@@ -89,10 +90,11 @@ def test_each_kind_of_discrepancy_is_reported() -> None:
     assert not report.consistent
     assert not report.ok
     (r,) = report.resources
-    assert r.counts == {"missing": 1, "phantom": 1, "stale": 1, "order_violations": 1}
+    assert r.counts == {"missing": 1, "phantom": 1, "stale": 2, "order_violations": 1}
     assert r.missing == [{"object": "default/missing", "uid": "u-m", "cluster_rv": "15"}]
     assert r.phantom == [{"object": "default/phantom", "uid": "u-p", "sink_rv": "5"}]
-    assert r.stale == [{"object": "default/stale", "uid": "u-s", "sink_rv": "6", "cluster_rv": "20"}]
+    assert r.stale == [{"object": "default/ordered", "uid": "u-o", "sink_rv": "8", "cluster_rv": "9"},
+                       {"object": "default/stale", "uid": "u-s", "sink_rv": "6", "cluster_rv": "20"}]
     assert r.order_violations == [{"object": "default/ordered", "uid": "u-o", "event": "updated",
                                    "resourceversion": "8", "after": "state@9",
                                    "problem": "older than the state already held",
@@ -100,7 +102,7 @@ def test_each_kind_of_discrepancy_is_reported() -> None:
     assert r.duplicate_ids == 1
     assert r.duplicate_examples[0]["copies"] == 2
     text = report.render()
-    for needle in ("1 missing from the sink", "1 phantom", "1 stale", "1 per-object order violation",
+    for needle in ("1 missing from the sink", "1 phantom", "2 stale", "1 per-object order violation",
                    "1 event id(s) stored more than once", "MISMATCH", "differs from the cluster's"):
         assert needle in text
     as_json = report.to_json()
@@ -251,3 +253,39 @@ def test_heartbeats_are_neither_changes_nor_markers() -> None:
     assert r.changes == {"added": 1, "updated": 1}
     assert (r.sink_objects, r.events, r.snapshots, r.gap_markers) == (1, 5, 0, [])
     assert r.counts == {"missing": 0, "phantom": 0, "stale": 0, "order_violations": 0}
+
+
+def test_the_state_is_what_a_consumer_dropping_repeated_ids_ends_with() -> None:
+    # Issue 24: a sink resumed inside a held-back window got an object's delete, then a change the
+    # window held back (a new id), then the same delete again (its id repeated). A consumer that
+    # drops repeated ids, as the docs recommend, applies the change and drops the second delete: it
+    # keeps the object for good. The verifier judges that consumer's state: a phantom.
+    delete_id = hashlib.sha256(b"prod\0u-x\0deleted").hexdigest()[:32]
+    sink = events(ce("added", "x", "u-x", 10), ce("deleted", "x", "u-x", 30, ident=delete_id),
+                  ce("updated", "x", "u-x", 25), ce("deleted", "x", "u-x", 30, ident=delete_id))
+    report = verify(sink="t", events=sink, cluster={PODS: []})
+    (r,) = report.resources
+    assert (r.counts["phantom"], r.counts["order_violations"]) == (1, 1)
+    assert r.phantom == [{"object": "default/x", "uid": "u-x", "sink_rv": "25"}]
+    assert not report.consistent
+
+
+def test_a_consumer_applies_an_older_change_it_has_not_seen() -> None:
+    # A change older than the state held, with a new id, is applied by a consumer that only drops
+    # repeated ids: it ends stale, and the order violation is reported.
+    sink = events(ce("added", "o", "u-o", 7), ce("updated", "o", "u-o", 9), ce("updated", "o", "u-o", 8))
+    (r,) = verify(sink="t", events=sink, cluster={PODS: [obj("o", "u-o", 9)]}).resources
+    assert (r.counts["stale"], r.counts["order_violations"]) == (1, 1)
+    assert r.stale == [{"object": "default/o", "uid": "u-o", "sink_rv": "8", "cluster_rv": "9"}]
+
+
+def test_an_order_violation_fails_the_check_by_default() -> None:
+    # The state is right (the second, older delete changes nothing), yet per-object order broke:
+    # that fails the check unless order violations are explicitly allowed.
+    sink = events(ce("added", "x", "u-x", 20), ce("deleted", "x", "u-x", 30),
+                  ce("deleted", "x", "u-x", 20, fsu=True, ident="other-id"))
+    report = verify(sink="t", events=sink, cluster={PODS: []})
+    assert report.consistent
+    assert not report.ok
+    assert "broke per-object order" in report.render()
+    assert verify(sink="t", events=sink, cluster={PODS: []}, strict=False).ok
