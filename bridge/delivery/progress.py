@@ -24,89 +24,31 @@ import heapq
 import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Final, NamedTuple
 
 from bridge.contracts import (
     DeletedFinalStateUnknown,
-    KubeObject,
     Notification,
     NotificationKind,
-    ObjectKey,
     UnconfirmedGone,
+)
+from bridge.delivery.progress_records import (
+    HOLDS_NOTHING,
+    AheadEntry,
+    Effect,
+    IndexEntry,
+    InFlight,
+    Known,
+    Scan,
+    effect_of,
+    entry_of,
+    object_key,
 )
 from bridge.delivery.resource_version import parse_rv
 from bridge.rawobject import object_identity
-from bridge.rawobject import object_key as raw_object_key
 
 __all__ = ["HOLDS_NOTHING", "AckTracker", "AheadEntry", "IndexEntry", "Known", "object_key"]
 
 log = logging.getLogger(__name__)
-
-IndexEntry = tuple[str, str]
-"""``(uid, resourceVersion)`` of one object in the acked index."""
-
-AheadEntry = tuple[str, str, bool]
-"""``(uid, resourceVersion, deleted)``: the newest acknowledged change of an object that is newer
-than the resume point (checkpointed so a resume does not notify it again)."""
-
-
-class Known(NamedTuple):
-    """What one sink last acknowledged of one object."""
-
-    uid: str
-    resource_version: int
-    """Its resourceVersion; for a delete, the delete's (-1: unknown, a relist found it gone)."""
-    deleted: bool
-
-
-HOLDS_NOTHING: Final = Known("", -1, True)
-"""A sink holds nothing under the key, whatever the cache has there (an object only other sinks
-saw, or one the journal names that this sink's own progress says it never received)."""
-
-
-def object_key(obj: KubeObject | DeletedFinalStateUnknown) -> ObjectKey:
-    """``namespace/name`` or ``name`` (client-go's ``MetaNamespaceKeyFunc``); a tombstone's key."""
-    if isinstance(obj, DeletedFinalStateUnknown):
-        return obj.key
-    return ObjectKey(raw_object_key(obj))
-
-
-def _entry_of(obj: KubeObject | DeletedFinalStateUnknown) -> IndexEntry:
-    if isinstance(obj, DeletedFinalStateUnknown):
-        obj = obj.obj
-    return object_identity(obj)
-
-
-_Effect = tuple[str, "IndexEntry | None", "int | None"] | None
-"""What applying one notification does to the index: (key, entry or None for a delete, its
-resourceVersion as int, -1 for a relist's tombstone, None when not an integer); None = nothing."""
-
-
-@dataclass(slots=True)
-class _InFlight:
-    effect: _Effect
-    """Only what applying the notification needs, never the objects: a sink that is down for long
-    keeps a large window, which must cost a few dozen bytes per change, not the change's objects."""
-    waiting: set[str] = field(default_factory=set)
-    time: float = 0.0
-    """When it was dispatched (the tracker's ``now``), for the age of what a sink still owes."""
-    deleted_uid: str = ""
-    """For a delete, the uid it deletes (the effect has none): which object a sink's
-    acknowledgement past its prefix is of (:meth:`AckTracker._acked_beyond`)."""
-
-
-@dataclass(slots=True)
-class _Scan:
-    """Where one sink's own progress stands (:meth:`AckTracker.listener_state`)."""
-
-    cursor: int
-    """The first seq not scanned yet."""
-    changes: dict[str, Known]
-    """Per object, what the sink acknowledged where it may differ from the base."""
-    rv: int
-    """Its own resume resourceVersion so far."""
-
 
 class AckTracker:
     """A :class:`~bridge.contracts.DeliveryObserver` computing the checkpoint state of one informer.
@@ -147,7 +89,7 @@ class AckTracker:
                 self._hold(key, rv_int, None if deleted else (uid, rv))
         self._rv_int = parse_rv(resource_version)
         # seq → notification still owed by some listener, or acked but behind an unacked one.
-        self._window: collections.OrderedDict[int, _InFlight] = collections.OrderedDict()
+        self._window: collections.OrderedDict[int, InFlight] = collections.OrderedDict()
         # (seq, rv) markers not yet passed, in seq order.
         self._markers: collections.deque[tuple[int, str]] = collections.deque()
         self._outstanding = 0
@@ -160,7 +102,7 @@ class AckTracker:
         self._generation = 0
         self.duplicate_acks = 0
         """Acks for a (listener, seq) that was not owed: counted, otherwise ignored."""
-        self._scans: dict[str, _Scan] = {}
+        self._scans: dict[str, Scan] = {}
         """Listener → its incremental own-progress scan (:meth:`listener_state`)."""
         self._owes: dict[str, dict[str, tuple[str, int]]] = {}
         """Listener → :meth:`owed_deletes` as of its last :meth:`listener_state`."""
@@ -185,7 +127,7 @@ class AckTracker:
         self._last_dispatched_seq = seq
         kind = notification.kind
         obj = notification.obj
-        effect: _Effect
+        effect: Effect
         if (kind is NotificationKind.ADD or kind is NotificationKind.UPDATE) and not isinstance(
                 obj, DeletedFinalStateUnknown):
             # The common change, in one pass, reading the object's identity once.
@@ -200,10 +142,10 @@ class AckTracker:
             effect = (key, ident, rv_int)
         else:
             self._note_state(notification)
-            effect = _effect_of(notification)
-        entry = _InFlight(effect, set(listeners), self._now() if self._now is not None else 0.0)
+            effect = effect_of(notification)
+        entry = InFlight(effect, set(listeners), self._now() if self._now is not None else 0.0)
         if effect is not None and effect[1] is None:
-            entry.deleted_uid = _entry_of(obj)[0]
+            entry.deleted_uid = entry_of(obj)[0]
         self._window[seq] = entry
         if entry.waiting:
             # Owed by someone: it cannot be applied now, and the markers it could hold back were
@@ -274,7 +216,7 @@ class AckTracker:
                 known = self._index.get(key, ("", ""))[1]
         # A delete seen on the watch carries a resourceVersion of its own; one that carries exactly
         # the state last seen was inferred by a relist (the object was re-created under a new uid).
-        rv = _entry_of(n.obj)[1]
+        rv = entry_of(n.obj)[1]
         if rv and rv == known:
             self._unobserved.add(n.seq)
 
@@ -385,9 +327,9 @@ class AckTracker:
         if listener not in self._scans:
             self._scans[listener] = self._new_scan(floor, own)
 
-    def _new_scan(self, floor: int, own: Mapping[str, Known]) -> _Scan:
+    def _new_scan(self, floor: int, own: Mapping[str, Known]) -> Scan:
         changes = {key: Known(*k) for key, k in own.items()}
-        return _Scan(cursor=self._last_applied_seq + 1, changes=changes, rv=floor)
+        return Scan(cursor=self._last_applied_seq + 1, changes=changes, rv=floor)
 
     def listener_state(self, listener: str, floor: int, own: Mapping[str, Known]
                        ) -> tuple[int, dict[str, Known | None]]:
@@ -411,19 +353,7 @@ class AckTracker:
             scan = self._scans[listener] = self._new_scan(floor, own)
         base_rv = self._rv_int if self._rv_int is not None else 0
         scan.rv = max(scan.rv, base_rv)
-        window = self._window
-        limit: int | None = None
-        seq = max(scan.cursor, self._last_applied_seq + 1)
-        last = self._last_dispatched_seq
-        while seq <= last:
-            entry = window.get(seq)
-            if entry is not None:
-                if listener in entry.waiting:
-                    limit = seq
-                    break
-                self._scan_effect(scan, entry.effect)
-            seq += 1
-        scan.cursor = seq
+        limit = self._scan_prefix(listener, scan)
         scan.rv = max(scan.rv, self._marker_rv(limit))
         rv = scan.rv
         out: dict[str, Known | None] = {}
@@ -456,7 +386,25 @@ class AckTracker:
                 del scan.changes[key]  # the base caught up with it
         return rv, out
 
-    def _acked_beyond(self, listener: str, limit: int, scan: _Scan
+    def _scan_prefix(self, listener: str, scan: Scan) -> int | None:
+        """Folds into ``scan`` the notifications since its cursor up to the first the sink still
+        owes; returns that one's seq (None: it owes nothing dispatched)."""
+        window = self._window
+        seq = max(scan.cursor, self._last_applied_seq + 1)
+        last = self._last_dispatched_seq
+        limit: int | None = None
+        while seq <= last:
+            entry = window.get(seq)
+            if entry is not None:
+                if listener in entry.waiting:
+                    limit = seq
+                    break
+                self._scan_effect(scan, entry.effect)
+            seq += 1
+        scan.cursor = seq
+        return limit
+
+    def _acked_beyond(self, listener: str, limit: int, scan: Scan
                       ) -> tuple[dict[str, Known], dict[str, tuple[str, int]]]:
         """Per object, the newest change ``listener`` acknowledged past its contiguous prefix (from
         ``limit``, the first notification it owes): docs/delivery-contract.md, section 3 — after a
@@ -528,7 +476,7 @@ class AckTracker:
                 return parse_rv(marker_rv) or 0
         return 0
 
-    def _scan_effect(self, scan: _Scan, effect: _Effect) -> None:
+    def _scan_effect(self, scan: Scan, effect: Effect) -> None:
         """Applies one notification's effect to a sink's own knowledge (newest resourceVersion
         wins; a relist's tombstone, -1, always applies)."""
         if effect is None:
@@ -639,19 +587,3 @@ class AckTracker:
             rv = changes[-1][0]
         changes.append((rv, entry))
         heapq.heappush(self._ahead_heap, (rv, next(self._ahead_count), key))
-
-
-def _effect_of(n: Notification) -> _Effect:
-    """The effect of a notification other than an add or update of an object (:meth:`AckTracker.dispatched`
-    computes those): a snapshot (the cache restated), a relist's frame and an add or update of a
-    tombstone change nothing."""
-    if n.kind is not NotificationKind.DELETE:
-        return None
-    if isinstance(n.obj, UnconfirmedGone):
-        # A journal-only object gone: the index (what every sink acknowledged) never had it — an
-        # add of it would have settled it — and the key may live on under another uid.
-        return None
-    # A delete seen only through a relist happened at an unknown RV no newer than the list's: any
-    # later resume point covers it.
-    rv = -1 if isinstance(n.obj, DeletedFinalStateUnknown) else parse_rv(_entry_of(n.obj)[1])
-    return (n.key or object_key(n.obj), None, rv)

@@ -1,0 +1,103 @@
+"""The records of acknowledgement tracking (:mod:`bridge.delivery.progress`): what the acked
+index holds per object, what one sink knows of one, and what one in-flight notification does to the
+index when it is applied."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final, NamedTuple
+
+from bridge.contracts import (
+    DeletedFinalStateUnknown,
+    KubeObject,
+    Notification,
+    NotificationKind,
+    ObjectKey,
+    UnconfirmedGone,
+)
+from bridge.delivery.resource_version import parse_rv
+from bridge.rawobject import object_identity
+from bridge.rawobject import object_key as raw_object_key
+
+__all__ = ["HOLDS_NOTHING", "AheadEntry", "Effect", "InFlight", "IndexEntry", "Known", "Scan", "effect_of",
+           "entry_of", "object_key"]
+
+IndexEntry = tuple[str, str]
+"""``(uid, resourceVersion)`` of one object in the acked index."""
+
+AheadEntry = tuple[str, str, bool]
+"""``(uid, resourceVersion, deleted)``: the newest acknowledged change of an object that is newer
+than the resume point (checkpointed so a resume does not notify it again)."""
+
+
+class Known(NamedTuple):
+    """What one sink last acknowledged of one object."""
+
+    uid: str
+    resource_version: int
+    """Its resourceVersion; for a delete, the delete's (-1: unknown, a relist found it gone)."""
+    deleted: bool
+
+
+HOLDS_NOTHING: Final = Known("", -1, True)
+"""A sink holds nothing under the key, whatever the cache has there (an object only other sinks
+saw, or one the journal names that this sink's own progress says it never received)."""
+
+
+def object_key(obj: KubeObject | DeletedFinalStateUnknown) -> ObjectKey:
+    """``namespace/name`` or ``name`` (client-go's ``MetaNamespaceKeyFunc``); a tombstone's key."""
+    if isinstance(obj, DeletedFinalStateUnknown):
+        return obj.key
+    return ObjectKey(raw_object_key(obj))
+
+
+def entry_of(obj: KubeObject | DeletedFinalStateUnknown) -> IndexEntry:
+    if isinstance(obj, DeletedFinalStateUnknown):
+        obj = obj.obj
+    return object_identity(obj)
+
+
+Effect = tuple[str, "IndexEntry | None", "int | None"] | None
+"""What applying one notification does to the index: (key, entry or None for a delete, its
+resourceVersion as int, -1 for a relist's tombstone, None when not an integer); None = nothing."""
+
+
+@dataclass(slots=True)
+class InFlight:
+    effect: Effect
+    """Only what applying the notification needs, never the objects: a sink that is down for long
+    keeps a large window, which must cost a few dozen bytes per change, not the change's objects."""
+    waiting: set[str] = field(default_factory=set)
+    time: float = 0.0
+    """When it was dispatched (the tracker's ``now``), for the age of what a sink still owes."""
+    deleted_uid: str = ""
+    """For a delete, the uid it deletes (the effect has none): which object a sink's
+    acknowledgement past its prefix is of (:meth:`~bridge.delivery.progress.AckTracker._acked_beyond`)."""
+
+
+@dataclass(slots=True)
+class Scan:
+    """Where one sink's own progress stands (:meth:`~bridge.delivery.progress.AckTracker.listener_state`)."""
+
+    cursor: int
+    """The first seq not scanned yet."""
+    changes: dict[str, Known]
+    """Per object, what the sink acknowledged where it may differ from the base."""
+    rv: int
+    """Its own resume resourceVersion so far."""
+
+
+def effect_of(n: Notification) -> Effect:
+    """The effect of a notification other than an add or update of an object
+    (:meth:`~bridge.delivery.progress.AckTracker.dispatched` computes those): a snapshot (the cache
+    restated), a relist's frame and an add or update of a tombstone change nothing."""
+    if n.kind is not NotificationKind.DELETE:
+        return None
+    if isinstance(n.obj, UnconfirmedGone):
+        # A journal-only object gone: the index (what every sink acknowledged) never had it — an
+        # add of it would have settled it — and the key may live on under another uid.
+        return None
+    # A delete seen only through a relist happened at an unknown RV no newer than the list's: any
+    # later resume point covers it.
+    rv = -1 if isinstance(n.obj, DeletedFinalStateUnknown) else parse_rv(entry_of(n.obj)[1])
+    return (n.key or object_key(n.obj), None, rv)
