@@ -162,9 +162,6 @@ class JournalBackend(Protocol):
         tail: the journal rewrites everything before its next append."""
         ...
 
-    async def close(self) -> None:
-        ...
-
     def room(self) -> int | None:
         """Bytes an append may still add (None: no limit). Records that do not fit wait for a
         compaction (after the next checkpoint write) to make room."""
@@ -294,9 +291,6 @@ class ChunkedValue:
         self._version, previous, self._chunks, self._tail = None, self._chunks, (), b""
         self._swept = False
         await self._drop(previous)
-
-    async def close(self) -> None:
-        return None
 
     # ---------------------------------------------------------------------------------------------
 

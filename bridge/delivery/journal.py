@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from pathlib import Path
 
 from bridge.clock import Clock, RealClock
 from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind
-from bridge.delivery.blob_file import FileJournalBackend
 from bridge.delivery.blobstore import JournalBackend
 from bridge.delivery.checkpoint import Checkpoint
 from bridge.delivery.fencing import BlobStoreError, CheckpointError, CheckpointStoreError
@@ -51,7 +48,6 @@ from bridge.rawobject import object_identity
 __all__ = [
     "Deleted",
     "Exists",
-    "FileJournalBackend",
     "JournalBackend",
     "JournalEntry",
     "KnownObjectJournal",
@@ -81,16 +77,8 @@ def _checkpoint_uids(cp: Checkpoint | None) -> dict[str, str]:
 class KnownObjectJournal:
     """The journal of one informer (see the module docstring)."""
 
-    def __init__(self, *, informer_id: str, backend: JournalBackend | None = None,
-                 path: str | os.PathLike[str] | None = None, fsync: bool = True,
-                 clock: Clock | None = None) -> None:
-        """``backend`` stores the journal; ``path`` is short for a :class:`FileJournalBackend`."""
-        if backend is None:
-            if path is None:
-                raise ValueError("a journal needs a backend or a path")
-            backend = FileJournalBackend(path, fsync=fsync)
-        self._backend: JournalBackend = backend
-        self._path = backend.path if isinstance(backend, FileJournalBackend) else None
+    def __init__(self, *, informer_id: str, backend: JournalBackend, clock: Clock | None = None) -> None:
+        self._backend = backend
         self._clock: Clock = clock or RealClock()
         self._informer_id = informer_id
         self._entries: dict[str, JournalEntry] = {}
@@ -136,13 +124,6 @@ class KnownObjectJournal:
     @property
     def backend(self) -> JournalBackend:
         return self._backend
-
-    @property
-    def path(self) -> Path:
-        """The file of a file-backed journal."""
-        if self._path is None:
-            raise AttributeError(f"journal {self._backend.name} is not a file")
-        return self._path
 
     # ---------------------------------------------------------------------------------------------
     # loading
@@ -342,23 +323,20 @@ class KnownObjectJournal:
 
     async def run(self) -> None:
         """Writes queued records (one write + fsync per batch) and compactions, until cancelled."""
-        try:
-            while True:
-                if not (self._pending or self._compact_to is not None or self._compact_requested):
-                    self._wake.clear()
-                    self._idle.set()
-                    await self._wake.wait()
-                    continue
-                try:
-                    await self._write_once()
-                except (OSError, CheckpointStoreError) as exc:
-                    self.write_errors += 1
-                    self.last_error = f"{type(exc).__name__}: {exc}"
-                    log.error("journal %s cannot be written (%s); new objects and deletes wait for it, "
-                              "retrying in %.0f s", self._backend.name, exc, _RETRY_DELAY)
-                    await self._clock.sleep(_RETRY_DELAY)
-        finally:
-            await self._backend.close()
+        while True:
+            if not (self._pending or self._compact_to is not None or self._compact_requested):
+                self._wake.clear()
+                self._idle.set()
+                await self._wake.wait()
+                continue
+            try:
+                await self._write_once()
+            except (OSError, CheckpointStoreError) as exc:
+                self.write_errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.error("journal %s cannot be written (%s); new objects and deletes wait for it, "
+                          "retrying in %.0f s", self._backend.name, exc, _RETRY_DELAY)
+                await self._clock.sleep(_RETRY_DELAY)
 
     async def _write_once(self) -> None:
         """One write: a compaction (rewrites what the storage holds, less what the last checkpoint

@@ -13,9 +13,9 @@ import orjson
 import pytest
 
 from bridge.contracts import DeletedFinalStateUnknown, Gap, Notification, NotificationKind, ObjectKey
-from bridge.delivery.blob_file import FileBlobStore
+from bridge.delivery.blob_file import FileBlobStore, FileJournalBackend
 from bridge.delivery.checkpoint import Checkpoint
-from bridge.delivery.journal import Deleted, FileJournalBackend, KnownObjectJournal, Relisted
+from bridge.delivery.journal import Deleted, KnownObjectJournal, Relisted
 from tests.checkpoint.helpers import until
 
 IDENT = "configmaps.ns.abc"
@@ -33,6 +33,12 @@ def note(j: KnownObjectJournal, seq: int, kind: NotificationKind, name: str, uid
     j.note(Notification(kind=kind, obj=target, seq=seq, key=key), inferred=inferred)
 
 
+def path_of(j: KnownObjectJournal) -> Path:
+    backend = j.backend
+    assert isinstance(backend, FileJournalBackend)
+    return backend.path
+
+
 def records(path: Path) -> list[object]:
     lines = path.read_bytes().splitlines()
     assert orjson.loads(lines[0]) == {"journal": 1, "informer_id": IDENT}
@@ -42,7 +48,7 @@ def records(path: Path) -> list[object]:
 @pytest.fixture
 async def running(tmp_path: Path) -> AsyncIterator[KnownObjectJournal]:
     checkpoint = Checkpoint(informer_id=IDENT, resource_version="10", objects={"ns/known": ("u-known", "9")})
-    j = KnownObjectJournal(path=tmp_path / f"{IDENT}.journal", informer_id=IDENT)
+    j = KnownObjectJournal(backend=FileJournalBackend(tmp_path / f"{IDENT}.journal"), informer_id=IDENT)
     assert await j.load(checkpoint) == {}
     task = asyncio.create_task(j.run(), name="journal-under-test")
     try:
@@ -67,7 +73,7 @@ async def test_new_objects_and_deletes_wait_for_their_record_updates_of_known_ob
     async with asyncio.timeout(5):
         await j.wait(4)
     assert not j.must_wait(4)
-    assert records(j.path) == [["a", "ns/a", "u-a", "12"], ["d", "ns/known", "u-known", "14", False],
+    assert records(path_of(j)) == [["a", "ns/a", "u-a", "12"], ["d", "ns/known", "u-known", "14", False],
                                ["d", "ns/gone", "u-gone", "9", True]]
 
 
@@ -81,7 +87,7 @@ async def test_a_delete_re_sent_as_it_was_sent_keeps_its_marking(running: KnownO
     note(j, 0, NotificationKind.DELETE, "known", "u-known", "11", tombstone=True, inferred=False)
     async with asyncio.timeout(5):
         await j.wait(0)
-    assert records(j.path) == [["d", "ns/known", "u-known", "11", False]]
+    assert records(path_of(j)) == [["d", "ns/known", "u-known", "11", False]]
 
 
 async def test_a_burst_is_one_group_commit(running: KnownObjectJournal) -> None:
@@ -93,7 +99,7 @@ async def test_a_burst_is_one_group_commit(running: KnownObjectJournal) -> None:
     async with asyncio.timeout(5):
         await j.wait(199)
     assert j.commits == commits + 1
-    assert len(records(j.path)) == 200
+    assert len(records(path_of(j))) == 200
 
 
 async def test_compaction_keeps_only_what_the_checkpoint_written_does_not_imply(
@@ -115,7 +121,7 @@ async def test_compaction_keeps_only_what_the_checkpoint_written_does_not_imply(
     async with asyncio.timeout(5):
         await j.wait(6)
     await until(lambda: j._compact_to is None, what="the compaction")
-    assert sorted(map(str, records(j.path))) == sorted(map(str, [["d", "ns/c", "u-c", "16", False],
+    assert sorted(map(str, records(path_of(j)))) == sorted(map(str, [["d", "ns/c", "u-c", "16", False],
                                                                  ["a", "ns/d", "u-d", "17"]]))
     # Once a checkpoint covers c's delete, its record goes.
     j.compact(Checkpoint(informer_id=IDENT, resource_version="16", objects={"ns/a": ("u-a", "12"),
@@ -124,7 +130,7 @@ async def test_compaction_keeps_only_what_the_checkpoint_written_does_not_imply(
     async with asyncio.timeout(5):
         await j.wait(7)
     await until(lambda: j._compact_to is None, what="the compaction")
-    assert sorted(map(str, records(j.path))) == sorted(map(str, [["a", "ns/d", "u-d", "17"],
+    assert sorted(map(str, records(path_of(j)))) == sorted(map(str, [["a", "ns/d", "u-d", "17"],
                                                                  ["a", "ns/e", "u-e", "18"]]))
 
 
@@ -137,7 +143,7 @@ async def test_load_ignores_a_torn_tail_and_reports_a_damaged_journal_unreadable
     path = tmp_path / "j.journal"
     head = orjson.dumps({"journal": 1, "informer_id": IDENT})
     path.write_bytes(head + b'\n["a","ns/a","u-a","12"]\n["d","ns/a","u-a","13",false]\n["a","ns/b","u-')
-    j = KnownObjectJournal(path=path, informer_id=IDENT)
+    j = KnownObjectJournal(backend=FileJournalBackend(path), informer_id=IDENT)
     with caplog.at_level(logging.WARNING, logger="bridge.delivery.journal"):
         assert await j.load(None) == {"u-a": Deleted("ns/a", "13")}
     assert any("torn" in r.getMessage() for r in caplog.records)
@@ -163,7 +169,7 @@ async def test_load_ignores_a_torn_tail_and_reports_a_damaged_journal_unreadable
 async def test_a_journal_that_cannot_be_written_holds_its_events_and_recovers(tmp_path: Path) -> None:
     path = tmp_path / f"{IDENT}.journal"
     path.mkdir()  # in the way: the start-up rewrite cannot replace it
-    j = KnownObjectJournal(path=path, informer_id=IDENT)
+    j = KnownObjectJournal(backend=FileJournalBackend(path), informer_id=IDENT)
     await j.load(None)
     task = asyncio.create_task(j.run(), name="journal-under-test")
     try:
@@ -190,7 +196,7 @@ async def test_a_delete_replayed_after_an_inferred_one_keeps_where_the_held_back
     changes back; the same delete noted again keeps it too."""
     path = tmp_path / f"{IDENT}.journal"
     checkpoint = Checkpoint(informer_id=IDENT, resource_version="10", objects={"ns/x": ("u-x", "9")})
-    first = KnownObjectJournal(path=path, informer_id=IDENT)
+    first = KnownObjectJournal(backend=FileJournalBackend(path), informer_id=IDENT)
     await first.load(checkpoint)
     note(first, 1, NotificationKind.DELETE, "x", "u-x", "12", tombstone=True, inferred=True)
     task = asyncio.create_task(first.run(), name="journal-under-test")
@@ -199,7 +205,7 @@ async def test_a_delete_replayed_after_an_inferred_one_keeps_where_the_held_back
     await asyncio.gather(task, return_exceptions=True)
     assert records(path) == [["d", "ns/x", "u-x", "12", True]]
     for run, seq in (("second", 1), ("third", 1)):
-        j = KnownObjectJournal(path=path, informer_id=IDENT)
+        j = KnownObjectJournal(backend=FileJournalBackend(path), informer_id=IDENT)
         loaded = await j.load(checkpoint)
         if run == "second":
             assert loaded == {"u-x": Deleted("ns/x", "12", inferred=True)}
@@ -317,12 +323,12 @@ async def test_a_relists_states_are_recorded_with_where_its_window_starts_until_
     async with asyncio.timeout(5):
         await j.wait(10)
     assert not j.must_wait(5)
-    assert records(j.path) == [["r", "ns/known", "u-known", "14", "10", False],
+    assert records(path_of(j)) == [["r", "ns/known", "u-known", "14", "10", False],
                                ["r", "ns/a", "u-a", "15", "10", True],
                                ["r", "ns/a", "u-a", "18", "10", False],
                                ["r", "ns/b", "u-b", "19", "16", True],
                                ["d", "ns/b", "u-b", "20", False, "16"]]
-    reloaded = await KnownObjectJournal(path=j.path, informer_id=IDENT).load(None)
+    reloaded = await KnownObjectJournal(backend=FileJournalBackend(path_of(j)), informer_id=IDENT).load(None)
     assert reloaded["u-a"] == Relisted("ns/a", "18", "10", added=False)
     assert reloaded["u-known"] == Relisted("ns/known", "14", "10", added=False)
     # The checkpoint knows every object, and its sinks all acknowledged known's relisted state (its
@@ -331,12 +337,12 @@ async def test_a_relists_states_are_recorded_with_where_its_window_starts_until_
                          objects={"ns/known": ("u-known", "9"), "ns/a": ("u-a", "12")},
                          ahead={"ns/known": ("u-known", "14", False), "ns/a": ("u-a", "16", False)}))
     await j.idle()
-    assert records(j.path) == [["r", "ns/a", "u-a", "18", "10", False],
+    assert records(path_of(j)) == [["r", "ns/a", "u-a", "18", "10", False],
                                ["d", "ns/b", "u-b", "20", False, "16"]]
     j.compact(Checkpoint(informer_id=IDENT, resource_version="20",
                          objects={"ns/known": ("u-known", "14"), "ns/a": ("u-a", "18")}))
     await j.idle()
-    assert records(j.path) == []
+    assert records(path_of(j)) == []
 
 
 async def test_an_inferred_delete_is_kept_until_the_checkpoint_reaches_the_list_that_inferred_it(
@@ -351,24 +357,24 @@ async def test_an_inferred_delete_is_kept_until_the_checkpoint_reaches_the_list_
     note(j, 2, NotificationKind.DELETE, "known", "u-known", "9", tombstone=True, inferred=True)
     j.compact(Checkpoint(informer_id=IDENT, resource_version="10", objects={}))  # before the relist ends
     await j.idle()
-    assert records(j.path) == [["d", "ns/known", "u-known", "9", True]]
+    assert records(path_of(j)) == [["d", "ns/known", "u-known", "9", True]]
     j.note(Notification(kind=NotificationKind.GAP, obj={}, seq=3,
                         gap=Gap(id="g", from_resource_version="10", to_resource_version="20", end=True)),
            inferred=False)
     assert j.must_wait(3)
     async with asyncio.timeout(5):
         await j.wait(3)
-    assert records(j.path)[-1] == ["d", "ns/known", "u-known", "9", True, "", "20"]
+    assert records(path_of(j))[-1] == ["d", "ns/known", "u-known", "9", True, "", "20"]
     j.compact(Checkpoint(informer_id=IDENT, resource_version="19", objects={}))
     await j.idle()
-    assert records(j.path) == [["d", "ns/known", "u-known", "9", True, "", "20"]]
-    reloaded = await KnownObjectJournal(path=j.path, informer_id=IDENT).load(None)
+    assert records(path_of(j)) == [["d", "ns/known", "u-known", "9", True, "", "20"]]
+    reloaded = await KnownObjectJournal(backend=FileJournalBackend(path_of(j)), informer_id=IDENT).load(None)
     entry = reloaded["u-known"]
     assert isinstance(entry, Deleted)
     assert entry.sent_before == "20"
     j.compact(Checkpoint(informer_id=IDENT, resource_version="20", objects={}))
     await j.idle()
-    assert records(j.path) == []
+    assert records(path_of(j)) == []
 
 
 class SmallFileBackend(FileJournalBackend):
