@@ -345,57 +345,59 @@ class KnownObjectJournal:
         if self._compact_to is not None or self._compact_requested:
             await self._compact_once()
             return
-        batch = list(self._pending)
-        consumed = len(batch)
-        room = self._backend.room()
-        if room is not None:
-            kept: list[tuple[int, str, JournalEntry | ListStart, bytes]] = []
-            skipped = consumed = size = 0
-            for item in batch:
-                _, uid, entry, record = item
-                if size + len(record) + 1 <= room:
-                    size += len(record) + 1
-                    kept.append(item)
-                elif isinstance(entry, Relisted) and self._optional(uid, entry):
-                    self._skip(uid, entry)
-                    skipped += 1
+        batch, consumed = self._fit(self._backend.room())
+        last = self._pending[consumed - 1][0]
+        if batch:
+            try:
+                await self._backend.append(b"\n".join(record for *_, record in batch) + b"\n")
+            except BaseException:
+                # A failed append may have left a torn line: the retry rewrites the whole journal.
+                self._compact_requested = True
+                raise
+            for _, uid, entry, _ in batch:
+                if isinstance(entry, ListStart):
+                    if self._base is None:
+                        self._durable_start = entry
                 else:
-                    break
-                consumed += 1
-            if skipped:
-                self.skipped += skipped
-                log.warning("journal %s is full: %d states a relist sent were released unrecorded; a "
-                            "crash before the next checkpoint write may re-send, after them, changes "
-                            "that relist coalesced", self._backend.name, skipped,
-                            extra={"informer": self._informer_id})
-            if consumed == 0:
-                # Nothing is released unrecorded, not even a first list larger than the journal
-                # (which no checkpoint can compact before it is delivered: it waits, and readiness
-                # says why). Only a backend without chunking is bounded.
-                raise BlobStoreError(
-                    f"journal {self._backend.name} is full: {len(batch)} records wait for the next "
-                    "checkpoint write to compact it (more objects were created or deleted since the "
-                    "last checkpoint write than it holds)")
-            if not kept:
-                del self._pending[:consumed]
-                self._done(batch[consumed - 1][0])
-                return
-            last, batch = batch[consumed - 1][0], kept
-        try:
-            await self._backend.append(b"\n".join(record for *_, record in batch) + b"\n")
-        except BaseException:
-            # A failed append may have left a torn line: the retry rewrites the whole journal.
-            self._compact_requested = True
-            raise
+                    self._durable[uid] = entry
+            self.records += len(batch)
         del self._pending[:consumed]  # note() only ever appends meanwhile
-        for _, uid, entry, _ in batch:
-            if isinstance(entry, ListStart):
-                if self._base is None:
-                    self._durable_start = entry
+        self._done(last)
+
+    def _fit(self, room: int | None) -> tuple[list[tuple[int, str, JournalEntry | ListStart, bytes]], int]:
+        """The pending records the next append writes, and how many pending records it consumes
+        (those written, and the relisted states released unrecorded when they do not fit)."""
+        batch = list(self._pending)
+        if room is None:
+            return batch, len(batch)
+        kept: list[tuple[int, str, JournalEntry | ListStart, bytes]] = []
+        skipped = consumed = size = 0
+        for item in batch:
+            _, uid, entry, record = item
+            if size + len(record) + 1 <= room:
+                size += len(record) + 1
+                kept.append(item)
+            elif isinstance(entry, Relisted) and self._optional(uid, entry):
+                self._skip(uid, entry)
+                skipped += 1
             else:
-                self._durable[uid] = entry
-        self.records += len(batch)
-        self._done(last if room is not None else batch[-1][0])
+                break
+            consumed += 1
+        if skipped:
+            self.skipped += skipped
+            log.warning("journal %s is full: %d states a relist sent were released unrecorded; a "
+                        "crash before the next checkpoint write may re-send, after them, changes "
+                        "that relist coalesced", self._backend.name, skipped,
+                        extra={"informer": self._informer_id})
+        if consumed == 0:
+            # Nothing is released unrecorded, not even a first list larger than the journal
+            # (which no checkpoint can compact before it is delivered: it waits, and readiness
+            # says why). Only a backend without chunking is bounded.
+            raise BlobStoreError(
+                f"journal {self._backend.name} is full: {len(batch)} records wait for the next "
+                "checkpoint write to compact it (more objects were created or deleted since the "
+                "last checkpoint write than it holds)")
+        return kept, consumed
 
     async def _compact_once(self) -> None:
         """Rewrites what the storage holds, less what the last checkpoint written implies."""
