@@ -112,8 +112,8 @@ class ChunkStore(BlobStore, Protocol):
         """The name of chunk ``n`` of a generation (unique: the generation is random)."""
         ...
 
-    async def put_chunk(self, name: str, data: bytes) -> None:
-        """Creates a sealed chunk (its name is new)."""
+    async def put_chunk(self, ident: str, name: str, data: bytes) -> None:
+        """Creates a sealed chunk of the value ``ident`` (its name is new)."""
         ...
 
     async def get_chunk(self, name: str) -> bytes | None:
@@ -316,7 +316,7 @@ class ChunkedValue:
         created = tuple(names[:len(sealed)])
         try:
             for name, piece in zip(created, sealed, strict=True):
-                await store.put_chunk(name, piece)
+                await store.put_chunk(self._ident, name, piece)
                 self.chunk_writes += 1
             inline = pieces[-1] if keep_tail else b""
             await self._put_head(Head(chunks=(*chunks, *created), inline=inline, digest=digest),

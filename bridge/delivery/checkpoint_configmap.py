@@ -190,20 +190,14 @@ class ConfigMapBlobStore:
         start, end = f"{self._prefix}-", len(self._kind.suffix)
         return sorted(n[len(start):len(n) - end] for n in names if n.startswith(start + prefix))
 
-    async def put_chunk(self, name: str, data: bytes) -> None:
+    async def put_chunk(self, ident: str, name: str, data: bytes) -> None:
         body = {"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": name, "labels": self._chunk_labels(name)},
+                "metadata": {"name": name, "labels": self.labels(ident, self._kind.chunk_role)},
                 "data": {"chunk": data.decode()}}
         try:
             await self._client.create(self._collection, body, context=f"create {name}")
         except ApiError as exc:
             raise BlobStoreError(f"cannot write {self._kind.what} ConfigMap {name}: {exc}") from exc
-
-    def _chunk_labels(self, chunk: str) -> dict[str, str]:
-        """The owner and role labels of a chunk: its name starts with its head's."""
-        head = chunk[: chunk.rindex(self._kind.chunk_infix)]
-        ident = head[len(self._prefix) + 1 : len(head) - len(self._kind.suffix)]
-        return self.labels(ident, self._kind.chunk_role)
 
     async def get_chunk(self, name: str) -> bytes | None:
         cm = await self._read(name, f"ConfigMap {name}")

@@ -118,7 +118,7 @@ class NatsKvBlobStore:
         return sorted(k for k in await self._keys() if k.startswith(prefix) and not k.endswith(".journal")
                       and ".c." not in k[len(prefix):])
 
-    async def put_chunk(self, name: str, data: bytes) -> None:
+    async def put_chunk(self, ident: str, name: str, data: bytes) -> None:
         kv = await self._open_kv()
         try:
             await kv.put(name, data)
@@ -174,10 +174,10 @@ def _parse_journal(raw: bytes) -> Head:
 
 
 def _manifest(head: Head, key: str) -> bytes:
-    generation = head.chunks[0][len(key) + 3:].partition(".")[0] if head.chunks else ""
-    if head.inline or head.digest is None or list(head.chunks) != [
-            f"{key}.c.{generation}.{n}" for n in range(len(head.chunks))] or not head.chunks:
-        raise BlobStoreError(f"NATS KV checkpoint {key!r}: not a manifest of chunks")  # never written
+    generation = head.chunks[0][len(key) + 3:].partition(".")[0]
+    # A checkpoint's head holds none of it (head_room 0): one generation of chunks, in order.
+    assert head.digest is not None
+    assert list(head.chunks) == [f"{key}.c.{generation}.{n}" for n in range(len(head.chunks))]
     return orjson.dumps({"generation": generation, "chunks": len(head.chunks), "size": head.digest[0],
                          "sha256": head.digest[1],
                          **({"writer": token_json(head.writer)} if head.writer is not None else {})})
