@@ -27,12 +27,12 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from bridge.delivery.blobstore import BlobConflict, ChunkedValue, Head
+from bridge.delivery.blobstore import BlobConflict, Head
 from bridge.delivery.fencing import BlobStoreError, CheckpointCorruptError
 from bridge.delivery.store_io import finish_in_thread
 from bridge.kube.leaderelection import FenceToken
 
-__all__ = ["FileBlobStore", "FileJournalBackend"]
+__all__ = ["FileBlobStore"]
 
 LOCK = ".lock"
 
@@ -183,18 +183,6 @@ class FileBlobStore:
             yield
         finally:
             os.close(fd)  # releases the lock
-
-
-class FileJournalBackend(ChunkedValue):
-    """The known-object journal as the file ``path`` (unfenced: files are meant for one replica).
-    ``files``: the class of its file store (a test's holds a write)."""
-
-    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True,
-                 files: type[FileBlobStore] = FileBlobStore) -> None:
-        self.path = Path(path)
-        suffix = self.path.suffix
-        super().__init__(store=files(directory=self.path.parent, suffix=suffix, what="journal", fsync=fsync),
-                         ident=self.path.name[: len(self.path.name) - len(suffix)], fence=None)
 
 
 def _version(st: os.stat_result) -> str:
