@@ -178,7 +178,7 @@ async def test_nats_kv_checkpoints_and_journals_of_the_previous_stores_load(nats
 
 
 # --------------------------------------------------------------------------------------------------
-# What the stores of release 3c23339 wrote, as they wrote it (tests/checkpoint/data/stored_formats.json:
+# What the stores at commit 3c23339 wrote, as they wrote it (tests/checkpoint/data/stored_formats.json:
 # the files, the ConfigMaps and the NATS KV keys of a sharded checkpoint with per-sink sections, its
 # journal of every record shape, sealed chunks included, and a small checkpoint), loaded by today's.
 
