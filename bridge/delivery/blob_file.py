@@ -2,10 +2,8 @@
 
 A value's head is the file ``<ident><suffix>`` (``pods.all.3f2a9c1d7e0b.ckpt``, ``….journal``) and
 holds the value's bytes as they are, so a checkpoint file is exactly an encoded checkpoint and a
-journal file exactly the journal's text (docs/architecture.md). A file has no size limit, so values
-are never chunked unless a ``limit`` is given (the storage layer's tests run the chunked writer on
-every backend): a head then starts with a line naming its writer and chunks, the files
-``<ident><suffix>.c.<generation>.<n>``.
+journal file exactly the journal's text (docs/architecture.md). A file has no size limit: values
+are never chunked (the store keeps no chunks, :class:`~bridge.delivery.blobstore.ChunkStore`).
 
 Compare-and-set: a head's version is its file's (inode, size, mtime); a fenced replace compares it
 and writes under an exclusive ``flock`` on ``directory/.lock``, which fences replicas sharing the
@@ -29,14 +27,12 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-import orjson
-
-from bridge.delivery.blobstore import BlobConflict, ChunkedValue, Head
+from bridge.delivery.blobstore import BlobConflict, Head
 from bridge.delivery.fencing import BlobStoreError, CheckpointCorruptError
 from bridge.delivery.store_io import finish_in_thread
 from bridge.kube.leaderelection import FenceToken
 
-__all__ = ["FileBlobStore", "FileJournalBackend"]
+__all__ = ["FileBlobStore"]
 
 LOCK = ".lock"
 
@@ -46,21 +42,15 @@ class FileBlobStore:
     :class:`~bridge.delivery.blobstore.AppendableBlobStore`.
 
     ``what`` names the kind in messages; ``writer_of`` reads the writer's token out of a value (None:
-    the values carry none, they are not fenced); ``limit``: bytes per file (None: no limit)."""
+    the values carry none, they are not fenced)."""
 
     def __init__(self, *, directory: str | os.PathLike[str], suffix: str, what: str, fsync: bool = True,
-                 writer_of: Callable[[bytes], FenceToken | None] | None = None,
-                 limit: int | None = None) -> None:
+                 writer_of: Callable[[bytes], FenceToken | None] | None = None) -> None:
         self._dir = Path(directory)
         self._suffix = suffix
         self._what = what
         self._fsync = fsync
         self._writer_of = writer_of
-        self._limit = limit
-
-    @property
-    def directory(self) -> Path:
-        return self._dir
 
     def path_for(self, ident: str) -> Path:
         if not ident or "/" in ident or ident.startswith("."):
@@ -73,13 +63,7 @@ class FileBlobStore:
         return str(self.path_for(ident))
 
     def head_room(self, chunks: Sequence[str]) -> int | None:
-        return self._limit
-
-    def chunk_room(self) -> int:
-        return self._limit or 1 << 30
-
-    def chunk_name(self, ident: str, generation: str, n: int) -> str:
-        return f"{self.path_for(ident).name}.c.{generation}.{n}"
+        return None
 
     async def get(self, ident: str) -> Head | None:
         return await asyncio.to_thread(self._get, ident)
@@ -98,30 +82,7 @@ class FileBlobStore:
         return sorted(n[: -len(self._suffix)] for n in names
                       if n.endswith(self._suffix) and n.startswith(prefix) and not n.startswith("."))
 
-    async def put_chunk(self, name: str, data: bytes) -> None:
-        await finish_in_thread(self._replace, self._chunk_path(name), data)
-
-    async def get_chunk(self, name: str) -> bytes | None:
-        try:
-            return await asyncio.to_thread(self._chunk_path(name).read_bytes)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise BlobStoreError(f"cannot read {self._what} chunk {name}: {exc}") from exc
-
-    async def delete_chunk(self, name: str) -> None:
-        await finish_in_thread(self._unlink, self._chunk_path(name))
-
-    async def chunks_of(self, ident: str) -> list[str]:
-        prefix = f"{self.path_for(ident).name}.c."
-        return [n for n in await asyncio.to_thread(self._names) if n.startswith(prefix)]
-
     # ---- in a thread -------------------------------------------------------------------------------
-
-    def _chunk_path(self, name: str) -> Path:
-        if "/" in name or name.startswith("."):
-            raise ValueError(f"unsafe chunk name: {name!r}")
-        return self._dir / name
 
     def _names(self) -> list[str]:
         try:
@@ -142,14 +103,11 @@ class FileBlobStore:
         except OSError as exc:  # a file that cannot be read cannot be trusted either
             raise CheckpointCorruptError(
                 f"cannot read {self._what} {path}: {type(exc).__name__}: {exc}") from exc
-        if self._limit is not None:
-            return _unframe(data, version)
         writer = self._writer_of(data) if self._writer_of is not None else None
         return Head(writer=writer, inline=data, version=version)
 
     def _compare_and_set(self, ident: str, head: Head, version: str | None) -> str:
         path = self.path_for(ident)
-        data = head.inline if self._limit is None else _frame(head)
         # Fenced writes compare and replace under the directory's lock (unfenced ones: one replica).
         with self._locked() if head.writer is not None else contextlib.nullcontext():
             try:
@@ -160,7 +118,7 @@ class FileBlobStore:
                 raise BlobStoreError(f"cannot write {self._what} {path}: {exc}") from exc
             if current != version:
                 raise BlobConflict(f"{path}: version {current}, not {version}")
-            self._replace(path, data)
+            self._replace(path, head.inline)
             return _version(path.stat())
 
     def _append_if(self, ident: str, data: bytes, version: str) -> str:
@@ -225,36 +183,6 @@ class FileBlobStore:
             yield
         finally:
             os.close(fd)  # releases the lock
-
-
-class FileJournalBackend(ChunkedValue):
-    """The known-object journal as the file ``path`` (unfenced: files are meant for one replica).
-    ``files``: the class of its file store (a test's holds a write)."""
-
-    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True,
-                 files: type[FileBlobStore] = FileBlobStore) -> None:
-        self.path = Path(path)
-        suffix = self.path.suffix
-        super().__init__(store=files(directory=self.path.parent, suffix=suffix, what="journal", fsync=fsync),
-                         ident=self.path.name[: len(self.path.name) - len(suffix)], fence=None)
-
-
-def _frame(head: Head) -> bytes:
-    """A head of a store with a limit: a header line (writer, chunks), then the inline bytes."""
-    writer = [head.writer.transitions, head.writer.holder] if head.writer is not None else None
-    return orjson.dumps({"writer": writer, "chunks": list(head.chunks)}) + b"\n" + head.inline
-
-
-def _unframe(data: bytes, version: str) -> Head:
-    line, _, inline = data.partition(b"\n")
-    try:
-        doc = orjson.loads(line)
-        writer = doc["writer"]
-        token = FenceToken(transitions=int(writer[0]), holder=str(writer[1])) if writer else None
-        return Head(writer=token, chunks=tuple(str(c) for c in doc["chunks"]), inline=inline,
-                    version=version)
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
-        return Head(version=version, damage=f"the head is malformed ({exc})")
 
 
 def _version(st: os.stat_result) -> str:

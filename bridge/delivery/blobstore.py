@@ -4,7 +4,8 @@ Checkpoints and known-object journals are values of any size kept in stores whos
 ConfigMap holds about 1 MiB, a NATS message the server's max payload). :class:`ChunkedValue` is the
 only place that knows chunking, compare-and-set, fencing and the orphan sweep; a backend
 (:mod:`~bridge.delivery.blob_file`, :mod:`~bridge.delivery.checkpoint_configmap`,
-:mod:`~bridge.delivery.checkpoint_natskv`) implements only :class:`BlobStore`, its primitives.
+:mod:`~bridge.delivery.checkpoint_natskv`) implements only its primitives: :class:`BlobStore` for
+heads, and :class:`ChunkStore` when its values may outgrow one blob.
 
 A value is a **head** (one stored blob, the commit point of every write, written only by
 compare-and-set) and **sealed chunks** (blobs created once under a fresh name, never changed). A
@@ -21,7 +22,7 @@ import hashlib
 import logging
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 from bridge.delivery.fencing import (
@@ -35,8 +36,8 @@ from bridge.delivery.fencing import (
 )
 from bridge.kube.leaderelection import FenceToken
 
-__all__ = ["AppendableBlobStore", "BlobConflict", "BlobStore", "ChunkedValue", "Head", "JournalBackend",
-           "utf8_pieces"]
+__all__ = ["AppendableBlobStore", "BlobConflict", "BlobStore", "ChunkStore", "ChunkedValue", "Head",
+           "JournalBackend", "utf8_pieces"]
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,9 @@ class BlobConflict(Exception):
 
 
 class BlobStore(Protocol):
-    """One backend's primitives for one kind of value (checkpoints, or journals). ``ident`` is the
-    value's logical name (an informer id); the store maps it to its own names. Every method raises
-    :class:`~bridge.delivery.fencing.BlobStoreError` (or another
+    """One backend's primitives for the heads of one kind of value (checkpoints, or journals).
+    ``ident`` is the value's logical name (an informer id); the store maps it to its own names.
+    Every method raises :class:`~bridge.delivery.fencing.BlobStoreError` (or another
     :class:`~bridge.delivery.fencing.CheckpointStoreError`) when the store fails."""
 
     def describe(self, ident: str) -> str:
@@ -78,14 +79,6 @@ class BlobStore(Protocol):
 
     def head_room(self, chunks: Sequence[str]) -> int | None:
         """Inline bytes a head listing ``chunks`` holds (None: no limit)."""
-        ...
-
-    def chunk_room(self) -> int:
-        """Bytes one sealed chunk holds."""
-        ...
-
-    def chunk_name(self, ident: str, generation: str, n: int) -> str:
-        """The name of chunk ``n`` of a generation (unique: the generation is random)."""
         ...
 
     async def get(self, ident: str) -> Head | None:
@@ -106,8 +99,21 @@ class BlobStore(Protocol):
         """The idents of the stored heads that start with ``prefix``, sorted."""
         ...
 
-    async def put_chunk(self, name: str, data: bytes) -> None:
-        """Creates a sealed chunk (its name is new)."""
+
+@runtime_checkable
+class ChunkStore(BlobStore, Protocol):
+    """A store that also keeps sealed chunks, for values larger than one head."""
+
+    def chunk_room(self) -> int:
+        """Bytes one sealed chunk holds."""
+        ...
+
+    def chunk_name(self, ident: str, generation: str, n: int) -> str:
+        """The name of chunk ``n`` of a generation (unique: the generation is random)."""
+        ...
+
+    async def put_chunk(self, ident: str, name: str, data: bytes) -> None:
+        """Creates a sealed chunk of the value ``ident`` (its name is new)."""
         ...
 
     async def get_chunk(self, name: str) -> bytes | None:
@@ -156,9 +162,6 @@ class JournalBackend(Protocol):
         tail: the journal rewrites everything before its next append."""
         ...
 
-    async def close(self) -> None:
-        ...
-
     def room(self) -> int | None:
         """Bytes an append may still add (None: no limit). Records that do not fit wait for a
         compaction (after the next checkpoint write) to make room."""
@@ -168,19 +171,20 @@ class JournalBackend(Protocol):
 class ChunkedValue:
     """One value of a :class:`BlobStore` (see the module docstring); a :class:`JournalBackend`.
 
-    ``digest``: heads record the value's size and SHA-256 when it is chunked (checkpoints), and a
-    read verifies them. ``too_large``: what the error says when a value does not fit in one blob and
-    chunking is off. ``what`` names the kind in messages (a journal's own messages name it)."""
+    A chunked head carries the value's size and SHA-256 (in the stores whose format keeps it), which a
+    read verifies. ``chunking=False`` (or a store without chunks) keeps every value in its head;
+    ``too_large``: what the error says when one does not fit. ``what`` names the kind in messages (a
+    journal's own messages name it)."""
 
     def __init__(self, *, store: BlobStore, ident: str, fence: FenceSource | None,
-                 chunking: bool = True, digest: bool = False, too_large: str = "", what: str = "") -> None:
+                 chunking: bool = True, too_large: str = "", what: str = "") -> None:
         self._store = store
+        self._chunk_store = store if isinstance(store, ChunkStore) else None
         self._what = f"{what} " if what else ""
         self._too_large = too_large
         self._ident = ident
         self._fence = fence
-        self._chunking = chunking
-        self._digest = digest
+        self._chunking = chunking and self._chunk_store is not None
         self._appends = store if isinstance(store, AppendableBlobStore) else None
         self._version: str | None = None
         """Version of the head as last read or written; None = not known to exist."""
@@ -230,7 +234,7 @@ class ChunkedValue:
         missing or the digest does not match."""
         parts: list[bytes] = []
         for n, chunk in enumerate(head.chunks):
-            data = await self._store.get_chunk(chunk)
+            data = None if self._chunk_store is None else await self._chunk_store.get_chunk(chunk)
             if data is None:
                 raise CheckpointCorruptError(
                     f"{self.name}: chunk {n} ({chunk}) of {len(head.chunks)} is missing")
@@ -288,33 +292,31 @@ class ChunkedValue:
         self._swept = False
         await self._drop(previous)
 
-    async def close(self) -> None:
-        return None
-
     # ---------------------------------------------------------------------------------------------
 
     async def _write(self, chunks: tuple[str, ...], tail: bytes, data: bytes, *, retry: bool) -> None:
         """Writes a value whose bytes are ``chunks`` + ``tail`` + ``data``: in the head when it fits,
         else sealed into new chunks first (the last piece stays in the head when it fits there)."""
         content = tail + data
-        digest = _digest(content) if self._digest and not chunks else None
         room = self._store.head_room(chunks)
         if room is None or len(content) <= room:
             await self._put_head(Head(chunks=chunks, inline=content), retry=retry)
             return
-        if not self._chunking:
+        store = self._chunk_store
+        if store is None or not self._chunking:
             raise BlobStoreError(f"cannot write {self.name}: {len(content)} bytes, more than one value "
                                  f"holds ({room}), and chunking is off{self._too_large}")
-        pieces = utf8_pieces(content, self._store.chunk_room())
+        digest = None if chunks else _digest(content)
+        pieces = utf8_pieces(content, store.chunk_room())
         generation = uuid.uuid4().hex[:10]
-        names = [self._store.chunk_name(self._ident, generation, n) for n in range(len(pieces))]
+        names = [store.chunk_name(self._ident, generation, n) for n in range(len(pieces))]
         last_room = self._store.head_room((*chunks, *names[:-1]))
         keep_tail = last_room is None or len(pieces[-1]) <= last_room
         sealed = pieces[:-1] if keep_tail else pieces
         created = tuple(names[:len(sealed)])
         try:
             for name, piece in zip(created, sealed, strict=True):
-                await self._store.put_chunk(name, piece)
+                await store.put_chunk(self._ident, name, piece)
                 self.chunk_writes += 1
             inline = pieces[-1] if keep_tail else b""
             await self._put_head(Head(chunks=(*chunks, *created), inline=inline, digest=digest),
@@ -327,7 +329,7 @@ class ChunkedValue:
 
     async def _put_head(self, head: Head, *, retry: bool) -> None:
         token = fence_token(self._fence, self.name)
-        head = Head(writer=token, chunks=head.chunks, inline=head.inline, digest=head.digest)
+        head = replace(head, writer=token)
         for _ in range(CAS_ATTEMPTS):
             try:
                 self._version = await self._store.compare_and_set(self._ident, head, self._version)
@@ -355,15 +357,18 @@ class ChunkedValue:
     async def _drop(self, previous: Sequence[str]) -> None:
         """Deletes the chunks of ``previous`` the head no longer lists and, once per run (and after
         a failure), every other orphan. Best effort: an orphan costs space, never correctness."""
+        store = self._chunk_store
+        if store is None:
+            return
         stale = [c for c in previous if c not in self._chunks]
         if self._chunking and not self._swept:  # without chunking there are none (nor may it list)
             self._swept = True
             with contextlib.suppress(CheckpointStoreError, OSError):
-                stored = await self._store.chunks_of(self._ident)
+                stored = await store.chunks_of(self._ident)
                 stale.extend(c for c in stored if c not in self._chunks and c not in stale)
         for chunk in stale:
             try:
-                await self._store.delete_chunk(chunk)
+                await store.delete_chunk(chunk)
             except (CheckpointStoreError, OSError) as exc:
                 log.debug("%s: cannot delete chunk %s: %s", self.name, chunk, exc)
 

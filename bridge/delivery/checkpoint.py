@@ -39,6 +39,8 @@ from bridge.delivery.fencing import (
     FenceSource,
     check_fence,
     fence_token,
+    token_json,
+    token_of,
 )
 from bridge.delivery.resource_version import is_rv
 from bridge.kube.leaderelection import FenceToken
@@ -214,8 +216,7 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
             "written_at": checkpoint.written_at,
             "objects": {k: [v[0], v[1]] for k, v in checkpoint.objects.items()},
             "ahead": {k: [v[0], v[1], v[2]] for k, v in checkpoint.ahead.items()},
-            **({"writer": [checkpoint.writer.transitions, checkpoint.writer.holder]}
-               if checkpoint.writer is not None else {}),
+            **({"writer": token_json(checkpoint.writer)} if checkpoint.writer is not None else {}),
             **({"sinks": {name: _encode_progress(p) for name, p in checkpoint.sinks.items()}}
                if checkpoint.sinks is not None else {}),
         }
@@ -226,7 +227,9 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
 
 def decode_checkpoint(data: bytes, expected_id: str | None = None) -> Checkpoint:
     """Parses and verifies :func:`encode_checkpoint` output; :class:`CheckpointCorruptError` if
-    anything does not match."""
+    anything does not match, including contents a valid checksum does not make sensible (a resume
+    point that is not a resourceVersion: a watch from it fails with 400 for ever; a known object
+    without uid: its delete could never be reported; entries of the wrong shape)."""
     head, sep, body = data.partition(b"\n")
     parts = head.split(b" ")
     if not sep or len(parts) != 4 or parts[0] != _MAGIC:
@@ -245,24 +248,19 @@ def decode_checkpoint(data: bytes, expected_id: str | None = None) -> Checkpoint
         raise CheckpointCorruptError("checkpoint checksum mismatch")
     try:
         doc: Any = orjson.loads(body)
-        objects = {str(k): (str(v[0]), str(v[1])) for k, v in doc["objects"].items()}
-        ahead = {str(k): (str(v[0]), str(v[1]), bool(v[2])) for k, v in (doc.get("ahead") or {}).items()}
-        _check_contents(doc)
-        writer_raw = doc.get("writer")
-        writer = (FenceToken(transitions=int(writer_raw[0]), holder=str(writer_raw[1]))
-                  if writer_raw is not None else None)
-        sinks_raw = doc.get("sinks") if version >= 2 else None
-        sinks = ({str(name): _decode_progress(p) for name, p in sinks_raw.items()}
-                 if sinks_raw is not None else None)
+        rv = _rv("", doc["resource_version"])
+        if not isinstance(doc["written_at"], int | float):
+            raise CheckpointCorruptError("checkpoint body is malformed: written_at is not a number")
+        sinks = _sinks(doc.get("sinks"), rv)
         cp = Checkpoint(
             informer_id=str(doc["informer_id"]),
-            resource_version=str(doc["resource_version"]),
-            objects=objects,
+            resource_version=rv,
+            objects=_index("", doc["objects"]),
             written_at=float(doc["written_at"]),
             format_version=version,
-            ahead=ahead,
-            writer=writer,
-            sinks=sinks,
+            ahead=_ahead("", doc.get("ahead") or {}),
+            writer=token_of(doc.get("writer")),
+            sinks=sinks if version >= 2 else None,
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise CheckpointCorruptError(f"checkpoint body is malformed: {exc}") from exc
@@ -285,13 +283,35 @@ def _encode_progress(p: SinkProgress) -> dict[str, Any]:
     return out
 
 
-def _decode_progress(raw: Any) -> SinkProgress:
-    return SinkProgress(
-        resource_version=str(raw.get("resource_version", "")),
-        objects={str(k): (None if v is None else (str(v[0]), str(v[1])))
-                 for k, v in (raw.get("objects") or {}).items()},
-        ahead={str(k): (str(v[0]), str(v[1]), bool(v[2])) for k, v in (raw.get("ahead") or {}).items()},
-    )
+def _sinks(raw: Any, base_rv: str) -> dict[str, SinkProgress] | None:
+    """The per-sink sections, each checked as the base is (and never behind it)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise CheckpointCorruptError("checkpoint per-sink section is malformed")
+    sinks: dict[str, SinkProgress] = {}
+    for name, section in raw.items():
+        if not name or not isinstance(section, dict):
+            raise CheckpointCorruptError(f"checkpoint per-sink section {name!r} is malformed")
+        unknown = set(section) - {"resource_version", "objects", "ahead"}
+        if unknown:
+            raise CheckpointCorruptError(
+                f"checkpoint per-sink section {name!r} has unknown fields {sorted(unknown)}")
+        where = f"sink {name!r}: "
+        rv = _rv(where, section["resource_version"]) if "resource_version" in section else ""
+        if rv and int(rv) < int(base_rv):
+            raise CheckpointCorruptError(
+                f"checkpoint {where}resourceVersion {rv} is behind the base's {base_rv}")
+        sinks[name] = SinkProgress(resource_version=rv,
+                                   objects=_index(where, section.get("objects") or {}, absent=True),
+                                   ahead=_ahead(where, section.get("ahead") or {}))
+    return sinks
+
+
+def _rv(where: str, rv: Any) -> str:
+    if not is_rv(rv):
+        raise CheckpointCorruptError(f"checkpoint {where}resourceVersion {rv!r} is not a resourceVersion")
+    return str(rv)
 
 
 def _check_key(where: str, key: object) -> None:
@@ -301,56 +321,26 @@ def _check_key(where: str, key: object) -> None:
         raise CheckpointCorruptError(f"checkpoint {where} has key {key!r}, not namespace/name or name")
 
 
-def _check_contents(doc: Any) -> None:
-    """Contents that a valid checksum does not make sensible: a resume point that is not a
-    resourceVersion (a watch from it fails with 400 for ever), a known object without uid (its delete
-    could never be reported), entries of the wrong shape — in the shared base and in every sink's
-    section. Raises :class:`CheckpointCorruptError`."""
-    rv = doc["resource_version"]
-    if not is_rv(rv):
-        raise CheckpointCorruptError(f"checkpoint resourceVersion {rv!r} is not a resourceVersion")
-    if not isinstance(doc["written_at"], int | float):
-        raise CheckpointCorruptError("checkpoint body is malformed: written_at is not a number")
-    _check_index("", doc["objects"], allow_absent=False)
-    _check_ahead("", doc.get("ahead") or {})
-    sinks = doc.get("sinks")
-    if sinks is None:
-        return
-    if not isinstance(sinks, dict):
-        raise CheckpointCorruptError("checkpoint per-sink section is malformed")
-    for name, section in sinks.items():
-        if not name or not isinstance(section, dict):
-            raise CheckpointCorruptError(f"checkpoint per-sink section {name!r} is malformed")
-        unknown = set(section) - {"resource_version", "objects", "ahead"}
-        if unknown:
-            raise CheckpointCorruptError(
-                f"checkpoint per-sink section {name!r} has unknown fields {sorted(unknown)}")
-        where = f"sink {name!r}: "
-        if "resource_version" in section:
-            sink_rv = section["resource_version"]
-            if not is_rv(sink_rv):
-                raise CheckpointCorruptError(
-                    f"checkpoint {where}resourceVersion {sink_rv!r} is not a resourceVersion")
-            if int(sink_rv) < int(rv):
-                raise CheckpointCorruptError(
-                    f"checkpoint {where}resourceVersion {sink_rv} is behind the base's {rv}")
-        _check_index(where, section.get("objects") or {}, allow_absent=True)
-        _check_ahead(where, section.get("ahead") or {})
-
-
-def _check_index(where: str, objects: Any, *, allow_absent: bool) -> None:
+def _index(where: str, objects: Any, *, absent: bool = False) -> dict[str, Any]:
+    """Known-object index entries, key → (uid, resourceVersion); ``absent``: a sink's differences,
+    where None is a key the base knows and this sink does not."""
+    index: dict[str, Any] = {}
     for key, entry in objects.items():
         _check_key(f"{where}known-object index", key)
-        if entry is None and allow_absent:
-            continue  # a sink's difference: the base knows the key, this sink does not
+        if entry is None and absent:
+            index[key] = None
+            continue
         if len(entry) != 2 or not isinstance(entry[0], str) or not entry[0]:
             raise CheckpointCorruptError(f"checkpoint {where}known object {key!r} has no uid")
         if not is_rv(entry[1]):
             raise CheckpointCorruptError(
                 f"checkpoint {where}known object {key!r} has resourceVersion {entry[1]!r}")
+        index[key] = (entry[0], entry[1])
+    return index
 
 
-def _check_ahead(where: str, ahead: Any) -> None:
+def _ahead(where: str, ahead: Any) -> dict[str, tuple[str, str, bool]]:
+    out: dict[str, tuple[str, str, bool]] = {}
     for key, entry in ahead.items():
         _check_key(f"{where}delivered-ahead map", key)
         if len(entry) != 3 or not isinstance(entry[2], bool) or not isinstance(entry[0], str):
@@ -360,6 +350,8 @@ def _check_ahead(where: str, ahead: Any) -> None:
         if not is_rv(entry[1]):
             raise CheckpointCorruptError(
                 f"checkpoint {where}delivered-ahead entry {key!r} has resourceVersion {entry[1]!r}")
+        out[key] = (entry[0], entry[1], entry[2])
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -387,14 +379,13 @@ class BlobCheckpointStore:
         """Chunks written by the last save (0 when the checkpoint fitted in its head)."""
 
     def _value(self, informer_id: str, *, fenced: bool = True) -> ChunkedValue:
-        if not fenced:
-            return ChunkedValue(store=self._checkpoints, ident=informer_id, fence=None, digest=True,
-                                chunking=self._chunking, too_large=self._too_large, what="checkpoint")
-        value = self._values.get(informer_id)
+        value = self._values.get(informer_id) if fenced else None
         if value is None:
-            value = self._values[informer_id] = ChunkedValue(
-                store=self._checkpoints, ident=informer_id, fence=self._fence, digest=True,
-                chunking=self._chunking, too_large=self._too_large, what="checkpoint")
+            fence = self._fence if fenced else None
+            value = ChunkedValue(store=self._checkpoints, ident=informer_id, fence=fence,
+                                 chunking=self._chunking, too_large=self._too_large, what="checkpoint")
+            if fenced:
+                self._values[informer_id] = value
         return value
 
     def journal_backend(self, informer_id: str, *, fenced: bool = True) -> ChunkedValue:
@@ -470,10 +461,6 @@ class FileCheckpointStore(BlobCheckpointStore):
         self._journal_files = files(directory=directory, suffix=".journal", what="journal", fsync=fsync)
         super().__init__(checkpoints=self._files, journals=self._journal_files, fence=fence,
                          fenced_journals=False)
-
-    @property
-    def directory(self) -> Path:
-        return self._files.directory
 
     def path_for(self, informer_id: str) -> Path:
         return self._files.path_for(informer_id)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bridge.delivery.blobstore import BlobConflict, Head
@@ -140,14 +140,14 @@ class ConfigMapBlobStore:
         head = Head(writer=_stored_token(cm), version=_version(cm))
         if self._kind is JOURNALS:
             chunks = tuple(c for c in str(data.get("chunks", "")).split(",") if c)
-            return _with(head, chunks=chunks, inline=str(data.get("journal", "")).encode())
+            return replace(head, chunks=chunks, inline=str(data.get("journal", "")).encode())
         if "checkpoint" in data:
-            return _with(head, inline=str(data["checkpoint"]).encode())
+            return replace(head, inline=str(data["checkpoint"]).encode())
         try:
             shards = tuple(s for s in str(data["shards"]).split(",") if s)
-            return _with(head, chunks=shards, digest=(int(data["size"]), str(data["sha256"])))
+            return replace(head, chunks=shards, digest=(int(data["size"]), str(data["sha256"])))
         except (KeyError, ValueError):
-            return _with(head, damage="malformed manifest")
+            return replace(head, damage="malformed manifest")
 
     async def compare_and_set(self, ident: str, head: Head, version: str | None) -> str:
         name = self.name_of(ident)
@@ -190,20 +190,14 @@ class ConfigMapBlobStore:
         start, end = f"{self._prefix}-", len(self._kind.suffix)
         return sorted(n[len(start):len(n) - end] for n in names if n.startswith(start + prefix))
 
-    async def put_chunk(self, name: str, data: bytes) -> None:
+    async def put_chunk(self, ident: str, name: str, data: bytes) -> None:
         body = {"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": name, "labels": self._chunk_labels(name)},
+                "metadata": {"name": name, "labels": self.labels(ident, self._kind.chunk_role)},
                 "data": {"chunk": data.decode()}}
         try:
             await self._client.create(self._collection, body, context=f"create {name}")
         except ApiError as exc:
             raise BlobStoreError(f"cannot write {self._kind.what} ConfigMap {name}: {exc}") from exc
-
-    def _chunk_labels(self, chunk: str) -> dict[str, str]:
-        """The owner and role labels of a chunk: its name starts with its head's."""
-        head = chunk[: chunk.rindex(self._kind.chunk_infix)]
-        ident = head[len(self._prefix) + 1 : len(head) - len(self._kind.suffix)]
-        return self.labels(ident, self._kind.chunk_role)
 
     async def get_chunk(self, name: str) -> bytes | None:
         cm = await self._read(name, f"ConfigMap {name}")
@@ -232,12 +226,6 @@ class ConfigMapBlobStore:
         return [str((item.get("metadata") or {}).get("name") or "") for item in listed.get("items") or []]
 
 
-def _with(head: Head, *, chunks: tuple[str, ...] = (), inline: bytes = b"",
-          digest: tuple[int, str] | None = None, damage: str = "") -> Head:
-    return Head(writer=head.writer, chunks=chunks, inline=inline, digest=digest, version=head.version,
-                damage=damage)
-
-
 class ConfigMapCheckpointStore(BlobCheckpointStore):
     """Checkpoints as ConfigMaps in ``namespace``, named ``<name_prefix>-<informer_id>…``, and their
     journals (``journal_bytes``: the most one journal ConfigMap holds).
@@ -263,11 +251,6 @@ class ConfigMapCheckpointStore(BlobCheckpointStore):
     def manifests(self) -> ConfigMapBlobStore:
         """The ConfigMaps of the checkpoints (manifests and shards)."""
         return self._manifests
-
-    @property
-    def last_shard_count(self) -> int:
-        """Shards written by the last save (0 when the checkpoint fitted in the manifest)."""
-        return self.last_chunk_count
 
     def journal_name(self, informer_id: str) -> str:
         """The ConfigMap holding the informer's known-object journal (:mod:`bridge.delivery.journal`)."""

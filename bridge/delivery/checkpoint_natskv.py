@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import nats
@@ -34,7 +35,7 @@ from nats.js.kv import KeyValue
 
 from bridge.delivery.blobstore import BlobConflict, Head
 from bridge.delivery.checkpoint import BlobCheckpointStore, Checkpoint
-from bridge.delivery.fencing import BlobStoreError, CheckpointStoreError, FenceSource
+from bridge.delivery.fencing import BlobStoreError, CheckpointStoreError, FenceSource, token_json, token_of
 from bridge.kube.leaderelection import FenceToken
 
 __all__ = ["NatsKvBlobStore", "NatsKvCheckpointStore"]
@@ -81,7 +82,7 @@ class NatsKvBlobStore:
         return f"{self.key_of(ident)}.c.{generation}.{n}"
 
     async def get(self, ident: str) -> Head | None:
-        kv = await self._kv()
+        kv = await self._open_kv()
         try:
             entry = await kv.get(self.key_of(ident))
         except nats.js.errors.KeyNotFoundError:
@@ -93,14 +94,13 @@ class NatsKvBlobStore:
             head = _parse_journal(raw) if self._journal else _parse_manifest(raw, self.key_of(ident))
         except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError, IndexError):
             return Head(version=version, damage=f"the {'head' if self._journal else 'manifest'} is malformed")
-        return Head(writer=head.writer, chunks=head.chunks, inline=head.inline, digest=head.digest,
-                    version=version)
+        return replace(head, version=version)
 
     async def compare_and_set(self, ident: str, head: Head, version: str | None) -> str:
         key = self.key_of(ident)
         value = (_journal_head(head.writer, head.chunks) + b"\n" + head.inline if self._journal
                  else _manifest(head, key))
-        kv = await self._kv()
+        kv = await self._open_kv()
         try:
             if version is None:
                 return str(await kv.create(key, value))
@@ -118,15 +118,15 @@ class NatsKvBlobStore:
         return sorted(k for k in await self._keys() if k.startswith(prefix) and not k.endswith(".journal")
                       and ".c." not in k[len(prefix):])
 
-    async def put_chunk(self, name: str, data: bytes) -> None:
-        kv = await self._kv()
+    async def put_chunk(self, ident: str, name: str, data: bytes) -> None:
+        kv = await self._open_kv()
         try:
             await kv.put(name, data)
         except _FAILURES as exc:
             raise BlobStoreError(f"cannot write NATS KV chunk {self._bucket}/{name}: {exc}") from exc
 
     async def get_chunk(self, name: str) -> bytes | None:
-        kv = await self._kv()
+        kv = await self._open_kv()
         try:
             return (await kv.get(name)).value or b""
         except nats.js.errors.KeyNotFoundError:
@@ -135,7 +135,7 @@ class NatsKvBlobStore:
             raise BlobStoreError(f"cannot read NATS KV chunk {self._bucket}/{name}: {exc}") from exc
 
     async def delete_chunk(self, name: str) -> None:
-        kv = await self._kv()
+        kv = await self._open_kv()
         try:
             await kv.purge(name)
         except _FAILURES as exc:
@@ -146,7 +146,7 @@ class NatsKvBlobStore:
         return [k for k in await self._keys() if k.startswith(prefix)]
 
     async def _keys(self) -> list[str]:
-        kv = await self._kv()
+        kv = await self._open_kv()
         try:
             return list(await kv.keys())
         except nats.js.errors.NoKeysError:
@@ -154,19 +154,9 @@ class NatsKvBlobStore:
         except _FAILURES as exc:
             raise BlobStoreError(f"cannot list the NATS KV bucket {self._bucket!r}: {exc}") from exc
 
-    async def _kv(self) -> KeyValue:
-        try:
-            return await self._open_kv()
-        except CheckpointStoreError as exc:
-            raise BlobStoreError(str(exc)) from exc
-
-
-def _token(raw: Any) -> FenceToken | None:
-    return FenceToken(transitions=int(raw[0]), holder=str(raw[1])) if raw is not None else None
-
 
 def _journal_head(writer: FenceToken | None, chunks: Sequence[str]) -> bytes:
-    head: dict[str, Any] = {"writer": [writer.transitions, writer.holder] if writer is not None else None}
+    head: dict[str, Any] = {"writer": token_json(writer)}
     if chunks:
         head["chunks"] = list(chunks)
     return orjson.dumps(head)
@@ -180,18 +170,17 @@ def _parse_journal(raw: bytes) -> Head:
     chunks = doc.get("chunks") or []
     if not isinstance(chunks, list) or not all(isinstance(c, str) and c for c in chunks):
         raise ValueError("chunks is not a list of keys")
-    return Head(writer=_token(doc["writer"]), chunks=tuple(chunks), inline=tail)
+    return Head(writer=token_of(doc["writer"]), chunks=tuple(chunks), inline=tail)
 
 
 def _manifest(head: Head, key: str) -> bytes:
-    generation = head.chunks[0][len(key) + 3:].partition(".")[0] if head.chunks else ""
-    if head.inline or head.digest is None or list(head.chunks) != [
-            f"{key}.c.{generation}.{n}" for n in range(len(head.chunks))] or not head.chunks:
-        raise BlobStoreError(f"NATS KV checkpoint {key!r}: not a manifest of chunks")  # never written
+    generation = head.chunks[0][len(key) + 3:].partition(".")[0]
+    # A checkpoint's head holds none of it (head_room 0): one generation of chunks, in order.
+    assert head.digest is not None
+    assert list(head.chunks) == [f"{key}.c.{generation}.{n}" for n in range(len(head.chunks))]
     return orjson.dumps({"generation": generation, "chunks": len(head.chunks), "size": head.digest[0],
                          "sha256": head.digest[1],
-                         **({"writer": [head.writer.transitions, head.writer.holder]}
-                            if head.writer is not None else {})})
+                         **({"writer": token_json(head.writer)} if head.writer is not None else {})})
 
 
 def _parse_manifest(raw: bytes, key: str) -> Head:
@@ -199,7 +188,7 @@ def _parse_manifest(raw: bytes, key: str) -> Head:
     generation, count = str(doc["generation"]), int(doc["chunks"])
     if count < 1 or not generation.isalnum():
         raise ValueError("no chunks")
-    return Head(writer=_token(doc.get("writer")),
+    return Head(writer=token_of(doc.get("writer")),
                 chunks=tuple(f"{key}.c.{generation}.{n}" for n in range(count)),
                 digest=(int(doc["size"]), str(doc["sha256"])))
 

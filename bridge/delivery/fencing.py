@@ -17,12 +17,13 @@ rules are written once here and applied by the one chunked writer (:mod:`bridge.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from bridge.errors import BridgeError
 from bridge.kube.leaderelection import FenceToken
 
 __all__ = ["BlobStoreError", "CheckpointCorruptError", "CheckpointError", "CheckpointFencedError",
-           "CheckpointStoreError", "FenceSource", "check_fence", "fence_token"]
+           "CheckpointStoreError", "FenceSource", "check_fence", "fence_token", "token_json", "token_of"]
 
 
 class CheckpointError(BridgeError):
@@ -70,3 +71,13 @@ def check_fence(token: FenceToken | None, stored: FenceToken | None, what: str) 
             f"{what}: owned by {stored.holder!r} (lease term {stored.transitions}), a later leader than "
             f"{token.holder!r} (term {token.transitions}); refused"
         )
+
+
+def token_json(token: FenceToken | None) -> list[Any] | None:
+    """A token as every store keeps it in JSON: ``[leaseTransitions, holder]``."""
+    return None if token is None else [token.transitions, token.holder]
+
+
+def token_of(raw: Any) -> FenceToken | None:
+    """The token :func:`token_json` wrote (None for None)."""
+    return None if raw is None else FenceToken(transitions=int(raw[0]), holder=str(raw[1]))

@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from pathlib import Path
 
 from bridge.clock import Clock, RealClock
 from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind
-from bridge.delivery.blob_file import FileJournalBackend
 from bridge.delivery.blobstore import JournalBackend
 from bridge.delivery.checkpoint import Checkpoint
 from bridge.delivery.fencing import BlobStoreError, CheckpointError, CheckpointStoreError
@@ -51,7 +48,6 @@ from bridge.rawobject import object_identity
 __all__ = [
     "Deleted",
     "Exists",
-    "FileJournalBackend",
     "JournalBackend",
     "JournalEntry",
     "KnownObjectJournal",
@@ -81,16 +77,8 @@ def _checkpoint_uids(cp: Checkpoint | None) -> dict[str, str]:
 class KnownObjectJournal:
     """The journal of one informer (see the module docstring)."""
 
-    def __init__(self, *, informer_id: str, backend: JournalBackend | None = None,
-                 path: str | os.PathLike[str] | None = None, fsync: bool = True,
-                 clock: Clock | None = None) -> None:
-        """``backend`` stores the journal; ``path`` is short for a :class:`FileJournalBackend`."""
-        if backend is None:
-            if path is None:
-                raise ValueError("a journal needs a backend or a path")
-            backend = FileJournalBackend(path, fsync=fsync)
-        self._backend: JournalBackend = backend
-        self._path = backend.path if isinstance(backend, FileJournalBackend) else None
+    def __init__(self, *, informer_id: str, backend: JournalBackend, clock: Clock | None = None) -> None:
+        self._backend = backend
         self._clock: Clock = clock or RealClock()
         self._informer_id = informer_id
         self._entries: dict[str, JournalEntry] = {}
@@ -136,13 +124,6 @@ class KnownObjectJournal:
     @property
     def backend(self) -> JournalBackend:
         return self._backend
-
-    @property
-    def path(self) -> Path:
-        """The file of a file-backed journal."""
-        if self._path is None:
-            raise AttributeError(f"journal {self._backend.name} is not a file")
-        return self._path
 
     # ---------------------------------------------------------------------------------------------
     # loading
@@ -342,23 +323,20 @@ class KnownObjectJournal:
 
     async def run(self) -> None:
         """Writes queued records (one write + fsync per batch) and compactions, until cancelled."""
-        try:
-            while True:
-                if not (self._pending or self._compact_to is not None or self._compact_requested):
-                    self._wake.clear()
-                    self._idle.set()
-                    await self._wake.wait()
-                    continue
-                try:
-                    await self._write_once()
-                except (OSError, CheckpointStoreError) as exc:
-                    self.write_errors += 1
-                    self.last_error = f"{type(exc).__name__}: {exc}"
-                    log.error("journal %s cannot be written (%s); new objects and deletes wait for it, "
-                              "retrying in %.0f s", self._backend.name, exc, _RETRY_DELAY)
-                    await self._clock.sleep(_RETRY_DELAY)
-        finally:
-            await self._backend.close()
+        while True:
+            if not (self._pending or self._compact_to is not None or self._compact_requested):
+                self._wake.clear()
+                self._idle.set()
+                await self._wake.wait()
+                continue
+            try:
+                await self._write_once()
+            except (OSError, CheckpointStoreError) as exc:
+                self.write_errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.error("journal %s cannot be written (%s); new objects and deletes wait for it, "
+                          "retrying in %.0f s", self._backend.name, exc, _RETRY_DELAY)
+                await self._clock.sleep(_RETRY_DELAY)
 
     async def _write_once(self) -> None:
         """One write: a compaction (rewrites what the storage holds, less what the last checkpoint
@@ -367,57 +345,59 @@ class KnownObjectJournal:
         if self._compact_to is not None or self._compact_requested:
             await self._compact_once()
             return
-        batch = list(self._pending)
-        consumed = len(batch)
-        room = self._backend.room()
-        if room is not None:
-            kept: list[tuple[int, str, JournalEntry | ListStart, bytes]] = []
-            skipped = consumed = size = 0
-            for item in batch:
-                _, uid, entry, record = item
-                if size + len(record) + 1 <= room:
-                    size += len(record) + 1
-                    kept.append(item)
-                elif isinstance(entry, Relisted) and self._optional(uid, entry):
-                    self._skip(uid, entry)
-                    skipped += 1
+        batch, consumed = self._fit(self._backend.room())
+        last = self._pending[consumed - 1][0]
+        if batch:
+            try:
+                await self._backend.append(b"\n".join(record for *_, record in batch) + b"\n")
+            except BaseException:
+                # A failed append may have left a torn line: the retry rewrites the whole journal.
+                self._compact_requested = True
+                raise
+            for _, uid, entry, _ in batch:
+                if isinstance(entry, ListStart):
+                    if self._base is None:
+                        self._durable_start = entry
                 else:
-                    break
-                consumed += 1
-            if skipped:
-                self.skipped += skipped
-                log.warning("journal %s is full: %d states a relist sent were released unrecorded; a "
-                            "crash before the next checkpoint write may re-send, after them, changes "
-                            "that relist coalesced", self._backend.name, skipped,
-                            extra={"informer": self._informer_id})
-            if consumed == 0:
-                # Nothing is released unrecorded, not even a first list larger than the journal
-                # (which no checkpoint can compact before it is delivered: it waits, and readiness
-                # says why). Only a backend without chunking is bounded.
-                raise BlobStoreError(
-                    f"journal {self._backend.name} is full: {len(batch)} records wait for the next "
-                    "checkpoint write to compact it (more objects were created or deleted since the "
-                    "last checkpoint write than it holds)")
-            if not kept:
-                del self._pending[:consumed]
-                self._done(batch[consumed - 1][0])
-                return
-            last, batch = batch[consumed - 1][0], kept
-        try:
-            await self._backend.append(b"\n".join(record for *_, record in batch) + b"\n")
-        except BaseException:
-            # A failed append may have left a torn line: the retry rewrites the whole journal.
-            self._compact_requested = True
-            raise
+                    self._durable[uid] = entry
+            self.records += len(batch)
         del self._pending[:consumed]  # note() only ever appends meanwhile
-        for _, uid, entry, _ in batch:
-            if isinstance(entry, ListStart):
-                if self._base is None:
-                    self._durable_start = entry
+        self._done(last)
+
+    def _fit(self, room: int | None) -> tuple[list[tuple[int, str, JournalEntry | ListStart, bytes]], int]:
+        """The pending records the next append writes, and how many pending records it consumes
+        (those written, and the relisted states released unrecorded when they do not fit)."""
+        batch = list(self._pending)
+        if room is None:
+            return batch, len(batch)
+        kept: list[tuple[int, str, JournalEntry | ListStart, bytes]] = []
+        skipped = consumed = size = 0
+        for item in batch:
+            _, uid, entry, record = item
+            if size + len(record) + 1 <= room:
+                size += len(record) + 1
+                kept.append(item)
+            elif isinstance(entry, Relisted) and self._optional(uid, entry):
+                self._skip(uid, entry)
+                skipped += 1
             else:
-                self._durable[uid] = entry
-        self.records += len(batch)
-        self._done(last if room is not None else batch[-1][0])
+                break
+            consumed += 1
+        if skipped:
+            self.skipped += skipped
+            log.warning("journal %s is full: %d states a relist sent were released unrecorded; a "
+                        "crash before the next checkpoint write may re-send, after them, changes "
+                        "that relist coalesced", self._backend.name, skipped,
+                        extra={"informer": self._informer_id})
+        if consumed == 0:
+            # Nothing is released unrecorded, not even a first list larger than the journal
+            # (which no checkpoint can compact before it is delivered: it waits, and readiness
+            # says why). Only a backend without chunking is bounded.
+            raise BlobStoreError(
+                f"journal {self._backend.name} is full: {len(batch)} records wait for the next "
+                "checkpoint write to compact it (more objects were created or deleted since the "
+                "last checkpoint write than it holds)")
+        return kept, consumed
 
     async def _compact_once(self) -> None:
         """Rewrites what the storage holds, less what the last checkpoint written implies."""

@@ -107,11 +107,8 @@ def encode_header(informer_id: str) -> bytes:
 def check_header(line: bytes, informer_id: str) -> None:
     """Raises ValueError unless ``line`` is the header of ``informer_id``'s journal."""
     head = orjson.loads(line)
-    try:
-        if head.get("journal") != VERSION or head.get("informer_id") != informer_id:
-            raise ValueError(f"header {line[:200]!r} is not this informer's journal")
-    except AttributeError as exc:
-        raise ValueError(str(exc)) from exc
+    if not isinstance(head, dict) or head.get("journal") != VERSION or head.get("informer_id") != informer_id:
+        raise ValueError(f"header {line[:200]!r} is not this informer's journal")
 
 
 def encode_record(uid: str, e: JournalEntry) -> bytes:
@@ -144,13 +141,11 @@ def decode_line(line: bytes) -> tuple[str, JournalEntry] | ListStart:
         return uid, Exists(key, rv)
     if op == "r" and len(rec) == 6 and is_rv(rec[4]) and isinstance(rec[5], bool):
         return uid, Relisted(key, rv, rec[4], added=rec[5])
-    if op == "d" and len(rec) == 5 and isinstance(rec[4], bool):
-        return uid, Deleted(key, rv, inferred=rec[4])
-    if op == "d" and len(rec) == 6 and isinstance(rec[4], bool) and is_rv(rec[5]):
-        return uid, Deleted(key, rv, inferred=rec[4], held_after=rec[5])
-    if (op == "d" and len(rec) == 7 and isinstance(rec[4], bool) and (rec[5] == "" or is_rv(rec[5]))
-            and is_rv(rec[6])):
-        return uid, Deleted(key, rv, inferred=rec[4], held_after=rec[5], sent_before=rec[6])
+    if op == "d" and 5 <= len(rec) <= 7 and isinstance(rec[4], bool):
+        held, before = [*rec[5:], "", ""][:2]  # each optional, and held_after "" only before sent_before
+        if not (((held == "" and len(rec) != 6) or is_rv(held)) and (len(rec) < 7 or is_rv(before))):
+            raise ValueError(f"unknown record {rec!r}")
+        return uid, Deleted(key, rv, inferred=rec[4], held_after=held, sent_before=before)
     raise ValueError(f"unknown record {rec!r}")
 
 

@@ -321,10 +321,7 @@ async def _journal_entries(store: CheckpointStore, ident: str, checkpoint: Check
     # Another shard's journal: read without fencing, as its checkpoint is peeked (its writer's token
     # is of another shard's Lease).
     journal = KnownObjectJournal(backend=store.journal_backend(ident, fenced=False), informer_id=ident)
-    try:
-        return await journal.load(checkpoint)
-    finally:
-        await journal.backend.close()
+    return await journal.load(checkpoint)
 
 
 @dataclass(slots=True)

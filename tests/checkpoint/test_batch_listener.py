@@ -204,7 +204,8 @@ async def test_a_marker_splits_the_batch_and_keeps_its_place() -> None:
 
 
 async def test_the_journal_holds_a_new_object_and_everything_after_it(tmp_path: Path) -> None:
-    journal = KnownObjectJournal(informer_id="cm", path=tmp_path / "journal", clock=RealClock())
+    backend = FileCheckpointStore(directory=tmp_path).journal_backend("cm")
+    journal = KnownObjectJournal(informer_id="cm", backend=backend, clock=RealClock())
     first = add(0, "a", "1")
     journal.note(first, inferred=False)
     writer = asyncio.create_task(journal.run(), name="test-journal")

@@ -46,22 +46,22 @@ async def test_inline_then_sharded_then_inline(sim_client: tuple[Simulator, ApiC
 
     small = big_checkpoint(ident, 2)
     await store.save(small)
-    assert store.last_shard_count == 0
+    assert store.last_chunk_count == 0
     assert await store.load(ident) == small
     assert await configmap_names(client) == [f"keb-{ident}"]
 
     big = big_checkpoint(ident, 600, rv="200")  # ~45 KB → 6 shards
     await store.save(big)
-    assert store.last_shard_count >= 5
+    assert store.last_chunk_count >= 5
     assert await store.load(ident) == big
     first_shards = [n for n in await configmap_names(client) if n != f"keb-{ident}"]
-    assert len(first_shards) == store.last_shard_count
+    assert len(first_shards) == store.last_chunk_count
 
     bigger = big_checkpoint(ident, 700, rv="300")
     await store.save(bigger)
     assert await store.load(ident) == bigger
     shards = [n for n in await configmap_names(client) if n != f"keb-{ident}"]
-    assert len(shards) == store.last_shard_count
+    assert len(shards) == store.last_chunk_count
     assert not set(shards) & set(first_shards)  # the previous generation was deleted
 
     await store.save(small)
@@ -75,7 +75,7 @@ async def test_default_shard_size_above_one_mib(sim_client: tuple[Simulator, Api
     store = ConfigMapCheckpointStore(client=client, namespace=NS)
     cp = big_checkpoint("pods.default.feedfacecafe", 22_000)  # ~1.6 MB
     await store.save(cp)
-    assert store.last_shard_count == 2
+    assert store.last_chunk_count == 2
     assert await store.load("pods.default.feedfacecafe") == cp
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import orjson
@@ -14,8 +14,9 @@ import pytest
 
 from bridge.contracts import DeletedFinalStateUnknown, Gap, Notification, NotificationKind, ObjectKey
 from bridge.delivery.blob_file import FileBlobStore
-from bridge.delivery.checkpoint import Checkpoint
-from bridge.delivery.journal import Deleted, FileJournalBackend, KnownObjectJournal, Relisted
+from bridge.delivery.blobstore import JournalBackend
+from bridge.delivery.checkpoint import Checkpoint, FileCheckpointStore
+from bridge.delivery.journal import Deleted, KnownObjectJournal, Relisted
 from tests.checkpoint.helpers import until
 
 IDENT = "configmaps.ns.abc"
@@ -33,6 +34,16 @@ def note(j: KnownObjectJournal, seq: int, kind: NotificationKind, name: str, uid
     j.note(Notification(kind=kind, obj=target, seq=seq, key=key), inferred=inferred)
 
 
+def file_journal(path: Path, files: type[FileBlobStore] = FileBlobStore) -> JournalBackend:
+    """The journal file ``path`` as the file checkpoint store keeps it (``files``: a test's holds a write)."""
+    store = FileCheckpointStore(directory=path.parent, files=files)
+    return store.journal_backend(path.name.removesuffix(".journal"))
+
+
+def path_of(j: KnownObjectJournal) -> Path:
+    return Path(j.backend.name)
+
+
 def records(path: Path) -> list[object]:
     lines = path.read_bytes().splitlines()
     assert orjson.loads(lines[0]) == {"journal": 1, "informer_id": IDENT}
@@ -42,7 +53,7 @@ def records(path: Path) -> list[object]:
 @pytest.fixture
 async def running(tmp_path: Path) -> AsyncIterator[KnownObjectJournal]:
     checkpoint = Checkpoint(informer_id=IDENT, resource_version="10", objects={"ns/known": ("u-known", "9")})
-    j = KnownObjectJournal(path=tmp_path / f"{IDENT}.journal", informer_id=IDENT)
+    j = KnownObjectJournal(backend=file_journal(tmp_path / f"{IDENT}.journal"), informer_id=IDENT)
     assert await j.load(checkpoint) == {}
     task = asyncio.create_task(j.run(), name="journal-under-test")
     try:
@@ -67,7 +78,7 @@ async def test_new_objects_and_deletes_wait_for_their_record_updates_of_known_ob
     async with asyncio.timeout(5):
         await j.wait(4)
     assert not j.must_wait(4)
-    assert records(j.path) == [["a", "ns/a", "u-a", "12"], ["d", "ns/known", "u-known", "14", False],
+    assert records(path_of(j)) == [["a", "ns/a", "u-a", "12"], ["d", "ns/known", "u-known", "14", False],
                                ["d", "ns/gone", "u-gone", "9", True]]
 
 
@@ -81,7 +92,7 @@ async def test_a_delete_re_sent_as_it_was_sent_keeps_its_marking(running: KnownO
     note(j, 0, NotificationKind.DELETE, "known", "u-known", "11", tombstone=True, inferred=False)
     async with asyncio.timeout(5):
         await j.wait(0)
-    assert records(j.path) == [["d", "ns/known", "u-known", "11", False]]
+    assert records(path_of(j)) == [["d", "ns/known", "u-known", "11", False]]
 
 
 async def test_a_burst_is_one_group_commit(running: KnownObjectJournal) -> None:
@@ -93,7 +104,7 @@ async def test_a_burst_is_one_group_commit(running: KnownObjectJournal) -> None:
     async with asyncio.timeout(5):
         await j.wait(199)
     assert j.commits == commits + 1
-    assert len(records(j.path)) == 200
+    assert len(records(path_of(j))) == 200
 
 
 async def test_compaction_keeps_only_what_the_checkpoint_written_does_not_imply(
@@ -115,7 +126,7 @@ async def test_compaction_keeps_only_what_the_checkpoint_written_does_not_imply(
     async with asyncio.timeout(5):
         await j.wait(6)
     await until(lambda: j._compact_to is None, what="the compaction")
-    assert sorted(map(str, records(j.path))) == sorted(map(str, [["d", "ns/c", "u-c", "16", False],
+    assert sorted(map(str, records(path_of(j)))) == sorted(map(str, [["d", "ns/c", "u-c", "16", False],
                                                                  ["a", "ns/d", "u-d", "17"]]))
     # Once a checkpoint covers c's delete, its record goes.
     j.compact(Checkpoint(informer_id=IDENT, resource_version="16", objects={"ns/a": ("u-a", "12"),
@@ -124,7 +135,7 @@ async def test_compaction_keeps_only_what_the_checkpoint_written_does_not_imply(
     async with asyncio.timeout(5):
         await j.wait(7)
     await until(lambda: j._compact_to is None, what="the compaction")
-    assert sorted(map(str, records(j.path))) == sorted(map(str, [["a", "ns/d", "u-d", "17"],
+    assert sorted(map(str, records(path_of(j)))) == sorted(map(str, [["a", "ns/d", "u-d", "17"],
                                                                  ["a", "ns/e", "u-e", "18"]]))
 
 
@@ -137,7 +148,7 @@ async def test_load_ignores_a_torn_tail_and_reports_a_damaged_journal_unreadable
     path = tmp_path / "j.journal"
     head = orjson.dumps({"journal": 1, "informer_id": IDENT})
     path.write_bytes(head + b'\n["a","ns/a","u-a","12"]\n["d","ns/a","u-a","13",false]\n["a","ns/b","u-')
-    j = KnownObjectJournal(path=path, informer_id=IDENT)
+    j = KnownObjectJournal(backend=file_journal(path), informer_id=IDENT)
     with caplog.at_level(logging.WARNING, logger="bridge.delivery.journal"):
         assert await j.load(None) == {"u-a": Deleted("ns/a", "13")}
     assert any("torn" in r.getMessage() for r in caplog.records)
@@ -163,7 +174,7 @@ async def test_load_ignores_a_torn_tail_and_reports_a_damaged_journal_unreadable
 async def test_a_journal_that_cannot_be_written_holds_its_events_and_recovers(tmp_path: Path) -> None:
     path = tmp_path / f"{IDENT}.journal"
     path.mkdir()  # in the way: the start-up rewrite cannot replace it
-    j = KnownObjectJournal(path=path, informer_id=IDENT)
+    j = KnownObjectJournal(backend=file_journal(path), informer_id=IDENT)
     await j.load(None)
     task = asyncio.create_task(j.run(), name="journal-under-test")
     try:
@@ -190,7 +201,7 @@ async def test_a_delete_replayed_after_an_inferred_one_keeps_where_the_held_back
     changes back; the same delete noted again keeps it too."""
     path = tmp_path / f"{IDENT}.journal"
     checkpoint = Checkpoint(informer_id=IDENT, resource_version="10", objects={"ns/x": ("u-x", "9")})
-    first = KnownObjectJournal(path=path, informer_id=IDENT)
+    first = KnownObjectJournal(backend=file_journal(path), informer_id=IDENT)
     await first.load(checkpoint)
     note(first, 1, NotificationKind.DELETE, "x", "u-x", "12", tombstone=True, inferred=True)
     task = asyncio.create_task(first.run(), name="journal-under-test")
@@ -199,7 +210,7 @@ async def test_a_delete_replayed_after_an_inferred_one_keeps_where_the_held_back
     await asyncio.gather(task, return_exceptions=True)
     assert records(path) == [["d", "ns/x", "u-x", "12", True]]
     for run, seq in (("second", 1), ("third", 1)):
-        j = KnownObjectJournal(path=path, informer_id=IDENT)
+        j = KnownObjectJournal(backend=file_journal(path), informer_id=IDENT)
         loaded = await j.load(checkpoint)
         if run == "second":
             assert loaded == {"u-x": Deleted("ns/x", "12", inferred=True)}
@@ -214,7 +225,7 @@ async def test_a_delete_replayed_after_an_inferred_one_keeps_where_the_held_back
         assert records(path)[-1] == ["d", "ns/x", "u-x", "15", False, "12"]
 
 
-class HeldJournalFile(FileJournalBackend):
+class HeldJournalFile:
     """A journal file whose first rewrite waits in its thread until ``go`` is set."""
 
     def __init__(self, path: Path) -> None:
@@ -233,19 +244,18 @@ class HeldJournalFile(FileJournalBackend):
                 finally:
                     journal.landed.set()
 
-        super().__init__(path, files=Held)
+        self.backend = file_journal(path, Held)
 
 
-class ReleasingJournalFile(FileJournalBackend):
+def releasing_journal_file(path: Path, release: threading.Event) -> JournalBackend:
     """A journal file that lets ``release`` go once its first append is durable."""
 
-    def __init__(self, path: Path, release: threading.Event) -> None:
-        class Releasing(FileBlobStore):
-            def _append(self, fd: int, data: bytes) -> None:
-                super()._append(fd, data)
-                release.set()
+    class Releasing(FileBlobStore):
+        def _append(self, fd: int, data: bytes) -> None:
+            super()._append(fd, data)
+            release.set()
 
-        super().__init__(path, files=Releasing)
+    return file_journal(path, Releasing)
 
 
 async def test_a_stopped_writer_ends_only_once_its_write_in_flight_landed(tmp_path: Path) -> None:
@@ -257,7 +267,7 @@ async def test_a_stopped_writer_ends_only_once_its_write_in_flight_landed(tmp_pa
     next crash (phantoms)."""
     path = tmp_path / f"{IDENT}.journal"
     held = HeldJournalFile(path)
-    old = KnownObjectJournal(backend=held, informer_id=IDENT)
+    old = KnownObjectJournal(backend=held.backend, informer_id=IDENT)
     await old.load(None)
     task = asyncio.create_task(old.run(), name="old-journal")
     try:
@@ -271,7 +281,7 @@ async def test_a_stopped_writer_ends_only_once_its_write_in_flight_landed(tmp_pa
         await asyncio.gather(task, return_exceptions=True)
         # The next writer starts once the old one ended; its first append lets a write the old
         # one left in flight land.
-        new = KnownObjectJournal(backend=ReleasingJournalFile(path, held.go), informer_id=IDENT)
+        new = KnownObjectJournal(backend=releasing_journal_file(path, held.go), informer_id=IDENT)
         await new.load(None)
         new_task = asyncio.create_task(new.run(), name="new-journal")
         try:
@@ -317,12 +327,12 @@ async def test_a_relists_states_are_recorded_with_where_its_window_starts_until_
     async with asyncio.timeout(5):
         await j.wait(10)
     assert not j.must_wait(5)
-    assert records(j.path) == [["r", "ns/known", "u-known", "14", "10", False],
+    assert records(path_of(j)) == [["r", "ns/known", "u-known", "14", "10", False],
                                ["r", "ns/a", "u-a", "15", "10", True],
                                ["r", "ns/a", "u-a", "18", "10", False],
                                ["r", "ns/b", "u-b", "19", "16", True],
                                ["d", "ns/b", "u-b", "20", False, "16"]]
-    reloaded = await KnownObjectJournal(path=j.path, informer_id=IDENT).load(None)
+    reloaded = await KnownObjectJournal(backend=file_journal(path_of(j)), informer_id=IDENT).load(None)
     assert reloaded["u-a"] == Relisted("ns/a", "18", "10", added=False)
     assert reloaded["u-known"] == Relisted("ns/known", "14", "10", added=False)
     # The checkpoint knows every object, and its sinks all acknowledged known's relisted state (its
@@ -331,12 +341,12 @@ async def test_a_relists_states_are_recorded_with_where_its_window_starts_until_
                          objects={"ns/known": ("u-known", "9"), "ns/a": ("u-a", "12")},
                          ahead={"ns/known": ("u-known", "14", False), "ns/a": ("u-a", "16", False)}))
     await j.idle()
-    assert records(j.path) == [["r", "ns/a", "u-a", "18", "10", False],
+    assert records(path_of(j)) == [["r", "ns/a", "u-a", "18", "10", False],
                                ["d", "ns/b", "u-b", "20", False, "16"]]
     j.compact(Checkpoint(informer_id=IDENT, resource_version="20",
                          objects={"ns/known": ("u-known", "14"), "ns/a": ("u-a", "18")}))
     await j.idle()
-    assert records(j.path) == []
+    assert records(path_of(j)) == []
 
 
 async def test_an_inferred_delete_is_kept_until_the_checkpoint_reaches_the_list_that_inferred_it(
@@ -351,35 +361,31 @@ async def test_an_inferred_delete_is_kept_until_the_checkpoint_reaches_the_list_
     note(j, 2, NotificationKind.DELETE, "known", "u-known", "9", tombstone=True, inferred=True)
     j.compact(Checkpoint(informer_id=IDENT, resource_version="10", objects={}))  # before the relist ends
     await j.idle()
-    assert records(j.path) == [["d", "ns/known", "u-known", "9", True]]
+    assert records(path_of(j)) == [["d", "ns/known", "u-known", "9", True]]
     j.note(Notification(kind=NotificationKind.GAP, obj={}, seq=3,
                         gap=Gap(id="g", from_resource_version="10", to_resource_version="20", end=True)),
            inferred=False)
     assert j.must_wait(3)
     async with asyncio.timeout(5):
         await j.wait(3)
-    assert records(j.path)[-1] == ["d", "ns/known", "u-known", "9", True, "", "20"]
+    assert records(path_of(j))[-1] == ["d", "ns/known", "u-known", "9", True, "", "20"]
     j.compact(Checkpoint(informer_id=IDENT, resource_version="19", objects={}))
     await j.idle()
-    assert records(j.path) == [["d", "ns/known", "u-known", "9", True, "", "20"]]
-    reloaded = await KnownObjectJournal(path=j.path, informer_id=IDENT).load(None)
+    assert records(path_of(j)) == [["d", "ns/known", "u-known", "9", True, "", "20"]]
+    reloaded = await KnownObjectJournal(backend=file_journal(path_of(j)), informer_id=IDENT).load(None)
     entry = reloaded["u-known"]
     assert isinstance(entry, Deleted)
     assert entry.sent_before == "20"
     j.compact(Checkpoint(informer_id=IDENT, resource_version="20", objects={}))
     await j.idle()
-    assert records(j.path) == []
+    assert records(path_of(j)) == []
 
 
-class SmallFileBackend(FileJournalBackend):
-    """A file journal that holds ``limit`` bytes, like a ConfigMap journal without chunks."""
+class SmallFiles(FileBlobStore):
+    """Files that hold 200 bytes each, like a ConfigMap journal without chunks."""
 
-    def __init__(self, path: Path, limit: int) -> None:
-        super().__init__(path, fsync=False)
-        self.limit = limit
-
-    def room(self) -> int | None:
-        return max(0, self.limit - (self.path.stat().st_size if self.path.exists() else 0))
+    def head_room(self, chunks: Sequence[str]) -> int | None:
+        return 200
 
 
 async def test_a_full_journal_releases_a_relists_states_of_known_objects_unrecorded_never_a_new_object(
@@ -392,7 +398,7 @@ async def test_a_full_journal_releases_a_relists_states_of_known_objects_unrecor
     path = tmp_path / f"{IDENT}.journal"
     checkpoint = Checkpoint(informer_id=IDENT, resource_version="10",
                             objects={f"ns/k{i}": (f"u-k{i}", "9") for i in range(50)})
-    j = KnownObjectJournal(backend=SmallFileBackend(path, 200), informer_id=IDENT)
+    j = KnownObjectJournal(backend=file_journal(path, SmallFiles), informer_id=IDENT)
     await j.load(checkpoint)
     task = asyncio.create_task(j.run(), name="journal-under-test")
     try:

@@ -1,12 +1,14 @@
 """The storage layer's one chunked writer (:class:`~bridge.delivery.blobstore.ChunkedValue`) against
-every backend's primitives: files, ConfigMaps in the API-server simulator (real HTTP) and a NATS KV
-bucket of a real nats-server with JetStream. Chunk boundaries, compare-and-set conflicts, the
-fence refusing a deposed writer, and the orphan sweep after a crash between the chunks and the head."""
+the primitives of every backend that chunks: ConfigMaps in the API-server simulator (real HTTP) and a
+NATS KV bucket of a real nats-server with JetStream. Chunk boundaries, compare-and-set conflicts, the
+fence refusing a deposed writer, and the orphan sweep after a crash between the chunks and the head.
+Files are never chunked: a value is its file, appended to in place."""
 
 from __future__ import annotations
 
 import ast
 import itertools
+import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import nats
 import pytest
 
 from bridge.delivery.blob_file import FileBlobStore
-from bridge.delivery.blobstore import BlobConflict, BlobStore, ChunkedValue, Head
+from bridge.delivery.blobstore import BlobConflict, BlobStore, ChunkedValue, ChunkStore, Head
 from bridge.delivery.checkpoint import FileCheckpointStore, JournalStore, ListableCheckpointStore
 from bridge.delivery.checkpoint_configmap import JOURNALS, ConfigMapBlobStore, ConfigMapCheckpointStore
 from bridge.delivery.checkpoint_natskv import NatsKvBlobStore, NatsKvCheckpointStore
@@ -40,13 +42,10 @@ def nats_js() -> Iterator[NatsServer]:
         yield server
 
 
-@pytest.fixture(params=["file", "configmap", "natskv"])
-async def blobs(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BlobStore]:
-    """A journal-kind blob store of each backend, holding about :data:`ROOM` bytes a blob."""
-    kind = str(request.param)
-    if kind == "file":
-        yield FileBlobStore(directory=tmp_path, suffix=".journal", what="journal", fsync=False, limit=ROOM)
-    elif kind == "configmap":
+@pytest.fixture(params=["configmap", "natskv"])
+async def blobs(request: pytest.FixtureRequest) -> AsyncIterator[ChunkStore]:
+    """A journal-kind blob store of each chunking backend, holding about :data:`ROOM` bytes a blob."""
+    if request.param == "configmap":
         sim = Simulator()
         await sim.start()
         client = ApiClient(server=sim.url)
@@ -81,7 +80,7 @@ def text(n: int) -> bytes:
     return out if out[-1:] != b"\xc3" else out[:-1] + b"b"
 
 
-async def test_a_value_that_fits_is_its_head_and_one_byte_more_is_chunked(blobs: BlobStore) -> None:
+async def test_a_value_that_fits_is_its_head_and_one_byte_more_is_chunked(blobs: ChunkStore) -> None:
     v = value(blobs)
     room = blobs.head_room(())
     assert room is not None
@@ -95,7 +94,7 @@ async def test_a_value_that_fits_is_its_head_and_one_byte_more_is_chunked(blobs:
     assert await value(blobs).read() == longer
 
 
-async def test_chunks_never_exceed_a_blob_nor_split_a_character(blobs: BlobStore) -> None:
+async def test_chunks_never_exceed_a_blob_nor_split_a_character(blobs: ChunkStore) -> None:
     v = value(blobs)
     data = text(int(3.5 * blobs.chunk_room()))
     await v.rewrite(data)
@@ -111,7 +110,7 @@ async def test_chunks_never_exceed_a_blob_nor_split_a_character(blobs: BlobStore
     assert await value(blobs).read() == data
 
 
-async def test_appends_grow_the_head_then_seal_chunks_and_read_back_whole(blobs: BlobStore) -> None:
+async def test_appends_grow_the_head_then_seal_chunks_and_read_back_whole(blobs: ChunkStore) -> None:
     v = value(blobs)
     await v.rewrite(b"head\n")
     records = [b'["a","ns/o%d","u-%d","%d"]\n' % (i, i, 20 + i) for i in range(120)]
@@ -121,7 +120,7 @@ async def test_appends_grow_the_head_then_seal_chunks_and_read_back_whole(blobs:
     assert await value(blobs).read() == b"head\n" + b"".join(records)
 
 
-async def test_compare_and_set_refuses_a_stale_version(blobs: BlobStore) -> None:
+async def test_compare_and_set_refuses_a_stale_version(blobs: ChunkStore) -> None:
     first = await blobs.compare_and_set(IDENT, Head(inline=b"one"), None)
     with pytest.raises(BlobConflict):
         await blobs.compare_and_set(IDENT, Head(inline=b"two"), None)  # it exists
@@ -133,7 +132,7 @@ async def test_compare_and_set_refuses_a_stale_version(blobs: BlobStore) -> None
     assert (head.inline, head.version) == (b"two", second)
 
 
-async def test_a_claim_loses_to_a_write_made_since_it_read(blobs: BlobStore) -> None:
+async def test_a_claim_loses_to_a_write_made_since_it_read(blobs: ChunkStore) -> None:
     reader, writer = value(blobs), value(blobs)
     await writer.rewrite(b"first")
     head = await reader.fetch(None)
@@ -147,7 +146,7 @@ async def test_a_claim_loses_to_a_write_made_since_it_read(blobs: BlobStore) -> 
     assert await value(blobs).read() == b"claimed"
 
 
-async def test_a_deposed_writer_is_refused_and_its_chunks_are_swept(blobs: BlobStore) -> None:
+async def test_a_deposed_writer_is_refused_and_its_chunks_are_swept(blobs: ChunkStore) -> None:
     old_term, new_term = Term(A), Term(B)
     old, new = value(blobs, old_term), value(blobs, new_term)
     await old.rewrite(b"by a\n")
@@ -178,7 +177,7 @@ async def test_a_deposed_writer_is_refused_and_its_chunks_are_swept(blobs: BlobS
 class CrashBeforeHead:
     """Injects a crash between a write's chunks and its head: the head write fails while ``crash``."""
 
-    def __init__(self, inner: BlobStore) -> None:
+    def __init__(self, inner: ChunkStore) -> None:
         self.inner = inner
         self.crash = True
 
@@ -192,7 +191,7 @@ class CrashBeforeHead:
         return await self.inner.compare_and_set(ident, head, version)
 
 
-async def test_orphans_of_a_crash_mid_write_are_swept_by_the_next_run(blobs: BlobStore) -> None:
+async def test_orphans_of_a_crash_mid_write_are_swept_by_the_next_run(blobs: ChunkStore) -> None:
     before = text(2 * ROOM)
     await value(blobs).rewrite(before)
     listed = set(await blobs.chunks_of(IDENT))
@@ -210,7 +209,7 @@ async def test_orphans_of_a_crash_mid_write_are_swept_by_the_next_run(blobs: Blo
     assert await value(blobs).read() == b"next run\n"
 
 
-async def test_the_same_writer_sweeps_after_its_own_failed_write(blobs: BlobStore) -> None:
+async def test_the_same_writer_sweeps_after_its_own_failed_write(blobs: ChunkStore) -> None:
     crashing = CrashBeforeHead(blobs)
     v = value(crashing)  # type: ignore[arg-type]
     crashing.crash = False
@@ -225,7 +224,7 @@ async def test_the_same_writer_sweeps_after_its_own_failed_write(blobs: BlobStor
     assert await blobs.chunks_of(IDENT) == []
 
 
-async def test_without_chunking_a_value_larger_than_a_blob_is_refused(blobs: BlobStore) -> None:
+async def test_without_chunking_a_value_larger_than_a_blob_is_refused(blobs: ChunkStore) -> None:
     v = ChunkedValue(store=blobs, ident=IDENT, fence=None, chunking=False, too_large=" (say what to do)")
     await v.rewrite(b"small\n")
     room = v.room()
@@ -234,6 +233,20 @@ async def test_without_chunking_a_value_larger_than_a_blob_is_refused(blobs: Blo
     with pytest.raises(BlobStoreError, match=r"and chunking is off \(say what to do\)"):
         await v.append(text(ROOM + 1))
     assert await value(blobs).read() == b"small\n"
+
+
+async def test_a_file_is_never_chunked(tmp_path: Path) -> None:
+    """A file has no size limit: a value of any size is its one file, exactly its bytes."""
+    files = FileBlobStore(directory=tmp_path, suffix=".ckpt", what="checkpoint", fsync=False)
+    assert not isinstance(files, ChunkStore)
+    v = value(files)
+    data = text(3 << 20)
+    await v.rewrite(data)
+    await v.append(b"end")
+    assert v.chunks == ()
+    assert os.listdir(tmp_path) == [f"{IDENT}.ckpt"]
+    assert (tmp_path / f"{IDENT}.ckpt").read_bytes() == data + b"end"
+    assert await value(files).read() == data + b"end"
 
 
 async def test_a_file_appended_in_place_refuses_an_append_after_it_was_replaced(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ sealed chunk), then read, claimed and overwritten by today's stores."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,10 +15,17 @@ import nats
 import orjson
 import pytest
 
-from bridge.delivery.checkpoint import Checkpoint, CheckpointFencedError, CheckpointStore, FileCheckpointStore
+from bridge.delivery.checkpoint import (
+    BlobCheckpointStore,
+    Checkpoint,
+    CheckpointFencedError,
+    CheckpointStore,
+    FileCheckpointStore,
+    SinkProgress,
+)
 from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
 from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
-from bridge.delivery.journal import Deleted, Exists, KnownObjectJournal
+from bridge.delivery.journal import Deleted, Exists, KnownObjectJournal, Relisted
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.leaderelection import FenceToken
 from bridge.sim import Simulator
@@ -165,5 +173,81 @@ async def test_nats_kv_checkpoints_and_journals_of_the_previous_stores_load(nats
         await loads_claims_and_fences(lambda term: NatsKvCheckpointStore(nc=nc, bucket="compat", fence=term))
         keys = await kv.keys()
         assert not [k for k in keys if k.startswith(f"{IDENT}.c.0a1b2c3d4e5f.")]  # the old generation went
+    finally:
+        await nc.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# What the stores at commit 3c23339 wrote, as they wrote it (tests/checkpoint/data/stored_formats.json:
+# the files, the ConfigMaps and the NATS KV keys of a sharded checkpoint with per-sink sections, its
+# journal of every record shape, sealed chunks included, and a small checkpoint), loaded by today's.
+
+FORMATS: dict[str, Any] = orjson.loads((Path(__file__).parent / "data" / "stored_formats.json").read_bytes())
+GOLDEN, SMALL = "configmaps.golden.0123456789ab", "configmaps.small.0123456789ab"
+WRITER = FenceToken(transitions=3, holder="bridge-0")
+SUCCESSOR = FenceToken(transitions=4, holder="bridge-1")
+GOLDEN_CP = Checkpoint(
+    informer_id=GOLDEN, resource_version="2000", written_at=7.5, writer=WRITER,
+    objects={f"ns/objet-é-{i:04d}": (f"uid-{i:04d}", str(1000 + i)) for i in range(40)},
+    ahead={"ns/late": ("uid-late", "2005", False), "ns/gone": ("", "2006", True)},
+    sinks={"kafka": SinkProgress(), "webhook": SinkProgress(
+        resource_version="2004", objects={"ns/objet-é-0001": None, "ns/new": ("uid-new", "2002")},
+        ahead={"ns/late": ("uid-late", "2005", False)})})
+SMALL_CP = Checkpoint(informer_id=SMALL, resource_version="17", objects={"a/b": ("u", "3")}, written_at=1.0,
+                      writer=WRITER)
+GOLDEN_ENTRIES = {
+    **{f"uid-n-{i}": Exists(f"ns/n-{i}", str(2001 + i)) for i in range(45)},
+    "uid-r": Relisted("ns/r", "2030", "1990", added=False),
+    "uid-0001": Deleted("ns/objet-é-0001", "2040"),
+    "uid-0002": Deleted("ns/objet-é-0002", "2041", inferred=True, held_after="1995"),
+    "uid-0003": Deleted("ns/objet-é-0003", "2042", inferred=True, sent_before="2045"),
+    "uid-0004": Deleted("ns/objet-é-0004", "2043", inferred=True, held_after="1996", sent_before="2046"),
+}
+
+
+async def reads_what_3c23339_wrote(store: BlobCheckpointStore, successor: BlobCheckpointStore) -> None:
+    assert await store.peek(GOLDEN) == GOLDEN_CP
+    assert await store.peek(SMALL) == SMALL_CP
+    journal = KnownObjectJournal(backend=store.journal_backend(GOLDEN), informer_id=GOLDEN)
+    assert await journal.load(None) == GOLDEN_ENTRIES
+    claimed = await successor.load(GOLDEN)  # a later leader's load claims it
+    assert claimed is not None
+    assert claimed == GOLDEN_CP
+    assert await store.peek(GOLDEN) == dataclasses.replace(GOLDEN_CP, writer=SUCCESSOR)
+
+
+async def test_files_written_by_3c23339_load(tmp_path: Path) -> None:
+    for name, text in FORMATS["file"].items():
+        (tmp_path / name).write_text(text)
+    successor = FileCheckpointStore(directory=tmp_path, fsync=False, fence=Term(SUCCESSOR))
+    await reads_what_3c23339_wrote(FileCheckpointStore(directory=tmp_path), successor)
+
+
+async def test_configmaps_written_by_3c23339_load() -> None:
+    sim = Simulator()
+    await sim.start()
+    client = ApiClient(server=sim.url)
+    try:
+        for cm in FORMATS["configmap"]:
+            metadata = {"name": cm["name"], "labels": cm["labels"], "annotations": cm["annotations"]}
+            body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": cm["data"]}
+            await client.create("/api/v1/namespaces/default/configmaps", body)
+        successor = ConfigMapCheckpointStore(client=client, namespace="default", name_prefix="keb",
+                                             fence=Term(SUCCESSOR))
+        await reads_what_3c23339_wrote(
+            ConfigMapCheckpointStore(client=client, namespace="default", name_prefix="keb"), successor)
+    finally:
+        await client.close()
+        await sim.stop()
+
+
+async def test_nats_kv_values_written_by_3c23339_load(nats_js: NatsServer) -> None:
+    nc = await nats.connect(nats_js.url)
+    try:
+        kv = await nc.jetstream().create_key_value(bucket="golden", history=1)
+        for key, value in FORMATS["natskv"].items():
+            await kv.put(key, value.encode())
+        await reads_what_3c23339_wrote(NatsKvCheckpointStore(nc=nc, bucket="golden"),
+                                       NatsKvCheckpointStore(nc=nc, bucket="golden", fence=Term(SUCCESSOR)))
     finally:
         await nc.close()

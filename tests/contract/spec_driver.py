@@ -83,9 +83,6 @@ class MemoryJournal:
         await asyncio.sleep(0)
         self._files[self._key] = self._files.get(self._key, b"") + data
 
-    async def close(self) -> None:
-        return None
-
     def room(self) -> int | None:
         return None
 
