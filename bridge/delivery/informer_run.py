@@ -31,6 +31,7 @@ from bridge.delivery.progress import AckTracker
 from bridge.delivery.replay import delete_is_inferred
 from bridge.delivery.resume_plan import ResumePlan, SentDelete
 from bridge.delivery.sink_listener import SinkListener
+from bridge.informer.reflector import Reflector, default_watch_error_handler
 from bridge.informer.shared_informer import HandlerRegistration, SharedIndexInformer
 
 __all__ = ["InformerCounts", "InformerObserver", "InformerRun"]
@@ -140,6 +141,17 @@ class InformerRun:
     def bootstrapping(self) -> frozenset[str]:
         """Sinks the checkpoint does not cover yet (until they acknowledged their snapshot)."""
         return self.bootstrap.waiting if self.bootstrap is not None else frozenset()
+
+    def watch_failed(self, reflector: Reflector, err: BaseException) -> None:
+        """The informer's watch-error handler: logs as the default one does, and keeps the reason for
+        readiness until the informer makes progress again (a list, a watch event, a bookmark)."""
+        default_watch_error_handler(reflector, err)
+        self.failing = f"{type(err).__name__}: {err}"
+        self.failing_progress = self.counts.progress
+
+    def save_soon(self) -> None:
+        """Has the checkpoint written at the next interval (a sink bootstrapped)."""
+        self.saved_generation = -1
 
     def failing_now(self) -> str:
         """Why the informer cannot list or watch: its last list/watch cycle failed and it has made
