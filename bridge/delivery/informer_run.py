@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from bridge.contracts import Notification, NotificationKind
@@ -104,7 +105,6 @@ class InformerRun:
     observer: InformerObserver
     plan: ResumePlan
     """What its start did (:mod:`bridge.delivery.resume_plan`)."""
-    corrupt_checkpoint: bool = False
     registrations: dict[str, HandlerRegistration] = field(default_factory=dict)
     listeners: dict[str, SinkListener] = field(default_factory=dict)
     saved_generation: int = -1
@@ -138,7 +138,7 @@ class InformerRun:
         return self.plan.resumed
 
     @property
-    def bootstrapping(self) -> frozenset[str]:
+    def bootstrapping(self) -> AbstractSet[str]:
         """Sinks the checkpoint does not cover yet (until they acknowledged their snapshot)."""
         return self.bootstrap.waiting if self.bootstrap is not None else frozenset()
 

@@ -199,7 +199,7 @@ class BridgePipeline(PipelineInspection):
         observer = InformerObserver(tracker=tracker, journal=journal, sent=plan.sent_deletes, counts=counts)
         informer = self._make_informer(watched, observer)
         inf = InformerRun(watched=watched, informer=informer, observer=observer, plan=plan,
-                          corrupt_checkpoint=start.corrupt_checkpoint, stale=list(start.stale))
+                          stale=list(start.stale))
         informer.set_watch_error_handler(inf.watch_failed)
         seeds, unconfirmed = list(plan.seeds), list(plan.unconfirmed)
         if plan.bootstrapping:

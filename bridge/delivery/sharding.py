@@ -86,19 +86,12 @@ def filter_checkpoint(cp: Checkpoint, keep: Callable[[str], bool], *, informer_i
                                ahead=ahead, sinks=sinks)
 
 
-def _base_uid(cp: Checkpoint, key: str) -> str:
-    """The uid of what the base knows of ``key`` (its delivered-ahead change, else its index entry)."""
-    a = cp.ahead.get(key)
-    if a is not None:
-        return a[0]
-    entry = cp.objects.get(key)
-    return entry[0] if entry is not None else ""
-
-
 def _filter_progress(p: SinkProgress, keep: Callable[[str], bool], cp: Checkpoint) -> SinkProgress:
     objects: dict[str, tuple[str, str] | None] = {}
     for k, v in p.objects.items():
-        uid = _base_uid(cp, k) if v is None else v[0]
+        # A "gone" entry (None) has the uid of what the base knows of the key: its delivered-ahead
+        # change, else its index entry.
+        uid = (v or cp.ahead.get(k) or cp.objects.get(k) or ("",))[0]
         if uid and keep(uid):
             objects[k] = v
     ahead = {k: a for k, a in p.ahead.items() if not a[0] or keep(a[0])}
@@ -332,10 +325,9 @@ async def take_over(store: CheckpointStore, *, base: str, shard: ShardFilter) ->
     if own not in ids:
         ids.append(own)
     stored: dict[str, Checkpoint] = {}
-    peek = listable.peek if listable is not None else store.load
     for ident in ids:
         # Its own checkpoint is claimed (fencing); another shard's is only read.
-        cp = await (store.load(ident) if ident == own else peek(ident))
+        cp = await (listable.peek(ident) if listable is not None and ident != own else store.load(ident))
         if cp is not None:
             stored[ident] = cp
     plan = plan_handover(base=base, shard=shard, stored=stored)
