@@ -161,15 +161,11 @@ class PipelineInspection:
 
     def sink_backlog(self, name: str) -> SinkBacklog:
         """What waits for one sink, summed over its informers: in memory, on disk, degraded."""
-        totals = [0, 0, 0, 0, 0]
-        for inf in self._informers.values():
-            reg = inf.registrations.get(name)
-            if reg is None:
-                continue
-            st = reg.listener.stats()
-            for i, v in enumerate((st.depth, st.spill_bytes, st.spilled, st.degraded, st.gaps)):
-                totals[i] += v
-        return SinkBacklog(*totals)
+        stats = [inf.registrations[name].listener.stats() for inf in self._informers.values()
+                 if name in inf.registrations]
+        return SinkBacklog(depth=sum(s.depth for s in stats), spill_bytes=sum(s.spill_bytes for s in stats),
+                           spilled=sum(s.spilled for s in stats), degraded=sum(s.degraded for s in stats),
+                           gaps=sum(s.gaps for s in stats))
 
     def sink_lag(self, name: str) -> float:
         """Seconds since the oldest change this sink has not acknowledged was dispatched (0 if none)."""

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bridge.clock import Clock
 from bridge.delivery.inspection import PipelineInspection
 from sinks.contract import Sink
 
@@ -40,14 +41,19 @@ class OutageReporter:
         self._outage_summary = summary_interval
         self._outages: dict[str, _Outage] = {}
 
+    async def run(self, clock: Clock, interval: float) -> None:
+        """Checks every ``interval`` seconds, until cancelled."""
+        while True:
+            await clock.sleep(interval)
+            self.check(clock.now())
+
     def check(self, now: float) -> None:
         """Logs the outages of the sinks (module docs); called periodically."""
         for sink in self._sinks:
             name = sink.name
             st = self._outages.setdefault(name, _Outage())
-            healthy = sink.healthy()
-            error = sink.last_error or "unknown error"
-            if not healthy:
+            if not sink.healthy():
+                error = sink.last_error or "unknown error"
                 if st.since is None:
                     st.since = st.last_summary = now
                     st.catching_up = None

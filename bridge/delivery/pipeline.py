@@ -180,7 +180,7 @@ class BridgePipeline(PipelineInspection):
         if self._stalls is not None:
             self._spawn("stalled-watches", self._stalls.run())
         if self._outage_check > 0:
-            self._spawn("sink-outages", self._outage_loop())
+            self._spawn("sink-outages", self._outages.run(self._clock, self._outage_check))
 
     async def _prepare(self, watched: WatchedResource) -> None:
         """One informer, from its resume plan (:mod:`bridge.delivery.restart`), with its listeners."""
@@ -285,8 +285,7 @@ class BridgePipeline(PipelineInspection):
         inf.listeners[name] = listener
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(self._guard(name, coro), name=f"pipeline:{name}")
-        self._tasks[name] = task
+        self._tasks[name] = asyncio.create_task(self._guard(name, coro), name=f"pipeline:{name}")
 
     async def _guard(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         try:
@@ -412,8 +411,7 @@ class BridgePipeline(PipelineInspection):
         tasks = [t for name, t in self._tasks.items() if which(name)]
         for t in tasks:
             t.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = {n: t for n, t in self._tasks.items() if not t.done()}
 
     # ---------------------------------------------------------------------------------------------
@@ -458,18 +456,6 @@ class BridgePipeline(PipelineInspection):
         for inf in targets:
             inf.informer.request_snapshot(inf.registrations[sink] if sink is not None else None)
         return [inf.watched.informer_id for inf in targets]
-
-    # ---------------------------------------------------------------------------------------------
-    # outages
-
-    async def _outage_loop(self) -> None:
-        while True:
-            await self._clock.sleep(self._outage_check)
-            self.check_sinks()
-
-    def check_sinks(self) -> None:
-        """Logs sink outages (:mod:`bridge.delivery.outages`); called periodically."""
-        self._outages.check(self._clock.now())
 
 
 async def _within(seconds: float, waits: list[Awaitable[None]], late: str) -> None:
