@@ -134,10 +134,6 @@ class InformerRun:
         return self.observer.counts
 
     @property
-    def resumed(self) -> bool:
-        return self.plan.resumed
-
-    @property
     def bootstrapping(self) -> AbstractSet[str]:
         """Sinks the checkpoint does not cover yet (until they acknowledged their snapshot)."""
         return self.bootstrap.waiting if self.bootstrap is not None else frozenset()

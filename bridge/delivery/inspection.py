@@ -105,7 +105,6 @@ class PipelineStats:
     checkpoint_age: Mapping[str, float | None]
     checkpoint_lag: Mapping[str, int]
     relists: Mapping[str, int]
-    resumed: Mapping[str, bool]
 
 
 class PipelineInspection:
@@ -127,7 +126,7 @@ class PipelineInspection:
         return self._informers[ident].listeners[sink_name]
 
     def resumed(self, ident: str) -> bool:
-        return self._informers[ident].resumed
+        return self._informers[ident].plan.resumed
 
     def stats(self) -> PipelineStats:
         now = self._clock.now()
@@ -148,7 +147,6 @@ class PipelineInspection:
             checkpoint_lag={i: inf.tracker.lag for i, inf in self._informers.items()},
             relists={i: (inf.informer.reflector.list_count if inf.informer.reflector else 0)
                      for i, inf in self._informers.items()},
-            resumed={i: inf.resumed for i, inf in self._informers.items()},
         )
 
     def events_received(self) -> dict[str, dict[str, int]]:

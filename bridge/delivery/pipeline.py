@@ -167,7 +167,7 @@ class BridgePipeline(PipelineInspection):
                     heartbeats = Heartbeats(inf=inf, sink=sink, cluster=self._cluster, clock=self._clock,
                                             interval=beat)
                     self._spawn(f"heartbeat:{ident}:{sink_name}", heartbeats.run())
-            if self._snapshot_on_first_start and not inf.resumed:
+            if self._snapshot_on_first_start and not inf.plan.resumed:
                 self._spawn(f"first-snapshot:{ident}", self._first_snapshot(inf))
             if inf.bootstrap is not None:
                 self._spawn(f"bootstrap:{ident}", inf.bootstrap.run(inf.listeners, inf.registrations))
