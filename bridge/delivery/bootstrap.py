@@ -48,12 +48,8 @@ class ProgressThresholds:
         self._waiting.append((resource_version, callback))
 
     def reached(self, seq: int, resource_version: str) -> None:
-        if not self._waiting:
-            return
-        at = parse_rv(resource_version)
-        if at is None:
-            return
-        for threshold in [t for t in self._waiting if t[0] <= at]:
+        at = parse_rv(resource_version) if self._waiting else None
+        for threshold in [t for t in self._waiting if at is not None and t[0] <= at]:
             self._waiting.remove(threshold)
             threshold[1](seq)
 
@@ -77,17 +73,13 @@ class Bootstrap:
         self._informer = informer
         self._thresholds = thresholds
         self._watched = watched
-        self._waiting = set(sinks)
+        self.waiting = set(sinks)
+        """The sinks that have not acknowledged their snapshot yet."""
         self._clock = clock
         self._covered = covered
         self.state = BootstrapState.LISTING
         self._ready = asyncio.Event()
         self._extra = {"informer": watched.informer_id, "resource": watched.ref.qualified}
-
-    @property
-    def waiting(self) -> frozenset[str]:
-        """The sinks that have not acknowledged their snapshot yet."""
-        return frozenset(self._waiting)
 
     def _wait_for(self, resource_version: str) -> None:
         at = parse_rv(resource_version)
@@ -103,7 +95,7 @@ class Bootstrap:
         """Replaces the plan's stubs by whole objects from one list of the scope now (a listed
         object with the stub's uid and resourceVersion is that very state). Before the informer
         starts."""
-        sinks = ", ".join(sorted(self._waiting))
+        sinks = ", ".join(sorted(self.waiting))
         try:
             listed, list_rv = await self._informer.list_current()
         except Exception as exc:
@@ -128,7 +120,7 @@ class Bootstrap:
         if self.state is BootstrapState.LISTING:
             await self._list_again()
         await self._ready.wait()
-        for name in sorted(self._waiting):
+        for name in sorted(self.waiting):
             listeners[name].bootstrap_ready()
             self._informer.request_snapshot(registrations[name])
 
@@ -138,7 +130,7 @@ class Bootstrap:
         (:meth:`SharedIndexInformer.fill_in`). Should the reflector relist on its own first (a 410),
         that relist brings whole objects: the snapshot waits for it instead."""
         informer = self._informer
-        sinks = ", ".join(sorted(self._waiting))
+        sinks = ", ".join(sorted(self.waiting))
         backoff = Backoff(clock=self._clock)
         delay, failed = backoff.next_delay(), 1
         while True:
@@ -167,7 +159,7 @@ class Bootstrap:
 
     def done(self, name: str) -> None:
         """``name`` acknowledged its whole snapshot: from now on the checkpoint covers it."""
-        self._waiting.discard(name)
+        self.waiting.discard(name)
         self._covered()
         log.info("sink %s bootstrapped: it has the snapshot and follows the live stream", name,
                  extra={"sink": name, **self._extra})

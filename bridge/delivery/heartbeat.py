@@ -44,8 +44,6 @@ class Heartbeats:
         self._clock = clock
         self._interval = interval
         self._waiting = False
-        self.sent = 0
-        """Heartbeats handed to the sink."""
 
     async def run(self) -> None:
         """Sends one heartbeat every ``interval`` seconds, until cancelled."""
@@ -53,26 +51,21 @@ class Heartbeats:
             await self._clock.sleep(self._interval)
             await self.beat()
 
-    def event(self) -> ChangeEvent:
-        """The heartbeat as of now."""
+    async def beat(self) -> None:
+        """Hands one heartbeat, as of now, to the sink, unless the informer has not synced or the
+        previous one is not acknowledged yet."""
         inf = self._inf
+        if self._waiting or not inf.informer.has_synced():
+            return
+        self._waiting = True
         reflector = inf.informer.reflector
         current = reflector.last_sync_resource_version if reflector is not None else ""
         name = self._sink.name
         acked = "" if name in inf.bootstrapping else str(sink_state(inf, name)[0] or "")
-        return ChangeEvent(type=EventType.HEARTBEAT, resource=inf.watched.ref, cluster=self._cluster,
-                           obj=None, time=self._clock.wall(),
-                           extensions={HEARTBEAT_RV: current, HEARTBEAT_ACKED: acked})
-
-    async def beat(self) -> bool:
-        """Hands one heartbeat to the sink, unless the informer has not synced or the previous one
-        is not acknowledged yet; True when one was sent."""
-        if self._waiting or not self._inf.informer.has_synced():
-            return False
-        self._waiting = True
-        await self._sink.deliver(self.event(), self._acked)
-        self.sent += 1
-        return True
+        event = ChangeEvent(type=EventType.HEARTBEAT, resource=inf.watched.ref, cluster=self._cluster,
+                            obj=None, time=self._clock.wall(),
+                            extensions={HEARTBEAT_RV: current, HEARTBEAT_ACKED: acked})
+        await self._sink.deliver(event, self._acked)
 
     def _acked(self, outcome: DeliveryOutcome) -> None:
         self._waiting = False

@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from bridge.contracts import Notification, NotificationKind
@@ -31,6 +32,7 @@ from bridge.delivery.progress import AckTracker
 from bridge.delivery.replay import delete_is_inferred
 from bridge.delivery.resume_plan import ResumePlan, SentDelete
 from bridge.delivery.sink_listener import SinkListener
+from bridge.informer.reflector import Reflector, default_watch_error_handler
 from bridge.informer.shared_informer import HandlerRegistration, SharedIndexInformer
 
 __all__ = ["InformerCounts", "InformerObserver", "InformerRun"]
@@ -103,7 +105,6 @@ class InformerRun:
     observer: InformerObserver
     plan: ResumePlan
     """What its start did (:mod:`bridge.delivery.resume_plan`)."""
-    corrupt_checkpoint: bool = False
     registrations: dict[str, HandlerRegistration] = field(default_factory=dict)
     listeners: dict[str, SinkListener] = field(default_factory=dict)
     saved_generation: int = -1
@@ -133,13 +134,20 @@ class InformerRun:
         return self.observer.counts
 
     @property
-    def resumed(self) -> bool:
-        return self.plan.resumed
-
-    @property
-    def bootstrapping(self) -> frozenset[str]:
+    def bootstrapping(self) -> AbstractSet[str]:
         """Sinks the checkpoint does not cover yet (until they acknowledged their snapshot)."""
         return self.bootstrap.waiting if self.bootstrap is not None else frozenset()
+
+    def watch_failed(self, reflector: Reflector, err: BaseException) -> None:
+        """The informer's watch-error handler: logs as the default one does, and keeps the reason for
+        readiness until the informer makes progress again (a list, a watch event, a bookmark)."""
+        default_watch_error_handler(reflector, err)
+        self.failing = f"{type(err).__name__}: {err}"
+        self.failing_progress = self.counts.progress
+
+    def save_soon(self) -> None:
+        """Has the checkpoint written at the next interval (a sink bootstrapped)."""
+        self.saved_generation = -1
 
     def failing_now(self) -> str:
         """Why the informer cannot list or watch: its last list/watch cycle failed and it has made

@@ -2,29 +2,93 @@
 gauges the telemetry reads at each scrape.
 
 :class:`PipelineInspection` is the part of :class:`~bridge.delivery.pipeline.BridgePipeline` that
-only reads: its informers' runs, its sinks and its clock.
+only reads: its informers' runs, its sinks and its clock. The gauges are plain frozen snapshots: the
+service's telemetry reads them, and the delivery layer never imports the telemetry SDK.
 """
 
 from __future__ import annotations
 
 import collections
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bridge.clock import Clock
-from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
 from bridge.delivery.informer_run import InformerRun
-from bridge.delivery.outages import SinkBacklog
 from bridge.delivery.progress import AckTracker
 from bridge.delivery.sink_listener import SinkListener
 from bridge.delivery.stall import StallDetector
 from bridge.informer.shared_informer import SharedIndexInformer
 from sinks.contract import Sink
 
-__all__ = ["PipelineInspection", "PipelineStats"]
+__all__ = ["InformerGauges", "PipelineInspection", "PipelineStats", "SinkBacklog", "SinkGauges",
+           "TelemetrySnapshot"]
 
 _EVENT_TYPE = {"add": "added", "update": "updated", "delete": "deleted"}
 """Notification kind → the CloudEvents type of its events (a snapshot's objects are counted apart)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SinkBacklog:
+    """What waits for one sink, summed over its informers."""
+
+    depth: int
+    """Notifications waiting: in memory, in the spill and as degraded latest states."""
+    spill_bytes: int
+    """Bytes its spills occupy on disk now."""
+    spilled: int
+    """Notifications ever written to its spills."""
+    degraded: int
+    """Notifications kept only as the latest state of their object (spill full or absent)."""
+    gaps: int
+    """Gap windows it opened because it degraded."""
+
+
+@dataclass(frozen=True, slots=True)
+class SinkGauges:
+    queue_depth: int = 0
+    """Changes waiting for the sink: in memory, in its spill and as degraded latest states."""
+    spill_bytes: int = 0
+    lag_seconds: float = 0.0
+    """Age of the oldest change the sink has not acknowledged."""
+    in_flight: int = 0
+    up: bool = True
+    outcomes: Mapping[str, int] = field(default_factory=dict)
+    """Outcome (``delivered``, ``filtered``, ``dead_lettered``, ``dropped``) → events finished so
+    far; monotonic for as long as the sink lives."""
+
+
+@dataclass(frozen=True, slots=True)
+class InformerGauges:
+    resource: str = ""
+    """The watched resource as kubectl spells it, plural and group (``pods``, ``deployments.apps``),
+    whatever name the configuration used: the ``resource`` label of every metric."""
+    informer: str = ""
+    """The informer's id (resource, namespace and a hash of the selectors: ``pods.web.3f2a9c1d7e0b``,
+    the checkpoint's name): the ``informer`` label, distinct for two scopes of one resource."""
+    received: Mapping[str, int] = field(default_factory=dict)
+    """CloudEvents type (``added``, ``updated``, ``deleted``, ``sync``) → changes processed so far
+    (``sync``: objects of the snapshots taken)."""
+    relists: int = 0
+    watch_restarts: int = 0
+    expired: int = 0
+    cached_objects: int = 0
+    checkpoint_age: float | None = None
+    checkpoint_lag: int = 0
+    stalled: bool = False
+    """Its watch delivers nothing while the server's resourceVersion moved (:mod:`bridge.delivery.stall`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetrySnapshot:
+    """What the observable instruments read at each scrape."""
+
+    sinks: Mapping[str, SinkGauges] = field(default_factory=dict)
+    informers: Mapping[str, InformerGauges] = field(default_factory=dict)
+    events_received: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """Resource (``pods``, ``deployments.apps``) → notification kind (``add``, ``update``,
+    ``delete``, ``snapshot``) → changes processed so far by the live pipeline. For callers of
+    :meth:`~bridge.delivery.pipeline.BridgePipeline.telemetry_snapshot`; the exported metrics read
+    :attr:`InformerGauges.received` (by informer, in CloudEvents types)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +105,6 @@ class PipelineStats:
     checkpoint_age: Mapping[str, float | None]
     checkpoint_lag: Mapping[str, int]
     relists: Mapping[str, int]
-    resumed: Mapping[str, bool]
 
 
 class PipelineInspection:
@@ -51,10 +114,6 @@ class PipelineInspection:
     _sinks: Sequence[Sink]
     _clock: Clock
     _stalls: StallDetector | None
-
-    def watch_stalled(self, ident: str) -> bool:
-        """Whether the informer's watch stalled (:mod:`bridge.delivery.stall`)."""
-        return self._stalls is not None and bool(self._stalls.stalled(ident))
 
     @property
     def informers(self) -> dict[str, SharedIndexInformer]:
@@ -67,7 +126,7 @@ class PipelineInspection:
         return self._informers[ident].listeners[sink_name]
 
     def resumed(self, ident: str) -> bool:
-        return self._informers[ident].resumed
+        return self._informers[ident].plan.resumed
 
     def stats(self) -> PipelineStats:
         now = self._clock.now()
@@ -88,7 +147,6 @@ class PipelineInspection:
             checkpoint_lag={i: inf.tracker.lag for i, inf in self._informers.items()},
             relists={i: (inf.informer.reflector.list_count if inf.informer.reflector else 0)
                      for i, inf in self._informers.items()},
-            resumed={i: inf.resumed for i, inf in self._informers.items()},
         )
 
     def events_received(self) -> dict[str, dict[str, int]]:
@@ -101,15 +159,11 @@ class PipelineInspection:
 
     def sink_backlog(self, name: str) -> SinkBacklog:
         """What waits for one sink, summed over its informers: in memory, on disk, degraded."""
-        totals = [0, 0, 0, 0, 0]
-        for inf in self._informers.values():
-            reg = inf.registrations.get(name)
-            if reg is None:
-                continue
-            st = reg.listener.stats()
-            for i, v in enumerate((st.depth, st.spill_bytes, st.spilled, st.degraded, st.gaps)):
-                totals[i] += v
-        return SinkBacklog(*totals)
+        stats = [inf.registrations[name].listener.stats() for inf in self._informers.values()
+                 if name in inf.registrations]
+        return SinkBacklog(depth=sum(s.depth for s in stats), spill_bytes=sum(s.spill_bytes for s in stats),
+                           spilled=sum(s.spilled for s in stats), degraded=sum(s.degraded for s in stats),
+                           gaps=sum(s.gaps for s in stats))
 
     def sink_lag(self, name: str) -> float:
         """Seconds since the oldest change this sink has not acknowledged was dispatched (0 if none)."""
@@ -146,7 +200,7 @@ class PipelineInspection:
                 cached_objects=len(inf.informer.get_indexer()),
                 checkpoint_age=st.checkpoint_age[i],
                 checkpoint_lag=st.checkpoint_lag[i],
-                stalled=self.watch_stalled(i),
+                stalled=self._stalls is not None and bool(self._stalls.stalled(i)),
             )
         return gauges
 
@@ -161,5 +215,5 @@ class PipelineInspection:
                                up=s.healthy(), outcomes=st.sinks[s.name])
             for s in self._sinks
         }
-        informers = self.informer_gauges()
-        return TelemetrySnapshot(sinks=sinks, informers=informers, events_received=self.events_received())
+        return TelemetrySnapshot(sinks=sinks, informers=self.informer_gauges(),
+                                 events_received=self.events_received())

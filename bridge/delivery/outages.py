@@ -12,45 +12,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
+from bridge.clock import Clock
+from bridge.delivery.inspection import PipelineInspection
 from sinks.contract import Sink
 
-__all__ = ["OutageReporter", "SinkBacklog", "SinkView"]
+__all__ = ["OutageReporter"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class SinkBacklog:
-    """What waits for one sink, summed over its informers."""
-
-    depth: int
-    """Notifications waiting: in memory, in the spill and as degraded latest states."""
-    spill_bytes: int
-    """Bytes its spills occupy on disk now."""
-    spilled: int
-    """Notifications ever written to its spills."""
-    degraded: int
-    """Notifications kept only as the latest state of their object (spill full or absent)."""
-    gaps: int
-    """Gap windows it opened because it degraded."""
-
-
-class SinkView(Protocol):
-    """What the reporter reads of the pipeline, per sink."""
-
-    def sink_backlog(self, name: str) -> SinkBacklog:
-        """What waits for the sink now."""
-        ...
-
-    def sink_lag(self, name: str) -> float:
-        """Seconds since the oldest change it has not acknowledged was dispatched (0 if none)."""
-        ...
-
-    def delivered(self, name: str) -> int:
-        """Events it acknowledged as delivered so far."""
-        ...
 
 
 @dataclass(slots=True)
@@ -66,20 +35,25 @@ class _Outage:
 class OutageReporter:
     """Reports the outages of a pipeline's sinks (module docs)."""
 
-    def __init__(self, *, sinks: Sequence[Sink], view: SinkView, summary_interval: float) -> None:
+    def __init__(self, *, sinks: Sequence[Sink], view: PipelineInspection, summary_interval: float) -> None:
         self._sinks = sinks
         self._view = view
         self._outage_summary = summary_interval
         self._outages: dict[str, _Outage] = {}
+
+    async def run(self, clock: Clock, interval: float) -> None:
+        """Checks every ``interval`` seconds, until cancelled."""
+        while True:
+            await clock.sleep(interval)
+            self.check(clock.now())
 
     def check(self, now: float) -> None:
         """Logs the outages of the sinks (module docs); called periodically."""
         for sink in self._sinks:
             name = sink.name
             st = self._outages.setdefault(name, _Outage())
-            healthy = sink.healthy()
-            error = sink.last_error or "unknown error"
-            if not healthy:
+            if not sink.healthy():
+                error = sink.last_error or "unknown error"
                 if st.since is None:
                     st.since = st.last_summary = now
                     st.catching_up = None

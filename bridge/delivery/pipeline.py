@@ -36,34 +36,29 @@ from bridge.delivery.assembly import (
     routed,
 )
 from bridge.delivery.bootstrap import Bootstrap
-from bridge.delivery.checkpoint import Checkpoint, CheckpointStore
+from bridge.delivery.checkpoint import CheckpointStore
 from bridge.delivery.checkpoint_writer import CheckpointWriter, GroupCommit
 from bridge.delivery.heartbeat import Heartbeats
 from bridge.delivery.informer_run import InformerCounts, InformerObserver, InformerRun
-from bridge.delivery.inspection import PipelineInspection, PipelineStats
-from bridge.delivery.outages import OutageReporter, SinkBacklog
+from bridge.delivery.inspection import PipelineInspection
+from bridge.delivery.outages import OutageReporter
 from bridge.delivery.progress import AckTracker
 from bridge.delivery.replay import ReplayStage, SinkResume
 from bridge.delivery.restart import load_start
-from bridge.delivery.resume_plan import SinkStartKind, stub_objects
+from bridge.delivery.resume_plan import SinkStartKind
 from bridge.delivery.selector_exit import SelectorExits
-from bridge.delivery.sink_listener import SinkListener, SinkListenerStats
+from bridge.delivery.sink_listener import SinkListener
 from bridge.delivery.stall import StallCheck, StallDetector
 from bridge.informer.factory import SharedInformerFactory
-from bridge.informer.reflector import Reflector, WatchErrorHandler, default_watch_error_handler
 from bridge.informer.shared_informer import CacheSeed, HandlerRegistration, SharedIndexInformer
 from sinks.contract import Sink
 
 __all__ = [
     "BridgePipeline",
     "InformerBuilder",
-    "PipelineStats",
-    "SinkBacklog",
     "SinkListener",
-    "SinkListenerStats",
     "WatchedResource",
     "http_informer_builder",
-    "stub_objects",
 ]
 
 log = logging.getLogger(__name__)
@@ -172,7 +167,7 @@ class BridgePipeline(PipelineInspection):
                     heartbeats = Heartbeats(inf=inf, sink=sink, cluster=self._cluster, clock=self._clock,
                                             interval=beat)
                     self._spawn(f"heartbeat:{ident}:{sink_name}", heartbeats.run())
-            if self._snapshot_on_first_start and not inf.resumed:
+            if self._snapshot_on_first_start and not inf.plan.resumed:
                 self._spawn(f"first-snapshot:{ident}", self._first_snapshot(inf))
             if inf.bootstrap is not None:
                 self._spawn(f"bootstrap:{ident}", inf.bootstrap.run(inf.listeners, inf.registrations))
@@ -185,7 +180,7 @@ class BridgePipeline(PipelineInspection):
         if self._stalls is not None:
             self._spawn("stalled-watches", self._stalls.run())
         if self._outage_check > 0:
-            self._spawn("sink-outages", self._outage_loop())
+            self._spawn("sink-outages", self._outages.run(self._clock, self._outage_check))
 
     async def _prepare(self, watched: WatchedResource) -> None:
         """One informer, from its resume plan (:mod:`bridge.delivery.restart`), with its listeners."""
@@ -204,27 +199,21 @@ class BridgePipeline(PipelineInspection):
         observer = InformerObserver(tracker=tracker, journal=journal, sent=plan.sent_deletes, counts=counts)
         informer = self._make_informer(watched, observer)
         inf = InformerRun(watched=watched, informer=informer, observer=observer, plan=plan,
-                          corrupt_checkpoint=start.corrupt_checkpoint, stale=list(start.stale))
-        informer.set_watch_error_handler(self._watch_error_recorder(inf))
+                          stale=list(start.stale))
+        informer.set_watch_error_handler(inf.watch_failed)
         seeds, unconfirmed = list(plan.seeds), list(plan.unconfirmed)
         if plan.bootstrapping:
             inf.bootstrap = Bootstrap(informer=informer, thresholds=observer.thresholds, watched=watched,
                                       sinks=plan.bootstrapping, clock=self._clock,
-                                      covered=functools.partial(self._covered, inf))
+                                      covered=inf.save_soon)
             seeds, unconfirmed = await inf.bootstrap.hydrate(seeds, unconfirmed)
         self._seed(inf, seeds, unconfirmed)
-        exits: SelectorExits | None = None
-        fetch = self._fetch_object
-        if fetch is not None and (watched.key.label_selector or watched.key.field_selector
-                                  or watched.key.namespace_selector):
-            exits = SelectorExits(fetch=functools.partial(fetch, watched))
+        key, fetch = watched.key, self._fetch_object
+        selected = key.label_selector or key.field_selector or key.namespace_selector
+        exits = SelectorExits(fetch=functools.partial(fetch, watched)) if fetch and selected else None
         for sink in sinks:
             self._attach(inf, sink, exits)
         self._informers[ident] = inf
-
-    @staticmethod
-    def _covered(inf: InformerRun) -> None:
-        inf.saved_generation = -1  # a sink bootstrapped: written at the next interval
 
     def _seed(self, inf: InformerRun, seeds: list[KubeObject], unconfirmed: list[KubeObject]) -> None:
         """Seeds the informer from the plan: its cache and resume point, the keys whose replayed
@@ -246,8 +235,20 @@ class BridgePipeline(PipelineInspection):
             log.info("resuming from %s at resourceVersion %s (%d known objects)",
                      "the journal's first list" if cp.sinks is None and plan.rewrite else "checkpoint",
                      cp.resource_version, len(cp.objects), extra=extra)
-        if inf.journal is not None and inf.journal.unreadable:
-            self._journal_unreadable(inf, cp)
+        if (journal := inf.journal) is not None and journal.unreadable:
+            # The objects it recorded (delivered after the last checkpoint write) are unknown, so a
+            # delete of one while the bridge was down may reach no sink. Resumed from a checkpoint,
+            # the watch replays every change since it (those deletes included); if that history
+            # expired, the relist is framed by gap markers from the checkpoint's resourceVersion
+            # anyway. Without a checkpoint, the first list is framed by gap markers from
+            # resourceVersion 0 so that consumers learn it too.
+            then = (f"; resuming from the checkpoint: if the server's history since resourceVersion "
+                    f"{cp.resource_version} expired, the relist (framed by gap markers) cannot report "
+                    "deletes of objects delivered after that checkpoint write" if cp is not None else
+                    " and there is no checkpoint: a full list framed by gap markers from resourceVersion "
+                    "0 (objects delivered before and deleted while the bridge was down get no delete)")
+            log.warning("known-object journal %s cannot be read (%s)%s", journal.backend.name,
+                        journal.unreadable, then, extra=extra)
         if unconfirmed:
             log.info("%d objects delivered after the last checkpoint write are known from the journal",
                      len(unconfirmed), extra=extra)
@@ -283,44 +284,8 @@ class BridgePipeline(PipelineInspection):
         inf.registrations[name] = reg
         inf.listeners[name] = listener
 
-    @staticmethod
-    def _journal_unreadable(inf: InformerRun, checkpoint: Checkpoint | None) -> None:
-        """The journal left by the previous run cannot be read: the objects it recorded (delivered
-        after the last checkpoint write) are unknown, so a delete of one while the bridge was down
-        may reach no sink. Resumed from a checkpoint, the watch replays every change since it
-        (those deletes included); if that history expired, the relist is framed by gap markers from
-        the checkpoint's resourceVersion anyway. Without a checkpoint, the first list is framed by
-        gap markers from resourceVersion 0 so that consumers learn it too."""
-        journal = inf.journal
-        assert journal is not None
-        ident, resource = inf.watched.informer_id, inf.watched.ref.qualified
-        if checkpoint is not None:
-            log.warning("known-object journal %s cannot be read (%s); resuming from the checkpoint: if "
-                        "the server's history since resourceVersion %s expired, the relist (framed by gap "
-                        "markers) cannot report deletes of objects delivered after that checkpoint write",
-                        journal.backend.name, journal.unreadable, checkpoint.resource_version,
-                        extra={"informer": ident, "resource": resource})
-            return
-        log.warning("known-object journal %s cannot be read (%s) and there is no checkpoint: a full list "
-                    "framed by gap markers from resourceVersion 0 (objects delivered before and deleted "
-                    "while the bridge was down get no delete)", journal.backend.name, journal.unreadable,
-                    extra={"informer": ident, "resource": resource})
-
-    @staticmethod
-    def _watch_error_recorder(inf: InformerRun) -> WatchErrorHandler:
-        """The informer's watch-error handler: logs as the default one does, and keeps the reason for
-        readiness until the informer makes progress again (a list, a watch event, a bookmark)."""
-
-        def handler(reflector: Reflector, err: BaseException) -> None:
-            default_watch_error_handler(reflector, err)
-            inf.failing = f"{type(err).__name__}: {err}"
-            inf.failing_progress = inf.counts.progress
-
-        return handler
-
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(self._guard(name, coro), name=f"pipeline:{name}")
-        self._tasks[name] = task
+        self._tasks[name] = asyncio.create_task(self._guard(name, coro), name=f"pipeline:{name}")
 
     async def _guard(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         try:
@@ -341,19 +306,12 @@ class BridgePipeline(PipelineInspection):
         return all(results)
 
     def ready(self) -> bool:
-        """Every informer synced and able to list and watch, and every sink healthy."""
-        return (
-            self._started
-            and not self._stopping
-            and all(inf.informer.has_synced() and not inf.failing_now() for inf in self._informers.values())
-            and all(s.healthy() for s in self._sinks)
-            and not any(inf.journal is not None and inf.journal.last_error
-                        for inf in self._informers.values())
-            and not any(name.startswith("journal:") for name in self.failed_tasks)
-            and not self.stalled()
-        )
+        """Started, not stopping, and no reason not to be (:meth:`not_ready_reasons`)."""
+        return self._started and not self._stopping and not self.not_ready_reasons()
 
     def not_ready_reasons(self) -> list[str]:
+        """Why it is not ready: an informer that has not synced or cannot list or watch, a journal
+        that cannot be written, a stalled watch, an unhealthy sink."""
         reasons = []
         for i, inf in self._informers.items():
             if why := inf.failing_now():
@@ -406,12 +364,7 @@ class BridgePipeline(PipelineInspection):
                       "shutdown: a known-object journal was not written in time; the next start reads "
                       "the previous one")
         await self._stop_informers(left)
-        if self._start_sinks:
-            for sink in self._sinks:
-                try:
-                    await sink.close()
-                except Exception:
-                    log.exception("shutdown: closing the sink failed", extra={"sink": sink.name})
+        await self._close_sinks("shutdown")
         await self._close_store()
 
     async def abort(self) -> None:
@@ -423,12 +376,7 @@ class BridgePipeline(PipelineInspection):
         of this one. Idempotent; may interrupt a :meth:`shutdown` under way."""
         self._stopping = True
         self._stop_reflectors()
-        if self._start_sinks:
-            for sink in self._sinks:  # cancels their sends under way
-                try:
-                    await sink.close()
-                except Exception:
-                    log.exception("abort: closing sink %s failed", sink.name)
+        await self._close_sinks("abort")  # cancels their sends under way
         await self._stop_informers(lambda: 0.0)
         await self._close_store()
 
@@ -446,6 +394,14 @@ class BridgePipeline(PipelineInspection):
             await self._factory.shutdown(left())
         await self._cancel_tasks(lambda name: True)
 
+    async def _close_sinks(self, when: str) -> None:
+        if self._start_sinks:
+            for sink in self._sinks:
+                try:
+                    await sink.close()
+                except Exception:
+                    log.exception("%s: closing sink %s failed", when, sink.name, extra={"sink": sink.name})
+
     async def _close_store(self) -> None:
         if self._store is not None:
             with contextlib.suppress(Exception):
@@ -455,8 +411,7 @@ class BridgePipeline(PipelineInspection):
         tasks = [t for name, t in self._tasks.items() if which(name)]
         for t in tasks:
             t.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = {n: t for n, t in self._tasks.items() if not t.done()}
 
     # ---------------------------------------------------------------------------------------------
@@ -501,18 +456,6 @@ class BridgePipeline(PipelineInspection):
         for inf in targets:
             inf.informer.request_snapshot(inf.registrations[sink] if sink is not None else None)
         return [inf.watched.informer_id for inf in targets]
-
-    # ---------------------------------------------------------------------------------------------
-    # outages
-
-    async def _outage_loop(self) -> None:
-        while True:
-            await self._clock.sleep(self._outage_check)
-            self.check_sinks()
-
-    def check_sinks(self) -> None:
-        """Logs sink outages (:mod:`bridge.delivery.outages`); called periodically."""
-        self._outages.check(self._clock.now())
 
 
 async def _within(seconds: float, waits: list[Awaitable[None]], late: str) -> None:

@@ -48,8 +48,8 @@ class SelectorExits:
         self._memory = memory
         self._attempts = max(1, attempts)
         self._retry_delay = retry_delay
-        self._answers: OrderedDict[tuple[str, str], asyncio.Future[bool]] = OrderedDict()
-        """(uid, resourceVersion) of a delete → its answer, shared by every sink's listener."""
+        self._answers: OrderedDict[tuple[str, str], asyncio.Future[int | None]] = OrderedDict()
+        """(uid, resourceVersion) of a delete → what :meth:`_look` found, shared by every sink's listener."""
         self._alive: OrderedDict[str, asyncio.Future[int | None]] = OrderedDict()
         """uid → :meth:`alive`'s answer, shared by every sink's listener."""
 
@@ -60,23 +60,37 @@ class SelectorExits:
         API server cannot answer is retried (``attempts`` times, ``retry_delay`` apart), then read
         as gone, with a warning: for a replayed history that is the reading that never brings a
         deleted uid back (what it costs is stated where it is used)."""
-        while True:
-            answer = self._alive.get(uid)
-            if answer is None:
-                answer = asyncio.get_running_loop().create_future()
-                self._alive[uid] = answer
-                while len(self._alive) > self._memory:
-                    self._alive.popitem(last=False)
-                try:
-                    answer.set_result(await self._alive_now(namespace, name, uid))
-                finally:
-                    if not answer.done():  # this asker was cancelled: the others ask again
-                        self._alive.pop(uid, None)
-                        answer.cancel()
-                return answer.result()
-            await asyncio.wait([answer])  # raises only when this asker is cancelled
+        while True:  # an asker cancelled before the answer: the others ask again
+            answer = await self._shared(self._alive, uid, lambda: self._alive_now(namespace, name, uid))
             if not answer.cancelled():
                 return answer.result()
+
+    async def left(self, namespace: str, name: str, uid: str, resource_version: str) -> bool:
+        """True when the object ``uid`` still exists (so its delete was a selector exit). Unanswered,
+        or its asker cancelled: False (a plain delete)."""
+        answer = await self._shared(self._answers, (uid, resource_version),
+                                    lambda: self._look(namespace, name, uid, "left the selector"))
+        return not answer.cancelled() and answer.result() not in (None, _UNANSWERED)
+
+    async def _shared(self, answers: OrderedDict[Any, asyncio.Future[int | None]], key: Any,
+                      ask: Callable[[], Awaitable[int | None]]) -> asyncio.Future[int | None]:
+        """The answer to ``key``, done: asked by its first caller, shared with the others (the
+        ``memory`` newest are kept). Cancelled, and forgotten, when its asker was cancelled first."""
+        answer = answers.get(key)
+        if answer is not None:
+            await asyncio.wait([answer])  # raises only when this caller is cancelled
+            return answer
+        answer = asyncio.get_running_loop().create_future()
+        answers[key] = answer
+        while len(answers) > self._memory:
+            answers.popitem(last=False)
+        try:
+            answer.set_result(await ask())
+        finally:
+            if not answer.done():
+                answers.pop(key, None)
+                answer.cancel()
+        return answer
 
     async def _alive_now(self, namespace: str, name: str, uid: str) -> int | None:
         for attempt in range(self._attempts):
@@ -109,24 +123,3 @@ class SelectorExits:
             return None
         rv = str(meta.get("resourceVersion") or "")
         return parse_rv(rv) or 0
-
-    async def left(self, namespace: str, name: str, uid: str, resource_version: str) -> bool:
-        """True when the object ``uid`` still exists (so its delete was a selector exit)."""
-        key = (uid, resource_version)
-        answer = self._answers.get(key)
-        if answer is None:
-            answer = asyncio.get_running_loop().create_future()
-            self._answers[key] = answer
-            while len(self._answers) > self._memory:
-                self._answers.popitem(last=False)
-            try:
-                answer.set_result(await self._ask(namespace, name, uid))
-            finally:
-                if not answer.done():  # this asker was cancelled: the others read a plain delete
-                    self._answers.pop(key, None)
-                    answer.set_result(False)
-        return await asyncio.shield(answer)
-
-    async def _ask(self, namespace: str, name: str, uid: str) -> bool:
-        answer = await self._look(namespace, name, uid, "left the selector")
-        return answer is not None and answer != _UNANSWERED

@@ -86,27 +86,16 @@ def filter_checkpoint(cp: Checkpoint, keep: Callable[[str], bool], *, informer_i
                                ahead=ahead, sinks=sinks)
 
 
-def _base_uid(cp: Checkpoint, key: str) -> str:
-    """The uid of what the base knows of ``key`` (its delivered-ahead change, else its index entry)."""
-    a = cp.ahead.get(key)
-    if a is not None:
-        return a[0]
-    entry = cp.objects.get(key)
-    return entry[0] if entry is not None else ""
-
-
 def _filter_progress(p: SinkProgress, keep: Callable[[str], bool], cp: Checkpoint) -> SinkProgress:
     objects: dict[str, tuple[str, str] | None] = {}
     for k, v in p.objects.items():
-        uid = _base_uid(cp, k) if v is None else v[0]
+        # A "gone" entry (None) has the uid of what the base knows of the key: its delivered-ahead
+        # change, else its index entry.
+        uid = (v or cp.ahead.get(k) or cp.objects.get(k) or ("",))[0]
         if uid and keep(uid):
             objects[k] = v
     ahead = {k: a for k, a in p.ahead.items() if not a[0] or keep(a[0])}
     return SinkProgress(resource_version=p.resource_version, objects=objects, ahead=ahead)
-
-
-def _newer(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    return int(a[1]) > int(b[1])
 
 
 def merge_checkpoints(informer_id: str, parts: Iterable[Checkpoint]) -> Checkpoint | None:
@@ -122,7 +111,7 @@ def merge_checkpoints(informer_id: str, parts: Iterable[Checkpoint]) -> Checkpoi
     ahead: dict[str, tuple[str, str, bool]] = {}
     for cp in parts:
         for k, v in cp.objects.items():
-            if k not in objects or _newer(v, objects[k]):
+            if k not in objects or int(v[1]) > int(objects[k][1]):
                 objects[k] = v
         for k, a in cp.ahead.items():
             if k not in ahead or int(a[1]) > int(ahead[k][1]):
@@ -236,17 +225,14 @@ def plan_handover(*, base: str, shard: ShardFilter, stored: Mapping[str, Checkpo
     """Decides what shard ``shard`` of informer ``base`` resumes from, given every checkpoint of
     ``base`` in the store (id → checkpoint). See the module docs."""
     own = shard_id(base, shard.ordinal, shard.total)
-    generations: dict[int, dict[int, Checkpoint]] = {}
-    for ident, cp in stored.items():
-        parsed = parse_shard_id(base, ident)
-        if parsed is not None:
-            generations.setdefault(parsed[1], {})[parsed[0]] = cp
-    stale = tuple(sorted(i for i in stored if (p := parse_shard_id(base, i)) is not None
-                         and p[1] != shard.total))
+    generations: dict[int, dict[int, str]] = {}  # total → ordinal → checkpoint id
+    for ident in stored:
+        if (parsed := parse_shard_id(base, ident)) is not None:
+            generations.setdefault(parsed[1], {})[parsed[0]] = ident
+    stale = tuple(sorted(i for t, ids in generations.items() if t != shard.total for i in ids.values()))
     if set(generations) <= {shard.total}:
-        mine = generations.get(shard.total, {}).get(shard.ordinal)
-        return Handover(checkpoint=mine, sources=(own,) if mine is not None else (),
-                        modulus=shard.total, owner={})
+        mine = stored.get(own)
+        return Handover(checkpoint=mine, sources=(own,) if mine is not None else (), modulus=shard.total)
     totals = sorted(set(generations) | {shard.total})
     modulus = math.lcm(*totals)
     if modulus > MAX_MODULUS:
@@ -254,48 +240,38 @@ def plan_handover(*, base: str, shard: ShardFilter, stored: Mapping[str, Checkpo
                     "listing from scratch", base, totals)
         return Handover(checkpoint=None, stale=stale, incomplete=True)
     # Newest generation first: by the newest written_at of its checkpoints.
-    order = sorted(generations, key=lambda t: max(cp.written_at for cp in generations[t].values()),
+    order = sorted(generations, key=lambda t: max(stored[i].written_at for i in generations[t].values()),
                    reverse=True)
-    owner: dict[int, str] = {}
-    floors: dict[int, int] = {}
-    missing = 0
-    for r in range(shard.ordinal, modulus, shard.total):
-        covering = [(t, r % t) for t in order if r % t in generations[t]]
-        if not covering:
-            missing += 1
-            continue
-        t, o = covering[0]
-        owner[r] = shard_id(base, o, t)
-        floors[r] = max(int(generations[t2][o2].resource_version) for t2, o2 in covering)
-    if missing and owner:
-        log.warning("the checkpoints of %s do not cover every object this shard now owns (a shard of "
-                    "an earlier total never wrote one); listing from scratch: consumers see those "
-                    "objects again", base)
-        return Handover(checkpoint=None, stale=stale, incomplete=True)
-    if not owner:
-        return Handover(checkpoint=None, stale=stale)
+    # Residue → the checkpoints covering it, newest generation first (the first is authoritative).
+    covering = {r: [generations[t][r % t] for t in order if r % t in generations[t]]
+                for r in range(shard.ordinal, modulus, shard.total)}
+    if not all(covering.values()):
+        incomplete = any(covering.values())
+        if incomplete:
+            log.warning("the checkpoints of %s do not cover every object this shard now owns (a shard "
+                        "of an earlier total never wrote one); listing from scratch: consumers see those "
+                        "objects again", base)
+        return Handover(checkpoint=None, stale=stale, incomplete=incomplete)
+    owner = {r: ids[0] for r, ids in covering.items()}
+    floors = {r: max(int(stored[i].resource_version) for i in ids) for r, ids in covering.items()}
     plan = Handover(checkpoint=None, stale=stale, modulus=modulus, floors=floors, owner=owner)
     sources = tuple(sorted(set(owner.values())))
-    parts = [filter_checkpoint(stored[s], plan.takes(s), informer_id=own) for s in sources]
-    merged = merge_checkpoints(own, parts)
-    sink_floors = _sink_floors(merged, owner, order, generations, floors)
-    return Handover(checkpoint=merged, sources=sources, stale=stale, modulus=modulus, floors=floors,
-                    owner=owner, sink_floors=sink_floors)
+    merged = merge_checkpoints(own, [filter_checkpoint(stored[s], plan.takes(s), informer_id=own)
+                                     for s in sources])
+    return dataclasses.replace(plan, checkpoint=merged, sources=sources,
+                               sink_floors=_sink_floors(merged, covering, stored, floors))
 
 
-def _sink_floors(merged: Checkpoint | None, owner: Mapping[int, str], order: list[int],
-                 generations: Mapping[int, Mapping[int, Checkpoint]], floors: Mapping[int, int]
-                 ) -> dict[str, dict[int, int]]:
+def _sink_floors(merged: Checkpoint | None, covering: Mapping[int, list[str]],
+                 stored: Mapping[str, Checkpoint], floors: Mapping[int, int]) -> dict[str, dict[int, int]]:
     """Per sink and residue, as the floors: what the sink acknowledged in any checkpoint covering
     the residue (and covering the sink: a format-1 checkpoint covers every sink, at its base), where
     that is later than the residue's floor."""
     sink_floors: dict[str, dict[int, int]] = {}
     for name in (merged.sinks or {}) if merged is not None else ():
         table: dict[int, int] = {}
-        for r in owner:
-            covering = [(t, r % t) for t in order if r % t in generations[t]]
-            own_rvs = [_sink_rv(generations[t][o], name) for t, o in covering]
-            best = max((v for v in own_rvs if v is not None), default=0)
+        for r, ids in covering.items():
+            best = max((v for i in ids if (v := _sink_rv(stored[i], name)) is not None), default=0)
             if best > floors[r]:
                 table[r] = best
         if table:
@@ -346,10 +322,9 @@ async def take_over(store: CheckpointStore, *, base: str, shard: ShardFilter) ->
     if own not in ids:
         ids.append(own)
     stored: dict[str, Checkpoint] = {}
-    peek = listable.peek if listable is not None else store.load
     for ident in ids:
         # Its own checkpoint is claimed (fencing); another shard's is only read.
-        cp = await (store.load(ident) if ident == own else peek(ident))
+        cp = await (listable.peek(ident) if listable is not None and ident != own else store.load(ident))
         if cp is not None:
             stored[ident] = cp
     plan = plan_handover(base=base, shard=shard, stored=stored)

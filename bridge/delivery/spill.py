@@ -27,7 +27,6 @@ import os
 import shutil
 import struct
 import zlib
-from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -135,8 +134,8 @@ class SegmentSpill:
         if self.directory.exists():
             shutil.rmtree(self.directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._segments: list[tuple[int, Path]] = []  # oldest first; the last one is written to
-        self._sizes: dict[int, int] = {}
+        self._segments: dict[int, int] = {}
+        """Segment number → its bytes, oldest first; the last one is written to."""
         self._next_segment = 1
         self._writer: IO[bytes] | None = None
         self._reader: IO[bytes] | None = None
@@ -169,11 +168,10 @@ class SegmentSpill:
             self.refused += 1
             return False
         writer = self._writer
-        if writer is None or self._sizes[self._segments[-1][0]] >= self.segment_bytes:
+        if writer is None or self._segments[self._next_segment - 1] >= self.segment_bytes:
             writer = self._rotate()
         writer.write(record)
-        number = self._segments[-1][0]
-        self._sizes[number] += len(record)
+        self._segments[self._next_segment - 1] += len(record)
         self._bytes += len(record)
         self._count += 1
         self.appended += 1
@@ -209,10 +207,9 @@ class SegmentSpill:
     def _empty(self) -> None:
         """Everything was read (or is discarded): the segments go, the next append starts anew."""
         self._close_files()
-        for _, path in self._segments:
-            path.unlink(missing_ok=True)
+        for number in self._segments:
+            self._path(number).unlink(missing_ok=True)
         self._segments.clear()
-        self._sizes.clear()
         self._count = 0
         self._bytes = 0
         self._unsynced = 0
@@ -232,9 +229,8 @@ class SegmentSpill:
         self.sync()
         self._close_files()
 
-    def stats(self) -> Mapping[str, int]:
-        return {"records": self._count, "bytes": self._bytes, "appended": self.appended,
-                "refused": self.refused, "corrupt": self.corrupt, "segments": len(self._segments)}
+    def _path(self, number: int) -> Path:
+        return self.directory / f"{number:020d}{_SUFFIX}"
 
     def _rotate(self) -> IO[bytes]:
         if self._writer is not None:
@@ -243,39 +239,36 @@ class SegmentSpill:
             self._writer = None
         number = self._next_segment
         self._next_segment += 1
-        path = self.directory / f"{number:020d}{_SUFFIX}"
-        self._segments.append((number, path))
-        self._sizes[number] = 0
-        self._writer = open(path, "ab")  # noqa: SIM115 - kept open across calls
+        self._segments[number] = 0
+        self._writer = open(self._path(number), "ab")  # noqa: SIM115 - kept open across calls
         return self._writer
 
     def _open_reader(self) -> IO[bytes]:
-        number, path = self._segments[0]
-        if self._writer is not None and self._segments[-1][0] == number:
+        number = next(iter(self._segments))
+        if self._writer is not None and len(self._segments) == 1:
             self._writer.flush()  # the records read next may still sit in the write buffer
         if self._reader is None or self._reading != number:
             if self._reader is not None:
                 self._reader.close()
-            self._reader = open(path, "rb")  # noqa: SIM115 - kept open across calls
+            self._reader = open(self._path(number), "rb")  # noqa: SIM115 - kept open across calls
             self._reading = number
         return self._reader
 
     def _finish_segment(self) -> bool:
         """At the end of the oldest segment: deletes it unless it is still written to."""
-        number, path = self._segments[0]
         if len(self._segments) == 1:
             return False  # the write segment: more may come
         assert self._reader is not None
         self._reader.close()
         self._reader = None
-        path.unlink(missing_ok=True)
-        self._bytes -= self._sizes.pop(number)
-        self._segments.pop(0)
+        number = next(iter(self._segments))
+        self._path(number).unlink(missing_ok=True)
+        self._bytes -= self._segments.pop(number)
         return True
 
     def _lose_rest(self) -> None:
         log.error("spill %s: a damaged record in %s; the %d records after it are lost",
-                  self.name, self._segments[0][1].name, self._count)
+                  self.name, self._path(next(iter(self._segments))).name, self._count)
         self.corrupt += self._count
         self._empty()
 

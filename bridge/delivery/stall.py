@@ -48,10 +48,6 @@ class StallCheck:
         if self.after <= 0:
             raise ValueError(f"the stalled-watch time must be positive, got {self.after}")
 
-    @property
-    def period(self) -> float:
-        return min(self.after / 4, 5.0)
-
 
 @dataclass(slots=True)
 class _Seen:
@@ -73,8 +69,9 @@ class StallDetector:
     async def run(self) -> None:
         """Checks every ``period`` seconds, until cancelled."""
         while True:
-            await self._clock.sleep(self._check.period)
-            await self.check_all()
+            await self._clock.sleep(min(self._check.after / 4, 5.0))
+            for ident, inf in self._runs.items():
+                await self._check_one(ident, inf)
 
     def stalled(self, ident: str) -> str:
         """Why the informer's watch is stalled ("" when it is not)."""
@@ -85,10 +82,6 @@ class StallDetector:
         """The not-ready reasons: one per stalled informer."""
         return [f"informer {ident} stalled: {seen.stalled}" for ident, seen in self._seen.items()
                 if seen.stalled]
-
-    async def check_all(self) -> None:
-        for ident, inf in self._runs.items():
-            await self._check_one(ident, inf)
 
     async def _check_one(self, ident: str, inf: InformerRun) -> None:
         now = self._clock.now()

@@ -101,7 +101,7 @@ from prometheus_client import (
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from bridge.delivery.gauges import InformerGauges, SinkGauges, TelemetrySnapshot
+from bridge.delivery.inspection import InformerGauges, SinkGauges, TelemetrySnapshot
 from bridge.kube.ratelimit import TokenBucket
 from bridge.version import __version__
 
