@@ -404,6 +404,10 @@ class BaseSink(Generic[O]):
         :meth:`_submit_run`."""
         return 1
 
+    def _run_max_bytes(self) -> int:
+        """The most body bytes a run may carry beyond its head's (0: no bound of its own)."""
+        return 0
+
     def _submit_run(self, msgs: list[OutgoingMessage]) -> None:
         """Starts one attempt at a run of one lane's messages (more than one only when
         :meth:`_run_limit` allows it): the sink must send them in this order in one request and
@@ -808,15 +812,21 @@ class BaseSink(Generic[O]):
 
     def _run(self, head: OutgoingMessage, limit: int) -> list[OutgoingMessage]:
         """``head`` (being dispatched) and, when it heads its lane, the lane's messages queued behind
-        it, in order, up to ``limit`` and the first one that cannot go in the same request (another
-        destination, or one for the dead letter); each marked as under way."""
+        it, in order, up to ``limit`` messages (and ``_run_max_bytes``) and the first one that cannot
+        go in the same request (another destination, or one for the dead letter); each marked as
+        under way."""
         run = [head]
         lane = self._lanes.get(head.lane)
         if lane is None or lane[0] is not head or head.cut:  # a cut event goes alone: it must fit
             return run
         now = 0.0
+        max_bytes = self._run_max_bytes()
+        size = len(head.body)
         for msg in islice(lane, 1, limit):
             if msg.pending or msg.error is not None or msg.destination != head.destination:
+                break
+            size += len(msg.body)
+            if max_bytes and size > max_bytes:
                 break
             msg.attempts += 1
             if msg.attempts == 1:

@@ -16,7 +16,8 @@ Order and concurrency: requests for different objects are in flight at the same 
 ``connections``), while one object's events are never in two requests at once: the base sink keeps
 each object's events in a lane and sends its next event only once the one before it is settled
 (acknowledged after a 2xx, or dead-lettered). In batch mode an object's events that wait in its lane
-go together, in order, in one batch (a *run*: its array holds them in the order they happened), so a
+go together, in order, in one batch (a *run*: its array holds them in the order they happened; cut
+to fit ``batch.max_events`` and ``batch.max_bytes``, never split across two requests), so a
 backlog (after an outage, once the breaker closes) drains at the rate of whole batches rather than one
 round trip per change of the busiest object. A run that fails goes again as a whole, from its first
 event. Knative mode (``compat: knative``) sends one event per request: no batches.
@@ -377,6 +378,9 @@ class WebhookSink(BaseSink[WebhookOptions]):
             return
         super()._submit(msg)
 
+    def _run_max_bytes(self) -> int:
+        return self.options.batch.max_bytes  # a run is never split, so it must fit a batch
+
     def _submit_run(self, msgs: list[OutgoingMessage]) -> None:
         """One object's events, in order, as one item of the batcher's queue: never split across
         two requests (``_run_limit`` is more than 1 only while the batcher runs)."""
@@ -450,11 +454,12 @@ class WebhookSink(BaseSink[WebhookOptions]):
                         run = await asyncio.wait_for(queue.get(), remaining)
                     except TimeoutError:
                         break
-                if len(batch) + len(run) > opts.max_events:
+                run_size = sum(len(p.msg.body) for p in run)
+                if len(batch) + len(run) > opts.max_events or size + run_size > opts.max_bytes:
                     carried = run
                     break
                 batch.extend(run)
-                size += sum(len(p.msg.body) for p in run)
+                size += run_size
             groups: dict[str, list[_Pending]] = {}
             for pending in batch:
                 groups.setdefault(pending.url, []).append(pending)

@@ -43,9 +43,12 @@ class Receiver:
         """Per object (subject): the resourceVersions accepted, in the order they were accepted."""
         self.accepted_set: set[tuple[str, int]] = set()
         self.accepted_requests: list[tuple[float, list[dict[str, Any]]]] = []
+        self.body_sizes: list[int] = []
 
     async def handle(self, request: web.Request) -> web.Response:
-        doc = orjson.loads(await request.read())
+        body = await request.read()
+        self.body_sizes.append(len(body))
+        doc = orjson.loads(body)
         events = doc if isinstance(doc, list) else [doc]
         subjects = {ce["subject"] for ce in events}
         self.requests += 1
@@ -204,6 +207,32 @@ async def test_the_backlog_after_the_breaker_closes_drains_concurrently(receiver
             # 400 changes, 100 to a batch: a few requests (40 rounds of one change per object before).
             assert len(receiver.accepted_requests) <= 8, [len(e) for _, e in receiver.accepted_requests]
             assert last - first < 1.0, last - first
+    finally:
+        await sink.close()
+
+
+@pytest.mark.parametrize("receiver", [{"seed": 31, "latency": (0.0, 0.01)}], indirect=True)
+async def test_a_run_never_makes_a_batch_larger_than_max_bytes(receiver: Receiver) -> None:
+    """Runs are never split across requests, so they are cut to fit ``batch.max_bytes``: a backlog
+    of 1.7 KB events with ``max_bytes: 4000`` goes two events to a request at most."""
+    objects, changes, max_bytes = 4, 15, 4000
+    sink = WebhookSink.from_options("hook", {"url": receiver.url,
+                                             "batch": {"max_events": 50, "max_bytes": max_bytes}})
+    await sink.start()
+    acks = CheckedAcks(receiver)
+    receiver.storm_ends = time.monotonic() + 1.0
+    try:
+        rv = 0
+        for _ in range(changes):
+            for i in range(objects):
+                rv += 1
+                o = obj(f"pod-{i}", uid=f"u-{i}", rv=str(rv), spec={"padding": "x" * 1000})
+                await sink.deliver(event(EventType.UPDATED, o), acks.for_change(f"default/pod-{i}", rv))
+        assert await sink.flush(30), sink.stats.as_dict()
+        _check_order(receiver, acks, objects, changes)
+        sizes = [len(events) for _, events in receiver.accepted_requests]
+        assert max(sizes) == 2, sizes  # the runs were cut to fit, but used
+        assert max(receiver.body_sizes) <= max_bytes + 3, max(receiver.body_sizes)  # "[", ",", "]"
     finally:
         await sink.close()
 
