@@ -136,7 +136,7 @@ class _RvClock:
 
 
 async def run_one(source: Path, *, rate: float, storm: float, warmup: float, tail: float,
-                  objects: int, batch: int = 1) -> dict[str, Any]:
+                  objects: int, batch: int = 1, sink_extra: str = "") -> dict[str, Any]:
     """One bridge (from ``source``) through one storm; the figures of the module docstring."""
     workdir = Path(tempfile.mkdtemp(prefix="keb-storm-"))
     receiver = _Receiver()
@@ -155,7 +155,7 @@ async def run_one(source: Path, *, rate: float, storm: float, warmup: float, tai
         f"kubernetes: {{kubeconfig: '{kubeconfig}', in_cluster: 'false'}}\n"
         "resources: [{resource: pods}]\n"
         f"sinks: [{{name: hook, kind: webhook, url: 'http://127.0.0.1:{port}/events',\n"
-        f"         batch: {{max_events: {batch}}}}}]\n"
+        f"         batch: {{max_events: {batch}}}{', ' + sink_extra if sink_extra else ''}}}]\n"
         f"checkpoint: {{store: file, directory: '{workdir / 'cp'}', interval: 5}}\n"
         f"server: {{host: 127.0.0.1, port: {_free_port()}, admin_port: 0}}\n"
         "logging: {level: warning, format: json}\n")
@@ -190,13 +190,19 @@ async def run_one(source: Path, *, rate: float, storm: float, warmup: float, tai
                 break
     finally:
         clock_task.cancel()
-        bridge.terminate()
+        exited = bridge.returncode
+        if exited is None:
+            bridge.terminate()
         await bridge.wait()
         log_task.cancel()
-        sim.terminate()
+        if sim.returncode is None:
+            sim.terminate()
         await sim.wait()
         await runner.cleanup()
         shutil.rmtree(workdir, ignore_errors=True)
+    if exited is not None:  # the run measured nothing: say why
+        tail_lines = "".join(log_lines[-20:])
+        raise RuntimeError(f"the bridge exited with status {exited} during the run:\n{tail_lines}")
     end = receiver.storm_until
     start = receiver.storm_from
     rv_start, rv_end = clock.rv_at(start), clock.rv_at(end)
@@ -209,6 +215,7 @@ async def run_one(source: Path, *, rate: float, storm: float, warmup: float, tai
         "bridge": origin,
         "rate": rate,
         "batch": batch,
+        "sink_extra": sink_extra,
         "storm_s": storm,
         "backlog_events": len(backlog),
         "catch_up_s": round(max(backlog) - end, 2) if backlog else None,
@@ -236,12 +243,14 @@ def main() -> None:
     p.add_argument("--objects", type=int, default=200)
     p.add_argument("--batch", type=int, default=1, help="the webhook's batch.max_events (1: one event per "
                                                          "request, the default)")
+    p.add_argument("--sink-extra", default="", help="more webhook options, as YAML flow mapping entries "
+                                                    "(e.g. 'max_in_flight: 5000')")
     args = p.parse_args()
     results = []
     for source in args.source:
         result = asyncio.run(run_one(Path(source).resolve(), rate=args.rate, storm=args.storm,
                                      warmup=args.warmup, tail=args.tail, objects=args.objects,
-                                     batch=args.batch))
+                                     batch=args.batch, sink_extra=args.sink_extra))
         print(orjson.dumps(result).decode(), flush=True)
         results.append(result)
     load = os.getloadavg()

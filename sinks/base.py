@@ -14,7 +14,10 @@
 4. hand-off to the event's *lane*: one FIFO per object (resource + namespace/name). Only a lane's
    head is being sent; the next event of that object starts when the head is settled, so one
    object's events are sent strictly in order while different objects proceed concurrently, and one
-   object stuck in retries holds back nothing but itself;
+   object stuck in retries holds back nothing but itself. A sink that sends several messages in one
+   request (the webhook's batches) may take a *run*: the head and the messages queued behind it, in
+   order, in that one request (``_run_limit``, ``_submit_run``); the others of a run that failed wait
+   in their lane again (no attempt counted) and go after the head settles;
 5. one *attempt* per send: :meth:`BaseSink._submit` starts it without waiting and the outcome comes
    back through :meth:`BaseSink._settle`. Sinks whose client pipelines override ``_submit`` (Kafka:
    ``produce`` + delivery report; NATS: publish + a shared PING/PONG round; JetStream: publish +
@@ -49,8 +52,9 @@ re-sends the oldest waiting event, the probes backing off from ``retry.initial``
 answer to the probe but a transient failure: a refusal is that event's problem) closes the breaker,
 and everything that waited is submitted at once in that order: the backlog goes at the sink's full
 rate (the in-flight window, the sink's own pipelining), each object's events still one after the
-other in their lane. While open, only probes count attempts (``retry.max_attempts``);
-``retry.max_elapsed`` still applies to every waiting event, checked after each failed probe.
+other in their lane (or together, in order, in one request: a run). While open, only probes count
+attempts (``retry.max_attempts``); ``retry.max_elapsed`` still applies to every waiting event, checked
+after each failed probe.
 
 Oversized events: a sink whose destination refuses a message for its size raises
 :class:`SinkMessageTooLargeError` (Kafka above ``max_message_bytes`` once compressed, NATS above
@@ -76,6 +80,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from time import time as wall_time
 from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
@@ -391,6 +396,24 @@ class BaseSink(Generic[O]):
     def _max_senders(self) -> int:
         """How many ``_send`` calls may run at once (default: the whole in-flight window)."""
         return self.options.max_in_flight
+
+    def _run_limit(self) -> int:
+        """How many of one lane's waiting messages one attempt may carry (default 1: the lane's head
+        alone). A sink that sends a *run* (the head and the messages queued behind it, in lane order)
+        in one request, so that they are confirmed or refused together, returns more; see
+        :meth:`_submit_run`."""
+        return 1
+
+    def _run_max_bytes(self) -> int:
+        """The most body bytes a run may carry beyond its head's (0: no bound of its own)."""
+        return 0
+
+    def _submit_run(self, msgs: list[OutgoingMessage]) -> None:
+        """Starts one attempt at a run of one lane's messages (more than one only when
+        :meth:`_run_limit` allows it): the sink must send them in this order in one request and
+        settle each, in this order, with the request's outcome. The default submits each."""
+        for msg in msgs:
+            self._submit(msg)
 
     async def _on_flush(self) -> None:
         """Called by ``flush`` after the in-flight window drained (e.g. fsync)."""
@@ -755,7 +778,10 @@ class BaseSink(Generic[O]):
             self._admit(head)
 
     def _begin(self, msg: OutgoingMessage) -> None:
-        """The message is at the head of its lane (or is the current marker): send it."""
+        """The message is at the head of its lane (or is the current marker): send it (unless it
+        already went, in the run of the message before it)."""
+        if msg.pending:
+            return
         if msg.error is not None:
             self._spawn(self._dead_letter_then_complete(msg, msg.error), "dead-letter")
             return
@@ -770,10 +796,44 @@ class BaseSink(Generic[O]):
         if msg.attempts == 1:
             msg.started = self._clock.now()
         msg.pending = True
+        limit = self._run_limit()
+        if limit > 1 and not msg.barrier:
+            run = self._run(msg, limit)
+            if len(run) > 1:
+                try:
+                    self._submit_run(run)
+                except Exception as exc:  # a synchronous failure is the attempt's outcome
+                    self._settle_all((m, exc) for m in run)
+                return
         try:
             self._submit(msg)
         except Exception as exc:  # a synchronous failure is the attempt's outcome
             self._settle(msg, exc)
+
+    def _run(self, head: OutgoingMessage, limit: int) -> list[OutgoingMessage]:
+        """``head`` (being dispatched) and, when it heads its lane, the lane's messages queued behind
+        it, in order, up to ``limit`` messages (and ``_run_max_bytes``) and the first one that cannot
+        go in the same request (another destination, or one for the dead letter); each marked as
+        under way."""
+        run = [head]
+        lane = self._lanes.get(head.lane)
+        if lane is None or lane[0] is not head or head.cut:  # a cut event goes alone: it must fit
+            return run
+        now = 0.0
+        max_bytes = self._run_max_bytes()
+        size = len(head.body)
+        for msg in islice(lane, 1, limit):
+            if msg.pending or msg.error is not None or msg.destination != head.destination:
+                break
+            size += len(msg.body)
+            if max_bytes and size > max_bytes:
+                break
+            msg.attempts += 1
+            if msg.attempts == 1:
+                msg.started = now = now or self._clock.now()
+            msg.pending = True
+            run.append(msg)
+        return run
 
     def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=f"sink:{self.name}:{what}")
@@ -874,6 +934,14 @@ class BaseSink(Generic[O]):
             self._complete(msg, result)
             return
         msg.pending = False
+        if not msg.barrier:
+            lane = self._lanes.get(msg.lane)
+            if lane is not None and lane[0] is not msg:
+                # It went in the run of an earlier message of its lane, which failed with it: it
+                # waits in its lane (no attempt counted, no timer of its own) and goes again once
+                # the messages before it settle, so one object's events never overtake each other.
+                msg.attempts -= 1
+                return
         if isinstance(result, SinkTransientError):
             self._healthy = False
             self.last_error = f"{type(result).__name__}: {result}"

@@ -12,8 +12,15 @@ backoff, ``Retry-After`` honoured, seconds or HTTP date); 413 (Content Too Large
 server refuses them); any other non-2xx answer is permanent and the event goes to the dead letter
 with the status and the start of the response body.
 
-Order: the base sink sends one object's events one at a time (lanes), so batching never reorders an
-object's events: a batch holds at most one event per object.
+Order and concurrency: requests for different objects are in flight at the same time (up to
+``connections``), while one object's events are never in two requests at once: the base sink keeps
+each object's events in a lane and sends its next event only once the one before it is settled
+(acknowledged after a 2xx, or dead-lettered). In batch mode an object's events that wait in its lane
+go together, in order, in one batch (a *run*: its array holds them in the order they happened; cut
+to fit ``batch.max_events`` and ``batch.max_bytes``, never split across two requests), so a
+backlog (after an outage, once the breaker closes) drains at the rate of whole batches rather than one
+round trip per change of the busiest object. A run that fails goes again as a whole, from its first
+event. Knative mode (``compat: knative``) sends one event per request: no batches.
 
 Security: with ``hmac_secret`` (inline or from a file) every request is signed. The default scheme,
 ``signature: standard-webhooks``, follows the Standard Webhooks specification
@@ -223,6 +230,9 @@ class WebhookOptions(SinkOptions):
     def _batching(self) -> Self:
         if self.batch.max_events > 1 and self.content_mode != "structured":
             raise ValueError("batch: batching needs content_mode 'structured'")
+        if self.batch.max_events > 1 and self.compat == "knative":
+            raise ValueError("batch: compat 'knative' sends one event per request (a Knative broker or "
+                             "sink takes no batches): remove batch or use compat 'native'")
         return self
 
 
@@ -247,7 +257,8 @@ class WebhookSink(BaseSink[WebhookOptions]):
         self._secret: bytes | None = None
         self._signer: StandardSigner | None = None
         self._static_headers: dict[str, str] = {}
-        self._queue: asyncio.Queue[_Pending] | None = None
+        self._queue: asyncio.Queue[list[_Pending]] | None = None
+        """Batch mode: runs of messages (one, or one object's in order) waiting for the batcher."""
         self._batcher: asyncio.Task[None] | None = None
         self._posts: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(options.connections)
@@ -302,7 +313,8 @@ class WebhookSink(BaseSink[WebhookOptions]):
             connector=connector, timeout=aiohttp.ClientTimeout(total=self.options.timeout)
         )
         if self.options.batch.max_events > 1:
-            self._queue = asyncio.Queue(maxsize=self.options.max_in_flight)
+            # Unbounded: it never holds more than the in-flight window.
+            self._queue = asyncio.Queue()
             self._batcher = asyncio.get_running_loop().create_task(
                 self._batch_loop(), name=f"sink:{self.name}:webhook-batcher"
             )
@@ -317,8 +329,8 @@ class WebhookSink(BaseSink[WebhookOptions]):
         # Fail what is queued so lanes retry instead of waiting forever.
         queue = self._queue
         while queue is not None and not queue.empty():
-            pending = queue.get_nowait()
-            self._resolve(pending, SinkTransientError(f"webhook batcher stopped: {exc!r}"))
+            for pending in queue.get_nowait():
+                self._resolve(pending, SinkTransientError(f"webhook batcher stopped: {exc!r}"))
 
     def _resolve(self, pending: _Pending, error: BaseException | None) -> None:
         """Reports one batched message's outcome (to its waiter, or to the base sink)."""
@@ -350,18 +362,32 @@ class WebhookSink(BaseSink[WebhookOptions]):
     def _max_senders(self) -> int:
         return self.options.connections  # more would only wait for a connection slot
 
+    def _run_limit(self) -> int:
+        """In batch mode an object's waiting events go together in one batch (see the module
+        docstring); one at a time otherwise."""
+        if self._queue is not None and self._session is not None and self._batching():
+            return self.options.batch.max_events
+        return 1
+
     def _submit(self, msg: OutgoingMessage) -> None:
         """In batch mode, straight into the batcher's queue (no task per event); otherwise the base
         sink's sender tasks post one event each."""
         queue = self._queue
         if queue is not None and self._session is not None and self._batching():
-            try:
-                queue.put_nowait(_Pending(msg, self._url(msg), None))
-            except asyncio.QueueFull:
-                pass
-            else:
-                return
+            queue.put_nowait([_Pending(msg, self._url(msg), None)])
+            return
         super()._submit(msg)
+
+    def _run_max_bytes(self) -> int:
+        return self.options.batch.max_bytes  # a run is never split, so it must fit a batch
+
+    def _submit_run(self, msgs: list[OutgoingMessage]) -> None:
+        """One object's events, in order, as one item of the batcher's queue: never split across
+        two requests (``_run_limit`` is more than 1 only while the batcher runs)."""
+        queue = self._queue
+        assert queue is not None
+        url = self._url(msgs[0])  # the run has one destination (BaseSink._run)
+        queue.put_nowait([_Pending(msg, url, None) for msg in msgs])
 
     async def _send(self, msg: OutgoingMessage) -> None:
         if self._session is None:
@@ -371,7 +397,7 @@ class WebhookSink(BaseSink[WebhookOptions]):
                 await self._post(self._url(msg), msg.headers, msg.body, msg.event_id)
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Pending(msg, self._url(msg), fut))
+        self._queue.put_nowait([_Pending(msg, self._url(msg), fut)])
         await fut
 
     async def _post(self, url: str, headers: dict[str, str], body: bytes, msg_id: str) -> None:
@@ -409,23 +435,31 @@ class WebhookSink(BaseSink[WebhookOptions]):
         assert queue is not None
         opts = self.options.batch
         loop = asyncio.get_running_loop()
+        carried: list[_Pending] | None = None
         while True:
-            batch = [await queue.get()]
-            size = len(batch[0].msg.body)
+            # A run (one object's events in order) is never split: one that does not fit in this
+            # batch starts the next one.
+            batch = carried if carried is not None else await queue.get()
+            carried = None
+            size = sum(len(p.msg.body) for p in batch)
             deadline = loop.time() + opts.linger
             while len(batch) < opts.max_events and size < opts.max_bytes:
                 try:
-                    item = queue.get_nowait()
+                    run = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     remaining = deadline - loop.time()
                     if remaining <= 0:
                         break
                     try:
-                        item = await asyncio.wait_for(queue.get(), remaining)
+                        run = await asyncio.wait_for(queue.get(), remaining)
                     except TimeoutError:
                         break
-                batch.append(item)
-                size += len(item.msg.body)
+                run_size = sum(len(p.msg.body) for p in run)
+                if len(batch) + len(run) > opts.max_events or size + run_size > opts.max_bytes:
+                    carried = run
+                    break
+                batch.extend(run)
+                size += run_size
             groups: dict[str, list[_Pending]] = {}
             for pending in batch:
                 groups.setdefault(pending.url, []).append(pending)
