@@ -176,8 +176,9 @@ def evaluate_targets(scenarios: Mapping[str, Mapping[str, Any]], quick: bool) ->
                         "met": None if met is None else bool(met), "note": note})
 
     thr = _ok(scenarios.get("throughput"))
-    goals = {"kafka": ("raw producer", 0.30), "nats": ("raw publish loop", 0.30),
-             "jetstream": ("raw publish loop", 0.9)}
+    # Issue #28's goals (NATS core has none there: issue #18's).
+    goals = {"kafka": ("raw producer", 0.20), "nats": ("raw publish loop", 0.30),
+             "jetstream": ("raw publish loop", 0.8)}
     for kind, (ceiling, goal) in goals.items():
         entry = (thr or {}).get("sinks", {}).get(kind, {})
         if "ratio_to_ceiling" in entry:
@@ -189,28 +190,47 @@ def evaluate_targets(scenarios: Mapping[str, Mapping[str, Any]], quick: bool) ->
     lat = _ok(scenarios.get("latency"))
     if lat:
         worst: float | None = None
-        for per_rate in lat.get("sinks", {}).values():
+        short: list[str] = []
+        for kind, per_rate in lat.get("sinks", {}).items():
             entry = per_rate.get("5000")
             if entry and "p99_ms" in entry:
                 worst = max(worst or 0.0, float(entry["p99_ms"]))
+                sent = entry.get("achieved_rate")
+                if isinstance(sent, (int, float)) and sent < 0.95 * 5000:
+                    short.append(f"{kind} {sent:,.0f}/s")
         if worst is not None:
-            add("p99 latency at 5k events/s (worst sink)", "<= 25 ms", worst, worst <= 25)
+            # A rate the simulator did not reach (a loaded machine) judges nothing.
+            add("p99 latency at 5k events/s (worst sink)", "<= 25 ms", worst,
+                None if short else worst <= 25,
+                f"not judged: the simulator sent at {', '.join(short)}" if short else "")
         elif quick:
             add("p99 latency at 5k events/s", "<= 25 ms", None, None, "quick run: lower rates only")
     mem = _ok(scenarios.get("memory"))
     bridge_mem = (mem or {}).get("variants", {}).get("bridge", {})
     if "ratio_to_raw_json" in bridge_mem:
         ratio = bridge_mem["ratio_to_raw_json"]
-        add("bytes per cached Pod vs raw JSON", "<= 1.0 x", ratio, ratio <= 1.0,
+        add("bytes per cached Pod vs raw JSON", "<= 0.95 x", ratio, ratio <= 0.95,
             f"{bridge_mem.get('objects')} Pods, RSS delta")
     sync = _ok(scenarios.get("initial_sync"))
     if sync and "delivered_seconds" in sync:
         secs = sync["delivered_seconds"]
         if sync.get("pods") == 100_000:
-            add("100k Pods listed and delivered to the file sink", "<= 8 s", secs, secs <= 8)
+            add("100k Pods listed and delivered to the file sink", "<= 6 s", secs, secs <= 6,
+                f"bridge CPU {sync['cpu_seconds']} s" if "cpu_seconds" in sync else "")
         else:
-            add(f"{sync.get('pods')} Pods listed and delivered", "<= 8 s for 100k", secs, None,
+            add(f"{sync.get('pods')} Pods listed and delivered", "<= 6 s for 100k", secs, None,
                 "quick run: fewer Pods")
+    long = _ok(scenarios.get("long"))
+    if long and "expired_410" in long:
+        asked, achieved = float(long["rate"]), float(long.get("achieved_rate", 0))
+        name = f"long: {asked:,.0f} events/s for {long['seconds']:,.0f} s without a 410"
+        if asked < 12_000 or long["seconds"] < 60:
+            add(name, "0 at >= 12,000/s for >= 60 s", long["expired_410"], None, "shorter or slower run")
+        elif achieved < 0.95 * asked:
+            add(name, "0", long["expired_410"], None,
+                f"not judged: the simulator achieved {achieved:,.0f}/s")
+        else:
+            add(name, "0", long["expired_410"], long["expired_410"] == 0)
     return targets
 
 
@@ -249,6 +269,9 @@ def _rows(name: str, result: Mapping[str, Any]) -> list[tuple[str, str, str, str
         rows.append((f"initial sync of {result['pods']:,} Pods: synced / delivered (file)",
                      f"{result['synced_seconds']} s / {result['delivered_seconds']} s",
                      f"{result['delivered_per_s']:,} Pods/s", ""))
+        if "cpu_seconds" in result:
+            rows.append(("initial sync: bridge process CPU", f"{result['cpu_seconds']} s",
+                         f"{result['cpu_seconds'] / result['pods'] * 1e6:.1f} µs per Pod", ""))
     elif name == "memory":
         for variant, e in result.get("variants", {}).items():
             if "error" in e:

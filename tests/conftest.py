@@ -1,11 +1,19 @@
-"""Suite-wide fixtures: a guard that fails any test leaking asyncio tasks."""
+"""Suite-wide fixtures: a guard that fails any test leaking asyncio tasks; and the bridges the tests
+run see no CPU limit, whatever the machine's, so that ``workers`` unset is one process everywhere
+(tests/service/test_workers.py sets a fake cgroup of its own to test the default)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
 from collections.abc import AsyncIterator
 
 import pytest
+
+from bridge.service.workers import CGROUP_ENV
+
+os.environ[CGROUP_ENV] = tempfile.mkdtemp(prefix="keb-no-cgroup-")
 
 
 @pytest.fixture(autouse=True)

@@ -33,6 +33,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -456,6 +457,11 @@ class SnapshotConfig(_Model):
     """Emit a snapshot (begin, sync per object, end) when no checkpoint exists yet."""
 
 
+def _no_default(schema: dict[str, Any]) -> None:
+    """A field whose default is worked out at run time shows none in the JSON schema."""
+    schema.pop("default", None)
+
+
 class BridgeConfig(BaseSettings):
     """The whole configuration of ``kube-event-bridge run``."""
 
@@ -482,20 +488,32 @@ class BridgeConfig(BaseSettings):
     logging: LoggingConfig = LoggingConfig()
     events: EventsConfig = EventsConfig()
     """How resources with ``profile: events`` are treated (docs/events.md)."""
-    workers: Annotated[int, WithJsonSchema({"type": "integer", "minimum": 1})] | Literal["auto"] = 1
+    workers: (Annotated[int, WithJsonSchema({"type": "integer", "minimum": 1})] | Literal["auto"]
+              | SkipJsonSchema[None]) = Field(
+        default=None, json_schema_extra=_no_default)
     """Worker processes of this replica, each an object shard of its share (docs/sharding.md,
-    "Workers"); ``auto``: the container's CPU limit rounded down (at least 1). 1 is one process, as
-    without workers."""
+    "Workers"). Unset: the container's CPU limit rounded down, at least 1, and 1 without a CPU
+    limit; ``auto``: the same, but without a limit the CPUs the process may run on. 1 is one process,
+    as without workers."""
     shutdown_deadline: float = Field(default=25.0, gt=0)
     """Seconds SIGTERM may take: flush sinks and write the final checkpoint. Keep it below the pod's
     terminationGracePeriodSeconds."""
 
     @field_validator("workers")
     @classmethod
-    def _workers_positive(cls, v: int | str) -> int | str:
+    def _workers_positive(cls, v: int | str | None) -> int | str | None:
         if isinstance(v, bool) or (isinstance(v, int) and v < 1):
             raise ValueError(f"must be at least 1 (or \"auto\": the CPU limit), got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _workers_written_as_a_value(self) -> BridgeConfig:
+        # Unset means the CPU limit; written, it says how many (a null would be read as unset yet
+        # turn the shard take-over on, as any written value does).
+        if self.workers is None and "workers" in self.model_fields_set:
+            raise ValueError("workers: must be a number of at least 1 or \"auto\" (leave it out for "
+                             "the container's CPU limit)")
+        return self
 
     @field_validator("cluster")
     @classmethod

@@ -1,6 +1,7 @@
 """Workers: every core of a replica, one process each, under one supervisor (docs/sharding.md).
 
-A bridge process is one CPython thread, so a replica with several CPUs runs ``workers: N`` processes.
+A bridge process is one CPython thread, so a replica with several CPUs runs ``workers: N`` processes;
+unset, N is the container's CPU limit rounded down (1 without a limit: :func:`default_workers`).
 Each worker is an object shard, the existing sharding nested inside the replica's: worker ``w`` of
 replica (shard) ``r`` of ``R`` is shard ``r*N + w`` of ``R*N``. Its checkpoints, journals, spill,
 Lease (with leader election) and metrics labels are those of that shard, so everything sharding
@@ -19,7 +20,8 @@ that exits with code 2 (a configuration error) stops the whole supervisor with c
 passed to every worker, which drains and writes its final checkpoint. A worker whose supervisor is
 gone (killed without a chance to stop it) stops itself.
 
-With ``workers: 1`` there is no supervisor: the process is the bridge, as without this module.
+With one worker (``workers: 1``, or unset under a CPU limit below 2 or none) there is no supervisor:
+the process is the bridge, as without this module.
 """
 
 from __future__ import annotations
@@ -47,10 +49,13 @@ from bridge.service.config import BridgeConfig, SinkConfig
 from bridge.service.health import HealthServer, Readiness
 
 __all__ = [
+    "CGROUP_ENV",
     "WORKER_ENV",
     "Supervisor",
     "WorkerPosition",
+    "cgroup_cpu_quota",
     "cpu_limit",
+    "default_workers",
     "for_worker",
     "label_logs",
     "merge_metrics",
@@ -70,27 +75,53 @@ RESTART_RESET_AFTER = 30.0
 """A worker that ran this long before exiting is restarted after the initial backoff again."""
 
 
-def cpu_limit(*, cgroup: Path = Path("/sys/fs/cgroup"),
-              affinity: Callable[[], int] | None = None) -> int:
-    """The container's CPU limit rounded down, at least 1: cgroup v2 ``cpu.max``, else cgroup v1
-    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``; without a limit, the CPUs this process may run on
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_ENV = "KUBE_EVENT_BRIDGE_CGROUP_ROOT"
+"""Where the cgroup files are read from instead of :data:`CGROUP_ROOT` (for tests: a fake cgroup)."""
+
+_V1_CPU_DIRS = ("cpu", "cpu,cpuacct", "cpuacct,cpu")
+
+
+def cgroup_cpu_quota(cgroup: Path | None = None) -> float | None:
+    """The container's CPU limit in CPUs (``2.5`` for ``250000 100000``), or None without one: cgroup
+    v2 ``cpu.max`` (``max 100000`` is no limit), else cgroup v1 ``cpu.cfs_quota_us`` /
+    ``cpu.cfs_period_us`` (a quota of ``-1`` is no limit). Files that are missing or do not parse
+    count as no limit."""
+    root = cgroup if cgroup is not None else Path(os.environ.get(CGROUP_ENV) or CGROUP_ROOT)
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        parts = (root / "cpu.max").read_text().split()
+        if parts[0] == "max":
+            return None
+        quota, period = int(parts[0]), int(parts[1]) if len(parts) > 1 else 100_000
+        return quota / period if quota > 0 and period > 0 else None
+    for d in _V1_CPU_DIRS:
+        with contextlib.suppress(OSError, ValueError):
+            quota = int((root / d / "cpu.cfs_quota_us").read_text())
+            period = int((root / d / "cpu.cfs_period_us").read_text())
+            return quota / period if quota > 0 and period > 0 else None
+    return None
+
+
+def cpu_limit(*, cgroup: Path | None = None, affinity: Callable[[], int] | None = None) -> int:
+    """``workers: auto``: the container's CPU limit rounded down, at least 1
+    (:func:`cgroup_cpu_quota`); without a limit, the CPUs this process may run on
     (``os.sched_getaffinity``). A limit above those CPUs counts as those CPUs."""
     cpus = affinity() if affinity is not None else _affinity()
-    quota: float | None = None
-    with contextlib.suppress(OSError, ValueError):
-        parts = (cgroup / "cpu.max").read_text().split()
-        if parts and parts[0] != "max":
-            quota = int(parts[0]) / int(parts[1])
+    quota = cgroup_cpu_quota(cgroup)
+    return max(1, cpus if quota is None else min(cpus, math.floor(quota)))
+
+
+def default_workers(*, cgroup: Path | None = None, affinity: Callable[[], int] | None = None) -> int:
+    """``workers`` unset: the container's CPU limit rounded down, at least 1 (``1.5`` → 1, ``0.5``
+    → 1), and no more than the CPUs this process may run on; **1 without a CPU limit** (not every
+    CPU it may run on, as ``auto``: a pod without a limit would start one worker, with a watch of
+    its own, per CPU of its node, and a bridge run by hand would split its file sinks in one file per
+    core of the machine)."""
+    quota = cgroup_cpu_quota(cgroup)
     if quota is None:
-        for d in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
-            with contextlib.suppress(OSError, ValueError):
-                q = int((cgroup / d / "cpu.cfs_quota_us").read_text())
-                period = int((cgroup / d / "cpu.cfs_period_us").read_text())
-                if q > 0 and period > 0:
-                    quota = q / period
-                break
-    n = cpus if quota is None else min(cpus, math.floor(quota))
-    return max(1, n)
+        return 1
+    cpus = affinity() if affinity is not None else _affinity()
+    return max(1, min(cpus, math.floor(quota)))
 
 
 def _affinity() -> int:
@@ -100,8 +131,12 @@ def _affinity() -> int:
         return os.cpu_count() or 1
 
 
-def resolve_workers(config: BridgeConfig, *, cpus: Callable[[], int] = cpu_limit) -> int:
-    """The number of worker processes ``config.workers`` asks for."""
+def resolve_workers(config: BridgeConfig, *, cpus: Callable[[], int] = cpu_limit,
+                    default: Callable[[], int] = default_workers) -> int:
+    """The number of worker processes ``config.workers`` asks for: a number as written, ``auto``
+    by :func:`cpu_limit`, unset by :func:`default_workers`."""
+    if config.workers is None:
+        return default()
     return cpus() if config.workers == "auto" else int(config.workers)
 
 

@@ -24,9 +24,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from bridge.errors import ConfigurationError
 from bridge.service.config import BridgeConfig, load_config
 from bridge.service.workers import (
+    CGROUP_ENV,
     Supervisor,
     WorkerPosition,
+    cgroup_cpu_quota,
     cpu_limit,
+    default_workers,
     for_worker,
     merge_metrics,
     resolve_workers,
@@ -60,17 +63,60 @@ def test_cpu_limit_from_cgroup_or_affinity(tmp_path: Path, files: dict[str, str]
     assert cpu_limit(cgroup=_cgroup(tmp_path, files), affinity=lambda: cpus) == expected
 
 
+V1 = "cpu,cpuacct"
+
+
+@pytest.mark.parametrize(("files", "quota"), [
+    ({"cpu.max": "200000 100000\n"}, 2.0),                # cgroup v2, as the kernel writes it
+    ({"cpu.max": "150000 100000\n"}, 1.5),
+    ({"cpu.max": "50000 100000\n"}, 0.5),
+    ({"cpu.max": "max 100000\n"}, None),                  # v2 without a limit
+    ({f"{V1}/cpu.cfs_quota_us": "300000\n", f"{V1}/cpu.cfs_period_us": "100000\n"}, 3.0),  # v1
+    ({"cpu/cpu.cfs_quota_us": "150000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1.5),
+    ({f"{V1}/cpu.cfs_quota_us": "-1\n", f"{V1}/cpu.cfs_period_us": "100000\n"}, None),  # v1, no limit
+    ({"cpu.max": "garbage\n"}, None),
+    ({}, None),                                           # no cgroup files at all
+])
+def test_cgroup_cpu_quota_from_real_format_files(tmp_path: Path, files: dict[str, str],
+                                                 quota: float | None) -> None:
+    assert cgroup_cpu_quota(_cgroup(tmp_path, files)) == quota
+
+
+@pytest.mark.parametrize(("files", "cpus", "expected"), [
+    ({"cpu.max": "200000 100000\n"}, 8, 2),
+    ({"cpu.max": "150000 100000\n"}, 8, 1),         # 1.5 CPUs → 1
+    ({"cpu.max": "50000 100000\n"}, 8, 1),          # half a CPU → at least 1
+    ({"cpu.max": "250000 100000\n"}, 8, 2),         # 2.5 → 2
+    ({"cpu.max": "1600000 100000\n"}, 4, 4),        # a limit above the CPUs → the CPUs
+    ({"cpu.max": "max 100000\n"}, 8, 1),            # no limit → 1, whatever the CPUs
+    ({f"{V1}/cpu.cfs_quota_us": "400000\n", f"{V1}/cpu.cfs_period_us": "100000\n"}, 8, 4),
+    ({f"{V1}/cpu.cfs_quota_us": "-1\n", f"{V1}/cpu.cfs_period_us": "100000\n"}, 8, 1),
+    ({}, 8, 1),
+])
+def test_default_workers_are_the_cpu_limit_rounded_down_or_1(tmp_path: Path, files: dict[str, str],
+                                                              cpus: int, expected: int) -> None:
+    assert default_workers(cgroup=_cgroup(tmp_path, files), affinity=lambda: cpus) == expected
+
+
+def test_the_cgroup_root_can_be_moved_for_tests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CGROUP_ENV, str(_cgroup(tmp_path, {"cpu.max": "300000 100000\n"})))
+    assert cgroup_cpu_quota() == 3.0
+
+
 def test_workers_setting_auto_and_numbers(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text(BASE + "workers: auto\n")
-    assert resolve_workers(load_config(cfg), cpus=lambda: 4) == 4
+    assert resolve_workers(load_config(cfg), cpus=lambda: 4, default=lambda: 3) == 4
     cfg.write_text(BASE + "workers: 3\n")
-    assert resolve_workers(load_config(cfg), cpus=lambda: 4) == 3
+    assert resolve_workers(load_config(cfg), cpus=lambda: 4, default=lambda: 2) == 3
+    cfg.write_text(BASE + "workers: 1\n")
+    assert resolve_workers(load_config(cfg), cpus=lambda: 4, default=lambda: 2) == 1  # written wins
     cfg.write_text(BASE)
-    assert resolve_workers(load_config(cfg), cpus=lambda: 4) == 1  # unset: one process, as before
+    assert load_config(cfg).workers is None
+    assert resolve_workers(load_config(cfg), cpus=lambda: 4, default=lambda: 2) == 2  # unset: the limit
 
 
-@pytest.mark.parametrize("value", ["0", "-2", "many", "1.5"])
+@pytest.mark.parametrize("value", ["0", "-2", "many", "1.5", "null"])
 def test_bad_workers_exit_2_naming_the_field(tmp_path: Path, value: str) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text(BASE + f"workers: {value}\n")
@@ -255,6 +301,57 @@ def test_one_pod_two_workers_one_set_of_endpoints(
         records = [json.loads(line) for line in log.read_bytes().splitlines() if line.startswith(b"{")]
         assert {r.get("worker") for r in records if r["logger"] == "bridge.service.service"} == {0, 1}
         assert any("supervising 2 workers" in r["message"] for r in records if "worker" not in r)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.mark.parametrize("cpu_max", ["200000 100000", "max 100000"])
+def test_unset_workers_start_as_many_as_the_cpu_limit(
+        tmp_path: Path, sim_process: tuple[str, Path], cpu_max: str) -> None:  # noqa: F811
+    """``kube-event-bridge run`` without ``workers``, its cgroup a fake one: under a limit of 2 CPUs
+    the supervisor runs the default number of workers (2 on a machine with 2 CPUs or more); without a
+    limit the process is the bridge itself, no supervisor."""
+    _, kubeconfig = sim_process
+    cgroup = _cgroup(tmp_path / "cgroup", {"cpu.max": cpu_max + "\n"})
+    expected = default_workers(cgroup=cgroup)
+    assert expected == (1 if cpu_max.startswith("max") else min(2, len(os.sched_getaffinity(0))))
+    port = free_port()
+    cfg = tmp_path / "bridge.yaml"
+    cfg.write_text(
+        f"kubernetes: {{kubeconfig: '{kubeconfig}', in_cluster: 'false'}}\n"
+        "resources: [{resource: pods}]\n"
+        f"sinks: [{{name: out, kind: file, path: '{tmp_path / 'events.jsonl'}'}}]\n"
+        f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}', interval: 1}}\n"
+        f"server: {{host: 127.0.0.1, port: {port}, admin_port: {free_port()}}}\nshutdown_deadline: 10\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEB_")}
+    env[CGROUP_ENV] = str(cgroup)
+    log = tmp_path / "bridge.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "bridge.service.cli", "run", "--config", str(cfg)],
+                                stdout=fh, stderr=fh, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        body: dict[str, Any] = {}
+        while time.monotonic() < deadline and body.get("ready") is not True:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+            with contextlib.suppress(OSError, ValueError), \
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                body = json.loads(r.read())
+        assert body.get("ready") is True, body
+        if expected == 1:
+            assert "workers" not in body, body
+            assert list(tmp_path.glob("events*.jsonl")) == [tmp_path / "events.jsonl"]
+        else:
+            assert [w["worker"] for w in body["workers"]] == list(range(expected))
+            assert all(w["pid"] and w["pid"] != proc.pid for w in body["workers"])
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+            assert [s.value for s in families["keb_workers"].samples] == [float(expected)]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -362,7 +362,8 @@ two equal).
 {{/*
 Worker processes per pod when config.workers is not set: resources.limits.cpu rounded down, at
 least 1 ("2" → 2, 1.5 → 1, "2500m" → 2, "500m" → 1); without a CPU limit, 1 (docs/sharding.md,
-"Workers").
+"Workers"). The bridge's default from its cgroup is the same count; written here, the Role can name
+each worker's Lease and a change of the limit takes the workers' checkpoints over.
 */}}
 {{- define "kube-event-bridge.workers" -}}
 {{- $cfg := default dict .Values.config -}}
