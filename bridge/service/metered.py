@@ -6,11 +6,12 @@ need no telemetry code of their own. It forwards the sink's declared status (``d
 only (the bridge reads nothing undeclared).
 
 It runs once per event, so it makes no OpenTelemetry SDK call unless it must (each costs 7-10 µs,
-see :mod:`bridge.service.telemetry`): outcomes are counted in plain integers that the service exports at
-scrape time; a delivery's latency is recorded only when :data:`~bridge.telemetry.LATENCY_SAMPLE_INTERVAL`
-has passed since the sink's last recorded one; and a span is started only for the events that one
-random draw at :attr:`Telemetry.trace_sample_ratio <bridge.telemetry.Telemetry.trace_sample_ratio>`
-picks. An event that is not picked creates no span object at all.
+see :mod:`bridge.service.telemetry`): outcomes are counted in plain integers (:meth:`outcome_counts`;
+the exported counts are the pipeline's, from its listeners); a delivery's latency is recorded only
+when :data:`~bridge.telemetry.LATENCY_SAMPLE_INTERVAL` has passed since the sink's last recorded one;
+and a span is started only for the events that one random draw at
+:attr:`Telemetry.trace_sample_ratio <bridge.telemetry.Telemetry.trace_sample_ratio>` picks. An event
+that is not picked creates no span object at all.
 
 :meth:`MeteredSink.deliver_batch` hands a batch to the wrapped sink's ``deliver_batch`` (a loop over
 its ``deliver`` when it has none) and costs one small closure per event: the batch is timed from one

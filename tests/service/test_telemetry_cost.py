@@ -301,7 +301,7 @@ async def test_service_exports_exact_counts_after_a_burst(tmp_path: Path) -> Non
             for i in range(count):
                 sim.store.create("pods", make_pod(f"p{i}", "default"))
             await eventually(lambda: delivered() == count, what=f"{count} deliveries")
-            # The service counts through the tracker and MeteredSink, not a per-event callback.
+            # The service counts through the tracker and the listeners' acks, not a per-event callback.
             pipeline = service._state.pipeline
             assert pipeline is not None
             assert pipeline._on_event is None
