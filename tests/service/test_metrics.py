@@ -175,11 +175,12 @@ async def _falling_behind(tmp_path: Path, hook: Hook) -> None:
                                  what="the webhook's spill and lag")
             assert metric(text, "keb_sink_queue_depth", sink="hook") > 2  # beyond its memory buffer
             assert metric(text, "keb_sink_in_flight", sink="hook") > 0
+            assert metric(text, "keb_checkpoint_lag", resource="pods") > 0  # the webhook owes them
             # The file sink keeps up: it owes nothing and spills nothing.
             events = tmp_path / "events.jsonl"
             await eventually(lambda: len(lines(events)) == 21, what="21 events in the file")
-            text = await scrape(base)
-            assert metric(text, "keb_sink_lag_seconds", sink="file") == 0
+            text = await scraped(base, lambda t: metric(t, "keb_sink_lag_seconds", sink="file") == 0,
+                                 what="the file sink to owe nothing")
             assert metric(text, "keb_sink_spill_bytes", sink="file") == 0
             assert metric(text, "keb_sink_up", sink="hook") == 0
 
@@ -193,6 +194,8 @@ async def _falling_behind(tmp_path: Path, hook: Hook) -> None:
             assert metric(text, "keb_sink_events_total", sink="hook", outcome="delivered") >= 21
             assert metric(text, "keb_sink_events_total", sink="hook", outcome="dropped") == 0
             assert metric(text, "keb_sink_up", sink="hook") == 1
+            await scraped(base, lambda t: metric(t, "keb_checkpoint_lag", resource="pods") == 0,
+                          what="every sink to have acknowledged everything")
         finally:
             service.stop_event.set()
             code = await task
