@@ -194,7 +194,7 @@ class BridgeService:
         reasons.extend(self.ahead_of_server.reasons())
         if st.pipeline is None:
             reasons.append("starting")
-        else:
+        else:  # "starting" as well until its start() has built every informer
             reasons.extend(st.pipeline.not_ready_reasons())
         return Readiness(not reasons, tuple(reasons), st.role)
 
