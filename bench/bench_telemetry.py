@@ -8,8 +8,9 @@ acknowledges at once, three ways:
     ``tracer.start_span`` under the SDK's ``ParentBased(TraceIdRatioBased)`` sampler,
     ``Counter.add`` for the sink outcome, ``Histogram.record`` for every delivery's latency and
     ``Counter.add`` for the received change through the pipeline's ``on_event`` callback;
-(c) **metered**: today's :class:`~bridge.metered.MeteredSink` (plain outcome counters, latency
-    sampled at most every 5 ms, one random draw per span) and the tracker's plain ``Counter``.
+(c) **metered**: today's :class:`~bridge.metered.MeteredSink` (no outcome counts: the exported
+    ones are the pipeline's listeners'; latency sampled at most every 5 ms, one random draw per
+    span) and the tracker's plain ``Counter``.
 
 All three use the service's default span ratio (1%) and no span exporter, as a service without
 ``telemetry.otlp_endpoint`` runs. The figures are µs per event (best of ``repeats``) and

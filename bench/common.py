@@ -604,8 +604,8 @@ _telemetry: Any = None
 
 
 def service_sink(kind: str, *, urls: BrokerUrls, tmp_dir: Path, tag: str = "") -> Sink:
-    """A sink as the service runs it: wrapped in :class:`bridge.metered.MeteredSink` (outcome
-    counters, time-sampled latency histogram, spans at the default 1% ratio), one Telemetry per
+    """A sink as the service runs it: wrapped in :class:`bridge.metered.MeteredSink` (in-flight
+    gauge, time-sampled latency histogram, spans at the default 1% ratio), one Telemetry per
     process."""
     global _telemetry
     from bridge.service.metered import MeteredSink

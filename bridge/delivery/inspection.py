@@ -18,7 +18,7 @@ from bridge.delivery.progress import AckTracker
 from bridge.delivery.sink_listener import SinkListener
 from bridge.delivery.stall import StallDetector
 from bridge.informer.shared_informer import SharedIndexInformer
-from sinks.contract import Sink
+from sinks.contract import DeliveryOutcome, Sink
 
 __all__ = ["InformerGauges", "PipelineInspection", "PipelineStats", "SinkBacklog", "SinkGauges",
            "TelemetrySnapshot"]
@@ -98,7 +98,7 @@ class PipelineStats:
     received: Mapping[str, Mapping[str, int]]
     """informer id → notification kind → count."""
     sinks: Mapping[str, Mapping[str, int]]
-    """sink name → outcome (delivered, filtered, dead_lettered, dropped) → count."""
+    """sink name → outcome (delivered, filtered, dead_lettered, dropped; each one, zero too) → count."""
     queue_depth: Mapping[str, int]
     """sink name → notifications waiting in its listeners' buffers."""
     checkpoint_rv: Mapping[str, str]
@@ -130,8 +130,8 @@ class PipelineInspection:
 
     def stats(self) -> PipelineStats:
         now = self._clock.now()
-        sink_outcomes: dict[str, collections.Counter[str]] = {s.name: collections.Counter()
-                                                              for s in self._sinks}
+        sink_outcomes: dict[str, collections.Counter[str]] = {  # every outcome, zero too (increase())
+            s.name: collections.Counter({o.value: 0 for o in DeliveryOutcome}) for s in self._sinks}
         depth: dict[str, int] = {s.name: 0 for s in self._sinks}
         for inf in self._informers.values():
             for name, listener in inf.listeners.items():

@@ -122,7 +122,7 @@ class BridgePipeline(PipelineInspection):
         self._stalls = StallDetector(check=stall_check, clock=clock, runs=runs) if stall_check else None
         self._outages = OutageReporter(sinks=self._sinks, view=self, summary_interval=outage_summary_interval)
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._started = False
+        self._started = self._running = False  # start() called; start() returned (informers all built)
         self._stopping = False
         self.failed_tasks: list[str] = []
         """Names of background tasks that died with an exception (logged when it happened)."""
@@ -181,6 +181,7 @@ class BridgePipeline(PipelineInspection):
             self._spawn("stalled-watches", self._stalls.run())
         if self._outage_check > 0:
             self._spawn("sink-outages", self._outages.run(self._clock, self._outage_check))
+        self._running = True
 
     async def _prepare(self, watched: WatchedResource) -> None:
         """One informer, from its resume plan (:mod:`bridge.delivery.restart`), with its listeners."""
@@ -306,13 +307,14 @@ class BridgePipeline(PipelineInspection):
         return all(results)
 
     def ready(self) -> bool:
-        """Started, not stopping, and no reason not to be (:meth:`not_ready_reasons`)."""
-        return self._started and not self._stopping and not self.not_ready_reasons()
+        """Started (start() returned), not stopping, no reason not to be (:meth:`not_ready_reasons`)."""
+        return not self._stopping and not self.not_ready_reasons()
 
     def not_ready_reasons(self) -> list[str]:
-        """Why it is not ready: an informer that has not synced or cannot list or watch, a journal
-        that cannot be written, a stalled watch, an unhealthy sink."""
-        reasons = []
+        """Why it is not ready: "starting" until :meth:`start` has built and started every informer
+        (those not built yet have no reasons of their own), an informer that has not synced or cannot
+        list or watch, a journal that cannot be written, a stalled watch, an unhealthy sink."""
+        reasons = [] if self._running else ["starting"]
         for i, inf in self._informers.items():
             if why := inf.failing_now():
                 reasons.append(f"informer {i} cannot list or watch: {why}")

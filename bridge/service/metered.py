@@ -1,4 +1,4 @@
-"""A sink decorator that measures delivery: outcome counts, ack latency and sampled trace spans.
+"""A sink decorator that measures delivery: events in flight, ack latency and sampled trace spans.
 
 The service wraps every configured sink in a :class:`MeteredSink`, so sinks (built-in or third-party)
 need no telemetry code of their own. It forwards the sink's declared status (``delivery``,
@@ -6,11 +6,12 @@ need no telemetry code of their own. It forwards the sink's declared status (``d
 only (the bridge reads nothing undeclared).
 
 It runs once per event, so it makes no OpenTelemetry SDK call unless it must (each costs 7-10 µs,
-see :mod:`bridge.service.telemetry`): outcomes are counted in plain integers that the service exports at
-scrape time; a delivery's latency is recorded only when :data:`~bridge.telemetry.LATENCY_SAMPLE_INTERVAL`
-has passed since the sink's last recorded one; and a span is started only for the events that one
-random draw at :attr:`Telemetry.trace_sample_ratio <bridge.telemetry.Telemetry.trace_sample_ratio>`
-picks. An event that is not picked creates no span object at all.
+see :mod:`bridge.service.telemetry`) and counts no outcomes (the exported counts are the pipeline's,
+from its listeners, which see every acknowledgement anyway); a delivery's latency is recorded only
+when :data:`~bridge.telemetry.LATENCY_SAMPLE_INTERVAL` has passed since the sink's last recorded one;
+and a span is started only for the events that one random draw at
+:attr:`Telemetry.trace_sample_ratio <bridge.telemetry.Telemetry.trace_sample_ratio>` picks. An event
+that is not picked creates no span object at all.
 
 :meth:`MeteredSink.deliver_batch` hands a batch to the wrapped sink's ``deliver_batch`` (a loop over
 its ``deliver`` when it has none) and costs one small closure per event: the batch is timed from one
@@ -22,7 +23,6 @@ instead of one draw per event.
 
 from __future__ import annotations
 
-import collections
 import math
 import random
 import time
@@ -56,9 +56,6 @@ class MeteredSink:
         self._last_latency = -float("inf")
         self._attrs = {"sink": inner.name}
         self.in_flight = 0
-        self.delivered = 0
-        """Events acknowledged as delivered (the common outcome, counted apart from the others)."""
-        self._other_outcomes: collections.Counter[DeliveryOutcome] = collections.Counter()
         self._inner_batch = inner if takes_batches(inner) else None
         self._next_traced: int | None = None
         """``deliver_batch``: events still to pass before the next traced one (drawn when needed)."""
@@ -75,27 +72,17 @@ class MeteredSink:
     def last_error(self) -> str:
         return self.inner.last_error
 
-    def outcome_counts(self) -> dict[str, int]:
-        """Outcome value → events finished through this wrapper, every outcome present (zero too, so
-        that ``increase()`` sees the first dead letter or drop)."""
-        counts = {o.value: self._other_outcomes[o] for o in DeliveryOutcome}
-        counts[_DELIVERED.value] = self.delivered
-        return counts
-
     async def start(self) -> None:
         await self.inner.start()
 
     def _finished(self, outcome: DeliveryOutcome, started: float) -> None:
-        """Counts one acknowledged event; samples its latency when it is a delivery."""
+        """One acknowledged event: no longer in flight; its latency sampled when it is a delivery."""
         self.in_flight -= 1
         if outcome is _DELIVERED:
-            self.delivered += 1
             now = self._clock()
             if now - self._last_latency >= self._latency_interval:
                 self._last_latency = now
                 self._telemetry.delivery_duration.record(now - started, self._attrs)
-        else:
-            self._other_outcomes[outcome] += 1
 
     async def deliver(self, event: ChangeEvent, ack: AckCallback) -> None:
         if self._sample_ratio and self._draw() < self._sample_ratio:
@@ -135,7 +122,6 @@ class MeteredSink:
         telemetry = self._telemetry
         attrs = self._attrs
         interval = self._latency_interval
-        counter = self._other_outcomes
         me = self
         unsampled = True  # the batch's first delivery is a latency sample candidate
         live = True  # False once the hand-over failed: in_flight was settled for the whole batch
@@ -148,16 +134,12 @@ class MeteredSink:
                 pending -= 1
                 if live:
                     me.in_flight -= 1
-                if outcome is _DELIVERED:
-                    me.delivered += 1
-                    if unsampled:
-                        unsampled = False
-                        now = clock()
-                        if now - me._last_latency >= interval:
-                            me._last_latency = now
-                            telemetry.delivery_duration.record(now - started, attrs)
-                else:
-                    counter[outcome] += 1
+                if unsampled and outcome is _DELIVERED:
+                    unsampled = False
+                    now = clock()
+                    if now - me._last_latency >= interval:
+                        me._last_latency = now
+                        telemetry.delivery_duration.record(now - started, attrs)
                 ack(outcome)
 
             wrapped.append(metered_ack)
@@ -182,7 +164,7 @@ class MeteredSink:
                     await deliver(events[i], wrapped[i])
         except BaseException:
             # Which events the sink took before it raised is unknown: the gauge forgets the batch's
-            # unacknowledged events (acks that still come are counted, not subtracted again).
+            # unacknowledged events (acks that still come are not subtracted again).
             live = False
             self.in_flight -= pending
             for span in spans:
@@ -191,7 +173,8 @@ class MeteredSink:
             raise
 
     def _traced_ack(self, event: ChangeEvent, ack: AckCallback) -> tuple[AckCallback, Any]:
-        """A span for ``event`` and the ack that ends it (then calls ``ack``, which counts)."""
+        """A span for ``event`` and the ack that ends it (then calls ``ack``, which settles the
+        gauge and samples the latency)."""
         span = self._telemetry.tracer.start_span(
             f"deliver {self.name}", kind=SpanKind.PRODUCER,
             attributes={"keb.sink": self.name, "keb.event.type": event.type.value,

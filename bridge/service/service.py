@@ -50,7 +50,7 @@ from bridge.service.health import HealthServer, Readiness
 from bridge.service.logconfig import configure_logging
 from bridge.service.metered import MeteredSink
 from bridge.service.sharding import assign
-from bridge.service.telemetry import InformerGauges, SinkGauges, Telemetry, TelemetrySnapshot
+from bridge.service.telemetry import Telemetry, TelemetrySnapshot
 from bridge.service.workers import (
     WorkerPosition,
     for_worker,
@@ -194,20 +194,15 @@ class BridgeService:
         reasons.extend(self.ahead_of_server.reasons())
         if st.pipeline is None:
             reasons.append("starting")
-        else:
+        else:  # "starting" as well until its start() has built every informer
             reasons.extend(st.pipeline.not_ready_reasons())
         return Readiness(not reasons, tuple(reasons), st.role)
 
     def _telemetry_snapshot(self) -> TelemetrySnapshot:
-        # Counts are read here, at scrape time, from the plain counters the per-event path keeps
-        # (MeteredSink outcomes, the pipeline's received changes): nothing calls OpenTelemetry per event.
+        # The pipeline's gauges, read at scrape time from the plain counters the per-event path keeps
+        # (its listeners' outcomes, its received changes): nothing calls OpenTelemetry per event.
         p = self._state.pipeline
-        depths = p.queue_depths() if p is not None else {}
-        sinks = {s.name: SinkGauges(queue_depth=depths.get(s.name, 0), in_flight=s.in_flight,
-                                    up=s.healthy(), outcomes=s.outcome_counts())
-                 for s in self._state.sinks}
-        informers: dict[str, InformerGauges] = p.informer_gauges() if p is not None else {}
-        return TelemetrySnapshot(sinks=sinks, informers=informers)
+        return p.telemetry_snapshot() if p is not None else TelemetrySnapshot()
 
     def _filter_errors(self) -> dict[str, int]:
         """Each live sink's filter evaluation errors (sinks with a ``filter``), by name."""
@@ -220,9 +215,10 @@ class BridgeService:
             labels = {"resource": gauges.resource or key, "informer": gauges.informer or key}
             for type_, count in gauges.received.items():
                 self.telemetry.events_received.add(count, {**labels, "type": type_})
+        for name, outcomes in pipeline.stats().sinks.items():
+            for outcome, count in outcomes.items():
+                self.telemetry.sink_events.add(count, {"sink": name, "outcome": outcome})
         for sink in sinks:
-            for outcome, count in sink.outcome_counts().items():
-                self.telemetry.sink_events.add(count, {"sink": sink.name, "outcome": outcome})
             errors = _filter_errors_of(sink)
             if errors:
                 self.telemetry.filter_errors.add(errors, {"sink": sink.name})

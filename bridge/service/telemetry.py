@@ -61,9 +61,9 @@ about a third of the bridge's whole per-event cost. So nothing on the per-event 
 unless it has to:
 
 * **Counts** (``keb_events_received_total``, ``keb_sink_events_total``) are plain Python integers
-  kept where the event passes (the pipeline's ack tracker counts received changes,
-  :class:`~bridge.metered.MeteredSink` counts outcomes). They are exported by *observable* counters
-  whose callbacks read them from the :class:`TelemetrySnapshot` at scrape time; totals from a
+  kept where the event passes (the pipeline's ack tracker counts received changes, its sink
+  listeners count outcomes as the acks arrive). They are exported by *observable* counters whose
+  callbacks read them from the pipeline's :class:`TelemetrySnapshot` at scrape time; totals from a
   pipeline that has ended are carried in :attr:`Telemetry.events_received` and
   :attr:`Telemetry.sink_events` (:class:`ScrapedCounter`), so the exported counts never go down.
 * **Latency** (``keb_sink_delivery_duration_seconds``) is a *time-sampled* distribution: a sink

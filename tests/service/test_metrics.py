@@ -1,11 +1,13 @@
 """/metrics of a running service, read over HTTP: one label vocabulary across every metric, the
-leader gauge and the process's own metrics."""
+leader gauge, the process's own metrics and a sink's lag and spill while it falls behind."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 from bridge.delivery.checkpoint import informer_id
@@ -14,7 +16,7 @@ from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
 from sinks.contract import EventType
-from tests.service.test_service import eventually, get, lines, metric
+from tests.service.test_service import Hook, eventually, get, lines, metric
 
 SAMPLE = re.compile(r'^(\w+)\{([^}]*)\} (\S+)$')
 
@@ -108,3 +110,93 @@ async def test_a_standby_reports_zero_on_the_leader_gauge(tmp_path: Path) -> Non
     text = service.telemetry.render_prometheus().decode()
     service.telemetry.shutdown()
     assert metric(text, "keb_leader") == 0
+
+
+async def scrape(base: str) -> str:
+    status, text = await get(f"{base}/metrics")
+    assert status == 200
+    return text
+
+
+async def scraped(base: str, predicate: Callable[[str], bool], what: str, timeout: float = 20.0) -> str:
+    """The first /metrics text ``predicate`` accepts, scraped over HTTP until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate(text := await scrape(base)):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}; last scrape:\n{text}"
+        await asyncio.sleep(0.1)
+    return text
+
+
+async def test_a_sink_falling_behind_shows_its_lag_and_spill_until_it_catches_up(tmp_path: Path) -> None:
+    hook = Hook()
+    await hook.start()
+    try:
+        await _falling_behind(tmp_path, hook)
+    finally:
+        await hook.stop()
+
+
+async def _falling_behind(tmp_path: Path, hook: Hook) -> None:
+    """A webhook answering 503 behind a 2-change buffer, scraped over HTTP while it falls behind and
+    after it catches up."""
+    async with Simulator() as sim:
+        sim.store.create("pods", make_pod("p0", "default"))
+        kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig")
+        config = BridgeConfig.model_validate({
+            "kubernetes": {"kubeconfig": str(kubeconfig), "in_cluster": "false"},
+            "resources": [{"resource": "pods"}],
+            "sinks": [
+                {"name": "file", "kind": "file", "path": str(tmp_path / "events.jsonl")},
+                # Two changes in flight, two in memory: the rest of its backlog goes to its spill.
+                {"name": "hook", "kind": "webhook", "url": f"http://127.0.0.1:{hook.port}/events",
+                 "retry": {"initial": 0.05, "max": 0.2}, "max_in_flight": 2, "buffer": {"capacity": 2}},
+            ],
+            "checkpoint": {"store": "file", "directory": str(tmp_path / "cp"), "interval": 0.2,
+                           "spill_directory": str(tmp_path / "spill")},
+            "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
+            "shutdown_deadline": 10,
+        })
+        service = BridgeService(config=config)
+        task = asyncio.create_task(service.run(), name="service-under-test")
+        try:
+            await eventually(lambda: service.readiness().ready, what="readiness")
+            base = f"http://127.0.0.1:{service.health.port}"
+            await eventually(lambda: len(hook.received) == 1, what="p0 at the webhook")
+            text = await scrape(base)
+            for sink in ("file", "hook"):
+                assert metric(text, "keb_sink_lag_seconds", sink=sink) == 0
+                assert metric(text, "keb_sink_spill_bytes", sink=sink) == 0
+
+            hook.status = 503
+            for i in range(1, 21):
+                sim.store.create("pods", make_pod(f"p{i}", "default"))
+            text = await scraped(base, lambda t: metric(t, "keb_sink_spill_bytes", sink="hook") > 0
+                                 and metric(t, "keb_sink_lag_seconds", sink="hook") > 0.5,
+                                 what="the webhook's spill and lag")
+            assert metric(text, "keb_sink_queue_depth", sink="hook") > 2  # beyond its memory buffer
+            assert metric(text, "keb_sink_in_flight", sink="hook") > 0
+            assert metric(text, "keb_checkpoint_lag", resource="pods") > 0  # the webhook owes them
+            # The file sink keeps up: it owes nothing and spills nothing.
+            events = tmp_path / "events.jsonl"
+            await eventually(lambda: len(lines(events)) == 21, what="21 events in the file")
+            text = await scraped(base, lambda t: metric(t, "keb_sink_lag_seconds", sink="file") == 0,
+                                 what="the file sink to owe nothing")
+            assert metric(text, "keb_sink_spill_bytes", sink="file") == 0
+            assert metric(text, "keb_sink_up", sink="hook") == 0
+
+            hook.status = 200
+            text = await scraped(base, lambda t: metric(t, "keb_sink_lag_seconds", sink="hook") == 0
+                                 and metric(t, "keb_sink_spill_bytes", sink="hook") == 0
+                                 and metric(t, "keb_sink_queue_depth", sink="hook") == 0
+                                 and metric(t, "keb_sink_in_flight", sink="hook") == 0,
+                                 what="the webhook to catch up")
+            assert len({e["subject"] for e in hook.received}) == 21
+            assert metric(text, "keb_sink_events_total", sink="hook", outcome="delivered") >= 21
+            assert metric(text, "keb_sink_events_total", sink="hook", outcome="dropped") == 0
+            assert metric(text, "keb_sink_up", sink="hook") == 1
+            await scraped(base, lambda t: metric(t, "keb_checkpoint_lag", resource="pods") == 0,
+                          what="every sink to have acknowledged everything")
+        finally:
+            service.stop_event.set()
+            code = await task
+        assert code == 0
