@@ -11,8 +11,10 @@ A stable hash (the same in every process, every Python, every restart): never Py
 line of an object it does not own is recognised from its identity alone (one msgspec pass reading
 ``type``, ``metadata.uid`` and ``metadata.resourceVersion``, skipping the rest unbuilt) and becomes a
 bookmark at its resourceVersion, so the reflector's resume point still moves while nothing of the
-object is cached, tracked, journalled or delivered; a list item not owned is dropped before it is
-decoded. Deletes follow the same rule (a delete carries the object's uid).
+object is cached, tracked, journalled or delivered; a run of such lines in one read of the stream
+becomes one bookmark, at the last one's resourceVersion (what the queue makes of consecutive
+progress markers anyway); a list item not owned is dropped before it is decoded. Deletes follow the
+same rule (a delete carries the object's uid).
 
 *Floors* serve resharding (:mod:`bridge.delivery.sharding`): after a handover a shard resumes the
 watch from the oldest resume point of the checkpoints it took objects from, and a watch event of an
@@ -31,7 +33,7 @@ import msgspec
 
 from bridge.contracts import WatchEvent, WatchEventType
 
-__all__ = ["ShardFilter", "shard_of", "shard_residue", "sharded_decoder"]
+__all__ = ["ShardFilter", "shard_of", "shard_residue", "sharded_decoder", "skipped_bookmark"]
 
 
 def _digest(uid: str) -> int:
@@ -131,6 +133,27 @@ class ShardFilter:
                 return False
         return True
 
+    def skip_line(self, line: bytes) -> str | None:
+        """The resourceVersion of a watch line of an object this shard does not keep (``""`` when
+        it has none), counted in :attr:`skipped`; None for a line to decode: an object it keeps, a
+        bookmark, an error, a line the identity pass cannot read (the full decoder reports it), or
+        any line when nothing is filtered. One msgspec pass reads the line's type, uid and
+        resourceVersion, skipping the rest unbuilt."""
+        if self.total == 1 and not self._floor_modulus:
+            return None
+        try:
+            head = _ident_event.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        if head.type in _PASS_THROUGH:
+            return None
+        meta = head.object.metadata
+        rv = meta.resourceVersion or ""
+        if self.keeps_event(meta.uid or "", rv):
+            return None
+        self.skipped += 1
+        return rv
+
     def keeps_item(self, raw: bytes | msgspec.Raw) -> bool:
         """Whether a list item (its undecoded bytes) is this shard's: only its uid is read."""
         if self.total == 1:
@@ -145,7 +168,9 @@ class ShardFilter:
         return False
 
 
-def _bookmark(resource_version: str) -> WatchEvent:
+def skipped_bookmark(resource_version: str) -> WatchEvent:
+    """The bookmark a skipped line (or a run of them) becomes: the reflector's resume point moves to
+    its resourceVersion, nothing else happens."""
     obj: dict[str, Any] = {"metadata": {"resourceVersion": resource_version}}
     return WatchEvent(type=WatchEventType.BOOKMARK, object=obj)
 
@@ -156,22 +181,12 @@ Decoder = Callable[[bytes], WatchEvent]
 def sharded_decoder(decode: Decoder, shard: ShardFilter) -> Decoder:
     """Wraps a watch-line decoder: a line of an object ``shard`` does not keep becomes a bookmark at
     its resourceVersion, decoded no further; bookmarks, errors and owned objects go to ``decode``.
-    A line the identity pass cannot read goes to ``decode`` too, which reports it."""
+    A line the identity pass cannot read goes to ``decode`` too, which reports it. (A watch stream
+    of :class:`~bridge.kube.listwatch.HttpListerWatcher` does the same a batch at a time, with one
+    bookmark per run of skipped lines: :meth:`ShardFilter.skip_line`.)"""
 
     def decode_line(line: bytes) -> WatchEvent:
-        if not shard.filtering:
-            return decode(line)
-        try:
-            head = _ident_event.decode(line)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return decode(line)
-        if head.type in _PASS_THROUGH:
-            return decode(line)
-        meta = head.object.metadata
-        rv = meta.resourceVersion or ""
-        if shard.keeps_event(meta.uid or "", rv):
-            return decode(line)
-        shard.skipped += 1
-        return _bookmark(rv)
+        rv = shard.skip_line(line)
+        return decode(line) if rv is None else skipped_bookmark(rv)
 
     return decode_line

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bridge.contracts import WatchEventType
 from bridge.kube.listwatch import WatchDecodeError, decode_watch_event, raw_object_decoder
@@ -107,3 +109,58 @@ def test_one_shard_without_floors_decodes_as_without_sharding() -> None:
     assert dec(line("MODIFIED", UIDS[0], "5")).type is WatchEventType.BOOKMARK
     assert dec(line("MODIFIED", UIDS[0], "10")).type is WatchEventType.MODIFIED
     assert shard.keeps_item(orjson.dumps({"metadata": {"uid": UIDS[1]}}))
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@st.composite
+def _watch_lines(draw: st.DrawFn) -> bytes:
+    """Watch lines of arbitrary objects: names, namespaces, uids (absent, empty, any text, the
+    ones of an owner reference), resourceVersions, labels with a ``uid`` key, and other members
+    anywhere around the metadata (Hypothesis property below)."""
+    meta: dict[str, object] = {}
+    for key, values in (("name", st.text(max_size=10)), ("namespace", st.text(max_size=10)),
+                        ("uid", st.sampled_from(UIDS[:8]) | st.text(max_size=12)),
+                        ("resourceVersion", st.integers(0, 10**6).map(str) | st.text(max_size=5))):
+        if draw(st.booleans()):
+            meta[key] = draw(values)
+    if draw(st.booleans()):
+        meta["labels"] = draw(st.dictionaries(st.sampled_from(["uid", "app", "resourceVersion"]),
+                                              st.sampled_from(UIDS[:8]) | st.text(max_size=6), max_size=3))
+    if draw(st.booleans()):
+        meta["ownerReferences"] = [{"uid": draw(st.sampled_from(UIDS[:8])), "kind": "ReplicaSet"}]
+    order = draw(st.permutations(list(meta)))
+    obj: dict[str, object] = {"kind": "Pod", "metadata": {k: meta[k] for k in order}}
+    members = st.dictionaries(st.sampled_from(["spec", "status", "data", "uid"]), _json, max_size=3)
+    obj.update(draw(members))
+    type_ = draw(st.sampled_from(["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"]))
+    event = {"type": type_, "object": obj} if draw(st.booleans()) else {"object": obj, "type": type_}
+    return orjson.dumps(event)
+
+
+@given(line=_watch_lines(), total=st.integers(1, 5), ordinal=st.integers(0, 4), floors=st.booleans())
+@settings(max_examples=400, deadline=None)
+def test_a_skipped_line_is_what_the_full_decode_would_skip(line: bytes, total: int, ordinal: int,
+                                                          floors: bool) -> None:
+    """The identity pass decides as the full decode of the same line: its uid and resourceVersion
+    are the object's metadata's (never an owner reference's, a label's or a nested member's), and a
+    bookmark or error always goes to the decoder."""
+    shard = ShardFilter(ordinal=ordinal % total, total=total)
+    if floors:
+        shard.set_floors(total * 2, {r: 500 for r in range(0, total * 2, 2)})
+    full = decode_watch_event(line)
+    meta = full.object.get("metadata") or {}
+    uid, rv = meta.get("uid") or "", meta.get("resourceVersion") or ""
+    expect_skip = (shard.filtering and full.type not in (WatchEventType.BOOKMARK, WatchEventType.ERROR)
+                   and not shard.keeps_event(uid, rv))
+    got = shard.skip_line(line)
+    assert (got is not None) == expect_skip
+    if expect_skip:
+        assert got == rv
+        bookmark = sharded_decoder(decode_watch_event, shard)(line)
+        assert bookmark.object == {"metadata": {"resourceVersion": rv}}
