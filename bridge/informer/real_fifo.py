@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
@@ -70,6 +71,10 @@ from bridge.informer.delta_fifo import (
 )
 from bridge.informer.store import meta_namespace_key_func
 from bridge.rawobject import RawObject
+
+_monotonic = time.monotonic
+_DEFAULT_LOOP_TIME = asyncio.BaseEventLoop.time
+"""asyncio's own loop reads ``time.monotonic()`` as its clock (another loop may have its own)."""
 
 __all__ = ["DEFAULT_MAX_QUEUED_BYTES", "RealFIFO"]
 
@@ -327,7 +332,11 @@ class RealFIFO:
         if not self._queue:
             await self.wait_ready()
 
-        clock = asyncio.get_running_loop().time if until is not None else None
+        clock = None
+        if until is not None:
+            # The default loop's clock is time.monotonic: read directly, one call less per delta.
+            loop = asyncio.get_running_loop()
+            clock = _monotonic if type(loop).time is _DEFAULT_LOOP_TIME else loop.time
         queue = self._queue
         keys = self._keys
         newest = self._newest

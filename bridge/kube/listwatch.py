@@ -83,6 +83,10 @@ WatchDecoder = Callable[[bytes], WatchEvent]
 """Turns one line into a :class:`WatchEvent`; raises :class:`WatchDecodeError` for anything else."""
 
 _EVENT_TYPES: dict[str, WatchEventType] = {t.value: t for t in WatchEventType}
+_OBJECT_EVENT_TYPES: dict[str, WatchEventType] = {
+    k: t for k, t in _EVENT_TYPES.items() if t is not WatchEventType.ERROR
+}
+"""The types whose object the fast decode returns as it is (an ``ERROR``'s Status is decoded whole)."""
 
 
 class _Event(msgspec.Struct):
@@ -162,12 +166,13 @@ def raw_object_decoder(*, drop_managed_fields: bool = False) -> WatchDecoder:
     whole, as the reflector reads them."""
 
     def decode(line: bytes) -> WatchEvent:
-        _check_utf8(line)
+        if not line.isascii():  # _check_utf8 without its call for the ASCII line of nearly every event
+            _check_utf8(line)
         fast = decode_watch_object(line, drop_managed_fields=drop_managed_fields)
         if fast is not None:
-            kind = _EVENT_TYPES.get(fast[0])
-            if kind is not None and kind is not WatchEventType.ERROR:
-                return WatchEvent(type=kind, object=fast[1])
+            fast_kind = _OBJECT_EVENT_TYPES.get(fast[0])
+            if fast_kind is not None:
+                return WatchEvent(type=fast_kind, object=fast[1])
         try:
             ev = _raw_event_decoder.decode(line)
         except _DECODE_ERRORS as e:
