@@ -454,13 +454,27 @@ def _build(
     obj._obj = None
     obj._meta = None
     obj.name = name = ident.name or ""
-    obj.namespace = namespace = _intern(ident.namespace or "")
+    namespace = ident.namespace or ""
+    # A table rather than sys.intern: no call for a namespace seen before.
+    namespace = _namespaces[namespace] if namespace in _namespaces else _new_namespace(namespace)
+    obj.namespace = namespace
     obj.uid = ident.uid or ""
     obj.resource_version = ident.resourceVersion or ""
     obj.managed_fields = has_mf
     obj.key = f"{namespace}/{name}" if namespace else name
     obj.change = change
     return obj
+
+
+_namespaces: dict[str, str] = {}
+"""Each namespace decoded lately, interned: the objects of one namespace share its string."""
+
+
+def _new_namespace(namespace: str) -> str:
+    if len(_namespaces) >= _MAX_CHANGES:
+        _namespaces.clear()
+    interned = _namespaces[namespace] = _intern(namespace)
+    return interned
 
 
 def _cut_member(obj_raw: bytes, key: bytes, value: bytes) -> bytes | None:

@@ -70,6 +70,7 @@ from bridge.informer.delta_fifo import (
     ResourceVersionMarker,
 )
 from bridge.informer.store import meta_namespace_key_func
+from bridge.informer.transform import drop_managed_fields
 from bridge.rawobject import RawObject
 
 _monotonic = time.monotonic
@@ -444,7 +445,10 @@ class RealFIFO:
         # _delta and _enqueue in one (the path of every watch event).
         if type(obj) is RawObject:
             transform = self._transform
-            if transform is not None and delta_type is not DeltaType.SYNC:
+            # The default transform leaves an object without managedFields (cut at the decode) as
+            # it is: not called for it (two calls less per event).
+            if transform is not None and delta_type is not DeltaType.SYNC and (
+                    obj.managed_fields or transform is not drop_managed_fields):
                 obj = transform(obj)
             size = len(obj.raw) if type(obj) is RawObject else _ESTIMATED_SIZE
             delta = Delta(delta_type, obj)

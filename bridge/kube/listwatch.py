@@ -169,10 +169,8 @@ def raw_object_decoder(*, drop_managed_fields: bool = False) -> WatchDecoder:
         if not line.isascii():  # _check_utf8 without its call for the ASCII line of nearly every event
             _check_utf8(line)
         fast = decode_watch_object(line, drop_managed_fields=drop_managed_fields)
-        if fast is not None:
-            fast_kind = _OBJECT_EVENT_TYPES.get(fast[0])
-            if fast_kind is not None:
-                return WatchEvent(type=fast_kind, object=fast[1])
+        if fast is not None and fast[0] in _OBJECT_EVENT_TYPES:
+            return WatchEvent(type=_OBJECT_EVENT_TYPES[fast[0]], object=fast[1])
         try:
             ev = _raw_event_decoder.decode(line)
         except _DECODE_ERRORS as e:
