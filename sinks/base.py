@@ -1124,7 +1124,8 @@ class BaseSink(Generic[O]):
                 gate.popleft()
             self._release_gate()
         else:
-            lane = self._lanes.get(msg.lane)
+            lanes = self._lanes
+            lane = lanes[msg.lane] if msg.lane in lanes else None  # noqa: SIM401 - no call per message
             if lane is not None and lane and lane[0] is msg:
                 lane.popleft()
                 if lane:
