@@ -28,11 +28,12 @@ class Clock(Protocol):
 
 
 class RealClock:
-    def now(self) -> float:
-        return time.monotonic()
-
-    def wall(self) -> float:
-        return time.time()
+    # The time module's functions themselves, not methods calling them: the event path reads the
+    # clock per event (the processor's wall clock, the tracker's monotonic one), one call each.
+    now = staticmethod(time.monotonic)
+    """Monotonic seconds, for measuring intervals."""
+    wall = staticmethod(time.time)
+    """Seconds since the epoch, for timestamps that leave the process."""
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))

@@ -152,7 +152,14 @@ _meta_only_decoder = msgspec.json.Decoder(_MetaOnly)
 _managed_fields_decoder = msgspec.json.Decoder(list[_ManagedFieldsEntry])
 _object_decoder = msgspec.json.Decoder(dict[str, Any])
 _MF_KEY = b'"managedFields":'
+_MF_KEY_LEN = len(_MF_KEY)
 _META_KEY = b'"metadata":'
+_META_KEY_LEN = len(_META_KEY)
+_EVENT_PREFIXES: dict[str, tuple[bytes, int]] = {
+    t: (p, len(p)) for t in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR")
+    for p in (b'{"type":"' + t.encode() + b'","object":',)
+}
+"""The start of a watch line of each event type, as API servers write it, and its length."""
 _intern = sys.intern
 _new_raw_object = object.__new__
 
@@ -379,7 +386,7 @@ def _metadata_span(raw: bytes, meta_raw: bytes) -> int:
         i = raw.find(_META_KEY, start)
         if i < 0:
             return -1
-        j = i + len(_META_KEY)
+        j = i + _META_KEY_LEN
         while raw[j : j + 1] in (b" ", b"\n", b"\t", b"\r"):
             j += 1
         if raw.startswith(meta_raw, j):
@@ -403,14 +410,14 @@ def _build(
     """The RawObject of ``raw`` whose top level ``head`` decoded, working on the bytes; None when they
     are not laid out so that this is exact (the caller then decodes and re-encodes)."""
     meta_raw = bytes(head.metadata)
-    if not (meta_raw.startswith(b"{") and raw.startswith(b"{")):
+    if not (meta_raw[:1] == b"{" and raw[:1] == b"{"):
         return None
     try:
         ident = _ident_decoder.decode(meta_raw)
     except _DECODE_ERRORS:
         return None
     mf = ident.managedFields
-    has_mf = bool(mf)
+    has_mf = True if mf else False  # noqa: SIM210 - not bool(): one call less per object
     change: Change | None = None
     if has_mf:
         try:
@@ -440,14 +447,17 @@ def _build(
         prefix += b'"kind":' + orjson.dumps(kind) + b","
     if prefix:
         parts[0] = b"{" + prefix + parts[0][1:]
-    raw = parts[0] if len(parts) == 1 else b"".join(parts)
+    raw = b"".join(parts) if parts[1:] else parts[0]
     # RawObject(raw, identity=…, change=…) without the call: every watch event comes this way.
     obj = _new_raw_object(RawObject)
     obj.raw = raw
     obj._obj = None
     obj._meta = None
     obj.name = name = ident.name or ""
-    obj.namespace = namespace = _intern(ident.namespace or "")
+    namespace = ident.namespace or ""
+    # A table rather than sys.intern: no call for a namespace seen before.
+    namespace = _namespaces[namespace] if namespace in _namespaces else _new_namespace(namespace)
+    obj.namespace = namespace
     obj.uid = ident.uid or ""
     obj.resource_version = ident.resourceVersion or ""
     obj.managed_fields = has_mf
@@ -456,16 +466,29 @@ def _build(
     return obj
 
 
+_namespaces: dict[str, str] = {}
+"""Each namespace decoded lately, interned: the objects of one namespace share its string."""
+
+
+def _new_namespace(namespace: str) -> str:
+    if len(_namespaces) >= _MAX_CHANGES:
+        _namespaces.clear()
+    interned = _namespaces[namespace] = _intern(namespace)
+    return interned
+
+
 def _cut_member(obj_raw: bytes, key: bytes, value: bytes) -> bytes | None:
     """``obj_raw`` (a compact JSON object) without the member ``key`` whose value is ``value``."""
     start = 0
+    key_len = _MF_KEY_LEN if key is _MF_KEY else len(key)
+    value_len = len(value)
     while True:
         i = obj_raw.find(key, start)
         if i < 0:
             return None
-        j = i + len(key)
-        end = j + len(value)
-        if (obj_raw.startswith(value, j) and obj_raw[i - 1 : i] in (b"{", b",")
+        j = i + key_len
+        end = j + value_len
+        if (obj_raw[j:end] == value and obj_raw[i - 1 : i] in (b"{", b",")
                 and obj_raw[end : end + 1] in (b",", b"}")):
             if obj_raw[end : end + 1] == b",":
                 return obj_raw[:i] + obj_raw[end + 1 :]
@@ -533,13 +556,18 @@ def decode_watch_object(line: bytes, *, drop_managed_fields: bool = False) -> tu
         head = _event_head_decoder.decode(line)
     except _DECODE_ERRORS:
         return None
-    body = line.rstrip()
-    prefix = b'{"type":' + orjson.dumps(head.type) + b',"object":'
-    if not (body.startswith(prefix) and body.endswith(b"}")):
+    # (Slices and subscripts rather than method calls: this runs for every watch event.)
+    body = line if line[-1:] == b"}" else line.rstrip()
+    try:
+        prefix, n = _EVENT_PREFIXES[head.type]
+    except KeyError:
+        prefix = b'{"type":' + orjson.dumps(head.type) + b',"object":'
+        n = len(prefix)
+    if not (body[:n] == prefix and body[-1:] == b"}"):
         return None
     # The line is valid JSON with exactly the members type and object, starting with type: what
     # lies between the prefix and the final brace is the object.
-    raw = body[len(prefix) : -1]
+    raw = body[n:-1]
     built = _build(raw, head.object, drop_managed_fields=drop_managed_fields, api_version="", kind="")
     return None if built is None else (head.type, built)
 

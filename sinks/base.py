@@ -302,6 +302,8 @@ class BaseSink(Generic[O]):
         self._space = asyncio.Event()
         self._space_waiters = 0
         self._sanitized: dict[str, str] = {}
+        self._time_text: tuple[float, str] = (-1.0, "")
+        """The last event time formatted (the batches of a burst share their changes' seconds)."""
         """Template field value → its ``_sanitize``d form (batches; emptied beyond _SANITIZED_MAX)."""
         """``deliver`` / ``deliver_batch`` calls waiting for room: a settled message sets ``_space``
         only when one waits."""
@@ -676,8 +678,7 @@ class BaseSink(Generic[O]):
         redactor = self._redactor
         last_res: Any = None
         last_cluster = ""
-        last_time = -1.0
-        time_text = ""
+        last_time, time_text = self._time_text
         lane_prefix = source = ""
         untouched = False  # redaction leaves this resource's RawObjects (without managedFields) alone
 
@@ -704,6 +705,7 @@ class BaseSink(Generic[O]):
             if seconds != last_time or not seconds:  # a burst's changes often share their second
                 last_time = seconds
                 time_text = rfc3339(seconds or wall_time())
+                self._time_text = (seconds, time_text)
             eid = object_event_id(event, uid, rv)
             key = (uid if uid and by_uid else subject).encode()
             lane = lane_prefix + subject
@@ -1190,7 +1192,8 @@ class BaseSink(Generic[O]):
                 gate.popleft()
             self._release_gate()
         else:
-            lane = self._lanes.get(msg.lane)
+            lanes = self._lanes
+            lane = lanes[msg.lane] if msg.lane in lanes else None  # noqa: SIM401 - no call per message
             if lane is not None and lane and lane[0] is msg:
                 lane.popleft()
                 if lane:

@@ -67,16 +67,14 @@ def _ends_with_newline(path: Path) -> bool:
 class _LineBatcher:
     """Collects the lines submitted during one loop turn and writes them with one call at its end."""
 
-    __slots__ = ("_lines", "_msgs", "_scheduled", "_write")
+    __slots__ = ("_msgs", "_scheduled", "_write")
 
     def __init__(self, write: Callable[[list[bytes], list[OutgoingMessage]], None]) -> None:
         self._write = write
-        self._lines: list[bytes] = []
         self._msgs: list[OutgoingMessage] = []
         self._scheduled = False
 
     def add(self, msg: OutgoingMessage) -> None:
-        self._lines.append(msg.body)
         self._msgs.append(msg)
         if not self._scheduled:
             self._scheduled = True
@@ -84,10 +82,9 @@ class _LineBatcher:
 
     def _run(self) -> None:
         self._scheduled = False
-        lines, self._lines = self._lines, []
         msgs, self._msgs = self._msgs, []
         if msgs:
-            self._write(lines, msgs)
+            self._write([m.body for m in msgs], msgs)  # the lines in one pass, not one append each
 
 
 class FileSink(BaseSink[FileSinkOptions]):

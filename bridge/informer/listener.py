@@ -171,6 +171,8 @@ class ProcessorListener:
         self._has_items = asyncio.Event()
         self._has_room = asyncio.Event()
         self._idle = asyncio.Event()
+        self._woken = False
+        """True while ``_has_items`` is set and ``_idle`` clear since a push (nothing to tell)."""
         self._task: asyncio.Task[None] | None = None
 
         self._received = len(self._replay)
@@ -398,11 +400,14 @@ class ProcessorListener:
             self._initial_pending += 1
         # self.depth without the property's call: memory only takes notifications while NORMAL
         # (the mode BLOCK never leaves), so nothing waits in the spill or as a latest state.
-        depth = len(self._buffer) + len(self._replay) + self._call.in_hand
+        replay = self._replay
+        depth = len(self._buffer) + (len(replay) if replay else 0) + self._call.in_hand
         if depth > self._high_water:  # noqa: PLR1730 - not max(): one call less per notification
             self._high_water = depth
-        self._idle.clear()
-        self._has_items.set()
+        if not self._woken:  # the worker was told already (two calls less per notification)
+            self._woken = True
+            self._idle.clear()
+            self._has_items.set()
 
     def _coalesce(self, notification: Notification) -> bool:
         slot = self._pending_by_key.get(notification.key) if notification.key else None
@@ -482,6 +487,7 @@ class ProcessorListener:
                 return
             self._has_items.clear()
             self._idle.set()
+            self._woken = False
             await self._has_items.wait()
 
     def _take(self, limit: int) -> list[Notification]:
@@ -604,3 +610,4 @@ class ProcessorListener:
         self._has_room.set()
         self._has_items.set()
         self._idle.set()
+        self._woken = False

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
@@ -69,7 +70,12 @@ from bridge.informer.delta_fifo import (
     ResourceVersionMarker,
 )
 from bridge.informer.store import meta_namespace_key_func
+from bridge.informer.transform import drop_managed_fields
 from bridge.rawobject import RawObject
+
+_monotonic = time.monotonic
+_DEFAULT_LOOP_TIME = asyncio.BaseEventLoop.time
+"""asyncio's own loop reads ``time.monotonic()`` as its clock (another loop may have its own)."""
 
 __all__ = ["DEFAULT_MAX_QUEUED_BYTES", "RealFIFO"]
 
@@ -327,7 +333,11 @@ class RealFIFO:
         if not self._queue:
             await self.wait_ready()
 
-        clock = asyncio.get_running_loop().time if until is not None else None
+        clock = None
+        if until is not None:
+            # The default loop's clock is time.monotonic: read directly, one call less per delta.
+            loop = asyncio.get_running_loop()
+            clock = _monotonic if type(loop).time is _DEFAULT_LOOP_TIME else loop.time
         queue = self._queue
         keys = self._keys
         newest = self._newest
@@ -435,7 +445,10 @@ class RealFIFO:
         # _delta and _enqueue in one (the path of every watch event).
         if type(obj) is RawObject:
             transform = self._transform
-            if transform is not None and delta_type is not DeltaType.SYNC:
+            # The default transform leaves an object without managedFields (cut at the decode) as
+            # it is: not called for it (two calls less per event).
+            if transform is not None and delta_type is not DeltaType.SYNC and (
+                    obj.managed_fields or transform is not drop_managed_fields):
                 obj = transform(obj)
             size = len(obj.raw) if type(obj) is RawObject else _ESTIMATED_SIZE
             delta = Delta(delta_type, obj)

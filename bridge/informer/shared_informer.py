@@ -680,18 +680,16 @@ class SharedIndexInformer:
         # returns for it); anything else goes through the key function, which refuses no name.
         key = (obj.key if raw and self._default_key and obj.name  # type: ignore[attr-defined]
                else self._key_func(obj))
-        indexer = self._indexer
-        old = indexer.get_by_key(key)
+        old = self._indexer.swap(key, obj)
         if old is None:
-            indexer.store(key, obj)
             await distribute(
                 Notification(kind=NotificationKind.ADD, obj=obj, is_in_initial_list=is_in_initial_list,
                              key=key),
                 False,
             )
             return
-        indexer.store(key, obj)
-        forced = bool(self._diverging) and key in self._diverging
+        diverging = self._diverging
+        forced = key in diverging if diverging else False
         if forced:
             self._diverging.discard(key)  # notified now, one way or another
         if raw and type(old) is RawObject:

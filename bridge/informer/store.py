@@ -209,17 +209,30 @@ class IndexedCache:
         function): the informer's cache update does not derive it again."""
         by_namespace = self._by_namespace
         if by_namespace is not None and type(obj) is RawObject:
-            new_values = by_namespace.get(obj.namespace)
-            if new_values is None:
-                new_values = by_namespace[obj.namespace] = self._values_of(obj)
+            # Subscripts rather than get(): two calls less per stored object.
+            namespace = obj.namespace
+            if namespace in by_namespace:
+                new_values = by_namespace[namespace]
+            else:
+                new_values = by_namespace[namespace] = self._values_of(obj)
             stored: Any = obj.fresh() if self._compact else obj
         else:
             new_values = self._values_of(obj)
             stored = self._encode(obj)
-        old_values = self._index_values.get(key)
+        index_values = self._index_values
+        old_values = index_values[key] if key in index_values else None  # noqa: SIM401 - no call
         if old_values is not new_values and old_values != new_values:
             self._move(key, old_values, new_values)
         self._items[key] = stored
+
+    def swap(self, key: ObjectKey, obj: KubeObject) -> KubeObject | None:
+        """:meth:`store`, returning the object stored under ``key`` before (None if none) as it was
+        kept: no fresh copy of it, since the cache no longer holds it (the informer's update, which
+        hands the previous object on as the change's old state)."""
+        items = self._items
+        old: KubeObject | None = items[key] if key in items else None  # noqa: SIM401 - no call
+        self.store(key, obj)
+        return old
 
     def update(self, obj: KubeObject) -> None:
         self.add(obj)

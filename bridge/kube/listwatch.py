@@ -32,7 +32,7 @@ from bridge.contracts import KubeObject, ListOptions, ListPage, WatchEvent, Watc
 from bridge.errors import ApiStatusError, ForbiddenError, NotFoundError
 from bridge.kube.apiclient import ApiClient, LineStream, Params
 from bridge.kube.discovery import APIResource, Discovery, UnsupportedResourceError
-from bridge.kube.sharding import ShardFilter, sharded_decoder
+from bridge.kube.sharding import ShardFilter, skipped_bookmark
 from bridge.rawobject import RawObject, RawObjectError, decode_object, decode_watch_object
 
 __all__ = [
@@ -83,6 +83,10 @@ WatchDecoder = Callable[[bytes], WatchEvent]
 """Turns one line into a :class:`WatchEvent`; raises :class:`WatchDecodeError` for anything else."""
 
 _EVENT_TYPES: dict[str, WatchEventType] = {t.value: t for t in WatchEventType}
+_OBJECT_EVENT_TYPES: dict[str, WatchEventType] = {
+    k: t for k, t in _EVENT_TYPES.items() if t is not WatchEventType.ERROR
+}
+"""The types whose object the fast decode returns as it is (an ``ERROR``'s Status is decoded whole)."""
 
 
 class _Event(msgspec.Struct):
@@ -162,12 +166,11 @@ def raw_object_decoder(*, drop_managed_fields: bool = False) -> WatchDecoder:
     whole, as the reflector reads them."""
 
     def decode(line: bytes) -> WatchEvent:
-        _check_utf8(line)
+        if not line.isascii():  # _check_utf8 without its call for the ASCII line of nearly every event
+            _check_utf8(line)
         fast = decode_watch_object(line, drop_managed_fields=drop_managed_fields)
-        if fast is not None:
-            kind = _EVENT_TYPES.get(fast[0])
-            if kind is not None and kind is not WatchEventType.ERROR:
-                return WatchEvent(type=kind, object=fast[1])
+        if fast is not None and fast[0] in _OBJECT_EVENT_TYPES:
+            return WatchEvent(type=_OBJECT_EVENT_TYPES[fast[0]], object=fast[1])
         try:
             ev = _raw_event_decoder.decode(line)
         except _DECODE_ERRORS as e:
@@ -296,9 +299,13 @@ class HttpWatchStream:
         decoder: WatchDecoder,
         context: str,
         on_garbage: Callable[[], None] | None = None,
+        shard: ShardFilter | None = None,
     ) -> None:
+        """``shard``: lines of objects it does not keep are not decoded; each run of them in one
+        read becomes one bookmark at the last one's resourceVersion (:mod:`bridge.kube.sharding`)."""
         self._lines = lines
         self._decoder = decoder
+        self._shard = shard
         self._context = context
         self._on_garbage = on_garbage
         self.events = 0
@@ -308,6 +315,7 @@ class HttpWatchStream:
         self.truncated_lines = 0
         """An unterminated, undecodable last line when the stream ended (0 or 1)."""
         self._iterated = False
+        self._bad_line: bytes | None = None
 
     @property
     def broken(self) -> BaseException | None:
@@ -337,20 +345,53 @@ class HttpWatchStream:
         finally:
             await batches.aclose()
 
+    def _decode_sharded(self, lines: list[bytes], events: list[WatchEvent], shard: ShardFilter) -> None:
+        """Decodes ``lines`` into ``events`` but those ``shard`` does not keep: each run of them
+        becomes one bookmark at its last resourceVersion, before the next event or at the end (a
+        batch of lines is never an empty batch of events). A line that is not a watch event raises,
+        kept in :attr:`_bad_line`."""
+        decode = self._decoder
+        skip = shard.skip_line
+        append = events.append
+        pending: str | None = None
+        for line in lines:
+            rv = skip(line)
+            if rv is not None:
+                if rv or pending is None:
+                    pending = rv
+                continue
+            try:
+                event = decode(line)
+            except WatchDecodeError:
+                if pending:
+                    append(skipped_bookmark(pending))
+                self._bad_line = line
+                raise
+            if pending:
+                append(skipped_bookmark(pending))
+            pending = None
+            append(event)
+        if pending is not None:
+            append(skipped_bookmark(pending))
+
     async def _batches(self) -> AsyncGenerator[list[WatchEvent], None]:
         decode = self._decoder
+        shard = self._shard
         async for lines in self._lines.batches():
             events: list[WatchEvent] = []
             append = events.append
             try:
-                for line in lines:
-                    append(decode(line))
+                if shard is not None and shard.filtering:
+                    self._decode_sharded(lines, events, shard)
+                else:
+                    for line in lines:
+                        append(decode(line))
             except WatchDecodeError as e:
                 self.events += len(events)
                 self.garbage_lines += 1
                 if self._on_garbage is not None:
                     self._on_garbage()
-                bad = lines[len(events)]
+                bad = self._bad_line if self._bad_line is not None else lines[len(events)]
                 _log.warning(
                     "%s: a line is not a watch event (%d bytes): %s; ending the watch after %d events",
                     self._context, len(bad), e, self.events,
@@ -366,7 +407,8 @@ class HttpWatchStream:
             # The last line had no newline: a complete event whose terminator never came is still
             # an event; anything else is a line cut by the connection drop.
             try:
-                event = decode(tail)
+                rv = shard.skip_line(tail) if shard is not None else None
+                event = decode(tail) if rv is None else skipped_bookmark(rv)
             except WatchDecodeError:
                 self.truncated_lines += 1
                 _log.info("%s: discarded a half-written last line (%d bytes)", self._context, len(tail))
@@ -429,8 +471,6 @@ class HttpListerWatcher:
             decoder = (raw_object_decoder(drop_managed_fields=drop_managed_fields) if raw_objects
                        else decode_watch_event)
         self._shard = shard
-        if shard is not None:
-            decoder = sharded_decoder(decoder, shard)
         self._decoder = decoder
         self._path = resource.path(self._namespace or None)
         scope = f"in namespace {self._namespace}" if self._namespace else (
@@ -577,7 +617,8 @@ class HttpListerWatcher:
         except (ForbiddenError, NotFoundError) as e:
             raise self._explain(e, "watch") from e
         return HttpWatchStream(
-            lines=lines, decoder=self._decoder, context=context, on_garbage=self._count_garbage
+            lines=lines, decoder=self._decoder, context=context, on_garbage=self._count_garbage,
+            shard=self._shard,
         )
 
     def _count_garbage(self) -> None:

@@ -11,8 +11,10 @@ A stable hash (the same in every process, every Python, every restart): never Py
 line of an object it does not own is recognised from its identity alone (one msgspec pass reading
 ``type``, ``metadata.uid`` and ``metadata.resourceVersion``, skipping the rest unbuilt) and becomes a
 bookmark at its resourceVersion, so the reflector's resume point still moves while nothing of the
-object is cached, tracked, journalled or delivered; a list item not owned is dropped before it is
-decoded. Deletes follow the same rule (a delete carries the object's uid).
+object is cached, tracked, journalled or delivered; a run of such lines in one read of the stream
+becomes one bookmark, at the last one's resourceVersion (what the queue makes of consecutive
+progress markers anyway); a list item not owned is dropped before it is decoded. Deletes follow the
+same rule (a delete carries the object's uid).
 
 *Floors* serve resharding (:mod:`bridge.delivery.sharding`): after a handover a shard resumes the
 watch from the oldest resume point of the checkpoints it took objects from, and a watch event of an
@@ -23,19 +25,20 @@ one resourceVersion, every owned item of it counts.
 
 from __future__ import annotations
 
-import hashlib
+import re
 from collections.abc import Callable, Mapping, Sequence
+from hashlib import blake2b
 from typing import Any
 
 import msgspec
 
 from bridge.contracts import WatchEvent, WatchEventType
 
-__all__ = ["ShardFilter", "shard_of", "shard_residue", "sharded_decoder"]
+__all__ = ["ShardFilter", "shard_of", "shard_residue", "sharded_decoder", "skipped_bookmark"]
 
 
 def _digest(uid: str) -> int:
-    return int.from_bytes(hashlib.blake2b(uid.encode(), digest_size=8).digest(), "big")
+    return int.from_bytes(blake2b(uid.encode(), digest_size=8).digest(), "big")
 
 
 def shard_of(uid: str, total: int) -> int:
@@ -67,6 +70,17 @@ class _IdentEvent(msgspec.Struct):
 
 
 _ident_event = msgspec.json.Decoder(_IdentEvent)
+_STR = rb'"[^"\\\x00-\x1f]*"'
+_API_LAYOUT = re.compile(
+    rb'\{"type":"(?:ADDED|MODIFIED|DELETED)","object":\{(?:' + _STR + b":" + _STR + rb',)*"metadata":\{(?:'
+    + _STR + b":" + _STR + rb',)*"uid":"([^"\\\x00-\x1f]*)","resourceVersion":"([^"\\\x00-\x1f]*)"[,}]'
+)
+"""The start of a watch line of an object as API servers lay it out: every member before
+``metadata.uid`` and ``metadata.resourceVersion`` a plain string (no escapes, no nesting), so that
+what matches is the event's type and the object's own metadata, nothing nested; ADDED, MODIFIED
+and DELETED only."""
+_API_LAYOUT_WINDOW = 384
+"""Where the uid is looked for first: a line whose uid lies further takes the msgspec pass."""
 _ident_obj = msgspec.json.Decoder(_Obj)
 _PASS_THROUGH = frozenset({"BOOKMARK", "ERROR"})
 
@@ -125,11 +139,57 @@ class ShardFilter:
         digest = _digest(uid)
         if digest % self.total != self.ordinal:
             return False
-        if self._floor_modulus:
-            floor = self._floors[digest % self._floor_modulus]
-            if floor and resource_version.isdigit() and int(resource_version) <= floor:
-                return False
-        return True
+        return not (self._floor_modulus and self._below_floor(digest, resource_version))
+
+    def skip_line(self, line: bytes) -> str | None:
+        """The resourceVersion of a watch line of an object this shard does not keep (``""`` when
+        it has none), counted in :attr:`skipped`; None for a line to decode: an object it keeps, a
+        bookmark, an error, a line the identity pass cannot read (the full decoder reports it), or
+        any line when nothing is filtered.
+
+        A line laid out as an API server writes it (Go's field order: the event's type, the
+        object's kind and apiVersion, then metadata's name, generateName, namespace, uid and
+        resourceVersion, all plain strings), its uid within the first :data:`_API_LAYOUT_WINDOW`
+        bytes, is read from its first bytes by :data:`_API_LAYOUT`;
+        any other line by one msgspec pass over all of it (type, uid and resourceVersion, the rest
+        skipped unbuilt). The first way does not read the rest of the line: a line of another
+        shard's object is skipped whatever follows its resourceVersion (the change is not this
+        shard's, and its resourceVersion is the one the stream reached)."""
+        if self.total == 1 and not self._floor_modulus:
+            return None
+        # In that layout the uid comes within the first few hundred bytes (names of usual lengths),
+        # after three braces (the line's, the object's, its metadata's): a line laid out otherwise
+        # is told by one or two bounded searches, before the pattern's slower failure.
+        at = line.find(b'"uid":"', 0, _API_LAYOUT_WINDOW)
+        m = _API_LAYOUT.match(line) if at > 0 and line.count(b"{", 0, at) == 3 else None
+        if m is not None:
+            try:
+                uid, rv = m[1].decode(), m[2].decode()
+            except UnicodeDecodeError:
+                return None
+        else:
+            try:
+                head = _ident_event.decode(line)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                return None
+            if head.type in _PASS_THROUGH:
+                return None
+            meta = head.object.metadata
+            uid, rv = meta.uid or "", meta.resourceVersion or ""
+        # keeps_event inline (one call less per line of another shard).
+        if uid:
+            digest = int.from_bytes(blake2b(uid.encode(), digest_size=8).digest(), "big")
+            if digest % self.total == self.ordinal and not (
+                    self._floor_modulus and self._below_floor(digest, rv)):
+                return None
+        elif self.ordinal == 0:
+            return None
+        self.skipped += 1
+        return rv
+
+    def _below_floor(self, digest: int, resource_version: str) -> bool:
+        floor = self._floors[digest % self._floor_modulus]
+        return bool(floor) and resource_version.isdigit() and int(resource_version) <= floor
 
     def keeps_item(self, raw: bytes | msgspec.Raw) -> bool:
         """Whether a list item (its undecoded bytes) is this shard's: only its uid is read."""
@@ -145,7 +205,9 @@ class ShardFilter:
         return False
 
 
-def _bookmark(resource_version: str) -> WatchEvent:
+def skipped_bookmark(resource_version: str) -> WatchEvent:
+    """The bookmark a skipped line (or a run of them) becomes: the reflector's resume point moves to
+    its resourceVersion, nothing else happens."""
     obj: dict[str, Any] = {"metadata": {"resourceVersion": resource_version}}
     return WatchEvent(type=WatchEventType.BOOKMARK, object=obj)
 
@@ -156,22 +218,12 @@ Decoder = Callable[[bytes], WatchEvent]
 def sharded_decoder(decode: Decoder, shard: ShardFilter) -> Decoder:
     """Wraps a watch-line decoder: a line of an object ``shard`` does not keep becomes a bookmark at
     its resourceVersion, decoded no further; bookmarks, errors and owned objects go to ``decode``.
-    A line the identity pass cannot read goes to ``decode`` too, which reports it."""
+    A line the identity pass cannot read goes to ``decode`` too, which reports it. (A watch stream
+    of :class:`~bridge.kube.listwatch.HttpListerWatcher` does the same a batch at a time, with one
+    bookmark per run of skipped lines: :meth:`ShardFilter.skip_line`.)"""
 
     def decode_line(line: bytes) -> WatchEvent:
-        if not shard.filtering:
-            return decode(line)
-        try:
-            head = _ident_event.decode(line)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return decode(line)
-        if head.type in _PASS_THROUGH:
-            return decode(line)
-        meta = head.object.metadata
-        rv = meta.resourceVersion or ""
-        if shard.keeps_event(meta.uid or "", rv):
-            return decode(line)
-        shard.skipped += 1
-        return _bookmark(rv)
+        rv = shard.skip_line(line)
+        return decode(line) if rv is None else skipped_bookmark(rv)
 
     return decode_line

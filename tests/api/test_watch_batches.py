@@ -20,9 +20,11 @@ from bridge.informer.delta_fifo import Delta, DeltaType, ResourceVersionMarker
 from bridge.informer.real_fifo import RealFIFO
 from bridge.informer.reflector import Reflector
 from bridge.kube.apiclient import ApiClient
-from bridge.kube.listwatch import DECODE_ERROR_CAUSE, HttpListerWatcher
+from bridge.kube.listwatch import DECODE_ERROR_CAUSE, HttpListerWatcher, decode_watch_event
+from bridge.kube.sharding import ShardFilter, shard_of, sharded_decoder
 
 from .conftest import ScriptedServer
+from .test_sharding_decode import UIDS
 from .test_watch_stream import PODS, line, streaming
 
 
@@ -379,3 +381,67 @@ async def test_a_watch_list_answered_too_large_from_a_consistent_read_is_asked_a
     assert fifo.calls[0] == ("replace", "12")
     assert reflector.watch_list_rejected is False
     assert reflector.expired_count == 1
+
+
+def _owned_line(kind: str, name: str, rv: int, uid: str) -> bytes:
+    obj = orjson.loads(line(kind, name, rv))
+    obj["object"]["metadata"]["uid"] = uid
+    return orjson.dumps(obj) + b"\n"
+
+
+async def test_a_run_of_another_shards_lines_is_one_bookmark(server: ScriptedServer) -> None:
+    """A sharded watch decodes nothing of another shard's objects, and a run of their lines in one
+    read is one bookmark at the last one's resourceVersion: what the queue makes of the bookmark per
+    line anyway (consecutive progress markers coalesce), so the informer sees the same deltas and
+    resourceVersions as with a bookmark per skipped line. A garbled line after such a run ends the
+    watch after the run's bookmark."""
+    mine = next(u for u in UIDS if shard_of(u, 2) == 1)
+    theirs = [u for u in UIDS if shard_of(u, 2) == 0][:3]
+    lines = [_owned_line("ADDED", "a", 8, mine)]
+    lines += [_owned_line("MODIFIED", f"t{i}", 9 + i, theirs[i]) for i in range(3)]
+    lines += [bookmark(12), _owned_line("MODIFIED", "t0", 13, theirs[0])]
+    lines += [_owned_line("MODIFIED", "a", 14, mine)]
+    lines += [_owned_line("MODIFIED", "t1", 15, theirs[1]), _owned_line("DELETED", "t2", 16, theirs[2])]
+    garbled = [_owned_line("MODIFIED", "t0", 17, theirs[0]), _owned_line("MODIFIED", "t1", 18, theirs[1]),
+               b'{"type":"MODIFIED","obj\n', _owned_line("MODIFIED", "a", 19, mine)]
+    server.handler = streaming([b"".join(lines), b"".join(garbled)])  # type: ignore[assignment]
+    url = await server.start()
+    shard = ShardFilter(ordinal=1, total=2)
+    async with ApiClient(server=url) as client:
+        lw = HttpListerWatcher(client=client, resource=PODS, namespace="ns", shard=shard)
+        stream = await lw.watch(WatchOptions(resource_version="7", timeout_seconds=300))
+        assert isinstance(stream, BatchedWatchStream)
+        batches = [b async for b in stream.batches()]
+        await stream.close()
+    assert [described(b) for b in batches] == [
+        [("ADDED", "a"), ("BOOKMARK", "11"), ("BOOKMARK", "12"), ("BOOKMARK", "13"), ("MODIFIED", "a"),
+         ("BOOKMARK", "16")],
+        [("BOOKMARK", "18"), ("ERROR", "500")],
+    ]
+    assert shard.skipped == 8
+    per_line = sharded_decoder(decode_watch_event, ShardFilter(ordinal=1, total=2))
+    flat = [e for b in batches for e in b if e.type is not WatchEventType.ERROR]
+    assert await _popped(flat) == await _popped([per_line(x) for x in lines + garbled[:2]])
+
+
+async def _popped(events: list[WatchEvent]) -> list[object]:
+    """What the informer pops when ``events`` are applied as the reflector applies them."""
+    fifo = RealFIFO()
+    for event in events:
+        if event.type is WatchEventType.MODIFIED:
+            fifo.update(event.object)
+        elif event.type is WatchEventType.ADDED:
+            fifo.add(event.object)
+        rv = event.object["metadata"].get("resourceVersion")
+        if rv:
+            fifo.update_resource_version(rv)
+    popped: list[object] = []
+
+    async def process(item: Delta | ResourceVersionMarker, initial: bool) -> None:
+        if isinstance(item, ResourceVersionMarker):
+            popped.append(item.resource_version)
+        else:
+            popped.append((item.type, item.object["metadata"]["resourceVersion"]))  # type: ignore[index]
+
+    await fifo.pop_ready(process)
+    return popped
