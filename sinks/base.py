@@ -10,7 +10,9 @@
    and old / merge patch), CloudEvent envelope, encoding
    (structured or binary with the sink's header prefix), key and destination template;
 3. admission into a bounded in-flight window (``max_in_flight``): ``deliver`` blocks while it is full,
-   which is the backpressure the bridge's per-sink buffer applies its overflow policy to;
+   which is the backpressure the bridge's per-sink buffer applies its overflow policy to; a full
+   window lets its waiter go again once a sixteenth of it has settled (at least one message), so a
+   backlog is admitted in steps rather than with one wake-up per settled message;
 4. hand-off to the event's *lane*: one FIFO per object (resource + namespace/name). Only a lane's
    head is being sent; the next event of that object starts when the head is settled, so one
    object's events are sent strictly in order while different objects proceed concurrently, and one
@@ -301,6 +303,9 @@ class BaseSink(Generic[O]):
         self._tasks: set[asyncio.Task[None]] = set()
         self._space = asyncio.Event()
         self._space_waiters = 0
+        self._space_low = options.max_in_flight - max(1, options.max_in_flight // 16)
+        """A full window wakes a waiting ``deliver`` once it is down to this: room for a sixteenth
+        of the window at once, not one wake-up (and one event admitted) per settled message."""
         self._sanitized: dict[str, str] = {}
         self._time_text: tuple[float, str] = (-1.0, "")
         """The last event time formatted (the batches of a burst share their changes' seconds)."""
@@ -1207,7 +1212,7 @@ class BaseSink(Generic[O]):
         stats.in_flight -= 1
         if outcome is DeliveryOutcome.DELIVERED:
             stats.delivered += 1
-        if self._space_waiters:
+        if self._space_waiters and stats.in_flight <= self._space_low:
             self._space.set()
         if stats.in_flight == 0:
             self._idle.set()

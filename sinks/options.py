@@ -200,7 +200,7 @@ class BreakerOptions(_Model):
     enabled: bool = True
     failures: int = Field(default=5, ge=1)
     """Consecutive transient failures (no success between them) that open the breaker."""
-    probe_interval: float = Field(default=1.0, gt=0)
+    probe_interval: float = Field(default=0.25, gt=0)
     """Longest wait between two probes: they back off from ``retry.initial`` up to this. A server's
     Retry-After is honoured instead (up to ``retry.max_retry_after``)."""
 

@@ -403,13 +403,15 @@ class WebhookSink(BaseSink[WebhookOptions]):
     async def _post(self, url: str, headers: dict[str, str], body: bytes, msg_id: str) -> None:
         session = self._session
         assert session is not None
-        all_headers = {**self._static_headers, **headers}
-        if self._secret is not None:
-            all_headers[SIGNATURE_HEADER] = sign(self._secret, body)
-        if self._signer is not None:
-            # Signed per attempt: a retry carries a fresh timestamp (receivers check it is recent).
-            all_headers.update(self._signer.headers(msg_id, self._clock.wall(), body))
-        shown = display_url(url)
+        if self._static_headers or self._secret is not None or self._signer is not None:
+            all_headers = {**self._static_headers, **headers}
+            if self._secret is not None:
+                all_headers[SIGNATURE_HEADER] = sign(self._secret, body)
+            if self._signer is not None:
+                # Signed per attempt: a retry carries a fresh timestamp (receivers check it is recent).
+                all_headers.update(self._signer.headers(msg_id, self._clock.wall(), body))
+        else:
+            all_headers = headers  # the message's own (aiohttp copies them, never changes them)
         try:
             async with session.request(
                 self.options.method, url, data=body, headers=all_headers, allow_redirects=False
@@ -418,7 +420,7 @@ class WebhookSink(BaseSink[WebhookOptions]):
                     await resp.read()
                     return
                 text = (await resp.text(errors="replace"))[:200]
-                reason = f"HTTP {resp.status} from {shown}: {text}".rstrip(": ")
+                reason = f"HTTP {resp.status} from {display_url(url)}: {text}".rstrip(": ")
                 if resp.status == 413:  # Content Too Large: the oversize policy decides
                     raise SinkMessageTooLargeError(reason)
                 if resp.status in _TRANSIENT_STATUS or resp.status >= 500:
@@ -426,9 +428,11 @@ class WebhookSink(BaseSink[WebhookOptions]):
                     raise SinkTransientError(reason, retry_after=retry_after)
                 raise SinkPermanentError(reason)
         except TimeoutError as exc:
-            raise SinkTransientError(f"timed out after {self.options.timeout}s posting to {shown}") from exc
+            raise SinkTransientError(f"timed out after {self.options.timeout}s posting to "
+                                     f"{display_url(url)}") from exc
         except aiohttp.ClientError as exc:
-            raise SinkTransientError(f"posting to {shown} failed: {type(exc).__name__}: {exc}") from exc
+            raise SinkTransientError(f"posting to {display_url(url)} failed: {type(exc).__name__}: "
+                                     f"{exc}") from exc
 
     async def _batch_loop(self) -> None:
         queue = self._queue

@@ -8,6 +8,7 @@ destination, and the first success sends everything that waited at once, in orde
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,7 +18,10 @@ import orjson
 import pytest
 from aiohttp import web
 
-from sinks.contract import ChangeEvent, DeliveryOutcome, EventType
+from bridge.clock import FakeClock
+from sinks.base import BaseSink, OutgoingMessage
+from sinks.contract import ChangeEvent, DeliveryOutcome, EventType, SinkTransientError
+from sinks.options import SinkOptions
 from sinks.webhook import WebhookSink
 from tests.sinks import Acks, event, obj
 
@@ -168,5 +172,49 @@ async def test_a_probe_refused_for_good_closes_the_breaker(storm: Storm) -> None
         assert await sink.flush(15), sink.stats.as_dict()
         assert acks.of(DeliveryOutcome.DROPPED) == ["bad"]
         assert sorted(acks.of(DeliveryOutcome.DELIVERED), key=int) == [str(i) for i in range(10)]
+    finally:
+        await sink.close()
+
+
+class DownSink(BaseSink[SinkOptions]):
+    """A destination that refuses every send (transient) until ``up``; records each attempt's time."""
+
+    kind = "down"
+
+    def __init__(self, clock: FakeClock) -> None:
+        # The default retry and breaker options: the timing the bridge runs with.
+        super().__init__(name="down", options=SinkOptions.from_mapping("down", {}), clock=clock,
+                         rng=lambda: 0.5)
+        self.up = False
+        self.attempts: list[float] = []
+
+    async def _send(self, msg: OutgoingMessage) -> None:
+        self.attempts.append(self._clock.now())
+        if not self.up:
+            raise SinkTransientError("503")
+
+
+async def test_an_open_breaker_probes_at_least_every_quarter_second_by_default() -> None:
+    """Once open, the probes back off from ``retry.initial`` to ``breaker.probe_interval``, by
+    default a quarter of a second: the destination's recovery is noticed within that (plus its
+    Retry-After, honoured when it sends one), not a second later."""
+    clock = FakeClock()
+    sink = DownSink(clock)
+    acks = Acks()
+    try:
+        for i in range(5):  # five failures in a row open the breaker
+            await sink.deliver(event(EventType.UPDATED, obj(f"pod-{i}", rv="1")), acks.cb(str(i)))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        while clock.now() < 1_000.0 + 30:
+            await clock.advance(0.05)
+        probes = sink.attempts[5:]
+        assert len(probes) > 20
+        gaps = [b - a for a, b in itertools.pairwise(probes)]
+        assert max(gaps) <= 0.25 + 1e-6, gaps
+        sink.up = True
+        await clock.advance(0.3)
+        assert await sink.flush(5)
+        assert sorted(acks.of(DeliveryOutcome.DELIVERED)) == [str(i) for i in range(5)]
     finally:
         await sink.close()
