@@ -145,7 +145,7 @@ class AckTracker:
             effect = effect_of(notification)
         entry = InFlight(effect, set(listeners), self._now() if self._now is not None else 0.0)
         if effect is not None and effect[1] is None:
-            entry.deleted_uid = entry_of(obj)[0]
+            entry.deleted = entry_of(obj)
         self._window[seq] = entry
         if entry.waiting:
             # Owed by someone: it cannot be applied now, and the markers it could hold back were
@@ -410,21 +410,22 @@ class AckTracker:
         ``limit``, the first notification it owes): docs/delivery-contract.md, section 3 — after a
         crash its filter skips a change at or below what it acknowledged of that object, and a
         change of that object it still owes is then older than what its destination has. Also, per
-        key, the uid (and the delete's resourceVersion) of an earlier object whose delete it owes
-        while it acknowledged a later object of that name (a re-creation): its filter then knows the
-        later object and still sends that delete (:meth:`owed_deletes`). A key is left to its prefix
-        from a change of another object after any other change it owes, or from a change without a
-        resourceVersion to compare (a relist's tombstone it acknowledged). Recomputed at each call (an
-        acknowledgement may still fill the prefix), up to the highest seq the sink acknowledged:
-        nothing for a sink acknowledging in order."""
+        key, where it acknowledged a later object of a re-used name while it still owes changes of
+        earlier ones (:meth:`owed_deletes`): (that earlier object's uid, or the later one's for every
+        earlier object, and the resourceVersion from which it owes them). A key stays as far as it
+        was from a change without a resourceVersion, or from an acknowledged change among those it
+        owes of several earlier objects. Recomputed at each call (an acknowledgement
+        may still fill the prefix), up to the highest seq the sink acknowledged: nothing for a sink
+        acknowledging in order."""
         last = self._max_acked.get(listener, -1)
         out: dict[str, Known] = {}
         owes: dict[str, tuple[str, int]] = {}
         if last <= limit:
             return out, owes
         blocked: set[str] = set()
-        # key → uid → (only its delete is owed, that delete's resourceVersion), of the changes owed
-        owed: dict[str, dict[str, tuple[bool, int]]] = {}
+        owed: dict[str, dict[str, int]] = {}
+        """key → uid → resourceVersion of its first change owed since the last one acknowledged"""
+        acked: dict[str, list[tuple[str, int]]] = {}
         window = self._window
         for seq in range(limit, last + 1):
             entry = window.get(seq)
@@ -433,35 +434,39 @@ class AckTracker:
             key, known, effect_rv = entry.effect
             if key in blocked:
                 continue
-            uid = known[0] if known is not None else entry.deleted_uid
-            if effect_rv is None or not uid or (effect_rv == -1 and listener not in entry.waiting):
+            uid = known[0] if known is not None else entry.deleted[0]
+            if effect_rv == -1:  # a relist's tombstone: a delete at the state it knew
+                effect_rv = parse_rv(entry.deleted[1])
+            if effect_rv is None or not uid:
                 blocked.add(key)
                 continue
             mine = owed.setdefault(key, {})
-            if effect_rv == -1:  # a relist's tombstone it owes: a delete at the state it knew
-                current = out.get(key) or scan.changes.get(key) or self.base_knowledge(key)
-                at = current.resource_version if current is not None and current.uid == uid else 0
-                mine[uid] = (uid not in mine, max(at, 0))
-                continue
             if listener in entry.waiting:
-                mine[uid] = (known is None and uid not in mine, effect_rv)
+                mine.setdefault(uid, effect_rv)
                 continue
             mine.pop(uid, None)  # what it owes of this object is older than this change
-            others = [(other, rv) for other, (_, rv) in mine.items()]
-            if len(others) > 1 or any(not mine[other][0] for other, _ in others):
-                blocked.add(key)  # it owes another object's change that is not its delete
-                continue
-            if others:
-                owes[key] = others[0]
+            owe = None
+            if len(mine) == 1:
+                owe = next(iter(mine.items()))  # the changes of one earlier object, from there
+            elif mine:  # of every earlier object from the first: named by this object's uid
+                owe = (uid, min(mine.values()))
+                if any(other != uid and rv > owe[1] for other, rv in acked.get(key, ())):
+                    blocked.add(key)  # it acknowledged a change among those it owes of other objects
+                    continue
+            acked.setdefault(key, []).append((uid, effect_rv))
             current = out.get(key) or scan.changes.get(key) or self.base_knowledge(key)
             if current is not None and effect_rv < current.resource_version:
                 continue
             out[key] = Known(uid, effect_rv, known is None)
+            if owe is not None:
+                owes[key] = owe
+            else:
+                owes.pop(key, None)
         return out, {key: owe for key, owe in owes.items() if key in out}
 
     def owed_deletes(self, listener: str) -> dict[str, tuple[str, int]]:
-        """As of the last :meth:`listener_state` of ``listener``: key → (uid, resourceVersion) of an
-        earlier object's delete it owes while its state of the key is a later object's."""
+        """As of the last :meth:`listener_state` of ``listener``: key → what it owes of earlier
+        objects while its state of the key is a later object's (``resume_plan.owes_change``)."""
         return dict(self._owes.get(listener, {}))
 
     def _marker_rv(self, limit: int | None) -> int:

@@ -70,9 +70,9 @@ class InFlight:
     waiting: set[str] = field(default_factory=set)
     time: float = 0.0
     """When it was dispatched (the tracker's ``now``), for the age of what a sink still owes."""
-    deleted_uid: str = ""
-    """For a delete, the uid it deletes (the effect has none): which object a sink's
-    acknowledgement past its prefix is of (:meth:`~bridge.delivery.progress.AckTracker._acked_beyond`)."""
+    deleted: IndexEntry = ("", "")
+    """For a delete, the object it deletes (the effect has none; a tombstone's state): which object a
+    sink's acknowledgement past its prefix is of (``AckTracker._acked_beyond``)."""
 
 
 @dataclass(slots=True)

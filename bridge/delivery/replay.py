@@ -33,6 +33,7 @@ from bridge.delivery.resume_plan import (
     SentDelete,
     SinkStart,
     SinkStartKind,
+    owes_change,
     parse_rv,
     rv_at_most,
 )
@@ -275,12 +276,13 @@ class SinkResume:
     uid. A delete too many is harmless (a uid is deleted once); one too few leaves a phantom.
     """
 
-    __slots__ = ("_api_version", "_floor", "_kind", "known", "maybe", "passed_at", "resource_version",
+    __slots__ = ("_api_version", "_floor", "_kind", "known", "maybe", "owes", "passed_at", "resource_version",
                  "skipped")
 
     def __init__(self, *, resource_version: int, known: Mapping[str, Known | tuple[str, int, bool]],
-                 maybe: Iterable[str] = (), api_version: str = "", kind: str = "",
-                 floor: Callable[[str], int] | None = None, floor_max: int = 0) -> None:
+                 maybe: Iterable[str] = (), owes: Mapping[str, tuple[str, int]] | None = None,
+                 api_version: str = "", kind: str = "", floor: Callable[[str], int] | None = None,
+                 floor_max: int = 0) -> None:
         """``maybe``: uids the sink may hold beyond what ``known`` says. ``api_version`` and ``kind``:
         the delete of an object known only to this sink carries a stub of that kind. ``floor`` (by
         uid): a later point up to which it acknowledged an object (after a reshard; at most
@@ -294,6 +296,8 @@ class SinkResume:
         """Once the informer passed it, the filter only needs to look at :attr:`known`."""
         self.known: dict[str, Known] = {key: Known(*k) for key, k in known.items()}
         self.maybe: set[str] = set(maybe)
+        self.owes: Mapping[str, tuple[str, int]] = owes or {}
+        """key → from where it owes the changes of objects earlier than the one it knows there."""
         self.skipped = 0
         """Notifications acknowledged without delivery because the sink had them already."""
 
@@ -303,7 +307,8 @@ class SinkResume:
         if start.kind is not SinkStartKind.OWN_PROGRESS:
             return None
         return cls(resource_version=start.resource_version, known=start.known, maybe=start.maybe,
-                   api_version=api_version, kind=kind, floor=start.floor, floor_max=start.floor_max)
+                   owes=start.owes, api_version=api_version, kind=kind, floor=start.floor,
+                   floor_max=start.floor_max)
 
     def admit(self, n: Notification, inferred: bool) -> list[Notification]:
         """What the sink receives for ``n`` (empty: skip it); ``inferred``: a delete a relist inferred."""
@@ -318,6 +323,9 @@ class SinkResume:
         covered = self.resource_version
         if self._floor is not None:
             covered = max(covered, self._floor(uid))
+        if self.owes and mine is not None and rv is not None \
+                and owes_change(self.owes.get(key), mine, uid, rv):
+            return [n]  # a change of an earlier object of the key it owes (it acknowledged a later one)
         if kind is NotificationKind.DELETE:
             return self._admit_delete(n, key, mine, inferred=inferred, uid=uid, rv=rv, covered=covered)
         if rv is not None and rv <= covered:
@@ -358,7 +366,7 @@ class SinkResume:
             self.maybe.discard(uid)
         if not inferred and rv is not None and rv <= covered:
             if mine is not None:
-                del known[key]  # gone for both: it acknowledged this very delete
+                self._forget(key, mine, uid, rv)  # gone for both: it acknowledged this very delete
             return self._skip()
         if mine is None:
             return [n]
@@ -378,7 +386,7 @@ class SinkResume:
             return [n]  # its other object stays known: its delete or replacement follows
         if mine.deleted:
             if not gone_only:
-                del known[key]  # gone for both (or the add of the key's new object follows)
+                self._forget(key, mine, uid, rv)  # gone for both (or the add of the key's new object follows)
             return self._skip()  # a uid it never knew, or already saw deleted
         if tombstone and inferred:
             del known[key]
@@ -386,6 +394,12 @@ class SinkResume:
         # A uid it never knew while it holds another: an observed delete of a stale incarnation,
         # the old object of a re-creation (the add follows) or a journal-only object gone.
         return self._skip()
+
+    def _forget(self, key: str, mine: Known, uid: str, rv: int | None) -> None:
+        """The sink's knowledge of ``key`` meets the informer's at a delete of ``uid`` (at ``rv``),
+        unless that knowledge is of a later object of the key (acknowledged past its own point)."""
+        if mine.uid in ("", uid) or rv is None or mine.resource_version <= rv:
+            del self.known[key]
 
     def _skip(self) -> list[Notification]:
         self.skipped += 1

@@ -30,8 +30,9 @@ text that is not one compares as unknown.
    own resume point and, per object, what it knows where that differs from the cache (objects only
    other sinks know are :data:`HOLDS_NOTHING` for it); the journal's objects its own point does not
    cover are ``maybe`` (their delete is never dropped), unless its progress says it acknowledged
-   that object's journalled state or a later one (a change past its own point, section 3); so are
-   the uids whose delete its progress says it owes while it knows a later object of the name.
+   that object's journalled state or a later object's of the name while owing nothing of it (a
+   change past its own point, section 3); so are the uids whose delete its progress says it owes
+   while it knows a later object of the name, whose changes it owes are sent (:func:`owes_change`).
 5. *Bootstrap.* A sink the checkpoint does not cover receives nothing before its bootstrap snapshot.
 6. *A first list not yet acknowledged is listed again, exactly.* Without a checkpoint, when the
    journal's first list (:class:`~bridge.delivery.journal.ListStart`) is not acknowledged by every
@@ -58,7 +59,8 @@ from bridge.delivery.resource_version import ResourceVersion, parse_rv, rv_at_mo
 from sinks.contract import ResourceRef
 
 __all__ = ["HOLDS_NOTHING", "Known", "RelistedState", "ResourceVersion", "ResumePlan", "SentDelete",
-           "SinkStart", "SinkStartKind", "build_plan", "parse_rv", "rv_at_most", "stub_objects"]
+           "SinkStart", "SinkStartKind", "build_plan", "owes_change", "parse_rv", "rv_at_most",
+           "stub_objects"]
 
 @dataclass(frozen=True, slots=True)
 class SentDelete:
@@ -117,6 +119,8 @@ class SinkStart:
     """What its filter starts from: :attr:`section` plus what it does not hold of the cache."""
     maybe: frozenset[str] = frozenset()
     """uids it may hold whatever :attr:`known` says (the journal's, past its own point)."""
+    owes: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    """key → what it owes of objects earlier than the one it knows there (:func:`owes_change`)."""
     floor: Callable[[str], int] | None = None
     """After a reshard: per uid, a later point up to which it acknowledged that object."""
     floor_max: int = 0
@@ -162,6 +166,14 @@ class ResumePlan:
     @property
     def bootstrapping(self) -> frozenset[str]:
         return frozenset(n for n, s in self.sinks.items() if s.kind is SinkStartKind.BOOTSTRAP)
+
+
+def owes_change(owe: tuple[str, int] | None, known: Known, uid: str, rv: int) -> bool:
+    """Whether a sink owes the change at ``rv`` of ``uid``, an object earlier than the one it knows
+    under that key (``known``, acknowledged first): ``owe`` is its section's (the earlier object's
+    uid — ``known``'s for every earlier object — and the resourceVersion from which it owes them)."""
+    return (owe is not None and uid != known.uid and owe[0] in (uid, known.uid)
+            and owe[1] <= rv < known.resource_version)
 
 
 def stub_objects(resource: ResourceRef, index: Mapping[str, tuple[str, str]]) -> list[KubeObject]:
@@ -227,9 +239,9 @@ def build_plan(*, informer_id: str, ref: ResourceRef, checkpoint: Checkpoint | N
             continue
         rv, differs = section if section is not None else (int(checkpoint.resource_version), {})
         progress = checkpoint.sinks.get(name) if checkpoint.sinks else None
-        owed = progress.owed_deletes() if progress is not None else frozenset()
         sinks[name] = _own_start(rv, differs, extra, known, journal_only, floor=floor,
-                                 floor_max=floors.highest(name) if floors is not None else 0, owed=owed)
+                                 floor_max=floors.highest(name) if floors is not None else 0,
+                                 progress=progress)
     delivered = {key: (int(rv), deleted) for key, (_uid, rv, deleted) in checkpoint.ahead.items()
                  if parse_rv(rv) is not None}
     routed_set = set(routed)
@@ -303,19 +315,22 @@ def _union(checkpoint: Checkpoint, known: Mapping[str, tuple[str, str]],
 def _own_start(rv: int, differs: Mapping[str, Known], extra: Mapping[str, tuple[str, str]],
                known: Mapping[str, tuple[str, str]], journal_only: Sequence[tuple[str, str, str]],
                *, floor: Callable[[str], int] | None, floor_max: int,
-               owed: frozenset[str] = frozenset()) -> SinkStart:
-    """A sink resuming from its own progress (invariant 4); ``owed``: uids whose delete its section
-    says it owes (:meth:`~bridge.delivery.checkpoint.SinkProgress.owed_deletes`)."""
+               progress: SinkProgress | None = None) -> SinkStart:
+    """A sink resuming from its own progress (invariant 4); ``progress``: its section, which names
+    the earlier objects of a key whose changes it owes (:class:`~bridge.delivery.checkpoint.SinkProgress`)."""
     mine = {**{key: HOLDS_NOTHING for key in extra if key not in differs}, **differs}
-    maybe: set[str] = set(owed)
+    owes = {key: (entry[0], int(entry[1])) for key in (progress.ahead if progress else {})
+            if (entry := progress.objects.get(key) if progress else None) is not None}
+    maybe: set[str] = set(progress.owed_deletes()) if progress is not None else set()
     for key, uid, stub_rv in journal_only:
         at = parse_rv(stub_rv)
         own = differs.get(key)
-        if at is not None and own is not None and own.uid == uid and own.resource_version >= at:
-            continue  # it acknowledged that state of it, or later (its section says which)
+        if at is not None and own is not None and own.resource_version >= at \
+                and not owes_change(owes.get(key), own, uid, at):
+            continue  # it acknowledged that state of it or a later object's, owing nothing before
         if at is None or at > rv:
             maybe.add(uid)  # delivered after its section was written: it may hold it
         elif key not in known and key not in mine:
             mine[key] = HOLDS_NOTHING
     return SinkStart(SinkStartKind.OWN_PROGRESS, resource_version=rv, section=dict(differs), known=mine,
-                     maybe=frozenset(maybe), floor=floor, floor_max=floor_max)
+                     maybe=frozenset(maybe), owes=owes, floor=floor, floor_max=floor_max)

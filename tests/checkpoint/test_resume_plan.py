@@ -11,6 +11,7 @@ from bridge.delivery.resume_plan import (
     SentDelete,
     SinkStartKind,
     build_plan,
+    owes_change,
     parse_rv,
     rv_at_most,
 )
@@ -125,9 +126,33 @@ def test_4_what_a_sink_acknowledged_past_its_point_is_known_and_what_it_owes_is_
     assert a.known["ns/o"] == Known("u-o", 23, True)
     assert a.known["ns/d"] == Known("u-d2", 25, False)
     assert a.maybe == frozenset({"u-d"})
+    assert a.owes == {"ns/d": ("u-d", 24)}
     assert cp.sinks is not None
     assert cp.sinks["a"].owed_deletes() == frozenset({"u-d"})
     assert cp.sinks["b"].owed_deletes() == frozenset()
+
+
+def test_4_what_a_sink_owes_of_earlier_objects_of_a_re_used_name_is_sent() -> None:
+    """Of ns/d the sink acknowledged u-d3 before the changes of the earlier objects it owes from 21
+    (u-d's delete, u-d2's add and delete): the same uid in both maps. Its filter sends those changes
+    and not u-d3's; u-d2, which only the journal knows, is ``maybe``. Of ns/e it acknowledged u-e2
+    owing nothing of u-e: u-e's journalled delete is not ``maybe`` (it is not sent again)."""
+    cp = Checkpoint(
+        informer_id="cm", resource_version="20", objects={"ns/d": ("u-d", "15"), "ns/e": ("u-e", "16")},
+        sinks={"a": SinkProgress(ahead={"ns/d": ("u-d3", "26", False), "ns/e": ("u-e2", "25", False)},
+                                 objects={"ns/d": ("u-d3", "21")}),
+               "b": SinkProgress()})
+    p = plan(cp, {"u-d": Deleted("ns/d", "21"), "u-d2": Deleted("ns/d", "23"), "u-d3": Exists("ns/d", "26"),
+                  "u-e": Deleted("ns/e", "24"), "u-e2": Exists("ns/e", "25")})
+    a = p.sinks["a"]
+    assert a.owes == {"ns/d": ("u-d3", 21)}
+    known = a.known["ns/d"]
+    assert known == Known("u-d3", 26, False)
+    assert owes_change(a.owes["ns/d"], known, "u-d2", 22)
+    assert owes_change(a.owes["ns/d"], known, "u-d", 21)
+    assert not owes_change(a.owes["ns/d"], known, "u-d3", 26)
+    assert not owes_change(a.owes["ns/d"], known, "u-d", 20)
+    assert a.maybe == frozenset({"u-d2"})
 
 
 def test_5_a_sink_the_checkpoint_does_not_cover_is_bootstrapped() -> None:
