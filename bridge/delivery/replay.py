@@ -335,7 +335,8 @@ class SinkResume:
         if mine is None:
             return [n]
         knows = not mine.deleted and mine.uid == uid
-        if rv is not None and rv <= mine.resource_version and (knows or mine.deleted):
+        if (mine.deleted and mine.uid == uid) or (rv is not None and rv <= mine.resource_version
+                                                  and (knows or mine.deleted)):
             if knows and rv == mine.resource_version:
                 del known[key]
             return self._skip()  # it has this state, or saw the object deleted after it

@@ -284,11 +284,13 @@ def _journal_facts(checkpoint: Checkpoint | None, journal: Mapping[str, JournalE
 
 
 def _own_section(checkpoint: Checkpoint, section: SinkProgress) -> tuple[int, dict[str, Known]]:
-    """A sink's resume point and its knowledge where it differs from the checkpoint's base."""
+    """A sink's resume point and its knowledge where it differs from the checkpoint's base (a key
+    it knows gone: the base's object there, deleted)."""
     rv = int(section.resource_version or checkpoint.resource_version)
     own: dict[str, Known] = {}
     for key, entry in section.objects.items():
-        own[key] = Known("", rv, True) if entry is None else Known(entry[0], int(entry[1]), False)
+        base = checkpoint.ahead.get(key, (*checkpoint.objects.get(key, ("", "")), False))
+        own[key] = Known(base[0], rv, True) if entry is None else Known(entry[0], int(entry[1]), False)
     for key, (uid, ahead_rv, deleted) in section.ahead.items():
         own[key] = Known(uid, int(ahead_rv), deleted)
     return rv, own

@@ -99,7 +99,7 @@ def test_4_a_sink_ahead_of_the_base_resumes_from_its_own_progress() -> None:
     a, b = p.sinks["a"], p.sinks["b"]
     assert b.kind is SinkStartKind.OWN_PROGRESS
     assert b.resource_version == 24
-    assert b.section == {"ns/x": Known("", 24, True), "ns/v": Known("u-v", 23, False)}
+    assert b.section == {"ns/x": Known("u-x", 24, True), "ns/v": Known("u-v", 23, False)}
     assert b.maybe == frozenset({"u-y"})  # past its own point: it may hold it
     assert b.known["ns/o"] == HOLDS_NOTHING  # covered by its point and absent from its knowledge
     # a is at the base, yet the cache holds ns/v, which only b knows: a holds nothing there.

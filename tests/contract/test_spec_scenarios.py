@@ -453,3 +453,36 @@ async def test_a_relists_tombstone_acknowledged_past_a_sinks_point_is_not_sent_a
     log = bridge.logs["a"].entries
     after = [e for e in log[log.index(Crashed()):] if isinstance(e, Received) and e.key == "default/n0"]
     assert after == []
+
+
+async def test_a_relists_tombstone_acknowledged_stays_known_across_two_restarts() -> None:
+    """Found by the random schedules (seed 339114185, PYTHONHASHSEED=9): ``n0`` updated and deleted
+    before a relist, which infers the delete; ``a`` acknowledges the tombstone and the gap's end,
+    not its beginning; a checkpoint. After a crash the replayed update of ``n0`` must not make ``a``'s
+    progress say it holds ``n0`` again (it acknowledged that uid's delete): after a second crash the
+    replayed delete must not reach it again unframed."""
+    rng = random.Random(0)
+    bridge = Bridge(("a", "b"))
+    bridge.create("n0")
+    await bridge.start()
+    try:
+        for sink in bridge.sinks.values():
+            sink.ack_some(rng, 1.0)
+        await bridge.checkpoint()
+        bridge.expire_watch()
+        bridge.update("n0", 100)
+        bridge.delete("n0")
+        await bridge.settle()
+        a = bridge.sinks["a"]
+        events = a.log.received()
+        a.ack_where(lambda i: events[i].kind != "gap.begin")
+        await bridge.checkpoint()
+        await bridge.crash()
+        await bridge.start()
+        await bridge.checkpoint()
+        await bridge.crash()
+        await bridge.start()
+        assert await bridge.drain()
+    finally:
+        await bridge.close()
+    assert verdict(bridge) == ""
