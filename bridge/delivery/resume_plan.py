@@ -1,8 +1,10 @@
 """The resume plan: what a restart does, decided once, from what the previous runs left behind.
 
-At start the pipeline reads, per informer, the checkpoint (or, after a reshard, the checkpoints it
-takes over), the known-object journal and its first-list record, and :func:`build_plan` turns them
-into one immutable :class:`ResumePlan`. Nothing else decides how a restart behaves: the informer is
+At start :func:`load_start` reads, per informer, the checkpoint (or, after a reshard, the checkpoints
+it takes over: :func:`~bridge.delivery.sharding.take_over`), the known-object journal and its
+first-list record, and :func:`build_plan` turns them into one immutable :class:`ResumePlan`. A
+corrupt or unreadable checkpoint is reported as a WARNING and the informer starts as without one (a
+full list; consumers see every object again). Nothing else decides how a restart behaves: the informer is
 seeded from the plan (its cache, the keys whose replayed changes are suppressed, the objects only
 the journal knows, the window a first list is framed from), the tracker starts from its checkpoint,
 and each sink's listener gets its part of the plan (:class:`SinkStart`, the deletes already sent,
@@ -47,20 +49,34 @@ text that is not one compares as unknown.
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bridge.clock import Clock
 from bridge.contracts import KubeObject
-from bridge.delivery.checkpoint import Checkpoint, SinkProgress
+from bridge.delivery.assembly import WatchedResource
+from bridge.delivery.checkpoint import (
+    Checkpoint,
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointStore,
+    JournalStore,
+    SinkProgress,
+)
+from bridge.delivery.journal import KnownObjectJournal
 from bridge.delivery.journal_records import Deleted, JournalEntry, ListStart, Relisted, entries_by_key
 from bridge.delivery.progress import HOLDS_NOTHING, Known
 from bridge.delivery.resource_version import ResourceVersion, parse_rv, rv_at_most
+from bridge.delivery.sharding import Handover, TakeOver, take_over
 from sinks.contract import ResourceRef
 
 __all__ = ["HOLDS_NOTHING", "Known", "RelistedState", "ResourceVersion", "ResumePlan", "SentDelete",
-           "SinkStart", "SinkStartKind", "build_plan", "owes_change", "parse_rv", "rv_at_most",
-           "stub_objects"]
+           "SinkStart", "SinkStartKind", "Start", "build_plan", "load_start", "owes_change", "parse_rv",
+           "rv_at_most", "stub_objects"]
+
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class SentDelete:
@@ -188,20 +204,12 @@ def stub_objects(resource: ResourceRef, index: Mapping[str, tuple[str, str]]) ->
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class Floors:
-    """After a reshard, per sink, where it acknowledged more of some objects (see
-    :meth:`bridge.delivery.sharding.Handover.sink_floor`)."""
-
-    of: Callable[[str], Callable[[str], int] | None]
-    highest: Callable[[str], int]
-
-
 def build_plan(*, informer_id: str, ref: ResourceRef, checkpoint: Checkpoint | None,
                journal: Mapping[str, JournalEntry], start: ListStart | None, routed: Sequence[str],
-               floors: Floors | None = None, journal_unreadable: bool = False) -> ResumePlan:
+               handover: Handover | None = None, journal_unreadable: bool = False) -> ResumePlan:
     """The plan of one informer (module docs). ``journal``: the journal's facts (uid → newest),
-    ``start`` its first-list record, ``routed`` the sinks routed this resource. A journal that
+    ``start`` its first-list record, ``routed`` the sinks routed this resource, ``handover`` a
+    reshard's take-over (per sink, where it acknowledged more of some objects). A journal that
     could not be read, without a checkpoint, frames the first list from resourceVersion 0 (what
     sinks hold from the previous run is unknown)."""
     frame_from = "0" if journal_unreadable else ""
@@ -232,7 +240,7 @@ def build_plan(*, informer_id: str, ref: ResourceRef, checkpoint: Checkpoint | N
         if checkpoint.sinks is not None and name not in checkpoint.sinks:
             sinks[name] = SinkStart(SinkStartKind.BOOTSTRAP)
             continue
-        floor = floors.of(name) if floors is not None else None
+        floor = handover.sink_floor(name) if handover is not None else None
         section = sections.get(name)
         if section is None and not (extra or floor is not None):
             sinks[name] = SinkStart(SinkStartKind.AT_BASE)
@@ -240,7 +248,8 @@ def build_plan(*, informer_id: str, ref: ResourceRef, checkpoint: Checkpoint | N
         rv, differs = section if section is not None else (int(checkpoint.resource_version), {})
         progress = checkpoint.sinks.get(name) if checkpoint.sinks else None
         sinks[name] = _own_start(rv, differs, extra, known, journal_only, floor=floor,
-                                 floor_max=floors.highest(name) if floors is not None else 0,
+                                 floor_max=max(handover.sink_floors.get(name, {}).values(), default=0)
+                                 if handover is not None else 0,
                                  progress=progress)
     delivered = {key: (int(rv), deleted) for key, (_uid, rv, deleted) in checkpoint.ahead.items()
                  if parse_rv(rv) is not None}
@@ -336,3 +345,58 @@ def _own_start(rv: int, differs: Mapping[str, Known], extra: Mapping[str, tuple[
             mine[key] = HOLDS_NOTHING
     return SinkStart(SinkStartKind.OWN_PROGRESS, resource_version=rv, section=dict(differs), known=mine,
                      maybe=frozenset(maybe), owes=owes, floor=floor, floor_max=floor_max)
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """What one informer starts from."""
+
+    plan: ResumePlan
+    journal: KnownObjectJournal | None
+    corrupt_checkpoint: bool
+    stale: tuple[str, ...]
+    """Checkpoint ids of other shard totals (removed once every current shard has passed them)."""
+
+
+async def load_start(*, store: CheckpointStore | None, watched: WatchedResource, routed: Sequence[str],
+                     clock: Clock) -> Start:
+    """Reads the checkpoint and the journal of ``watched`` and builds its plan (module docs)."""
+    ident = watched.informer_id
+    extra = {"informer": ident, "resource": watched.ref.qualified}
+    checkpoint: Checkpoint | None = None
+    corrupt = False
+    handover: TakeOver | None = None
+    try:
+        if store is not None and watched.shard is not None:
+            handover = await take_over(store, base=watched.base_informer_id, shard=watched.shard)
+            checkpoint = handover.plan.checkpoint
+        elif store is not None:
+            checkpoint = await store.load(ident)
+    except CheckpointCorruptError as exc:
+        corrupt = True
+        log.warning("checkpoint is corrupt or unreadable (%s); ignoring it and doing a full resync: "
+                    "consumers will see every object again", exc, extra=extra)
+    except CheckpointError as exc:
+        corrupt = True
+        log.warning("checkpoint store failed loading the checkpoint (%s); doing a full resync", exc,
+                    extra=extra)
+    journal, loaded = await _open_journal(store, ident, checkpoint, handover, clock)
+    plan = build_plan(informer_id=ident, ref=watched.ref, checkpoint=checkpoint, journal=loaded,
+                      start=journal.start if journal is not None else None, routed=routed,
+                      handover=handover.plan if handover is not None else None,
+                      journal_unreadable=journal is not None and bool(journal.unreadable))
+    return Start(plan=plan, journal=journal, corrupt_checkpoint=corrupt,
+                 stale=handover.plan.stale if handover is not None else ())
+
+
+async def _open_journal(store: CheckpointStore | None, ident: str, checkpoint: Checkpoint | None,
+                        handover: TakeOver | None, clock: Clock
+                        ) -> tuple[KnownObjectJournal | None, dict[str, JournalEntry]]:
+    """The informer's journal when the store keeps one, and what it holds (uid → newest fact)."""
+    if not isinstance(store, JournalStore):
+        return None, {}
+    journal = KnownObjectJournal(backend=store.journal_backend(ident), informer_id=ident, clock=clock)
+    loaded = await journal.load(checkpoint)
+    if handover is not None and (handover.adopted or handover.keep_own_journal is not None):
+        loaded = journal.adopt(handover.adopted, handover.keep_own_journal)
+    return journal, loaded
