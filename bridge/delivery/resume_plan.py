@@ -19,9 +19,10 @@ text that is not one compares as unknown.
 
 1. *Resume point.* The watch resumes from the checkpoint's resourceVersion; without a checkpoint,
    from the first list of the previous run once every sink acknowledged a resume point (the
-   journal's :class:`~bridge.delivery.journal_records.ListStart`), with the journal's objects up to it as
-   the checkpoint they would have written. Without either, the informer lists (a list framed as a
-   gap from resourceVersion 0 when the journal could not be read).
+   journal's :class:`~bridge.delivery.journal_records.ListStart`), with the journal's objects up to
+   it as the checkpoint they would have written — unless the journal holds a delete newer than
+   that list (the object's state at the list is lost): then as in invariant 6. Without either, the
+   informer lists (a list framed as a gap from resourceVersion 0 when the journal was unreadable).
 2. *Nothing any sink may hold is unknown.* Every object of the checkpoint, of any sink's own
    progress and of the journal is in the cache seed or the unconfirmed objects, so a relist reports
    each one that is gone as deleted.
@@ -38,10 +39,11 @@ text that is not one compares as unknown.
 5. *Bootstrap.* A sink the checkpoint does not cover receives nothing before its bootstrap snapshot.
 6. *A first list not yet acknowledged is listed again, exactly.* Without a checkpoint, when the
    journal's first list (:class:`~bridge.delivery.journal.ListStart`) is not acknowledged by every
-   sink, the informer lists at exactly its resourceVersion (:attr:`ResumePlan.list_at`: the same
-   states, so the same events, as an id-deduplicating consumer needs) and watches from it, so every
-   change since comes one by one; the journal's objects become unconfirmed once that list ended
-   (those it did not return — created later, or gone — are reported deleted by any later relist).
+   sink (or the journal deleted an object since, invariant 1), the informer lists at exactly its
+   resourceVersion (:attr:`ResumePlan.list_at`: the same states, so the same events, as an
+   id-deduplicating consumer needs) and watches from it, so every change since comes one by one;
+   the journal's objects become unconfirmed once that list ended (those it did not return —
+   created later, or gone — are reported deleted by any later relist).
    Only when the server no longer has that resourceVersion (410) is the list a consistent one,
    framed as a gap from it, against those same unconfirmed objects.
 """
@@ -216,7 +218,9 @@ def build_plan(*, informer_id: str, ref: ResourceRef, checkpoint: Checkpoint | N
     list_at = ""
     from_journal = False
     if checkpoint is None and start is not None:
-        if start.acknowledged:
+        # The journal keeps a uid's newest fact: one deleted since the list hides its state there.
+        if start.acknowledged and not any(isinstance(e, Deleted) and not rv_at_most(
+                e.resource_version, start.resource_version) for e in journal.values()):
             checkpoint = Checkpoint(informer_id=informer_id, resource_version=start.resource_version,
                                     objects={e.key: (uid, e.resource_version) for uid, e in journal.items()
                                              if not isinstance(e, Deleted)

@@ -59,6 +59,9 @@ def test_1_the_resume_point_is_the_checkpoint_else_the_acknowledged_first_list_e
     assert unconfirmed(acked) == {"u-y", "u-z"}  # after the point: the journal's word only
     again = plan(None, journal, start=ListStart("20"))
     assert (again.checkpoint, again.frame_from, again.list_at) == (None, "", "20")  # invariant 6
+    deleted_since = plan(None, {**journal, "u-x": Deleted("ns/x", "21")},
+                         start=ListStart("20", acknowledged=True))
+    assert (deleted_since.checkpoint, deleted_since.list_at) == (None, "20")  # u-x's state at 20: lost
     assert plan(None, {}, unreadable=True).frame_from == "0"
     fresh = plan(None)
     assert (fresh.checkpoint, fresh.frame_from, fresh.seeds, fresh.unconfirmed) == (None, "", (), ())
@@ -181,5 +184,8 @@ def test_6_a_first_list_not_yet_acknowledged_is_listed_again_exactly_with_the_jo
     assert unconfirmed(p) == {"u-x", "u-y", "u-z"}
     assert p.sent_deletes["u-z"] == SentDelete("ns/z", "30", True)
     assert all(s.kind is SinkStartKind.AT_BASE for s in p.sinks.values())
-    assert plan(None, journal, start=ListStart("20", acknowledged=True)).list_at == ""
+    kept = {uid: e for uid, e in journal.items() if uid != "u-z"}
+    assert plan(None, kept, start=ListStart("20", acknowledged=True)).list_at == ""
+    # Acknowledged, but u-z's delete hides its state at 20 (invariant 1): listed again all the same.
+    assert plan(None, journal, start=ListStart("20", acknowledged=True)).list_at == "20"
     assert plan(None, journal).list_at == ""
