@@ -357,24 +357,18 @@ class AckTracker:
     def _acked_beyond(self, listener: str, limit: int, scan: Scan
                       ) -> tuple[dict[str, Known], dict[str, tuple[str, int]]]:
         """Per object, the newest change ``listener`` acknowledged past its contiguous prefix (from
-        ``limit``, the first notification it owes): docs/delivery-contract.md, section 3 — after a
-        crash its filter skips a change at or below what it acknowledged of that object, and a
-        change of that object it still owes is then older than what its destination has. Also, per
-        key, where it acknowledged a later object of a re-used name while it still owes changes of
-        earlier ones (:meth:`owed_deletes`): (that earlier object's uid, or the later one's for every
-        earlier object, and the resourceVersion from which it owes them). A key stays as far as it
-        was from a change without a resourceVersion, or from an acknowledged change among those it
-        owes of several earlier objects. Recomputed at each call (an acknowledgement
-        may still fill the prefix), up to the highest seq the sink acknowledged: nothing for a sink
-        acknowledging in order."""
+        ``limit``, the first it owes; section 3: after a crash its filter skips a change at or below
+        what it acknowledged of that object). Also, per key, what it owes of earlier objects of a
+        re-used name while it acknowledged a later one (:meth:`owed_deletes`). A key stays as it was
+        from a change without a resourceVersion, or from an acknowledged change among those it owes
+        of several earlier objects. Recomputed at each call, up to the highest seq it acknowledged."""
         last = self._max_acked.get(listener, -1)
         out: dict[str, Known] = {}
         owes: dict[str, tuple[str, int]] = {}
         if last <= limit:
             return out, owes
         blocked: set[str] = set()
-        owed: dict[str, dict[str, int]] = {}
-        """key → uid → resourceVersion of its first change owed since the last one acknowledged"""
+        owed: dict[str, dict[str, int]] = {}  # key → uid → its first change owed since one acknowledged
         acked: dict[str, list[tuple[str, int]]] = {}
         window = self._window
         for seq in range(limit, last + 1):
