@@ -80,6 +80,7 @@ __all__ = ["HOLDS_NOTHING", "Known", "RelistedState", "ResourceVersion", "Resume
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True, slots=True)
 class SentDelete:
     """A delete sinks may hold (the journal's record): a restart re-sends it, if at all, as it was."""
