@@ -90,7 +90,8 @@ class SinkProgress:
     """Its own delivered-ahead map (as :attr:`Checkpoint.ahead`), beyond its own resume point. A
     key in both maps under different uids: the sink acknowledged the later object (``ahead``) and
     still owes the delete of the earlier one (``objects``: its uid, the delete's resourceVersion),
-    which a restart sends it again (a reader that knows only one object per key takes ``ahead``)."""
+    which a restart sends it again (a reader that knows only one object per key takes ``ahead``);
+    under the same uid in both, it owes every earlier object's changes from ``objects``' resourceVersion."""
 
     def owed_deletes(self) -> frozenset[str]:
         """The uids whose delete the sink owes (a key in both maps under different uids)."""

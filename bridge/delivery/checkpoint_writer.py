@@ -191,7 +191,7 @@ class CheckpointWriter:
                     ahead[key] = (k.uid, str(k.resource_version), k.deleted)
             for key, (uid, owed_rv) in inf.tracker.owed_deletes(name).items():
                 k = diff.get(key)
-                if k is not None and k.uid != uid:  # both maps: see SinkProgress
+                if k is not None:  # both maps: see SinkProgress
                     objects.pop(key, None)
                     ahead[key] = (k.uid, str(k.resource_version), k.deleted)
                     objects[key] = (uid, str(owed_rv))

@@ -1,7 +1,7 @@
 """The supervisor of the delivery layer: informers → sink listeners → sinks, started and stopped.
 
 Each part of the lifecycle lives in a module of its own (docs/architecture.md, "Data flow"):
-assembly, the start (:mod:`~bridge.delivery.restart` builds one resume plan per informer, each
+assembly, the start (:mod:`~bridge.delivery.resume_plan` builds one resume plan per informer, each
 sink's listener gets its part as a :mod:`~bridge.delivery.replay` stage), the listeners and one
 :class:`~bridge.delivery.progress.AckTracker` per informer, bootstrap, the checkpoint writer
 (with ``group_commit``, also as soon as the acknowledgements are due), stalled watches
@@ -44,8 +44,7 @@ from bridge.delivery.inspection import PipelineInspection
 from bridge.delivery.outages import OutageReporter
 from bridge.delivery.progress import AckTracker
 from bridge.delivery.replay import ReplayStage, SinkResume
-from bridge.delivery.restart import load_start
-from bridge.delivery.resume_plan import SinkStartKind
+from bridge.delivery.resume_plan import SinkStartKind, load_start
 from bridge.delivery.selector_exit import SelectorExits
 from bridge.delivery.sink_listener import SinkListener
 from bridge.delivery.stall import StallCheck, StallDetector
@@ -184,7 +183,7 @@ class BridgePipeline(PipelineInspection):
         self._running = True
 
     async def _prepare(self, watched: WatchedResource) -> None:
-        """One informer, from its resume plan (:mod:`bridge.delivery.restart`), with its listeners."""
+        """One informer, from its resume plan (:mod:`bridge.delivery.resume_plan`), with its listeners."""
         ident = watched.informer_id
         sinks = [sink for sink in self._sinks if routed(sink, watched)]
         start = await load_start(store=self._store, watched=watched, routed=[s.name for s in sinks],

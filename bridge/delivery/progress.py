@@ -1,20 +1,12 @@
 """Acknowledgement tracking: the checkpoint low-watermark of one informer.
 
-Sinks acknowledge asynchronously and out of order, so the resourceVersion the bridge may resume from
-is the one up to which *every* listener acknowledged *every* notification. :class:`AckTracker` (the
-informer's :class:`~bridge.contracts.DeliveryObserver`) keeps the notifications some listener still
-owes in a window; the window's fully acknowledged prefix is applied, in ``seq`` order, to the *acked
-index* (key → (uid, resourceVersion)), and a progress marker becomes the resume point once
-everything dispatched before it is applied.
-
-The index is kept **exactly as of the resume point**: the notifications before a marker for RV R may
-include changes made after R, and a watch resumed from R replays those, so they would meet a cache
-already ahead of them (an add for an update, a delete + add for a re-creation). Changes newer than
-the resume point therefore wait per key in an *ahead* list until a marker covers them.
-
-:meth:`AckTracker.checkpoint_state` is the checkpoint's base; :meth:`AckTracker.listener_state`
-computes one sink's own progress from the same window, at checkpoint time only. Memory is bounded by
-the listeners' bounded buffers: a notification is held only while some listener has it in flight.
+Sinks acknowledge out of order, so the bridge may resume from the resourceVersion up to which every
+listener acknowledged every notification. :class:`AckTracker` keeps what some listener still owes in
+a window; its fully acknowledged prefix is applied in ``seq`` order to the *acked index* (key →
+(uid, resourceVersion)), and a progress marker becomes the resume point once everything before it
+is applied. The index is kept **exactly as of the resume point**: changes newer than it (a watch
+resumed from it replays them) wait per key in an *ahead* list until a marker covers them.
+:meth:`AckTracker.listener_state` computes one sink's own progress from the same window.
 """
 
 from __future__ import annotations
@@ -52,22 +44,13 @@ log = logging.getLogger(__name__)
 
 class AckTracker:
     """A :class:`~bridge.contracts.DeliveryObserver` computing the checkpoint state of one informer.
+    ``resource_version``, ``index`` and ``ahead`` seed it from a checkpoint (empty: a fresh start,
+    the resume point unknown, ``""``, until the first progress marker is passed)."""
 
-    ``resource_version`` and ``index`` seed the state when the informer resumes from a checkpoint;
-    leave them empty for a fresh start (the safe resume point is then unknown, ``""``, until the
-    first progress marker is passed).
-    """
-
-    def __init__(
-        self,
-        *,
-        name: str = "",
-        resource_version: str = "",
-        index: Mapping[str, IndexEntry] | None = None,
-        ahead: Mapping[str, AheadEntry] | None = None,
-        now: Callable[[], float] | None = None,
-        on_first_resume_point: Callable[[str], None] | None = None,
-    ) -> None:
+    def __init__(self, *, name: str = "", resource_version: str = "",
+                 index: Mapping[str, IndexEntry] | None = None, ahead: Mapping[str, AheadEntry] | None = None,
+                 now: Callable[[], float] | None = None,
+                 on_first_resume_point: Callable[[str], None] | None = None) -> None:
         """``now``: the clock dispatch times are read from (for :meth:`oldest_unacked`); without it
         ages are unknown. ``on_first_resume_point(rv)`` is called once, when a tracker started
         without a resume point first gets one (every listener acknowledged everything up to it)."""
@@ -145,7 +128,7 @@ class AckTracker:
             effect = effect_of(notification)
         entry = InFlight(effect, set(listeners), self._now() if self._now is not None else 0.0)
         if effect is not None and effect[1] is None:
-            entry.deleted_uid = entry_of(obj)[0]
+            entry.deleted = entry_of(obj)
         self._window[seq] = entry
         if entry.waiting:
             # Owed by someone: it cannot be applied now, and the markers it could hold back were
@@ -205,15 +188,9 @@ class AckTracker:
         if isinstance(n.obj, DeletedFinalStateUnknown):
             self._unobserved.add(n.seq)
             return
-        if known is None:
-            # Not changed in this run: what sinks last acknowledged of it, which after a resume may
-            # be in the delivered-ahead map rather than the index.
-            pending = self._ahead.get(key)
-            if pending:
-                entry = pending[-1][1]
-                known = entry[1] if entry is not None else ""
-            else:
-                known = self._index.get(key, ("", ""))[1]
+        if known is None:  # not changed in this run: what every sink acknowledged of it
+            base = self.base_knowledge(key)
+            known = str(base.resource_version) if base is not None and not base.deleted else ""
         # A delete seen on the watch carries a resourceVersion of its own; one that carries exactly
         # the state last seen was inferred by a relist (the object was re-created under a new uid).
         rv = entry_of(n.obj)[1]
@@ -241,17 +218,12 @@ class AckTracker:
     # State
 
     def checkpoint_state(self) -> tuple[str, dict[str, IndexEntry]]:
-        """The safe resume resourceVersion and a copy of the acked index as of that point.
-
-        ``""`` means no resume point is known yet (nothing should be checkpointed)."""
+        """The safe resume resourceVersion ("": none yet) and a copy of the acked index as of it."""
         return self._resource_version, dict(self._index)
 
     def delivered_ahead(self) -> dict[str, AheadEntry]:
-        """Per object, the newest acknowledged change that the resume point does not cover yet.
-
-        A watch resumed at the checkpoint's resourceVersion replays these changes; the informer
-        uses this map (:attr:`~bridge.informer.shared_informer.CacheSeed.suppress`) to update
-        its cache with them without notifying the sinks a second time."""
+        """Per object, the newest acknowledged change the resume point does not cover yet: a resumed
+        watch replays them, applied to the cache without notifying the sinks again."""
         out: dict[str, AheadEntry] = {}
         for key, changes in self._ahead.items():
             rv, entry = changes[-1]
@@ -313,17 +285,12 @@ class AckTracker:
         return Known(entry[0], rv_int if rv_int is not None else 0, False)
 
     def follow_listener(self, listener: str, floor: int, own: Mapping[str, Known]) -> None:
-        """Starts ``listener``'s own-progress scan (:meth:`listener_state`) now: for a sink whose
-        knowledge differs from the base when the informer resumes (``floor``, ``own``: its per-sink
-        section). Call before the first notification is dispatched.
-
-        **Invariant**: a sink whose knowledge may differ from the base has its scan from the first
-        notification on, so every change applied meanwhile to an object it knows differently is
-        folded into its knowledge in order. Were the scan started at the first checkpoint write
-        instead, the changes the base applied before it would be missing from the sink's knowledge:
-        the section written would keep the sink's stale state (an object it saw deleted, although
-        it has since received its re-creation), and after the next crash its filter would drop the
-        delete of the object it holds."""
+        """Starts ``listener``'s own-progress scan (:meth:`listener_state`) now, before the first
+        notification is dispatched: for a sink whose knowledge differs from the base (``floor``,
+        ``own``: its section). **Invariant**: every change applied meanwhile to an object it knows
+        differently is folded into its knowledge in order; a scan started at the first checkpoint
+        write would keep its stale state (an object it saw deleted, though it has since received its
+        re-creation), and after the next crash its filter would drop the delete of what it holds."""
         if listener not in self._scans:
             self._scans[listener] = self._new_scan(floor, own)
 
@@ -337,17 +304,11 @@ class AckTracker:
         resourceVersion and, per object, what it acknowledged where that differs from
         :meth:`base_knowledge` (None: the base knows the object, the sink knows it is gone).
 
-        ``floor`` is the sink's own resume point when the informer resumed (its per-sink section),
-        ``own`` its knowledge then where it differed from the base (both read on the first call,
-        unless :meth:`follow_listener` started the scan — it must, for a sink that differs).
-        The sink's progress is that, plus every notification of the window's prefix it does not owe
-        (a sink acknowledges in any order, but only the contiguous prefix is certain), plus the
-        markers that prefix passes. Per object, a change older than what the sink already knows is
-        not applied (it skipped its replay; see the replay stage).
-
-        Incremental: each call scans only the notifications dispatched since the previous call's
-        stopping point (what the base applied meanwhile was folded in as it was applied), so a
-        checkpoint write while a sink is far behind does not rescan that sink's whole backlog."""
+        ``floor`` and ``own``: its section when the informer resumed (read on the first call unless
+        :meth:`follow_listener` started the scan). Its progress is that, plus the window's prefix it
+        does not owe and the markers that prefix passes, plus what it acknowledged past it
+        (:meth:`_acked_beyond`); per object, a change older than what it knows is not applied (it
+        skipped its replay). Incremental: each call scans only what was dispatched since the last."""
         scan = self._scans.get(listener)
         if scan is None:
             scan = self._scans[listener] = self._new_scan(floor, own)
@@ -359,30 +320,19 @@ class AckTracker:
         out: dict[str, Known | None] = {}
         beyond, owes = self._acked_beyond(listener, limit, scan) if limit is not None else ({}, {})
         self._owes[listener] = owes
-        for key, mine in beyond.items():
+        for key, mine in [*beyond.items(), *((k, m) for k, m in scan.changes.items() if k not in beyond)]:
             base = self.base_knowledge(key)
-            if mine.deleted:
+            if mine.deleted and key not in beyond and (base is None or base.deleted):
+                # Gone for both — forgotten once the base's resume point covers the delete (before
+                # that, "the base does not know it" may still mean "not yet": an older change of it
+                # may be waiting for a slower sink).
+                if 0 <= mine.resource_version <= base_rv:
+                    del scan.changes[key]
+            elif mine.deleted:
                 out[key] = None if mine.resource_version <= rv else mine
-            elif base is None or base.deleted or base.uid != mine.uid \
-                    or base.resource_version != mine.resource_version:
+            elif base != mine:
                 out[key] = mine
-        for key, mine in list(scan.changes.items()):
-            if key in beyond:
-                continue
-            base = self.base_knowledge(key)
-            if mine.deleted:
-                if base is None or base.deleted:
-                    # Gone for both — forgotten once the base's resume point covers the delete (before
-                    # that, "the base does not know it" may still mean "not yet": an older change of it
-                    # may be waiting for a slower sink).
-                    if 0 <= mine.resource_version <= base_rv:
-                        del scan.changes[key]
-                    continue
-                out[key] = None if mine.resource_version <= rv else mine
-            elif base is None or base.deleted or base.uid != mine.uid \
-                    or base.resource_version != mine.resource_version:
-                out[key] = mine
-            else:
+            elif key not in beyond:
                 del scan.changes[key]  # the base caught up with it
         return rv, out
 
@@ -407,24 +357,19 @@ class AckTracker:
     def _acked_beyond(self, listener: str, limit: int, scan: Scan
                       ) -> tuple[dict[str, Known], dict[str, tuple[str, int]]]:
         """Per object, the newest change ``listener`` acknowledged past its contiguous prefix (from
-        ``limit``, the first notification it owes): docs/delivery-contract.md, section 3 — after a
-        crash its filter skips a change at or below what it acknowledged of that object, and a
-        change of that object it still owes is then older than what its destination has. Also, per
-        key, the uid (and the delete's resourceVersion) of an earlier object whose delete it owes
-        while it acknowledged a later object of that name (a re-creation): its filter then knows the
-        later object and still sends that delete (:meth:`owed_deletes`). A key is left to its prefix
-        from a change of another object after any other change it owes, or from a change without a
-        resourceVersion to compare (a relist's tombstone it acknowledged). Recomputed at each call (an
-        acknowledgement may still fill the prefix), up to the highest seq the sink acknowledged:
-        nothing for a sink acknowledging in order."""
+        ``limit``, the first it owes; section 3: after a crash its filter skips a change at or below
+        what it acknowledged of that object). Also, per key, what it owes of earlier objects of a
+        re-used name while it acknowledged a later one (:meth:`owed_deletes`). A key stays as it was
+        from a change without a resourceVersion, or from an acknowledged change among those it owes
+        of several earlier objects. Recomputed at each call, up to the highest seq it acknowledged."""
         last = self._max_acked.get(listener, -1)
         out: dict[str, Known] = {}
         owes: dict[str, tuple[str, int]] = {}
         if last <= limit:
             return out, owes
         blocked: set[str] = set()
-        # key → uid → (only its delete is owed, that delete's resourceVersion), of the changes owed
-        owed: dict[str, dict[str, tuple[bool, int]]] = {}
+        owed: dict[str, dict[str, int]] = {}  # key → uid → its first change owed since one acknowledged
+        acked: dict[str, list[tuple[str, int]]] = {}
         window = self._window
         for seq in range(limit, last + 1):
             entry = window.get(seq)
@@ -433,35 +378,39 @@ class AckTracker:
             key, known, effect_rv = entry.effect
             if key in blocked:
                 continue
-            uid = known[0] if known is not None else entry.deleted_uid
-            if effect_rv is None or not uid or (effect_rv == -1 and listener not in entry.waiting):
+            uid = known[0] if known is not None else entry.deleted[0]
+            if effect_rv == -1:  # a relist's tombstone: a delete at the state it knew
+                effect_rv = parse_rv(entry.deleted[1])
+            if effect_rv is None or not uid:
                 blocked.add(key)
                 continue
             mine = owed.setdefault(key, {})
-            if effect_rv == -1:  # a relist's tombstone it owes: a delete at the state it knew
-                current = out.get(key) or scan.changes.get(key) or self.base_knowledge(key)
-                at = current.resource_version if current is not None and current.uid == uid else 0
-                mine[uid] = (uid not in mine, max(at, 0))
-                continue
             if listener in entry.waiting:
-                mine[uid] = (known is None and uid not in mine, effect_rv)
+                mine.setdefault(uid, effect_rv)
                 continue
             mine.pop(uid, None)  # what it owes of this object is older than this change
-            others = [(other, rv) for other, (_, rv) in mine.items()]
-            if len(others) > 1 or any(not mine[other][0] for other, _ in others):
-                blocked.add(key)  # it owes another object's change that is not its delete
-                continue
-            if others:
-                owes[key] = others[0]
+            owe = None
+            if len(mine) == 1:
+                owe = next(iter(mine.items()))  # the changes of one earlier object, from there
+            elif mine:  # of every earlier object from the first: named by this object's uid
+                owe = (uid, min(mine.values()))
+                if any(other != uid and rv > owe[1] for other, rv in acked.get(key, ())):
+                    blocked.add(key)  # it acknowledged a change among those it owes of other objects
+                    continue
+            acked.setdefault(key, []).append((uid, effect_rv))
             current = out.get(key) or scan.changes.get(key) or self.base_knowledge(key)
             if current is not None and effect_rv < current.resource_version:
                 continue
             out[key] = Known(uid, effect_rv, known is None)
+            if owe is not None:
+                owes[key] = owe
+            else:
+                owes.pop(key, None)
         return out, {key: owe for key, owe in owes.items() if key in out}
 
     def owed_deletes(self, listener: str) -> dict[str, tuple[str, int]]:
-        """As of the last :meth:`listener_state` of ``listener``: key → (uid, resourceVersion) of an
-        earlier object's delete it owes while its state of the key is a later object's."""
+        """As of the last :meth:`listener_state` of ``listener``: key → what it owes of earlier
+        objects while its state of the key is a later object's (``resume_plan.owes_change``)."""
         return dict(self._owes.get(listener, {}))
 
     def _marker_rv(self, limit: int | None) -> int:

@@ -65,14 +65,12 @@ resourceVersion as int, -1 for a relist's tombstone, None when not an integer); 
 @dataclass(slots=True)
 class InFlight:
     effect: Effect
-    """Only what applying the notification needs, never the objects: a sink that is down for long
-    keeps a large window, which must cost a few dozen bytes per change, not the change's objects."""
+    """Never the objects: a sink down for long keeps a large window, a few dozen bytes per change."""
     waiting: set[str] = field(default_factory=set)
     time: float = 0.0
     """When it was dispatched (the tracker's ``now``), for the age of what a sink still owes."""
-    deleted_uid: str = ""
-    """For a delete, the uid it deletes (the effect has none): which object a sink's
-    acknowledgement past its prefix is of (:meth:`~bridge.delivery.progress.AckTracker._acked_beyond`)."""
+    deleted: IndexEntry = ("", "")
+    """For a delete, the object it deletes (a tombstone's: its last state)."""
 
 
 @dataclass(slots=True)

@@ -1,16 +1,13 @@
 """One sink's replay after a restart: every notification held back, re-sent or dropped, decided here.
 
-A restart resumes the watch from the checkpoint's base (the slowest sink's point), so the informer
-replays changes some sinks already have. :class:`ReplayStage` applies the sink's part of the resume
-plan (:mod:`bridge.delivery.resume_plan`) to its notifications, in the order of the contract's
-section 4a: its own progress (:class:`SinkResume`), the deletes already sent, the states a relist
-sent, and under a selector the fate of a uid whose inferred delete was sent (:meth:`ReplayStage.ask_fate`).
-
-The invariant kept here, **per-object order across a crash**: a sink never receives a change of an
-object older than a state it may hold, unless it is that same event again; and nothing that brings a
-uid back is sent unless a delete that a consumer dropping repeated ids keeps can follow it.
-
-A listener whose sink has nothing to replay gets no stage at all: the live path costs nothing.
+The watch resumes from the checkpoint's base (the slowest sink's point), so the informer replays
+changes some sinks already have. :class:`ReplayStage` applies the sink's part of the resume plan to
+its notifications, in the order of the contract's section 4a: its own progress (:class:`SinkResume`),
+the deletes already sent, the states a relist sent, and under a selector the fate of a uid whose
+inferred delete was sent. **Invariant, per-object order across a crash**: a sink never receives a
+change of an object older than a state it may hold, unless it is that same event again; and nothing
+that brings a uid back is sent unless a delete that a consumer dropping repeated ids keeps can follow.
+A listener whose sink has nothing to replay gets no stage at all.
 """
 
 from __future__ import annotations
@@ -33,6 +30,7 @@ from bridge.delivery.resume_plan import (
     SentDelete,
     SinkStart,
     SinkStartKind,
+    owes_change,
     parse_rv,
     rv_at_most,
 )
@@ -50,27 +48,24 @@ class Framing(Protocol):
     """What the replay stage needs of its listener to build events."""
 
     @property
-    def in_gap(self) -> bool:
-        """Whether the sink is inside a relist's window now."""
-        ...
+    def in_gap(self) -> bool: ...  # inside a relist's window now
 
-    def event(self, type_: EventType, obj: KubeObject | None, observed: float, **kw: Any) -> ChangeEvent:
-        """One change event of the listener's resource."""
-        ...
+    def event(self, type_: EventType, obj: KubeObject | None, observed: float, **kw: Any) -> ChangeEvent: ...
 
     def framed(self, event: ChangeEvent, gap_id: str, before: str, observed: float) -> list[ChangeEvent]:
         """``event`` between the markers of a gap of its own, from ``before`` to its resourceVersion."""
         ...
 
     @property
-    def gap_prefix(self) -> str:
-        """Prefix of the ids of the gaps the replay frames (the listener's informer)."""
-        ...
+    def gap_prefix(self) -> str: ...  # of the ids of the gaps the replay frames
+
+
+def _object(n: Notification) -> KubeObject:
+    return n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
 
 
 def _uid_rv(n: Notification) -> tuple[str, str]:
-    obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
-    return object_identity(obj)
+    return object_identity(_object(n))
 
 
 def delete_is_inferred(n: Notification, tracker: AckTracker | None,
@@ -97,11 +92,9 @@ class ReplayStage:
     def __init__(self, *, own: SinkResume | None = None, sent: Mapping[str, SentDelete] | None = None,
                  relisted: Mapping[str, RelistedState] | None = None, tracker: AckTracker | None = None,
                  exits: SelectorExits | None = None) -> None:
-        """``own``: the sink's own-progress filter (:meth:`SinkResume.of`); ``sent`` and ``relisted``:
-        the plan's deletes already sent and states a relist sent; ``tracker`` tells which deletes
-        were inferred; ``exits``: a selector-scoped informer's."""
+        """``tracker`` tells which deletes were inferred; ``exits``: a selector-scoped informer's."""
         self.own = own
-        """The sink's own-progress filter, until it is no longer needed."""
+        """The sink's own-progress filter (:meth:`SinkResume.of`), until it is no longer needed."""
         self._own_until: int | None = -1 if self.own is not None else None
         self.sent: Mapping[str, SentDelete] = sent or {}
         self._relisted = relisted or {}
@@ -174,7 +167,7 @@ class ReplayStage:
     def delete(self, n: Notification, framing: Framing) -> list[ChangeEvent]:
         """The events of a delete notification: marked inferred as it was sent, framed as a gap when
         its uid's replayed changes were held back; nothing after a selector-scoped uid closed."""
-        obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
+        obj = _object(n)
         uid = object_identity(obj)[0]
         if self._closed and uid in self._closed:
             return []
@@ -194,7 +187,7 @@ class ReplayStage:
         a delete."""
         if self._exits is None or not self.sent or n.kind not in _CHANGE_KINDS:
             return
-        obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
+        obj = _object(n)
         uid, rv = object_identity(obj)
         after = self._hold_after(uid)
         if after is None or uid in self._fate:
@@ -264,7 +257,9 @@ class SinkResume:
       is one it *may* hold (:attr:`maybe`, the journal's), which always gets its delete;
     * an add of an object the sink knows becomes an update (dropped at the resourceVersion it has),
       an update of one it never knew becomes an add;
-    * a relist's tombstone of an object it knows under another uid goes out as a delete of its own.
+    * a relist's tombstone of an object it knows under another uid goes out as a delete of its own;
+    * a change of an earlier object of a key it owes (:attr:`owes`: it acknowledged a later one
+      first) passes as it is.
 
     **Invariant**: for every key in :attr:`known` the sink's knowledge differs from what the informer
     last notified about the key; for every other key they agree. A key leaves :attr:`known` once the
@@ -275,12 +270,13 @@ class SinkResume:
     uid. A delete too many is harmless (a uid is deleted once); one too few leaves a phantom.
     """
 
-    __slots__ = ("_api_version", "_floor", "_kind", "known", "maybe", "passed_at", "resource_version",
+    __slots__ = ("_api_version", "_floor", "_kind", "known", "maybe", "owes", "passed_at", "resource_version",
                  "skipped")
 
     def __init__(self, *, resource_version: int, known: Mapping[str, Known | tuple[str, int, bool]],
-                 maybe: Iterable[str] = (), api_version: str = "", kind: str = "",
-                 floor: Callable[[str], int] | None = None, floor_max: int = 0) -> None:
+                 maybe: Iterable[str] = (), owes: Mapping[str, tuple[str, int]] | None = None,
+                 api_version: str = "", kind: str = "", floor: Callable[[str], int] | None = None,
+                 floor_max: int = 0) -> None:
         """``maybe``: uids the sink may hold beyond what ``known`` says. ``api_version`` and ``kind``:
         the delete of an object known only to this sink carries a stub of that kind. ``floor`` (by
         uid): a later point up to which it acknowledged an object (after a reshard; at most
@@ -294,6 +290,8 @@ class SinkResume:
         """Once the informer passed it, the filter only needs to look at :attr:`known`."""
         self.known: dict[str, Known] = {key: Known(*k) for key, k in known.items()}
         self.maybe: set[str] = set(maybe)
+        self.owes: Mapping[str, tuple[str, int]] = owes or {}
+        """key → what it owes of objects earlier than the one it knows there (``owes_change``)."""
         self.skipped = 0
         """Notifications acknowledged without delivery because the sink had them already."""
 
@@ -303,7 +301,8 @@ class SinkResume:
         if start.kind is not SinkStartKind.OWN_PROGRESS:
             return None
         return cls(resource_version=start.resource_version, known=start.known, maybe=start.maybe,
-                   api_version=api_version, kind=kind, floor=start.floor, floor_max=start.floor_max)
+                   owes=start.owes, api_version=api_version, kind=kind, floor=start.floor,
+                   floor_max=start.floor_max)
 
     def admit(self, n: Notification, inferred: bool) -> list[Notification]:
         """What the sink receives for ``n`` (empty: skip it); ``inferred``: a delete a relist inferred."""
@@ -318,6 +317,9 @@ class SinkResume:
         covered = self.resource_version
         if self._floor is not None:
             covered = max(covered, self._floor(uid))
+        if self.owes and mine is not None and rv is not None \
+                and owes_change(self.owes.get(key), mine, uid, rv):
+            return [n]  # a change of an earlier object of the key it owes (it acknowledged a later one)
         if kind is NotificationKind.DELETE:
             return self._admit_delete(n, key, mine, inferred=inferred, uid=uid, rv=rv, covered=covered)
         if rv is not None and rv <= covered:
@@ -327,7 +329,8 @@ class SinkResume:
         if mine is None:
             return [n]
         knows = not mine.deleted and mine.uid == uid
-        if rv is not None and rv <= mine.resource_version and (knows or mine.deleted):
+        if (mine.deleted and mine.uid == uid) or (rv is not None and rv <= mine.resource_version
+                                                  and (knows or mine.deleted)):
             if knows and rv == mine.resource_version:
                 del known[key]
             return self._skip()  # it has this state, or saw the object deleted after it
@@ -358,7 +361,7 @@ class SinkResume:
             self.maybe.discard(uid)
         if not inferred and rv is not None and rv <= covered:
             if mine is not None:
-                del known[key]  # gone for both: it acknowledged this very delete
+                self._forget(key, mine, uid, rv)  # gone for both: it acknowledged this very delete
             return self._skip()
         if mine is None:
             return [n]
@@ -378,7 +381,7 @@ class SinkResume:
             return [n]  # its other object stays known: its delete or replacement follows
         if mine.deleted:
             if not gone_only:
-                del known[key]  # gone for both (or the add of the key's new object follows)
+                self._forget(key, mine, uid, rv)  # gone for both (or the add of the key's new object follows)
             return self._skip()  # a uid it never knew, or already saw deleted
         if tombstone and inferred:
             del known[key]
@@ -386,6 +389,12 @@ class SinkResume:
         # A uid it never knew while it holds another: an observed delete of a stale incarnation,
         # the old object of a re-creation (the add follows) or a journal-only object gone.
         return self._skip()
+
+    def _forget(self, key: str, mine: Known, uid: str, rv: int | None) -> None:
+        """The sink's knowledge of ``key`` meets the informer's at a delete of ``uid`` (at ``rv``),
+        unless that knowledge is of a later object of the key (acknowledged past its own point)."""
+        if mine.uid in ("", uid) or rv is None or mine.resource_version <= rv:
+            del self.known[key]
 
     def _skip(self) -> list[Notification]:
         self.skipped += 1

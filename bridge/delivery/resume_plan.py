@@ -1,8 +1,10 @@
 """The resume plan: what a restart does, decided once, from what the previous runs left behind.
 
-At start the pipeline reads, per informer, the checkpoint (or, after a reshard, the checkpoints it
-takes over), the known-object journal and its first-list record, and :func:`build_plan` turns them
-into one immutable :class:`ResumePlan`. Nothing else decides how a restart behaves: the informer is
+At start :func:`load_start` reads, per informer, the checkpoint (or, after a reshard, the checkpoints
+it takes over: :func:`~bridge.delivery.sharding.take_over`), the known-object journal and its
+first-list record, and :func:`build_plan` turns them into one immutable :class:`ResumePlan`. A
+corrupt or unreadable checkpoint is reported as a WARNING and the informer starts as without one (a
+full list; consumers see every object again). Nothing else decides how a restart behaves: the informer is
 seeded from the plan (its cache, the keys whose replayed changes are suppressed, the objects only
 the journal knows, the window a first list is framed from), the tracker starts from its checkpoint,
 and each sink's listener gets its part of the plan (:class:`SinkStart`, the deletes already sent,
@@ -17,9 +19,10 @@ text that is not one compares as unknown.
 
 1. *Resume point.* The watch resumes from the checkpoint's resourceVersion; without a checkpoint,
    from the first list of the previous run once every sink acknowledged a resume point (the
-   journal's :class:`~bridge.delivery.journal_records.ListStart`), with the journal's objects up to it as
-   the checkpoint they would have written. Without either, the informer lists (a list framed as a
-   gap from resourceVersion 0 when the journal could not be read).
+   journal's :class:`~bridge.delivery.journal_records.ListStart`), with the journal's objects up to
+   it as the checkpoint they would have written — unless the journal holds a delete newer than
+   that list (the object's state at the list is lost): then as in invariant 6. Without either, the
+   informer lists (a list framed as a gap from resourceVersion 0 when the journal was unreadable).
 2. *Nothing any sink may hold is unknown.* Every object of the checkpoint, of any sink's own
    progress and of the journal is in the cache seed or the unconfirmed objects, so a relist reports
    each one that is gone as deleted.
@@ -30,15 +33,17 @@ text that is not one compares as unknown.
    own resume point and, per object, what it knows where that differs from the cache (objects only
    other sinks know are :data:`HOLDS_NOTHING` for it); the journal's objects its own point does not
    cover are ``maybe`` (their delete is never dropped), unless its progress says it acknowledged
-   that object's journalled state or a later one (a change past its own point, section 3); so are
-   the uids whose delete its progress says it owes while it knows a later object of the name.
+   that object's journalled state or a later object's of the name while owing nothing of it (a
+   change past its own point, section 3); so are the uids whose delete its progress says it owes
+   while it knows a later object of the name, whose changes it owes are sent (:func:`owes_change`).
 5. *Bootstrap.* A sink the checkpoint does not cover receives nothing before its bootstrap snapshot.
 6. *A first list not yet acknowledged is listed again, exactly.* Without a checkpoint, when the
    journal's first list (:class:`~bridge.delivery.journal.ListStart`) is not acknowledged by every
-   sink, the informer lists at exactly its resourceVersion (:attr:`ResumePlan.list_at`: the same
-   states, so the same events, as an id-deduplicating consumer needs) and watches from it, so every
-   change since comes one by one; the journal's objects become unconfirmed once that list ended
-   (those it did not return — created later, or gone — are reported deleted by any later relist).
+   sink (or the journal deleted an object since, invariant 1), the informer lists at exactly its
+   resourceVersion (:attr:`ResumePlan.list_at`: the same states, so the same events, as an
+   id-deduplicating consumer needs) and watches from it, so every change since comes one by one;
+   the journal's objects become unconfirmed once that list ended (those it did not return —
+   created later, or gone — are reported deleted by any later relist).
    Only when the server no longer has that resourceVersion (410) is the list a consistent one,
    framed as a gap from it, against those same unconfirmed objects.
 """
@@ -46,19 +51,35 @@ text that is not one compares as unknown.
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bridge.clock import Clock
 from bridge.contracts import KubeObject
-from bridge.delivery.checkpoint import Checkpoint, SinkProgress
+from bridge.delivery.assembly import WatchedResource
+from bridge.delivery.checkpoint import (
+    Checkpoint,
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointStore,
+    JournalStore,
+    SinkProgress,
+)
+from bridge.delivery.journal import KnownObjectJournal
 from bridge.delivery.journal_records import Deleted, JournalEntry, ListStart, Relisted, entries_by_key
 from bridge.delivery.progress import HOLDS_NOTHING, Known
 from bridge.delivery.resource_version import ResourceVersion, parse_rv, rv_at_most
+from bridge.delivery.sharding import Handover, TakeOver, take_over
 from sinks.contract import ResourceRef
 
 __all__ = ["HOLDS_NOTHING", "Known", "RelistedState", "ResourceVersion", "ResumePlan", "SentDelete",
-           "SinkStart", "SinkStartKind", "build_plan", "parse_rv", "rv_at_most", "stub_objects"]
+           "SinkStart", "SinkStartKind", "Start", "build_plan", "load_start", "owes_change", "parse_rv",
+           "rv_at_most", "stub_objects"]
+
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class SentDelete:
@@ -117,6 +138,8 @@ class SinkStart:
     """What its filter starts from: :attr:`section` plus what it does not hold of the cache."""
     maybe: frozenset[str] = frozenset()
     """uids it may hold whatever :attr:`known` says (the journal's, past its own point)."""
+    owes: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    """key → what it owes of objects earlier than the one it knows there (:func:`owes_change`)."""
     floor: Callable[[str], int] | None = None
     """After a reshard: per uid, a later point up to which it acknowledged that object."""
     floor_max: int = 0
@@ -164,6 +187,14 @@ class ResumePlan:
         return frozenset(n for n, s in self.sinks.items() if s.kind is SinkStartKind.BOOTSTRAP)
 
 
+def owes_change(owe: tuple[str, int] | None, known: Known, uid: str, rv: int) -> bool:
+    """Whether a sink owes the change at ``rv`` of ``uid``, an object earlier than the one it knows
+    under that key (``known``, acknowledged first): ``owe`` is its section's (the earlier object's
+    uid — ``known``'s for every earlier object — and the resourceVersion from which it owes them)."""
+    return (owe is not None and uid != known.uid and owe[0] in (uid, known.uid)
+            and owe[1] <= rv < known.resource_version)
+
+
 def stub_objects(resource: ResourceRef, index: Mapping[str, tuple[str, str]]) -> list[KubeObject]:
     """Metadata-only objects rebuilt from a checkpoint index (what a resumed informer knows)."""
     out: list[KubeObject] = []
@@ -176,27 +207,21 @@ def stub_objects(resource: ResourceRef, index: Mapping[str, tuple[str, str]]) ->
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class Floors:
-    """After a reshard, per sink, where it acknowledged more of some objects (see
-    :meth:`bridge.delivery.sharding.Handover.sink_floor`)."""
-
-    of: Callable[[str], Callable[[str], int] | None]
-    highest: Callable[[str], int]
-
-
 def build_plan(*, informer_id: str, ref: ResourceRef, checkpoint: Checkpoint | None,
                journal: Mapping[str, JournalEntry], start: ListStart | None, routed: Sequence[str],
-               floors: Floors | None = None, journal_unreadable: bool = False) -> ResumePlan:
+               handover: Handover | None = None, journal_unreadable: bool = False) -> ResumePlan:
     """The plan of one informer (module docs). ``journal``: the journal's facts (uid → newest),
-    ``start`` its first-list record, ``routed`` the sinks routed this resource. A journal that
+    ``start`` its first-list record, ``routed`` the sinks routed this resource, ``handover`` a
+    reshard's take-over (per sink, where it acknowledged more of some objects). A journal that
     could not be read, without a checkpoint, frames the first list from resourceVersion 0 (what
     sinks hold from the previous run is unknown)."""
     frame_from = "0" if journal_unreadable else ""
     list_at = ""
     from_journal = False
     if checkpoint is None and start is not None:
-        if start.acknowledged:
+        # The journal keeps a uid's newest fact: one deleted since the list hides its state there.
+        if start.acknowledged and not any(isinstance(e, Deleted) and not rv_at_most(
+                e.resource_version, start.resource_version) for e in journal.values()):
             checkpoint = Checkpoint(informer_id=informer_id, resource_version=start.resource_version,
                                     objects={e.key: (uid, e.resource_version) for uid, e in journal.items()
                                              if not isinstance(e, Deleted)
@@ -220,16 +245,17 @@ def build_plan(*, informer_id: str, ref: ResourceRef, checkpoint: Checkpoint | N
         if checkpoint.sinks is not None and name not in checkpoint.sinks:
             sinks[name] = SinkStart(SinkStartKind.BOOTSTRAP)
             continue
-        floor = floors.of(name) if floors is not None else None
+        floor = handover.sink_floor(name) if handover is not None else None
         section = sections.get(name)
         if section is None and not (extra or floor is not None):
             sinks[name] = SinkStart(SinkStartKind.AT_BASE)
             continue
         rv, differs = section if section is not None else (int(checkpoint.resource_version), {})
         progress = checkpoint.sinks.get(name) if checkpoint.sinks else None
-        owed = progress.owed_deletes() if progress is not None else frozenset()
         sinks[name] = _own_start(rv, differs, extra, known, journal_only, floor=floor,
-                                 floor_max=floors.highest(name) if floors is not None else 0, owed=owed)
+                                 floor_max=max(handover.sink_floors.get(name, {}).values(), default=0)
+                                 if handover is not None else 0,
+                                 progress=progress)
     delivered = {key: (int(rv), deleted) for key, (_uid, rv, deleted) in checkpoint.ahead.items()
                  if parse_rv(rv) is not None}
     routed_set = set(routed)
@@ -272,11 +298,13 @@ def _journal_facts(checkpoint: Checkpoint | None, journal: Mapping[str, JournalE
 
 
 def _own_section(checkpoint: Checkpoint, section: SinkProgress) -> tuple[int, dict[str, Known]]:
-    """A sink's resume point and its knowledge where it differs from the checkpoint's base."""
+    """A sink's resume point and its knowledge where it differs from the checkpoint's base (a key
+    it knows gone: the base's object there, deleted)."""
     rv = int(section.resource_version or checkpoint.resource_version)
     own: dict[str, Known] = {}
     for key, entry in section.objects.items():
-        own[key] = Known("", rv, True) if entry is None else Known(entry[0], int(entry[1]), False)
+        base = checkpoint.ahead.get(key, (*checkpoint.objects.get(key, ("", "")), False))
+        own[key] = Known(base[0], rv, True) if entry is None else Known(entry[0], int(entry[1]), False)
     for key, (uid, ahead_rv, deleted) in section.ahead.items():
         own[key] = Known(uid, int(ahead_rv), deleted)
     return rv, own
@@ -303,19 +331,77 @@ def _union(checkpoint: Checkpoint, known: Mapping[str, tuple[str, str]],
 def _own_start(rv: int, differs: Mapping[str, Known], extra: Mapping[str, tuple[str, str]],
                known: Mapping[str, tuple[str, str]], journal_only: Sequence[tuple[str, str, str]],
                *, floor: Callable[[str], int] | None, floor_max: int,
-               owed: frozenset[str] = frozenset()) -> SinkStart:
-    """A sink resuming from its own progress (invariant 4); ``owed``: uids whose delete its section
-    says it owes (:meth:`~bridge.delivery.checkpoint.SinkProgress.owed_deletes`)."""
+               progress: SinkProgress | None = None) -> SinkStart:
+    """A sink resuming from its own progress (invariant 4); ``progress``: its section, which names
+    the earlier objects of a key whose changes it owes (:class:`~bridge.delivery.checkpoint.SinkProgress`)."""
     mine = {**{key: HOLDS_NOTHING for key in extra if key not in differs}, **differs}
-    maybe: set[str] = set(owed)
+    owes = {key: (entry[0], int(entry[1])) for key in (progress.ahead if progress else {})
+            if (entry := progress.objects.get(key) if progress else None) is not None}
+    maybe: set[str] = set(progress.owed_deletes()) if progress is not None else set()
     for key, uid, stub_rv in journal_only:
         at = parse_rv(stub_rv)
         own = differs.get(key)
-        if at is not None and own is not None and own.uid == uid and own.resource_version >= at:
-            continue  # it acknowledged that state of it, or later (its section says which)
+        if at is not None and own is not None and own.resource_version >= at \
+                and not owes_change(owes.get(key), own, uid, at):
+            continue  # it acknowledged that state of it or a later object's, owing nothing before
         if at is None or at > rv:
             maybe.add(uid)  # delivered after its section was written: it may hold it
         elif key not in known and key not in mine:
             mine[key] = HOLDS_NOTHING
     return SinkStart(SinkStartKind.OWN_PROGRESS, resource_version=rv, section=dict(differs), known=mine,
-                     maybe=frozenset(maybe), floor=floor, floor_max=floor_max)
+                     maybe=frozenset(maybe), owes=owes, floor=floor, floor_max=floor_max)
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """What one informer starts from."""
+
+    plan: ResumePlan
+    journal: KnownObjectJournal | None
+    corrupt_checkpoint: bool
+    stale: tuple[str, ...]
+    """Checkpoint ids of other shard totals (removed once every current shard has passed them)."""
+
+
+async def load_start(*, store: CheckpointStore | None, watched: WatchedResource, routed: Sequence[str],
+                     clock: Clock) -> Start:
+    """Reads the checkpoint and the journal of ``watched`` and builds its plan (module docs)."""
+    ident = watched.informer_id
+    extra = {"informer": ident, "resource": watched.ref.qualified}
+    checkpoint: Checkpoint | None = None
+    corrupt = False
+    handover: TakeOver | None = None
+    try:
+        if store is not None and watched.shard is not None:
+            handover = await take_over(store, base=watched.base_informer_id, shard=watched.shard)
+            checkpoint = handover.plan.checkpoint
+        elif store is not None:
+            checkpoint = await store.load(ident)
+    except CheckpointCorruptError as exc:
+        corrupt = True
+        log.warning("checkpoint is corrupt or unreadable (%s); ignoring it and doing a full resync: "
+                    "consumers will see every object again", exc, extra=extra)
+    except CheckpointError as exc:
+        corrupt = True
+        log.warning("checkpoint store failed loading the checkpoint (%s); doing a full resync", exc,
+                    extra=extra)
+    journal, loaded = await _open_journal(store, ident, checkpoint, handover, clock)
+    plan = build_plan(informer_id=ident, ref=watched.ref, checkpoint=checkpoint, journal=loaded,
+                      start=journal.start if journal is not None else None, routed=routed,
+                      handover=handover.plan if handover is not None else None,
+                      journal_unreadable=journal is not None and bool(journal.unreadable))
+    return Start(plan=plan, journal=journal, corrupt_checkpoint=corrupt,
+                 stale=handover.plan.stale if handover is not None else ())
+
+
+async def _open_journal(store: CheckpointStore | None, ident: str, checkpoint: Checkpoint | None,
+                        handover: TakeOver | None, clock: Clock
+                        ) -> tuple[KnownObjectJournal | None, dict[str, JournalEntry]]:
+    """The informer's journal when the store keeps one, and what it holds (uid → newest fact)."""
+    if not isinstance(store, JournalStore):
+        return None, {}
+    journal = KnownObjectJournal(backend=store.journal_backend(ident), informer_id=ident, clock=clock)
+    loaded = await journal.load(checkpoint)
+    if handover is not None and (handover.adopted or handover.keep_own_journal is not None):
+        loaded = journal.adopt(handover.adopted, handover.keep_own_journal)
+    return journal, loaded
