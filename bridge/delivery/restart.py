@@ -14,16 +14,16 @@ from dataclasses import dataclass
 
 from bridge.clock import Clock
 from bridge.delivery.assembly import WatchedResource
-from bridge.delivery.checkpoint import (
+from bridge.delivery.journal import JournalEntry, KnownObjectJournal
+from bridge.delivery.resume_plan import Floors, ResumePlan, build_plan
+from bridge.delivery.sharding import TakeOver, take_over
+from bridge.storage.checkpoint import (
     Checkpoint,
     CheckpointCorruptError,
     CheckpointError,
     CheckpointStore,
     JournalStore,
 )
-from bridge.delivery.journal import JournalEntry, KnownObjectJournal
-from bridge.delivery.resume_plan import Floors, ResumePlan, build_plan
-from bridge.delivery.sharding import TakeOver, take_over
 
 __all__ = ["Start", "load_start"]
 

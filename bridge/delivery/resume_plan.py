@@ -51,10 +51,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.contracts import KubeObject
-from bridge.delivery.checkpoint import Checkpoint, SinkProgress
 from bridge.delivery.journal_records import Deleted, JournalEntry, ListStart, Relisted, entries_by_key
 from bridge.delivery.progress import HOLDS_NOTHING, Known
-from bridge.delivery.resource_version import ResourceVersion, parse_rv, rv_at_most
+from bridge.resource_version import ResourceVersion, parse_rv, rv_at_most
+from bridge.storage.checkpoint import Checkpoint, SinkProgress
 from sinks.contract import ResourceRef
 
 __all__ = ["HOLDS_NOTHING", "Known", "RelistedState", "ResourceVersion", "ResumePlan", "SentDelete",
@@ -305,7 +305,7 @@ def _own_start(rv: int, differs: Mapping[str, Known], extra: Mapping[str, tuple[
                *, floor: Callable[[str], int] | None, floor_max: int,
                owed: frozenset[str] = frozenset()) -> SinkStart:
     """A sink resuming from its own progress (invariant 4); ``owed``: uids whose delete its section
-    says it owes (:meth:`~bridge.delivery.checkpoint.SinkProgress.owed_deletes`)."""
+    says it owes (:meth:`~bridge.storage.checkpoint.SinkProgress.owed_deletes`)."""
     mine = {**{key: HOLDS_NOTHING for key in extra if key not in differs}, **differs}
     maybe: set[str] = set(owed)
     for key, uid, stub_rv in journal_only:
