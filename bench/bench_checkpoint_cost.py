@@ -23,10 +23,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from bench.common import SimProcess, machine_info, write_result
-from bridge.delivery.checkpoint import Checkpoint, CheckpointStore, FileCheckpointStore
-from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
-from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
 from bridge.kube.apiclient import ApiClient
+from bridge.storage.checkpoint import Checkpoint, CheckpointStore, FileCheckpointStore
+from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
+from bridge.storage.checkpoint_natskv import NatsKvCheckpointStore
 from tests.brokers import running_nats
 
 SIZES = (100, 1000, 10_000)

@@ -79,11 +79,11 @@ async def _watch_bytes(url: str, from_rv: int, count: int) -> int:
 async def _child(spec: dict[str, Any]) -> dict[str, Any]:
     """One shard: resumes right before the burst and delivers its share of it."""
     from bridge.clock import RealClock
-    from bridge.delivery.checkpoint import Checkpoint
     from bridge.delivery.pipeline import BridgePipeline, WatchedResource, http_informer_builder
     from bridge.delivery.sharding import filter_checkpoint
     from bridge.kube.apiclient import ApiClient
     from bridge.kube.sharding import ShardFilter
+    from bridge.storage.checkpoint import Checkpoint
 
     shard = ShardFilter(ordinal=spec["ordinal"], total=spec["total"])
     skip_all = bool(spec.get("skip_all"))

@@ -37,13 +37,13 @@ from typing import Any
 import orjson
 
 from bridge.clock import RealClock
-from bridge.delivery.checkpoint import Checkpoint, CheckpointStore, FileCheckpointStore
-from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource, http_informer_builder
 from bridge.informer.factory import InformerKey
 from bridge.informer.transform import drop_managed_fields
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import APIResource
+from bridge.storage.checkpoint import Checkpoint, CheckpointStore, FileCheckpointStore
+from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
 from sinks.cloudevents import encode_structured, to_cloudevent
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType, ResourceRef, Sink
 

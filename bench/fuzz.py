@@ -25,7 +25,7 @@ from pathlib import Path
 _ARTIFACTS = Path(__file__).parent / "results" / "fuzz"
 
 
-_UNDER_TEST = ["bridge.rawobject", "bridge.kube.listwatch", "bridge.delivery.checkpoint",
+_UNDER_TEST = ["bridge.rawobject", "bridge.kube.listwatch", "bridge.storage.checkpoint",
                "bridge.service.config", "bridge.kube.labels"]
 """The modules whose coverage guides the fuzzer (instrumenting everything loaded costs minutes)."""
 

@@ -33,15 +33,15 @@ import msgspec
 import orjson
 
 from bridge.contracts import WatchEventType
-from bridge.delivery.checkpoint import (
+from bridge.errors import ConfigurationError
+from bridge.kube.listwatch import WATCH_EVENT_DECODERS, WatchDecodeError, decode_list, raw_object_decoder
+from bridge.rawobject import RawObject
+from bridge.storage.checkpoint import (
     FORMAT_VERSION,
     CheckpointCorruptError,
     decode_checkpoint,
     encode_checkpoint,
 )
-from bridge.errors import ConfigurationError
-from bridge.kube.listwatch import WATCH_EVENT_DECODERS, WatchDecodeError, decode_list, raw_object_decoder
-from bridge.rawobject import RawObject
 
 __all__ = ["SEEDS", "TARGETS"]
 

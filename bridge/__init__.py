@@ -25,8 +25,8 @@ _EXPORTS: dict[str, str] = {
     "BridgeError": "errors",
     "BridgePipeline": "delivery.pipeline",
     "BridgeService": "service.service",
-    "Checkpoint": "delivery.checkpoint",
-    "CheckpointStore": "delivery.checkpoint",
+    "Checkpoint": "storage.checkpoint",
+    "CheckpointStore": "storage.checkpoint",
     "Clock": "clock",
     "ConfigurationError": "errors",
     "ConflictError": "errors",
@@ -40,7 +40,7 @@ _EXPORTS: dict[str, str] = {
     "FIFOClosedError": "informer.delta_fifo",
     "FakeClock": "clock",
     "FieldSelector": "kube.labels",
-    "FileCheckpointStore": "delivery.checkpoint",
+    "FileCheckpointStore": "storage.checkpoint",
     "ForbiddenError": "errors",
     "HandlerRegistration": "informer.shared_informer",
     "HttpListerWatcher": "kube.listwatch",
@@ -91,7 +91,7 @@ _EXPORTS: dict[str, str] = {
     "WatchStream": "contracts",
     "WatchedResource": "delivery.pipeline",
     "drop_managed_fields": "informer.transform",
-    "informer_id": "delivery.checkpoint",
+    "informer_id": "storage.checkpoint",
     "lister_watcher_for": "kube.listwatch",
     "load_config": "service.config",
     "meta_namespace_index_func": "informer.store",
@@ -134,12 +134,6 @@ if TYPE_CHECKING:
         WatchEventType,
         WatchOptions,
         WatchStream,
-    )
-    from bridge.delivery.checkpoint import (
-        Checkpoint,
-        CheckpointStore,
-        FileCheckpointStore,
-        informer_id,
     )
     from bridge.delivery.pipeline import (
         BridgePipeline,
@@ -238,6 +232,12 @@ if TYPE_CHECKING:
     )
     from bridge.service.service import (
         BridgeService,
+    )
+    from bridge.storage.checkpoint import (
+        Checkpoint,
+        CheckpointStore,
+        FileCheckpointStore,
+        informer_id,
     )
 
 __all__ = [

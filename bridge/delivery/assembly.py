@@ -20,7 +20,6 @@ from pathlib import Path
 
 from bridge.clock import Clock
 from bridge.contracts import DeliveryObserver, ListenerOptions, OverflowPolicy
-from bridge.delivery.checkpoint import informer_id
 from bridge.delivery.sharding import shard_id
 from bridge.delivery.spill import SegmentSpill
 from bridge.informer.factory import InformerKey
@@ -29,6 +28,7 @@ from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import APIResource
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.kube.sharding import ShardFilter
+from bridge.storage.checkpoint import informer_id
 from sinks.contract import ResourceRef, Sink
 
 __all__ = ["InformerBuilder", "WatchedResource", "http_informer_builder",

@@ -22,17 +22,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from bridge.clock import Clock
-from bridge.delivery.checkpoint import (
+from bridge.delivery.informer_run import InformerRun
+from bridge.delivery.progress import Known
+from bridge.delivery.resume_plan import SinkStartKind, parse_rv
+from bridge.delivery.sharding import stale_ready
+from bridge.storage.checkpoint import (
     Checkpoint,
     CheckpointError,
     CheckpointStore,
     ListableCheckpointStore,
     SinkProgress,
 )
-from bridge.delivery.informer_run import InformerRun
-from bridge.delivery.progress import Known
-from bridge.delivery.resume_plan import SinkStartKind, parse_rv
-from bridge.delivery.sharding import stale_ready
 
 __all__ = ["CheckpointWriter", "GroupCommit", "sink_state"]
 

@@ -27,9 +27,6 @@ from dataclasses import replace
 
 from bridge.clock import Clock, RealClock
 from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind
-from bridge.delivery.blobstore import JournalBackend
-from bridge.delivery.checkpoint import Checkpoint
-from bridge.delivery.fencing import BlobStoreError, CheckpointError, CheckpointStoreError
 from bridge.delivery.journal_records import (
     Deleted,
     Exists,
@@ -42,8 +39,11 @@ from bridge.delivery.journal_records import (
     encode_record,
     encode_start,
 )
-from bridge.delivery.resource_version import is_rv, rv_at_most
 from bridge.rawobject import object_identity
+from bridge.resource_version import is_rv, rv_at_most
+from bridge.storage.blobstore import JournalBackend
+from bridge.storage.checkpoint import Checkpoint
+from bridge.storage.fencing import BlobStoreError, CheckpointError, CheckpointStoreError
 
 __all__ = [
     "Deleted",

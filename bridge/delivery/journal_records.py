@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from bridge.delivery.resource_version import is_rv
+from bridge.resource_version import is_rv
 
 __all__ = [
     "Deleted",

@@ -36,7 +36,6 @@ from bridge.delivery.assembly import (
     routed,
 )
 from bridge.delivery.bootstrap import Bootstrap
-from bridge.delivery.checkpoint import CheckpointStore
 from bridge.delivery.checkpoint_writer import CheckpointWriter, GroupCommit
 from bridge.delivery.heartbeat import Heartbeats
 from bridge.delivery.informer_run import InformerCounts, InformerObserver, InformerRun
@@ -50,6 +49,7 @@ from bridge.delivery.sink_listener import SinkListener
 from bridge.delivery.stall import StallCheck, StallDetector
 from bridge.informer.factory import SharedInformerFactory
 from bridge.informer.shared_informer import CacheSeed, HandlerRegistration, SharedIndexInformer
+from bridge.storage.checkpoint import CheckpointStore
 from sinks.contract import Sink
 
 __all__ = [
@@ -372,7 +372,7 @@ class BridgePipeline(PipelineInspection):
         """Stops everything at once, without draining, flushing or writing a checkpoint: leadership
         was lost, so what is in flight is abandoned (the next leader re-sends it from the last
         checkpoint) and nothing more reaches a sink or the store: a store write under way in a
-        thread finishes before this returns (:mod:`bridge.delivery.store_io`), so a pipeline
+        thread finishes before this returns (:mod:`bridge.storage.store_io`), so a pipeline
         started next in this process never has its journal or checkpoint replaced by a late write
         of this one. Idempotent; may interrupt a :meth:`shutdown` under way."""
         self._stopping = True

@@ -35,8 +35,8 @@ from bridge.delivery.progress_records import (
     entry_of,
     object_key,
 )
-from bridge.delivery.resource_version import parse_rv
 from bridge.rawobject import object_identity
+from bridge.resource_version import parse_rv
 
 __all__ = ["HOLDS_NOTHING", "AckTracker", "AheadEntry", "IndexEntry", "Known", "object_key"]
 

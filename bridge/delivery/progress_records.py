@@ -15,9 +15,9 @@ from bridge.contracts import (
     ObjectKey,
     UnconfirmedGone,
 )
-from bridge.delivery.resource_version import parse_rv
 from bridge.rawobject import object_identity
 from bridge.rawobject import object_key as raw_object_key
+from bridge.resource_version import parse_rv
 
 __all__ = ["HOLDS_NOTHING", "AheadEntry", "Effect", "InFlight", "IndexEntry", "Known", "Scan", "effect_of",
            "entry_of", "object_key"]

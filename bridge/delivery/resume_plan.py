@@ -59,7 +59,12 @@ from typing import Any
 from bridge.clock import Clock
 from bridge.contracts import KubeObject
 from bridge.delivery.assembly import WatchedResource
-from bridge.delivery.checkpoint import (
+from bridge.delivery.journal import KnownObjectJournal
+from bridge.delivery.journal_records import Deleted, JournalEntry, ListStart, Relisted, entries_by_key
+from bridge.delivery.progress import HOLDS_NOTHING, Known
+from bridge.delivery.sharding import Handover, TakeOver, take_over
+from bridge.resource_version import ResourceVersion, parse_rv, rv_at_most
+from bridge.storage.checkpoint import (
     Checkpoint,
     CheckpointCorruptError,
     CheckpointError,
@@ -67,11 +72,6 @@ from bridge.delivery.checkpoint import (
     JournalStore,
     SinkProgress,
 )
-from bridge.delivery.journal import KnownObjectJournal
-from bridge.delivery.journal_records import Deleted, JournalEntry, ListStart, Relisted, entries_by_key
-from bridge.delivery.progress import HOLDS_NOTHING, Known
-from bridge.delivery.resource_version import ResourceVersion, parse_rv, rv_at_most
-from bridge.delivery.sharding import Handover, TakeOver, take_over
 from sinks.contract import ResourceRef
 
 __all__ = ["HOLDS_NOTHING", "Known", "RelistedState", "ResourceVersion", "ResumePlan", "SentDelete",
@@ -333,7 +333,7 @@ def _own_start(rv: int, differs: Mapping[str, Known], extra: Mapping[str, tuple[
                *, floor: Callable[[str], int] | None, floor_max: int,
                progress: SinkProgress | None = None) -> SinkStart:
     """A sink resuming from its own progress (invariant 4); ``progress``: its section, which names
-    the earlier objects of a key whose changes it owes (:class:`~bridge.delivery.checkpoint.SinkProgress`)."""
+    the earlier objects of a key whose changes it owes (:class:`~bridge.storage.checkpoint.SinkProgress`)."""
     mine = {**{key: HOLDS_NOTHING for key in extra if key not in differs}, **differs}
     owes = {key: (entry[0], int(entry[1])) for key in (progress.ahead if progress else {})
             if (entry := progress.objects.get(key) if progress else None) is not None}

@@ -17,8 +17,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
-from bridge.delivery.resource_version import parse_rv
 from bridge.errors import BridgeError, NotFoundError
+from bridge.resource_version import parse_rv
 
 __all__ = ["LEFT_SELECTOR_EXTENSION", "SelectorExits"]
 

@@ -4,10 +4,10 @@ progress moving with the objects, the clean-up rule) are stated in docs/sharding
 without loss"; this module implements them.
 
 Shard ``o`` of ``t`` of an informer has the checkpoint id ``<base>.shard-<o>-of-<t>`` (the base id,
-:func:`~bridge.delivery.checkpoint.informer_id`, when ``t`` is 1); the checkpoints of one total form a
+:func:`~bridge.storage.checkpoint.informer_id`, when ``t`` is 1); the checkpoints of one total form a
 *generation*. Object hashes are compared modulo the least common multiple of every total involved, so
 that a residue falls in one shard of every generation. The take-over is a pure function over
-:class:`~bridge.delivery.checkpoint.Checkpoint` values (:func:`plan_handover`), so that whatever a
+:class:`~bridge.storage.checkpoint.Checkpoint` values (:func:`plan_handover`), so that whatever a
 checkpoint holds is filtered and merged the same way; :func:`take_over` reads the store for it.
 """
 
@@ -20,15 +20,15 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from bridge.delivery.checkpoint import (
+from bridge.delivery.journal import JournalEntry, KnownObjectJournal
+from bridge.kube.sharding import ShardFilter, shard_residue
+from bridge.storage.checkpoint import (
     Checkpoint,
     CheckpointStore,
     JournalStore,
     ListableCheckpointStore,
     SinkProgress,
 )
-from bridge.delivery.journal import JournalEntry, KnownObjectJournal
-from bridge.kube.sharding import ShardFilter, shard_residue
 
 __all__ = [
     "MAX_MODULUS",
@@ -314,7 +314,7 @@ class TakeOver:
 async def take_over(store: CheckpointStore, *, base: str, shard: ShardFilter) -> TakeOver:
     """Reads every checkpoint of ``base`` from ``store``, plans the take-over, sets ``shard``'s floors
     and reads the journals of the other checkpoints taken from. Raises the store's errors
-    (:class:`~bridge.delivery.checkpoint.CheckpointCorruptError` for an unreadable checkpoint)."""
+    (:class:`~bridge.storage.checkpoint.CheckpointCorruptError` for an unreadable checkpoint)."""
     own = shard_id(base, shard.ordinal, shard.total)
     listable = store if isinstance(store, ListableCheckpointStore) else None
     ids = ([i for i in await listable.informer_ids(base) if parse_shard_id(base, i) is not None]

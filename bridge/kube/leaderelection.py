@@ -54,7 +54,7 @@ class FenceToken:
     ``transitions`` is the Lease's ``leaseTransitions`` when ``holder`` acquired it: every change of
     holder increases it, so a token with a higher count belongs to a later leader. Stores keep the
     token of the last writer and refuse a write whose token is older (see
-    :mod:`bridge.delivery.checkpoint`)."""
+    :mod:`bridge.storage.checkpoint`)."""
 
     transitions: int
     holder: str

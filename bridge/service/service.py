@@ -30,7 +30,6 @@ from typing import Any
 
 from bridge.clock import Clock, RealClock
 from bridge.contracts import ListerWatcher
-from bridge.delivery.checkpoint import CheckpointStore, FileCheckpointStore
 from bridge.delivery.checkpoint_writer import GroupCommit
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.delivery.stall import StallCheck
@@ -60,6 +59,7 @@ from bridge.service.workers import (
     watch_parent,
     worker_position,
 )
+from bridge.storage.checkpoint import CheckpointStore, FileCheckpointStore
 from sinks.base import BaseSink
 from sinks.contract import ResourceRef, Sink, SinkConfigError
 from sinks.registry import create_sink
@@ -105,11 +105,11 @@ def _checkpoint_store(config: BridgeConfig, client: ApiClient,
     if cp.store == "file":
         return FileCheckpointStore(directory=cp.directory, fence=fence)
     if cp.store == "configmap":
-        from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
+        from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
 
         return ConfigMapCheckpointStore(client=client, namespace=cp.namespace, name_prefix=cp.name_prefix,
                                         fence=fence, allow_shards=cp.shards)
-    from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
+    from bridge.storage.checkpoint_natskv import NatsKvCheckpointStore
 
     return NatsKvCheckpointStore(nats_url=cp.nats_url, bucket=cp.bucket, fence=fence)
 

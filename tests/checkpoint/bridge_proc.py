@@ -16,15 +16,15 @@ import sys
 from typing import Any
 
 from bridge.clock import RealClock
-from bridge.delivery.checkpoint import CheckpointStore, FileCheckpointStore
-from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
-from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
 from bridge.delivery.checkpoint_writer import GroupCommit
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import HttpListerWatcher
+from bridge.storage.checkpoint import CheckpointStore, FileCheckpointStore
+from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
+from bridge.storage.checkpoint_natskv import NatsKvCheckpointStore
 from sinks.contract import ResourceRef
 from sinks.registry import create_sink
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from bridge.delivery.checkpoint import CheckpointFencedError
 from bridge.delivery.journal import JournalBackend
 from bridge.kube.leaderelection import FenceToken
+from bridge.storage.checkpoint import CheckpointFencedError
 from tests.checkpoint.test_fencing import Term
 from tests.checkpoint.test_journal import IDENT
 

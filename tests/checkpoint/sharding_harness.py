@@ -43,10 +43,10 @@ import aiohttp
 import orjson
 import yaml
 
-from bridge.delivery.checkpoint import FileCheckpointStore, informer_id
 from bridge.delivery.sharding import shard_id
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.sharding import shard_of
+from bridge.storage.checkpoint import FileCheckpointStore, informer_id
 from tests.brokers import TansuBroker, free_port, running_tansu, unique_name
 from tests.checkpoint.crash_harness import (
     CHANGE_TYPES,

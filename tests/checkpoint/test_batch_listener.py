@@ -29,13 +29,13 @@ from bridge.contracts import (
     NotificationKind,
     ObjectKey,
 )
-from bridge.delivery.checkpoint import FileCheckpointStore
 from bridge.delivery.journal import KnownObjectJournal
 from bridge.delivery.pipeline import BridgePipeline, SinkListener
 from bridge.delivery.replay import ReplayStage, SinkResume
 from bridge.delivery.resume_plan import RelistedState, SentDelete
 from bridge.delivery.selector_exit import SelectorExits
 from bridge.errors import NotFoundError
+from bridge.storage.checkpoint import FileCheckpointStore
 from bridge.testing.fake_source import FakeControllerSource
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, SinkError
 from sinks.file import FileSink

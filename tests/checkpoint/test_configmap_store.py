@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from bridge.delivery.blobstore import utf8_pieces
-from bridge.delivery.checkpoint import Checkpoint, CheckpointCorruptError, CheckpointStoreError
-from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
 from bridge.kube.apiclient import ApiClient
 from bridge.sim import Simulator
+from bridge.storage.blobstore import utf8_pieces
+from bridge.storage.checkpoint import Checkpoint, CheckpointCorruptError, CheckpointStoreError
+from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
 
 NS = "bridge-system"
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.delivery.checkpoint import FileCheckpointStore, informer_id
 from bridge.kube.apiclient import ApiClient
+from bridge.storage.checkpoint import FileCheckpointStore, informer_id
 from tests.brokers import TansuBroker, unique_name
 from tests.checkpoint.crash_harness import (
     CHANGE_TYPES,

@@ -24,10 +24,10 @@ from typing import Any
 import orjson
 import pytest
 
-from bridge.delivery.checkpoint import CheckpointStore, FileCheckpointStore, informer_id
-from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
-from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
 from bridge.kube.apiclient import ApiClient
+from bridge.storage.checkpoint import CheckpointStore, FileCheckpointStore, informer_id
+from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
+from bridge.storage.checkpoint_natskv import NatsKvCheckpointStore
 from tests.brokers import running_nats
 from tests.checkpoint.crash_harness import CE_PREFIX, BridgeProcess, live_objects, sim_process
 

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from bridge.delivery.checkpoint import (
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.leaderelection import FenceToken
+from bridge.sim import Simulator
+from bridge.storage.checkpoint import (
     Checkpoint,
     CheckpointFencedError,
     CheckpointStore,
@@ -22,11 +25,8 @@ from bridge.delivery.checkpoint import (
     decode_checkpoint,
     encode_checkpoint,
 )
-from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
-from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
-from bridge.kube.apiclient import ApiClient
-from bridge.kube.leaderelection import FenceToken
-from bridge.sim import Simulator
+from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
+from bridge.storage.checkpoint_natskv import NatsKvCheckpointStore
 from tests.brokers import NatsServer, running_nats
 
 IDENT = "configmaps.failover.0123456789ab"

@@ -13,8 +13,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bridge.delivery.blob_file import FileBlobStore
-from bridge.delivery.checkpoint import (
+from bridge.storage.blob_file import FileBlobStore
+from bridge.storage.checkpoint import (
     Checkpoint,
     CheckpointCorruptError,
     CheckpointStoreError,

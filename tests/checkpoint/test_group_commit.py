@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from bridge.clock import RealClock
-from bridge.delivery.checkpoint import Checkpoint, FileCheckpointStore
 from bridge.delivery.checkpoint_writer import GroupCommit
 from bridge.delivery.pipeline import BridgePipeline
+from bridge.storage.checkpoint import Checkpoint, FileCheckpointStore
 from bridge.testing.fake_source import FakeControllerSource
 from tests.checkpoint.helpers import WATCHED, RecordingSink, cm, fake_builder, until
 

@@ -13,10 +13,10 @@ import orjson
 import pytest
 
 from bridge.contracts import DeletedFinalStateUnknown, Gap, Notification, NotificationKind, ObjectKey
-from bridge.delivery.blob_file import FileBlobStore
-from bridge.delivery.blobstore import JournalBackend
-from bridge.delivery.checkpoint import Checkpoint, FileCheckpointStore
 from bridge.delivery.journal import Deleted, KnownObjectJournal, Relisted
+from bridge.storage.blob_file import FileBlobStore
+from bridge.storage.blobstore import JournalBackend
+from bridge.storage.checkpoint import Checkpoint, FileCheckpointStore
 from tests.checkpoint.helpers import until
 
 IDENT = "configmaps.ns.abc"

@@ -14,14 +14,14 @@ import orjson
 import pytest
 
 from bridge.contracts import NotificationKind
-from bridge.delivery.blobstore import ChunkedValue
-from bridge.delivery.checkpoint import Checkpoint, CheckpointFencedError
-from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
-from bridge.delivery.fencing import BlobStoreError
 from bridge.delivery.journal import Deleted, Exists, KnownObjectJournal
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.leaderelection import FenceToken
 from bridge.sim import Simulator
+from bridge.storage.blobstore import ChunkedValue
+from bridge.storage.checkpoint import Checkpoint, CheckpointFencedError
+from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
+from bridge.storage.fencing import BlobStoreError
 from tests.checkpoint.helpers import until
 from tests.checkpoint.journal_scenarios import (
     DEPOSED,

@@ -12,9 +12,9 @@ import orjson
 import pytest
 
 from bridge.contracts import NotificationKind
-from bridge.delivery.checkpoint import Checkpoint
-from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
 from bridge.delivery.journal import Deleted, Exists, KnownObjectJournal
+from bridge.storage.checkpoint import Checkpoint
+from bridge.storage.checkpoint_natskv import NatsKvCheckpointStore
 from tests.brokers import NatsServer, running_nats
 from tests.checkpoint.helpers import until
 from tests.checkpoint.journal_scenarios import (

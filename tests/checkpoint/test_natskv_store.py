@@ -10,8 +10,8 @@ import nats.js.errors
 import orjson
 import pytest
 
-from bridge.delivery.checkpoint import Checkpoint, CheckpointCorruptError, CheckpointStoreError
-from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
+from bridge.storage.checkpoint import Checkpoint, CheckpointCorruptError, CheckpointStoreError
+from bridge.storage.checkpoint_natskv import NatsKvCheckpointStore
 from tests.brokers import NatsServer, running_nats
 
 

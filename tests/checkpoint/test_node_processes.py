@@ -34,9 +34,9 @@ import orjson
 import pytest
 import yaml
 
-from bridge.delivery.checkpoint import informer_id
 from bridge.errors import ConflictError, NotFoundError
 from bridge.kube.apiclient import ApiClient
+from bridge.storage.checkpoint import informer_id
 from tests.brokers import free_port
 from tests.checkpoint.crash_harness import ROOT, sim_process
 

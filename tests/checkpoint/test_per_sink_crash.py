@@ -29,8 +29,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from bridge.delivery.checkpoint import FileCheckpointStore, informer_id
 from bridge.kube.apiclient import ApiClient
+from bridge.storage.checkpoint import FileCheckpointStore, informer_id
 from tests.checkpoint.crash_harness import CE_PREFIX, BridgeProcess, Churn, live_objects, sim_process
 
 NS = "twosinks"

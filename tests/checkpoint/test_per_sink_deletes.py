@@ -23,10 +23,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bridge.delivery.checkpoint import Checkpoint, FileCheckpointStore, SinkProgress
 from bridge.delivery.pipeline import BridgePipeline
 from bridge.kube.apiclient import ApiClient
 from bridge.sim import Simulator
+from bridge.storage.checkpoint import Checkpoint, FileCheckpointStore, SinkProgress
 from sinks.contract import EventType
 from tests.checkpoint.helpers import RecordingSink, until
 from tests.checkpoint.test_per_sink_progress import (

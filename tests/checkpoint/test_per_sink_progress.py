@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 
 from bridge.clock import RealClock
-from bridge.delivery.checkpoint import Checkpoint, CheckpointStore, FileCheckpointStore, informer_id
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.sim import Simulator
+from bridge.storage.checkpoint import Checkpoint, CheckpointStore, FileCheckpointStore, informer_id
 from sinks.contract import EventType, ResourceRef
 from tests.checkpoint.helpers import RecordingSink, simulated_cluster, until
 

@@ -31,11 +31,11 @@ from pathlib import Path
 
 import pytest
 
-from bridge.delivery.blob_file import FileBlobStore
-from bridge.delivery.checkpoint import FileCheckpointStore
 from bridge.errors import ConflictError, NotFoundError
 from bridge.kube.apiclient import ApiClient
 from bridge.sim import Simulator
+from bridge.storage.blob_file import FileBlobStore
+from bridge.storage.checkpoint import FileCheckpointStore
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType
 from tests.checkpoint.helpers import RecordingSink, until
 from tests.checkpoint.test_per_sink_progress import IDENT, PATH, pipeline, sim

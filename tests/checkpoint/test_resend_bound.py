@@ -21,8 +21,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bridge.delivery.checkpoint import FileCheckpointStore, informer_id
 from bridge.kube.apiclient import ApiClient
+from bridge.storage.checkpoint import FileCheckpointStore, informer_id
 from tests.checkpoint.crash_harness import CE_PREFIX, CHANGE_TYPES, BridgeProcess, Churn, sim_process
 
 NS = "resend"

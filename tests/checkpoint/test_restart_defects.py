@@ -24,9 +24,9 @@ from typing import Any
 import orjson
 import pytest
 
-from bridge.delivery.checkpoint import FileCheckpointStore, informer_id
 from bridge.kube.apiclient import ApiClient
 from bridge.sim import Simulator
+from bridge.storage.checkpoint import FileCheckpointStore, informer_id
 from sinks.cloudevents import event_id
 from sinks.contract import ChangeEvent, EventType
 from tests.checkpoint.crash_harness import BridgeProcess, sim_process

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from bridge.clock import FakeClock
-from bridge.delivery.checkpoint import Checkpoint, CheckpointStoreError, FileCheckpointStore
 from bridge.delivery.pipeline import BridgePipeline
+from bridge.storage.checkpoint import Checkpoint, CheckpointStoreError, FileCheckpointStore
 from bridge.testing.fake_source import FakeControllerSource
 from tests.checkpoint.helpers import CONFIGMAPS, WATCHED, RecordingSink, cm, fake_builder, until
 

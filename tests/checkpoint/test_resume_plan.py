@@ -3,7 +3,6 @@ function that builds it: what a restart does is decided there, from the checkpoi
 
 from __future__ import annotations
 
-from bridge.delivery.checkpoint import Checkpoint, SinkProgress
 from bridge.delivery.journal import Deleted, Exists, JournalEntry, ListStart
 from bridge.delivery.progress import HOLDS_NOTHING, Known
 from bridge.delivery.resume_plan import (
@@ -15,6 +14,7 @@ from bridge.delivery.resume_plan import (
     parse_rv,
     rv_at_most,
 )
+from bridge.storage.checkpoint import Checkpoint, SinkProgress
 from tests.checkpoint.helpers import CONFIGMAPS
 
 

@@ -13,7 +13,6 @@ import orjson
 import pytest
 
 from bridge.clock import RealClock
-from bridge.delivery.checkpoint import FileCheckpointStore, informer_id
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.delivery.progress import AckTracker
 from bridge.informer.factory import InformerKey, SharedInformerFactory
@@ -21,6 +20,7 @@ from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.sim import Simulator
+from bridge.storage.checkpoint import FileCheckpointStore, informer_id
 from sinks.cloudevents import event_id
 from sinks.contract import EventType, ResourceRef
 from tests.checkpoint.helpers import RecordingSink, simulated_cluster, until

@@ -29,8 +29,8 @@ from typing import Any
 import orjson
 import pytest
 
-from bridge.delivery.checkpoint import FileCheckpointStore, informer_id
 from bridge.kube.apiclient import ApiClient
+from bridge.storage.checkpoint import FileCheckpointStore, informer_id
 from tests.checkpoint.crash_harness import CE_PREFIX, BridgeProcess, sim_process
 from tests.checkpoint.test_per_sink_crash import Webhook
 

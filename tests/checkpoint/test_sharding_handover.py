@@ -14,14 +14,6 @@ import orjson
 import pytest
 
 from bridge.clock import RealClock
-from bridge.delivery.checkpoint import (
-    Checkpoint,
-    CheckpointStore,
-    FileCheckpointStore,
-    SinkProgress,
-    informer_id,
-)
-from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource, http_informer_builder
 from bridge.delivery.sharding import (
     filter_checkpoint,
@@ -37,6 +29,14 @@ from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import Discovery
 from bridge.kube.leaderelection import FenceToken
 from bridge.kube.sharding import ShardFilter, shard_of
+from bridge.storage.checkpoint import (
+    Checkpoint,
+    CheckpointStore,
+    FileCheckpointStore,
+    SinkProgress,
+    informer_id,
+)
+from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
 from sinks.contract import EventType, ResourceRef
 from tests.checkpoint.helpers import RecordingSink, simulated_cluster, until
 

@@ -32,13 +32,13 @@ import orjson
 import pytest
 
 from bridge.clock import RealClock
-from bridge.delivery.checkpoint import FileCheckpointStore, informer_id
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.kube.apiclient import ApiClient, ApiClientOptions
 from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.sim import Simulator
+from bridge.storage.checkpoint import FileCheckpointStore, informer_id
 from sinks.contract import DeliveryOutcome, EventType, ResourceRef
 from tests.checkpoint.crash_harness import CE_PREFIX, BridgeProcess, Churn, sim_process
 from tests.checkpoint.helpers import RecordingSink, simulated_cluster

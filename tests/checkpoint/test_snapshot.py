@@ -11,10 +11,10 @@ import pytest
 
 from bridge.clock import FakeClock
 from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind, ObjectKey
-from bridge.delivery.checkpoint import FileCheckpointStore
 from bridge.delivery.pipeline import BridgePipeline, SinkListener
 from bridge.service.cli import main as cli_main
 from bridge.service.health import HealthServer, Readiness
+from bridge.storage.checkpoint import FileCheckpointStore
 from bridge.testing.fake_source import FakeControllerSource
 from sinks.contract import ChangeEvent, DeliveryOutcome, EventType
 from tests.checkpoint.helpers import CONFIGMAPS, WATCHED, RecordingSink, cm, fake_builder, until

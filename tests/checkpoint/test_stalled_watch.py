@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from bridge.clock import RealClock
-from bridge.delivery.checkpoint import FileCheckpointStore
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.delivery.stall import StallCheck
 from bridge.informer.factory import InformerKey, SharedInformerFactory
@@ -28,6 +27,7 @@ from bridge.kube.listwatch import HttpListerWatcher
 from bridge.service.config import BridgeConfig
 from bridge.service.service import BridgeService
 from bridge.sim import Simulator
+from bridge.storage.checkpoint import FileCheckpointStore
 from sinks.contract import ResourceRef
 from tests.checkpoint.helpers import RecordingSink, simulated_cluster, until
 from tests.service.test_service import eventually, get, lines, metric

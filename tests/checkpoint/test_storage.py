@@ -1,4 +1,4 @@
-"""The storage layer's one chunked writer (:class:`~bridge.delivery.blobstore.ChunkedValue`) against
+"""The storage layer's one chunked writer (:class:`~bridge.storage.blobstore.ChunkedValue`) against
 the primitives of every backend that chunks: ConfigMaps in the API-server simulator (real HTTP) and a
 NATS KV bucket of a real nats-server with JetStream. Chunk boundaries, compare-and-set conflicts, the
 fence refusing a deposed writer, and the orphan sweep after a crash between the chunks and the head.
@@ -15,15 +15,15 @@ from pathlib import Path
 import nats
 import pytest
 
-from bridge.delivery.blob_file import FileBlobStore
-from bridge.delivery.blobstore import BlobConflict, BlobStore, ChunkedValue, ChunkStore, Head
-from bridge.delivery.checkpoint import FileCheckpointStore, JournalStore, ListableCheckpointStore
-from bridge.delivery.checkpoint_configmap import JOURNALS, ConfigMapBlobStore, ConfigMapCheckpointStore
-from bridge.delivery.checkpoint_natskv import NatsKvBlobStore, NatsKvCheckpointStore
-from bridge.delivery.fencing import BlobStoreError, CheckpointFencedError
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.leaderelection import FenceToken
 from bridge.sim import Simulator
+from bridge.storage.blob_file import FileBlobStore
+from bridge.storage.blobstore import BlobConflict, BlobStore, ChunkedValue, ChunkStore, Head
+from bridge.storage.checkpoint import FileCheckpointStore, JournalStore, ListableCheckpointStore
+from bridge.storage.checkpoint_configmap import JOURNALS, ConfigMapBlobStore, ConfigMapCheckpointStore
+from bridge.storage.checkpoint_natskv import NatsKvBlobStore, NatsKvCheckpointStore
+from bridge.storage.fencing import BlobStoreError, CheckpointFencedError
 from tests.brokers import NatsServer, running_nats
 from tests.checkpoint.test_fencing import Term
 from tests.checkpoint.test_per_sink_progress import MemoryStore

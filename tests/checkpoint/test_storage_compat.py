@@ -15,7 +15,11 @@ import nats
 import orjson
 import pytest
 
-from bridge.delivery.checkpoint import (
+from bridge.delivery.journal import Deleted, Exists, KnownObjectJournal, Relisted
+from bridge.kube.apiclient import ApiClient
+from bridge.kube.leaderelection import FenceToken
+from bridge.sim import Simulator
+from bridge.storage.checkpoint import (
     BlobCheckpointStore,
     Checkpoint,
     CheckpointFencedError,
@@ -23,12 +27,8 @@ from bridge.delivery.checkpoint import (
     FileCheckpointStore,
     SinkProgress,
 )
-from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
-from bridge.delivery.checkpoint_natskv import NatsKvCheckpointStore
-from bridge.delivery.journal import Deleted, Exists, KnownObjectJournal, Relisted
-from bridge.kube.apiclient import ApiClient
-from bridge.kube.leaderelection import FenceToken
-from bridge.sim import Simulator
+from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
+from bridge.storage.checkpoint_natskv import NatsKvCheckpointStore
 from tests.brokers import NatsServer, running_nats
 from tests.checkpoint.test_fencing import Term
 

@@ -41,8 +41,8 @@ from typing import Any
 import aiohttp
 import yaml
 
-from bridge.delivery.checkpoint import FileCheckpointStore
 from bridge.kube.apiclient import ApiClient
+from bridge.storage.checkpoint import FileCheckpointStore
 from tests.brokers import TansuBroker, free_port, running_tansu, unique_name
 from tests.checkpoint.crash_harness import ROOT, Churn, live_objects, sim_process
 from tests.checkpoint.sharding_harness import (

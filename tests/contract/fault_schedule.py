@@ -51,7 +51,6 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from bridge.delivery.checkpoint import FileCheckpointStore, informer_id
 from bridge.errors import ConflictError, NotFoundError
 from bridge.kube.apiclient import ApiClient
 from bridge.service.verify import VerifyReport, event_kind, verify
@@ -63,6 +62,7 @@ from bridge.service.verify_sources import (
     read_jetstream,
     read_kafka,
 )
+from bridge.storage.checkpoint import FileCheckpointStore, informer_id
 from bridge.testing.spec import Change, ChangeKind, History, Received, SinkLog, check_sink, scope_of
 from tests.brokers import NatsServer, TansuBroker, free_port, running_nats, running_tansu
 

@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from bridge.clock import FakeClock
-from bridge.delivery.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 from bridge.delivery.pipeline import BridgePipeline
+from bridge.storage.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 from bridge.testing.fake_source import FakeControllerSource
 from bridge.testing.spec import (
     Acked,
@@ -89,7 +89,7 @@ class MemoryJournal:
 
 class MemoryStore:
     """A checkpoint store in memory with a known-object journal: checkpoints stored encoded
-    (:func:`~bridge.delivery.checkpoint.encode_checkpoint`), as durable as the test needs."""
+    (:func:`~bridge.storage.checkpoint.encode_checkpoint`), as durable as the test needs."""
 
     def __init__(self) -> None:
         self.files: dict[str, bytes] = {}

@@ -15,9 +15,9 @@ import pytest
 import yaml
 from helm_python import Chart, HelmError, lint
 
-from bridge.delivery.checkpoint import informer_id
 from bridge.service.config_schema import builtin_resources_template, chart_values_schema, render_json
 from bridge.service.resource_names import BUILTIN_RESOURCES, resolve_builtin
+from bridge.storage.checkpoint import informer_id
 from tests.service.test_chart import CHART, find, render
 
 ROOT = CHART.parents[1]

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from helm_python import Chart, HelmError, lint
 
-from bridge.delivery.checkpoint import informer_id
 from bridge.service.config import load_config
+from bridge.storage.checkpoint import informer_id
 from tests.service.test_chart import CHART, find, render
 
 FULLNAME = "keb-kube-event-bridge"

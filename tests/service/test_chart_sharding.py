@@ -128,7 +128,7 @@ def test_rbac_reads_only_its_own_statefulset(chart: Any) -> None:
     for cluster_role in find(docs, "ClusterRole"):
         assert all("statefulsets" not in r["resources"] for r in cluster_role["rules"])
     # Checkpoints of every shard, past and present, are read and cleaned up by the shards.
-    # Exactly the verbs the ConfigMap store calls (bridge/delivery/checkpoint_configmap.py): create
+    # Exactly the verbs the ConfigMap store calls (bridge/storage/checkpoint_configmap.py): create
     # (manifests, journals, chunks), get (load, peek), list (the take-over's informer_ids, orphan
     # chunks), update (replace of a manifest or journal), delete (clean-up of earlier totals); no patch.
     cm_rules = [r for r in role["rules"] if r["resources"] == ["configmaps"]]

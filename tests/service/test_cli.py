@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bridge.delivery.checkpoint import decode_checkpoint
+from bridge.storage.checkpoint import decode_checkpoint
 
 EXE = [sys.executable, "-m", "bridge.service.cli"]
 

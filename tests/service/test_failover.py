@@ -17,9 +17,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bridge.delivery.checkpoint import informer_id
-from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
 from bridge.kube.apiclient import ApiClient
+from bridge.storage.checkpoint import informer_id
+from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
 
 EXE = [sys.executable, "-m", "bridge.service.cli"]
 NS = "failover"

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from bridge.clock import FakeClock
-from bridge.delivery.checkpoint import Checkpoint, CheckpointFencedError, FileCheckpointStore
 from bridge.delivery.pipeline import BridgePipeline
 from bridge.kube.leaderelection import FenceToken
 from bridge.service.fencing import FencedSink
+from bridge.storage.checkpoint import Checkpoint, CheckpointFencedError, FileCheckpointStore
 from bridge.testing.fake_source import FakeControllerSource
 from tests.checkpoint.helpers import WATCHED, BatchSink, RecordingSink, cm, fake_builder, until
 

@@ -36,11 +36,11 @@ import orjson
 import pytest
 from aiohttp import web
 
-from bridge.delivery.checkpoint import Checkpoint, CheckpointFencedError, informer_id
-from bridge.delivery.checkpoint_configmap import ConfigMapCheckpointStore
 from bridge.errors import ApiError
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.leaderelection import FenceToken
+from bridge.storage.checkpoint import Checkpoint, CheckpointFencedError, informer_id
+from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
 
 EXE = [sys.executable, "-m", "bridge.service.cli"]
 NS = "ha"

@@ -15,12 +15,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bridge.delivery.checkpoint import informer_id
 from bridge.service.config import BridgeConfig
 from bridge.service.logconfig import configure_logging
 from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
+from bridge.storage.checkpoint import informer_id
 from tests.service.test_cli import EXE, sim_process  # noqa: F401 - the fixture
 from tests.service.test_service import eventually
 
@@ -70,7 +70,7 @@ def test_client_library_logs_are_json_lines_with_the_sink(tmp_path: Path,
     assert any("NATS" in r["message"] for r in nats_records), records
     # nats-py's connection errors (the checkpoint store's here) as one line each, not nats-py's
     # default error record carrying a traceback.
-    assert any(r["logger"] == "bridge.delivery.checkpoint_natskv" and "NATS connection error" in r["message"]
+    assert any(r["logger"] == "bridge.storage.checkpoint_natskv" and "NATS connection error" in r["message"]
                for r in records), records
     assert not any(r["logger"].startswith("nats") for r in records), records
     # The sink is a field, not part of the text.

@@ -10,11 +10,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from bridge.delivery.checkpoint import informer_id
 from bridge.service.config import BridgeConfig
 from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
+from bridge.storage.checkpoint import informer_id
 from sinks.contract import EventType
 from tests.service.test_service import Hook, eventually, get, lines, metric
 

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from bridge.delivery.checkpoint import informer_id
 from bridge.delivery.pipeline import WatchedResource
 from bridge.informer.factory import InformerKey
 from bridge.kube.apiclient import ApiClient
@@ -21,6 +20,7 @@ from bridge.service.config import BridgeConfig
 from bridge.service.service import BridgeService
 from bridge.service.sharding import assign
 from bridge.sim import Simulator
+from bridge.storage.checkpoint import informer_id
 from tests.checkpoint.helpers import CONFIGMAPS, CONFIGMAPS_API
 from tests.service.test_cli import run_cli
 from tests.service.test_cli_errors import assert_config_error

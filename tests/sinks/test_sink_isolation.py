@@ -20,8 +20,8 @@ import orjson
 import pytest
 
 from bridge.clock import RealClock
-from bridge.delivery.checkpoint import FileCheckpointStore
 from bridge.delivery.pipeline import BridgePipeline
+from bridge.storage.checkpoint import FileCheckpointStore
 from bridge.testing.fake_source import FakeControllerSource
 from sinks.file import FileSink
 from sinks.kafka import KafkaSink

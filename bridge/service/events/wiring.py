@@ -6,7 +6,6 @@ import logging
 from collections.abc import Sequence
 
 from bridge.clock import Clock
-from bridge.delivery.checkpoint import CheckpointStore
 from bridge.delivery.pipeline import WatchedResource
 from bridge.informer.factory import InformerKey
 from bridge.kube.apiclient import ApiClient
@@ -16,6 +15,7 @@ from bridge.service.events.enrichment import Enricher
 from bridge.service.events.metrics import EventCounter
 from bridge.service.events.profile import EventsProfile, EventsSink
 from bridge.service.telemetry import Telemetry
+from bridge.storage.checkpoint import CheckpointStore
 from sinks.contract import ResourceRef
 
 __all__ = ["EventsSink", "events_profile_for", "set_replay_point"]

@@ -3,7 +3,7 @@
 For in-cluster deployments without a volume: checkpoints live next to the bridge, in its namespace,
 and survive any pod. A Kubernetes object is limited to about 1 MiB, and the known-object index of a
 large informer exceeds that, so values are chunked by the storage layer's one writer
-(:class:`~bridge.delivery.blobstore.ChunkedValue`); this module supplies only the ConfigMap
+(:class:`~bridge.storage.blobstore.ChunkedValue`); this module supplies only the ConfigMap
 primitives (:class:`ConfigMapBlobStore`) and their format:
 
 * a checkpoint's **manifest** ``<prefix>-<informer_id>`` carries it inline (``data.checkpoint``) when
@@ -32,12 +32,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from bridge.delivery.blobstore import BlobConflict, Head
-from bridge.delivery.checkpoint import BlobCheckpointStore
-from bridge.delivery.fencing import BlobStoreError, FenceSource
 from bridge.errors import ApiError, ConflictError, NotFoundError
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.leaderelection import FenceToken
+from bridge.storage.blobstore import BlobConflict, Head
+from bridge.storage.checkpoint import BlobCheckpointStore
+from bridge.storage.fencing import BlobStoreError, FenceSource
 
 __all__ = ["DEFAULT_SHARD_BYTES", "JOURNAL_BYTES", "ConfigMapBlobStore", "ConfigMapCheckpointStore"]
 
@@ -89,7 +89,7 @@ def _version(cm: dict[str, Any]) -> str:
 
 
 class ConfigMapBlobStore:
-    """The ConfigMap primitives (a :class:`~bridge.delivery.blobstore.BlobStore`) for one ``kind``
+    """The ConfigMap primitives (a :class:`~bridge.storage.blobstore.BlobStore`) for one ``kind``
     of value in ``namespace``; ``room``: bytes one ConfigMap holds."""
 
     def __init__(self, *, client: ApiClient, namespace: str, prefix: str, kind: Kind, room: int) -> None:

@@ -5,7 +5,7 @@ NATS KV bucket) writes under a ``fence``: a callable returning the writer's
 :class:`~bridge.kube.leaderelection.FenceToken` (holder, lease term), or None once it no longer
 leads. A fenced write is refused when the fence says None (:func:`fence_token`) and, by the
 store's own compare-and-set, when the stored token is a later leader's (:func:`check_fence`). The
-rules are written once here and applied by the one chunked writer (:mod:`bridge.delivery.blobstore`).
+rules are written once here and applied by the one chunked writer (:mod:`bridge.storage.blobstore`).
 
     CheckpointError
     ├── CheckpointCorruptError   unreadable, truncated, wrong checksum/format: resync fully

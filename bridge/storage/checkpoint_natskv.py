@@ -3,19 +3,19 @@
 For deployments that already run NATS: checkpoints survive the pod and its volume, and several
 replicas of the bridge (leader-elected) share them. A checkpoint of a large informer can exceed the
 server's maximum message size (1 MiB by default), so values are chunked by the storage layer's one
-writer (:class:`~bridge.delivery.blobstore.ChunkedValue`); this module supplies only the KV
+writer (:class:`~bridge.storage.blobstore.ChunkedValue`); this module supplies only the KV
 primitives (:class:`NatsKvBlobStore`) and their format:
 
 * a checkpoint's **manifest** is the key ``<informer_id>``: ``{"generation", "chunks", "size",
   "sha256", "writer"}``; its chunks, ``<informer_id>.c.<generation>.<n>``, hold consecutive slices of
-  the encoded checkpoint (:func:`~bridge.delivery.checkpoint.encode_checkpoint`);
+  the encoded checkpoint (:func:`~bridge.storage.checkpoint.encode_checkpoint`);
 * a known-object journal's **head** is the key ``<informer_id>.journal``: a header line
   ``{"writer": [leaseTransitions, holder] | null, "chunks": [...]}`` (``chunks`` only when there are
   sealed chunks, the keys ``<head>.c.<generation>.<n>``), then the journal's tail.
 
 Heads are written with the revision last read or written (a KV update with the expected last
 revision; a create when there was none), so a deposed leader's write fails on the revision and then
-on the token (:mod:`bridge.delivery.fencing`).
+on the token (:mod:`bridge.storage.fencing`).
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ import orjson
 from nats.aio.client import Client as NatsClient
 from nats.js.kv import KeyValue
 
-from bridge.delivery.blobstore import BlobConflict, Head
-from bridge.delivery.checkpoint import BlobCheckpointStore, Checkpoint
-from bridge.delivery.fencing import BlobStoreError, CheckpointStoreError, FenceSource, token_json, token_of
 from bridge.kube.leaderelection import FenceToken
+from bridge.storage.blobstore import BlobConflict, Head
+from bridge.storage.checkpoint import BlobCheckpointStore, Checkpoint
+from bridge.storage.fencing import BlobStoreError, CheckpointStoreError, FenceSource, token_json, token_of
 
 __all__ = ["NatsKvBlobStore", "NatsKvCheckpointStore"]
 
@@ -50,7 +50,7 @@ _FAILURES = (nats.errors.Error, OSError, TimeoutError)
 
 
 class NatsKvBlobStore:
-    """The KV primitives (a :class:`~bridge.delivery.blobstore.BlobStore`) for checkpoints
+    """The KV primitives (a :class:`~bridge.storage.blobstore.BlobStore`) for checkpoints
     (``journal=False``) or journals in one bucket; ``limit``: bytes one value holds."""
 
     def __init__(self, *, open_kv: Callable[[], Awaitable[KeyValue]], bucket: str, journal: bool,

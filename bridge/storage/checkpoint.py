@@ -8,11 +8,11 @@ with format, length and SHA-256, then the JSON body, so that damage, and nonsens
 checksum, is detected rather than trusted (docs/delivery-contract.md, section 8).
 
 :class:`BlobCheckpointStore` keeps checkpoints and journals in a
-:class:`~bridge.delivery.blobstore.BlobStore` through the one chunked writer, fenced by
-:mod:`bridge.delivery.fencing` (loading claims a checkpoint for the loader's term, so a deposed leader
+:class:`~bridge.storage.blobstore.BlobStore` through the one chunked writer, fenced by
+:mod:`bridge.storage.fencing` (loading claims a checkpoint for the loader's term, so a deposed leader
 cannot write once a new one has loaded). Capabilities beyond :class:`CheckpointStore` are Protocols
 (:class:`ListableCheckpointStore`, :class:`JournalStore`) checked once, when the pipeline is built.
-The errors, re-exported here, are those of :mod:`bridge.delivery.fencing`.
+The errors, re-exported here, are those of :mod:`bridge.storage.fencing`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
-from bridge.delivery.blob_file import FileBlobStore
-from bridge.delivery.blobstore import CAS_ATTEMPTS, BlobStore, ChunkedValue, JournalBackend
-from bridge.delivery.fencing import (
+from bridge.kube.leaderelection import FenceToken
+from bridge.resource_version import is_rv
+from bridge.storage.blob_file import FileBlobStore
+from bridge.storage.blobstore import CAS_ATTEMPTS, BlobStore, ChunkedValue, JournalBackend
+from bridge.storage.fencing import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointFencedError,
@@ -42,8 +44,6 @@ from bridge.delivery.fencing import (
     token_json,
     token_of,
 )
-from bridge.delivery.resource_version import is_rv
-from bridge.kube.leaderelection import FenceToken
 
 __all__ = [
     "FORMAT_VERSION",
@@ -361,7 +361,7 @@ def _ahead(where: str, ahead: Any) -> dict[str, tuple[str, str, bool]]:
 
 class BlobCheckpointStore:
     """Checkpoints (values of ``checkpoints``) and known-object journals (values of ``journals``),
-    each written by a :class:`~bridge.delivery.blobstore.ChunkedValue`: a
+    each written by a :class:`~bridge.storage.blobstore.ChunkedValue`: a
     :class:`ListableCheckpointStore` and a :class:`JournalStore`. A backend builds it with its blob
     stores; ``chunking=False`` keeps every value in one blob (``too_large`` says what to do when one
     does not fit)."""
@@ -450,7 +450,7 @@ class BlobCheckpointStore:
 class FileCheckpointStore(BlobCheckpointStore):
     """One ``<informer_id>.ckpt`` file per informer in ``directory`` (created if missing), its
     journal ``<informer_id>.journal`` next to it; meant for one replica (fencing across hosts is
-    only as good as the shared filesystem's locks: :mod:`bridge.delivery.blob_file`). ``files``: the
+    only as good as the shared filesystem's locks: :mod:`bridge.storage.blob_file`). ``files``: the
     class of its files (a test's holds a write)."""
 
     SUFFIX = ".ckpt"

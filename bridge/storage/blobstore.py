@@ -3,8 +3,8 @@
 Checkpoints and known-object journals are values of any size kept in stores whose values are not (a
 ConfigMap holds about 1 MiB, a NATS message the server's max payload). :class:`ChunkedValue` is the
 only place that knows chunking, compare-and-set, fencing and the orphan sweep; a backend
-(:mod:`~bridge.delivery.blob_file`, :mod:`~bridge.delivery.checkpoint_configmap`,
-:mod:`~bridge.delivery.checkpoint_natskv`) implements only its primitives: :class:`BlobStore` for
+(:mod:`~bridge.storage.blob_file`, :mod:`~bridge.storage.checkpoint_configmap`,
+:mod:`~bridge.storage.checkpoint_natskv`) implements only its primitives: :class:`BlobStore` for
 heads, and :class:`ChunkStore` when its values may outgrow one blob.
 
 A value is a **head** (one stored blob, the commit point of every write, written only by
@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
-from bridge.delivery.fencing import (
+from bridge.kube.leaderelection import FenceToken
+from bridge.storage.fencing import (
     BlobStoreError,
     CheckpointCorruptError,
     CheckpointFencedError,
@@ -34,7 +35,6 @@ from bridge.delivery.fencing import (
     check_fence,
     fence_token,
 )
-from bridge.kube.leaderelection import FenceToken
 
 __all__ = ["AppendableBlobStore", "BlobConflict", "BlobStore", "ChunkStore", "ChunkedValue", "Head",
            "JournalBackend", "utf8_pieces"]
@@ -70,8 +70,8 @@ class BlobConflict(Exception):
 class BlobStore(Protocol):
     """One backend's primitives for the heads of one kind of value (checkpoints, or journals).
     ``ident`` is the value's logical name (an informer id); the store maps it to its own names.
-    Every method raises :class:`~bridge.delivery.fencing.BlobStoreError` (or another
-    :class:`~bridge.delivery.fencing.CheckpointStoreError`) when the store fails."""
+    Every method raises :class:`~bridge.storage.fencing.BlobStoreError` (or another
+    :class:`~bridge.storage.fencing.CheckpointStoreError`) when the store fails."""
 
     def describe(self, ident: str) -> str:
         """Where the value lives, for messages (``ConfigMap ns/name``)."""
@@ -142,7 +142,7 @@ class AppendableBlobStore(BlobStore, Protocol):
 class JournalBackend(Protocol):
     """Where one informer's journal bytes live (:mod:`bridge.delivery.journal`): stored durably,
     whole or appended to. Every method raises :class:`OSError` or
-    :class:`~bridge.delivery.fencing.CheckpointError` on failure."""
+    :class:`~bridge.storage.fencing.CheckpointError` on failure."""
 
     @property
     def name(self) -> str:
@@ -214,8 +214,8 @@ class ChunkedValue:
 
     async def fetch(self, token: FenceToken | None) -> Head | None:
         """The stored head, checked against ``token`` (a later leader's is refused with
-        :class:`~bridge.delivery.fencing.CheckpointFencedError`); a damaged one raises
-        :class:`~bridge.delivery.fencing.CheckpointCorruptError`."""
+        :class:`~bridge.storage.fencing.CheckpointFencedError`); a damaged one raises
+        :class:`~bridge.storage.fencing.CheckpointCorruptError`."""
         head = await self._store.get(self._ident)
         self._swept = False  # a read starts a run (or follows a crash's): look for orphans again
         if head is None:
@@ -230,7 +230,7 @@ class ChunkedValue:
 
     async def assemble(self, head: Head) -> bytes:
         """The value ``head`` commits: its chunks' bytes and its inline bytes, verified against its
-        digest. Raises :class:`~bridge.delivery.fencing.CheckpointCorruptError` when a chunk is
+        digest. Raises :class:`~bridge.storage.fencing.CheckpointCorruptError` when a chunk is
         missing or the digest does not match."""
         parts: list[bytes] = []
         for n, chunk in enumerate(head.chunks):

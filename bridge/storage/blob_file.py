@@ -3,7 +3,7 @@
 A value's head is the file ``<ident><suffix>`` (``pods.all.3f2a9c1d7e0b.ckpt``, ``….journal``) and
 holds the value's bytes as they are, so a checkpoint file is exactly an encoded checkpoint and a
 journal file exactly the journal's text (docs/architecture.md). A file has no size limit: values
-are never chunked (the store keeps no chunks, :class:`~bridge.delivery.blobstore.ChunkStore`).
+are never chunked (the store keeps no chunks, :class:`~bridge.storage.blobstore.ChunkStore`).
 
 Compare-and-set: a head's version is its file's (inode, size, mtime); a fenced replace compares it
 and writes under an exclusive ``flock`` on ``directory/.lock``, which fences replicas sharing the
@@ -14,7 +14,7 @@ one; an append (a journal's group commit) is one ``write`` and ``fdatasync``. Th
 token lives inside the value (a checkpoint carries it), read back by ``writer_of``; without it the
 values are unfenced (journal files: one replica).
 
-Writes run in a thread that a cancelled caller waits for (:mod:`bridge.delivery.store_io`): a write
+Writes run in a thread that a cancelled caller waits for (:mod:`bridge.storage.store_io`): a write
 cancelled mid-way has landed or failed when it returns, never later.
 """
 
@@ -27,10 +27,10 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from bridge.delivery.blobstore import BlobConflict, Head
-from bridge.delivery.fencing import BlobStoreError, CheckpointCorruptError
-from bridge.delivery.store_io import finish_in_thread
 from bridge.kube.leaderelection import FenceToken
+from bridge.storage.blobstore import BlobConflict, Head
+from bridge.storage.fencing import BlobStoreError, CheckpointCorruptError
+from bridge.storage.store_io import finish_in_thread
 
 __all__ = ["FileBlobStore"]
 
@@ -39,7 +39,7 @@ LOCK = ".lock"
 
 class FileBlobStore:
     """Values as files in ``directory`` (created when first written); a
-    :class:`~bridge.delivery.blobstore.AppendableBlobStore`.
+    :class:`~bridge.storage.blobstore.AppendableBlobStore`.
 
     ``what`` names the kind in messages; ``writer_of`` reads the writer's token out of a value (None:
     the values carry none, they are not fenced)."""
