@@ -4,12 +4,13 @@ the mutating admin endpoint on a listener of its own.
 The public listener (``server.host`` / ``server.port``, what the Service and the probes reach):
 
 =================  ============================================================================
-``GET /healthz``   200 while the event loop answers (liveness)
+``GET /healthz``   200 while the event loop answers (liveness), during a shutdown as well
 ``GET /readyz``    200 when every informer has synced and can list and watch, and every sink is
                    connected, else 503 with the reasons as JSON (``starting`` until every
                    informer is built; ``informer X cannot list or watch: ServerError: …`` while
-                   its last list/watch failed and it has made no progress since); a standby
-                   replica (leader election) is ready: it serves metrics and waits
+                   its last list/watch failed and it has made no progress since; ``stopping``
+                   alone from SIGTERM on, while the shutdown drains, until the listener closes);
+                   a standby replica (leader election) is ready: it serves metrics and waits
 ``GET /metrics``   Prometheus text exposition (OpenTelemetry Prometheus reader)
 =================  ============================================================================
 

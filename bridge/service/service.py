@@ -187,7 +187,12 @@ class BridgeService:
     # --- probes and metrics ----------------------------------------------------------------------
 
     def readiness(self) -> Readiness:
+        """Not ready ("stopping") from the stop event on (a signal, the supervisor gone), whatever the
+        role: the pod leaves the Service's endpoints while the pipeline drains, flushes and writes its
+        final checkpoint, until the endpoint closes. Liveness (``/healthz``) is not affected."""
         st = self._state
+        if self.stop_event.is_set():
+            return Readiness(False, ("stopping",), st.role)
         if st.role == "standby":
             return Readiness(True, (), "standby")
         reasons = [f"resource {name}: {why}" for name, why in st.unresolved.items()]
