@@ -103,7 +103,6 @@ from sinks.cloudevents import (
     encode_structured,
     event_id,
     event_source,
-    object_event_id,
     rfc3339,
     to_cloudevent,
 )
@@ -711,7 +710,6 @@ class BaseSink(Generic[O]):
                 last_time = seconds
                 time_text = rfc3339(seconds or wall_time())
                 self._time_text = (seconds, time_text)
-            eid = object_event_id(event, uid, rv)
             key = (uid if uid and by_uid else subject).encode()
             lane = lane_prefix + subject
             try:
@@ -723,21 +721,21 @@ class BaseSink(Generic[O]):
                     destination = render(event, sanitize)
                 if structured:
                     # The object's bytes spliced in as they are: what encode_structured does.
-                    ce = cloudevent_of(event, eid, namespace=namespace, name=name, uid=uid,
+                    ce = cloudevent_of(event, None, namespace=namespace, name=name, uid=uid,
                                        resource_version=rv, data=Fragment(obj.raw),
                                        datacontenttype=JSON_CONTENT_TYPE, source=source, time=time_text)
                     headers = {"content-type": STRUCTURED_CONTENT_TYPE}
                     body = orjson_dumps(ce)
                 else:
-                    ce = cloudevent_of(event, eid, namespace=namespace, name=name, uid=uid,
+                    ce = cloudevent_of(event, None, namespace=namespace, name=name, uid=uid,
                                        resource_version=rv, data=obj,
                                        datacontenttype=JSON_CONTENT_TYPE, source=source, time=time_text)
                     headers, body = encode_binary(ce, header_prefix)
             except Exception:  # the slow path logs it and makes the dead-letter message
                 return slow(event, ack)
             return OutgoingMessage(
-                key=key, destination=destination, headers=headers, body=body, event_id=eid, event=event,
-                ack=ack, header_prefix=header_prefix, lane=lane,
+                key=key, destination=destination, headers=headers, body=body, event_id=ce["id"],
+                event=event, ack=ack, header_prefix=header_prefix, lane=lane,
             )
 
         return build

@@ -253,7 +253,7 @@ def to_cloudevent(
 
 def cloudevent_of(
     event: ChangeEvent,
-    event_id_value: str,
+    event_id_value: str | None,
     *,
     namespace: str,
     name: str,
@@ -271,8 +271,17 @@ def cloudevent_of(
     (``namespace``, ``name``, ``uid``, ``resource_version``; ignored for markers), e.g. the fields of
     a :class:`~bridge.rawobject.RawObject`: no metadata mapping is looked up or built. ``source``
     and ``time``: :func:`event_source` of the event and :func:`rfc3339` of its time when the caller
-    has them."""
+    has them. ``event_id_value`` None (an event with an object): :func:`object_event_id` of
+    ``uid`` and ``resource_version``, read back from the result's ``id``."""
     etype = event.type
+    if event_id_value is None:
+        if uid and etype is EventType.DELETED:
+            event_id_value = object_event_id(event, uid, resource_version)
+        else:  # object_event_id's change id, without the call: a sink builds one per event
+            snap = event.snapshot
+            event_id_value = _sha256(
+                f"{uid}\0{resource_version}\0{_TYPE_VALUES[etype]}\0{snap.id if snap is not None else ''}"
+                .encode()).hexdigest()[:32]
     knative = compat == "knative" and etype in _KNATIVE_TYPES
     ce: dict[str, Any] = {
         "specversion": CE_SPEC_VERSION,

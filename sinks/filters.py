@@ -210,22 +210,6 @@ _RV_PATH: Path = ("metadata", "resourceVersion")
 _MF_PATH: Path = ("metadata", "managedFields")
 
 
-def _raw_differs(old: RawObject, new: RawObject, rv_ignored: bool) -> bool:
-    """Two objects without managedFields, as JSON bytes: do they differ, outside the
-    resourceVersion when ``rv_ignored``? Bytes that differ in layout only (never the case for two
-    states of one object from one API server) count as a change: a redundant update, never a lost
-    one."""
-    if old.raw == new.raw:
-        return False
-    if not (rv_ignored and old.resource_version and new.resource_version):
-        return True
-    before = b'"resourceVersion":' + orjson.dumps(old.resource_version)
-    after = b'"resourceVersion":' + orjson.dumps(new.resource_version)
-    # Equal once the first resourceVersion member is swapped: exactly that member changed, and it
-    # is metadata's (any other one changing would leave metadata's resourceVersion unequal).
-    return old.raw.replace(before, after, 1) != new.raw
-
-
 class ChangeFilter:
     """Decides whether an update is worth delivering."""
 
@@ -257,7 +241,22 @@ class ChangeFilter:
             and type(new) is RawObject
             and not (old.managed_fields or new.managed_fields)
         ):
-            return _raw_differs(old, new, self._rv_ignored)
+            # Two objects without managedFields, as JSON bytes: do they differ, outside the
+            # resourceVersion when it is ignored? Bytes that differ in layout only (never the case
+            # for two states of one object from one API server) count as a change: a redundant
+            # update, never a lost one. (Inline rather than a function: it runs for every update.)
+            old_raw = old.raw
+            new_raw = new.raw
+            if old_raw == new_raw:
+                return False
+            old_rv = old.resource_version
+            new_rv = new.resource_version
+            if not (self._rv_ignored and old_rv and new_rv):
+                return True
+            # Equal once the first resourceVersion member is swapped: exactly that member changed,
+            # and it is metadata's (any other one changing would leave metadata's unequal).
+            return old_raw.replace(b'"resourceVersion":' + orjson.dumps(old_rv),
+                                   b'"resourceVersion":' + orjson.dumps(new_rv), 1) != new_raw
         if not self.only:
             return _differs(old, new, self._trie)
         return any(_touches(old, new, path, self._trie) for path in self.only)

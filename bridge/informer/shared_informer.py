@@ -433,7 +433,7 @@ class SharedIndexInformer:
             # newer than it (an object the journal or some sink's own progress knows, created after
             # that delete) is a later incarnation whose delete no consumer has seen.
             cached_rv = object_identity(obj.obj)[1]
-            return not (cached_rv.isdigit() and int(cached_rv) > delivered_rv)
+            return not (cached_rv.isascii() and cached_rv.isdigit() and int(cached_rv) > delivered_rv)
         try:
             rv = int(object_identity(obj)[1])
         except ValueError:

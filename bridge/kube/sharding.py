@@ -189,7 +189,8 @@ class ShardFilter:
 
     def _below_floor(self, digest: int, resource_version: str) -> bool:
         floor = self._floors[digest % self._floor_modulus]
-        return bool(floor) and resource_version.isdigit() and int(resource_version) <= floor
+        return (bool(floor) and resource_version.isascii() and resource_version.isdigit()
+                and int(resource_version) <= floor)
 
     def keeps_item(self, raw: bytes | msgspec.Raw) -> bool:
         """Whether a list item (its undecoded bytes) is this shard's: only its uid is read."""

@@ -74,7 +74,7 @@ JOURNALS = Kind("journal", "-journal", "journal", "journal-chunk", "-c")
 def _stored_token(cm: dict[str, Any]) -> FenceToken | None:
     notes = (cm.get("metadata") or {}).get("annotations") or {}
     term = notes.get(TERM_ANNOTATION)
-    if term is None or not str(term).lstrip("-").isdigit():
+    if term is None or not (digits := str(term).lstrip("-")).isascii() or not digits.isdigit():
         return None
     return FenceToken(transitions=int(term), holder=str(notes.get(WRITER_ANNOTATION) or ""))
 

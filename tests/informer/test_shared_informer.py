@@ -993,3 +993,34 @@ async def test_a_relist_without_differences_still_sends_both_gap_markers(env: En
     await env.watch_down_then(come_and_go)
     await until(lambda: len(rec.seen) == 3, "the gap")
     assert rec.seen == [("add", "ns/a"), ("gap.begin", "1", ""), ("gap.end", "1", "3")]
+
+
+@pytest.mark.parametrize("cached_rv", ["²", "١٢", "", "4"])
+async def test_a_relist_tombstone_of_a_cached_object_without_a_decimal_version(env: Env,
+                                                                              cached_rv: str) -> None:
+    """As in the test above (sink progress), but the cached later incarnation's resourceVersion may
+    not be an etcd revision ("²" passes ``isdigit`` and fails ``int``; "١٢" passes both): such a
+    version is unknown, so the acknowledged delete vouches for the tombstone; a decimal one (4)
+    newer than that delete is a delete no sink has seen."""
+    a = env.source.add(cm("a"))            # 1
+    env.source.add(cm("b"))                # 2
+    env.source.delete(cm("b"))             # 3  acknowledged
+    env.source.add(cm("b", k="2"))         # 4
+    env.source.delete(cm("b"))             # 5  while down
+    env.source.compact()
+    informer = env.informer()
+    rec = RecordingHandler()
+    informer.add_event_handler(rec)
+    later = _unconfirmed("b", "uid-ns-b-4", cached_rv)
+    informer.seed(CacheSeed(objects=[_stub(a), later], resource_version="1", suppress={"ns/b": (3, True)},
+                            diverging={"ns/b"}))
+    await env.start(informer)
+    if cached_rv == "4":
+        assert await rec.wait_for(1) == [("delete", "ns/b", "4", True)]
+    else:
+        await until(lambda: informer.has_synced() and informer.get_indexer().list_keys() == ["ns/a"],
+                    "the relist")
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert len(rec.calls) == (1 if cached_rv == "4" else 0)
+    assert informer.get_indexer().list_keys() == ["ns/a"]

@@ -7,13 +7,18 @@ from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sinks.cloudevents import (
+    LEFT_SELECTOR,
+    cloudevent_of,
     decode_binary,
     decode_structured,
     encode_binary,
     encode_structured,
     event_id,
+    object_event_id,
     rfc3339,
     to_cloudevent,
 )
@@ -259,3 +264,23 @@ def test_gap_markers_and_the_events_inside() -> None:
     assert (ce["gapid"], ce["gapfrom"]) == ("g-1", "100")
     # The change's id does not depend on the gap: a redelivery in another gap deduplicates.
     assert ce["id"] == event_id(event(EventType.UPDATED, obj("a", uid="u", rv="120")))
+
+
+_ids = st.text(max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(uid=_ids, rv=_ids, etype=st.sampled_from([t for t in EventType if t is not EventType.HEARTBEAT]),
+       snap=st.none() | _ids, left=st.sampled_from([None, "true", "false"]))
+def test_the_envelope_computes_the_same_id_as_event_id(uid: str, rv: str, etype: EventType, snap: str | None,
+                                                       left: str | None) -> None:
+    """The sinks' fast path has :func:`cloudevent_of` compute the id (``event_id_value`` None): it is
+    :func:`event_id`'s, for every type, snapshot, selector exit and text (empty, non-ASCII)."""
+    extensions = {} if left is None else {LEFT_SELECTOR: left}
+    ev = ChangeEvent(type=etype, resource=DEPLOYMENTS, cluster="prod",
+                     obj={"metadata": {"namespace": "ns", "name": "n", "uid": uid, "resourceVersion": rv}},
+                     time=T0, snapshot=None if snap is None else SnapshotInfo(id=snap, resource_version="9"),
+                     extensions=extensions)
+    ce = cloudevent_of(ev, None, namespace="ns", name="n", uid=uid, resource_version=rv)
+    assert ce["id"] == event_id(ev) == object_event_id(ev, uid, rv)
+    assert ce == cloudevent_of(ev, event_id(ev), namespace="ns", name="n", uid=uid, resource_version=rv)

@@ -52,6 +52,7 @@ import orjson
 
 from bridge.clock import Clock
 from bridge.contracts import KubeObject, WatchEventType, WatchOptions
+from bridge.delivery.resource_version import parse_rv
 from bridge.errors import ApiError, ApiStatusError, NotFoundError
 from bridge.informer.reflector import Reflector
 from bridge.kube.apiclient import ApiClient
@@ -267,7 +268,7 @@ _OLDEST = re.compile(r"too old resource version: \d+ \((\d+)\)")
 
 
 def _rv_int(rv: str) -> int | None:
-    return int(rv) if rv.isdigit() else None
+    return parse_rv(rv)
 
 
 class Enricher:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from bridge.clock import Clock
 from bridge.delivery.pipeline import WatchedResource
+from bridge.delivery.resource_version import parse_rv
 from bridge.informer.factory import InformerKey
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import Discovery
@@ -66,7 +67,8 @@ async def set_replay_point(profile: EventsProfile, store: CheckpointStore | None
         except Exception as e:  # the pipeline reports the store's failures; enrichment just goes without
             log.warning("events enrichment: no replay point from the checkpoint of %s: %s", w.informer_id, e)
             continue
-        if checkpoint is not None and checkpoint.resource_version.isdigit():
-            points.append(int(checkpoint.resource_version))
+        rv = parse_rv(checkpoint.resource_version) if checkpoint is not None else None
+        if rv is not None:
+            points.append(rv)
     if points:
         enricher.replay_since = str(min(points))
