@@ -7,11 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from bridge.delivery.checkpoint import Checkpoint, FileCheckpointStore
 
 from bridge.contracts import WatchEventType
 from bridge.delivery.assembly import WatchedResource
-from bridge.delivery.checkpoint import Checkpoint, FileCheckpointStore
-from bridge.delivery.checkpoint_configmap import TERM_ANNOTATION, _stored_token
 from bridge.informer.factory import InformerKey
 from bridge.kube.discovery import APIResource
 from bridge.kube.listwatch import decode_watch_event
@@ -19,6 +18,7 @@ from bridge.kube.sharding import ShardFilter, shard_of, sharded_decoder
 from bridge.service.events.enrichment import Enricher, _rv_int
 from bridge.service.events.profile import EventsProfile
 from bridge.service.events.wiring import set_replay_point
+from bridge.storage.checkpoint_configmap import TERM_ANNOTATION, _stored_token
 from sinks.contract import ResourceRef
 from tests.api.test_sharding_decode import UIDS, line
 

@@ -52,12 +52,12 @@ import orjson
 
 from bridge.clock import Clock
 from bridge.contracts import KubeObject, WatchEventType, WatchOptions
-from bridge.delivery.resource_version import parse_rv
 from bridge.errors import ApiError, ApiStatusError, NotFoundError
 from bridge.informer.reflector import Reflector
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import APIResource, Discovery
 from bridge.kube.listwatch import METADATA_ACCEPT, HttpListerWatcher
+from bridge.resource_version import parse_rv
 from sinks.eventfacts import InvolvedObject
 
 __all__ = ["Enricher", "Enrichment", "EnrichmentStatus", "MetaEntry", "MetadataStore", "Owner"]

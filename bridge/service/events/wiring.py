@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 from bridge.clock import Clock
 from bridge.delivery.pipeline import WatchedResource
-from bridge.delivery.resource_version import parse_rv
 from bridge.informer.factory import InformerKey
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import Discovery
+from bridge.resource_version import parse_rv
 from bridge.service.config import BridgeConfig
 from bridge.service.events.enrichment import Enricher
 from bridge.service.events.metrics import EventCounter
