@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from bridge.delivery.checkpoint import Checkpoint, FileCheckpointStore
+from bridge.storage.checkpoint import Checkpoint, FileCheckpointStore
 
 from bridge.contracts import WatchEventType
 from bridge.delivery.assembly import WatchedResource

@@ -715,6 +715,8 @@ def _mask(value: Any, key: str = "") -> Any:
 def masked_dump(config: BridgeConfig) -> dict[str, Any]:
     """The effective configuration as plain data with every secret value replaced by ``***``."""
     raw = config.model_dump(mode="json")
+    if raw.get("workers") is None:
+        del raw["workers"]  # unset (the CPU limit); a written null is refused
     raw["sinks"] = [{"name": s.name, "kind": s.kind, **s.options()} for s in config.sinks]
     masked: dict[str, Any] = _mask(raw)
     return masked

@@ -196,7 +196,7 @@ async def test_unknown_resource_is_reported_and_others_keep_running(tmp_path: Pa
     async with Simulator() as sim:
         sim.store.create("pods", make_pod("p0", "default"))
         cfg = config(sim, tmp_path, hook).model_copy(update={})
-        data = cfg.model_dump()
+        data = cfg.model_dump(exclude_unset=True)
         data["resources"] = [{"resource": "pods"}, {"resource": "gizmos.example.com"}]
         service = BridgeService(config=BridgeConfig.model_validate(data))
         task = asyncio.create_task(service.run(), name="service-under-test")

@@ -124,6 +124,20 @@ def test_bad_workers_exit_2_naming_the_field(tmp_path: Path, value: str) -> None
         assert_config_error(run_cli(command, "--config", str(cfg)), "workers")
 
 
+def test_the_printed_configuration_loads_again_with_workers_unset(tmp_path: Path) -> None:
+    """check-config prints the effective configuration; fed back, it must mean the same (workers
+    unset stays unset: the CPU limit, and no shard take-over)."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(BASE)
+    printed = run_cli("check-config", "--config", str(cfg))
+    assert printed.returncode == 0, printed.stderr
+    again = tmp_path / "again.yaml"
+    again.write_text(printed.stdout)
+    assert run_cli("check-config", "--config", str(again)).returncode == 0
+    assert load_config(again).workers is None
+    assert "workers" not in load_config(again).model_fields_set
+
+
 def test_worker_position_and_its_shard() -> None:
     assert worker_position({}) is None
     pos = worker_position({"KUBE_EVENT_BRIDGE_WORKER": "2/3"})
