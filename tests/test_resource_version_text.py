@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from bridge.storage.checkpoint import Checkpoint, FileCheckpointStore
 
 from bridge.contracts import WatchEventType
 from bridge.delivery.assembly import WatchedResource
@@ -18,6 +17,7 @@ from bridge.kube.sharding import ShardFilter, shard_of, sharded_decoder
 from bridge.service.events.enrichment import Enricher, _rv_int
 from bridge.service.events.profile import EventsProfile
 from bridge.service.events.wiring import set_replay_point
+from bridge.storage.checkpoint import Checkpoint, FileCheckpointStore
 from bridge.storage.checkpoint_configmap import TERM_ANNOTATION, _stored_token
 from sinks.contract import ResourceRef
 from tests.api.test_sharding_decode import UIDS, line
