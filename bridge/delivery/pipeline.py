@@ -82,7 +82,7 @@ class BridgePipeline(PipelineInspection):
         on_event: Callable[[str, str], None] | None = None,
         start_sinks: bool = True,
         sync_timeout: float = 120.0,
-        fetch_object: Callable[[WatchedResource, str, str], Awaitable[Mapping[str, Any]]] | None = None,
+        fetch_object: Callable[[WatchedResource, str, str, str], Awaitable[Mapping[str, Any]]] | None = None,
         spill_directory: str | os.PathLike[str] | None = None,
         outage_check_interval: float = 1.0,
         outage_summary_interval: float = 30.0,
@@ -93,7 +93,7 @@ class BridgePipeline(PipelineInspection):
         disables checkpoints. ``checkpoint_interval`` in seconds. ``on_event(resource, kind)``, if
         given, is called for every change an informer processed (it must be cheap). ``start_sinks``
         False leaves starting and closing the sinks to the caller. ``fetch_object(watched,
-        namespace, name)`` reads one object unfiltered (selector exits,
+        namespace, name, at)`` reads one object unfiltered, now or at a resourceVersion (selector exits,
         :mod:`bridge.delivery.selector_exit`). ``spill_directory``: where sinks' backlogs spill
         (None: a sink that falls behind degrades). Sinks' health is checked every
         ``outage_check_interval`` seconds (:mod:`bridge.delivery.outages`)."""

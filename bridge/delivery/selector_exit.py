@@ -1,8 +1,8 @@
 """Telling a selector exit from a delete (docs/event-format.md, "Selector exits").
 
 A watch scoped by a label or field selector reports an object that stops matching as ``DELETED``,
-exactly like a real delete; only the API server can tell them apart (after an exit the uid still
-exists). :class:`SelectorExits` asks it once per change, whatever the number of sinks, and the sink
+exactly like a real delete; only the API server can tell them apart (an exited uid outlives that
+resourceVersion). :class:`SelectorExits` asks it once per change, whatever the number of sinks, and the sink
 listeners mark exits with the ``leftselector`` extension. An unanswered question sends a plain
 delete: the safe reading, and nothing waits on it. After a restart, what a replay of a uid whose
 inferred delete was sent may send depends on whether the uid lives on, which :meth:`SelectorExits.alive`
@@ -31,9 +31,9 @@ _UNANSWERED: Final = -1
 """What :meth:`SelectorExits._look` returns when the API server could not tell (a resourceVersion
 is never negative)."""
 
-Fetch = Callable[[str, str], Awaitable[Mapping[str, Any]]]
-"""``fetch(namespace, name)``: the object as the API server has it now, unfiltered; raises
-:class:`~bridge.errors.NotFoundError` when it does not exist."""
+Fetch = Callable[[str, str, str], Awaitable[Mapping[str, Any]]]
+"""``fetch(namespace, name, at)``: the object unfiltered, now (``at`` empty) or at exactly resourceVersion
+``at``; raises :class:`~bridge.errors.NotFoundError` when it does not (did not) exist."""
 
 
 class SelectorExits:
@@ -43,9 +43,7 @@ class SelectorExits:
                  retry_delay: float = 1.0) -> None:
         """``attempts`` and ``retry_delay`` (seconds) bound how long :meth:`alive` retries a question
         the API server cannot answer."""
-        self._fetch = fetch
-        self._timeout = timeout
-        self._memory = memory
+        self._fetch, self._timeout, self._memory = fetch, timeout, memory
         self._attempts = max(1, attempts)
         self._retry_delay = retry_delay
         self._answers: OrderedDict[tuple[str, str], asyncio.Future[int | None]] = OrderedDict()
@@ -65,11 +63,12 @@ class SelectorExits:
             if not answer.cancelled():
                 return answer.result()
 
-    async def left(self, namespace: str, name: str, uid: str, resource_version: str) -> bool:
-        """True when the object ``uid`` still exists (so its delete was a selector exit). Unanswered,
-        or its asker cancelled: False (a plain delete)."""
-        answer = await self._shared(self._answers, (uid, resource_version),
-                                    lambda: self._look(namespace, name, uid, "left the selector"))
+    async def left(self, namespace: str, name: str, uid: str, rv: str, inferred: bool = False) -> bool:
+        """True when the object ``uid`` outlived its delete at ``rv`` (a selector exit): it exists now
+        or, gone since, it existed at ``rv`` (not asked of a delete a relist ``inferred``: ``rv`` is its
+        last state's). Unanswered, or its asker cancelled: False (a plain delete)."""
+        at = "" if inferred else rv
+        answer = await self._shared(self._answers, (uid, rv), lambda: self._look(namespace, name, uid, at))
         return not answer.cancelled() and answer.result() not in (None, _UNANSWERED)
 
     async def _shared(self, answers: OrderedDict[Any, asyncio.Future[int | None]], key: Any,
@@ -96,30 +95,31 @@ class SelectorExits:
         for attempt in range(self._attempts):
             if attempt:
                 await asyncio.sleep(self._retry_delay)
-            answer = await self._look(namespace, name, uid, f"(uid {uid}) still exists")
+            answer = await self._look(namespace, name, uid)
             if answer != _UNANSWERED:
                 return answer
         log.warning("cannot tell whether %s/%s (uid %s) still exists after %d attempts: its replayed "
                     "changes are read as those of a deleted object", namespace, name, uid, self._attempts)
         return None
 
-    async def _look(self, namespace: str, name: str, uid: str, question: str) -> int | None:
-        """One GET of the object: the resourceVersion ``uid`` has now (0 when not numeric), None
-        when it is gone (not found, or the name holds another uid), :data:`_UNANSWERED` when the API
-        server could not tell (logged with ``question``)."""
-        try:
-            async with asyncio.timeout(self._timeout):
-                current = await self._fetch(namespace, name)
-        except NotFoundError:
-            return None
-        except (BridgeError, TimeoutError, OSError) as e:
-            log.debug("cannot tell whether %s/%s %s: %s", namespace, name, question, e)
-            return _UNANSWERED
-        except Exception:  # never let the question hold back or break a delivery
-            log.warning("cannot tell whether %s/%s %s", namespace, name, question, exc_info=True)
-            return _UNANSWERED
-        meta = current.get("metadata")
-        if not isinstance(meta, Mapping) or meta.get("uid") != uid:
-            return None
-        rv = str(meta.get("resourceVersion") or "")
-        return parse_rv(rv) or 0
+    async def _look(self, namespace: str, name: str, uid: str, at: str = "") -> int | None:
+        """The resourceVersion ``uid`` has now (0 when not numeric), else (not found, or the name holds
+        another uid) the one it had at resourceVersion ``at`` when given; None when it is gone;
+        :data:`_UNANSWERED` when the API server could not tell (logged)."""
+        for when in ("", at) if at else ("",):
+            try:
+                async with asyncio.timeout(self._timeout):
+                    current = await self._fetch(namespace, name, when)
+            except NotFoundError:
+                continue
+            except (BridgeError, TimeoutError, OSError) as e:
+                log.debug("cannot tell whether %s/%s (uid %s) exists at %s: %s", namespace, name, uid,
+                          when or "present", e)
+                return _UNANSWERED
+            except Exception:  # never let the question hold back or break a delivery
+                log.warning("cannot tell whether %s/%s (uid %s) exists", namespace, name, uid, exc_info=True)
+                return _UNANSWERED
+            meta = current.get("metadata")
+            if isinstance(meta, Mapping) and meta.get("uid") == uid:
+                return parse_rv(str(meta.get("resourceVersion") or "")) or 0
+        return None

@@ -453,6 +453,6 @@ class SinkListener:
             uid, rv = event.uid, event.resource_version
             decided = self.replay.replayed_exit(uid, rv) if self.replay is not None else None
             if decided is None:
-                decided = await exits.left(event.namespace, event.name, uid, rv)
+                decided = await exits.left(event.namespace, event.name, uid, rv, event.final_state_unknown)
             if decided:
                 event.extensions[LEFT_SELECTOR_EXTENSION] = "true"

@@ -33,7 +33,7 @@ from bridge.contracts import ListerWatcher
 from bridge.delivery.checkpoint_writer import GroupCommit
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.delivery.stall import StallCheck
-from bridge.errors import ApiError, BridgeError, ConfigurationError
+from bridge.errors import ApiError, BridgeError, ConfigurationError, NotFoundError
 from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.informer.namespaces import NamespaceFilteredListerWatcher, NamespaceLabels, NamespaceScope
 from bridge.kube.apiclient import ApiClient, ApiClientOptions
@@ -141,6 +141,23 @@ def _lease_client_options(config: BridgeConfig) -> ApiClientOptions:
     return ApiClientOptions(request_timeout=le.renew_deadline,
                             connect_timeout=min(base.connect_timeout, le.renew_deadline),
                             user_agent=f"{base.user_agent} leader-election/{le.identity}")
+
+
+async def fetch_object(client: ApiClient, w: WatchedResource, namespace: str, name: str,
+                       at: str = "") -> dict[str, Any]:
+    """The object as the API server has it now (``at`` empty), or had it at exactly resourceVersion
+    ``at`` (a list of that name with ``resourceVersionMatch=Exact``, a read of that one key); raises
+    :class:`~bridge.errors.NotFoundError` when it does not (did not) exist. What a selector exit is
+    asked (:class:`~bridge.delivery.selector_exit.SelectorExits`)."""
+    context = f"reading {w.api.qualified} {namespace}/{name}" + (f" at {at}" if at else "")
+    if not at:
+        return await client.get(w.api.object_path(name, namespace or None), context=context)
+    listed = await client.get(w.api.path(namespace or None), context=context, params={
+        "fieldSelector": f"metadata.name={name}", "resourceVersion": at, "resourceVersionMatch": "Exact"})
+    items = [i for i in listed.get("items") or () if isinstance(i, dict)]
+    if not items:
+        raise NotFoundError(f"{w.api.qualified} {namespace}/{name} did not exist at {at}", code=404)
+    return items[0]
 
 
 @dataclass
@@ -479,12 +496,8 @@ class BridgeService:
         store = _checkpoint_store(cfg, client, fence)
         if events_profile is not None:
             await set_replay_point(events_profile, store, watched)
-        async def fetch_object(w: WatchedResource, namespace: str, name: str) -> dict[str, Any]:
-            return await client.get(w.api.object_path(name, namespace or None),
-                                    context=f"reading {w.api.qualified} {namespace}/{name}")
-
         pipeline = BridgePipeline(
-            fetch_object=fetch_object,
+            fetch_object=functools.partial(fetch_object, client),
             factory=factory, resources=watched, sinks=list(sinks), checkpoint_store=store,
             cluster=cfg.cluster, checkpoint_interval=cfg.checkpoint.interval,
             stall_check=(StallCheck(after=cfg.kubernetes.stall_after,

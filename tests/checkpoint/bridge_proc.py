@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import signal
 import sys
@@ -22,6 +23,7 @@ from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import HttpListerWatcher
+from bridge.service.service import fetch_object
 from bridge.storage.checkpoint import CheckpointStore, FileCheckpointStore
 from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
 from bridge.storage.checkpoint_natskv import NatsKvCheckpointStore
@@ -104,13 +106,9 @@ async def run(args: argparse.Namespace) -> int:
     else:
         store = FileCheckpointStore(directory=args.checkpoint_dir)
 
-    async def fetch_object(w: WatchedResource, namespace: str, name: str) -> dict[str, Any]:
-        return await client.get(w.api.object_path(name, namespace or None),
-                                context=f"reading {w.api.qualified} {namespace}/{name}")
-
     pipeline = BridgePipeline(
         factory=factory, resources=[WatchedResource(key=key, api=api, ref=ref)], sinks=sinks,
-        fetch_object=fetch_object,
+        fetch_object=functools.partial(fetch_object, client),
         checkpoint_store=store, cluster=args.cluster,
         checkpoint_interval=args.checkpoint_interval, clock=clock, spill_directory=args.spill_dir,
         group_commit=(GroupCommit(events=args.commit_events, delay=args.commit_delay)

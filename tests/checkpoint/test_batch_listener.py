@@ -116,8 +116,8 @@ def with_markers() -> list[Notification]:
 def exits(alive: dict[str, str]) -> SelectorExits:
     """A selector's exits answered from ``alive`` (name → resourceVersion it has now; others gone)."""
 
-    async def fetch(namespace: str, name: str) -> dict[str, object]:
-        if name not in alive:
+    async def fetch(namespace: str, name: str, at: str) -> dict[str, object]:
+        if at or name not in alive:  # a name gone now was gone at its delete too
             raise NotFoundError(f"{name} not found", code=404)
         return obj(name, alive[name])
 

@@ -24,7 +24,7 @@ def obj(name: str, rv: str) -> dict[str, object]:
 
 
 def listener(resent: Mapping[str, tuple[str, bool]], *, selector: bool = False) -> SinkListener:
-    async def fetch(namespace: str, name: str) -> dict[str, Any]:
+    async def fetch(namespace: str, name: str, at: str) -> dict[str, Any]:
         raise AssertionError("not asked")
 
     exits = SelectorExits(fetch=fetch) if selector else None
@@ -83,7 +83,9 @@ async def replay(lst: SinkListener, n: Notification) -> list[tuple[str, str, boo
 def selector_listener(resent: Mapping[str, tuple[str, bool]], now: dict[str, Any] | None,
                       asked: list[str]) -> SinkListener:
     """A selector-scoped listener whose API server has ``now`` under every name (None: nothing)."""
-    async def fetch(namespace: str, name: str) -> dict[str, Any]:
+    async def fetch(namespace: str, name: str, at: str) -> dict[str, Any]:
+        if at:  # every delete here is a real one: the name was gone at its resourceVersion
+            raise NotFoundError("not found", code=404)
         asked.append(name)
         if now is None:
             raise NotFoundError("not found", code=404)

@@ -73,7 +73,9 @@ async def test_one_question_per_change_whatever_the_number_of_sinks_and_errors_r
         "forbidden": ForbiddenError("forbidden", code=403),
     }
 
-    async def fetch(namespace: str, name: str) -> dict[str, Any]:
+    async def fetch(namespace: str, name: str, at: str) -> dict[str, Any]:
+        if at:  # the names gone now were gone at their delete too
+            raise NotFoundError("not found", code=404)
         asked.append(name)
         await asyncio.sleep(0.01)
         answer = answers[name]
@@ -101,7 +103,7 @@ async def test_whether_a_uid_lives_on_is_asked_once_for_every_sink_and_retried_w
     asked: list[str] = []
     failures = {"flaky": 2, "down": 99}
 
-    async def fetch(namespace: str, name: str) -> dict[str, Any]:
+    async def fetch(namespace: str, name: str, at: str) -> dict[str, Any]:
         asked.append(name)
         await asyncio.sleep(0)
         if failures.get(name, 0) > 0:
@@ -131,7 +133,7 @@ async def test_a_cancelled_asker_of_whether_a_uid_lives_on_leaves_the_question_t
     release = asyncio.Event()
     asked: list[str] = []
 
-    async def fetch(namespace: str, name: str) -> dict[str, Any]:
+    async def fetch(namespace: str, name: str, at: str) -> dict[str, Any]:
         asked.append(name)
         await release.wait()
         return {"metadata": {"uid": "u1", "resourceVersion": "7"}}
@@ -147,3 +149,50 @@ async def test_a_cancelled_asker_of_whether_a_uid_lives_on_leaves_the_question_t
     assert await second == 7
     assert first.cancelled()
     assert asked == ["x", "x"]  # the second asked again
+
+
+async def test_a_pod_bound_then_deleted_before_the_question_is_answered_is_still_handed_over_marked(
+        tmp_path: Path) -> None:
+    """The owner of unscheduled Pods (``sharding.strategy: node``) sees a binding as a delete at the
+    binding's resourceVersion. When the Pod is deleted (from its node) before the owner asks about that
+    delete, as a loaded owner can, the Pod is gone by the time of the question; it still outlived the
+    binding, so the hand-over is marked. A Pod deleted before it was bound is a plain delete."""
+    async with Simulator() as sim:
+        events = tmp_path / "events.jsonl"
+        config = BridgeConfig.model_validate({
+            "cluster": "test",
+            "kubernetes": {"kubeconfig": str(sim.write_kubeconfig(tmp_path / "kubeconfig")),
+                           "in_cluster": "false"},
+            "resources": [{"resource": "pods", "namespace": "default"}],
+            "sinks": [{"name": "file", "kind": "file", "path": str(events)}],
+            "checkpoint": {"store": "none"},
+            "sharding": {"strategy": "node", "unscheduled": True},
+            "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
+            "shutdown_deadline": 10,
+        })
+        service = BridgeService(config=config)
+        task = asyncio.create_task(service.run(), name="service-under-test")
+        base = f"{sim.url}/api/v1/namespaces/default/pods"
+        try:
+            await eventually(lambda: service.readiness().ready, what="readiness")
+            async with aiohttp.ClientSession() as s:
+                for name in ("bound", "unbound"):
+                    async with s.post(base, json=_pod(name, "web")) as r:
+                        assert r.status == 201
+                await eventually(lambda: len(lines(events)) == 2, what="the adds")
+                sim.set_faults(watch_stall=True)  # the owner has not read the binding yet
+                async with s.post(f"{base}/bound/binding", json={
+                        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": "bound"},
+                        "target": {"kind": "Node", "name": "node-a"}}) as r:
+                    assert r.status == 201
+                for name in ("bound", "unbound"):
+                    async with s.delete(f"{base}/{name}") as r:
+                        assert r.status == 200
+                sim.set_faults(watch_stall=False)
+                await eventually(lambda: len(lines(events)) == 4, what="the exit and the delete")
+        finally:
+            service.stop_event.set()
+            await task
+    got = [(e["type"].rsplit(".", 1)[1], e["name"], e.get("leftselector")) for e in lines(events)]
+    assert got == [("added", "bound", None), ("added", "unbound", None),
+                   ("deleted", "bound", "true"), ("deleted", "unbound", None)]
