@@ -3,7 +3,8 @@
 :class:`SinkListener` turns each :class:`~bridge.contracts.Notification` into
 :class:`~sinks.contract.ChangeEvent` values (a snapshot becomes a begin marker, one ``sync`` event per
 object and an end marker with the count and the resourceVersion), hands them to the sink, and
-acknowledges the notification once the sink has acknowledged every one of its events.
+acknowledges the notification once the sink has acknowledged its events (all but the beginning of
+a window of its own that frames a change: the change counts with the window's end).
 
 There is one path: :meth:`SinkListener.handle_batch` (a single notification is a batch of one). The
 changes ready at once reach the sink in one ``deliver_batch`` call; markers and snapshots, and a
@@ -407,16 +408,20 @@ class SinkListener:
             collected.add(listed[0], ack, self.stats.outcomes)
             return
         await self._hand_over(collected, i - 1)
-        await self._deliver_all(listed, len(listed), ack)
+        await self._deliver_all(listed, len(listed), ack, framed=n.kind is not NotificationKind.GAP)
 
-    async def _deliver_all(self, events: Iterable[ChangeEvent], count: int, ack: AckFunc) -> None:
+    async def _deliver_all(self, events: Iterable[ChangeEvent], count: int, ack: AckFunc, *,
+                           framed: bool = False) -> None:
         """Hands ``events`` (``count`` of them) to the sink one by one; ``ack`` once the sink
-        acknowledged every one."""
+        acknowledged every one (a change's, ``framed``: but a window's beginning, module docs)."""
         one = _countdown(count, ack)
         outcomes = self.stats.outcomes
         for event in events:
             self.stats.events += 1
-            await self.sink.deliver(event, ack_once(outcomes, one))
+            begin = framed and event.type is EventType.GAP_BEGIN
+            if begin:
+                one()
+            await self.sink.deliver(event, ack_once(outcomes, (lambda: None) if begin else one))
 
     async def _hand_over(self, collected: _Collected, last: int) -> None:
         """Hands the collected events to the sink in one call (a loop over ``deliver`` for a sink
