@@ -182,6 +182,7 @@ class CheckpointWriter:
             rv, diff = sink_state(inf, name)
             objects: dict[str, tuple[str, str] | None] = {}
             ahead: dict[str, tuple[str, str, bool]] = {}
+            owes: dict[str, dict[str, str]] = {}
             for key, k in diff.items():
                 if k is None:
                     objects[key] = None
@@ -189,14 +190,17 @@ class CheckpointWriter:
                     objects[key] = (k.uid, str(k.resource_version))
                 else:
                     ahead[key] = (k.uid, str(k.resource_version), k.deleted)
-            for key, (uid, owed_rv) in inf.tracker.owed_deletes(name).items():
+            for key, owed in inf.tracker.owed_deletes(name).items():
                 k = diff.get(key)
-                if k is not None:  # both maps: see SinkProgress
+                if k is not None:  # both maps, or owes: see SinkProgress
                     objects.pop(key, None)
                     ahead[key] = (k.uid, str(k.resource_version), k.deleted)
-                    objects[key] = (uid, str(owed_rv))
+                    if len(owed) == 1:
+                        objects[key] = next((uid, str(owed_rv)) for uid, owed_rv in owed.items())
+                    else:
+                        owes[key] = {uid: str(owed_rv) for uid, owed_rv in owed.items()}
             sections[name] = SinkProgress(resource_version=str(rv) if rv > base else "",
-                                          objects=objects, ahead=ahead)
+                                          objects=objects, ahead=ahead, owes=owes)
         return sections
 
 

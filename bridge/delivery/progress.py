@@ -87,7 +87,7 @@ class AckTracker:
         """Acks for a (listener, seq) that was not owed: counted, otherwise ignored."""
         self._scans: dict[str, Scan] = {}
         """Listener → its incremental own-progress scan (:meth:`listener_state`)."""
-        self._owes: dict[str, dict[str, tuple[str, int]]] = {}
+        self._owes: dict[str, dict[str, dict[str, int]]] = {}
         """Listener → :meth:`owed_deletes` as of its last :meth:`listener_state`."""
         self._max_acked: dict[str, int] = {}
         """Listener → the highest seq it acknowledged (how far :meth:`listener_state` looks past
@@ -355,21 +355,20 @@ class AckTracker:
         return limit
 
     def _acked_beyond(self, listener: str, limit: int, scan: Scan
-                      ) -> tuple[dict[str, Known], dict[str, tuple[str, int]]]:
+                      ) -> tuple[dict[str, Known], dict[str, dict[str, int]]]:
         """Per object, the newest change ``listener`` acknowledged past its contiguous prefix (from
         ``limit``, the first it owes; section 3: after a crash its filter skips a change at or below
         what it acknowledged of that object). Also, per key, what it owes of earlier objects of a
-        re-used name while it acknowledged a later one (:meth:`owed_deletes`). A key stays as it was
-        from a change without a resourceVersion, or from an acknowledged change among those it owes
-        of several earlier objects. Recomputed at each call, up to the highest seq it acknowledged."""
+        re-used name while it acknowledged a later one (:meth:`owed_deletes`): per earlier uid, its
+        first change owed since the last one acknowledged. A key stays as it was from a change
+        without a resourceVersion. Recomputed at each call, up to the highest seq it acknowledged."""
         last = self._max_acked.get(listener, -1)
         out: dict[str, Known] = {}
-        owes: dict[str, tuple[str, int]] = {}
+        owes: dict[str, dict[str, int]] = {}
         if last <= limit:
             return out, owes
         blocked: set[str] = set()
         owed: dict[str, dict[str, int]] = {}  # key → uid → its first change owed since one acknowledged
-        acked: dict[str, list[tuple[str, int]]] = {}
         window = self._window
         for seq in range(limit, last + 1):
             entry = window.get(seq)
@@ -389,29 +388,21 @@ class AckTracker:
                 mine.setdefault(uid, effect_rv)
                 continue
             mine.pop(uid, None)  # what it owes of this object is older than this change
-            owe = None
-            if len(mine) == 1:
-                owe = next(iter(mine.items()))  # the changes of one earlier object, from there
-            elif mine:  # of every earlier object from the first: named by this object's uid
-                owe = (uid, min(mine.values()))
-                if any(other != uid and rv > owe[1] for other, rv in acked.get(key, ())):
-                    blocked.add(key)  # it acknowledged a change among those it owes of other objects
-                    continue
-            acked.setdefault(key, []).append((uid, effect_rv))
             current = out.get(key) or scan.changes.get(key) or self.base_knowledge(key)
             if current is not None and effect_rv < current.resource_version:
                 continue
             out[key] = Known(uid, effect_rv, known is None)
-            if owe is not None:
-                owes[key] = owe
+            if mine:
+                owes[key] = dict(mine)
             else:
                 owes.pop(key, None)
         return out, {key: owe for key, owe in owes.items() if key in out}
 
-    def owed_deletes(self, listener: str) -> dict[str, tuple[str, int]]:
+    def owed_deletes(self, listener: str) -> dict[str, dict[str, int]]:
         """As of the last :meth:`listener_state` of ``listener``: key → what it owes of earlier
-        objects while its state of the key is a later object's (``resume_plan.owes_change``)."""
-        return dict(self._owes.get(listener, {}))
+        objects while its state of the key is a later object's, uid → the resourceVersion from which
+        (``resume_plan.owes_change``)."""
+        return {key: dict(owe) for key, owe in self._owes.get(listener, {}).items()}
 
     def _marker_rv(self, limit: int | None) -> int:
         """The newest resourceVersion among the pending markers a listener owing nothing before

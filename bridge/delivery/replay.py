@@ -274,7 +274,7 @@ class SinkResume:
                  "skipped")
 
     def __init__(self, *, resource_version: int, known: Mapping[str, Known | tuple[str, int, bool]],
-                 maybe: Iterable[str] = (), owes: Mapping[str, tuple[str, int]] | None = None,
+                 maybe: Iterable[str] = (), owes: Mapping[str, Mapping[str, int]] | None = None,
                  api_version: str = "", kind: str = "", floor: Callable[[str], int] | None = None,
                  floor_max: int = 0) -> None:
         """``maybe``: uids the sink may hold beyond what ``known`` says. ``api_version`` and ``kind``:
@@ -290,7 +290,7 @@ class SinkResume:
         """Once the informer passed it, the filter only needs to look at :attr:`known`."""
         self.known: dict[str, Known] = {key: Known(*k) for key, k in known.items()}
         self.maybe: set[str] = set(maybe)
-        self.owes: Mapping[str, tuple[str, int]] = owes or {}
+        self.owes: Mapping[str, Mapping[str, int]] = owes or {}
         """key → what it owes of objects earlier than the one it knows there (``owes_change``)."""
         self.skipped = 0
         """Notifications acknowledged without delivery because the sink had them already."""

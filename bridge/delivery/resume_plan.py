@@ -138,7 +138,7 @@ class SinkStart:
     """What its filter starts from: :attr:`section` plus what it does not hold of the cache."""
     maybe: frozenset[str] = frozenset()
     """uids it may hold whatever :attr:`known` says (the journal's, past its own point)."""
-    owes: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    owes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     """key → what it owes of objects earlier than the one it knows there (:func:`owes_change`)."""
     floor: Callable[[str], int] | None = None
     """After a reshard: per uid, a later point up to which it acknowledged that object."""
@@ -187,12 +187,14 @@ class ResumePlan:
         return frozenset(n for n, s in self.sinks.items() if s.kind is SinkStartKind.BOOTSTRAP)
 
 
-def owes_change(owe: tuple[str, int] | None, known: Known, uid: str, rv: int) -> bool:
+def owes_change(owe: Mapping[str, int] | None, known: Known, uid: str, rv: int) -> bool:
     """Whether a sink owes the change at ``rv`` of ``uid``, an object earlier than the one it knows
-    under that key (``known``, acknowledged first): ``owe`` is its section's (the earlier object's
-    uid — ``known``'s for every earlier object — and the resourceVersion from which it owes them)."""
-    return (owe is not None and uid != known.uid and owe[0] in (uid, known.uid)
-            and owe[1] <= rv < known.resource_version)
+    under that key (``known``, acknowledged first): ``owe`` is its section's (per earlier object's
+    uid — ``known``'s for every earlier object — the resourceVersion from which it owes its changes)."""
+    if owe is None or uid == known.uid or rv >= known.resource_version:
+        return False
+    at = owe.get(uid, owe.get(known.uid))
+    return at is not None and at <= rv
 
 
 def stub_objects(resource: ResourceRef, index: Mapping[str, tuple[str, str]]) -> list[KubeObject]:
@@ -335,8 +337,11 @@ def _own_start(rv: int, differs: Mapping[str, Known], extra: Mapping[str, tuple[
     """A sink resuming from its own progress (invariant 4); ``progress``: its section, which names
     the earlier objects of a key whose changes it owes (:class:`~bridge.storage.checkpoint.SinkProgress`)."""
     mine = {**{key: HOLDS_NOTHING for key in extra if key not in differs}, **differs}
-    owes = {key: (entry[0], int(entry[1])) for key in (progress.ahead if progress else {})
-            if (entry := progress.objects.get(key) if progress else None) is not None}
+    owes: dict[str, Mapping[str, int]] = {
+        key: {entry[0]: int(entry[1])} for key in (progress.ahead if progress else {})
+        if (entry := progress.objects.get(key) if progress else None) is not None}
+    owes.update({key: {uid: int(at) for uid, at in owed.items()} for key, owed in
+                 (progress.owes if progress else {}).items()})
     maybe: set[str] = set(progress.owed_deletes()) if progress is not None else set()
     for key, uid, stub_rv in journal_only:
         at = parse_rv(stub_rv)

@@ -95,7 +95,8 @@ def _filter_progress(p: SinkProgress, keep: Callable[[str], bool], cp: Checkpoin
         if uid and keep(uid):
             objects[k] = v
     ahead = {k: a for k, a in p.ahead.items() if not a[0] or keep(a[0])}
-    return SinkProgress(resource_version=p.resource_version, objects=objects, ahead=ahead)
+    owes = {k: o for k, o in p.owes.items() if k in ahead}
+    return SinkProgress(resource_version=p.resource_version, objects=objects, ahead=ahead, owes=owes)
 
 
 def merge_checkpoints(informer_id: str, parts: Iterable[Checkpoint]) -> Checkpoint | None:

@@ -66,10 +66,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2
-"""Written by this version. 2 added the per-sink section (``sinks``); format 1 is still read (it
-covers every configured sink, at the base)."""
-_READABLE_VERSIONS = frozenset({1, 2})
+FORMAT_VERSION = 3
+"""Written by this version. 2 added the per-sink section (``sinks``), 3 its ``owes``; formats 1 (it
+covers every configured sink, at the base) and 2 are still read."""
+_READABLE_VERSIONS = frozenset({1, 2, 3})
 _MAGIC = b"kube-event-bridge-checkpoint"
 
 
@@ -92,15 +92,21 @@ class SinkProgress:
     still owes the delete of the earlier one (``objects``: its uid, the delete's resourceVersion),
     which a restart sends it again (a reader that knows only one object per key takes ``ahead``);
     under the same uid in both, it owes every earlier object's changes from ``objects``' resourceVersion."""
+    owes: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """Keys in ``ahead`` (the later object it acknowledged) of which it owes changes of several
+    earlier objects: key → uid → the resourceVersion from which it owes that object's changes
+    (format 3; one earlier object is written in both maps, as format 2 did)."""
 
     def owed_deletes(self) -> frozenset[str]:
-        """The uids whose delete the sink owes (a key in both maps under different uids)."""
-        return frozenset(entry[0] for key, (uid, _rv, _deleted) in self.ahead.items()
-                         if (entry := self.objects.get(key)) is not None and entry[0] != uid)
+        """The uids whose delete the sink owes (a key in both maps under different uids, or in
+        :attr:`owes`)."""
+        return frozenset({*(entry[0] for key, (uid, _rv, _deleted) in self.ahead.items()
+                            if (entry := self.objects.get(key)) is not None and entry[0] != uid),
+                          *(uid for owed in self.owes.values() for uid in owed)})
 
     @property
     def at_base(self) -> bool:
-        return not (self.resource_version or self.objects or self.ahead)
+        return not (self.resource_version or self.objects or self.ahead or self.owes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +287,8 @@ def _encode_progress(p: SinkProgress) -> dict[str, Any]:
         out["objects"] = {k: (None if v is None else [v[0], v[1]]) for k, v in p.objects.items()}
     if p.ahead:
         out["ahead"] = {k: [v[0], v[1], v[2]] for k, v in p.ahead.items()}
+    if p.owes:
+        out["owes"] = {k: dict(v) for k, v in p.owes.items()}
     return out
 
 
@@ -294,7 +302,7 @@ def _sinks(raw: Any, base_rv: str) -> dict[str, SinkProgress] | None:
     for name, section in raw.items():
         if not name or not isinstance(section, dict):
             raise CheckpointCorruptError(f"checkpoint per-sink section {name!r} is malformed")
-        unknown = set(section) - {"resource_version", "objects", "ahead"}
+        unknown = set(section) - {"resource_version", "objects", "ahead", "owes"}
         if unknown:
             raise CheckpointCorruptError(
                 f"checkpoint per-sink section {name!r} has unknown fields {sorted(unknown)}")
@@ -305,8 +313,21 @@ def _sinks(raw: Any, base_rv: str) -> dict[str, SinkProgress] | None:
                 f"checkpoint {where}resourceVersion {rv} is behind the base's {base_rv}")
         sinks[name] = SinkProgress(resource_version=rv,
                                    objects=_index(where, section.get("objects") or {}, absent=True),
-                                   ahead=_ahead(where, section.get("ahead") or {}))
+                                   ahead=_ahead(where, section.get("ahead") or {}),
+                                   owes=_owes(where, section.get("owes") or {}))
     return sinks
+
+
+def _owes(where: str, owes: Any) -> dict[str, dict[str, str]]:
+    """A sink's ``owes``: key → uid → resourceVersion, each key one of its delivered-ahead map's."""
+    out: dict[str, dict[str, str]] = {}
+    for key, owed in owes.items():
+        _check_key(f"{where}owed changes", key)
+        if not isinstance(owed, dict) or not owed or not all(
+                isinstance(uid, str) and uid and is_rv(rv) for uid, rv in owed.items()):
+            raise CheckpointCorruptError(f"checkpoint {where}owed changes of {key!r} are malformed")
+        out[key] = {uid: str(rv) for uid, rv in owed.items()}
+    return out
 
 
 def _rv(where: str, rv: Any) -> str:

@@ -129,7 +129,7 @@ def test_4_what_a_sink_acknowledged_past_its_point_is_known_and_what_it_owes_is_
     assert a.known["ns/o"] == Known("u-o", 23, True)
     assert a.known["ns/d"] == Known("u-d2", 25, False)
     assert a.maybe == frozenset({"u-d"})
-    assert a.owes == {"ns/d": ("u-d", 24)}
+    assert a.owes == {"ns/d": {"u-d": 24}}
     assert cp.sinks is not None
     assert cp.sinks["a"].owed_deletes() == frozenset({"u-d"})
     assert cp.sinks["b"].owed_deletes() == frozenset()
@@ -148,7 +148,7 @@ def test_4_what_a_sink_owes_of_earlier_objects_of_a_re_used_name_is_sent() -> No
     p = plan(cp, {"u-d": Deleted("ns/d", "21"), "u-d2": Deleted("ns/d", "23"), "u-d3": Exists("ns/d", "26"),
                   "u-e": Deleted("ns/e", "24"), "u-e2": Exists("ns/e", "25")})
     a = p.sinks["a"]
-    assert a.owes == {"ns/d": ("u-d3", 21)}
+    assert a.owes == {"ns/d": {"u-d3": 21}}
     known = a.known["ns/d"]
     assert known == Known("u-d3", 26, False)
     assert owes_change(a.owes["ns/d"], known, "u-d2", 22)
@@ -156,6 +156,27 @@ def test_4_what_a_sink_owes_of_earlier_objects_of_a_re_used_name_is_sent() -> No
     assert not owes_change(a.owes["ns/d"], known, "u-d3", 26)
     assert not owes_change(a.owes["ns/d"], known, "u-d", 20)
     assert a.maybe == frozenset({"u-d2"})
+
+
+def test_4_what_a_sink_owes_of_each_earlier_object_is_sent_and_nothing_it_acknowledged() -> None:
+    """Of ns/d the sink acknowledged u-d3 and, out of order, u-d2's add at 22, owing u-d's delete at
+    21 and u-d2's delete at 23 (``owes``, per earlier object): its filter sends those two and not
+    u-d2's add, nor u-d3's changes."""
+    cp = Checkpoint(
+        informer_id="cm", resource_version="20", objects={"ns/d": ("u-d", "15")},
+        sinks={"a": SinkProgress(ahead={"ns/d": ("u-d3", "26", False)},
+                                 owes={"ns/d": {"u-d": "21", "u-d2": "23"}}),
+               "b": SinkProgress()})
+    p = plan(cp, {"u-d": Deleted("ns/d", "21"), "u-d2": Deleted("ns/d", "23"), "u-d3": Exists("ns/d", "26")})
+    a = p.sinks["a"]
+    assert a.owes == {"ns/d": {"u-d": 21, "u-d2": 23}}
+    known = a.known["ns/d"]
+    assert known == Known("u-d3", 26, False)
+    assert owes_change(a.owes["ns/d"], known, "u-d", 21)
+    assert owes_change(a.owes["ns/d"], known, "u-d2", 23)
+    assert not owes_change(a.owes["ns/d"], known, "u-d2", 22)
+    assert not owes_change(a.owes["ns/d"], known, "u-d3", 26)
+    assert a.maybe == frozenset({"u-d", "u-d2"})
 
 
 def test_5_a_sink_the_checkpoint_does_not_cover_is_bootstrapped() -> None:

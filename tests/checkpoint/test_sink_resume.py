@@ -198,7 +198,7 @@ def test_own_progress_keeps_what_a_sink_acknowledged_past_its_prefix() -> None:
         t.acked("fast", seq)
     b, c, d = Known("ub", 7, False), Known("uc", 9, False), Known("ud2", 11, False)
     assert t.listener_state("fast", 0, {}) == (5, {"ns/b": b, "ns/c": c, "ns/d": d})
-    assert t.owed_deletes("fast") == {"ns/d": ("ud", 10)}
+    assert t.owed_deletes("fast") == {"ns/d": {"ud": 10}}
     t.acked("fast", 0)  # the prefix now reaches ns/b's update and stops at ns/c's first one
     assert t.listener_state("fast", 0, {}) == (7, {"ns/a": Known("ua", 6, False), "ns/b": b, "ns/c": c,
                                                    "ns/d": d})

@@ -20,6 +20,7 @@ from bridge.kube.apiclient import ApiClient
 from bridge.kube.leaderelection import FenceToken
 from bridge.sim import Simulator
 from bridge.storage.checkpoint import (
+    FORMAT_VERSION,
     BlobCheckpointStore,
     Checkpoint,
     CheckpointFencedError,
@@ -37,7 +38,7 @@ A = FenceToken(transitions=0, holder="a")
 B = FenceToken(transitions=1, holder="b")
 OBJECTS = {f"ns/objet-é-{i:04d}": (f"uid-{i:04d}", str(1000 + i)) for i in range(60)}
 WANT = Checkpoint(informer_id=IDENT, resource_version="2000", objects=OBJECTS, written_at=7.5,
-                  ahead={"ns/late": ("uid-late", "2005", False)}, writer=A)
+                  ahead={"ns/late": ("uid-late", "2005", False)}, writer=A, format_version=2)
 RECORDS = [["a", f"ns/new-{i}", f"uid-new-{i}", str(2001 + i)] for i in range(30)] + [
     ["d", "ns/objet-é-0001", "uid-0001", "2040", False]]
 ENTRIES = {**{f"uid-new-{i}": Exists(f"ns/new-{i}", str(2001 + i)) for i in range(30)},
@@ -187,14 +188,14 @@ GOLDEN, SMALL = "configmaps.golden.0123456789ab", "configmaps.small.0123456789ab
 WRITER = FenceToken(transitions=3, holder="bridge-0")
 SUCCESSOR = FenceToken(transitions=4, holder="bridge-1")
 GOLDEN_CP = Checkpoint(
-    informer_id=GOLDEN, resource_version="2000", written_at=7.5, writer=WRITER,
+    informer_id=GOLDEN, resource_version="2000", written_at=7.5, writer=WRITER, format_version=2,
     objects={f"ns/objet-é-{i:04d}": (f"uid-{i:04d}", str(1000 + i)) for i in range(40)},
     ahead={"ns/late": ("uid-late", "2005", False), "ns/gone": ("", "2006", True)},
     sinks={"kafka": SinkProgress(), "webhook": SinkProgress(
         resource_version="2004", objects={"ns/objet-é-0001": None, "ns/new": ("uid-new", "2002")},
         ahead={"ns/late": ("uid-late", "2005", False)})})
 SMALL_CP = Checkpoint(informer_id=SMALL, resource_version="17", objects={"a/b": ("u", "3")}, written_at=1.0,
-                      writer=WRITER)
+                      writer=WRITER, format_version=2)
 GOLDEN_ENTRIES = {
     **{f"uid-n-{i}": Exists(f"ns/n-{i}", str(2001 + i)) for i in range(45)},
     "uid-r": Relisted("ns/r", "2030", "1990", added=False),
@@ -213,7 +214,9 @@ async def reads_what_3c23339_wrote(store: BlobCheckpointStore, successor: BlobCh
     claimed = await successor.load(GOLDEN)  # a later leader's load claims it
     assert claimed is not None
     assert claimed == GOLDEN_CP
-    assert await store.peek(GOLDEN) == dataclasses.replace(GOLDEN_CP, writer=SUCCESSOR)
+    # The claim rewrote it in today's format.
+    rewritten = dataclasses.replace(GOLDEN_CP, writer=SUCCESSOR, format_version=FORMAT_VERSION)
+    assert await store.peek(GOLDEN) == rewritten
 
 
 async def test_files_written_by_3c23339_load(tmp_path: Path) -> None:
@@ -251,3 +254,25 @@ async def test_nats_kv_values_written_by_3c23339_load(nats_js: NatsServer) -> No
                                        NatsKvCheckpointStore(nc=nc, bucket="golden", fence=Term(SUCCESSOR)))
     finally:
         await nc.close()
+
+
+# Format 3 (FORMAT_VERSION 3: a sink's ``owes``, per earlier object of a re-used name the changes it
+# owes), as the file store wrote it (stored_formats.json, "format3").
+OWES_CP = Checkpoint(
+    informer_id="configmaps.owes.0123456789ab", resource_version="30", written_at=2.5, writer=WRITER,
+    objects={"ns/d": ("u-d", "15")},
+    sinks={"kafka": SinkProgress(), "webhook": SinkProgress(
+        resource_version="31", objects={"ns/e": ("u-e", "32")},
+        ahead={"ns/d": ("u-d3", "36", False), "ns/e": ("u-e2", "34", False)},
+        owes={"ns/d": {"u-d": "33", "u-d2": "35"}})})
+
+
+async def test_a_format_3_file_with_what_a_sink_owes_of_several_earlier_objects_loads(tmp_path: Path) -> None:
+    for name, text in FORMATS["format3"]["file"].items():
+        (tmp_path / name).write_text(text)
+    loaded = await FileCheckpointStore(directory=tmp_path).peek(OWES_CP.informer_id)
+    assert loaded == OWES_CP
+    assert loaded.format_version == 3
+    assert loaded.sinks is not None
+    # ns/d: two earlier objects owed (owes); ns/e: one (in both maps under different uids, as format 2).
+    assert loaded.sinks["webhook"].owed_deletes() == frozenset({"u-d", "u-d2", "u-e"})
