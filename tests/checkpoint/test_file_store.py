@@ -15,6 +15,7 @@ import pytest
 
 from bridge.storage.blob_file import FileBlobStore
 from bridge.storage.checkpoint import (
+    FORMAT_VERSION,
     Checkpoint,
     CheckpointCorruptError,
     CheckpointStoreError,
@@ -59,7 +60,8 @@ def test_encode_decode_roundtrip() -> None:
         (lambda b: b.replace(b'"42"', b'"43"'), "checksum mismatch"),
         (lambda b: b"garbage", "bad header"),
         (lambda b: b"", "bad header"),
-        (lambda b: b.replace(b"checkpoint 2 ", b"checkpoint 9 "), "format 9 is not supported"),
+        (lambda b: b.replace(b"checkpoint %d " % FORMAT_VERSION, b"checkpoint 9 "),
+         "format 9 is not supported"),
     ],
 )
 def test_decode_rejects_damage(mutate: Callable[[bytes], bytes], message: str) -> None:

@@ -160,7 +160,7 @@ async def test_a_redelivery_after_a_restart_carries_the_same_time(tmp_path: Path
     behind); the second run re-sends those changes: same ids as the file sink wrote in the first run,
     and the same times."""
     async with Simulator() as sim:
-        cfg = _config(sim, tmp_path, hook, compact=True).model_dump(mode="json")
+        cfg = _config(sim, tmp_path, hook, compact=True).model_dump(mode="json", exclude_unset=True)
         cfg["checkpoint"] = {"store": "file", "directory": str(tmp_path / "checkpoints"), "interval": 0.1}
         cfg["sinks"][1]["retry"] = {"initial": 0.05, "max": 0.1}
         config = BridgeConfig.model_validate(cfg)
@@ -203,7 +203,7 @@ async def test_kubectl_writes_are_attributed_to_kubectl(tmp_path: Path, hook: Ho
     manifest.write_text('{"apiVersion": "v1", "kind": "ConfigMap", '
                         '"metadata": {"name": "settings", "namespace": "default"}, "data": {"a": "1"}}')
     async with Simulator() as sim:
-        cfg = _config(sim, tmp_path, hook, compact=True).model_dump(mode="json")
+        cfg = _config(sim, tmp_path, hook, compact=True).model_dump(mode="json", exclude_unset=True)
         cfg["resources"] = [{"resource": "configmaps", "namespace": "default"}]
         config = BridgeConfig.model_validate(cfg)
         kubeconfig = tmp_path / "kubeconfig"

@@ -25,16 +25,21 @@ from tests.service.test_cli import EXE, sim_process  # noqa: F401 - the fixture
 from tests.service.test_service import eventually
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def closed_port(held: list[socket.socket]) -> int:
+    """A port that refuses connections for as long as its socket in ``held`` stays open: bound and
+    not listening, so the OS cannot hand it to another listener (the bridge's own servers bind port
+    0 too, and a released port came back as the bridge's HTTP port)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    held.append(s)
+    return int(s.getsockname()[1])
 
 
 def test_client_library_logs_are_json_lines_with_the_sink(tmp_path: Path,
                                                          sim_process: tuple[str, Path]) -> None:  # noqa: F811
     _, kubeconfig = sim_process
-    kafka, nats = closed_port(), closed_port()
+    held: list[socket.socket] = []
+    kafka, nats = closed_port(held), closed_port(held)
     cfg = tmp_path / "bridge.yaml"
     cfg.write_text(
         f"kubernetes: {{kubeconfig: '{kubeconfig}', in_cluster: 'false'}}\n"
@@ -57,6 +62,8 @@ def test_client_library_logs_are_json_lines_with_the_sink(tmp_path: Path,
         if proc.poll() is None:
             proc.kill()
         _, stderr = proc.communicate()
+        for sock in held:
+            sock.close()
     records = []
     for line in stderr.splitlines():
         assert not line.startswith("%"), f"a raw librdkafka line reached stderr: {line}"
