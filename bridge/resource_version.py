@@ -1,4 +1,4 @@
-"""The one way the delivery layer reads and compares resourceVersions.
+"""The one way the bridge reads and compares resourceVersions (checkpoints, progress, the cache).
 
 A resourceVersion is opaque to clients in general; the bridge compares them because it needs order
 (what a sink has, what a checkpoint covers, what a replay may send), and it relies on what every

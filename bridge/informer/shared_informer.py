@@ -102,6 +102,7 @@ from bridge.informer.store import (
 )
 from bridge.informer.transform import drop_managed_fields
 from bridge.rawobject import RawObject, object_identity
+from bridge.resource_version import parse_rv
 
 __all__ = [
     "CacheSeed",
@@ -433,7 +434,8 @@ class SharedIndexInformer:
             # newer than it (an object the journal or some sink's own progress knows, created after
             # that delete) is a later incarnation whose delete no consumer has seen.
             cached_rv = object_identity(obj.obj)[1]
-            return not (cached_rv.isascii() and cached_rv.isdigit() and int(cached_rv) > delivered_rv)
+            cached = parse_rv(cached_rv)
+            return not (cached is not None and cached > delivered_rv)
         try:
             rv = int(object_identity(obj)[1])
         except ValueError:
