@@ -15,7 +15,7 @@ from helm_python import Chart, HelmError, lint
 
 from bridge.service.config import load_config
 from bridge.service.sharding_auto import pod_ordinal
-from tests.service.test_chart import CHART, find, render
+from tests.service.test_chart import CHART, as_mounted, find, render
 
 SHARDED: dict[str, Any] = {"sharding": {"enabled": True, "shards": 3}}
 FULLNAME = "keb-kube-event-bridge"
@@ -111,7 +111,7 @@ def test_configuration_asks_for_automatic_sharding_of_its_own_statefulset(
     assert pod_ordinal(f"{sts['metadata']['name']}-2") == (sts["metadata"]["name"], 2)
     # The rendered configuration, sharding section included, is valid for the bridge.
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path.write_text(as_mounted(yaml.safe_dump(cfg), tmp_path))
     loaded = load_config(path)
     assert loaded.checkpoint.store == "configmap"
     assert (loaded.sharding.shards, loaded.sharding.ordinal) == ("auto", "auto")

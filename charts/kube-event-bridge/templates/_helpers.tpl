@@ -119,6 +119,9 @@ The effective configuration: the user's `config` with the parts the chart owns f
 {{- $server := deepCopy (default dict $cfg.server) -}}
 {{- $_ := set $server "host" "0.0.0.0" -}}
 {{- $_ := set $server "port" (int .Values.metrics.port) -}}
+{{- with include "kube-event-bridge.adminTokenFile" . -}}
+{{- $_ := set $server "admin_token_file" . -}}
+{{- end -}}
 {{- $_ := set $cfg "server" $server -}}
 {{- $le := dict "enabled" .Values.leaderElection.enabled "namespace" .Release.Namespace "name" (include "kube-event-bridge.leaseName" .) "lease_duration" .Values.leaderElection.leaseDuration "renew_deadline" .Values.leaderElection.renewDeadline "retry_period" .Values.leaderElection.retryPeriod -}}
 {{- $_ := set $cfg "leader_election" $le -}}
@@ -386,4 +389,20 @@ each worker's Lease and a change of the limit takes the workers' checkpoints ove
 {{- end -}}
 {{- max 1 $n -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+The admin token's file when the chart provides it (adminToken.enabled, and config.server does not
+name a token file of its own), else "".
+*/}}
+{{- define "kube-event-bridge.adminTokenFile" -}}
+{{- $own := dig "server" "admin_token_file" "" (default dict .Values.config) -}}
+{{- if and .Values.adminToken.enabled (not $own) -}}
+{{- printf "/var/run/secrets/kube-event-bridge/admin-token/%s" .Values.adminToken.key -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the admin token: adminToken.existingSecret, else <fullname>-admin-token. */}}
+{{- define "kube-event-bridge.adminTokenSecret" -}}
+{{- default (printf "%s-admin-token" (include "kube-event-bridge.fullname" . | trunc 51 | trimSuffix "-")) .Values.adminToken.existingSecret -}}
 {{- end -}}
