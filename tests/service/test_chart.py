@@ -153,12 +153,14 @@ def test_leader_election_and_configmap_store_add_their_rules(chart: Any) -> None
     rules = role["rules"]
     assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
             "resourceNames": ["keb-kube-event-bridge"], "verbs": ["get", "update"]} in rules
-    assert any(r["resources"] == ["configmaps"] for r in rules)
+    # Checkpoints live in a namespace of their own (tests/service/test_chart_checkpoint_namespace.py).
+    (cp_role,) = find(docs, "Role", "ops-keb-checkpoints")
+    assert any(r["resources"] == ["configmaps"] for r in cp_role["rules"])
     (cm,) = find(docs, "ConfigMap")
     cfg = yaml.safe_load(cm["data"]["config.yaml"])
     assert cfg["leader_election"]["enabled"] is True
     assert cfg["leader_election"]["namespace"] == "ops"
-    assert cfg["checkpoint"]["namespace"] == "ops"
+    assert cfg["checkpoint"]["namespace"] == "ops-keb-checkpoints"
     assert cfg["server"]["port"] == 8080
 
 

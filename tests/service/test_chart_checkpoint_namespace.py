@@ -105,3 +105,18 @@ def test_a_file_store_needs_no_namespace(chart: Any) -> None:
                                      "checkpoint": {"store": "file"}}})
     assert find(docs, "Namespace") == []
     assert find(docs, "Role") == []
+
+
+@pytest.mark.parametrize(("values", "shards"), [
+    ({"resources": {"limits": {"cpu": "2", "memory": "1Gi"}}}, [(0, 2), (1, 2)]),
+    ({"sharding": {"enabled": True, "shards": 2}}, [(0, 2), (1, 2)]),
+])
+def test_sharded_processes_name_each_shards_checkpoint(chart: Any, values: dict[str, Any],
+                                                       shards: list[tuple[int, int]]) -> None:
+    from bridge.delivery.sharding import shard_id
+
+    (role,) = find(render(chart, values), "Role", "ops")
+    base = f"{PREFIX}-{informer_id('pods')}"
+    (rule,) = configmap_rules(role)
+    assert rule["resourceNames"] == [name for o, t in shards
+                                     for name in (shard_id(base, o, t), f"{shard_id(base, o, t)}-journal")]

@@ -89,7 +89,7 @@ def test_node_pods_get_least_privilege_rbac(chart: Any) -> None:
     assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["pods"],
                                       "verbs": ["get", "list", "watch"]}]
     (role,) = [d for d in node_roles if d["kind"] == "Role"]
-    assert role["metadata"]["namespace"] == "ops"
+    assert role["metadata"]["namespace"] == "ops-keb-checkpoints"
     assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
                               "verbs": ["create", "get", "list", "update", "patch", "delete"]}]
     for binding in [d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")

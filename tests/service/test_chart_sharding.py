@@ -131,7 +131,8 @@ def test_rbac_reads_only_its_own_statefulset(chart: Any) -> None:
     # Exactly the verbs the ConfigMap store calls (bridge/storage/checkpoint_configmap.py): create
     # (manifests, journals, chunks), get (load, peek), list (the take-over's informer_ids, orphan
     # chunks), update (replace of a manifest or journal), delete (clean-up of earlier totals); no patch.
-    cm_rules = [r for r in role["rules"] if r["resources"] == ["configmaps"]]
+    (cp_role,) = find(docs, "Role", namespace="ops-keb-checkpoints")
+    cm_rules = [r for r in cp_role["rules"] if r["resources"] == ["configmaps"]]
     assert cm_rules == [{"apiGroups": [""], "resources": ["configmaps"],
                          "verbs": ["create", "get", "list", "update", "delete"]}]
     (binding,) = find(docs, "RoleBinding", namespace="ops")
@@ -282,7 +283,7 @@ def test_rbac_of_a_release_per_shard_covers_its_sharded_checkpoints(chart: Any) 
     # One release per shard (fixed numbers, a Deployment): its checkpoint ids are
     # <informer id>.shard-<o>-of-<N> and a take-over lists and reads the other shards' (and earlier
     # totals'): the Role cannot name them, as in the StatefulSet mode.
-    (role,) = find(render(chart, {"config": FIXED_SHARD}), "Role", namespace="ops")
+    (role,) = find(render(chart, {"config": FIXED_SHARD}), "Role", namespace="ops-keb-checkpoints")
     cm_rules = [r for r in role["rules"] if r["resources"] == ["configmaps"]]
     assert cm_rules == [{"apiGroups": [""], "resources": ["configmaps"],
                          "verbs": ["create", "get", "list", "update", "delete"]}]

@@ -59,10 +59,10 @@ def test_workers_read_other_shards_checkpoints_with_the_configmap_store(chart: A
     cfg = {**CFG, "checkpoint": {"store": "configmap"}}
     broad = {"apiGroups": [""], "resources": ["configmaps"],
              "verbs": ["create", "get", "list", "update", "delete"]}
-    (role,) = find(render(chart, {**limits("2"), "config": cfg}), "Role", "ops")
+    (role,) = find(render(chart, {**limits("2"), "config": cfg}), "Role", "ops-keb-checkpoints")
     assert broad in role["rules"]
     # Without a CPU limit nor config.workers: today's rules, the store's ConfigMaps named one by one.
-    (role,) = find(render(chart, {"config": cfg}), "Role", "ops")
+    (role,) = find(render(chart, {"config": cfg}), "Role", "ops-keb-checkpoints")
     assert broad not in role["rules"]
     assert any(r.get("resourceNames") for r in role["rules"] if r["resources"] == ["configmaps"])
 
