@@ -23,10 +23,11 @@ from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import HttpListerWatcher
+from bridge.rawobject import RawObject
 from bridge.sim import Simulator
 from bridge.storage.checkpoint import FileCheckpointStore
 from sinks.contract import ResourceRef
-from sinks.redaction import REDACTED
+from sinks.redaction import REDACTED, Redactor, keyed_mark
 from sinks.webhook import WebhookSink
 from tests.checkpoint.helpers import until
 
@@ -83,6 +84,10 @@ def value_of(i: int) -> str:
     return f"hunter2-topsecret-{i:04d}-value"
 
 
+ROTATED = "hunter2-topsecret-0000"
+"""s0's password after a change of its data alone (its annotation still holds it)."""
+
+
 async def test_a_stuck_sink_spills_secrets_redacted(sim: tuple[Simulator, ApiClient], tmp_path: Path) -> None:
     _, client = sim
     receiver = HangingReceiver()
@@ -111,6 +116,10 @@ async def test_a_stuck_sink_spills_secrets_redacted(sim: tuple[Simulator, ApiCli
             await client.create(path, {"metadata": {"name": f"s{i}", "annotations": {"note": value_of(i)}},
                                        "data": {"password": base64.b64encode(value_of(i).encode()).decode()},
                                        "stringData": {"token": f"tok-{value_of(i)}"}})
+        # A change of the data alone, while the sink is stuck: it must still go out (the spill keeps
+        # marks that differ where the values differ, not one placeholder for all).
+        changed = await client.patch(f"{path}/s0", {"data": {
+            "password": base64.b64encode(ROTATED.encode()).decode()}})
         # The values are in the cluster...
         stored = await client.get(f"{path}/s7")
         assert base64.b64decode(stored["data"]["password"]).decode() == value_of(7)
@@ -122,11 +131,15 @@ async def test_a_stuck_sink_spills_secrets_redacted(sim: tuple[Simulator, ApiCli
                 continue
             data = segment.read_bytes()
             for i in range(SECRETS):
-                for needle in (value_of(i), base64.b64encode(value_of(i).encode()).decode()):
+                for needle in (value_of(i), base64.b64encode(value_of(i).encode()).decode(),
+                               ROTATED, base64.b64encode(ROTATED.encode()).decode()):
                     assert needle.encode() not in data, (segment, needle)
 
         receiver.release.set()
-        await until(lambda: len(receiver.events) >= SECRETS + 1, 30, "every Secret delivered")
+        await until(lambda: len(receiver.events) >= SECRETS + 2, 30, "every change delivered")
+        updates = [e for e in receiver.events if e["data"]["metadata"]["name"] == "s0"]
+        assert [u["data"]["metadata"]["resourceVersion"] for u in updates][-1] == \
+            changed["metadata"]["resourceVersion"]
         seen: dict[str, dict[str, Any]] = {}
         for event in receiver.events:
             obj = event.get("data") or {}
@@ -142,3 +155,48 @@ async def test_a_stuck_sink_spills_secrets_redacted(sim: tuple[Simulator, ApiCli
     finally:
         await p.shutdown(5)
         await receiver.stop()
+
+
+# --- the spill form itself ---------------------------------------------------------------------------
+
+SECRET_REF = ResourceRef(group="", version="v1", resource="secrets", kind="Secret")
+PODS_REF = ResourceRef(group="", version="v1", resource="pods", kind="Pod")
+
+
+def secret(password: str, **annotations: str) -> dict[str, Any]:
+    encoded = base64.b64encode(password.encode()).decode()
+    applied = orjson.dumps({"kind": "Secret", "data": {"password": encoded}})
+    return {"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "s", "namespace": NS, "resourceVersion": "7",
+                         "annotations": {"kubectl.kubernetes.io/last-applied-configuration": applied.decode(),
+                                         **annotations}},
+            "data": {"password": base64.b64encode(password.encode()).decode()},
+            "stringData": {"extra": password}}
+
+
+@pytest.mark.parametrize(("obj", "ref", "paths"), [
+    (secret("p4ss-one", note="uses p4ss-one"), SECRET_REF, ()),
+    (RawObject(orjson.dumps(secret("p4ss-one"))), SECRET_REF, ()),
+    ({"metadata": {"name": "p", "annotations": {"token": "abc"}}, "spec": {"env": ["x", "y"]}}, PODS_REF,
+     ("metadata.annotations.token", "spec.env")),
+])
+def test_the_sink_sends_the_same_from_the_spill_form(obj: Any, ref: ResourceRef,
+                                                     paths: tuple[str, ...]) -> None:
+    redactor = Redactor(redact_paths=paths)
+    mark = keyed_mark(b"k" * 32)
+    form = redactor.spill_form(obj, ref, mark)
+    assert redactor.apply(form, ref) == redactor.apply(obj, ref)
+    text = orjson.dumps(dict(form)).decode()
+    for hidden in ("p4ss-one", base64.b64encode(b"p4ss-one").decode(), '"abc"'):
+        assert hidden not in text
+
+
+def test_the_spill_form_tells_different_values_apart_and_hides_them_from_another_key() -> None:
+    redactor = Redactor()
+    mark = keyed_mark(b"k" * 32)
+    one, two = (redactor.spill_form(secret(p), SECRET_REF, mark) for p in ("p4ss-one", "p4ss-two"))
+    assert one["data"] != two["data"]
+    assert redactor.apply(one, SECRET_REF)["data"] == redactor.apply(two, SECRET_REF)["data"]  # type: ignore[index]
+    # The marks depend on the process's key: a value cannot be checked against them without it.
+    other = redactor.spill_form(secret("p4ss-one"), SECRET_REF, keyed_mark(b"x" * 32))
+    assert other["data"] != one["data"]
