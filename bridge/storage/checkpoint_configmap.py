@@ -289,9 +289,9 @@ class ConfigMapCheckpointStore(BlobCheckpointStore):
                 raise CheckpointStoreError(
                     f"cannot move the checkpoint of {informer_id} from namespace {old._namespace} to "
                     f"{self._namespace}: {exc}. The chart's Role there names only the checkpoints' own "
-                    "ConfigMaps; a checkpoint split over shard ConfigMaps, or one of sharded, per-node "
-                    "or multi-worker replicas, needs checkpointNamespace.migrateAll=true for one "
-                    "upgrade (docs/operations.md, \"Upgrading the chart\")") from exc
+                    "ConfigMaps; a checkpoint split over shard ConfigMaps, or one of per-node replicas, "
+                    "needs checkpointNamespace.migrateAll=true for one upgrade (docs/operations.md, "
+                    "\"Upgrading the chart\")") from exc
         # The copy here is confirmed (read back, or written by an earlier start that died before it
         # deleted the old one, or since): the old one goes.
         try:
