@@ -176,3 +176,18 @@ async def test_the_bridge_resumes_from_the_moved_checkpoint(sim: tuple[Simulator
     await p.shutdown(5)
     assert f"{PREFIX}-{ident}" in await names(client, NEW)
     assert await names(client, OLD) == []
+
+
+async def test_a_checkpoint_split_over_shard_configmaps_is_moved_whole(
+        sim: tuple[Simulator, ApiClient]) -> None:
+    _, client = sim
+    big = Checkpoint(informer_id=IDENT, resource_version="500", written_at=1.0,
+                     objects={f"apps/o-{i:05d}": (f"uid-{i:032d}", str(100 + i)) for i in range(400)})
+    old = ConfigMapCheckpointStore(client=client, namespace=OLD, name_prefix=PREFIX, shard_bytes=4096)
+    await old.save(big)
+    assert old.last_chunk_count > 1
+    new = ConfigMapCheckpointStore(client=client, namespace=NEW, name_prefix=PREFIX, shard_bytes=4096,
+                                   migrate_from=OLD)
+    assert await new.load(IDENT) == big
+    assert await names(client, OLD) == []
+    assert len(await names(client, NEW)) == new.last_chunk_count + 1
