@@ -5,6 +5,8 @@
 
 ARG PYTHON_VERSION=3.11
 
+# The base image is pinned by tag only: pin it by digest where a registry is reachable
+# (docs/operations.md, "Upgrading the chart": the image).
 FROM python:${PYTHON_VERSION}-slim-bookworm AS builder
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -12,11 +14,14 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 RUN python -m venv /opt/venv
 ENV PATH="/opt/venv/bin:${PATH}"
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY bridge ./bridge
 COPY sinks ./sinks
-RUN pip install --no-cache-dir . \
-    && python -m compileall -q /opt/venv
+# The exact versions CI tested (constraints.txt, from scripts/lock); pip and setuptools leave the
+# virtual environment, which needs neither at run time.
+RUN pip install --no-cache-dir --constraint constraints.txt . \
+    && python -m compileall -q /opt/venv \
+    && pip uninstall --yes --quiet setuptools pip
 
 FROM python:${PYTHON_VERSION}-slim-bookworm
 ARG VERSION=0.1.0

@@ -78,6 +78,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import random
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
@@ -112,6 +113,7 @@ from sinks.contract import (
     DeliveryOptions,
     DeliveryOutcome,
     EventType,
+    ResourceRef,
     SinkConfigError,
     SinkError,
     SinkMessageTooLargeError,
@@ -122,7 +124,7 @@ from sinks.deadletter import DeadLetterRecord, DeadLetterWriter, FileDeadLetter
 from sinks.filters import ChangeFilter, RoutingFilter, parse_path
 from sinks.options import DeadLetterOptions, SinkOptions
 from sinks.payload import JSON_CONTENT_TYPE, PayloadMode, build_payload
-from sinks.redaction import Redactor
+from sinks.redaction import Mark, Redactor, keyed_mark
 from sinks.retry import RetryPolicy
 from sinks.templates import Template, TemplateError
 
@@ -274,6 +276,7 @@ class BaseSink(Generic[O]):
                 redact_secrets=rd.secrets,
                 drop_managed_fields=rd.managed_fields == "drop",
             )
+            self._spill_mark: Mark | None = None
         except ValueError as exc:
             raise self._config_error(str(exc)) from exc
         self._filter: CelFilter | None = None
@@ -360,7 +363,15 @@ class BaseSink(Generic[O]):
                                overflow_policy=OverflowPolicy(opts.buffer.policy),
                                spill_limit=opts.buffer.spill_limit, resync_period=opts.resync_period,
                                heartbeat_interval=(opts.heartbeat.interval if opts.heartbeat is not None
-                                                   else 0.0))
+                                                   else 0.0),
+                               spill_form=self._spill_form)
+
+    def _spill_form(self, obj: Mapping[str, Any], resource: ResourceRef) -> Mapping[str, Any]:
+        """What this sink's spill keeps of an object: its redactions, each value marked under a key
+        of this process (sinks/redaction.py), so that its backlog on disk holds no secret."""
+        if self._spill_mark is None:
+            self._spill_mark = keyed_mark(os.urandom(32))
+        return self._redactor.spill_form(obj, resource, self._spill_mark)
 
     @property
     def in_flight(self) -> int:

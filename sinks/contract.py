@@ -243,6 +243,11 @@ class DeliveryOptions:
     """Seconds between the snapshots it receives; 0 = none."""
     heartbeat_interval: float = 0.0
     """Seconds between its heartbeat events, per resource; 0 = none."""
+    spill_form: Callable[[Mapping[str, Any], ResourceRef], Mapping[str, Any]] | None = field(
+        default=None, compare=False)
+    """What its spill keeps of an object of a resource: no more than it would send (its redaction),
+    and no less than its own filters compare; None = the object as it is. Not compared: two sinks of
+    one configuration get the same delivery, whatever their redaction's key."""
 
 
 @runtime_checkable

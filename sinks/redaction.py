@@ -12,6 +12,14 @@ mapping every value replaced, keys kept; for a list every item replaced) or to d
 
 Objects are shared by every sink and must not be mutated, so redaction copies on write: only the
 mappings along a redacted path are copied, the rest of the tree is shared with the original.
+
+:meth:`Redactor.spill_form` is what a sink's spill keeps of an object (a stuck sink's backlog on
+disk): the same redactions, but each redacted value replaced by a mark keyed per process
+(``<redacted:…>``, an HMAC of the value under a random key never written anywhere), so that two
+states of an object still differ where their secrets differ (the change filter and merge patches
+compare them after the spill) while nothing on disk can be matched against a guessed value.
+Dropped paths stay (they are bulk, not secrets, and the change filter may compare them); the sink's
+:meth:`Redactor.apply` at encoding turns every mark into :data:`REDACTED`.
 """
 
 from __future__ import annotations
@@ -19,7 +27,9 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-from collections.abc import Iterable, Mapping
+import hashlib
+import hmac
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -56,11 +66,27 @@ def secret_values(obj: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(values)
 
 
+Mark = Callable[[Any], str]
+"""What a redacted value becomes: :data:`REDACTED`, or a spill's keyed mark of the value."""
+
+
+def _plain(_value: Any) -> str:
+    return REDACTED
+
+
+def keyed_mark(key: bytes) -> Mark:
+    """A mark ``<redacted:…>`` of a value: the first 96 bits of its HMAC-SHA256 under ``key``."""
+    def mark(value: Any) -> str:
+        digest = hmac.new(key, orjson.dumps(value), hashlib.sha256).hexdigest()[:24]
+        return f"<redacted:{digest}>"
+    return mark
+
+
 def _holds_any(text: str, values: frozenset[str]) -> bool:
     return any(value in text for value in values)
 
 
-def _redact_applied(text: str, values: frozenset[str]) -> str:
+def _redact_applied(text: str, values: frozenset[str], mark: Mark) -> str:
     """The last-applied annotation of a Secret, its values redacted; :data:`REDACTED` when it is not
     a JSON object or still holds a value after redaction."""
     try:
@@ -71,15 +97,15 @@ def _redact_applied(text: str, values: frozenset[str]) -> str:
         return REDACTED
     values = values | secret_values(applied)
     for path in _SECRET_PATHS:
-        applied = _apply(applied, path, drop=False)
-    applied = _redact_metadata(applied, values)
+        applied = _apply(applied, path, drop=False, mark=mark)
+    applied = _redact_metadata(applied, values, mark)
     out = orjson.dumps(applied).decode()
     # Escaped forms too: a value with a quote or a control character is written escaped.
     escaped = frozenset(orjson.dumps(v).decode()[1:-1] for v in values)
     return REDACTED if _holds_any(out, values | escaped) else out
 
 
-def _redact_metadata(obj: Mapping[str, Any], values: frozenset[str]) -> Mapping[str, Any]:
+def _redact_metadata(obj: Mapping[str, Any], values: frozenset[str], mark: Mark) -> Mapping[str, Any]:
     """``obj`` with the Secret's values removed from its annotations and labels (copied on write)."""
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping):
@@ -93,7 +119,7 @@ def _redact_metadata(obj: Mapping[str, Any], values: frozenset[str]) -> Mapping[
         for key, value in entries.items():
             text = value if isinstance(value, str) else str(value)
             if field == "annotations" and key == LAST_APPLIED:
-                redacted = _redact_applied(text, values)
+                redacted = _redact_applied(text, values, mark)
             elif _holds_any(text, values):
                 redacted = REDACTED
             else:
@@ -113,15 +139,15 @@ def _redact_metadata(obj: Mapping[str, Any], values: frozenset[str]) -> Mapping[
     return out
 
 
-def _redact_value(value: Any) -> Any:
+def _redact_value(value: Any, mark: Mark = _plain) -> Any:
     if is_mapping(value):
-        return dict.fromkeys(value, REDACTED)
+        return {k: mark(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [REDACTED] * len(value)
-    return REDACTED
+        return [mark(v) for v in value]
+    return mark(value)
 
 
-def _apply(node: Any, path: Path, drop: bool) -> Any:
+def _apply(node: Any, path: Path, drop: bool, mark: Mark = _plain) -> Any:
     """Returns ``node`` with ``path`` redacted or dropped, copying only what changes."""
     if not path:
         return node
@@ -133,16 +159,16 @@ def _apply(node: Any, path: Path, drop: bool) -> Any:
         out = dict(node)
         for key in keys:
             if rest:
-                out[key] = _apply(node[key], rest, drop)
+                out[key] = _apply(node[key], rest, drop, mark)
             elif drop:
                 del out[key]
             else:
-                out[key] = _redact_value(node[key])
+                out[key] = _redact_value(node[key], mark)
         return out
     if isinstance(node, list) and head == WILDCARD:
         if rest:
-            return [_apply(item, rest, drop) for item in node]
-        return [] if drop else [_redact_value(item) for item in node]
+            return [_apply(item, rest, drop, mark) for item in node]
+        return [] if drop else [_redact_value(item, mark) for item in node]
     return node
 
 
@@ -191,10 +217,31 @@ class Redactor:
             values = secret_values(out)
             for path in _SECRET_PATHS:
                 out = _apply(out, path, drop=False)
-            out = _redact_metadata(out, values)
+            out = _redact_metadata(out, values, _plain)
         for path in self.redact:
             out = _apply(out, path, drop=False)
         for path in drop:
             out = _apply(out, path, drop=True)
+        result: Mapping[str, Any] = out
+        return result
+
+    def redacts(self, resource: ResourceRef) -> bool:
+        """True when :meth:`apply` replaces values of ``resource``'s objects (a Secret's, or paths)."""
+        return bool(self.redact) or (self.secrets and resource.group == "" and resource.resource == "secrets")
+
+    def spill_form(self, obj: Mapping[str, Any], resource: ResourceRef, mark: Mark) -> Mapping[str, Any]:
+        """What a spill keeps of ``obj`` (module docs): its redacted values replaced by ``mark``
+        of each, annotations and labels holding a Secret's value by :data:`REDACTED`; ``obj``
+        itself when nothing of it is redacted."""
+        if not self.redacts(resource):
+            return obj
+        out: Any = obj.to_dict() if type(obj) is RawObject else obj
+        if self.secrets and resource.group == "" and resource.resource == "secrets":
+            values = secret_values(out)
+            for path in _SECRET_PATHS:
+                out = _apply(out, path, drop=False, mark=mark)
+            out = _redact_metadata(out, values, mark)
+        for path in self.redact:
+            out = _apply(out, path, drop=False, mark=mark)
         result: Mapping[str, Any] = out
         return result

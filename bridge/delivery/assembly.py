@@ -14,12 +14,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bridge.clock import Clock
-from bridge.contracts import DeliveryObserver, ListenerOptions, OverflowPolicy
+from bridge.contracts import DeliveryObserver, KubeObject, ListenerOptions, OverflowPolicy
 from bridge.delivery.sharding import shard_id
 from bridge.delivery.spill import SegmentSpill
 from bridge.informer.factory import InformerKey
@@ -123,9 +124,11 @@ def safe_name(name: str) -> str:
     return f"{cleaned[:80]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
-def listener_options(sink: Sink, spill_directory: Path | None = None, informer: str = "") -> ListenerOptions:
-    """The listener of ``sink`` in ``informer``: its buffer and overflow policy, and its spill (in
-    its own directory) when it has one."""
+def listener_options(sink: Sink, spill_directory: Path | None = None, informer: str = "",
+                     resource: ResourceRef | None = None) -> ListenerOptions:
+    """The listener of ``sink`` in ``informer`` (of ``resource``): its buffer and overflow policy,
+    and its spill (in its own directory, keeping what the sink's ``spill_form`` keeps of each object)
+    when it has one."""
     options = sink.delivery
     policy, limit = options.overflow_policy, options.spill_limit
     spill: SegmentSpill | None = None
@@ -133,13 +136,21 @@ def listener_options(sink: Sink, spill_directory: Path | None = None, informer: 
                                                                  OverflowPolicy.COALESCE):
         where = spill_directory / safe_name(sink.name) / safe_name(informer)
         try:
-            spill = SegmentSpill(where, limit_bytes=limit, name=f"{sink.name}:{informer}")
+            spill = SegmentSpill(where, limit_bytes=limit, name=f"{sink.name}:{informer}",
+                                 prepare=_spill_form(options.spill_form, resource))
         except OSError as exc:
             log.error("sink %s: its spill directory %s cannot be used (%s); without a spill it "
                       "degrades as soon as it falls behind its in-memory buffer", sink.name, where, exc)
     # Resync is served as snapshots by the pipeline; the listener never gets same-RV updates.
     return ListenerOptions(resync_period=0.0, buffer_capacity=options.buffer_capacity,
                            overflow_policy=policy, name=sink.name, spill=spill)
+
+
+def _spill_form(form: Callable[[Mapping[str, Any], ResourceRef], Mapping[str, Any]] | None,
+                resource: ResourceRef | None) -> Callable[[KubeObject], KubeObject] | None:
+    if form is None or resource is None:
+        return None
+    return lambda obj: form(obj, resource)
 
 
 def remove_stale_spills(root: Path | None, sinks: Iterable[Sink]) -> None:

@@ -280,7 +280,7 @@ class BridgePipeline(PipelineInspection):
                      extra={"sink": name, "informer": watched.informer_id,
                             "resource": watched.ref.qualified})
         reg = inf.informer.add_event_handler(listener, listener_options(sink, self._spill_directory,
-                                                                        watched.informer_id))
+                                                                        watched.informer_id, watched.ref))
         inf.registrations[name] = reg
         inf.listeners[name] = listener
 

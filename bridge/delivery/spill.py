@@ -16,6 +16,10 @@ returns False) and the listener degrades in its declared way (latest state per o
 gap marker). A record whose checksum does not match (a torn write) ends the readable part: what
 follows it is dropped with an ERROR and counted in :attr:`SegmentSpill.corrupt`.
 
+``prepare`` (the sink's :attr:`~sinks.contract.DeliveryOptions.spill_form`, bound to the
+informer's resource) turns each object into what the spill may keep before it is written: a sink
+that redacts never has a Secret's values on disk (sinks/redaction.py, ``Redactor.spill_form``).
+
 A spill is per process run: it is created empty (any files left in its directory by an earlier run
 are removed, because the checkpoint, held back by what was not acknowledged, re-sends them).
 """
@@ -27,6 +31,7 @@ import os
 import shutil
 import struct
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -57,9 +62,18 @@ _json_decoder = msgspec.json.Decoder()
 _KINDS = {k.value: k for k in NotificationKind}
 
 
-def _obj(obj: KubeObject | None) -> Any:
+Prepare = Callable[[KubeObject], KubeObject]
+"""What a spill keeps of an object (its redacted form)."""
+
+
+def _same(obj: KubeObject) -> KubeObject:
+    return obj
+
+
+def _obj(obj: KubeObject | None, prepare: Prepare = _same) -> Any:
     if obj is None:
         return None
+    obj = prepare(obj)
     if type(obj) is RawObject:
         return ("r", obj.raw)
     return ("j", _json.encode(obj))
@@ -73,16 +87,17 @@ def _unobj(value: Any) -> KubeObject:
     return decoded
 
 
-def encode_notification(n: Notification) -> bytes:
-    """One notification as bytes (what a spill record holds)."""
+def encode_notification(n: Notification, prepare: Prepare = _same) -> bytes:
+    """One notification as bytes (what a spill record holds), each object as ``prepare`` makes it."""
     if isinstance(n.obj, DeletedFinalStateUnknown):
-        obj: Any = ("g" if isinstance(n.obj, UnconfirmedGone) else "t", str(n.obj.key), _obj(n.obj.obj))
+        obj: Any = ("g" if isinstance(n.obj, UnconfirmedGone) else "t", str(n.obj.key),
+                    _obj(n.obj.obj, prepare))
     else:
-        obj = _obj(n.obj) if n.obj else None
+        obj = _obj(n.obj, prepare) if n.obj else None
     gap = None if n.gap is None else (n.gap.id, n.gap.from_resource_version,
                                       n.gap.to_resource_version, n.gap.end)
-    snapshot = None if n.snapshot is None else [_obj(o) for o in n.snapshot]
-    return _encoder.encode((n.kind.value, obj, _obj(n.old), n.is_in_initial_list, n.is_resync,
+    snapshot = None if n.snapshot is None else [_obj(o, prepare) for o in n.snapshot]
+    return _encoder.encode((n.kind.value, obj, _obj(n.old, prepare), n.is_in_initial_list, n.is_resync,
                             n.seq, str(n.key), snapshot, n.resource_version, gap))
 
 
@@ -122,6 +137,7 @@ class SegmentSpill:
         segment_bytes: int = 8 << 20,
         sync_bytes: int = 1 << 20,
         name: str = "",
+        prepare: Prepare | None = None,
     ) -> None:
         if limit_bytes < 1:
             raise ValueError(f"spill limit_bytes must be >= 1, got {limit_bytes}")
@@ -131,6 +147,7 @@ class SegmentSpill:
         self.segment_bytes = max(1, min(segment_bytes, limit_bytes // 4))
         self.sync_bytes = sync_bytes
         self.name = name or str(directory)
+        self._prepare = prepare or _same
         if self.directory.exists():
             shutil.rmtree(self.directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -162,7 +179,7 @@ class SegmentSpill:
         return self._bytes
 
     def append(self, notification: Notification) -> bool:
-        payload = encode_notification(notification)
+        payload = encode_notification(notification, self._prepare)
         record = _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
         if self._bytes + len(record) > self.limit_bytes:
             self.refused += 1

@@ -247,6 +247,11 @@ class CheckpointConfig(_Model):
     directory: str = "./.kube-event-bridge/checkpoints"
     namespace: str = "default"
     """ConfigMap store: where the checkpoint ConfigMaps live."""
+    migrate_from_namespace: str = ""
+    """ConfigMap store: a namespace that held this store's checkpoints before (same ``name_prefix``;
+    the chart's release namespace, when it moved them to a dedicated one). An informer without a
+    checkpoint in ``namespace`` takes its checkpoint and journal from there: written here and read
+    back, then deleted there. "" = none."""
     name_prefix: str = "kube-event-bridge-checkpoint"
     nats_url: str = "nats://127.0.0.1:4222"
     bucket: str = "kube-event-bridge-checkpoints"

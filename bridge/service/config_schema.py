@@ -21,6 +21,7 @@ What JSON Schema cannot say (one value compared with another: ``lease_duration >
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 from pydantic import AliasChoices, BaseModel
@@ -152,10 +153,75 @@ def bridge_config_schema() -> dict[str, Any]:
     return out
 
 
+CHART_SECRET_WORDS = ("password", "passwd", "secret", "token", "credential", "creds", "nkey", "seed",
+                      "private", "authorization", "cookie", "api_key", "apikey", "api-key")
+"""Option names, header names and librdkafka property names (any case) the chart takes only as a
+``${file:…}`` reference: their values would otherwise sit in clear text in the chart's ConfigMap."""
+
+SECRET_MAPS = ("headers", "librdkafka")
+"""String maps whose secret-named keys take only a ``${file:…}`` reference."""
+
+FILE_REF_PATTERN = r"^\$\{file:/[^}]+\}$"
+"""A value that is exactly one ``${file:/absolute/path}`` reference (a mounted Secret's key)."""
+MAP_REF_PATTERN = r"^([A-Za-z][-A-Za-z0-9]* )?\$\{file:/[^}]+\}$"
+"""A secret-named header or property: one reference, after a scheme word (``Bearer ${file:…}``)."""
+
+
+def _any_case(word: str) -> str:
+    """``word`` as a regular expression matching it in any case, without flags (JSON Schema's
+    regular expressions have none)."""
+    return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in word)
+
+
+SECRET_KEY_PATTERN = "(" + "|".join(_any_case(w) for w in CHART_SECRET_WORDS) + ")"
+
+
+def _is_secret_option(name: str) -> bool:
+    lowered = name.lower()
+    return (any(w in lowered for w in CHART_SECRET_WORDS)
+            and not lowered.endswith(("_file", "_files")))
+
+
+def _file_refs_only(node: Any) -> None:
+    """Restricts, in place, every string option named like a secret (``hmac_secret``,
+    ``bearer_token``, ``password``) to a ``${file:…}`` reference, and so the secret-named keys of
+    :data:`SECRET_MAPS`; other types (``redact.secrets: true``) and ``*_file`` options stay."""
+    if isinstance(node, list):
+        for item in node:
+            _file_refs_only(item)
+        return
+    if not isinstance(node, dict):
+        return
+    for name, prop in (node.get("properties") or {}).items():
+        if not isinstance(prop, dict):
+            continue
+        if _is_secret_option(name):
+            _refs_for_strings(prop)
+        elif name in SECRET_MAPS and prop.get("type") == "object":
+            prop["patternProperties"] = {SECRET_KEY_PATTERN: {
+                "type": "string", "pattern": MAP_REF_PATTERN,
+                "description": "A secret: only as a ${file:/path} reference to a mounted Secret "
+                               "(secretMounts)."}}
+    for value in node.values():
+        _file_refs_only(value)
+
+
+def _refs_for_strings(prop: dict[str, Any]) -> None:
+    strings = [b for b in prop.get("anyOf", [prop]) if b.get("type") == "string"]
+    for branch in strings:
+        branch["pattern"] = FILE_REF_PATTERN
+    if strings:
+            prop["description"] = ("A secret: only as a ${file:/path} reference to a mounted Secret "
+                               "(secretMounts), never inline in the chart's ConfigMap.")
+
+
 def chart_values_schema(current: dict[str, Any]) -> dict[str, Any]:
     """The chart's values schema ``current`` with ``properties.config`` and ``definitions`` replaced
-    by the generated ones (the rest of the chart's schema is written by hand)."""
+    by the generated ones (the rest of the chart's schema is written by hand). Secrets are taken
+    only as files there (:func:`_file_refs_only`): the bridge itself still reads an inline value
+    from a configuration file of its own."""
     generated = bridge_config_schema()
+    _file_refs_only(generated)
     out = {k: v for k, v in current.items() if k != DEFINITIONS}
     out["properties"] = {**current["properties"], "config": generated["config"]}
     out[DEFINITIONS] = generated[DEFINITIONS]

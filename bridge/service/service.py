@@ -108,7 +108,8 @@ def _checkpoint_store(config: BridgeConfig, client: ApiClient,
         from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
 
         return ConfigMapCheckpointStore(client=client, namespace=cp.namespace, name_prefix=cp.name_prefix,
-                                        fence=fence, allow_shards=cp.shards)
+                                        fence=fence, allow_shards=cp.shards,
+                                        migrate_from=cp.migrate_from_namespace)
     from bridge.storage.checkpoint_natskv import NatsKvCheckpointStore
 
     return NatsKvCheckpointStore(nats_url=cp.nats_url, bucket=cp.bucket, fence=fence)

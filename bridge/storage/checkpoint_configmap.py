@@ -23,11 +23,20 @@ list them in ``resourceNames``: reading and deleting them needs ``get``/``delete
 of the namespace. With ``allow_shards=False`` the store never chunks (a checkpoint larger than one
 ConfigMap fails to save, with an error saying so; a full journal waits for the next compaction) and
 touches no ConfigMap but its heads, which RBAC can name one by one.
+
+**Moving namespaces** (``migrate_from``): checkpoints kept in another namespace before (the chart's
+release namespace, before it gave checkpoints a namespace of their own so that the bridge's Role
+reaches no other workload's ConfigMaps) are moved on an informer's first load, when the new
+namespace has none: its journal is copied, then its checkpoint written (the commit point) and read
+back, and only then are the old ones deleted. A crash before the checkpoint is written leaves the
+old ones to be moved again; a crash after it leaves both, and the next load keeps the new one and
+deletes the old.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -36,10 +45,12 @@ from bridge.errors import ApiError, ConflictError, NotFoundError
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.leaderelection import FenceToken
 from bridge.storage.blobstore import BlobConflict, Head
-from bridge.storage.checkpoint import BlobCheckpointStore
+from bridge.storage.checkpoint import BlobCheckpointStore, Checkpoint, CheckpointStoreError
 from bridge.storage.fencing import BlobStoreError, FenceSource
 
 __all__ = ["DEFAULT_SHARD_BYTES", "JOURNAL_BYTES", "ConfigMapBlobStore", "ConfigMapCheckpointStore"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SHARD_BYTES = 900 * 1024
 """Bytes of encoded checkpoint per ConfigMap: room for metadata below the ~1 MiB object limit."""
@@ -230,14 +241,24 @@ class ConfigMapCheckpointStore(BlobCheckpointStore):
     """Checkpoints as ConfigMaps in ``namespace``, named ``<name_prefix>-<informer_id>…``, and their
     journals (``journal_bytes``: the most one journal ConfigMap holds).
 
-    The ``client`` belongs to the caller and is not closed by :meth:`close`.
+    ``migrate_from``: a namespace whose checkpoints (same prefix) are moved here on first load (module
+    docs). The ``client`` belongs to the caller and is not closed by :meth:`close`.
     """
 
     def __init__(self, *, client: ApiClient, namespace: str, name_prefix: str = "kube-event-bridge-ckpt",
                  shard_bytes: int = DEFAULT_SHARD_BYTES, fence: FenceSource | None = None,
-                 allow_shards: bool = True, journal_bytes: int = JOURNAL_BYTES) -> None:
+                 allow_shards: bool = True, journal_bytes: int = JOURNAL_BYTES,
+                 migrate_from: str = "") -> None:
         if shard_bytes < 1024:
             raise ValueError("shard_bytes must be at least 1024")
+        self._namespace = namespace
+        self._old: ConfigMapCheckpointStore | None = None
+        if migrate_from and migrate_from != namespace:
+            self._old = ConfigMapCheckpointStore(client=client, namespace=migrate_from,
+                                                 name_prefix=name_prefix, shard_bytes=shard_bytes,
+                                                 allow_shards=allow_shards, journal_bytes=journal_bytes)
+        self._settled: set[str] = set()
+        """Informer ids whose old location was looked at (and emptied) by this store."""
         self._manifests = ConfigMapBlobStore(client=client, namespace=namespace, prefix=name_prefix,
                                              kind=CHECKPOINTS, room=shard_bytes)
         self._journal_maps = ConfigMapBlobStore(client=client, namespace=namespace, prefix=name_prefix,
@@ -255,3 +276,48 @@ class ConfigMapCheckpointStore(BlobCheckpointStore):
     def journal_name(self, informer_id: str) -> str:
         """The ConfigMap holding the informer's known-object journal (:mod:`bridge.delivery.journal`)."""
         return self._journal_maps.name_of(informer_id)
+
+    async def load(self, informer_id: str) -> Checkpoint | None:
+        checkpoint = await super().load(informer_id)
+        old = self._old
+        if old is None or informer_id in self._settled:
+            return checkpoint
+        if checkpoint is None:
+            try:
+                checkpoint = await self._copy(old, informer_id)
+            except CheckpointStoreError as exc:
+                raise CheckpointStoreError(
+                    f"cannot move the checkpoint of {informer_id} from namespace {old._namespace} to "
+                    f"{self._namespace}: {exc}. The chart's Role there names only the checkpoints' own "
+                    "ConfigMaps; a checkpoint split over shard ConfigMaps, or one of per-node replicas, "
+                    "needs checkpointNamespace.migrateAll=true for one upgrade (docs/operations.md, "
+                    "\"Upgrading the chart\")") from exc
+        # The copy here is confirmed (read back, or written by an earlier start that died before it
+        # deleted the old one, or since): the old one goes.
+        try:
+            await old.remove(informer_id)
+        except CheckpointStoreError as exc:
+            log.warning("cannot delete the moved checkpoint of %s from namespace %s (tried again at the "
+                        "next start): %s", informer_id, old._namespace, exc)
+            return checkpoint
+        self._settled.add(informer_id)
+        return checkpoint
+
+    async def _copy(self, old: ConfigMapCheckpointStore, informer_id: str) -> Checkpoint | None:
+        """Copies the old checkpoint and journal here and reads the copy back (None: no old one)."""
+        found = await old.peek(informer_id)
+        if found is None:
+            return None
+        journal = await old.journal_backend(informer_id, fenced=False).read()
+        if journal is not None:
+            await self.journal_backend(informer_id).rewrite(journal)
+        await self.save(found)  # the commit point: from here on the new copy is the checkpoint
+        moved = await super().load(informer_id)
+        if moved is None or (moved.resource_version, moved.objects) != (found.resource_version,
+                                                                        found.objects):
+            raise CheckpointStoreError(f"the copy in {self.manifests.describe(informer_id)} does not "
+                                       "read back as written; the old one is kept")
+        log.info("checkpoint moved to the checkpoint namespace", extra={
+            "informer": informer_id, "from": old._namespace, "to": self._namespace,
+            "resource_version": moved.resource_version})
+        return moved

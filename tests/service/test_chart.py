@@ -29,6 +29,18 @@ def render(chart: Any, values: dict[str, Any] | None = None) -> list[dict[str, A
     return docs
 
 
+ADMIN_TOKEN_FILE = "/var/run/secrets/kube-event-bridge/admin-token/token"
+
+
+def as_mounted(text: str, tmp_path: Path) -> str:
+    """A rendered config.yaml as the pod reads it: the admin token file the chart mounts from its
+    Secret stands at a temporary path holding a token."""
+    token = tmp_path / "admin-token"
+    token.write_text("t" * 48)
+    assert ADMIN_TOKEN_FILE in text
+    return text.replace(ADMIN_TOKEN_FILE, str(token))
+
+
 def find(docs: list[dict[str, Any]], kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
     return [d for d in docs if d["kind"] == kind
             and (namespace is None or d["metadata"].get("namespace") == namespace)]
@@ -59,7 +71,8 @@ def test_defaults_render_hardened_single_replica(chart: Any) -> None:
     assert len(spec["template"]["metadata"]["annotations"]["checksum/config"]) == 64
     assert find(docs, "PodDisruptionBudget") == []  # pointless with one replica
     assert find(docs, "ServiceMonitor") == []
-    assert find(docs, "NetworkPolicy") == []
+    (policy,) = find(docs, "NetworkPolicy")  # only the public port is reachable
+    assert policy["spec"]["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]
 
 
 def test_config_checksum_changes_with_config(chart: Any) -> None:
@@ -140,12 +153,14 @@ def test_leader_election_and_configmap_store_add_their_rules(chart: Any) -> None
     rules = role["rules"]
     assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
             "resourceNames": ["keb-kube-event-bridge"], "verbs": ["get", "update"]} in rules
-    assert any(r["resources"] == ["configmaps"] for r in rules)
+    # Checkpoints live in a namespace of their own (tests/service/test_chart_checkpoint_namespace.py).
+    (cp_role,) = find(docs, "Role", "ops-keb-checkpoints")
+    assert any(r["resources"] == ["configmaps"] for r in cp_role["rules"])
     (cm,) = find(docs, "ConfigMap")
     cfg = yaml.safe_load(cm["data"]["config.yaml"])
     assert cfg["leader_election"]["enabled"] is True
     assert cfg["leader_election"]["namespace"] == "ops"
-    assert cfg["checkpoint"]["namespace"] == "ops"
+    assert cfg["checkpoint"]["namespace"] == "ops-keb-checkpoints"
     assert cfg["server"]["port"] == 8080
 
 
@@ -155,7 +170,7 @@ def test_rendered_config_is_valid_for_the_bridge(chart: Any, tmp_path: Path) -> 
     docs = render(chart, {"leaderElection": {"enabled": True}, "replicaCount": 2})
     (cm,) = find(docs, "ConfigMap")
     path = tmp_path / "config.yaml"
-    path.write_text(cm["data"]["config.yaml"])
+    path.write_text(as_mounted(cm["data"]["config.yaml"], tmp_path))
     cfg = load_config(path)
     assert cfg.leader_election.enabled
     assert cfg.checkpoint.store == "configmap"

@@ -4,6 +4,7 @@ NetworkPolicy; a bearer token comes from a mounted Secret (real Helm engine)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ import yaml
 from helm_python import Chart, HelmError
 
 from bridge.service.config import BridgeConfig
-from tests.service.test_chart import CHART, find, render
+from tests.service.test_chart import CHART, as_mounted, find, render
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +27,13 @@ def _config(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return cfg
 
 
-def test_the_admin_listener_is_loopback_and_never_exposed(chart: Any) -> None:
+def test_the_admin_listener_is_loopback_and_never_exposed(chart: Any, tmp_path: Path) -> None:
     docs = render(chart, {"networkPolicy": {"enabled": True}})
-    cfg = _config(docs)
+    cfg = yaml.safe_load(as_mounted(yaml.safe_dump(_config(docs)), tmp_path))
     server = BridgeConfig.model_validate(cfg).server
     assert (server.host, server.port) == ("0.0.0.0", 8080)
-    assert (server.admin_host, server.admin_port, server.admin_token_file) == ("127.0.0.1", 8081, None)
+    assert (server.admin_host, server.admin_port) == ("127.0.0.1", 8081)
+    assert server.admin_token_file == str(tmp_path / "admin-token")  # on by default
     (svc,) = find(docs, "Service")
     assert [p["port"] for p in svc["spec"]["ports"]] == [8080]
     (policy,) = find(docs, "NetworkPolicy")

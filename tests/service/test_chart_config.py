@@ -211,7 +211,7 @@ def test_checkpoint_role_names_the_bridges_own_configmaps(chart: Any) -> None:
         {"resource": "widgets.example.com/v1", "field_selector": "metadata.name!=x"},
     ]
     docs = render(chart, config(resources=resources, checkpoint={"store": "configmap", "shards": False}))
-    (role,) = find(docs, "Role", "ops")
+    (role,) = find(docs, "Role", "ops-keb-checkpoints")
     cm_rules = [r for r in role["rules"] if r["resources"] == ["configmaps"]]
     manifests = [f"keb-kube-event-bridge-checkpoint-{informer_id(r['resource'], r.get('namespace', ''), r.get('label_selector', ''), r.get('field_selector', ''))}"  # noqa: E501
                  for r in resources]
@@ -231,13 +231,13 @@ def test_checkpoint_role_names_the_bridges_own_configmaps(chart: Any) -> None:
     docs = render(chart, config(resources=resources, checkpoint={"store": "configmap"}))
     (cm,) = find(docs, "ConfigMap")
     assert yaml.safe_load(cm["data"]["config.yaml"])["checkpoint"]["shards"] is True
-    (role,) = find(docs, "Role", "ops")
+    (role,) = find(docs, "Role", "ops-keb-checkpoints")
     cm_rules = [r for r in role["rules"] if r["resources"] == ["configmaps"]]
     assert cm_rules[2] == {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "delete"]}
 
     docs = render(chart, config(resources=resources,
                                 checkpoint={"store": "configmap", "name_prefix": "cp", "shards": True}))
-    (role,) = find(docs, "Role", "ops")
+    (role,) = find(docs, "Role", "ops-keb-checkpoints")
     cm_rules = [r for r in role["rules"] if r["resources"] == ["configmaps"]]
     assert cm_rules[1]["resourceNames"] == [n.replace("keb-kube-event-bridge-checkpoint-", "cp-")
                                             for n in expected]

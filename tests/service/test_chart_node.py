@@ -16,7 +16,7 @@ from helm_python import Chart, HelmError, lint
 
 from bridge.service.config import load_config
 from bridge.storage.checkpoint import informer_id
-from tests.service.test_chart import CHART, find, render
+from tests.service.test_chart import CHART, as_mounted, find, render
 
 FULLNAME = "keb-kube-event-bridge"
 CONFIG: dict[str, Any] = {
@@ -68,8 +68,8 @@ def test_daemonset_mode_runs_a_bridge_per_node_and_the_unscheduled_owner(
     node_text = named(docs, "ConfigMap", f"{FULLNAME}-node")["data"]["config.yaml"]
     owner_text = named(docs, "ConfigMap", FULLNAME)["data"]["config.yaml"]
     monkeypatch.setenv("NODE_NAME", "worker-1")
-    (tmp_path / "node.yaml").write_text(node_text)
-    (tmp_path / "owner.yaml").write_text(owner_text)
+    (tmp_path / "node.yaml").write_text(as_mounted(node_text, tmp_path))
+    (tmp_path / "owner.yaml").write_text(as_mounted(owner_text, tmp_path))
     node = load_config(tmp_path / "node.yaml")
     owner = load_config(tmp_path / "owner.yaml")
     assert [r.resource for r in node.resources] == ["pods"]
@@ -89,7 +89,7 @@ def test_node_pods_get_least_privilege_rbac(chart: Any) -> None:
     assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["pods"],
                                       "verbs": ["get", "list", "watch"]}]
     (role,) = [d for d in node_roles if d["kind"] == "Role"]
-    assert role["metadata"]["namespace"] == "ops"
+    assert role["metadata"]["namespace"] == "ops-keb-checkpoints"
     assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
                               "verbs": ["create", "get", "list", "update", "patch", "delete"]}]
     for binding in [d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")

@@ -15,7 +15,7 @@ from helm_python import Chart, HelmError, lint
 
 from bridge.service.config import load_config
 from bridge.service.sharding_auto import pod_ordinal
-from tests.service.test_chart import CHART, find, render
+from tests.service.test_chart import CHART, as_mounted, find, render
 
 SHARDED: dict[str, Any] = {"sharding": {"enabled": True, "shards": 3}}
 FULLNAME = "keb-kube-event-bridge"
@@ -111,7 +111,7 @@ def test_configuration_asks_for_automatic_sharding_of_its_own_statefulset(
     assert pod_ordinal(f"{sts['metadata']['name']}-2") == (sts["metadata"]["name"], 2)
     # The rendered configuration, sharding section included, is valid for the bridge.
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path.write_text(as_mounted(yaml.safe_dump(cfg), tmp_path))
     loaded = load_config(path)
     assert loaded.checkpoint.store == "configmap"
     assert (loaded.sharding.shards, loaded.sharding.ordinal) == ("auto", "auto")
@@ -131,7 +131,8 @@ def test_rbac_reads_only_its_own_statefulset(chart: Any) -> None:
     # Exactly the verbs the ConfigMap store calls (bridge/storage/checkpoint_configmap.py): create
     # (manifests, journals, chunks), get (load, peek), list (the take-over's informer_ids, orphan
     # chunks), update (replace of a manifest or journal), delete (clean-up of earlier totals); no patch.
-    cm_rules = [r for r in role["rules"] if r["resources"] == ["configmaps"]]
+    (cp_role,) = find(docs, "Role", namespace="ops-keb-checkpoints")
+    cm_rules = [r for r in cp_role["rules"] if r["resources"] == ["configmaps"]]
     assert cm_rules == [{"apiGroups": [""], "resources": ["configmaps"],
                          "verbs": ["create", "get", "list", "update", "delete"]}]
     (binding,) = find(docs, "RoleBinding", namespace="ops")
@@ -282,7 +283,7 @@ def test_rbac_of_a_release_per_shard_covers_its_sharded_checkpoints(chart: Any) 
     # One release per shard (fixed numbers, a Deployment): its checkpoint ids are
     # <informer id>.shard-<o>-of-<N> and a take-over lists and reads the other shards' (and earlier
     # totals'): the Role cannot name them, as in the StatefulSet mode.
-    (role,) = find(render(chart, {"config": FIXED_SHARD}), "Role", namespace="ops")
+    (role,) = find(render(chart, {"config": FIXED_SHARD}), "Role", namespace="ops-keb-checkpoints")
     cm_rules = [r for r in role["rules"] if r["resources"] == ["configmaps"]]
     assert cm_rules == [{"apiGroups": [""], "resources": ["configmaps"],
                          "verbs": ["create", "get", "list", "update", "delete"]}]

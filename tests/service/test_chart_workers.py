@@ -13,7 +13,7 @@ import yaml
 from helm_python import Chart, HelmError
 
 from bridge.service.config import load_config
-from tests.service.test_chart import CHART, find, render
+from tests.service.test_chart import CHART, as_mounted, find, render
 
 CFG: dict[str, Any] = {"resources": [{"resource": "pods"}], "sinks": [{"name": "s", "kind": "stdout"}]}
 
@@ -42,7 +42,7 @@ def test_workers_follow_the_cpu_limit_rounded_down(chart: Any, cpu: Any, workers
     assert config_of(docs)["workers"] == workers
     # The rendered configuration is one the bridge accepts.
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config_of(docs)))
+    path.write_text(as_mounted(yaml.safe_dump(config_of(docs)), tmp_path))
     assert load_config(path).workers == workers
 
 
@@ -59,10 +59,10 @@ def test_workers_read_other_shards_checkpoints_with_the_configmap_store(chart: A
     cfg = {**CFG, "checkpoint": {"store": "configmap"}}
     broad = {"apiGroups": [""], "resources": ["configmaps"],
              "verbs": ["create", "get", "list", "update", "delete"]}
-    (role,) = find(render(chart, {**limits("2"), "config": cfg}), "Role", "ops")
+    (role,) = find(render(chart, {**limits("2"), "config": cfg}), "Role", "ops-keb-checkpoints")
     assert broad in role["rules"]
     # Without a CPU limit nor config.workers: today's rules, the store's ConfigMaps named one by one.
-    (role,) = find(render(chart, {"config": cfg}), "Role", "ops")
+    (role,) = find(render(chart, {"config": cfg}), "Role", "ops-keb-checkpoints")
     assert broad not in role["rules"]
     assert any(r.get("resourceNames") for r in role["rules"] if r["resources"] == ["configmaps"])
 

@@ -119,12 +119,18 @@ The effective configuration: the user's `config` with the parts the chart owns f
 {{- $server := deepCopy (default dict $cfg.server) -}}
 {{- $_ := set $server "host" "0.0.0.0" -}}
 {{- $_ := set $server "port" (int .Values.metrics.port) -}}
+{{- with include "kube-event-bridge.adminTokenFile" . -}}
+{{- $_ := set $server "admin_token_file" . -}}
+{{- end -}}
 {{- $_ := set $cfg "server" $server -}}
 {{- $le := dict "enabled" .Values.leaderElection.enabled "namespace" .Release.Namespace "name" (include "kube-event-bridge.leaseName" .) "lease_duration" .Values.leaderElection.leaseDuration "renew_deadline" .Values.leaderElection.renewDeadline "retry_period" .Values.leaderElection.retryPeriod -}}
 {{- $_ := set $cfg "leader_election" $le -}}
 {{- $cp := deepCopy (default dict $cfg.checkpoint) -}}
-{{- if not (hasKey $cp "namespace") -}}
-{{- $_ := set $cp "namespace" .Release.Namespace -}}
+{{- if not $cp.namespace -}}
+{{- $_ := set $cp "namespace" (include "kube-event-bridge.checkpointNamespace" .) -}}
+{{- end -}}
+{{- with include "kube-event-bridge.checkpointMigrateFrom" . -}}
+{{- $_ := set $cp "migrate_from_namespace" . -}}
 {{- end -}}
 {{- if not (hasKey $cp "name_prefix") -}}
 {{- $_ := set $cp "name_prefix" (include "kube-event-bridge.checkpointPrefix" .) -}}
@@ -161,6 +167,10 @@ per node, nothing to stand by).
 {{- $le := deepCopy $cfg.leader_election -}}
 {{- $_ := set $le "enabled" false -}}
 {{- $_ := set $cfg "leader_election" $le -}}
+{{- if and (not .Values.checkpointNamespace.migrateAll) (not (hasKey (default dict .Values.config.checkpoint) "migrate_from_namespace")) -}}
+{{- /* A node's checkpoint is named after its node, which the Role cannot name: moved with migrateAll only. */ -}}
+{{- $_ := unset $cfg.checkpoint "migrate_from_namespace" -}}
+{{- end -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
@@ -386,4 +396,88 @@ each worker's Lease and a change of the limit takes the workers' checkpoints ove
 {{- end -}}
 {{- max 1 $n -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+The admin token's file when the chart provides it (adminToken.enabled, and config.server does not
+name a token file of its own), else "".
+*/}}
+{{- define "kube-event-bridge.adminTokenFile" -}}
+{{- $own := dig "server" "admin_token_file" "" (default dict .Values.config) -}}
+{{- if and .Values.adminToken.enabled (not $own) -}}
+{{- printf "/var/run/secrets/kube-event-bridge/admin-token/%s" .Values.adminToken.key -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the admin token: adminToken.existingSecret, else <fullname>-admin-token. */}}
+{{- define "kube-event-bridge.adminTokenSecret" -}}
+{{- default (printf "%s-admin-token" (include "kube-event-bridge.fullname" . | trunc 51 | trimSuffix "-")) .Values.adminToken.existingSecret -}}
+{{- end -}}
+
+{{/*
+The ConfigMap checkpoint store's namespace: config.checkpoint.namespace when set; else, with
+checkpointNamespace.enabled, the chart's own (checkpointNamespace.name, or
+<release namespace>-<release name>-checkpoints), so that the Role allowing get/list/delete on every
+ConfigMap there reaches no other workload's; else the release namespace.
+*/}}
+{{- define "kube-event-bridge.checkpointNamespace" -}}
+{{- $cp := default dict .Values.config.checkpoint -}}
+{{- if $cp.namespace -}}
+{{- $cp.namespace -}}
+{{- else if .Values.checkpointNamespace.enabled -}}
+{{- default (printf "%s-%s-checkpoints" .Release.Namespace .Release.Name | trunc 63 | trimAll "-") .Values.checkpointNamespace.name -}}
+{{- else -}}
+{{- .Release.Namespace -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Where checkpoints written before the chart had a checkpoint namespace are moved from (config
+checkpoint.migrate_from_namespace): the release namespace, when the chart chose the checkpoint
+namespace and checkpointNamespace.migrate is on; else "".
+*/}}
+{{- define "kube-event-bridge.checkpointMigrateFrom" -}}
+{{- $cp := default dict .Values.config.checkpoint -}}
+{{- if hasKey $cp "migrate_from_namespace" -}}
+{{- $cp.migrate_from_namespace -}}
+{{- else if and (eq (default "file" $cp.store) "configmap") (not $cp.namespace) .Values.checkpointNamespace.enabled .Values.checkpointNamespace.migrate -}}
+{{- $ns := include "kube-event-bridge.checkpointNamespace" . -}}
+{{- if ne $ns .Release.Namespace -}}{{- .Release.Namespace -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The checkpoint heads (manifest and journal ConfigMaps) of the Deployment's or StatefulSet's
+processes, as YAML {items: [...]}: per configured resource, <prefix>-<id> and <prefix>-<id>-journal,
+the id with .shard-<k>-of-<total> when sharded (StatefulSet ordinals, a fixed config.sharding
+ordinal, worker processes: shard ordinal*workers+worker of shards*workers). The checkpoints to move
+from the release namespace, which the Role there names one by one.
+*/}}
+{{- define "kube-event-bridge.checkpointHeads" -}}
+{{- $prefix := include "kube-event-bridge.checkpointPrefix" . -}}
+{{- $w := include "kube-event-bridge.workers" . | int -}}
+{{- $s := default dict .Values.config.sharding -}}
+{{- $ordinals := list (default 0 $s.ordinal | int) -}}
+{{- $total := default 1 $s.shards | int -}}
+{{- if .Values.sharding.enabled -}}
+{{- $total = .Values.sharding.shards | int -}}
+{{- $ordinals = until $total -}}
+{{- end -}}
+{{- $shards := list -}}
+{{- range $o := $ordinals -}}
+{{- range $i := until $w -}}
+{{- $shards = append $shards (add (mul $o $w) $i) -}}
+{{- end -}}
+{{- end -}}
+{{- $all := mul $total $w -}}
+{{- $names := list -}}
+{{- range (include "kube-event-bridge.effectiveResources" . | fromYaml).items -}}
+{{- $id := include "kube-event-bridge.informerId" . -}}
+{{- range $k := $shards -}}
+{{- $head := ternary (printf "%s-%s" $prefix $id) (printf "%s-%s.shard-%d-of-%d" $prefix $id (int $k) (int $all)) (le (int $all) 1) -}}
+{{- $names = append $names $head -}}
+{{- $names = append $names (printf "%s-journal" $head) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml (dict "items" $names) -}}
 {{- end -}}

@@ -115,6 +115,11 @@ ServiceAccount, $NODE_NAME from the downward API, and no spreading (one pod per 
               mountPath: /var/lib/kube-event-bridge
             - name: tmp
               mountPath: /tmp
+            {{- if include "kube-event-bridge.adminTokenFile" . }}
+            - name: admin-token
+              mountPath: /var/run/secrets/kube-event-bridge/admin-token
+              readOnly: true
+            {{- end }}
             {{- range .Values.secretMounts }}
             - name: secret-{{ .name }}
               mountPath: /var/run/secrets/kube-event-bridge/{{ .name }}
@@ -133,6 +138,14 @@ ServiceAccount, $NODE_NAME from the downward API, and no spreading (one pod per 
         {{- end }}
         - name: tmp
           emptyDir: {}
+        {{- if include "kube-event-bridge.adminTokenFile" . }}
+        - name: admin-token
+          secret:
+            secretName: {{ include "kube-event-bridge.adminTokenSecret" . }}
+            items:
+              - key: {{ .Values.adminToken.key }}
+                path: {{ .Values.adminToken.key }}
+        {{- end }}
         {{- range .Values.secretMounts }}
         - name: secret-{{ .name }}
           secret:
