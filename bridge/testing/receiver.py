@@ -25,7 +25,6 @@ from types import TracebackType
 from typing import Any
 
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
 
 __all__ = ["ReceivedRequest", "Reply", "Responder", "WebhookReceiver", "decode_cloudevents"]
 
@@ -54,8 +53,9 @@ class ReceivedRequest:
     method: str
     path: str
     query: str
-    headers: CIMultiDictProxy[str]
-    """As sent, looked up regardless of case."""
+    headers: dict[str, str]
+    """As sent (names in the client's case; a repeated header keeps its last value): a plain dict,
+    as the CloudEvents and Standard Webhooks libraries take headers."""
     body: bytes
     at: float
     """``time.monotonic()`` when the body had been read."""
@@ -63,6 +63,7 @@ class ReceivedRequest:
     """The client's TLS certificate as :meth:`ssl.SSLSocket.getpeercert` gives it (mTLS), or None."""
     status: int = 0
     """The status answered (0: not answered yet, or the client went away first)."""
+    _decoded: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def accepted(self) -> bool:
@@ -73,8 +74,11 @@ class ReceivedRequest:
         return json.loads(self.body)
 
     def cloudevents(self) -> list[dict[str, Any]]:
-        """The CloudEvents the request carries (:func:`decode_cloudevents`)."""
-        return decode_cloudevents(self.headers, self.body)
+        """The CloudEvents the request carries (:func:`decode_cloudevents`), decoded when first
+        asked for (not while the receiver answers)."""
+        if self._decoded is None:
+            self._decoded = decode_cloudevents(self.headers, self.body)
+        return self._decoded
 
 
 Responder = Callable[[ReceivedRequest], Awaitable[Reply | None]]
@@ -106,7 +110,8 @@ def decode_cloudevents(headers: Mapping[str, str], body: bytes) -> list[dict[str
 class WebhookReceiver:
     """A real HTTP endpoint for a webhook sink (module docstring).
 
-    ``path``: the path :attr:`url` names (every path is answered); ``reply``: the default answer;
+    ``path``: the path :attr:`url` names (every path is answered; "": none, the URL is the
+    server's, for a test that adds its own); ``reply``: the default answer;
     ``respond``: decides answers the script does not; ``ssl_context``: serve HTTPS (and record the
     client's certificate); ``max_body``: the largest body accepted (aiohttp answers 413 beyond it);
     ``port``: 0, the default, lets the system pick one."""
@@ -114,7 +119,7 @@ class WebhookReceiver:
     def __init__(self, *, path: str = "/events", reply: Reply | None = None,
                  respond: Responder | None = None, ssl_context: ssl.SSLContext | None = None,
                  max_body: int = 1 << 20, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.path = path if path.startswith("/") else f"/{path}"
+        self.path = path if not path or path.startswith("/") else f"/{path}"
         self.reply = reply or Reply()
         """The answer when neither the script nor ``respond`` gives one (change it any time)."""
         self.respond = respond
@@ -131,8 +136,9 @@ class WebhookReceiver:
         self._port = port
         self._runner: web.AppRunner | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
-        self._changed = asyncio.Condition()
-        self._events: list[dict[str, Any]] = []
+        self._accepted: list[ReceivedRequest] = []
+        self._changed = asyncio.Event()
+        """Set, and replaced by a new one, at every request and answer."""
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -203,13 +209,14 @@ class WebhookReceiver:
 
     @property
     def accepted(self) -> list[ReceivedRequest]:
-        """The requests answered 2xx, in the order they came."""
-        return [r for r in self.requests if r.accepted]
+        """The requests answered 2xx, in the order they were answered (what the destination holds,
+        in the order it took it)."""
+        return list(self._accepted)
 
     @property
     def events(self) -> list[dict[str, Any]]:
         """The CloudEvents of the accepted requests, in the order they were accepted."""
-        return list(self._events)
+        return [event for r in self._accepted for event in r.cloudevents()]
 
     @property
     def request_count(self) -> int:
@@ -218,14 +225,15 @@ class WebhookReceiver:
     @property
     def event_count(self) -> int:
         """CloudEvents in accepted requests."""
-        return len(self._events)
+        return sum(len(r.cloudevents()) for r in self._accepted)
 
     async def wait_for(self, predicate: Callable[[WebhookReceiver], bool],
                        timeout: float | None = None) -> None:
         """Returns once ``predicate(self)`` holds, checked after every request and answer; raises
         :class:`TimeoutError` after ``timeout`` seconds (None: waits as long as it takes)."""
-        async with asyncio.timeout(timeout), self._changed:
-            await self._changed.wait_for(lambda: predicate(self))
+        async with asyncio.timeout(timeout):
+            while not predicate(self):
+                await self._changed.wait()
 
     async def wait_for_events(self, count: int, timeout: float | None = None) -> list[dict[str, Any]]:
         """Waits until at least ``count`` events were accepted; returns them all."""
@@ -246,17 +254,17 @@ class WebhookReceiver:
             self.in_flight -= 1
             if task is not None:
                 self._handlers.discard(task)
-            await self._notify()
+            self._notify()
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         transport = request.transport
         cert = transport.get_extra_info("peercert") if transport is not None and self._ssl else None
         rec = ReceivedRequest(method=request.method, path=request.path, query=request.query_string,
-                              headers=CIMultiDictProxy(CIMultiDict(request.headers)), body=body,
+                              headers={str(k): v for k, v in request.headers.items()}, body=body,
                               at=time.monotonic(), peer_certificate=cert)
         self.requests.append(rec)
-        await self._notify()
+        self._notify()
         reply = await self._choose(rec)
         if reply.delay > 0:
             await asyncio.sleep(reply.delay)
@@ -265,7 +273,7 @@ class WebhookReceiver:
             headers["Retry-After"] = str(reply.retry_after)
         rec.status = reply.status
         if reply.accepted:
-            self._events.extend(rec.cloudevents())
+            self._accepted.append(rec)
         data = reply.body.encode() if isinstance(reply.body, str) else reply.body
         return web.Response(status=reply.status, body=data or None, headers=headers)
 
@@ -278,6 +286,6 @@ class WebhookReceiver:
                 return chosen
         return self.reply
 
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()

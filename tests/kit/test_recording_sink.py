@@ -114,34 +114,17 @@ async def test_the_batch_sink_takes_batches_through_deliver() -> None:
     assert acks.of(DeliveryOutcome.DELIVERED) == ["a", "b"]
 
 
-class Twice:
+class Twice(RecordingSink):
     """A sink that breaks the contract: it acknowledges every event twice."""
-
-    name = "twice"
-    delivery = RecordingSink("x").delivery
-    last_error = ""
-    in_flight = 0
-
-    async def start(self) -> None:
-        pass
 
     async def deliver(self, event: ChangeEvent, ack: AckCallback) -> None:
         ack(DeliveryOutcome.DELIVERED)
         ack(DeliveryOutcome.DELIVERED)
 
-    async def flush(self, timeout: float) -> bool:
-        return True
-
-    async def close(self) -> None:
-        pass
-
-    def healthy(self) -> bool:
-        return True
-
 
 async def test_the_contract_check_catches_a_second_acknowledgement_and_an_early_flush() -> None:
     with pytest.raises(ContractBreach, match="acknowledged twice"):
-        await deliver_all(Twice(), [ev("a")])
+        await deliver_all(Twice("twice"), [ev("a")])
     held = RecordingSink("held", auto_ack=False)
     held.flush = lambda timeout: _true()  # type: ignore[method-assign]
     with pytest.raises(ContractBreach, match=r"flush returned True before acknowledging \['0'\]"):
