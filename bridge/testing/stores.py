@@ -155,7 +155,9 @@ class MemoryCheckpointStore(BlobCheckpointStore):
     """The bridge's checkpoint store over memory blobs (module docstring). ``blobs``: storage a
     previous store wrote (default: new and empty); ``room``: bytes one blob holds (None: no limit,
     as a file; a number: values beyond it are chunked, as in a ConfigMap); ``fence``: the leader's
-    term, as the fenced stores take it."""
+    term, as the fenced stores take it. Without a ``room`` a journal is appended to in place, as a
+    file is, and an append checks only that this writer still leads; with one every write is a
+    compare-and-set that the fence checks against the stored writer, as in a ConfigMap."""
 
     def __init__(self, *, blobs: MemoryBlobs | None = None, room: int | None = None,
                  fence: FenceSource | None = None) -> None:
