@@ -41,7 +41,6 @@ from bench.common import (
     BENCH_NAMESPACE,
     AckProbe,
     BrokerUrls,
-    MemoryCheckpointStore,
     SimProcess,
     brokers,
     burst_setup,
@@ -84,6 +83,7 @@ async def _child(spec: dict[str, Any]) -> dict[str, Any]:
     from bridge.kube.apiclient import ApiClient
     from bridge.kube.sharding import ShardFilter
     from bridge.storage.checkpoint import Checkpoint
+    from bridge.testing.stores import BareCheckpointStore
 
     shard = ShardFilter(ordinal=spec["ordinal"], total=spec["total"])
     skip_all = bool(spec.get("skip_all"))
@@ -102,7 +102,7 @@ async def _child(spec: dict[str, Any]) -> dict[str, Any]:
                                tag=f"{spec['total']}-{spec['ordinal']}"))
     client = ApiClient(server=spec["url"])
     clock = RealClock()
-    store = MemoryCheckpointStore(mine)
+    store = BareCheckpointStore(mine)
     pipeline = BridgePipeline(resources=[watched], sinks=[probe], checkpoint_store=store,
                               build_informer=http_informer_builder(client=client, clock=clock,
                                                                    compact_cache=True),

@@ -44,6 +44,7 @@ from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import APIResource
 from bridge.storage.checkpoint import Checkpoint, CheckpointStore, FileCheckpointStore
 from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
+from bridge.testing.stores import BareCheckpointStore
 from sinks.cloudevents import encode_structured, to_cloudevent
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType, ResourceRef, Sink
 
@@ -55,7 +56,6 @@ __all__ = [
     "STAMP_ANNOTATION",
     "AckProbe",
     "BurstSetup",
-    "MemoryCheckpointStore",
     "Payload",
     "Sampler",
     "SimProcess",
@@ -380,24 +380,6 @@ async def _sim_child(history_size: int, watcher_buffer: int) -> None:
 # Checkpoints, sinks and the pipeline
 
 
-class MemoryCheckpointStore:
-    """A CheckpointStore in memory: lets a scenario start the bridge from a chosen resourceVersion."""
-
-    def __init__(self, initial: Checkpoint | None = None) -> None:
-        self.checkpoints: dict[str, Checkpoint] = {}
-        if initial is not None:
-            self.checkpoints[initial.informer_id] = initial
-
-    async def load(self, informer_id: str) -> Checkpoint | None:
-        return self.checkpoints.get(informer_id)
-
-    async def save(self, checkpoint: Checkpoint) -> None:
-        self.checkpoints[checkpoint.informer_id] = checkpoint
-
-    async def close(self) -> None:
-        return None
-
-
 _OUTCOME_VALUES = {o: o.value for o in DeliveryOutcome}
 
 
@@ -647,7 +629,7 @@ async def bridge_pipeline(url: str, sinks: Sequence[Sink], *, namespace: str,
     elif checkpoint_dir is not None:
         store = FileCheckpointStore(directory=checkpoint_dir)
     else:
-        store = MemoryCheckpointStore(checkpoint)
+        store = BareCheckpointStore(*([checkpoint] if checkpoint is not None else []))
     persistent = checkpoint_dir is not None or checkpoint_namespace is not None
     temp_spill: str | None = None
     if spill and spill_directory is None:

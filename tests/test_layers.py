@@ -26,7 +26,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "bridge.delivery": (*FOUNDATIONS, "bridge.kube", "bridge.informer", "bridge.storage", "sinks.contract"),
     "bridge.service": ("bridge", "sinks"),
     "bridge.sim": (*FOUNDATIONS, "bridge.kube"),
-    "bridge.testing": (*FOUNDATIONS, "bridge.kube", "bridge.informer"),
+    "bridge.testing": (*FOUNDATIONS, "bridge.kube", "bridge.informer", "bridge.storage", "sinks.contract"),
     "sinks": FOUNDATIONS,
 }
 

@@ -27,10 +27,10 @@ from typing import Any
 
 import orjson
 import pytest
-from aiohttp import web
 
 from bridge.kube.apiclient import ApiClient
 from bridge.storage.checkpoint import FileCheckpointStore, informer_id
+from bridge.testing import Reply, WebhookReceiver
 from tests.checkpoint.crash_harness import CE_PREFIX, BridgeProcess, Churn, live_objects, sim_process
 
 NS = "twosinks"
@@ -61,38 +61,6 @@ def view(events: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
     return {u: s for u, s in state.items() if s is not None}
 
 
-class Webhook:
-    """A real HTTP endpoint recording the CloudEvents it accepts; answers 503 while ``failing``."""
-
-    def __init__(self) -> None:
-        self.failing = False
-        self.events: list[dict[str, Any]] = []
-        self.url = ""
-        self._runner: web.AppRunner | None = None
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        if self.failing:
-            return web.Response(status=503, text="down")
-        body = orjson.loads(await request.read())
-        self.events.extend(body if isinstance(body, list) else [body])
-        return web.Response(status=200)
-
-    async def __aenter__(self) -> Webhook:
-        app = web.Application()
-        app.router.add_post("/events", self._handle)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}/events"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-
 async def until(predicate: Any, timeout: float, what: str) -> None:
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
@@ -105,7 +73,7 @@ async def run_crash(tmp_path: Path, *, expire: bool) -> None:
     out = tmp_path / "fast.jsonl"
     store = FileCheckpointStore(directory=tmp_path / "ckpt")
     async with contextlib.AsyncExitStack() as stack:
-        hook = await stack.enter_async_context(Webhook())
+        hook = await stack.enter_async_context(WebhookReceiver(reply=Reply(200)))
         _, kubeconfig = await stack.enter_async_context(sim_process(tmp_path, namespaces=(NS,)))
         client = ApiClient.from_kubeconfig(str(kubeconfig))
         stack.push_async_callback(client.close)
@@ -122,7 +90,7 @@ async def run_crash(tmp_path: Path, *, expire: bool) -> None:
         await bridge.wait_synced()
         churn_task = asyncio.create_task(churn.run(), name="per-sink-churn")
         await asyncio.sleep(1.0)
-        hook.failing = True
+        hook.reply = Reply(503, body="down")
         await asyncio.sleep(3.0)  # slow falls ~180 changes behind; fast keeps up
 
         async def fast_ahead() -> bool:
@@ -138,7 +106,7 @@ async def run_crash(tmp_path: Path, *, expire: bool) -> None:
         fast_rv = int(crashed.sinks["fast"].resource_version)
         base_rv = int(crashed.resource_version)
         fast_before = len(file_events(out))
-        hook.failing = False
+        hook.reply = Reply(200)
         if expire:
             churn.stop()
             await churn_task

@@ -27,13 +27,13 @@ from bridge.delivery.pipeline import BridgePipeline
 from bridge.kube.apiclient import ApiClient
 from bridge.sim import Simulator
 from bridge.storage.checkpoint import Checkpoint, FileCheckpointStore, SinkProgress
+from bridge.testing import BareCheckpointStore
 from sinks.contract import EventType
 from tests.checkpoint.helpers import RecordingSink, until
 from tests.checkpoint.test_per_sink_progress import (
     IDENT,
     NS,
     PATH,
-    MemoryStore,
     crash_with_slow_sink_behind,
     pipeline,
     sim,
@@ -60,7 +60,7 @@ def holds(sink: RecordingSink, name: str) -> str | None:
     return uid
 
 
-async def restart_and_settle(client: ApiClient, ckpt: Path | MemoryStore
+async def restart_and_settle(client: ApiClient, ckpt: Path | BareCheckpointStore
                              ) -> tuple[RecordingSink, RecordingSink]:
     """Restarts the bridge with both sinks acknowledging, until the informer passed the current
     resourceVersion and every sink acknowledged everything; then shuts it down."""
@@ -179,7 +179,7 @@ async def test_a_later_incarnation_gets_its_delete_after_an_acknowledged_delete_
     the journal says it may have had the new o1 (seed 29 of the random per-sink test). The
     checkpoint and journal are written as that run left them."""
     _, client = sim
-    ckpt: Path | MemoryStore = tmp_path / "ckpt" if journal else MemoryStore()
+    ckpt: Path | BareCheckpointStore = tmp_path / "ckpt" if journal else BareCheckpointStore()
     o0 = await client.create(PATH, {"metadata": {"name": "o0"}})
     first = await client.create(PATH, {"metadata": {"name": "o1"}})
     first_delete = await client.delete(f"{PATH}/o1")

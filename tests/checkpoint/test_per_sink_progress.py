@@ -27,7 +27,8 @@ from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.sim import Simulator
-from bridge.storage.checkpoint import Checkpoint, CheckpointStore, FileCheckpointStore, informer_id
+from bridge.storage.checkpoint import CheckpointStore, FileCheckpointStore, informer_id
+from bridge.testing import BareCheckpointStore
 from sinks.contract import EventType, ResourceRef
 from tests.checkpoint.helpers import RecordingSink, simulated_cluster, until
 
@@ -43,28 +44,11 @@ async def sim(tmp_path: Path) -> AsyncIterator[tuple[Simulator, ApiClient]]:
         yield world
 
 
-class MemoryStore:
-    """A checkpoint store without a known-object journal (a third-party store may have none): what
-    a sink needs after a relist then rests on the per-sink progress alone."""
-
-    def __init__(self) -> None:
-        self.saved: dict[str, Checkpoint] = {}
-
-    async def load(self, informer_id: str) -> Checkpoint | None:
-        return self.saved.get(informer_id)
-
-    async def save(self, checkpoint: Checkpoint) -> None:
-        self.saved[checkpoint.informer_id] = checkpoint
-
-    async def close(self) -> None:
-        return None
+def store_for(ckpt: Path | BareCheckpointStore) -> CheckpointStore:
+    return ckpt if isinstance(ckpt, BareCheckpointStore) else FileCheckpointStore(directory=ckpt)
 
 
-def store_for(ckpt: Path | MemoryStore) -> CheckpointStore:
-    return ckpt if isinstance(ckpt, MemoryStore) else FileCheckpointStore(directory=ckpt)
-
-
-async def pipeline(client: ApiClient, ckpt: Path | MemoryStore, sinks: list[RecordingSink], *,
+async def pipeline(client: ApiClient, ckpt: Path | BareCheckpointStore, sinks: list[RecordingSink], *,
                    checkpoint_interval: float = 3600, store: CheckpointStore | None = None) -> BridgePipeline:
     """``store`` replaces the one ``ckpt`` names (a test's own wrapper of the file store)."""
     api = await Discovery(client=client).resolve("configmaps")
@@ -92,7 +76,7 @@ def meta(obj: dict[str, Any]) -> tuple[str, str]:
 
 
 async def crash_with_slow_sink_behind(
-        client: ApiClient, ckpt: Path | MemoryStore,
+        client: ApiClient, ckpt: Path | BareCheckpointStore,
         after_write: Callable[[BridgePipeline, RecordingSink, RecordingSink], Awaitable[None]] | None = None,
 ) -> list[tuple[str, str, str]]:
     """Both sinks synced on o0..o4, then slow stops acknowledging while o0 is updated, n1 created,
@@ -168,7 +152,9 @@ async def test_after_a_crash_each_sink_resumes_from_its_own_point(
 async def test_with_history_expired_each_sink_gets_the_differences_against_its_own_index(
         sim: tuple[Simulator, ApiClient], tmp_path: Path, store: str) -> None:
     simulator, client = sim
-    ckpt: Path | MemoryStore = tmp_path / "ckpt" if store == "file" else MemoryStore()
+    # The bare store has no known-object journal (a third-party store may have none): what a sink
+    # needs after a relist then rests on the per-sink progress alone.
+    ckpt: Path | BareCheckpointStore = tmp_path / "ckpt" if store == "file" else BareCheckpointStore()
     await crash_with_slow_sink_behind(client, ckpt)
     # While the bridge is down: n1 (known to fast only) goes, o2 changes, o3 goes, n2 comes.
     await client.delete(f"{PATH}/n1")

@@ -31,8 +31,8 @@ import pytest
 
 from bridge.kube.apiclient import ApiClient
 from bridge.storage.checkpoint import FileCheckpointStore, informer_id
+from bridge.testing import Reply, WebhookReceiver
 from tests.checkpoint.crash_harness import CE_PREFIX, BridgeProcess, sim_process
-from tests.checkpoint.test_per_sink_crash import Webhook
 
 NS = "selreplay"
 SELECTOR = "app=web"
@@ -104,7 +104,7 @@ async def test_a_lagging_sink_gets_the_changes_it_lacked_before_a_delete_or_exit
     out = tmp_path / "fast.jsonl"
     store = FileCheckpointStore(directory=tmp_path / "ckpt")
     async with contextlib.AsyncExitStack() as stack:
-        hook = await stack.enter_async_context(Webhook())
+        hook = await stack.enter_async_context(WebhookReceiver(reply=Reply(200)))
         _, kubeconfig = await stack.enter_async_context(sim_process(tmp_path, namespaces=(NS,)))
         client = ApiClient.from_kubeconfig(str(kubeconfig))
         stack.push_async_callback(client.close)
@@ -126,7 +126,8 @@ async def test_a_lagging_sink_gets_the_changes_it_lacked_before_a_delete_or_exit
             assert loop.time() < end, "no checkpoint covering x"
             await asyncio.sleep(0.05)
 
-        hook.failing = True  # slow is down from now on: it holds the checkpoint at x's creation
+        # slow is down from now on: it holds the checkpoint at x's creation
+        hook.reply = Reply(503, body="down")
         u1 = await client.patch(f"{PATH}/x", {"data": {"v": "1"}})
         u2 = await client.patch(f"{PATH}/x", {"data": {"v": "2"}})
         await until(lambda: [c[1] for c in of(file_events(out), uid)][-1:] == [rv(u2)], 20, "u2, to fast")
@@ -163,7 +164,7 @@ async def test_a_lagging_sink_gets_the_changes_it_lacked_before_a_delete_or_exit
             u4 = await client.patch(f"{PATH}/x", {"data": {"v": "4"}})
             expected += [("added", rv(back), False, False), ("updated", rv(u4), False, False)]
             last = expected[-1]
-        hook.failing = False
+        hook.reply = Reply(200)
         slow_before = len(of(hook.events, uid))
         await bridge.start()
         await bridge.wait_synced()

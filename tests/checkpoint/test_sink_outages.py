@@ -9,10 +9,10 @@ import logging
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from bridge.clock import RealClock
 from bridge.delivery.pipeline import BridgePipeline
+from bridge.testing import Reply, WebhookReceiver
 from bridge.testing.fake_source import FakeControllerSource
 from sinks.webhook import WebhookSink
 from tests.checkpoint.helpers import WATCHED, RecordingSink, cm, fake_builder, until
@@ -20,23 +20,8 @@ from tests.checkpoint.helpers import WATCHED, RecordingSink, cm, fake_builder, u
 
 async def test_a_webhook_outage_is_logged_measured_and_named(tmp_path: Path,
                                                              caplog: pytest.LogCaptureFixture) -> None:
-    failing = True
-    received: list[bytes] = []
-
-    async def handler(request: web.Request) -> web.Response:
-        if failing:
-            return web.Response(status=503, text="down for maintenance")
-        received.append(await request.read())
-        return web.Response(status=200)
-
-    app = web.Application()
-    app.router.add_post("/events", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    hook = WebhookSink.from_options("hook", {"url": f"http://127.0.0.1:{port}/events",
+    receiver = await WebhookReceiver(reply=Reply(503, body="down for maintenance")).start()
+    hook = WebhookSink.from_options("hook", {"url": receiver.url,
                                              "retry": {"initial": 0.02, "max": 0.05},
                                              "buffer": {"capacity": 4}, "max_in_flight": 2})
     other = RecordingSink("other")
@@ -70,17 +55,17 @@ async def test_a_webhook_outage_is_logged_measured_and_named(tmp_path: Path,
         assert any(r.startswith("sink hook unhealthy: ") and "503" in r for r in reasons), reasons
         assert not any("other" in r for r in reasons)
 
-        failing = False
+        receiver.reply = Reply(200)
         await until(lambda: "sink hook caught up" in caplog.text, 20, what="the catch-up info")
         recovered = next(r for r in caplog.records if "sink hook recovered after" in r.getMessage())
         assert recovered.levelno == logging.INFO
         caught = next(r for r in caplog.records if "sink hook caught up" in r.getMessage())
         assert caught.levelno == logging.INFO
-        assert len(received) == 30
+        assert len(receiver.accepted) == 30
         assert p.telemetry_snapshot().sinks["hook"].spill_bytes == 0
         assert not any(r.startswith("sink hook") for r in p.not_ready_reasons())
     finally:
-        failing = False
+        receiver.reply = Reply(200)
         await p.shutdown(5)
-        await runner.cleanup()
+        await receiver.close()
         await asyncio.sleep(0)

@@ -24,9 +24,9 @@ from bridge.storage.checkpoint import FileCheckpointStore, JournalStore, Listabl
 from bridge.storage.checkpoint_configmap import JOURNALS, ConfigMapBlobStore, ConfigMapCheckpointStore
 from bridge.storage.checkpoint_natskv import NatsKvBlobStore, NatsKvCheckpointStore
 from bridge.storage.fencing import BlobStoreError, CheckpointFencedError
+from bridge.testing import BareCheckpointStore, MemoryBlobStore
 from tests.brokers import NatsServer, running_nats
 from tests.checkpoint.test_fencing import Term
-from tests.checkpoint.test_per_sink_progress import MemoryStore
 
 IDENT = "pods.all.0123456789ab"
 ROOM = 1000
@@ -42,10 +42,13 @@ def nats_js() -> Iterator[NatsServer]:
         yield server
 
 
-@pytest.fixture(params=["configmap", "natskv"])
+@pytest.fixture(params=["configmap", "natskv", "memory"])
 async def blobs(request: pytest.FixtureRequest) -> AsyncIterator[ChunkStore]:
-    """A journal-kind blob store of each chunking backend, holding about :data:`ROOM` bytes a blob."""
-    if request.param == "configmap":
+    """A journal-kind blob store of each chunking backend, holding about :data:`ROOM` bytes a blob
+    (and the test kit's in-memory one, held to the same lines)."""
+    if request.param == "memory":
+        yield MemoryBlobStore(room=ROOM, what="journal")
+    elif request.param == "configmap":
         sim = Simulator()
         await sim.start()
         client = ApiClient(server=sim.url)
@@ -282,7 +285,7 @@ async def test_store_capabilities_are_protocols_every_built_in_store_has(tmp_pat
         for store in stores:
             assert isinstance(store, ListableCheckpointStore)
             assert isinstance(store, JournalStore)
-        assert not isinstance(MemoryStore(), JournalStore | ListableCheckpointStore)
+        assert not isinstance(BareCheckpointStore(), JournalStore | ListableCheckpointStore)
     finally:
         await client.close()
         await sim.stop()

@@ -49,7 +49,6 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
 
 from bridge.errors import ConflictError, NotFoundError
 from bridge.kube.apiclient import ApiClient
@@ -63,6 +62,7 @@ from bridge.service.verify_sources import (
     read_kafka,
 )
 from bridge.storage.checkpoint import FileCheckpointStore, informer_id
+from bridge.testing.receiver import ReceivedRequest, Reply, WebhookReceiver
 from bridge.testing.spec import Change, ChangeKind, History, Received, SinkLog, check_sink, scope_of
 from tests.brokers import NatsServer, TansuBroker, free_port, running_nats, running_tansu
 
@@ -122,38 +122,35 @@ def infrastructure(workdir: Path) -> Iterator[Infra]:
 
 
 class Hook:
-    """A webhook receiver: appends every accepted event to a JSON-lines file, in arrival order;
-    ``status`` other than 200 makes it refuse everything (a 5xx or 429 storm)."""
+    """A webhook receiver (the kit's, on a port the system picks): appends every accepted event to a
+    JSON-lines file, in arrival order; ``status`` other than 200 makes it refuse everything (a 5xx
+    or 429 storm)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.status = 200
         self.refused = 0
-        self.port = 0
-        self._runner: web.AppRunner | None = None
+        self._receiver = WebhookReceiver(respond=self._respond)
 
-    async def _handle(self, request: web.Request) -> web.Response:
-        body = await request.read()
+    @property
+    def port(self) -> int:
+        return self._receiver.port
+
+    async def _respond(self, request: ReceivedRequest) -> Reply:
         if self.status != 200:
             self.refused += 1
-            return web.Response(status=self.status, headers={"Retry-After": "0"})
-        data = orjson.loads(body)
+            return Reply(self.status, retry_after=0)
+        data = orjson.loads(request.body)
         with self.path.open("ab") as fh:
             for ce in data if isinstance(data, list) else [data]:
                 fh.write(orjson.dumps(ce) + b"\n")
-        return web.Response(status=200)
+        return Reply(200)
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        self.port = free_port()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        await self._receiver.start()
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self._receiver.close()
 
 
 @dataclass

@@ -9,9 +9,10 @@ acknowledgement, every checkpoint write and every crash.
 
 The cluster is :class:`~bridge.testing.fake_source.FakeControllerSource` (in process, its
 resourceVersion the count of changes), time a :class:`~bridge.clock.FakeClock`, the checkpoint
-store :class:`MemoryStore`: checkpoints encoded and decoded as every store does, and a known-object
-journal (:class:`MemoryJournal`) kept as the bytes a file journal holds. Both write on the event
-loop, not in a thread, so one seed is one schedule: nothing depends on when a thread finishes.
+store the kit's :class:`~bridge.testing.stores.MemoryCheckpointStore`: the bridge's own checkpoint
+store (checkpoints encoded and decoded as every store does, and a known-object journal kept as the
+bytes a file journal holds) over blobs in memory. It writes on the event loop, not in a thread, so
+one seed is one schedule: nothing depends on when a thread finishes.
 (The file store's threads are covered by tests/checkpoint/test_per_sink_random.py.)
 """
 
@@ -24,7 +25,6 @@ from typing import Any
 
 from bridge.clock import FakeClock
 from bridge.delivery.pipeline import BridgePipeline
-from bridge.storage.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 from bridge.testing.fake_source import FakeControllerSource
 from bridge.testing.spec import (
     Acked,
@@ -37,6 +37,7 @@ from bridge.testing.spec import (
     SinkLog,
     scope_of,
 )
+from bridge.testing.stores import MemoryCheckpointStore
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType
 from tests.checkpoint.helpers import WATCHED, RecordingSink, cm, fake_builder
 
@@ -58,56 +59,6 @@ def received(event: ChangeEvent) -> Received | None:
                         gap_to=int(gap.to_resource_version or 0), scope_uid=scope)
     return Received(kind, key=f"{event.namespace}/{event.name}", uid=event.uid,
                     rv=int(event.resource_version), inferred=event.final_state_unknown, gap_id=gap_id)
-
-
-class MemoryJournal:
-    """A :class:`~bridge.delivery.journal.JournalBackend` keeping the journal's bytes in memory
-    (in the :class:`MemoryStore`'s dict, so they outlive a crash)."""
-
-    def __init__(self, files: dict[str, bytes], informer_id: str) -> None:
-        self._files = files
-        self._key = f"{informer_id}.journal"
-
-    @property
-    def name(self) -> str:
-        return f"memory:{self._key}"
-
-    async def read(self) -> bytes | None:
-        return self._files.get(self._key)
-
-    async def rewrite(self, data: bytes) -> None:
-        await asyncio.sleep(0)
-        self._files[self._key] = bytes(data)
-
-    async def append(self, data: bytes) -> None:
-        await asyncio.sleep(0)
-        self._files[self._key] = self._files.get(self._key, b"") + data
-
-    def room(self) -> int | None:
-        return None
-
-
-class MemoryStore:
-    """A checkpoint store in memory with a known-object journal: checkpoints stored encoded
-    (:func:`~bridge.storage.checkpoint.encode_checkpoint`), as durable as the test needs."""
-
-    def __init__(self) -> None:
-        self.files: dict[str, bytes] = {}
-
-    async def load(self, informer_id: str) -> Checkpoint | None:
-        data = self.files.get(f"{informer_id}.ckpt")
-        return decode_checkpoint(data, informer_id) if data is not None else None
-
-    async def save(self, checkpoint: Checkpoint) -> None:
-        await asyncio.sleep(0)
-        self.files[f"{checkpoint.informer_id}.ckpt"] = encode_checkpoint(checkpoint)
-
-    async def close(self) -> None:
-        return None
-
-    def journal_backend(self, informer_id: str, *, fenced: bool = True) -> MemoryJournal:
-        del fenced
-        return MemoryJournal(self.files, informer_id)
 
 
 class LoggedSink(RecordingSink):
@@ -176,7 +127,7 @@ class Bridge:
     def __init__(self, sinks: tuple[str, ...]) -> None:
         self.source = FakeControllerSource()
         self.clock = FakeClock()
-        self.store = MemoryStore()
+        self.store = MemoryCheckpointStore()
         self.history = History()
         self.logs = {name: SinkLog(name) for name in sinks}
         self.sinks: dict[str, LoggedSink] = {}

@@ -40,13 +40,13 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 from cloudevents.core.bindings import http as ce_http
 from cloudevents.core.bindings import kafka as ce_kafka
 from cloudevents.core.formats.json import JSONFormat
 
 from bridge.clock import RealClock
 from bridge.kube.apiclient import ApiClient
+from bridge.testing import WebhookReceiver
 from tests import brokers
 from tests.brokers import TansuBroker, free_port, unique_name
 
@@ -59,31 +59,10 @@ WINDOW = 1.0
 FMT = JSONFormat()
 
 
-class Hook:
-    def __init__(self) -> None:
-        self.received: list[dict[str, Any]] = []
-        self.port = 0
-        self._runner: web.AppRunner | None = None
-
-    async def handle(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        headers = {str(k): v for k, v in request.headers.items()}
-        event = ce_http.from_http(ce_http.HTTPMessage(headers=headers, body=body), FMT)
-        self.received.append(attributes(event))
-        return web.Response(status=204)
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/{tail:.*}", self.handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+def received(hook: WebhookReceiver) -> list[dict[str, Any]]:
+    """The CloudEvents the webhook accepted, each request read by the CloudEvents SDK."""
+    messages = [ce_http.HTTPMessage(headers=r.headers, body=r.body) for r in hook.accepted]
+    return [attributes(ce_http.from_http(m, FMT)) for m in messages]
 
 
 def attributes(event: Any) -> dict[str, Any]:
@@ -116,7 +95,8 @@ async def simulator(tmp: Path, ledger: Path) -> AsyncIterator[tuple[asyncio.subp
             await proc.wait()
 
 
-def bridge_config(tmp: Path, kubeconfig: Path, kafka: TansuBroker, topic: str, hook: Hook, port: int) -> Path:
+def bridge_config(tmp: Path, kubeconfig: Path, kafka: TansuBroker, topic: str, hook: WebhookReceiver,
+                  port: int) -> Path:
     cfg = {
         "cluster": "burst",
         "kubernetes": {"kubeconfig": str(kubeconfig), "in_cluster": "false"},
@@ -219,8 +199,7 @@ async def test_a_burst_of_events_survives_a_sigkill_enriched_coalesced_and_route
         tmp_path: Path, kafka_broker: TansuBroker) -> None:
     topic = unique_name("k8s.events")
     kafka_broker.create_topic(topic, partitions=3)
-    hook = Hook()
-    await hook.start()
+    hook = await WebhookReceiver().start()
     ledger_path = tmp_path / "ledger.jsonl"
     port = free_port()
     log = tmp_path / "bridge.log"
@@ -269,7 +248,7 @@ async def test_a_burst_of_events_survives_a_sigkill_enriched_coalesced_and_route
         if bridge is not None and bridge.returncode is None:
             bridge.kill()
             await bridge.wait()
-        await hook.stop()
+        await hook.close()
 
     ledger, deletions = [], {}
     for line in ledger_path.read_bytes().splitlines():
@@ -344,11 +323,12 @@ async def test_a_burst_of_events_survives_a_sigkill_enriched_coalesced_and_route
         text = r["data"].get("message", r["data"].get("note", ""))
         return r["eventtype"] == "Warning" and r["reason"] != "BackOff" and not text.startswith("FailedMount")
 
-    assert all(selected(r) for r in hook.received)
-    assert {r["uid"] for r in hook.received} == {r["uid"] for r in records if selected(r)}
-    hook_counts = last_counts(hook.received)
+    hook_received = received(hook)
+    assert all(selected(r) for r in hook_received)
+    assert {r["uid"] for r in hook_received} == {r["uid"] for r in records if selected(r)}
+    hook_counts = last_counts(hook_received)
     assert all(hook_counts[u] >= c for u, (c, ev) in final.items() if u in hook_counts)
     print(f"\nburst: {len(ledger)} Events created, {bumps} repetitions made, {len(records)} Kafka records "
-          f"({len(sent_updates)} repetitions sent), {len(hook.received)} webhook requests, "
+          f"({len(sent_updates)} repetitions sent), {len(hook_received)} webhook requests, "
           f"{len(unknown_allowed)} Events about Pods deleted while the bridge was down, "
           f"{spacing_checked} spacings checked")

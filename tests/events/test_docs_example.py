@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from aiohttp import web
 from cloudevents.core.bindings import kafka as ce_kafka
 from cloudevents.core.formats.json import JSONFormat
 
@@ -21,6 +20,7 @@ from bridge.service.config import BridgeConfig
 from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from bridge.sim.events import EventGenerator
+from bridge.testing import WebhookReceiver
 from tests import brokers
 from tests.brokers import TansuBroker, unique_name
 
@@ -45,19 +45,7 @@ async def eventually(predicate: Callable[[], Any], timeout: float = 30.0, what: 
 
 async def test_the_worked_example_routes_enriches_and_coalesces_as_documented(
         tmp_path: Path, kafka_broker: TansuBroker) -> None:
-    received: list[tuple[dict[str, str], dict[str, Any]]] = []
-
-    async def handle(request: web.Request) -> web.Response:
-        received.append((dict(request.headers), await request.json()))
-        return web.Response(status=204)
-
-    app = web.Application()
-    app.router.add_post("/{tail:.*}", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    hook = await WebhookReceiver(path="/k8s").start()
 
     config = worked_example()
     archive, oncall = config["sinks"]
@@ -66,7 +54,7 @@ async def test_the_worked_example_routes_enriches_and_coalesces_as_documented(
     topic = unique_name("kube-events")
     kafka_broker.create_topic(topic, partitions=2)
     archive.update(brokers=kafka_broker.bootstrap, destination=topic)
-    oncall["url"] = f"http://127.0.0.1:{port}/k8s"
+    oncall["url"] = hook.url
     try:
         async with Simulator() as sim:
             gen = EventGenerator(store=sim.store, namespaces=["web", "test"], deployments=6,
@@ -105,7 +93,8 @@ async def test_the_worked_example_routes_enriches_and_coalesces_as_documented(
                 service.stop_event.set()
                 assert await task == 0
     finally:
-        await runner.cleanup()
+        await hook.close()
+    received = [(r.headers, r.json()) for r in hook.accepted]
 
     # Kafka: every Event, with the documented headers, enriched (the simulator's Pods all exist here
     # or were seen deleted), repetitions merged.

@@ -20,12 +20,13 @@ from bridge.rawobject import RawObject, decode_object
 from bridge.service.config import BridgeConfig
 from bridge.service.service import BridgeService
 from bridge.sim import Simulator
+from bridge.testing import Reply, WebhookReceiver
 from sinks.contract import ChangeEvent, EventType
-from tests.service.test_service import Hook, eventually, lines
+from tests.service.test_service import eventually, lines
 from tests.sinks import PODS
 
 
-def _config(sim: Simulator, tmp_path: Path, hook: Hook, compact: bool) -> BridgeConfig:
+def _config(sim: Simulator, tmp_path: Path, hook: WebhookReceiver, compact: bool) -> BridgeConfig:
     return BridgeConfig.model_validate({
         "cluster": "test",
         "kubernetes": {"kubeconfig": str(sim.write_kubeconfig(tmp_path / "kubeconfig")),
@@ -64,13 +65,12 @@ def _seconds(rfc3339: str) -> float:
 
 @pytest.fixture
 async def hook() -> Any:
-    h = Hook()
-    await h.start()
-    yield h
-    await h.stop()
+    async with WebhookReceiver(reply=Reply(200)) as h:
+        yield h
 
 
-async def test_every_sink_carries_the_same_time_and_who_changed_it(tmp_path: Path, hook: Hook) -> None:
+async def test_every_sink_carries_the_same_time_and_who_changed_it(tmp_path: Path,
+                                                                  hook: WebhookReceiver) -> None:
     async with Simulator() as sim:
         service = BridgeService(config=_config(sim, tmp_path, hook, compact=True))
         task = asyncio.create_task(service.run(), name="service-under-test")
@@ -90,12 +90,12 @@ async def test_every_sink_carries_the_same_time_and_who_changed_it(tmp_path: Pat
                                         "application/merge-patch+json")
                 async with s.delete(f"{base}/web-0") as r:
                     assert r.status == 200
-            await eventually(lambda: len(lines(events)) == 4 and len(hook.received) == 4, what="all events")
+            await eventually(lambda: len(lines(events)) == 4 and len(hook.events) == 4, what="all events")
         finally:
             service.stop_event.set()
             await task
     in_file = lines(events)
-    by_id = {e["id"]: e for e in hook.received}
+    by_id = {e["id"]: e for e in hook.events}
     assert [e["type"].rsplit(".", 1)[1] for e in in_file] == ["added", "updated", "updated", "deleted"]
     for e in in_file:
         assert by_id[e["id"]]["time"] == e["time"], e["type"]  # one time per change, in every sink
@@ -155,7 +155,8 @@ class _Clock:
         await asyncio.sleep(0)
 
 
-async def test_a_redelivery_after_a_restart_carries_the_same_time(tmp_path: Path, hook: Hook) -> None:
+async def test_a_redelivery_after_a_restart_carries_the_same_time(tmp_path: Path,
+                                                                  hook: WebhookReceiver) -> None:
     """The webhook refuses everything during the first run (nothing acknowledged, the checkpoint stays
     behind); the second run re-sends those changes: same ids as the file sink wrote in the first run,
     and the same times."""
@@ -166,7 +167,7 @@ async def test_a_redelivery_after_a_restart_carries_the_same_time(tmp_path: Path
         config = BridgeConfig.model_validate(cfg)
         base = f"{sim.url}/api/v1/namespaces/default/pods"
         events = tmp_path / "events.jsonl"
-        hook.status = 503
+        hook.reply = Reply(503, retry_after=0)
         service = BridgeService(config=config)
         task = asyncio.create_task(service.run(), name="first-run")
         try:
@@ -181,22 +182,23 @@ async def test_a_redelivery_after_a_restart_carries_the_same_time(tmp_path: Path
             service.stop_event.set()
             await task
         first = {e["id"]: e["time"] for e in lines(events)}
-        assert hook.received == []
+        assert hook.events == []
         await asyncio.sleep(1.1)  # a re-stamped time would differ
-        hook.status = 200
+        hook.reply = Reply(200)
         service = BridgeService(config=config)
         task = asyncio.create_task(service.run(), name="second-run")
         try:
-            await eventually(lambda: len(hook.received) >= 2, what="the redelivery")
+            await eventually(lambda: len(hook.events) >= 2, what="the redelivery")
         finally:
             service.stop_event.set()
             await task
-    again = {e["id"]: e["time"] for e in hook.received}
+    again = {e["id"]: e["time"] for e in hook.events}
     assert set(first) <= set(again)
     assert {i: again[i] for i in first} == first
 
 
-async def test_kubectl_writes_are_attributed_to_kubectl(tmp_path: Path, hook: Hook) -> None:
+async def test_kubectl_writes_are_attributed_to_kubectl(tmp_path: Path,
+                                                                  hook: WebhookReceiver) -> None:
     """Real kubectl against the simulator: it names itself (``kubectl-create``, ``kubectl-label``) as
     the field manager of each write, and the events say so."""
     manifest = tmp_path / "cm.json"

@@ -34,13 +34,13 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
 from bridge.errors import ApiError
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.leaderelection import FenceToken
 from bridge.storage.checkpoint import Checkpoint, CheckpointFencedError, informer_id
 from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
+from bridge.testing import Reply, WebhookReceiver
 
 EXE = [sys.executable, "-m", "bridge.service.cli"]
 NS = "ha"
@@ -51,41 +51,23 @@ PREFIX = "kube-event-bridge-checkpoint"
 
 @dataclass(frozen=True)
 class Arrival:
-    at: float  # wall-clock seconds, as the receiver saw the request
+    at: float  # monotonic seconds, as the receiver saw the request
     replica: str
     change: tuple[str, str]  # (name, resourceVersion)
 
 
-class Receiver:
-    """The webhook destination of both replicas; records who sent what, and when."""
+class Receiver(WebhookReceiver):
+    """The webhook destination of both replicas (the kit's receiver, answering 200); tells who sent
+    what, and when."""
 
     def __init__(self) -> None:
-        self.arrivals: list[Arrival] = []
-        self.url = ""
-        self._runner: web.AppRunner | None = None
+        super().__init__(reply=Reply(200))
 
-    async def handle(self, request: web.Request) -> web.Response:
-        body = orjson.loads(await request.read())
-        now = time.time()
-        for event in body if isinstance(body, list) else [body]:
-            name = str(event["subject"]).rpartition("/")[2]
-            self.arrivals.append(Arrival(now, request.headers.get("X-Replica", "?"),
-                                         (name, str(event["resourceversion"]))))
-        return web.Response(status=200)
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/{tail:.*}", self.handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}/events"
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+    @property
+    def arrivals(self) -> list[Arrival]:
+        return [Arrival(r.at, r.headers.get("X-Replica", "?"),
+                        (str(e["subject"]).rpartition("/")[2], str(e["resourceversion"])))
+                for r in self.accepted for e in r.cloudevents()]
 
     def by(self, replica: str) -> list[Arrival]:
         return [a for a in self.arrivals if a.replica == replica]
@@ -221,7 +203,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
                 p.kill()
                 p.wait(10)
         await client.close()
-        await receiver.stop()
+        await receiver.close()
         sim.terminate()
         await sim.wait()
 

@@ -25,9 +25,9 @@ import aiohttp
 import nats
 import orjson
 import pytest
-from aiohttp import web
 
 from bridge.kube.apiclient import ApiClient
+from bridge.testing import WebhookReceiver
 from tests import brokers
 from tests.brokers import NatsServer, TansuBroker, free_port, unique_name
 from tests.checkpoint.crash_harness import ROOT, sim_process
@@ -39,35 +39,6 @@ NS = "beat"
 INTERVAL = 1.0
 HEARTBEAT = "io.kube-event-bridge.heartbeat"
 ADDED = "io.kube-event-bridge.added"
-
-
-class Hook:
-    """A real HTTP endpoint recording the structured CloudEvents it accepts."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-        self.url = ""
-        self._runner: web.AppRunner | None = None
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        body = orjson.loads(await request.read())
-        self.events.extend(body if isinstance(body, list) else [body])
-        return web.Response(status=204)
-
-    async def __aenter__(self) -> Hook:
-        app = web.Application()
-        app.router.add_post("/events", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}/events"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
 
 @contextlib.asynccontextmanager
@@ -141,7 +112,7 @@ async def test_a_heartbeat_arrives_on_schedule_on_every_sink_kind(
     out = tmp_path / "events.jsonl"
     beat = {"interval": "1s"}
     async with contextlib.AsyncExitStack() as stack:
-        hook = await stack.enter_async_context(Hook())
+        hook = await stack.enter_async_context(WebhookReceiver())
         _, kubeconfig = await stack.enter_async_context(sim_process(tmp_path, namespaces=(NS,)))
         client = ApiClient.from_kubeconfig(str(kubeconfig))
         stack.push_async_callback(client.close)

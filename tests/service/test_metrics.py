@@ -15,8 +15,9 @@ from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
 from bridge.storage.checkpoint import informer_id
+from bridge.testing import Reply, WebhookReceiver
 from sinks.contract import EventType
-from tests.service.test_service import Hook, eventually, get, lines, metric
+from tests.service.test_service import eventually, get, lines, metric
 
 SAMPLE = re.compile(r'^(\w+)\{([^}]*)\} (\S+)$')
 
@@ -128,15 +129,11 @@ async def scraped(base: str, predicate: Callable[[str], bool], what: str, timeou
 
 
 async def test_a_sink_falling_behind_shows_its_lag_and_spill_until_it_catches_up(tmp_path: Path) -> None:
-    hook = Hook()
-    await hook.start()
-    try:
+    async with WebhookReceiver(reply=Reply(200)) as hook:
         await _falling_behind(tmp_path, hook)
-    finally:
-        await hook.stop()
 
 
-async def _falling_behind(tmp_path: Path, hook: Hook) -> None:
+async def _falling_behind(tmp_path: Path, hook: WebhookReceiver) -> None:
     """A webhook answering 503 behind a 2-change buffer, scraped over HTTP while it falls behind and
     after it catches up."""
     async with Simulator() as sim:
@@ -161,13 +158,13 @@ async def _falling_behind(tmp_path: Path, hook: Hook) -> None:
         try:
             await eventually(lambda: service.readiness().ready, what="readiness")
             base = f"http://127.0.0.1:{service.health.port}"
-            await eventually(lambda: len(hook.received) == 1, what="p0 at the webhook")
+            await eventually(lambda: len(hook.events) == 1, what="p0 at the webhook")
             text = await scrape(base)
             for sink in ("file", "hook"):
                 assert metric(text, "keb_sink_lag_seconds", sink=sink) == 0
                 assert metric(text, "keb_sink_spill_bytes", sink=sink) == 0
 
-            hook.status = 503
+            hook.reply = Reply(503, retry_after=0)
             for i in range(1, 21):
                 sim.store.create("pods", make_pod(f"p{i}", "default"))
             text = await scraped(base, lambda t: metric(t, "keb_sink_spill_bytes", sink="hook") > 0
@@ -184,13 +181,13 @@ async def _falling_behind(tmp_path: Path, hook: Hook) -> None:
             assert metric(text, "keb_sink_spill_bytes", sink="file") == 0
             assert metric(text, "keb_sink_up", sink="hook") == 0
 
-            hook.status = 200
+            hook.reply = Reply(200)
             text = await scraped(base, lambda t: metric(t, "keb_sink_lag_seconds", sink="hook") == 0
                                  and metric(t, "keb_sink_spill_bytes", sink="hook") == 0
                                  and metric(t, "keb_sink_queue_depth", sink="hook") == 0
                                  and metric(t, "keb_sink_in_flight", sink="hook") == 0,
                                  what="the webhook to catch up")
-            assert len({e["subject"] for e in hook.received}) == 21
+            assert len({e["subject"] for e in hook.events}) == 21
             assert metric(text, "keb_sink_events_total", sink="hook", outcome="delivered") >= 21
             assert metric(text, "keb_sink_events_total", sink="hook", outcome="dropped") == 0
             assert metric(text, "keb_sink_up", sink="hook") == 1

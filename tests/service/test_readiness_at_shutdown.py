@@ -21,10 +21,10 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
+from bridge.testing import Reply, WebhookReceiver
 from tests.brokers import free_port
 
 EXE = [sys.executable, "-m", "bridge.service.cli"]
@@ -34,43 +34,14 @@ ANSWER_AFTER = 0.15
 """Seconds the receiver takes to answer each POST."""
 
 
-class SlowHook:
-    """A webhook receiver that takes :data:`ANSWER_AFTER` seconds to acknowledge each event."""
-
-    def __init__(self) -> None:
-        self.received = 0
-        self.port = 0
-        self._runner: web.AppRunner | None = None
-
-    async def handle(self, request: web.Request) -> web.Response:
-        await request.read()
-        await asyncio.sleep(ANSWER_AFTER)
-        self.received += 1
-        return web.Response(status=200)
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/{tail:.*}", self.handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-
 @pytest.fixture
-async def slow_hook() -> AsyncIterator[SlowHook]:
-    h = SlowHook()
-    await h.start()
-    yield h
-    await h.stop()
+async def slow_hook() -> AsyncIterator[WebhookReceiver]:
+    """A webhook receiver that takes :data:`ANSWER_AFTER` seconds to acknowledge each event."""
+    async with WebhookReceiver(reply=Reply(200, delay=ANSWER_AFTER)) as h:
+        yield h
 
 
-def write_config(tmp_path: Path, kubeconfig: Path, hook: SlowHook, port: int) -> Path:
+def write_config(tmp_path: Path, kubeconfig: Path, hook: WebhookReceiver, port: int) -> Path:
     cfg = tmp_path / "bridge.yaml"
     cfg.write_text(
         f"kubernetes: {{kubeconfig: '{kubeconfig}', in_cluster: 'false'}}\n"
@@ -96,7 +67,7 @@ async def probe(http: aiohttp.ClientSession, url: str) -> tuple[int, dict[str, A
 
 
 async def test_readyz_answers_503_stopping_from_sigterm_until_the_endpoint_closes_healthz_stays_200(
-        tmp_path: Path, slow_hook: SlowHook) -> None:
+        tmp_path: Path, slow_hook: WebhookReceiver) -> None:
     async with Simulator() as sim:
         for i in range(PODS):
             sim.store.create("pods", make_pod(f"p{i}", "default"))
@@ -119,16 +90,16 @@ async def test_readyz_answers_503_stopping_from_sigterm_until_the_endpoint_close
                     assert proc.returncode is None, log_path.read_text()
                     assert time.monotonic() < deadline, "never ready: " + log_path.read_text()[-2000:]
                     answer = await probe(http, ready)
-                    if answer is not None and answer[0] == 200 and slow_hook.received >= 2:
+                    if answer is not None and answer[0] == 200 and len(slow_hook.accepted) >= 2:
                         break
                     await asyncio.sleep(0.05)
-                at_sigterm = slow_hook.received
+                at_sigterm = len(slow_hook.accepted)
                 assert at_sigterm < PODS - 5, "the receiver was not slow enough to leave a drain"
                 proc.send_signal(signal.SIGTERM)
                 while True:
                     r, h = await probe(http, ready), await probe(http, live)
                     if r is not None:
-                        readyz.append((r[0], r[1], slow_hook.received))
+                        readyz.append((r[0], r[1], len(slow_hook.accepted)))
                     if h is not None:
                         healthz.append(h)
                     if r is None and h is None:

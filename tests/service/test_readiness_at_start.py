@@ -21,20 +21,19 @@ from bridge.service.config import BridgeConfig
 from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
-from tests.service.test_service import Hook, eventually, get
+from bridge.testing import Reply, WebhookReceiver
+from tests.service.test_service import eventually, get
 
 RESOURCES = ("pods", "configmaps", "services")
 
 
 @pytest.fixture
-async def hook() -> AsyncIterator[Hook]:
-    h = Hook()
-    await h.start()
-    yield h
-    await h.stop()
+async def hook() -> AsyncIterator[WebhookReceiver]:
+    async with WebhookReceiver(reply=Reply(200)) as h:
+        yield h
 
 
-def throttled_config(sim: Simulator, tmp_path: Path, hook: Hook) -> BridgeConfig:
+def throttled_config(sim: Simulator, tmp_path: Path, hook: WebhookReceiver) -> BridgeConfig:
     kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig")
     return BridgeConfig.model_validate({
         "cluster": "test",
@@ -61,7 +60,7 @@ def informers_synced(service: BridgeService) -> bool:
 
 
 async def test_readyz_answers_503_starting_until_every_informer_synced_and_every_sink_is_ready(
-        tmp_path: Path, hook: Hook) -> None:
+        tmp_path: Path, hook: WebhookReceiver) -> None:
     async with Simulator() as sim:
         for i in range(3):
             sim.store.create("pods", make_pod(f"p{i}", "default"))

@@ -13,12 +13,12 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
 from bridge.service.config import BridgeConfig
 from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
+from bridge.testing import Reply, WebhookReceiver
 
 
 async def eventually(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "") -> None:
@@ -28,43 +28,11 @@ async def eventually(predicate: Callable[[], Any], timeout: float = 15.0, what: 
         await asyncio.sleep(0.05)
 
 
-class Hook:
-    """A webhook receiver whose answers the test controls."""
-
-    def __init__(self) -> None:
-        self.status = 200
-        self.received: list[dict[str, Any]] = []
-        self.port = 0
-        self._runner: web.AppRunner | None = None
-
-    async def handle(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        if self.status != 200:
-            return web.Response(status=self.status, headers={"Retry-After": "0"})
-        data = orjson.loads(body)
-        self.received.extend(data if isinstance(data, list) else [data])
-        return web.Response(status=200)
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/{tail:.*}", self.handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-
 @pytest.fixture
-async def hook() -> AsyncIterator[Hook]:
-    h = Hook()
-    await h.start()
-    yield h
-    await h.stop()
+async def hook() -> AsyncIterator[WebhookReceiver]:
+    """A webhook receiver whose answers the test controls."""
+    async with WebhookReceiver(reply=Reply(200)) as h:
+        yield h
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
@@ -78,7 +46,7 @@ def changes(path: Path) -> list[dict[str, Any]]:
     return [e for e in lines(path) if "subject" in e]
 
 
-def config(sim: Simulator, tmp_path: Path, hook: Hook) -> BridgeConfig:
+def config(sim: Simulator, tmp_path: Path, hook: WebhookReceiver) -> BridgeConfig:
     kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig")
     return BridgeConfig.model_validate({
         "cluster": "test",
@@ -111,7 +79,7 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 
 async def test_service_delivers_and_exposes_health_readiness_and_metrics(
-        tmp_path: Path, hook: Hook, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, hook: WebhookReceiver, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO", logger="bridge.service.service")
     async with Simulator() as sim:
         for i in range(3):
@@ -139,8 +107,8 @@ async def test_service_delivers_and_exposes_health_readiness_and_metrics(
             await eventually(lambda: len(lines(events)) == 6, what="6 events in the file")
             types = sorted(e["type"].rsplit(".", 1)[-1] for e in lines(events))
             assert types == ["added", "added", "added", "added", "deleted", "updated"]
-            await eventually(lambda: len(hook.received) == 5, what="5 pod events at the webhook")
-            assert {e["subject"] for e in hook.received} == {"default/p0", "default/p1", "default/p2"}
+            await eventually(lambda: len(hook.events) == 5, what="5 pod events at the webhook")
+            assert {e["subject"] for e in hook.events} == {"default/p0", "default/p1", "default/p2"}
 
             _, text = await get(f"{base}/metrics")
             assert metric(text, "keb_sink_events_total", sink="file", outcome="delivered") == 6
@@ -153,7 +121,7 @@ async def test_service_delivers_and_exposes_health_readiness_and_metrics(
             assert sum(metric(text, "keb_events_received_total", type=t) for t in ("added",)) >= 3
 
             # The webhook goes down: the bridge keeps the file sink going and reports not ready.
-            hook.status = 503
+            hook.reply = Reply(503, retry_after=0)
             sim.store.create("pods", make_pod("p9", "default"))
             await eventually(lambda: not service.readiness().ready, what="readiness to drop")
             status, body = await get(f"{base}/readyz")
@@ -163,8 +131,8 @@ async def test_service_delivers_and_exposes_health_readiness_and_metrics(
                        for r in orjson.loads(body)["reasons"])
             await eventually(lambda: len(lines(events)) == 7, what="file sink unaffected")
             # It comes back: the held event is delivered and readiness returns.
-            hook.status = 200
-            await eventually(lambda: any(e["subject"] == "default/p9" for e in hook.received), what="retry")
+            hook.reply = Reply(200)
+            await eventually(lambda: any(e["subject"] == "default/p9" for e in hook.events), what="retry")
             await eventually(lambda: service.readiness().ready, what="readiness to return")
 
             # The server expires the open watches (410): counted, and the informers relist.
@@ -192,7 +160,8 @@ async def test_service_delivers_and_exposes_health_readiness_and_metrics(
         assert files == [".ckpt", ".ckpt", ".journal", ".journal"]
 
 
-async def test_unknown_resource_is_reported_and_others_keep_running(tmp_path: Path, hook: Hook) -> None:
+async def test_unknown_resource_is_reported_and_others_keep_running(tmp_path: Path,
+                                                                   hook: WebhookReceiver) -> None:
     async with Simulator() as sim:
         sim.store.create("pods", make_pod("p0", "default"))
         cfg = config(sim, tmp_path, hook).model_copy(update={})
@@ -211,7 +180,8 @@ async def test_unknown_resource_is_reported_and_others_keep_running(tmp_path: Pa
             await task
 
 
-async def test_snapshot_on_demand_through_the_endpoint_and_the_cli(tmp_path: Path, hook: Hook) -> None:
+async def test_snapshot_on_demand_through_the_endpoint_and_the_cli(tmp_path: Path,
+                                                                  hook: WebhookReceiver) -> None:
     from bridge.service.cli import main as cli_main
 
     async with Simulator() as sim:

@@ -1,10 +1,15 @@
-"""Tests of the sink layer; shared builders for change events live here."""
+"""Tests of the sink layer; shared builders for change events live here, and the recording
+:class:`~sinks.base.BaseSink` the tests of the base class's own work send through (a sink that
+only stands in for a destination is the test kit's, :class:`bridge.testing.RecordingSink`)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+from sinks.base import BaseSink, OutgoingMessage
 from sinks.contract import ChangeEvent, DeliveryOutcome, EventType, ResourceRef, SnapshotInfo
+from sinks.options import SinkOptions
 
 PODS = ResourceRef(group="", version="v1", resource="pods", kind="Pod")
 SECRETS = ResourceRef(group="", version="v1", resource="secrets", kind="Secret")
@@ -71,3 +76,25 @@ class Acks:
 
     def of(self, outcome: DeliveryOutcome) -> list[str]:
         return [label for label, o in self.outcomes if o is outcome]
+
+
+class RecordingSink(BaseSink[SinkOptions]):
+    """Records sent messages; a test can script failures per event id or gate sends."""
+
+    kind = "recording"
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.sent: list[OutgoingMessage] = []
+        self.attempts: list[str] = []
+        self.failures: dict[str, list[Exception]] = {}
+        self.gate: asyncio.Event | None = None
+
+    async def _send(self, msg: OutgoingMessage) -> None:
+        self.attempts.append(msg.event.name)
+        if self.gate is not None:
+            await self.gate.wait()
+        script = self.failures.get(msg.event.name)
+        if script:
+            raise script.pop(0)
+        self.sent.append(msg)

@@ -24,29 +24,7 @@ from sinks.contract import (
     SnapshotInfo,
 )
 from sinks.options import SinkOptions, delivery_options
-from tests.sinks import PODS, SECRETS, Acks, event, marker, obj
-
-
-class RecordingSink(BaseSink[SinkOptions]):
-    """Records sent messages; a test can script failures per event id or gate sends."""
-
-    kind = "recording"
-
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.sent: list[OutgoingMessage] = []
-        self.attempts: list[str] = []
-        self.failures: dict[str, list[Exception]] = {}
-        self.gate: asyncio.Event | None = None
-
-    async def _send(self, msg: OutgoingMessage) -> None:
-        self.attempts.append(msg.event.name)
-        if self.gate is not None:
-            await self.gate.wait()
-        script = self.failures.get(msg.event.name)
-        if script:
-            raise script.pop(0)
-        self.sent.append(msg)
+from tests.sinks import PODS, SECRETS, Acks, RecordingSink, event, marker, obj
 
 
 def make(clock: FakeClock | None = None, **opts: Any) -> RecordingSink:

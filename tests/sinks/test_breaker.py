@@ -16,9 +16,9 @@ from typing import Any
 
 import orjson
 import pytest
-from aiohttp import web
 
 from bridge.clock import FakeClock
+from bridge.testing import ReceivedRequest, Reply, WebhookReceiver
 from sinks.base import BaseSink, OutgoingMessage
 from sinks.contract import ChangeEvent, DeliveryOutcome, EventType, SinkTransientError
 from sinks.options import SinkOptions
@@ -27,8 +27,8 @@ from tests.sinks import Acks, event, obj
 
 
 class Storm:
-    """A webhook answering 503 (and 429 with Retry-After: 1, every third request) until ``ends``,
-    then 204; it records when each event was accepted."""
+    """The answers of a webhook (the kit's receiver) answering 503 (and 429 with Retry-After: 1,
+    every third request) until ``ends``, then 204; it records when each event was accepted."""
 
     def __init__(self) -> None:
         self.ends = float("inf")
@@ -38,34 +38,27 @@ class Storm:
         self.refused_at: list[float] = []
         self.url = ""
 
-    async def handle(self, request: web.Request) -> web.Response:
-        body = await request.read()
+    async def respond(self, request: ReceivedRequest) -> Reply:
         self.requests += 1
         now = time.monotonic()
-        if now >= self.ends and b'"subject":"default/bad' in body:
-            return web.Response(status=400, text="refused")
+        if now >= self.ends and b'"subject":"default/bad' in request.body:
+            return Reply(400, body="refused")
         if now < self.ends:
             self.failed_requests += 1
             self.refused_at.append(now)
             if self.requests % 3 == 0:
-                return web.Response(status=429, headers={"Retry-After": "1"})
-            return web.Response(status=503)
-        self.accepted.append((now, orjson.loads(body)))
-        return web.Response(status=204)
+                return Reply(429, retry_after=1)
+            return Reply(503)
+        self.accepted.append((now, orjson.loads(request.body)))
+        return Reply(204)
 
 
 @pytest.fixture
 async def storm() -> AsyncIterator[Storm]:
     s = Storm()
-    app = web.Application()
-    app.router.add_post("/{tail:.*}", s.handle)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    s.url = f"http://127.0.0.1:{runner.addresses[0][1]}/events"
-    yield s
-    await runner.cleanup()
+    async with WebhookReceiver(respond=s.respond) as receiver:
+        s.url = receiver.url
+        yield s
 
 
 async def test_the_backlog_is_delivered_within_2s_of_a_storms_end_in_order(storm: Storm) -> None:

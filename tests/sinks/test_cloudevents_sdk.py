@@ -20,13 +20,13 @@ from typing import Any
 import nats
 import orjson
 import pytest
-from aiohttp import web
 from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.bindings import http as ce_http
 from cloudevents.core.bindings import kafka as ce_kafka
 from cloudevents.core.formats.json import JSONFormat
 
 from bridge.rawobject import Change, RawObject
+from bridge.testing import WebhookReceiver
 from sinks.base import BaseSink
 from sinks.contract import ChangeEvent, EventType, SnapshotInfo
 from sinks.file import FileSink
@@ -149,27 +149,10 @@ async def test_file_sink_lines_parse_with_the_sdk(tmp_path: Path, compat: str) -
     check(parsed, sink)
 
 
-class _Server:
-    def __init__(self) -> None:
-        self.requests: list[tuple[dict[str, str], bytes]] = []
-
-    async def handle(self, request: web.Request) -> web.Response:
-        self.requests.append(({str(k): v for k, v in request.headers.items()}, await request.read()))
-        return web.Response(status=204)
-
-
 @pytest.fixture
-async def server() -> AsyncIterator[tuple[_Server, str]]:
-    srv = _Server()
-    app = web.Application()
-    app.router.add_post("/{tail:.*}", srv.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield srv, f"http://127.0.0.1:{port}/events"
-    await runner.cleanup()
+async def server() -> AsyncIterator[WebhookReceiver]:
+    async with WebhookReceiver() as receiver:
+        yield receiver
 
 
 @pytest.mark.parametrize(
@@ -179,10 +162,9 @@ async def server() -> AsyncIterator[tuple[_Server, str]]:
      if mode != "batch" or compat == "native"],
 )
 async def test_webhook_requests_parse_with_the_sdk(
-    server: tuple[_Server, str], mode: str, compat: str
+    server: WebhookReceiver, mode: str, compat: str
 ) -> None:
-    srv, url = server
-    opts: dict[str, Any] = {"url": url, **compat_options(compat)}
+    opts: dict[str, Any] = {"url": server.url, **compat_options(compat)}
     if mode == "batch":
         opts["batch"] = {"max_events": 50, "linger": 0.05}
     else:
@@ -193,7 +175,7 @@ async def test_webhook_requests_parse_with_the_sdk(
     finally:
         await sink.close()
     parsed = []
-    for headers, body in srv.requests:
+    for headers, body in ((r.headers, r.body) for r in server.requests):
         if mode == "batch":
             assert headers["Content-Type"] == "application/cloudevents-batch+json"
             parsed += [normalized(FMT.read(None, orjson.dumps(doc))) for doc in orjson.loads(body)]

@@ -19,9 +19,9 @@ from typing import Any
 import nats
 import orjson
 import pytest
-from aiohttp import web
 
 from bridge.rawobject import RawObject
+from bridge.testing import ReceivedRequest, Reply, WebhookReceiver
 from sinks.base import BaseSink
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType, SinkError, SnapshotInfo
 from sinks.file import FileSink
@@ -32,7 +32,7 @@ from tests import brokers
 from tests.brokers import NatsServer, TansuBroker, unique_name
 from tests.sinks import event, marker, obj
 from tests.sinks.test_nats_sink import Collector
-from tests.sinks.test_webhook_sink import Hook, _serve
+from tests.sinks.test_webhook_sink import Hook
 
 kafka_broker = brokers.kafka_broker
 nats_server = brokers.nats_server
@@ -241,19 +241,16 @@ async def test_jetstream_sink(nats_server: NatsServer, scenario: tuple[list[Chan
 
 @pytest.fixture
 async def hook() -> AsyncIterator[Hook]:
-    h = Hook()
-    runner = await _serve(h)
-    yield h
-    await h.stop_handlers()
-    await runner.cleanup()
+    async with WebhookReceiver(path="") as h:
+        yield h
 
 
 async def test_webhook_sink(hook: Hook, scenario: tuple[list[ChangeEvent], set[int]]) -> None:
     events, filtered = scenario
 
-    async def slow_then_ok(_request: web.Request, _body: bytes) -> web.StreamResponse:
+    async def slow_then_ok(_request: ReceivedRequest) -> Reply:
         await asyncio.sleep(0.001)  # requests overlap: the window and the lanes do the ordering
-        return web.Response(status=204)
+        return Reply(204)
 
     hook.respond = slow_then_ok
     stored: dict[str, list[dict[str, Any]]] = {}
@@ -261,7 +258,7 @@ async def test_webhook_sink(hook: Hook, scenario: tuple[list[ChangeEvent], set[i
         url = f"{hook.url}/{label}/{{namespace}}/{{name}}"
         sink = WebhookSink.from_options(label, {"url": url, **SINK_OPTS})
         check_acks(await feed(sink, events, feeder), events, filtered)
-        stored[label] = [orjson.loads(r.body) for r in hook.ok if r.path.startswith(f"/{label}/")]
+        stored[label] = [orjson.loads(r.body) for r in hook.accepted if r.path.startswith(f"/{label}/")]
     one, batch = stored["one"], stored["batch"]
     assert sorted(orjson.dumps(e) for e in batch) == sorted(orjson.dumps(e) for e in one)
     for subject in {e.get("subject") for e in one}:

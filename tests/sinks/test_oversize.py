@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 import pytest
-from aiohttp import web
 
+from bridge.testing import ReceivedRequest, Reply, WebhookReceiver
 from sinks.base import BaseSink
 from sinks.cloudevents import event_id
 from sinks.contract import ChangeEvent, DeliveryOutcome, EventType
@@ -229,36 +229,29 @@ async def test_core_nats_reference_in_binary_mode(nats_server: NatsServer, tmp_p
 
 async def test_a_webhook_gets_whole_objects_and_a_cut_event_only_after_a_413(tmp_path: Path) -> None:
     limit = {"bytes": 10_000_000}
-    received: list[dict[str, Any]] = []
 
-    async def handle(request: web.Request) -> web.Response:
-        body = await request.read()
-        if len(body) > limit["bytes"]:
-            return web.Response(status=413, text="Content Too Large")
-        received.append(orjson.loads(body))
-        return web.Response(status=204)
+    async def handle(request: ReceivedRequest) -> Reply:
+        if len(request.body) > limit["bytes"]:
+            return Reply(413, body="Content Too Large")
+        return Reply(204)
 
-    app = web.Application(client_max_size=20_000_000)
-    app.router.add_post("/{tail:.*}", handle)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    hook = await WebhookReceiver(respond=handle, max_body=20_000_000).start()
     try:
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}/events"
+        url = hook.url
         dead_letter = {"kind": "file", "target": str(tmp_path / "d")}
         sink = WebhookSink.from_options("hook", {"url": url, "dead_letter": dead_letter})
         _open.append(sink)
         await sink.start()
         acks = await deliver_all(sink, the_events())
         assert sorted(acks.of(DeliveryOutcome.DELIVERED)) == ["0", "1", "2"]
-        huge = next(ce for ce in received if ce["subject"] == "default/huge")
+        huge = next(ce for ce in hook.events if ce["subject"] == "default/huge")
         assert len(huge["data"]["data"]["blob"]) == BIG  # no limit of its own: whole
-        received.clear()
+        before = hook.event_count
         limit["bytes"] = 1_000_000  # the receiver refuses large bodies
         acks = await deliver_all(sink, the_events())
         assert sorted(acks.of(DeliveryOutcome.DELIVERED)) == ["0", "1", "2"]
+        received = hook.events[before:]
         check_cut(next(ce for ce in received if ce["subject"] == "default/huge"), "reference",
                   f"file:{tmp_path / 'd'}")
     finally:
-        await runner.cleanup()
+        await hook.close()

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from bridge.informer.transform import drop_managed_fields
 from bridge.rawobject import RawObject, decode_object
-from sinks.base import BaseSink, OutgoingMessage
+from sinks.base import OutgoingMessage
 from sinks.cloudevents import decode_binary
 from sinks.contract import ChangeEvent, DeliveryOutcome, EventType, ResourceRef
 from sinks.file import FileSink
@@ -23,7 +23,7 @@ from sinks.filters import ChangeFilter
 from sinks.options import DEFAULT_IGNORE_PATHS, SinkOptions
 from sinks.payload import apply_merge_patch
 from sinks.redaction import REDACTED, Redactor
-from tests.sinks import PODS, SECRETS, T0, Acks
+from tests.sinks import PODS, SECRETS, T0, Acks, RecordingSink
 
 CONFIGMAPS = ResourceRef(group="", version="v1", resource="configmaps", kind="ConfigMap")
 
@@ -331,19 +331,6 @@ async def test_file_sink_writes_the_same_cloudevents_for_dicts_and_raw_objects(
         assert ces[1]["data"] == {"object": drop_managed_fields(v2), "oldObject": drop_managed_fields(v1)}
     else:
         assert ces[0]["data"] == drop_managed_fields(v1)
-
-
-class RecordingSink(BaseSink[SinkOptions]):
-    """Records the messages it is asked to send."""
-
-    kind = "recording"
-
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.sent: list[OutgoingMessage] = []
-
-    async def _send(self, msg: OutgoingMessage) -> None:
-        self.sent.append(msg)
 
 
 async def sent_messages(events: list[ChangeEvent], **options: Any) -> list[OutgoingMessage]:

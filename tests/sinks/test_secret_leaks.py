@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bridge.rawobject import RawObject
+from bridge.testing import ReceivedRequest, Reply, WebhookReceiver
 from sinks.base import BaseSink
 from sinks.contract import ChangeEvent, DeliveryOutcome, EventType, SnapshotInfo
 from sinks.file import FileSink
@@ -129,20 +129,20 @@ def spellings(value: bytes) -> list[bytes]:
 
 @dataclass
 class Server:
-    bodies: list[bytes] = field(default_factory=list)
+    """The answers of the webhook (the kit's receiver)."""
+
     seen: set[str] = field(default_factory=set)
 
-    async def handle(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        self.bodies.append(orjson.dumps({str(k): v for k, v in request.headers.items()}) + body)
+    async def respond(self, request: ReceivedRequest) -> Reply:
+        body = request.body
         if b"refuse-me" in body or "refuse-me" in request.headers.get("ce-subject", ""):
             # A server echoing what it got: the reason written to the dead letter quotes it.
-            return web.Response(status=400, body=b"bad event: " + body[:300])
+            return Reply(400, body=b"bad event: " + body[:300])
         key = request.headers.get("ce-id", "") or str(len(body))
         if b"retry-me" in body and key not in self.seen:
             self.seen.add(key)
-            return web.Response(status=503, text="try later " + body[:200].decode("utf-8", "replace"))
-        return web.Response(status=204)
+            return Reply(503, body="try later " + body[:200].decode("utf-8", "replace"))
+        return Reply(204)
 
 
 class Capture(logging.Handler):
@@ -185,15 +185,8 @@ def events_for(shapes_: list[Shape]) -> tuple[list[ChangeEvent], list[bytes]]:
 
 async def run_sinks(events: list[ChangeEvent], tmp: Path) -> list[bytes]:
     """Everything the sinks wrote or sent, through real sinks and a real HTTP server."""
-    server = Server()
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", server.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    url = f"http://127.0.0.1:{port}/hook"
+    server = await WebhookReceiver(path="/hook", respond=Server().respond).start()
+    url = server.url
     retry = {"initial": 0.001, "max": 0.002, "max_attempts": 3}
     sinks: list[BaseSink[Any]] = []
     for payload in ("object", "object_and_old", "merge_patch"):
@@ -217,11 +210,11 @@ async def run_sinks(events: list[ChangeEvent], tmp: Path) -> list[bytes]:
     finally:
         for sink in sinks:
             await sink.close()
-        await runner.cleanup()
+        await server.close()
     assert len(outcomes) == len(events) * len(sinks)
     assert DeliveryOutcome.DEAD_LETTERED in outcomes or len(events) < 8
     written = [p.read_bytes() for p in sorted(tmp.iterdir())]  # noqa: ASYNC240 (a test, after the run)
-    return written + server.bodies
+    return written + [orjson.dumps(r.headers) + r.body for r in server.requests]
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

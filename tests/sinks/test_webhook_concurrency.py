@@ -14,17 +14,17 @@ from typing import Any
 
 import orjson
 import pytest
-from aiohttp import web
 
+from bridge.testing import ReceivedRequest, Reply, WebhookReceiver
 from sinks.contract import DeliveryOutcome, EventType, SinkConfigError
 from sinks.webhook import WebhookSink
 from tests.sinks import Acks, event, obj
 
 
 class Receiver:
-    """Answers each request after a random latency (seeded); refuses a share of them with 503 and,
-    until ``storm_ends``, all of them. Records what it accepted and checks, per object, that no two
-    requests carrying it overlap."""
+    """The answers of a webhook (the kit's receiver): each request after a random latency (seeded),
+    refusing a share of them with 503 and, until ``storm_ends``, all of them. Records what it
+    accepted and checks, per object, that no two requests carrying it overlap."""
 
     def __init__(self, *, seed: int, latency: tuple[float, float], refuse: float = 0.0) -> None:
         self.rng = random.Random(seed)
@@ -45,10 +45,9 @@ class Receiver:
         self.accepted_requests: list[tuple[float, list[dict[str, Any]]]] = []
         self.body_sizes: list[int] = []
 
-    async def handle(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        self.body_sizes.append(len(body))
-        doc = orjson.loads(body)
+    async def respond(self, request: ReceivedRequest) -> Reply:
+        self.body_sizes.append(len(request.body))
+        doc = orjson.loads(request.body)
         events = doc if isinstance(doc, list) else [doc]
         subjects = {ce["subject"] for ce in events}
         self.requests += 1
@@ -63,36 +62,25 @@ class Receiver:
         try:
             await asyncio.sleep(self.rng.uniform(*self.latency))
             if time.monotonic() < self.storm_ends or self.rng.random() < self.refuse:
-                return web.Response(status=503)
+                return Reply(503)
             for ce in events:
                 rv = int(ce["resourceversion"])
                 self.accepted.setdefault(ce["subject"], []).append(rv)
                 self.accepted_set.add((ce["subject"], rv))
             self.accepted_requests.append((time.monotonic(), events))
-            return web.Response(status=204)
+            return Reply(204)
         finally:
             self.concurrent -= 1
             for subject in subjects:
                 self.in_flight[subject] -= 1
 
 
-async def serve(receiver: Receiver) -> web.AppRunner:
-    app = web.Application()
-    app.router.add_post("/{tail:.*}", receiver.handle)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    receiver.url = f"http://127.0.0.1:{runner.addresses[0][1]}/events"
-    return runner
-
-
 @pytest.fixture
 async def receiver(request: pytest.FixtureRequest) -> AsyncIterator[Receiver]:
     r = Receiver(**request.param)
-    runner = await serve(r)
-    yield r
-    await runner.cleanup()
+    async with WebhookReceiver(respond=r.respond) as hook:
+        r.url = hook.url
+        yield r
 
 
 class CheckedAcks(Acks):

@@ -11,96 +11,30 @@ import hmac
 import ssl
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from aiohttp import web
 from standardwebhooks import Webhook
 
+from bridge.testing import ReceivedRequest, Reply, WebhookReceiver
 from sinks.contract import DeliveryOutcome, EventType, SinkConfigError
 from sinks.file import FileSink
 from sinks.redaction import REDACTED
 from sinks.webhook import WebhookOptions, WebhookSink, parse_retry_after, sign
 from tests.sinks import DEPLOYMENTS, SECRETS, T0, Acks, event, obj
 
-Handler = Callable[[web.Request, bytes], Awaitable[web.StreamResponse]]
-
-
-@dataclass
-class Received:
-    path: str
-    headers: dict[str, str]
-    body: bytes
-    at: float
-
-
-@dataclass
-class Hook:
-    """A real HTTP server; ``respond`` decides each answer, ``ok`` holds the requests answered 2xx."""
-
-    url: str = ""
-    all: list[Received] = field(default_factory=list)
-    ok: list[Received] = field(default_factory=list)
-    respond: Handler | None = None
-    active: set[asyncio.Task[Any]] = field(default_factory=set)
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        task = asyncio.current_task()
-        assert task is not None
-        self.active.add(task)
-        try:
-            return await self._handle(request)
-        finally:
-            self.active.discard(task)
-
-    async def stop_handlers(self) -> None:
-        """Handlers still answering (a deliberately slow one) end with the test."""
-        for task in list(self.active):
-            task.cancel()
-        await asyncio.gather(*self.active, return_exceptions=True)
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        rec = Received(request.path, dict(request.headers), body, time.monotonic())
-        self.all.append(rec)
-        resp: web.StreamResponse = web.Response(status=204)
-        if self.respond is not None:
-            resp = await self.respond(request, body)
-        if 200 <= resp.status < 300:
-            self.ok.append(rec)
-        return resp
-
-    def events(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for rec in self.ok:
-            doc = orjson.loads(rec.body)
-            out.extend(doc if isinstance(doc, list) else [doc])
-        return out
-
-
-async def _serve(hook: Hook, ssl_context: ssl.SSLContext | None = None) -> web.AppRunner:
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", hook.handle)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
-    await site.start()
-    port = runner.addresses[0][1]
-    hook.url = f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}"
-    return runner
+Hook = WebhookReceiver
+"""The kit's webhook receiver; these tests build it with ``path=""``: its ``url`` is the server's,
+each test adds its own path."""
 
 
 @pytest.fixture
 async def hook() -> AsyncIterator[Hook]:
-    h = Hook()
-    runner = await _serve(h)
-    yield h
-    await h.stop_handlers()
-    await runner.cleanup()
+    async with WebhookReceiver(path="") as h:
+        yield h
 
 
 def make(hook: Hook, **opts: Any) -> WebhookSink:
@@ -127,9 +61,9 @@ async def test_structured_events_are_posted_signed_and_authenticated(hook: Hook,
     await sink.deliver(event(EventType.DELETED, dep, resource=DEPLOYMENTS), acks.cb("dep"))
     assert await sink.flush(5)
     assert acks.outcomes == [("secret", DeliveryOutcome.DELIVERED), ("dep", DeliveryOutcome.DELIVERED)]
-    by_path = {r.path: r for r in hook.ok}
+    by_path = {r.path: r for r in hook.accepted}
     assert sorted(by_path) == ["/events/deployments/shop", "/events/secrets/default"]
-    for rec in hook.ok:
+    for rec in hook.accepted:
         assert hmac.compare_digest(
             rec.headers["X-Signature-256"],
             "sha256=" + hmac.new(b"s3cret", rec.body, hashlib.sha256).hexdigest(),
@@ -169,7 +103,7 @@ async def test_binary_mode_puts_attributes_in_ce_headers(hook: Hook) -> None:
     o = obj("web-0", uid="u-1", rv="42", labels={"app": "wéb"})
     await sink.deliver(event(EventType.ADDED, o), acks.cb("a"))
     assert await sink.flush(5)
-    (rec,) = hook.ok
+    (rec,) = hook.accepted
     h = {k.lower(): v for k, v in rec.headers.items()}
     assert h["content-type"] == "application/json"
     assert h["ce-specversion"] == "1.0"
@@ -192,12 +126,12 @@ async def test_batches_post_json_arrays(hook: Hook) -> None:
         await sink.deliver(event(EventType.ADDED, obj(f"p{i}", rv=str(i))), acks.cb(f"p{i}"))
     assert await sink.flush(5)
     assert len(acks.of(DeliveryOutcome.DELIVERED)) == 20
-    assert 1 <= len(hook.ok) < 20
-    for rec in hook.ok:
+    assert 1 <= len(hook.accepted) < 20
+    for rec in hook.accepted:
         assert rec.headers["Content-Type"] == "application/cloudevents-batch+json"
         assert rec.headers["X-Signature-256"] == sign(b"k", rec.body)
         Webhook(b"k").verify(rec.body, rec.headers)
-    assert sorted(e["name"] for e in hook.events()) == sorted(f"p{i}" for i in range(20))
+    assert sorted(e["name"] for e in hook.events) == sorted(f"p{i}" for i in range(20))
     await sink.close()
 
 
@@ -205,17 +139,16 @@ async def test_500s_timeouts_and_429_lose_nothing_and_keep_per_object_order(hook
     answers = iter(["500", "slow", "429", "500", "slow", "503", "408"])
     seen: list[tuple[str, str, float]] = []
 
-    async def respond(request: web.Request, body: bytes) -> web.StreamResponse:
+    async def respond(request: ReceivedRequest) -> Reply:
         what = next(answers, "ok")
-        seen.append((orjson.loads(body)["name"], what, time.monotonic()))
+        seen.append((orjson.loads(request.body)["name"], what, time.monotonic()))
         if what == "slow":
-            await asyncio.sleep(0.5)  # longer than the sink's timeout: the client gives up
-            return web.Response(status=500)
+            return Reply(500, delay=0.5)  # longer than the sink's timeout: the client gives up
         if what == "429":
-            return web.Response(status=429, headers={"Retry-After": "0.3"})
+            return Reply(429, retry_after="0.3")
         if what != "ok":
-            return web.Response(status=int(what), text="busy")
-        return web.Response(status=200)
+            return Reply(int(what), body="busy")
+        return Reply(200)
 
     hook.respond = respond
     sink = make(hook, timeout=0.1, retry={"initial": 0.01, "max": 0.02})
@@ -227,7 +160,7 @@ async def test_500s_timeouts_and_429_lose_nothing_and_keep_per_object_order(hook
     assert await sink.flush(10)
     assert len(acks.of(DeliveryOutcome.DELIVERED)) == 20
     got: dict[str, list[str]] = {}
-    for ce in hook.events():
+    for ce in hook.events:
         got.setdefault(ce["name"], []).append(ce["resourceversion"])
     assert got == {n: ["1", "2", "3", "4"] for n in names}
     assert sink.stats.retries == 7
@@ -241,10 +174,10 @@ async def test_500s_timeouts_and_429_lose_nothing_and_keep_per_object_order(hook
 
 
 async def test_400_goes_to_dead_letter_file_with_reason(hook: Hook, tmp_path: Path) -> None:
-    async def respond(request: web.Request, body: bytes) -> web.StreamResponse:
-        if orjson.loads(body)["name"] == "bad":
-            return web.Response(status=400, text="schema rejected: spec.replicas")
-        return web.Response(status=202)
+    async def respond(request: ReceivedRequest) -> Reply:
+        if orjson.loads(request.body)["name"] == "bad":
+            return Reply(400, body="schema rejected: spec.replicas")
+        return Reply(202)
 
     hook.respond = respond
     dl = tmp_path / "dead.jsonl"
@@ -260,16 +193,16 @@ async def test_400_goes_to_dead_letter_file_with_reason(hook: Hook, tmp_path: Pa
     assert record["message"]["name"] == "bad"
     assert record["key"] == "u-bad"
     assert sink.stats.dead_lettered == 1
-    assert len(hook.all) == 2  # a permanent failure is not retried
+    assert len(hook.requests) == 2  # a permanent failure is not retried
     await sink.close()
 
 
 async def test_a_blocked_webhook_does_not_slow_a_file_sink(hook: Hook, tmp_path: Path) -> None:
     release = asyncio.Event()
 
-    async def respond(request: web.Request, body: bytes) -> web.StreamResponse:
+    async def respond(request: ReceivedRequest) -> Reply:
         await release.wait()
-        return web.Response(status=200)
+        return Reply(200)
 
     hook.respond = respond
     webhook = make(hook, max_in_flight=10)
@@ -355,15 +288,13 @@ async def test_tls_with_custom_ca_and_client_certificate(pki: Path, tmp_path: Pa
     ctx.verify_mode = ssl.CERT_REQUIRED
     peers: list[str] = []
 
-    async def respond(request: web.Request, body: bytes) -> web.StreamResponse:
-        transport = request.transport
-        assert transport is not None
-        cert = transport.get_extra_info("peercert")
+    async def respond(request: ReceivedRequest) -> Reply:
+        cert = request.peer_certificate
+        assert cert is not None
         peers.append(dict(x[0] for x in cert["subject"])["commonName"])
-        return web.Response(status=200)
+        return Reply(200)
 
-    h = Hook(respond=respond)
-    runner = await _serve(h, ctx)
+    h = await WebhookReceiver(path="", respond=respond, ssl_context=ctx).start()
     try:
         tls = {
             "ca_file": str(pki / "ca.crt"),
@@ -392,8 +323,7 @@ async def test_tls_with_custom_ca_and_client_certificate(pki: Path, tmp_path: Pa
         assert not nocert.healthy()
         await nocert.close()
     finally:
-        await h.stop_handlers()
-        await runner.cleanup()
+        await h.close()
 
 
 def test_bad_configuration_is_reported_clearly(tmp_path: Path) -> None:
@@ -423,10 +353,10 @@ async def test_unreadable_secret_file_fails_start(tmp_path: Path) -> None:
 async def test_messages_hide_url_credentials_and_redirects_are_not_followed(
     hook: Hook, tmp_path: Path
 ) -> None:
-    async def respond(request: web.Request, body: bytes) -> web.StreamResponse:
+    async def respond(request: ReceivedRequest) -> Reply:
         if request.path == "/moved":
-            return web.Response(status=302, headers={"Location": "/elsewhere"})
-        return web.Response(status=403, text="forbidden")
+            return Reply(302, headers={"Location": "/elsewhere"})
+        return Reply(403, body="forbidden")
 
     hook.respond = respond
     dl = tmp_path / "dl.jsonl"
@@ -438,8 +368,8 @@ async def test_messages_hide_url_credentials_and_redirects_are_not_followed(
     assert acks.outcomes == [("a", DeliveryOutcome.DEAD_LETTERED)]
     reason = orjson.loads(dl.read_bytes())["reason"]
     assert reason == f"HTTP 302 from {hook.url}/moved"
-    assert [r.path for r in hook.all] == ["/moved"]
-    assert hook.all[0].headers["Authorization"] == "Basic dXNlcjpodW50ZXIy"
+    assert [r.path for r in hook.requests] == ["/moved"]
+    assert hook.requests[0].headers["Authorization"] == "Basic dXNlcjpodW50ZXIy"
     await sink.close()
     with pytest.raises(SinkConfigError) as err:
         WebhookSink.from_options("hook", {"url": "http://u:secret@host:99999/x?t=1"})
@@ -483,8 +413,8 @@ async def test_standard_webhooks_signatures_verify_with_the_reference_library(ho
     secret = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
     answers = iter(["500"])
 
-    async def respond(request: web.Request, body: bytes) -> web.StreamResponse:
-        return web.Response(status=500 if next(answers, "ok") == "500" else 204)
+    async def respond(request: ReceivedRequest) -> Reply:
+        return Reply(500 if next(answers, "ok") == "500" else 204)
 
     hook.respond = respond
     opts: dict[str, Any] = {"hmac_secret": secret}
@@ -499,7 +429,7 @@ async def test_standard_webhooks_signatures_verify_with_the_reference_library(ho
     assert await sink.flush(10)
     assert len(acks.of(DeliveryOutcome.DELIVERED)) == 3
     verifier = Webhook(secret)
-    for rec in hook.all:
+    for rec in hook.requests:
         assert "X-Signature-256" not in rec.headers  # the old scheme only when asked for
         verifier.verify(rec.body, rec.headers, json_parse=False)  # raises unless valid
         with pytest.raises(Exception, match="No matching signature"):
@@ -509,13 +439,13 @@ async def test_standard_webhooks_signatures_verify_with_the_reference_library(ho
             verifier.verify(rec.body, tampered)
     # The failed first request and its retry carry the same id (a receiver dedups on it).
     if mode != "batch":  # (a batch's events may be retried in other batches: other ids)
-        first = hook.all[0]
-        retries = [r for r in hook.all[1:] if r.body == first.body]
+        first = hook.requests[0]
+        retries = [r for r in hook.requests[1:] if r.body == first.body]
         assert retries
         assert {r.headers["webhook-id"] for r in retries} == {first.headers["webhook-id"]}
-        ids = {r.headers["webhook-id"] for r in hook.ok}
-        expected = {orjson.loads(r.body)["id"] for r in hook.ok} if mode == "structured" else {
-            r.headers["ce-id"] for r in hook.ok}
+        ids = {r.headers["webhook-id"] for r in hook.accepted}
+        expected = {orjson.loads(r.body)["id"] for r in hook.accepted} if mode == "structured" else {
+            r.headers["ce-id"] for r in hook.accepted}
         assert ids == expected
     await sink.close()
 
@@ -527,7 +457,7 @@ async def test_a_replayed_request_is_rejected_by_the_receiver(hook: Hook) -> Non
     acks = Acks()
     await sink.deliver(event(EventType.ADDED, obj("p")), acks.cb("p"))
     assert await sink.flush(5)
-    (rec,) = hook.ok
+    (rec,) = hook.accepted
     with pytest.raises(Exception, match="too old"):
         Webhook(secret.encode()).verify(rec.body, rec.headers)
     await sink.close()
