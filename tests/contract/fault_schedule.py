@@ -98,6 +98,9 @@ class Setup:
     dead_letters: bool = False
     """Kafka's dead letter to a topic on the same broker, JetStream's to a NATS subject (captured by a
     stream of its own), the webhook's to a file; every one read back after the schedule."""
+    buffer_capacity: int | None = None
+    """Every sink's ``buffer.capacity`` (None: the default, 1,024): a smaller one makes a frozen
+    sink's backlog spill as soon as at 200 changes/s where the churn reaches less (a loaded machine)."""
 
 
 SETUPS = {"random": Setup(),
@@ -360,6 +363,9 @@ def _config(infra: Infra, tag: str, ns: str, work: Path, hook: Hook, health_port
         dead = {"kafka": {"dead_letter": {"kind": "kafka", "target": f"{tag}-dead"}},
                 "jetstream": {"dead_letter": {"kind": "nats", "target": _dead_letter_subject(tag)}},
                 "webhook": {"dead_letter": {"kind": "file", "target": str(work / "webhook-dead.jsonl")}}}
+    if setup.buffer_capacity is not None:
+        for extra in dead.values():
+            extra["buffer"] = {"capacity": setup.buffer_capacity}
     return {
         "cluster": CLUSTER,
         "kubernetes": {"kubeconfig": str(infra.kubeconfig), "in_cluster": "false"},
@@ -856,7 +862,8 @@ async def _main(args: argparse.Namespace) -> int:
     setup = Setup(resource=args.resource or base.resource, objects=args.objects or base.objects,
                   rate=args.rate or base.rate,
                   checkpoint_interval=args.checkpoint_interval or base.checkpoint_interval,
-                  dead_letters=base.dead_letters if args.dead_letters is None else args.dead_letters)
+                  dead_letters=base.dead_letters if args.dead_letters is None else args.dead_letters,
+                  buffer_capacity=args.buffer_capacity)
     print(f"setup: {setup}", flush=True)
     with infrastructure(workdir) as infra:
         for seed in seeds:
@@ -903,14 +910,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dead-letters", action=argparse.BooleanOptionalAction, default=None,
                    help="dead letters on every sink (Kafka: a topic on the same broker, JetStream: a NATS "
                         "subject, the webhook: a file), read back after the schedule (combined: on)")
+    p.add_argument("--buffer-capacity", type=int,
+                   help="every sink's buffer.capacity (default: the bridge's, 1024); smaller spills a "
+                        "frozen sink's backlog sooner, as a higher rate would")
     p.add_argument("--verbose", action="store_true", help="print each fault as it is injected")
     p.add_argument("--keep", action="store_true",
                    help="keep the work files (logs, sink contents, nats-server log) of passing seeds too")
     args = p.parse_args(argv)
     if args.duration <= 0 or args.seeds < 1 or args.scale <= 0:
         p.error("--duration and --scale must be positive and --seeds at least 1")
-    if any(v is not None and v <= 0 for v in (args.objects, args.rate, args.checkpoint_interval)):
-        p.error("--objects, --rate and --checkpoint-interval must be positive")
+    if any(v is not None and v <= 0 for v in (args.objects, args.rate, args.checkpoint_interval,
+                                              args.buffer_capacity)):
+        p.error("--objects, --rate, --checkpoint-interval and --buffer-capacity must be positive")
     unknown = set(args.faults.split(",")) - set(FAULTS) if args.faults else set()
     if unknown:
         p.error(f"--faults: unknown kind(s) {', '.join(sorted(unknown))}; known: {', '.join(FAULTS)}")
