@@ -587,9 +587,14 @@ COMBINED_TIMELINE: tuple[tuple[float, str], ...] = (
     (50, "kill:after"), (52, "end"))
 """Issue 34's incident, in seconds from the churn's start (times ``scale``): a SIGKILL; Kafka frozen
 (SIGSTOP, connections open, nothing answered); NATS stopped; the webhook answering 503 (30 % 429 with
-``Retry-After: 1``); a 410 into the open watches three times, a SIGKILL between them; NATS, then the
+``Retry-After: 1``); a 410 into the open watches three times, each relist's list answered 0.6 s
+late (the changes meanwhile coalesced), a SIGKILL between them; NATS, then the
 webhook, then Kafka back; a SIGKILL while the backlogs drain; watch streams cut after 30 lines for
 six seconds; a last SIGKILL."""
+
+
+REFUSE_LISTS = {"error_code": 503, "error_count": 1000000, "error_target": "list", "error_retry_after": 0}
+"""The simulator's fault that answers every list 503 (watches go on) until reset."""
 
 
 async def _combined_step(w: _World, what: str) -> None:
@@ -607,7 +612,12 @@ async def _combined_step(w: _World, what: str) -> None:
     elif what == "webhook:503+429":
         hook.status, hook.throttle = 503, 0.3
     elif what.startswith("expire:"):
+        # The relist's list answered late, as a big list under load is: the changes made meanwhile
+        # are coalesced into the states it sends (the incident's windows were 260-360 changes wide).
+        await _sim_faults(w.http, infra.sim_url, REFUSE_LISTS)
         await _post(w.http, f"{infra.sim_url}/_sim/expire-watches")
+        await asyncio.sleep(0.6)
+        await _sim_faults(w.http, infra.sim_url, {"reset": True})
     elif what == "nats:up":
         infra.nats.start()
     elif what == "webhook:up":
