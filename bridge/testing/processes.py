@@ -167,22 +167,30 @@ class ChildProcess:
                 self.proc.send_signal(signal.SIGKILL)
         return await self.proc.wait()
 
+    def send_signal(self, sig: int) -> None:
+        """Sends ``sig`` (SIGTERM, SIGUSR1 …) and returns at once; nothing if it has exited."""
+        if self.running:
+            assert self.proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(sig)
+
+    async def wait(self, timeout: float = 30.0) -> int:
+        """Waits for the exit code; after ``timeout`` seconds SIGKILL, and :class:`ProcessFailed`."""
+        assert self.proc is not None, "not started"
+        try:
+            async with asyncio.timeout(timeout):
+                return await self.proc.wait()
+        except TimeoutError:
+            await self.kill()
+            raise ProcessFailed(f"{self.argv[:4]} did not exit within {timeout} s{self.log_tail()}") from None
+
     async def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM (a graceful shutdown) and waits for the exit code; after ``timeout`` seconds
         SIGKILL, and :class:`ProcessFailed`."""
         if self.proc is None:
             return None
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                async with asyncio.timeout(timeout):
-                    return await self.proc.wait()
-            except TimeoutError:
-                await self.kill()
-                raise ProcessFailed(f"{self.argv[:4]} did not stop within {timeout} s of SIGTERM"
-                                    f"{self.log_tail()}") from None
-        return self.proc.returncode
+        self.send_signal(signal.SIGTERM)
+        return await self.wait(timeout)
 
     async def restart(self) -> None:
         """Starts again after an exit (a kill or a stop); kills a running process first."""

@@ -29,17 +29,12 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import os
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 import yaml
 
@@ -47,7 +42,8 @@ from bridge.delivery.sharding import shard_id
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.sharding import shard_of
 from bridge.storage.checkpoint import FileCheckpointStore, informer_id
-from tests.brokers import TansuBroker, free_port, running_tansu, unique_name
+from bridge.testing.processes import ProcessFailed, ServiceProcess, wait_until
+from tests.brokers import TansuBroker, running_tansu, unique_name
 from tests.checkpoint.crash_harness import (
     CHANGE_TYPES,
     ROOT,
@@ -65,57 +61,26 @@ BUFFER = 64
 
 
 @dataclass
-class ShardProc:
-    """``kube-event-bridge run`` for one shard."""
+class Shard:
+    """What one shard (or worker) of a total delivered to its own file sink; ``process`` is the
+    ``kube-event-bridge run`` that ran it (None for a worker: its supervisor's process ran it)."""
 
     ordinal: int
     total: int
-    config: Path
-    log: Path
     events: Path
-    port: int
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KEB_")}
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "bridge.service.cli", "run", "--config",
-                                          str(self.config)], cwd=ROOT, stdout=log, stderr=log, env=env)
-
-    async def wait_ready(self, http: aiohttp.ClientSession, timeout: float = 40.0) -> None:
-        deadline = time.monotonic() + timeout
-        url = f"http://127.0.0.1:{self.port}/readyz"
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                raise AssertionError(f"shard {self.ordinal}/{self.total} exited: "
-                                     f"{self.log.read_text()[-3000:]}")
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with http.get(url, timeout=aiohttp.ClientTimeout(total=1)) as resp:
-                    if resp.status == 200:
-                        return
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"shard {self.ordinal}/{self.total} never ready: {self.log.read_text()[-3000:]}")
-
-    async def stop(self, timeout: float = 30) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(self.proc.wait, timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+    process: ServiceProcess | None = None
 
 
-def shard_config(*, work: Path, kubeconfig: Path, kafka: str, topic: str, ordinal: int, total: int,
-                 port: int) -> dict[str, Any]:
+def service_process(work: Path, config: dict[str, Any], tag: str) -> ServiceProcess:
+    """``kube-event-bridge run`` with ``config`` (written to ``config-<tag>.yaml``), on ports it
+    picks (the configuration's ``server.port`` is overridden with 0)."""
+    path = work / f"config-{tag}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return ServiceProcess(config=path, log=work / f"bridge-{tag}.log", cwd=ROOT)
+
+
+def shard_config(*, work: Path, kubeconfig: Path, kafka: str, topic: str, ordinal: int,
+                 total: int) -> dict[str, Any]:
     tag = f"{total}-{ordinal}"
     return {
         "cluster": "sharded",
@@ -130,7 +95,7 @@ def shard_config(*, work: Path, kubeconfig: Path, kafka: str, topic: str, ordina
         "checkpoint": {"store": "file", "directory": str(work / "checkpoints"), "interval": 0.2,
                        "spill_directory": str(work / f"spill-{tag}")},
         "sharding": {"shards": total, "ordinal": ordinal},
-        "server": {"host": "127.0.0.1", "port": port, "admin_port": 0},
+        "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
         "logging": {"level": "info", "format": "text"},
         "shutdown_deadline": 20,
     }
@@ -139,8 +104,8 @@ def shard_config(*, work: Path, kubeconfig: Path, kafka: str, topic: str, ordina
 @dataclass
 class Generation:
     total: int
-    shards: list[ShardProc]
-    """The processes of this total."""
+    shards: list[Shard]
+    """The shards of this total."""
     rv_at_stop: int = 0
 
 
@@ -172,6 +137,47 @@ async def _checkpoints_at(store: FileCheckpointStore, total: int, rv: int) -> bo
     return True
 
 
+async def seed_objects(churn: Churn, count: int) -> None:
+    """Some objects before the first start, so the first list has something to share."""
+    for i in range(count):
+        obj = await churn.client.create(churn.path, {"metadata": {"name": f"cm-{i}"}, "data": {"v": "0"}})
+        churn.live[f"cm-{i}"] = obj["metadata"]["uid"]
+        churn.produced.append(("added", f"{NS}/cm-{i}", obj["metadata"]["uid"],
+                               obj["metadata"]["resourceVersion"]))
+
+
+async def catch_up(store: FileCheckpointStore, total: int, rv: int, timeout: float) -> list[str]:
+    """Waits until every shard of ``total`` checkpointed ``rv`` (fails after ``timeout``), then up to
+    a third of ``timeout`` until the earlier totals' checkpoints are removed; returns those left."""
+    await wait_until(lambda: _checkpoints_at(store, total, rv), timeout=timeout,
+                     what=f"the {total} last shards to catch up with resourceVersion {rv}")
+    left: list[str] = []
+
+    async def removed() -> bool:
+        left[:] = [i for i in await store.informer_ids(BASE_ID) if not i.endswith(f"-of-{total}")]
+        return not left
+
+    with contextlib.suppress(ProcessFailed):  # what is left is the check's to report
+        await wait_until(removed, timeout=timeout / 3, what="the earlier totals' checkpoints removed")
+    return left
+
+
+async def verify_topic(kubeconfig: Path, kafka: TansuBroker, topic: str) -> tuple[int | None, str]:
+    """``kube-event-bridge verify --strict`` of the topic against the cluster: (exit code, output)."""
+    verify = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bridge.service.cli", "verify", "--kubeconfig", str(kubeconfig),
+        "--resource", f"configmaps@{NS}", "--kafka", kafka.bootstrap, "--topic", topic, "--strict",
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await verify.communicate()
+    return verify.returncode, out.decode()
+
+
+async def stop_all(processes: list[ServiceProcess], what: str, timeout: float = 30.0) -> None:
+    """SIGTERM to every process at once; each must exit 0 (a drain and a final checkpoint)."""
+    codes = await asyncio.gather(*(p.stop(timeout) for p in processes))
+    assert codes == [0] * len(processes), f"{what} exited with {codes}"
+
+
 async def run(*, work: Path, kafka: TansuBroker, totals: list[int], phase: float, rate: float,
               names: int = 60, seed: int = 19, kill: bool = False) -> Result:
     """``kill``: the shards of each total but the last are stopped with SIGKILL (no drain, no final
@@ -184,61 +190,36 @@ async def run(*, work: Path, kafka: TansuBroker, totals: list[int], phase: float
         client = ApiClient.from_kubeconfig(str(kubeconfig))
         churn = Churn(client=client, namespace=NS, rate=rate, names=names, seed=seed)
         churn_task: asyncio.Task[None] | None = None
-        running: list[ShardProc] = []
         try:
-            # Some objects before the first start, so the first list has something to share.
-            for i in range(names // 2):
-                obj = await client.create(churn.path, {"metadata": {"name": f"cm-{i}"}, "data": {"v": "0"}})
-                churn.live[f"cm-{i}"] = obj["metadata"]["uid"]
-                churn.produced.append(("added", f"{NS}/cm-{i}", obj["metadata"]["uid"],
-                                       obj["metadata"]["resourceVersion"]))
-            async with aiohttp.ClientSession() as http:
-                for n, total in enumerate(totals):
-                    gen = Generation(total=total, shards=[])
-                    for o in range(total):
-                        port = free_port()
-                        cfg = work / f"config-{total}-{o}.yaml"
-                        cfg.write_text(yaml.safe_dump(shard_config(
-                            work=work, kubeconfig=kubeconfig, kafka=kafka.bootstrap, topic=topic,
-                            ordinal=o, total=total, port=port)))
-                        gen.shards.append(ShardProc(ordinal=o, total=total, config=cfg,
-                                                    log=work / f"bridge-{total}-{o}.log",
-                                                    events=work / f"events-{total}-{o}.jsonl", port=port))
-                    generations.append(gen)
-                    running = gen.shards
-                    for s in running:
-                        s.start()
-                    for s in running:
-                        await s.wait_ready(http)
-                    if churn_task is None:
-                        churn_task = asyncio.create_task(churn.run(), name="sharded-churn")
-                    await asyncio.sleep(phase)
-                    if n < len(totals) - 1 and kill:
-                        for s in running:
-                            s.kill()
-                    elif n < len(totals) - 1:
-                        codes = await asyncio.gather(*(s.stop() for s in running))
-                        assert codes == [0] * total, f"shards of {total} exited with {codes}"
-                        gen.rv_at_stop = int(churn.last_rv or 0)
-                churn.stop()
-                assert churn_task is not None
-                await churn_task
-                churn_task = None
-                last = int(churn.last_rv)
-                deadline = time.monotonic() + 60
-                while not await _checkpoints_at(store, totals[-1], last):
-                    assert time.monotonic() < deadline, "the last shards never caught up"
-                    await asyncio.sleep(0.1)
-                # The earlier totals' checkpoints are removed once every shard passed them.
-                deadline = time.monotonic() + 20
-                while True:
-                    left = [i for i in await store.informer_ids(BASE_ID)
-                            if not i.endswith(f"-of-{totals[-1]}")]
-                    if not left or time.monotonic() > deadline:
-                        break
-                    await asyncio.sleep(0.1)
-                codes = await asyncio.gather(*(s.stop() for s in running))
-                assert codes == [0] * totals[-1], f"last shards exited with {codes}"
+            await seed_objects(churn, names // 2)
+            for n, total in enumerate(totals):
+                gen = Generation(total=total, shards=[])
+                for o in range(total):
+                    cfg = shard_config(work=work, kubeconfig=kubeconfig, kafka=kafka.bootstrap,
+                                       topic=topic, ordinal=o, total=total)
+                    gen.shards.append(Shard(ordinal=o, total=total, events=work / f"events-{total}-{o}.jsonl",
+                                            process=service_process(work, cfg, f"{total}-{o}")))
+                generations.append(gen)
+                running = [s.process for s in gen.shards if s.process is not None]
+                for p in running:
+                    await p.start()
+                for p in running:
+                    await p.wait_ready(timeout=40.0)
+                if churn_task is None:
+                    churn_task = asyncio.create_task(churn.run(), name="sharded-churn")
+                await asyncio.sleep(phase)  # the shards of this total run under churn
+                if n < len(totals) - 1 and kill:
+                    for p in running:
+                        await p.kill()
+                elif n < len(totals) - 1:
+                    await stop_all(running, f"shards of {total}")
+                    gen.rv_at_stop = int(churn.last_rv or 0)
+            churn.stop()
+            assert churn_task is not None
+            await churn_task
+            churn_task = None
+            left = await catch_up(store, totals[-1], int(churn.last_rv), timeout=60)
+            await stop_all(running, "last shards")
             final = await live_objects(client, NS)
         finally:
             churn.stop()
@@ -246,16 +227,13 @@ async def run(*, work: Path, kafka: TansuBroker, totals: list[int], phase: float
                 await asyncio.gather(churn_task, return_exceptions=True)
             for gen in generations:
                 for s in gen.shards:
-                    s.kill()
+                    if s.process is not None:
+                        await s.process.kill()
             await client.close()
-        verify = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bridge.service.cli", "verify", "--kubeconfig", str(kubeconfig),
-            "--resource", f"configmaps@{NS}", "--kafka", kafka.bootstrap, "--topic", topic, "--strict",
-            cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-        out, _ = await verify.communicate()
+        verify_code, verify_output = await verify_topic(kubeconfig, kafka, topic)
     records = await asyncio.to_thread(kafka.read_all, topic)
     return check(generations=generations, records=records, churn=churn, final=final,
-                 verify_code=verify.returncode, verify_output=out.decode(), left=left, totals=totals)
+                 verify_code=verify_code, verify_output=verify_output, left=left, totals=totals)
 
 
 def _shard_events(path: Path) -> list[dict[str, Any]]:
