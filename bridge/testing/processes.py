@@ -223,10 +223,10 @@ class Address:
         return f"http://{host}:{self.port}"
 
 
-def _service_env(extra: Mapping[str, str] | None) -> dict[str, str]:
+def _service_env(extra: Mapping[str, str] | None, unset: Sequence[str]) -> dict[str, str]:
     """This process's environment without ``KEB_*`` (a developer's settings must not leak into the
-    configuration under test), with ``extra`` on top."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KEB_")}
+    configuration under test) nor ``unset``, with ``extra`` on top."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEB_") and k not in unset}
     env.update(extra or {})
     return env
 
@@ -235,6 +235,7 @@ def _service_env(extra: Mapping[str, str] | None) -> dict[str, str]:
 class ServiceProcess(ChildProcess):
     """``python -m bridge.service.cli run --config FILE`` on ports the kernel picks.
 
+    Its environment is this process's without ``KEB_*`` variables, with ``env`` on top.
     ``fixed_ports``: keep the configuration's ``server.port`` / ``admin_port`` (the production
     behaviour; a taken port then makes the service exit)."""
 
@@ -242,6 +243,8 @@ class ServiceProcess(ChildProcess):
     log: Path = Path("bridge.log")
     config: Path = Path("config.yaml")
     fixed_ports: bool = False
+    unset: Sequence[str] = ()
+    """Variables of this process's environment the service must not see (e.g. ``NODE_NAME``)."""
     address_file: Path = Path()
     """Default: the log's name with ``.address.json``."""
     address: Address | None = None
@@ -254,7 +257,7 @@ class ServiceProcess(ChildProcess):
             self.address_file = self.log.with_name(self.log.name + ".address.json")
 
     def environment(self) -> Mapping[str, str]:
-        env = _service_env(self.env)
+        env = _service_env(self.env, self.unset)
         env["KEB_SERVER__ADDRESS_FILE"] = str(self.address_file)
         if not self.fixed_ports:
             env.update({"KEB_SERVER__PORT": "0", "KEB_SERVER__ADMIN_PORT": "0"})
