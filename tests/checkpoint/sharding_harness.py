@@ -31,6 +31,7 @@ import collections
 import contextlib
 import sys
 import tempfile
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,25 +179,65 @@ async def stop_all(processes: list[ServiceProcess], what: str, timeout: float = 
     assert codes == [0] * len(processes), f"{what} exited with {codes}"
 
 
+@dataclass
+class World:
+    """What the sharding and workers harnesses share: the simulator (its own process) with
+    namespace :data:`NS` churned over HTTP, a Kafka topic, and the shared checkpoint directory."""
+
+    kubeconfig: Path
+    topic: str
+    client: ApiClient
+    churn: Churn
+    store: FileCheckpointStore
+    task: asyncio.Task[None] | None = None
+
+    def start_churn(self) -> None:
+        """Starts the churn (once: it never pauses across generations)."""
+        if self.task is None:
+            self.task = asyncio.create_task(self.churn.run(), name="harness-churn")
+
+    async def finish(self, total: int, timeout: float) -> list[str]:
+        """Stops the churn, then :func:`catch_up` of the last ``total``; the checkpoints left over."""
+        self.churn.stop()
+        task, self.task = self.task, None
+        assert task is not None, "the churn never started"
+        await task
+        return await catch_up(self.store, total, int(self.churn.last_rv), timeout)
+
+
+@contextlib.asynccontextmanager
+async def world(work: Path, kafka: TansuBroker, *, prefix: str, rate: float, names: int,
+                seed: int) -> AsyncIterator[World]:
+    """A :class:`World` with ``names // 2`` objects made before the first bridge starts."""
+    topic = unique_name(prefix)
+    kafka.create_topic(topic, partitions=3)
+    async with sim_process(work, namespaces=(NS,)) as (_, kubeconfig):
+        client = ApiClient.from_kubeconfig(str(kubeconfig))
+        w = World(kubeconfig=kubeconfig, topic=topic, client=client,
+                  churn=Churn(client=client, namespace=NS, rate=rate, names=names, seed=seed),
+                  store=FileCheckpointStore(directory=work / "checkpoints"))
+        try:
+            await seed_objects(w.churn, names // 2)
+            yield w
+        finally:
+            w.churn.stop()
+            if w.task is not None:
+                await asyncio.gather(w.task, return_exceptions=True)
+            await client.close()
+
+
 async def run(*, work: Path, kafka: TansuBroker, totals: list[int], phase: float, rate: float,
               names: int = 60, seed: int = 19, kill: bool = False) -> Result:
     """``kill``: the shards of each total but the last are stopped with SIGKILL (no drain, no final
     checkpoint) instead of SIGTERM."""
-    topic = unique_name("sharded")
-    kafka.create_topic(topic, partitions=3)
-    store = FileCheckpointStore(directory=work / "checkpoints")
     generations: list[Generation] = []
-    async with sim_process(work, namespaces=(NS,)) as (_, kubeconfig):
-        client = ApiClient.from_kubeconfig(str(kubeconfig))
-        churn = Churn(client=client, namespace=NS, rate=rate, names=names, seed=seed)
-        churn_task: asyncio.Task[None] | None = None
+    async with world(work, kafka, prefix="sharded", rate=rate, names=names, seed=seed) as w:
         try:
-            await seed_objects(churn, names // 2)
             for n, total in enumerate(totals):
                 gen = Generation(total=total, shards=[])
                 for o in range(total):
-                    cfg = shard_config(work=work, kubeconfig=kubeconfig, kafka=kafka.bootstrap,
-                                       topic=topic, ordinal=o, total=total)
+                    cfg = shard_config(work=work, kubeconfig=w.kubeconfig, kafka=kafka.bootstrap,
+                                       topic=w.topic, ordinal=o, total=total)
                     gen.shards.append(Shard(ordinal=o, total=total, events=work / f"events-{total}-{o}.jsonl",
                                             process=service_process(work, cfg, f"{total}-{o}")))
                 generations.append(gen)
@@ -205,34 +246,25 @@ async def run(*, work: Path, kafka: TansuBroker, totals: list[int], phase: float
                     await p.start()
                 for p in running:
                     await p.wait_ready(timeout=40.0)
-                if churn_task is None:
-                    churn_task = asyncio.create_task(churn.run(), name="sharded-churn")
+                w.start_churn()
                 await asyncio.sleep(phase)  # the shards of this total run under churn
                 if n < len(totals) - 1 and kill:
                     for p in running:
                         await p.kill()
                 elif n < len(totals) - 1:
                     await stop_all(running, f"shards of {total}")
-                    gen.rv_at_stop = int(churn.last_rv or 0)
-            churn.stop()
-            assert churn_task is not None
-            await churn_task
-            churn_task = None
-            left = await catch_up(store, totals[-1], int(churn.last_rv), timeout=60)
+                    gen.rv_at_stop = int(w.churn.last_rv or 0)
+            left = await w.finish(totals[-1], timeout=60)
             await stop_all(running, "last shards")
-            final = await live_objects(client, NS)
+            final = await live_objects(w.client, NS)
         finally:
-            churn.stop()
-            if churn_task is not None:
-                await asyncio.gather(churn_task, return_exceptions=True)
             for gen in generations:
                 for s in gen.shards:
                     if s.process is not None:
                         await s.process.kill()
-            await client.close()
-        verify_code, verify_output = await verify_topic(kubeconfig, kafka, topic)
-    records = await asyncio.to_thread(kafka.read_all, topic)
-    return check(generations=generations, records=records, churn=churn, final=final,
+        verify_code, verify_output = await verify_topic(w.kubeconfig, kafka, w.topic)
+    records = await asyncio.to_thread(kafka.read_all, w.topic)
+    return check(generations=generations, records=records, churn=w.churn, final=final,
                  verify_code=verify_code, verify_output=verify_output, left=left, totals=totals)
 
 

@@ -35,11 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bridge.kube.apiclient import ApiClient
-from bridge.storage.checkpoint import FileCheckpointStore
 from bridge.testing.processes import ServiceProcess, wait_until
-from tests.brokers import TansuBroker, running_tansu, unique_name
-from tests.checkpoint.crash_harness import Churn, live_objects, sim_process
+from tests.brokers import TansuBroker, running_tansu
+from tests.checkpoint.crash_harness import live_objects
 from tests.checkpoint.sharding_harness import (
     BUFFER,
     MAX_IN_FLIGHT,
@@ -47,13 +45,12 @@ from tests.checkpoint.sharding_harness import (
     Generation,
     Result,
     Shard,
-    catch_up,
     check,
-    seed_objects,
     service_process,
     shard_config,
     stop_all,
     verify_topic,
+    world,
 )
 
 CHECKPOINT_INTERVAL = 0.2
@@ -115,32 +112,24 @@ class WorkersResult:
 async def run(*, work: Path, kafka: TansuBroker, counts: list[int], phase: float, rate: float,
               names: int = 60, seed: int = 23, kill: int = 1) -> WorkersResult:
     """``kill``: the worker SIGKILLed halfway through the first count."""
-    topic = unique_name("workers")
-    kafka.create_topic(topic, partitions=3)
-    store = FileCheckpointStore(directory=work / "checkpoints")
     generations: list[Generation] = []
     bridges: list[ServiceProcess] = []
     scrapes: list[str] = []
     killed = (0, 0)
-    async with sim_process(work, namespaces=(NS,)) as (_, kubeconfig):
-        client = ApiClient.from_kubeconfig(str(kubeconfig))
-        churn = Churn(client=client, namespace=NS, rate=rate, names=names, seed=seed)
-        churn_task: asyncio.Task[None] | None = None
+    async with world(work, kafka, prefix="workers", rate=rate, names=names, seed=seed) as w:
         try:
-            await seed_objects(churn, names // 2)
             for n, count in enumerate(counts):
                 tag = f"g{n}"
                 bridge = service_process(work, workers_config(
-                    work=work, kubeconfig=kubeconfig, kafka=kafka.bootstrap, topic=topic, workers=count,
-                    tag=tag), tag)
+                    work=work, kubeconfig=w.kubeconfig, kafka=kafka.bootstrap, topic=w.topic,
+                    workers=count, tag=tag), tag)
                 bridges.append(bridge)
                 generations.append(Generation(total=count, shards=[
-                    Shard(ordinal=w, total=count, events=work / f"events-{tag}.worker-{w}.jsonl")
-                    for w in range(count)]))
+                    Shard(ordinal=i, total=count, events=work / f"events-{tag}.worker-{i}.jsonl")
+                    for i in range(count)]))
                 await bridge.start()
                 await bridge.wait_ready(timeout=90.0)
-                if churn_task is None:
-                    churn_task = asyncio.create_task(churn.run(), name="workers-churn")
+                w.start_churn()
                 if n == 0:
                     await asyncio.sleep(phase / 2)  # the workers run under churn
                     killed = await kill_worker(bridge, kill)
@@ -150,24 +139,16 @@ async def run(*, work: Path, kafka: TansuBroker, counts: list[int], phase: float
                 if n < len(counts) - 1:
                     scrapes.append(await scrape(bridge))
                     await stop_all([bridge], f"the bridge with {count} workers", timeout=60)
-            churn.stop()
-            assert churn_task is not None
-            await churn_task
-            churn_task = None
-            left = await catch_up(store, counts[-1], int(churn.last_rv), timeout=90)
+            left = await w.finish(counts[-1], timeout=90)
             scrapes.append(await scrape(bridges[-1]))
             await stop_all([bridges[-1]], f"the bridge with {counts[-1]} workers", timeout=60)
-            final = await live_objects(client, NS)
+            final = await live_objects(w.client, NS)
         finally:
-            churn.stop()
-            if churn_task is not None:
-                await asyncio.gather(churn_task, return_exceptions=True)
             for b in bridges:
                 await b.kill()
-            await client.close()
-        verify_code, verify_output = await verify_topic(kubeconfig, kafka, topic)
-    records = await asyncio.to_thread(kafka.read_all, topic)
-    result = check(generations=generations, records=records, churn=churn, final=final,
+        verify_code, verify_output = await verify_topic(w.kubeconfig, kafka, w.topic)
+    records = await asyncio.to_thread(kafka.read_all, w.topic)
+    result = check(generations=generations, records=records, churn=w.churn, final=final,
                    verify_code=verify_code, verify_output=verify_output, left=left, totals=counts)
     bound = MAX_IN_FLIGHT + BUFFER + math.ceil(rate * CHECKPOINT_INTERVAL)
     return WorkersResult(result=result, killed=killed, metrics=scrapes, resend_bound=bound)
