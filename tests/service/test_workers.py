@@ -243,6 +243,20 @@ async def test_a_worker_that_exits_is_restarted_alone_and_the_pod_is_unready_mea
         assert sup._workers[0].proc.returncode == 0  # worker 0 was asked to stop, and did
 
 
+def _run_config(tmp_path: Path, kubeconfig: Path, server: str, more: str) -> Path:
+    """A ``kube-event-bridge run`` configuration: pods to a file, ports 0 (``server`` adds to the
+    ``server`` section, ``more`` adds sections)."""
+    cfg = tmp_path / "bridge.yaml"
+    cfg.write_text(
+        f"kubernetes: {{kubeconfig: '{kubeconfig}', in_cluster: 'false'}}\n"
+        "resources: [{resource: pods}]\n"
+        f"sinks: [{{name: out, kind: file, path: '{tmp_path / 'events.jsonl'}'}}]\n"
+        f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}', interval: 1}}\n"
+        f"server: {{host: 127.0.0.1, port: 0, admin_port: 0{server}}}\n"
+        f"{more}shutdown_deadline: 10\n")
+    return cfg
+
+
 async def test_one_pod_two_workers_one_set_of_endpoints(
         tmp_path: Path, sim_process: tuple[str, Path]) -> None:  # noqa: F811
     """``kube-event-bridge run`` with ``workers: 2`` against the simulator: the pod's one /readyz,
@@ -251,14 +265,7 @@ async def test_one_pod_two_workers_one_set_of_endpoints(
     _, kubeconfig = sim_process
     token = tmp_path / "token"
     token.write_text("s3cret\n")
-    cfg = tmp_path / "bridge.yaml"
-    cfg.write_text(
-        f"kubernetes: {{kubeconfig: '{kubeconfig}', in_cluster: 'false'}}\n"
-        "resources: [{resource: pods}]\n"
-        f"sinks: [{{name: out, kind: file, path: '{tmp_path / 'events.jsonl'}'}}]\n"
-        f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}', interval: 1}}\n"
-        f"server: {{host: 127.0.0.1, port: 0, admin_port: 0, admin_token_file: '{token}'}}\n"
-        "workers: 2\nshutdown_deadline: 10\n")
+    cfg = _run_config(tmp_path, kubeconfig, f", admin_token_file: '{token}'", "workers: 2\n")
     log = tmp_path / "bridge.log"
     proc = ServiceProcess(config=cfg, log=log)
     await proc.start()
@@ -319,13 +326,7 @@ async def test_unset_workers_start_as_many_as_the_cpu_limit(
     cgroup = _cgroup(tmp_path / "cgroup", {"cpu.max": cpu_max + "\n"})
     expected = default_workers(cgroup=cgroup)
     assert expected == (1 if cpu_max.startswith("max") else min(2, len(os.sched_getaffinity(0))))
-    cfg = tmp_path / "bridge.yaml"
-    cfg.write_text(
-        f"kubernetes: {{kubeconfig: '{kubeconfig}', in_cluster: 'false'}}\n"
-        "resources: [{resource: pods}]\n"
-        f"sinks: [{{name: out, kind: file, path: '{tmp_path / 'events.jsonl'}'}}]\n"
-        f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}', interval: 1}}\n"
-        "server: {host: 127.0.0.1, port: 0, admin_port: 0}\nshutdown_deadline: 10\n")
+    cfg = _run_config(tmp_path, kubeconfig, "", "")
     proc = ServiceProcess(config=cfg, log=tmp_path / "bridge.log", env={CGROUP_ENV: str(cgroup)})
     await proc.start()
     try:
