@@ -147,9 +147,19 @@ class ChildProcess:
         """Waits until this start's output has a line containing ``text`` (equal to it with
         ``whole_line``); returns the line."""
         found: list[str] = []
+        pos, partial = self._log_from, b""
 
-        def seen() -> bool:
-            for line in self.output().splitlines():
+        def seen() -> bool:  # reads what was added since the last look only
+            nonlocal pos, partial
+            if not self.log.exists():
+                return False
+            with self.log.open("rb") as f:
+                f.seek(pos)
+                chunk = f.read()
+            pos += len(chunk)
+            *lines, partial = (partial + chunk).split(b"\n")
+            for raw in lines:
+                line = raw.decode(errors="replace")
                 if (line.strip() == text) if whole_line else (text in line):
                     found.append(line)
                     return True
