@@ -336,12 +336,19 @@ def check(*, generations: list[Generation], records: list[Any], churn: Churn,
                   bound=bound, problems=problems, verify_output=verify_output)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.checkpoint.sharding_harness")
-    p.add_argument("--totals", default="3,4,2", help="shard totals one after the other")
-    p.add_argument("--phase", type=float, default=20.0, help="seconds each total runs under churn")
+def soak_parser(prog: str, option: str, default: str, what: str) -> argparse.ArgumentParser:
+    """The command line of a longer run: ``option`` lists the ``what`` (shard totals, worker
+    counts) one after the other, then how long each runs under how much churn."""
+    p = argparse.ArgumentParser(prog=f"python -m {prog}")
+    p.add_argument(option, default=default, help=f"{what} one after the other")
+    p.add_argument("--phase", type=float, default=20.0, help="seconds each runs under churn")
     p.add_argument("--rate", type=float, default=100.0, help="changes per second")
     p.add_argument("--names", type=int, default=200, help="distinct object names churned")
+    return p
+
+
+def main() -> int:
+    p = soak_parser("tests.checkpoint.sharding_harness", "--totals", "3,4,2", "shard totals")
     p.add_argument("--seed", type=int, default=19)
     p.add_argument("--kill", action="store_true", help="SIGKILL the shards at each reshard")
     args = p.parse_args()

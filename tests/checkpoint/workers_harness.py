@@ -25,7 +25,6 @@ in-flight window and one checkpoint interval of changes (docs/sharding.md, "Work
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import math
 import os
@@ -48,6 +47,7 @@ from tests.checkpoint.sharding_harness import (
     check,
     service_process,
     shard_config,
+    soak_parser,
     stop_all,
     verify_topic,
     world,
@@ -155,11 +155,7 @@ async def run(*, work: Path, kafka: TansuBroker, counts: list[int], phase: float
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.checkpoint.workers_harness")
-    p.add_argument("--counts", default="2,3", help="worker counts one after the other")
-    p.add_argument("--phase", type=float, default=20.0, help="seconds each count runs under churn")
-    p.add_argument("--rate", type=float, default=100.0, help="changes per second")
-    p.add_argument("--names", type=int, default=200, help="distinct object names churned")
+    p = soak_parser("tests.checkpoint.workers_harness", "--counts", "2,3", "worker counts")
     args = p.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
     with tempfile.TemporaryDirectory(prefix="keb-workers-") as tmp, running_tansu() as kafka:
