@@ -412,6 +412,10 @@ class ServerConfig(_Model):
     admin_token_file: str | None = None
     """A file holding a bearer token every admin request must carry (e.g. a mounted Secret);
     required when ``admin_host`` is not a loopback address."""
+    address_file: str | None = None
+    """Where the bound addresses of both listeners are written as JSON once they listen (``pid``,
+    ``host``, ``port``, ``admin_host``, ``admin_port``): with ``port: 0`` / ``admin_port: 0`` the
+    kernel picks the ports, and this file (or the ``endpoint listening`` log lines) says which."""
 
     @model_validator(mode="after")
     def _admin_protected(self) -> ServerConfig:

@@ -27,12 +27,18 @@ or another pod, with or without a service-mesh sidecar):
 With ``server.admin_token_file`` every admin request must also carry ``Authorization: Bearer
 <token>`` (401 otherwise); the file is read on every request, so a rotated Secret takes effect
 without a restart. The public listener answers ``POST /snapshot`` with 403 and where to go instead.
+
+Either port may be 0: the kernel picks a free one, which the ``... endpoint listening`` log lines
+name, and which ``server.address_file`` (when set) receives as JSON once both listeners listen
+(``{"pid", "host", "port", "admin_host", "admin_port"}``, written whole by a rename), so that
+whatever started the process can reach it without picking a port that another process may take first.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +71,7 @@ class HealthServer:
         admin_host: str = "127.0.0.1",
         admin_port: int = 8081,
         admin_token_file: str | None = None,
+        address_file: str | None = None,
     ) -> None:
         self._host = host
         self._port = port
@@ -73,6 +80,7 @@ class HealthServer:
         self._snapshot = snapshot
         self._admin_host = admin_host
         self._admin_token_file = admin_token_file
+        self._address_file = address_file
         self._runners: list[web.AppRunner] = []
         self.port = port
         self.admin_port = admin_port
@@ -99,6 +107,16 @@ class HealthServer:
         log.info("admin endpoint listening", extra={
             "host": self._admin_host, "port": self.admin_port,
             "auth": "bearer token" if self._admin_token_file else "none (loopback only)"})
+        if self._address_file:
+            self._write_address(Path(self._address_file))
+
+    def _write_address(self, path: Path) -> None:
+        """The bound addresses as JSON, written to a temporary file and renamed (never seen half)."""
+        body = {"pid": os.getpid(), "host": self._host, "port": self.port,
+                "admin_host": self._admin_host, "admin_port": self.admin_port}
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(orjson.dumps(body))
+        os.replace(tmp, path)
 
     async def _serve(self, app: web.Application, host: str, port: int) -> int:
         runner = web.AppRunner(app, access_log=None)

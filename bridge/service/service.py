@@ -190,6 +190,7 @@ class BridgeService:
             host=config.server.host, port=config.server.port, readiness=self.readiness,
             metrics=self.telemetry.render_prometheus, admin_host=config.server.admin_host,
             admin_port=config.server.admin_port, admin_token_file=config.server.admin_token_file,
+            address_file=config.server.address_file,
         )
         self.stop_event = asyncio.Event()
         self.exit_code = 0

@@ -292,7 +292,8 @@ class _SupervisorEndpoints(HealthServer):
             host=config.server.host, port=config.server.port,
             readiness=lambda: Readiness(False, ("asked of the workers",), "supervisor"),
             metrics=lambda: b"", admin_host=config.server.admin_host,
-            admin_port=config.server.admin_port, admin_token_file=config.server.admin_token_file)
+            admin_port=config.server.admin_port, admin_token_file=config.server.admin_token_file,
+            address_file=config.server.address_file)
         self._supervisor = supervisor
 
     async def _readyz(self, _: web.Request) -> web.Response:
@@ -334,6 +335,7 @@ class Supervisor:
             "KEB_SERVER__PORT": str(w.port),
             "KEB_SERVER__ADMIN_HOST": "127.0.0.1",
             "KEB_SERVER__ADMIN_PORT": str(w.admin_port),
+            "KEB_SERVER__ADDRESS_FILE": "",  # the pod's addresses are the supervisor's
         })
         return env
 

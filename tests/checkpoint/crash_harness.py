@@ -1,5 +1,9 @@
 """Processes and bookkeeping for the crash tests: a simulator process, bridge processes, churn, and
-the replay of what reached Kafka."""
+the replay of what reached Kafka.
+
+The processes are :mod:`bridge.testing.processes`'s (ports the child binds itself, SIGKILL / SIGTERM,
+restart, waits on a log line or readiness); the sharding and workers harnesses run the service itself
+(:class:`bridge.testing.processes.ServiceProcess`) over the same simulator and churn."""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ import asyncio
 import contextlib
 import os
 import random
-import signal
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -18,6 +21,7 @@ import orjson
 
 from bridge.errors import ConflictError, NotFoundError
 from bridge.kube.apiclient import ApiClient
+from bridge.testing.processes import ChildProcess, SimulatorProcess
 from tests.brokers import KafkaRecord
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,85 +29,28 @@ CE_PREFIX = "io.kube-event-bridge."
 CHANGE_TYPES = ("added", "updated", "deleted")
 
 
-async def _read_line(proc: asyncio.subprocess.Process, expect: str, timeout: float) -> str:
-    assert proc.stdout is not None
-    async with asyncio.timeout(timeout):
-        while True:
-            raw = await proc.stdout.readline()
-            if not raw:
-                raise RuntimeError(f"process exited (code {proc.returncode}) before printing {expect!r}")
-            line = raw.decode().strip()
-            if expect in line:
-                return line
-
-
 @contextlib.asynccontextmanager
 async def sim_process(tmp: Path, *, history_size: int = 1_000_000,
                       namespaces: tuple[str, ...] = ()) -> AsyncIterator[tuple[str, Path]]:
-    """``python -m bridge.sim`` on a free port, with ``namespaces`` created; yields (url, kubeconfig)."""
-    kubeconfig = tmp / "sim.kubeconfig"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bridge.sim", "--port", "0", "--kubeconfig", str(kubeconfig),
+    """``python -m bridge.sim`` on a port it picks, with ``namespaces`` created; yields (url, kubeconfig)."""
+    sim = SimulatorProcess(log=tmp / "sim.log", kubeconfig=tmp / "sim.kubeconfig", cwd=ROOT, args=(
         "--history-size", str(history_size), "--bookmark-interval", "1",
-        "--namespaces", ",".join(("default", *namespaces)),
-        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-    )
-    try:
-        line = await _read_line(proc, "simulator listening on", 30)
-        yield line.rsplit(" ", 1)[-1], kubeconfig
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                async with asyncio.timeout(10):
-                    await proc.wait()
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        "--namespaces", ",".join(("default", *namespaces))))
+    async with sim:
+        yield sim.url, sim.kubeconfig
 
 
-@dataclass
-class BridgeProcess:
-    """One ``tests.checkpoint.bridge_proc`` process."""
+class BridgeProcess(ChildProcess):
+    """One ``tests.checkpoint.bridge_proc`` process (the service's pipeline, no listener): prints
+    ``synced`` once every cache synced, ``stopped`` after a graceful shutdown."""
 
-    args: list[str]
-    log: Path
-    proc: asyncio.subprocess.Process | None = None
-    synced: bool = False
-    starts: int = 0
-
-    async def start(self) -> None:
-        self.synced = False
-        self.starts += 1
-        with self.log.open("ab") as err:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "tests.checkpoint.bridge_proc", *self.args,
-                cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=err,
-            )
+    def __init__(self, args: list[str], log: Path) -> None:
+        super().__init__(argv=(sys.executable, "-m", "tests.checkpoint.bridge_proc", *args), log=log,
+                         cwd=ROOT)
 
     async def wait_synced(self, timeout: float = 30) -> None:
         """Waits for the current process to print ``synced`` (at once if it already did)."""
-        assert self.proc is not None
-        if not self.synced:
-            await _read_line(self.proc, "synced", timeout)
-            self.synced = True
-
-    async def kill(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGKILL)
-            await self.proc.wait()
-
-    async def stop(self, timeout: float = 30) -> None:
-        """SIGTERM: a graceful shutdown (final checkpoint); SIGKILL if it takes too long."""
-        if self.proc is None or self.proc.returncode is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            async with asyncio.timeout(timeout):
-                await self.proc.wait()
-        except TimeoutError:
-            await self.kill()
-            raise
+        await self.wait_log("synced", timeout=timeout, whole_line=True)
 
 
 @dataclass

@@ -29,17 +29,13 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import os
-import signal
-import subprocess
 import sys
 import tempfile
-import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 import yaml
 
@@ -47,7 +43,8 @@ from bridge.delivery.sharding import shard_id
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.sharding import shard_of
 from bridge.storage.checkpoint import FileCheckpointStore, informer_id
-from tests.brokers import TansuBroker, free_port, running_tansu, unique_name
+from bridge.testing.processes import ProcessFailed, ServiceProcess, wait_until
+from tests.brokers import TansuBroker, running_tansu, unique_name
 from tests.checkpoint.crash_harness import (
     CHANGE_TYPES,
     ROOT,
@@ -65,57 +62,26 @@ BUFFER = 64
 
 
 @dataclass
-class ShardProc:
-    """``kube-event-bridge run`` for one shard."""
+class Shard:
+    """What one shard (or worker) of a total delivered to its own file sink; ``process`` is the
+    ``kube-event-bridge run`` that ran it (None for a worker: its supervisor's process ran it)."""
 
     ordinal: int
     total: int
-    config: Path
-    log: Path
     events: Path
-    port: int
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KEB_")}
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "bridge.service.cli", "run", "--config",
-                                          str(self.config)], cwd=ROOT, stdout=log, stderr=log, env=env)
-
-    async def wait_ready(self, http: aiohttp.ClientSession, timeout: float = 40.0) -> None:
-        deadline = time.monotonic() + timeout
-        url = f"http://127.0.0.1:{self.port}/readyz"
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                raise AssertionError(f"shard {self.ordinal}/{self.total} exited: "
-                                     f"{self.log.read_text()[-3000:]}")
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with http.get(url, timeout=aiohttp.ClientTimeout(total=1)) as resp:
-                    if resp.status == 200:
-                        return
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"shard {self.ordinal}/{self.total} never ready: {self.log.read_text()[-3000:]}")
-
-    async def stop(self, timeout: float = 30) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(self.proc.wait, timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+    process: ServiceProcess | None = None
 
 
-def shard_config(*, work: Path, kubeconfig: Path, kafka: str, topic: str, ordinal: int, total: int,
-                 port: int) -> dict[str, Any]:
+def service_process(work: Path, config: dict[str, Any], tag: str) -> ServiceProcess:
+    """``kube-event-bridge run`` with ``config`` (written to ``config-<tag>.yaml``), on ports it
+    picks (the configuration's ``server.port`` is overridden with 0)."""
+    path = work / f"config-{tag}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return ServiceProcess(config=path, log=work / f"bridge-{tag}.log", cwd=ROOT)
+
+
+def shard_config(*, work: Path, kubeconfig: Path, kafka: str, topic: str, ordinal: int,
+                 total: int) -> dict[str, Any]:
     tag = f"{total}-{ordinal}"
     return {
         "cluster": "sharded",
@@ -130,7 +96,7 @@ def shard_config(*, work: Path, kubeconfig: Path, kafka: str, topic: str, ordina
         "checkpoint": {"store": "file", "directory": str(work / "checkpoints"), "interval": 0.2,
                        "spill_directory": str(work / f"spill-{tag}")},
         "sharding": {"shards": total, "ordinal": ordinal},
-        "server": {"host": "127.0.0.1", "port": port, "admin_port": 0},
+        "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
         "logging": {"level": "info", "format": "text"},
         "shutdown_deadline": 20,
     }
@@ -139,8 +105,8 @@ def shard_config(*, work: Path, kubeconfig: Path, kafka: str, topic: str, ordina
 @dataclass
 class Generation:
     total: int
-    shards: list[ShardProc]
-    """The processes of this total."""
+    shards: list[Shard]
+    """The shards of this total."""
     rv_at_stop: int = 0
 
 
@@ -172,90 +138,134 @@ async def _checkpoints_at(store: FileCheckpointStore, total: int, rv: int) -> bo
     return True
 
 
+async def seed_objects(churn: Churn, count: int) -> None:
+    """Some objects before the first start, so the first list has something to share."""
+    for i in range(count):
+        obj = await churn.client.create(churn.path, {"metadata": {"name": f"cm-{i}"}, "data": {"v": "0"}})
+        churn.live[f"cm-{i}"] = obj["metadata"]["uid"]
+        churn.produced.append(("added", f"{NS}/cm-{i}", obj["metadata"]["uid"],
+                               obj["metadata"]["resourceVersion"]))
+
+
+async def catch_up(store: FileCheckpointStore, total: int, rv: int, timeout: float) -> list[str]:
+    """Waits until every shard of ``total`` checkpointed ``rv`` (fails after ``timeout``), then up to
+    a third of ``timeout`` until the earlier totals' checkpoints are removed; returns those left."""
+    await wait_until(lambda: _checkpoints_at(store, total, rv), timeout=timeout,
+                     what=f"the {total} last shards to catch up with resourceVersion {rv}")
+    left: list[str] = []
+
+    async def removed() -> bool:
+        left[:] = [i for i in await store.informer_ids(BASE_ID) if not i.endswith(f"-of-{total}")]
+        return not left
+
+    with contextlib.suppress(ProcessFailed):  # what is left is the check's to report
+        await wait_until(removed, timeout=timeout / 3, what="the earlier totals' checkpoints removed")
+    return left
+
+
+async def verify_topic(kubeconfig: Path, kafka: TansuBroker, topic: str) -> tuple[int | None, str]:
+    """``kube-event-bridge verify --strict`` of the topic against the cluster: (exit code, output)."""
+    verify = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bridge.service.cli", "verify", "--kubeconfig", str(kubeconfig),
+        "--resource", f"configmaps@{NS}", "--kafka", kafka.bootstrap, "--topic", topic, "--strict",
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await verify.communicate()
+    return verify.returncode, out.decode()
+
+
+async def stop_all(processes: list[ServiceProcess], what: str, timeout: float = 30.0) -> None:
+    """SIGTERM to every process at once; each must exit 0 (a drain and a final checkpoint)."""
+    codes = await asyncio.gather(*(p.stop(timeout) for p in processes))
+    assert codes == [0] * len(processes), f"{what} exited with {codes}"
+
+
+@dataclass
+class World:
+    """What the sharding and workers harnesses share: the simulator (its own process) with
+    namespace :data:`NS` churned over HTTP, a Kafka topic, and the shared checkpoint directory."""
+
+    kubeconfig: Path
+    topic: str
+    client: ApiClient
+    churn: Churn
+    store: FileCheckpointStore
+    task: asyncio.Task[None] | None = None
+
+    def start_churn(self) -> None:
+        """Starts the churn (once: it never pauses across generations)."""
+        if self.task is None:
+            self.task = asyncio.create_task(self.churn.run(), name="harness-churn")
+
+    async def finish(self, total: int, timeout: float) -> list[str]:
+        """Stops the churn, then :func:`catch_up` of the last ``total``; the checkpoints left over."""
+        self.churn.stop()
+        task, self.task = self.task, None
+        assert task is not None, "the churn never started"
+        await task
+        return await catch_up(self.store, total, int(self.churn.last_rv), timeout)
+
+
+@contextlib.asynccontextmanager
+async def world(work: Path, kafka: TansuBroker, *, prefix: str, rate: float, names: int,
+                seed: int) -> AsyncIterator[World]:
+    """A :class:`World` with ``names // 2`` objects made before the first bridge starts."""
+    topic = unique_name(prefix)
+    kafka.create_topic(topic, partitions=3)
+    async with sim_process(work, namespaces=(NS,)) as (_, kubeconfig):
+        client = ApiClient.from_kubeconfig(str(kubeconfig))
+        w = World(kubeconfig=kubeconfig, topic=topic, client=client,
+                  churn=Churn(client=client, namespace=NS, rate=rate, names=names, seed=seed),
+                  store=FileCheckpointStore(directory=work / "checkpoints"))
+        try:
+            await seed_objects(w.churn, names // 2)
+            yield w
+        finally:
+            w.churn.stop()
+            if w.task is not None:
+                await asyncio.gather(w.task, return_exceptions=True)
+            await client.close()
+
+
 async def run(*, work: Path, kafka: TansuBroker, totals: list[int], phase: float, rate: float,
               names: int = 60, seed: int = 19, kill: bool = False) -> Result:
     """``kill``: the shards of each total but the last are stopped with SIGKILL (no drain, no final
     checkpoint) instead of SIGTERM."""
-    topic = unique_name("sharded")
-    kafka.create_topic(topic, partitions=3)
-    store = FileCheckpointStore(directory=work / "checkpoints")
     generations: list[Generation] = []
-    async with sim_process(work, namespaces=(NS,)) as (_, kubeconfig):
-        client = ApiClient.from_kubeconfig(str(kubeconfig))
-        churn = Churn(client=client, namespace=NS, rate=rate, names=names, seed=seed)
-        churn_task: asyncio.Task[None] | None = None
-        running: list[ShardProc] = []
+    async with world(work, kafka, prefix="sharded", rate=rate, names=names, seed=seed) as w:
         try:
-            # Some objects before the first start, so the first list has something to share.
-            for i in range(names // 2):
-                obj = await client.create(churn.path, {"metadata": {"name": f"cm-{i}"}, "data": {"v": "0"}})
-                churn.live[f"cm-{i}"] = obj["metadata"]["uid"]
-                churn.produced.append(("added", f"{NS}/cm-{i}", obj["metadata"]["uid"],
-                                       obj["metadata"]["resourceVersion"]))
-            async with aiohttp.ClientSession() as http:
-                for n, total in enumerate(totals):
-                    gen = Generation(total=total, shards=[])
-                    for o in range(total):
-                        port = free_port()
-                        cfg = work / f"config-{total}-{o}.yaml"
-                        cfg.write_text(yaml.safe_dump(shard_config(
-                            work=work, kubeconfig=kubeconfig, kafka=kafka.bootstrap, topic=topic,
-                            ordinal=o, total=total, port=port)))
-                        gen.shards.append(ShardProc(ordinal=o, total=total, config=cfg,
-                                                    log=work / f"bridge-{total}-{o}.log",
-                                                    events=work / f"events-{total}-{o}.jsonl", port=port))
-                    generations.append(gen)
-                    running = gen.shards
-                    for s in running:
-                        s.start()
-                    for s in running:
-                        await s.wait_ready(http)
-                    if churn_task is None:
-                        churn_task = asyncio.create_task(churn.run(), name="sharded-churn")
-                    await asyncio.sleep(phase)
-                    if n < len(totals) - 1 and kill:
-                        for s in running:
-                            s.kill()
-                    elif n < len(totals) - 1:
-                        codes = await asyncio.gather(*(s.stop() for s in running))
-                        assert codes == [0] * total, f"shards of {total} exited with {codes}"
-                        gen.rv_at_stop = int(churn.last_rv or 0)
-                churn.stop()
-                assert churn_task is not None
-                await churn_task
-                churn_task = None
-                last = int(churn.last_rv)
-                deadline = time.monotonic() + 60
-                while not await _checkpoints_at(store, totals[-1], last):
-                    assert time.monotonic() < deadline, "the last shards never caught up"
-                    await asyncio.sleep(0.1)
-                # The earlier totals' checkpoints are removed once every shard passed them.
-                deadline = time.monotonic() + 20
-                while True:
-                    left = [i for i in await store.informer_ids(BASE_ID)
-                            if not i.endswith(f"-of-{totals[-1]}")]
-                    if not left or time.monotonic() > deadline:
-                        break
-                    await asyncio.sleep(0.1)
-                codes = await asyncio.gather(*(s.stop() for s in running))
-                assert codes == [0] * totals[-1], f"last shards exited with {codes}"
-            final = await live_objects(client, NS)
+            for n, total in enumerate(totals):
+                gen = Generation(total=total, shards=[])
+                for o in range(total):
+                    cfg = shard_config(work=work, kubeconfig=w.kubeconfig, kafka=kafka.bootstrap,
+                                       topic=w.topic, ordinal=o, total=total)
+                    gen.shards.append(Shard(ordinal=o, total=total, events=work / f"events-{total}-{o}.jsonl",
+                                            process=service_process(work, cfg, f"{total}-{o}")))
+                generations.append(gen)
+                running = [s.process for s in gen.shards if s.process is not None]
+                for p in running:
+                    await p.start()
+                for p in running:
+                    await p.wait_ready(timeout=40.0)
+                w.start_churn()
+                await asyncio.sleep(phase)  # the shards of this total run under churn
+                if n < len(totals) - 1 and kill:
+                    for p in running:
+                        await p.kill()
+                elif n < len(totals) - 1:
+                    await stop_all(running, f"shards of {total}")
+                    gen.rv_at_stop = int(w.churn.last_rv or 0)
+            left = await w.finish(totals[-1], timeout=60)
+            await stop_all(running, "last shards")
+            final = await live_objects(w.client, NS)
         finally:
-            churn.stop()
-            if churn_task is not None:
-                await asyncio.gather(churn_task, return_exceptions=True)
             for gen in generations:
                 for s in gen.shards:
-                    s.kill()
-            await client.close()
-        verify = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bridge.service.cli", "verify", "--kubeconfig", str(kubeconfig),
-            "--resource", f"configmaps@{NS}", "--kafka", kafka.bootstrap, "--topic", topic, "--strict",
-            cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-        out, _ = await verify.communicate()
-    records = await asyncio.to_thread(kafka.read_all, topic)
-    return check(generations=generations, records=records, churn=churn, final=final,
-                 verify_code=verify.returncode, verify_output=out.decode(), left=left, totals=totals)
+                    if s.process is not None:
+                        await s.process.kill()
+        verify_code, verify_output = await verify_topic(w.kubeconfig, kafka, w.topic)
+    records = await asyncio.to_thread(kafka.read_all, w.topic)
+    return check(generations=generations, records=records, churn=w.churn, final=final,
+                 verify_code=verify_code, verify_output=verify_output, left=left, totals=totals)
 
 
 def _shard_events(path: Path) -> list[dict[str, Any]]:
@@ -326,12 +336,19 @@ def check(*, generations: list[Generation], records: list[Any], churn: Churn,
                   bound=bound, problems=problems, verify_output=verify_output)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.checkpoint.sharding_harness")
-    p.add_argument("--totals", default="3,4,2", help="shard totals one after the other")
-    p.add_argument("--phase", type=float, default=20.0, help="seconds each total runs under churn")
+def soak_parser(prog: str, option: str, default: str, what: str) -> argparse.ArgumentParser:
+    """The command line of a longer run: ``option`` lists the ``what`` (shard totals, worker
+    counts) one after the other, then how long each runs under how much churn."""
+    p = argparse.ArgumentParser(prog=f"python -m {prog}")
+    p.add_argument(option, default=default, help=f"{what} one after the other")
+    p.add_argument("--phase", type=float, default=20.0, help="seconds each runs under churn")
     p.add_argument("--rate", type=float, default=100.0, help="changes per second")
     p.add_argument("--names", type=int, default=200, help="distinct object names churned")
+    return p
+
+
+def main() -> int:
+    p = soak_parser("tests.checkpoint.sharding_harness", "--totals", "3,4,2", "shard totals")
     p.add_argument("--seed", type=int, default=19)
     p.add_argument("--kill", action="store_true", help="SIGKILL the shards at each reshard")
     args = p.parse_args()

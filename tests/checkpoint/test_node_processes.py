@@ -19,17 +19,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import os
 import random
-import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 import yaml
@@ -37,7 +32,7 @@ import yaml
 from bridge.errors import ConflictError, NotFoundError
 from bridge.kube.apiclient import ApiClient
 from bridge.storage.checkpoint import informer_id
-from tests.brokers import free_port
+from bridge.testing.processes import ProcessFailed, ServiceProcess
 from tests.checkpoint.crash_harness import ROOT, sim_process
 
 NS = "nodes"
@@ -54,8 +49,13 @@ class Replica:
     name: str
     work: Path
     kubeconfig: Path
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
+    process: ServiceProcess = field(init=False)
+
+    def __post_init__(self) -> None:
+        cfg = self.work / f"config-{self.name}.yaml"
+        cfg.write_text(yaml.safe_dump(self.config()))
+        env = {} if self.name == UNSCHEDULED else {"NODE_NAME": self.name}
+        self.process = ServiceProcess(config=cfg, log=self.log, cwd=ROOT, env=env, unset=("NODE_NAME",))
 
     @property
     def events(self) -> Path:
@@ -77,45 +77,22 @@ class Replica:
             "checkpoint": {"store": "file", "directory": str(self.work / "checkpoints"), "interval": 0.2,
                            "spill_directory": ""},
             "sharding": sharding,
-            "server": {"host": "127.0.0.1", "port": self.port, "admin_port": 0},
+            "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
             "logging": {"level": "info", "format": "text"},
             "shutdown_deadline": 20,
         }
 
-    def start(self) -> None:
-        cfg = self.work / f"config-{self.name}.yaml"
-        cfg.write_text(yaml.safe_dump(self.config()))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KEB_") and k != "NODE_NAME"}
-        if self.name != UNSCHEDULED:
-            env["NODE_NAME"] = self.name
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "bridge.service.cli", "run", "--config",
-                                          str(cfg)], cwd=ROOT, stdout=log, stderr=log, env=env)
+    async def start(self) -> None:
+        await self.process.start()
 
-    async def wait_ready(self, http: aiohttp.ClientSession, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                raise AssertionError(f"{self.name} exited: {self.log.read_text()[-3000:]}")
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with http.get(f"http://127.0.0.1:{self.port}/readyz",
-                                    timeout=aiohttp.ClientTimeout(total=1)) as resp:
-                    if resp.status == 200:
-                        return
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"{self.name} never ready: {self.log.read_text()[-3000:]}")
+    async def wait_ready(self, timeout: float = 60.0) -> None:
+        await self.process.wait_ready(timeout)
 
     async def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(self.proc.wait, 40)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
+        """SIGTERM; the exit code (SIGKILL's after 40 s)."""
+        with contextlib.suppress(ProcessFailed):
+            return await self.process.stop(40)
+        return self.process.returncode
 
     def read(self) -> list[dict[str, Any]]:
         if not self.events.exists():
@@ -268,44 +245,43 @@ async def test_one_replica_per_node_plus_the_unscheduled_owner_under_churn(tmp_p
                     for name in (*NODES, UNSCHEDULED)}
         churn = PodChurn(client=client)
         try:
-            async with aiohttp.ClientSession() as http:
-                for r in replicas.values():
-                    r.start()
-                for r in replicas.values():
-                    await r.wait_ready(http)
-                await churn.run(seconds=8.0, rate=40.0, seed=25)
-                await _caught_up(list(replicas.values()), int(churn.produced[-1][2]))
-                sinks = {name: r.read() for name, r in replicas.items()}
-                problems, handovers = check(churn, sinks, await _live(client))
-                assert not problems, "\n".join(problems[:30])
-                binds = sum(1 for c, _, _ in churn.produced if c == "bound")
-                assert binds >= 20
-                assert handovers == binds
-                # Checkpoints per node: one per replica, each at its own scope.
-                checkpoints = {p.name for p in (tmp_path / "checkpoints").glob("pods.nodes.*.ckpt")}
-                assert checkpoints == {f"{informer_id('pods', NS, '', f'spec.nodeName={n}')}.ckpt"
-                                       for n in (*NODES, "")}
+            for r in replicas.values():
+                await r.start()
+            for r in replicas.values():
+                await r.wait_ready()
+            await churn.run(seconds=8.0, rate=40.0, seed=25)
+            await _caught_up(list(replicas.values()), int(churn.produced[-1][2]))
+            sinks = {name: r.read() for name, r in replicas.items()}
+            problems, handovers = check(churn, sinks, await _live(client))
+            assert not problems, "\n".join(problems[:30])
+            binds = sum(1 for c, _, _ in churn.produced if c == "bound")
+            assert binds >= 20
+            assert handovers == binds
+            # Checkpoints per node: one per replica, each at its own scope.
+            checkpoints = {p.name for p in (tmp_path / "checkpoints").glob("pods.nodes.*.ckpt")}
+            assert checkpoints == {f"{informer_id('pods', NS, '', f'spec.nodeName={n}')}.ckpt"
+                                   for n in (*NODES, "")}
 
-                # A node goes away: its replica with it; the pod garbage collector deletes its Pods.
-                gone = replicas["node-c"]
-                assert await gone.stop() == 0
-                orphans = [(name, uid) for name, uid in churn.live.items()
-                           if churn.node_of.get(uid) == "node-c"]
-                assert orphans, "the churn bound nothing to node-c"
-                for name, _ in orphans:
-                    obj = await client.delete(f"{churn.path}/{name}")
-                    del churn.live[name]
-                    churn._record("deleted", obj)
-                await asyncio.sleep(1.0)
-                # Nobody watches node-c: its deletes are not delivered yet.
-                missing, _ = check(churn, {n: r.read() for n, r in replicas.items()}, await _live(client))
-                assert len(missing) >= len(orphans)
-                # A replica for node-c, anywhere, resumes from node-c's checkpoint and delivers them.
-                gone.start()
-                await gone.wait_ready(http)
-                await _caught_up([gone], int(churn.produced[-1][2]))
-                problems, _ = check(churn, {n: r.read() for n, r in replicas.items()}, await _live(client))
-                assert not problems, "\n".join(problems[:30])
+            # A node goes away: its replica with it; the pod garbage collector deletes its Pods.
+            gone = replicas["node-c"]
+            assert await gone.stop() == 0
+            orphans = [(name, uid) for name, uid in churn.live.items()
+                       if churn.node_of.get(uid) == "node-c"]
+            assert orphans, "the churn bound nothing to node-c"
+            for name, _ in orphans:
+                obj = await client.delete(f"{churn.path}/{name}")
+                del churn.live[name]
+                churn._record("deleted", obj)
+            await asyncio.sleep(1.0)
+            # Nobody watches node-c: its deletes are not delivered yet.
+            missing, _ = check(churn, {n: r.read() for n, r in replicas.items()}, await _live(client))
+            assert len(missing) >= len(orphans)
+            # A replica for node-c, anywhere, resumes from node-c's checkpoint and delivers them.
+            await gone.start()
+            await gone.wait_ready()
+            await _caught_up([gone], int(churn.produced[-1][2]))
+            problems, _ = check(churn, {n: r.read() for n, r in replicas.items()}, await _live(client))
+            assert not problems, "\n".join(problems[:30])
         finally:
             codes = [await r.stop() for r in replicas.values()]
             await client.close()

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import random
 import shutil
 import signal
@@ -67,9 +66,10 @@ from bridge.service.verify_sources import (
 )
 from bridge.sim.objects import make_pod
 from bridge.storage.checkpoint import FileCheckpointStore, informer_id
+from bridge.testing.processes import ProcessFailed, ServiceProcess
 from bridge.testing.receiver import ReceivedRequest, Reply, WebhookReceiver
 from bridge.testing.spec import Change, ChangeKind, History, Received, SinkLog, check_sink, scope_of
-from tests.brokers import NatsServer, TansuBroker, free_port, running_nats, running_tansu
+from tests.brokers import NatsServer, TansuBroker, running_nats, running_tansu
 
 __all__ = ["FAULTS", "PROFILES", "SETUPS", "Infra", "Outcome", "Setup", "infrastructure", "main", "run_seed"]
 
@@ -296,64 +296,53 @@ class Outcome:
 
 
 class BridgeProc:
-    """``kube-event-bridge run --config FILE`` in its own process."""
+    """``kube-event-bridge run --config FILE`` in its own process, on ports it binds itself
+    (:class:`bridge.testing.processes.ServiceProcess`)."""
 
-    def __init__(self, config: Path, log: Path, health_port: int) -> None:
+    def __init__(self, config: Path, log: Path) -> None:
         self.config = config
         self.log = log
-        self.health_port = health_port
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
+        self.process = ServiceProcess(config=config, log=log, cwd=ROOT)
 
-    def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KEB_")}
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "bridge.service.cli", "run", "--config",
-                                          str(self.config)], cwd=ROOT, stdout=log, stderr=log, env=env)
-        self.starts += 1
+    @property
+    def proc(self) -> asyncio.subprocess.Process | None:
+        return self.process.proc
 
-    async def wait_ready(self, http: aiohttp.ClientSession, timeout: float = 20.0) -> bool:
+    @property
+    def starts(self) -> int:
+        return self.process.starts
+
+    async def start(self) -> None:
+        await self.process.start()
+
+    async def wait_ready(self, timeout: float = 20.0) -> bool:
         """Waits until ``/readyz`` answers 200 (synced or resumed, sinks up); False after ``timeout``
         or when the process exited. A fault schedule that killed the bridge again before it resumed
         would test start-up over and over and little else."""
-        deadline = time.monotonic() + timeout
-        url = f"http://127.0.0.1:{self.health_port}/readyz"
-        while time.monotonic() < deadline and self.alive():
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with http.get(url, timeout=aiohttp.ClientTimeout(total=1)) as resp:
-                    if resp.status == 200:
-                        return True
-            await asyncio.sleep(0.05)
-        return False
+        try:
+            await self.process.wait_ready(timeout)
+        except ProcessFailed:
+            return False
+        return True
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.process.running
 
-    def kill(self) -> None:
-        if self.alive():
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
+    async def kill(self) -> None:
+        await self.process.kill()
 
     async def stop(self, timeout: float = 30) -> int | None:
         """SIGTERM (a graceful drain and final checkpoint); SIGKILL past ``timeout``."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(self.proc.wait, timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        return self.proc.returncode
+        with contextlib.suppress(ProcessFailed):
+            return await self.process.stop(timeout)
+        return self.process.returncode
 
 
 def _dead_letter_subject(tag: str) -> str:
     return f"{tag}dl.events"
 
 
-def _config(infra: Infra, tag: str, ns: str, work: Path, hook: Hook, health_port: int,
-            setup: Setup) -> dict[str, Any]:
+def _config(infra: Infra, tag: str, ns: str, work: Path, hook: Hook, setup: Setup) -> dict[str, Any]:
     retry = {"initial": 0.05, "max": 0.5}
     dead: dict[str, dict[str, Any]] = {"kafka": {}, "jetstream": {}, "webhook": {}}
     if setup.dead_letters:
@@ -379,7 +368,7 @@ def _config(infra: Infra, tag: str, ns: str, work: Path, hook: Hook, health_port
         ],
         "checkpoint": {"store": "file", "directory": str(work / "checkpoints"),
                        "interval": setup.checkpoint_interval},
-        "server": {"host": "127.0.0.1", "port": health_port, "admin_port": 0},
+        "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
         "logging": {"level": "info", "format": "text"},
         "shutdown_deadline": 20,
     }
@@ -525,17 +514,17 @@ async def _random_faults(w: _World, duration: float, kinds: tuple[str, ...]) -> 
         faults.append(kind)
         w.say(f"t={duration - (end - time.monotonic()):.1f}s fault {kind}")
         if kind == "kill":
-            bridge.kill()
+            await bridge.kill()
             await asyncio.sleep(rng.uniform(0.0, 0.8))
-            bridge.start()
-            await bridge.wait_ready(http)  # it resumes before the next fault
+            await bridge.start()
+            await bridge.wait_ready()  # it resumes before the next fault
             await asyncio.sleep(rng.uniform(0.0, 1.0))
         elif kind == "kill_compact":
-            bridge.kill()
+            await bridge.kill()
             await asyncio.sleep(rng.uniform(0.2, 1.0))
             await _post(http, f"{infra.sim_url}/_sim/compact")
-            bridge.start()
-            await bridge.wait_ready(http)
+            await bridge.start()
+            await bridge.wait_ready()
             await asyncio.sleep(rng.uniform(0.0, 1.0))
         elif kind == "kafka_pause":
             infra.tansu.pause()
@@ -571,10 +560,10 @@ async def _random_faults(w: _World, duration: float, kinds: tuple[str, ...]) -> 
 async def _kill_and_restart(w: _World, label: str, down: float) -> None:
     w.faults.append(label)
     w.say(f"fault {label}")
-    w.bridge.kill()
+    await w.bridge.kill()
     await asyncio.sleep(down)
-    w.bridge.start()
-    await w.bridge.wait_ready(w.http)
+    await w.bridge.start()
+    await w.bridge.wait_ready()
 
 
 COMBINED_TIMELINE: tuple[tuple[float, str], ...] = (
@@ -665,9 +654,8 @@ async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
         infra.tansu.create_topic(f"{tag}-dead", partitions=1)
         await _dead_letter_stream(infra.nats.url, tag)
     cfg = work / "config.yaml"
-    health_port = free_port()
-    cfg.write_text(orjson.dumps(_config(infra, tag, ns, work, hook, health_port, setup)).decode())
-    bridge = BridgeProc(cfg, work / "bridge.log", health_port)
+    cfg.write_text(orjson.dumps(_config(infra, tag, ns, work, hook, setup)).decode())
+    bridge = BridgeProc(cfg, work / "bridge.log")
     client = ApiClient.from_kubeconfig(str(infra.kubeconfig))
     store = FileCheckpointStore(directory=work / "checkpoints")
     ident = informer_id(setup.resource, ns, "", "")
@@ -681,7 +669,7 @@ async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
     http = aiohttp.ClientSession()
     try:
         await client.create("/api/v1/namespaces", {"metadata": {"name": ns}})
-        bridge.start()
+        await bridge.start()
         deadline = time.monotonic() + 30
         while await _checkpoint_rv(store, ident) < 0:  # started, synced, checkpointed once
             if not bridge.alive() or time.monotonic() > deadline:
@@ -698,7 +686,7 @@ async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
         await churn_task
         churn_task = None
         if not bridge.alive():
-            bridge.start()
+            await bridge.start()
         last = int(churn.produced[-1][3]) if churn.produced else 0
         say(f"seed {seed}: churn stopped at rv {last} after {len(churn.produced)} changes; draining")
         deadline = time.monotonic() + 90
@@ -725,7 +713,7 @@ async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
             infra.tansu.resume()  # a schedule cut short may have left it frozen
         if infra.nats.proc is None:
             infra.nats.start()
-        bridge.kill()
+        await bridge.kill()
         with contextlib.suppress(Exception):
             await _sim_faults(http, infra.sim_url, {"reset": True})
         await http.close()

@@ -26,18 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import itertools
 import os
 import signal
-import sys
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 from cloudevents.core.bindings import http as ce_http
@@ -47,8 +43,9 @@ from cloudevents.core.formats.json import JSONFormat
 from bridge.clock import RealClock
 from bridge.kube.apiclient import ApiClient
 from bridge.testing import WebhookReceiver
+from bridge.testing.processes import ServiceProcess, SimulatorProcess
 from tests import brokers
-from tests.brokers import TansuBroker, free_port, unique_name
+from tests.brokers import TansuBroker, unique_name
 
 kafka_broker = brokers.kafka_broker
 
@@ -73,30 +70,16 @@ def attributes(event: Any) -> dict[str, Any]:
     return attrs
 
 
-@contextlib.asynccontextmanager
-async def simulator(tmp: Path, ledger: Path) -> AsyncIterator[tuple[asyncio.subprocess.Process, Path, str]]:
-    kubeconfig = tmp / "sim.kubeconfig"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bridge.sim", "--port", "0", "--kubeconfig", str(kubeconfig),
+def simulator(tmp: Path, ledger: Path) -> SimulatorProcess:
+    """The simulator process, its Events held back until SIGUSR1."""
+    return SimulatorProcess(log=tmp / "sim.log", kubeconfig=tmp / "sim.kubeconfig", cwd=ROOT, args=(
         "--history-size", "2000000", "--bookmark-interval", "1", "--namespaces", "web,shop",
         "--events-rate", str(RATE), "--events-duration", str(SECONDS), "--events-wait-signal",
         "--events-deployments", "20", "--events-pods", "10", "--events-max", "20000",
-        "--events-ledger", str(ledger), "--seed", "26",
-        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
-    try:
-        assert proc.stdout is not None
-        async with asyncio.timeout(30):
-            line = (await proc.stdout.readline()).decode()
-        assert "listening on" in line, line
-        yield proc, kubeconfig, line.rsplit(" ", 1)[-1].strip()
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            await proc.wait()
+        "--events-ledger", str(ledger), "--seed", "26"))
 
 
-def bridge_config(tmp: Path, kubeconfig: Path, kafka: TansuBroker, topic: str, hook: WebhookReceiver,
-                  port: int) -> Path:
+def bridge_config(tmp: Path, kubeconfig: Path, kafka: TansuBroker, topic: str, hook: WebhookReceiver) -> Path:
     cfg = {
         "cluster": "burst",
         "kubernetes": {"kubeconfig": str(kubeconfig), "in_cluster": "false"},
@@ -113,32 +96,13 @@ def bridge_config(tmp: Path, kubeconfig: Path, kafka: TansuBroker, topic: str, h
                                     "drop": [{"reasons": ["BackOff"]}, {"message": "^FailedMount"}]}}},
         ],
         "checkpoint": {"store": "file", "directory": str(tmp / "checkpoints"), "interval": 0.2},
-        "server": {"host": "127.0.0.1", "port": port, "admin_port": 0},
+        "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
         "logging": {"level": "info", "format": "json"},
         "shutdown_deadline": 20,
     }
     path = tmp / "bridge.yaml"
     path.write_bytes(orjson.dumps(cfg))
     return path
-
-
-async def start_bridge(config: Path, log: Path) -> asyncio.subprocess.Process:
-    with log.open("ab") as out:
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bridge.service.cli", "run", "--config", str(config),
-            cwd=ROOT, stdout=out, stderr=out)
-
-
-async def ready(port: int, timeout: float = 60.0) -> float:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            with contextlib.suppress(aiohttp.ClientError):
-                async with http.get(f"http://127.0.0.1:{port}/readyz") as r:
-                    if r.status == 200:
-                        return time.time()
-            await asyncio.sleep(0.1)
-    raise AssertionError("the bridge never became ready")
 
 
 async def final_events(kubeconfig: Path) -> dict[str, tuple[int, dict[str, Any]]]:
@@ -201,26 +165,24 @@ async def test_a_burst_of_events_survives_a_sigkill_enriched_coalesced_and_route
     kafka_broker.create_topic(topic, partitions=3)
     hook = await WebhookReceiver().start()
     ledger_path = tmp_path / "ledger.jsonl"
-    port = free_port()
     log = tmp_path / "bridge.log"
-    bridge: asyncio.subprocess.Process | None = None
+    bridge: ServiceProcess | None = None
     try:
-        async with simulator(tmp_path, ledger_path) as (sim, kubeconfig, _url):
-            config = bridge_config(tmp_path, kubeconfig, kafka_broker, topic, hook, port)
-            bridge = await start_bridge(config, log)
-            await ready(port)
-            sim.send_signal(signal.SIGUSR1)  # the Events start now
+        async with simulator(tmp_path, ledger_path) as sim:
+            kubeconfig = sim.kubeconfig
+            config = bridge_config(tmp_path, kubeconfig, kafka_broker, topic, hook)
+            bridge = ServiceProcess(config=config, log=log, cwd=ROOT)
+            await bridge.start()
+            await bridge.wait_ready()
+            os.kill(sim.pid, signal.SIGUSR1)  # the Events start now
             await asyncio.sleep(SECONDS * 0.4)
             killed_at = time.time()
-            bridge.kill()
-            await bridge.wait()
+            await bridge.kill()
             await asyncio.sleep(1.0)
-            bridge = await start_bridge(config, log)
-            restarted_at = await ready(port)
-            assert sim.stdout is not None
-            async with asyncio.timeout(SECONDS * 4 + 60):
-                done = (await sim.stdout.readline()).decode()
-            assert "events done" in done, done
+            await bridge.restart()
+            await bridge.wait_ready()
+            restarted_at = time.time()
+            await sim.wait_log("events done", timeout=SECONDS * 4 + 60)
             final = await final_events(kubeconfig)
 
             # Caught up: the last state of every live Event is in Kafka (read until it is).
@@ -239,15 +201,11 @@ async def test_a_burst_of_events_survives_a_sigkill_enriched_coalesced_and_route
                     break
                 assert time.monotonic() < deadline, f"{len(missing)} Events' last states never reached Kafka"
                 await asyncio.sleep(2.0)
-            bridge.send_signal(signal.SIGTERM)
-            async with asyncio.timeout(60):
-                assert await bridge.wait() == 0
-            bridge = None
+            assert await bridge.stop(timeout=60) == 0
         records = read_kafka(kafka_broker, topic)
     finally:
-        if bridge is not None and bridge.returncode is None:
-            bridge.kill()
-            await bridge.wait()
+        if bridge is not None:
+            await bridge.kill()
         await hook.close()
 
     ledger, deletions = [], {}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import pytest
 from bridge.kube.apiclient import ApiClient
 from bridge.storage.checkpoint import informer_id
 from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
+from bridge.testing.processes import SimulatorProcess
 
 EXE = [sys.executable, "-m", "bridge.service.cli"]
 NS = "failover"
@@ -27,22 +27,9 @@ NS = "failover"
 
 @pytest.fixture
 async def sim(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
-    kubeconfig = tmp_path / "sim.kubeconfig"
-    proc = await asyncio.create_subprocess_exec(
-        *EXE, "sim", "--port", "0", "--kubeconfig", str(kubeconfig), "--namespaces", NS,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert proc.stdout is not None
-    url = ""
-    while not url:
-        line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
-        assert line, "the simulator exited"
-        m = re.search(r"listening on (http://\S+)", line)
-        url = m.group(1) if m else ""
-    try:
-        yield url, kubeconfig
-    finally:
-        proc.terminate()
-        await proc.wait()
+    async with SimulatorProcess(log=tmp_path / "sim.log", kubeconfig=tmp_path / "sim.kubeconfig",
+                                args=("--namespaces", NS)) as proc:
+        yield proc.url, proc.kubeconfig
 
 
 def replica(tmp_path: Path, kubeconfig: Path, name: str) -> subprocess.Popen[bytes]:

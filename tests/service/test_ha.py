@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from bridge.kube.leaderelection import FenceToken
 from bridge.storage.checkpoint import Checkpoint, CheckpointFencedError, informer_id
 from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
 from bridge.testing import Reply, WebhookReceiver
+from bridge.testing.processes import SimulatorProcess
 
 EXE = [sys.executable, "-m", "bridge.service.cli"]
 NS = "ha"
@@ -180,17 +180,14 @@ async def eventually(cond: Any, timeout: float, what: str) -> None:
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    kubeconfig = tmp_path / "sim.kubeconfig"
-    sim = await asyncio.create_subprocess_exec(
-        *EXE, "sim", "--port", "0", "--kubeconfig", str(kubeconfig), "--namespaces", NS,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert sim.stdout is not None
-    url = ""
-    while not url:
-        line = (await asyncio.wait_for(sim.stdout.readline(), 20)).decode()
-        assert line, "the simulator exited"
-        m = re.search(r"listening on (http://\S+)", line)
-        url = m.group(1) if m else ""
+    sim = SimulatorProcess(log=tmp_path / "sim.log", kubeconfig=tmp_path / "sim.kubeconfig",
+                           args=("--namespaces", NS))
+    await sim.start()
+    try:
+        url, kubeconfig = await sim.wait_listening(20), sim.kubeconfig
+    except BaseException:
+        await sim.kill()
+        raise
     receiver = Receiver()
     await receiver.start()
     client = ApiClient(server=url)
@@ -204,8 +201,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
                 p.wait(10)
         await client.close()
         await receiver.close()
-        sim.terminate()
-        await sim.wait()
+        await sim.stop()
 
 
 async def start_pair(c: Cluster, churn: Churn) -> None:

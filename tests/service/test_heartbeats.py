@@ -14,22 +14,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import sys
 import time
-from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import nats
 import orjson
 import pytest
 
 from bridge.kube.apiclient import ApiClient
 from bridge.testing import WebhookReceiver
+from bridge.testing.processes import ServiceProcess
 from tests import brokers
-from tests.brokers import NatsServer, TansuBroker, free_port, unique_name
+from tests.brokers import NatsServer, TansuBroker, unique_name
 from tests.checkpoint.crash_harness import ROOT, sim_process
 
 kafka_broker = brokers.kafka_broker
@@ -39,30 +37,6 @@ NS = "beat"
 INTERVAL = 1.0
 HEARTBEAT = "io.kube-event-bridge.heartbeat"
 ADDED = "io.kube-event-bridge.added"
-
-
-@contextlib.asynccontextmanager
-async def bridge_process(config: Path, log: Path, port: int) -> AsyncIterator[None]:
-    with log.open("ab") as out:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bridge.service.cli", "run", "--config", str(config),
-            cwd=ROOT, stdout=out, stderr=out)
-    try:
-        deadline = time.monotonic() + 60
-        async with aiohttp.ClientSession() as http:
-            while True:
-                assert proc.returncode is None, f"the bridge exited: see {log}"
-                assert time.monotonic() < deadline, "the bridge never became ready"
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(f"http://127.0.0.1:{port}/readyz") as r:
-                        if r.status == 200:
-                            break
-                await asyncio.sleep(0.1)
-        yield
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            await proc.wait()
 
 
 def read_kafka(kafka: TansuBroker, topic: str) -> list[dict[str, Any]]:
@@ -120,7 +94,6 @@ async def test_a_heartbeat_arrives_on_schedule_on_every_sink_kind(
         for name in ("a", "b"):
             await client.create(path, {"metadata": {"name": name}, "data": {"v": "1"}})
         server_rv = str((await client.get(path))["metadata"]["resourceVersion"])
-        port = free_port()
         config = tmp_path / "bridge.json"
         config.write_bytes(orjson.dumps({
             "cluster": "beat",
@@ -135,13 +108,15 @@ async def test_a_heartbeat_arrives_on_schedule_on_every_sink_kind(
                  "stream": {"name": stream, "create": True, "subjects": ["kube.>"]}, "heartbeat": beat},
             ],
             "checkpoint": {"store": "file", "directory": str(tmp_path / "checkpoints")},
-            "server": {"host": "127.0.0.1", "port": port, "admin_port": 0},
+            "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
             "logging": {"level": "info", "format": "json"},
         }))
-        async with bridge_process(config, tmp_path / "bridge.log", port):
+        async with ServiceProcess(config=config, log=tmp_path / "bridge.log", cwd=ROOT) as bridge:
+            await bridge.wait_ready()
             started = time.monotonic()
-            await asyncio.sleep(5.5)
+            await asyncio.sleep(5.5)  # the heartbeats' schedule is what is measured
             seconds = time.monotonic() - started
+            await bridge.stop()
         file_events = [orjson.loads(line) for line in out.read_bytes().splitlines() if line.strip()]
         received = {"file": file_events, "webhook": list(hook.events),
                     "kafka": await asyncio.to_thread(read_kafka, kafka_broker, topic),

@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-import signal
 import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -21,7 +19,8 @@ from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
 from bridge.storage.checkpoint import informer_id
-from tests.service.test_cli import EXE, sim_process  # noqa: F401 - the fixture
+from bridge.testing.processes import ServiceProcess, wait_until
+from tests.service.test_cli import sim_process  # noqa: F401 - the fixture
 from tests.service.test_service import eventually
 
 
@@ -35,7 +34,7 @@ def closed_port(held: list[socket.socket]) -> int:
     return int(s.getsockname()[1])
 
 
-def test_client_library_logs_are_json_lines_with_the_sink(tmp_path: Path,
+async def test_client_library_logs_are_json_lines_with_the_sink(tmp_path: Path,
                                                          sim_process: tuple[str, Path]) -> None:  # noqa: F811
     _, kubeconfig = sim_process
     held: list[socket.socket] = []
@@ -52,16 +51,25 @@ def test_client_library_logs_are_json_lines_with_the_sink(tmp_path: Path,
         "server: {host: 127.0.0.1, port: 0, admin_port: 0}\n"
         "logging: {level: info, format: json}\n"
         "shutdown_deadline: 2\n")
-    proc = subprocess.Popen([*EXE, "run", "--config", str(cfg)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = ServiceProcess(config=cfg, log=tmp_path / "bridge.log")
+
+    def both_refused() -> bool:
+        """What six seconds used to show: librdkafka retries the connection about every second;
+        the checkpoint store's and the NATS sink's connection errors."""
+        lines = proc.output().splitlines()
+        refused = sum(1 for line in lines if '"sinks.kafka.librdkafka"' in line
+                      and f"127.0.0.1:{kafka}" in line and "Connection refused" in line)
+        store = any('"bridge.storage.checkpoint_natskv"' in line and "NATS connection error" in line
+                    for line in lines)
+        sink = any('"sink":"bus"' in line and "NATS" in line for line in lines)
+        return refused >= 5 and store and sink
+
     try:
-        time.sleep(6)  # librdkafka retries the connection about every second
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        async with proc:
+            await wait_until(both_refused, timeout=60, what="both connections refused", alive=proc)
+            await proc.stop(timeout=30)
+        stderr = proc.output()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        _, stderr = proc.communicate()
         for sock in held:
             sock.close()
     records = []

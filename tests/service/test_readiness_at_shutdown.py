@@ -10,9 +10,7 @@ the SIGTERM takes a visible while."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,9 +23,8 @@ import pytest
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
 from bridge.testing import Reply, WebhookReceiver
-from tests.brokers import free_port
+from bridge.testing.processes import ServiceProcess
 
-EXE = [sys.executable, "-m", "bridge.service.cli"]
 ROOT = Path(__file__).resolve().parents[2]
 PODS = 20
 ANSWER_AFTER = 0.15
@@ -41,7 +38,7 @@ async def slow_hook() -> AsyncIterator[WebhookReceiver]:
         yield h
 
 
-def write_config(tmp_path: Path, kubeconfig: Path, hook: WebhookReceiver, port: int) -> Path:
+def write_config(tmp_path: Path, kubeconfig: Path, hook: WebhookReceiver) -> Path:
     cfg = tmp_path / "bridge.yaml"
     cfg.write_text(
         f"kubernetes: {{kubeconfig: '{kubeconfig}', in_cluster: 'false'}}\n"
@@ -50,7 +47,7 @@ def write_config(tmp_path: Path, kubeconfig: Path, hook: WebhookReceiver, port: 
         "          max_in_flight: 1}]\n"
         # A long interval: only the shutdown writes the checkpoint.
         f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}', interval: 3600}}\n"
-        f"server: {{host: 127.0.0.1, port: {port}, admin_port: 0}}\n"
+        "server: {host: 127.0.0.1, port: 0, admin_port: 0}\n"
         "logging: {level: info, format: json}\n"
         "shutdown_deadline: 10\n")
     return cfg
@@ -71,23 +68,20 @@ async def test_readyz_answers_503_stopping_from_sigterm_until_the_endpoint_close
     async with Simulator() as sim:
         for i in range(PODS):
             sim.store.create("pods", make_pod(f"p{i}", "default"))
-        port = free_port()
-        cfg = write_config(tmp_path, sim.write_kubeconfig(tmp_path / "kubeconfig"), slow_hook, port)
+        cfg = write_config(tmp_path, sim.write_kubeconfig(tmp_path / "kubeconfig"), slow_hook)
         log_path = tmp_path / "bridge.log"
-        with log_path.open("wb") as log_file:
-            proc = await asyncio.create_subprocess_exec(
-                *EXE, "run", "--config", str(cfg), cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                stdout=asyncio.subprocess.DEVNULL, stderr=log_file)
-        ready = f"http://127.0.0.1:{port}/readyz"
-        live = f"http://127.0.0.1:{port}/healthz"
+        bridge = ServiceProcess(config=cfg, log=log_path, cwd=ROOT)
+        await bridge.start()
         readyz: list[tuple[int, Any, int]] = []
         """After the SIGTERM: (status, body, events the receiver had acknowledged by then)."""
         healthz: list[tuple[int, Any]] = []
         try:
+            await bridge.wait_listening()
+            ready, live = bridge.url("/readyz"), bridge.url("/healthz")
             async with aiohttp.ClientSession() as http:
                 deadline = time.monotonic() + 60
                 while True:  # ready, and the receiver has acknowledged a few events, not all
-                    assert proc.returncode is None, log_path.read_text()
+                    bridge.check_running("ready")
                     assert time.monotonic() < deadline, "never ready: " + log_path.read_text()[-2000:]
                     answer = await probe(http, ready)
                     if answer is not None and answer[0] == 200 and len(slow_hook.accepted) >= 2:
@@ -95,7 +89,10 @@ async def test_readyz_answers_503_stopping_from_sigterm_until_the_endpoint_close
                     await asyncio.sleep(0.05)
                 at_sigterm = len(slow_hook.accepted)
                 assert at_sigterm < PODS - 5, "the receiver was not slow enough to leave a drain"
-                proc.send_signal(signal.SIGTERM)
+                bridge.send_signal(signal.SIGTERM)
+                # The signal is handled by the service's event loop, not when it is sent: a probe
+                # already read by then is answered as before. From the line on, it is handled.
+                await bridge.wait_log("shutting down: stopping intake", timeout=20)
                 while True:
                     r, h = await probe(http, ready), await probe(http, live)
                     if r is not None:
@@ -106,11 +103,9 @@ async def test_readyz_answers_503_stopping_from_sigterm_until_the_endpoint_close
                         break
                     assert time.monotonic() < deadline + 30, "the health endpoint never closed"
                     await asyncio.sleep(0.02)
-            code = await asyncio.wait_for(proc.wait(), 20)
+            code = await bridge.wait(20)
         finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+            await bridge.kill()
     logs = log_path.read_text()
     assert code == 0, logs[-2000:]
     not_stopping = [(s, b) for s, b, _ in readyz if (s, b) != (503, {"ready": False, "role": "single",

@@ -5,15 +5,10 @@ worker SIGKILLed and the count changed, is tests/checkpoint/test_workers_process
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import fnmatch
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +30,7 @@ from bridge.service.workers import (
     resolve_workers,
     worker_position,
 )
+from bridge.testing.processes import ServiceProcess, wait_until
 from tests.brokers import free_port
 from tests.service.test_cli import run_cli, sim_process  # noqa: F401 - the fixture
 from tests.service.test_cli_errors import assert_config_error
@@ -247,7 +243,21 @@ async def test_a_worker_that_exits_is_restarted_alone_and_the_pod_is_unready_mea
         assert sup._workers[0].proc.returncode == 0  # worker 0 was asked to stop, and did
 
 
-def test_one_pod_two_workers_one_set_of_endpoints(
+def _run_config(tmp_path: Path, kubeconfig: Path, server: str, more: str) -> Path:
+    """A ``kube-event-bridge run`` configuration: pods to a file, ports 0 (``server`` adds to the
+    ``server`` section, ``more`` adds sections)."""
+    cfg = tmp_path / "bridge.yaml"
+    cfg.write_text(
+        f"kubernetes: {{kubeconfig: '{kubeconfig}', in_cluster: 'false'}}\n"
+        "resources: [{resource: pods}]\n"
+        f"sinks: [{{name: out, kind: file, path: '{tmp_path / 'events.jsonl'}'}}]\n"
+        f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}', interval: 1}}\n"
+        f"server: {{host: 127.0.0.1, port: 0, admin_port: 0{server}}}\n"
+        f"{more}shutdown_deadline: 10\n")
+    return cfg
+
+
+async def test_one_pod_two_workers_one_set_of_endpoints(
         tmp_path: Path, sim_process: tuple[str, Path]) -> None:  # noqa: F811
     """``kube-event-bridge run`` with ``workers: 2`` against the simulator: the pod's one /readyz,
     /metrics and admin listener (token checked by the supervisor) answer for both workers, and a
@@ -255,74 +265,59 @@ def test_one_pod_two_workers_one_set_of_endpoints(
     _, kubeconfig = sim_process
     token = tmp_path / "token"
     token.write_text("s3cret\n")
-    port, admin = free_port(), free_port()
-    cfg = tmp_path / "bridge.yaml"
-    cfg.write_text(
-        f"kubernetes: {{kubeconfig: '{kubeconfig}', in_cluster: 'false'}}\n"
-        "resources: [{resource: pods}]\n"
-        f"sinks: [{{name: out, kind: file, path: '{tmp_path / 'events.jsonl'}'}}]\n"
-        f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}', interval: 1}}\n"
-        f"server: {{host: 127.0.0.1, port: {port}, admin_port: {admin}, admin_token_file: '{token}'}}\n"
-        "workers: 2\nshutdown_deadline: 10\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KEB_")}
+    cfg = _run_config(tmp_path, kubeconfig, f", admin_token_file: '{token}'", "workers: 2\n")
     log = tmp_path / "bridge.log"
-    with log.open("wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "bridge.service.cli", "run", "--config", str(cfg)],
-                                stdout=fh, stderr=fh, env=env)
-    base = f"http://127.0.0.1:{port}"
+    proc = ServiceProcess(config=cfg, log=log)
+    await proc.start()
     try:
-        deadline = time.monotonic() + 60
-        body: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            with contextlib.suppress(OSError, ValueError), \
-                    urllib.request.urlopen(f"{base}/readyz", timeout=2) as r:
-                body = json.loads(r.read())
-                break
-            time.sleep(0.2)
+        # The address file is the supervisor's (the pod's listeners), not a worker's.
+        address = await proc.wait_ready()
+        assert address.pid == proc.pid
+        admin = proc.admin_port
+        answer = await proc.readyz()
+        assert answer is not None
+        body: dict[str, Any] = answer[1]
         assert body.get("ready") is True, body
         assert [w["worker"] for w in body["workers"]] == [0, 1]
         assert all(w["pid"] and w["pid"] != proc.pid for w in body["workers"])
-        with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
-            families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+        metrics = await proc.get("/metrics", timeout=10)
+        assert metrics is not None
+        families = {f.name: f for f in text_string_to_metric_families(metrics[1].decode())}
         shards = {(s.labels["worker"], s.value) for s in families["keb_shard_ordinal"].samples}
         assert shards == {("0", 0.0), ("1", 1.0)}
         assert {s.value for s in families["keb_total_shards"].samples} == {2.0}
         # The admin listener: the supervisor checks the token, then asks both workers.
         url = f"http://127.0.0.1:{admin}/snapshot?resource=pods"
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=10)
-        assert refused.value.code == 401
-        req = urllib.request.Request(url, method="POST", headers={"Authorization": "Bearer s3cret"})
-        with urllib.request.urlopen(req, timeout=30) as r:
-            assert r.status == 202
-            # Each worker names the checkpoint id of the shard it snapshotted.
-            done = json.loads(r.read())["resources"]
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+            async with http.post(url) as r:
+                assert r.status == 401
+            async with http.post(url, headers={"Authorization": "Bearer s3cret"}) as r:
+                assert r.status == 202
+                # Each worker names the checkpoint id of the shard it snapshotted.
+                done = json.loads(await r.read())["resources"]
         assert [d.rsplit(".", 1)[1] for d in done] == ["shard-0-of-2", "shard-1-of-2"]
         for w in (0, 1):
             path = tmp_path / f"events.worker-{w}.jsonl"
-            deadline = time.monotonic() + 30
             ends: list[dict[str, Any]] = []
-            while not ends and time.monotonic() < deadline:
-                time.sleep(0.2)
-                ends = [e for e in map(json.loads, path.read_bytes().splitlines())
-                        if e["type"].endswith("snapshot.end")]
-            assert ends, w
+
+            def snapshot_ended(path: Path = path, ends: list[dict[str, Any]] = ends) -> bool:
+                ends[:] = [e for e in map(json.loads, path.read_bytes().splitlines())
+                           if e["type"].endswith("snapshot.end")]
+                return bool(ends)
+
+            await wait_until(snapshot_ended, timeout=30, what=f"worker {w}'s snapshot end", alive=proc)
             assert (ends[0]["shard"], ends[0]["totalshards"]) == (str(w), "2")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        assert await proc.stop(timeout=30) == 0
         # One log for the pod; each worker's records say whose they are.
         records = [json.loads(line) for line in log.read_bytes().splitlines() if line.startswith(b"{")]
         assert {r.get("worker") for r in records if r["logger"] == "bridge.service.service"} == {0, 1}
         assert any("supervising 2 workers" in r["message"] for r in records if "worker" not in r)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        await proc.kill()
 
 
 @pytest.mark.parametrize("cpu_max", ["200000 100000", "max 100000"])
-def test_unset_workers_start_as_many_as_the_cpu_limit(
+async def test_unset_workers_start_as_many_as_the_cpu_limit(
         tmp_path: Path, sim_process: tuple[str, Path], cpu_max: str) -> None:  # noqa: F811
     """``kube-event-bridge run`` without ``workers``, its cgroup a fake one: under a limit of 2 CPUs
     the supervisor runs the default number of workers (2 on a machine with 2 CPUs or more); without a
@@ -331,45 +326,29 @@ def test_unset_workers_start_as_many_as_the_cpu_limit(
     cgroup = _cgroup(tmp_path / "cgroup", {"cpu.max": cpu_max + "\n"})
     expected = default_workers(cgroup=cgroup)
     assert expected == (1 if cpu_max.startswith("max") else min(2, len(os.sched_getaffinity(0))))
-    port = free_port()
-    cfg = tmp_path / "bridge.yaml"
-    cfg.write_text(
-        f"kubernetes: {{kubeconfig: '{kubeconfig}', in_cluster: 'false'}}\n"
-        "resources: [{resource: pods}]\n"
-        f"sinks: [{{name: out, kind: file, path: '{tmp_path / 'events.jsonl'}'}}]\n"
-        f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}', interval: 1}}\n"
-        f"server: {{host: 127.0.0.1, port: {port}, admin_port: {free_port()}}}\nshutdown_deadline: 10\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KEB_")}
-    env[CGROUP_ENV] = str(cgroup)
-    log = tmp_path / "bridge.log"
-    with log.open("wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "bridge.service.cli", "run", "--config", str(cfg)],
-                                stdout=fh, stderr=fh, env=env)
+    cfg = _run_config(tmp_path, kubeconfig, "", "")
+    proc = ServiceProcess(config=cfg, log=tmp_path / "bridge.log", env={CGROUP_ENV: str(cgroup)})
+    await proc.start()
     try:
-        deadline = time.monotonic() + 60
-        body: dict[str, Any] = {}
-        while time.monotonic() < deadline and body.get("ready") is not True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.2)
-            with contextlib.suppress(OSError, ValueError), \
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-                body = json.loads(r.read())
+        await proc.wait_ready()
+        answer = await proc.readyz()
+        assert answer is not None
+        body: dict[str, Any] = answer[1]
         assert body.get("ready") is True, body
         if expected == 1:
             assert "workers" not in body, body
-            assert list(tmp_path.glob("events*.jsonl")) == [tmp_path / "events.jsonl"]
+            assert [p.name for p in os.scandir(tmp_path) if fnmatch.fnmatch(p.name, "events*.jsonl")] == [
+                "events.jsonl"]
         else:
             assert [w["worker"] for w in body["workers"]] == list(range(expected))
             assert all(w["pid"] and w["pid"] != proc.pid for w in body["workers"])
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-                families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+            metrics = await proc.get("/metrics", timeout=10)
+            assert metrics is not None
+            families = {f.name: f for f in text_string_to_metric_families(metrics[1].decode())}
             assert [s.value for s in families["keb_workers"].samples] == [float(expected)]
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        assert await proc.stop(timeout=30) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        await proc.kill()
 
 
 async def test_workers_of_a_replica_are_its_nested_shards_each_with_its_own_lease(tmp_path: Path) -> None:
