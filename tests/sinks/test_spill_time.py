@@ -64,7 +64,10 @@ async def test_a_spilled_change_keeps_its_time_and_attribution(sim: tuple[Simula
         for i in range(1, CHANGES, 3):
             await client.delete(f"{path}/c{i}")
         expected = 1 + CHANGES + 2 * len(range(0, CHANGES, 3))
-        written = lambda: [orjson.loads(line) for line in out.read_bytes().splitlines()]  # noqa: E731
+
+        def written() -> list[dict[str, Any]]:
+            return [orjson.loads(line) for line in out.read_bytes().splitlines()]
+
         await until(lambda: out.exists() and len(written()) >= expected, 30, "the file sink keeping up")
         await until(lambda: p.sink_backlog("hook").spilled >= CHANGES, what="the webhook's backlog spilled")
 
