@@ -2,7 +2,7 @@
 ``time`` (the API server's for an add or update, the informer's first hand-out for a delete) and the
 same attribution (``manager``, ``operation``), in a sink that kept up and in one whose backlog spilled.
 
-Real components: the API-server simulator over real HTTP (ConfigMaps watched through the service's
+Real components: the API-server simulator over real HTTP (ConfigMaps or Secrets watched through the service's
 list/watch wiring, managedFields cut by the compact cache), a real file sink, a real webhook sink
 posting to a local HTTP receiver that hangs until released, and that sink's real segment spill."""
 
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from bridge.clock import RealClock
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
@@ -31,8 +32,12 @@ __all__ = ["sim"]  # the fixture, shared with the spill redaction test
 CHANGES = 30
 
 
-async def test_a_spilled_change_keeps_its_time_and_attribution(sim: tuple[Simulator, ApiClient],
-                                                               tmp_path: Path) -> None:
+@pytest.mark.parametrize(("resource", "kind"), [
+    ("configmaps", "ConfigMap"),  # spilled as the object's bytes
+    ("secrets", "Secret"),  # spilled as a redacted copy (sinks/redaction.py, Redactor.spill_form)
+])
+async def test_a_spilled_change_keeps_its_time_and_attribution(
+        sim: tuple[Simulator, ApiClient], tmp_path: Path, resource: str, kind: str) -> None:
     _, client = sim
     receiver = HangingReceiver()
     await receiver.start()
@@ -41,26 +46,26 @@ async def test_a_spilled_change_keeps_its_time_and_attribution(sim: tuple[Simula
         "buffer": {"capacity": 2}, "retry": {"max_attempts": 0}})
     out = tmp_path / "events.jsonl"
     file = FileSink.from_options("file", {"path": str(out)})
-    api = await Discovery(client=client).resolve("configmaps")
-    ref = ResourceRef(group="", version="v1", resource="configmaps", kind="ConfigMap")
+    api = await Discovery(client=client).resolve(resource)
+    ref = ResourceRef(group="", version="v1", resource=resource, kind=kind)
     factory = SharedInformerFactory(
         lister_watcher_factory=lambda k: HttpListerWatcher(client=client, resource=api, namespace=k.namespace,
                                                            raw_objects=True, drop_managed_fields=True),
         clock=RealClock(), compact_cache=True)
-    watched = WatchedResource(key=InformerKey("configmaps", namespace=NS), api=api, ref=ref)
+    watched = WatchedResource(key=InformerKey(resource, namespace=NS), api=api, ref=ref)
     p = BridgePipeline(factory=factory, resources=[watched],
                        sinks=[file, hook], checkpoint_store=None, cluster="sim",
                        spill_directory=tmp_path / "spill")
-    path = f"/api/v1/namespaces/{NS}/configmaps"
-    await client.create(path, {"metadata": {"name": "first"}, "data": {"k": "v"}})
+    path = f"/api/v1/namespaces/{NS}/{resource}"
+    await client.create(path, {"metadata": {"name": "first"}, "data": {"k": "dg=="}})
     try:
         await p.start()
         assert await p.wait_for_sync(10)
         await until(lambda: receiver.waiting == 1, what="the first request hanging")
         for i in range(CHANGES):
-            await client.create(path, {"metadata": {"name": f"c{i}"}, "data": {"n": str(i)}})
+            await client.create(path, {"metadata": {"name": f"c{i}"}, "data": {"n": f"{i:04d}"}})
         for i in range(0, CHANGES, 3):
-            await client.patch(f"{path}/c{i}", {"data": {"n": f"{i}-changed"}})
+            await client.patch(f"{path}/c{i}", {"data": {"n": f"{i:04d}bmV3"}})
         for i in range(1, CHANGES, 3):
             await client.delete(f"{path}/c{i}")
         expected = 1 + CHANGES + 2 * len(range(0, CHANGES, 3))
