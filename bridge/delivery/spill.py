@@ -6,7 +6,11 @@ listener appends the rest of its backlog here and reads it back in order once th
 memory, and never holds back the informer or the other sinks.
 
 Format, chosen for speed: numbered segment files (``00000000000000000001.seg`` …) of records
-``<length u32><crc32 u32><payload>``, payload a msgpack tuple. Appends go to the newest segment
+``<length u32><crc32 u32><payload>``, payload a msgpack tuple of every field of the
+:class:`~bridge.contracts.Notification` (its ``time`` included: a sink stamps a delete or a marker
+with it, and must stamp the one it spilled as every other sink does), each object with the
+:class:`~bridge.rawobject.Change` read before its managedFields were cut (the event's ``time`` and
+attribution; it is not in the object's bytes). Appends go to the newest segment
 (a new one once it passes ``segment_bytes``); reads are sequential from the oldest one, which is
 deleted as soon as it has been read to its end. Writes are fsynced in groups (every ``sync_bytes``
 appended, and on :meth:`SegmentSpill.sync`), not per record.
@@ -21,7 +25,9 @@ informer's resource) turns each object into what the spill may keep before it is
 that redacts never has a Secret's values on disk (sinks/redaction.py, ``Redactor.spill_form``).
 
 A spill is per process run: it is created empty (any files left in its directory by an earlier run
-are removed, because the checkpoint, held back by what was not acknowledged, re-sends them).
+are removed, because the checkpoint, held back by what was not acknowledged, re-sends them). So no
+record is ever read by another process or version, and the record form can change between versions
+without a reader of the old one.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from bridge.contracts import (
     ObjectKey,
     UnconfirmedGone,
 )
-from bridge.rawobject import RawObject
+from bridge.rawobject import Change, RawObject
 
 __all__ = ["SegmentSpill", "decode_notification", "encode_notification"]
 
@@ -73,14 +79,19 @@ def _same(obj: KubeObject) -> KubeObject:
 def _obj(obj: KubeObject | None, prepare: Prepare = _same) -> Any:
     if obj is None:
         return None
+    # The change read before managedFields were cut is not in the bytes: it is kept beside them.
+    change = obj.change if type(obj) is RawObject else None
     obj = prepare(obj)
     if type(obj) is RawObject:
-        return ("r", obj.raw)
-    return ("j", _json.encode(obj))
+        return ("r", obj.raw, change)
+    return ("j", _json.encode(obj), change)
 
 
 def _unobj(value: Any) -> KubeObject:
-    tag, data = value
+    tag, data, change = value
+    if change is not None:
+        # A RawObject's spill form (a redacted copy) comes back as one, with the change it had.
+        return RawObject(bytes(data), change=Change(*change))
     if tag == "r":
         return RawObject(bytes(data))
     decoded: dict[str, Any] = _json_decoder.decode(data)
@@ -93,17 +104,17 @@ def encode_notification(n: Notification, prepare: Prepare = _same) -> bytes:
         obj: Any = ("g" if isinstance(n.obj, UnconfirmedGone) else "t", str(n.obj.key),
                     _obj(n.obj.obj, prepare))
     else:
-        obj = _obj(n.obj, prepare) if n.obj else None
+        obj = _obj(n.obj, prepare) if type(n.obj) is RawObject or n.obj else None
     gap = None if n.gap is None else (n.gap.id, n.gap.from_resource_version,
                                       n.gap.to_resource_version, n.gap.end)
     snapshot = None if n.snapshot is None else [_obj(o, prepare) for o in n.snapshot]
     return _encoder.encode((n.kind.value, obj, _obj(n.old, prepare), n.is_in_initial_list, n.is_resync,
-                            n.seq, str(n.key), snapshot, n.resource_version, gap))
+                            n.seq, str(n.key), snapshot, n.resource_version, gap, n.time))
 
 
 def decode_notification(data: bytes) -> Notification:
     """The notification :func:`encode_notification` wrote."""
-    kind, obj, old, initial, resync, seq, key, snapshot, rv, gap = _decoder.decode(data)
+    kind, obj, old, initial, resync, seq, key, snapshot, rv, gap, time = _decoder.decode(data)
     value: KubeObject | DeletedFinalStateUnknown
     if obj is None:
         value = {}
@@ -120,6 +131,7 @@ def decode_notification(data: bytes) -> Notification:
         resource_version=rv,
         gap=None if gap is None else Gap(id=gap[0], from_resource_version=gap[1],
                                          to_resource_version=gap[2], end=gap[3]),
+        time=time,
     )
 
 

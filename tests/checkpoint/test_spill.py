@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bridge.clock import FakeClock
 from bridge.contracts import (
@@ -18,7 +22,7 @@ from bridge.contracts import (
 )
 from bridge.delivery.pipeline import BridgePipeline
 from bridge.delivery.spill import SegmentSpill, decode_notification, encode_notification
-from bridge.rawobject import RawObject
+from bridge.rawobject import Change, RawObject
 from bridge.testing.fake_source import FakeControllerSource
 from tests.checkpoint.helpers import WATCHED, RecordingSink, cm, fake_builder, until
 
@@ -74,6 +78,84 @@ def test_every_kind_of_notification_round_trips() -> None:
     assert type(back.obj) is UnconfirmedGone
     assert norm(back) == norm(gone)
     assert type(tomb) is DeletedFinalStateUnknown
+
+
+_text = st.text(st.characters(codec="utf-8"), max_size=8)
+_changes = st.none() | st.builds(Change, _text, _text, _text,
+                                 st.datetimes().map(lambda d: d.strftime("%Y-%m-%dT%H:%M:%SZ")))
+
+
+@st.composite
+def objects(draw: st.DrawFn) -> Any:
+    """A plain object, or a RawObject with or without managedFields, its newest entry read before
+    they were cut (``change``) as the compact cache does."""
+    obj = pod(draw(_text) or "p", str(draw(st.integers(0, 10**9))),
+              data=draw(st.dictionaries(_text, _text, max_size=3)))
+    form = draw(st.sampled_from(["dict", "raw", "cut"]))
+    if form == "dict":
+        return obj
+    if form == "raw":
+        obj["metadata"]["managedFields"] = [{"manager": draw(_text), "operation": "Update",
+                                             "time": "2024-05-01T12:00:00Z"}]
+        return RawObject(orjson.dumps(obj))
+    return RawObject(orjson.dumps(obj), change=draw(_changes))
+
+
+@st.composite
+def notifications(draw: st.DrawFn) -> Notification:
+    kind = draw(st.sampled_from(NotificationKind))
+    obj: Any = draw(objects())
+    if draw(st.booleans()):
+        tomb = draw(st.sampled_from([DeletedFinalStateUnknown, UnconfirmedGone]))
+        obj = tomb(key=ObjectKey(draw(_text)), obj=obj)
+    elif draw(st.booleans()):
+        obj = {}
+    gap = draw(st.none() | st.builds(Gap, _text, _text, _text, st.booleans()))
+    return Notification(
+        kind=kind, obj=obj, old=draw(st.none() | objects()), is_in_initial_list=draw(st.booleans()),
+        is_resync=draw(st.booleans()), seq=draw(st.integers(-1, 2**62)), key=ObjectKey(draw(_text)),
+        snapshot=draw(st.none() | st.lists(objects(), max_size=3)), resource_version=draw(_text), gap=gap,
+        time=draw(st.floats(min_value=0, max_value=4e9, allow_nan=False)))
+
+
+def envelope_view(value: Any) -> Any:
+    """What a sink's envelope can read of a field: an object's content, type and ``change``."""
+    if isinstance(value, DeletedFinalStateUnknown):
+        return (type(value), value.key, envelope_view(value.obj))
+    if type(value) is RawObject:
+        return (RawObject, value.to_dict(), value.change)
+    if isinstance(value, list):
+        return [envelope_view(v) for v in value]
+    if isinstance(value, dict):
+        return (dict, value)
+    return value
+
+
+@settings(max_examples=300, deadline=None)
+@given(notifications())
+def test_a_spilled_notification_keeps_every_field(n: Notification) -> None:
+    back = decode_notification(encode_notification(n))
+    for f in dataclasses.fields(Notification):
+        assert envelope_view(getattr(back, f.name)) == envelope_view(getattr(n, f.name)), f.name
+
+
+@settings(max_examples=100, deadline=None)
+@given(notifications())
+def test_an_object_changed_by_the_spill_form_keeps_its_change(n: Notification) -> None:
+    """A sink that redacts spills a decoded copy (sinks/redaction.py): the attribution read before
+    managedFields were cut must survive that too."""
+    def copied(obj: Any) -> Any:
+        return obj.copy_dict() if type(obj) is RawObject else dict(obj)
+
+    def change(value: Any) -> Any:
+        value = value.obj if isinstance(value, DeletedFinalStateUnknown) else value
+        return value.change if type(value) is RawObject else None
+
+    back = decode_notification(encode_notification(n, copied))
+    assert change(back.obj) == change(n.obj)
+    assert change(back.old) == change(n.old)
+    assert [change(o) for o in back.snapshot or ()] == [change(o) for o in n.snapshot or ()]
+    assert back.time == n.time
 
 
 def test_reads_back_in_order_across_segments_and_deletes_what_was_read(tmp_path: Path) -> None:
