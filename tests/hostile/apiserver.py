@@ -79,6 +79,7 @@ class HostileApiServer:
         self.resources: dict[str, Resource] = {name: Resource(kind=kind) for name, kind in RESOURCES.items()}
         self.url = ""
         self._runner: web.AppRunner | None = None
+        self._closing = False
 
     def push(self, resource: str, line: bytes) -> None:
         """A line for every open (and later) watch of ``resource``, after its scripted lines."""
@@ -102,6 +103,9 @@ class HostileApiServer:
         return self.url
 
     async def stop(self) -> None:
+        self._closing = True
+        for res in self.resources.values():
+            res.live.set()  # open watches end
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -157,10 +161,12 @@ class HostileApiServer:
             timeout = float(request.query.get("timeoutSeconds") or 30)
             loop = asyncio.get_running_loop()
             end = loop.time() + min(timeout, 30.0)
-            while loop.time() < end:
+            while loop.time() < end and not self._closing:
                 while sent < len(res.pushed):
                     await resp.write(res.pushed[sent])
                     sent += 1
+                if self._closing:
+                    break
                 res.live.clear()
                 try:
                     await asyncio.wait_for(res.live.wait(), max(0.0, end - loop.time()))

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bridge.clock import RealClock
+from bridge.contracts import ObjectKey
 from bridge.informer.backoff import Backoff
 from bridge.informer.reflector import Reflector
 from bridge.informer.store import IndexedCache
@@ -77,7 +78,7 @@ async def test_a_deep_object_in_a_list_and_a_watch_is_quarantined_and_the_resour
         await synced_to(reflector, "5", task)
         assert reflector.list_count == 1  # the List was taken once: no relist loop
         assert sorted(cache.list_keys()) == ["default/deep", "default/ok-0", "default/ok-1", "default/ok-2"]
-        deep = cache.get_by_key("default/deep")
+        deep = cache.get_by_key(ObjectKey("default/deep"))
         assert type(deep) is RawObject
         assert deep.malformed == "depth"
         identity = (deep.name, deep.namespace, deep.uid, deep.resource_version)
@@ -100,7 +101,7 @@ async def test_an_object_within_the_bound_is_kept_whole(server: HostileApiServer
     task = asyncio.create_task(reflector.run(), name="hostile-reflector")
     try:
         await synced_to(reflector, "1", task)
-        kept = cache.get_by_key("default/nested")
+        kept = cache.get_by_key(ObjectKey("default/nested"))
         assert type(kept) is RawObject
         assert kept.malformed == ""
         assert kept.raw == obj("Pod", "nested", 1, body=deep_value(depth))
