@@ -120,6 +120,7 @@ from sinks.contract import (
 )
 from sinks.deadletter import DeadLetterRecord, DeadLetterWriter, FileDeadLetter
 from sinks.filters import ChangeFilter, RoutingFilter, parse_path
+from sinks.malformed import malformed_reason, quarantine_record, quarantine_record_body
 from sinks.options import DeadLetterOptions, SinkOptions
 from sinks.payload import JSON_CONTENT_TYPE, PayloadMode, build_payload
 from sinks.redaction import Redactor
@@ -187,6 +188,9 @@ class OutgoingMessage:
     """An attempt (or the dead-letter write) is under way and its outcome not yet settled."""
     cut: bool = False
     """The body is the ``oversize`` policy's cut event (the whole one went to the dead letter)."""
+    quarantine: bytes = b""
+    """For a malformed object (:mod:`sinks.malformed`): what its dead letter gets before the event
+    is sent (the bytes as they came, or its identity alone); emptied once written."""
 
     @property
     def cloudevent(self) -> dict[str, Any]:
@@ -509,8 +513,9 @@ class BaseSink(Generic[O]):
                 while stats.in_flight >= limit:
                     await self._wait_for_space()
                 now = clock_now()
-            if gate or obj is None or msg.error is not None or self._breaker_open:
-                # behind a marker, a marker, straight to the dead letter, or waiting for the breaker
+            if gate or obj is None or msg.error is not None or msg.quarantine or self._breaker_open:
+                # behind a marker, a marker, straight to the dead letter (or to it first: a malformed
+                # object), or waiting for the breaker
                 self._accept(msg)
                 continue
             stats.accepted += 1
@@ -642,6 +647,9 @@ class BaseSink(Generic[O]):
             )
             if projection is not None and obj is not None:
                 ce["fields"] = projection.attribute  # so a consumer never takes it for the whole object
+            malformed = malformed_reason(event.obj)
+            if malformed:
+                ce["malformed"] = malformed
             if opts.content_mode == "structured":
                 headers = {"content-type": STRUCTURED_CONTENT_TYPE}
                 body = encode_structured(ce)
@@ -653,10 +661,13 @@ class BaseSink(Generic[O]):
                 key=key, destination="", headers={}, body=b"", event_id=eid, event=event, ack=ack,
                 header_prefix=self.header_prefix, lane=lane, error=f"cannot encode event: {exc!r}",
             )
-        return OutgoingMessage(
+        msg = OutgoingMessage(
             key=key, destination=destination, headers=headers, body=body, event_id=eid, event=event,
             ack=ack, header_prefix=self.header_prefix, lane=lane,
         )
+        if malformed and self._dead_letter is not None:
+            msg.quarantine = quarantine_record_body(event, keep_bytes=self._redactor.leaves_raw(res))
+        return msg
 
     def _batch_builder(self) -> Callable[[ChangeEvent, AckCallback], OutgoingMessage]:
         """``_build`` for the events of one batch: the same message, with what is constant (the
@@ -689,7 +700,7 @@ class BaseSink(Generic[O]):
         def build(event: ChangeEvent, ack: AckCallback) -> OutgoingMessage:
             nonlocal last_res, last_cluster, lane_prefix, source, untouched, last_time, time_text
             obj = event.obj
-            if type(obj) is not RawObject or obj.managed_fields:
+            if type(obj) is not RawObject or obj.managed_fields or obj.malformed:
                 return slow(event, ack)
             res = event.resource
             if res is not last_res or event.cluster != last_cluster:
@@ -790,7 +801,31 @@ class BaseSink(Generic[O]):
         if msg.error is not None:
             self._spawn(self._dead_letter_then_complete(msg, msg.error), "dead-letter")
             return
+        if msg.quarantine:
+            msg.pending = True
+            self._spawn(self._quarantine_then_send(msg), "malformed")
+            return
         self._dispatch(msg)
+
+    async def _quarantine_then_send(self, msg: OutgoingMessage) -> None:
+        """A malformed object's bytes (or identity) to the dead letter, then its event to the stream."""
+        record = quarantine_record(self.name, msg, self._clock.wall())
+        writer = self._dead_letter
+        attempt = 0
+        while writer is not None and not self._closed:
+            attempt += 1
+            try:
+                await writer.write(record)
+            except Exception as exc:  # the event waits in its lane until the dead letter works
+                log.warning("dead letter write failed (%r); retrying", exc, extra={"sink": self.name})
+                await self._clock.sleep(self._retry.delay(attempt))
+            else:
+                self.stats.dead_lettered += 1
+                break
+        msg.quarantine = b""
+        msg.pending = False
+        if not self._closed:
+            self._dispatch(msg)
 
     def _dispatch(self, msg: OutgoingMessage) -> None:
         if self._breaker_open and msg is not self._breaker_probe:
