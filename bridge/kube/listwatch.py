@@ -31,7 +31,7 @@ import orjson
 
 from bridge.contracts import KubeObject, ListOptions, ListPage, WatchEvent, WatchEventType, WatchOptions
 from bridge.errors import ApiStatusError, DecodeError, ForbiddenError, NotFoundError
-from bridge.jsonbounds import MAX_DEPTH, MAX_OBJECT_BYTES
+from bridge.jsonbounds import MAX_DEPTH, MAX_OBJECT_BYTES, NOT_BRACKETS
 from bridge.kube.apiclient import ApiClient, LineStream, Params
 from bridge.kube.bounded import deep_list, describe, out_of_bounds_event, quarantined, quarantined_item
 from bridge.kube.discovery import APIResource, Discovery, UnsupportedResourceError
@@ -64,9 +64,13 @@ _DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 UnicodeDecodeError rather than a DecodeError (found by fuzzing). RecursionError only if a text got
 past the depth bound (:mod:`bridge.kube.bounded`), which it must not: caught as a last resort."""
 
-_LINE_BRACKETS = MAX_DEPTH + 1
-"""A watch line holds its object one level down: a line with at most this many brackets is within
-the depth bound without a look at how they nest."""
+_LINE_BRACKETS = 2 * (MAX_DEPTH + 1)
+"""A watch line holds its object one level down, and nesting deeper than that takes more than this
+many brackets (each level opens and closes one): a line with fewer is within the depth bound without
+a look at how they nest. (A text with fewer that does not pair its brackets up is not JSON: the
+decoder refuses it, after at most this many levels.)"""
+_ITEM_BRACKETS = 2 * MAX_DEPTH
+"""The same for a List's item."""
 _LINE_BYTES = MAX_OBJECT_BYTES
 """A longer line may hold an object over the size bound: the object's own length decides."""
 
@@ -153,7 +157,7 @@ def decode_watch_event(line: bytes) -> WatchEvent:
     measures level with ``orjson.loads`` of the whole line and ahead of the two-pass ``Raw`` variant
     (bench/bench_decode.py), and it checks the event's shape while decoding."""
     _check_utf8(line)
-    if len(line) > _LINE_BYTES or line.count(b"{") + line.count(b"[") > _LINE_BRACKETS:
+    if len(line) > _LINE_BYTES or len(line.translate(None, NOT_BRACKETS)) > _LINE_BRACKETS:
         quarantined = out_of_bounds_event(line)
         if quarantined is not None:
             return quarantined
@@ -167,7 +171,7 @@ def decode_watch_event(line: bytes) -> WatchEvent:
 def decode_watch_event_raw(line: bytes) -> WatchEvent:
     """msgspec with the object left as ``Raw``, then a second pass into a dict."""
     _check_utf8(line)
-    if len(line) > _LINE_BYTES or line.count(b"{") + line.count(b"[") > _LINE_BRACKETS:
+    if len(line) > _LINE_BYTES or len(line.translate(None, NOT_BRACKETS)) > _LINE_BRACKETS:
         quarantined = out_of_bounds_event(line)
         if quarantined is not None:
             return quarantined
@@ -181,7 +185,7 @@ def decode_watch_event_raw(line: bytes) -> WatchEvent:
 
 def decode_watch_event_orjson(line: bytes) -> WatchEvent:
     """``orjson.loads`` of the whole line, then a shape check."""
-    if len(line) > _LINE_BYTES or line.count(b"{") + line.count(b"[") > _LINE_BRACKETS:
+    if len(line) > _LINE_BYTES or len(line.translate(None, NOT_BRACKETS)) > _LINE_BRACKETS:
         quarantined = out_of_bounds_event(line)
         if quarantined is not None:
             return quarantined
@@ -209,7 +213,7 @@ def raw_object_decoder(*, drop_managed_fields: bool = False, bounded: bool = Tru
     def decode(line: bytes) -> WatchEvent:
         if not line.isascii():  # _check_utf8 without its call for the ASCII line of nearly every event
             _check_utf8(line)
-        if bounded and (len(line) > _LINE_BYTES or line.count(b"{") + line.count(b"[") > _LINE_BRACKETS):
+        if bounded and (len(line) > _LINE_BYTES or len(line.translate(None, NOT_BRACKETS)) > _LINE_BRACKETS):
             quarantined = out_of_bounds_event(line)
             if quarantined is not None:
                 return quarantined
@@ -302,7 +306,7 @@ def _list_page(
             # Within the bounds unless it has more brackets than the bound, or is larger: then
             # measured (quarantined_item), and quarantined when beyond.
             data = raw if type(raw) is bytes else bytes(raw)
-            if len(data) > MAX_OBJECT_BYTES or data.count(b"{") + data.count(b"[") > MAX_DEPTH:
+            if len(data) > MAX_OBJECT_BYTES or len(data.translate(None, NOT_BRACKETS)) > _ITEM_BRACKETS:
                 quarantined = quarantined_item(data, api_version=api_version, kind=kind)
                 if quarantined is not None:
                     append(quarantined)
