@@ -140,7 +140,7 @@ class HostileApiServer:
         res.lists += 1
         meta: dict[str, Any] = {"resourceVersion": str(res.list_rv)}
         if res.endless_continue:
-            meta["continue"] = f"page-{res.lists}"
+            meta["continue"] = "again"  # the same token, forever
         body = (b'{"kind":"' + res.kind.encode() + b'List","apiVersion":"v1","metadata":' + orjson.dumps(meta)
                 + b',"items":[' + b",".join(res.items) + b"]}")
         return web.Response(body=body, content_type="application/json")
