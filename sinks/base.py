@@ -809,19 +809,13 @@ class BaseSink(Generic[O]):
 
     async def _quarantine_then_send(self, msg: OutgoingMessage) -> None:
         """A malformed object's bytes (or identity) to the dead letter, then its event to the stream."""
-        record = quarantine_record(self.name, msg, self._clock.wall())
-        writer = self._dead_letter
-        attempt = 0
-        while writer is not None and not self._closed:
-            attempt += 1
-            try:
-                await writer.write(record)
-            except Exception as exc:  # the event waits in its lane until the dead letter works
-                log.warning("dead letter write failed (%r); retrying", exc, extra={"sink": self.name})
-                await self._clock.sleep(self._retry.delay(attempt))
-            else:
-                self.stats.dead_lettered += 1
-                break
+        try:
+            record = quarantine_record(self.name, msg.event, msg.quarantine, event_id=msg.event_id,
+                                       key=msg.key, destination=msg.destination, headers=msg.headers,
+                                       now=self._clock.wall())
+            await self._to_dead_letter(msg, "", record)
+        except Exception:  # a bug here must not strand the lane: the event still goes
+            log.exception("cannot dead-letter malformed object %s", msg.event_id, extra={"sink": self.name})
         msg.quarantine = b""
         msg.pending = False
         if not self._closed:
@@ -1193,13 +1187,15 @@ class BaseSink(Generic[O]):
             outcome = DeliveryOutcome.DROPPED
         self._settle(msg, outcome)
 
-    async def _to_dead_letter(self, msg: OutgoingMessage, reason: str) -> DeliveryOutcome:
+    async def _to_dead_letter(self, msg: OutgoingMessage, reason: str,
+                              record: DeadLetterRecord | None = None) -> DeliveryOutcome:
+        """``msg`` (or ``record``, when given) to the dead letter, retried until it is written."""
         writer = self._dead_letter
         if writer is None:
             log.warning("dropping %s (no dead letter): %s", msg.event_id, reason, extra={"sink": self.name})
             self.stats.failed += 1
             return DeliveryOutcome.DROPPED
-        record = DeadLetterRecord(
+        record = record or DeadLetterRecord(
             sink=self.name,
             reason=reason,
             attempts=msg.attempts,

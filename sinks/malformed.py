@@ -13,14 +13,11 @@ cannot be redacted either, so its dead letter gets the identity alone.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bridge.rawobject import RawObject
 from sinks.contract import ChangeEvent
 from sinks.deadletter import DeadLetterRecord
-
-if TYPE_CHECKING:
-    from sinks.base import OutgoingMessage
 
 __all__ = ["malformed_reason", "quarantine_record", "quarantine_record_body"]
 
@@ -43,16 +40,18 @@ def quarantine_record_body(event: ChangeEvent, *, keep_bytes: bool) -> bytes:
     return obj.quarantined if keep_bytes else obj.raw
 
 
-def quarantine_record(sink: str, msg: OutgoingMessage, now: float) -> DeadLetterRecord:
-    """The dead-letter record of a malformed object: the reason, and the bytes (or the identity)
-    as its message."""
-    reason = malformed_reason(msg.event.obj)
-    kept = "its bytes" if type(msg.event.obj) is RawObject and msg.quarantine is msg.event.obj.quarantined \
+def quarantine_record(sink: str, event: ChangeEvent, body: bytes, *, event_id: str, key: bytes,
+                      destination: str, headers: dict[str, str], now: float) -> DeadLetterRecord:
+    """The dead-letter record of the malformed object of ``event``: the reason, and ``body`` (what
+    :func:`quarantine_record_body` gave) as its message."""
+    obj = event.obj
+    reason = malformed_reason(obj)
+    kept = "its bytes" if type(obj) is RawObject and body is obj.quarantined \
         else "its identity only (redacted resource)"
     return DeadLetterRecord(
         sink=sink,
         reason=f"malformed object ({reason}): {_WHY.get(reason, reason)}; the stream got its identity, "
                f"marked malformed={reason}; this record holds {kept}",
-        attempts=0, time=now, event_id=msg.event_id, key=msg.key, destination=msg.destination,
-        headers=msg.headers, body=msg.quarantine,
+        attempts=0, time=now, event_id=event_id, key=key, destination=destination, headers=headers,
+        body=body,
     )

@@ -354,6 +354,10 @@ class Reflector:
     # -- public state -------------------------------------------------------------------------------
 
     @property
+    def lister_watcher(self) -> ListerWatcher:
+        return self._lw
+
+    @property
     def last_sync_resource_version(self) -> str:
         """The resourceVersion the store reflects: the last list's, or the last watch event's."""
         return self._last_sync_rv

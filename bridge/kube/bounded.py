@@ -21,6 +21,9 @@ what is then measured within the bounds goes back to the usual decode.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Sequence
+
 import msgspec
 import orjson
 
@@ -40,7 +43,10 @@ __all__ = [
     "out_of_bounds_event",
     "quarantined",
     "quarantined_item",
+    "report_malformed",
 ]
+
+_log = logging.getLogger("bridge.kube.listwatch")  # where the decoders log
 
 DEPTH = "depth"
 """Nested deeper than :data:`~bridge.jsonbounds.MAX_DEPTH`."""
@@ -181,3 +187,16 @@ def deep_list(body: bytes) -> tuple[bytes, list[bytes]]:
         elif key == b"items" and body[s:s + 1] == b"[":
             items = [body[a:b] for a, b in elements(body, s, e)]
     return meta, items
+
+
+def report_malformed(objects: Sequence[object], context: str, count: Callable[[str], None]) -> int:
+    """Counts (``count(reason)``) and logs the quarantined objects among ``objects``; returns how
+    many there were."""
+    found = 0
+    for obj in objects:
+        if type(obj) is RawObject and obj.malformed:
+            found += 1
+            count(obj.malformed)
+            _log.warning("%s: quarantined an object the decoders do not take: %s; its identity goes on "
+                         "(marked malformed), its bytes to the sinks' dead letters", context, describe(obj))
+    return found

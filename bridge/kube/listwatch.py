@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import msgspec
@@ -33,14 +32,19 @@ from bridge.contracts import KubeObject, ListOptions, ListPage, WatchEvent, Watc
 from bridge.errors import ApiStatusError, DecodeError, ForbiddenError, NotFoundError
 from bridge.jsonbounds import MAX_DEPTH, MAX_OBJECT_BYTES, NOT_BRACKETS
 from bridge.kube.apiclient import ApiClient, LineStream, Params
-from bridge.kube.bounded import deep_list, describe, out_of_bounds_event, quarantined, quarantined_item
+from bridge.kube.bounded import (
+    deep_list,
+    out_of_bounds_event,
+    quarantined,
+    quarantined_item,
+    report_malformed,
+)
 from bridge.kube.discovery import APIResource, Discovery, UnsupportedResourceError
 from bridge.kube.sharding import ShardFilter, skipped_bookmark
 from bridge.rawobject import RawObject, RawObjectError, decode_object, decode_watch_object
 
 __all__ = [
     "DECODE_ERROR_CAUSE",
-    "MALFORMED_OBJECTS",
     "METADATA_ACCEPT",
     "WATCH_EVENT_DECODERS",
     "HttpListerWatcher",
@@ -73,22 +77,6 @@ _ITEM_BRACKETS = 2 * MAX_DEPTH
 """The same for a List's item."""
 _LINE_BYTES = MAX_OBJECT_BYTES
 """A longer line may hold an object over the size bound: the object's own length decides."""
-
-
-MALFORMED_OBJECTS: Counter[tuple[str, str]] = Counter()
-"""Objects quarantined in this process, by (resource, reason): ``keb_malformed_objects_total``."""
-
-
-def _report_malformed(objects: Sequence[object], resource: str, context: str) -> int:
-    """Counts and logs the quarantined objects among ``objects``; returns how many there were."""
-    found = 0
-    for obj in objects:
-        if type(obj) is RawObject and obj.malformed:
-            found += 1
-            MALFORMED_OBJECTS[(resource, obj.malformed)] += 1
-            _log.warning("%s: quarantined an object the decoders do not take: %s; its identity goes on "
-                         "(marked malformed), its bytes to the sinks' dead letters", context, describe(obj))
-    return found
 
 
 class WatchDecodeError(DecodeError):
@@ -145,6 +133,17 @@ def _check_utf8(data: bytes) -> None:
             raise WatchDecodeError(f"not UTF-8: byte {e.start}: {e.reason}") from e
 
 
+def _ignore(reason: str) -> None:
+    """Counts nothing (a stream opened without a lister-watcher to count for)."""
+
+
+def _beyond_bounds(line: bytes) -> WatchEvent | None:
+    """The event of a line whose object is beyond the bounds (quarantined); None for the others."""
+    if len(line) > _LINE_BYTES or len(line.translate(None, NOT_BRACKETS)) > _LINE_BRACKETS:
+        return out_of_bounds_event(line)
+    return None
+
+
 def _event(type_: str, obj: KubeObject) -> WatchEvent:
     kind = _EVENT_TYPES.get(type_)
     if kind is None:
@@ -157,10 +156,9 @@ def decode_watch_event(line: bytes) -> WatchEvent:
     measures level with ``orjson.loads`` of the whole line and ahead of the two-pass ``Raw`` variant
     (bench/bench_decode.py), and it checks the event's shape while decoding."""
     _check_utf8(line)
-    if len(line) > _LINE_BYTES or len(line.translate(None, NOT_BRACKETS)) > _LINE_BRACKETS:
-        quarantined = out_of_bounds_event(line)
-        if quarantined is not None:
-            return quarantined
+    beyond = _beyond_bounds(line)
+    if beyond is not None:
+        return beyond
     try:
         ev = _event_decoder.decode(line)
     except _DECODE_ERRORS as e:
@@ -171,10 +169,9 @@ def decode_watch_event(line: bytes) -> WatchEvent:
 def decode_watch_event_raw(line: bytes) -> WatchEvent:
     """msgspec with the object left as ``Raw``, then a second pass into a dict."""
     _check_utf8(line)
-    if len(line) > _LINE_BYTES or len(line.translate(None, NOT_BRACKETS)) > _LINE_BRACKETS:
-        quarantined = out_of_bounds_event(line)
-        if quarantined is not None:
-            return quarantined
+    beyond = _beyond_bounds(line)
+    if beyond is not None:
+        return beyond
     try:
         ev = _raw_event_decoder.decode(line)
         obj = _any_decoder.decode(ev.object)
@@ -185,10 +182,9 @@ def decode_watch_event_raw(line: bytes) -> WatchEvent:
 
 def decode_watch_event_orjson(line: bytes) -> WatchEvent:
     """``orjson.loads`` of the whole line, then a shape check."""
-    if len(line) > _LINE_BYTES or len(line.translate(None, NOT_BRACKETS)) > _LINE_BRACKETS:
-        quarantined = out_of_bounds_event(line)
-        if quarantined is not None:
-            return quarantined
+    beyond = _beyond_bounds(line)
+    if beyond is not None:
+        return beyond
     try:
         data = orjson.loads(line)
     except orjson.JSONDecodeError as e:
@@ -366,7 +362,7 @@ class HttpWatchStream:
         context: str,
         on_garbage: Callable[[], None] | None = None,
         shard: ShardFilter | None = None,
-        resource: str = "",
+        on_malformed: Callable[[str], None] | None = None,
     ) -> None:
         """``shard``: lines of objects it does not keep are not decoded; each run of them in one
         read becomes one bookmark at the last one's resourceVersion (:mod:`bridge.kube.sharding`)."""
@@ -375,7 +371,7 @@ class HttpWatchStream:
         self._shard = shard
         self._context = context
         self._on_garbage = on_garbage
-        self._resource = resource
+        self._on_malformed = on_malformed
         self.malformed = 0
         """Objects quarantined (:mod:`bridge.kube.bounded`)."""
         self.events = 0
@@ -472,8 +468,8 @@ class HttpWatchStream:
                 await self._lines.close()
                 return
             if quarantined() != seen:
-                self.malformed += _report_malformed([e.object for e in events], self._resource,
-                                                    self._context)
+                self.malformed += report_malformed([e.object for e in events], self._context,
+                                                   self._on_malformed or _ignore)
             self.events += len(events)
             yield events
         tail = self._lines.tail
@@ -553,8 +549,9 @@ class HttpListerWatcher:
         self._scope = scope
         self.garbage_lines = 0
         """Garbage lines over every watch this lister-watcher opened."""
-        self.malformed = 0
-        """Objects quarantined in its lists (its watches count their own)."""
+        self.malformed: dict[str, int] = {}
+        """Objects quarantined in its lists and watches, by reason (``depth``, ``size``):
+        ``keb_malformed_objects_total``."""
         self._prefetched: tuple[int | None, str, asyncio.Task[bytes]] | None = None
         self._accept = accept
 
@@ -642,7 +639,7 @@ class HttpListerWatcher:
             raise ApiStatusError(f"{context}: the server answered something that is not a List: {e}",
                                  code=200) from e
         if quarantined() != seen:
-            self.malformed += _report_malformed(page.items, self._resource.qualified, context)
+            report_malformed(page.items, context, self._count_malformed)
         return page
 
     def _prefetch(self, limit: int | None, continue_token: str, context: str) -> None:
@@ -698,11 +695,14 @@ class HttpListerWatcher:
             raise self._explain(e, "watch") from e
         return HttpWatchStream(
             lines=lines, decoder=self._decoder, context=context, on_garbage=self._count_garbage,
-            shard=self._shard, resource=self._resource.qualified,
+            shard=self._shard, on_malformed=self._count_malformed,
         )
 
     def _count_garbage(self) -> None:
         self.garbage_lines += 1
+
+    def _count_malformed(self, reason: str) -> None:
+        self.malformed[reason] = self.malformed.get(reason, 0) + 1
 
 
 async def lister_watcher_for(

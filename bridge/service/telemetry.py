@@ -30,8 +30,8 @@ hash of the selectors; the checkpoint's name), ``type`` a CloudEvents type (``ad
 ``keb_informer_relists_total``         full relists, by resource and informer
 ``keb_informer_watch_restarts_total``  watches re-opened
 ``keb_malformed_objects_total``        objects quarantined by the decoders' bounds (nested too
-                                       deep, too large), by resource and reason (``depth``,
-                                       ``size``); counted per process from its start
+                                       deep, too large), by resource, informer and reason
+                                       (``depth``, ``size``)
 ``keb_informer_expired_total``         410 Gone / Expired answers
 ``keb_informer_cached_objects``        objects in the informer's cache
 ``keb_informer_stalled``               1 while the informer's watch delivers nothing though the
@@ -105,7 +105,6 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from bridge.delivery.inspection import InformerGauges, SinkGauges, TelemetrySnapshot
-from bridge.kube.listwatch import MALFORMED_OBJECTS
 from bridge.kube.ratelimit import TokenBucket
 from bridge.version import __version__
 
@@ -408,8 +407,8 @@ class Telemetry:
         return [Observation(1 if g.up else 0, {"sink": n}) for n, g in self._sinks()]
 
     def _malformed(self, _: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(n, {"resource": resource, "reason": reason})
-                for (resource, reason), n in sorted(MALFORMED_OBJECTS.items())]
+        return [Observation(n, {**labels, "reason": reason})
+                for labels, g in self._informer_labels() for reason, n in sorted(g.malformed.items())]
 
     def _relists(self, _: CallbackOptions) -> Iterable[Observation]:
         return [Observation(g.relists, labels) for labels, g in self._informer_labels()]
