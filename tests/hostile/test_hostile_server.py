@@ -195,6 +195,7 @@ async def test_the_bridge_stays_up_bounded_and_other_resources_keep_delivering(
             assert "keb_malformed_objects_total{" not in metrics
         assert proc.pid is not None
         rss = peak_rss(proc.pid)
+        print(f"{name}: peak RSS {rss / 2**20:.0f} MiB")  # shown with -s (the figures of docs/notes)
         assert rss < CHART_MEMORY_LIMIT, f"peak RSS {rss / 2**20:.0f} MiB"
         for event in sink_events(sink):
             if event.get("name") == "big-number":  # forwarded exactly as the server sent it
