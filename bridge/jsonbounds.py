@@ -10,7 +10,8 @@ wraps around an object (``{"data": {"object": …}}``); what is deeper, or large
 :data:`MAX_OBJECT_BYTES`, is *quarantined* by the caller (:func:`bridge.rawobject.malformed_object`).
 
 The check is meant for the hot path: a text with at most ``limit`` brackets in all (strings
-included) cannot nest deeper, and one ``bytes.translate`` says so; only a text with more brackets
+included) cannot nest deeper, and one ``bytes.translate`` says so (the cheapest count of several
+characters Python has: two ``bytes.count`` calls cost half as much again); only a text with more brackets
 is measured exactly (strings cut out, brackets kept, innermost pairs removed a level per pass, all
 in C). :func:`members` and :func:`elements` walk one level of a container without recursing (one
 regular-expression match per string or structural byte): the quarantine reads an object's identity
@@ -25,7 +26,6 @@ from collections.abc import Iterator
 __all__ = [
     "MAX_DEPTH",
     "MAX_OBJECT_BYTES",
-    "NOT_BRACKETS",
     "depth",
     "elements",
     "exceeds_depth",
@@ -41,11 +41,6 @@ MAX_OBJECT_BYTES = 16 * 1024 * 1024
 about 1.5 MiB by default; a watch line is cut off at 64 MiB before it is read at all
 (``ApiClientOptions.max_line_bytes``)."""
 
-NOT_BRACKETS = bytes(b for b in range(256) if b not in b"{}[]")
-"""``len(data.translate(None, NOT_BRACKETS))`` is the number of brackets in ``data``: one pass in C,
-the cheapest count of two characters Python has (two ``bytes.count`` calls cost half as much again).
-JSON nested deeper than ``n`` levels has more than ``2 * n`` of them (each level opens and closes):
-the decoders' first, cheap filter."""
 _MARKS = bytes.maketrans(b"[]", b"{}")
 _NOT_MARKS = bytes(b for b in range(256) if b not in b'{}[]"')
 _TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},:]', re.DOTALL)
@@ -57,35 +52,37 @@ _QUOTE = ord('"')
 
 def exceeds_depth(data: bytes, limit: int = MAX_DEPTH) -> bool:
     """Whether the JSON text ``data`` nests deeper than ``limit`` levels (brackets inside strings do
-    not count). One pass for an object with at most ``limit`` opening brackets (nearly every
-    object); an exact measure above."""
-    brackets = data.translate(None, NOT_BRACKETS)
-    if len(brackets) <= limit or brackets.count(b"{") + brackets.count(b"[") <= limit:
+    not count). One pass (a translate keeping brackets and quotes) for an object with at most
+    ``2 * limit`` brackets (nearly every object: nesting deeper takes more, each level opens and
+    closes one); the exact measure above, on what that pass kept."""
+    marks = data.translate(_MARKS, _NOT_MARKS)
+    brackets = len(marks) - marks.count(b'"')
+    if brackets <= 2 * limit:
+        # Deeper nesting needs more (JSON pairs its brackets). A text that does not pair them is not
+        # JSON: the decoder refuses it, after at most this many levels.
         return False
-    marks = _outside_strings(data)
-    if marks.count(b"{") <= limit:
-        return False
-    return _levels(marks, limit) > limit
+    return _levels(_strings_cut(data, marks), limit) > limit
 
 
 def depth(data: bytes, *, stop: int | None = None) -> int:
     """The nesting depth of the JSON text ``data``; counting stops once past ``stop``. For a text
     whose brackets do not pair up (not JSON), at least the depth a recursive decoder would reach
     before it fails."""
-    return _levels(_outside_strings(data), stop)
+    return _levels(_strings_cut(data, data.translate(_MARKS, _NOT_MARKS)), stop)
 
 
-def _outside_strings(data: bytes) -> bytes:
-    """The brackets of ``data`` outside its strings, ``[]`` written ``{}`` (only the depth matters).
+def _strings_cut(data: bytes, marks: bytes) -> bytes:
+    """The brackets of ``data`` outside its strings (``[]`` written ``{}``: only the depth matters),
+    from ``marks``, its brackets and quotes.
 
-    In C but for a step per backslash: escaped characters are cut out (needed only where a
-    backslash precedes a quote), so that every quote left delimits a string; the brackets and quotes
-    are kept, two adjacent quotes dropped (an empty string, or two strings merged: what lies
-    outside strings stays as it is), and of what is left (strings holding brackets, rare) what lies
-    between two quotes is dropped."""
+    In C but for a step per backslash: where a backslash precedes a quote, escaped characters are cut
+    out of ``data`` first (and its marks taken again), so that every quote left delimits a string;
+    then two adjacent quotes are dropped (an empty string, or two strings merged: what lies outside
+    strings stays as it is), and of what is left (strings holding brackets, rare) what lies between
+    two quotes."""
     if b'\\"' in data:
-        data = _without_escapes(data)
-    marks = data.translate(_MARKS, _NOT_MARKS).replace(b'""', b"")
+        marks = _without_escapes(data).translate(_MARKS, _NOT_MARKS)
+    marks = marks.replace(b'""', b"")
     if b'"' in marks:
         marks = b"".join(marks.split(b'"')[0::2])
     return marks

@@ -30,7 +30,7 @@ import orjson
 
 from bridge.contracts import KubeObject, ListOptions, ListPage, WatchEvent, WatchEventType, WatchOptions
 from bridge.errors import ApiStatusError, DecodeError, ForbiddenError, NotFoundError
-from bridge.jsonbounds import MAX_DEPTH, MAX_OBJECT_BYTES, NOT_BRACKETS
+from bridge.jsonbounds import MAX_DEPTH, MAX_OBJECT_BYTES, exceeds_depth
 from bridge.kube.apiclient import ApiClient, LineStream, Params
 from bridge.kube.bounded import (
     deep_list,
@@ -68,13 +68,8 @@ _DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 UnicodeDecodeError rather than a DecodeError (found by fuzzing). RecursionError only if a text got
 past the depth bound (:mod:`bridge.kube.bounded`), which it must not: caught as a last resort."""
 
-_LINE_BRACKETS = 2 * (MAX_DEPTH + 1)
-"""A watch line holds its object one level down, and nesting deeper than that takes more than this
-many brackets (each level opens and closes one): a line with fewer is within the depth bound without
-a look at how they nest. (A text with fewer that does not pair its brackets up is not JSON: the
-decoder refuses it, after at most this many levels.)"""
-_ITEM_BRACKETS = 2 * MAX_DEPTH
-"""The same for a List's item."""
+_LINE_DEPTH = MAX_DEPTH + 1
+"""A watch line holds its object one level down."""
 _LINE_BYTES = MAX_OBJECT_BYTES
 """A longer line may hold an object over the size bound: the object's own length decides."""
 
@@ -139,7 +134,7 @@ def _ignore(reason: str) -> None:
 
 def _beyond_bounds(line: bytes) -> WatchEvent | None:
     """The event of a line whose object is beyond the bounds (quarantined); None for the others."""
-    if len(line) > _LINE_BYTES or len(line.translate(None, NOT_BRACKETS)) > _LINE_BRACKETS:
+    if len(line) > _LINE_BYTES or exceeds_depth(line, _LINE_DEPTH):
         return out_of_bounds_event(line)
     return None
 
@@ -209,7 +204,7 @@ def raw_object_decoder(*, drop_managed_fields: bool = False, bounded: bool = Tru
     def decode(line: bytes) -> WatchEvent:
         if not line.isascii():  # _check_utf8 without its call for the ASCII line of nearly every event
             _check_utf8(line)
-        if bounded and (len(line) > _LINE_BYTES or len(line.translate(None, NOT_BRACKETS)) > _LINE_BRACKETS):
+        if bounded and (len(line) > _LINE_BYTES or exceeds_depth(line, _LINE_DEPTH)):
             quarantined = out_of_bounds_event(line)
             if quarantined is not None:
                 return quarantined
@@ -299,10 +294,9 @@ def _list_page(
     drop = drop_managed_fields
     try:
         for raw in raws:
-            # Within the bounds unless it has more brackets than the bound, or is larger: then
-            # measured (quarantined_item), and quarantined when beyond.
+            # Beyond the bounds (nearly never: one translate pass says so): quarantined.
             data = raw if type(raw) is bytes else bytes(raw)
-            if len(data) > MAX_OBJECT_BYTES or len(data.translate(None, NOT_BRACKETS)) > _ITEM_BRACKETS:
+            if len(data) > MAX_OBJECT_BYTES or exceeds_depth(data):
                 quarantined = quarantined_item(data, api_version=api_version, kind=kind)
                 if quarantined is not None:
                     append(quarantined)
