@@ -857,7 +857,7 @@ class BaseSink(Generic[O]):
         max_bytes = self._run_max_bytes()
         size = len(head.body)
         for msg in islice(lane, 1, limit):
-            if msg.pending or msg.error is not None or msg.destination != head.destination:
+            if msg.pending or msg.error is not None or msg.quarantine or msg.destination != head.destination:
                 break
             size += len(msg.body)
             if max_bytes and size > max_bytes:
