@@ -7,6 +7,8 @@ with ``raise … from`` keeping the cause. Messages never include credentials.
 
     BridgeError
     ├── ConfigurationError            bad configuration or kubeconfig; fix the input
+    ├── DecodeError                   bytes from outside that are not what they must be (JSON, a
+    │                                 watch event, an object …): the only error a decode raises
     └── ApiError                      anything the API server (or the way to it) answered
         ├── ApiUnavailableError       connection refused / reset / timed out; retry with backoff
         └── ApiStatusError            an HTTP status with a Kubernetes Status body
@@ -33,6 +35,7 @@ __all__ = [
     "BridgeError",
     "ConfigurationError",
     "ConflictError",
+    "DecodeError",
     "ForbiddenError",
     "NotFoundError",
     "ResourceExpiredError",
@@ -50,6 +53,12 @@ class BridgeError(Exception):
 
 class ConfigurationError(BridgeError):
     """The configuration (or a kubeconfig) is invalid. The message names the field and the fix."""
+
+
+class DecodeError(BridgeError, ValueError):
+    """Bytes from the API server (or another outside source) that cannot be decoded as what they
+    must be. Every decoder of outside input raises this (or a subclass) and nothing else; an object
+    beyond the decoders' bounds is not an error but quarantined (:mod:`bridge.kube.bounded`)."""
 
 
 class ApiError(BridgeError):

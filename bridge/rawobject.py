@@ -173,8 +173,8 @@ class RawObject(Mapping[str, Any]):
     """
 
     __slots__ = (
-        "_meta", "_obj", "change", "key", "managed_fields", "name", "namespace", "raw", "resource_version",
-        "uid",
+        "_meta", "_obj", "change", "key", "malformed", "managed_fields", "name", "namespace", "quarantined",
+        "raw", "resource_version", "uid",
     )
 
     raw: bytes
@@ -190,6 +190,12 @@ class RawObject(Mapping[str, Any]):
     """``namespace/name`` (``name`` when cluster-scoped), derived once when the object is built: the
     queue, the cache, the tracker and the sinks all read it (docs/performance.md, "Facts derived
     once")."""
+    malformed: str
+    """``""``, or why the object as the API server sent it was not decoded (``depth``, ``size``:
+    :mod:`bridge.kube.bounded`): ``raw`` is then its identity alone."""
+    quarantined: bytes
+    """The bytes of a malformed object as they came (``b""`` otherwise). Only the instance the decode
+    made holds them, for the sinks' dead letters: :meth:`fresh` (what a cache keeps) leaves them out."""
 
     def __init__(
         self,
@@ -219,6 +225,8 @@ class RawObject(Mapping[str, Any]):
         self.namespace = namespace
         self.key = f"{namespace}/{name}" if namespace else name
         self.change = change
+        self.malformed = ""
+        self.quarantined = b""
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any], change: Change | None = None) -> RawObject:
@@ -284,6 +292,8 @@ class RawObject(Mapping[str, Any]):
         new.managed_fields = self.managed_fields
         new.key = self.key
         new.change = self.change
+        new.malformed = self.malformed
+        new.quarantined = b""
         return new
 
     def without_managed_fields(self) -> RawObject:
@@ -334,6 +344,8 @@ class RawObject(Mapping[str, Any]):
         return self  # immutable
 
     def __reduce__(self) -> tuple[Any, ...]:
+        if self.malformed:
+            return (_rebuild, (self.raw, self.change, self.malformed))
         return (_rebuild, (self.raw, self.change))
 
     def __repr__(self) -> str:
@@ -343,10 +355,11 @@ class RawObject(Mapping[str, Any]):
         return f"RawObject({name!r}, rv={self.resource_version!r}, {len(self.raw)} bytes)"
 
 
-def _rebuild(raw: bytes, change: Change | None) -> RawObject:
+def _rebuild(raw: bytes, change: Change | None, malformed: str = "") -> RawObject:
     obj = RawObject(raw)
     if change is not None:
         obj.change = change
+    obj.malformed = malformed
     return obj
 
 
@@ -463,6 +476,8 @@ def _build(
     obj.managed_fields = has_mf
     obj.key = f"{namespace}/{name}" if namespace else name
     obj.change = change
+    obj.malformed = ""
+    obj.quarantined = b""
     return obj
 
 

@@ -122,6 +122,7 @@ from sinks.contract import (
 )
 from sinks.deadletter import DeadLetterRecord, DeadLetterWriter, FileDeadLetter
 from sinks.filters import ChangeFilter, RoutingFilter, parse_path
+from sinks.malformed import malformed_reason, quarantine_record, quarantine_record_body
 from sinks.options import DeadLetterOptions, SinkOptions
 from sinks.payload import JSON_CONTENT_TYPE, PayloadMode, build_payload
 from sinks.redaction import Mark, Redactor, keyed_mark
@@ -189,6 +190,9 @@ class OutgoingMessage:
     """An attempt (or the dead-letter write) is under way and its outcome not yet settled."""
     cut: bool = False
     """The body is the ``oversize`` policy's cut event (the whole one went to the dead letter)."""
+    quarantine: bytes = b""
+    """For a malformed object (:mod:`sinks.malformed`): what its dead letter gets before the event
+    is sent (the bytes as they came, or its identity alone); emptied once written."""
 
     @property
     def cloudevent(self) -> dict[str, Any]:
@@ -520,8 +524,9 @@ class BaseSink(Generic[O]):
                 while stats.in_flight >= limit:
                     await self._wait_for_space()
                 now = clock_now()
-            if gate or obj is None or msg.error is not None or self._breaker_open:
-                # behind a marker, a marker, straight to the dead letter, or waiting for the breaker
+            if gate or obj is None or msg.error is not None or msg.quarantine or self._breaker_open:
+                # behind a marker, a marker, straight to the dead letter (or to it first: a malformed
+                # object), or waiting for the breaker
                 self._accept(msg)
                 continue
             stats.accepted += 1
@@ -653,6 +658,9 @@ class BaseSink(Generic[O]):
             )
             if projection is not None and obj is not None:
                 ce["fields"] = projection.attribute  # so a consumer never takes it for the whole object
+            malformed = malformed_reason(event.obj)
+            if malformed:
+                ce["malformed"] = malformed
             if opts.content_mode == "structured":
                 headers = {"content-type": STRUCTURED_CONTENT_TYPE}
                 body = encode_structured(ce)
@@ -664,10 +672,13 @@ class BaseSink(Generic[O]):
                 key=key, destination="", headers={}, body=b"", event_id=eid, event=event, ack=ack,
                 header_prefix=self.header_prefix, lane=lane, error=f"cannot encode event: {exc!r}",
             )
-        return OutgoingMessage(
+        msg = OutgoingMessage(
             key=key, destination=destination, headers=headers, body=body, event_id=eid, event=event,
             ack=ack, header_prefix=self.header_prefix, lane=lane,
         )
+        if malformed and self._dead_letter is not None:
+            msg.quarantine = quarantine_record_body(event, keep_bytes=self._redactor.leaves_raw(res))
+        return msg
 
     def _batch_builder(self) -> Callable[[ChangeEvent, AckCallback], OutgoingMessage]:
         """``_build`` for the events of one batch: the same message, with what is constant (the
@@ -700,7 +711,7 @@ class BaseSink(Generic[O]):
         def build(event: ChangeEvent, ack: AckCallback) -> OutgoingMessage:
             nonlocal last_res, last_cluster, lane_prefix, source, untouched, last_time, time_text
             obj = event.obj
-            if type(obj) is not RawObject or obj.managed_fields:
+            if type(obj) is not RawObject or obj.managed_fields or obj.malformed:
                 return slow(event, ack)
             res = event.resource
             if res is not last_res or event.cluster != last_cluster:
@@ -801,7 +812,25 @@ class BaseSink(Generic[O]):
         if msg.error is not None:
             self._spawn(self._dead_letter_then_complete(msg, msg.error), "dead-letter")
             return
+        if msg.quarantine:
+            msg.pending = True
+            self._spawn(self._quarantine_then_send(msg), "malformed")
+            return
         self._dispatch(msg)
+
+    async def _quarantine_then_send(self, msg: OutgoingMessage) -> None:
+        """A malformed object's bytes (or identity) to the dead letter, then its event to the stream."""
+        try:
+            record = quarantine_record(self.name, msg.event, msg.quarantine, event_id=msg.event_id,
+                                       key=msg.key, destination=msg.destination, headers=msg.headers,
+                                       now=self._clock.wall())
+            await self._to_dead_letter(msg, "", record)
+        except Exception:  # a bug here must not strand the lane: the event still goes
+            log.exception("cannot dead-letter malformed object %s", msg.event_id, extra={"sink": self.name})
+        msg.quarantine = b""
+        msg.pending = False
+        if not self._closed:
+            self._dispatch(msg)
 
     def _dispatch(self, msg: OutgoingMessage) -> None:
         if self._breaker_open and msg is not self._breaker_probe:
@@ -839,7 +868,7 @@ class BaseSink(Generic[O]):
         max_bytes = self._run_max_bytes()
         size = len(head.body)
         for msg in islice(lane, 1, limit):
-            if msg.pending or msg.error is not None or msg.destination != head.destination:
+            if msg.pending or msg.error is not None or msg.quarantine or msg.destination != head.destination:
                 break
             size += len(msg.body)
             if max_bytes and size > max_bytes:
@@ -1169,13 +1198,15 @@ class BaseSink(Generic[O]):
             outcome = DeliveryOutcome.DROPPED
         self._settle(msg, outcome)
 
-    async def _to_dead_letter(self, msg: OutgoingMessage, reason: str) -> DeliveryOutcome:
+    async def _to_dead_letter(self, msg: OutgoingMessage, reason: str,
+                              record: DeadLetterRecord | None = None) -> DeliveryOutcome:
+        """``msg`` (or ``record``, when given) to the dead letter, retried until it is written."""
         writer = self._dead_letter
         if writer is None:
             log.warning("dropping %s (no dead letter): %s", msg.event_id, reason, extra={"sink": self.name})
             self.stats.failed += 1
             return DeliveryOutcome.DROPPED
-        record = DeadLetterRecord(
+        record = record or DeadLetterRecord(
             sink=self.name,
             reason=reason,
             attempts=msg.attempts,

@@ -18,6 +18,7 @@ from bridge.delivery.progress import AckTracker
 from bridge.delivery.sink_listener import SinkListener
 from bridge.delivery.stall import StallDetector
 from bridge.informer.shared_informer import SharedIndexInformer
+from bridge.kube.listwatch import HttpListerWatcher
 from sinks.contract import DeliveryOutcome, Sink
 
 __all__ = ["InformerGauges", "PipelineInspection", "PipelineStats", "SinkBacklog", "SinkGauges",
@@ -76,6 +77,8 @@ class InformerGauges:
     checkpoint_lag: int = 0
     stalled: bool = False
     """Its watch delivers nothing while the server's resourceVersion moved (:mod:`bridge.delivery.stall`)."""
+    malformed: Mapping[str, int] = field(default_factory=dict)
+    """Reason (``depth``, ``size``) → objects its lister-watcher quarantined (bridge/kube/bounded.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +204,7 @@ class PipelineInspection:
                 checkpoint_age=st.checkpoint_age[i],
                 checkpoint_lag=st.checkpoint_lag[i],
                 stalled=self._stalls is not None and bool(self._stalls.stalled(i)),
+                malformed=_malformed(reflector.lister_watcher) if reflector else {},
             )
         return gauges
 
@@ -217,3 +221,8 @@ class PipelineInspection:
         }
         return TelemetrySnapshot(sinks=sinks, informers=self.informer_gauges(),
                                  events_received=self.events_received())
+
+
+def _malformed(lister_watcher: object) -> dict[str, int]:
+    """What an HTTP lister-watcher quarantined, by reason (other lister-watchers count none)."""
+    return dict(lister_watcher.malformed) if isinstance(lister_watcher, HttpListerWatcher) else {}

@@ -354,6 +354,10 @@ class Reflector:
     # -- public state -------------------------------------------------------------------------------
 
     @property
+    def lister_watcher(self) -> ListerWatcher:
+        return self._lw
+
+    @property
     def last_sync_resource_version(self) -> str:
         """The resourceVersion the store reflects: the last list's, or the last watch event's."""
         return self._last_sync_rv
@@ -531,6 +535,7 @@ class Reflector:
         options = ListOptions(resource_version=rv, limit=limit, resource_version_match=match)
         await pages.restart()
         list_rv: str | None = None
+        tokens: set[str] = set()
         while True:
             try:
                 page = await self._lw.list(options)
@@ -550,6 +555,11 @@ class Reflector:
                 list_rv = page.resource_version
             if not page.continue_token:
                 return list_rv, options.continue_token is not None
+            if page.continue_token in tokens:  # a server paging in a circle: the list never ends
+                raise ApiStatusError(f"list {self.name}: the server answered a continue token it had "
+                                     f"already answered ({len(tokens)} pages in): the list would never end",
+                                     code=200)
+            tokens.add(page.continue_token)
             options = ListOptions(limit=limit, continue_token=page.continue_token)
 
     # -- watch --------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from bridge.errors import (
     ConfigurationError,
     status_error,
 )
+from bridge.jsonbounds import MAX_DEPTH, exceeds_depth
 from bridge.kube.kubeconfig import (
     ClusterConfig,
     LoadedConfig,
@@ -153,7 +154,7 @@ def _parse_retry_after(value: str | None) -> float | None:
 def _status_body(body: bytes, code: int) -> dict[str, Any]:
     """The ``Status`` object of an error answer, or a synthetic one for a non-JSON body."""
     try:
-        decoded = orjson.loads(body) if body else None
+        decoded = orjson.loads(body) if body and not exceeds_depth(body, MAX_DEPTH) else None
     except orjson.JSONDecodeError:
         decoded = None
     if isinstance(decoded, dict) and (decoded.get("kind") == "Status" or "message" in decoded):
@@ -736,6 +737,9 @@ def _json_object(raw: bytes, context: str) -> dict[str, Any]:
     """The JSON object of a 2xx answer's body ({} for an empty one); anything else is an error."""
     if not raw.strip():
         return {}
+    if exceeds_depth(raw, MAX_DEPTH):  # what passes the decoder must encode again (orjson: 254)
+        raise ApiStatusError(f"{context}: the server answered JSON nested deeper than {MAX_DEPTH} levels",
+                             code=200)
     try:
         decoded = orjson.loads(raw)
     except orjson.JSONDecodeError as e:

@@ -29,8 +29,16 @@ import msgspec
 import orjson
 
 from bridge.contracts import KubeObject, ListOptions, ListPage, WatchEvent, WatchEventType, WatchOptions
-from bridge.errors import ApiStatusError, ForbiddenError, NotFoundError
+from bridge.errors import ApiStatusError, DecodeError, ForbiddenError, NotFoundError
+from bridge.jsonbounds import MAX_DEPTH, MAX_OBJECT_BYTES, exceeds_depth
 from bridge.kube.apiclient import ApiClient, LineStream, Params
+from bridge.kube.bounded import (
+    deep_list,
+    out_of_bounds_event,
+    quarantined,
+    quarantined_item,
+    report_malformed,
+)
 from bridge.kube.discovery import APIResource, Discovery, UnsupportedResourceError
 from bridge.kube.sharding import ShardFilter, skipped_bookmark
 from bridge.rawobject import RawObject, RawObjectError, decode_object, decode_watch_object
@@ -55,12 +63,18 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 
-_DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)
+_DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 """What msgspec raises for bytes that are not JSON: invalid UTF-8 in a key surfaces as a
-UnicodeDecodeError rather than a DecodeError (found by fuzzing)."""
+UnicodeDecodeError rather than a DecodeError (found by fuzzing). RecursionError only if a text got
+past the depth bound (:mod:`bridge.kube.bounded`), which it must not: caught as a last resort."""
+
+_LINE_DEPTH = MAX_DEPTH + 1
+"""A watch line holds its object one level down."""
+_LINE_BYTES = MAX_OBJECT_BYTES
+"""A longer line may hold an object over the size bound: the object's own length decides."""
 
 
-class WatchDecodeError(ValueError):
+class WatchDecodeError(DecodeError):
     """A line of a watch stream that is not a watch event."""
 
 
@@ -114,6 +128,17 @@ def _check_utf8(data: bytes) -> None:
             raise WatchDecodeError(f"not UTF-8: byte {e.start}: {e.reason}") from e
 
 
+def _ignore(reason: str) -> None:
+    """Counts nothing (a stream opened without a lister-watcher to count for)."""
+
+
+def _beyond_bounds(line: bytes) -> WatchEvent | None:
+    """The event of a line whose object is beyond the bounds (quarantined); None for the others."""
+    if len(line) > _LINE_BYTES or exceeds_depth(line, _LINE_DEPTH):
+        return out_of_bounds_event(line)
+    return None
+
+
 def _event(type_: str, obj: KubeObject) -> WatchEvent:
     kind = _EVENT_TYPES.get(type_)
     if kind is None:
@@ -126,6 +151,9 @@ def decode_watch_event(line: bytes) -> WatchEvent:
     measures level with ``orjson.loads`` of the whole line and ahead of the two-pass ``Raw`` variant
     (bench/bench_decode.py), and it checks the event's shape while decoding."""
     _check_utf8(line)
+    beyond = _beyond_bounds(line)
+    if beyond is not None:
+        return beyond
     try:
         ev = _event_decoder.decode(line)
     except _DECODE_ERRORS as e:
@@ -136,6 +164,9 @@ def decode_watch_event(line: bytes) -> WatchEvent:
 def decode_watch_event_raw(line: bytes) -> WatchEvent:
     """msgspec with the object left as ``Raw``, then a second pass into a dict."""
     _check_utf8(line)
+    beyond = _beyond_bounds(line)
+    if beyond is not None:
+        return beyond
     try:
         ev = _raw_event_decoder.decode(line)
         obj = _any_decoder.decode(ev.object)
@@ -146,6 +177,9 @@ def decode_watch_event_raw(line: bytes) -> WatchEvent:
 
 def decode_watch_event_orjson(line: bytes) -> WatchEvent:
     """``orjson.loads`` of the whole line, then a shape check."""
+    beyond = _beyond_bounds(line)
+    if beyond is not None:
+        return beyond
     try:
         data = orjson.loads(line)
     except orjson.JSONDecodeError as e:
@@ -158,16 +192,22 @@ def decode_watch_event_orjson(line: bytes) -> WatchEvent:
     return _event(type_, obj)
 
 
-def raw_object_decoder(*, drop_managed_fields: bool = False) -> WatchDecoder:
+def raw_object_decoder(*, drop_managed_fields: bool = False, bounded: bool = True) -> WatchDecoder:
     """Watch events whose objects stay JSON bytes (:class:`~bridge.rawobject.RawObject`): one msgspec
     pass over a line as API servers lay it out reads the event type and the object's metadata
     without building the rest (other layouts take two passes), and ``drop_managed_fields`` cuts
     ``metadata.managedFields`` out of the bytes on the way. ``ERROR`` events (a Status) are decoded
-    whole, as the reflector reads them."""
+    whole, as the reflector reads them. An object beyond the bounds is quarantined
+    (:mod:`bridge.kube.bounded`); ``bounded=False`` skips that check, for the differential test and
+    the benchmark of what it costs only."""
 
     def decode(line: bytes) -> WatchEvent:
         if not line.isascii():  # _check_utf8 without its call for the ASCII line of nearly every event
             _check_utf8(line)
+        if bounded and (len(line) > _LINE_BYTES or exceeds_depth(line, _LINE_DEPTH)):
+            quarantined = out_of_bounds_event(line)
+            if quarantined is not None:
+                return quarantined
         fast = decode_watch_object(line, drop_managed_fields=drop_managed_fields)
         if fast is not None and fast[0] in _OBJECT_EVENT_TYPES:
             return WatchEvent(type=_OBJECT_EVENT_TYPES[fast[0]], object=fast[1])
@@ -219,42 +259,58 @@ class _RawList(msgspec.Struct):
 
 _item_decoder = msgspec.json.Decoder(dict[str, Any])
 _raw_list_decoder = msgspec.json.Decoder(_RawList)
+_list_meta_decoder = msgspec.json.Decoder(_ListMeta)
 
 
-def split_list(body: bytes) -> tuple[_ListMeta, list[msgspec.Raw]]:
-    """A List answer's metadata and its items, still undecoded (one fast pass)."""
+def split_list(body: bytes) -> tuple[_ListMeta, list[msgspec.Raw | bytes]]:
+    """A List answer's metadata and its items, still undecoded (one fast pass; a List nested too
+    deep for that is split without recursion, :func:`bridge.kube.bounded.deep_list`)."""
     _check_utf8(body)
     try:
         raw_list = _raw_list_decoder.decode(body)
+    except RecursionError:
+        meta_raw, items = deep_list(body)
+        try:
+            meta = _list_meta_decoder.decode(meta_raw) if meta_raw else _ListMeta()
+        except _DECODE_ERRORS as e:
+            raise WatchDecodeError(f"not a List: {e}") from e
+        return meta, list(items)
     except _DECODE_ERRORS as e:
         raise WatchDecodeError(f"not a List: {e}") from e
-    return raw_list.metadata, raw_list.items or []
+    return raw_list.metadata, list(raw_list.items or [])
 
 
 def _list_page(
     meta: _ListMeta,
-    raws: list[msgspec.Raw],
+    raws: list[msgspec.Raw | bytes],
     *,
     api_version: str,
     kind: str,
     raw_objects: bool,
     drop_managed_fields: bool,
 ) -> ListPage:
-    items: list[KubeObject]
+    items: list[KubeObject] = []
+    append = items.append
+    drop = drop_managed_fields
     try:
-        if raw_objects:
-            drop = drop_managed_fields
-            items = [decode_object(raw, api_version=api_version, kind=kind, drop_managed_fields=drop)
-                     for raw in raws]
-        else:
-            dicts = [_item_decoder.decode(raw) for raw in raws]
+        for raw in raws:
+            # Beyond the bounds (nearly never: one translate pass says so): quarantined.
+            data = raw if type(raw) is bytes else bytes(raw)
+            if len(data) > MAX_OBJECT_BYTES or exceeds_depth(data):
+                quarantined = quarantined_item(data, api_version=api_version, kind=kind)
+                if quarantined is not None:
+                    append(quarantined)
+                    continue
+            if raw_objects:
+                append(decode_object(data, api_version=api_version, kind=kind, drop_managed_fields=drop))
+                continue
+            item = _item_decoder.decode(data)
             if api_version or kind:
-                for item in dicts:
-                    if "apiVersion" not in item:
-                        item["apiVersion"] = api_version
-                    if "kind" not in item:
-                        item["kind"] = kind
-            items = list(dicts)
+                if "apiVersion" not in item:
+                    item["apiVersion"] = api_version
+                if "kind" not in item:
+                    item["kind"] = kind
+            append(item)
     except (*_DECODE_ERRORS, RawObjectError) as e:
         raise WatchDecodeError(f"not a List: {e}") from e
     return ListPage(
@@ -300,6 +356,7 @@ class HttpWatchStream:
         context: str,
         on_garbage: Callable[[], None] | None = None,
         shard: ShardFilter | None = None,
+        on_malformed: Callable[[str], None] | None = None,
     ) -> None:
         """``shard``: lines of objects it does not keep are not decoded; each run of them in one
         read becomes one bookmark at the last one's resourceVersion (:mod:`bridge.kube.sharding`)."""
@@ -308,6 +365,9 @@ class HttpWatchStream:
         self._shard = shard
         self._context = context
         self._on_garbage = on_garbage
+        self._on_malformed = on_malformed
+        self.malformed = 0
+        """Objects quarantined (:mod:`bridge.kube.bounded`)."""
         self.events = 0
         """Events yielded."""
         self.garbage_lines = 0
@@ -380,6 +440,7 @@ class HttpWatchStream:
         async for lines in self._lines.batches():
             events: list[WatchEvent] = []
             append = events.append
+            seen = quarantined()
             try:
                 if shard is not None and shard.filtering:
                     self._decode_sharded(lines, events, shard)
@@ -400,6 +461,9 @@ class HttpWatchStream:
                 yield events
                 await self._lines.close()
                 return
+            if quarantined() != seen:
+                self.malformed += report_malformed([e.object for e in events], self._context,
+                                                   self._on_malformed or _ignore)
             self.events += len(events)
             yield events
         tail = self._lines.tail
@@ -479,6 +543,9 @@ class HttpListerWatcher:
         self._scope = scope
         self.garbage_lines = 0
         """Garbage lines over every watch this lister-watcher opened."""
+        self.malformed: dict[str, int] = {}
+        """Objects quarantined in its lists and watches, by reason (``depth``, ``size``):
+        ``keb_malformed_objects_total``."""
         self._prefetched: tuple[int | None, str, asyncio.Task[bytes]] | None = None
         self._accept = accept
 
@@ -558,12 +625,16 @@ class HttpListerWatcher:
             self._prefetch(options.limit, meta.continue_, context)
         if self._shard is not None:
             items = [raw for raw in items if self._shard.keeps_item(raw)]
+        seen = quarantined()
         try:
-            return _list_page(meta, items, api_version=self._resource.api_version, kind=self._resource.kind,
+            page = _list_page(meta, items, api_version=self._resource.api_version, kind=self._resource.kind,
                               raw_objects=self._raw_objects, drop_managed_fields=self._drop_managed_fields)
         except WatchDecodeError as e:
             raise ApiStatusError(f"{context}: the server answered something that is not a List: {e}",
                                  code=200) from e
+        if quarantined() != seen:
+            report_malformed(page.items, context, self._count_malformed)
+        return page
 
     def _prefetch(self, limit: int | None, continue_token: str, context: str) -> None:
         params: dict[str, str | int | bool | None] = self._selectors()
@@ -618,11 +689,14 @@ class HttpListerWatcher:
             raise self._explain(e, "watch") from e
         return HttpWatchStream(
             lines=lines, decoder=self._decoder, context=context, on_garbage=self._count_garbage,
-            shard=self._shard,
+            shard=self._shard, on_malformed=self._count_malformed,
         )
 
     def _count_garbage(self) -> None:
         self.garbage_lines += 1
+
+    def _count_malformed(self, reason: str) -> None:
+        self.malformed[reason] = self.malformed.get(reason, 0) + 1
 
 
 async def lister_watcher_for(

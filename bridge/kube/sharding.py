@@ -170,7 +170,7 @@ class ShardFilter:
         else:
             try:
                 head = _ident_event.decode(line)
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
                 return None
             if head.type in _PASS_THROUGH:
                 return None
@@ -198,7 +198,7 @@ class ShardFilter:
             return True
         try:
             uid = _ident_obj.decode(raw).metadata.uid or ""
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             return True  # let the full decoder report what is wrong with it
         if self.owns(uid):
             return True

@@ -29,6 +29,9 @@ hash of the selectors; the checkpoint's name), ``type`` a CloudEvents type (``ad
 ``keb_sink_up``                        1 while the sink's destination is reachable
 ``keb_informer_relists_total``         full relists, by resource and informer
 ``keb_informer_watch_restarts_total``  watches re-opened
+``keb_malformed_objects_total``        objects quarantined by the decoders' bounds (nested too
+                                       deep, too large), by resource, informer and reason
+                                       (``depth``, ``size``)
 ``keb_informer_expired_total``         410 Gone / Expired answers
 ``keb_informer_cached_objects``        objects in the informer's cache
 ``keb_informer_stalled``               1 while the informer's watch delivers nothing though the
@@ -237,6 +240,9 @@ class Telemetry:
                                       description="1 while the sink's destination is reachable")
         meter.create_observable_counter("keb.informer.relists", [self._relists], unit="{relist}",
                                         description="Full relists, by resource")
+        meter.create_observable_counter(
+            "keb.malformed.objects", [self._malformed], unit="{object}",
+            description="Objects quarantined by the decoders' bounds, by resource and reason")
         meter.create_observable_counter("keb.informer.watch_restarts", [self._watch_restarts],
                                         unit="{watch}", description="Watches re-opened, by resource")
         meter.create_observable_counter("keb.informer.expired", [self._expired], unit="{response}",
@@ -399,6 +405,10 @@ class Telemetry:
 
     def _sink_up(self, _: CallbackOptions) -> Iterable[Observation]:
         return [Observation(1 if g.up else 0, {"sink": n}) for n, g in self._sinks()]
+
+    def _malformed(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(n, {**labels, "reason": reason})
+                for labels, g in self._informer_labels() for reason, n in sorted(g.malformed.items())]
 
     def _relists(self, _: CallbackOptions) -> Iterable[Observation]:
         return [Observation(g.relists, labels) for labels, g in self._informer_labels()]

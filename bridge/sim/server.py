@@ -30,6 +30,7 @@ import yaml
 from aiohttp import web
 
 from bridge.clock import Clock
+from bridge.jsonbounds import MAX_DEPTH, MAX_OBJECT_BYTES, exceeds_depth
 from bridge.kube.labels import SelectorError
 from bridge.sim.apf import FlowControl, flow_of
 from bridge.sim.faults import FaultSpec, FaultState
@@ -162,6 +163,16 @@ def _int_param(name: str, value: str | None) -> int | None:
 def _encode_continue(rv: int, start: tuple[str, str]) -> str:
     raw = orjson.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": list(start)})
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _check_bounds(raw: bytes) -> None:
+    """The simulator's own decoding is bounded as the bridge's (:mod:`bridge.jsonbounds`): a body
+    nested deeper, or larger, is refused before it is decoded (the store copies objects with orjson,
+    whose encoder stops at 254 levels)."""
+    if len(raw) > MAX_OBJECT_BYTES:
+        raise BadRequest(f"the request body is larger than {MAX_OBJECT_BYTES} bytes")
+    if exceeds_depth(raw, MAX_DEPTH):
+        raise BadRequest(f"the request body is nested deeper than {MAX_DEPTH} levels")
 
 
 def _decode_continue(token: str) -> tuple[int, tuple[str, str]]:
@@ -917,6 +928,7 @@ class Simulator:
     @staticmethod
     async def _read_body(request: web.Request, *, yaml_ok: bool = False) -> Any:
         raw = await request.read()
+        _check_bounds(raw)
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -934,6 +946,7 @@ class Simulator:
         raw = await request.read()
         if not raw.strip():
             return None
+        _check_bounds(raw)
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
