@@ -1,6 +1,10 @@
-"""Suite-wide fixtures: a guard that fails any test leaking asyncio tasks; and the bridges the tests
+"""Suite-wide fixtures: a guard that fails any test leaking asyncio tasks; the bridges the tests
 run see no CPU limit, whatever the machine's, so that ``workers`` unset is one process everywhere
-(tests/service/test_workers.py sets a fake cgroup of its own to test the default)."""
+(tests/service/test_workers.py sets a fake cgroup of its own to test the default); and Hypothesis's
+profiles: ``ci`` (the default) is derandomised, so a CI failure replays by running the test again,
+and ``random`` (``KEB_HYPOTHESIS_PROFILE=random``, used by ``scripts/flake-hunt`` with
+``--hypothesis-seed``) draws fresh examples. Neither has a deadline or the too-slow health check
+(wall-clock limits, which load breaks) nor an example database (no shared files)."""
 
 from __future__ import annotations
 
@@ -10,10 +14,16 @@ import tempfile
 from collections.abc import AsyncIterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from bridge.service.workers import CGROUP_ENV
 
 os.environ[CGROUP_ENV] = tempfile.mkdtemp(prefix="keb-no-cgroup-")
+
+for _name, _derandomize in (("ci", True), ("random", False)):
+    settings.register_profile(_name, derandomize=_derandomize, database=None, deadline=None,
+                              suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.load_profile(os.environ.get("KEB_HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(autouse=True)

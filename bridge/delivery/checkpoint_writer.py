@@ -122,6 +122,10 @@ class CheckpointWriter:
             if tracker.generation == inf.saved_generation and (not tracker.lag
                                                                or tracker.acks == inf.saved_acks):
                 inf.saved_acks = tracker.acks  # acknowledgements that moved nothing to save
+                if inf.stale and which is None:
+                    # Shard 0 saved before another shard passed the earlier total: look again at
+                    # each interval, not only at its next save (none comes while its part is quiet).
+                    await self._remove_stale(inf)
                 continue
             generation, acks = tracker.generation, tracker.acks
             rv, index = tracker.checkpoint_state()

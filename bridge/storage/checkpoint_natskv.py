@@ -20,6 +20,7 @@ on the token (:mod:`bridge.storage.fencing`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -31,6 +32,8 @@ import nats.errors
 import nats.js.errors
 import orjson
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy
 from nats.js.kv import KeyValue
 
 from bridge.kube.leaderelection import FenceToken
@@ -148,11 +151,48 @@ class NatsKvBlobStore:
     async def _keys(self) -> list[str]:
         kv = await self._open_kv()
         try:
-            return list(await kv.keys())
-        except nats.js.errors.NoKeysError:
-            return []
+            return await live_keys(kv)
         except _FAILURES as exc:
             raise BlobStoreError(f"cannot list the NATS KV bucket {self._bucket!r}: {exc}") from exc
+
+
+async def live_keys(kv: KeyValue, *, idle: float = 10.0) -> list[str]:
+    """The bucket's keys that hold a value (not deleted or purged), sorted.
+
+    Not ``kv.keys()``: nats-py ends that listing when the consumer's info says nothing is pending
+    and the client has received nothing yet, but the server counts messages as delivered when its
+    consumer queues them and may answer the info first, so the listing of a full bucket came back
+    empty now and then (under load). Here the info only sets how many messages the listing must
+    see (those delivered or pending when it was asked); it ends on the message that reaches that
+    count with nothing more pending. ``idle``: seconds without a message before it gives up
+    (:class:`TimeoutError`)."""
+    prefix = f"$KV.{kv._name}."
+    keys: set[str] = set()
+    seen, last_pending = 0, -1
+    changed = asyncio.Event()
+
+    async def on_message(msg: Msg) -> None:
+        nonlocal seen, last_pending
+        key, headers = msg.subject[len(prefix):], msg.headers or {}
+        if headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers:
+            keys.discard(key)
+        else:
+            keys.add(key)
+        seen, last_pending = seen + 1, msg.metadata.num_pending
+        changed.set()
+
+    sub = await kv._js.subscribe(f"{prefix}>", stream=kv._stream, cb=on_message, ordered_consumer=True,
+                                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, headers_only=True,
+                                 inactive_threshold=60.0)
+    try:
+        info = await sub.consumer_info()
+        target = (info.delivered.consumer_seq if info.delivered else 0) + (info.num_pending or 0)
+        while target and not (seen >= target and last_pending == 0):
+            changed.clear()
+            await asyncio.wait_for(changed.wait(), idle)
+    finally:
+        await sub.unsubscribe()
+    return sorted(keys)
 
 
 def _journal_head(writer: FenceToken | None, chunks: Sequence[str]) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,12 +14,32 @@ import pytest
 from bridge.storage.checkpoint import Checkpoint, CheckpointCorruptError, CheckpointStoreError
 from bridge.storage.checkpoint_natskv import NatsKvCheckpointStore
 from tests.brokers import NatsServer, running_nats
+from tests.checkpoint.nats_reorder import DeliveriesAfterInfo
 
 
 @pytest.fixture(scope="module")
 def nats_js() -> Iterator[NatsServer]:
     with running_nats() as server:
         yield server
+
+
+async def live_keys(server: NatsServer, bucket: str) -> list[str]:
+    """The bucket's keys that hold a value, read without a consumer: the stream's subjects, less
+    those whose last message is a delete or purge marker."""
+    nc = await nats.connect(server.url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(f"KV_{bucket}", subjects_filter=">")
+        kv = await js.key_value(bucket)
+        keys = []
+        for subject in sorted(info.state.subjects or {}):
+            key = subject.removeprefix(f"$KV.{bucket}.")
+            with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+                await kv.get(key)
+                keys.append(key)
+        return keys
+    finally:
+        await nc.close()
 
 
 def big_checkpoint(ident: str, n: int, rv: str = "100") -> Checkpoint:
@@ -64,7 +85,7 @@ async def test_missing_or_damaged_chunks_are_corrupt(nats_js: NatsServer) -> Non
     try:
         await store.save(big_checkpoint("svc.all.z", 200))
         kv = await store._bucket_kv()
-        chunk = sorted(k for k in await kv.keys() if ".c." in k)[0]
+        chunk = next(k for k in await live_keys(nats_js, "ckpt-c") if ".c." in k)
         await kv.put(chunk, b"tampered")
         with pytest.raises(CheckpointCorruptError, match="checksum"):
             await store.load("svc.all.z")
@@ -108,7 +129,8 @@ async def test_listing_and_removing_shard_checkpoints(nats_js: NatsServer) -> No
         assert await store.peek("pods.all.x.shard-1-of-2") == big_checkpoint("pods.all.x.shard-1-of-2", 100)
         await store.remove("pods.all.x.shard-0-of-2")
         assert await store.informer_ids("pods.all.x") == ["pods.all.x", "pods.all.x.shard-1-of-2"]
-        assert not [k for k in await kv.keys() if k.startswith("pods.all.x.shard-0-of-2")]
+        left = await live_keys(nats_js, "ckpt-shards")
+        assert not [k for k in left if k.startswith("pods.all.x.shard-0-of-2")]
         assert await store.load("pods.all.x.shard-1-of-2") == big_checkpoint("pods.all.x.shard-1-of-2", 100)
     finally:
         await store.close()
@@ -127,11 +149,38 @@ async def test_removing_a_shard_checkpoint_removes_its_journal_chunks(nats_js: N
                                            for n in range(200)))  # ~9 KB: sealed chunks
             assert backend.chunk_writes > 0
         await store.remove(ident)
-        kv = await store._bucket_kv()
-        assert not [k for k in await kv.keys() if k.startswith(ident)]
+        assert not [k for k in await live_keys(nats_js, "ckpt-journal-chunks") if k.startswith(ident)]
         assert len(await store.journal_backend(other).read() or b"") > 8000  # the other's intact
     finally:
         await store.close()
+
+
+async def test_a_removal_finds_every_chunk_when_the_listing_s_messages_come_after_its_info(
+        nats_js: NatsServer) -> None:
+    """The server may answer a consumer-info request before it sends messages that info counts as
+    delivered (under load it does, now and then): a listing of the bucket must still see every key,
+    so that a removed shard's checkpoint takes all its chunks with it (nats-py's ``kv.keys()``
+    concluded the bucket was empty and the chunks stayed). The proxy makes that order certain."""
+    proxy = DeliveriesAfterInfo(nats_js.port)
+    port = await proxy.start()
+    bucket = "ckpt-reordered"
+    store = NatsKvCheckpointStore(nats_url=f"nats://127.0.0.1:{port}", bucket=bucket, journal_bytes=2048)
+    ident, other = "pods.all.x.shard-0-of-2", "pods.all.x.shard-1-of-2"
+    try:
+        for i in (ident, other):
+            await store.save(big_checkpoint(i, 3))
+            await store.journal_backend(i).rewrite(b"".join(
+                b'["a","ns/o-%d","uid-%032d","%d"]\n' % (n, n, 200 + n) for n in range(200)))
+        assert await store.informer_ids("pods.all.x.") == [ident, other]
+        await store.remove(ident)
+        assert proxy.reordered > 0  # the listings met the order that lost keys
+        left = await live_keys(nats_js, bucket)
+        assert [k for k in left if k.startswith(ident)] == []
+        assert [k for k in left if k.startswith(other)] != []
+        assert await store.informer_ids("pods.all.x.") == [other]
+    finally:
+        await store.close()
+        await proxy.stop()
 
 
 async def test_a_first_save_sizes_its_chunks_by_the_servers_max_payload(tmp_path: Path) -> None:

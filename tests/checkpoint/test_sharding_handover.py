@@ -4,6 +4,7 @@ twice, no spurious ``added``; and the take-over as a function over checkpoints (
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 from collections.abc import AsyncIterator
@@ -577,3 +578,43 @@ async def test_reshard_with_two_sinks_far_apart(sim: ApiClient, tmp_path: Path) 
     # The fast sink got only what nobody had acknowledged for it: shard 0's batch 2 and later.
     assert {c for c in changes(fast)} == {c for c in ledger.made[:down_end] if c not in before["fast"]} \
         | set(ledger.made[down_end:])
+
+
+async def test_the_earlier_total_goes_when_the_last_shard_passes_it_after_shard_0(
+        sim: ApiClient, tmp_path: Path) -> None:
+    """Shard 0 of the new total reaches the end first and then has nothing more to save (no change
+    in its part of the cluster); shard 1 passes the earlier total's checkpoint later. Shard 0 still
+    removes it, at its next interval: it looked only when it saved a checkpoint of its own, so the
+    earlier total stayed as long as nothing of shard 0's changed (what a loaded machine made of the
+    3 → 4 → 2 reshard under churn, its last shards catching up one after the other)."""
+    ckpt = tmp_path / "file"
+    ledger = Ledger(sim)
+    for i in range(8):
+        await ledger.create(f"cm-{i}")
+    p, _ = await shard(sim, ckpt, 0, 1)
+    await run_until(p, ledger.last_rv)
+    await p.shutdown(5)
+    p0, _ = await shard(sim, ckpt, 0, 2)
+    try:
+        n = 8  # changes in both shards' parts after the reshard, shard 1 not running yet
+        while {shard_of(u, 2) for _, u, _ in ledger.made[8:]} != {0, 1}:
+            await ledger.create(f"cm-{n}")
+            n += 1
+        await run_until(p0, ledger.last_rv)
+        store = store_for(sim, ckpt)
+        assert isinstance(store, FileCheckpointStore)
+        assert await store.informer_ids(BASE) == [BASE, shard_id(BASE, 0, 2)]  # shard 1 has none yet
+        p1, _ = await shard(sim, ckpt, 1, 2)
+        try:
+            await run_until(p1, ledger.last_rv)
+            left: list[str] = []
+            for _ in range(200):  # 10 s of polls; shard 0 writes every 0.05 s
+                left = await store.informer_ids(BASE)
+                if BASE not in left:
+                    break
+                await asyncio.sleep(0.05)
+            assert left == [shard_id(BASE, 0, 2), shard_id(BASE, 1, 2)]
+        finally:
+            await p1.shutdown(5)
+    finally:
+        await p0.shutdown(5)
