@@ -149,8 +149,9 @@ async def seed_objects(churn: Churn, count: int) -> None:
 
 def left_over(ids: list[str], total: int) -> list[str]:
     """The checkpoint ids of ``ids`` that are not one of ``total``'s shards (a single shard's
-    is the informer's own id, without a ``-of-1`` ending)."""
-    return [i for i in ids if not i.endswith(f"-of-{total}")]
+    is the informer's own id, without a ``-of-1`` ending: :func:`shard_id` names them)."""
+    own = {shard_id(BASE_ID, o, total) for o in range(total)}
+    return [i for i in ids if i not in own]
 
 
 async def catch_up(store: FileCheckpointStore, total: int, rv: int, timeout: float) -> list[str]:
