@@ -33,7 +33,6 @@ from bridge.service.workers import (
     worker_position,
 )
 from bridge.testing.processes import ServiceProcess, wait_until
-from tests.brokers import free_port
 from tests.service.test_cli import run_cli, sim_process  # noqa: F401 - the fixture
 from tests.service.test_cli_errors import assert_config_error
 
@@ -191,10 +190,16 @@ def test_merged_metrics_are_one_valid_exposition_with_a_worker_label() -> None:
 
 
 def _config(tmp_path: Path) -> BridgeConfig:
+    """The supervisor's listeners on ports the kernel picks, written to ``address.json``."""
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(BASE + f"server: {{host: 127.0.0.1, port: {free_port()}, admin_port: {free_port()}}}\n"
-                   "shutdown_deadline: 3\n")
+    cfg.write_text(BASE + "server: {host: 127.0.0.1, port: 0, admin_port: 0, "
+                   f"address_file: '{tmp_path / 'address.json'}'}}\nshutdown_deadline: 3\n")
     return load_config(cfg)
+
+
+def _listening_port(address: Path) -> int:
+    port: int = json.loads(address.read_bytes())["port"]
+    return port
 
 
 async def test_a_worker_exiting_with_a_configuration_error_stops_the_supervisor_with_2(
@@ -215,13 +220,16 @@ async def test_a_worker_that_exits_is_restarted_alone_and_the_pod_is_unready_mea
     sup = Supervisor(config=config, workers=2, command=[sys.executable, "-c", script])
     task = asyncio.create_task(sup.run())
     try:
+        address = Path(str(config.server.address_file))
+        await wait_until(address.exists, timeout=30, what="the supervisor to listen")
+        port = _listening_port(address)
         async with aiohttp.ClientSession() as http:
             deadline = asyncio.get_running_loop().time() + 30
             restarts: dict[str, int] = {}
             while asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.2)
                 try:
-                    async with http.get(f"http://127.0.0.1:{config.server.port}/metrics") as r:
+                    async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
                         text = await r.text()
                 except aiohttp.ClientError:
                     continue
@@ -232,7 +240,7 @@ async def test_a_worker_that_exits_is_restarted_alone_and_the_pod_is_unready_mea
                     break
             assert restarts.get("1", 0) >= 2, restarts
             assert restarts["0"] == 0, restarts
-            async with http.get(f"http://127.0.0.1:{config.server.port}/readyz") as r:
+            async with http.get(f"http://127.0.0.1:{port}/readyz") as r:
                 body = await r.json()
                 assert r.status == 503
                 assert any(reason.startswith("worker 1:") for reason in body["reasons"]), body
