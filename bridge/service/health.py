@@ -36,6 +36,7 @@ whatever started the process can reach it without picking a port that another pr
 
 from __future__ import annotations
 
+import errno
 import hmac
 import logging
 import os
@@ -45,6 +46,8 @@ from pathlib import Path
 
 import orjson
 from aiohttp import web
+
+from bridge.errors import ConfigurationError
 
 __all__ = ["HealthServer", "Readiness"]
 
@@ -101,8 +104,15 @@ class HealthServer:
         return app
 
     async def start(self) -> None:
-        self.port = await self._serve(self.app(), self._host, self.port)
-        self.admin_port = await self._serve(self.admin_app(), self._admin_host, self.admin_port)
+        """Listens on both ports; one that cannot be bound (another process holds it, say) is a
+        :class:`ConfigurationError` naming its field, and neither listener is left open."""
+        try:
+            self.port = await self._serve(self.app(), self._host, self.port, "server.port")
+            self.admin_port = await self._serve(self.admin_app(), self._admin_host, self.admin_port,
+                                                "server.admin_port")
+        except ConfigurationError:
+            await self.stop()
+            raise
         log.info("health endpoint listening", extra={"host": self._host, "port": self.port})
         log.info("admin endpoint listening", extra={
             "host": self._admin_host, "port": self.admin_port,
@@ -118,12 +128,15 @@ class HealthServer:
         tmp.write_bytes(orjson.dumps(body))
         os.replace(tmp, path)
 
-    async def _serve(self, app: web.Application, host: str, port: int) -> int:
+    async def _serve(self, app: web.Application, host: str, port: int, name: str) -> int:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         self._runners.append(runner)
         site = web.TCPSite(runner, host, port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as e:
+            raise ConfigurationError(_cannot_listen(name, host, port, e)) from e
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []
         return int(sockets[0].getsockname()[1]) if sockets else port
@@ -191,3 +204,16 @@ class HealthServer:
 
     def set_snapshot_handler(self, handler: Callable[..., Awaitable[list[str]]] | None) -> None:
         self._snapshot = handler
+
+
+def _cannot_listen(name: str, host: str, port: int, e: OSError) -> str:
+    """What to tell the operator when ``host:port`` (the ``name`` field) cannot be bound."""
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    host_field = "server.admin_host" if name == "server.admin_port" else "server.host"
+    if e.errno == errno.EADDRINUSE:
+        return (f"{name}: cannot listen on {address}: address already in use (another process "
+                f"holds it, perhaps another kube-event-bridge); stop that process, or choose another "
+                f"{name} (0 lets the kernel pick a free port, which server.address_file reports)")
+    reason = os.strerror(e.errno).lower() if e.errno else str(e)
+    return (f"{name}: cannot listen on {address}: {reason}; check {host_field} and {name} "
+            "(a port below 1024 needs privileges; the host must be an address of this machine)")

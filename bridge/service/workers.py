@@ -11,14 +11,16 @@ resharded with the hand-over sharding already does.
 The supervisor (:class:`Supervisor`) is what ``kube-event-bridge run`` becomes when ``workers`` is
 above 1. It starts the workers as ``kube-event-bridge run`` children with the same configuration,
 ``workers: 1`` and their position (``KUBE_EVENT_BRIDGE_WORKER=w/N``) in the environment, and their
-endpoints moved to private loopback ports; it serves the pod's one public listener and one admin
-listener itself, asking the workers: ``/readyz`` is ready when every worker is, ``/metrics`` is the
-workers' expositions merged (each sample labelled ``worker``) plus the supervisor's own, ``POST
-/snapshot`` is sent to every worker. A worker that exits is restarted alone, after a backoff that
-doubles up to 30 s; it resumes from its shard's checkpoint as a restarted replica does. A worker
-that exits with code 2 (a configuration error) stops the whole supervisor with code 2. SIGTERM is
-passed to every worker, which drains and writes its final checkpoint. A worker whose supervisor is
-gone (killed without a chance to stop it) stops itself.
+endpoints moved to loopback ports each worker binds itself (port 0: the kernel picks a free one, so
+no other process can take it between a choice and the bind) and reports in an address file of its
+own (``server.address_file``, in a private directory of the supervisor's); it serves the pod's one
+public listener and one admin listener itself, asking the workers: ``/readyz`` is ready when every
+worker is, ``/metrics`` is the workers' expositions merged (each sample labelled ``worker``) plus
+the supervisor's own, ``POST /snapshot`` is sent to every worker. A worker that exits is restarted
+alone, after a backoff that doubles up to 30 s; it resumes from its shard's checkpoint as a
+restarted replica does. A worker that exits with code 2 (a configuration error) stops the whole
+supervisor with code 2. SIGTERM is passed to every worker, which drains and writes its final
+checkpoint. A worker whose supervisor is gone (killed without a chance to stop it) stops itself.
 
 With one worker (``workers: 1``, or unset under a CPU limit below 2 or none) there is no supervisor:
 the process is the bridge, as without this module.
@@ -32,9 +34,10 @@ import logging
 import math
 import os
 import re
+import shutil
 import signal
-import socket
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -205,12 +208,6 @@ def for_worker(config: BridgeConfig, position: WorkerPosition) -> BridgeConfig:
     return config.model_copy(update={"sinks": sinks})
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{?)")
 
 
@@ -262,10 +259,21 @@ def merge_metrics(texts: Mapping[int, str]) -> str:
     return "\n".join(out) + ("\n" if out else "")
 
 
+def _read_address(path: Path) -> tuple[int, int]:
+    """The ``(port, admin_port)`` a worker wrote to its address file, ``(0, 0)`` before it has."""
+    with contextlib.suppress(OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        body = orjson.loads(path.read_bytes())
+        return int(body["port"]), int(body["admin_port"])
+    return 0, 0
+
+
 @dataclass
 class _Worker:
     index: int
+    address_file: Path
+    """Where the worker writes the ports it bound (removed before each start)."""
     port: int = 0
+    """The worker's listeners, 0 until the running worker has reported them."""
     admin_port: int = 0
     proc: asyncio.subprocess.Process | None = None
     restarts: int = 0
@@ -274,6 +282,14 @@ class _Worker:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None and self.proc.returncode is None else None
+
+    def listening(self) -> bool:
+        """Whether the running worker listens, its ports read from its address file once written."""
+        if self.pid is None:
+            return False
+        if not self.port:
+            self.port, self.admin_port = _read_address(self.address_file)
+        return bool(self.port and self.admin_port)
 
 
 @dataclass
@@ -332,15 +348,17 @@ class Supervisor:
             WORKER_ENV: f"{w.index}/{self.workers}",
             "KEB_WORKERS": "1",
             "KEB_SERVER__HOST": "127.0.0.1",
-            "KEB_SERVER__PORT": str(w.port),
+            "KEB_SERVER__PORT": "0",
             "KEB_SERVER__ADMIN_HOST": "127.0.0.1",
-            "KEB_SERVER__ADMIN_PORT": str(w.admin_port),
-            "KEB_SERVER__ADDRESS_FILE": "",  # the pod's addresses are the supervisor's
+            "KEB_SERVER__ADMIN_PORT": "0",
+            # The worker's own ports, for the supervisor (the pod's address file is the supervisor's).
+            "KEB_SERVER__ADDRESS_FILE": str(w.address_file),
         })
         return env
 
     async def _start(self, w: _Worker) -> None:
-        w.port, w.admin_port = _free_port(), _free_port()
+        w.address_file.unlink(missing_ok=True)  # what an earlier start of the worker reported
+        w.port = w.admin_port = 0
         w.started = time.monotonic()
         w.proc = await asyncio.create_subprocess_exec(*self.command, env=self._env(w))
         log.info("worker %d of %d started (pid %d)", w.index, self.workers, w.proc.pid,
@@ -392,11 +410,14 @@ class Supervisor:
     async def run(self) -> int:
         """Runs until :attr:`stop_event` is set (signals set it); returns the exit code."""
         endpoints = _SupervisorEndpoints(supervisor=self, config=self.config)
+        addresses = Path(tempfile.mkdtemp(prefix="keb-workers-"))
         self._session = aiohttp.ClientSession()
-        self._workers = [_Worker(index=i) for i in range(self.workers)]
-        keepers = [asyncio.create_task(self._keep(w), name=f"worker-{w.index}") for w in self._workers]
+        self._workers = [_Worker(index=i, address_file=addresses / f"worker-{i}.json")
+                         for i in range(self.workers)]
+        keepers: list[asyncio.Task[None]] = []
         try:
-            await endpoints.start()
+            await endpoints.start()  # a configured port that is taken stops here, before any worker
+            keepers = [asyncio.create_task(self._keep(w), name=f"worker-{w.index}") for w in self._workers]
             log.info("supervising %d workers", self.workers, extra={"workers": self.workers})
             await self.stop_event.wait()
         finally:
@@ -405,6 +426,7 @@ class Supervisor:
             await asyncio.gather(*keepers, return_exceptions=True)
             await endpoints.stop()
             await self._session.close()
+            shutil.rmtree(addresses, ignore_errors=True)
         return self._exit_code
 
     async def _ask(self, method: str, url: str, *, params: Mapping[str, str] | None = None,
@@ -419,19 +441,22 @@ class Supervisor:
 
     async def readiness(self) -> tuple[dict[str, object], bool]:
         """The pod's readiness: every worker running and ready."""
+        listening = [w.listening() for w in self._workers]
         answers = await asyncio.gather(*(
-            self._ask("GET", f"http://127.0.0.1:{w.port}/readyz", timeout=2.0) if w.pid else _none()
-            for w in self._workers))
+            self._ask("GET", f"http://127.0.0.1:{w.port}/readyz", timeout=2.0) if up else _none()
+            for w, up in zip(self._workers, listening, strict=True)))
         reasons: list[str] = []
         roles: set[str] = set()
         detail: list[dict[str, object]] = []
-        for w, a in zip(self._workers, answers, strict=True):
+        for w, up, a in zip(self._workers, listening, answers, strict=True):
             body: dict[str, object] = {}
             with contextlib.suppress(orjson.JSONDecodeError):
                 loaded = orjson.loads(a.body) if a.body else {}
                 body = loaded if isinstance(loaded, dict) else {}
             if w.pid is None:
                 reasons.append(f"worker {w.index}: not running (restarting)")
+            elif not up:
+                reasons.append(f"worker {w.index}: starting (not listening yet)")
             elif a.status == 0:
                 reasons.append(f"worker {w.index}: not answering ({a.error})")
             elif a.status != 200:
@@ -449,7 +474,7 @@ class Supervisor:
     async def metrics(self) -> str:
         """The workers' expositions merged, then the supervisor's own samples."""
         answers = await asyncio.gather(*(
-            self._ask("GET", f"http://127.0.0.1:{w.port}/metrics") if w.pid else _none()
+            self._ask("GET", f"http://127.0.0.1:{w.port}/metrics") if w.listening() else _none()
             for w in self._workers))
         texts = {w.index: a.body.decode() for w, a in zip(self._workers, answers, strict=True)
                  if a.status == 200}
@@ -472,7 +497,8 @@ class Supervisor:
         headers = {"Authorization": authorization} if authorization else {}
         answers = await asyncio.gather(*(
             self._ask("POST", f"http://127.0.0.1:{w.admin_port}/snapshot", params=query, headers=headers,
-                      timeout=30.0) if w.pid else _none()
+                      timeout=30.0) if w.listening() else _none(
+                "not listening yet" if w.pid else "not running")
             for w in self._workers))
         resources: list[str] = []
         failed: list[str] = []
@@ -495,8 +521,8 @@ class Supervisor:
         return 202, {"snapshot": "requested", "resources": resources}
 
 
-async def _none() -> _Answer:
-    return _Answer(status=0, error="not running")
+async def _none(error: str = "not running") -> _Answer:
+    return _Answer(status=0, error=error)
 
 
 def watch_parent(stop: asyncio.Event, *, every: float = 1.0) -> asyncio.Task[None]:

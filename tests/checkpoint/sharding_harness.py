@@ -147,6 +147,13 @@ async def seed_objects(churn: Churn, count: int) -> None:
                                obj["metadata"]["resourceVersion"]))
 
 
+def left_over(ids: list[str], total: int) -> list[str]:
+    """The checkpoint ids of ``ids`` that are not one of ``total``'s shards (a single shard's
+    is the informer's own id, without a ``-of-1`` ending: :func:`shard_id` names them)."""
+    own = {shard_id(BASE_ID, o, total) for o in range(total)}
+    return [i for i in ids if i not in own]
+
+
 async def catch_up(store: FileCheckpointStore, total: int, rv: int, timeout: float) -> list[str]:
     """Waits until every shard of ``total`` checkpointed ``rv`` (fails after ``timeout``), then up to
     a third of ``timeout`` until the earlier totals' checkpoints are removed; returns those left."""
@@ -155,7 +162,7 @@ async def catch_up(store: FileCheckpointStore, total: int, rv: int, timeout: flo
     left: list[str] = []
 
     async def removed() -> bool:
-        left[:] = [i for i in await store.informer_ids(BASE_ID) if not i.endswith(f"-of-{total}")]
+        left[:] = left_over(await store.informer_ids(BASE_ID), total)
         return not left
 
     with contextlib.suppress(ProcessFailed):  # what is left is the check's to report

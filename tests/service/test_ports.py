@@ -40,14 +40,14 @@ async def thief() -> AsyncIterator[tuple[int, asyncio.subprocess.Process]]:
     await proc.wait()
 
 
-def write_config(tmp: Path, kubeconfig: Path, port: int) -> Path:
+def write_config(tmp: Path, kubeconfig: Path, port: int, admin_port: int = 0) -> Path:
     cfg = tmp / "config.yaml"
     cfg.write_text(yaml.safe_dump({
         "kubernetes": {"kubeconfig": str(kubeconfig), "in_cluster": "false"},
         "resources": [{"resource": "configmaps"}],
         "sinks": [{"name": "file", "kind": "file", "path": str(tmp / "events.jsonl")}],
         "checkpoint": {"store": "file", "directory": str(tmp / "cp")},
-        "server": {"host": "127.0.0.1", "port": port, "admin_port": 0},
+        "server": {"host": "127.0.0.1", "port": port, "admin_port": admin_port},
         "logging": {"level": "info", "format": "text"},
         "shutdown_deadline": 5,
     }))
@@ -76,18 +76,31 @@ async def test_a_port_taken_between_pick_and_bind_does_not_stop_the_bridge(
             assert await bridge.stop() == 0
 
 
+@pytest.mark.parametrize(("taken", "workers"), [("port", 1), ("admin_port", 1), ("port", 2)])
 async def test_a_configured_port_that_is_taken_stops_the_service(
-        tmp_path: Path, thief: tuple[int, asyncio.subprocess.Process]) -> None:
+        tmp_path: Path, thief: tuple[int, asyncio.subprocess.Process], taken: str, workers: int) -> None:
     """Production behaviour unchanged: a port the configuration names is used as it is, and when
-    another process holds it the service exits saying so (no port of its own choosing)."""
+    another process holds it the service exits saying so (no port of its own choosing): an
+    operational error naming the field, the address and what to do, with the exit code of a
+    configuration error (2), and no traceback. With workers, the supervisor's listeners are the
+    configured ones: it stops before starting any worker."""
     stolen, _ = thief
     async with Simulator() as sim:
-        cfg = write_config(tmp_path, sim.write_kubeconfig(tmp_path / "kubeconfig"), stolen)
+        kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig")
+        cfg = write_config(tmp_path, kubeconfig, *((stolen, 0) if taken == "port" else (0, stolen)))
+        cfg.write_text(cfg.read_text() + f"workers: {workers}\n")
         bridge = ServiceProcess(config=cfg, log=tmp_path / "bridge.log", fixed_ports=True)
         async with bridge:
-            with pytest.raises(ProcessFailed, match="exited with code 1"):
+            with pytest.raises(ProcessFailed, match="exited with code 2"):
                 await bridge.wait_listening()
-        assert f"('127.0.0.1', {stolen}): address already in use" in bridge.output()
+        output = bridge.output()
+        assert (f"kube-event-bridge: server.{taken}: cannot listen on 127.0.0.1:{stolen}: "
+                "address already in use") in output, output
+        assert "another process" in output, output
+        assert f"choose another server.{taken}" in output, output
+        assert "Traceback" not in output, output
+        assert "this is a bug" not in output, output
+        assert "worker 0 of" not in output, output
         assert not bridge.address_file.exists()
 
 

@@ -8,6 +8,7 @@ import asyncio
 import fnmatch
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bridge.errors import ConfigurationError
+from bridge.service import workers as workers_module
 from bridge.service.config import BridgeConfig, load_config
 from bridge.service.workers import (
     CGROUP_ENV,
@@ -31,7 +33,6 @@ from bridge.service.workers import (
     worker_position,
 )
 from bridge.testing.processes import ServiceProcess, wait_until
-from tests.brokers import free_port
 from tests.service.test_cli import run_cli, sim_process  # noqa: F401 - the fixture
 from tests.service.test_cli_errors import assert_config_error
 
@@ -189,10 +190,16 @@ def test_merged_metrics_are_one_valid_exposition_with_a_worker_label() -> None:
 
 
 def _config(tmp_path: Path) -> BridgeConfig:
+    """The supervisor's listeners on ports the kernel picks, written to ``address.json``."""
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(BASE + f"server: {{host: 127.0.0.1, port: {free_port()}, admin_port: {free_port()}}}\n"
-                   "shutdown_deadline: 3\n")
+    cfg.write_text(BASE + "server: {host: 127.0.0.1, port: 0, admin_port: 0, "
+                   f"address_file: '{tmp_path / 'address.json'}'}}\nshutdown_deadline: 3\n")
     return load_config(cfg)
+
+
+def _listening_port(address: Path) -> int:
+    port: int = json.loads(address.read_bytes())["port"]
+    return port
 
 
 async def test_a_worker_exiting_with_a_configuration_error_stops_the_supervisor_with_2(
@@ -213,13 +220,16 @@ async def test_a_worker_that_exits_is_restarted_alone_and_the_pod_is_unready_mea
     sup = Supervisor(config=config, workers=2, command=[sys.executable, "-c", script])
     task = asyncio.create_task(sup.run())
     try:
+        address = Path(str(config.server.address_file))
+        await wait_until(address.exists, timeout=30, what="the supervisor to listen")
+        port = _listening_port(address)
         async with aiohttp.ClientSession() as http:
             deadline = asyncio.get_running_loop().time() + 30
             restarts: dict[str, int] = {}
             while asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.2)
                 try:
-                    async with http.get(f"http://127.0.0.1:{config.server.port}/metrics") as r:
+                    async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
                         text = await r.text()
                 except aiohttp.ClientError:
                     continue
@@ -230,7 +240,7 @@ async def test_a_worker_that_exits_is_restarted_alone_and_the_pod_is_unready_mea
                     break
             assert restarts.get("1", 0) >= 2, restarts
             assert restarts["0"] == 0, restarts
-            async with http.get(f"http://127.0.0.1:{config.server.port}/readyz") as r:
+            async with http.get(f"http://127.0.0.1:{port}/readyz") as r:
                 body = await r.json()
                 assert r.status == 503
                 assert any(reason.startswith("worker 1:") for reason in body["reasons"]), body
@@ -314,6 +324,56 @@ async def test_one_pod_two_workers_one_set_of_endpoints(
         assert any("supervising 2 workers" in r["message"] for r in records if "worker" not in r)
     finally:
         await proc.kill()
+
+
+async def test_a_workers_port_taken_before_it_binds_does_not_stop_it(
+        tmp_path: Path, sim_process: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """The supervisor used to pick each worker's private ports (bind port 0, close) and hand the
+    numbers to the worker, which bound them later: a process taking one in between made the worker
+    exit with "address already in use" (and again at every restart). Here every port so picked is
+    taken before the worker starts; the workers bind port 0 themselves and report what they got."""
+    _, kubeconfig = sim_process
+    picked = getattr(workers_module, "_free_port", None)
+    taken: list[socket.socket] = []
+
+    def picked_and_taken() -> int:
+        assert picked is not None
+        port: int = picked()
+        thief = socket.socket()
+        thief.bind(("127.0.0.1", port))
+        thief.listen()
+        taken.append(thief)
+        return port
+
+    monkeypatch.setattr(workers_module, "_free_port", picked_and_taken, raising=False)
+    cfg = _run_config(tmp_path, kubeconfig, "", "workers: 2\n")
+    sup = Supervisor(config=load_config(cfg), workers=2,
+                     command=[sys.executable, "-m", "bridge.service.cli", "run", "--config", str(cfg)])
+    task = asyncio.create_task(sup.run())
+    body: dict[str, object] = {}
+
+    async def ready_or_restarted() -> bool:
+        if not sup._workers:  # not yet started
+            return task.done()
+        body.update((await sup.readiness())[0])
+        return body["ready"] is True or any(w.restarts for w in sup._workers) or task.done()
+
+    try:
+        await wait_until(ready_or_restarted, timeout=60, what="both workers ready")
+        assert [w.restarts for w in sup._workers] == [0, 0], body
+        assert body["ready"] is True, body
+        ports = {p for w in sup._workers for p in (w.port, w.admin_port)}
+        assert len(ports) == 4, ports
+        assert not ports & {s.getsockname()[1] for s in taken}, ports
+        metrics = await sup.metrics()
+        assert 'keb_worker_up{worker="0"} 1' in metrics
+        assert 'keb_worker_up{worker="1"} 1' in metrics
+    finally:
+        sup.stop_event.set()
+        code = await asyncio.wait_for(task, 60)
+        for s in taken:
+            s.close()
+    assert code == 0
 
 
 @pytest.mark.parametrize("cpu_max", ["200000 100000", "max 100000"])
