@@ -48,6 +48,7 @@ from bridge.kube.labels import (
     parse_label_selector,
     supported_field_labels,
 )
+from bridge.service.config_yaml import safe_load_bounded
 from bridge.service.events.config import EventsConfig
 from bridge.service.resource_names import canonical_resource
 from sinks.addresses import check_nats_url
@@ -633,7 +634,7 @@ def load_config(path: str | os.PathLike[str] | None = None, *, overrides: dict[s
             raise ConfigurationError(
                 f"config file {path} is not UTF-8 text (byte {e.start}: {e.reason})") from e
         try:
-            loaded = yaml.safe_load(text)
+            loaded = safe_load_bounded(text, str(path))
         except yaml.YAMLError as e:
             raise ConfigurationError(f"config file {path} is not valid YAML: {e}") from e
         if loaded is None:
