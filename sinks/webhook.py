@@ -56,6 +56,7 @@ from typing import Literal, Self
 import aiohttp
 from pydantic import Field, field_validator, model_validator
 
+from bridge.bounded_read import drain_buffered, read_prefix
 from bridge.clock import Clock
 from sinks.base import BaseSink, OutgoingMessage
 from sinks.cloudevents import BATCH_CONTENT_TYPE, HTTP_PREFIX
@@ -80,6 +81,13 @@ log = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "X-Signature-256"
 _TRANSIENT_STATUS = frozenset({408, 425, 429})
+_ANSWER_SHOWN = 200
+"""Characters of an error answer's body quoted in its message (and the dead letter's reason)."""
+_ANSWER_READ = 4096
+"""Bytes read of an error answer at most; a longer body is cut and its connection closed."""
+_OK_DRAINED = 64 * 1024
+"""Bytes of a 2xx answer's body consumed if already received; beyond, or still arriving, the
+connection is closed instead (the status is the outcome: the body is never waited for)."""
 
 
 def sign(secret: bytes, body: bytes) -> str:
@@ -134,8 +142,10 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def display_url(url: str) -> str:
-    """``url`` without user info, query or fragment, for messages (they may hold credentials)."""
+def display_url(url: str, *, keep_path: bool = False) -> str:
+    """``url`` as messages, metrics and status show it: scheme, host and port only (user info, query,
+    fragment and path may hold credentials: a Slack-style hook carries its token in the path); the
+    path too with ``keep_path`` (``url_path_secret: false``)."""
     parts = urllib.parse.urlsplit(url)
     host = parts.hostname or ""
     if ":" in host:
@@ -145,7 +155,8 @@ def display_url(url: str) -> str:
     except ValueError:
         port = None
     netloc = f"{host}:{port}" if port else host
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    path = parts.path if keep_path else ""
+    return urllib.parse.urlunsplit((parts.scheme, netloc, path, "", ""))
 
 
 def _read_secret(inline: str | None, path: str | None, what: str) -> str | None:
@@ -213,6 +224,9 @@ class WebhookOptions(SinkOptions):
     auth: WebhookAuthOptions = Field(default_factory=WebhookAuthOptions)
     tls: WebhookTLSOptions = Field(default_factory=WebhookTLSOptions)
     batch: WebhookBatchOptions = Field(default_factory=WebhookBatchOptions)
+    url_path_secret: bool = True
+    """Whether the URL's path is a secret (a Slack-style hook's token): logs, metrics, readiness and
+    dead letters show scheme, host and port only. ``false`` shows the path as well."""
 
     @field_validator("url")
     @classmethod
@@ -412,27 +426,36 @@ class WebhookSink(BaseSink[WebhookOptions]):
                 all_headers.update(self._signer.headers(msg_id, self._clock.wall(), body))
         else:
             all_headers = headers  # the message's own (aiohttp copies them, never changes them)
+        shown = display_url(url, keep_path=not self.options.url_path_secret)
         try:
             async with session.request(
                 self.options.method, url, data=body, headers=all_headers, allow_redirects=False
             ) as resp:
                 if 200 <= resp.status < 300:
-                    await resp.read()
+                    drain_buffered(resp, _OK_DRAINED)
                     return
-                text = (await resp.text(errors="replace"))[:200]
-                reason = f"HTTP {resp.status} from {display_url(url)}: {text}".rstrip(": ")
-                if resp.status == 413:  # Content Too Large: the oversize policy decides
-                    raise SinkMessageTooLargeError(reason)
-                if resp.status in _TRANSIENT_STATUS or resp.status >= 500:
-                    retry_after = parse_retry_after(resp.headers.get("Retry-After"))
-                    raise SinkTransientError(reason, retry_after=retry_after)
-                raise SinkPermanentError(reason)
+                raise self._answer_error(resp, shown, *await read_prefix(resp, _ANSWER_READ))
         except TimeoutError as exc:
             raise SinkTransientError(f"timed out after {self.options.timeout}s posting to "
-                                     f"{display_url(url)}") from exc
+                                     f"{shown}") from exc
         except aiohttp.ClientError as exc:
-            raise SinkTransientError(f"posting to {display_url(url)} failed: {type(exc).__name__}: "
+            raise SinkTransientError(f"posting to {shown} failed: {type(exc).__name__}: "
                                      f"{exc}") from exc
+
+    def _answer_error(self, resp: aiohttp.ClientResponse, shown: str, head: bytes,
+                      cut: bool) -> Exception:
+        """The error a non-2xx answer stands for, quoting the start of its body."""
+        text = head.decode(errors="replace")[:_ANSWER_SHOWN]
+        if cut:
+            log.warning("the answer from %s is longer than %d bytes: read that much, connection closed",
+                        shown, _ANSWER_READ, extra={"sink": self.name, "status": resp.status})
+        reason = f"HTTP {resp.status} from {shown}: {text}".rstrip(": ")
+        if resp.status == 413:  # Content Too Large: the oversize policy decides
+            return SinkMessageTooLargeError(reason)
+        if resp.status in _TRANSIENT_STATUS or resp.status >= 500:
+            retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+            return SinkTransientError(reason, retry_after=retry_after)
+        return SinkPermanentError(reason)
 
     async def _batch_loop(self) -> None:
         queue = self._queue

@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 FOUNDATIONS = ("bridge.contracts", "bridge.rawobject", "bridge.errors", "bridge.clock", "bridge.version",
+               "bridge.bounded_read",
                "bridge.labels", "bridge.resource_version")
 
 # layer → the prefixes of project modules it may import (besides itself)

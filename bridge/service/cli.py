@@ -168,6 +168,8 @@ def _check_cluster(path: str | None, kubeconfig: str | None, context: str | None
 def _snapshot(url: str, resource: str | None, token_file: str | None, sink: str | None = None) -> int:
     import aiohttp
 
+    from bridge.bounded_read import ERROR_BODY_LIMIT, read_prefix
+
     token = os.environ.get("KEB_ADMIN_TOKEN", "")
     if token_file:
         try:
@@ -184,7 +186,8 @@ def _snapshot(url: str, resource: str | None, token_file: str | None, sink: str 
             async with aiohttp.ClientSession() as session, session.post(
                     f"{url.rstrip('/')}/snapshot", params=params, headers=headers,
                     timeout=aiohttp.ClientTimeout(total=30)) as resp:
-                body = await resp.text()
+                head, _ = await read_prefix(resp, ERROR_BODY_LIMIT)
+                body = head.decode(errors="replace")
                 if resp.status == 202:
                     sys.stdout.write(body + "\n")
                     return EXIT_OK

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 from yaml.composer import ComposerError
-from yaml.events import AliasEvent
+from yaml.events import AliasEvent, NodeEvent
 from yaml.nodes import MappingNode, Node, SequenceNode
 
 __all__ = ["MAX_ALIAS_NODES", "AliasLimitError", "safe_load_bounded"]
@@ -78,7 +78,7 @@ class _BoundedLoader(yaml.SafeLoader):
                         event.start_mark)
             return node
         upcoming = self.peek_event()  # type: ignore[no-untyped-call]
-        anchor = getattr(upcoming, "anchor", None)
+        anchor = upcoming.anchor if isinstance(upcoming, NodeEvent) else None
         if anchor is not None:
             self._composing.append(anchor)
         try:

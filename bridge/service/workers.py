@@ -44,6 +44,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from bridge.bounded_read import ERROR_BODY_LIMIT, read_prefix
 from bridge.errors import ConfigurationError
 from bridge.service.config import BridgeConfig, SinkConfig
 from bridge.service.health import HealthServer, Readiness
@@ -276,6 +277,9 @@ class _Worker:
         return self.proc.pid if self.proc is not None and self.proc.returncode is None else None
 
 
+_METRICS_LIMIT = 256 * 2**20
+"""What is read of a worker's exposition at most (one worker's series: far below)."""
+
 @dataclass
 class _Answer:
     status: int
@@ -406,12 +410,17 @@ class Supervisor:
         return self._exit_code
 
     async def _ask(self, method: str, url: str, *, params: Mapping[str, str] | None = None,
-                   headers: Mapping[str, str] | None = None, timeout: float = 5.0) -> _Answer:
+                   headers: Mapping[str, str] | None = None, timeout: float = 5.0,
+                   limit: int = 16 * ERROR_BODY_LIMIT) -> _Answer:
+        """One request to a worker; at most ``limit`` bytes of its answer are read."""
         assert self._session is not None
         try:
             async with self._session.request(method, url, params=params, headers=headers,
                                              timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                return _Answer(status=resp.status, body=await resp.read())
+                body, cut = await read_prefix(resp, limit)
+                if cut:
+                    return _Answer(status=0, error=f"answer longer than {limit} bytes")
+                return _Answer(status=resp.status, body=body)
         except (aiohttp.ClientError, TimeoutError) as e:
             return _Answer(status=0, error=f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
 
@@ -447,7 +456,8 @@ class Supervisor:
     async def metrics(self) -> str:
         """The workers' expositions merged, then the supervisor's own samples."""
         answers = await asyncio.gather(*(
-            self._ask("GET", f"http://127.0.0.1:{w.port}/metrics") if w.pid else _none()
+            self._ask("GET", f"http://127.0.0.1:{w.port}/metrics", limit=_METRICS_LIMIT) if w.pid
+            else _none()
             for w in self._workers))
         texts = {w.index: a.body.decode() for w, a in zip(self._workers, answers, strict=True)
                  if a.status == 200}
