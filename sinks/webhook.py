@@ -271,6 +271,8 @@ class WebhookSink(BaseSink[WebhookOptions]):
         self._secret: bytes | None = None
         self._signer: StandardSigner | None = None
         self._static_headers: dict[str, str] = {}
+        self._credentials: list[str] = []
+        """The sink's own secrets, masked in a receiver's answer quoted in messages."""
         self._queue: asyncio.Queue[list[_Pending]] | None = None
         """Batch mode: runs of messages (one, or one object's in order) waiting for the batcher."""
         self._batcher: asyncio.Task[None] | None = None
@@ -301,6 +303,7 @@ class WebhookSink(BaseSink[WebhookOptions]):
             auth = opts.auth
             headers = dict(opts.headers)
             token = _read_secret(auth.bearer_token, auth.bearer_token_file, "auth.bearer_token_file")
+            password = None
             if token:
                 headers["Authorization"] = f"Bearer {token}"
             elif auth.username:
@@ -317,6 +320,10 @@ class WebhookSink(BaseSink[WebhookOptions]):
             raise self._config_error(str(exc)) from exc
         self._secret = secret.encode() if secret and scheme != "standard-webhooks" else None
         self._static_headers = headers
+        auth_header = headers.get("Authorization", "")
+        self._credentials = sorted(
+            {c for c in (secret, token, password, auth_header, auth_header.partition(" ")[2]) if c},
+            key=len, reverse=True)
 
     async def _start(self) -> None:
         if self._session is not None:
@@ -445,7 +452,10 @@ class WebhookSink(BaseSink[WebhookOptions]):
     def _answer_error(self, resp: aiohttp.ClientResponse, shown: str, head: bytes,
                       cut: bool) -> Exception:
         """The error a non-2xx answer stands for, quoting the start of its body."""
-        text = head.decode(errors="replace")[:_ANSWER_SHOWN]
+        text = head.decode(errors="replace")
+        for secret in self._credentials:  # a receiver that echoes the request's headers
+            text = text.replace(secret, "***")
+        text = text[:_ANSWER_SHOWN]
         if cut:
             log.warning("the answer from %s is longer than %d bytes: read that much, connection closed",
                         shown, _ANSWER_READ, extra={"sink": self.name, "status": resp.status})

@@ -6,11 +6,14 @@ The public listener (``server.host`` / ``server.port``, what the Service and the
 =================  ============================================================================
 ``GET /healthz``   200 while the event loop answers (liveness), during a shutdown as well
 ``GET /readyz``    200 when every informer has synced and can list and watch, and every sink is
-                   connected, else 503 with the reasons as JSON (``starting`` until every
-                   informer is built; ``informer X cannot list or watch: ServerError: …`` while
-                   its last list/watch failed and it has made no progress since; ``stopping``
-                   alone from SIGTERM on, while the shutdown drains, until the listener closes);
-                   a standby replica (leader election) is ready: it serves metrics and waits
+                   connected, else 503 with the reasons' kinds as JSON (``starting`` until every
+                   informer is built; ``informer X cannot list or watch`` while its last
+                   list/watch failed and it has made no progress since; ``sink X unhealthy``;
+                   ``stopping`` alone from SIGTERM on, while the shutdown drains, until the
+                   listener closes); the details (the error, a receiver's answer) are withheld
+                   here, as kube-apiserver does: they go to the logs and to the admin listener's
+                   ``GET /readyz``. A standby replica (leader election) is ready: it serves
+                   metrics and waits
 ``GET /metrics``   Prometheus text exposition (OpenTelemetry Prometheus reader)
 =================  ============================================================================
 
@@ -19,6 +22,7 @@ reachable only from inside the pod, i.e. through ``kubectl port-forward``, never
 or another pod, with or without a service-mesh sidecar):
 
 =================  ============================================================================
+``GET /readyz``    the public ``/readyz`` with each reason in full
 ``POST /snapshot`` asks the leader for a resync snapshot (``?resource=pods`` for one resource,
                    ``?sink=NAME`` for one sink alone);
                    202 with the resources snapshotted, 409 on a standby
@@ -33,14 +37,14 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 from aiohttp import web
 
-__all__ = ["HealthServer", "Readiness"]
+__all__ = ["HealthServer", "Readiness", "reason_kind"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +55,21 @@ class Readiness:
     reasons: tuple[str, ...] = ()
     role: str = "leader"
     """"leader", "standby" or "single"."""
+
+
+def reason_kind(reason: str) -> str:
+    """What the public ``/readyz`` says of a not-ready reason: its kind (``sink hook unhealthy``),
+    without the detail after the first ``": "`` or in the closing parentheses (an error, a
+    receiver's answer, a backlog). A worker's reasons (``worker 0: …``) keep the worker's number."""
+    prefix, sep, rest = reason.partition(": ")
+    if sep and prefix.startswith("worker ") and prefix[7:].isdigit():
+        return f"{prefix}: {reason_kind(rest)}"
+    return prefix.split(" (", 1)[0]
+
+
+def public_reasons(reasons: Iterable[str]) -> list[str]:
+    """The kinds of ``reasons``, each once, in order."""
+    return list(dict.fromkeys(reason_kind(r) for r in reasons))
 
 
 class HealthServer:
@@ -74,6 +93,7 @@ class HealthServer:
         self._admin_host = admin_host
         self._admin_token_file = admin_token_file
         self._runners: list[web.AppRunner] = []
+        self._logged_reasons: tuple[str, ...] = ()
         self.port = port
         self.admin_port = admin_port
 
@@ -89,6 +109,7 @@ class HealthServer:
     def admin_app(self) -> web.Application:
         """The admin listener's application: every route behind :meth:`_authorized`."""
         app = web.Application(middlewares=[self._authorize])
+        app.router.add_get("/readyz", self._readyz_detail)
         app.router.add_post("/snapshot", self._snapshot_handler)
         return app
 
@@ -152,8 +173,21 @@ class HealthServer:
 
     async def _readyz(self, _: web.Request) -> web.Response:
         r = self._readiness()
+        self._log_reasons(r.reasons)
+        body = orjson.dumps({"ready": r.ready, "role": r.role, "reasons": public_reasons(r.reasons)})
+        return web.Response(body=body, status=200 if r.ready else 503, content_type="application/json")
+
+    async def _readyz_detail(self, _: web.Request) -> web.Response:
+        r = self._readiness()
         body = orjson.dumps({"ready": r.ready, "role": r.role, "reasons": list(r.reasons)})
         return web.Response(body=body, status=200 if r.ready else 503, content_type="application/json")
+
+    def _log_reasons(self, reasons: tuple[str, ...]) -> None:
+        """The details the public answer withholds, logged when they change (not on every probe)."""
+        if reasons != self._logged_reasons:
+            self._logged_reasons = reasons
+            if reasons:
+                log.info("not ready: %s", "; ".join(reasons), extra={"reasons": list(reasons)})
 
     async def _metrics_handler(self, _: web.Request) -> web.Response:
         return web.Response(body=self._metrics(),
