@@ -63,6 +63,7 @@ from sinks.cloudevents import BATCH_CONTENT_TYPE, HTTP_PREFIX
 from sinks.contract import SinkMessageTooLargeError, SinkPermanentError, SinkTransientError
 from sinks.options import SinkOptions, _Model
 from sinks.templates import sanitize_url_segment
+from sinks.transport_security import InsecureSetting, is_loopback
 
 __all__ = [
     "SIGNATURE_HEADER",
@@ -239,6 +240,24 @@ class WebhookOptions(SinkOptions):
         except ValueError as exc:
             raise ValueError(f"bad port in URL {display_url(value)!r}") from exc
         return value
+
+    def insecure_settings(self) -> list[InsecureSetting]:
+        found: list[InsecureSetting] = []
+        if self.tls.insecure_skip_verify:
+            found.append(("tls.insecure_skip_verify", "turns TLS verification off"))
+        parts = urllib.parse.urlsplit(self.url)
+        auth = self.auth
+        credentials = [name for name, on in (
+            ("auth.bearer_token", bool(auth.bearer_token or auth.bearer_token_file)),
+            ("auth.username", bool(auth.username)),
+            ("hmac_secret", bool(self.hmac_secret or self.hmac_secret_file)),
+            ("url", bool(parts.username or parts.password)),
+            ("headers", any(k.lower() == "authorization" for k in self.headers)),
+        ) if on]
+        if credentials and parts.scheme == "http" and not is_loopback(parts.hostname):
+            found.append(("url", f"http:// to {parts.hostname} with credentials ({', '.join(credentials)}) "
+                                 "sends them, or what they sign, in plaintext"))
+        return found
 
     @model_validator(mode="after")
     def _batching(self) -> Self:

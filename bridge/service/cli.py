@@ -126,10 +126,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check_config(path: str | None) -> int:
     from bridge.service.config import load_config, masked_dump
-    from bridge.service.service import validate_sinks
+    from bridge.service.service import insecure_warnings, validate_sinks
 
     cfg = load_config(path)
-    validate_sinks(cfg)
+    sinks = validate_sinks(cfg)
+    for warning in insecure_warnings(cfg, sinks):
+        sys.stderr.write(f"kube-event-bridge: warning: {warning}\n")
     sys.stdout.write(yaml.safe_dump(masked_dump(cfg), sort_keys=False))
     sys.stdout.write("# configuration is valid\n")
     return EXIT_OK

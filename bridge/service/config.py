@@ -50,10 +50,12 @@ from bridge.kube.labels import (
     supported_field_labels,
 )
 from bridge.service.config_masking import MASK, Origins, mask_config
+from bridge.service.config_nats import NatsConnectionConfig, nats_insecure_settings
 from bridge.service.config_yaml import safe_load_bounded
 from bridge.service.events.config import EventsConfig
 from bridge.service.resource_names import canonical_resource
 from sinks.addresses import check_nats_url
+from sinks.transport_security import refusal
 
 __all__ = [
     "MASK",
@@ -282,10 +284,29 @@ class CheckpointConfig(_Model):
     subdirectory per sink and informer; "" = no spill (a sink that falls behind degrades at once).
     Emptied at each start."""
 
+    nats: NatsConnectionConfig = NatsConnectionConfig()
+    """NATS KV store: TLS and credentials of its connection (as the NATS sinks': user and
+    password_file, token_file, nkey_seed_file, creds_file, tls_ca_file, tls_cert_file, tls_key_file,
+    tls_hostname)."""
+    allow_insecure: bool = False
+    """NATS KV store: accept sending credentials in plaintext to a host other than loopback (warned
+    about at start and by check-config)."""
+
     @field_validator("nats_url")
     @classmethod
     def _nats_url(cls, v: str) -> str:
         return check_nats_url(v)
+
+    def insecure_settings(self) -> list[tuple[str, str]]:
+        """What weakens the store's transport security (only with ``store: nats-kv``)."""
+        return nats_insecure_settings(self.nats_url, self.nats) if self.store == "nats-kv" else []
+
+    @model_validator(mode="after")
+    def _secure_unless_allowed(self) -> CheckpointConfig:
+        settings = self.insecure_settings()
+        if settings and not self.allow_insecure:
+            raise ValueError(refusal(settings))
+        return self
 
 
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")

@@ -82,6 +82,16 @@ def validate_sinks(config: BridgeConfig) -> list[Sink]:
     return sinks
 
 
+def insecure_warnings(config: BridgeConfig, sinks: list[Sink]) -> list[str]:
+    """What weakens transport security and is accepted with ``allow_insecure: true`` (the sinks'
+    and the NATS KV checkpoint store's), one line each, for check-config and the start."""
+    found = [f"sinks.{i} ({s.name}): {name}: {what}"
+             for i, s in enumerate(sinks) if isinstance(s, BaseSink)
+             for name, what in s.options.insecure_settings()]
+    found.extend(f"checkpoint.{name}: {what}" for name, what in config.checkpoint.insecure_settings())
+    return found
+
+
 def _filter_errors_of(sink: MeteredSink) -> int | None:
     """The sink's filter evaluation errors; None for a sink without a CEL filter."""
     inner = sink.inner
@@ -111,7 +121,8 @@ def _checkpoint_store(config: BridgeConfig, client: ApiClient,
                                         fence=fence, allow_shards=cp.shards)
     from bridge.storage.checkpoint_natskv import NatsKvCheckpointStore
 
-    return NatsKvCheckpointStore(nats_url=cp.nats_url, bucket=cp.bucket, fence=fence)
+    return NatsKvCheckpointStore(nats_url=cp.nats_url, bucket=cp.bucket, fence=fence,
+                                 connect_options=cp.nats.connect_kwargs())
 
 
 async def _server_rv(client: ApiClient, watched: WatchedResource) -> str:
@@ -622,6 +633,8 @@ def run_service(path: str | None) -> int:
         label_logs(worker)
         config = for_worker(config, worker)
     validate_sinks(config)
+    for name, what in config.checkpoint.insecure_settings():  # the sinks warn as they start
+        log.warning("checkpoint.%s: %s (allow_insecure: true)", name, what)
     configure_gc()
 
     async def main() -> int:
