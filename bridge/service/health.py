@@ -35,6 +35,7 @@ without a restart. The public listener answers ``POST /snapshot`` with 403 and w
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, Iterable
@@ -84,8 +85,13 @@ class HealthServer:
         admin_host: str = "127.0.0.1",
         admin_port: int = 8081,
         admin_token_file: str | None = None,
+        metrics_render: Callable[[], Callable[[], bytes]] | None = None,
     ) -> None:
+        """``metrics_render``: called on the event loop at each scrape, returns what renders the
+        exposition in a worker thread (``metrics`` is then unused): a scrape of many series never
+        holds the loop for its rendering."""
         self._host = host
+        self._metrics_render = metrics_render
         self._port = port
         self._readiness = readiness
         self._metrics = metrics
@@ -190,8 +196,12 @@ class HealthServer:
                 log.info("not ready: %s", "; ".join(reasons), extra={"reasons": list(reasons)})
 
     async def _metrics_handler(self, _: web.Request) -> web.Response:
-        return web.Response(body=self._metrics(),
-                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        if self._metrics_render is not None:
+            render = self._metrics_render()
+            body = await asyncio.get_running_loop().run_in_executor(None, render)
+        else:
+            body = self._metrics()
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def _snapshot_handler(self, request: web.Request) -> web.Response:
         if self._snapshot is None:

@@ -198,7 +198,8 @@ class BridgeService:
         self.telemetry.set_filter_errors_source(self._filter_errors)
         self.health = HealthServer(
             host=config.server.host, port=config.server.port, readiness=self.readiness,
-            metrics=self.telemetry.render_prometheus, admin_host=config.server.admin_host,
+            metrics=self.telemetry.render_prometheus, metrics_render=self.telemetry.prepare_render,
+            admin_host=config.server.admin_host,
             admin_port=config.server.admin_port, admin_token_file=config.server.admin_token_file,
         )
         self.stop_event = asyncio.Event()
