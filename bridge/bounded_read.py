@@ -39,11 +39,15 @@ def drain_buffered(response: aiohttp.ClientResponse, limit: int) -> bool:
     For answers whose body does not matter (a receiver's 2xx): the status is the outcome."""
     content = response.content
     taken = 0
-    while taken < limit and not content.at_eof():
-        chunk = content.read_nowait(limit - taken)
-        if not chunk:
-            break
-        taken += len(chunk)
+    try:
+        while taken < limit and not content.at_eof():
+            chunk = content.read_nowait(limit - taken)
+            if not chunk:
+                break
+            taken += len(chunk)
+    except (aiohttp.ClientError, ConnectionError):  # the body broke off: the status stands
+        response.close()
+        return False
     if content.at_eof():
         return True
     response.close()
