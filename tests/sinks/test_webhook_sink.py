@@ -415,7 +415,7 @@ def test_bad_configuration_is_reported_clearly(tmp_path: Path) -> None:
 
 
 async def test_unreadable_secret_file_fails_start(tmp_path: Path) -> None:
-    sink = WebhookSink.from_options("hook", {"url": "http://h/", "hmac_secret_file": str(tmp_path / "nope")})
+    sink = WebhookSink.from_options("hook", {"url": "https://h/", "hmac_secret_file": str(tmp_path / "nope")})
     with pytest.raises(SinkConfigError, match=r"sink 'hook' \(webhook\): hmac_secret_file: cannot read"):
         await sink.start()
     await sink.close()
@@ -535,7 +535,7 @@ async def test_a_replayed_request_is_rejected_by_the_receiver(hook: Hook) -> Non
 
 
 def test_a_whsec_secret_must_be_base64() -> None:
-    sink = WebhookSink.from_options("hook", {"url": "http://h/", "hmac_secret": "whsec_not base64!"})
+    sink = WebhookSink.from_options("hook", {"url": "https://h/", "hmac_secret": "whsec_not base64!"})
     with pytest.raises(SinkConfigError, match=r"\(webhook\): hmac_secret: a whsec_ secret must be"):
         sink._prepare()
 
