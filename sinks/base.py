@@ -452,6 +452,9 @@ class BaseSink(Generic[O]):
     async def start(self) -> None:
         if self._started:
             return
+        for name, what in self.options.insecure_settings():  # accepted with allow_insecure: true
+            log.warning("sink %s: %s: %s (allow_insecure: true)", self.name, name, what,
+                        extra={"sink": self.name, "setting": name})
         if self._dead_letter is not None:
             await self._dead_letter.start()
         await self._start()

@@ -75,6 +75,7 @@ from sinks.contract import (
 from sinks.deadletter import DeadLetterRecord, DeadLetterWriter, dead_letter_json
 from sinks.options import DeadLetterOptions, SinkOptions
 from sinks.templates import sanitize_kafka_topic
+from sinks.transport_security import InsecureSetting, all_loopback
 
 __all__ = [
     "KafkaDeadLetter",
@@ -182,6 +183,20 @@ class KafkaSinkOptions(SinkOptions):
     connect_timeout: float = Field(default=5.0, gt=0)
     """Seconds ``start`` waits for a first metadata answer (a broker that is down does not fail
     start; it only leaves the sink unhealthy)."""
+
+    def insecure_settings(self) -> list[InsecureSetting]:
+        props = {k.lower(): v for k, v in self.librdkafka.items()}
+        found: list[InsecureSetting] = []
+        if str(props.get("enable.ssl.certificate.verification", "true")).lower() in ("false", "0"):
+            found.append(("librdkafka.enable.ssl.certificate.verification",
+                          "turns TLS certificate verification off"))
+        brokers = [b.strip() for b in self.brokers.split(",") if b.strip()]
+        if (str(props.get("security.protocol", "")).lower() == "sasl_plaintext"
+                and not all_loopback(brokers, "kafka")):
+            found.append(("librdkafka.security.protocol",
+                          "SASL_PLAINTEXT sends the SASL credentials (and every record) in plaintext "
+                          "to brokers other than loopback: use SASL_SSL"))
+        return found
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

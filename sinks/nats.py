@@ -59,6 +59,7 @@ import logging
 import re
 import ssl
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
@@ -80,6 +81,7 @@ from sinks.contract import SinkConfigError, SinkMessageTooLargeError, SinkPerman
 from sinks.deadletter import DeadLetterRecord, DeadLetterWriter, dead_letter_json
 from sinks.options import DeadLetterOptions, SinkOptions
 from sinks.templates import sanitize_nats_token
+from sinks.transport_security import InsecureSetting, all_loopback
 
 __all__ = [
     "DEFAULT_SUBJECT",
@@ -169,6 +171,19 @@ class _ConnectionOptions(SinkOptions):
     """Bytes nats-py buffers while reconnecting; past it a publish fails (and is retried)."""
     publish_timeout: float = Field(default=5.0, gt=0)
     """Seconds to wait for the server's confirmation (PONG or PubAck) before retrying."""
+
+    def insecure_settings(self) -> list[InsecureSetting]:
+        plaintext = [u for u in self.servers
+                     if urllib.parse.urlsplit(u if "://" in u else f"nats://{u}").scheme in ("nats", "ws")]
+        userinfo = any(urllib.parse.urlsplit(u).username for u in self.servers if "://" in u)
+        credentials = [name for name, on in (
+            ("user/password_file", self.user is not None), ("token_file", self.token_file is not None),
+            ("creds_file", self.creds_file is not None), ("servers", userinfo)) if on]
+        tls = self.tls_ca_file is not None or self.tls_cert_file is not None
+        if credentials and plaintext and not tls and not all_loopback(plaintext, "nats"):
+            return [("servers", f"credentials ({', '.join(credentials)}) sent in plaintext (nats://, "
+                                "ws://) to a host other than loopback: use tls:// or tls_ca_file")]
+        return []
 
     @model_validator(mode="after")
     def _auth(self) -> Self:

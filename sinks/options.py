@@ -27,6 +27,7 @@ from sinks.event_routing import EventRoute, EventRule
 from sinks.filters import parse_path
 from sinks.payload import PayloadMode
 from sinks.templates import Template, TemplateError
+from sinks.transport_security import InsecureSetting, refusal
 
 __all__ = [
     "DEFAULT_IGNORE_PATHS",
@@ -257,7 +258,17 @@ class SinkOptions(_Model):
     fields: list[str] = Field(default_factory=list)
     """Only these paths of the object are sent (after redaction); empty = the whole object."""
 
+    allow_insecure: bool = False
+    """Accept settings that weaken transport security (TLS verification off, credentials in
+    plaintext to a host other than loopback: sinks/transport_security.py); refused without it, and
+    warned about at start and by check-config with it."""
+
     _fields = field_validator("fields")(_check_paths)
+
+    def insecure_settings(self) -> list[InsecureSetting]:
+        """Settings of these options that weaken transport security (none by default)."""
+        return []
+
 
     @field_validator("filter")
     @classmethod
@@ -293,9 +304,15 @@ class SinkOptions(_Model):
     def from_mapping(cls, name: str, mapping: Mapping[str, Any] | None, *, kind: str = "") -> Self:
         """Validates ``mapping``; raises SinkConfigError naming the sink, kind and field."""
         try:
-            return cls.model_validate(dict(mapping or {}))
+            options = cls.model_validate(dict(mapping or {}))
         except pydantic.ValidationError as exc:
             raise SinkConfigError(format_validation_error(name, kind, exc)) from exc
+        # After every other check (whose message is the more useful one when both apply).
+        settings = options.insecure_settings()
+        if settings and not options.allow_insecure:
+            who = f"sink {name!r}" + (f" ({kind})" if kind else "")
+            raise SinkConfigError(f"{who}: {refusal(settings)}")
+        return options
 
 
 def format_validation_error(name: str, kind: str, exc: pydantic.ValidationError) -> str:

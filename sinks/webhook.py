@@ -56,12 +56,14 @@ from typing import Literal, Self
 import aiohttp
 from pydantic import Field, field_validator, model_validator
 
+from bridge.bounded_read import drain_buffered, read_prefix
 from bridge.clock import Clock
 from sinks.base import BaseSink, OutgoingMessage
 from sinks.cloudevents import BATCH_CONTENT_TYPE, HTTP_PREFIX
 from sinks.contract import SinkMessageTooLargeError, SinkPermanentError, SinkTransientError
 from sinks.options import SinkOptions, _Model
 from sinks.templates import sanitize_url_segment
+from sinks.transport_security import InsecureSetting, is_loopback
 
 __all__ = [
     "SIGNATURE_HEADER",
@@ -80,6 +82,13 @@ log = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "X-Signature-256"
 _TRANSIENT_STATUS = frozenset({408, 425, 429})
+_ANSWER_SHOWN = 200
+"""Characters of an error answer's body quoted in its message (and the dead letter's reason)."""
+_ANSWER_READ = 4096
+"""Bytes read of an error answer at most; a longer body is cut and its connection closed."""
+_OK_DRAINED = 64 * 1024
+"""Bytes of a 2xx answer's body consumed if already received; beyond, or still arriving, the
+connection is closed instead (the status is the outcome: the body is never waited for)."""
 
 
 def sign(secret: bytes, body: bytes) -> str:
@@ -134,8 +143,10 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def display_url(url: str) -> str:
-    """``url`` without user info, query or fragment, for messages (they may hold credentials)."""
+def display_url(url: str, *, keep_path: bool = False) -> str:
+    """``url`` as messages, metrics and status show it: scheme, host and port only (user info, query,
+    fragment and path may hold credentials: a Slack-style hook carries its token in the path); the
+    path too with ``keep_path`` (``url_path_secret: false``)."""
     parts = urllib.parse.urlsplit(url)
     host = parts.hostname or ""
     if ":" in host:
@@ -145,7 +156,8 @@ def display_url(url: str) -> str:
     except ValueError:
         port = None
     netloc = f"{host}:{port}" if port else host
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    path = parts.path if keep_path else ""
+    return urllib.parse.urlunsplit((parts.scheme, netloc, path, "", ""))
 
 
 def _read_secret(inline: str | None, path: str | None, what: str) -> str | None:
@@ -213,6 +225,9 @@ class WebhookOptions(SinkOptions):
     auth: WebhookAuthOptions = Field(default_factory=WebhookAuthOptions)
     tls: WebhookTLSOptions = Field(default_factory=WebhookTLSOptions)
     batch: WebhookBatchOptions = Field(default_factory=WebhookBatchOptions)
+    url_path_secret: bool = True
+    """Whether the URL's path is a secret (a Slack-style hook's token): logs, metrics, readiness and
+    dead letters show scheme, host and port only. ``false`` shows the path as well."""
 
     @field_validator("url")
     @classmethod
@@ -225,6 +240,24 @@ class WebhookOptions(SinkOptions):
         except ValueError as exc:
             raise ValueError(f"bad port in URL {display_url(value)!r}") from exc
         return value
+
+    def insecure_settings(self) -> list[InsecureSetting]:
+        found: list[InsecureSetting] = []
+        if self.tls.insecure_skip_verify:
+            found.append(("tls.insecure_skip_verify", "turns TLS verification off"))
+        parts = urllib.parse.urlsplit(self.url)
+        auth = self.auth
+        credentials = [name for name, on in (
+            ("auth.bearer_token", bool(auth.bearer_token or auth.bearer_token_file)),
+            ("auth.username", bool(auth.username)),
+            ("hmac_secret", bool(self.hmac_secret or self.hmac_secret_file)),
+            ("url", bool(parts.username or parts.password)),
+            ("headers", any(k.lower() == "authorization" for k in self.headers)),
+        ) if on]
+        if credentials and parts.scheme == "http" and not is_loopback(parts.hostname):
+            found.append(("url", f"http:// to {parts.hostname} with credentials ({', '.join(credentials)}) "
+                                 "sends them, or what they sign, in plaintext"))
+        return found
 
     @model_validator(mode="after")
     def _batching(self) -> Self:
@@ -257,6 +290,8 @@ class WebhookSink(BaseSink[WebhookOptions]):
         self._secret: bytes | None = None
         self._signer: StandardSigner | None = None
         self._static_headers: dict[str, str] = {}
+        self._credentials: list[str] = []
+        """The sink's own secrets, masked in a receiver's answer quoted in messages."""
         self._queue: asyncio.Queue[list[_Pending]] | None = None
         """Batch mode: runs of messages (one, or one object's in order) waiting for the batcher."""
         self._batcher: asyncio.Task[None] | None = None
@@ -287,6 +322,7 @@ class WebhookSink(BaseSink[WebhookOptions]):
             auth = opts.auth
             headers = dict(opts.headers)
             token = _read_secret(auth.bearer_token, auth.bearer_token_file, "auth.bearer_token_file")
+            password = None
             if token:
                 headers["Authorization"] = f"Bearer {token}"
             elif auth.username:
@@ -303,6 +339,10 @@ class WebhookSink(BaseSink[WebhookOptions]):
             raise self._config_error(str(exc)) from exc
         self._secret = secret.encode() if secret and scheme != "standard-webhooks" else None
         self._static_headers = headers
+        auth_header = headers.get("Authorization", "")
+        self._credentials = sorted(
+            {c for c in (secret, token, password, auth_header, auth_header.partition(" ")[2]) if c},
+            key=len, reverse=True)
 
     async def _start(self) -> None:
         if self._session is not None:
@@ -412,27 +452,39 @@ class WebhookSink(BaseSink[WebhookOptions]):
                 all_headers.update(self._signer.headers(msg_id, self._clock.wall(), body))
         else:
             all_headers = headers  # the message's own (aiohttp copies them, never changes them)
+        shown = display_url(url, keep_path=not self.options.url_path_secret)
         try:
             async with session.request(
                 self.options.method, url, data=body, headers=all_headers, allow_redirects=False
             ) as resp:
                 if 200 <= resp.status < 300:
-                    await resp.read()
+                    drain_buffered(resp, _OK_DRAINED)
                     return
-                text = (await resp.text(errors="replace"))[:200]
-                reason = f"HTTP {resp.status} from {display_url(url)}: {text}".rstrip(": ")
-                if resp.status == 413:  # Content Too Large: the oversize policy decides
-                    raise SinkMessageTooLargeError(reason)
-                if resp.status in _TRANSIENT_STATUS or resp.status >= 500:
-                    retry_after = parse_retry_after(resp.headers.get("Retry-After"))
-                    raise SinkTransientError(reason, retry_after=retry_after)
-                raise SinkPermanentError(reason)
+                raise self._answer_error(resp, shown, *await read_prefix(resp, _ANSWER_READ))
         except TimeoutError as exc:
             raise SinkTransientError(f"timed out after {self.options.timeout}s posting to "
-                                     f"{display_url(url)}") from exc
+                                     f"{shown}") from exc
         except aiohttp.ClientError as exc:
-            raise SinkTransientError(f"posting to {display_url(url)} failed: {type(exc).__name__}: "
+            raise SinkTransientError(f"posting to {shown} failed: {type(exc).__name__}: "
                                      f"{exc}") from exc
+
+    def _answer_error(self, resp: aiohttp.ClientResponse, shown: str, head: bytes,
+                      cut: bool) -> Exception:
+        """The error a non-2xx answer stands for, quoting the start of its body."""
+        text = head.decode(errors="replace")
+        for secret in self._credentials:  # a receiver that echoes the request's headers
+            text = text.replace(secret, "***")
+        text = text[:_ANSWER_SHOWN]
+        if cut:
+            log.warning("the answer from %s is longer than %d bytes: read that much, connection closed",
+                        shown, _ANSWER_READ, extra={"sink": self.name, "status": resp.status})
+        reason = f"HTTP {resp.status} from {shown}: {text}".rstrip(": ")
+        if resp.status == 413:  # Content Too Large: the oversize policy decides
+            return SinkMessageTooLargeError(reason)
+        if resp.status in _TRANSIENT_STATUS or resp.status >= 500:
+            retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+            return SinkTransientError(reason, retry_after=retry_after)
+        return SinkPermanentError(reason)
 
     async def _batch_loop(self) -> None:
         queue = self._queue

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 FOUNDATIONS = ("bridge.contracts", "bridge.rawobject", "bridge.errors", "bridge.clock", "bridge.version",
-               "bridge.labels", "bridge.resource_version", "bridge.jsonbounds")
+               "bridge.labels", "bridge.resource_version", "bridge.jsonbounds", "bridge.bounded_read")
 
 # layer → the prefixes of project modules it may import (besides itself)
 ALLOWED: dict[str, tuple[str, ...]] = {

@@ -148,6 +148,9 @@ class ProcessorListener:
         self.name = name
         self.options = options
         self._call = HandlerCall(handler=handler, acked=self._acked_one, name=name)
+        self.snapshots_pending = 0
+        """``SNAPSHOT`` notifications handed to this listener and not yet through its handler (the
+        informer coalesces a request for a listener with one pending)."""
         self._batch_limit = _BATCH_FLOOR if self._call.takes_batches else 1  # others: batches of one
         self._clock = clock
         self._observer = observer
@@ -478,6 +481,8 @@ class ProcessorListener:
                     for n in batch:
                         if n.kind is NotificationKind.ADD and n.is_in_initial_list:
                             self._initial_pending -= 1
+                        elif n.kind is NotificationKind.SNAPSHOT and self.snapshots_pending:
+                            self.snapshots_pending -= 1
                 if len(batch) > 1:  # a batch handler's: size the next batch to about a time slice
                     elapsed = loop.time() - started
                     fits = int(len(batch) * TIME_SLICE / elapsed) if elapsed > 0 else BATCH_LIMIT

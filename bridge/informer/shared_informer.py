@@ -565,9 +565,11 @@ class SharedIndexInformer:
     # snapshots
 
     def request_snapshot(self, registration: HandlerRegistration | None = None) -> None:
-        """Queues one ``SNAPSHOT`` notification (the whole cache and the last progress RV) for the
+        """Queues a ``SNAPSHOT`` notification (the whole cache and the last progress RV) for the
         registration's listener, or for every listener when None; emitted between two processed
-        FIFO items once the informer runs."""
+        FIFO items once the informer runs. Requests are coalesced: a listener gets one snapshot for
+        every request waiting together, and none for a request arriving while one it has not yet
+        handled is pending (that one is as recent: 20 requests make one or two snapshots)."""
         self._snapshot_requests.append(registration.listener if registration is not None else None)
         self._snapshot_wakeup.set()
 
@@ -577,25 +579,26 @@ class SharedIndexInformer:
             self._snapshot_wakeup.clear()
             async with self._lock:
                 requests, self._snapshot_requests = self._snapshot_requests, []
-                for target in requests:
-                    current = self._processor.listeners
-                    if target is None:
-                        targets = current
-                    elif target in current:
-                        targets = [target]
-                    else:
-                        continue  # removed meanwhile
-                    if not targets:
-                        continue
-                    await self._processor.send(
-                        Notification(
-                            kind=NotificationKind.SNAPSHOT,
-                            obj={},
-                            snapshot=self._indexer.snapshot(),
-                            resource_version=self._last_progress_rv,
-                        ),
-                        targets,
-                    )
+                current = self._processor.listeners
+                wanted = current if None in requests else [t for t in dict.fromkeys(requests)
+                                                            if t is not None and t in current]
+                targets = [t for t in wanted if not t.snapshots_pending]
+                if len(targets) < len(wanted):
+                    log.info("a snapshot is already pending for %d listener(s): the request joins it",
+                             len(wanted) - len(targets), extra={"informer": self.name})
+                if not targets:
+                    continue
+                for t in targets:
+                    t.snapshots_pending += 1
+                await self._processor.send(
+                    Notification(
+                        kind=NotificationKind.SNAPSHOT,
+                        obj={},
+                        snapshot=self._indexer.snapshot(),
+                        resource_version=self._last_progress_rv,
+                    ),
+                    targets,
+                )
 
     # ---------------------------------------------------------------------------------------------
     # HandleDeltas

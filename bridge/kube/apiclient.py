@@ -37,6 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import orjson
 
+from bridge.bounded_read import ERROR_BODY_LIMIT, read_prefix
 from bridge.clock import Clock, RealClock
 from bridge.errors import (
     ApiStatusError,
@@ -548,7 +549,7 @@ class ApiClient:
             if response.status < 400:
                 return response
             try:
-                body = await response.read()
+                body, _ = await read_prefix(response, ERROR_BODY_LIMIT)  # a Status: never this long
             except _RETRYABLE_NETWORK_ERRORS as e:
                 response.close()
                 raise ApiUnavailableError(f"{context}: connection broke reading an error answer") from e

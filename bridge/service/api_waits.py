@@ -73,6 +73,6 @@ class AheadOfServer:
     def reasons(self) -> list[str]:
         """One readiness detail per call waiting, with the time left before the relist."""
         now = self._clock.now()
-        return [f"{context}: the stored resourceVersion is ahead of the API server ({w.message}); "
+        return [f"stored resourceVersion ahead of the API server: {context} ({w.message}); "
                 f"relisting from a consistent read in about {max(0.0, w.until - now):.0f} s"
                 for context, w in self._waits.items()]

@@ -126,10 +126,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check_config(path: str | None) -> int:
     from bridge.service.config import load_config, masked_dump
-    from bridge.service.service import validate_sinks
+    from bridge.service.service import insecure_warnings, validate_sinks
 
     cfg = load_config(path)
-    validate_sinks(cfg)
+    sinks = validate_sinks(cfg)
+    for warning in insecure_warnings(cfg, sinks):
+        sys.stderr.write(f"kube-event-bridge: warning: {warning}\n")
     sys.stdout.write(yaml.safe_dump(masked_dump(cfg), sort_keys=False))
     sys.stdout.write("# configuration is valid\n")
     return EXIT_OK
@@ -168,6 +170,8 @@ def _check_cluster(path: str | None, kubeconfig: str | None, context: str | None
 def _snapshot(url: str, resource: str | None, token_file: str | None, sink: str | None = None) -> int:
     import aiohttp
 
+    from bridge.bounded_read import ERROR_BODY_LIMIT, read_prefix
+
     token = os.environ.get("KEB_ADMIN_TOKEN", "")
     if token_file:
         try:
@@ -184,7 +188,8 @@ def _snapshot(url: str, resource: str | None, token_file: str | None, sink: str 
             async with aiohttp.ClientSession() as session, session.post(
                     f"{url.rstrip('/')}/snapshot", params=params, headers=headers,
                     timeout=aiohttp.ClientTimeout(total=30)) as resp:
-                body = await resp.text()
+                head, _ = await read_prefix(resp, ERROR_BODY_LIMIT)
+                body = head.decode(errors="replace")
                 if resp.status == 202:
                     sys.stdout.write(body + "\n")
                     return EXIT_OK

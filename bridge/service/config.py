@@ -19,6 +19,7 @@ import os
 import re
 import socket
 import urllib.parse
+import weakref
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -48,11 +49,16 @@ from bridge.kube.labels import (
     parse_label_selector,
     supported_field_labels,
 )
+from bridge.service.config_masking import MASK, Origins, mask_config
+from bridge.service.config_nats import NatsConnectionConfig, nats_insecure_settings
+from bridge.service.config_yaml import safe_load_bounded
 from bridge.service.events.config import EventsConfig
 from bridge.service.resource_names import canonical_resource
 from sinks.addresses import check_nats_url
+from sinks.transport_security import refusal
 
 __all__ = [
+    "MASK",
     "BridgeConfig",
     "CacheConfig",
     "CheckpointConfig",
@@ -283,10 +289,29 @@ class CheckpointConfig(_Model):
     subdirectory per sink and informer; "" = no spill (a sink that falls behind degrades at once).
     Emptied at each start."""
 
+    nats: NatsConnectionConfig = NatsConnectionConfig()
+    """NATS KV store: TLS and credentials of its connection (as the NATS sinks': user and
+    password_file, token_file, nkey_seed_file, creds_file, tls_ca_file, tls_cert_file, tls_key_file,
+    tls_hostname)."""
+    allow_insecure: bool = False
+    """NATS KV store: accept sending credentials in plaintext to a host other than loopback (warned
+    about at start and by check-config)."""
+
     @field_validator("nats_url")
     @classmethod
     def _nats_url(cls, v: str) -> str:
         return check_nats_url(v)
+
+    def insecure_settings(self) -> list[tuple[str, str]]:
+        """What weakens the store's transport security (only with ``store: nats-kv``)."""
+        return nats_insecure_settings(self.nats_url, self.nats) if self.store == "nats-kv" else []
+
+    @model_validator(mode="after")
+    def _secure_unless_allowed(self) -> CheckpointConfig:
+        settings = self.insecure_settings()
+        if settings and not self.allow_insecure:
+            raise ValueError(refusal(settings))
+        return self
 
 
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
@@ -590,22 +615,28 @@ class BridgeConfig(BaseSettings):
         return (env_settings, init_settings)
 
 
-def _resolve_file_refs(value: Any, where: str) -> Any:
-    """Replaces ``${file:/path}`` in strings, recursively, by the (stripped) file content."""
+def _resolve_file_refs(value: Any, where: str, origins: Origins | None = None,
+                       path: tuple[str | int, ...] = ()) -> Any:
+    """Replaces ``${file:/path}`` in strings, recursively, by the (stripped) file content; records
+    in ``origins`` where each was (``path``: so that check-config masks it)."""
     if isinstance(value, str):
 
         def read(m: re.Match[str]) -> str:
-            path = Path(m.group(1))
+            file = Path(m.group(1))
             try:
-                return path.read_text().strip()
+                content = file.read_text().strip()
             except OSError as e:
-                raise ConfigurationError(f"{where}: cannot read {path}: {e.strerror}") from e
+                raise ConfigurationError(f"{where}: cannot read {file}: {e.strerror}") from e
+            if origins is not None:
+                origins.file_value(path, content)
+            return content
 
         return _FILE_REF.sub(read, value)
     if isinstance(value, dict):
-        return {k: _resolve_file_refs(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+        return {k: _resolve_file_refs(v, f"{where}.{k}" if where else str(k), origins, (*path, str(k)))
+                for k, v in value.items()}
     if isinstance(value, list):
-        return [_resolve_file_refs(v, f"{where}.{i}") for i, v in enumerate(value)]
+        return [_resolve_file_refs(v, f"{where}.{i}", origins, (*path, i)) for i, v in enumerate(value)]
     return value
 
 
@@ -642,7 +673,7 @@ def load_config(path: str | os.PathLike[str] | None = None, *, overrides: dict[s
             raise ConfigurationError(
                 f"config file {path} is not UTF-8 text (byte {e.start}: {e.reason})") from e
         try:
-            loaded = yaml.safe_load(text)
+            loaded = safe_load_bounded(text, str(path))
         except yaml.YAMLError as e:
             raise ConfigurationError(f"config file {path} is not valid YAML: {e}") from e
         if loaded is None:
@@ -656,11 +687,22 @@ def load_config(path: str | os.PathLike[str] | None = None, *, overrides: dict[s
         data = loaded
     if overrides:
         data = {**data, **overrides}
-    data = _resolve_file_refs(data, "")
+    origins = Origins()
+    origins.environment()
+    data = _resolve_file_refs(data, "", origins)
     try:
-        return BridgeConfig(**data)
+        config = BridgeConfig(**data)
     except ValidationError as e:
         raise ConfigurationError(format_validation_error(e, source)) from e
+    _ORIGINS[id(config)] = origins
+    weakref.finalize(config, _ORIGINS.pop, id(config), None)
+    return config
+
+
+_ORIGINS: dict[int, Origins] = {}
+"""Where the secrets of each configuration :func:`load_config` loaded came from (for
+:func:`masked_dump`), by the configuration's id while it lives. Kept beside the configuration, not
+in it, so that configurations still compare by their values alone."""
 
 
 def _file_options(options: Any, where: str) -> list[tuple[str, str]]:
@@ -700,32 +742,15 @@ def check_secret_files(config: BridgeConfig) -> None:
         raise ConfigurationError("invalid configuration:\n" + "\n".join(problems))
 
 
-_SECRET_NAME = re.compile(
-    r"(password|passwd|secret|token|credential|creds|nkey|seed|private|authorization|api_?key|"
-    r"sasl\.oauthbearer\.config|ssl\.key\.pem)",
-    re.IGNORECASE,
-)
-MASK = "***"
-
-
-def _mask(value: Any, key: str = "") -> Any:
-    if isinstance(value, dict):
-        return {k: _mask(v, str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_mask(v, key) for v in value]
-    if key and _SECRET_NAME.search(key) and not key.endswith("_file") and value not in (None, ""):
-        return MASK
-    if isinstance(value, str) and "://" in value and "@" in value:
-        # user:password@host in URLs
-        return re.sub(r"(://[^:/@]+:)[^@]+@", r"\1" + MASK + "@", value)
-    return value
-
-
 def masked_dump(config: BridgeConfig) -> dict[str, Any]:
-    """The effective configuration as plain data with every secret value replaced by ``***``."""
+    """The effective configuration as plain data with every secret value replaced by ``***``
+    (bridge/service/config_masking.py: by name, and by origin for what :func:`load_config` read)."""
     raw = config.model_dump(mode="json")
     if raw.get("workers") is None:
         del raw["workers"]  # unset (the CPU limit); a written null is refused
     raw["sinks"] = [{"name": s.name, "kind": s.kind, **s.options()} for s in config.sinks]
-    masked: dict[str, Any] = _mask(raw)
-    return masked
+    origins = _ORIGINS.get(id(config))
+    if origins is None:
+        origins = Origins()
+        origins.environment()
+    return mask_config(raw, origins)

@@ -6,11 +6,14 @@ The public listener (``server.host`` / ``server.port``, what the Service and the
 =================  ============================================================================
 ``GET /healthz``   200 while the event loop answers (liveness), during a shutdown as well
 ``GET /readyz``    200 when every informer has synced and can list and watch, and every sink is
-                   connected, else 503 with the reasons as JSON (``starting`` until every
-                   informer is built; ``informer X cannot list or watch: ServerError: …`` while
-                   its last list/watch failed and it has made no progress since; ``stopping``
-                   alone from SIGTERM on, while the shutdown drains, until the listener closes);
-                   a standby replica (leader election) is ready: it serves metrics and waits
+                   connected, else 503 with the reasons' kinds as JSON (``starting`` until every
+                   informer is built; ``informer X cannot list or watch`` while its last
+                   list/watch failed and it has made no progress since; ``sink X unhealthy``;
+                   ``stopping`` alone from SIGTERM on, while the shutdown drains, until the
+                   listener closes); the details (the error, a receiver's answer) are withheld
+                   here, as kube-apiserver does: they go to the logs and to the admin listener's
+                   ``GET /readyz``. A standby replica (leader election) is ready: it serves
+                   metrics and waits
 ``GET /metrics``   Prometheus text exposition (OpenTelemetry Prometheus reader)
 =================  ============================================================================
 
@@ -19,6 +22,7 @@ reachable only from inside the pod, i.e. through ``kubectl port-forward``, never
 or another pod, with or without a service-mesh sidecar):
 
 =================  ============================================================================
+``GET /readyz``    the public ``/readyz`` with each reason in full
 ``POST /snapshot`` asks the leader for a resync snapshot (``?resource=pods`` for one resource,
                    ``?sink=NAME`` for one sink alone);
                    202 with the resources snapshotted, 409 on a standby
@@ -36,11 +40,12 @@ whatever started the process can reach it without picking a port that another pr
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import hmac
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +54,7 @@ from aiohttp import web
 
 from bridge.errors import ConfigurationError
 
-__all__ = ["HealthServer", "Readiness"]
+__all__ = ["HealthServer", "Readiness", "reason_kind"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +65,21 @@ class Readiness:
     reasons: tuple[str, ...] = ()
     role: str = "leader"
     """"leader", "standby" or "single"."""
+
+
+def reason_kind(reason: str) -> str:
+    """What the public ``/readyz`` says of a not-ready reason: its kind (``sink hook unhealthy``),
+    without the detail after the first ``": "`` or in the closing parentheses (an error, a
+    receiver's answer, a backlog). A worker's reasons (``worker 0: …``) keep the worker's number."""
+    prefix, sep, rest = reason.partition(": ")
+    if sep and prefix.startswith("worker ") and prefix[7:].isdigit():
+        return f"{prefix}: {reason_kind(rest)}"
+    return prefix.split(" (", 1)[0]
+
+
+def public_reasons(reasons: Iterable[str]) -> list[str]:
+    """The kinds of ``reasons``, each once, in order."""
+    return list(dict.fromkeys(reason_kind(r) for r in reasons))
 
 
 class HealthServer:
@@ -75,8 +95,13 @@ class HealthServer:
         admin_port: int = 8081,
         admin_token_file: str | None = None,
         address_file: str | None = None,
+        metrics_render: Callable[[], Callable[[], bytes]] | None = None,
     ) -> None:
+        """``metrics_render``: called on the event loop at each scrape, returns what renders the
+        exposition in a worker thread (``metrics`` is then unused): a scrape of many series never
+        holds the loop for its rendering."""
         self._host = host
+        self._metrics_render = metrics_render
         self._port = port
         self._readiness = readiness
         self._metrics = metrics
@@ -85,6 +110,7 @@ class HealthServer:
         self._admin_token_file = admin_token_file
         self._address_file = address_file
         self._runners: list[web.AppRunner] = []
+        self._logged_reasons: tuple[str, ...] = ()
         self.port = port
         self.admin_port = admin_port
 
@@ -100,6 +126,7 @@ class HealthServer:
     def admin_app(self) -> web.Application:
         """The admin listener's application: every route behind :meth:`_authorized`."""
         app = web.Application(middlewares=[self._authorize])
+        app.router.add_get("/readyz", self._readyz_detail)
         app.router.add_post("/snapshot", self._snapshot_handler)
         return app
 
@@ -183,12 +210,29 @@ class HealthServer:
 
     async def _readyz(self, _: web.Request) -> web.Response:
         r = self._readiness()
+        self._log_reasons(r.reasons)
+        body = orjson.dumps({"ready": r.ready, "role": r.role, "reasons": public_reasons(r.reasons)})
+        return web.Response(body=body, status=200 if r.ready else 503, content_type="application/json")
+
+    async def _readyz_detail(self, _: web.Request) -> web.Response:
+        r = self._readiness()
         body = orjson.dumps({"ready": r.ready, "role": r.role, "reasons": list(r.reasons)})
         return web.Response(body=body, status=200 if r.ready else 503, content_type="application/json")
 
+    def _log_reasons(self, reasons: tuple[str, ...]) -> None:
+        """The details the public answer withholds, logged when they change (not on every probe)."""
+        if reasons != self._logged_reasons:
+            self._logged_reasons = reasons
+            if reasons:
+                log.info("not ready: %s", "; ".join(reasons), extra={"reasons": list(reasons)})
+
     async def _metrics_handler(self, _: web.Request) -> web.Response:
-        return web.Response(body=self._metrics(),
-                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        if self._metrics_render is not None:
+            render = self._metrics_render()
+            body = await asyncio.get_running_loop().run_in_executor(None, render)
+        else:
+            body = self._metrics()
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def _snapshot_handler(self, request: web.Request) -> web.Response:
         if self._snapshot is None:

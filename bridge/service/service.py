@@ -82,6 +82,16 @@ def validate_sinks(config: BridgeConfig) -> list[Sink]:
     return sinks
 
 
+def insecure_warnings(config: BridgeConfig, sinks: list[Sink]) -> list[str]:
+    """What weakens transport security and is accepted with ``allow_insecure: true`` (the sinks'
+    and the NATS KV checkpoint store's), one line each, for check-config and the start."""
+    found = [f"sinks.{i} ({s.name}): {name}: {what}"
+             for i, s in enumerate(sinks) if isinstance(s, BaseSink)
+             for name, what in s.options.insecure_settings()]
+    found.extend(f"checkpoint.{name}: {what}" for name, what in config.checkpoint.insecure_settings())
+    return found
+
+
 def _filter_errors_of(sink: MeteredSink) -> int | None:
     """The sink's filter evaluation errors; None for a sink without a CEL filter."""
     inner = sink.inner
@@ -112,7 +122,8 @@ def _checkpoint_store(config: BridgeConfig, client: ApiClient,
                                         migrate_from=cp.migrate_from_namespace)
     from bridge.storage.checkpoint_natskv import NatsKvCheckpointStore
 
-    return NatsKvCheckpointStore(nats_url=cp.nats_url, bucket=cp.bucket, fence=fence)
+    return NatsKvCheckpointStore(nats_url=cp.nats_url, bucket=cp.bucket, fence=fence,
+                                 connect_options=cp.nats.connect_kwargs())
 
 
 async def _server_rv(client: ApiClient, watched: WatchedResource) -> str:
@@ -188,7 +199,8 @@ class BridgeService:
         self.telemetry.set_filter_errors_source(self._filter_errors)
         self.health = HealthServer(
             host=config.server.host, port=config.server.port, readiness=self.readiness,
-            metrics=self.telemetry.render_prometheus, admin_host=config.server.admin_host,
+            metrics=self.telemetry.render_prometheus, metrics_render=self.telemetry.prepare_render,
+            admin_host=config.server.admin_host,
             admin_port=config.server.admin_port, admin_token_file=config.server.admin_token_file,
             address_file=config.server.address_file,
         )
@@ -624,6 +636,8 @@ def run_service(path: str | None) -> int:
         label_logs(worker)
         config = for_worker(config, worker)
     validate_sinks(config)
+    for name, what in config.checkpoint.insecure_settings():  # the sinks warn as they start
+        log.warning("checkpoint.%s: %s (allow_insecure: true)", name, what)
     configure_gc()
 
     async def main() -> int:

@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -135,16 +136,21 @@ class ScrapedCounter:
     def __init__(self, labels: Sequence[str]) -> None:
         self.labels = tuple(labels)
         self._totals: collections.Counter[tuple[str, ...]] = collections.Counter()
+        self._lock = threading.Lock()
+        """``totals`` is read by the scrape's rendering thread while the loop adds."""
 
     def add(self, amount: int, attributes: Mapping[str, str]) -> None:
         """Adds ``amount`` (>= 0) for the label values in ``attributes`` (every label is required)."""
         if amount < 0:
             raise ValueError(f"a counter only goes up, got {amount}")
-        self._totals[tuple(attributes[label] for label in self.labels)] += amount
+        key = tuple(attributes[label] for label in self.labels)
+        with self._lock:
+            self._totals[key] += amount
 
     def totals(self) -> dict[tuple[str, ...], int]:
         """Label values (in :attr:`labels` order) → total added."""
-        return dict(self._totals)
+        with self._lock:
+            return dict(self._totals)
 
 
 class _LabelledCollector(Collector):
@@ -189,6 +195,7 @@ class Telemetry:
         self._leader = leader or (lambda: True)
         self._snapshot = snapshot or TelemetrySnapshot
         self._scrape: TelemetrySnapshot | None = None
+        self._render_lock = threading.Lock()
         self._shard: tuple[int, int] | None = None
         self._limiter: TokenBucket | None = None
         self._exposed = self.registry
@@ -330,11 +337,24 @@ class Telemetry:
 
     def render_prometheus(self) -> bytes:
         """The Prometheus text exposition of every instrument (the snapshot is taken once)."""
-        self._scrape = self._take_snapshot()
-        try:
-            return generate_latest(self._exposed)
-        finally:
-            self._scrape = None
+        return self.prepare_render()()
+
+    def prepare_render(self) -> Callable[[], bytes]:
+        """Takes the pipeline's snapshot now (on the event loop, where its counters live) and
+        returns what renders the exposition from it: a function that may run in another thread
+        (the collection and the text, the costly part, then leave the loop free). Renders are
+        serialised (one scrape's snapshot at a time)."""
+        snapshot = self._take_snapshot()
+
+        def render() -> bytes:
+            with self._render_lock:
+                self._scrape = snapshot
+                try:
+                    return generate_latest(self._exposed)
+                finally:
+                    self._scrape = None
+
+        return render
 
     def shutdown(self) -> None:
         self.meter_provider.shutdown()

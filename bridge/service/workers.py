@@ -47,9 +47,10 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from bridge.bounded_read import ERROR_BODY_LIMIT, read_prefix
 from bridge.errors import ConfigurationError
 from bridge.service.config import BridgeConfig, SinkConfig
-from bridge.service.health import HealthServer, Readiness
+from bridge.service.health import HealthServer, Readiness, public_reasons
 
 __all__ = [
     "CGROUP_ENV",
@@ -292,6 +293,9 @@ class _Worker:
         return bool(self.port and self.admin_port)
 
 
+_METRICS_LIMIT = 256 * 2**20
+"""What is read of a worker's exposition at most (one worker's series: far below)."""
+
 @dataclass
 class _Answer:
     status: int
@@ -314,6 +318,14 @@ class _SupervisorEndpoints(HealthServer):
 
     async def _readyz(self, _: web.Request) -> web.Response:
         body, ready = await self._supervisor.readiness()
+        reasons = body.get("reasons")
+        body["reasons"] = public_reasons(reasons if isinstance(reasons, list) else [])
+        return web.Response(body=orjson.dumps(body), status=200 if ready else 503,
+                            content_type="application/json")
+
+    async def _readyz_detail(self, request: web.Request) -> web.Response:
+        body, ready = await self._supervisor.readiness(
+            detail=True, authorization=request.headers.get("Authorization"))
         return web.Response(body=orjson.dumps(body), status=200 if ready else 503,
                             content_type="application/json")
 
@@ -430,24 +442,34 @@ class Supervisor:
         return self._exit_code
 
     async def _ask(self, method: str, url: str, *, params: Mapping[str, str] | None = None,
-                   headers: Mapping[str, str] | None = None, timeout: float = 5.0) -> _Answer:
+                   headers: Mapping[str, str] | None = None, timeout: float = 5.0,
+                   limit: int = 16 * ERROR_BODY_LIMIT) -> _Answer:
+        """One request to a worker; at most ``limit`` bytes of its answer are read."""
         assert self._session is not None
         try:
             async with self._session.request(method, url, params=params, headers=headers,
                                              timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                return _Answer(status=resp.status, body=await resp.read())
+                body, cut = await read_prefix(resp, limit)
+                if cut:
+                    return _Answer(status=0, error=f"answer longer than {limit} bytes")
+                return _Answer(status=resp.status, body=body)
         except (aiohttp.ClientError, TimeoutError) as e:
             return _Answer(status=0, error=f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
 
-    async def readiness(self) -> tuple[dict[str, object], bool]:
-        """The pod's readiness: every worker running and ready."""
+    async def readiness(self, *, detail: bool = False, authorization: str | None = None,
+                        ) -> tuple[dict[str, object], bool]:
+        """The pod's readiness: every worker running and ready. ``detail``: the reasons in full,
+        asked of the workers' admin listeners (with the caller's ``authorization``)."""
+        headers = {"Authorization": authorization} if authorization else {}
         listening = [w.listening() for w in self._workers]
         answers = await asyncio.gather(*(
-            self._ask("GET", f"http://127.0.0.1:{w.port}/readyz", timeout=2.0) if up else _none()
+            (self._ask("GET", f"http://127.0.0.1:{w.admin_port}/readyz", headers=headers, timeout=2.0)
+             if detail else self._ask("GET", f"http://127.0.0.1:{w.port}/readyz", timeout=2.0))
+            if up else _none()
             for w, up in zip(self._workers, listening, strict=True)))
         reasons: list[str] = []
         roles: set[str] = set()
-        detail: list[dict[str, object]] = []
+        per_worker: list[dict[str, object]] = []
         for w, up, a in zip(self._workers, listening, answers, strict=True):
             body: dict[str, object] = {}
             with contextlib.suppress(orjson.JSONDecodeError):
@@ -466,15 +488,16 @@ class Supervisor:
             role = body.get("role")
             if isinstance(role, str):
                 roles.add(role)
-            detail.append({"worker": w.index, "pid": w.pid, "ready": a.status == 200,
+            per_worker.append({"worker": w.index, "pid": w.pid, "ready": a.status == 200,
                            "restarts": w.restarts, "role": role})
         role = roles.pop() if len(roles) == 1 else ("mixed" if roles else "starting")
-        return {"ready": not reasons, "role": role, "reasons": reasons, "workers": detail}, not reasons
+        return {"ready": not reasons, "role": role, "reasons": reasons, "workers": per_worker}, not reasons
 
     async def metrics(self) -> str:
         """The workers' expositions merged, then the supervisor's own samples."""
         answers = await asyncio.gather(*(
-            self._ask("GET", f"http://127.0.0.1:{w.port}/metrics") if w.listening() else _none()
+            self._ask("GET", f"http://127.0.0.1:{w.port}/metrics", limit=_METRICS_LIMIT) if w.listening()
+            else _none()
             for w in self._workers))
         texts = {w.index: a.body.decode() for w, a in zip(self._workers, answers, strict=True)
                  if a.status == 200}

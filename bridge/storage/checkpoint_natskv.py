@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -239,12 +239,15 @@ class NatsKvCheckpointStore(BlobCheckpointStore):
     Give either ``nats_url`` (the store connects and owns the connection) or an already connected
     ``nc`` (left open on :meth:`close`). ``chunk_size`` defaults to the server's max payload less
     some headroom; ``journal_bytes``: the most one value of a journal holds (default: as a chunk).
+    ``connect_options``: further keyword arguments of ``nats.connect`` with ``nats_url`` (TLS,
+    credentials: ``tls``, ``user``/``password``, ``token``, ``nkeys_seed``, ``user_credentials``).
     """
 
     def __init__(self, *, nats_url: str | None = None, nc: NatsClient | None = None,
                  bucket: str = "kube-event-bridge-checkpoints", chunk_size: int | None = None,
                  connect_timeout: float = 5.0, fence: FenceSource | None = None,
-                 journal_bytes: int | None = None) -> None:
+                 journal_bytes: int | None = None,
+                 connect_options: Mapping[str, Any] | None = None) -> None:
         if (nats_url is None) == (nc is None):
             raise ValueError("give exactly one of nats_url or nc")
         self._url = nats_url
@@ -254,6 +257,7 @@ class NatsKvCheckpointStore(BlobCheckpointStore):
         self._chunk_size = chunk_size
         self._journal_bytes = journal_bytes
         self._connect_timeout = connect_timeout
+        self._connect_options = dict(connect_options or {})
         self._kv: KeyValue | None = None
         super().__init__(
             checkpoints=NatsKvBlobStore(open_kv=self._bucket_kv, bucket=bucket, journal=False,
@@ -271,6 +275,7 @@ class NatsKvCheckpointStore(BlobCheckpointStore):
                 self._nc = await nats.connect(
                     self._url, connect_timeout=self._connect_timeout, max_reconnect_attempts=3,
                     reconnect_time_wait=0.5, allow_reconnect=True, error_cb=self._on_error,
+                    **self._connect_options,
                 )
             js = self._nc.jetstream()
             try:

@@ -171,6 +171,9 @@ async def test_the_service_reports_a_stalled_watch_on_readyz_and_metrics(tmp_pat
                              what="the stalled watch on readiness")
             status, text = await get(f"{base}/readyz")
             assert status == 503
+            assert "stalled" in text, text  # the kind; the detail is the admin listener's
+            status, text = await get(f"http://127.0.0.1:{service.health.admin_port}/readyz")
+            assert status == 503
             assert "stalled: its watch delivered nothing" in text, text
             status, text = await get(f"{base}/metrics")
             assert metric(text, "keb_informer_stalled", resource="configmaps") == 1

@@ -58,7 +58,7 @@ async def test_a_checkpoint_ahead_of_the_server_is_reported_until_the_relist(
         try:
             await eventually(lambda: any("ahead of the API server" in r for r in service.readiness().reasons),
                              timeout=20, what="the readiness detail")
-            status, body = await get(f"http://127.0.0.1:{service.health.port}/readyz")
+            status, body = await get(f"http://127.0.0.1:{service.health.admin_port}/readyz")
             assert status == 503
             detail = next(r for r in orjson.loads(body)["reasons"] if "ahead of the API server" in r)
             assert "pods" in detail

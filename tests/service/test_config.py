@@ -120,7 +120,7 @@ def test_masked_dump_hides_secrets_but_not_file_paths(tmp_path: Path) -> None:
     assert kafka["librdkafka"]["sasl.username"] == "bridge"
     assert hook["hmac_secret"] == MASK
     assert hook["hmac_secret_file"] == "/var/run/secrets/hook/key"
-    assert hook["url"] == f"https://user:{MASK}@hooks.example.com/in"
+    assert hook["url"] == f"https://{MASK}@hooks.example.com/in"  # the whole user info
     for secret in ("hunter2", "s3cret", "topsecret"):
         assert secret not in repr(dump)
 

@@ -126,7 +126,12 @@ async def test_service_delivers_and_exposes_health_readiness_and_metrics(
             await eventually(lambda: not service.readiness().ready, what="readiness to drop")
             status, body = await get(f"{base}/readyz")
             assert status == 503
-            # The detail names the sink and its error.
+            # The public port names the sink and the kind of reason; the detail (its error) is the
+            # admin listener's.
+            assert "sink hook unhealthy" in orjson.loads(body)["reasons"]
+            assert "HTTP 503" not in body
+            status, body = await get(f"http://127.0.0.1:{service.health.admin_port}/readyz")
+            assert status == 503
             assert any(r.startswith("sink hook unhealthy: ") and "HTTP 503" in r
                        for r in orjson.loads(body)["reasons"])
             await eventually(lambda: len(lines(events)) == 7, what="file sink unaffected")
