@@ -104,6 +104,7 @@ async def test_the_backlog_is_sent_at_once_after_a_storms_end_in_order(storm: St
         # room to spare; each event on its own timer would take tens of seconds (27.9 s measured,
         # docs/performance.md). The 2 s figure itself is the bench's (bench/bench_storm.py).
         send = await _time_to_send(sink, acks, sent, objects)
+        print(f"catch-up {catch_up:.2f} s after the storm; sending as many events {send:.2f} s")
         assert catch_up <= 3 * (send + 1.25), (f"the backlog took {catch_up:.1f} s after the storm's end; "
                                                f"sending as many events takes {send:.1f} s")
         assert sink.healthy()
