@@ -288,6 +288,9 @@ class Simulator:
         """Every API request, answered or refused (429s included)."""
         for crd in crds:
             self.register_crd(crd)
+        self.shutdown_timeout = 2.0
+        """Seconds :meth:`stop` lets a request still being answered finish (open watches are closed
+        first, so they never wait it out)."""
         self._runner: web.AppRunner | None = None
         self._openapi_cache: tuple[tuple[ResourceType, ...], dict[str, dict[str, Any]]] | None = None
         self._stopping = asyncio.Event()
@@ -327,8 +330,8 @@ class Simulator:
         self._stopping = asyncio.Event()
         # handler_cancellation: a client that goes away cancels its handler, so an idle watch whose
         # reader disconnected is unregistered at once instead of at its next write.
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, handle_signals=False,
-                               handler_cancellation=True)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=self.shutdown_timeout,
+                               handle_signals=False, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
         try:

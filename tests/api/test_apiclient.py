@@ -372,7 +372,7 @@ async def test_a_hanging_answer_is_cut_at_the_call_timeout(server: ScriptedServe
         started = loop.time()
         with pytest.raises(ApiUnavailableError, match="TimeoutError"):
             await client.replace("/apis/coordination.k8s.io/v1/namespaces/ns/leases/x", {}, timeout=0.3)
-        assert loop.time() - started < 5.0
+        assert loop.time() - started < 30.0  # the call's 0.3 s, not the client's 60 s
         with pytest.raises(ApiUnavailableError, match="deadline"):
             await client.get("/x", timeout=0.0)
     release.set()

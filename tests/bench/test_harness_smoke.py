@@ -13,23 +13,30 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = ["throughput", "naive", "initial_sync", "memory", "telemetry"]
 QUICK_BURST_EVENTS = 300 * 4  # bench_e2e / bench_naive quick sizes: 300 Pods, 4 updates each
 QUICK_SYNC_PODS = 5000
 QUICK_MEMORY_PODS = 2000
+HANG_GUARD = 540
+"""Seconds after which the harness is taken as hung (killed, the test fails): not a speed limit.
+The command took 164 s alone at load 12 (beyond the 110 s limit this had); how long it may take is the
+bench's own business."""
 
 
 def _run_harness(tmp_path: Path) -> tuple[dict[str, Any], str]:
     proc = subprocess.run(
         [sys.executable, "-m", "bench.run", "--quick", "--only", ",".join(SCENARIOS), "--sinks", "file",
          "--results-dir", str(tmp_path), "--plots-dir", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=110, check=False,
+        cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((tmp_path / "all.json").read_text()), proc.stdout
 
 
+@pytest.mark.timeout(HANG_GUARD + 60)
 def test_quick_harness_completes_with_sane_figures(tmp_path: Path) -> None:
     summary, stdout = _run_harness(tmp_path)
     scenarios = summary["scenarios"]

@@ -86,7 +86,7 @@ async def test_stop_ends_an_unbounded_run() -> None:
     task = asyncio.create_task(gen.run(), name="churn")
     await asyncio.sleep(0.1)
     gen.stop()
-    stats = await asyncio.wait_for(task, 2)
+    stats = await asyncio.wait_for(task, 30)  # unbounded unless stopped: the deadline stops a hang
     assert stats.total > 0
 
 

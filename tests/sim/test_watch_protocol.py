@@ -298,6 +298,7 @@ async def test_discovery_documents(sim: Simulator) -> None:
 
 async def test_stop_closes_open_watches_promptly() -> None:
     sim = Simulator()
+    sim.shutdown_timeout = 60.0  # what an open watch would wait out were it not closed first
     await sim.start()
     async with aiohttp.ClientSession() as http:
         resp = await http.get(f"{sim.url}/api/v1/pods", params={"watch": "1"})
@@ -307,8 +308,8 @@ async def test_stop_closes_open_watches_promptly() -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         await sim.stop()
-        assert loop.time() - started < 1.5
-        assert await asyncio.wait_for(reader, 2) == []
+        assert loop.time() - started < 30.0
+        assert await asyncio.wait_for(reader, 30) == []
     assert sim.store.watcher_count() == 0
 
 
