@@ -367,7 +367,7 @@ def _config(infra: Infra, tag: str, ns: str, work: Path, hook: Hook, setup: Setu
             {"name": "file", "kind": "file", "path": str(work / "events.jsonl")},
         ],
         "checkpoint": {"store": "file", "directory": str(work / "checkpoints"),
-                       "interval": setup.checkpoint_interval},
+                       "interval": setup.checkpoint_interval, "spill_directory": str(work / "spill")},
         "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
         "logging": {"level": "info", "format": "text"},
         "shutdown_deadline": 20,

@@ -95,7 +95,10 @@ def bridge_config(tmp: Path, kubeconfig: Path, kafka: TansuBroker, topic: str, h
              "routing": {"events": {"match": [{"types": ["Warning"]}],
                                     "drop": [{"reasons": ["BackOff"]}, {"message": "^FailedMount"}]}}},
         ],
-        "checkpoint": {"store": "file", "directory": str(tmp / "checkpoints"), "interval": 0.2},
+        # Its own spill: under the default (./.kube-event-bridge/spill, from the working directory all
+        # the suite's bridges share) another test's bridge, starting, removes it as "no longer configured".
+        "checkpoint": {"store": "file", "directory": str(tmp / "checkpoints"), "interval": 0.2,
+                       "spill_directory": str(tmp / "spill")},
         "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
         "logging": {"level": "info", "format": "json"},
         "shutdown_deadline": 20,
@@ -213,7 +216,10 @@ async def test_a_burst_of_events_survives_a_sigkill_enriched_coalesced_and_route
                 missing = [u for u, (c, _) in final.items() if seen.get(u, 0) < c]
                 if not missing:
                     break
-                assert time.monotonic() < deadline, f"{len(missing)} Events' last states never reached Kafka"
+                assert time.monotonic() < deadline, (
+                    f"{len(missing)} Events' last states never reached Kafka (uid: last count, the "
+                    f"highest in Kafka): {({u: (final[u][0], seen.get(u)) for u in missing[:10]})}; "
+                    f"the bridge's log: {log}")
                 await asyncio.sleep(2.0)
             assert await bridge.stop(timeout=60) == 0
         records = read_kafka(kafka_broker, topic)

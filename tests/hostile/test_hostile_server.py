@@ -161,7 +161,7 @@ async def test_the_bridge_stays_up_bounded_and_other_resources_keep_delivering(
         "resources: [{resource: pods}, {resource: configmaps}]\n"
         f"sinks: [{{name: file, kind: file, path: '{sink}',\n"
         f"          dead_letter: {{kind: file, target: '{tmp_path / 'dead.jsonl'}'}}}}]\n"
-        "checkpoint: {store: none}\n"
+        f"checkpoint: {{store: none, spill_directory: '{tmp_path / 'spill'}'}}\n"
         f"server: {{host: 127.0.0.1, port: {port}, admin_port: 0}}\n"
         "logging: {level: info, format: json}\nshutdown_deadline: 5\n")
     proc = await asyncio.create_subprocess_exec(*EXE, "run", "--config", str(config),

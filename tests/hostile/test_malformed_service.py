@@ -58,7 +58,7 @@ async def test_a_malformed_object_is_sent_marked_dead_lettered_counted_and_follo
             {"name": "redacting", "kind": "file", "path": str(redacting), "redact": {"paths": ["spec.a"]},
              "dead_letter": {"kind": "file", "target": str(redacting_dl)}},
         ],
-        "checkpoint": {"store": "none"},
+        "checkpoint": {"store": "none", "spill_directory": str(tmp_path / "spill")},
         "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
         "shutdown_deadline": 5,
     })

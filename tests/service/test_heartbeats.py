@@ -107,7 +107,8 @@ async def test_a_heartbeat_arrives_on_schedule_on_every_sink_kind(
                 {"name": "js", "kind": "jetstream", "servers": [nats_server.url], "destination": "kube.beat",
                  "stream": {"name": stream, "create": True, "subjects": ["kube.>"]}, "heartbeat": beat},
             ],
-            "checkpoint": {"store": "file", "directory": str(tmp_path / "checkpoints")},
+            "checkpoint": {"store": "file", "directory": str(tmp_path / "checkpoints"),
+                           "spill_directory": str(tmp_path / "spill")},
             "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
             "logging": {"level": "info", "format": "json"},
         }))

@@ -46,7 +46,8 @@ def write_config(tmp_path: Path, kubeconfig: Path, hook: WebhookReceiver) -> Pat
         f"sinks: [{{name: hook, kind: webhook, url: 'http://127.0.0.1:{hook.port}/events',\n"
         "          max_in_flight: 1}]\n"
         # A long interval: only the shutdown writes the checkpoint.
-        f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}', interval: 3600}}\n"
+        f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}', interval: 3600,\n"
+        f"             spill_directory: '{tmp_path / 'spill'}'}}\n"
         "server: {host: 127.0.0.1, port: 0, admin_port: 0}\n"
         "logging: {level: info, format: json}\n"
         "shutdown_deadline: 10\n")
