@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from bridge.clock import Clock
 from bridge.contracts import (
+    OVERFLOW_GAP_PREFIX,
     AckFunc,
     BatchInterrupted,
     DeletedFinalStateUnknown,
@@ -202,7 +203,11 @@ class SinkListener:
 
     @property
     def in_gap(self) -> bool:
-        return self._gap is not None
+        """Inside a relist's window (between its markers). Not inside the listener's own overflow
+        window: that one starts at the last change handed over (which the replay stage may have
+        held back) and does not cover the changes a relist before the restart coalesced, so a
+        re-sent relisted state or replayed delete is framed by its own window there too."""
+        return self._gap is not None and not self._gap.id.startswith(OVERFLOW_GAP_PREFIX)
 
     @property
     def gap_prefix(self) -> str:
