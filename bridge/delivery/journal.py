@@ -230,7 +230,7 @@ class KnownObjectJournal:
                 held = prev.held_after or (prev.resource_version
                                            if prev.inferred and prev.resource_version != rv else "")
             elif isinstance(prev, Relisted):  # sinks may hold a relist's state of it
-                held = prev.since
+                held = prev.windows()[0][0]
             entry: JournalEntry = Deleted(key, rv, inferred=inferred, held_after=held)
             self._entries[uid] = entry
             self._queue(n.seq, uid, entry)
@@ -245,8 +245,9 @@ class KnownObjectJournal:
         if self._gap_from:
             # A relist's state: recorded (and released once durable) even for a known object, so
             # that a restart whose watch replays the changes it coalesced holds them back.
-            since = known.since if isinstance(known, Relisted) else self._gap_from
-            entry = Relisted(key, rv, since, added=n.kind is NotificationKind.ADD)
+            added = n.kind is NotificationKind.ADD
+            entry = (known.after(self._gap_from, rv, added=added) if isinstance(known, Relisted)
+                     and is_rv(self._gap_from) else Relisted(key, rv, self._gap_from, added=added))
             self._entries[uid] = entry
             self._queue(n.seq, uid, entry)
             return

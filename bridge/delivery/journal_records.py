@@ -5,7 +5,8 @@ start without a checkpoint (:class:`ListStart`). The text, the same in every bac
 ``{"journal": 1, "informer_id": …}``, then one JSON array per line:
 
 * ``["a", key, uid, rv]``: :class:`Exists`;
-* ``["r", key, uid, rv, since, added]``: :class:`Relisted`;
+* ``["r", key, uid, rv, since, added]`` and ``["r", key, uid, rv, since, added, [[since, rv, added], …]]``:
+  :class:`Relisted` (the earlier relists' windows of the uid written only when there are any);
 * ``["d", key, uid, rv, inferred]``, ``["d", key, uid, rv, inferred, held_after]`` and
   ``["d", key, uid, rv, inferred, held_after, sent_before]``: :class:`Deleted` (the optional fields
   written only when set);
@@ -26,6 +27,7 @@ __all__ = [
     "Exists",
     "JournalEntry",
     "ListStart",
+    "RelistWindow",
     "Relisted",
     "check_header",
     "decode_line",
@@ -47,9 +49,13 @@ class Exists:
     resource_version: str
 
 
+RelistWindow = tuple[str, str, bool]
+"""One relist's window of one uid: (its gap's ``from``, the state it sent, sent as ``added``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Relisted:
-    """A relist sent the object's state inside its gap (``["r", key, uid, rv, since, added]``)."""
+    """A relist sent the object's state inside its gap (``["r", key, uid, rv, since, added(, earlier)]``)."""
 
     key: str
     resource_version: str
@@ -61,6 +67,24 @@ class Relisted:
     covers that state."""
     added: bool
     """The relist sent it as ``added`` (else ``updated``): re-sent with the same type, the same id."""
+    earlier: tuple[RelistWindow, ...] = ()
+    """The windows of earlier relists that sent a state of the uid before a checkpoint covered them,
+    oldest first, each ending before this one begins: the changes the watch showed one by one between
+    two of them were sent one by one, and a replay sends them again (:meth:`windows`)."""
+
+    def windows(self) -> tuple[RelistWindow, ...]:
+        """Every relist window of the uid, oldest first, disjoint."""
+        return (*self.earlier, (self.since, self.resource_version, self.added))
+
+    def after(self, since: str, rv: str, *, added: bool) -> Relisted:
+        """The record once another relist (gap from ``since``) sent the uid's state ``rv``: this
+        record's windows that end after ``since`` merge into the new one (its coalesced changes start
+        at the oldest of their beginnings), the others stay as they were."""
+        windows = list(self.windows())
+        start = int(since)
+        while windows and int(windows[-1][1]) > start:
+            start = min(start, int(windows.pop()[0]))
+        return Relisted(self.key, rv, str(start), added=added, earlier=tuple(windows))
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +137,10 @@ def check_header(line: bytes, informer_id: str) -> None:
 
 def encode_record(uid: str, e: JournalEntry) -> bytes:
     if isinstance(e, Relisted):
-        return orjson.dumps(["r", e.key, uid, e.resource_version, e.since, e.added])
+        record: list[object] = ["r", e.key, uid, e.resource_version, e.since, e.added]
+        if e.earlier:
+            record.append([list(w) for w in e.earlier])
+        return orjson.dumps(record)
     if isinstance(e, Deleted):
         tail = [e.held_after, e.sent_before] if e.sent_before else [e.held_after] if e.held_after else []
         return orjson.dumps(["d", e.key, uid, e.resource_version, e.inferred, *tail])
@@ -139,14 +166,27 @@ def decode_line(line: bytes) -> tuple[str, JournalEntry] | ListStart:
         raise ValueError(f"resourceVersion {rv!r} is not a resourceVersion")
     if op == "a" and len(rec) == 4:
         return uid, Exists(key, rv)
-    if op == "r" and len(rec) == 6 and is_rv(rec[4]) and isinstance(rec[5], bool):
-        return uid, Relisted(key, rv, rec[4], added=rec[5])
+    if op == "r" and len(rec) in (6, 7) and is_rv(rec[4]) and isinstance(rec[5], bool):
+        return uid, Relisted(key, rv, rec[4], added=rec[5], earlier=_windows(rec[6]) if len(rec) == 7 else ())
     if op == "d" and 5 <= len(rec) <= 7 and isinstance(rec[4], bool):
         held, before = [*rec[5:], "", ""][:2]  # each optional, and held_after "" only before sent_before
         if not (((held == "" and len(rec) != 6) or is_rv(held)) and (len(rec) < 7 or is_rv(before))):
             raise ValueError(f"unknown record {rec!r}")
         return uid, Deleted(key, rv, inferred=rec[4], held_after=held, sent_before=before)
     raise ValueError(f"unknown record {rec!r}")
+
+
+def _windows(value: object) -> tuple[RelistWindow, ...]:
+    """A record's earlier relist windows ([[since, rv, added], …], oldest first)."""
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"earlier relist windows {value!r} are not a list of windows")
+    out: list[RelistWindow] = []
+    for w in value:
+        if not (isinstance(w, list) and len(w) == 3 and is_rv(w[0]) and is_rv(w[1])
+                and isinstance(w[2], bool)):
+            raise ValueError(f"earlier relist window {w!r} is not one")
+        out.append((w[0], w[1], w[2]))
+    return tuple(out)
 
 
 def entries_by_key(entries: Mapping[str, JournalEntry]) -> dict[str, list[tuple[str, JournalEntry]]]:

@@ -213,36 +213,38 @@ class ReplayStage:
 
     def relisted(self, n: Notification, framing: Framing) -> list[ChangeEvent] | None:
         """What a replayed add or update becomes when a relist sent its object before a restart; None
-        when that does not apply. The changes after the relist's ``from`` and before the state it
-        sent were coalesced, never sent: held back; the state goes out again as the relist sent it
-        (same type, same id), framed as a gap when something was held — a sink that lagged across
-        the crash never received that relist's markers."""
+        when that does not apply. Per relist that sent a state of the uid (its window, plan
+        invariant 7), the changes after the relist's ``from`` and before the state it sent were
+        coalesced, never sent: held back (those between two windows were observed: as usual); the
+        state goes out again as the relist sent it (same type, same id), framed as a gap when
+        something was held — a sink that lagged across the crash never received that relist's
+        markers."""
         if not self._relisted:
             return None
         obj = n.obj
         assert not isinstance(obj, DeletedFinalStateUnknown)
         uid, rv = object_identity(obj)
         sent = self._relisted.get(uid)
-        if sent is None:
-            return None
-        at, since, until = parse_rv(rv), parse_rv(sent.since), parse_rv(sent.at)
-        if at is None or since is None or until is None or not since < at <= until:
-            return None
-        if at < until:
+        at = parse_rv(rv)
+        window = sent.window(at) if sent is not None and at is not None else None
+        if window is None or at is None:
+            return None  # not a relist's state, nor a change one coalesced: as usual
+        since, until, added = window
+        if at < int(until):
             # The first held change's old state is the one before the window (what a sink that
             # lacked the relist holds): the update that goes out in their place starts from it.
             self._held_relisted.setdefault(uid, n.old)
             return []
         held = uid in self._held_relisted
         old = self._held_relisted.pop(uid, None) if held else n.old
-        if sent.added:
+        if added:
             event = framing.event(EventType.ADDED, obj, n.time)
         else:
             event = framing.event(EventType.UPDATED, obj, n.time, old=old)
         if not held or framing.in_gap:
             return [event]
-        gap_id = f"{framing.gap_prefix}:relisted:{uid}:{sent.since}:{sent.at}"
-        return framing.framed(event, gap_id, sent.since, n.time)
+        gap_id = f"{framing.gap_prefix}:relisted:{uid}:{since}:{until}"
+        return framing.framed(event, gap_id, since, n.time)
 
 
 class SinkResume:

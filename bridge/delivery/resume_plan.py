@@ -46,6 +46,15 @@ text that is not one compares as unknown.
    created later, or gone — are reported deleted by any later relist).
    Only when the server no longer has that resourceVersion (410) is the list a consistent one,
    framed as a gap from it, against those same unconfirmed objects.
+7. *Only what a relist coalesced is held back.* For each relist that sent a state of a uid before a
+   checkpoint covered it, the plan keeps that relist's own window, ``(from, state]``
+   (:class:`RelistedState`, one window per relist, oldest first): a replayed change inside a window
+   and older than its state is held back, the state is re-sent as that relist sent it, and every
+   change between two windows — the watch showed it one by one, and a sink that lagged across the
+   relists and the crash may lack it — goes out as usual, in order. (Merged into one window from
+   the first relist's ``from`` to the last state, the changes observed between two relists were
+   held back for good from every sink that lagged: issue 34.) Windows that overlap (a relist whose
+   ``from`` lies before the state an earlier one sent, as after a restart) merge into one.
 """
 
 from __future__ import annotations
@@ -60,7 +69,14 @@ from bridge.clock import Clock
 from bridge.contracts import KubeObject
 from bridge.delivery.assembly import WatchedResource
 from bridge.delivery.journal import KnownObjectJournal
-from bridge.delivery.journal_records import Deleted, JournalEntry, ListStart, Relisted, entries_by_key
+from bridge.delivery.journal_records import (
+    Deleted,
+    JournalEntry,
+    ListStart,
+    Relisted,
+    RelistWindow,
+    entries_by_key,
+)
 from bridge.delivery.progress import HOLDS_NOTHING, Known
 from bridge.delivery.sharding import Handover, TakeOver, take_over
 from bridge.resource_version import ResourceVersion, parse_rv, rv_at_most
@@ -113,6 +129,17 @@ class RelistedState:
     at: str
     added: bool
     """Sent as ``added`` (else ``updated``): re-sent with the same type, hence the same id."""
+    earlier: tuple[RelistWindow, ...] = ()
+    """Earlier relists' windows of the uid (since, at, added), oldest first, each ending before the
+    next begins: the changes between two windows were observed one by one (invariant 7)."""
+
+    def window(self, rv: int) -> RelistWindow | None:
+        """The relist window ``(since, at]`` holding ``rv``, if any."""
+        for w in (*self.earlier, (self.since, self.at, self.added)):
+            since, at = parse_rv(w[0]), parse_rv(w[1])
+            if since is not None and at is not None and since < rv <= at:
+                return w
+        return None
 
 
 class SinkStartKind(enum.Enum):
@@ -290,7 +317,8 @@ def _journal_facts(checkpoint: Checkpoint | None, journal: Mapping[str, JournalE
             if isinstance(entry, Deleted):
                 sent[uid] = SentDelete(key, entry.resource_version, entry.inferred, entry.held_after)
             elif isinstance(entry, Relisted):
-                relisted[uid] = RelistedState(entry.since, entry.resource_version, entry.added)
+                relisted[uid] = RelistedState(entry.since, entry.resource_version, entry.added,
+                                              earlier=entry.earlier)
             if known.get(key, ("",))[0] == uid:
                 if isinstance(entry, Deleted):
                     known[key] = (uid, entry.resource_version)

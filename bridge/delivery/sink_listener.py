@@ -145,6 +145,54 @@ class _Collected:
         self.owners.append(ack)
 
 
+class _PerObjectAcks:
+    """Per object, the notifications handed to the sink and not yet acknowledged, and behind them
+    the acknowledgements of the object's notifications the replay stage held back.
+
+    **Invariant** (the sink's own progress, section 3 of docs/delivery-contract.md): a sink
+    acknowledges an object's changes in order, so what it acknowledged of an object past its resume
+    point is what its destination holds, and a restart skips that object's older changes. A change
+    the replay holds back (coalesced by a relist, or newer than a delete already sent) is
+    acknowledged without delivery; acknowledged while an earlier change of the object is still in
+    flight to a frozen sink, it would claim a state the destination does not hold, and after the
+    next crash the changes before it would be skipped for good (issue 34). So it is acknowledged
+    only once nothing of its object is in flight."""
+
+    __slots__ = ("_out", "_waiting")
+
+    def __init__(self) -> None:
+        self._out: dict[str, int] = {}
+        self._waiting: dict[str, list[AckFunc]] = {}
+
+    def handed(self, key: str, ack: AckFunc) -> AckFunc:
+        """``ack`` of a notification of ``key`` handed to the sink, counted until it is called."""
+        self._out[key] = self._out.get(key, 0) + 1
+        called = False
+
+        def done() -> None:
+            nonlocal called
+            if called:
+                return
+            called = True
+            ack()
+            left = self._out[key] - 1
+            if left:
+                self._out[key] = left
+                return
+            del self._out[key]
+            for waiting in self._waiting.pop(key, ()):
+                waiting()
+
+        return done
+
+    def without_delivery(self, key: str, ack: AckFunc) -> None:
+        """Acknowledges now, or once the object's notifications in flight are acknowledged."""
+        if key in self._out:
+            self._waiting.setdefault(key, []).append(ack)
+        else:
+            ack()
+
+
 class SinkListener:
     """A :class:`~bridge.contracts.NotificationHandler` feeding one sink with one resource's changes."""
 
@@ -175,6 +223,9 @@ class SinkListener:
         self._gap: GapInfo | None = None
         """The relist window this sink is inside (between gap.begin and gap.end), if any."""
         self.stats = SinkListenerStats()
+        self._per_object = _PerObjectAcks() if replay is not None else None
+        """After a restart: what a replay acknowledges without delivery waits behind the same
+        object's events still in flight (:class:`_PerObjectAcks`)."""
         self._bootstrapped = bootstrap
         self.bootstrapping = bootstrap is not None
         """True until the bootstrap snapshot reaches this listener: every notification before it is
@@ -384,6 +435,12 @@ class SinkListener:
                     listed = self.events_for(admitted[0])
                 else:
                     listed = [e for a in admitted for e in self.events_for(a)]
+                if self._per_object is not None and n.key:
+                    if not listed:  # held back by the replay (or a resync that changed nothing)
+                        stats.resync_skipped += 1
+                        self._per_object.without_delivery(n.key, ack)
+                        continue
+                    ack = self._per_object.handed(n.key, ack)
                 if len(listed) == 1 and self._exits is None and n.kind is not NotificationKind.GAP:
                     # The common change, collected here: one coroutine less per notification.
                     collected.add(listed[0], ack, stats.outcomes)

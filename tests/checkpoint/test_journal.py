@@ -309,8 +309,9 @@ async def test_a_relists_states_are_recorded_with_where_its_window_starts_until_
     """Inside a relist's gap (from 10) the states it sends are recorded, for known objects too, with
     the window's start and whether they went out as ``added``: a restart whose watch replays the
     changes the relist coalesced must hold them back. They wait for their record like a new object;
-    updates outside the gap do not. A later relist keeps the earlier window's start; a delete of such
-    an object keeps it as where held-back changes start. Each record goes once a checkpoint covers
+    updates outside the gap do not. A later relist records its own window and keeps the earlier one
+    (the change between them was observed one by one: issue 34); a delete of such an object keeps
+    the first window's start as where held-back changes start. Each record goes once a checkpoint covers
     the state it names."""
     j = running
     gap(j, 1, "g1", "10")
@@ -329,11 +330,11 @@ async def test_a_relists_states_are_recorded_with_where_its_window_starts_until_
     assert not j.must_wait(5)
     assert records(path_of(j)) == [["r", "ns/known", "u-known", "14", "10", False],
                                ["r", "ns/a", "u-a", "15", "10", True],
-                               ["r", "ns/a", "u-a", "18", "10", False],
+                               ["r", "ns/a", "u-a", "18", "16", False, [["10", "15", True]]],
                                ["r", "ns/b", "u-b", "19", "16", True],
                                ["d", "ns/b", "u-b", "20", False, "16"]]
     reloaded = await KnownObjectJournal(backend=file_journal(path_of(j)), informer_id=IDENT).load(None)
-    assert reloaded["u-a"] == Relisted("ns/a", "18", "10", added=False)
+    assert reloaded["u-a"] == Relisted("ns/a", "18", "16", added=False, earlier=(("10", "15", True),))
     assert reloaded["u-known"] == Relisted("ns/known", "14", "10", added=False)
     # The checkpoint knows every object, and its sinks all acknowledged known's relisted state (its
     # delivered-ahead map) but not a's: a's record stays, so does b's delete.
@@ -341,7 +342,7 @@ async def test_a_relists_states_are_recorded_with_where_its_window_starts_until_
                          objects={"ns/known": ("u-known", "9"), "ns/a": ("u-a", "12")},
                          ahead={"ns/known": ("u-known", "14", False), "ns/a": ("u-a", "16", False)}))
     await j.idle()
-    assert records(path_of(j)) == [["r", "ns/a", "u-a", "18", "10", False],
+    assert records(path_of(j)) == [["r", "ns/a", "u-a", "18", "16", False, [["10", "15", True]]],
                                ["d", "ns/b", "u-b", "20", False, "16"]]
     j.compact(Checkpoint(informer_id=IDENT, resource_version="20",
                          objects={"ns/known": ("u-known", "14"), "ns/a": ("u-a", "18")}))

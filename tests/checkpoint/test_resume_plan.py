@@ -3,7 +3,7 @@ function that builds it: what a restart does is decided there, from the checkpoi
 
 from __future__ import annotations
 
-from bridge.delivery.journal import Deleted, Exists, JournalEntry, ListStart
+from bridge.delivery.journal import Deleted, Exists, JournalEntry, ListStart, Relisted
 from bridge.delivery.progress import HOLDS_NOTHING, Known
 from bridge.delivery.resume_plan import (
     ResumePlan,
@@ -210,3 +210,23 @@ def test_6_a_first_list_not_yet_acknowledged_is_listed_again_exactly_with_the_jo
     # Acknowledged, but u-z's delete hides its state at 20 (invariant 1): listed again all the same.
     assert plan(None, journal, start=ListStart("20", acknowledged=True)).list_at == "20"
     assert plan(None, journal).list_at == ""
+
+
+def test_7_only_what_each_relist_coalesced_is_held_back() -> None:
+    """Two relists sent states of ``x`` before a checkpoint covered them, the watch showed a change
+    of it between them: the plan keeps each relist's own window; a change inside one and older than
+    its state is held, its state is that relist's, a change between two windows (or before, or after)
+    is in none. A later relist whose window starts before an earlier one's state (after a restart)
+    merges with it. A record without earlier windows (as written before) is one window."""
+    cp = Checkpoint(informer_id="cm", resource_version="5", objects={"ns/x": ("u-x", "5")})
+    first = Relisted("ns/x", "15", "10", added=False)
+    journal: dict[str, JournalEntry] = {"u-x": first.after("18", "24", added=False)}
+    assert journal["u-x"] == Relisted("ns/x", "24", "18", added=False, earlier=(("10", "15", False),))
+    state = plan(cp, journal).relisted["u-x"]
+    assert [state.window(rv) for rv in (9, 10, 12, 15, 16, 18, 20, 24, 25)] == [
+        None, None, ("10", "15", False), ("10", "15", False), None, None, ("18", "24", False),
+        ("18", "24", False), None]
+    twice = Relisted("ns/x", "24", "18", added=False, earlier=(("10", "15", False),))
+    merged = twice.after("12", "30", added=True)
+    assert merged == Relisted("ns/x", "30", "10", added=True)
+    assert plan(cp, {"u-x": first}).relisted["u-x"].window(12) == ("10", "15", False)
