@@ -449,6 +449,18 @@ STORIES = (
           (keen("a"), expire(), update("x", 1), settle(), update("x", 2), settle(), expire(),
            update("x", 3), settle(), checkpoint(), *RESTART),
           objects=("x", "y"), sinks=("a", "k"), shapes={"k": SinkShape(lands=True)}),
+    Story("a_relisted_state_re_sent_after_a_second_crash_stays_framed", """Found by the random
+    schedules once a frozen sink's in-flight events never arrived (seed 3375393998): a 410 and ``n0``
+    updated twice (3, 4) before the relist lists: it sends ``n0`` at 4 inside (2, 4]. ``c`` is frozen
+    (nothing it is handed arrives). A crash; the restart holds back ``n0`` at 3 (acknowledged without
+    delivery) and re-frames ``n0`` at 4 (``relisted:<uid>:2:4``), in flight to ``c``; a checkpoint
+    moves the base to 3. A second crash: the watch resumes from 3 and no longer replays ``n0`` at 3,
+    so nothing is held back in that run — but ``n0`` at 4 must still be framed from 2: ``c`` never got
+    3 one by one nor a window naming it. (Open.)""",
+          (expire(), update("n0", 100), update("n0", 101), checkpoint(), *RESTART, checkpoint(),
+           *RESTART),
+          objects=("n0", "n1"), sinks=("a", "b", "c"), shapes={"c": SinkShape(lands=True)},
+          open_defect=True),
     Story("changes_a_degraded_sink_coalesced_are_not_skipped_after_a_crash", """A sink frozen (``k``'s
     window of two unacknowledged events is full, then its listener's buffer of two, and it has no
     spill) while the objects keep changing, across a relist (a 410; its window (6, 6]) and a crash:
