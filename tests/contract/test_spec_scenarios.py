@@ -456,11 +456,10 @@ STORIES = (
     delivery) and re-frames ``n0`` at 4 (``relisted:<uid>:2:4``), in flight to ``c``; a checkpoint
     moves the base to 3. A second crash: the watch resumes from 3 and no longer replays ``n0`` at 3,
     so nothing is held back in that run — but ``n0`` at 4 must still be framed from 2: ``c`` never got
-    3 one by one nor a window naming it. (Open.)""",
+    3 one by one nor a window naming it.""",
           (expire(), update("n0", 100), update("n0", 101), checkpoint(), *RESTART, checkpoint(),
            *RESTART),
-          objects=("n0", "n1"), sinks=("a", "b", "c"), shapes={"c": SinkShape(lands=True)},
-          open_defect=True),
+          objects=("n0", "n1"), sinks=("a", "b", "c"), shapes={"c": SinkShape(lands=True)}),
     Story("changes_a_degraded_sink_coalesced_are_not_skipped_after_a_crash", """A sink frozen (``k``'s
     window of two unacknowledged events is full, then its listener's buffer of two, and it has no
     spill) while the objects keep changing, across a relist (a 410; its window (6, 6]) and a crash:
