@@ -88,21 +88,20 @@ class History:
     origin_rv: int = 0
     changes: list[Change] = field(default_factory=list)
     relist_causes: list[int] = field(default_factory=list)
-    lists: list[int] | None = None
-    """When known (a driver that sees every list the server answered, whether or not a sink's
-    destination received the relist's markers): the resourceVersion of each list. A window a
-    restart frames around one object (``…:relisted:<uid>:<from>:…``, ``…:replayed:<uid>:<from>``)
-    re-announces what one relist coalesced — the relist from ``from``, whose list is the first after
-    it — so it covers only changes up to that list: a later one the watch showed one by one is owed
-    as its own event (docs/delivery-contract.md, section 2). None: every window covers what it names."""
+    relists: list[tuple[int, int]] | None = None
+    """When known (a driver that sees every relist window the bridge hands a sink, whether or not
+    the destination received it): each relist's window (from, to], what it coalesced. A window a
+    restart frames around one object (``…:relisted:<uid>:…``, ``…:replayed:<uid>:…``) re-announces
+    what relists coalesced, so it covers only the changes inside one of the relist windows it
+    overlaps: one the watch showed one by one (between two relists) is owed as its own event
+    (docs/delivery-contract.md, section 2). None, or no relist window overlapping it: it covers
+    what it names."""
 
-    def coalesced_by(self, since: int) -> int | None:
-        """The resourceVersion of the first list after ``since`` (the end of the relist that
-        started there), None when unknown or none came."""
-        if self.lists is None:
-            return None
-        after = [rv for rv in self.lists if rv > since]
-        return min(after) if after else since
+    def coalesced(self, begin: int, end: int, rv: int) -> bool:
+        """Whether the change at ``rv`` inside the per-object window (begin, end] lies inside a
+        relist window that overlaps it (True when none is known to)."""
+        overlapping = [(lo, hi) for lo, hi in self.relists or () if lo < end and begin < hi]
+        return not overlapping or any(lo < rv <= hi for lo, hi in overlapping)
 
     def states(self) -> dict[str, set[int]]:
         """uid → the resourceVersions at which the uid had a state (origin, creation, updates)."""
@@ -410,12 +409,12 @@ def _check_lost(history: History, sink: str, events: Sequence[Received], windows
             deletes.add(e.uid)
         elif e.is_change:
             got.add((e.uid, e.rv))
-    ends = {w: history.coalesced_by(w.begin) for w in windows if w.uid}
     for c in history.changes:
         if c.rv <= history.origin_rv:
             continue
         received = c.uid in deletes if c.kind is ChangeKind.DELETED else (c.uid, c.rv) in got
-        if received or any(w.covers(c) and c.rv <= (ends.get(w) or c.rv) for w in windows):
+        if received or any(w.covers(c) and (not w.uid or history.coalesced(w.begin, w.end, c.rv))
+                           for w in windows):
             continue
         findings.append(Finding("lost", sink, f"{c.kind.value} {c.key} uid {c.uid} @{c.rv}"))
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge.clock import FakeClock
-from bridge.contracts import ListOptions, ListPage, OverflowPolicy
+from bridge.contracts import OverflowPolicy
 from bridge.delivery.pipeline import BridgePipeline
 from bridge.storage.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 from bridge.testing.fake_source import FakeControllerSource
@@ -181,8 +181,11 @@ class LoggedSink(RecordingSink):
     as a destination does) and acknowledges only when told (or at once while ``keen``); with a
     ``window`` (:class:`SinkShape`) it takes no more than that many unacknowledged events."""
 
-    def __init__(self, name: str, log: SinkLog, shape: SinkShape = SinkShape()) -> None:
+    def __init__(self, name: str, log: SinkLog, shape: SinkShape = SinkShape(),
+                 relists: list[tuple[int, int]] | None = None) -> None:
         super().__init__(name, auto_ack=False, buffer_capacity=shape.buffer)
+        self.relists = relists if relists is not None else []
+        """The relist windows (from, to] the bridge handed a sink (what the relists coalesced)."""
         self.overflow_policy = "spill"  # never holds the informer back
         self.shape = shape
         self.log = log
@@ -209,6 +212,10 @@ class LoggedSink(RecordingSink):
         if seen is None:
             ack(DeliveryOutcome.DELIVERED)
             return
+        relist = (seen.gap_from, seen.gap_to)
+        if (seen.kind == "gap.end" and not seen.scope_uid and not seen.gap_id.startswith("overflow:")
+                and relist not in self.relists):
+            self.relists.append(relist)  # handed over, landed or not
         window = self.shape.window
         while window is not None and not self.keen and len(self.pending) >= window:
             self._room.clear()
@@ -283,16 +290,7 @@ class Bridge:
         self.source = FakeControllerSource()
         self.clock = FakeClock()
         self.store = MemoryStore()
-        self.history = History(lists=[])
-        answer = self.source.list
-
-        async def list_and_note(options: ListOptions) -> ListPage:
-            page = await answer(options)
-            if not options.continue_token and self.history.lists is not None:
-                self.history.lists.append(int(page.resource_version))
-            return page
-
-        self.source.list = list_and_note  # type: ignore[method-assign]
+        self.history = History(relists=[])
         self.logs = {name: SinkLog(name) for name in sinks}
         self.sinks: dict[str, LoggedSink] = {}
         self.pipeline: BridgePipeline | None = None
@@ -352,7 +350,8 @@ class Bridge:
     async def start(self) -> None:
         assert self.pipeline is None
         self.started = True
-        self.sinks = {name: LoggedSink(name, log, self.shapes.get(name, SinkShape()))
+        self.sinks = {name: LoggedSink(name, log, self.shapes.get(name, SinkShape()),
+                                       self.history.relists)
                       for name, log in self.logs.items()}
         self.pipeline = BridgePipeline(
             resources=[WATCHED], sinks=list(self.sinks.values()),
