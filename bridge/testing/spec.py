@@ -90,12 +90,13 @@ class History:
     relist_causes: list[int] = field(default_factory=list)
     relists: list[tuple[int, int]] | None = None
     """When known (a driver that sees every relist window the bridge hands a sink, whether or not
-    the destination received it): each relist's window (from, to], what it coalesced. A window a
-    restart frames around one object (``…:relisted:<uid>:…``, ``…:replayed:<uid>:…``) re-announces
-    what relists coalesced, so it covers only the changes inside one of the relist windows it
-    overlaps: one the watch showed one by one (between two relists) is owed as its own event
-    (docs/delivery-contract.md, section 2). None, or no relist window overlapping it: it covers
-    what it names."""
+    the destination received it): each relist's window (from, to], what it coalesced. The window a
+    restart frames around a relist's state of one object (``…:relisted:<uid>:…``) re-announces what
+    relists coalesced, so it covers only the changes inside one of the relist windows it overlaps:
+    one the watch showed one by one (between two relists) is owed as its own event
+    (docs/delivery-contract.md, section 2). (A replayed delete's window, ``…:replayed:<uid>:…``,
+    covers what it names: section 6 holds back every replayed change after the relist's start.)
+    None, or no relist window overlapping it: it covers what it names."""
 
     def coalesced(self, begin: int, end: int, rv: int) -> bool:
         """Whether the change at ``rv`` inside the per-object window (begin, end] lies inside a
@@ -278,6 +279,8 @@ class _Window:
     overflow: bool = False
     """A window of the sink's own (gap id ``overflow:<sink>:…``): its buffer and spill were full
     (docs/delivery-contract.md, section 7a), which needs no relist."""
+    relisted: bool = False
+    """A restart's window around a relist's state of one object (``…:relisted:<uid>:…``)."""
 
     def covers(self, change: Change) -> bool:
         return self.begin < change.rv <= self.end and (not self.uid or self.uid == change.uid)
@@ -301,7 +304,8 @@ def _windows(sink: str, events: Sequence[Received], findings: list[Finding],
         findings.append(Finding("unclosed_gap", sink, f"gap.end {gap_id} without its begin"))
     for gap_id in sorted(begun - set(ended) - crashed_after):
         findings.append(Finding("unclosed_gap", sink, f"gap.begin {gap_id} never ended"))
-    return [_Window(begin=e.gap_from, end=e.gap_to, uid=e.scope_uid, overflow=gap_id.startswith(OVERFLOW))
+    return [_Window(begin=e.gap_from, end=e.gap_to, uid=e.scope_uid, overflow=gap_id.startswith(OVERFLOW),
+                    relisted=":relisted:" in gap_id)
             for gap_id, e in ended.items() if gap_id in begun]
 
 
@@ -413,7 +417,7 @@ def _check_lost(history: History, sink: str, events: Sequence[Received], windows
         if c.rv <= history.origin_rv:
             continue
         received = c.uid in deletes if c.kind is ChangeKind.DELETED else (c.uid, c.rv) in got
-        if received or any(w.covers(c) and (not w.uid or history.coalesced(w.begin, w.end, c.rv))
+        if received or any(w.covers(c) and (not w.relisted or history.coalesced(w.begin, w.end, c.rv))
                            for w in windows):
             continue
         findings.append(Finding("lost", sink, f"{c.kind.value} {c.key} uid {c.uid} @{c.rv}"))
