@@ -20,8 +20,9 @@ acknowledged events, and what a consumer that drops repeated ids ends with.
 
 Modes (environment):
 
-* CI (default): ``KEB_SPEC_EXAMPLES`` schedules (default 1,000: about 1,050 run, some 25 s on a
-  loaded two-core machine) of up to ``KEB_SPEC_STEPS`` steps (default 25), from one seed:
+* CI (default): ``KEB_SPEC_EXAMPLES`` schedules (default 1,000: about 1,100 run, 45 to 85 s on a
+  loaded two-core machine, no more than the tree before sink shapes: 44 to 102 s) of up to
+  ``KEB_SPEC_STEPS`` steps (default 25), from one seed:
   ``KEB_SPEC_SEED`` when set, else a fresh one printed with the test's output, so every failure is
   replayed with ``KEB_SPEC_SEED=<seed>`` (and the run's ``PYTHONHASHSEED``: the bridge iterates
   sets of uids, so string hashing is part of a schedule; the failure message says how). Neither the
