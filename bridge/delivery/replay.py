@@ -104,6 +104,9 @@ class ReplayStage:
         """uids whose replayed changes were held back: their replayed delete is framed as a gap."""
         self._held_relisted: dict[str, KubeObject | None] = {}
         """uids whose relisted state's coalesced changes were held → the state before the first."""
+        self._coalesced_hold = False
+        """The last change :meth:`relisted` held back was one a relist coalesced (see
+        :meth:`take_coalesced_hold`)."""
         self._resumed = parse_rv(tracker.resource_version) if tracker is not None else None
         """Where the watch resumed: changes of a relist's window up to it are not replayed (an
         earlier run held them back and the checkpoint passed them)."""
@@ -238,6 +241,7 @@ class ReplayStage:
             # The first held change's old state is the one before the window (what a sink that
             # lacked the relist holds): the update that goes out in their place starts from it.
             self._held_relisted.setdefault(uid, n.old)
+            self._coalesced_hold = True
             return []
         resumed = self._resumed
         start = parse_rv(since)
@@ -252,6 +256,12 @@ class ReplayStage:
             return [event]
         gap_id = f"{framing.gap_prefix}:relisted:{uid}:{since}:{until}"
         return framing.framed(event, gap_id, since, n.time)
+
+    def take_coalesced_hold(self) -> bool:
+        """Whether the change just held back was one a relist coalesced, announced by the relisted
+        state re-sent next (its acknowledgement waits for that state's); clears the answer."""
+        held, self._coalesced_hold = self._coalesced_hold, False
+        return held
 
 
 class SinkResume:

@@ -472,12 +472,11 @@ STORIES = (
     delivery: nothing of ``n0`` is in flight then) and re-frames ``n0`` at 5, in flight to ``k``; a
     checkpoint moves the base to 4. A crash, the history is compacted, the restart relists from 4:
     its window (4, …] does not name 3 and 4, which ``k`` never got one by one nor inside a window it
-    received — the base passed them before ``k`` acknowledged the window that announced them.
-    (Open.)""",
+    received — the base must not pass them before ``k`` acknowledged the window that announces
+    them.""",
           (keen("a"), expire(), update("n0", 100), update("n0", 101), update("n0", 102), settle(),
            *RESTART, checkpoint(), crash(), compact(), start()),
-          objects=("n0", "n1"), sinks=("a", "k"), shapes={"k": SinkShape(lands=True)},
-          open_defect=True),
+          objects=("n0", "n1"), sinks=("a", "k"), shapes={"k": SinkShape(lands=True)}),
     Story("changes_a_degraded_sink_coalesced_are_not_skipped_after_a_crash", """A sink frozen (``k``'s
     window of two unacknowledged events is full, then its listener's buffer of two, and it has no
     spill) while the objects keep changing, across a relist (a 410; its window (6, 6]) and a crash:
