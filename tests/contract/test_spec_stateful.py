@@ -67,7 +67,8 @@ SEED = int(os.environ.get("KEB_SPEC_SEED") or random.SystemRandom().randrange(2*
 KNOWN_OPEN = ""
 """Findings of a defect still open, tolerated by the CI mode so that it judges every other kind on
 every run (none); ``KEB_SPEC_ALLOW`` overrides it."""
-DEGRADED_OPEN = frozenset(os.environ.get("KEB_SPEC_DEGRADED_ALLOW", "lost,order,stale,phantom").split(",")) - {""}
+DEGRADED_OPEN = frozenset(os.environ.get("KEB_SPEC_DEGRADED_ALLOW",
+                                          "lost,order,stale,phantom").split(",")) - {""}
 """Findings tolerated of a sink whose listener degraded in the schedule (every other sink is judged
 in full): a degraded listener acknowledges each change it coalesces at once, so a checkpoint before
 its overflow window reached the sink makes a restart skip them (``lost``), and a crash before one
