@@ -477,6 +477,15 @@ STORIES = (
           (keen("a"), expire(), update("n0", 100), update("n0", 101), update("n0", 102), settle(),
            *RESTART, checkpoint(), crash(), compact(), start()),
           objects=("n0", "n1"), sinks=("a", "k"), shapes={"k": SinkShape(lands=True)}),
+    Story("changes_held_back_after_an_inferred_delete_stay_announced_to_a_frozen_sink", """Found by
+    the random schedules (seed 12345): a 410 while ``n0`` is updated (3) and deleted (4): the relist
+    infers the delete from ``n0`` at 1. ``c`` is frozen (nothing it is handed arrives). A crash; the
+    restart holds the update at 3 back and frames the replayed delete (``replayed:<uid>:1``), in
+    flight to ``c``; a checkpoint. Acknowledged at once, the held update let the base pass 3 before
+    ``c`` acknowledged the window naming it: after the next crash the watch resumed past it and the
+    delete went out bare — 3 lost without a marker.""",
+          (expire(), update("n0", 100), delete("n0"), checkpoint(), *RESTART, checkpoint(), *RESTART),
+          objects=("n0", "n1"), sinks=("a", "b", "c"), shapes={"c": SinkShape(lands=True)}),
     Story("changes_a_degraded_sink_coalesced_are_not_skipped_after_a_crash", """A sink frozen (``k``'s
     window of two unacknowledged events is full, then its listener's buffer of two, and it has no
     spill) while the objects keep changing, across a relist (a 410; its window (6, 6]) and a crash:
