@@ -168,6 +168,7 @@ class ReplayStage:
         held = not rv_at_most(rv, after)
         if held:
             self._held.add(uid)
+            self._coalesced_hold = True  # announced by the replayed delete's window
         return held
 
     def delete(self, n: Notification, framing: Framing) -> list[ChangeEvent]:
@@ -258,8 +259,9 @@ class ReplayStage:
         return framing.framed(event, gap_id, since, n.time)
 
     def take_coalesced_hold(self) -> bool:
-        """Whether the change just held back was one a relist coalesced, announced by the relisted
-        state re-sent next (its acknowledgement waits for that state's); clears the answer."""
+        """Whether the change just held back was one a relist coalesced, announced by what is re-sent
+        next of its object (the relisted state, or the replayed delete, framed by their window): its
+        acknowledgement waits for that one's; clears the answer."""
         held, self._coalesced_hold = self._coalesced_hold, False
         return held
 
