@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, NewType, Protocol, runtime_checkable
 
 __all__ = [
+    "OVERFLOW_GAP_PREFIX",
     "AckFunc",
     "BatchInterrupted",
     "BatchNotificationHandler",
@@ -276,6 +277,11 @@ class Gap:
     to_resource_version: str = ""
     end: bool = False
     """False on the notification that opens the gap, True on the one that closes it."""
+
+
+OVERFLOW_GAP_PREFIX = "overflow:"
+"""How the id of a degraded listener's own window begins (``overflow:<listener>:…``, the same
+:class:`Gap` as a relist's): it covers what that listener coalesced, nothing a relist did."""
 
 
 @dataclass(slots=True)

@@ -104,6 +104,12 @@ class ReplayStage:
         """uids whose replayed changes were held back: their replayed delete is framed as a gap."""
         self._held_relisted: dict[str, KubeObject | None] = {}
         """uids whose relisted state's coalesced changes were held → the state before the first."""
+        self._coalesced_hold = False
+        """The last change :meth:`relisted` held back was one a relist coalesced (see
+        :meth:`take_coalesced_hold`)."""
+        self._resumed = parse_rv(tracker.resource_version) if tracker is not None else None
+        """Where the watch resumed: changes of a relist's window up to it are not replayed (an
+        earlier run held them back and the checkpoint passed them)."""
         self._fate: dict[str, int | None] = {}
         """Under a selector, uids whose inferred delete was sent and whose history is replayed → the
         resourceVersion the uid has now when it lives on, None when it is gone."""
@@ -162,6 +168,7 @@ class ReplayStage:
         held = not rv_at_most(rv, after)
         if held:
             self._held.add(uid)
+            self._coalesced_hold = True  # announced by the replayed delete's window
         return held
 
     def delete(self, n: Notification, framing: Framing) -> list[ChangeEvent]:
@@ -217,7 +224,8 @@ class ReplayStage:
         invariant 7), the changes after the relist's ``from`` and before the state it sent were
         coalesced, never sent: held back (those between two windows were observed: as usual); the
         state goes out again as the relist sent it (same type, same id), framed as a gap when
-        something was held — a sink that lagged across the crash never received that relist's
+        something was held — in this run, or in an earlier one whose checkpoint the watch resumed
+        from, inside the window — a sink that lagged across the crashes never received that relist's
         markers."""
         if not self._relisted:
             return None
@@ -234,9 +242,13 @@ class ReplayStage:
             # The first held change's old state is the one before the window (what a sink that
             # lacked the relist holds): the update that goes out in their place starts from it.
             self._held_relisted.setdefault(uid, n.old)
+            self._coalesced_hold = True
             return []
-        held = uid in self._held_relisted
-        old = self._held_relisted.pop(uid, None) if held else n.old
+        resumed = self._resumed
+        start = parse_rv(since)
+        earlier = resumed is not None and start is not None and start < resumed < at
+        held = uid in self._held_relisted or earlier
+        old = self._held_relisted.pop(uid, n.old)
         if added:
             event = framing.event(EventType.ADDED, obj, n.time)
         else:
@@ -245,6 +257,13 @@ class ReplayStage:
             return [event]
         gap_id = f"{framing.gap_prefix}:relisted:{uid}:{since}:{until}"
         return framing.framed(event, gap_id, since, n.time)
+
+    def take_coalesced_hold(self) -> bool:
+        """Whether the change just held back was one a relist coalesced, announced by what is re-sent
+        next of its object (the relisted state, or the replayed delete, framed by their window): its
+        acknowledgement waits for that one's; clears the answer."""
+        held, self._coalesced_hold = self._coalesced_hold, False
+        return held
 
 
 class SinkResume:

@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from bridge.clock import Clock
 from bridge.contracts import (
+    OVERFLOW_GAP_PREFIX,
     AckFunc,
     BatchInterrupted,
     DeletedFinalStateUnknown,
@@ -157,15 +158,22 @@ class _PerObjectAcks:
     next crash the changes before it would be skipped for good (issue 34). So it is acknowledged
     only once nothing of its object is in flight."""
 
-    __slots__ = ("_out", "_waiting")
+    __slots__ = ("_announce", "_out", "_waiting")
 
     def __init__(self) -> None:
         self._out: dict[str, int] = {}
         self._waiting: dict[str, list[AckFunc]] = {}
+        self._announce: dict[str, list[AckFunc]] = {}
+        """Per object, the acknowledgements of changes a relist coalesced, held back until the next
+        notification of the object handed over (the relisted state framed by their window) is
+        acknowledged: before, the base would pass them while a frozen sink has neither them nor
+        the window naming them, and a restart relisting from there would never name them."""
 
     def handed(self, key: str, ack: AckFunc) -> AckFunc:
         """``ack`` of a notification of ``key`` handed to the sink, counted until it is called."""
         self._out[key] = self._out.get(key, 0) + 1
+        if (announced := self._announce.pop(key, None)) is not None:
+            self._waiting.setdefault(key, []).extend(announced)
         called = False
 
         def done() -> None:
@@ -184,9 +192,12 @@ class _PerObjectAcks:
 
         return done
 
-    def without_delivery(self, key: str, ack: AckFunc) -> None:
-        """Acknowledges now, or once the object's notifications in flight are acknowledged."""
-        if key in self._out:
+    def without_delivery(self, key: str, ack: AckFunc, *, announced_later: bool = False) -> None:
+        """Acknowledges now, or once the object's notifications in flight are acknowledged;
+        ``announced_later`` (a change a relist coalesced): once the next one handed over is."""
+        if announced_later:
+            self._announce.setdefault(key, []).append(ack)
+        elif key in self._out:
             self._waiting.setdefault(key, []).append(ack)
         else:
             ack()
@@ -253,7 +264,11 @@ class SinkListener:
 
     @property
     def in_gap(self) -> bool:
-        return self._gap is not None
+        """Inside a relist's window (between its markers). Not inside the listener's own overflow
+        window: that one starts at the last change handed over (which the replay stage may have
+        held back) and does not cover the changes a relist before the restart coalesced, so a
+        re-sent relisted state or replayed delete is framed by its own window there too."""
+        return self._gap is not None and not self._gap.id.startswith(OVERFLOW_GAP_PREFIX)
 
     @property
     def gap_prefix(self) -> str:
@@ -433,7 +448,8 @@ class SinkListener:
                 if self._per_object is not None and n.key:
                     if not listed:  # held back by the replay (or a resync that changed nothing)
                         stats.resync_skipped += 1
-                        self._per_object.without_delivery(n.key, ack)
+                        later = self.replay is not None and self.replay.take_coalesced_hold()
+                        self._per_object.without_delivery(n.key, ack, announced_later=later)
                         continue
                     ack = self._per_object.handed(n.key, ack)
                 if len(listed) == 1 and self._exits is None and n.kind is not NotificationKind.GAP:

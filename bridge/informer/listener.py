@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from bridge.clock import Clock
 from bridge.contracts import (
+    OVERFLOW_GAP_PREFIX,
     DeletedFinalStateUnknown,
     DeliveryObserver,
     EventHandler,
@@ -509,7 +510,7 @@ class ProcessorListener:
             return self._pop_batch(limit)
         if mode is _DEGRADED:
             self._gaps += 1
-            self._gap = Gap(id=f"overflow:{self.name}:{uuid.uuid4().hex[:12]}",
+            self._gap = Gap(id=f"{OVERFLOW_GAP_PREFIX}{self.name}:{uuid.uuid4().hex[:12]}",
                             from_resource_version=self._last_resource_version())
             self._to(BufferEvent.GAP_OPENED)
             begin = Notification(kind=NotificationKind.GAP, obj={}, gap=self._gap)

@@ -88,6 +88,21 @@ class History:
     origin_rv: int = 0
     changes: list[Change] = field(default_factory=list)
     relist_causes: list[int] = field(default_factory=list)
+    relists: list[tuple[int, int]] | None = None
+    """When known (a driver that sees every relist window the bridge hands a sink, whether or not
+    the destination received it): each relist's window (from, to], what it coalesced. The window a
+    restart frames around a relist's state of one object (``…:relisted:<uid>:…``) re-announces what
+    relists coalesced, so it covers only the changes inside one of the relist windows it overlaps:
+    one the watch showed one by one (between two relists) is owed as its own event
+    (docs/delivery-contract.md, section 2). (A replayed delete's window, ``…:replayed:<uid>:…``,
+    covers what it names: section 6 holds back every replayed change after the relist's start.)
+    None, or no relist window overlapping it: it covers what it names."""
+
+    def coalesced(self, begin: int, end: int, rv: int) -> bool:
+        """Whether the change at ``rv`` inside the per-object window (begin, end] lies inside a
+        relist window that overlaps it (True when none is known to)."""
+        overlapping = [(lo, hi) for lo, hi in self.relists or () if lo < end and begin < hi]
+        return not overlapping or any(lo < rv <= hi for lo, hi in overlapping)
 
     def states(self) -> dict[str, set[int]]:
         """uid → the resourceVersions at which the uid had a state (origin, creation, updates)."""
@@ -154,6 +169,10 @@ class Received:
         return (self.kind, self.gap_id)
 
 
+OVERFLOW = "overflow:"
+"""How the gap id of a sink's own window begins (a listener that degraded)."""
+
+
 def scope_of(gap_id: str) -> str:
     """The uid a gap id frames alone (docs/event-format.md: ``<informer>:relisted:<uid>:…`` and
     ``<informer>:replayed:<uid>:…``), "" for a relist's window over every object."""
@@ -165,9 +184,12 @@ def scope_of(gap_id: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Acked:
-    """The sink acknowledged the event at ``index`` of its log (the index of a :class:`Received`)."""
+    """The sink acknowledged the event at ``index`` of its log (the index of a :class:`Received`);
+    ``dead_lettered``: by setting it aside in its dead-letter destination (read back with the sink:
+    the event counts as received either way, docs/delivery-contract.md, section 1)."""
 
     index: int
+    dead_lettered: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +222,7 @@ FINDING_KINDS = {
     "order": "a new event (not a repeated id) of an object older than one the sink already held, or "
              "after its delete",
     "needless_gap": "a gap window announced while the server still had the history (no compaction or "
-                    "410 inside it)",
+                    "410 inside it), other than a sink's own overflow window",
     "excess_repeat": "an event repeated after a crash although the sink's acknowledgement of it was "
                      "durable (a checkpoint written after the acknowledgement)",
     "unclosed_gap": "a gap.begin without its gap.end (and no crash after it), or a gap.end without its "
@@ -254,6 +276,11 @@ class _Window:
     end: int
     uid: str
     """"" for a window over every object."""
+    overflow: bool = False
+    """A window of the sink's own (gap id ``overflow:<sink>:…``): its buffer and spill were full
+    (docs/delivery-contract.md, section 7a), which needs no relist."""
+    relisted: bool = False
+    """A restart's window around a relist's state of one object (``…:relisted:<uid>:…``)."""
 
     def covers(self, change: Change) -> bool:
         return self.begin < change.rv <= self.end and (not self.uid or self.uid == change.uid)
@@ -277,7 +304,8 @@ def _windows(sink: str, events: Sequence[Received], findings: list[Finding],
         findings.append(Finding("unclosed_gap", sink, f"gap.end {gap_id} without its begin"))
     for gap_id in sorted(begun - set(ended) - crashed_after):
         findings.append(Finding("unclosed_gap", sink, f"gap.begin {gap_id} never ended"))
-    return [_Window(begin=e.gap_from, end=e.gap_to, uid=e.scope_uid)
+    return [_Window(begin=e.gap_from, end=e.gap_to, uid=e.scope_uid, overflow=gap_id.startswith(OVERFLOW),
+                    relisted=":relisted:" in gap_id)
             for gap_id, e in ended.items() if gap_id in begun]
 
 
@@ -297,12 +325,12 @@ def _begun_before_a_crash(entries: Sequence[Entry]) -> frozenset[str]:
 def _justified(windows: Sequence[_Window], causes: Sequence[int]) -> tuple[set[_Window], list[_Window]]:
     """Splits windows into those a relist cause justifies (one lies inside it, or it starts inside
     a justified window: a restart's per-object window re-frames an earlier relist's) and the rest."""
-    good = {w for w in windows if any(w.begin <= c <= w.end for c in causes)}
+    good = {w for w in windows if w.overflow or any(w.begin <= c <= w.end for c in causes)}
     changed = True
     while changed:
         changed = False
         for w in windows:
-            if w not in good and any(g.begin <= w.begin <= g.end for g in good):
+            if w not in good and any(g.begin <= w.begin <= g.end for g in good if not g.overflow):
                 good.add(w)
                 changed = True
     return good, [w for w in windows if w not in good]
@@ -389,7 +417,8 @@ def _check_lost(history: History, sink: str, events: Sequence[Received], windows
         if c.rv <= history.origin_rv:
             continue
         received = c.uid in deletes if c.kind is ChangeKind.DELETED else (c.uid, c.rv) in got
-        if received or any(w.covers(c) for w in windows):
+        if received or any(w.covers(c) and (not w.relisted or history.coalesced(w.begin, w.end, c.rv))
+                           for w in windows):
             continue
         findings.append(Finding("lost", sink, f"{c.kind.value} {c.key} uid {c.uid} @{c.rv}"))
 
