@@ -87,9 +87,8 @@ def _file(tmp_path: Path, original: str) -> str:
 
 def test_configuration_error_example_is_what_the_bridge_prints(tmp_path: Path) -> None:
     doc = (ROOT / "docs" / "configuration.md").read_text()
-    opening = "kube-event-bridge: invalid configuration"
-    (example,) = [m.group(2) for m in FENCE.finditer(doc)
-                  if m.group(1) == "text" and m.group(2).startswith(opening)]
+    (example,) = [m.group(2) for m in FENCE.finditer(doc) if m.group(1) == "text"
+                  and m.group(2).startswith("kube-event-bridge: invalid configuration")]
     bad = tmp_path / "config.yaml"
     bad.write_text("resources: [{resource: pods, namspace: x}]\nsinks: [{name: s, kind: stdout}]\n"
                    "checkpoint: {store: rdis}\n")
