@@ -108,8 +108,8 @@ def build_parser(prog: str = "python -m bridge.sim") -> argparse.ArgumentParser:
     events.add_argument("--events-wait-signal", action="store_true",
                         help="start generating on SIGUSR1 (a test starts its bridge first)")
     events.add_argument("--events-ledger", metavar="PATH",
-                        help="append every new Event (uid, involved object, whether it existed) "
-                             "as JSON lines")
+                        help="append every new Event (uid, involved object, whether it existed), "
+                             "Pod deletion and repetition (uid, count, time) as JSON lines")
     faults = p.add_argument_group("faults (also settable at run time: POST /_sim/faults)")
     faults.add_argument("--fault-watch-close-after", type=int, metavar="N")
     faults.add_argument("--fault-watch-cut-after", type=int, metavar="N")

@@ -18,7 +18,8 @@ TTL). :class:`EventGenerator` produces that, against :class:`~bridge.sim.store.O
 Every new Event is written to :attr:`EventGenerator.ledger` (and to ``ledger_path`` as JSON lines):
 its uid, API, the involved object's uid and whether that object existed when the Event was created,
 with its labels then — what a test needs to judge enrichment; and so is every Pod deletion, with
-its wall time (:attr:`EventGenerator.deleted`).
+its wall time (:attr:`EventGenerator.deleted`). The file also has every repetition (``bumped``:
+the Event's uid, its new count and the wall time read before the change was stored).
 """
 
 from __future__ import annotations
@@ -296,6 +297,10 @@ class EventGenerator:
             new["series"] = series
         self.store.update(resource, new, namespace=ns, copy=False)
         self.stats.bumped += 1
+        if self._ledger_file is not None:  # the time is read before the repetition can be watched
+            count = new["count"] if resource == "events" else new["series"]["count"]
+            self._ledger_file.write(orjson.dumps({"bumped": current["metadata"]["uid"], "count": count,
+                                                  "at": wall}) + b"\n")
 
     def _about_pod(self) -> None:
         ns, name = self._rng.choice(self._pods)

@@ -173,3 +173,44 @@ async def test_the_pending_bound_sends_the_oldest_held_at_once() -> None:
         assert sink.held == 2
     finally:
         await sink.close()
+
+
+class SlowRecorder(Recorder):
+    """A sink whose hand-over takes until the test opens ``gate`` (a full in-flight window)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
+
+    async def deliver_batch(self, events: Sequence[ChangeEvent], acks: Sequence[AckCallback]) -> None:
+        self.entered.set()
+        await self.gate.wait()
+        await super().deliver_batch(events, acks)
+
+
+async def test_a_repetition_arriving_during_a_slow_hand_over_is_held_a_window_from_its_end() -> None:
+    # What the burst test relies on: two repetitions of one Event are handed on at least the window
+    # apart, measured from the end of the first hand-over, however long that takes.
+    clock = FakeClock()
+    rec = SlowRecorder()
+    sink = EventsSink(inner=rec, profile=profile(), coalesce_window=10.0, clock=clock)
+    await sink.start()
+    try:
+        await sink.deliver(change(core_event(count=2), EventType.UPDATED), lambda _: None)
+        await clock.advance(10.0)
+        await rec.entered.wait()  # the timer is handing count 2 on
+        arriving = asyncio.create_task(
+            sink.deliver(change(core_event(count=3), EventType.UPDATED), lambda _: None))
+        await clock.advance(4.0)  # the hand-over takes 4 s; count 3 waits for it
+        assert not arriving.done()
+        rec.gate.set()
+        await arriving
+        assert rec.counts() == ["updated:2"]
+        assert sink.held == 1
+        await clock.advance(9.9)
+        assert rec.counts() == ["updated:2"]  # 9.9 s after the first hand-over ended
+        await clock.advance(0.2)
+        assert rec.counts() == ["updated:2", "updated:3"]
+    finally:
+        await sink.close()
