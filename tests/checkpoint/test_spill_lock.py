@@ -6,13 +6,17 @@ refuses to start with exit code 2. The workers of one supervisor share the super
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from bridge.delivery.assembly import safe_name
+from bridge.errors import ConfigurationError
+from bridge.service.spill_lock import lock_spill_root
 from bridge.testing.processes import ServiceProcess, SimulatorProcess
 
 
@@ -93,3 +97,20 @@ async def test_the_workers_of_one_supervisor_share_its_spill_root(tmp_path: Path
             pod.check_running("after the other bridge was refused")
             assert "exited with code" not in pod.output(), pod.log_tail()
             assert await pod.stop() == 0
+
+
+def test_the_lock_is_per_open_file_and_absent_without_a_spill(tmp_path: Path) -> None:
+    assert lock_spill_root("") is None
+    fd = lock_spill_root(str(tmp_path / "spill"))
+    assert fd is not None
+    try:
+        with pytest.raises(ConfigurationError, match="in use by another bridge process"):
+            lock_spill_root(str(tmp_path / "spill"))
+    finally:
+        os.close(fd)
+    again = lock_spill_root(str(tmp_path / "spill"))  # released with its descriptor
+    assert again is not None
+    os.close(again)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigurationError, match=r"checkpoint\.spill_directory: .* cannot be used"):
+        lock_spill_root(str(tmp_path / "file" / "spill"))
