@@ -287,7 +287,8 @@ class CheckpointConfig(_Model):
     spill_directory: str = "./.kube-event-bridge/spill"
     """Where each sink's spill (its backlog beyond ``buffer.capacity``) is written, one
     subdirectory per sink and informer; "" = no spill (a sink that falls behind degrades at once).
-    Emptied at each start."""
+    Emptied at each start. It belongs to one bridge process, which locks it for its life: another
+    one started on it exits with code 2 (bridge/service/spill_lock.py)."""
 
     nats: NatsConnectionConfig = NatsConnectionConfig()
     """NATS KV store: TLS and credentials of its connection (as the NATS sinks': user and

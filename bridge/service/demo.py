@@ -94,7 +94,7 @@ async def _demo(*, duration: float, rate: float, objects: int, output: Path, qui
                 resources=[{"resource": r} for r in RESOURCES],  # type: ignore[misc]
                 sinks=sinks,  # type: ignore[arg-type]
                 checkpoint={"store": "file", "directory": str(Path(tmp) / "checkpoints"),  # type: ignore[arg-type]
-                            "interval": 1.0},
+                            "interval": 1.0, "spill_directory": str(Path(tmp) / "spill")},
                 server={"host": "127.0.0.1", "port": 0, "admin_port": 0},  # type: ignore[arg-type]
                 logging={"level": "warning", "format": "text"},  # type: ignore[arg-type]
             )

@@ -49,6 +49,7 @@ from bridge.service.health import HealthServer, Readiness
 from bridge.service.logconfig import configure_logging
 from bridge.service.metered import MeteredSink
 from bridge.service.sharding import assign
+from bridge.service.spill_lock import lock_spill_root
 from bridge.service.telemetry import Telemetry, TelemetrySnapshot
 from bridge.service.workers import (
     WorkerPosition,
@@ -629,13 +630,15 @@ def run_service(path: str | None) -> int:
     worker = worker_position()
     if worker is None:
         workers = resolve_workers(config)
+        validate_sinks(config)
+        # Before anything under the spill root is removed or used; a worker shares its supervisor's.
+        lock = lock_spill_root(config.checkpoint.spill_directory)
         if workers > 1:
-            validate_sinks(config)
-            return run_supervisor(config, path, workers)
+            return run_supervisor(config, path, workers, pass_fds=() if lock is None else (lock,))
     else:
         label_logs(worker)
         config = for_worker(config, worker)
-    validate_sinks(config)
+        validate_sinks(config)
     for name, what in config.checkpoint.insecure_settings():  # the sinks warn as they start
         log.warning("checkpoint.%s: %s (allow_insecure: true)", name, what)
     configure_gc()

@@ -343,12 +343,14 @@ class _SupervisorEndpoints(HealthServer):
 class Supervisor:
     """Runs ``workers`` worker processes of one replica and serves the pod's endpoints (module
     docs). ``command``: how a worker is started (``kube-event-bridge run`` with the same
-    configuration file); ``environ``: the environment the workers inherit."""
+    configuration file); ``environ``: the environment the workers inherit; ``pass_fds``: the
+    descriptors they inherit (the spill root's lock, :mod:`bridge.service.spill_lock`)."""
 
     config: BridgeConfig
     workers: int
     command: list[str]
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    pass_fds: tuple[int, ...] = ()
     stop_event: asyncio.Event = field(default_factory=asyncio.Event)
     _workers: list[_Worker] = field(default_factory=list)
     _exit_code: int = 0
@@ -372,7 +374,7 @@ class Supervisor:
         w.address_file.unlink(missing_ok=True)  # what an earlier start of the worker reported
         w.port = w.admin_port = 0
         w.started = time.monotonic()
-        w.proc = await asyncio.create_subprocess_exec(*self.command, env=self._env(w))
+        w.proc = await asyncio.create_subprocess_exec(*self.command, env=self._env(w), pass_fds=self.pass_fds)
         log.info("worker %d of %d started (pid %d)", w.index, self.workers, w.proc.pid,
                  extra={"worker": w.index, "pid": w.proc.pid})
 
@@ -565,12 +567,14 @@ def watch_parent(stop: asyncio.Event, *, every: float = 1.0) -> asyncio.Task[Non
     return asyncio.create_task(watch(), name="watch-supervisor")
 
 
-def run_supervisor(config: BridgeConfig, path: str | None, workers: int) -> int:
-    """``kube-event-bridge run`` with ``workers`` above 1: the supervisor until a signal."""
+def run_supervisor(config: BridgeConfig, path: str | None, workers: int,
+                   pass_fds: tuple[int, ...] = ()) -> int:
+    """``kube-event-bridge run`` with ``workers`` above 1: the supervisor until a signal;
+    ``pass_fds``: descriptors the workers inherit (the spill root's lock)."""
     command = [sys.executable, "-m", "bridge.service.cli", "run", *(["--config", path] if path else [])]
 
     async def main() -> int:
-        sup = Supervisor(config=config, workers=workers, command=command)
+        sup = Supervisor(config=config, workers=workers, command=command, pass_fds=pass_fds)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, sup.stop_event.set)

@@ -46,6 +46,7 @@ from typing import Any, Self
 
 import aiohttp
 import orjson
+import yaml
 
 __all__ = [
     "Address",
@@ -241,13 +242,27 @@ def _service_env(extra: Mapping[str, str] | None, unset: Sequence[str]) -> dict[
     return env
 
 
+SPILL_ENV = "KEB_CHECKPOINT__SPILL_DIRECTORY"
+
+
+def _names_spill_directory(config: Path) -> bool:
+    """Whether the configuration file sets ``checkpoint.spill_directory``."""
+    try:
+        body = yaml.safe_load(config.read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    checkpoint = body.get("checkpoint") if isinstance(body, dict) else None
+    return isinstance(checkpoint, dict) and "spill_directory" in checkpoint
+
+
 @dataclass
 class ServiceProcess(ChildProcess):
     """``python -m bridge.service.cli run --config FILE`` on ports the kernel picks.
 
     Its environment is this process's without ``KEB_*`` variables, with ``env`` on top.
     ``fixed_ports``: keep the configuration's ``server.port`` / ``admin_port`` (the production
-    behaviour; a taken port then makes the service exit)."""
+    behaviour; a taken port then makes the service exit). Unless the configuration or ``env`` names
+    one, its spill directory is the log's name with ``.spill``."""
 
     argv: Sequence[str] = ()
     log: Path = Path("bridge.log")
@@ -269,6 +284,10 @@ class ServiceProcess(ChildProcess):
     def environment(self) -> Mapping[str, str]:
         env = _service_env(self.env, self.unset)
         env["KEB_SERVER__ADDRESS_FILE"] = str(self.address_file)
+        if SPILL_ENV not in env and not _names_spill_directory(self.config):
+            # Not the cwd-relative default: a spill root belongs to one bridge process, and the
+            # bridges of tests run side by side would refuse to share it.
+            env[SPILL_ENV] = str(self.log.with_name(self.log.name + ".spill"))
         if not self.fixed_ports:
             env.update({"KEB_SERVER__PORT": "0", "KEB_SERVER__ADMIN_PORT": "0"})
         return env

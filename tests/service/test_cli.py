@@ -106,7 +106,8 @@ def test_sigterm_drains_and_writes_the_final_checkpoint(tmp_path: Path,
         "resources: [{resource: pods}]\n"
         f"sinks: [{{name: out, kind: file, path: '{events}'}}]\n"
         # A long interval: only the shutdown can have written the checkpoint.
-        f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}', interval: 3600}}\n"
+        f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}', interval: 3600, "
+        f"spill_directory: '{tmp_path / 'spill'}'}}\n"
         "server: {host: 127.0.0.1, port: 0, admin_port: 0}\n"
         "logging: {level: info, format: json}\n"
         "shutdown_deadline: 10\n"

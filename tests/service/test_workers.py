@@ -261,7 +261,8 @@ def _run_config(tmp_path: Path, kubeconfig: Path, server: str, more: str) -> Pat
         f"kubernetes: {{kubeconfig: '{kubeconfig}', in_cluster: 'false'}}\n"
         "resources: [{resource: pods}]\n"
         f"sinks: [{{name: out, kind: file, path: '{tmp_path / 'events.jsonl'}'}}]\n"
-        f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}', interval: 1}}\n"
+        f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}', interval: 1, "
+        f"spill_directory: '{tmp_path / 'spill'}'}}\n"
         f"server: {{host: 127.0.0.1, port: 0, admin_port: 0{server}}}\n"
         f"{more}shutdown_deadline: 10\n")
     return cfg

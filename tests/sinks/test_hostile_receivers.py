@@ -154,7 +154,7 @@ async def test_hostile_receivers_neither_grow_the_bridge_nor_stop_the_other_sink
         config.write_text(json.dumps({
             "kubernetes": {"kubeconfig": str(kubeconfig), "in_cluster": "false"},
             "resources": [{"resource": "pods"}], "sinks": sinks,
-            "checkpoint": {"store": "none"},
+            "checkpoint": {"store": "none", "spill_directory": str(tmp_path / "spill")},
             "server": {"host": "127.0.0.1", "port": port, "admin_port": 0},
             "workers": 1, "shutdown_deadline": 5,
         }))
