@@ -171,6 +171,9 @@ async def test_hostile_receivers_neither_grow_the_bridge_nor_stop_the_other_sink
                 proc, log)
             await until(lambda: len(counts["slow"].sent) >= 2, "a slow answer cut by the timeout",
                         proc, log)
+            # The outage is logged by the periodic outage check, up to its interval after the cut.
+            await until(lambda: "timed out after 3.0s posting to http://127.0.0.1" in log.read_text(),
+                        "the slow answer's timeout in the log", proc, log)
             peak = peak_rss_mib(proc.pid)
             assert peak < LIMIT_MIB, f"the bridge peaked at {peak:.0f} MiB"
             async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics") as r:
