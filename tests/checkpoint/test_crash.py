@@ -3,7 +3,8 @@
 * ``test_sigkill_under_churn``: the bridge is killed at random moments ten times and restarted while
   ConfigMaps are created, updated and deleted. Replaying the topic must give exactly the simulator's
   final state, every change the simulator made must have been delivered (the resume point never
-  expires here), and the duplicates must stay within the unacked window of each crash.
+  expires here), and each restart may re-send only what the killed run's last checkpoint had not
+  saved for the sink (in flight, or acknowledged after that checkpoint was taken).
 * ``test_long_outage_resumes_with_a_diff``: while the bridge is down the history is compacted, so the
   resume gets 410; the relist must emit exactly the differences.
 """
