@@ -439,12 +439,7 @@ class SinkListener:
                     count, stream = self._snapshot_events(n)
                     await self._deliver_all(stream, count, ack)
                     continue
-                if admitted is None:
-                    listed = self.events_for(n)
-                elif len(admitted) == 1:
-                    listed = self.events_for(admitted[0])
-                else:
-                    listed = [e for a in admitted for e in self.events_for(a)]
+                listed = self.events_for(n) if admitted is None else self._admitted_events(admitted)
                 if self._per_object is not None and n.key:
                     if not listed:  # held back by the replay (or a resync that changed nothing)
                         stats.resync_skipped += 1
@@ -465,6 +460,12 @@ class SinkListener:
             # collected before it is handed over as it would have been, then i is reported.
             await self._hand_over(collected, i - 1)
             raise BatchInterrupted(i) from exc
+
+    def _admitted_events(self, admitted: Sequence[Notification]) -> list[ChangeEvent]:
+        """The events of what the replay stage admitted in a notification's place."""
+        if len(admitted) == 1:
+            return self.events_for(admitted[0])
+        return [e for a in admitted for e in self.events_for(a)]
 
     async def _route(self, listed: list[ChangeEvent], n: Notification, ack: AckFunc,
                      collected: _Collected, i: int) -> None:
