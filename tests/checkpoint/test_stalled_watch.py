@@ -88,15 +88,17 @@ async def test_a_stalled_watch_is_reported_in_time_and_clears_when_events_flow(
         loop = asyncio.get_running_loop()
         silent_from = loop.time()
         await asyncio.sleep(AFTER + 2 * PERIOD)
+        # Checked against the server at least once (a loaded machine may run the first check late).
+        await until(lambda: bool(calls), timeout=30, what="the silent watch checked against the server")
         assert p.ready(), p.not_ready_reasons()
-        assert calls, "the silent watch was checked against the server"
         assert not p.stalled()
 
         # The resource changes behind the silent watch.
         for i in range(3):
             await client.create(PATH, {"metadata": {"name": f"held-{i}"}, "data": {"v": "1"}})
         changed_at = loop.time()
-        await until(lambda: bool(p.stalled()), timeout=AFTER + 4 * PERIOD, what="the stalled watch reported")
+        checks_at_change = len(calls)
+        await until(lambda: bool(p.stalled()), timeout=30, what="the stalled watch reported")
         reported_after = loop.time() - changed_at
         assert len(sink.events) == 1  # the watch really delivered nothing
         assert not p.ready()
@@ -104,14 +106,15 @@ async def test_a_stalled_watch_is_reported_in_time_and_clears_when_events_flow(
                    for r in p.not_ready_reasons()), p.not_ready_reasons()
         assert p.informer_gauges()[str(p._informers[ident].watched.key)].stalled
         assert any(r.levelno == logging.WARNING and "is stalled" in r.getMessage() for r in caplog.records)
-        # Silent for longer than AFTER already: reported at the next check.
-        assert reported_after <= PERIOD + 1.0, reported_after
+        # Silent for longer than AFTER already: reported at the next check (counted in checks, not
+        # seconds: one already asking the server when the changes were made may see none of them).
+        assert len(calls) - checks_at_change <= 2, (len(calls) - checks_at_change, reported_after)
         print(f"\nstalled watch reported {reported_after:.2f}s after the change "
               f"({loop.time() - silent_from:.2f}s of silence; after={AFTER}s)")
 
         simulator.set_faults(watch_stall=False)
         await until(lambda: len(sink.events) == 4, timeout=10, what="the held changes delivered")
-        await until(lambda: not p.stalled(), timeout=2 * PERIOD + 1.0, what="the stalled condition cleared")
+        await until(lambda: not p.stalled(), timeout=30, what="the stalled condition cleared")
         assert p.ready(), p.not_ready_reasons()
         assert not p.informer_gauges()[str(p._informers[ident].watched.key)].stalled
         assert any("delivers again" in r.getMessage() for r in caplog.records)
@@ -124,7 +127,8 @@ async def test_a_watch_stalled_from_its_last_delivery_is_reported_within_the_con
         sim: tuple[Simulator, ApiClient], tmp_path: Path) -> None:
     simulator, client = sim
     sink = RecordingSink("rec")
-    p = await pipeline(client, tmp_path, sink, [])
+    calls: list[str] = []
+    p = await pipeline(client, tmp_path, sink, calls)
     await p.start()
     try:
         assert await p.wait_for_sync(10)
@@ -132,10 +136,11 @@ async def test_a_watch_stalled_from_its_last_delivery_is_reported_within_the_con
         loop = asyncio.get_running_loop()
         stalled_at = loop.time()
         await client.create(PATH, {"metadata": {"name": "held"}, "data": {"v": "1"}})
-        await until(lambda: bool(p.stalled()), timeout=AFTER + 4 * PERIOD, what="the stalled watch reported")
+        await until(lambda: bool(p.stalled()), timeout=30, what="the stalled watch reported")
         took = loop.time() - stalled_at
-        # The last delivery came at most one bookmark interval (0.5 s) before the fault.
-        assert took <= AFTER + PERIOD + 1.0, took
+        # Reported at the first check of the watch once it was silent for AFTER (a silent watch is
+        # asked about only then; counted in checks, not seconds, which a loaded machine stretches).
+        assert len(calls) <= 2, (len(calls), took)
         assert not sink.events
         simulator.set_faults(watch_stall=False)
         await until(lambda: len(sink.events) == 1 and not p.stalled(), timeout=10, what="delivery again")
