@@ -320,11 +320,14 @@ class Telemetry:
         if self._shard is not None:
             raise RuntimeError(f"the shard is already set ({self._shard[0]} of {self._shard[1]}), "
                                f"not {ordinal} of {total}")
-        self._shard = (ordinal, total)
         exposed = CollectorRegistry(auto_describe=False)
         exposed.register(_LabelledCollector(self.registry, {"shard": str(ordinal),
                                                             "total_shards": str(total)}))
-        self._exposed = exposed
+        # Under the render lock: a scrape renders in another thread, and one between the two
+        # assignments would expose the shard gauges on the unlabelled registry.
+        with self._render_lock:
+            self._shard = (ordinal, total)
+            self._exposed = exposed
 
     def set_rate_limiter(self, limiter: TokenBucket) -> None:
         """The API client's rate limiter, whose waits the ``keb_api_client_*`` series report."""
