@@ -26,6 +26,7 @@ instance; :meth:`RawObject.copy_dict` gives a private copy.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, overload
@@ -270,7 +271,15 @@ class RawObject(Mapping[str, Any]):
         return obj
 
     def copy_dict(self) -> dict[str, Any]:
-        """A freshly decoded copy of the object, the caller's to change."""
+        """A freshly decoded copy of the object, the caller's to change. An integer beyond 64 bits
+        stays the exact integer (``orjson.loads`` would round it to a float): :func:`dumps` writes
+        it back as it came."""
+        if _LONG_DIGITS.search(self.raw) is not None:
+            try:
+                exact: dict[str, Any] = _object_decoder.decode(self.raw)
+            except _DECODE_ERRORS as e:
+                raise RawObjectError(f"not a Kubernetes object: {e}") from e
+            return exact
         try:
             decoded: dict[str, Any] = orjson.loads(self.raw)
         except orjson.JSONDecodeError as e:
@@ -597,10 +606,44 @@ def _default(value: Any) -> Any:
 
 def dumps(value: Any, option: int | None = None) -> bytes:
     """``orjson.dumps`` that writes a :class:`RawObject` (anywhere in ``value``) as its bytes,
-    without decoding it."""
-    if option is None:
-        return orjson.dumps(value, default=_default)
-    return orjson.dumps(value, default=_default, option=option)
+    without decoding it. An integer beyond 64 bits (which orjson refuses) is written exactly, by
+    msgspec (:func:`_exact_dumps`)."""
+    try:
+        if option is None:
+            return orjson.dumps(value, default=_default)
+        return orjson.dumps(value, default=_default, option=option)
+    except TypeError as e:
+        if "64-bit" not in str(e):
+            raise
+        return _exact_dumps(value, option or 0)
+
+
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+"""Nineteen digits in a row: perhaps an integer beyond 64 bits (int64 ends at 9223372036854775807),
+which only an exact decode keeps (nearly always a string's digits, decoded exactly all the same)."""
+_EXACT_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
+
+
+def _exact_hook(value: Any) -> Any:
+    if type(value) is RawObject:
+        return msgspec.Raw(value.raw)
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+
+
+def _exact_dumps(value: Any, option: int) -> bytes:
+    """What :func:`dumps` writes for a value holding an integer beyond 64 bits: msgspec keeps Python's
+    integers exact. Of orjson's options it honours the two the bridge uses (sorted keys, a newline)."""
+    if option & ~_EXACT_OPTIONS:
+        raise TypeError(f"an integer beyond 64 bits cannot be written with orjson options {option:#x}")
+    encoder = _sorted_encoder if option & orjson.OPT_SORT_KEYS else _exact_encoder
+    out = encoder.encode(value)
+    return out + b"\n" if option & orjson.OPT_APPEND_NEWLINE else out
+
+
+_exact_encoder = msgspec.json.Encoder(enc_hook=_exact_hook)
+_sorted_encoder = msgspec.json.Encoder(enc_hook=_exact_hook, order="sorted")
 
 
 def to_json(obj: Mapping[str, Any]) -> bytes:
