@@ -26,7 +26,6 @@ instance; :meth:`RawObject.copy_dict` gives a private copy.
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, overload
@@ -271,18 +270,12 @@ class RawObject(Mapping[str, Any]):
         return obj
 
     def copy_dict(self) -> dict[str, Any]:
-        """A freshly decoded copy of the object, the caller's to change. An integer beyond 64 bits
-        stays the exact integer (``orjson.loads`` would round it to a float): :func:`dumps` writes
-        it back as it came."""
-        if _LONG_DIGITS.search(self.raw) is not None:
-            try:
-                exact: dict[str, Any] = _object_decoder.decode(self.raw)
-            except _DECODE_ERRORS as e:
-                raise RawObjectError(f"not a Kubernetes object: {e}") from e
-            return exact
+        """A freshly decoded copy of the object, the caller's to change. msgspec, not ``orjson.loads``
+        (as fast on objects of 4.5 to 20 KB): an integer beyond 64 bits stays the exact integer, where
+        orjson rounds it to a float; :func:`dumps` writes it back as it came."""
         try:
-            decoded: dict[str, Any] = orjson.loads(self.raw)
-        except orjson.JSONDecodeError as e:
+            decoded: dict[str, Any] = _object_decoder.decode(self.raw)
+        except (*_DECODE_ERRORS, RecursionError) as e:
             raise RawObjectError(f"not a Kubernetes object: {e}") from e
         return decoded
 
@@ -618,9 +611,6 @@ def dumps(value: Any, option: int | None = None) -> bytes:
         return _exact_dumps(value, option or 0)
 
 
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
-"""Nineteen digits in a row: perhaps an integer beyond 64 bits (int64 ends at 9223372036854775807),
-which only an exact decode keeps (nearly always a string's digits, decoded exactly all the same)."""
 _EXACT_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
 
 
