@@ -28,6 +28,7 @@ acknowledgements no longer count.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from collections import deque
@@ -141,7 +142,10 @@ class ProcessorListener:
         upstream_synced: Callable[[], bool] = lambda: True,
         may_catch_up: Callable[[ProcessorListener], bool] = lambda _listener: True,
         replay: Sequence[KubeObject] = (),
+        request_snapshot: Callable[[ProcessorListener], None] | None = None,
     ) -> None:
+        """``request_snapshot``: asks the informer for a ``SNAPSHOT`` for this listener (when its
+        spill lost notifications it had taken: see :meth:`_spill_lost`)."""
         if options.buffer_capacity < 1:
             raise ValueError(
                 f"listener {name!r}: buffer_capacity must be >= 1, got {options.buffer_capacity}"
@@ -171,6 +175,9 @@ class ProcessorListener:
         self._latest = LatestStates()
         self._gap: Gap | None = None
         """The gap window open while ``DRAINING_GAP``."""
+        self._request_snapshot = request_snapshot
+        self._spill_gap: Gap | None = None
+        """The gap window opened where the spill lost notifications; the snapshot it requested closes it."""
         self._last_delivered: Notification | None = None
         self._has_items = asyncio.Event()
         self._has_room = asyncio.Event()
@@ -531,6 +538,12 @@ class ProcessorListener:
             if n.key and pending.get(n.key) is slot:
                 del pending[n.key]
             batch.append(n)
+            if n.kind is NotificationKind.SNAPSHOT and self._spill_gap is not None:
+                # The window the spill's loss opened ends right after the snapshot it asked for.
+                gap, self._spill_gap = self._spill_gap, None
+                end = dataclasses.replace(gap, to_resource_version=n.resource_version, end=True)
+                buffer.appendleft(Slot(Notification(kind=NotificationKind.GAP, obj={}, gap=end)))
+                break
         self._has_room.set()
         return batch
 
@@ -539,13 +552,18 @@ class ProcessorListener:
         spill = self._spill
         if spill is None or not len(spill):
             return False
+        damaged = spill.corrupt
         try:
             batch = spill.read(max(1, self.options.buffer_capacity))
+            lost = spill.corrupt - damaged
         except OSError as exc:
+            lost = len(spill)
             log.error("listener %s: the spill cannot be read (%s); its %d notifications are lost",
-                      self.name, exc, len(spill))
+                      self.name, exc, lost)
             spill.clear()
             batch = []
+        if lost:
+            batch.append(self._spill_lost(lost))
         for n in batch:
             slot = Slot(n)
             self._buffer.append(slot)
@@ -556,6 +574,21 @@ class ProcessorListener:
         if not len(spill) and self._mode is _SPILLING:
             self._to(BufferEvent.SPILL_EMPTIED)
         return bool(batch)
+
+    def _spill_lost(self, lost: int) -> Notification:
+        """The spill lost ``lost`` notifications (a damaged or unreadable file): which changes they
+        held is unknown, so the listener announces it as the delivery contract announces any change
+        not observed (a gap window, from the last change delivered) and asks for a snapshot of the
+        cache, after which its sink holds every object exactly again; the snapshot's passage closes
+        the window (:meth:`_pop_batch`). Returns the window's begin marker."""
+        self._gaps += 1
+        gap = self._spill_gap = Gap(id=f"spill:{self.name}:{uuid.uuid4().hex[:12]}",
+                                    from_resource_version=self._last_resource_version())
+        log.error("listener %s: %d spilled notifications are lost; gap window %s opened, and a snapshot "
+                  "requested to make the sink exact again", self.name, lost, gap.id)
+        if self._request_snapshot is not None:
+            self._request_snapshot(self)
+        return Notification(kind=NotificationKind.GAP, obj={}, gap=gap)
 
     def _close_gap(self) -> Notification:
         """The end marker of the open gap window; the listener is ``NORMAL`` again."""
