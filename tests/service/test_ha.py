@@ -10,8 +10,8 @@ is clean, arrive exactly once (nothing re-sent).
        loss, and a late write with its lease token is refused by the store;
 (c)    rolling update: SIGTERM of the leader under churn drains, writes the final checkpoint, then
        releases the Lease; the standby resumes from it: zero re-sent, zero lost;
-(d)    SIGKILL of the leader: the standby takes over within the lease duration and a retry period,
-       and nothing is lost.
+(d)    SIGKILL of the leader: the standby takes over and nothing is lost (how soon, the lease and a
+       retry period, is asserted on a fake clock in test_leader_failover.py).
 
 Short durations keep it fast: lease 2 s, renew deadline 1.5 s, retry period 0.3 s.
 """
@@ -332,18 +332,18 @@ async def test_leader_killed_standby_takes_over_within_lease_and_nothing_is_lost
     churn = Churn(c.client)
     await start_pair(c, churn)
     c.procs["a"].send_signal(signal.SIGKILL)
-    killed = time.monotonic()
     await exited(c.procs["a"], 10)
 
     async def b_leads() -> bool:
         return await c.holder() == "b"
 
-    await eventually(b_leads, 10, "replica b to take over")
-    took = time.monotonic() - killed
-    # b saw a's last renewal at most a moment before the kill; it polls every retry period (with
-    # up to 1.2 of jitter), so the lease plus one jittered retry period, plus this test's 0.05 s
-    # polling, a request's latency and the scheduling delays of a loaded 2-core CI machine.
-    assert took < LEASE_DURATION + RETRY_PERIOD * 2.2 + 1.0, took
+    # How soon b takes over (the lease after a's last renewal, plus at most two jittered retry
+    # periods) is the elector's arithmetic, asserted exactly on a fake clock in
+    # test_leader_failover.py; measured here in seconds of a loaded machine it failed by chance.
+    # This test holds the rest: b takes over (the lease's one transition) and nothing is lost.
+    await eventually(b_leads, 60, "replica b to take over")
+    lease = (await c.client.get(LEASE))["spec"]
+    assert lease["leaseTransitions"] == 1
     await finish(c, churn, "b")
     got = c.receiver.changes()
     assert [m for m in churn.made if m not in got] == []
