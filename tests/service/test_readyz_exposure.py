@@ -22,6 +22,8 @@ from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
 from tests.service.test_service import eventually
 
+pytestmark = pytest.mark.usefixtures("own_cwd")
+
 PATH_SECRET = "T0PATHSECRET/B0PATHSECRET"
 QUERY_SECRET = "QUERYSECRET0"
 TOKEN = "BEARERSECRET0"
