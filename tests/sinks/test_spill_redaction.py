@@ -17,19 +17,15 @@ import orjson
 import pytest
 from aiohttp import web
 
-from bridge.clock import RealClock
-from bridge.delivery.pipeline import BridgePipeline, WatchedResource
-from bridge.informer.factory import InformerKey, SharedInformerFactory
+from bridge.delivery.pipeline import BridgePipeline
 from bridge.kube.apiclient import ApiClient
-from bridge.kube.discovery import Discovery
-from bridge.kube.listwatch import HttpListerWatcher
 from bridge.rawobject import RawObject
 from bridge.sim import Simulator
 from bridge.storage.checkpoint import FileCheckpointStore
 from sinks.contract import ResourceRef
 from sinks.redaction import REDACTED, Redactor, keyed_mark
 from sinks.webhook import WebhookSink
-from tests.checkpoint.helpers import until
+from tests.checkpoint.helpers import simulated_cluster, until, watched_over_http
 
 NS = "vault"
 SECRETS = 40
@@ -37,14 +33,8 @@ SECRETS = 40
 
 @pytest.fixture
 async def sim(tmp_path: Path) -> AsyncIterator[tuple[Simulator, ApiClient]]:
-    simulator = Simulator(bookmark_interval=0.5, namespaces=("default", NS))
-    await simulator.start()
-    client = ApiClient.from_kubeconfig(str(simulator.write_kubeconfig(tmp_path / "kc")))
-    try:
-        yield simulator, client
-    finally:
-        await client.close()
-        await simulator.stop()
+    async with simulated_cluster(tmp_path, NS, bookmark_interval=0.5) as world:
+        yield world
 
 
 class HangingReceiver:
@@ -95,15 +85,9 @@ async def test_a_stuck_sink_spills_secrets_redacted(sim: tuple[Simulator, ApiCli
     sink = WebhookSink.from_options("hook", {
         "url": receiver.url, "timeout": 120, "connections": 1, "max_in_flight": 1,
         "buffer": {"capacity": 2}, "retry": {"max_attempts": 0}})
-    api = await Discovery(client=client).resolve("secrets")
-    ref = ResourceRef(group="", version="v1", resource="secrets", kind="Secret")
-    factory = SharedInformerFactory(
-        lister_watcher_factory=lambda k: HttpListerWatcher(client=client, resource=api, namespace=k.namespace,
-                                                           raw_objects=True, drop_managed_fields=True),
-        clock=RealClock(), compact_cache=True)
+    factory, watched = await watched_over_http(client, "secrets", "Secret", NS)
     spill = tmp_path / "spill"
-    p = BridgePipeline(factory=factory, resources=[WatchedResource(key=InformerKey("secrets", namespace=NS),
-                                                                   api=api, ref=ref)],
+    p = BridgePipeline(factory=factory, resources=[watched],
                        sinks=[sink], checkpoint_store=FileCheckpointStore(directory=tmp_path / "cp"),
                        checkpoint_interval=0.2, cluster="sim", spill_directory=spill)
     path = f"/api/v1/namespaces/{NS}/secrets"
