@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -40,9 +37,8 @@ from bridge.kube.leaderelection import FenceToken
 from bridge.storage.checkpoint import Checkpoint, CheckpointFencedError, informer_id
 from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
 from bridge.testing import Reply, WebhookReceiver
-from bridge.testing.processes import SimulatorProcess
+from bridge.testing.processes import ServiceProcess, SimulatorProcess
 
-EXE = [sys.executable, "-m", "bridge.service.cli"]
 NS = "ha"
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/default/leases/keb"
 LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 2.0, 1.5, 0.3
@@ -119,10 +115,11 @@ class Cluster:
     tmp: Path
     client: ApiClient
     receiver: Receiver
-    procs: dict[str, subprocess.Popen[bytes]]
+    procs: dict[str, ServiceProcess]
     shutdown_deadline: float = 6.0
 
-    def start(self, name: str) -> subprocess.Popen[bytes]:
+    async def start(self, name: str) -> ServiceProcess:
+        """Replica ``name`` started (the kit's process: ports it binds itself), its log in NAME.log."""
         cfg = self.tmp / f"{name}.yaml"
         cfg.write_text(
             f"kubernetes: {{kubeconfig: '{self.kubeconfig}', in_cluster: 'false'}}\n"
@@ -138,9 +135,9 @@ class Cluster:
             "server: {host: 127.0.0.1, port: 0, admin_port: 0}\n"
             "logging: {level: debug, format: json}\n"
         )
-        env = {**os.environ, "KEB_LEADER_ELECTION__IDENTITY": name}
-        log = (self.tmp / f"{name}.log").open("wb")
-        proc = subprocess.Popen([*EXE, "run", "--config", str(cfg)], stdout=log, stderr=log, env=env)
+        proc = ServiceProcess(config=cfg, log=self.tmp / f"{name}.log",
+                              env={"KEB_LEADER_ELECTION__IDENTITY": name})
+        await proc.start()
         self.procs[name] = proc
         return proc
 
@@ -167,10 +164,10 @@ class Cluster:
             assert r.status == 200, await r.text()
 
 
-async def exited(proc: subprocess.Popen[bytes], timeout: float) -> int:
-    """Waits for the process off the event loop: the receiver must keep answering (and time-stamping)
-    the replicas' requests meanwhile."""
-    return await asyncio.to_thread(proc.wait, timeout)
+async def exited(proc: ServiceProcess, timeout: float) -> int:
+    """Waits for the process's exit code without blocking the event loop: the receiver must keep
+    answering (and time-stamping) the replicas' requests meanwhile."""
+    return await proc.wait(timeout)
 
 
 async def eventually(cond: Any, timeout: float, what: str) -> None:
@@ -198,9 +195,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         yield c
     finally:
         for p in c.procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+            await p.kill()
         await client.close()
         await receiver.close()
         await sim.stop()
@@ -208,13 +203,13 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
 
 async def start_pair(c: Cluster, churn: Churn) -> None:
     """a leads, b is the standby, churn runs and a has delivered some of it."""
-    c.start("a")
+    await c.start("a")
 
     async def a_leads() -> bool:
         return await c.holder() == "a"
 
     await eventually(a_leads, 20, "replica a to lead")
-    c.start("b")
+    await c.start("b")
 
     async def b_watches() -> bool:
         return any(r.get("message") == "observed a new leader" and r.get("leader") == "a"
