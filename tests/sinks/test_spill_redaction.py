@@ -15,13 +15,13 @@ from typing import Any
 
 import orjson
 import pytest
-from aiohttp import web
 
 from bridge.delivery.pipeline import BridgePipeline
 from bridge.kube.apiclient import ApiClient
 from bridge.rawobject import RawObject
 from bridge.sim import Simulator
 from bridge.storage.checkpoint import FileCheckpointStore
+from bridge.testing import ReceivedRequest, Reply, WebhookReceiver
 from sinks.contract import ResourceRef
 from sinks.redaction import REDACTED, Redactor, keyed_mark
 from sinks.webhook import WebhookSink
@@ -38,36 +38,29 @@ async def sim(tmp_path: Path) -> AsyncIterator[tuple[Simulator, ApiClient]]:
 
 
 class HangingReceiver:
-    """A webhook receiver whose requests wait until :attr:`release` is set, then answer 200."""
+    """A webhook receiver (the kit's) whose requests wait until :attr:`release` is set, then answer
+    200."""
 
     def __init__(self) -> None:
         self.release = asyncio.Event()
         self.waiting = 0
         self.events: list[dict[str, Any]] = []
-        self._runner: web.AppRunner | None = None
+        self._hook = WebhookReceiver(path="/in", respond=self._respond)
         self.url = ""
 
-    async def _handle(self, request: web.Request) -> web.Response:
-        body = await request.read()
+    async def _respond(self, request: ReceivedRequest) -> Reply:
         self.waiting += 1
         await self.release.wait()
-        self.events.append(orjson.loads(body))
-        return web.Response(status=200)
+        self.events.append(orjson.loads(request.body))
+        return Reply(200)
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/in", self._handle)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}/in"
+        await self._hook.start()
+        self.url = self._hook.url
 
     async def stop(self) -> None:
         self.release.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self._hook.close()
 
 
 def value_of(i: int) -> str:
