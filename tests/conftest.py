@@ -20,6 +20,7 @@ import os
 import sys
 import tempfile
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -35,6 +36,18 @@ for _name, _derandomize in (("ci", True), ("random", False)):
     settings.register_profile(_name, derandomize=_derandomize, database=None, deadline=None,
                               suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 settings.load_profile(os.environ.get("KEB_HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def own_cwd(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Runs the test in a directory of its own, so that a bridge it runs with the cwd-relative
+    defaults (``checkpoint.spill_directory``, ``checkpoint.directory``) has its own spill root and
+    checkpoints: a spill root belongs to one bridge (bridge/service/spill_lock.py), and tests on
+    several xdist workers would otherwise share the checkout's. For the modules that run
+    ``BridgeService`` in-process (``pytestmark = pytest.mark.usefixtures("own_cwd")``)."""
+    cwd = tmp_path_factory.mktemp("cwd")
+    monkeypatch.chdir(cwd)
+    return cwd
 
 
 @pytest.fixture(autouse=True)
