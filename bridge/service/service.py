@@ -48,6 +48,7 @@ from bridge.service.fencing import FencedSink
 from bridge.service.health import HealthServer, Readiness
 from bridge.service.logconfig import configure_logging
 from bridge.service.metered import MeteredSink
+from bridge.service.parent_watch import watch_parent
 from bridge.service.sharding import assign
 from bridge.service.spill_lock import lock_spill_root, release_spill_root
 from bridge.service.telemetry import Telemetry, TelemetrySnapshot
@@ -57,7 +58,6 @@ from bridge.service.workers import (
     label_logs,
     resolve_workers,
     run_supervisor,
-    watch_parent,
     worker_position,
 )
 from bridge.storage.checkpoint import CheckpointStore, FileCheckpointStore

@@ -11,7 +11,7 @@ import sys
 
 WORKER = """
 import asyncio
-from bridge.service.workers import watch_parent
+from bridge.service.parent_watch import watch_parent
 
 async def main():
     stop = asyncio.Event()
