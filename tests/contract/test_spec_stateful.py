@@ -305,7 +305,7 @@ def _show(entry: object) -> str:
     return type(entry).__name__
 
 
-@pytest.mark.timeout(86400 if LONG else 120)
+@pytest.mark.timeout(86400 if LONG else 1200)  # a hang guard, not a speed limit
 def test_the_delivery_layer_keeps_the_contract_under_random_schedules() -> None:
     print(f"KEB_SPEC_SEED={SEED} PYTHONHASHSEED={HASH_SEED or 'random'} examples={EXAMPLES} steps={STEPS}")
     RUNS.clear()
