@@ -55,8 +55,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bridge.errors import ConflictError, NotFoundError
-from bridge.kube.apiclient import ApiClient, ApiClientOptions
+from bridge.errors import ConflictError, NotFoundError, status_error
+from bridge.kube.apiclient import ApiClient
 from bridge.service.verify import VerifyReport, event_kind, verify
 from bridge.service.verify_sources import (
     ResourceRequest,
@@ -193,11 +193,50 @@ class Hook:
         await self._receiver.close()
 
 
+class ChurnWriter:
+    """The churn's writes to the simulator over HTTP: aiohttp with orjson and nothing else (no
+    client-side rate limit, retries or bounds checks; a failed write ends the schedule). The
+    :class:`~bridge.kube.apiclient.ApiClient` is for a bridge: its bookkeeping per request cost the
+    schedule's process about as much CPU as the simulator's patch handling, on a machine where the
+    churn competes for two cores with the bridge, three brokers and the simulator."""
+
+    def __init__(self, url: str, *, connections: int) -> None:
+        self._url = url.rstrip("/")
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections),
+                                              headers={"User-Agent": "fault-schedule-churn"})
+
+    async def _send(self, method: str, path: str, body: Any = None,
+                    content_type: str = "application/json") -> dict[str, Any]:
+        data = None if body is None else orjson.dumps(body)
+        headers = {"Content-Type": content_type} if data is not None else None
+        async with self._session.request(method, self._url + path, data=data, headers=headers) as resp:
+            raw = await resp.read()
+            code = resp.status
+        answer = _loads(raw)
+        if code >= 300:
+            raise status_error(code, answer if isinstance(answer, dict) else None, context=f"{method} {path}")
+        if not isinstance(answer, dict):
+            raise RuntimeError(f"{method} {path}: the simulator answered {code} with {raw[:200]!r}")
+        return answer
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._send("POST", path, body)
+
+    async def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._send("PATCH", path, body, content_type="application/merge-patch+json")
+
+    async def delete(self, path: str) -> dict[str, Any]:
+        return await self._send("DELETE", path)
+
+    async def close(self) -> None:
+        await self._session.close()
+
+
 @dataclass
 class Churn:
     """Creates, updates and deletes ConfigMaps or Pods over HTTP; records every change (the history)."""
 
-    client: ApiClient
+    client: ChurnWriter
     namespace: str
     rng: random.Random
     names: int = 25
@@ -328,6 +367,9 @@ class Outcome:
     """The churn's lowest rate over 5 consecutive seconds (:meth:`Churn.slowest_window`)."""
     load: tuple[float, float] = (0.0, 0.0)
     """The machine's 1-minute load average when the churn began and when it stopped."""
+    pushed: float = 0.0
+    """Seconds the combined profile's steps pushed its timeline back (bridge restarts slower than
+    the gaps after them)."""
 
     @property
     def ok(self) -> bool:
@@ -353,7 +395,8 @@ class Outcome:
                  f"  churn: asked {self.asked_rate:g}/s; the simulator applied {self.applied} changes in "
                  f"{self.churn_seconds:.1f} s = {self.achieved_rate:.1f}/s (slowest 5 s: "
                  f"{self.slowest_rate:.1f}/s); load average {self.load[0]:.1f} -> {self.load[1]:.1f} "
-                 f"on {os.cpu_count()} CPUs"]
+                 f"on {os.cpu_count()} CPUs" + (f"; timeline pushed back {self.pushed:.1f} s by its steps"
+                                                if self.pushed else "")]
         for name, r in self.reports.items():
             (res,) = r.resources
             lines.append(f"  {name:9} events={res.events} objects={res.sink_objects}/{res.cluster_objects} "
@@ -605,20 +648,22 @@ async def _random_faults(w: _World, duration: float, kinds: tuple[str, ...]) -> 
             await bridge.wait_ready()
             await asyncio.sleep(rng.uniform(0.0, 1.0))
         elif kind == "kafka_pause":
-            infra.tansu.pause()
+            await asyncio.to_thread(infra.tansu.pause)
             try:
                 await asyncio.sleep(rng.uniform(0.3, 2.0))
             finally:
-                infra.tansu.resume()
+                await asyncio.to_thread(infra.tansu.resume)
         elif kind == "nats_restart":
             proc = infra.nats.proc
-            infra.nats.stop()  # SIGTERM: nats-server flushes its file store; SIGKILL after 5 s
+            # SIGTERM: nats-server flushes its file store; SIGKILL after 5 s. In a thread, as every
+            # broker step: waiting in the loop stalled the churn and the webhook receiver.
+            await asyncio.to_thread(infra.nats.stop)
             if proc is not None and proc.returncode == -signal.SIGKILL:
                 # What the server acknowledged in its last moments may be gone: the broker's
                 # loss, not the bridge's. Named in the outcome so a JetStream finding is read so.
                 faults[-1] = "nats_restart:sigkilled"
             await asyncio.sleep(rng.uniform(0.1, 1.0))
-            infra.nats.start()
+            await asyncio.to_thread(infra.nats.start)
         elif kind == "hook_storm":
             hook.status = rng.choice((500, 503, 429))
             await asyncio.sleep(rng.uniform(0.3, 1.5))
@@ -670,9 +715,9 @@ async def _combined_step(w: _World, what: str) -> None:
         w.faults.append(what)
         w.say(f"fault {what}")
     if what.startswith("outages:"):
-        infra.tansu.pause()
+        await asyncio.to_thread(infra.tansu.pause)
     elif what == "nats:down":
-        infra.nats.stop()
+        await asyncio.to_thread(infra.nats.stop)
     elif what == "webhook:503+429":
         hook.status, hook.throttle = 503, 0.3
     elif what.startswith("expire:"):
@@ -683,32 +728,42 @@ async def _combined_step(w: _World, what: str) -> None:
         await asyncio.sleep(0.6)
         await _sim_faults(w.http, infra.sim_url, {"reset": True})
     elif what == "nats:up":
-        infra.nats.start()
+        await asyncio.to_thread(infra.nats.start)
     elif what == "webhook:up":
         hook.status, hook.throttle = 200, 0.0
     elif what == "kafka:up":
-        infra.tansu.resume()
+        await asyncio.to_thread(infra.tansu.resume)
     elif what == "watch_cut":
         await _sim_faults(w.http, infra.sim_url, {"watch_cut_after": 30})
     elif what == "watch:whole":
         await _sim_faults(w.http, infra.sim_url, {"reset": True})
 
 
-async def _combined_faults(w: _World, scale: float) -> None:
+async def _combined_faults(w: _World, scale: float) -> float:
     """Every fault at once, as an incident brings them: :data:`COMBINED_TIMELINE` at ``scale``
-    (1.0: the incident's 52 s; Kafka frozen 30 s, NATS down 20 s, the webhook refusing 20 s)."""
+    (1.0: the incident's 52 s; Kafka frozen 30 s, NATS down 20 s, the webhook refusing 20 s).
+
+    Each gap is counted from the end of the step before: a SIGKILL step lasts until the bridge is
+    ready again, which on a loaded machine takes 10-20 s instead of one, and counted from the
+    timeline's start the steps after it would all come at once (Kafka frozen, NATS stopped, the
+    webhook refusing and three 410s within a second, the relists racing the restart). Returns
+    how many seconds the steps pushed the timeline back."""
     start = time.monotonic()
+    pushed = 0.0
     try:
         for at, what in COMBINED_TIMELINE:
-            await asyncio.sleep(max(0.0, start + at * scale - time.monotonic()))
+            due = start + at * scale + pushed
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
             await _combined_step(w, what)
+            pushed = time.monotonic() - start - at * scale  # the next gap counts from here
     finally:
         w.hook.status, w.hook.throttle = 200, 0.0
         if w.infra.nats.proc is None:
-            w.infra.nats.start()
-        w.infra.tansu.resume()
+            await asyncio.to_thread(w.infra.nats.start)
+        await asyncio.to_thread(w.infra.tansu.resume)
         with contextlib.suppress(Exception):
             await _sim_faults(w.http, w.infra.sim_url, {"reset": True})
+    return pushed
 
 
 async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
@@ -734,18 +789,20 @@ async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
     cfg = work / "config.yaml"
     cfg.write_text(orjson.dumps(_config(infra, tag, ns, work, hook, setup)).decode())
     bridge = BridgeProc(cfg, work / "bridge.log")
-    # The churn's writes are not rate-limited by the client (its default, 50 a second, kept every
-    # schedule below 60 changes/s whatever rate it asked for).
-    client = ApiClient.from_kubeconfig(str(infra.kubeconfig), options=ApiClientOptions(qps=-1))
+    client = ApiClient.from_kubeconfig(str(infra.kubeconfig))
     store = FileCheckpointStore(directory=work / "checkpoints")
     ident = informer_id(setup.resource, ns, "", "")
-    churn = Churn(client=client, namespace=ns, rng=random.Random(rng.random()), names=setup.objects,
-                  rate=setup.rate, resource=setup.resource, workers=churn_workers(setup))
+    # Not the ApiClient: its rate limit (50 requests a second by default) kept every schedule below
+    # 60 changes/s whatever rate it asked for.
+    workers = churn_workers(setup)
+    writer = ChurnWriter(infra.sim_url, connections=workers)
+    churn = Churn(client=writer, namespace=ns, rng=random.Random(rng.random()), names=setup.objects,
+                  rate=setup.rate, resource=setup.resource, workers=workers)
     faults: list[str] = []
     problems: list[str] = []
     lost_counts: dict[str, int] = {}
     dead_counts: dict[str, int] = {}
-    applied, load = 0, (0.0, 0.0)
+    applied, load, pushed = 0, (0.0, 0.0), 0.0
     churn_task: asyncio.Task[None] | None = None
     http = aiohttp.ClientSession()
     try:
@@ -762,7 +819,7 @@ async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
         world = _World(infra=infra, bridge=bridge, hook=hook, http=http, rng=rng, faults=faults,
                        say=lambda m: say(f"seed {seed} {m}"))
         if profile == "combined":
-            await _combined_faults(world, scale)
+            pushed = await _combined_faults(world, scale)
         else:
             await _random_faults(world, duration, kinds)
         churn.stop()
@@ -807,10 +864,11 @@ async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
         await http.close()
         await hook.stop()
         await client.close()
+        await writer.close()
     return Outcome(seed=seed, faults=faults, changes=len(churn.produced), reports=reports,
                    problems=problems, restarts=bridge.starts, lost=lost_counts, dead_lettered=dead_counts,
                    asked_rate=setup.rate, applied=applied, churn_seconds=churn.ended - churn.started,
-                   slowest_rate=churn.slowest_window(), load=load)
+                   slowest_rate=churn.slowest_window(), load=load, pushed=pushed)
 
 
 def gap_windows(contents: SinkContents) -> list[tuple[int, int]]:
