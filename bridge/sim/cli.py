@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
 from collections.abc import Sequence
@@ -220,10 +221,25 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _freeze_after_full_collections(phase: str, info: dict[str, int]) -> None:
+    """A ``gc.callbacks`` hook: after every full collection, what survived it is left out of the
+    next ones (``gc.freeze``).
+
+    The history (up to ``--history-size`` states of every object, each a tree of a few hundred
+    dicts and lists) is acyclic and freed by reference counting; the cyclic collector only walks
+    it. With 40,000 Pod states a full collection took 2 s of CPU, and on a loaded machine the
+    simulator then answered nothing for 10-20 s (a fault schedule's churn stalled); frozen, each
+    full collection walks only what came since the last one (25 ms)."""
+    if phase == "stop" and info.get("generation") == 2:
+        gc.freeze()
+
+
 def sim_main(argv: Sequence[str] | None = None, *, prog: str = "python -m bridge.sim") -> int:
     """Entry point: parses ``argv`` (default ``sys.argv[1:]``), serves until SIGINT/SIGTERM.
     ``prog`` is the command name usage and errors show (``kube-event-bridge sim`` from the CLI)."""
     args = build_parser(prog).parse_args(list(argv) if argv is not None else None)
+    if _freeze_after_full_collections not in gc.callbacks:
+        gc.callbacks.append(_freeze_after_full_collections)
     try:
         return asyncio.run(_serve(args))
     except OSError as exc:

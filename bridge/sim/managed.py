@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from bridge.sim.openapi import PatchMeta, Schema, Schemas
+from bridge.sim.openapi import Schema, Schemas
 from bridge.sim.status import Conflict
 
 __all__ = ["FieldOwner", "apply_config", "record_update"]
@@ -85,13 +85,7 @@ class _Fields:
         return out
 
     def _prop(self, node: Schema | None, key: str) -> Schema | None:
-        node = self.schemas.resolve(node)
-        props = (node or {}).get("properties")
-        if isinstance(props, Mapping) and isinstance(props.get(key), Mapping):
-            prop: Schema = props[key]
-            return prop
-        extra = (node or {}).get("additionalProperties")
-        return extra if isinstance(extra, Mapping) else None
+        return self.schemas.declared(node, key)
 
     def _walk(self, obj: Mapping[str, Any], node: Schema | None, prop: Schema | None, path: Path,
               out: set[Path]) -> None:
@@ -104,14 +98,14 @@ class _Fields:
 
     def _value(self, value: Any, node: Schema | None, prop: Schema | None, path: Path,
                out: set[Path]) -> None:
-        if isinstance(value, Mapping) and node is not None and not _atomic_map(node, prop):
+        if _is_map(value) and node is not None and not _atomic_map(node, prop):
             self._walk(value, node, prop, path, out)
         elif isinstance(value, list) and value and node is not None:
-            meta = _meta(prop)
+            meta = self.schemas.patch_meta(prop)
             items = self.schemas.items(node)
             if meta.list_type == "map" and meta.list_keys:
                 for item in value:
-                    if not isinstance(item, Mapping):
+                    if not _is_map(item):
                         out.add(path)
                         return
                     ip = (*path, _item_key(item, meta.list_keys))
@@ -126,10 +120,6 @@ class _Fields:
             out.add(path)
 
 
-def _meta(prop: Schema | None) -> PatchMeta:
-    return PatchMeta(prop)
-
-
 def _item_key(item: Mapping[str, Any], keys: Iterable[str]) -> str:
     return "k:" + _dumps({k: item.get(k) for k in keys if k in item})
 
@@ -137,10 +127,15 @@ def _item_key(item: Mapping[str, Any], keys: Iterable[str]) -> str:
 # ---------------------------------------------------------------------- paths in objects
 
 
+def _is_map(value: Any) -> bool:
+    """``isinstance(value, Mapping)``, without the ABC check for the JSON dicts objects are made of."""
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def _step(value: Any, element: str) -> Any:
     kind, _, rest = element.partition(":")
     if kind == "f":
-        return value.get(rest) if isinstance(value, Mapping) else None
+        return value.get(rest) if _is_map(value) else None
     if not isinstance(value, list):
         return None
     if kind == "k":
@@ -163,6 +158,29 @@ def value_at(obj: Any, path: Path) -> Any:
         if cur is None:
             return _MISSING
     return cur
+
+
+class _Lookup:
+    """:func:`value_at` for many paths of one object: each prefix is stepped into once (the paths of
+    an object's fields share most of their prefixes)."""
+
+    __slots__ = ("_at",)
+
+    def __init__(self, obj: Any) -> None:
+        self._at: dict[Path, Any] = {(): obj}
+
+    def __call__(self, path: Path) -> Any:
+        found = self._at.get(path, _UNSEEN)
+        if found is _UNSEEN:
+            parent = self(path[:-1])
+            found = _MISSING if parent is _MISSING else _step(parent, path[-1])
+            if found is None:
+                found = _MISSING
+            self._at[path] = found
+        return found
+
+
+_UNSEEN = object()
 
 
 def _remove(obj: dict[str, Any], path: Path) -> None:
@@ -279,8 +297,9 @@ def record_update(schemas: Schemas, schema: Schema | None, old: Mapping[str, Any
         changed = new_set
     else:
         leaves = _leaves(new_set)
+        new_at, old_at = _Lookup(new), _Lookup(old)
         changed = {p for p in new_set - old_set} | {
-            p for p in leaves & old_set if value_at(new, p) != value_at(old, p)}
+            p for p in leaves & old_set if new_at(p) != old_at(p)}
     removed = old_set - new_set
     entries = _entries(new) if old is None else _entries(old)
     new_managed = (new.get("metadata") or {}).get("managedFields")
@@ -317,7 +336,7 @@ def _merge(live: Any, config: Any, schemas: Schemas, node: Schema | None, prop: 
                 orjson.loads(orjson.dumps(value))
         return result
     if isinstance(live, list) and isinstance(config, list):
-        meta = _meta(prop)
+        meta = schemas.patch_meta(prop)
         items = schemas.items(node)
         if meta.list_type == "map" and meta.list_keys:
             result_list = list(live)

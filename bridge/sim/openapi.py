@@ -64,6 +64,9 @@ class PatchMeta:
         self.list_keys: tuple[str, ...] = tuple(str(k) for k in keys or ())
 
 
+_NOT_KNOWN: Any = object()
+
+
 def _crd_name(rt: ResourceType) -> str:
     return ".".join(reversed(rt.group.split("."))) + f".{rt.version}.{rt.kind}"
 
@@ -72,10 +75,21 @@ def _gvk(rt: ResourceType) -> dict[str, str]:
     return {"group": rt.group, "version": rt.version, "kind": rt.kind}
 
 
+_MEMO_LIMIT = 20_000
+"""Most lookups :class:`Schemas` remembers (the built-in kinds' fields are some thousands)."""
+
+
 class Schemas:
-    """The definitions of every served kind, built-in and CRD, with lookups by kind and path."""
+    """The definitions of every served kind, built-in and CRD, with lookups by kind and path.
+
+    :meth:`field`, :meth:`items` and :meth:`patch_meta` remember their answers by the identity of the
+    schema node asked about (kept alive with the answer, so an identity is never reused): every write
+    of a built-in kind walks its whole object through them (field ownership), and without the memo the
+    walk of one Pod update cost the simulator about a millisecond. Definitions never change in place;
+    :meth:`add` forgets everything."""
 
     def __init__(self, types: Iterable[ResourceType]) -> None:
+        self._memo: dict[tuple[str, int, str], tuple[Schema | None, Any]] = {}
         self.defs: dict[str, Any] = dict(builtin_definitions())
         self._by_gvk: dict[tuple[str, str, str], str] = {}
         for name, node in self.defs.items():
@@ -98,6 +112,7 @@ class Schemas:
         base["x-kubernetes-group-version-kind"] = [_gvk(rt)]
         name = _crd_name(rt)
         self.defs[name] = base
+        self._memo.clear()
         self._by_gvk[(rt.group, rt.version, rt.kind)] = name
 
     # ------------------------------------------------------------------ lookups
@@ -127,9 +142,25 @@ class Schemas:
                 return None
         return None
 
+    def _remembered(self, what: str, node: Schema | None, key: str) -> Any:
+        hit = self._memo.get((what, id(node), key))
+        return _NOT_KNOWN if hit is None or hit[0] is not node else hit[1]
+
+    def _remember(self, what: str, node: Schema | None, key: str, answer: Any) -> None:
+        if len(self._memo) >= _MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[(what, id(node), key)] = (node, answer)
+
     def field(self, node: Schema | None, key: str) -> tuple[Schema | None, PatchMeta]:
         """The schema of ``key`` inside the object schema ``node`` and its patch metadata (read on the
         property itself, where the extensions live, before its ``$ref`` is followed)."""
+        found: tuple[Schema | None, PatchMeta] = self._remembered("field", node, key)
+        if found is _NOT_KNOWN:
+            found = self._field(node, key)
+            self._remember("field", node, key, found)
+        return found
+
+    def _field(self, node: Schema | None, key: str) -> tuple[Schema | None, PatchMeta]:
         node = self.resolve(node)
         if node is None:
             return None, PatchMeta(None)
@@ -142,12 +173,38 @@ class Schemas:
             return self.resolve(extra), PatchMeta(extra)
         return None, PatchMeta(None)
 
+    def declared(self, node: Schema | None, key: str) -> Schema | None:
+        """The property ``key`` of the object schema ``node`` as declared (its ``$ref`` not followed,
+        where the list and map extensions live), or ``additionalProperties``; None when neither."""
+        found: Schema | None = self._remembered("declared", node, key)
+        if found is _NOT_KNOWN:
+            resolved = self.resolve(node) or {}
+            props = resolved.get("properties")
+            extra = resolved.get("additionalProperties")
+            if isinstance(props, Mapping) and isinstance(props.get(key), Mapping):
+                found = props[key]
+            else:
+                found = extra if isinstance(extra, Mapping) else None
+            self._remember("declared", node, key, found)
+        return found
+
     def items(self, node: Schema | None) -> Schema | None:
-        node = self.resolve(node)
-        if node is None:
-            return None
-        items = node.get("items")
-        return self.resolve(items) if isinstance(items, Mapping) else None
+        """The resolved schema of the items of the list schema ``node``."""
+        found: Schema | None = self._remembered("items", node, "")
+        if found is _NOT_KNOWN:
+            resolved = self.resolve(node)
+            items = resolved.get("items") if resolved is not None else None
+            found = self.resolve(items) if isinstance(items, Mapping) else None
+            self._remember("items", node, "", found)
+        return found
+
+    def patch_meta(self, node: Schema | None) -> PatchMeta:
+        """``PatchMeta(node)``, remembered."""
+        found: PatchMeta = self._remembered("meta", node, "")
+        if found is _NOT_KNOWN:
+            found = PatchMeta(node)
+            self._remember("meta", node, "", found)
+        return found
 
     # ------------------------------------------------------------------ validation
 

@@ -38,6 +38,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
+import os
 import random
 import shutil
 import signal
@@ -53,7 +55,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bridge.errors import ConflictError, NotFoundError
+from bridge.errors import ConflictError, NotFoundError, status_error
 from bridge.kube.apiclient import ApiClient
 from bridge.service.verify import VerifyReport, event_kind, verify
 from bridge.service.verify_sources import (
@@ -71,7 +73,8 @@ from bridge.testing.receiver import ReceivedRequest, Reply, WebhookReceiver
 from bridge.testing.spec import Change, ChangeKind, History, Received, SinkLog, check_sink, scope_of
 from tests.brokers import NatsServer, TansuBroker, running_nats, running_tansu
 
-__all__ = ["FAULTS", "PROFILES", "SETUPS", "Infra", "Outcome", "Setup", "infrastructure", "main", "run_seed"]
+__all__ = ["FAULTS", "PROFILES", "SETUPS", "Infra", "Outcome", "Setup", "churn_workers", "infrastructure",
+           "main", "run_seed", "slowest_rate"]
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = "faults"
@@ -190,11 +193,50 @@ class Hook:
         await self._receiver.close()
 
 
+class ChurnWriter:
+    """The churn's writes to the simulator over HTTP: aiohttp with orjson and nothing else (no
+    client-side rate limit, retries or bounds checks; a failed write ends the schedule). The
+    :class:`~bridge.kube.apiclient.ApiClient` is for a bridge: its bookkeeping per request cost the
+    schedule's process about as much CPU as the simulator's patch handling, on a machine where the
+    churn competes for two cores with the bridge, three brokers and the simulator."""
+
+    def __init__(self, url: str, *, connections: int) -> None:
+        self._url = url.rstrip("/")
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections),
+                                              headers={"User-Agent": "fault-schedule-churn"})
+
+    async def _send(self, method: str, path: str, body: Any = None,
+                    content_type: str = "application/json") -> dict[str, Any]:
+        data = None if body is None else orjson.dumps(body)
+        headers = {"Content-Type": content_type} if data is not None else None
+        async with self._session.request(method, self._url + path, data=data, headers=headers) as resp:
+            raw = await resp.read()
+            code = resp.status
+        answer = _loads(raw)
+        if code >= 300:
+            raise status_error(code, answer if isinstance(answer, dict) else None, context=f"{method} {path}")
+        if not isinstance(answer, dict):
+            raise RuntimeError(f"{method} {path}: the simulator answered {code} with {raw[:200]!r}")
+        return answer
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._send("POST", path, body)
+
+    async def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._send("PATCH", path, body, content_type="application/merge-patch+json")
+
+    async def delete(self, path: str) -> dict[str, Any]:
+        return await self._send("DELETE", path)
+
+    async def close(self) -> None:
+        await self._session.close()
+
+
 @dataclass
 class Churn:
     """Creates, updates and deletes ConfigMaps or Pods over HTTP; records every change (the history)."""
 
-    client: ApiClient
+    client: ChurnWriter
     namespace: str
     rng: random.Random
     names: int = 25
@@ -203,12 +245,18 @@ class Churn:
     workers: int = 1
     produced: list[tuple[str, str, str, str]] = field(default_factory=list)
     """(type, namespace/name, uid, resourceVersion), in the order the server made them."""
+    answered: list[float] = field(default_factory=list)
+    """When each change's answer came (the loop's clock), in the order of the answers."""
     live: set[str] = field(default_factory=set)
+    started: float = 0.0
+    ended: float = 0.0
+    """The loop's clock when the churn began and when its last request was answered."""
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     def _record(self, kind: str, obj: dict[str, Any]) -> None:
         m = obj["metadata"]
         self.produced.append((kind, f"{self.namespace}/{m['name']}", m["uid"], m["resourceVersion"]))
+        self.answered.append(asyncio.get_running_loop().time())
 
     def _new(self, name: str, done: int) -> dict[str, Any]:
         if self.resource == "pods":
@@ -226,8 +274,16 @@ class Churn:
         """``workers`` concurrent request loops over disjoint names, together at ``rate`` (one loop
         alone cannot keep 200 changes/s on a loaded machine); ``produced`` is kept in the server's
         order (by resourceVersion)."""
-        await asyncio.gather(*(self._worker(i) for i in range(self.workers)))
-        self.produced.sort(key=lambda c: int(c[3]))
+        self.started = asyncio.get_running_loop().time()
+        try:
+            await asyncio.gather(*(self._worker(i) for i in range(self.workers)))
+        finally:
+            self.ended = asyncio.get_running_loop().time()
+            self.produced.sort(key=lambda c: int(c[3]))
+
+    def slowest_window(self, width: int = 5) -> float:
+        """:func:`slowest_rate` of this churn's answers."""
+        return slowest_rate(self.answered, self.started, self.ended, width)
 
     async def _worker(self, which: int) -> None:
         path = f"/api/v1/namespaces/{self.namespace}/{self.resource}"
@@ -259,6 +315,32 @@ class Churn:
         self._stop.set()
 
 
+def slowest_rate(answered: list[float], started: float, ended: float, width: int = 5) -> float:
+    """The lowest rate of ``answered`` (times) over ``width`` consecutive whole seconds from
+    ``started`` to ``ended`` (the whole span's rate when it is shorter): a churn that stalls for a
+    while and catches up in a burst has a fair average and a low slowest window."""
+    span = ended - started
+    seconds = int(span)
+    if seconds < width:
+        return len(answered) / span if span > 0 else 0.0
+    per_second = [0] * seconds
+    for t in answered:
+        if 0 <= (i := int(t - started)) < seconds:
+            per_second[i] += 1
+    return min(sum(per_second[i:i + width]) for i in range(seconds - width + 1)) / width
+
+
+CHURN_WORKER_RATE = 10.0
+"""Changes per second one churn loop is asked for: a loop waits for each answer before its next
+request, so it keeps its share while the simulator answers within 1 / this (100 ms), which a loaded
+2-core machine running the bridge, three brokers and the simulator does not always do in 20 ms."""
+
+
+def churn_workers(setup: Setup) -> int:
+    """How many concurrent request loops churn ``setup``'s rate (each over names of its own)."""
+    return max(1, min(setup.objects, math.ceil(setup.rate / CHURN_WORKER_RATE)))
+
+
 # --------------------------------------------------------------------------------------------------
 # one seed
 
@@ -275,14 +357,46 @@ class Outcome:
     """Per sink: changes never delivered outside any gap window it was told of."""
     dead_lettered: dict[str, int] = field(default_factory=dict)
     """Per sink: records its dead-letter destination holds (read back)."""
+    asked_rate: float = 0.0
+    """Changes per second the churn aimed at."""
+    applied: int = 0
+    """Changes the simulator applied while the churn ran (its resourceVersion's advance: nothing
+    else writes to it during a schedule)."""
+    churn_seconds: float = 0.0
+    slowest_rate: float = 0.0
+    """The churn's lowest rate over 5 consecutive seconds (:meth:`Churn.slowest_window`)."""
+    load: tuple[float, float] = (0.0, 0.0)
+    """The machine's 1-minute load average when the churn began and when it stopped."""
+    pushed: float = 0.0
+    """Seconds the combined profile's steps pushed its timeline back (bridge restarts slower than
+    the gaps after them)."""
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
+    @property
+    def achieved_rate(self) -> float:
+        """Changes per second the simulator applied."""
+        return self.applied / self.churn_seconds if self.churn_seconds > 0 else 0.0
+
+    def rate_shortfall(self, tolerance: float) -> str | None:
+        """What to say when the simulator applied less than ``1 - tolerance`` of the asked rate
+        (the schedule then did not test the load it was asked for), or None."""
+        if self.achieved_rate >= self.asked_rate * (1 - tolerance):
+            return None
+        return (f"RATE SHORT seed {self.seed}: the simulator applied {self.achieved_rate:.1f} changes/s, "
+                f"{self.achieved_rate / self.asked_rate:.0%} of the asked {self.asked_rate:g}/s "
+                f"(tolerance {tolerance:.0%})")
+
     def summary(self) -> str:
         lines = [f"seed {self.seed}: {self.changes} changes, {self.restarts} bridge starts, faults: "
-                 + " ".join(self.faults)]
+                 + " ".join(self.faults),
+                 f"  churn: asked {self.asked_rate:g}/s; the simulator applied {self.applied} changes in "
+                 f"{self.churn_seconds:.1f} s = {self.achieved_rate:.1f}/s (slowest 5 s: "
+                 f"{self.slowest_rate:.1f}/s); load average {self.load[0]:.1f} -> {self.load[1]:.1f} "
+                 f"on {os.cpu_count()} CPUs" + (f"; timeline pushed back {self.pushed:.1f} s by its steps"
+                                                if self.pushed else "")]
         for name, r in self.reports.items():
             (res,) = r.resources
             lines.append(f"  {name:9} events={res.events} objects={res.sink_objects}/{res.cluster_objects} "
@@ -473,6 +587,13 @@ async def _sim_faults(http: aiohttp.ClientSession, url: str, body: dict[str, Any
         resp.raise_for_status()
 
 
+async def _sim_rv(http: aiohttp.ClientSession, url: str) -> int:
+    """The simulator's resourceVersion now (``GET /_sim/state``)."""
+    async with http.get(f"{url}/_sim/state") as resp:
+        resp.raise_for_status()
+        return int((await resp.json())["resourceVersion"])
+
+
 async def _post(http: aiohttp.ClientSession, url: str) -> None:
     async with http.post(url) as resp:
         resp.raise_for_status()
@@ -527,20 +648,22 @@ async def _random_faults(w: _World, duration: float, kinds: tuple[str, ...]) -> 
             await bridge.wait_ready()
             await asyncio.sleep(rng.uniform(0.0, 1.0))
         elif kind == "kafka_pause":
-            infra.tansu.pause()
+            await asyncio.to_thread(infra.tansu.pause)
             try:
                 await asyncio.sleep(rng.uniform(0.3, 2.0))
             finally:
-                infra.tansu.resume()
+                await asyncio.to_thread(infra.tansu.resume)
         elif kind == "nats_restart":
             proc = infra.nats.proc
-            infra.nats.stop()  # SIGTERM: nats-server flushes its file store; SIGKILL after 5 s
+            # SIGTERM: nats-server flushes its file store; SIGKILL after 5 s. In a thread, as every
+            # broker step: waiting in the loop stalled the churn and the webhook receiver.
+            await asyncio.to_thread(infra.nats.stop)
             if proc is not None and proc.returncode == -signal.SIGKILL:
                 # What the server acknowledged in its last moments may be gone: the broker's
                 # loss, not the bridge's. Named in the outcome so a JetStream finding is read so.
                 faults[-1] = "nats_restart:sigkilled"
             await asyncio.sleep(rng.uniform(0.1, 1.0))
-            infra.nats.start()
+            await asyncio.to_thread(infra.nats.start)
         elif kind == "hook_storm":
             hook.status = rng.choice((500, 503, 429))
             await asyncio.sleep(rng.uniform(0.3, 1.5))
@@ -592,9 +715,9 @@ async def _combined_step(w: _World, what: str) -> None:
         w.faults.append(what)
         w.say(f"fault {what}")
     if what.startswith("outages:"):
-        infra.tansu.pause()
+        await asyncio.to_thread(infra.tansu.pause)
     elif what == "nats:down":
-        infra.nats.stop()
+        await asyncio.to_thread(infra.nats.stop)
     elif what == "webhook:503+429":
         hook.status, hook.throttle = 503, 0.3
     elif what.startswith("expire:"):
@@ -605,32 +728,42 @@ async def _combined_step(w: _World, what: str) -> None:
         await asyncio.sleep(0.6)
         await _sim_faults(w.http, infra.sim_url, {"reset": True})
     elif what == "nats:up":
-        infra.nats.start()
+        await asyncio.to_thread(infra.nats.start)
     elif what == "webhook:up":
         hook.status, hook.throttle = 200, 0.0
     elif what == "kafka:up":
-        infra.tansu.resume()
+        await asyncio.to_thread(infra.tansu.resume)
     elif what == "watch_cut":
         await _sim_faults(w.http, infra.sim_url, {"watch_cut_after": 30})
     elif what == "watch:whole":
         await _sim_faults(w.http, infra.sim_url, {"reset": True})
 
 
-async def _combined_faults(w: _World, scale: float) -> None:
+async def _combined_faults(w: _World, scale: float) -> float:
     """Every fault at once, as an incident brings them: :data:`COMBINED_TIMELINE` at ``scale``
-    (1.0: the incident's 52 s; Kafka frozen 30 s, NATS down 20 s, the webhook refusing 20 s)."""
+    (1.0: the incident's 52 s; Kafka frozen 30 s, NATS down 20 s, the webhook refusing 20 s).
+
+    Each gap is counted from the end of the step before: a SIGKILL step lasts until the bridge is
+    ready again, which on a loaded machine takes 10-20 s instead of one, and counted from the
+    timeline's start the steps after it would all come at once (Kafka frozen, NATS stopped, the
+    webhook refusing and three 410s within a second, the relists racing the restart). Returns
+    how many seconds the steps pushed the timeline back."""
     start = time.monotonic()
+    pushed = 0.0
     try:
         for at, what in COMBINED_TIMELINE:
-            await asyncio.sleep(max(0.0, start + at * scale - time.monotonic()))
+            due = start + at * scale + pushed
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
             await _combined_step(w, what)
+            pushed = time.monotonic() - start - at * scale  # the next gap counts from here
     finally:
         w.hook.status, w.hook.throttle = 200, 0.0
         if w.infra.nats.proc is None:
-            w.infra.nats.start()
-        w.infra.tansu.resume()
+            await asyncio.to_thread(w.infra.nats.start)
+        await asyncio.to_thread(w.infra.tansu.resume)
         with contextlib.suppress(Exception):
             await _sim_faults(w.http, w.infra.sim_url, {"reset": True})
+    return pushed
 
 
 async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
@@ -659,12 +792,17 @@ async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
     client = ApiClient.from_kubeconfig(str(infra.kubeconfig))
     store = FileCheckpointStore(directory=work / "checkpoints")
     ident = informer_id(setup.resource, ns, "", "")
-    churn = Churn(client=client, namespace=ns, rng=random.Random(rng.random()), names=setup.objects,
-                  rate=setup.rate, resource=setup.resource, workers=max(1, min(8, int(setup.rate // 50))))
+    # Not the ApiClient: its rate limit (50 requests a second by default) kept every schedule below
+    # 60 changes/s whatever rate it asked for.
+    workers = churn_workers(setup)
+    writer = ChurnWriter(infra.sim_url, connections=workers)
+    churn = Churn(client=writer, namespace=ns, rng=random.Random(rng.random()), names=setup.objects,
+                  rate=setup.rate, resource=setup.resource, workers=workers)
     faults: list[str] = []
     problems: list[str] = []
     lost_counts: dict[str, int] = {}
     dead_counts: dict[str, int] = {}
+    applied, load, pushed = 0, (0.0, 0.0), 0.0
     churn_task: asyncio.Task[None] | None = None
     http = aiohttp.ClientSession()
     try:
@@ -675,16 +813,23 @@ async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
             if not bridge.alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"the bridge did not come up; see {bridge.log}")
             await asyncio.sleep(0.05)
+        rv_before = await _sim_rv(http, infra.sim_url)
+        load_before = os.getloadavg()[0]
         churn_task = asyncio.create_task(churn.run(), name=f"fault-churn-{seed}")
         world = _World(infra=infra, bridge=bridge, hook=hook, http=http, rng=rng, faults=faults,
                        say=lambda m: say(f"seed {seed} {m}"))
         if profile == "combined":
-            await _combined_faults(world, scale)
+            pushed = await _combined_faults(world, scale)
         else:
             await _random_faults(world, duration, kinds)
         churn.stop()
         await churn_task
         churn_task = None
+        applied = await _sim_rv(http, infra.sim_url) - rv_before
+        load = (load_before, os.getloadavg()[0])
+        if applied != len(churn.produced):
+            say(f"seed {seed}: the simulator applied {applied} changes, the churn saw "
+                f"{len(churn.produced)} answered")
         if not bridge.alive():
             await bridge.start()
         last = int(churn.produced[-1][3]) if churn.produced else 0
@@ -719,8 +864,11 @@ async def run_seed(infra: Infra, seed: int, duration: float, workdir: Path,
         await http.close()
         await hook.stop()
         await client.close()
+        await writer.close()
     return Outcome(seed=seed, faults=faults, changes=len(churn.produced), reports=reports,
-                   problems=problems, restarts=bridge.starts, lost=lost_counts, dead_lettered=dead_counts)
+                   problems=problems, restarts=bridge.starts, lost=lost_counts, dead_lettered=dead_counts,
+                   asked_rate=setup.rate, applied=applied, churn_seconds=churn.ended - churn.started,
+                   slowest_rate=churn.slowest_window(), load=load, pushed=pushed)
 
 
 def gap_windows(contents: SinkContents) -> list[tuple[int, int]]:
@@ -851,6 +999,7 @@ def consumer_findings(name: str, contents: SinkContents,
 async def _main(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="keb-faults-"))
     failed: list[int] = []
+    slow: list[int] = []
     seeds = [args.seed + i for i in range(args.seeds)]
     kinds = tuple(args.faults.split(",")) if args.faults else FAULTS
     base = SETUPS[args.profile]
@@ -870,8 +1019,15 @@ async def _main(args: argparse.Namespace) -> int:
                 failed.append(seed)
                 print(f"FAILED seed {seed}: replay with KEB_FAULT_SEED={seed} or --seed {seed} --seeds 1",
                       flush=True)
+            if (short := outcome.rate_shortfall(args.rate_tolerance)) is not None:
+                slow.append(seed)
+                print(short, flush=True)
     if failed:
         print(f"failing seeds: {' '.join(map(str, failed))} (work files kept in {workdir})")
+    if slow:
+        print(f"seeds below the asked rate: {' '.join(map(str, slow))}: they did not test "
+              f"{setup.rate:g} changes/s (the machine's load? see each seed's churn line)")
+    if failed or slow:
         return 1
     if args.keep:
         print(f"work files kept in {workdir}")
@@ -908,12 +1064,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--buffer-capacity", type=int,
                    help="every sink's buffer.capacity (default: the bridge's, 1024); smaller spills a "
                         "frozen sink's backlog sooner, as a higher rate would")
+    p.add_argument("--rate-tolerance", type=float, default=0.05,
+                   help="a seed whose churn the simulator applied at less than the asked rate by more than "
+                        "this share is reported RATE SHORT and the run exits 1 (default 0.05)")
     p.add_argument("--verbose", action="store_true", help="print each fault as it is injected")
     p.add_argument("--keep", action="store_true",
                    help="keep the work files (logs, sink contents, nats-server log) of passing seeds too")
     args = p.parse_args(argv)
     if args.duration <= 0 or args.seeds < 1 or args.scale <= 0:
         p.error("--duration and --scale must be positive and --seeds at least 1")
+    if not 0 <= args.rate_tolerance < 1:
+        p.error("--rate-tolerance must be at least 0 and below 1")
     if any(v is not None and v <= 0 for v in (args.objects, args.rate, args.checkpoint_interval,
                                               args.buffer_capacity)):
         p.error("--objects, --rate, --checkpoint-interval and --buffer-capacity must be positive")

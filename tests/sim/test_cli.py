@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import aiohttp
 import yaml
 
 from bridge.sim import Simulator
+from bridge.sim.cli import _freeze_after_full_collections
 
 
 async def _start(*args: str) -> tuple[asyncio.subprocess.Process, str]:
@@ -69,3 +71,16 @@ async def test_busy_port_is_a_clear_error() -> None:
     assert proc.returncode == 2
     assert b"cannot listen on 127.0.0.1:" in err
     assert out == b""
+
+
+def test_the_simulator_process_leaves_what_survived_a_full_collection_out_of_the_next() -> None:
+    survivor = [{"metadata": {"name": f"p-{i}"}} for i in range(100)]
+    gc.unfreeze()
+    try:
+        _freeze_after_full_collections("start", {"generation": 2})
+        _freeze_after_full_collections("stop", {"generation": 1})
+        assert gc.get_freeze_count() == 0  # only after a full collection
+        _freeze_after_full_collections("stop", {"generation": 2})
+        assert gc.get_freeze_count() >= len(survivor)
+    finally:
+        gc.unfreeze()
