@@ -586,16 +586,18 @@ _telemetry: Any = None
 
 
 def service_sink(kind: str, *, urls: BrokerUrls, tmp_dir: Path, tag: str = "") -> Sink:
-    """A sink as the service runs it: wrapped in :class:`bridge.metered.MeteredSink` (in-flight
-    gauge, time-sampled latency histogram, spans at the default 1% ratio), one Telemetry per
-    process."""
+    """A sink as the service runs it: in a delivery chain with its meter stage
+    (:class:`bridge.service.metered.MeterStage`: in-flight gauge, time-sampled latency histogram,
+    spans at the default 1% ratio), one Telemetry per process."""
     global _telemetry
-    from bridge.service.metered import MeteredSink
+    from bridge.delivery.chain import DeliveryChain
+    from bridge.service.metered import MeterStage
     from bridge.service.telemetry import Telemetry
 
     if _telemetry is None:
         _telemetry = Telemetry()
-    return MeteredSink(inner=make_sink(kind, urls=urls, tmp_dir=tmp_dir, tag=tag), telemetry=_telemetry)
+    sink = make_sink(kind, urls=urls, tmp_dir=tmp_dir, tag=tag)
+    return DeliveryChain(sink=sink, stages=[MeterStage(sink=sink.name, telemetry=_telemetry)])
 
 
 def watched_pods(namespace: str) -> WatchedResource:
