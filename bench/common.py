@@ -686,7 +686,7 @@ class Sampler:
     async def _run(self) -> None:
         while True:
             depth = sum(self._pipeline.queue_depths().values())
-            in_flight = int(getattr(getattr(self._probe.inner, "stats", None), "in_flight", 0) or 0)
+            in_flight = self._probe.inner.in_flight  # declared by every sink (a chain: its meter's count)
             self.samples.append({"t": round(time.perf_counter() - self._t0, 3), "acked": self._probe.acked,
                                  "queue_depth": depth, "in_flight": in_flight})
             await asyncio.sleep(self._interval)

@@ -219,6 +219,11 @@ class EventsStage:
         """Held updates handed on when their window ended (or earlier, see the module docs)."""
 
     @property
+    def profile(self) -> EventsProfile:
+        """The profile it applies (shared by every sink's stage)."""
+        return self._profile
+
+    @property
     def held(self) -> int:
         return len(self._held)
 
