@@ -170,6 +170,8 @@ async def test_the_cel_filter_errors_of_a_profiled_sink_are_exported(tmp_path: P
             assert all(ce["reason"] == "BackOff" for ce in lines(tmp_path / "failing.jsonl"))
             text = service.telemetry.render_prometheus().decode()
             assert metric_total(text, "keb_sink_filter_errors_total", sink="failing") == count
+            (chain,) = service._state.sinks
+            assert chain.describe() == "meter → events → sink failing"
         finally:
             service.stop_event.set()
             assert await task == 0
