@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import sinks.nats as nats_sinks
+import sinks.nats_base as nats_base
 from bench.bench_sinks import BATCH, _sink_factory, _through_sink, make_events
 from bench.common import brokers, machine_info, write_result
 from sinks.contract import ChangeEvent
@@ -43,15 +44,15 @@ KINDS = ("nats", "jetstream")
 @contextlib.contextmanager
 def public_api_only() -> Iterator[None]:
     """The NATS sinks as they run on a nats-py without the private parts they use."""
-    saved = (nats_sinks._HAS_CLIENT_INTERNALS, nats_sinks._HAS_PUBLISH_INTERNALS,
+    saved = (nats_base._HAS_CLIENT_INTERNALS, nats_base._HAS_PUBLISH_INTERNALS,
              nats_sinks.JetStreamSink._end_of_pass)
-    nats_sinks._HAS_CLIENT_INTERNALS = False
-    nats_sinks._HAS_PUBLISH_INTERNALS = False
-    nats_sinks.JetStreamSink._end_of_pass = nats_sinks._NatsSinkBase._end_of_pass  # type: ignore[method-assign]
+    nats_base._HAS_CLIENT_INTERNALS = False
+    nats_base._HAS_PUBLISH_INTERNALS = False
+    nats_sinks.JetStreamSink._end_of_pass = nats_base.NatsSinkBase._end_of_pass  # type: ignore[method-assign]
     try:
         yield
     finally:
-        (nats_sinks._HAS_CLIENT_INTERNALS, nats_sinks._HAS_PUBLISH_INTERNALS,
+        (nats_base._HAS_CLIENT_INTERNALS, nats_base._HAS_PUBLISH_INTERNALS,
          nats_sinks.JetStreamSink._end_of_pass) = saved  # type: ignore[method-assign]
 
 

@@ -26,7 +26,8 @@ _ARTIFACTS = Path(__file__).parent / "results" / "fuzz"
 
 
 _UNDER_TEST = ["bridge.rawobject", "bridge.kube.listwatch", "bridge.storage.checkpoint",
-               "bridge.service.config", "bridge.kube.labels"]
+               "bridge.service.config", "bridge.service.config_cluster",
+               "bridge.service.config_runtime", "bridge.kube.labels"]
 """The modules whose coverage guides the fuzzer (instrumenting everything loaded costs minutes)."""
 
 

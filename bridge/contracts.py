@@ -395,6 +395,10 @@ class NotificationSpill(Protocol):
     def size_bytes(self) -> int:
         """Bytes the spill occupies on disk now."""
 
+    @property
+    def corrupt(self) -> int:
+        """Notifications lost so far to damage on disk: queued, and never given back by ``read``."""
+
     def clear(self) -> None:
         """Discards everything queued (and its files)."""
 

@@ -270,10 +270,12 @@ class RawObject(Mapping[str, Any]):
         return obj
 
     def copy_dict(self) -> dict[str, Any]:
-        """A freshly decoded copy of the object, the caller's to change."""
+        """A freshly decoded copy of the object, the caller's to change. msgspec, not ``orjson.loads``
+        (as fast on objects of 4.5 to 20 KB): an integer beyond 64 bits stays the exact integer, where
+        orjson rounds it to a float; :func:`dumps` writes it back as it came."""
         try:
-            decoded: dict[str, Any] = orjson.loads(self.raw)
-        except orjson.JSONDecodeError as e:
+            decoded: dict[str, Any] = _object_decoder.decode(self.raw)
+        except (*_DECODE_ERRORS, RecursionError) as e:
             raise RawObjectError(f"not a Kubernetes object: {e}") from e
         return decoded
 
@@ -597,10 +599,41 @@ def _default(value: Any) -> Any:
 
 def dumps(value: Any, option: int | None = None) -> bytes:
     """``orjson.dumps`` that writes a :class:`RawObject` (anywhere in ``value``) as its bytes,
-    without decoding it."""
-    if option is None:
-        return orjson.dumps(value, default=_default)
-    return orjson.dumps(value, default=_default, option=option)
+    without decoding it. An integer beyond 64 bits (which orjson refuses) is written exactly, by
+    msgspec (:func:`_exact_dumps`)."""
+    try:
+        if option is None:
+            return orjson.dumps(value, default=_default)
+        return orjson.dumps(value, default=_default, option=option)
+    except TypeError as e:
+        if "64-bit" not in str(e):
+            raise
+        return _exact_dumps(value, option or 0)
+
+
+_EXACT_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
+
+
+def _exact_hook(value: Any) -> Any:
+    if type(value) is RawObject:
+        return msgspec.Raw(value.raw)
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+
+
+def _exact_dumps(value: Any, option: int) -> bytes:
+    """What :func:`dumps` writes for a value holding an integer beyond 64 bits: msgspec keeps Python's
+    integers exact. Of orjson's options it honours the two the bridge uses (sorted keys, a newline)."""
+    if option & ~_EXACT_OPTIONS:
+        raise TypeError(f"an integer beyond 64 bits cannot be written with orjson options {option:#x}")
+    encoder = _sorted_encoder if option & orjson.OPT_SORT_KEYS else _exact_encoder
+    out = encoder.encode(value)
+    return out + b"\n" if option & orjson.OPT_APPEND_NEWLINE else out
+
+
+_exact_encoder = msgspec.json.Encoder(enc_hook=_exact_hook)
+_sorted_encoder = msgspec.json.Encoder(enc_hook=_exact_hook, order="sorted")
 
 
 def to_json(obj: Mapping[str, Any]) -> bytes:

@@ -275,13 +275,7 @@ def cloudevent_of(
     ``uid`` and ``resource_version``, read back from the result's ``id``."""
     etype = event.type
     if event_id_value is None:
-        if uid and etype is EventType.DELETED:
-            event_id_value = object_event_id(event, uid, resource_version)
-        else:  # object_event_id's change id, without the call: a sink builds one per event
-            snap = event.snapshot
-            event_id_value = _sha256(
-                f"{uid}\0{resource_version}\0{_TYPE_VALUES[etype]}\0{snap.id if snap is not None else ''}"
-                .encode()).hexdigest()[:32]
+        event_id_value = _object_id(event, uid, resource_version)
     knative = compat == "knative" and etype in _KNATIVE_TYPES
     ce: dict[str, Any] = {
         "specversion": CE_SPEC_VERSION,
@@ -309,14 +303,43 @@ def cloudevent_of(
         ce["uid"] = uid
         ce["resourceversion"] = resource_version
         if etype in _ATTRIBUTED:
-            change = obj.change if type(obj) is RawObject else last_change(obj)
-            if change is not None:
-                if change.manager:
-                    ce["manager"] = change.manager
-                if change.operation:
-                    ce["operation"] = change.operation
-                if change.subresource:
-                    ce["subresource"] = change.subresource
+            _add_change(ce, obj)
+    if event.final_state_unknown or event.gap is not None or event.snapshot is not None or event.extensions:
+        _add_context(ce, event)
+    if knative and knative_mode == "reference":
+        ce["data"] = knative_reference(event, namespace, name)
+    else:
+        ce["data"] = obj if data is _MISSING else data
+    return ce
+
+
+def _object_id(event: ChangeEvent, uid: str, resource_version: str) -> str:
+    """:func:`object_event_id` of an object's event, the change id computed here (without the
+    call: a sink builds one per event)."""
+    etype = event.type
+    if uid and etype is EventType.DELETED:
+        return object_event_id(event, uid, resource_version)
+    snap = event.snapshot
+    return _sha256(
+        f"{uid}\0{resource_version}\0{_TYPE_VALUES[etype]}\0{snap.id if snap is not None else ''}"
+        .encode()).hexdigest()[:32]
+
+
+def _add_change(ce: dict[str, Any], obj: Mapping[str, Any]) -> None:
+    """The ``manager``, ``operation`` and ``subresource`` of the object's last change, if known."""
+    change = obj.change if type(obj) is RawObject else last_change(obj)
+    if change is not None:
+        if change.manager:
+            ce["manager"] = change.manager
+        if change.operation:
+            ce["operation"] = change.operation
+        if change.subresource:
+            ce["subresource"] = change.subresource
+
+
+def _add_context(ce: dict[str, Any], event: ChangeEvent) -> None:
+    """The attributes of a final state unknown, a gap, a snapshot, and the event's extensions
+    (never replacing an attribute already set)."""
     if event.final_state_unknown:
         ce["finalstateunknown"] = "true"
     gap = event.gap
@@ -339,11 +362,6 @@ def cloudevent_of(
             ext = _EXT_NAME.sub("", key.lower())
             if ext and ext not in ce:
                 ce[ext] = str(value)
-    if knative and knative_mode == "reference":
-        ce["data"] = knative_reference(event, namespace, name)
-    else:
-        ce["data"] = obj if data is _MISSING else data
-    return ce
 
 
 def encode_structured(ce: Mapping[str, Any]) -> bytes:

@@ -20,11 +20,12 @@ Why it looks the way it does:
 - **Oversized records.** ``max_message_bytes`` is the topic's limit on a record *as the broker
   stores it*, i.e. compressed. A record above it is compressed here with the producer's codec (lz4,
   gzip; zstd and snappy are judged uncompressed) and sent whole when that fits: librdkafka's own
-  ``message.max.bytes`` is then raised to :data:`UNCOMPRESSED_CEILING` so that it does not refuse it
-  uncompressed. One that does not fit (or that the broker refuses, ``MSG_SIZE_TOO_LARGE``) fails with
-  :class:`~sinks.contract.SinkMessageTooLargeError` and the sink's ``oversize`` policy sends a
-  reference or a truncated event in its place (:mod:`sinks.base`). ``dead_letter_max_message_bytes``
-  creates the dead-letter topic with a larger limit, so that it can hold the whole event.
+  ``message.max.bytes`` is then raised to :data:`~sinks.kafka_options.UNCOMPRESSED_CEILING` so
+  that it does not refuse it uncompressed. One that does not fit (or that the broker refuses,
+  ``MSG_SIZE_TOO_LARGE``) fails with :class:`~sinks.contract.SinkMessageTooLargeError` and the
+  sink's ``oversize`` policy sends a reference or a truncated event in its place (:mod:`sinks.base`).
+  ``dead_letter_max_message_bytes`` creates the dead-letter topic with a larger limit, so that it can
+  hold the whole event.
 - **Failures.** A record the broker (or librdkafka) can never take — too large, invalid — raises
   :class:`~sinks.contract.SinkPermanentError` and goes to the dead letter: a Kafka topic
   (``dead_letter: {kind: kafka, target: TOPIC}``) written by the same producer, or a file. Anything
@@ -38,31 +39,24 @@ Why it looks the way it does:
 Security settings (TLS, SASL PLAIN / SCRAM / OAUTHBEARER) are librdkafka properties: pass them
 through ``librdkafka``; secrets are read from files with ``secret_files`` (property → path) so they
 never sit in the configuration itself.
+
+The options and the librdkafka configuration are in :mod:`sinks.kafka_options`, the producer
+client and its delivery reports in :mod:`sinks.kafka_producer`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import concurrent.futures
-import contextlib
-import functools
 import logging
-import re
-import time
 import zlib
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any, ClassVar, Literal, Self, cast
+from typing import Any, ClassVar, cast
 
 import lz4.frame
 import orjson
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
-from pydantic import AliasChoices, Field, field_validator, model_validator
 
-from sinks.addresses import check_kafka_brokers
 from sinks.base import BaseSink, OutgoingMessage
 from sinks.cloudevents import KAFKA_PREFIX
 from sinks.contract import (
@@ -73,9 +67,10 @@ from sinks.contract import (
     SinkTransientError,
 )
 from sinks.deadletter import DeadLetterRecord, DeadLetterWriter, dead_letter_json
+from sinks.kafka_options import KafkaSinkOptions, read_secrets
+from sinks.kafka_producer import DeliveryReport, KafkaProducerClient, is_permanent, librdkafka_logger
 from sinks.options import DeadLetterOptions, SinkOptions
 from sinks.templates import sanitize_kafka_topic
-from sinks.transport_security import InsecureSetting, all_loopback
 
 __all__ = [
     "KafkaDeadLetter",
@@ -88,494 +83,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-LibrdkafkaValue = str | int | float | bool
-DeliveryReport = tuple[Any, SinkPermanentError | SinkTransientError | None]
-"""``(token, error)``: a record enqueued with :meth:`KafkaProducerClient.produce` and its outcome."""
-
-_PERMANENT_CODES = frozenset(
-    {
-        KafkaError.MSG_SIZE_TOO_LARGE,
-        KafkaError.INVALID_MSG,
-        KafkaError.INVALID_MSG_SIZE,
-        KafkaError.INVALID_RECORD,
-        KafkaError.RECORD_LIST_TOO_LARGE,
-        KafkaError.TOPIC_EXCEPTION,
-        KafkaError._INVALID_ARG,
-        KafkaError._MSG_TIMED_OUT,
-    }
-)
-"""Errors retrying cannot fix. ``_MSG_TIMED_OUT`` only happens when the user bounded
-``message.timeout.ms`` — an explicit request to give up, so the record is dead-lettered."""
-
 _DLQ_MARGIN = 4096
 _RECORD_OVERHEAD = 512
 """Bytes of a record's framing counted on top of its value, key and headers."""
-_TOO_LARGE_CODES = frozenset(
-    {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.RECORD_LIST_TOO_LARGE}
-)
-UNCOMPRESSED_CEILING = 64 << 20
-"""librdkafka's ``message.max.bytes`` when records are compressed: a record is judged by its
-compressed size (``max_message_bytes``) here, not refused by librdkafka for its uncompressed one."""
-_TOPIC_CHARS = re.compile(r"[a-zA-Z0-9._-]*")
-_TEMPLATE_FIELD = re.compile(r"\{[^{}]*\}")
-_PROBE_INTERVAL = 5.0
-_BUSY_POLL = 0.001
-"""Seconds between ``poll(0)`` calls while records wait for their delivery reports."""
-_IDLE_POLL = 0.05
-"""Seconds between metadata probes while the brokers are reported down."""
-
-
-def is_permanent(error: KafkaError) -> bool:
-    """True if a record failing with ``error`` can never be delivered by retrying it."""
-    return error.code() in _PERMANENT_CODES
-
-
-class KafkaSinkOptions(SinkOptions):
-    """Options of the ``kafka`` sink (on top of :class:`~sinks.options.SinkOptions`)."""
-
-    brokers: str = Field(min_length=1, validation_alias=AliasChoices("brokers", "bootstrap_servers"))
-    """``bootstrap.servers``: ``host:port[,host:port…]`` (``bootstrap_servers`` is accepted too)."""
-
-    @field_validator("brokers")
-    @classmethod
-    def _brokers(cls, value: str) -> str:
-        return check_kafka_brokers(value)
-    client_id: str = "kube-event-bridge"
-    idempotent: bool = True
-    acks: Literal["all", "1", "0"] = "all"
-    compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"
-    linger_ms: float = Field(default=1.0, ge=0)
-    """How long librdkafka waits for more records before sending a batch. Every record waits that
-    long before it is even sent, so it adds to each event's latency; under load batches fill while
-    earlier requests are in flight anyway (up to five per broker)."""
-    batch_size: int = Field(default=1_000_000, ge=1)
-    """Maximum bytes of one record batch (``batch.size``)."""
-    batch_num_messages: int = Field(default=10_000, ge=1)
-    message_timeout_ms: int = Field(default=0, ge=0)
-    """How long librdkafka may hold a record before failing it; 0 = forever (nothing is lost while
-    the brokers are down). A bounded value dead-letters records that time out."""
-    max_message_bytes: int = Field(default=1_000_000, ge=1000)
-    """The topic's ``max.message.bytes``: a record larger once compressed takes the ``oversize``
-    policy (keep it ≤ the topic's limit)."""
-    dead_letter_max_message_bytes: int | None = Field(default=None, ge=1000)
-    """Creates the dead-letter topic with this ``max.message.bytes``, and dead-letter records up
-    to it keep the whole event (None: ``max_message_bytes``; larger records keep the reason only)."""
-    queue_max_messages: int = Field(default=100_000, ge=1)
-    """``queue.buffering.max.messages``: records held in librdkafka's local queue."""
-    librdkafka: dict[str, LibrdkafkaValue] = Field(default_factory=dict)
-    """Any librdkafka property, applied last (TLS: ``security.protocol``, ``ssl.ca.location`` …;
-    SASL: ``sasl.mechanism`` PLAIN / SCRAM-SHA-256 / SCRAM-SHA-512 / OAUTHBEARER,
-    ``sasl.username``, ``sasl.oauthbearer.*`` …)."""
-    secret_files: dict[str, str] = Field(default_factory=dict)
-    """librdkafka property → file whose content (stripped) is its value, e.g.
-    ``{"sasl.password": "/var/run/secrets/kafka/password"}``. Read at start."""
-    auto_create_topics: bool = False
-    """Create missing topics (events, snapshot, dead letter) with the settings below."""
-    topic_partitions: int = Field(default=6, ge=1)
-    topic_replication_factor: int = Field(default=-1)
-    """-1 = the broker's default."""
-    topic_config: dict[str, str] = Field(default_factory=dict)
-    snapshot_topic: str | None = None
-    """A compacted topic receiving every object's latest state keyed per object, with a tombstone
-    on delete: a materialised view of the watched resources."""
-    snapshot_topic_config: dict[str, str] = Field(default_factory=dict)
-    """Extra topic settings for the snapshot topic (``cleanup.policy=compact`` is always set)."""
-    connect_timeout: float = Field(default=5.0, gt=0)
-    """Seconds ``start`` waits for a first metadata answer (a broker that is down does not fail
-    start; it only leaves the sink unhealthy)."""
-
-    def insecure_settings(self) -> list[InsecureSetting]:
-        props = {k.lower(): v for k, v in self.librdkafka.items()}
-        found: list[InsecureSetting] = []
-        if str(props.get("enable.ssl.certificate.verification", "true")).lower() in ("false", "0"):
-            found.append(("librdkafka.enable.ssl.certificate.verification",
-                          "turns TLS certificate verification off"))
-        brokers = [b.strip() for b in self.brokers.split(",") if b.strip()]
-        if (str(props.get("security.protocol", "")).lower() == "sasl_plaintext"
-                and not all_loopback(brokers, "kafka")):
-            found.append(("librdkafka.security.protocol",
-                          "SASL_PLAINTEXT sends the SASL credentials (and every record) in plaintext "
-                          "to brokers other than loopback: use SASL_SSL"))
-        return found
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Self:
-        if self.idempotent and self.acks != "all":
-            raise ValueError(f"acks: an idempotent producer needs acks 'all' (got {self.acks!r}); "
-                             "set idempotent: false to use another value")
-        if self.topic_replication_factor == 0 or self.topic_replication_factor < -1:
-            raise ValueError("topic_replication_factor must be -1 (broker default) or >= 1")
-        if self.snapshot_topic is not None and not self.snapshot_topic:
-            raise ValueError("snapshot_topic must not be empty")
-        topics = [("destination", self.destination), ("snapshot_topic", self.snapshot_topic)]
-        if self.dead_letter.kind == "kafka":
-            topics.append(("dead_letter.target", self.dead_letter.target))
-        for what, text in topics:
-            if text is None:
-                continue
-            literal = _TEMPLATE_FIELD.sub("", text) if what == "destination" else text
-            if not text or not _TOPIC_CHARS.fullmatch(literal) or len(text) > 249:
-                raise ValueError(f"{what}: {text!r} is not a valid Kafka topic name (at most 249 of "
-                                 "a-z A-Z 0-9 . _ -)")
-        return self
-
-    def producer_config(self) -> dict[str, LibrdkafkaValue]:
-        """The librdkafka configuration (secret files not yet read)."""
-        conf: dict[str, LibrdkafkaValue] = {
-            "bootstrap.servers": self.brokers,
-            "client.id": self.client_id,
-            "enable.idempotence": self.idempotent,
-            "acks": self.acks,
-            "compression.type": self.compression,
-            "linger.ms": self.linger_ms,
-            "batch.size": self.batch_size,
-            "batch.num.messages": self.batch_num_messages,
-            "message.timeout.ms": self.message_timeout_ms,
-            "message.max.bytes": self.max_message_bytes if self.compression == "none" else max(
-                self.max_message_bytes, self.dead_letter_max_message_bytes or 0, UNCOMPRESSED_CEILING),
-            "queue.buffering.max.messages": self.queue_max_messages,
-            # TCP_NODELAY, as the Java client always sets: with Nagle's algorithm on (librdkafka's
-            # default) a small produce request can wait for the ACK of the previous one.
-            "socket.nagle.disable": True,
-        }
-        conf.update(self.librdkafka)
-        return conf
-
-
-def librdkafka_logger(sink: str) -> logging.LoggerAdapter[logging.Logger]:
-    """Where librdkafka's own log lines go (the ``logger`` client setting): the process's logging,
-    as records of ``sinks.kafka.librdkafka`` carrying the sink's name, instead of raw
-    ``%4|…|FAIL|…`` lines written to stderr. They are served by the producer's ``poll``."""
-    return logging.LoggerAdapter(logging.getLogger("sinks.kafka.librdkafka"), {"sink": sink})
-
-
-def _read_secrets(files: dict[str, str], who: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for prop, path in files.items():
-        try:
-            out[prop] = Path(path).read_text().strip()
-        except OSError as exc:
-            raise SinkConfigError(
-                f"{who}: secret_files[{prop!r}]: cannot read {path!r}: {exc.strerror}"
-            ) from exc
-    return out
-
-
-class KafkaProducerClient:
-    """A confluent-kafka ``Producer`` made awaitable without blocking the event loop.
-
-    ``send`` enqueues one record and returns a future resolved (on the loop) by its delivery
-    report. A named task keeps calling ``poll`` in a dedicated thread so delivery reports flow.
-    """
-
-    def __init__(
-        self,
-        *,
-        config: dict[str, LibrdkafkaValue],
-        name: str,
-        on_broker_state: Callable[[bool], None] | None = None,
-    ) -> None:
-        self.name = name
-        self._config = dict(config)
-        self._on_broker_state = on_broker_state
-        self._producer: Producer | None = None
-        self._thread = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=f"kafka-{name}"
-        )
-        self._poller: asyncio.Task[None] | None = None
-        self._reports: collections.deque[tuple[asyncio.Future[None], KafkaError | None]] = collections.deque()
-        self._token_reports: collections.deque[tuple[Any, KafkaError | None]] = collections.deque()
-        self.on_reports: Callable[[list[DeliveryReport]], None] | None = None
-        """Receives, on the loop, the delivery reports of records enqueued with :meth:`produce`."""
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
-        self.fatal: KafkaError | None = None
-        """Set (from the producer's thread) when librdkafka reports a fatal error."""
-        self._broker_up = True
-        self._next_probe = 0.0
-        self._wake = asyncio.Event()
-
-    @property
-    def config(self) -> dict[str, LibrdkafkaValue]:
-        """The librdkafka configuration this client was built with (secrets included)."""
-        return dict(self._config)
-
-    @property
-    def producer(self) -> Producer:
-        if self._producer is None:
-            raise RuntimeError(f"kafka producer {self.name!r} is not started")
-        return self._producer
-
-    async def start(self) -> None:
-        if self._producer is not None:
-            return
-        self._loop = asyncio.get_running_loop()
-        conf: dict[str, Any] = dict(self._config)
-        conf["error_cb"] = self._on_error
-        conf["logger"] = librdkafka_logger(self.name)
-        try:
-            self._producer = Producer(conf)
-        except (KafkaException, ValueError, TypeError) as exc:
-            raise SinkConfigError(
-                f"kafka producer {self.name!r}: invalid librdkafka configuration: {exc}"
-            ) from exc
-        self._poller = self._loop.create_task(self._poll_loop(), name=f"kafka-poll:{self.name}")
-
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Runs a blocking client call in the producer's thread."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, functools.partial(fn, *args))
-
-    async def _poll_loop(self) -> None:
-        """Serves delivery reports (and error callbacks) on the loop's own thread.
-
-        ``poll(0)`` never blocks, and serving the reports where the records are produced avoids
-        handing the GIL back and forth with a polling thread for every single report (which made
-        each report wait for the interpreter's switch interval while the loop was busy encoding).
-        While records are outstanding it polls every millisecond; otherwise it sleeps until a
-        record is produced, waking at least every ``_IDLE_POLL`` seconds for error callbacks."""
-        # No local reference to the producer: a cancelled task's traceback would keep it (and its
-        # connections) alive after close.
-        try:
-            while not self._closed and self._producer is not None:
-                self._producer.poll(0)
-                self._drain()
-                if not self._broker_up and time.monotonic() >= self._next_probe:
-                    # Readiness must come back even when no record is waiting to prove it.
-                    self._next_probe = time.monotonic() + _PROBE_INTERVAL
-                    if await self.metadata_ok(1.0):
-                        self._set_up(True)
-                if self._producer is not None and len(self._producer) > 0:
-                    await asyncio.sleep(_BUSY_POLL)
-                    continue
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), _IDLE_POLL)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # never fail silently: delivery reports would stop
-            log.exception("kafka producer: poll loop failed", extra={"sink": self.name})
-            raise
-
-    def serve_reports(self) -> None:
-        """``poll(0)`` now, on the loop: delivery reports already received are settled at once."""
-        if not self._closed and self._producer is not None:
-            self._producer.poll(0)
-            self._drain()
-
-    def _on_error(self, error: KafkaError) -> None:
-        """librdkafka's error callback (called from the poll thread)."""
-        code = error.code()
-        if code == KafkaError._ALL_BROKERS_DOWN:
-            log.warning("kafka producer: all brokers are down (%s); records are kept and retried",
-                        error.str(), extra={"sink": self.name})
-            self._broker_state(False)
-        elif error.fatal():
-            # An idempotent producer in a fatal state never delivers again: the sink replaces it.
-            log.error("kafka producer: fatal error, the producer will be replaced: %s",
-                      error.str(), extra={"sink": self.name})
-            self.fatal = error
-        else:
-            log.info("kafka producer: %s", error.str(), extra={"sink": self.name})
-
-    def _broker_state(self, up: bool) -> None:
-        """From the producer's thread."""
-        if self._loop is None or self._loop.is_closed():
-            return
-        self._loop.call_soon_threadsafe(self._set_up, up)
-
-    def _set_up(self, up: bool) -> None:
-        if up == self._broker_up:
-            return
-        self._broker_up = up
-        if not up:
-            self._next_probe = time.monotonic() + _PROBE_INTERVAL
-        if self._on_broker_state is not None:
-            self._on_broker_state(up)
-
-    def send(
-        self,
-        topic: str,
-        *,
-        key: bytes | None,
-        value: bytes | None,
-        headers: list[tuple[str, str | bytes | None]] | None = None,
-    ) -> asyncio.Future[None]:
-        """Enqueues one record. Raises SinkPermanentError if it can never be sent, BufferError when
-        librdkafka's local queue is full (the caller waits and retries)."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        self._enqueue(topic, key, value, headers, functools.partial(self._delivered, fut))
-        return fut
-
-    def produce(
-        self,
-        topic: str,
-        token: Any,
-        *,
-        key: bytes | None,
-        value: bytes | None,
-        headers: dict[str, str | bytes | None] | list[tuple[str, str | bytes | None]] | None = None,
-    ) -> None:
-        """Enqueues one record without a future: its delivery report reaches :attr:`on_reports` as
-        ``(token, error)`` with the other reports of the same ``poll``. Raises like :meth:`send`."""
-        self._enqueue(topic, key, value, headers, functools.partial(self._token_delivered, token))
-
-    def produce_each(self, msgs: Sequence[OutgoingMessage]) -> list[tuple[OutgoingMessage, BaseException]]:
-        """:meth:`produce` for each message in turn (its ``destination``, ``key``, ``body`` and
-        ``headers``, the message itself as the token), in one loop with the poller woken once;
-        returns the messages that were not enqueued with why (``BufferError`` when the local queue
-        is full, else the error :meth:`produce` would raise)."""
-        produce = self.producer.produce
-        delivered = self._token_delivered
-        failed: list[tuple[OutgoingMessage, BaseException]] = []
-        for msg in msgs:
-            try:
-                produce(msg.destination, value=msg.body, key=msg.key, headers=cast(Any, msg.headers),
-                        on_delivery=functools.partial(delivered, msg))
-            except BufferError as exc:
-                failed.append((msg, exc))
-            except KafkaException as exc:
-                failed.append((msg, _enqueue_error(exc, msg.destination)))
-        if len(failed) < len(msgs):
-            self._wake.set()
-        return failed
-
-    def _enqueue(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        headers: dict[str, str | bytes | None] | list[tuple[str, str | bytes | None]] | None,
-        on_delivery: Any,
-    ) -> None:
-        """``produce`` with librdkafka's errors mapped: permanent ones (the record can never be
-        sent) to SinkPermanentError, the rest to SinkTransientError; BufferError passes through."""
-        try:
-            self.producer.produce(topic, value=value, key=key, headers=headers, on_delivery=on_delivery)
-            self._wake.set()
-        except KafkaException as exc:
-            raise _enqueue_error(exc, topic) from exc
-
-    async def send_and_wait(
-        self,
-        topic: str,
-        *,
-        key: bytes | None,
-        value: bytes | None,
-        headers: list[tuple[str, str | bytes | None]] | None = None,
-    ) -> None:
-        """``send``, waiting for room in the local queue, then for the delivery report."""
-        while True:
-            try:
-                fut = self.send(topic, key=key, value=value, headers=headers)
-            except BufferError:
-                await asyncio.sleep(0.01)
-                continue
-            break
-        await fut
-
-    def _delivered(self, fut: asyncio.Future[None], err: KafkaError | None, _msg: Any) -> None:
-        """Delivery report, called in the producer's thread: queued, and resolved on the loop when the
-        thread's call returns (one hand-over per ``poll`` rather than one loop wake-up per record)."""
-        self._reports.append((fut, err))
-
-    def _token_delivered(self, token: Any, err: KafkaError | None, _msg: Any) -> None:
-        """Delivery report of a :meth:`produce` record, in the producer's thread (see ``_delivered``)."""
-        self._token_reports.append((token, err))
-
-    def _drain(self) -> None:
-        reports = self._reports
-        while reports:
-            fut, err = reports.popleft()
-            self._resolve(fut, err)
-        tokens = self._token_reports
-        if tokens:
-            batch: list[DeliveryReport] = []
-            delivered = False
-            while tokens:
-                token, err = tokens.popleft()
-                if err is None:
-                    delivered = True
-                    batch.append((token, None))
-                else:
-                    batch.append((token, _report_error(err)))
-            if delivered and not self._broker_up:
-                self._set_up(True)
-            if self.on_reports is not None:
-                self.on_reports(batch)
-
-    def _resolve(self, fut: asyncio.Future[None], err: KafkaError | None) -> None:
-        if fut.done():
-            return
-        if err is None:
-            if not self._broker_up:
-                self._set_up(True)
-            fut.set_result(None)
-        else:
-            fut.set_exception(_report_error(err))
-
-    async def metadata_ok(self, timeout: float) -> bool:
-        """True if a broker answered a metadata request within ``timeout`` seconds."""
-        try:
-            await self.run(self.producer.list_topics, None, timeout)
-        except (KafkaException, RuntimeError) as exc:
-            log.warning("kafka producer: no metadata answer within %.1fs: %s", timeout, exc,
-                        extra={"sink": self.name})
-            self._set_up(False)
-            return False
-        self._set_up(True)
-        return True
-
-    async def flush(self, timeout: float) -> int:
-        """Waits (off the loop) for outstanding records; returns how many are still queued."""
-        remaining = int(await self.run(self.producer.flush, timeout))
-        self._drain()
-        return remaining
-
-    async def close(self) -> None:
-        """Stops polling and drops records not yet delivered (they stay unacked). Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        poller, self._poller = self._poller, None
-        if poller is not None:
-            poller.cancel()
-            await asyncio.gather(poller, return_exceptions=True)
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            await self.run(_shutdown_producer, producer)
-            del producer  # the last reference: librdkafka's handle and connections go with it
-        self._drain()  # purged records fail as transient: whoever still waits retries elsewhere
-        self._thread.shutdown(wait=False)
-
-
-def _enqueue_error(exc: KafkaException, topic: str) -> SinkPermanentError | SinkTransientError:
-    """librdkafka refusing a record: permanent when it can never be sent, else transient."""
-    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-    error: SinkPermanentError | SinkTransientError
-    if err is not None and err.code() in _TOO_LARGE_CODES:
-        error = SinkMessageTooLargeError(f"kafka: {err.name()}: {err.str()}")
-    elif err is not None and is_permanent(err):
-        error = SinkPermanentError(f"kafka: {err.name()}: {err.str()}")
-    else:
-        error = SinkTransientError(f"kafka: cannot enqueue record for {topic!r}: {exc}")
-    error.__cause__ = exc
-    return error
-
-
-def _report_error(err: KafkaError) -> SinkPermanentError | SinkTransientError:
-    """A failed delivery report as the sink's exception."""
-    if err.code() in _TOO_LARGE_CODES:
-        return SinkMessageTooLargeError(f"kafka: {err.name()}: {err.str()}")
-    if is_permanent(err):
-        return SinkPermanentError(f"kafka: {err.name()}: {err.str()}")
-    return SinkTransientError(f"kafka: delivery failed: {err.name()}: {err.str()}")
-
-
-def _shutdown_producer(producer: Producer) -> None:
-    producer.purge(in_queue=True, in_flight=True, blocking=False)
-    producer.flush(0)
 
 
 def compressed_size(value: bytes, codec: str) -> int:
@@ -820,7 +330,7 @@ class KafkaSink(BaseSink[KafkaSinkOptions]):
         async with self._client_lock:
             if self._client is None:
                 conf = self.options.producer_config()
-                conf.update(_read_secrets(self.options.secret_files, f"sink {self.name!r} (kafka)"))
+                conf.update(read_secrets(self.options.secret_files, f"sink {self.name!r} (kafka)"))
                 client = KafkaProducerClient(
                     config=conf, name=self.name, on_broker_state=self._set_brokers_up
                 )

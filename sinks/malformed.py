@@ -21,11 +21,13 @@ from sinks.deadletter import DeadLetterRecord
 
 __all__ = ["malformed_reason", "quarantine_record", "quarantine_record_body"]
 
-_WHY = {"depth": "nested deeper than the bridge decodes", "size": "larger than the bridge decodes"}
+_WHY = {"depth": "nested deeper than the bridge decodes", "size": "larger than the bridge decodes",
+        "encoding": "not UTF-8", "syntax": "not JSON"}
 
 
 def malformed_reason(obj: Mapping[str, Any] | None) -> str:
-    """Why ``obj`` was quarantined (``depth``, ``size``); ``""`` for any other object."""
+    """Why ``obj`` was quarantined (``depth``, ``size``, ``encoding``, ``syntax``); ``""`` for any other
+    object."""
     return obj.malformed if type(obj) is RawObject else ""
 
 

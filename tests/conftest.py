@@ -4,19 +4,31 @@ run see no CPU limit, whatever the machine's, so that ``workers`` unset is one p
 profiles: ``ci`` (the default) is derandomised, so a CI failure replays by running the test again,
 and ``random`` (``KEB_HYPOTHESIS_PROFILE=random``, used by ``scripts/flake-hunt`` with
 ``--hypothesis-seed``) draws fresh examples. Neither has a deadline or the too-slow health check
-(wall-clock limits, which load breaks) nor an example database (no shared files)."""
+(wall-clock limits, which load breaks) nor an example database (no shared files).
+
+Bytecode is cached whatever the environment says: with ``PYTHONDONTWRITEBYTECODE`` set (container
+images often set it), every run's xdist workers rewrote the assertions of every test module again
+(collecting the suite took 12 s of CPU instead of 4.6 s), and every bridge or simulator process
+the tests start compiled the bridge's modules from source again (0.05 to 0.2 s of CPU each,
+hundreds of times a run). Caches go where Python puts them (``__pycache__``, ignored by git), written
+atomically, so workers and child processes share them safely."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import tempfile
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from bridge.service.workers import CGROUP_ENV
+sys.dont_write_bytecode = False  # pytest's rewritten test modules, and what is imported from here on
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # the processes the tests start
+
+from bridge.service.workers import CGROUP_ENV  # noqa: E402  (after the bytecode switch above)
 
 os.environ[CGROUP_ENV] = tempfile.mkdtemp(prefix="keb-no-cgroup-")
 
@@ -24,6 +36,18 @@ for _name, _derandomize in (("ci", True), ("random", False)):
     settings.register_profile(_name, derandomize=_derandomize, database=None, deadline=None,
                               suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 settings.load_profile(os.environ.get("KEB_HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def own_cwd(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Runs the test in a directory of its own, so that a bridge it runs with the cwd-relative
+    defaults (``checkpoint.spill_directory``, ``checkpoint.directory``) has its own spill root and
+    checkpoints: a spill root belongs to one bridge (bridge/service/spill_lock.py), and tests on
+    several xdist workers would otherwise share the checkout's. For the modules that run
+    ``BridgeService`` in-process (``pytestmark = pytest.mark.usefixtures("own_cwd")``)."""
+    cwd = tmp_path_factory.mktemp("cwd")
+    monkeypatch.chdir(cwd)
+    return cwd
 
 
 @pytest.fixture(autouse=True)

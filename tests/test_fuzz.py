@@ -72,12 +72,18 @@ def test_fuzz_config(data: bytes) -> None:
     b'{"kind":"PodList","metadata":{},"items":[{"metadata":{"name":"a"},"\xff":1}]}',
     b'{"kind":"PodList","metadata":{},"items":[{"metadata":{"na\x8dme":"a"}}]}',
 ])
-def test_invalid_utf8_in_a_list_is_a_decode_error(body: bytes) -> None:
+def test_invalid_utf8_in_a_list_item_quarantines_that_item_alone(body: bytes) -> None:
     """Found by fuzzing: msgspec reports invalid UTF-8 in a key as UnicodeDecodeError, which used to
-    escape the list decoder (and the watch decoders) instead of WatchDecodeError."""
+    escape the list decoder. Such an item is now quarantined (``encoding``) and the List taken: one
+    item must not fail the List (its resource would never sync)."""
+    good = b'{"metadata":{"name":"b","resourceVersion":"3"}}'
+    body = body.replace(b"]}", b"," + good + b"]}")
     for raw_objects in (False, True):
-        with pytest.raises(WatchDecodeError):
-            decode_list(body, raw_objects=raw_objects)
+        page = decode_list(body, raw_objects=raw_objects)
+        bad, kept = page.items
+        assert type(bad) is RawObject
+        assert bad.malformed == "encoding"
+        assert kept["metadata"]["name"] == "b"
 
 
 def test_invalid_utf8_in_a_watch_line_or_an_object_is_a_decode_error() -> None:

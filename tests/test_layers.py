@@ -325,18 +325,74 @@ def test_a_new_getattr_on_a_sink_is_reported() -> None:
     assert ("bridge.delivery.sink_listener", "type(sink)", '"deliver_batch"') not in GETATTR_ALLOWED
 
 
-def test_delivery_and_storage_modules_and_functions_stay_small() -> None:
-    """The delivery and storage layers are read by people changing the recovery model: no module of
-    them over 600 lines, no function over 60 (split by concept instead)."""
-    too_long = []
-    for path in sorted([*ROOT.joinpath("bridge", "delivery").glob("*.py"),
-                        *ROOT.joinpath("bridge", "storage").glob("*.py")]):
-        source = path.read_text()
-        if source.count("\n") > 600:
-            too_long.append(f"{path.name}: {source.count(chr(10))} lines")
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                length = (node.end_lineno or node.lineno) - node.lineno + 1
-                if length > 60:
-                    too_long.append(f"{path.name}: {node.name} is {length} lines")
-    assert too_long == []
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 60
+
+# The modules and functions of bridge/ and sinks/ over the limits today, each in code the lean event
+# path (#36) is rewriting: the informer core, the raw-object decoder, the list-watch, the service's
+# run loop and the base sink. Entries only leave this list: a new offender fails the test below, and
+# so does an entry that is no longer one (remove it then). The size at the time is in the comment.
+SIZE_ALLOWED: dict[str, str] = {
+    "bridge/informer/listener.py": "619 lines",
+    "bridge/informer/listener.py::ProcessorListener.__init__": "63 lines",
+    "bridge/informer/real_fifo.py::RealFIFO.pop_ready": "68 lines",
+    "bridge/informer/reflector.py": "900 lines",
+    "bridge/informer/reflector.py::Reflector.__init__": "70 lines",
+    "bridge/informer/shared_informer.py": "877 lines",
+    "bridge/informer/shared_informer.py::SharedIndexInformer.__init__": "73 lines",
+    "bridge/kube/listwatch.py": "720 lines",
+    "bridge/rawobject.py": "647 lines",
+    "bridge/rawobject.py::_build": "62 lines",
+    "bridge/service/service.py": "658 lines",
+    "bridge/service/service.py::BridgeService._lead": "110 lines",
+    "sinks/base.py": "1265 lines",
+    "sinks/base.py::BaseSink.__init__": "90 lines",
+    "sinks/base.py::BaseSink.deliver_batch": "71 lines",
+    "sinks/base.py::BaseSink._batch_builder": "81 lines",
+}
+
+
+def oversized(source: str, where: str) -> dict[str, int]:
+    """``where`` (the module) and ``where::Class.function`` (every function, nested ones and methods
+    included) → its length in lines, for those over the limits."""
+    found: dict[str, int] = {}
+    lines = source.count("\n")
+    if lines > MAX_MODULE_LINES:
+        found[where] = lines
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (child.end_lineno or child.lineno) - child.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found[f"{where}::{prefix}{child.name}"] = length
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def test_modules_and_functions_stay_small() -> None:
+    """bridge/ and sinks/ (the simulator aside) are read by people changing them: no module over 600
+    lines, no function over 60 (split by concept instead), but for :data:`SIZE_ALLOWED`."""
+    found: dict[str, int] = {}
+    for path in all_modules():
+        where = path.relative_to(ROOT).as_posix()
+        if not where.startswith("bridge/sim/"):
+            found.update(oversized(path.read_text(), where))
+    assert [f"{name}: {n} lines" for name, n in found.items() if name not in SIZE_ALLOWED] == []
+    assert [f"{name} is within the limits now: remove it from SIZE_ALLOWED"
+            for name in SIZE_ALLOWED if name not in found] == []
+
+
+def test_an_oversized_module_or_function_is_reported() -> None:
+    body = "".join(f"        x{i} = {i}\n" for i in range(60))  # 60 statements, in a function's body
+    source = "class C:\n    def m(self):\n" + body + "    def short(self):\n        pass\n"
+    source += "def f():\n    def inner():\n" + body + "    return inner\n"
+    assert oversized(source, "m.py") == {"m.py::C.m": 61, "m.py::f": 63, "m.py::f.inner": 61}
+    assert oversized("x = 1\n" * 601, "m.py") == {"m.py": 601}
+    assert oversized("x = 1\n" * 600, "m.py") == {}

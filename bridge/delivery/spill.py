@@ -17,8 +17,10 @@ appended, and on :meth:`SegmentSpill.sync`), not per record.
 
 ``limit_bytes`` bounds the bytes on disk: an append that would pass it is refused (``append``
 returns False) and the listener degrades in its declared way (latest state per object, framed by a
-gap marker). A record whose checksum does not match (a torn write) ends the readable part: what
-follows it is dropped with an ERROR and counted in :attr:`SegmentSpill.corrupt`.
+gap marker). A record whose checksum does not match (a torn write, a file damaged or cut short on
+disk) ends the readable part: what follows it is dropped with an ERROR and counted in
+:attr:`SegmentSpill.corrupt`, and the listener reading it announces the loss (a gap window) and asks
+for a snapshot that makes its sink exact again (:class:`bridge.informer.listener.ProcessorListener`).
 
 ``prepare`` (the sink's :attr:`~sinks.contract.DeliveryOptions.spill_form`, bound to the
 informer's resource) turns each object into what the spill may keep before it is written: a sink

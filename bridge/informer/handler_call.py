@@ -42,9 +42,9 @@ _BatchHandle = Callable[[Sequence[Notification], Sequence[AckFunc]], Awaitable[N
 
 
 class HandlerCall:
-    """Hands batches to one handler (module docs); ``acked(seq)`` runs on each first ack."""
+    """Hands batches to one handler (module docs); ``acked(notification)`` runs on each first ack."""
 
-    def __init__(self, *, handler: EventHandler | NotificationHandler, acked: Callable[[int], None],
+    def __init__(self, *, handler: EventHandler | NotificationHandler, acked: Callable[[Notification], None],
                  name: str) -> None:
         self.name = name
         self._acked = acked
@@ -77,7 +77,7 @@ class HandlerCall:
         """Hands ``batch`` over, each notification with an ack that counts once. Never raises but
         for cancellation: the handler's failures are counted, logged and acknowledged."""
         acked = self._acked
-        acks = [ack_once(acked, n.seq) for n in batch]
+        acks = [ack_once(acked, n) for n in batch]
         count = len(batch)
         start = delivered = 0
         self.busy = True

@@ -4,16 +4,18 @@ A listener's memory is a queue of :class:`Slot` s with an index by object key, s
 (:func:`merge`) swaps a pending notification in place and the object keeps its position. When the
 listener degrades (:class:`~bridge.informer.buffer_mode.BufferMode`), its backlog becomes
 :class:`LatestStates`: the latest state of each object, bounded by the number of objects however
-long the outage, delivered later inside the listener's own gap window.
+long the outage, delivered later inside the listener's own gap window, which is one delivery for
+the acknowledgements (:class:`OverflowWindow`).
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from bridge.contracts import Notification, NotificationKind, ObjectKey
+from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind, ObjectKey
+from bridge.rawobject import object_identity
 
-__all__ = ["MARKERS", "LatestStates", "Slot", "is_initial_add", "merge"]
+__all__ = ["MARKERS", "LatestStates", "OverflowWindow", "Slot", "is_initial_add", "merge"]
 
 MARKERS = frozenset({NotificationKind.SNAPSHOT, NotificationKind.GAP})
 """Notifications that are never dropped nor coalesced."""
@@ -132,3 +134,49 @@ class LatestStates:
         self._entries.clear()
         self._taken.clear()
         self._count = 0
+
+
+class OverflowWindow:
+    """A degraded listener's gap window as one delivery: the seqs whose acknowledgements wait for
+    it (the notifications it coalesced, those handed over inside it), how many of the window's
+    notifications are still unacknowledged, and the newest resourceVersion handed over inside it
+    (its ``to``: every change it coalesced is older than the state that replaced it).
+
+    A coalesced change is acknowledged only with the whole window: acknowledged at the merge, a
+    checkpoint written before the window reached a frozen sink took that sink past changes it
+    never received, and a crash lost them without a marker (docs/delivery-contract.md, 7a)."""
+
+    __slots__ = ("closed", "held", "out", "top")
+
+    def __init__(self) -> None:
+        self.held: list[int] = []
+        self.out = 0
+        self.closed = False
+        """Its end marker was handed over: once ``out`` is 0, everything of it is acknowledged."""
+        self.top = -1
+
+    def hand(self, n: Notification) -> None:
+        """``n`` is handed over inside the window."""
+        self.out += 1
+        if n.kind not in MARKERS:
+            self.top = max(self.top, _change_rv(n))
+
+    def acked(self, n: Notification) -> list[int]:
+        """``n``, handed over inside the window, is acknowledged: the seqs to acknowledge now
+        (everything the window held, once every one of its notifications is acknowledged)."""
+        if n.seq >= 0:
+            self.held.append(n.seq)
+        self.out -= 1
+        if self.out or not self.closed:
+            return []
+        held, self.held = self.held, []
+        return held
+
+
+def _change_rv(n: Notification) -> int:
+    """A change's resourceVersion as an integer (-1: not one)."""
+    obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
+    try:
+        return int(object_identity(obj)[1])
+    except ValueError:
+        return -1

@@ -16,9 +16,15 @@ handler gets up to :data:`BATCH_LIMIT` at once; every other handler gets batches
 one reaches even a batch handler through ``handle``.
 
 How a batch becomes the handler's call and its acknowledgements: :mod:`bridge.informer.handler_call`.
-A notification superseded by coalescing is acknowledged when it is merged (its successor carries the
-newer state), a dropped one as discarded. ``SNAPSHOT`` and ``GAP`` notifications are never dropped
-nor coalesced (queued past the capacity, in order); nothing coalesces across a ``GAP`` marker.
+A notification superseded by the ``coalesce`` policy is acknowledged when it is merged (its successor
+carries the newer state), a dropped one as discarded. A degraded listener's gap window is one
+delivery (:class:`~bridge.informer.latest_states.OverflowWindow`): what it coalesced, and what it
+hands over inside the window, is acknowledged only once the handler acknowledged everything of the
+window, its end marker included — acknowledged at the merge, the checkpoint took the sink past
+changes it never received, and a crash before the window reached it lost them without a marker
+(issue 34). The window's ``to`` is the newest change handed over inside it, so it covers every
+change it coalesced. ``SNAPSHOT`` and ``GAP`` notifications are never dropped nor coalesced
+(queued past the capacity, in order); nothing coalesces across a ``GAP`` marker.
 
 Closing a listener (its handler removed) stops intake and discards what is pending at once; a handler
 call in progress is not interrupted, as client-go's ``RemoveEventHandler`` lets it finish, and its
@@ -28,6 +34,7 @@ acknowledgements no longer count.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from collections import deque
@@ -52,7 +59,14 @@ from bridge.contracts import (
 )
 from bridge.informer.buffer_mode import BufferEvent, BufferMode, next_mode
 from bridge.informer.handler_call import HandlerCall
-from bridge.informer.latest_states import MARKERS, LatestStates, Slot, is_initial_add, merge
+from bridge.informer.latest_states import (
+    MARKERS,
+    LatestStates,
+    OverflowWindow,
+    Slot,
+    is_initial_add,
+    merge,
+)
 from bridge.rawobject import object_identity
 
 __all__ = [
@@ -141,7 +155,10 @@ class ProcessorListener:
         upstream_synced: Callable[[], bool] = lambda: True,
         may_catch_up: Callable[[ProcessorListener], bool] = lambda _listener: True,
         replay: Sequence[KubeObject] = (),
+        request_snapshot: Callable[[ProcessorListener], None] | None = None,
     ) -> None:
+        """``request_snapshot``: asks the informer for a ``SNAPSHOT`` for this listener (when its
+        spill lost notifications it had taken: see :meth:`_spill_lost`)."""
         if options.buffer_capacity < 1:
             raise ValueError(
                 f"listener {name!r}: buffer_capacity must be >= 1, got {options.buffer_capacity}"
@@ -171,6 +188,13 @@ class ProcessorListener:
         self._latest = LatestStates()
         self._gap: Gap | None = None
         """The gap window open while ``DRAINING_GAP``."""
+        self._request_snapshot = request_snapshot
+        self._spill_gap: Gap | None = None
+        """The gap window opened where the spill lost notifications; the snapshot it requested closes it."""
+        self._window: OverflowWindow | None = None
+        """While degraded: the window being filled (and handed over), whose acknowledgements wait."""
+        self._in_window: dict[int, tuple[Notification, OverflowWindow]] = {}
+        """id of a notification handed over inside a window → it and its window, until acknowledged."""
         self._last_delivered: Notification | None = None
         self._has_items = asyncio.Event()
         self._has_room = asyncio.Event()
@@ -378,6 +402,9 @@ class ProcessorListener:
                         f"the spill is full ({spill.size_bytes} bytes)" if spill is not None
                         else "its buffer is full and it has no spill")
             self._to(BufferEvent.DEGRADED)
+        window = self._window
+        if window is None:
+            window = self._window = OverflowWindow()
         self._degraded += 1
         self._idle.clear()
         self._has_items.set()
@@ -390,7 +417,8 @@ class ProcessorListener:
         if is_initial_add(pending) and not is_initial_add(into):
             self._initial_pending -= 1
         self._coalesced += 1
-        self._ack(pending)
+        if pending.seq >= 0:
+            window.held.append(pending.seq)  # acknowledged with the window (module docs)
 
     def _push(self, notification: Notification) -> None:
         slot = Slot(notification)
@@ -514,10 +542,22 @@ class ProcessorListener:
                             from_resource_version=self._last_resource_version())
             self._to(BufferEvent.GAP_OPENED)
             begin = Notification(kind=NotificationKind.GAP, obj={}, gap=self._gap)
-            return [begin, *self._latest.take(limit - 1)]
+            return self._in_the_window([begin, *self._latest.take(limit - 1)])
         if mode is _DRAINING_GAP:
-            return self._latest.take(limit) or [self._close_gap()]
+            return self._in_the_window(self._latest.take(limit) or [self._close_gap()])
         return []
+
+    def _in_the_window(self, batch: list[Notification]) -> list[Notification]:
+        """Registers ``batch``, handed over inside the open window, with it (:class:`OverflowWindow`)."""
+        window = self._window
+        assert window is not None
+        for n in batch:
+            window.hand(n)
+            self._in_window[id(n)] = (n, window)
+        if self._mode is _NORMAL:  # the batch is the end marker: the window is complete
+            window.closed = True
+            self._window = None
+        return batch
 
     def _pop_batch(self, limit: int) -> list[Notification]:
         """Takes what the buffer holds, oldest first, up to ``limit``; each leaves the coalescing
@@ -531,6 +571,12 @@ class ProcessorListener:
             if n.key and pending.get(n.key) is slot:
                 del pending[n.key]
             batch.append(n)
+            if n.kind is NotificationKind.SNAPSHOT and self._spill_gap is not None:
+                # The window the spill's loss opened ends right after the snapshot it asked for.
+                gap, self._spill_gap = self._spill_gap, None
+                end = dataclasses.replace(gap, to_resource_version=n.resource_version, end=True)
+                buffer.appendleft(Slot(Notification(kind=NotificationKind.GAP, obj={}, gap=end)))
+                break
         self._has_room.set()
         return batch
 
@@ -539,13 +585,18 @@ class ProcessorListener:
         spill = self._spill
         if spill is None or not len(spill):
             return False
+        damaged = spill.corrupt
         try:
             batch = spill.read(max(1, self.options.buffer_capacity))
+            lost = spill.corrupt - damaged
         except OSError as exc:
+            lost = len(spill)
             log.error("listener %s: the spill cannot be read (%s); its %d notifications are lost",
-                      self.name, exc, len(spill))
+                      self.name, exc, lost)
             spill.clear()
             batch = []
+        if lost:
+            batch.append(self._spill_lost(lost))
         for n in batch:
             slot = Slot(n)
             self._buffer.append(slot)
@@ -557,6 +608,21 @@ class ProcessorListener:
             self._to(BufferEvent.SPILL_EMPTIED)
         return bool(batch)
 
+    def _spill_lost(self, lost: int) -> Notification:
+        """The spill lost ``lost`` notifications (a damaged or unreadable file): which changes they
+        held is unknown, so the listener announces it as the delivery contract announces any change
+        not observed (a gap window, from the last change delivered) and asks for a snapshot of the
+        cache, after which its sink holds every object exactly again; the snapshot's passage closes
+        the window (:meth:`_pop_batch`). Returns the window's begin marker."""
+        self._gaps += 1
+        gap = self._spill_gap = Gap(id=f"spill:{self.name}:{uuid.uuid4().hex[:12]}",
+                                    from_resource_version=self._last_resource_version())
+        log.error("listener %s: %d spilled notifications are lost; gap window %s opened, and a snapshot "
+                  "requested to make the sink exact again", self.name, lost, gap.id)
+        if self._request_snapshot is not None:
+            self._request_snapshot(self)
+        return Notification(kind=NotificationKind.GAP, obj={}, gap=gap)
+
     def _close_gap(self) -> Notification:
         """The end marker of the open gap window; the listener is ``NORMAL`` again."""
         gap = self._gap
@@ -564,9 +630,13 @@ class ProcessorListener:
         self._gap = None
         self._to(BufferEvent.GAP_CLOSED)
         log.info("listener %s: caught up; the gap window %s is closed", self.name, gap.id)
+        window = self._window
+        # Its newest change, not the last handed over: the latest states go out in the order their
+        # objects first degraded, so the last may be older than a change coalesced into another.
+        top = str(window.top) if window is not None and window.top >= 0 else self._last_resource_version()
         return Notification(kind=NotificationKind.GAP, obj={}, gap=Gap(
             id=gap.id, from_resource_version=gap.from_resource_version,
-            to_resource_version=self._last_resource_version(), end=True))
+            to_resource_version=top, end=True))
 
     def _last_resource_version(self) -> str:
         """The resourceVersion of the last change delivered ("" if none)."""
@@ -576,15 +646,31 @@ class ProcessorListener:
         obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
         return object_identity(obj)[1]
 
-    def _acked_one(self, seq: int) -> None:
+    def _acked_one(self, n: Notification) -> None:
         """What the first call of a handed-out notification's ack does."""
         self._handled += 1  # progress for the catch-up in add(): a batch may span several turns
+        if self._in_window and (entry := self._in_window.pop(id(n), None)) is not None:
+            self._window_acked(n, entry[1])
+            return
+        seq = n.seq
         if seq < 0 or self._mode is _CLOSED:
             return
         self._acked += 1
         observer = self._observer
         if observer is not None:
             observer.acked(self.name, seq)
+
+    def _window_acked(self, n: Notification, window: OverflowWindow) -> None:
+        """A notification of an overflow window is acknowledged: once every one of the window is,
+        so is everything it held (module docs)."""
+        held = window.acked(n)
+        if not held or self._mode is _CLOSED:
+            return
+        self._acked += len(held)
+        observer = self._observer
+        if observer is not None:
+            for seq in held:
+                observer.acked(self.name, seq)
 
     # ---------------------------------------------------------------------------------------------
     # lifecycle
@@ -607,6 +693,8 @@ class ProcessorListener:
         self._pending_by_key.clear()
         self._latest.clear()
         self._gap = None
+        self._window = None
+        self._in_window.clear()
         if self._spill is not None:
             try:
                 self._spill.clear()

@@ -498,6 +498,7 @@ class SharedIndexInformer:
             upstream_synced=self.has_synced,
             may_catch_up=self._may_catch_up,
             replay=replay,
+            request_snapshot=lambda lost: self.request_snapshot(HandlerRegistration(listener=lost)),
         )
         self._processor.add_listener(listener)
         return HandlerRegistration(listener=listener)

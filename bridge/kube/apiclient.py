@@ -19,20 +19,18 @@ as in client-go. The wait for a token is not part of ``request_timeout`` (client
 it starts the request's timeout); it is part of a call's ``timeout``.
 
 No token, key or certificate content appears in any message, log line or ``repr``.
+
+Beside it: its options and retry observer (:mod:`bridge.kube.apioptions`), the HTTP details it
+shares with its streams (:mod:`bridge.kube.apiwire`) and a watch's lines (:mod:`bridge.kube.linestream`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import email.utils
 import logging
 import ssl
-import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol, Self
-from urllib.parse import urlsplit, urlunsplit
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any, Self
 
 import aiohttp
 import orjson
@@ -40,12 +38,20 @@ import orjson
 from bridge.bounded_read import ERROR_BODY_LIMIT, read_prefix
 from bridge.clock import Clock, RealClock
 from bridge.errors import (
-    ApiStatusError,
     ApiUnavailableError,
     ConfigurationError,
     status_error,
 )
-from bridge.jsonbounds import MAX_DEPTH, exceeds_depth
+from bridge.kube.apioptions import ApiClientOptions, RetryObserver
+from bridge.kube.apiwire import (
+    RETRYABLE_NETWORK_ERRORS,
+    Params,
+    encode_params,
+    json_object,
+    parse_retry_after,
+    redact_url,
+    status_body,
+)
 from bridge.kube.kubeconfig import (
     ClusterConfig,
     LoadedConfig,
@@ -55,206 +61,12 @@ from bridge.kube.kubeconfig import (
     load_in_cluster,
     load_kubeconfig,
 )
-from bridge.kube.ratelimit import DEFAULT_BURST, DEFAULT_QPS, TokenBucket
-from bridge.version import __version__
+from bridge.kube.linestream import LineStream
+from bridge.kube.ratelimit import TokenBucket
 
 __all__ = ["ApiClient", "ApiClientOptions", "LineStream", "Params", "RetryObserver"]
 
 _log = logging.getLogger(__name__)
-
-Params = Mapping[str, str | int | bool | None]
-"""Query parameters; ``None`` values are left out, booleans sent as ``true``/``false``."""
-
-_RETRYABLE_NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
-
-
-class RetryObserver(Protocol):
-    """Told about the answers :meth:`ApiClient._send` waits out and sends again (429/5xx with
-    Retry-After), so that a caller can report a wait nobody would otherwise see (a resourceVersion
-    ahead of the server: ten retries of ~4 s before the reflector sees the 504)."""
-
-    def retrying(self, context: str, code: int, message: str, *, attempt: int, max_retries: int,
-                 wait: float, attempt_seconds: float) -> None:
-        """Answer ``code`` (its Status ``message``) took ``attempt_seconds``; retry ``attempt`` of
-        ``max_retries`` follows after ``wait`` seconds. Must not raise or block."""
-
-    def settled(self, context: str, error: BaseException | None) -> None:
-        """A call that was retried at least once ended: a 2xx answer (None) or ``error``."""
-
-
-@dataclass(frozen=True, slots=True)
-class ApiClientOptions:
-    """Tuning of the HTTP client. Defaults follow client-go where it has one."""
-
-    max_retries: int = 10
-    """429/5xx answers carrying Retry-After are retried this many times (client-go: 10)."""
-    max_retry_after: float = 60.0
-    """A longer Retry-After is waited only this long."""
-    request_timeout: float = 60.0
-    """Whole-request timeout for non-streaming requests (seconds)."""
-    connect_timeout: float = 10.0
-    stream_idle_timeout: float | None = None
-    """A watch with no byte for this long is treated as dropped. None: rely on ``timeoutSeconds``
-    (the watch read timeout is then ``timeoutSeconds`` + 30 s)."""
-    max_line_bytes: int = 64 * 1024 * 1024
-    """A watch line longer than this is discarded (and the stream ends): a protection, not a limit
-    any real object reaches (etcd caps objects at ~1.5 MiB)."""
-    connection_limit: int = 100
-    """Connections for requests (lists, GETs, writes). Watches are not counted: each holds its own
-    connection for as long as it streams, as many as there are informers (client-go's transport
-    does not bound connections per host either); sharing one bounded pool, a bridge with more
-    informers than this limit had every connection held by a watch and its lists timed out."""
-    token_refresh_interval: float = 60.0
-    """In-cluster: the token file is re-read at most this often (and at once after a 401)."""
-    user_agent: str = f"kube-event-bridge/{__version__}"
-    qps: float = DEFAULT_QPS
-    """Client-side rate limit, requests a second (client-go's ``QPS``); negative: no limit."""
-    burst: int = DEFAULT_BURST
-    """Requests the rate limit lets through at once (client-go's ``Burst``)."""
-
-
-def _redact_url(url: str) -> str:
-    """The URL without user:password, for messages."""
-    parts = urlsplit(url)
-    if parts.username or parts.password:
-        host = parts.hostname or ""
-        if parts.port:
-            host = f"{host}:{parts.port}"
-        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
-    return url
-
-
-def _encode_params(params: Params | None) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in (params or {}).items():
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            out[key] = "true" if value else "false"
-        else:
-            out[key] = str(value)
-    return out
-
-
-def _parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or HTTP-date); None when absent/invalid."""
-    if value is None:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(int(value)))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def _status_body(body: bytes, code: int) -> dict[str, Any]:
-    """The ``Status`` object of an error answer, or a synthetic one for a non-JSON body."""
-    try:
-        decoded = orjson.loads(body) if body and not exceeds_depth(body, MAX_DEPTH) else None
-    except orjson.JSONDecodeError:
-        decoded = None
-    if isinstance(decoded, dict) and (decoded.get("kind") == "Status" or "message" in decoded):
-        return decoded
-    text = body[:200].decode("utf-8", "replace").strip()
-    return {"kind": "Status", "status": "Failure", "code": code, "message": text or f"HTTP {code}"}
-
-
-class LineStream:
-    """A streaming response read as newline-terminated lines (a watch).
-
-    Iterating yields each complete line without its newline. A connection that breaks mid-stream ends
-    the iteration (``broken`` is set) rather than raising: the caller re-watches. Bytes after the last
-    newline when the stream ends are kept in ``tail`` (a half-written line, or a last line whose newline
-    never came) for the caller to judge.
-    """
-
-    def __init__(self, *, response: aiohttp.ClientResponse, context: str, max_line_bytes: int) -> None:
-        self._response = response
-        self._context = context
-        self._max_line_bytes = max_line_bytes
-        self._closed = False
-        self.tail = b""
-        self.broken: BaseException | None = None
-        """The transport error that ended the stream, if it did not end cleanly."""
-        self.oversized_lines = 0
-        self._iterated = False
-
-    @property
-    def status(self) -> int:
-        return self._response.status
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        """The lines, once: a second iteration would start a second reader over the same
-        connection (and lose what the first had buffered), so it raises instead."""
-        return self._lines(self.batches())
-
-    def batches(self) -> AsyncGenerator[list[bytes], None]:
-        """The lines a read at a time: each item holds every complete line one read of the
-        connection made available (never empty), so a consumer pays its per-item cost per read, not
-        per line. Never waits for more than what is there. Like ``__aiter__``, once per stream (the
-        two share the one reader)."""
-        if self._iterated:
-            raise RuntimeError(f"{self._context}: a stream's lines can be iterated only once")
-        self._iterated = True
-        return self._batches()
-
-    @staticmethod
-    async def _lines(batches: AsyncGenerator[list[bytes], None]) -> AsyncIterator[bytes]:
-        try:
-            async for batch in batches:
-                for line in batch:
-                    yield line
-        finally:
-            await batches.aclose()
-
-    async def _batches(self) -> AsyncGenerator[list[bytes], None]:
-        buf = bytearray()
-        content = self._response.content
-        try:
-            while not self._closed:
-                try:
-                    chunk = await content.readany()
-                except _RETRYABLE_NETWORK_ERRORS as e:
-                    self.broken = e
-                    _log.info("%s: stream broke: %s", self._context, type(e).__name__)
-                    break
-                if not chunk:
-                    break
-                start = len(buf)
-                buf += chunk
-                if buf.find(b"\n", start) < 0:
-                    if len(buf) > self._max_line_bytes:
-                        self.oversized_lines += 1
-                        self.broken = ValueError(f"line longer than {self._max_line_bytes} bytes")
-                        _log.warning("%s: line over %d bytes; ending the stream", self._context,
-                                     self._max_line_bytes)
-                        buf.clear()
-                        break
-                    continue
-                end = buf.rfind(b"\n")
-                # One copy of the complete lines, split in one call; blank lines are skipped.
-                parts = bytes(memoryview(buf)[:end]).split(b"\n")
-                del buf[:end + 1]
-                lines = [line for line in parts if line and not line.isspace()]
-                if lines:
-                    yield lines
-        finally:
-            self.tail = bytes(buf).strip()
-            self._release()
-
-    def _release(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._response.close()
-
-    async def close(self) -> None:
-        """Drops the connection. Idempotent."""
-        self._release()
 
 
 class ApiClient:
@@ -280,11 +92,11 @@ class ApiClient:
         source: str = "",
     ) -> None:
         if not server.startswith(("http://", "https://")):
-            raise ConfigurationError(f"API server URL {_redact_url(server)!r} must start with http(s)://")
+            raise ConfigurationError(f"API server URL {redact_url(server)!r} must start with http(s)://")
         if token is not None and token_source is not None:
             raise ConfigurationError("give either token or token_source, not both")
         self._server = server.rstrip("/")
-        self._display_server = _redact_url(self._server)
+        self._display_server = redact_url(self._server)
         self._token_source: TokenSource | None = (
             StaticTokenSource(token) if token is not None else token_source
         )
@@ -490,7 +302,7 @@ class ApiClient:
         session = self._get_session(stream=watch)
         end = None if budget is None else self._clock.now() + max(0.0, budget)
         url = self._server + path
-        query = _encode_params(params)
+        query = encode_params(params)
         told: list[int] = []  # the retries told to the observer: then the call's end is told too
         try:
             response = await self._send_loop(method, url, query=query, data=data, content_type=content_type,
@@ -517,47 +329,15 @@ class ApiClient:
             force_refresh = False
             if attempt or refreshed or not watch:
                 await self.rate_limiter.acquire(deadline=end, context=context)
-            attempt_timeout = timeout
-            if end is not None:
-                left = end - self._clock.now()
-                if left <= 0:
-                    raise ApiUnavailableError(f"{context}: the call's deadline passed before sending")
-                total = left if timeout.total is None else min(timeout.total, left)
-                attempt_timeout = aiohttp.ClientTimeout(
-                    total=total, sock_connect=timeout.sock_connect, sock_read=timeout.sock_read)
-            self.requests_sent += 1
-            try:
-                response = await session.request(
-                    method,
-                    url,
-                    params=query,
-                    data=data,
-                    headers=headers,
-                    timeout=attempt_timeout,
-                    server_hostname=self._tls_server_name,
-                )
-            except aiohttp.ClientConnectorCertificateError as e:
-                raise ApiUnavailableError(
-                    f"{context}: TLS verification of {self._display_server} failed "
-                    f"({type(e.certificate_error).__name__}); check the certificate authority"
-                ) from e
-            except _RETRYABLE_NETWORK_ERRORS as e:
-                raise ApiUnavailableError(
-                    f"{context}: cannot reach the API server {self._display_server}: "
-                    f"{type(e).__name__}{': ' + str(e) if str(e) else ''}"
-                ) from e
+            response = await self._attempt(session, method, url, query=query, data=data, headers=headers,
+                                           timeout=self._attempt_timeout(timeout, end, context),
+                                           context=context)
             if response.status < 400:
                 return response
-            try:
-                body, _ = await read_prefix(response, ERROR_BODY_LIMIT)  # a Status: never this long
-            except _RETRYABLE_NETWORK_ERRORS as e:
-                response.close()
-                raise ApiUnavailableError(f"{context}: connection broke reading an error answer") from e
-            finally:
-                response.release()
+            body = await self._error_body(response, context)
             code = response.status
-            retry_after = _parse_retry_after(response.headers.get("Retry-After"))
-            status = _status_body(body, code)
+            retry_after = parse_retry_after(response.headers.get("Retry-After"))
+            status = status_body(body, code)
             if code == 401 and not refreshed and self._token_source is not None:
                 refreshed = force_refresh = True
                 _log.info("%s: 401 from %s; refreshing credentials", context, self._display_server)
@@ -585,6 +365,57 @@ class ApiClient:
                 continue
             err = status_error(code, status, retry_after=retry_after, context=context)
             raise err from None
+
+    def _attempt_timeout(self, timeout: aiohttp.ClientTimeout, end: float | None,
+                         context: str) -> aiohttp.ClientTimeout:
+        """``timeout`` with its total cut to what is left of the call's budget (ending at ``end``)."""
+        if end is None:
+            return timeout
+        left = end - self._clock.now()
+        if left <= 0:
+            raise ApiUnavailableError(f"{context}: the call's deadline passed before sending")
+        total = left if timeout.total is None else min(timeout.total, left)
+        return aiohttp.ClientTimeout(
+            total=total, sock_connect=timeout.sock_connect, sock_read=timeout.sock_read)
+
+    async def _attempt(self, session: aiohttp.ClientSession, method: str, url: str, *, query: Any,
+                       data: bytes | None, headers: dict[str, str], timeout: aiohttp.ClientTimeout,
+                       context: str) -> aiohttp.ClientResponse:
+        """One request sent; its answer, whatever the status; a transport failure as
+        ApiUnavailableError."""
+        self.requests_sent += 1
+        try:
+            return await session.request(
+                method,
+                url,
+                params=query,
+                data=data,
+                headers=headers,
+                timeout=timeout,
+                server_hostname=self._tls_server_name,
+            )
+        except aiohttp.ClientConnectorCertificateError as e:
+            raise ApiUnavailableError(
+                f"{context}: TLS verification of {self._display_server} failed "
+                f"({type(e.certificate_error).__name__}); check the certificate authority"
+            ) from e
+        except RETRYABLE_NETWORK_ERRORS as e:
+            raise ApiUnavailableError(
+                f"{context}: cannot reach the API server {self._display_server}: "
+                f"{type(e).__name__}{': ' + str(e) if str(e) else ''}"
+            ) from e
+
+    @staticmethod
+    async def _error_body(response: aiohttp.ClientResponse, context: str) -> bytes:
+        """The (bounded) body of an error answer; the response is released."""
+        try:
+            body, _ = await read_prefix(response, ERROR_BODY_LIMIT)  # a Status: never this long
+        except RETRYABLE_NETWORK_ERRORS as e:
+            response.close()
+            raise ApiUnavailableError(f"{context}: connection broke reading an error answer") from e
+        finally:
+            response.release()
+        return body
 
     def _request_timeout(self) -> aiohttp.ClientTimeout:
         return aiohttp.ClientTimeout(
@@ -622,7 +453,7 @@ class ApiClient:
         )
         try:
             return await response.read()
-        except _RETRYABLE_NETWORK_ERRORS as e:
+        except RETRYABLE_NETWORK_ERRORS as e:
             raise ApiUnavailableError(f"{context}: connection broke while reading the answer") from e
         finally:
             response.release()
@@ -644,7 +475,7 @@ class ApiClient:
             method, path, params=params, body=body, content_type=content_type, context=context,
             timeout=timeout,
         )
-        return _json_object(raw, context or f"{method} {path}")
+        return json_object(raw, context or f"{method} {path}")
 
     async def get_negotiated(
         self, path: str, *, accept: str, context: str = ""
@@ -658,11 +489,11 @@ class ApiClient:
         )
         try:
             raw = await response.read()
-        except _RETRYABLE_NETWORK_ERRORS as e:
+        except RETRYABLE_NETWORK_ERRORS as e:
             raise ApiUnavailableError(f"{context}: connection broke while reading the answer") from e
         finally:
             response.release()
-        return _json_object(raw, context), response.headers.get("Content-Type", "")
+        return json_object(raw, context), response.headers.get("Content-Type", "")
 
     async def get_json(self, path: str, params: Params | None = None, *, context: str = "") -> dict[str, Any]:
         return await self.request("GET", path, params=params, context=context)
@@ -732,19 +563,3 @@ class ApiClient:
         finally:
             with contextlib.suppress(Exception):
                 await stream.close()
-
-
-def _json_object(raw: bytes, context: str) -> dict[str, Any]:
-    """The JSON object of a 2xx answer's body ({} for an empty one); anything else is an error."""
-    if not raw.strip():
-        return {}
-    if exceeds_depth(raw, MAX_DEPTH):  # what passes the decoder must encode again (orjson: 254)
-        raise ApiStatusError(f"{context}: the server answered JSON nested deeper than {MAX_DEPTH} levels",
-                             code=200)
-    try:
-        decoded = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise ApiStatusError(f"{context}: the server answered invalid JSON", code=200) from e
-    if not isinstance(decoded, dict):
-        raise ApiStatusError(f"{context}: expected a JSON object, got {type(decoded).__name__}", code=200)
-    return decoded

@@ -34,8 +34,11 @@ from bridge.rawobject import RawObject
 
 __all__ = [
     "DEPTH",
+    "ENCODING",
     "IDENTITY_SCAN_BYTES",
     "SIZE",
+    "SYNTAX",
+    "UNREADABLE",
     "deep_list",
     "describe",
     "malformed_object",
@@ -44,6 +47,8 @@ __all__ = [
     "quarantined",
     "quarantined_item",
     "report_malformed",
+    "salvage_line",
+    "utf8_error",
 ]
 
 _log = logging.getLogger("bridge.kube.listwatch")  # where the decoders log
@@ -52,6 +57,12 @@ DEPTH = "depth"
 """Nested deeper than :data:`~bridge.jsonbounds.MAX_DEPTH`."""
 SIZE = "size"
 """Larger than :data:`~bridge.jsonbounds.MAX_OBJECT_BYTES`."""
+ENCODING = "encoding"
+"""Not UTF-8 (JSON must be): the object's identity reads, its content does not."""
+SYNTAX = "syntax"
+"""Not JSON past its identity (a watch line that came twice the same way: the server's bytes)."""
+UNREADABLE = "unreadable"
+"""A watch line that names no object (skipped; the resource relists: :func:`salvage_line`)."""
 
 IDENTITY_SCAN_BYTES = 64 * 1024
 """How far into a malformed object its identity is looked for (API servers write ``apiVersion``,
@@ -130,7 +141,8 @@ def malformed_object(data: bytes, reason: str, *, api_version: str = "", kind: s
     return obj
 
 
-_REASONS = {DEPTH: f"nested deeper than {MAX_DEPTH} levels", SIZE: f"larger than {MAX_OBJECT_BYTES} bytes"}
+_REASONS = {DEPTH: f"nested deeper than {MAX_DEPTH} levels", SIZE: f"larger than {MAX_OBJECT_BYTES} bytes",
+            ENCODING: "not UTF-8", SYNTAX: "not JSON"}
 
 
 def describe(obj: RawObject) -> str:
@@ -173,6 +185,48 @@ def out_of_bounds_event(line: bytes) -> WatchEvent | None:
     reason = out_of_bounds(raw)
     if not reason:  # the object fits, the line around it did not: judge the line as usual
         return None
+    return WatchEvent(type=type_, object=malformed_object(raw, reason))
+
+
+def utf8_error(data: bytes) -> str:
+    """Why ``data`` is not UTF-8 (``""`` when it is): the check a decoder that keeps bytes as they came
+    needs, since msgspec does not look into the content it skips."""
+    if data.isascii():
+        return ""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"byte {e.start}: {e.reason}"
+    return ""
+
+
+def salvage_line(line: bytes) -> WatchEvent | None:
+    """The event of a watch line no decoder takes (not UTF-8, not JSON) but whose object can still be
+    identified: an object event (``ADDED``, ``MODIFIED``, ``DELETED``) whose object's ``metadata`` names
+    it and its resourceVersion, read by the shallow scan of :func:`malformed_object`. The object is
+    quarantined as :data:`ENCODING` (the line is JSON once its bytes are read leniently) or
+    :data:`SYNTAX`; None when nothing identifies it (the caller skips the line and relists)."""
+    type_ = span = None
+    for key, s, e in members(line):
+        if key == b"type":
+            type_ = _TYPES.get(line[s:e])
+        elif key == b"object":
+            span = (s, e)
+        if type_ is not None and span is not None:
+            break
+    if type_ is None or span is None or line[span[0]:span[0] + 1] != b"{":
+        return None
+    raw = line[span[0]:span[1]]
+    _, _, meta = _identity(raw)
+    if not meta.get("name") or not meta.get("resourceVersion"):
+        return None
+    reason = SYNTAX
+    if utf8_error(line):
+        try:
+            msgspec.json.decode(line.decode("utf-8", "replace").encode())
+            reason = ENCODING
+        except (msgspec.DecodeError, RecursionError):
+            pass
     return WatchEvent(type=type_, object=malformed_object(raw, reason))
 
 

@@ -318,42 +318,16 @@ class LeaderElector:
     async def _try_acquire_or_renew(self, deadline: float) -> bool:
         now_wall = _micro_time(self._clock.wall())
         duration = max(1, round(self.lease_duration))
-        observed = self._observed
         # 1. fast path: the leader updates the lease it last wrote, without reading it first.
-        if (self._leading and self._lease is not None and observed is not None
-                and observed.holder_identity == self.identity and self._lease_valid()):
-            renewed = LeaderElectionRecord(
-                holder_identity=self.identity, lease_duration_seconds=duration,
-                acquire_time=observed.acquire_time or now_wall, renew_time=now_wall,
-                leader_transitions=observed.leader_transitions)
-            try:
-                result = await self._client.replace(self._path, {**self._lease, "spec": renewed.to_spec()},
-                                                    timeout=self._left(deadline))
-            except ApiError as e:
-                log.info("optimistic lease renewal failed; reading the lease",
-                         extra={"lease": self._name, "error": str(e)})
-            else:
-                self._wrote(result, renewed)
-                return True
+        if await self._renew_optimistically(deadline, now_wall=now_wall, duration=duration):
+            return True
         # 2. read (or create) the record
         desired = LeaderElectionRecord(holder_identity=self.identity, lease_duration_seconds=duration,
                                        acquire_time=now_wall, renew_time=now_wall, leader_transitions=0)
         try:
             lease = await self._client.get(self._path, timeout=self._left(deadline))
         except NotFoundError:
-            body = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {"name": self._name, "namespace": self._namespace},
-                "spec": desired.to_spec(),
-            }
-            try:
-                created = await self._client.create(self._create_path, body, timeout=self._left(deadline))
-            except (ConflictError, ApiError) as e:
-                log.info("could not create the lease", extra={"lease": self._name, "error": str(e)})
-                return False
-            self._wrote(created, desired)
-            return True
+            return await self._create(desired, deadline)
         except ApiError as e:
             log.warning("could not read the lease", extra={"lease": self._name, "error": str(e)})
             return False
@@ -390,6 +364,43 @@ class LeaderElector:
             log.info("could not update the lease", extra={"lease": self._name, "error": str(e)})
             return False
         self._wrote(result, desired)
+        return True
+
+    async def _renew_optimistically(self, deadline: float, *, now_wall: str, duration: int) -> bool:
+        """While leading, with the lease last written still valid: renewed without a read (True),
+        else nothing done or the renewal failed (False: the lease is read next)."""
+        observed = self._observed
+        if not (self._leading and self._lease is not None and observed is not None
+                and observed.holder_identity == self.identity and self._lease_valid()):
+            return False
+        renewed = LeaderElectionRecord(
+            holder_identity=self.identity, lease_duration_seconds=duration,
+            acquire_time=observed.acquire_time or now_wall, renew_time=now_wall,
+            leader_transitions=observed.leader_transitions)
+        try:
+            result = await self._client.replace(self._path, {**self._lease, "spec": renewed.to_spec()},
+                                                timeout=self._left(deadline))
+        except ApiError as e:
+            log.info("optimistic lease renewal failed; reading the lease",
+                     extra={"lease": self._name, "error": str(e)})
+            return False
+        self._wrote(result, renewed)
+        return True
+
+    async def _create(self, desired: LeaderElectionRecord, deadline: float) -> bool:
+        """Creates the lease, held by this candidate; False if another one created it first."""
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self._name, "namespace": self._namespace},
+            "spec": desired.to_spec(),
+        }
+        try:
+            created = await self._client.create(self._create_path, body, timeout=self._left(deadline))
+        except (ConflictError, ApiError) as e:
+            log.info("could not create the lease", extra={"lease": self._name, "error": str(e)})
+            return False
+        self._wrote(created, desired)
         return True
 
     def _wrote(self, result: dict[str, Any], record: LeaderElectionRecord) -> None:

@@ -9,6 +9,12 @@ and a line that is not a watch event: as client-go's stream watcher does, the st
 an ``ERROR`` event (a 500 Status whose cause is ``ClientWatchDecoding``), so that the reflector
 re-watches from the last resourceVersion it applied and the change that line carried comes again
 (counted in :attr:`HttpWatchStream.garbage_lines`). Skipping the line and reading on would lose it.
+But a line that ends the next watch the same way is what the server holds (an object stored with
+bytes no decoder takes), and re-watching would read it forever: that time the stream goes on past
+it. Its object, when the line still names one, is quarantined in its place (``encoding``, ``syntax``:
+:mod:`bridge.kube.bounded`); a line that names no object is skipped and counted (``unreadable``), and
+the stream ends after its read with an ``ERROR`` event that makes the reflector relist, since the
+change it carried is unknown (client-go relists at a decoding error too).
 
 A watch stream is iterated once: a second ``async for`` over it raises rather than silently starting
 a second reader over the same connection.
@@ -21,6 +27,7 @@ messages naming the resource and scope, and for 403 what to fix.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
@@ -33,11 +40,17 @@ from bridge.errors import ApiStatusError, DecodeError, ForbiddenError, NotFoundE
 from bridge.jsonbounds import MAX_DEPTH, MAX_OBJECT_BYTES, exceeds_depth
 from bridge.kube.apiclient import ApiClient, LineStream, Params
 from bridge.kube.bounded import (
+    ENCODING,
+    SIZE,
+    UNREADABLE,
     deep_list,
+    malformed_object,
     out_of_bounds_event,
     quarantined,
     quarantined_item,
     report_malformed,
+    salvage_line,
+    utf8_error,
 )
 from bridge.kube.discovery import APIResource, Discovery, UnsupportedResourceError
 from bridge.kube.sharding import ShardFilter, skipped_bookmark
@@ -45,7 +58,9 @@ from bridge.rawobject import RawObject, RawObjectError, decode_object, decode_wa
 
 __all__ = [
     "DECODE_ERROR_CAUSE",
+    "MAX_LIST_PAGES",
     "METADATA_ACCEPT",
+    "SKIPPED_LINE_CAUSE",
     "WATCH_EVENT_DECODERS",
     "HttpListerWatcher",
     "HttpWatchStream",
@@ -57,6 +72,7 @@ __all__ = [
     "decode_watch_event_raw",
     "lister_watcher_for",
     "raw_object_decoder",
+    "skipped_line_status",
     "split_list",
 ]
 
@@ -90,6 +106,27 @@ def decode_error_status(message: str) -> dict[str, Any]:
         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
         "message": text, "reason": "InternalError", "code": 500,
         "details": {"causes": [{"type": DECODE_ERROR_CAUSE, "message": text}]},
+    }
+
+
+MAX_LIST_PAGES = 100_000
+"""The most pages one paginated list may take (50 million objects at the reflector's 500 a page)."""
+
+SKIPPED_LINE_CAUSE = "WatchLineSkipped"
+"""The cause type of the ``ERROR`` event that ends a watch after it skipped a line naming no object."""
+
+
+def skipped_line_status() -> dict[str, Any]:
+    """The Status of the ``ERROR`` event a stream ends with after it skipped a line that came the same
+    way twice and names no object: the change it carried is unknown, so the reflector relists (the
+    relist is framed by gap markers: how the delivery contract announces changes not observed). Any
+    ``ERROR`` but a decoding, expiry or throttling one makes the reflector relist, as client-go's
+    does for an internal error it does not retry."""
+    text = "skipped a watch line that names no object; relisting"
+    return {
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": text, "reason": "InternalError", "code": 500,
+        "details": {"causes": [{"type": SKIPPED_LINE_CAUSE, "message": text}]},
     }
 
 
@@ -264,8 +301,9 @@ _list_meta_decoder = msgspec.json.Decoder(_ListMeta)
 
 def split_list(body: bytes) -> tuple[_ListMeta, list[msgspec.Raw | bytes]]:
     """A List answer's metadata and its items, still undecoded (one fast pass; a List nested too
-    deep for that is split without recursion, :func:`bridge.kube.bounded.deep_list`)."""
-    _check_utf8(body)
+    deep for that is split without recursion, :func:`bridge.kube.bounded.deep_list`). Each item's
+    UTF-8 is checked on its own (:func:`_list_page`): one item that is not UTF-8 does not fail the
+    List."""
     try:
         raw_list = _raw_list_decoder.decode(body)
     except RecursionError:
@@ -296,6 +334,9 @@ def _list_page(
         for raw in raws:
             # Beyond the bounds (nearly never: one translate pass says so): quarantined.
             data = raw if type(raw) is bytes else bytes(raw)
+            if not data.isascii() and utf8_error(data):
+                append(malformed_object(data, ENCODING, api_version=api_version, kind=kind))
+                continue
             if len(data) > MAX_OBJECT_BYTES or exceeds_depth(data):
                 quarantined = quarantined_item(data, api_version=api_version, kind=kind)
                 if quarantined is not None:
@@ -357,25 +398,29 @@ class HttpWatchStream:
         on_garbage: Callable[[], None] | None = None,
         shard: ShardFilter | None = None,
         on_malformed: Callable[[str], None] | None = None,
+        on_bad_line: Callable[[bytes], bool] | None = None,
     ) -> None:
         """``shard``: lines of objects it does not keep are not decoded; each run of them in one
-        read becomes one bookmark at the last one's resourceVersion (:mod:`bridge.kube.sharding`)."""
+        read becomes one bookmark at the last one's resourceVersion (:mod:`bridge.kube.sharding`).
+        ``on_bad_line``: whether a line that is not a watch event failed the same way on the watch
+        before (then it is the server's, and the stream goes on past it); None: never."""
         self._lines = lines
         self._decoder = decoder
         self._shard = shard
         self._context = context
         self._on_garbage = on_garbage
         self._on_malformed = on_malformed
+        self._on_bad_line = on_bad_line
         self.malformed = 0
         """Objects quarantined (:mod:`bridge.kube.bounded`)."""
         self.events = 0
         """Events yielded."""
         self.garbage_lines = 0
-        """Lines that were not watch events (0 or 1: the stream ends at the first)."""
+        """Lines that were not watch events (the stream ends at the first unless it is persistent)."""
         self.truncated_lines = 0
         """An unterminated, undecodable last line when the stream ended (0 or 1)."""
         self._iterated = False
-        self._bad_line: bytes | None = None
+        self._bad_at = 0
 
     @property
     def broken(self) -> BaseException | None:
@@ -405,16 +450,78 @@ class HttpWatchStream:
         finally:
             await batches.aclose()
 
-    def _decode_sharded(self, lines: list[bytes], events: list[WatchEvent], shard: ShardFilter) -> None:
-        """Decodes ``lines`` into ``events`` but those ``shard`` does not keep: each run of them
+    def _decode_lines(self, lines: list[bytes], pos: int, events: list[WatchEvent]) -> int:
+        """Decodes ``lines[pos:]`` into ``events``; returns where it stopped (the end). A line that is
+        not a watch event raises, its index kept in :attr:`_bad_at`."""
+        shard = self._shard
+        if shard is not None and shard.filtering:
+            self._decode_sharded(lines, pos, events, shard)
+            return len(lines)
+        decode = self._decoder
+        append = events.append
+        before = len(events)
+        try:
+            for line in (lines if pos == 0 else lines[pos:]):
+                append(decode(line))
+        except WatchDecodeError:
+            self._bad_at = pos + len(events) - before
+            raise
+        return len(lines)
+
+    def _end_at_garbage(self, events: list[WatchEvent], bad: bytes, e: WatchDecodeError) -> None:
+        """The first time a line fails: the stream ends there with the decoding ``ERROR`` event, and
+        the reflector watches again from the last event applied (a line garbled on the way comes
+        again as it should)."""
+        self.events += len(events)
+        _log.warning(
+            "%s: a line is not a watch event (%d bytes): %s; ending the watch after %d events",
+            self._context, len(bad), e, self.events,
+        )
+        events.append(WatchEvent(type=WatchEventType.ERROR, object=decode_error_status(str(e))))
+
+    def _skip_persistent(self, bad: bytes, e: WatchDecodeError, events: list[WatchEvent]) -> bool:
+        """A line that failed the same way on the watch before (the server's bytes, not the
+        connection's): the stream goes on past it. Its object, when the line still names one, is
+        quarantined in its place; otherwise the line is counted (``unreadable``) and True says that
+        the resource must relist, since the change it carried is unknown."""
+        salvaged = salvage_line(bad)
+        if salvaged is not None:
+            events.append(salvaged)
+            return False
+        if self._on_malformed is not None:
+            self._on_malformed(UNREADABLE)
+        self.malformed += 1
+        _log.warning(
+            "%s: skipped a line that is not a watch event and names no object (%d bytes, the same on "
+            "the watch before): %s; a change may be lost, relisting (the relist is framed by gap "
+            "markers)", self._context, len(bad), e,
+        )
+        return True
+
+    def _skip_oversized(self) -> WatchEvent:
+        """The stream ended at a line longer than the line reader holds (``max_line_bytes``), which
+        nothing reads: what it carried is unknown, and watching again from the same resourceVersion
+        would meet it again. Counted (``size``), and the ``ERROR`` event that makes the reflector relist."""
+        if self._on_malformed is not None:
+            self._on_malformed(SIZE)
+        self.malformed += 1
+        _log.warning("%s: skipped a watch line longer than the line reader holds (%s); a change may be "
+                     "lost, relisting (the relist is framed by gap markers)",
+                     self._context, self._lines.broken)
+        return WatchEvent(type=WatchEventType.ERROR, object=skipped_line_status())
+
+    def _decode_sharded(self, lines: list[bytes], pos: int, events: list[WatchEvent],
+                        shard: ShardFilter) -> None:
+        """Decodes ``lines[pos:]`` into ``events`` but those ``shard`` does not keep: each run of them
         becomes one bookmark at its last resourceVersion, before the next event or at the end (a
         batch of lines is never an empty batch of events). A line that is not a watch event raises,
-        kept in :attr:`_bad_line`."""
+        its index kept in :attr:`_bad_at`."""
         decode = self._decoder
         skip = shard.skip_line
         append = events.append
         pending: str | None = None
-        for line in lines:
+        for at in range(pos, len(lines)):
+            line = lines[at]
             rv = skip(line)
             if rv is not None:
                 if rv or pending is None:
@@ -425,7 +532,7 @@ class HttpWatchStream:
             except WatchDecodeError:
                 if pending:
                     append(skipped_bookmark(pending))
-                self._bad_line = line
+                self._bad_at = at
                 raise
             if pending:
                 append(skipped_bookmark(pending))
@@ -435,44 +542,46 @@ class HttpWatchStream:
             append(skipped_bookmark(pending))
 
     async def _batches(self) -> AsyncGenerator[list[WatchEvent], None]:
-        decode = self._decoder
-        shard = self._shard
         async for lines in self._lines.batches():
             events: list[WatchEvent] = []
-            append = events.append
             seen = quarantined()
-            try:
-                if shard is not None and shard.filtering:
-                    self._decode_sharded(lines, events, shard)
-                else:
-                    for line in lines:
-                        append(decode(line))
-            except WatchDecodeError as e:
-                self.events += len(events)
-                self.garbage_lines += 1
-                if self._on_garbage is not None:
-                    self._on_garbage()
-                bad = self._bad_line if self._bad_line is not None else lines[len(events)]
-                _log.warning(
-                    "%s: a line is not a watch event (%d bytes): %s; ending the watch after %d events",
-                    self._context, len(bad), e, self.events,
-                )
-                append(WatchEvent(type=WatchEventType.ERROR, object=decode_error_status(str(e))))
-                yield events
-                await self._lines.close()
-                return
+            pos, relist = 0, False
+            while pos < len(lines):
+                try:
+                    pos = self._decode_lines(lines, pos, events)
+                except WatchDecodeError as e:
+                    bad = lines[self._bad_at]
+                    self.garbage_lines += 1
+                    if self._on_garbage is not None:
+                        self._on_garbage()
+                    if self._on_bad_line is None or not self._on_bad_line(bad):
+                        self._end_at_garbage(events, bad, e)
+                        yield events
+                        await self._lines.close()
+                        return
+                    relist = self._skip_persistent(bad, e, events) or relist
+                    pos = self._bad_at + 1
             if quarantined() != seen:
                 self.malformed += report_malformed([e.object for e in events], self._context,
                                                    self._on_malformed or _ignore)
             self.events += len(events)
-            yield events
+            if relist:
+                events.append(WatchEvent(type=WatchEventType.ERROR, object=skipped_line_status()))
+                yield events
+                await self._lines.close()
+                return
+            if events:
+                yield events
+        if self._lines.oversized_lines:
+            yield [self._skip_oversized()]
+            return
         tail = self._lines.tail
         if tail:
             # The last line had no newline: a complete event whose terminator never came is still
             # an event; anything else is a line cut by the connection drop.
             try:
-                rv = shard.skip_line(tail) if shard is not None else None
-                event = decode(tail) if rv is None else skipped_bookmark(rv)
+                rv = self._shard.skip_line(tail) if self._shard is not None else None
+                event = self._decoder(tail) if rv is None else skipped_bookmark(rv)
             except WatchDecodeError:
                 self.truncated_lines += 1
                 _log.info("%s: discarded a half-written last line (%d bytes)", self._context, len(tail))
@@ -510,6 +619,7 @@ class HttpListerWatcher:
         drop_managed_fields: bool = False,
         shard: ShardFilter | None = None,
         accept: tuple[str, str] | None = None,
+        max_list_pages: int = MAX_LIST_PAGES,
     ) -> None:
         """``accept``: the ``Accept`` headers of lists and of watches when the caller negotiates
         another representation (:data:`METADATA_ACCEPT`: metadata only).
@@ -548,6 +658,12 @@ class HttpListerWatcher:
         ``keb_malformed_objects_total``."""
         self._prefetched: tuple[int | None, str, asyncio.Task[bytes]] | None = None
         self._accept = accept
+        self._failed_line: bytes | None = None
+        """The digest of the line that ended the last watch undecoded."""
+        self.max_list_pages = max_list_pages
+        """A paginated list of more pages is abandoned (:meth:`_bound_pages`)."""
+        self._paging: list[Any] = [0, 0, None]
+        """The paginated list under way: pages and items read, the total its first page announced."""
 
     @property
     def resource(self) -> APIResource:
@@ -621,6 +737,7 @@ class HttpListerWatcher:
         except WatchDecodeError as e:
             raise ApiStatusError(f"{context}: the server answered something that is not a List: {e}",
                                  code=200) from e
+        self._bound_pages(options, meta, len(items), context)
         if meta.continue_:
             self._prefetch(options.limit, meta.continue_, context)
         if self._shard is not None:
@@ -635,6 +752,34 @@ class HttpListerWatcher:
         if quarantined() != seen:
             report_malformed(page.items, context, self._count_malformed)
         return page
+
+    def _bound_pages(self, options: ListOptions, meta: _ListMeta, items: int, context: str) -> None:
+        """Raises once a paginated list has read more than it can hold (a server whose continue token
+        never ends, changing or not): more items than its first page and the ``remainingItemCount`` it
+        reported allow (twice over, and a page more), or more than :attr:`max_list_pages` pages. A
+        paginated list is one snapshot, so its length is known from its first page; ``remainingItemCount``
+        is left out with selectors, where the cap on pages alone bounds it."""
+        if options.continue_token is None:
+            reported = meta.remainingItemCount
+            self._paging = [1, items, None if reported is None else items + max(reported, 0)]
+            return
+        run = self._paging
+        run[0] += 1
+        run[1] += items
+        pages, read, expected = run
+        if expected is not None and read > 2 * expected + (options.limit or 500):
+            why = (f"{read} items in {pages} pages where its first page announced {expected}: the "
+                   "server keeps answering continue tokens")
+        elif pages > self.max_list_pages:
+            why = f"more than {self.max_list_pages} pages ({read} items): the server keeps answering " \
+                  "continue tokens"
+        else:
+            return
+        self._discard_prefetch()
+        _log.warning("%s: a paginated list that does not end: %s; abandoning it (the reflector backs "
+                     "off and lists again)", context, why)
+        raise ApiStatusError(f"{context}: a paginated list that does not end: {why}", code=200,
+                             reason="EndlessList")
 
     def _prefetch(self, limit: int | None, continue_token: str, context: str) -> None:
         params: dict[str, str | int | bool | None] = self._selectors()
@@ -689,11 +834,21 @@ class HttpListerWatcher:
             raise self._explain(e, "watch") from e
         return HttpWatchStream(
             lines=lines, decoder=self._decoder, context=context, on_garbage=self._count_garbage,
-            shard=self._shard, on_malformed=self._count_malformed,
+            shard=self._shard, on_malformed=self._count_malformed, on_bad_line=self._failed_before,
         )
 
     def _count_garbage(self) -> None:
         self.garbage_lines += 1
+
+    def _failed_before(self, line: bytes) -> bool:
+        """Whether ``line`` is the line that ended this lister-watcher's previous watch (then it is
+        what the server holds, not a garbling on the way); remembers it otherwise."""
+        digest = hashlib.blake2b(line, digest_size=16).digest()
+        if digest == self._failed_line:
+            self._failed_line = None
+            return True
+        self._failed_line = digest
+        return False
 
     def _count_malformed(self, reason: str) -> None:
         self.malformed[reason] = self.malformed.get(reason, 0) + 1

@@ -53,6 +53,14 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("sim", help="run the API-server simulator", add_help=False,
                    description="Run the API-server simulator; `kube-event-bridge sim --help` for options.")
 
+    _add_demo(sub)
+    _add_check_config(sub)
+    _add_snapshot(sub)
+    _add_verify(sub)
+    return p
+
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = sub.add_parser("demo", help="simulator + churn + bridge, events to stdout and a file",
                           description="Start the API-server simulator with churn, run the bridge against "
                                       "it and print the events; they are also written to --output.")
@@ -65,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--quiet", action="store_true", help="do not print events, only progress")
     demo.add_argument("--seed", type=int, default=7)
 
+
+def _add_check_config(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check = sub.add_parser("check-config", help="validate a config file, print it with secrets masked",
                            description="Validate the configuration (including every sink's options) "
                                        "and print the effective configuration with secrets masked.")
@@ -77,6 +87,8 @@ def _parser() -> argparse.ArgumentParser:
                                             "config's kubernetes section, else in-cluster or ~/.kube/config)")
     check.add_argument("--context", help="with --cluster: the kubeconfig context")
 
+
+def _add_snapshot(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     snap = sub.add_parser("snapshot", help="ask a running bridge for a resync snapshot",
                           description="POST /snapshot to a running bridge's admin listener "
                                       "(127.0.0.1:8081 in the pod; from outside: kubectl port-forward "
@@ -88,6 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     snap.add_argument("--token-file",
                       help="file holding the bearer token (server.admin_token_file; or $KEB_ADMIN_TOKEN)")
 
+
+def _add_verify(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ver = sub.add_parser(
         "verify", help="compare what a sink holds with the cluster's current state",
         description="Read everything a sink holds (a Kafka topic, a JetStream stream or a JSON-lines "
@@ -121,7 +135,6 @@ def _parser() -> argparse.ArgumentParser:
                      help="report per-object order violations without failing the check")
     ver.add_argument("--timeout", type=float, default=60.0,
                      help="seconds to read the sink and list the cluster (default 60)")
-    return p
 
 
 def _check_config(path: str | None) -> int:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import ssl
 import urllib.parse
 from pathlib import Path
 from typing import Any, Self
@@ -11,6 +10,7 @@ from typing import Any, Self
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from bridge.errors import ConfigurationError
+from sinks.nats_auth import check_nats_authentication, nats_connect_kwargs
 from sinks.transport_security import InsecureSetting, is_loopback
 
 __all__ = ["NatsConnectionConfig", "nats_insecure_settings"]
@@ -35,44 +35,12 @@ class NatsConnectionConfig(BaseModel):
 
     @model_validator(mode="after")
     def _one_method(self) -> Self:
-        methods = [m for m, on in (
-            ("user/password_file", self.user is not None or self.password_file is not None),
-            ("token_file", self.token_file is not None),
-            ("nkey_seed_file", self.nkey_seed_file is not None),
-            ("creds_file", self.creds_file is not None)) if on]
-        if len(methods) > 1:
-            raise ValueError(f"choose one authentication method, not {' and '.join(methods)}")
-        if (self.user is None) != (self.password_file is None):
-            raise ValueError("user and password_file go together")
-        if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ValueError("tls_cert_file and tls_key_file go together")
+        check_nats_authentication(self)
         return self
 
     def connect_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``nats.connect`` (files read now). Raises ConfigurationError."""
-        kwargs: dict[str, Any] = {}
-        if self.user is not None and self.password_file is not None:
-            kwargs["user"] = self.user
-            kwargs["password"] = _read(self.password_file, "password_file")
-        if self.token_file is not None:
-            kwargs["token"] = _read(self.token_file, "token_file")
-        if self.nkey_seed_file is not None:
-            _read(self.nkey_seed_file, "nkey_seed_file")
-            kwargs["nkeys_seed"] = self.nkey_seed_file
-        if self.creds_file is not None:
-            _read(self.creds_file, "creds_file")
-            kwargs["user_credentials"] = self.creds_file
-        if self.tls_ca_file is not None or self.tls_cert_file is not None:
-            try:
-                ctx = ssl.create_default_context(cafile=self.tls_ca_file)
-                if self.tls_cert_file is not None and self.tls_key_file is not None:
-                    ctx.load_cert_chain(self.tls_cert_file, self.tls_key_file)
-            except (OSError, ssl.SSLError) as e:
-                raise ConfigurationError(f"checkpoint.nats: TLS files: {e}") from e
-            kwargs["tls"] = ctx
-            if self.tls_hostname is not None:
-                kwargs["tls_hostname"] = self.tls_hostname
-        return kwargs
+        return nats_connect_kwargs(self, read=_read, where="checkpoint.nats", error=ConfigurationError)
 
 
 def _read(path: str, what: str) -> str:

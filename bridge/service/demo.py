@@ -83,21 +83,7 @@ async def _demo(*, duration: float, rate: float, objects: int, output: Path, qui
             _say(f"point kubectl at it from another terminal:  export KUBECONFIG={kubeconfig}")
             _say("  then e.g.  kubectl get pods -A   kubectl apply -f examples/deployment.yaml   "
                  "kubectl get deployments")
-            sinks: list[dict[str, Any]] = [
-                {"name": "file", "kind": "file", "path": str(output)},
-            ]
-            if not quiet:
-                sinks.append({"name": "stdout", "kind": "stdout", "payload": "merge_patch"})
-            config = BridgeConfig(
-                cluster="demo",
-                kubernetes={"kubeconfig": str(kubeconfig), "in_cluster": "false"},  # type: ignore[arg-type]
-                resources=[{"resource": r} for r in RESOURCES],  # type: ignore[misc]
-                sinks=sinks,  # type: ignore[arg-type]
-                checkpoint={"store": "file", "directory": str(Path(tmp) / "checkpoints"),  # type: ignore[arg-type]
-                            "interval": 1.0, "spill_directory": str(Path(tmp) / "spill")},
-                server={"host": "127.0.0.1", "port": 0, "admin_port": 0},  # type: ignore[arg-type]
-                logging={"level": "warning", "format": "text"},  # type: ignore[arg-type]
-            )
+            config = _demo_config(kubeconfig=kubeconfig, tmp=Path(tmp), output=output, quiet=quiet)
             service = BridgeService(config=config)
             service_task = asyncio.create_task(service.run(), name="demo-bridge")
             churn_task: asyncio.Task[Any] | None = None
@@ -128,19 +114,45 @@ async def _demo(*, duration: float, rate: float, objects: int, output: Path, qui
                 await _wait_caught_up(service, sim, timeout=10.0)
                 service.stop_event.set()
                 code = await service_task
-            state, counts = replay(output)
             kubeconfig.unlink(missing_ok=True)  # the cluster it points at is going away
-            expected = {f"{m['namespace']}/{m['name']}": m["resourceVersion"]
-                        for m in (o["metadata"] for o in sim.store.list("pods"))}
-            summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-            _say(f"{sum(counts.values())} events in {output} ({summary})")
-            if state == expected:
-                _say(f"replaying {output} reproduces the simulator's {len(expected)} pods exactly")
-            else:
-                missing = len(set(expected.items()) - set(state.items()))
-                _say(f"replay differs from the simulator in {missing} pods")
-                code = code or 1
-            return code
+            return _report(output, sim, code)
+
+
+def _demo_config(*, kubeconfig: Path, tmp: Path, output: Path, quiet: bool) -> BridgeConfig:
+    """The bridge's configuration for the demo: every demo resource, to ``output`` (and stdout
+    unless ``quiet``), with its checkpoints and spill under ``tmp``."""
+    sinks: list[dict[str, Any]] = [
+        {"name": "file", "kind": "file", "path": str(output)},
+    ]
+    if not quiet:
+        sinks.append({"name": "stdout", "kind": "stdout", "payload": "merge_patch"})
+    return BridgeConfig(
+        cluster="demo",
+        kubernetes={"kubeconfig": str(kubeconfig), "in_cluster": "false"},  # type: ignore[arg-type]
+        resources=[{"resource": r} for r in RESOURCES],  # type: ignore[misc]
+        sinks=sinks,  # type: ignore[arg-type]
+        checkpoint={"store": "file", "directory": str(tmp / "checkpoints"),  # type: ignore[arg-type]
+                    "interval": 1.0, "spill_directory": str(tmp / "spill")},
+        server={"host": "127.0.0.1", "port": 0, "admin_port": 0},  # type: ignore[arg-type]
+        logging={"level": "warning", "format": "text"},  # type: ignore[arg-type]
+    )
+
+
+def _report(output: Path, sim: Simulator, code: int) -> int:
+    """Says what ``output`` holds and whether replaying it gives the simulator's pods; the exit
+    code (``code``, or 1 when the replay differs)."""
+    state, counts = replay(output)
+    expected = {f"{m['namespace']}/{m['name']}": m["resourceVersion"]
+                for m in (o["metadata"] for o in sim.store.list("pods"))}
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    _say(f"{sum(counts.values())} events in {output} ({summary})")
+    if state == expected:
+        _say(f"replaying {output} reproduces the simulator's {len(expected)} pods exactly")
+    else:
+        missing = len(set(expected.items()) - set(state.items()))
+        _say(f"replay differs from the simulator in {missing} pods")
+        code = code or 1
+    return code
 
 
 def _delivered(service: BridgeService) -> int:

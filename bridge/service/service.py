@@ -50,8 +50,9 @@ from bridge.service.config import BridgeConfig, check_secret_files, load_config
 from bridge.service.events.wiring import events_profile_for, set_replay_point
 from bridge.service.health import HealthServer, Readiness
 from bridge.service.logconfig import configure_logging
+from bridge.service.parent_watch import watch_parent
 from bridge.service.sharding import assign
-from bridge.service.spill_lock import lock_spill_root
+from bridge.service.spill_lock import lock_spill_root, release_spill_root
 from bridge.service.telemetry import Telemetry, TelemetrySnapshot
 from bridge.service.workers import (
     WorkerPosition,
@@ -59,7 +60,6 @@ from bridge.service.workers import (
     label_logs,
     resolve_workers,
     run_supervisor,
-    watch_parent,
     worker_position,
 )
 from bridge.storage.checkpoint import CheckpointStore, FileCheckpointStore
@@ -266,7 +266,17 @@ class BridgeService:
     # --- lifecycle -------------------------------------------------------------------------------
 
     async def run(self) -> int:
-        """Runs until :attr:`stop_event` is set (signals set it); returns the exit code."""
+        """Runs until :attr:`stop_event` is set (signals set it); returns the exit code. The spill
+        root is locked for the run (a worker shares its supervisor's lock instead), so that a second
+        bridge on it, in this process or another, fails with :class:`ConfigurationError` before it
+        removes anything there."""
+        lock = None if self.worker is not None else lock_spill_root(self.config.checkpoint.spill_directory)
+        try:
+            return await self._run()
+        finally:
+            release_spill_root(lock)
+
+    async def _run(self) -> int:
         await self.health.start()
         client: ApiClient | None = None
         try:
@@ -630,9 +640,10 @@ def run_service(path: str | None) -> int:
     if worker is None:
         workers = resolve_workers(config)
         validate_sinks(config)
-        # Before anything under the spill root is removed or used; a worker shares its supervisor's.
-        lock = lock_spill_root(config.checkpoint.spill_directory)
         if workers > 1:
+            # Before anything under the spill root is removed or used; the workers share this lock
+            # (one process alone takes it in BridgeService.run).
+            lock = lock_spill_root(config.checkpoint.spill_directory)
             return run_supervisor(config, path, workers, pass_fds=() if lock is None else (lock,))
     else:
         label_logs(worker)

@@ -142,6 +142,42 @@ async def _statefulset_replicas(api: ApiClient, namespace: str, name: str) -> in
     return replicas
 
 
+def _ordinal(sharding: ShardingSettings, env: Mapping[str, str],
+             hostname: Callable[[], str]) -> tuple[int, str, str | None]:
+    """``(ordinal, pod name, StatefulSet name)``: with ``ordinal: auto`` from the pod name (and the
+    StatefulSet's name with it), else the configured number (and "", None)."""
+    if not _is_auto(sharding.ordinal):
+        ordinal = _as_int(sharding.ordinal, "sharding.ordinal")
+        if ordinal < 0:
+            raise ShardingConfigError(f"sharding.ordinal: must be 0 or more, got {ordinal}")
+        return ordinal, "", None
+    pod = _pod_name(env, hostname)
+    parsed = pod_ordinal(pod)
+    if parsed is None:
+        raise ShardingConfigError(
+            f"sharding.ordinal: auto takes the ordinal from a StatefulSet pod's name "
+            f"(<statefulset>-<n>), and the pod name {pod!r} has none (POD_NAME, else the "
+            "hostname); run the bridge as a StatefulSet or set sharding.ordinal to a number")
+    pod_set, ordinal = parsed
+    return ordinal, pod, pod_set
+
+
+def _statefulset_of_pod(pod: str, pod_set: str | None, env: Mapping[str, str],
+                        hostname: Callable[[], str]) -> tuple[str, str]:
+    """``(pod name, StatefulSet name)`` for ``shards: auto`` without ``sharding.statefulset``: the
+    pod name without its ``-<n>`` suffix (``pod_set`` when the ordinal was read from it already)."""
+    if pod_set is not None:
+        return pod, pod_set
+    pod = pod or _pod_name(env, hostname)
+    parsed = pod_ordinal(pod)
+    if parsed is None:
+        raise ShardingConfigError(
+            "sharding.statefulset: shards: auto reads the StatefulSet, whose name comes "
+            f"from the pod name without its -<n> suffix, and the pod name {pod!r} has "
+            "none; set sharding.statefulset or sharding.shards")
+    return pod, parsed[0]
+
+
 async def resolve(
     sharding: ShardingSettings,
     api: ApiClient,
@@ -158,37 +194,12 @@ async def resolve(
     result cannot be used; any other API error as it is.
     """
     env = os.environ if environ is None else environ
-    pod = ""
-    pod_set: str | None = None
-    ordinal: int
-    if _is_auto(sharding.ordinal):
-        pod = _pod_name(env, hostname)
-        parsed = pod_ordinal(pod)
-        if parsed is None:
-            raise ShardingConfigError(
-                f"sharding.ordinal: auto takes the ordinal from a StatefulSet pod's name "
-                f"(<statefulset>-<n>), and the pod name {pod!r} has none (POD_NAME, else the "
-                "hostname); run the bridge as a StatefulSet or set sharding.ordinal to a number")
-        pod_set, ordinal = parsed
-    else:
-        ordinal = _as_int(sharding.ordinal, "sharding.ordinal")
-        if ordinal < 0:
-            raise ShardingConfigError(f"sharding.ordinal: must be 0 or more, got {ordinal}")
-
+    ordinal, pod, pod_set = _ordinal(sharding, env, hostname)
     total: int
     if _is_auto(sharding.shards):
         name = sharding.statefulset or ""
         if not name:
-            if pod_set is None:
-                pod = pod or _pod_name(env, hostname)
-                parsed = pod_ordinal(pod)
-                if parsed is None:
-                    raise ShardingConfigError(
-                        "sharding.statefulset: shards: auto reads the StatefulSet, whose name comes "
-                        f"from the pod name without its -<n> suffix, and the pod name {pod!r} has "
-                        "none; set sharding.statefulset or sharding.shards")
-                pod_set = parsed[0]
-            name = pod_set
+            pod, name = _statefulset_of_pod(pod, pod_set, env, hostname)
         namespace = _namespace(sharding, env, namespace_file)
         total = await _statefulset_replicas(api, namespace, name)
         if ordinal >= total:

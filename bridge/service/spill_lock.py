@@ -11,7 +11,10 @@ a configuration error (exit code 2).
 
 With ``workers`` above 1 the supervisor takes the lock and its workers inherit the descriptor (they
 share the root by design: one spill directory per sink and shard), so the root stays locked until
-the supervisor and every worker are gone.
+the supervisor and every worker are gone. A bridge run in-process (``BridgeService.run``, as tests
+and embedders do) holds the lock for that run and releases it when the run returns, so a successor
+in the same process can take the root again; two at once on one root are refused as two processes
+are (``flock`` locks are per open file, not per process).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 from bridge.errors import ConfigurationError
 
-__all__ = ["LOCK_FILE", "lock_spill_root"]
+__all__ = ["LOCK_FILE", "lock_spill_root", "release_spill_root"]
 
 LOCK_FILE = ".lock"
 """The lock file's name in the spill root (a file: the start's clean-up removes directories only)."""
@@ -30,8 +33,8 @@ LOCK_FILE = ".lock"
 
 def lock_spill_root(directory: str) -> int | None:
     """Locks the spill root ``directory`` for this process (and the children that inherit the
-    returned descriptor); ``None`` when there is no spill (``directory`` is ""). The descriptor is
-    never closed: the lock lasts as long as the process. Raises :class:`ConfigurationError` when
+    returned descriptor); ``None`` when there is no spill (``directory`` is ""). The lock lasts
+    until :func:`release_spill_root` or the end of the process. Raises :class:`ConfigurationError` when
     the root cannot be used or another process holds it."""
     if not directory:
         return None
@@ -52,3 +55,9 @@ def lock_spill_root(directory: str) -> int | None:
             "spills it does not know at start. Give this bridge a spill_directory of its own, or stop "
             f"the other bridge first ({e.strerror or e})") from e
     return fd
+
+
+def release_spill_root(fd: int | None) -> None:
+    """Releases a lock :func:`lock_spill_root` took (closing its descriptor); ``None``: nothing."""
+    if fd is not None:
+        os.close(fd)

@@ -88,7 +88,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -217,6 +217,22 @@ class Telemetry:
         self.meter_provider = MeterProvider(metric_readers=[self._reader], resource=resource)
         meter = self.meter_provider.get_meter("kube_event_bridge", __version__)
 
+        self._count_events(meter)
+        self.delivery_duration = self._delivery_histogram(meter)
+        self._observe_sinks(meter)
+        self._observe_informers(meter)
+        self._observe_api_client(meter)
+
+        # Sampling is decided by the caller before a span exists (one random draw per event is far
+        # cheaper than the SDK sampler, which runs and builds a NonRecordingSpan on every call), so a
+        # span that is started is always recorded.
+        self.tracer_provider = TracerProvider(resource=resource, sampler=ALWAYS_ON)
+        if otlp_endpoint:
+            self._add_otlp(otlp_endpoint)
+        self.tracer: Tracer = self.tracer_provider.get_tracer("kube_event_bridge", __version__)
+
+    def _count_events(self, meter: Meter) -> None:
+        """The counters of changes received, sink outcomes and Kubernetes Events."""
         meter.create_observable_counter("keb.events.received", [self._received], unit="{event}",
                                         description="Changes processed by an informer, by resource and type")
         meter.create_observable_counter("keb.sink.events", [self._sink_events], unit="{event}",
@@ -225,13 +241,19 @@ class Telemetry:
                                         description="Kubernetes Events (new ones and repetitions) seen by "
                                                     "the events profile, by reason, type, namespace and "
                                                     "involved kind; rare values counted as 'other'")
-        self.delivery_duration = meter.create_histogram(
+
+    @staticmethod
+    def _delivery_histogram(meter: Meter) -> Histogram:
+        return meter.create_histogram(
             "keb.sink.delivery.duration", unit="s",
             description="Time from handing an event to a sink until the sink acknowledged it, "
                         "sampled at most every 5 ms per sink",
             explicit_bucket_boundaries_advisory=[
                 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
         )
+
+    def _observe_sinks(self, meter: Meter) -> None:
+        """Each sink's filter errors, queue, spill, lag, in-flight events and reachability."""
         meter.create_observable_counter("keb.sink.filter_errors", [self._sink_filter_errors], unit="{event}",
                                         description="Events a sink's CEL filter failed on, by sink")
         meter.create_observable_gauge("keb.sink.queue.depth", [self._sink_queue], unit="{notification}",
@@ -245,6 +267,9 @@ class Telemetry:
                                       description="Events handed to a sink and not yet acknowledged")
         meter.create_observable_gauge("keb.sink.up", [self._sink_up],
                                       description="1 while the sink's destination is reachable")
+
+    def _observe_informers(self, meter: Meter) -> None:
+        """Each informer's relists, watches and cache; the checkpoint; leadership and the shard."""
         meter.create_observable_counter("keb.informer.relists", [self._relists], unit="{relist}",
                                         description="Full relists, by resource")
         meter.create_observable_counter(
@@ -271,6 +296,8 @@ class Telemetry:
         meter.create_observable_gauge("keb.total_shards", [self._total_shards],
                                       description="The number of shards this replica was started with")
 
+    def _observe_api_client(self, meter: Meter) -> None:
+        """The API client's client-side rate limit."""
         meter.create_observable_counter(
             "keb.api_client.throttled", [self._throttled_seconds], unit="s",
             description="Seconds requests waited for the API client's client-side rate limit")
@@ -280,14 +307,6 @@ class Telemetry:
         meter.create_observable_gauge(
             "keb.api_client.waiting_requests", [self._waiting_requests], unit="{request}",
             description="Requests waiting for the API client's client-side rate limit now")
-
-        # Sampling is decided by the caller before a span exists (one random draw per event is far
-        # cheaper than the SDK sampler, which runs and builds a NonRecordingSpan on every call), so a
-        # span that is started is always recorded.
-        self.tracer_provider = TracerProvider(resource=resource, sampler=ALWAYS_ON)
-        if otlp_endpoint:
-            self._add_otlp(otlp_endpoint)
-        self.tracer: Tracer = self.tracer_provider.get_tracer("kube_event_bridge", __version__)
 
     def _add_otlp(self, endpoint: str) -> None:
         try:

@@ -391,15 +391,7 @@ def _check(scope: ResourceScope, events: Sequence[SinkEvent],
                 f"resourceversion {rv})")
         deleting = kind == Change.DELETED
         if state is not None:
-            problem = ""
-            if deleting and not state.alive:
-                problem = "a second delete of one uid"  # a uid is deleted once: the first one ended it
-            elif deleting and _older(rv, state.rv) and ce.get("finalstateunknown") != "true":
-                problem = "a delete older than the state it ends"
-            elif not deleting and not state.alive:
-                problem = "a change after the delete of its uid"
-            elif not deleting and _older(rv, state.rv):
-                problem = "older than the state already held"
+            problem = _order_problem(state, deleting=deleting, rv=rv, ce=ce)
             if problem and not repeat:
                 violations.append({"object": key, "uid": uid, "event": kind, "resourceversion": rv,
                                    "after": f"{'deleted' if not state.alive else 'state'}@{state.rv}",
@@ -414,7 +406,28 @@ def _check(scope: ResourceScope, events: Sequence[SinkEvent],
     report.changes = dict(changes)
     report.duplicate_ids = sum(n - 1 for n in seen_ids.values() if n > 1)
     report.duplicate_examples = [{"id": i, "copies": n} for i, n in seen_ids.most_common(EXAMPLES) if n > 1]
-    alive = {uid: s for uid, s in states.items() if s.alive}
+    _compare(report, {uid: s for uid, s in states.items() if s.alive}, objects, violations)
+    return report
+
+
+def _order_problem(state: _State, *, deleting: bool, rv: str, ce: Mapping[str, Any]) -> str:
+    """What is wrong with a change (or a delete) of resourceVersion ``rv`` coming after ``state``
+    of its uid, "" if nothing."""
+    if deleting and not state.alive:
+        return "a second delete of one uid"  # a uid is deleted once: the first one ended it
+    if deleting and _older(rv, state.rv) and ce.get("finalstateunknown") != "true":
+        return "a delete older than the state it ends"
+    if not deleting and not state.alive:
+        return "a change after the delete of its uid"
+    if not deleting and _older(rv, state.rv):
+        return "older than the state already held"
+    return ""
+
+
+def _compare(report: ResourceReport, alive: dict[str, _State], objects: Sequence[ClusterObject],
+             violations: list[dict[str, str]]) -> None:
+    """The sink's live objects (``alive``, by uid) against the cluster's: missing, phantom and stale
+    objects, with the order violations found, counted and exemplified in ``report``."""
     report.sink_objects = len(alive)
     in_cluster = {o.uid: o for o in objects}
     missing = [{"object": o.key, "uid": o.uid, "cluster_rv": o.resource_version}
@@ -428,7 +441,6 @@ def _check(scope: ResourceScope, events: Sequence[SinkEvent],
                      "order_violations": len(violations)}
     report.missing, report.phantom, report.stale = missing[:EXAMPLES], phantom[:EXAMPLES], stale[:EXAMPLES]
     report.order_violations = violations[:EXAMPLES]
-    return report
 
 
 _ENVELOPE = frozenset({"specversion", "id", "source", "type", "time", "datacontenttype", "data",

@@ -65,31 +65,46 @@ async def _from_sink_config(args: argparse.Namespace, sink: dict[str, Any], clus
         args.file = args.file or sink.get("path")
         return
     if kind == "kafka":
-        args.kafka = args.kafka or sink.get("brokers") or sink.get("bootstrap_servers")
-        conf = {str(k): str(v) for k, v in (sink.get("librdkafka") or {}).items()}
-        for prop, path in (sink.get("secret_files") or {}).items():
-            conf[str(prop)] = _secret(str(path), f"sink {name!r}: secret_files[{prop!r}]")
-        args.kafka_config = conf
-        if args.topic:
-            return
-        template = str(sink.get("destination") or "k8s.{resource}")
-        fields = set(_FIELD.findall(template))
-        if not fields <= _TOPIC_FIELDS:
-            raise UsageError(f"sink {name!r}: its destination {template!r} depends on each object "
-                             f"({', '.join(sorted(fields - _TOPIC_FIELDS))}); name the topics with --topic")
-        from sinks.templates import sanitize_kafka_topic
-
-        discovery = Discovery(client=client)
-        for req in requests:
-            api = await discovery.resolve(req.resource)
-            values = {"cluster": cluster, "group": api.group, "version": api.version,
-                      "resource": api.resource, "kind": api.kind}
-            topic = template
-            for field_name, value in values.items():
-                topic = topic.replace("{" + field_name + "}", sanitize_kafka_topic(value))
-            if topic not in args.topic:
-                args.topic.append(topic)
+        await _kafka_from_sink(args, sink, cluster, requests, client)
         return
+    _jetstream_from_sink(args, sink)
+
+
+async def _kafka_from_sink(args: argparse.Namespace, sink: dict[str, Any], cluster: str,
+                           requests: list[ResourceRequest], client: ApiClient) -> None:
+    """The brokers, the client settings and (unless ``--topic`` names them) the topics of the
+    resources, from a Kafka sink's configuration."""
+    name = sink["name"]
+    args.kafka = args.kafka or sink.get("brokers") or sink.get("bootstrap_servers")
+    conf = {str(k): str(v) for k, v in (sink.get("librdkafka") or {}).items()}
+    for prop, path in (sink.get("secret_files") or {}).items():
+        conf[str(prop)] = _secret(str(path), f"sink {name!r}: secret_files[{prop!r}]")
+    args.kafka_config = conf
+    if args.topic:
+        return
+    template = str(sink.get("destination") or "k8s.{resource}")
+    fields = set(_FIELD.findall(template))
+    if not fields <= _TOPIC_FIELDS:
+        raise UsageError(f"sink {name!r}: its destination {template!r} depends on each object "
+                         f"({', '.join(sorted(fields - _TOPIC_FIELDS))}); name the topics with --topic")
+    from sinks.templates import sanitize_kafka_topic
+
+    discovery = Discovery(client=client)
+    for req in requests:
+        api = await discovery.resolve(req.resource)
+        values = {"cluster": cluster, "group": api.group, "version": api.version,
+                  "resource": api.resource, "kind": api.kind}
+        topic = template
+        for field_name, value in values.items():
+            topic = topic.replace("{" + field_name + "}", sanitize_kafka_topic(value))
+        if topic not in args.topic:
+            args.topic.append(topic)
+
+
+def _jetstream_from_sink(args: argparse.Namespace, sink: dict[str, Any]) -> None:
+    """The servers, the stream and the connection's credentials and TLS, from a JetStream sink's
+    configuration."""
+    name = sink["name"]
     args.jetstream = args.jetstream or ",".join(sink.get("servers") or [])
     stream = sink.get("stream") or {}
     args.stream = args.stream or stream.get("name")

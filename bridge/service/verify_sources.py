@@ -21,7 +21,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -29,6 +29,9 @@ from bridge.errors import ConfigurationError
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import Discovery
 from bridge.service.verify import ClusterObject, ResourceScope, SinkEvent
+
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer
 
 __all__ = ["SinkContents", "list_cluster", "read_file", "read_jetstream", "read_kafka"]
 
@@ -108,7 +111,7 @@ def read_kafka(bootstrap: str, topics: Sequence[str], *, timeout: float = 30.0, 
                config: Mapping[str, str] | None = None) -> SinkContents:
     """Every record of ``topics``: up to each partition's high watermark at the start, then until
     no record came for ``idle`` seconds (blocking)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+    from confluent_kafka import Consumer, KafkaException
 
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "group.id": "kube-event-bridge-verify",
                             "enable.auto.commit": False, "enable.partition.eof": False,
@@ -119,54 +122,8 @@ def read_kafka(bootstrap: str, topics: Sequence[str], *, timeout: float = 30.0, 
         raise SourceError(f"cannot read Kafka at {bootstrap}: {exc}") from exc
     out = SinkContents(description=f"kafka {bootstrap} topic(s) {', '.join(topics)}")
     try:
-        try:
-            md = consumer.list_topics(timeout=min(timeout, 10.0))
-        except KafkaException as exc:
-            raise SourceError(f"cannot reach the Kafka brokers {bootstrap}: {exc}") from exc
-        highs: dict[tuple[str, int], int] = {}
-        for topic in topics:
-            meta = md.topics.get(topic)
-            if meta is None or meta.error is not None:
-                raise SourceError(f"Kafka topic {topic!r} does not exist on {bootstrap}")
-            for p in meta.partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
-                if high > low:
-                    highs[(topic, p)] = int(high)
-        by_partition: dict[tuple[str, int], list[SinkEvent]] = {}
-        if highs:
-            consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in highs])
-            pos = dict.fromkeys(highs, -1)
-            deadline = time.monotonic() + timeout
-            last_message = time.monotonic()
-            # Up to every high watermark read at the start, then until nothing came for ``idle``
-            # seconds: some brokers (Tansu) report a watermark that counts only the first record of
-            # the newest batch, so the watermark alone may stop short.
-            while (any(pos[tp] + 1 < highs[tp] for tp in highs)
-                   or time.monotonic() - last_message < idle):
-                if time.monotonic() > deadline:
-                    short = {f"{t}/{p}": f"{pos[(t, p)] + 1}/{highs[(t, p)]}" for t, p in highs
-                             if pos[(t, p)] + 1 < highs[(t, p)]}
-                    raise SourceError(f"reading Kafka timed out after {timeout} s (read/high: {short})")
-                for msg in consumer.consume(num_messages=1000, timeout=0.1):
-                    if msg.error() is not None:
-                        continue
-                    last_message = time.monotonic()
-                    tp = (str(msg.topic()), int(msg.partition() or 0))
-                    offset = int(msg.offset() or 0)
-                    if offset <= pos.get(tp, -1):
-                        continue
-                    pos[tp] = offset
-                    where = f"{tp[0]}/{tp[1]}@{offset}"
-                    raw_headers: list[tuple[str, Any]] = list(msg.headers() or [])  # type: ignore[arg-type]
-                    headers = [(str(k), v if isinstance(v, bytes) else str(v or "").encode())
-                               for k, v in raw_headers]
-                    raw = msg.value()
-                    body = raw.encode() if isinstance(raw, str) else raw
-                    ce = _decode(body, headers, "ce_")
-                    if ce is None:
-                        out.undecodable.append(where)
-                    else:
-                        by_partition.setdefault(tp, []).append(SinkEvent(ce=ce, position=where))
+        highs = _high_watermarks(consumer, topics, bootstrap=bootstrap, timeout=timeout)
+        by_partition = _consume(consumer, highs, out, timeout=timeout, idle=idle) if highs else {}
         for tp in sorted(by_partition):
             out.events.extend(by_partition[tp])
     except KafkaException as exc:
@@ -174,6 +131,70 @@ def read_kafka(bootstrap: str, topics: Sequence[str], *, timeout: float = 30.0, 
     finally:
         consumer.close()
     return out
+
+
+def _high_watermarks(consumer: Consumer, topics: Sequence[str], *, bootstrap: str,
+                     timeout: float) -> dict[tuple[str, int], int]:
+    """(topic, partition) → its high watermark, for every partition of ``topics`` holding records."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    try:
+        md = consumer.list_topics(timeout=min(timeout, 10.0))
+    except KafkaException as exc:
+        raise SourceError(f"cannot reach the Kafka brokers {bootstrap}: {exc}") from exc
+    highs: dict[tuple[str, int], int] = {}
+    for topic in topics:
+        meta = md.topics.get(topic)
+        if meta is None or meta.error is not None:
+            raise SourceError(f"Kafka topic {topic!r} does not exist on {bootstrap}")
+        for p in meta.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            if high > low:
+                highs[(topic, p)] = int(high)
+    return highs
+
+
+def _consume(consumer: Consumer, highs: dict[tuple[str, int], int], out: SinkContents, *,
+             timeout: float, idle: float) -> dict[tuple[str, int], list[SinkEvent]]:
+    """The events of every partition of ``highs``, read from its start (records that do not decode
+    go to ``out.undecodable``)."""
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    by_partition: dict[tuple[str, int], list[SinkEvent]] = {}
+    consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in highs])
+    pos = dict.fromkeys(highs, -1)
+    deadline = time.monotonic() + timeout
+    last_message = time.monotonic()
+    # Up to every high watermark read at the start, then until nothing came for ``idle``
+    # seconds: some brokers (Tansu) report a watermark that counts only the first record of
+    # the newest batch, so the watermark alone may stop short.
+    while (any(pos[tp] + 1 < highs[tp] for tp in highs)
+           or time.monotonic() - last_message < idle):
+        if time.monotonic() > deadline:
+            short = {f"{t}/{p}": f"{pos[(t, p)] + 1}/{highs[(t, p)]}" for t, p in highs
+                     if pos[(t, p)] + 1 < highs[(t, p)]}
+            raise SourceError(f"reading Kafka timed out after {timeout} s (read/high: {short})")
+        for msg in consumer.consume(num_messages=1000, timeout=0.1):
+            if msg.error() is not None:
+                continue
+            last_message = time.monotonic()
+            tp = (str(msg.topic()), int(msg.partition() or 0))
+            offset = int(msg.offset() or 0)
+            if offset <= pos.get(tp, -1):
+                continue
+            pos[tp] = offset
+            where = f"{tp[0]}/{tp[1]}@{offset}"
+            raw_headers: list[tuple[str, Any]] = list(msg.headers() or [])  # type: ignore[arg-type]
+            headers = [(str(k), v if isinstance(v, bytes) else str(v or "").encode())
+                       for k, v in raw_headers]
+            raw = msg.value()
+            body = raw.encode() if isinstance(raw, str) else raw
+            ce = _decode(body, headers, "ce_")
+            if ce is None:
+                out.undecodable.append(where)
+            else:
+                by_partition.setdefault(tp, []).append(SinkEvent(ce=ce, position=where))
+    return by_partition
 
 
 # --------------------------------------------------------------------------------------------------

@@ -550,23 +550,6 @@ async def _none(error: str = "not running") -> _Answer:
     return _Answer(status=0, error=error)
 
 
-def watch_parent(stop: asyncio.Event, *, every: float = 1.0) -> asyncio.Task[None]:
-    """In a worker: sets ``stop`` when the supervisor that started it is gone (its parent changed),
-    so that a supervisor killed without a chance to stop its workers leaves none behind."""
-    parent = os.getppid()
-
-    async def watch() -> None:
-        while not stop.is_set():
-            if os.getppid() != parent:
-                log.error("the supervisor (pid %d) is gone: stopping", parent)
-                stop.set()
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), every)
-
-    return asyncio.create_task(watch(), name="watch-supervisor")
-
-
 def run_supervisor(config: BridgeConfig, path: str | None, workers: int,
                    pass_fds: tuple[int, ...] = ()) -> int:
     """``kube-event-bridge run`` with ``workers`` above 1: the supervisor until a signal;

@@ -40,6 +40,13 @@ async def sim_process(tmp: Path, *, history_size: int = 1_000_000,
         yield sim.url, sim.kubeconfig
 
 
+START_GUARD = 600.0
+"""How long :meth:`BridgeProcess.wait_synced` waits at most: only a guard against a hang, beyond the
+test's own timeout (pytest-timeout), never a bound a slow start can reach. A start is an interpreter,
+the bridge's imports and a list of the resource: on a loaded 2-core machine (load 20) a restart
+wrote nothing in 30 s, the bound this had, and failed tests that were waiting for nothing but time."""
+
+
 class BridgeProcess(ChildProcess):
     """One ``tests.checkpoint.bridge_proc`` process (the service's pipeline, no listener): prints
     ``synced`` once every cache synced, ``stopped`` after a graceful shutdown."""
@@ -48,8 +55,9 @@ class BridgeProcess(ChildProcess):
         super().__init__(argv=(sys.executable, "-m", "tests.checkpoint.bridge_proc", *args), log=log,
                          cwd=ROOT)
 
-    async def wait_synced(self, timeout: float = 30) -> None:
-        """Waits for the current process to print ``synced`` (at once if it already did)."""
+    async def wait_synced(self, timeout: float = START_GUARD) -> None:
+        """Waits for the current process to print ``synced`` (at once if it already did); fails at
+        once when it exits first."""
         await self.wait_log("synced", timeout=timeout, whole_line=True)
 
 

@@ -9,12 +9,14 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from bridge.clock import RealClock
 from bridge.contracts import DeliveryObserver
 from bridge.delivery.pipeline import WatchedResource
-from bridge.informer.factory import InformerKey
+from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.informer.shared_informer import SharedIndexInformer
 from bridge.kube.apiclient import ApiClient
-from bridge.kube.discovery import APIResource
+from bridge.kube.discovery import APIResource, Discovery
+from bridge.kube.listwatch import HttpListerWatcher
 from bridge.sim import Simulator
 from bridge.testing.fake_source import FakeControllerSource
 from bridge.testing.sink import RecordingBatchSink, RecordingSink
@@ -26,7 +28,7 @@ CONFIGMAPS_API = APIResource(group="", version="v1", resource="configmaps", kind
 WATCHED = WatchedResource(key=InformerKey("configmaps"), api=CONFIGMAPS_API, ref=CONFIGMAPS)
 
 __all__ = ["CONFIGMAPS", "CONFIGMAPS_API", "WATCHED", "BatchSink", "RecordingSink", "cm", "fake_builder",
-           "simulated_cluster", "until"]
+           "simulated_cluster", "until", "watched_over_http"]
 
 
 BatchSink = RecordingBatchSink
@@ -59,11 +61,13 @@ def cm(name: str, ns: str = "default", **data: str) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def simulated_cluster(tmp_path: Path, namespace: str, *, bookmark_interval: float
+async def simulated_cluster(tmp_path: Path, *namespaces: str, bookmark_interval: float | None = None
                             ) -> AsyncIterator[tuple[Simulator, ApiClient]]:
-    """A simulator over real HTTP holding the namespaces ``default`` and ``namespace``, and a
-    client reaching it through the kubeconfig it writes."""
-    simulator = Simulator(bookmark_interval=bookmark_interval, namespaces=("default", namespace))
+    """A simulator over real HTTP holding the namespaces ``default`` and ``namespaces`` (the
+    simulator's own bookmark interval unless given), and a client reaching it through the
+    kubeconfig it writes."""
+    simulator = (Simulator(namespaces=("default", *namespaces)) if bookmark_interval is None else
+                 Simulator(namespaces=("default", *namespaces), bookmark_interval=bookmark_interval))
     await simulator.start()
     client = ApiClient.from_kubeconfig(str(simulator.write_kubeconfig(tmp_path / "kc")))
     try:
@@ -71,3 +75,17 @@ async def simulated_cluster(tmp_path: Path, namespace: str, *, bookmark_interval
     finally:
         await client.close()
         await simulator.stop()
+
+
+async def watched_over_http(client: ApiClient, resource: str, kind: str, namespace: str
+                            ) -> tuple[SharedInformerFactory, WatchedResource]:
+    """An informer factory listing and watching the core ``resource`` over real HTTP, as the service
+    runs by default (objects kept as the server's bytes, managedFields dropped, a compact cache),
+    and ``resource`` in ``namespace`` as the pipeline's watched resource."""
+    api = await Discovery(client=client).resolve(resource)
+    ref = ResourceRef(group="", version="v1", resource=resource, kind=kind)
+    factory = SharedInformerFactory(
+        lister_watcher_factory=lambda k: HttpListerWatcher(client=client, resource=api, namespace=k.namespace,
+                                                           raw_objects=True, drop_managed_fields=True),
+        clock=RealClock(), compact_cache=True)
+    return factory, WatchedResource(key=InformerKey(resource, namespace=namespace), api=api, ref=ref)

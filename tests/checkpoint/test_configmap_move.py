@@ -24,7 +24,7 @@ from bridge.sim import Simulator
 from bridge.storage.checkpoint import Checkpoint
 from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
 from sinks.contract import ResourceRef
-from tests.checkpoint.helpers import RecordingSink, until
+from tests.checkpoint.helpers import RecordingSink, simulated_cluster, until
 
 WATCHED = "apps"
 OLD = "release"
@@ -35,14 +35,8 @@ IDENT = "pods.all.0123456789ab"
 
 @pytest.fixture
 async def sim(tmp_path: Path) -> AsyncIterator[tuple[Simulator, ApiClient]]:
-    simulator = Simulator(bookmark_interval=0.5, namespaces=("default", WATCHED, OLD, NEW))
-    await simulator.start()
-    client = ApiClient.from_kubeconfig(str(simulator.write_kubeconfig(tmp_path / "kc")))
-    try:
-        yield simulator, client
-    finally:
-        await client.close()
-        await simulator.stop()
+    async with simulated_cluster(tmp_path, WATCHED, OLD, NEW, bookmark_interval=0.5) as world:
+        yield world
 
 
 async def names(client: ApiClient, namespace: str) -> list[str]:

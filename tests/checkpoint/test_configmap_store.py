@@ -12,20 +12,15 @@ from bridge.sim import Simulator
 from bridge.storage.blobstore import utf8_pieces
 from bridge.storage.checkpoint import Checkpoint, CheckpointCorruptError, CheckpointStoreError
 from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
+from tests.checkpoint.helpers import simulated_cluster
 
 NS = "bridge-system"
 
 
 @pytest.fixture
 async def sim_client(tmp_path: Path) -> AsyncIterator[tuple[Simulator, ApiClient]]:
-    sim = Simulator(namespaces=("default", NS))
-    await sim.start()
-    client = ApiClient.from_kubeconfig(str(sim.write_kubeconfig(tmp_path / "kubeconfig")))
-    try:
-        yield sim, client
-    finally:
-        await client.close()
-        await sim.stop()
+    async with simulated_cluster(tmp_path, NS) as world:
+        yield world
 
 
 def big_checkpoint(ident: str, n: int, rv: str = "100") -> Checkpoint:

@@ -20,17 +20,13 @@ from typing import Any
 
 import pytest
 
-from bridge.clock import RealClock
-from bridge.delivery.pipeline import BridgePipeline, WatchedResource
-from bridge.informer.factory import InformerKey, SharedInformerFactory
+from bridge.delivery.pipeline import BridgePipeline
 from bridge.kube.apiclient import ApiClient
-from bridge.kube.discovery import Discovery
-from bridge.kube.listwatch import HttpListerWatcher
 from bridge.sim import Simulator
 from bridge.storage.checkpoint import CheckpointStore, FileCheckpointStore, informer_id
 from bridge.testing import BareCheckpointStore
-from sinks.contract import EventType, ResourceRef
-from tests.checkpoint.helpers import RecordingSink, simulated_cluster, until
+from sinks.contract import EventType
+from tests.checkpoint.helpers import RecordingSink, simulated_cluster, until, watched_over_http
 
 NS = "persink"
 IDENT = informer_id("configmaps", NS, "", "")
@@ -51,17 +47,10 @@ def store_for(ckpt: Path | BareCheckpointStore) -> CheckpointStore:
 async def pipeline(client: ApiClient, ckpt: Path | BareCheckpointStore, sinks: list[RecordingSink], *,
                    checkpoint_interval: float = 3600, store: CheckpointStore | None = None) -> BridgePipeline:
     """``store`` replaces the one ``ckpt`` names (a test's own wrapper of the file store)."""
-    api = await Discovery(client=client).resolve("configmaps")
-    key = InformerKey("configmaps", namespace=NS)
-    ref = ResourceRef(group="", version="v1", resource="configmaps", kind="ConfigMap")
-    factory = SharedInformerFactory(
-        lister_watcher_factory=lambda k: HttpListerWatcher(client=client, resource=api,
-                                                           namespace=k.namespace, raw_objects=True,
-                                                           drop_managed_fields=True),
-        clock=RealClock(), compact_cache=True)
+    factory, watched = await watched_over_http(client, "configmaps", "ConfigMap", NS)
     for sink in sinks:
         sink.overflow_policy = "spill"  # never holds the informer (no spill directory: memory only)
-    return BridgePipeline(factory=factory, resources=[WatchedResource(key=key, api=api, ref=ref)],
+    return BridgePipeline(factory=factory, resources=[watched],
                           sinks=sinks, checkpoint_store=store or store_for(ckpt),
                           checkpoint_interval=checkpoint_interval, cluster="sim")
 

@@ -12,18 +12,14 @@ from typing import Any
 import orjson
 import pytest
 
-from bridge.clock import RealClock
-from bridge.delivery.pipeline import BridgePipeline, WatchedResource
+from bridge.delivery.pipeline import BridgePipeline
 from bridge.delivery.progress import AckTracker
-from bridge.informer.factory import InformerKey, SharedInformerFactory
 from bridge.kube.apiclient import ApiClient
-from bridge.kube.discovery import Discovery
-from bridge.kube.listwatch import HttpListerWatcher
 from bridge.sim import Simulator
 from bridge.storage.checkpoint import FileCheckpointStore, informer_id
 from sinks.cloudevents import event_id
-from sinks.contract import EventType, ResourceRef
-from tests.checkpoint.helpers import RecordingSink, simulated_cluster, until
+from sinks.contract import EventType
+from tests.checkpoint.helpers import RecordingSink, simulated_cluster, until, watched_over_http
 from tests.checkpoint.test_file_store import _sealed
 
 NS = "resume"
@@ -37,18 +33,9 @@ async def sim(tmp_path: Path) -> AsyncIterator[tuple[Simulator, ApiClient]]:
 
 async def make(client: ApiClient, ckpt: Path, sink: RecordingSink, *more: RecordingSink,
                interval: float = 0.05) -> BridgePipeline:
-    api = await Discovery(client=client).resolve("configmaps")
-    key = InformerKey("configmaps", namespace=NS)
-    ref = ResourceRef(group="", version="v1", resource="configmaps", kind="ConfigMap")
     # As the service runs by default: objects kept as bytes (RawObject) in a compact cache.
-    factory = SharedInformerFactory(
-        lister_watcher_factory=lambda k: HttpListerWatcher(client=client, resource=api,
-                                                           namespace=k.namespace, raw_objects=True,
-                                                           drop_managed_fields=True),
-        clock=RealClock(),
-        compact_cache=True,
-    )
-    return BridgePipeline(factory=factory, resources=[WatchedResource(key=key, api=api, ref=ref)],
+    factory, watched = await watched_over_http(client, "configmaps", "ConfigMap", NS)
+    return BridgePipeline(factory=factory, resources=[watched],
                           sinks=[sink, *more], checkpoint_store=FileCheckpointStore(directory=ckpt),
                           checkpoint_interval=interval, cluster="sim")
 

@@ -31,17 +31,13 @@ import aiohttp
 import orjson
 import pytest
 
-from bridge.clock import RealClock
-from bridge.delivery.pipeline import BridgePipeline, WatchedResource
-from bridge.informer.factory import InformerKey, SharedInformerFactory
+from bridge.delivery.pipeline import BridgePipeline
 from bridge.kube.apiclient import ApiClient, ApiClientOptions
-from bridge.kube.discovery import Discovery
-from bridge.kube.listwatch import HttpListerWatcher
 from bridge.sim import Simulator
 from bridge.storage.checkpoint import FileCheckpointStore, informer_id
-from sinks.contract import DeliveryOutcome, EventType, ResourceRef
+from sinks.contract import DeliveryOutcome, EventType
 from tests.checkpoint.crash_harness import CE_PREFIX, BridgeProcess, Churn, sim_process
-from tests.checkpoint.helpers import RecordingSink, simulated_cluster
+from tests.checkpoint.helpers import RecordingSink, simulated_cluster, watched_over_http
 from tests.checkpoint.helpers import until as wait_until
 
 NS = "boot"
@@ -285,15 +281,8 @@ async def test_a_bootstrap_whose_start_up_list_fails_is_taken_once_lists_answer(
 
 
 async def _pipeline(client: ApiClient, ckpt: Path, sinks: list[RecordingSink]) -> BridgePipeline:
-    api = await Discovery(client=client).resolve("configmaps")
-    key = InformerKey("configmaps", namespace=NS)
-    ref = ResourceRef(group="", version="v1", resource="configmaps", kind="ConfigMap")
-    factory = SharedInformerFactory(
-        lister_watcher_factory=lambda k: HttpListerWatcher(client=client, resource=api,
-                                                           namespace=k.namespace, raw_objects=True,
-                                                           drop_managed_fields=True),
-        clock=RealClock(), compact_cache=True)
-    return BridgePipeline(factory=factory, resources=[WatchedResource(key=key, api=api, ref=ref)],
+    factory, watched = await watched_over_http(client, "configmaps", "ConfigMap", NS)
+    return BridgePipeline(factory=factory, resources=[watched],
                           sinks=sinks, checkpoint_store=FileCheckpointStore(directory=ckpt),
                           checkpoint_interval=0.05, cluster="sim")
 

@@ -6,6 +6,7 @@ refuses to start with exit code 2. The workers of one supervisor share the super
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from pathlib import Path
@@ -16,8 +17,12 @@ import yaml
 
 from bridge.delivery.assembly import safe_name
 from bridge.errors import ConfigurationError
+from bridge.service.config import BridgeConfig
+from bridge.service.service import BridgeService
 from bridge.service.spill_lock import lock_spill_root
+from bridge.sim import Simulator
 from bridge.testing.processes import ServiceProcess, SimulatorProcess
+from tests.service.test_service import eventually
 
 
 def write_config(tmp: Path, name: str, kubeconfig: Path, spill: Path, **extra: Any) -> Path:
@@ -114,3 +119,31 @@ def test_the_lock_is_per_open_file_and_absent_without_a_spill(tmp_path: Path) ->
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigurationError, match=r"checkpoint\.spill_directory: .* cannot be used"):
         lock_spill_root(str(tmp_path / "file" / "spill"))
+
+
+async def test_an_in_process_bridge_holds_its_spill_root_for_its_run(tmp_path: Path) -> None:
+    """``BridgeService.run`` in a process of its own's stead (tests, embedders): the same lock, held
+    for the run and released when it returns."""
+    spill = tmp_path / "spill"
+    async with Simulator() as sim:
+        kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig")
+
+        def service(name: str) -> BridgeService:
+            data = yaml.safe_load(write_config(tmp_path, name, kubeconfig, spill).read_text())
+            return BridgeService(config=BridgeConfig.model_validate(data))
+
+        first = service("first")
+        running = asyncio.create_task(first.run(), name="first-bridge")
+        await eventually(lambda: first.readiness().ready, timeout=60, what="the first bridge ready")
+        canary = backlog(spill, "first")
+        with pytest.raises(ConfigurationError, match="in use by another bridge process"):
+            await service("second").run()
+        assert canary.is_file(), "the second bridge removed the first's spill"
+        assert not running.done()
+        first.stop_event.set()
+        assert await running == 0
+        successor = service("first")  # the run released the root
+        running = asyncio.create_task(successor.run(), name="successor-bridge")
+        await eventually(lambda: successor.readiness().ready, timeout=60, what="the successor ready")
+        successor.stop_event.set()
+        assert await running == 0

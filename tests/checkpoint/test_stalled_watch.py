@@ -32,6 +32,8 @@ from sinks.contract import ResourceRef
 from tests.checkpoint.helpers import RecordingSink, simulated_cluster, until
 from tests.service.test_service import eventually, get, lines, metric
 
+pytestmark = pytest.mark.usefixtures("own_cwd")
+
 NS = "stall"
 PATH = f"/api/v1/namespaces/{NS}/configmaps"
 AFTER = 2.0

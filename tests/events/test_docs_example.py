@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from cloudevents.core.bindings import kafka as ce_kafka
 from cloudevents.core.formats.json import JSONFormat
@@ -23,6 +24,8 @@ from bridge.sim.events import EventGenerator
 from bridge.testing import WebhookReceiver
 from tests import brokers
 from tests.brokers import TansuBroker, unique_name
+
+pytestmark = pytest.mark.usefixtures("own_cwd")
 
 kafka_broker = brokers.kafka_broker
 DOC = Path(__file__).resolve().parents[2] / "docs" / "events.md"

@@ -12,11 +12,14 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 
 from bridge.service.config import BridgeConfig
 from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from bridge.sim.events import EventGenerator
+
+pytestmark = pytest.mark.usefixtures("own_cwd")
 
 
 async def eventually(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "") -> None:

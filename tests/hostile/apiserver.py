@@ -55,6 +55,8 @@ class Resource:
     items: list[bytes] = field(default_factory=list)
     """The List's items as raw JSON (a List item's apiVersion and kind are left as they are)."""
     list_rv: int = 1
+    later_items: list[bytes] | None = None
+    """The items of every List after the first (the objects changed meanwhile); None: ``items``."""
     watch_lines: list[bytes] = field(default_factory=list)
     """What each watch sends before it waits (each line with its newline, or any bytes at all)."""
     chunk: int = 0
@@ -63,7 +65,13 @@ class Resource:
     """Seconds between chunks (a slow-loris stream)."""
     endless_continue: bool = False
     """Every List page carries a continue token, and the next page another one, forever."""
+    changing_continue: bool = False
+    """With ``endless_continue``: each page's token is new (``page-1``, ``page-2`` …), never repeated."""
+    remaining_item_count: int | None = None
+    """The ``remainingItemCount`` every page of an endless List reports."""
     lists: int = 0
+    list_runs: list[int] = field(default_factory=list)
+    """The pages of each list, a list being a request without ``continue`` and its continuations."""
     watches: int = 0
     watch_rvs: list[str] = field(default_factory=list)
     """The resourceVersion each watch asked for, in order."""
@@ -138,11 +146,18 @@ class HostileApiServer:
 
     def _list(self, request: web.Request, res: Resource) -> web.Response:
         res.lists += 1
+        if not request.query.get("continue") or not res.list_runs:
+            res.list_runs.append(0)
+        res.list_runs[-1] += 1
         meta: dict[str, Any] = {"resourceVersion": str(res.list_rv)}
         if res.endless_continue:
-            meta["continue"] = "again"  # the same token, forever
+            # The same token forever, or a new one every page.
+            meta["continue"] = f"page-{res.lists}" if res.changing_continue else "again"
+            if res.remaining_item_count is not None:
+                meta["remainingItemCount"] = res.remaining_item_count
+        items = res.items if res.later_items is None or len(res.list_runs) < 2 else res.later_items
         body = (b'{"kind":"' + res.kind.encode() + b'List","apiVersion":"v1","metadata":' + orjson.dumps(meta)
-                + b',"items":[' + b",".join(res.items) + b"]}")
+                + b',"items":[' + b",".join(items) + b"]}")
         return web.Response(body=body, content_type="application/json")
 
     async def _watch(self, request: web.Request, res: Resource) -> web.StreamResponse:

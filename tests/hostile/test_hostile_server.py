@@ -29,6 +29,9 @@ from tests.service.test_cli import EXE
 from .apiserver import HostileApiServer, Resource, deep_value, event_line, obj
 
 CHART_MEMORY_LIMIT = 512 * 1024 * 1024
+MAX_PAGES_OF_AN_ENDLESS_LIST = 2 * 2 + 500 + 2
+"""A List whose first page holds one item and announces one more, read in pages of 500: abandoned once
+it has read more than twice what it announced and a page more (and one page prefetched)."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,13 @@ class Case:
     """The ``reason`` label ``keb_malformed_objects_total`` must show for pods."""
     log: str = ""
     """A text some log line must contain."""
+    gap: bool = False
+    """Whether the sink must receive a gap marker for pods (a change the bridge could not read)."""
+    abandons_list: bool = False
+    """Whether the pods List never ends: it must be abandoned after a bounded number of pages."""
+    dead_letter: bytes = b""
+    """Bytes the dead letter must hold (a quarantined object's record; bytes that are not UTF-8 are
+    written with replacement characters, which it must then hold too)."""
 
 
 def _deep(levels: int) -> Callable[[Resource], None]:
@@ -60,6 +70,16 @@ def _huge(pods: Resource) -> None:
                         event_line("ADDED", obj("Pod", "ok-1", 4))]
 
 
+def _over_the_line_cap(pods: Resource) -> None:
+    # 65 MiB: over the line reader's 64 MiB. The List after it (the relist) has the object as it is now.
+    big = orjson.dumps("x" * (65 * 1024 * 1024))
+    pods.items = [obj("Pod", "ok-0", 1)]
+    pods.watch_lines = [event_line("MODIFIED", obj("Pod", "ok-0", 2, body=b'{"blob":' + big + b"}")),
+                        event_line("ADDED", obj("Pod", "ok-1", 3))]
+    pods.later_items = [obj("Pod", "ok-0", 4), obj("Pod", "ok-1", 3)]
+    pods.list_rv = 4
+
+
 def _bigint(pods: Resource) -> None:
     pods.items = [obj("Pod", "big-number", 1, body=b'{"n":123456789012345678901234567890}')]
     pods.watch_lines = [event_line("ADDED", obj("Pod", "ok-1", 2, body=b'{"n":18446744073709551616}'))]
@@ -75,6 +95,18 @@ def _invalid_utf8(pods: Resource) -> None:
     pods.items = [obj("Pod", "ok-0", 1)]
     pods.watch_lines = [event_line("ADDED", obj("Pod", "bad", 2, body=b'{"s":"\xff\xfe"}')),
                         event_line("ADDED", obj("Pod", "ok-1", 3))]
+
+
+def _invalid_json(pods: Resource) -> None:
+    pods.items = [obj("Pod", "ok-0", 1)]
+    pods.watch_lines = [b'{"type":"ADDED","object":{"kind":"Pod",,,\x00 not json\n',
+                        event_line("ADDED", obj("Pod", "ok-1", 3))]
+
+
+def _invalid_utf8_in_list_item(pods: Resource) -> None:
+    pods.items = [obj("Pod", "ok-0", 1), obj("Pod", "bad-item", 2, body=b'{"s":"\xc3\x28"}')]
+    pods.list_rv = 2
+    pods.watch_lines = [event_line("ADDED", obj("Pod", "ok-1", 3))]
 
 
 def _split(pods: Resource) -> None:
@@ -94,17 +126,35 @@ def _endless(pods: Resource) -> None:
     pods.endless_continue = True
 
 
+def _endless_changing(pods: Resource) -> None:
+    pods.items = [obj("Pod", "ok-0", 1)]
+    pods.endless_continue = pods.changing_continue = True
+    pods.remaining_item_count = 1
+
+
 CASES: dict[str, Case] = {
     **{f"deep-{n}": Case(_deep(n), ["ok-0", "deep", "ok-1"], malformed="depth" if n > 200 else "",
                          log="quarantined" if n > 200 else "")
        for n in (100, 200, 201, 254, 300, 999, 5000)},
     "huge": Case(_huge, ["ok-0", "huge", "ok-1"], malformed="size", log="quarantined"),
+    "over-the-line-cap": Case(_over_the_line_cap, ["ok-0", "ok-1"], malformed="size",
+                              log="longer than the line reader holds", gap=True),
     "numbers-beyond-64-bits": Case(_bigint, ["big-number", "ok-1"]),
     "duplicate-keys": Case(_duplicates, ["dup", "ok-1"]),
-    "invalid-utf8": Case(_invalid_utf8, ["ok-0"], log="not UTF-8"),
+    # A line the decoders refuse ends the first watch (a line garbled on the way comes again); the
+    # same line on the next watch is the server's: the watch goes on past it.
+    "invalid-utf8": Case(_invalid_utf8, ["ok-0", "bad", "ok-1"], malformed="encoding", log="not UTF-8",
+                         dead_letter=b"malformed object (encoding)"),
+    "invalid-json": Case(_invalid_json, ["ok-0", "ok-1"], malformed="unreadable",
+                         log="names no object", gap=True),
+    "invalid-utf8-in-list-item": Case(_invalid_utf8_in_list_item, ["ok-0", "bad-item", "ok-1"],
+                                      malformed="encoding", log="quarantined",
+                                      dead_letter=b"malformed object (encoding)"),
     "lines-split-across-chunks": Case(_split, [f"ok-{i}" for i in range(6)]),
     "slow-loris": Case(_slow_loris, ["ok-0", "ok-1"]),
     "endless-continue": Case(_endless, [], log="continue token it had already answered"),
+    "endless-changing-continue": Case(_endless_changing, [], log="a paginated list that does not end",
+                                      abandons_list=True),
 }
 
 
@@ -152,7 +202,8 @@ async def test_the_bridge_stays_up_bounded_and_other_resources_keep_delivering(
     name: str, server: HostileApiServer, tmp_path: Path
 ) -> None:
     case = CASES[name]
-    case.script(server.resources["pods"])
+    pods = server.resources["pods"]
+    case.script(pods)
     server.resources["configmaps"].items = [obj("ConfigMap", "cm-0", 1)]
     sink, port = tmp_path / "events.jsonl", free_port()
     config = tmp_path / "bridge.yaml"
@@ -174,6 +225,13 @@ async def test_the_bridge_stays_up_bounded_and_other_resources_keep_delivering(
         server.push("configmaps", event_line("ADDED", obj("ConfigMap", "cm-1", 2)))
         await until(lambda: "cm-1" in names(sink, "ConfigMap"), "the other resource's next change", proc)
         await until(lambda: set(case.pods) <= names(sink, "Pod"), f"the pods {case.pods}", proc)
+        if case.gap:  # the relist after the line that named no object is framed by gap markers
+            await until(lambda: any(str(e.get("type", "")).endswith("gap.begin") for e in sink_events(sink)
+                                    if e.get("kind") == "Pod" or "pods" in str(e.get("source", ""))),
+                        "a gap marker for pods", proc)
+        if case.abandons_list:  # abandoned, then (after the backoff) listed again from the start
+            await until(lambda: len(pods.list_runs) >= 2, "a second list", proc)
+            assert max(pods.list_runs[:-1]) <= MAX_PAGES_OF_AN_ENDLESS_LIST, pods.list_runs
         async with aiohttp.ClientSession() as http:
             if case.pods:
                 async def ready() -> int:
@@ -200,9 +258,13 @@ async def test_the_bridge_stays_up_bounded_and_other_resources_keep_delivering(
         for event in sink_events(sink):
             if event.get("name") == "big-number":  # forwarded exactly as the server sent it
                 assert event["data"]["spec"]["n"] == 123456789012345678901234567890
-            if event.get("name") in ("deep", "huge") and case.malformed:
+            if event.get("name") in ("deep", "huge", "bad", "bad-item") and case.malformed:
                 assert event["malformed"] == case.malformed
                 assert set(event["data"]) == {"apiVersion", "kind", "metadata"}
+        if case.dead_letter:
+            dead = (tmp_path / "dead.jsonl").read_bytes()
+            assert case.dead_letter in dead, dead[:2000]
+            assert b"\xef\xbf\xbd" in dead  # U+FFFD where the server's bytes were not UTF-8
         proc.send_signal(signal.SIGTERM)
         _, stderr = await asyncio.wait_for(proc.communicate(), 30)
         assert proc.returncode == 0, stderr.decode()[-2000:]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import aiohttp
 import orjson
+import pytest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -19,6 +20,8 @@ from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
 from tests.service.test_service import eventually
+
+pytestmark = pytest.mark.usefixtures("own_cwd")
 
 PODS = 300
 

@@ -20,6 +20,8 @@ from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
 from tests.service.test_service import eventually, get, lines
 
+pytestmark = pytest.mark.usefixtures("own_cwd")
+
 
 def _config(sim: Simulator, tmp_path: Path, name: str) -> BridgeConfig:
     return BridgeConfig.model_validate({

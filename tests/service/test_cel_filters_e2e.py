@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from bridge.service.config import BridgeConfig
 from bridge.service.service import BridgeService
@@ -21,6 +22,8 @@ from bridge.sim.objects import make_pod
 from tests import brokers
 from tests.brokers import TansuBroker, unique_name
 from tests.service.test_service import eventually, get, lines, metric
+
+pytestmark = pytest.mark.usefixtures("own_cwd")
 
 kafka_broker = brokers.kafka_broker
 

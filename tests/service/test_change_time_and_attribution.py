@@ -25,6 +25,8 @@ from sinks.contract import ChangeEvent, EventType
 from tests.service.test_service import eventually, lines
 from tests.sinks import PODS
 
+pytestmark = pytest.mark.usefixtures("own_cwd")
+
 
 def _config(sim: Simulator, tmp_path: Path, hook: WebhookReceiver, compact: bool) -> BridgeConfig:
     return BridgeConfig.model_validate({

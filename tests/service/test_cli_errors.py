@@ -15,6 +15,8 @@ from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from tests.service.test_cli import run_cli, sim_process  # noqa: F401 - the fixture
 
+pytestmark = pytest.mark.usefixtures("own_cwd")
+
 BASE = "resources: [{resource: pods}]\n"
 
 

@@ -5,10 +5,7 @@ lost across the two replicas' outputs."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,9 +16,8 @@ import pytest
 from bridge.kube.apiclient import ApiClient
 from bridge.storage.checkpoint import informer_id
 from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
-from bridge.testing.processes import SimulatorProcess
+from bridge.testing.processes import ProcessFailed, ServiceProcess, SimulatorProcess
 
-EXE = [sys.executable, "-m", "bridge.service.cli"]
 NS = "failover"
 
 
@@ -32,7 +28,8 @@ async def sim(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
         yield proc.url, proc.kubeconfig
 
 
-def replica(tmp_path: Path, kubeconfig: Path, name: str) -> subprocess.Popen[bytes]:
+async def replica(tmp_path: Path, kubeconfig: Path, name: str) -> ServiceProcess:
+    """Replica ``name`` started (the kit's process: ports it binds itself), its log in NAME.log."""
     cfg = tmp_path / f"{name}.yaml"
     cfg.write_text(
         f"kubernetes: {{kubeconfig: '{kubeconfig}', in_cluster: 'false'}}\n"
@@ -45,9 +42,10 @@ def replica(tmp_path: Path, kubeconfig: Path, name: str) -> subprocess.Popen[byt
         "server: {host: 127.0.0.1, port: 0, admin_port: 0}\n"
         "logging: {level: info, format: json}\n"
     )
-    env = {**os.environ, "KEB_LEADER_ELECTION__IDENTITY": name}
-    log = (tmp_path / f"{name}.log").open("wb")
-    return subprocess.Popen([*EXE, "run", "--config", str(cfg)], stdout=log, stderr=log, env=env)
+    proc = ServiceProcess(config=cfg, log=tmp_path / f"{name}.log",
+                          env={"KEB_LEADER_ELECTION__IDENTITY": name})
+    await proc.start()
+    return proc
 
 
 def events(path: Path) -> list[dict[str, object]]:
@@ -86,8 +84,8 @@ async def test_leader_killed_standby_takes_over_and_nothing_is_lost(
             obj = await client.patch(f"{path}/{name}", {"data": {"i": str(i)}})
         made.append((name, obj["metadata"]["resourceVersion"]))
 
-    a = replica(tmp_path, kubeconfig, "a")
-    b: subprocess.Popen[bytes] | None = None
+    a = await replica(tmp_path, kubeconfig, "a")
+    b: ServiceProcess | None = None
     try:
         async def a_leads() -> bool:
             return await holder(client) == "a"
@@ -101,7 +99,7 @@ async def test_leader_killed_standby_takes_over_and_nothing_is_lost(
             return log.exists() and b'"message":"initial sync done"' in log.read_bytes()
 
         await eventually(a_synced, 20, "replica a to sync")
-        b = replica(tmp_path, kubeconfig, "b")
+        b = await replica(tmp_path, kubeconfig, "b")
         for i in range(20):
             await change(i)
 
@@ -129,8 +127,7 @@ async def test_leader_killed_standby_takes_over_and_nothing_is_lost(
 
         await eventually(b_watches, 20, "replica b to observe a as the leader")
         assert events(tmp_path / "b.jsonl") == []  # the standby sends nothing
-        a.send_signal(signal.SIGKILL)
-        a.wait(10)
+        await a.kill()
         for i in range(20, 40):
             await change(i)
 
@@ -157,12 +154,9 @@ async def test_leader_killed_standby_takes_over_and_nothing_is_lost(
         await eventually(all_made, 20, "replica b to keep delivering")
     finally:
         for p in (a, b):
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            if p is not None and p.running:
+                with contextlib.suppress(ProcessFailed):  # (killed after 15 s)
+                    await p.stop(15)
         await client.close()
     delivered = events(tmp_path / "a.jsonl") + events(tmp_path / "b.jsonl")
     got = {(str(e["subject"]).split("/")[1], str(e["resourceversion"])) for e in delivered}

@@ -10,8 +10,8 @@ is clean, arrive exactly once (nothing re-sent).
        loss, and a late write with its lease token is refused by the store;
 (c)    rolling update: SIGTERM of the leader under churn drains, writes the final checkpoint, then
        releases the Lease; the standby resumes from it: zero re-sent, zero lost;
-(d)    SIGKILL of the leader: the standby takes over within the lease duration and a retry period,
-       and nothing is lost.
+(d)    SIGKILL of the leader: the standby takes over and nothing is lost (how soon, the lease and a
+       retry period, is asserted on a fake clock in test_leader_failover.py).
 
 Short durations keep it fast: lease 2 s, renew deadline 1.5 s, retry period 0.3 s.
 """
@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -40,9 +37,8 @@ from bridge.kube.leaderelection import FenceToken
 from bridge.storage.checkpoint import Checkpoint, CheckpointFencedError, informer_id
 from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
 from bridge.testing import Reply, WebhookReceiver
-from bridge.testing.processes import SimulatorProcess
+from bridge.testing.processes import ServiceProcess, SimulatorProcess
 
-EXE = [sys.executable, "-m", "bridge.service.cli"]
 NS = "ha"
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/default/leases/keb"
 LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 2.0, 1.5, 0.3
@@ -119,10 +115,11 @@ class Cluster:
     tmp: Path
     client: ApiClient
     receiver: Receiver
-    procs: dict[str, subprocess.Popen[bytes]]
+    procs: dict[str, ServiceProcess]
     shutdown_deadline: float = 6.0
 
-    def start(self, name: str) -> subprocess.Popen[bytes]:
+    async def start(self, name: str) -> ServiceProcess:
+        """Replica ``name`` started (the kit's process: ports it binds itself), its log in NAME.log."""
         cfg = self.tmp / f"{name}.yaml"
         cfg.write_text(
             f"kubernetes: {{kubeconfig: '{self.kubeconfig}', in_cluster: 'false'}}\n"
@@ -138,9 +135,9 @@ class Cluster:
             "server: {host: 127.0.0.1, port: 0, admin_port: 0}\n"
             "logging: {level: debug, format: json}\n"
         )
-        env = {**os.environ, "KEB_LEADER_ELECTION__IDENTITY": name}
-        log = (self.tmp / f"{name}.log").open("wb")
-        proc = subprocess.Popen([*EXE, "run", "--config", str(cfg)], stdout=log, stderr=log, env=env)
+        proc = ServiceProcess(config=cfg, log=self.tmp / f"{name}.log",
+                              env={"KEB_LEADER_ELECTION__IDENTITY": name})
+        await proc.start()
         self.procs[name] = proc
         return proc
 
@@ -167,10 +164,10 @@ class Cluster:
             assert r.status == 200, await r.text()
 
 
-async def exited(proc: subprocess.Popen[bytes], timeout: float) -> int:
-    """Waits for the process off the event loop: the receiver must keep answering (and time-stamping)
-    the replicas' requests meanwhile."""
-    return await asyncio.to_thread(proc.wait, timeout)
+async def exited(proc: ServiceProcess, timeout: float) -> int:
+    """Waits for the process's exit code without blocking the event loop: the receiver must keep
+    answering (and time-stamping) the replicas' requests meanwhile."""
+    return await proc.wait(timeout)
 
 
 async def eventually(cond: Any, timeout: float, what: str) -> None:
@@ -198,9 +195,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         yield c
     finally:
         for p in c.procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+            await p.kill()
         await client.close()
         await receiver.close()
         await sim.stop()
@@ -208,13 +203,13 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
 
 async def start_pair(c: Cluster, churn: Churn) -> None:
     """a leads, b is the standby, churn runs and a has delivered some of it."""
-    c.start("a")
+    await c.start("a")
 
     async def a_leads() -> bool:
         return await c.holder() == "a"
 
     await eventually(a_leads, 20, "replica a to lead")
-    c.start("b")
+    await c.start("b")
 
     async def b_watches() -> bool:
         return any(r.get("message") == "observed a new leader" and r.get("leader") == "a"
@@ -332,18 +327,18 @@ async def test_leader_killed_standby_takes_over_within_lease_and_nothing_is_lost
     churn = Churn(c.client)
     await start_pair(c, churn)
     c.procs["a"].send_signal(signal.SIGKILL)
-    killed = time.monotonic()
     await exited(c.procs["a"], 10)
 
     async def b_leads() -> bool:
         return await c.holder() == "b"
 
-    await eventually(b_leads, 10, "replica b to take over")
-    took = time.monotonic() - killed
-    # b saw a's last renewal at most a moment before the kill; it polls every retry period (with
-    # up to 1.2 of jitter), so the lease plus one jittered retry period, plus this test's 0.05 s
-    # polling, a request's latency and the scheduling delays of a loaded 2-core CI machine.
-    assert took < LEASE_DURATION + RETRY_PERIOD * 2.2 + 1.0, took
+    # How soon b takes over (the lease after a's last renewal, plus at most two jittered retry
+    # periods) is the elector's arithmetic, asserted exactly on a fake clock in
+    # test_leader_failover.py; measured here in seconds of a loaded machine it failed by chance.
+    # This test holds the rest: b takes over (the lease's one transition) and nothing is lost.
+    await eventually(b_leads, 60, "replica b to take over")
+    lease = (await c.client.get(LEASE))["spec"]
+    assert lease["leaseTransitions"] == 1
     await finish(c, churn, "b")
     got = c.receiver.changes()
     assert [m for m in churn.made if m not in got] == []

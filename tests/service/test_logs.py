@@ -23,6 +23,8 @@ from bridge.testing.processes import ServiceProcess, wait_until
 from tests.service.test_cli import sim_process  # noqa: F401 - the fixture
 from tests.service.test_service import eventually
 
+pytestmark = pytest.mark.usefixtures("own_cwd")
+
 
 def closed_port(held: list[socket.socket]) -> int:
     """A port that refuses connections for as long as its socket in ``held`` stays open: bound and

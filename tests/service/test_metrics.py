@@ -10,6 +10,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from bridge.service.config import BridgeConfig
 from bridge.service.service import BridgeService
 from bridge.sim import Simulator
@@ -18,6 +20,8 @@ from bridge.storage.checkpoint import informer_id
 from bridge.testing import Reply, WebhookReceiver
 from sinks.contract import EventType
 from tests.service.test_service import eventually, get, lines, metric
+
+pytestmark = pytest.mark.usefixtures("own_cwd")
 
 SAMPLE = re.compile(r'^(\w+)\{([^}]*)\} (\S+)$')
 

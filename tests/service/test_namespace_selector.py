@@ -22,6 +22,8 @@ from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from tests.service.test_service import eventually, lines
 
+pytestmark = pytest.mark.usefixtures("own_cwd")
+
 
 def _config(sim: Simulator, tmp_path: Path, events: Path, **resource: Any) -> BridgeConfig:
     return BridgeConfig.model_validate({

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from bridge.service.config import load_config
 from bridge.service.service import BridgeService
@@ -22,6 +23,8 @@ from bridge.sim import Simulator
 from tests import brokers
 from tests.brokers import NatsServer, TansuBroker, unique_name
 from tests.service.test_service import eventually, lines
+
+pytestmark = pytest.mark.usefixtures("own_cwd")
 
 kafka_broker = brokers.kafka_broker
 nats_server = brokers.nats_server

@@ -24,6 +24,8 @@ from bridge.sim.objects import make_pod
 from bridge.testing import Reply, WebhookReceiver
 from tests.service.test_service import eventually, get
 
+pytestmark = pytest.mark.usefixtures("own_cwd")
+
 RESOURCES = ("pods", "configmaps", "services")
 
 

@@ -13,14 +13,16 @@ from pathlib import Path
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
 from bridge.service.config import BridgeConfig
 from bridge.service.health import reason_kind
 from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
+from bridge.testing import ReceivedRequest, Reply, WebhookReceiver
 from tests.service.test_service import eventually
+
+pytestmark = pytest.mark.usefixtures("own_cwd")
 
 PATH_SECRET = "T0PATHSECRET/B0PATHSECRET"
 QUERY_SECRET = "QUERYSECRET0"
@@ -29,19 +31,12 @@ TOKEN = "BEARERSECRET0"
 
 @pytest.fixture
 async def echoing() -> AsyncIterator[int]:
-    """A receiver answering 500 with the request's headers in its body."""
-    async def handle(request: web.Request) -> web.Response:
-        await request.read()
-        return web.Response(status=500, text=f"refused; you sent {dict(request.headers)!r}")
+    """A receiver (the kit's) answering 500 with the request's headers in its body."""
+    async def respond(request: ReceivedRequest) -> Reply:
+        return Reply(500, body=f"refused; you sent {dict(request.headers)!r}".encode())
 
-    app = web.Application()
-    app.router.add_post("/{tail:.*}", handle)
-    runner = web.AppRunner(app, access_log=None)  # the receiver's own log is not the bridge's
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    await runner.cleanup()
+    async with WebhookReceiver(path="", respond=respond) as hook:
+        yield hook.port
 
 
 async def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:

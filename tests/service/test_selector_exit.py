@@ -10,11 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from bridge.service.config import BridgeConfig
 from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from tests.service.test_service import eventually, lines
+
+pytestmark = pytest.mark.usefixtures("own_cwd")
 
 
 def _pod(name: str, app: str) -> dict[str, Any]:

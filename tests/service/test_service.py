@@ -20,6 +20,8 @@ from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
 from bridge.testing import Reply, WebhookReceiver
 
+pytestmark = pytest.mark.usefixtures("own_cwd")
+
 
 async def eventually(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "") -> None:
     deadline = time.monotonic() + timeout

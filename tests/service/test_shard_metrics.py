@@ -20,6 +20,8 @@ from bridge.sim.objects import make_pod
 from tests.service.test_service import eventually, get, lines, metric
 from tests.service.test_sharding_auto import Sharding, statefulset
 
+pytestmark = pytest.mark.usefixtures("own_cwd")
+
 SAMPLE = re.compile(r'^([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)$')
 
 

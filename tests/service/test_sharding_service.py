@@ -26,6 +26,8 @@ from tests.service.test_cli import run_cli
 from tests.service.test_cli_errors import assert_config_error
 from tests.service.test_service import eventually, lines
 
+pytestmark = pytest.mark.usefixtures("own_cwd")
+
 
 def config(sim: Simulator, tmp_path: Path, ordinal: int, **extra: Any) -> BridgeConfig:
     return BridgeConfig.model_validate({

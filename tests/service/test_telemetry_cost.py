@@ -36,6 +36,8 @@ from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOptions, DeliveryOutcome, EventType, ResourceRef
 
+pytestmark = pytest.mark.usefixtures("own_cwd")
+
 PODS = ResourceRef(group="", version="v1", resource="pods", kind="Pod")
 
 

@@ -36,6 +36,8 @@ from bridge.testing.processes import ServiceProcess, wait_until
 from tests.service.test_cli import run_cli, sim_process  # noqa: F401 - the fixture
 from tests.service.test_cli_errors import assert_config_error
 
+pytestmark = pytest.mark.usefixtures("own_cwd")
+
 BASE = "resources: [{resource: pods}]\nsinks: [{name: out, kind: file, path: /tmp/keb-w/events.jsonl}]\n"
 
 

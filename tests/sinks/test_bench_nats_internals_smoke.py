@@ -7,17 +7,18 @@ from pathlib import Path
 import orjson
 
 import sinks.nats
+import sinks.nats_base
 from bench.bench_nats_internals import public_api_only, run
 
 
 def test_public_api_only_switches_the_fast_paths_off_and_back() -> None:
     end_of_pass = sinks.nats.JetStreamSink._end_of_pass
     with public_api_only():
-        assert not sinks.nats._HAS_CLIENT_INTERNALS
-        assert not sinks.nats._HAS_PUBLISH_INTERNALS
-        assert sinks.nats.JetStreamSink._end_of_pass is sinks.nats._NatsSinkBase._end_of_pass
-    assert sinks.nats._HAS_CLIENT_INTERNALS
-    assert sinks.nats._HAS_PUBLISH_INTERNALS
+        assert not sinks.nats_base._HAS_CLIENT_INTERNALS
+        assert not sinks.nats_base._HAS_PUBLISH_INTERNALS
+        assert sinks.nats.JetStreamSink._end_of_pass is sinks.nats_base.NatsSinkBase._end_of_pass
+    assert sinks.nats_base._HAS_CLIENT_INTERNALS
+    assert sinks.nats_base._HAS_PUBLISH_INTERNALS
     assert sinks.nats.JetStreamSink._end_of_pass is end_of_pass
 
 

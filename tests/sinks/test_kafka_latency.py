@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-import sinks.kafka
+import sinks.kafka_producer
 from sinks.contract import DeliveryOutcome, EventType
 from sinks.kafka import KafkaSink, KafkaSinkOptions
 from tests import brokers
@@ -41,7 +41,7 @@ async def test_reports_are_served_when_the_sink_produces(
 ) -> None:
     # The poller's own timer is made far longer than a delivery: records produced in later loop
     # turns get the reports that came meanwhile served with them.
-    monkeypatch.setattr(sinks.kafka, "_BUSY_POLL", 3.0)
+    monkeypatch.setattr(sinks.kafka_producer, "_BUSY_POLL", 3.0)
     await sink.start()
     # The idempotent producer's id and the partition leaders are fetched first (served by the poller).
     warm: list[DeliveryOutcome] = []

@@ -307,7 +307,7 @@ async def test_invalid_librdkafka_setting_fails_at_start() -> None:
 
 
 async def test_readiness_comes_back_without_traffic(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sinks.kafka._PROBE_INTERVAL", 0.3)
+    monkeypatch.setattr("sinks.kafka_producer._PROBE_INTERVAL", 0.3)
     port = free_port()
     sink = make_sink(TansuBroker(binary="", port=port), connect_timeout=0.5)
     await sink.start()

@@ -16,17 +16,17 @@ from typing import Any
 import nats
 import pytest
 
-import sinks.nats
-from sinks.nats import (
+import sinks.nats_base
+from sinks.nats import NatsSink
+from sinks.nats_base import (
     CLIENT_INTERNALS,
     NATS_PY_TESTED,
     PUBLISH_INTERNALS,
-    NatsSink,
-    _header_block,
-    _hpub,
-    _write_pending,
+    header_block,
+    hpub,
     nats_py_tested,
     nats_py_version,
+    write_pending,
 )
 from tests import brokers
 from tests.brokers import NatsServer
@@ -58,8 +58,8 @@ async def test_the_private_fields_the_sinks_use_have_the_expected_shape(nats_ser
         assert set(CLIENT_INTERNALS) | set(PUBLISH_INTERNALS) == {
             "_pongs", "_pending", "_pending_data_size", "_transport", "_max_pending_size", "_max_payload",
             "stats"}
-        assert sinks.nats._HAS_CLIENT_INTERNALS
-        assert sinks.nats._HAS_PUBLISH_INTERNALS
+        assert sinks.nats_base._HAS_CLIENT_INTERNALS
+        assert sinks.nats_base._HAS_PUBLISH_INTERNALS
         assert isinstance(nc._pending, list)
         assert type(nc._pending_data_size) is int
         assert nc._max_pending_size == 123_456  # the ``pending_size`` option
@@ -90,7 +90,7 @@ async def test_nats_py_publish_buffers_what_the_sink_encodes(
         before = nc._pending_data_size
         sent_before = dict(nc.stats)
         await nc.publish("k8s.pods.ns.a", body, reply=reply, headers=headers)
-        expected = _hpub("k8s.pods.ns.a", reply, _header_block(headers), body)
+        expected = hpub("k8s.pods.ns.a", reply, header_block(headers), body)
         assert nc._pending[-1] == expected
         assert nc._pending_data_size == before + len(expected)
         assert nc.stats["out_msgs"] == sent_before["out_msgs"] + 1
@@ -115,7 +115,7 @@ class _Recorded(asyncio.Future[bool]):
 async def test_nats_py_resolves_pong_futures_in_ping_order_with_set_result(nats_server: NatsServer) -> None:
     """What pipelined confirmation relies on: PINGs written to ``_transport`` after the buffered
     publishes, a future per PING appended to ``_pongs``, each PONG resolving the oldest with
-    ``set_result``; and a publish written by ``_write_pending`` reaches a subscriber."""
+    ``set_result``; and a publish written by ``write_pending`` reaches a subscriber."""
     nc = await nats.connect(nats_server.url)
     sub = await nats.connect(nats_server.url)
     try:
@@ -129,7 +129,7 @@ async def test_nats_py_resolves_pong_futures_in_ping_order_with_set_result(nats_
         futures = [_Recorded(order, f"pong{i}") for i in range(3)]
         for i, future in enumerate(futures):
             await nc.publish(f"guard.{i}", b"x")
-            transport = _write_pending(nc)
+            transport = write_pending(nc)
             assert nc._pending == []
             assert nc._pending_data_size == 0
             transport.write(b"PING\r\n")
@@ -151,7 +151,7 @@ async def test_a_sink_started_with_an_untested_nats_py_says_so(
     await sink.start()
     await sink.close()
     assert not [r for r in caplog.records if "outside the releases" in r.getMessage()]
-    monkeypatch.setattr(sinks.nats, "NATS_PY_TESTED", ((2, 99), (3, 0)))
+    monkeypatch.setattr(sinks.nats_base, "NATS_PY_TESTED", ((2, 99), (3, 0)))
     sink = NatsSink.from_options("nats", {"servers": [nats_server.url]})
     await sink.start()
     await sink.close()

@@ -11,7 +11,7 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-import sinks.nats
+import sinks.nats_base
 from sinks.contract import DeliveryOutcome, EventType
 from sinks.nats import NatsSink
 from tests import brokers
@@ -159,7 +159,7 @@ async def test_a_pong_that_never_comes_fails_the_round_and_it_is_retried(nats_se
 async def test_without_the_client_internals_publishes_are_confirmed_through_flush(
     nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sinks.nats, "_HAS_CLIENT_INTERNALS", False)
+    monkeypatch.setattr(sinks.nats_base, "_HAS_CLIENT_INTERNALS", False)
     sink = make_sink(nats_server.url, destination="public.{name}")
     await sink.start()
     acks = Acks()

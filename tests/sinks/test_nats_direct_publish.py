@@ -8,7 +8,8 @@ import pytest
 
 from sinks.cloudevents import decode_binary
 from sinks.contract import DeliveryOutcome, EventType
-from sinks.nats import NatsSink, _header_block
+from sinks.nats import NatsSink
+from sinks.nats_base import header_block
 from tests.brokers import NatsServer
 from tests.sinks import Acks, event, obj
 from tests.sinks.test_nats_sink import Collector, collector, make_sink, nats_server
@@ -17,11 +18,11 @@ __all__ = ["collector", "nats_server"]
 
 
 def test_header_block_is_what_nats_py_sends() -> None:
-    assert _header_block({"content-type": "application/json", " ce-id ": " a\r\nb "}) == (
+    assert header_block({"content-type": "application/json", " ce-id ": " a\r\nb "}) == (
         b"NATS/1.0\r\ncontent-type: application/json\r\nce-id: a  b\r\n\r\n")
-    assert _header_block({"": "skipped"}) == b"NATS/1.0\r\n\r\n"
+    assert header_block({"": "skipped"}) == b"NATS/1.0\r\n\r\n"
     with pytest.raises(ValueError, match="invalid header name"):
-        _header_block({"bad name": "x"})
+        header_block({"bad name": "x"})
 
 
 async def test_published_in_one_pass_and_read_back_exactly(

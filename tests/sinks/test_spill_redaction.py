@@ -15,21 +15,17 @@ from typing import Any
 
 import orjson
 import pytest
-from aiohttp import web
 
-from bridge.clock import RealClock
-from bridge.delivery.pipeline import BridgePipeline, WatchedResource
-from bridge.informer.factory import InformerKey, SharedInformerFactory
+from bridge.delivery.pipeline import BridgePipeline
 from bridge.kube.apiclient import ApiClient
-from bridge.kube.discovery import Discovery
-from bridge.kube.listwatch import HttpListerWatcher
 from bridge.rawobject import RawObject
 from bridge.sim import Simulator
 from bridge.storage.checkpoint import FileCheckpointStore
+from bridge.testing import ReceivedRequest, Reply, WebhookReceiver
 from sinks.contract import ResourceRef
 from sinks.redaction import REDACTED, Redactor, keyed_mark
 from sinks.webhook import WebhookSink
-from tests.checkpoint.helpers import until
+from tests.checkpoint.helpers import simulated_cluster, until, watched_over_http
 
 NS = "vault"
 SECRETS = 40
@@ -37,47 +33,34 @@ SECRETS = 40
 
 @pytest.fixture
 async def sim(tmp_path: Path) -> AsyncIterator[tuple[Simulator, ApiClient]]:
-    simulator = Simulator(bookmark_interval=0.5, namespaces=("default", NS))
-    await simulator.start()
-    client = ApiClient.from_kubeconfig(str(simulator.write_kubeconfig(tmp_path / "kc")))
-    try:
-        yield simulator, client
-    finally:
-        await client.close()
-        await simulator.stop()
+    async with simulated_cluster(tmp_path, NS, bookmark_interval=0.5) as world:
+        yield world
 
 
 class HangingReceiver:
-    """A webhook receiver whose requests wait until :attr:`release` is set, then answer 200."""
+    """A webhook receiver (the kit's) whose requests wait until :attr:`release` is set, then answer
+    200."""
 
     def __init__(self) -> None:
         self.release = asyncio.Event()
         self.waiting = 0
         self.events: list[dict[str, Any]] = []
-        self._runner: web.AppRunner | None = None
+        self._hook = WebhookReceiver(path="/in", respond=self._respond)
         self.url = ""
 
-    async def _handle(self, request: web.Request) -> web.Response:
-        body = await request.read()
+    async def _respond(self, request: ReceivedRequest) -> Reply:
         self.waiting += 1
         await self.release.wait()
-        self.events.append(orjson.loads(body))
-        return web.Response(status=200)
+        self.events.append(orjson.loads(request.body))
+        return Reply(200)
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/in", self._handle)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}/in"
+        await self._hook.start()
+        self.url = self._hook.url
 
     async def stop(self) -> None:
         self.release.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self._hook.close()
 
 
 def value_of(i: int) -> str:
@@ -95,15 +78,9 @@ async def test_a_stuck_sink_spills_secrets_redacted(sim: tuple[Simulator, ApiCli
     sink = WebhookSink.from_options("hook", {
         "url": receiver.url, "timeout": 120, "connections": 1, "max_in_flight": 1,
         "buffer": {"capacity": 2}, "retry": {"max_attempts": 0}})
-    api = await Discovery(client=client).resolve("secrets")
-    ref = ResourceRef(group="", version="v1", resource="secrets", kind="Secret")
-    factory = SharedInformerFactory(
-        lister_watcher_factory=lambda k: HttpListerWatcher(client=client, resource=api, namespace=k.namespace,
-                                                           raw_objects=True, drop_managed_fields=True),
-        clock=RealClock(), compact_cache=True)
+    factory, watched = await watched_over_http(client, "secrets", "Secret", NS)
     spill = tmp_path / "spill"
-    p = BridgePipeline(factory=factory, resources=[WatchedResource(key=InformerKey("secrets", namespace=NS),
-                                                                   api=api, ref=ref)],
+    p = BridgePipeline(factory=factory, resources=[watched],
                        sinks=[sink], checkpoint_store=FileCheckpointStore(directory=tmp_path / "cp"),
                        checkpoint_interval=0.2, cluster="sim", spill_directory=spill)
     path = f"/api/v1/namespaces/{NS}/secrets"

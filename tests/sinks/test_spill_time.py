@@ -14,17 +14,12 @@ from typing import Any
 import orjson
 import pytest
 
-from bridge.clock import RealClock
-from bridge.delivery.pipeline import BridgePipeline, WatchedResource
-from bridge.informer.factory import InformerKey, SharedInformerFactory
+from bridge.delivery.pipeline import BridgePipeline
 from bridge.kube.apiclient import ApiClient
-from bridge.kube.discovery import Discovery
-from bridge.kube.listwatch import HttpListerWatcher
 from bridge.sim import Simulator
-from sinks.contract import ResourceRef
 from sinks.file import FileSink
 from sinks.webhook import WebhookSink
-from tests.checkpoint.helpers import until
+from tests.checkpoint.helpers import until, watched_over_http
 from tests.sinks.test_spill_redaction import NS, HangingReceiver, sim
 
 __all__ = ["sim"]  # the fixture, shared with the spill redaction test
@@ -46,13 +41,7 @@ async def test_a_spilled_change_keeps_its_time_and_attribution(
         "buffer": {"capacity": 2}, "retry": {"max_attempts": 0}})
     out = tmp_path / "events.jsonl"
     file = FileSink.from_options("file", {"path": str(out)})
-    api = await Discovery(client=client).resolve(resource)
-    ref = ResourceRef(group="", version="v1", resource=resource, kind=kind)
-    factory = SharedInformerFactory(
-        lister_watcher_factory=lambda k: HttpListerWatcher(client=client, resource=api, namespace=k.namespace,
-                                                           raw_objects=True, drop_managed_fields=True),
-        clock=RealClock(), compact_cache=True)
-    watched = WatchedResource(key=InformerKey(resource, namespace=NS), api=api, ref=ref)
+    factory, watched = await watched_over_http(client, resource, kind, NS)
     p = BridgePipeline(factory=factory, resources=[watched],
                        sinks=[file, hook], checkpoint_store=None, cluster="sim",
                        spill_directory=tmp_path / "spill")
