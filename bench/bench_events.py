@@ -84,6 +84,7 @@ async def _child(config_path: str, mode: str) -> None:
     checkpoint, if any), and time the sink's file until it holds every expected (uid,
     resourceVersion) pair, which the parent sends on stdin at once."""
     from bridge.service.config import load_config
+    from bridge.service.events.profile import EventsStage
     from bridge.service.service import BridgeService, configure_gc
 
     with contextlib.suppress(AttributeError, OSError):
@@ -137,9 +138,10 @@ async def _child(config_path: str, mode: str) -> None:
     gc.collect()
     rss_after = rss_bytes()
     enricher = None
-    for sink in service._state.sinks:
-        profile = getattr(getattr(sink, "inner", None), "_profile", None)
-        enricher = getattr(profile, "enricher", None) or enricher
+    for chain in service._state.sinks:
+        for stage in chain.stages:
+            if isinstance(stage, EventsStage):
+                enricher = stage.profile.enricher or enricher
     caches = {f"{g}/{k}": len(s.live) for (g, k), s in enricher.caches.items()} if enricher else {}
     service.stop_event.set()
     await task

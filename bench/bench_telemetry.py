@@ -8,9 +8,9 @@ acknowledges at once, three ways:
     ``tracer.start_span`` under the SDK's ``ParentBased(TraceIdRatioBased)`` sampler,
     ``Counter.add`` for the sink outcome, ``Histogram.record`` for every delivery's latency and
     ``Counter.add`` for the received change through the pipeline's ``on_event`` callback;
-(c) **metered**: today's :class:`~bridge.metered.MeteredSink` (no outcome counts: the exported
-    ones are the pipeline's listeners'; latency sampled at most every 5 ms, one random draw per
-    span) and the tracker's plain ``Counter``.
+(c) **metered**: today's meter stage (:class:`~bridge.service.metered.MeterStage`, in the sink's
+    delivery chain; no outcome counts: the exported ones are the pipeline's listeners'; latency
+    sampled at most every 5 ms, one random draw per span) and the tracker's plain ``Counter``.
 
 All three use the service's default span ratio (1%) and no span exporter, as a service without
 ``telemetry.otlp_endpoint`` runs. The figures are µs per event (best of ``repeats``) and
@@ -40,7 +40,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import CollectorRegistry
 
 from bench.common import machine_info, write_result
-from bridge.service.metered import MeteredSink
+from bridge.delivery.chain import DeliveryChain
+from bridge.service.metered import MeterStage
 from bridge.service.telemetry import Telemetry
 from sinks.contract import (
     AckCallback,
@@ -113,7 +114,7 @@ class BaselineTelemetry:
 
 
 class BaselineMeteredSink:
-    """``MeteredSink.deliver`` as it was: every call goes through the SDK."""
+    """The sink metering decorator's ``deliver`` as it was: every call goes through the SDK."""
 
     def __init__(self, *, inner: Sink, telemetry: BaselineTelemetry) -> None:
         self.inner = inner
@@ -200,7 +201,8 @@ async def _measure(events: Sequence[ChangeEvent], repeats: int) -> dict[str, Any
     try:
         bare = PassThroughSink()
         old = BaselineMeteredSink(inner=PassThroughSink(), telemetry=baseline)
-        new = MeteredSink(inner=PassThroughSink(), telemetry=telemetry)
+        passed = PassThroughSink()
+        new = DeliveryChain(sink=passed, stages=[MeterStage(sink=passed.name, telemetry=telemetry)])
 
         def old_on_event(resource: str, type_: str) -> None:
             baseline.events_received.add(1, {"resource": resource, "type": type_})

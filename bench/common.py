@@ -586,16 +586,18 @@ _telemetry: Any = None
 
 
 def service_sink(kind: str, *, urls: BrokerUrls, tmp_dir: Path, tag: str = "") -> Sink:
-    """A sink as the service runs it: wrapped in :class:`bridge.metered.MeteredSink` (in-flight
-    gauge, time-sampled latency histogram, spans at the default 1% ratio), one Telemetry per
-    process."""
+    """A sink as the service runs it: in a delivery chain with its meter stage
+    (:class:`bridge.service.metered.MeterStage`: in-flight gauge, time-sampled latency histogram,
+    spans at the default 1% ratio), one Telemetry per process."""
     global _telemetry
-    from bridge.service.metered import MeteredSink
+    from bridge.delivery.chain import DeliveryChain
+    from bridge.service.metered import MeterStage
     from bridge.service.telemetry import Telemetry
 
     if _telemetry is None:
         _telemetry = Telemetry()
-    return MeteredSink(inner=make_sink(kind, urls=urls, tmp_dir=tmp_dir, tag=tag), telemetry=_telemetry)
+    sink = make_sink(kind, urls=urls, tmp_dir=tmp_dir, tag=tag)
+    return DeliveryChain(sink=sink, stages=[MeterStage(sink=sink.name, telemetry=_telemetry)])
 
 
 def watched_pods(namespace: str) -> WatchedResource:
@@ -684,7 +686,7 @@ class Sampler:
     async def _run(self) -> None:
         while True:
             depth = sum(self._pipeline.queue_depths().values())
-            in_flight = int(getattr(getattr(self._probe.inner, "stats", None), "in_flight", 0) or 0)
+            in_flight = self._probe.inner.in_flight  # declared by every sink (a chain: its meter's count)
             self.samples.append({"t": round(time.perf_counter() - self._t0, 3), "acked": self._probe.acked,
                                  "queue_depth": depth, "in_flight": in_flight})
             await asyncio.sleep(self._interval)

@@ -290,7 +290,7 @@ def _rows(name: str, result: Mapping[str, Any]) -> list[tuple[str, str, str, str
                      f"CPU {result['cpu_us_per_event']} µs/event", ""))
         rows.append(("long: worst p99 lag over 1 s windows", f"{result['lag_p99_ms_max']:.1f} ms", "", ""))
     elif name == "telemetry":
-        rows.append(("service telemetry per event (MeteredSink + counters), µs",
+        rows.append(("service telemetry per event (meter stage + counters), µs",
                      f"{result['metered_overhead_us_per_event']:.2f}",
                      f"per-event OTel calls {result['baseline_overhead_us_per_event']:.2f}",
                      f"{result['overhead_ratio']}x"))

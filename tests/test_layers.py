@@ -237,19 +237,8 @@ GETATTR_ALLOWED: dict[tuple[str, str, str], str] = {
     ("bridge.kube.kubeconfig", "e", '"problem_mark"'): "a YAML error's optional detail",
     ("bridge.kube.kubeconfig", "e", '"problem"'): "a YAML error's optional detail",
     ("bridge.service.config_schema", "factory", '"__self__"'): "the class a bound factory belongs to",
-    ("bridge.service.fencing", "self.inner", "item"):
-        "__getattr__ forwarding to the wrapped sink for tools and tests; the bridge reads only "
-        "declared members, which the wrapper defines itself",
-    ("bridge.service.metered", "self.inner", "item"):
-        "__getattr__ forwarding to the wrapped sink for tools and tests; the bridge reads only "
-        "declared members, which the wrapper defines itself",
-    ("bridge.service.events.profile", "self.inner", "item"):
-        "__getattr__ forwarding to the wrapped sink for tools and tests; the bridge reads only "
-        "declared members, which the wrapper defines itself",
     ("bridge.informer.namespaces", "self._inner", '"batches"'):
         "a lister-watcher's watch stream's optional batch read (not a sink or a store)",
-    ("bridge.informer.namespaces", "self._inner", "name"):
-        "__getattr__ forwarding to the wrapped lister-watcher's own counters and settings",
     ("bridge.informer.namespaces", "source", '"aclose"'): "an async iterator's optional aclose",
     ("bridge.kube.apiclient", "self", "attr"): "the client's own two session attributes, by name",
     ("bridge.service.health", "site", '"_server"'): "aiohttp's listening socket, for the bound port",
@@ -282,6 +271,52 @@ def test_no_getattr_probes_a_sink_or_a_store() -> None:
             if (module, obj, attr) not in GETATTR_ALLOWED:
                 found.append(f"{module}:{line} getattr({obj}, {attr})")
     assert found == []
+
+
+# The only modules that define a ``__getattr__``: the package roots' lazy re-exports of the API
+# (PEP 562, at module level). Nothing else forwards attribute lookups to another object: a sink's
+# delivery chain declares its stages (bridge.delivery.chain), and a wrapper states what it adds.
+MODULE_GETATTR_ALLOWED = frozenset({"bridge", "sinks"})
+
+
+def getattr_hooks(source: str) -> list[tuple[int, str]]:
+    """(line, where) of every ``__getattr__`` / ``__getattribute__`` defined in ``source``: ``where``
+    is the class that defines it, or ``<module>`` for a module-level one."""
+    hooks: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST, owner: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, child.name)
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                if child.name in ("__getattr__", "__getattribute__"):
+                    hooks.append((child.lineno, owner))
+                visit(child, "<function>" if owner == "<module>" else owner)
+            else:
+                visit(child, owner)
+
+    visit(ast.parse(source), "<module>")
+    return hooks
+
+
+def test_no_class_forwards_attributes_through_getattr() -> None:
+    """No object in bridge/ or sinks/ answers for attributes it does not define (a wrapper
+    imitating a sink hid the sink's status that way: its filter errors went unexported under
+    ``profile: events``); the package roots' module-level lazy exports are the only ``__getattr__``."""
+    found = []
+    for path in all_modules():
+        module = module_name(path)
+        for line, owner in getattr_hooks(path.read_text()):
+            if owner != "<module>" or module not in MODULE_GETATTR_ALLOWED:
+                found.append(f"{module}:{line} {owner}.__getattr__")
+    assert found == []
+
+
+def test_a_class_level_getattr_is_reported() -> None:
+    source = ("def __getattr__(name):\n    return name\n"
+              "class Wrapper:\n    def __getattr__(self, item):\n        return getattr(self.inner, item)\n"
+              "    class Nested:\n        def __getattribute__(self, item):\n            return 1\n")
+    assert getattr_hooks(source) == [(1, "<module>"), (4, "Wrapper"), (7, "Nested")]
 
 
 def test_a_new_getattr_on_a_sink_is_reported() -> None:

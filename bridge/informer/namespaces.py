@@ -305,9 +305,10 @@ class NamespaceFilteredListerWatcher:
         while the namespaces may have been relabelled) then ends at once too, and the reflector
         lists."""
 
-    def __getattr__(self, name: str) -> Any:
-        # The inner lister-watcher's own counters and settings (garbage lines, resource …).
-        return getattr(self._inner, name)
+    @property
+    def inner(self) -> ListerWatcher:
+        """The wrapped lister-watcher (its own counters and settings, for tools and tests)."""
+        return self._inner
 
     async def list(self, options: ListOptions) -> ListPage:
         if not options.continue_token:

@@ -1,9 +1,10 @@
-"""A sink decorator that measures delivery: events in flight, ack latency and sampled trace spans.
+"""The meter stage of a sink's delivery chain: events in flight, ack latency and sampled trace spans.
 
-The service wraps every configured sink in a :class:`MeteredSink`, so sinks (built-in or third-party)
-need no telemetry code of their own. It forwards the sink's declared status (``delivery``,
-``last_error``); other attributes reach the wrapped sink through ``__getattr__``, for tools and tests
-only (the bridge reads nothing undeclared).
+The service puts a :class:`MeterStage` first in every sink's delivery chain
+(:mod:`bridge.delivery.chain`), so sinks (built-in or third-party) need no telemetry code of their
+own. It reads nothing of a change but what a span names (its type, resource and subject) and adds
+to each acknowledgement: the in-flight gauge (the chain's ``in_flight``: events it passed on and
+that are not acknowledged, held ones included), the sampled latency and the span.
 
 It runs once per event, so it makes no OpenTelemetry SDK call unless it must (each costs 7-10 µs,
 see :mod:`bridge.service.telemetry`) and counts no outcomes (the exported counts are the pipeline's,
@@ -13,12 +14,13 @@ and a span is started only for the events that one random draw at
 :attr:`Telemetry.trace_sample_ratio <bridge.telemetry.Telemetry.trace_sample_ratio>` picks. An event
 that is not picked creates no span object at all.
 
-:meth:`MeteredSink.deliver_batch` hands a batch to the wrapped sink's ``deliver_batch`` (a loop over
-its ``deliver`` when it has none) and costs one small closure per event: the batch is timed from one
-clock reading, at most one latency per batch is sampled (its first delivery, under the same interval
-rule), and the traced events are chosen by drawing the gaps between them (a geometric distribution:
-each event is still picked with probability ``trace_sample_ratio``, independently of the others)
-instead of one draw per event.
+A batch of one event (what a single ``deliver`` is) takes one draw for its span and samples its
+latency under the interval rule. A larger batch costs one small closure per event: it is timed from
+one clock reading, at most one latency per batch is sampled (its first delivery, under the same
+interval rule), and the traced events are chosen by drawing the gaps between them (a geometric
+distribution: each event is still picked with probability ``trace_sample_ratio``, independently of
+the others) instead of one draw per event. The two draws may interleave: the geometric gap is
+memoryless, so a pending gap stays right for the next batch whatever single events came between.
 """
 
 from __future__ import annotations
@@ -31,49 +33,58 @@ from typing import Any
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from bridge.delivery.chain import HandOn
 from bridge.service.telemetry import LATENCY_SAMPLE_INTERVAL, Telemetry
-from sinks.contract import AckCallback, ChangeEvent, DeliveryOptions, DeliveryOutcome, Sink, takes_batches
+from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome
 
-__all__ = ["MeteredSink"]
+__all__ = ["MeterStage"]
 
 _DELIVERED = DeliveryOutcome.DELIVERED
 
 
-class MeteredSink:
-    def __init__(self, *, inner: Sink, telemetry: Telemetry,
+class MeterStage:
+    """Meters one sink's deliveries (see the module docs); first in the sink's chain."""
+
+    name = "meter"
+    reads = ("type, resource, subject (of a traced event, for its span)",)
+    adds = ("to each ack: the in-flight count, a sampled latency (keb_sink_delivery_duration_seconds), "
+            "a sampled span",)
+
+    def __init__(self, *, sink: str, telemetry: Telemetry,
                  clock: Callable[[], float] = time.perf_counter,
                  draw: Callable[[], float] = random.random,
                  latency_sample_interval: float = LATENCY_SAMPLE_INTERVAL) -> None:
-        """``clock`` (monotonic seconds) times deliveries and spaces the latency samples; ``draw``
-        (uniform in [0, 1)) decides which events get a span. Both are injectable for tests."""
-        self.inner = inner
-        self.name = inner.name
+        """``sink`` names the metered sink (the metrics' label, the spans' name). ``clock``
+        (monotonic seconds) times deliveries and spaces the latency samples; ``draw`` (uniform in
+        [0, 1)) decides which events get a span. Both are injectable for tests."""
+        self.sink = sink
         self._telemetry = telemetry
         self._clock = clock
         self._draw = draw
         self._sample_ratio = telemetry.trace_sample_ratio
         self._latency_interval = latency_sample_interval
         self._last_latency = -float("inf")
-        self._attrs = {"sink": inner.name}
+        self._attrs = {"sink": sink}
         self.in_flight = 0
-        self._inner_batch = inner if takes_batches(inner) else None
+        """Events handed on and not acknowledged yet (the sink's ``keb_sink_in_flight``)."""
         self._next_traced: int | None = None
-        """``deliver_batch``: events still to pass before the next traced one (drawn when needed)."""
+        """Batches: events still to pass before the next traced one (drawn when needed)."""
 
-    def __getattr__(self, item: str) -> Any:
-        # Only called for attributes this wrapper does not define (the wrapped sink's stats, …).
-        return getattr(self.inner, item)
+    async def start(self, hand_on: HandOn) -> None:
+        pass
 
-    @property
-    def delivery(self) -> DeliveryOptions:
-        return self.inner.delivery
+    async def flush(self, hand_on: HandOn) -> None:
+        pass
 
-    @property
-    def last_error(self) -> str:
-        return self.inner.last_error
+    async def close(self) -> None:
+        pass
 
-    async def start(self) -> None:
-        await self.inner.start()
+    async def process(self, events: Sequence[ChangeEvent], acks: Sequence[AckCallback],
+                      hand_on: HandOn) -> None:
+        if len(events) == 1:
+            await self._one(events[0], acks[0], hand_on)
+        else:
+            await self._batch(events, acks, hand_on)
 
     def _finished(self, outcome: DeliveryOutcome, started: float) -> None:
         """One acknowledged event: no longer in flight; its latency sampled when it is a delivery."""
@@ -84,9 +95,9 @@ class MeteredSink:
                 self._last_latency = now
                 self._telemetry.delivery_duration.record(now - started, self._attrs)
 
-    async def deliver(self, event: ChangeEvent, ack: AckCallback) -> None:
+    async def _one(self, event: ChangeEvent, ack: AckCallback, hand_on: HandOn) -> None:
         if self._sample_ratio and self._draw() < self._sample_ratio:
-            await self._deliver_traced(event, ack)
+            await self._one_traced(event, ack, hand_on)
             return
         started = self._clock()
         finished = self._finished
@@ -97,7 +108,7 @@ class MeteredSink:
 
         self.in_flight += 1
         try:
-            await self.inner.deliver(event, metered_ack)
+            await hand_on((event,), (metered_ack,))
         except BaseException:
             self.in_flight -= 1
             raise
@@ -111,12 +122,9 @@ class MeteredSink:
         u = 1.0 - self._draw()  # in (0, 1]
         return int(math.log(u) / math.log1p(-ratio))
 
-    async def deliver_batch(self, events: Sequence[ChangeEvent], acks: Sequence[AckCallback]) -> None:
+    async def _batch(self, events: Sequence[ChangeEvent], acks: Sequence[AckCallback],
+                     hand_on: HandOn) -> None:
         count = len(events)
-        if count != len(acks):
-            raise ValueError(f"deliver_batch: {count} events but {len(acks)} acks")
-        if not count:
-            return
         started = self._clock()
         clock = self._clock
         telemetry = self._telemetry
@@ -143,25 +151,10 @@ class MeteredSink:
                 ack(outcome)
 
             wrapped.append(metered_ack)
-        spans: list[Any] = []
-        if self._sample_ratio:
-            at = self._next_traced
-            if at is None:
-                at = self._gap()
-            while at < count:
-                wrapped[at], span = self._traced_ack(events[at], wrapped[at])
-                spans.append(span)
-                at += 1 + self._gap()
-            self._next_traced = at - count
+        spans = self._trace_batch(events, wrapped) if self._sample_ratio else []
         self.in_flight += count
         try:
-            inner_batch = self._inner_batch
-            if inner_batch is not None:
-                await inner_batch.deliver_batch(events, wrapped)
-            else:
-                deliver = self.inner.deliver
-                for i in range(count):
-                    await deliver(events[i], wrapped[i])
+            await hand_on(events, wrapped)
         except BaseException:
             # Which events the sink took before it raised is unknown: the gauge forgets the batch's
             # unacknowledged events (acks that still come are not subtracted again).
@@ -172,14 +165,31 @@ class MeteredSink:
                     span.end()
             raise
 
+    def _trace_batch(self, events: Sequence[ChangeEvent], wrapped: list[AckCallback]) -> list[Any]:
+        """Gives the batch's traced events (drawn by gaps) a span, ended by their ack in ``wrapped``."""
+        count = len(events)
+        spans: list[Any] = []
+        at = self._next_traced
+        if at is None:
+            at = self._gap()
+        while at < count:
+            wrapped[at], span = self._traced_ack(events[at], wrapped[at])
+            spans.append(span)
+            at += 1 + self._gap()
+        self._next_traced = at - count
+        return spans
+
+    def _span(self, event: ChangeEvent) -> Any:
+        return self._telemetry.tracer.start_span(
+            f"deliver {self.sink}", kind=SpanKind.PRODUCER,
+            attributes={"keb.sink": self.sink, "keb.event.type": event.type.value,
+                        "keb.resource": event.resource.qualified, "keb.subject": event.subject},
+        )
+
     def _traced_ack(self, event: ChangeEvent, ack: AckCallback) -> tuple[AckCallback, Any]:
         """A span for ``event`` and the ack that ends it (then calls ``ack``, which settles the
         gauge and samples the latency)."""
-        span = self._telemetry.tracer.start_span(
-            f"deliver {self.name}", kind=SpanKind.PRODUCER,
-            attributes={"keb.sink": self.name, "keb.event.type": event.type.value,
-                        "keb.resource": event.resource.qualified, "keb.subject": event.subject},
-        )
+        span = self._span(event)
 
         def traced_ack(outcome: DeliveryOutcome) -> None:
             if span.is_recording():  # else ended when the hand-over of its batch failed
@@ -191,12 +201,8 @@ class MeteredSink:
 
         return traced_ack, span
 
-    async def _deliver_traced(self, event: ChangeEvent, ack: AckCallback) -> None:
-        span = self._telemetry.tracer.start_span(
-            f"deliver {self.name}", kind=SpanKind.PRODUCER,
-            attributes={"keb.sink": self.name, "keb.event.type": event.type.value,
-                        "keb.resource": event.resource.qualified, "keb.subject": event.subject},
-        )
+    async def _one_traced(self, event: ChangeEvent, ack: AckCallback, hand_on: HandOn) -> None:
+        span = self._span(event)
         started = self._clock()
 
         def metered_ack(outcome: DeliveryOutcome) -> None:
@@ -209,17 +215,8 @@ class MeteredSink:
 
         self.in_flight += 1
         try:
-            await self.inner.deliver(event, metered_ack)
+            await hand_on((event,), (metered_ack,))
         except BaseException:
             self.in_flight -= 1
             span.end()
             raise
-
-    async def flush(self, timeout: float) -> bool:
-        return await self.inner.flush(timeout)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    def healthy(self) -> bool:
-        return self.inner.healthy()

@@ -1,18 +1,20 @@
 """The composition root of ``kube-event-bridge run``: configuration in, a running bridge out.
 
 Builds, in order: logging and telemetry; the health/metrics endpoint (first, so probes answer while
-the rest starts); the API client and discovery; the sinks (each wrapped in a
-:class:`~bridge.metered.MeteredSink`); the checkpoint store; the informer factory and the pipeline.
+the rest starts); the API client and discovery; the sinks, each with its delivery chain
+(:mod:`bridge.service.chains`: metering, the events profile, fencing); the checkpoint store; the
+informer factory and the pipeline.
 With leader election, the pipeline runs only while this replica holds the Lease.
 
 Shutdown (SIGTERM/SIGINT or a fatal error): stop intake, drain the listeners, flush every sink, write
 the final checkpoint, close everything and only then release the Lease, all within
 ``shutdown_deadline`` (so that the next leader resumes from that checkpoint and re-sends nothing).
 
-Lost leadership is not a shutdown but an abort: the sinks are fenced (:class:`~bridge.service.fencing.
-FencedSink`) the instant the renew deadline passes, the pipeline is stopped without draining,
-flushing or checkpointing (the checkpoint store refuses writes as well), and the process exits 1 so
-that the pod restarts as a standby. What was in flight is re-sent by the next leader.
+Lost leadership is not a shutdown but an abort: the sinks are fenced (the last stage of their chains,
+:class:`~bridge.service.fencing.FenceStage`) the instant the renew deadline passes, the pipeline is
+stopped without draining, flushing or checkpointing (the checkpoint store refuses writes as well),
+and the process exits 1 so that the pod restarts as a standby. What was in flight is re-sent by the
+next leader.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 from bridge.clock import Clock, RealClock
 from bridge.contracts import ListerWatcher
+from bridge.delivery.chain import DeliveryChain
 from bridge.delivery.checkpoint_writer import GroupCommit
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.delivery.stall import StallCheck
@@ -42,12 +45,11 @@ from bridge.kube.leaderelection import FenceToken, LeaderElector
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.service import sharding_auto
 from bridge.service.api_waits import AheadOfServer
+from bridge.service.chains import delivery_chains
 from bridge.service.config import BridgeConfig, check_secret_files, load_config
-from bridge.service.events.wiring import EventsSink, events_profile_for, set_replay_point
-from bridge.service.fencing import FencedSink
+from bridge.service.events.wiring import events_profile_for, set_replay_point
 from bridge.service.health import HealthServer, Readiness
 from bridge.service.logconfig import configure_logging
-from bridge.service.metered import MeteredSink
 from bridge.service.parent_watch import watch_parent
 from bridge.service.sharding import assign
 from bridge.service.spill_lock import lock_spill_root, release_spill_root
@@ -93,12 +95,13 @@ def insecure_warnings(config: BridgeConfig, sinks: list[Sink]) -> list[str]:
     return found
 
 
-def _filter_errors_of(sink: MeteredSink) -> int | None:
-    """The sink's filter evaluation errors; None for a sink without a CEL filter."""
-    inner = sink.inner
-    if not isinstance(inner, BaseSink) or inner.options.filter is None:
+def _filter_errors_of(chain: DeliveryChain) -> int | None:
+    """The filter evaluation errors of the chain's sink (read from the sink itself, whatever the
+    chain's stages); None for a sink without a CEL filter."""
+    sink = chain.sink
+    if not isinstance(sink, BaseSink) or sink.options.filter is None:
         return None  # the CEL filter is a BaseSink option: a sink of its own has none
-    return inner.stats.filter_errors
+    return sink.stats.filter_errors
 
 
 FenceSource = Callable[[], FenceToken | None]
@@ -178,7 +181,7 @@ class _State:
     role: str = "single"
     pipeline: BridgePipeline | None = None
     unresolved: dict[str, str] = field(default_factory=dict)
-    sinks: list[MeteredSink] = field(default_factory=list)
+    sinks: list[DeliveryChain] = field(default_factory=list)
 
 
 class BridgeService:
@@ -245,7 +248,7 @@ class BridgeService:
         """Each live sink's filter evaluation errors (sinks with a ``filter``), by name."""
         return {s.name: count for s in self._state.sinks if (count := _filter_errors_of(s)) is not None}
 
-    def _retire(self, pipeline: BridgePipeline, sinks: list[MeteredSink]) -> None:
+    def _retire(self, pipeline: BridgePipeline, sinks: list[DeliveryChain]) -> None:
         """Carries the counts of a pipeline that has ended into the telemetry's own totals, so that
         the exported counters never go down when leadership is lost and won again."""
         for key, gauges in pipeline.informer_gauges().items():
@@ -483,18 +486,14 @@ class BridgeService:
             watched = await self._shard(client, watched)
         events_profile = events_profile_for(cfg, watched, client=client, clock=self._clock,
                                             telemetry=self.telemetry)
-        built = validate_sinks(cfg)
-        if events_profile is not None:
-            window, pending = cfg.events.coalesce_window, cfg.events.coalesce_max_pending
-            built = [EventsSink(inner=s, profile=events_profile, coalesce_window=window, max_pending=pending,
-                                clock=self._clock) for s in built]
-        metered = [MeteredSink(inner=s, telemetry=self.telemetry) for s in built]
-        self._state.sinks = metered
-        sinks: list[Sink] = list(metered)
+        chains = delivery_chains(
+            validate_sinks(cfg), telemetry=self.telemetry, clock=self._clock,
+            events=(events_profile, cfg.events) if events_profile is not None else None,
+            is_leader=elector.is_leader if elector is not None else None)
+        self._state.sinks = chains
         fence: FenceSource | None = None
         shutdown_deadline = cfg.shutdown_deadline
         if elector is not None:
-            sinks = [FencedSink(inner=s, is_leader=elector.is_leader) for s in metered]
             fence = elector.fence_token
             shutdown_deadline = max(0.5, shutdown_deadline - elector.release_timeout)
         by_key = {w.key: w for w in watched}
@@ -523,7 +522,7 @@ class BridgeService:
             await set_replay_point(events_profile, store, watched)
         pipeline = BridgePipeline(
             fetch_object=functools.partial(fetch_object, client),
-            factory=factory, resources=watched, sinks=list(sinks), checkpoint_store=store,
+            factory=factory, resources=watched, sinks=chains, checkpoint_store=store,
             cluster=cfg.cluster, checkpoint_interval=cfg.checkpoint.interval,
             stall_check=(StallCheck(after=cfg.kubernetes.stall_after,
                                     server_resource_version=functools.partial(_server_rv, client))
@@ -575,7 +574,7 @@ class BridgeService:
                 with contextlib.suppress(Exception):
                     await events_profile.close()
             # No await between these: a scrape sees the counts either live or carried, never both.
-            self._retire(pipeline, metered)
+            self._retire(pipeline, chains)
             self._state.pipeline = None
             self._state.sinks = []
             self._state.role = "standby" if self.config.leader_election.enabled else "single"

@@ -1,4 +1,4 @@
-"""Coalescing of Event repetitions in :class:`~bridge.service.events.profile.EventsSink`: held for
+"""Coalescing of Event repetitions in :class:`~bridge.service.events.profile.EventsStage`: held for
 the window, replaced by newer states (the replaced ones acknowledged as filtered), the last state
 always handed on with its own acknowledgement, never before the window ends unless something must
 follow it (a delete of the Event, a marker, a flush)."""
@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from bridge.clock import FakeClock
-from bridge.service.events.profile import EventsProfile, EventsSink
+from bridge.delivery.chain import DeliveryChain
+from bridge.service.events.profile import EventsProfile, EventsStage
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOptions, DeliveryOutcome, EventType, SnapshotInfo
 from tests.events.helpers import PODS, change, core_event
 
@@ -67,10 +69,16 @@ def profile() -> EventsProfile:
     return EventsProfile(profiled=lambda ref: True, enricher=None, counter=None)
 
 
+def events_chain(rec: Recorder, **options: Any) -> tuple[DeliveryChain, EventsStage]:
+    """``rec`` behind a delivery chain with the events stage alone, and the stage."""
+    stage = EventsStage(sink=rec.name, profile=profile(), **options)
+    return DeliveryChain(sink=rec, stages=[stage]), stage
+
+
 async def test_repetitions_within_the_window_become_their_last_state() -> None:
     clock = FakeClock()
     rec = Recorder()
-    sink = EventsSink(inner=rec, profile=profile(), coalesce_window=10.0, clock=clock)
+    sink, stage = events_chain(rec, coalesce_window=10.0, clock=clock)
     await sink.start()
     out = Outcomes()
     try:
@@ -82,7 +90,7 @@ async def test_repetitions_within_the_window_become_their_last_state() -> None:
         # Held: nothing handed on; the replaced states are acknowledged as filtered, the last one not.
         assert rec.counts() == ["added:1"]
         assert out.seen == {"c2": DeliveryOutcome.FILTERED, "c3": DeliveryOutcome.FILTERED}
-        assert sink.held == 1
+        assert stage.held == 1
         await clock.advance(3.9)
         assert rec.counts() == ["added:1"]  # 9.9 s after the first repetition was held
         await clock.advance(0.2)
@@ -104,7 +112,7 @@ async def test_repetitions_within_the_window_become_their_last_state() -> None:
 async def test_a_delete_a_marker_and_a_flush_release_what_is_held_first() -> None:
     clock = FakeClock()
     rec = Recorder()
-    sink = EventsSink(inner=rec, profile=profile(), coalesce_window=60.0, clock=clock)
+    sink, stage = events_chain(rec, coalesce_window=60.0, clock=clock)
     await sink.start()
     out = Outcomes()
     try:
@@ -122,7 +130,7 @@ async def test_a_delete_a_marker_and_a_flush_release_what_is_held_first() -> Non
         await sink.deliver(change(core_event(count=4, **b), EventType.UPDATED), out.cb("b4"))
         assert await sink.flush(1.0)
         assert rec.counts()[-1] == "updated:4"
-        assert sink.held == 0
+        assert stage.held == 0
         assert not out.seen  # nothing replaced, nothing acknowledged by the profile itself
     finally:
         await sink.close()
@@ -131,7 +139,7 @@ async def test_a_delete_a_marker_and_a_flush_release_what_is_held_first() -> Non
 async def test_closing_leaves_held_repetitions_unacknowledged() -> None:
     clock = FakeClock()
     rec = Recorder()
-    sink = EventsSink(inner=rec, profile=profile(), coalesce_window=30.0, clock=clock)
+    sink, _stage = events_chain(rec, coalesce_window=30.0, clock=clock)
     await sink.start()
     out = Outcomes()
     await sink.deliver(change(core_event(count=2), EventType.UPDATED), out.cb("held"))
@@ -145,7 +153,7 @@ async def test_closing_leaves_held_repetitions_unacknowledged() -> None:
 
 async def test_without_a_window_every_repetition_goes_on_at_once_with_its_attributes() -> None:
     rec = Recorder()
-    sink = EventsSink(inner=rec, profile=profile(), clock=FakeClock())
+    sink, _stage = events_chain(rec, clock=FakeClock())
     await sink.start()
     try:
         for n in (1, 2, 3):
@@ -163,14 +171,14 @@ async def test_without_a_window_every_repetition_goes_on_at_once_with_its_attrib
 async def test_the_pending_bound_sends_the_oldest_held_at_once() -> None:
     clock = FakeClock()
     rec = Recorder()
-    sink = EventsSink(inner=rec, profile=profile(), coalesce_window=30.0, max_pending=2, clock=clock)
+    sink, stage = events_chain(rec, coalesce_window=30.0, max_pending=2, clock=clock)
     await sink.start()
     try:
         for i in range(3):
             await sink.deliver(change(core_event(count=2, uid=f"ev-{i}", name=f"e{i}"), EventType.UPDATED),
                                lambda _: None)
         assert [e.uid for e in rec.got] == ["ev-0"]
-        assert sink.held == 2
+        assert stage.held == 2
     finally:
         await sink.close()
 
@@ -194,7 +202,7 @@ async def test_a_repetition_arriving_during_a_slow_hand_over_is_held_a_window_fr
     # apart, measured from the end of the first hand-over, however long that takes.
     clock = FakeClock()
     rec = SlowRecorder()
-    sink = EventsSink(inner=rec, profile=profile(), coalesce_window=10.0, clock=clock)
+    sink, stage = events_chain(rec, coalesce_window=10.0, clock=clock)
     await sink.start()
     try:
         await sink.deliver(change(core_event(count=2), EventType.UPDATED), lambda _: None)
@@ -207,7 +215,7 @@ async def test_a_repetition_arriving_during_a_slow_hand_over_is_held_a_window_fr
         rec.gate.set()
         await arriving
         assert rec.counts() == ["updated:2"]
-        assert sink.held == 1
+        assert stage.held == 1
         await clock.advance(9.9)
         assert rec.counts() == ["updated:2"]  # 9.9 s after the first hand-over ended
         await clock.advance(0.2)

@@ -136,3 +136,45 @@ async def test_events_are_annotated_enriched_routed_and_counted(tmp_path: Path) 
                     and not message_of(ce).startswith("Unhealthy: pod")]
         assert sorted(ce["id"] for ce in warnings) == sorted(expected)
         assert expected
+
+
+async def test_the_cel_filter_errors_of_a_profiled_sink_are_exported(tmp_path: Path) -> None:
+    """A sink with a CEL ``filter`` receiving a resource under ``profile: events``: the filter's
+    evaluation errors reach ``keb_sink_filter_errors_total`` (read from the sink itself, whatever
+    stages its delivery chain has)."""
+    async with Simulator(bookmark_interval=0.2) as sim:
+        kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig")
+        cfg = BridgeConfig.model_validate({
+            "cluster": "test",
+            "kubernetes": {"kubeconfig": str(kubeconfig), "in_cluster": "false"},
+            "resources": [{"resource": "events", "profile": "events"}],
+            "events": {"enrichment": {"enabled": False}},
+            "sinks": [{"name": "failing", "kind": "file", "path": str(tmp_path / "failing.jsonl"),
+                       # Core Events have no status: every evaluation fails, and the Event is kept.
+                       "filter": "object.status.reason == 'Evicted'", "filter_errors": "keep"}],
+            "checkpoint": {"store": "none"},
+            "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
+            "shutdown_deadline": 10,
+        })
+        service = BridgeService(config=cfg)
+        task = asyncio.create_task(service.run(), name="service-under-test")
+        try:
+            await eventually(lambda: service.readiness().ready, what="readiness")
+            count = 5
+            for i in range(count):
+                sim.store.create("events", {
+                    "apiVersion": "v1", "kind": "Event",
+                    "metadata": {"name": f"web-{i}.1", "namespace": "shop"},
+                    "involvedObject": {"kind": "Pod", "namespace": "shop", "name": f"web-{i}",
+                                       "uid": f"uid-web-{i}", "apiVersion": "v1"},
+                    "reason": "BackOff", "type": "Warning", "message": "Back-off", "count": 1,
+                    "source": {"component": "kubelet"}})
+            await eventually(lambda: len(lines(tmp_path / "failing.jsonl")) == count, what="the Events kept")
+            assert all(ce["reason"] == "BackOff" for ce in lines(tmp_path / "failing.jsonl"))
+            text = service.telemetry.render_prometheus().decode()
+            assert metric_total(text, "keb_sink_filter_errors_total", sink="failing") == count
+            (chain,) = service._state.sinks
+            assert chain.describe() == "meter → events → sink failing"
+        finally:
+            service.stop_event.set()
+            assert await task == 0

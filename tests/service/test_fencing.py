@@ -1,4 +1,4 @@
-"""Losing leadership stops delivery at once: the fenced sink hands nothing on, the pipeline's abort
+"""Losing leadership stops delivery at once: the fence stage hands nothing on, the pipeline's abort
 abandons what is in flight and writes no checkpoint, and the fenced store refuses a late write."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from bridge.clock import FakeClock
+from bridge.delivery.chain import DeliveryChain
 from bridge.delivery.pipeline import BridgePipeline
 from bridge.kube.leaderelection import FenceToken
-from bridge.service.fencing import FencedSink
+from bridge.service.fencing import FenceStage
 from bridge.storage.checkpoint import Checkpoint, CheckpointFencedError, FileCheckpointStore
 from bridge.testing.fake_source import FakeControllerSource
 from tests.checkpoint.helpers import WATCHED, BatchSink, RecordingSink, cm, fake_builder, until
@@ -38,7 +39,7 @@ async def test_after_the_loss_nothing_reaches_a_sink_and_no_checkpoint_is_writte
     store = FileCheckpointStore(directory=tmp_path, fsync=False, fence=lead.token)
     clock = FakeClock()
     pipeline = BridgePipeline(
-        resources=[WATCHED], sinks=[FencedSink(inner=inner, is_leader=lead.is_leader)],
+        resources=[WATCHED], sinks=[DeliveryChain(sink=inner, stages=[FenceStage(is_leader=lead.is_leader)])],
         checkpoint_store=store, build_informer=fake_builder(source, clock), clock=clock,
         cluster="test", checkpoint_interval=3600,
     )
@@ -70,7 +71,7 @@ async def test_after_the_loss_nothing_reaches_a_sink_and_no_checkpoint_is_writte
         await late.save(Checkpoint(informer_id=IDENT, resource_version="1", objects={}))
 
 
-async def test_a_fenced_sink_hands_batches_on_while_leading_and_nothing_after_the_loss(
+async def test_a_fenced_chain_hands_batches_on_while_leading_and_nothing_after_the_loss(
     tmp_path: Path,
 ) -> None:
     source = FakeControllerSource()
@@ -78,7 +79,8 @@ async def test_a_fenced_sink_hands_batches_on_while_leading_and_nothing_after_th
         source.add(cm(f"cm-{i}"))
     lead = Leadership()
     inner = BatchSink("hook")
-    fenced = FencedSink(inner=inner, is_leader=lead.is_leader)
+    fence = FenceStage(is_leader=lead.is_leader)
+    fenced = DeliveryChain(sink=inner, stages=[fence])
     clock = FakeClock()
     pipeline = BridgePipeline(
         resources=[WATCHED], sinks=[fenced], checkpoint_store=None,
@@ -96,7 +98,7 @@ async def test_a_fenced_sink_hands_batches_on_while_leading_and_nothing_after_th
             source.add(cm(f"cm-{i}"))
         await until(lambda: pipeline.stats().received[IDENT].get("add", 0) >= 600,
                     what="new changes received")
-        await until(lambda: fenced.refused > 0, what="the fence refusing")
+        await until(lambda: fence.refused > 0, what="the fence refusing")
         assert len(inner.events) == 300  # nothing new handed to the sink, batched or not
     finally:
         await pipeline.abort()

@@ -1,5 +1,6 @@
-"""MeteredSink.deliver_batch: the same acks and in-flight gauge as per-event delivery, sampled latency
-per batch, the traced share kept, and a sink without ``deliver_batch`` fed by a loop over ``deliver``."""
+"""The meter stage on batches: the same acks and in-flight gauge as per-event delivery, sampled
+latency per batch, the traced share kept, and a sink without ``deliver_batch`` fed by a loop over
+``deliver``."""
 
 from __future__ import annotations
 
@@ -12,10 +13,20 @@ import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from bridge.service.metered import MeteredSink
+from bridge.delivery.chain import DeliveryChain
+from bridge.service.metered import MeterStage
 from bridge.service.telemetry import LATENCY_SAMPLE_INTERVAL, Telemetry
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, SinkError
-from tests.service.test_telemetry_cost import AckingSink, FakeClock, RecordingTracer, event, exposed, metric
+from tests.service.test_telemetry_cost import (
+    AckingSink,
+    FakeClock,
+    RecordingTracer,
+    event,
+    exposed,
+    meter_of,
+    metered,
+    metric,
+)
 
 
 class BatchAckingSink(AckingSink):
@@ -52,7 +63,7 @@ async def test_acks_and_in_flight_equal_per_event_delivery() -> None:
     clock = FakeClock()
     telemetry = Telemetry(trace_sample_ratio=0.0)
     inner = BatchAckingSink(clock, outcomes=outcomes)
-    m = MeteredSink(inner=inner, telemetry=telemetry, clock=clock)
+    m = metered(telemetry, inner, clock)
     acked: list[DeliveryOutcome] = []
     for chunk in batches(1000, 64):
         await m.deliver_batch(chunk, [acked.append] * len(chunk))
@@ -67,7 +78,7 @@ async def test_a_sink_without_deliver_batch_gets_a_loop_over_deliver() -> None:
     telemetry = Telemetry(trace_sample_ratio=0.0)
     inner = AckingSink(clock)
     assert not hasattr(inner, "deliver_batch")
-    m = MeteredSink(inner=inner, telemetry=telemetry, clock=clock)
+    m = metered(telemetry, inner, clock)
     acked: list[DeliveryOutcome] = []
     await m.deliver_batch([event(i) for i in range(5)], [acked.append] * 5)
     telemetry.shutdown()
@@ -78,7 +89,7 @@ async def test_a_sink_without_deliver_batch_gets_a_loop_over_deliver() -> None:
 async def test_latency_is_sampled_once_per_batch_under_the_interval_rule() -> None:
     clock = FakeClock()
     telemetry = Telemetry(trace_sample_ratio=0.0)
-    m = MeteredSink(inner=BatchAckingSink(clock, latency=0.0001), telemetry=telemetry, clock=clock)
+    m = metered(telemetry, BatchAckingSink(clock, latency=0.0001), clock)
     # 40 batches of 10, spaced by more than the interval: one sample each, its first delivery's.
     for chunk in batches(400, 10):
         await m.deliver_batch(chunk, [lambda _o: None] * len(chunk))
@@ -101,7 +112,7 @@ async def test_ratio_one_traces_every_event_and_zero_none() -> None:
     exporter = InMemorySpanExporter()
     telemetry.tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     inner = BatchAckingSink(clock, outcomes=[DeliveryOutcome.DEAD_LETTERED])
-    m = MeteredSink(inner=inner, telemetry=telemetry, clock=clock)
+    m = metered(telemetry, inner, clock)
     for chunk in batches(20, 6):
         await m.deliver_batch(chunk, [lambda _o: None] * len(chunk))
     spans = exporter.get_finished_spans()
@@ -115,7 +126,7 @@ async def test_ratio_one_traces_every_event_and_zero_none() -> None:
     tracer = RecordingTracer()
     zero.tracer = tracer  # type: ignore[assignment]
     inner = BatchAckingSink(clock)
-    m = MeteredSink(inner=inner, telemetry=zero, clock=clock, draw=lambda: pytest.fail("no draw at ratio 0"))
+    m = metered(zero, inner, clock, draw=lambda: pytest.fail("no draw at ratio 0"))
     for chunk in batches(200, 50):
         await m.deliver_batch(chunk, [lambda _o: None] * len(chunk))
     zero.shutdown()
@@ -131,14 +142,14 @@ async def test_the_traced_share_is_the_ratio(ratio: float) -> None:
     clock = FakeClock()
     telemetry = Telemetry(trace_sample_ratio=ratio)
     rng = random.Random(18)
-    m = MeteredSink(inner=BatchAckingSink(clock), telemetry=telemetry, clock=clock, draw=rng.random)
+    m = metered(telemetry, BatchAckingSink(clock), clock, draw=rng.random)
     picked: list[int] = []
 
     def pick(ev: ChangeEvent, ack: AckCallback) -> tuple[AckCallback, object]:
         picked.append(int(ev.name[1:]))
         return ack, None
 
-    m._traced_ack = pick  # type: ignore[method-assign,assignment]
+    meter_of(m)._traced_ack = pick  # type: ignore[method-assign,assignment]
     n = 40_000
     events = [event(i) for i in range(n)]
     size = 97
@@ -159,7 +170,7 @@ async def test_a_failed_hand_over_settles_the_in_flight_gauge() -> None:
     exporter = InMemorySpanExporter()
     telemetry.tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     inner = BatchAckingSink(clock)
-    m = MeteredSink(inner=inner, telemetry=telemetry, clock=clock)
+    m = metered(telemetry, inner, clock)
     inner.hold = True
     acked: list[DeliveryOutcome] = []
     await m.deliver_batch([event(0), event(1)], [acked.append] * 2)
@@ -200,7 +211,7 @@ async def test_a_forwarding_wrapper_keeps_its_own_deliver() -> None:
     telemetry = Telemetry(trace_sample_ratio=0.0)
     inner = BatchAckingSink(clock)
     wrapper = Forwarding(inner)
-    m = MeteredSink(inner=wrapper, telemetry=telemetry, clock=clock)  # type: ignore[arg-type]
+    m = DeliveryChain(sink=wrapper, stages=[MeterStage(sink="s", telemetry=telemetry, clock=clock)])  # type: ignore[arg-type]
     acked: list[DeliveryOutcome] = []
     await m.deliver_batch([event(i) for i in range(3)], [acked.append] * 3)
     telemetry.shutdown()

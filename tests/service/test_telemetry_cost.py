@@ -1,6 +1,6 @@
 """Per-event telemetry is cheap and still exact where it must be.
 
-The wrapper counts no outcomes (the exported counts are the pipeline's); the latency histogram is
+The meter stage counts no outcomes (the exported counts are the pipeline's); the latency histogram is
 sampled in time (at most one record per ``LATENCY_SAMPLE_INTERVAL`` per sink); spans are decided by
 one draw per event and, when not drawn, never created. The clock and the draw are injected, so
 nothing here depends on speed.
@@ -21,8 +21,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
+from bridge.delivery.chain import DeliveryChain
 from bridge.service.config import BridgeConfig
-from bridge.service.metered import MeteredSink
+from bridge.service.metered import MeterStage
 from bridge.service.service import BridgeService
 from bridge.service.telemetry import (
     LATENCY_SAMPLE_INTERVAL,
@@ -110,19 +111,28 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 
 def metered(telemetry: Telemetry, sink: AckingSink, clock: FakeClock,
-            draw: Callable[[], float] | None = None) -> MeteredSink:
+            draw: Callable[[], float] | None = None) -> DeliveryChain:
+    """``sink`` in a delivery chain with a meter stage alone, as the service meters it."""
     if draw is None:
-        return MeteredSink(inner=sink, telemetry=telemetry, clock=clock)
-    return MeteredSink(inner=sink, telemetry=telemetry, clock=clock, draw=draw)
+        meter = MeterStage(sink=sink.name, telemetry=telemetry, clock=clock)
+    else:
+        meter = MeterStage(sink=sink.name, telemetry=telemetry, clock=clock, draw=draw)
+    return DeliveryChain(sink=sink, stages=[meter])
 
 
-def exposed(telemetry: Telemetry, m: MeteredSink) -> str:
+def meter_of(chain: DeliveryChain) -> MeterStage:
+    meter = chain.stages[0]
+    assert isinstance(meter, MeterStage)
+    return meter
+
+
+def exposed(telemetry: Telemetry, m: DeliveryChain) -> str:
     telemetry.set_snapshot_source(lambda: TelemetrySnapshot(
         sinks={m.name: SinkGauges(in_flight=m.in_flight)}))
     return telemetry.render_prometheus().decode()
 
 
-async def deliver_spaced(m: MeteredSink, clock: FakeClock, count: int, spacing: float) -> None:
+async def deliver_spaced(m: DeliveryChain, clock: FakeClock, count: int, spacing: float) -> None:
     for i in range(count):
         await m.deliver(event(i), lambda _outcome: None)
         clock.t += spacing
@@ -131,19 +141,20 @@ async def deliver_spaced(m: MeteredSink, clock: FakeClock, count: int, spacing: 
 # --- counts ---------------------------------------------------------------------------------------
 
 
-async def test_the_wrapper_keeps_no_count_per_event() -> None:
+async def test_the_meter_keeps_no_count_per_event() -> None:
     """The exported outcome counts are the pipeline's (its listeners count every acknowledgement):
-    after a burst of every outcome, the wrapper holds what it held before, but for its in-flight
+    after a burst of every outcome, the meter stage holds what it held before, but for its in-flight
     gauge (back to 0) and the time of its last latency sample."""
     clock = FakeClock()
     outcomes = [DeliveryOutcome.FILTERED, DeliveryOutcome.DEAD_LETTERED, DeliveryOutcome.DROPPED]
     m = metered(Telemetry(trace_sample_ratio=0.0), AckingSink(clock, outcomes=outcomes), clock)
+    meter = meter_of(m)
     sampling = {"_last_latency"}
-    before = {k: repr(v) for k, v in vars(m).items() if k not in sampling}
+    before = {k: repr(v) for k, v in vars(meter).items() if k not in sampling}
     await deliver_spaced(m, clock, 1000, 0.0)
     await m.deliver_batch([event(i) for i in range(100)], [lambda _o: None] * 100)
-    m._telemetry.shutdown()
-    assert {k: repr(v) for k, v in vars(m).items() if k not in sampling} == before
+    meter._telemetry.shutdown()
+    assert {k: repr(v) for k, v in vars(meter).items() if k not in sampling} == before
 
 
 def test_carried_totals_add_to_the_live_snapshot() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from bridge.service.events.config import EnrichmentConfig, EventMetricsConfig, EventsConfig
 from bridge.service.events.enrichment import Enricher, Enrichment, EnrichmentStatus, MetadataStore
 from bridge.service.events.metrics import EventCounter
-from bridge.service.events.profile import EventsProfile, EventsSink, event_extensions
+from bridge.service.events.profile import EventsProfile, EventsStage, event_extensions
 
 __all__ = [
     "Enricher",
@@ -21,7 +21,7 @@ __all__ = [
     "EventMetricsConfig",
     "EventsConfig",
     "EventsProfile",
-    "EventsSink",
+    "EventsStage",
     "MetadataStore",
     "event_extensions",
 ]

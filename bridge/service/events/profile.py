@@ -19,16 +19,17 @@ The pipeline hands each sink its own :class:`~sinks.contract.ChangeEvent`, so th
 change (one Event uid at one resourceVersion) is computed once and remembered for the next sinks
 (the last ``_REMEMBERED`` changes): sinks at the same pace carry the same attributes for one change.
 
-**Coalescing** (``events.coalesce_window`` > 0) is per sink, in :class:`EventsSink`, the decorator
-the service puts around every sink: an ``updated`` Event (a repetition: ``count`` / ``series``
-bumped) is held for the window; a newer update of the same Event arriving meanwhile replaces it, and
-the replaced one is acknowledged as ``filtered`` (its content is in the newer state, which is
-unacknowledged until sent). When the window ends, the held state is handed to the sink with its own
-acknowledgement, so the checkpoint cannot pass an update that is held: a crash while holding it
-re-reads it from the watch after the restart (at-least-once, as everywhere in the bridge). Nothing is
-dropped by age: the last state of every Event is always sent. New Events (``added``), deletions and
-snapshot events are never held; one arriving for an Event with a held update first sends that
-update, so one Event's changes stay in order; a snapshot or gap marker first sends everything held.
+**Coalescing** (``events.coalesce_window`` > 0) is per sink, in :class:`EventsStage`, the stage the
+service puts in every sink's delivery chain (:mod:`bridge.delivery.chain`): an ``updated`` Event (a
+repetition: ``count`` / ``series`` bumped) is held for the window; a newer update of the same Event
+arriving meanwhile replaces it, and the replaced one is acknowledged as ``filtered`` (its content is
+in the newer state, which is unacknowledged until sent). When the window ends, the held state is
+handed on (to the rest of the chain, then the sink) with its own acknowledgement, so the checkpoint
+cannot pass an update that is held: a crash while holding it re-reads it from the watch after the
+restart (at-least-once, as everywhere in the bridge). Nothing is dropped by age: the last state of
+every Event is always sent. New Events (``added``), deletions and snapshot events are never held;
+one arriving for an Event with a held update first sends that update, so one Event's changes stay in
+order; a snapshot or gap marker first sends everything held.
 """
 
 from __future__ import annotations
@@ -38,26 +39,17 @@ import collections
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import orjson
 
 from bridge.clock import Clock, RealClock
+from bridge.delivery.chain import HandOn
 from bridge.service.events.enrichment import Enricher, Enrichment
 from bridge.service.events.metrics import EventCounter
-from sinks.contract import (
-    AckCallback,
-    BatchSink,
-    ChangeEvent,
-    DeliveryOutcome,
-    EventType,
-    ResourceRef,
-    Sink,
-    takes_batches,
-)
+from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, EventType, ResourceRef
 from sinks.eventfacts import EventFacts, event_facts, is_event_resource
 
-__all__ = ["EventsProfile", "EventsSink", "event_extensions"]
+__all__ = ["EventsProfile", "EventsStage", "event_extensions"]
 
 log = logging.getLogger(__name__)
 
@@ -196,15 +188,21 @@ class _Held:
         self.deadline = deadline
 
 
-class EventsSink:
-    """A sink decorator applying the events profile (annotation, then coalescing) before the sink."""
+class EventsStage:
+    """The events profile in one sink's delivery chain: annotation, then coalescing."""
 
-    def __init__(self, *, inner: Sink, profile: EventsProfile, coalesce_window: float = 0.0,
+    name = "events"
+    reads = ("obj (an Event's reason, type, involved object, count, series, reporter)", "type", "uid",
+             "resource_version", "resource", "(the involved objects' metadata caches)")
+    adds = ("extensions: reason, eventtype, involved*, count, seriescount, reporter, enrichment, "
+            "involvedlabels, involvedannotations, ownerkind, ownername, ownerchain",
+            "holds an updated Event for the coalescing window; a replaced one is acknowledged as filtered",
+            "counts each new Event and repetition once (keb_kubernetes_events_total)")
+
+    def __init__(self, *, sink: str, profile: EventsProfile, coalesce_window: float = 0.0,
                  max_pending: int = 100_000, clock: Clock | None = None) -> None:
-        self.inner = inner
-        self.name = inner.name
-        # Checked once, against the Protocol: the inner sink's batch entry point, if it declares one.
-        self._inner_batch: BatchSink | None = inner if takes_batches(inner) else None
+        """``sink`` names the sink whose chain this is (the Events counter counts in one sink)."""
+        self.sink = sink
         self._profile = profile
         self._window = coalesce_window
         self._max_pending = max_pending
@@ -218,25 +216,23 @@ class EventsSink:
         self.coalesced = 0
         """Updates replaced by a newer state of the same Event within the window."""
         self.held_sent = 0
-        """Held updates handed to the sink when their window ended (or earlier, see above)."""
+        """Held updates handed on when their window ended (or earlier, see the module docs)."""
 
-    def __getattr__(self, item: str) -> Any:
-        # routing_resources, buffer_capacity, overflow_policy, resync_period, stats, …
-        return getattr(self.inner, item)
+    @property
+    def profile(self) -> EventsProfile:
+        """The profile it applies (shared by every sink's stage)."""
+        return self._profile
 
     @property
     def held(self) -> int:
         return len(self._held)
 
-    async def start(self) -> None:
-        await self.inner.start()
+    async def start(self, hand_on: HandOn) -> None:
         if self._window > 0:
-            self._timer = asyncio.create_task(self._run_timer(), name=f"events-coalesce-{self.name}")
+            self._timer = asyncio.create_task(self._run_timer(hand_on), name=f"events-coalesce-{self.sink}")
 
-    async def deliver(self, event: ChangeEvent, ack: AckCallback) -> None:
-        await self.deliver_batch([event], [ack])
-
-    async def deliver_batch(self, events: Sequence[ChangeEvent], acks: Sequence[AckCallback]) -> None:
+    async def process(self, events: Sequence[ChangeEvent], acks: Sequence[AckCallback],
+                      hand_on: HandOn) -> None:
         out_events: list[ChangeEvent] = []
         out_acks: list[AckCallback] = []
         profile = self._profile
@@ -247,12 +243,13 @@ class EventsSink:
                 elif profile.profiled(event):
                     if not profile.annotate_now(event):
                         await profile.annotate(event)
-                    profile.count(event, self.name)
+                    profile.count(event, self.sink)
                     if self._window > 0 and self._hold(event, ack, out_events, out_acks):
                         continue
                 out_events.append(event)
                 out_acks.append(ack)
-            await self._hand_on(out_events, out_acks)
+            if out_events:
+                await hand_on(out_events, out_acks)
 
     def _hold(self, event: ChangeEvent, ack: AckCallback, out_events: list[ChangeEvent],
               out_acks: list[AckCallback]) -> bool:
@@ -290,16 +287,7 @@ class EventsSink:
         self.held_sent += len(self._held)
         self._held.clear()
 
-    async def _hand_on(self, events: list[ChangeEvent], acks: list[AckCallback]) -> None:
-        if not events:
-            return
-        if self._inner_batch is not None:
-            await self._inner_batch.deliver_batch(events, acks)
-        else:
-            for event, ack in zip(events, acks, strict=True):
-                await self.inner.deliver(event, ack)
-
-    async def _run_timer(self) -> None:
+    async def _run_timer(self, hand_on: HandOn) -> None:
         while not self._closed:
             if not self._held:
                 self._wake.clear()
@@ -323,20 +311,21 @@ class EventsSink:
                     out_acks.append(held.ack)
                 self.held_sent += len(out_events)
                 try:
-                    await self._hand_on(out_events, out_acks)
+                    if out_events:
+                        await hand_on(out_events, out_acks)
                 except Exception:
                     # The sink refused (closed): the held events stay unacknowledged and are sent
                     # again after a restart; nothing more can be done here.
-                    log.exception("events profile: handing held updates to sink %s failed", self.name)
+                    log.exception("events profile: handing held updates to sink %s failed", self.sink)
                     return
 
-    async def flush(self, timeout: float) -> bool:
+    async def flush(self, hand_on: HandOn) -> None:
         async with self._lock:
             out_events: list[ChangeEvent] = []
             out_acks: list[AckCallback] = []
             self._release_all(out_events, out_acks)
-            await self._hand_on(out_events, out_acks)
-        return await self.inner.flush(timeout)
+            if out_events:
+                await hand_on(out_events, out_acks)
 
     async def close(self) -> None:
         self._closed = True
@@ -346,7 +335,3 @@ class EventsSink:
                 await self._timer
             self._timer = None
         # Held updates stay unacknowledged: the checkpoint did not pass them, a restart re-reads them.
-        await self.inner.close()
-
-    def healthy(self) -> bool:
-        return self.inner.healthy()

@@ -14,12 +14,12 @@ from bridge.resource_version import parse_rv
 from bridge.service.config import BridgeConfig
 from bridge.service.events.enrichment import Enricher
 from bridge.service.events.metrics import EventCounter
-from bridge.service.events.profile import EventsProfile, EventsSink
+from bridge.service.events.profile import EventsProfile
 from bridge.service.telemetry import Telemetry
 from bridge.storage.checkpoint import CheckpointStore
 from sinks.contract import ResourceRef
 
-__all__ = ["EventsSink", "events_profile_for", "set_replay_point"]
+__all__ = ["events_profile_for", "set_replay_point"]
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 def events_profile_for(config: BridgeConfig, watched: Sequence[WatchedResource], *, client: ApiClient,
                        clock: Clock, telemetry: Telemetry) -> EventsProfile | None:
     """The profile for the resources configured with ``profile: events`` among ``watched`` (None
-    when there are none: sinks are then not wrapped at all)."""
+    when there are none: no chain then has an events stage)."""
     keys = {InformerKey(resource=r.resource, namespace=r.namespace, label_selector=r.label_selector,
                         field_selector=r.field_selector)
             for r in config.resources if r.profile == "events"}
