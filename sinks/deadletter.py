@@ -7,12 +7,17 @@ built in; the Kafka and NATS sinks provide writers for a topic / subject by impl
 :class:`DeadLetterWriter` (see ``BaseSink._make_dead_letter``).
 
 File records are JSON lines: ``{"time", "sink", "reason", "attempts", "event_id", "key",
-"destination", "headers", "message"}`` where ``message`` is the JSON body the sink tried to send.
+"destination", "headers", "message"}`` where ``message`` is the JSON body the sink tried to send
+(embedded as JSON), or the body as a string when it is UTF-8 but not JSON. A body that is neither (a
+quarantined object's bytes that are not UTF-8, :mod:`sinks.malformed`) has ``message`` null and
+``message_base64`` its bytes base64-encoded: a dead letter gives back exactly what it was given. Kafka
+and NATS dead letters write the same records (:func:`dead_letter_json`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,13 +44,23 @@ class DeadLetterRecord:
     body: bytes
 
 
-def dead_letter_json(record: DeadLetterRecord) -> bytes:
-    """The record as one JSON document (the body embedded as JSON when it is JSON)."""
+def _message(body: bytes) -> dict[str, Any]:
+    """The record's members for ``body``: ``message`` the body embedded as JSON when it is JSON, as a
+    string when it is UTF-8; otherwise ``message`` null and ``message_base64`` the exact bytes."""
     try:
-        orjson.loads(record.body)
-        message: Any = orjson.Fragment(record.body)
+        orjson.loads(body)
     except orjson.JSONDecodeError:
-        message = record.body.decode("utf-8", "replace")
+        pass
+    else:
+        return {"message": orjson.Fragment(body)}
+    try:
+        return {"message": body.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"message": None, "message_base64": base64.b64encode(body).decode("ascii")}
+
+
+def dead_letter_json(record: DeadLetterRecord) -> bytes:
+    """The record as one JSON document (module docstring: the body as JSON, a string, or base64)."""
     return orjson.dumps(
         {
             "time": rfc3339(record.time),
@@ -56,7 +71,7 @@ def dead_letter_json(record: DeadLetterRecord) -> bytes:
             "key": record.key.decode("utf-8", "replace"),
             "destination": record.destination,
             "headers": record.headers,
-            "message": message,
+            **_message(record.body),
         }
     )
 

@@ -1,12 +1,13 @@
 """What a sink sends for a malformed object: one the bridge's decoders quarantined (nested deeper
-than they take, or larger; :mod:`bridge.kube.bounded`).
+than they take, larger, not UTF-8 or not JSON; :mod:`bridge.kube.bounded`).
 
 Such an object reaches the sink as its identity alone (apiVersion, kind, name, namespace, uid,
 resourceVersion), marked by ``RawObject.malformed``. Its event goes to the stream as any other, its
-``data`` that identity and its ``malformed`` extension attribute saying why (``depth``, ``size``), so a
-consumer never takes it for the whole object (docs/event-format.md, *Malformed objects*). Before it
-is sent, the sink's dead letter gets the object's bytes as they came, with the reason; except for a
-resource the sink redacts (Secrets, ``redact`` or ``drop`` rules): bytes that could not be decoded
+``data`` that identity and its ``malformed`` extension attribute saying why (``depth``, ``size``,
+``encoding``, ``syntax``), so a consumer never takes it for the whole object (docs/event-format.md,
+*Malformed objects*). Before it is sent, the sink's dead letter gets the object's bytes as they came
+(base64 when they are not UTF-8: :mod:`sinks.deadletter`), with the reason; except for a resource the
+sink redacts (Secrets, ``redact`` or ``drop`` rules): bytes that could not be decoded
 cannot be redacted either, so its dead letter gets the identity alone.
 """
 

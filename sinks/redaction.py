@@ -32,9 +32,11 @@ import hmac
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import msgspec
 import orjson
 
-from bridge.rawobject import RawObject
+from bridge.jsonbounds import MAX_DEPTH, exceeds_depth
+from bridge.rawobject import RawObject, dumps
 from sinks.contract import ResourceRef
 from sinks.filters import WILDCARD, Path, is_mapping, parse_path
 
@@ -54,14 +56,14 @@ def secret_values(obj: Mapping[str, Any]) -> frozenset[str]:
     data = obj.get("data")
     if isinstance(data, Mapping):
         for value in data.values():
-            text = value if isinstance(value, str) else orjson.dumps(value).decode()
+            text = value if isinstance(value, str) else dumps(value).decode()
             values.add(text)
             with contextlib.suppress(binascii.Error, ValueError):
                 values.add(base64.b64decode(text, validate=True).decode("utf-8"))
     string_data = obj.get("stringData")
     if isinstance(string_data, Mapping):
         for value in string_data.values():
-            values.add(value if isinstance(value, str) else orjson.dumps(value).decode())
+            values.add(value if isinstance(value, str) else dumps(value).decode())
     values.discard("")
     return frozenset(values)
 
@@ -75,9 +77,10 @@ def _plain(_value: Any) -> str:
 
 
 def keyed_mark(key: bytes) -> Mark:
-    """A mark ``<redacted:…>`` of a value: the first 96 bits of its HMAC-SHA256 under ``key``."""
+    """A mark ``<redacted:…>`` of a value: the first 96 bits of its HMAC-SHA256 under ``key`` (of its
+    JSON, an integer beyond 64 bits written exactly)."""
     def mark(value: Any) -> str:
-        digest = hmac.new(key, orjson.dumps(value), hashlib.sha256).hexdigest()[:24]
+        digest = hmac.new(key, dumps(value), hashlib.sha256).hexdigest()[:24]
         return f"<redacted:{digest}>"
     return mark
 
@@ -88,10 +91,18 @@ def _holds_any(text: str, values: frozenset[str]) -> bool:
 
 def _redact_applied(text: str, values: frozenset[str], mark: Mark) -> str:
     """The last-applied annotation of a Secret, its values redacted; :data:`REDACTED` when it is not
-    a JSON object or still holds a value after redaction."""
+    a JSON object, nests deeper than the decoders' bound or still holds a value after redaction.
+
+    The annotation is a string inside the object, so the decoders' bounds did not look into it: its
+    depth is checked here (below orjson's re-encoding limit), and it is decoded with msgspec, which
+    keeps an integer beyond 64 bits exact (orjson would round it to a float), and written again by
+    :func:`bridge.rawobject.dumps`, which writes such an integer as it came."""
+    data = text.encode("utf-8", "surrogatepass")
+    if exceeds_depth(data, MAX_DEPTH):
+        return REDACTED
     try:
-        applied = orjson.loads(text)
-    except orjson.JSONDecodeError:
+        applied = msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError, UnicodeError):
         return REDACTED
     if not is_mapping(applied):
         return REDACTED
@@ -99,7 +110,7 @@ def _redact_applied(text: str, values: frozenset[str], mark: Mark) -> str:
     for path in _SECRET_PATHS:
         applied = _apply(applied, path, drop=False, mark=mark)
     applied = _redact_metadata(applied, values, mark)
-    out = orjson.dumps(applied).decode()
+    out = dumps(applied).decode()
     # Escaped forms too: a value with a quote or a control character is written escaped.
     escaped = frozenset(orjson.dumps(v).decode()[1:-1] for v in values)
     return REDACTED if _holds_any(out, values | escaped) else out

@@ -129,3 +129,40 @@ def test_documented_commands_exist() -> None:
     assert first_block is not None
     assert first_block.group(2).splitlines()[:2] == [
         line for line in first_block.group(2).splitlines()[:2] if line.startswith("bash scripts/")]
+
+
+def _malformed_reasons() -> dict[str, str]:
+    """The values the decoders can give ``malformed`` (an object's attribute, the metric's ``reason``
+    label), read from the code: the text constants :mod:`bridge.kube.bounded` exports, each of which
+    some decoder in bridge/ passes on (checked here, so that a constant no code uses is not taken for
+    one it emits)."""
+    import ast
+
+    from bridge.kube import bounded
+
+    reasons = {name: value for name, value in vars(bounded).items()
+               if name in bounded.__all__ and isinstance(value, str)}
+    used: set[str] = set()
+    for path in (ROOT / "bridge").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in reasons:
+                used.add(node.id)
+    assert used == set(reasons), f"exported by bridge.kube.bounded but used nowhere: {set(reasons) - used}"
+    return reasons
+
+
+def test_every_malformed_value_the_code_emits_is_documented_with_what_sink_and_dead_letter_get() -> None:
+    """docs/event-format.md, *Malformed objects*: one row per value, no more, no fewer; a value that
+    reaches a sink as an event has the dead letter's reason text (sinks/malformed.py) too."""
+    from sinks.malformed import _WHY
+
+    text = (ROOT / "docs" / "event-format.md").read_text()
+    section = text.split("\n## Malformed objects\n", 1)[1].split("\n## ", 1)[0]
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([a-z]+)` \|(.*)\|$", section, re.M)}
+    assert set(rows) == set(_malformed_reasons().values())
+    for value, row in rows.items():
+        why, sink_gets, dead_letter_gets = (cell.strip() for cell in row.split("|"))
+        assert "" not in (why, sink_gets, dead_letter_gets), value
+        if sink_gets.startswith("the event"):
+            assert f"`malformed: {value}`" in sink_gets
+            assert value in _WHY, f"sinks/malformed.py has no dead-letter reason for {value!r}"

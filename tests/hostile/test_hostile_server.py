@@ -11,6 +11,7 @@ under the chart's 512 MiB limit, and what happened is visible in the metrics and
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import signal
 from collections.abc import AsyncIterator, Callable
@@ -48,8 +49,10 @@ class Case:
     abandons_list: bool = False
     """Whether the pods List never ends: it must be abandoned after a bounded number of pages."""
     dead_letter: bytes = b""
-    """Bytes the dead letter must hold (a quarantined object's record; bytes that are not UTF-8 are
-    written with replacement characters, which it must then hold too)."""
+    """Bytes the dead letter must hold (a quarantined object's record)."""
+    exact: bytes = b""
+    """Bytes that are not UTF-8 which the dead-letter record must give back exactly (base64 in its
+    ``message_base64``; never replaced by U+FFFD)."""
 
 
 def _deep(levels: int) -> Callable[[Resource], None]:
@@ -144,12 +147,13 @@ CASES: dict[str, Case] = {
     # A line the decoders refuse ends the first watch (a line garbled on the way comes again); the
     # same line on the next watch is the server's: the watch goes on past it.
     "invalid-utf8": Case(_invalid_utf8, ["ok-0", "bad", "ok-1"], malformed="encoding", log="not UTF-8",
-                         dead_letter=b"malformed object (encoding)"),
+                         dead_letter=b"malformed object (encoding)", exact=b'{"s":"\xff\xfe"}'),
     "invalid-json": Case(_invalid_json, ["ok-0", "ok-1"], malformed="unreadable",
                          log="names no object", gap=True),
     "invalid-utf8-in-list-item": Case(_invalid_utf8_in_list_item, ["ok-0", "bad-item", "ok-1"],
                                       malformed="encoding", log="quarantined",
-                                      dead_letter=b"malformed object (encoding)"),
+                                      dead_letter=b"malformed object (encoding)",
+                                      exact=b'{"s":"\xc3\x28"}'),
     "lines-split-across-chunks": Case(_split, [f"ok-{i}" for i in range(6)]),
     "slow-loris": Case(_slow_loris, ["ok-0", "ok-1"]),
     "endless-continue": Case(_endless, [], log="continue token it had already answered"),
@@ -264,7 +268,12 @@ async def test_the_bridge_stays_up_bounded_and_other_resources_keep_delivering(
         if case.dead_letter:
             dead = (tmp_path / "dead.jsonl").read_bytes()
             assert case.dead_letter in dead, dead[:2000]
-            assert b"\xef\xbf\xbd" in dead  # U+FFFD where the server's bytes were not UTF-8
+            if case.exact:
+                (record,) = [r for r in map(orjson.loads, dead.splitlines())
+                             if r["reason"].startswith("malformed object")]
+                assert record["message"] is None
+                assert case.exact in base64.b64decode(record["message_base64"], validate=True)
+                assert b"\xef\xbf\xbd" not in dead  # no U+FFFD in place of the server's bytes
         proc.send_signal(signal.SIGTERM)
         _, stderr = await asyncio.wait_for(proc.communicate(), 30)
         assert proc.returncode == 0, stderr.decode()[-2000:]

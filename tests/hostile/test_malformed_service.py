@@ -7,6 +7,7 @@ usual, and the other resource keeps delivering throughout."""
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,39 @@ async def test_a_malformed_object_is_sent_marked_dead_lettered_counted_and_follo
         assert updated["data"]["spec"] == {"x": 1}
         assert deleted["type"] == "io.kube-event-bridge.deleted"
         assert len(lines(plain_dl)) == 1  # the dead letter got the bytes once, with the change
+    finally:
+        service.stop_event.set()
+        assert await task == 0
+
+
+async def test_a_quarantined_object_that_is_not_utf8_reaches_the_dead_letter_byte_exact(
+    server: HostileApiServer, tmp_path: Path
+) -> None:
+    """A List item with invalid UTF-8, over real HTTP: the dead-letter record gives back exactly the
+    bytes the API server sent (base64, since they are neither JSON nor text), not U+FFFD."""
+    bad = obj("Pod", "bad", 2, body=b'{"s":"\xff\xfe","t":"\xc3\x28","u":"caf\xc3\xa9"}')
+    server.resources["pods"].items = [obj("Pod", "ok-0", 1), bad]
+    server.resources["pods"].list_rv = 2
+    out, dead = tmp_path / "out.jsonl", tmp_path / "dead.jsonl"
+    config = BridgeConfig.model_validate({
+        "kubernetes": {"kubeconfig": str(server.write_kubeconfig(tmp_path / "kc")), "in_cluster": "false"},
+        "resources": [{"resource": "pods"}],
+        "sinks": [{"name": "plain", "kind": "file", "path": str(out),
+                   "dead_letter": {"kind": "file", "target": str(dead)}}],
+        "checkpoint": {"store": "none", "spill_directory": str(tmp_path / "spill")},
+        "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
+        "shutdown_deadline": 5,
+    })
+    service = BridgeService(config=config)
+    task = asyncio.create_task(service.run(), name="service-under-test")
+    try:
+        await eventually(lambda: events_of(out, "bad") and lines(dead), what="the event and its dead letter")
+        (event,) = events_of(out, "bad")
+        assert event["malformed"] == "encoding"
+        (record,) = lines(dead)
+        assert record["event_id"] == event["id"]
+        assert record["message"] is None
+        assert base64.b64decode(record["message_base64"], validate=True) == bad
     finally:
         service.stop_event.set()
         assert await task == 0

@@ -5,6 +5,7 @@ only stands in for a destination is the test kit's, :class:`bridge.testing.Recor
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 from sinks.base import BaseSink, OutgoingMessage
@@ -39,7 +40,7 @@ def obj(
 
 def event(
     type_: EventType = EventType.ADDED,
-    o: dict[str, Any] | None = None,
+    o: Mapping[str, Any] | None = None,
     *,
     old: dict[str, Any] | None = None,
     resource: ResourceRef = PODS,

@@ -8,11 +8,11 @@ from typing import Any
 
 import orjson
 
-from bridge.rawobject import RawObject, dumps
+from bridge.rawobject import RawObject, decode_object, dumps
 from sinks.contract import EventType
 from sinks.file import FileSink
-from sinks.redaction import REDACTED, Redactor
-from tests.sinks import PODS, SECRETS, event, obj
+from sinks.redaction import REDACTED, Redactor, keyed_mark
+from tests.sinks import PODS, SECRETS, Acks, event, obj
 
 
 def _secret() -> dict[str, Any]:
@@ -165,3 +165,60 @@ async def test_a_destination_template_reads_the_redacted_labels(tmp_path: Path) 
     pod = obj("p", labels={"hint": "plain-t0ken", "app": "shop"})
     assert sink._build(event(EventType.ADDED, pod), lambda _: None).destination == "shop/plain-t0ken"
     await sink.close()
+
+
+BIG = 123456789012345678901234567890
+"""Beyond 64 bits: orjson rounds it to a float on decode and refuses it on encode."""
+
+
+def _big_applied_secret_bytes() -> bytes:
+    """A Secret as the API server sends it, whose last-applied annotation (a string) holds an integer
+    beyond 64 bits beside its values."""
+    applied = (b'{"apiVersion":"v1","kind":"Secret","metadata":{"name":"creds","namespace":"default",'
+               b'"annotations":{"team":"a"}},"data":{"user":"YWRtaW4="},"spec":{"n":' + str(BIG).encode()
+               + b',"nested":{"m":[-' + str(BIG).encode() + b']}}}')
+    secret = obj("creds", kind="Secret", data={"user": "YWRtaW4="})
+    secret["metadata"]["annotations"] = {LAST_APPLIED: applied.decode(), "team": "a"}
+    return orjson.dumps(secret)
+
+
+async def test_an_integer_beyond_64_bits_in_the_last_applied_annotation_stays_exact(tmp_path: Path) -> None:
+    """The annotation is decoded, redacted and written again: its numbers come out as they were, never
+    rounded to a float, through a sink's encoding of a Secret decoded from the API server's bytes."""
+    secret = decode_object(_big_applied_secret_bytes())
+    path = tmp_path / "e.jsonl"
+    sink = FileSink.from_options("f", {"path": str(path)})
+    await sink.start()
+    acks = Acks()
+    await sink.deliver(event(EventType.ADDED, secret, resource=SECRETS), acks.cb("add"))
+    assert await sink.flush(5)
+    await sink.close()
+    (line,) = path.read_bytes().splitlines()
+    annotation = orjson.loads(line)["data"]["metadata"]["annotations"][LAST_APPLIED]
+    assert f'"n":{BIG},' in annotation
+    assert f'"m":[-{BIG}]' in annotation
+    assert "YWRtaW4=" not in annotation
+    assert f'"data":{{"user":"{REDACTED}"}}' in annotation
+
+
+def test_a_spill_marks_an_integer_beyond_64_bits_under_a_redacted_path() -> None:
+    """The spill's keyed mark of a redacted value that is an integer beyond 64 bits (a CRD's field
+    under a ``redact`` path) is made, exactly, rather than failing the spill."""
+    mark = keyed_mark(b"k" * 32)
+    crd = obj("c", kind="Thing", spec={"a": BIG, "b": BIG + 1})
+    out = Redactor(redact_paths=["spec.a", "spec.b"]).spill_form(crd, PODS, mark)
+    assert out["spec"]["a"].startswith("<redacted:")
+    assert out["spec"]["a"] != out["spec"]["b"]  # two different values, two marks
+
+
+def test_a_last_applied_annotation_nested_deeper_than_the_bound_is_redacted_whole() -> None:
+    """The annotation is a string inside the object: the decoders' depth bound does not reach into
+    it. Nested deeper than that bound (orjson could not write it again), it is replaced whole
+    rather than failing the event's encoding."""
+    secret = _applied_secret()
+    deep = '{"data":{"user":"YWRtaW4="},"spec":' + "[" * 600 + "]" * 600 + "}"
+    secret["metadata"]["annotations"][LAST_APPLIED] = deep
+    out = Redactor().apply(secret, SECRETS)
+    assert out is not None
+    assert out["metadata"]["annotations"][LAST_APPLIED] == REDACTED
+    orjson.dumps(out)  # encodable
