@@ -160,3 +160,22 @@ def test_demo_runs_and_replays_exactly(tmp_path: Path) -> None:
     assert "reproduces the simulator's" in r.stderr
     assert "events delivered" in r.stderr
     assert len(out.read_bytes().splitlines()) > 30
+
+
+def test_check_config_does_not_import_the_run_path(tmp_path: Path) -> None:
+    """Validating a configuration builds the sinks and the models only: the OpenTelemetry SDK, the
+    pipeline and the service are the run path's (each check-config process would pay for importing
+    them; tests and CI start many)."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("resources: [{resource: pods}]\n"
+                   "sinks: [{name: s, kind: stdout}, {name: w, kind: webhook, url: 'http://127.0.0.1:9/x'}]\n")
+    probe = ("import sys\n"
+             "from bridge.service.cli import main\n"
+             f"code = main(['check-config', '--config', {str(cfg)!r}])\n"
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'opentelemetry'}),\n"
+             "      sorted(m for m in sys.modules if m in ('bridge.service.service',\n"
+             "       'bridge.delivery.pipeline', 'bridge.service.telemetry')), code, file=sys.stderr)\n")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "# configuration is valid" in r.stdout
+    assert r.stderr.splitlines()[-1] == "[] [] 0", r.stderr
