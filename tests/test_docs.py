@@ -14,8 +14,8 @@ import yaml
 
 from bridge.errors import ConfigurationError
 from bridge.service.config import load_config
-from bridge.service.service import validate_sinks
 from bridge.service.telemetry import InformerGauges, SinkGauges, Telemetry, TelemetrySnapshot
+from bridge.service.validation import validate_sinks
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

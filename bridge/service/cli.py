@@ -139,7 +139,7 @@ def _add_verify(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def _check_config(path: str | None) -> int:
     from bridge.service.config import load_config, masked_dump
-    from bridge.service.service import insecure_warnings, validate_sinks
+    from bridge.service.validation import insecure_warnings, validate_sinks
 
     cfg = load_config(path)
     sinks = validate_sinks(cfg)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import orjson
 import pytest
 
 from bridge.storage.checkpoint import decode_checkpoint
+from bridge.testing.processes import ServiceProcess, SimulatorProcess, wait_until
 
 EXE = [sys.executable, "-m", "bridge.service.cli"]
 
@@ -97,51 +97,46 @@ def test_run_with_invalid_config_exits_2_with_the_field_named(tmp_path: Path) ->
 
 
 SHUTDOWN_DEADLINE = 60
+OVERRUNS = ("did not drain", "did not flush", "was not written in time")
+"""What the shutdown logs when a step of it runs out of the deadline (bridge/delivery/pipeline.py)."""
 
 
-def test_sigterm_drains_and_writes_the_final_checkpoint(tmp_path: Path,
-                                                        sim_process: tuple[str, Path]) -> None:
-    _, kubeconfig = sim_process
+async def test_sigterm_drains_and_writes_the_final_checkpoint(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
-    cfg = tmp_path / "bridge.yaml"
-    cfg.write_text(
-        f"kubernetes: {{kubeconfig: '{kubeconfig}', in_cluster: 'false'}}\n"
-        "resources: [{resource: pods}]\n"
-        f"sinks: [{{name: out, kind: file, path: '{events}'}}]\n"
-        # A long interval: only the shutdown can have written the checkpoint.
-        f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}', interval: 3600, "
-        f"spill_directory: '{tmp_path / 'spill'}'}}\n"
-        "server: {host: 127.0.0.1, port: 0, admin_port: 0}\n"
-        "logging: {level: info, format: json}\n"
-        # A deadline that dwarfs a loaded machine's scheduling delays: the drain of a file sink
-        # takes well under a second, so exiting only at (or after) the deadline is a defect.
-        f"shutdown_deadline: {SHUTDOWN_DEADLINE}\n"
-    )
-    proc = subprocess.Popen([*EXE, "run", "--config", str(cfg)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if events.exists() and len(events.read_bytes().splitlines()) >= 60:
-                break
-            time.sleep(0.1)
-        else:
-            pytest.fail("the bridge delivered too few events")
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=SHUTDOWN_DEADLINE + 20)
-        took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        _, stderr = proc.communicate()
-    assert code == 0, stderr
-    assert took < SHUTDOWN_DEADLINE, took  # drained: did not wait out (or overrun) the deadline
-    records = [orjson.loads(line) for line in stderr.splitlines()]  # every log line is JSON
+    async with SimulatorProcess(log=tmp_path / "sim.log", args=(
+            "--churn-rate", "50", "--churn-objects", "20", "--seed", "3")) as sim:
+        cfg = tmp_path / "bridge.yaml"
+        cfg.write_text(
+            f"kubernetes: {{kubeconfig: '{sim.kubeconfig}', in_cluster: 'false'}}\n"
+            "resources: [{resource: pods}]\n"
+            f"sinks: [{{name: out, kind: file, path: '{events}'}}]\n"
+            # A long interval: only the shutdown can have written the checkpoint.
+            f"checkpoint: {{store: file, directory: '{tmp_path / 'cp'}', interval: 3600, "
+            f"spill_directory: '{tmp_path / 'spill'}'}}\n"
+            "server: {host: 127.0.0.1, port: 0, admin_port: 0}\n"
+            "logging: {level: info, format: json}\n"
+            # A deadline that dwarfs a loaded machine's scheduling delays: the drain of a file sink
+            # takes well under a second. Whether it ran out is read from the log (OVERRUNS), not
+            # from a stopwatch.
+            f"shutdown_deadline: {SHUTDOWN_DEADLINE}\n"
+        )
+        bridge = ServiceProcess(config=cfg, log=tmp_path / "bridge.log")
+        async with bridge:
+            await bridge.wait_listening()
+
+            def delivered_enough() -> bool:
+                return events.exists() and len(events.read_bytes().splitlines()) >= 60
+
+            await wait_until(delivered_enough, timeout=60, what="60 events delivered", alive=bridge)
+            code = await bridge.stop(timeout=SHUTDOWN_DEADLINE + 20)
+        log = bridge.output()
+    assert code == 0, log
+    records = [orjson.loads(line) for line in log.splitlines()]  # every log line is JSON
     messages = [r.get("message", "") for r in records]
     (drain,) = [r for r in records if r.get("message", "").startswith("shutting down")]
     assert drain["deadline"] == SHUTDOWN_DEADLINE
-    assert not any("did not drain" in m or "did not flush" in m for m in messages), messages
+    # Drained: no step of the shutdown ran out of the deadline (nor waited it out).
+    assert not any(o in m for m in messages for o in OVERRUNS), messages
     (cp_file,) = list((tmp_path / "cp").glob("*.ckpt"))  # (next to it: the known-object journal)
     cp = decode_checkpoint(cp_file.read_bytes())
     delivered = [orjson.loads(line) for line in events.read_bytes().splitlines()]
@@ -165,3 +160,22 @@ def test_demo_runs_and_replays_exactly(tmp_path: Path) -> None:
     assert "reproduces the simulator's" in r.stderr
     assert "events delivered" in r.stderr
     assert len(out.read_bytes().splitlines()) > 30
+
+
+def test_check_config_does_not_import_the_run_path(tmp_path: Path) -> None:
+    """Validating a configuration builds the sinks and the models only: the OpenTelemetry SDK, the
+    pipeline and the service are the run path's (each check-config process would pay for importing
+    them; tests and CI start many)."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("resources: [{resource: pods}]\n"
+                   "sinks: [{name: s, kind: stdout}, {name: w, kind: webhook, url: 'http://127.0.0.1:9/x'}]\n")
+    probe = ("import sys\n"
+             "from bridge.service.cli import main\n"
+             f"code = main(['check-config', '--config', {str(cfg)!r}])\n"
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'opentelemetry'}),\n"
+             "      sorted(m for m in sys.modules if m in ('bridge.service.service',\n"
+             "       'bridge.delivery.pipeline', 'bridge.service.telemetry')), code, file=sys.stderr)\n")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "# configuration is valid" in r.stdout
+    assert r.stderr.splitlines()[-1] == "[] [] 0", r.stderr

@@ -286,20 +286,19 @@ async def test_hung_lease_requests_never_let_two_replicas_deliver_at_once(cluste
 async def test_rolling_update_hands_over_without_resending_or_losing(cluster: Cluster) -> None:
     c = cluster
     # A deadline that dwarfs a loaded machine's scheduling delays: a's drain, final checkpoint and
-    # release take about a second, so a hang, or waiting out the deadline, fails the bound below.
+    # release take about a second. Whether a step ran out of it is read from a's log (each step
+    # that does logs it), not from a stopwatch on a loaded machine.
     c.shutdown_deadline = 60.0
     churn = Churn(c.client)
     await start_pair(c, churn)
     a = c.procs["a"]
     a.send_signal(signal.SIGTERM)
-    sent = time.monotonic()
 
     async def b_leads() -> bool:
         return await c.holder() == "b"
 
     await eventually(b_leads, c.shutdown_deadline, "replica b to take over")
     assert await exited(a, 20) == 0
-    took = time.monotonic() - sent
     await finish(c, churn, "b")
     c.procs["b"].send_signal(signal.SIGTERM)
     assert await exited(c.procs["b"], 15) == 0
@@ -309,12 +308,13 @@ async def test_rolling_update_hands_over_without_resending_or_losing(cluster: Cl
     # the drain had the configured deadline (less what is kept for the release)
     (drain,) = [r["deadline"] for r in records if r.get("message", "").startswith("shutting down")]
     assert c.shutdown_deadline - RENEW_DEADLINE <= drain < c.shutdown_deadline
-    # the whole shutdown came well within it (< terminationGracePeriodSeconds), not by waiting it out
-    assert took < drain, took
     assert "released the lease" in messages
     # the final checkpoint came before the release
     assert "checkpoint written" in messages[:messages.index("released the lease")]
-    assert not any("did not drain" in m or "did not flush" in m for m in messages)
+    # the whole shutdown came within it (< terminationGracePeriodSeconds), not by waiting it out:
+    # no step of it ran out of the deadline
+    overruns = ("did not drain", "did not flush", "was not written in time")
+    assert not any(o in m for m in messages for o in overruns), messages
     got = c.receiver.changes()
     assert [m for m in churn.made if m not in got] == []  # zero lost
     assert {k: n for k, n in got.items() if n > 1} == {}  # zero re-sent

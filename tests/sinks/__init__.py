@@ -80,7 +80,12 @@ class Acks:
 
 
 class RecordingSink(BaseSink[SinkOptions]):
-    """Records sent messages; a test can script failures per event id or gate sends."""
+    """Records sent messages; a test can script failures per event id or gate sends.
+
+    Not the kit's :class:`bridge.testing.RecordingSink`: that one implements the sink contract
+    (``sinks.contract.Sink``) directly, for tests of what drives a sink; the tests here test
+    :class:`~sinks.base.BaseSink` itself (its retries, breaker, batching, dead letter), so they need a
+    BaseSink subclass whose ``_send`` is the scripted part."""
 
     kind = "recording"
 

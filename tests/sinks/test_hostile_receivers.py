@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +20,7 @@ from aiohttp import web
 
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
-from tests.brokers import free_port
+from bridge.testing.processes import ProcessFailed, ServiceProcess, wait_until
 from tests.service.test_service import metric
 
 PODS = 20
@@ -123,19 +121,6 @@ def peak_rss_mib(pid: int) -> float:
     raise AssertionError("no VmHWM")
 
 
-def _tail(log: Path) -> str:
-    return log.read_text()[-3000:]
-
-
-async def until(predicate: Callable[[], bool], what: str, proc: asyncio.subprocess.Process,
-                log: Path, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert proc.returncode is None, _tail(log)
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.2)
-
-
 async def test_hostile_receivers_neither_grow_the_bridge_nor_stop_the_other_sinks(tmp_path: Path) -> None:
     receivers = Receivers()
     await receivers.start()
@@ -143,7 +128,6 @@ async def test_hostile_receivers_neither_grow_the_bridge_nor_stop_the_other_sink
         for i in range(PODS):
             sim.store.create("pods", make_pod(f"p{i}", "default"))
         kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig")
-        port = free_port()
         # Time enough to read a 600 MB answer whole (as the bridge once did); the slow one is cut
         # by its timeout.
         sinks = [{"name": name, "kind": "webhook", "url": f"http://127.0.0.1:{receivers.port}/{name}",
@@ -155,42 +139,41 @@ async def test_hostile_receivers_neither_grow_the_bridge_nor_stop_the_other_sink
             "kubernetes": {"kubeconfig": str(kubeconfig), "in_cluster": "false"},
             "resources": [{"resource": "pods"}], "sinks": sinks,
             "checkpoint": {"store": "none", "spill_directory": str(tmp_path / "spill")},
-            "server": {"host": "127.0.0.1", "port": port, "admin_port": 0},
+            "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
             "workers": 1, "shutdown_deadline": 5,
         }))
         log = tmp_path / "bridge.log"
-        with log.open("wb") as out:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bridge.service.cli", "run", "--config", str(config),
-                stdout=out, stderr=out)
+        # The service binds port 0 itself and reports where it listens: no port can be taken first.
+        bridge = ServiceProcess(config=config, log=log)
+        await bridge.start()
         try:
+            await bridge.wait_listening(timeout=120)
             counts = receivers.counts
-            await until(lambda: len(counts["good"].events) == PODS, "the good sink's events", proc, log)
+
+            async def until(predicate: Callable[[], bool], what: str) -> None:
+                await wait_until(predicate, timeout=120, what=what, alive=bridge)
+
+            await until(lambda: len(counts["good"].events) == PODS, "the good sink's events")
             await until(lambda: len(counts["huge-ok"].events) == PODS and all(
-                len(counts[n].sent) >= 3 for n in ("huge-error", "endless")), "the hostile answers",
-                proc, log)
-            await until(lambda: len(counts["slow"].sent) >= 2, "a slow answer cut by the timeout",
-                        proc, log)
+                len(counts[n].sent) >= 3 for n in ("huge-error", "endless")), "the hostile answers")
+            await until(lambda: len(counts["slow"].sent) >= 2, "a slow answer cut by the timeout")
             # The outage is logged by the periodic outage check, up to its interval after the cut.
             await until(lambda: "timed out after 3.0s posting to http://127.0.0.1" in log.read_text(),
-                        "the slow answer's timeout in the log", proc, log)
-            peak = peak_rss_mib(proc.pid)
+                        "the slow answer's timeout in the log")
+            peak = peak_rss_mib(bridge.pid)
             assert peak < LIMIT_MIB, f"the bridge peaked at {peak:.0f} MiB"
-            async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics") as r:
-                text = await r.text()
+            answer = await bridge.get("/metrics", timeout=30)
+            assert answer is not None
+            assert answer[0] == 200, answer
+            text = answer[1].decode()
             assert metric(text, "keb_sink_events_total", sink="good", outcome="delivered") == PODS
             assert metric(text, "keb_sink_events_total", sink="huge-ok", outcome="delivered") >= PODS
             for name in ("huge-error", "endless", "slow"):
                 assert metric(text, "keb_sink_events_total", sink=name, outcome="delivered") == 0
-            assert proc.returncode is None
+            assert bridge.running
         finally:
-            if proc.returncode is None:
-                proc.terminate()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(proc.wait(), 20)
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+            with contextlib.suppress(ProcessFailed):  # SIGKILL after 20 s
+                await bridge.stop(timeout=20)
             await receivers.stop()
     # Each hostile answer was cut after a bounded prefix: what the receiver could write before the
     # bridge closed the connection is the socket buffers' worth, not the body.

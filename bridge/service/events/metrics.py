@@ -11,10 +11,13 @@ never changes once decided, so a series never switches between a value and ``oth
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from bridge.service.events.config import EventMetricsConfig
-from bridge.service.telemetry import ScrapedCounter
 from sinks.eventfacts import EventFacts
+
+if TYPE_CHECKING:  # the OpenTelemetry SDK behind it is not needed to validate a configuration
+    from bridge.service.telemetry import ScrapedCounter
 
 __all__ = ["OTHER", "EventCounter"]
 
