@@ -46,7 +46,7 @@ from bridge.kube.listwatch import HttpListerWatcher
 from bridge.service import sharding_auto
 from bridge.service.api_waits import AheadOfServer
 from bridge.service.chains import delivery_chains
-from bridge.service.config import BridgeConfig, check_secret_files, load_config
+from bridge.service.config import BridgeConfig, load_config
 from bridge.service.events.wiring import events_profile_for, set_replay_point
 from bridge.service.health import HealthServer, Readiness
 from bridge.service.logconfig import configure_logging
@@ -54,6 +54,7 @@ from bridge.service.parent_watch import watch_parent
 from bridge.service.sharding import assign
 from bridge.service.spill_lock import lock_spill_root, release_spill_root
 from bridge.service.telemetry import Telemetry, TelemetrySnapshot
+from bridge.service.validation import validate_sinks
 from bridge.service.workers import (
     WorkerPosition,
     for_worker,
@@ -64,35 +65,11 @@ from bridge.service.workers import (
 )
 from bridge.storage.checkpoint import CheckpointStore, FileCheckpointStore
 from sinks.base import BaseSink
-from sinks.contract import ResourceRef, Sink, SinkConfigError
-from sinks.registry import create_sink
+from sinks.contract import ResourceRef, SinkConfigError
 
 __all__ = ["BridgeService", "configure_gc", "run_service", "validate_sinks"]
 
 log = logging.getLogger(__name__)
-
-
-def validate_sinks(config: BridgeConfig) -> list[Sink]:
-    """Builds every configured sink (without connecting), so that bad sink options and unreadable
-    secret files fail at start with the sink's own message. Raises ConfigurationError."""
-    check_secret_files(config)
-    sinks: list[Sink] = []
-    for i, s in enumerate(config.sinks):
-        try:
-            sinks.append(create_sink(s.kind, s.name, s.options()))
-        except SinkConfigError as e:
-            raise ConfigurationError(f"invalid configuration: sinks.{i}: {e}") from e
-    return sinks
-
-
-def insecure_warnings(config: BridgeConfig, sinks: list[Sink]) -> list[str]:
-    """What weakens transport security and is accepted with ``allow_insecure: true`` (the sinks'
-    and the NATS KV checkpoint store's), one line each, for check-config and the start."""
-    found = [f"sinks.{i} ({s.name}): {name}: {what}"
-             for i, s in enumerate(sinks) if isinstance(s, BaseSink)
-             for name, what in s.options.insecure_settings()]
-    found.extend(f"checkpoint.{name}: {what}" for name, what in config.checkpoint.insecure_settings())
-    return found
 
 
 def _filter_errors_of(chain: DeliveryChain) -> int | None:
