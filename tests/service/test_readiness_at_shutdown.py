@@ -104,7 +104,7 @@ async def test_readyz_answers_503_stopping_from_sigterm_until_the_endpoint_close
                         break
                     assert time.monotonic() < deadline + 30, "the health endpoint never closed"
                     await asyncio.sleep(0.02)
-            code = await bridge.wait(20)
+            code = await bridge.wait(120)  # a hang guard: the endpoint closed, the exit follows
         finally:
             await bridge.kill()
     logs = log_path.read_text()
