@@ -347,6 +347,19 @@ STORIES = (
            ack("a", lambda run, events, i: events[i].kind == "added"
                and events[i].uid == run.bridge.uids["n0"]), checkpoint(), *RESTART),
           objects=("n0",)),
+    Story("a_state_acknowledged_before_a_relists_unacknowledged_tombstone_is_not_sent_again", """Found
+    by the long mode (seed 1696942961, PYTHONHASHSEED=0): ``a`` acknowledges ``n0``'s update at 2
+    (``b`` lags: the base stays at 1); a 410 and ``n0`` deleted before the relist, which infers the
+    delete from ``n0`` at 2 (a tombstone inside its gap); ``n0`` created again. ``a`` acknowledges the
+    new object's add, not the tombstone; a checkpoint is written. After a crash the watch replays
+    ``n0``'s update at 2: ``a`` owes the earlier object's delete, not that update, which it
+    acknowledged (its own resume point covers it): what a sink owes after a tombstone starts after
+    the state the tombstone was inferred from, not at it (section 3, per object).""",
+          (update("n0", 1), settle(), ack_all("a"), expire(), delete("n0"), settle(), create("n0"),
+           settle(), ack("a", lambda run, events, i: events[i].kind == "added"
+                         and events[i].uid == run.bridge.uids["n0"]), checkpoint(), *RESTART),
+          objects=("n0",),
+          then=_holds(lambda run: "updated" not in [e.kind for e in run.after_crash("a", "n0")])),
     Story("a_later_objects_delete_acknowledged_past_an_earlier_objects_delete_is_not_sent_again",
           """Found by the random schedules (seed 1221311417, PYTHONHASHSEED=82): ``n0``'s first
     object is gone in a relist (a tombstone), then ``n0`` is created again and deleted under a new
