@@ -400,6 +400,31 @@ STORIES = (
           (recreate("n0"), recreate("n0"), update("n0", 1), settle(), _acks_around_two_earlier_objects,
            checkpoint(), *RESTART),
           objects=("n0",), then=_after_crash_is("a", "n0", _owed)),
+    Story("an_object_handed_to_a_sink_after_its_point_gets_its_delete_after_a_relist", """What
+    ``tests/checkpoint/test_per_sink_crash.py``'s fast sink saw once under load: ``a`` is ahead of the
+    base (``b`` lags) and its own point is at ``x``'s update (2); ``n5`` is created (3) and its add is
+    handed to ``a`` — journalled first, as every new object is —, then the bridge is killed before
+    ``a`` acknowledges it. While it is down ``n5`` is deleted and the history compacted: the restart
+    relists, which no longer returns ``n5``. Only the journal knows it, created after ``a``'s own
+    point: ``a`` may hold it, so it gets ``n5``'s delete (section 9) — without it, a consumer of
+    ``a`` that has the add keeps ``n5`` for good (a phantom).""",
+          (update("x", 1), settle(), ack_all("a"), checkpoint(), create("n5"), settle(), crash(),
+           delete("n5"), compact(), start()),
+          then=_holds(lambda run: [e.kind for e in run.events("a") if e.key == "default/n5"]
+                      == ["added", "deleted"])),
+    Story("an_object_in_flight_to_a_frozen_sink_at_a_crash_gets_its_delete_after_a_relist", """The
+    same schedule with ``a`` frozen (what it is handed lands only once it acknowledges it): the add of
+    ``n5`` never arrived, and after the relist ``a`` gets a delete of an object it never had. The
+    bridge cannot tell this run from the one above — in both the journal made ``n5`` durable before
+    the add was handed over, and no acknowledgement of it was durable —, so it sends the delete here
+    too: a delete too many is harmless (a uid is deleted once), one too few is a phantom. What a sink
+    never had and still gets a delete of is therefore only an object created after its own point in
+    the last checkpoint written (the journal's union, section 9), never one at or before it.""",
+          (update("x", 1), settle(), ack_all("a"), checkpoint(), create("n5"), settle(), crash(),
+           delete("n5"), compact(), start()),
+          shapes={"a": SinkShape(lands=True)},
+          then=_holds(lambda run: [e.kind for e in run.events("a") if e.key == "default/n5"]
+                      == ["deleted"])),
     Story("a_relists_tombstone_acknowledged_past_a_sinks_point_is_not_sent_again", """Found by the
     random schedules (seed 2248531104, PYTHONHASHSEED=85): a 410 and ``n0`` deleted before the
     relist, which infers the delete (a tombstone inside its gap). ``a`` acknowledges the tombstone
