@@ -378,14 +378,18 @@ class AckTracker:
             if key in blocked:
                 continue
             uid = known[0] if known is not None else entry.deleted[0]
-            if effect_rv == -1:  # a relist's tombstone: a delete at the state it knew
+            tombstone = effect_rv == -1
+            if tombstone:  # a relist's tombstone: a delete at the state it knew
                 effect_rv = parse_rv(entry.deleted[1])
             if effect_rv is None or not uid:
                 blocked.add(key)
                 continue
             mine = owed.setdefault(key, {})
             if listener in entry.waiting:
-                mine.setdefault(uid, effect_rv)
+                # A tombstone is owed after the state it was inferred from, which the sink holds
+                # (acknowledged or covered): owed from that state, the replayed change that made it
+                # would pass as owed and reach the sink twice.
+                mine.setdefault(uid, effect_rv + 1 if tombstone else effect_rv)
                 continue
             mine.pop(uid, None)  # what it owes of this object is older than this change
             current = out.get(key) or scan.changes.get(key) or self.base_knowledge(key)

@@ -35,7 +35,9 @@ text that is not one compares as unknown.
    cover are ``maybe`` (their delete is never dropped), unless its progress says it acknowledged
    that object's journalled state or a later object's of the name while owing nothing of it (a
    change past its own point, section 3); so are the uids whose delete its progress says it owes
-   while it knows a later object of the name, whose changes it owes are sent (:func:`owes_change`).
+   while it knows a later object of the name, whose changes it owes are sent (:func:`owes_change`:
+   from the first one it did not acknowledge; after a relist's inferred delete, from after the
+   state that delete was inferred from, a state it holds).
 5. *Bootstrap.* A sink the checkpoint does not cover receives nothing before its bootstrap snapshot.
 6. *A first list not yet acknowledged is listed again, exactly.* Without a checkpoint, when the
    journal's first list (:class:`~bridge.delivery.journal.ListStart`) is not acknowledged by every

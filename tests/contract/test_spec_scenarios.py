@@ -347,6 +347,19 @@ STORIES = (
            ack("a", lambda run, events, i: events[i].kind == "added"
                and events[i].uid == run.bridge.uids["n0"]), checkpoint(), *RESTART),
           objects=("n0",)),
+    Story("a_state_acknowledged_before_a_relists_unacknowledged_tombstone_is_not_sent_again", """Found
+    by the long mode (seed 1696942961, PYTHONHASHSEED=0): ``a`` acknowledges ``n0``'s update at 2
+    (``b`` lags: the base stays at 1); a 410 and ``n0`` deleted before the relist, which infers the
+    delete from ``n0`` at 2 (a tombstone inside its gap); ``n0`` created again. ``a`` acknowledges the
+    new object's add, not the tombstone; a checkpoint is written. After a crash the watch replays
+    ``n0``'s update at 2: ``a`` owes the earlier object's delete, not that update, which it
+    acknowledged (its own resume point covers it): what a sink owes after a tombstone starts after
+    the state the tombstone was inferred from, not at it (section 3, per object).""",
+          (update("n0", 1), settle(), ack_all("a"), expire(), delete("n0"), settle(), create("n0"),
+           settle(), ack("a", lambda run, events, i: events[i].kind == "added"
+                         and events[i].uid == run.bridge.uids["n0"]), checkpoint(), *RESTART),
+          objects=("n0",),
+          then=_holds(lambda run: "updated" not in [e.kind for e in run.after_crash("a", "n0")])),
     Story("a_later_objects_delete_acknowledged_past_an_earlier_objects_delete_is_not_sent_again",
           """Found by the random schedules (seed 1221311417, PYTHONHASHSEED=82): ``n0``'s first
     object is gone in a relist (a tombstone), then ``n0`` is created again and deleted under a new
@@ -387,6 +400,31 @@ STORIES = (
           (recreate("n0"), recreate("n0"), update("n0", 1), settle(), _acks_around_two_earlier_objects,
            checkpoint(), *RESTART),
           objects=("n0",), then=_after_crash_is("a", "n0", _owed)),
+    Story("an_object_handed_to_a_sink_after_its_point_gets_its_delete_after_a_relist", """What
+    ``tests/checkpoint/test_per_sink_crash.py``'s fast sink saw once under load: ``a`` is ahead of the
+    base (``b`` lags) and its own point is at ``x``'s update (2); ``n5`` is created (3) and its add is
+    handed to ``a`` — journalled first, as every new object is —, then the bridge is killed before
+    ``a`` acknowledges it. While it is down ``n5`` is deleted and the history compacted: the restart
+    relists, which no longer returns ``n5``. Only the journal knows it, created after ``a``'s own
+    point: ``a`` may hold it, so it gets ``n5``'s delete (section 9) — without it, a consumer of
+    ``a`` that has the add keeps ``n5`` for good (a phantom).""",
+          (update("x", 1), settle(), ack_all("a"), checkpoint(), create("n5"), settle(), crash(),
+           delete("n5"), compact(), start()),
+          then=_holds(lambda run: [e.kind for e in run.events("a") if e.key == "default/n5"]
+                      == ["added", "deleted"])),
+    Story("an_object_in_flight_to_a_frozen_sink_at_a_crash_gets_its_delete_after_a_relist", """The
+    same schedule with ``a`` frozen (what it is handed lands only once it acknowledges it): the add of
+    ``n5`` never arrived, and after the relist ``a`` gets a delete of an object it never had. The
+    bridge cannot tell this run from the one above — in both the journal made ``n5`` durable before
+    the add was handed over, and no acknowledgement of it was durable —, so it sends the delete here
+    too: a delete too many is harmless (a uid is deleted once), one too few is a phantom. What a sink
+    never had and still gets a delete of is therefore only an object created after its own point in
+    the last checkpoint written (the journal's union, section 9), never one at or before it.""",
+          (update("x", 1), settle(), ack_all("a"), checkpoint(), create("n5"), settle(), crash(),
+           delete("n5"), compact(), start()),
+          shapes={"a": SinkShape(lands=True)},
+          then=_holds(lambda run: [e.kind for e in run.events("a") if e.key == "default/n5"]
+                      == ["deleted"])),
     Story("a_relists_tombstone_acknowledged_past_a_sinks_point_is_not_sent_again", """Found by the
     random schedules (seed 2248531104, PYTHONHASHSEED=85): a 410 and ``n0`` deleted before the
     relist, which infers the delete (a tombstone inside its gap). ``a`` acknowledges the tombstone

@@ -27,7 +27,9 @@ Modes (environment):
   replayed with ``KEB_SPEC_SEED=<seed>`` (and the run's ``PYTHONHASHSEED``: the bridge iterates
   sets of uids, so string hashing is part of a schedule; the failure message says how). Neither the
   wall clock nor the machine's load is: a failure replays on any machine.
-* long: ``KEB_SPEC_LONG=1`` (``scripts/spec-soak``): 5,000 schedules of up to 60 steps per seed.
+* long: ``KEB_SPEC_LONG=1`` (``scripts/spec-soak``): 5,000 schedules of up to 60 steps per seed,
+  not shrunk; a failing schedule, as Hypothesis prints it, replays in seconds with
+  ``scripts/spec-soak --schedule <the output>`` (:mod:`tests.contract.spec_replay`).
 * ``KEB_SPEC_ALLOW=kind,kind``: findings of those kinds (:data:`bridge.testing.spec.FINDING_KINDS`)
   do not fail a schedule (the CI mode's default: :data:`KNOWN_OPEN`), to see the state with and
   without a known defect's findings, e.g. ``KEB_SPEC_ALLOW=lost,order,phantom,excess_repeat``.
@@ -94,7 +96,9 @@ never fills."""
 HASH_SEED = os.environ.get("PYTHONHASHSEED", "")
 REPLAY = (f"PYTHONHASHSEED={HASH_SEED or 0} KEB_SPEC_SEED={SEED} pytest tests/contract/test_spec_stateful.py"
           + ("" if HASH_SEED else "; this run's string hashing was random (the bridge iterates sets "
-             "of uids): if the replay passes, run the seed under a few PYTHONHASHSEED values"))
+             "of uids): if the replay passes, run the seed under a few PYTHONHASHSEED values")
+          + ("; or, in seconds, the failing schedule Hypothesis prints below: PYTHONHASHSEED="
+             f"{HASH_SEED or 0} scripts/spec-soak --schedule <this output>" if LONG else ""))
 """How to replay this run: the seed, and the string-hash seed the bridge's set iteration order
 depends on (``scripts/spec-soak`` sets ``PYTHONHASHSEED=0``)."""
 RUNS: list[int] = []
