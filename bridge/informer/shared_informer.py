@@ -28,16 +28,15 @@ Bridge extensions:
   followed by an add of the new one, so consumers keyed by uid stay right.
 * progress markers from the FIFO are forwarded to the :class:`~bridge.contracts.DeliveryObserver`, so
   the checkpoint knows the resourceVersion each acknowledged prefix of notifications reflects.
-* :meth:`SharedIndexInformer.seed` is the one restart hook (:class:`~bridge.informer.seed.CacheSeed`):
-  it seeds the cache at a resourceVersion and watches from there without listing (if that RV has
-  expired the relist emits only real differences), or lists (exactly at it, or framed as a gap from
-  it); the caller may put its own processing around HandleDeltas (client-go's ``Config.Process``).
-  What a restart means for each change is decided there, by the caller (the bridge's restart stage,
-  ``bridge.delivery.restart``), never here.
-* :meth:`SharedIndexInformer.request_snapshot` hands one listener (or all) the whole cache as one
-  ``SNAPSHOT`` notification, at a point consistent with the change order.
-* ``compact_cache``: the cache keeps each object as its JSON bytes (about its wire size, instead of
-  several times that as a dict tree) and decodes on read; see :class:`~bridge.store.IndexedCache`.
+* :meth:`SharedIndexInformer.seed` is the one restart hook (:mod:`bridge.informer.seed`): a cache
+  at a resourceVersion, how the informer starts from it, and the caller's processing around
+  HandleDeltas (client-go's ``Config.Process``); what a restart means for a change is the caller's
+  business (the bridge's restart stage, ``bridge.delivery.restart``), never decided here.
+* a relist after changes were processed is framed by gap markers (:mod:`bridge.informer.gaps`);
+  :meth:`SharedIndexInformer.request_snapshot` hands listeners the whole cache as one ``SNAPSHOT``
+  notification, in change order (:mod:`bridge.informer.snapshots`).
+* ``compact_cache``: the cache keeps each object as its JSON bytes and decodes on read
+  (:class:`~bridge.store.IndexedCache`).
 
 Consistency: the pop loop applies each run of FIFO items under the informer's processing lock, and
 snapshot emission takes the same lock, so a snapshot always sits between two processed items. Handlers added
@@ -53,7 +52,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import uuid
 from collections.abc import Coroutine, Iterable
 from typing import Any
 
@@ -62,38 +60,33 @@ from bridge.contracts import (
     DeletedFinalStateUnknown,
     DeliveryObserver,
     EventHandler,
-    Gap,
     IndexFunc,
     KeyFunc,
     KubeObject,
     ListenerOptions,
     ListerWatcher,
-    ListOptions,
     Notification,
     NotificationHandler,
     NotificationKind,
     TransformFunc,
 )
-from bridge.errors import BridgeError, ResourceExpiredError
-from bridge.informer.delta_fifo import (
-    Delta,
-    DeltaType,
-    FIFOClosedError,
-    ResourceVersionMarker,
-)
+from bridge.informer.delta_fifo import Delta, DeltaType, FIFOClosedError, ResourceVersionMarker
+from bridge.informer.gaps import RelistGaps
 from bridge.informer.listers import Lister
+from bridge.informer.pager import list_all
 from bridge.informer.processor import (
     CATCH_UP_BYTES,
-    MINIMUM_RESYNC_PERIOD,
     TIME_SLICE,
-    ListenerStats,
     ProcessorListener,
     SharedProcessor,
+    clamp_resync_period,
     determine_resync_period,
 )
 from bridge.informer.real_fifo import RealFIFO
 from bridge.informer.reflector import DEFAULT_PAGE_SIZE, Reflector, WatchErrorHandler
+from bridge.informer.registration import HandlerRegistration, InformerError, InformerStartedError
 from bridge.informer.seed import CacheSeed, Distribute, SeedProcess, SeedStart
+from bridge.informer.snapshots import SnapshotRequests
 from bridge.informer.store import (
     NAMESPACE_INDEX,
     IndexedCache,
@@ -103,59 +96,13 @@ from bridge.informer.store import (
 from bridge.informer.transform import drop_managed_fields
 from bridge.rawobject import RawObject, object_identity
 
-__all__ = [
-    "CacheSeed",
-    "HandlerRegistration",
-    "InformerError",
-    "InformerStartedError",
-    "SeedProcess",
-    "SeedStart",
-    "SharedIndexInformer",
-]
+__all__ = ["CacheSeed", "HandlerRegistration", "InformerError", "InformerStartedError", "SeedProcess",
+           "SeedStart", "SharedIndexInformer"]
 
 _RESYNC_DELTAS = frozenset({DeltaType.SYNC, DeltaType.REPLACED})
 """Delta types that are resync notifications when they leave the object's resourceVersion unchanged."""
 
 log = logging.getLogger(__name__)
-
-class InformerError(BridgeError):
-    """The informer was misused or one of its tasks failed."""
-
-
-class InformerStartedError(InformerError):
-    """An operation allowed only before :meth:`SharedIndexInformer.run` was called after it."""
-
-
-class HandlerRegistration:
-    """What :meth:`SharedIndexInformer.add_event_handler` returns: the handle of one listener."""
-
-    def __init__(self, *, listener: ProcessorListener) -> None:
-        self._listener = listener
-
-    @property
-    def name(self) -> str:
-        """The listener's unique name (as the DeliveryObserver sees it)."""
-        return self._listener.name
-
-    @property
-    def listener(self) -> ProcessorListener:
-        return self._listener
-
-    @property
-    def resync_period(self) -> float:
-        """The resync period in effect after clamping (0 = never)."""
-        return self._listener.resync_period
-
-    def has_synced(self) -> bool:
-        """True once the informer synced and this handler was given every initial-list object."""
-        return self._listener.has_synced()
-
-    def stats(self) -> ListenerStats:
-        return self._listener.stats()
-
-    def __repr__(self) -> str:
-        return f"HandlerRegistration(name={self.name!r})"
-
 
 class SharedIndexInformer:
     """A shared informer over one resource in one scope (see the module docstring)."""
@@ -215,14 +162,9 @@ class SharedIndexInformer:
         self._list_exact = ""
         """A :attr:`SeedStart.LIST_EXACT` seed's resourceVersion until that list ended (or expired)."""
         self._last_progress_rv = ""
-        self._gap: Gap | None = None
-        """The relist window open between a relist's begin and end markers, if any."""
-        self._gap_count = 0
-        self._gap_run = uuid.uuid4().hex[:8]
-        """Part of every gap id: two runs relisting from the same resourceVersion (a restart whose
-        checkpoint had not moved) send different windows, which must not share an id."""
-        self._snapshot_requests: list[ProcessorListener | None] = []
-        self._snapshot_wakeup = asyncio.Event()
+        self._gaps = RelistGaps(name=name, distribute=self._processor.distribute)
+        self._snapshots = SnapshotRequests(processor=self._processor, cache=self._indexer, lock=self._lock,
+                                           progress=lambda: self._last_progress_rv, name=name)
         self.process_errors = 0
         """FIFO items whose processing raised (a malformed object); logged and skipped."""
 
@@ -278,31 +220,13 @@ class SharedIndexInformer:
     async def list_current(self) -> tuple[list[KubeObject], str]:
         """Lists the informer's scope from the API server now (consistent read, in pages of the
         informer's page size), each object passed through the informer's transform; touches neither
-        the cache nor the listeners. Returns the objects and the list's resourceVersion.
+        the cache nor the listeners. Returns the objects and the list's resourceVersion
+        (:func:`~bridge.informer.pager.list_all`).
 
         For a caller that needs whole objects where a resumed cache holds a checkpoint's
-        metadata-only stubs (the bridge bootstrapping a sink with a snapshot). An expired
-        continuation is retried once as one unpaginated list, as the reflector does."""
-        lw = self._lister_watcher
-        transform = self._transform
-        items: list[KubeObject] = []
+        metadata-only stubs (the bridge bootstrapping a sink with a snapshot)."""
         page_size = DEFAULT_PAGE_SIZE if self._page_size is None else self._page_size
-        options = ListOptions(limit=page_size or None)
-        list_rv = ""
-        while True:
-            try:
-                page = await lw.list(options)
-            except ResourceExpiredError:
-                if options.continue_token is None:
-                    raise
-                page = await lw.list(ListOptions())
-                items = []
-                list_rv = ""
-            items.extend(page.items if transform is None else map(transform, page.items))
-            list_rv = list_rv or page.resource_version
-            if not page.continue_token:
-                return items, list_rv
-            options = ListOptions(limit=options.limit, continue_token=page.continue_token)
+        return await list_all(self._lister_watcher, page_size=page_size, transform=self._transform)
 
     async def fill_in(self, objects: Iterable[KubeObject]) -> str:
         """Puts each of ``objects`` in the cache where the cache holds that very state (the same uid
@@ -341,21 +265,11 @@ class SharedIndexInformer:
         if self._stopping:
             raise InformerError(f"informer {self.name!r} is shutting down; cannot add a handler")
         name = self._processor.unique_name(options.name or type(handler).__name__)
-        period = options.resync_period
-        if period > 0:
-            if period < MINIMUM_RESYNC_PERIOD:
-                log.warning("resync period %.3fs of %s raised to the minimum %.1fs",
-                            period, name, MINIMUM_RESYNC_PERIOD, extra={"informer": self.name})
-                period = MINIMUM_RESYNC_PERIOD
-            if period < self._resync_check_period:
-                if self._started:
-                    log.warning("resync period %.3fs of %s raised to the informer's check "
-                                "period %.3fs (it has started)", period, name,
-                                self._resync_check_period, extra={"informer": self.name})
-                    period = self._resync_check_period
-                else:
-                    self._resync_check_period = period
-                    self._processor.resync_check_period_changed(period)
+        period, check = clamp_resync_period(options.resync_period, self._resync_check_period,
+                                            started=self._started, listener=name, informer=self.name)
+        if check != self._resync_check_period:
+            self._resync_check_period = check
+            self._processor.resync_check_period_changed(check)
         options = dataclasses.replace(options, name=name, resync_period=period)
         replay = self._indexer.list() if self._started else []
         listener = ProcessorListener(
@@ -445,35 +359,7 @@ class SharedIndexInformer:
         FIFO items once the informer runs. Requests are coalesced: a listener gets one snapshot for
         every request waiting together, and none for a request arriving while one it has not yet
         handled is pending (that one is as recent: 20 requests make one or two snapshots)."""
-        self._snapshot_requests.append(registration.listener if registration is not None else None)
-        self._snapshot_wakeup.set()
-
-    async def _snapshot_loop(self) -> None:
-        while True:
-            await self._snapshot_wakeup.wait()
-            self._snapshot_wakeup.clear()
-            async with self._lock:
-                requests, self._snapshot_requests = self._snapshot_requests, []
-                current = self._processor.listeners
-                wanted = current if None in requests else [t for t in dict.fromkeys(requests)
-                                                            if t is not None and t in current]
-                targets = [t for t in wanted if not t.snapshots_pending]
-                if len(targets) < len(wanted):
-                    log.info("a snapshot is already pending for %d listener(s): the request joins it",
-                             len(wanted) - len(targets), extra={"informer": self.name})
-                if not targets:
-                    continue
-                for t in targets:
-                    t.snapshots_pending += 1
-                await self._processor.send(
-                    Notification(
-                        kind=NotificationKind.SNAPSHOT,
-                        obj={},
-                        snapshot=self._indexer.snapshot(),
-                        resource_version=self._last_progress_rv,
-                    ),
-                    targets,
-                )
+        self._snapshots.request(registration.listener if registration is not None else None)
 
     # ---------------------------------------------------------------------------------------------
     # HandleDeltas
@@ -486,14 +372,15 @@ class SharedIndexInformer:
                 if self._process is not None:
                     self._process.first_list(True)
             if item.relist_end and self._last_progress_rv:
-                await self._close_gap(item.resource_version)
+                await self._gaps.close(self._last_progress_rv, item.resource_version)
             self._last_progress_rv = item.resource_version
             self._processor.progress(item.resource_version)
             return
         assert type(item) is Delta
-        if self._gap is None and self._last_progress_rv and (
+        if self._gaps.current is None and self._last_progress_rv and (
                 item.type is DeltaType.REPLACED or type(item.object) is DeletedFinalStateUnknown):
-            await self._open_gap()  # a relist's delta: a listed item, or a deletion it inferred
+            # a relist's delta (a listed item, or a deletion it inferred): its gap opens
+            await self._gaps.open(self._last_progress_rv)
         self._processing_initial = is_in_initial_list
         try:
             process = self._process
@@ -504,26 +391,6 @@ class SharedIndexInformer:
                 self._process = None
         finally:
             self._processing_initial = False
-
-    # Gap markers: a relist once changes were processed (the informer resumed from a checkpoint, or
-    # listed before) reports only differences. Its first item opens a gap from the last processed
-    # resourceVersion, its end marker closes it at the list's; listeners get both as GAP
-    # notifications, in change order (a relist with nothing to pop opens and closes it at its end).
-
-    async def _open_gap(self) -> None:
-        self._gap_count += 1
-        rv = self._last_progress_rv
-        gap_id = f"{self.name or 'informer'}:{rv}:{self._gap_run}-{self._gap_count}"
-        gap = self._gap = Gap(id=gap_id, from_resource_version=rv)
-        await self._processor.distribute(Notification(kind=NotificationKind.GAP, obj={}, gap=gap), False)
-
-    async def _close_gap(self, list_rv: str) -> None:
-        if self._gap is None:
-            await self._open_gap()
-        gap, self._gap = self._gap, None
-        assert gap is not None
-        end = dataclasses.replace(gap, to_resource_version=list_rv, end=True)
-        await self._processor.distribute(Notification(kind=NotificationKind.GAP, obj={}, gap=end), False)
 
     async def _apply_delta(self, delta: Delta, is_in_initial_list: bool, distribute: Distribute) -> None:
         """HandleDeltas for one delta (client-go's ``processDeltas``): the cache first, then each
@@ -649,7 +516,7 @@ class SharedIndexInformer:
         )
         self._spawn(self._processor.run(), "processor")
         self._pop_task = self._spawn(self._pop_loop(), "pop")
-        self._spawn(self._snapshot_loop(), "snapshots")
+        self._spawn(self._snapshots.run(), "snapshots")
         self._reflector_task = self._spawn(self._reflector.run(), "reflector")
         try:
             await self._supervise()
