@@ -40,7 +40,7 @@ from bridge.delivery.heartbeat import Heartbeats
 from bridge.delivery.informer_run import InformerCounts, InformerObserver, InformerRun
 from bridge.delivery.inspection import PipelineInspection
 from bridge.delivery.outages import OutageReporter
-from bridge.delivery.restart import RestartStage, tracker_for
+from bridge.delivery.restart import RestartStage
 from bridge.delivery.resume_plan import load_start
 from bridge.delivery.selector_exit import SelectorExits
 from bridge.delivery.sink_listener import SinkListener
@@ -187,15 +187,15 @@ class BridgePipeline(PipelineInspection):
         start = await load_start(store=self._store, watched=watched, routed=[s.name for s in sinks],
                                  clock=self._clock)
         plan, journal = start.plan, start.journal
-        tracker = tracker_for(plan, name=ident, clock=self._clock, journal=journal)
+        restart = RestartStage(plan, watched=watched, clock=self._clock, journal=journal)
         counts = InformerCounts(resource=watched.ref.qualified, on_event=self._on_event)
-        observer = InformerObserver(tracker=tracker, journal=journal, sent=plan.sent_deletes, counts=counts)
+        observer = InformerObserver(tracker=restart.tracker, journal=journal, counts=counts,
+                                    inferred=restart.delete_is_inferred)
         informer = self._make_informer(watched, observer)
         inf = InformerRun(watched=watched, informer=informer, observer=observer, plan=plan,
                           stale=list(start.stale))
         informer.set_watch_error_handler(inf.watch_failed)
-        restart = RestartStage(inf)
-        await restart.seed(clock=self._clock)
+        await restart.seed(inf)
         key, fetch = watched.key, self._fetch_object
         selected = key.label_selector or key.field_selector or key.namespace_selector
         exits = SelectorExits(fetch=functools.partial(fetch, watched)) if fetch and selected else None

@@ -95,7 +95,8 @@ sent
 
 the state the relist sent           ``RelistedState``         re-sent with the same type (same id), framed
                                                               ``<informer>:relisted:<uid>:<since>:<at>`` when
-                                                              something was held
+                                                              something was held (now, or by an earlier run
+                                                              whose checkpoint lies inside the window)
 
 change between two windows, or      ``RelistedState``         as usual, in order
 after the last
@@ -135,11 +136,12 @@ from bridge.contracts import (
     ObjectKey,
     UnconfirmedGone,
 )
+from bridge.delivery.assembly import WatchedResource
 from bridge.delivery.bootstrap import Bootstrap
 from bridge.delivery.informer_run import InformerRun
 from bridge.delivery.journal import KnownObjectJournal
 from bridge.delivery.progress import AckTracker
-from bridge.delivery.replay import ReplayStage, SinkResume
+from bridge.delivery.replay import ReplayStage, SinkResume, delete_is_inferred
 from bridge.delivery.resume_plan import ResumePlan, SinkStart, SinkStartKind
 from bridge.delivery.selector_exit import SelectorExits
 from bridge.delivery.sink_listener import SinkListener
@@ -150,7 +152,7 @@ from bridge.informer.store import IndexedCache
 from bridge.rawobject import object_identity
 from bridge.resource_version import parse_rv
 
-__all__ = ["InformerRestart", "RestartStage", "tracker_for"]
+__all__ = ["InformerRestart", "RestartStage"]
 
 log = logging.getLogger(__name__)
 
@@ -344,34 +346,36 @@ class InformerRestart:
         return False
 
 
-def tracker_for(plan: ResumePlan, *, name: str, clock: Clock,
-                journal: KnownObjectJournal | None) -> AckTracker:
-    """The informer's acknowledgement tracker, started from the plan's checkpoint."""
-    cp = plan.checkpoint
-    tracker = AckTracker(name=name, resource_version=cp.resource_version if cp else "",
-                         index=cp.objects if cp else None, ahead=cp.ahead if cp else None,
-                         now=clock.now,
-                         on_first_resume_point=journal.acknowledged if journal is not None else None)
-    tracker.seed_last_seen(plan.last_seen)
-    return tracker
-
-
 class RestartStage:
-    """One informer's restart, from its plan: the informer's seed, the part that holds for every
-    sink (:class:`InformerRestart`) and each sink's (:meth:`for_sink`)."""
+    """One informer's restart, from its plan: the acknowledgement tracker it starts from, the
+    informer's seed with the part that holds for every sink (:class:`InformerRestart`), and each
+    sink's (:meth:`for_sink`)."""
 
-    def __init__(self, inf: InformerRun) -> None:
-        plan = inf.plan
-        self._inf = inf
+    def __init__(self, plan: ResumePlan, *, watched: WatchedResource, clock: Clock,
+                 journal: KnownObjectJournal | None) -> None:
         self.plan = plan
+        self._clock = clock
+        cp = plan.checkpoint
+        self.tracker = AckTracker(
+            name=watched.informer_id, resource_version=cp.resource_version if cp else "",
+            index=cp.objects if cp else None, ahead=cp.ahead if cp else None, now=clock.now,
+            on_first_resume_point=journal.acknowledged if journal is not None else None)
+        """The informer's acknowledgement tracker, started from the plan's checkpoint."""
+        self.tracker.seed_last_seen(plan.last_seen)
         self.informer_part: InformerRestart | None = None
         """Built when the informer is seeded (:meth:`seed`)."""
-        self._extra = {"informer": inf.watched.informer_id, "resource": inf.watched.ref.qualified}
+        self._inf: InformerRun | None = None
+        self._extra = {"informer": watched.informer_id, "resource": watched.ref.qualified}
 
-    async def seed(self, *, clock: Clock) -> None:
+    def delete_is_inferred(self, n: Notification) -> bool:
+        """Whether a delete goes out marked ``finalstateunknown``: as it went out before the restart
+        when the plan says it was sent (:func:`~bridge.delivery.replay.delete_is_inferred`)."""
+        return delete_is_inferred(n, self.tracker, self.plan.sent_deletes)
+
+    async def seed(self, inf: InformerRun) -> None:
         """Seeds the informer from the plan (its cache and resume point, or how its first list
         goes), after the bootstrap, if any sink needs one, replaced stubs by whole objects."""
-        inf, plan = self._inf, self.plan
+        self._inf, plan, clock = inf, self.plan, self._clock
         seeds, unconfirmed = list(plan.seeds), list(plan.unconfirmed)
         if plan.bootstrapping:
             inf.bootstrap = Bootstrap(informer=inf.informer, thresholds=inf.observer.thresholds,
@@ -398,11 +402,11 @@ class RestartStage:
             log.info("resuming from %s at resourceVersion %s (%d known objects)",
                      "the journal's first list" if cp.sinks is None and plan.rewrite else "checkpoint",
                      cp.resource_version, len(cp.objects), extra=self._extra)
-        self._report_journal(unconfirmed)
+        self._report_journal(inf, unconfirmed)
 
-    def _report_journal(self, unconfirmed: Sequence[KubeObject]) -> None:
+    def _report_journal(self, inf: InformerRun, unconfirmed: Sequence[KubeObject]) -> None:
         cp = self.plan.checkpoint
-        if (journal := self._inf.journal) is not None and journal.unreadable:
+        if (journal := inf.journal) is not None and journal.unreadable:
             # The objects it recorded (delivered after the last checkpoint write) are unknown, so a
             # delete of one while the bridge was down may reach no sink. Resumed from a checkpoint,
             # the watch replays every change since it (those deletes included); if that history
@@ -425,6 +429,7 @@ class RestartStage:
         """One sink's part: its replay stage (None: nothing to replay) and, for a sink the
         checkpoint does not cover, the callback its bootstrap gate runs once it has its snapshot."""
         inf, plan = self._inf, self.plan
+        assert inf is not None, "seed() first"
         start = plan.sinks[name]
         bootstrap = (functools.partial(inf.bootstrap.done, name)
                      if inf.bootstrap is not None and start.kind is SinkStartKind.BOOTSTRAP else None)
@@ -432,7 +437,7 @@ class RestartStage:
             return None, bootstrap
         ref = inf.watched.ref
         own = SinkResume.of(start, api_version=ref.api_version, kind=ref.kind)
-        replay = ReplayStage(own=own, sent=plan.sent_deletes, relisted=plan.relisted, tracker=inf.tracker,
+        replay = ReplayStage(own=own, sent=plan.sent_deletes, relisted=plan.relisted, tracker=self.tracker,
                              exits=exits)
         return replay, bootstrap
 
@@ -442,10 +447,11 @@ class RestartStage:
         if replay is None or replay.own is None:
             return
         start: SinkStart = self.plan.sinks[name]
+        assert self._inf is not None, "seed() first"
         self._inf.observer.thresholds.add(replay.own.passed_at, listener.own_progress_passed)
         # Its knowledge differs from the base: its own progress follows every change from the
         # first one (see AckTracker.follow_listener).
-        self._inf.tracker.follow_listener(name, start.resource_version, start.section)
+        self.tracker.follow_listener(name, start.resource_version, start.section)
         log.info("sink %s resumes from its own resourceVersion %d (%d objects where it differs "
                  "from the slowest sink's)", name, start.resource_version, len(start.known),
                  extra={"sink": name, **self._extra})
