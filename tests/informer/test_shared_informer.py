@@ -21,7 +21,7 @@ from bridge.contracts import (
     WatchEventType,
 )
 from bridge.errors import ServerError
-from bridge.informer.shared_informer import CacheSeed, InformerStartedError, SharedIndexInformer
+from bridge.informer.shared_informer import CacheSeed, InformerStartedError, SeedStart, SharedIndexInformer
 from bridge.testing.fake_source import FakeControllerSource
 from bridge.testing.recorder import RecordingHandler
 
@@ -615,6 +615,26 @@ async def test_resume_from_expired_checkpoint_relists_only_differences(env: Env)
     await until(lambda: informer.last_sync_resource_version() == "5", "relisted")
     assert len(rec.calls) == 2
     assert sorted(informer.get_indexer().list_keys()) == ["ns/a", "ns/c"]
+
+
+async def test_a_list_seed_frames_the_first_list_from_its_resource_version(env: Env) -> None:
+    """SeedStart.LIST with a resourceVersion: the informer lists as on a first start, against the
+    seeded cache (a seeded object the list does not return is a tombstone, one it returns unchanged
+    a resync), and the list is framed as a gap from that resourceVersion. No restart rule applies:
+    the informer alone notifies what client-go would."""
+    a = env.source.add(cm("a"))            # 1
+    b = env.source.add(cm("b"))            # 2
+    env.source.delete(cm("b"))             # 3
+    informer = env.informer()
+    frames = _Frames()
+    informer.add_event_handler(frames)
+    with pytest.raises(ValueError, match="needs a resourceVersion"):
+        informer.seed(CacheSeed(objects=[_stub(a)], start=SeedStart.WATCH))
+    informer.seed(CacheSeed(objects=[_stub(a), _stub(b)], resource_version="1", start=SeedStart.LIST))
+    await env.start(informer)
+    await until(lambda: ("gap.end", "1", "3") in frames.seen, "the gap's end")
+    assert frames.seen == [("gap.begin", "1", ""), ("delete", "ns/b"), ("gap.end", "1", "3")]
+    assert [c.resource_version for c in env.source.list_calls()] == ["0"]
 
 
 async def test_run_twice_and_shutdown_idempotent(env: Env) -> None:
