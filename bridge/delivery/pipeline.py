@@ -1,8 +1,8 @@
 """The supervisor of the delivery layer: informers → sink listeners → sinks, started and stopped.
 
 Each part of the lifecycle lives in a module of its own (docs/architecture.md, "Data flow"):
-assembly, the start (:mod:`~bridge.delivery.resume_plan` builds one resume plan per informer, each
-sink's listener gets its part as a :mod:`~bridge.delivery.replay` stage), the listeners and one
+assembly, the start (:mod:`~bridge.delivery.resume_plan` builds one resume plan per informer, the
+restart stage of :mod:`~bridge.delivery.restart` applies it), the listeners and one
 :class:`~bridge.delivery.progress.AckTracker` per informer, bootstrap, the checkpoint writer
 (with ``group_commit``, also as soon as the acknowledgements are due), stalled watches
 (:mod:`~bridge.delivery.stall`), heartbeats (:mod:`~bridge.delivery.heartbeat`) and outage
