@@ -19,8 +19,9 @@ observer and hands each report to the part whose job it is, each one job:
 from __future__ import annotations
 
 import collections
+import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
@@ -30,7 +31,7 @@ from bridge.delivery.bootstrap import Bootstrap, ProgressThresholds
 from bridge.delivery.journal import KnownObjectJournal
 from bridge.delivery.progress import AckTracker
 from bridge.delivery.replay import delete_is_inferred
-from bridge.delivery.resume_plan import ResumePlan, SentDelete
+from bridge.delivery.resume_plan import ResumePlan
 from bridge.delivery.sink_listener import SinkListener
 from bridge.informer.reflector import Reflector, default_watch_error_handler
 from bridge.informer.shared_informer import HandlerRegistration, SharedIndexInformer
@@ -60,11 +61,16 @@ class InformerObserver:
 
     def __init__(self, *, tracker: AckTracker, counts: InformerCounts,
                  journal: KnownObjectJournal | None = None,
-                 sent: Mapping[str, SentDelete] | None = None) -> None:
+                 inferred: Callable[[Notification], bool] | None = None) -> None:
+        """``inferred(n)``: whether a delete goes out marked ``finalstateunknown`` (after a restart,
+        the restart stage's :meth:`~bridge.delivery.restart.RestartStage.delete_is_inferred`), what
+        the journal records of it."""
         self.tracker = tracker
         self.counts = counts
         self.journal = journal
-        self.sent: Mapping[str, SentDelete] = sent or {}
+        self.inferred: Callable[[Notification], bool] = (
+            inferred if inferred is not None
+            else functools.partial(delete_is_inferred, tracker=tracker, sent={}))
         self.thresholds = ProgressThresholds()
         self.acked = tracker.acked
         self.listener_removed = tracker.listener_removed
@@ -84,8 +90,7 @@ class InformerObserver:
         tracker = self.tracker
         tracker.dispatched(notification, listeners)
         if self.journal is not None and listeners:
-            inferred = (notification.kind is NotificationKind.DELETE
-                        and delete_is_inferred(notification, tracker, self.sent))
+            inferred = notification.kind is NotificationKind.DELETE and self.inferred(notification)
             self.journal.note(notification, inferred=inferred)
 
     def progress(self, seq: int, resource_version: str) -> None:

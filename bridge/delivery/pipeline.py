@@ -1,8 +1,8 @@
 """The supervisor of the delivery layer: informers → sink listeners → sinks, started and stopped.
 
 Each part of the lifecycle lives in a module of its own (docs/architecture.md, "Data flow"):
-assembly, the start (:mod:`~bridge.delivery.resume_plan` builds one resume plan per informer, each
-sink's listener gets its part as a :mod:`~bridge.delivery.replay` stage), the listeners and one
+assembly, the start (:mod:`~bridge.delivery.resume_plan` builds one resume plan per informer, the
+restart stage of :mod:`~bridge.delivery.restart` applies it), the listeners and one
 :class:`~bridge.delivery.progress.AckTracker` per informer, bootstrap, the checkpoint writer
 (with ``group_commit``, also as soon as the acknowledgements are due), stalled watches
 (:mod:`~bridge.delivery.stall`), heartbeats (:mod:`~bridge.delivery.heartbeat`) and outage
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.clock import Clock, RealClock
-from bridge.contracts import DeliveryObserver, KubeObject
+from bridge.contracts import DeliveryObserver
 from bridge.delivery.assembly import (
     InformerBuilder,
     WatchedResource,
@@ -35,20 +35,18 @@ from bridge.delivery.assembly import (
     remove_stale_spills,
     routed,
 )
-from bridge.delivery.bootstrap import Bootstrap
 from bridge.delivery.checkpoint_writer import CheckpointWriter, GroupCommit
 from bridge.delivery.heartbeat import Heartbeats
 from bridge.delivery.informer_run import InformerCounts, InformerObserver, InformerRun
 from bridge.delivery.inspection import PipelineInspection
 from bridge.delivery.outages import OutageReporter
-from bridge.delivery.progress import AckTracker
-from bridge.delivery.replay import ReplayStage, SinkResume
-from bridge.delivery.resume_plan import SinkStartKind, load_start
+from bridge.delivery.restart import RestartStage
+from bridge.delivery.resume_plan import load_start
 from bridge.delivery.selector_exit import SelectorExits
 from bridge.delivery.sink_listener import SinkListener
 from bridge.delivery.stall import StallCheck, StallDetector
 from bridge.informer.factory import SharedInformerFactory
-from bridge.informer.shared_informer import CacheSeed, HandlerRegistration, SharedIndexInformer
+from bridge.informer.shared_informer import HandlerRegistration, SharedIndexInformer
 from bridge.storage.checkpoint import CheckpointStore
 from sinks.contract import Sink
 
@@ -189,100 +187,37 @@ class BridgePipeline(PipelineInspection):
         start = await load_start(store=self._store, watched=watched, routed=[s.name for s in sinks],
                                  clock=self._clock)
         plan, journal = start.plan, start.journal
-        cp = plan.checkpoint
-        tracker = AckTracker(name=ident, resource_version=cp.resource_version if cp else "",
-                             index=cp.objects if cp else None, ahead=cp.ahead if cp else None,
-                             now=self._clock.now,
-                             on_first_resume_point=journal.acknowledged if journal is not None else None)
-        tracker.seed_last_seen(plan.last_seen)
+        restart = RestartStage(plan, watched=watched, clock=self._clock, journal=journal)
         counts = InformerCounts(resource=watched.ref.qualified, on_event=self._on_event)
-        observer = InformerObserver(tracker=tracker, journal=journal, sent=plan.sent_deletes, counts=counts)
+        observer = InformerObserver(tracker=restart.tracker, journal=journal, counts=counts,
+                                    inferred=restart.delete_is_inferred)
         informer = self._make_informer(watched, observer)
         inf = InformerRun(watched=watched, informer=informer, observer=observer, plan=plan,
                           stale=list(start.stale))
         informer.set_watch_error_handler(inf.watch_failed)
-        seeds, unconfirmed = list(plan.seeds), list(plan.unconfirmed)
-        if plan.bootstrapping:
-            inf.bootstrap = Bootstrap(informer=informer, thresholds=observer.thresholds, watched=watched,
-                                      sinks=plan.bootstrapping, clock=self._clock,
-                                      covered=inf.save_soon)
-            seeds, unconfirmed = await inf.bootstrap.hydrate(seeds, unconfirmed)
-        self._seed(inf, seeds, unconfirmed)
+        await restart.seed(inf)
         key, fetch = watched.key, self._fetch_object
         selected = key.label_selector or key.field_selector or key.namespace_selector
         exits = SelectorExits(fetch=functools.partial(fetch, watched)) if fetch and selected else None
         for sink in sinks:
-            self._attach(inf, sink, exits)
+            self._attach(inf, restart, sink, exits)
         self._informers[ident] = inf
 
-    def _seed(self, inf: InformerRun, seeds: list[KubeObject], unconfirmed: list[KubeObject]) -> None:
-        """Seeds the informer from the plan: its cache and resume point, the keys whose replayed
-        changes are suppressed, the objects only the journal knows, the window of a framed list."""
-        plan, informer, watched = inf.plan, inf.informer, inf.watched
-        extra = {"informer": watched.informer_id, "resource": watched.ref.qualified}
-        if plan.dropped_sinks:
-            log.info("the checkpoint has progress of sinks no longer configured for this resource "
-                     "(%s); it is dropped at the next checkpoint write", ", ".join(plan.dropped_sinks),
-                     extra=extra)
-        cp = plan.checkpoint
-        informer.seed(CacheSeed(objects=seeds if cp else (),
-                                resource_version=cp.resource_version if cp else "",
-                                suppress=plan.delivered, diverging=plan.diverging,
-                                unconfirmed=unconfirmed, gap_from=plan.frame_from, list_at=plan.list_at))
-        if cp is not None:
-            inf.saved_rv = cp.resource_version
-            inf.saved_generation = -1 if plan.rewrite else inf.tracker.generation
-            log.info("resuming from %s at resourceVersion %s (%d known objects)",
-                     "the journal's first list" if cp.sinks is None and plan.rewrite else "checkpoint",
-                     cp.resource_version, len(cp.objects), extra=extra)
-        if (journal := inf.journal) is not None and journal.unreadable:
-            # The objects it recorded (delivered after the last checkpoint write) are unknown, so a
-            # delete of one while the bridge was down may reach no sink. Resumed from a checkpoint,
-            # the watch replays every change since it (those deletes included); if that history
-            # expired, the relist is framed by gap markers from the checkpoint's resourceVersion
-            # anyway. Without a checkpoint, the first list is framed by gap markers from
-            # resourceVersion 0 so that consumers learn it too.
-            then = (f"; resuming from the checkpoint: if the server's history since resourceVersion "
-                    f"{cp.resource_version} expired, the relist (framed by gap markers) cannot report "
-                    "deletes of objects delivered after that checkpoint write" if cp is not None else
-                    " and there is no checkpoint: a full list framed by gap markers from resourceVersion "
-                    "0 (objects delivered before and deleted while the bridge was down get no delete)")
-            log.warning("known-object journal %s cannot be read (%s)%s", journal.backend.name,
-                        journal.unreadable, then, extra=extra)
-        if unconfirmed:
-            log.info("%d objects delivered after the last checkpoint write are known from the journal",
-                     len(unconfirmed), extra=extra)
-
-    def _attach(self, inf: InformerRun, sink: Sink, exits: SelectorExits | None) -> None:
-        """One sink's listener, with its part of the plan."""
-        plan, tracker, watched = inf.plan, inf.tracker, inf.watched
-        name = sink.name
-        start = plan.sinks[name]
-        bootstrap = (functools.partial(inf.bootstrap.done, name)
-                     if inf.bootstrap is not None and start.kind is SinkStartKind.BOOTSTRAP else None)
-        replay: ReplayStage | None = None
-        if start.kind is SinkStartKind.OWN_PROGRESS or plan.sent_deletes or plan.relisted:
-            own = SinkResume.of(start, api_version=watched.ref.api_version, kind=watched.ref.kind)
-            replay = ReplayStage(own=own, sent=plan.sent_deletes, relisted=plan.relisted, tracker=tracker,
-                                 exits=exits)
+    def _attach(self, inf: InformerRun, restart: RestartStage, sink: Sink,
+                exits: SelectorExits | None) -> None:
+        """One sink's listener, with its part of the restart (:meth:`RestartStage.for_sink`)."""
+        watched = inf.watched
+        replay, bootstrap = restart.for_sink(sink.name, exits)
         listener = SinkListener(sink=sink, resource=watched.ref, cluster=self._cluster, clock=self._clock,
-                                snapshot_prefix=watched.informer_id, tracker=tracker, journal=inf.journal,
+                                snapshot_prefix=watched.informer_id, tracker=inf.tracker, journal=inf.journal,
                                 exits=exits, shard=(None if watched.shard is None
                                                     else (watched.shard.ordinal, watched.shard.total)),
                                 bootstrap=bootstrap, replay=replay)
-        if replay is not None and replay.own is not None:
-            inf.observer.thresholds.add(replay.own.passed_at, listener.own_progress_passed)
-            # Its knowledge differs from the base: its own progress follows every change from the
-            # first one (see AckTracker.follow_listener).
-            tracker.follow_listener(name, start.resource_version, start.section)
-            log.info("sink %s resumes from its own resourceVersion %d (%d objects where it differs "
-                     "from the slowest sink's)", name, start.resource_version, len(start.known),
-                     extra={"sink": name, "informer": watched.informer_id,
-                            "resource": watched.ref.qualified})
+        restart.attached(sink.name, listener)
         reg = inf.informer.add_event_handler(listener, listener_options(sink, self._spill_directory,
                                                                         watched.informer_id, watched.ref))
-        inf.registrations[name] = reg
-        inf.listeners[name] = listener
+        inf.registrations[sink.name] = reg
+        inf.listeners[sink.name] = listener
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks[name] = asyncio.create_task(self._guard(name, coro), name=f"pipeline:{name}")

@@ -1,4 +1,4 @@
-"""One sink's replay after a restart: every notification held back, re-sent or dropped, decided here.
+"""One sink's part of the restart stage (:mod:`bridge.delivery.restart`): held back, re-sent or dropped.
 
 The watch resumes from the checkpoint's base (the slowest sink's point), so the informer replays
 changes some sinks already have. :class:`ReplayStage` applies the sink's part of the resume plan to

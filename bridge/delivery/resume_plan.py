@@ -4,11 +4,13 @@ At start :func:`load_start` reads, per informer, the checkpoint (or, after a res
 it takes over: :func:`~bridge.delivery.sharding.take_over`), the known-object journal and its
 first-list record, and :func:`build_plan` turns them into one immutable :class:`ResumePlan`. A
 corrupt or unreadable checkpoint is reported as a WARNING and the informer starts as without one (a
-full list; consumers see every object again). Nothing else decides how a restart behaves: the informer is
-seeded from the plan (its cache, the keys whose replayed changes are suppressed, the objects only
-the journal knows, the window a first list is framed from), the tracker starts from its checkpoint,
-and each sink's listener gets its part of the plan (:class:`SinkStart`, the deletes already sent,
-the states a relist sent), which its replay stage (:mod:`bridge.delivery.replay`) applies.
+full list; consumers see every object again). Nothing else decides how a restart behaves: one
+restart stage applies the plan (:mod:`bridge.delivery.restart`, whose docstring is the decision
+table): the tracker starts from its checkpoint, the informer is seeded from it (its cache and where
+it starts), what holds for every sink (the changes every sink acknowledged, the objects only the
+journal knows, the keys some sink knows otherwise) is decided before any sink sees a change, and
+each sink's listener gets its part of the plan (:class:`SinkStart`, the deletes already sent, the
+states a relist sent) as its replay stage (:mod:`bridge.delivery.replay`).
 
 The plan's records are typed: :class:`SentDelete` (a delete sinks may hold), :class:`RelistedState`
 (a state a relist sent inside its gap), :class:`Known` (what one sink knows of one object).

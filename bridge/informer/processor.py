@@ -44,6 +44,7 @@ __all__ = [
     "ListenerStats",
     "ProcessorListener",
     "SharedProcessor",
+    "clamp_resync_period",
     "determine_resync_period",
 ]
 
@@ -64,6 +65,27 @@ def determine_resync_period(desired: float, check_period: float) -> float:
     if check_period <= 0:
         return 0.0
     return max(desired, check_period)
+
+
+def clamp_resync_period(period: float, check_period: float, *, started: bool, listener: str,
+                        informer: str) -> tuple[float, float]:
+    """A handler's requested resync period as client-go clamps it, and the informer's check period
+    after it: below :data:`MINIMUM_RESYNC_PERIOD` it is raised to it; below the check period, before
+    start it lowers the check period, after start it is raised to it."""
+    if period <= 0:
+        return period, check_period
+    if period < MINIMUM_RESYNC_PERIOD:
+        log.warning("resync period %.3fs of %s raised to the minimum %.1fs",
+                    period, listener, MINIMUM_RESYNC_PERIOD, extra={"informer": informer})
+        period = MINIMUM_RESYNC_PERIOD
+    if period < check_period:
+        if not started:
+            return period, period
+        log.warning("resync period %.3fs of %s raised to the informer's check "
+                    "period %.3fs (it has started)", period, listener, check_period,
+                    extra={"informer": informer})
+        period = check_period
+    return period, check_period
 
 
 class SharedProcessor:

@@ -28,14 +28,15 @@ Bridge extensions:
   followed by an add of the new one, so consumers keyed by uid stay right.
 * progress markers from the FIFO are forwarded to the :class:`~bridge.contracts.DeliveryObserver`, so
   the checkpoint knows the resourceVersion each acknowledged prefix of notifications reflects.
-* :meth:`SharedIndexInformer.seed` is the one restart hook (:class:`CacheSeed`): it seeds the cache
-  and watches from a resourceVersion without listing (if that RV has expired the relist emits only
-  real differences), suppresses the replayed changes of given keys, names the objects consumers may
-  hold that the cache does not vouch for, or frames the first list as a gap.
-* :meth:`SharedIndexInformer.request_snapshot` hands one listener (or all) the whole cache as one
-  ``SNAPSHOT`` notification, at a point consistent with the change order.
-* ``compact_cache``: the cache keeps each object as its JSON bytes (about its wire size, instead of
-  several times that as a dict tree) and decodes on read; see :class:`~bridge.store.IndexedCache`.
+* :meth:`SharedIndexInformer.seed` is the one restart hook (:mod:`bridge.informer.seed`): a cache
+  at a resourceVersion, how the informer starts from it, and the caller's processing around
+  HandleDeltas (client-go's ``Config.Process``); what a restart means for a change is the caller's
+  business (the bridge's restart stage, ``bridge.delivery.restart``), never decided here.
+* a relist after changes were processed is framed by gap markers (:mod:`bridge.informer.gaps`);
+  :meth:`SharedIndexInformer.request_snapshot` hands listeners the whole cache as one ``SNAPSHOT``
+  notification, in change order (:mod:`bridge.informer.snapshots`).
+* ``compact_cache``: the cache keeps each object as its JSON bytes and decodes on read
+  (:class:`~bridge.store.IndexedCache`).
 
 Consistency: the pop loop applies each run of FIFO items under the informer's processing lock, and
 snapshot emission takes the same lock, so a snapshot always sits between two processed items. Handlers added
@@ -51,9 +52,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import uuid
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 from bridge.clock import Clock
@@ -61,39 +60,33 @@ from bridge.contracts import (
     DeletedFinalStateUnknown,
     DeliveryObserver,
     EventHandler,
-    Gap,
     IndexFunc,
     KeyFunc,
     KubeObject,
     ListenerOptions,
     ListerWatcher,
-    ListOptions,
     Notification,
     NotificationHandler,
     NotificationKind,
-    ObjectKey,
     TransformFunc,
-    UnconfirmedGone,
 )
-from bridge.errors import BridgeError, ResourceExpiredError
-from bridge.informer.delta_fifo import (
-    Delta,
-    DeltaType,
-    FIFOClosedError,
-    ResourceVersionMarker,
-)
+from bridge.informer.delta_fifo import Delta, DeltaType, FIFOClosedError, ResourceVersionMarker
+from bridge.informer.gaps import RelistGaps
 from bridge.informer.listers import Lister
+from bridge.informer.pager import list_all
 from bridge.informer.processor import (
     CATCH_UP_BYTES,
-    MINIMUM_RESYNC_PERIOD,
     TIME_SLICE,
-    ListenerStats,
     ProcessorListener,
     SharedProcessor,
+    clamp_resync_period,
     determine_resync_period,
 )
 from bridge.informer.real_fifo import RealFIFO
 from bridge.informer.reflector import DEFAULT_PAGE_SIZE, Reflector, WatchErrorHandler
+from bridge.informer.registration import HandlerRegistration, InformerError, InformerStartedError
+from bridge.informer.seed import CacheSeed, Distribute, SeedProcess, SeedStart
+from bridge.informer.snapshots import SnapshotRequests
 from bridge.informer.store import (
     NAMESPACE_INDEX,
     IndexedCache,
@@ -102,96 +95,14 @@ from bridge.informer.store import (
 )
 from bridge.informer.transform import drop_managed_fields
 from bridge.rawobject import RawObject, object_identity
-from bridge.resource_version import parse_rv
 
-__all__ = [
-    "CacheSeed",
-    "HandlerRegistration",
-    "InformerError",
-    "InformerStartedError",
-    "SharedIndexInformer",
-]
+__all__ = ["CacheSeed", "HandlerRegistration", "InformerError", "InformerStartedError", "SeedProcess",
+           "SeedStart", "SharedIndexInformer"]
 
 _RESYNC_DELTAS = frozenset({DeltaType.SYNC, DeltaType.REPLACED})
 """Delta types that are resync notifications when they leave the object's resourceVersion unchanged."""
 
 log = logging.getLogger(__name__)
-
-@dataclass(frozen=True, slots=True)
-class CacheSeed:
-    """What an informer starts from instead of an empty cache (:meth:`SharedIndexInformer.seed`)."""
-
-    objects: Sequence[KubeObject] = ()
-    """The cache (metadata-only stubs will do): objects consumers already have."""
-    resource_version: str = ""
-    """The first watch starts here, without a list ("" = the informer lists as on a first start)."""
-    suppress: Mapping[str, tuple[int, bool]] = field(default_factory=dict)
-    """key → (resourceVersion, deleted): the object's changes up to it were delivered already; the
-    cache takes them again as the watch replays them, nobody is notified twice. A delivered delete
-    vouches only for what the key held up to it: a relist finding the key gone while the cache holds
-    a newer state (a later incarnation) notifies that object's delete."""
-    diverging: Iterable[str] = ()
-    """Keys whose seeded state some handler does not share: until something is notified about such
-    an object, a relist that finds it unchanged notifies it anyway (an update that is not a resync),
-    so each handler can compare it with what it knows."""
-    unconfirmed: Sequence[KubeObject] = ()
-    """Objects (stubs) consumers may have received that the seed does not vouch for: a relist that
-    no longer returns one (under its uid) reports it deleted; a list item or watch event of its uid
-    reports it as on a first start (an add) — but a watch's update of it, an update of the stub
-    (the object existed before the watch started: consumers had its earlier state, and the update
-    goes out as the update it was, with the same event id). Where the cache has nothing under the
-    key, the newest takes the key's place, so that the relist's tombstones cover it."""
-    gap_from: str = ""
-    """Without a resourceVersion: the first list is framed as a gap from here, for consumers who
-    may hold state from a previous run that the bridge cannot vouch for."""
-    list_at: str = ""
-    """Without a resourceVersion: the first list is at exactly this resourceVersion
-    (``resourceVersionMatch=Exact``), the first list of a run that ended before consumers
-    acknowledged it. Its states are notified as on a first start (the same states, so the same
-    events), and the watch then resumes from it: every change after it comes one by one. The
-    :attr:`unconfirmed` objects are taken in when that list ends (those it returned are vouched
-    for); when the server no longer has the resourceVersion (410), before the consistent list that
-    replaces it, which is framed as a gap from it."""
-
-
-class InformerError(BridgeError):
-    """The informer was misused or one of its tasks failed."""
-
-
-class InformerStartedError(InformerError):
-    """An operation allowed only before :meth:`SharedIndexInformer.run` was called after it."""
-
-
-class HandlerRegistration:
-    """What :meth:`SharedIndexInformer.add_event_handler` returns: the handle of one listener."""
-
-    def __init__(self, *, listener: ProcessorListener) -> None:
-        self._listener = listener
-
-    @property
-    def name(self) -> str:
-        """The listener's unique name (as the DeliveryObserver sees it)."""
-        return self._listener.name
-
-    @property
-    def listener(self) -> ProcessorListener:
-        return self._listener
-
-    @property
-    def resync_period(self) -> float:
-        """The resync period in effect after clamping (0 = never)."""
-        return self._listener.resync_period
-
-    def has_synced(self) -> bool:
-        """True once the informer synced and this handler was given every initial-list object."""
-        return self._listener.has_synced()
-
-    def stats(self) -> ListenerStats:
-        return self._listener.stats()
-
-    def __repr__(self) -> str:
-        return f"HandlerRegistration(name={self.name!r})"
-
 
 class SharedIndexInformer:
     """A shared informer over one resource in one scope (see the module docstring)."""
@@ -242,31 +153,18 @@ class SharedIndexInformer:
         self._tasks: list[asyncio.Task[None]] = []
         self._pop_task: asyncio.Task[None] | None = None
         self._reflector_task: asyncio.Task[None] | None = None
-        self._suppress: dict[str, tuple[int, bool]] = {}
-        self._diverging: set[str] = set()
-        """Keys whose next same-resourceVersion relist item is notified anyway (see CacheSeed)."""
-        self._unconfirmed: dict[str, list[KubeObject]] = {}
-        """key → objects consumers may have received that the informer resumed without (see
-        :attr:`CacheSeed.unconfirmed`)."""
-        self.suppressed_replays = 0
-        """Changes replayed after a resume that had been delivered already (not notified again)."""
+        self._process: SeedProcess | None = None
+        """The seed's processing around HandleDeltas, until it has nothing more to decide."""
         self._lock = asyncio.Lock()
         self._processing_initial = False
         self._processed = asyncio.Event()
         self._resume_rv = ""
-        self._list_at = ""
-        """:attr:`CacheSeed.list_at` until that list ended (or expired)."""
-        self._held_unconfirmed: list[KubeObject] = []
-        """The unconfirmed objects taken in once that list ended."""
+        self._list_exact = ""
+        """A :attr:`SeedStart.LIST_EXACT` seed's resourceVersion until that list ended (or expired)."""
         self._last_progress_rv = ""
-        self._gap: Gap | None = None
-        """The relist window open between a relist's begin and end markers, if any."""
-        self._gap_count = 0
-        self._gap_run = uuid.uuid4().hex[:8]
-        """Part of every gap id: two runs relisting from the same resourceVersion (a restart whose
-        checkpoint had not moved) send different windows, which must not share an id."""
-        self._snapshot_requests: list[ProcessorListener | None] = []
-        self._snapshot_wakeup = asyncio.Event()
+        self._gaps = RelistGaps(name=name, distribute=self._processor.distribute)
+        self._snapshots = SnapshotRequests(processor=self._processor, cache=self._indexer, lock=self._lock,
+                                           progress=lambda: self._last_progress_rv, name=name)
         self.process_errors = 0
         """FIFO items whose processing raised (a malformed object); logged and skipped."""
 
@@ -289,82 +187,46 @@ class SharedIndexInformer:
 
     def seed(self, seed: CacheSeed) -> None:
         """Starts the informer from ``seed`` instead of an empty cache (a restart: see
-        :class:`CacheSeed`). Call once, before :meth:`run`.
+        :class:`~bridge.informer.seed.CacheSeed`). Call once, before :meth:`run`.
 
         Handlers registered before start are not told about the seeded objects (they were delivered
         before the restart); a later relist reports only what changed meanwhile."""
         if self._started:
             raise InformerStartedError(f"informer {self.name!r}: seed after start")
-        if seed.resource_version:
-            for obj in seed.objects:
-                self._indexer.add(obj)
+        how = seed.how
+        if how is not SeedStart.LIST and not seed.resource_version:
+            raise ValueError(f"informer {self.name!r}: a {how.value} seed needs a resourceVersion")
+        for obj in seed.objects:
+            self._indexer.add(obj)
+        if how is SeedStart.WATCH:
             self._resume_rv = seed.resource_version
             self._last_progress_rv = seed.resource_version
-            self._suppress = dict(seed.suppress)
-            self._diverging = set(seed.diverging)
-        elif seed.objects or seed.suppress:
-            raise ValueError(f"informer {self.name!r}: a seeded cache needs a resourceVersion")
-        elif seed.gap_from:
-            self._last_progress_rv = seed.gap_from
-        if seed.list_at and not seed.resource_version:
-            self._list_at = seed.list_at
-            self._held_unconfirmed = list(seed.unconfirmed)
-            return
-        self._take_unconfirmed(seed.unconfirmed, listed=False)
-
-    def _take_unconfirmed(self, objects: Iterable[KubeObject], *, listed: bool) -> None:
-        """Makes ``objects`` the unconfirmed ones (:attr:`CacheSeed.unconfirmed`); ``listed``: after
-        the list at :attr:`CacheSeed.list_at`, whose objects (the same uid under the key) it
-        vouches for."""
-        for obj in objects:
-            key = self._key_func(obj)
-            cached = self._indexer.get_by_key(key)
-            if listed and cached is not None and object_identity(cached)[0] == object_identity(obj)[0]:
-                continue
-            stubs = self._unconfirmed.setdefault(key, [])
-            if cached is None or object_identity(cached)[0] in {object_identity(s)[0] for s in stubs}:
-                self._indexer.add(obj)
-            stubs.append(obj)
+        elif how is SeedStart.LIST:
+            self._last_progress_rv = seed.resource_version
+        else:
+            self._list_exact = seed.resource_version
+        self._process = seed.process
 
     def _exact_list_expired(self, resource_version: str) -> None:
-        """The reflector's list at :attr:`CacheSeed.list_at` met an expired resourceVersion: the
-        consistent list that replaces it is framed as a gap from it, against the unconfirmed
-        objects (nothing of that list is queued yet)."""
-        if not self._list_at:
+        """The reflector's list at exactly the seed's resourceVersion met an expired one: the
+        consistent list that replaces it is framed as a gap from it (nothing of it is queued yet)."""
+        if not self._list_exact:
             return
-        self._list_at = ""
+        self._list_exact = ""
         self._last_progress_rv = resource_version
-        held, self._held_unconfirmed = self._held_unconfirmed, []
-        self._take_unconfirmed(held, listed=False)
+        if self._process is not None:
+            self._process.first_list(False)
 
     async def list_current(self) -> tuple[list[KubeObject], str]:
         """Lists the informer's scope from the API server now (consistent read, in pages of the
         informer's page size), each object passed through the informer's transform; touches neither
-        the cache nor the listeners. Returns the objects and the list's resourceVersion.
+        the cache nor the listeners. Returns the objects and the list's resourceVersion
+        (:func:`~bridge.informer.pager.list_all`).
 
         For a caller that needs whole objects where a resumed cache holds a checkpoint's
-        metadata-only stubs (the bridge bootstrapping a sink with a snapshot). An expired
-        continuation is retried once as one unpaginated list, as the reflector does."""
-        lw = self._lister_watcher
-        transform = self._transform
-        items: list[KubeObject] = []
+        metadata-only stubs (the bridge bootstrapping a sink with a snapshot)."""
         page_size = DEFAULT_PAGE_SIZE if self._page_size is None else self._page_size
-        options = ListOptions(limit=page_size or None)
-        list_rv = ""
-        while True:
-            try:
-                page = await lw.list(options)
-            except ResourceExpiredError:
-                if options.continue_token is None:
-                    raise
-                page = await lw.list(ListOptions())
-                items = []
-                list_rv = ""
-            items.extend(page.items if transform is None else map(transform, page.items))
-            list_rv = list_rv or page.resource_version
-            if not page.continue_token:
-                return items, list_rv
-            options = ListOptions(limit=options.limit, continue_token=page.continue_token)
+        return await list_all(self._lister_watcher, page_size=page_size, transform=self._transform)
 
     async def fill_in(self, objects: Iterable[KubeObject]) -> str:
         """Puts each of ``objects`` in the cache where the cache holds that very state (the same uid
@@ -381,74 +243,6 @@ class SharedIndexInformer:
                 if cached is not None and object_identity(cached) == object_identity(obj):
                     indexer.update(obj)
             return self._last_progress_rv
-
-    def _settle_unconfirmed(self, delta: Delta, key: ObjectKey) -> list[Notification]:
-        """Applies a delta of a key with unconfirmed objects (see :attr:`CacheSeed.unconfirmed`): the
-        unconfirmed object the delta is about is forgotten, so the delta reports it afresh; a relist's
-        delta (a list item, or a tombstone) also reports every other one deleted. Returns those
-        deletes, to be distributed before the delta."""
-        stubs = self._unconfirmed[key]
-        obj = delta.object
-        relist = delta.type is DeltaType.REPLACED or isinstance(obj, DeletedFinalStateUnknown)
-        uid = object_identity(obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj)[0]
-        cached = self._indexer.get_by_key(key)
-        cached_uid = object_identity(cached)[0] if cached is not None else ""
-        gone: list[Notification] = []
-        keep: list[KubeObject] = []
-        for stub in stubs:
-            stub_uid = object_identity(stub)[0]
-            is_slot = stub_uid == cached_uid
-            if stub_uid == uid and not isinstance(obj, DeletedFinalStateUnknown):
-                if is_slot and delta.type is not DeltaType.UPDATED:
-                    self._indexer.delete_key(key)  # reported afresh: an add
-                continue  # a watch's update: an update of the stub (it existed before the watch)
-            if not relist:
-                keep.append(stub)
-                if is_slot:
-                    self._indexer.delete_key(key)  # another object's change: not an update of it
-                continue
-            if is_slot:
-                if isinstance(obj, DeletedFinalStateUnknown):
-                    continue  # the relist's own tombstone for the key reports it
-                self._indexer.delete_key(key)
-            gone.append(Notification(kind=NotificationKind.DELETE, obj=UnconfirmedGone(key, stub), key=key))
-        if keep:
-            self._unconfirmed[key] = keep
-        else:
-            del self._unconfirmed[key]
-        return gone
-
-    def _suppressed(self, delta: Delta, key: ObjectKey) -> bool:
-        """True when ``delta`` only repeats a change delivered before the restart (see
-        :attr:`CacheSeed.suppress`); the key's entry is dropped once the changes move past it."""
-        mark = self._suppress.get(key)
-        if mark is None:
-            return False
-        delivered_rv, deleted = mark
-        obj = delta.object
-        if isinstance(obj, DeletedFinalStateUnknown):
-            del self._suppress[key]
-            if not deleted:
-                return False  # a relist found it gone: consumers must see the delete now
-            # The acknowledged delete vouches only for what the key held up to it. A cached state
-            # newer than it (an object the journal or some sink's own progress knows, created after
-            # that delete) is a later incarnation whose delete no consumer has seen.
-            cached_rv = object_identity(obj.obj)[1]
-            cached = parse_rv(cached_rv)
-            return not (cached is not None and cached > delivered_rv)
-        try:
-            rv = int(object_identity(obj)[1])
-        except ValueError:
-            del self._suppress[key]
-            return False
-        if rv <= delivered_rv:
-            return True
-        del self._suppress[key]
-        if deleted and delta.type is not DeltaType.DELETED:
-            # Re-created after a delete consumers already saw: forget the stale cached state so this
-            # is reported as a plain add, not a second delete of the old object.
-            self._indexer.delete_key(key)
-        return False
 
     # ---------------------------------------------------------------------------------------------
     # handlers
@@ -471,21 +265,11 @@ class SharedIndexInformer:
         if self._stopping:
             raise InformerError(f"informer {self.name!r} is shutting down; cannot add a handler")
         name = self._processor.unique_name(options.name or type(handler).__name__)
-        period = options.resync_period
-        if period > 0:
-            if period < MINIMUM_RESYNC_PERIOD:
-                log.warning("resync period %.3fs of %s raised to the minimum %.1fs",
-                            period, name, MINIMUM_RESYNC_PERIOD, extra={"informer": self.name})
-                period = MINIMUM_RESYNC_PERIOD
-            if period < self._resync_check_period:
-                if self._started:
-                    log.warning("resync period %.3fs of %s raised to the informer's check "
-                                "period %.3fs (it has started)", period, name,
-                                self._resync_check_period, extra={"informer": self.name})
-                    period = self._resync_check_period
-                else:
-                    self._resync_check_period = period
-                    self._processor.resync_check_period_changed(period)
+        period, check = clamp_resync_period(options.resync_period, self._resync_check_period,
+                                            started=self._started, listener=name, informer=self.name)
+        if check != self._resync_check_period:
+            self._resync_check_period = check
+            self._processor.resync_check_period_changed(check)
         options = dataclasses.replace(options, name=name, resync_period=period)
         replay = self._indexer.list() if self._started else []
         listener = ProcessorListener(
@@ -513,6 +297,10 @@ class SharedIndexInformer:
     @property
     def started(self) -> bool:
         return self._started
+
+    @property
+    def key_func(self) -> KeyFunc:
+        return self._key_func
 
     @property
     def resync_check_period(self) -> float:
@@ -571,35 +359,7 @@ class SharedIndexInformer:
         FIFO items once the informer runs. Requests are coalesced: a listener gets one snapshot for
         every request waiting together, and none for a request arriving while one it has not yet
         handled is pending (that one is as recent: 20 requests make one or two snapshots)."""
-        self._snapshot_requests.append(registration.listener if registration is not None else None)
-        self._snapshot_wakeup.set()
-
-    async def _snapshot_loop(self) -> None:
-        while True:
-            await self._snapshot_wakeup.wait()
-            self._snapshot_wakeup.clear()
-            async with self._lock:
-                requests, self._snapshot_requests = self._snapshot_requests, []
-                current = self._processor.listeners
-                wanted = current if None in requests else [t for t in dict.fromkeys(requests)
-                                                            if t is not None and t in current]
-                targets = [t for t in wanted if not t.snapshots_pending]
-                if len(targets) < len(wanted):
-                    log.info("a snapshot is already pending for %d listener(s): the request joins it",
-                             len(wanted) - len(targets), extra={"informer": self.name})
-                if not targets:
-                    continue
-                for t in targets:
-                    t.snapshots_pending += 1
-                await self._processor.send(
-                    Notification(
-                        kind=NotificationKind.SNAPSHOT,
-                        obj={},
-                        snapshot=self._indexer.snapshot(),
-                        resource_version=self._last_progress_rv,
-                    ),
-                    targets,
-                )
+        self._snapshots.request(registration.listener if registration is not None else None)
 
     # ---------------------------------------------------------------------------------------------
     # HandleDeltas
@@ -607,78 +367,39 @@ class SharedIndexInformer:
     async def _process_locked(self, item: Delta | ResourceVersionMarker, is_in_initial_list: bool) -> None:
         """Applies one queue entry; the pop loop holds the processing lock around a run of them."""
         if type(item) is ResourceVersionMarker:
-            if item.relist_end and self._list_at:
-                self._list_at = ""
-                held, self._held_unconfirmed = self._held_unconfirmed, []
-                self._take_unconfirmed(held, listed=True)
+            if item.relist_end and self._list_exact:
+                self._list_exact = ""
+                if self._process is not None:
+                    self._process.first_list(True)
             if item.relist_end and self._last_progress_rv:
-                await self._close_gap(item.resource_version)
+                await self._gaps.close(self._last_progress_rv, item.resource_version)
             self._last_progress_rv = item.resource_version
             self._processor.progress(item.resource_version)
             return
         assert type(item) is Delta
-        if self._gap is None and self._last_progress_rv and (
+        if self._gaps.current is None and self._last_progress_rv and (
                 item.type is DeltaType.REPLACED or type(item.object) is DeletedFinalStateUnknown):
-            await self._open_gap()  # a relist's delta: a listed item, or a deletion it inferred
+            # a relist's delta (a listed item, or a deletion it inferred): its gap opens
+            await self._gaps.open(self._last_progress_rv)
         self._processing_initial = is_in_initial_list
         try:
-            if self._unconfirmed:
-                await self._handle_delta(item, is_in_initial_list)
-            else:
-                await self._apply_delta(item, is_in_initial_list)
+            process = self._process
+            if process is None:
+                await self._apply_delta(item, is_in_initial_list, self._processor.distribute)
+            elif not await process.process(item, is_in_initial_list, self._apply_delta,
+                                           self._processor.distribute):
+                self._process = None
         finally:
             self._processing_initial = False
 
-    # Gap markers: a relist once changes were processed (the informer resumed from a checkpoint, or
-    # listed before) reports only differences. Its first item opens a gap from the last processed
-    # resourceVersion, its end marker closes it at the list's; listeners get both as GAP
-    # notifications, in change order (a relist with nothing to pop opens and closes it at its end).
-
-    async def _open_gap(self) -> None:
-        self._gap_count += 1
-        rv = self._last_progress_rv
-        gap_id = f"{self.name or 'informer'}:{rv}:{self._gap_run}-{self._gap_count}"
-        gap = self._gap = Gap(id=gap_id, from_resource_version=rv)
-        await self._processor.distribute(Notification(kind=NotificationKind.GAP, obj={}, gap=gap), False)
-
-    async def _close_gap(self, list_rv: str) -> None:
-        if self._gap is None:
-            await self._open_gap()
-        gap, self._gap = self._gap, None
-        assert gap is not None
-        end = dataclasses.replace(gap, to_resource_version=list_rv, end=True)
-        await self._processor.distribute(Notification(kind=NotificationKind.GAP, obj={}, gap=end), False)
-
-    async def _handle_delta(self, delta: Delta, is_in_initial_list: bool) -> None:
+    async def _apply_delta(self, delta: Delta, is_in_initial_list: bool, distribute: Distribute) -> None:
+        """HandleDeltas for one delta (client-go's ``processDeltas``): the cache first, then each
+        notification handed to ``distribute``."""
         obj = delta.object
-        distribute = self._processor.distribute
-        if self._unconfirmed and (ukey := self._key_func(obj)) in self._unconfirmed:
-            for gone in self._settle_unconfirmed(delta, ukey):
-                await distribute(gone, False)
-            await self._apply_delta(delta, is_in_initial_list)
-            stubs = self._unconfirmed.get(ukey)
-            if stubs and self._indexer.get_by_key(ukey) is None:
-                self._indexer.add(stubs[-1])  # known again to the next relist's tombstones
-            return
-        await self._apply_delta(delta, is_in_initial_list)
-
-    async def _apply_delta(self, delta: Delta, is_in_initial_list: bool) -> None:
-        obj = delta.object
-        distribute = self._processor.distribute
-        if self._suppress and self._suppressed(delta, self._key_func(obj)):
-            if delta.type is DeltaType.DELETED:
-                self._indexer.delete(obj)
-            else:
-                assert not isinstance(obj, DeletedFinalStateUnknown)
-                self._indexer.update(obj)
-            self.suppressed_replays += 1
-            return
         if delta.type is DeltaType.DELETED:
             self._indexer.delete(obj)
-            key = self._key_func(obj)
-            if self._diverging:
-                self._diverging.discard(key)
-            await distribute(Notification(kind=NotificationKind.DELETE, obj=obj, key=key), False)
+            await distribute(Notification(kind=NotificationKind.DELETE, obj=obj, key=self._key_func(obj)),
+                             False)
             return
         assert not isinstance(obj, DeletedFinalStateUnknown)
         raw = type(obj) is RawObject
@@ -694,10 +415,6 @@ class SharedIndexInformer:
                 False,
             )
             return
-        diverging = self._diverging
-        forced = key in diverging if diverging else False
-        if forced:
-            self._diverging.discard(key)  # notified now, one way or another
         if raw and type(old) is RawObject:
             old_uid, old_rv = old.uid, old.resource_version
             new_uid, new_rv = obj.uid, obj.resource_version  # type: ignore[attr-defined]
@@ -716,7 +433,7 @@ class SharedIndexInformer:
         # was is a resync, for the listeners due for one. An Added or Updated delta is a change the
         # server sent: every listener gets it, even at an unchanged resourceVersion (a server
         # repeating itself, an object first known from a checkpoint), so nothing is dropped.
-        is_resync = delta.type in _RESYNC_DELTAS and old_rv == new_rv and not forced
+        is_resync = delta.type in _RESYNC_DELTAS and old_rv == new_rv
         await distribute(
             Notification(kind=NotificationKind.UPDATE, obj=obj, old=old, is_resync=is_resync, key=key),
             is_resync,
@@ -793,13 +510,13 @@ class SharedIndexInformer:
             page_size=self._page_size,
             use_watch_list=self._use_watch_list,
             initial_resource_version=self._resume_rv,
-            exact_list=self._list_at,
+            exact_list=self._list_exact,
             on_exact_list_expired=self._exact_list_expired,
             watch_error_handler=self._watch_error_handler,
         )
         self._spawn(self._processor.run(), "processor")
         self._pop_task = self._spawn(self._pop_loop(), "pop")
-        self._spawn(self._snapshot_loop(), "snapshots")
+        self._spawn(self._snapshots.run(), "snapshots")
         self._reflector_task = self._spawn(self._reflector.run(), "reflector")
         try:
             await self._supervise()
