@@ -548,6 +548,22 @@ STORIES = (
           (keen("a"), update("n0", 10), update("n1", 10), update("n0", 11), update("n1", 11), settle(),
            update("n0", 12), update("n1", 12), update("n0", 13), update("n0", 14), settle()),
           objects=("n0", "n1"), sinks=("a", "k"), shapes={"k": SinkShape(window=2, buffer=2)}),
+    Story("a_relisted_state_coalesced_by_a_degraded_sinks_window_still_names_what_was_held_back",
+          """Found by the random schedules (seed 3380206007): no checkpoint; every object updated
+    three times (3 to 8), a 410 and ``n1`` updated (9) before the relist lists, then both objects
+    updated once more: the relist sends ``n0`` at 10 and ``n1`` at 11 inside its gap (8, 11]; a
+    checkpoint, a crash, ``n1`` updated (12). After the restart ``c`` (a window of two events, a
+    buffer of two, a small spill) replays the history: the replay holds back ``n1`` at 9 (the relist
+    coalesced it), and ``c``'s listener degrades, its own window (10, 12] starting at ``n0`` at 10,
+    the last change handed over, and merging ``n1`` at 11 — the relisted state the replay re-frames
+    as ``relisted:<uid>:8:11`` — into 12. What goes out in the relisted state's place must be framed
+    from the relist's start, 8: sent bare inside the overflow window, which starts after 9, no window
+    naming ``n1`` at 9 ever reached ``c``.""",
+          (*(update(name, 10 + i) for i in (0, 1, 0) for name in ("n0", "n1")), expire(),
+           update("n1", 100), update("n0", 10), update("n1", 10), checkpoint(), crash(),
+           update("n1", 0)),
+          objects=("n0", "n1"), first_checkpoint=False, sinks=("a", "b", "c"),
+          shapes={"c": SinkShape(window=2, buffer=2, spill_limit=1500)}, open_defect=True),
 )
 
 
