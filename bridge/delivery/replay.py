@@ -86,6 +86,12 @@ def delete_is_inferred(n: Notification, tracker: AckTracker | None,
     return tracker is not None and tracker.is_unobserved_delete(n.seq)
 
 
+def _earlier(a: str, b: str) -> bool:
+    """Whether resourceVersion ``a`` is before ``b`` (an unparsable one is not)."""
+    x, y = parse_rv(a), parse_rv(b)
+    return x is not None and y is not None and x < y
+
+
 class ReplayStage:
     """One sink's replay of a restart (module docs). Built from the sink's part of the plan."""
 
@@ -102,8 +108,9 @@ class ReplayStage:
         self._exits = exits
         self._held: set[str] = set()
         """uids whose replayed changes were held back: their replayed delete is framed as a gap."""
-        self._held_relisted: dict[str, KubeObject | None] = {}
-        """uids whose relisted state's coalesced changes were held → the state before the first."""
+        self._held_relisted: dict[str, tuple[KubeObject | None, str]] = {}
+        """uids whose relisted state's coalesced changes were held → the state before the first and
+        the start of the window that held it."""
         self._coalesced_hold = False
         """The last change :meth:`relisted` held back was one a relist coalesced (see
         :meth:`take_coalesced_hold`)."""
@@ -182,11 +189,20 @@ class ReplayStage:
         event = framing.event(EventType.DELETED, obj, n.time, final_state_unknown=inferred)
         if self._exits is not None and self._fate.get(uid) is None and self._hold_after(uid) is not None:
             self._closed.add(uid)  # read as gone: nothing of it after this delete
-        if self._held and not framing.in_gap and uid in self._held:
-            self._held.discard(uid)
-            before = self._hold_after(uid) or ""
-            return framing.framed(event, f"{framing.gap_prefix}:replayed:{uid}:{before}", before, n.time)
-        return [event]
+        # A relisted state whose coalesced changes were held, merged into this delete by the sink's
+        # overflow window: the delete goes out in its place, framed from that relist's window's
+        # start (_in_place_of_relisted), or from the earlier of it and the replayed delete's.
+        coalesced = self._held_relisted.pop(uid, None) if self._held_relisted else None
+        replayed = bool(self._held) and uid in self._held
+        if framing.in_gap or not (replayed or coalesced):
+            return [event]
+        self._held.discard(uid)
+        before = (self._hold_after(uid) or "") if replayed else ""
+        if coalesced is not None and (not replayed or _earlier(coalesced[1], before)):
+            since = coalesced[1]
+            gap_id = f"{framing.gap_prefix}:relisted:{uid}:{since}:{object_identity(obj)[1]}"
+            return framing.framed(event, gap_id, since, n.time)
+        return framing.framed(event, f"{framing.gap_prefix}:replayed:{uid}:{before}", before, n.time)
 
     async def ask_fate(self, n: Notification) -> None:
         """Under a selector, asks once whether the uid of a replayed change lives on, when what
@@ -226,7 +242,8 @@ class ReplayStage:
         state goes out again as the relist sent it (same type, same id), framed as a gap when
         something was held — in this run, or in an earlier one whose checkpoint the watch resumed
         from, inside the window — a sink that lagged across the crashes never received that relist's
-        markers."""
+        markers. A change past the window while what it coalesced is still held goes out in the
+        state's place (:meth:`_in_place_of_relisted`)."""
         if not self._relisted:
             return None
         obj = n.obj
@@ -236,19 +253,21 @@ class ReplayStage:
         at = parse_rv(rv)
         window = sent.window(at) if sent is not None and at is not None else None
         if window is None or at is None:
+            if uid in self._held_relisted:
+                return self._in_place_of_relisted(n, framing)
             return None  # not a relist's state, nor a change one coalesced: as usual
         since, until, added = window
         if at < int(until):
             # The first held change's old state is the one before the window (what a sink that
             # lacked the relist holds): the update that goes out in their place starts from it.
-            self._held_relisted.setdefault(uid, n.old)
+            self._held_relisted.setdefault(uid, (n.old, since))
             self._coalesced_hold = True
             return []
         resumed = self._resumed
         start = parse_rv(since)
         earlier = resumed is not None and start is not None and start < resumed < at
         held = uid in self._held_relisted or earlier
-        old = self._held_relisted.pop(uid, n.old)
+        old, since = self._held_relisted.pop(uid, (n.old, since))
         if added:
             event = framing.event(EventType.ADDED, obj, n.time)
         else:
@@ -257,6 +276,23 @@ class ReplayStage:
             return [event]
         gap_id = f"{framing.gap_prefix}:relisted:{uid}:{since}:{until}"
         return framing.framed(event, gap_id, since, n.time)
+
+    def _in_place_of_relisted(self, n: Notification, framing: Framing) -> list[ChangeEvent]:
+        """A change after a relist's window while the changes it coalesced are held and its state
+        never passed: the sink's own overflow window merged that state into this newer one
+        (docs/delivery-contract.md, 7a). It goes out in the relisted state's place, framed from the
+        window's start as that state would have been: the overflow window starts at the last change
+        handed over, after what was held back, and names none of it."""
+        obj = _object(n)
+        uid, rv = object_identity(obj)
+        old, since = self._held_relisted.pop(uid)
+        if n.kind is NotificationKind.ADD:
+            event = framing.event(EventType.ADDED, obj, n.time)
+        else:
+            event = framing.event(EventType.UPDATED, obj, n.time, old=old)
+        if framing.in_gap:
+            return [event]
+        return framing.framed(event, f"{framing.gap_prefix}:relisted:{uid}:{since}:{rv}", since, n.time)
 
     def take_coalesced_hold(self) -> bool:
         """Whether the change just held back was one a relist coalesced, announced by what is re-sent

@@ -563,7 +563,16 @@ STORIES = (
            update("n1", 100), update("n0", 10), update("n1", 10), checkpoint(), crash(),
            update("n1", 0)),
           objects=("n0", "n1"), first_checkpoint=False, sinks=("a", "b", "c"),
-          shapes={"c": SinkShape(window=2, buffer=2, spill_limit=1500)}, open_defect=True),
+          shapes={"c": SinkShape(window=2, buffer=2, spill_limit=1500)}),
+    Story("a_delete_that_coalesced_a_relisted_state_in_a_degraded_sinks_window_names_what_was_held_back",
+          """The previous story with ``n1`` deleted after the crash instead of updated: ``c``'s
+    overflow window merges the relisted state at 11 into the delete, which must go out in its place
+    framed from the relist's start, 8 (``relisted:<uid>:8:12``); sent bare, ``n1`` at 9 was lost.""",
+          (*(update(name, 10 + i) for i in (0, 1, 0) for name in ("n0", "n1")), expire(),
+           update("n1", 100), update("n0", 10), update("n1", 10), checkpoint(), crash(),
+           delete("n1")),
+          objects=("n0", "n1"), first_checkpoint=False, sinks=("a", "b", "c"),
+          shapes={"c": SinkShape(window=2, buffer=2, spill_limit=1500)}),
 )
 
 
