@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -255,3 +256,24 @@ async def test_a_webhook_gets_whole_objects_and_a_cut_event_only_after_a_413(tmp
                   f"file:{tmp_path / 'd'}")
     finally:
         await hook.close()
+
+
+
+async def test_a_truncated_event_keeps_an_integer_beyond_64_bits_exact(kafka_broker: TansuBroker) -> None:
+    """The ``truncate`` policy rebuilds the event from the bytes it was encoded to: an integer beyond
+    64 bits in a kept field reaches the topic as the same integer (it was dropped from the cut event)."""
+    exact = 123456789012345678901234567890
+    topic, dlq = unique_name("over-exact"), unique_name("over-exact-dlq")
+    kafka_broker.create_topic(topic)
+    sink = kafka_sink(kafka_broker, topic, oversize="truncate", dead_letter={"kind": "kafka", "target": dlq},
+                      dead_letter_max_message_bytes=4_000_000)
+    await sink.start()
+    huge = big_object()
+    huge["spec"] = {"replicas": 2, "exact": exact}
+    acks = await deliver_all(sink, [event(EventType.ADDED, huge)])
+    assert acks.of(DeliveryOutcome.DELIVERED) == ["0"]
+    await sink.close()
+    (cut,) = await asyncio.to_thread(kafka_broker.read_all, topic, expect=1)
+    ce = json.loads(cut.value or b"")  # the standard library keeps every integer exact
+    assert ce["oversize"] == "truncate"
+    assert ce["data"]["spec"] == {"replicas": 2, "exact": exact}
