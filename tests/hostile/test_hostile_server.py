@@ -24,7 +24,6 @@ import msgspec
 import orjson
 import pytest
 
-from tests.brokers import free_port
 from tests.service.test_cli import EXE
 
 from .apiserver import HostileApiServer, Resource, deep_value, event_line, obj
@@ -183,6 +182,14 @@ def peak_rss(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
+def listening_port(address: Path) -> int | None:
+    """The public port the bridge wrote to its address file (None until it is written whole)."""
+    try:
+        return int(orjson.loads(address.read_bytes())["port"])
+    except (OSError, orjson.JSONDecodeError, KeyError):
+        return None
+
+
 async def until(predicate: Callable[[], bool], what: str, proc: asyncio.subprocess.Process,
                 timeout: float = 60.0) -> None:
     loop = asyncio.get_running_loop()
@@ -209,7 +216,7 @@ async def test_the_bridge_stays_up_bounded_and_other_resources_keep_delivering(
     pods = server.resources["pods"]
     case.script(pods)
     server.resources["configmaps"].items = [obj("ConfigMap", "cm-0", 1)]
-    sink, port = tmp_path / "events.jsonl", free_port()
+    sink, address = tmp_path / "events.jsonl", tmp_path / "address.json"
     config = tmp_path / "bridge.yaml"
     config.write_text(
         f"kubernetes: {{kubeconfig: '{server.write_kubeconfig(tmp_path / 'kc')}', in_cluster: 'false'}}\n"
@@ -217,7 +224,8 @@ async def test_the_bridge_stays_up_bounded_and_other_resources_keep_delivering(
         f"sinks: [{{name: file, kind: file, path: '{sink}',\n"
         f"          dead_letter: {{kind: file, target: '{tmp_path / 'dead.jsonl'}'}}}}]\n"
         f"checkpoint: {{store: none, spill_directory: '{tmp_path / 'spill'}'}}\n"
-        f"server: {{host: 127.0.0.1, port: {port}, admin_port: 0}}\n"
+        # port 0 and the address file: a port picked beforehand can be taken by another process
+        f"server: {{host: 127.0.0.1, port: 0, admin_port: 0, address_file: '{address}'}}\n"
         "logging: {level: info, format: json}\nshutdown_deadline: 5\n")
     proc = await asyncio.create_subprocess_exec(*EXE, "run", "--config", str(config),
                                                 stdout=asyncio.subprocess.DEVNULL,
@@ -225,6 +233,8 @@ async def test_the_bridge_stays_up_bounded_and_other_resources_keep_delivering(
     stderr = b""
     try:
         await until(lambda: "cm-0" in names(sink, "ConfigMap"), "the other resource's first event", proc)
+        await until(lambda: listening_port(address) is not None, "the address file", proc)
+        port = listening_port(address)
         # The other resource keeps delivering while (and after) pods misbehave.
         server.push("configmaps", event_line("ADDED", obj("ConfigMap", "cm-1", 2)))
         await until(lambda: "cm-1" in names(sink, "ConfigMap"), "the other resource's next change", proc)
