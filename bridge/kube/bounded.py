@@ -164,13 +164,9 @@ def quarantined_item(data: bytes, *, api_version: str = "", kind: str = "") -> R
     return malformed_object(data, reason, api_version=api_version, kind=kind)
 
 
-def out_of_bounds_event(line: bytes) -> WatchEvent | None:
-    """The event of a watch line whose object is beyond the bounds, with the object quarantined;
-    None when the line is within them (the caller decodes it as usual). A line beyond them that is
-    not an object's event (an ``ERROR``, no ``type`` or ``object`` member) raises
-    :class:`~bridge.errors.DecodeError`: the stream ends there, as at any undecodable line."""
-    if not out_of_bounds(line, depth=MAX_DEPTH + 1):
-        return None
+def _event_members(line: bytes) -> tuple[WatchEventType | None, tuple[int, int] | None]:
+    """The event type of a watch line and the span of its ``object`` member (None for a missing one,
+    or an ``object`` that is not a JSON object), read by the shallow scan of :func:`members`."""
     type_ = span = None
     for key, s, e in members(line):
         if key == b"type":
@@ -179,7 +175,20 @@ def out_of_bounds_event(line: bytes) -> WatchEvent | None:
             span = (s, e)
         if type_ is not None and span is not None:
             break
-    if type_ is None or span is None or line[span[0]:span[0] + 1] != b"{":
+    if span is not None and line[span[0]:span[0] + 1] != b"{":
+        span = None
+    return type_, span
+
+
+def out_of_bounds_event(line: bytes) -> WatchEvent | None:
+    """The event of a watch line whose object is beyond the bounds, with the object quarantined;
+    None when the line is within them (the caller decodes it as usual). A line beyond them that is
+    not an object's event (an ``ERROR``, no ``type`` or ``object`` member) raises
+    :class:`~bridge.errors.DecodeError`: the stream ends there, as at any undecodable line."""
+    if not out_of_bounds(line, depth=MAX_DEPTH + 1):
+        return None
+    type_, span = _event_members(line)
+    if type_ is None or span is None:
         raise DecodeError("a watch line beyond the decoders' bounds that is not an object's event")
     raw = line[span[0]:span[1]]
     reason = out_of_bounds(raw)
@@ -206,15 +215,8 @@ def salvage_line(line: bytes) -> WatchEvent | None:
     it and its resourceVersion, read by the shallow scan of :func:`malformed_object`. The object is
     quarantined as :data:`ENCODING` (the line is JSON once its bytes are read leniently) or
     :data:`SYNTAX`; None when nothing identifies it (the caller skips the line and relists)."""
-    type_ = span = None
-    for key, s, e in members(line):
-        if key == b"type":
-            type_ = _TYPES.get(line[s:e])
-        elif key == b"object":
-            span = (s, e)
-        if type_ is not None and span is not None:
-            break
-    if type_ is None or span is None or line[span[0]:span[0] + 1] != b"{":
+    type_, span = _event_members(line)
+    if type_ is None or span is None:
         return None
     raw = line[span[0]:span[1]]
     _, _, meta = _identity(raw)
