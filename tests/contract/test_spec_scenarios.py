@@ -573,6 +573,21 @@ STORIES = (
            delete("n1")),
           objects=("n0", "n1"), first_checkpoint=False, sinks=("a", "b", "c"),
           shapes={"c": SinkShape(window=2, buffer=2, spill_limit=1500)}),
+    Story("a_state_acknowledged_inside_a_relists_open_window_is_framed_again_after_a_crash",
+          """Found by the random schedules in CI (seed 2021702075): a 410, then ``n0`` updated (3)
+    before the relist lists, then both objects updated (4, 5): the relist's window (2, 5] coalesces
+    3. ``b`` (a window of two unacknowledged events, a buffer of two, no spill) is handed the
+    window's begin and ``n0`` at 4, acknowledges ``n0`` at 4, and its listener degrades before the
+    window's end reaches it: its own overflow window starts at 4 and holds the relist's end. A
+    checkpoint, a crash. ``b``'s own progress said it held ``n0`` at 4, so its replay skipped 3 and
+    4, and its new overflow window started at 4: the relist's window that names 3 never closed for
+    ``b`` — 3 lost without a marker. A state acknowledged inside a window whose end the sink has not
+    acknowledged is not yet its own progress (docs/delivery-contract.md, section 2).""",
+          (expire(), update("n0", 100), update("n0", 10), update("n1", 10), checkpoint(),
+           ack("b", lambda run, events, i: events[i].kind == "updated" and events[i].key == "default/n0"),
+           checkpoint(), *RESTART),
+          objects=("n0", "n1"), sinks=("a", "b", "c"), shapes={"b": SinkShape(window=2, buffer=2)},
+          open_defect=True),
 )
 
 
