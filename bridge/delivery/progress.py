@@ -80,6 +80,9 @@ class AckTracker:
         self._last_rv: dict[str, str] = {}
         # seqs of deletes the informer inferred (the object it knew, unchanged, now gone).
         self._unobserved: set[int] = set()
+        # [begin seq, end seq or -1 until dispatched] of the relist windows not yet applied, in order:
+        # what a sink acknowledged inside one whose end it still owes is not yet its own progress.
+        self._gaps: collections.deque[list[int]] = collections.deque()
         self._last_dispatched_seq = -1
         self._last_applied_seq = -1
         self._generation = 0
@@ -124,7 +127,10 @@ class AckTracker:
                 rv_int = None
             effect = (key, ident, rv_int)
         else:
-            self._note_state(notification)
+            if kind is NotificationKind.GAP and notification.gap is not None:
+                self._note_gap(seq, notification.gap.end)
+            else:
+                self._note_state(notification)
             effect = effect_of(notification)
         entry = InFlight(effect, set(listeners), self._now() if self._now is not None else 0.0)
         if effect is not None and effect[1] is None:
@@ -175,6 +181,30 @@ class AckTracker:
                 if not entry.waiting:
                     self._outstanding -= 1
         self._advance()
+
+    def _note_gap(self, seq: int, end: bool) -> None:
+        """A relist window's begin or end marker (they are dispatched in order, one window at a time)."""
+        gaps = self._gaps
+        if not end:
+            gaps.append([seq, -1])
+        elif gaps and gaps[-1][1] < 0:
+            gaps[-1][1] = seq
+
+    def _open_windows(self, listener: str) -> list[tuple[int, float]]:
+        """The seqs ``[begin, end)`` of the relist windows whose end ``listener`` has not acknowledged
+        (docs/delivery-contract.md, section 2: a window is one delivery). What it acknowledged inside
+        one is not its own progress yet: after a crash its filter would skip the window's states and
+        what the window coalesced before them, and no window naming those changes would close for it."""
+        window = self._window
+        out: list[tuple[int, float]] = []
+        for begin, end in self._gaps:
+            if end < 0:
+                out.append((begin, float("inf")))
+            else:
+                entry = window.get(end)
+                if entry is not None and listener in entry.waiting:
+                    out.append((begin, end))
+        return out
 
     def _note_state(self, n: Notification) -> None:
         """What a delete tells of the key's last state (:meth:`dispatched` notes adds and updates)."""
@@ -314,11 +344,13 @@ class AckTracker:
             scan = self._scans[listener] = self._new_scan(floor, own)
         base_rv = self._rv_int if self._rv_int is not None else 0
         scan.rv = max(scan.rv, base_rv)
-        limit = self._scan_prefix(listener, scan)
+        open_windows = self._open_windows(listener) if self._gaps else []
+        limit = self._scan_prefix(listener, scan, open_windows)
         scan.rv = max(scan.rv, self._marker_rv(limit))
         rv = scan.rv
         out: dict[str, Known | None] = {}
-        beyond, owes = self._acked_beyond(listener, limit, scan) if limit is not None else ({}, {})
+        beyond, owes = (self._acked_beyond(listener, limit, scan, open_windows) if limit is not None
+                        else ({}, {}))
         self._owes[listener] = owes
         for key, mine in [*beyond.items(), *((k, m) for k, m in scan.changes.items() if k not in beyond)]:
             base = self.base_knowledge(key)
@@ -336,9 +368,10 @@ class AckTracker:
                 del scan.changes[key]  # the base caught up with it
         return rv, out
 
-    def _scan_prefix(self, listener: str, scan: Scan) -> int | None:
+    def _scan_prefix(self, listener: str, scan: Scan, open_windows: list[tuple[int, float]]) -> int | None:
         """Folds into ``scan`` the notifications since its cursor up to the first the sink still
-        owes; returns that one's seq (None: it owes nothing dispatched)."""
+        owes, or the first inside a window whose end it owes (``open_windows``); returns that one's
+        seq (None: it owes nothing dispatched)."""
         window = self._window
         seq = max(scan.cursor, self._last_applied_seq + 1)
         last = self._last_dispatched_seq
@@ -346,7 +379,7 @@ class AckTracker:
         while seq <= last:
             entry = window.get(seq)
             if entry is not None:
-                if listener in entry.waiting:
+                if listener in entry.waiting or (open_windows and _inside(open_windows, seq)):
                     limit = seq
                     break
                 self._scan_effect(scan, entry.effect)
@@ -354,7 +387,7 @@ class AckTracker:
         scan.cursor = seq
         return limit
 
-    def _acked_beyond(self, listener: str, limit: int, scan: Scan
+    def _acked_beyond(self, listener: str, limit: int, scan: Scan, open_windows: list[tuple[int, float]]
                       ) -> tuple[dict[str, Known], dict[str, dict[str, int]]]:
         """Per object, the newest change ``listener`` acknowledged past its contiguous prefix (from
         ``limit``, the first it owes; section 3: after a crash its filter skips a change at or below
@@ -385,7 +418,7 @@ class AckTracker:
                 blocked.add(key)
                 continue
             mine = owed.setdefault(key, {})
-            if listener in entry.waiting:
+            if listener in entry.waiting or (open_windows and _inside(open_windows, seq)):
                 # A tombstone is owed after the state it was inferred from, which the sink holds
                 # (acknowledged or covered): owed from that state, the replayed change that made it
                 # would pass as owed and reach the sink twice.
@@ -455,6 +488,8 @@ class AckTracker:
             if markers and markers[0][0] <= seq:
                 changed |= self._pass_markers(seq)
             del window[seq]
+            if self._gaps and self._gaps[0][1] == seq:
+                self._gaps.popleft()  # every sink acknowledged the window's end
             if unobserved:
                 unobserved.discard(seq)
             effect = entry.effect
@@ -531,3 +566,7 @@ class AckTracker:
             rv = changes[-1][0]
         changes.append((rv, entry))
         heapq.heappush(self._ahead_heap, (rv, next(self._ahead_count), key))
+
+
+def _inside(windows: list[tuple[int, float]], seq: int) -> bool:
+    return any(begin <= seq < end for begin, end in windows)

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind, ObjectKey
+from bridge.contracts import DeletedFinalStateUnknown, Gap, Notification, NotificationKind, ObjectKey
 from bridge.delivery.progress import AckTracker, object_key
 
 
@@ -329,3 +329,29 @@ def test_the_resume_point_covers_only_acknowledged_changes_and_catches_up(
         world.tracker.acked(name, seq)
         world.check()
     assert world.tracker.checkpoint_state() == (str(world.rv) if world.rv else "", world.state)
+
+
+def _gap(begin: bool, seq: int) -> Notification:
+    gap = Gap(id="relist", from_resource_version="2", to_resource_version="" if begin else "5", end=not begin)
+    return Notification(kind=NotificationKind.GAP, obj={}, seq=seq, gap=gap)
+
+
+def test_a_state_acknowledged_inside_a_relist_window_is_own_progress_once_its_end_is() -> None:
+    """The window (2, 5] coalesced a change of ``a`` at 3; ``k`` acknowledges the window's begin and
+    the state at 4 while ``w`` lags. Until ``k`` acknowledges the end its own progress does not hold
+    the state (after a crash its filter would skip 3 and 4 with no window naming 3 closed for it),
+    whatever order it acknowledges in; once it does, the state is its own."""
+    for order in ([0, 1, 3, 2], [0, 1, 2, 3]):
+        t = AckTracker(resource_version="2", index={"default/a": ("uid-a", "2"), "default/b": ("uid-b", "2")})
+        t.dispatched(_gap(True, 0), ["k", "w"])
+        t.dispatched(n(UPDATE, obj("a", "4"), 1), ["k", "w"])
+        t.dispatched(n(UPDATE, obj("b", "5"), 2), ["k", "w"])
+        t.dispatched(_gap(False, 3), ["k", "w"])
+        t.progress(4, "5")
+        states = []
+        for seq in order:
+            t.acked("k", seq)
+            states.append(t.listener_state("k", 2, {}))
+        *before, last = states
+        assert all(s[1].get("default/a") is None for s in before[:order.index(3)]), (order, states)
+        assert last == (5, {"default/a": ("uid-a", 4, False), "default/b": ("uid-b", 5, False)}), order

@@ -586,8 +586,7 @@ STORIES = (
           (expire(), update("n0", 100), update("n0", 10), update("n1", 10), checkpoint(),
            ack("b", lambda run, events, i: events[i].kind == "updated" and events[i].key == "default/n0"),
            checkpoint(), *RESTART),
-          objects=("n0", "n1"), sinks=("a", "b", "c"), shapes={"b": SinkShape(window=2, buffer=2)},
-          open_defect=True),
+          objects=("n0", "n1"), sinks=("a", "b", "c"), shapes={"b": SinkShape(window=2, buffer=2)}),
 )
 
 
