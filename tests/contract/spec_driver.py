@@ -32,13 +32,15 @@ import random
 import selectors
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from bridge.clock import FakeClock
-from bridge.contracts import OverflowPolicy
-from bridge.delivery.pipeline import BridgePipeline
+from bridge.contracts import DeliveryObserver, Notification, NotificationKind, OverflowPolicy
+from bridge.delivery.pipeline import BridgePipeline, WatchedResource
+from bridge.informer.shared_informer import SharedIndexInformer
+from bridge.resource_version import parse_rv
 from bridge.testing.fake_source import FakeControllerSource
 from bridge.testing.spec import (
     Acked,
@@ -125,6 +127,35 @@ class SinkShape:
     """True: an event reaches the destination only once it is acknowledged (a frozen broker takes
     nothing in: what was in flight at a crash never arrives), acknowledged in the order handed over;
     False: it is there once handed over, acknowledged in any order."""
+
+
+class RelistNotes:
+    """The informer's delivery observer, passed through, noting the window (from, to] of every
+    relist the informer distributes: what the relist coalesced, whether or not a sink was ever
+    handed its markers (a sink whose listener had degraded or spilled them before a crash never is;
+    noted only from the sinks' hands, such a relist was unknown to the model, and a restart's
+    re-framing of its states was judged as announcing changes it never coalesced)."""
+
+    def __init__(self, inner: DeliveryObserver, relists: list[tuple[int, int]]) -> None:
+        self._inner = inner
+        self._relists = relists
+
+    def dispatched(self, notification: Notification, listeners: Sequence[str]) -> None:
+        gap = notification.gap
+        if notification.kind is NotificationKind.GAP and gap is not None and gap.end:
+            lo, hi = parse_rv(gap.from_resource_version), parse_rv(gap.to_resource_version)
+            if lo is not None and hi is not None and (lo, hi) not in self._relists:
+                self._relists.append((lo, hi))
+        self._inner.dispatched(notification, listeners)
+
+    def acked(self, listener: str, seq: int) -> None:
+        self._inner.acked(listener, seq)
+
+    def progress(self, seq: int, resource_version: str) -> None:
+        self._inner.progress(seq, resource_version)
+
+    def listener_removed(self, listener: str) -> None:
+        self._inner.listener_removed(listener)
 
 
 class LoggedSink(RecordingSink):
@@ -307,10 +338,14 @@ class Bridge:
         self.pipeline = BridgePipeline(
             resources=[WATCHED], sinks=list(self.sinks.values()),
             checkpoint_store=self.store, spill_directory=self.spill_directory,
-            build_informer=fake_builder(self.source, self.clock), clock=self.clock, cluster="spec",
+            build_informer=self._build_informer, clock=self.clock, cluster="spec",
             checkpoint_interval=3600, outage_check_interval=0)
         await self.pipeline.start()
         await self.settle()
+
+    def _build_informer(self, watched: WatchedResource, observer: DeliveryObserver) -> SharedIndexInformer:
+        """The informer as the pipeline builds it, its observer wrapped to note every relist window."""
+        return fake_builder(self.source, self.clock)(watched, RelistNotes(observer, self.history.relists))
 
     def note_degraded(self) -> None:
         if self.pipeline is not None:

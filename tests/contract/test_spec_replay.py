@@ -59,3 +59,31 @@ def test_a_schedule_is_played_and_judged() -> None:
     shapes = "[SinkShape(), SinkShape(window=2, buffer=2), SinkShape(lands=True)]"
     replay(f"state = DeliverySpec()\nstate.begin(first_checkpoint=True, tick=0.0, shapes={shapes})\n"
            + LOGGED.split("state.nothing_invented_or_out_of_order_so_far()\n", 1)[1])
+
+
+UNHANDED_RELIST = """\
+state = DeliverySpec()
+state.begin(first_checkpoint=True, tick=0.003, shapes=[\n SinkShape(window=2, buffer=2, spill_limit=0, lands=False),\n SinkShape(window=2, buffer=2, spill_limit=1500, lands=False),\n SinkShape(window=1, buffer=1, spill_limit=1048576, lands=True)])
+state.create(name='n2', turns=30)
+state.crash()
+state.restart()
+state.expire_watch(turns=0)
+state.burst(changes=3, turns=30)
+state.settle_down()
+state.crash_and_restart()
+state.expire_watch(turns=30)
+state.pace(keen=True, sink='c')
+state.settle_down()
+state.crash_and_restart()
+state.burst(changes=3, turns=3)
+state.teardown()
+"""
+
+
+def test_a_relist_whose_markers_no_sink_was_handed_is_known_to_the_model() -> None:
+    """Found by a long run (seed 3199989002, shrunk): a relist (3, 12] while every sink was frozen
+    and its listener had spilled or degraded, so no sink was handed its markers; a crash. The
+    restart re-frames its states (``relisted:<uid>:3:<rv>``) and the model, which learnt relist
+    windows from the sinks' hands only, did not know the relist and judged the changes it coalesced
+    (4 to 9) lost. The driver notes every relist window the informer distributes."""
+    replay(UNHANDED_RELIST)
