@@ -12,8 +12,9 @@ Invariants:
 
 * ``_last_sync_rv`` is the resourceVersion the store reflects: the last list's, or the last watch
   event's (bookmarks included); it only moves once the store has taken what it stands for.
-* ``_rv_unavailable`` is true from a list or WatchList that met an expired / too-large
-  resourceVersion until one succeeds; while it is, the next list is a consistent read (RV ``""``).
+* ``_rv_unavailable`` is true from an expired / too-large resourceVersion met by a list, a WatchList
+  or the watch from a checkpoint until a list or WatchList succeeds; while it is, the next list (or
+  WatchList) is a consistent read (RV ``""``).
 * ``_streamed_rv`` is non-empty while pages of an unfinished list may have reached consumers: no
   later list may ask for an older state.
 
