@@ -1,30 +1,17 @@
-"""One handler's bounded buffer and the worker that feeds it: client-go's ``processorListener``.
+"""One handler's buffer and the worker that feeds it: client-go's ``processorListener``.
 
-Each listener owns a **bounded** in-memory buffer and a worker task that drains it in order, so a
-slow handler delays only itself, never the informer or its siblings: handing a notification to a
-listener never waits (except under the opt-in ``BLOCK`` policy). What does not fit in memory goes,
-in order, to the listener's spill on disk (:class:`~bridge.contracts.NotificationSpill`); what the
-spill cannot take either **degrades**: the listener keeps the latest state per object (memory bounded
-by the number of objects) and delivers those states later inside a gap window of its own (``GAP``
-begin, the states, ``GAP`` end), as a relist would. Which of these applies is the buffer's mode, an
-explicit state machine (:mod:`bridge.informer.buffer_mode`); the policy for a full memory is
-:class:`~bridge.contracts.OverflowPolicy`.
+Each listener owns a **bounded** buffer (:class:`~bridge.informer.listener_buffer.ListenerBuffer`, its
+base class: memory, then spill, then latest states inside a gap window of its own, the buffer's mode an
+explicit state machine) and a worker task that drains it in order, so a slow handler delays only
+itself, never the informer or its siblings.
 
 The worker has one delivery path: it takes a batch of what is ready (replayed initial adds, memory,
 the spill read back, the latest states and their gap markers) and hands it over in one call. A batch
 handler gets up to :data:`BATCH_LIMIT` at once; every other handler gets batches of one. A batch of
-one reaches even a batch handler through ``handle``.
-
-How a batch becomes the handler's call and its acknowledgements: :mod:`bridge.informer.handler_call`.
-A notification superseded by the ``coalesce`` policy is acknowledged when it is merged (its successor
-carries the newer state), a dropped one as discarded. A degraded listener's gap window is one
-delivery (:class:`~bridge.informer.latest_states.OverflowWindow`): what it coalesced, and what it
-hands over inside the window, is acknowledged only once the handler acknowledged everything of the
-window, its end marker included — acknowledged at the merge, the checkpoint took the sink past
-changes it never received, and a crash before the window reached it lost them without a marker
-(issue 34). The window's ``to`` is the newest change handed over inside it, so it covers every
-change it coalesced. ``SNAPSHOT`` and ``GAP`` notifications are never dropped nor coalesced
-(queued past the capacity, in order); nothing coalesces across a ``GAP`` marker.
+one reaches even a batch handler through ``handle``. How a batch becomes the handler's call and its
+acknowledgements: :mod:`bridge.informer.handler_call`; each acknowledgement counts once, and one of a
+notification handed over inside an overflow window waits for the whole window (module docs of
+:mod:`~bridge.informer.listener_buffer`).
 
 Closing a listener (its handler removed) stops intake and discards what is pending at once; a handler
 call in progress is not interrupted, as client-go's ``RemoveEventHandler`` lets it finish, and its
@@ -34,40 +21,23 @@ acknowledgements no longer count.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import uuid
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from bridge.clock import Clock
 from bridge.contracts import (
-    OVERFLOW_GAP_PREFIX,
-    DeletedFinalStateUnknown,
     DeliveryObserver,
     EventHandler,
-    Gap,
     KubeObject,
     ListenerOptions,
     Notification,
     NotificationHandler,
     NotificationKind,
-    NotificationSpill,
-    ObjectKey,
-    OverflowPolicy,
 )
-from bridge.informer.buffer_mode import BufferEvent, BufferMode, next_mode
+from bridge.informer.buffer_mode import BufferEvent, BufferMode
 from bridge.informer.handler_call import HandlerCall
-from bridge.informer.latest_states import (
-    MARKERS,
-    LatestStates,
-    OverflowWindow,
-    Slot,
-    is_initial_add,
-    merge,
-)
-from bridge.rawobject import object_identity
+from bridge.informer.listener_buffer import CATCH_UP_BYTES, CATCH_UP_TURNS, ListenerBuffer
 
 __all__ = [
     "BATCH_LIMIT",
@@ -91,21 +61,10 @@ _BATCH_FLOOR = 16
 """The smallest batch the sizing goes down to: a call that waited for its sink's room says little
 about what one notification costs."""
 
-CATCH_UP_TURNS = 4
-"""Turns of the event loop in a row without a finished handler call after which a listener with a
-full buffer is taken to be behind (its overflow spills); see :meth:`ProcessorListener.add`."""
-
-CATCH_UP_BYTES = 32 << 20
-"""The most a listener catching up lets wait upstream of it (the JSON bytes of the changes in its
-informer's queue) before its overflow spills; see :meth:`ProcessorListener.add`."""
-
 log = logging.getLogger(__name__)
 
-_NORMAL = BufferMode.NORMAL
-_SPILLING = BufferMode.SPILLING
-_DEGRADED = BufferMode.DEGRADED
-_DRAINING_GAP = BufferMode.DRAINING_GAP
 _CLOSED = BufferMode.CLOSED
+
 
 @dataclass(frozen=True, slots=True)
 class ListenerStats:
@@ -136,7 +95,7 @@ class ListenerStats:
     """Gap windows this listener opened because it degraded."""
 
 
-class ProcessorListener:
+class ProcessorListener(ListenerBuffer):
     """One handler's bounded buffer and the worker task that feeds it (client-go's processorListener).
 
     Created by the informer (``SharedIndexInformer.add_event_handler``); :meth:`add` is awaited by the
@@ -159,63 +118,19 @@ class ProcessorListener:
     ) -> None:
         """``request_snapshot``: asks the informer for a ``SNAPSHOT`` for this listener (when its
         spill lost notifications it had taken: see :meth:`_spill_lost`)."""
-        if options.buffer_capacity < 1:
-            raise ValueError(
-                f"listener {name!r}: buffer_capacity must be >= 1, got {options.buffer_capacity}"
-            )
-        self.name = name
-        self.options = options
+        super().__init__(name=name, options=options, observer=observer, may_catch_up=may_catch_up,
+                         replay=replay, request_snapshot=request_snapshot)
         self._call = HandlerCall(handler=handler, acked=self._acked_one, name=name)
         self.snapshots_pending = 0
         """``SNAPSHOT`` notifications handed to this listener and not yet through its handler (the
         informer coalesces a request for a listener with one pending)."""
         self._batch_limit = _BATCH_FLOOR if self._call.takes_batches else 1  # others: batches of one
         self._clock = clock
-        self._observer = observer
         self._upstream_synced = upstream_synced
-        self._may_catch_up = may_catch_up
         self.requested_resync_period = options.resync_period
         self.resync_period = resync_period
         self.next_resync = 0.0
         self.determine_next_resync(clock.now())
-
-        self._mode = _NORMAL
-        self._buffer: deque[Slot] = deque()
-        self._pending_by_key: dict[ObjectKey, Slot] = {}
-        self._replay: deque[KubeObject] = deque(replay)
-        self._initial_pending = len(self._replay)
-        self._spill: NotificationSpill | None = options.spill
-        self._latest = LatestStates()
-        self._gap: Gap | None = None
-        """The gap window open while ``DRAINING_GAP``."""
-        self._request_snapshot = request_snapshot
-        self._spill_gap: Gap | None = None
-        """The gap window opened where the spill lost notifications; the snapshot it requested closes it."""
-        self._window: OverflowWindow | None = None
-        """While degraded: the window being filled (and handed over), whose acknowledgements wait."""
-        self._in_window: dict[int, tuple[Notification, OverflowWindow]] = {}
-        """id of a notification handed over inside a window → it and its window, until acknowledged."""
-        self._last_delivered: Notification | None = None
-        self._has_items = asyncio.Event()
-        self._has_room = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._woken = False
-        """True while ``_has_items`` is set and ``_idle`` clear since a push (nothing to tell)."""
-        self._task: asyncio.Task[None] | None = None
-
-        self._received = len(self._replay)
-        self._acked = 0
-        self._dropped = 0
-        self._coalesced = 0
-        self._high_water = 0
-        self._spilled = 0
-        self._degraded = 0
-        self._gaps = 0
-        self._handled = 0
-        """Handler calls finished (whatever their outcome) and notifications acknowledged: the
-        worker's progress, watched while catching up."""
-        if self._replay:
-            self._has_items.set()
 
     # ---------------------------------------------------------------------------------------------
     # resync (client-go: shouldResync / determineNextResync / setResyncPeriod)
@@ -234,28 +149,6 @@ class ProcessorListener:
 
     # ---------------------------------------------------------------------------------------------
     # state
-
-    @property
-    def mode(self) -> BufferMode:
-        return self._mode
-
-    @property
-    def depth(self) -> int:
-        spilled = len(self._spill) if self._spill is not None else 0
-        return len(self._buffer) + len(self._replay) + spilled + len(self._latest) + self._call.in_hand
-
-    @property
-    def spill(self) -> NotificationSpill | None:
-        return self._spill
-
-    @property
-    def degraded(self) -> bool:
-        """True while changes wait as latest states only (they will arrive inside a gap window)."""
-        return self._mode is _DEGRADED or self._mode is _DRAINING_GAP
-
-    @property
-    def closed(self) -> bool:
-        return self._mode is _CLOSED
 
     def has_synced(self) -> bool:
         """True once the informer has synced and this listener handled every initial-list add."""
@@ -278,191 +171,6 @@ class ProcessorListener:
             degraded=self._degraded,
             gaps=self._gaps,
         )
-
-    def _to(self, event: BufferEvent) -> None:
-        """Moves to the mode ``event`` leads to (:data:`~bridge.informer.buffer_mode.TRANSITIONS`)."""
-        self._mode = next_mode(self._mode, event)
-
-    # ---------------------------------------------------------------------------------------------
-    # intake
-
-    async def add(self, notification: Notification) -> None:
-        """Queues a notification; never waits, except under BLOCK (for room) and while catching up.
-
-        A full memory of a listener with a spill first gets turns of the event loop, one at a time
-        (``CATCHING_UP``), while the worker keeps finishing calls or acknowledging its batch (at most
-        :data:`CATCH_UP_TURNS` turns in a row without either): a listener draining a burst catches
-        up in memory instead of writing to its spill and reading it back; a stuck one costs its
-        siblings those few turns once, then spills. ``may_catch_up`` (asked before every turn) lets
-        the informer end them: it allows them only while each of its other listeners has work of its
-        own and less than :data:`CATCH_UP_BYTES` of changes wait in its queue, so one sink slower
-        than the others spills alone. Without a spill, a full memory degrades at once (holding the
-        informer first only delayed that: measured, a sustained overload then delivered less).
-        Returns without queueing once the listener is closed.
-        """
-        if self._mode is _CLOSED:
-            return
-        self._received += 1
-        buffer = self._buffer
-        capacity = self.options.buffer_capacity
-        if self.options.overflow_policy is OverflowPolicy.BLOCK:
-            while len(buffer) >= capacity:
-                self._has_room.clear()
-                await self._has_room.wait()
-                if self._mode is _CLOSED:
-                    return
-            self._push(notification)
-            return
-        if self._mode is _NORMAL:
-            if len(buffer) < capacity:
-                self._push(notification)
-                return
-            if self._spill is not None and self._task is not None:
-                await self._catch_up()
-                if self._mode is _CLOSED:
-                    return
-        self.offer(notification)
-
-    async def _catch_up(self) -> None:
-        """Gives the worker turns of the loop while it keeps finishing calls (see :meth:`add`)."""
-        self._to(BufferEvent.FULL_WAIT)
-        buffer = self._buffer
-        capacity = self.options.buffer_capacity
-        idle_turns = 0
-        try:
-            while len(buffer) >= capacity and idle_turns < CATCH_UP_TURNS and self._may_catch_up(self):
-                handled = self._handled
-                await asyncio.sleep(0)
-                if self._mode is _CLOSED:
-                    return
-                idle_turns = 0 if self._handled != handled else idle_turns + 1
-        finally:
-            if self._mode is BufferMode.CATCHING_UP:
-                self._to(BufferEvent.WAIT_OVER)
-
-    def put_nowait(self, n: Notification) -> bool:
-        """What :meth:`add` does when ``n`` fits in memory now (``NORMAL`` with room), without a
-        coroutine; False when it does not: then ``add`` decides (it may wait)."""
-        if self._mode is _NORMAL and len(self._buffer) < self.options.buffer_capacity:
-            self._received += 1
-            self._push(n)
-            return True
-        return self._mode is _CLOSED  # add returns without queueing
-
-    def offer(self, n: Notification) -> None:
-        """Queues a notification without ever waiting (every policy but BLOCK; see the module docs),
-        where the buffer's mode says."""
-        mode = self._mode
-        if mode is _NORMAL:
-            if len(self._buffer) < self.options.buffer_capacity or n.kind in MARKERS:
-                self._push(n)
-                return
-            policy = self.options.overflow_policy
-            if policy is OverflowPolicy.DROP:
-                self._dropped += 1
-                self._ack(n)
-                return
-            if policy is OverflowPolicy.COALESCE and self._coalesce(n):
-                return
-            self._to_spill(n)
-        elif mode is _SPILLING:
-            self._to_spill(n)
-        elif mode is _DEGRADED or mode is _DRAINING_GAP:
-            self._degrade(n)
-        elif mode is not _CLOSED:
-            raise RuntimeError(f"listener {self.name}: offered a notification while {mode.value}; "
-                               "the processor hands a listener one notification at a time")
-
-    def _to_spill(self, n: Notification) -> None:
-        spill = self._spill
-        if spill is not None:
-            try:
-                written = spill.append(n)
-            except OSError as exc:
-                log.error("listener %s: the spill cannot be written (%s); keeping the latest state "
-                          "per object instead", self.name, exc)
-                written = False
-            if written:
-                if self._mode is not _SPILLING:
-                    self._to(BufferEvent.SPILLED)
-                self._spilled += 1
-                if is_initial_add(n):
-                    self._initial_pending += 1
-                self._idle.clear()
-                self._has_items.set()
-                return
-        self._degrade(n)
-
-    def _degrade(self, n: Notification) -> None:
-        """Keeps ``n`` as the latest state of its object (merged into the pending one if it can)."""
-        if self._mode is _NORMAL or self._mode is _SPILLING:
-            spill = self._spill
-            log.warning("listener %s: %s; keeping the latest state per object, to be delivered inside "
-                        "a gap window", self.name,
-                        f"the spill is full ({spill.size_bytes} bytes)" if spill is not None
-                        else "its buffer is full and it has no spill")
-            self._to(BufferEvent.DEGRADED)
-        window = self._window
-        if window is None:
-            window = self._window = OverflowWindow()
-        self._degraded += 1
-        self._idle.clear()
-        self._has_items.set()
-        merged = self._latest.add(n)
-        if merged is None:
-            if is_initial_add(n):
-                self._initial_pending += 1
-            return
-        pending, into = merged
-        if is_initial_add(pending) and not is_initial_add(into):
-            self._initial_pending -= 1
-        self._coalesced += 1
-        if pending.seq >= 0:
-            window.held.append(pending.seq)  # acknowledged with the window (module docs)
-
-    def _push(self, notification: Notification) -> None:
-        slot = Slot(notification)
-        self._buffer.append(slot)
-        if notification.kind is NotificationKind.GAP:
-            # Nothing after a gap marker coalesces into a notification before it (or the other way).
-            self._pending_by_key.clear()
-        elif notification.kind is not NotificationKind.SNAPSHOT and notification.key:
-            self._pending_by_key[notification.key] = slot
-        if notification.kind is NotificationKind.ADD and notification.is_in_initial_list:
-            self._initial_pending += 1
-        # self.depth without the property's call: memory only takes notifications while NORMAL
-        # (the mode BLOCK never leaves), so nothing waits in the spill or as a latest state.
-        replay = self._replay
-        depth = len(self._buffer) + (len(replay) if replay else 0) + self._call.in_hand
-        if depth > self._high_water:  # noqa: PLR1730 - not max(): one call less per notification
-            self._high_water = depth
-        if not self._woken:  # the worker was told already (two calls less per notification)
-            self._woken = True
-            self._idle.clear()
-            self._has_items.set()
-
-    def _coalesce(self, notification: Notification) -> bool:
-        slot = self._pending_by_key.get(notification.key) if notification.key else None
-        if slot is None:
-            return False
-        pending = slot.notification
-        merged = merge(pending, notification)
-        if merged is None:
-            return False
-        slot.notification = merged
-        if is_initial_add(pending) and not is_initial_add(merged):
-            self._initial_pending -= 1
-        self._coalesced += 1
-        self._ack(pending)
-        return True
-
-    def _ack(self, n: Notification) -> None:
-        """Acknowledges a notification that is not handed to the handler (superseded or dropped)."""
-        if n.seq < 0 or self._mode is _CLOSED:
-            return
-        self._acked += 1
-        if self._observer is not None:
-            self._observer.acked(self.name, n.seq)
 
     # ---------------------------------------------------------------------------------------------
     # worker: take what is ready, hand it over
@@ -524,128 +232,6 @@ class ProcessorListener:
             self._woken = False
             await self._has_items.wait()
 
-    def _take(self, limit: int) -> list[Notification]:
-        """The next batch, oldest first: replayed initial adds, memory (refilled from the spill),
-        then — degraded — the gap window: its begin marker, the latest states, its end marker."""
-        mode = self._mode
-        if mode is _CLOSED:
-            return []
-        replay = self._replay
-        if replay:
-            return [Notification(kind=NotificationKind.ADD, obj=replay.popleft(), is_in_initial_list=True,
-                                 seq=-1) for _ in range(min(len(replay), limit))]
-        if self._buffer or self._refill():
-            return self._pop_batch(limit)
-        if mode is _DEGRADED:
-            self._gaps += 1
-            self._gap = Gap(id=f"{OVERFLOW_GAP_PREFIX}{self.name}:{uuid.uuid4().hex[:12]}",
-                            from_resource_version=self._last_resource_version())
-            self._to(BufferEvent.GAP_OPENED)
-            begin = Notification(kind=NotificationKind.GAP, obj={}, gap=self._gap)
-            return self._in_the_window([begin, *self._latest.take(limit - 1)])
-        if mode is _DRAINING_GAP:
-            return self._in_the_window(self._latest.take(limit) or [self._close_gap()])
-        return []
-
-    def _in_the_window(self, batch: list[Notification]) -> list[Notification]:
-        """Registers ``batch``, handed over inside the open window, with it (:class:`OverflowWindow`)."""
-        window = self._window
-        assert window is not None
-        for n in batch:
-            window.hand(n)
-            self._in_window[id(n)] = (n, window)
-        if self._mode is _NORMAL:  # the batch is the end marker: the window is complete
-            window.closed = True
-            self._window = None
-        return batch
-
-    def _pop_batch(self, limit: int) -> list[Notification]:
-        """Takes what the buffer holds, oldest first, up to ``limit``; each leaves the coalescing
-        index (nothing coalesces into a notification handed out)."""
-        buffer = self._buffer
-        pending = self._pending_by_key
-        batch: list[Notification] = []
-        for _ in range(min(len(buffer), limit)):
-            slot = buffer.popleft()
-            n = slot.notification
-            if n.key and pending.get(n.key) is slot:
-                del pending[n.key]
-            batch.append(n)
-            if n.kind is NotificationKind.SNAPSHOT and self._spill_gap is not None:
-                # The window the spill's loss opened ends right after the snapshot it asked for.
-                gap, self._spill_gap = self._spill_gap, None
-                end = dataclasses.replace(gap, to_resource_version=n.resource_version, end=True)
-                buffer.appendleft(Slot(Notification(kind=NotificationKind.GAP, obj={}, gap=end)))
-                break
-        self._has_room.set()
-        return batch
-
-    def _refill(self) -> bool:
-        """Moves the oldest spilled notifications into the empty buffer; True if any."""
-        spill = self._spill
-        if spill is None or not len(spill):
-            return False
-        damaged = spill.corrupt
-        try:
-            batch = spill.read(max(1, self.options.buffer_capacity))
-            lost = spill.corrupt - damaged
-        except OSError as exc:
-            lost = len(spill)
-            log.error("listener %s: the spill cannot be read (%s); its %d notifications are lost",
-                      self.name, exc, lost)
-            spill.clear()
-            batch = []
-        if lost:
-            batch.append(self._spill_lost(lost))
-        for n in batch:
-            slot = Slot(n)
-            self._buffer.append(slot)
-            if n.kind is NotificationKind.GAP:
-                self._pending_by_key.clear()
-            elif n.kind is not NotificationKind.SNAPSHOT and n.key:
-                self._pending_by_key[n.key] = slot
-        if not len(spill) and self._mode is _SPILLING:
-            self._to(BufferEvent.SPILL_EMPTIED)
-        return bool(batch)
-
-    def _spill_lost(self, lost: int) -> Notification:
-        """The spill lost ``lost`` notifications (a damaged or unreadable file): which changes they
-        held is unknown, so the listener announces it as the delivery contract announces any change
-        not observed (a gap window, from the last change delivered) and asks for a snapshot of the
-        cache, after which its sink holds every object exactly again; the snapshot's passage closes
-        the window (:meth:`_pop_batch`). Returns the window's begin marker."""
-        self._gaps += 1
-        gap = self._spill_gap = Gap(id=f"spill:{self.name}:{uuid.uuid4().hex[:12]}",
-                                    from_resource_version=self._last_resource_version())
-        log.error("listener %s: %d spilled notifications are lost; gap window %s opened, and a snapshot "
-                  "requested to make the sink exact again", self.name, lost, gap.id)
-        if self._request_snapshot is not None:
-            self._request_snapshot(self)
-        return Notification(kind=NotificationKind.GAP, obj={}, gap=gap)
-
-    def _close_gap(self) -> Notification:
-        """The end marker of the open gap window; the listener is ``NORMAL`` again."""
-        gap = self._gap
-        assert gap is not None
-        self._gap = None
-        self._to(BufferEvent.GAP_CLOSED)
-        log.info("listener %s: caught up; the gap window %s is closed", self.name, gap.id)
-        window = self._window
-        # Its newest change, not the last handed over: the latest states go out in the order their
-        # objects first degraded, so the last may be older than a change coalesced into another.
-        top = str(window.top) if window is not None and window.top >= 0 else self._last_resource_version()
-        return Notification(kind=NotificationKind.GAP, obj={}, gap=Gap(
-            id=gap.id, from_resource_version=gap.from_resource_version,
-            to_resource_version=top, end=True))
-
-    def _last_resource_version(self) -> str:
-        """The resourceVersion of the last change delivered ("" if none)."""
-        n = self._last_delivered
-        if n is None or n.kind in MARKERS:
-            return ""
-        obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
-        return object_identity(obj)[1]
-
     def _acked_one(self, n: Notification) -> None:
         """What the first call of a handed-out notification's ack does."""
         self._handled += 1  # progress for the catch-up in add(): a batch may span several turns
@@ -659,18 +245,6 @@ class ProcessorListener:
         observer = self._observer
         if observer is not None:
             observer.acked(self.name, seq)
-
-    def _window_acked(self, n: Notification, window: OverflowWindow) -> None:
-        """A notification of an overflow window is acknowledged: once every one of the window is,
-        so is everything it held (module docs)."""
-        held = window.acked(n)
-        if not held or self._mode is _CLOSED:
-            return
-        self._acked += len(held)
-        observer = self._observer
-        if observer is not None:
-            for seq in held:
-                observer.acked(self.name, seq)
 
     # ---------------------------------------------------------------------------------------------
     # lifecycle

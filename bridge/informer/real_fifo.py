@@ -311,14 +311,8 @@ class RealFIFO:
             finally:
                 self._waiting -= 1
 
-    async def pop_ready(
-        self,
-        process: PopProcessFunc,
-        *,
-        until: float | None = None,
-        limit: int | None = None,
-        stop: Callable[[], bool] | None = None,
-    ) -> int:
+    async def pop_ready(self, process: PopProcessFunc, *, until: float | None = None,
+                        limit: int | None = None, stop: Callable[[], bool] | None = None) -> int:
         """:meth:`pop` for every entry ready now, one after the other in one call; returns how many.
 
         Waits only for the first entry (as :meth:`pop`), never for more: it returns when the queue
@@ -333,11 +327,7 @@ class RealFIFO:
         if not self._queue:
             await self.wait_ready()
 
-        clock = None
-        if until is not None:
-            # The default loop's clock is time.monotonic: read directly, one call less per delta.
-            loop = asyncio.get_running_loop()
-            clock = _monotonic if type(loop).time is _DEFAULT_LOOP_TIME else loop.time
+        clock = _loop_clock() if until is not None else None
         queue = self._queue
         keys = self._keys
         newest = self._newest
@@ -514,6 +504,13 @@ class RealFIFO:
                 return None
             return _unwrap(in_flight.object)
         return self._known.get_by_key(key)
+
+
+def _loop_clock() -> Callable[[], float]:
+    """The running loop's clock, read once per ``pop_ready``: the default loop's is
+    ``time.monotonic``, then read directly (one call less per delta)."""
+    loop = asyncio.get_running_loop()
+    return _monotonic if type(loop).time is _DEFAULT_LOOP_TIME else loop.time
 
 
 def _unwrap(obj: KubeObject | DeletedFinalStateUnknown) -> KubeObject:
