@@ -17,6 +17,7 @@ from bridge.delivery.informer_run import InformerRun
 from bridge.delivery.progress import AckTracker
 from bridge.delivery.sink_listener import SinkListener
 from bridge.delivery.stall import StallDetector
+from bridge.informer.namespaces import NamespaceFilteredListerWatcher
 from bridge.informer.shared_informer import SharedIndexInformer
 from bridge.kube.listwatch import HttpListerWatcher
 from sinks.contract import DeliveryOutcome, Sink
@@ -224,5 +225,8 @@ class PipelineInspection:
 
 
 def _malformed(lister_watcher: object) -> dict[str, int]:
-    """What an HTTP lister-watcher quarantined, by reason (other lister-watchers count none)."""
+    """What an HTTP lister-watcher quarantined, by reason, looking through the wrapper a
+    ``namespace_selector`` puts around it (other lister-watchers count none)."""
+    while isinstance(lister_watcher, NamespaceFilteredListerWatcher):
+        lister_watcher = lister_watcher.inner
     return dict(lister_watcher.malformed) if isinstance(lister_watcher, HttpListerWatcher) else {}

@@ -9,12 +9,15 @@ and reports per watched resource:
 * **missing**: objects the cluster has that are not alive in the sink;
 * **phantom**: objects alive in the sink that the cluster no longer has (a delete never arrived);
 * **stale**: objects alive in both whose newest state in the sink is older than the cluster's;
+* **altered**: objects alive in both at the cluster's resourceVersion, whose state in the sink holds
+  a value that is not the cluster's (a number rounded, a string cut: :mod:`bridge.service.verify_values`
+  compares them exactly);
 * **duplicate ids**: events stored more than once (expected under at-least-once after a crash);
 * **order violations**: a change of an object older than one the sink already held for it, that is
   not a redelivery of an event it already held (per-object order is part of the contract);
 * **gap markers**: the windows in which the bridge says intermediate changes were not observed.
 
-Missing, phantom and stale objects make the sink's state differ from the cluster's; order violations
+Missing, phantom, stale and altered objects make the sink's state differ from the cluster's; order violations
 fail the check too (``strict``, the default), duplicates and gaps are reported.
 
 The state is the one a consumer ends with that follows docs/delivery-contract.md's advice: it drops
@@ -47,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.errors import ConfigurationError
+from bridge.service.verify_values import first_difference
 
 __all__ = [
     "ClusterObject",
@@ -93,6 +97,10 @@ class ClusterObject:
     key: str
     """``namespace/name`` or ``name``."""
     resource_version: str
+    obj: Mapping[str, Any] | None = field(default=None, compare=False)
+    """The object as listed, decoded exactly (:func:`bridge.service.verify_values.decode`), with the
+    ``apiVersion`` and ``kind`` of its resource; None: only its identity is known, and the values a
+    sink holds of it are not compared."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +146,7 @@ class ResourceReport:
     missing: list[dict[str, str]] = field(default_factory=list)
     phantom: list[dict[str, str]] = field(default_factory=list)
     stale: list[dict[str, str]] = field(default_factory=list)
+    altered: list[dict[str, str]] = field(default_factory=list)
     duplicate_ids: int = 0
     """Events stored again under an id already seen (each extra copy counts once)."""
     duplicate_examples: list[dict[str, Any]] = field(default_factory=list)
@@ -145,7 +154,7 @@ class ResourceReport:
     gap_markers: list[dict[str, Any]] = field(default_factory=list)
     snapshots: int = 0
     counts: dict[str, int] = field(default_factory=dict)
-    """Complete counts of missing, phantom, stale and order violations (the lists are cut)."""
+    """Complete counts of missing, phantom, stale, altered and order violations (the lists are cut)."""
 
     @property
     def gaps(self) -> int:
@@ -154,7 +163,7 @@ class ResourceReport:
 
     @property
     def consistent(self) -> bool:
-        return not (self.counts.get("missing") or self.counts.get("phantom") or self.counts.get("stale"))
+        return not any(self.counts.get(k) for k in ("missing", "phantom", "stale", "altered"))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -162,11 +171,12 @@ class ResourceReport:
             "cluster_objects": self.cluster_objects, "sink_objects": self.sink_objects,
             "events": self.events, "changes": self.changes,
             "missing": self.counts.get("missing", 0), "phantom": self.counts.get("phantom", 0),
-            "stale": self.counts.get("stale", 0), "duplicate_ids": self.duplicate_ids,
+            "stale": self.counts.get("stale", 0), "altered": self.counts.get("altered", 0),
+            "duplicate_ids": self.duplicate_ids,
             "order_violations": self.counts.get("order_violations", 0),
             "gaps": self.gaps, "snapshots": self.snapshots,
             "examples": {"missing": self.missing, "phantom": self.phantom, "stale": self.stale,
-                         "duplicate_ids": self.duplicate_examples,
+                         "altered": self.altered, "duplicate_ids": self.duplicate_examples,
                          "order_violations": self.order_violations},
             "gap_markers": self.gap_markers,
         }
@@ -203,14 +213,15 @@ class VerifyReport:
 
     def render(self) -> str:
         """The human-readable table."""
-        head = ("resource", "cluster", "sink", "events", "missing", "phantom", "stale", "dup ids",
-                "order", "gaps", "verdict")
+        head = ("resource", "cluster", "sink", "events", "missing", "phantom", "stale", "altered",
+                "dup ids", "order", "gaps", "verdict")
         rows = [head]
         for r in self.resources:
             c = r.counts
             rows.append((r.resource, str(r.cluster_objects), str(r.sink_objects), str(r.events),
                          str(c.get("missing", 0)), str(c.get("phantom", 0)), str(c.get("stale", 0)),
-                         str(r.duplicate_ids), str(c.get("order_violations", 0)), str(r.gaps),
+                         str(c.get("altered", 0)), str(r.duplicate_ids), str(c.get("order_violations", 0)),
+                         str(r.gaps),
                          "ok" if r.consistent else "MISMATCH"))
         widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
         lines = [f"sink: {self.sink}", ""]
@@ -249,6 +260,8 @@ def _details(r: ResourceReport) -> list[str]:
     section("missing from the sink", r.counts.get("missing", 0), r.missing)
     section("phantom (alive in the sink, gone from the cluster)", r.counts.get("phantom", 0), r.phantom)
     section("stale (older than the cluster)", r.counts.get("stale", 0), r.stale)
+    section("altered (a value differs from the cluster's at its resourceVersion)", r.counts.get("altered", 0),
+            r.altered)
     section("per-object order violation(s)", r.counts.get("order_violations", 0), r.order_violations)
     section("event id(s) stored more than once", r.duplicate_ids, r.duplicate_examples)
     section("gap marker(s)", len(r.gap_markers), r.gap_markers[:EXAMPLES])
@@ -426,8 +439,8 @@ def _order_problem(state: _State, *, deleting: bool, rv: str, ce: Mapping[str, A
 
 def _compare(report: ResourceReport, alive: dict[str, _State], objects: Sequence[ClusterObject],
              violations: list[dict[str, str]]) -> None:
-    """The sink's live objects (``alive``, by uid) against the cluster's: missing, phantom and stale
-    objects, with the order violations found, counted and exemplified in ``report``."""
+    """The sink's live objects (``alive``, by uid) against the cluster's: missing, phantom, stale and
+    altered objects, with the order violations found, counted and exemplified in ``report``."""
     report.sink_objects = len(alive)
     in_cluster = {o.uid: o for o in objects}
     missing = [{"object": o.key, "uid": o.uid, "cluster_rv": o.resource_version}
@@ -437,10 +450,28 @@ def _compare(report: ResourceReport, alive: dict[str, _State], objects: Sequence
     stale = [{"object": s.key, "uid": uid, "sink_rv": s.rv, "cluster_rv": in_cluster[uid].resource_version}
              for uid, s in sorted(alive.items(), key=lambda i: i[1].key)
              if uid in in_cluster and s.rv != in_cluster[uid].resource_version]
+    altered = _altered(alive, in_cluster)
     report.counts = {"missing": len(missing), "phantom": len(phantom), "stale": len(stale),
-                     "order_violations": len(violations)}
+                     "altered": len(altered), "order_violations": len(violations)}
     report.missing, report.phantom, report.stale = missing[:EXAMPLES], phantom[:EXAMPLES], stale[:EXAMPLES]
+    report.altered = altered[:EXAMPLES]
     report.order_violations = violations[:EXAMPLES]
+
+
+def _altered(alive: dict[str, _State], in_cluster: Mapping[str, ClusterObject]) -> list[dict[str, str]]:
+    """The objects alive in both at the cluster's resourceVersion whose state in the sink holds a
+    value that is not the cluster's: where (the path), never what (the values may be a Secret's)."""
+    out: list[dict[str, str]] = []
+    for uid, s in sorted(alive.items(), key=lambda i: i[1].key):
+        listed = in_cluster.get(uid)
+        if listed is None or listed.obj is None or s.rv != listed.resource_version \
+                or not isinstance(s.obj, Mapping):
+            continue
+        found = first_difference(s.obj, listed.obj)
+        if found is not None:
+            out.append({"object": s.key, "uid": uid, "resourceversion": s.rv, "path": found[0],
+                        "difference": found[1]})
+    return out
 
 
 _ENVELOPE = frozenset({"specversion", "id", "source", "type", "time", "datacontenttype", "data",

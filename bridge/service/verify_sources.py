@@ -9,8 +9,14 @@ JetStream stream from its first sequence up to the last one at the start (nats-p
 consumer). Both content modes are understood: a structured CloudEvent, or binary mode with the
 attributes in ``ce_`` (Kafka) / ``ce-`` (NATS) headers.
 
+Both sides are decoded exactly, as the bridge decodes objects (msgspec, integers of any size kept:
+:mod:`bridge.service.verify_values`), so that a sink that rounded a number can be told from one that
+kept it.
+
 The cluster side lists each resource through the bridge's own API access (kubeconfig or in-cluster
-service account, discovery, paginated lists), so it sees what the bridge's informers see.
+service account, discovery, paginated lists), so it sees what the bridge's informers see, and keeps
+each object (without ``metadata.managedFields``, with its resource's ``apiVersion`` and ``kind``, as
+the bridge sends it) for the comparison of values.
 """
 
 from __future__ import annotations
@@ -23,12 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
-from bridge.errors import ConfigurationError
+from bridge.errors import ApiStatusError, ConfigurationError
+from bridge.jsonbounds import MAX_DEPTH
 from bridge.kube.apiclient import ApiClient
 from bridge.kube.discovery import Discovery
 from bridge.service.verify import ClusterObject, ResourceScope, SinkEvent
+from bridge.service.verify_values import UndecodableError, decode
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer
@@ -49,12 +55,20 @@ class SourceError(ConfigurationError):
     """The sink cannot be read (a missing file, an unknown topic or stream, an unreachable broker)."""
 
 
+_RECORD_DEPTH = MAX_DEPTH + 8
+"""The deepest record read back: an event's envelope (and ``{"object", "oldObject"}``) around an
+object as deep as the bridge decodes; a deeper record is not one of the bridge's events."""
+_PAGE_DEPTH = MAX_DEPTH + 2
+"""The deepest List page decoded: a List and its ``items`` around objects as deep as the bridge
+decodes (a deeper one it quarantines)."""
+
+
 def _decode(body: bytes | None, headers: Sequence[tuple[str, bytes]], prefix: str) -> dict[str, Any] | None:
     """A CloudEvent from a record: structured body, or binary-mode headers + data body."""
     if body:
         try:
-            value = orjson.loads(body)
-        except orjson.JSONDecodeError:
+            value = decode(body, max_depth=_RECORD_DEPTH)
+        except UndecodableError:
             value = None
         if isinstance(value, dict) and "specversion" in value:
             return value
@@ -69,8 +83,8 @@ def _decode(body: bytes | None, headers: Sequence[tuple[str, bytes]], prefix: st
     if "specversion" not in ce:
         return None
     try:
-        ce["data"] = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError:
+        ce["data"] = decode(body, max_depth=_RECORD_DEPTH) if body else None
+    except UndecodableError:
         return None
     return ce
 
@@ -283,17 +297,41 @@ async def list_cluster(client: ApiClient, requests: Sequence[ResourceRequest], *
         params: dict[str, str | int | bool | None] = {"limit": page_size, **selectors}
         objects: list[ClusterObject] = []
         while True:
-            page = await client.get_json(api.path(req.namespace or None), params,
-                                         context=f"verify: list {api.qualified}")
-            for item in page.get("items") or []:
-                meta = item.get("metadata") or {}
-                ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
-                objects.append(ClusterObject(
-                    uid=str(meta.get("uid") or ""), key=f"{ns}/{name}" if ns else name,
-                    resource_version=str(meta.get("resourceVersion") or "")))
+            context = f"verify: list {api.qualified}"
+            page = _page(await client.request_bytes("GET", api.path(req.namespace or None), params=params,
+                                                    context=context), context)
+            objects.extend(_listed(item, scope) for item in page.get("items") or []
+                           if isinstance(item, dict))
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 break
             params = {"limit": page_size, "continue": token, **selectors}
         out[scope] = objects
     return out
+
+
+def _page(raw: bytes, context: str) -> dict[str, Any]:
+    """A List page, decoded exactly."""
+    try:
+        page = decode(raw, max_depth=_PAGE_DEPTH)
+    except UndecodableError as exc:
+        raise ApiStatusError(f"{context}: the server answered JSON the verifier cannot read ({exc})",
+                             code=200) from exc
+    if not isinstance(page, dict):
+        raise ApiStatusError(f"{context}: expected a JSON object, got {type(page).__name__}", code=200)
+    return page
+
+
+def _listed(item: dict[str, Any], scope: ResourceScope) -> ClusterObject:
+    """A List item as the bridge sends it (``apiVersion`` and ``kind`` filled in, ``managedFields``
+    cut), with its identity."""
+    meta = item.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    if "managedFields" in meta:
+        meta = {k: v for k, v in meta.items() if k != "managedFields"}
+        item = {**item, "metadata": meta}
+    item.setdefault("apiVersion", scope.api_version)
+    item.setdefault("kind", scope.kind)
+    ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    return ClusterObject(uid=str(meta.get("uid") or ""), key=f"{ns}/{name}" if ns else name,
+                         resource_version=str(meta.get("resourceVersion") or ""), obj=item)

@@ -70,7 +70,7 @@ def test_a_sink_that_replays_to_the_cluster_state_is_consistent() -> None:
     assert report.consistent
     (r,) = report.resources
     assert (r.cluster_objects, r.sink_objects, r.events) == (2, 2, 5)
-    assert r.counts == {"missing": 0, "phantom": 0, "stale": 0, "order_violations": 0}
+    assert r.counts == {"missing": 0, "phantom": 0, "stale": 0, "altered": 0, "order_violations": 0}
     assert r.changes == {"added": 3, "updated": 1, "deleted": 1}
     assert "verdict: the sink's state equals the cluster's" in report.render()
 
@@ -90,7 +90,7 @@ def test_each_kind_of_discrepancy_is_reported() -> None:
     assert not report.consistent
     assert not report.ok
     (r,) = report.resources
-    assert r.counts == {"missing": 1, "phantom": 1, "stale": 2, "order_violations": 1}
+    assert r.counts == {"missing": 1, "phantom": 1, "stale": 2, "altered": 0, "order_violations": 1}
     assert r.missing == [{"object": "default/missing", "uid": "u-m", "cluster_rv": "15"}]
     assert r.phantom == [{"object": "default/phantom", "uid": "u-p", "sink_rv": "5"}]
     assert r.stale == [{"object": "default/ordered", "uid": "u-o", "sink_rv": "8", "cluster_rv": "9"},
@@ -152,7 +152,7 @@ def test_a_change_after_the_delete_of_its_uid_is_a_violation_and_keeps_the_objec
     sink = events(ce("added", "a", "u-a", 1), ce("deleted", "a", "u-a", 3), ce("updated", "a", "u-a", 4))
     report = verify(sink="t", events=sink, cluster={PODS: []})
     (r,) = report.resources
-    assert r.counts == {"missing": 0, "phantom": 1, "stale": 0, "order_violations": 1}
+    assert r.counts == {"missing": 0, "phantom": 1, "stale": 0, "altered": 0, "order_violations": 1}
     assert r.order_violations[0]["problem"] == "a change after the delete of its uid"
 
 
@@ -252,7 +252,7 @@ def test_heartbeats_are_neither_changes_nor_markers() -> None:
     (r,) = report.resources
     assert r.changes == {"added": 1, "updated": 1}
     assert (r.sink_objects, r.events, r.snapshots, r.gap_markers) == (1, 5, 0, [])
-    assert r.counts == {"missing": 0, "phantom": 0, "stale": 0, "order_violations": 0}
+    assert r.counts == {"missing": 0, "phantom": 0, "stale": 0, "altered": 0, "order_violations": 0}
 
 
 def test_the_state_is_what_a_consumer_dropping_repeated_ids_ends_with() -> None:
