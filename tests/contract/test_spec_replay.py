@@ -63,7 +63,10 @@ def test_a_schedule_is_played_and_judged() -> None:
 
 UNHANDED_RELIST = """\
 state = DeliverySpec()
-state.begin(first_checkpoint=True, tick=0.003, shapes=[\n SinkShape(window=2, buffer=2, spill_limit=0, lands=False),\n SinkShape(window=2, buffer=2, spill_limit=1500, lands=False),\n SinkShape(window=1, buffer=1, spill_limit=1048576, lands=True)])
+state.begin(first_checkpoint=True, tick=0.003, shapes=[
+ SinkShape(window=2, buffer=2, spill_limit=0, lands=False),
+ SinkShape(window=2, buffer=2, spill_limit=1500, lands=False),
+ SinkShape(window=1, buffer=1, spill_limit=1048576, lands=True)])
 state.create(name='n2', turns=30)
 state.crash()
 state.restart()
