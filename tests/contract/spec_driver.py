@@ -345,7 +345,9 @@ class Bridge:
 
     def _build_informer(self, watched: WatchedResource, observer: DeliveryObserver) -> SharedIndexInformer:
         """The informer as the pipeline builds it, its observer wrapped to note every relist window."""
-        return fake_builder(self.source, self.clock)(watched, RelistNotes(observer, self.history.relists))
+        relists = self.history.relists
+        assert relists is not None  # the driver's history always knows its relists
+        return fake_builder(self.source, self.clock)(watched, RelistNotes(observer, relists))
 
     def note_degraded(self) -> None:
         if self.pipeline is not None:
