@@ -324,7 +324,7 @@ class BaseSink(Generic[O]):
             return
         msg = self._build(event, ack)
         window = self._window
-        while window.full():
+        while self.stats.in_flight >= window.limit:
             await window.wait_for_space()
         self._accept(msg)
 
@@ -340,7 +340,11 @@ class BaseSink(Generic[O]):
             return
         if self._closed:
             raise SinkError(f"sink {self.name!r} is closed")
-        skips = self._batch_filter()
+        routing, change = self._routing, self._change
+        accepts = None if routing.accepts_all else routing.accepts
+        interesting = change.interesting if change.active else None
+        knative = self.options.compat == "knative"
+        rejects = None if self._filter is None else self._rejects
         build = self._envelope.batch_builder()
         stats, window, breaker = self.stats, self._window, self._breaker
         limit = window.limit
@@ -348,10 +352,16 @@ class BaseSink(Generic[O]):
         submit = self._submit
         clock_now = self._clock.now
         now = clock_now()
-        filtered = DeliveryOutcome.FILTERED
+        updated, filtered = EventType.UPDATED, DeliveryOutcome.FILTERED
         for i in range(count):
             event = events[i]
-            if skips is not None and skips(event):
+            obj = event.obj
+            if (
+                (accepts is not None and not accepts(event))
+                or (interesting is not None and event.type is updated and not interesting(event.old, obj))
+                or (obj is None and knative)  # Knative has no markers
+                or (rejects is not None and rejects(event))
+            ):
                 stats.filtered += 1
                 acks[i](filtered)
                 continue
@@ -360,7 +370,7 @@ class BaseSink(Generic[O]):
                 while stats.in_flight >= limit:
                     await window.wait_for_space()
                 now = clock_now()
-            if gate or event.obj is None or msg.error is not None or msg.quarantine or breaker.open:
+            if gate or obj is None or msg.error is not None or msg.quarantine or breaker.open:
                 # behind a marker, a marker, straight to the dead letter (or to it first: a malformed
                 # object), or waiting for the breaker
                 self._accept(msg)
@@ -375,30 +385,6 @@ class BaseSink(Generic[O]):
                     submit(msg)
                 except Exception as exc:  # a synchronous failure is the attempt's outcome
                     self._settle(msg, exc)
-
-    def _batch_filter(self) -> Callable[[ChangeEvent], bool] | None:
-        """For one batch: True for an event that is not for this sink (routing, the change filter,
-        a marker under Knative, the CEL filter), with what each needs looked up once; None when
-        every event is."""
-        routing = self._routing
-        accepts = None if routing.accepts_all else routing.accepts
-        interesting = self._change.interesting if self._change.active else None
-        knative = self.options.compat == "knative"  # Knative has no markers
-        rejects = None if self._filter is None else self._rejects
-        if accepts is None and interesting is None and not knative and rejects is None:
-            return None
-        updated = EventType.UPDATED
-
-        def skips(event: ChangeEvent) -> bool:
-            return bool(
-                (accepts is not None and not accepts(event))
-                or (interesting is not None and event.type is updated
-                    and not interesting(event.old, event.obj))
-                or (event.obj is None and knative)
-                or (rejects is not None and rejects(event))
-            )
-
-        return skips
 
     def _rejects(self, event: ChangeEvent) -> bool:
         """The CEL filter's decision: True when the event is not for this sink."""
@@ -475,7 +461,8 @@ class BaseSink(Generic[O]):
     def _dispatch(self, msg: OutgoingMessage) -> None:
         """One attempt at ``msg`` (with the run behind it when the sink takes runs), unless the
         breaker keeps it waiting."""
-        if self._breaker.holds(msg):
+        breaker = self._breaker
+        if breaker.open and breaker.holds(msg):
             return
         msg.attempts += 1
         if msg.attempts == 1:

@@ -225,9 +225,6 @@ class Envelope:
         """The destination of an object from its identity, for a batch: ``(event, namespace, name,
         uid) → destination``; None when the template needs the whole event (it reads labels)."""
         template = self._template
-        if template.static:
-            text = template.text
-            return lambda event, namespace, name, uid: text
         memo = self._sanitized
         if len(memo) > _SANITIZED_MAX:
             memo.clear()
@@ -243,9 +240,9 @@ class Envelope:
             return slow
         header_prefix, by_uid = self._header_prefix, opts.key == "uid"
         structured = opts.content_mode == "structured"
-        identity_destination = self._destination()
-        render, sanitize = self._template.render, self._sanitize
-        leaves_raw = self._redactor.leaves_raw
+        static = self._template.text if self._template.static else None
+        identity_destination = None if static is not None else self._destination()
+        render, sanitize, leaves_raw = self._template.render, self._sanitize, self._redactor.leaves_raw
         last_res: Any = None
         last_cluster = lane_prefix = source = ""
         last_time, time_text = self._time_text
@@ -272,8 +269,9 @@ class Envelope:
                 time_text = rfc3339(seconds or wall_time())
                 self._time_text = (seconds, time_text)
             try:
-                destination = (render(event, sanitize) if identity_destination is None
-                               else identity_destination(event, namespace, name, uid))
+                destination = static if static is not None else (
+                    render(event, sanitize) if identity_destination is None
+                    else identity_destination(event, namespace, name, uid))
                 ce = cloudevent_of(event, None, namespace=namespace, name=name, uid=uid,
                                    resource_version=obj.resource_version,
                                    # structured: the object's bytes spliced in, as encode_structured does

@@ -42,9 +42,6 @@ class InFlightWindow:
         self.idle.set()
         self._closed = False
 
-    def full(self) -> bool:
-        return self._stats.in_flight >= self.limit
-
     async def wait_for_space(self) -> None:
         """Until a message settles (or the sink closes: SinkError)."""
         self._space.clear()
@@ -61,7 +58,8 @@ class InFlightWindow:
         stats = self._stats
         stats.accepted += 1
         stats.in_flight += 1
-        self.idle.clear()
+        if stats.in_flight == 1:  # idle is set exactly while nothing is in flight
+            self.idle.clear()
 
     def leave(self) -> None:
         """One message settled: room for a waiter once the window is down to ``low``."""
