@@ -24,6 +24,8 @@ _LAZY: dict[str, str] = {
     "BaseSink": "sinks.base",
     "OutgoingMessage": "sinks.base",
     "SinkOptions": "sinks.options",
+    "Transport": "sinks.transport",
+    "TransportSink": "sinks.transport",
     "create_sink": "sinks.registry",
     "known_kinds": "sinks.registry",
     "register": "sinks.registry",
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from sinks.cloudevents import encode_binary, encode_structured, event_id, to_cloudevent
     from sinks.options import SinkOptions
     from sinks.registry import create_sink, known_kinds, register
+    from sinks.transport import Transport, TransportSink
 
 
 def __getattr__(name: str) -> Any:
@@ -67,6 +70,8 @@ __all__ = [
     "SinkPermanentError",
     "SinkTransientError",
     "SnapshotInfo",
+    "Transport",
+    "TransportSink",
     "create_sink",
     "encode_binary",
     "encode_structured",

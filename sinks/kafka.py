@@ -23,7 +23,7 @@ Why it looks the way it does:
   ``message.max.bytes`` is then raised to :data:`~sinks.kafka_options.UNCOMPRESSED_CEILING` so
   that it does not refuse it uncompressed. One that does not fit (or that the broker refuses,
   ``MSG_SIZE_TOO_LARGE``) fails with :class:`~sinks.contract.SinkMessageTooLargeError` and the
-  sink's ``oversize`` policy sends a reference or a truncated event in its place (:mod:`sinks.base`).
+  sink's ``oversize`` policy sends a reference or a truncated event in its place (:mod:`sinks.oversize`).
   ``dead_letter_max_message_bytes`` creates the dead-letter topic with a larger limit, so that it can
   hold the whole event.
 - **Failures.** A record the broker (or librdkafka) can never take — too large, invalid — raises

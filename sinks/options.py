@@ -194,7 +194,7 @@ class RetryOptions(_Model):
 
 
 class BreakerOptions(_Model):
-    """The sink-level circuit breaker (see ``sinks.base``): after ``failures`` consecutive transient
+    """The sink-level circuit breaker (see ``sinks.breaker``): after ``failures`` consecutive transient
     failures the events stop retrying on their own timers; one probe at a time asks the
     destination, and its success sends everything that waited, at once, in order."""
 

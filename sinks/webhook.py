@@ -426,7 +426,7 @@ class WebhookSink(BaseSink[WebhookOptions]):
         two requests (``_run_limit`` is more than 1 only while the batcher runs)."""
         queue = self._queue
         assert queue is not None
-        url = self._url(msgs[0])  # the run has one destination (BaseSink._run)
+        url = self._url(msgs[0])  # the run has one destination (sinks.ordering.Ordering.run)
         queue.put_nowait([_Pending(msg, url, None) for msg in msgs])
 
     async def _send(self, msg: OutgoingMessage) -> None:
