@@ -338,7 +338,6 @@ SIZE_ALLOWED: dict[str, str] = {
     "bridge/informer/real_fifo.py::RealFIFO.pop_ready": "68 lines",
     "bridge/informer/reflector.py": "900 lines",
     "bridge/informer/reflector.py::Reflector.__init__": "70 lines",
-    "bridge/kube/listwatch.py": "720 lines",
     "bridge/rawobject.py": "647 lines",
     "bridge/rawobject.py::_build": "62 lines",
     "bridge/service/service.py": "658 lines",
