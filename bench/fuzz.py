@@ -25,9 +25,10 @@ from pathlib import Path
 _ARTIFACTS = Path(__file__).parent / "results" / "fuzz"
 
 
-_UNDER_TEST = ["bridge.rawobject", "bridge.kube.listwatch", "bridge.storage.checkpoint",
-               "bridge.service.config", "bridge.service.config_cluster",
-               "bridge.service.config_runtime", "bridge.kube.labels"]
+_UNDER_TEST = ["bridge.rawobject", "bridge.rawobject_type", "bridge.rawobject_decode",
+               "bridge.managed_fields", "bridge.kube.listwatch", "bridge.kube.watchdecode",
+               "bridge.kube.listdecode", "bridge.storage.checkpoint", "bridge.service.config",
+               "bridge.service.config_cluster", "bridge.service.config_runtime", "bridge.kube.labels"]
 """The modules whose coverage guides the fuzzer (instrumenting everything loaded costs minutes)."""
 
 

@@ -15,7 +15,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 FOUNDATIONS = ("bridge.contracts", "bridge.rawobject", "bridge.errors", "bridge.clock", "bridge.version",
-               "bridge.labels", "bridge.resource_version", "bridge.jsonbounds", "bridge.bounded_read")
+               "bridge.labels", "bridge.resource_version", "bridge.jsonbounds", "bridge.bounded_read",
+               "bridge.rawobject_type", "bridge.rawobject_decode", "bridge.managed_fields")
+"""Imported by every layer, importing none: only each other (a foundation cut into parts, as
+``bridge.rawobject`` over ``bridge.rawobject_type``), never in a cycle (below)."""
 
 # layer → the prefixes of project modules it may import (besides itself)
 ALLOWED: dict[str, tuple[str, ...]] = {
@@ -78,11 +81,12 @@ def violations(source: str, module: str, *, is_package: bool = False) -> list[st
     bad = []
     for line, target in project_imports(source, module, is_package=is_package):
         if layer == "foundations":
-            ok = False
+            ok = target in FOUNDATIONS
         else:
             ok = any(target == p or target.startswith(p + ".") for p in (*own, *allowed))
         if not ok:
-            bad.append(f"{module}:{line} imports {target} (layer {layer} may import {allowed or 'nothing'})")
+            may = allowed or ("only other foundations" if layer == "foundations" else "nothing")
+            bad.append(f"{module}:{line} imports {target} (layer {layer} may import {may})")
     return bad
 
 
@@ -115,6 +119,8 @@ def test_every_layer_package_exists() -> None:
         ("bridge.storage.checkpoint", "from bridge.delivery.progress import AckTracker\n"),
         ("bridge.storage.blobstore", "from bridge.informer.store import IndexedCache\n"),
         ("bridge.kube.discovery", "from ..informer import store\n"),
+        ("bridge.managed_fields", "from bridge.kube import bounded\n"),
+        ("bridge.rawobject_type", "from bridge import delivery\n"),
     ],
 )
 def test_a_forbidden_import_is_reported(module: str, source: str) -> None:
@@ -130,6 +136,8 @@ def test_a_forbidden_import_is_reported(module: str, source: str) -> None:
         ("sinks.filters", "from bridge.labels import parse_label_selector\n"),
         ("bridge.service.cli", "from sinks.registry import create_sink\n"),
         ("bridge.kube.discovery", "from .apiclient import ApiClient\n"),
+        ("bridge.rawobject", "from bridge.rawobject_type import RawObject\n"),
+        ("bridge.rawobject_decode", "from bridge import managed_fields\n"),
     ],
 )
 def test_an_allowed_import_passes(module: str, source: str) -> None:
@@ -333,9 +341,6 @@ MAX_FUNCTION_LINES = 60
 # run loop and the base sink. Entries only leave this list: a new offender fails the test below, and
 # so does an entry that is no longer one (remove it then). The size at the time is in the comment.
 SIZE_ALLOWED: dict[str, str] = {
-    "bridge/kube/listwatch.py": "720 lines",
-    "bridge/rawobject.py": "647 lines",
-    "bridge/rawobject.py::_build": "62 lines",
     "bridge/service/service.py": "658 lines",
     "bridge/service/service.py::BridgeService._lead": "110 lines",
 }

@@ -14,9 +14,10 @@ valid update or a delete of it is handled as for any object, and a relist that m
 it unchanged), its resourceVersion moves the reflector's resume point and the checkpoints past it,
 and sinks send an event carrying the ``malformed`` attribute in its place (docs/event-format.md).
 
-The decoders in :mod:`bridge.kube.listwatch` call in here only for a text beyond the bounds
-(:func:`bridge.jsonbounds.exceeds_depth`, a length): what is then found within them (a line whose
-object fits though the line around it does not) goes back to the usual decode.
+The decoders (:mod:`bridge.kube.watchdecode`, :mod:`bridge.kube.listdecode`) call in here only for
+a text beyond the bounds (:func:`bridge.jsonbounds.exceeds_depth`, a length): what is then found
+within them (a line whose object fits though the line around it does not) goes back to the usual
+decode.
 """
 
 from __future__ import annotations
