@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from bridge.contracts import (
 )
 from bridge.delivery.spill import SegmentSpill
 from bridge.informer.processor import ProcessorListener, SharedProcessor
+from bridge.informer.registration import HandlerRegistration
 from bridge.informer.shared_informer import SharedIndexInformer
 from bridge.testing.fake_source import FakeControllerSource
 from bridge.testing.loop import running_informer, spin_until
@@ -317,12 +320,12 @@ class Slow:
         ack()
 
 
-async def test_two_quick_listeners_take_a_burst_in_memory_and_a_slow_one_spills_alone(
-        source: FakeControllerSource, tmp_path: Path) -> None:
-    """Through a real informer: a burst that outruns two quick listeners is caught up in memory
-    (nothing spilled); a listener slower than its sibling gets no catch-up turns while the sibling
-    is idle, so the sibling keeps its pace (section 7b of the delivery contract) and the slow one's
-    overflow spills, arriving complete and in order."""
+@contextlib.asynccontextmanager
+async def a_burst_to_two_quick_listeners(source: FakeControllerSource, tmp_path: Path) -> AsyncIterator[
+        tuple[list[Yielding], list[HandlerRegistration]]]:
+    """An informer over ``source`` with two quick listeners (buffers of 16, a spill each under
+    ``tmp_path``), running and synced; the block runs once both received a burst of 600 changes
+    over 50 objects. Yields the two handlers and their registrations."""
     informer = SharedIndexInformer(lister_watcher=source, clock=FakeClock(), name="cm")
     quick = [Yielding(), Yielding()]
     regs = [informer.add_event_handler(h, ListenerOptions(
@@ -332,6 +335,16 @@ async def test_two_quick_listeners_take_a_burst_in_memory_and_a_slow_one_spills_
         assert await informer.wait_for_cache_sync(5)
         adds_then_modifies(source, 600)
         await spin_until(lambda: all(len(h.keys) == 600 for h in quick), "burst delivered", turns=200000)
+        yield quick, regs
+
+
+async def test_two_quick_listeners_take_a_burst_in_memory_and_a_slow_one_spills_alone(
+        source: FakeControllerSource, tmp_path: Path) -> None:
+    """Through a real informer: a burst that outruns two quick listeners is caught up in memory
+    (nothing spilled); a listener slower than its sibling gets no catch-up turns while the sibling
+    is idle, so the sibling keeps its pace (section 7b of the delivery contract) and the slow one's
+    overflow spills, arriving complete and in order."""
+    async with a_burst_to_two_quick_listeners(source, tmp_path) as (_, regs):
         assert [r.stats().spilled for r in regs] == [0, 0]
 
     source2 = FakeControllerSource()
@@ -364,14 +377,6 @@ async def test_catching_up_stops_once_catch_up_bytes_wait_in_the_informer_queue(
     import bridge.informer.shared_informer as shared_informer
 
     monkeypatch.setattr(shared_informer, "CATCH_UP_BYTES", 1)
-    informer = SharedIndexInformer(lister_watcher=source, clock=FakeClock(), name="cm")
-    quick = [Yielding(), Yielding()]
-    regs = [informer.add_event_handler(h, ListenerOptions(
-        name=f"quick{i}", buffer_capacity=16,
-        spill=SegmentSpill(tmp_path / f"q{i}", limit_bytes=10 << 20))) for i, h in enumerate(quick)]
-    async with running_informer(informer):
-        assert await informer.wait_for_cache_sync(5)
-        adds_then_modifies(source, 600)
-        await spin_until(lambda: all(len(h.keys) == 600 for h in quick), "burst delivered", turns=200000)
+    async with a_burst_to_two_quick_listeners(source, tmp_path) as (quick, regs):
         assert all(r.stats().spilled > 0 for r in regs)
         assert quick[0].keys == quick[1].keys
