@@ -54,6 +54,23 @@ async def until_checkpoint(store: CheckpointStore, rv: str, timeout: float) -> N
         await asyncio.sleep(0.02)
 
 
+def checkpoint_store(kind: str, *, client: ApiClient, stack: contextlib.AsyncExitStack, tmp_path: Path,
+                     args: list[str]) -> CheckpointStore:
+    """The checkpoint store of kind ``kind`` the bridge writes to (``--checkpoint-store``), for the
+    test to read: the file store under ``tmp_path / "ckpt"``, the configmap store in ``default``
+    (through ``client``), or the nats-kv store of a nats-server started for the test, whose URL is
+    added to the bridge's ``args``; ``stack`` stops the server and closes the store."""
+    if kind == "file":
+        return FileCheckpointStore(directory=tmp_path / "ckpt")
+    if kind == "configmap":
+        return ConfigMapCheckpointStore(client=client, namespace="default")
+    nats_url = stack.enter_context(running_nats()).url
+    args += ["--checkpoint-nats", nats_url]
+    store = NatsKvCheckpointStore(nats_url=nats_url)
+    stack.push_async_callback(store.close)
+    return store
+
+
 async def checkpoint_rv(store: CheckpointStore) -> str:
     cp = await store.load(IDENT)
     return cp.resource_version if cp is not None else ""
@@ -73,16 +90,7 @@ async def test_crash_with_expired_history_deletes_what_sinks_saw_and_never_an_ol
         _, kubeconfig = await stack.enter_async_context(sim_process(tmp_path, namespaces=(NS,)))
         args[1] = str(kubeconfig)
         client = ApiClient.from_kubeconfig(str(kubeconfig))
-        store: CheckpointStore
-        if kind == "file":
-            store = FileCheckpointStore(directory=tmp_path / "ckpt")
-        elif kind == "configmap":
-            store = ConfigMapCheckpointStore(client=client, namespace="default")
-        else:
-            nats_url = stack.enter_context(running_nats()).url
-            args += ["--checkpoint-nats", nats_url]
-            store = NatsKvCheckpointStore(nats_url=nats_url)
-            stack.push_async_callback(store.close)
+        store = checkpoint_store(kind, client=client, stack=stack, tmp_path=tmp_path, args=args)
         bridge = BridgeProcess(args, log=tmp_path / "bridge.log")
         try:
             old = await client.create(PATH, {"metadata": {"name": "old"}})
@@ -166,14 +174,7 @@ async def test_a_first_list_larger_than_one_journal_value_gets_its_deletes_after
         _, kubeconfig = await stack.enter_async_context(sim_process(tmp_path, namespaces=(NS,)))
         args[1] = str(kubeconfig)
         client = ApiClient.from_kubeconfig(str(kubeconfig))
-        store: CheckpointStore
-        if kind == "configmap":
-            store = ConfigMapCheckpointStore(client=client, namespace="default")
-        else:
-            nats_url = stack.enter_context(running_nats()).url
-            args += ["--checkpoint-nats", nats_url]
-            store = NatsKvCheckpointStore(nats_url=nats_url)
-            stack.push_async_callback(store.close)
+        store = checkpoint_store(kind, client=client, stack=stack, tmp_path=tmp_path, args=args)
         bridge = BridgeProcess(args, log=tmp_path / "bridge.log")
         try:
             created = [await client.create(PATH, {"metadata": {"name": f"o{i}"}}) for i in range(count)]
