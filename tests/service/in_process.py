@@ -15,14 +15,17 @@ from bridge.service.service import BridgeService
 
 
 @contextlib.asynccontextmanager
-async def running_service(config: BridgeConfig) -> AsyncIterator[BridgeService]:
+async def running_service(config: BridgeConfig, *, exit_code: int | None = 0) -> AsyncIterator[BridgeService]:
     """Runs a :class:`BridgeService` of ``config`` in a task named ``service-under-test`` and yields
-    the service. On leaving the block (whatever it raised) sets its stop event and asserts that the
-    run ended with exit code 0: a graceful stop, every sink flushed and closed."""
+    the service. On leaving the block (whatever it raised) sets its stop event, awaits the run and
+    asserts that it ended with ``exit_code`` (0: a graceful stop, every sink flushed and closed;
+    None: the run is awaited, its exit code not checked)."""
     service = BridgeService(config=config)
     task = asyncio.create_task(service.run(), name="service-under-test")
     try:
         yield service
     finally:
         service.stop_event.set()
-        assert await task == 0
+        code = await task
+        if exit_code is not None:
+            assert code == exit_code
