@@ -70,6 +70,66 @@ async def covered(store: FileCheckpointStore) -> set[str] | None:
     return None if cp is None or cp.sinks is None else set(cp.sinks)
 
 
+def bridge_args(kubeconfig: Path, tmp_path: Path, *sinks: str) -> list[str]:
+    """The bridge process's arguments: configmaps in NS, checkpoints every 0.1 s in the file store
+    under ``tmp_path / "ckpt"``, the spill under ``tmp_path / "spill"``, and ``sinks``."""
+    return ["--kubeconfig", str(kubeconfig), "--resource", "configmaps", "--namespace", NS,
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "0.1",
+            "--spill-dir", str(tmp_path / "spill"), *(f"--sink={s}" for s in sinks)]
+
+
+async def checkpoint_at(store: FileCheckpointStore, rv: str) -> bool:
+    cp = await store.load(IDENT)
+    return cp is not None and int(cp.resource_version) >= int(rv)
+
+
+async def run_a_under_churn(stack: contextlib.AsyncExitStack, args: list[str], tmp_path: Path,
+                            store: FileCheckpointStore, churn: Churn, out_a: Path, *,
+                            seconds: float) -> tuple[int, int]:
+    """Runs the bridge with sink ``a`` alone while ``churn`` runs: started once objects exist,
+    stopped (SIGTERM) ``seconds`` after its sync, its checkpoint covering ``a`` alone. Returns how
+    many changes the churn had made before a's first list (coalesced by it) and how many events
+    ``a`` holds."""
+    with_a = BridgeProcess(args, log=tmp_path / "bridge.log")
+    stack.push_async_callback(with_a.kill)
+    await asyncio.sleep(0.5)  # objects exist before the bridge's first list
+    await with_a.start()
+    await with_a.wait_synced()
+    listed_by_a = len(churn.produced)  # the changes before were coalesced by a's first list
+    await asyncio.sleep(seconds)
+    await with_a.stop()
+    assert await covered(store) == {"a"}
+    return listed_by_a, len(file_events(out_a))
+
+
+def check_bootstrapped(b: list[dict[str, Any]], final: dict[str, tuple[str, str, Any]]) -> tuple[
+        int, list[dict[str, Any]]]:
+    """``b`` received the snapshot first, whole objects, then the changes; together the simulator's
+    state (``final``). Returns where the snapshot ends and its ``sync`` events."""
+    assert event_kind(b[0]) == "snapshot.begin", [event_kind(e) for e in b[:3]]
+    end = next(i for i, e in enumerate(b) if event_kind(e) == "snapshot.end")
+    snapshot = b[1:end]
+    assert snapshot
+    assert all(event_kind(e) == "sync" for e in snapshot)
+    assert all((e.get("data") or {}).get("data") for e in snapshot)  # whole objects, not stubs
+    assert any(event_kind(e) in CHANGES for e in b[end + 1:])  # then the live stream
+    assert consumer_view(b) == final
+    return end, snapshot
+
+
+def check_sent_once(a: list[dict[str, Any]], final: dict[str, tuple[str, str, Any]], churn: Churn,
+                    listed_by_a: int) -> None:
+    """``a`` got every change the churn made after its first list, each once, and its view is the
+    simulator's state (``final``)."""
+    counts = collections.Counter((event_kind(e), e["uid"], e["resourceversion"]) for e in a
+                                 if event_kind(e) in CHANGES)
+    resent = {k: n for k, n in counts.items() if n > 1}
+    assert not resent, f"{len(resent)} changes sent to a more than once, e.g. {list(resent)[:5]}"
+    assert consumer_view(a) == final
+    produced = {(t, u, rv) for t, _, u, rv in churn.produced[listed_by_a:]}
+    assert produced <= set(counts)  # a missed nothing
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_a_new_sink_is_bootstrapped_and_a_removed_one_forgotten(tmp_path: Path) -> None:
@@ -77,32 +137,19 @@ async def test_a_new_sink_is_bootstrapped_and_a_removed_one_forgotten(tmp_path: 
     spill = tmp_path / "spill"
     store = FileCheckpointStore(directory=tmp_path / "ckpt")
 
-    def args(*sinks: str) -> list[str]:
-        return ["--kubeconfig", str(kubeconfig), "--resource", "configmaps", "--namespace", NS,
-                "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "0.1",
-                "--spill-dir", str(spill), *(f"--sink={s}" for s in sinks)]
-
-    async def checkpoint_at(rv: str) -> bool:
-        cp = await store.load(IDENT)
-        return cp is not None and int(cp.resource_version) >= int(rv)
-
     async with contextlib.AsyncExitStack() as stack:
         _, kubeconfig = await stack.enter_async_context(sim_process(tmp_path, namespaces=(NS,)))
+
+        def args(*sinks: str) -> list[str]:
+            return bridge_args(kubeconfig, tmp_path, *sinks)
+
         client = ApiClient.from_kubeconfig(str(kubeconfig))
         stack.push_async_callback(client.close)
         churn = Churn(client=client, namespace=NS, rate=100.0, seed=13)
         churn_task = asyncio.create_task(churn.run(), name="bootstrap-churn")
         stack.callback(churn.stop)
-        with_a = BridgeProcess(args(f"a=file:{out_a}"), log=tmp_path / "bridge.log")
-        stack.push_async_callback(with_a.kill)
-        await asyncio.sleep(0.5)  # objects exist before the bridge's first list
-        await with_a.start()
-        await with_a.wait_synced()
-        listed_by_a = len(churn.produced)  # the changes before were coalesced by a's first list
-        await asyncio.sleep(1.5)
-        await with_a.stop()
-        assert await covered(store) == {"a"}
-        a_before = len(file_events(out_a))
+        listed_by_a, a_before = await run_a_under_churn(stack, args(f"a=file:{out_a}"), tmp_path, store,
+                                                        churn, out_a, seconds=1.5)
 
         await asyncio.sleep(0.5)  # changes while the bridge is down
         with_b = BridgeProcess(args(f"a=file:{out_a}", f"b=file:{out_b}"), log=tmp_path / "bridge.log")
@@ -112,7 +159,7 @@ async def test_a_new_sink_is_bootstrapped_and_a_removed_one_forgotten(tmp_path: 
         await asyncio.sleep(1.5)
         churn.stop()
         await churn_task
-        await wait_until(lambda: checkpoint_at(churn.last_rv), timeout=30,
+        await wait_until(lambda: checkpoint_at(store, churn.last_rv), timeout=30,
                          what="a checkpoint covering every change")
 
         async def b_covered() -> bool:
@@ -123,28 +170,13 @@ async def test_a_new_sink_is_bootstrapped_and_a_removed_one_forgotten(tmp_path: 
         final = await live(client)
         assert any(d.name.startswith("b-") for d in spill.iterdir())
 
-        # b: the snapshot first, whole objects, then the changes; together the simulator's state.
-        b = file_events(out_b)
-        assert event_kind(b[0]) == "snapshot.begin", [event_kind(e) for e in b[:3]]
-        end = next(i for i, e in enumerate(b) if event_kind(e) == "snapshot.end")
-        snapshot = b[1:end]
-        assert snapshot
-        assert all(event_kind(e) == "sync" for e in snapshot)
-        assert all((e.get("data") or {}).get("data") for e in snapshot)  # whole objects, not stubs
-        assert any(event_kind(e) in CHANGES for e in b[end + 1:])  # then the live stream
-        assert consumer_view(b) == final
+        check_bootstrapped(file_events(out_b), final)
 
         # a: nothing re-sent by b's arrival (or by the restart), no snapshot; its own view is right.
         a = file_events(out_a)
         assert len(a) > a_before
         assert not any(event_kind(e).startswith("snapshot") for e in a)
-        counts = collections.Counter((event_kind(e), e["uid"], e["resourceversion"]) for e in a
-                                     if event_kind(e) in CHANGES)
-        resent = {k: n for k, n in counts.items() if n > 1}
-        assert not resent, f"{len(resent)} changes sent to a more than once, e.g. {list(resent)[:5]}"
-        assert consumer_view(a) == final
-        produced = {(t, u, rv) for t, _, u, rv in churn.produced[listed_by_a:]}
-        assert produced <= set(counts)  # a missed nothing either
+        check_sent_once(a, final, churn, listed_by_a)
 
         # b removed: its progress goes at the next checkpoint write, its spill at start.
         only_a = BridgeProcess(args(f"a=file:{out_a}"), log=tmp_path / "bridge.log")
@@ -175,17 +207,12 @@ async def test_a_bootstrap_whose_start_up_list_fails_is_taken_once_lists_answer(
     out_a, out_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     store = FileCheckpointStore(directory=tmp_path / "ckpt")
 
-    def args(*sinks: str) -> list[str]:
-        return ["--kubeconfig", str(kubeconfig), "--resource", "configmaps", "--namespace", NS,
-                "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "0.1",
-                "--spill-dir", str(tmp_path / "spill"), *(f"--sink={s}" for s in sinks)]
-
-    async def checkpoint_at(rv: str) -> bool:
-        cp = await store.load(IDENT)
-        return cp is not None and int(cp.resource_version) >= int(rv)
-
     async with contextlib.AsyncExitStack() as stack:
         url, kubeconfig = await stack.enter_async_context(sim_process(tmp_path, namespaces=(NS,)))
+
+        def args(*sinks: str) -> list[str]:
+            return bridge_args(kubeconfig, tmp_path, *sinks)
+
         http = await stack.enter_async_context(aiohttp.ClientSession())
         client = ApiClient.from_kubeconfig(str(kubeconfig))
         stack.push_async_callback(client.close)
@@ -194,16 +221,8 @@ async def test_a_bootstrap_whose_start_up_list_fails_is_taken_once_lists_answer(
         churn = Churn(client=client, namespace=NS, rate=60.0, seed=29)
         churn_task = asyncio.create_task(churn.run(), name="bootstrap-churn")
         stack.callback(churn.stop)
-        with_a = BridgeProcess(args(f"a=file:{out_a}"), log=tmp_path / "bridge.log")
-        stack.push_async_callback(with_a.kill)
-        await asyncio.sleep(0.5)  # objects exist before the bridge's first list
-        await with_a.start()
-        await with_a.wait_synced()
-        listed_by_a = len(churn.produced)  # the changes before were coalesced by a's first list
-        await asyncio.sleep(1.0)
-        await with_a.stop()
-        assert await covered(store) == {"a"}
-        a_before = len(file_events(out_a))
+        listed_by_a, a_before = await run_a_under_churn(stack, args(f"a=file:{out_a}"), tmp_path, store,
+                                                        churn, out_a, seconds=1.0)
 
         # Every list fails (the API client's own retries included); watches and writes go on.
         await sim_faults(http, url, {"error_code": 503, "error_count": 1_000_000, "error_target": "list",
@@ -231,32 +250,19 @@ async def test_a_bootstrap_whose_start_up_list_fails_is_taken_once_lists_answer(
         await asyncio.sleep(1.0)  # live changes after b's snapshot
         churn.stop()
         await churn_task
-        await wait_until(lambda: checkpoint_at(churn.last_rv), timeout=30,
+        await wait_until(lambda: checkpoint_at(store, churn.last_rv), timeout=30,
                          what="a checkpoint covering every change")
         await with_b.stop()
         final = await live(client)
 
         b = file_events(out_b)
-        assert event_kind(b[0]) == "snapshot.begin", [event_kind(e) for e in b[:3]]
-        end = next(i for i, e in enumerate(b) if event_kind(e) == "snapshot.end")
-        snapshot = b[1:end]
-        assert snapshot
-        assert all(event_kind(e) == "sync" for e in snapshot)
-        assert all((e.get("data") or {}).get("data") for e in snapshot)  # whole objects, not stubs
+        end, snapshot = check_bootstrapped(b, final)
         assert {e["subject"] for e in snapshot} >= {f"{NS}/still-{i}" for i in range(3)}
         assert not any(event_kind(e).startswith("snapshot") for e in b[end + 1:])  # one snapshot
-        assert any(event_kind(e) in CHANGES for e in b[end + 1:])  # then the live stream
-        assert consumer_view(b) == final
 
         a = file_events(out_a)
         assert not any(event_kind(e).startswith(("snapshot", "gap")) for e in a)
-        counts = collections.Counter((event_kind(e), e["uid"], e["resourceversion"]) for e in a
-                                     if event_kind(e) in CHANGES)
-        resent = {k: n for k, n in counts.items() if n > 1}
-        assert not resent, f"{len(resent)} changes sent to a more than once, e.g. {list(resent)[:5]}"
-        assert consumer_view(a) == final
-        produced = {(t, u, rv) for t, _, u, rv in churn.produced[listed_by_a:]}
-        assert produced <= set(counts)  # a missed nothing, the outage included
+        check_sent_once(a, final, churn, listed_by_a)  # the outage included
 
 
 # --------------------------------------------------------------------------------------------------
