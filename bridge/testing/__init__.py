@@ -8,6 +8,8 @@ rework of the built-in sinks' internals does not change what they do:
 
 - :mod:`~bridge.testing.fake_source`, :mod:`~bridge.testing.recorder`: a fake ListerWatcher and a
   recording event handler;
+- :mod:`~bridge.testing.loop`: waiting by turns of the event loop, never the wall clock, and an
+  informer run for the length of a block;
 - :mod:`~bridge.testing.sink`: a recording sink whose acknowledgements, failures and delays are
   scripted;
 - :mod:`~bridge.testing.acks`: acknowledgement recorders, a contract check for any sink, event
@@ -27,6 +29,7 @@ from bridge.testing.fake_source import (
     expired_status,
     object_key_of,
 )
+from bridge.testing.loop import SPIN_TURNS, running_informer, spin_until
 from bridge.testing.receiver import ReceivedRequest, Reply, Responder, WebhookReceiver, decode_cloudevents
 from bridge.testing.recorder import Call, RecordingHandler, UnknownObjectError, apply_calls
 from bridge.testing.sink import RecordingBatchSink, RecordingSink, Step
@@ -41,6 +44,7 @@ from bridge.testing.stores import (
 __all__ = [
     "INITIAL_EVENTS_END_ANNOTATION",
     "PODS",
+    "SPIN_TURNS",
     "AckRecorder",
     "BareCheckpointStore",
     "Call",
@@ -68,4 +72,6 @@ __all__ = [
     "expired_status",
     "kube_object",
     "object_key_of",
+    "running_informer",
+    "spin_until",
 ]

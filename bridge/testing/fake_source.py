@@ -80,18 +80,11 @@ def _own(obj: KubeObject) -> dict[str, Any]:
 
 def expired_status(message: str) -> dict[str, Any]:
     """The ``Status`` object an API server sends for 410 Gone / Expired."""
-    return {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": "Expired",
-        "code": 410,
-    }
+    return _status(410, "Expired", message)
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    """A failure ``Status`` object as the API server sends it."""
     return {
         "kind": "Status",
         "apiVersion": "v1",

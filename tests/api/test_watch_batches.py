@@ -7,7 +7,10 @@ resourceVersion, the change on the garbled line coming again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import orjson
 import pytest
@@ -130,10 +133,61 @@ class _RecordingFifo:
     def update_resource_version(self, resource_version: str) -> None:
         self._note("rv", resource_version)
 
+    async def wait_for(self, call: tuple[str, str]) -> None:
+        """Returns once ``call`` was made; fails after 10 s."""
+        async with asyncio.timeout(10):
+            while call not in self.calls:
+                self.changed.clear()
+                await self.changed.wait()
+
 
 def _name_rv(obj: KubeObject) -> str:
     meta = obj["metadata"]
     return f"{meta['name']}@{meta['resourceVersion']}"
+
+
+@contextlib.asynccontextmanager
+async def reflecting(server: ScriptedServer, handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+                     *, hold: asyncio.Event, quick_backoff: bool = True,
+                     use_watch_list: bool = False) -> AsyncIterator[tuple[_RecordingFifo, Reflector]]:
+    """A reflector of ``pods`` in ``ns`` over the real HttpListerWatcher, against ``server``
+    answering with ``handler``, storing into a :class:`_RecordingFifo`, running for the block.
+    ``quick_backoff``: a backoff of 0.01 s to 0.05 s, no jitter (else the reflector's default). On
+    the way out ``hold`` is set (the handler's open watch ends), the reflector stops and its run is
+    awaited (10 s at most)."""
+    server.handler = handler
+    url = await server.start()
+    fifo = _RecordingFifo()
+    clock = RealClock()
+    options: dict[str, Any] = {"use_watch_list": use_watch_list}
+    if quick_backoff:
+        options["backoff"] = Backoff(clock=clock, initial=0.01, cap=0.05, jitter=0.0)
+    async with ApiClient(server=url) as client:
+        lw = HttpListerWatcher(client=client, resource=PODS, namespace="ns")
+        reflector = Reflector(name="pods", lister_watcher=lw, store=fifo, clock=clock, rng=random.Random(1),
+                              **options)
+        task = asyncio.create_task(reflector.run(), name="test-watch-batches-reflector")
+        try:
+            yield fifo, reflector
+        finally:
+            hold.set()
+            reflector.stop()
+            await asyncio.wait_for(task, 10)
+
+
+async def popped_by_one_run(fifo: RealFIFO) -> tuple[int, list[object]]:
+    """What one ``pop_ready`` run of ``fifo`` pops, in order: (delta type, resourceVersion) for each
+    delta, the resourceVersion of each progress marker; with the count ``pop_ready`` returned."""
+    popped: list[object] = []
+
+    async def process(item: Delta | ResourceVersionMarker, initial: bool) -> None:
+        if isinstance(item, ResourceVersionMarker):
+            popped.append(item.resource_version)
+        else:
+            popped.append((item.type, item.object["metadata"]["resourceVersion"]))  # type: ignore[index]
+
+    count = await fifo.pop_ready(process)
+    return count, popped
 
 
 async def test_a_garbled_line_mid_batch_rewatches_from_the_last_good_resource_version(
@@ -162,25 +216,8 @@ async def test_a_garbled_line_mid_batch_rewatches_from_the_last_good_resource_ve
         await response.write_eof()
         return response
 
-    server.handler = handler
-    url = await server.start()
-    fifo = _RecordingFifo()
-    clock = RealClock()
-    async with ApiClient(server=url) as client:
-        lw = HttpListerWatcher(client=client, resource=PODS, namespace="ns")
-        reflector = Reflector(name="pods", lister_watcher=lw, store=fifo, clock=clock,
-                              backoff=Backoff(clock=clock, initial=0.01, cap=0.05, jitter=0.0),
-                              rng=random.Random(1))
-        task = asyncio.create_task(reflector.run())
-        try:
-            async with asyncio.timeout(10):
-                while ("add", "b@11") not in fifo.calls:
-                    fifo.changed.clear()
-                    await fifo.changed.wait()
-        finally:
-            hold.set()
-            reflector.stop()
-            await asyncio.wait_for(task, 10)
+    async with reflecting(server, handler, hold=hold) as (fifo, reflector):
+        await fifo.wait_for(("add", "b@11"))
     assert watches == ["7", "9"]
     assert fifo.calls == [("replace", "7"), ("add", "a@8"), ("rv", "8"), ("rv", "9"),
                           ("update", "a@10"), ("rv", "10"), ("add", "b@11"), ("rv", "11")]
@@ -211,15 +248,8 @@ async def test_a_batch_reaches_the_fifo_and_the_informer_in_order(server: Script
                     fifo.delete(event.object)
                 fifo.update_resource_version(meta["resourceVersion"])
         await stream.close()
-    popped: list[object] = []
-
-    async def process(item: Delta | ResourceVersionMarker, initial: bool) -> None:
-        if isinstance(item, ResourceVersionMarker):
-            popped.append(item.resource_version)
-        else:
-            popped.append((item.type, item.object["metadata"]["resourceVersion"]))  # type: ignore[index]
-
-    assert await fifo.pop_ready(process) == 8
+    count, popped = await popped_by_one_run(fifo)
+    assert count == 8
     # The bookmark's marker (11) coalesces with the one before it (10).
     assert popped == [(DeltaType.ADDED, "8"), "8", (DeltaType.ADDED, "9"), "9", (DeltaType.UPDATED, "10"),
                       "11", (DeltaType.DELETED, "12"), "12"]
@@ -256,23 +286,9 @@ async def test_an_error_event_mid_batch_stops_the_batch_there(server: ScriptedSe
         await response.write_eof()
         return response
 
-    server.handler = handler
-    url = await server.start()
-    fifo = _RecordingFifo()
-    clock = RealClock()
-    async with ApiClient(server=url) as client:
-        lw = HttpListerWatcher(client=client, resource=PODS, namespace="ns")
-        reflector = Reflector(name="pods", lister_watcher=lw, store=fifo, clock=clock,
-                              backoff=Backoff(clock=clock, initial=0.01, cap=0.05, jitter=0.0),
-                              rng=random.Random(1))
-        task = asyncio.create_task(reflector.run())
-        try:
-            async with asyncio.timeout(10):
-                await rewatched.wait()
-        finally:
-            hold.set()
-            reflector.stop()
-            await asyncio.wait_for(task, 10)
+    async with reflecting(server, handler, hold=hold) as (fifo, reflector):
+        async with asyncio.timeout(10):
+            await rewatched.wait()
     assert watches == ["7", "20"]
     assert fifo.calls[:4] == [("replace", "7"), ("add", "a@8"), ("rv", "8"), ("replace", "20")]
     assert ("add", "b@9") not in fifo.calls
@@ -301,24 +317,8 @@ async def test_events_after_the_initial_events_end_in_the_same_batch_are_applied
         await response.write_eof()
         return response
 
-    server.handler = handler
-    url = await server.start()
-    fifo = _RecordingFifo()
-    clock = RealClock()
-    async with ApiClient(server=url) as client:
-        lw = HttpListerWatcher(client=client, resource=PODS, namespace="ns")
-        reflector = Reflector(name="pods", lister_watcher=lw, store=fifo, clock=clock,
-                              use_watch_list=True, rng=random.Random(1))
-        task = asyncio.create_task(reflector.run())
-        try:
-            async with asyncio.timeout(10):
-                while ("delete", "b@11") not in fifo.calls:
-                    fifo.changed.clear()
-                    await fifo.changed.wait()
-        finally:
-            hold.set()
-            reflector.stop()
-            await asyncio.wait_for(task, 10)
+    async with reflecting(server, handler, hold=hold, quick_backoff=False, use_watch_list=True) as (fifo, _):
+        await fifo.wait_for(("delete", "b@11"))
     assert watches == [""]
     assert fifo.calls == [("replace", "8"), ("update", "a@9"), ("rv", "9"), ("add", "b@10"), ("rv", "10"),
                           ("delete", "b@11"), ("rv", "11")]
@@ -358,25 +358,8 @@ async def test_a_watch_list_answered_too_large_from_a_consistent_read_is_asked_a
         await response.write_eof()
         return response
 
-    server.handler = handler
-    url = await server.start()
-    fifo = _RecordingFifo()
-    clock = RealClock()
-    async with ApiClient(server=url) as client:
-        lw = HttpListerWatcher(client=client, resource=PODS, namespace="ns")
-        reflector = Reflector(name="pods", lister_watcher=lw, store=fifo, clock=clock, use_watch_list=True,
-                              backoff=Backoff(clock=clock, initial=0.01, cap=0.05, jitter=0.0),
-                              rng=random.Random(1))
-        task = asyncio.create_task(reflector.run())
-        try:
-            async with asyncio.timeout(10):
-                while ("replace", "12") not in fifo.calls:
-                    fifo.changed.clear()
-                    await fifo.changed.wait()
-        finally:
-            hold.set()
-            reflector.stop()
-            await asyncio.wait_for(task, 10)
+    async with reflecting(server, handler, hold=hold, use_watch_list=True) as (fifo, reflector):
+        await fifo.wait_for(("replace", "12"))
     assert requests[:2] == [("watchlist", ""), ("watchlist", "")]
     assert fifo.calls[0] == ("replace", "12")
     assert reflector.watch_list_rejected is False
@@ -435,13 +418,5 @@ async def _popped(events: list[WatchEvent]) -> list[object]:
         rv = event.object["metadata"].get("resourceVersion")
         if rv:
             fifo.update_resource_version(rv)
-    popped: list[object] = []
-
-    async def process(item: Delta | ResourceVersionMarker, initial: bool) -> None:
-        if isinstance(item, ResourceVersionMarker):
-            popped.append(item.resource_version)
-        else:
-            popped.append((item.type, item.object["metadata"]["resourceVersion"]))  # type: ignore[index]
-
-    await fifo.pop_ready(process)
+    _count, popped = await popped_by_one_run(fifo)
     return popped

@@ -29,6 +29,18 @@ CE_PREFIX = "io.kube-event-bridge."
 CHANGE_TYPES = ("added", "updated", "deleted")
 
 
+def file_events(path: Path) -> list[dict[str, Any]]:
+    """The CloudEvents a ``file`` sink wrote to ``path``, in order (none while it does not exist)."""
+    if not path.exists():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def event_kind(event: dict[str, Any]) -> str:
+    """An event's type without the bridge's prefix: ``added``, ``snapshot.begin``, ``gap.end`` …"""
+    return str(event["type"]).removeprefix(CE_PREFIX)
+
+
 @contextlib.asynccontextmanager
 async def sim_process(tmp: Path, *, history_size: int = 1_000_000,
                       namespaces: tuple[str, ...] = ()) -> AsyncIterator[tuple[str, Path]]:

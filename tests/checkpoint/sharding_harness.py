@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 import yaml
 
 from bridge.delivery.sharding import shard_id
@@ -50,6 +49,7 @@ from tests.checkpoint.crash_harness import (
     ROOT,
     Churn,
     decode,
+    file_events,
     live_objects,
     replay,
     sim_process,
@@ -275,12 +275,6 @@ async def run(*, work: Path, kafka: TansuBroker, totals: list[int], phase: float
                  verify_code=verify_code, verify_output=verify_output, left=left, totals=totals)
 
 
-def _shard_events(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
-
-
 def check(*, generations: list[Generation], records: list[Any], churn: Churn,
           final: dict[str, tuple[str, str]], verify_code: int | None, verify_output: str,
           left: list[str], totals: list[int]) -> Result:
@@ -314,7 +308,7 @@ def check(*, generations: list[Generation], records: list[Any], churn: Churn,
     for gen in generations:
         owners: dict[str, set[int]] = collections.defaultdict(set)
         for s in gen.shards:
-            for ce in _shard_events(s.events):
+            for ce in file_events(s.events):
                 uid = ce.get("uid")
                 if uid:
                     owners[uid].add(s.ordinal)

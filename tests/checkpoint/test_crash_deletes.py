@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
@@ -28,8 +27,9 @@ from bridge.kube.apiclient import ApiClient
 from bridge.storage.checkpoint import CheckpointStore, FileCheckpointStore, informer_id
 from bridge.storage.checkpoint_configmap import ConfigMapCheckpointStore
 from bridge.storage.checkpoint_natskv import NatsKvCheckpointStore
+from bridge.testing.processes import wait_until
 from tests.brokers import running_nats
-from tests.checkpoint.crash_harness import CE_PREFIX, BridgeProcess, live_objects, sim_process
+from tests.checkpoint.crash_harness import CE_PREFIX, BridgeProcess, file_events, live_objects, sim_process
 
 NS = "phantom"
 IDENT = informer_id("configmaps", NS, "", "")
@@ -38,24 +38,10 @@ INTERVAL = 5.0
 """Long enough that no checkpoint is written between the first one and the kill."""
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
-
-
 def changes(path: Path) -> list[tuple[str, str, str, str, bool]]:
     return [(str(e["type"]).removeprefix(CE_PREFIX), e.get("subject", ""), e.get("uid", ""),
              e.get("resourceversion", ""), e.get("finalstateunknown") == "true")
-            for e in read_events(path) if "subject" in e]
-
-
-async def until(predicate: Any, timeout: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
+            for e in file_events(path) if "subject" in e]
 
 
 async def until_checkpoint(store: CheckpointStore, rv: str, timeout: float) -> None:
@@ -66,6 +52,23 @@ async def until_checkpoint(store: CheckpointStore, rv: str, timeout: float) -> N
     while int((current := await checkpoint_rv(store)) or 0) < int(rv):
         assert loop.time() < end, f"no checkpoint at {rv} (last {current!r})"
         await asyncio.sleep(0.02)
+
+
+def checkpoint_store(kind: str, *, client: ApiClient, stack: contextlib.AsyncExitStack, tmp_path: Path,
+                     args: list[str]) -> CheckpointStore:
+    """The checkpoint store of kind ``kind`` the bridge writes to (``--checkpoint-store``), for the
+    test to read: the file store under ``tmp_path / "ckpt"``, the configmap store in ``default``
+    (through ``client``), or the nats-kv store of a nats-server started for the test, whose URL is
+    added to the bridge's ``args``; ``stack`` stops the server and closes the store."""
+    if kind == "file":
+        return FileCheckpointStore(directory=tmp_path / "ckpt")
+    if kind == "configmap":
+        return ConfigMapCheckpointStore(client=client, namespace="default")
+    nats_url = stack.enter_context(running_nats()).url
+    args += ["--checkpoint-nats", nats_url]
+    store = NatsKvCheckpointStore(nats_url=nats_url)
+    stack.push_async_callback(store.close)
+    return store
 
 
 async def checkpoint_rv(store: CheckpointStore) -> str:
@@ -87,28 +90,20 @@ async def test_crash_with_expired_history_deletes_what_sinks_saw_and_never_an_ol
         _, kubeconfig = await stack.enter_async_context(sim_process(tmp_path, namespaces=(NS,)))
         args[1] = str(kubeconfig)
         client = ApiClient.from_kubeconfig(str(kubeconfig))
-        store: CheckpointStore
-        if kind == "file":
-            store = FileCheckpointStore(directory=tmp_path / "ckpt")
-        elif kind == "configmap":
-            store = ConfigMapCheckpointStore(client=client, namespace="default")
-        else:
-            nats_url = stack.enter_context(running_nats()).url
-            args += ["--checkpoint-nats", nats_url]
-            store = NatsKvCheckpointStore(nats_url=nats_url)
-            stack.push_async_callback(store.close)
+        store = checkpoint_store(kind, client=client, stack=stack, tmp_path=tmp_path, args=args)
         bridge = BridgeProcess(args, log=tmp_path / "bridge.log")
         try:
             old = await client.create(PATH, {"metadata": {"name": "old"}})
             doomed = await client.create(PATH, {"metadata": {"name": "doomed"}})
             await bridge.start()
             await bridge.wait_synced()
-            await until(lambda: len(changes(out)) == 2, 20, "the initial adds")
+            await wait_until(lambda: len(changes(out)) == 2, timeout=20, what="the initial adds")
             # The first checkpoint write covers both; the next one is INTERVAL seconds away.
             await until_checkpoint(store, doomed["metadata"]["resourceVersion"], 20)
             fresh = await client.create(PATH, {"metadata": {"name": "fresh"}})
             gone = await client.delete(f"{PATH}/doomed")
-            await until(lambda: len(changes(out)) == 4, 3, "fresh's add and doomed's delete")
+            await wait_until(lambda: len(changes(out)) == 4, timeout=3,
+                             what="fresh's add and doomed's delete")
             await bridge.kill()
             assert int(await checkpoint_rv(store)) < int(fresh["metadata"]["resourceVersion"])  # not covered
             # The outage: fresh is deleted, and the history is compacted.
@@ -117,8 +112,8 @@ async def test_crash_with_expired_history_deletes_what_sinks_saw_and_never_an_ol
             await bridge.start()
             await bridge.wait_synced()
             listed = await client.get(PATH)
-            await until(lambda: any(c[1] == f"{NS}/fresh" and c[0] == "deleted" for c in changes(out)), 20,
-                        "fresh's delete")
+            await wait_until(lambda: any(c[1] == f"{NS}/fresh" and c[0] == "deleted" for c in changes(out)),
+                             timeout=20, what="fresh's delete")
             await bridge.stop()
             final = await live_objects(client, NS)
         finally:
@@ -136,7 +131,7 @@ async def test_crash_with_expired_history_deletes_what_sinks_saw_and_never_an_ol
     real = ("deleted", f"{NS}/doomed", uid["doomed"], gone["metadata"]["resourceVersion"], False)
     assert doomed_deletes[0] == real
     assert all(c == doomed_deletes[0] for c in doomed_deletes), doomed_deletes
-    ids = {e["id"] for e in read_events(out)
+    ids = {e["id"] for e in file_events(out)
            if e.get("uid") == uid["doomed"] and e["type"].endswith("deleted")}
     assert len(ids) == 1
     # The consumer's state is the cluster's.
@@ -179,19 +174,12 @@ async def test_a_first_list_larger_than_one_journal_value_gets_its_deletes_after
         _, kubeconfig = await stack.enter_async_context(sim_process(tmp_path, namespaces=(NS,)))
         args[1] = str(kubeconfig)
         client = ApiClient.from_kubeconfig(str(kubeconfig))
-        store: CheckpointStore
-        if kind == "configmap":
-            store = ConfigMapCheckpointStore(client=client, namespace="default")
-        else:
-            nats_url = stack.enter_context(running_nats()).url
-            args += ["--checkpoint-nats", nats_url]
-            store = NatsKvCheckpointStore(nats_url=nats_url)
-            stack.push_async_callback(store.close)
+        store = checkpoint_store(kind, client=client, stack=stack, tmp_path=tmp_path, args=args)
         bridge = BridgeProcess(args, log=tmp_path / "bridge.log")
         try:
             created = [await client.create(PATH, {"metadata": {"name": f"o{i}"}}) for i in range(count)]
             await bridge.start()
-            await until(lambda: len(changes(out)) == count, 30, "the first list's adds")
+            await wait_until(lambda: len(changes(out)) == count, timeout=30, what="the first list's adds")
             await bridge.kill()
             assert await checkpoint_rv(store) == ""  # no checkpoint yet: only the journal knows them
             assert len(await journal_chunks(kind, client, store)) >= 3
@@ -199,7 +187,8 @@ async def test_a_first_list_larger_than_one_journal_value_gets_its_deletes_after
                 await client.delete(f"{PATH}/{obj['metadata']['name']}")
             await client.request("POST", "/_sim/compact")
             await bridge.start()
-            await until(lambda: sum(c[0] == "deleted" for c in changes(out)) >= count, 30, "every delete")
+            await wait_until(lambda: sum(c[0] == "deleted" for c in changes(out)) >= count,
+                             timeout=30, what="every delete")
             await bridge.stop()
             final = await live_objects(client, NS)
         finally:

@@ -26,13 +26,20 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from bridge.kube.apiclient import ApiClient
 from bridge.storage.checkpoint import FileCheckpointStore, informer_id
 from bridge.testing import Reply, WebhookReceiver
-from tests.checkpoint.crash_harness import CE_PREFIX, BridgeProcess, Churn, live_objects, sim_process
+from bridge.testing.processes import wait_until
+from tests.checkpoint.crash_harness import (
+    BridgeProcess,
+    Churn,
+    event_kind,
+    file_events,
+    live_objects,
+    sim_process,
+)
 
 NS = "twosinks"
 IDENT = informer_id("configmaps", NS, "", "")
@@ -43,31 +50,13 @@ INTERVAL = 0.1
 RATE = 60.0
 
 
-def file_events(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
-
-
-def kind(e: dict[str, Any]) -> str:
-    return str(e["type"]).removeprefix(CE_PREFIX)
-
-
 def view(events: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
     """uid → (subject, resourceVersion) after applying the events in order."""
     state: dict[str, tuple[str, str] | None] = {}
     for e in events:
-        if kind(e) in CHANGES:
-            state[e["uid"]] = None if kind(e) == "deleted" else (e["subject"], e["resourceversion"])
+        if event_kind(e) in CHANGES:
+            state[e["uid"]] = None if event_kind(e) == "deleted" else (e["subject"], e["resourceversion"])
     return {u: s for u, s in state.items() if s is not None}
-
-
-async def until(predicate: Any, timeout: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not await predicate():
-        assert loop.time() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 async def run_crash(tmp_path: Path, *, expire: bool) -> None:
@@ -99,7 +88,7 @@ async def run_crash(tmp_path: Path, *, expire: bool) -> None:
             return (cp is not None and cp.sinks is not None
                     and int(cp.sinks["fast"].resource_version or 0) > int(cp.resource_version) + 100)
 
-        await until(fast_ahead, 10, "a checkpoint with fast far ahead of the base")
+        await wait_until(fast_ahead, timeout=10, what="a checkpoint with fast far ahead of the base")
         await bridge.kill()
         crashed = await store.load(IDENT)
         assert crashed is not None
@@ -124,7 +113,7 @@ async def run_crash(tmp_path: Path, *, expire: bool) -> None:
             cp = await store.load(IDENT)
             return cp is not None and int(cp.resource_version) >= int(last)
 
-        await until(caught_up, 60, "both sinks caught up")
+        await wait_until(caught_up, timeout=60, what="both sinks caught up")
         await bridge.stop()
         final = await live_objects(client, NS)
 
@@ -132,8 +121,8 @@ async def run_crash(tmp_path: Path, *, expire: bool) -> None:
     assert view(fast) == final
     assert view(slow) == final
     produced = churn.produced
-    fast_keys = [(kind(e), e["uid"], e["resourceversion"]) for e in fast if kind(e) in CHANGES]
-    slow_keys = [(kind(e), e["uid"], e["resourceversion"]) for e in slow if kind(e) in CHANGES]
+    fast_keys = [(event_kind(e), e["uid"], e["resourceversion"]) for e in fast if event_kind(e) in CHANGES]
+    slow_keys = [(event_kind(e), e["uid"], e["resourceversion"]) for e in slow if event_kind(e) in CHANGES]
     # fast: what it is sent again after the restart is bounded by its in-flight state at the crash.
     resent = [k for k in fast_keys[fast_before:] if k in set(fast_keys[:fast_before])]
     bound = BUFFER + MAX_IN_FLIGHT + int(RATE * INTERVAL) + 5
@@ -154,9 +143,9 @@ async def run_crash(tmp_path: Path, *, expire: bool) -> None:
     for name, events in (("fast", fast), ("slow", slow)):
         seen: set[str] = set()
         for e in events:
-            if kind(e) in ("added", "updated", "sync"):
+            if event_kind(e) in ("added", "updated", "sync"):
                 seen.add(e["uid"])
-            elif kind(e) == "deleted" and e["uid"] not in seen:
+            elif event_kind(e) == "deleted" and e["uid"] not in seen:
                 created = added_at.get(e["uid"], 0)
                 assert created > points[name], (
                     f"{name}: a delete of {e['subject']} it never had, created at {created}, at or "

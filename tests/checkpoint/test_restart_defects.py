@@ -19,9 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pytest
 
 from bridge.kube.apiclient import ApiClient
@@ -29,7 +27,7 @@ from bridge.sim import Simulator
 from bridge.storage.checkpoint import FileCheckpointStore, informer_id
 from sinks.cloudevents import event_id
 from sinks.contract import ChangeEvent, EventType
-from tests.checkpoint.crash_harness import BridgeProcess, sim_process
+from tests.checkpoint.crash_harness import BridgeProcess, file_events, sim_process
 from tests.checkpoint.helpers import RecordingSink, simulated_cluster, until
 from tests.checkpoint.test_resume_sim import NS, PATH, REFUSE_LISTS, create, make, rv
 
@@ -286,27 +284,21 @@ async def test_a_bridge_process_killed_before_its_first_checkpoint_write_resumes
             made = [("updated", f"{NS}/a", rv(await client.patch(f"{PATH}/a", {"data": {"v": "1"}}))),
                     ("deleted", f"{NS}/b", rv(await client.delete(f"{PATH}/b"))),
                     ("added", f"{NS}/c", rv(await create(client, "c")))]
-            before = len(file_lines(out))
+            before = len(file_events(out))
             await bridge.start()
             await bridge.wait_synced()
             await until_file(out, lambda seen: set(made) <= set(seen), "every change made while down")
-            after = file_lines(out)[before:]
+            after = file_events(out)[before:]
             assert not [e for e in after if str(e["type"]).endswith(("gap.begin", "gap.end"))]
         finally:
             await bridge.kill()
             await client.close()
 
 
-def file_lines(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
-
-
 def changes_in(path: Path) -> list[tuple[str, str, str]]:
     """(type, subject, resourceVersion) of every change event in the file sink's output."""
     out = []
-    for e in file_lines(path):
+    for e in file_events(path):
         kind = str(e["type"]).rsplit(".", 1)[-1]
         if kind in ("added", "updated", "deleted"):
             out.append((kind, str(e["subject"]), str(e["resourceversion"])))

@@ -26,13 +26,13 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from bridge.kube.apiclient import ApiClient
 from bridge.storage.checkpoint import FileCheckpointStore, informer_id
 from bridge.testing import Reply, WebhookReceiver
-from tests.checkpoint.crash_harness import CE_PREFIX, BridgeProcess, sim_process
+from bridge.testing.processes import wait_until
+from tests.checkpoint.crash_harness import BridgeProcess, event_kind, file_events, sim_process
 
 NS = "selreplay"
 SELECTOR = "app=web"
@@ -41,21 +41,11 @@ PATH = f"/api/v1/namespaces/{NS}/configmaps"
 CHANGES = ("added", "updated", "deleted")
 
 
-def file_events(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
-
-
-def kind(e: dict[str, Any]) -> str:
-    return str(e["type"]).removeprefix(CE_PREFIX)
-
-
 def of(events: list[dict[str, Any]], uid: str) -> list[tuple[str, str, bool, bool]]:
     """(type, resourceVersion, finalstateunknown, leftselector) of ``uid``'s changes, in order."""
-    return [(kind(e), e["resourceversion"], e.get("finalstateunknown") == "true",
+    return [(event_kind(e), e["resourceversion"], e.get("finalstateunknown") == "true",
              e.get("leftselector") == "true")
-            for e in events if kind(e) in CHANGES and e.get("uid") == uid]
+            for e in events if event_kind(e) in CHANGES and e.get("uid") == uid]
 
 
 def view(events: list[dict[str, Any]], *, drop_repeated_ids: bool) -> dict[str, tuple[str, str]]:
@@ -68,8 +58,8 @@ def view(events: list[dict[str, Any]], *, drop_repeated_ids: bool) -> dict[str, 
             if e["id"] in seen:
                 continue
             seen.add(e["id"])
-        if kind(e) in CHANGES:
-            state[e["uid"]] = None if kind(e) == "deleted" else (e["subject"], e["resourceversion"])
+        if event_kind(e) in CHANGES:
+            state[e["uid"]] = None if event_kind(e) == "deleted" else (e["subject"], e["resourceversion"])
     return {u: s for u, s in state.items() if s is not None}
 
 
@@ -77,14 +67,6 @@ async def selected(client: ApiClient) -> dict[str, tuple[str, str]]:
     listed = await client.get(PATH, params={"labelSelector": SELECTOR})
     return {i["metadata"]["uid"]: (f"{NS}/{i['metadata']['name']}", i["metadata"]["resourceVersion"])
             for i in listed["items"]}
-
-
-async def until(predicate: Any, timeout: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 def rv(obj: dict[str, Any]) -> str:
@@ -119,7 +101,8 @@ async def test_a_lagging_sink_gets_the_changes_it_lacked_before_a_delete_or_exit
         uid = x["metadata"]["uid"]
         await bridge.start()
         await bridge.wait_synced()
-        await until(lambda: of(file_events(out), uid) and of(hook.events, uid), 20, "x's add, to both sinks")
+        await wait_until(lambda: bool(of(file_events(out), uid) and of(hook.events, uid)),
+                         timeout=20, what="x's add, to both sinks")
         loop = asyncio.get_running_loop()
         end = loop.time() + 20
         while int(getattr(await store.load(IDENT), "resource_version", "") or 0) < int(rv(x)):
@@ -130,7 +113,8 @@ async def test_a_lagging_sink_gets_the_changes_it_lacked_before_a_delete_or_exit
         hook.reply = Reply(503, body="down")
         u1 = await client.patch(f"{PATH}/x", {"data": {"v": "1"}})
         u2 = await client.patch(f"{PATH}/x", {"data": {"v": "2"}})
-        await until(lambda: [c[1] for c in of(file_events(out), uid)][-1:] == [rv(u2)], 20, "u2, to fast")
+        await wait_until(lambda: [c[1] for c in of(file_events(out), uid)][-1:] == [rv(u2)],
+                         timeout=20, what="u2, to fast")
         # The watch expires and the relist is held off while x changes once more and goes: the
         # relist infers x's delete, with u2 (the last state the bridge knew).
         faults = await client.request("POST", "/_sim/faults", body={
@@ -140,8 +124,8 @@ async def test_a_lagging_sink_gets_the_changes_it_lacked_before_a_delete_or_exit
         u3 = await client.patch(f"{PATH}/x", {"data": {"v": "3"}})
         gone = await client.delete(f"{PATH}/x") if fate == "deleted" else await relabel(client, "other")
         await client.request("POST", "/_sim/faults", body={"reset": True})
-        await until(lambda: any(c[:3] == ("deleted", rv(u2), True) for c in of(file_events(out), uid)), 20,
-                    "the inferred delete, to fast")
+        await wait_until(lambda: any(c[:3] == ("deleted", rv(u2), True) for c in of(file_events(out), uid)),
+                         timeout=20, what="the inferred delete, to fast")
         # A relist cannot tell a delete from an exit by itself; the API server can, as for a delete
         # the watch showed: an exit the relist inferred is marked, and keeps an id of its own.
         assert ("deleted", rv(u2), True, fate != "deleted") in of(file_events(out), uid)
@@ -168,7 +152,7 @@ async def test_a_lagging_sink_gets_the_changes_it_lacked_before_a_delete_or_exit
         slow_before = len(of(hook.events, uid))
         await bridge.start()
         await bridge.wait_synced()
-        await until(lambda: last in of(hook.events, uid), 30, "x's last change, to slow")
+        await wait_until(lambda: last in of(hook.events, uid), timeout=30, what="x's last change, to slow")
         now = (await client.get(PATH))["metadata"]["resourceVersion"]
         end = loop.time() + 30
         while int(getattr(await store.load(IDENT), "resource_version", "") or 0) < int(now):
@@ -186,5 +170,5 @@ async def test_a_lagging_sink_gets_the_changes_it_lacked_before_a_delete_or_exit
         assert view(events, drop_repeated_ids=True) == final, name
     if fate == "deleted":
         # One delete per uid: the real delete slow got has the id of the inferred one fast got.
-        ids = {e["id"] for e in fast + slow if e.get("uid") == uid and kind(e) == "deleted"}
+        ids = {e["id"] for e in fast + slow if e.get("uid") == uid and event_kind(e) == "deleted"}
         assert len(ids) == 1

@@ -28,17 +28,16 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 
 from bridge.delivery.pipeline import BridgePipeline
 from bridge.kube.apiclient import ApiClient, ApiClientOptions
 from bridge.sim import Simulator
 from bridge.storage.checkpoint import FileCheckpointStore, informer_id
+from bridge.testing.processes import wait_until
 from sinks.contract import DeliveryOutcome, EventType
-from tests.checkpoint.crash_harness import CE_PREFIX, BridgeProcess, Churn, sim_process
-from tests.checkpoint.helpers import RecordingSink, simulated_cluster, watched_over_http
-from tests.checkpoint.helpers import until as wait_until
+from tests.checkpoint.crash_harness import BridgeProcess, Churn, event_kind, file_events, sim_process
+from tests.checkpoint.helpers import RecordingSink, simulated_cluster, until, watched_over_http
 
 NS = "boot"
 IDENT = informer_id("configmaps", NS, "", "")
@@ -46,22 +45,12 @@ PATH = f"/api/v1/namespaces/{NS}/configmaps"
 CHANGES = ("added", "updated", "deleted")
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
-
-
-def kind(event: dict[str, Any]) -> str:
-    return str(event["type"]).removeprefix(CE_PREFIX)
-
-
 def consumer_view(events: list[dict[str, Any]]) -> dict[str, tuple[str, str, Any]]:
     """What a consumer holds after applying the events in order (a snapshot's ``sync`` objects
     included): uid → (subject, resourceVersion, the ConfigMap's data)."""
     state: dict[str, tuple[str, str, Any] | None] = {}
     for e in events:
-        t = kind(e)
+        t = event_kind(e)
         if t not in (*CHANGES, "sync"):
             continue
         state[e["uid"]] = None if t == "deleted" else (e["subject"], e["resourceversion"],
@@ -81,12 +70,64 @@ async def covered(store: FileCheckpointStore) -> set[str] | None:
     return None if cp is None or cp.sinks is None else set(cp.sinks)
 
 
-async def until(predicate: Any, timeout: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not await predicate():
-        assert loop.time() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
+def bridge_args(kubeconfig: Path, tmp_path: Path, *sinks: str) -> list[str]:
+    """The bridge process's arguments: configmaps in NS, checkpoints every 0.1 s in the file store
+    under ``tmp_path / "ckpt"``, the spill under ``tmp_path / "spill"``, and ``sinks``."""
+    return ["--kubeconfig", str(kubeconfig), "--resource", "configmaps", "--namespace", NS,
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "0.1",
+            "--spill-dir", str(tmp_path / "spill"), *(f"--sink={s}" for s in sinks)]
+
+
+async def checkpoint_at(store: FileCheckpointStore, rv: str) -> bool:
+    cp = await store.load(IDENT)
+    return cp is not None and int(cp.resource_version) >= int(rv)
+
+
+async def run_a_under_churn(stack: contextlib.AsyncExitStack, args: list[str], tmp_path: Path,
+                            store: FileCheckpointStore, churn: Churn, out_a: Path, *,
+                            seconds: float) -> tuple[int, int]:
+    """Runs the bridge with sink ``a`` alone while ``churn`` runs: started once objects exist,
+    stopped (SIGTERM) ``seconds`` after its sync, its checkpoint covering ``a`` alone. Returns how
+    many changes the churn had made before a's first list (coalesced by it) and how many events
+    ``a`` holds."""
+    with_a = BridgeProcess(args, log=tmp_path / "bridge.log")
+    stack.push_async_callback(with_a.kill)
+    await asyncio.sleep(0.5)  # objects exist before the bridge's first list
+    await with_a.start()
+    await with_a.wait_synced()
+    listed_by_a = len(churn.produced)  # the changes before were coalesced by a's first list
+    await asyncio.sleep(seconds)
+    await with_a.stop()
+    assert await covered(store) == {"a"}
+    return listed_by_a, len(file_events(out_a))
+
+
+def check_bootstrapped(b: list[dict[str, Any]], final: dict[str, tuple[str, str, Any]]) -> tuple[
+        int, list[dict[str, Any]]]:
+    """``b`` received the snapshot first, whole objects, then the changes; together the simulator's
+    state (``final``). Returns where the snapshot ends and its ``sync`` events."""
+    assert event_kind(b[0]) == "snapshot.begin", [event_kind(e) for e in b[:3]]
+    end = next(i for i, e in enumerate(b) if event_kind(e) == "snapshot.end")
+    snapshot = b[1:end]
+    assert snapshot
+    assert all(event_kind(e) == "sync" for e in snapshot)
+    assert all((e.get("data") or {}).get("data") for e in snapshot)  # whole objects, not stubs
+    assert any(event_kind(e) in CHANGES for e in b[end + 1:])  # then the live stream
+    assert consumer_view(b) == final
+    return end, snapshot
+
+
+def check_sent_once(a: list[dict[str, Any]], final: dict[str, tuple[str, str, Any]], churn: Churn,
+                    listed_by_a: int) -> None:
+    """``a`` got every change the churn made after its first list, each once, and its view is the
+    simulator's state (``final``)."""
+    counts = collections.Counter((event_kind(e), e["uid"], e["resourceversion"]) for e in a
+                                 if event_kind(e) in CHANGES)
+    resent = {k: n for k, n in counts.items() if n > 1}
+    assert not resent, f"{len(resent)} changes sent to a more than once, e.g. {list(resent)[:5]}"
+    assert consumer_view(a) == final
+    produced = {(t, u, rv) for t, _, u, rv in churn.produced[listed_by_a:]}
+    assert produced <= set(counts)  # a missed nothing
 
 
 @pytest.mark.slow
@@ -96,32 +137,19 @@ async def test_a_new_sink_is_bootstrapped_and_a_removed_one_forgotten(tmp_path: 
     spill = tmp_path / "spill"
     store = FileCheckpointStore(directory=tmp_path / "ckpt")
 
-    def args(*sinks: str) -> list[str]:
-        return ["--kubeconfig", str(kubeconfig), "--resource", "configmaps", "--namespace", NS,
-                "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "0.1",
-                "--spill-dir", str(spill), *(f"--sink={s}" for s in sinks)]
-
-    async def checkpoint_at(rv: str) -> bool:
-        cp = await store.load(IDENT)
-        return cp is not None and int(cp.resource_version) >= int(rv)
-
     async with contextlib.AsyncExitStack() as stack:
         _, kubeconfig = await stack.enter_async_context(sim_process(tmp_path, namespaces=(NS,)))
+
+        def args(*sinks: str) -> list[str]:
+            return bridge_args(kubeconfig, tmp_path, *sinks)
+
         client = ApiClient.from_kubeconfig(str(kubeconfig))
         stack.push_async_callback(client.close)
         churn = Churn(client=client, namespace=NS, rate=100.0, seed=13)
         churn_task = asyncio.create_task(churn.run(), name="bootstrap-churn")
         stack.callback(churn.stop)
-        with_a = BridgeProcess(args(f"a=file:{out_a}"), log=tmp_path / "bridge.log")
-        stack.push_async_callback(with_a.kill)
-        await asyncio.sleep(0.5)  # objects exist before the bridge's first list
-        await with_a.start()
-        await with_a.wait_synced()
-        listed_by_a = len(churn.produced)  # the changes before were coalesced by a's first list
-        await asyncio.sleep(1.5)
-        await with_a.stop()
-        assert await covered(store) == {"a"}
-        a_before = len(read_events(out_a))
+        listed_by_a, a_before = await run_a_under_churn(stack, args(f"a=file:{out_a}"), tmp_path, store,
+                                                        churn, out_a, seconds=1.5)
 
         await asyncio.sleep(0.5)  # changes while the bridge is down
         with_b = BridgeProcess(args(f"a=file:{out_a}", f"b=file:{out_b}"), log=tmp_path / "bridge.log")
@@ -131,38 +159,24 @@ async def test_a_new_sink_is_bootstrapped_and_a_removed_one_forgotten(tmp_path: 
         await asyncio.sleep(1.5)
         churn.stop()
         await churn_task
-        await until(lambda: checkpoint_at(churn.last_rv), 30, "a checkpoint covering every change")
+        await wait_until(lambda: checkpoint_at(store, churn.last_rv), timeout=30,
+                         what="a checkpoint covering every change")
 
         async def b_covered() -> bool:
             return await covered(store) == {"a", "b"}
 
-        await until(b_covered, 10, "the checkpoint to cover b once bootstrapped")
+        await wait_until(b_covered, timeout=10, what="the checkpoint to cover b once bootstrapped")
         await with_b.stop()
         final = await live(client)
         assert any(d.name.startswith("b-") for d in spill.iterdir())
 
-        # b: the snapshot first, whole objects, then the changes; together the simulator's state.
-        b = read_events(out_b)
-        assert kind(b[0]) == "snapshot.begin", [kind(e) for e in b[:3]]
-        end = next(i for i, e in enumerate(b) if kind(e) == "snapshot.end")
-        snapshot = b[1:end]
-        assert snapshot
-        assert all(kind(e) == "sync" for e in snapshot)
-        assert all((e.get("data") or {}).get("data") for e in snapshot)  # whole objects, not stubs
-        assert any(kind(e) in CHANGES for e in b[end + 1:])  # then the live stream
-        assert consumer_view(b) == final
+        check_bootstrapped(file_events(out_b), final)
 
         # a: nothing re-sent by b's arrival (or by the restart), no snapshot; its own view is right.
-        a = read_events(out_a)
+        a = file_events(out_a)
         assert len(a) > a_before
-        assert not any(kind(e).startswith("snapshot") for e in a)
-        counts = collections.Counter((kind(e), e["uid"], e["resourceversion"]) for e in a
-                                     if kind(e) in CHANGES)
-        resent = {k: n for k, n in counts.items() if n > 1}
-        assert not resent, f"{len(resent)} changes sent to a more than once, e.g. {list(resent)[:5]}"
-        assert consumer_view(a) == final
-        produced = {(t, u, rv) for t, _, u, rv in churn.produced[listed_by_a:]}
-        assert produced <= set(counts)  # a missed nothing either
+        assert not any(event_kind(e).startswith("snapshot") for e in a)
+        check_sent_once(a, final, churn, listed_by_a)
 
         # b removed: its progress goes at the next checkpoint write, its spill at start.
         only_a = BridgeProcess(args(f"a=file:{out_a}"), log=tmp_path / "bridge.log")
@@ -173,10 +187,10 @@ async def test_a_new_sink_is_bootstrapped_and_a_removed_one_forgotten(tmp_path: 
         async def b_forgotten() -> bool:
             return await covered(store) == {"a"}
 
-        await until(b_forgotten, 10, "the checkpoint to drop b's progress")
+        await wait_until(b_forgotten, timeout=10, what="the checkpoint to drop b's progress")
         assert not any(d.name.startswith("b-") for d in spill.iterdir())
         await only_a.stop()
-        assert len(read_events(out_a)) == len(a)  # nothing happened meanwhile, nothing re-sent
+        assert len(file_events(out_a)) == len(a)  # nothing happened meanwhile, nothing re-sent
 
 
 async def sim_faults(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -193,17 +207,12 @@ async def test_a_bootstrap_whose_start_up_list_fails_is_taken_once_lists_answer(
     out_a, out_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     store = FileCheckpointStore(directory=tmp_path / "ckpt")
 
-    def args(*sinks: str) -> list[str]:
-        return ["--kubeconfig", str(kubeconfig), "--resource", "configmaps", "--namespace", NS,
-                "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "0.1",
-                "--spill-dir", str(tmp_path / "spill"), *(f"--sink={s}" for s in sinks)]
-
-    async def checkpoint_at(rv: str) -> bool:
-        cp = await store.load(IDENT)
-        return cp is not None and int(cp.resource_version) >= int(rv)
-
     async with contextlib.AsyncExitStack() as stack:
         url, kubeconfig = await stack.enter_async_context(sim_process(tmp_path, namespaces=(NS,)))
+
+        def args(*sinks: str) -> list[str]:
+            return bridge_args(kubeconfig, tmp_path, *sinks)
+
         http = await stack.enter_async_context(aiohttp.ClientSession())
         client = ApiClient.from_kubeconfig(str(kubeconfig))
         stack.push_async_callback(client.close)
@@ -212,16 +221,8 @@ async def test_a_bootstrap_whose_start_up_list_fails_is_taken_once_lists_answer(
         churn = Churn(client=client, namespace=NS, rate=60.0, seed=29)
         churn_task = asyncio.create_task(churn.run(), name="bootstrap-churn")
         stack.callback(churn.stop)
-        with_a = BridgeProcess(args(f"a=file:{out_a}"), log=tmp_path / "bridge.log")
-        stack.push_async_callback(with_a.kill)
-        await asyncio.sleep(0.5)  # objects exist before the bridge's first list
-        await with_a.start()
-        await with_a.wait_synced()
-        listed_by_a = len(churn.produced)  # the changes before were coalesced by a's first list
-        await asyncio.sleep(1.0)
-        await with_a.stop()
-        assert await covered(store) == {"a"}
-        a_before = len(read_events(out_a))
+        listed_by_a, a_before = await run_a_under_churn(stack, args(f"a=file:{out_a}"), tmp_path, store,
+                                                        churn, out_a, seconds=1.0)
 
         # Every list fails (the API client's own retries included); watches and writes go on.
         await sim_faults(http, url, {"error_code": 503, "error_count": 1_000_000, "error_target": "list",
@@ -235,45 +236,33 @@ async def test_a_bootstrap_whose_start_up_list_fails_is_taken_once_lists_answer(
             async with http.get(f"{url}/_sim/faults") as resp:
                 return int((await resp.json())["errors_injected"]) > 0
 
-        await until(lists_failed, 30, "the bootstrap's start-up list to fail")
+        await wait_until(lists_failed, timeout=30, what="the bootstrap's start-up list to fail")
         await asyncio.sleep(3.0)  # the API refuses lists a while; changes go on
-        assert read_events(out_b) == []  # nothing reaches b before its snapshot
-        a_during = len(read_events(out_a))
+        assert file_events(out_b) == []  # nothing reaches b before its snapshot
+        a_during = len(file_events(out_a))
         assert a_during > a_before  # a follows the live stream meanwhile
         await sim_faults(http, url, {"reset": True})
 
         async def b_covered() -> bool:
             return await covered(store) == {"a", "b"}
 
-        await until(b_covered, 60, "the checkpoint to cover b once bootstrapped")
+        await wait_until(b_covered, timeout=60, what="the checkpoint to cover b once bootstrapped")
         await asyncio.sleep(1.0)  # live changes after b's snapshot
         churn.stop()
         await churn_task
-        await until(lambda: checkpoint_at(churn.last_rv), 30, "a checkpoint covering every change")
+        await wait_until(lambda: checkpoint_at(store, churn.last_rv), timeout=30,
+                         what="a checkpoint covering every change")
         await with_b.stop()
         final = await live(client)
 
-        b = read_events(out_b)
-        assert kind(b[0]) == "snapshot.begin", [kind(e) for e in b[:3]]
-        end = next(i for i, e in enumerate(b) if kind(e) == "snapshot.end")
-        snapshot = b[1:end]
-        assert snapshot
-        assert all(kind(e) == "sync" for e in snapshot)
-        assert all((e.get("data") or {}).get("data") for e in snapshot)  # whole objects, not stubs
+        b = file_events(out_b)
+        end, snapshot = check_bootstrapped(b, final)
         assert {e["subject"] for e in snapshot} >= {f"{NS}/still-{i}" for i in range(3)}
-        assert not any(kind(e).startswith("snapshot") for e in b[end + 1:])  # one snapshot
-        assert any(kind(e) in CHANGES for e in b[end + 1:])  # then the live stream
-        assert consumer_view(b) == final
+        assert not any(event_kind(e).startswith("snapshot") for e in b[end + 1:])  # one snapshot
 
-        a = read_events(out_a)
-        assert not any(kind(e).startswith(("snapshot", "gap")) for e in a)
-        counts = collections.Counter((kind(e), e["uid"], e["resourceversion"]) for e in a
-                                     if kind(e) in CHANGES)
-        resent = {k: n for k, n in counts.items() if n > 1}
-        assert not resent, f"{len(resent)} changes sent to a more than once, e.g. {list(resent)[:5]}"
-        assert consumer_view(a) == final
-        produced = {(t, u, rv) for t, _, u, rv in churn.produced[listed_by_a:]}
-        assert produced <= set(counts)  # a missed nothing, the outage included
+        a = file_events(out_a)
+        assert not any(event_kind(e).startswith(("snapshot", "gap")) for e in a)
+        check_sent_once(a, final, churn, listed_by_a)  # the outage included
 
 
 # --------------------------------------------------------------------------------------------------
@@ -293,9 +282,9 @@ async def _run_once(client: ApiClient, ckpt: Path, sinks: list[RecordingSink],
     await p.start()
     try:
         assert await p.wait_for_sync(10)
-        await wait_until(until_done, what="the run's events")
+        await until(until_done, what="the run's events")
         tracker = p.tracker(IDENT)
-        await wait_until(lambda: not tracker.pending and tracker.lag == 0, what="everything acked")
+        await until(lambda: not tracker.pending and tracker.lag == 0, what="everything acked")
     finally:
         await p.shutdown(5)
 
@@ -372,10 +361,10 @@ async def test_a_sink_not_yet_bootstrapped_at_a_crash_is_bootstrapped_again(tmp_
         p = await _pipeline(client, tmp_path / "ckpt", [a2, b])
         await p.start()
         try:
-            await wait_until(lambda: len(b.unacked) == 5, what="b's snapshot, unacknowledged")
+            await until(lambda: len(b.unacked) == 5, what="b's snapshot, unacknowledged")
             await client.create(PATH, {"metadata": {"name": "new"}})
-            await wait_until(lambda: len(a2.events) == 1, what="a's add")
-            await wait_until(lambda: len(b.unacked) == 6, what="b's add, after its snapshot")
+            await until(lambda: len(a2.events) == 1, what="a's add")
+            await until(lambda: len(b.unacked) == 6, what="b's add, after its snapshot")
             assert b.unacked[4][0].type is EventType.SNAPSHOT_END
             for i, (_, ack) in enumerate(b.unacked):
                 if i != 4:  # all but the snapshot's end

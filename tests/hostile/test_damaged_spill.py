@@ -13,30 +13,11 @@ from typing import Any
 
 import pytest
 
-from bridge.clock import FakeClock
-from bridge.contracts import (
-    DeletedFinalStateUnknown,
-    KubeObject,
-    ListenerOptions,
-    Notification,
-    NotificationKind,
-)
+from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind
 from bridge.delivery.spill import SegmentSpill
-from bridge.informer.shared_informer import SharedIndexInformer
 from bridge.testing.fake_source import FakeControllerSource
-
-
-def cm(name: str, **data: str) -> KubeObject:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": "ns", "name": name},
-            "data": data}
-
-
-async def until(cond: Any, what: str, rounds: int = 20000) -> None:
-    for _ in range(rounds):
-        if cond():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError(f"{what} never became true")
+from bridge.testing.loop import spin_until
+from tests.informer.slow_and_fast import add_then_modify, cm, slow_beside_fast
 
 
 def _rv(obj: Any) -> str:
@@ -87,33 +68,21 @@ def _damage(directory: Path, how: str) -> None:
 async def test_a_damaged_spill_opens_a_gap_and_a_snapshot_makes_the_sink_exact(
         tmp_path: Path, how: str) -> None:
     source = FakeControllerSource()
-    informer = SharedIndexInformer(lister_watcher=source, clock=FakeClock(), name="cm")
     spill = SegmentSpill(tmp_path / "spill", limit_bytes=10 << 20, sync_bytes=1)
     gate = asyncio.Event()
     slow, fast = Consumer(gate), Consumer()
-    reg = informer.add_event_handler(slow, ListenerOptions(name="slow", buffer_capacity=4, spill=spill))
-    informer.add_event_handler(fast, ListenerOptions(name="fast"))
-    task = asyncio.create_task(informer.run(), name="test-damaged-spill-informer")
-    try:
-        assert await informer.wait_for_cache_sync(5)
-        for i in range(10):
-            source.add(cm(f"o{i}"))
-        for round_ in range(5):
-            for i in range(10):
-                source.modify(cm(f"o{i}", v=str(round_)))
+    async with slow_beside_fast(source, slow=slow, fast=fast, gate=gate, spill=spill,
+                                buffer_capacity=4) as pair:
+        add_then_modify(source, objects=10, rounds=5)
         source.delete(cm("o3"))
-        await until(lambda: len(fast.seen) == 61, "the other listener got everything")
-        assert reg.stats().spilled > 0
+        await spin_until(lambda: len(fast.seen) == 61, "the other listener got everything")
+        assert pair.slow.stats().spilled > 0
         spill.sync()
         _damage(tmp_path / "spill", how)
         gate.set()
-        await until(lambda: any(n.kind is NotificationKind.GAP and n.gap is not None and n.gap.end
-                                for n in slow.seen), "the gap window closed")
-        await until(lambda: reg.stats().depth == 0, "the slow listener drained")
-    finally:
-        gate.set()
-        await informer.shutdown(2)
-        await task
+        await spin_until(lambda: any(n.kind is NotificationKind.GAP and n.gap is not None and n.gap.end
+                                     for n in slow.seen), "the gap window closed")
+        await spin_until(lambda: pair.slow.stats().depth == 0, "the slow listener drained")
     assert spill.corrupt > 0
     gaps = [(i, n.gap) for i, n in enumerate(slow.seen) if n.kind is NotificationKind.GAP]
     assert len(gaps) == 2
@@ -128,7 +97,7 @@ async def test_a_damaged_spill_opens_a_gap_and_a_snapshot_makes_the_sink_exact(
     assert snapshots == [end_at - 1], "the snapshot closes the window it was asked for"
     assert begin_at < end_at
     cache = {f"{o['metadata']['namespace']}/{o['metadata']['name']}": _rv(o)
-             for o in informer.get_store().list()}
+             for o in pair.informer.get_store().list()}
     assert "ns/o3" not in cache
     assert slow.state == cache == fast.state
     assert end.to_resource_version == slow.seen[end_at - 1].resource_version

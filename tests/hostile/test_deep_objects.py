@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -23,14 +22,6 @@ from bridge.rawobject import RawObject
 from tests.api.conftest import InstantClock
 
 from .apiserver import HostileApiServer, deep_value, event_line, obj
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[HostileApiServer]:
-    srv = HostileApiServer()
-    await srv.start()
-    yield srv
-    await srv.stop()
 
 
 async def synced_to(reflector: Reflector, rv: str, task: asyncio.Task[None]) -> None:

@@ -4,8 +4,6 @@ a bounded number of pages with an error naming it, rather than page forever."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from bridge.contracts import ListOptions
@@ -18,14 +16,6 @@ from .apiserver import HostileApiServer, obj
 
 PODS = APIResource(group="", version="v1", resource="pods", kind="Pod", namespaced=True,
                    verbs=("list", "watch"))
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[HostileApiServer]:
-    srv = HostileApiServer()
-    await srv.start()
-    yield srv
-    await srv.stop()
 
 
 async def _page_until_refused(lw: HttpListerWatcher, limit: int) -> tuple[int, ApiStatusError]:

@@ -6,18 +6,16 @@ refuse them when encoding; nothing may round them silently, and nothing is dropp
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from bridge.service.config import BridgeConfig
-from bridge.service.service import BridgeService
+from tests.service.in_process import running_service
 from tests.service.test_service import eventually
 
 from .apiserver import HostileApiServer, event_line, obj
+from .bridge_config import bridge_config, file_sink
 
 BIG = b"123456789012345678901234567890"
 NEGATIVE = b"-98765432109876543210987654321"
@@ -31,14 +29,6 @@ def events(path: Path, name: str) -> list[bytes]:
             if msgspec.json.decode(line).get("name") == name]
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[HostileApiServer]:
-    srv = HostileApiServer()
-    await srv.start()
-    yield srv
-    await srv.stop()
-
-
 async def test_integers_beyond_64_bits_reach_the_raw_redacting_and_merge_patch_sinks_exactly(
     server: HostileApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -49,30 +39,15 @@ async def test_integers_beyond_64_bits_reach_the_raw_redacting_and_merge_patch_s
                                                    body=b'{"a":"hidden","n":' + LATER + b',"m":[1]}'))]
     server.resources["configmaps"].items = [obj("ConfigMap", "cm-0", 1)]
     sinks = {name: tmp_path / f"{name}.jsonl" for name in ("plain", "redacting", "patching")}
-    config = BridgeConfig.model_validate({
-        "kubernetes": {"kubeconfig": str(server.write_kubeconfig(tmp_path / "kc")), "in_cluster": "false"},
-        "resources": [{"resource": "pods"}, {"resource": "configmaps"}],
-        "sinks": [
-            {"name": "plain", "kind": "file", "path": str(sinks["plain"]),
-             "dead_letter": {"kind": "file", "target": str(tmp_path / "plain-dl.jsonl")}},
-            {"name": "redacting", "kind": "file", "path": str(sinks["redacting"]),
-             "redact": {"paths": ["spec.a"]},
-             "dead_letter": {"kind": "file", "target": str(tmp_path / "redacting-dl.jsonl")}},
-            {"name": "patching", "kind": "file", "path": str(sinks["patching"]), "payload": "merge_patch",
-             "dead_letter": {"kind": "file", "target": str(tmp_path / "patching-dl.jsonl")}},
-        ],
-        "checkpoint": {"store": "none", "spill_directory": str(tmp_path / "spill")},
-        "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
-        "shutdown_deadline": 5,
-    })
-    service = BridgeService(config=config)
-    task = asyncio.create_task(service.run(), name="service-under-test")
-    try:
+    config = bridge_config(server, tmp_path, resources=["pods", "configmaps"], sinks=[
+        file_sink("plain", sinks["plain"], dead_letter=tmp_path / "plain-dl.jsonl"),
+        file_sink("redacting", sinks["redacting"], dead_letter=tmp_path / "redacting-dl.jsonl",
+                  redact={"paths": ["spec.a"]}),
+        file_sink("patching", sinks["patching"], dead_letter=tmp_path / "patching-dl.jsonl",
+                  payload="merge_patch")])
+    async with running_service(config):
         await eventually(lambda: all(len(events(path, "big")) == 2 for path in sinks.values()),
                          what="both changes of the object in every sink")
-    finally:
-        service.stop_event.set()
-        assert await task == 0
     for name, path in sinks.items():
         added, modified = events(path, "big")
         assert b'"n":' + BIG in added, (name, added)

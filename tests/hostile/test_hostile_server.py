@@ -14,7 +14,7 @@ import asyncio
 import base64
 import contextlib
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -198,14 +198,6 @@ async def until(predicate: Callable[[], bool], what: str, proc: asyncio.subproce
         assert proc.returncode is None, f"the bridge exited ({proc.returncode}) waiting for {what}"
         assert loop.time() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.1)
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[HostileApiServer]:
-    srv = HostileApiServer()
-    await srv.start()
-    yield srv
-    await srv.stop()
 
 
 @pytest.mark.parametrize("name", list(CASES))

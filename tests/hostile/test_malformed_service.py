@@ -6,20 +6,18 @@ usual, and the other resource keeps delivering throughout."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from bridge.service.config import BridgeConfig
-from bridge.service.service import BridgeService
+from tests.service.in_process import running_service
 from tests.service.test_service import eventually
 
 from .apiserver import HostileApiServer, deep_value, event_line, obj
+from .bridge_config import bridge_config, file_sink
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
@@ -32,14 +30,6 @@ def events_of(path: Path, name: str) -> list[dict[str, Any]]:
     return [e for e in lines(path) if e.get("name") == name]
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[HostileApiServer]:
-    srv = HostileApiServer()
-    await srv.start()
-    yield srv
-    await srv.stop()
-
-
 async def test_a_malformed_object_is_sent_marked_dead_lettered_counted_and_followed_by_its_later_changes(
     server: HostileApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -50,22 +40,10 @@ async def test_a_malformed_object_is_sent_marked_dead_lettered_counted_and_follo
     server.resources["configmaps"].items = [obj("ConfigMap", "cm-0", 1)]
     plain, redacting = tmp_path / "plain.jsonl", tmp_path / "redacting.jsonl"
     plain_dl, redacting_dl = tmp_path / "plain-dl.jsonl", tmp_path / "redacting-dl.jsonl"
-    config = BridgeConfig.model_validate({
-        "kubernetes": {"kubeconfig": str(server.write_kubeconfig(tmp_path / "kc")), "in_cluster": "false"},
-        "resources": [{"resource": "pods"}, {"resource": "configmaps"}],
-        "sinks": [
-            {"name": "plain", "kind": "file", "path": str(plain),
-             "dead_letter": {"kind": "file", "target": str(plain_dl)}},
-            {"name": "redacting", "kind": "file", "path": str(redacting), "redact": {"paths": ["spec.a"]},
-             "dead_letter": {"kind": "file", "target": str(redacting_dl)}},
-        ],
-        "checkpoint": {"store": "none", "spill_directory": str(tmp_path / "spill")},
-        "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
-        "shutdown_deadline": 5,
-    })
-    service = BridgeService(config=config)
-    task = asyncio.create_task(service.run(), name="service-under-test")
-    try:
+    config = bridge_config(server, tmp_path, resources=["pods", "configmaps"], sinks=[
+        file_sink("plain", plain, dead_letter=plain_dl),
+        file_sink("redacting", redacting, dead_letter=redacting_dl, redact={"paths": ["spec.a"]})])
+    async with running_service(config) as service:
         await eventually(lambda: events_of(plain, "deep") and events_of(redacting, "deep")
                          and events_of(plain, "cm-0") and lines(plain_dl) and lines(redacting_dl),
                          what="the malformed object's event and dead letters")
@@ -109,9 +87,6 @@ async def test_a_malformed_object_is_sent_marked_dead_lettered_counted_and_follo
         assert updated["data"]["spec"] == {"x": 1}
         assert deleted["type"] == "io.kube-event-bridge.deleted"
         assert len(lines(plain_dl)) == 1  # the dead letter got the bytes once, with the change
-    finally:
-        service.stop_event.set()
-        assert await task == 0
 
 
 async def test_a_quarantined_object_that_is_not_utf8_reaches_the_dead_letter_byte_exact(
@@ -123,18 +98,9 @@ async def test_a_quarantined_object_that_is_not_utf8_reaches_the_dead_letter_byt
     server.resources["pods"].items = [obj("Pod", "ok-0", 1), bad]
     server.resources["pods"].list_rv = 2
     out, dead = tmp_path / "out.jsonl", tmp_path / "dead.jsonl"
-    config = BridgeConfig.model_validate({
-        "kubernetes": {"kubeconfig": str(server.write_kubeconfig(tmp_path / "kc")), "in_cluster": "false"},
-        "resources": [{"resource": "pods"}],
-        "sinks": [{"name": "plain", "kind": "file", "path": str(out),
-                   "dead_letter": {"kind": "file", "target": str(dead)}}],
-        "checkpoint": {"store": "none", "spill_directory": str(tmp_path / "spill")},
-        "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
-        "shutdown_deadline": 5,
-    })
-    service = BridgeService(config=config)
-    task = asyncio.create_task(service.run(), name="service-under-test")
-    try:
+    config = bridge_config(server, tmp_path, resources=["pods"],
+                           sinks=[file_sink("plain", out, dead_letter=dead)])
+    async with running_service(config):
         await eventually(lambda: events_of(out, "bad") and lines(dead), what="the event and its dead letter")
         (event,) = events_of(out, "bad")
         assert event["malformed"] == "encoding"
@@ -142,6 +108,3 @@ async def test_a_quarantined_object_that_is_not_utf8_reaches_the_dead_letter_byt
         assert record["event_id"] == event["id"]
         assert record["message"] is None
         assert base64.b64decode(record["message_base64"], validate=True) == bad
-    finally:
-        service.stop_event.set()
-        assert await task == 0

@@ -21,6 +21,7 @@ from bridge.contracts import AckFunc, ListenerOptions, Notification, Notificatio
 from bridge.delivery.spill import SegmentSpill, encode_notification
 from bridge.informer.buffer_mode import TRANSITIONS, BufferEvent, BufferMode, InvalidTransition, next_mode
 from bridge.informer.listener import ProcessorListener
+from bridge.testing.loop import spin_until
 
 M, E = BufferMode, BufferEvent
 
@@ -93,14 +94,6 @@ def gap_marker(n: Notification) -> bool:
     return n.kind is NotificationKind.GAP
 
 
-async def until(cond: Callable[[], bool], what: str) -> None:
-    for _ in range(5000):
-        if cond():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError(f"{what} never became true")
-
-
 def mode(case: Case) -> BufferMode:
     """The listener's mode now (a function, so a check after an await is not narrowed away)."""
     return case.listener.mode
@@ -134,7 +127,7 @@ class Case:
         await asyncio.wait_for(self.handler.entered.wait(), 5)
         await self.listener.add(change(1))
         adding = asyncio.create_task(self.listener.add(change(2)), name="test-add")
-        await until(lambda: mode(self) is M.CATCHING_UP, "catching up")
+        await spin_until(lambda: mode(self) is M.CATCHING_UP, "catching up", turns=5000)
         return adding
 
     async def draining_gap(self) -> None:
@@ -143,7 +136,7 @@ class Case:
         await self.fill(3)
         assert mode(self) is M.DEGRADED
         self.listener.start()
-        await until(lambda: len(self.handler.seen) == 2, "the gap's begin marker handed out")
+        await spin_until(lambda: len(self.handler.seen) == 2, "the gap's begin marker handed out", turns=5000)
         assert self.handler.seen[-1].kind is NotificationKind.GAP
         assert mode(self) is M.DRAINING_GAP
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,6 @@ import pytest
 from bridge.clock import FakeClock
 from bridge.contracts import (
     DeletedFinalStateUnknown,
-    KubeObject,
     ListenerOptions,
     Notification,
     NotificationKind,
@@ -20,22 +21,12 @@ from bridge.contracts import (
 )
 from bridge.delivery.spill import SegmentSpill
 from bridge.informer.processor import ProcessorListener, SharedProcessor
+from bridge.informer.registration import HandlerRegistration
 from bridge.informer.shared_informer import SharedIndexInformer
 from bridge.testing.fake_source import FakeControllerSource
+from bridge.testing.loop import running_informer, spin_until
 from bridge.testing.recorder import RecordingHandler
-
-
-def cm(name: str, **data: str) -> KubeObject:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": "ns", "name": name},
-            "data": data}
-
-
-async def until(cond: Any, what: str, rounds: int = 20000) -> None:
-    for _ in range(rounds):
-        if cond():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError(f"{what} never became true")
+from tests.informer.slow_and_fast import add_then_modify, adds_then_modifies, cm, slow_beside_fast
 
 
 def rv(n: Notification) -> str:
@@ -62,11 +53,6 @@ async def source() -> FakeControllerSource:
     return FakeControllerSource()
 
 
-async def _run(informer: SharedIndexInformer) -> asyncio.Task[None]:
-    task = asyncio.create_task(informer.run(), name="test-informer")
-    return task
-
-
 async def test_a_blocked_listener_with_2000_cached_objects_never_stalls_another(
         source: FakeControllerSource) -> None:
     """The reported repro: one listener blocked forever, the default options, 2,000 cached objects."""
@@ -77,38 +63,25 @@ async def test_a_blocked_listener_with_2000_cached_objects_never_stalls_another(
     stuck, other = RecordingHandler(gate=gate), RecordingHandler()
     stuck_reg = informer.add_event_handler(stuck, ListenerOptions(name="stuck"))
     informer.add_event_handler(other, ListenerOptions(name="other"))
-    task = await _run(informer)
-    try:
+    async with running_informer(informer, release=[gate]):
         assert len(await asyncio.wait_for(other.wait_for(2000), 20)) == 2000
         source.add(cm("new"))
         calls = await asyncio.wait_for(other.wait_for(2001), 20)
         assert calls[-1][:2] == ("add", "ns/new")
         assert stuck_reg.stats().depth >= 2000  # everything still waits for the stuck one
-    finally:
-        gate.set()
-        await informer.shutdown(2)
-        await task
 
 
 async def test_backlog_spills_to_disk_and_arrives_complete_and_in_order(
         source: FakeControllerSource, tmp_path: Path) -> None:
-    informer = SharedIndexInformer(lister_watcher=source, clock=FakeClock(), name="cm")
     spill = SegmentSpill(tmp_path / "spill", limit_bytes=10 << 20)
     gate = asyncio.Event()
     slow, fast = RecordingHandler(gate=gate), RecordingHandler()
-    reg = informer.add_event_handler(slow, ListenerOptions(name="slow", buffer_capacity=8, spill=spill))
-    informer.add_event_handler(fast, ListenerOptions(name="fast"))
-    task = await _run(informer)
-    try:
-        assert await informer.wait_for_cache_sync(5)
-        for i in range(300):
-            if i < 50:
-                source.add(cm(f"o{i}"))
-            else:
-                source.modify(cm(f"o{i % 50}", v=str(i)))
+    async with slow_beside_fast(source, slow=slow, fast=fast, gate=gate, spill=spill,
+                                buffer_capacity=8) as pair:
+        adds_then_modifies(source, 300)
         # 50 adds + 250 modifies: the fast one gets all of them while the slow one is held.
         await asyncio.wait_for(fast.wait_for(300), 20)
-        stats = reg.stats()
+        stats = pair.slow.stats()
         assert stats.spilled > 0
         assert stats.spill_depth > 0
         assert stats.spill_bytes > 0
@@ -116,17 +89,12 @@ async def test_backlog_spills_to_disk_and_arrives_complete_and_in_order(
         assert list((tmp_path / "spill").iterdir())  # on disk
         gate.set()
         assert await asyncio.wait_for(slow.wait_for(300), 20) == fast.calls
-        await until(lambda: reg.stats().depth == 0, "spill drained")
-        assert reg.stats().spill_bytes == 0
-    finally:
-        gate.set()
-        await informer.shutdown(2)
-        await task
+        await spin_until(lambda: pair.slow.stats().depth == 0, "spill drained")
+        assert pair.slow.stats().spill_bytes == 0
 
 
 async def test_a_full_spill_degrades_that_listener_alone_behind_a_gap_marker(
         source: FakeControllerSource, tmp_path: Path) -> None:
-    informer = SharedIndexInformer(lister_watcher=source, clock=FakeClock(), name="cm")
     spill = SegmentSpill(tmp_path / "spill", limit_bytes=4096)
     gate = asyncio.Event()
     slow, fast = Kinds(), Kinds()
@@ -137,25 +105,19 @@ async def test_a_full_spill_degrades_that_listener_alone_behind_a_gap_marker(
             await super().handle(n, ack)
 
     slow = Held()
-    reg = informer.add_event_handler(slow, ListenerOptions(name="slow", buffer_capacity=4, spill=spill))
-    informer.add_event_handler(fast, ListenerOptions(name="fast"))
-    task = await _run(informer)
-    try:
-        assert await informer.wait_for_cache_sync(5)
-        for i in range(10):
-            source.add(cm(f"o{i}"))
-        for round_ in range(20):
-            for i in range(10):
-                source.modify(cm(f"o{i}", v=str(round_)))
-        await until(lambda: len(fast.seen) == 210, "fast got everything")
+    async with slow_beside_fast(source, slow=slow, fast=fast, gate=gate, spill=spill,
+                                buffer_capacity=4) as pair:
+        add_then_modify(source, objects=10, rounds=20)
+        await spin_until(lambda: len(fast.seen) == 210, "fast got everything")
         assert fast.seen.count(("gap", "begin")) == 0
-        stats = reg.stats()
+        stats = pair.slow.stats()
         assert stats.degraded > 0
         assert stats.coalesced > 0
         assert stats.spill_bytes <= 4096
-        assert reg.stats().depth < 210  # coalesced: latest state per object
+        assert pair.slow.stats().depth < 210  # coalesced: latest state per object
         gate.set()
-        await until(lambda: reg.stats().depth == 0 and ("gap", "end") in slow.seen, "slow caught up")
+        await spin_until(lambda: pair.slow.stats().depth == 0 and ("gap", "end") in slow.seen,
+                         "slow caught up")
         begin, end = slow.seen.index(("gap", "begin")), slow.seen.index(("gap", "end"))
         assert slow.seen[:begin] == fast.seen[:begin]  # everything before the gap, exactly
         inside = slow.objects[begin + 1:end]
@@ -171,10 +133,6 @@ async def test_a_full_spill_degrades_that_listener_alone_behind_a_gap_marker(
         assert gap_end.to_resource_version == max(final.values(), key=int)
         # Everything tracked was acknowledged: nothing waits forever for the degraded listener.
         assert all(n.kind is not NotificationKind.GAP or n.seq == -1 for n in slow.objects)
-    finally:
-        gate.set()
-        await informer.shutdown(2)
-        await task
 
 
 async def test_block_policy_still_backpressures_when_asked_for(source: FakeControllerSource) -> None:
@@ -184,21 +142,16 @@ async def test_block_policy_still_backpressures_when_asked_for(source: FakeContr
     informer.add_event_handler(blocked, ListenerOptions(name="b", buffer_capacity=2,
                                                         overflow_policy=OverflowPolicy.BLOCK))
     informer.add_event_handler(other, ListenerOptions(name="o"))
-    task = await _run(informer)
-    try:
+    async with running_informer(informer, release=[gate]):
         assert await informer.wait_for_cache_sync(5)
         for i in range(10):
             source.add(cm(f"o{i}"))
-        await until(lambda: len(other.calls) >= 3, "some delivered")
+        await spin_until(lambda: len(other.calls) >= 3, "some delivered")
         for _ in range(200):
             await asyncio.sleep(0)
         assert len(other.calls) < 10  # the informer waits for the blocked one
         gate.set()
         assert len(await asyncio.wait_for(other.wait_for(10), 10)) == 10
-    finally:
-        gate.set()
-        await informer.shutdown(2)
-        await task
 
 
 async def test_a_degraded_initial_add_merged_into_a_delete_does_not_hold_has_synced_back() -> None:
@@ -217,7 +170,7 @@ async def test_a_degraded_initial_add_merged_into_a_delete_does_not_hold_has_syn
     await p.distribute(Notification(kind=NotificationKind.DELETE, obj=b, key=ObjectKey("ns/b")), False)
     assert lst.stats().degraded == 2
     p.start()
-    await until(lambda: lst.depth == 0 and not lst.degraded, "drained")
+    await spin_until(lambda: lst.depth == 0 and not lst.degraded, "drained")
     assert lst.has_synced()
     assert [c[:2] for c in rec.calls] == [("add", "ns/a"), ("delete", "ns/b")]
     await p.shutdown(1)
@@ -252,7 +205,7 @@ async def test_a_burst_to_a_draining_listener_is_caught_up_in_memory_not_spilled
         for i in range(500):
             await processor.distribute(Notification(kind=NotificationKind.ADD, obj=cm(f"o{i}"),
                                                     key=ObjectKey(f"ns/o{i}")), False)
-        await until(lambda: len(handler.keys) == 500, "all delivered")
+        await spin_until(lambda: len(handler.keys) == 500, "all delivered")
         assert handler.keys == [f"ns/o{i}" for i in range(500)]
         stats = listener.stats()
         assert stats.spilled == 0
@@ -297,7 +250,7 @@ async def test_a_stuck_listener_still_spills_after_a_few_turns_and_never_holds_t
         assert stats.spilled >= 100 - 4 - 1
         assert turns <= CATCH_UP_TURNS + 2
         gate.set()
-        await until(lambda: len(stuck.calls) == 100, "all delivered")
+        await spin_until(lambda: len(stuck.calls) == 100, "all delivered")
         assert [c[1] for c in stuck.calls] == [f"ns/o{i}" for i in range(100)]
     finally:
         gate.set()
@@ -347,7 +300,7 @@ async def test_catching_up_ends_when_its_owner_says_so(tmp_path: Path) -> None:
                                                     key=ObjectKey(f"ns/o{i}")), False)
         assert listener.stats().spilled > 0
         assert set(asked) == {"bounded"}
-        await until(lambda: len(handler.keys) == 200, "all delivered")
+        await spin_until(lambda: len(handler.keys) == 200, "all delivered")
         assert handler.keys == [f"ns/o{i}" for i in range(200)]
     finally:
         await processor.shutdown(2)
@@ -367,30 +320,32 @@ class Slow:
         ack()
 
 
+@contextlib.asynccontextmanager
+async def a_burst_to_two_quick_listeners(source: FakeControllerSource, tmp_path: Path) -> AsyncIterator[
+        tuple[list[Yielding], list[HandlerRegistration]]]:
+    """An informer over ``source`` with two quick listeners (buffers of 16, a spill each under
+    ``tmp_path``), running and synced; the block runs once both received a burst of 600 changes
+    over 50 objects. Yields the two handlers and their registrations."""
+    informer = SharedIndexInformer(lister_watcher=source, clock=FakeClock(), name="cm")
+    quick = [Yielding(), Yielding()]
+    regs = [informer.add_event_handler(h, ListenerOptions(
+        name=f"quick{i}", buffer_capacity=16,
+        spill=SegmentSpill(tmp_path / f"q{i}", limit_bytes=10 << 20))) for i, h in enumerate(quick)]
+    async with running_informer(informer):
+        assert await informer.wait_for_cache_sync(5)
+        adds_then_modifies(source, 600)
+        await spin_until(lambda: all(len(h.keys) == 600 for h in quick), "burst delivered", turns=200000)
+        yield quick, regs
+
+
 async def test_two_quick_listeners_take_a_burst_in_memory_and_a_slow_one_spills_alone(
         source: FakeControllerSource, tmp_path: Path) -> None:
     """Through a real informer: a burst that outruns two quick listeners is caught up in memory
     (nothing spilled); a listener slower than its sibling gets no catch-up turns while the sibling
     is idle, so the sibling keeps its pace (section 7b of the delivery contract) and the slow one's
     overflow spills, arriving complete and in order."""
-    informer = SharedIndexInformer(lister_watcher=source, clock=FakeClock(), name="cm")
-    quick = [Yielding(), Yielding()]
-    regs = [informer.add_event_handler(h, ListenerOptions(
-        name=f"quick{i}", buffer_capacity=16,
-        spill=SegmentSpill(tmp_path / f"q{i}", limit_bytes=10 << 20))) for i, h in enumerate(quick)]
-    task = await _run(informer)
-    try:
-        assert await informer.wait_for_cache_sync(5)
-        for i in range(600):
-            if i < 50:
-                source.add(cm(f"o{i}"))
-            else:
-                source.modify(cm(f"o{i % 50}", v=str(i)))
-        await until(lambda: all(len(h.keys) == 600 for h in quick), "burst delivered", rounds=200000)
+    async with a_burst_to_two_quick_listeners(source, tmp_path) as (_, regs):
         assert [r.stats().spilled for r in regs] == [0, 0]
-    finally:
-        await informer.shutdown(2)
-        await task
 
     source2 = FakeControllerSource()
     informer = SharedIndexInformer(lister_watcher=source2, clock=FakeClock(), name="cm2")
@@ -399,8 +354,7 @@ async def test_two_quick_listeners_take_a_burst_in_memory_and_a_slow_one_spills_
         name="slow", buffer_capacity=16, spill=SegmentSpill(tmp_path / "slow", limit_bytes=10 << 20)))
     informer.add_event_handler(fast, ListenerOptions(
         name="fast", buffer_capacity=16, spill=SegmentSpill(tmp_path / "fast", limit_bytes=10 << 20)))
-    task = await _run(informer)
-    try:
+    async with running_informer(informer):
         assert await informer.wait_for_cache_sync(5)
         for i in range(300):
             if i < 50:
@@ -409,14 +363,11 @@ async def test_two_quick_listeners_take_a_burst_in_memory_and_a_slow_one_spills_
                 source2.modify(cm(f"s{i % 50}", v=str(i)))
             if i % 10 == 9:
                 await asyncio.sleep(0)
-        await until(lambda: len(fast.seen) == 300, "the quick sibling got everything", rounds=200000)
+        await spin_until(lambda: len(fast.seen) == 300, "the quick sibling got everything", turns=200000)
         assert len(slow.keys) < 150  # the quick one did not wait for the slow one
         assert slow_reg.stats().spilled > 0
-        await until(lambda: len(slow.keys) == 300, "the slow one got everything", rounds=2_000_000)
+        await spin_until(lambda: len(slow.keys) == 300, "the slow one got everything", turns=2_000_000)
         assert slow.keys == [k for _, k in fast.seen]
-    finally:
-        await informer.shutdown(2)
-        await task
 
 
 async def test_catching_up_stops_once_catch_up_bytes_wait_in_the_informer_queue(
@@ -426,22 +377,6 @@ async def test_catching_up_stops_once_catch_up_bytes_wait_in_the_informer_queue(
     import bridge.informer.shared_informer as shared_informer
 
     monkeypatch.setattr(shared_informer, "CATCH_UP_BYTES", 1)
-    informer = SharedIndexInformer(lister_watcher=source, clock=FakeClock(), name="cm")
-    quick = [Yielding(), Yielding()]
-    regs = [informer.add_event_handler(h, ListenerOptions(
-        name=f"quick{i}", buffer_capacity=16,
-        spill=SegmentSpill(tmp_path / f"q{i}", limit_bytes=10 << 20))) for i, h in enumerate(quick)]
-    task = await _run(informer)
-    try:
-        assert await informer.wait_for_cache_sync(5)
-        for i in range(600):
-            if i < 50:
-                source.add(cm(f"o{i}"))
-            else:
-                source.modify(cm(f"o{i % 50}", v=str(i)))
-        await until(lambda: all(len(h.keys) == 600 for h in quick), "burst delivered", rounds=200000)
+    async with a_burst_to_two_quick_listeners(source, tmp_path) as (quick, regs):
         assert all(r.stats().spilled > 0 for r in regs)
         assert quick[0].keys == quick[1].keys
-    finally:
-        await informer.shutdown(2)
-        await task

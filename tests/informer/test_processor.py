@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ from bridge.contracts import (
 )
 from bridge.informer.processor import ProcessorListener, SharedProcessor, determine_resync_period
 from bridge.testing.recorder import RecordingHandler
+from tests.informer.observer import RecordingObserver
 
 
 def pod(name: str, rv: str, uid: str = "") -> dict[str, Any]:
@@ -39,26 +40,6 @@ def update(name: str, old_rv: str, rv: str) -> Notification:
 
 def delete(name: str, rv: str) -> Notification:
     return Notification(kind=NotificationKind.DELETE, obj=pod(name, rv), key=ObjectKey(f"ns/{name}"))
-
-
-class RecordingObserver:
-    def __init__(self) -> None:
-        self.events: list[tuple[Any, ...]] = []
-
-    def dispatched(self, notification: Notification, listeners: Sequence[str]) -> None:
-        self.events.append(("dispatched", notification.seq, notification.kind.value, tuple(listeners)))
-
-    def acked(self, listener: str, seq: int) -> None:
-        self.events.append(("acked", listener, seq))
-
-    def progress(self, seq: int, resource_version: str) -> None:
-        self.events.append(("progress", seq, resource_version))
-
-    def listener_removed(self, listener: str) -> None:
-        self.events.append(("removed", listener))
-
-    def acks(self, listener: str) -> list[int]:
-        return [e[2] for e in self.events if e[0] == "acked" and e[1] == listener]
 
 
 class DeferredAckSink:

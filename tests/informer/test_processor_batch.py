@@ -27,7 +27,8 @@ from bridge.contracts import (
 )
 from bridge.delivery.spill import SegmentSpill
 from bridge.informer.processor import BATCH_LIMIT, ProcessorListener, SharedProcessor
-from tests.informer.test_processor import RecordingObserver, add, pod, update
+from tests.informer.observer import RecordingObserver
+from tests.informer.test_processor import add, pod, update
 
 
 def what(n: Notification) -> tuple[str, str, str]:

@@ -22,7 +22,8 @@ from bridge.contracts import AckFunc, KubeObject, ListenerOptions, Notification
 from bridge.informer.shared_informer import SharedIndexInformer
 from bridge.testing.fake_source import FakeControllerSource
 from bridge.testing.recorder import RecordingHandler
-from tests.informer.test_shared_informer import RecordingObserver, cm, until
+from tests.informer.observer import RecordingObserver
+from tests.informer.test_shared_informer import cm, until
 
 
 class Held:

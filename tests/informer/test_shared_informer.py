@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -23,7 +23,9 @@ from bridge.contracts import (
 from bridge.errors import ServerError
 from bridge.informer.shared_informer import CacheSeed, InformerStartedError, SeedStart, SharedIndexInformer
 from bridge.testing.fake_source import FakeControllerSource
+from bridge.testing.loop import spin_until
 from bridge.testing.recorder import RecordingHandler
+from tests.informer.observer import RecordingObserver
 
 
 def cm(name: str, ns: str = "ns", **data: str) -> KubeObject:
@@ -35,36 +37,9 @@ def cm(name: str, ns: str = "ns", **data: str) -> KubeObject:
     }
 
 
-class RecordingObserver:
-    def __init__(self) -> None:
-        self.events: list[tuple[Any, ...]] = []
-
-    def dispatched(self, notification: Notification, listeners: Sequence[str]) -> None:
-        self.events.append(("dispatched", notification.seq, notification.kind.value, tuple(listeners)))
-
-    def acked(self, listener: str, seq: int) -> None:
-        self.events.append(("acked", listener, seq))
-
-    def progress(self, seq: int, resource_version: str) -> None:
-        self.events.append(("progress", seq, resource_version))
-
-    def listener_removed(self, listener: str) -> None:
-        self.events.append(("removed", listener))
-
-    def without_acks(self) -> list[tuple[Any, ...]]:
-        return [e for e in self.events if e[0] != "acked"]
-
-    def acks(self, listener: str) -> list[int]:
-        return [e[2] for e in self.events if e[0] == "acked" and e[1] == listener]
-
-
 async def until(cond: Callable[[], bool], what: str = "condition") -> None:
-    """Lets the loop run until ``cond`` holds (no wall-clock sleeping)."""
-    for _ in range(2000):
-        if cond():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError(f"{what} never became true")
+    """Lets the loop run until ``cond`` holds (no wall-clock sleeping), for 2,000 turns at most."""
+    await spin_until(cond, what, turns=2000)
 
 
 class Env:

@@ -15,12 +15,11 @@ from typing import Any
 import orjson
 import pytest
 
-from bridge.service.config import BridgeConfig
-from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
 from tests import brokers
 from tests.brokers import TansuBroker, unique_name
+from tests.service.in_process import running_service, simulator_config
 from tests.service.test_service import eventually, get, lines, metric
 
 pytestmark = pytest.mark.usefixtures("own_cwd")
@@ -180,18 +179,9 @@ async def test_each_documented_example_sends_exactly_its_events_to_file_and_kafk
         sinks.append({"name": f"{name}-kafka", "kind": "kafka", "brokers": kafka_broker.bootstrap,
                       "destination": topics[name], "linger_ms": 1, **common})
     async with Simulator() as sim:
-        kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig")
-        config = BridgeConfig.model_validate({
-            "kubernetes": {"kubeconfig": str(kubeconfig), "in_cluster": "false"},
-            "resources": [{"resource": "pods"}, {"resource": "deployments.apps"}, {"resource": "events"}],
-            "sinks": sinks,
-            "checkpoint": {"store": "file", "directory": str(tmp_path / "cp"), "interval": 0.2},
-            "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
-            "shutdown_deadline": 10,
-        })
-        service = BridgeService(config=config)
-        task = asyncio.create_task(service.run(), name="service-under-test")
-        try:
+        config = simulator_config(sim, tmp_path, sinks=sinks, resources=[
+            {"resource": "pods"}, {"resource": "deployments.apps"}, {"resource": "events"}])
+        async with running_service(config) as service:
             await eventually(lambda: service.readiness().ready, timeout=30, what="readiness")
             await changes(sim)
             pipeline = service._state.pipeline
@@ -210,10 +200,6 @@ async def test_each_documented_example_sends_exactly_its_events_to_file_and_kafk
             await eventually(lambda: len(lines(tmp_path / "keep.jsonl")) >= 29, timeout=30, what="keep")
             await eventually(lambda: len(lines(tmp_path / "drop.jsonl")) >= 18, timeout=30, what="drop")
             _, text = await get(f"http://127.0.0.1:{service.health.port}/metrics")
-        finally:
-            service.stop_event.set()
-            code = await task
-        assert code == 0
 
     everything = lines(tmp_path / "all.jsonl")
     assert len(everything) == 29

@@ -17,6 +17,7 @@ from bridge.delivery.chain import DeliveryChain
 from bridge.service.metered import MeterStage
 from bridge.service.telemetry import LATENCY_SAMPLE_INTERVAL, Telemetry
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome, SinkError
+from tests.service.test_service import metric
 from tests.service.test_telemetry_cost import (
     AckingSink,
     FakeClock,
@@ -25,7 +26,6 @@ from tests.service.test_telemetry_cost import (
     exposed,
     meter_of,
     metered,
-    metric,
 )
 
 

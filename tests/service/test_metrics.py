@@ -19,6 +19,7 @@ from bridge.sim.objects import make_pod
 from bridge.storage.checkpoint import informer_id
 from bridge.testing import Reply, WebhookReceiver
 from sinks.contract import EventType
+from tests.service.in_process import running_service, simulator_config
 from tests.service.test_service import eventually, get, lines, metric
 
 pytestmark = pytest.mark.usefixtures("own_cwd")
@@ -40,20 +41,9 @@ async def test_one_label_vocabulary_leader_gauge_and_process_metrics(tmp_path: P
         for i in range(3):
             sim.store.create("pods", make_pod(f"p{i}", "default"))
         sim.store.create("deployments.apps", {"metadata": {"name": "d", "namespace": "web"}, "spec": {}})
-        kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig")
+        # Short name and kind: the labels must still say pods and deployments.apps.
         resources = [{"resource": "po", "namespace": "default"}, {"resource": "Deployment"}]
-        config = BridgeConfig.model_validate({
-            "kubernetes": {"kubeconfig": str(kubeconfig), "in_cluster": "false"},
-            # Short name and kind: the labels must still say pods and deployments.apps.
-            "resources": resources,
-            "sinks": [{"name": "file", "kind": "file", "path": str(tmp_path / "events.jsonl")}],
-            "checkpoint": {"store": "file", "directory": str(tmp_path / "cp"), "interval": 0.2},
-            "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
-            "shutdown_deadline": 10,
-        })
-        service = BridgeService(config=config)
-        task = asyncio.create_task(service.run(), name="service-under-test")
-        try:
+        async with running_service(simulator_config(sim, tmp_path, resources=resources)) as service:
             await eventually(lambda: service.readiness().ready, what="readiness")
             pod = sim.store.get("pods", "p0", namespace="default")
             pod["metadata"]["labels"]["touched"] = "yes"
@@ -71,10 +61,6 @@ async def test_one_label_vocabulary_leader_gauge_and_process_metrics(tmp_path: P
                              what="a checkpoint of each informer")
             status, text = await get(f"{base}/metrics")
             assert status == 200
-        finally:
-            service.stop_event.set()
-            code = await task
-        assert code == 0
 
     by_metric = labels_by_metric(text)
     informers = {"pods": informer_id("po", "default"), "deployments.apps": informer_id("Deployment")}
@@ -142,24 +128,13 @@ async def _falling_behind(tmp_path: Path, hook: WebhookReceiver) -> None:
     after it catches up."""
     async with Simulator() as sim:
         sim.store.create("pods", make_pod("p0", "default"))
-        kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig")
-        config = BridgeConfig.model_validate({
-            "kubernetes": {"kubeconfig": str(kubeconfig), "in_cluster": "false"},
-            "resources": [{"resource": "pods"}],
-            "sinks": [
-                {"name": "file", "kind": "file", "path": str(tmp_path / "events.jsonl")},
-                # Two changes in flight, two in memory: the rest of its backlog goes to its spill.
-                {"name": "hook", "kind": "webhook", "url": f"http://127.0.0.1:{hook.port}/events",
-                 "retry": {"initial": 0.05, "max": 0.2}, "max_in_flight": 2, "buffer": {"capacity": 2}},
-            ],
-            "checkpoint": {"store": "file", "directory": str(tmp_path / "cp"), "interval": 0.2,
-                           "spill_directory": str(tmp_path / "spill")},
-            "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
-            "shutdown_deadline": 10,
-        })
-        service = BridgeService(config=config)
-        task = asyncio.create_task(service.run(), name="service-under-test")
-        try:
+        config = simulator_config(sim, tmp_path, resources=[{"resource": "pods"}], sinks=[
+            {"name": "file", "kind": "file", "path": str(tmp_path / "events.jsonl")},
+            # Two changes in flight, two in memory: the rest of its backlog goes to its spill.
+            {"name": "hook", "kind": "webhook", "url": f"http://127.0.0.1:{hook.port}/events",
+             "retry": {"initial": 0.05, "max": 0.2}, "max_in_flight": 2, "buffer": {"capacity": 2}},
+        ], checkpoint={"spill_directory": str(tmp_path / "spill")})
+        async with running_service(config) as service:
             await eventually(lambda: service.readiness().ready, what="readiness")
             base = f"http://127.0.0.1:{service.health.port}"
             await eventually(lambda: len(hook.events) == 1, what="p0 at the webhook")
@@ -197,7 +172,3 @@ async def _falling_behind(tmp_path: Path, hook: WebhookReceiver) -> None:
             assert metric(text, "keb_sink_up", sink="hook") == 1
             await scraped(base, lambda t: metric(t, "keb_checkpoint_lag", resource="pods") == 0,
                           what="every sink to have acknowledged everything")
-        finally:
-            service.stop_event.set()
-            code = await task
-        assert code == 0

@@ -15,6 +15,7 @@ import pytest
 from bridge.service.config import BridgeConfig
 from bridge.service.service import BridgeService
 from bridge.sim import Simulator
+from tests.service.in_process import running_service
 from tests.service.test_service import eventually, lines
 
 pytestmark = pytest.mark.usefixtures("own_cwd")
@@ -26,39 +27,47 @@ def _pod(name: str, app: str) -> dict[str, Any]:
             "spec": {"containers": [{"name": "c", "image": "nginx"}]}}
 
 
+def _config(sim: Simulator, tmp_path: Path, events: Path, resource: dict[str, Any],
+            **more: Any) -> BridgeConfig:
+    """A bridge watching ``resource`` on ``sim``, writing to the file ``events``, without
+    checkpoints; ``more``: other top-level settings."""
+    return BridgeConfig.model_validate({
+        "cluster": "test",
+        "kubernetes": {"kubeconfig": str(sim.write_kubeconfig(tmp_path / "kubeconfig")),
+                       "in_cluster": "false"},
+        "resources": [resource],
+        "sinks": [{"name": "file", "kind": "file", "path": str(events)}],
+        "checkpoint": {"store": "none"},
+        **more,
+        "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
+        "shutdown_deadline": 10,
+    })
+
+
+async def _add_two_pods_once_ready(service: BridgeService, session: aiohttp.ClientSession, base: str,
+                        events: Path, names: tuple[str, str]) -> None:
+    """Once the bridge is ready, creates the two Pods (label ``app=web``) and waits for their adds."""
+    await eventually(lambda: service.readiness().ready, what="readiness")
+    for name in names:
+        async with session.post(base, json=_pod(name, "web")) as r:
+            assert r.status == 201
+    await eventually(lambda: len(lines(events)) == 2, what="the adds")
+
+
 async def test_a_selector_exit_is_a_marked_delete_and_a_real_delete_is_not(tmp_path: Path) -> None:
     async with Simulator() as sim:
         events = tmp_path / "events.jsonl"
-        config = BridgeConfig.model_validate({
-            "cluster": "test",
-            "kubernetes": {"kubeconfig": str(sim.write_kubeconfig(tmp_path / "kubeconfig")),
-                           "in_cluster": "false"},
-            "resources": [{"resource": "pods", "label_selector": "app=web"}],
-            "sinks": [{"name": "file", "kind": "file", "path": str(events)}],
-            "checkpoint": {"store": "none"},
-            "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
-            "shutdown_deadline": 10,
-        })
-        service = BridgeService(config=config)
-        task = asyncio.create_task(service.run(), name="service-under-test")
+        config = _config(sim, tmp_path, events, {"resource": "pods", "label_selector": "app=web"})
         base = f"{sim.url}/api/v1/namespaces/default/pods"
-        try:
-            await eventually(lambda: service.readiness().ready, what="readiness")
-            async with aiohttp.ClientSession() as s:
-                for name in ("moves", "goes"):
-                    async with s.post(base, json=_pod(name, "web")) as r:
-                        assert r.status == 201
-                await eventually(lambda: len(lines(events)) == 2, what="the adds")
-                async with s.patch(f"{base}/moves", json={"metadata": {"labels": {"app": "other"}}},
-                                   headers={"Content-Type": "application/merge-patch+json"}) as r:
-                    assert r.status == 200
-                await eventually(lambda: len(lines(events)) == 3, what="the exit")
-                async with s.delete(f"{base}/goes") as r:
-                    assert r.status == 200
-                await eventually(lambda: len(lines(events)) == 4, what="the delete")
-        finally:
-            service.stop_event.set()
-            await task
+        async with running_service(config, exit_code=None) as service, aiohttp.ClientSession() as s:
+            await _add_two_pods_once_ready(service, s, base, events, ("moves", "goes"))
+            async with s.patch(f"{base}/moves", json={"metadata": {"labels": {"app": "other"}}},
+                               headers={"Content-Type": "application/merge-patch+json"}) as r:
+                assert r.status == 200
+            await eventually(lambda: len(lines(events)) == 3, what="the exit")
+            async with s.delete(f"{base}/goes") as r:
+                assert r.status == 200
+            await eventually(lambda: len(lines(events)) == 4, what="the delete")
     got = [(e["type"].rsplit(".", 1)[1], e["name"], e.get("leftselector")) for e in lines(events)]
     assert got == [("added", "moves", None), ("added", "goes", None),
                    ("deleted", "moves", "true"), ("deleted", "goes", None)]
@@ -162,40 +171,21 @@ async def test_a_pod_bound_then_deleted_before_the_question_is_answered_is_still
     binding, so the hand-over is marked. A Pod deleted before it was bound is a plain delete."""
     async with Simulator() as sim:
         events = tmp_path / "events.jsonl"
-        config = BridgeConfig.model_validate({
-            "cluster": "test",
-            "kubernetes": {"kubeconfig": str(sim.write_kubeconfig(tmp_path / "kubeconfig")),
-                           "in_cluster": "false"},
-            "resources": [{"resource": "pods", "namespace": "default"}],
-            "sinks": [{"name": "file", "kind": "file", "path": str(events)}],
-            "checkpoint": {"store": "none"},
-            "sharding": {"strategy": "node", "unscheduled": True},
-            "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
-            "shutdown_deadline": 10,
-        })
-        service = BridgeService(config=config)
-        task = asyncio.create_task(service.run(), name="service-under-test")
+        config = _config(sim, tmp_path, events, {"resource": "pods", "namespace": "default"},
+                         sharding={"strategy": "node", "unscheduled": True})
         base = f"{sim.url}/api/v1/namespaces/default/pods"
-        try:
-            await eventually(lambda: service.readiness().ready, what="readiness")
-            async with aiohttp.ClientSession() as s:
-                for name in ("bound", "unbound"):
-                    async with s.post(base, json=_pod(name, "web")) as r:
-                        assert r.status == 201
-                await eventually(lambda: len(lines(events)) == 2, what="the adds")
-                sim.set_faults(watch_stall=True)  # the owner has not read the binding yet
-                async with s.post(f"{base}/bound/binding", json={
-                        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": "bound"},
-                        "target": {"kind": "Node", "name": "node-a"}}) as r:
-                    assert r.status == 201
-                for name in ("bound", "unbound"):
-                    async with s.delete(f"{base}/{name}") as r:
-                        assert r.status == 200
-                sim.set_faults(watch_stall=False)
-                await eventually(lambda: len(lines(events)) == 4, what="the exit and the delete")
-        finally:
-            service.stop_event.set()
-            await task
+        async with running_service(config, exit_code=None) as service, aiohttp.ClientSession() as s:
+            await _add_two_pods_once_ready(service, s, base, events, ("bound", "unbound"))
+            sim.set_faults(watch_stall=True)  # the owner has not read the binding yet
+            async with s.post(f"{base}/bound/binding", json={
+                    "apiVersion": "v1", "kind": "Binding", "metadata": {"name": "bound"},
+                    "target": {"kind": "Node", "name": "node-a"}}) as r:
+                assert r.status == 201
+            for name in ("bound", "unbound"):
+                async with s.delete(f"{base}/{name}") as r:
+                    assert r.status == 200
+            sim.set_faults(watch_stall=False)
+            await eventually(lambda: len(lines(events)) == 4, what="the exit and the delete")
     got = [(e["type"].rsplit(".", 1)[1], e["name"], e.get("leftselector")) for e in lines(events)]
     assert got == [("added", "bound", None), ("added", "unbound", None),
                    ("deleted", "bound", "true"), ("deleted", "unbound", None)]

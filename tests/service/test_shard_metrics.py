@@ -4,19 +4,17 @@ the shard gauges appear; before that, and in a replica that is not sharded, neit
 
 from __future__ import annotations
 
-import asyncio
 import re
 from pathlib import Path
 
 import pytest
 
 from bridge.kube.apiclient import ApiClient
-from bridge.service.config import BridgeConfig
-from bridge.service.service import BridgeService
 from bridge.service.sharding_auto import resolve
 from bridge.service.telemetry import Telemetry
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
+from tests.service.in_process import running_service, simulator_config
 from tests.service.test_service import eventually, get, lines, metric
 from tests.service.test_sharding_auto import Sharding, statefulset
 
@@ -41,18 +39,8 @@ async def test_every_sample_of_a_running_shard_carries_its_shard_labels(tmp_path
         for i in range(3):
             sim.store.create("pods", make_pod(f"p{i}", "default"))
         sim.store.create("statefulsets.apps", statefulset("keb-kube-event-bridge", 3))
-        config = BridgeConfig.model_validate({
-            "kubernetes": {"kubeconfig": str(sim.write_kubeconfig(tmp_path / "kubeconfig")),
-                           "in_cluster": "false"},
-            "resources": [{"resource": "pods", "namespace": "default"}],
-            "sinks": [{"name": "file", "kind": "file", "path": str(tmp_path / "events.jsonl")}],
-            "checkpoint": {"store": "file", "directory": str(tmp_path / "cp"), "interval": 0.2},
-            "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0},
-            "shutdown_deadline": 10,
-        })
-        service = BridgeService(config=config)
-        task = asyncio.create_task(service.run(), name="service-under-test")
-        try:
+        config = simulator_config(sim, tmp_path, resources=[{"resource": "pods", "namespace": "default"}])
+        async with running_service(config) as service:
             await eventually(lambda: service.readiness().ready, what="readiness")
             await eventually(lambda: len(lines(tmp_path / "events.jsonl")) == 3, what="3 events")
             base = f"http://127.0.0.1:{service.health.port}"
@@ -64,10 +52,6 @@ async def test_every_sample_of_a_running_shard_carries_its_shard_labels(tmp_path
             service.telemetry.set_shard(ordinal, total)
             status, text = await get(f"{base}/metrics")
             assert status == 200
-        finally:
-            service.stop_event.set()
-            code = await task
-        assert code == 0
 
     # Before the shard is known: no shard labels, no shard gauges.
     assert all("shard" not in labels and "total_shards" not in labels for _, labels in samples(before))

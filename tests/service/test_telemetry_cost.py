@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import re
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,7 @@ from bridge.service.telemetry import (
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOptions, DeliveryOutcome, EventType, ResourceRef
+from tests.service.test_service import eventually, metric
 
 pytestmark = pytest.mark.usefixtures("own_cwd")
 
@@ -98,16 +97,6 @@ class RecordingTracer:
 def event(i: int) -> ChangeEvent:
     return ChangeEvent(type=EventType.UPDATED, resource=PODS, cluster="test",
                        obj={"metadata": {"name": f"p{i}", "namespace": "default", "uid": f"u{i}"}})
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-        if all(found.get(k) == v for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"metric {name}{labels} not exposed")
 
 
 def metered(telemetry: Telemetry, sink: AckingSink, clock: FakeClock,
@@ -277,13 +266,6 @@ def test_sample_ratio_out_of_range_is_refused() -> None:
 
 
 # --- the service ------------------------------------------------------------------------------------
-
-
-async def eventually(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what or predicate}"
-        await asyncio.sleep(0.05)
 
 
 async def test_service_exports_exact_counts_after_a_burst(tmp_path: Path) -> None:

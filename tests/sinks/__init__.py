@@ -1,12 +1,13 @@
-"""Tests of the sink layer; shared builders for change events live here, and the recording
+"""Tests of the sink layer; shared builders for change events live here, the recording
 :class:`~sinks.base.BaseSink` the tests of the base class's own work send through (a sink that
-only stands in for a destination is the test kit's, :class:`bridge.testing.RecordingSink`)."""
+only stands in for a destination is the test kit's, :class:`bridge.testing.RecordingSink`), and
+:func:`close_after_test`, which hands a sink a test builds to tests/sinks/conftest.py to close."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from sinks.base import BaseSink, OutgoingMessage
 from sinks.contract import ChangeEvent, DeliveryOutcome, EventType, ResourceRef, SnapshotInfo
@@ -17,6 +18,22 @@ SECRETS = ResourceRef(group="", version="v1", resource="secrets", kind="Secret")
 DEPLOYMENTS = ResourceRef(group="apps", version="v1", resource="deployments", kind="Deployment")
 NODES = ResourceRef(group="", version="v1", resource="nodes", kind="Node", namespaced=False)
 T0 = 1_700_000_000.25
+
+AnySink = TypeVar("AnySink", bound=BaseSink[Any])
+_opened: list[BaseSink[Any]] = []
+
+
+def close_after_test(sink: AnySink) -> AnySink:
+    """Returns ``sink``, to be closed when the test ends (the last built first), even when the test
+    failed half-way: tests/sinks/conftest.py closes it."""
+    _opened.append(sink)
+    return sink
+
+
+async def close_opened_sinks() -> None:
+    """Closes every sink handed to :func:`close_after_test` and not closed yet, the last first."""
+    while _opened:
+        await _opened.pop().close()
 
 
 def obj(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,22 +16,14 @@ from sinks.nats import JetStreamSink
 from sinks.redaction import REDACTED
 from tests import brokers
 from tests.brokers import NatsServer
-from tests.sinks import SECRETS, Acks, event, obj
+from tests.sinks import SECRETS, Acks, close_after_test, event, obj
 
 nats_server = brokers.nats_server
-_open: list[JetStreamSink] = []
-
-
-@pytest.fixture(autouse=True)
-async def close_sinks() -> AsyncIterator[None]:
-    yield
-    while _open:
-        await _open.pop().close()
 
 
 def make_sink(url: str, name: str = "js", **opts: Any) -> JetStreamSink:
     sink = JetStreamSink.from_options(name, {"servers": [url], **opts})
-    _open.append(sink)
+    close_after_test(sink)
     return sink
 
 

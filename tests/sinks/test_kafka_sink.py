@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,24 +16,15 @@ from sinks.kafka import KafkaSink, KafkaSinkOptions
 from sinks.redaction import REDACTED
 from tests import brokers
 from tests.brokers import TansuBroker, free_port, unique_name
-from tests.sinks import SECRETS, Acks, event, obj
+from tests.sinks import SECRETS, Acks, close_after_test, event, obj
 
 kafka_broker = brokers.kafka_broker
-_open: list[KafkaSink] = []
-
-
-@pytest.fixture(autouse=True)
-async def close_sinks() -> AsyncIterator[None]:
-    """Closes every sink a test built, even when the test failed half-way."""
-    yield
-    while _open:
-        await _open.pop().close()
 
 
 def make_sink(broker: TansuBroker, name: str = "kafka", **opts: Any) -> KafkaSink:
     options = {"brokers": broker.bootstrap, "linger_ms": 1, **opts}
     sink = KafkaSink.from_options(name, options)
-    _open.append(sink)
+    close_after_test(sink)
     return sink
 
 
@@ -330,7 +320,6 @@ async def test_unreachable_broker_does_not_fail_start_but_is_unhealthy() -> None
     assert acks.outcomes == []
     await sink.close()
     assert acks.outcomes == []  # unacked: re-sent after a restart
-
 
 
 async def test_records_are_produced_without_a_task_per_event(kafka_broker: TansuBroker) -> None:

@@ -4,7 +4,6 @@ PUBs, several rounds in flight at once, a round whose PONG never comes failed an
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
@@ -16,22 +15,14 @@ from sinks.contract import DeliveryOutcome, EventType
 from sinks.nats import NatsSink
 from tests import brokers
 from tests.brokers import NatsServer
-from tests.sinks import Acks, event, obj
+from tests.sinks import Acks, close_after_test, event, obj
 
 nats_server = brokers.nats_server
-_open: list[NatsSink] = []
-
-
-@pytest.fixture(autouse=True)
-async def close_sinks() -> AsyncIterator[None]:
-    yield
-    while _open:
-        await _open.pop().close()
 
 
 def make_sink(url: str, **opts: Any) -> NatsSink:
     sink = NatsSink.from_options("nats", {"servers": [url], **opts})
-    _open.append(sink)
+    close_after_test(sink)
     return sink
 
 

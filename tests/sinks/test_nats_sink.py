@@ -18,22 +18,14 @@ from sinks.nats import NatsSink, stream_subjects_for
 from sinks.redaction import REDACTED
 from tests import brokers
 from tests.brokers import NatsServer, running_nats
-from tests.sinks import NODES, SECRETS, Acks, event, obj
+from tests.sinks import NODES, SECRETS, Acks, close_after_test, event, obj
 
 nats_server = brokers.nats_server
-_open: list[NatsSink] = []
-
-
-@pytest.fixture(autouse=True)
-async def close_sinks() -> AsyncIterator[None]:
-    yield
-    while _open:
-        await _open.pop().close()
 
 
 def make_sink(url: str, name: str = "nats", **opts: Any) -> NatsSink:
     sink = NatsSink.from_options(name, {"servers": [url], **opts})
-    _open.append(sink)
+    close_after_test(sink)
     return sink
 
 

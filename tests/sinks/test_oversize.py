@@ -9,7 +9,6 @@ import asyncio
 import base64
 import json
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,21 +24,13 @@ from sinks.nats import JetStreamSink, NatsSink
 from sinks.webhook import WebhookSink
 from tests import brokers
 from tests.brokers import NatsServer, TansuBroker, unique_name
-from tests.sinks import Acks, event, obj
+from tests.sinks import Acks, close_after_test, event, obj
 from tests.sinks.test_jetstream_sink import stored
 from tests.sinks.test_nats_sink import Collector
 
 kafka_broker = brokers.kafka_broker
 nats_server = brokers.nats_server
 BIG = 1_500_000
-_open: list[BaseSink[Any]] = []
-
-
-@pytest.fixture(autouse=True)
-async def close_sinks() -> AsyncIterator[None]:
-    yield
-    while _open:
-        await _open.pop().close()
 
 
 def big_object(*, compressible: bool = False) -> dict[str, Any]:
@@ -100,7 +91,7 @@ def whole_in(record: dict[str, Any]) -> None:
 def kafka_sink(broker: TansuBroker, topic: str, **opts: Any) -> KafkaSink:
     sink = KafkaSink.from_options("kafka", {"brokers": broker.bootstrap, "linger_ms": 1, "destination": topic,
                                             **opts})
-    _open.append(sink)
+    close_after_test(sink)
     return sink
 
 
@@ -184,7 +175,7 @@ async def test_jetstream_each_policy(nats_server: NatsServer, tmp_path: Path, po
     if policy != "reference":
         options["oversize"] = policy
     sink = JetStreamSink.from_options("js", options)
-    _open.append(sink)
+    close_after_test(sink)
     await sink.start()
     acks = await deliver_all(sink, the_events())
     expected = DeliveryOutcome.DEAD_LETTERED if policy == "dead_letter" else DeliveryOutcome.DELIVERED
@@ -209,7 +200,7 @@ async def test_core_nats_reference_in_binary_mode(nats_server: NatsServer, tmp_p
         sink = NatsSink.from_options("nats", {"servers": [nats_server.url], "destination": "ev.{name}",
                                               "content_mode": "binary",
                                               "dead_letter": {"kind": "file", "target": str(tmp_path / "d")}})
-        _open.append(sink)
+        close_after_test(sink)
         await sink.start()
         acks = await deliver_all(sink, the_events())
         assert sorted(acks.of(DeliveryOutcome.DELIVERED)) == ["0", "1", "2"]
@@ -241,7 +232,7 @@ async def test_a_webhook_gets_whole_objects_and_a_cut_event_only_after_a_413(tmp
         url = hook.url
         dead_letter = {"kind": "file", "target": str(tmp_path / "d")}
         sink = WebhookSink.from_options("hook", {"url": url, "dead_letter": dead_letter})
-        _open.append(sink)
+        close_after_test(sink)
         await sink.start()
         acks = await deliver_all(sink, the_events())
         assert sorted(acks.of(DeliveryOutcome.DELIVERED)) == ["0", "1", "2"]
@@ -256,7 +247,6 @@ async def test_a_webhook_gets_whole_objects_and_a_cut_event_only_after_a_413(tmp
                   f"file:{tmp_path / 'd'}")
     finally:
         await hook.close()
-
 
 
 async def test_a_truncated_event_keeps_an_integer_beyond_64_bits_exact(kafka_broker: TansuBroker) -> None:

@@ -12,13 +12,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import nats
 import orjson
-import pytest
 from nats.aio.msg import Msg
 
 from bridge.kube.listwatch import decode_list
@@ -32,7 +30,7 @@ from sinks.kafka import KafkaSink
 from sinks.nats import NatsSink
 from tests import brokers
 from tests.brokers import NatsServer, TansuBroker, unique_name
-from tests.sinks import Acks, event
+from tests.sinks import Acks, close_after_test, event
 
 kafka_broker = brokers.kafka_broker
 nats_server = brokers.nats_server
@@ -40,15 +38,6 @@ nats_server = brokers.nats_server
 BAD = (b'{"metadata":{"name":"bad","namespace":"default","uid":"uid-bad","resourceVersion":"7"},'
        b'"spec":{"s":"\xff\xfe","t":"\xc3\x28","u":"caf\xc3\xa9"}}')
 """A List item with invalid UTF-8 (a lone 0xff 0xfe, a truncated sequence) beside valid UTF-8."""
-
-_open: list[BaseSink[Any]] = []
-
-
-@pytest.fixture(autouse=True)
-async def close_sinks() -> AsyncIterator[None]:
-    yield
-    while _open:
-        await _open.pop().close()
 
 
 def quarantined() -> RawObject:
@@ -68,7 +57,7 @@ def check_record(record: dict[str, Any], obj: RawObject) -> None:
 
 
 async def deliver(sink: BaseSink[Any], obj: RawObject) -> None:
-    _open.append(sink)
+    close_after_test(sink)
     await sink.start()
     acks = Acks()
     await sink.deliver(event(EventType.ADDED, obj), acks.cb("bad"))
