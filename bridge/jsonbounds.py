@@ -7,7 +7,7 @@ levels (fewer the deeper the caller's own stack), orjson's ``loads`` refuses 102
 where a sink encodes it again. So every decode of API input first asks :func:`exceeds_depth`: at most
 :data:`MAX_DEPTH` levels pass, below orjson's re-encoding limit with room for the envelope a sink
 wraps around an object (``{"data": {"object": …}}``); what is deeper, or larger than
-:data:`MAX_OBJECT_BYTES`, is *quarantined* by the caller (:func:`bridge.rawobject.malformed_object`).
+:data:`MAX_OBJECT_BYTES`, is *quarantined* by the caller (:func:`bridge.kube.bounded.malformed_object`).
 
 The check is meant for the hot path: a text with at most ``limit`` brackets in all (strings
 included) cannot nest deeper, and one ``bytes.translate`` says so (the cheapest count of several

@@ -218,6 +218,10 @@ class NamespaceScope:
             await self._changed.wait()
 
 
+async def _next(source: AsyncIterator[Any]) -> Any:
+    return await anext(source)
+
+
 def _bookmark(resource_version: str) -> WatchEvent:
     obj: KubeObject = {"metadata": {"resourceVersion": resource_version}}
     return WatchEvent(type=WatchEventType.BOOKMARK, object=obj)
@@ -251,13 +255,14 @@ class _FilteredStream:
         batches_of = getattr(self._inner, "batches", None)
         source: AsyncIterator[Any] = batches_of() if batches_of is not None else aiter(self._inner)
         batched = batches_of is not None
-        changed = asyncio.ensure_future(self._scope.wait_changed(self._generation))
+        changed = asyncio.create_task(self._scope.wait_changed(self._generation), name="namespace-scope")
+        step: asyncio.Task[Any] | None = None
         try:
             while True:
                 if self._scope.generation != self._generation:
                     yield [WatchEvent(type=WatchEventType.ERROR, object=dict(_EXPIRED_STATUS))]
                     return
-                step = asyncio.ensure_future(anext(source))
+                step = asyncio.create_task(_next(source), name="namespace-filtered-next")
                 await asyncio.wait({step, changed}, return_when=asyncio.FIRST_COMPLETED)
                 if not step.done():
                     step.cancel()
@@ -272,6 +277,12 @@ class _FilteredStream:
                 yield self._filter(events)
         finally:
             changed.cancel()
+            if step is not None and not step.done():
+                # The consumer left while the next event was awaited (cancelled, or closed): that
+                # wait ends with it, so neither it nor the inner stream's end outlives the stream.
+                step.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
+                    await step
             with contextlib.suppress(Exception):
                 closer = getattr(source, "aclose", None)
                 if closer is not None:

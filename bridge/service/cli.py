@@ -107,8 +107,9 @@ def _add_verify(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         description="Read everything a sink holds (a Kafka topic, a JetStream stream or a JSON-lines "
                     "file), rebuild the state it describes, list the cluster, and report per resource "
                     "the objects missing from the sink, phantom objects (alive in the sink, gone from "
-                    "the cluster), stale objects, duplicate event ids, per-object order violations and "
-                    "gap markers.",
+                    "the cluster), stale objects, altered objects (at the cluster's resourceVersion "
+                    "but holding another value), duplicate event ids, per-object order violations "
+                    "and gap markers.",
         epilog="Exit codes: 0 the sink's state equals the cluster's; 1 it differs; 2 bad usage, or the "
                "sink or the cluster could not be read.")
     ver.add_argument("-c", "--config", help="the bridge's configuration: Kubernetes access, resources "

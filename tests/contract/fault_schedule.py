@@ -401,7 +401,8 @@ class Outcome:
             (res,) = r.resources
             lines.append(f"  {name:9} events={res.events} objects={res.sink_objects}/{res.cluster_objects} "
                          f"missing={res.counts['missing']} phantom={res.counts['phantom']} "
-                         f"stale={res.counts['stale']} order={res.counts['order_violations']} "
+                         f"stale={res.counts['stale']} altered={res.counts['altered']} "
+                         f"order={res.counts['order_violations']} "
                          f"dup_ids={res.duplicate_ids} gaps={len(res.gap_markers)} "
                          f"lost_changes={self.lost.get(name, 0)} "
                          f"dead_letters={self.dead_lettered.get(name, 0)}")
@@ -920,10 +921,10 @@ async def _verify_all(infra: Infra, tag: str, ns: str, work: Path, churn: Churn,
                         cluster_name=CLUSTER, undecodable=contents.undecodable, strict=True)
         reports[name] = report
         (r,) = report.resources
-        for what in ("missing", "phantom", "stale", "order_violations"):
+        for what in ("missing", "phantom", "stale", "altered", "order_violations"):
             if r.counts[what]:
                 examples = {"missing": r.missing, "phantom": r.phantom, "stale": r.stale,
-                            "order_violations": r.order_violations}[what]
+                            "altered": r.altered, "order_violations": r.order_violations}[what]
                 problems.append(f"{name}: {r.counts[what]} {what}, e.g. {examples[:3]}")
         # A file may keep the torn line of a crash mid-write (ended on restart, its event written
         # again); anywhere else a record that is not a CloudEvent is a defect.
