@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, cast
 
 from bridge.contracts import WatchEvent, WatchStream
@@ -55,8 +55,12 @@ async def test_a_consumer_cancelled_while_the_stream_waits_leaves_no_task_behind
         inner = _Inner()
         stream = _FilteredStream(inner=cast(WatchStream, inner), scope=cast(NamespaceScope, _Scope()),
                                  generation=0)
-        batches = stream.batches()
-        consumer = asyncio.create_task(anext(batches), name="consumer")
+        batches = cast(AsyncGenerator[list[WatchEvent], None], stream.batches())
+
+        async def consume() -> list[WatchEvent]:
+            return await anext(batches)
+
+        consumer = asyncio.create_task(consume(), name="consumer")
         for _ in range(5):
             await asyncio.sleep(0)
         consumer.cancel()
