@@ -31,7 +31,6 @@ import functools
 import gc
 import logging
 import signal
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bridge.clock import Clock, RealClock
@@ -91,15 +90,15 @@ class _State:
 
 
 class BridgeService:
-    """The bridge of one process (module docs): :meth:`run` serves until :attr:`stop_event`."""
+    """The bridge of one process (module docs): :meth:`run` serves until :attr:`stop_event`; whether
+    it is ready is what :meth:`readiness` says (``/readyz``), asked whenever wanted."""
 
     def __init__(self, *, config: BridgeConfig, clock: Clock | None = None,
-                 on_ready: Callable[[], None] | None = None, worker: WorkerPosition | None = None) -> None:
+                 worker: WorkerPosition | None = None) -> None:
         self.config = config
         self.worker = worker
         """This process's position under a supervisor (``workers`` above 1), else None."""
         self._clock = clock or RealClock()
-        self._on_ready = on_ready
         self._state = _State(role="standby" if config.leader_election.enabled else "single")
         self.telemetry = Telemetry(
             service_name=config.telemetry.service_name,
