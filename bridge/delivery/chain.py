@@ -111,13 +111,14 @@ class DeliveryChain:
         self.stages = tuple(stages)
         self.name = sink.name
         self._per_event = not takes_batches(sink)
-        terminal: HandOn = sink.deliver_batch if takes_batches(sink) else self._deliver_each
-        after: list[HandOn] = [terminal]
-        for stage in reversed(self.stages[1:]):
-            after.insert(0, _link(stage, after[0]))
+        rest: HandOn = sink.deliver_batch if takes_batches(sink) else self._deliver_each
+        after: list[HandOn] = []
+        for stage in reversed(self.stages):
+            after.insert(0, rest)
+            rest = _link(stage, rest)
         self._after = tuple(after)
-        """For each stage, the rest of the chain after it."""
-        self._entry = _link(self.stages[0], self._after[0]) if self.stages else terminal
+        """For each stage, the rest of the chain after it (as many as there are stages)."""
+        self._entry = rest
         self._counter = next((s for s in self.stages if isinstance(s, CountsInFlight)), None)
 
     def declarations(self) -> list[StageDeclaration]:

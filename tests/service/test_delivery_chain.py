@@ -146,6 +146,17 @@ async def test_the_status_is_the_sinks_own_and_in_flight_the_meters() -> None:
         telemetry.shutdown()
 
 
+async def test_a_chain_of_no_stages_is_the_sink_as_it_is() -> None:
+    sink = OneByOne()
+    chain = DeliveryChain(sink=sink)
+    await chain.start()
+    await chain.deliver_batch(pods(2), [lambda _o: None] * 2)
+    assert await chain.flush(1.0)
+    await chain.close()
+    assert sink.calls == ["start", "flush", "close"]
+    assert [e.name for e in sink.got] == ["e0.1", "e1.1"]
+
+
 async def test_a_sink_without_deliver_batch_gets_the_chain_once_per_event() -> None:
     journal: list[str] = []
     one, batches = OneByOne(), Batches()
