@@ -1,12 +1,14 @@
-"""Assembly from configuration: what is watched, how its informer is built, what each sink is routed
-and how its listener is buffered.
+"""Assembly from configuration: what is watched, how its informer is built, what each sink's
+delivery chain is routed and how its listener is buffered.
 
 :class:`WatchedResource` is one informer scope as the service resolved it; an
 :data:`InformerBuilder` makes its informer (:func:`http_informer_builder` over the real API);
 :func:`routed` says whether a sink receives a resource; :func:`listener_options` gives the
 listener of one (sink, informer) its buffer, overflow policy and spill, in one directory per sink
 and informer under the pipeline's spill directory (:func:`remove_stale_spills` removes those of
-sinks no longer configured).
+sinks no longer configured). Each reads a sink's configuration from its
+:class:`~bridge.delivery.chain.DeliveryChain` (its name and ``delivery`` options, which are the
+sink's own), the one thing the pipeline hands it for a sink.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from bridge.clock import Clock
 from bridge.contracts import DeliveryObserver, KubeObject, ListenerOptions, OverflowPolicy
+from bridge.delivery.chain import DeliveryChain
 from bridge.delivery.sharding import shard_id
 from bridge.delivery.spill import SegmentSpill
 from bridge.informer.factory import InformerKey
@@ -30,7 +33,7 @@ from bridge.kube.discovery import APIResource
 from bridge.kube.listwatch import HttpListerWatcher
 from bridge.kube.sharding import ShardFilter
 from bridge.storage.checkpoint import informer_id
-from sinks.contract import ResourceRef, Sink
+from sinks.contract import ResourceRef
 
 __all__ = ["InformerBuilder", "WatchedResource", "http_informer_builder",
            "listener_options", "remove_stale_spills", "routed", "safe_name"]
@@ -112,9 +115,9 @@ def http_informer_builder(
     return build
 
 
-def routed(sink: Sink, watched: WatchedResource) -> bool:
-    """Whether ``sink`` receives ``watched`` (its routing names it, or names nothing)."""
-    wanted = sink.delivery.routing
+def routed(chain: DeliveryChain, watched: WatchedResource) -> bool:
+    """Whether ``chain``'s sink receives ``watched`` (its routing names it, or names nothing)."""
+    wanted = chain.delivery.routing
     return not wanted or bool(wanted & watched.names)
 
 
@@ -124,26 +127,26 @@ def safe_name(name: str) -> str:
     return f"{cleaned[:80]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
-def listener_options(sink: Sink, spill_directory: Path | None = None, informer: str = "",
+def listener_options(chain: DeliveryChain, spill_directory: Path | None = None, informer: str = "",
                      resource: ResourceRef | None = None) -> ListenerOptions:
-    """The listener of ``sink`` in ``informer`` (of ``resource``): its buffer and overflow policy,
-    and its spill (in its own directory, keeping what the sink's ``spill_form`` keeps of each object)
-    when it has one."""
-    options = sink.delivery
+    """The listener of ``chain``'s sink in ``informer`` (of ``resource``): its buffer and overflow
+    policy, and its spill (in its own directory, keeping what the sink's ``spill_form`` keeps of each
+    object) when it has one."""
+    options, name = chain.delivery, chain.name
     policy, limit = options.overflow_policy, options.spill_limit
     spill: SegmentSpill | None = None
     if spill_directory is not None and limit > 0 and policy in (OverflowPolicy.SPILL,
                                                                  OverflowPolicy.COALESCE):
-        where = spill_directory / safe_name(sink.name) / safe_name(informer)
+        where = spill_directory / safe_name(name) / safe_name(informer)
         try:
-            spill = SegmentSpill(where, limit_bytes=limit, name=f"{sink.name}:{informer}",
+            spill = SegmentSpill(where, limit_bytes=limit, name=f"{name}:{informer}",
                                  prepare=_spill_form(options.spill_form, resource))
         except OSError as exc:
             log.error("sink %s: its spill directory %s cannot be used (%s); without a spill it "
-                      "degrades as soon as it falls behind its in-memory buffer", sink.name, where, exc)
+                      "degrades as soon as it falls behind its in-memory buffer", name, where, exc)
     # Resync is served as snapshots by the pipeline; the listener never gets same-RV updates.
     return ListenerOptions(resync_period=0.0, buffer_capacity=options.buffer_capacity,
-                           overflow_policy=policy, name=sink.name, spill=spill)
+                           overflow_policy=policy, name=name, spill=spill)
 
 
 def _spill_form(form: Callable[[Mapping[str, Any], ResourceRef], Mapping[str, Any]] | None,
@@ -153,11 +156,12 @@ def _spill_form(form: Callable[[Mapping[str, Any], ResourceRef], Mapping[str, An
     return lambda obj: form(obj, resource)
 
 
-def remove_stale_spills(root: Path | None, sinks: Iterable[Sink]) -> None:
-    """Removes the spill directories under ``root`` of sinks no longer configured."""
+def remove_stale_spills(root: Path | None, chains: Iterable[DeliveryChain]) -> None:
+    """Removes the spill directories under ``root`` of sinks no longer configured (those without
+    one of ``chains``)."""
     if root is None or not root.is_dir():
         return
-    wanted = {safe_name(s.name) for s in sinks}
+    wanted = {safe_name(c.name) for c in chains}
     for entry in root.iterdir():
         if entry.is_dir() and entry.name not in wanted:
             log.info("removing the spill of a sink no longer configured: %s", entry)

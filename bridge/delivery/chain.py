@@ -5,7 +5,9 @@ themselves (metering, the Events profile, fencing, any later enrichment), is a
 :class:`DeliveryStage`: a small object that says what it reads of a change and what it adds
 (:attr:`~DeliveryStage.reads`, :attr:`~DeliveryStage.adds`), and hands what goes on to the rest of
 the chain. The assembly (the service) builds one :class:`DeliveryChain` per sink, from the
-configuration, in a fixed order; the chain is what the sink's listeners deliver to.
+configuration, in a fixed order; the chain is what the sink's listeners deliver to, and what the
+pipeline takes (:class:`~bridge.delivery.pipeline.BridgePipeline`: a plain sink handed to it gets
+a chain of no stages, :func:`as_chain`).
 
 No stage imitates a sink, and the chain forwards nothing it does not declare: it is started,
 flushed and closed with its sink, hands each batch to its first stage (a stage's ``hand_on`` is the
@@ -32,7 +34,7 @@ from typing import Protocol, runtime_checkable
 
 from sinks.contract import AckCallback, ChangeEvent, DeliveryOptions, Sink, takes_batches
 
-__all__ = ["CountsInFlight", "DeliveryChain", "DeliveryStage", "HandOn", "StageDeclaration"]
+__all__ = ["CountsInFlight", "DeliveryChain", "DeliveryStage", "HandOn", "StageDeclaration", "as_chain"]
 
 log = logging.getLogger(__name__)
 
@@ -111,13 +113,14 @@ class DeliveryChain:
         self.stages = tuple(stages)
         self.name = sink.name
         self._per_event = not takes_batches(sink)
-        terminal: HandOn = sink.deliver_batch if takes_batches(sink) else self._deliver_each
-        after: list[HandOn] = [terminal]
-        for stage in reversed(self.stages[1:]):
-            after.insert(0, _link(stage, after[0]))
+        rest: HandOn = sink.deliver_batch if takes_batches(sink) else self._deliver_each
+        after: list[HandOn] = []
+        for stage in reversed(self.stages):
+            after.insert(0, rest)
+            rest = _link(stage, rest)
         self._after = tuple(after)
-        """For each stage, the rest of the chain after it."""
-        self._entry = _link(self.stages[0], self._after[0]) if self.stages else terminal
+        """For each stage, the rest of the chain after it (as many as there are stages)."""
+        self._entry = rest
         self._counter = next((s for s in self.stages if isinstance(s, CountsInFlight)), None)
 
     def declarations(self) -> list[StageDeclaration]:
@@ -189,6 +192,13 @@ class DeliveryChain:
         deliver = self.sink.deliver
         for i in range(len(events)):
             await deliver(events[i], acks[i])
+
+
+def as_chain(sink: DeliveryChain | Sink) -> DeliveryChain:
+    """What the pipeline delivers to for ``sink``: a chain is itself, a plain sink (a test's, a
+    tool's, one handed over through the public API) gets a chain of no stages, which hands each
+    batch to the sink as it is (one ``deliver`` per event for a sink without ``deliver_batch``)."""
+    return sink if isinstance(sink, DeliveryChain) else DeliveryChain(sink=sink)
 
 
 def _link(stage: DeliveryStage, rest: HandOn) -> HandOn:

@@ -1,4 +1,5 @@
-"""The supervisor of the delivery layer: informers → sink listeners → sinks, started and stopped.
+"""The supervisor of the delivery layer: informers → sink listeners → delivery chains → sinks,
+started and stopped.
 
 Each part of the lifecycle lives in a module of its own (docs/architecture.md, "Data flow"):
 assembly, the start (:mod:`~bridge.delivery.resume_plan` builds one resume plan per informer, the
@@ -12,6 +13,11 @@ so the same-RV updates of a 410 relist are never delivered), readiness, and
 writes the final checkpoint and closes everything within one deadline. Every task is named,
 supervised (one that dies unexpectedly is logged) and cancelled on shutdown; time comes from the
 injected clock.
+
+What the pipeline holds of each sink is its :class:`~bridge.delivery.chain.DeliveryChain`: the
+listeners and heartbeats deliver to the chain, readiness and the outage reports read it, and the
+chain alone reaches the sink. A plain sink handed to it (tests, tools, the public API) gets a
+chain of no stages (:func:`~bridge.delivery.chain.as_chain`).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from bridge.delivery.assembly import (
     remove_stale_spills,
     routed,
 )
+from bridge.delivery.chain import DeliveryChain, as_chain
 from bridge.delivery.checkpoint_writer import CheckpointWriter, GroupCommit
 from bridge.delivery.heartbeat import Heartbeats
 from bridge.delivery.informer_run import InformerCounts, InformerObserver, InformerRun
@@ -67,7 +74,7 @@ class BridgePipeline(PipelineInspection):
         self,
         *,
         resources: Sequence[WatchedResource],
-        sinks: Sequence[Sink],
+        sinks: Sequence[DeliveryChain | Sink],
         checkpoint_store: CheckpointStore | None,
         factory: SharedInformerFactory | None = None,
         build_informer: InformerBuilder | None = None,
@@ -86,18 +93,18 @@ class BridgePipeline(PipelineInspection):
         outage_summary_interval: float = 30.0,
         group_commit: GroupCommit | None = None, stall_check: StallCheck | None = None,
     ) -> None:
-        """``factory`` (the service) or ``build_informer`` (tests, tools) makes the informers; with a
-        factory, ``page_size`` and ``use_watch_list`` are passed to each. ``checkpoint_store`` None
-        disables checkpoints. ``checkpoint_interval`` in seconds. ``on_event(resource, kind)``, if
-        given, is called for every change an informer processed (it must be cheap). ``start_sinks``
-        False leaves starting and closing the sinks to the caller. ``fetch_object(watched,
-        namespace, name, at)`` reads one object unfiltered, now or at a resourceVersion (selector exits,
-        :mod:`bridge.delivery.selector_exit`). ``spill_directory``: where sinks' backlogs spill
-        (None: a sink that falls behind degrades). Sinks' health is checked every
-        ``outage_check_interval`` seconds (:mod:`bridge.delivery.outages`)."""
-        _check(resources, sinks, factory, build_informer, checkpoint_interval)
+        """``sinks``: their delivery chains (a plain sink gets one of no stages). ``factory`` (the
+        service) or ``build_informer`` (tests, tools) makes the informers; with a factory, ``page_size``
+        and ``use_watch_list`` are passed to each. ``checkpoint_store`` None disables checkpoints.
+        ``checkpoint_interval`` in seconds. ``on_event(resource, kind)``, if given, is called for every
+        change an informer processed (it must be cheap). ``start_sinks`` False leaves starting and
+        closing the sinks to the caller. ``fetch_object(watched, namespace, name, at)`` reads one object
+        unfiltered, now or at a resourceVersion (selector exits, :mod:`bridge.delivery.selector_exit`).
+        ``spill_directory``: where sinks' backlogs spill (None: a sink that falls behind degrades).
+        Sinks' health is checked every ``outage_check_interval`` seconds (:mod:`bridge.delivery.outages`)."""
+        self._sinks: list[DeliveryChain] = [as_chain(s) for s in sinks]
+        _check(resources, self._sinks, factory, build_informer, checkpoint_interval)
         self._resources = list(resources)
-        self._sinks = list(sinks)
         self._store = checkpoint_store
         self._factory = factory
         self._build = build_informer
@@ -145,23 +152,24 @@ class BridgePipeline(PipelineInspection):
             raise RuntimeError("pipeline already started")
         self._started = True
         if self._start_sinks:
-            for sink in self._sinks:
-                await sink.start()
+            for chain in self._sinks:
+                await chain.start()
         remove_stale_spills(self._spill_directory, self._sinks)
         for watched in self._resources:
             await self._prepare(watched)
         if self._factory is not None:
             self._factory.start()
+        chains = {c.name: c for c in self._sinks}
         for ident, inf in self._informers.items():
             if self._factory is None:
                 self._spawn(f"informer:{ident}", inf.informer.run())
             for sink_name, reg in inf.registrations.items():
-                sink = inf.listeners[sink_name].sink
-                period = sink.delivery.resync_period
+                chain = chains[sink_name]
+                period = chain.delivery.resync_period
                 if period > 0:
                     self._spawn(f"snapshot-timer:{ident}:{sink_name}", self._snapshot_timer(inf, reg, period))
-                if (beat := sink.delivery.heartbeat_interval) > 0:
-                    heartbeats = Heartbeats(inf=inf, sink=sink, cluster=self._cluster, clock=self._clock,
+                if (beat := chain.delivery.heartbeat_interval) > 0:
+                    heartbeats = Heartbeats(inf=inf, sink=chain, cluster=self._cluster, clock=self._clock,
                                             interval=beat)
                     self._spawn(f"heartbeat:{ident}:{sink_name}", heartbeats.run())
             if self._snapshot_on_first_start and not inf.plan.resumed:
@@ -183,8 +191,8 @@ class BridgePipeline(PipelineInspection):
     async def _prepare(self, watched: WatchedResource) -> None:
         """One informer, from its resume plan (:mod:`bridge.delivery.resume_plan`), with its listeners."""
         ident = watched.informer_id
-        sinks = [sink for sink in self._sinks if routed(sink, watched)]
-        start = await load_start(store=self._store, watched=watched, routed=[s.name for s in sinks],
+        chains = [chain for chain in self._sinks if routed(chain, watched)]
+        start = await load_start(store=self._store, watched=watched, routed=[c.name for c in chains],
                                  clock=self._clock)
         plan, journal = start.plan, start.journal
         restart = RestartStage(plan, watched=watched, clock=self._clock, journal=journal)
@@ -199,25 +207,26 @@ class BridgePipeline(PipelineInspection):
         key, fetch = watched.key, self._fetch_object
         selected = key.label_selector or key.field_selector or key.namespace_selector
         exits = SelectorExits(fetch=functools.partial(fetch, watched)) if fetch and selected else None
-        for sink in sinks:
-            self._attach(inf, restart, sink, exits)
+        for chain in chains:
+            self._attach(inf, restart, chain, exits)
         self._informers[ident] = inf
 
-    def _attach(self, inf: InformerRun, restart: RestartStage, sink: Sink,
+    def _attach(self, inf: InformerRun, restart: RestartStage, chain: DeliveryChain,
                 exits: SelectorExits | None) -> None:
-        """One sink's listener, with its part of the restart (:meth:`RestartStage.for_sink`)."""
+        """One sink's listener, delivering to its chain, with its part of the restart
+        (:meth:`RestartStage.for_sink`)."""
         watched = inf.watched
-        replay, bootstrap = restart.for_sink(sink.name, exits)
-        listener = SinkListener(sink=sink, resource=watched.ref, cluster=self._cluster, clock=self._clock,
+        replay, bootstrap = restart.for_sink(chain.name, exits)
+        listener = SinkListener(sink=chain, resource=watched.ref, cluster=self._cluster, clock=self._clock,
                                 snapshot_prefix=watched.informer_id, tracker=inf.tracker, journal=inf.journal,
                                 exits=exits, shard=(None if watched.shard is None
                                                     else (watched.shard.ordinal, watched.shard.total)),
                                 bootstrap=bootstrap, replay=replay)
-        restart.attached(sink.name, listener)
-        reg = inf.informer.add_event_handler(listener, listener_options(sink, self._spill_directory,
-                                                                        watched.informer_id, watched.ref))
-        inf.registrations[sink.name] = reg
-        inf.listeners[sink.name] = listener
+        restart.attached(chain.name, listener)
+        reg = inf.informer.add_event_handler(listener, listener_options(chain, self._spill_directory,
+                                                                         watched.informer_id, watched.ref))
+        inf.registrations[chain.name] = reg
+        inf.listeners[chain.name] = listener
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks[name] = asyncio.create_task(self._guard(name, coro), name=f"pipeline:{name}")
@@ -290,10 +299,10 @@ class BridgePipeline(PipelineInspection):
         if self._sinks:
             flushes = await asyncio.gather(*(s.flush(left() * 0.5) for s in self._sinks),
                                            return_exceptions=True)
-            for sink, ok in zip(self._sinks, flushes, strict=True):
+            for chain, ok in zip(self._sinks, flushes, strict=True):
                 if ok is not True:
                     log.warning("shutdown: the sink did not flush everything (%r)", ok,
-                                extra={"sink": sink.name})
+                                extra={"sink": chain.name})
         await self._writer.write()
         await _within(left() * 0.5, [inf.journal.idle() for inf in self._informers.values()
                                      if inf.journal is not None],
@@ -332,11 +341,11 @@ class BridgePipeline(PipelineInspection):
 
     async def _close_sinks(self, when: str) -> None:
         if self._start_sinks:
-            for sink in self._sinks:
+            for chain in self._sinks:
                 try:
-                    await sink.close()
+                    await chain.close()
                 except Exception:
-                    log.exception("%s: closing sink %s failed", when, sink.name, extra={"sink": sink.name})
+                    log.exception("%s: closing sink %s failed", when, chain.name, extra={"sink": chain.name})
 
     async def _close_store(self) -> None:
         if self._store is not None:
@@ -405,7 +414,7 @@ async def _within(seconds: float, waits: list[Awaitable[None]], late: str) -> No
         log.warning(late)
 
 
-def _check(resources: Sequence[WatchedResource], sinks: Sequence[Sink],
+def _check(resources: Sequence[WatchedResource], sinks: Sequence[DeliveryChain],
            factory: SharedInformerFactory | None, build_informer: InformerBuilder | None,
            checkpoint_interval: float) -> None:
     """The pipeline's configuration errors, each as a ValueError naming what is wrong."""

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bridge.clock import RealClock
+from bridge.delivery.chain import DeliveryChain
 from bridge.delivery.pipeline import BridgePipeline, WatchedResource
 from bridge.informer.factory import InformerKey
 from bridge.kube.discovery import APIResource
@@ -78,7 +79,11 @@ async def test_a_sink_written_against_the_protocol_alone_gets_routing_buffering_
     try:
         # Routing: only the resource its configuration names has a listener for it.
         assert set(p.informers) == {WATCHED.informer_id, SECRETS.informer_id}
-        assert p.listener(WATCHED.informer_id, "outbox").sink is sink
+        # Its listener delivers to the sink's delivery chain, of no stages: the sink as it is.
+        chain = p.listener(WATCHED.informer_id, "outbox").sink
+        assert isinstance(chain, DeliveryChain)
+        assert chain.sink is sink
+        assert chain.stages == ()
         with pytest.raises(KeyError):
             p.listener(SECRETS.informer_id, "outbox")
         for i in range(40):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import pytest
 
 from bridge.clock import FakeClock
-from bridge.delivery.chain import DeliveryChain, HandOn
+from bridge.delivery.chain import DeliveryChain, HandOn, as_chain
 from bridge.service.chains import delivery_chains
 from bridge.service.events.config import EventsConfig
 from bridge.service.events.profile import EventsProfile, EventsStage
@@ -144,6 +144,25 @@ async def test_the_status_is_the_sinks_own_and_in_flight_the_meters() -> None:
         assert metered.in_flight == 1
     finally:
         telemetry.shutdown()
+
+
+def test_the_pipeline_gives_a_plain_sink_a_chain_of_no_stages_and_keeps_a_chain_as_it_is() -> None:
+    sink = OneByOne()
+    chain = as_chain(sink)
+    assert chain.sink is sink
+    assert (chain.stages, chain.name) == ((), "one")
+    assert as_chain(chain) is chain
+
+
+async def test_a_chain_of_no_stages_is_the_sink_as_it_is() -> None:
+    sink = OneByOne()
+    chain = DeliveryChain(sink=sink)
+    await chain.start()
+    await chain.deliver_batch(pods(2), [lambda _o: None] * 2)
+    assert await chain.flush(1.0)
+    await chain.close()
+    assert sink.calls == ["start", "flush", "close"]
+    assert [e.name for e in sink.got] == ["e0.1", "e1.1"]
 
 
 async def test_a_sink_without_deliver_batch_gets_the_chain_once_per_event() -> None:

@@ -323,7 +323,8 @@ async def test_one_pod_two_workers_one_set_of_endpoints(
         assert await proc.stop(timeout=30) == 0
         # One log for the pod; each worker's records say whose they are.
         records = [json.loads(line) for line in log.read_bytes().splitlines() if line.startswith(b"{")]
-        assert {r.get("worker") for r in records if r["logger"] == "bridge.service.service"} == {0, 1}
+        # (Each worker logs its shard's share of the resources before it starts its pipeline.)
+        assert {r.get("worker") for r in records if r["logger"] == "bridge.service.replica_share"} == {0, 1}
         assert any("supervising 2 workers" in r["message"] for r in records if "worker" not in r)
     finally:
         await proc.kill()

@@ -55,7 +55,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{/*
-Whether the bridge runs sharded (bridge/service/service.py: a `sharding` section written at all, or
+Whether the bridge runs sharded (bridge/service/replica_share.py: a `sharding` section written at all, or
 the StatefulSet mode, which writes one): its checkpoint ids then carry the shard, and with leader
 election it campaigns for its shard's own Lease.
 */}}
@@ -183,7 +183,7 @@ per node, nothing to stand by).
 {{/*
 The resource entries as the bridge scopes them, as YAML {items: [...]}: by node
 (nodeSharding.enabled), a Pods entry of the Deployment (the unscheduled owner) carries
-spec.nodeName= after its own field selector, exactly as bridge/service/service.py joins them, so
+spec.nodeName= after its own field selector, exactly as bridge/service/replica_share.py joins them, so
 that RBAC grants `get` for its selector exits and names its checkpoint.
 */}}
 {{- define "kube-event-bridge.effectiveResources" -}}
