@@ -6,11 +6,12 @@ A destination written against :class:`Transport` alone gets everything else of a
 CloudEvent envelope, per-object order (:mod:`sinks.ordering`), the in-flight window
 (:mod:`sinks.window`), retries, the circuit breaker (:mod:`sinks.breaker`), the ``oversize`` policy
 (:mod:`sinks.oversize`) and dead letters (:mod:`sinks.settle`); and, being a sink like the others,
-the bridge's per-sink buffer, spill and degraded mode. The built-in file and stdout sinks
-(:mod:`sinks.file`) are transports too.
+the bridge's per-sink buffer, spill and degraded mode. The built-in file, stdout
+(:mod:`sinks.file`) and webhook (:mod:`sinks.webhook`) sinks are transports too.
 
 Invariants the transport may rely on: a batch holds at most one message of any object (an object's
-next message is submitted only once the previous one has its outcome), so it may send a batch's
+next message is submitted only once the previous one has its outcome; a :class:`RunTransport`'s
+runs aside), so it may send a batch's
 messages in any order or concurrently; the messages of one batch are those ready in one turn of the
 event loop (at most ``max_in_flight``), in the order they became ready; ``submit`` and the
 :class:`Report` run on the event loop. What the transport owes: exactly one outcome per message of
@@ -19,7 +20,8 @@ outcome holds for all of them (a file write, one request), with one call (``repo
 
 Optional parts, each found once when the sink is built: a transport that is also a
 :class:`DurableTransport` has ``flush()`` called by the sink's ``flush`` once nothing is in flight
-(the file's fsync). A sink kind with
+(the file's fsync); one that is a :class:`RunTransport` is given, with an object's message, the
+ones waiting behind it, to send in the same request (the webhook's batches). A sink kind with
 options of its own (a path, a URL) subclasses :class:`TransportSink` with its ``kind``, its
 ``options_model`` and a ``_make_transport`` that builds the transport from them, so that
 ``from_options`` and the entry points work as for any sink.
@@ -38,7 +40,7 @@ from sinks.envelope import OutgoingMessage
 from sinks.options import SinkOptions
 from sinks.settle import Settlement
 
-__all__ = ["DurableTransport", "EncodedMessage", "Report", "Transport", "TransportSink"]
+__all__ = ["DurableTransport", "EncodedMessage", "Report", "RunTransport", "Transport", "TransportSink"]
 
 O = TypeVar("O", bound=SinkOptions)  # noqa: E741
 
@@ -129,6 +131,22 @@ class DurableTransport(Transport, Protocol):
         is in flight. Raising fails that ``flush``."""
 
 
+@runtime_checkable
+class RunTransport(Transport, Protocol):
+    """A transport that sends one object's waiting messages together, in one request (a *run*):
+    while ``run_limit()`` is more than 1, a batch may hold up to that many messages of one object,
+    adjacent, in their order, with one ``key`` and one ``destination`` and at most
+    ``run_max_bytes()`` body bytes beyond the first's. The transport sends a run in one request, in
+    that order (never split across two, or a later one could land before an earlier one that
+    failed), and reports the same outcome for each of its messages; a failed run goes again whole."""
+
+    def run_limit(self) -> int:
+        """How many messages of one object a batch may hold now (1: one, as for any transport)."""
+
+    def run_max_bytes(self) -> int:
+        """The most body bytes a run may carry beyond its first message's (0: no bound of its own)."""
+
+
 class TransportSink(BaseSink[O], Generic[O]):
     """A sink over a :class:`Transport`: the messages ready in one turn of the loop go to the
     transport as one batch, and its reports settle them."""
@@ -140,6 +158,7 @@ class TransportSink(BaseSink[O], Generic[O]):
         super().__init__(name=name, options=options, clock=clock, rng=rng)
         self.transport: Transport = transport if transport is not None else self._make_transport()
         self._durable = self.transport if isinstance(self.transport, DurableTransport) else None
+        self._runs = self.transport if isinstance(self.transport, RunTransport) else None
         self._batch: list[OutgoingMessage] = []
         """The messages submitted in this turn of the loop, sent together at its end."""
 
@@ -167,6 +186,15 @@ class TransportSink(BaseSink[O], Generic[O]):
         if not batch:
             asyncio.get_running_loop().call_soon(self._send_batch)
         batch.append(msg)
+
+    def _run_limit(self) -> int:
+        return 1 if self._runs is None else self._runs.run_limit()
+
+    def _run_max_bytes(self) -> int:
+        return 0 if self._runs is None else self._runs.run_max_bytes()
+
+    # _submit_run is the base sink's: it submits a run's messages in order, so they are adjacent in
+    # the batch, as RunTransport says.
 
     def _send_batch(self) -> None:
         batch, self._batch = self._batch, []
