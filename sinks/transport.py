@@ -7,7 +7,8 @@ CloudEvent envelope, per-object order (:mod:`sinks.ordering`), the in-flight win
 (:mod:`sinks.window`), retries, the circuit breaker (:mod:`sinks.breaker`), the ``oversize`` policy
 (:mod:`sinks.oversize`) and dead letters (:mod:`sinks.settle`); and, being a sink like the others,
 the bridge's per-sink buffer, spill and degraded mode. The built-in file, stdout
-(:mod:`sinks.file`) and webhook (:mod:`sinks.webhook`) sinks are transports too.
+(:mod:`sinks.file`), webhook (:mod:`sinks.webhook`) and Kafka (:mod:`sinks.kafka`) sinks are
+transports too.
 
 Invariants the transport may rely on: a batch holds at most one message of any object (an object's
 next message is submitted only once the previous one has its outcome; a :class:`RunTransport`'s
@@ -70,8 +71,9 @@ class EncodedMessage(Protocol):
 
 
 class Report:
-    """The outcomes of one submitted batch: ``report(i, outcome)`` for ``batch[i]``, or
-    ``report.all(outcome)`` for every message not reported yet. An outcome is None once the
+    """The outcomes of one submitted batch: ``report(i, outcome)`` for ``batch[i]``,
+    ``report.each([(i, outcome), …])`` for several, or ``report.all(outcome)`` for every message not
+    reported yet. An outcome is None once the
     destination has the message, else the error (:class:`~sinks.contract.SinkTransientError`:
     retried, and counted by the breaker; :class:`~sinks.contract.SinkMessageTooLargeError` with its
     ``limit``: the ``oversize`` policy; :class:`~sinks.contract.SinkPermanentError` or any other: the
@@ -93,6 +95,20 @@ class Report:
         if 0 <= i < len(owed) and owed[i]:
             owed[i] = False
             self._settlement.settle(self._batch[i], outcome)
+
+    def each(self, outcomes: Sequence[tuple[int, BaseException | None]], /) -> None:
+        """``report(i, outcome)`` for each ``(i, outcome)`` in turn, with one call (a client that
+        confirms many messages at once: a poll's delivery reports)."""
+        batch = self._batch
+        owed = self._owed
+        if owed is None:
+            owed = self._owed = [True] * len(batch)
+        count = len(owed)
+        results = [(batch[i], o) for i, o in outcomes if 0 <= i < count and owed[i]]
+        for i, _ in outcomes:
+            if 0 <= i < count:
+                owed[i] = False
+        self._settlement.settle_all(results)
 
     def all(self, outcome: BaseException | None, /) -> None:
         """``outcome`` for every message of the batch not reported yet, with one call."""
