@@ -6,9 +6,9 @@ A destination written against :class:`Transport` alone gets everything else of a
 CloudEvent envelope, per-object order (:mod:`sinks.ordering`), the in-flight window
 (:mod:`sinks.window`), retries, the circuit breaker (:mod:`sinks.breaker`), the ``oversize`` policy
 (:mod:`sinks.oversize`) and dead letters (:mod:`sinks.settle`); and, being a sink like the others,
-the bridge's per-sink buffer, spill and degraded mode. The built-in file, stdout
-(:mod:`sinks.file`), webhook (:mod:`sinks.webhook`) and Kafka (:mod:`sinks.kafka`) sinks are
-transports too.
+the bridge's per-sink buffer, spill and degraded mode. Every built-in sink is a transport too: file
+and stdout (:mod:`sinks.file`), webhook (:mod:`sinks.webhook`), Kafka (:mod:`sinks.kafka`), NATS
+and JetStream (:mod:`sinks.nats`).
 
 Invariants the transport may rely on: a batch holds at most one message of any object (an object's
 next message is submitted only once the previous one has its outcome; a :class:`RunTransport`'s
