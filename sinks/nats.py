@@ -12,9 +12,11 @@ Why two sinks:
   message re-sent after a timeout or a reconnect is dropped by JetStream's duplicate window instead of
   being stored twice.
 
-Throughput and latency: each sink has one publisher task. Submitted messages queue for it (bounded
-by the sink's in-flight window) and it publishes them back to back, then hands them to the socket at
-once (not on nats-py's flusher task's next turn). Core publishes of a connected client are encoded
+Throughput and latency: each sink has one publisher task. The messages of one loop turn come as one
+batch; while the publisher waits for work and the client is connected, the batch is published at once
+in its pass's place, else it queues for the task (bounded by the sink's in-flight window), which
+publishes them back to back; either way they are handed to the socket at once (not on nats-py's
+flusher task's next turn). Core publishes of a connected client are encoded
 by the sink (the ``HPUB`` command nats-py's ``publish`` would buffer, with its checks and
 statistics) and appended to nats-py's buffer in one loop, without a coroutine per message
 (JetStream publishes too, once the connection's PubAck inbox exists). Core

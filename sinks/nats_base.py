@@ -224,6 +224,8 @@ class NatsTransportBase:
         """Submitted messages the publisher task has not published yet (bounded by the window)."""
         self._outbox_ready = asyncio.Event()
         self._publisher: asyncio.Task[None] | None = None
+        self._idle = True
+        """No publisher pass is under way (the task waits for work, or does not exist)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
@@ -252,9 +254,17 @@ class NatsTransportBase:
     # ---- pipelined publishing ---------------------------------------------------------------------
 
     def submit(self, batch: Sequence[EncodedMessage], report: Report) -> None:
-        """Queues the batch for the publisher task: no task per message, and a whole batch of
+        """Publishes the batch at once, as the publisher's pass would, when the publisher waits
+        for work and the client takes publishes into its buffer (no hand-over to the task); else
+        queues it for the publisher task. No task per message either way, and a whole batch of
         publishes shares one confirmation round trip."""
-        self._outbox.extend(zip(batch, repeat(report), range(len(batch))))
+        outbox = self._outbox
+        outbox.extend(zip(batch, repeat(report), range(len(batch))))
+        if self._idle and len(outbox) == len(batch):  # nothing of an earlier pass is left
+            client = self.conn.client
+            if client is not None and self._publish_direct(client, outbox):
+                self._end_of_pass(client)
+                return
         self._outbox_ready.set()
         publisher = self._publisher
         if publisher is None or publisher.done():
@@ -268,6 +278,7 @@ class NatsTransportBase:
             return
         exc = task.exception()
         log.error("NATS publisher stopped", exc_info=exc, extra={"sink": self.name})
+        self._idle = True
         # What it held is retried (the next submit starts a new publisher).
         outbox, self._outbox = self._outbox, collections.deque()
         unconfirmed, self._unconfirmed = self._unconfirmed, []
@@ -280,8 +291,10 @@ class NatsTransportBase:
         while True:
             if not outbox:
                 ready.clear()
+                self._idle = True
                 await ready.wait()
                 continue
+            self._idle = False
             try:
                 client = await self.conn.ready(timeout)
             except SinkTransientError as exc:

@@ -73,11 +73,11 @@ class EncodedMessage(Protocol):
 class Report:
     """The outcomes of one submitted batch: ``report(i, outcome)`` for ``batch[i]``,
     ``report.each([(i, outcome), …])`` for several, or ``report.all(outcome)`` for every message not
-    reported yet. An outcome is None once the
-    destination has the message, else the error (:class:`~sinks.contract.SinkTransientError`:
-    retried, and counted by the breaker; :class:`~sinks.contract.SinkMessageTooLargeError` with its
-    ``limit``: the ``oversize`` policy; :class:`~sinks.contract.SinkPermanentError` or any other: the
-    dead letter). A message's second outcome is ignored; so is every outcome after the sink closed."""
+    reported yet. An outcome is None once the destination has the message, else the error
+    (:class:`~sinks.contract.SinkTransientError`: retried, and counted by the breaker;
+    :class:`~sinks.contract.SinkMessageTooLargeError` with its ``limit``: the ``oversize`` policy;
+    :class:`~sinks.contract.SinkPermanentError` or any other: the dead letter). A message's second
+    outcome is ignored; so is every outcome after the sink closed."""
 
     __slots__ = ("_batch", "_owed", "_settlement")
 
@@ -130,7 +130,7 @@ class Transport(Protocol):
 
     def submit(self, batch: Sequence[EncodedMessage], report: Report) -> None:
         """Starts sending ``batch`` without waiting for it, and reports an outcome exactly once for
-        each message ``batch[i]`` (``report(i, outcome)``, or ``report.all(outcome)``), on the event
+        each message ``batch[i]`` (``report(i, outcome)``, ``report.each`` or ``report.all``), on the event
         loop, in any order, possibly from inside ``submit``. Raising here is the outcome of every
         message not reported yet."""
 
