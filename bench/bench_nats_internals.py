@@ -45,15 +45,15 @@ KINDS = ("nats", "jetstream")
 def public_api_only() -> Iterator[None]:
     """The NATS sinks as they run on a nats-py without the private parts they use."""
     saved = (nats_base._HAS_CLIENT_INTERNALS, nats_base._HAS_PUBLISH_INTERNALS,
-             nats_sinks.JetStreamSink._end_of_pass)
+             nats_sinks.JetStreamTransport._end_of_pass)
     nats_base._HAS_CLIENT_INTERNALS = False
     nats_base._HAS_PUBLISH_INTERNALS = False
-    nats_sinks.JetStreamSink._end_of_pass = nats_base.NatsSinkBase._end_of_pass  # type: ignore[method-assign]
+    nats_sinks.JetStreamTransport._end_of_pass = nats_base.NatsTransportBase._end_of_pass  # type: ignore[method-assign]
     try:
         yield
     finally:
         (nats_base._HAS_CLIENT_INTERNALS, nats_base._HAS_PUBLISH_INTERNALS,
-         nats_sinks.JetStreamSink._end_of_pass) = saved  # type: ignore[method-assign]
+         nats_sinks.JetStreamTransport._end_of_pass) = saved  # type: ignore[method-assign]
 
 
 def _once(kind: str, url: str, tmp: Path, events: Sequence[ChangeEvent], *, public: bool,

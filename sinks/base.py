@@ -14,9 +14,11 @@
    a sink that sends several messages in one request may take a *run* (``_run_limit``,
    ``_submit_run``);
 5. one *attempt* per send: :meth:`BaseSink._submit` starts it without waiting and the outcome comes
-   back through :meth:`BaseSink._settle`. Sinks whose client pipelines override ``_submit`` (Kafka:
-   ``produce`` + delivery report; NATS: publish + a shared PING/PONG round; JetStream: publish +
-   PubAck on one inbox; file: lines written once per loop turn) so no task exists per event. The
+   back through :meth:`BaseSink._settle`. Sinks whose client pipelines override ``_submit`` so no
+   task exists per event: :class:`~sinks.transport.TransportSink`, under which every built-in sink
+   is a transport, hands the messages of one loop turn to its transport as one batch (Kafka:
+   ``produce`` + delivery reports; NATS: publish + a shared PING/PONG round; JetStream: publish +
+   PubAck on one inbox; file: one write; webhook: requests, or batches of runs). The
    default ``_submit`` hands the message to a small pool of sender tasks that ``await self._send(msg)``
    (the subclass) one message after the other; the pool grows up to ``_max_senders()`` while
    messages wait and shrinks to nothing when idle;

@@ -7,8 +7,8 @@ Why it looks the way it does:
   ``message.timeout.ms`` is infinite by default: while the brokers are down librdkafka keeps the
   records and keeps retrying, so nothing is lost and the events simply stay unacked (the checkpoint
   waits). The record key is the event key (the object's uid by default), so one object's records land
-  in one partition; :class:`~sinks.base.BaseSink` sends an object's next event only after the previous
-  one was acknowledged, which keeps order even across a producer restart.
+  in one partition; the sink (:class:`~sinks.transport.TransportSink`) sends an object's next event
+  only after the previous one was acknowledged, which keeps order even across a producer restart.
 - **Never block the event loop, never a task per record.** confluent-kafka calls are synchronous.
   ``produce`` only enqueues: the records submitted during one loop turn are produced together at its
   end, each with the message itself as the token of its delivery report. A named task serves the
@@ -49,7 +49,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from typing import Any, ClassVar, cast
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import lz4.frame
 import orjson
@@ -57,9 +58,10 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from sinks.base import BaseSink, OutgoingMessage
+from bridge.clock import Clock
 from sinks.cloudevents import KAFKA_PREFIX
 from sinks.contract import (
+    ChangeEvent,
     EventType,
     SinkConfigError,
     SinkMessageTooLargeError,
@@ -67,16 +69,19 @@ from sinks.contract import (
     SinkTransientError,
 )
 from sinks.deadletter import DeadLetterRecord, DeadLetterWriter, dead_letter_json
+from sinks.envelope import OutgoingMessage
 from sinks.kafka_options import KafkaSinkOptions, read_secrets
 from sinks.kafka_producer import DeliveryReport, KafkaProducerClient, is_permanent, librdkafka_logger
 from sinks.options import DeadLetterOptions, SinkOptions
 from sinks.templates import sanitize_kafka_topic
+from sinks.transport import EncodedMessage, Report, TransportSink
 
 __all__ = [
     "KafkaDeadLetter",
     "KafkaProducerClient",
     "KafkaSink",
     "KafkaSinkOptions",
+    "KafkaTransport",
     "is_permanent",
     "librdkafka_logger",
 ]
@@ -102,22 +107,22 @@ class KafkaDeadLetter:
     """Writes dead-letter records (JSON, see :mod:`sinks.deadletter`) to a Kafka topic through the
     sink's producer. A record too large for the topic is written without the message body."""
 
-    def __init__(self, *, sink: KafkaSink, topic: str) -> None:
-        self._sink = sink
+    def __init__(self, *, transport: KafkaTransport, topic: str) -> None:
+        self._transport = transport
         self.topic = topic
 
     async def start(self) -> None:
-        await self._sink._ensure_client()
-        limit = self._sink.options.dead_letter_max_message_bytes
+        await self._transport.ensure_client()
+        limit = self._transport.options.dead_letter_max_message_bytes
         try:
-            await self._sink._ensure_topic(self.topic, {"max.message.bytes": str(limit)} if limit else {})
+            await self._transport.ensure_topic(self.topic, {"max.message.bytes": str(limit)} if limit else {})
         except SinkTransientError as exc:  # brokers down at start: created on first use
-            log.warning("dead-letter topic not created yet: %s", exc, extra={"sink": self._sink.name})
+            log.warning("dead-letter topic not created yet: %s", exc, extra={"sink": self._transport.name})
 
     async def write(self, record: DeadLetterRecord) -> None:
-        client = await self._sink._ensure_client()
+        client = await self._transport.ensure_client()
         value = dead_letter_json(record)
-        opts = self._sink.options
+        opts = self._transport.options
         limit = opts.dead_letter_max_message_bytes or opts.max_message_bytes
         if compressed_size(value, opts.compression) + _DLQ_MARGIN > limit:
             value = orjson.dumps({
@@ -142,55 +147,135 @@ class KafkaDeadLetter:
         """The producer belongs to the sink, which closes it."""
 
 
-class KafkaSink(BaseSink[KafkaSinkOptions]):
-    """Delivers events as Kafka records (see the module docstring)."""
+class KafkaTransport:
+    """Produces each message as a record (see the module docstring): a batch in one loop with the
+    message's report and index as the token of its delivery report, reports settled a poll at a
+    time; what needs an await first (no producer yet, a producer to replace, a topic to create, a
+    second record for the snapshot topic, a full local queue) goes through a task of its own.
+    ``brokers_up`` is false while librdkafka reports every broker down."""
 
-    kind: ClassVar[str] = "kafka"
-    options_model: ClassVar[type[SinkOptions]] = KafkaSinkOptions
-    default_destination: ClassVar[str] = "k8s.{resource}"
-    header_prefix: ClassVar[str] = KAFKA_PREFIX
-
-    def __init__(self, *, options: KafkaSinkOptions, **kwargs: Any) -> None:
-        self._client: KafkaProducerClient | None = None
+    def __init__(self, *, name: str, options: KafkaSinkOptions,
+                 config_error: Callable[[str], SinkConfigError]) -> None:
+        self.name = name
+        self.options = options
+        self._config_error = config_error
+        self.client: KafkaProducerClient | None = None
         self._client_lock: asyncio.Lock | None = None
         self._known_topics: set[str] = set()
         self._topic_lock = asyncio.Lock()
-        self._brokers_up = True
-        self._to_produce: list[OutgoingMessage] = []
-        self._produce_scheduled = False
-        super().__init__(options=options, **kwargs)
+        self.brokers_up = True
+        self._senders: set[asyncio.Task[None]] = set()
+        """The records that needed an await first, one task each (the uncommon path)."""
+        self._closed = False
 
-    # ---- hooks ----------------------------------------------------------------------------------
-
-    def _make_dead_letter(self, options: DeadLetterOptions) -> DeadLetterWriter | None:
-        if options.kind == "kafka":
-            return KafkaDeadLetter(sink=self, topic=options.target)
-        return super()._make_dead_letter(options)
-
-    def _sanitize(self, value: str) -> str:
-        return sanitize_kafka_topic(value)
-
-    async def _start(self) -> None:
-        client = await self._ensure_client()
-        self._brokers_up = await client.metadata_ok(self.options.connect_timeout)
+    async def start(self) -> None:
+        client = await self.ensure_client()
+        self.brokers_up = await client.metadata_ok(self.options.connect_timeout)
         if self.options.snapshot_topic is not None:
             try:
                 await self._ensure_snapshot_topic()
             except SinkTransientError as exc:  # brokers down at start: created on first use
                 log.warning("snapshot topic not created yet: %s", exc, extra={"sink": self.name})
 
-    async def _send(self, msg: OutgoingMessage) -> None:
-        client = self._client or await self._ensure_client()
+    def submit(self, batch: Sequence[EncodedMessage], report: Report) -> None:
+        """Produces the batch in one go (the client's state stays in the CPU caches across the
+        calls, and the poller is woken once); the delivery reports settle it.
+
+        Per-object order: the sink submits an object's next event only once this one was settled,
+        so a record is never overtaken by a later one of the same object, even when it is retried
+        or the producer is replaced."""
+        opts = self.options
+        limit = opts.max_message_bytes - _RECORD_OVERHEAD
+        skip: set[int] | None = None
+        large = [i for i, m in enumerate(batch) if len(m.body) > limit]
+        if large:
+            skip = set()
+            for i in large:
+                too_large = self._too_large(batch[i])
+                if too_large is not None:
+                    skip.add(i)
+                    report(i, too_large)
+        client = self.client
+        if client is not None and client.fatal is None and opts.snapshot_topic is None:
+            # The common case: every record straight into the producer's queue, in one loop.
+            if opts.auto_create_topics:
+                known = self._known_topics
+                for i, msg in enumerate(batch):
+                    if msg.destination not in known and not (skip and i in skip):
+                        skip = skip or set()
+                        skip.add(i)
+                        self._send_later(msg, report, i)  # the topic is created first
+            for i, error in client.produce_each(batch, report, skip):
+                if isinstance(error, BufferError):
+                    self._send_later(batch[i], report, i)  # waits for room in the local queue
+                else:
+                    report(i, error)
+        else:
+            for i, msg in enumerate(batch):
+                if not (skip and i in skip):
+                    self._send_later(msg, report, i)
+        if self.client is not None:
+            # Serve the delivery reports that came meanwhile now: on a busy loop the poller's next
+            # turn can be several milliseconds away.
+            self.client.serve_reports()
+
+    def _too_large(self, msg: EncodedMessage) -> SinkMessageTooLargeError | None:
+        """Why a record over ``max_message_bytes`` uncompressed cannot be sent, if it cannot even
+        once compressed; None when it fits."""
+        opts = self.options
+        size = compressed_size(msg.body, opts.compression)
+        overhead = _RECORD_OVERHEAD + len(msg.key) + sum(len(k) + len(v) for k, v in msg.headers.items())
+        if size + overhead <= opts.max_message_bytes:
+            return None
+        codec = "" if opts.compression == "none" else f", {size} compressed with {opts.compression}"
+        return SinkMessageTooLargeError(
+            f"kafka: MSG_SIZE_TOO_LARGE: a record of {len(msg.body)} bytes{codec}, more than "
+            f"max_message_bytes ({opts.max_message_bytes})", limit=opts.max_message_bytes)
+
+    def _on_reports(self, reports: list[DeliveryReport]) -> None:
+        """A poll's delivery reports, each token a ``(report, index)``: settled one batch's run of
+        them at a time (reports come in the order records were produced, batch after batch)."""
+        start = 0
+        current: Report = reports[0][0][0]
+        for j, (token, _) in enumerate(reports):
+            if token[0] is not current:
+                current.each([(t[1], e) for t, e in reports[start:j]])
+                current, start = token[0], j
+        current.each([(t[1], e) for t, e in reports[start:]])
+
+    def _send_later(self, msg: EncodedMessage, report: Report, i: int) -> None:
+        task = asyncio.get_running_loop().create_task(self._send_reported(msg, report, i),
+                                                      name=f"sink:{self.name}:sender")
+        self._senders.add(task)
+        task.add_done_callback(self._senders.discard)
+
+    async def _send_reported(self, msg: EncodedMessage, report: Report, i: int) -> None:
+        try:
+            await self._send(msg)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the sink is closing: the message stays unacked
+            # A client cancelling its own internals must not strand the message.
+            report(i, SinkTransientError(f"send cancelled: {exc!r}"))
+        except Exception as exc:
+            report(i, exc)
+        else:
+            report(i, None)
+
+    async def _send(self, msg: EncodedMessage) -> None:
+        client = self.client or await self.ensure_client()
         if client.fatal is not None:
             client = await self._replace_client(client)
         headers: list[tuple[str, str | bytes | None]] = [(k, v.encode()) for k, v in msg.headers.items()]
         if self.options.auto_create_topics and msg.destination not in self._known_topics:
-            await self._ensure_topic(msg.destination, {})
+            await self.ensure_topic(msg.destination, {})
         waits = [self._enqueue_record(client, msg.destination, msg.key, msg.body, headers)]
         snapshot_topic = self.options.snapshot_topic
-        if snapshot_topic is not None and msg.event.obj is not None:
+        change = _change(msg) if snapshot_topic is not None else None
+        if snapshot_topic is not None and change is not None and change.obj is not None:
             await self._ensure_snapshot_topic()
-            value = None if msg.event.type is EventType.DELETED else msg.body
+            value = None if change.type is EventType.DELETED else msg.body
             waits.append(self._enqueue_record(client, snapshot_topic, msg.key, value, headers))
         if len(waits) == 1:
             await waits[0]
@@ -203,94 +288,19 @@ class KafkaSink(BaseSink[KafkaSinkOptions]):
         if errors:
             raise errors[0]
 
-    def _submit(self, msg: OutgoingMessage) -> None:
-        """The common case without a task: ``produce`` at the end of this loop turn (with the
-        turn's other records), settled by the delivery report.
+    async def flush(self) -> None:
+        if self.client is not None:
+            await self.client.flush(0)
 
-        Per-object order: the base sink starts an object's next event only once this one was
-        settled, so a record is never overtaken by a later one of the same object, even when it is
-        retried or the producer is replaced. Anything needing an await first (no producer yet, a
-        producer to replace, a topic to create, a second record for the snapshot topic, a full
-        local queue) takes the task-based path through :meth:`_send`."""
-        opts = self.options
-        if len(msg.body) + _RECORD_OVERHEAD > opts.max_message_bytes:
-            size = compressed_size(msg.body, opts.compression)
-            overhead = _RECORD_OVERHEAD + len(msg.key) + sum(len(k) + len(v) for k, v in msg.headers.items())
-            if size + overhead > opts.max_message_bytes:
-                codec = "" if opts.compression == "none" else f", {size} compressed with {opts.compression}"
-                self._settle(msg, SinkMessageTooLargeError(
-                    f"kafka: MSG_SIZE_TOO_LARGE: a record of {len(msg.body)} bytes{codec}, more than "
-                    f"max_message_bytes ({opts.max_message_bytes})", limit=opts.max_message_bytes))
-                return
-        self._to_produce.append(msg)
-        if not self._produce_scheduled:
-            self._produce_scheduled = True
-            asyncio.get_running_loop().call_soon(self._produce_batch)
-
-    def _produce_batch(self) -> None:
-        """Produces what was submitted during one loop turn in one go (the client's state stays
-        in the CPU caches across the calls, and the poller is woken once)."""
-        self._produce_scheduled = False
-        batch, self._to_produce = self._to_produce, []
-        if self._closed:
-            return
-        client = self._client
-        opts = self.options
-        if client is not None and client.fatal is None and opts.snapshot_topic is None:
-            # The common case: every record straight into the producer's queue, in one loop.
-            if opts.auto_create_topics:
-                known = self._known_topics
-                later = [msg for msg in batch if msg.destination not in known]
-                if later:
-                    batch = [msg for msg in batch if msg.destination in known]
-                    for msg in later:
-                        super()._submit(msg)  # the topic is created first, by a sender task
-            for msg, error in client.produce_each(batch):
-                if isinstance(error, BufferError):
-                    super()._submit(msg)  # waits for room in the local queue
-                else:
-                    self._settle(msg, error)
-        else:
-            for msg in batch:
-                try:
-                    self._produce_now(msg)
-                except Exception as exc:  # the attempt's outcome, like a raise from _submit
-                    self._settle(msg, exc)
-        if self._client is not None:
-            # Serve the delivery reports that came meanwhile now: on a busy loop the poller's next
-            # turn can be several milliseconds away.
-            self._client.serve_reports()
-
-    def _produce_now(self, msg: OutgoingMessage) -> None:
-        client = self._client
-        opts = self.options
-        if (
-            client is None
-            or client.fatal is not None
-            or opts.snapshot_topic is not None
-            or (opts.auto_create_topics and msg.destination not in self._known_topics)
-        ):
-            super()._submit(msg)
-            return
-        try:
-            client.produce(msg.destination, msg, key=msg.key, value=msg.body, headers=cast(Any, msg.headers))
-        except BufferError:
-            super()._submit(msg)
-
-    def _on_reports(self, reports: list[DeliveryReport]) -> None:
-        self._settle_all(reports)
-
-    async def _on_flush(self) -> None:
-        if self._client is not None:
-            await self._client.flush(0)
-
-    async def _close(self) -> None:
-        client, self._client = self._client, None
+    async def close(self) -> None:
+        self._closed = True
+        tasks = list(self._senders)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        client, self.client = self.client, None
         if client is not None:
             await client.close()
-
-    def healthy(self) -> bool:
-        return super().healthy() and self._brokers_up
 
     # ---- internals ------------------------------------------------------------------------------
 
@@ -312,23 +322,25 @@ class KafkaSink(BaseSink[KafkaSinkOptions]):
     async def _replace_client(self, broken: KafkaProducerClient) -> KafkaProducerClient:
         """Swaps a producer in a fatal state for a new one; its unconfirmed records fail as
         transient, so their lanes re-send them through the new producer, in order."""
-        if self._client is broken:
-            self._client = None
+        if self.client is broken:
+            self.client = None
             log.warning("replacing the kafka producer after a fatal error: %s",
                         broken.fatal.str() if broken.fatal is not None else "", extra={"sink": self.name})
             await broken.close()
-        return await self._ensure_client()
+        return await self.ensure_client()
 
     def _set_brokers_up(self, up: bool) -> None:
-        self._brokers_up = up
+        self.brokers_up = up
 
-    async def _ensure_client(self) -> KafkaProducerClient:
-        if self._client is not None:
-            return self._client
+    async def ensure_client(self) -> KafkaProducerClient:
+        """The producer, started on first use; raises SinkConfigError for a configuration librdkafka
+        refuses or a secret file that cannot be read."""
+        if self.client is not None:
+            return self.client
         if self._client_lock is None:
             self._client_lock = asyncio.Lock()
         async with self._client_lock:
-            if self._client is None:
+            if self.client is None:
                 conf = self.options.producer_config()
                 conf.update(read_secrets(self.options.secret_files, f"sink {self.name!r} (kafka)"))
                 client = KafkaProducerClient(
@@ -340,17 +352,17 @@ class KafkaSink(BaseSink[KafkaSinkOptions]):
                 except SinkConfigError as exc:
                     await client.close()
                     raise self._config_error(str(exc)) from exc
-                self._client = client
-        assert self._client is not None
-        return self._client
+                self.client = client
+        assert self.client is not None
+        return self.client
 
     async def _ensure_snapshot_topic(self) -> None:
         topic = self.options.snapshot_topic
         if topic is not None:
             config = {**self.options.snapshot_topic_config, "cleanup.policy": "compact"}
-            await self._ensure_topic(topic, config)
+            await self.ensure_topic(topic, config)
 
-    async def _ensure_topic(self, topic: str, config: dict[str, str]) -> None:
+    async def ensure_topic(self, topic: str, config: dict[str, str]) -> None:
         """Creates ``topic`` once if auto-creation is on (an existing topic is fine)."""
         if topic in self._known_topics or not self.options.auto_create_topics:
             return
@@ -360,7 +372,7 @@ class KafkaSink(BaseSink[KafkaSinkOptions]):
                 self._known_topics.add(topic)
 
     async def _create_topic(self, topic: str, config: dict[str, str]) -> None:
-        client = await self._ensure_client()
+        client = await self.ensure_client()
         opts = self.options
         new = NewTopic(
             topic,
@@ -382,3 +394,38 @@ class KafkaSink(BaseSink[KafkaSinkOptions]):
             if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise SinkTransientError(f"kafka: cannot create topic {topic!r}: {exc}") from exc
         log.info("topic %r ready", topic, extra={"sink": self.name})
+
+
+class KafkaSink(TransportSink[KafkaSinkOptions]):
+    """Delivers events as Kafka records (see the module docstring): a :class:`KafkaTransport`
+    under the transport sink."""
+
+    kind: ClassVar[str] = "kafka"
+    options_model: ClassVar[type[SinkOptions]] = KafkaSinkOptions
+    default_destination: ClassVar[str] = "k8s.{resource}"
+    header_prefix: ClassVar[str] = KAFKA_PREFIX
+
+    def __init__(self, *, name: str, options: KafkaSinkOptions, clock: Clock | None = None,
+                 rng: Callable[[], float] | None = None) -> None:
+        # Built first: a dead letter of kind kafka writes through its producer.
+        self.kafka = KafkaTransport(
+            name=name, options=options,
+            config_error=lambda message: SinkConfigError(f"sink {name!r} (kafka): {message}"))
+        super().__init__(name=name, options=options, transport=self.kafka, clock=clock, rng=rng)
+
+    def _make_dead_letter(self, options: DeadLetterOptions) -> DeadLetterWriter | None:
+        if options.kind == "kafka":
+            return KafkaDeadLetter(transport=self.kafka, topic=options.target)
+        return super()._make_dead_letter(options)
+
+    def _sanitize(self, value: str) -> str:
+        return sanitize_kafka_topic(value)
+
+    def healthy(self) -> bool:
+        return super().healthy() and self.kafka.brokers_up
+
+
+def _change(msg: EncodedMessage) -> ChangeEvent:
+    """The change ``msg`` carries: the sink gives its transport its own messages."""
+    assert isinstance(msg, OutgoingMessage)
+    return msg.event

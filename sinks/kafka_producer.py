@@ -11,12 +11,11 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any, cast
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from sinks.base import OutgoingMessage
 from sinks.contract import (
     SinkConfigError,
     SinkMessageTooLargeError,
@@ -24,6 +23,7 @@ from sinks.contract import (
     SinkTransientError,
 )
 from sinks.kafka_options import LibrdkafkaValue
+from sinks.transport import EncodedMessage
 
 __all__ = ["DeliveryReport", "KafkaProducerClient", "is_permanent", "librdkafka_logger"]
 
@@ -231,23 +231,30 @@ class KafkaProducerClient:
         ``(token, error)`` with the other reports of the same ``poll``. Raises like :meth:`send`."""
         self._enqueue(topic, key, value, headers, functools.partial(self._token_delivered, token))
 
-    def produce_each(self, msgs: Sequence[OutgoingMessage]) -> list[tuple[OutgoingMessage, BaseException]]:
-        """:meth:`produce` for each message in turn (its ``destination``, ``key``, ``body`` and
-        ``headers``, the message itself as the token), in one loop with the poller woken once;
-        returns the messages that were not enqueued with why (``BufferError`` when the local queue
-        is full, else the error :meth:`produce` would raise)."""
+    def produce_each(self, msgs: Sequence[EncodedMessage], group: Any,
+                     skip: Container[int] | None = None) -> list[tuple[int, BaseException]]:
+        """:meth:`produce` for each message ``msgs[i]`` in turn but those whose index is in ``skip``
+        (its ``destination``, ``key``, ``body`` and ``headers``; ``(group, i)`` the token of its
+        delivery report), in one loop with the poller woken once; returns the indices of the
+        messages that were not enqueued with why (``BufferError`` when the local queue is full, else
+        the error :meth:`produce` would raise)."""
         produce = self.producer.produce
         delivered = self._token_delivered
-        failed: list[tuple[OutgoingMessage, BaseException]] = []
-        for msg in msgs:
+        failed: list[tuple[int, BaseException]] = []
+        produced = False
+        for i, msg in enumerate(msgs):
+            if skip and i in skip:
+                continue
             try:
                 produce(msg.destination, value=msg.body, key=msg.key, headers=cast(Any, msg.headers),
-                        on_delivery=functools.partial(delivered, msg))
+                        on_delivery=functools.partial(delivered, (group, i)))
             except BufferError as exc:
-                failed.append((msg, exc))
+                failed.append((i, exc))
             except KafkaException as exc:
-                failed.append((msg, _enqueue_error(exc, msg.destination)))
-        if len(failed) < len(msgs):
+                failed.append((i, _enqueue_error(exc, msg.destination)))
+            else:
+                produced = True
+        if produced:
             self._wake.set()
         return failed
 

@@ -12,9 +12,11 @@ Why two sinks:
   message re-sent after a timeout or a reconnect is dropped by JetStream's duplicate window instead of
   being stored twice.
 
-Throughput and latency: each sink has one publisher task. Submitted messages queue for it (bounded
-by the sink's in-flight window) and it publishes them back to back, then hands them to the socket at
-once (not on nats-py's flusher task's next turn). Core publishes of a connected client are encoded
+Throughput and latency: each sink has one publisher task. The messages of one loop turn come as one
+batch; while the publisher waits for work and the client is connected, the batch is published at once
+in its pass's place, else it queues for the task (bounded by the sink's in-flight window), which
+publishes them back to back; either way they are handed to the socket at once (not on nats-py's
+flusher task's next turn). Core publishes of a connected client are encoded
 by the sink (the ``HPUB`` command nats-py's ``publish`` would buffer, with its checks and
 statistics) and appended to nats-py's buffer in one loop, without a coroutine per message
 (JetStream publishes too, once the connection's PubAck inbox exists). Core
@@ -38,7 +40,7 @@ object, which keeps each object's events in order for consumers too.
 
 Connection handling: nats-py reconnects by itself (forever by default). While it is disconnected
 nothing is acked: a publish waits for the connection to come back (bounded by ``publish_timeout``)
-and otherwise fails as transient, so :class:`~sinks.base.BaseSink` retries it — nothing is lost, and
+and otherwise fails as transient, so the sink retries it — nothing is lost, and
 JetStream deduplicates the retries. A server that is down when the sink starts does not fail start:
 a named background task keeps trying to connect and the sink reports itself unhealthy meanwhile.
 
@@ -59,7 +61,8 @@ import asyncio
 import collections
 import logging
 import time
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 import nats.errors
 import nats.js.errors
@@ -68,14 +71,16 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.api import StorageType, StreamConfig
 
-from sinks.base import OutgoingMessage
-from sinks.contract import SinkTransientError
+from sinks.contract import SinkConfigError, SinkTransientError
 from sinks.nats_base import (
     DEFAULT_SUBJECT,
     MSG_ID_HEADER,
     NatsDeadLetter,
     NatsSinkBase,
+    NatsTransportBase,
+    Sent,
     permanent_or_transient,
+    settle,
     write_pending,
 )
 from sinks.nats_connection import NatsConnection
@@ -87,15 +92,18 @@ from sinks.nats_options import (
     stream_subjects_for,
 )
 from sinks.options import SinkOptions
+from sinks.transport import EncodedMessage
 
 __all__ = [
     "DEFAULT_SUBJECT",
     "JetStreamSink",
     "JetStreamSinkOptions",
+    "JetStreamTransport",
     "NatsConnection",
     "NatsDeadLetter",
     "NatsSink",
     "NatsSinkOptions",
+    "NatsTransport",
     "StreamOptions",
     "stream_subjects_for",
 ]
@@ -103,26 +111,22 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class NatsSink(NatsSinkBase):
-    """Core NATS publish; acked when the server confirmed receipt (see the module docstring)."""
+class NatsTransport(NatsTransportBase):
+    """Core NATS publish; confirmed by a PING round trip (see the module docstring)."""
 
-    kind: ClassVar[str] = "nats"
-    options_model: ClassVar[type[SinkOptions]] = NatsSinkOptions
-
-    async def _send(self, msg: OutgoingMessage) -> None:
-        await self._publish_core(msg.destination, msg.body, msg.headers)
-
-    async def _publish_one(self, client: NatsClient, msg: OutgoingMessage) -> None:
+    async def _publish_one(self, client: NatsClient, sent: Sent) -> None:
+        msg = sent[0]
         try:
-            await client.publish(msg.destination, msg.body, headers=msg.headers)
+            # The sink's messages carry a dict (nats-py's parameter type); no copy per message.
+            await client.publish(msg.destination, msg.body, headers=msg.headers)  # type: ignore[arg-type]
         except (nats.errors.Error, OSError) as exc:
-            self._settle(msg, permanent_or_transient(exc, msg.destination))
+            settle(sent, permanent_or_transient(exc, msg.destination))
             return
-        self._unconfirmed.append(msg)
+        self._unconfirmed.append(sent)
 
-    def _publish_direct(self, client: NatsClient, outbox: collections.deque[OutgoingMessage]) -> bool:
+    def _publish_direct(self, client: NatsClient, outbox: collections.deque[Sent]) -> bool:
         """The outbox's ``HPUB`` commands appended to nats-py's buffer in one loop (see
-        :meth:`NatsSinkBase._buffer_publish`); only on a connected client: while reconnecting,
+        :meth:`NatsTransportBase._buffer_publish`); only on a connected client: while reconnecting,
         nats-py's own publish decides what it buffers."""
         if not self._can_buffer(client):
             return False
@@ -130,34 +134,41 @@ class NatsSink(NatsSinkBase):
         unconfirmed = self._unconfirmed
         blocks: dict[str, bytes] = {}
         while outbox:
-            msg = outbox.popleft()
-            if buffer(client, msg, msg.headers, "", blocks):
-                unconfirmed.append(msg)
+            sent = outbox.popleft()
+            if buffer(client, sent, sent[0].headers, "", blocks):
+                unconfirmed.append(sent)
         return True
 
 
-class JetStreamSink(NatsSinkBase):
-    """JetStream publish; acked on the stream's PubAck, deduplicated by ``Nats-Msg-Id``."""
+class NatsSink(NatsSinkBase):
+    """Core NATS publish; acked when the server confirmed receipt (see the module docstring)."""
 
-    kind: ClassVar[str] = "jetstream"
-    options_model: ClassVar[type[SinkOptions]] = JetStreamSinkOptions
+    kind: ClassVar[str] = "nats"
+    options_model: ClassVar[type[SinkOptions]] = NatsSinkOptions
+    transport_class: ClassVar[type[NatsTransportBase]] = NatsTransport
+
+
+class JetStreamTransport(NatsTransportBase):
+    """JetStream publish; confirmed by the stream's PubAck, deduplicated by ``Nats-Msg-Id``."""
+
     publishes_to_jetstream: ClassVar[bool] = True
 
-    def __init__(self, *, options: NatsConnectionOptions, **kwargs: Any) -> None:
-        self._awaiting: dict[str, tuple[OutgoingMessage, float]] = {}
+    def __init__(self, *, name: str, options: NatsConnectionOptions,
+                 config_error: Callable[[str], SinkConfigError]) -> None:
+        super().__init__(name=name, options=options, config_error=config_error)
+        self._awaiting: dict[str, tuple[Sent, float]] = {}
         """Reply subject → the message published with it and its PubAck deadline (in publish
         order, hence deadline order)."""
         self._ack_seq = 0
         self._inbox = ""
         self._inbox_client: NatsClient | None = None
         self._expirer: asyncio.Task[None] | None = None
-        super().__init__(options=options, **kwargs)
 
-    async def _start(self) -> None:
-        await super()._start()
+    async def start(self) -> None:
+        await super().start()
         stream: StreamOptions | None = self.options.stream
         if stream is not None and stream.create:
-            client = await self._conn.ready(self.options.connect_timeout)
+            client = await self.conn.ready(self.options.connect_timeout)
             await self._ensure_stream(client, stream)
 
     def stream_config(self) -> StreamConfig | None:
@@ -195,7 +206,7 @@ class JetStreamSink(NatsSinkBase):
             log.warning("stream %r exists with subjects %s (wanted %s); left unchanged",
                         stream.name, sorted(existing), config.subjects, extra={"sink": self.name})
 
-    def _js_headers(self, msg: OutgoingMessage) -> dict[str, str]:
+    def _js_headers(self, msg: EncodedMessage) -> dict[str, str]:
         headers = dict(msg.headers)
         headers[MSG_ID_HEADER] = msg.event_id
         stream: StreamOptions | None = self.options.stream
@@ -203,33 +214,31 @@ class JetStreamSink(NatsSinkBase):
             headers["Nats-Expected-Stream"] = stream.name
         return headers
 
-    async def _send(self, msg: OutgoingMessage) -> None:
-        await self._publish_js(msg.destination, msg.body, self._js_headers(msg))
-
     # ---- pipelined publishing: many publishes in flight, PubAcks on one inbox subscription --------
 
-    async def _publish_one(self, client: NatsClient, msg: OutgoingMessage) -> None:
+    async def _publish_one(self, client: NatsClient, sent: Sent) -> None:
         if self._inbox_client is client:
             prefix = self._inbox
         else:
             try:
                 prefix = await self._ack_inbox(client)
             except (nats.errors.Error, OSError) as exc:
-                self._settle(msg, SinkTransientError(f"jetstream: cannot subscribe to PubAcks: {exc!r}"))
+                settle(sent, SinkTransientError(f"jetstream: cannot subscribe to PubAcks: {exc!r}"))
                 return
+        msg = sent[0]
         self._ack_seq += 1
         reply = f"{prefix}.{self._ack_seq}"
-        self._awaiting[reply] = (msg, time.monotonic() + self.options.publish_timeout)
+        self._awaiting[reply] = (sent, time.monotonic() + self.options.publish_timeout)
         try:
             await client.publish(msg.destination, msg.body, reply=reply, headers=self._js_headers(msg))
         except (nats.errors.Error, OSError) as exc:
             if self._awaiting.pop(reply, None) is not None:
-                self._settle(msg, permanent_or_transient(exc, msg.destination))
+                settle(sent, permanent_or_transient(exc, msg.destination))
 
-    def _publish_direct(self, client: NatsClient, outbox: collections.deque[OutgoingMessage]) -> bool:
+    def _publish_direct(self, client: NatsClient, outbox: collections.deque[Sent]) -> bool:
         """The outbox's publishes (each with its PubAck reply subject) appended to nats-py's buffer
         in one loop, once this connection's PubAck inbox exists (see
-        :meth:`NatsSinkBase._buffer_publish`)."""
+        :meth:`NatsTransportBase._buffer_publish`)."""
         if self._inbox_client is not client or not self._can_buffer(client):
             return False
         buffer = self._buffer_publish
@@ -238,11 +247,11 @@ class JetStreamSink(NatsSinkBase):
         deadline = time.monotonic() + self.options.publish_timeout
         blocks: dict[str, bytes] = {}
         while outbox:
-            msg = outbox.popleft()
+            sent = outbox.popleft()
             self._ack_seq += 1
             reply = f"{prefix}.{self._ack_seq}"
-            awaiting[reply] = (msg, deadline)
-            if not buffer(client, msg, self._js_headers(msg), reply, blocks):
+            awaiting[reply] = (sent, deadline)
+            if not buffer(client, sent, self._js_headers(sent[0]), reply, blocks):
                 awaiting.pop(reply, None)
         return True
 
@@ -270,29 +279,30 @@ class JetStreamSink(NatsSinkBase):
         entry = self._awaiting.pop(reply.subject, None)
         if entry is None:
             return  # already timed out (and retried: the stream drops the duplicate)
-        msg = entry[0]
+        sent = entry[0]
+        msg = sent[0]
         subject = msg.destination
         if reply.headers and reply.headers.get(nats.js.api.Header.STATUS) == "503":
-            self._settle(msg, SinkTransientError(f"jetstream: no stream answered for {subject!r}"))
+            settle(sent, SinkTransientError(f"jetstream: no stream answered for {subject!r}"))
             return
         try:
             answer = orjson.loads(reply.data)
         except orjson.JSONDecodeError as exc:
-            self._settle(msg, SinkTransientError(f"jetstream: unreadable PubAck for {subject!r}: {exc}"))
+            settle(sent, SinkTransientError(f"jetstream: unreadable PubAck for {subject!r}: {exc}"))
             return
         error = answer.get("error") if isinstance(answer, dict) else None
         if error is not None:
             try:
                 nats.js.errors.APIError.from_error(error)  # raises the error's own class
             except nats.js.errors.APIError as api_error:
-                self._settle(msg, permanent_or_transient(api_error, subject))
+                settle(sent, permanent_or_transient(api_error, subject))
             else:
-                self._settle(msg, SinkTransientError(f"jetstream: error for {subject!r}: {error!r}"))
+                settle(sent, SinkTransientError(f"jetstream: error for {subject!r}: {error!r}"))
             return
         if answer.get("duplicate"):
             log.debug("%s already stored (seq %s)", msg.event_id, answer.get("seq"),
                       extra={"sink": self.name})
-        self._settle(msg, None)
+        sent[1](sent[2], None)
 
     async def _expire_loop(self) -> None:
         """Fails publishes whose PubAck did not come within ``publish_timeout`` (retried with the
@@ -304,20 +314,33 @@ class JetStreamSink(NatsSinkBase):
             now = time.monotonic()
             while awaiting:
                 reply = next(iter(awaiting))
-                msg, deadline = awaiting[reply]
+                sent, deadline = awaiting[reply]
                 if deadline > now:
                     break
                 del awaiting[reply]
                 try:
-                    self._settle(msg, SinkTransientError(
-                        f"jetstream: no PubAck for {msg.destination!r} within {timeout}s"))
+                    settle(sent, SinkTransientError(
+                        f"jetstream: no PubAck for {sent[0].destination!r} within {timeout}s"))
                 except Exception:  # keep expiring the others
                     log.exception("settling an expired publish failed", extra={"sink": self.name})
 
-    async def _close(self) -> None:
+    async def close(self) -> None:
         expirer, self._expirer = self._expirer, None
         if expirer is not None:
             expirer.cancel()
             await asyncio.gather(expirer, return_exceptions=True)
         self._awaiting.clear()
-        await super()._close()
+        await super().close()
+
+
+class JetStreamSink(NatsSinkBase):
+    """JetStream publish; acked on the stream's PubAck, deduplicated by ``Nats-Msg-Id``."""
+
+    kind: ClassVar[str] = "jetstream"
+    options_model: ClassVar[type[SinkOptions]] = JetStreamSinkOptions
+    transport_class: ClassVar[type[NatsTransportBase]] = JetStreamTransport
+
+    def stream_config(self) -> StreamConfig | None:
+        """The stream the sink's options ask for (None: none)."""
+        assert isinstance(self.nats, JetStreamTransport)
+        return self.nats.stream_config()

@@ -1,6 +1,7 @@
-"""What both NATS sinks share: pipelined publishing (one publisher task, a batch of publishes
-confirmed by one PING round trip, through nats-py's private internals where it allows), the
-mapping of nats-py's errors, and the dead letter to a NATS subject. The why is in :mod:`sinks.nats`."""
+"""What both NATS sinks share: the transport's pipelined publishing (one publisher task, a batch of
+publishes confirmed by one PING round trip, through nats-py's private internals where it allows),
+the mapping of nats-py's errors, the dead letter to a NATS subject, and the sink over the transport
+(:class:`NatsSinkBase`, a :class:`~sinks.transport.TransportSink`). The why is in :mod:`sinks.nats`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import importlib.metadata
 import logging
 import re
 import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from itertools import repeat
 from typing import Any, ClassVar
 
 import nats
@@ -20,14 +23,14 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.transport import Transport
 from nats.js.client import JetStreamContext
 
-from sinks.base import BaseSink, OutgoingMessage
 from sinks.cloudevents import HTTP_PREFIX
-from sinks.contract import SinkMessageTooLargeError, SinkPermanentError, SinkTransientError
+from sinks.contract import SinkConfigError, SinkMessageTooLargeError, SinkPermanentError, SinkTransientError
 from sinks.deadletter import DeadLetterRecord, DeadLetterWriter, dead_letter_json
 from sinks.nats_connection import NatsConnection
 from sinks.nats_options import NatsConnectionOptions
 from sinks.options import DeadLetterOptions
 from sinks.templates import sanitize_nats_token
+from sinks.transport import EncodedMessage, Report, TransportSink
 
 __all__ = [
     "CLIENT_INTERNALS",
@@ -37,6 +40,8 @@ __all__ = [
     "PUBLISH_INTERNALS",
     "NatsDeadLetter",
     "NatsSinkBase",
+    "NatsTransportBase",
+    "Sent",
     "header_block",
     "hpub",
     "nats_py_tested",
@@ -112,7 +117,7 @@ _HEADER_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_NEWLINES = str.maketrans({"\r": " ", "\n": " "})
 
 
-def header_block(headers: dict[str, str]) -> bytes:
+def header_block(headers: Mapping[str, str]) -> bytes:
     """The ``NATS/1.0`` header block of a message, as nats-py's publish encodes it (keys and values
     stripped, empty keys skipped, CR / LF in values turned into spaces); ValueError for a key
     outside the HTTP token alphabet (nats-py's BadHeaderError)."""
@@ -149,6 +154,29 @@ def write_pending(client: NatsClient) -> Transport:
     return transport
 
 
+Sent = tuple[EncodedMessage, Report, int]
+"""A submitted message on its way: the message, its batch's report and its index there."""
+Waiter = asyncio.Future[None] | Sent
+"""What a confirmation round settles: a submitted message, or the future of a dead letter's publish."""
+
+
+def settle(sent: Sent, outcome: BaseException | None) -> None:
+    """The outcome of one submitted message."""
+    sent[1](sent[2], outcome)
+
+
+def settle_each(sents: list[Sent], outcome: BaseException | None) -> None:
+    """``outcome`` for each of ``sents``: one :meth:`~sinks.transport.Report.each` call per batch's
+    run of them (they come in submission order, batch after batch)."""
+    start = 0
+    current = sents[0][1]
+    for j, sent in enumerate(sents):
+        if sent[1] is not current:
+            current.each([(x[2], outcome) for x in sents[start:j]])
+            current, start = sent[1], j
+    current.each([(x[2], outcome) for x in sents[start:]])
+
+
 class _PongRound(asyncio.Future[bool]):
     """The PONG future of one PING, queued in nats-py's ``Client._pongs``.
 
@@ -156,10 +184,10 @@ class _PongRound(asyncio.Future[bool]):
     this one settles its round's messages right there instead of a loop turn later through a
     done-callback (under load a loop turn is several milliseconds)."""
 
-    def __init__(self, sink: NatsSinkBase, waiters: list[asyncio.Future[None] | OutgoingMessage],
+    def __init__(self, transport: NatsTransportBase, waiters: list[Waiter],
                  deadline: float, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(loop=loop)
-        self.sink = sink
+        self.transport = transport
         self.waiters = waiters
         self.deadline = deadline
         self.answered = False
@@ -167,65 +195,76 @@ class _PongRound(asyncio.Future[bool]):
     def set_result(self, result: bool, /) -> None:
         super().set_result(result)
         try:
-            self.sink._round_answered(self)
+            self.transport._round_answered(self)
         except Exception:  # never break nats-py's read loop
-            log.exception("settling a confirmed round failed", extra={"sink": self.sink.name})
+            log.exception("settling a confirmed round failed", extra={"sink": self.transport.name})
 
 
-class NatsSinkBase(BaseSink[Any]):
-    default_destination: ClassVar[str] = DEFAULT_SUBJECT
-    header_prefix: ClassVar[str] = HTTP_PREFIX
+class NatsTransportBase:
+    """Publishes to NATS over one connection: submitted messages queue for one publisher task,
+    published back to back and confirmed as the subclass says (core: a shared PING round;
+    JetStream: PubAcks on one inbox)."""
+
     publishes_to_jetstream: ClassVar[bool] = False
     """Whether the sink publishes to JetStream (then its dead letters go there when a stream
     captures their subject)."""
 
-    def __init__(self, *, options: NatsConnectionOptions, **kwargs: Any) -> None:
-        self._conn = NatsConnection(options=options, name=kwargs.get("name", ""))
-        self._unconfirmed: list[asyncio.Future[None] | OutgoingMessage] = []
+    def __init__(self, *, name: str, options: NatsConnectionOptions,
+                 config_error: Callable[[str], SinkConfigError]) -> None:
+        self.name = name
+        self.options: Any = options
+        self._config_error = config_error
+        self.conn = NatsConnection(options=options, name=name)
+        self._unconfirmed: list[Waiter] = []
         """Published by the current publisher pass, waiting for the PING that ends the pass."""
         self._rounds: collections.deque[_PongRound] = collections.deque()
         """PINGs written and not yet answered or expired, oldest first."""
         self._round_expirer: asyncio.Task[None] | None = None
-        self._outbox: collections.deque[OutgoingMessage] = collections.deque()
+        self._outbox: collections.deque[Sent] = collections.deque()
         """Submitted messages the publisher task has not published yet (bounded by the window)."""
         self._outbox_ready = asyncio.Event()
         self._publisher: asyncio.Task[None] | None = None
-        super().__init__(options=options, **kwargs)
+        self._idle = True
+        """No publisher pass is under way (the task waits for work, or does not exist)."""
+        self._tasks: set[asyncio.Task[None]] = set()
 
-    def _make_dead_letter(self, options: DeadLetterOptions) -> DeadLetterWriter | None:
-        if options.kind == "nats":
-            if any(c in options.target for c in "*> \t") or not options.target:
-                raise self._config_error(f"dead_letter: {options.target!r} is not a valid NATS subject")
-            return NatsDeadLetter(sink=self, subject=options.target)
-        return super()._make_dead_letter(options)
+    def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=f"sink:{self.name}:{what}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    def _sanitize(self, value: str) -> str:
-        return sanitize_nats_token(value)
-
-    async def _start(self) -> None:
+    async def start(self) -> None:
         if not nats_py_tested():
             (lower, upper), found = NATS_PY_TESTED, nats_py_version()
             log.warning("nats-py %d.%d is outside the releases this sink is tested with (>=%d.%d,<%d.%d): "
                         "it relies on the client's private internals (docs/sinks.md)",
                         *found, *lower, *upper, extra={"sink": self.name})
-        await self._conn.start()
+        await self.conn.start()
 
-    async def _close(self) -> None:
-        tasks = [t for t in (self._publisher, self._round_expirer) if t is not None]
+    async def close(self) -> None:
+        tasks = [t for t in (self._publisher, self._round_expirer, *self._tasks) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._outbox.clear()
         self._unconfirmed.clear()
         self._rounds.clear()
-        await self._conn.close()
+        await self.conn.close()
 
     # ---- pipelined publishing ---------------------------------------------------------------------
 
-    def _submit(self, msg: OutgoingMessage) -> None:
-        """Queues the message for the publisher task: no task per message, and a whole batch of
+    def submit(self, batch: Sequence[EncodedMessage], report: Report) -> None:
+        """Publishes the batch at once, as the publisher's pass would, when the publisher waits
+        for work and the client takes publishes into its buffer (no hand-over to the task); else
+        queues it for the publisher task. No task per message either way, and a whole batch of
         publishes shares one confirmation round trip."""
-        self._outbox.append(msg)
+        outbox = self._outbox
+        outbox.extend(zip(batch, repeat(report), range(len(batch))))
+        if self._idle and len(outbox) == len(batch):  # nothing of an earlier pass is left
+            client = self.conn.client
+            if client is not None and self._publish_direct(client, outbox):
+                self._end_of_pass(client)
+                return
         self._outbox_ready.set()
         publisher = self._publisher
         if publisher is None or publisher.done():
@@ -239,6 +278,7 @@ class NatsSinkBase(BaseSink[Any]):
             return
         exc = task.exception()
         log.error("NATS publisher stopped", exc_info=exc, extra={"sink": self.name})
+        self._idle = True
         # What it held is retried (the next submit starts a new publisher).
         outbox, self._outbox = self._outbox, collections.deque()
         unconfirmed, self._unconfirmed = self._unconfirmed, []
@@ -251,30 +291,32 @@ class NatsSinkBase(BaseSink[Any]):
         while True:
             if not outbox:
                 ready.clear()
+                self._idle = True
                 await ready.wait()
                 continue
+            self._idle = False
             try:
-                client = await self._conn.ready(timeout)
+                client = await self.conn.ready(timeout)
             except SinkTransientError as exc:
-                while outbox:  # retried with backoff by the base sink
-                    self._settle(outbox.popleft(), exc)
+                while outbox:  # retried with backoff by the sink
+                    settle(outbox.popleft(), exc)
                 continue
             if self._publish_direct(client, outbox):
                 self._end_of_pass(client)
                 continue
             while outbox:
-                msg = outbox.popleft()
+                sent = outbox.popleft()
                 try:
-                    await self._publish_one(client, msg)
+                    await self._publish_one(client, sent)
                 except Exception as exc:  # never strand a message: it is settled either way
-                    self._settle(msg, exc)
+                    settle(sent, exc)
             self._end_of_pass(client)
 
-    async def _publish_one(self, client: NatsClient, msg: OutgoingMessage) -> None:
+    async def _publish_one(self, client: NatsClient, sent: Sent) -> None:
         """Publishes one message of the outbox and arranges for its confirmation."""
         raise NotImplementedError
 
-    def _publish_direct(self, client: NatsClient, outbox: collections.deque[OutgoingMessage]) -> bool:
+    def _publish_direct(self, client: NatsClient, outbox: collections.deque[Sent]) -> bool:
         """Publishes the whole outbox without a coroutine per message when the sink can (True), or
         leaves it to :meth:`_publish_one` (False)."""
         return False
@@ -284,7 +326,7 @@ class NatsSinkBase(BaseSink[Any]):
         """Whether :meth:`_buffer_publish` may write into this client's buffer now."""
         return _HAS_PUBLISH_INTERNALS and client.is_connected and not client.is_draining_pubs
 
-    def _buffer_publish(self, client: NatsClient, msg: OutgoingMessage, headers: dict[str, str],
+    def _buffer_publish(self, client: NatsClient, sent: Sent, headers: Mapping[str, str],
                         reply: str, blocks: dict[str, bytes]) -> bool:
         """Appends the ``HPUB`` command of ``msg`` to nats-py's pending buffer, as its ``publish``
         would (same checks: a subject that is empty or has whitespace, a body above the server's
@@ -292,14 +334,15 @@ class NatsSinkBase(BaseSink[Any]):
         statistics; the buffer handed to the socket when it outgrows the client's
         ``pending_size``). ``blocks`` keeps the header block of messages whose only header is
         their content type (structured mode) for the caller's loop."""
+        msg = sent[0]
         subject = msg.destination
         body = msg.body
         if not subject or _SUBJECT_INVALID.search(subject) or (reply and _SUBJECT_INVALID.search(reply)):
-            self._settle(msg, permanent_or_transient(nats.errors.BadSubjectError(), subject))
+            settle(sent, permanent_or_transient(nats.errors.BadSubjectError(), subject))
             return False
         if len(body) > client._max_payload:
-            self._settle(msg, permanent_or_transient(nats.errors.MaxPayloadError(), subject,
-                                                      client._max_payload))
+            settle(sent, permanent_or_transient(nats.errors.MaxPayloadError(), subject,
+                                                client._max_payload))
             return False
         try:
             if len(headers) == 1 and "content-type" in headers:
@@ -310,7 +353,7 @@ class NatsSinkBase(BaseSink[Any]):
             else:
                 block = header_block(headers)
         except ValueError as exc:
-            self._settle(msg, SinkPermanentError(f"nats: {exc} for {subject!r}"))
+            settle(sent, SinkPermanentError(f"nats: {exc} for {subject!r}"))
             return False
         cmd = hpub(subject, reply, block, body)
         client._pending.append(cmd)
@@ -331,18 +374,15 @@ class NatsSinkBase(BaseSink[Any]):
             waiters, self._unconfirmed = self._unconfirmed, []
             self._ping_round(client, waiters)
 
-    def healthy(self) -> bool:
-        return super().healthy() and self._conn.is_connected
-
-    def _size_limit(self) -> int | None:
+    def size_limit(self) -> int | None:
         """The server's ``max_payload`` (headers and body), once connected."""
-        client = self._conn.client
+        client = self.conn.client
         return None if client is None else int(client.max_payload)
 
     async def _publish_core(self, subject: str, body: bytes, headers: dict[str, str] | None) -> None:
         """Publishes and waits for a PING/PONG round trip proving the server received it."""
         timeout = self.options.publish_timeout
-        client = await self._conn.ready(timeout)
+        client = await self.conn.ready(timeout)
         try:
             await client.publish(subject, body, headers=headers)
         except (nats.errors.Error, OSError) as exc:
@@ -358,7 +398,7 @@ class NatsSinkBase(BaseSink[Any]):
         except SinkTransientError as exc:
             raise SinkTransientError(f"nats: publish to {subject!r} not confirmed: {exc}") from exc
 
-    def _ping_round(self, client: NatsClient, waiters: list[asyncio.Future[None] | OutgoingMessage]) -> None:
+    def _ping_round(self, client: NatsClient, waiters: list[Waiter]) -> None:
         """Writes what nats-py has buffered, then a PING, and settles ``waiters`` when its PONG comes.
 
         Rounds are pipelined: a PING is written at the end of every publisher pass without waiting
@@ -389,9 +429,7 @@ class NatsSinkBase(BaseSink[Any]):
         if self._round_expirer is None or self._round_expirer.done():
             self._round_expirer = loop.create_task(self._expire_rounds(), name=f"nats-pong:{self.name}")
 
-    async def _flush_then_settle(
-        self, client: NatsClient, waiters: list[asyncio.Future[None] | OutgoingMessage]
-    ) -> None:
+    async def _flush_then_settle(self, client: NatsClient, waiters: list[Waiter]) -> None:
         """The confirmation through nats-py's public ``flush`` (a nats-py without the internals
         ``_ping_round`` relies on, hence outside :data:`NATS_PY_TESTED`): one round trip per pass.
         Weaker than ``_ping_round``'s: nats-py 2.16's ``flush`` writes its PING straight to the
@@ -408,8 +446,8 @@ class NatsSinkBase(BaseSink[Any]):
             self._fail_round(waiters, error)
             return
         for waiter in waiters:
-            if isinstance(waiter, OutgoingMessage):
-                self._settle(waiter, None)
+            if isinstance(waiter, tuple):
+                settle(waiter, None)
             elif not waiter.done():
                 waiter.set_result(None)
 
@@ -421,19 +459,19 @@ class NatsSinkBase(BaseSink[Any]):
         rounds = self._rounds
         while rounds and rounds[0].answered:
             rounds.popleft()
-        confirmed: list[tuple[OutgoingMessage, None]] = []
+        confirmed: list[Sent] = []
         for waiter in pong.waiters:
-            if isinstance(waiter, OutgoingMessage):
-                confirmed.append((waiter, None))
+            if isinstance(waiter, tuple):
+                confirmed.append(waiter)
             elif not waiter.done():
                 waiter.set_result(None)
         if confirmed:
-            self._settle_all(confirmed)
+            settle_each(confirmed, None)
 
-    def _fail_round(self, waiters: list[asyncio.Future[None] | OutgoingMessage], error: Exception) -> None:
+    def _fail_round(self, waiters: list[Waiter], error: Exception) -> None:
         for waiter in waiters:
-            if isinstance(waiter, OutgoingMessage):
-                self._settle(waiter, error)
+            if isinstance(waiter, tuple):
+                settle(waiter, error)
             elif not waiter.done():
                 waiter.set_exception(error)
 
@@ -459,7 +497,7 @@ class NatsSinkBase(BaseSink[Any]):
 
     async def _publish_js(self, subject: str, body: bytes, headers: dict[str, str]) -> None:
         timeout = self.options.publish_timeout
-        client = await self._conn.ready(timeout)
+        client = await self.conn.ready(timeout)
         js = self._js(client)
         try:
             ack = await js.publish(subject, body, timeout=timeout, headers=headers)
@@ -473,14 +511,47 @@ class NatsSinkBase(BaseSink[Any]):
         return client.jetstream(timeout=self.options.publish_timeout)
 
 
+class NatsSinkBase(TransportSink[Any]):
+    """A NATS sink: a :class:`NatsTransportBase` of ``transport_class`` under the transport sink,
+    healthy while connected, its size limit the server's ``max_payload``."""
+
+    default_destination: ClassVar[str] = DEFAULT_SUBJECT
+    header_prefix: ClassVar[str] = HTTP_PREFIX
+    transport_class: ClassVar[type[NatsTransportBase]] = NatsTransportBase
+
+    def __init__(self, *, name: str, options: NatsConnectionOptions, **kwargs: Any) -> None:
+        kind = self.kind
+        # Built first: a dead letter of kind nats publishes through its connection.
+        self.nats = self.transport_class(
+            name=name, options=options,
+            config_error=lambda message: SinkConfigError(f"sink {name!r} ({kind}): {message}"))
+        super().__init__(name=name, options=options, transport=self.nats, **kwargs)
+
+    def _make_dead_letter(self, options: DeadLetterOptions) -> DeadLetterWriter | None:
+        if options.kind == "nats":
+            if any(c in options.target for c in "*> \t") or not options.target:
+                raise self._config_error(f"dead_letter: {options.target!r} is not a valid NATS subject")
+            return NatsDeadLetter(transport=self.nats, subject=options.target)
+        return super()._make_dead_letter(options)
+
+    def _sanitize(self, value: str) -> str:
+        return sanitize_nats_token(value)
+
+    def healthy(self) -> bool:
+        return super().healthy() and self.nats.conn.is_connected
+
+    def _size_limit(self) -> int | None:
+        return self.nats.size_limit()
+
+
 class NatsDeadLetter:
     """Publishes dead-letter records (JSON, see :mod:`sinks.deadletter`) to a NATS subject through
     the sink's connection: JetStream first (stored and deduplicated by event id) when a stream
     captures the subject, core NATS otherwise. A record too large for the server is sent without the
     message body."""
 
-    def __init__(self, *, sink: NatsSinkBase, subject: str) -> None:
-        self._sink = sink
+    def __init__(self, *, transport: NatsTransportBase, subject: str) -> None:
+        self._sink = transport
         self.subject = subject
         self._jetstream: bool | None = None
 
@@ -489,7 +560,7 @@ class NatsDeadLetter:
 
     async def write(self, record: DeadLetterRecord) -> None:
         sink = self._sink
-        client = await sink._conn.ready(sink.options.publish_timeout)
+        client = await sink.conn.ready(sink.options.publish_timeout)
         value = dead_letter_json(record)
         if len(value) + _DLQ_MARGIN > client.max_payload:
             value = orjson.dumps({

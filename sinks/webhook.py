@@ -1,4 +1,5 @@
-"""The webhook sink: CloudEvents over HTTP POST (aiohttp), one event per request or batched.
+"""The webhook sink: CloudEvents over HTTP POST (aiohttp), one event per request or batched; a
+:class:`WebhookTransport` (a :class:`~sinks.transport.RunTransport`) under the transport sink.
 
 Every event goes to ``url`` (plus the rendered ``destination`` path template, if set) using the
 CloudEvents HTTP binding: structured (``application/cloudevents+json``) or binary (``ce-*`` headers,
@@ -6,14 +7,14 @@ the data as the body). With ``batch.max_events > 1`` events waiting at the same 
 together as a JSON array (``application/cloudevents-batch+json``, or ``application/json`` with
 ``batch.format: array``); batching needs structured mode.
 
-Failures: connection errors, timeouts, 408, 429 and 5xx are transient (retried by the base sink with
+Failures: connection errors, timeouts, 408, 429 and 5xx are transient (retried by the sink with
 backoff, ``Retry-After`` honoured, seconds or HTTP date); 413 (Content Too Large) takes the sink's
 ``oversize`` policy (the webhook has no size limit of its own: it gets whole objects unless its
 server refuses them); any other non-2xx answer is permanent and the event goes to the dead letter
 with the status and the start of the response body.
 
 Order and concurrency: requests for different objects are in flight at the same time (up to
-``connections``), while one object's events are never in two requests at once: the base sink keeps
+``connections``), while one object's events are never in two requests at once: the sink keeps
 each object's events in a lane and sends its next event only once the one before it is settled
 (acknowledged after a 2xx, or dead-lettered). In batch mode an object's events that wait in its lane
 go together, in order, in one batch (a *run*: its array holds them in the order they happened; cut
@@ -34,6 +35,8 @@ the body alone (no replay protection); ``both`` sends both header sets while rec
 Also: bearer or basic auth (secrets from files allowed, read at start), custom headers, TLS with a
 custom CA or verification off, and a client certificate for mTLS.
 
+The options (and how a URL is shown) are in :mod:`sinks.webhook_options`.
+
 The signing is written here rather than taken from the ``standardwebhooks`` package: it is three
 lines over ``hmac``, signs the exact body bytes (the package signs text), and the tests verify the
 requests with that package.
@@ -43,27 +46,31 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import email.utils
 import hashlib
 import hmac
 import logging
 import ssl
 import time
-import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal, Self
 
 import aiohttp
-from pydantic import Field, field_validator, model_validator
 
 from bridge.bounded_read import drain_buffered, read_prefix
 from bridge.clock import Clock
-from sinks.base import BaseSink, OutgoingMessage
 from sinks.cloudevents import BATCH_CONTENT_TYPE, HTTP_PREFIX
-from sinks.contract import SinkMessageTooLargeError, SinkPermanentError, SinkTransientError
-from sinks.options import SinkOptions, _Model
+from sinks.contract import SinkConfigError, SinkMessageTooLargeError, SinkPermanentError, SinkTransientError
 from sinks.templates import sanitize_url_segment
-from sinks.transport_security import InsecureSetting, is_loopback
+from sinks.transport import EncodedMessage, Report, Transport, TransportSink
+from sinks.webhook_options import (
+    WebhookAuthOptions,
+    WebhookBatchOptions,
+    WebhookOptions,
+    WebhookTLSOptions,
+    display_url,
+)
 
 __all__ = [
     "SIGNATURE_HEADER",
@@ -73,6 +80,7 @@ __all__ = [
     "WebhookOptions",
     "WebhookSink",
     "WebhookTLSOptions",
+    "WebhookTransport",
     "display_url",
     "parse_retry_after",
     "sign",
@@ -143,23 +151,6 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def display_url(url: str, *, keep_path: bool = False) -> str:
-    """``url`` as messages, metrics and status show it: scheme, host and port only (user info, query,
-    fragment and path may hold credentials: a Slack-style hook carries its token in the path); the
-    path too with ``keep_path`` (``url_path_secret: false``)."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    netloc = f"{host}:{port}" if port else host
-    path = parts.path if keep_path else ""
-    return urllib.parse.urlunsplit((parts.scheme, netloc, path, "", ""))
-
-
 def _read_secret(inline: str | None, path: str | None, what: str) -> str | None:
     if inline:
         return inline
@@ -171,121 +162,49 @@ def _read_secret(inline: str | None, path: str | None, what: str) -> str | None:
     return None
 
 
-class WebhookBatchOptions(_Model):
-    max_events: int = Field(default=1, ge=1)
-    """1 = one event per request."""
-    max_bytes: int = Field(default=1_048_576, ge=1)
-    linger: float = Field(default=0.005, ge=0)
-    """Seconds to wait for more events once one is ready."""
-    format: Literal["cloudevents-batch", "array"] = "cloudevents-batch"
-
-
-class WebhookAuthOptions(_Model):
-    bearer_token: str | None = None
-    bearer_token_file: str | None = None
-    username: str | None = None
-    password: str | None = None
-    password_file: str | None = None
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> Self:
-        bearer = bool(self.bearer_token or self.bearer_token_file)
-        if bearer and self.username:
-            raise ValueError("use bearer or basic auth, not both")
-        if (self.password or self.password_file) and not self.username:
-            raise ValueError("basic auth needs a username")
-        return self
-
-
-class WebhookTLSOptions(_Model):
-    ca_file: str | None = None
-    insecure_skip_verify: bool = False
-    cert_file: str | None = None
-    key_file: str | None = None
-
-    @model_validator(mode="after")
-    def _pair(self) -> Self:
-        if self.key_file and not self.cert_file:
-            raise ValueError("key_file needs cert_file")
-        return self
-
-
-class WebhookOptions(SinkOptions):
-    url: str
-    method: Literal["POST", "PUT"] = "POST"
-    timeout: float = Field(default=10.0, gt=0)
-    """Seconds for the whole request; a timeout is a transient failure."""
-    connections: int = Field(default=64, ge=1)
-    """Concurrent requests (and connection pool size)."""
-    headers: dict[str, str] = Field(default_factory=dict)
-    hmac_secret: str | None = None
-    hmac_secret_file: str | None = None
-    signature: Literal["standard-webhooks", "hmac-sha256", "both"] = "standard-webhooks"
-    """How requests are signed when a secret is set (see the module docstring)."""
-    auth: WebhookAuthOptions = Field(default_factory=WebhookAuthOptions)
-    tls: WebhookTLSOptions = Field(default_factory=WebhookTLSOptions)
-    batch: WebhookBatchOptions = Field(default_factory=WebhookBatchOptions)
-    url_path_secret: bool = True
-    """Whether the URL's path is a secret (a Slack-style hook's token): logs, metrics, readiness and
-    dead letters show scheme, host and port only. ``false`` shows the path as well."""
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        parts = urllib.parse.urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"must be an absolute http:// or https:// URL, got {display_url(value)!r}")
-        try:
-            _ = parts.port
-        except ValueError as exc:
-            raise ValueError(f"bad port in URL {display_url(value)!r}") from exc
-        return value
-
-    def insecure_settings(self) -> list[InsecureSetting]:
-        found: list[InsecureSetting] = []
-        if self.tls.insecure_skip_verify:
-            found.append(("tls.insecure_skip_verify", "turns TLS verification off"))
-        parts = urllib.parse.urlsplit(self.url)
-        auth = self.auth
-        credentials = [name for name, on in (
-            ("auth.bearer_token", bool(auth.bearer_token or auth.bearer_token_file)),
-            ("auth.username", bool(auth.username)),
-            ("hmac_secret", bool(self.hmac_secret or self.hmac_secret_file)),
-            ("url", bool(parts.username or parts.password)),
-            ("headers", any(k.lower() == "authorization" for k in self.headers)),
-        ) if on]
-        if credentials and parts.scheme == "http" and not is_loopback(parts.hostname):
-            found.append(("url", f"http:// to {parts.hostname} with credentials ({', '.join(credentials)}) "
-                                 "sends them, or what they sign, in plaintext"))
-        return found
-
-    @model_validator(mode="after")
-    def _batching(self) -> Self:
-        if self.batch.max_events > 1 and self.content_mode != "structured":
-            raise ValueError("batch: batching needs content_mode 'structured'")
-        if self.batch.max_events > 1 and self.compat == "knative":
-            raise ValueError("batch: compat 'knative' sends one event per request (a Knative broker or "
-                             "sink takes no batches): remove batch or use compat 'native'")
-        return self
-
-
 class _Pending:
-    __slots__ = ("future", "msg", "url")
+    """One message on its way: where it goes, and the report that takes its outcome."""
 
-    def __init__(self, msg: OutgoingMessage, url: str, future: asyncio.Future[None] | None) -> None:
+    __slots__ = ("index", "msg", "report", "url")
+
+    def __init__(self, msg: EncodedMessage, url: str, report: Report, index: int) -> None:
         self.msg = msg
         self.url = url
-        self.future = future
+        self.report = report
+        self.index = index
+
+    def resolve(self, error: BaseException | None) -> None:
+        self.report(self.index, error)
 
 
-class WebhookSink(BaseSink[WebhookOptions]):
-    kind = "webhook"
-    options_model = WebhookOptions
-    default_destination = ""
-    header_prefix = HTTP_PREFIX
+def _runs(batch: Sequence[EncodedMessage], url: Callable[[EncodedMessage], str],
+          report: Report) -> list[list[_Pending]]:
+    """The batch cut into runs: adjacent messages of one key (one object's, in order; see
+    :class:`~sinks.transport.RunTransport`), each a list that no request splits."""
+    runs: list[list[_Pending]] = []
+    key: bytes | None = None
+    for i, msg in enumerate(batch):
+        pending = _Pending(msg, url(msg), report, i)
+        if runs and msg.key == key:
+            runs[-1].append(pending)
+        else:
+            runs.append([pending])
+            key = msg.key
+    return runs
 
-    def __init__(self, *, name: str, options: WebhookOptions, clock: Clock | None = None) -> None:
-        super().__init__(name=name, options=options, clock=clock)
+
+class WebhookTransport:
+    """Posts events to the webhook: one per request, up to ``connections`` at once, or in batch
+    mode one object's runs and other objects' events together in one request per destination
+    (a batcher task, fed by a queue, lingers for more and cuts batches to ``batch.max_events`` and
+    ``batch.max_bytes``). Each answer's status is the outcome of every event of its request."""
+
+    def __init__(self, *, name: str, options: WebhookOptions, clock: Clock,
+                 config_error: Callable[[str], SinkConfigError]) -> None:
+        self.name = name
+        self.options = options
+        self._clock = clock
+        self._config_error = config_error
         self._session: aiohttp.ClientSession | None = None
         self._secret: bytes | None = None
         self._signer: StandardSigner | None = None
@@ -297,6 +216,11 @@ class WebhookSink(BaseSink[WebhookOptions]):
         self._batcher: asyncio.Task[None] | None = None
         self._posts: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(options.connections)
+        self._ready: collections.deque[list[_Pending]] = collections.deque()
+        """One event per request: runs waiting for a poster task."""
+        self._posters: set[asyncio.Task[None]] = set()
+        self._posting = 0
+        """Poster tasks that have not returned yet (the set keeps them until their callback)."""
 
     # ---- setup ----------------------------------------------------------------------------------
 
@@ -344,7 +268,7 @@ class WebhookSink(BaseSink[WebhookOptions]):
             {c for c in (secret, token, password, auth_header, auth_header.partition(" ")[2]) if c},
             key=len, reverse=True)
 
-    async def _start(self) -> None:
+    async def start(self) -> None:
         if self._session is not None:
             return
         self._prepare()
@@ -365,29 +289,13 @@ class WebhookSink(BaseSink[WebhookOptions]):
             return
         exc = task.exception()
         log.error("webhook batcher stopped", exc_info=exc, extra={"sink": self.name})
-        self._healthy = False
-        # Fail what is queued so lanes retry instead of waiting forever.
+        # Fail what is queued so lanes retry (one event per request) instead of waiting forever.
         queue = self._queue
         while queue is not None and not queue.empty():
             for pending in queue.get_nowait():
-                self._resolve(pending, SinkTransientError(f"webhook batcher stopped: {exc!r}"))
+                pending.resolve(SinkTransientError(f"webhook batcher stopped: {exc!r}"))
 
-    def _resolve(self, pending: _Pending, error: BaseException | None) -> None:
-        """Reports one batched message's outcome (to its waiter, or to the base sink)."""
-        fut = pending.future
-        if fut is None:
-            self._settle(pending.msg, error)
-        elif fut.done():
-            return
-        elif error is None:
-            fut.set_result(None)
-        else:
-            fut.set_exception(error)
-
-    def _sanitize(self, value: str) -> str:
-        return sanitize_url_segment(value)
-
-    def _url(self, msg: OutgoingMessage) -> str:
+    def _url(self, msg: EncodedMessage) -> str:
         base = self.options.url
         if not msg.destination:
             return base
@@ -397,59 +305,75 @@ class WebhookSink(BaseSink[WebhookOptions]):
 
     def _batching(self) -> bool:
         """True while the batcher runs (if it died, events are posted one by one instead)."""
-        return self._batcher is not None and not self._batcher.done()
+        return self._session is not None and self._batcher is not None and not self._batcher.done()
 
-    def _max_senders(self) -> int:
-        return self.options.connections  # more would only wait for a connection slot
-
-    def _run_limit(self) -> int:
+    def run_limit(self) -> int:
         """In batch mode an object's waiting events go together in one batch (see the module
         docstring); one at a time otherwise."""
-        if self._queue is not None and self._session is not None and self._batching():
-            return self.options.batch.max_events
-        return 1
+        return self.options.batch.max_events if self._batching() else 1
 
-    def _submit(self, msg: OutgoingMessage) -> None:
-        """In batch mode, straight into the batcher's queue (no task per event); otherwise the base
-        sink's sender tasks post one event each."""
-        queue = self._queue
-        if queue is not None and self._session is not None and self._batching():
-            queue.put_nowait([_Pending(msg, self._url(msg), None)])
-            return
-        super()._submit(msg)
-
-    def _run_max_bytes(self) -> int:
+    def run_max_bytes(self) -> int:
         return self.options.batch.max_bytes  # a run is never split, so it must fit a batch
 
-    def _submit_run(self, msgs: list[OutgoingMessage]) -> None:
-        """One object's events, in order, as one item of the batcher's queue: never split across
-        two requests (``_run_limit`` is more than 1 only while the batcher runs)."""
+    def submit(self, batch: Sequence[EncodedMessage], report: Report) -> None:
+        """In batch mode, each run straight into the batcher's queue (no task per event);
+        otherwise to the poster tasks, one event per request."""
+        runs = _runs(batch, self._url, report)
         queue = self._queue
-        assert queue is not None
-        url = self._url(msgs[0])  # the run has one destination (sinks.ordering.Ordering.run)
-        queue.put_nowait([_Pending(msg, url, None) for msg in msgs])
-
-    async def _send(self, msg: OutgoingMessage) -> None:
-        if self._session is None:
-            await self.start()
-        if self._queue is None or not self._batching():
-            async with self._slots:
-                await self._post(self._url(msg), msg.headers, msg.body, msg.event_id)
+        if queue is not None and self._batching():
+            for run in runs:
+                queue.put_nowait(run)
             return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait([_Pending(msg, self._url(msg), fut)])
-        await fut
+        self._ready.extend(runs)
+        wanted = min(len(self._ready), self.options.connections - self._posting)
+        loop = asyncio.get_running_loop()
+        for _ in range(wanted):
+            self._posting += 1
+            task = loop.create_task(self._poster(), name=f"sink:{self.name}:webhook-post")
+            self._posters.add(task)
+            task.add_done_callback(self._posters.discard)
 
-    async def _post(self, url: str, headers: dict[str, str], body: bytes, msg_id: str) -> None:
+    async def _poster(self) -> None:
+        """Posts waiting events one per request until none is left; the events of a run (only left
+        by a batcher that stopped) in order, the rest of it failing with the first failure."""
+        try:
+            ready = self._ready
+            if self._session is None:  # used before start: the first event starts it
+                await self.start()
+                queue = self._queue
+                if queue is not None and self._batching():
+                    while ready:
+                        queue.put_nowait(ready.popleft())
+                    return
+            while ready:
+                run = ready.popleft()
+                error: BaseException | None = None
+                for pending in run:
+                    if error is None:
+                        msg = pending.msg
+                        try:
+                            async with self._slots:
+                                await self._post(pending.url, msg.headers, msg.body, msg.event_id)
+                        except asyncio.CancelledError:
+                            raise  # the sink is closing: the event stays unacked
+                        except Exception as exc:
+                            error = exc
+                    pending.resolve(error)
+        finally:
+            self._posting -= 1  # at once: a submit right after this must start a poster
+
+    async def _post(self, url: str, headers: Mapping[str, str], body: bytes, msg_id: str) -> None:
         session = self._session
         assert session is not None
+        all_headers: Mapping[str, str]
         if self._static_headers or self._secret is not None or self._signer is not None:
-            all_headers = {**self._static_headers, **headers}
+            signed = {**self._static_headers, **headers}
             if self._secret is not None:
-                all_headers[SIGNATURE_HEADER] = sign(self._secret, body)
+                signed[SIGNATURE_HEADER] = sign(self._secret, body)
             if self._signer is not None:
                 # Signed per attempt: a retry carries a fresh timestamp (receivers check it is recent).
-                all_headers.update(self._signer.headers(msg_id, self._clock.wall(), body))
+                signed.update(self._signer.headers(msg_id, self._clock.wall(), body))
+            all_headers = signed
         else:
             all_headers = headers  # the message's own (aiohttp copies them, never changes them)
         shown = display_url(url, keep_path=not self.options.url_path_secret)
@@ -527,30 +451,47 @@ class WebhookSink(BaseSink[WebhookOptions]):
 
     async def _post_batch(self, url: str, items: list[_Pending]) -> None:
         try:
-            live = [p for p in items if p.future is None or not p.future.done()]
-            if not live:
-                return
-            body = b"[" + b",".join(p.msg.body for p in live) + b"]"
+            body = b"[" + b",".join(p.msg.body for p in items) + b"]"
             batch_format = self.options.batch.format
             ctype = BATCH_CONTENT_TYPE if batch_format == "cloudevents-batch" else "application/json"
             error: BaseException | None = None
             # One id per batch, the same on every retry: a digest of the events' ids.
-            batch_id = hashlib.sha256("\0".join(p.msg.event_id for p in live).encode()).hexdigest()[:32]
+            batch_id = hashlib.sha256("\0".join(p.msg.event_id for p in items).encode()).hexdigest()[:32]
             try:
                 await self._post(url, {"content-type": ctype}, body, batch_id)
             except Exception as exc:
                 error = exc
-            for p in live:
-                self._resolve(p, error)
+            for p in items:
+                p.resolve(error)
         finally:
             self._slots.release()
 
-    async def _close(self) -> None:
-        tasks = [t for t in (self._batcher, *self._posts) if t is not None]
+    async def close(self) -> None:
+        tasks = [t for t in (self._batcher, *self._posts, *self._posters) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._batcher = None
+        self._ready.clear()
         session, self._session = self._session, None
         if session is not None:
             await session.close()
+
+
+class WebhookSink(TransportSink[WebhookOptions]):
+    """The ``webhook`` sink: a :class:`WebhookTransport` under the transport sink."""
+
+    kind = "webhook"
+    options_model = WebhookOptions
+    default_destination = ""
+    header_prefix = HTTP_PREFIX
+
+    def __init__(self, *, name: str, options: WebhookOptions, clock: Clock | None = None) -> None:
+        super().__init__(name=name, options=options, clock=clock)
+
+    def _make_transport(self) -> Transport:
+        return WebhookTransport(name=self.name, options=self.options, clock=self._clock,
+                                config_error=self._config_error)
+
+    def _sanitize(self, value: str) -> str:
+        return sanitize_url_segment(value)

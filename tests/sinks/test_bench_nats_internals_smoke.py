@@ -12,14 +12,14 @@ from bench.bench_nats_internals import public_api_only, run
 
 
 def test_public_api_only_switches_the_fast_paths_off_and_back() -> None:
-    end_of_pass = sinks.nats.JetStreamSink._end_of_pass
+    end_of_pass = sinks.nats.JetStreamTransport._end_of_pass
     with public_api_only():
         assert not sinks.nats_base._HAS_CLIENT_INTERNALS
         assert not sinks.nats_base._HAS_PUBLISH_INTERNALS
-        assert sinks.nats.JetStreamSink._end_of_pass is sinks.nats_base.NatsSinkBase._end_of_pass
+        assert sinks.nats.JetStreamTransport._end_of_pass is sinks.nats_base.NatsTransportBase._end_of_pass
     assert sinks.nats_base._HAS_CLIENT_INTERNALS
     assert sinks.nats_base._HAS_PUBLISH_INTERNALS
-    assert sinks.nats.JetStreamSink._end_of_pass is end_of_pass
+    assert sinks.nats.JetStreamTransport._end_of_pass is end_of_pass
 
 
 def test_bench_nats_internals_smoke(tmp_path: Path) -> None:

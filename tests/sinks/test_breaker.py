@@ -11,7 +11,7 @@ import asyncio
 import collections
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,8 @@ from bridge.testing import ReceivedRequest, Reply, WebhookReceiver
 from sinks.base import BaseSink, OutgoingMessage
 from sinks.contract import ChangeEvent, DeliveryOutcome, EventType, SinkTransientError
 from sinks.options import SinkOptions
-from sinks.webhook import WebhookOptions, WebhookSink
+from sinks.transport import Transport
+from sinks.webhook import WebhookOptions, WebhookSink, WebhookTransport
 from tests.sinks import Acks, event, obj
 
 
@@ -67,18 +68,31 @@ async def storm() -> AsyncIterator[Storm]:
         yield s
 
 
+class CountingWebhookTransport(WebhookTransport):
+    """The webhook's transport, counting its HTTP requests under way."""
+
+    sending = 0
+
+    async def _post(self, url: str, headers: Mapping[str, str], body: bytes, msg_id: str) -> None:
+        self.sending += 1
+        try:
+            await super()._post(url, headers, body, msg_id)
+        finally:
+            self.sending -= 1
+
+
 class CountingWebhookSink(WebhookSink):
     """The webhook sink, counting its HTTP requests under way: with them, a test on a fake clock
     knows when every message is either acknowledged or waiting on that clock."""
 
-    sending = 0
+    def _make_transport(self) -> Transport:
+        return CountingWebhookTransport(name=self.name, options=self.options, clock=self._clock,
+                                        config_error=self._config_error)
 
-    async def _send(self, msg: OutgoingMessage) -> None:
-        self.sending += 1
-        try:
-            await super()._send(msg)
-        finally:
-            self.sending -= 1
+    @property
+    def sending(self) -> int:
+        assert isinstance(self.transport, CountingWebhookTransport)
+        return self.transport.sending
 
 
 async def _settle(sink: CountingWebhookSink) -> None:

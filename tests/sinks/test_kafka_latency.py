@@ -50,7 +50,7 @@ async def test_reports_are_served_when_the_sink_produces(
     await sink.deliver(event(EventType.ADDED, obj("warm", uid="w", rv="1")), warm.append)
     assert await sink.flush(30)
     assert warm == [DeliveryOutcome.DELIVERED]
-    client = sink._client
+    client = sink.kafka.client
     assert client is not None
     assert client.on_reports is not None
     served = {"produce": 0, "poller": 0}

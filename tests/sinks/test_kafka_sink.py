@@ -243,8 +243,8 @@ async def test_secret_files_are_read_at_start(kafka_broker: TansuBroker, tmp_pat
     secret.write_text("from-a-file\n")
     sink = make_sink(kafka_broker, secret_files={"client.id": str(secret)})
     await sink.start()
-    assert sink._client is not None
-    assert sink._client.config["client.id"] == "from-a-file"
+    assert sink.kafka.client is not None
+    assert sink.kafka.client.config["client.id"] == "from-a-file"
     await sink.close()
     missing = make_sink(kafka_broker, secret_files={"sasl.password": str(tmp_path / "nope")})
     with pytest.raises(SinkConfigError, match=r"secret_files\['sasl.password'\]: cannot read"):

@@ -52,7 +52,7 @@ async def test_an_event_is_acked_only_after_a_ping_written_behind_its_publish(
 ) -> None:
     sink = make_sink(nats_server.url, destination="confirm.{name}")
     await sink.start()
-    client = sink._conn.client
+    client = sink.nats.conn.client
     assert client is not None
     log = WireLog(client)
     acked_at: dict[str, int] = {}
@@ -84,7 +84,7 @@ async def test_an_event_is_acked_only_after_a_ping_written_behind_its_publish(
 async def test_rounds_are_pipelined_rather_than_one_at_a_time(nats_server: NatsServer) -> None:
     sink = make_sink(nats_server.url, destination="pipelined.{name}")
     await sink.start()
-    client = sink._conn.client
+    client = sink.nats.conn.client
     assert client is not None
     most = 0
     original = client._process_pong
@@ -108,7 +108,7 @@ async def test_a_pong_that_never_comes_fails_the_round_and_it_is_retried(nats_se
     sink = make_sink(nats_server.url, destination="lost.{name}", publish_timeout=0.3,
                      retry={"initial": 0.01, "max": 0.05})
     await sink.start()
-    client = sink._conn.client
+    client = sink.nats.conn.client
     assert client is not None
     nc = await nats.connect(nats_server.url)
     got: list[Msg] = []

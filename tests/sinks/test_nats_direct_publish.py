@@ -43,7 +43,7 @@ async def test_published_in_one_pass_and_read_back_exactly(
         ce = decode_binary(dict(m.headers or {}), m.data)
         assert ce["subject"] == f"default/{ev.name}"
         assert ce["data"]["blob"] == "x" * 500
-    nc = sink._conn.client
+    nc = sink.nats.conn.client
     assert nc is not None
     assert nc.stats["out_msgs"] >= 50  # nats-py's statistics count them as its publish would
     await sink.close()

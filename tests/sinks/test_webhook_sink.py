@@ -464,10 +464,10 @@ async def test_a_replayed_request_is_rejected_by_the_receiver(hook: Hook) -> Non
     await sink.close()
 
 
-def test_a_whsec_secret_must_be_base64() -> None:
+async def test_a_whsec_secret_must_be_base64() -> None:
     sink = WebhookSink.from_options("hook", {"url": "https://h/", "hmac_secret": "whsec_not base64!"})
     with pytest.raises(SinkConfigError, match=r"\(webhook\): hmac_secret: a whsec_ secret must be"):
-        sink._prepare()
+        await sink.start()
 
 
 def test_display_url_keeps_the_path_only_when_told() -> None:
