@@ -24,6 +24,9 @@ _LAZY: dict[str, str] = {
     "BaseSink": "sinks.base",
     "OutgoingMessage": "sinks.base",
     "SinkOptions": "sinks.options",
+    "DurableTransport": "sinks.transport",
+    "Report": "sinks.transport",
+    "RunTransport": "sinks.transport",
     "Transport": "sinks.transport",
     "TransportSink": "sinks.transport",
     "create_sink": "sinks.registry",
@@ -40,7 +43,7 @@ if TYPE_CHECKING:
     from sinks.cloudevents import encode_binary, encode_structured, event_id, to_cloudevent
     from sinks.options import SinkOptions
     from sinks.registry import create_sink, known_kinds, register
-    from sinks.transport import Transport, TransportSink
+    from sinks.transport import DurableTransport, Report, RunTransport, Transport, TransportSink
 
 
 def __getattr__(name: str) -> Any:
@@ -60,9 +63,12 @@ __all__ = [
     "BaseSink",
     "ChangeEvent",
     "DeliveryOutcome",
+    "DurableTransport",
     "EventType",
     "OutgoingMessage",
+    "Report",
     "ResourceRef",
+    "RunTransport",
     "Sink",
     "SinkConfigError",
     "SinkError",
