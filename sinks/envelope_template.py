@@ -80,7 +80,8 @@ _BASE_TAKEN: Final = frozenset({
     "apiversion", "name", "uid", "resourceversion",
 })
 """The attributes every object's envelope has before its context (:func:`context_attributes`)."""
-_TIMES_MAX = 4096
+_KEPT_MAX = 4096
+"""Entries of each of a builder's memos (times, writers) before it is emptied."""
 
 
 def covers(options: SinkOptions, *, projected: bool) -> bool:
@@ -137,6 +138,31 @@ def _header_value(prefix: str) -> Callable[[str], str]:
     return lambda text: quote(text, safe=_HEADER_SAFE)
 
 
+class _TimeTexts(dict[float, str]):
+    """Event time → its ``time`` text, made on first use (a burst's changes share few managedFields
+    times; a lookup that finds it makes no call)."""
+
+    def __missing__(self, seconds: float) -> str:
+        if not seconds:
+            return rfc3339(wall_time())  # no time of its own: when it is sent, as the reference does
+        if len(self) >= _KEPT_MAX:
+            self.clear()
+        text = self[seconds] = rfc3339(seconds)
+        return text
+
+
+class _WriterTexts(dict[tuple[str, ...], str]):
+    """(manager, operation, subresource) → their attributes as the structured envelope writes them,
+    made on first use (few writers change a resource's objects)."""
+
+    def __missing__(self, writer: tuple[str, ...]) -> str:
+        if len(self) >= _KEPT_MAX:
+            self.clear()
+        text = self[writer] = "".join(f',"{key}":{_json(value)}' for key, value in zip(
+            ("manager", "operation", "subresource"), writer, strict=True) if value)
+        return text
+
+
 class TemplatedBuilder:
     """Builds one sink's messages from :class:`EventTemplate` s, and hands what they do not cover
     (see the module's docstring) to ``fallback``, the reference builder."""
@@ -158,8 +184,8 @@ class TemplatedBuilder:
         self._shapes: dict[EventType, EventTemplate | None] = {}
         """The templates of the last resource and cluster seen (None: the reference builds those)."""
         self._known: dict[tuple[ResourceRef, str], dict[EventType, EventTemplate | None]] = {}
-        self._times: dict[float, str] = {}
-        """Event time → its ``time`` text (a burst's changes share few managedFields times)."""
+        self._times = _TimeTexts()
+        self._changes = _WriterTexts()
 
     def _switch(self, event: ChangeEvent) -> None:
         """Selects (or makes) the templates of the event's resource and cluster."""
@@ -178,15 +204,6 @@ class TemplatedBuilder:
                     header_prefix=self._header_prefix, object_and_old=payload is PayloadMode.OBJECT_AND_OLD)
             self._known[(res, cluster)] = shapes
         self._shapes = shapes
-
-    def _time(self, seconds: float) -> str:
-        if not seconds:
-            return rfc3339(wall_time())  # no time of its own: when it is sent, as the reference does
-        times = self._times
-        if len(times) >= _TIMES_MAX:
-            times.clear()
-        text = times[seconds] = rfc3339(seconds)
-        return text
 
     def build(self, event: ChangeEvent, ack: AckCallback) -> OutgoingMessage:
         """The event's message: from its template, or the reference builder's."""
@@ -212,32 +229,34 @@ class TemplatedBuilder:
             else:
                 snap_id = snap.id if snap is not None else ""
                 eid = sha256(f"{uid}\0{rv}{tpl.id_infix}{snap_id}".encode()).hexdigest()[:32]
-            try:
-                time_text = self._times[event.time]
-            except KeyError:
-                time_text = self._time(event.time)
+            time_text = self._times[event.time]
             context = None
             if event.final_state_unknown or event.gap is not None or snap is not None or ext:
                 context = self._context(event, namespace, tpl.attributed)
                 if context is None:
                     return self._fallback(event, ack)
-            data = obj.raw
-            if tpl.object_and_old:
-                data = b'{"object":%b,"oldObject":%b}' % (data, old_raw)
+            data = obj.raw if not tpl.object_and_old else b'{"object":%b,"oldObject":%b}' % (obj.raw, old_raw)
             subject = f"{namespace}/{name}" if namespace else name
-            if self._structured:
-                headers = {"content-type": STRUCTURED_CONTENT_TYPE}
-                body = self._structured_body(tpl, obj, eid, subject, time_text, context=context, data=data)
-            else:
-                headers = self._headers(tpl, obj, eid, subject, time_text, context=context)
-                body = data
             static = self._static
-            return self._message(
+            msg = self._message(
                 key=(uid if uid and self._by_uid else subject).encode(),
                 destination=static if static is not None else self._destination(event, namespace, name, uid),
-                headers=headers, body=body, event_id=eid, event=event, ack=ack,
-                header_prefix=self._header_prefix, lane=self._lane_prefix + subject,
+                headers={"content-type": STRUCTURED_CONTENT_TYPE}, body=data, event_id=eid, event=event,
+                ack=ack, header_prefix=self._header_prefix, lane=self._lane_prefix + subject,
             )
+            if not self._structured:
+                msg.headers = self._headers(tpl, obj, eid, subject, time_text, context=context)
+                return msg
+            change = obj.change if tpl.attributed else None
+            changed = "" if change is None else self._changes[change[:3]]
+            if _JSON_UNSAFE.search(f"{namespace}{name}{uid}{rv}") is not None:
+                namespace, name, uid, rv, subject = _json_inner(namespace, name, uid, rv, subject)
+            ns = f',"namespace":"{namespace}"' if namespace else ""
+            text = (f'{{"specversion":"1.0","id":"{eid}{tpl.after_id}{subject}","time":"{time_text}'
+                    f'{tpl.after_time}{ns},"name":"{name}","uid":"{uid}","resourceversion":"{rv}"{changed}')
+            ctx = b"," + orjson_dumps(context)[1:-1] if context else b""
+            msg.body = b'%b%b,"data":%b}' % (text.encode(), ctx, data)
+            return msg
         except Exception:  # the reference logs it and makes the dead-letter message
             return self._fallback(event, ack)
 
@@ -253,30 +272,6 @@ class TemplatedBuilder:
                                         ("subresource", change.subresource)) if v)
         context = context_attributes(event, taken)
         return None if "data" in context else context
-
-    @staticmethod
-    def _structured_body(tpl: EventTemplate, obj: RawObject, eid: str, subject: str, time_text: str, *,
-                         context: dict[str, str] | None, data: bytes) -> bytes:
-        """Structured content mode: the whole envelope as one JSON document."""
-        namespace, name, uid, rv = obj.namespace, obj.name, obj.uid, obj.resource_version
-        change = obj.change if tpl.attributed else None
-        manager, operation, subresource = ("", "", "") if change is None else change[:3]
-        if _JSON_UNSAFE.search(f"{namespace}{name}{uid}{rv}{manager}{operation}{subresource}") is not None:
-            namespace, name, uid, rv, manager, operation, subresource, subject = _json_inner(
-                namespace, name, uid, rv, manager, operation, subresource, subject)
-        text = (f'{{"specversion":"1.0","id":"{eid}{tpl.after_id}{subject}","time":"{time_text}'
-                f'{tpl.after_time}')
-        if namespace:
-            text = f'{text},"namespace":"{namespace}"'
-        text = f'{text},"name":"{name}","uid":"{uid}","resourceversion":"{rv}"'
-        if manager:
-            text = f'{text},"manager":"{manager}"'
-        if operation:
-            text = f'{text},"operation":"{operation}"'
-        if subresource:
-            text = f'{text},"subresource":"{subresource}"'
-        ctx = b"," + orjson_dumps(context)[1:-1] if context else b""
-        return b'%b%b,"data":%b}' % (text.encode(), ctx, data)
 
     @staticmethod
     def _headers(tpl: EventTemplate, obj: RawObject, eid: str, subject: str, time_text: str, *,
