@@ -54,6 +54,16 @@ _EMPTY: Mapping[str, Any] = {}
 _SANITIZED_MAX = 16_384
 
 
+class _Sanitized(dict[str, str]):
+    """Template field value → its sanitised form, emptied when a value beyond
+    :data:`_SANITIZED_MAX` is added (a look-up makes no call; only a new value does)."""
+
+    def __setitem__(self, value: str, clean: str) -> None:
+        if len(self) >= _SANITIZED_MAX:
+            self.clear()
+        super().__setitem__(value, clean)
+
+
 
 def metadata_of(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
     """The object's name, namespace, uid and resourceVersion as a metadata mapping (hot path; for a
@@ -94,8 +104,7 @@ class Envelope:
         """Applied to every template field value; a function of the value alone (memoised)."""
         self._quarantines = quarantines
         """The sink has a dead letter: a malformed object's record goes there first."""
-        self._sanitized: dict[str, str] = {}
-        """Template field value → its sanitised form (batches; emptied beyond _SANITIZED_MAX)."""
+        self._sanitized = _Sanitized()
         self.build: Builder = self.reference_build
         """The event's message; one that cannot be encoded has ``error`` set (never raises): from
         byte templates (:mod:`sinks.envelope_template`) where they cover the sink's options, each
@@ -188,8 +197,6 @@ class Envelope:
         return destination, headers, body, malformed
 
     def batch_builder(self) -> Builder:
-        """:attr:`build` for the events of one batch (the memo of sanitised destination fields
-        bounded at each batch's start)."""
-        if len(self._sanitized) > _SANITIZED_MAX:
-            self._sanitized.clear()
+        """:attr:`build`, for the events of one batch (kept for the callers that ask per batch: the
+        templates keep what is constant across batches)."""
         return self.build

@@ -201,3 +201,16 @@ def test_knative_and_projected_sinks_build_by_the_reference() -> None:
         assert envelope.build == envelope.reference_build
     envelope = RecordingSink(name="t", options=SinkOptions())._envelope
     assert envelope.build != envelope.reference_build
+
+
+def test_the_memo_of_sanitised_destination_fields_stays_bounded_without_batches() -> None:
+    """``deliver`` builds with the templates too, never through ``batch_builder``: the memo of the
+    destination's field values bounds itself."""
+    sink = RecordingSink(name="t", options=SinkOptions(destination="{namespace}.{name}"))
+    envelope = sink._envelope
+    for i in range(17_000):
+        pod = RawObject.from_dict({"metadata": {"name": f"p{i}", "uid": "u"}})
+        added = ChangeEvent(type=EventType.ADDED, resource=PODS, cluster="c", obj=pod, time=1.7e9)
+        msg = envelope.build(added, ack)
+        assert msg.destination == f".p{i}"
+    assert 0 < len(envelope._sanitized) <= 16_384
