@@ -6,15 +6,16 @@ The reference builder (:meth:`sinks.envelope.Envelope.reference_build`:
 :func:`~sinks.cloudevents.encode_binary`) makes a dict per event and encodes it. An
 :class:`EventTemplate` holds the attributes that are the same for every event of one (sink,
 resource, cluster, event type) — ``specversion``, ``source``, ``type``, ``datacontenttype``,
-``cluster``, ``kind``, ``apiversion`` — already written as JSON text (structured mode) or as header
-values (binary mode: percent-encoded for HTTP and NATS, as they are for Kafka).
-Per event only the variable parts are written in: ``id``, ``subject``, ``time``, the object's
-``namespace`` / ``name`` / ``uid`` / ``resourceversion``, who changed it (``manager``,
-``operation``, ``subresource``), the event's context attributes (final state unknown, gap, snapshot,
-and its extensions, the Events profile's among them: :func:`~sinks.cloudevents.context_attributes`,
-shared with the reference), and ``data``: the object's bytes as its
-:class:`~bridge.rawobject.RawObject` keeps them, or ``{"object": …, "oldObject": …}`` spliced from
-both objects' bytes (``object_and_old``).
+``cluster``, ``kind``, ``apiversion``, native or Knative — already written as JSON text (structured
+mode) or as header values (binary mode: percent-encoded for HTTP and NATS, as they are for Kafka).
+Per event only the variable parts are written in: ``id``, ``subject`` (Knative: its self link),
+``time``, the object's ``namespace`` / ``name`` / ``uid`` / ``resourceversion``, who changed it
+(``manager``, ``operation``, ``subresource``), the event's context attributes (final state unknown,
+gap, snapshot, and its extensions, the Events profile's among them:
+:func:`~sinks.cloudevents.context_attributes`, shared with the reference), and ``data``: the
+object's bytes as its :class:`~bridge.rawobject.RawObject` keeps them, ``{"object": …,
+"oldObject": …}`` spliced from both objects' bytes (``object_and_old``), or Knative's object
+reference.
 
 Invariants:
 
@@ -24,13 +25,13 @@ Invariants:
 - whatever the templates do not cover goes to the reference builder, whole: an object not kept as
   bytes (a decoded dict), kept with its ``managedFields``, or malformed (its quarantine record is the
   reference's business); a resource whose redaction is not the identity (Secrets, ``redact``,
-  ``drop``); a sink with a ``fields`` projection (CEL) or ``compat: knative`` (:func:`covers`); a
-  ``merge_patch`` update (the patch is computed from both objects; the mode's other events are
-  covered); ``object_and_old`` or ``merge_patch`` with an old state that is not bytes without
-  ``managedFields``; markers and heartbeats (no object); an extension named ``data`` (the reference
-  writes ``data`` in that extension's place); a string that cannot be encoded (a lone surrogate: the
-  reference makes the dead-letter message). Oversize truncation (:mod:`sinks.oversize`) works on the
-  message built here as on the reference's, after it.
+  ``drop``); a sink with a ``fields`` projection (CEL: :func:`covers`); a ``merge_patch`` update
+  (the patch is computed from both objects; the mode's other events are covered); ``object_and_old``
+  or ``merge_patch`` with an old state that is not bytes without ``managedFields``; markers and
+  heartbeats (no object); an extension named ``data`` (the reference writes ``data`` in that
+  extension's place); a string that cannot be encoded (a lone surrogate: the reference makes the
+  dead-letter message). Oversize truncation (:mod:`sinks.oversize`) works on the message built here
+  as on the reference's, after it.
 """
 
 from __future__ import annotations
@@ -50,10 +51,12 @@ from sinks.cloudevents import (
     CE_SPEC_VERSION,
     KAFKA_PREFIX,
     LEFT_SELECTOR,
-    NATIVE_TYPE_PREFIX,
     STRUCTURED_CONTENT_TYPE,
     context_attributes,
     event_source,
+    event_type,
+    guess_resource,
+    knative_reference,
     rfc3339,
 )
 from sinks.contract import AckCallback, ChangeEvent, EventType, ResourceRef
@@ -86,7 +89,7 @@ _KEPT_MAX = 4096
 
 def covers(options: SinkOptions, *, projected: bool) -> bool:
     """Whether templates build this sink's envelopes (each event may still go to the reference)."""
-    return options.compat == "native" and not projected
+    return not projected
 
 
 def _json(text: str) -> str:
@@ -103,18 +106,32 @@ class EventTemplate:
     """The constant parts of the envelopes of one (sink, resource, cluster, event type)."""
 
     __slots__ = ("after_id", "after_time", "attributed", "cluster", "deletes", "header_prefix", "headers",
-                 "id_infix", "object_and_old")
+                 "id_infix", "knative", "plain_data", "reference", "subject_head", "subject_mid")
 
-    def __init__(self, event: ChangeEvent, *, header_prefix: str, object_and_old: bool) -> None:
+    def __init__(self, event: ChangeEvent, *, options: SinkOptions, header_prefix: str) -> None:
         res, etype = event.resource, event.type
-        source, ce_type = event_source(event), NATIVE_TYPE_PREFIX + etype.value
+        self.knative = options.compat == "knative"
+        source = options.knative_source if self.knative else event_source(event)
+        ce_type = event_type(event, options.compat, options.knative_mode)
         api_version = f"{res.group}/{res.version}" if res.group else res.version
         self.cluster = event.cluster
         self.deletes = etype is EventType.DELETED
         self.attributed = etype in _ATTRIBUTED
         self.id_infix = f"\0{etype.value}\0"
         """What the change id's input has between the resourceVersion and the snapshot id."""
-        self.object_and_old = object_and_old
+        self.reference = self.knative and options.knative_mode == "reference"
+        """``data`` is Knative's object reference."""
+        self.plain_data = not self.reference and options.payload is not PayloadMode.OBJECT_AND_OLD
+        """``data`` is the object's bytes (else :meth:`data`)."""
+        self.subject_head: str | None = None
+        """Knative: the ``subject`` (its self link) up to the namespace (None: ``namespace/name``)."""
+        self.subject_mid = ""
+        if self.knative:
+            version = res.api_version
+            if "." in version and "/" not in version:  # as Knative's createSelfLink does
+                version += "/versionUnknown"
+            self.subject_head = f"/apis/{version}/namespaces/"
+            self.subject_mid = f"/{guess_resource(res.kind)}/"
         # structured: '{"specversion":"1.0","id":"' id after_id subject '","time":"' time after_time …
         self.after_id = f'","source":{_json(source)},"type":{_json(ce_type)},"subject":"'
         self.after_time = (f'","datacontenttype":{_json(JSON_CONTENT_TYPE)},"cluster":{_json(event.cluster)}'
@@ -130,6 +147,12 @@ class EventTemplate:
             f"{p}apiversion": value(api_version),
         }
         """A copy per event has its id, subject and time set (in place: the order stays)."""
+
+    def data(self, event: ChangeEvent, obj: RawObject, old_raw: bytes) -> bytes:
+        """``data`` when it is not the object's bytes alone."""
+        if self.reference:
+            return orjson_dumps(knative_reference(event, obj.namespace, obj.name))
+        return b'{"object":%b,"oldObject":%b}' % (obj.raw, old_raw)
 
 
 def _header_value(prefix: str) -> Callable[[str], str]:
@@ -170,6 +193,7 @@ class TemplatedBuilder:
     def __init__(self, *, options: SinkOptions, header_prefix: str, leaves_raw: Callable[[ResourceRef], bool],
                  static: str | None, destination: Destination, fallback: Builder) -> None:
         self._message = OutgoingMessage
+        self._options = options
         self._payload = options.payload
         self._structured = options.content_mode == "structured"
         self._by_uid = options.key == "uid"
@@ -200,8 +224,8 @@ class TemplatedBuilder:
             for etype in _OBJECT_TYPES:
                 skip = not covered or (payload is PayloadMode.MERGE_PATCH and etype is EventType.UPDATED)
                 shapes[etype] = None if skip else EventTemplate(
-                    ChangeEvent(type=etype, resource=res, cluster=cluster, obj=None),
-                    header_prefix=self._header_prefix, object_and_old=payload is PayloadMode.OBJECT_AND_OLD)
+                    ChangeEvent(type=etype, resource=res, cluster=cluster, obj=None), options=self._options,
+                    header_prefix=self._header_prefix)
             self._known[(res, cluster)] = shapes
         self._shapes = shapes
 
@@ -232,27 +256,29 @@ class TemplatedBuilder:
             time_text = self._times[event.time]
             context = None
             if event.final_state_unknown or event.gap is not None or snap is not None or ext:
-                context = self._context(event, namespace, tpl.attributed)
+                context = self._context(event, namespace, tpl)
                 if context is None:
                     return self._fallback(event, ack)
-            data = obj.raw if not tpl.object_and_old else b'{"object":%b,"oldObject":%b}' % (obj.raw, old_raw)
+            data = obj.raw if tpl.plain_data else tpl.data(event, obj, old_raw)
             subject = f"{namespace}/{name}" if namespace else name
-            static = self._static
+            head = tpl.subject_head
+            ce_subject = subject if head is None else f"{head}{namespace}{tpl.subject_mid}{name}"
             msg = self._message(
                 key=(uid if uid and self._by_uid else subject).encode(),
-                destination=static if static is not None else self._destination(event, namespace, name, uid),
+                # a static template's text ("" included: what its renderer gives too)
+                destination=self._static or self._destination(event, namespace, name, uid),
                 headers={"content-type": STRUCTURED_CONTENT_TYPE}, body=data, event_id=eid, event=event,
                 ack=ack, header_prefix=self._header_prefix, lane=self._lane_prefix + subject,
             )
             if not self._structured:
-                msg.headers = self._headers(tpl, obj, eid, subject, time_text, context=context)
+                msg.headers = self._headers(tpl, obj, eid, ce_subject, time_text, context=context)
                 return msg
             change = obj.change if tpl.attributed else None
             changed = "" if change is None else self._changes[change[:3]]
-            if _JSON_UNSAFE.search(f"{namespace}{name}{uid}{rv}") is not None:
-                namespace, name, uid, rv, subject = _json_inner(namespace, name, uid, rv, subject)
-            ns = f',"namespace":"{namespace}"' if namespace else ""
-            text = (f'{{"specversion":"1.0","id":"{eid}{tpl.after_id}{subject}","time":"{time_text}'
+            if _JSON_UNSAFE.search(f"{ce_subject}{uid}{rv}") is not None:  # the subject holds the rest
+                namespace, name, uid, rv, ce_subject = _json_inner(namespace, name, uid, rv, ce_subject)
+            ns = f',"namespace":"{namespace}"' if namespace or tpl.knative else ""
+            text = (f'{{"specversion":"1.0","id":"{eid}{tpl.after_id}{ce_subject}","time":"{time_text}'
                     f'{tpl.after_time}{ns},"name":"{name}","uid":"{uid}","resourceversion":"{rv}"{changed}')
             ctx = b"," + orjson_dumps(context)[1:-1] if context else b""
             msg.body = b'%b%b,"data":%b}' % (text.encode(), ctx, data)
@@ -260,13 +286,14 @@ class TemplatedBuilder:
         except Exception:  # the reference logs it and makes the dead-letter message
             return self._fallback(event, ack)
 
-    def _context(self, event: ChangeEvent, namespace: str, attributed: bool) -> dict[str, str] | None:
+    @staticmethod
+    def _context(event: ChangeEvent, namespace: str, tpl: EventTemplate) -> dict[str, str] | None:
         """The event's context attributes; None when the reference writes them another way (an
         extension named ``data`` takes the place ``data`` is then written in)."""
         taken = set(_BASE_TAKEN)
-        if namespace:
+        if namespace or tpl.knative:
             taken.add("namespace")
-        change = event.obj.change if type(event.obj) is RawObject and attributed else None
+        change = event.obj.change if type(event.obj) is RawObject and tpl.attributed else None
         if change is not None:
             taken.update(k for k, v in (("manager", change.manager), ("operation", change.operation),
                                         ("subresource", change.subresource)) if v)
@@ -296,7 +323,7 @@ class TemplatedBuilder:
         headers = tpl.headers.copy()
         headers[f"{p}id"], headers[f"{p}subject"], headers[f"{p}time"] = eid, subject, time_text
         for key, value in zip(names, values, strict=True):
-            if key != "namespace" or value:
+            if key != "namespace" or value or tpl.knative:
                 headers[p + key] = value
         return headers
 

@@ -33,7 +33,9 @@ OPTIONS: tuple[dict[str, Any], ...] = (
     {"destination": "fixed"}, {"payload": "object_and_old"},
     {"payload": "merge_patch"}, {"payload": "object_and_old", "content_mode": "binary"},
     {"redact": {"paths": ["spec.x"]}}, {"redact": {"managed_fields": "keep"}}, {"fields": ["metadata.name"]},
-    {"compat": "knative"},
+    {"compat": "knative"}, {"compat": "knative", "knative_mode": "reference"},
+    {"compat": "knative", "content_mode": "binary", "knative_source": 'https://api.example/ä"%'},
+    {"compat": "knative", "knative_mode": "reference", "content_mode": "binary"},
 )
 CASES = 3000
 """Events per run, over every option set and both header prefixes."""
@@ -195,12 +197,12 @@ def test_templates_build_the_reference_message_byte_for_byte(prefixed: type[Reco
     assert escaped > CASES // 20, escaped  # identities that JSON or HTTP headers escape
 
 
-def test_knative_and_projected_sinks_build_by_the_reference() -> None:
-    for opts in ({"compat": "knative"}, {"fields": ["metadata.name"]}):
+def test_a_projected_sink_builds_by_the_reference() -> None:
+    envelope = RecordingSink(name="t", options=SinkOptions(fields=["metadata.name"]))._envelope
+    assert envelope.build == envelope.reference_build
+    for opts in ({}, {"compat": "knative"}, {"payload": "merge_patch"}):
         envelope = RecordingSink(name="t", options=SinkOptions.model_validate(opts))._envelope
-        assert envelope.build == envelope.reference_build
-    envelope = RecordingSink(name="t", options=SinkOptions())._envelope
-    assert envelope.build != envelope.reference_build
+        assert envelope.build != envelope.reference_build
 
 
 def test_the_memo_of_sanitised_destination_fields_stays_bounded_without_batches() -> None:
