@@ -14,8 +14,8 @@ Per event only the variable parts are written in: ``id``, ``subject`` (Knative: 
 gap, snapshot, and its extensions, the Events profile's among them:
 :func:`~sinks.cloudevents.context_attributes`, shared with the reference), and ``data``: the
 object's bytes as its :class:`~bridge.rawobject.RawObject` keeps them, ``{"object": …,
-"oldObject": …}`` spliced from both objects' bytes (``object_and_old``), or Knative's object
-reference.
+"oldObject": …}`` spliced from both objects' bytes (``object_and_old``), an update's merge patch
+(``merge_patch``: computed from both objects, as the reference does), or Knative's object reference.
 
 Invariants:
 
@@ -25,8 +25,7 @@ Invariants:
 - whatever the templates do not cover goes to the reference builder, whole: an object not kept as
   bytes (a decoded dict), kept with its ``managedFields``, or malformed (its quarantine record is the
   reference's business); a resource whose redaction is not the identity (Secrets, ``redact``,
-  ``drop``); a sink with a ``fields`` projection (CEL: :func:`covers`); a ``merge_patch`` update
-  (the patch is computed from both objects; the mode's other events are covered); ``object_and_old``
+  ``drop``); a sink with a ``fields`` projection (CEL: :func:`covers`); ``object_and_old``
   or ``merge_patch`` with an old state that is not bytes without ``managedFields``; markers and
   heartbeats (no object); an extension named ``data`` (the reference writes ``data`` in that
   extension's place); a string that cannot be encoded (a lone surrogate: the reference makes the
@@ -45,7 +44,7 @@ from urllib.parse import quote
 
 from orjson import dumps as orjson_dumps
 
-from bridge.rawobject import RawObject
+from bridge.rawobject import RawObject, dumps, plain
 from sinks.cloudevents import (
     _HEADER_SAFE,
     CE_SPEC_VERSION,
@@ -61,7 +60,7 @@ from sinks.cloudevents import (
 )
 from sinks.contract import AckCallback, ChangeEvent, EventType, ResourceRef
 from sinks.message import Builder, OutgoingMessage
-from sinks.payload import JSON_CONTENT_TYPE, PayloadMode
+from sinks.payload import JSON_CONTENT_TYPE, MERGE_PATCH_CONTENT_TYPE, PayloadMode, merge_patch
 
 if TYPE_CHECKING:
     from sinks.options import SinkOptions
@@ -106,7 +105,7 @@ class EventTemplate:
     """The constant parts of the envelopes of one (sink, resource, cluster, event type)."""
 
     __slots__ = ("after_id", "after_time", "attributed", "cluster", "deletes", "header_prefix", "headers",
-                 "id_infix", "knative", "plain_data", "reference", "subject_head", "subject_mid")
+                 "id_infix", "knative", "patch", "plain_data", "reference", "subject_head", "subject_mid")
 
     def __init__(self, event: ChangeEvent, *, options: SinkOptions, header_prefix: str) -> None:
         res, etype = event.resource, event.type
@@ -121,7 +120,10 @@ class EventTemplate:
         """What the change id's input has between the resourceVersion and the snapshot id."""
         self.reference = self.knative and options.knative_mode == "reference"
         """``data`` is Knative's object reference."""
-        self.plain_data = not self.reference and options.payload is not PayloadMode.OBJECT_AND_OLD
+        self.patch = options.payload is PayloadMode.MERGE_PATCH and etype is EventType.UPDATED
+        """``data`` is the merge patch from the old object to the new one."""
+        self.plain_data = not (self.reference or self.patch or options.payload is PayloadMode.OBJECT_AND_OLD)
+        content_type = MERGE_PATCH_CONTENT_TYPE if self.patch else JSON_CONTENT_TYPE
         """``data`` is the object's bytes (else :meth:`data`)."""
         self.subject_head: str | None = None
         """Knative: the ``subject`` (its self link) up to the namespace (None: ``namespace/name``)."""
@@ -134,7 +136,7 @@ class EventTemplate:
             self.subject_mid = f"/{guess_resource(res.kind)}/"
         # structured: '{"specversion":"1.0","id":"' id after_id subject '","time":"' time after_time …
         self.after_id = f'","source":{_json(source)},"type":{_json(ce_type)},"subject":"'
-        self.after_time = (f'","datacontenttype":{_json(JSON_CONTENT_TYPE)},"cluster":{_json(event.cluster)}'
+        self.after_time = (f'","datacontenttype":{_json(content_type)},"cluster":{_json(event.cluster)}'
                            f',"kind":{_json(res.kind)},"apiversion":{_json(api_version)}')
         # binary: the attribute headers in the reference's order, with the constant values
         self.header_prefix = header_prefix
@@ -142,16 +144,20 @@ class EventTemplate:
         p = header_prefix
         self.headers = {
             f"{p}specversion": value(CE_SPEC_VERSION), f"{p}id": "", f"{p}source": value(source),
-            f"{p}type": value(ce_type), f"{p}subject": "", f"{p}time": "", "content-type": JSON_CONTENT_TYPE,
+            f"{p}type": value(ce_type), f"{p}subject": "", f"{p}time": "", "content-type": content_type,
             f"{p}cluster": value(event.cluster), f"{p}kind": value(res.kind),
             f"{p}apiversion": value(api_version),
         }
         """A copy per event has its id, subject and time set (in place: the order stays)."""
 
-    def data(self, event: ChangeEvent, obj: RawObject, old_raw: bytes) -> bytes:
-        """``data`` when it is not the object's bytes alone."""
+    def data(self, event: ChangeEvent, obj: RawObject) -> bytes:
+        """``data`` when it is not the object's bytes alone (an old state is bytes, or None)."""
         if self.reference:
             return orjson_dumps(knative_reference(event, obj.namespace, obj.name))
+        old = event.old
+        if self.patch:  # an integer beyond 64 bits: dumps writes it as the reference does (msgspec)
+            return dumps(merge_patch(plain(old) if old is not None else None, plain(obj)))
+        old_raw = old.raw if type(old) is RawObject and event.type is EventType.UPDATED else b"null"
         return b'{"object":%b,"oldObject":%b}' % (obj.raw, old_raw)
 
 
@@ -218,12 +224,10 @@ class TemplatedBuilder:
         self._lane_prefix = f"{res.group}/{res.resource}\0"
         shapes = self._known.get((res, cluster))
         if shapes is None:
-            payload = self._payload
             covered = self._leaves_raw(res)
             shapes = {}
             for etype in _OBJECT_TYPES:
-                skip = not covered or (payload is PayloadMode.MERGE_PATCH and etype is EventType.UPDATED)
-                shapes[etype] = None if skip else EventTemplate(
+                shapes[etype] = None if not covered else EventTemplate(
                     ChangeEvent(type=etype, resource=res, cluster=cluster, obj=None), options=self._options,
                     header_prefix=self._header_prefix)
             self._known[(res, cluster)] = shapes
@@ -234,12 +238,10 @@ class TemplatedBuilder:
         obj = event.obj
         if type(obj) is not RawObject or obj.managed_fields or obj.malformed:
             return self._fallback(event, ack)
-        old, old_raw = event.old, b"null"
-        if old is not None and self._payload is not PayloadMode.OBJECT:
-            if type(old) is not RawObject or old.managed_fields or old.malformed:
-                return self._fallback(event, ack)
-            if event.type is EventType.UPDATED:
-                old_raw = old.raw
+        old = event.old
+        if old is not None and self._payload is not PayloadMode.OBJECT and (
+                type(old) is not RawObject or old.managed_fields or old.malformed):
+            return self._fallback(event, ack)
         namespace, name, uid, rv = obj.namespace, obj.name, obj.uid, obj.resource_version
         ext, snap = event.extensions, event.snapshot
         try:
@@ -259,7 +261,7 @@ class TemplatedBuilder:
                 context = self._context(event, namespace, tpl)
                 if context is None:
                     return self._fallback(event, ack)
-            data = obj.raw if tpl.plain_data else tpl.data(event, obj, old_raw)
+            data = obj.raw if tpl.plain_data else tpl.data(event, obj)
             subject = f"{namespace}/{name}" if namespace else name
             head = tpl.subject_head
             ce_subject = subject if head is None else f"{head}{namespace}{tpl.subject_mid}{name}"
