@@ -265,10 +265,10 @@ class TemplatedBuilder:
             subject = f"{namespace}/{name}" if namespace else name
             head = tpl.subject_head
             ce_subject = subject if head is None else f"{head}{namespace}{tpl.subject_mid}{name}"
+            static = self._static  # "" is one too: a file's or a webhook's default
             msg = self._message(
                 key=(uid if uid and self._by_uid else subject).encode(),
-                # a static template's text ("" included: what its renderer gives too)
-                destination=self._static or self._destination(event, namespace, name, uid),
+                destination=static if static is not None else self._destination(event, namespace, name, uid),
                 headers={"content-type": STRUCTURED_CONTENT_TYPE}, body=data, event_id=eid, event=event,
                 ack=ack, header_prefix=self._header_prefix, lane=self._lane_prefix + subject,
             )
