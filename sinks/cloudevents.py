@@ -49,7 +49,7 @@ import math
 import re
 import time as _time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import Any, Final, Literal
 
 import msgspec
@@ -69,6 +69,7 @@ __all__ = [
     "Compat",
     "KnativeMode",
     "cloudevent_of",
+    "context_attributes",
     "decode_binary",
     "decode_structured",
     "encode_binary",
@@ -341,28 +342,37 @@ def _add_change(ce: dict[str, Any], obj: Mapping[str, Any]) -> None:
 def _add_context(ce: dict[str, Any], event: ChangeEvent) -> None:
     """The attributes of a final state unknown, a gap, a snapshot, and the event's extensions
     (never replacing an attribute already set)."""
+    ce.update(context_attributes(event, ce))
+
+
+def context_attributes(event: ChangeEvent, taken: Container[str]) -> dict[str, str]:
+    """The attributes of a final state unknown, a gap, a snapshot, and the event's extensions, in
+    the envelope's order, for an envelope whose attributes so far are ``taken``: an extension whose
+    name (lowercased, cut to ``[a-z0-9]``) is taken, or is an earlier extension's, is left out."""
+    out: dict[str, str] = {}
     if event.final_state_unknown:
-        ce["finalstateunknown"] = "true"
+        out["finalstateunknown"] = "true"
     gap = event.gap
     if gap is not None:
-        ce["gapid"] = gap.id
-        ce["gapfrom"] = gap.from_resource_version
+        out["gapid"] = gap.id
+        out["gapfrom"] = gap.from_resource_version
         if gap.to_resource_version:
-            ce["gapto"] = gap.to_resource_version
+            out["gapto"] = gap.to_resource_version
     snap = event.snapshot
     if snap is not None:
-        ce["snapshotid"] = snap.id
-        ce["snapshotrv"] = snap.resource_version
+        out["snapshotid"] = snap.id
+        out["snapshotrv"] = snap.resource_version
         if snap.count is not None:
-            ce["snapshotcount"] = str(snap.count)
+            out["snapshotcount"] = str(snap.count)
         if snap.total_shards is not None:
-            ce["shard"] = str(snap.shard)
-            ce["totalshards"] = str(snap.total_shards)
+            out["shard"] = str(snap.shard)
+            out["totalshards"] = str(snap.total_shards)
     if event.extensions:
         for key, value in event.extensions.items():
             ext = _EXT_NAME.sub("", key.lower())
-            if ext and ext not in ce:
-                ce[ext] = str(value)
+            if ext and ext not in taken and ext not in out:
+                out[ext] = str(value)
+    return out
 
 
 def encode_structured(ce: Mapping[str, Any]) -> bytes:
