@@ -2,11 +2,25 @@
 
 Sinks acknowledge out of order, so the bridge may resume from the resourceVersion up to which every
 listener acknowledged every notification. :class:`AckTracker` keeps what some listener still owes in
-a window; its fully acknowledged prefix is applied in ``seq`` order to the *acked index* (key →
-(uid, resourceVersion)), and a progress marker becomes the resume point once everything before it
-is applied. The index is kept **exactly as of the resume point**: changes newer than it (a watch
-resumed from it replays them) wait per key in an *ahead* list until a marker covers them.
-:meth:`AckTracker.listener_state` computes one sink's own progress from the same window.
+a window, and a **per-read ledger**: one :class:`~bridge.delivery.progress_records.Read` per progress
+marker (the informer queues one per read of the watch stream, one per relist), counting down the
+notifications of that read some listener still owes. A notification's last acknowledgement is a
+countdown; once a read's count is 0 and every earlier read has passed, its marker becomes the resume
+point and its changes are applied in ``seq`` order to the *acked index* (key → (uid,
+resourceVersion)) — straight into it, the marker first, since the read's changes are at or below it.
+
+The index is kept **exactly as of the resume point**: changes newer than it (a watch resumed from it
+replays them) wait per key in an *ahead* list until a marker covers them. That happens only where
+the contract needs it: a checkpoint's changes from a previous run, a read acknowledged in part
+(a slow sink, out-of-order acknowledgements, a relist's many changes before its one marker) and
+changes newer than their read's marker.
+
+**Invariant** (settling): every method that reads the checkpoint state first applies the
+acknowledged prefix of the head read (the changes before the first one some listener owes, held
+ahead of the resume point), so what it reads is exactly what applying each notification as soon as
+it and every earlier one are acknowledged would give; between two reads of the state nothing is
+applied per change. :meth:`AckTracker.listener_state` computes one sink's own progress from the
+same window (:mod:`bridge.delivery.own_progress`).
 """
 
 from __future__ import annotations
@@ -23,6 +37,7 @@ from bridge.contracts import (
     NotificationKind,
     UnconfirmedGone,
 )
+from bridge.delivery.own_progress import OwnProgress
 from bridge.delivery.progress_records import (
     HOLDS_NOTHING,
     AheadEntry,
@@ -30,6 +45,7 @@ from bridge.delivery.progress_records import (
     IndexEntry,
     InFlight,
     Known,
+    Read,
     Scan,
     effect_of,
     entry_of,
@@ -42,7 +58,7 @@ __all__ = ["HOLDS_NOTHING", "AckTracker", "AheadEntry", "IndexEntry", "Known", "
 
 log = logging.getLogger(__name__)
 
-class AckTracker:
+class AckTracker(OwnProgress):
     """A :class:`~bridge.contracts.DeliveryObserver` computing the checkpoint state of one informer.
     ``resource_version``, ``index`` and ``ahead`` seed it from a checkpoint (empty: a fresh start,
     the resume point unknown, ``""``, until the first progress marker is passed)."""
@@ -71,10 +87,13 @@ class AckTracker:
             if rv_int is not None:
                 self._hold(key, rv_int, None if deleted else (uid, rv))
         self._rv_int = parse_rv(resource_version)
-        # seq → notification still owed by some listener, or acked but behind an unacked one.
+        # seq → notification not applied yet: owed by some listener, or acknowledged but its read (or
+        # an earlier one) is not; a settle applies the acknowledged prefix.
         self._window: collections.OrderedDict[int, InFlight] = collections.OrderedDict()
-        # (seq, rv) markers not yet passed, in seq order.
-        self._markers: collections.deque[tuple[int, str]] = collections.deque()
+        # The ledger: the closed reads whose markers are not passed yet, in seq order, and the open
+        # read (the notifications dispatched since the last marker).
+        self._reads: collections.deque[Read] = collections.deque()
+        self._open = Read()
         self._outstanding = 0
         # key → resourceVersion of the last add/update dispatched for it (this run).
         self._last_rv: dict[str, str] = {}
@@ -132,16 +151,20 @@ class AckTracker:
             else:
                 self._note_state(notification)
             effect = effect_of(notification)
-        entry = InFlight(effect, set(listeners), self._now() if self._now is not None else 0.0)
+        read = self._open
+        reads = self._reads
+        if reads and seq < reads[-1].end:
+            # Numbered before a marker already given (a caller numbering its own): that read's.
+            read = next(r for r in reads if seq < r.end)
+        entry = InFlight(effect, set(listeners), self._now() if self._now is not None else 0.0, read)
         if effect is not None and effect[1] is None:
             entry.deleted = entry_of(obj)
         self._window[seq] = entry
         if entry.waiting:
-            # Owed by someone: it cannot be applied now, and the markers it could hold back were
-            # passed when the window last changed at its head. Nothing to advance.
             self._outstanding += 1
-            return
-        self._advance()
+            read.owed += 1
+        # Nothing to advance either way: its read is open (no marker yet), and it is applied when
+        # its read passes, or by a settle.
 
     def acked(self, listener: str, seq: int) -> None:
         self.acks += 1
@@ -156,20 +179,50 @@ class AckTracker:
             self._max_acked[listener] = seq
         if not waiting:
             self._outstanding -= 1
-            # Only the window's head can be applied: behind a notification still owed nothing moves
-            # (the head always has someone waiting once a call returns), and no marker either.
-            if seq == next(iter(self._window)):
+            read = entry.read
+            read.owed -= 1
+            if self._unobserved:
+                self._unobserved.discard(seq)  # answered until every listener acknowledged it
+            # The countdown: only a read acknowledged whole, at the ledger's head, moves anything.
+            if not read.owed and self._reads and self._reads[0] is read:
                 self._advance()
 
     def progress(self, seq: int, resource_version: str) -> None:
-        if self._markers and self._markers[-1][0] == seq:
-            self._markers[-1] = (seq, resource_version)  # a later marker for the same point wins
-        else:
-            self._markers.append((seq, resource_version))
+        reads = self._reads
+        rv_int = parse_rv(resource_version)
+        if reads and reads[-1].end == seq:
+            # A later marker for the same point wins (nothing was dispatched since the last one).
+            last = reads[-1]
+            last.rv, last.rv_int = resource_version, rv_int
+            return
+        if reads and seq < reads[-1].end:
+            # Behind the last marker (markers come in seq order): the same point as that one.
+            last = reads[-1]
+            last.rv, last.rv_int = resource_version, rv_int
+            return
+        read = self._open
+        read.end, read.rv, read.rv_int = seq, resource_version, rv_int
+        self._open = Read()
+        if self._last_dispatched_seq >= seq:
+            self._split(read)
+        reads.append(read)
+        if not reads[0].owed:
+            self._advance()
+
+    def _split(self, read: Read) -> None:
+        """Hands the notifications numbered at or after ``read``'s marker (dispatched before it was
+        given) to the open read: a marker covers only what precedes it."""
         window = self._window
-        if window and seq > next(iter(window)):
-            return  # behind a notification still owed: it passes when that one is applied
-        self._advance()
+        following = self._open
+        for seq in reversed(window):
+            if seq < read.end:
+                break
+            entry = window[seq]
+            if entry.read is read:
+                entry.read = following
+                if entry.waiting:
+                    read.owed -= 1
+                    following.owed += 1
 
     def listener_removed(self, listener: str) -> None:
         self._scans.pop(listener, None)
@@ -180,6 +233,10 @@ class AckTracker:
                 entry.waiting.discard(listener)
                 if not entry.waiting:
                     self._outstanding -= 1
+                    entry.read.owed -= 1
+        if self._unobserved:
+            self._unobserved.intersection_update(
+                seq for seq, entry in self._window.items() if entry.waiting)
         self._advance()
 
     def _note_gap(self, seq: int, end: bool) -> None:
@@ -189,22 +246,6 @@ class AckTracker:
             gaps.append([seq, -1])
         elif gaps and gaps[-1][1] < 0:
             gaps[-1][1] = seq
-
-    def _open_windows(self, listener: str) -> list[tuple[int, float]]:
-        """The seqs ``[begin, end)`` of the relist windows whose end ``listener`` has not acknowledged
-        (docs/delivery-contract.md, section 2: a window is one delivery). What it acknowledged inside
-        one is not its own progress yet: after a crash its filter would skip the window's states and
-        what the window coalesced before them, and no window naming those changes would close for it."""
-        window = self._window
-        out: list[tuple[int, float]] = []
-        for begin, end in self._gaps:
-            if end < 0:
-                out.append((begin, float("inf")))
-            else:
-                entry = window.get(end)
-                if entry is not None and listener in entry.waiting:
-                    out.append((begin, end))
-        return out
 
     def _note_state(self, n: Notification) -> None:
         """What a delete tells of the key's last state (:meth:`dispatched` notes adds and updates)."""
@@ -249,11 +290,13 @@ class AckTracker:
 
     def checkpoint_state(self) -> tuple[str, dict[str, IndexEntry]]:
         """The safe resume resourceVersion ("": none yet) and a copy of the acked index as of it."""
+        self._settle()
         return self._resource_version, dict(self._index)
 
     def delivered_ahead(self) -> dict[str, AheadEntry]:
         """Per object, the newest acknowledged change the resume point does not cover yet: a resumed
         watch replays them, applied to the cache without notifying the sinks again."""
+        self._settle()
         out: dict[str, AheadEntry] = {}
         for key, changes in self._ahead.items():
             rv, entry = changes[-1]
@@ -275,15 +318,18 @@ class AckTracker:
     def lag(self) -> int:
         """Dispatched notifications not yet reflected in the checkpoint state (pending ones plus
         acked ones waiting behind an older pending one)."""
+        self._settle()
         return len(self._window)
 
     @property
     def generation(self) -> int:
         """Increases whenever the checkpoint state changes; lets a writer skip identical saves."""
+        self._settle()
         return self._generation
 
     @property
     def last_applied_seq(self) -> int:
+        self._settle()
         return self._last_applied_seq
 
     def pending_by_listener(self) -> dict[str, int]:
@@ -304,6 +350,12 @@ class AckTracker:
         """What every sink acknowledged of ``key``: the newest change in the delivered-ahead map,
         else the index entry; None when the key is unknown (never seen, or deleted before the
         resume point)."""
+        self._settle()
+        return self._known_of(key)
+
+    def _known_of(self, key: str) -> Known | None:
+        """:meth:`base_knowledge` as the tracker holds it now (no settle: for the tracker's own
+        passes, the state already settled)."""
         pending = self._ahead.get(key)
         if pending:
             rv, entry = pending[-1]
@@ -314,227 +366,97 @@ class AckTracker:
         rv_int = parse_rv(entry[1])
         return Known(entry[0], rv_int if rv_int is not None else 0, False)
 
-    def follow_listener(self, listener: str, floor: int, own: Mapping[str, Known]) -> None:
-        """Starts ``listener``'s own-progress scan (:meth:`listener_state`) now, before the first
-        notification is dispatched: for a sink whose knowledge differs from the base (``floor``,
-        ``own``: its section). **Invariant**: every change applied meanwhile to an object it knows
-        differently is folded into its knowledge in order; a scan started at the first checkpoint
-        write would keep its stale state (an object it saw deleted, though it has since received its
-        re-creation), and after the next crash its filter would drop the delete of what it holds."""
-        if listener not in self._scans:
-            self._scans[listener] = self._new_scan(floor, own)
-
-    def _new_scan(self, floor: int, own: Mapping[str, Known]) -> Scan:
-        changes = {key: Known(*k) for key, k in own.items()}
-        return Scan(cursor=self._last_applied_seq + 1, changes=changes, rv=floor)
-
-    def listener_state(self, listener: str, floor: int, own: Mapping[str, Known]
-                       ) -> tuple[int, dict[str, Known | None]]:
-        """One sink's own progress, for the checkpoint's per-sink section: its resume
-        resourceVersion and, per object, what it acknowledged where that differs from
-        :meth:`base_knowledge` (None: the base knows the object, the sink knows it is gone).
-
-        ``floor`` and ``own``: its section when the informer resumed (read on the first call unless
-        :meth:`follow_listener` started the scan). Its progress is that, plus the window's prefix it
-        does not owe and the markers that prefix passes, plus what it acknowledged past it
-        (:meth:`_acked_beyond`); per object, a change older than what it knows is not applied (it
-        skipped its replay). Incremental: each call scans only what was dispatched since the last."""
-        scan = self._scans.get(listener)
-        if scan is None:
-            scan = self._scans[listener] = self._new_scan(floor, own)
-        base_rv = self._rv_int if self._rv_int is not None else 0
-        scan.rv = max(scan.rv, base_rv)
-        open_windows = self._open_windows(listener) if self._gaps else []
-        limit = self._scan_prefix(listener, scan, open_windows)
-        scan.rv = max(scan.rv, self._marker_rv(limit))
-        rv = scan.rv
-        out: dict[str, Known | None] = {}
-        beyond, owes = (self._acked_beyond(listener, limit, scan, open_windows) if limit is not None
-                        else ({}, {}))
-        self._owes[listener] = owes
-        for key, mine in [*beyond.items(), *((k, m) for k, m in scan.changes.items() if k not in beyond)]:
-            base = self.base_knowledge(key)
-            if mine.deleted and key not in beyond and (base is None or base.deleted):
-                # Gone for both — forgotten once the base's resume point covers the delete (before
-                # that, "the base does not know it" may still mean "not yet": an older change of it
-                # may be waiting for a slower sink).
-                if 0 <= mine.resource_version <= base_rv:
-                    del scan.changes[key]
-            elif mine.deleted:
-                out[key] = None if mine.resource_version <= rv else mine
-            elif base != mine:
-                out[key] = mine
-            elif key not in beyond:
-                del scan.changes[key]  # the base caught up with it
-        return rv, out
-
-    def _scan_prefix(self, listener: str, scan: Scan, open_windows: list[tuple[int, float]]) -> int | None:
-        """Folds into ``scan`` the notifications since its cursor up to the first the sink still
-        owes, or the first inside a window whose end it owes (``open_windows``); returns that one's
-        seq (None: it owes nothing dispatched)."""
-        window = self._window
-        seq = max(scan.cursor, self._last_applied_seq + 1)
-        last = self._last_dispatched_seq
-        limit: int | None = None
-        while seq <= last:
-            entry = window.get(seq)
-            if entry is not None:
-                if listener in entry.waiting or (open_windows and _inside(open_windows, seq)):
-                    limit = seq
-                    break
-                self._scan_effect(scan, entry.effect)
-            seq += 1
-        scan.cursor = seq
-        return limit
-
-    def _acked_beyond(self, listener: str, limit: int, scan: Scan, open_windows: list[tuple[int, float]]
-                      ) -> tuple[dict[str, Known], dict[str, dict[str, int]]]:
-        """Per object, the newest change ``listener`` acknowledged past its contiguous prefix (from
-        ``limit``, the first it owes; section 3: after a crash its filter skips a change at or below
-        what it acknowledged of that object). Also, per key, what it owes of earlier objects of a
-        re-used name while it acknowledged a later one (:meth:`owed_deletes`): per earlier uid, its
-        first change owed since the last one acknowledged. A key stays as it was from a change
-        without a resourceVersion. Recomputed at each call, up to the highest seq it acknowledged."""
-        last = self._max_acked.get(listener, -1)
-        out: dict[str, Known] = {}
-        owes: dict[str, dict[str, int]] = {}
-        if last <= limit:
-            return out, owes
-        blocked: set[str] = set()
-        owed: dict[str, dict[str, int]] = {}  # key → uid → its first change owed since one acknowledged
-        window = self._window
-        for seq in range(limit, last + 1):
-            entry = window.get(seq)
-            if entry is None or entry.effect is None:
-                continue
-            key, known, effect_rv = entry.effect
-            if key in blocked:
-                continue
-            uid = known[0] if known is not None else entry.deleted[0]
-            tombstone = effect_rv == -1
-            if tombstone:  # a relist's tombstone: a delete at the state it knew
-                effect_rv = parse_rv(entry.deleted[1])
-            if effect_rv is None or not uid:
-                blocked.add(key)
-                continue
-            mine = owed.setdefault(key, {})
-            if listener in entry.waiting or (open_windows and _inside(open_windows, seq)):
-                # A tombstone is owed after the state it was inferred from, which the sink holds
-                # (acknowledged or covered): owed from that state, the replayed change that made it
-                # would pass as owed and reach the sink twice.
-                mine.setdefault(uid, effect_rv + 1 if tombstone else effect_rv)
-                continue
-            mine.pop(uid, None)  # what it owes of this object is older than this change
-            current = out.get(key) or scan.changes.get(key) or self.base_knowledge(key)
-            if current is not None and effect_rv < current.resource_version:
-                continue
-            out[key] = Known(uid, effect_rv, known is None)
-            if mine:
-                owes[key] = dict(mine)
-            else:
-                owes.pop(key, None)
-        return out, {key: owe for key, owe in owes.items() if key in out}
-
-    def owed_deletes(self, listener: str) -> dict[str, dict[str, int]]:
-        """As of the last :meth:`listener_state` of ``listener``: key → what it owes of earlier
-        objects while its state of the key is a later object's, uid → the resourceVersion from which
-        (``resume_plan.owes_change``)."""
-        return {key: dict(owe) for key, owe in self._owes.get(listener, {}).items()}
-
-    def _marker_rv(self, limit: int | None) -> int:
-        """The newest resourceVersion among the pending markers a listener owing nothing before
-        ``limit`` (None: nothing) has passed; 0 if none. Scans from the end: a listener that keeps
-        up passes nearly all of them."""
-        markers = self._markers
-        if not markers or (limit is not None and markers[0][0] > limit):
-            return 0
-        for seq, marker_rv in reversed(markers):
-            if limit is None or seq <= limit:
-                return parse_rv(marker_rv) or 0
-        return 0
-
-    def _scan_effect(self, scan: Scan, effect: Effect) -> None:
-        """Applies one notification's effect to a sink's own knowledge (newest resourceVersion
-        wins; a relist's tombstone, -1, always applies)."""
-        if effect is None:
-            return
-        key, known, effect_rv = effect
-        if effect_rv is None:
-            return
-        changes = scan.changes
-        current = changes.get(key) or self.base_knowledge(key)
-        if effect_rv != -1 and current is not None and effect_rv < current.resource_version:
-            return  # older than what the sink has: it skipped this replayed change
-        if known is None:
-            at = effect_rv if effect_rv != -1 else (current.resource_version if current else -1)
-            changes[key] = Known("" if current is None else current.uid, at, True)
-        else:
-            changes[key] = Known(known[0], effect_rv, False)
-
     # ---------------------------------------------------------------------------------------------
 
     def _advance(self) -> None:
+        """Passes every read acknowledged whole whose earlier reads have passed, in order: its
+        marker first (the resume point moves), then its changes straight into the index. A marker
+        whose resourceVersion is not an integer is passed after its read's changes instead, as the
+        changes applied one by one would have it (they are then held ahead, see :meth:`_apply`)."""
+        reads = self._reads
         changed = False
-        window = self._window
-        markers = self._markers
-        scans = self._scans
-        unobserved = self._unobserved
-        while window:
-            seq = next(iter(window))
-            entry = window[seq]
-            if entry.waiting:
-                break
-            # Markers at or below this seq describe changes already applied.
-            if markers and markers[0][0] <= seq:
-                changed |= self._pass_markers(seq)
-            del window[seq]
-            if self._gaps and self._gaps[0][1] == seq:
-                self._gaps.popleft()  # every sink acknowledged the window's end
-            if unobserved:
-                unobserved.discard(seq)
-            effect = entry.effect
-            if effect is not None:
-                if scans:
-                    # A sink's incremental scan that has not reached it yet takes it now, in order —
-                    # if the sink knows the object differently; otherwise it agrees with the base,
-                    # which takes it now. O(sinks) per change, a comparison and a lookup each.
-                    key = effect[0]
-                    for scan in scans.values():
-                        if scan.cursor <= seq and key in scan.changes:
-                            self._scan_effect(scan, effect)
-                # Applied to the index, or held while newer than the resume point.
-                key, known, rv = effect
-                rv_int = self._rv_int
-                if (rv is None or (self._resource_version and rv_int is None)
-                        or (rv_int is not None and rv <= rv_int and key not in self._ahead)):
-                    if known is None:
-                        self._index.pop(key, None)
-                    else:
-                        self._index[key] = known
-                else:
-                    self._hold(key, rv, known)
-            self._last_applied_seq = seq
-            changed = True
-        if markers:
-            changed |= self._pass_markers(next(iter(window)) if window else None)
+        while reads and not reads[0].owed:
+            read = reads.popleft()
+            first = not self._resource_version
+            early = read.rv_int is not None
+            passed = early and self._pass(read)
+            applied = self._apply(read.end)
+            if not early:
+                passed = self._pass(read)
+            if passed and first and self._on_first_resume_point is not None:
+                self._on_first_resume_point(self._resource_version)
+            changed = changed or passed or applied
         if changed:
             self._generation += 1
 
-    def _pass_markers(self, limit: int | None) -> bool:
-        """Passes the markers whose every preceding notification is applied: all of them when the
-        window is empty (``limit`` None), else those with ``seq <= limit``."""
-        passed = False
-        first = not self._resource_version
-        while self._markers and (limit is None or self._markers[0][0] <= limit):
-            _, rv = self._markers.popleft()
-            if rv and rv != self._resource_version:
-                self._resource_version = rv
-                self._rv_int = parse_rv(rv)
-                self._fold_ahead()
-                passed = True
-        if passed and first and self._on_first_resume_point is not None:
-            self._on_first_resume_point(self._resource_version)
-        return passed
+    def _settle(self) -> None:
+        """Applies the acknowledged prefix of the head read (module docs: before the state is read);
+        a look at the window's head when there is none."""
+        window = self._window
+        if window and not window[next(iter(window))].waiting:
+            self._apply(None)
+            self._generation += 1
+
+    def _apply(self, end: int | None) -> bool:
+        """Applies the window's notifications from its head, in ``seq`` order: those before ``end``
+        (a read that passed: all acknowledged), or (None) those up to the first one owed. Each one's
+        effect goes to the sinks' scans that follow its object, then to the index, or is held while
+        newer than the resume point (or while the key has changes held). True if it applied any."""
+        window = self._window
+        scans = self._scans
+        unobserved = self._unobserved
+        gaps = self._gaps
+        index = self._index
+        ahead = self._ahead
+        rv_int = self._rv_int
+        exact = not (self._resource_version and rv_int is None)
+        last = self._last_applied_seq
+        while window:
+            seq, entry = window.popitem(last=False)
+            if (seq >= end) if end is not None else bool(entry.waiting):
+                window[seq] = entry  # not this one: back at the head
+                window.move_to_end(seq, last=False)
+                break
+            if gaps and gaps[0][1] == seq:
+                gaps.popleft()  # every sink acknowledged the window's end
+            if unobserved:
+                unobserved.discard(seq)
+            last = seq
+            effect = entry.effect
+            if effect is None:
+                continue
+            key, known, rv = effect
+            if scans:
+                # A sink's incremental scan that has not reached it yet takes it now, in order —
+                # if the sink knows the object differently; otherwise it agrees with the base,
+                # which takes it now. O(sinks) per change, a comparison and a lookup each.
+                for scan in scans.values():
+                    if scan.cursor <= seq and key in scan.changes:
+                        self._scan_effect(scan, effect)
+            # Applied to the index, or held while newer than the resume point.
+            if rv is None or not exact or (rv_int is not None and rv <= rv_int and key not in ahead):
+                if known is None:
+                    index.pop(key, None)
+                else:
+                    index[key] = known
+            else:
+                self._hold(key, rv, known)
+        if last == self._last_applied_seq:
+            return False
+        self._last_applied_seq = last
+        return True
+
+    def _pass(self, read: Read) -> bool:
+        """Makes ``read``'s marker the resume point (every notification before it is acknowledged);
+        True if that moved it. The changes held ahead that it now covers go to the index."""
+        rv = read.rv
+        if not rv or rv == self._resource_version:
+            return False
+        self._resource_version = rv
+        self._rv_int = read.rv_int
+        if self._ahead_heap:
+            self._fold_ahead()
+        return True
 
     def _fold_ahead(self) -> None:
         """Moves into the index, in resourceVersion order, the applied changes the resume point now
@@ -566,7 +488,3 @@ class AckTracker:
             rv = changes[-1][0]
         changes.append((rv, entry))
         heapq.heappush(self._ahead_heap, (rv, next(self._ahead_count), key))
-
-
-def _inside(windows: list[tuple[int, float]], seq: int) -> bool:
-    return any(begin <= seq < end for begin, end in windows)

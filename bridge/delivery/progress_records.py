@@ -1,10 +1,11 @@
 """The records of acknowledgement tracking (:mod:`bridge.delivery.progress`): what the acked
-index holds per object, what one sink knows of one, and what one in-flight notification does to the
-index when it is applied."""
+index holds per object, what one sink knows of one, what one in-flight notification does to the
+index when it is applied, and the ledger's row of one read (the notifications before one progress
+marker)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from bridge.contracts import (
@@ -17,10 +18,10 @@ from bridge.contracts import (
 )
 from bridge.rawobject import object_identity
 from bridge.rawobject import object_key as raw_object_key
-from bridge.resource_version import parse_rv
+from bridge.resource_version import ResourceVersion, parse_rv
 
-__all__ = ["HOLDS_NOTHING", "AheadEntry", "Effect", "InFlight", "IndexEntry", "Known", "Scan", "effect_of",
-           "entry_of", "object_key"]
+__all__ = ["HOLDS_NOTHING", "AheadEntry", "Effect", "InFlight", "IndexEntry", "Known", "Read", "Scan",
+           "effect_of", "entry_of", "object_key"]
 
 IndexEntry = tuple[str, str]
 """``(uid, resourceVersion)`` of one object in the acked index."""
@@ -63,12 +64,32 @@ resourceVersion as int, -1 for a relist's tombstone, None when not an integer); 
 
 
 @dataclass(slots=True)
+class Read:
+    """The ledger's row of one read: the notifications dispatched since the previous progress
+    marker (the changes of one read of the watch stream, a relist, a snapshot …), and the marker
+    that follows them. **Invariant**: ``owed`` is the number of them some listener still owes; the
+    read passes (its marker becomes the resume point) once it is 0, it is closed, and every earlier
+    read has passed."""
+
+    owed: int = 0
+    end: int = -1
+    """The seq of its marker (the first seq after its notifications); -1 while it is open (the
+    notifications being dispatched now, no marker yet)."""
+    rv: str = ""
+    """Its marker's resourceVersion."""
+    rv_int: ResourceVersion | None = None
+    """The same as an integer (None when it is not one)."""
+
+
+@dataclass(slots=True)
 class InFlight:
     effect: Effect
     """Never the objects: a sink down for long keeps a large window, a few dozen bytes per change."""
-    waiting: set[str] = field(default_factory=set)
-    time: float = 0.0
+    waiting: set[str]
+    time: float
     """When it was dispatched (the tracker's ``now``), for the age of what a sink still owes."""
+    read: Read
+    """The read it belongs to (whose countdown it is part of while someone owes it)."""
     deleted: IndexEntry = ("", "")
     """For a delete, the object it deletes (a tombstone's: its last state)."""
 

@@ -30,7 +30,8 @@ Bridge extensions:
   pages are held back until ``replace_end`` has queued the deletes, which come first.
 - Progress markers: :meth:`RealFIFO.update_resource_version` queues a :class:`ResourceVersionMarker`
   meaning "every delta queued before this marker is reflected in this resourceVersion" (client-go
-  1.36 queues ``Bookmark`` deltas likewise). Consecutive markers coalesce.
+  1.36 queues ``Bookmark`` deltas likewise); the reflector queues one per read of the watch, after
+  the deltas of that read. Consecutive markers coalesce.
 - Backpressure: client-go's queue grows without bound when its consumer falls behind (and the
   per-key ``DeltaFIFO`` before it merged a key's changes into one entry). Here, once more than
   ``max_queued_bytes`` of objects are queued, ``add``/``update``/``delete`` (and the pages of a
@@ -318,7 +319,7 @@ class RealFIFO:
         Waits only for the first entry (as :meth:`pop`), never for more: it returns when the queue
         is empty, after ``limit`` entries (checked after each entry), once the loop's clock reaches
         ``until`` or once ``stop()`` is true (both checked after each delta: a progress marker is
-        cheap to process, and one follows nearly every delta). Each entry is removed only when its turn
+        cheap to process, and one follows each read of the watch). Each entry is removed only when its turn
         comes, so what the producer queues meanwhile (while ``process`` awaits) joins the same run,
         and ``delete``, ``replace`` and ``resync`` judge every key exactly as between single pops.
         An exception from ``process`` propagates after its entry was removed; the entries after it

@@ -18,8 +18,8 @@ expires, it re-watches or relists following client-go 1.36's rules (docs/client-
 * watch with ``allow_watch_bookmarks`` and a random timeout in ``[min_watch_timeout, 2·min)``, where
   ``min_watch_timeout`` is five minutes or more (client-go's ``MinWatchTimeout`` can only raise that
   floor; a smaller value is refused, naming it); each
-  event (bookmarks included) advances the last synced RV and, when the store has it, calls
-  ``store.update_resource_version(rv)``;
+  event (bookmarks included) advances the last synced RV and, when the store has it, each read of
+  the stream ends with one ``store.update_resource_version(rv)`` (its last event's RV);
 * a watch that ends cleanly after at least 1 s or one event is re-opened at once from the last RV
   (a connection broken mid-stream counts as a clean end, as in client-go's stream watcher); one
   that ends in under 1 s with no event, or an ``ERROR`` event, ends the cycle: backoff, relist at

@@ -56,7 +56,8 @@ class StreamedReplaceStore(Protocol):
 
 @runtime_checkable
 class ResourceVersionUpdater(Protocol):
-    """Optional store capability: told the resourceVersion after every watch event and bookmark."""
+    """Optional store capability: told the resourceVersion after each read of the watch stream (its
+    last event's, bookmarks included), once the read's events are applied."""
 
     def update_resource_version(self, resource_version: str) -> object: ...
 

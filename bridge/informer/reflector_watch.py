@@ -6,9 +6,10 @@ decides, when a watch stops being read, how the cycle goes on (:class:`WatchEnd`
 
 * watch with ``allow_watch_bookmarks`` and a random timeout in ``[min_watch_timeout, 2·min)``;
 * ADDED → ``add``, MODIFIED → ``update``, DELETED → ``delete``, BOOKMARK → nothing but its
-  resourceVersion; after each event (bookmarks included) the last synced RV is the event's and a
-  store that has it is told (``update_resource_version``); a well-formed event whose object has no
-  ``metadata.name`` is skipped, logged, and its RV still counts;
+  resourceVersion; after each event (bookmarks included) the last synced RV is the event's, and a
+  store that has it is told once per read of the stream (``update_resource_version`` with the last
+  RV of the events that read decoded: one progress marker per read, not per event); a well-formed
+  event whose object has no ``metadata.name`` is skipped, logged, and its RV still counts;
 * a watch that ends cleanly after at least 1 s or one event (a connection broken mid-stream
   included) is re-opened at once from the last RV; one that ends in under 1 s with no event, or an
   ``ERROR`` event, ends the cycle (backoff, relist); an expired or too-large RV (410), on opening or
@@ -18,9 +19,11 @@ decides, when a watch stops being read, how the cycle goes on (:class:`WatchEnd`
   then the same watch again.
 
 Invariants: a watch stream is iterated exactly once, through its :class:`OpenWatch`; events are
-applied in order, each exactly as one event alone would be (its change, then its resourceVersion),
-and a store answer that is awaitable is awaited before the next event (backpressure). The per-event
-loop (:meth:`WatchPhase._apply_batch`) makes no call it can avoid: a plain store is never awaited.
+applied in order, each exactly as one event alone would be; the store is told a resourceVersion only
+once every event up to it is applied (a read's marker follows its events, and the events applied
+before the watch waits for room, or before an ``ERROR`` event, get theirs first), and a store answer
+that is awaitable is awaited before the next event (backpressure). The per-event loop
+(:meth:`WatchPhase._apply_batch`) makes no call it can avoid: a plain store is never awaited.
 """
 
 from __future__ import annotations
@@ -247,17 +250,24 @@ class WatchPhase(ReflectorProgress):
         return WatchEnd.RELIST
 
     async def _apply_batch(self, events: list[WatchEvent], count: int) -> tuple[WatchEnd | None, int]:
-        """Applies a batch of watch events to the store in one loop, in order, each exactly as one
-        event alone would be (its change, then its resourceVersion). Stops at an ``ERROR`` event and
-        returns how the watch ends; ``count`` goes up by the events applied. A store that answers
-        with an awaitable is awaited there and then (backpressure), a plain one never is."""
+        """Applies a batch of watch events (one read of the stream) to the store in one loop, in
+        order, each exactly as one event alone would be, then tells the store the batch's last
+        resourceVersion once: one progress marker per read, not per event. Stops at an ``ERROR``
+        event (the events before it keep their marker) and returns how the watch ends; ``count``
+        goes up by the events applied. A store that answers with an awaitable is awaited there and
+        then (backpressure), a plain one never is; before such a wait the events applied so far get
+        their marker, so the progress they made is not held back while the queue drains."""
         store = self._store
         updater = self._updater.update_resource_version if self._updater is not None else None
+        told = ""  # the last resourceVersion the store was told (nothing to tell when it is current)
+        rv = ""
         for event in events:
             kind = event.type
             obj = event.object
             result: object = None
             if kind is WatchEventType.ERROR:
+                if updater is not None and rv != told:
+                    await _settle(updater(rv))
                 return self._error_event_end(event), count
             if kind is not WatchEventType.BOOKMARK and not has_name(obj):
                 # A well-formed event whose object cannot be keyed: nothing can be done with it but
@@ -273,16 +283,25 @@ class WatchPhase(ReflectorProgress):
             elif kind is not WatchEventType.BOOKMARK:
                 log.error("unable to understand watch event type %s", kind, extra={"informer": self.name})
             if result is not None and inspect.isawaitable(result):
+                if updater is not None and rv != told:
+                    # The events before this one get their marker before the watch waits for room.
+                    told = rv
+                    await _settle(updater(rv))
                 await result
-            rv = resource_version_of(obj)
-            if rv:
-                self._last_sync_rv = rv
-                if updater is not None:
-                    result = updater(rv)
-                    if result is not None and inspect.isawaitable(result):
-                        await result
+            event_rv = resource_version_of(obj)
+            if event_rv:
+                # Exact per event: a watch re-opened after an exception here resumes after it.
+                rv = self._last_sync_rv = event_rv
             count += 1
+        if updater is not None and rv != told:
+            await _settle(updater(rv))
         return None, count
+
+
+async def _settle(result: object) -> None:
+    """Awaits what the store's ``update_resource_version`` returned, when it is awaitable."""
+    if result is not None and inspect.isawaitable(result):
+        await result
 
 
 def _is_decode_error(status: KubeObject) -> bool:

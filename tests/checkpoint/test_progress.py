@@ -252,14 +252,16 @@ def test_folding_many_keys_is_by_resource_version() -> None:
 _KEYS = ["a", "b", "c"]
 _LISTENERS = ["k", "w"]
 _op = st.one_of(
-    st.tuples(st.just("change"), st.sampled_from(_KEYS), st.booleans()),
+    st.tuples(st.just("change"), st.sampled_from(_KEYS), st.booleans(), st.booleans()),
     st.tuples(st.just("ack"), st.sampled_from(_LISTENERS), st.integers(min_value=0, max_value=50)),
 )
 
 
 class _AckWorld:
-    """Changes dispatched in resourceVersion order, each followed by its progress marker, acked by two
-    listeners in any order; the tracker's resume point must only ever cover acknowledged changes."""
+    """Changes dispatched in resourceVersion order, in reads (a progress marker after the last change
+    of each, as the reflector queues one per read of the watch), acked by two listeners in any order;
+    the tracker's resume point must only ever cover acknowledged changes, and what it records beyond
+    it only changes every listener acknowledged."""
 
     def __init__(self) -> None:
         self.tracker = AckTracker(name="prop")
@@ -271,7 +273,7 @@ class _AckWorld:
         self.generation = 0
         self.resume = 0
 
-    def change(self, key: str, delete: bool) -> None:
+    def change(self, key: str, delete: bool, ends_read: bool = True) -> None:
         self.rv += 1
         rv = str(self.rv)
         seq = len(self.rv_of_seq)
@@ -287,7 +289,8 @@ class _AckWorld:
         self.history[self.rv] = dict(self.state)
         self.rv_of_seq.append(self.rv)
         self.tracker.dispatched(notification, _LISTENERS)
-        self.tracker.progress(seq + 1, rv)
+        if ends_read:
+            self.tracker.progress(seq + 1, rv)
         for name in _LISTENERS:
             self.pending[name].append(seq)
 
@@ -307,6 +310,28 @@ class _AckWorld:
         assert all(self.rv_of_seq[seq] > resume for seq in unacked), (resume, sorted(unacked))
         # The index is exactly the world as of the resume point.
         assert index == self.history[resume]
+        # Beyond it, only the newest change of an object acknowledged by every listener, and every
+        # change acknowledged without a hole from the resume point on (a read acknowledged in part).
+        acked_rvs = {rv for seq, rv in enumerate(self.rv_of_seq) if seq not in unacked}
+        ahead = self.tracker.delivered_ahead()
+        for key, (_uid, rv, _deleted) in ahead.items():
+            assert int(rv) > resume, (key, rv, resume)
+            assert int(rv) in acked_rvs, (key, rv, resume)
+        prefix = next((seq for seq, rv in enumerate(self.rv_of_seq) if rv > resume and seq in unacked),
+                      len(self.rv_of_seq))
+        newest = {rv: key for key in _KEYS for rv in [self._newest_rv(key, resume, prefix)] if rv}
+        assert {rv: key.removeprefix("default/") for key, (_u, rv, _d) in ahead.items()} == {
+            str(rv): key for rv, key in newest.items()}
+
+    def _newest_rv(self, key: str, resume: int, prefix: int) -> int:
+        """The newest change of ``key`` after ``resume`` among the first ``prefix`` seqs (0: none)."""
+        full = f"default/{key}"
+        found = 0
+        for seq in range(prefix):
+            rv = self.rv_of_seq[seq]
+            if rv > resume and self.history[rv].get(full) != self.history[rv - 1].get(full):
+                found = rv
+        return found
 
 
 @settings(max_examples=300, deadline=None)
@@ -317,7 +342,7 @@ def test_the_resume_point_covers_only_acknowledged_changes_and_catches_up(
     world = _AckWorld()
     for op in ops:
         if op[0] == "change":
-            world.change(op[1], op[2])
+            world.change(op[1], op[2], op[3])
         else:
             world.ack(op[1], op[2])
         world.check()
@@ -327,6 +352,9 @@ def test_the_resume_point_covers_only_acknowledged_changes_and_catches_up(
     for name, seq in owed:
         world.pending[name].remove(seq)
         world.tracker.acked(name, seq)
+        world.check()
+    if world.rv:
+        world.tracker.progress(len(world.rv_of_seq), str(world.rv))  # the last read's marker
         world.check()
     assert world.tracker.checkpoint_state() == (str(world.rv) if world.rv else "", world.state)
 

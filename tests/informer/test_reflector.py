@@ -212,6 +212,105 @@ async def test_store_without_update_resource_version_still_tracks_rv(make: Calla
     assert h.reflector.last_sync_resource_version == "1"
 
 
+class BatchedSource(FakeControllerSource):
+    """Answers the first plain watch with a stream read in ``reads`` (each one read of the stream:
+    the events it decoded); everything else is the fake source's."""
+
+    def __init__(self, reads: list[list[WatchEvent]]) -> None:
+        super().__init__()
+        self.reads = reads
+
+    async def watch(self, options: WatchOptions) -> Any:
+        if not self.reads:
+            return await super().watch(options)
+        self.calls.append(SourceCall("watch", options))
+        reads, self.reads = self.reads, []
+        return BatchedStream(reads)
+
+
+class BatchedStream:
+    """A watch stream handing out its events a read at a time (``batches()``), then ending."""
+
+    def __init__(self, reads: list[list[WatchEvent]]) -> None:
+        self._reads = reads
+
+    def __aiter__(self) -> AsyncIterator[WatchEvent]:
+        raise AssertionError("the reflector reads a batched stream by its batches")
+
+    async def batches(self) -> AsyncIterator[list[WatchEvent]]:
+        for read in self._reads:
+            await asyncio.sleep(0)
+            yield read
+
+    async def close(self) -> None:
+        pass
+
+
+def _bookmark(rv: str) -> WatchEvent:
+    return WatchEvent(WatchEventType.BOOKMARK, {"kind": "ConfigMap", "apiVersion": "v1",
+                                                "metadata": {"resourceVersion": rv}})
+
+
+async def test_the_store_is_told_the_resource_version_once_per_read(make: Callable[..., Harness]) -> None:
+    """One progress marker per read of the stream (the events it decoded, a bookmark's included),
+    after the read's events; the last synced RV is still the last event's."""
+    modified = _added("a", "2")
+    src = BatchedSource([
+        [_added("a", "1"), WatchEvent(WatchEventType.MODIFIED, modified.object), _added("b", "3")],
+        [_bookmark("5")],
+        [_added("c", "6"), _bookmark("8")],
+    ])
+    h = make(src)
+    await h.start()
+    assert h.store.take() == [
+        ("replace", [], "0"),
+        ("add", "a", "1"), ("update", "a", "2"), ("add", "b", "3"), ("rv", "3"),
+        ("rv", "5"),
+        ("add", "c", "6"), ("rv", "8"),
+    ]
+    assert h.reflector.last_sync_resource_version == "8"
+
+
+async def test_the_events_of_a_read_before_an_error_event_get_their_marker(
+        make: Callable[..., Harness]) -> None:
+    error = WatchEvent(WatchEventType.ERROR, {"kind": "Status", "code": 500, "reason": "InternalError",
+                                              "message": "boom"})
+    src = BatchedSource([[_added("a", "1"), _added("b", "2"), error, _added("c", "3")]])
+    h = make(src)
+    await h.start()
+    assert h.store.take()[:4] == [("replace", [], "0"), ("add", "a", "1"), ("add", "b", "2"), ("rv", "2")]
+    assert h.reflector.last_sync_resource_version == "2"
+
+
+class WaitingStore(RecordingStore):
+    """A store whose ``add`` of ``full`` answers a future (its queue is full), released by the test."""
+
+    def __init__(self, full: str) -> None:
+        super().__init__()
+        self.full = full
+        self.room: asyncio.Future[None] | None = None
+
+    def add(self, obj: KubeObject) -> asyncio.Future[None] | None:  # type: ignore[override]
+        super().add(obj)
+        if obj["metadata"]["name"] != self.full:
+            return None
+        self.room = asyncio.get_running_loop().create_future()
+        return self.room
+
+
+async def test_before_the_watch_waits_for_room_the_events_applied_get_their_marker(
+        make: Callable[..., Harness]) -> None:
+    store = WaitingStore(full="b")
+    src = BatchedSource([[_added("a", "1"), _added("b", "2"), _added("c", "3")]])
+    h = make(src, store=store)
+    await h.start()
+    assert store.take() == [("replace", [], "0"), ("add", "a", "1"), ("add", "b", "2"), ("rv", "1")]
+    assert store.room is not None
+    store.room.set_result(None)
+    await settle()
+    assert store.take() == [("add", "c", "3"), ("rv", "3")]
+
+
 @pytest.mark.parametrize(("min_watch_timeout", "low"), [
     # reflector_test.go TestWatchTimeout, "no timeout": five minutes to ten.
     pytest.param(None, 300, id="default"),
