@@ -48,8 +48,14 @@ class ProgressThresholds:
         self._waiting.append((resource_version, callback))
 
     def reached(self, seq: int, resource_version: str) -> None:
-        at = parse_rv(resource_version) if self._waiting else None
-        for threshold in [t for t in self._waiting if at is not None and t[0] <= at]:
+        """Runs the callbacks whose resourceVersion the progress marker reached. Called per marker
+        (about one per watch event) and nearly always with nothing waiting: that returns at once."""
+        if not self._waiting:
+            return
+        at = parse_rv(resource_version)
+        if at is None:
+            return
+        for threshold in [t for t in self._waiting if t[0] <= at]:
             self._waiting.remove(threshold)
             threshold[1](seq)
 

@@ -10,7 +10,10 @@ There is one path: :meth:`SinkListener.handle_batch` (a single notification is a
 changes ready at once reach the sink in one ``deliver_batch`` call; markers and snapshots, and a
 notification that becomes several events, go through ``deliver`` on their own, in order, between
 the calls; one the known-object journal holds back waits for its record after handing over what
-came before it.
+came before it. The common change (an add or update, once the sink is past its start's gates and
+outside a window) is built in the batch's one pass, its ``time`` read once per writer's second;
+the events handed over in one call get their acknowledgements at once
+(:func:`~bridge.informer.ack.batch_acks`), each a single call when the sink makes it.
 
 Before its events are built, a notification passes the gates of the sink's start: a sink being
 bootstrapped receives nothing before its snapshot, and after a restart the sink's replay stage
@@ -22,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, Final
 
 from bridge.clock import Clock
@@ -39,9 +43,12 @@ from bridge.contracts import (
     NotificationKind,
 )
 from bridge.delivery.journal import KnownObjectJournal
+from bridge.delivery.object_acks import PerObjectAcks
 from bridge.delivery.progress import AckTracker
 from bridge.delivery.replay import ReplayStage, SinkResume, delete_is_inferred
+from bridge.delivery.resume_plan import SentDelete
 from bridge.delivery.selector_exit import LEFT_SELECTOR_EXTENSION, SelectorExits
+from bridge.informer.ack import batch_acks
 from bridge.rawobject import RawObject, last_change
 from sinks.contract import (
     AckCallback,
@@ -58,6 +65,8 @@ from sinks.contract import (
 __all__ = ["SinkListener", "SinkListenerStats", "ack_once", "change_time"]
 
 _DATED: Final = frozenset({EventType.ADDED, EventType.UPDATED, EventType.SYNC})
+_NONE_SENT: Final[Mapping[str, SentDelete]] = MappingProxyType({})
+"""No delete sent before a restart (there was none, or the sink has no replay stage)."""
 _parsed_times: dict[str, float] = {}
 
 
@@ -71,17 +80,23 @@ def change_time(type_: EventType, obj: KubeObject | None, observed: float) -> fl
         # A RawObject's change was read at the decode (last_change, without the call).
         change = obj.change if type(obj) is RawObject else last_change(obj)
         if change is not None:
-            when = _parsed_times.get(change.time)
-            if when is None:
-                try:
-                    when = datetime.fromisoformat(change.time).timestamp()
-                except ValueError:
-                    return observed
-                if len(_parsed_times) >= 4096:
-                    _parsed_times.clear()
-                _parsed_times[change.time] = when
-            return when
+            when = _timestamp(change.time)
+            return observed if when is None else when
     return observed
+
+
+def _timestamp(text: str) -> float | None:
+    """The seconds of a managedFields ``time`` (None: not an ISO 8601 time), parsed once per value."""
+    when = _parsed_times.get(text)
+    if when is None:
+        try:
+            when = datetime.fromisoformat(text).timestamp()
+        except ValueError:
+            return None
+        if len(_parsed_times) >= 4096:
+            _parsed_times.clear()
+        _parsed_times[text] = when
+    return when
 
 
 def ack_once(outcomes: collections.Counter[str], done: Callable[[], None]) -> AckCallback:
@@ -132,75 +147,16 @@ class SinkListenerStats:
 
 @dataclass(slots=True)
 class _Collected:
-    """Events waiting to be handed to the sink in one call, with their acks and owners."""
+    """Events waiting to be handed to the sink in one call, with their owners (their acks are built
+    at the hand-over, all at once)."""
 
     events: list[ChangeEvent] = field(default_factory=list)
-    acks: list[AckCallback] = field(default_factory=list)
     owners: list[AckFunc] = field(default_factory=list)
     """The notification ack of each event (one event per notification here)."""
 
-    def add(self, event: ChangeEvent, ack: AckFunc, outcomes: collections.Counter[str]) -> None:
+    def add(self, event: ChangeEvent, owner: AckFunc) -> None:
         self.events.append(event)
-        self.acks.append(ack_once(outcomes, ack))
-        self.owners.append(ack)
-
-
-class _PerObjectAcks:
-    """Per object, the notifications handed to the sink and not yet acknowledged, and behind them
-    the acknowledgements of the object's notifications the replay stage held back.
-
-    **Invariant** (the sink's own progress, section 3 of docs/delivery-contract.md): a sink
-    acknowledges an object's changes in order, so what it acknowledged of an object past its resume
-    point is what its destination holds, and a restart skips that object's older changes. A change
-    the replay holds back (coalesced by a relist, or newer than a delete already sent) is
-    acknowledged without delivery; acknowledged while an earlier change of the object is still in
-    flight to a frozen sink, it would claim a state the destination does not hold, and after the
-    next crash the changes before it would be skipped for good (issue 34). So it is acknowledged
-    only once nothing of its object is in flight."""
-
-    __slots__ = ("_announce", "_out", "_waiting")
-
-    def __init__(self) -> None:
-        self._out: dict[str, int] = {}
-        self._waiting: dict[str, list[AckFunc]] = {}
-        self._announce: dict[str, list[AckFunc]] = {}
-        """Per object, the acknowledgements of changes a relist coalesced, held back until the next
-        notification of the object handed over (the relisted state framed by their window) is
-        acknowledged: before, the base would pass them while a frozen sink has neither them nor
-        the window naming them, and a restart relisting from there would never name them."""
-
-    def handed(self, key: str, ack: AckFunc) -> AckFunc:
-        """``ack`` of a notification of ``key`` handed to the sink, counted until it is called."""
-        self._out[key] = self._out.get(key, 0) + 1
-        if (announced := self._announce.pop(key, None)) is not None:
-            self._waiting.setdefault(key, []).extend(announced)
-        called = False
-
-        def done() -> None:
-            nonlocal called
-            if called:
-                return
-            called = True
-            ack()
-            left = self._out[key] - 1
-            if left:
-                self._out[key] = left
-                return
-            del self._out[key]
-            for waiting in self._waiting.pop(key, ()):
-                waiting()
-
-        return done
-
-    def without_delivery(self, key: str, ack: AckFunc, *, announced_later: bool = False) -> None:
-        """Acknowledges now, or once the object's notifications in flight are acknowledged;
-        ``announced_later`` (a change a relist coalesced): once the next one handed over is."""
-        if announced_later:
-            self._announce.setdefault(key, []).append(ack)
-        elif key in self._out:
-            self._waiting.setdefault(key, []).append(ack)
-        else:
-            ack()
+        self.owners.append(owner)
 
 
 class SinkListener:
@@ -233,9 +189,9 @@ class SinkListener:
         self._gap: GapInfo | None = None
         """The relist window this sink is inside (between gap.begin and gap.end), if any."""
         self.stats = SinkListenerStats()
-        self._per_object = _PerObjectAcks() if replay is not None else None
+        self._per_object = PerObjectAcks() if replay is not None else None
         """After a restart: what a replay acknowledges without delivery waits behind the same
-        object's events still in flight (:class:`_PerObjectAcks`)."""
+        object's events still in flight (:class:`~bridge.delivery.object_acks.PerObjectAcks`)."""
         self._bootstrapped = bootstrap
         self.bootstrapping = bootstrap is not None
         """True until the bootstrap snapshot reaches this listener: every notification before it is
@@ -328,7 +284,7 @@ class SinkListener:
             if replay is not None:
                 return replay.delete(n, self)
             obj = n.obj.obj if isinstance(n.obj, DeletedFinalStateUnknown) else n.obj
-            inferred = delete_is_inferred(n, self._tracker, {})
+            inferred = delete_is_inferred(n, self._tracker, _NONE_SENT)
             return [self.event(EventType.DELETED, obj, n.time, final_state_unknown=inferred)]
         if kind is NotificationKind.GAP:
             assert n.gap is not None
@@ -383,14 +339,17 @@ class SinkListener:
         ack()
         return None
 
-    async def _admit(self, n: Notification) -> list[Notification]:
+    async def _admit(self, n: Notification, ack: AckFunc) -> list[Notification]:
         """The notifications ``n`` becomes after the replay stage's own-progress filter, each one's
-        selector fate asked when it matters."""
+        selector fate asked when it matters; none when the sink had ``n`` (then acknowledged)."""
         replay = self.replay
         if replay is None:
             return [n]
         admitted = replay.admit(n)
-        if self._exits is not None:
+        if not admitted:
+            self.stats.own_progress_skipped += 1
+            ack()
+        elif self._exits is not None:
             for a in admitted:
                 await replay.ask_fate(a)
         return admitted
@@ -407,16 +366,26 @@ class SinkListener:
     async def handle_batch(self, notifications: Sequence[Notification], acks: Sequence[AckFunc]) -> None:
         """Handles each notification with its ack, in order (:class:`~bridge.contracts.
         BatchNotificationHandler`); the events of consecutive single-event notifications reach the
-        sink in one ``deliver_batch`` call (module docs). A notification the journal holds back
+        sink in one ``deliver_batch`` call (module docs): a run of changes in one pass
+        (:meth:`_changes`), anything else one at a time. A notification the journal holds back
         (``must_wait``) is awaited after handing over what came before it."""
         stats = self.stats
         journal = self._journal
         collected = _Collected()
-        i = 0
+        count = len(notifications)
+        i = at = 0
         try:
-            for i, n in enumerate(notifications):
+            while i < count:
+                kind = notifications[i].kind
+                if (kind is not NotificationKind.GAP and kind is not NotificationKind.SNAPSHOT
+                        and self.replay is None and self._exits is None and self._gap is None
+                        and not self.bootstrapping and not self._skipped_gap):
+                    i = await self._changes(notifications, acks, i, collected)
+                    if i == count:
+                        break
+                at, n, ack = i, notifications[i], acks[i]
+                i += 1
                 stats.notifications += 1
-                ack = acks[i]
                 if self.bootstrapping or self._skipped_gap:
                     gated = self._gate(n, ack)
                     if gated is None:
@@ -424,20 +393,15 @@ class SinkListener:
                     ack = gated
                 admitted: Sequence[Notification] | None = None  # None: n alone (no replay stage)
                 if self.replay is not None:
-                    admitted = await self._admit(n)
+                    admitted = await self._admit(n, ack)
                     if not admitted:
-                        stats.own_progress_skipped += 1
-                        ack()
                         continue
                 if journal is not None and journal.must_wait(n.seq):
                     # A new object or a delete: released only once the journal has it (module docs).
-                    await self._hand_over(collected, i - 1)
+                    await self._hand_over(collected, at - 1)
                     await journal.wait(n.seq)
                 if n.kind is NotificationKind.SNAPSHOT:
-                    await self._hand_over(collected, i - 1)
-                    stats.snapshots += 1
-                    count, stream = self._snapshot_events(n)
-                    await self._deliver_all(stream, count, ack)
+                    await self._snapshot(n, ack, collected, at)
                     continue
                 listed = self.events_for(n) if admitted is None else self._admitted_events(admitted)
                 if self._per_object is not None and n.key:
@@ -448,18 +412,85 @@ class SinkListener:
                         continue
                     ack = self._per_object.handed(n.key, ack)
                 if len(listed) == 1 and self._exits is None and n.kind is not NotificationKind.GAP:
-                    # The common change, collected here: one coroutine less per notification.
-                    collected.add(listed[0], ack, stats.outcomes)
+                    collected.add(listed[0], ack)  # a single change: one coroutine less
                     continue
-                await self._route(listed, n, ack, collected, i)
-            await self._hand_over(collected, len(notifications) - 1)
+                await self._route(listed, n, ack, collected, at)
+            await self._hand_over(collected, count - 1)
         except BatchInterrupted:
             raise
         except Exception as exc:
-            # Notification i failed (building its events, waiting for the journal): what was
-            # collected before it is handed over as it would have been, then i is reported.
+            # Notification ``at`` failed (building its events, waiting for the journal): what was
+            # collected before it is handed over as it would have been, then ``at`` is reported.
+            await self._hand_over(collected, at - 1)
+            raise BatchInterrupted(at) from exc
+
+    async def _changes(self, notifications: Sequence[Notification], acks: Sequence[AckFunc], i: int,
+                       collected: _Collected) -> int:
+        """Collects the run of changes (adds, updates, deletes) from ``i`` on, in one pass, and returns
+        where it ends (a marker, a snapshot, the batch's end). The sink is past its start's gates,
+        has no replay stage nor selector exits and is outside a window, so each change is what
+        :meth:`events_for` makes of it, built here without its calls; a change's ``time`` is read
+        once per managedFields time in a row (:func:`change_time`)."""
+        stats, journal, tracker = self.stats, self._journal, self._tracker
+        resource, cluster, wall = self.resource, self.cluster, self._clock.wall
+        dated, dated_at = "", None  # the last managedFields time read, and its seconds
+        count = len(notifications)
+        try:
+            while i < count:
+                n = notifications[i]
+                kind = n.kind
+                if kind is NotificationKind.GAP or kind is NotificationKind.SNAPSHOT:
+                    return i
+                stats.notifications += 1
+                if journal is not None and journal.must_wait(n.seq):
+                    await self._hand_over(collected, i - 1)
+                    await journal.wait(n.seq)
+                obj = n.obj
+                if kind is NotificationKind.DELETE:
+                    if isinstance(obj, DeletedFinalStateUnknown):
+                        obj = obj.obj
+                    event = ChangeEvent(type=EventType.DELETED, resource=resource, cluster=cluster, obj=obj,
+                                        time=n.time or wall(),
+                                        final_state_unknown=delete_is_inferred(n, tracker, _NONE_SENT))
+                elif n.is_resync:  # nothing changed
+                    stats.resync_skipped += 1
+                    acks[i]()
+                    i += 1
+                    continue
+                else:
+                    if type(obj) is RawObject:
+                        change = obj.change
+                    else:
+                        assert not isinstance(obj, DeletedFinalStateUnknown)
+                        change = last_change(obj)
+                    if change is not None and change.time != dated:
+                        dated = change.time
+                        dated_at = _parsed_times.get(dated)  # parsed before (_timestamp inline)
+                        if dated_at is None:
+                            dated_at = _timestamp(dated)
+                    update = kind is NotificationKind.UPDATE
+                    event = ChangeEvent(type=EventType.UPDATED if update else EventType.ADDED,
+                                        resource=resource, cluster=cluster, obj=obj,
+                                        old=n.old if update else None,
+                                        time=dated_at if change is not None and dated_at is not None
+                                        else n.time or wall())
+                collected.events.append(event)
+                collected.owners.append(acks[i])
+                i += 1
+        except BatchInterrupted:
+            raise
+        except Exception as exc:
             await self._hand_over(collected, i - 1)
             raise BatchInterrupted(i) from exc
+        return i
+
+    async def _snapshot(self, n: Notification, ack: AckFunc, collected: _Collected, at: int) -> None:
+        """A snapshot notification (batch index ``at``): after what was collected before it, its framed
+        events one by one, ``ack`` once the sink acknowledged them all."""
+        await self._hand_over(collected, at - 1)
+        self.stats.snapshots += 1
+        count, stream = self._snapshot_events(n)
+        await self._deliver_all(stream, count, ack)
 
     def _admitted_events(self, admitted: Sequence[Notification]) -> list[ChangeEvent]:
         """The events of what the replay stage admitted in a notification's place."""
@@ -479,7 +510,7 @@ class SinkListener:
             await self._hand_over(collected, i - 1)
             await self._mark_exits(listed)
         if len(listed) == 1 and n.kind is not NotificationKind.GAP:
-            collected.add(listed[0], ack, self.stats.outcomes)
+            collected.add(listed[0], ack)
             return
         await self._hand_over(collected, i - 1)
         await self._deliver_all(listed, len(listed), ack, framed=n.kind is not NotificationKind.GAP)
@@ -504,8 +535,9 @@ class SinkListener:
         each had failed on its own) and the failure is reported at ``last``."""
         if not collected.events:
             return
-        events, acks, owners = collected.events, collected.acks, collected.owners
-        collected.events, collected.acks, collected.owners = [], [], []
+        events, owners = collected.events, collected.owners
+        collected.events, collected.owners = [], []
+        acks = batch_acks(self._event_acked, owners)
         self.stats.events += len(events)
         try:
             if self._batch_sink is not None:
@@ -519,6 +551,16 @@ class SinkListener:
             for owner in owners:
                 owner()
             raise BatchInterrupted(last) from exc
+
+    def _event_acked(self, owners: Sequence[AckFunc], called: bytearray, i: int,
+                     outcome: DeliveryOutcome) -> None:
+        """The sink acknowledged the i-th event of a hand-over: on the first call only, counts the
+        outcome and acknowledges its owner (:data:`~bridge.informer.ack.BatchAckFunc`)."""
+        if called[i]:
+            return
+        called[i] = 1
+        self.stats.outcomes[outcome._value_] += 1  # the value as a plain attribute, not the property
+        owners[i]()
 
     async def _mark_exits(self, events: list[ChangeEvent]) -> None:
         """Marks the deletes whose object still exists: they left the informer's selector. A delete

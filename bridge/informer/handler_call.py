@@ -11,7 +11,8 @@ decided at construction:
   snapshot as one resync update per object, a gap marker not at all) and is acknowledged when the
   method returns.
 
-Every ack is built by :func:`~bridge.informer.ack.ack_once`: only its first call counts. A call that
+A batch's acks are built at once by :func:`~bridge.informer.ack.batch_acks`: only the first call of
+each counts, and it runs the listener's bookkeeping with no frame in between. A call that
 raises is counted and logged, and acknowledges what it had not (a broken handler must not stall
 every checkpoint); a batch interrupted at one notification (:class:`~bridge.contracts.BatchInterrupted`)
 acknowledges that one and the rest is handed over again.
@@ -32,7 +33,7 @@ from bridge.contracts import (
     NotificationHandler,
     NotificationKind,
 )
-from bridge.informer.ack import ack_once
+from bridge.informer.ack import BatchAckFunc, batch_acks
 
 __all__ = ["HandlerCall"]
 
@@ -42,9 +43,10 @@ _BatchHandle = Callable[[Sequence[Notification], Sequence[AckFunc]], Awaitable[N
 
 
 class HandlerCall:
-    """Hands batches to one handler (module docs); ``acked(notification)`` runs on each first ack."""
+    """Hands batches to one handler (module docs); ``acked(batch, called, index)`` runs on each call
+    of an ack (:data:`~bridge.informer.ack.BatchAckFunc`: it makes the first-call check)."""
 
-    def __init__(self, *, handler: EventHandler | NotificationHandler, acked: Callable[[Notification], None],
+    def __init__(self, *, handler: EventHandler | NotificationHandler, acked: BatchAckFunc[Notification],
                  name: str) -> None:
         self.name = name
         self._acked = acked
@@ -76,8 +78,7 @@ class HandlerCall:
     async def deliver(self, batch: list[Notification]) -> None:
         """Hands ``batch`` over, each notification with an ack that counts once. Never raises but
         for cancellation: the handler's failures are counted, logged and acknowledged."""
-        acked = self._acked
-        acks = [ack_once(acked, n) for n in batch]
+        acks = batch_acks(self._acked, batch)
         count = len(batch)
         start = delivered = 0
         self.busy = True

@@ -1,11 +1,12 @@
-"""What a listener keeps per notification or per object: buffer cells, merging, the latest states.
+"""What a listener keeps per object: merging, the latest states.
 
-A listener's memory is a queue of :class:`Slot` s with an index by object key, so that coalescing
-(:func:`merge`) swaps a pending notification in place and the object keeps its position. When the
-listener degrades (:class:`~bridge.informer.buffer_mode.BufferMode`), its backlog becomes
-:class:`LatestStates`: the latest state of each object, bounded by the number of objects however
-long the outage, delivered later inside the listener's own gap window, which is one delivery for
-the acknowledgements (:class:`OverflowWindow`).
+A listener's memory is a queue of notifications (:mod:`bridge.informer.listener_buffer`); under the
+``COALESCE`` policy :func:`merge` swaps a pending notification for the one equivalent to it and its
+successor, in place, so the object keeps its position. When the listener degrades
+(:class:`~bridge.informer.buffer_mode.BufferMode`), its backlog becomes :class:`LatestStates`: the
+latest state of each object, bounded by the number of objects however long the outage, delivered
+later inside the listener's own gap window, which is one delivery for the acknowledgements
+(:class:`OverflowWindow`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections import deque
 from bridge.contracts import DeletedFinalStateUnknown, Notification, NotificationKind, ObjectKey
 from bridge.rawobject import object_identity
 
-__all__ = ["MARKERS", "LatestStates", "OverflowWindow", "Slot", "is_initial_add", "merge"]
+__all__ = ["MARKERS", "LatestStates", "OverflowWindow", "is_initial_add", "merge"]
 
 MARKERS = frozenset({NotificationKind.SNAPSHOT, NotificationKind.GAP})
 """Notifications that are never dropped nor coalesced."""
@@ -23,15 +24,6 @@ MARKERS = frozenset({NotificationKind.SNAPSHOT, NotificationKind.GAP})
 
 def is_initial_add(n: Notification) -> bool:
     return n.kind is NotificationKind.ADD and n.is_in_initial_list
-
-
-class Slot:
-    """A buffer cell; coalescing swaps the notification in place so the key keeps its position."""
-
-    __slots__ = ("notification",)
-
-    def __init__(self, notification: Notification) -> None:
-        self.notification = notification
 
 
 def merge(pending: Notification, new: Notification) -> Notification | None:

@@ -120,7 +120,7 @@ class ProcessorListener(ListenerBuffer):
         spill lost notifications it had taken: see :meth:`_spill_lost`)."""
         super().__init__(name=name, options=options, observer=observer, may_catch_up=may_catch_up,
                          replay=replay, request_snapshot=request_snapshot)
-        self._call = HandlerCall(handler=handler, acked=self._acked_one, name=name)
+        self._call = HandlerCall(handler=handler, acked=self._acked_at, name=name)
         self.snapshots_pending = 0
         """``SNAPSHOT`` notifications handed to this listener and not yet through its handler (the
         informer coalesces a request for a listener with one pending)."""
@@ -232,8 +232,14 @@ class ProcessorListener(ListenerBuffer):
             self._woken = False
             await self._has_items.wait()
 
-    def _acked_one(self, n: Notification) -> None:
-        """What the first call of a handed-out notification's ack does."""
+    def _acked_at(self, batch: Sequence[Notification], called: bytearray, i: int) -> None:
+        """What the ack of ``batch[i]``, handed out, does on its first call (later calls: nothing).
+        The per-notification path: the first-call check is written here, not wrapped around it
+        (:data:`~bridge.informer.ack.BatchAckFunc`)."""
+        if called[i]:
+            return
+        called[i] = 1
+        n = batch[i]
         self._handled += 1  # progress for the catch-up in add(): a batch may span several turns
         if self._in_window and (entry := self._in_window.pop(id(n), None)) is not None:
             self._window_acked(n, entry[1])

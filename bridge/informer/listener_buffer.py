@@ -31,9 +31,12 @@ Invariants:
 * Spilled notifications the spill lost (a damaged or unreadable file) open a gap window and ask for a
   snapshot, whose passage closes the window.
 
-The per-notification paths (:meth:`ListenerBuffer.put_nowait`, ``_push``, ``_pop_batch``) are plain
-methods of the listener (this class is its base), so they cost no call more than before they had a
-module of their own; they log to the listener's logger (``bridge.informer.listener``).
+Memory is a queue of the notifications themselves; under the ``COALESCE`` policy an index by object
+key gives each object's newest one by position, so that coalescing (:func:`~bridge.informer.
+latest_states.merge`) swaps it in place and the object keeps its place. The per-notification paths
+(:meth:`ListenerBuffer.put_nowait`, which appends without a call of its own, and ``_pop_batch``, which
+takes memory whole or by a run of pops unless it has something to look at) are plain methods of the
+listener (this class is its base); they log to the listener's logger (``bridge.informer.listener``).
 """
 
 from __future__ import annotations
@@ -65,7 +68,6 @@ from bridge.informer.latest_states import (
     MARKERS,
     LatestStates,
     OverflowWindow,
-    Slot,
     is_initial_add,
     merge,
 )
@@ -119,8 +121,10 @@ class ListenerBuffer:
         # is why the methods calling them annotate ``self: Self``.
         self._may_catch_up = may_catch_up
         self._mode = _NORMAL
-        self._buffer: deque[Slot] = deque()
-        self._pending_by_key: dict[ObjectKey, Slot] = {}
+        self._buffer: deque[Notification] = deque()
+        self._coalescing = options.overflow_policy is OverflowPolicy.COALESCE
+        self._pending_by_key: dict[ObjectKey, int] = {}  # COALESCE: key → its newest one's position
+        self._popped = 0  # the position of _buffer[0]: taken from the front, less put back in front
         self._replay: deque[KubeObject] = deque(replay)
         self._initial_pending = len(self._replay)
         self._spill: NotificationSpill | None = options.spill
@@ -246,11 +250,26 @@ class ListenerBuffer:
     def put_nowait(self, n: Notification) -> bool:
         """What :meth:`add` does when ``n`` fits in memory now (``NORMAL`` with room), without a
         coroutine; False when it does not: then ``add`` decides (it may wait)."""
-        if self._mode is _NORMAL and len(self._buffer) < self.options.buffer_capacity:
-            self._received += 1
-            self._push(n)
-            return True
-        return self._mode is _CLOSED  # add returns without queueing
+        buffer = self._buffer
+        size = len(buffer)
+        if self._mode is not _NORMAL or size >= self.options.buffer_capacity:
+            return self._mode is _CLOSED  # add returns without queueing
+        self._received += 1
+        # What _push does, written out: this is the per-notification path (a call less per change).
+        buffer.append(n)
+        if self._coalescing:
+            self._index(n)
+        if n.kind is NotificationKind.ADD and n.is_in_initial_list:
+            self._initial_pending += 1
+        replay = self._replay
+        depth = size + 1 + (len(replay) if replay else 0) + self._call.in_hand
+        if depth > self._high_water:  # noqa: PLR1730 - not max(): one call less per notification
+            self._high_water = depth
+        if not self._woken:
+            self._woken = True
+            self._idle.clear()
+            self._has_items.set()
+        return True
 
     def offer(self, n: Notification) -> None:
         """Queues a notification without ever waiting (every policy but BLOCK; see the module docs),
@@ -324,13 +343,10 @@ class ListenerBuffer:
             window.held.append(pending.seq)  # acknowledged with the window (module docs)
 
     def _push(self, notification: Notification) -> None:
-        slot = Slot(notification)
-        self._buffer.append(slot)
-        if notification.kind is NotificationKind.GAP:
-            # Nothing after a gap marker coalesces into a notification before it (or the other way).
-            self._pending_by_key.clear()
-        elif notification.kind is not NotificationKind.SNAPSHOT and notification.key:
-            self._pending_by_key[notification.key] = slot
+        """Appends ``notification`` to memory (``NORMAL``; :meth:`put_nowait` does the same inline)."""
+        self._buffer.append(notification)
+        if self._coalescing:
+            self._index(notification)
         if notification.kind is NotificationKind.ADD and notification.is_in_initial_list:
             self._initial_pending += 1
         # self.depth without the property's call: memory only takes notifications while NORMAL
@@ -344,15 +360,24 @@ class ListenerBuffer:
             self._idle.clear()
             self._has_items.set()
 
+    def _index(self, n: Notification) -> None:
+        """Records ``n``, just appended to memory, in the coalescing index (``COALESCE`` only)."""
+        if n.kind is NotificationKind.GAP:
+            # Nothing after a gap marker coalesces into a notification before it (or the other way).
+            self._pending_by_key.clear()
+        elif n.kind is not NotificationKind.SNAPSHOT and n.key:
+            self._pending_by_key[n.key] = self._popped + len(self._buffer) - 1
+
     def _coalesce(self, notification: Notification) -> bool:
-        slot = self._pending_by_key.get(notification.key) if notification.key else None
-        if slot is None:
+        position = self._pending_by_key.get(notification.key) if notification.key else None
+        if position is None:
             return False
-        pending = slot.notification
+        at = position - self._popped
+        pending = self._buffer[at]
         merged = merge(pending, notification)
         if merged is None:
             return False
-        slot.notification = merged
+        self._buffer[at] = merged
         if is_initial_add(pending) and not is_initial_add(merged):
             self._initial_pending -= 1
         self._coalesced += 1
@@ -409,19 +434,32 @@ class ListenerBuffer:
         """Takes what the buffer holds, oldest first, up to ``limit``; each leaves the coalescing
         index (nothing coalesces into a notification handed out)."""
         buffer = self._buffer
+        if not self._coalescing and self._spill_gap is None:
+            # Nothing to look at per notification: taken whole, or by a run of pops.
+            if len(buffer) <= limit:
+                batch = list(buffer)
+                buffer.clear()
+            else:
+                popleft = buffer.popleft
+                batch = [popleft() for _ in range(limit)]
+            self._popped += len(batch)
+            self._has_room.set()
+            return batch
         pending = self._pending_by_key
-        batch: list[Notification] = []
+        batch = []
         for _ in range(min(len(buffer), limit)):
-            slot = buffer.popleft()
-            n = slot.notification
-            if n.key and pending.get(n.key) is slot:
+            n = buffer.popleft()
+            position = self._popped
+            self._popped = position + 1
+            if n.key and pending.get(n.key) == position:
                 del pending[n.key]
             batch.append(n)
             if n.kind is NotificationKind.SNAPSHOT and self._spill_gap is not None:
                 # The window the spill's loss opened ends right after the snapshot it asked for.
                 gap, self._spill_gap = self._spill_gap, None
                 end = dataclasses.replace(gap, to_resource_version=n.resource_version, end=True)
-                buffer.appendleft(Slot(Notification(kind=NotificationKind.GAP, obj={}, gap=end)))
+                buffer.appendleft(Notification(kind=NotificationKind.GAP, obj={}, gap=end))
+                self._popped -= 1
                 break
         self._has_room.set()
         return batch
@@ -444,12 +482,9 @@ class ListenerBuffer:
         if lost:
             batch.append(self._spill_lost(lost))
         for n in batch:
-            slot = Slot(n)
-            self._buffer.append(slot)
-            if n.kind is NotificationKind.GAP:
-                self._pending_by_key.clear()
-            elif n.kind is not NotificationKind.SNAPSHOT and n.key:
-                self._pending_by_key[n.key] = slot
+            self._buffer.append(n)
+            if self._coalescing:
+                self._index(n)
         if not len(spill) and self._mode is _SPILLING:
             self._to(BufferEvent.SPILL_EMPTIED)
         return bool(batch)

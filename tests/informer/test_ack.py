@@ -1,10 +1,12 @@
-"""The acknowledgement helper shared by the listener and the sink adapter: only the first call counts."""
+"""The acknowledgement helpers shared by the listener and the sink adapter: only the first call counts."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
-from bridge.informer.ack import ack_once
+from bridge.informer.ack import ack_once, batch_acks
 
 
 @pytest.mark.parametrize(("calls", "expected"), [
@@ -34,3 +36,23 @@ def test_each_acknowledgement_counts_once_on_its_own() -> None:
     acks[1]()
     acks[0]()
     assert seen == [2, 0, 1]
+
+
+def test_a_batchs_acks_each_reach_their_item_with_what_the_caller_reports() -> None:
+    seen: list[tuple[str, str]] = []
+    calls: list[int] = []
+
+    def acked(items: Sequence[str], called: bytearray, i: int, outcome: str) -> None:
+        calls.append(i)
+        if called[i]:
+            return
+        called[i] = 1
+        seen.append((items[i], outcome))
+
+    acks = batch_acks(acked, ["a", "b", "c"])
+    acks[2]("delivered")
+    acks[0]("failed")
+    acks[2]("failed")  # a second call: the function is told, and does nothing
+    acks[1]("delivered")
+    assert seen == [("c", "delivered"), ("a", "failed"), ("b", "delivered")]
+    assert calls == [2, 0, 2, 1]

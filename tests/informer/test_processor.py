@@ -220,6 +220,33 @@ async def test_coalesce_policy_merges_per_key_and_acks_superseded(processor: Pro
     assert (stats.received, stats.delivered, stats.coalesced, stats.dropped, stats.gaps) == (6, 6, 2, 0, 1)
 
 
+async def test_coalesce_finds_its_objects_place_behind_what_was_taken(processor: Proc,
+                                                                      clock: FakeClock) -> None:
+    p, observer = processor
+    gate = asyncio.Event()
+    rec = RecordingHandler(gate=gate)
+    lst = listener(rec, clock, "rec", observer, buffer_capacity=3, overflow_policy=OverflowPolicy.COALESCE)
+    p.add_listener(lst)
+    await p.distribute(add("a", "1"), False)  # seq 0, taken from the front: in the handler
+    await settle()
+    await p.distribute(add("b", "2"), False)  # seq 1
+    await p.distribute(add("c", "3"), False)  # seq 2
+    await p.distribute(add("d", "4"), False)  # seq 3: full now
+    await p.distribute(update("c", "3", "5"), False)  # seq 4 merges into seq 2, in its place
+    await p.distribute(update("a", "1", "6"), False)  # seq 5: nothing of ns/a waits, so it degrades
+    assert observer.acks("rec") == [2]
+    gate.set()
+    assert (await rec.wait_for(5))[:4] == [
+        ("add", "ns/a", "1", False),
+        ("add", "ns/b", "2", False),
+        ("add", "ns/c", "5", False),
+        ("add", "ns/d", "4", False),
+    ]
+    await settle()
+    assert sorted(observer.acks("rec")) == [0, 1, 2, 3, 4, 5]
+    assert (lst.stats().coalesced, lst.stats().degraded) == (1, 1)
+
+
 async def test_coalesce_add_then_update_stays_an_add() -> None:
     clock = FakeClock()
     p = SharedProcessor(clock=clock)
