@@ -56,6 +56,31 @@ def test_a_line_as_api_servers_write_it_takes_one_pass_as_the_plain_path_decodes
     assert obj.managed_fields is (mf and not drop)
 
 
+_V = b'[{"manager":"m","time":"2024-01-01T00:00:00Z"}]'
+
+
+@pytest.mark.parametrize("obj", [
+    b'{"spec":{"managedFields":' + _V + b'},"metadata":{"name":"a","managedFi\\u0065lds":' + _V + b'}}',
+    b'{"metadata":{"name":"a","managedFi\\u0065lds":' + _V + b'},"spec":{"managedFields":' + _V + b'}}',
+    b'{"metadata":{"name":"x","managedFields":' + _V + b'},'
+    b'"metadata":{"name":"a","managedFields":' + _V + b'}}',
+    b'{"metadata":{"name":"a","labels":{"managedFields":"v"},"managedFields":' + _V + b'}}',
+    b'{"metadata":{"name":"a","managedFields":' + _V + b',"uid":"managedFields"}}',
+])
+def test_managed_fields_are_cut_from_the_metadata_alone_whatever_else_holds_their_name(obj: bytes) -> None:
+    """The same value under a key of that name elsewhere, the metadata's key escaped, the metadata
+    written twice: the cut takes the metadata's own member (as the last ``metadata`` reads) or the
+    object is decoded and written again, never another member cut."""
+    line = b'{"type":"ADDED","object":' + obj + b"}"
+    got = raw_object_decoder(drop_managed_fields=True)(line).object
+    assert type(got) is RawObject
+    want = msgspec.json.decode(obj)
+    want["metadata"].pop("managedFields")
+    assert msgspec.json.decode(got.raw) == want
+    assert (got.name, got.managed_fields) == ("a", False)
+    assert got.change is not None
+
+
 # ---------------------------------------------------------------------- the differential test
 
 _WORDS = ["a", "web", "kube-system", "é", "日本", "🙂", "\u2028", 'q"uote', "back\\slash", "new\nline", "",
@@ -154,6 +179,23 @@ def _escape_a_key(rng: random.Random, text: bytes) -> bytes:
     return text
 
 
+def _duplicate_member(rng: random.Random, body: bytes, obj: Any) -> bytes:
+    """A top-level metadata, or a metadata's managedFields, written twice (JSON readers here take
+    the last): the same value or another one."""
+    meta = obj.get("metadata")
+    if rng.random() < 0.5 or not isinstance(meta, dict):
+        other = meta if rng.random() < 0.5 else _metadata(rng)
+        return body[:-1] + b',"metadata":' + msgspec.json.encode(other) + b"}"
+    mf = meta.get("managedFields", [])
+    again = mf if rng.random() < 0.5 else [_entry(rng)]
+    key = b'"metadata":{'
+    at = body.find(key)
+    if at < 0:
+        return body
+    at += len(key)
+    return body[:at] + b'"managedFields":' + msgspec.json.encode(again) + b"," + body[at:]
+
+
 def _line(rng: random.Random) -> bytes:
     type_ = rng.choice(_TYPES) if rng.random() < 0.2 else rng.choice(_TYPES[:3])
     if type_ == "ERROR":
@@ -164,7 +206,10 @@ def _line(rng: random.Random) -> bytes:
             "resourceVersion": str(rng.randrange(10**6)),
             "annotations": {"k8s.io/initial-events-end": "true"}}})
     else:
-        body = _encode(rng, _object(rng))
+        obj = _object(rng)
+        body = _encode(rng, obj)
+        if rng.random() < 0.05 and body.endswith(b"}") and len(body) > 2:
+            body = _duplicate_member(rng, body, obj)
     if rng.random() < 0.05:
         body = _escape_a_key(rng, body)
     head = b'{"type":' + orjson.dumps(type_)
