@@ -27,15 +27,15 @@ first: nothing beyond them reaches this module.
 
 Invariants: a RawObject returned here equals, slot for slot (but for the caches of what it decodes
 later), the one the plain path builds for the same line (held by ``tests/test_watchline.py`` over
-generated lines), its bytes are
-one JSON object (the pass proves it), and every slot of the type is filled (the build does not call
-``__init__``, as :func:`~bridge.rawobject_type.build_from_bytes` does not).
+generated lines), its bytes are one JSON object (the pass proves it), and every slot of the type is
+filled (the build does not call ``__init__``, as :func:`~bridge.rawobject_type.build_from_bytes`
+does not).
 
 What it costs (the thread CPU time of 2,000 simulator Pod lines, both paths in one run): with
 managedFields kept, about 15 % less than the plain path (7.5 against 8.8 µs); with them cut (the
 service's compact cache) about the same (10.8 µs), since proving the cut exact takes a count over
-the object's bytes, which costs what the plain path's second pass over the metadata does. Python calls of the decode: four per event
-instead of seven (``bench.bench_calls``).
+the object's bytes, which costs what the plain path's second pass over the metadata does. Python
+calls of the decode: four per event instead of seven (``bench.bench_calls``).
 """
 
 from __future__ import annotations
