@@ -17,12 +17,10 @@ calling methods.
 from __future__ import annotations
 
 import msgspec
-import orjson
 
 from bridge.managed_fields import dict_without_managed_fields, newest_change
 from bridge.rawobject_type import (
     DECODE_ERRORS,
-    Head,
     RawObject,
     RawObjectError,
     build_from_bytes,
@@ -33,17 +31,12 @@ from bridge.rawobject_type import (
 __all__ = ["decode_object", "decode_watch_object"]
 
 
-class _EventHead(msgspec.Struct, forbid_unknown_fields=True):
-    type: str
-    object: Head
-
-
-_event_head_decoder = msgspec.json.Decoder(_EventHead)
-_EVENT_PREFIXES: dict[str, tuple[bytes, int]] = {
-    t: (p, len(p)) for t in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR")
+_EVENT_PREFIXES: dict[bytes, tuple[str, bytes, int]] = {
+    p[9:14]: (t, p, len(p)) for t in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR")
     for p in (b'{"type":"' + t.encode() + b'","object":',)
 }
-"""The start of a watch line of each event type, as API servers write it, and its length."""
+"""The start of a watch line of each event type, as API servers write it, and its length, by the
+five bytes after ``{"type":"`` (which tell the types apart)."""
 
 
 def decode_object(
@@ -100,24 +93,25 @@ def decode_object(
 
 def decode_watch_object(line: bytes, *, drop_managed_fields: bool = False) -> tuple[str, RawObject] | None:
     """``(type, object)`` of a watch event line laid out as API servers write them,
-    ``{"type":"…","object":{…}}``, in one pass over the line; None for anything else (another
-    layout, an object without metadata, not JSON …), which the caller then decodes the long way."""
-    try:
-        head = _event_head_decoder.decode(line)
-    except DECODE_ERRORS:
-        return None
-    # (Slices and subscripts rather than method calls: this runs for every watch event.)
+    ``{"type":"…","object":{…}}``, in one pass over the object; None for anything else (another
+    layout, an unknown type, an object without metadata, not JSON …), which the caller then decodes
+    the long way. (:func:`bridge.watchline.decode_watch_line` is the watch stream's one pass; this
+    is its fallback's first step, and reads ``ERROR`` lines too.)"""
+    # (Slices and subscripts rather than method calls.)
     body = line if line[-1:] == b"}" else line.rstrip()
     try:
-        prefix, n = _EVENT_PREFIXES[head.type]
+        type_, prefix, n = _EVENT_PREFIXES[body[9:14]]
     except KeyError:
-        prefix = b'{"type":' + orjson.dumps(head.type) + b',"object":'
-        n = len(prefix)
+        return None
     if not (body[:n] == prefix and body[-1:] == b"}"):
         return None
-    # The line is valid JSON with exactly the members type and object, starting with type: what
-    # lies between the prefix and the final brace is the object.
+    # What lies between the prefix and the final brace is the object only if it is one JSON value:
+    # decoding it says so (a member repeated after it, '{…},"object":{…}', is not one).
     raw = body[n:-1]
-    built = build_from_bytes(raw, head.object, drop_managed_fields=drop_managed_fields, api_version="",
+    try:
+        head = head_decoder.decode(raw)
+    except DECODE_ERRORS:
+        return None
+    built = build_from_bytes(raw, head, drop_managed_fields=drop_managed_fields, api_version="",
                              kind="")
-    return None if built is None else (head.type, built)
+    return None if built is None else (type_, built)

@@ -37,12 +37,14 @@ from bridge.managed_fields import (
 
 __all__ = [
     "DECODE_ERRORS",
+    "NAMESPACES",
     "Head",
     "RawObject",
     "RawObjectError",
     "build_from_bytes",
     "dumps",
     "head_decoder",
+    "new_namespace",
     "object_decoder",
 ]
 
@@ -342,7 +344,7 @@ def build_from_bytes(
     obj.name = name = ident.name or ""
     namespace = ident.namespace or ""
     # A table rather than sys.intern: no call for a namespace seen before.
-    namespace = _namespaces[namespace] if namespace in _namespaces else _new_namespace(namespace)
+    namespace = NAMESPACES[namespace] if namespace in NAMESPACES else new_namespace(namespace)
     obj.namespace = namespace
     obj.uid = ident.uid or ""
     obj.resource_version = ident.resourceVersion or ""
@@ -354,15 +356,17 @@ def build_from_bytes(
     return obj
 
 
-_namespaces: dict[str, str] = {}
-"""Each namespace decoded lately, interned: the objects of one namespace share its string."""
+NAMESPACES: dict[str, str] = {}
+"""Each namespace decoded lately, interned: the objects of one namespace share its string (read
+directly by the builds, :func:`new_namespace` only for a namespace not in it)."""
 _MAX_NAMESPACES = 4096
 
 
-def _new_namespace(namespace: str) -> str:
-    if len(_namespaces) >= _MAX_NAMESPACES:
-        _namespaces.clear()
-    interned = _namespaces[namespace] = _intern(namespace)
+def new_namespace(namespace: str) -> str:
+    """``namespace`` interned and entered in :data:`NAMESPACES` (emptied when full)."""
+    if len(NAMESPACES) >= _MAX_NAMESPACES:
+        NAMESPACES.clear()
+    interned = NAMESPACES[namespace] = _intern(namespace)
     return interned
 
 

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 FOUNDATIONS = ("bridge.contracts", "bridge.rawobject", "bridge.errors", "bridge.clock", "bridge.version",
                "bridge.labels", "bridge.resource_version", "bridge.jsonbounds", "bridge.bounded_read",
-               "bridge.rawobject_type", "bridge.rawobject_decode", "bridge.managed_fields")
+               "bridge.rawobject_type", "bridge.rawobject_decode", "bridge.managed_fields",
+               "bridge.watchline")
 """Imported by every layer, importing none: only each other (a foundation cut into parts, as
 ``bridge.rawobject`` over ``bridge.rawobject_type``), never in a cycle (below)."""
 

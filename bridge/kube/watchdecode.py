@@ -28,6 +28,7 @@ from bridge.errors import DecodeError
 from bridge.jsonbounds import MAX_DEPTH, MAX_OBJECT_BYTES, exceeds_depth
 from bridge.kube.bounded import out_of_bounds_event
 from bridge.rawobject import RawObject, RawObjectError, decode_object, decode_watch_object
+from bridge.watchline import decode_watch_line
 
 __all__ = [
     "DECODE_ERRORS",
@@ -156,22 +157,12 @@ def decode_watch_event_orjson(line: bytes) -> WatchEvent:
     return _event(type_, obj)
 
 
-def raw_object_decoder(*, drop_managed_fields: bool = False, bounded: bool = True) -> WatchDecoder:
-    """Watch events whose objects stay JSON bytes (:class:`~bridge.rawobject.RawObject`): one msgspec
-    pass over a line as API servers lay it out reads the event type and the object's metadata
-    without building the rest (other layouts take two passes), and ``drop_managed_fields`` cuts
-    ``metadata.managedFields`` out of the bytes on the way. ``ERROR`` events (a Status) are decoded
-    whole, as the reflector reads them. An object beyond the bounds is quarantined
-    (:mod:`bridge.kube.bounded`); ``bounded=False`` skips that check, for the differential test and
-    the benchmark of what it costs only."""
+def _plain_object_decoder(drop_managed_fields: bool) -> WatchDecoder:
+    """The decode of a line within the bounds that the one pass declines (today's path, and the
+    differential test's reference): :func:`~bridge.rawobject.decode_watch_object`, then the line's
+    object as a ``Raw`` decoded on its own (:func:`~bridge.rawobject.decode_object`)."""
 
     def decode(line: bytes) -> WatchEvent:
-        if not line.isascii():  # _check_utf8 without its call for the ASCII line of nearly every event
-            _check_utf8(line)
-        if bounded and (len(line) > _LINE_BYTES or exceeds_depth(line, _LINE_DEPTH)):
-            quarantined = out_of_bounds_event(line)
-            if quarantined is not None:
-                return quarantined
         fast = decode_watch_object(line, drop_managed_fields=drop_managed_fields)
         if fast is not None and fast[0] in _OBJECT_EVENT_TYPES:
             return WatchEvent(type=_OBJECT_EVENT_TYPES[fast[0]], object=fast[1])
@@ -200,6 +191,41 @@ def raw_object_decoder(*, drop_managed_fields: bool = False, bounded: bool = Tru
     return decode
 
 
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"{}[]")
+_LINE_BRACKETS = 2 * _LINE_DEPTH
+"""A line with at most this many brackets cannot nest deeper than the bound (the first step of
+:func:`~bridge.jsonbounds.exceeds_depth`, done here without its call)."""
+
+
+def raw_object_decoder(*, drop_managed_fields: bool = False, bounded: bool = True,
+                       one_pass: bool = True) -> WatchDecoder:
+    """Watch events whose objects stay JSON bytes (:class:`~bridge.rawobject.RawObject`): a line as
+    API servers lay it out is decoded in one msgspec pass that reads the event type and the object's
+    metadata without building the rest (:func:`bridge.watchline.decode_watch_line`); what that
+    declines takes today's path (other layouts, ``ERROR`` events, whose Status is decoded whole as
+    the reflector reads it). ``drop_managed_fields`` cuts ``metadata.managedFields`` out of the bytes
+    on the way. An object beyond the bounds is quarantined (:mod:`bridge.kube.bounded`);
+    ``bounded=False`` skips that check and ``one_pass=False`` the one pass, for the differential
+    tests and the benchmarks of what each costs or gains only."""
+    plain = _plain_object_decoder(drop_managed_fields)
+
+    def decode(line: bytes) -> WatchEvent:
+        if not line.isascii():  # _check_utf8 without its call for the ASCII line of nearly every event
+            _check_utf8(line)
+        if bounded and (len(line) > _LINE_BYTES or (len(line.translate(None, _NOT_BRACKETS)) > _LINE_BRACKETS
+                                                    and exceeds_depth(line, _LINE_DEPTH))):
+            quarantined = out_of_bounds_event(line)
+            if quarantined is not None:
+                return quarantined
+        if one_pass:
+            fast = decode_watch_line(line, drop_managed_fields)
+            if fast is not None:
+                return WatchEvent(type=fast[0], object=fast[1])
+        return plain(line)
+
+    return decode
+
+
 decode_watch_event_objects = raw_object_decoder()
 
 WATCH_EVENT_DECODERS: dict[str, WatchDecoder] = {
@@ -207,4 +233,7 @@ WATCH_EVENT_DECODERS: dict[str, WatchDecoder] = {
     "msgspec-raw": decode_watch_event_raw,
     "orjson": decode_watch_event_orjson,
     "raw-object": decode_watch_event_objects,
+    "raw-object-plain": raw_object_decoder(one_pass=False),
 }
+"""Every decoder a watch stream may be given, by name (the benchmarks compare them in one run;
+``raw-object-plain`` is the default without its one pass, the path it falls back to)."""

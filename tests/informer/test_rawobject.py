@@ -502,6 +502,27 @@ def test_compact_cache_replace_takes_dicts_and_raw_objects() -> None:
     assert all(type(v) is RawObject and v._obj is None and v._meta is None for v in cache._items.values())
 
 
+@pytest.mark.parametrize("one_pass", [False, True])
+@pytest.mark.parametrize("tail", [
+    b',"object":{"metadata":{"name":"b","resourceVersion":"8"}}',
+    b',"type":"ADDED","object":{"metadata":{"name":"b","resourceVersion":"8"}}',
+])
+def test_a_member_repeated_after_a_watch_lines_object_is_not_kept_in_its_bytes(one_pass: bool,
+                                                                               tail: bytes) -> None:
+    """A line whose ``object`` member comes twice is JSON, read as its last ``object`` (as every JSON
+    decoder here reads duplicates). The watch line's framing took what lies between its prefix and
+    its last brace for the object: bytes that are not JSON (``{…},"object":{…}``) under the second
+    object's identity."""
+    from bridge.kube.listwatch import raw_object_decoder
+
+    line = b'{"type":"ADDED","object":{"metadata":{"name":"a","resourceVersion":"7"}}' + tail + b"}"
+    for drop in (False, True):
+        obj = raw_object_decoder(drop_managed_fields=drop, one_pass=one_pass)(line).object
+        assert type(obj) is RawObject
+        assert msgspec.json.decode(obj.raw) == msgspec.json.decode(line)["object"]
+        assert (obj.name, obj.resource_version) == ("b", "8")
+
+
 # ---------------------------------------------------------------------------------- known failures
 # These fail against bridge/rawobject.py as committed (reported; not committed with the tests above).
 
