@@ -310,6 +310,24 @@ class NatsServer:
             self.proc = None
 
 
+async def subscribed(nc: Any, subject: str, **kwargs: Any) -> Any:
+    """Subscribes ``nc`` to ``subject`` (``kwargs`` as nats-py's ``subscribe`` takes them) and
+    returns the subscription once the server has it.
+
+    ``await nc.flush()`` after ``subscribe`` does not prove that: nats-py's ``flush`` writes its
+    PING straight to the socket, ahead of the SUB still in the client's buffer, so its PONG can
+    come back before the server read the SUB, and a message published elsewhere in between is
+    not delivered (on a loaded machine a test saw one of two copies). Writing the buffer first, as
+    the NATS sink does before its PINGs (``sinks.nats_base.write_pending``), puts the SUB ahead of
+    the PING, and the server reads a connection's commands in order."""
+    from sinks.nats_base import write_pending
+
+    sub = await nc.subscribe(subject, **kwargs)
+    write_pending(nc)
+    await nc.flush(timeout=15)
+    return sub
+
+
 def nats_binary() -> str:
     binary = NATS_SERVER_BIN if Path(NATS_SERVER_BIN).exists() else shutil.which("nats-server")
     if binary is None:

@@ -34,7 +34,7 @@ from sinks.kafka import KafkaSink
 from sinks.nats import NatsSink
 from sinks.webhook import WebhookSink
 from tests import brokers
-from tests.brokers import NatsServer, TansuBroker, unique_name
+from tests.brokers import NatsServer, TansuBroker, subscribed, unique_name
 from tests.sinks import NODES, PODS, Acks
 
 kafka_broker = brokers.kafka_broker
@@ -217,8 +217,7 @@ async def test_nats_messages_parse_with_the_sdk(nats_server: NatsServer, mode: s
         if len(got) == len(events()):
             done.set()
 
-    await nc.subscribe("k8s.>", cb=cb)
-    await nc.flush()
+    await subscribed(nc, "k8s.>", cb=cb)
     sink = NatsSink.from_options("nats", {"servers": [nats_server.url], "content_mode": mode})
     try:
         await deliver(sink)

@@ -15,7 +15,7 @@ from sinks.contract import DeliveryOutcome, EventType, SinkConfigError
 from sinks.nats import JetStreamSink
 from sinks.redaction import REDACTED
 from tests import brokers
-from tests.brokers import NatsServer
+from tests.brokers import NatsServer, subscribed
 from tests.sinks import SECRETS, Acks, close_after_test, event, obj
 
 nats_server = brokers.nats_server
@@ -206,8 +206,7 @@ async def test_lost_puback_times_out_and_is_retried_with_the_same_msg_id(nats_se
         if len(seen) > 1:
             await msg.respond(b'{"stream":"FAKE","seq":1}')
 
-    await nc.subscribe("k8s.pods.default.*", cb=respond)
-    await nc.flush()
+    await subscribed(nc, "k8s.pods.default.*", cb=respond)
     sink = make_sink(nats_server.url, publish_timeout=0.3, retry={"initial": 0.01, "max": 0.01})
     await sink.start()
     acks = Acks()

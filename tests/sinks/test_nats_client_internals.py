@@ -29,7 +29,7 @@ from sinks.nats_base import (
     write_pending,
 )
 from tests import brokers
-from tests.brokers import NatsServer
+from tests.brokers import NatsServer, subscribed
 
 nats_server = brokers.nats_server
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
@@ -119,12 +119,7 @@ async def test_nats_py_resolves_pong_futures_in_ping_order_with_set_result(nats_
     nc = await nats.connect(nats_server.url)
     sub = await nats.connect(nats_server.url)
     try:
-        got = await sub.subscribe("guard.>")
-        # nats-py's flush() writes its PING ahead of commands still buffered (the SUB among them),
-        # so its PONG does not prove the subscription is registered: a message of the subscriber's
-        # own, buffered after the SUB, does once it comes back.
-        await sub.publish("guard.ready", b"")
-        assert (await got.next_msg(timeout=5)).subject == "guard.ready"
+        got = await subscribed(sub, "guard.>")
         order: list[str] = []
         futures = [_Recorded(order, f"pong{i}") for i in range(3)]
         for i, future in enumerate(futures):

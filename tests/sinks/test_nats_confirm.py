@@ -14,7 +14,7 @@ import sinks.nats_base
 from sinks.contract import DeliveryOutcome, EventType
 from sinks.nats import NatsSink
 from tests import brokers
-from tests.brokers import NatsServer
+from tests.brokers import NatsServer, subscribed
 from tests.sinks import Acks, close_after_test, event, obj
 
 nats_server = brokers.nats_server
@@ -120,8 +120,7 @@ async def test_a_pong_that_never_comes_fails_the_round_and_it_is_retried(nats_se
         if len(got) >= 2:
             twice.set()
 
-    await nc.subscribe("lost.>", cb=cb)
-    await nc.flush()
+    await subscribed(nc, "lost.>", cb=cb)
     # The first PONG future is dropped, as nats-py does with all of them on a reconnect.
     original = client._process_pong
     dropped = False

@@ -10,7 +10,7 @@ from sinks.cloudevents import decode_binary
 from sinks.contract import DeliveryOutcome, EventType
 from sinks.nats import NatsSink
 from sinks.nats_base import header_block
-from tests.brokers import NatsServer
+from tests.brokers import NatsServer, subscribed
 from tests.sinks import Acks, event, obj
 from tests.sinks.test_nats_sink import Collector, collector, make_sink, nats_server
 
@@ -51,7 +51,7 @@ async def test_published_in_one_pass_and_read_back_exactly(
 
 async def test_plain_nats_py_subscriber_sees_headers_as_sent(nats_server: NatsServer) -> None:
     nc = await nats.connect(nats_server.url)
-    sub = await nc.subscribe("hdr.>")
+    sub = await subscribed(nc, "hdr.>")
     sink: NatsSink = make_sink(nats_server.url, destination="hdr.{name}")
     await sink.start()
     await sink.deliver_batch([event(EventType.ADDED, obj("h"))], [lambda _o: None])

@@ -14,7 +14,7 @@ from nats.aio.msg import Msg
 
 from sinks.contract import DeliveryOutcome, EventType, SinkConfigError
 from sinks.nats import NatsSink
-from tests.brokers import running_nats
+from tests.brokers import running_nats, subscribed
 from tests.sinks import Acks, event, obj
 
 
@@ -46,8 +46,7 @@ async def test_nkey_seed_file_authenticates_and_a_wrong_seed_is_refused(tmp_path
         async def on_msg(msg: Msg) -> None:
             await got.put(msg.data)
 
-        await reader.subscribe("k8s.>", cb=on_msg)
-        await reader.flush()
+        await subscribed(reader, "k8s.>", cb=on_msg)
         sink = NatsSink.from_options("nats", {"servers": [server.url], "nkey_seed_file": str(seed_file)})
         await sink.start()
         acks = Acks()

@@ -17,7 +17,7 @@ from sinks.contract import DeliveryOutcome, EventType, SinkConfigError
 from sinks.nats import NatsSink, stream_subjects_for
 from sinks.redaction import REDACTED
 from tests import brokers
-from tests.brokers import NatsServer, running_nats
+from tests.brokers import NatsServer, running_nats, subscribed
 from tests.sinks import NODES, SECRETS, Acks, close_after_test, event, obj
 
 nats_server = brokers.nats_server
@@ -44,8 +44,7 @@ class Collector:
             self.msgs.append(msg)
             self._arrived.set()
 
-        await self.nc.subscribe(subject, cb=cb)
-        await self.nc.flush()
+        await subscribed(self.nc, subject, cb=cb)
 
     async def wait_for(self, n: int, timeout: float = 5.0) -> list[Msg]:
         async with asyncio.timeout(timeout):

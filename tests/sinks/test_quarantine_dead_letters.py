@@ -29,7 +29,7 @@ from sinks.file import FileSink
 from sinks.kafka import KafkaSink
 from sinks.nats import NatsSink
 from tests import brokers
-from tests.brokers import NatsServer, TansuBroker, unique_name
+from tests.brokers import NatsServer, TansuBroker, subscribed, unique_name
 from tests.sinks import Acks, close_after_test, event
 
 kafka_broker = brokers.kafka_broker
@@ -96,8 +96,7 @@ async def test_a_nats_dead_letter_gives_back_the_exact_bytes(nats_server: NatsSe
 
     nc = await nats.connect(nats_server.url)
     try:
-        await nc.subscribe("dlq.pods", cb=cb)
-        await nc.flush()
+        await subscribed(nc, "dlq.pods", cb=cb)
         await deliver(NatsSink.from_options("n", {"servers": [nats_server.url],
                                                   "dead_letter": {"kind": "nats", "target": "dlq.pods"}}),
                       obj)
