@@ -70,7 +70,7 @@ async def _once(n: int, profiler: cProfile.Profile | None = None) -> float:
     clock = RealClock()
     tracker = AckTracker(name="bench", now=clock.now)
     processor = SharedProcessor(clock=clock, observer=tracker, name="bench")
-    handler = SinkListener(sink=_AckAtOnce(), resource=REF, cluster="c", clock=clock,  # type: ignore[arg-type]
+    handler = SinkListener(sink=_AckAtOnce(), resource=REF, cluster="c", clock=clock,
                            tracker=tracker)
     # A buffer for every change: a loaded machine must not make the listener degrade (and coalesce).
     listener = ProcessorListener(handler=handler, options=ListenerOptions(name="null", buffer_capacity=n),

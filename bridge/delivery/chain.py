@@ -32,17 +32,40 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
-from sinks.contract import AckCallback, Admits, ChangeEvent, DeliveryOptions, Sink, takes_batches
+from sinks.contract import AckCallback, Admits, Batched, ChangeEvent, DeliveryOptions, Sink, takes_batches
 
-__all__ = ["CountsInFlight", "DeliveryChain", "DeliveryStage", "HandOn", "StageDeclaration", "as_chain"]
+__all__ = ["BatchReceiver", "CountsInFlight", "DeliveryChain", "DeliveryStage", "HandOn", "Receiver",
+           "StageDeclaration", "as_chain", "receives_batches"]
 
 log = logging.getLogger(__name__)
 
 HandOn = Callable[[Sequence[ChangeEvent], Sequence[AckCallback]], Awaitable[None]]
 """The rest of a chain after a stage: ``hand_on(events, acks)`` passes the next stages, then
 reaches the sink (one ack per event, in the order of the events)."""
+
+
+class Receiver(Protocol):
+    """What a sink's listener hands its events to: the sink's :class:`DeliveryChain` (in tests and
+    tools, a sink itself). Only what the listener uses."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def deliver(self, event: ChangeEvent, ack: AckCallback) -> None: ...
+
+
+class BatchReceiver(Receiver, Protocol):
+    """A :class:`Receiver` that takes a batch in one call."""
+
+    async def deliver_batch(self, events: Sequence[ChangeEvent], acks: Sequence[AckCallback]) -> None: ...
+
+
+def receives_batches(receiver: Receiver) -> TypeGuard[BatchReceiver]:
+    """Whether ``receiver``'s class declares ``deliver_batch`` (a chain always does), checked on the
+    class as :func:`~sinks.contract.takes_batches` does."""
+    return issubclass(type(receiver), Batched)
 
 
 class DeliveryStage(Protocol):

@@ -20,9 +20,10 @@ from __future__ import annotations
 import logging
 
 from bridge.clock import Clock
+from bridge.delivery.chain import DeliveryChain
 from bridge.delivery.checkpoint_writer import sink_state
 from bridge.delivery.informer_run import InformerRun
-from sinks.contract import ChangeEvent, DeliveryOutcome, EventType, Sink
+from sinks.contract import ChangeEvent, DeliveryOutcome, EventType
 
 __all__ = ["HEARTBEAT_ACKED", "HEARTBEAT_RV", "Heartbeats"]
 
@@ -37,7 +38,8 @@ HEARTBEAT_ACKED = "ackedresourceversion"
 class Heartbeats:
     """One sink's heartbeats for one informer's resource (module docs)."""
 
-    def __init__(self, *, inf: InformerRun, sink: Sink, cluster: str, clock: Clock, interval: float) -> None:
+    def __init__(self, *, inf: InformerRun, sink: DeliveryChain, cluster: str, clock: Clock,
+                 interval: float) -> None:
         self._inf = inf
         self._sink = sink
         self._cluster = cluster

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bridge.clock import Clock
+from bridge.delivery.chain import DeliveryChain
 from bridge.delivery.informer_run import InformerRun
 from bridge.delivery.progress import AckTracker
 from bridge.delivery.sink_listener import SinkListener
@@ -20,7 +21,7 @@ from bridge.delivery.stall import StallDetector
 from bridge.informer.namespaces import NamespaceFilteredListerWatcher
 from bridge.informer.shared_informer import SharedIndexInformer
 from bridge.kube.listwatch import HttpListerWatcher
-from sinks.contract import DeliveryOutcome, Sink
+from sinks.contract import DeliveryOutcome
 
 __all__ = ["InformerGauges", "PipelineInspection", "PipelineStats", "SinkBacklog", "SinkGauges",
            "TelemetrySnapshot"]
@@ -115,7 +116,7 @@ class PipelineInspection:
     """Read-only views of a pipeline (module docs)."""
 
     _informers: dict[str, InformerRun]
-    _sinks: Sequence[Sink]
+    _sinks: Sequence[DeliveryChain]
     _clock: Clock
     _stalls: StallDetector | None
 

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bridge.clock import Clock
+from bridge.delivery.chain import DeliveryChain
 from bridge.delivery.inspection import PipelineInspection
-from sinks.contract import Sink
 
 __all__ = ["OutageReporter"]
 
@@ -35,7 +35,8 @@ class _Outage:
 class OutageReporter:
     """Reports the outages of a pipeline's sinks (module docs)."""
 
-    def __init__(self, *, sinks: Sequence[Sink], view: PipelineInspection, summary_interval: float) -> None:
+    def __init__(self, *, sinks: Sequence[DeliveryChain], view: PipelineInspection,
+                 summary_interval: float) -> None:
         self._sinks = sinks
         self._view = view
         self._outage_summary = summary_interval

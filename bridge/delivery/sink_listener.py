@@ -42,6 +42,7 @@ from bridge.contracts import (
     Notification,
     NotificationKind,
 )
+from bridge.delivery.chain import Receiver, receives_batches
 from bridge.delivery.journal import KnownObjectJournal
 from bridge.delivery.object_acks import PerObjectAcks
 from bridge.delivery.progress import AckTracker
@@ -58,9 +59,7 @@ from sinks.contract import (
     EventType,
     GapInfo,
     ResourceRef,
-    Sink,
     SnapshotInfo,
-    takes_batches,
 )
 
 __all__ = ["SinkListener", "SinkListenerStats", "ack_once", "change_time"]
@@ -163,7 +162,7 @@ class _Collected:
 class SinkListener:
     """A :class:`~bridge.contracts.NotificationHandler` feeding one sink with one resource's changes."""
 
-    def __init__(self, *, sink: Sink, resource: ResourceRef, cluster: str, clock: Clock,
+    def __init__(self, *, sink: Receiver, resource: ResourceRef, cluster: str, clock: Clock,
                  snapshot_prefix: str = "", tracker: AckTracker | None = None,
                  journal: KnownObjectJournal | None = None, exits: SelectorExits | None = None,
                  shard: tuple[int, int] | None = None, bootstrap: Callable[[], None] | None = None,
@@ -177,7 +176,7 @@ class SinkListener:
         :meth:`bootstrap_ready`), then the live stream; the callback runs once the sink acknowledged
         the whole snapshot. ``replay``: the sink's part of a restart (:mod:`bridge.delivery.replay`)."""
         self.sink = sink
-        self._batch_sink = sink if takes_batches(sink) else None
+        self._batch_sink = sink if receives_batches(sink) else None
         self._room = sink.has_room if self._batch_sink is not None and isinstance(sink, Admits) else None
         self.resource = resource
         self.cluster = cluster
@@ -346,6 +345,9 @@ class SinkListener:
         selector fate asked when it matters; none when the sink had ``n`` (then acknowledged)."""
         replay = self.replay
         if replay is None:
+            return [n]
+        if replay.spent(n.seq) and (self._per_object is None or not self._per_object.announcing):
+            self.replay = self._per_object = None  # nothing left to decide: as without a restart
             return [n]
         admitted = replay.admit(n)
         if not admitted:

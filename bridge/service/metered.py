@@ -15,9 +15,11 @@ and a span is started only for the events that one random draw at
 that is not picked creates no span object at all.
 
 A batch of one event (what a single ``deliver`` is) takes one draw for its span and samples its
-latency under the interval rule. A larger batch costs one small closure per event: it is timed from
-one clock reading, at most one latency per batch is sampled (its first delivery, under the same
-interval rule), and the traced events are chosen by drawing the gaps between them (a geometric
+latency under the interval rule. A larger batch costs one small object per batch, whose bound
+method, partially applied to each event's index, is that event's ack (no Python function is built
+per event; the in-flight gauge still moves per acknowledged event): it is timed from one clock
+reading, at most one latency per batch is sampled (its first delivery, under the same interval
+rule), and the traced events are chosen by drawing the gaps between them (a geometric
 distribution: each event is still picked with probability ``trace_sample_ratio``, independently of
 the others) instead of one draw per event. The two draws may interleave: the geometric gap is
 memoryless, so a pending gap stays right for the next batch whatever single events came between.
@@ -25,6 +27,7 @@ memoryless, so a pending gap stays right for the next batch whatever single even
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import time
@@ -40,6 +43,38 @@ from sinks.contract import AckCallback, ChangeEvent, DeliveryOutcome
 __all__ = ["MeterStage"]
 
 _DELIVERED = DeliveryOutcome.DELIVERED
+
+
+class _Batch:
+    """The acknowledgements of one batch (module docs): one object per batch, the ack of its i-th
+    event a ``functools.partial`` of :meth:`acked` (no Python function built per event)."""
+
+    __slots__ = ("acks", "live", "meter", "pending", "started", "unsampled")
+
+    def __init__(self, meter: MeterStage, acks: Sequence[AckCallback], started: float) -> None:
+        self.meter = meter
+        self.acks = acks
+        self.started = started
+        """The batch's one clock reading: its latency sample is timed from it."""
+        self.unsampled = True
+        """The batch's first delivery is a latency sample candidate."""
+        self.live = True
+        """False once the hand-over failed: in_flight was settled for the whole batch."""
+        self.pending = len(acks)
+        """Acks not called yet."""
+
+    def acked(self, i: int, outcome: DeliveryOutcome) -> None:
+        self.pending -= 1
+        meter = self.meter
+        if self.live:
+            meter.in_flight -= 1
+        if self.unsampled and outcome is _DELIVERED:
+            self.unsampled = False
+            now = meter._clock()
+            if now - meter._last_latency >= meter._latency_interval:
+                meter._last_latency = now
+                meter._telemetry.delivery_duration.record(now - self.started, meter._attrs)
+        self.acks[i](outcome)
 
 
 class MeterStage:
@@ -129,32 +164,9 @@ class MeterStage:
     async def _batch(self, events: Sequence[ChangeEvent], acks: Sequence[AckCallback],
                      hand_on: HandOn) -> None:
         count = len(events)
-        started = self._clock()
-        clock = self._clock
-        telemetry = self._telemetry
-        attrs = self._attrs
-        interval = self._latency_interval
-        me = self
-        unsampled = True  # the batch's first delivery is a latency sample candidate
-        live = True  # False once the hand-over failed: in_flight was settled for the whole batch
-        pending = count  # wrapped acks not called yet
-
-        wrapped: list[AckCallback] = []
-        for ack in acks:
-            def metered_ack(outcome: DeliveryOutcome, ack: AckCallback = ack) -> None:
-                nonlocal unsampled, pending
-                pending -= 1
-                if live:
-                    me.in_flight -= 1
-                if unsampled and outcome is _DELIVERED:
-                    unsampled = False
-                    now = clock()
-                    if now - me._last_latency >= interval:
-                        me._last_latency = now
-                        telemetry.delivery_duration.record(now - started, attrs)
-                ack(outcome)
-
-            wrapped.append(metered_ack)
+        batch = _Batch(self, acks, self._clock())
+        acked = batch.acked
+        wrapped: list[AckCallback] = [functools.partial(acked, i) for i in range(count)]
         spans = self._trace_batch(events, wrapped) if self._sample_ratio else []
         self.in_flight += count
         try:
@@ -162,8 +174,8 @@ class MeterStage:
         except BaseException:
             # Which events the sink took before it raised is unknown: the gauge forgets the batch's
             # unacknowledged events (acks that still come are not subtracted again).
-            live = False
-            self.in_flight -= pending
+            batch.live = False
+            self.in_flight -= batch.pending
             for span in spans:
                 if span.is_recording():  # not acknowledged (yet): ended without an outcome
                     span.end()

@@ -229,3 +229,30 @@ async def test_a_coalesced_update_released_after_leadership_ended_never_reaches_
         await chain.close()  # the pipeline's abort: cancels the refused hand-over
     assert sink.calls == ["start", "close"]
     assert acked == []  # nothing acknowledged: the next leader sends it again
+
+
+def test_the_delivery_layer_types_the_chain_as_what_it_is() -> None:
+    """The listener, the heartbeats, the outage reporter and the inspection hand changes to, and read
+    the status of, the sink's chain: typed as the chain (or what the listener uses of it), never as a
+    sink, which the chain does not imitate."""
+    import ast
+    import inspect
+
+    import bridge.delivery.heartbeat
+    import bridge.delivery.inspection
+    import bridge.delivery.outages
+    import bridge.delivery.sink_listener
+
+    for module in (bridge.delivery.sink_listener, bridge.delivery.heartbeat, bridge.delivery.outages,
+                   bridge.delivery.inspection):
+        tree = ast.parse(inspect.getsource(module))
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        assert "Sink" not in names, module.__name__
+
+
+def test_a_chain_receives_batches_and_a_deliver_only_receiver_does_not() -> None:
+    from bridge.delivery.chain import receives_batches
+
+    sink = OneByOne()
+    assert receives_batches(as_chain(sink))
+    assert not receives_batches(sink)

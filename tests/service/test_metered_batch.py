@@ -4,6 +4,7 @@ latency per batch, the traced share kept, and a sink without ``deliver_batch`` f
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import random
@@ -218,3 +219,35 @@ async def test_a_forwarding_wrapper_keeps_its_own_deliver() -> None:
     assert wrapper.seen == ["p0", "p1", "p2"]
     assert inner.batches == []
     assert acked == [DeliveryOutcome.DELIVERED] * 3
+
+
+async def test_a_batch_builds_one_ack_object_and_exports_the_figures_per_event() -> None:
+    """A batch's acks are partials of one object's method (no function built per event), and what is
+    exported is what per-event acks gave: the in-flight gauge moves with every acknowledged event, one
+    latency sample per batch (its first delivery, timed from the hand-over), outcomes passed on."""
+    clock = FakeClock()
+    telemetry = Telemetry(trace_sample_ratio=0.0)
+    inner = BatchAckingSink(clock)
+    inner.hold = True
+    m = metered(telemetry, inner, clock)
+    acked: list[DeliveryOutcome] = []
+    await m.deliver_batch([event(i) for i in range(5)], [acked.append] * 5)
+    acks = [ack for _ev, ack in inner.held]
+    assert all(isinstance(ack, functools.partial) for ack in acks)
+    owners = {id(getattr(ack.func, "__self__", None)) for ack in acks if isinstance(ack, functools.partial)}
+    assert len(owners) == 1
+    assert metric(exposed(telemetry, m), "keb_sink_in_flight", sink="s") == 5
+    clock.t += 0.003
+    acks[0](DeliveryOutcome.FILTERED)  # not a delivery: no latency sample
+    clock.t += 0.004
+    acks[1](DeliveryOutcome.DELIVERED)  # the sample: 7 ms after the hand-over
+    assert metric(exposed(telemetry, m), "keb_sink_in_flight", sink="s") == 3
+    clock.t += LATENCY_SAMPLE_INTERVAL
+    for ack in acks[2:]:
+        ack(DeliveryOutcome.DELIVERED)
+    text = exposed(telemetry, m)
+    telemetry.shutdown()
+    assert metric(text, "keb_sink_in_flight", sink="s") == 0
+    assert metric(text, "keb_sink_delivery_duration_seconds_count", sink="s") == 1
+    assert metric(text, "keb_sink_delivery_duration_seconds_sum", sink="s") == pytest.approx(0.007)
+    assert acked == [DeliveryOutcome.FILTERED] + [DeliveryOutcome.DELIVERED] * 4
