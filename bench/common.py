@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -29,7 +30,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -391,6 +392,9 @@ class AckProbe:
 
     def __init__(self, inner: Sink) -> None:
         self.inner = inner
+        # Looked up on the class (not sinks.contract.Admits): the harness also drives older trees.
+        room = getattr(type(inner), "has_room", None)
+        self._room: Callable[[int], bool] | None = None if room is None else functools.partial(room, inner)
         self.name = inner.name
         self.delivery = inner.delivery
         self.acked = 0
@@ -419,6 +423,10 @@ class AckProbe:
 
     async def deliver(self, event: ChangeEvent, ack: AckCallback) -> None:
         await self.inner.deliver(event, self._probe(event, ack))
+
+    def has_room(self, count: int) -> bool:
+        """The inner sink's answer (:class:`sinks.contract.Admits`): the probe itself never waits."""
+        return self._room is not None and self._room(count)
 
     async def deliver_batch(self, events: Sequence[ChangeEvent], acks: Sequence[AckCallback]) -> None:
         """Passes the batch through (a loop over ``deliver`` when the inner sink has no

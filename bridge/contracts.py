@@ -44,6 +44,7 @@ __all__ = [
     "NotificationSpill",
     "ObjectKey",
     "OverflowPolicy",
+    "ReadyNotificationHandler",
     "Store",
     "TransformFunc",
     "UnconfirmedGone",
@@ -344,6 +345,17 @@ class BatchNotificationHandler(NotificationHandler, Protocol):
         handler's), the ones after were not begun, and the listener carries on with them as it
         would after a failing ``handle``. Any other exception leaves the listener nothing to go
         on: it acknowledges every notification of the batch whose ack has not been called."""
+
+
+@runtime_checkable
+class ReadyNotificationHandler(BatchNotificationHandler, Protocol):
+    """A batch handler that can tell, without waiting, whether a batch would be handled to its end
+    without waiting (nothing held back, room downstream). Its listener, idle, then has the informer
+    hand it what one run of the informer produced in the informer's own task, without waking its
+    worker (the fast path, :meth:`~bridge.informer.listener.ProcessorListener.deliver_deferred`)."""
+
+    def ready_for(self, notifications: Sequence[Notification]) -> bool:
+        """True when ``handle_batch(notifications, ...)`` now would return without waiting."""
 
 
 class BatchInterrupted(Exception):

@@ -313,6 +313,11 @@ class BaseSink(Generic[O]):
     def healthy(self) -> bool:
         return self._healthy and not self._closed
 
+    def has_room(self, count: int) -> bool:
+        """True when ``deliver_batch`` of ``count`` events would not wait: the window has room for
+        all of them (:class:`~sinks.contract.Admits`; a closed sink raises instead, not waits)."""
+        return self.stats.in_flight + count <= self._window.limit
+
     async def deliver(self, event: ChangeEvent, ack: AckCallback) -> None:
         if self._closed:
             raise SinkError(f"sink {self.name!r} is closed")

@@ -28,6 +28,7 @@ from bridge.rawobject import RawObject
 __all__ = [
     "SINK_ENTRY_POINT_GROUP",
     "AckCallback",
+    "Admits",
     "BatchSink",
     "Batched",
     "ChangeEvent",
@@ -308,6 +309,18 @@ class Batched(Protocol):
         back-pressure: it may wait for room in the in-flight window between events, and raises
         SinkError when the sink is closed), only cheaper per event. ``len(events) == len(acks)``;
         an empty batch is a no-op."""
+
+
+@runtime_checkable
+class Admits(Protocol):
+    """Optional: a sink (or a stage of a delivery chain) that can tell, without waiting, whether it
+    takes a batch at once. The bridge then hands the batch over in the informer's own task instead
+    of waking the sink's listener (the fast path); a sink without it always gets its batches from
+    its listener's worker, as before."""
+
+    def has_room(self, count: int) -> bool:
+        """True when ``deliver_batch`` of ``count`` events now would return without waiting (room
+        in the in-flight window for all of them, nothing else to wait for)."""
 
 
 @runtime_checkable

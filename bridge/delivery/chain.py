@@ -16,7 +16,9 @@ rest of the chain: the next stages, then the sink), and what the bridge reads of
 so are the sink's metrics (the service reads them from the sink itself, never through a stage).
 ``in_flight`` is the one figure the chain counts: events it accepted and that are not acknowledged
 yet, counted by its first stage that sees every acknowledgement (:class:`CountsInFlight`: the
-meter), else the sink's own count.
+meter), else the sink's own count. :meth:`DeliveryChain.has_room` says whether a batch would pass
+without waiting: only when every stage and the sink declare it (:class:`~sinks.contract.Admits`) and
+agree; a chain with any other stage or sink never says so, and its listeners' workers deliver.
 
 A batch stays a batch through the chain when the sink takes batches
 (:func:`~sinks.contract.takes_batches`); for a sink without ``deliver_batch`` the chain runs once
@@ -32,7 +34,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeGuard, runtime_checkable
 
-from sinks.contract import AckCallback, Batched, ChangeEvent, DeliveryOptions, Sink, takes_batches
+from sinks.contract import AckCallback, Admits, Batched, ChangeEvent, DeliveryOptions, Sink, takes_batches
 
 __all__ = ["BatchReceiver", "CountsInFlight", "DeliveryChain", "DeliveryStage", "HandOn", "Receiver",
            "StageDeclaration", "as_chain", "receives_batches"]
@@ -128,7 +130,7 @@ class DeliveryChain:
     reaches ``sink`` (see the module docs). Lifecycle as a sink's: ``start`` → ``deliver`` /
     ``deliver_batch`` → ``flush`` → ``close``."""
 
-    __slots__ = ("_after", "_counter", "_entry", "_per_event", "name", "sink", "stages")
+    __slots__ = ("_after", "_counter", "_entry", "_per_event", "_room", "name", "sink", "stages")
 
     def __init__(self, *, sink: Sink, stages: Sequence[DeliveryStage] = ()) -> None:
         self.sink = sink
@@ -145,6 +147,10 @@ class DeliveryChain:
         """For each stage, the rest of the chain after it (as many as there are stages)."""
         self._entry = rest
         self._counter = next((s for s in self.stages if isinstance(s, CountsInFlight)), None)
+        admitting = [*self.stages, sink]
+        checks = tuple(a.has_room for a in admitting if isinstance(a, Admits))
+        self._room = checks if len(checks) == len(admitting) else None
+        """Each stage's and the sink's ``has_room``, in order; None when one of them has none."""
 
     def declarations(self) -> list[StageDeclaration]:
         """Each stage's name and what it reads and adds, in the chain's order."""
@@ -166,6 +172,12 @@ class DeliveryChain:
 
     def healthy(self) -> bool:
         return self.sink.healthy()
+
+    def has_room(self, count: int) -> bool:
+        """True when a batch of ``count`` events would pass every stage and reach the sink without
+        waiting (see the module docs): the informer may then hand it over in its own task."""
+        room = self._room
+        return room is not None and all(has_room(count) for has_room in room)
 
     @property
     def in_flight(self) -> int:

@@ -53,6 +53,7 @@ from bridge.informer.ack import batch_acks
 from bridge.rawobject import RawObject, last_change
 from sinks.contract import (
     AckCallback,
+    Admits,
     ChangeEvent,
     DeliveryOutcome,
     EventType,
@@ -176,6 +177,7 @@ class SinkListener:
         the whole snapshot. ``replay``: the sink's part of a restart (:mod:`bridge.delivery.replay`)."""
         self.sink = sink
         self._batch_sink = sink if receives_batches(sink) else None
+        self._room = sink.has_room if self._batch_sink is not None and isinstance(sink, Admits) else None
         self.resource = resource
         self.cluster = cluster
         self.replay = replay
@@ -357,6 +359,21 @@ class SinkListener:
         return admitted
 
     # ---- the one path -------------------------------------------------------------------------------
+
+    def ready_for(self, notifications: Sequence[Notification]) -> bool:
+        """Whether :meth:`handle_batch` of ``notifications`` now would not wait: past the start's
+        gates, no replay stage nor selector exits (they may ask the API server), no snapshot, nothing
+        the journal holds back, room in the sink's chain for every event (the informer's fast path,
+        :class:`~bridge.contracts.ReadyNotificationHandler`)."""
+        room, journal = self._room, self._journal
+        if (room is None or not notifications or self.replay is not None or self._exits is not None
+                or self.bootstrapping or self._skipped_gap
+                or (journal is not None and journal.must_wait(notifications[-1].seq))):
+            return False
+        for n in notifications:
+            if n.kind is NotificationKind.SNAPSHOT:
+                return False
+        return room(len(notifications))
 
     async def handle(self, notification: Notification, ack: AckFunc) -> None:
         """A batch of one (:meth:`handle_batch`); a failure is raised as itself."""

@@ -32,6 +32,7 @@ from bridge.contracts import (
     Notification,
     NotificationHandler,
     NotificationKind,
+    ReadyNotificationHandler,
 )
 from bridge.informer.ack import BatchAckFunc, batch_acks
 
@@ -62,6 +63,11 @@ class HandlerCall:
         self._handle_batch: _BatchHandle | None = None
         if self._handle is not None and callable(getattr(type(handler), "handle_batch", None)):
             self._handle_batch = handler.handle_batch  # type: ignore[union-attr]
+        self.ready_for: Callable[[Sequence[Notification]], bool] | None = None
+        """The handler's own ``ready_for``, when it has one (:class:`~bridge.contracts.
+        ReadyNotificationHandler`): whether a batch would be handled without waiting."""
+        if self._handle_batch is not None and issubclass(type(handler), ReadyNotificationHandler):
+            self.ready_for = handler.ready_for  # type: ignore[union-attr]
         self.busy = False
         """True while a call is running."""
         self.in_hand = 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ from bridge.contracts import (
     NotificationKind,
 )
 from bridge.informer.buffer_mode import BufferEvent, BufferMode
+from bridge.informer.eager import run_eagerly
 from bridge.informer.handler_call import HandlerCall
 from bridge.informer.listener_buffer import CATCH_UP_BYTES, CATCH_UP_TURNS, ListenerBuffer
 
@@ -64,6 +66,7 @@ about what one notification costs."""
 log = logging.getLogger(__name__)
 
 _CLOSED = BufferMode.CLOSED
+_NORMAL = BufferMode.NORMAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,9 @@ class ProcessorListener(ListenerBuffer):
         informer coalesces a request for a listener with one pending)."""
         self._batch_limit = _BATCH_FLOOR if self._call.takes_batches else 1  # others: batches of one
         self._clock = clock
+        self._loop_time: Callable[[], float] = time.monotonic  # the loop's clock, once started
+        self._carried: asyncio.Task[None] | None = None
+        """A call of the informer's fast path that waited, carrying on in a task of its own."""
         self._upstream_synced = upstream_synced
         self.requested_resync_period = options.resync_period
         self.resync_period = resync_period
@@ -178,6 +184,7 @@ class ProcessorListener(ListenerBuffer):
     def start(self, task_prefix: str = "listener") -> None:
         """Starts the worker task (idempotent)."""
         if self._task is None and self._mode is not _CLOSED:
+            self._loop_time = asyncio.get_running_loop().time
             self._task = asyncio.create_task(self._run(), name=f"{task_prefix}:{self.name}")
 
     @property
@@ -204,26 +211,11 @@ class ProcessorListener(ListenerBuffer):
                 # watch reader, the sinks' senders and acks) so that none waits for the whole drain.
                 await asyncio.sleep(0)
                 slice_end = loop.time() + TIME_SLICE
+            if self._carried is not None:  # a call of the fast path that waited: it ends first
+                await asyncio.wait((self._carried,))
             batch = self._take(self._batch_limit)
             if batch:
-                started = loop.time()
-                for n in reversed(batch):
-                    if n.kind is not NotificationKind.GAP:
-                        self._last_delivered = n
-                        break
-                try:
-                    await self._call.deliver(batch)
-                finally:
-                    self._handled += len(batch)
-                    for n in batch:
-                        if n.kind is NotificationKind.ADD and n.is_in_initial_list:
-                            self._initial_pending -= 1
-                        elif n.kind is NotificationKind.SNAPSHOT and self.snapshots_pending:
-                            self.snapshots_pending -= 1
-                if len(batch) > 1:  # a batch handler's: size the next batch to about a time slice
-                    elapsed = loop.time() - started
-                    fits = int(len(batch) * TIME_SLICE / elapsed) if elapsed > 0 else BATCH_LIMIT
-                    self._batch_limit = min(BATCH_LIMIT, max(_BATCH_FLOOR, fits))
+                await self._deliver(batch)
                 continue
             if self._mode is _CLOSED:
                 return
@@ -231,6 +223,88 @@ class ProcessorListener(ListenerBuffer):
             self._idle.set()
             self._woken = False
             await self._has_items.wait()
+
+    async def _deliver(self, batch: list[Notification]) -> None:
+        """Hands ``batch`` to the handler, with the listener's bookkeeping around the call: the
+        worker's path and the informer's fast path (:meth:`deliver_deferred`) alike."""
+        loop_time = self._loop_time
+        started = loop_time()
+        for n in reversed(batch):
+            if n.kind is not NotificationKind.GAP:
+                self._last_delivered = n
+                break
+        try:
+            await self._call.deliver(batch)
+        finally:
+            self._handled += len(batch)
+            for n in batch:
+                if n.kind is NotificationKind.ADD and n.is_in_initial_list:
+                    self._initial_pending -= 1
+                elif n.kind is NotificationKind.SNAPSHOT and self.snapshots_pending:
+                    self.snapshots_pending -= 1
+        if len(batch) > 1:  # a batch handler's: size the next batch to about a time slice
+            elapsed = loop_time() - started
+            fits = int(len(batch) * TIME_SLICE / elapsed) if elapsed > 0 else BATCH_LIMIT
+            self._batch_limit = min(BATCH_LIMIT, max(_BATCH_FLOOR, fits))
+
+    # ---------------------------------------------------------------------------------------------
+    # the informer's fast path: an idle listener's batch handed over in the informer's task
+
+    def defer(self) -> None:
+        """The informer starts a run of its queue. When this listener is idle (its worker parked,
+        nothing waiting, no call under way) and its handler can tell when it would not wait, what
+        the run brings it waits for :meth:`deliver_deferred` instead of waking the worker."""
+        if (not self._woken and self._mode is _NORMAL and self._carried is None and self._task is not None
+                and not self._call.busy and self._idle.is_set()):
+            self._deferred = True
+
+    def deliver_deferred(self) -> None:
+        """The informer's run ended (or is about to wait): what it brought this deferred listener
+        is handed to the handler right here when the handler says it would not wait (one batch, as
+        the worker would take it), else the worker is woken and takes it, as without the fast path.
+        A call that waits all the same carries on in a task of its own, and the worker lets it end
+        before it takes anything (:mod:`bridge.informer.eager`): order is kept, the informer not held."""
+        if not self._deferred:
+            return
+        self._deferred = False
+        if not self._woken or self._has_items.is_set():
+            return  # nothing came, or the worker was woken all the same: it takes what came
+        buffer, ready, slice_end = self._buffer, self._call.ready_for, self._loop_time() + TIME_SLICE
+        while (buffer and ready is not None and self._mode is _NORMAL and self._spill_gap is None
+               and not self._replay and self._carried is None and self._loop_time() < slice_end):
+            limit = self._batch_limit
+            if not ready(buffer if len(buffer) <= limit else list(buffer)[:limit]):
+                break
+            try:
+                self._carried = run_eagerly(self._deliver(self._pop_batch(limit)), f"{self.name}:carried")
+            except Exception:
+                log.exception("handing a batch over failed; closing the listener",
+                              extra={"listener": self.name})
+                self.close()
+                return
+            if self._carried is not None:
+                self._carried.add_done_callback(self._carried_done)
+        if not buffer and self._carried is None and self._mode is _NORMAL:
+            self._woken = False  # as the worker left it: parked, nothing waiting
+            self._idle.set()
+            return
+        self._has_items.set()
+
+    def _carried_done(self, task: asyncio.Task[None]) -> None:
+        if self._carried is task:
+            self._carried = None
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a handed-over batch failed", exc_info=task.exception(), extra={"listener": self.name})
+
+    @property
+    def has_fast_path(self) -> bool:
+        """True when the handler can tell when it would not wait (:meth:`defer` may defer)."""
+        return self._call.ready_for is not None
+
+    @property
+    def carried(self) -> asyncio.Task[None] | None:
+        """The call of the fast path that waited and carries on in a task of its own, if any."""
+        return self._carried
 
     def _acked_at(self, batch: Sequence[Notification], called: bytearray, i: int) -> None:
         """What the ack of ``batch[i]``, handed out, does on its first call (later calls: nothing).
@@ -269,6 +343,7 @@ class ProcessorListener(ListenerBuffer):
         if self._mode is _CLOSED:
             return
         self._to(BufferEvent.CLOSED)
+        self._deferred = False
         self._buffer.clear()
         self._pending_by_key.clear()
         self._latest.clear()

@@ -100,6 +100,10 @@ class ListenerBuffer:
     """The listener's handler call (set by the listener): what of a batch it still holds counts as
     waiting."""
 
+    _deferred = False
+    """The informer's fast path: while True, a push does not wake the worker, the informer hands
+    what came over itself at the end of its run (``ProcessorListener.deliver_deferred``)."""
+
     def __init__(
         self,
         *,
@@ -268,7 +272,8 @@ class ListenerBuffer:
         if not self._woken:
             self._woken = True
             self._idle.clear()
-            self._has_items.set()
+            if not self._deferred:  # deferred: the informer hands it over itself, at its run's end
+                self._has_items.set()
         return True
 
     def offer(self, n: Notification) -> None:

@@ -103,6 +103,8 @@ class SharedProcessor:
         """listener → is it among the listeners due for the resync in progress."""
         self._everyone: list[ProcessorListener] = []
         self._everyone_names: list[str] = []
+        self._deferrable: list[ProcessorListener] = []
+        """The listeners whose handler can tell when it would not wait (the fast path's)."""
         """Every listener and its name, replaced (never changed in place) when one comes or goes:
         a change goes to all of them, and a list handed out stays as it was."""
         self._retired: set[asyncio.Task[None]] = set()
@@ -154,15 +156,17 @@ class SharedProcessor:
         del self._listeners[listener]
         self._everyone_changed()
         listener.close()
-        if listener.task is not None:
-            self._retired.add(listener.task)
-            listener.task.add_done_callback(self._retired.discard)
+        for task in (listener.task, listener.carried):
+            if task is not None:
+                self._retired.add(task)
+                task.add_done_callback(self._retired.discard)
         if self._observer is not None:
             self._observer.listener_removed(listener.name)
 
     def _everyone_changed(self) -> None:
         self._everyone = list(self._listeners)
         self._everyone_names = [listener.name for listener in self._everyone]
+        self._deferrable = [listener for listener in self._everyone if listener.has_fast_path]
 
     # ---------------------------------------------------------------------------------------------
     # distribution
@@ -196,7 +200,22 @@ class SharedProcessor:
             self._observer.dispatched(notification, names)
         for listener in targets:
             if not listener.put_nowait(notification):  # the common case: no coroutine per listener
+                self.release()  # add() may wait: no deferred listener waits with it
                 await listener.add(notification)
+
+    def hold(self) -> None:
+        """The informer starts a run of its queue: each idle listener whose handler can tell when it
+        would not wait gets what the run brings at :meth:`release` (the fast path: in the
+        informer's task, no worker woken), instead of a wake-up of its worker per run."""
+        for listener in self._deferrable:
+            listener.defer()
+
+    def release(self) -> None:
+        """The informer's run ended (or :meth:`send` is about to wait): every deferred listener gets
+        what it was brought, from the informer's task or its worker
+        (:meth:`~bridge.informer.listener.ProcessorListener.deliver_deferred`)."""
+        for listener in self._deferrable:
+            listener.deliver_deferred()
 
     def others_have_work(self, listener: ProcessorListener) -> bool:
         """True when every listener but ``listener`` has notifications waiting (none of them would
@@ -269,7 +288,8 @@ class SharedProcessor:
         await self._cancel_all()
 
     async def _cancel_all(self) -> None:
-        tasks = [t for t in (listener.task for listener in self._listeners) if t is not None]
+        tasks = [t for listener in self._listeners
+                 for t in (listener.task, listener.carried) if t is not None]
         tasks.extend(self._retired)
         for listener in self._listeners:
             listener.close()

@@ -465,7 +465,11 @@ class SharedIndexInformer:
                 # Everything ready now in one call, up to the end of the slice, under the processing
                 # lock (a snapshot or a fill-in sits between two runs, so between two items).
                 async with self._lock:
-                    await fifo.pop_ready(self._process_locked, until=slice_end, stop=self._is_stopping)
+                    self._processor.hold()  # the fast path: idle listeners get the run at its end
+                    try:
+                        await fifo.pop_ready(self._process_locked, until=slice_end, stop=self._is_stopping)
+                    finally:
+                        self._processor.release()
             except FIFOClosedError:
                 return
             except asyncio.CancelledError:

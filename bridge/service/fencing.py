@@ -43,6 +43,10 @@ class FenceStage:
     async def start(self, hand_on: HandOn) -> None:
         pass
 
+    def has_room(self, count: int) -> bool:
+        """While leading: the fence waits only once leadership ended (:class:`~sinks.contract.Admits`)."""
+        return self._is_leader()
+
     async def process(self, events: Sequence[ChangeEvent], acks: Sequence[AckCallback],
                       hand_on: HandOn) -> None:
         if not self._is_leader():

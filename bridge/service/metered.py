@@ -108,6 +108,10 @@ class MeterStage:
     async def start(self, hand_on: HandOn) -> None:
         pass
 
+    def has_room(self, count: int) -> bool:
+        """Always: the meter never waits (:class:`~sinks.contract.Admits`)."""
+        return True
+
     async def flush(self, hand_on: HandOn) -> None:
         pass
 

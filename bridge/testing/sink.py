@@ -218,6 +218,12 @@ class RecordingBatchSink(RecordingSink):
         self.calls: list[int] = []
         """The size of every ``deliver_batch`` call, in order."""
 
+    def has_room(self, count: int) -> bool:
+        """Whether a batch would be taken without waiting (:class:`sinks.contract.Admits`): while no
+        step scripted for the coming events waits before accepting (:meth:`Step.accepted_after`)."""
+        return not any(step.accept_after > 0 for steps in (self._script, *self._by_subject.values())
+                       for step in steps)
+
     async def deliver_batch(self, events: Sequence[ChangeEvent], acks: Sequence[AckCallback]) -> None:
         self.calls.append(len(events))
         for event, ack in zip(events, acks, strict=True):
