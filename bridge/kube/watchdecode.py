@@ -111,33 +111,40 @@ def _event(type_: str, obj: KubeObject) -> WatchEvent:
     return WatchEvent(type=kind, object=obj)
 
 
+def _dict_event(line: bytes, parts: Callable[[bytes], tuple[str, dict[str, Any]]]) -> WatchEvent:
+    """The event of a line, its object a dict: UTF-8 and the bounds checked, then ``parts`` (the
+    line's type and object, decoded) with any decode error as a :class:`WatchDecodeError`."""
+    _check_utf8(line)
+    beyond = _beyond_bounds(line)
+    if beyond is not None:
+        return beyond
+    try:
+        type_, obj = parts(line)
+    except DECODE_ERRORS as e:
+        raise WatchDecodeError(str(e)) from e
+    return _event(type_, obj)
+
+
+def _one_pass_parts(line: bytes) -> tuple[str, dict[str, Any]]:
+    ev = _event_decoder.decode(line)
+    return ev.type, ev.object
+
+
+def _two_pass_parts(line: bytes) -> tuple[str, dict[str, Any]]:
+    ev = _raw_event_decoder.decode(line)
+    return ev.type, _any_decoder.decode(ev.object)
+
+
 def decode_watch_event(line: bytes) -> WatchEvent:
     """One pass of msgspec into ``{type: str, object: dict}``: the default. On realistic Pods it
     measures level with ``orjson.loads`` of the whole line and ahead of the two-pass ``Raw`` variant
     (bench/bench_decode.py), and it checks the event's shape while decoding."""
-    _check_utf8(line)
-    beyond = _beyond_bounds(line)
-    if beyond is not None:
-        return beyond
-    try:
-        ev = _event_decoder.decode(line)
-    except DECODE_ERRORS as e:
-        raise WatchDecodeError(str(e)) from e
-    return _event(ev.type, ev.object)
+    return _dict_event(line, _one_pass_parts)
 
 
 def decode_watch_event_raw(line: bytes) -> WatchEvent:
     """msgspec with the object left as ``Raw``, then a second pass into a dict."""
-    _check_utf8(line)
-    beyond = _beyond_bounds(line)
-    if beyond is not None:
-        return beyond
-    try:
-        ev = _raw_event_decoder.decode(line)
-        obj = _any_decoder.decode(ev.object)
-    except DECODE_ERRORS as e:
-        raise WatchDecodeError(str(e)) from e
-    return _event(ev.type, obj)
+    return _dict_event(line, _two_pass_parts)
 
 
 def decode_watch_event_orjson(line: bytes) -> WatchEvent:
