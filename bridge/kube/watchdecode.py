@@ -25,7 +25,7 @@ import orjson
 
 from bridge.contracts import KubeObject, WatchEvent, WatchEventType
 from bridge.errors import DecodeError
-from bridge.jsonbounds import MAX_DEPTH, MAX_OBJECT_BYTES, exceeds_depth
+from bridge.jsonbounds import MAX_DEPTH, MAX_OBJECT_BYTES, NOT_BRACKETS, exceeds_depth
 from bridge.kube.bounded import out_of_bounds_event
 from bridge.rawobject import RawObject, RawObjectError, decode_object, decode_watch_object
 from bridge.watchline import decode_watch_line
@@ -198,7 +198,6 @@ def _plain_object_decoder(drop_managed_fields: bool) -> WatchDecoder:
     return decode
 
 
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"{}[]")
 _LINE_BRACKETS = 2 * _LINE_DEPTH
 """A line with at most this many brackets cannot nest deeper than the bound (the first step of
 :func:`~bridge.jsonbounds.exceeds_depth`, done here without its call)."""
@@ -219,7 +218,7 @@ def raw_object_decoder(*, drop_managed_fields: bool = False, bounded: bool = Tru
     def decode(line: bytes) -> WatchEvent:
         if not line.isascii():  # _check_utf8 without its call for the ASCII line of nearly every event
             _check_utf8(line)
-        if bounded and (len(line) > _LINE_BYTES or (len(line.translate(None, _NOT_BRACKETS)) > _LINE_BRACKETS
+        if bounded and (len(line) > _LINE_BYTES or (len(line.translate(None, NOT_BRACKETS)) > _LINE_BRACKETS
                                                     and exceeds_depth(line, _LINE_DEPTH))):
             quarantined = out_of_bounds_event(line)
             if quarantined is not None:
