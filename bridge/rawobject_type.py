@@ -6,10 +6,12 @@ the informer drops them) and the facts every stage needs, derived once when it i
 ``metadata`` and the rest of the tree are decoded on first read, and only then. It is a read-only
 ``Mapping``, so code written for decoded dicts works on it unchanged (:mod:`bridge.rawobject`).
 
-Here too are what must know the type's slots, and so live with it: its one-pass build from bytes
-laid out as API servers write them (:func:`build_from_bytes`, every watch event and List item goes
-through it; :mod:`bridge.rawobject_decode` reads the wire around it), and its writing back as its
-bytes (:func:`dumps`, which splices them in with ``orjson.Fragment``).
+Here too are what must know the type's slots, and so live with it: the build of an instance from
+its bytes and metadata facts (:func:`assemble`, where every watch event and List item ends), the
+plain path's build from bytes laid out as API servers write them (:func:`build_from_bytes`;
+:mod:`bridge.rawobject_decode` reads the wire around it; :mod:`bridge.watchline` is the one pass
+taken before it), and its writing back as its bytes (:func:`dumps`, which splices them in with
+``orjson.Fragment``).
 
 Invariants: a RawObject is immutable (informer caches share it with every handler): no setters, and
 the dict :meth:`RawObject.to_dict` returns is shared by every reader of that instance
@@ -39,8 +41,10 @@ __all__ = [
     "DECODE_ERRORS",
     "NAMESPACES",
     "Head",
+    "Ident",
     "RawObject",
     "RawObjectError",
+    "assemble",
     "build_from_bytes",
     "dumps",
     "head_decoder",
@@ -66,8 +70,9 @@ class Head(msgspec.Struct):
     metadata: msgspec.Raw = msgspec.Raw(b"")
 
 
-class _Ident(msgspec.Struct):
-    """What the bridge needs of every object's metadata; the rest is decoded on demand."""
+class Ident(msgspec.Struct):
+    """What the bridge needs of every object's metadata (``managedFields`` as their bytes); the rest
+    is decoded on demand."""
 
     name: str | None = ""
     namespace: str | None = ""
@@ -81,7 +86,7 @@ class _MetaOnly(msgspec.Struct):
 
 
 head_decoder = msgspec.json.Decoder(Head)
-_ident_decoder = msgspec.json.Decoder(_Ident)
+_ident_decoder = msgspec.json.Decoder(Ident)
 _meta_only_decoder = msgspec.json.Decoder(_MetaOnly)
 object_decoder = msgspec.json.Decoder(dict[str, Any])
 _intern = sys.intern
@@ -336,7 +341,13 @@ def build_from_bytes(
     if prefix:
         parts[0] = b"{" + prefix + parts[0][1:]
     raw = b"".join(parts) if parts[1:] else parts[0]
-    # RawObject(raw, identity=…, change=…) without the call: every watch event comes this way.
+    return assemble(raw, ident, has_mf, change)
+
+
+def assemble(raw: bytes, ident: Ident, has_mf: bool, change: Change | None) -> RawObject:
+    """The RawObject of the bytes ``raw`` whose metadata facts are ``ident`` (``has_mf``: ``raw``
+    still holds managedFields; ``change``: their newest entry), every slot filled without calling
+    ``__init__``: every watch event and List item is built here."""
     obj = _new_raw_object(RawObject)
     obj.raw = raw
     obj._obj = None

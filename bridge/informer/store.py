@@ -204,35 +204,48 @@ class IndexedCache:
         else:
             self.store(self._key_func(obj), obj)
 
-    def store(self, key: ObjectKey, obj: KubeObject) -> None:
+    def store(self, key: ObjectKey, obj: KubeObject) -> KubeObject | None:
         """:meth:`add` with the object's key already derived (by the caller, from the same key
-        function): the informer's cache update does not derive it again."""
+        function): the informer's cache update does not derive it again. Returns the object stored
+        under ``key`` before (None if none) as it was kept: no fresh copy of it, since the cache no
+        longer holds it (the informer's update hands it on as the change's old state)."""
         by_namespace = self._by_namespace
+        if (by_namespace is not None and self._compact and type(obj) is dict
+                and type(obj.get("metadata")) is dict):
+            # A decoded object (a seed) for a compact cache: encoded once, then kept as a RawObject is.
+            obj = RawObject.from_dict(obj)
+        index_values = self._index_values
+        old_values = index_values[key] if key in index_values else None  # noqa: SIM401 - no call
         if by_namespace is not None and type(obj) is RawObject:
-            # Subscripts rather than get(): two calls less per stored object.
+            # With the namespace index alone, the values follow from the namespace; subscripts rather
+            # than get(), and a new key entered without _move: no call but the fresh instance's.
             namespace = obj.namespace
             if namespace in by_namespace:
                 new_values = by_namespace[namespace]
             else:
                 new_values = by_namespace[namespace] = self._values_of(obj)
             stored: Any = obj.fresh() if self._compact else obj
+            if old_values is None:
+                index = self._indices[NAMESPACE_INDEX]
+                if namespace in index:
+                    index[namespace].add(key)
+                else:
+                    index[namespace] = {key}
+                index_values[key] = new_values
+            elif old_values is not new_values and old_values != new_values:
+                self._move(key, old_values, new_values)
         else:
             new_values = self._values_of(obj)
             stored = self._encode(obj)
-        index_values = self._index_values
-        old_values = index_values[key] if key in index_values else None  # noqa: SIM401 - no call
-        if old_values is not new_values and old_values != new_values:
-            self._move(key, old_values, new_values)
-        self._items[key] = stored
-
-    def swap(self, key: ObjectKey, obj: KubeObject) -> KubeObject | None:
-        """:meth:`store`, returning the object stored under ``key`` before (None if none) as it was
-        kept: no fresh copy of it, since the cache no longer holds it (the informer's update, which
-        hands the previous object on as the change's old state)."""
+            if old_values is not new_values and old_values != new_values:
+                self._move(key, old_values, new_values)
         items = self._items
         old: KubeObject | None = items[key] if key in items else None  # noqa: SIM401 - no call
-        self.store(key, obj)
+        items[key] = stored
         return old
+
+    swap = store
+    """:meth:`store`, named for the informer's update, which uses the object it returns."""
 
     def update(self, obj: KubeObject) -> None:
         self.add(obj)
@@ -272,22 +285,45 @@ class IndexedCache:
         return _LazyObjects(values) if self._compact else values
 
     def replace(self, items: Sequence[KubeObject], resource_version: str = "") -> None:
-        """Swaps the whole content for ``items``; later duplicates of a key win."""
+        """Swaps the whole content for ``items``; later duplicates of a key win. One pass over the
+        items builds the new content and its indices, installed only once every item is keyed and
+        indexed (a key or index function that raises leaves the cache unchanged)."""
         del resource_version  # a cache has no use for it; the RealFIFO does
+        names = builtins.list(self._indexers)
         new_items: dict[ObjectKey, Any] = {}
         new_values: dict[ObjectKey, _IndexValues] = {}
+        new_indices: dict[str, dict[str, set[ObjectKey]]] = {name: {} for name in names}
+        key_func, default_key, compact = self._key_func, self._default_key, self._compact
+        by_namespace = self._by_namespace
+        encode = False  # a compact cache given other objects than RawObjects: encoded once keyed
         for obj in items:
-            key = self._key_func(obj)
-            new_values[key] = self._values_of(obj)
-            new_items[key] = obj
-        new_indices: dict[str, dict[str, set[ObjectKey]]] = {name: {} for name in self._indexers}
-        names = builtins.list(self._indexers)
-        for key, values in new_values.items():
+            raw = type(obj) is RawObject
+            key = obj.key if raw and default_key and obj.name else key_func(obj)  # type: ignore[attr-defined]
+            if raw and by_namespace is not None:
+                namespace = obj.namespace  # type: ignore[attr-defined]
+                if namespace in by_namespace:
+                    values = by_namespace[namespace]
+                else:
+                    values = by_namespace[namespace] = self._values_of(obj)
+            else:
+                values = self._values_of(obj)
+            if key in new_values:
+                _unindex(new_indices, names, key, new_values[key])
+            new_values[key] = values
             for name, vals in zip(names, values, strict=True):
+                index = new_indices[name]
                 for value in vals:
-                    new_indices[name].setdefault(value, set()).add(key)
-        if self._compact:
-            new_items = {k: _to_raw(v) for k, v in new_items.items()}
+                    if value in index:
+                        index[value].add(key)
+                    else:
+                        index[value] = {key}
+            if compact and raw:
+                new_items[key] = obj.fresh()  # type: ignore[attr-defined]
+            else:
+                new_items[key] = obj
+                encode = encode or compact
+        if encode:
+            new_items = {k: v if type(v) is RawObject else _to_raw(v) for k, v in new_items.items()}
         self._items = new_items
         self._index_values = new_values
         self._indices = new_indices
@@ -403,6 +439,18 @@ class IndexedCache:
 
 
 _IndexValues = tuple[frozenset[str], ...]
+
+
+def _unindex(indices: dict[str, dict[str, set[ObjectKey]]], names: builtins.list[str], key: ObjectKey,
+             values: _IndexValues) -> None:
+    """``key`` out of ``indices`` under each of its ``values`` (no empty sets left)."""
+    for name, vals in zip(names, values, strict=True):
+        index = indices[name]
+        for value in vals:
+            keys = index[value]
+            keys.discard(key)
+            if not keys:
+                del index[value]
 
 
 def _to_raw(obj: KubeObject) -> RawObject:

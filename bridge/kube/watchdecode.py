@@ -25,7 +25,7 @@ import orjson
 
 from bridge.contracts import KubeObject, WatchEvent, WatchEventType
 from bridge.errors import DecodeError
-from bridge.jsonbounds import MAX_DEPTH, MAX_OBJECT_BYTES, exceeds_depth
+from bridge.jsonbounds import MAX_DEPTH, MAX_OBJECT_BYTES, NOT_BRACKETS, exceeds_depth
 from bridge.kube.bounded import out_of_bounds_event
 from bridge.rawobject import RawObject, RawObjectError, decode_object, decode_watch_object
 from bridge.watchline import decode_watch_line
@@ -111,33 +111,40 @@ def _event(type_: str, obj: KubeObject) -> WatchEvent:
     return WatchEvent(type=kind, object=obj)
 
 
+def _dict_event(line: bytes, parts: Callable[[bytes], tuple[str, dict[str, Any]]]) -> WatchEvent:
+    """The event of a line, its object a dict: UTF-8 and the bounds checked, then ``parts`` (the
+    line's type and object, decoded) with any decode error as a :class:`WatchDecodeError`."""
+    _check_utf8(line)
+    beyond = _beyond_bounds(line)
+    if beyond is not None:
+        return beyond
+    try:
+        type_, obj = parts(line)
+    except DECODE_ERRORS as e:
+        raise WatchDecodeError(str(e)) from e
+    return _event(type_, obj)
+
+
+def _one_pass_parts(line: bytes) -> tuple[str, dict[str, Any]]:
+    ev = _event_decoder.decode(line)
+    return ev.type, ev.object
+
+
+def _two_pass_parts(line: bytes) -> tuple[str, dict[str, Any]]:
+    ev = _raw_event_decoder.decode(line)
+    return ev.type, _any_decoder.decode(ev.object)
+
+
 def decode_watch_event(line: bytes) -> WatchEvent:
     """One pass of msgspec into ``{type: str, object: dict}``: the default. On realistic Pods it
     measures level with ``orjson.loads`` of the whole line and ahead of the two-pass ``Raw`` variant
     (bench/bench_decode.py), and it checks the event's shape while decoding."""
-    _check_utf8(line)
-    beyond = _beyond_bounds(line)
-    if beyond is not None:
-        return beyond
-    try:
-        ev = _event_decoder.decode(line)
-    except DECODE_ERRORS as e:
-        raise WatchDecodeError(str(e)) from e
-    return _event(ev.type, ev.object)
+    return _dict_event(line, _one_pass_parts)
 
 
 def decode_watch_event_raw(line: bytes) -> WatchEvent:
     """msgspec with the object left as ``Raw``, then a second pass into a dict."""
-    _check_utf8(line)
-    beyond = _beyond_bounds(line)
-    if beyond is not None:
-        return beyond
-    try:
-        ev = _raw_event_decoder.decode(line)
-        obj = _any_decoder.decode(ev.object)
-    except DECODE_ERRORS as e:
-        raise WatchDecodeError(str(e)) from e
-    return _event(ev.type, obj)
+    return _dict_event(line, _two_pass_parts)
 
 
 def decode_watch_event_orjson(line: bytes) -> WatchEvent:
@@ -191,7 +198,6 @@ def _plain_object_decoder(drop_managed_fields: bool) -> WatchDecoder:
     return decode
 
 
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"{}[]")
 _LINE_BRACKETS = 2 * _LINE_DEPTH
 """A line with at most this many brackets cannot nest deeper than the bound (the first step of
 :func:`~bridge.jsonbounds.exceeds_depth`, done here without its call)."""
@@ -212,7 +218,7 @@ def raw_object_decoder(*, drop_managed_fields: bool = False, bounded: bool = Tru
     def decode(line: bytes) -> WatchEvent:
         if not line.isascii():  # _check_utf8 without its call for the ASCII line of nearly every event
             _check_utf8(line)
-        if bounded and (len(line) > _LINE_BYTES or (len(line.translate(None, _NOT_BRACKETS)) > _LINE_BRACKETS
+        if bounded and (len(line) > _LINE_BYTES or (len(line.translate(None, NOT_BRACKETS)) > _LINE_BRACKETS
                                                     and exceeds_depth(line, _LINE_DEPTH))):
             quarantined = out_of_bounds_event(line)
             if quarantined is not None:
