@@ -38,11 +38,6 @@ class PerObjectAcks:
         acknowledged: before, the base would pass them while a frozen sink has neither them nor
         the window naming them, and a restart relisting from there would never name them."""
 
-    @property
-    def announcing(self) -> bool:
-        """Whether an acknowledgement waits for the next notification of its object handed over."""
-        return bool(self._announce)
-
     def handed(self, key: str, ack: AckFunc) -> AckFunc:
         """``ack`` of a notification of ``key`` handed to the sink, counted until it is called."""
         self._out[key] = self._out.get(key, 0) + 1

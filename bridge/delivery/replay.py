@@ -7,8 +7,7 @@ the deletes already sent, the states a relist sent, and under a selector the fat
 inferred delete was sent. **Invariant, per-object order across a crash**: a sink never receives a
 change of an object older than a state it may hold, unless it is that same event again; and nothing
 that brings a uid back is sent unless a delete that a consumer dropping repeated ids keeps can follow.
-A listener whose sink has nothing to replay gets no stage at all, and drops its stage the moment
-nothing is left to decide (:meth:`ReplayStage.spent`): from then on a change costs it nothing.
+A listener whose sink has nothing to replay gets no stage at all.
 """
 
 from __future__ import annotations
@@ -123,59 +122,11 @@ class ReplayStage:
         resourceVersion the uid has now when it lives on, None when it is gone."""
         self._closed: set[str] = set()
         """Under a selector, uids read as gone whose replayed delete went out: nothing more of them."""
-        self._open: set[str] = {*self.sent, *self._relisted}
-        """uids of the plan's records whose decisions may still change what the sink receives
-        (:meth:`spent`)."""
-        self._by_horizon, self.horizon = self._horizon()
-        self._horizon_seq: int | None = None
-        """The seq from which the informer is past :attr:`horizon` (:meth:`horizon_passed`)."""
 
     @property
     def one_by_one(self) -> bool:
         """Whether notifications must go through :meth:`admit` and :meth:`ask_fate` one at a time."""
         return self.own is not None or (self._exits is not None and bool(self.sent))
-
-    # ---- nothing left ----------------------------------------------------------------------------
-
-    def _horizon(self) -> tuple[set[str], int | None]:
-        """The uids whose records no longer matter once the informer passed one resourceVersion, and
-        that resourceVersion (None: none). A delete the watch showed, without a selector: nothing of
-        its uid comes after it (a relist that found it gone ran past it). A state a relist sent: a
-        later change of its uid is past every window of it. An inferred delete (its uid's delete
-        came at an unknown point after that state) or any delete under a selector (the uid may come
-        back into scope) is not: those settle otherwise, if at all (:meth:`spent`)."""
-        by: set[str] = set()
-        top = -1
-        for uid in self._open:
-            sent, relisted = self.sent.get(uid), self._relisted.get(uid)
-            rvs = [parse_rv(relisted.at) if relisted is not None else -1]
-            if sent is not None:
-                shown = not sent.inferred and self._exits is None
-                rvs.append(parse_rv(sent.resource_version) if shown else None)
-            if all(rv is not None for rv in rvs):
-                by.add(uid)
-                top = max(top, *(rv for rv in rvs if rv is not None))
-        return by, (top if by else None)
-
-    def horizon_passed(self, seq: int) -> None:
-        """The informer passed :attr:`horizon` at ``seq`` (a progress threshold)."""
-        if self._horizon_seq is None:
-            self._horizon_seq = seq
-
-    def spent(self, seq: int) -> bool:
-        """Whether nothing is left to decide from notification ``seq`` on (every earlier one went
-        through the stage): the own-progress filter is gone, nothing is held back (no replayed
-        delete nor relisted state still to re-send), and no record of the plan can still apply —
-        each uid's delete went through (without a selector a uid never comes back), or the informer
-        passed the horizon of its records. Under a selector a delete already sent stays open: what
-        the stage sends of its uid rests on the API server's answer (a uid gone holds back its
-        replayed returns into scope), and so the stage stays."""
-        if self.own is not None or self._held or self._held_relisted:
-            return False
-        if self._by_horizon and self._horizon_seq is not None and 0 <= self._horizon_seq <= seq:
-            self._open -= self._by_horizon
-            self._by_horizon = set()
-        return not self._open
 
     # ---- own progress ------------------------------------------------------------------------------
 
@@ -187,8 +138,6 @@ class ReplayStage:
 
     def admit(self, n: Notification) -> list[Notification]:
         """What the sink receives for ``n`` after its own-progress filter ([n] without one)."""
-        if self._open and n.kind is NotificationKind.DELETE and self._exits is None:
-            self._open.discard(_uid_rv(n)[0])  # its uid's last notification: nothing of it after this
         own = self.own
         if own is None or n.kind is NotificationKind.SNAPSHOT:
             return [n]

@@ -8,7 +8,7 @@ the informer's processing around HandleDeltas, for what holds for every sink), a
 listener its own part (:class:`~bridge.delivery.replay.ReplayStage`, the first thing the listener
 does with a notification, before the sink's delivery chain). The informer holds no restart rule;
 once nothing is left to decide, both parts step aside (the informer applies every delta itself, a
-sink's listener drops its replay stage).
+sink's listener drops its filter).
 
 **Decision table** (kind of change, plan record: action). "Replayed": the watch resumed from the
 checkpoint's base (the slowest sink's point) shows it again; "relist": the resume point expired, a
@@ -442,17 +442,12 @@ class RestartStage:
         return replay, bootstrap
 
     def attached(self, name: str, listener: SinkListener) -> None:
-        """A sink resuming from its own progress follows the informer from its own point on; a
-        stage with a horizon learns when the informer passed it (:meth:`ReplayStage.spent`)."""
+        """A sink resuming from its own progress follows the informer from its own point on."""
         replay = listener.replay
-        if replay is None:
-            return
-        assert self._inf is not None, "seed() first"
-        if replay.horizon is not None:
-            self._inf.observer.thresholds.add(replay.horizon, replay.horizon_passed)
-        if replay.own is None:
+        if replay is None or replay.own is None:
             return
         start: SinkStart = self.plan.sinks[name]
+        assert self._inf is not None, "seed() first"
         self._inf.observer.thresholds.add(replay.own.passed_at, listener.own_progress_passed)
         # Its knowledge differs from the base: its own progress follows every change from the
         # first one (see AckTracker.follow_listener).

@@ -346,9 +346,6 @@ class SinkListener:
         replay = self.replay
         if replay is None:
             return [n]
-        if replay.spent(n.seq) and (self._per_object is None or not self._per_object.announcing):
-            self.replay = self._per_object = None  # nothing left to decide: as without a restart
-            return [n]
         admitted = replay.admit(n)
         if not admitted:
             self.stats.own_progress_skipped += 1
