@@ -15,7 +15,8 @@ rework of the built-in sinks' internals does not change what they do:
 - :mod:`~bridge.testing.acks`: acknowledgement recorders, a contract check for any sink, event
   builders;
 - :mod:`~bridge.testing.stores`: in-memory blob, checkpoint and journal stores;
-- :mod:`~bridge.testing.receiver`: a webhook receiver over real HTTP with scripted answers.
+- :mod:`~bridge.testing.receiver`: a webhook receiver over real HTTP with scripted answers;
+- :mod:`~bridge.testing.files`: the complete lines of a file a sink may still be appending to.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from bridge.testing.fake_source import (
     expired_status,
     object_key_of,
 )
+from bridge.testing.files import written_events, written_lines
 from bridge.testing.loop import SPIN_TURNS, running_informer, spin_until
 from bridge.testing.receiver import ReceivedRequest, Reply, Responder, WebhookReceiver, decode_cloudevents
 from bridge.testing.recorder import Call, RecordingHandler, UnknownObjectError, apply_calls
@@ -74,4 +76,6 @@ __all__ = [
     "object_key_of",
     "running_informer",
     "spin_until",
+    "written_events",
+    "written_lines",
 ]

@@ -21,6 +21,7 @@ import orjson
 
 from bridge.errors import ConflictError, NotFoundError
 from bridge.kube.apiclient import ApiClient
+from bridge.testing.files import written_events
 from bridge.testing.processes import ChildProcess, SimulatorProcess
 from tests.brokers import KafkaRecord
 
@@ -31,9 +32,7 @@ CHANGE_TYPES = ("added", "updated", "deleted")
 
 def file_events(path: Path) -> list[dict[str, Any]]:
     """The CloudEvents a ``file`` sink wrote to ``path``, in order (none while it does not exist)."""
-    if not path.exists():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    return written_events(path)
 
 
 def event_kind(event: dict[str, Any]) -> str:

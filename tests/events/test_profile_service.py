@@ -18,6 +18,7 @@ from bridge.service.config import BridgeConfig
 from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from bridge.sim.events import EventGenerator
+from bridge.testing.files import written_events
 
 pytestmark = pytest.mark.usefixtures("own_cwd")
 
@@ -30,9 +31,7 @@ async def eventually(predicate: Callable[[], Any], timeout: float = 20.0, what: 
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line]
+    return written_events(path)
 
 
 def config(sim: Simulator, tmp_path: Path, **events: Any) -> BridgeConfig:

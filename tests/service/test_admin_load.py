@@ -10,7 +10,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import aiohttp
-import orjson
 import pytest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -19,6 +18,7 @@ from bridge.service.config import BridgeConfig
 from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
+from bridge.testing.files import written_events
 from tests.service.test_service import eventually
 
 pytestmark = pytest.mark.usefixtures("own_cwd")
@@ -38,17 +38,11 @@ def _config(sim: Simulator, tmp_path: Path) -> BridgeConfig:
 
 
 def _begins(path: Path) -> int:
-    if not path.exists():
-        return 0
-    return sum(1 for line in path.read_bytes().splitlines()
-               if orjson.loads(line)["type"].endswith("snapshot.begin"))
+    return sum(1 for e in written_events(path) if e["type"].endswith("snapshot.begin"))
 
 
 def _ends(path: Path) -> int:
-    if not path.exists():
-        return 0
-    return sum(1 for line in path.read_bytes().splitlines()
-               if orjson.loads(line)["type"].endswith("snapshot.end"))
+    return sum(1 for e in written_events(path) if e["type"].endswith("snapshot.end"))
 
 
 async def test_twenty_snapshot_requests_make_one_or_two_resyncs(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from bridge.storage.checkpoint import decode_checkpoint
+from bridge.testing.files import written_lines
 from bridge.testing.processes import ServiceProcess, SimulatorProcess, wait_until
 
 EXE = [sys.executable, "-m", "bridge.service.cli"]
@@ -125,7 +126,7 @@ async def test_sigterm_drains_and_writes_the_final_checkpoint(tmp_path: Path) ->
             await bridge.wait_listening()
 
             def delivered_enough() -> bool:
-                return events.exists() and len(events.read_bytes().splitlines()) >= 60
+                return len(written_lines(events)) >= 60
 
             await wait_until(delivered_enough, timeout=60, what="60 events delivered", alive=bridge)
             code = await bridge.stop(timeout=SHUTDOWN_DEADLINE + 20)

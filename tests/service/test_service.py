@@ -19,6 +19,7 @@ from bridge.service.service import BridgeService
 from bridge.sim import Simulator
 from bridge.sim.objects import make_pod
 from bridge.testing import Reply, WebhookReceiver
+from bridge.testing.files import written_events
 
 pytestmark = pytest.mark.usefixtures("own_cwd")
 
@@ -38,9 +39,7 @@ async def hook() -> AsyncIterator[WebhookReceiver]:
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line]
+    return written_events(path)
 
 
 def changes(path: Path) -> list[dict[str, Any]]:

@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from bridge.delivery.pipeline import BridgePipeline
 from bridge.kube.apiclient import ApiClient
 from bridge.sim import Simulator
+from bridge.testing.files import written_events
 from sinks.file import FileSink
 from sinks.webhook import WebhookSink
 from tests.checkpoint.helpers import until, watched_over_http
@@ -60,7 +60,7 @@ async def test_a_spilled_change_keeps_its_time_and_attribution(
         expected = 1 + CHANGES + 2 * len(range(0, CHANGES, 3))
 
         def written() -> list[dict[str, Any]]:
-            return [orjson.loads(line) for line in out.read_bytes().splitlines()]
+            return written_events(out)
 
         await until(lambda: out.exists() and len(written()) >= expected, 30, "the file sink keeping up")
         await until(lambda: p.sink_backlog("hook").spilled >= CHANGES, what="the webhook's backlog spilled")
