@@ -59,15 +59,12 @@ async def test_a_spilled_change_keeps_its_time_and_attribution(
             await client.delete(f"{path}/c{i}")
         expected = 1 + CHANGES + 2 * len(range(0, CHANGES, 3))
 
-        def written() -> list[dict[str, Any]]:
-            return written_events(out)
-
-        await until(lambda: out.exists() and len(written()) >= expected, 30, "the file sink keeping up")
+        await until(lambda: len(written_events(out)) >= expected, 30, "the file sink keeping up")
         await until(lambda: p.sink_backlog("hook").spilled >= CHANGES, what="the webhook's backlog spilled")
 
         receiver.release.set()
         await until(lambda: len(receiver.events) >= expected, 30, "every change delivered by the webhook")
-        kept_up: dict[str, dict[str, Any]] = {e["id"]: e for e in written()}
+        kept_up: dict[str, dict[str, Any]] = {e["id"]: e for e in written_events(out)}
         spilled: dict[str, dict[str, Any]] = {e["id"]: e for e in receiver.events}
         assert sorted(kept_up) == sorted(spilled)
         assert {e["type"].rsplit(".", 1)[-1] for e in spilled.values()} >= {"added", "updated", "deleted"}
