@@ -12,7 +12,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Container, Sequence
-from typing import Any, cast
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -245,8 +245,9 @@ class KafkaProducerClient:
         for i, msg in enumerate(msgs):
             if skip and i in skip:
                 continue
+            headers: Any = msg.headers  # a Mapping[str, str], which the client takes; no cast() call
             try:
-                produce(msg.destination, value=msg.body, key=msg.key, headers=cast(Any, msg.headers),
+                produce(msg.destination, value=msg.body, key=msg.key, headers=headers,
                         on_delivery=functools.partial(delivered, (group, i)))
             except BufferError as exc:
                 failed.append((i, exc))

@@ -51,7 +51,7 @@ from bridge.delivery.progress_records import (
     entry_of,
     object_key,
 )
-from bridge.rawobject import object_identity
+from bridge.rawobject import RawObject, object_identity
 from bridge.resource_version import parse_rv
 
 __all__ = ["HOLDS_NOTHING", "AckTracker", "AheadEntry", "IndexEntry", "Known", "object_key"]
@@ -137,7 +137,7 @@ class AckTracker(OwnProgress):
                 obj, DeletedFinalStateUnknown):
             # The common change, in one pass, reading the object's identity once.
             key = notification.key or object_key(obj)
-            ident = object_identity(obj)
+            ident = (obj.uid, obj.resource_version) if type(obj) is RawObject else object_identity(obj)
             rv = ident[1]
             self._last_rv[key] = rv
             try:

@@ -269,11 +269,15 @@ class WatchPhase(ReflectorProgress):
                 if updater is not None and rv != told:
                     await _settle(updater(rv))
                 return self._error_event_end(event), count
-            if kind is not WatchEventType.BOOKMARK and not has_name(obj):
+            if type(obj) is RawObject:  # read at the decode: no call per event
+                named, event_rv = bool(obj.name), obj.resource_version
+            else:
+                named, event_rv = has_name(obj), resource_version_of(obj)
+            if kind is not WatchEventType.BOOKMARK and not named:
                 # A well-formed event whose object cannot be keyed: nothing can be done with it but
                 # say so (client-go's store refuses it the same way); its resourceVersion still counts.
                 log.error("reflector %s: skipping a %s event whose object has no metadata.name "
-                          "(resourceVersion %r)", self.name, kind.value, resource_version_of(obj))
+                          "(resourceVersion %r)", self.name, kind.value, event_rv)
             elif kind is WatchEventType.ADDED:
                 result = store.add(obj)
             elif kind is WatchEventType.MODIFIED:
@@ -288,7 +292,6 @@ class WatchPhase(ReflectorProgress):
                     told = rv
                     await _settle(updater(rv))
                 await result
-            event_rv = resource_version_of(obj)
             if event_rv:
                 # Exact per event: a watch re-opened after an exception here resumes after it.
                 rv = self._last_sync_rv = event_rv

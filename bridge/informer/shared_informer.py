@@ -51,8 +51,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from bridge.clock import Clock
@@ -448,14 +449,13 @@ class SharedIndexInformer:
             return False
         return self._processor.others_have_work(listener)
 
-    def _is_stopping(self) -> bool:
-        return self._stopping
-
     async def _pop_loop(self) -> None:
         fifo = self._fifo
         assert fifo is not None
         loop = asyncio.get_running_loop()
         slice_end = loop.time() + TIME_SLICE
+        # Asked after each delta of a run: a C callable reading the flag, no Python frame per delta.
+        stopping: Callable[[], bool] = functools.partial(getattr, self, "_stopping")
         while not self._stopping:
             if loop.time() >= slice_end:
                 await asyncio.sleep(0)  # a backlog is processed in slices (see TIME_SLICE)
@@ -467,7 +467,7 @@ class SharedIndexInformer:
                 async with self._lock:
                     self._processor.hold()  # the fast path: idle listeners get the run at its end
                     try:
-                        await fifo.pop_ready(self._process_locked, until=slice_end, stop=self._is_stopping)
+                        await fifo.pop_ready(self._process_locked, until=slice_end, stop=stopping)
                     finally:
                         self._processor.release()
             except FIFOClosedError:
