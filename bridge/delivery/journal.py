@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from bridge.clock import Clock, RealClock
@@ -32,6 +32,7 @@ from bridge.delivery.journal_records import (
     Exists,
     JournalEntry,
     ListStart,
+    Overflowed,
     Relisted,
     check_header,
     decode_line,
@@ -44,6 +45,7 @@ from bridge.resource_version import is_rv, rv_at_most
 from bridge.storage.blobstore import JournalBackend
 from bridge.storage.checkpoint import Checkpoint
 from bridge.storage.fencing import BlobStoreError, CheckpointError, CheckpointStoreError
+from sinks.contract import ChangeEvent, EventType, GapInfo
 
 __all__ = [
     "Deleted",
@@ -58,6 +60,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _RETRY_DELAY = 1.0
+_WINDOW_TYPES = frozenset({EventType.ADDED, EventType.UPDATED, EventType.DELETED})
 """Seconds between attempts when the journal cannot be written (events wait meanwhile)."""
 
 
@@ -89,8 +92,17 @@ class KnownObjectJournal:
         """The last checkpoint written (or resumed from): what every sink acknowledged."""
         self._durable: dict[str, JournalEntry] = {}
         """uid → newest fact the stored journal holds (what a rewrite writes)."""
-        self._pending: list[tuple[int, str, JournalEntry | ListStart, bytes]] = []
+        self._overflowed: dict[tuple[str, str], Overflowed] = {}
+        """(sink, uid) → the state that sink's overflow window handed over last (what the stored
+        journal holds once the pending records are written)."""
+        self._durable_overflowed: dict[tuple[str, str], Overflowed] = {}
+        self._pending: list[tuple[int, str, JournalEntry | Overflowed | ListStart, bytes]] = []
         """Records not written yet: (notification seq, uid, fact, encoded record), in seq order."""
+        self._appended = 0
+        """Records ever queued (a record's ticket is the count once it is queued)."""
+        self._released = 0
+        """Records ever taken off the queue by a write that succeeded (written, or released
+        unrecorded when the journal was full)."""
         self._queued_seq = -1
         """The highest notification seq whose record was queued."""
         self._written_seq = -1
@@ -136,6 +148,7 @@ class KnownObjectJournal:
         self._base = checkpoint
         self._entries = await self._read()
         self._durable = dict(self._entries)
+        self._durable_overflowed = dict(self._overflowed)
         if checkpoint is not None:
             self._start = None
         self._durable_start = self._start
@@ -160,6 +173,7 @@ class KnownObjectJournal:
 
     async def _read(self) -> dict[str, JournalEntry]:
         self.unreadable = ""
+        self._overflowed = {}
         try:
             data = await self._backend.read()
         except (OSError, CheckpointError) as exc:
@@ -168,6 +182,7 @@ class KnownObjectJournal:
             return {}
         lines = data.split(b"\n")
         entries: dict[str, JournalEntry] = {}
+        overflowed: dict[tuple[str, str], Overflowed] = {}
         self._start = None
         try:
             check_header(lines[0], self._informer_id)
@@ -187,8 +202,11 @@ class KnownObjectJournal:
                 return self._unreadable(f"line {n} is corrupt ({exc})")
             if isinstance(record, ListStart):
                 self._start = record
+            elif isinstance(record[1], Overflowed):
+                overflowed[(record[1].sink, record[0])] = record[1]
             else:
                 entries[record[0]] = record[1]
+        self._overflowed = overflowed
         return entries
 
     def _unreadable(self, reason: str) -> dict[str, JournalEntry]:
@@ -285,6 +303,7 @@ class KnownObjectJournal:
             return
         self._start = ListStart(resource_version, acknowledged=True)
         self._pending.append((self._queued_seq, "", self._start, encode_start(self._start)))
+        self._appended += 1
         self._idle.clear()
         self._wake.set()
 
@@ -293,9 +312,50 @@ class KnownObjectJournal:
         """After :meth:`load`: the first list's record of a run that wrote no checkpoint."""
         return self._start
 
-    def _queue(self, seq: int, uid: str, entry: JournalEntry | ListStart) -> None:
+    @property
+    def overflowed(self) -> dict[str, dict[str, Overflowed]]:
+        """After :meth:`load`: sink → uid → the state its overflow window handed over last."""
+        out: dict[str, dict[str, Overflowed]] = {}
+        for (sink, uid), e in self._overflowed.items():
+            out.setdefault(sink, {})[uid] = e
+        return out
+
+    def note_overflowed(self, sink: str, uid: str, *, key: str, resource_version: str, since: str,
+                        type_: str) -> int:
+        """Queues that ``sink``'s overflow window (from ``since``) hands over this state of ``uid``;
+        returns the ticket to :meth:`wait_recorded` for before it goes out. A window that overlaps
+        the one recorded (the sink degraded again before a checkpoint covered it) keeps the earlier
+        ``since``: what either coalesced never went to the sink one by one."""
+        known = self._overflowed.get((sink, uid))
+        if known is not None and is_rv(since) and int(known.resource_version) > int(since):
+            since = min(known.since, since, key=int)
+        entry = Overflowed(key, resource_version, sink, since, type_)
+        self._overflowed[(sink, uid)] = entry
+        self._queue(max(self._queued_seq, 0), uid, entry)  # after every record queued: in seq order
+        return self._appended
+
+    async def wait_recorded(self, ticket: int) -> None:
+        """Returns once the record :meth:`note_overflowed` gave ``ticket`` for, and every one queued
+        before it, is durable (or was released unrecorded, the journal being full)."""
+        while self._released < ticket:
+            await self._committed.wait()
+
+    def note_window(self, sink: str, events: Sequence[ChangeEvent], window: GapInfo) -> int | None:
+        """:meth:`note_overflowed` for each change among ``events`` that ``sink``'s overflow
+        ``window`` hands over bare (not framed by a window of its own); returns the ticket to
+        :meth:`wait_recorded` for (None: nothing noted)."""
+        seq: int | None = None
+        for e in events:
+            if e.gap is window and e.type in _WINDOW_TYPES and e.uid:
+                key = f"{e.namespace}/{e.name}" if e.namespace else e.name
+                seq = self.note_overflowed(sink, e.uid, key=key, resource_version=e.resource_version,
+                                           since=window.from_resource_version, type_=str(e.type))
+        return seq
+
+    def _queue(self, seq: int, uid: str, entry: JournalEntry | Overflowed | ListStart) -> None:
         record = encode_start(entry) if isinstance(entry, ListStart) else encode_record(uid, entry)
         self._pending.append((seq, uid, entry, record))
+        self._appended += 1
         self._queued_seq = seq
         self._idle.clear()
         self._wake.set()
@@ -359,19 +419,23 @@ class KnownObjectJournal:
                 if isinstance(entry, ListStart):
                     if self._base is None:
                         self._durable_start = entry
+                elif isinstance(entry, Overflowed):
+                    self._durable_overflowed[(entry.sink, uid)] = entry
                 else:
                     self._durable[uid] = entry
             self.records += len(batch)
         del self._pending[:consumed]  # note() only ever appends meanwhile
+        self._released += consumed
         self._done(last)
 
-    def _fit(self, room: int | None) -> tuple[list[tuple[int, str, JournalEntry | ListStart, bytes]], int]:
+    def _fit(self, room: int | None
+             ) -> tuple[list[tuple[int, str, JournalEntry | Overflowed | ListStart, bytes]], int]:
         """The pending records the next append writes, and how many pending records it consumes
         (those written, and the relisted states released unrecorded when they do not fit)."""
         batch = list(self._pending)
         if room is None:
             return batch, len(batch)
-        kept: list[tuple[int, str, JournalEntry | ListStart, bytes]] = []
+        kept: list[tuple[int, str, JournalEntry | Overflowed | ListStart, bytes]] = []
         skipped = consumed = size = 0
         for item in batch:
             _, uid, entry, record = item
@@ -381,14 +445,24 @@ class KnownObjectJournal:
             elif isinstance(entry, Relisted) and self._optional(uid, entry):
                 self._skip(uid, entry)
                 skipped += 1
+            elif isinstance(entry, Overflowed):
+                # Optional too: held, it would stall the degraded sink, whose window holds back
+                # the checkpoint that would compact the journal.
+                if self._overflowed.get((entry.sink, uid)) is entry:
+                    durable = self._durable_overflowed.get((entry.sink, uid))
+                    if durable is None:
+                        self._overflowed.pop((entry.sink, uid), None)
+                    else:
+                        self._overflowed[(entry.sink, uid)] = durable
+                skipped += 1
             else:
                 break
             consumed += 1
         if skipped:
             self.skipped += skipped
-            log.warning("journal %s is full: %d states a relist sent were released unrecorded; a "
-                        "crash before the next checkpoint write may re-send, after them, changes "
-                        "that relist coalesced", self._backend.name, skipped,
+            log.warning("journal %s is full: %d states a relist or a sink's overflow window sent "
+                        "were released unrecorded; a crash before the next checkpoint write may "
+                        "re-send, after them, changes that window coalesced", self._backend.name, skipped,
                         extra={"informer": self._informer_id})
         if consumed == 0:
             # Nothing is released unrecorded, not even a first list larger than the journal
@@ -409,16 +483,20 @@ class KnownObjectJournal:
             self._start = self._durable_start = None
         self._entries = {uid: e for uid, e in self._entries.items() if self._needed(uid, e)}
         durable = {uid: e for uid, e in self._durable.items() if self._needed(uid, e)}
+        self._overflowed = {k: e for k, e in self._overflowed.items() if not self._passed(e)}
+        overflowed = {k: e for k, e in self._durable_overflowed.items() if not self._passed(e)}
         lines = [encode_header(self._informer_id)]
         if self._durable_start is not None:
             lines.append(encode_start(self._durable_start))
         lines.extend(encode_record(uid, e) for uid, e in durable.items())
+        lines.extend(encode_record(uid, e) for (_, uid), e in overflowed.items())
         try:
             await self._backend.rewrite(b"\n".join(lines) + b"\n")
         except BaseException:
             self._compact_requested = True
             raise
         self._durable = durable
+        self._durable_overflowed = overflowed
         if self._compact_to is cp:
             self._compact_to = None
         self._compact_requested = False
@@ -449,8 +527,15 @@ class KnownObjectJournal:
         target = self._queued_seq if not self._pending else last
         if target is not None and target > self._written_seq:
             self._written_seq = target
-            committed, self._committed = self._committed, asyncio.Event()
-            committed.set()
+        committed, self._committed = self._committed, asyncio.Event()
+        committed.set()  # the waiters look again (wait, wait_recorded)
+
+    def _passed(self, e: Overflowed) -> bool:
+        """Whether the last checkpoint written covers a state an overflow window handed over (every
+        sink acknowledged past it)."""
+        cp = self._base
+        return (cp is not None and is_rv(cp.resource_version)
+                and int(e.resource_version) <= int(cp.resource_version))
 
     def _needed(self, uid: str, e: JournalEntry) -> bool:
         """A record the last checkpoint does not imply: an object it does not know to exist, or a

@@ -10,6 +10,8 @@ start without a checkpoint (:class:`ListStart`). The text, the same in every bac
 * ``["d", key, uid, rv, inferred]``, ``["d", key, uid, rv, inferred, held_after]`` and
   ``["d", key, uid, rv, inferred, held_after, sent_before]``: :class:`Deleted` (the optional fields
   written only when set);
+* ``["o", key, uid, rv, sink, since, type]``: :class:`Overflowed` (one sink's, beside the uid's
+  newest fact);
 * ``["l", rv, acknowledged]``: :class:`ListStart`, before the first checkpoint write.
 """
 
@@ -27,6 +29,7 @@ __all__ = [
     "Exists",
     "JournalEntry",
     "ListStart",
+    "Overflowed",
     "RelistWindow",
     "Relisted",
     "check_header",
@@ -114,6 +117,23 @@ JournalEntry = Exists | Relisted | Deleted
 
 
 @dataclass(frozen=True, slots=True)
+class Overflowed:
+    """A state one sink's overflow window handed over (``["o", key, uid, rv, sink, since, type]``):
+    that sink may hold it, and the uid's changes after ``since`` (the window's ``gapfrom``) and
+    before it never went to that sink one by one. A restart's replay holds those back for that sink
+    and sends it the state again as it went, framed by a window of its own
+    (:meth:`~bridge.delivery.replay.ReplayStage.overflowed`); a delete as a delete already sent,
+    held back from ``since``. Kept until the checkpoint covers the state."""
+
+    key: str
+    resource_version: str
+    sink: str
+    since: str
+    type: str
+    """``added``, ``updated`` or ``deleted``: as the window sent it (the same type, the same id)."""
+
+
+@dataclass(frozen=True, slots=True)
 class ListStart:
     """The first list of an informer that started without a checkpoint: its resourceVersion, and
     whether every sink has acknowledged everything up to a resume point (:attr:`resource_version`,
@@ -135,7 +155,9 @@ def check_header(line: bytes, informer_id: str) -> None:
         raise ValueError(f"header {line[:200]!r} is not this informer's journal")
 
 
-def encode_record(uid: str, e: JournalEntry) -> bytes:
+def encode_record(uid: str, e: JournalEntry | Overflowed) -> bytes:
+    if isinstance(e, Overflowed):
+        return orjson.dumps(["o", e.key, uid, e.resource_version, e.sink, e.since, e.type])
     if isinstance(e, Relisted):
         record: list[object] = ["r", e.key, uid, e.resource_version, e.since, e.added]
         if e.earlier:
@@ -151,7 +173,10 @@ def encode_start(start: ListStart) -> bytes:
     return orjson.dumps(["l", start.resource_version, start.acknowledged])
 
 
-def decode_line(line: bytes) -> tuple[str, JournalEntry] | ListStart:
+_OVERFLOW_TYPES = frozenset({"added", "updated", "deleted"})
+
+
+def decode_line(line: bytes) -> tuple[str, JournalEntry | Overflowed] | ListStart:
     """One record line: (uid, fact), or the first list's record. Raises ValueError, TypeError or
     IndexError for a line that is not a record."""
     rec = orjson.loads(line)
@@ -168,6 +193,9 @@ def decode_line(line: bytes) -> tuple[str, JournalEntry] | ListStart:
         return uid, Exists(key, rv)
     if op == "r" and len(rec) in (6, 7) and is_rv(rec[4]) and isinstance(rec[5], bool):
         return uid, Relisted(key, rv, rec[4], added=rec[5], earlier=_windows(rec[6]) if len(rec) == 7 else ())
+    if (op == "o" and len(rec) == 7 and isinstance(rec[4], str) and rec[4] and is_rv(rec[5])
+            and rec[6] in _OVERFLOW_TYPES):
+        return uid, Overflowed(key, rv, rec[4], rec[5], rec[6])
     if op == "d" and 5 <= len(rec) <= 7 and isinstance(rec[4], bool):
         held, before = [*rec[5:], "", ""][:2]  # each optional, and held_after "" only before sent_before
         if not (((held == "" and len(rec) != 6) or is_rv(held)) and (len(rec) < 7 or is_rv(before))):

@@ -24,6 +24,7 @@ from bridge.contracts import (
     ObjectKey,
     UnconfirmedGone,
 )
+from bridge.delivery.journal_records import RelistWindow
 from bridge.delivery.progress import HOLDS_NOTHING, AckTracker, Known, object_key
 from bridge.delivery.resume_plan import (
     RelistedState,
@@ -97,20 +98,25 @@ class ReplayStage:
 
     def __init__(self, *, own: SinkResume | None = None, sent: Mapping[str, SentDelete] | None = None,
                  relisted: Mapping[str, RelistedState] | None = None, tracker: AckTracker | None = None,
-                 exits: SelectorExits | None = None) -> None:
-        """``tracker`` tells which deletes were inferred; ``exits``: a selector-scoped informer's."""
+                 exits: SelectorExits | None = None,
+                 overflowed: Mapping[str, RelistWindow] | None = None) -> None:
+        """``tracker`` tells which deletes were inferred; ``exits``: a selector-scoped informer's;
+        ``overflowed``: uid → the window (from, state, added) in which this sink's overflow window
+        sent a state of it (plan invariant 8), held back and re-sent as a relist's."""
         self.own = own
         """The sink's own-progress filter (:meth:`SinkResume.of`), until it is no longer needed."""
         self._own_until: int | None = -1 if self.own is not None else None
         self.sent: Mapping[str, SentDelete] = sent or {}
         self._relisted = relisted or {}
+        self._overflowed = overflowed or {}
         self._tracker = tracker
         self._exits = exits
         self._held: set[str] = set()
         """uids whose replayed changes were held back: their replayed delete is framed as a gap."""
-        self._held_relisted: dict[str, tuple[KubeObject | None, str]] = {}
-        """uids whose relisted state's coalesced changes were held → the state before the first and
-        the start of the window that held it."""
+        self._held_relisted: dict[str, tuple[KubeObject | None, str, str]] = {}
+        """uids whose relisted state's coalesced changes were held → the state before the first, the
+        start of the window that held it, and its kind (``relisted``, or ``overflowed``: this sink's
+        own overflow window's)."""
         self._coalesced_hold = False
         """The last change :meth:`relisted` held back was one a relist coalesced (see
         :meth:`take_coalesced_hold`)."""
@@ -199,8 +205,8 @@ class ReplayStage:
         self._held.discard(uid)
         before = (self._hold_after(uid) or "") if replayed else ""
         if coalesced is not None and (not replayed or _earlier(coalesced[1], before)):
-            since = coalesced[1]
-            gap_id = f"{framing.gap_prefix}:relisted:{uid}:{since}:{object_identity(obj)[1]}"
+            _, since, how = coalesced
+            gap_id = f"{framing.gap_prefix}:{how}:{uid}:{since}:{object_identity(obj)[1]}"
             return framing.framed(event, gap_id, since, n.time)
         return framing.framed(event, f"{framing.gap_prefix}:replayed:{uid}:{before}", before, n.time)
 
@@ -244,14 +250,13 @@ class ReplayStage:
         from, inside the window — a sink that lagged across the crashes never received that relist's
         markers. A change past the window while what it coalesced is still held goes out in the
         state's place (:meth:`_in_place_of_relisted`)."""
-        if not self._relisted:
+        if not self._relisted and not self._overflowed:
             return None
         obj = n.obj
         assert not isinstance(obj, DeletedFinalStateUnknown)
         uid, rv = object_identity(obj)
-        sent = self._relisted.get(uid)
         at = parse_rv(rv)
-        window = sent.window(at) if sent is not None and at is not None else None
+        window, how = self._window(uid, at)
         if window is None or at is None:
             if uid in self._held_relisted:
                 return self._in_place_of_relisted(n, framing)
@@ -260,22 +265,38 @@ class ReplayStage:
         if at < int(until):
             # The first held change's old state is the one before the window (what a sink that
             # lacked the relist holds): the update that goes out in their place starts from it.
-            self._held_relisted.setdefault(uid, (n.old, since))
+            self._held_relisted.setdefault(uid, (n.old, since, how))
             self._coalesced_hold = True
             return []
         resumed = self._resumed
         start = parse_rv(since)
         earlier = resumed is not None and start is not None and start < resumed < at
         held = uid in self._held_relisted or earlier
-        old, since = self._held_relisted.pop(uid, (n.old, since))
+        old, since, how = self._held_relisted.pop(uid, (n.old, since, how))
         if added:
             event = framing.event(EventType.ADDED, obj, n.time)
         else:
             event = framing.event(EventType.UPDATED, obj, n.time, old=old)
         if not held or framing.in_gap:
             return [event]
-        gap_id = f"{framing.gap_prefix}:relisted:{uid}:{since}:{until}"
+        gap_id = f"{framing.gap_prefix}:{how}:{uid}:{since}:{until}"
         return framing.framed(event, gap_id, since, n.time)
+
+    def _window(self, uid: str, at: int | None) -> tuple[RelistWindow | None, str]:
+        """The window ``(from, state]`` holding resourceVersion ``at`` of ``uid``: a relist's, else
+        this sink's own overflow window's (plan invariant 8); and which of the two it is."""
+        if at is None:
+            return None, ""
+        sent = self._relisted.get(uid) if self._relisted else None
+        window = sent.window(at) if sent is not None else None
+        if window is not None:
+            return window, "relisted"
+        mine = self._overflowed.get(uid) if self._overflowed else None
+        if mine is not None:
+            since, until = parse_rv(mine[0]), parse_rv(mine[1])
+            if since is not None and until is not None and since < at <= until:
+                return mine, "overflowed"
+        return None, ""
 
     def _in_place_of_relisted(self, n: Notification, framing: Framing) -> list[ChangeEvent]:
         """A change after a relist's window while the changes it coalesced are held and its state
@@ -285,14 +306,14 @@ class ReplayStage:
         handed over, after what was held back, and names none of it."""
         obj = _object(n)
         uid, rv = object_identity(obj)
-        old, since = self._held_relisted.pop(uid)
+        old, since, how = self._held_relisted.pop(uid)
         if n.kind is NotificationKind.ADD:
             event = framing.event(EventType.ADDED, obj, n.time)
         else:
             event = framing.event(EventType.UPDATED, obj, n.time, old=old)
         if framing.in_gap:
             return [event]
-        return framing.framed(event, f"{framing.gap_prefix}:relisted:{uid}:{since}:{rv}", since, n.time)
+        return framing.framed(event, f"{framing.gap_prefix}:{how}:{uid}:{since}:{rv}", since, n.time)
 
     def take_coalesced_hold(self) -> bool:
         """Whether the change just held back was one a relist coalesced, announced by what is re-sent

@@ -101,6 +101,11 @@ the state the relist sent           ``RelistedState``         re-sent with the s
 change between two windows, or      ``RelistedState``         as usual, in order
 after the last
 
+replayed change inside the window   ``Overflowed`` (this      as for a relist's state, the window framed
+of a state the sink's overflow      sink's: its degraded      ``<informer>:overflowed:<uid>:<from>:<at>``; a
+window sent, or that state          listener sent it)         delete as a ``SentDelete`` held back from
+                                                              ``<from>``
+
 under a selector: replayed change   ``SentDelete`` and the    asked once whether the uid lives on: then
 of a uid whose inferred delete      selector                  nothing is held (its deletes were exits); gone:
 went out                                                      nothing after its replayed delete
@@ -140,9 +145,10 @@ from bridge.delivery.assembly import WatchedResource
 from bridge.delivery.bootstrap import Bootstrap
 from bridge.delivery.informer_run import InformerRun
 from bridge.delivery.journal import KnownObjectJournal
+from bridge.delivery.journal_records import Overflowed, RelistWindow
 from bridge.delivery.progress import AckTracker
 from bridge.delivery.replay import ReplayStage, SinkResume, delete_is_inferred
-from bridge.delivery.resume_plan import ResumePlan, SinkStart, SinkStartKind
+from bridge.delivery.resume_plan import ResumePlan, SentDelete, SinkStart, SinkStartKind
 from bridge.delivery.selector_exit import SelectorExits
 from bridge.delivery.sink_listener import SinkListener
 from bridge.informer.delta_fifo import Delta, DeltaType
@@ -150,7 +156,7 @@ from bridge.informer.seed import ApplyDelta, CacheSeed, Distribute, SeedStart
 from bridge.informer.shared_informer import SharedIndexInformer
 from bridge.informer.store import IndexedCache
 from bridge.rawobject import object_identity
-from bridge.resource_version import parse_rv
+from bridge.resource_version import parse_rv, rv_at_most
 
 __all__ = ["InformerRestart", "RestartStage"]
 
@@ -433,12 +439,14 @@ class RestartStage:
         start = plan.sinks[name]
         bootstrap = (functools.partial(inf.bootstrap.done, name)
                      if inf.bootstrap is not None and start.kind is SinkStartKind.BOOTSTRAP else None)
-        if not (start.kind is SinkStartKind.OWN_PROGRESS or plan.sent_deletes or plan.relisted):
+        mine = plan.overflowed.get(name)
+        if not (start.kind is SinkStartKind.OWN_PROGRESS or plan.sent_deletes or plan.relisted or mine):
             return None, bootstrap
         ref = inf.watched.ref
         own = SinkResume.of(start, api_version=ref.api_version, kind=ref.kind)
-        replay = ReplayStage(own=own, sent=plan.sent_deletes, relisted=plan.relisted, tracker=self.tracker,
-                             exits=exits)
+        sent, overflowed = _own_windows(plan.sent_deletes, mine or {})
+        replay = ReplayStage(own=own, sent=sent, relisted=plan.relisted, tracker=self.tracker,
+                             exits=exits, overflowed=overflowed)
         return replay, bootstrap
 
     def attached(self, name: str, listener: SinkListener) -> None:
@@ -455,3 +463,26 @@ class RestartStage:
         log.info("sink %s resumes from its own resourceVersion %d (%d objects where it differs "
                  "from the slowest sink's)", name, start.resource_version, len(start.known),
                  extra={"sink": name, **self._extra})
+
+
+def _own_windows(sent: Mapping[str, SentDelete], mine: Mapping[str, Overflowed]
+                 ) -> tuple[Mapping[str, SentDelete], dict[str, RelistWindow]]:
+    """One sink's part of plan invariant 8: the states its overflow window sent, as windows of its
+    own (uid → (from, state, added)), and the deletes among them as deletes already sent whose uid's
+    replayed changes are held back from the window's ``from`` (the earlier of it and the plan's)."""
+    if not mine:
+        return sent, {}
+    deletes = dict(sent)
+    windows: dict[str, RelistWindow] = {}
+    for uid, o in mine.items():
+        if o.type != "deleted":
+            windows[uid] = (o.since, o.resource_version, o.type == "added")
+            continue
+        before = deletes.get(uid)
+        held = o.since
+        if before is not None and before.held_after and rv_at_most(before.held_after, held):
+            held = before.held_after
+        deletes[uid] = SentDelete(o.key, o.resource_version, before.inferred if before is not None else False,
+                                  held)
+    return deletes, windows
+

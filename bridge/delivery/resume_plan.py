@@ -59,6 +59,13 @@ text that is not one compares as unknown.
    the first relist's ``from`` to the last state, the changes observed between two relists were
    held back for good from every sink that lagged: issue 34.) Windows that overlap (a relist whose
    ``from`` lies before the state an earlier one sent, as after a restart) merge into one.
+8. *What a sink's overflow window sent is that sink's own relist.* A state a degraded listener
+   handed over inside its overflow window, from ``gapfrom``, was recorded (:class:`Overflowed`)
+   before it went out: for that sink alone the plan keeps its window ``(gapfrom, state]``, held back
+   and re-sent as invariant 7 says, a delete as a delete already sent, held back from ``gapfrom``
+   (invariant 3). The window is one delivery, so a crash before its end was acknowledged leaves the
+   sink's own progress before it: without the record the replay sent what the window coalesced one
+   by one after the newer states the sink may hold (issue 34, judged with degraded sinks in full).
 """
 
 from __future__ import annotations
@@ -66,7 +73,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bridge.clock import Clock
@@ -77,6 +84,7 @@ from bridge.delivery.journal_records import (
     Deleted,
     JournalEntry,
     ListStart,
+    Overflowed,
     Relisted,
     RelistWindow,
     entries_by_key,
@@ -202,6 +210,8 @@ class ResumePlan:
     """uid → the delete sinks may hold."""
     relisted: Mapping[str, RelistedState] = field(default_factory=dict)
     """uid → the state a relist sent."""
+    overflowed: Mapping[str, Mapping[str, Overflowed]] = field(default_factory=dict)
+    """sink → uid → the state the sink's overflow window handed over (the journal's, invariant 8)."""
     sinks: Mapping[str, SinkStart] = field(default_factory=dict)
     dropped_sinks: tuple[str, ...] = ()
     """Sinks the checkpoint has progress of that are no longer routed this resource."""
@@ -427,6 +437,8 @@ async def load_start(*, store: CheckpointStore | None, watched: WatchedResource,
                       start=journal.start if journal is not None else None, routed=routed,
                       handover=handover.plan if handover is not None else None,
                       journal_unreadable=journal is not None and bool(journal.unreadable))
+    if journal is not None and journal.overflowed:
+        plan = replace(plan, overflowed=journal.overflowed)
     return Start(plan=plan, journal=journal, corrupt_checkpoint=corrupt,
                  stale=handover.plan.stale if handover is not None else ())
 

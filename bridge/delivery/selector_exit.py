@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 from bridge.errors import BridgeError, NotFoundError
 from bridge.resource_version import parse_rv
+from sinks.contract import ChangeEvent, EventType
 
-__all__ = ["LEFT_SELECTOR_EXTENSION", "SelectorExits"]
+__all__ = ["LEFT_SELECTOR_EXTENSION", "SelectorExits", "mark_exits"]
 
 log = logging.getLogger(__name__)
 
@@ -123,3 +124,20 @@ class SelectorExits:
             if isinstance(meta, Mapping) and meta.get("uid") == uid:
                 return parse_rv(str(meta.get("resourceVersion") or "")) or 0
         return None
+
+
+async def mark_exits(events: Sequence[ChangeEvent], exits: SelectorExits,
+                     replayed: Callable[[str, str], bool | None] | None = None) -> None:
+    """Marks the deletes among ``events`` whose object still exists: they left the informer's
+    selector. A delete a relist inferred is asked too (the object is not listed: alive, it is out of
+    scope). ``replayed`` (the sink's replay stage's ``replayed_exit``) answers for a replayed uid
+    whose fate it asked."""
+    for event in events:
+        if event.type is not EventType.DELETED or event.obj is None:
+            continue
+        uid, rv = event.uid, event.resource_version
+        decided = replayed(uid, rv) if replayed is not None else None
+        if decided is None:
+            decided = await exits.left(event.namespace, event.name, uid, rv, event.final_state_unknown)
+        if decided:
+            event.extensions[LEFT_SELECTOR_EXTENSION] = "true"

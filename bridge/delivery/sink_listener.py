@@ -48,7 +48,7 @@ from bridge.delivery.object_acks import PerObjectAcks
 from bridge.delivery.progress import AckTracker
 from bridge.delivery.replay import ReplayStage, SinkResume, delete_is_inferred
 from bridge.delivery.resume_plan import SentDelete
-from bridge.delivery.selector_exit import LEFT_SELECTOR_EXTENSION, SelectorExits
+from bridge.delivery.selector_exit import SelectorExits, mark_exits
 from bridge.informer.ack import batch_acks
 from bridge.rawobject import RawObject, last_change
 from sinks.contract import (
@@ -183,6 +183,7 @@ class SinkListener:
         self.replay = replay
         self._tracker = tracker
         self._journal = journal
+        self._recorded: int | None = None  # the journal's, before what an overflow window hands over
         self._exits = exits
         self._shard = shard
         self._clock = clock
@@ -385,10 +386,8 @@ class SinkListener:
         sink in one ``deliver_batch`` call (module docs): a run of changes in one pass
         (:meth:`_changes`), anything else one at a time. A notification the journal holds back
         (``must_wait``) is awaited after handing over what came before it."""
-        stats = self.stats
-        journal = self._journal
-        collected = _Collected()
-        count = len(notifications)
+        stats, journal = self.stats, self._journal
+        collected, count = _Collected(), len(notifications)
         i = at = 0
         try:
             while i < count:
@@ -427,6 +426,8 @@ class SinkListener:
                         self._per_object.without_delivery(n.key, ack, announced_later=later)
                         continue
                     ack = self._per_object.handed(n.key, ack)
+                if self._gap is not None and journal is not None:
+                    self._record_window(journal, listed)
                 if len(listed) == 1 and self._exits is None and n.kind is not NotificationKind.GAP:
                     collected.add(listed[0], ack)  # a single change: one coroutine less
                     continue
@@ -439,6 +440,15 @@ class SinkListener:
             # collected before it is handed over as it would have been, then ``at`` is reported.
             await self._hand_over(collected, at - 1)
             raise BatchInterrupted(at) from exc
+
+    def _record_window(self, journal: KnownObjectJournal, listed: Sequence[ChangeEvent]) -> None:
+        """Inside the listener's own overflow window, what it hands over bare is recorded for this
+        sink first (resume plan invariant 8): waited for before it goes out (:meth:`_hand_over`)."""
+        gap = self._gap
+        if gap is not None and gap.id.startswith(OVERFLOW_GAP_PREFIX):
+            ticket = journal.note_window(self.sink.name, listed, gap)
+            if ticket is not None:
+                self._recorded = ticket
 
     async def _changes(self, notifications: Sequence[Notification], acks: Sequence[AckFunc], i: int,
                        collected: _Collected) -> int:
@@ -524,7 +534,8 @@ class SinkListener:
             return
         if self._exits is not None and any(e.type is EventType.DELETED for e in listed):
             await self._hand_over(collected, i - 1)
-            await self._mark_exits(listed)
+            await mark_exits(listed, self._exits,
+                             self.replay.replayed_exit if self.replay is not None else None)
         if len(listed) == 1 and n.kind is not NotificationKind.GAP:
             collected.add(listed[0], ack)
             return
@@ -549,6 +560,9 @@ class SinkListener:
         without ``deliver_batch``); ``last`` is the batch index of the last notification looked at.
         When the sink raises, which events it took is unknown: every owner is acknowledged (as if
         each had failed on its own) and the failure is reported at ``last``."""
+        if self._recorded is not None and self._journal is not None:  # what goes out is recorded
+            await self._journal.wait_recorded(self._recorded)
+            self._recorded = None
         if not collected.events:
             return
         events, owners = collected.events, collected.owners
@@ -577,19 +591,3 @@ class SinkListener:
         called[i] = 1
         self.stats.outcomes[outcome._value_] += 1  # the value as a plain attribute, not the property
         owners[i]()
-
-    async def _mark_exits(self, events: list[ChangeEvent]) -> None:
-        """Marks the deletes whose object still exists: they left the informer's selector. A delete
-        a relist inferred is asked too (the object is not listed: alive, it is out of scope). The
-        replay stage answers for a replayed uid whose fate it asked."""
-        exits = self._exits
-        assert exits is not None
-        for event in events:
-            if event.type is not EventType.DELETED or event.obj is None:
-                continue
-            uid, rv = event.uid, event.resource_version
-            decided = self.replay.replayed_exit(uid, rv) if self.replay is not None else None
-            if decided is None:
-                decided = await exits.left(event.namespace, event.name, uid, rv, event.final_state_unknown)
-            if decided:
-                event.extensions[LEFT_SELECTOR_EXTENSION] = "true"

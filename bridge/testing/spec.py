@@ -174,9 +174,10 @@ OVERFLOW = "overflow:"
 
 
 def scope_of(gap_id: str) -> str:
-    """The uid a gap id frames alone (docs/event-format.md: ``<informer>:relisted:<uid>:…`` and
-    ``<informer>:replayed:<uid>:…``), "" for a relist's window over every object."""
-    for tag in (":relisted:", ":replayed:"):
+    """The uid a gap id frames alone (docs/event-format.md: ``<informer>:relisted:<uid>:…``,
+    ``<informer>:replayed:<uid>:…`` and ``<informer>:overflowed:<uid>:…``), "" for a relist's window
+    over every object."""
+    for tag in (":relisted:", ":replayed:", ":overflowed:"):
         if tag in gap_id:
             return gap_id.split(tag, 1)[1].split(":", 1)[0]
     return ""
@@ -353,8 +354,11 @@ def check_sink(history: History, log: SinkLog, *, all_windows: Sequence[Received
     _check_lost(history, sink, events, windows, findings)
     every = _windows(sink, [*all_windows, *events], []) if all_windows else windows
     good, _ = _justified(every, history.relist_causes)
+    # A restart re-frames what the sink's overflow window sent from that window's ``from``, also
+    # when a crash came before the window's end reached the sink.
+    overflowed = {e.gap_from for e in events if e.kind == Marker.GAP_BEGIN and e.gap_id.startswith(OVERFLOW)}
     for w in windows:
-        if w not in good:
+        if w not in good and not (w.uid and w.begin in overflowed):
             what = f"object {w.uid}" if w.uid else "every object"
             findings.append(Finding("needless_gap", sink, f"window ({w.begin}, {w.end}] over {what}, "
                                     f"relist causes at {sorted(history.relist_causes)}"))

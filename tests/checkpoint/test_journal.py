@@ -14,6 +14,7 @@ import pytest
 
 from bridge.contracts import DeletedFinalStateUnknown, Gap, Notification, NotificationKind, ObjectKey
 from bridge.delivery.journal import Deleted, KnownObjectJournal, Relisted
+from bridge.delivery.journal_records import Overflowed, decode_line
 from bridge.storage.blob_file import FileBlobStore
 from bridge.storage.blobstore import JournalBackend
 from bridge.storage.checkpoint import Checkpoint, FileCheckpointStore
@@ -415,6 +416,70 @@ async def test_a_full_journal_releases_a_relists_states_of_known_objects_unrecor
         note(j, 52, NotificationKind.ADD, "new", "u-new", "70")  # does not fit: it waits
         await until(lambda: j.write_errors > 0, what="the journal refusing the new object")
         assert j.must_wait(52)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_what_a_sinks_overflow_window_sends_is_recorded_for_that_sink_until_a_checkpoint_covers_it(
+    running: KnownObjectJournal, tmp_path: Path,
+) -> None:
+    """A degraded sink's overflow window sends the latest state per object: each is recorded for that
+    sink (its window's ``from``, the state, its type) before it goes out, a second window that
+    overlaps keeps the earlier ``from``, a restart reads them per sink, and once a checkpoint covers
+    a state its record goes (resume plan invariant 8)."""
+    j = running
+    seq = j.note_overflowed("k", "u-known", key="ns/known", resource_version="14", since="10",
+                            type_="updated")
+    async with asyncio.timeout(5):
+        await j.wait_recorded(seq)
+    assert records(path_of(j)) == [["o", "ns/known", "u-known", "14", "k", "10", "updated"]]
+    j.note_overflowed("k", "u-known", key="ns/known", resource_version="16", since="12", type_="deleted")
+    j.note_overflowed("other", "u-a", key="ns/a", resource_version="15", since="13", type_="added")
+    async with asyncio.timeout(5):
+        await j.wait_recorded(j.note_overflowed("k", "u-b", key="ns/b", resource_version="20", since="18",
+                                       type_="added"))
+    again = KnownObjectJournal(backend=file_journal(path_of(j)), informer_id=IDENT)
+    await again.load(None)
+    assert again.overflowed == {
+        "k": {"u-known": Overflowed("ns/known", "16", "k", "10", "deleted"),
+              "u-b": Overflowed("ns/b", "20", "k", "18", "added")},
+        "other": {"u-a": Overflowed("ns/a", "15", "other", "13", "added")},
+    }
+    j.compact(Checkpoint(informer_id=IDENT, resource_version="16", objects={}))
+    await until(lambda: j._compact_to is None, what="the compaction")
+    assert records(path_of(j)) == [["o", "ns/b", "u-b", "20", "k", "18", "added"]]
+
+
+def test_an_overflowed_record_that_is_not_one_is_refused() -> None:
+    good = ["o", "ns/a", "u-a", "15", "k", "13", "added"]
+    assert decode_line(orjson.dumps(good)) == ("u-a", Overflowed("ns/a", "15", "k", "13", "added"))
+    for bad in (good[:6], [*good[:4], "", *good[5:]], [*good[:5], "x", good[6]], [*good[:6], "sync"]):
+        with pytest.raises((ValueError, TypeError, IndexError)):
+            decode_line(orjson.dumps(bad))
+
+
+async def test_a_full_journal_releases_an_overflow_windows_states_unrecorded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Held, an overflow window's record would stall its degraded sink for good: the window holds
+    back the checkpoint that would compact the journal. Released unrecorded, with a warning."""
+    path = tmp_path / f"{IDENT}.journal"
+    j = KnownObjectJournal(backend=file_journal(path, SmallFiles), informer_id=IDENT)
+    await j.load(Checkpoint(informer_id=IDENT, resource_version="10", objects={}))
+    task = asyncio.create_task(j.run(), name="journal-under-test")
+    try:
+        last = 0
+        for i in range(50):
+            last = j.note_overflowed("k", f"u{i}", key=f"ns/o{i}", resource_version=str(11 + i),
+                                     since="10", type_="updated")
+        with caplog.at_level(logging.WARNING):
+            async with asyncio.timeout(5):
+                await j.wait_recorded(last)
+        assert 0 < len(records(path)) < 50
+        assert j.skipped == 50 - len(records(path))
+        assert "released unrecorded" in caplog.text
+        assert len(j.overflowed["k"]) == len(records(path))
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

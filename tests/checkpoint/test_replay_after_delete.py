@@ -14,7 +14,7 @@ from bridge.contracts import DeletedFinalStateUnknown, Notification, Notificatio
 from bridge.delivery.pipeline import SinkListener
 from bridge.delivery.replay import ReplayStage
 from bridge.delivery.resume_plan import SentDelete
-from bridge.delivery.selector_exit import SelectorExits
+from bridge.delivery.selector_exit import SelectorExits, mark_exits
 from bridge.errors import NotFoundError
 from tests.checkpoint.helpers import CONFIGMAPS, RecordingSink
 
@@ -75,7 +75,8 @@ async def replay(lst: SinkListener, n: Notification) -> list[tuple[str, str, boo
     assert lst.replay is not None
     await lst.replay.ask_fate(n)
     got = lst.events_for(n)
-    await lst._mark_exits(got)
+    assert lst._exits is not None
+    await mark_exits(got, lst._exits, lst.replay.replayed_exit)
     return [(e.type.value, e.resource_version, e.final_state_unknown, "leftselector" in e.extensions)
             for e in got]
 
