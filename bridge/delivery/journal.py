@@ -11,11 +11,13 @@ journal keeps the contract's invariant (docs/delivery-contract.md, section 9):
 The rule that keeps it, enforced by the sink listeners (they await :meth:`KnownObjectJournal.wait`):
 the first event of an object the durable state does not know, every delete, and every state a relist
 sends inside its gap (with the gap's ``from``, :attr:`Relisted.since`) is released only once its
-record is durable. One writer task makes the pending records durable in one write per batch (group
-commit); a backend with a size limit reports its :meth:`~JournalBackend.room` and the records that
-do not fit wait for the compaction after the next checkpoint write, which drops what that checkpoint
-implies. The records and their text: :mod:`bridge.delivery.journal_records`; what a restart does
-with them: :mod:`bridge.delivery.resume_plan`.
+record is durable; so is, for that sink alone, every state a degraded listener's overflow window
+hands over (:class:`Overflowed`, the window's ``from``: the sink's listener awaits
+:meth:`KnownObjectJournal.wait_recorded`). One writer task makes the pending records durable in one
+write per batch (group commit); a backend with a size limit reports its :meth:`~JournalBackend.room`
+and the records that do not fit wait for the compaction after the next checkpoint write, which drops
+what that checkpoint implies. The records and their text: :mod:`bridge.delivery.journal_records`;
+what a restart does with them: :mod:`bridge.delivery.resume_plan`.
 """
 
 from __future__ import annotations
