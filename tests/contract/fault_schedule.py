@@ -104,6 +104,10 @@ class Setup:
     buffer_capacity: int | None = None
     """Every sink's ``buffer.capacity`` (None: the default, 1,024): a smaller one makes a frozen
     sink's backlog spill as soon as at 200 changes/s where the churn reaches less (a loaded machine)."""
+    spill_limit: int | None = None
+    """Every sink's ``buffer.spill_limit`` in bytes (None: the default, 256 MiB): a small one makes a
+    frozen sink's listener degrade (the latest state per object inside an overflow window of its own)
+    once its spill is full, across the relists and kills of the schedule."""
 
 
 SETUPS = {"random": Setup(),
@@ -464,9 +468,11 @@ def _config(infra: Infra, tag: str, ns: str, work: Path, hook: Hook, setup: Setu
         dead = {"kafka": {"dead_letter": {"kind": "kafka", "target": f"{tag}-dead"}},
                 "jetstream": {"dead_letter": {"kind": "nats", "target": _dead_letter_subject(tag)}},
                 "webhook": {"dead_letter": {"kind": "file", "target": str(work / "webhook-dead.jsonl")}}}
-    if setup.buffer_capacity is not None:
+    buffer = {**({"capacity": setup.buffer_capacity} if setup.buffer_capacity is not None else {}),
+              **({"spill_limit": setup.spill_limit} if setup.spill_limit is not None else {})}
+    if buffer:
         for extra in dead.values():
-            extra["buffer"] = {"capacity": setup.buffer_capacity}
+            extra["buffer"] = buffer
     return {
         "cluster": CLUSTER,
         "kubernetes": {"kubeconfig": str(infra.kubeconfig), "in_cluster": "false"},
@@ -1008,7 +1014,7 @@ async def _main(args: argparse.Namespace) -> int:
                   rate=args.rate or base.rate,
                   checkpoint_interval=args.checkpoint_interval or base.checkpoint_interval,
                   dead_letters=base.dead_letters if args.dead_letters is None else args.dead_letters,
-                  buffer_capacity=args.buffer_capacity)
+                  buffer_capacity=args.buffer_capacity, spill_limit=args.spill_limit)
     print(f"setup: {setup}", flush=True)
     with infrastructure(workdir) as infra:
         for seed in seeds:
@@ -1065,6 +1071,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--buffer-capacity", type=int,
                    help="every sink's buffer.capacity (default: the bridge's, 1024); smaller spills a "
                         "frozen sink's backlog sooner, as a higher rate would")
+    p.add_argument("--spill-limit", type=int,
+                   help="every sink's buffer.spill_limit in bytes (default: the bridge's, 256 MiB); a small "
+                        "one degrades a frozen sink (overflow windows) instead of spilling all its backlog")
     p.add_argument("--rate-tolerance", type=float, default=0.05,
                    help="a seed whose churn the simulator applied at less than the asked rate by more than "
                         "this share is reported RATE SHORT and the run exits 1 (default 0.05)")
@@ -1079,6 +1088,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(v is not None and v <= 0 for v in (args.objects, args.rate, args.checkpoint_interval,
                                               args.buffer_capacity)):
         p.error("--objects, --rate, --checkpoint-interval and --buffer-capacity must be positive")
+    if args.spill_limit is not None and args.spill_limit < 0:
+        p.error("--spill-limit must not be negative")
     unknown = set(args.faults.split(",")) - set(FAULTS) if args.faults else set()
     if unknown:
         p.error(f"--faults: unknown kind(s) {', '.join(sorted(unknown))}; known: {', '.join(FAULTS)}")
