@@ -558,6 +558,21 @@ STORIES = (
            checkpoint(), *RESTART),
           objects=("n0", "n1"), sinks=("a", "k"), shapes={"k": SinkShape(window=2, buffer=2)},
           tick=0.003),
+    Story("a_delete_a_relist_inferred_reaches_a_sink_that_got_nothing_of_two_restarts",
+          """Found by the random schedules (seed 8702533, schedule 655, shrunk from 61 steps to these):
+    every sink holds ``n0`` (uid 1) and ``n1``; ``b`` acknowledges at once from now on, ``a`` and
+    ``c`` never. A crash; ``n0`` is deleted and created again (uid 4) while the bridge is down and
+    the history compacted, so the restart relists and infers ``n0``'s delete; a crash, a restart
+    (``a`` and ``b`` get that delete, ``c`` nothing before the crash), a checkpoint, a crash and a
+    restart. The last run sends no delete of uid 1 to any sink: ``c`` never gets it and a consumer
+    of ``c`` keeps ``n0`` uid 1 for good (a phantom). Open.""",
+          (keen("b"), crash(), recreate("n0"), compact(), start(), crash(), start(), keen("b"), checkpoint(),
+           *RESTART),
+          objects=("n0", "n1"), sinks=("a", "b", "c"),
+          shapes={"a": SinkShape(window=2, buffer=2, spill_limit=0, lands=False),
+                  "b": SinkShape(window=1, buffer=1, spill_limit=1 << 20, lands=True),
+                  "c": SinkShape(window=None, buffer=1024, spill_limit=0, lands=True)},
+          tick=0.003, open_defect=True),
     Story("an_overflow_windows_end_covers_every_change_it_coalesced", """A sink frozen (``k``: a
     window of two unacknowledged events, a buffer of two, no spill) while ``n0`` and ``n1`` change:
     its listener degrades, keeping the latest state per object, in the order the objects first
