@@ -62,6 +62,19 @@ def test_1_the_resume_point_is_the_checkpoint_else_the_acknowledged_first_list_e
     deleted_since = plan(None, {**journal, "u-x": Deleted("ns/x", "21")},
                          start=ListStart("20", acknowledged=True))
     assert (deleted_since.checkpoint, deleted_since.list_at) == (None, "20")  # u-x's state at 20: lost
+    # A relist inferred u-x's delete: the record carries u-x's last state (12), the delete itself came
+    # at some point up to that relist's list (25, or unknown while it had not ended): u-x's state at
+    # 20 is hidden just the same (it was hidden as "deleted at 12": the journal-implied checkpoint left
+    # u-x out, and a sink holding u-x never got its delete again, seed 8702533 of the specification).
+    for before in ("25", ""):
+        inferred = plan(None, {**journal, "u-x": Deleted("ns/x", "12", inferred=True, sent_before=before)},
+                        start=ListStart("20", acknowledged=True))
+        assert (inferred.checkpoint, inferred.list_at) == (None, "20")
+        assert "u-x" in unconfirmed(inferred)
+    inferred_before = plan(None, {**journal, "u-x": Deleted("ns/x", "12", inferred=True, sent_before="18")},
+                           start=ListStart("20", acknowledged=True))
+    assert inferred_before.checkpoint is not None  # gone before the list at 20: nothing is hidden
+    assert inferred_before.checkpoint.objects == {}
     assert plan(None, {}, unreadable=True).frame_from == "0"
     fresh = plan(None)
     assert (fresh.checkpoint, fresh.frame_from, fresh.seeds, fresh.unconfirmed) == (None, "", (), ())
