@@ -43,8 +43,9 @@ text that is not one compares as unknown.
 5. *Bootstrap.* A sink the checkpoint does not cover receives nothing before its bootstrap snapshot.
 6. *A first list not yet acknowledged is listed again, exactly.* Without a checkpoint, when the
    journal's first list (:class:`~bridge.delivery.journal.ListStart`) is not acknowledged by every
-   sink (or the journal deleted an object since — an inferred delete, recorded at the object's last
-   state, may have come after it —, invariant 1), the informer lists at exactly its
+   sink (or the journal's fact of an object listed there is a later one: a delete since — an
+   inferred delete, recorded at the object's last state, may have come after it — or a relist's
+   state since, invariant 1), the informer lists at exactly its
    resourceVersion (:attr:`ResumePlan.list_at`: the same states, so the same events, as an
    id-deduplicating consumer needs) and watches from it, so every change since comes one by one;
    the journal's objects become unconfirmed once that list ended (those it did not return —
@@ -83,6 +84,7 @@ from bridge.delivery.assembly import WatchedResource
 from bridge.delivery.journal import KnownObjectJournal
 from bridge.delivery.journal_records import (
     Deleted,
+    Exists,
     JournalEntry,
     ListStart,
     Overflowed,
@@ -263,9 +265,8 @@ def build_plan(*, informer_id: str, ref: ResourceRef, checkpoint: Checkpoint | N
     list_at = ""
     from_journal = False
     if checkpoint is None and start is not None:
-        # The journal keeps a uid's newest fact: one deleted since the list hides its state there.
-        if start.acknowledged and not any(isinstance(e, Deleted) and _deleted_after(e, start.resource_version)
-                                          for e in journal.values()):
+        at = start.resource_version  # the journal keeps a uid's newest fact: a later one hides the listed
+        if start.acknowledged and not any(_hides_the_list(e, at) for e in journal.values()):
             checkpoint = Checkpoint(informer_id=informer_id, resource_version=start.resource_version,
                                     objects={e.key: (uid, e.resource_version) for uid, e in journal.items()
                                              if not isinstance(e, Deleted)
@@ -313,14 +314,19 @@ def build_plan(*, informer_id: str, ref: ResourceRef, checkpoint: Checkpoint | N
     )
 
 
-def _deleted_after(e: Deleted, rv: str) -> bool:
-    """Whether the delete ``e`` may have happened after resourceVersion ``rv``. An observed delete
-    carries its own resourceVersion; an inferred one its object's last state, the delete itself at
-    some point up to the list that inferred it (:attr:`Deleted.sent_before`; unknown while that
-    relist had not ended), so its state may still be the one a list at ``rv`` returned."""
+def _hides_the_list(e: JournalEntry, rv: str) -> bool:
+    """Whether the journal's newest fact ``e`` of a uid may stand in place of the state a list at
+    resourceVersion ``rv`` returned of it (the journal keeps one fact per uid): a delete that may
+    have come after the list — an observed one carries its own resourceVersion, an inferred one its
+    object's last state, the delete itself at some point up to the list that inferred it
+    (:attr:`Deleted.sent_before`; unknown while that relist had not ended) —, or a later relist's
+    state of it. An object's first appearance (:class:`Exists`) hides nothing: one recorded after
+    the list was not in it."""
+    if isinstance(e, Exists):
+        return False
     if not rv_at_most(e.resource_version, rv):
         return True
-    return e.inferred and not (e.sent_before and rv_at_most(e.sent_before, rv))
+    return isinstance(e, Deleted) and e.inferred and not (e.sent_before and rv_at_most(e.sent_before, rv))
 
 
 def _journal_facts(checkpoint: Checkpoint | None, journal: Mapping[str, JournalEntry]) -> tuple[

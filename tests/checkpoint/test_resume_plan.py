@@ -71,6 +71,10 @@ def test_1_the_resume_point_is_the_checkpoint_else_the_acknowledged_first_list_e
                         start=ListStart("20", acknowledged=True))
         assert (inferred.checkpoint, inferred.list_at) == (None, "20")
         assert "u-x" in unconfirmed(inferred)
+    # A relist's state of u-x after the list stands in its place too (seed 8702533, schedule 2,010).
+    relisted_since = plan(None, {**journal, "u-x": Relisted("ns/x", "22", "19", added=False)},
+                          start=ListStart("20", acknowledged=True))
+    assert (relisted_since.checkpoint, relisted_since.list_at) == (None, "20")
     inferred_before = plan(None, {**journal, "u-x": Deleted("ns/x", "12", inferred=True, sent_before="18")},
                            start=ListStart("20", acknowledged=True))
     assert inferred_before.checkpoint is not None  # gone before the list at 20: nothing is hidden
