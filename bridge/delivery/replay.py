@@ -283,20 +283,21 @@ class ReplayStage:
         return framing.framed(event, gap_id, since, n.time)
 
     def _window(self, uid: str, at: int | None) -> tuple[RelistWindow | None, str]:
-        """The window ``(from, state]`` holding resourceVersion ``at`` of ``uid``: a relist's, else
-        this sink's own overflow window's (plan invariant 8); and which of the two it is."""
+        """The window ``(from, state]`` holding resourceVersion ``at`` of ``uid`` — a relist's, or
+        this sink's own overflow window's (plan invariant 8) — and which of the two it is. When both
+        hold it, the one whose state is newer: the sink may hold that state, so ``at`` is held back
+        unless it is that state."""
         if at is None:
             return None, ""
         sent = self._relisted.get(uid) if self._relisted else None
         window = sent.window(at) if sent is not None else None
-        if window is not None:
-            return window, "relisted"
         mine = self._overflowed.get(uid) if self._overflowed else None
         if mine is not None:
             since, until = parse_rv(mine[0]), parse_rv(mine[1])
-            if since is not None and until is not None and since < at <= until:
+            if since is not None and until is not None and since < at <= until \
+                    and (window is None or until > int(window[1])):
                 return mine, "overflowed"
-        return None, ""
+        return (window, "relisted") if window is not None else (None, "")
 
     def _in_place_of_relisted(self, n: Notification, framing: Framing) -> list[ChangeEvent]:
         """A change after a relist's window while the changes it coalesced are held and its state

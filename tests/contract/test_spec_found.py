@@ -41,3 +41,34 @@ after it does: the start lists again."""
 
 def test_seed_8702533_schedule_2010() -> None:
     replay(SEED_8702533_2010)
+
+
+SEED_8702533_2314 = """\
+state = DeliverySpec()
+state.begin(tick=0.0003, first_checkpoint=True,
+ shapes=[SinkShape(window=2, buffer=2, spill_limit=0, lands=False),
+ SinkShape(window=2, buffer=2, spill_limit=0, lands=False),
+ SinkShape(window=2, buffer=2, spill_limit=0, lands=False)])
+state.burst(changes=1, turns=3)
+state.acknowledge(order=30, share=0.7, sink='a')
+state.burst(changes=1, turns=3)
+state.expire_watch_amid_changes(changes=3, gone=False, name='n1')
+state.checkpoint()
+state.burst(changes=3, turns=30)
+state.crash_and_restart()
+state.acknowledge(order=10, share=1.0, sink='c')
+state.checkpoint()
+state.acknowledge(order=65, share=0.7, sink='c')
+state.crash_and_restart()
+state.teardown()
+"""
+"""The same seed, schedule 2,314, shrunk from 60 steps, found on this session's tree with the
+overflow-window records: every sink degrades (a window and a buffer of two, no spill). ``c``'s
+overflow window from 4 sends ``n1`` at 15, a crash; after the restart a relist's window of ``n1``
+(its state at 9) and ``c``'s own overflow window (its state at 15) both hold 9, and the relist's,
+looked at first, re-sent ``n1`` at 9 after the 15 ``c`` may hold (order). When both hold a change,
+the window whose state is newer decides."""
+
+
+def test_seed_8702533_schedule_2314() -> None:
+    replay(SEED_8702533_2314)
